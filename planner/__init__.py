@@ -1,0 +1,28 @@
+"""planner: an automatic parallelization planner for training large language models.
+
+>>> import planner
+>>> model = planner.load_model("instances/models/gpt3-175b.json")  # doctest: +SKIP
+>>> cluster = planner.load_cluster("instances/clusters/dgx-a100-80gb.json")  # doctest: +SKIP
+>>> planner.estimate(model, cluster, planner.ParallelConfig(tp=8, pp=16))  # doctest: +SKIP
+"""
+
+from planner.config import ParallelConfig
+from planner.errors import ConfigError, InfeasibleError, InputError, PlannerError, SolverError
+from planner.estimate import Estimate, estimate
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
+
+__all__ = [
+    "ClusterSpec",
+    "ConfigError",
+    "Estimate",
+    "InfeasibleError",
+    "InputError",
+    "ModelSpec",
+    "ParallelConfig",
+    "PlannerError",
+    "SolverError",
+    "TrainingSpec",
+    "estimate",
+    "load_cluster",
+    "load_model",
+]

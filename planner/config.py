@@ -1,0 +1,136 @@
+"""A uniform (Megatron-style) parallel configuration and its divisibility rules.
+
+Field names match the CLI options of ``planner estimate``. :func:`resolve` fills in defaults
+from the model's training block and the cluster size and checks that every degree divides
+what it splits, with messages that show the arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import ConfigError
+from planner.spec import ClusterSpec, ModelSpec, Precision, TrainingSpec
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "gpipe"]
+
+
+class ParallelConfig(BaseModel):
+    """One uniform configuration: the same sharding on every layer, equal pipeline stages.
+
+    Defaults are Megatron-LM's own (no SP, no distributed optimizer, no overlap), except fused
+    (flash) attention, which Megatron-Core uses by default through Transformer Engine.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(default=1, gt=0, description="Tensor-parallel degree.")
+    pp: int = Field(default=1, gt=0, description="Pipeline-parallel degree.")
+    dp: int | None = Field(default=None, gt=0, description="Data-parallel degree; default: "
+                           "the devices left over.")  # fmt: skip
+    cp: int = Field(default=1, gt=0, description="Context-parallel degree.")
+    ep: int = Field(default=1, gt=0, description="Expert-parallel degree.")
+    vpp: int = Field(default=1, gt=0, description="Virtual pipeline stages per device "
+                     "(interleaved 1F1B when > 1).")  # fmt: skip
+    sp: bool = Field(default=False, description="Sequence parallelism with tensor parallelism.")
+    mbs: int = Field(default=1, gt=0, description="Microbatch size.")
+    global_batch: int | None = Field(default=None, gt=0)
+    seq_len: int | None = Field(default=None, gt=0)
+    recompute: Recompute = "none"
+    zero: Literal[0, 1, 2, 3] = Field(
+        default=0, description="0: replicated optimizer; 1: optimizer states sharded over "
+        "data parallel (Megatron's distributed optimizer); 2: + gradients; 3: + weights.",
+    )  # fmt: skip
+    precision: Precision | None = None
+    schedule: Schedule = Field(default="1f1b", description="Pipeline schedule.")
+    flash_attention: bool = Field(
+        default=True, description="Fused attention: no s x s tensors kept, causal half of the "
+        "score FLOPs executed.",
+    )  # fmt: skip
+    overlap_grad_reduce: bool = Field(
+        default=False, description="Overlap the gradient reduction with the last backward."
+    )
+    overlap_param_gather: bool = Field(
+        default=False, description="Overlap ZeRO parameter all-gathers with the forward."
+    )
+    tp_comm_overlap: bool = Field(
+        default=False, description="Overlap tensor-parallel collectives with the adjacent GEMMs."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedConfig:
+    """A configuration checked against a model and a cluster, with every default filled in."""
+
+    config: ParallelConfig
+    training: TrainingSpec
+    dp: int
+    num_microbatches: int
+    num_devices: int
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism in effect (only meaningful with TP > 1)."""
+        return self.config.sp and self.config.tp > 1
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> ResolvedConfig:
+    """Fill defaults and check divisibility; raises :class:`ConfigError` naming the rule."""
+    defaults = model.training
+    seq = config.seq_len or (defaults.seq_length if defaults else None)
+    gbs = config.global_batch or (defaults.global_batch_size if defaults else None)
+    precision = config.precision or (defaults.precision if defaults else "bf16")
+    _need(seq is not None, f"{model.name}: no sequence length: pass --seq-len")
+    _need(gbs is not None, f"{model.name}: no global batch size: pass --global-batch")
+    assert seq is not None and gbs is not None  # narrowed by _need
+    training = TrainingSpec(seq_length=seq, global_batch_size=gbs, precision=precision)
+
+    c = config
+    n = cluster.num_devices
+    model_parallel = c.tp * c.pp * c.cp
+    _need(n % model_parallel == 0,
+          f"tp({c.tp}) x pp({c.pp}) x cp({c.cp}) = {model_parallel} does not divide the "
+          f"{n} devices")  # fmt: skip
+    dp = c.dp or n // model_parallel
+    _need(model_parallel * dp == n,
+          f"tp({c.tp}) x pp({c.pp}) x cp({c.cp}) x dp({dp}) = {model_parallel * dp} != "
+          f"{n} devices")  # fmt: skip
+    heads, groups = model.num_attention_heads, model.query_groups
+    _need(heads % c.tp == 0, f"num_attention_heads({heads}) is not divisible by tp({c.tp})")
+    _need(groups % c.tp == 0 or model.mla is not None,
+          f"num_query_groups({groups}) is not divisible by tp({c.tp})")  # fmt: skip
+    _need(model.ffn % c.tp == 0, f"ffn_hidden_size({model.ffn}) is not divisible by tp({c.tp})")
+    stages = c.pp * c.vpp
+    _need(model.num_layers % stages == 0,
+          f"num_layers({model.num_layers}) is not divisible by pp({c.pp}) x vpp({c.vpp}) = "
+          f"{stages}")  # fmt: skip
+    _need(c.vpp == 1 or c.pp > 1, f"vpp({c.vpp}) > 1 needs pp > 1")
+    _need(c.vpp == 1 or c.schedule == "1f1b", "vpp > 1 is the interleaved 1F1B schedule")
+    per_step = dp * c.mbs
+    _need(gbs % per_step == 0,
+          f"global_batch({gbs}) is not divisible by dp({dp}) x mbs({c.mbs}) = {per_step}")
+    microbatches = gbs // per_step
+    _need(c.vpp == 1 or microbatches % c.pp == 0,
+          f"interleaved schedule: microbatches({microbatches}) must be a multiple of "
+          f"pp({c.pp})")  # fmt: skip
+    _need(c.cp == 1 or seq % (2 * c.cp) == 0,
+          f"seq_len({seq}) is not divisible by 2 x cp({c.cp}) (load-balanced causal CP)")
+    if model.moe is None:
+        _need(c.ep == 1, f"ep({c.ep}) > 1 but {model.name} has no experts")
+    else:
+        experts = model.moe.num_experts
+        _need(experts % c.ep == 0, f"num_experts({experts}) is not divisible by ep({c.ep})")
+        _need((dp * c.cp) % c.ep == 0,
+              f"ep({c.ep}) must divide dp({dp}) x cp({c.cp}) = {dp * c.cp}")  # fmt: skip
+    return ResolvedConfig(
+        config=c, training=training, dp=dp, num_microbatches=microbatches, num_devices=n
+    )

@@ -1,0 +1,172 @@
+"""``planner estimate``: price one uniform (Megatron-style) configuration.
+
+Every operator of the graph gets the sharding Megatron-LM would give it
+(:func:`planner.graph.sharding.megatron_sharding`); :mod:`planner.cost` prices each op, each
+collective, the memory and the pipeline. Layers of one kind are identical, so one layer of each
+kind is priced and multiplied.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any
+
+from planner import cost
+from planner.config import ParallelConfig, ResolvedConfig, resolve
+from planner.graph import LayerIndex, index_layers, lower
+from planner.graph.lower import ACTIVATION_BYTES
+from planner.layer_cost import LayerCost, Placement, price_layer
+from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
+from planner.step import StageCost, compose_step
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Peak memory of the most loaded device, in GiB."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        """Everything."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    """Where one step's seconds go on the critical path; the fields add up to the step."""
+
+    compute: float
+    tensor_parallel_comm: float
+    context_parallel_comm: float
+    expert_parallel_comm: float
+    pipeline_comm: float
+    pipeline_bubble: float
+    data_parallel_comm_exposed: float
+    optimizer: float
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The priced configuration; attribute names are the ``--json`` keys."""
+
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    fits: bool
+    memory_gib: MemoryBreakdown
+    time_s: TimeBreakdown
+    bubble_fraction: float
+    num_microbatches: int
+    dp: int
+    num_devices: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``planner estimate --json`` object."""
+        return asdict(self)
+
+
+@lru_cache(maxsize=64)
+def _layers(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> LayerIndex:
+    return index_layers(lower(model, training, micro_batch_size=micro_batch_size))
+
+
+def _stage_kinds(model: ModelSpec, index: LayerIndex, pp: int) -> list[Counter[str]]:
+    """Layer kinds per stage: contiguous equal blocks, embedding first and head last."""
+    per_stage = model.num_layers // pp
+    kind_of = {layer: kind for kind, layers in index.layers_by_kind.items() for layer in layers}
+    stages = []
+    for stage in range(pp):
+        first = stage * per_stage + 1
+        kinds = Counter(kind_of[layer] for layer in range(first, first + per_stage))
+        kinds["embedding"] += stage == 0
+        kinds["head"] += stage == pp - 1
+        stages.append(kinds)
+    return stages
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Estimate:
+    """Price ``config`` for training ``model`` on ``cluster``.
+
+    Raises :class:`~planner.errors.ConfigError` when the configuration does not divide.
+    """
+    resolved = resolve(model, cluster, config)
+    c, training = resolved.config, resolved.training
+    placement = Placement.megatron(cluster, tp=c.tp, cp=c.cp, dp=resolved.dp, ep=c.ep)
+    index = _layers(model, training, c.mbs)
+    kind_costs = {
+        kind: price_layer(
+            index.representative(kind), cluster, resolved, placement,
+            transformer_layer=kind in ("dense", "moe"),
+        )
+        for kind in index.layers_by_kind
+    }  # fmt: skip
+    p2p = _p2p_s(model, cluster, resolved, placement)
+    stages = []
+    for kinds in _stage_kinds(model, index, c.pp):
+        layers = LayerCost.zero()
+        for kind, count in kinds.items():
+            if count:
+                layers = layers + kind_costs[kind].scaled(count)
+        stages.append(StageCost.of(layers.with_pipeline_comm(p2p)))
+    step = compose_step(model, cluster, resolved, placement, stages)
+
+    forward_flops = sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
+    recompute_flops = sum(
+        kind_costs[kind].recompute_flops * len(layers)
+        for kind, layers in index.layers_by_kind.items()
+    )
+    microbatches_per_replica = training.global_batch_size / c.mbs
+    model_flops = 3 * forward_flops * microbatches_per_replica
+    hardware_flops = model_flops + recompute_flops * microbatches_per_replica
+    flops_per_gpu_s = step.step_s * resolved.num_devices
+    model_tflops = model_flops / flops_per_gpu_s / 1e12
+    peak_bytes = sum(step.peak_memory_bytes)
+    return Estimate(
+        step_time_s=step.step_s,
+        tokens_per_s=training.global_batch_size * training.seq_length / step.step_s,
+        model_tflops_per_gpu=model_tflops,
+        hardware_tflops_per_gpu=hardware_flops / flops_per_gpu_s / 1e12,
+        mfu=model_tflops * 1e12 / cluster.device.peak_flops_per_s(training.precision),
+        peak_memory_gib=peak_bytes / GIB,
+        fits=peak_bytes <= cluster.device.memory_bytes,
+        memory_gib=MemoryBreakdown(*(b / GIB for b in step.peak_memory_bytes)),
+        time_s=TimeBreakdown(
+            compute=step.compute_s,
+            tensor_parallel_comm=step.tp_comm_s,
+            context_parallel_comm=step.cp_comm_s,
+            expert_parallel_comm=step.ep_comm_s,
+            pipeline_comm=step.pipeline_comm_s,
+            pipeline_bubble=step.bubble_s,
+            data_parallel_comm_exposed=step.dp_exposed_s,
+            optimizer=step.optimizer_s,
+        ),
+        bubble_fraction=step.bubble_fraction,
+        num_microbatches=resolved.num_microbatches,
+        dp=resolved.dp,
+        num_devices=resolved.num_devices,
+    )
+
+
+def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, pl: Placement) -> float:
+    """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
+    times ``vpp`` chunk boundaries. Megatron sends a 1/t slice of the hidden state and
+    all-gathers it over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
+    c = r.config
+    if c.pp == 1:
+        return 0.0
+    act = ACTIVATION_BYTES[r.training.precision]
+    full = c.mbs * r.training.seq_length * model.hidden_size * act / c.cp
+    send = cost.p2p_time_s(cluster, full / c.tp, pl.pipeline_distance)
+    if c.tp > 1 and not r.sp:
+        send += cost.collective_time_s(cluster, "all_gather", full, pl.tp)
+    return 2 * send * c.vpp

@@ -1,0 +1,78 @@
+"""The operator graph: lowering, per-layer views and counts over it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from planner.graph.lower import decoder_layer_kind, lower
+from planner.graph.ops import EXPERT_PARALLEL_DIMS, TENSOR_PARALLEL_DIMS, Op, OpKind, Tensor
+
+__all__ = [
+    "EXPERT_PARALLEL_DIMS",
+    "TENSOR_PARALLEL_DIMS",
+    "LayerIndex",
+    "Op",
+    "OpKind",
+    "ParameterCount",
+    "Tensor",
+    "decoder_layer_kind",
+    "index_layers",
+    "lower",
+    "parameter_count",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterCount:
+    """Trainable parameters: all of them, and those one token uses (MoE)."""
+
+    total: int
+    active: int
+
+
+@dataclass(frozen=True, slots=True)
+class LayerIndex:
+    """The graph's ops grouped by layer, and layers grouped by kind."""
+
+    ops_by_layer: dict[int, tuple[Op, ...]]
+    layers_by_kind: dict[str, tuple[int, ...]]
+
+    def representative(self, kind: str) -> tuple[Op, ...]:
+        """The ops of the first layer of ``kind`` (all layers of a kind are identical)."""
+        return self.ops_by_layer[self.layers_by_kind[kind][0]]
+
+
+def index_layers(graph: nx.DiGraph) -> LayerIndex:
+    """Group ``graph``'s ops by layer (in topological order) and layers by kind."""
+    ops: dict[int, list[Op]] = {}
+    kinds: dict[str, list[int]] = {}
+    for name in nx.topological_sort(graph):
+        op: Op = graph.nodes[name]["op"]
+        if op.layer not in ops:
+            ops[op.layer] = []
+            kinds.setdefault(op.layer_kind, []).append(op.layer)
+        ops[op.layer].append(op)
+    return LayerIndex(
+        {layer: tuple(v) for layer, v in ops.items()},
+        {kind: tuple(v) for kind, v in kinds.items()},
+    )
+
+
+def parameter_count(graph: nx.DiGraph) -> ParameterCount:
+    """Sum of the ops' parameters; ``active`` weighs routed experts by top_k / experts.
+
+    >>> from planner.spec import ModelSpec, TrainingSpec
+    >>> m = ModelSpec(name="tiny", num_layers=1, hidden_size=8, num_attention_heads=2,
+    ...               vocab_size=10, max_position_embeddings=4)
+    >>> parameter_count(lower(m, TrainingSpec(seq_length=4, global_batch_size=1))).total
+    1000
+    """
+    total = 0
+    active = 0.0
+    for name in graph:
+        op: Op = graph.nodes[name]["op"]
+        total += op.params
+        active += op.params * op.active_fraction
+    return ParameterCount(total, round(active))

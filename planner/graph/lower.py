@@ -1,0 +1,324 @@
+"""Lowering a :class:`~planner.spec.ModelSpec` to an operator graph.
+
+One node per operator, tagged with its layer and layer kind; edges carry the tensor that flows.
+The activations each operator keeps for backward follow Korthikanti et al., "Reducing
+Activation Recomputation in Large Transformer Models" (MLSys'23), Sec. 4.1: for a GPT layer
+they add up to ``sbh(34 + 5as/h)`` bytes at 16-bit precision with dropout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from planner.graph.ops import Op, OpKind, Tensor
+from planner.spec import ModelSpec, Precision, TrainingSpec
+
+ACTIVATION_BYTES: dict[Precision, float] = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
+MASK_BYTES = 1.0  # dropout masks are stored as bytes
+LOSS_BYTES = 4.0  # the cross-entropy keeps fp32 softmax over the vocabulary
+
+
+@dataclass(slots=True)
+class _Builder:
+    """Collects the ops of one layer and the edges into them."""
+
+    model: ModelSpec
+    batch: int
+    seq: int
+    act_bytes: float
+    layer: int
+    layer_kind: str
+    ops: list[tuple[Op, tuple[str, ...]]] = field(default_factory=list)
+
+    def act(self, *dims: tuple[str, int]) -> Tensor:
+        """An activation of shape (batch, seq, *dims)."""
+        return Tensor((("batch", self.batch), ("seq", self.seq), *dims), self.act_bytes)
+
+    def hidden(self) -> Tensor:
+        """The residual stream, (batch, seq, hidden)."""
+        return self.act(("hidden", self.model.hidden_size))
+
+    def mask(self, tensor: Tensor) -> Tensor:
+        """A dropout mask for ``tensor``."""
+        return Tensor(tensor.dims, MASK_BYTES)
+
+    def name(self, op: str) -> str:
+        """The graph-wide name of ``op`` in this layer."""
+        if self.layer_kind in ("embedding", "head"):
+            return op
+        return f"layer{self.layer}.{op}"
+
+    def add(self, op: str, kind: OpKind, sources: tuple[str, ...], **fields: object) -> str:
+        """Add op ``op`` fed by the ops named ``sources``; returns its graph name."""
+        node = Op(
+            name=self.name(op),
+            kind=kind,
+            layer=self.layer,
+            layer_kind=self.layer_kind,
+            **fields,  # type: ignore[arg-type]
+        )
+        self.ops.append((node, sources))
+        return node.name
+
+    def norm(self, op: str, source: str, width: tuple[str, int] | None = None) -> str:
+        """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input."""
+        x = self.act(width) if width else self.hidden()
+        per_channel = 2 if self.model.normalization == "layernorm" else 1
+        return self.add(
+            op, "norm", (source,), inputs=(x,), output=x, saved=(x,),
+            extra_params=per_channel * (width[1] if width else self.model.hidden_size),
+        )  # fmt: skip
+
+    def linear(
+        self,
+        op: str,
+        source: str,
+        x: Tensor,
+        out: tuple[str, int],
+        *,
+        bias: bool,
+        save_input: bool = True,
+    ) -> str:
+        """``y = x W (+ b)`` contracting the last dim of ``x`` into ``out``."""
+        in_dim = x.dims[-1]
+        y = Tensor((*x.dims[:-1], out), self.act_bytes)
+        return self.add(
+            op, "linear", (source,), inputs=(x,), output=y,
+            weight=Tensor((in_dim, out), self.act_bytes),
+            bias_params=out[1] if bias else 0,
+            flops=2.0 * x.numel * out[1],
+            saved=(x,) if save_input else (),
+        )  # fmt: skip
+
+    def residual(self, op: str, *sources: str) -> str:
+        """Residual add after a block, with its dropout mask when dropout is on."""
+        h = self.hidden()
+        saved = (self.mask(h),) if self.model.hidden_dropout > 0 else ()
+        return self.add(op, "residual", sources, inputs=(h,) * len(sources), output=h, saved=saved)
+
+
+def _attention_core(
+    b: _Builder, source: str, q_dim: int, v_dim: int, kv_heads: int, *sources: str
+) -> str:
+    """Scores, softmax, dropout and the weighted sum, for ``heads`` queries of ``q_dim``.
+
+    Saved (Korthikanti Sec. 4.1): Q and K for the scores, V, and the ``s x s`` tensors
+    (softmax output 2 bytes, dropout mask 1 byte, dropout output 2 bytes per element).
+    """
+    m = b.model
+    heads, s = m.num_attention_heads, b.seq
+    q = b.act(("heads", heads * q_dim))
+    k = b.act(("kv_heads", kv_heads * q_dim))
+    v = b.act(("kv_heads", kv_heads * v_dim))
+    scores = Tensor((("batch", b.batch), ("heads", heads), ("seq", s), ("seq_k", s)), b.act_bytes)
+    score_tensors = [scores]
+    if m.attention_dropout > 0:
+        score_tensors += [b.mask(scores), scores]
+    out = b.act(("heads", heads * v_dim))
+    flops = 2.0 * b.batch * s * s * heads * (q_dim + v_dim)
+    return b.add(
+        "attention", "attention", (source, *sources), inputs=(q, k, v), output=out,
+        flops=flops, saved=(q, k, v), score_tensors=tuple(score_tensors),
+    )  # fmt: skip
+
+
+def _standard_attention(b: _Builder, x_name: str) -> str:
+    """Fused QKV projection, attention core, output projection (GPT, Llama, GQA)."""
+    m = b.model
+    d, heads, groups = m.head_dim, m.num_attention_heads, m.query_groups
+    x = b.hidden()
+    qkv = b.linear(
+        "qkv_proj", x_name, x, ("heads", (heads + 2 * groups) * d), bias=m.has_qkv_bias
+    )
+    if m.qk_layernorm:
+        qk = b.act(("heads", (heads + groups) * d))
+        qkv = b.add(
+            "qk_norm", "norm", (qkv,), inputs=(qk,), output=qk, saved=(qk,),
+            extra_params=2 * d * (2 if m.normalization == "layernorm" else 1),
+        )  # fmt: skip
+    core = _attention_core(b, qkv, d, d, groups)
+    return b.linear(
+        "out_proj", core, b.act(("heads", heads * d)), ("hidden", m.hidden_size), bias=m.bias
+    )
+
+
+def _latent_attention(b: _Builder, x_name: str) -> str:
+    """DeepSeek's MLA: low-rank query and key/value projections, then a standard core."""
+    m, mla = b.model, b.model.mla
+    assert mla is not None  # the caller dispatches on it
+    heads = m.num_attention_heads
+    qk_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    x = b.hidden()
+    if mla.q_lora_rank is None:
+        q = b.linear("q_proj", x_name, x, ("heads", heads * qk_dim), bias=False)
+    else:
+        q_low = b.linear("q_down_proj", x_name, x, ("q_lora", mla.q_lora_rank), bias=False)
+        q_low = b.norm("q_norm", q_low, ("q_lora", mla.q_lora_rank))
+        q = b.linear(
+            "q_up_proj", q_low, b.act(("q_lora", mla.q_lora_rank)),
+            ("heads", heads * qk_dim), bias=False,
+        )  # fmt: skip
+    kv_low = b.linear(
+        "kv_down_proj", x_name, x, ("kv_lora", mla.kv_lora_rank + mla.qk_rope_head_dim),
+        bias=False,
+    )  # fmt: skip
+    kv_low = b.norm("kv_norm", kv_low, ("kv_lora", mla.kv_lora_rank))
+    kv = b.linear(
+        "kv_up_proj", kv_low, b.act(("kv_lora", mla.kv_lora_rank)),
+        ("heads", heads * (mla.qk_nope_head_dim + mla.v_head_dim)), bias=False,
+    )  # fmt: skip
+    core = _attention_core(b, q, qk_dim, mla.v_head_dim, heads, kv)
+    return b.linear(
+        "out_proj", core, b.act(("heads", heads * mla.v_head_dim)),
+        ("hidden", m.hidden_size), bias=False,
+    )  # fmt: skip
+
+
+def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp") -> str:
+    """Up projection (gate and up fused for SwiGLU), activation, down projection."""
+    m = b.model
+    glu = 2 if m.activation == "swiglu" else 1
+    up = b.linear(f"{prefix}_up", x_name, b.hidden(), ("ffn", glu * width), bias=m.bias)
+    act_in, act_out = b.act(("ffn", glu * width)), b.act(("ffn", width))
+    act = b.add(f"{prefix}_act", "elementwise", (up,), inputs=(act_in,), output=act_out,
+                saved=(act_in,))  # fmt: skip
+    return b.linear(f"{prefix}_down", act, act_out, ("hidden", m.hidden_size), bias=m.bias)
+
+
+def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
+    """Router, token dispatch, routed experts, combine (+ shared experts); returns outputs."""
+    m, moe = b.model, b.model.moe
+    assert moe is not None  # the caller dispatches on it
+    h, experts, glu = m.hidden_size, moe.num_experts, 2 if m.activation == "swiglu" else 1
+    tokens = b.batch * b.seq
+    logits = b.act(("experts", experts))
+    router = b.add(
+        "router", "router", (x_name,), inputs=(b.hidden(),), output=logits,
+        weight=Tensor((("hidden", h), ("experts", experts)), b.act_bytes),
+        flops=2.0 * tokens * h * experts, saved=(Tensor(logits.dims, LOSS_BYTES),),
+    )  # fmt: skip
+    # Balanced routing: each expert receives tokens * top_k / experts tokens.
+    capacity = max(1, tokens * moe.top_k // experts)
+
+    def routed(width: int) -> Tensor:
+        return Tensor(
+            (("experts", experts), ("capacity", capacity), ("ffn", width)), b.act_bytes
+        )
+
+    hidden_routed = Tensor(
+        (("experts", experts), ("capacity", capacity), ("hidden", h)), b.act_bytes
+    )
+    dispatch = b.add("dispatch", "dispatch", (x_name, router), inputs=(b.hidden(),),
+                     output=hidden_routed)  # fmt: skip
+    f = moe.ffn_hidden_size
+
+    def expert_linear(op: str, src: str, x: Tensor, out: Tensor, in_dim: tuple[str, int],
+                      out_dim: tuple[str, int]) -> str:
+        return b.add(
+            op, "expert_linear", (src,), inputs=(x,), output=out,
+            weight=Tensor((("experts", experts), in_dim, out_dim), b.act_bytes),
+            flops=2.0 * experts * capacity * in_dim[1] * out_dim[1], saved=(x,),
+            gemm_calls=experts, active_fraction=moe.top_k / experts,
+        )  # fmt: skip
+
+    up = expert_linear("expert_up", dispatch, hidden_routed, routed(glu * f),
+                       ("hidden", h), ("ffn", glu * f))  # fmt: skip
+    act = b.add("expert_act", "elementwise", (up,), inputs=(routed(glu * f),),
+                output=routed(f), saved=(routed(glu * f),))  # fmt: skip
+    down = expert_linear("expert_down", act, routed(f), hidden_routed, ("ffn", f), ("hidden", h))
+    combine = b.add("combine", "combine", (down, router), inputs=(hidden_routed,),
+                    output=b.hidden())  # fmt: skip
+    if moe.shared_ffn:
+        return combine, _mlp(b, x_name, moe.shared_ffn, prefix="shared")
+    return (combine,)
+
+
+def _decoder_layer(b: _Builder, x_name: str) -> str:
+    """One pre-norm decoder layer; returns the name of its output op."""
+    m = b.model
+    normed = b.norm("input_norm", x_name)
+    attn = _latent_attention(b, normed) if m.mla else _standard_attention(b, normed)
+    mid = b.residual("attn_residual", attn, x_name)
+    normed = b.norm("post_attention_norm", mid)
+    if b.layer_kind == "moe":
+        return b.residual("mlp_residual", *_moe(b, normed), mid)
+    return b.residual("mlp_residual", _mlp(b, normed, m.ffn), mid)
+
+
+def _embedding(b: _Builder) -> str:
+    m = b.model
+    h = b.hidden()
+    learned = m.position_embedding == "learned"
+    positions = m.max_position_embeddings * m.hidden_size if learned else 0
+    saved = (b.mask(h),) if m.hidden_dropout > 0 else ()
+    ids = Tensor((("batch", b.batch), ("seq", b.seq)), 4.0)
+    return b.add(
+        "embedding", "embedding", (), inputs=(ids,), output=h,
+        weight=Tensor((("vocab", m.vocab_size), ("hidden", m.hidden_size)), b.act_bytes),
+        extra_params=positions, saved=saved,
+    )  # fmt: skip
+
+
+def _head(b: _Builder, x_name: str) -> str:
+    m = b.model
+    normed = b.norm("final_norm", x_name)
+    logits = b.linear("lm_head", normed, b.hidden(), ("vocab", m.vocab_size), bias=False)
+    if m.tie_word_embeddings:
+        op, inputs = b.ops[-1]
+        b.ops[-1] = (_replace(op, tied_to="embedding"), inputs)
+    loss_in = b.act(("vocab", m.vocab_size))
+    out = Tensor((("batch", b.batch), ("seq", b.seq)), LOSS_BYTES)
+    return b.add("loss", "loss", (logits,), inputs=(loss_in,), output=out,
+                 saved=(Tensor(loss_in.dims, LOSS_BYTES),))  # fmt: skip
+
+
+def _replace(op: Op, **changes: object) -> Op:
+    from dataclasses import replace
+
+    return replace(op, **changes)  # type: ignore[arg-type]
+
+
+def decoder_layer_kind(model: ModelSpec, layer: int) -> str:
+    """The kind of decoder layer ``layer`` (1-based): ``dense`` or ``moe``."""
+    return "moe" if model.is_moe_layer(layer - 1) else "dense"
+
+
+def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1) -> nx.DiGraph:
+    """The operator graph of one microbatch's forward pass.
+
+    Nodes are op names with the :class:`~planner.graph.ops.Op` under ``"op"``; edges go from
+    producer to consumer. Layer 0 holds the embedding, layers 1..L the decoder layers and
+    layer L + 1 the final norm, LM head and loss.
+
+    >>> from planner.spec import ModelSpec, TrainingSpec
+    >>> m = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
+    ...               vocab_size=1000, max_position_embeddings=128)
+    >>> g = lower(m, TrainingSpec(seq_length=128, global_batch_size=8))
+    >>> g.number_of_nodes(), sorted({g.nodes[n]["op"].layer_kind for n in g})
+    (24, ['dense', 'embedding', 'head'])
+    """
+    act_bytes = ACTIVATION_BYTES[training.precision]
+    graph = nx.DiGraph(model=model.name, seq_length=training.seq_length,
+                       micro_batch_size=micro_batch_size, num_layers=model.num_layers)
+
+    def builder(layer: int, kind: str) -> _Builder:
+        return _Builder(model, micro_batch_size, training.seq_length, act_bytes, layer, kind)
+
+    first = builder(0, "embedding")
+    x = _embedding(first)
+    builders = [first]
+    for layer in range(1, model.num_layers + 1):
+        b = builder(layer, decoder_layer_kind(model, layer))
+        x = _decoder_layer(b, x)
+        builders.append(b)
+    last = builder(model.num_layers + 1, "head")
+    _head(last, x)
+    builders.append(last)
+    for b in builders:
+        for op, sources in b.ops:
+            graph.add_node(op.name, op=op)
+            for src in sources:
+                graph.add_edge(src, op.name)
+    return graph

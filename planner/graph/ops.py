@@ -1,0 +1,122 @@
+"""Operators and tensors of the lowered model, with named dimensions.
+
+Vocabulary (as in torchtitan): a *dim* is a tensor dimension (``batch``, ``seq``, ``hidden``,
+``heads``, ...); an *axis* is a device-mesh axis. Shardings map dims onto axes; this module
+only describes what each operator computes, reads, writes and keeps for its backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+OpKind = Literal[
+    "embedding",  # token (+ position) lookup
+    "norm",  # LayerNorm / RMSNorm
+    "linear",  # a matrix multiply with a weight
+    "attention",  # the attention core: scores, softmax, weighted sum of values
+    "elementwise",  # activation functions (GeLU, SwiGLU)
+    "residual",  # residual add (+ dropout)
+    "router",  # MoE gating scores
+    "dispatch",  # MoE token permutation to experts
+    "expert_linear",  # a batched matrix multiply over local experts
+    "combine",  # MoE un-permutation and weighted sum of expert outputs
+    "loss",  # softmax cross-entropy over the vocabulary
+]
+
+# Dims that tensor parallelism shards (Megatron's column/row-parallel split points).
+TENSOR_PARALLEL_DIMS = frozenset({"heads", "kv_heads", "ffn", "vocab"})
+# Dims that expert parallelism shards.
+EXPERT_PARALLEL_DIMS = frozenset({"experts"})
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A tensor as named dims with sizes, and the bytes of one element."""
+
+    dims: tuple[tuple[str, int], ...]
+    element_bytes: float
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(size for _, size in self.dims)
+
+    @property
+    def bytes(self) -> float:
+        """Size in bytes."""
+        return self.numel * self.element_bytes
+
+    @property
+    def dim_names(self) -> frozenset[str]:
+        """The names of the dims."""
+        return frozenset(name for name, _ in self.dims)
+
+    def size(self, dim: str) -> int:
+        """Size of ``dim`` (1 when the tensor does not have it)."""
+        for name, size in self.dims:
+            if name == dim:
+                return size
+        return 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One operator of one layer, for one microbatch, forward pass.
+
+    ``flops`` counts multiply-adds as 2 FLOPs and only matrix multiplies (and the attention
+    core's two batched matmuls, with the full ``s x s`` score matrix), as Narayanan et al.
+    (SC'21, Eq. 3) and Korthikanti et al. (MLSys'23, Eq. 7) count model FLOPs; memory-bound
+    operators are priced by ``bytes_moved`` instead.
+    """
+
+    name: str
+    kind: OpKind
+    layer: int
+    """0 = embedding, 1..L = decoder layers, L + 1 = final norm, LM head and loss."""
+    layer_kind: str
+    """Layers of the same kind are identical: ``embedding``, ``dense``, ``moe``, ``head``."""
+    inputs: tuple[Tensor, ...]
+    output: Tensor
+    weight: Tensor | None = None
+    """The weight as (input dim, output dim) or (experts, input dim, output dim)."""
+    bias_params: int = 0
+    extra_params: int = 0
+    """Parameters outside ``weight`` and bias (e.g. learned position embeddings)."""
+    flops: float = 0.0
+    saved: tuple[Tensor, ...] = ()
+    """Activations kept for the backward pass (Korthikanti et al., Sec. 4)."""
+    gemm_calls: int = 1
+    """Separate matrix multiplies the work is split into (one per local expert)."""
+    active_fraction: float = 1.0
+    """Fraction of the parameters a token uses (top_k / num_experts for routed experts)."""
+    tied_to: str | None = None
+    """Name of the op whose weight this op shares (tied LM head)."""
+    score_tensors: tuple[Tensor, ...] = ()
+    """The attention core's ``s x s`` tensors (softmax output, dropout mask and output): kept
+    unless selective recompute or flash attention drops them."""
+
+    @property
+    def params(self) -> int:
+        """Trainable parameters owned by this op (0 for a tied weight)."""
+        if self.tied_to is not None:
+            return 0
+        weight = self.weight.numel if self.weight is not None else 0
+        return weight + self.bias_params + self.extra_params
+
+    @property
+    def bytes_moved(self) -> float:
+        """Bytes read and written by the forward pass."""
+        weight = self.weight.bytes if self.weight is not None else 0.0
+        return sum(t.bytes for t in self.inputs) + self.output.bytes + weight
+
+    @property
+    def saved_bytes(self) -> float:
+        """Bytes kept for backward with no recomputation and no parallelism."""
+        return sum(t.bytes for t in self.saved) + sum(t.bytes for t in self.score_tensors)
+
+    @property
+    def is_gemm(self) -> bool:
+        """Whether the op is priced as matrix multiplies (compute-bound)."""
+        return self.kind in ("linear", "expert_linear", "attention")
