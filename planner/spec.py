@@ -181,6 +181,7 @@ class GemmEfficiency(_Frozen):
 
     max_fraction: float = Field(default=1.0, gt=0, le=1)
     half_saturation_gflop: float = Field(default=0.0, ge=0)
+    source: str | None = Field(default=None, description="How these values were obtained.")
 
 
 class DeviceEfficiency(_Frozen):

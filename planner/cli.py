@@ -1,0 +1,174 @@
+"""The ``planner`` command line: parses, calls the library, prints. Nothing else.
+
+Every :class:`~planner.errors.PlannerError` becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console, RenderableType
+
+from planner import report
+from planner.calibration import calibrate_file, validate
+from planner.config import ParallelConfig
+from planner.errors import ConfigError, InputError, PlannerError
+from planner.estimate import estimate
+from planner.info import model_info
+from planner.spec import json_schema, load_cluster, load_model
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Plan how to train a transformer in parallel on a GPU/NPU cluster.",
+)
+console = Console()
+
+ModelArg = Annotated[Path, typer.Argument(help="model.json or a Hugging Face config.json")]
+ClusterArg = Annotated[Path, typer.Argument(help="cluster.json")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Override num_nodes.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _render(renderables: list[RenderableType]) -> None:
+    for renderable in renderables:
+        console.print(renderable)
+
+
+@app.command("estimate")
+def estimate_cmd(
+    model: ModelArg,
+    cluster: ClusterArg,
+    nodes: NodesOpt = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 1,
+    dp: Annotated[int | None, typer.Option(help="Data-parallel degree [default: the rest].")] = None,
+    cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option(help="Expert-parallel degree.")] = 1,
+    vpp: Annotated[int, typer.Option(help="Virtual stages per device (interleaved 1F1B).")] = 1,
+    sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
+    mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
+    global_batch: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
+    recompute: Annotated[
+        Literal["none", "selective", "full"], typer.Option(help="Activation recomputation.")
+    ] = "none",
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
+    precision: Annotated[
+        Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
+    ] = None,
+    schedule: Annotated[Literal["1f1b", "gpipe"], typer.Option(help="Pipeline schedule.")] = "1f1b",
+    flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
+    overlap_grad_reduce: Annotated[bool, typer.Option(help="Overlap DP reduction.")] = False,
+    overlap_param_gather: Annotated[bool, typer.Option(help="Overlap ZeRO gathers.")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(help="Overlap TP comm with GEMMs.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster, nodes)
+    if zero not in (0, 1, 2, 3):
+        raise ConfigError(f"--zero must be 0, 1, 2 or 3, got {zero}")
+    try:
+        config = ParallelConfig(
+            tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
+            global_batch=global_batch, seq_len=seq_len, recompute=recompute, zero=zero,
+            precision=precision, schedule=schedule, flash_attention=flash_attention,
+            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+            tp_comm_overlap=tp_comm_overlap,
+        )  # fmt: skip
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"--{'-'.join(map(str, err['loc']))}: {err['msg']}") from None
+    result = estimate(model_spec, cluster_spec, config)
+    if as_json:
+        _print_json(result.to_dict())
+    else:
+        _render(report.estimate_tables(model_spec, cluster_spec, config, result))
+
+
+@app.command("info")
+def info_cmd(
+    model: ModelArg,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length for FLOPs.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the planner understood of a model: shape, parameters, FLOPs, operator graph."""
+    info = model_info(load_model(model), seq_len=seq_len)
+    if as_json:
+        _print_json(info)
+    else:
+        _render(report.info_tables(info))
+
+
+@app.command("schema")
+def schema_cmd(
+    kind: Annotated[Literal["model", "cluster"], typer.Argument(help="model or cluster")],
+) -> None:
+    """Print the JSON Schema of model.json or cluster.json."""
+    _print_json(json_schema(kind))
+
+
+@app.command("validate")
+def validate_cmd(
+    runs: Annotated[Path, typer.Argument(help="calibration_runs.json")],
+    clusters: Annotated[Path, typer.Option(help="Folder of the bundled clusters.")] = Path(
+        "instances/clusters"
+    ),
+    as_json: JsonOpt = False,
+) -> None:
+    """Predicted against measured step time for every published run."""
+    rows = validate(runs, clusters)
+    if as_json:
+        _print_json([row.to_dict() for row in rows])
+    else:
+        _render(report.validation_tables(rows))
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    runs: Annotated[Path, typer.Argument(help="calibration_runs.json")],
+    cluster: ClusterArg,
+    gpu: Annotated[str, typer.Option(help="Which runs to fit: A100 or H100.")],
+    write: Annotated[bool, typer.Option(help="Write the fit into CLUSTER.")] = False,
+) -> None:
+    """Fit the device's GEMM efficiency to the published runs of that GPU."""
+    fit = calibrate_file(runs, cluster, gpu=gpu, write=write)
+    _render(report.calibration_tables(fit, written=write))
+
+
+def main() -> None:
+    """Entry point: run the app; a PlannerError is one line and exit code 2."""
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        app(standalone_mode=False)
+    except PlannerError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except (typer.Exit, SystemExit) as exc:
+        sys.exit(exc.exit_code if isinstance(exc, typer.Exit) else exc.code)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(1)
+        raise
+
+
+__all__ = ["InputError", "app", "main"]

@@ -1,0 +1,103 @@
+"""Rich tables of estimates, model info and validation runs."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from planner.calibration import CalibrationFit, ValidationRow, describe
+from planner.config import ParallelConfig
+from planner.estimate import Estimate
+from planner.spec import ClusterSpec, ModelSpec
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:5.1f} %" if whole else "-"
+
+
+def estimate_tables(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, result: Estimate
+) -> list[RenderableType]:
+    """A headline and the time and memory breakdowns of one estimate."""
+    config = config.model_copy(update={"dp": result.dp})
+    head = Text.assemble(
+        (f"{model.name} on {result.num_devices} x {cluster.device.name}: ", "bold"),
+        describe(config),
+        f", {result.num_microbatches} microbatches\n",
+        (f"step {result.step_time_s:.3f} s", "bold"),
+        f" | {result.tokens_per_s:,.0f} tokens/s | model {result.model_tflops_per_gpu:.1f} "
+        f"TFLOP/s/GPU (hardware {result.hardware_tflops_per_gpu:.1f}) | MFU "
+        f"{100 * result.mfu:.1f} % | bubble {100 * result.bubble_fraction:.1f} %",
+    )
+    times = Table(title="time per step (critical stage)", title_justify="left")
+    times.add_column("part")
+    times.add_column("seconds", justify="right")
+    times.add_column("share", justify="right")
+    for name, seconds in asdict(result.time_s).items():
+        times.add_row(name.replace("_", " "), f"{seconds:.4f}", _pct(seconds, result.step_time_s))
+    memory = Table(title="memory per device (most loaded stage)", title_justify="left")
+    memory.add_column("part")
+    memory.add_column("GiB", justify="right")
+    for name, gib in asdict(result.memory_gib).items():
+        memory.add_row(name, f"{gib:.2f}")
+    capacity = cluster.device.memory_gib
+    verdict = "fits" if result.fits else "DOES NOT FIT"
+    memory.add_row(Text("total", style="bold"),
+                   Text(f"{result.peak_memory_gib:.2f} / {capacity:g} ({verdict})",
+                        style="bold" if result.fits else "bold red"))  # fmt: skip
+    return [head, times, memory]
+
+
+def info_tables(info: dict[str, Any]) -> list[RenderableType]:
+    """The model's shape, counts and layer kinds."""
+    table = Table(title=info["name"], title_justify="left", show_header=False)
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    for key, value in info["architecture"].items():
+        if value is not None:
+            table.add_row(key, str(value))
+    table.add_row("params_total", f"{info['params_total']:,}")
+    table.add_row("params_active", f"{info['params_active']:,}")
+    table.add_row("seq_length", str(info["seq_length"]))
+    table.add_row("forward_flops_per_token", f"{info['forward_flops_per_token']:.4g}")
+    table.add_row("training_flops_per_token", f"{info['training_flops_per_token']:.4g}")
+    table.add_row("layer_kinds", ", ".join(f"{k} x{n}" for k, n in info["layer_kinds"].items()))
+    graph = info["graph"]
+    table.add_row("operator graph", f"{graph['operators']} ops, {graph['edges']} edges")
+    return [table]
+
+
+def validation_tables(rows: Sequence[ValidationRow]) -> list[RenderableType]:
+    """Predicted against measured step times, with the error statistics."""
+    table = Table(title="published runs: predicted vs measured step time", title_justify="left")
+    for col, justify in (("run", "left"), ("GPUs", "right"), ("configuration", "left"),
+                         ("measured s", "right"), ("predicted s", "right"),
+                         ("error", "right"), ("memory GiB", "right")):  # fmt: skip
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        style = "red" if abs(r.error) > 0.15 else None
+        table.add_row(r.id, str(r.num_devices), r.config, f"{r.measured_s:.2f}",
+                      f"{r.predicted_s:.2f}", Text(f"{100 * r.error:+.1f} %", style=style or ""),
+                      f"{r.peak_memory_gib:.1f}")  # fmt: skip
+    errors = [abs(r.error) for r in rows]
+    summary = Text(
+        f"{len(rows)} runs: median |error| {100 * statistics.median(errors):.1f} %, "
+        f"max {100 * max(errors):.1f} %"
+    )
+    return [table, summary]
+
+
+def calibration_tables(fit: CalibrationFit, *, written: bool) -> list[RenderableType]:
+    """The fitted parameters and the runs before and after."""
+    g = fit.gemm
+    head = Text(
+        f"fitted gemm efficiency: max_fraction {g.max_fraction}, half_saturation_gflop "
+        f"{g.half_saturation_gflop}" + (" (written)" if written else " (not written: --write)")
+    )
+    return [head, *validation_tables(fit.after)]
