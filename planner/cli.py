@@ -51,7 +51,7 @@ def estimate_cmd(
     nodes: NodesOpt = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 1,
-    dp: Annotated[int | None, typer.Option(help="Data-parallel degree [default: the rest].")] = None,
+    dp: Annotated[int | None, typer.Option(help="Data-parallel degree; default: the rest.")] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
     ep: Annotated[int, typer.Option(help="Expert-parallel degree.")] = 1,
     vpp: Annotated[int, typer.Option(help="Virtual stages per device (interleaved 1F1B).")] = 1,
@@ -66,7 +66,9 @@ def estimate_cmd(
     precision: Annotated[
         Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
     ] = None,
-    schedule: Annotated[Literal["1f1b", "gpipe"], typer.Option(help="Pipeline schedule.")] = "1f1b",
+    schedule: Annotated[
+        Literal["1f1b", "gpipe"], typer.Option(help="Pipeline schedule.")
+    ] = "1f1b",
     flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
     overlap_grad_reduce: Annotated[bool, typer.Option(help="Overlap DP reduction.")] = False,
     overlap_param_gather: Annotated[bool, typer.Option(help="Overlap ZeRO gathers.")] = False,

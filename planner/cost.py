@@ -155,7 +155,9 @@ def members_per_level(cluster: ClusterSpec, group: CommGroup) -> tuple[int, ...]
     >>> members_per_level(c, CommGroup(size=32)), members_per_level(c, CommGroup(4, stride=8))
     ((8, 32), (1, 4))
     """
-    counts = [min(group.size, max(1, lvl.domain_devices // group.stride)) for lvl in cluster.network]
+    counts = [
+        min(group.size, max(1, level.domain_devices // group.stride)) for level in cluster.network
+    ]
     counts[-1] = group.size  # the outermost level connects every device
     return tuple(counts)
 

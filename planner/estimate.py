@@ -80,8 +80,13 @@ def _layers(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> 
     return index_layers(lower(model, training, micro_batch_size=micro_batch_size))
 
 
-def _stage_kinds(model: ModelSpec, index: LayerIndex, pp: int) -> list[Counter[str]]:
-    """Layer kinds per stage: contiguous equal blocks, embedding first and head last."""
+@lru_cache(maxsize=256)
+def _stage_kinds(
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, pp: int
+) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Layer kinds per stage (sorted (kind, count) pairs): contiguous equal blocks, embedding
+    first and head last."""
+    index = _layers(model, training, micro_batch_size)
     per_stage = model.num_layers // pp
     kind_of = {layer: kind for kind, layers in index.layers_by_kind.items() for layer in layers}
     stages = []
@@ -90,8 +95,15 @@ def _stage_kinds(model: ModelSpec, index: LayerIndex, pp: int) -> list[Counter[s
         kinds = Counter(kind_of[layer] for layer in range(first, first + per_stage))
         kinds["embedding"] += stage == 0
         kinds["head"] += stage == pp - 1
-        stages.append(kinds)
-    return stages
+        stages.append(tuple(sorted((k, n) for k, n in kinds.items() if n)))
+    return tuple(stages)
+
+
+@lru_cache(maxsize=64)
+def _forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> float:
+    """Model FLOPs of one microbatch's forward pass through the whole model."""
+    index = _layers(model, training, micro_batch_size)
+    return sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Estimate:
@@ -111,16 +123,18 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
         for kind in index.layers_by_kind
     }  # fmt: skip
     p2p = _p2p_s(model, cluster, resolved, placement)
+    distinct: dict[tuple[tuple[str, int], ...], StageCost] = {}  # middle stages repeat
     stages = []
-    for kinds in _stage_kinds(model, index, c.pp):
-        layers = LayerCost.zero()
-        for kind, count in kinds.items():
-            if count:
+    for key in _stage_kinds(model, training, c.mbs, c.pp):
+        if key not in distinct:
+            layers = LayerCost.zero()
+            for kind, count in key:
                 layers = layers + kind_costs[kind].scaled(count)
-        stages.append(StageCost.of(layers.with_pipeline_comm(p2p)))
+            distinct[key] = StageCost.of(layers.with_pipeline_comm(p2p))
+        stages.append(distinct[key])
     step = compose_step(model, cluster, resolved, placement, stages)
 
-    forward_flops = sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
+    forward_flops = _forward_flops(model, training, c.mbs)
     recompute_flops = sum(
         kind_costs[kind].recompute_flops * len(layers)
         for kind, layers in index.layers_by_kind.items()

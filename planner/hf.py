@@ -296,8 +296,6 @@ def _qwen3_moe(cfg: _HFConfig) -> dict[str, Any]:
 def _deepseek_v3(cfg: _HFConfig) -> dict[str, Any]:
     # The multi-token-prediction module (num_nextn_predict_layers) is left out on purpose: it is
     # an extra training-time layer, and the published 671B total excludes it.
-    # Not modelled: the router's per-expert score-correction bias (topk_method "noaux_tc"),
-    # n_routed_experts numbers per MoE layer.
     _reject_attention_bias(cfg)
     _gated_activation(cfg)
     num_layers = cfg.need_int("num_hidden_layers")
@@ -343,6 +341,8 @@ def _deepseek_moe(cfg: _HFConfig, num_layers: int) -> dict[str, Any] | None:
         "num_experts": routed,
         "top_k": cfg.need_int("num_experts_per_tok"),
         "ffn_hidden_size": expert_width,
+        # Aux-loss-free balancing learns a per-expert bias on the routing scores.
+        "router_expert_bias": cfg.get_str("topk_method", "") == "noaux_tc",
     }
     if shared:
         # DeepSeek fuses its shared experts into one MLP of n_shared_experts x the expert width.

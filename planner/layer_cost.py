@@ -149,7 +149,8 @@ def _exposed_collectives(
     """
     totals: dict[tuple[str, str], float] = {}
     for coll in sharding.collectives:
-        seconds = cost.collective_time_s(cluster, coll.kind, coll.nbytes, placement.group(coll.axis))
+        group = placement.group(coll.axis)
+        seconds = cost.collective_time_s(cluster, coll.kind, coll.nbytes, group)
         key = (coll.axis, coll.phase)
         totals[key] = totals.get(key, 0.0) + seconds
     for (axis, phase), seconds in totals.items():

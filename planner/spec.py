@@ -11,6 +11,7 @@ dispatches on the presence of ``model_type``.
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +53,11 @@ class MoESpec(_Frozen):
         default=1,
         gt=0,
         description="After the dense layers, every layer_freq-th layer is MoE (1 = all).",
+    )
+    router_expert_bias: bool = Field(
+        default=False,
+        description="A learned per-expert bias on the routing scores (DeepSeek-V3's "
+        "aux-loss-free balancing; Megatron's --moe-router-enable-expert-bias).",
     )
 
     @model_validator(mode="after")
@@ -277,7 +283,7 @@ class ClusterSpec(_Frozen):
                 f"network[0] ({self.network[0].name}) must be the node level: domain_devices "
                 f"{domains[0]} != devices_per_node {self.devices_per_node}"
             )
-        for inner, outer in zip(domains, domains[1:], strict=False):
+        for inner, outer in pairwise(domains):
             if outer <= inner or outer % inner:
                 raise ValueError(
                     f"network levels must grow outwards by whole multiples: {domains}"

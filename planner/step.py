@@ -175,10 +175,15 @@ def compose_step(
     m = r.num_microbatches
     stages = _with_tied_copy(stages, model, r)
     tied_s = _tied_embedding_s(model, cluster, r, pl)
-    syncs = [
-        _dp_sync(s, cluster, r, pl, tied_s if i in (0, c.pp - 1) else 0.0)
-        for i, s in enumerate(stages)
-    ]
+    memo: dict[tuple[int, bool], _Sync] = {}  # identical stages share one StageCost
+
+    def sync(i: int, stage: StageCost) -> _Sync:
+        key = (id(stage), i in (0, c.pp - 1))
+        if key not in memo:
+            memo[key] = _dp_sync(stage, cluster, r, pl, tied_s if key[1] else 0.0)
+        return memo[key]
+
+    syncs = [sync(i, s) for i, s in enumerate(stages)]
     stage_times = [s.time.time_s + y.per_microbatch_s for s, y in zip(stages, syncs, strict=True)]
     pipe = cost.pipeline_time(stage_times, num_microbatches=m, vpp=c.vpp)
     # Stage i finishes its last backward before stages 0..i-1 finish theirs.
@@ -188,12 +193,9 @@ def compose_step(
         still_busy += s.time.backward_s + s.time.recompute_s
     zero_shards = r.dp * c.cp if c.zero >= 1 else 1
     expert_shards = r.dp * c.cp // c.ep if c.zero >= 1 else 1
-    optimizer = max(
-        cost.optimizer_step_s(
-            cluster.device, r.training.precision,
-            params=s.params_dense / zero_shards + s.params_expert / expert_shards,
-        )
-        for s in stages
+    optimizer = cost.optimizer_step_s(
+        cluster.device, r.training.precision,
+        params=max(s.params_dense / zero_shards + s.params_expert / expert_shards for s in stages),
     )  # fmt: skip
     critical = max(range(len(stages)), key=lambda i: stage_times[i])
     t = stages[critical].time

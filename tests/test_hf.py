@@ -51,6 +51,7 @@ def _moe(experts: int, top_k: int, width: int, **rest: Any) -> dict[str, Any]:
         "shared_ffn_hidden_size": None,
         "first_dense_layers": 0,
         "layer_freq": 1,
+        "router_expert_bias": False,
     }
     return {**base, **rest}
 
@@ -113,7 +114,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "vocab_size": 129280,
         "max_position_embeddings": 163840,
         "moe": _moe(
-            256, 8, 2048, shared_experts=1, shared_ffn_hidden_size=2048, first_dense_layers=3
+            256, 8, 2048, shared_experts=1, shared_ffn_hidden_size=2048, first_dense_layers=3,
+            router_expert_bias=True,
         ),
         "mla": {
             "q_lora_rank": 1536,

@@ -198,6 +198,7 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
         "router", "router", (x_name,), inputs=(b.hidden(),), output=logits,
         weight=Tensor((("hidden", h), ("experts", experts)), b.act_bytes),
         flops=2.0 * tokens * h * experts, saved=(Tensor(logits.dims, LOSS_BYTES),),
+        bias_params=experts if moe.router_expert_bias else 0,
     )  # fmt: skip
     # Balanced routing: each expert receives tokens * top_k / experts tokens.
     capacity = max(1, tokens * moe.top_k // experts)

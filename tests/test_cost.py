@@ -1,0 +1,171 @@
+"""The cost model's formulas, checked against hand-computed known answers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner import cost
+from planner.graph.ops import Op, Tensor
+from planner.spec import ClusterSpec, DeviceSpec, GemmEfficiency
+
+
+@pytest.fixture
+def cluster() -> ClusterSpec:
+    """4 nodes x 8 devices; NVLink 300 GB/s, 2 us; network 25 GB/s, 5 us; ideal links."""
+    return ClusterSpec.model_validate({
+        "name": "toy", "num_nodes": 4, "devices_per_node": 8,
+        "device": {"name": "gpu", "memory_gib": 80, "memory_bandwidth_gb_s": 2000,
+                   "peak_tflops": {"bf16": 300}},
+        "network": [
+            {"name": "nvlink", "domain_devices": 8, "bandwidth_gb_s": 300, "latency_us": 2},
+            {"name": "ib", "domain_devices": 32, "bandwidth_gb_s": 25, "latency_us": 5},
+        ],
+    })  # fmt: skip
+
+
+GB = 1e9
+
+
+def test_ring_all_reduce_in_a_node(cluster: ClusterSpec) -> None:
+    """All-reduce of S on n ranks: 2(n-1)/n S / B plus 2 log2(n) latencies."""
+    got = cost.collective_time_s(cluster, "all_reduce", 1 * GB, cost.CommGroup(8))
+    assert got == pytest.approx(2 * 7 / 8 * GB / (300 * GB) + 2 * 3 * 2e-6)
+
+
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
+def test_gather_and_scatter_move_half_an_all_reduce(cluster: ClusterSpec, kind: str) -> None:
+    """All-gather and reduce-scatter: (n-1)/n S / B plus log2(n) latencies."""
+    got = cost.collective_time_s(cluster, kind, 1 * GB, cost.CommGroup(4))  # type: ignore[arg-type]
+    assert got == pytest.approx(3 / 4 * GB / (300 * GB) + 2 * 2e-6)
+
+
+def test_hierarchical_all_reduce_across_nodes(cluster: ClusterSpec) -> None:
+    """32 ranks on 4 nodes: reduce-scatter and all-gather of S in the node plus an all-reduce
+    of S/8 across nodes, cheaper than a flat ring at the network's bandwidth."""
+    s = 8 * GB
+    in_node = 2 * 7 / 8 * s / (300 * GB) + 2 * 3 * 2e-6
+    across = 2 * 3 / 4 * (s / 8) / (25 * GB) + 2 * 2 * 5e-6
+    flat = 2 * 31 / 32 * s / (25 * GB) + 2 * 5 * 5e-6
+    got = cost.collective_time_s(cluster, "all_reduce", s, cost.CommGroup(32))
+    assert got == pytest.approx(in_node + across)
+    assert got < flat
+
+
+def test_one_rank_per_node_pays_the_network(cluster: ClusterSpec) -> None:
+    """A data-parallel group with one rank per node (stride 8, as under TP 8) is a flat ring
+    over the network level."""
+    got = cost.collective_time_s(cluster, "all_reduce", GB, cost.CommGroup(4, stride=8))
+    assert got == pytest.approx(2 * 3 / 4 * GB / (25 * GB) + 2 * 2 * 5e-6)
+    assert cost.members_per_level(cluster, cost.CommGroup(4, stride=8)) == (1, 4)
+
+
+def test_all_to_all_splits_traffic_by_level(cluster: ClusterSpec) -> None:
+    """All-to-all on 16 ranks over 2 nodes: 7/16 of each buffer stays in the node, 8/16 crosses
+    the network; the levels work in parallel, so the slower one sets the time."""
+    got = cost.collective_time_s(cluster, "all_to_all", GB, cost.CommGroup(16))
+    assert got == pytest.approx(max(7 / 16 * GB / (300 * GB), 8 / 16 * GB / (25 * GB)) + 4 * 5e-6)
+
+
+def test_efficiency_scales_bandwidth(cluster: ClusterSpec) -> None:
+    """A link efficiency of 0.5 doubles the bandwidth term."""
+    data = cluster.model_dump()
+    data["network"][0]["efficiency"]["bandwidth_fraction"] = 0.5
+    slow = ClusterSpec.model_validate(data)
+    group = cost.CommGroup(8)
+    fast_s = cost.collective_time_s(cluster, "all_gather", GB, group) - 3 * 2e-6
+    slow_s = cost.collective_time_s(slow, "all_gather", GB, group) - 3 * 2e-6
+    assert slow_s == pytest.approx(2 * fast_s)
+
+
+def test_p2p_inside_and_across_nodes(cluster: ClusterSpec) -> None:
+    """Neighbours 4 ranks apart share a node; 8 apart do not."""
+    assert cost.p2p_time_s(cluster, GB, 4) == pytest.approx(2e-6 + GB / (300 * GB))
+    assert cost.p2p_time_s(cluster, GB, 8) == pytest.approx(5e-6 + GB / (25 * GB))
+
+
+def test_single_rank_collectives_are_free(cluster: ClusterSpec) -> None:
+    """A group of one moves nothing."""
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        assert cost.collective_time_s(cluster, kind, GB, cost.CommGroup(1)) == 0.0  # type: ignore[arg-type]
+
+
+def test_gemm_efficiency_curve() -> None:
+    """Half of max_fraction at half_saturation, approaching max_fraction for large GEMMs."""
+    eff = GemmEfficiency(max_fraction=0.8, half_saturation_gflop=10)
+    assert cost.gemm_fraction(eff, 10e9) == pytest.approx(0.4)
+    assert cost.gemm_fraction(eff, 1e15) == pytest.approx(0.8, rel=1e-4)
+
+
+def test_same_flops_per_device_same_compute_time() -> None:
+    """Splitting a GEMM's FLOPs 8 ways costs the same whether the output columns (tensor
+    parallel) or the tokens (sequence/data parallel) are split: efficiency depends only on the
+    FLOPs per call, so a solver is not steered by rounding. Also: memory-bound ops are priced
+    by bytes (the roofline's other side)."""
+    gpu = DeviceSpec(
+        name="g", memory_gib=80, memory_bandwidth_gb_s=2000, peak_tflops={"bf16": 300},
+        efficiency={"gemm": {"max_fraction": 0.7, "half_saturation_gflop": 5}},
+    )  # fmt: skip
+    x = Tensor((("batch", 1), ("seq", 4096), ("hidden", 8192)), 2.0)
+    y = Tensor((("batch", 1), ("seq", 4096), ("ffn", 32768)), 2.0)
+    up = Op(name="up", kind="linear", layer=1, layer_kind="dense", inputs=(x,), output=y,
+            weight=Tensor((("hidden", 8192), ("ffn", 32768)), 2.0),
+            flops=2.0 * 4096 * 8192 * 32768)  # fmt: skip
+    by_columns = cost.op_time(up, gpu, "bf16", activation_degrees={"ffn": 8},
+                              weight_degrees={"ffn": 8}, compute_degree=8)  # fmt: skip
+    by_tokens = cost.op_time(up, gpu, "bf16", activation_degrees={"seq": 8},
+                             weight_degrees={}, compute_degree=8)  # fmt: skip
+    assert by_columns == by_tokens
+    flops = up.flops / 8
+    expected = flops / (300e12 * 0.7 * flops / (flops + 5e9))
+    assert by_columns.forward_s == pytest.approx(expected)
+    assert cost.compute_time_s(gpu, "bf16", flops=0, bytes_moved=4e9) == pytest.approx(2e-3)
+
+
+@pytest.mark.parametrize(
+    ("precision", "full", "distributed"),
+    # Megatron-LM distributed-optimizer docs: bytes per parameter, non-distributed vs
+    # distributed over d data-parallel ranks.
+    [("bf16", 18, lambda d: 6 + 12 / d), ("fp16", 20, lambda d: 4 + 16 / d),
+     ("fp32", 16, lambda d: 8 + 8 / d)],
+)  # fmt: skip
+def test_optimizer_state_bytes_match_megatron(precision: str, full: float, distributed) -> None:
+    """ZeRO 0 and ZeRO 1 (distributed optimizer) per-parameter bytes."""
+    assert cost.state_bytes_per_param(precision, zero=0, shards=8).total == full  # type: ignore[arg-type]
+    for d in (2, 8, 64):
+        got = cost.state_bytes_per_param(precision, zero=1, shards=d).total  # type: ignore[arg-type]
+        assert got == pytest.approx(distributed(d))
+
+
+def test_zero_stages_shard_progressively() -> None:
+    """ZeRO-2 also shards gradients, ZeRO-3 also weights (Rajbhandari et al. 2020, Fig. 1:
+    2 + 2 + 12 = 16 bytes/param with fp16 grads becomes (2 + 2 + 12)/N at stage 3)."""
+    z2 = cost.state_bytes_per_param("bf16", zero=2, shards=4)
+    z3 = cost.state_bytes_per_param("bf16", zero=3, shards=4)
+    assert (z2.weights, z2.gradients, z2.optimizer) == (2, 1, 3)
+    assert z3.total == pytest.approx(18 / 4)
+
+
+def test_pipeline_time_alpa_form() -> None:
+    """Unequal stages: sum(t) + (m - 1) max(t) (Alpa, Eq. 2)."""
+    times = [1.0, 3.0, 2.0]
+    got = cost.pipeline_time(times, num_microbatches=5)
+    assert got.total_s == sum(times) + 4 * max(times)
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(4, 8, 1), (8, 64, 1), (16, 32, 2), (4, 16, 4)])
+def test_bubble_fraction_closed_form(p: int, m: int, v: int) -> None:
+    """Equal stages: bubble / busy = (p - 1)/(v m) (Narayanan et al. SC'21, Sec. 2.2)."""
+    got = cost.pipeline_time([0.5] * p, num_microbatches=m, vpp=v)
+    assert got.bubble_s / (got.total_s - got.bubble_s) == pytest.approx((p - 1) / (v * m))
+    assert cost.bubble_fraction(pp=p, vpp=v, num_microbatches=m) == pytest.approx(
+        (p - 1) / (v * m)
+    )
+
+
+def test_exposed_never_negative() -> None:
+    """Communication hidden behind more compute than it takes costs nothing, never less."""
+    assert cost.exposed_s(1.0, 3.0) == 0.0
+    assert cost.exposed_s(3.0, 1.0) == 2.0
+    assert math.isclose(cost.exposed_s(2.5, 0.0), 2.5)
