@@ -24,7 +24,7 @@ from typing import Any
 from planner.config import ParallelConfig
 from planner.errors import InputError
 from planner.estimate import estimate
-from planner.spec import ClusterSpec, GemmEfficiency, ModelSpec
+from planner.spec import ClusterSpec, GemmEfficiency, ModelSpec, read_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +158,14 @@ def run_from_record(record: dict[str, Any]) -> CalibrationRun:
 
 def load_runs(path: str | Path) -> list[CalibrationRun]:
     """Every record of a ``calibration_runs.json`` whose configuration is complete."""
-    records = json.loads(Path(path).read_text())
-    return [run_from_record(r) for r in records if r.get("config_complete", True)]
+    records = read_json(Path(path))
+    if not isinstance(records, list):
+        raise InputError(f"{path}: expected a JSON list of run records")
+    try:
+        return [run_from_record(r) for r in records if r.get("config_complete", True)]
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        kind = type(exc).__name__
+        raise InputError(f"{path}: a run record is malformed ({kind}: {exc})") from None
 
 
 def with_gemm_efficiency(cluster: ClusterSpec, gemm: GemmEfficiency) -> ClusterSpec:
@@ -257,12 +263,13 @@ class ValidationRow:
 
 
 def describe(config: ParallelConfig) -> str:
-    """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full``."""
+    """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``."""
     parts = [f"TP{config.tp}", f"PP{config.pp}", f"DP{config.dp}"]
     parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
                                               ("vpp", config.vpp)) if v > 1]  # fmt: skip
-    parts += ["SP"] * config.sp + [f"mbs{config.mbs}", f"recompute={config.recompute}"]
-    return " ".join(parts + ([f"zero{config.zero}"] if config.zero else []))
+    parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
+    parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
+    return " ".join(parts + ([f"ZeRO-{config.zero}"] if config.zero else []))
 
 
 def validation_rows(runs: Sequence[CalibrationRun], clusters: dict[str, ClusterSpec]) -> list[

@@ -122,6 +122,11 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
     _need(c.vpp == 1 or microbatches % c.pp == 0,
           f"interleaved schedule: microbatches({microbatches}) must be a multiple of "
           f"pp({c.pp})")  # fmt: skip
+    _need(model.position_embedding != "learned" or seq <= model.max_position_embeddings,
+          f"seq_len({seq}) > max_position_embeddings({model.max_position_embeddings}) of a "
+          f"model with learned positions")  # fmt: skip
+    _need(not c.tp_comm_overlap or c.tp == 1 or c.sp,
+          "tp_comm_overlap needs sequence parallelism (--sp), as in Megatron-Core")
     _need(c.cp == 1 or seq % (2 * c.cp) == 0,
           f"seq_len({seq}) is not divisible by 2 x cp({c.cp}) (load-balanced causal CP)")
     if model.moe is None:

@@ -19,7 +19,7 @@ the :class:`~planner.spec.ClusterSpec`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -274,17 +274,17 @@ def optimizer_step_s(device: DeviceSpec, precision: Precision, *, params: float)
 
 def saved_activation_bytes(
     op: Op,
-    degrees: Mapping[str, int],
+    degrees: Callable[[Tensor], Mapping[str, int]],
     *,
     recompute: Recompute,
     flash_attention: bool,
 ) -> float:
-    """Bytes ``op`` keeps for backward on one device (before full recompute, which the caller
-    handles at layer level). Selective recompute and flash attention drop the ``s x s``
-    tensors (Korthikanti et al., Sec. 5)."""
-    kept = sum(sharded_bytes(t, degrees) for t in op.saved)
+    """Bytes ``op`` keeps for backward on one device, each kept tensor split as ``degrees``
+    says (before full recompute, which the caller handles at layer level). Selective
+    recompute and flash attention drop the ``s x s`` tensors (Korthikanti et al., Sec. 5)."""
+    kept = sum(sharded_bytes(t, degrees(t)) for t in op.saved)
     if recompute == "none" and not flash_attention:
-        kept += sum(sharded_bytes(t, degrees) for t in op.score_tensors)
+        kept += sum(sharded_bytes(t, degrees(t)) for t in op.score_tensors)
     return kept
 
 

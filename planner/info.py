@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.errors import ConfigError
 from planner.graph import index_layers, lower, parameter_count
 from planner.spec import ModelSpec, TrainingSpec
 
@@ -15,6 +16,8 @@ def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any
     model's training sequence length, else its maximum position), counting the full ``s x s``
     attention scores as Narayanan et al. (Eq. 3) do; training costs three times that.
     """
+    if seq_len is not None and seq_len <= 0:
+        raise ConfigError(f"--seq-len must be positive, got {seq_len}")
     seq = seq_len or (model.training.seq_length if model.training else None)
     seq = seq or model.max_position_embeddings
     graph = lower(model, TrainingSpec(seq_length=seq, global_batch_size=1), micro_batch_size=1)

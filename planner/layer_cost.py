@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 
 from planner import cost
 from planner.config import ResolvedConfig
 from planner.graph.ops import Op
-from planner.graph.sharding import MeshAxis, OpSharding, local_params, megatron_sharding
+from planner.graph.sharding import (
+    MeshAxis,
+    OpSharding,
+    local_params,
+    megatron_sharding,
+    saved_degrees,
+)
 from planner.spec import ClusterSpec
 
 
@@ -195,15 +202,15 @@ def price_layer(
             acc.attention_forward_s += times.forward_s
             acc.attention_flops += op.flops
         _exposed_collectives(op, sh, times, cluster, resolved, placement, acc)
+        degrees = partial(saved_degrees, sh)
         acc.kept += cost.saved_activation_bytes(
-            op, sh.saved_degrees, recompute=recompute, flash_attention=c.flash_attention
+            op, degrees, recompute=recompute, flash_attention=c.flash_attention
         )
-        none_kept = cost.saved_activation_bytes(
-            op, sh.saved_degrees, recompute="none", flash_attention=c.flash_attention
+        acc.kept_without_recompute += cost.saved_activation_bytes(
+            op, degrees, recompute="none", flash_attention=c.flash_attention
         )
-        acc.kept_without_recompute += none_kept
         if i == 0 and op.saved:
-            first_kept_input = cost.sharded_bytes(op.saved[0], sh.saved_degrees)
+            first_kept_input = cost.sharded_bytes(op.saved[0], degrees(op.saved[0]))
         if op.params:
             key = "+".join(sh.weight_sync_axes)
             acc.params[key] = acc.params.get(key, 0.0) + local_params(op, sh)

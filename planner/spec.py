@@ -302,7 +302,8 @@ class ClusterSpec(_Frozen):
         return self.model_copy(update={"num_nodes": num_nodes})
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; unreadable or malformed files raise :class:`InputError`."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -353,13 +354,13 @@ def load_model(path: str | Path) -> ModelSpec:
     96
     """
     path = Path(path)
-    return model_from_dict(_read_json(path), source=str(path))
+    return model_from_dict(read_json(path), source=str(path))
 
 
 def load_cluster(path: str | Path, nodes: int | None = None) -> ClusterSpec:
     """Read a ``cluster.json``; ``nodes`` overrides ``num_nodes``."""
     path = Path(path)
-    data = _read_json(path)
+    data = read_json(path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")
     try:

@@ -46,8 +46,8 @@ class OpSharding:
     role: Role
     activation_degrees: dict[str, int]
     """How its inputs and outputs are split while it computes."""
-    saved_degrees: dict[str, int]
-    """How the activations it keeps for backward are split."""
+    stream_degrees: dict[str, int]
+    """How the residual stream (tensors without tensor-parallel dims) is split."""
     weight_degrees: dict[str, int]
     compute_degree: int
     gemm_calls: int
@@ -106,9 +106,6 @@ def megatron_sharding(op: Op, *, tp: int, sp: bool, cp: int, ep: int) -> OpShard
     local = {name: cp for name in TOKEN_DIMS} | tensor_dims  # inside the TP region
 
     activation = stream if role == "sequence" else local
-    saved = dict(activation)
-    if role == "column":
-        saved.update(stream)  # SP keeps only the shard of a gathered input
     weight = dict(tensor_dims)
     if op.kind == "expert_linear":  # routers keep all experts' columns on every rank
         weight.update(dict.fromkeys(EXPERT_PARALLEL_DIMS, ep))
@@ -158,13 +155,23 @@ def megatron_sharding(op: Op, *, tp: int, sp: bool, cp: int, ep: int) -> OpShard
     return OpSharding(
         role=role,
         activation_degrees=activation,
-        saved_degrees=saved,
+        stream_degrees=stream,
         weight_degrees=weight,
         compute_degree=compute,
         gemm_calls=max(1, op.gemm_calls // ep),
         collectives=tuple(collectives),
         weight_sync_axes=sync,
     )
+
+
+def saved_degrees(sharding: OpSharding, tensor: Tensor) -> dict[str, int]:
+    """How a kept activation is split: residual-stream tensors (no tensor-parallel dim) as the
+    stream is, so under SP a column-parallel op keeps only its input's shard and re-gathers it
+    in backward, and the embedding's dropout mask is split too (Megatron scatters to the
+    sequence-parallel region before that dropout); the rest as the op computes them."""
+    if _has(tensor, TENSOR_PARALLEL_DIMS):
+        return sharding.activation_degrees
+    return sharding.stream_degrees
 
 
 def local_params(op: Op, sharding: OpSharding) -> float:

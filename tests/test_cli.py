@@ -1,0 +1,342 @@
+"""The ``planner`` command line as a user sees it: real subprocesses, run from the repository root.
+
+What the commands print (the ``--json`` objects and their agreement with the library), and how
+they fail: every bad input gives exit code 2, exactly one line on stderr that names the file
+(or the option) and the problem, nothing on stdout, and never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+import planner
+
+REPO = Path(__file__).resolve().parents[1]
+# CI clones the repository with shared/ beside it; so is the working copy.
+SHARED = REPO.parent / "shared"
+GPT3 = "instances/models/gpt3-175b.json"
+MIXTRAL = "instances/models/mixtral-8x7b.json"
+A100 = "instances/clusters/dgx-a100-80gb.json"
+LLAMA_405B_HF = "../shared/reference/hf/Meta-Llama-3.1-405B.config.json"
+CALIBRATION_RUNS = "../shared/validation/calibration_runs.json"
+
+# Published parameter counts: Mixtral 8x7B (Mistral AI's model card: 46.7B total, 12.9B
+# active) and Llama 3.1 405B (Meta's model card), to the parameter as transformers counts them.
+MIXTRAL_PARAMS_TOTAL = 46_702_792_704
+MIXTRAL_PARAMS_ACTIVE = 12_879_925_248
+LLAMA_405B_PARAMS = 405_853_388_800
+
+ESTIMATE_KEYS = {
+    "step_time_s",
+    "tokens_per_s",
+    "model_tflops_per_gpu",
+    "hardware_tflops_per_gpu",
+    "mfu",
+    "peak_memory_gib",
+    "fits",
+    "memory_gib",
+    "time_s",
+}
+MEMORY_KEYS = {"weights", "gradients", "optimizer", "activations", "other"}
+TIME_KEYS = {
+    "compute",
+    "tensor_parallel_comm",
+    "context_parallel_comm",
+    "expert_parallel_comm",
+    "pipeline_comm",
+    "pipeline_bubble",
+    "data_parallel_comm_exposed",
+    "optimizer",
+}
+
+
+def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``planner ARGS`` in a fresh interpreter from the repository root (a wide terminal, so
+    that tables do not wrap)."""
+    return subprocess.run(
+        [sys.executable, "-c", "from planner.cli import main; main()", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+
+
+@cache
+def _json_of(*args: str) -> Any:
+    """The parsed stdout of a command that must succeed (cached: each run costs ~0.5 s)."""
+    done = _run(*args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit code 2, nothing on stdout, one line on stderr containing every needle."""
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+# --------------------------------------------------------------------------- estimate
+
+
+def test_estimate_json_is_the_library_estimate() -> None:
+    """``estimate --json`` prints one object with the documented keys, and its values are
+    exactly ``planner.estimate(...).to_dict()`` for the same inputs."""
+    printed = _json_of("estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--json")
+    assert set(printed) >= ESTIMATE_KEYS
+    assert set(printed["memory_gib"]) >= MEMORY_KEYS
+    assert set(printed["time_s"]) == TIME_KEYS
+    assert isinstance(printed["fits"], bool)
+    expected = planner.estimate(
+        planner.load_model(REPO / GPT3),
+        planner.load_cluster(REPO / A100),
+        planner.ParallelConfig(tp=8, pp=16),
+    ).to_dict()
+    assert printed == expected
+    assert printed["num_devices"] == 1024
+
+
+def test_estimate_table_shows_the_step_time_and_the_fit() -> None:
+    """Without ``--json`` the tables carry the step time (to the millisecond) and whether the
+    configuration fits in memory."""
+    done = _run("estimate", GPT3, A100, "--tp", "8", "--pp", "16")
+    assert done.returncode == 0, done.stderr
+    step = _json_of("estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--json")["step_time_s"]
+    assert f"{step:.3f}" in done.stdout
+    assert "fits" in done.stdout
+
+
+def test_nodes_resizes_the_cluster() -> None:
+    """``--nodes N`` prices the same cluster type with N nodes of 8 devices: data parallelism
+    takes up the change."""
+    printed = _json_of("estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--nodes", "16", "--json")
+    assert printed["num_devices"] == 8 * 16
+    assert printed["dp"] == 1
+    expected = planner.estimate(
+        planner.load_model(REPO / GPT3),
+        planner.load_cluster(REPO / A100, nodes=16),
+        planner.ParallelConfig(tp=8, pp=16),
+    ).to_dict()
+    assert printed == expected
+
+
+# --------------------------------------------------------------------------- info, schema
+
+
+@pytest.mark.parametrize(
+    ("model", "total", "active"),
+    [
+        (MIXTRAL, MIXTRAL_PARAMS_TOTAL, MIXTRAL_PARAMS_ACTIVE),
+        (LLAMA_405B_HF, LLAMA_405B_PARAMS, LLAMA_405B_PARAMS),  # a HF config.json, as it is
+    ],
+    ids=["mixtral-8x7b", "hf-llama-3.1-405b"],
+)
+def test_info_counts_published_parameters(model: str, total: int, active: int) -> None:
+    """``info --json`` reports the published total and active parameter counts."""
+    printed = _json_of("info", model, "--json")
+    assert printed["params_total"] == total
+    assert printed["params_active"] == active
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        here = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return here + [ref for value in node.values() for ref in _refs(value)]
+    if isinstance(node, list):
+        return [ref for value in node for ref in _refs(value)]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "instances"),
+    [("model", "num_layers", "models"), ("cluster", "num_nodes", "clusters")],
+)
+def test_schema_describes_the_bundled_files(kind: str, key: str, instances: str) -> None:
+    """``schema model|cluster`` prints a JSON Schema: an object type whose properties include
+    the key fields, whose required fields are properties, whose ``$ref``s all resolve, and
+    which every bundled instance file satisfies at the top level (no unknown or missing key)."""
+    schema = _json_of("schema", kind)
+    assert schema["type"] == "object"
+    properties = schema["properties"]
+    assert key in properties
+    required = set(schema.get("required", []))
+    assert required <= set(properties)
+    for ref in _refs(schema):
+        assert ref.startswith("#/$defs/"), ref
+        assert ref.removeprefix("#/$defs/") in schema["$defs"], ref
+    files = sorted((REPO / "instances" / instances).glob("*.json"))
+    assert files
+    for path in files:
+        data = json.loads(path.read_text())
+        assert set(data) <= set(properties), path.name
+        assert required <= set(data), path.name
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def test_validate_lists_every_published_run() -> None:
+    """``validate --json`` gives one row per published run (20) with the measured and predicted
+    step times and the relative error predicted / measured - 1."""
+    rows = _json_of("validate", CALIBRATION_RUNS, "--json")
+    assert isinstance(rows, list)
+    assert len(rows) == 20
+    for row in rows:
+        assert row["measured_s"] > 0.0
+        assert row["predicted_s"] > 0.0
+        assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- bad input
+
+Json = dict[str, Any]
+
+
+def _gpt3(**changes: Any) -> Json:
+    data: Json = json.loads((REPO / GPT3).read_text())
+    return data | changes
+
+
+def _a100(**changes: Any) -> Json:
+    data: Json = json.loads((REPO / A100).read_text())
+    return data | changes
+
+
+def _hf_llama(**changes: Any) -> Json:
+    data: Json = json.loads(
+        (SHARED / "reference" / "hf" / "Meta-Llama-3.1-8B.config.json").read_text()
+    )
+    return data | changes
+
+
+@dataclass(frozen=True)
+class BadFile:
+    """A broken input file and the words its error message must contain."""
+
+    name: str
+    content: Callable[[], str]
+    role: Literal["model", "cluster"]
+    """Which argument of ``estimate`` it replaces."""
+    needles: tuple[str, ...] = ()
+
+
+BAD_FILES = [
+    BadFile("malformed", lambda: '{\n  "name": "x",\n  "num_layers": 2,,\n}\n', "model",
+            ("line 3", "column 19")),
+    BadFile("unknown-field", lambda: json.dumps(_gpt3(colour="red")), "model",
+            ("colour", "unknown")),
+    BadFile("negative-size", lambda: json.dumps(_gpt3(hidden_size=-5)), "model",
+            ("hidden_size",)),
+    BadFile("zero-size", lambda: json.dumps(_gpt3(num_layers=0)), "model", ("num_layers",)),
+    BadFile("heads-by-groups", lambda: json.dumps(_gpt3(num_query_groups=7)), "model",
+            ("num_attention_heads", "num_query_groups", "96", "7")),
+    BadFile("unknown-hf-model-type", lambda: json.dumps(_hf_llama(model_type="martian")),
+            "model", ("martian",)),
+    BadFile("not-an-object", lambda: "[1, 2, 3]", "model", ("object",)),
+    BadFile("cluster-unknown-field", lambda: json.dumps(_a100(racks=4)), "cluster",
+            ("racks", "unknown")),
+    BadFile("cluster-zero-nodes", lambda: json.dumps(_a100(num_nodes=0)), "cluster",
+            ("num_nodes",)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", BAD_FILES, ids=lambda bad: bad.name)
+def test_bad_file_is_one_line_naming_the_file(bad: BadFile, tmp_path: Path) -> None:
+    """A broken model or cluster file: exit 2 and one line naming the file and the problem."""
+    path = tmp_path / f"{bad.name}.json"
+    path.write_text(bad.content())
+    model, cluster = (path, A100) if bad.role == "model" else (GPT3, path)
+    _assert_one_line_error(_run("estimate", model, cluster), str(path), *bad.needles)
+
+
+def test_missing_file_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """A file that does not exist: exit 2 and one line naming it, for ``estimate`` and ``info``."""
+    missing = tmp_path / "nowhere.json"
+    _assert_one_line_error(_run("estimate", missing, A100), str(missing))
+    _assert_one_line_error(_run("info", missing), str(missing))
+
+
+@pytest.mark.parametrize(
+    ("options", "needles"),
+    [
+        # Placed on 128 nodes, tp 7 does not even divide the devices.
+        (["--tp", "7"], ("tp(7)", "1024")),
+        # On 7 nodes it does, and the 96 heads are what tp 7 cannot split.
+        (["--nodes", "7", "--tp", "7"], ("num_attention_heads", "96", "tp(7)")),
+        (["--tp", "8", "--pp", "16", "--vpp", "4"], ("num_layers(96)", "pp(16)", "vpp(4)", "64")),
+        (["--tp", "8", "--pp", "16", "--global-batch", "100"],
+         ("global_batch(100)", "dp(8)", "mbs(1)")),
+        (["--tp", "8", "--pp", "16", "--dp", "4"], ("dp(4)", "512", "1024")),
+        (["--zero", "5"], ("--zero", "5")),
+        (["--tp", "0"], ("--tp",)),
+        (["--nodes", "0"], ("--nodes", "0")),
+    ],
+    ids=["tp-devices", "heads-by-tp", "layers-by-pp-vpp", "batch-by-dp-mbs", "dp-product",
+         "zero-5", "tp-0", "nodes-0"],
+)  # fmt: skip
+def test_configuration_that_does_not_divide_is_one_line(
+    options: list[str], needles: tuple[str, ...]
+) -> None:
+    """A configuration that does not divide, or an out-of-range option: exit 2 and one line
+    showing the arithmetic that failed (or naming the option)."""
+    _assert_one_line_error(_run("estimate", GPT3, A100, *options), *needles)
+
+
+# ------------------------------------------------------------------ usage and option errors
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["estimate", GPT3, A100, "--recompute", "bogus"], "bogus"),
+        (["estimate", GPT3, A100, "--tp", "abc"], "--tp"),
+        (["estimate", GPT3, A100, "--no-such-option"], "--no-such-option"),
+        (["estimate", GPT3], "cluster"),
+        (["schema", "graph"], "graph"),
+    ],
+    ids=["bad-choice", "not-an-integer", "unknown-option", "missing-argument", "schema-kind"],
+)
+def test_usage_error_exits_2_without_traceback(args: list[str], needle: str) -> None:
+    """A command line that does not parse is a usage error: exit 2, the offending option or
+    value on stderr, no traceback (click's usage message may take more than one line)."""
+    done = _run(*args)
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 2
+    assert needle in done.stderr
+
+
+@pytest.mark.parametrize("content", [None, "[{,]"], ids=["missing", "malformed"])
+def test_validate_bad_runs_file_is_one_line(content: str | None, tmp_path: Path) -> None:
+    """``validate`` on a runs file that is missing or not JSON: exit 2, one line naming it."""
+    path = tmp_path / "runs.json"
+    if content is not None:
+        path.write_text(content)
+    _assert_one_line_error(_run("validate", path, "--json"), str(path))
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_info_rejects_a_non_positive_seq_len(value: str) -> None:
+    """``info --seq-len`` must be positive, like ``estimate --seq-len``."""
+    _assert_one_line_error(_run("info", GPT3, "--seq-len", value), "--seq-len")
+
+
+@pytest.mark.parametrize("option", ["--seq-len", "--global-batch"])
+def test_option_error_names_the_option_as_typed(option: str) -> None:
+    """An out-of-range option is named as the user spells it on the command line."""
+    _assert_one_line_error(_run("estimate", GPT3, A100, option, "0"), option)
