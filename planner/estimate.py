@@ -19,7 +19,7 @@ from planner.graph import LayerIndex, index_layers, lower
 from planner.graph.lower import ACTIVATION_BYTES
 from planner.layer_cost import LayerCost, Placement, price_layer
 from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
-from planner.step import StageCost, compose_step
+from planner.step import StageCost, TimeBreakdown, compose_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,20 +36,6 @@ class MemoryBreakdown:
     def total(self) -> float:
         """Everything."""
         return self.weights + self.gradients + self.optimizer + self.activations + self.other
-
-
-@dataclass(frozen=True, slots=True)
-class TimeBreakdown:
-    """Where one step's seconds go on the critical path; the fields add up to the step."""
-
-    compute: float
-    tensor_parallel_comm: float
-    context_parallel_comm: float
-    expert_parallel_comm: float
-    pipeline_comm: float
-    pipeline_bubble: float
-    data_parallel_comm_exposed: float
-    optimizer: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,16 +140,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
         peak_memory_gib=peak_bytes / GIB,
         fits=peak_bytes <= cluster.device.memory_bytes,
         memory_gib=MemoryBreakdown(*(b / GIB for b in step.peak_memory_bytes)),
-        time_s=TimeBreakdown(
-            compute=step.compute_s,
-            tensor_parallel_comm=step.tp_comm_s,
-            context_parallel_comm=step.cp_comm_s,
-            expert_parallel_comm=step.ep_comm_s,
-            pipeline_comm=step.pipeline_comm_s,
-            pipeline_bubble=step.bubble_s,
-            data_parallel_comm_exposed=step.dp_exposed_s,
-            optimizer=step.optimizer_s,
-        ),
+        time_s=step.time,
         bubble_fraction=step.bubble_fraction,
         num_microbatches=resolved.num_microbatches,
         dp=resolved.dp,

@@ -41,18 +41,25 @@ class StageCost:
 
 
 @dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    """Where one step's seconds go on the critical path; the fields add up to the step."""
+
+    compute: float
+    tensor_parallel_comm: float
+    context_parallel_comm: float
+    expert_parallel_comm: float
+    pipeline_comm: float
+    pipeline_bubble: float
+    data_parallel_comm_exposed: float
+    optimizer: float
+
+
+@dataclass(frozen=True, slots=True)
 class StepCost:
     """One step: its seconds by category (on the critical stage) and the peak memory."""
 
     step_s: float
-    compute_s: float
-    tp_comm_s: float
-    cp_comm_s: float
-    ep_comm_s: float
-    pipeline_comm_s: float
-    bubble_s: float
-    dp_exposed_s: float
-    optimizer_s: float
+    time: TimeBreakdown
     bubble_fraction: float
     peak_memory_bytes: tuple[float, float, float, float, float]
     """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
@@ -201,14 +208,16 @@ def compose_step(
     t = stages[critical].time
     return StepCost(
         step_s=pipe.total_s + tail + optimizer,
-        compute_s=m * t.compute_s,
-        tp_comm_s=m * t.tp_comm_s,
-        cp_comm_s=m * t.cp_comm_s,
-        ep_comm_s=m * t.ep_comm_s,
-        pipeline_comm_s=m * t.pipeline_comm_s,
-        bubble_s=pipe.bubble_s,
-        dp_exposed_s=m * syncs[critical].per_microbatch_s + tail,
-        optimizer_s=optimizer,
+        time=TimeBreakdown(
+            compute=m * t.compute_s,
+            tensor_parallel_comm=m * t.tp_comm_s,
+            context_parallel_comm=m * t.cp_comm_s,
+            expert_parallel_comm=m * t.ep_comm_s,
+            pipeline_comm=m * t.pipeline_comm_s,
+            pipeline_bubble=pipe.bubble_s,
+            data_parallel_comm_exposed=m * syncs[critical].per_microbatch_s + tail,
+            optimizer=optimizer,
+        ),
         bubble_fraction=pipe.bubble_s / (m * max(stage_times)),
         peak_memory_bytes=max(
             (_memory(s, i, cluster, r) for i, s in enumerate(stages)), key=sum
