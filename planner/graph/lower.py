@@ -52,11 +52,14 @@ class _Builder:
 
     def add(self, op: str, kind: OpKind, sources: tuple[str, ...], **fields: object) -> str:
         """Add op ``op`` fed by the ops named ``sources``; returns its graph name."""
+        # Heads split by whole key/value groups (every query group keeps its K/V head).
+        groups = self.model.num_attention_heads if self.model.mla else self.model.query_groups
         node = Op(
             name=self.name(op),
             kind=kind,
             layer=self.layer,
             layer_kind=self.layer_kind,
+            units=(("heads", groups), ("kv_heads", groups)),
             **fields,  # type: ignore[arg-type]
         )
         self.ops.append((node, sources))

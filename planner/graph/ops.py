@@ -96,6 +96,14 @@ class Op:
     score_tensors: tuple[Tensor, ...] = ()
     """The attention core's ``s x s`` tensors (softmax output, dropout mask and output): kept
     unless selective recompute or flash attention drops them."""
+    units: tuple[tuple[str, int], ...] = ()
+    """Indivisible units of a dim when it is not its size: the ``heads`` dims hold
+    ``heads x head_dim`` features but split only by whole (key/value) heads."""
+
+    def splittable(self, dim: str, size: int, degree: int) -> bool:
+        """Whether ``dim`` (of ``size``) splits evenly ``degree`` ways."""
+        units = dict(self.units).get(dim, size)
+        return units % degree == 0
 
     @property
     def params(self) -> int:

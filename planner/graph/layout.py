@@ -1,0 +1,121 @@
+"""Tensor layouts on a 2-D logical mesh, and what it costs to convert between them.
+
+A *layout* says, for each of the mesh's two axes, how a tensor lives along it: replicated
+(``"R"``), a partial sum pending reduction (``"P"``), or split along one of the tensor's named
+dims (the dim's name). A dim split on both axes is split ``d0 x d1`` ways. Axis 1 is the fast
+one (inside a node); a 1-D mesh is the case ``d0 = 1``.
+
+Converting a tensor from one layout to another is done axis by axis (Alpa, Sec. 4.1):
+R->S slices locally, S->R all-gathers, S->S' is an all-to-all, P->R all-reduces and P->S
+reduce-scatters. Each collective runs on the group of that axis and is priced by
+:func:`planner.cost.collective_time_s` on the network levels the group spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner import cost
+from planner.graph.ops import Tensor
+from planner.spec import ClusterSpec
+
+Placement = str
+"""``"R"``, ``"P"`` or a dim name."""
+Layout = tuple[Placement, Placement]
+REPLICATED: Layout = ("R", "R")
+# Dims that are one parallel dimension under two names (the K/V heads follow the query heads).
+_CANONICAL = {"kv_heads": "heads"}
+
+
+def canonical(dim: str) -> str:
+    """The name a dim is matched by across operators (``kv_heads`` is split with ``heads``)."""
+    return _CANONICAL.get(dim, dim)
+
+
+@dataclass(frozen=True, slots=True)
+class LogicalMesh:
+    """``d0 x d1`` devices; axis 1 is contiguous in rank order (inside a node), axis 0 strides
+    over it. Its devices start at rank 0 of the cluster's order (placement moves them)."""
+
+    shape: tuple[int, int]
+
+    @property
+    def num_devices(self) -> int:
+        """Devices in the mesh."""
+        return self.shape[0] * self.shape[1]
+
+    def size(self, axis: int) -> int:
+        """Devices along ``axis``."""
+        return self.shape[axis]
+
+    def group(self, axis: int) -> cost.CommGroup:
+        """The communication group of one line of devices along ``axis``."""
+        d0, d1 = self.shape
+        return cost.CommGroup(d1, 1) if axis == 1 else cost.CommGroup(d0, d1)
+
+
+def degrees(layout: Layout, mesh: LogicalMesh) -> dict[str, int]:
+    """How many ways each dim is split under ``layout``.
+
+    >>> degrees(("batch", "heads"), LogicalMesh((2, 4)))
+    {'batch': 2, 'heads': 4}
+    """
+    out: dict[str, int] = {}
+    for axis, placement in enumerate(layout):
+        if placement not in ("R", "P") and mesh.size(axis) > 1:
+            out[placement] = out.get(placement, 1) * mesh.size(axis)
+    return out
+
+
+def tensor_degrees(tensor: Tensor, layout: Layout, mesh: LogicalMesh) -> dict[str, int]:
+    """:func:`degrees` keyed by ``tensor``'s own dim names (``kv_heads`` split as ``heads``)."""
+    split = degrees(layout, mesh)
+    return {name: split[canonical(name)] for name, _ in tensor.dims if canonical(name) in split}
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One collective of a layout conversion."""
+
+    kind: cost.CollectiveKind
+    nbytes: float
+    axis: int
+
+
+def reshard(src: Layout, dst: Layout, tensor: Tensor, mesh: LogicalMesh) -> tuple[Transfer, ...]:
+    """The collectives that turn ``tensor`` from ``src`` into ``dst``, axis by axis.
+
+    ``nbytes`` follows :func:`planner.cost.collective_time_s`: the tensor as split by the other
+    axis (the all-to-all's per-rank buffer is split by this axis too).
+
+    >>> x = Tensor((("batch", 1), ("seq", 8), ("hidden", 4)), 2.0)
+    >>> reshard(("R", "P"), ("R", "seq"), x, LogicalMesh((1, 4)))
+    (Transfer(kind='reduce_scatter', nbytes=64.0, axis=1),)
+    """
+    transfers = []
+    for axis in (0, 1):
+        s, d = src[axis], dst[axis]
+        n = mesh.size(axis)
+        # Nothing moves for the same placement, a single device, a partial sum made from a
+        # whole value (keep it on one rank), or a slice of a replicated tensor.
+        if s == d or n == 1 or d == "P" or s == "R":
+            continue
+        other = (src[0], "R") if axis == 1 else ("R", src[1])
+        nbytes = cost.sharded_bytes(tensor, tensor_degrees(tensor, other, mesh))
+        if s == "P":
+            kind: cost.CollectiveKind = "all_reduce" if d == "R" else "reduce_scatter"
+        elif d == "R":
+            kind = "all_gather"
+        else:
+            kind, nbytes = "all_to_all", nbytes / n
+        transfers.append(Transfer(kind, nbytes, axis))
+    return tuple(transfers)
+
+
+def transfer_time_s(
+    transfers: tuple[Transfer, ...], cluster: ClusterSpec, mesh: LogicalMesh
+) -> float:
+    """Seconds of ``transfers`` on ``mesh`` (run one after the other)."""
+    return sum(
+        cost.collective_time_s(cluster, t.kind, t.nbytes, mesh.group(t.axis)) for t in transfers
+    )

@@ -1,0 +1,35 @@
+"""The intra-operator pass: one layer's sharding on a logical mesh, as an integer program."""
+
+from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
+from planner.ilp.formulation import EdgeCosts, LayerProblem, NodeCosts, build_layer_milp
+from planner.ilp.layer import (
+    LayerQuery,
+    LayerSolution,
+    OpChoice,
+    Resharding,
+    SolutionCache,
+    SolverOptions,
+    layer_problem,
+    solve_layer,
+)
+from planner.ilp.milp import Milp
+
+__all__ = [
+    "Backend",
+    "EdgeCosts",
+    "LayerProblem",
+    "LayerQuery",
+    "LayerSolution",
+    "Milp",
+    "MilpSolution",
+    "NodeCosts",
+    "OpChoice",
+    "Resharding",
+    "SolutionCache",
+    "SolverOptions",
+    "SolverReport",
+    "build_layer_milp",
+    "layer_problem",
+    "solve_layer",
+    "solve_milp",
+]

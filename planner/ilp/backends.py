@@ -1,0 +1,148 @@
+"""Solving a :class:`~planner.ilp.milp.Milp` with OR-Tools CP-SAT or PuLP's CBC.
+
+Both run single-threaded with a fixed seed (the same inputs give the same answer), honour a
+time limit, and report status, objective, best bound, gap and wall time; on a time-out the best
+incumbent is returned with its gap.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from planner.errors import SolverError
+from planner.ilp.milp import Milp
+
+Backend = Literal["ortools", "pulp"]
+Status = Literal["optimal", "feasible", "infeasible", "timed_out"]
+
+
+@dataclass(frozen=True, slots=True)
+class SolverReport:
+    """How a solve went."""
+
+    backend: Backend
+    status: Status
+    """optimal; feasible (time limit hit with an incumbent); infeasible; timed_out (no
+    solution found in time)."""
+    objective: float | None
+    bound: float | None
+    gap: float | None
+    wall_s: float
+    num_variables: int
+    num_constraints: int
+
+
+@dataclass(frozen=True, slots=True)
+class MilpSolution:
+    """A report and, when a solution was found, every variable's value."""
+
+    report: SolverReport
+    values: dict[str, int]
+
+
+def _gap(objective: float | None, bound: float | None) -> float | None:
+    if objective is None or bound is None:
+        return None
+    return abs(objective - bound) / max(abs(objective), 1e-9)
+
+
+def solve_ortools(milp: Milp, *, time_limit_s: float) -> MilpSolution:
+    """CP-SAT (exact on integer programs)."""
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    var = {name: model.NewBoolVar(name) for name in milp.binaries}
+    var |= {name: model.NewIntVar(lo, hi, name) for name, (lo, hi) in milp.integers.items()}
+    for c in milp.constraints:
+        expr = sum(coef * var[v] for v, coef in c.terms)
+        if c.sense == "<=":
+            model.Add(expr <= c.rhs)
+        elif c.sense == ">=":
+            model.Add(expr >= c.rhs)
+        else:
+            model.Add(expr == c.rhs)
+    model.Minimize(sum(coef * var[v] for v, coef in milp.objective.items()))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    start = time.perf_counter()
+    code = solver.Solve(model)
+    wall = time.perf_counter() - start
+    status: Status = {
+        cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+        cp_model.INFEASIBLE: "infeasible",
+    }.get(code, "timed_out")  # fmt: skip
+    if code == cp_model.MODEL_INVALID:
+        raise SolverError(f"CP-SAT rejected the model: {model.Validate()}")
+    found = status in ("optimal", "feasible")
+    objective = solver.ObjectiveValue() if found else None
+    bound = solver.BestObjectiveBound() if found else None
+    values = {name: int(solver.Value(v)) for name, v in var.items()} if found else {}
+    report = SolverReport("ortools", status, objective, bound, _gap(objective, bound), wall,
+                          milp.num_variables, len(milp.constraints))  # fmt: skip
+    return MilpSolution(report, values)
+
+
+def solve_pulp(milp: Milp, *, time_limit_s: float) -> MilpSolution:
+    """CBC through PuLP; the best bound is read from CBC's log."""
+    import pulp
+
+    problem = pulp.LpProblem(milp.name, pulp.LpMinimize)
+    var = {name: pulp.LpVariable(name, cat="Binary") for name in milp.binaries}
+    var |= {name: pulp.LpVariable(name, lo, hi, cat="Integer")
+            for name, (lo, hi) in milp.integers.items()}  # fmt: skip
+    problem += pulp.lpSum(coef * var[v] for v, coef in milp.objective.items())
+    for c in milp.constraints:
+        expr = pulp.lpSum(coef * var[v] for v, coef in c.terms)
+        problem += (expr <= c.rhs if c.sense == "<=" else expr >= c.rhs if c.sense == ">="
+                    else expr == c.rhs), c.name  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "cbc.log"
+        command = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, threads=1,
+                                    logPath=str(log), options=["randomSeed 0"])  # fmt: skip
+        start = time.perf_counter()
+        problem.solve(command)
+        wall = time.perf_counter() - start
+        text = log.read_text() if log.exists() else ""
+    status = _pulp_status(problem.status, problem.sol_status, text)
+    found = status in ("optimal", "feasible")
+    objective = pulp.value(problem.objective) if found else None
+    if objective is None and found:
+        objective = 0.0  # an objective with no terms
+    bound = objective if status == "optimal" else _cbc_bound(text)
+    values = {name: round(v.value() or 0) for name, v in var.items()} if found else {}
+    report = SolverReport("pulp", status, objective, bound, _gap(objective, bound), wall,
+                          milp.num_variables, len(milp.constraints))  # fmt: skip
+    return MilpSolution(report, values)
+
+
+def _pulp_status(status: int, sol_status: int, log: str) -> Status:
+    if status == 1 and sol_status == 1:
+        return "optimal"
+    if status == -1 or ("infeasible" in log.lower() and sol_status != 2):
+        return "infeasible"
+    if sol_status == 2:
+        return "feasible"
+    return "timed_out"
+
+
+def _cbc_bound(log: str) -> float | None:
+    match = re.search(r"Lower bound:\s*([-+0-9.eE]+)", log)
+    return float(match.group(1)) if match else None
+
+
+def solve_milp(milp: Milp, *, backend: Backend, time_limit_s: float) -> MilpSolution:
+    """Solve ``milp`` with ``backend``."""
+    if time_limit_s <= 0:
+        raise SolverError(f"time limit must be positive, got {time_limit_s}")
+    if backend == "ortools":
+        return solve_ortools(milp, time_limit_s=time_limit_s)
+    if backend == "pulp":
+        return solve_pulp(milp, time_limit_s=time_limit_s)
+    raise SolverError(f"unknown backend {backend!r}; choose ortools or pulp")
