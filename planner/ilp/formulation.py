@@ -6,9 +6,10 @@ matrix per producer/consumer pair), in integer nanoseconds and KiB.
 
 Variables: ``s[v,i]`` picks strategy ``i`` of node ``v``; ``e[u,v,i,j]`` is ``s[u,i] AND
 s[v,j]``, linearised by ``sum_j e = s[u,i]`` and ``sum_i e = s[v,j]``; ``r[mode]`` picks the
-layer's recomputation, ``z[k]`` the ZeRO stage of its weights; four integer aggregates carry
-what those choices change (activation memory, weight-state memory, recomputed time, gradient
-sync time), each bounded below per choice with a big-M that vanishes for the chosen one.
+layer's recomputation and ``z[k]`` the ZeRO stage of its weights; ``y[v,i,mode]`` and
+``w[v,i,k]`` are the products of a strategy with those choices, linearised the same way, and
+carry what the choices change (activation memory and rerun time; weight-state memory and
+gradient sync time).
 
 Objective: compute + own communication + resharding + recomputation + gradient sync, for one
 microbatch forward and backward. Constraint: weight states + activations <= the budget.
@@ -110,83 +111,88 @@ def _choice(milp: Milp, prefix: str, options: tuple[object, ...]) -> dict[object
     return variables
 
 
-def _bounded_below(
-    milp: Milp, name: str, per_option: dict[str, dict[str, int]], chosen: dict[object, str],
-) -> str:  # fmt: skip
-    """An integer ``X >= expr_o - M_o (1 - chosen_o)`` for every option ``o``: equal to the
-    chosen option's expression wherever X is minimised or bounded above. ``M_o`` is the
-    expression's largest value: one strategy per node, one strategy pair per edge."""
-    bounds = {option: _largest_value(terms) for option, terms in per_option.items()}
-    x = milp.add_integer(name, 0, max(bounds.values(), default=0))
-    for option, terms in per_option.items():
-        big_m = bounds[option]
-        milp.add_constraint(f"{name}_{option}", {x: 1} | {v: -c for v, c in terms.items()}
-                            | {chosen[option]: -big_m}, ">=", -big_m)  # fmt: skip
-    return x
+def _disaggregate(
+    milp: Milp, problem: LayerProblem, prefix: str, chosen: dict[object, str], nodes: list[int]
+) -> dict[tuple[int, int, object], str]:
+    """``y[v,i,o] = s[v,i] AND chosen[o]`` for the nodes whose costs depend on the option,
+    linearised as the edges are (``sum_o y = s[v,i]``, ``sum_i y = chosen[o]``): a tight
+    relaxation, where big-M bounds would leave the LP far from the integer optimum."""
+    y: dict[tuple[int, int, object], str] = {}
+    for v in nodes:
+        count = len(problem.nodes[v].strategies)
+        for i in range(count):
+            for option in chosen:
+                y[v, i, option] = milp.add_binary(f"{prefix}_{v}_{i}_{option}")
+            split = {y[v, i, o]: 1 for o in chosen} | {_s(v, i): -1}
+            milp.add_constraint(f"{prefix}_{v}_{i}_split", split, "==", 0)
+        for option, var in chosen.items():
+            one = {y[v, i, option]: 1 for i in range(count)} | {var: -1}
+            milp.add_constraint(f"{prefix}_{v}_{option}_one", one, "==", 0)
+    return y
 
 
-def _largest_value(terms: dict[str, int]) -> int:
-    """The most ``terms`` can add up to when each node (``s_v_*``) and each edge (``e_k_*``)
-    takes one strategy (pair)."""
-    best: dict[str, int] = {}
-    for var, coef in terms.items():
-        kind, index = var.split("_")[:2]
-        key = f"{kind}_{index}"
-        best[key] = max(best.get(key, 0), coef)
-    return sum(best.values())
+def _add_rerun_resharding(
+    milp: Milp, problem: LayerProblem, y: dict[tuple[int, int, object], str]
+) -> None:
+    """Full recomputation reruns each edge's forward resharding: ``f[k,i,j] = e[k,i,j] AND
+    full``, linearised against ``y[.,.,full]`` exactly as ``e`` is against ``s``."""
+    index = {node.name: v for v, node in enumerate(problem.nodes)}
+    for k, edge in enumerate(problem.edges):
+        if not any(any(row) for row in edge.forward_ns):
+            continue
+        u, v = index[edge.src], index[edge.dst]
+        rows, cols = len(edge.forward_ns), len(edge.forward_ns[0])
+        f = {(i, j): milp.add_binary(f"f_{k}_{i}_{j}") for i in range(rows) for j in range(cols)}
+        for (i, j), var in f.items():
+            milp.add_constraint(f"f_{k}_{i}_{j}_in_e", {var: 1, _e(k, i, j): -1}, "<=", 0)
+            milp.minimise({var: edge.forward_ns[i][j]})
+        for i in range(rows):
+            terms = {f[i, j]: 1 for j in range(cols)} | {y[u, i, "full"]: -1}
+            milp.add_constraint(f"f_{k}_row_{i}", terms, "==", 0)
+        for j in range(cols):
+            terms = {f[i, j]: 1 for i in range(rows)} | {y[v, j, "full"]: -1}
+            milp.add_constraint(f"f_{k}_col_{j}", terms, "==", 0)
 
 
-def add_recompute_constraints(milp: Milp, problem: LayerProblem) -> tuple[str, str]:
-    """The recomputation choice: activation memory and the time of what it reruns."""
+def add_recompute_constraints(milp: Milp, problem: LayerProblem) -> dict[str, int]:
+    """The recomputation choice. Returns the activation-memory terms; adds the rerun time
+    (a node's forward, or its attention core, and under full recomputation the forward
+    resharding too) to the objective."""
     modes = _choice(milp, "recompute", problem.recompute_modes)
-    memory = {str(mode): {_s(v, i): kib for v, node in enumerate(problem.nodes)
-                          for i, kib in enumerate(node.activation_kib[str(mode)])}
-              for mode in modes}  # fmt: skip
-    activations = _bounded_below(milp, "activation_kib", memory, modes)
-    rerun: dict[str, dict[str, int]] = {}
-    for mode in modes:
-        terms: dict[str, int] = {}
-        if mode == "full":
-            for v, node in enumerate(problem.nodes):
-                terms |= {_s(v, i): t for i, t in enumerate(node.forward_ns)}
-            for k, edge in enumerate(problem.edges):
-                terms |= {_e(k, i, j): t for i, row in enumerate(edge.forward_ns)
-                          for j, t in enumerate(row)}  # fmt: skip
-        elif mode == "selective":
-            for v, node in enumerate(problem.nodes):
-                terms |= {_s(v, i): t for i, t in enumerate(node.attention_ns)}
-        rerun[str(mode)] = terms
-    recompute = _bounded_below(milp, "recompute_ns", rerun, modes)
-    milp.minimise({recompute: 1})
-    return activations, recompute
+    y = _disaggregate(milp, problem, "y", modes, list(range(len(problem.nodes))))
+    memory: dict[str, int] = {}
+    for (v, i, mode), var in y.items():
+        node = problem.nodes[v]
+        memory[var] = node.activation_kib[str(mode)][i]
+        rerun = {"full": node.forward_ns[i], "selective": node.attention_ns[i]}.get(str(mode), 0)
+        milp.minimise({var: rerun})
+    if "full" in modes:
+        _add_rerun_resharding(milp, problem, y)
+    return memory
 
 
-def add_zero_constraints(milp: Milp, problem: LayerProblem) -> str:
-    """The ZeRO stage of the layer's weights: their memory and their gradient sync."""
+def add_zero_constraints(milp: Milp, problem: LayerProblem) -> dict[str, int]:
+    """The ZeRO stage of the layer's weights. Returns the weight-state memory terms; adds the
+    gradient sync time to the objective."""
     stages = _choice(milp, "zero", problem.zero_stages)
-    memory, sync = {}, {}
-    for stage in stages:
-        k = int(stage)  # type: ignore[call-overload]
-        memory[str(stage)] = {
-            _s(v, i): kib for v, node in enumerate(problem.nodes)
-            for i, kib in enumerate(node.state_kib[k])
-        }  # fmt: skip
-        sync[str(stage)] = {
-            _s(v, i): ns for v, node in enumerate(problem.nodes)
-            for i, ns in enumerate(node.sync_ns[k])
-        }  # fmt: skip
-    states = _bounded_below(milp, "state_kib", memory, {str(k): v for k, v in stages.items()})
-    sync_ns = _bounded_below(milp, "sync_ns", sync, {str(k): v for k, v in stages.items()})
-    milp.minimise({sync_ns: 1})
-    return states
+    # Only nodes with weights depend on the stage.
+    weighted = [v for v, node in enumerate(problem.nodes)
+                if any(any(row) for row in (*node.state_kib, *node.sync_ns))]  # fmt: skip
+    w = _disaggregate(milp, problem, "w", stages, weighted)
+    memory: dict[str, int] = {}
+    for (v, i, stage), var in w.items():
+        node = problem.nodes[v]
+        memory[var] = node.state_kib[int(stage)][i]  # type: ignore[call-overload]
+        milp.minimise({var: node.sync_ns[int(stage)][i]})  # type: ignore[call-overload]
+    return memory
 
 
 def add_memory_constraints(
-    milp: Milp, problem: LayerProblem, states: str, activations: str
+    milp: Milp, problem: LayerProblem, memory: dict[str, int]
 ) -> None:
     """Weight states plus kept activations fit the per-device budget."""
     if problem.budget_kib is not None:
-        milp.add_constraint("memory", {states: 1, activations: 1}, "<=", problem.budget_kib)
+        milp.add_constraint("memory", memory, "<=", problem.budget_kib)
 
 
 def build_layer_milp(problem: LayerProblem, *, minimise_memory: bool = False) -> Milp:
@@ -195,12 +201,11 @@ def build_layer_milp(problem: LayerProblem, *, minimise_memory: bool = False) ->
     milp = Milp("layer")
     add_strategy_variables(milp, problem)
     add_edge_constraints(milp, problem)
-    activations, _ = add_recompute_constraints(milp, problem)
-    states = add_zero_constraints(milp, problem)
+    memory = add_recompute_constraints(milp, problem) | add_zero_constraints(milp, problem)
     if minimise_memory:
-        milp.objective = {states: 1, activations: 1}
+        milp.objective = dict(memory)
     else:
-        add_memory_constraints(milp, problem, states, activations)
+        add_memory_constraints(milp, problem, memory)
     return milp
 
 

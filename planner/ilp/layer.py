@@ -28,6 +28,7 @@ from planner.graph.layout import (
 from planner.graph.ops import Op, Tensor
 from planner.graph.strategies import Strategy, StrategyContext, follow, op_strategies
 from planner.ilp.backends import Backend, SolverReport, solve_milp
+from planner.ilp.prune import prune_dominated
 from planner.ilp.formulation import (
     RECOMPUTE_MODES,
     EdgeCosts,
@@ -266,7 +267,8 @@ def _node_costs(node: _Node, query: LayerQuery, first: bool) -> NodeCosts:
 def layer_problem(
     model: ModelSpec, cluster: ClusterSpec, query: LayerQuery
 ) -> tuple[LayerProblem, list[_Node], LogicalMesh]:
-    """The numeric problem of ``query``'s layer, with the nodes it was built from."""
+    """The numeric problem of ``query``'s layer, without dominated strategies, with the nodes
+    it was built from."""
     training = TrainingSpec(seq_length=query.seq_length, global_batch_size=1,
                             precision=query.precision)  # fmt: skip
     graph = lower(model, training, micro_batch_size=query.micro_batch_size)
@@ -303,6 +305,9 @@ def layer_problem(
         zero_stages=query.zero,
         budget_kib=budget,
     )
+    problem, kept = prune_dominated(problem)
+    nodes = [_Node(n.ops, tuple(n.strategies[i] for i in k))
+             for n, k in zip(nodes, kept, strict=True)]  # fmt: skip
     return problem, nodes, mesh
 
 
