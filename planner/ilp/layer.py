@@ -28,7 +28,6 @@ from planner.graph.layout import (
 from planner.graph.ops import Op, Tensor
 from planner.graph.strategies import Strategy, StrategyContext, follow, op_strategies
 from planner.ilp.backends import Backend, SolverReport, solve_milp
-from planner.ilp.prune import prune_dominated
 from planner.ilp.formulation import (
     RECOMPUTE_MODES,
     EdgeCosts,
@@ -38,6 +37,7 @@ from planner.ilp.formulation import (
     edge_var,
     strategy_var,
 )
+from planner.ilp.prune import prune_dominated
 from planner.spec import GIB, ClusterSpec, ModelSpec, Precision, TrainingSpec
 
 NS = 1e9
