@@ -136,8 +136,8 @@ def solve_pulp(milp: Milp, *, time_limit_s: float) -> MilpSolution:
     import pulp
 
     problem = pulp.LpProblem(milp.name, pulp.LpMinimize)
-    var = {name: pulp.LpVariable(name, cat="Binary") for name in milp.binaries}
-    var |= {name: pulp.LpVariable(name, lo, hi, cat="Integer")
+    var = {name: problem.add_variable(name, 0, 1, cat="Binary") for name in milp.binaries}
+    var |= {name: problem.add_variable(name, lo, hi, cat="Integer")
             for name, (lo, hi) in milp.integers.items()}  # fmt: skip
     problem += pulp.lpSum(coef * var[v] for v, coef in milp.objective.items())
     for c in milp.constraints:

@@ -1,0 +1,95 @@
+"""The layer ILP against brute force: on small random problems, every backend's optimum equals
+the best of all strategy x recomputation x ZeRO combinations that fit the budget, and the
+least-memory program finds the least memory."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.ilp import EdgeCosts, LayerProblem, NodeCosts, build_layer_milp, solve_milp
+from planner.ilp.formulation import RECOMPUTE_MODES
+from planner.ilp.layer import evaluate_ns, memory_kib
+from planner.ilp.prune import prune_dominated
+
+BACKENDS = ("ortools", "pulp", "cpsat")
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> LayerProblem:
+    """2-4 nodes of 1-4 strategies, random edges (a chain plus extras), random costs."""
+    n = draw(st.integers(2, 4))
+    sizes = [draw(st.integers(1, 4)) for _ in range(n)]
+    cost = st.integers(0, 1000)
+
+    def vec(k: int) -> tuple[int, ...]:
+        return tuple(draw(cost) for _ in range(k))
+
+    modes = draw(st.sampled_from([("none",), RECOMPUTE_MODES, ("none", "full")]))
+    stages = draw(st.sampled_from([(0,), (0, 1, 2, 3), (1, 3)]))
+    nodes = tuple(
+        NodeCosts(
+            name=f"n{v}", strategies=tuple(f"s{i}" for i in range(k)), time_ns=vec(k),
+            forward_ns=vec(k), attention_ns=vec(k),
+            activation_kib={m: vec(k) for m in RECOMPUTE_MODES},
+            state_kib=tuple(vec(k) for _ in range(4)), sync_ns=tuple(vec(k) for _ in range(4)),
+        )
+        for v, k in enumerate(sizes)
+    )  # fmt: skip
+    pairs = [(v, v + 1) for v in range(n - 1)]
+    extra = [p for p in itertools.permutations(range(n), 2) if p not in pairs]
+    pairs += [p for p in extra if draw(st.booleans())]
+    edges = tuple(
+        EdgeCosts(f"n{u}", f"n{v}",
+                  tuple(vec(sizes[v]) for _ in range(sizes[u])),
+                  tuple(vec(sizes[v]) for _ in range(sizes[u])))
+        for u, v in pairs
+    )  # fmt: skip
+    budget = draw(st.one_of(st.none(), st.integers(0, 4000)))
+    return LayerProblem(nodes, edges, modes, stages, budget)
+
+
+def brute_force(problem: LayerProblem) -> tuple[int | None, int]:
+    """(least objective within the budget or None, least memory of any combination)."""
+    best, least = None, None
+    ranges = [range(len(node.strategies)) for node in problem.nodes]
+    for chosen in itertools.product(*ranges):
+        for mode in problem.recompute_modes:
+            for stage in problem.zero_stages:
+                memory = memory_kib(problem, chosen, mode, stage)
+                least = memory if least is None else min(least, memory)
+                if problem.budget_kib is not None and memory > problem.budget_kib:
+                    continue
+                value = evaluate_ns(problem, chosen, mode, stage)
+                best = value if best is None else min(best, value)
+    assert least is not None
+    return best, least
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_every_backend_matches_brute_force(problem: LayerProblem) -> None:
+    """Optimal objective (or infeasibility) and least memory equal brute force."""
+    best, least = brute_force(problem)
+    for backend in BACKENDS:
+        result = solve_milp(build_layer_milp(problem), backend=backend, time_limit_s=30)
+        if best is None:
+            assert result.report.status == "infeasible", backend
+        else:
+            assert result.report.status == "optimal", backend
+            assert result.report.objective == best, backend
+            assert result.report.gap == 0
+        memory = solve_milp(build_layer_milp(problem, minimise_memory=True),
+                            backend=backend, time_limit_s=30)  # fmt: skip
+        assert memory.report.objective == least, backend
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems())
+def test_pruning_keeps_the_optimum(problem: LayerProblem) -> None:
+    """Dominance pruning never changes the optimum or the least memory."""
+    pruned, kept = prune_dominated(problem)
+    assert brute_force(pruned) == brute_force(problem)
+    assert all(len(k) >= 1 for k in kept)
