@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,8 +18,9 @@ from rich.console import Console, RenderableType
 from planner import report
 from planner.calibration import calibrate_file, validate
 from planner.config import ParallelConfig
-from planner.errors import ConfigError, PlannerError
+from planner.errors import ConfigError, InfeasibleError, PlannerError
 from planner.estimate import estimate
+from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.info import model_info
 from planner.spec import json_schema, load_cluster, load_model
 
@@ -122,6 +124,53 @@ def schema_cmd(
 ) -> None:
     """Print the JSON Schema of model.json or cluster.json."""
     _print_json(json_schema(kind))
+
+
+@app.command("layer")
+def layer_cmd(
+    model: ModelArg,
+    cluster: ClusterArg,
+    nodes: NodesOpt = None,
+    kind: Annotated[str, typer.Option(help="Layer kind: dense, moe, embedding or head.")] = "dense",
+    mesh: Annotated[str, typer.Option(help="Logical mesh d0xd1 (axis 1 inside a node).")] = "1x8",
+    mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
+    precision: Annotated[
+        Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
+    ] = None,
+    budget_gib: Annotated[float | None, typer.Option(help="Memory for this layer.")] = None,
+    in_flight: Annotated[int, typer.Option(help="Microbatches held at the peak.")] = 1,
+    microbatches: Annotated[int, typer.Option(help="Microbatches per step.")] = 1,
+    flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
+    backend: Annotated[
+        Literal["ortools", "pulp", "cpsat"], typer.Option(help="ILP solver.")
+    ] = "ortools",
+    time_limit: Annotated[float, typer.Option(help="Solver time limit, seconds.")] = 10.0,
+    dump_model: Annotated[Path | None, typer.Option(help="Write the ILP (LP format).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Solve the sharding ILP of one layer on a logical mesh: a strategy per operator."""
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster, nodes)
+    query = layer_query(model_spec, kind=kind, mesh=mesh, mbs=mbs, seq_len=seq_len,
+                        precision=precision, budget_gib=budget_gib, in_flight=in_flight,
+                        microbatches=microbatches, flash_attention=flash_attention)  # fmt: skip
+    if dump_model is not None:
+        problem, _, _ = layer_problem(model_spec, cluster_spec, query)
+        dump_model.write_text(build_layer_milp(problem).to_lp())
+    options = SolverOptions(backend=backend, time_limit_s=time_limit)
+    solution = solve_layer(model_spec, cluster_spec, query, options=options)
+    if solution.report.status == "infeasible":
+        least = solution.min_memory_bytes or 0.0
+        raise InfeasibleError(
+            f"no sharding of the {kind} layer on {mesh} fits {budget_gib:g} GiB; the least "
+            f"memory any choice needs is {least / 2**30:.2f} GiB (more devices, a smaller "
+            f"microbatch, or fewer in-flight microbatches)"
+        )
+    if as_json:
+        _print_json(asdict(solution))
+    else:
+        _render(report.layer_tables(solution))
 
 
 @app.command("validate")

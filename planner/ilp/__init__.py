@@ -10,6 +10,7 @@ from planner.ilp.layer import (
     SolutionCache,
     SolverOptions,
     layer_problem,
+    layer_query,
     solve_layer,
 )
 from planner.ilp.milp import Milp
@@ -30,6 +31,7 @@ __all__ = [
     "SolverReport",
     "build_layer_milp",
     "layer_problem",
+    "layer_query",
     "solve_layer",
     "solve_milp",
 ]

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+from planner.errors import InputError
 from planner.graph import index_layers, lower
 from planner.graph.layout import (
     Layout,
@@ -131,6 +132,49 @@ class SolutionCache:
         data = [model.model_dump(mode="json"), cluster.model_dump(mode="json"),
                 asdict(query), backend]  # fmt: skip
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def layer_query(
+    model: ModelSpec,
+    *,
+    kind: str,
+    mesh: str | tuple[int, int],
+    mbs: int = 1,
+    seq_len: int | None = None,
+    precision: Precision | None = None,
+    budget_gib: float | None = None,
+    in_flight: int = 1,
+    microbatches: int = 1,
+    flash_attention: bool = True,
+) -> LayerQuery:
+    """A checked :class:`LayerQuery` from user-facing options (``mesh`` as ``"2x4"``);
+    sequence length and precision default to the model's training block."""
+    if isinstance(mesh, str):
+        parts = mesh.lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise InputError(f"--mesh must look like 2x4 (two positive sizes), got {mesh!r}")
+        mesh = (int(parts[0]), int(parts[1]))
+    training = model.training
+    seq = seq_len or (training.seq_length if training else None)
+    if seq is None:
+        raise InputError(f"{model.name}: no sequence length: pass --seq-len")
+    kinds = ("dense", "moe") if model.moe else ("dense",)
+    if kind not in (*kinds, "embedding", "head") or (kind == "dense" and model.moe and not any(
+            not model.is_moe_layer(i) for i in range(model.num_layers))):  # fmt: skip
+        raise InputError(f"{model.name} has no {kind!r} layer; it has "
+                         f"{', '.join((*kinds, 'embedding', 'head'))}")  # fmt: skip
+    for name, value in (("--mbs", mbs), ("--seq-len", seq), ("--in-flight", in_flight),
+                        ("--microbatches", microbatches)):  # fmt: skip
+        if value <= 0:
+            raise InputError(f"{name} must be positive, got {value}")
+    if budget_gib is not None and budget_gib <= 0:
+        raise InputError(f"--budget-gib must be positive, got {budget_gib}")
+    return LayerQuery(
+        kind=kind, mesh=mesh, micro_batch_size=mbs, seq_length=seq,
+        precision=precision or (training.precision if training else "bf16"),
+        memory_budget_gib=budget_gib, in_flight=in_flight, num_microbatches=microbatches,
+        flash_attention=flash_attention,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- data
@@ -382,6 +426,7 @@ def read_solution(
         resharding.append(Resharding(edge.src, edge.dst, fwd, bwd, edge.cost_ns[i][j] / NS))
     recompute = next(m for m in problem.recompute_modes if values[f"recompute_{m}"])
     zero = next(z for z in problem.zero_stages if values[f"zero_{z}"])
+    recompute, zero = _canonical_choice(problem, chosen, recompute, zero)
     del cluster  # the reshardings were priced when the problem was built
     return LayerSolution(
         kind=query.kind, mesh=mesh.shape, choices=choices,
@@ -390,6 +435,22 @@ def read_solution(
         memory_bytes=memory_kib(problem, chosen, recompute, zero) * KIB,
         min_memory_bytes=None, report=report,
     )  # fmt: skip
+
+
+def _canonical_choice(
+    problem: LayerProblem, chosen: Sequence[int], recompute: str, zero: int
+) -> tuple[str, int]:
+    """Among choices that tie with the solver's (same time, within the budget), the least
+    recomputation and the lowest ZeRO stage: ties are common (a weight split on every axis has
+    nothing for ZeRO to shard) and the simplest configuration is the one to report."""
+    target = evaluate_ns(problem, chosen, recompute, zero)
+    budget = problem.budget_kib
+    for mode in problem.recompute_modes:
+        for stage in sorted(problem.zero_stages):
+            fits = budget is None or memory_kib(problem, chosen, mode, stage) <= budget
+            if fits and evaluate_ns(problem, chosen, mode, stage) == target:
+                return mode, stage
+    return recompute, zero
 
 
 def _describe(transfers: Sequence[Transfer]) -> tuple[str, ...]:

@@ -5,7 +5,14 @@ from planner.report.tables import (
     calibration_tables,
     estimate_tables,
     info_tables,
+    layer_tables,
     validation_tables,
 )
 
-__all__ = ["calibration_tables", "estimate_tables", "info_tables", "validation_tables"]
+__all__ = [
+    "calibration_tables",
+    "estimate_tables",
+    "info_tables",
+    "layer_tables",
+    "validation_tables",
+]

@@ -14,6 +14,7 @@ from rich.text import Text
 from planner.calibration import CalibrationFit, ValidationRow, describe
 from planner.config import ParallelConfig
 from planner.estimate import Estimate
+from planner.ilp import LayerSolution
 from planner.spec import ClusterSpec, ModelSpec
 
 
@@ -101,3 +102,36 @@ def calibration_tables(fit: CalibrationFit, *, written: bool) -> list[Renderable
         f"{g.half_saturation_gflop}" + (" (written)" if written else " (not written: --write)")
     )
     return [head, *validation_tables(fit.after)]
+
+
+def layer_tables(solution: LayerSolution) -> list[RenderableType]:
+    """One solved layer: the strategy per operator, the reshardings, the solver's report."""
+    r = solution.report
+    if solution.time_s is None:
+        least = solution.min_memory_bytes
+        text = f"{solution.kind} layer on {solution.mesh[0]}x{solution.mesh[1]}: {r.status}"
+        if least is not None:
+            text += f"; the least memory any choice needs is {least / 2**30:.2f} GiB"
+        return [Text(text, style="bold red")]
+    head = Text.assemble(
+        (f"{solution.kind} layer on a {solution.mesh[0]}x{solution.mesh[1]} mesh: ", "bold"),
+        f"{1e3 * solution.time_s:.3f} ms per microbatch (forward + backward), "
+        f"{solution.memory_bytes / 2**30:.2f} GiB, recompute {solution.recompute}, "
+        f"ZeRO-{solution.zero}\n",
+        f"solver {r.backend}: {r.status}, {r.num_variables} variables, {r.num_constraints} "
+        f"constraints, {r.wall_s:.3f} s, gap {r.gap if r.gap is not None else '-'}",
+    )  # fmt: skip
+    ops = Table(title="strategy per operator (axis 0, axis 1)", title_justify="left")
+    for col in ("operator", "split", "output layout", "folded in"):
+        ops.add_column(col)
+    for c in solution.choices:
+        ops.add_row(c.op, c.strategy, ",".join(c.output),
+                    ", ".join(f.split(".")[-1] for f in c.followers))  # fmt: skip
+    edges = Table(title="resharding", title_justify="left")
+    for col in ("from", "to", "forward", "backward", "ms"):
+        edges.add_column(col)
+    for e in solution.resharding:
+        if e.forward or e.backward:
+            edges.add_row(e.src, e.dst, " ".join(e.forward), " ".join(e.backward),
+                          f"{1e3 * e.seconds:.3f}")  # fmt: skip
+    return [head, ops, edges]

@@ -1,0 +1,38 @@
+"""`planner layer`: one layer's ILP from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.test_cli import A100, GPT3, _run
+
+
+def test_layer_json_and_dump(tmp_path: Path) -> None:
+    """--json gives the solution (Megatron's pattern on one node for GPT-3); --dump-model
+    writes the program in LP format, with one one-hot row per node."""
+    lp = tmp_path / "layer.lp"
+    done = _run("layer", GPT3, A100, "--mesh", "1x8", "--json", "--dump-model", lp)
+    assert done.returncode == 0, done.stderr
+    solution = json.loads(done.stdout)
+    strategies = {c["op"].split(".")[-1]: c["strategy"] for c in solution["choices"]}
+    assert strategies["qkv_proj"] == "R,heads" and strategies["mlp_down"] == "R,ffn"
+    assert solution["report"]["status"] == "optimal"
+    text = lp.read_text()
+    assert text.startswith("\\ layer\nMinimize") and text.count("one_strategy_") == 9
+
+
+def test_layer_infeasible_budget_is_one_line() -> None:
+    """A budget below what any sharding needs: exit 2, one line with the least memory."""
+    done = _run("layer", GPT3, A100, "--mesh", "1x8", "--budget-gib", "0.5")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "least memory any choice needs is 3.90 GiB" in lines[0]
+
+
+def test_layer_bad_options() -> None:
+    """A malformed mesh or a kind the model lacks: exit 2 with the allowed values."""
+    bad_mesh = _run("layer", GPT3, A100, "--mesh", "8")
+    assert bad_mesh.returncode == 2 and "--mesh must look like 2x4" in bad_mesh.stderr
+    bad_kind = _run("layer", GPT3, A100, "--kind", "moe")
+    assert bad_kind.returncode == 2 and "has no 'moe' layer" in bad_kind.stderr
