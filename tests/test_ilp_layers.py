@@ -187,3 +187,23 @@ def test_time_limit_is_honoured(h100: ClusterSpec) -> None:
     assert s.report.wall_s < 2.0
     if s.report.status == "feasible":
         assert s.report.gap is not None and s.report.gap >= 0
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_one_cost_model_for_ilp_and_estimate(gpt3: ModelSpec, a100: ClusterSpec, sp: bool) -> None:
+    """The ILP's Megatron strategies and `planner estimate`'s uniform TP 8 price a layer's
+    compute identically: both call the same functions of cost.py with the same shards."""
+    from planner.config import ParallelConfig, resolve
+    from planner.estimate import _layers
+    from planner.layer_cost import Placement, price_layer
+
+    query = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048)
+    problem, nodes, _ = layer_problem(gpt3, a100, query)
+    chosen = _uniform(problem, nodes, MEGATRON["sp" if sp else "no_sp"])
+    ilp_compute = sum(n.strategies[i].forward_s + n.strategies[i].backward_s
+                      for n, i in zip(nodes, chosen, strict=True))  # fmt: skip
+    resolved = resolve(gpt3, a100, ParallelConfig(tp=8, pp=16, sp=sp, seq_len=2048))
+    placement = Placement.megatron(a100, tp=8, cp=1, dp=resolved.dp, ep=1)
+    layer = price_layer(_layers(gpt3, resolved.training, 1).representative("dense"), a100,
+                        resolved, placement, transformer_layer=True)  # fmt: skip
+    assert ilp_compute == pytest.approx(layer.forward_s + layer.backward_s, rel=1e-12)
