@@ -207,3 +207,36 @@ def test_one_cost_model_for_ilp_and_estimate(gpt3: ModelSpec, a100: ClusterSpec,
     layer = price_layer(_layers(gpt3, resolved.training, 1).representative("dense"), a100,
                         resolved, placement, transformer_layer=True)  # fmt: skip
     assert ilp_compute == pytest.approx(layer.forward_s + layer.backward_s, rel=1e-12)
+
+
+def test_same_inputs_same_solution(gpt3: ModelSpec, a100: ClusterSpec) -> None:
+    """Single-threaded, fixed-seed solvers: a 2 x 4 layer solved twice here and once in a
+    fresh interpreter gives the same strategies, choices and objective."""
+    import json
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    query = LayerQuery(kind="dense", mesh=(2, 4), micro_batch_size=2, seq_length=2048,
+                       num_microbatches=8, memory_budget_gib=10)  # fmt: skip
+
+    def key(solution) -> str:
+        data = asdict(solution)
+        data["report"].pop("wall_s")
+        return json.dumps(data, sort_keys=True)
+
+    first = key(solve_layer(gpt3, a100, query))
+    assert key(solve_layer(gpt3, a100, query)) == first
+    script = (
+        "import json; from dataclasses import asdict; import planner;"
+        "from planner.ilp import LayerQuery, solve_layer;"
+        f"m = planner.load_model({str(MODELS / 'gpt3-175b.json')!r});"
+        f"c = planner.load_cluster({str(MODELS.parent / 'clusters' / 'dgx-a100-80gb.json')!r});"
+        "q = LayerQuery(kind='dense', mesh=(2, 4), micro_batch_size=2, seq_length=2048,"
+        " num_microbatches=8, memory_budget_gib=10);"
+        "d = asdict(solve_layer(m, c, q)); d['report'].pop('wall_s');"
+        "print(json.dumps(d, sort_keys=True))"
+    )
+    fresh = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})  # fmt: skip
+    assert fresh.stdout.strip() == first
