@@ -39,6 +39,16 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True, slots=True)
+class StageEstimate:
+    """One pipeline stage: per-microbatch seconds and per-device memory (GiB)."""
+
+    compute_s: float
+    communication_s: float
+    pipeline_s: float
+    memory_gib: MemoryBreakdown
+
+
+@dataclass(frozen=True, slots=True)
 class Estimate:
     """The priced configuration; attribute names are the ``--json`` keys."""
 
@@ -55,10 +65,13 @@ class Estimate:
     num_microbatches: int
     dp: int
     num_devices: int
+    stages: tuple[StageEstimate, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``planner estimate --json`` object."""
-        return asdict(self)
+        """The ``planner estimate --json`` object (JSON types: lists, not tuples)."""
+        data = asdict(self)
+        data["stages"] = list(data["stages"])
+        return data
 
 
 @lru_cache(maxsize=64)
@@ -145,6 +158,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
         num_microbatches=resolved.num_microbatches,
         dp=resolved.dp,
         num_devices=resolved.num_devices,
+        stages=tuple(
+            StageEstimate(*times, memory_gib=MemoryBreakdown(*(b / GIB for b in memory)))
+            for times, memory in zip(step.stage_time_s, step.stage_memory_bytes, strict=True)
+        ),
     )
 
 

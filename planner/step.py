@@ -63,6 +63,10 @@ class StepCost:
     bubble_fraction: float
     peak_memory_bytes: tuple[float, float, float, float, float]
     """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
+    stage_memory_bytes: tuple[tuple[float, float, float, float, float], ...]
+    stage_time_s: tuple[tuple[float, float, float], ...]
+    """Per stage and microbatch: compute, communication (incl. exposed per-microbatch
+    data-parallel traffic), pipeline sends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +210,7 @@ def compose_step(
     )  # fmt: skip
     critical = max(range(len(stages)), key=lambda i: stage_times[i])
     t = stages[critical].time
+    memories = tuple(_memory(s, i, cluster, r) for i, s in enumerate(stages))
     return StepCost(
         step_s=pipe.total_s + tail + optimizer,
         time=TimeBreakdown(
@@ -219,7 +224,12 @@ def compose_step(
             optimizer=optimizer,
         ),
         bubble_fraction=pipe.bubble_s / (m * max(stage_times)),
-        peak_memory_bytes=max(
-            (_memory(s, i, cluster, r) for i, s in enumerate(stages)), key=sum
+        peak_memory_bytes=max(memories, key=sum),
+        stage_memory_bytes=memories,
+        stage_time_s=tuple(
+            (s.time.compute_s,
+             s.time.tp_comm_s + s.time.cp_comm_s + s.time.ep_comm_s + y.per_microbatch_s,
+             s.time.pipeline_comm_s)
+            for s, y in zip(stages, syncs, strict=True)
         ),
     )

@@ -1,0 +1,242 @@
+"""The Plan: what to launch, and what the planner predicts for it.
+
+Immutable, JSON round-trip with a ``schema_version``; report, export and the CLI consume a Plan
+and nothing else. Layers are numbered as in :func:`planner.graph.lower`: 1..L are the decoder
+layers; the first stage also holds the embedding and the last the final norm, LM head and loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import InputError
+from planner.spec import ClusterSpec, ModelSpec, Precision
+
+SCHEMA_VERSION = 1
+Recompute = Literal["none", "selective", "full"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InputRef(_Frozen):
+    """Which input a plan was made for: its name and a hash of its canonical JSON."""
+
+    name: str
+    sha256: str
+
+
+class ClusterRef(InputRef):
+    """The cluster, with its size."""
+
+    num_nodes: int
+    devices_per_node: int
+    device: str
+
+
+class ScheduleSpec(_Frozen):
+    """The pipeline schedule."""
+
+    name: Literal["1f1b", "interleaved", "gpipe"]
+    virtual_stages: int = Field(default=1, ge=1)
+
+
+class RunFlags(_Frozen):
+    """Switches the framework must be launched with for the prediction to hold."""
+
+    flash_attention: bool = True
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+
+
+class StageParallel(_Frozen):
+    """A stage's sharding summarised in the degrees a user sets (the ILP's choice, or the
+    uniform configuration's)."""
+
+    tp: int = Field(ge=1)
+    dp: int = Field(ge=1, description="Data-parallel ways inside the stage's mesh.")
+    cp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    sp: bool = False
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    recompute: Recompute = "none"
+
+
+class StageMemory(_Frozen):
+    """Peak memory of one of the stage's devices, GiB."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        """All parts."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+
+class StageTime(_Frozen):
+    """Seconds one microbatch spends in the stage, by part."""
+
+    compute: float
+    communication: float
+    pipeline: float
+
+    @property
+    def total(self) -> float:
+        """All parts."""
+        return self.compute + self.communication + self.pipeline
+
+
+class PlanStage(_Frozen):
+    """One pipeline stage."""
+
+    index: int = Field(ge=0)
+    layers: tuple[int, int] = Field(description="First and last decoder layer, inclusive.")
+    num_devices: int = Field(ge=1)
+    mesh: tuple[int, int]
+    ranks: tuple[tuple[int, ...], ...] = Field(
+        description="The stage's ranks in each data-parallel replica of the pipeline."
+    )
+    parallel: StageParallel
+    op_shardings: dict[str, str] = Field(
+        default_factory=dict, description="Operator (kind.op) -> split per mesh axis."
+    )
+    memory_gib: StageMemory
+    time_s: StageTime
+
+    @model_validator(mode="after")
+    def _check(self) -> PlanStage:
+        first, last = self.layers
+        if first < 1 or last < first:
+            raise ValueError(f"stage {self.index}: layers {self.layers} is not a range")
+        if self.mesh[0] * self.mesh[1] != self.num_devices:
+            raise ValueError(f"stage {self.index}: mesh {self.mesh} != {self.num_devices} "
+                             "devices")  # fmt: skip
+        return self
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers in the stage."""
+        return self.layers[1] - self.layers[0] + 1
+
+
+class Predicted(_Frozen):
+    """What the cost model predicts for one step."""
+
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    bubble_fraction: float
+
+
+class SolverSummary(_Frozen):
+    """How the plan was found."""
+
+    time_s: float
+    status: str
+    objective: float | None = None
+    gap: float | None = None
+    ilp_count: int = 0
+    cache_hits: int = 0
+
+
+class Plan(_Frozen):
+    """A complete parallel training plan."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    method: str
+    model: InputRef
+    cluster: ClusterRef
+    precision: Precision
+    global_batch_size: int = Field(ge=1)
+    seq_length: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    schedule: ScheduleSpec
+    data_parallel_replicas: int = Field(ge=1)
+    flags: RunFlags = RunFlags()
+    stages: tuple[PlanStage, ...] = Field(min_length=1)
+    predicted: Predicted
+    solver: SolverSummary
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers over all stages."""
+        return sum(s.num_layers for s in self.stages)
+
+    @property
+    def uniform(self) -> StageParallel | None:
+        """The stages' common sharding, when every stage has the same one."""
+        first = self.stages[0].parallel
+        return first if all(s.parallel == first for s in self.stages) else None
+
+    def summary(self) -> str:
+        """The plan in one line, as a user would say it."""
+        p = self.stages[0].parallel
+        tp = "/".join(sorted({str(s.parallel.tp) for s in self.stages}, key=int))
+        dp = self.data_parallel_replicas * p.dp
+        parts = [f"TP{tp}", f"PP{len(self.stages)}", f"DP{dp}"]
+        parts += [f"CP{p.cp}"] * (p.cp > 1) + [f"EP{p.ep}"] * (p.ep > 1)
+        text = " x ".join(parts) + f", mbs {self.micro_batch_size}"
+        schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
+        text += f", {schedule[self.schedule.name]}"
+        if self.schedule.virtual_stages > 1:
+            text += f" (v={self.schedule.virtual_stages})"
+        if p.sp:
+            text += ", sequence parallel"
+        if p.recompute != "none":
+            text += f", {p.recompute} recompute"
+        zero = {1: "distributed optimizer", 2: "ZeRO-2", 3: "ZeRO-3"}.get(p.zero_stage)
+        return text + (f", {zero}" if zero else "")
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, two-space indent, floats as Python prints them."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "<plan>") -> Plan:
+        """Read a plan back; a wrong schema version or a malformed plan is an InputError."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{source}: invalid JSON at line {exc.lineno}, column "
+                             f"{exc.colno}: {exc.msg}") from None  # fmt: skip
+        if isinstance(data, dict) and data.get("schema_version") != SCHEMA_VERSION:
+            raise InputError(f"{source}: schema_version {data.get('schema_version')!r} is not "
+                             f"supported; this planner reads {SCHEMA_VERSION}")  # fmt: skip
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            from planner.spec import describe_validation_error
+
+            raise InputError(describe_validation_error(source, exc)) from None
+
+
+def input_hash(spec: ModelSpec | ClusterSpec) -> str:
+    """SHA-256 of an input's canonical JSON (so a plan names exactly what it was made for)."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def model_ref(model: ModelSpec) -> InputRef:
+    """The reference a plan keeps to its model."""
+    return InputRef(name=model.name, sha256=input_hash(model))
+
+
+def cluster_ref(cluster: ClusterSpec) -> ClusterRef:
+    """The reference a plan keeps to its cluster."""
+    return ClusterRef(name=cluster.name, sha256=input_hash(cluster),
+                      num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
+                      device=cluster.device.name)  # fmt: skip

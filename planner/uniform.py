@@ -1,0 +1,96 @@
+"""A uniform (Megatron-style) configuration as a :class:`~planner.plan.Plan`.
+
+The same sharding on every layer, equal stages, ranks in Megatron's default order
+(``tp-cp-ep-dp-pp``: tensor-parallel ranks adjacent inside a node, pipeline stages outermost).
+Baselines and exports use it; the search's plans have the same shape.
+"""
+
+from __future__ import annotations
+
+from planner.config import ParallelConfig, resolve
+from planner.estimate import Estimate, estimate
+from planner.plan import (
+    Plan,
+    PlanStage,
+    Predicted,
+    RunFlags,
+    ScheduleSpec,
+    SolverSummary,
+    StageMemory,
+    StageParallel,
+    StageTime,
+    cluster_ref,
+    model_ref,
+)
+from planner.spec import ClusterSpec, ModelSpec
+
+
+def megatron_ranks(*, tp: int, cp: int, dp: int, pp: int) -> list[list[list[int]]]:
+    """``ranks[stage][replica]``: the ranks of each stage in each data-parallel replica.
+
+    >>> megatron_ranks(tp=2, cp=1, dp=2, pp=2)
+    [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    """
+    block = tp * cp
+    return [[list(range(s * block * dp + r * block, s * block * dp + (r + 1) * block))
+             for r in range(dp)] for s in range(pp)]  # fmt: skip
+
+
+def uniform_plan(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, method: str = "uniform"
+) -> Plan:
+    """Price ``config`` and describe it as a plan."""
+    resolved = resolve(model, cluster, config)
+    c = resolved.config
+    result: Estimate = estimate(model, cluster, config)
+    ranks = megatron_ranks(tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    per_stage = model.num_layers // c.pp
+    parallel = StageParallel(tp=c.tp, dp=1, cp=c.cp, ep=c.ep, sp=resolved.sp,
+                             zero_stage=c.zero, recompute=c.recompute)  # fmt: skip
+    stages = tuple(
+        PlanStage(
+            index=i,
+            layers=(i * per_stage + 1, (i + 1) * per_stage),
+            num_devices=c.tp * c.cp,
+            mesh=(c.cp, c.tp),
+            ranks=tuple(tuple(r) for r in ranks[i]),
+            parallel=parallel,
+            memory_gib=StageMemory(**vars_of(s.memory_gib)),
+            time_s=StageTime(compute=s.compute_s, communication=s.communication_s,
+                             pipeline=s.pipeline_s),
+        )
+        for i, s in enumerate(result.stages)
+    )
+    schedule = ScheduleSpec(name="interleaved" if c.vpp > 1 else c.schedule,
+                            virtual_stages=c.vpp)  # fmt: skip
+    return Plan(
+        method=method,
+        model=model_ref(model),
+        cluster=cluster_ref(cluster),
+        precision=resolved.training.precision,
+        global_batch_size=resolved.training.global_batch_size,
+        seq_length=resolved.training.seq_length,
+        micro_batch_size=c.mbs,
+        num_microbatches=resolved.num_microbatches,
+        schedule=schedule,
+        data_parallel_replicas=resolved.dp,
+        flags=RunFlags(flash_attention=c.flash_attention,
+                       overlap_grad_reduce=c.overlap_grad_reduce,
+                       overlap_param_gather=c.overlap_param_gather,
+                       tp_comm_overlap=c.tp_comm_overlap),
+        stages=stages,
+        predicted=Predicted(
+            step_time_s=result.step_time_s, tokens_per_s=result.tokens_per_s,
+            model_tflops_per_gpu=result.model_tflops_per_gpu,
+            hardware_tflops_per_gpu=result.hardware_tflops_per_gpu, mfu=result.mfu,
+            peak_memory_gib=result.peak_memory_gib, bubble_fraction=result.bubble_fraction,
+        ),
+        solver=SolverSummary(time_s=0.0, status="priced"),
+    )
+
+
+def vars_of(breakdown: object) -> dict[str, float]:
+    """The fields of a memory breakdown dataclass."""
+    from dataclasses import asdict
+
+    return asdict(breakdown)  # type: ignore[call-overload]

@@ -1,0 +1,67 @@
+"""The Plan: JSON round trip, schema version, one-line summary, Megatron's rank order."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import planner
+from planner.plan import Plan
+from planner.uniform import megatron_ranks, uniform_plan
+from tests.conftest import MODELS
+
+
+@pytest.fixture(scope="module")
+def plan(a100: planner.ClusterSpec) -> Plan:
+    model = planner.load_model(MODELS / "gpt3-175b.json")
+    config = planner.ParallelConfig(tp=8, pp=16, sp=True, recompute="selective", zero=1)
+    return uniform_plan(model, a100, config)
+
+
+def test_round_trip_is_exact(plan: Plan) -> None:
+    """to_json then from_json gives the same plan, and to_json is canonical (sorted keys)."""
+    text = plan.to_json()
+    assert Plan.from_json(text) == plan
+    assert Plan.from_json(text).to_json() == text
+    assert list(json.loads(text)) == sorted(json.loads(text))
+
+
+def test_unknown_schema_version_is_refused(plan: Plan) -> None:
+    """A plan from a future planner is an InputError naming the version."""
+    data = json.loads(plan.to_json()) | {"schema_version": 2}
+    with pytest.raises(planner.InputError, match="schema_version 2 is not supported"):
+        Plan.from_json(json.dumps(data), source="p.json")
+
+
+def test_malformed_plan_names_the_field(plan: Plan) -> None:
+    """A stage whose mesh does not multiply to its devices is refused with the arithmetic."""
+    data = json.loads(plan.to_json())
+    data["stages"][0]["mesh"] = [2, 2]
+    with pytest.raises(planner.InputError, match=r"p.json: stages.0: .*mesh"):
+        Plan.from_json(json.dumps(data), source="p.json")
+
+
+def test_summary_reads_like_a_user_would_say_it(plan: Plan) -> None:
+    """GPT-3's published shape in one line."""
+    assert plan.summary() == ("TP8 x PP16 x DP8, mbs 1, 1F1B, sequence parallel, "
+                              "selective recompute, distributed optimizer")  # fmt: skip
+
+
+def test_plan_agrees_with_estimate(plan: Plan, a100: planner.ClusterSpec) -> None:
+    """The uniform plan carries estimate's numbers; 16 stages of 6 layers cover all 96."""
+    model = planner.load_model(MODELS / "gpt3-175b.json")
+    config = planner.ParallelConfig(tp=8, pp=16, sp=True, recompute="selective", zero=1)
+    assert plan.predicted.step_time_s == planner.estimate(model, a100, config).step_time_s
+    assert [s.layers for s in plan.stages][:2] == [(1, 6), (7, 12)]
+    assert plan.num_layers == 96 and plan.data_parallel_replicas == 8
+
+
+def test_megatron_rank_order() -> None:
+    """tp-cp-dp-pp: a stage's replicas are adjacent blocks; stages are dp*tp*cp apart; every
+    rank appears once."""
+    ranks = megatron_ranks(tp=4, cp=2, dp=3, pp=2)
+    flat = [r for stage in ranks for replica in stage for r in replica]
+    assert sorted(flat) == list(range(48))
+    assert ranks[0][1] == list(range(8, 16))
+    assert ranks[1][0][0] == 24
