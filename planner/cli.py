@@ -80,6 +80,9 @@ def estimate_cmd(
     overlap_grad_reduce: Annotated[bool, typer.Option(help="Overlap DP reduction.")] = False,
     overlap_param_gather: Annotated[bool, typer.Option(help="Overlap ZeRO gathers.")] = False,
     tp_comm_overlap: Annotated[bool, typer.Option(help="Overlap TP comm with GEMMs.")] = False,
+    rank_order: Annotated[
+        str, typer.Option(help="Rank numbering, fastest first (Megatron's order).")
+    ] = "tp-cp-ep-dp-pp",
     as_json: JsonOpt = False,
 ) -> None:
     """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
@@ -91,7 +94,7 @@ def estimate_cmd(
             global_batch=global_batch, seq_len=seq_len, recompute=recompute, zero=zero,
             precision=precision, schedule=schedule, flash_attention=flash_attention,
             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-            tp_comm_overlap=tp_comm_overlap,
+            tp_comm_overlap=tp_comm_overlap, rank_order=rank_order,
         )  # fmt: skip
     except ValidationError as exc:
         err = exc.errors()[0]

@@ -60,6 +60,10 @@ class ParallelConfig(BaseModel):
     tp_comm_overlap: bool = Field(
         default=False, description="Overlap tensor-parallel collectives with the adjacent GEMMs."
     )
+    rank_order: str = Field(
+        default="tp-cp-ep-dp-pp",
+        description="How ranks are numbered, fastest first (Megatron's process-group order).",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,7 +112,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
     """
     resolved = resolve(model, cluster, config)
     c, training = resolved.config, resolved.training
-    placement = Placement.megatron(cluster, tp=c.tp, cp=c.cp, dp=resolved.dp, ep=c.ep)
+    placement = Placement.from_order(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, ep=c.ep,
+                                     pp=c.pp)  # fmt: skip
     index = _layers(model, training, c.mbs)
     kind_costs = {
         kind: price_layer(

@@ -12,6 +12,7 @@ from functools import partial
 
 from planner import cost
 from planner.config import ResolvedConfig
+from planner.errors import ConfigError
 from planner.graph.ops import Op
 from planner.graph.sharding import (
     MeshAxis,
@@ -21,6 +22,26 @@ from planner.graph.sharding import (
     saved_degrees,
 )
 from planner.spec import ClusterSpec
+
+DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
+
+
+def rank_strides(order: str, *, tp: int, cp: int, dp: int, pp: int) -> dict[str, int]:
+    """Rank distance between neighbours along each parallel dim when ranks are numbered in
+    ``order``; ``cp-ep-dp`` must stay one block (context, expert and data parallel ranks share
+    the gradient groups), ``tp`` and ``pp`` may go anywhere around it."""
+    dims = order.split("-")
+    if sorted(dims) != ["cp", "dp", "ep", "pp", "tp"] or "cp-ep-dp" not in order:
+        raise ConfigError(
+            f"rank order {order!r}: use tp, cp, ep, dp, pp once each, with cp-ep-dp together "
+            f"(default {DEFAULT_RANK_ORDER})"
+        )
+    sizes = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+    strides, stride = {}, 1
+    for dim in dims:
+        strides[dim] = stride
+        stride *= sizes[dim]
+    return strides
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +61,31 @@ class Placement:
 
     @classmethod
     def megatron(cls, cluster: ClusterSpec, *, tp: int, cp: int, dp: int, ep: int) -> Placement:
-        """Megatron-LM's default placement."""
+        """Megatron-LM's default placement (``tp-cp-ep-dp-pp``; pipeline stages outermost)."""
         del cluster  # the groups are rank arithmetic; the cluster prices them later
+        return cls.from_order(DEFAULT_RANK_ORDER, tp=tp, cp=cp, dp=dp, ep=ep, pp=1)
+
+    @classmethod
+    def from_order(
+        cls, order: str, *, tp: int, cp: int, dp: int, ep: int, pp: int
+    ) -> Placement:
+        """The groups when ranks are numbered in ``order`` (fastest first), as Megatron's
+        ``order`` string of its process groups: ``tp-cp-ep-dp-pp`` puts tensor-parallel
+        ranks side by side in a node; ``cp-ep-dp-tp-pp`` spreads them across nodes.
+
+        >>> Placement.from_order("cp-ep-dp-tp-pp", tp=8, cp=1, dp=4, ep=1, pp=2).tp
+        CommGroup(size=8, stride=4)
+        """
+        strides = rank_strides(order, tp=tp, cp=cp, dp=dp, pp=pp)
+        s_cp = strides["cp"]
         return cls(
-            tp=cost.CommGroup(tp, 1),
-            cp=cost.CommGroup(cp, tp),
-            ep=cost.CommGroup(ep, tp),
-            dp=cost.CommGroup(dp * cp, tp),
-            edp=cost.CommGroup(dp * cp // ep, tp * ep),
-            pipeline_distance=tp * cp * dp,
+            tp=cost.CommGroup(tp, strides["tp"]),
+            cp=cost.CommGroup(cp, s_cp),
+            # Expert-parallel ranks are the first of the data x context block.
+            ep=cost.CommGroup(ep, s_cp),
+            dp=cost.CommGroup(dp * cp, s_cp),
+            edp=cost.CommGroup(dp * cp // ep, s_cp * ep),
+            pipeline_distance=strides["pp"],
         )
 
     def group(self, axis: MeshAxis) -> cost.CommGroup:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from planner.config import ParallelConfig, resolve
 from planner.estimate import Estimate, estimate
+from planner.layer_cost import DEFAULT_RANK_ORDER, rank_strides
 from planner.plan import (
     Plan,
     PlanStage,
@@ -25,15 +26,21 @@ from planner.plan import (
 from planner.spec import ClusterSpec, ModelSpec
 
 
-def megatron_ranks(*, tp: int, cp: int, dp: int, pp: int) -> list[list[list[int]]]:
-    """``ranks[stage][replica]``: the ranks of each stage in each data-parallel replica.
+def megatron_ranks(
+    *, tp: int, cp: int, dp: int, pp: int, order: str = DEFAULT_RANK_ORDER
+) -> list[list[list[int]]]:
+    """``ranks[stage][replica]``: the ranks of each stage in each data-parallel replica, the
+    ranks of one stage listed context-major then tensor.
 
     >>> megatron_ranks(tp=2, cp=1, dp=2, pp=2)
     [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    >>> megatron_ranks(tp=2, cp=1, dp=2, pp=1, order="cp-ep-dp-tp-pp")
+    [[[0, 2], [1, 3]]]
     """
-    block = tp * cp
-    return [[list(range(s * block * dp + r * block, s * block * dp + (r + 1) * block))
-             for r in range(dp)] for s in range(pp)]  # fmt: skip
+    s = rank_strides(order, tp=tp, cp=cp, dp=dp, pp=pp)
+    return [[[stage * s["pp"] + r * s["dp"] + c * s["cp"] + t * s["tp"]
+              for c in range(cp) for t in range(tp)]
+             for r in range(dp)] for stage in range(pp)]  # fmt: skip
 
 
 def uniform_plan(
@@ -43,7 +50,7 @@ def uniform_plan(
     resolved = resolve(model, cluster, config)
     c = resolved.config
     result: Estimate = estimate(model, cluster, config)
-    ranks = megatron_ranks(tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    ranks = megatron_ranks(tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp, order=c.rank_order)
     per_stage = model.num_layers // c.pp
     parallel = StageParallel(tp=c.tp, dp=1, cp=c.cp, ep=c.ep, sp=resolved.sp,
                              zero_stage=c.zero, recompute=c.recompute)  # fmt: skip
