@@ -9,33 +9,20 @@ kind is priced and multiplied.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from functools import lru_cache
 from typing import Any
+
+from pydantic import BaseModel
 
 from planner import cost
 from planner.config import ParallelConfig, ResolvedConfig, resolve
 from planner.graph import LayerIndex, index_layers, lower
 from planner.graph.lower import ACTIVATION_BYTES
 from planner.layer_cost import LayerCost, Placement, price_layer
+from planner.plan import MemoryBreakdown
 from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
 from planner.step import StageCost, TimeBreakdown, compose_step
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryBreakdown:
-    """Peak memory of the most loaded device, in GiB."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-    activations: float
-    other: float
-
-    @property
-    def total(self) -> float:
-        """Everything."""
-        return self.weights + self.gradients + self.optimizer + self.activations + self.other
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +55,19 @@ class Estimate:
     stages: tuple[StageEstimate, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``planner estimate --json`` object (JSON types: lists, not tuples)."""
-        data = asdict(self)
-        data["stages"] = list(data["stages"])
-        return data
+        """The ``planner estimate --json`` object (JSON types only)."""
+        return _plain(self)  # type: ignore[no-any-return]
+
+
+def _plain(value: object) -> object:
+    """Dataclasses, pydantic models and tuples as dicts and lists."""
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 @lru_cache(maxsize=64)
@@ -153,14 +149,14 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
         mfu=model_tflops * 1e12 / cluster.device.peak_flops_per_s(training.precision),
         peak_memory_gib=peak_bytes / GIB,
         fits=peak_bytes <= cluster.device.memory_bytes,
-        memory_gib=MemoryBreakdown(*(b / GIB for b in step.peak_memory_bytes)),
+        memory_gib=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
         time_s=step.time,
         bubble_fraction=step.bubble_fraction,
         num_microbatches=resolved.num_microbatches,
         dp=resolved.dp,
         num_devices=resolved.num_devices,
         stages=tuple(
-            StageEstimate(*times, memory_gib=MemoryBreakdown(*(b / GIB for b in memory)))
+            StageEstimate(*times, memory_gib=MemoryBreakdown.from_bytes(memory))
             for times, memory in zip(step.stage_time_s, step.stage_memory_bytes, strict=True)
         ),
     )

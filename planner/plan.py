@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.errors import InputError
-from planner.spec import ClusterSpec, ModelSpec, Precision
+from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
 
 SCHEMA_VERSION = 1
 Recompute = Literal["none", "selective", "full"]
@@ -68,8 +68,8 @@ class StageParallel(_Frozen):
     recompute: Recompute = "none"
 
 
-class StageMemory(_Frozen):
-    """Peak memory of one of the stage's devices, GiB."""
+class MemoryBreakdown(_Frozen):
+    """Peak memory of one device, GiB."""
 
     weights: float
     gradients: float
@@ -81,6 +81,13 @@ class StageMemory(_Frozen):
     def total(self) -> float:
         """All parts."""
         return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @classmethod
+    def from_bytes(cls, parts: tuple[float, float, float, float, float]) -> MemoryBreakdown:
+        """From (weights, gradients, optimizer, activations, other) in bytes."""
+        gib = [b / GIB for b in parts]
+        return cls(weights=gib[0], gradients=gib[1], optimizer=gib[2], activations=gib[3],
+                   other=gib[4])  # fmt: skip
 
 
 class StageTime(_Frozen):
@@ -110,7 +117,7 @@ class PlanStage(_Frozen):
     op_shardings: dict[str, str] = Field(
         default_factory=dict, description="Operator (kind.op) -> split per mesh axis."
     )
-    memory_gib: StageMemory
+    memory_gib: MemoryBreakdown
     time_s: StageTime
 
     @model_validator(mode="after")

@@ -17,7 +17,6 @@ from planner.plan import (
     RunFlags,
     ScheduleSpec,
     SolverSummary,
-    StageMemory,
     StageParallel,
     StageTime,
     cluster_ref,
@@ -62,7 +61,7 @@ def uniform_plan(
             mesh=(c.cp, c.tp),
             ranks=tuple(tuple(r) for r in ranks[i]),
             parallel=parallel,
-            memory_gib=StageMemory(**vars_of(s.memory_gib)),
+            memory_gib=s.memory_gib,
             time_s=StageTime(compute=s.compute_s, communication=s.communication_s,
                              pipeline=s.pipeline_s),
         )
@@ -95,9 +94,3 @@ def uniform_plan(
         solver=SolverSummary(time_s=0.0, status="priced"),
     )
 
-
-def vars_of(breakdown: object) -> dict[str, float]:
-    """The fields of a memory breakdown dataclass."""
-    from dataclasses import asdict
-
-    return asdict(breakdown)  # type: ignore[call-overload]

@@ -45,7 +45,7 @@ def estimate_tables(
     memory = Table(title="memory per device (most loaded stage)", title_justify="left")
     memory.add_column("part")
     memory.add_column("GiB", justify="right")
-    for name, gib in asdict(result.memory_gib).items():
+    for name, gib in result.memory_gib.model_dump().items():
         memory.add_row(name, f"{gib:.2f}")
     capacity = cluster.device.memory_gib
     verdict = "fits" if result.fits else "DOES NOT FIT"
