@@ -20,9 +20,13 @@ from planner.calibration import calibrate_file, validate
 from planner.config import ParallelConfig
 from planner.errors import ConfigError, InfeasibleError, PlannerError
 from planner.estimate import estimate
+from planner.export import FORMATS, export
 from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.info import model_info
-from planner.spec import json_schema, load_cluster, load_model
+from planner.output import write_atomic
+from planner.plan import Plan
+from planner.spec import json_schema, load_cluster, load_model, read_text
+from planner.uniform import uniform_plan
 
 app = typer.Typer(
     add_completion=False,
@@ -83,6 +87,9 @@ def estimate_cmd(
     rank_order: Annotated[
         str, typer.Option(help="Rank numbering, fastest first (Megatron's order).")
     ] = "tp-cp-ep-dp-pp",
+    out: Annotated[
+        Path | None, typer.Option(help="Also write the configuration as a plan (JSON).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
@@ -101,10 +108,46 @@ def estimate_cmd(
         option = "--" + str(err["loc"][0]).replace("_", "-")
         raise ConfigError(f"{option} {err['input']!r}: {err['msg'].lower()}") from None
     result = estimate(model_spec, cluster_spec, config)
+    if out is not None:
+        plan = uniform_plan(model_spec, cluster_spec, config)
+        write_atomic(out, plan.to_json(), inputs=(model, cluster))
     if as_json:
         _print_json(result.to_dict())
     else:
         _render(report.estimate_tables(model_spec, cluster_spec, config, result))
+
+
+@app.command("export")
+def export_cmd(
+    plan_file: Annotated[Path, typer.Argument(help="plan.json")],
+    fmt: Annotated[str, typer.Option("--format", help=f"One of {', '.join(FORMATS)}.")],
+    out: Annotated[Path | None, typer.Option(help="Write to this file.")] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="The plan's model, to price any change.")
+    ] = None,
+    cluster: Annotated[Path | None, typer.Option(help="The plan's cluster, likewise.")] = None,
+) -> None:
+    """The plan as a framework's launch configuration; what it cannot express goes to stderr."""
+    plan = Plan.from_json(read_text(plan_file), source=str(plan_file))
+    price = None
+    if model is not None and cluster is not None:
+        model_spec = load_model(model)
+        cluster_spec = load_cluster(cluster, plan.cluster.num_nodes)
+
+        def price(config: ParallelConfig) -> float:
+            return estimate(model_spec, cluster_spec, config).step_time_s
+
+    result = export(plan, fmt, price=price)
+    if out is None:
+        print(result.text, end="")
+    else:
+        write_atomic(out, result.text, inputs=[p for p in (plan_file, model, cluster) if p])
+    for change in result.changes:
+        print(f"note: {change}", file=sys.stderr)
+    if result.changes and result.changed_step_time_s is not None:
+        print(f"note: the exported configuration is predicted at "
+              f"{result.changed_step_time_s:.3f} s per step (the plan: "
+              f"{plan.predicted.step_time_s:.3f} s)", file=sys.stderr)  # fmt: skip
 
 
 @app.command("info")

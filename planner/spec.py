@@ -302,12 +302,19 @@ class ClusterSpec(_Frozen):
         return self.model_copy(update={"num_nodes": num_nodes})
 
 
-def read_json(path: Path) -> Any:
-    """Parse a JSON file; unreadable or malformed files raise :class:`InputError`."""
+def read_text(path: Path) -> str:
+    """A file's text; an unreadable file raises :class:`InputError`."""
     try:
-        text = path.read_text()
+        return Path(path).read_text()
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file") from None
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; unreadable or malformed files raise :class:`InputError`."""
+    text = read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
