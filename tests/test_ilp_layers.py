@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from planner.ilp import LayerQuery, SolutionCache, SolverOptions, layer_problem, solve_layer
-from planner.ilp.layer import evaluate_ns, memory_kib
+from planner.ilp.formulation import evaluate_ns, memory_kib
 from planner.spec import ClusterSpec, ModelSpec, load_model
 from tests.conftest import MODELS
 

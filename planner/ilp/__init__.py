@@ -3,17 +3,16 @@
 from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
 from planner.ilp.formulation import EdgeCosts, LayerProblem, NodeCosts, build_layer_milp
 from planner.ilp.layer import (
-    LayerQuery,
     LayerSolution,
     OpChoice,
     Resharding,
     SolutionCache,
     SolverOptions,
-    layer_problem,
     layer_query,
     solve_layer,
 )
 from planner.ilp.milp import Milp
+from planner.ilp.problem import LayerQuery, layer_problem
 
 __all__ = [
     "Backend",

@@ -17,6 +17,7 @@ microbatch forward and backward. Constraint: weight states + activations <= the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.ilp.milp import Milp
@@ -207,6 +208,28 @@ def build_layer_milp(problem: LayerProblem, *, minimise_memory: bool = False) ->
     else:
         add_memory_constraints(milp, problem, memory)
     return milp
+
+
+def evaluate_ns(problem: LayerProblem, chosen: Sequence[int], recompute: str, zero: int) -> int:
+    """The objective of one complete choice, computed directly (the aggregates of the
+    program are only bounded, so a solution's value is recomputed from its choices)."""
+    index = {node.name: v for v, node in enumerate(problem.nodes)}
+    total = sum(node.time_ns[i] + node.sync_ns[zero][i]
+                for node, i in zip(problem.nodes, chosen, strict=True))  # fmt: skip
+    for edge in problem.edges:
+        i, j = chosen[index[edge.src]], chosen[index[edge.dst]]
+        total += edge.cost_ns[i][j]
+        if recompute == "full":
+            total += edge.forward_ns[i][j]
+    for node, i in zip(problem.nodes, chosen, strict=True):
+        total += {"full": node.forward_ns[i], "selective": node.attention_ns[i]}.get(recompute, 0)
+    return total
+
+
+def memory_kib(problem: LayerProblem, chosen: Sequence[int], recompute: str, zero: int) -> int:
+    """Weight states plus kept activations of one complete choice."""
+    return sum(node.state_kib[zero][i] + node.activation_kib[recompute][i]
+               for node, i in zip(problem.nodes, chosen, strict=True))  # fmt: skip
 
 
 def strategy_var(v: int, i: int) -> str:
