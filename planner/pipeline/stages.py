@@ -10,9 +10,11 @@ distinct stage latencies in ascending order, stopping once ``(B - 1) t_max`` alo
 best step found.
 
 Stage costs come from a callback, so the same dynamic program serves the ILP's layers and any
-other pricing: ``stage_cost(first, last, shape)`` gives the stage's per-microbatch latency and
-the largest number of in-flight microbatches whose memory fits, or None when none fits. It is
-called once per (layer range, shape).
+other pricing: ``stage_cost(first, last, shape)`` gives the stage's options, each a
+per-microbatch latency and the largest number of in-flight microbatches whose memory fits (a
+faster option, say without recomputation, usually admits fewer). The program takes, for a stage
+that must hold ``s``, the fastest option admitting ``s``. The callback is called once per
+(layer range, shape); an empty list means nothing fits.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Partition:
     step_s: float
 
 
-StageCostFn = Callable[[int, int, tuple[int, int]], StageCost | None]
+StageCostFn = Callable[[int, int, tuple[int, int]], Sequence[StageCost]]
 
 
 def submesh_shapes(num_nodes: int, devices_per_node: int) -> list[tuple[int, int]]:
@@ -94,7 +96,7 @@ def partition(
     20.25 s), whose bubble costs more than the split saves:
 
     >>> def cost(first, last, shape):
-    ...     return StageCost(latency_s=(last - first + 1) / shape[1] + 0.25, max_in_flight=8)
+    ...     return [StageCost(latency_s=(last - first + 1) / shape[1] + 0.25, max_in_flight=8)]
     >>> best = partition(4, shapes=[(1, 1), (1, 2)], num_devices=2, num_microbatches=8,
     ...                  stage_cost=cost)
     >>> [(s.first, s.last, s.shape) for s in best.stages], best.step_s
@@ -102,7 +104,7 @@ def partition(
     """
     costs = _all_costs(num_layers, shapes, stage_cost)
     limit = min(max_stages or num_layers, num_layers)
-    latencies = sorted({c.latency_s for c in costs.values() if c is not None})
+    latencies = sorted({c.latency_s for options in costs.values() for c in options})
     best: Partition | None = None
     for t_max in latencies:
         if best is not None and (num_microbatches - 1) * t_max >= best.step_s:
@@ -119,15 +121,20 @@ def partition(
     return best
 
 
+Costs = dict[tuple[int, int, tuple[int, int]], tuple[StageCost, ...]]
+
+
 def _all_costs(
     num_layers: int, shapes: Sequence[tuple[int, int]], stage_cost: StageCostFn
-) -> dict[tuple[int, int, tuple[int, int]], StageCost | None]:
+) -> Costs:
+    """Every stage's options, fastest first."""
     return {
-        (first, last, shape): stage_cost(first, last, shape)
+        (first, last, shape): tuple(sorted(stage_cost(first, last, shape),
+                                           key=lambda c: (c.latency_s, -c.max_in_flight)))
         for first in range(1, num_layers + 1)
         for last in range(first, num_layers + 1)
         for shape in shapes
-    }
+    }  # fmt: skip
 
 
 def _best_under(
@@ -136,7 +143,7 @@ def _best_under(
     num_devices: int,
     max_stages: int,
     t_max: float,
-    costs: dict[tuple[int, int, tuple[int, int]], StageCost | None],
+    costs: Costs,
 ) -> list[list[StageChoice]]:
     """For each stage count, the least-total-latency partition with every stage <= t_max."""
     memo: dict[tuple[int, int, int], tuple[float, list[StageChoice]] | None] = {}
@@ -155,10 +162,12 @@ def _best_under(
         for last in range(first, num_layers - stages + 2):
             for shape in shapes:
                 size = shape[0] * shape[1]
-                cost = costs[first, last, shape]
-                if size > devices or cost is None or cost.latency_s > t_max:
+                if size > devices:
                     continue
-                if cost.max_in_flight < stages:  # this stage holds `stages` microbatches
+                # The fastest option that fits the `stages` microbatches this stage holds.
+                cost = next((c for c in costs[first, last, shape]
+                             if c.max_in_flight >= stages), None)  # fmt: skip
+                if cost is None or cost.latency_s > t_max:
                     continue
                 rest = solve(last + 1, devices - size, stages - 1)
                 if rest is None:
