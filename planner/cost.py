@@ -264,6 +264,56 @@ def gradient_bytes_on_wire(precision: Precision) -> float:
     return _ADAM_STATE[precision].gradients
 
 
+@dataclass(frozen=True, slots=True)
+class DataParallelSync:
+    """Data-parallel traffic of some weights under one ZeRO stage, in seconds."""
+
+    reduce_once_s: float
+    """Gradients, once per step."""
+    gather_once_s: float
+    """Updated weights, once per step."""
+    reduce_per_microbatch_s: float
+    gather_per_microbatch_s: float
+
+    def per_microbatch_s(self, num_microbatches: int) -> float:
+        """Everything, with the once-per-step part shared among the microbatches."""
+        once = (self.reduce_once_s + self.gather_once_s) / num_microbatches
+        return once + self.reduce_per_microbatch_s + self.gather_per_microbatch_s
+
+
+def data_parallel_sync(
+    cluster: ClusterSpec,
+    group: CommGroup | None,
+    *,
+    params: float,
+    precision: Precision,
+    zero: int,
+) -> DataParallelSync:
+    """The gradient reduction and weight gathers of ``params`` parameters replicated on
+    ``group`` (None: not replicated, nothing to move).
+
+    ZeRO 0: all-reduce the gradients once; 1 (Megatron's distributed optimizer): reduce-scatter
+    them, then all-gather the updated compute-precision weights; 2: reduce-scatter every
+    microbatch (the gradients are sharded); 3: also all-gather the weights for every
+    microbatch's forward and backward (Rajbhandari et al., 2020).
+    """
+    if group is None or group.size <= 1 or params <= 0:
+        return DataParallelSync(0.0, 0.0, 0.0, 0.0)
+    grads = params * gradient_bytes_on_wire(precision)
+    weights = params * _ADAM_STATE[precision].weights
+
+    def t(kind: CollectiveKind, nbytes: float) -> float:
+        return collective_time_s(cluster, kind, nbytes, group)
+
+    if zero == 0:
+        return DataParallelSync(t("all_reduce", grads), 0.0, 0.0, 0.0)
+    if zero == 1:
+        return DataParallelSync(t("reduce_scatter", grads), t("all_gather", weights), 0.0, 0.0)
+    if zero == 2:
+        return DataParallelSync(0.0, t("all_gather", weights), t("reduce_scatter", grads), 0.0)
+    return DataParallelSync(0.0, 0.0, t("reduce_scatter", grads), 2 * t("all_gather", weights))
+
+
 def optimizer_step_s(device: DeviceSpec, precision: Precision, *, params: float) -> float:
     """Adam's update of ``params`` local parameters: memory-bound (reads and writes the
     optimizer state, reads the gradients, writes the compute-precision weights)."""

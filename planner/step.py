@@ -80,39 +80,24 @@ class _Sync:
 def _dp_sync(
     stage: StageCost, cluster: ClusterSpec, r: ResolvedConfig, pl: Placement, tied_copy_s: float
 ) -> _Sync:
-    """Gradient reduction and ZeRO gathers of one stage.
-
-    ZeRO 0: all-reduce once; 1 (distributed optimizer): reduce-scatter, then all-gather the
-    updated weights; 2: reduce-scatter every microbatch; 3: also all-gather the weights for
-    every microbatch's forward and backward.
-    """
+    """Gradient reduction and ZeRO gathers of one stage (:func:`cost.data_parallel_sync`),
+    exposed as far as the overlap windows do not hide them."""
     c = r.config
-    precision = r.training.precision
-    grad_b = cost.gradient_bytes_on_wire(precision)
-    weight_b = cost.state_bytes_per_param(precision, zero=0, shards=1).weights
     groups = {"dp": pl.dp, "edp": pl.edp}
-    once = grads_mb = gathers_mb = 0.0
-    gather_once = 0.0
+    once = grads_mb = gathers_mb = gather_once = 0.0
     for key, params in stage.params_by_sync.items():
         axes = key.split("+")
-        if "tp" in axes:  # sequence-parallel replicated weights: sum over TP as well
-            once += cost.collective_time_s(cluster, "all_reduce", params * grad_b, pl.tp)
+        if "tp" in axes:  # sequence-parallel replicated weights: summed over TP as well
+            once += cost.data_parallel_sync(
+                cluster, pl.tp, params=params, precision=r.training.precision, zero=0
+            ).reduce_once_s
         group = groups["edp" if "edp" in axes else "dp"]
-
-        def coll(kind: cost.CollectiveKind, nbytes: float, g: cost.CommGroup = group) -> float:
-            return cost.collective_time_s(cluster, kind, nbytes, g)
-
-        if c.zero == 0:
-            once += coll("all_reduce", params * grad_b)
-        elif c.zero == 1:
-            once += coll("reduce_scatter", params * grad_b)
-            gather_once += coll("all_gather", params * weight_b)
-        elif c.zero == 2:
-            grads_mb += coll("reduce_scatter", params * grad_b)
-            gather_once += coll("all_gather", params * weight_b)
-        else:
-            grads_mb += coll("reduce_scatter", params * grad_b)
-            gathers_mb += 2 * coll("all_gather", params * weight_b)
+        sync = cost.data_parallel_sync(cluster, group, params=params,
+                                       precision=r.training.precision, zero=c.zero)  # fmt: skip
+        once += sync.reduce_once_s
+        gather_once += sync.gather_once_s
+        grads_mb += sync.reduce_per_microbatch_s
+        gathers_mb += sync.gather_per_microbatch_s
     t = stage.time
     grad_hide = t.backward_s if c.overlap_grad_reduce else 0.0
     gather_hide = t.forward_s if c.overlap_param_gather else 0.0

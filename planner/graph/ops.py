@@ -8,6 +8,7 @@ only describes what each operator computes, reads, writes and keeps for its back
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -99,6 +100,20 @@ class Op:
     units: tuple[tuple[str, int], ...] = ()
     """Indivisible units of a dim when it is not its size: the ``heads`` dims hold
     ``heads x head_dim`` features but split only by whole (key/value) heads."""
+
+    def local_params(self, weight_degrees: Mapping[str, int]) -> float:
+        """Parameters one device holds when weight dim ``d`` is split ``weight_degrees[d]``
+        ways: the weight's shard, the bias split as the weight's output dim, the rest whole
+        (tied weights count 0)."""
+        if self.params == 0:
+            return 0.0
+        local = float(self.extra_params)
+        if self.weight is not None:
+            shard = 1
+            for name, size in self.weight.dims:
+                shard *= -(-size // weight_degrees.get(name, 1))
+            local += shard + self.bias_params / weight_degrees.get(self.weight.dims[-1][0], 1)
+        return local
 
     def splittable(self, dim: str, size: int, degree: int) -> bool:
         """Whether ``dim`` (of ``size``) splits evenly ``degree`` ways."""

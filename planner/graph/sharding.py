@@ -176,13 +176,4 @@ def saved_degrees(sharding: OpSharding, tensor: Tensor) -> dict[str, int]:
 
 def local_params(op: Op, sharding: OpSharding) -> float:
     """Parameters of ``op`` held by one device under ``sharding`` (tied weights count 0)."""
-    if op.params == 0:
-        return 0.0
-    weight = 0
-    bias_degree = 1
-    if op.weight is not None:
-        weight = 1
-        for name, size in op.weight.dims:
-            weight *= -(-size // sharding.weight_degrees.get(name, 1))
-        bias_degree = sharding.weight_degrees.get(op.weight.dims[-1][0], 1)
-    return weight + op.bias_params / bias_degree + op.extra_params
+    return op.local_params(sharding.weight_degrees)

@@ -155,17 +155,6 @@ def _grad_layout(layout: Layout, pair: tuple[str | None, str | None]) -> Layout:
     )
 
 
-def _local_params(op: Op, weight_split: dict[str, int]) -> float:
-    if op.params == 0:
-        return 0.0
-    local = op.extra_params + 0.0
-    if op.weight is not None:
-        local += cost.sharded_bytes(op.weight, weight_split) / op.weight.element_bytes
-        out_dim = op.weight.dims[-1][0]
-        local += op.bias_params / weight_split.get(out_dim, 1)
-    return local
-
-
 def _own_collectives(
     op: Op, pair: tuple[str | None, str | None], mesh: LogicalMesh, ctx: StrategyContext,
     forward_s: float,
@@ -204,32 +193,23 @@ def _weight_states(
         return (0.0,) * 4, (0.0,) * 4
     weight_dims = {canonical(n) for n, _ in op.weight.dims} if op.weight else set()
     split = degrees((pair[0] or "R", pair[1] or "R"), mesh)
-    params = _local_params(op, {n: split.get(canonical(n), 1) for n, _ in
-                                (op.weight.dims if op.weight else ())})  # fmt: skip
+    params = op.local_params({n: split.get(canonical(n), 1) for n, _ in
+                              (op.weight.dims if op.weight else ())})  # fmt: skip
     # Axes that split work the weight does not see hold copies with different gradients.
     copies = [a for a, d in enumerate(pair) if d is not None and d not in weight_dims]
     shards = 1
     for axis in copies:
         shards *= mesh.size(axis)
-    if not copies:
-        group = None
-    elif len(copies) == 2:
+    group = None
+    if len(copies) == 2:
         group = cost.CommGroup(mesh.num_devices, 1)
-    else:
+    elif copies:
         group = mesh.group(copies[0])
-    grad_b = params * cost.gradient_bytes_on_wire(ctx.precision)
-    weight_b = params * cost.state_bytes_per_param(ctx.precision, zero=0, shards=1).weights
-
-    def coll(kind: cost.CollectiveKind, nbytes: float) -> float:
-        return 0.0 if group is None else cost.collective_time_s(ctx.cluster, kind, nbytes, group)
-
-    m = ctx.num_microbatches
-    sync = (
-        coll("all_reduce", grad_b) / m,
-        (coll("reduce_scatter", grad_b) + coll("all_gather", weight_b)) / m,
-        coll("reduce_scatter", grad_b) + coll("all_gather", weight_b) / m,
-        coll("reduce_scatter", grad_b) + 2 * coll("all_gather", weight_b),
-    )
+    sync = tuple(
+        cost.data_parallel_sync(ctx.cluster, group, params=params, precision=ctx.precision,
+                                zero=z).per_microbatch_s(ctx.num_microbatches)
+        for z in ZERO_STAGES
+    )  # fmt: skip
     states = tuple(
         params * cost.state_bytes_per_param(ctx.precision, zero=z, shards=shards).total
         for z in ZERO_STAGES
