@@ -4,11 +4,15 @@
 >>> model = planner.load_model("instances/models/gpt3-175b.json")  # doctest: +SKIP
 >>> cluster = planner.load_cluster("instances/clusters/dgx-a100-80gb.json")  # doctest: +SKIP
 >>> planner.estimate(model, cluster, planner.ParallelConfig(tp=8, pp=16))  # doctest: +SKIP
+>>> planner.solve(model, cluster).summary()  # doctest: +SKIP
+'TP1 x PP32 x DP8 x CP4, mbs 1, interleaved 1F1B (v=3), distributed optimizer'
 """
 
 from planner.config import ParallelConfig
 from planner.errors import ConfigError, InfeasibleError, InputError, PlannerError, SolverError
 from planner.estimate import Estimate, estimate
+from planner.plan import Plan
+from planner.search import Progress, SolveOptions, solve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
 
 __all__ = [
@@ -19,10 +23,14 @@ __all__ = [
     "InputError",
     "ModelSpec",
     "ParallelConfig",
+    "Plan",
     "PlannerError",
+    "Progress",
+    "SolveOptions",
     "SolverError",
     "TrainingSpec",
     "estimate",
     "load_cluster",
     "load_model",
+    "solve",
 ]

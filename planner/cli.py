@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -14,18 +16,22 @@ from typing import Annotated, Any, Literal
 import typer
 from pydantic import ValidationError
 from rich.console import Console, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from planner import report
+from planner import report, search
+from planner.baselines import grid_plan, heuristic_plan
 from planner.calibration import calibrate_file, validate
 from planner.config import ParallelConfig
-from planner.errors import ConfigError, InfeasibleError, PlannerError
+from planner.errors import ConfigError, InfeasibleError, InputError, PlannerError
 from planner.estimate import estimate
-from planner.export import FORMATS, export
+from planner.export import FORMATS, Export, Format, Price, export
 from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
+from planner.ilp.backends import Backend
 from planner.info import model_info
 from planner.output import write_atomic
 from planner.plan import Plan
-from planner.spec import json_schema, load_cluster, load_model, read_text
+from planner.search import ProgressFn, SolveOptions, solve
+from planner.spec import ClusterSpec, ModelSpec, json_schema, load_cluster, load_model, read_text
 from planner.uniform import uniform_plan
 
 app = typer.Typer(
@@ -35,6 +41,7 @@ app = typer.Typer(
     help="Plan how to train a transformer in parallel on a GPU/NPU cluster.",
 )
 console = Console()
+stderr = Console(stderr=True)
 
 ModelArg = Annotated[Path, typer.Argument(help="model.json or a Hugging Face config.json")]
 ClusterArg = Annotated[Path, typer.Argument(help="cluster.json")]
@@ -49,6 +56,106 @@ def _print_json(data: Any) -> None:
 def _render(renderables: list[RenderableType]) -> None:
     for renderable in renderables:
         console.print(renderable)
+
+
+Method = Literal["ilp", "heuristic", "grid"]
+SOLVERS: dict[str, Callable[..., Plan]] = {
+    "ilp": solve,
+    "heuristic": heuristic_plan,
+    "grid": grid_plan,
+}
+"""Each ``--method``: a function ``(model, cluster, options, *, progress) -> Plan``."""
+DEFAULTS = SolveOptions()
+
+
+@app.command("solve")
+def solve_cmd(
+    model: ModelArg,
+    cluster: ClusterArg,
+    nodes: NodesOpt = None,
+    global_batch: Annotated[int | None, typer.Option(min=1, help="Global batch size.")] = None,
+    seq_len: Annotated[int | None, typer.Option(min=1, help="Sequence length.")] = None,
+    precision: Annotated[
+        Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
+    ] = None,
+    method: Annotated[
+        Method,
+        typer.Option(
+            help="ilp: the ILP + dynamic-program search; heuristic: Megatron's rule of thumb; "
+            "grid: every uniform configuration."
+        ),
+    ] = "ilp",
+    backend: Annotated[Backend, typer.Option(help="ILP solver (ilp only).")] = DEFAULTS.backend,
+    time_limit: Annotated[
+        float, typer.Option(min=0.0, help="Time limit per layer ILP, seconds (ilp only).")
+    ] = DEFAULTS.time_limit_s,
+    out: Annotated[Path | None, typer.Option(help="Also write the plan (JSON).")] = None,
+    export_fmt: Annotated[
+        Format | None,
+        typer.Option("--export", help="Also print the plan as this framework's launch flags."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Find the fastest parallel plan that fits: stages, sharding, memory and time."""
+    if as_json and export_fmt is not None:
+        raise InputError("--export and --json do not mix (stdout holds one plan JSON); write "
+                         "the plan with --out and run `planner export` on it")  # fmt: skip
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster, nodes)
+    options = SolveOptions(global_batch_size=global_batch, seq_length=seq_len,
+                           precision=precision, backend=backend,
+                           time_limit_s=time_limit)  # fmt: skip
+    if as_json:
+        plan = SOLVERS[method](model_spec, cluster_spec, options)
+    else:
+        with _search_bar(method) as progress:
+            plan = SOLVERS[method](model_spec, cluster_spec, options, progress=progress)
+    if out is not None:
+        write_atomic(out, plan.to_json(), inputs=(model, cluster))
+    if as_json:
+        print(plan.to_json(), end="")
+        return
+    _render(report.plan_tables(plan))
+    if export_fmt is not None:
+        result = export(plan, export_fmt, price=_pricer(model_spec, cluster_spec))
+        console.rule(f"{export_fmt} launch configuration", align="left")
+        print(result.text, end="")
+        _print_changes(plan, result)
+
+
+@contextmanager
+def _search_bar(method: str) -> Iterator[ProgressFn]:
+    """A transient progress bar on stderr, fed by the search's progress callback."""
+    bar = Progress(TextColumn(f"searching ({method})"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[best]}"), console=stderr,
+                   transient=True)  # fmt: skip
+    with bar:
+        task = bar.add_task("search", total=None, best="")
+
+        def update(p: search.Progress) -> None:
+            best = f"best {p.best_step_s:.3f} s" if p.best_step_s is not None else ""
+            bar.update(task, completed=p.done, total=p.total, best=best)
+
+        yield update
+
+
+def _pricer(model: ModelSpec, cluster: ClusterSpec) -> Price:
+    """The step time of an exported plan's closest expressible configuration."""
+
+    def price(config: ParallelConfig) -> float:
+        return estimate(model, cluster, config).step_time_s
+
+    return price
+
+
+def _print_changes(plan: Plan, result: Export) -> None:
+    """What an export could not express, and its price, on stderr."""
+    for change in result.changes:
+        print(f"note: {change}", file=sys.stderr)
+    if result.changes and result.changed_step_time_s is not None:
+        print(f"note: the exported configuration is predicted at "
+              f"{result.changed_step_time_s:.3f} s per step (the plan: "
+              f"{plan.predicted.step_time_s:.3f} s)", file=sys.stderr)  # fmt: skip
 
 
 @app.command("estimate")
@@ -66,6 +173,12 @@ def estimate_cmd(
     vpp: Annotated[
         int, typer.Option(help="Virtual stages per device (interleaved 1F1B).")
     ] = 1,
+    first_stage_layers: Annotated[
+        int | None, typer.Option(help="Layers on the first stage if it differs.")
+    ] = None,
+    last_stage_layers: Annotated[
+        int | None, typer.Option(help="Layers on the last stage if it differs.")
+    ] = None,
     sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
     mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
     global_batch: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
@@ -98,6 +211,7 @@ def estimate_cmd(
     try:
         config = ParallelConfig(
             tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
+            first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
             global_batch=global_batch, seq_len=seq_len, recompute=recompute, zero=zero,
             precision=precision, schedule=schedule, flash_attention=flash_attention,
             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
@@ -131,23 +245,13 @@ def export_cmd(
     plan = Plan.from_json(read_text(plan_file), source=str(plan_file))
     price = None
     if model is not None and cluster is not None:
-        model_spec = load_model(model)
-        cluster_spec = load_cluster(cluster, plan.cluster.num_nodes)
-
-        def price(config: ParallelConfig) -> float:
-            return estimate(model_spec, cluster_spec, config).step_time_s
-
+        price = _pricer(load_model(model), load_cluster(cluster, plan.cluster.num_nodes))
     result = export(plan, fmt, price=price)
     if out is None:
         print(result.text, end="")
     else:
         write_atomic(out, result.text, inputs=[p for p in (plan_file, model, cluster) if p])
-    for change in result.changes:
-        print(f"note: {change}", file=sys.stderr)
-    if result.changes and result.changed_step_time_s is not None:
-        print(f"note: the exported configuration is predicted at "
-              f"{result.changed_step_time_s:.3f} s per step (the plan: "
-              f"{plan.predicted.step_time_s:.3f} s)", file=sys.stderr)  # fmt: skip
+    _print_changes(plan, result)
 
 
 @app.command("info")

@@ -36,6 +36,14 @@ class ParallelConfig(BaseModel):
     ep: int = Field(default=1, gt=0, description="Expert-parallel degree.")
     vpp: int = Field(default=1, gt=0, description="Virtual pipeline stages per device "
                      "(interleaved 1F1B when > 1).")  # fmt: skip
+    first_stage_layers: int | None = Field(
+        default=None, gt=0, description="Decoder layers on the first pipeline stage when it "
+        "differs from the rest (Megatron's --decoder-first-pipeline-num-layers).",
+    )  # fmt: skip
+    last_stage_layers: int | None = Field(
+        default=None, gt=0, description="Decoder layers on the last pipeline stage when it "
+        "differs (--decoder-last-pipeline-num-layers).",
+    )  # fmt: skip
     sp: bool = Field(default=False, description="Sequence parallelism with tensor parallelism.")
     mbs: int = Field(default=1, gt=0, description="Microbatch size.")
     global_batch: int | None = Field(default=None, gt=0)
@@ -76,6 +84,9 @@ class ResolvedConfig:
     num_microbatches: int
     num_devices: int
 
+    stage_layers: tuple[int, ...] = ()
+    """Decoder layers on each pipeline stage, first to last."""
+
     @property
     def sp(self) -> bool:
         """Sequence parallelism in effect (only meaningful with TP > 1)."""
@@ -113,10 +124,7 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
     _need(groups % c.tp == 0 or model.mla is not None,
           f"num_query_groups({groups}) is not divisible by tp({c.tp})")  # fmt: skip
     _need(model.ffn % c.tp == 0, f"ffn_hidden_size({model.ffn}) is not divisible by tp({c.tp})")
-    stages = c.pp * c.vpp
-    _need(model.num_layers % stages == 0,
-          f"num_layers({model.num_layers}) is not divisible by pp({c.pp}) x vpp({c.vpp}) = "
-          f"{stages}")  # fmt: skip
+    layers = _stage_layers(model.num_layers, c)
     _need(c.vpp == 1 or c.pp > 1, f"vpp({c.vpp}) > 1 needs pp > 1")
     _need(c.vpp == 1 or c.schedule == "1f1b", "vpp > 1 is the interleaved 1F1B schedule")
     per_step = dp * c.mbs
@@ -141,5 +149,36 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
         _need((dp * c.cp) % c.ep == 0,
               f"ep({c.ep}) must divide dp({dp}) x cp({c.cp}) = {dp * c.cp}")  # fmt: skip
     return ResolvedConfig(
-        config=c, training=training, dp=dp, num_microbatches=microbatches, num_devices=n
-    )
+        config=c, training=training, dp=dp, num_microbatches=microbatches, num_devices=n,
+        stage_layers=layers,
+    )  # fmt: skip
+
+
+def _stage_layers(num_layers: int, c: ParallelConfig) -> tuple[int, ...]:
+    """Layers per stage: the first and last as given, the middle ones equal; with virtual
+    stages every stage's layers split into ``vpp`` equal chunks (as Megatron-Core requires).
+
+    >>> _stage_layers(126, ParallelConfig(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
+    (7, 8, 8)
+    """
+    first, last = c.first_stage_layers, c.last_stage_layers
+    if first is None and last is None:
+        stages = c.pp * c.vpp
+        _need(num_layers % stages == 0,
+              f"num_layers({num_layers}) is not divisible by pp({c.pp}) x vpp({c.vpp}) = "
+              f"{stages}")  # fmt: skip
+        return (num_layers // c.pp,) * c.pp
+    _need(c.pp > 1, "first/last stage layers need pp > 1")
+    given = [n for n in (first, last) if n is not None]
+    middle = c.pp - len(given)
+    rest = num_layers - sum(given)
+    even = rest == 0 if middle == 0 else rest >= middle and rest % middle == 0
+    _need(even,
+          f"num_layers({num_layers}) minus the first/last stage layers ({sum(given)}) does not "
+          f"split evenly over the other {middle} stages")  # fmt: skip
+    each = rest // middle if middle else 0
+    layers = (first or each, *([each] * (c.pp - 2)), last or each)
+    _need(all(n % c.vpp == 0 for n in layers),
+          f"with vpp({c.vpp}) every stage's layers must divide into equal chunks; stages hold "
+          f"{sorted(set(layers))}")  # fmt: skip
+    return layers

@@ -17,12 +17,12 @@ from pydantic import BaseModel
 
 from planner import cost
 from planner.config import ParallelConfig, ResolvedConfig, resolve
-from planner.graph import LayerIndex, index_layers, lower
+from planner.graph import LayerIndex, lowered
 from planner.graph.lower import ACTIVATION_BYTES
 from planner.layer_cost import LayerCost, Placement, price_layer
 from planner.plan import MemoryBreakdown
 from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
-from planner.step import StageCost, TimeBreakdown, compose_step
+from planner.step import PipelineKnobs, StageCost, TiedCopy, TimeBreakdown, Weights, compose_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,25 +72,25 @@ def _plain(value: object) -> object:
 
 @lru_cache(maxsize=64)
 def _layers(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> LayerIndex:
-    return index_layers(lower(model, training, micro_batch_size=micro_batch_size))
+    return lowered(model, training, micro_batch_size)[1]
 
 
 @lru_cache(maxsize=256)
 def _stage_kinds(
-    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, pp: int
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, layers: tuple[int, ...]
 ) -> tuple[tuple[tuple[str, int], ...], ...]:
-    """Layer kinds per stage (sorted (kind, count) pairs): contiguous equal blocks, embedding
-    first and head last."""
+    """Layer kinds per stage (sorted (kind, count) pairs): contiguous blocks of ``layers[i]``
+    layers, embedding first and head last."""
     index = _layers(model, training, micro_batch_size)
-    per_stage = model.num_layers // pp
     kind_of = {layer: kind for kind, layers in index.layers_by_kind.items() for layer in layers}
     stages = []
-    for stage in range(pp):
-        first = stage * per_stage + 1
-        kinds = Counter(kind_of[layer] for layer in range(first, first + per_stage))
+    first = 1
+    for stage, count in enumerate(layers):
+        kinds = Counter(kind_of[layer] for layer in range(first, first + count))
         kinds["embedding"] += stage == 0
-        kinds["head"] += stage == pp - 1
+        kinds["head"] += stage == len(layers) - 1
         stages.append(tuple(sorted((k, n) for k, n in kinds.items() if n)))
+        first += count
     return tuple(stages)
 
 
@@ -121,14 +121,20 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
     p2p = _p2p_s(model, cluster, resolved, placement)
     distinct: dict[tuple[tuple[str, int], ...], StageCost] = {}  # middle stages repeat
     stages = []
-    for key in _stage_kinds(model, training, c.mbs, c.pp):
+    for key in _stage_kinds(model, training, c.mbs, resolved.stage_layers):
         if key not in distinct:
             layers = LayerCost.zero()
             for kind, count in key:
                 layers = layers + kind_costs[kind].scaled(count)
-            distinct[key] = StageCost.of(layers.with_pipeline_comm(p2p))
+            distinct[key] = StageCost(layers.with_pipeline_comm(p2p),
+                                      _weights(layers, placement), zero=c.zero)  # fmt: skip
         stages.append(distinct[key])
-    step = compose_step(model, cluster, resolved, placement, stages)
+    knobs = PipelineKnobs(
+        num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
+        precision=training.precision, overlap_grad_reduce=c.overlap_grad_reduce,
+        overlap_param_gather=c.overlap_param_gather,
+    )  # fmt: skip
+    step = compose_step(cluster, knobs, stages, tied=_tied_copy(model, resolved, placement))
 
     forward_flops = _forward_flops(model, training, c.mbs)
     recompute_flops = sum(
@@ -160,6 +166,27 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
             for times, memory in zip(step.stage_time_s, step.stage_memory_bytes, strict=True)
         ),
     )
+
+
+def _weights(layers: LayerCost, pl: Placement) -> tuple[Weights, ...]:
+    """The layers' parameters by the groups their gradients are summed over: dense weights
+    over data x context parallel ranks, experts over the ranks holding the same experts, and
+    sequence-parallel norms first over the tensor-parallel ranks too."""
+    weights = []
+    for key, params in sorted(layers.params_by_sync.items()):
+        axes = key.split("+")
+        group = pl.edp if "edp" in axes else pl.dp
+        weights.append(Weights(params, group, pl.tp if "tp" in axes else None))
+    return tuple(weights)
+
+
+def _tied_copy(model: ModelSpec, r: ResolvedConfig, pl: Placement) -> TiedCopy | None:
+    """The last stage's copy of tied word embeddings, split over tensor-parallel ranks."""
+    c = r.config
+    if not model.tie_word_embeddings or c.pp == 1:
+        return None
+    return TiedCopy(params=model.vocab_size * model.hidden_size / c.tp, data_parallel=pl.dp,
+                    sync_group=cost.CommGroup(2, (c.pp - 1) * pl.pipeline_distance))  # fmt: skip
 
 
 def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, pl: Placement) -> float:

@@ -190,23 +190,34 @@ class Plan(_Frozen):
         return first if all(s.parallel == first for s in self.stages) else None
 
     def summary(self) -> str:
-        """The plan in one line, as a user would say it."""
-        p = self.stages[0].parallel
-        tp = "/".join(sorted({str(s.parallel.tp) for s in self.stages}, key=int))
+        """The plan in one line, as a user would say it; a degree that differs between stages
+        is listed as its values (``TP1/4``), a switch on only some stages says so."""
+        stages = [s.parallel for s in self.stages]
+
+        def values(name: str) -> str:
+            return "/".join(sorted({str(getattr(p, name)) for p in stages}, key=int))
+
+        def some(flag: list[bool], text: str) -> list[str]:
+            if all(flag):
+                return [text]
+            return [f"{text} on {sum(flag)} of {len(flag)} stages"] if any(flag) else []
+
+        p = stages[0]
         dp = self.data_parallel_replicas * p.dp
-        parts = [f"TP{tp}", f"PP{len(self.stages)}", f"DP{dp}"]
-        parts += [f"CP{p.cp}"] * (p.cp > 1) + [f"EP{p.ep}"] * (p.ep > 1)
+        parts = [f"TP{values('tp')}", f"PP{len(self.stages)}", f"DP{dp}"]
+        parts += [f"CP{values('cp')}"] * any(q.cp > 1 for q in stages)
+        parts += [f"EP{values('ep')}"] * any(q.ep > 1 for q in stages)
         text = " x ".join(parts) + f", mbs {self.micro_batch_size}"
         schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
         text += f", {schedule[self.schedule.name]}"
         if self.schedule.virtual_stages > 1:
             text += f" (v={self.schedule.virtual_stages})"
-        if p.sp:
-            text += ", sequence parallel"
-        if p.recompute != "none":
-            text += f", {p.recompute} recompute"
-        zero = {1: "distributed optimizer", 2: "ZeRO-2", 3: "ZeRO-3"}.get(p.zero_stage)
-        return text + (f", {zero}" if zero else "")
+        extras = some([q.sp for q in stages], "sequence parallel")
+        for mode in ("selective", "full"):
+            extras += some([q.recompute == mode for q in stages], f"{mode} recompute")
+        for stage, name in ((1, "distributed optimizer"), (2, "ZeRO-2"), (3, "ZeRO-3")):
+            extras += some([q.zero_stage == stage for q in stages], name)
+        return ", ".join([text, *extras])
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, two-space indent, floats as Python prints them."""

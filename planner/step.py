@@ -1,5 +1,5 @@
-"""One training step of a uniform configuration: pipeline, data-parallel sync, optimizer,
-memory, and the derived throughput figures.
+"""One training step: pipeline, data-parallel sync, optimizer and memory, composed from the
+stages' per-microbatch costs (uniform stages from ``planner estimate``, or the search's).
 
 Data-parallel gradient reduction overlaps compute only as far as that compute reaches: with
 ``overlap_grad_reduce`` a stage's reduction hides behind the backward of its last microbatch
@@ -14,30 +14,60 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner import cost
-from planner.config import ResolvedConfig
-from planner.layer_cost import LayerCost, Placement
-from planner.spec import GIB, ClusterSpec, ModelSpec
+from planner.config import Schedule
+from planner.layer_cost import LayerCost
+from planner.spec import GIB, ClusterSpec, Precision
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """Some of a stage's local parameters and the groups their gradients are summed over."""
+
+    params: float
+    data_parallel: cost.CommGroup | None
+    """The ranks holding the same shard: gradients reduced over it, ZeRO shards the states
+    over it (None: not replicated)."""
+    also_reduced_over: cost.CommGroup | None = None
+    """A group whose partial gradients are all-reduced first (the norms Megatron's sequence
+    parallelism replicates across tensor-parallel ranks)."""
+
+    @property
+    def shards(self) -> int:
+        """Ranks the ZeRO-sharded states are split over."""
+        return self.data_parallel.size if self.data_parallel is not None else 1
 
 
 @dataclass(frozen=True, slots=True)
 class StageCost:
-    """One pipeline stage: per-microbatch costs and its local parameters."""
+    """One pipeline stage: per-microbatch costs, its local parameters and their ZeRO stage."""
 
     time: LayerCost
-    params_dense: float
-    params_expert: float
-    params_by_sync: dict[str, float]
+    weights: tuple[Weights, ...]
+    zero: int = 0
 
-    @classmethod
-    def of(cls, layers: LayerCost) -> StageCost:
-        """A stage made of ``layers``."""
-        expert = sum(v for k, v in layers.params_by_sync.items() if k.startswith("edp"))
-        return cls(
-            time=layers,
-            params_dense=sum(layers.params_by_sync.values()) - expert,
-            params_expert=expert,
-            params_by_sync=layers.params_by_sync,
-        )
+
+@dataclass(frozen=True, slots=True)
+class PipelineKnobs:
+    """What composing a step needs beyond the stages."""
+
+    num_microbatches: int
+    schedule: Schedule = "1f1b"
+    vpp: int = 1
+    precision: Precision = "bf16"
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TiedCopy:
+    """With tied word embeddings and a pipeline, the last stage keeps a copy of the embedding
+    and the two copies' gradients are all-reduced after the backward (Megatron)."""
+
+    params: float
+    """Local parameters of the copy (the embedding's shard)."""
+    data_parallel: cost.CommGroup | None
+    sync_group: cost.CommGroup
+    """The first and last stages' corresponding ranks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,125 +107,120 @@ class _Sync:
     tail_s: float
 
 
-def _dp_sync(
-    stage: StageCost, cluster: ClusterSpec, r: ResolvedConfig, pl: Placement, tied_copy_s: float
-) -> _Sync:
+def _dp_sync(stage: StageCost, cluster: ClusterSpec, k: PipelineKnobs, tied_s: float) -> _Sync:
     """Gradient reduction and ZeRO gathers of one stage (:func:`cost.data_parallel_sync`),
     exposed as far as the overlap windows do not hide them."""
-    c = r.config
-    groups = {"dp": pl.dp, "edp": pl.edp}
     once = grads_mb = gathers_mb = gather_once = 0.0
-    for key, params in stage.params_by_sync.items():
-        axes = key.split("+")
-        if "tp" in axes:  # sequence-parallel replicated weights: summed over TP as well
+    for w in stage.weights:
+        if w.also_reduced_over is not None:
             once += cost.data_parallel_sync(
-                cluster, pl.tp, params=params, precision=r.training.precision, zero=0
+                cluster, w.also_reduced_over, params=w.params, precision=k.precision, zero=0
             ).reduce_once_s
-        group = groups["edp" if "edp" in axes else "dp"]
-        sync = cost.data_parallel_sync(cluster, group, params=params,
-                                       precision=r.training.precision, zero=c.zero)  # fmt: skip
+        sync = cost.data_parallel_sync(cluster, w.data_parallel, params=w.params,
+                                       precision=k.precision, zero=stage.zero)  # fmt: skip
         once += sync.reduce_once_s
         gather_once += sync.gather_once_s
         grads_mb += sync.reduce_per_microbatch_s
         gathers_mb += sync.gather_per_microbatch_s
     t = stage.time
-    grad_hide = t.backward_s if c.overlap_grad_reduce else 0.0
-    gather_hide = t.forward_s if c.overlap_param_gather else 0.0
+    grad_hide = t.backward_s if k.overlap_grad_reduce else 0.0
+    gather_hide = t.forward_s if k.overlap_param_gather else 0.0
     # ZeRO-3 prefetches weights behind the forward and backward; ZeRO-2/3 reduce-scatters hide
     # behind each microbatch's backward.
-    window = (t.forward_s if c.overlap_param_gather else 0.0) + (
-        t.backward_s if c.overlap_param_gather or c.overlap_grad_reduce else 0.0
+    window = (t.forward_s if k.overlap_param_gather else 0.0) + (
+        t.backward_s if k.overlap_param_gather or k.overlap_grad_reduce else 0.0
     )
     per_mb = cost.exposed_s(grads_mb + gathers_mb, window)
     tail = cost.exposed_s(once, grad_hide) + cost.exposed_s(gather_once, gather_hide)
-    return _Sync(per_mb, tail + tied_copy_s)
-
-
-def _tied_embedding_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig,
-                      pl: Placement) -> float:  # fmt: skip
-    """With tied embeddings and a pipeline, the first and last stages each hold the word
-    embeddings and all-reduce their gradients after the backward (Megatron)."""
-    if not model.tie_word_embeddings or r.config.pp == 1:
-        return 0.0
-    nbytes = model.vocab_size * model.hidden_size / r.config.tp
-    nbytes *= cost.gradient_bytes_on_wire(r.training.precision)
-    group = cost.CommGroup(2, (r.config.pp - 1) * pl.pipeline_distance)
-    return cost.collective_time_s(cluster, "all_reduce", nbytes, group)
+    return _Sync(per_mb, tail + tied_s)
 
 
 def _memory(
-    stage: StageCost, index: int, cluster: ClusterSpec, r: ResolvedConfig
+    stage: StageCost, index: int, cluster: ClusterSpec, k: PipelineKnobs, num_stages: int
 ) -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer, activations, other) bytes of stage ``index``."""
-    c = r.config
-    dense = cost.state_bytes_per_param(r.training.precision, zero=c.zero, shards=r.dp * c.cp)
-    expert = cost.state_bytes_per_param(
-        r.training.precision, zero=c.zero, shards=r.dp * c.cp // c.ep
-    )
+    weights = gradients = optimizer = 0.0
+    for w in stage.weights:
+        per_param = cost.state_bytes_per_param(k.precision, zero=stage.zero, shards=w.shards)
+        weights += w.params * per_param.weights
+        gradients += w.params * per_param.gradients
+        optimizer += w.params * per_param.optimizer
     in_flight = cost.in_flight_microbatches(
-        c.schedule, stage=index, pp=c.pp, vpp=c.vpp, num_microbatches=r.num_microbatches
+        k.schedule, stage=index, pp=num_stages, vpp=k.vpp, num_microbatches=k.num_microbatches
     )
-    pd, pe = stage.params_dense, stage.params_expert
     return (
-        pd * dense.weights + pe * expert.weights,
-        pd * dense.gradients + pe * expert.gradients,
-        pd * dense.optimizer + pe * expert.optimizer,
+        weights,
+        gradients,
+        optimizer,
         in_flight * stage.time.activation_bytes + stage.time.working_bytes,
         cluster.device.reserved_memory_gib * GIB,
     )
 
 
-def _with_tied_copy(
-    stages: Sequence[StageCost], model: ModelSpec, r: ResolvedConfig
-) -> list[StageCost]:
+def _with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[StageCost]:
     """The last stage's copy of tied word embeddings (memory, sync, optimizer)."""
     stages = list(stages)
-    if model.tie_word_embeddings and r.config.pp > 1:
-        extra = model.vocab_size * model.hidden_size / r.config.tp
+    if tied is not None and len(stages) > 1:
         last = stages[-1]
-        by_sync = dict(last.params_by_sync)
-        by_sync["dp"] = by_sync.get("dp", 0.0) + extra
-        stages[-1] = replace(last, params_dense=last.params_dense + extra, params_by_sync=by_sync)
+        weights = list(last.weights)
+        # One bucket with the other weights reduced over the same group, as frameworks do.
+        same = next((i for i, w in enumerate(weights)
+                     if w.data_parallel == tied.data_parallel and w.also_reduced_over is None),
+                    None)  # fmt: skip
+        if same is None:
+            weights.append(Weights(tied.params, tied.data_parallel))
+        else:
+            weights[same] = replace(weights[same], params=weights[same].params + tied.params)
+        stages[-1] = replace(last, weights=tuple(weights))
     return stages
 
 
+def _optimizer_params(stage: StageCost) -> float:
+    """Parameters whose Adam update one device of the stage runs (ZeRO shards the update)."""
+    return sum(w.params / (w.shards if stage.zero >= 1 else 1) for w in stage.weights)
+
+
 def compose_step(
-    model: ModelSpec,
     cluster: ClusterSpec,
-    r: ResolvedConfig,
-    pl: Placement,
+    knobs: PipelineKnobs,
     stages: Sequence[StageCost],
+    *,
+    tied: TiedCopy | None = None,
 ) -> StepCost:
-    """Compose the stages' per-microbatch costs into one step's time and peak memory."""
-    c = r.config
-    m = r.num_microbatches
-    stages = _with_tied_copy(stages, model, r)
-    tied_s = _tied_embedding_s(model, cluster, r, pl)
+    """Compose the stages' per-microbatch costs into one step's time and peak memory.
+
+    The stages may differ (layers, sharding, ZeRO stage, groups): the pipeline, the exposed
+    gradient synchronisation and the optimizer step are composed the same way for all.
+    """
+    m = knobs.num_microbatches
+    pp = len(stages)
+    stages = _with_tied_copy(stages, tied)
+    tied_s = 0.0
+    if tied is not None and pp > 1:
+        nbytes = tied.params * cost.gradient_bytes_on_wire(knobs.precision)
+        tied_s = cost.collective_time_s(cluster, "all_reduce", nbytes, tied.sync_group)
     memo: dict[tuple[int, bool], _Sync] = {}  # identical stages share one StageCost
 
     def sync(i: int, stage: StageCost) -> _Sync:
-        key = (id(stage), i in (0, c.pp - 1))
+        key = (id(stage), i in (0, pp - 1))
         if key not in memo:
-            memo[key] = _dp_sync(stage, cluster, r, pl, tied_s if key[1] else 0.0)
+            memo[key] = _dp_sync(stage, cluster, knobs, tied_s if key[1] else 0.0)
         return memo[key]
 
     syncs = [sync(i, s) for i, s in enumerate(stages)]
     stage_times = [s.time.time_s + y.per_microbatch_s for s, y in zip(stages, syncs, strict=True)]
-    pipe = cost.pipeline_time(stage_times, num_microbatches=m, vpp=c.vpp)
+    pipe = cost.pipeline_time(stage_times, num_microbatches=m, vpp=knobs.vpp)
     # Stage i finishes its last backward before stages 0..i-1 finish theirs.
     tail, still_busy = 0.0, 0.0
     for s, y in zip(stages, syncs, strict=True):
         tail = max(tail, y.tail_s - still_busy)
         still_busy += s.time.backward_s + s.time.recompute_s
-    zero_shards = r.dp * c.cp if c.zero >= 1 else 1
-    expert_shards = r.dp * c.cp // c.ep if c.zero >= 1 else 1
     optimizer = cost.optimizer_step_s(
-        cluster.device, r.training.precision,
-        params=max(s.params_dense / zero_shards + s.params_expert / expert_shards for s in stages),
-    )  # fmt: skip
-    critical = max(range(len(stages)), key=lambda i: stage_times[i])
+        cluster.device, knobs.precision, params=max(_optimizer_params(s) for s in stages)
+    )
+    critical = max(range(pp), key=lambda i: stage_times[i])
     t = stages[critical].time
-    memories = tuple(_memory(s, i, cluster, r) for i, s in enumerate(stages))
+    memories = tuple(_memory(s, i, cluster, knobs, pp) for i, s in enumerate(stages))
     return StepCost(
         step_s=pipe.total_s + tail + optimizer,
         time=TimeBreakdown(
@@ -212,9 +237,11 @@ def compose_step(
         peak_memory_bytes=max(memories, key=sum),
         stage_memory_bytes=memories,
         stage_time_s=tuple(
-            (s.time.compute_s,
-             s.time.tp_comm_s + s.time.cp_comm_s + s.time.ep_comm_s + y.per_microbatch_s,
-             s.time.pipeline_comm_s)
+            (
+                s.time.compute_s,
+                s.time.tp_comm_s + s.time.cp_comm_s + s.time.ep_comm_s + y.per_microbatch_s,
+                s.time.pipeline_comm_s,
+            )
             for s, y in zip(stages, syncs, strict=True)
         ),
     )

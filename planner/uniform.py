@@ -50,13 +50,15 @@ def uniform_plan(
     c = resolved.config
     result: Estimate = estimate(model, cluster, config)
     ranks = megatron_ranks(tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp, order=c.rank_order)
-    per_stage = model.num_layers // c.pp
+    bounds = [0]
+    for count in resolved.stage_layers:
+        bounds.append(bounds[-1] + count)
     parallel = StageParallel(tp=c.tp, dp=1, cp=c.cp, ep=c.ep, sp=resolved.sp,
                              zero_stage=c.zero, recompute=c.recompute)  # fmt: skip
     stages = tuple(
         PlanStage(
             index=i,
-            layers=(i * per_stage + 1, (i + 1) * per_stage),
+            layers=(bounds[i] + 1, bounds[i + 1]),
             num_devices=c.tp * c.cp,
             mesh=(c.cp, c.tp),
             ranks=tuple(tuple(r) for r in ranks[i]),

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from planner import cost
 from planner.ilp import LayerQuery, SolutionCache, SolverOptions, layer_problem, solve_layer
 from planner.ilp.formulation import evaluate_ns, memory_kib
 from planner.spec import ClusterSpec, ModelSpec, load_model
@@ -240,3 +241,29 @@ def test_same_inputs_same_solution(gpt3: ModelSpec, a100: ClusterSpec) -> None:
     fresh = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                            check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})  # fmt: skip
     assert fresh.stdout.strip() == first
+
+
+def test_sequence_parallel_storage_matches_megatron(gpt3: ModelSpec, a100: ClusterSpec) -> None:
+    """Megatron's TP 8 + SP layer keeps the column-parallel matmuls' inputs as sequence slices
+    and all-gathers them again in backward. The ILP's ``+kept-seq`` variants of the same
+    strategies keep exactly the activations ``planner estimate`` keeps for that layer
+    (Korthikanti et al.'s 34 sbh / t with flash attention) and pay its extra all-gathers."""
+    from planner.config import ParallelConfig, resolve
+    from planner.estimate import _layers
+    from planner.layer_cost import Placement, price_layer
+
+    query = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048)
+    problem, nodes, _ = layer_problem(gpt3, a100, query)
+    stored = dict(MEGATRON["sp"], qkv_proj="R,heads+kept-seq@1", mlp_up="R,ffn+kept-seq@1")
+    chosen = _uniform(problem, nodes, stored)
+    kept = sum(n.strategies[i].kept_bytes for n, i in zip(nodes, chosen, strict=True))
+    resolved = resolve(gpt3, a100, ParallelConfig(tp=8, pp=16, sp=True, seq_len=2048))
+    placement = Placement.megatron(a100, tp=8, cp=1, dp=resolved.dp, ep=1)
+    layer = price_layer(_layers(gpt3, resolved.training, 1).representative("dense"), a100,
+                        resolved, placement, transformer_layer=True)  # fmt: skip
+    assert kept == pytest.approx(layer.activation_bytes, rel=1e-12)
+    plain = _uniform(problem, nodes, MEGATRON["sp"])
+    extra = sum(n.strategies[i].comm_s - n.strategies[j].comm_s
+                for n, i, j in zip(nodes, chosen, plain, strict=True))  # fmt: skip
+    gather = cost.collective_time_s(a100, "all_gather", 2048 * 12288 * 2, cost.CommGroup(8))
+    assert extra == pytest.approx(2 * gather, rel=1e-12)

@@ -558,3 +558,28 @@ def test_the_reported_figures_add_up(
     assert e.hardware_tflops_per_gpu >= e.model_tflops_per_gpu
     assert e.num_devices == e.dp * config.tp * config.pp * config.cp
     assert e.num_microbatches == batch // (e.dp * config.mbs)
+
+
+def test_uneven_first_and_last_stages() -> None:
+    """Megatron's --decoder-first/last-pipeline-num-layers: Llama 3.1 405B's 126 layers on 16
+    stages as 7 + 14 x 8 + 7 (the Llama 3 paper's split); the first and last stages, which
+    also hold the embedding and the head, get lighter, so the critical stage is a middle one
+    and the step is no slower than with the layers one fewer stage can take evenly; a split
+    that does not divide is refused with the rule."""
+    from planner.config import resolve
+    from planner.errors import ConfigError
+
+    model = planner.load_model(MODELS_DIR / "llama3.1-405b.json")
+    cluster = planner.load_cluster(CLUSTERS_DIR / "dgx-h100-80gb.json", 2048)
+    config = planner.ParallelConfig(tp=8, pp=16, sp=True, recompute="full",
+                                    first_stage_layers=7, last_stage_layers=7)  # fmt: skip
+    assert resolve(model, cluster, config).stage_layers == (7, *[8] * 14, 7)
+    result = planner.estimate(model, cluster, config)
+    assert len(result.stages) == 16
+    middle = result.stages[1].compute_s
+    assert result.stages[0].compute_s < middle * 1.1
+    assert result.stages[1].memory_gib.total > result.stages[2].memory_gib.total
+    with pytest.raises(ConfigError, match="does not split evenly over the other 14 stages"):
+        resolve(model, cluster, config.model_copy(update={"first_stage_layers": 8}))
+    with pytest.raises(ConfigError, match="not divisible by pp"):
+        resolve(model, cluster, planner.ParallelConfig(tp=8, pp=16))

@@ -51,3 +51,65 @@ def test_bad_order_is_refused() -> None:
         Placement.from_order("tp-dp-cp-ep-pp", tp=2, cp=1, dp=2, ep=1, pp=1)
     with pytest.raises(planner.ConfigError, match="once each"):
         Placement.from_order("tp-tp-cp-ep-dp", tp=2, cp=1, dp=2, ep=1, pp=1)
+
+
+def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.ClusterSpec) -> None:
+    """The search's GPT-3 pipeline of 64 stages on half nodes (1 x 4), 4 replicas, priced
+    under both rank orders. Replicas side by side put two of each stage's data-parallel ranks
+    in one node (the reduction crosses 2 nodes, not 4) but neighbouring stages 16 ranks apart
+    (always another node); stages side by side do the opposite (neighbours 4 ranks apart,
+    priced on NVLink). The composer sees both effects."""
+    from planner.graph.layout import LogicalMesh
+    from planner.pipeline.assemble import compose
+    from planner.placement import PipelinePlacement
+    from planner.search import (
+        SearchContext,
+        SearchState,
+        SolveOptions,
+        candidates,
+        decoder_kinds,
+        evaluate,
+        pipeline_send_s,
+        training_of,
+    )
+    from planner.step import PipelineKnobs
+
+    model = planner.load_model(MODELS / "gpt3-175b.json")
+    options = SolveOptions(global_batch_size=1536, seq_length=2048, overlap_grad_reduce=False,
+                           overlap_param_gather=False)  # fmt: skip
+    training = training_of(model, options)
+    ctx = SearchContext(model, a100, training, options, SearchState())
+    c = next(c for c in candidates(model, a100, training, options)
+             if (c.replicas, c.mesh, c.micro_batch_size, c.vpp) == (4, (1, 4), 1, 1))  # fmt: skip
+    kinds = decoder_kinds(model)
+    found = evaluate(ctx, c, kinds)
+    assert found is not None and len(found.stages) == 64
+    knobs = PipelineKnobs(num_microbatches=c.num_microbatches, precision="bf16")
+    steps = {}
+    for order in ("replicas-inner", "stages-inner"):
+        placement = PipelinePlacement(LogicalMesh((1, 4)), 64, 4, order)
+        send = pipeline_send_s(ctx, c, placement.pipeline_distance)
+        steps[order] = compose(found.stages, kinds, model, a100, knobs, placement, send)
+    inner, outer = steps["replicas-inner"], steps["stages-inner"]
+    assert inner.time.data_parallel_comm_exposed < outer.time.data_parallel_comm_exposed
+    assert outer.time.pipeline_comm < inner.time.pipeline_comm
+
+
+def test_a_mesh_split_over_nodes_pays_for_it(a100: planner.ClusterSpec) -> None:
+    """Stages of part of a node: replicas side by side share the node's NVLink for their
+    gradient reduction, while a whole pipeline apart they cross InfiniBand, so that order's
+    exposed data-parallel time is larger (the same stages, the same sharding)."""
+    from planner.graph.layout import LogicalMesh
+    from planner.placement import PipelinePlacement
+
+    near = PipelinePlacement(LogicalMesh((1, 2)), num_stages=4, replicas=4)
+    far = PipelinePlacement(LogicalMesh((1, 2)), 4, 4, "stages-inner")
+    near_group, far_group = near.weight_group(()), far.weight_group(())
+    assert near_group is not None and far_group is not None
+    assert cost.members_per_level(a100, near_group) == (4, 4)
+    assert cost.members_per_level(a100, far_group) == (1, 4)
+    nbytes = 1e9
+    assert cost.collective_time_s(a100, "all_reduce", nbytes, far_group) > 5 * (
+        cost.collective_time_s(a100, "all_reduce", nbytes, near_group)
+    )
+    assert near.pipeline_distance == 8 and far.pipeline_distance == 2

@@ -100,6 +100,25 @@ def _closest_uniform(plan: Plan) -> tuple[StageParallel, str | None]:
     return common, why
 
 
+def _first_last(layers: tuple[int, ...]) -> dict[str, int]:
+    """Megatron's uneven split: any first and last stage around equal middle stages (middle
+    stages that differ get their mean, the rest going to the first stage, as the Megatron
+    exporter writes them)."""
+    if len(set(layers)) <= 1 or len(layers) < 2:
+        return {}
+    middle = layers[1:-1]
+    each, left = divmod(sum(middle), len(middle)) if middle else (0, 0)
+    first, last = layers[0] + left, layers[-1]
+    out = {}
+    if not middle or first != each:
+        out["first_stage_layers"] = first
+    if middle and last != each:
+        out["last_stage_layers"] = last
+    if not middle:
+        out["last_stage_layers"] = last
+    return out
+
+
 def start(plan: Plan) -> tuple[Layout, Draft]:
     """Read the plan once: its uniform layout, and a draft whose closest plan is the plan."""
     parallel, why = _closest_uniform(plan)
@@ -118,7 +137,7 @@ def start(plan: Plan) -> tuple[Layout, Draft]:
         flash_attention=plan.flags.flash_attention,
         overlap_grad_reduce=plan.flags.overlap_grad_reduce,
         overlap_param_gather=plan.flags.overlap_param_gather,
-        tp_comm_overlap=plan.flags.tp_comm_overlap,
+        tp_comm_overlap=plan.flags.tp_comm_overlap, **_first_last(layout.layers),
     )  # fmt: skip
     draft = Draft(config=config)
     if why is not None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import networkx as nx
 
 from planner.graph.lower import decoder_layer_kind, lower
 from planner.graph.ops import EXPERT_PARALLEL_DIMS, TENSOR_PARALLEL_DIMS, Op, OpKind, Tensor
+from planner.spec import ModelSpec, TrainingSpec
 
 __all__ = [
     "EXPERT_PARALLEL_DIMS",
@@ -58,6 +60,16 @@ def index_layers(graph: nx.DiGraph) -> LayerIndex:
         {layer: tuple(v) for layer, v in ops.items()},
         {kind: tuple(v) for kind, v in kinds.items()},
     )
+
+
+@lru_cache(maxsize=64)
+def lowered(
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int
+) -> tuple[nx.DiGraph, LayerIndex]:
+    """The operator graph and its layer index, computed once per input: the estimator and the
+    search ask for the same model again and again. Callers must not modify the graph."""
+    graph = lower(model, training, micro_batch_size=micro_batch_size)
+    return graph, index_layers(graph)
 
 
 def parameter_count(graph: nx.DiGraph) -> ParameterCount:

@@ -53,6 +53,28 @@ class LogicalMesh:
         d0, d1 = self.shape
         return cost.CommGroup(d1, 1) if axis == 1 else cost.CommGroup(d0, d1)
 
+    def replica_group(self, axes: tuple[int, ...], replicas: int = 1) -> cost.CommGroup | None:
+        """The ranks holding the same shard of a weight replicated along ``axes`` and over
+        ``replicas`` copies of the mesh placed side by side (None: a single copy).
+
+        The copies' ranks are ``num_devices`` apart, so a group along axis 1 and the copies
+        together is a contiguous run only when the mesh is one node row; otherwise it is
+        priced as one, which keeps its node count and in-node size right.
+
+        >>> LogicalMesh((2, 8)).replica_group((0,), replicas=4)
+        CommGroup(size=8, stride=8)
+        >>> LogicalMesh((1, 8)).replica_group((), replicas=4)
+        CommGroup(size=4, stride=8)
+        """
+        size = replicas
+        for axis in axes:
+            size *= self.size(axis)
+        if size <= 1:
+            return None
+        if not axes:
+            return cost.CommGroup(replicas, self.num_devices)
+        return cost.CommGroup(size, self.shape[1] if axes == (0,) else 1)
+
 
 def degrees(layout: Layout, mesh: LogicalMesh) -> dict[str, int]:
     """How many ways each dim is split under ``layout``.

@@ -16,7 +16,7 @@ shards their optimizer state, gradients and weights along the same axes.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner import cost
 from planner.graph.layout import Layout, LogicalMesh, canonical, degrees, tensor_degrees
@@ -35,6 +35,8 @@ class StrategyContext:
     flash_attention: bool = True
     num_microbatches: int = 1
     """Microbatches per step: once-per-step gradient sync is shared among them."""
+    replicas: int = 1
+    """Data-parallel copies of the whole pipeline: every weight is replicated over them too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,9 @@ class Strategy:
     expert all-to-all)."""
     attention_forward_s: float
     """What selective recomputation reruns."""
+    weights: tuple[tuple[float, tuple[int, ...]], ...]
+    """Local parameters and the mesh axes holding copies of them (their gradients summed),
+    per weight (followers folded into the op add theirs)."""
     state_bytes: tuple[float, float, float, float]
     """Weights, gradients and optimizer state per device under ZeRO 0..3."""
     sync_s: tuple[float, float, float, float]
@@ -185,26 +190,28 @@ def _other(pair: tuple[str | None, str | None], axis: int) -> Layout:
     return (keep, "R") if axis == 1 else ("R", keep)
 
 
-def _weight_states(
-    op: Op, pair: tuple[str | None, str | None], mesh: LogicalMesh, ctx: StrategyContext
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """State bytes and per-microbatch sync seconds under ZeRO 0..3."""
+def weight_copies(
+    op: Op, pair: tuple[str | None, str | None], mesh: LogicalMesh
+) -> tuple[float, tuple[int, ...]]:
+    """The local parameters of ``op`` under ``pair`` and the mesh axes holding copies of them
+    (axes that split work the weight does not see: their gradients differ and are summed)."""
     if op.params == 0 or op.tied_to is not None:
-        return (0.0,) * 4, (0.0,) * 4
+        return 0.0, ()
     weight_dims = {canonical(n) for n, _ in op.weight.dims} if op.weight else set()
     split = degrees((pair[0] or "R", pair[1] or "R"), mesh)
     params = op.local_params({n: split.get(canonical(n), 1) for n, _ in
                               (op.weight.dims if op.weight else ())})  # fmt: skip
-    # Axes that split work the weight does not see hold copies with different gradients.
-    copies = [a for a, d in enumerate(pair) if d is not None and d not in weight_dims]
-    shards = 1
-    for axis in copies:
-        shards *= mesh.size(axis)
-    group = None
-    if len(copies) == 2:
-        group = cost.CommGroup(mesh.num_devices, 1)
-    elif copies:
-        group = mesh.group(copies[0])
+    return params, tuple(a for a, d in enumerate(pair) if d is not None and d not in weight_dims)
+
+
+def _weight_states(
+    params: float, copies: tuple[int, ...], mesh: LogicalMesh, ctx: StrategyContext
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """State bytes and per-microbatch sync seconds under ZeRO 0..3."""
+    if params == 0:
+        return (0.0,) * 4, (0.0,) * 4
+    group = mesh.replica_group(copies, ctx.replicas)
+    shards = group.size if group is not None else 1
     sync = tuple(
         cost.data_parallel_sync(ctx.cluster, group, params=params, precision=ctx.precision,
                                 zero=z).per_microbatch_s(ctx.num_microbatches)
@@ -232,12 +239,45 @@ def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strat
     ...     "network": [{"name": "l", "domain_devices": 2, "bandwidth_gb_s": 1,
     ...                  "latency_us": 1}]})
     >>> [s.name for s in op_strategies(up, LogicalMesh((1, 2)), StrategyContext(c, "bf16"))]
-    ['R,R', 'R,seq', 'R,hidden', 'R,ffn']
+    ['R,R', 'R,seq', 'R,hidden', 'R,ffn', 'R,ffn+kept-seq@1']
     """
     strategies = []
     for pair in _assignments(op, mesh):
-        strategies.append(_price(op, pair, mesh, ctx))
+        strategy = _price(op, pair, mesh, ctx)
+        strategies.append(strategy)
+        strategies += _kept_sharded(op, pair, strategy, mesh, ctx)
     return strategies
+
+
+def _kept_sharded(
+    op: Op, pair: tuple[str | None, str | None], strategy: Strategy, mesh: LogicalMesh,
+    ctx: StrategyContext,
+) -> list[Strategy]:  # fmt: skip
+    """Megatron's sequence-parallel trick for a tensor-parallel matmul: the input, replicated
+    along the axis that splits the weight, is kept for backward only as this rank's slice of
+    the sequence and all-gathered again in backward (Korthikanti et al., Sec. 4.2.2). One
+    variant per such axis: less memory for one more all-gather."""
+    if op.kind != "linear" or not op.saved or op.saved[0] is not op.inputs[0]:
+        return []
+    x = op.inputs[0]
+    weight_dims = {canonical(n) for n, _ in op.weight.dims} if op.weight else set()
+    seq = dict(x.dims).get("seq")
+    out = []
+    for axis, dim in enumerate(pair):
+        if dim not in weight_dims or strategy.inputs[0][axis] != "R" or seq is None:
+            continue
+        if "seq" in pair or not op.splittable("seq", seq, mesh.size(axis)):
+            continue
+        other = _other(pair, axis)
+        held = cost.sharded_bytes(x, tensor_degrees(x, other, mesh))
+        saved = held * (1 - 1 / mesh.size(axis))
+        regather = cost.collective_time_s(ctx.cluster, "all_gather", held, mesh.group(axis))
+        out.append(replace(
+            strategy, name=f"{strategy.name}+kept-seq@{axis}",
+            comm_s=strategy.comm_s + regather, kept_bytes=strategy.kept_bytes - saved,
+            kept_selective_bytes=strategy.kept_selective_bytes - saved,
+        ))  # fmt: skip
+    return out
 
 
 def _price(
@@ -259,7 +299,8 @@ def _price(
     times = cost.op_time(op, ctx.cluster.device, ctx.precision, activation_degrees=activation,
                          weight_degrees=weight, compute_degree=work, gemm_calls=calls,
                          flash_attention=ctx.flash_attention)  # fmt: skip
-    states, sync = _weight_states(op, pair, mesh, ctx)
+    params, copies = weight_copies(op, pair, mesh)
+    states, sync = _weight_states(params, copies, mesh, ctx)
     kept = cost.saved_activation_bytes(
         op, lambda t: tensor_degrees(t, _as_layout(pair), mesh), recompute="none",
         flash_attention=ctx.flash_attention,
@@ -282,6 +323,7 @@ def _price(
         backward_s=times.backward_s,
         comm_s=_own_collectives(op, pair, mesh, ctx, times.forward_s),
         attention_forward_s=times.forward_s if op.kind == "attention" else 0.0,
+        weights=((params, copies),) if params else (),
         state_bytes=states,  # type: ignore[arg-type]
         sync_s=sync,  # type: ignore[arg-type]
         kept_bytes=kept,

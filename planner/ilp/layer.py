@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from planner.errors import InputError
 from planner.graph.layout import Layout, LogicalMesh, Transfer, reshard
@@ -23,8 +24,9 @@ from planner.ilp.formulation import (
     memory_kib,
     strategy_var,
 )
+from planner.ilp.parts import LayerParts, layer_parts
 from planner.ilp.problem import KIB, NS, LayerQuery, Node, input_index, layer_problem
-from planner.spec import ClusterSpec, ModelSpec, Precision
+from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,8 @@ class LayerSolution:
     min_memory_bytes: float | None
     """When infeasible: the least memory any choice in the space needs."""
     report: SolverReport
+    parts: LayerParts | None = None
+    """The chosen sharding's costs by part (None when infeasible)."""
 
     def strategy(self, op_suffix: str) -> str:
         """The strategy of the node whose op name ends with ``op_suffix``."""
@@ -150,10 +154,11 @@ def solve_layer(
     *,
     options: SolverOptions = SolverOptions(),
     cache: SolutionCache | None = None,
+    explain_infeasible: bool = True,
 ) -> LayerSolution:
     """The cheapest sharding of one layer of ``query.kind`` on ``query.mesh`` that fits the
     budget, with the solver's report; infeasible budgets come back with the least memory any
-    choice needs.
+    choice needs (a second solve, skipped without ``explain_infeasible``).
     """
     key = SolutionCache.key(model, cluster, query, options.backend) if cache else ""
     if cache is not None and key in cache.entries:
@@ -163,9 +168,13 @@ def solve_layer(
     result = solve_milp(build_layer_milp(problem), backend=options.backend,
                         time_limit_s=options.time_limit_s)  # fmt: skip
     if result.report.status in ("infeasible", "timed_out"):
-        least = solve_milp(build_layer_milp(problem, minimise_memory=True),
-                           backend=options.backend, time_limit_s=options.time_limit_s)  # fmt: skip
-        min_memory = least.report.objective * KIB if least.report.objective is not None else None
+        min_memory = None
+        if explain_infeasible:
+            least = solve_milp(build_layer_milp(problem, minimise_memory=True),
+                               backend=options.backend,
+                               time_limit_s=options.time_limit_s)  # fmt: skip
+            if least.report.objective is not None:
+                min_memory = least.report.objective * KIB
         solution = LayerSolution(query.kind, query.mesh, (), (), None, None, None, None,
                                  min_memory, result.report)  # fmt: skip
     else:
@@ -174,6 +183,84 @@ def solve_layer(
     if cache is not None:
         cache.entries[key] = solution
     return solution
+
+
+@dataclass(frozen=True, slots=True)
+class Frontier:
+    """Solutions along a layer's time-memory frontier, fastest first, and the solves taken."""
+
+    solutions: tuple[LayerSolution, ...]
+    solves: int
+
+
+def solve_frontier(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    query: LayerQuery,
+    *,
+    steps: int,
+    shrink: float = 0.5,
+    options: SolverOptions = SolverOptions(),
+) -> Frontier:
+    """Shardings along the layer's time-memory frontier: the fastest (within
+    ``query``'s budget, if any), then the fastest within ``shrink`` times the previous one's
+    memory, and so on for up to ``steps`` steps or until nothing fits (the epsilon-constraint
+    method).
+    Each comes also in its sequence-parallel storage form when it has one (tensor-parallel
+    matmuls keeping their input's sequence slice, as Megatron does), a point between two
+    steps that Megatron users rely on. The problem is built once; only its budget changes.
+    """
+    problem, nodes, mesh = layer_problem(model, cluster, query)
+    found: list[LayerSolution] = []
+    budget = problem.budget_kib
+    solves = 0
+    for _ in range(steps + 1):
+        solves += 1
+        step = replace(problem, budget_kib=budget)
+        result = solve_milp(build_layer_milp(step), backend=options.backend,
+                            time_limit_s=options.time_limit_s)  # fmt: skip
+        if result.report.status in ("infeasible", "timed_out"):
+            break
+        asked = replace(query, memory_budget_gib=None if budget is None else budget * KIB / GIB)
+        solution = read_solution(step, nodes, mesh, cluster, result.values, result.report, asked)
+        found.append(solution)
+        stored = _sequence_parallel_storage(step, nodes, result.values)
+        if stored is not None:
+            found.append(read_solution(step, nodes, mesh, cluster, stored, result.report, asked))
+        assert solution.memory_bytes is not None  # a feasible solution has a memory
+        budget = math.floor(solution.memory_bytes * shrink / KIB)
+        if budget <= 0:
+            break
+    return Frontier(tuple(found), solves)
+
+
+def _sequence_parallel_storage(
+    problem: LayerProblem, nodes: Sequence[Node], values: dict[str, int]
+) -> dict[str, int] | None:
+    """The solution ``values`` with every node that can keep its input's sequence slice doing
+    so (the ``+kept-seq`` variants of :mod:`planner.graph.strategies`), or None if none can."""
+    chosen = [next(i for i in range(len(n.strategies)) if values[strategy_var(v, i)])
+              for v, n in enumerate(problem.nodes)]  # fmt: skip
+    changed = list(chosen)
+    for v, node in enumerate(nodes):
+        names = [s.name for s in node.strategies]
+        variant = next((k for k, name in enumerate(names)
+                        if name.startswith(names[chosen[v]] + "+kept-seq@")), None)  # fmt: skip
+        if variant is not None:
+            changed[v] = variant
+    if changed == chosen:
+        return None
+    out = {k: val for k, val in values.items() if k.startswith(("recompute_", "zero_"))}
+    for v, node in enumerate(problem.nodes):
+        for i in range(len(node.strategies)):
+            out[strategy_var(v, i)] = int(i == changed[v])
+    index = {node.name: v for v, node in enumerate(problem.nodes)}
+    for k, edge in enumerate(problem.edges):
+        for i in range(len(edge.cost_ns)):
+            for j in range(len(edge.cost_ns[0])):
+                out[edge_var(k, i, j)] = int((i, j) == (changed[index[edge.src]],
+                                                        changed[index[edge.dst]]))  # fmt: skip
+    return out
 
 
 def read_solution(
@@ -218,7 +305,7 @@ def read_solution(
         resharding=tuple(resharding), recompute=recompute, zero=zero,
         time_s=evaluate_ns(problem, chosen, recompute, zero) / NS,
         memory_bytes=memory_kib(problem, chosen, recompute, zero) * KIB,
-        min_memory_bytes=None, report=report,
+        min_memory_bytes=None, report=report, parts=layer_parts(problem, nodes, chosen),
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from planner.graph import index_layers, lower
+from planner.graph import lowered
 from planner.graph.layout import Layout, LogicalMesh, canonical, reshard, transfer_time_s
 from planner.graph.ops import Op, Tensor
 from planner.graph.strategies import Strategy, StrategyContext, follow, op_strategies
@@ -39,6 +39,8 @@ class LayerQuery:
     flash_attention: bool = True
     recompute: tuple[str, ...] = RECOMPUTE_MODES
     zero: tuple[int, ...] = (0, 1, 2, 3)
+    replicas: int = 1
+    """Data-parallel copies of the pipeline the layer's stage is part of."""
 
 
 
@@ -74,6 +76,7 @@ def _merge(a: Strategy, b: Strategy) -> Strategy:
         forward_s=a.forward_s + b.forward_s,
         backward_s=a.backward_s + b.backward_s,
         comm_s=a.comm_s + b.comm_s,
+        weights=a.weights + b.weights,
         state_bytes=tuple(x + y for x, y in zip(a.state_bytes, b.state_bytes, strict=True)),
         sync_s=tuple(x + y for x, y in zip(a.sync_s, b.sync_s, strict=True)),
         kept_bytes=a.kept_bytes + b.kept_bytes,
@@ -182,15 +185,14 @@ def layer_problem(
     it was built from."""
     training = TrainingSpec(seq_length=query.seq_length, global_batch_size=1,
                             precision=query.precision)  # fmt: skip
-    graph = lower(model, training, micro_batch_size=query.micro_batch_size)
-    index = index_layers(graph)
+    graph, index = lowered(model, training, query.micro_batch_size)
     layer = index.layers_by_kind[query.kind][0]
     ops = index.ops_by_layer[layer]
     names = {op.name for op in ops}
     producers = {op.name: [p for p in graph.predecessors(op.name) if p in names] for op in ops}
     mesh = LogicalMesh(query.mesh)
     ctx = StrategyContext(cluster, query.precision, query.flash_attention,
-                          query.num_microbatches)  # fmt: skip
+                          query.num_microbatches, query.replicas)  # fmt: skip
     nodes = layer_nodes(ops, producers, mesh, ctx)
     owner = {op.name: v for v, node in enumerate(nodes) for op in node.ops}
     pairs: list[tuple[int, int]] = []

@@ -6,6 +6,7 @@ from planner.report.tables import (
     estimate_tables,
     info_tables,
     layer_tables,
+    plan_tables,
     validation_tables,
 )
 
@@ -14,5 +15,6 @@ __all__ = [
     "estimate_tables",
     "info_tables",
     "layer_tables",
+    "plan_tables",
     "validation_tables",
 ]

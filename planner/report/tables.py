@@ -1,4 +1,4 @@
-"""Rich tables of estimates, model info and validation runs."""
+"""Rich tables of plans, estimates, model info and validation runs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from rich import box
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -15,6 +16,7 @@ from planner.calibration import CalibrationFit, ValidationRow, describe
 from planner.config import ParallelConfig
 from planner.estimate import Estimate
 from planner.ilp import LayerSolution
+from planner.plan import Plan, PlanStage
 from planner.spec import ClusterSpec, ModelSpec
 
 
@@ -135,3 +137,61 @@ def layer_tables(solution: LayerSolution) -> list[RenderableType]:
             edges.add_row(e.src, e.dst, " ".join(e.forward), " ".join(e.backward),
                           f"{1e3 * e.seconds:.3f}")  # fmt: skip
     return [head, ops, edges]
+
+
+def plan_tables(plan: Plan) -> list[RenderableType]:
+    """A plan: its one-line summary and predictions, a row per stage (runs of identical
+    middle stages folded into one row), and how it was found."""
+    p = plan.predicted
+    head = Text.assemble(
+        (plan.summary(), "bold"),
+        f"\n{plan.model.name} on {plan.cluster.num_nodes * plan.cluster.devices_per_node} x "
+        f"{plan.cluster.device}, global batch {plan.global_batch_size} x {plan.seq_length} "
+        f"tokens, {plan.num_microbatches} microbatches of {plan.micro_batch_size}\n",
+        (f"step {p.step_time_s:.3f} s", "bold"),
+        f" | {p.tokens_per_s:,.0f} tokens/s | model {p.model_tflops_per_gpu:.1f} TFLOP/s/GPU "
+        f"(hardware {p.hardware_tflops_per_gpu:.1f}) | MFU {100 * p.mfu:.1f} % | peak memory "
+        f"{p.peak_memory_gib:.1f} GiB | bubble {100 * p.bubble_fraction:.1f} %",
+    )  # fmt: skip
+    # a light box: eleven columns should fit a 100-column terminal
+    table = Table(title="stages: ms per microbatch, GiB per device", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)  # fmt: skip
+    for col, justify in (("stage", "right"), ("layers", "right"), ("devices", "right"),
+                         ("TP/DP/CP/EP", "right"), ("SP", "left"), ("ZeRO", "right"),
+                         ("recompute", "left"), ("compute", "right"), ("comm", "right"),
+                         ("pipeline", "right"), ("memory", "right")):  # fmt: skip
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for first, last, cells in _stage_runs(plan.stages):
+        stage = str(first.index) if first is last else f"{first.index}-{last.index}"
+        layers = f"{first.layers[0]}-{last.layers[1]}"
+        if first is not last:
+            layers += f" ({first.num_layers} each)"
+        table.add_row(stage, layers, *cells)
+    s = plan.solver
+    gap = f", gap {100 * s.gap:.2g} %" if s.gap else ""
+    ilps = f", {s.ilp_count} ILPs, {s.cache_hits} reuses" if s.ilp_count else ""
+    solver = Text(f"solver: {plan.method}, {s.time_s:.2f} s, {s.status}{gap}{ilps}", style="dim")
+    return [head, table, solver]
+
+
+def _stage_cells(stage: PlanStage) -> tuple[str, ...]:
+    """A stage's row, without its index and layers."""
+    q, t = stage.parallel, stage.time_s
+    return (f"{stage.num_devices} ({stage.mesh[0]}x{stage.mesh[1]})",
+            f"{q.tp}/{q.dp}/{q.cp}/{q.ep}", "on" if q.sp else "-", str(q.zero_stage),
+            q.recompute, f"{1e3 * t.compute:.1f}", f"{1e3 * t.communication:.1f}",
+            f"{1e3 * t.pipeline:.1f}", f"{stage.memory_gib.total:.1f}")  # fmt: skip
+
+
+def _stage_runs(
+    stages: Sequence[PlanStage],
+) -> list[tuple[PlanStage, PlanStage, tuple[str, ...]]]:
+    """Consecutive stages that print alike and hold as many layers, as (first, last, row)."""
+    runs: list[tuple[PlanStage, PlanStage, tuple[str, ...]]] = []
+    for stage in stages:
+        cells = _stage_cells(stage)
+        if runs and runs[-1][2] == cells and runs[-1][0].num_layers == stage.num_layers:
+            runs[-1] = (runs[-1][0], stage, cells)
+        else:
+            runs.append((stage, stage, cells))
+    return runs

@@ -1,0 +1,206 @@
+"""A found pipeline (a split of the layers, each stage's choice, a placement) priced by the one
+step composer (:func:`planner.step.compose_step`) and written as a :class:`~planner.plan.Plan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner import cost
+from planner.graph.layout import LogicalMesh
+from planner.ilp.layer import LayerSolution
+from planner.layer_cost import LayerCost
+from planner.pipeline.options import LayerOption, StageChoice
+from planner.placement import PipelinePlacement
+from planner.plan import MemoryBreakdown, PlanStage, Predicted, StageParallel, StageTime
+from planner.spec import GIB, ModelSpec, TrainingSpec
+from planner.step import PipelineKnobs, StageCost, StepCost, TiedCopy, Weights, compose_step
+
+
+@dataclass(frozen=True, slots=True)
+class FoundStage:
+    """One stage of a found pipeline: layers ``first..last`` (1-based) and its choice."""
+
+    first: int
+    last: int
+    choice: StageChoice
+
+
+def option_cost(option: LayerOption, count: int) -> LayerCost:
+    """``count`` layers of one option as the composer's per-microbatch cost."""
+    p = option.parts
+    k = p.mode(option.recompute)
+    one = LayerCost(
+        forward_s=p.forward_s, backward_s=p.backward_s, recompute_s=p.rerun_s[k],
+        tp_comm_s=p.tp_comm_s, cp_comm_s=p.cp_comm_s, ep_comm_s=p.ep_comm_s,
+        activation_bytes=p.kept_bytes[k], working_bytes=p.working_bytes[k],
+        recompute_flops=p.rerun_flops[k],
+    )  # fmt: skip
+    return one.scaled(count)
+
+
+def stage_cost(
+    stage: FoundStage,
+    kinds: Sequence[str],
+    placement: PipelinePlacement,
+    *,
+    is_first: bool,
+    is_last: bool,
+    pipeline_comm_s: float,
+) -> StageCost:
+    """The composer's view of one stage: its layers' costs and its weights by group."""
+    counts: dict[str, int] = {}
+    for kind in kinds[stage.first - 1 : stage.last]:
+        counts[kind] = counts.get(kind, 0) + 1
+    if is_first and "embedding" in stage.choice.options:
+        counts["embedding"] = 1
+    if is_last and "head" in stage.choice.options:
+        counts["head"] = 1
+    total = LayerCost.zero()
+    params: dict[tuple[int, ...], float] = {}
+    for kind, count in counts.items():
+        option = stage.choice.options[kind]
+        total = total + option_cost(option, count)
+        for axes, n in option.parts.weight_groups():
+            params[axes] = params.get(axes, 0.0) + n * count
+    weights = tuple(Weights(n, placement.weight_group(axes)) for axes, n in sorted(params.items()))
+    return StageCost(total.with_pipeline_comm(pipeline_comm_s), weights, stage.choice.zero)
+
+
+def tied_copy(model: ModelSpec, stages: Sequence[FoundStage],
+              placement: PipelinePlacement) -> TiedCopy | None:  # fmt: skip
+    """The last stage's copy of tied word embeddings, sharded as the first stage's embedding."""
+    embedding = stages[0].choice.options.get("embedding")
+    if not model.tie_word_embeddings or len(stages) == 1 or embedding is None:
+        return None
+    groups = embedding.parts.weight_groups()
+    if not groups:
+        return None
+    axes, _ = max(groups, key=lambda g: g[1])
+    split = placement.mesh.num_devices // max(1, _copies(placement.mesh, axes))
+    return TiedCopy(params=model.vocab_size * model.hidden_size / split,
+                    data_parallel=placement.weight_group(axes),
+                    sync_group=placement.neighbour_group())  # fmt: skip
+
+
+def _copies(mesh: LogicalMesh, axes: tuple[int, ...]) -> int:
+    n = 1
+    for axis in axes:
+        n *= mesh.size(axis)
+    return n
+
+
+def compose(
+    stages: Sequence[FoundStage],
+    kinds: Sequence[str],
+    model: ModelSpec,
+    cluster: cost.ClusterSpec,
+    knobs: PipelineKnobs,
+    placement: PipelinePlacement,
+    pipeline_comm_s: float,
+) -> StepCost:
+    """The step of the found pipeline under ``placement``."""
+    p = len(stages)
+    costs = [
+        stage_cost(s, kinds, placement, is_first=i == 0, is_last=i == p - 1,
+                   pipeline_comm_s=pipeline_comm_s if p > 1 else 0.0)
+        for i, s in enumerate(stages)
+    ]  # fmt: skip
+    return compose_step(cluster, knobs, costs, tied=tied_copy(model, stages, placement))
+
+
+def summarise(solution: LayerSolution, mesh: tuple[int, int]) -> dict[str, int | bool]:
+    """A transformer layer's sharding in the degrees a user sets: tensor parallel = the mesh
+    axes splitting attention heads, context = splitting its sequence, data = its batch,
+    expert = the experts; sequence parallel when the norms split the sequence along a
+    tensor-parallel axis."""
+    degrees = {"tp": 1, "cp": 1, "dp": 1, "ep": 1}
+    sp = False
+    by_op = {c.op.split(".", 1)[-1]: c for c in solution.choices}
+    attention = next((c for name, c in by_op.items() if name == "attention"), None)
+    tp_axes: set[int] = set()
+    if attention is not None:
+        for axis, dim in enumerate(attention.strategy.split(",")):
+            key = {"heads": "tp", "seq": "cp", "batch": "dp"}.get(dim)
+            if key is not None:
+                degrees[key] *= mesh[axis]
+                tp_axes |= {axis} if key == "tp" else set()
+    for name, choice in by_op.items():
+        dims = choice.strategy.split(",")
+        if name == "input_norm":
+            sp = any(dims[axis] == "seq" for axis in tp_axes)
+        if name == "dispatch":
+            for axis, dim in enumerate(dims):
+                degrees["ep"] *= mesh[axis] if dim == "experts" else 1
+    return {**degrees, "sp": sp}
+
+
+def plan_stages(
+    stages: Sequence[FoundStage],
+    kinds: Sequence[str],
+    placement: PipelinePlacement,
+    step: StepCost,
+) -> tuple[PlanStage, ...]:
+    """The plan's stages: layers, mesh, ranks, the sharding summarised, memory and time."""
+    mesh = placement.mesh.shape
+    out = []
+    for i, s in enumerate(stages):
+        held = set(kinds[s.first - 1 : s.last])
+        if i == 0:
+            held.add("embedding")
+        if i == len(stages) - 1:
+            held.add("head")
+        options = {k: o for k, o in s.choice.options.items() if k in held}
+        main = options.get("moe") or options["dense"]
+        summary = summarise(main.solution, mesh)
+        shardings = {
+            f"{option.kind}.{c.op.split('.', 1)[-1]}": c.strategy
+            for option in options.values() for c in option.solution.choices
+        }  # fmt: skip
+        compute, comm, pipe = step.stage_time_s[i]
+        out.append(PlanStage(
+            index=i, layers=(s.first, s.last), num_devices=placement.mesh.num_devices,
+            mesh=mesh, ranks=placement.stage_ranks(i),
+            parallel=StageParallel(tp=int(summary["tp"]), dp=int(summary["dp"]),
+                                   cp=int(summary["cp"]), ep=int(summary["ep"]),
+                                   sp=bool(summary["sp"]), zero_stage=s.choice.zero,
+                                   recompute=s.choice.recompute),  # type: ignore[arg-type]
+            op_shardings=dict(sorted(shardings.items())),
+            memory_gib=MemoryBreakdown.from_bytes(step.stage_memory_bytes[i]),
+            time_s=StageTime(compute=compute, communication=comm, pipeline=pipe),
+        ))  # fmt: skip
+    return tuple(out)
+
+
+def predicted(
+    step: StepCost,
+    stages: Sequence[FoundStage],
+    kinds: Sequence[str],
+    *,
+    cluster: cost.ClusterSpec,
+    training: TrainingSpec,
+    model_flops_per_sequence: float,
+    micro_batch_size: int,
+) -> Predicted:
+    """The plan's headline numbers: model FLOPs are 3 x the forward's (Narayanan et al.),
+    hardware FLOPs add what recomputation reruns; ``micro_batch_size`` is the pipeline's."""
+    gbs = training.global_batch_size
+    model_flops = 3 * model_flops_per_sequence * gbs
+    rerun = 0.0
+    for s in stages:
+        for kind in kinds[s.first - 1 : s.last]:
+            option = s.choice.options[kind]
+            rerun += option.parts.rerun_flops[option.parts.mode(option.recompute)]
+    hardware_flops = model_flops + rerun * gbs / micro_batch_size
+    per_gpu_s = step.step_s * cluster.num_devices
+    model_tflops = model_flops / per_gpu_s / 1e12
+    return Predicted(
+        step_time_s=step.step_s,
+        tokens_per_s=gbs * training.seq_length / step.step_s,
+        model_tflops_per_gpu=model_tflops,
+        hardware_tflops_per_gpu=hardware_flops / per_gpu_s / 1e12,
+        mfu=model_tflops * 1e12 / cluster.device.peak_flops_per_s(training.precision),
+        peak_memory_gib=sum(step.peak_memory_bytes) / GIB,
+        bubble_fraction=step.bubble_fraction,
+    )

@@ -1,0 +1,196 @@
+"""Consecutive layers into ``p`` pipeline stages on equal submeshes, vectorised.
+
+Alpa's inter-operator dynamic program (Zheng et al., OSDI'22, Sec. 5.2) with the submesh
+dimension dropped: every stage runs on the same submesh, so only the cut points are chosen. For
+a bound ``t_max`` on any stage's latency, ``S(t_max)`` is the least ``sum_i t_i`` with every
+``t_i <= t_max``; the step for ``B`` microbatches is ``sum_i t_i + (B - 1) max_i t_i`` (Alpa,
+Eq. 2), so the bounds are scanned upward from the smallest feasible one until
+``S(inf) + (B - 1) t_max`` alone reaches the best step (Alpa's early stop). As only the first
+bound of each plateau of ``S`` can win, the scan bisects from one plateau to the next. The
+general case, a submesh per stage, is :func:`planner.pipeline.stages.partition`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.errors import InfeasibleError, InputError
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The cut points that minimise the step latency, and what they cost."""
+
+    bounds: tuple[int, ...]
+    """``0 = c_0 < ... < c_p = L``; stage ``i`` holds layers ``c_i .. c_{i+1} - 1``."""
+    latencies_s: tuple[float, ...]
+    """Per-microbatch latency of each stage, first stage first."""
+    step_s: float
+    """``sum(latencies_s) + (B - 1) * max(latencies_s)``."""
+    bounds_tried: int
+    """Bounds ``t_max`` the dynamic program ran for, ``inf`` and the binary searches included."""
+
+
+def split_layers(
+    latency: np.ndarray, num_microbatches: int, *, max_bounds: int | None = None
+) -> Split:
+    """The cut of ``L`` layers into ``p`` stages with the least step latency
+    ``sum_i t_i + (B - 1) max_i t_i``.
+
+    ``latency[i, a, b]`` is stage ``i``'s per-microbatch latency holding layers ``a .. b - 1``,
+    shape ``(p, L + 1, L + 1)``, ``np.inf`` where ``a >= b`` or the stage does not fit in memory.
+    Every stage holds at least one layer. With ``max_bounds``, the upward scan evaluates at most
+    that many bounds, spread evenly over those that could still win; the result is then not
+    guaranteed optimal. ``None`` finds the optimum.
+
+    Raises :class:`~planner.errors.InfeasibleError` when no cut fits in memory and
+    :class:`~planner.errors.InputError` on a malformed ``latency`` or argument.
+
+    Four layers of 1 s each, two stages, 4 microbatches: two layers a stage, 4 + 3 x 2 = 10 s.
+    An embedding worth 2 s on the first stage moves a layer to the second (6 + 3 x 3 = 15 s
+    rather than 6 + 3 x 4):
+
+    >>> a, b = np.indices((5, 5))
+    >>> per_stage = np.where(a < b, b - a, np.inf)
+    >>> split = split_layers(np.stack([per_stage, per_stage]), 4)
+    >>> split.bounds, split.latencies_s, split.step_s
+    ((0, 2, 4), (2.0, 2.0), 10.0)
+    >>> split = split_layers(np.stack([per_stage + 2, per_stage]), 4)
+    >>> split.bounds, split.latencies_s, split.step_s
+    ((0, 1, 4), (3.0, 3.0), 15.0)
+    """
+    costs = _checked(latency, num_microbatches, max_bounds)
+    band = _band(costs)
+    s_min, unbounded = _least_sum(band, np.inf)
+    if unbounded is None:
+        never = [i for i in range(band.shape[0]) if not np.isfinite(band[i]).any()]
+        raise InfeasibleError(
+            f"no cut of {costs.shape[1] - 1} layers into {costs.shape[0]} stages fits in memory"
+            + (f"; stages {never} fit no layer range they could hold" if never else "")
+        )
+    if num_microbatches == 1:
+        # One microbatch: the step is the sum alone, least with no bound at all.
+        return dataclasses.replace(_split(costs, unbounded, num_microbatches), bounds_tried=1)
+
+    candidates = np.unique(band[np.isfinite(band)])
+    # Alpa's early stop: no bound whose S(inf) + (B - 1) t_max reaches the best step can win.
+    floor_s = s_min + (num_microbatches - 1) * candidates
+    k, total, cuts, tried = _first_below(band, candidates, low=-1, high=len(candidates) - 1)
+    best = _split(costs, cuts, num_microbatches)
+    if max_bounds is not None:
+        last = int(np.searchsorted(floor_s, best.step_s)) - 1
+        spread = np.unique(np.linspace(k, max(k, last), max_bounds).round().astype(np.intp))
+        for j in spread[spread > k]:
+            if floor_s[j] >= best.step_s:
+                break
+            _, cuts = _least_sum(band, float(candidates[j]))
+            tried += 1
+            best = min(best, _split(costs, cuts, num_microbatches), key=lambda s: s.step_s)
+        return dataclasses.replace(best, bounds_tried=1 + tried)
+    # Only the first bound of each plateau of S can win: a later bound in it finds the same sum
+    # with a max of at least the plateau's first bound, or S would have reached that sum below
+    # it. S(inf) is the last plateau; the limit is Alpa's early stop.
+    while total > s_min:
+        limit = int(np.searchsorted(floor_s, best.step_s)) - 1
+        if limit <= k:
+            break
+        at_limit = _least_sum(band, float(candidates[limit]))
+        tried += 1
+        if at_limit[0] == total:
+            break  # no new plateau below the limit
+        k, total, cuts, more = _first_below(band, candidates, low=k, high=limit, bound_s=total,
+                                            at_high=at_limit)  # fmt: skip
+        tried += more
+        best = min(best, _split(costs, cuts, num_microbatches), key=lambda s: s.step_s)
+    return dataclasses.replace(best, bounds_tried=1 + tried)
+
+
+def _split(costs: np.ndarray, cuts: tuple[int, ...], num_microbatches: int) -> Split:
+    """The split at ``cuts`` with its stages' own latencies, not the bound they were found at."""
+    latencies = tuple(float(costs[i, a, b]) for i, (a, b) in enumerate(itertools.pairwise(cuts)))
+    step_s = sum(latencies) + (num_microbatches - 1) * max(latencies)
+    return Split(cuts, latencies, step_s, bounds_tried=0)
+
+
+def _checked(latency: np.ndarray, num_microbatches: int, max_bounds: int | None) -> np.ndarray:
+    """``latency`` as floats, once its shape, values and the arguments make sense."""
+    costs = np.asarray(latency, dtype=float)
+    if costs.ndim != 3 or costs.shape[1] != costs.shape[2] or costs.shape[1] < 2:
+        raise InputError(f"latency must have shape (p, L + 1, L + 1), L >= 1; got {costs.shape}")
+    num_stages, num_layers = costs.shape[0], costs.shape[1] - 1
+    if not 1 <= num_stages <= num_layers:
+        raise InputError(f"{num_stages} stages of at least one layer each need 1 <= p <= L, "
+                         f"but there are {num_layers} layers")  # fmt: skip
+    if num_microbatches < 1:
+        raise InputError(f"num_microbatches must be at least 1, got {num_microbatches}")
+    if max_bounds is not None and max_bounds < 1:
+        raise InputError(f"max_bounds must be at least 1 (or None for exact), got {max_bounds}")
+    bad = np.isnan(costs) | (costs < 0)
+    if bad.any():
+        where = tuple(int(x) for x in np.argwhere(bad)[0])
+        raise InputError(f"latency must be >= 0 or inf, got {costs[where]} at [i, a, b]={where}")
+    return costs
+
+
+def _band(costs: np.ndarray) -> np.ndarray:
+    """``band[i, r, c] = costs[i, i + r, i + 1 + c]`` (``inf`` unless ``r <= c``) for ``r, c <=
+    L - p``: the ranges stage ``i`` can hold with a layer left for every other stage. The
+    dynamic program then runs on ``(L - p + 1)^2`` entries a stage; ``c`` is the next ``r``."""
+    num_stages, width = costs.shape[0], costs.shape[1] - costs.shape[0]
+    stage = np.arange(num_stages)[:, None, None]
+    r, c = np.arange(width)[None, :, None], np.arange(width)[None, None, :]
+    return np.where(r <= c, costs[stage, stage + r, stage + 1 + c], np.inf)
+
+
+def _least_sum(band: np.ndarray, t_max: float) -> tuple[float, tuple[int, ...] | None]:
+    """``S(t_max)`` and its cut points, or ``(inf, None)`` if no cut keeps every stage within.
+    ``rest[r]``, Alpa's ``F``: the least sum of the stages after the current one, the next
+    starting at row ``r``; built from the last stage back."""
+    num_stages, width, _ = band.shape
+    allowed = np.where(band <= t_max, band, np.inf)
+    rest = np.full(width, np.inf)
+    rest[-1] = 0.0  # past the last stage: all L layers placed
+    choice = np.empty((num_stages, width), dtype=np.intp)
+    rows = np.arange(width)
+    for i in range(num_stages - 1, -1, -1):
+        total = allowed[i] + rest[None, :]
+        choice[i] = total.argmin(axis=1)
+        rest = total[rows, choice[i]]
+    if not np.isfinite(rest[0]):
+        return float("inf"), None
+    cuts, r = [0], 0
+    for i in range(num_stages):
+        r = int(choice[i, r])
+        cuts.append(i + 1 + r)
+    return float(rest[0]), tuple(cuts)
+
+
+Found = tuple[int, float, tuple[int, ...], int]  # index, its S and cuts, bounds run
+
+
+def _first_below(
+    band: np.ndarray, candidates: np.ndarray, *, low: int, high: int,
+    bound_s: float = np.inf, at_high: tuple[float, tuple[int, ...] | None] | None = None,
+) -> Found:  # fmt: skip
+    """The first index in ``(low, high]`` whose ``S`` is below ``bound_s``, by bisection: ``S``
+    never rises with the bound, and is below ``bound_s`` at ``high`` (for ``bound_s = inf``:
+    the largest candidate is feasible whenever ``S(inf)`` is, since no stage exceeds it)."""
+    tried = 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        total, cuts = _least_sum(band, float(candidates[middle]))
+        tried += 1
+        if total < bound_s:
+            high, at_high = middle, (total, cuts)
+        else:
+            low = middle
+    if at_high is None:  # `high` never bisected, so never run
+        at_high = _least_sum(band, float(candidates[high]))
+        tried += 1
+    total, cuts = at_high
+    assert cuts is not None  # S below bound_s, so finite
+    return high, total, cuts, tried

@@ -1,0 +1,114 @@
+"""``planner solve`` as a user runs it: tables by default, exactly the library's plan with
+``--json``, the plan on disk with ``--out``, the baselines by ``--method``, a launch
+configuration with ``--export``, and one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from planner.plan import Plan
+from planner.search import solve
+from planner.spec import load_cluster, load_model
+from tests.test_cli import A100, GPT3, REPO, _assert_one_line_error, _run
+
+LLAMA = "instances/models/llama3-8b.json"
+H100 = "instances/clusters/dgx-h100-80gb.json"
+ONE_NODE = ("--nodes", "1")
+
+
+@pytest.fixture(scope="module")
+def human() -> subprocess.CompletedProcess[str]:
+    """The default output, with the Megatron export under it."""
+    done = _run("solve", LLAMA, H100, *ONE_NODE, "--export", "megatron")
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, Path]:
+    """``--json --out``: the printed plan and the file."""
+    out = tmp_path_factory.mktemp("solve") / "plan.json"
+    done = _run("solve", LLAMA, H100, *ONE_NODE, "--json", "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no progress bar with --json
+    return Plan.from_json(done.stdout), out
+
+
+def _without_time(plan: Plan) -> Plan:
+    return plan.model_copy(update={"solver": plan.solver.model_copy(update={"time_s": 0.0})})
+
+
+def test_human_output_has_summary_and_stage_table(
+    human: subprocess.CompletedProcess[str], written: tuple[Plan, Path]
+) -> None:
+    """The summary line, the step time, a row per stage and the solver line."""
+    plan, _ = written
+    lines = human.stdout.splitlines()
+    assert lines[0] == plan.summary()
+    assert f"step {plan.predicted.step_time_s:.3f} s" in human.stdout
+    assert "MFU" in human.stdout and "bubble" in human.stdout
+    assert "TP/DP/CP/EP" in human.stdout and "recompute" in human.stdout
+    first, last = plan.stages[0].layers
+    assert any(line.split()[:2] == ["0", f"{first}-{last}"] for line in lines)
+    assert any(line.startswith("solver: ilp") for line in lines)
+
+
+def test_json_is_the_library_plan(written: tuple[Plan, Path]) -> None:
+    """``--json`` prints ``solve(...)``'s plan for the same inputs (all but the wall time)."""
+    plan, _ = written
+    expected = solve(load_model(REPO / LLAMA), load_cluster(REPO / H100, 1))
+    assert _without_time(plan) == _without_time(expected)
+
+
+def test_out_writes_the_plan(written: tuple[Plan, Path]) -> None:
+    """The file holds the printed plan, in canonical JSON."""
+    plan, out = written
+    text = out.read_text()
+    assert Plan.from_json(text) == plan
+    assert text == plan.to_json()
+
+
+def test_export_megatron_follows_the_tables(
+    human: subprocess.CompletedProcess[str], written: tuple[Plan, Path]
+) -> None:
+    """The Megatron flags come after the tables and carry the plan's degrees."""
+    plan, _ = written
+    flags = human.stdout.split("megatron launch configuration")[1].replace("\\\n", " ").split()
+    values = dict(pairwise(flags))
+    assert values["--tensor-model-parallel-size"] == str(plan.stages[0].parallel.tp)
+    assert values["--pipeline-model-parallel-size"] == str(len(plan.stages))
+
+
+@pytest.mark.parametrize("method", ["grid", "heuristic"])
+def test_baseline_methods(method: str) -> None:
+    """``--method grid|heuristic`` gives a plan made by that method."""
+    done = _run("solve", LLAMA, H100, *ONE_NODE, "--method", method, "--json")
+    assert done.returncode == 0, done.stderr
+    plan = Plan.from_json(done.stdout)
+    assert plan.method == method
+    assert plan.predicted.peak_memory_gib <= 80
+
+
+def test_infeasible_is_one_line() -> None:
+    """GPT-3 175B on one node: exit 2, one line naming the model and the way out."""
+    done = _run("solve", GPT3, A100, *ONE_NODE, "--global-batch", "1536", "--seq-len", "2048")
+    _assert_one_line_error(done, "gpt3-175b", "add nodes")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--method", "alpa"), "--method"),
+        (("--backend", "gurobi"), "--backend"),
+        (("--export", "jax"), "--export"),
+        (("--json", "--export", "megatron"), "--export and --json"),
+    ],
+)
+def test_bad_options_are_one_line(args: tuple[str, ...], needle: str) -> None:
+    """Unknown choices are usage errors; ``--json`` with ``--export`` is refused before any
+    search."""
+    _assert_one_line_error(_run("solve", LLAMA, H100, *ONE_NODE, *args), needle)

@@ -1,0 +1,138 @@
+"""``planner.solve``: the properties every plan must have, known answers (Megatron's published
+GPT-3 configuration as the bar to clear), agreement with ``planner estimate`` where both price
+the same sharding, and determinism."""
+
+from __future__ import annotations
+
+import pytest
+
+import planner
+from planner.config import ParallelConfig
+from planner.errors import InfeasibleError
+from planner.estimate import estimate
+from planner.plan import Plan
+from planner.search import SolveOptions, candidates, solve, training_of
+from planner.spec import load_cluster
+from tests.conftest import CLUSTERS, MODELS
+
+GPT3_RUN = SolveOptions(global_batch_size=1536, seq_length=2048)
+
+
+@pytest.fixture(scope="module")
+def gpt3_plan(a100: planner.ClusterSpec) -> Plan:
+    """GPT-3 175B on 1,024 A100 (128 nodes), Megatron's published batch and sequence."""
+    return solve(planner.load_model(MODELS / "gpt3-175b.json"), a100, GPT3_RUN)
+
+
+@pytest.fixture(scope="module")
+def small_plan() -> Plan:
+    """Llama 3 8B on one DGX H100."""
+    return solve(planner.load_model(MODELS / "llama3-8b.json"),
+                 load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["gpt3_plan", "small_plan"])
+def test_plan_is_valid(name: str, request: pytest.FixtureRequest) -> None:
+    """Stages hold consecutive layers covering the model; ranks cover every device exactly
+    once; every stage fits the device; the global batch is microbatch x microbatches x data
+    parallel ways; the plan round-trips through JSON."""
+    plan: Plan = request.getfixturevalue(name)
+    assert plan.stages[0].layers[0] == 1
+    for before, after in zip(plan.stages, plan.stages[1:], strict=False):
+        assert after.layers[0] == before.layers[1] + 1
+    num_layers = plan.stages[-1].layers[1]
+    assert plan.num_layers == num_layers
+    ranks = [r for s in plan.stages for replica in s.ranks for r in replica]
+    devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
+    assert sorted(ranks) == list(range(devices))
+    memory = 80 * 1.0
+    assert all(s.memory_gib.total <= memory for s in plan.stages)
+    assert plan.predicted.peak_memory_gib == pytest.approx(
+        max(s.memory_gib.total for s in plan.stages)
+    )
+    dp = plan.data_parallel_replicas * plan.stages[0].parallel.dp
+    assert plan.micro_batch_size * plan.num_microbatches * dp == plan.global_batch_size
+    assert Plan.from_json(plan.to_json()) == plan
+    # Each stage lists the shardings of what it holds: the embedding first, the head last.
+    for i, stage in enumerate(plan.stages):
+        kinds = {name.split(".")[0] for name in stage.op_shardings}
+        assert ("embedding" in kinds) == (i == 0)
+        assert ("head" in kinds) == (i == len(plan.stages) - 1)
+
+
+def test_beats_megatrons_published_gpt3_configuration(
+    gpt3_plan: Plan, a100: planner.ClusterSpec
+) -> None:
+    """Narayanan et al. (SC'21) trained GPT-3 175B on 1,024 A100 with TP8 PP16 DP8, mbs 1.
+    Priced by the same cost model with the same overlap flags and the distributed optimizer,
+    the search's plan is no slower."""
+    published = estimate(planner.load_model(MODELS / "gpt3-175b.json"), a100, ParallelConfig(
+        tp=8, pp=16, sp=True, zero=1, global_batch=1536, seq_len=2048,
+        overlap_grad_reduce=True, overlap_param_gather=True,
+    ))  # fmt: skip
+    assert published.fits
+    assert gpt3_plan.predicted.step_time_s <= published.step_time_s
+    assert gpt3_plan.solver.status == "optimal"
+    assert gpt3_plan.solver.ilp_count > 0 and gpt3_plan.solver.cache_hits > 0
+
+
+def test_agrees_with_estimate_on_a_megatron_plan(small_plan: Plan) -> None:
+    """When the plan is one ``planner estimate`` can express, both price it the same way to
+    within the difference of their sharding models (the ILP prices layout conversions, the
+    estimate Megatron's fixed collectives): 2 %."""
+    p = small_plan.uniform
+    assert p is not None
+    config = ParallelConfig(
+        tp=p.tp, pp=len(small_plan.stages), dp=small_plan.data_parallel_replicas * p.dp,
+        cp=p.cp, ep=p.ep, sp=p.sp, mbs=small_plan.micro_batch_size, zero=p.zero_stage,
+        recompute=p.recompute, overlap_grad_reduce=True, overlap_param_gather=True,
+    )  # fmt: skip
+    priced = estimate(planner.load_model(MODELS / "llama3-8b.json"),
+                      load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1), config)  # fmt: skip
+    assert small_plan.predicted.step_time_s == pytest.approx(priced.step_time_s, rel=0.02)
+    assert small_plan.predicted.peak_memory_gib == pytest.approx(priced.peak_memory_gib,
+                                                                 rel=0.02)  # fmt: skip
+
+
+def test_same_inputs_same_plan(small_plan: Plan) -> None:
+    """Deterministic: solving again gives the same plan, byte for byte but the wall time."""
+    again = solve(planner.load_model(MODELS / "llama3-8b.json"),
+                  load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1))  # fmt: skip
+
+    def without_time(plan: Plan) -> str:
+        return plan.model_copy(update={"solver": plan.solver.model_copy(
+            update={"time_s": 0.0})}).to_json()  # fmt: skip
+
+    assert without_time(again) == without_time(small_plan)
+
+
+def test_progress_is_reported(a100: planner.ClusterSpec) -> None:
+    """The callback hears after every candidate, ends at the total, and the best step only
+    improves."""
+    seen = []
+    model = planner.load_model(MODELS / "llama3-8b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 1)
+    plan = solve(model, cluster, SolveOptions(micro_batch_sizes=(1, 2)), progress=seen.append)
+    assert seen[-1].done == seen[-1].total
+    bests = [p.best_step_s for p in seen if p.best_step_s is not None]
+    assert bests == sorted(bests, reverse=True)
+    assert bests[-1] == pytest.approx(plan.predicted.step_time_s)
+
+
+def test_candidates_are_sorted_by_their_lower_bound(a100: planner.ClusterSpec) -> None:
+    """The outer loop visits the cheapest bound first, and every candidate divides the
+    cluster: replicas x stages x mesh = devices, microbatches x replicas x microbatch = batch."""
+    model = planner.load_model(MODELS / "gpt3-175b.json")
+    todo = candidates(model, a100, training_of(model, GPT3_RUN), GPT3_RUN)
+    assert [c.lower_bound_s for c in todo] == sorted(c.lower_bound_s for c in todo)
+    for c in todo:
+        assert c.replicas * c.num_stages * c.mesh[0] * c.mesh[1] == a100.num_devices
+        assert c.num_microbatches * c.replicas * c.micro_batch_size == 1536
+        assert c.num_stages <= model.num_layers
+
+
+def test_nothing_fits_is_explained() -> None:
+    """GPT-3 175B cannot train on one node: the error says so and what to change."""
+    with pytest.raises(InfeasibleError, match="no plan for gpt3-175b fits 8 x"):
+        solve(planner.load_model(MODELS / "gpt3-175b.json"),
+              load_cluster(CLUSTERS / "dgx-a100-80gb.json", 1), GPT3_RUN)  # fmt: skip
