@@ -209,6 +209,12 @@ def p2p_time_s(cluster: ClusterSpec, nbytes: float, distance: int) -> float:
     return level.latency_s + nbytes / level.bandwidth_bytes_s
 
 
+def pipeline_send_s(cluster: ClusterSpec, nbytes: float, distance: int, *, chunks: int) -> float:
+    """One stage's pipeline traffic per microbatch: its activation sent forward and the
+    gradient sent back, ``nbytes`` from each device, once per model chunk it holds."""
+    return 2 * chunks * p2p_time_s(cluster, nbytes, distance)
+
+
 def exposed_s(comm_s: float, hidden_behind_s: float) -> float:
     """Communication left on the critical path when it overlaps ``hidden_behind_s`` of work."""
     return max(0.0, comm_s - hidden_behind_s)

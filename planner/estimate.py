@@ -22,7 +22,15 @@ from planner.graph.lower import ACTIVATION_BYTES
 from planner.layer_cost import LayerCost, Placement, price_layer
 from planner.plan import MemoryBreakdown
 from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
-from planner.step import PipelineKnobs, StageCost, TiedCopy, TimeBreakdown, Weights, compose_step
+from planner.step import (
+    PipelineKnobs,
+    StageCost,
+    TiedCopy,
+    TimeBreakdown,
+    Weights,
+    compose_step,
+    throughput,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,23 +144,22 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
     )  # fmt: skip
     step = compose_step(cluster, knobs, stages, tied=_tied_copy(model, resolved, placement))
 
-    forward_flops = _forward_flops(model, training, c.mbs)
     recompute_flops = sum(
         kind_costs[kind].recompute_flops * len(layers)
         for kind, layers in index.layers_by_kind.items()
     )
-    microbatches_per_replica = training.global_batch_size / c.mbs
-    model_flops = 3 * forward_flops * microbatches_per_replica
-    hardware_flops = model_flops + recompute_flops * microbatches_per_replica
-    flops_per_gpu_s = step.step_s * resolved.num_devices
-    model_tflops = model_flops / flops_per_gpu_s / 1e12
+    rates = throughput(
+        step.step_s, training, cluster,
+        forward_flops_per_sequence=_forward_flops(model, training, c.mbs) / c.mbs,
+        recompute_flops_per_sequence=recompute_flops / c.mbs,
+    )  # fmt: skip
     peak_bytes = sum(step.peak_memory_bytes)
     return Estimate(
         step_time_s=step.step_s,
-        tokens_per_s=training.global_batch_size * training.seq_length / step.step_s,
-        model_tflops_per_gpu=model_tflops,
-        hardware_tflops_per_gpu=hardware_flops / flops_per_gpu_s / 1e12,
-        mfu=model_tflops * 1e12 / cluster.device.peak_flops_per_s(training.precision),
+        tokens_per_s=rates.tokens_per_s,
+        model_tflops_per_gpu=rates.model_tflops_per_gpu,
+        hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
+        mfu=rates.mfu,
         peak_memory_gib=peak_bytes / GIB,
         fits=peak_bytes <= cluster.device.memory_bytes,
         memory_gib=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
@@ -198,7 +205,7 @@ def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, pl: Placem
         return 0.0
     act = ACTIVATION_BYTES[r.training.precision]
     full = c.mbs * r.training.seq_length * model.hidden_size * act / c.cp
-    send = cost.p2p_time_s(cluster, full / c.tp, pl.pipeline_distance)
+    send = cost.pipeline_send_s(cluster, full / c.tp, pl.pipeline_distance, chunks=c.vpp)
     if c.tp > 1 and not r.sp:
-        send += cost.collective_time_s(cluster, "all_gather", full, pl.tp)
-    return 2 * send * c.vpp
+        send += 2 * c.vpp * cost.collective_time_s(cluster, "all_gather", full, pl.tp)
+    return send

@@ -268,8 +268,8 @@ def pipeline_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
     device sending its share (Megatron's scatter/gather), once per chunk."""
     act = ACTIVATION_BYTES[ctx.training.precision]
     full = c.micro_batch_size * ctx.training.seq_length * ctx.model.hidden_size * act
-    share = full / (c.mesh[0] * c.mesh[1])
-    return 2 * c.vpp * cost.p2p_time_s(ctx.cluster, share, distance)
+    return cost.pipeline_send_s(ctx.cluster, full / (c.mesh[0] * c.mesh[1]), distance,
+                                chunks=c.vpp)  # fmt: skip
 
 
 def decoder_kinds(model: ModelSpec) -> list[str]:
@@ -424,7 +424,7 @@ def _plan(ctx: SearchContext, best: Found, kinds: list[str], wall_s: float) -> P
             kinds,
             cluster=ctx.cluster,
             training=training,
-            model_flops_per_sequence=_model_flops_per_sequence(ctx.model, training.seq_length),
+            forward_flops_per_sequence=_model_flops_per_sequence(ctx.model, training.seq_length),
             micro_batch_size=c.micro_batch_size,
         ),
         solver=SolverSummary(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from planner import cost
 from planner.config import Schedule
 from planner.layer_cost import LayerCost
-from planner.spec import GIB, ClusterSpec, Precision
+from planner.spec import GIB, ClusterSpec, Precision, TrainingSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,4 +244,36 @@ def compose_step(
             )
             for s, y in zip(stages, syncs, strict=True)
         ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """A step's rates: tokens, model and hardware FLOP/s per device, model FLOPs utilisation."""
+
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+
+
+def throughput(
+    step_s: float,
+    training: TrainingSpec,
+    cluster: ClusterSpec,
+    *,
+    forward_flops_per_sequence: float,
+    recompute_flops_per_sequence: float,
+) -> Throughput:
+    """Model FLOPs are three times the forward's (forward, and backward twice; Narayanan et
+    al. 2021), hardware FLOPs add the forward work recomputation reruns."""
+    sequences = training.global_batch_size
+    model = 3 * forward_flops_per_sequence * sequences
+    hardware = model + recompute_flops_per_sequence * sequences
+    per_device_s = step_s * cluster.num_devices
+    return Throughput(
+        tokens_per_s=sequences * training.seq_length / step_s,
+        model_tflops_per_gpu=model / per_device_s / 1e12,
+        hardware_tflops_per_gpu=hardware / per_device_s / 1e12,
+        mfu=model / per_device_s / cluster.device.peak_flops_per_s(training.precision),
     )

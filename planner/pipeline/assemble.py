@@ -15,7 +15,15 @@ from planner.pipeline.options import LayerOption, StageChoice
 from planner.placement import PipelinePlacement
 from planner.plan import MemoryBreakdown, PlanStage, Predicted, StageParallel, StageTime
 from planner.spec import GIB, ModelSpec, TrainingSpec
-from planner.step import PipelineKnobs, StageCost, StepCost, TiedCopy, Weights, compose_step
+from planner.step import (
+    PipelineKnobs,
+    StageCost,
+    StepCost,
+    TiedCopy,
+    Weights,
+    compose_step,
+    throughput,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,27 +188,25 @@ def predicted(
     *,
     cluster: cost.ClusterSpec,
     training: TrainingSpec,
-    model_flops_per_sequence: float,
+    forward_flops_per_sequence: float,
     micro_batch_size: int,
 ) -> Predicted:
-    """The plan's headline numbers: model FLOPs are 3 x the forward's (Narayanan et al.),
-    hardware FLOPs add what recomputation reruns; ``micro_batch_size`` is the pipeline's."""
-    gbs = training.global_batch_size
-    model_flops = 3 * model_flops_per_sequence * gbs
+    """The plan's headline numbers; ``micro_batch_size`` is the pipeline's (the recomputed
+    FLOPs of the stages' options are per pipeline microbatch)."""
     rerun = 0.0
     for s in stages:
         for kind in kinds[s.first - 1 : s.last]:
             option = s.choice.options[kind]
             rerun += option.parts.rerun_flops[option.parts.mode(option.recompute)]
-    hardware_flops = model_flops + rerun * gbs / micro_batch_size
-    per_gpu_s = step.step_s * cluster.num_devices
-    model_tflops = model_flops / per_gpu_s / 1e12
+    rates = throughput(step.step_s, training, cluster,
+                       forward_flops_per_sequence=forward_flops_per_sequence,
+                       recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
     return Predicted(
         step_time_s=step.step_s,
-        tokens_per_s=gbs * training.seq_length / step.step_s,
-        model_tflops_per_gpu=model_tflops,
-        hardware_tflops_per_gpu=hardware_flops / per_gpu_s / 1e12,
-        mfu=model_tflops * 1e12 / cluster.device.peak_flops_per_s(training.precision),
+        tokens_per_s=rates.tokens_per_s,
+        model_tflops_per_gpu=rates.model_tflops_per_gpu,
+        hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
+        mfu=rates.mfu,
         peak_memory_gib=sum(step.peak_memory_bytes) / GIB,
         bubble_fraction=step.bubble_fraction,
     )
