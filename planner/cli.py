@@ -119,7 +119,7 @@ def solve_cmd(
     if export_fmt is not None:
         result = export(plan, export_fmt, price=_pricer(model_spec, cluster_spec))
         console.rule(f"{export_fmt} launch configuration", align="left")
-        print(result.text, end="")
+        print(result.text, end="" if result.text.endswith("\n") else "\n")
         _print_changes(plan, result)
 
 
@@ -248,7 +248,7 @@ def export_cmd(
         price = _pricer(load_model(model), load_cluster(cluster, plan.cluster.num_nodes))
     result = export(plan, fmt, price=price)
     if out is None:
-        print(result.text, end="")
+        print(result.text, end="" if result.text.endswith("\n") else "\n")
     else:
         write_atomic(out, result.text, inputs=[p for p in (plan_file, model, cluster) if p])
     _print_changes(plan, result)
