@@ -134,9 +134,7 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
     _need(c.vpp == 1 or microbatches % c.pp == 0,
           f"interleaved schedule: microbatches({microbatches}) must be a multiple of "
           f"pp({c.pp})")  # fmt: skip
-    _need(model.position_embedding != "learned" or seq <= model.max_position_embeddings,
-          f"seq_len({seq}) > max_position_embeddings({model.max_position_embeddings}) of a "
-          f"model with learned positions")  # fmt: skip
+    check_sequence(model, seq)
     _need(not c.tp_comm_overlap or c.tp == 1 or c.sp,
           "tp_comm_overlap needs sequence parallelism (--sp), as in Megatron-Core")
     _need(c.cp == 1 or seq % (2 * c.cp) == 0,
@@ -152,6 +150,13 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
         config=c, training=training, dp=dp, num_microbatches=microbatches, num_devices=n,
         stage_layers=layers,
     )  # fmt: skip
+
+
+def check_sequence(model: ModelSpec, seq_length: int) -> None:
+    """A model with learned positions has none beyond its table: refuse longer sequences."""
+    _need(model.position_embedding != "learned" or seq_length <= model.max_position_embeddings,
+          f"seq_len({seq_length}) > max_position_embeddings({model.max_position_embeddings}) of "
+          f"a model with learned positions")  # fmt: skip
 
 
 def _stage_layers(num_layers: int, c: ParallelConfig) -> tuple[int, ...]:

@@ -51,6 +51,12 @@ def gemm_fraction(efficiency: GemmEfficiency, flops_per_call: float) -> float:
     return efficiency.max_fraction * flops_per_call / (flops_per_call + half)
 
 
+def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float) -> float:
+    """No sharding runs ``flops`` faster than the GEMM curve's ceiling allows (its fraction of
+    peak only approaches ``max_fraction`` as GEMMs grow): a bound, not a price."""
+    return flops / (device.peak_flops_per_s(precision) * device.efficiency.gemm.max_fraction)
+
+
 def compute_time_s(
     device: DeviceSpec,
     precision: Precision,

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner import cost
-from planner.config import Schedule
+from planner.config import Schedule, check_sequence
 from planner.errors import InfeasibleError, InputError
+from planner.graph import lowered, parameter_count
 from planner.graph.layout import LogicalMesh
 from planner.graph.lower import ACTIVATION_BYTES, decoder_layer_kind
 from planner.ilp.backends import Backend
@@ -120,6 +121,7 @@ def training_of(model: ModelSpec, options: SolveOptions) -> TrainingSpec:
     if seq is None or gbs is None:
         raise InputError(f"{model.name}: no training block: pass --seq-len and --global-batch")
     precision = options.precision or (defaults.precision if defaults else "bf16")
+    check_sequence(model, seq)
     return TrainingSpec(seq_length=seq, global_batch_size=gbs, precision=precision)
 
 
@@ -132,12 +134,9 @@ def candidates(
     layers = model.num_layers
     gbs = training.global_batch_size
     flops = _model_flops_per_sequence(model, training.seq_length)
-    best_rate = cluster.device.peak_flops_per_s(training.precision) * (
-        cluster.device.efficiency.gemm.max_fraction
-    )
     max_nodes = options.max_mesh_nodes or (2 if model.moe else 1)
     out = []
-    for replicas in _divisors(n_dev):
+    for replicas in divisors(n_dev):
         devices = n_dev // replicas
         nodes = max(1, devices // per_node)
         for mesh in submesh_shapes(nodes, per_node):
@@ -153,7 +152,9 @@ def candidates(
                 if gbs % (replicas * b):
                     continue
                 m = gbs // (replicas * b)
-                per_microbatch = 3 * flops * b / (devices * best_rate)
+                per_microbatch = cost.compute_lower_bound_s(
+                    cluster.device, training.precision, flops=3 * flops * b / devices
+                )
                 for schedule, v in _schedules(layers, stages, m, options.interleaved):
                     bound = (m + (stages - 1) / v) * per_microbatch
                     out.append(Candidate(replicas, mesh, stages, b, m, schedule, v, bound))
@@ -162,7 +163,12 @@ def candidates(
     return out
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -378,19 +384,21 @@ def solve(
     if progress is not None:
         progress(Progress(len(todo), len(todo), best.step.step_s if best else None))
     if best is None:
-        raise InfeasibleError(_nothing_fits(model, cluster, training, ctx.state))
+        raise InfeasibleError(_nothing_fits(model, cluster, training))
     return _plan(ctx, best, kinds, time.perf_counter() - started)
 
 
-def _nothing_fits(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                  state: SearchState) -> str:  # fmt: skip
-    least = [s.memory_bytes for s in state.solutions if s.memory_bytes is not None]
-    need = f"; the leanest layer sharding found alone needs {min(least) / GIB:.1f} GiB" * bool(
-        least
-    )
-    return (f"no plan for {model.name} fits {cluster.num_devices} x {cluster.device.name} "
+def _nothing_fits(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> str:
+    """Why nothing fits, in the one number a user can act on: the weights, gradients and Adam
+    states alone, sharded over every device (ZeRO-3, the leanest there is)."""
+    params = parameter_count(lowered(model, training, 1)[0]).total
+    n = cluster.num_devices
+    states = params * cost.state_bytes_per_param(training.precision, zero=3, shards=n).total
+    return (f"no plan for {model.name} fits {n} x {cluster.device.name} "
             f"({cluster.device.memory_gib:g} GiB) at global batch {training.global_batch_size}, "
-            f"sequence {training.seq_length}{need}; add nodes or shorten the sequence")  # fmt: skip
+            f"sequence {training.seq_length}: its weights, gradients and optimizer states "
+            f"alone need {states / GIB:.1f} GiB per device even sharded over all {n} devices, "
+            f"before activations; add nodes or shorten the sequence")  # fmt: skip
 
 
 def _plan(ctx: SearchContext, best: Found, kinds: list[str], wall_s: float) -> Plan:

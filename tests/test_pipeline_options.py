@@ -8,10 +8,13 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.pipeline.options import LayerOption, stage_table
+from planner.spec import ClusterSpec, load_model
+from tests.conftest import MODELS
 
 
 def option(kind: str, zero: int, mode: str, latency: float, state: float, kept: float,
@@ -98,3 +101,27 @@ def test_memory_forces_recomputation() -> None:
         table = stage_table(["dense", "dense"], options, in_flight=[3], fixed_latency_s=[0.0],
                             allowed=None, memory_bytes=memory)  # fmt: skip
         assert table.latency[0, 0, 2] == latency
+
+
+def test_repricing_a_solved_layer_gives_the_ilps_numbers(a100: ClusterSpec) -> None:
+    """A solved layer taken apart (``LayerSolution.parts``) and priced again for the same
+    replicas, microbatches, recomputation and ZeRO stage gives back the ILP's objective and
+    memory: time to 0.1 % (the re-pricing buckets each group's gradients into one collective,
+    the ILP pays one per weight, so it saves a few latencies), memory to the ILP's KiB
+    rounding."""
+    from planner.graph.layout import LogicalMesh
+    from planner.ilp import LayerQuery, solve_layer
+    from planner.pipeline.options import SyncContext, layer_options
+
+    gpt3 = load_model(MODELS / "gpt3-175b.json")
+    for mesh, budget in (((1, 8), None), ((2, 4), 8.0), ((1, 4), 4.0)):
+        query = LayerQuery(kind="dense", mesh=mesh, micro_batch_size=2, seq_length=2048,
+                           memory_budget_gib=budget, in_flight=4, num_microbatches=16,
+                           replicas=4)  # fmt: skip
+        solution = solve_layer(gpt3, a100, query)
+        options = layer_options(solution, a100, SyncContext(LogicalMesh(mesh), 4, 16, "bf16"))
+        same = next(o for o in options
+                    if (o.recompute, o.zero) == (solution.recompute, solution.zero))  # fmt: skip
+        assert same.latency_s == pytest.approx(solution.time_s, rel=1e-3)
+        memory = same.state_bytes + 4 * same.kept_bytes + same.working_bytes
+        assert memory == pytest.approx(solution.memory_bytes, abs=64 * 1024)

@@ -45,8 +45,8 @@ def test_plan_is_valid(name: str, request: pytest.FixtureRequest) -> None:
     ranks = [r for s in plan.stages for replica in s.ranks for r in replica]
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     assert sorted(ranks) == list(range(devices))
-    memory = 80 * 1.0
-    assert all(s.memory_gib.total <= memory for s in plan.stages)
+    device = load_cluster(CLUSTERS / f"{plan.cluster.name}.json").device
+    assert all(s.memory_gib.total <= device.memory_gib for s in plan.stages)
     assert plan.predicted.peak_memory_gib == pytest.approx(
         max(s.memory_gib.total for s in plan.stages)
     )
@@ -132,7 +132,28 @@ def test_candidates_are_sorted_by_their_lower_bound(a100: planner.ClusterSpec) -
 
 
 def test_nothing_fits_is_explained() -> None:
-    """GPT-3 175B cannot train on one node: the error says so and what to change."""
-    with pytest.raises(InfeasibleError, match="no plan for gpt3-175b fits 8 x"):
+    """GPT-3 175B cannot train on one node: the error says so with the number that decides
+    it, Megatron's 18 bytes of state per parameter (bf16 weights, fp32 gradients, fp32 master
+    weights and two moments) sharded over the 8 devices (174.6B x 18 / 8 = 366 GiB), and what
+    to change."""
+    import re
+
+    with pytest.raises(InfeasibleError, match="no plan for gpt3-175b fits 8 x") as caught:
         solve(planner.load_model(MODELS / "gpt3-175b.json"),
               load_cluster(CLUSTERS / "dgx-a100-80gb.json", 1), GPT3_RUN)  # fmt: skip
+    need = re.search(r"alone need ([0-9.]+) GiB per device", str(caught.value))
+    assert need is not None
+    assert float(need.group(1)) == pytest.approx(174.6e9 * 18 / 8 / 2**30, rel=0.01)
+    assert "add nodes" in str(caught.value)
+
+
+def test_sequence_longer_than_learned_positions_is_refused() -> None:
+    """GPT-2 has 1,024 learned positions: a 4,096-token run is refused before any search,
+    as ``planner estimate`` refuses it."""
+    from planner.errors import ConfigError
+    from tests.conftest import HF
+
+    with pytest.raises(ConfigError, match=r"seq_len\(4096\) > max_position_embeddings\(1024\)"):
+        solve(planner.load_model(HF / "gpt2.config.json"),
+              load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1),
+              SolveOptions(seq_length=4096, global_batch_size=64))  # fmt: skip

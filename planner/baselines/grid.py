@@ -32,7 +32,7 @@ from planner.config import ParallelConfig, Recompute
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import Estimate, estimate
 from planner.plan import Plan, SolverSummary
-from planner.search import Progress, ProgressFn, SolveOptions, training_of
+from planner.search import Progress, ProgressFn, SolveOptions, divisors, training_of
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform import uniform_plan
 
@@ -74,11 +74,11 @@ def branches(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> 
     out = []
     for tp in tp_degrees(model, cluster):
         for cp in (c for c in cps if tp * c <= cluster.devices_per_node):
-            for pp in _divisors(model.num_layers):
+            for pp in divisors(model.num_layers):
                 if n % (tp * pp * cp):
                     continue
                 dp = n // (tp * pp * cp)
-                out += [Branch(tp, pp, cp, ep) for ep in _divisors(experts) if (dp * cp) % ep == 0]
+                out += [Branch(tp, pp, cp, ep) for ep in divisors(experts) if (dp * cp) % ep == 0]
     return out
 
 
@@ -231,6 +231,3 @@ def nothing_fits(
         f"{need_gib:.1f} GiB per device; {advice}"
     )
 
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]

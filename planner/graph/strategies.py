@@ -204,21 +204,26 @@ def weight_copies(
     return params, tuple(a for a, d in enumerate(pair) if d is not None and d not in weight_dims)
 
 
-def _weight_states(
-    params: float, copies: tuple[int, ...], mesh: LogicalMesh, ctx: StrategyContext
+def weight_costs(
+    cluster: ClusterSpec,
+    group: cost.CommGroup | None,
+    *,
+    params: float,
+    precision: Precision,
+    num_microbatches: int,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """State bytes and per-microbatch sync seconds under ZeRO 0..3."""
+    """State bytes per device and gradient sync seconds per microbatch under ZeRO 0..3 of
+    ``params`` parameters replicated on ``group`` (their states sharded over it)."""
     if params == 0:
         return (0.0,) * 4, (0.0,) * 4
-    group = mesh.replica_group(copies, ctx.replicas)
     shards = group.size if group is not None else 1
     sync = tuple(
-        cost.data_parallel_sync(ctx.cluster, group, params=params, precision=ctx.precision,
-                                zero=z).per_microbatch_s(ctx.num_microbatches)
+        cost.data_parallel_sync(cluster, group, params=params, precision=precision,
+                                zero=z).per_microbatch_s(num_microbatches)
         for z in ZERO_STAGES
     )  # fmt: skip
     states = tuple(
-        params * cost.state_bytes_per_param(ctx.precision, zero=z, shards=shards).total
+        params * cost.state_bytes_per_param(precision, zero=z, shards=shards).total
         for z in ZERO_STAGES
     )
     return states, sync
@@ -300,7 +305,9 @@ def _price(
                          weight_degrees=weight, compute_degree=work, gemm_calls=calls,
                          flash_attention=ctx.flash_attention)  # fmt: skip
     params, copies = weight_copies(op, pair, mesh)
-    states, sync = _weight_states(params, copies, mesh, ctx)
+    states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
+                                params=params, precision=ctx.precision,
+                                num_microbatches=ctx.num_microbatches)  # fmt: skip
     kept = cost.saved_activation_bytes(
         op, lambda t: tensor_degrees(t, _as_layout(pair), mesh), recompute="none",
         flash_attention=ctx.flash_attention,

@@ -154,11 +154,10 @@ def solve_layer(
     *,
     options: SolverOptions = SolverOptions(),
     cache: SolutionCache | None = None,
-    explain_infeasible: bool = True,
 ) -> LayerSolution:
     """The cheapest sharding of one layer of ``query.kind`` on ``query.mesh`` that fits the
     budget, with the solver's report; infeasible budgets come back with the least memory any
-    choice needs (a second solve, skipped without ``explain_infeasible``).
+    choice needs (a second solve).
     """
     key = SolutionCache.key(model, cluster, query, options.backend) if cache else ""
     if cache is not None and key in cache.entries:
@@ -168,13 +167,11 @@ def solve_layer(
     result = solve_milp(build_layer_milp(problem), backend=options.backend,
                         time_limit_s=options.time_limit_s)  # fmt: skip
     if result.report.status in ("infeasible", "timed_out"):
+        least = solve_milp(build_layer_milp(problem, minimise_memory=True),
+                           backend=options.backend, time_limit_s=options.time_limit_s)  # fmt: skip
         min_memory = None
-        if explain_infeasible:
-            least = solve_milp(build_layer_milp(problem, minimise_memory=True),
-                               backend=options.backend,
-                               time_limit_s=options.time_limit_s)  # fmt: skip
-            if least.report.objective is not None:
-                min_memory = least.report.objective * KIB
+        if least.report.objective is not None:
+            min_memory = least.report.objective * KIB
         solution = LayerSolution(query.kind, query.mesh, (), (), None, None, None, None,
                                  min_memory, result.report)  # fmt: skip
     else:

@@ -18,6 +18,7 @@ import numpy as np
 
 from planner import cost
 from planner.graph.layout import LogicalMesh
+from planner.graph.strategies import weight_costs
 from planner.ilp.layer import LayerSolution
 from planner.ilp.parts import RECOMPUTE, LayerParts
 from planner.spec import Precision
@@ -75,16 +76,14 @@ def layer_options(
     base = parts.forward_s + parts.backward_s + parts.tp_comm_s + parts.cp_comm_s
     base += parts.ep_comm_s
     options = []
+    groups = [
+        weight_costs(cluster, ctx.mesh.replica_group(axes, ctx.replicas), params=params,
+                     precision=ctx.precision, num_microbatches=ctx.num_microbatches)
+        for axes, params in parts.weight_groups()
+    ]  # fmt: skip
     for zero in ZERO_STAGES:
-        sync = states = 0.0
-        for axes, params in parts.weight_groups():
-            group = ctx.mesh.replica_group(axes, ctx.replicas)
-            sync += cost.data_parallel_sync(
-                cluster, group, params=params, precision=ctx.precision, zero=zero
-            ).per_microbatch_s(ctx.num_microbatches)
-            shards = group.size if group is not None else 1
-            states += params * cost.state_bytes_per_param(ctx.precision, zero=zero,
-                                                          shards=shards).total  # fmt: skip
+        states = sum(g[0][zero] for g in groups)
+        sync = sum(g[1][zero] for g in groups)
         for mode in modes:
             k = parts.mode(mode)
             options.append(LayerOption(
