@@ -292,6 +292,54 @@ class DataParallelSync:
         once = (self.reduce_once_s + self.gather_once_s) / num_microbatches
         return once + self.reduce_per_microbatch_s + self.gather_per_microbatch_s
 
+    def __add__(self, other: DataParallelSync) -> DataParallelSync:
+        return DataParallelSync(
+            self.reduce_once_s + other.reduce_once_s,
+            self.gather_once_s + other.gather_once_s,
+            self.reduce_per_microbatch_s + other.reduce_per_microbatch_s,
+            self.gather_per_microbatch_s + other.gather_per_microbatch_s,
+        )
+
+
+NO_SYNC = DataParallelSync(0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ExposedSync:
+    """The part of some data-parallel traffic left on the critical path, in seconds."""
+
+    per_microbatch_s: float
+    once_s: float
+
+
+def exposed_sync(
+    sync: DataParallelSync,
+    *,
+    forward_s: float,
+    backward_s: float,
+    overlap_grad_reduce: bool,
+    overlap_param_gather: bool,
+) -> ExposedSync:
+    """What ``sync`` leaves exposed beside one microbatch's ``forward_s`` and ``backward_s``
+    of the same weights' compute.
+
+    With ``overlap_grad_reduce`` the once-per-step reduction hides behind the last
+    microbatch's backward (Megatron-Core starts a bucket's reduction as soon as the last
+    backward produced it), and with ``overlap_param_gather`` the once-per-step gather behind
+    the next forward. ZeRO-3 prefetches weights behind every forward and backward, and ZeRO-2/3
+    reduce-scatters hide behind each microbatch's backward.
+
+    >>> exposed_sync(DataParallelSync(3.0, 1.0, 0.0, 0.0), forward_s=1.0, backward_s=2.0,
+    ...              overlap_grad_reduce=True, overlap_param_gather=False)
+    ExposedSync(per_microbatch_s=0.0, once_s=2.0)
+    """
+    grad_hide = backward_s if overlap_grad_reduce else 0.0
+    gather_hide = forward_s if overlap_param_gather else 0.0
+    window = gather_hide + (backward_s if overlap_param_gather or overlap_grad_reduce else 0.0)
+    per_mb = exposed_s(sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s, window)
+    once = exposed_s(sync.reduce_once_s, grad_hide) + exposed_s(sync.gather_once_s, gather_hide)
+    return ExposedSync(per_mb, once)
+
 
 def data_parallel_sync(
     cluster: ClusterSpec,
@@ -310,7 +358,7 @@ def data_parallel_sync(
     microbatch's forward and backward (Rajbhandari et al., 2020).
     """
     if group is None or group.size <= 1 or params <= 0:
-        return DataParallelSync(0.0, 0.0, 0.0, 0.0)
+        return NO_SYNC
     grads = params * gradient_bytes_on_wire(precision)
     weights = params * _ADAM_STATE[precision].weights
 

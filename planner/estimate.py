@@ -20,7 +20,7 @@ from planner.config import ParallelConfig, ResolvedConfig, resolve
 from planner.graph import LayerIndex, lowered
 from planner.graph.lower import ACTIVATION_BYTES
 from planner.layer_cost import LayerCost, Placement, price_layer
-from planner.plan import MemoryBreakdown
+from planner.plan import MemoryBreakdown, StageTime
 from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
 from planner.step import (
     PipelineKnobs,
@@ -37,9 +37,7 @@ from planner.step import (
 class StageEstimate:
     """One pipeline stage: per-microbatch seconds and per-device memory (GiB)."""
 
-    compute_s: float
-    communication_s: float
-    pipeline_s: float
+    time_s: StageTime
     memory_gib: MemoryBreakdown
 
 
@@ -169,8 +167,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
         dp=resolved.dp,
         num_devices=resolved.num_devices,
         stages=tuple(
-            StageEstimate(*times, memory_gib=MemoryBreakdown.from_bytes(memory))
-            for times, memory in zip(step.stage_time_s, step.stage_memory_bytes, strict=True)
+            StageEstimate(times, memory_gib=MemoryBreakdown.from_bytes(memory))
+            for times, memory in zip(step.stage_times(), step.stage_memory_bytes, strict=True)
         ),
     )
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from planner.errors import InputError
 from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 Recompute = Literal["none", "selective", "full"]
 
 
@@ -37,6 +37,7 @@ class ClusterRef(InputRef):
     num_nodes: int
     devices_per_node: int
     device: str
+    device_memory_gib: float
 
 
 class ScheduleSpec(_Frozen):
@@ -91,11 +92,33 @@ class MemoryBreakdown(_Frozen):
 
 
 class StageTime(_Frozen):
-    """Seconds one microbatch spends in the stage, by part."""
+    """Seconds one microbatch spends in the stage (all its model chunks), by part, and by
+    phase for the schedule simulator; the two views add up to the same total."""
 
     compute: float
     communication: float
+    """Tensor, context and expert parallel collectives, and data-parallel traffic exposed
+    every microbatch (ZeRO-2/3)."""
     pipeline: float
+    """Point-to-point sends of activations forward and gradients back."""
+    forward: float
+    """Forward compute with its share of the communication."""
+    backward: float
+    """Backward compute with its share of the communication."""
+    recompute: float = 0.0
+    """Forward work rerun before the backward, with its share of the communication."""
+    sync_tail: float = 0.0
+    """Once per step, after the stage's last backward: the data-parallel gradient reduction
+    and weight gathers the overlap flags leave exposed (and the tied embedding's
+    all-reduce)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> StageTime:
+        by_phase = self.forward + self.backward + self.recompute
+        if abs(by_phase - (self.compute + self.communication)) > 1e-9 * max(1.0, by_phase):
+            raise ValueError(f"forward + backward + recompute ({by_phase}) != compute + "
+                             f"communication ({self.compute + self.communication})")  # fmt: skip
+        return self
 
     @property
     def total(self) -> float:
@@ -136,10 +159,24 @@ class PlanStage(_Frozen):
         return self.layers[1] - self.layers[0] + 1
 
 
+class StepTime(_Frozen):
+    """Where a step's seconds go on the critical stage; the parts add up to the step."""
+
+    compute: float
+    tensor_parallel_comm: float
+    context_parallel_comm: float
+    expert_parallel_comm: float
+    pipeline_comm: float
+    pipeline_bubble: float
+    data_parallel_comm_exposed: float
+    optimizer: float
+
+
 class Predicted(_Frozen):
     """What the cost model predicts for one step."""
 
     step_time_s: float
+    time_s: StepTime
     tokens_per_s: float
     model_tflops_per_gpu: float
     hardware_tflops_per_gpu: float
@@ -157,12 +194,14 @@ class SolverSummary(_Frozen):
     gap: float | None = None
     ilp_count: int = 0
     cache_hits: int = 0
+    configurations: int = 0
+    """Configurations priced (the grid baseline)."""
 
 
 class Plan(_Frozen):
     """A complete parallel training plan."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     method: str
     model: InputRef
     cluster: ClusterRef
@@ -257,4 +296,5 @@ def cluster_ref(cluster: ClusterSpec) -> ClusterRef:
     """The reference a plan keeps to its cluster."""
     return ClusterRef(name=cluster.name, sha256=input_hash(cluster),
                       num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
-                      device=cluster.device.name)  # fmt: skip
+                      device=cluster.device.name,
+                      device_memory_gib=cluster.device.memory_gib)  # fmt: skip

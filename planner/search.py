@@ -17,7 +17,7 @@ GPipe is not searched: under the cost model it runs as long as 1F1B and holds mo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,7 +56,8 @@ class SolveOptions:
     seq_length: int | None = None
     precision: Precision | None = None
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    """Sequences per pipeline microbatch (split further by data parallelism inside a stage)."""
+    """Sequences per data-parallel rank and microbatch (Megatron's ``--micro-batch-size``);
+    a mesh takes this times the data-parallel ways inside it (:func:`mesh_microbatches`)."""
     interleaved: bool = True
     max_mesh_nodes: int | None = None
     """A stage's mesh spans part of a node or 1, 2, 4, ... nodes up to this (Alpa allows any
@@ -148,7 +149,7 @@ def candidates(
             stages = devices // size
             if stages > layers:
                 continue
-            for b in options.micro_batch_sizes:
+            for b in mesh_microbatches(options.micro_batch_sizes, size):
                 if gbs % (replicas * b):
                     continue
                 m = gbs // (replicas * b)
@@ -161,6 +162,18 @@ def candidates(
     out.sort(key=lambda c: (c.lower_bound_s, -c.replicas, c.num_stages, c.micro_batch_size,
                             c.vpp))  # fmt: skip
     return out
+
+
+def mesh_microbatches(per_rank: Sequence[int], mesh_size: int) -> list[int]:
+    """Sequences one mesh takes per microbatch: a per-rank microbatch times the ways the
+    layer ILP may split the batch inside the mesh (which it decides), so that a stage whose
+    mesh is all data parallel can still run the per-rank microbatches a user would try.
+
+    >>> mesh_microbatches((1, 2), 4)
+    [1, 2, 4, 8]
+    """
+    ways = [d for d in divisors(mesh_size) if d & (d - 1) == 0 or d == mesh_size]
+    return sorted({b * d for b in per_rank for d in ways})
 
 
 def divisors(n: int) -> list[int]:
@@ -245,7 +258,8 @@ def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOptio
     and ZeRO stage; with a pipeline, ZeRO-2 and 3 are left out, as DeepSpeed and
     Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline)."""
     sync = SyncContext(LogicalMesh(c.mesh), c.replicas, c.num_microbatches,
-                       ctx.training.precision)  # fmt: skip
+                       ctx.training.precision, ctx.options.overlap_grad_reduce,
+                       ctx.options.overlap_param_gather)  # fmt: skip
     options = []
     for solution in kind_solutions(ctx, kind, c.mesh, c.micro_batch_size):
         options += layer_options(solution, ctx.cluster, sync)

@@ -11,11 +11,12 @@ earlier stages' remaining backward work.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from planner import cost
 from planner.config import Schedule
 from planner.layer_cost import LayerCost
+from planner.plan import StageTime, StepTime
 from planner.spec import GIB, ClusterSpec, Precision, TrainingSpec
 
 
@@ -97,6 +98,27 @@ class StepCost:
     stage_time_s: tuple[tuple[float, float, float], ...]
     """Per stage and microbatch: compute, communication (incl. exposed per-microbatch
     data-parallel traffic), pipeline sends."""
+    stage_phase_s: tuple[tuple[float, float, float], ...]
+    """Per stage and microbatch: forward, backward and recomputation, each with its share of
+    the communication (for the schedule simulator)."""
+    stage_sync_tail_s: tuple[float, ...]
+    """Per stage, once per step after its last backward: the exposed data-parallel sync."""
+
+    def stage_times(self) -> tuple[StageTime, ...]:
+        """Each stage's per-microbatch seconds as a plan records them."""
+        return tuple(
+            StageTime(
+                compute=c, communication=comm, pipeline=pipe, forward=f, backward=b,
+                recompute=r, sync_tail=tail,
+            )
+            for (c, comm, pipe), (f, b, r), tail in zip(
+                self.stage_time_s, self.stage_phase_s, self.stage_sync_tail_s, strict=True
+            )
+        )
+
+    def step_time(self) -> StepTime:
+        """The step's breakdown as a plan records it."""
+        return StepTime(**asdict(self.time))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,30 +131,21 @@ class _Sync:
 
 def _dp_sync(stage: StageCost, cluster: ClusterSpec, k: PipelineKnobs, tied_s: float) -> _Sync:
     """Gradient reduction and ZeRO gathers of one stage (:func:`cost.data_parallel_sync`),
-    exposed as far as the overlap windows do not hide them."""
-    once = grads_mb = gathers_mb = gather_once = 0.0
+    exposed as far as the overlap windows do not hide them (:func:`cost.exposed_sync`)."""
+    total = cost.NO_SYNC
     for w in stage.weights:
         if w.also_reduced_over is not None:
-            once += cost.data_parallel_sync(
+            total += cost.data_parallel_sync(
                 cluster, w.also_reduced_over, params=w.params, precision=k.precision, zero=0
-            ).reduce_once_s
-        sync = cost.data_parallel_sync(cluster, w.data_parallel, params=w.params,
-                                       precision=k.precision, zero=stage.zero)  # fmt: skip
-        once += sync.reduce_once_s
-        gather_once += sync.gather_once_s
-        grads_mb += sync.reduce_per_microbatch_s
-        gathers_mb += sync.gather_per_microbatch_s
+            )
+        total += cost.data_parallel_sync(cluster, w.data_parallel, params=w.params,
+                                         precision=k.precision, zero=stage.zero)  # fmt: skip
     t = stage.time
-    grad_hide = t.backward_s if k.overlap_grad_reduce else 0.0
-    gather_hide = t.forward_s if k.overlap_param_gather else 0.0
-    # ZeRO-3 prefetches weights behind the forward and backward; ZeRO-2/3 reduce-scatters hide
-    # behind each microbatch's backward.
-    window = (t.forward_s if k.overlap_param_gather else 0.0) + (
-        t.backward_s if k.overlap_param_gather or k.overlap_grad_reduce else 0.0
-    )
-    per_mb = cost.exposed_s(grads_mb + gathers_mb, window)
-    tail = cost.exposed_s(once, grad_hide) + cost.exposed_s(gather_once, gather_hide)
-    return _Sync(per_mb, tail + tied_s)
+    exposed = cost.exposed_sync(
+        total, forward_s=t.forward_s, backward_s=t.backward_s,
+        overlap_grad_reduce=k.overlap_grad_reduce, overlap_param_gather=k.overlap_param_gather,
+    )  # fmt: skip
+    return _Sync(exposed.per_microbatch_s, exposed.once_s + tied_s)
 
 
 def _memory(
@@ -237,14 +250,30 @@ def compose_step(
         peak_memory_bytes=max(memories, key=sum),
         stage_memory_bytes=memories,
         stage_time_s=tuple(
-            (
-                s.time.compute_s,
-                s.time.tp_comm_s + s.time.cp_comm_s + s.time.ep_comm_s + y.per_microbatch_s,
-                s.time.pipeline_comm_s,
-            )
+            (s.time.compute_s, _communication_s(s.time, y), s.time.pipeline_comm_s)
             for s, y in zip(stages, syncs, strict=True)
         ),
+        stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(stages, syncs, strict=True)),
+        stage_sync_tail_s=tuple(y.tail_s for y in syncs),
     )
+
+
+def _communication_s(t: LayerCost, sync: _Sync) -> float:
+    """A stage's collectives per microbatch, with the data-parallel traffic left exposed."""
+    return t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + sync.per_microbatch_s
+
+
+def _phases(t: LayerCost, sync: _Sync) -> tuple[float, float, float]:
+    """Forward, backward and recomputation seconds of one microbatch. The cost model prices a
+    stage's collectives per microbatch, not per phase; they are shared in proportion to each
+    phase's compute (Megatron's tensor-parallel pairs run once forward and once backward, and
+    again in a recomputed forward)."""
+    comm = _communication_s(t, sync)
+    compute = t.compute_s
+    if compute <= 0:
+        return (comm / 2, comm / 2, 0.0)
+    share = 1 + comm / compute
+    return (t.forward_s * share, t.backward_s * share, t.recompute_s * share)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ Baselines and exports use it; the search's plans have the same shape.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from planner.config import ParallelConfig, resolve
 from planner.estimate import Estimate, estimate
 from planner.layer_cost import DEFAULT_RANK_ORDER, rank_strides
@@ -18,7 +20,7 @@ from planner.plan import (
     ScheduleSpec,
     SolverSummary,
     StageParallel,
-    StageTime,
+    StepTime,
     cluster_ref,
     model_ref,
 )
@@ -64,8 +66,7 @@ def uniform_plan(
             ranks=tuple(tuple(r) for r in ranks[i]),
             parallel=parallel,
             memory_gib=s.memory_gib,
-            time_s=StageTime(compute=s.compute_s, communication=s.communication_s,
-                             pipeline=s.pipeline_s),
+            time_s=s.time_s,
         )
         for i, s in enumerate(result.stages)
     )
@@ -88,7 +89,8 @@ def uniform_plan(
                        tp_comm_overlap=c.tp_comm_overlap),
         stages=stages,
         predicted=Predicted(
-            step_time_s=result.step_time_s, tokens_per_s=result.tokens_per_s,
+            step_time_s=result.step_time_s, time_s=StepTime(**asdict(result.time_s)),
+            tokens_per_s=result.tokens_per_s,
             model_tflops_per_gpu=result.model_tflops_per_gpu,
             hardware_tflops_per_gpu=result.hardware_tflops_per_gpu, mfu=result.mfu,
             peak_memory_gib=result.peak_memory_gib, bubble_fraction=result.bubble_fraction,

@@ -576,8 +576,8 @@ def test_uneven_first_and_last_stages() -> None:
     assert resolve(model, cluster, config).stage_layers == (7, *[8] * 14, 7)
     result = planner.estimate(model, cluster, config)
     assert len(result.stages) == 16
-    middle = result.stages[1].compute_s
-    assert result.stages[0].compute_s < middle * 1.1
+    middle = result.stages[1].time_s.compute
+    assert result.stages[0].time_s.compute < middle * 1.1
     assert result.stages[1].memory_gib.total > result.stages[2].memory_gib.total
     with pytest.raises(ConfigError, match="does not split evenly over the other 14 stages"):
         resolve(model, cluster, config.model_copy(update={"first_stage_layers": 8}))

@@ -204,6 +204,17 @@ def weight_copies(
     return params, tuple(a for a, d in enumerate(pair) if d is not None and d not in weight_dims)
 
 
+def weight_syncs(
+    cluster: ClusterSpec, group: cost.CommGroup | None, *, params: float, precision: Precision
+) -> tuple[cost.DataParallelSync, ...]:
+    """The data-parallel traffic under ZeRO 0..3 of ``params`` parameters replicated on
+    ``group``."""
+    return tuple(
+        cost.data_parallel_sync(cluster, group, params=params, precision=precision, zero=z)
+        for z in ZERO_STAGES
+    )
+
+
 def weight_costs(
     cluster: ClusterSpec,
     group: cost.CommGroup | None,
@@ -217,16 +228,12 @@ def weight_costs(
     if params == 0:
         return (0.0,) * 4, (0.0,) * 4
     shards = group.size if group is not None else 1
-    sync = tuple(
-        cost.data_parallel_sync(cluster, group, params=params, precision=precision,
-                                zero=z).per_microbatch_s(num_microbatches)
-        for z in ZERO_STAGES
-    )  # fmt: skip
+    syncs = weight_syncs(cluster, group, params=params, precision=precision)
     states = tuple(
         params * cost.state_bytes_per_param(precision, zero=z, shards=shards).total
         for z in ZERO_STAGES
     )
-    return states, sync
+    return states, tuple(s.per_microbatch_s(num_microbatches) for s in syncs)
 
 
 def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strategy]:

@@ -13,7 +13,7 @@ from planner.ilp.layer import LayerSolution
 from planner.layer_cost import LayerCost
 from planner.pipeline.options import LayerOption, StageChoice
 from planner.placement import PipelinePlacement
-from planner.plan import MemoryBreakdown, PlanStage, Predicted, StageParallel, StageTime
+from planner.plan import MemoryBreakdown, PlanStage, Predicted, StageParallel
 from planner.spec import GIB, ModelSpec, TrainingSpec
 from planner.step import (
     PipelineKnobs,
@@ -166,7 +166,6 @@ def plan_stages(
             f"{option.kind}.{c.op.split('.', 1)[-1]}": c.strategy
             for option in options.values() for c in option.solution.choices
         }  # fmt: skip
-        compute, comm, pipe = step.stage_time_s[i]
         out.append(PlanStage(
             index=i, layers=(s.first, s.last), num_devices=placement.mesh.num_devices,
             mesh=mesh, ranks=placement.stage_ranks(i),
@@ -176,7 +175,7 @@ def plan_stages(
                                    recompute=s.choice.recompute),  # type: ignore[arg-type]
             op_shardings=dict(sorted(shardings.items())),
             memory_gib=MemoryBreakdown.from_bytes(step.stage_memory_bytes[i]),
-            time_s=StageTime(compute=compute, communication=comm, pipeline=pipe),
+            time_s=step.stage_times()[i],
         ))  # fmt: skip
     return tuple(out)
 
@@ -203,6 +202,7 @@ def predicted(
                        recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
     return Predicted(
         step_time_s=step.step_s,
+        time_s=step.step_time(),
         tokens_per_s=rates.tokens_per_s,
         model_tflops_per_gpu=rates.model_tflops_per_gpu,
         hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,

@@ -18,7 +18,7 @@ import numpy as np
 
 from planner import cost
 from planner.graph.layout import LogicalMesh
-from planner.graph.strategies import weight_costs
+from planner.graph.strategies import weight_costs, weight_syncs
 from planner.ilp.layer import LayerSolution
 from planner.ilp.parts import RECOMPUTE, LayerParts
 from planner.spec import Precision
@@ -58,6 +58,8 @@ class SyncContext:
     replicas: int
     num_microbatches: int
     precision: Precision
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
 
 def layer_options(
@@ -66,8 +68,9 @@ def layer_options(
     """``solution``'s sharding under every recomputation mode (transformer layers only) and
     ZeRO stage.
 
-    Time adds the gradient sync per microbatch; memory is the weight states, the kept
-    activations per in-flight microbatch and the transient peak.
+    Time adds the gradient sync per microbatch that the overlap flags leave exposed beside
+    this layer's compute (the once-per-step part shared among the microbatches); memory is the
+    weight states, the kept activations per in-flight microbatch and the transient peak.
     """
     parts = solution.parts
     if parts is None:
@@ -75,20 +78,29 @@ def layer_options(
     modes = RECOMPUTE if solution.kind in TRANSFORMER_KINDS else ("none",)
     base = parts.forward_s + parts.backward_s + parts.tp_comm_s + parts.cp_comm_s
     base += parts.ep_comm_s
+    states = [0.0] * len(ZERO_STAGES)
+    syncs = [cost.NO_SYNC] * len(ZERO_STAGES)
+    for axes, params in parts.weight_groups():
+        group = ctx.mesh.replica_group(axes, ctx.replicas)
+        group_states, _ = weight_costs(cluster, group, params=params, precision=ctx.precision,
+                                       num_microbatches=ctx.num_microbatches)  # fmt: skip
+        group_syncs = weight_syncs(cluster, group, params=params, precision=ctx.precision)
+        for zero in ZERO_STAGES:
+            states[zero] += group_states[zero]
+            syncs[zero] += group_syncs[zero]
     options = []
-    groups = [
-        weight_costs(cluster, ctx.mesh.replica_group(axes, ctx.replicas), params=params,
-                     precision=ctx.precision, num_microbatches=ctx.num_microbatches)
-        for axes, params in parts.weight_groups()
-    ]  # fmt: skip
     for zero in ZERO_STAGES:
-        states = sum(g[0][zero] for g in groups)
-        sync = sum(g[1][zero] for g in groups)
         for mode in modes:
             k = parts.mode(mode)
+            exposed = cost.exposed_sync(
+                syncs[zero], forward_s=parts.forward_s, backward_s=parts.backward_s,
+                overlap_grad_reduce=ctx.overlap_grad_reduce,
+                overlap_param_gather=ctx.overlap_param_gather,
+            )  # fmt: skip
+            sync = exposed.per_microbatch_s + exposed.once_s / ctx.num_microbatches
             options.append(LayerOption(
                 kind=solution.kind, solution=solution, recompute=mode, zero=zero,
-                latency_s=base + parts.rerun_s[k] + sync, state_bytes=states,
+                latency_s=base + parts.rerun_s[k] + sync, state_bytes=states[zero],
                 kept_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],
             ))  # fmt: skip
     return options
