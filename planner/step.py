@@ -223,11 +223,13 @@ def compose_step(
     syncs = [sync(i, s) for i, s in enumerate(stages)]
     stage_times = [s.time.time_s + y.per_microbatch_s for s, y in zip(stages, syncs, strict=True)]
     pipe = cost.pipeline_time(stage_times, num_microbatches=m, vpp=knobs.vpp)
-    # Stage i finishes its last backward before stages 0..i-1 finish theirs.
+    # Stage i finishes its last backward before stages 0..i-1 finish theirs: they still run
+    # that microbatch's backward through their layers; with interleaving, only through their
+    # first chunk's (the last backward a stage runs is of chunk 0).
     tail, still_busy = 0.0, 0.0
     for s, y in zip(stages, syncs, strict=True):
         tail = max(tail, y.tail_s - still_busy)
-        still_busy += s.time.backward_s + s.time.recompute_s
+        still_busy += (s.time.backward_s + s.time.recompute_s) / knobs.vpp
     optimizer = cost.optimizer_step_s(
         cluster.device, knobs.precision, params=max(_optimizer_params(s) for s in stages)
     )

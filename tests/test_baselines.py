@@ -1,6 +1,7 @@
-"""The baselines: the grid against brute force over its own space, the heuristic against its
-written rule (Megatron's GPT-3 175B answer: TP 8 inside a node), the grid never slower than the
-heuristic, and one clear error when nothing fits."""
+"""The baselines: the grid against brute force over its own space (uneven first and last
+stages included), the heuristic against its written rule (Megatron's GPT-3 175B answer: TP 8
+inside a node; Llama 3.1 405B's uneven stages), the grid never slower than the heuristic, the
+configurations each prices, and one clear error when nothing fits."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from collections.abc import Callable
 
 import pytest
 
-from planner.baselines import grid_plan, grid_space, heuristic_plan
-from planner.baselines.grid import config_key, run_config, tp_degrees
-from planner.baselines.heuristic import heuristic_candidates
-from planner.config import ParallelConfig
+from planner.baselines import grid, grid_plan, grid_space, heuristic, heuristic_plan
+from planner.baselines.grid import config_key, run_config, stage_layers, stage_splits, tp_degrees
+from planner.baselines.heuristic import heuristic_candidates, layouts
+from planner.config import ParallelConfig, resolve
 from planner.errors import ConfigError, InfeasibleError
-from planner.estimate import estimate
+from planner.estimate import Estimate, estimate
 from planner.plan import Plan, StageParallel
 from planner.search import Progress, SolveOptions, training_of
 from planner.spec import ClusterSpec, ModelSpec, load_cluster, load_model
@@ -22,6 +23,8 @@ from tests.conftest import CLUSTERS, MODELS
 
 GPT3_RUN = SolveOptions(global_batch_size=1536, seq_length=2048)
 """Megatron's published GPT-3 175B run (Narayanan et al. 2021, Table 1)."""
+SMALL_405B_RUN = SolveOptions(global_batch_size=64, seq_length=4096)
+"""Llama 3.1 405B on 32 nodes, small enough to price the grid's whole space in a second."""
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,16 @@ def h100_node() -> ClusterSpec:
 @pytest.fixture(scope="module")
 def a100_128() -> ClusterSpec:
     return load_cluster(CLUSTERS / "dgx-a100-80gb.json", 128)
+
+
+@pytest.fixture(scope="module")
+def llama405b() -> ModelSpec:
+    return load_model(MODELS / "llama3.1-405b.json")
+
+
+@pytest.fixture(scope="module")
+def h100_32() -> ClusterSpec:
+    return load_cluster(CLUSTERS / "dgx-h100-80gb.json", 32)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +97,97 @@ def test_grid_is_the_brute_force_minimum(
     assert plan.solver.objective == plan.predicted.step_time_s
 
 
+def test_grid_is_the_brute_force_minimum_with_uneven_stages(
+    llama405b: ModelSpec, h100_32: ClusterSpec
+) -> None:
+    """Llama 3.1 405B (126 layers) on 256 H100: the pipeline degrees 4 to 64 do not divide the
+    layers, so half the space (744 of 1,512) has uneven first and last stages; the pruned grid
+    still returns the brute-force minimum, and it is Meta's TP8 PP16 with 7 + 8 x 14 + 7
+    layers."""
+    plan = grid_plan(llama405b, h100_32, SMALL_405B_RUN)
+    best = _brute_force(llama405b, h100_32, SMALL_405B_RUN)
+    expected = uniform_plan(llama405b, h100_32, best, method="grid")
+    assert plan.model_copy(update={"solver": expected.solver}) == expected
+    assert [s.num_layers for s in plan.stages] == [7, *[8] * 14, 7]
+    assert plan.uniform is not None and plan.uniform.tp == 8
+
+
+def test_stage_splits_known_answers() -> None:
+    """Megatron's equal ends where the remainder allows (Llama 3.1 405B on PP16 as Meta
+    trained it), ends one apart either way round where it does not (DeepSeek-V3's 61 layers),
+    the middle one layer heavier as the alternative, and nothing when the ends would be
+    empty."""
+    assert stage_splits(126, 16) == [(7, 7)]
+    assert stage_layers(126, 16, (7, 7)) == (7, *[8] * 14, 7)
+    assert stage_splits(61, 16) == [(2, 3), (3, 2)]
+    assert stage_splits(126, 4) == [(31, 31), (30, 30)]
+    assert stage_splits(61, 2) == [(30, 31), (31, 30)]
+    assert stage_splits(126, 48) == [] and stage_splits(32, 33) == []
+    assert stage_splits(96, 8) == [(None, None)]
+
+
+@pytest.mark.parametrize("num_layers", range(2, 70))
+def test_stage_splits_are_megatron_splits(num_layers: int) -> None:
+    """Every split covers the layers, gives every stage one at least, never puts more on an
+    end than in the middle, keeps the busiest stage within one layer of the least possible,
+    and is at most four per degree."""
+    for pp in range(2, num_layers + 1):
+        splits = stage_splits(num_layers, pp)
+        assert len(splits) <= 4
+        least = -(-num_layers // pp)
+        for split in splits:
+            layers = stage_layers(num_layers, pp, split)
+            assert len(layers) == pp and sum(layers) == num_layers and min(layers) >= 1
+            assert max(layers) in (least, least + 1)
+            assert max(layers[0], layers[-1]) <= max(layers)
+
+
+def test_grid_splits_resolve_as_megatron_does(llama405b: ModelSpec, h100_32: ClusterSpec) -> None:
+    """``resolve`` accepts every configuration of the grid's space, uneven stages with
+    interleaving and context parallelism included, and lays the layers out as the grid
+    meant."""
+    space = grid_space(llama405b, h100_32)
+    uneven = [c for c in space if c.first_stage_layers is not None]
+    assert {c.pp for c in uneven} == {4, 8, 16, 32, 64}
+    assert {c.cp for c in uneven} == {1, 2, 4, 8} and max(c.vpp for c in uneven) > 1
+    for config in space:
+        split = (config.first_stage_layers, config.last_stage_layers)
+        layers = stage_layers(llama405b.num_layers, config.pp, split)
+        assert resolve(llama405b, h100_32, config).stage_layers == layers
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, module: object) -> dict[str, int]:
+    """Count the ``estimate`` calls of ``module`` and those that returned a price."""
+    counts = {"calls": 0, "priced": 0}
+
+    def counted(*args: object) -> Estimate:
+        counts["calls"] += 1
+        result = estimate(*args)  # type: ignore[arg-type]
+        counts["priced"] += 1
+        return result
+
+    monkeypatch.setattr(module, "estimate", counted)
+    return counts
+
+
+@pytest.mark.parametrize("method", [grid_plan, heuristic_plan])
+def test_configurations_count_the_estimates(
+    method: Callable[..., Plan],
+    llama405b: ModelSpec,
+    h100_32: ClusterSpec,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``solver.configurations`` is the number of configurations ``estimate`` priced (not
+    those it refused); the grid prices fewer than its space (pruned ones are not counted) and
+    each at most once."""
+    counts = _counting(monkeypatch, grid if method is grid_plan else heuristic)
+    plan = method(llama405b, h100_32, SMALL_405B_RUN)
+    assert plan.solver.configurations == counts["priced"] > 0
+    assert plan.solver.time_s > 0
+    if method is grid_plan:
+        assert counts["calls"] < len(grid_space(llama405b, h100_32, SMALL_405B_RUN))
+
+
 @pytest.mark.parametrize("case", ["llama3-8b", "gpt3-175b"])
 def test_grid_is_never_slower_than_the_heuristic(
     case: str, plans: dict[tuple[str, str], Plan]
@@ -122,6 +226,42 @@ def test_heuristic_gpt3_follows_megatron(
     assert not estimate(gpt3, a100_128, config).fits
 
 
+def test_heuristic_raises_tp_before_pp(
+    llama: ModelSpec, h100_node: ClusterSpec, plans: dict[tuple[str, str], Plan]
+) -> None:
+    """Llama 3 8B at 8,192 tokens on one DGX H100: TP 1 does not fit with selective
+    recomputation, so the rule takes TP 2, still without a pipeline."""
+    plan = plans["llama3-8b", "heuristic"]
+    assert plan.uniform == StageParallel(tp=2, dp=1, sp=True, zero_stage=1, recompute="selective")
+    assert len(plan.stages) == 1
+    options = SolveOptions()
+    tp1 = run_config(training_of(llama, options), options, tp=1, zero=1, recompute="selective")
+    assert not estimate(llama, h100_node, tp1).fits
+    assert layouts(llama, h100_node) == [(1, 1), (2, 1), (4, 1), (8, 1)]  # one node: no PP at TP 8
+
+
+def test_heuristic_llama405b_follows_its_rule(llama405b: ModelSpec) -> None:
+    """Llama 3.1 405B on 16,384 H100 (126 layers): no TP fits without a pipeline; at TP 8,
+    Meta's PP16 with Megatron's 7 + 8 x 14 + 7 layers is the rule's candidate, but with
+    selective recomputation its first stage holds 16 microbatches of activations and does not
+    fit, so the rule goes on to PP32 (3 + 4 x 30 + 3), which does; full recomputation, the
+    rule's last resort, is never reached (with it PP16 would fit)."""
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 2048)
+    plan = heuristic_plan(llama405b, cluster)
+    assert plan.uniform == StageParallel(tp=8, dp=1, sp=True, zero_stage=1, recompute="selective")
+    assert [s.num_layers for s in plan.stages] == [3, *[4] * 30, 3]
+    assert (plan.micro_batch_size, plan.data_parallel_replicas) == (1, 64)
+    options = SolveOptions()
+    meta = {"tp": 8, "pp": 16, "sp": True, "zero": 1, "first_stage_layers": 7,
+            "last_stage_layers": 7}  # fmt: skip
+    training = training_of(llama405b, options)
+    selective = run_config(training, options, recompute="selective", **meta)
+    full = run_config(training, options, recompute="full", **meta)
+    assert selective in heuristic_candidates(llama405b, cluster, training, options)
+    assert not estimate(llama405b, cluster, selective).fits
+    assert estimate(llama405b, cluster, full).fits
+
+
 def test_grid_space_follows_its_rules(llama: ModelSpec, h100_node: ClusterSpec) -> None:
     """Context parallelism only for long sequences, ZeRO-2/3 only without a pipeline, SP
     exactly when TP > 1, TP inside the node."""
@@ -156,3 +296,11 @@ def test_nothing_fits_is_one_clear_error(gpt3: ModelSpec, method: Callable[..., 
     one_node = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 1)
     with pytest.raises(InfeasibleError, match=r"fits gpt3-175b on 8 x .*needs \d+\.\d GiB"):
         method(gpt3, one_node, GPT3_RUN)
+
+
+def test_nothing_fits_names_the_uneven_split(llama405b: ModelSpec) -> None:
+    """Llama 3.1 405B on 4 nodes: the rule's deepest pipeline, PP4 with 31 + 32 x 2 + 31
+    layers, is the leanest and does not fit; the error says how the layers were split."""
+    four_nodes = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 4)
+    with pytest.raises(InfeasibleError, match=r"pp 4 with 31 and 31 layers at the ends"):
+        heuristic_plan(llama405b, four_nodes)

@@ -4,8 +4,12 @@ The space is what a Megatron-LM user can launch with flags:
 
 - ``tp``: divisors of the devices in a node that divide the attention heads, the KV groups
   and the FFN (tensor parallelism stays inside a node);
-- ``pp``: divisors of the decoder layers; ``vpp`` (interleaved 1F1B): every count of equal
-  chunks, when ``options.interleaved``;
+- ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``,
+  with the layers split by :func:`stage_splits`: equal stages when ``pp`` divides the layers,
+  else Megatron's uneven first and last stage (``--decoder-first-pipeline-num-layers``,
+  ``--decoder-last-pipeline-num-layers``);
+- ``vpp`` (interleaved 1F1B), when ``options.interleaved``: every count of chunks that divides
+  every stage's layers (Megatron-Core's rule, uneven stages included);
 - ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a node, only from :data:`LONG_SEQUENCE` on;
 - ``ep``: divisors of the experts (mixtures of experts only);
 - ``mbs``: ``options.micro_batch_sizes``; recomputation none, selective or full; ZeRO 0 or 1
@@ -14,12 +18,17 @@ The space is what a Megatron-LM user can launch with flags:
   options say; data parallelism takes the devices left over.
 
 The answer is the least predicted step time among the configurations that divide and fit, ties
-broken by the smallest ``(tp, pp, cp, ep, vpp, mbs, recompute, zero)``. Two prunings skip work
-without changing it: a branch of degrees ``(tp, pp, cp, ep)`` is dropped when its leanest
-configuration (no interleaving, the smallest microbatch, full recomputation, the highest ZeRO
-stage) does not fit, and within a branch a larger microbatch is not tried once a smaller one
-does not fit (activations grow with the microbatch; 1F1B's in-flight count times the
-microbatch never shrinks).
+broken by the smallest ``(tp, pp, first, last, cp, ep, vpp, mbs, recompute, zero)``. Two
+prunings skip work without changing it: a branch (degrees ``(tp, pp, cp, ep)`` and one layer
+split) is dropped when its leanest configuration (no interleaving, the smallest microbatch,
+full recomputation, the highest ZeRO stage) does not fit, and within a branch a larger
+microbatch is not tried once a smaller one does not fit (activations grow with the microbatch;
+1F1B's in-flight count times the microbatch never shrinks).
+
+The plan's ``solver.configurations`` counts the configurations :func:`estimate` priced, once
+each: neither the pruned ones nor the ones it refused as not dividing (the batch over
+``dp x mbs``, interleaving's microbatches over ``pp``) are counted, and the winner's re-pricing
+as a plan is not either. ``solver.time_s`` is the wall time of the whole search.
 """
 
 from __future__ import annotations
@@ -45,15 +54,65 @@ first with CP 2 is Llama 3 8B at 8192)."""
 CP_DEGREES = (1, 2, 4, 8)
 RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 
+Split = tuple[int | None, int | None]
+"""Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
+
+
+def stage_splits(num_layers: int, pp: int) -> list[Split]:
+    """The layer splits tried for ``pp`` stages: equal stages when ``pp`` divides the layers;
+    else Megatron's uneven first and last stage around ``pp - 2`` middle stages of ``m`` layers.
+
+    ``m`` is ``ceil(num_layers / pp)``, the least the busiest stage can hold, or one more (the
+    ends then lighten by ``pp - 2`` layers between them: room for the embedding and the head,
+    and an equal split when ``pp`` is odd and the least ``m`` leaves an odd remainder). The ends
+    share what the middle leaves, at least one layer each: equally when it is even (Llama 3.1
+    405B on PP16: 7 + 8 x 14 + 7), else one apart, either way round. At most four splits per
+    ``pp``; none when the middle leaves fewer than two layers (126 layers on PP48).
+
+    >>> stage_splits(126, 16), stage_splits(96, 16)
+    ([(7, 7)], [(None, None)])
+    >>> stage_splits(32, 3)
+    [(10, 11), (11, 10), (10, 10)]
+    """
+    if num_layers % pp == 0:
+        return [(None, None)]
+    if pp > num_layers:
+        return []
+    least = -(-num_layers // pp)
+    splits: dict[Split, None] = {}  # ordered, and pp 2 gives the same ends for either m
+    for middle in (least, least + 1):
+        ends = num_layers - (pp - 2) * middle
+        if ends < 2:
+            continue
+        lighter = ends // 2
+        splits[lighter, ends - lighter] = None
+        splits[ends - lighter, lighter] = None
+    return list(splits)
+
+
+def stage_layers(num_layers: int, pp: int, split: Split) -> tuple[int, ...]:
+    """Decoder layers on each stage, first to last.
+
+    >>> stage_layers(126, 16, (7, 7))[:3], stage_layers(96, 16, (None, None))[:3]
+    ((7, 8, 8), (6, 6, 6))
+    """
+    first, last = split
+    if first is None or last is None:
+        return (num_layers // pp,) * pp
+    middle = (num_layers - first - last) // (pp - 2) if pp > 2 else 0
+    return (first, *([middle] * (pp - 2)), last)
+
 
 @dataclass(frozen=True, slots=True)
 class Branch:
-    """The degrees that decide how devices are grouped; everything else varies inside."""
+    """The degrees that decide how devices are grouped, and the layers' split over the
+    stages; everything else varies inside."""
 
     tp: int
     pp: int
     cp: int
     ep: int
+    split: Split = (None, None)
 
 
 def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
@@ -66,19 +125,26 @@ def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
             and kv_groups % t == 0 and model.ffn % t == 0]  # fmt: skip
 
 
+def pipeline_degrees(model: ModelSpec, devices: int) -> list[int]:
+    """Pipeline degrees that divide ``devices`` and split the decoder layers somehow."""
+    return [p for p in divisors(devices) if p <= model.num_layers
+            and stage_splits(model.num_layers, p)]  # fmt: skip
+
+
 def branches(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[Branch]:
-    """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices."""
+    """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
+    layer split."""
     n = cluster.num_devices
     cps = CP_DEGREES if training.seq_length >= LONG_SEQUENCE else (1,)
     experts = model.moe.num_experts if model.moe else 1
     out = []
     for tp in tp_degrees(model, cluster):
         for cp in (c for c in cps if tp * c <= cluster.devices_per_node):
-            for pp in divisors(model.num_layers):
-                if n % (tp * pp * cp):
-                    continue
+            for pp in pipeline_degrees(model, n // (tp * cp)):
                 dp = n // (tp * pp * cp)
-                out += [Branch(tp, pp, cp, ep) for ep in divisors(experts) if (dp * cp) % ep == 0]
+                out += [Branch(tp, pp, cp, ep, split)
+                        for split in stage_splits(model.num_layers, pp)
+                        for ep in divisors(experts) if (dp * cp) % ep == 0]  # fmt: skip
     return out
 
 
@@ -101,13 +167,15 @@ def branch_groups(
     b = branch
     vpps = [1]
     if options.interleaved and b.pp > 1:
-        vpps += [v for v in range(2, model.num_layers // b.pp + 1)
-                 if model.num_layers % (b.pp * v) == 0]  # fmt: skip
+        layers = set(stage_layers(model.num_layers, b.pp, b.split))
+        vpps += [v for v in range(2, min(layers) + 1) if all(n % v == 0 for n in layers)]
     zeros = (0, 1, 2, 3) if b.pp == 1 else (0, 1)
     mbss = sorted(set(options.micro_batch_sizes))
+    first, last = b.split
     return [
         [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, ep=b.ep, vpp=v, sp=b.tp > 1,
-                    mbs=m, recompute=r, zero=z) for m in mbss]
+                    first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
+                    zero=z) for m in mbss]
         for v in vpps for r in RECOMPUTE for z in zeros
     ]  # fmt: skip
 
@@ -123,9 +191,10 @@ def grid_space(
 
 
 def config_key(config: ParallelConfig) -> tuple[int, ...]:
-    """The tie-break order: simpler configurations first."""
+    """The tie-break order: simpler configurations first (equal stages before uneven)."""
     c = config
-    return (c.tp, c.pp, c.cp, c.ep, c.vpp, c.mbs, RECOMPUTE.index(c.recompute), c.zero)
+    return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp, c.ep, c.vpp,
+            c.mbs, RECOMPUTE.index(c.recompute), c.zero)  # fmt: skip
 
 
 Verdict = Literal["fits", "too big", "refused"]
@@ -133,11 +202,13 @@ Verdict = Literal["fits", "too big", "refused"]
 
 @dataclass(slots=True)
 class _Search:
-    """The best configuration so far and the leanest one that did not fit."""
+    """The best configuration so far, the leanest one that did not fit, and how many were
+    priced."""
 
     best: tuple[float, tuple[int, ...], ParallelConfig] | None = None
     leanest: tuple[float, ParallelConfig] | None = None
     first_refusal: str | None = None
+    priced: int = 0
 
     def price(self, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Verdict:
         """Price ``config`` and keep it if it is the best so far."""
@@ -146,6 +217,7 @@ class _Search:
         except ConfigError as exc:
             self.first_refusal = self.first_refusal or str(exc)
             return "refused"
+        self.priced += 1
         if not result.fits:
             if self.leanest is None or result.peak_memory_gib < self.leanest[0]:
                 self.leanest = (result.peak_memory_gib, config)
@@ -163,7 +235,8 @@ def grid_plan(
     *,
     progress: ProgressFn | None = None,
 ) -> Plan:
-    """The fastest uniform configuration that fits, as a plan (method ``"grid"``).
+    """The fastest uniform configuration that fits, as a plan (method ``"grid"``), with the
+    configurations priced in ``solver.configurations``.
 
     Raises :class:`~planner.errors.InfeasibleError` when none fits and
     :class:`~planner.errors.ConfigError` when none even divides.
@@ -175,22 +248,32 @@ def grid_plan(
     search = _Search()
     done = 0
     for groups in work:
-        size = sum(len(group) for group in groups)
-        leanest = min((g[0] for g in groups), key=_leanness)
-        if search.price(model, cluster, leanest) != "too big":
-            for group in groups:
-                for config in group:
-                    if search.price(model, cluster, config) == "too big":
-                        break  # a larger microbatch holds more
-        done += size
+        _search_branch(model, cluster, groups, search)
+        done += sum(len(group) for group in groups)
         if progress is not None:
             progress(Progress(done, total, search.best[0] if search.best else None))
     if search.best is None:
         raise _failure(model, cluster, training, search)
     plan = uniform_plan(model, cluster, search.best[2], method="grid")
     summary = SolverSummary(time_s=time.perf_counter() - started, status="optimal",
-                            objective=plan.predicted.step_time_s)  # fmt: skip
+                            objective=plan.predicted.step_time_s,
+                            configurations=search.priced)  # fmt: skip
     return plan.model_copy(update={"solver": summary})
+
+
+def _search_branch(
+    model: ModelSpec, cluster: ClusterSpec, groups: list[list[ParallelConfig]], search: _Search
+) -> None:
+    """Price one branch's groups, pruned as the module says; the leanest is priced once."""
+    leanest = min((g[0] for g in groups), key=_leanness)
+    if search.price(model, cluster, leanest) == "too big":
+        return
+    for group in groups:
+        for config in group:
+            if config is leanest:
+                continue  # priced above: it fits or does not divide
+            if search.price(model, cluster, config) == "too big":
+                break  # a larger microbatch holds more
 
 
 def _leanness(config: ParallelConfig) -> tuple[int, int, int, int]:
@@ -223,11 +306,13 @@ def nothing_fits(
     """The error for a search where nothing fits, naming the leanest configuration tried and
     the memory it needs."""
     need_gib, c = leanest
+    pp = f"pp {c.pp}"
+    if c.first_stage_layers is not None:
+        pp += f" with {c.first_stage_layers} and {c.last_stage_layers} layers at the ends"
     return InfeasibleError(
         f"{searched} fits {model.name} on {cluster.num_devices} x {cluster.device.name} "
         f"({cluster.device.memory_gib:g} GiB) at global batch {training.global_batch_size}, "
-        f"sequence {training.seq_length}; the leanest tried (tp {c.tp}, pp {c.pp}, cp {c.cp}, "
+        f"sequence {training.seq_length}; the leanest tried (tp {c.tp}, {pp}, cp {c.cp}, "
         f"ep {c.ep}, mbs {c.mbs}, {c.recompute} recompute, ZeRO-{c.zero}) needs "
         f"{need_gib:.1f} GiB per device; {advice}"
     )
-

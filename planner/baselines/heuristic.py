@@ -1,20 +1,30 @@
 """The heuristic baseline: the rule of thumb an experienced Megatron-LM user applies.
 
-1. Tensor parallelism inside a node, in powers of two: start at 8 (or the node's size) for a
-   model of :data:`LARGE_MODEL_PARAMS` or more, at 2 from :data:`MEDIUM_MODEL_PARAMS`, else at
-   1 (Narayanan et al. 2021, takeaway 1: TP up to the node's size, PP across nodes), raising it
-   only when no pipeline depth fits. Sequence parallelism on whenever TP > 1.
-2. Pipeline parallelism: the fewest stages that divide the layers and fit in memory.
-3. The distributed optimizer (ZeRO-1), selective recomputation (Korthikanti et al. 2022), a
-   microbatch of 1 (the smallest in ``options.micro_batch_sizes`` when 1 is not allowed), 1F1B
-   without interleaving, no context parallelism.
-4. Mixtures of experts: the size in step 1 counts the active parameters, and expert
-   parallelism is as wide as the experts and the data-parallel ranks allow (DeepSeek-V3
-   trained with EP 64 across 8 nodes).
-5. Data parallelism takes the devices left over.
-6. When nothing fits with selective recomputation, the same again with full recomputation.
+1. Layout, in this order (Narayanan et al. 2021, takeaway 1: tensor parallelism up to the
+   node's size, pipeline parallelism across nodes): tensor parallelism inside a node, the
+   smallest degree that fits without a pipeline; when even the node's widest does not fit,
+   that widest with the fewest pipeline stages that fit. A pipeline degree that does not
+   divide the layers takes Megatron's uneven first and last stage, the first split of
+   :func:`~planner.baselines.grid.stage_splits` (Llama 3.1 405B on PP16: 7 + 8 x 14 + 7, as
+   Meta trained it; when the ends cannot be equal, the first stage is the lighter: under 1F1B
+   it holds the most microbatches in flight).
+2. Data parallelism takes the devices left over. Mixtures of experts: expert parallelism is
+   as wide as the experts and the data-parallel ranks allow (DeepSeek-V3 trained with EP 64
+   across 8 nodes).
+3. Fixed switches: a microbatch of 1 (the smallest in ``options.micro_batch_sizes`` when 1 is
+   not allowed), sequence parallelism whenever TP > 1, the distributed optimizer (ZeRO-1),
+   1F1B without interleaving, no context parallelism.
+4. Selective recomputation (Korthikanti et al. 2022) for the whole of step 1; when no layout
+   fits with it, step 1 again with full recomputation.
 
 Every candidate is checked with :func:`~planner.estimate.estimate`; the first that fits wins.
+Under 1F1B the first stage holds ``pp`` microbatches of ``1/pp`` of the layers, so a deeper
+pipeline frees weights and optimizer states but hardly activations: a run whose activations
+alone overflow with selective recomputation climbs to a deep pipeline before step 4 turns full
+recomputation on (Llama 3.1 405B on 16,384 H100: PP32, where Meta's PP16 is 2 GiB over at
+selective recomputation in this cost model and needs full). The plan's ``solver.configurations``
+counts the candidates priced (those :func:`~planner.estimate.estimate` refused as not dividing
+are not counted).
 """
 
 from __future__ import annotations
@@ -22,22 +32,22 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from planner.baselines.grid import DEFAULT_OPTIONS, nothing_fits, run_config, tp_degrees
+from planner.baselines.grid import (
+    DEFAULT_OPTIONS,
+    nothing_fits,
+    pipeline_degrees,
+    run_config,
+    stage_splits,
+    tp_degrees,
+)
 from planner.config import ParallelConfig, Recompute
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import Estimate, estimate
-from planner.graph import lowered, parameter_count
 from planner.plan import Plan, SolverSummary
 from planner.search import Progress, ProgressFn, SolveOptions, training_of
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform import uniform_plan
 
-LARGE_MODEL_PARAMS = 30e9
-"""From here on a model starts at TP 8: its weights and states would otherwise need a deep
-pipeline (Megatron trained GPT-3 175B at TP 8)."""
-MEDIUM_MODEL_PARAMS = 10e9
-"""From here on a model starts at TP 2 (13B-class models commonly train at TP 2); below it at
-TP 1."""
 RECOMPUTE_LADDER: tuple[Recompute, ...] = ("selective", "full")
 
 
@@ -48,20 +58,39 @@ def heuristic_plan(
     *,
     progress: ProgressFn | None = None,
 ) -> Plan:
-    """The rule of thumb's configuration, as a plan (method ``"heuristic"``).
+    """The rule of thumb's configuration, as a plan (method ``"heuristic"``), with the
+    candidates priced in ``solver.configurations``.
 
     Raises :class:`~planner.errors.InfeasibleError` when no candidate fits.
     """
     started = time.perf_counter()
     training = training_of(model, options)
     todo = list(heuristic_candidates(model, cluster, training, options))
-    chosen, leanest = _first_fit(model, cluster, todo, progress)
+    chosen, leanest, priced = _first_fit(model, cluster, todo, progress)
     if chosen is None:
         raise _failure(model, cluster, training, leanest)
     plan = uniform_plan(model, cluster, chosen, method="heuristic")
     summary = SolverSummary(time_s=time.perf_counter() - started, status="feasible",
-                            objective=plan.predicted.step_time_s)  # fmt: skip
+                            objective=plan.predicted.step_time_s,
+                            configurations=priced)  # fmt: skip
     return plan.model_copy(update={"solver": summary})
+
+
+def layouts(model: ModelSpec, cluster: ClusterSpec) -> list[tuple[int, int]]:
+    """``(tp, pp)`` in the order the rule tries them: every TP inside a node without a
+    pipeline, then the widest TP with ever more stages (each dividing the devices).
+
+    >>> from pathlib import Path
+    >>> from planner.spec import load_cluster, load_model
+    >>> root = Path(__file__).resolve().parents[2] / "instances"
+    >>> gpt3 = load_model(root / "models/gpt3-175b.json")
+    >>> layouts(gpt3, load_cluster(root / "clusters/dgx-a100-80gb.json", 16))[:7]
+    [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4), (8, 8)]
+    """
+    tps = tp_degrees(model, cluster)
+    widest = tps[-1]
+    stages = pipeline_degrees(model, cluster.num_devices // widest)
+    return [(tp, 1) for tp in tps] + [(widest, pp) for pp in stages if pp > 1]
 
 
 def heuristic_candidates(
@@ -70,26 +99,13 @@ def heuristic_candidates(
     """The rule's configurations in the order it tries them."""
     n = cluster.num_devices
     mbs = 1 if 1 in options.micro_batch_sizes else min(options.micro_batch_sizes)
-    tps = [t for t in tp_degrees(model, cluster)
-           if t & (t - 1) == 0 and t >= start_tp(model, cluster, training)]  # fmt: skip
-    for recompute in RECOMPUTE_LADDER:
-        for tp in tps:
-            for pp in (p for p in range(1, model.num_layers + 1) if model.num_layers % p == 0):
-                if n % (tp * pp):
-                    continue
-                ep = expert_degree(model, dp=n // (tp * pp))
-                yield run_config(training, options, tp=tp, pp=pp, ep=ep, sp=tp > 1, mbs=mbs,
-                                 recompute=recompute, zero=1)  # fmt: skip
-
-
-def start_tp(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> int:
-    """The tensor-parallel degree the rule starts from, by the model's size (its active
-    parameters: a mixture of experts spreads the rest with expert parallelism)."""
-    params = parameter_count(lowered(model, training, 1)[0]).active
-    start = 8 if params >= LARGE_MODEL_PARAMS else 2 if params >= MEDIUM_MODEL_PARAMS else 1
-    # the largest power of two the model's heads and the node allow, if 8 is out of reach
-    allowed = [t for t in tp_degrees(model, cluster) if t & (t - 1) == 0]
-    return max(t for t in allowed if t <= start)
+    for recompute in RECOMPUTE_LADDER:  # outermost: full recomputation is the last resort
+        for tp, pp in layouts(model, cluster):
+            first, last = stage_splits(model.num_layers, pp)[0]
+            ep = expert_degree(model, dp=n // (tp * pp))
+            yield run_config(training, options, tp=tp, pp=pp, ep=ep, sp=tp > 1, mbs=mbs,
+                             first_stage_layers=first, last_stage_layers=last,
+                             recompute=recompute, zero=1)  # fmt: skip
 
 
 def expert_degree(model: ModelSpec, *, dp: int) -> int:
@@ -105,24 +121,27 @@ def _first_fit(
     cluster: ClusterSpec,
     todo: list[ParallelConfig],
     progress: ProgressFn | None,
-) -> tuple[ParallelConfig | None, tuple[float, ParallelConfig] | None]:
-    """The first of ``todo`` that divides and fits, and the leanest that did not fit with the
-    memory it needs."""
+) -> tuple[ParallelConfig | None, tuple[float, ParallelConfig] | None, int]:
+    """The first of ``todo`` that divides and fits, the leanest that did not fit with the
+    memory it needs, and how many were priced."""
     leanest: tuple[float, ParallelConfig] | None = None
+    priced = 0
     for done, config in enumerate(todo, start=1):
         try:
             result: Estimate | None = estimate(model, cluster, config)
         except ConfigError:
             result = None  # e.g. the batch does not split over this many replicas
-        if result is not None and result.fits:
-            if progress is not None:
-                progress(Progress(len(todo), len(todo), result.step_time_s))
-            return config, leanest
-        if result is not None and (leanest is None or result.peak_memory_gib < leanest[0]):
-            leanest = (result.peak_memory_gib, config)
+        if result is not None:
+            priced += 1
+            if result.fits:
+                if progress is not None:
+                    progress(Progress(len(todo), len(todo), result.step_time_s))
+                return config, leanest, priced
+            if leanest is None or result.peak_memory_gib < leanest[0]:
+                leanest = (result.peak_memory_gib, config)
         if progress is not None:
             progress(Progress(done, len(todo), None))
-    return None, leanest
+    return None, leanest, priced
 
 
 def _failure(

@@ -1,20 +1,26 @@
-"""Presentation: rich tables (and, later, figures) built from results. Nothing here prints;
-the CLI renders what these functions return."""
+"""Presentation: rich tables and figures built from results. Nothing here prints; the CLI
+renders the tables these functions return, and figures are written only where asked."""
 
 from planner.report.tables import (
     calibration_tables,
+    compare_tables,
     estimate_tables,
     info_tables,
     layer_tables,
     plan_tables,
+    simulation_json,
+    simulation_tables,
     validation_tables,
 )
 
 __all__ = [
     "calibration_tables",
+    "compare_tables",
     "estimate_tables",
     "info_tables",
     "layer_tables",
     "plan_tables",
+    "simulation_json",
+    "simulation_tables",
     "validation_tables",
 ]

@@ -13,9 +13,12 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.calibration import CalibrationFit, ValidationRow, describe
+from planner.compare import MethodResult, best_step_s
 from planner.config import ParallelConfig
+from planner.cost import in_flight_microbatches
 from planner.estimate import Estimate
 from planner.ilp import LayerSolution
+from planner.pipeline.simulate import Simulation
 from planner.plan import Plan, PlanStage
 from planner.spec import ClusterSpec, ModelSpec
 
@@ -195,3 +198,77 @@ def _stage_runs(
         else:
             runs.append((stage, stage, cells))
     return runs
+
+
+def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
+    """One row per method: its plan in one line, the predicted step and rates, peak memory,
+    the time it took to find, and its step relative to the best."""
+    best = best_step_s(results)
+    plan = next(r.plan for r in results if r.plan is not None)
+    head = Text(f"{plan.model.name} on {plan.cluster.num_nodes * plan.cluster.devices_per_node} "
+                f"x {plan.cluster.device}, global batch {plan.global_batch_size} x "
+                f"{plan.seq_length} tokens, {plan.precision}", style="bold")  # fmt: skip
+    table = Table(title="methods compared (same cost model)", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False)  # fmt: skip
+    for col, justify in (("method", "left"), ("plan", "left"), ("step s", "right"),
+                         ("tokens/s", "right"), ("MFU", "right"), ("peak GiB", "right"),
+                         ("solve s", "right"), ("x best", "right")):  # fmt: skip
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for r in results:
+        if r.plan is None:
+            table.add_row(r.method, Text(f"no plan: {r.error}", style="red"), "-", "-", "-",
+                          "-", f"{r.solve_time_s:.2f}", "-")  # fmt: skip
+            continue
+        p = r.plan.predicted
+        ratio = p.step_time_s / best
+        table.add_row(r.method, r.plan.summary(), f"{p.step_time_s:.3f}",
+                      f"{p.tokens_per_s:,.0f}", f"{100 * p.mfu:.1f} %",
+                      f"{p.peak_memory_gib:.1f}", f"{r.solve_time_s:.2f}",
+                      Text(f"{ratio:.3f}", style="bold green" if ratio == 1 else ""))  # fmt: skip
+    return [head, table]
+
+
+def simulation_json(plan: Plan, sim: Simulation) -> dict[str, object]:
+    """The ``planner simulate --json`` object: the simulated step beside the plan's closed
+    form, and per stage the busy and idle seconds and the activations held at the peak."""
+    closed = [in_flight_microbatches("1f1b", stage=s.index, pp=len(plan.stages),
+                                     vpp=plan.schedule.virtual_stages,
+                                     num_microbatches=plan.num_microbatches)
+              for s in plan.stages]  # fmt: skip
+    return {
+        "simulated_step_s": sim.step_s,
+        "predicted_step_s": plan.predicted.step_time_s,
+        "simulated_bubble_fraction": sim.bubble_fraction,
+        "predicted_bubble_fraction": plan.predicted.bubble_fraction,
+        "stages": [
+            {
+                "stage": i,
+                "busy_s": sim.busy_s[i],
+                "idle_s": sim.bubble_s[i],
+                "peak_in_flight": sim.peak_in_flight[i],
+                "closed_form_in_flight": closed[i],
+            }
+            for i in range(sim.num_stages)
+        ],
+    }
+
+
+def simulation_tables(plan: Plan, sim: Simulation) -> list[RenderableType]:
+    """The simulated step against the plan's prediction, and a row per stage."""
+    data = simulation_json(plan, sim)
+    predicted = plan.predicted.step_time_s
+    head = Text.assemble(
+        (plan.summary(), "bold"),
+        f"\nsimulated step {sim.step_s:.3f} s, predicted {predicted:.3f} s "
+        f"({100 * (sim.step_s / predicted - 1):+.2f} %); bubble simulated "
+        f"{100 * sim.bubble_fraction:.1f} %, predicted {100 * plan.predicted.bubble_fraction:.1f} "
+        f"%; {len(sim.events):,} operations",
+    )  # fmt: skip
+    table = Table(title="stages", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for col in ("stage", "busy s", "idle s", "in flight (simulated)", "in flight (closed form)"):
+        table.add_column(col, justify="right")
+    for row in data["stages"]:  # type: ignore[attr-defined]
+        cells = (row["busy_s"], row["idle_s"], row["peak_in_flight"], row["closed_form_in_flight"])
+        table.add_row(str(row["stage"]), *(f"{x:.3f}" for x in cells[:2]),
+                      *(f"{x:g}" for x in cells[2:]))  # fmt: skip
+    return [head, table]

@@ -1,0 +1,41 @@
+"""The ``planner`` command line: parses, calls the library, prints. Nothing else.
+
+Every :class:`~planner.errors.PlannerError` becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from planner.cli import inputs, plans
+from planner.cli.app import app
+from planner.errors import PlannerError
+
+COMMANDS = (inputs, plans)
+"""The modules whose import registers the commands on :data:`app`."""
+
+
+def main() -> None:
+    """Entry point. A PlannerError is one line and exit code 2; so is a command line that
+    does not parse (click's usage errors, recognised by their interface because typer may
+    vendor its own click)."""
+    args = sys.argv[1:]
+    debug = "--debug" in args
+    try:
+        app([a for a in args if a != "--debug"], prog_name="planner", standalone_mode=False)
+    except PlannerError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:
+        message = getattr(exc, "format_message", None)
+        if message is None or debug:
+            raise
+        ctx = getattr(exc, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        print(f"error: {where}{message()}", file=sys.stderr)
+        sys.exit(2)
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,193 @@
+"""The commands about inputs and single configurations: estimate, info, schema, layer,
+validate, calibrate."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from pydantic import ValidationError
+
+from planner import report
+from planner.calibration import calibrate_file, validate
+from planner.cli.app import ClusterArg, JsonOpt, ModelArg, NodesOpt, app, print_json, render
+from planner.config import ParallelConfig
+from planner.errors import ConfigError, InfeasibleError
+from planner.estimate import estimate
+from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
+from planner.info import model_info
+from planner.output import write_atomic
+from planner.spec import json_schema, load_cluster, load_model
+from planner.uniform import uniform_plan
+
+
+@app.command("estimate")
+def estimate_cmd(
+    model: ModelArg,
+    cluster: ClusterArg,
+    nodes: NodesOpt = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 1,
+    dp: Annotated[
+        int | None, typer.Option(help="Data-parallel degree; default: the rest.")
+    ] = None,
+    cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option(help="Expert-parallel degree.")] = 1,
+    vpp: Annotated[
+        int, typer.Option(help="Virtual stages per device (interleaved 1F1B).")
+    ] = 1,
+    first_stage_layers: Annotated[
+        int | None, typer.Option(help="Layers on the first stage if it differs.")
+    ] = None,
+    last_stage_layers: Annotated[
+        int | None, typer.Option(help="Layers on the last stage if it differs.")
+    ] = None,
+    sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
+    mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
+    global_batch: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
+    recompute: Annotated[
+        Literal["none", "selective", "full"], typer.Option(help="Activation recomputation.")
+    ] = "none",
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
+    precision: Annotated[
+        Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
+    ] = None,
+    schedule: Annotated[
+        Literal["1f1b", "gpipe"], typer.Option(help="Pipeline schedule.")
+    ] = "1f1b",
+    flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
+    overlap_grad_reduce: Annotated[bool, typer.Option(help="Overlap DP reduction.")] = False,
+    overlap_param_gather: Annotated[bool, typer.Option(help="Overlap ZeRO gathers.")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(help="Overlap TP comm with GEMMs.")] = False,
+    rank_order: Annotated[
+        str, typer.Option(help="Rank numbering, fastest first (Megatron's order).")
+    ] = "tp-cp-ep-dp-pp",
+    out: Annotated[
+        Path | None, typer.Option(help="Also write the configuration as a plan (JSON).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster, nodes)
+    try:
+        config = ParallelConfig(
+            tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
+            first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+            global_batch=global_batch, seq_len=seq_len, recompute=recompute, zero=zero,
+            precision=precision, schedule=schedule, flash_attention=flash_attention,
+            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+            tp_comm_overlap=tp_comm_overlap, rank_order=rank_order,
+        )  # fmt: skip
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        option = "--" + str(err["loc"][0]).replace("_", "-")
+        raise ConfigError(f"{option} {err['input']!r}: {err['msg'].lower()}") from None
+    result = estimate(model_spec, cluster_spec, config)
+    if out is not None:
+        plan = uniform_plan(model_spec, cluster_spec, config)
+        write_atomic(out, plan.to_json(), inputs=(model, cluster))
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render(report.estimate_tables(model_spec, cluster_spec, config, result))
+
+
+@app.command("info")
+def info_cmd(
+    model: ModelArg,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length for FLOPs.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the planner understood of a model: shape, parameters, FLOPs, operator graph."""
+    info = model_info(load_model(model), seq_len=seq_len)
+    if as_json:
+        print_json(info)
+    else:
+        render(report.info_tables(info))
+
+
+@app.command("schema")
+def schema_cmd(
+    kind: Annotated[Literal["model", "cluster"], typer.Argument(help="model or cluster")],
+) -> None:
+    """Print the JSON Schema of model.json or cluster.json."""
+    print_json(json_schema(kind))
+
+
+@app.command("layer")
+def layer_cmd(
+    model: ModelArg,
+    cluster: ClusterArg,
+    nodes: NodesOpt = None,
+    kind: Annotated[str, typer.Option(help="Layer kind: dense, moe, embedding or head.")] = "dense",
+    mesh: Annotated[str, typer.Option(help="Logical mesh d0xd1 (axis 1 inside a node).")] = "1x8",
+    mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
+    precision: Annotated[
+        Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
+    ] = None,
+    budget_gib: Annotated[float | None, typer.Option(help="Memory for this layer.")] = None,
+    in_flight: Annotated[int, typer.Option(help="Microbatches held at the peak.")] = 1,
+    microbatches: Annotated[int, typer.Option(help="Microbatches per step.")] = 1,
+    flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
+    backend: Annotated[
+        Literal["ortools", "pulp", "cpsat"], typer.Option(help="ILP solver.")
+    ] = "ortools",
+    time_limit: Annotated[float, typer.Option(help="Solver time limit, seconds.")] = 10.0,
+    dump_model: Annotated[Path | None, typer.Option(help="Write the ILP (LP format).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Solve the sharding ILP of one layer on a logical mesh: a strategy per operator."""
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster, nodes)
+    query = layer_query(model_spec, kind=kind, mesh=mesh, mbs=mbs, seq_len=seq_len,
+                        precision=precision, budget_gib=budget_gib, in_flight=in_flight,
+                        microbatches=microbatches, flash_attention=flash_attention)  # fmt: skip
+    if dump_model is not None:
+        problem, _, _ = layer_problem(model_spec, cluster_spec, query)
+        dump_model.write_text(build_layer_milp(problem).to_lp())
+    options = SolverOptions(backend=backend, time_limit_s=time_limit)
+    solution = solve_layer(model_spec, cluster_spec, query, options=options)
+    if solution.report.status == "infeasible":
+        least = solution.min_memory_bytes or 0.0
+        raise InfeasibleError(
+            f"no sharding of the {kind} layer on {mesh} fits {budget_gib:g} GiB; the least "
+            f"memory any choice needs is {least / 2**30:.2f} GiB (more devices, a smaller "
+            f"microbatch, or fewer in-flight microbatches)"
+        )
+    if as_json:
+        print_json(asdict(solution))
+    else:
+        render(report.layer_tables(solution))
+
+
+@app.command("validate")
+def validate_cmd(
+    runs: Annotated[Path, typer.Argument(help="calibration_runs.json")],
+    clusters: Annotated[Path, typer.Option(help="Folder of the bundled clusters.")] = Path(
+        "instances/clusters"
+    ),
+    as_json: JsonOpt = False,
+) -> None:
+    """Predicted against measured step time for every published run."""
+    rows = validate(runs, clusters)
+    if as_json:
+        print_json([row.to_dict() for row in rows])
+    else:
+        render(report.validation_tables(rows))
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    runs: Annotated[Path, typer.Argument(help="calibration_runs.json")],
+    cluster: ClusterArg,
+    gpu: Annotated[str, typer.Option(help="Which runs to fit: A100 or H100.")],
+    write: Annotated[bool, typer.Option(help="Write the fit into CLUSTER.")] = False,
+) -> None:
+    """Fit the device's GEMM efficiency to the published runs of that GPU."""
+    fit = calibrate_file(runs, cluster, gpu=gpu, write=write)
+    render(report.calibration_tables(fit, written=write))

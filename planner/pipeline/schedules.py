@@ -1,0 +1,140 @@
+"""The order in which each pipeline stage runs its forwards and backwards: GPipe, 1F1B
+(PipeDream-Flush, Megatron-LM's non-interleaved schedule) and Megatron-LM's interleaved 1F1B,
+with the tensor each operation waits for and the one it produces (for the simulator in
+:mod:`planner.pipeline.simulate`).
+
+A *virtual stage* is one model chunk on one stage; with ``p`` stages and ``v`` chunks per
+stage, chunk ``c`` of stage ``i`` is virtual stage ``c p + i``, and activations flow through
+virtual stages ``0 .. p v - 1`` in order (Narayanan et al., SC'21, Sec. 2.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sequences:
+    """Microbatch and chunk of each forward, and of each backward, in order."""
+
+    forward_microbatch: np.ndarray
+    forward_chunk: np.ndarray
+    backward_microbatch: np.ndarray
+    backward_chunk: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """One stage's operations in order, as columns: is it a forward, microbatch, chunk."""
+
+    is_forward: np.ndarray
+    microbatch: np.ndarray
+    chunk: np.ndarray
+
+
+def warmup_chunks(schedule: ScheduleName, *, stage: int, pp: int, vpp: int, m: int) -> int:
+    """Forwards a stage runs before its first backward.
+
+    1F1B (PipeDream-Flush; Megatron's ``forward_backward_pipelining_without_interleaving``):
+    ``p - i - 1``. Interleaved (Megatron's ``forward_backward_pipelining_with_interleaving``):
+    ``2 (p - i - 1) + (v - 1) p`` chunk forwards. Both capped at everything there is; GPipe
+    runs all forwards first.
+
+    >>> [warmup_chunks("interleaved", stage=i, pp=4, vpp=2, m=8) for i in range(4)]
+    [10, 8, 6, 4]
+    """
+    if schedule == "gpipe":
+        return m * vpp
+    if schedule == "1f1b":
+        return min(pp - stage - 1, m)
+    return min(2 * (pp - stage - 1) + (vpp - 1) * pp, m * vpp)
+
+
+def _sequences(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> _Sequences:
+    """Every stage's forwards and backwards, each in the order the stage runs them (the same
+    on all stages; only how they interleave differs).
+
+    Megatron's interleaved order (``get_model_chunk_id``): the ``k``-th forward takes
+    microbatches in groups of ``p`` through chunk 0, then the same group through chunk 1, and
+    so on; the ``k``-th backward takes the same microbatch through chunk ``v - 1 - c``. With
+    ``v = 1`` that is microbatch order (1F1B). GPipe runs its backwards in reverse microbatch
+    order, as autograd does over GPipe's concatenated microbatches (Huang et al., 2019, Fig.
+    2c).
+    """
+    k = np.arange(m * vpp)
+    microbatch = (k // (pp * vpp)) * pp + k % pp
+    chunk = (k // pp) % vpp
+    if schedule == "gpipe":
+        return _Sequences(microbatch, chunk, microbatch[::-1], chunk)
+    return _Sequences(microbatch, chunk, microbatch, vpp - 1 - chunk)
+
+
+def _interleave(seq: _Sequences, warmup: int) -> Order:
+    """``warmup`` forwards, then forward ``warmup + k`` and backward ``k`` in turn, then the
+    remaining backwards."""
+    total = len(seq.forward_chunk)
+    steady = total - warmup
+    is_forward = np.zeros(2 * total, dtype=bool)
+    microbatch = np.empty(2 * total, dtype=np.int64)
+    chunk = np.empty(2 * total, dtype=np.int64)
+    # Positions of the forwards and of the backwards in the stage's order.
+    fwd_at = np.concatenate([np.arange(warmup), warmup + 2 * np.arange(steady)])
+    bwd_at = np.concatenate([warmup + 2 * np.arange(steady) + 1,
+                             warmup + 2 * steady + np.arange(total - steady)])  # fmt: skip
+    is_forward[fwd_at] = True
+    microbatch[fwd_at], chunk[fwd_at] = seq.forward_microbatch, seq.forward_chunk
+    microbatch[bwd_at], chunk[bwd_at] = seq.backward_microbatch, seq.backward_chunk
+    return Order(is_forward, microbatch, chunk)
+
+
+def stage_order(
+    schedule: ScheduleName, *, stage: int, pp: int, vpp: int, m: int
+) -> list[tuple[bool, int, int]]:
+    """One stage's forwards and backwards as ``(is_forward, microbatch, chunk)``, in the order
+    it runs them: warm-up forwards (:func:`warmup_chunks`), then one forward and one backward
+    in turn, then the remaining backwards.
+
+    >>> [("F" if f else "B") + str(j) for f, j, _ in stage_order("1f1b", stage=1, pp=3,
+    ...                                                           vpp=1, m=3)]
+    ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
+    """
+    seq = _sequences(schedule, pp=pp, vpp=vpp, m=m)
+    order = _interleave(seq, warmup_chunks(schedule, stage=stage, pp=pp, vpp=vpp, m=m))
+    return list(zip(order.is_forward.tolist(), order.microbatch.tolist(), order.chunk.tolist(),
+                    strict=True))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StageOps:
+    """One stage's order with, per operation, the tensor it waits for and the one it
+    produces (keys as in :func:`_run`; -1: none)."""
+
+    order: Order
+    need: np.ndarray
+    made: np.ndarray
+
+
+def stage_ops(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> list[StageOps]:
+    """Every stage's order and tensors, computed on arrays so that the event loop does no
+    index arithmetic."""
+    seq = _sequences(schedule, pp=pp, vpp=vpp, m=m)
+    n, last = pp * vpp * m, (pp * vpp - 1) * m
+    ops = []
+    for i in range(pp):
+        order = _interleave(seq, warmup_chunks(schedule, stage=i, pp=pp, vpp=vpp, m=m))
+        fwd = order.is_forward
+        key = (order.chunk * pp + i) * m + order.microbatch
+        # A forward needs the previous virtual stage's activation (none for the first), a
+        # backward the next one's gradient (none for the last: its own forward came first).
+        need = np.where(fwd, np.where(key >= m, key - m, -1),
+                        np.where(key < last, n + key + m, -1))  # fmt: skip
+        # A forward sends its activation on (not from the last virtual stage), a backward its
+        # input gradient back (not from the first).
+        made = np.where(fwd, np.where(key < last, key, -1), np.where(key >= m, n + key, -1))
+        ops.append(StageOps(order, need, made))
+    return ops

@@ -1,0 +1,171 @@
+"""Pictures of plans: memory per stage, where a step's time goes, methods side by side.
+
+Figures are drawn on their own :class:`~matplotlib.figure.Figure` with the Agg canvas, so
+nothing global in matplotlib (its backend, pyplot's figure list) is touched; the file's suffix
+(``.png`` or ``.svg``) picks the format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from planner.compare import MethodResult
+from planner.plan import Plan
+
+MEMORY_PARTS = (
+    ("weights", "weights", "#4c72b0"),
+    ("gradients", "gradients", "#55a868"),
+    ("optimizer", "optimizer states", "#c44e52"),
+    ("activations", "activations", "#dd8452"),
+    ("other", "reserved", "#8c8c8c"),
+)
+TIME_PARTS = (
+    ("compute", "compute", "#4c72b0"),
+    ("tensor_parallel_comm", "tensor parallel", "#dd8452"),
+    ("context_parallel_comm", "context parallel", "#937860"),
+    ("expert_parallel_comm", "expert parallel", "#da8bc3"),
+    ("pipeline_comm", "pipeline sends", "#8172b3"),
+    ("pipeline_bubble", "pipeline bubble", "#d9d9d9"),
+    ("data_parallel_comm_exposed", "data parallel (exposed)", "#55a868"),
+    ("optimizer", "optimizer step", "#c44e52"),
+)
+"""Step-time parts in the order they are stacked, with their labels and colours."""
+FORMATS = (".png", ".svg")
+
+
+def save(figure: Figure, path: str | Path) -> Path:
+    """Write ``figure`` as PNG or SVG, by ``path``'s suffix."""
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        from planner.errors import InputError
+
+        raise InputError(f"{path}: pictures are written as {' or '.join(FORMATS)}")
+    FigureCanvasAgg(figure)
+    figure.savefig(path, dpi=150, bbox_inches="tight")
+    return path
+
+
+def _title(plan: Plan) -> str:
+    devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
+    return f"{plan.model.name} on {devices:,} x {plan.cluster.device}: {plan.summary()}"
+
+
+def _wrap(text: str, width: int = 110) -> str:
+    """Break a long title at commas so it stays inside the figure."""
+    lines, line = [], ""
+    for part in text.split(", "):
+        candidate = f"{line}, {part}" if line else part
+        if len(candidate) > width and line:
+            lines.append(line + ",")
+            line = part
+        else:
+            line = candidate
+    return "\n".join([*lines, line])
+
+
+def memory_figure(plan: Plan) -> Figure:
+    """A stacked bar per stage of one device's peak memory (weights, gradients, optimizer
+    states, activations, the reserve) and its headroom to the device's capacity."""
+    capacity = plan.cluster.device_memory_gib
+    stages = plan.stages
+    width = min(14.0, max(6.0, 0.28 * len(stages) + 3))
+    figure = Figure(figsize=(width, 4.8))
+    ax = figure.add_subplot()
+    x = [s.index for s in stages]
+    bottom = [0.0] * len(stages)
+    for field, label, colour in MEMORY_PARTS:
+        values = [getattr(s.memory_gib, field) for s in stages]
+        ax.bar(x, values, bottom=bottom, color=colour, label=label, width=0.8)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    headroom = [max(0.0, capacity - b) for b in bottom]
+    ax.bar(x, headroom, bottom=bottom, color="white", edgecolor="#bbbbbb", hatch="//",
+           linewidth=0.5, width=0.8, label="headroom")  # fmt: skip
+    ax.axhline(capacity, color="black", linewidth=1, linestyle="--")
+    ax.text(x[-1] + 0.5, capacity, f" capacity {capacity:g} GiB", va="bottom", ha="right",
+            fontsize=8)  # fmt: skip
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("GiB per device")
+    ax.set_ylim(0, max(capacity, *bottom) * 1.12)
+    step = max(1, len(stages) // 16)
+    ax.set_xticks(x[::step])
+    ax.set_xlim(-0.6, len(stages) - 0.4)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=6, fontsize=8, frameon=False)
+    ax.set_title(_wrap(_title(plan)) + "\npeak memory per device", fontsize=9)
+    return figure
+
+
+def time_figure(plan: Plan) -> Figure:
+    """One step's seconds on the critical stage as a stacked horizontal bar, each part
+    labelled with its share."""
+    t = plan.predicted.time_s
+    step = plan.predicted.step_time_s
+    figure = Figure(figsize=(10, 2.6))
+    ax = figure.add_subplot()
+    left = 0.0
+    for field, label, colour in TIME_PARTS:
+        seconds = getattr(t, field)
+        if seconds <= 0:
+            continue
+        share = seconds / step
+        ax.barh([0], [seconds], left=left, color=colour, edgecolor="white", height=0.6,
+                label=f"{label}: {seconds:.3g} s ({100 * share:.1f} %)")  # fmt: skip
+        if share >= 0.06:
+            ax.text(left + seconds / 2, 0, f"{100 * share:.0f} %", ha="center", va="center",
+                    fontsize=9, color="white" if colour != "#d9d9d9" else "black")  # fmt: skip
+        left += seconds
+    ax.set_xlim(0, step)
+    ax.set_ylim(-0.5, 0.5)
+    ax.set_yticks([])
+    ax.set_xlabel("seconds per step")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, fontsize=8, frameon=False)
+    ax.set_title(_wrap(_title(plan)) + f"\nstep {step:.3f} s: where the time goes on the "
+                 "critical stage", fontsize=9)  # fmt: skip
+    return figure
+
+
+def compare_figure(results: Sequence[MethodResult], title: str = "") -> Figure:
+    """The methods' predicted step times as bars (shortest is best), each labelled with its
+    step, MFU and solve time; a method without a plan is marked so."""
+    figure = Figure(figsize=(max(5.0, 1.6 * len(results) + 2), 4.2))
+    ax = figure.add_subplot()
+    found = [r.step_time_s for r in results if r.step_time_s is not None]
+    best = min(found)
+    top = max(found)
+    for i, r in enumerate(results):
+        if r.plan is None:
+            ax.text(i, top * 0.05, "no plan", ha="center", va="bottom", fontsize=9, color="red")
+            continue
+        step = r.plan.predicted.step_time_s
+        colour = "#55a868" if step == best else "#4c72b0"
+        ax.bar([i], [step], color=colour, width=0.6)
+        ax.text(i, step, f"{step:.2f} s\nMFU {100 * r.plan.predicted.mfu:.1f} %\n"
+                f"x{step / best:.3f}, solved in {r.solve_time_s:.1f} s", ha="center",
+                va="bottom", fontsize=8)  # fmt: skip
+    ax.set_xticks(range(len(results)), [r.method for r in results])
+    ax.set_ylabel("predicted seconds per step")
+    ax.set_ylim(0, top * 1.3)
+    ax.set_title(f"{title}: " * bool(title) + "predicted step time (lower is better)", fontsize=9)
+    return figure
+
+
+def write_report(plan: Plan, directory: str | Path) -> list[Path]:
+    """Every picture of ``plan`` into ``directory`` (created if missing), as PNG and SVG:
+    the simulated schedule's Gantt chart, the memory per stage and the step's time."""
+    from planner.pipeline.simulate import simulate_plan
+    from planner.report.gantt import draw_gantt
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    simulation = simulate_plan(plan)
+    for suffix in FORMATS:
+        path = directory / f"gantt{suffix}"
+        draw_gantt(simulation, path, title=_wrap(_title(plan)))
+        written.append(path)
+        written.append(save(memory_figure(plan), directory / f"memory{suffix}"))
+        written.append(save(time_figure(plan), directory / f"time{suffix}"))
+    return written

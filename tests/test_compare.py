@@ -1,0 +1,120 @@
+"""``planner compare``: the ILP search never loses to the baselines under the same cost model
+on the bundled large-scale instances, and the command's table, JSON and bar chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.compare import METHODS, MethodResult, best_step_s, compare, to_json
+from planner.errors import InfeasibleError, InputError
+from planner.plan import Plan
+from planner.search import SolveOptions
+from planner.spec import load_cluster, load_model
+from tests.conftest import CLUSTERS, MODELS
+from tests.test_cli import _assert_one_line_error, _run
+
+BUNDLED = [
+    ("gpt3-175b", "dgx-a100-80gb", 128),
+    ("gpt-1t", "dgx-a100-80gb", 384),
+    ("llama3.1-405b", "dgx-h100-80gb", 2048),
+    ("mixtral-8x7b", "dgx-h100-80gb", 8),
+    ("deepseek-v3", "dgx-h100-80gb", 256),
+]
+"""The benchmark instances (README, Benchmarks), at their published training settings."""
+LLAMA = "instances/models/llama3-8b.json"
+H100 = "instances/clusters/dgx-h100-80gb.json"
+
+
+@pytest.mark.parametrize(("model", "cluster", "nodes"), BUNDLED, ids=[b[0] for b in BUNDLED])
+def test_ilp_is_never_slower_than_the_baselines(model: str, cluster: str, nodes: int) -> None:
+    """The search's space holds every uniform configuration the baselines launch (with
+    per-rank microbatches up to 8 and the overlap flags on), so its plan must be at least as
+    fast; each plan fits its devices."""
+    spec = load_model(MODELS / f"{model}.json")
+    results = compare(spec, load_cluster(CLUSTERS / f"{cluster}.json", nodes), SolveOptions())
+    by_method = {r.method: r for r in results}
+    ilp = by_method["ilp"].step_time_s
+    assert ilp is not None
+    for name in ("grid", "heuristic"):
+        other = by_method[name].step_time_s
+        if other is not None:
+            assert ilp <= other * (1 + 1e-9), (name, by_method[name].plan.summary())  # type: ignore[union-attr]
+    for r in results:
+        if r.plan is not None:
+            assert r.plan.predicted.peak_memory_gib <= r.plan.cluster.device_memory_gib
+    assert best_step_s(results) == ilp
+
+
+def test_unknown_method_and_all_infeasible_are_errors() -> None:
+    """A method not in METHODS is an input error naming the choices; when no method finds a
+    plan, the error gives each method's reason."""
+    model = load_model(MODELS / "gpt3-175b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 1)
+    with pytest.raises(InputError, match="choose from ilp, heuristic, grid"):
+        compare(model, cluster, SolveOptions(), ["ilp", "milp"])
+    with pytest.raises(InfeasibleError, match=r"heuristic: .*; grid: "):
+        compare(model, cluster, SolveOptions(), ["heuristic", "grid"])
+    assert list(METHODS) == ["ilp", "heuristic", "grid"]
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, object]], Path]:
+    """``planner compare --json --plot`` on Llama 3 8B on one DGX H100."""
+    plot = tmp_path_factory.mktemp("compare") / "methods.png"
+    done = _run("compare", LLAMA, H100, "--nodes", "1", "--global-batch", "64", "--json",
+                "--plot", plot)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), plot
+
+
+def test_json_lists_every_method_with_its_plan(
+    compared: tuple[list[dict[str, object]], Path],
+) -> None:
+    """One object per method with the fields the issue names; ratios are to the fastest."""
+    rows, _ = compared
+    assert [r["method"] for r in rows] == ["ilp", "heuristic", "grid"]
+    steps = [float(r["step_time_s"]) for r in rows]  # type: ignore[arg-type]
+    for row, step in zip(rows, steps, strict=True):
+        assert {"method", "step_time_s", "mfu", "peak_memory_gib", "solve_time_s", "plan"} <= set(
+            row
+        )
+        plan = Plan.model_validate(row["plan"])
+        assert plan.predicted.step_time_s == step
+        assert row["ratio_to_best"] == pytest.approx(step / min(steps))
+        assert row["summary"] == plan.summary()
+    assert min(steps) == steps[0]  # the ILP
+
+
+def test_plot_is_a_png(compared: tuple[list[dict[str, object]], Path]) -> None:
+    """``--plot`` writes the bar chart in the format its suffix names."""
+    _, plot = compared
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_and_bad_method() -> None:
+    """The human table has a row per method and a ratio column; an unknown method is one
+    line and exit code 2."""
+    done = _run("compare", LLAMA, H100, "--nodes", "1", "--global-batch", "64",
+                "--methods", "heuristic,grid")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "x best" in done.stdout
+    rows = [line.split()[0] for line in done.stdout.splitlines()[4:] if line.strip()]
+    assert rows[:2] == ["heuristic", "grid"]
+    _assert_one_line_error(
+        _run("compare", LLAMA, H100, "--nodes", "1", "--methods", "ilp,simplex"),
+        "--methods: simplex: choose from ilp, heuristic, grid",
+    )
+
+
+def test_to_json_marks_a_method_without_plan() -> None:
+    """A method that found nothing keeps its row, with its reason and no numbers."""
+    model = load_model(MODELS / "llama3-8b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
+    plan = compare(model, cluster, SolveOptions(global_batch_size=64), ["heuristic"])[0].plan
+    assert plan is not None
+    rows = to_json([MethodResult("heuristic", plan, 0.1), MethodResult("grid", None, 0.2, "x")])
+    assert rows[1]["step_time_s"] is None and rows[1]["error"] == "x"
+    assert rows[0]["ratio_to_best"] == 1.0

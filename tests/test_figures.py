@@ -1,0 +1,93 @@
+"""The pictures: what they draw adds up to the plan's numbers, and the commands that write
+them (``solve --report``, ``simulate --gantt``) write PNG and SVG where asked and nowhere
+else."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from planner.plan import Plan
+from planner.report.figures import MEMORY_PARTS, memory_figure, time_figure
+from tests.test_cli import A100, GPT3, _assert_one_line_error, _run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def solved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, Path, Path]:
+    """``planner solve --method grid --out --report`` on GPT-3 175B, 1,024 A100 (the grid's
+    interleaved pipeline of 8 stages, found in about a second)."""
+    root = tmp_path_factory.mktemp("pictures")
+    out, report = root / "plan.json", root / "report"
+    done = _run("solve", GPT3, A100, "--out", out, "--report", report, "--method", "grid")
+    assert done.returncode == 0, done.stderr
+    return Plan.from_json(out.read_text()), out, report
+
+
+def test_report_writes_every_picture_in_both_formats(solved: tuple[Plan, Path, Path]) -> None:
+    """Gantt chart, memory per stage and time breakdown, each as PNG and SVG."""
+    _, _, report = solved
+    names = sorted(p.name for p in report.iterdir())
+    assert names == sorted(f"{n}.{s}" for n in ("gantt", "memory", "time") for s in ("png", "svg"))
+    for path in report.iterdir():
+        head = path.read_bytes()[:64]
+        assert head.startswith(PNG) if path.suffix == ".png" else b"<svg" in path.read_bytes()
+
+
+def test_memory_bars_stack_to_each_stages_memory(solved: tuple[Plan, Path, Path]) -> None:
+    """Per stage, the stacked parts reach the stage's predicted memory, and the headroom
+    reaches the device's capacity."""
+    plan, _, _ = solved
+    ax = memory_figure(plan).axes[0]
+    containers = ax.containers
+    assert len(containers) == len(MEMORY_PARTS) + 1  # the parts, then the headroom
+    for i, stage in enumerate(plan.stages):
+        parts = sum(c.patches[i].get_height() for c in containers[:-1])
+        assert parts == pytest.approx(stage.memory_gib.total)
+        top = containers[-1].patches[i]
+        assert top.get_y() + top.get_height() == pytest.approx(plan.cluster.device_memory_gib)
+
+
+def test_time_bar_adds_up_to_the_step(solved: tuple[Plan, Path, Path]) -> None:
+    """The breakdown's segments cover the predicted step exactly, in the plan's parts."""
+    plan, _, _ = solved
+    ax = time_figure(plan).axes[0]
+    widths = [c.patches[0].get_width() for c in ax.containers]
+    assert sum(widths) == pytest.approx(plan.predicted.step_time_s)
+    parts = [v for v in plan.predicted.time_s.model_dump().values() if v > 0]
+    assert sorted(widths) == pytest.approx(sorted(parts))
+
+
+def test_simulate_agrees_with_the_plan(solved: tuple[Plan, Path, Path], tmp_path: Path) -> None:
+    """``planner simulate --json``: the simulated step within 1 % of the closed form, the
+    peak in-flight activations exactly the closed form's; ``--gantt`` writes the chart."""
+    plan, out, _ = solved
+    gantt = tmp_path / "gantt.svg"
+    done = _run("simulate", out, "--json", "--gantt", gantt)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["predicted_step_s"] == plan.predicted.step_time_s
+    assert data["simulated_step_s"] == pytest.approx(plan.predicted.step_time_s, rel=0.01)
+    assert len(data["stages"]) == len(plan.stages) > 1
+    for row in data["stages"]:
+        assert row["peak_in_flight"] == row["closed_form_in_flight"]
+    assert b"<svg" in gantt.read_bytes()
+
+
+def test_pictures_are_refused_where_they_cannot_go(solved: tuple[Plan, Path, Path]) -> None:
+    """A format other than PNG or SVG, a missing folder, or an input's path: one line, exit 2,
+    and the input untouched."""
+    _, out, _ = solved
+    before = out.read_bytes()
+    bad: list[tuple[subprocess.CompletedProcess[str], str]] = [
+        (_run("simulate", out, "--gantt", out.with_suffix(".pdf")), "use one of .png, .svg"),
+        (_run("simulate", out, "--gantt", out.parent / "nowhere" / "g.png"), "does not exist"),
+        (_run("simulate", out, "--gantt", out), "over an input"),
+    ]
+    for done, needle in bad:
+        _assert_one_line_error(done, needle)
+    assert out.read_bytes() == before
