@@ -20,13 +20,12 @@ from planner.config import ParallelConfig, ResolvedConfig, resolve
 from planner.graph import LayerIndex, lowered
 from planner.graph.lower import ACTIVATION_BYTES
 from planner.layer_cost import LayerCost, Placement, price_layer
-from planner.plan import MemoryBreakdown, StageTime
+from planner.plan import MemoryBreakdown, StageTime, StepTime
 from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
 from planner.step import (
     PipelineKnobs,
     StageCost,
     TiedCopy,
-    TimeBreakdown,
     Weights,
     compose_step,
     throughput,
@@ -53,7 +52,7 @@ class Estimate:
     peak_memory_gib: float
     fits: bool
     memory_gib: MemoryBreakdown
-    time_s: TimeBreakdown
+    time_s: StepTime
     bubble_fraction: float
     num_microbatches: int
     dp: int

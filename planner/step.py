@@ -11,7 +11,7 @@ earlier stages' remaining backward work.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from planner import cost
 from planner.config import Schedule
@@ -72,25 +72,12 @@ class TiedCopy:
 
 
 @dataclass(frozen=True, slots=True)
-class TimeBreakdown:
-    """Where one step's seconds go on the critical path; the fields add up to the step."""
-
-    compute: float
-    tensor_parallel_comm: float
-    context_parallel_comm: float
-    expert_parallel_comm: float
-    pipeline_comm: float
-    pipeline_bubble: float
-    data_parallel_comm_exposed: float
-    optimizer: float
-
-
-@dataclass(frozen=True, slots=True)
 class StepCost:
     """One step: its seconds by category (on the critical stage) and the peak memory."""
 
     step_s: float
-    time: TimeBreakdown
+    time: StepTime
+    """Seconds by category on the critical stage; they add up to the step."""
     bubble_fraction: float
     peak_memory_bytes: tuple[float, float, float, float, float]
     """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
@@ -116,9 +103,6 @@ class StepCost:
             )
         )
 
-    def step_time(self) -> StepTime:
-        """The step's breakdown as a plan records it."""
-        return StepTime(**asdict(self.time))
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +222,7 @@ def compose_step(
     memories = tuple(_memory(s, i, cluster, knobs, pp) for i, s in enumerate(stages))
     return StepCost(
         step_s=pipe.total_s + tail + optimizer,
-        time=TimeBreakdown(
+        time=StepTime(
             compute=m * t.compute_s,
             tensor_parallel_comm=m * t.tp_comm_s,
             context_parallel_comm=m * t.cp_comm_s,

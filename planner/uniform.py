@@ -7,8 +7,6 @@ Baselines and exports use it; the search's plans have the same shape.
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from planner.config import ParallelConfig, resolve
 from planner.estimate import Estimate, estimate
 from planner.layer_cost import DEFAULT_RANK_ORDER, rank_strides
@@ -20,7 +18,6 @@ from planner.plan import (
     ScheduleSpec,
     SolverSummary,
     StageParallel,
-    StepTime,
     cluster_ref,
     model_ref,
 )
@@ -89,7 +86,7 @@ def uniform_plan(
                        tp_comm_overlap=c.tp_comm_overlap),
         stages=stages,
         predicted=Predicted(
-            step_time_s=result.step_time_s, time_s=StepTime(**asdict(result.time_s)),
+            step_time_s=result.step_time_s, time_s=result.time_s,
             tokens_per_s=result.tokens_per_s,
             model_tflops_per_gpu=result.model_tflops_per_gpu,
             hardware_tflops_per_gpu=result.hardware_tflops_per_gpu, mfu=result.mfu,

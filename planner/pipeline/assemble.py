@@ -202,7 +202,7 @@ def predicted(
                        recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
     return Predicted(
         step_time_s=step.step_s,
-        time_s=step.step_time(),
+        time_s=step.time,
         tokens_per_s=rates.tokens_per_s,
         model_tflops_per_gpu=rates.model_tflops_per_gpu,
         hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 from rich import box
@@ -45,7 +44,7 @@ def estimate_tables(
     times.add_column("part")
     times.add_column("seconds", justify="right")
     times.add_column("share", justify="right")
-    for name, seconds in asdict(result.time_s).items():
+    for name, seconds in result.time_s.model_dump().items():
         times.add_row(name.replace("_", " "), f"{seconds:.4f}", _pct(seconds, result.step_time_s))
     memory = Table(title="memory per device (most loaded stage)", title_justify="left")
     memory.add_column("part")
