@@ -91,3 +91,16 @@ def test_pictures_are_refused_where_they_cannot_go(solved: tuple[Plan, Path, Pat
     for done, needle in bad:
         _assert_one_line_error(done, needle)
     assert out.read_bytes() == before
+
+
+def test_simulate_a_gpipe_plan(tmp_path: Path) -> None:
+    """A GPipe plan (from ``estimate --schedule gpipe --out``) is set against GPipe's closed
+    form: every stage holds all microbatches."""
+    out = tmp_path / "gpipe.json"
+    llama, h100 = "instances/models/llama3-8b.json", "instances/clusters/dgx-h100-80gb.json"
+    done = _run("estimate", llama, h100, "--nodes", "1", "--tp", "2", "--pp", "4",
+                "--schedule", "gpipe", "--global-batch", "16", "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(_run("simulate", out, "--json").stdout)
+    assert [r["closed_form_in_flight"] for r in data["stages"]] == [16] * 4
+    assert [r["peak_in_flight"] for r in data["stages"]] == [16] * 4

@@ -215,6 +215,18 @@ def weight_syncs(
     )
 
 
+def weight_states(
+    group: cost.CommGroup | None, *, params: float, precision: Precision
+) -> tuple[float, ...]:
+    """State bytes per device under ZeRO 0..3 of ``params`` parameters replicated on
+    ``group`` (their states sharded over it)."""
+    shards = group.size if group is not None else 1
+    return tuple(
+        params * cost.state_bytes_per_param(precision, zero=z, shards=shards).total
+        for z in ZERO_STAGES
+    )
+
+
 def weight_costs(
     cluster: ClusterSpec,
     group: cost.CommGroup | None,
@@ -223,16 +235,12 @@ def weight_costs(
     precision: Precision,
     num_microbatches: int,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """State bytes per device and gradient sync seconds per microbatch under ZeRO 0..3 of
-    ``params`` parameters replicated on ``group`` (their states sharded over it)."""
+    """State bytes per device (:func:`weight_states`) and gradient sync seconds per
+    microbatch (:func:`weight_syncs`, the once-per-step part shared) under ZeRO 0..3."""
     if params == 0:
         return (0.0,) * 4, (0.0,) * 4
-    shards = group.size if group is not None else 1
     syncs = weight_syncs(cluster, group, params=params, precision=precision)
-    states = tuple(
-        params * cost.state_bytes_per_param(precision, zero=z, shards=shards).total
-        for z in ZERO_STAGES
-    )
+    states = weight_states(group, params=params, precision=precision)
     return states, tuple(s.per_microbatch_s(num_microbatches) for s in syncs)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from planner import cost
 from planner.graph.layout import LogicalMesh
-from planner.graph.strategies import weight_costs, weight_syncs
+from planner.graph.strategies import weight_states, weight_syncs
 from planner.ilp.layer import LayerSolution
 from planner.ilp.parts import RECOMPUTE, LayerParts
 from planner.spec import Precision
@@ -82,8 +82,7 @@ def layer_options(
     syncs = [cost.NO_SYNC] * len(ZERO_STAGES)
     for axes, params in parts.weight_groups():
         group = ctx.mesh.replica_group(axes, ctx.replicas)
-        group_states, _ = weight_costs(cluster, group, params=params, precision=ctx.precision,
-                                       num_microbatches=ctx.num_microbatches)  # fmt: skip
+        group_states = weight_states(group, params=params, precision=ctx.precision)
         group_syncs = weight_syncs(cluster, group, params=params, precision=ctx.precision)
         for zero in ZERO_STAGES:
             states[zero] += group_states[zero]

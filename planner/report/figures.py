@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from planner.compare import MethodResult
+from planner.errors import InputError
 from planner.plan import Plan
 
 MEMORY_PARTS = (
@@ -41,9 +42,8 @@ def save(figure: Figure, path: str | Path) -> Path:
     """Write ``figure`` as PNG or SVG, by ``path``'s suffix."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
-        from planner.errors import InputError
-
-        raise InputError(f"{path}: pictures are written as {' or '.join(FORMATS)}")
+        raise InputError(f"{path}: cannot write a {path.suffix or 'suffix-less'!r} picture; "
+                         f"use one of {', '.join(FORMATS)}")  # fmt: skip
     FigureCanvasAgg(figure)
     figure.savefig(path, dpi=150, bbox_inches="tight")
     return path
@@ -163,9 +163,8 @@ def write_report(plan: Plan, directory: str | Path) -> list[Path]:
     written = []
     simulation = simulate_plan(plan)
     for suffix in FORMATS:
-        path = directory / f"gantt{suffix}"
-        draw_gantt(simulation, path, title=_wrap(_title(plan)))
-        written.append(path)
+        written.append(draw_gantt(simulation, directory / f"gantt{suffix}",
+                                  title=_wrap(_title(plan))))  # fmt: skip
         written.append(save(memory_figure(plan), directory / f"memory{suffix}"))
         written.append(save(time_figure(plan), directory / f"time{suffix}"))
     return written

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from planner.errors import InputError
 from planner.pipeline.simulate import Phase, Simulation
+from planner.report.figures import save
 
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PHASE_COLORS: dict[Phase, str] = {
@@ -30,7 +29,6 @@ PHASE_COLORS: dict[Phase, str] = {
     "sync": "#D55E00",
     "optimizer": "#CC79A7",
 }
-FORMATS = (".png", ".svg")
 WIDTH_IN = 13.0
 # Row height by pipeline depth, so that 64 stages still fit on a page (about 13 in tall).
 MAX_HEIGHT_IN = 14.0
@@ -143,19 +141,19 @@ def _summary(sim: Simulation, unit: str, scale: float) -> str:
     )
 
 
-def draw_gantt(sim: Simulation, path: str | Path, *, title: str = "") -> None:
-    """Write ``sim`` as a Gantt chart to ``path`` (.png or .svg, by its suffix).
+def draw_gantt(sim: Simulation, path: str | Path, *, title: str = "") -> Path:
+    """Write ``sim`` as a Gantt chart to ``path`` (.png or .svg, by its suffix)."""
+    return save(gantt_figure(sim, title=title), path)
+
+
+def gantt_figure(sim: Simulation, *, title: str = "") -> Figure:
+    """``sim`` as a Gantt chart.
 
     Stage 0 is the top row; bars are coloured by phase, later model chunks drawn lighter;
     microbatch numbers are written inside the bars wide enough for them.
     """
-    path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise InputError(f"gantt chart: cannot write {path.suffix or 'no suffix'!r} "
-                         f"({path.name}); use one of {', '.join(FORMATS)}")  # fmt: skip
     unit, scale = _time_unit(sim.step_s)
     fig = Figure(figsize=(WIDTH_IN, _figure_height_in(sim.num_stages)), layout="constrained")
-    FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     detailed = len(sim.events) <= MAX_DETAILED_BARS
     _draw_bars(ax, sim, scale, detailed=detailed)
@@ -178,4 +176,4 @@ def draw_gantt(sim: Simulation, path: str | Path, *, title: str = "") -> None:
     if not detailed:
         for collection in ax.collections:
             collection.set_rasterized(True)
-    fig.savefig(path, dpi=150)
+    return fig

@@ -230,7 +230,8 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
 def simulation_json(plan: Plan, sim: Simulation) -> dict[str, object]:
     """The ``planner simulate --json`` object: the simulated step beside the plan's closed
     form, and per stage the busy and idle seconds and the activations held at the peak."""
-    closed = [in_flight_microbatches("1f1b", stage=s.index, pp=len(plan.stages),
+    schedule = "gpipe" if plan.schedule.name == "gpipe" else "1f1b"  # cost's names
+    closed = [in_flight_microbatches(schedule, stage=s.index, pp=len(plan.stages),
                                      vpp=plan.schedule.virtual_stages,
                                      num_microbatches=plan.num_microbatches)
               for s in plan.stages]  # fmt: skip
