@@ -21,10 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from planner.config import ParallelConfig
 from planner.errors import InputError
 from planner.estimate import estimate
-from planner.spec import ClusterSpec, GemmEfficiency, ModelSpec, read_json
+from planner.limits import MAX_DEVICES
+from planner.spec import (
+    ClusterSpec,
+    GemmEfficiency,
+    ModelSpec,
+    describe_validation_error,
+    read_json,
+    short_repr,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +137,11 @@ def measured_step_time_s(record: dict[str, Any]) -> tuple[float, str]:
     """
     measured = record["measured"]
     if measured.get("step_time_s"):
-        return float(measured["step_time_s"]), "published step time"
+        return float(_number(measured, "step_time_s")), "published step time"
     m, p = record["model"], record["parallel"]
-    size = dict(batch=p["global_batch"], seq=m["seq_len"], layers=m["layers"],
-                hidden=m["hidden"], vocab=m["vocab"])  # fmt: skip
+    size = dict(batch=_number(p, "global_batch"), seq=_number(m, "seq_len"),
+                layers=_number(m, "layers"), hidden=_number(m, "hidden"),
+                vocab=_number(m, "vocab"))  # fmt: skip
     definition = measured["tflops_definition"]
     if "Eq.3" in definition:
         flops, basis = narayanan_eq3_flops(**size), "Eq. 3 FLOPs / published TFLOP/s"
@@ -138,18 +149,35 @@ def measured_step_time_s(record: dict[str, Any]) -> tuple[float, str]:
         flops, basis = model_flops_eq(**size), "model FLOPs / published TFLOP/s"
     else:
         raise InputError(f"{record['id']}: unknown tflops_definition {definition!r}")
-    return flops / (measured["tflops_per_gpu"] * 1e12 * record["cluster"]["num_gpus"]), basis
+    per_gpu = _number(measured, "tflops_per_gpu") * 1e12
+    return flops / (per_gpu * _number(record["cluster"], "num_gpus")), basis
+
+
+def _number(section: dict[str, Any], key: str) -> float:
+    """``section[key]``, which must be a finite number: a record is read by indexing, and a
+    string would repeat itself in the FLOP formula instead of failing."""
+    value = section[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(f"{key} must be a number, got {short_repr(value)}")
+    return value
 
 
 def run_from_record(record: dict[str, Any]) -> CalibrationRun:
     """A record of ``calibration_runs.json`` as estimate inputs and a measured step time."""
     seconds, basis = measured_step_time_s(record)
+    if not (isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"the measured step time is {seconds!r} s, not a positive number")
     gpu = record["cluster"]["gpu"]
+    num_gpus = record["cluster"]["num_gpus"]
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int):
+        raise TypeError(f"cluster.num_gpus must be an integer, got {short_repr(num_gpus)}")
+    if not 0 < num_gpus <= MAX_DEVICES:
+        raise ValueError(f"cluster.num_gpus {num_gpus} is not in 1..{MAX_DEVICES}")
     return CalibrationRun(
-        id=record["id"],
+        id=str(record["id"]),
         model=model_from_record(record),
         config=config_from_record(record),
-        num_devices=record["cluster"]["num_gpus"],
+        num_devices=num_gpus,
         device="H100" if "H100" in gpu else "A100",
         measured_step_time_s=seconds,
         basis=basis,
@@ -161,11 +189,30 @@ def load_runs(path: str | Path) -> list[CalibrationRun]:
     records = read_json(Path(path))
     if not isinstance(records, list):
         raise InputError(f"{path}: expected a JSON list of run records")
+    runs = []
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: record {index}: expected a JSON object, got "
+                             f"{type(record).__name__}")  # fmt: skip
+        if record.get("config_complete", True):
+            runs.append(_run_of(record, f"{path}: record {index} ({short_repr(record.get('id'))})"))
+    return runs
+
+
+def _run_of(record: dict[str, Any], where: str) -> CalibrationRun:
+    """:func:`run_from_record`, every way a hand-edited record can be wrong an InputError
+    that names the record (the records are read by plain indexing, not a schema)."""
     try:
-        return [run_from_record(r) for r in records if r.get("config_complete", True)]
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        kind = type(exc).__name__
-        raise InputError(f"{path}: a run record is malformed ({kind}: {exc})") from None
+        return run_from_record(record)
+    except ValidationError as exc:
+        raise InputError(describe_validation_error(where, exc)) from None
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    except KeyError as exc:
+        raise InputError(f"{where}: required field {short_repr(exc.args[0])} is missing") from None
+    except (TypeError, AttributeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        text = " ".join(str(exc).split())  # one line, whatever the exception said
+        raise InputError(f"{where}: malformed ({type(exc).__name__}: {text[:200]})") from None
 
 
 def with_gemm_efficiency(cluster: ClusterSpec, gemm: GemmEfficiency) -> ClusterSpec:
@@ -327,8 +374,16 @@ def calibrate_file(
         gemm, validation_rows(runs, {gpu: cluster}), validation_rows(runs, {gpu: fitted})
     )
     if write:
-        path = Path(cluster_path)
-        data = json.loads(path.read_text())
-        data["device"]["efficiency"]["gemm"] = gemm.model_dump()
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        _write_gemm(Path(cluster_path), gemm)
     return fit
+
+
+def _write_gemm(path: Path, gemm: GemmEfficiency) -> None:
+    """Replace the ``device.efficiency.gemm`` block of the cluster file at ``path``, keeping
+    the rest of the file as it is (an absent ``efficiency`` block is added)."""
+    data = read_json(path)  # validated by load_cluster just before, so device is an object
+    data["device"].setdefault("efficiency", {})["gemm"] = gemm.model_dump()
+    try:
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None

@@ -12,8 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner import limits as lim
 from planner.errors import ConfigError
-from planner.spec import ClusterSpec, ModelSpec, Precision, TrainingSpec
+from planner.spec import ClusterSpec, Int, ModelSpec, Precision, TrainingSpec
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "gpipe"]
@@ -28,26 +29,30 @@ class ParallelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tp: int = Field(default=1, gt=0, description="Tensor-parallel degree.")
-    pp: int = Field(default=1, gt=0, description="Pipeline-parallel degree.")
-    dp: int | None = Field(default=None, gt=0, description="Data-parallel degree; default: "
-                           "the devices left over.")  # fmt: skip
-    cp: int = Field(default=1, gt=0, description="Context-parallel degree.")
-    ep: int = Field(default=1, gt=0, description="Expert-parallel degree.")
-    vpp: int = Field(default=1, gt=0, description="Virtual pipeline stages per device "
-                     "(interleaved 1F1B when > 1).")  # fmt: skip
-    first_stage_layers: int | None = Field(
-        default=None, gt=0, description="Decoder layers on the first pipeline stage when it "
-        "differs from the rest (Megatron's --decoder-first-pipeline-num-layers).",
+    # Degrees are bounded by the largest cluster, layer counts by the largest model: past
+    # them a configuration cannot divide anything (planner.limits).
+    tp: Int = Field(default=1, gt=0, le=lim.MAX_DEVICES, description="Tensor-parallel degree.")
+    pp: Int = Field(default=1, gt=0, le=lim.MAX_LAYERS, description="Pipeline-parallel degree.")
+    dp: Int | None = Field(default=None, gt=0, le=lim.MAX_DEVICES, description="Data-parallel "
+                           "degree; default: the devices left over.")  # fmt: skip
+    cp: Int = Field(default=1, gt=0, le=lim.MAX_DEVICES, description="Context-parallel degree.")
+    ep: Int = Field(default=1, gt=0, le=lim.MAX_DEVICES, description="Expert-parallel degree.")
+    vpp: Int = Field(default=1, gt=0, le=lim.MAX_LAYERS, description="Virtual pipeline stages "
+                     "per device (interleaved 1F1B when > 1).")  # fmt: skip
+    first_stage_layers: Int | None = Field(
+        default=None, gt=0, le=lim.MAX_LAYERS, description="Decoder layers on the first "
+        "pipeline stage when it differs from the rest (Megatron's "
+        "--decoder-first-pipeline-num-layers).",
     )  # fmt: skip
-    last_stage_layers: int | None = Field(
-        default=None, gt=0, description="Decoder layers on the last pipeline stage when it "
-        "differs (--decoder-last-pipeline-num-layers).",
+    last_stage_layers: Int | None = Field(
+        default=None, gt=0, le=lim.MAX_LAYERS, description="Decoder layers on the last pipeline "
+        "stage when it differs (--decoder-last-pipeline-num-layers).",
     )  # fmt: skip
     sp: bool = Field(default=False, description="Sequence parallelism with tensor parallelism.")
-    mbs: int = Field(default=1, gt=0, description="Microbatch size.")
-    global_batch: int | None = Field(default=None, gt=0)
-    seq_len: int | None = Field(default=None, gt=0)
+    mbs: Int = Field(default=1, gt=0, le=lim.MAX_MICRO_BATCH_SIZE, description="Microbatch "
+                     "size.")  # fmt: skip
+    global_batch: Int | None = Field(default=None, gt=0, le=lim.MAX_GLOBAL_BATCH_SIZE)
+    seq_len: Int | None = Field(default=None, gt=0, le=lim.MAX_SEQ_LENGTH)
     recompute: Recompute = "none"
     zero: Literal[0, 1, 2, 3] = Field(
         default=0, description="0: replicated optimizer; 1: optimizer states sharded over "

@@ -25,3 +25,13 @@ class InfeasibleError(PlannerError):
 
 class SolverError(PlannerError):
     """A solver failed in a way the planner cannot recover from."""
+
+
+class InvalidPlanError(SolverError):
+    """A plan that breaks an invariant every valid plan keeps (each layer in one stage, ranks
+    disjoint and in the cluster, degrees that multiply out, batch arithmetic, memory within
+    capacity). From a search it is a planner bug; from a file, a damaged or hand-edited plan."""
+
+
+class TimeLimitError(SolverError):
+    """The time limit passed before the search found any plan."""

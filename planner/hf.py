@@ -20,12 +20,36 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import InputError
-from planner.spec import ModelSpec, describe_validation_error
+from planner.spec import ModelSpec, describe_validation_error, short_repr
 
 # Every spelling transformers accepts for GPT-2's GELU; they differ only in the approximation.
 _GELU_NAMES = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_accurate"})
 # Gated families: HF's ``hidden_act`` is the gate's activation, so SiLU means SwiGLU.
 _SILU_NAMES = frozenset({"silu", "swish"})
+
+# Which config.json key each ModelSpec field is read from, so that a size ModelSpec refuses is
+# reported under the name the file uses. The Llama-shaped families and DeepSeek share these.
+_KEYS = {
+    "name": "_name_or_path",
+    "num_layers": "num_hidden_layers",
+    "num_query_groups": "num_key_value_heads",
+    "kv_channels": "head_dim",
+    "ffn_hidden_size": "intermediate_size",
+    "moe.top_k": "num_experts_per_tok",
+    "moe.ffn_hidden_size": "moe_intermediate_size",
+    "moe.num_experts": "num_experts",
+    "moe.shared_ffn_hidden_size": "shared_expert_intermediate_size",
+    **{f"mla.{key}": key for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                      "qk_rope_head_dim", "v_head_dim")},
+}  # fmt: skip
+_FAMILY_KEYS: dict[str, dict[str, str]] = {
+    "mixtral": {"moe.num_experts": "num_local_experts", "moe.ffn_hidden_size": "intermediate_size"},
+    "deepseek_v3": {"moe.num_experts": "n_routed_experts", "moe.shared_experts": "n_shared_experts",
+                    "moe.shared_ffn_hidden_size": "n_shared_experts"},
+    "gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_attention_heads": "n_head",
+             "ffn_hidden_size": "n_inner", "max_position_embeddings": "n_positions",
+             "hidden_dropout": "resid_pdrop", "attention_dropout": "attn_pdrop"},
+}  # fmt: skip
 
 
 class _HFConfig:
@@ -54,7 +78,7 @@ class _HFConfig:
         """A step or frequency: absent or null means ``default``; zero would divide by zero."""
         value = self.get_int(key, default)
         if value is None or value <= 0:
-            raise self.fail(f"{key} must be a positive integer, got {value!r}")
+            raise self.fail(f"{key} must be a positive integer, got {short_repr(value)}")
         return value
 
     def get_float(self, key: str, default: float) -> float:
@@ -63,7 +87,7 @@ class _HFConfig:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(f"{key} must be a number, got {value!r}")
+            raise self.fail(f"{key} must be a number, got {short_repr(value)}")
         return float(value)
 
     def get_bool(self, key: str, default: bool) -> bool:
@@ -72,7 +96,7 @@ class _HFConfig:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.fail(f"{key} must be true or false, got {value!r}")
+            raise self.fail(f"{key} must be true or false, got {short_repr(value)}")
         return value
 
     def get_str(self, key: str, default: str) -> str:
@@ -81,7 +105,7 @@ class _HFConfig:
         if value is None:
             return default
         if not isinstance(value, str):
-            raise self.fail(f"{key} must be a string, got {value!r}")
+            raise self.fail(f"{key} must be a string, got {short_repr(value)}")
         return value
 
     def get_int_list(self, key: str) -> list[int]:
@@ -90,13 +114,13 @@ class _HFConfig:
         if value is None:
             return []
         if not isinstance(value, list):
-            raise self.fail(f"{key} must be a list of integers, got {value!r}")
+            raise self.fail(f"{key} must be a list of integers, got {short_repr(value)}")
         return [self._as_int(key, item) for item in value]
 
     def _as_int(self, key: str, value: Any) -> int:
         # bool is an int subclass in Python, but `true` for a layer count is a mistake.
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(f"{key} must be an integer, got {value!r}")
+            raise self.fail(f"{key} must be an integer, got {short_repr(value)}")
         return value
 
 
@@ -113,7 +137,7 @@ def model_from_hf_config(data: Mapping[str, Any], *, source: str) -> ModelSpec:
     reader = _READERS.get(model_type) if isinstance(model_type, str) else None
     if reader is None:
         raise InputError(
-            f"{source}: model_type {model_type!r} is not supported; "
+            f"{source}: model_type {short_repr(model_type)} is not supported; "
             f"supported: {', '.join(sorted(_READERS))}"
         )
     cfg = _HFConfig(data, source)
@@ -122,7 +146,8 @@ def model_from_hf_config(data: Mapping[str, Any], *, source: str) -> ModelSpec:
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as exc:
-        raise InputError(describe_validation_error(source, exc)) from None
+        keys = _KEYS | _FAMILY_KEYS.get(model_type, {})
+        raise InputError(describe_validation_error(source, exc, keys=keys)) from None
 
 
 def _model_name(cfg: _HFConfig) -> str:
@@ -143,7 +168,8 @@ def _gated_activation(cfg: _HFConfig) -> str:
     act = cfg.get_str("hidden_act", "silu")
     if act not in _SILU_NAMES:
         raise cfg.fail(
-            f"hidden_act {act!r} is not supported for model_type {cfg.data['model_type']!r}; "
+            f"hidden_act {short_repr(act)} is not supported for model_type "
+            f"{cfg.data['model_type']!r}; "
             f"supported: {', '.join(sorted(_SILU_NAMES))} (SwiGLU)"
         )
     return "swiglu"
@@ -355,7 +381,7 @@ def _gpt2(cfg: _HFConfig) -> dict[str, Any]:
     act = cfg.get_str("activation_function", "gelu_new")
     if act not in _GELU_NAMES:
         raise cfg.fail(
-            f"activation_function {act!r} is not supported for model_type 'gpt2'; "
+            f"activation_function {short_repr(act)} is not supported for model_type 'gpt2'; "
             f"supported: {', '.join(sorted(_GELU_NAMES))}"
         )
     return {

@@ -6,7 +6,7 @@ from typing import Any
 
 from planner.errors import ConfigError
 from planner.graph import index_layers, lower, parameter_count
-from planner.spec import ModelSpec, TrainingSpec
+from planner.spec import ModelSpec, training_run
 
 
 def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any]:
@@ -20,7 +20,7 @@ def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any
         raise ConfigError(f"--seq-len must be positive, got {seq_len}")
     seq = seq_len or (model.training.seq_length if model.training else None)
     seq = seq or model.max_position_embeddings
-    graph = lower(model, TrainingSpec(seq_length=seq, global_batch_size=1), micro_batch_size=1)
+    graph = lower(model, training_run(seq, 1), micro_batch_size=1)
     params = parameter_count(graph)
     index = index_layers(graph)
     forward = sum(graph.nodes[n]["op"].flops for n in graph) / seq

@@ -190,12 +190,16 @@ class SolverSummary(_Frozen):
 
     time_s: float
     status: str
+    """``optimal`` (the search's space exhausted, every layer ILP proved), ``feasible`` (a
+    layer ILP stopped at its limit, or the heuristic's rule), ``time_limit`` (the search
+    stopped at its limit; ``gap`` says how much a plan not searched could still save),
+    ``priced`` (a configuration given)."""
     objective: float | None = None
     gap: float | None = None
     ilp_count: int = 0
     cache_hits: int = 0
     configurations: int = 0
-    """Configurations priced (the grid baseline)."""
+    """Configurations priced (the baselines) or candidates searched (the ILP search)."""
 
 
 class Plan(_Frozen):
@@ -265,20 +269,54 @@ class Plan(_Frozen):
     @classmethod
     def from_json(cls, text: str, *, source: str = "<plan>") -> Plan:
         """Read a plan back; a wrong schema version or a malformed plan is an InputError."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{source}: invalid JSON at line {exc.lineno}, column "
-                             f"{exc.colno}: {exc.msg}") from None  # fmt: skip
-        if isinstance(data, dict) and data.get("schema_version") != SCHEMA_VERSION:
-            raise InputError(f"{source}: schema_version {data.get('schema_version')!r} is not "
+        from planner.spec import describe_validation_error, parse_json, short_repr
+
+        data = parse_json(text, source=source)
+        if not isinstance(data, dict):
+            raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION or isinstance(version, bool):
+            raise InputError(f"{source}: schema_version {short_repr(version)} is not "
                              f"supported; this planner reads {SCHEMA_VERSION}")  # fmt: skip
         try:
-            return cls.model_validate(data)
+            plan = cls.model_validate(data)
         except ValidationError as exc:
-            from planner.spec import describe_validation_error
-
             raise InputError(describe_validation_error(source, exc)) from None
+        _check_limits(plan, source)
+        from planner.errors import InvalidPlanError
+        from planner.invariants import check_plan  # imported here: it imports this module
+
+        try:
+            # Structure only: `planner estimate --out` may write a configuration over memory.
+            return check_plan(plan, memory=False)
+        except InvalidPlanError as exc:
+            raise InputError(f"{source}: damaged or hand-edited plan: {exc}") from None
+
+
+def _check_limits(plan: Plan, source: str) -> None:
+    """Refuse a plan read from a file whose sizes are past :mod:`planner.limits` (before
+    anything walks its layers, ranks or microbatches)."""
+    from planner import limits as lim
+
+    devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
+    checks = (
+        ("num_layers", max(s.layers[1] for s in plan.stages), lim.MAX_LAYERS, None),
+        ("stages", len(plan.stages), lim.MAX_LAYERS, "a stage holds at least one layer"),
+        ("schedule.virtual_stages", plan.schedule.virtual_stages, lim.MAX_LAYERS,
+         "a virtual stage holds at least one layer"),
+        ("num_devices", devices, lim.MAX_DEVICES, None),
+        ("data_parallel_replicas", plan.data_parallel_replicas, lim.MAX_DEVICES,
+         lim.reason("num_devices")),
+        ("global_batch_size", plan.global_batch_size, lim.MAX_GLOBAL_BATCH_SIZE, None),
+        ("num_microbatches", plan.num_microbatches, lim.MAX_GLOBAL_BATCH_SIZE, None),
+        ("micro_batch_size", plan.micro_batch_size, lim.MAX_MICRO_BATCH_SIZE,
+         lim.reason("mbs")),
+        ("seq_length", plan.seq_length, lim.MAX_SEQ_LENGTH, None),
+    )  # fmt: skip
+    for name, value, limit, why in checks:
+        message = lim.check_at_most(name, value, limit, why=why)
+        if message is not None:
+            raise InputError(f"{source}: {message}")
 
 
 def input_hash(spec: ModelSpec | ClusterSpec) -> str:

@@ -17,24 +17,27 @@ GPipe is not searched: under the cost model it runs as long as 1F1B and holds mo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner import cost
-from planner.config import Schedule, check_sequence
-from planner.errors import InfeasibleError, InputError
+from planner.errors import InfeasibleError, TimeLimitError
 from planner.graph import lowered, parameter_count
 from planner.graph.layout import LogicalMesh
 from planner.graph.lower import ACTIVATION_BYTES, decoder_layer_kind
-from planner.ilp.backends import Backend
 from planner.ilp.layer import Frontier, LayerSolution, SolverOptions, solve_frontier
 from planner.ilp.problem import LayerQuery
-from planner.pipeline.assemble import FoundStage, compose, plan_stages, predicted
-from planner.pipeline.options import LayerOption, SyncContext, layer_options, stage_table
-from planner.pipeline.split import split_layers
-from planner.pipeline.stages import submesh_shapes
+from planner.invariants import check_plan
+from planner.pipeline.assemble import FoundStage, compose, launchable, plan_stages, predicted
+from planner.pipeline.options import (
+    TRANSFORMER_KINDS,
+    LayerOption,
+    SyncContext,
+    layer_options,
+    stage_table,
+)
+from planner.pipeline.split import least_peak, split_layers
 from planner.placement import ORDERS, PipelinePlacement
 from planner.plan import (
     Plan,
@@ -44,59 +47,35 @@ from planner.plan import (
     cluster_ref,
     model_ref,
 )
-from planner.spec import GIB, ClusterSpec, ModelSpec, Precision, TrainingSpec
+from planner.space import (
+    DEFAULT_OPTIONS,
+    Candidate,
+    Progress,
+    ProgressFn,
+    SolveOptions,
+    candidates,
+    describe,
+    divisors,
+    mesh_microbatches,
+    model_flops_per_sequence,
+    training_of,
+)
+from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
 from planner.step import PipelineKnobs, StepCost
 
-
-@dataclass(frozen=True, slots=True)
-class SolveOptions:
-    """What the search may choose from, and how hard it tries."""
-
-    global_batch_size: int | None = None
-    seq_length: int | None = None
-    precision: Precision | None = None
-    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    """Sequences per data-parallel rank and microbatch (Megatron's ``--micro-batch-size``);
-    a mesh takes this times the data-parallel ways inside it (:func:`mesh_microbatches`)."""
-    interleaved: bool = True
-    max_mesh_nodes: int | None = None
-    """A stage's mesh spans part of a node or 1, 2, 4, ... nodes up to this (Alpa allows any
-    count). None: one node for dense models, two for mixtures of experts. Across nodes a mesh
-    axis is mostly data parallel, which replicas of the pipeline already give; expert
-    parallelism is the common reason to span nodes. Each wider mesh makes its layer ILPs
-    slower (a second instead of milliseconds)."""
-    backend: Backend = "ortools"
-    time_limit_s: float = 10.0
-    """Per layer ILP."""
-    flash_attention: bool = True
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One setting of the outer knobs."""
-
-    replicas: int
-    mesh: tuple[int, int]
-    num_stages: int
-    micro_batch_size: int
-    num_microbatches: int
-    schedule: Schedule
-    vpp: int
-    lower_bound_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """Reported after each candidate: how far the search is and the best step so far."""
-
-    done: int
-    total: int
-    best_step_s: float | None
-
-
-ProgressFn = Callable[[Progress], None]
+__all__ = [
+    "Candidate",
+    "Progress",
+    "ProgressFn",
+    "SolveOptions",
+    "candidates",
+    "describe",
+    "divisors",
+    "evaluate",
+    "mesh_microbatches",
+    "solve",
+    "training_of",
+]
 
 
 @dataclass(slots=True)
@@ -106,100 +85,14 @@ class SearchState:
     frontiers: dict[tuple[str, tuple[int, int], int], Frontier] = field(default_factory=dict)
     reuses: int = 0
     """Frontier lookups answered without solving."""
+    least: tuple[float, Candidate] | None = None
+    """The least per-device bytes any candidate's plans need, and that candidate: kept so
+    that, when nothing fits, the error can say by how much."""
 
     @property
     def solutions(self) -> list[LayerSolution]:
         """Every layer solved so far."""
         return [s for f in self.frontiers.values() for s in f.solutions]
-
-
-def training_of(model: ModelSpec, options: SolveOptions) -> TrainingSpec:
-    """The run's sequence length, global batch and precision: the options, else the model's
-    training block."""
-    defaults = model.training
-    seq = options.seq_length or (defaults.seq_length if defaults else None)
-    gbs = options.global_batch_size or (defaults.global_batch_size if defaults else None)
-    if seq is None or gbs is None:
-        raise InputError(f"{model.name}: no training block: pass --seq-len and --global-batch")
-    precision = options.precision or (defaults.precision if defaults else "bf16")
-    check_sequence(model, seq)
-    return TrainingSpec(seq_length=seq, global_batch_size=gbs, precision=precision)
-
-
-def candidates(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
-) -> list[Candidate]:
-    """Every outer setting that divides, cheapest lower bound first."""
-    n_dev = cluster.num_devices
-    per_node = cluster.devices_per_node
-    layers = model.num_layers
-    gbs = training.global_batch_size
-    flops = _model_flops_per_sequence(model, training.seq_length)
-    max_nodes = options.max_mesh_nodes or (2 if model.moe else 1)
-    out = []
-    for replicas in divisors(n_dev):
-        devices = n_dev // replicas
-        nodes = max(1, devices // per_node)
-        for mesh in submesh_shapes(nodes, per_node):
-            size = mesh[0] * mesh[1]
-            if size > devices or devices % size or (mesh[0] > 1 and devices % per_node):
-                continue
-            if mesh[0] & (mesh[0] - 1) or mesh[0] > max_nodes:
-                continue
-            stages = devices // size
-            if stages > layers:
-                continue
-            for b in mesh_microbatches(options.micro_batch_sizes, size):
-                if gbs % (replicas * b):
-                    continue
-                m = gbs // (replicas * b)
-                per_microbatch = cost.compute_lower_bound_s(
-                    cluster.device, training.precision, flops=3 * flops * b / devices
-                )
-                for schedule, v in _schedules(layers, stages, m, options.interleaved):
-                    bound = (m + (stages - 1) / v) * per_microbatch
-                    out.append(Candidate(replicas, mesh, stages, b, m, schedule, v, bound))
-    out.sort(key=lambda c: (c.lower_bound_s, -c.replicas, c.num_stages, c.micro_batch_size,
-                            c.vpp))  # fmt: skip
-    return out
-
-
-def mesh_microbatches(per_rank: Sequence[int], mesh_size: int) -> list[int]:
-    """Sequences one mesh takes per microbatch: a per-rank microbatch times the ways the
-    layer ILP may split the batch inside the mesh (which it decides), so that a stage whose
-    mesh is all data parallel can still run the per-rank microbatches a user would try.
-
-    >>> mesh_microbatches((1, 2), 4)
-    [1, 2, 4, 8]
-    """
-    ways = [d for d in divisors(mesh_size) if d & (d - 1) == 0 or d == mesh_size]
-    return sorted({b * d for b in per_rank for d in ways})
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending.
-
-    >>> divisors(12)
-    [1, 2, 3, 4, 6, 12]
-    """
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _schedules(layers: int, stages: int, m: int, interleaved: bool) -> list[tuple[Schedule, int]]:
-    """1F1B, and interleaved 1F1B with ``v`` chunks per stage (Megatron needs the
-    microbatches to be a multiple of the stages; the split must give each stage a multiple of
-    ``v`` layers, which the dynamic program enforces)."""
-    out: list[tuple[Schedule, int]] = [("1f1b", 1)]
-    if interleaved and stages > 1 and m % stages == 0:
-        out += [("1f1b", v) for v in range(2, layers // stages + 1)]
-    return out
-
-
-def _model_flops_per_sequence(model: ModelSpec, seq: int) -> float:
-    """Forward FLOPs of one sequence through the whole model."""
-    from planner.estimate import _forward_flops  # one definition of the model's FLOPs
-
-    return _forward_flops(model, TrainingSpec(seq_length=seq, global_batch_size=1), 1)
 
 
 # --------------------------------------------------------------------------- layer options
@@ -214,6 +107,8 @@ class SearchContext:
     training: TrainingSpec
     options: SolveOptions
     state: SearchState
+    deadline: float | None = None
+    """``time.perf_counter()`` past which no layer ILP starts."""
 
 
 LADDER_STEPS = 8
@@ -248,7 +143,8 @@ def kind_solutions(
         )  # fmt: skip
         ctx.state.frontiers[key] = solve_frontier(
             ctx.model, ctx.cluster, query, steps=LADDER_STEPS, shrink=LADDER_SHRINK,
-            options=SolverOptions(ctx.options.backend, ctx.options.time_limit_s),
+            options=SolverOptions(ctx.options.backend, ctx.options.ilp_time_limit_s,
+                                  deadline=ctx.deadline),
         )  # fmt: skip
     return list(ctx.state.frontiers[key].solutions)
 
@@ -256,12 +152,15 @@ def kind_solutions(
 def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOption]:
     """The frontier's shardings priced for candidate ``c`` under every recomputation mode
     and ZeRO stage; with a pipeline, ZeRO-2 and 3 are left out, as DeepSpeed and
-    Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline)."""
+    Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline). Transformer
+    layers whose sharding no framework can launch (:func:`launchable`) are left out too."""
     sync = SyncContext(LogicalMesh(c.mesh), c.replicas, c.num_microbatches,
                        ctx.training.precision, ctx.options.overlap_grad_reduce,
                        ctx.options.overlap_param_gather)  # fmt: skip
     options = []
     for solution in kind_solutions(ctx, kind, c.mesh, c.micro_batch_size):
+        if kind in TRANSFORMER_KINDS and not launchable(solution, c.mesh):
+            continue
         options += layer_options(solution, ctx.cluster, sync)
     if c.num_stages > 1:
         options = [o for o in options if o.zero <= 1]
@@ -336,6 +235,9 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
     try:
         split = split_layers(table.latency, c.num_microbatches)
     except InfeasibleError:
+        least = least_peak(table.memory)
+        if least is not None:
+            _note_least(ctx, c, least[0] + device.reserved_memory_gib * GIB)
         return None
     stages = tuple(
         FoundStage(a + 1, b, table.choices[int(table.choice[i, a, b])])
@@ -352,10 +254,17 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
         send = pipeline_send_s(ctx, c, placement.pipeline_distance) if p > 1 else 0.0
         step = compose(stages, kinds, ctx.model, ctx.cluster, knobs, placement, send)
         if sum(step.peak_memory_bytes) > device.memory_bytes:
+            _note_least(ctx, c, sum(step.peak_memory_bytes))
             continue
         if best is None or step.step_s < best.step.step_s:
             best = Found(c, stages, placement, step, split.step_s, split.bounds_tried)
     return best
+
+
+def _note_least(ctx: SearchContext, c: Candidate, need_bytes: float) -> None:
+    """Keep the least memory a candidate that does not fit needs."""
+    if ctx.state.least is None or need_bytes < ctx.state.least[0]:
+        ctx.state.least = (need_bytes, c)
 
 
 def _whole_chunks(n: int, p: int, v: int) -> np.ndarray:
@@ -372,50 +281,92 @@ def _whole_chunks(n: int, p: int, v: int) -> np.ndarray:
 def solve(
     model: ModelSpec,
     cluster: ClusterSpec,
-    options: SolveOptions = SolveOptions(),
+    options: SolveOptions = DEFAULT_OPTIONS,
     *,
     progress: ProgressFn | None = None,
 ) -> Plan:
     """The fastest plan found for training ``model`` on ``cluster`` within memory.
 
     Raises :class:`~planner.errors.InfeasibleError` when nothing fits, naming the least
-    memory a device would need.
+    memory a device would need and what would make a plan fit, and
+    :class:`~planner.errors.TimeLimitError` when ``options.time_limit_s`` passes before any
+    plan is found.
     """
     started = time.perf_counter()
     training = training_of(model, options)
     kinds = decoder_kinds(model)
     todo = candidates(model, cluster, training, options)
-    ctx = SearchContext(model, cluster, training, options, SearchState())
+    deadline = None if options.time_limit_s is None else started + options.time_limit_s
+    ctx = SearchContext(model, cluster, training, options, SearchState(), deadline)
     best: Found | None = None
-    for visited, c in enumerate(todo, start=1):
+    cut_at: Candidate | None = None
+    searched = 0
+    for c in todo:
         if best is not None and c.lower_bound_s >= best.step.step_s:
             break  # sorted by bound: nothing left can win
-        found = evaluate(ctx, c, kinds)
+        if deadline is not None and time.perf_counter() >= deadline:
+            cut_at = c
+            break
+        if progress is not None:
+            progress(Progress(searched, len(todo), _best_s(best), describe(c)))
+        try:
+            found = evaluate(ctx, c, kinds)
+        except TimeLimitError:
+            cut_at = c
+            break
+        searched += 1
         if found is not None and (best is None or found.step.step_s < best.step.step_s):
             best = found
-        if progress is not None:
-            progress(Progress(visited, len(todo), best.step.step_s if best else None))
     if progress is not None:
-        progress(Progress(len(todo), len(todo), best.step.step_s if best else None))
+        progress(Progress(len(todo), len(todo), _best_s(best)))
+    if best is None and cut_at is not None:
+        raise TimeLimitError(
+            f"the time limit ({options.time_limit_s:g} s) passed after {searched} of "
+            f"{len(todo)} candidates and none of them fits yet; raise --time-limit"
+        )
     if best is None:
-        raise InfeasibleError(_nothing_fits(model, cluster, training))
-    return _plan(ctx, best, kinds, time.perf_counter() - started)
+        raise InfeasibleError(_nothing_fits(ctx))
+    gap = None if cut_at is None else max(0.0, 1 - cut_at.lower_bound_s / best.step.step_s)
+    plan = _plan(ctx, best, kinds, time.perf_counter() - started, searched, gap)
+    return check_plan(plan, model)
 
 
-def _nothing_fits(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> str:
-    """Why nothing fits, in the one number a user can act on: the weights, gradients and Adam
-    states alone, sharded over every device (ZeRO-3, the leanest there is)."""
-    params = parameter_count(lowered(model, training, 1)[0]).total
-    n = cluster.num_devices
-    states = params * cost.state_bytes_per_param(training.precision, zero=3, shards=n).total
-    return (f"no plan for {model.name} fits {n} x {cluster.device.name} "
-            f"({cluster.device.memory_gib:g} GiB) at global batch {training.global_batch_size}, "
-            f"sequence {training.seq_length}: its weights, gradients and optimizer states "
-            f"alone need {states / GIB:.1f} GiB per device even sharded over all {n} devices, "
-            f"before activations; add nodes or shorten the sequence")  # fmt: skip
+def _best_s(best: Found | None) -> float | None:
+    return None if best is None else best.step.step_s
 
 
-def _plan(ctx: SearchContext, best: Found, kinds: list[str], wall_s: float) -> Plan:
+def _nothing_fits(ctx: SearchContext) -> str:
+    """Why nothing fits, in the numbers a user can act on: the least memory any plan in the
+    space needs (from the candidates' stage tables, or the states alone when no layer has a
+    sharding at all) and what would make one fit."""
+    model, cluster, training = ctx.model, ctx.cluster, ctx.training
+    if ctx.state.least is None:
+        params = parameter_count(lowered(model, training, 1)[0]).total
+        n = cluster.num_devices
+        states = params * cost.state_bytes_per_param(training.precision, zero=3, shards=n).total
+        need = states + cluster.device.reserved_memory_gib * GIB
+        leanest = "the weights, gradients and optimizer states alone, sharded over every device"
+    else:
+        need, c = ctx.state.least
+        smallest = min(ctx.options.micro_batch_sizes)
+        leanest = (f"{describe(c)}, over stage choices that include a microbatch of "
+                   f"{smallest} per rank, full recompute and ZeRO-3 (ZeRO-1 with a "
+                   f"pipeline)")  # fmt: skip
+    from planner.remedies import infeasible_message  # the failure path prices what would fit
+
+    return infeasible_message(model, cluster, training, ctx.options,
+                              searched="no plan of the ILP search", least_gib=need / GIB,
+                              leanest=leanest)  # fmt: skip
+
+
+def _plan(
+    ctx: SearchContext,
+    best: Found,
+    kinds: list[str],
+    wall_s: float,
+    searched: int,
+    search_gap: float | None,
+) -> Plan:
     c, training = best.candidate, ctx.training
     stages = plan_stages(best.stages, kinds, best.placement, best.step)
     solutions = ctx.state.solutions
@@ -446,15 +397,17 @@ def _plan(ctx: SearchContext, best: Found, kinds: list[str], wall_s: float) -> P
             kinds,
             cluster=ctx.cluster,
             training=training,
-            forward_flops_per_sequence=_model_flops_per_sequence(ctx.model, training.seq_length),
+            forward_flops_per_sequence=model_flops_per_sequence(ctx.model, training.seq_length),
             micro_batch_size=c.micro_batch_size,
         ),
         solver=SolverSummary(
             time_s=wall_s,
-            status="optimal" if statuses <= {"optimal", "infeasible"} else "feasible",
+            status="time_limit" if search_gap is not None
+            else "optimal" if statuses <= {"optimal", "infeasible"} else "feasible",
             objective=best.objective_s,
-            gap=max(gaps, default=None),
+            gap=max([*gaps, search_gap] if search_gap is not None else gaps, default=None),
             ilp_count=sum(f.solves for f in ctx.state.frontiers.values()),
             cache_hits=ctx.state.reuses,
+            configurations=searched,
         ),
     )

@@ -11,12 +11,21 @@ dispatches on the presence of ``model_type``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
+from planner import limits as lim
 from planner.errors import InputError
 
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -28,30 +37,58 @@ GIB = 1024**3
 GB = 1e9
 
 
+def _not_bool(value: Any) -> Any:
+    # JSON's true is an int to pydantic (bool subclasses int), but `"num_layers": true` is a
+    # mistake, not one layer.
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+"""An integer field that refuses true/false."""
+Float = Annotated[float, BeforeValidator(_not_bool)]
+"""A number field that refuses true/false (NaN and infinities are refused by the models)."""
+Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+"""A label that appears in messages: one printable line."""
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN or an infinity in an input is a mistake, and would poison every sum it enters.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class MoESpec(_Frozen):
     """Mixture-of-experts feed-forward blocks (Megatron's ``--num-experts`` family)."""
 
-    num_experts: int = Field(gt=0, description="Routed experts per MoE layer.")
-    top_k: int = Field(gt=0, description="Routed experts each token is sent to.")
-    ffn_hidden_size: int = Field(gt=0, description="FFN width of one routed expert.")
-    shared_experts: int = Field(default=0, ge=0, description="Always-active shared experts.")
-    shared_ffn_hidden_size: int | None = Field(
+    num_experts: Int = Field(gt=0, le=lim.MAX_EXPERTS, description="Routed experts per MoE layer.")
+    top_k: Int = Field(
+        gt=0, le=lim.MAX_EXPERTS, description="Routed experts each token is sent to."
+    )
+    ffn_hidden_size: Int = Field(
+        gt=0, le=lim.MAX_FFN_HIDDEN_SIZE, description="FFN width of one routed expert."
+    )
+    shared_experts: Int = Field(
+        default=0, ge=0, le=lim.MAX_EXPERTS, description="Always-active shared experts."
+    )
+    shared_ffn_hidden_size: Int | None = Field(
         default=None,
         gt=0,
+        le=lim.MAX_FFN_HIDDEN_SIZE,
         description="Total FFN width of all shared experts together "
         "(Megatron's --moe-shared-expert-intermediate-size); default shared_experts x "
         "ffn_hidden_size.",
     )
-    first_dense_layers: int = Field(
-        default=0, ge=0, description="Leading layers with a dense FFN instead of experts."
+    first_dense_layers: Int = Field(
+        default=0,
+        ge=0,
+        le=lim.MAX_LAYERS,
+        description="Leading layers with a dense FFN instead of experts.",
     )
-    layer_freq: int = Field(
+    layer_freq: Int = Field(
         default=1,
         gt=0,
+        le=lim.MAX_LAYERS,
         description="After the dense layers, every layer_freq-th layer is MoE (1 = all).",
     )
     router_expert_bias: bool = Field(
@@ -77,41 +114,82 @@ class MoESpec(_Frozen):
 class MLASpec(_Frozen):
     """DeepSeek's multi-head latent attention (low-rank compressed queries, keys and values)."""
 
-    q_lora_rank: int | None = Field(
-        default=None, gt=0, description="Rank of the query compression; null = no compression."
+    q_lora_rank: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_HIDDEN_SIZE,
+        description="Rank of the query compression; null = no compression.",
     )
-    kv_lora_rank: int = Field(gt=0, description="Rank of the joint key/value compression.")
-    qk_nope_head_dim: int = Field(gt=0, description="Per-head query/key dims without RoPE.")
-    qk_rope_head_dim: int = Field(gt=0, description="Per-head query/key dims with RoPE.")
-    v_head_dim: int = Field(gt=0, description="Per-head value dims.")
+    kv_lora_rank: Int = Field(
+        gt=0, le=lim.MAX_HIDDEN_SIZE, description="Rank of the joint key/value compression."
+    )
+    qk_nope_head_dim: Int = Field(
+        gt=0, le=lim.MAX_HEAD_DIM, description="Per-head query/key dims without RoPE."
+    )
+    qk_rope_head_dim: Int = Field(
+        gt=0, le=lim.MAX_HEAD_DIM, description="Per-head query/key dims with RoPE."
+    )
+    v_head_dim: Int = Field(gt=0, le=lim.MAX_HEAD_DIM, description="Per-head value dims.")
 
 
 class TrainingSpec(_Frozen):
     """The training run's defaults; CLI options override them."""
 
-    seq_length: int = Field(gt=0, description="Tokens per sample.")
-    global_batch_size: int = Field(gt=0, description="Samples per optimizer step.")
+    seq_length: Int = Field(gt=0, le=lim.MAX_SEQ_LENGTH, description="Tokens per sample.")
+    global_batch_size: Int = Field(
+        gt=0, le=lim.MAX_GLOBAL_BATCH_SIZE, description="Samples per optimizer step."
+    )
     precision: Precision = Field(default="bf16", description="Mixed-precision compute type.")
+
+
+OPTION_NAMES = {"seq_length": "--seq-len", "global_batch_size": "--global-batch",
+                "precision": "--precision"}  # fmt: skip
+"""The command-line option behind each field of a training run given as options."""
+
+
+def training_run(
+    seq_length: int, global_batch_size: int, precision: Precision = "bf16"
+) -> TrainingSpec:
+    """A :class:`TrainingSpec` from options rather than a file: out-of-range values raise
+    :class:`~planner.errors.InputError` naming the option (``--seq-len``), not a pydantic
+    error."""
+    try:
+        return TrainingSpec(seq_length=seq_length, global_batch_size=global_batch_size,
+                            precision=precision)  # fmt: skip
+    except ValidationError as exc:
+        field = str(exc.errors()[0]["loc"][0])
+        message = describe_validation_error("options", exc)
+        raise InputError(message.replace(f"options: {field}", OPTION_NAMES.get(field, field),
+                                         1)) from None  # fmt: skip
 
 
 class ModelSpec(_Frozen):
     """A decoder-only transformer, in Megatron-LM's vocabulary."""
 
-    name: str
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_query_groups: int | None = Field(
-        default=None, gt=0, description="Key/value heads (GQA); default num_attention_heads."
+    name: Name
+    num_layers: Int = Field(gt=0, le=lim.MAX_LAYERS)
+    hidden_size: Int = Field(gt=0, le=lim.MAX_HIDDEN_SIZE)
+    num_attention_heads: Int = Field(gt=0, le=lim.MAX_ATTENTION_HEADS)
+    num_query_groups: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_ATTENTION_HEADS,
+        description="Key/value heads (GQA); default num_attention_heads.",
     )
-    kv_channels: int | None = Field(
-        default=None, gt=0, description="Per-head dims; default hidden_size / heads."
+    kv_channels: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_HEAD_DIM,
+        description="Per-head dims; default hidden_size / heads.",
     )
-    ffn_hidden_size: int | None = Field(
-        default=None, gt=0, description="Dense FFN width; default 4 x hidden_size."
+    ffn_hidden_size: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_FFN_HIDDEN_SIZE,
+        description="Dense FFN width; default 4 x hidden_size.",
     )
-    vocab_size: int = Field(gt=0)
-    max_position_embeddings: int = Field(gt=0)
+    vocab_size: Int = Field(gt=0, le=lim.MAX_VOCAB_SIZE)
+    max_position_embeddings: Int = Field(gt=0, le=lim.MAX_SEQ_LENGTH)
     activation: Activation = "gelu"
     normalization: Normalization = "layernorm"
     position_embedding: PositionEmbedding = "learned"
@@ -121,10 +199,10 @@ class ModelSpec(_Frozen):
         default=None, description="Biases on the QKV projection only; default = bias."
     )
     qk_layernorm: bool = Field(default=False, description="Per-head norm on queries and keys.")
-    hidden_dropout: float = Field(
+    hidden_dropout: Float = Field(
         default=0.0, ge=0, lt=1, description="Dropout after attention and MLP blocks."
     )
-    attention_dropout: float = Field(
+    attention_dropout: Float = Field(
         default=0.0, ge=0, lt=1, description="Dropout on the attention probabilities."
     )
     moe: MoESpec | None = None
@@ -185,8 +263,8 @@ class GemmEfficiency(_Frozen):
     ``max_fraction``. The defaults (1.0, 0) mean "uncalibrated: the roofline peak".
     """
 
-    max_fraction: float = Field(default=1.0, gt=0, le=1)
-    half_saturation_gflop: float = Field(default=0.0, ge=0)
+    max_fraction: Float = Field(default=1.0, gt=0, le=1)
+    half_saturation_gflop: Float = Field(default=0.0, ge=0, le=lim.MAX_HALF_SATURATION_GFLOP)
     source: str | None = Field(default=None, description="How these values were obtained.")
 
 
@@ -194,23 +272,28 @@ class DeviceEfficiency(_Frozen):
     """Calibration of one device: how far real kernels fall short of the data sheet."""
 
     gemm: GemmEfficiency = GemmEfficiency()
-    memory_bound_fraction: float = Field(
+    memory_bound_fraction: Float = Field(
         default=1.0, gt=0, le=1, description="Achieved fraction of HBM bandwidth."
     )
-    kernel_launch_us: float = Field(default=0.0, ge=0, description="Fixed cost per kernel.")
+    kernel_launch_us: Float = Field(
+        default=0.0, ge=0, le=lim.MAX_LATENCY_US, description="Fixed cost per kernel."
+    )
     source: str | None = Field(default=None, description="How these values were obtained.")
 
 
 class DeviceSpec(_Frozen):
     """One accelerator."""
 
-    name: str
-    memory_gib: float = Field(gt=0)
-    memory_bandwidth_gb_s: float = Field(gt=0)
-    peak_tflops: dict[Precision, float] = Field(description="Dense peak by compute type.")
-    reserved_memory_gib: float = Field(
+    name: Name
+    memory_gib: Float = Field(gt=0, le=lim.MAX_DEVICE_MEMORY_GIB)
+    memory_bandwidth_gb_s: Float = Field(gt=0, le=lim.MAX_BANDWIDTH_GB_S)
+    peak_tflops: dict[Precision, Annotated[Float, Field(gt=0, le=lim.MAX_PEAK_TFLOPS)]] = Field(
+        description="Dense peak by compute type."
+    )
+    reserved_memory_gib: Float = Field(
         default=0.0,
         ge=0,
+        le=lim.MAX_DEVICE_MEMORY_GIB,
         description="Memory the framework holds outside the model (CUDA context, "
         "communication buffers, allocator fragmentation).",
     )
@@ -239,7 +322,7 @@ class DeviceSpec(_Frozen):
 class LinkEfficiency(_Frozen):
     """Calibration of one network level."""
 
-    bandwidth_fraction: float = Field(
+    bandwidth_fraction: Float = Field(
         default=1.0, gt=0, le=1, description="Achieved bus bandwidth / nominal, large messages."
     )
     source: str | None = None
@@ -248,10 +331,14 @@ class LinkEfficiency(_Frozen):
 class NetworkLevel(_Frozen):
     """One level of the network, from the innermost (NVLink in a node) outwards."""
 
-    name: str
-    domain_devices: int = Field(gt=0, description="Devices that share this level's domain.")
-    bandwidth_gb_s: float = Field(gt=0, description="Per device, per direction.")
-    latency_us: float = Field(ge=0)
+    name: Name
+    domain_devices: Int = Field(
+        gt=0, le=lim.MAX_DEVICES, description="Devices that share this level's domain."
+    )
+    bandwidth_gb_s: Float = Field(
+        gt=0, le=lim.MAX_BANDWIDTH_GB_S, description="Per device, per direction."
+    )
+    latency_us: Float = Field(ge=0, le=lim.MAX_LATENCY_US)
     efficiency: LinkEfficiency = LinkEfficiency()
 
     @property
@@ -268,15 +355,18 @@ class NetworkLevel(_Frozen):
 class ClusterSpec(_Frozen):
     """A homogeneous cluster: nodes of identical devices on a multi-level network."""
 
-    name: str
-    num_nodes: int = Field(gt=0)
-    devices_per_node: int = Field(gt=0)
+    name: Name
+    num_nodes: Int = Field(gt=0, le=lim.MAX_DEVICES)
+    devices_per_node: Int = Field(gt=0, le=lim.MAX_DEVICES_PER_NODE)
     device: DeviceSpec
     network: tuple[NetworkLevel, ...] = Field(min_length=1)
     notes: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ClusterSpec:
+        too_many = _too_many_devices(self.num_nodes, self.devices_per_node)
+        if too_many:
+            raise ValueError(too_many)
         domains = [level.domain_devices for level in self.network]
         if domains[0] != self.devices_per_node:
             raise ValueError(
@@ -296,45 +386,117 @@ class ClusterSpec(_Frozen):
         return self.num_nodes * self.devices_per_node
 
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
-        """The same cluster type at another size."""
-        if num_nodes <= 0:
-            raise InputError(f"--nodes must be positive, got {num_nodes}")
+        """The same cluster type at another size (``--nodes``)."""
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes <= 0:
+            raise InputError(f"--nodes must be a positive integer, got {num_nodes!r}")
+        too_many = _too_many_devices(num_nodes, self.devices_per_node)
+        if too_many:
+            raise InputError(f"--nodes {num_nodes}: {too_many}")
         return self.model_copy(update={"num_nodes": num_nodes})
 
 
+def _too_many_devices(num_nodes: int, devices_per_node: int) -> str | None:
+    """The message for a cluster above :data:`~planner.limits.MAX_DEVICES`, else None."""
+    devices = num_nodes * devices_per_node
+    if devices <= lim.MAX_DEVICES:
+        return None
+    return (
+        f"num_nodes({num_nodes}) x devices_per_node({devices_per_node}) = {devices} devices is "
+        f"above the limit of {lim.MAX_DEVICES} ({lim.reason('num_devices')})"
+    )
+
+
 def read_text(path: Path) -> str:
-    """A file's text; an unreadable file raises :class:`InputError`."""
+    """A file's text (UTF-8, with or without a byte-order mark); a file that cannot be read,
+    is not text, or is larger than :data:`~planner.limits.MAX_INPUT_BYTES` raises
+    :class:`InputError`."""
     try:
-        return Path(path).read_text()
+        with Path(path).open("rb") as handle:
+            data = handle.read(lim.MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > lim.MAX_INPUT_BYTES:
+        raise InputError(f"{path}: larger than the limit of {lim.MAX_INPUT_BYTES} bytes for an "
+                         "input file (a plan for the largest cluster is ~25 MB)")  # fmt: skip
+    try:
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file") from None
+        raise InputError(f"{path}: not a text file (not UTF-8)") from None
 
 
-def read_json(path: Path) -> Any:
-    """Parse a JSON file; unreadable or malformed files raise :class:`InputError`."""
-    text = read_text(path)
+def parse_json(text: str, *, source: Path | str) -> Any:
+    """Parse JSON text from ``source``; malformed text raises :class:`InputError` with the
+    line and column."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(
-            f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+            f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         ) from None
+    except RecursionError:
+        raise InputError(f"{source}: JSON nested too deeply to read") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's own limit)
+        raise InputError(f"{source}: invalid JSON: {exc}") from None
 
 
-def describe_validation_error(path: Path | str, exc: ValidationError) -> str:
-    """One line naming the file, the first failing field, the problem and what is allowed."""
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; unreadable or malformed files raise :class:`InputError`."""
+    return parse_json(read_text(path), source=path)
+
+
+_SHORT = 60
+"""Characters of an offending value quoted in a message."""
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` on one line, cut to :data:`_SHORT` characters, for quoting an input in
+    a message."""
+    text = repr(value)
+    return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
+
+
+def _loc_part(part: int | str) -> str:
+    """One step of a field's location, quoted if it is not a plain name (a key from the
+    input may hold anything, a newline included)."""
+    text = str(part)
+    plain = text.isprintable() and len(text) <= _SHORT and not any(c in text for c in ". ")
+    return text if plain and text else short_repr(part)
+
+
+_OWN_WORDS = frozenset({"missing", "extra_forbidden", "value_error", "assertion_error"})
+"""Errors whose message needs no quote of the input (it is absent, or the message has it)."""
+
+
+def describe_validation_error(
+    path: Path | str, exc: ValidationError, *, keys: Mapping[str, str] | None = None
+) -> str:
+    """One line naming the file, the first failing field, the problem and what is allowed.
+
+    ``keys`` maps a field (dotted, as ``moe.top_k``) to the key the file spelled it with, for
+    inputs translated into a spec (a Hugging Face ``config.json``)."""
     err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    field = ".".join(_loc_part(p) for p in err["loc"]) or "(top level)"
+    if keys and keys.get(field, field) != field:
+        field = f"{keys[field]} (read as {field})"
+    # The innermost named part with a limit (peak_tflops.bf16 is bounded as peak_tflops).
+    name = next((str(p) for p in reversed(err["loc"]) if lim.reason(str(p))), "")
+    kind, ctx, given = err["type"], err.get("ctx", {}), err.get("input")
     msg = err["msg"]
-    if err["type"] == "extra_forbidden":
+    if kind == "extra_forbidden":
         msg = "unknown field"
-    elif err["type"] == "literal_error":
-        expected = err.get("ctx", {}).get("expected", "")
-        msg = f"got {err.get('input')!r}, allowed: {expected}"
-    elif err["type"] == "missing":
+    elif kind == "literal_error":
+        msg = f"got {short_repr(given)}, allowed: {ctx.get('expected', '')}"
+    elif kind == "missing":
         msg = "required field is missing"
+    elif kind in ("less_than_equal", "less_than") and lim.reason(name):
+        limit = ctx.get("le", ctx.get("lt"))
+        msg = f"{short_repr(given)} is above the limit of {limit} ({lim.reason(name)})"
+    elif kind == "string_pattern_mismatch":
+        msg = f"must be printable text on one line, got {short_repr(given)}"
+    elif kind == "int_from_float":
+        msg = f"must be a whole number, got {short_repr(given)}"
+    elif kind not in _OWN_WORDS:
+        msg = f"{msg}, got {short_repr(given)}"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
     return f"{path}: {field}: {msg}{more}"
 

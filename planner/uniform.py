@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from planner.config import ParallelConfig, resolve
 from planner.estimate import Estimate, estimate
+from planner.invariants import check_plan
 from planner.layer_cost import DEFAULT_RANK_ORDER, rank_strides
 from planner.plan import (
     Plan,
@@ -44,7 +45,13 @@ def megatron_ranks(
 def uniform_plan(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, method: str = "uniform"
 ) -> Plan:
-    """Price ``config`` and describe it as a plan."""
+    """Price ``config`` and describe it as a plan.
+
+    The plan keeps the structural invariants of :func:`~planner.invariants.check_plan`
+    (raising :class:`~planner.errors.InvalidPlanError` otherwise) but may not fit in memory:
+    ``planner estimate --out`` writes what it was asked to price; the searches that return
+    a uniform plan as their answer check its memory themselves.
+    """
     resolved = resolve(model, cluster, config)
     c = resolved.config
     result: Estimate = estimate(model, cluster, config)
@@ -69,7 +76,7 @@ def uniform_plan(
     )
     schedule = ScheduleSpec(name="interleaved" if c.vpp > 1 else c.schedule,
                             virtual_stages=c.vpp)  # fmt: skip
-    return Plan(
+    plan = Plan(
         method=method,
         model=model_ref(model),
         cluster=cluster_ref(cluster),
@@ -94,4 +101,5 @@ def uniform_plan(
         ),
         solver=SolverSummary(time_s=0.0, status="priced"),
     )
+    return check_plan(plan, model, memory=False)
 

@@ -340,3 +340,75 @@ def test_info_rejects_a_non_positive_seq_len(value: str) -> None:
 def test_option_error_names_the_option_as_typed(option: str) -> None:
     """An out-of-range option is named as the user spells it on the command line."""
     _assert_one_line_error(_run("estimate", GPT3, A100, option, "0"), option)
+
+
+# ------------------------------------------------------------ malformed input, every command
+
+PLAN = "tests/fuzz_plan_uniform.json"
+
+
+def _plan(**changes: Any) -> Json:
+    data: Json = json.loads((REPO / PLAN).read_text())
+    return data | changes
+
+
+def _runs_with_string_layers() -> str:
+    runs = json.loads((REPO / CALIBRATION_RUNS).read_text())
+    runs[0]["model"]["layers"] = "24"
+    return json.dumps(runs)
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A command run on one broken file (written as ``bad.json``, put where ``{bad}`` is)."""
+
+    args: tuple[str, ...]
+    content: Callable[[], str | bytes] | None
+    needles: tuple[str, ...]
+
+
+MALFORMED = {
+    "solve": Malformed(("solve", "{bad}", A100), lambda: json.dumps(_gpt3(num_layers=1000)),
+                       ("num_layers: 1000 is above the limit of 256",)),
+    "compare": Malformed(("compare", GPT3, "{bad}"),
+                         lambda: json.dumps(_a100()).replace("80.0", "NaN", 1),
+                         ("device.memory_gib", "finite number, got nan")),
+    "simulate": Malformed(("simulate", "{bad}"), lambda: json.dumps(_plan())[:500],
+                          ("invalid JSON at line 1, column",)),
+    "export": Malformed(("export", "{bad}", "--format", "megatron"),
+                        lambda: json.dumps(_plan(num_microbatches=10**6)),
+                        ("num_microbatches 1000000 is above the limit",)),
+    "estimate": Malformed(("estimate", GPT3, "{bad}"), lambda: bytes(range(256)),
+                          ("not a text file",)),
+    "info": Malformed(("info", "{bad}"), lambda: json.dumps(_hf_llama(num_hidden_layers="32")),
+                      ("num_hidden_layers must be an integer, got '32'",)),
+    "schema": Malformed(("schema", "cluster.json"), None, ("cluster.json",)),
+    "layer": Malformed(("layer", GPT3, A100, "--dump-model", "{bad}"), None,
+                       ("--dump-model", "is a directory")),
+    "validate": Malformed(("validate", "{bad}"), _runs_with_string_layers,
+                          ("record 0", "layers must be a number, got '24'")),
+    "calibrate": Malformed(("calibrate", CALIBRATION_RUNS, "{bad}", "--gpu", "A100"),
+                           lambda: "[" * 100_000 + "]" * 100_000,
+                           ("JSON nested too deeply",)),
+}  # fmt: skip
+
+
+def test_every_command_has_a_malformed_input_case() -> None:
+    """A new command gets its malformed-input case here."""
+    from planner.cli import app
+
+    assert set(MALFORMED) == {command.name for command in app.registered_commands}
+
+
+@pytest.mark.parametrize("case", MALFORMED.values(), ids=list(MALFORMED))
+def test_malformed_input_is_one_line_for_every_command(case: Malformed, tmp_path: Path) -> None:
+    """Each command on a broken file (or a folder where a file belongs): exit 2, one line on
+    stderr naming the file and the problem, no traceback."""
+    bad = tmp_path / "bad.json"
+    if case.content is None:
+        bad.mkdir()
+    else:
+        content = case.content()
+        bad.write_bytes(content if isinstance(content, bytes) else content.encode())
+    args = [arg.replace("{bad}", str(bad)) for arg in case.args]
+    _assert_one_line_error(_run(*args), *case.needles)

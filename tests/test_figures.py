@@ -86,7 +86,8 @@ def test_pictures_are_refused_where_they_cannot_go(solved: tuple[Plan, Path, Pat
     bad: list[tuple[subprocess.CompletedProcess[str], str]] = [
         (_run("simulate", out, "--gantt", out.with_suffix(".pdf")), "use one of .png, .svg"),
         (_run("simulate", out, "--gantt", out.parent / "nowhere" / "g.png"), "does not exist"),
-        (_run("simulate", out, "--gantt", out), "over an input"),
+        (_run("simulate", out, "--gantt", out), "is one of the inputs"),
+        (_run("simulate", out, "--gantt", out.parent), "is a directory"),
     ]
     for done, needle in bad:
         _assert_one_line_error(done, needle)
@@ -99,7 +100,8 @@ def test_simulate_a_gpipe_plan(tmp_path: Path) -> None:
     out = tmp_path / "gpipe.json"
     llama, h100 = "instances/models/llama3-8b.json", "instances/clusters/dgx-h100-80gb.json"
     done = _run("estimate", llama, h100, "--nodes", "1", "--tp", "2", "--pp", "4",
-                "--schedule", "gpipe", "--global-batch", "16", "--out", out)  # fmt: skip
+                "--schedule", "gpipe", "--recompute", "full", "--global-batch", "16",
+                "--out", out)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(_run("simulate", out, "--json").stdout)
     assert [r["closed_form_in_flight"] for r in data["stages"]] == [16] * 4

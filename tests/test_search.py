@@ -12,7 +12,7 @@ from planner.errors import InfeasibleError
 from planner.estimate import estimate
 from planner.plan import Plan
 from planner.search import SolveOptions, candidates, solve, training_of
-from planner.spec import load_cluster
+from planner.spec import ClusterSpec, load_cluster
 from tests.conftest import CLUSTERS, MODELS
 
 GPT3_RUN = SolveOptions(global_batch_size=1536, seq_length=2048)
@@ -131,20 +131,32 @@ def test_candidates_are_sorted_by_their_lower_bound(a100: planner.ClusterSpec) -
         assert c.num_stages <= model.num_layers
 
 
-def test_nothing_fits_is_explained() -> None:
-    """GPT-3 175B cannot train on one node: the error says so with the number that decides
-    it, Megatron's 18 bytes of state per parameter (bf16 weights, fp32 gradients, fp32 master
-    weights and two moments) sharded over the 8 devices (174.6B x 18 / 8 = 366 GiB), and what
-    to change."""
+def test_nothing_fits_names_the_least_memory_any_plan_needs() -> None:
+    """Llama 3 70B at 8k tokens cannot train on one H100 node. The error names the least
+    memory per device a plan of the search needs, and that number is exact: a device with
+    0.1 GiB more holds the search's plan, one with 0.1 GiB less holds none. It is above
+    Megatron's 18 bytes of state per parameter sharded over the 8 devices (70.6B x 18 / 8 =
+    148 GiB), and the error says how many nodes would do."""
     import re
 
-    with pytest.raises(InfeasibleError, match="no plan for gpt3-175b fits 8 x") as caught:
-        solve(planner.load_model(MODELS / "gpt3-175b.json"),
-              load_cluster(CLUSTERS / "dgx-a100-80gb.json", 1), GPT3_RUN)  # fmt: skip
-    need = re.search(r"alone need ([0-9.]+) GiB per device", str(caught.value))
-    assert need is not None
-    assert float(need.group(1)) == pytest.approx(174.6e9 * 18 / 8 / 2**30, rel=0.01)
-    assert "add nodes" in str(caught.value)
+    model = planner.load_model(MODELS / "llama3-70b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
+    with pytest.raises(InfeasibleError, match="no plan of the ILP search fits llama3-70b") as e:
+        solve(model, cluster)
+    found = re.search(r"needs ([0-9.]+) GiB per device", str(e.value))
+    assert found is not None
+    need = float(found.group(1))
+    assert need > 70.6e9 * 18 / 8 / 2**30
+    assert re.search(r"on \d+ nodes", str(e.value))
+
+    def with_memory(gib: float) -> ClusterSpec:
+        return cluster.model_copy(update={"device": cluster.device.model_copy(
+            update={"memory_gib": gib})})  # fmt: skip
+
+    plan = solve(model, with_memory(need + 0.1))
+    assert need - 0.05 <= plan.predicted.peak_memory_gib <= need + 0.1
+    with pytest.raises(InfeasibleError):
+        solve(model, with_memory(need - 0.1))
 
 
 def test_sequence_longer_than_learned_positions_is_refused() -> None:

@@ -28,7 +28,9 @@ microbatch is not tried once a smaller one does not fit (activations grow with t
 The plan's ``solver.configurations`` counts the configurations :func:`estimate` priced, once
 each: neither the pruned ones nor the ones it refused as not dividing (the batch over
 ``dp x mbs``, interleaving's microbatches over ``pp``) are counted, and the winner's re-pricing
-as a plan is not either. ``solver.time_s`` is the wall time of the whole search.
+as a plan is not either. ``solver.time_s`` is the wall time of the whole search. When nothing
+fits, the error gives the least memory per device (the leanest branch's) and what would fit
+(:func:`planner.remedies.infeasible_message`).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from planner.config import ParallelConfig, Recompute
-from planner.errors import ConfigError, InfeasibleError
+from planner.errors import ConfigError, InfeasibleError, TimeLimitError
 from planner.estimate import Estimate, estimate
+from planner.invariants import check_plan
 from planner.plan import Plan, SolverSummary
 from planner.search import Progress, ProgressFn, SolveOptions, divisors, training_of
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
@@ -180,6 +183,19 @@ def branch_groups(
     ]  # fmt: skip
 
 
+def branch_space(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> list[tuple[ParallelConfig, list[list[ParallelConfig]]]]:
+    """Every branch's leanest configuration (no interleaving, the smallest microbatch, full
+    recomputation, the highest ZeRO stage) and its groups: the grid prices the leanest first
+    to drop the branch, :func:`planner.remedies.leanest_uniform` prices only the leanest."""
+    space = []
+    for branch in branches(model, cluster, training):
+        groups = branch_groups(branch, model, training, options)
+        space.append((min((group[0] for group in groups), key=_leanness), groups))
+    return space
+
+
 def grid_space(
     model: ModelSpec, cluster: ClusterSpec, options: SolveOptions = DEFAULT_OPTIONS
 ) -> list[ParallelConfig]:
@@ -239,33 +255,53 @@ def grid_plan(
     configurations priced in ``solver.configurations``.
 
     Raises :class:`~planner.errors.InfeasibleError` when none fits and
-    :class:`~planner.errors.ConfigError` when none even divides.
+    :class:`~planner.errors.ConfigError` when none even divides. Past
+    ``options.time_limit_s`` the best so far is returned with status ``time_limit`` (and no
+    gap: the grid has no bound on what it did not price), or a TimeLimitError when none yet.
     """
     started = time.perf_counter()
     training = training_of(model, options)
-    work = [branch_groups(b, model, training, options) for b in branches(model, cluster, training)]
-    total = sum(len(group) for groups in work for group in groups)
+    work = branch_space(model, cluster, training, options)
+    total = sum(len(group) for _, groups in work for group in groups)
     search = _Search()
     done = 0
-    for groups in work:
-        _search_branch(model, cluster, groups, search)
-        done += sum(len(group) for group in groups)
+    cut = False
+    for leanest, groups in work:
+        if options.time_limit_s is not None and (
+            time.perf_counter() - started >= options.time_limit_s
+        ):
+            cut = True
+            break
         if progress is not None:
-            progress(Progress(done, total, search.best[0] if search.best else None))
+            progress(Progress(done, total, search.best[0] if search.best else None,
+                              f"TP{leanest.tp} PP{leanest.pp} CP{leanest.cp} "
+                              f"EP{leanest.ep}"))  # fmt: skip
+        _search_branch(model, cluster, leanest, groups, search)
+        done += sum(len(group) for group in groups)
+    if progress is not None:
+        progress(Progress(total, total, search.best[0] if search.best else None))
+    if search.best is None and cut:
+        raise TimeLimitError(f"the time limit ({options.time_limit_s:g} s) passed after "
+                             f"{search.priced} of {total} configurations and none of them "
+                             f"fits yet; raise --time-limit")  # fmt: skip
     if search.best is None:
-        raise _failure(model, cluster, training, search)
+        raise _failure(model, cluster, training, options, search)
     plan = uniform_plan(model, cluster, search.best[2], method="grid")
-    summary = SolverSummary(time_s=time.perf_counter() - started, status="optimal",
+    summary = SolverSummary(time_s=time.perf_counter() - started,
+                            status="time_limit" if cut else "optimal",
                             objective=plan.predicted.step_time_s,
                             configurations=search.priced)  # fmt: skip
-    return plan.model_copy(update={"solver": summary})
+    return check_plan(plan.model_copy(update={"solver": summary}), model)
 
 
 def _search_branch(
-    model: ModelSpec, cluster: ClusterSpec, groups: list[list[ParallelConfig]], search: _Search
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    leanest: ParallelConfig,
+    groups: list[list[ParallelConfig]],
+    search: _Search,
 ) -> None:
     """Price one branch's groups, pruned as the module says; the leanest is priced once."""
-    leanest = min((g[0] for g in groups), key=_leanness)
     if search.price(model, cluster, leanest) == "too big":
         return
     for group in groups:
@@ -282,37 +318,22 @@ def _leanness(config: ParallelConfig) -> tuple[int, int, int, int]:
 
 
 def _failure(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, search: _Search
-) -> InfeasibleError | ConfigError:
-    where = (f"{model.name} on {cluster.num_devices} x {cluster.device.name} at global batch "
-             f"{training.global_batch_size}, sequence {training.seq_length}")  # fmt: skip
-    if search.leanest is None:
-        return ConfigError(f"no uniform configuration divides {where}: e.g. "
-                           f"{search.first_refusal}")  # fmt: skip
-    return nothing_fits(model, cluster, training, search.leanest,
-                        searched="no uniform configuration", advice="add nodes or shorten the "
-                        "sequence")  # fmt: skip
-
-
-def nothing_fits(
     model: ModelSpec,
     cluster: ClusterSpec,
     training: TrainingSpec,
-    leanest: tuple[float, ParallelConfig],
-    *,
-    searched: str,
-    advice: str,
-) -> InfeasibleError:
-    """The error for a search where nothing fits, naming the leanest configuration tried and
-    the memory it needs."""
-    need_gib, c = leanest
-    pp = f"pp {c.pp}"
-    if c.first_stage_layers is not None:
-        pp += f" with {c.first_stage_layers} and {c.last_stage_layers} layers at the ends"
-    return InfeasibleError(
-        f"{searched} fits {model.name} on {cluster.num_devices} x {cluster.device.name} "
-        f"({cluster.device.memory_gib:g} GiB) at global batch {training.global_batch_size}, "
-        f"sequence {training.seq_length}; the leanest tried (tp {c.tp}, {pp}, cp {c.cp}, "
-        f"ep {c.ep}, mbs {c.mbs}, {c.recompute} recompute, ZeRO-{c.zero}) needs "
-        f"{need_gib:.1f} GiB per device; {advice}"
-    )
+    options: SolveOptions,
+    search: _Search,
+) -> InfeasibleError | ConfigError:
+    if search.leanest is None:
+        where = (f"{model.name} on {cluster.num_devices} x {cluster.device.name} at global "
+                 f"batch {training.global_batch_size}, sequence {training.seq_length}")  # fmt: skip
+        return ConfigError(f"no uniform configuration divides {where}: e.g. "
+                           f"{search.first_refusal}")  # fmt: skip
+    # remedies prices this module's space, so it imports this module: import it here
+    from planner.remedies import describe_leanest, infeasible_message
+
+    need_gib, config = search.leanest
+    return InfeasibleError(infeasible_message(
+        model, cluster, training, options, searched="no uniform configuration",
+        least_gib=need_gib, leanest=describe_leanest(config),
+    ))  # fmt: skip

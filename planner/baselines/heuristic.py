@@ -34,7 +34,6 @@ from collections.abc import Iterator
 
 from planner.baselines.grid import (
     DEFAULT_OPTIONS,
-    nothing_fits,
     pipeline_degrees,
     run_config,
     stage_splits,
@@ -43,6 +42,7 @@ from planner.baselines.grid import (
 from planner.config import ParallelConfig, Recompute
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import Estimate, estimate
+from planner.invariants import check_plan
 from planner.plan import Plan, SolverSummary
 from planner.search import Progress, ProgressFn, SolveOptions, training_of
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
@@ -68,12 +68,12 @@ def heuristic_plan(
     todo = list(heuristic_candidates(model, cluster, training, options))
     chosen, leanest, priced = _first_fit(model, cluster, todo, progress)
     if chosen is None:
-        raise _failure(model, cluster, training, leanest)
+        raise _failure(model, cluster, training, options, leanest)
     plan = uniform_plan(model, cluster, chosen, method="heuristic")
     summary = SolverSummary(time_s=time.perf_counter() - started, status="feasible",
                             objective=plan.predicted.step_time_s,
                             configurations=priced)  # fmt: skip
-    return plan.model_copy(update={"solver": summary})
+    return check_plan(plan.model_copy(update={"solver": summary}), model)
 
 
 def layouts(model: ModelSpec, cluster: ClusterSpec) -> list[tuple[int, int]]:
@@ -148,6 +148,7 @@ def _failure(
     model: ModelSpec,
     cluster: ClusterSpec,
     training: TrainingSpec,
+    options: SolveOptions,
     leanest: tuple[float, ParallelConfig] | None,
 ) -> InfeasibleError | ConfigError:
     if leanest is None:
@@ -156,7 +157,11 @@ def _failure(
             f"{cluster.num_devices} devices at global batch {training.global_batch_size}; "
             f"try a global batch divisible by more data-parallel sizes"
         )
-    return nothing_fits(model, cluster, training, leanest,
-                        searched="no configuration of the rule of thumb",
-                        advice="add nodes, shorten the sequence, or search wider (the grid or "
-                        "the ILP)")  # fmt: skip
+    # remedies imports the grid, which the package imports with this module: import it here
+    from planner.remedies import describe_leanest, infeasible_message
+
+    need_gib, config = leanest
+    return InfeasibleError(infeasible_message(
+        model, cluster, training, options, searched="no configuration of the rule of thumb",
+        least_gib=need_gib, leanest=describe_leanest(config),
+    ))  # fmt: skip

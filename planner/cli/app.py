@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console, RenderableType
+
+from planner import limits as lim
+from planner.errors import ConfigError, InputError
+from planner.spec import short_repr
 
 app = typer.Typer(
     add_completion=False,
@@ -33,3 +40,43 @@ def render(renderables: list[RenderableType]) -> None:
     """Rich renderables on stdout, one after another."""
     for renderable in renderables:
         console.print(renderable)
+
+
+OPTION_LIMITS: dict[str, tuple[int | float, str]] = {
+    "--seq-len": (lim.MAX_SEQ_LENGTH, lim.reason("seq_len")),
+    "--global-batch": (lim.MAX_GLOBAL_BATCH_SIZE, lim.reason("global_batch")),
+    "--mbs": (lim.MAX_MICRO_BATCH_SIZE, lim.reason("mbs")),
+    "--microbatches": (lim.MAX_GLOBAL_BATCH_SIZE, lim.reason("num_microbatches")),
+    "--in-flight": (lim.MAX_GLOBAL_BATCH_SIZE, "in-flight microbatches are part of the batch"),
+    "--budget-gib": (lim.MAX_DEVICE_MEMORY_GIB, lim.reason("memory_gib")),
+    "--time-limit": (lim.MAX_TIME_LIMIT_S, lim.reason("time_limit")),
+}
+"""The numeric options the library takes without a spec to bound them, and their limits."""
+
+
+def check_options(values: Mapping[str, int | float | None]) -> None:
+    """Refuse an option (keyed as typed, ``--seq-len``) that is negative, NaN or past its
+    limit in :data:`OPTION_LIMITS`; None means not given."""
+    for option, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, float) and math.isnan(value):
+            raise InputError(f"{option} must be a number, got nan")
+        if value < 0:
+            raise InputError(f"{option} must not be negative, got {value}")
+        limit, why = OPTION_LIMITS[option]
+        message = lim.check_at_most(option, value, limit, why=why)
+        if message is not None:
+            raise InputError(message)
+
+
+def option_error(exc: ValidationError) -> ConfigError:
+    """A configuration built from options that pydantic refused, as one line naming the
+    option as typed and, for a limit, the limit and its reason."""
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else ""
+    option = "--" + name.replace("_", "-")
+    limit = err.get("ctx", {}).get("le")
+    if err["type"] == "less_than_equal" and limit is not None:
+        return ConfigError(lim.check_at_most(option, err["input"], limit) or err["msg"])
+    return ConfigError(f"{option} {short_repr(err['input'])}: {err['msg'].lower()}")

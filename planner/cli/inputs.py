@@ -12,13 +12,24 @@ from pydantic import ValidationError
 
 from planner import report
 from planner.calibration import calibrate_file, validate
-from planner.cli.app import ClusterArg, JsonOpt, ModelArg, NodesOpt, app, print_json, render
+from planner.cli.app import (
+    ClusterArg,
+    JsonOpt,
+    ModelArg,
+    NodesOpt,
+    app,
+    check_options,
+    option_error,
+    print_json,
+    render,
+)
 from planner.config import ParallelConfig
-from planner.errors import ConfigError, InfeasibleError
+from planner.errors import InfeasibleError
 from planner.estimate import estimate
 from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.info import model_info
-from planner.output import write_atomic
+from planner.output import check_target, write_atomic
+from planner.remedies import config_infeasible_message
 from planner.spec import json_schema, load_cluster, load_model
 from planner.uniform import uniform_plan
 
@@ -83,17 +94,21 @@ def estimate_cmd(
             tp_comm_overlap=tp_comm_overlap, rank_order=rank_order,
         )  # fmt: skip
     except ValidationError as exc:
-        err = exc.errors()[0]
-        option = "--" + str(err["loc"][0]).replace("_", "-")
-        raise ConfigError(f"{option} {err['input']!r}: {err['msg'].lower()}") from None
+        raise option_error(exc) from None
+    if out is not None:
+        check_target(out, inputs=(model, cluster))
     result = estimate(model_spec, cluster_spec, config)
     if out is not None:
+        # Written even when it does not fit: it records what was priced (and `simulate` can
+        # still draw it); the exit code says it does not fit.
         plan = uniform_plan(model_spec, cluster_spec, config)
         write_atomic(out, plan.to_json(), inputs=(model, cluster))
     if as_json:
         print_json(result.to_dict())
     else:
         render(report.estimate_tables(model_spec, cluster_spec, config, result))
+    if not result.fits:
+        raise InfeasibleError(config_infeasible_message(model_spec, cluster_spec, config))
 
 
 @app.command("info")
@@ -103,6 +118,7 @@ def info_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """What the planner understood of a model: shape, parameters, FLOPs, operator graph."""
+    check_options({"--seq-len": seq_len})
     info = model_info(load_model(model), seq_len=seq_len)
     if as_json:
         print_json(info)
@@ -142,6 +158,9 @@ def layer_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Solve the sharding ILP of one layer on a logical mesh: a strategy per operator."""
+    check_options({"--mbs": mbs, "--seq-len": seq_len, "--budget-gib": budget_gib,
+                   "--in-flight": in_flight, "--microbatches": microbatches,
+                   "--time-limit": time_limit})  # fmt: skip
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster, nodes)
     query = layer_query(model_spec, kind=kind, mesh=mesh, mbs=mbs, seq_len=seq_len,
@@ -149,13 +168,16 @@ def layer_cmd(
                         microbatches=microbatches, flash_attention=flash_attention)  # fmt: skip
     if dump_model is not None:
         problem, _, _ = layer_problem(model_spec, cluster_spec, query)
-        dump_model.write_text(build_layer_milp(problem).to_lp())
+        text = build_layer_milp(problem).to_lp()
+        write_atomic(dump_model, text, inputs=(model, cluster), option="--dump-model")
     options = SolverOptions(backend=backend, time_limit_s=time_limit)
     solution = solve_layer(model_spec, cluster_spec, query, options=options)
     if solution.report.status == "infeasible":
         least = solution.min_memory_bytes or 0.0
+        # Without --budget-gib the budget is what the device has after its reserve.
+        budget = "the device's memory" if budget_gib is None else f"{budget_gib:g} GiB"
         raise InfeasibleError(
-            f"no sharding of the {kind} layer on {mesh} fits {budget_gib:g} GiB; the least "
+            f"no sharding of the {kind} layer on {mesh} fits {budget}; the least "
             f"memory any choice needs is {least / 2**30:.2f} GiB (more devices, a smaller "
             f"microbatch, or fewer in-flight microbatches)"
         )

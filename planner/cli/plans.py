@@ -30,7 +30,7 @@ from planner.errors import InputError
 from planner.estimate import estimate
 from planner.export import FORMATS, Export, Format, Price, export
 from planner.ilp.backends import Backend
-from planner.output import write_atomic
+from planner.output import check_folder, check_target, write_atomic
 from planner.pipeline.simulate import simulate_plan
 from planner.plan import Plan
 from planner.search import ProgressFn, SolveOptions
@@ -46,8 +46,19 @@ PrecisionOpt = Annotated[
 ]
 BackendOpt = Annotated[Backend, typer.Option(help="ILP solver (ilp only).")]
 TimeLimitOpt = Annotated[
-    float, typer.Option(min=0.0, help="Time limit per layer ILP, seconds (ilp only).")
+    float | None,
+    typer.Option(
+        min=0.0,
+        help="Seconds the whole search may take (per method); past it the best plan so far "
+        "is returned with status time_limit and its gap.",
+    ),
 ]
+IlpTimeLimitOpt = Annotated[
+    float, typer.Option(min=0.001, help="Seconds each layer ILP may take (ilp only).")
+]
+SEARCH_TIME_LIMIT_S = 600.0
+"""The default bound on a search from the command line: no bundled instance takes a fifth of
+it, and a user who forgot a huge cluster gets a plan and its gap rather than a hang."""
 
 
 def _problem(
@@ -58,12 +69,13 @@ def _problem(
     seq_len: int | None,
     precision: str | None,
     backend: Backend,
-    time_limit: float,
+    time_limit: float | None,
+    ilp_time_limit: float,
 ) -> tuple[ModelSpec, ClusterSpec, SolveOptions]:
     """The inputs and options that ``solve`` and ``compare`` share, with the same meaning."""
     options = SolveOptions(global_batch_size=global_batch, seq_length=seq_len,
                            precision=precision, backend=backend,  # type: ignore[arg-type]
-                           time_limit_s=time_limit)  # fmt: skip
+                           time_limit_s=time_limit, ilp_time_limit_s=ilp_time_limit)  # fmt: skip
     return load_model(model), load_cluster(cluster, nodes), options
 
 
@@ -83,7 +95,8 @@ def solve_cmd(
         ),
     ] = "ilp",
     backend: BackendOpt = DEFAULTS.backend,
-    time_limit: TimeLimitOpt = DEFAULTS.time_limit_s,
+    time_limit: TimeLimitOpt = SEARCH_TIME_LIMIT_S,
+    ilp_time_limit: IlpTimeLimitOpt = DEFAULTS.ilp_time_limit_s,
     out: Annotated[Path | None, typer.Option(help="Also write the plan (JSON).")] = None,
     export_fmt: Annotated[
         Format | None,
@@ -100,8 +113,13 @@ def solve_cmd(
         raise InputError("--export and --json do not mix (stdout holds one plan JSON); write "
                          "the plan with --out and run `planner export` on it")  # fmt: skip
     model_spec, cluster_spec, options = _problem(
-        model, cluster, nodes, global_batch, seq_len, precision, backend, time_limit
+        model, cluster, nodes, global_batch, seq_len, precision, backend, time_limit,
+        ilp_time_limit,
     )
+    if out is not None:
+        check_target(out, inputs=(model, cluster))
+    if report_dir is not None:
+        check_folder(report_dir, option="--report")
     if as_json:
         plan = METHODS[method](model_spec, cluster_spec, options)
     else:
@@ -112,7 +130,6 @@ def solve_cmd(
     if report_dir is not None:
         from planner.report import figures  # matplotlib loads only when pictures are asked
 
-        _check_target(report_dir, (model, cluster))
         _wrote(figures.write_report(plan, report_dir))
     if as_json:
         print(plan.to_json(), end="")
@@ -137,7 +154,8 @@ def compare_cmd(
         str, typer.Option(help=f"Comma-separated methods among {', '.join(METHODS)}.")
     ] = "ilp,heuristic,grid",
     backend: BackendOpt = DEFAULTS.backend,
-    time_limit: TimeLimitOpt = DEFAULTS.time_limit_s,
+    time_limit: TimeLimitOpt = SEARCH_TIME_LIMIT_S,
+    ilp_time_limit: IlpTimeLimitOpt = DEFAULTS.ilp_time_limit_s,
     plot: Annotated[
         Path | None, typer.Option(help="Also draw the methods as a bar chart (.png or .svg).")
     ] = None,
@@ -145,9 +163,14 @@ def compare_cmd(
 ) -> None:
     """Plan the same problem with several methods and show them side by side."""
     model_spec, cluster_spec, options = _problem(
-        model, cluster, nodes, global_batch, seq_len, precision, backend, time_limit
+        model, cluster, nodes, global_batch, seq_len, precision, backend, time_limit,
+        ilp_time_limit,
     )
     names = [m.strip() for m in methods.split(",") if m.strip()]
+    if plot is not None:
+        from planner.report import figures
+
+        figures.check_picture(plot, inputs=(model, cluster), option="--plot")
     if as_json:
         results = compare(model_spec, cluster_spec, options, names)
     else:
@@ -156,10 +179,7 @@ def compare_cmd(
     if plot is not None:
         devices = cluster_spec.num_devices
         title = f"{model_spec.name} on {devices:,} x {cluster_spec.device.name}"
-        from planner.report import figures
-
-        _check_target(plot, (model, cluster))
-        _wrote([figures.save(figures.compare_figure(results, title), plot)])
+        _wrote([figures.save(figures.compare_figure(results, title), plot, option="--plot")])
     if as_json:
         print_json(compare_json(results))
     else:
@@ -175,27 +195,21 @@ def simulate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate a plan's step op by op and set it against the plan's closed-form prediction."""
+    if gantt is not None:
+        from planner.report import figures
+
+        figures.check_picture(gantt, inputs=(plan_file,), option="--gantt")
     plan = Plan.from_json(read_text(plan_file), source=str(plan_file))
     simulation = simulate_plan(plan)
     if gantt is not None:
         from planner.report.gantt import draw_gantt
 
-        _check_target(gantt, (plan_file,))
         draw_gantt(simulation, gantt)
         _wrote([gantt])
     if as_json:
         print_json(report.simulation_json(plan, simulation))
     else:
         render(report.simulation_tables(plan, simulation))
-
-
-def _check_target(target: Path, inputs: Sequence[Path]) -> None:
-    """Refuse to draw over an input, or into a folder that does not exist."""
-    for path in inputs:
-        if path.exists() and target.exists() and path.samefile(target):
-            raise InputError(f"{target}: refusing to write a picture over an input file")
-    if target.suffix and not target.parent.is_dir():
-        raise InputError(f"{target}: the folder {target.parent} does not exist")
 
 
 def _wrote(paths: Sequence[Path]) -> None:
@@ -211,15 +225,18 @@ def _search_bar() -> Iterator[Callable[[str], ProgressFn]]:
     progress callback."""
     bar = Progress(TextColumn("searching ({task.description})"), BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[best]}"),
-                   console=stderr, transient=True)  # fmt: skip
+                   TextColumn("{task.fields[searching]}"), console=stderr, transient=True,
+                   # Not on a terminal (a log, a pipe) a bar only leaves a blank line behind.
+                   disable=not stderr.is_terminal)  # fmt: skip
     with bar:
 
         def start(method: str) -> ProgressFn:
-            task = bar.add_task(method, total=None, best="")
+            task = bar.add_task(method, total=None, best="", searching="")
 
             def update(p: search.Progress) -> None:
                 best = f"best {p.best_step_s:.3f} s" if p.best_step_s is not None else ""
-                bar.update(task, completed=p.done, total=p.total, best=best)
+                bar.update(task, completed=p.done, total=p.total, best=best,
+                           searching=p.searching)  # fmt: skip
 
             return update
 
@@ -256,6 +273,8 @@ def export_cmd(
     cluster: Annotated[Path | None, typer.Option(help="The plan's cluster, likewise.")] = None,
 ) -> None:
     """The plan as a framework's launch configuration; what it cannot express goes to stderr."""
+    if out is not None:
+        check_target(out, inputs=(plan_file, model, cluster))
     plan = Plan.from_json(read_text(plan_file), source=str(plan_file))
     price = None
     if model is not None and cluster is not None:
@@ -264,5 +283,5 @@ def export_cmd(
     if out is None:
         print(result.text, end="" if result.text.endswith("\n") else "\n")
     else:
-        write_atomic(out, result.text, inputs=[p for p in (plan_file, model, cluster) if p])
+        write_atomic(out, result.text, inputs=(plan_file, model, cluster))
     _print_changes(plan, result)

@@ -73,7 +73,8 @@ def solve_ortools(milp: Milp, *, time_limit_s: float) -> MilpSolution:
     for v, coef in milp.objective.items():
         objective.SetCoefficient(var[v], coef)
     objective.SetMinimization()
-    solver.SetTimeLimit(max(1, round(1000 * time_limit_s)))
+    # Milliseconds in a C int: a limit past ~24 days (or infinite) means "none" anyway.
+    solver.SetTimeLimit(max(1, min(2**31 - 1, round(1000 * min(time_limit_s, 2e6)))))
     solver.SetNumThreads(1)
     start = time.perf_counter()
     code = solver.Solve()

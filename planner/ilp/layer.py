@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from planner.errors import InputError
+from planner.errors import InputError, TimeLimitError
 from planner.graph.layout import Layout, LogicalMesh, Transfer, reshard
-from planner.ilp.backends import Backend, SolverReport, solve_milp
+from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
 from planner.ilp.formulation import (
     LayerProblem,
     build_layer_milp,
@@ -24,6 +26,7 @@ from planner.ilp.formulation import (
     memory_kib,
     strategy_var,
 )
+from planner.ilp.milp import Milp
 from planner.ilp.parts import LayerParts, layer_parts
 from planner.ilp.problem import KIB, NS, LayerQuery, Node, input_index, layer_problem
 from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
@@ -35,6 +38,26 @@ class SolverOptions:
 
     backend: Backend = "ortools"
     time_limit_s: float = 10.0
+    deadline: float | None = None
+    """``time.perf_counter()`` past which no solve starts and a cut-short one is abandoned
+    (:class:`~planner.errors.TimeLimitError`): a search's own limit, passed down."""
+
+
+def _solve(milp: Milp, options: SolverOptions) -> MilpSolution:
+    """Solve within ``options``' limit and what is left before its deadline. A solve the
+    deadline cut short raises rather than pass for the layer's answer (a frontier cut short
+    would be kept and reused as if complete)."""
+    limit = options.time_limit_s
+    if options.deadline is not None:
+        left = options.deadline - time.perf_counter()
+        if left <= 0:
+            raise TimeLimitError("the time limit passed before this layer ILP started")
+        limit = min(limit, left)
+    result = solve_milp(milp, backend=options.backend, time_limit_s=limit)
+    cut_short = result.report.status in ("feasible", "timed_out")
+    if cut_short and limit < options.time_limit_s:
+        raise TimeLimitError("the time limit passed during a layer ILP")
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +141,10 @@ def layer_query(
     sequence length and precision default to the model's training block."""
     if isinstance(mesh, str):
         parts = mesh.lower().split("x")
-        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        # ASCII digits only, and few: str.isdigit accepts '²' and 5,000-digit strings, which
+        # int() then refuses.
+        if len(parts) != 2 or not all(re.fullmatch(r"[0-9]{1,7}", p) and int(p) > 0
+                                      for p in parts):  # fmt: skip
             raise InputError(f"--mesh must look like 2x4 (two positive sizes), got {mesh!r}")
         mesh = (int(parts[0]), int(parts[1]))
     training = model.training
@@ -164,11 +190,9 @@ def solve_layer(
         cache.hits += 1
         return cache.entries[key]
     problem, nodes, mesh = layer_problem(model, cluster, query)
-    result = solve_milp(build_layer_milp(problem), backend=options.backend,
-                        time_limit_s=options.time_limit_s)  # fmt: skip
+    result = _solve(build_layer_milp(problem), options)
     if result.report.status in ("infeasible", "timed_out"):
-        least = solve_milp(build_layer_milp(problem, minimise_memory=True),
-                           backend=options.backend, time_limit_s=options.time_limit_s)  # fmt: skip
+        least = _solve(build_layer_milp(problem, minimise_memory=True), options)
         min_memory = None
         if least.report.objective is not None:
             min_memory = least.report.objective * KIB
@@ -214,8 +238,7 @@ def solve_frontier(
     for _ in range(steps + 1):
         solves += 1
         step = replace(problem, budget_kib=budget)
-        result = solve_milp(build_layer_milp(step), backend=options.backend,
-                            time_limit_s=options.time_limit_s)  # fmt: skip
+        result = _solve(build_layer_milp(step), options)
         if result.report.status in ("infeasible", "timed_out"):
             break
         asked = replace(query, memory_budget_gib=None if budget is None else budget * KIB / GIB)

@@ -16,7 +16,7 @@ from planner.graph.ops import Op, Tensor
 from planner.graph.strategies import Strategy, StrategyContext, follow, op_strategies
 from planner.ilp.formulation import RECOMPUTE_MODES, EdgeCosts, LayerProblem, NodeCosts
 from planner.ilp.prune import prune_dominated
-from planner.spec import GIB, ClusterSpec, ModelSpec, Precision, TrainingSpec
+from planner.spec import GIB, ClusterSpec, ModelSpec, Precision, training_run
 
 NS = 1e9
 KIB = 1024
@@ -183,8 +183,7 @@ def layer_problem(
 ) -> tuple[LayerProblem, list[Node], LogicalMesh]:
     """The numeric problem of ``query``'s layer, without dominated strategies, with the nodes
     it was built from."""
-    training = TrainingSpec(seq_length=query.seq_length, global_batch_size=1,
-                            precision=query.precision)  # fmt: skip
+    training = training_run(query.seq_length, 1, query.precision)
     graph, index = lowered(model, training, query.micro_batch_size)
     layer = index.layers_by_kind[query.kind][0]
     ops = index.ops_by_layer[layer]

@@ -118,6 +118,19 @@ def compose(
     return compose_step(cluster, knobs, costs, tied=tied_copy(model, stages, placement))
 
 
+def launchable(solution: LayerSolution, mesh: tuple[int, int]) -> bool:
+    """Whether a framework can launch the layer's sharding: every mesh axis has a role in
+    attention (heads, sequence or batch), so the degrees a user sets multiply to the mesh,
+    and the experts are split over data- and context-parallel ways only (Megatron-Core's
+    ``ep`` dividing ``dp x cp`` with expert tensor parallelism equal to TP). The ILP may leave
+    an axis replicated (devices doing the same work, or only the MLP split along it) or split
+    the experts along a tensor-parallel axis, which no framework's ``world = tp x cp x dp x
+    pp`` with that expert rule can express."""
+    degrees = {k: int(v) for k, v in summarise(solution, mesh).items()}
+    whole = degrees["tp"] * degrees["cp"] * degrees["dp"] == mesh[0] * mesh[1]
+    return whole and (degrees["dp"] * degrees["cp"]) % degrees["ep"] == 0
+
+
 def summarise(solution: LayerSolution, mesh: tuple[int, int]) -> dict[str, int | bool]:
     """A transformer layer's sharding in the degrees a user sets: tensor parallel = the mesh
     axes splitting attention heads, context = splitting its sequence, data = its batch,

@@ -123,6 +123,9 @@ class StageTable:
     choice: np.ndarray
     """Index into :attr:`choices` (-1 where nothing fits)."""
     choices: tuple[StageChoice, ...]
+    memory: np.ndarray
+    """``memory[i, a, b]``: the least bytes a device of stage ``i`` needs for layers ``a..b-1``
+    under any choice, fitting or not (inf where none runs): how far a plan is from fitting."""
 
 
 def kind_counts(kinds: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
@@ -158,24 +161,29 @@ def stage_table(
     choices = _choices(names, options)
     latency = np.full((p, n + 1, n + 1), np.inf)
     choice = np.full((p, n + 1, n + 1), -1, dtype=np.int64)
+    memory = np.full((p, n + 1, n + 1), np.inf)
     for i in range(p):
         extras = [kind for kind, on in (("embedding", i == 0), ("head", i == p - 1)) if on]
         best_lat = np.full(len(vectors), np.inf)
         best_choice = np.full(len(vectors), -1, dtype=np.int64)
+        least_mem = np.full(len(vectors), np.inf)
         for c, stage in enumerate(choices):
             if not _relevant(stage, extras, options):
                 continue  # differs from another choice only in an extra this stage lacks
             lat, mem = _totals(stage, names, vectors, extras, options, in_flight[i])
             if lat is None:
                 continue
+            least_mem = np.minimum(least_mem, np.where(np.isfinite(lat), mem, np.inf))
             better = (mem <= memory_bytes) & (lat < best_lat)
             best_lat = np.where(better, lat, best_lat)
             best_choice = np.where(better, c, best_choice)
         latency[i, a_idx, b_idx] = best_lat[inverse] + fixed_latency_s[i]
         choice[i, a_idx, b_idx] = best_choice[inverse]
+        memory[i, a_idx, b_idx] = least_mem[inverse]
     if allowed is not None:
         latency = np.where(allowed, latency, np.inf)
-    return StageTable(latency, choice, tuple(choices))
+        memory = np.where(allowed, memory, np.inf)
+    return StageTable(latency, choice, tuple(choices), memory)
 
 
 @lru_cache(maxsize=16)

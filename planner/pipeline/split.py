@@ -146,18 +146,43 @@ def _band(costs: np.ndarray) -> np.ndarray:
     return np.where(r <= c, costs[stage, stage + r, stage + 1 + c], np.inf)
 
 
+def least_peak(memory: np.ndarray) -> tuple[float, tuple[int, ...]] | None:
+    """The cut of ``L`` layers into ``p`` stages whose fullest stage holds the least:
+    ``min`` over cuts of ``max_i memory[i, c_i, c_{i+1}]``, and its cut points; None when every
+    cut has a stage with nothing that runs (``inf``). The memory a plan in the space needs at
+    the least, for telling a user by how much nothing fits.
+
+    Two stages over three layers of 1, 1 and 4 bytes: the 4-byte layer goes alone.
+
+    >>> sizes = np.array([1.0, 1.0, 4.0])
+    >>> a, b = np.indices((4, 4))
+    >>> prefix = np.concatenate([[0.0], np.cumsum(sizes)])
+    >>> held = np.where(a < b, prefix[b] - prefix[a], np.inf)
+    >>> least_peak(np.stack([held, held]))
+    (4.0, (0, 2, 3))
+    """
+    costs = np.asarray(memory, dtype=float)
+    found = _best_cut(_band(costs), np.maximum)
+    return None if found[1] is None else found  # type: ignore[return-value]
+
+
 def _least_sum(band: np.ndarray, t_max: float) -> tuple[float, tuple[int, ...] | None]:
-    """``S(t_max)`` and its cut points, or ``(inf, None)`` if no cut keeps every stage within.
-    ``rest[r]``, Alpa's ``F``: the least sum of the stages after the current one, the next
+    """``S(t_max)`` and its cut points, or ``(inf, None)`` if no cut keeps every stage within."""
+    return _best_cut(np.where(band <= t_max, band, np.inf), np.add)
+
+
+def _best_cut(band: np.ndarray, combine: np.ufunc) -> tuple[float, tuple[int, ...] | None]:
+    """The cut whose stages' costs, folded with ``combine`` (``add``: their sum; ``maximum``:
+    the largest), are least, or ``(inf, None)`` if every cut has an infinite stage.
+    ``rest[r]``, Alpa's ``F``: the best fold of the stages after the current one, the next
     starting at row ``r``; built from the last stage back."""
     num_stages, width, _ = band.shape
-    allowed = np.where(band <= t_max, band, np.inf)
     rest = np.full(width, np.inf)
     rest[-1] = 0.0  # past the last stage: all L layers placed
     choice = np.empty((num_stages, width), dtype=np.intp)
     rows = np.arange(width)
     for i in range(num_stages - 1, -1, -1):
-        total = allowed[i] + rest[None, :]
+        total = combine(band[i], rest[None, :])
         choice[i] = total.argmin(axis=1)
         rest = total[rows, choice[i]]
     if not np.isfinite(rest[0]):

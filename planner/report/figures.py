@@ -7,6 +7,7 @@ nothing global in matplotlib (its backend, pyplot's figure list) is touched; the
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from matplotlib.figure import Figure
 
 from planner.compare import MethodResult
 from planner.errors import InputError
+from planner.output import check_folder, check_target, write_atomic
 from planner.plan import Plan
 
 MEMORY_PARTS = (
@@ -38,15 +40,25 @@ TIME_PARTS = (
 FORMATS = (".png", ".svg")
 
 
-def save(figure: Figure, path: str | Path) -> Path:
-    """Write ``figure`` as PNG or SVG, by ``path``'s suffix."""
+def save(figure: Figure, path: str | Path, *, option: str = "--out") -> Path:
+    """Write ``figure`` as PNG or SVG, by ``path``'s suffix, atomically
+    (:func:`planner.output.write_atomic`)."""
     path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise InputError(f"{path}: cannot write a {path.suffix or 'suffix-less'!r} picture; "
-                         f"use one of {', '.join(FORMATS)}")  # fmt: skip
+    check_picture(path, option=option)
     FigureCanvasAgg(figure)
-    figure.savefig(path, dpi=150, bbox_inches="tight")
+    image = io.BytesIO()
+    figure.savefig(image, format=path.suffix.lower()[1:], dpi=150, bbox_inches="tight")
+    write_atomic(path, image.getvalue(), option=option)
     return path
+
+
+def check_picture(path: Path, *, inputs: Sequence[Path] = (), option: str = "--out") -> None:
+    """Refuse a picture file before drawing it: an unknown suffix, or a bad target
+    (:func:`planner.output.check_target`)."""
+    check_target(path, inputs=inputs, option=option)
+    if path.suffix.lower() not in FORMATS:
+        raise InputError(f"{option} {path}: cannot write a {path.suffix or 'suffix-less'!r} "
+                         f"picture; use one of {', '.join(FORMATS)}")  # fmt: skip
 
 
 def _title(plan: Plan) -> str:
@@ -159,12 +171,14 @@ def write_report(plan: Plan, directory: str | Path) -> list[Path]:
     from planner.report.gantt import draw_gantt
 
     directory = Path(directory)
+    check_folder(directory, option="--report")
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     simulation = simulate_plan(plan)
     for suffix in FORMATS:
         written.append(draw_gantt(simulation, directory / f"gantt{suffix}",
-                                  title=_wrap(_title(plan))))  # fmt: skip
-        written.append(save(memory_figure(plan), directory / f"memory{suffix}"))
-        written.append(save(time_figure(plan), directory / f"time{suffix}"))
+                                  title=_wrap(_title(plan)), option="--report"))  # fmt: skip
+        written.append(save(memory_figure(plan), directory / f"memory{suffix}",
+                            option="--report"))
+        written.append(save(time_figure(plan), directory / f"time{suffix}", option="--report"))
     return written

@@ -141,9 +141,11 @@ def _summary(sim: Simulation, unit: str, scale: float) -> str:
     )
 
 
-def draw_gantt(sim: Simulation, path: str | Path, *, title: str = "") -> Path:
+def draw_gantt(
+    sim: Simulation, path: str | Path, *, title: str = "", option: str = "--gantt"
+) -> Path:
     """Write ``sim`` as a Gantt chart to ``path`` (.png or .svg, by its suffix)."""
-    return save(gantt_figure(sim, title=title), path)
+    return save(gantt_figure(sim, title=title), path, option=option)
 
 
 def gantt_figure(sim: Simulation, *, title: str = "") -> Figure:

@@ -1,0 +1,85 @@
+"""``--time-limit`` bounds the whole search: past it the best plan so far comes back marked
+``time_limit`` with its gap to the least bound left, or, with no plan yet, a TimeLimitError;
+the progress callback says what is being searched."""
+
+from __future__ import annotations
+
+import pytest
+
+import planner
+from planner.errors import PlannerError, TimeLimitError
+from planner.invariants import plan_violations
+from planner.plan import Plan
+from planner.search import Progress, SolveOptions, candidates, solve, training_of
+from planner.spec import load_cluster
+from tests.conftest import CLUSTERS, MODELS
+from tests.test_cli import _assert_one_line_error, _run
+
+GPT_1T = MODELS / "gpt-1t.json"
+"""Its full search takes about 15 s, so a 2 s limit cuts it."""
+
+
+@pytest.fixture(scope="module")
+def cut() -> tuple[Plan, list[Progress]]:
+    """GPT-1T on 3,072 A100 with a 2 s limit, and what the progress callback saw."""
+    seen: list[Progress] = []
+    model = planner.load_model(GPT_1T)
+    plan = solve(model, load_cluster(CLUSTERS / "dgx-a100-80gb.json", 384),
+                 SolveOptions(time_limit_s=2.0), progress=seen.append)  # fmt: skip
+    return plan, seen
+
+
+def test_cut_search_returns_its_best_plan_marked_with_its_gap(
+    cut: tuple[Plan, list[Progress]],
+) -> None:
+    """The plan is valid, marked ``time_limit``, and its gap is what is left to win: the best
+    step against the least lower bound of the candidates not searched, so it lies in [0, 1)."""
+    plan, _ = cut
+    assert plan.solver.status == "time_limit"
+    assert plan.solver.gap is not None and 0 <= plan.solver.gap < 1
+    assert plan_violations(plan, planner.load_model(GPT_1T)) == []
+    # The whole search stopped near its limit: the last layer ILP it started was cut to what
+    # was left, so only pricing the plan can run over (generous slack: a shared machine).
+    assert plan.solver.time_s < 2.0 + 5.0
+
+
+def test_gap_is_against_the_first_candidate_not_searched(
+    cut: tuple[Plan, list[Progress]],
+) -> None:
+    """Candidates are sorted by bound, so the least bound left is the next candidate's."""
+    plan, _ = cut
+    model = planner.load_model(GPT_1T)
+    cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 384)
+    options = SolveOptions(time_limit_s=2.0)
+    todo = candidates(model, cluster, training_of(model, options), options)
+    searched = plan.solver.configurations
+    next_bound = todo[searched].lower_bound_s
+    assert plan.solver.gap == pytest.approx(1 - next_bound / plan.predicted.step_time_s)
+
+
+def test_progress_names_each_candidate_before_searching_it(
+    cut: tuple[Plan, list[Progress]],
+) -> None:
+    """Each candidate is announced (done, total, what) before it is searched, and the last
+    report says the search is over."""
+    plan, seen = cut
+    named = [p for p in seen if p.searching]
+    assert len(named) >= plan.solver.configurations
+    assert all(p.searching.startswith("PP") and "meshes" in p.searching for p in named)
+    assert [p.done for p in named] == sorted(p.done for p in named)
+    assert seen[-1].searching == "" and seen[-1].done == seen[-1].total
+
+
+def test_no_plan_before_the_limit_is_a_time_limit_error() -> None:
+    """A limit that passes before the first candidate is searched leaves nothing to return."""
+    model = planner.load_model(MODELS / "gpt3-175b.json")
+    with pytest.raises(TimeLimitError, match=r"time limit \(0 s\) passed after 0 of \d+"):
+        solve(model, load_cluster(CLUSTERS / "dgx-a100-80gb.json"), SolveOptions(time_limit_s=0))
+    assert issubclass(TimeLimitError, PlannerError)
+
+
+def test_cli_time_limit_zero_is_one_line() -> None:
+    """From the command line it is one line and exit code 2."""
+    done = _run("solve", "instances/models/gpt3-175b.json", "instances/clusters/dgx-a100-80gb.json",
+                "--time-limit", "0", "--json")  # fmt: skip
+    _assert_one_line_error(done, "time limit", "--time-limit")
