@@ -21,7 +21,7 @@ from planner.calibration import (
     predict_s,
     with_gemm_efficiency,
 )
-from planner.spec import load_cluster
+from planner.reading import load_cluster
 
 
 def main(runs_path: str) -> None:

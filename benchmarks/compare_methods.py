@@ -25,8 +25,8 @@ from pathlib import Path
 
 from planner.compare import METHODS
 from planner.errors import InfeasibleError
+from planner.reading import load_cluster, load_model
 from planner.search import SolveOptions
-from planner.spec import load_cluster, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [

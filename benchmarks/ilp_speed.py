@@ -53,7 +53,8 @@ from planner.ilp import (
     solve_milp,
 )
 from planner.ilp.milp import Milp
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
+from planner.reading import load_cluster, load_model
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 
 CLUSTER = "instances/clusters/dgx-h100-80gb.json"
 DEVICE_GIB = 80.0

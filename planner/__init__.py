@@ -12,8 +12,9 @@ from planner.config import ParallelConfig
 from planner.errors import ConfigError, InfeasibleError, InputError, PlannerError, SolverError
 from planner.estimate import Estimate, estimate
 from planner.plan import Plan
+from planner.reading import load_cluster, load_model
 from planner.search import Progress, SolveOptions, solve
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 
 __all__ = [
     "ClusterSpec",

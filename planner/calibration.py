@@ -27,14 +27,8 @@ from planner.config import ParallelConfig
 from planner.errors import InputError
 from planner.estimate import estimate
 from planner.limits import MAX_DEVICES
-from planner.spec import (
-    ClusterSpec,
-    GemmEfficiency,
-    ModelSpec,
-    describe_validation_error,
-    read_json,
-    short_repr,
-)
+from planner.reading import describe_validation_error, read_json, short_repr
+from planner.spec import ClusterSpec, GemmEfficiency, ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +332,7 @@ def validation_rows(runs: Sequence[CalibrationRun], clusters: dict[str, ClusterS
 
 def validate(runs_path: str | Path, clusters_dir: str | Path) -> list[ValidationRow]:
     """Every run of ``runs_path`` against the bundled cluster of its GPU."""
-    from planner.spec import load_cluster
+    from planner.reading import load_cluster
 
     clusters = {gpu: load_cluster(Path(clusters_dir) / f) for gpu, f in BUNDLED_CLUSTERS.items()}
     return validation_rows(load_runs(runs_path), clusters)
@@ -358,7 +352,7 @@ def calibrate_file(
 ) -> CalibrationFit:
     """Fit ``cluster_path``'s GEMM efficiency to the ``gpu`` runs; optionally write it back
     (only the ``device.efficiency.gemm`` block of the file changes)."""
-    from planner.spec import load_cluster
+    from planner.reading import load_cluster
 
     runs = [r for r in load_runs(runs_path) if r.device == gpu]
     if not runs:

@@ -59,7 +59,7 @@ def compare(
     :class:`~planner.errors.InfeasibleError` only when no method finds a plan (with every
     method's reason), and :class:`~planner.errors.InputError` for an unknown method.
 
-    >>> from planner.spec import load_cluster, load_model
+    >>> from planner.reading import load_cluster, load_model
     >>> from pathlib import Path
     >>> root = Path(__file__).resolve().parents[1] / "instances"
     >>> rows = compare(load_model(root / "models/llama3-8b.json"),

@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import InputError
-from planner.spec import ModelSpec, describe_validation_error, short_repr
+from planner.reading import describe_validation_error, short_repr
+from planner.spec import ModelSpec
 
 # Every spelling transformers accepts for GPT-2's GELU; they differ only in the approximation.
 _GELU_NAMES = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_accurate"})

@@ -6,7 +6,8 @@ from typing import Any
 
 from planner.errors import ConfigError
 from planner.graph import index_layers, lower, parameter_count
-from planner.spec import ModelSpec, training_run
+from planner.reading import training_run
+from planner.spec import ModelSpec
 
 
 def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def plan_violations(
     --------
     >>> from pathlib import Path
     >>> from planner.config import ParallelConfig
-    >>> from planner.spec import load_cluster, load_model
+    >>> from planner.reading import load_cluster, load_model
     >>> from planner.uniform import uniform_plan
     >>> root = Path(__file__).resolve().parents[1] / "instances"
     >>> model = load_model(root / "models/llama3-8b.json")
@@ -86,7 +86,7 @@ def check_plan(plan: Plan, model: ModelSpec | None = None, *, memory: bool = Tru
 
     >>> from pathlib import Path
     >>> from planner.config import ParallelConfig
-    >>> from planner.spec import load_cluster, load_model
+    >>> from planner.reading import load_cluster, load_model
     >>> from planner.uniform import uniform_plan
     >>> root = Path(__file__).resolve().parents[1] / "instances"
     >>> model = load_model(root / "models/llama3-8b.json")

@@ -13,7 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.errors import InputError
+from planner import limits as lim
+from planner.errors import InputError, InvalidPlanError
+from planner.reading import describe_validation_error, parse_json, short_repr
 from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
 
 SCHEMA_VERSION = 2
@@ -269,8 +271,6 @@ class Plan(_Frozen):
     @classmethod
     def from_json(cls, text: str, *, source: str = "<plan>") -> Plan:
         """Read a plan back; a wrong schema version or a malformed plan is an InputError."""
-        from planner.spec import describe_validation_error, parse_json, short_repr
-
         data = parse_json(text, source=source)
         if not isinstance(data, dict):
             raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
@@ -283,7 +283,6 @@ class Plan(_Frozen):
         except ValidationError as exc:
             raise InputError(describe_validation_error(source, exc)) from None
         _check_limits(plan, source)
-        from planner.errors import InvalidPlanError
         from planner.invariants import check_plan  # imported here: it imports this module
 
         try:
@@ -296,7 +295,6 @@ class Plan(_Frozen):
 def _check_limits(plan: Plan, source: str) -> None:
     """Refuse a plan read from a file whose sizes are past :mod:`planner.limits` (before
     anything walks its layers, ranks or microbatches)."""
-    from planner import limits as lim
 
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     checks = (

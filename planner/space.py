@@ -19,7 +19,8 @@ from planner.config import Schedule, check_sequence
 from planner.errors import InputError
 from planner.ilp.backends import Backend
 from planner.pipeline.stages import submesh_shapes
-from planner.spec import ClusterSpec, ModelSpec, Precision, TrainingSpec, training_run
+from planner.reading import training_run
+from planner.spec import ClusterSpec, ModelSpec, Precision, TrainingSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.spec import ClusterSpec, load_cluster
+from planner.reading import load_cluster
+from planner.spec import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[1]
 # CI clones the repository with shared/ beside it; so is the working copy.

@@ -35,7 +35,8 @@ from planner.info import model_info
 from planner.limits import MAX_GLOBAL_BATCH_SIZE
 from planner.pipeline.simulate import simulate_plan
 from planner.plan import Plan
-from planner.spec import ClusterSpec, ModelSpec, load_cluster, load_model, read_text
+from planner.reading import load_cluster, load_model, read_text
+from planner.spec import ClusterSpec, ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"  # CI clones the repository with shared/ beside it

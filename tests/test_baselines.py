@@ -16,8 +16,9 @@ from planner.config import ParallelConfig, resolve
 from planner.errors import ConfigError, InfeasibleError
 from planner.estimate import Estimate, estimate
 from planner.plan import Plan, StageParallel
+from planner.reading import load_cluster, load_model
 from planner.search import Progress, SolveOptions, training_of
-from planner.spec import ClusterSpec, ModelSpec, load_cluster, load_model
+from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform import uniform_plan
 from tests.conftest import CLUSTERS, MODELS
 

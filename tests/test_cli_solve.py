@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from planner.plan import Plan
+from planner.reading import load_cluster, load_model
 from planner.search import solve
-from planner.spec import load_cluster, load_model
 from tests.test_cli import A100, GPT3, REPO, _assert_one_line_error, _run
 
 LLAMA = "instances/models/llama3-8b.json"

@@ -11,8 +11,8 @@ import pytest
 from planner.compare import METHODS, MethodResult, best_step_s, compare, to_json
 from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan
+from planner.reading import load_cluster, load_model
 from planner.search import SolveOptions
-from planner.spec import load_cluster, load_model
 from tests.conftest import CLUSTERS, MODELS
 from tests.test_cli import _assert_one_line_error, _run
 

@@ -8,7 +8,8 @@ import pytest
 import planner
 from planner.calibration import model_flops_eq, narayanan_eq3_flops
 from planner.graph import index_layers, lower
-from planner.spec import ClusterSpec, TrainingSpec, load_model
+from planner.reading import load_model
+from planner.spec import ClusterSpec, TrainingSpec
 from tests.conftest import HF, MODELS
 
 TRAINING = TrainingSpec(seq_length=2048, global_batch_size=1)

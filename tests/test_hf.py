@@ -16,7 +16,8 @@ import pytest
 
 from planner.errors import InputError
 from planner.hf import model_from_hf_config
-from planner.spec import ModelSpec, load_model
+from planner.reading import load_model
+from planner.spec import ModelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "instances" / "models"

@@ -11,7 +11,8 @@ import pytest
 from planner import cost
 from planner.ilp import LayerQuery, SolutionCache, SolverOptions, layer_problem, solve_layer
 from planner.ilp.formulation import evaluate_ns, memory_kib
-from planner.spec import ClusterSpec, ModelSpec, load_model
+from planner.reading import load_model
+from planner.spec import ClusterSpec, ModelSpec
 from tests.conftest import MODELS
 
 

@@ -19,8 +19,9 @@ from planner.errors import InputError, InvalidPlanError
 from planner.estimate import estimate
 from planner.invariants import SHOWN, check_plan, plan_violations
 from planner.plan import Plan, ScheduleSpec
+from planner.reading import load_cluster, load_model
 from planner.search import SolveOptions, divisors
-from planner.spec import ClusterSpec, ModelSpec, load_cluster, load_model
+from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform import uniform_plan
 from tests.conftest import CLUSTERS, MODELS
 

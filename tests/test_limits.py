@@ -20,7 +20,7 @@ from planner.config import ParallelConfig
 from planner.errors import InputError
 from planner.hf import model_from_hf_config
 from planner.plan import Plan
-from planner.spec import json_schema, load_cluster, load_model, model_from_dict, read_json
+from planner.reading import json_schema, load_cluster, load_model, model_from_dict, read_json
 from tests.conftest import CLUSTERS, HF, MODELS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,7 +213,8 @@ def test_nodes_override_is_checked(nodes: int) -> None:
 )  # fmt: skip
 def test_cluster_field_limits(field: str, limit: float) -> None:
     """A device or node past what any hardware has is refused by field."""
-    from planner.spec import ClusterSpec, describe_validation_error
+    from planner.reading import describe_validation_error
+    from planner.spec import ClusterSpec
 
     data = _with(_json(CLUSTERS / "dgx-a100-80gb.json"), field, limit * 2)
     with pytest.raises(ValidationError) as caught:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from planner.graph import lower, parameter_count
-from planner.spec import ModelSpec, TrainingSpec, load_model
+from planner.reading import load_model
+from planner.spec import ModelSpec, TrainingSpec
 from tests.conftest import HF, PARAM_COUNTS
 
 RECORDS = json.loads(PARAM_COUNTS.read_text())

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.pipeline.options import LayerOption, stage_table
-from planner.spec import ClusterSpec, load_model
+from planner.reading import load_model
+from planner.spec import ClusterSpec
 from tests.conftest import MODELS
 
 

@@ -12,6 +12,7 @@ from planner.baselines.grid import grid_space
 from planner.config import ParallelConfig
 from planner.errors import ConfigError
 from planner.estimate import estimate
+from planner.reading import load_cluster, load_model
 from planner.remedies import (
     OFFLOAD,
     Remedy,
@@ -22,7 +23,7 @@ from planner.remedies import (
     nodes_to_fit,
 )
 from planner.search import SolveOptions, training_of
-from planner.spec import ClusterSpec, ModelSpec, load_cluster, load_model
+from planner.spec import ClusterSpec, ModelSpec
 from tests.test_cli import A100, GPT3, _assert_one_line_error, _run
 
 REPO = Path(__file__).resolve().parents[1]

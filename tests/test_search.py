@@ -11,8 +11,9 @@ from planner.config import ParallelConfig
 from planner.errors import InfeasibleError
 from planner.estimate import estimate
 from planner.plan import Plan
+from planner.reading import load_cluster
 from planner.search import SolveOptions, candidates, solve, training_of
-from planner.spec import ClusterSpec, load_cluster
+from planner.spec import ClusterSpec
 from tests.conftest import CLUSTERS, MODELS
 
 GPT3_RUN = SolveOptions(global_batch_size=1536, seq_length=2048)

@@ -24,8 +24,8 @@ from planner.pipeline.simulate import (
     stage_durations,
 )
 from planner.plan import Plan
+from planner.reading import load_cluster, load_model
 from planner.report.gantt import draw_gantt
-from planner.spec import load_cluster, load_model
 from planner.uniform import uniform_plan
 from tests.conftest import CLUSTERS, MODELS
 

@@ -21,7 +21,7 @@ from planner.calibration import (
     measured_step_time_s,
     validation_rows,
 )
-from planner.spec import load_cluster
+from planner.reading import load_cluster
 from tests.conftest import CALIBRATION_RUNS, CLUSTERS
 
 RECORDS = json.loads(CALIBRATION_RUNS.read_text())

@@ -81,7 +81,7 @@ def layouts(model: ModelSpec, cluster: ClusterSpec) -> list[tuple[int, int]]:
     pipeline, then the widest TP with ever more stages (each dividing the devices).
 
     >>> from pathlib import Path
-    >>> from planner.spec import load_cluster, load_model
+    >>> from planner.reading import load_cluster, load_model
     >>> root = Path(__file__).resolve().parents[2] / "instances"
     >>> gpt3 = load_model(root / "models/gpt3-175b.json")
     >>> layouts(gpt3, load_cluster(root / "clusters/dgx-a100-80gb.json", 16))[:7]

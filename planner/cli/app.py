@@ -14,7 +14,7 @@ from rich.console import Console, RenderableType
 
 from planner import limits as lim
 from planner.errors import ConfigError, InputError
-from planner.spec import short_repr
+from planner.reading import short_repr
 
 app = typer.Typer(
     add_completion=False,

@@ -29,8 +29,8 @@ from planner.estimate import estimate
 from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.info import model_info
 from planner.output import check_target, write_atomic
+from planner.reading import json_schema, load_cluster, load_model
 from planner.remedies import config_infeasible_message
-from planner.spec import json_schema, load_cluster, load_model
 from planner.uniform import uniform_plan
 
 

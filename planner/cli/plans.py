@@ -33,8 +33,9 @@ from planner.ilp.backends import Backend
 from planner.output import check_folder, check_target, write_atomic
 from planner.pipeline.simulate import simulate_plan
 from planner.plan import Plan
+from planner.reading import load_cluster, load_model, read_text
 from planner.search import ProgressFn, SolveOptions
-from planner.spec import ClusterSpec, ModelSpec, load_cluster, load_model, read_text
+from planner.spec import ClusterSpec, ModelSpec
 
 DEFAULTS = SolveOptions()
 

@@ -16,7 +16,8 @@ from planner.graph.ops import Op, Tensor
 from planner.graph.strategies import Strategy, StrategyContext, follow, op_strategies
 from planner.ilp.formulation import RECOMPUTE_MODES, EdgeCosts, LayerProblem, NodeCosts
 from planner.ilp.prune import prune_dominated
-from planner.spec import GIB, ClusterSpec, ModelSpec, Precision, training_run
+from planner.reading import training_run
+from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
 
 NS = 1e9
 KIB = 1024
