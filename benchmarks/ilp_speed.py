@@ -155,7 +155,7 @@ def build(model: ModelSpec, cluster: ClusterSpec, query: LayerQuery, repeats: in
     milp: Milp | None = None
     for _ in range(repeats):
         start = time.perf_counter()
-        problem, _, _ = layer_problem(model, cluster, query)
+        problem, _ = layer_problem(model, cluster, query)
         milp = build_layer_milp(problem)
         times.append(time.perf_counter() - start)
     assert milp is not None

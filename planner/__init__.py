@@ -13,8 +13,10 @@ from planner.errors import ConfigError, InfeasibleError, InputError, PlannerErro
 from planner.estimate import Estimate, estimate
 from planner.plan import Plan
 from planner.reading import load_cluster, load_model
-from planner.search import Progress, SolveOptions, solve
+from planner.search import Progress, SolveOptions
+from planner.space import Pins
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.targets import solve
 
 __all__ = [
     "ClusterSpec",
@@ -24,6 +26,7 @@ __all__ = [
     "InputError",
     "ModelSpec",
     "ParallelConfig",
+    "Pins",
     "Plan",
     "PlannerError",
     "Progress",

@@ -1,7 +1,8 @@
 """Several planning methods on one problem, side by side, priced by the same cost model.
 
 Each method is a function ``(model, cluster, options, *, progress) -> Plan``: the ILP search
-(:func:`planner.search.solve`), Megatron users' rule of thumb
+(:func:`planner.targets.solve`: for a framework, every configuration it launches; for ``any``,
+the ILP search), Megatron users' rule of thumb
 (:func:`planner.baselines.heuristic_plan`) and the exhaustive grid over uniform configurations
 (:func:`planner.baselines.grid_plan`). A method that finds no plan is reported with its reason
 rather than stopping the comparison.
@@ -11,14 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from planner.baselines import grid_plan, heuristic_plan
-from planner.errors import InfeasibleError, InputError
+from planner.errors import ConfigError, InfeasibleError, InputError
 from planner.plan import Plan
-from planner.search import ProgressFn, SolveOptions, solve
+from planner.search import ProgressFn, SolveOptions
 from planner.spec import ClusterSpec, ModelSpec
+from planner.targets import solve
 
 Method = Literal["ilp", "heuristic", "grid"]
 METHODS: dict[str, Callable[..., Plan]] = {
@@ -38,6 +40,8 @@ class MethodResult:
     plan: Plan | None
     solve_time_s: float
     error: str | None = None
+    label: str = "method"
+    """What ``method`` names: a ``method``, or a ``framework`` target."""
 
     @property
     def step_time_s(self) -> float | None:
@@ -78,13 +82,45 @@ def compare(
         callback = progress(method) if progress is not None else None
         try:
             plan = METHODS[method](model, cluster, options, progress=callback)
-        except InfeasibleError as exc:
+        except (InfeasibleError, ConfigError) as exc:
             results.append(MethodResult(method, None, time.perf_counter() - started, str(exc)))
             continue
         results.append(MethodResult(method, plan, time.perf_counter() - started))
     if all(r.plan is None for r in results):
         reasons = "; ".join(f"{r.method}: {r.error}" for r in results)
         raise InfeasibleError(f"no method found a plan ({reasons})")
+    return results
+
+
+def compare_frameworks(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    options: SolveOptions,
+    targets: Sequence[str],
+    *,
+    progress: Callable[[str], ProgressFn | None] | None = None,
+) -> list[MethodResult]:
+    """The best plan each framework target launches, by the planner's search and the same cost
+    model (``any``: per-operator shardings, what no framework's rules restrict), in the order
+    given; a target with no plan keeps its row with the reason. Raises
+    :class:`~planner.errors.InfeasibleError` only when no target has a plan."""
+    if not targets:
+        raise InputError("--frameworks: none given")
+    results = []
+    for target in dict.fromkeys(targets):
+        started = time.perf_counter()
+        callback = progress(target) if progress is not None else None
+        try:
+            plan = solve(model, cluster, replace(options, framework=target), progress=callback)
+        except (InfeasibleError, ConfigError) as exc:
+            results.append(MethodResult(target, None, time.perf_counter() - started, str(exc),
+                                        label="framework"))  # fmt: skip
+            continue
+        results.append(MethodResult(target, plan, time.perf_counter() - started,
+                                    label="framework"))  # fmt: skip
+    if all(r.plan is None for r in results):
+        reasons = "; ".join(f"{r.method}: {r.error}" for r in results)
+        raise InfeasibleError(f"no framework has a plan ({reasons})")
     return results
 
 
@@ -100,7 +136,7 @@ def to_json(results: Sequence[MethodResult]) -> list[dict[str, Any]]:
     for r in results:
         p = r.plan.predicted if r.plan is not None else None
         out.append({
-            "method": r.method,
+            r.label: r.method,
             "summary": r.plan.summary() if r.plan is not None else None,
             "step_time_s": p.step_time_s if p else None,
             "tokens_per_s": p.tokens_per_s if p else None,

@@ -229,6 +229,26 @@ def exposed_s(comm_s: float, hidden_behind_s: float) -> float:
 # --------------------------------------------------------------------------- memory
 
 
+DEFAULT_MEMORY_MARGIN = 0.05
+"""Share of a device's memory a plan leaves free unless told otherwise, beside the device's
+``reserved_memory_gib`` (which counts the CUDA context and NCCL's communicators): the caching
+allocator's rounding and fragmentation and the transient buffers the model does not price (see
+the README, "Memory margin")."""
+
+
+def memory_margin_bytes(device: DeviceSpec, margin_gib: float | None = None) -> float:
+    """The memory a plan leaves free on ``device``: ``margin_gib``, or
+    :data:`DEFAULT_MEMORY_MARGIN` of it when None.
+
+    >>> from planner.spec import DeviceSpec
+    >>> d = DeviceSpec(name="g", memory_gib=80, memory_bandwidth_gb_s=1, peak_tflops={"bf16": 1})
+    >>> memory_margin_bytes(d) / 2**30, memory_margin_bytes(d, 1.5) / 2**30
+    (4.0, 1.5)
+    """
+    gib = DEFAULT_MEMORY_MARGIN * device.memory_gib if margin_gib is None else margin_gib
+    return gib * 2**30
+
+
 @dataclass(frozen=True, slots=True)
 class StateBytes:
     """Bytes per parameter of weights, gradients and optimizer state on one device."""

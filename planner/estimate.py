@@ -1,9 +1,11 @@
 """``planner estimate``: price one uniform (Megatron-style) configuration.
 
-Every operator of the graph gets the sharding Megatron-LM would give it
-(:func:`planner.graph.sharding.megatron_sharding`); :mod:`planner.cost` prices each op, each
-collective, the memory and the pipeline. Layers of one kind are identical, so one layer of each
-kind is priced and multiplied.
+Every operator gets the strategy Megatron-LM runs it with, drawn from the ILP's own strategy
+space (:func:`planner.graph.uniform.megatron_assignment`), and the layer is priced by the same
+functions as the ILP's choices (:func:`planner.graph.uniform.uniform_parts`). Layers of one
+kind are identical, so one layer of each kind is priced and multiplied; the one step composer
+(:func:`planner.step.compose_step`) adds the pipeline, the data-parallel sync, the optimizer
+and the memory.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pydantic import BaseModel
 from planner import cost
 from planner.config import ParallelConfig, ResolvedConfig, resolve
 from planner.graph import LayerIndex, lowered
+from planner.graph.layout import LogicalMesh
 from planner.graph.lower import ACTIVATION_BYTES
-from planner.layer_cost import LayerCost, Placement, price_layer
+from planner.graph.uniform import UniformLayout, UniformQuery, uniform_layout, uniform_parts
+from planner.layer_cost import LayerCost, layer_cost, rank_strides
 from planner.plan import MemoryBreakdown, StageTime, StepTime
 from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
 from planner.step import (
@@ -106,49 +110,107 @@ def _forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: i
     return sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
 
 
-def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Estimate:
-    """Price ``config`` for training ``model`` on ``cluster``.
+@dataclass(frozen=True, slots=True)
+class UniformStage:
+    """How a uniform configuration's stage sits on the ranks: its mesh (three axes, see
+    :mod:`planner.graph.uniform`) with their rank strides, and its data-parallel copies."""
+
+    layout: UniformLayout
+    mesh: LogicalMesh
+    replicas: int
+    """Copies of the stage (data-parallel ranks outside its mesh)."""
+    replica_stride: int
+    pipeline_distance: int
+    tensor_group: cost.CommGroup
+
+    def group(self, axes: tuple[int, ...]) -> cost.CommGroup | None:
+        """The ranks holding copies of a weight replicated along the mesh ``axes`` and over
+        the stage's copies (None: no other copy)."""
+        members = [(self.mesh.size(a), self.mesh.stride(a)) for a in axes]
+        members.append((self.replicas, self.replica_stride))
+        size = 1
+        for n, _ in members:
+            size *= n
+        if size <= 1:
+            return None
+        return cost.CommGroup(size, min(stride for n, stride in members if n > 1))
+
+
+def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
+    """The mesh and groups of ``resolved``'s stages, its ranks numbered in its rank order."""
+    c = resolved.config
+    layout = uniform_layout(tp=c.tp, cp=c.cp, ep=c.ep, sp=c.sp)
+    s = rank_strides(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    data, context, tensor = layout.shape
+    if layout.data_ways > 1 or data == 1:  # the first axis is data-parallel ranks
+        strides = (s["dp"], s["cp"], s["tp"])
+    else:  # the first axis is the outer part of the context-parallel ranks
+        strides = (s["cp"] * context, s["cp"], s["tp"])
+    replicas = resolved.dp // layout.data_ways
+    row_major = (context * tensor, tensor, 1)
+    mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
+    return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
+                        replica_stride=s["dp"] * layout.data_ways, pipeline_distance=s["pp"],
+                        tensor_group=cost.CommGroup(tensor, s["tp"]))  # fmt: skip
+
+
+def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> UniformQuery:
+    """The layer query of one layer kind of ``resolved``."""
+    c, training = resolved.config, resolved.training
+    return UniformQuery(kind=kind, layout=stage.layout, micro_batch_size=c.mbs,
+                        seq_length=training.seq_length, precision=training.precision,
+                        flash_attention=c.flash_attention, tp_comm_overlap=c.tp_comm_overlap,
+                        strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
+
+
+def estimate(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
+    memory_margin_gib: float | None = None,
+) -> Estimate:  # fmt: skip
+    """Price ``config`` for training ``model`` on ``cluster``; it fits when its peak leaves
+    ``memory_margin_gib`` free (:func:`planner.cost.memory_margin_bytes`).
 
     Raises :class:`~planner.errors.ConfigError` when the configuration does not divide.
     """
     resolved = resolve(model, cluster, config)
     c, training = resolved.config, resolved.training
-    placement = Placement.from_order(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, ep=c.ep,
-                                     pp=c.pp)  # fmt: skip
+    stage = uniform_stage(resolved)
     index = _layers(model, training, c.mbs)
-    kind_costs = {
-        kind: price_layer(
-            index.representative(kind), cluster, resolved, placement,
-            transformer_layer=kind in ("dense", "moe"),
-        )
-        for kind in index.layers_by_kind
-    }  # fmt: skip
-    p2p = _p2p_s(model, cluster, resolved, placement)
+    parts = {kind: uniform_parts(model, cluster, uniform_query(resolved, stage, kind))
+             for kind in index.layers_by_kind}  # fmt: skip
+    transformer = ("dense", "moe")
+    kind_costs = {kind: layer_cost(p, c.recompute if kind in transformer else "none")
+                  for kind, p in parts.items()}  # fmt: skip
+    p2p = _p2p_s(model, cluster, resolved, stage)
     distinct: dict[tuple[tuple[str, int], ...], StageCost] = {}  # middle stages repeat
     stages = []
     for key in _stage_kinds(model, training, c.mbs, resolved.stage_layers):
         if key not in distinct:
             layers = LayerCost.zero()
+            params: dict[tuple[int, ...], float] = {}
             for kind, count in key:
                 layers = layers + kind_costs[kind].scaled(count)
-            distinct[key] = StageCost(layers.with_pipeline_comm(p2p),
-                                      _weights(layers, placement), zero=c.zero)  # fmt: skip
+                for axes, n in parts[kind].weight_groups():
+                    params[axes] = params.get(axes, 0.0) + n * count
+            distinct[key] = StageCost(layers.with_pipeline_comm(p2p), _weights(params, stage),
+                                      zero=c.zero)  # fmt: skip
         stages.append(distinct[key])
     knobs = PipelineKnobs(
         num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
         precision=training.precision, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather,
     )  # fmt: skip
-    step = compose_step(cluster, knobs, stages, tied=_tied_copy(model, resolved, placement))
+    step = compose_step(cluster, knobs, stages, tied=_tied_copy(model, resolved, stage))
 
     recompute_flops = sum(
         kind_costs[kind].recompute_flops * len(layers)
         for kind, layers in index.layers_by_kind.items()
     )
+    sequences = c.mbs * stage.layout.data_ways  # one microbatch of the stage's mesh
     rates = throughput(
         step.step_s, training, cluster,
         forward_flops_per_sequence=_forward_flops(model, training, c.mbs) / c.mbs,
-        recompute_flops_per_sequence=recompute_flops / c.mbs,
+        recompute_flops_per_sequence=recompute_flops / sequences,
     )  # fmt: skip
     peak_bytes = sum(step.peak_memory_bytes)
     return Estimate(
@@ -158,7 +220,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
         hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
         mfu=rates.mfu,
         peak_memory_gib=peak_bytes / GIB,
-        fits=peak_bytes <= cluster.device.memory_bytes,
+        fits=peak_bytes + cost.memory_margin_bytes(cluster.device, memory_margin_gib)
+        <= cluster.device.memory_bytes,
         memory_gib=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
         time_s=step.time,
         bubble_fraction=step.bubble_fraction,
@@ -172,28 +235,35 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> 
     )
 
 
-def _weights(layers: LayerCost, pl: Placement) -> tuple[Weights, ...]:
-    """The layers' parameters by the groups their gradients are summed over: dense weights
-    over data x context parallel ranks, experts over the ranks holding the same experts, and
-    sequence-parallel norms first over the tensor-parallel ranks too."""
+def _weights(params: dict[tuple[int, ...], float], stage: UniformStage) -> tuple[Weights, ...]:
+    """The stage's parameters by the groups their gradients are summed over.
+
+    Megatron-LM reduces every gradient over the data-parallel ranks holding the same shard
+    (data x context ranks; for experts, the ranks holding the same experts), and those of
+    weights sequence parallelism replicates across tensor-parallel ranks (the norms) over
+    those ranks first, in a separate all-reduce
+    (``_allreduce_non_tensor_model_parallel_grads``,
+    ``megatron/core/distributed/finalize_model_grads.py``); the distributed optimizer
+    shards their states over the data-parallel ranks only."""
     weights = []
-    for key, params in sorted(layers.params_by_sync.items()):
-        axes = key.split("+")
-        group = pl.edp if "edp" in axes else pl.dp
-        weights.append(Weights(params, group, pl.tp if "tp" in axes else None))
+    for axes, n in sorted(params.items()):
+        tensor = 2 in axes
+        outer = tuple(a for a in axes if a != 2)
+        weights.append(Weights(n, stage.group(outer), stage.tensor_group if tensor else None))
     return tuple(weights)
 
 
-def _tied_copy(model: ModelSpec, r: ResolvedConfig, pl: Placement) -> TiedCopy | None:
+def _tied_copy(model: ModelSpec, r: ResolvedConfig, stage: UniformStage) -> TiedCopy | None:
     """The last stage's copy of tied word embeddings, split over tensor-parallel ranks."""
     c = r.config
     if not model.tie_word_embeddings or c.pp == 1:
         return None
-    return TiedCopy(params=model.vocab_size * model.hidden_size / c.tp, data_parallel=pl.dp,
-                    sync_group=cost.CommGroup(2, (c.pp - 1) * pl.pipeline_distance))  # fmt: skip
+    return TiedCopy(params=model.vocab_size * model.hidden_size / c.tp,
+                    data_parallel=stage.group((0, 1)),
+                    sync_group=cost.CommGroup(2, (c.pp - 1) * stage.pipeline_distance))  # fmt: skip
 
 
-def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, pl: Placement) -> float:
+def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, stage: UniformStage) -> float:
     """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
     times ``vpp`` chunk boundaries. Megatron sends a 1/t slice of the hidden state and
     all-gathers it over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
@@ -202,7 +272,8 @@ def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, pl: Placem
         return 0.0
     act = ACTIVATION_BYTES[r.training.precision]
     full = c.mbs * r.training.seq_length * model.hidden_size * act / c.cp
-    send = cost.pipeline_send_s(cluster, full / c.tp, pl.pipeline_distance, chunks=c.vpp)
+    send = cost.pipeline_send_s(cluster, full / c.tp, stage.pipeline_distance, chunks=c.vpp)
     if c.tp > 1 and not r.sp:
-        send += 2 * c.vpp * cost.collective_time_s(cluster, "all_gather", full, pl.tp)
+        send += 2 * c.vpp * cost.collective_time_s(cluster, "all_gather", full,
+                                                   stage.tensor_group)  # fmt: skip
     return send

@@ -23,6 +23,10 @@ Each family is named at the start of its messages:
   ``megatron/core/pipeline_parallel/schedules.py``).
 - ``batch``: on every stage, ``global batch = micro batch x microbatches x data-parallel
   ranks`` (the micro batch is per data-parallel rank).
+- ``configuration``: a plan that carries a uniform configuration (what an export launches)
+  is that configuration: as many stages as its ``pp`` with its split, every stage with its
+  degrees, ZeRO stage and recomputation, and its microbatch, global batch, sequence,
+  precision and schedule; and a per-operator plan (``any``) carries none.
 - ``memory``: no stage's memory, and not the predicted peak, exceeds the device's memory
   (within float rounding). A configuration priced on request (``planner estimate --out``) may
   exceed it; a plan a search returns as a solution may not.
@@ -64,7 +68,7 @@ def plan_violations(
     >>> plan = uniform_plan(model, cluster, ParallelConfig(tp=2, pp=2, global_batch=64))
     >>> plan_violations(plan, model)
     []
-    >>> plan_violations(plan.model_copy(update={"global_batch_size": 96}))
+    >>> plan_violations(plan.model_copy(update={"global_batch_size": 96}))[:2]
     ['batch: stage 0: micro batch 1 x 32 microbatches x 2 data-parallel ranks = 64, not the global batch 96', 'batch: stage 1: micro batch 1 x 32 microbatches x 2 data-parallel ranks = 64, not the global batch 96']
     """  # noqa: E501
     checks = [
@@ -73,6 +77,7 @@ def plan_violations(
         _devices(plan),
         _degrees(plan),
         _batch(plan),
+        _configuration(plan),
         _memory(plan) if memory else iter(()),
     ]
     return [message for check in checks for message in check]
@@ -210,6 +215,39 @@ def _batch(plan: Plan) -> Iterator[str]:
             yield (f"batch: stage {stage.index}: micro batch {plan.micro_batch_size} x "
                    f"{plan.num_microbatches} microbatches x {ranks} data-parallel ranks = "
                    f"{total}, not the global batch {plan.global_batch_size}")  # fmt: skip
+
+
+def _configuration(plan: Plan) -> Iterator[str]:
+    c = plan.configuration
+    if c is None:
+        return
+    if plan.framework == "any":
+        yield "configuration: a per-operator plan (framework any) carries a configuration"
+    layers = tuple(s.num_layers for s in plan.stages)
+    if len(layers) != c.pp:
+        yield f"configuration: {len(layers)} stages, not pp({c.pp})"
+    ends = (c.first_stage_layers, c.last_stage_layers)
+    if len(layers) > 1 and any(n is not None and n != got
+                               for n, got in zip(ends, (layers[0], layers[-1]), strict=True)):
+        yield f"configuration: stages hold {list(layers)} layers, not first/last {list(ends)}"
+    knobs = {"tp": c.tp, "cp": c.cp, "ep": c.ep, "sp": c.sp and c.tp > 1, "zero_stage": c.zero,
+             "recompute": c.recompute}  # fmt: skip
+    for stage in plan.stages:
+        p = stage.parallel
+        got = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "sp": p.sp, "zero_stage": p.zero_stage,
+               "recompute": p.recompute}  # fmt: skip
+        if got != knobs:
+            yield f"configuration: stage {stage.index} runs {got}, not {knobs}"
+    run = {"micro_batch_size": c.mbs, "global_batch_size": c.global_batch,
+           "seq_length": c.seq_len, "precision": c.precision,
+           "virtual_stages": c.vpp}  # fmt: skip
+    have = {"micro_batch_size": plan.micro_batch_size,
+            "global_batch_size": plan.global_batch_size, "seq_length": plan.seq_length,
+            "precision": plan.precision,
+            "virtual_stages": plan.schedule.virtual_stages}  # fmt: skip
+    for key, value in run.items():
+        if have[key] != value:
+            yield f"configuration: {key} {have[key]}, not the configuration's {value}"
 
 
 def _memory(plan: Plan) -> Iterator[str]:

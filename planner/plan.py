@@ -14,11 +14,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner import limits as lim
+from planner.config import ParallelConfig
 from planner.errors import InputError, InvalidPlanError
 from planner.reading import describe_validation_error, parse_json, short_repr
 from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+"""Schema 2 plans predate framework targets: they read as plans for ``any``."""
 Recompute = Literal["none", "selective", "full"]
 
 
@@ -207,8 +210,20 @@ class SolverSummary(_Frozen):
 class Plan(_Frozen):
     """A complete parallel training plan."""
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     method: str
+    framework: str = Field(
+        default="any", description="What the plan was made for: a framework that launches it "
+        "(megatron, mindspeed, deepspeed, colossalai, torchtitan) or any (per-operator).",
+    )  # fmt: skip
+    configuration: ParallelConfig | None = Field(
+        default=None, description="The uniform configuration the plan is, every default "
+        "filled in (None: a per-operator plan, which no framework launches).",
+    )  # fmt: skip
+    memory_margin_gib: float = Field(
+        default=0.0, ge=0, description="Device memory the plan keeps free beside its peak "
+        "(allocator fragmentation, communication buffers).",
+    )  # fmt: skip
     model: InputRef
     cluster: ClusterRef
     precision: Precision
@@ -275,9 +290,11 @@ class Plan(_Frozen):
         if not isinstance(data, dict):
             raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION or isinstance(version, bool):
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
             raise InputError(f"{source}: schema_version {short_repr(version)} is not "
-                             f"supported; this planner reads {SCHEMA_VERSION}")  # fmt: skip
+                             f"supported; this planner reads "
+                             f"{' and '.join(map(str, READABLE_VERSIONS))}")  # fmt: skip
+        data = {**data, "schema_version": SCHEMA_VERSION}  # version 2 lacks only new fields
         try:
             plan = cls.model_validate(data)
         except ValidationError as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from planner import cost
 from planner.baselines import grid
 from planner.config import ParallelConfig
 from planner.errors import ConfigError
@@ -196,10 +197,13 @@ def infeasible_message(
     (:func:`nodes_to_fit`), optimizer offload, a shorter sequence.
     """
     device = cluster.device
+    margin = options.margin_bytes(device.memory_gib) / GIB
+    pins = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
     head = (f"{searched} fits {model.name} on {cluster.num_devices} x {device.name} "
-            f"({device.memory_gib:g} GiB, {device.reserved_memory_gib:g} GiB of it reserved) at "
-            f"global batch {training.global_batch_size}, sequence {training.seq_length}; the "
-            f"leanest ({leanest}) needs {least_gib:.1f} GiB per device")  # fmt: skip
+            f"({device.memory_gib:g} GiB, {device.reserved_memory_gib:g} GiB of it reserved, "
+            f"{margin:.1f} GiB kept free) at global batch {training.global_batch_size}, sequence "
+            f"{training.seq_length}{f' with {pins}' if pins else ''}; the leanest ({leanest}) "
+            f"needs {least_gib:.1f} GiB per device")  # fmt: skip
     return "; ".join([head, *_ways_out(model, cluster, training, options, least_gib)])
 
 
@@ -404,8 +408,9 @@ def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Es
 
 
 def _fits_gib(cluster: ClusterSpec, gib: float) -> bool:
-    """:func:`estimate`'s test: a peak (reserved memory included) within the device."""
-    return gib * GIB <= cluster.device.memory_bytes
+    """:func:`estimate`'s test: a peak (reserved memory included) that leaves the default
+    margin free on the device."""
+    return gib * GIB + cost.memory_margin_bytes(cluster.device) <= cluster.device.memory_bytes
 
 
 def _factors(max_factor: int) -> list[int]:

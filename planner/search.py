@@ -17,7 +17,7 @@ GPipe is not searched: under the cost model it runs as long as 1F1B and holds mo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,8 +28,16 @@ from planner.graph.layout import LogicalMesh
 from planner.graph.lower import ACTIVATION_BYTES, decoder_layer_kind
 from planner.ilp.layer import Frontier, LayerSolution, SolverOptions, solve_frontier
 from planner.ilp.problem import LayerQuery
+from planner.ilp.seeds import uniform_solutions
 from planner.invariants import check_plan
-from planner.pipeline.assemble import FoundStage, compose, launchable, plan_stages, predicted
+from planner.pipeline.assemble import (
+    FoundStage,
+    compose,
+    launchable,
+    plan_stages,
+    predicted,
+    summarise,
+)
 from planner.pipeline.options import (
     TRANSFORMER_KINDS,
     LayerOption,
@@ -141,11 +149,13 @@ def kind_solutions(
             flash_attention=ctx.options.flash_attention, zero=(0, 1),
             replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
         )  # fmt: skip
-        ctx.state.frontiers[key] = solve_frontier(
+        frontier = solve_frontier(
             ctx.model, ctx.cluster, query, steps=LADDER_STEPS, shrink=LADDER_SHRINK,
             options=SolverOptions(ctx.options.backend, ctx.options.ilp_time_limit_s,
                                   deadline=ctx.deadline),
         )  # fmt: skip
+        seeds = uniform_solutions(ctx.model, ctx.cluster, query)
+        ctx.state.frontiers[key] = replace(frontier, solutions=frontier.solutions + tuple(seeds))
     return list(ctx.state.frontiers[key].solutions)
 
 
@@ -157,13 +167,21 @@ def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOptio
     sync = SyncContext(LogicalMesh(c.mesh), c.replicas, c.num_microbatches,
                        ctx.training.precision, ctx.options.overlap_grad_reduce,
                        ctx.options.overlap_param_gather)  # fmt: skip
+    pins = ctx.options.pins
     options = []
     for solution in kind_solutions(ctx, kind, c.mesh, c.micro_batch_size):
         if kind in TRANSFORMER_KINDS and not launchable(solution, c.mesh):
             continue
+        if kind in TRANSFORMER_KINDS:
+            summary = summarise(solution, c.mesh)
+            if not pins.admits(tp=summary["tp"], cp=summary["cp"], ep=summary["ep"],
+                               sp=summary["sp"]):  # fmt: skip
+                continue
         options += layer_options(solution, ctx.cluster, sync)
     if c.num_stages > 1:
         options = [o for o in options if o.zero <= 1]
+    options = [o for o in options if pins.admits(zero=o.zero) and (
+        kind not in TRANSFORMER_KINDS or pins.admits(recompute=o.recompute))]  # fmt: skip
     return _pareto(options)
 
 
@@ -227,10 +245,11 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
     near = PipelinePlacement(mesh, p, c.replicas, "stages-inner")
     send = pipeline_send_s(ctx, c, near.pipeline_distance) if p > 1 else 0.0
     device = ctx.cluster.device
+    usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
     table = stage_table(
         kinds, options, in_flight=in_flight, fixed_latency_s=[send] * p,
         allowed=_whole_chunks(n, p, c.vpp) if c.vpp > 1 else None,
-        memory_bytes=device.memory_bytes - device.reserved_memory_gib * GIB,
+        memory_bytes=usable - device.reserved_memory_gib * GIB,
     )  # fmt: skip
     try:
         split = split_layers(table.latency, c.num_microbatches)
@@ -253,7 +272,7 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
         placement = PipelinePlacement(mesh, p, c.replicas, order)
         send = pipeline_send_s(ctx, c, placement.pipeline_distance) if p > 1 else 0.0
         step = compose(stages, kinds, ctx.model, ctx.cluster, knobs, placement, send)
-        if sum(step.peak_memory_bytes) > device.memory_bytes:
+        if sum(step.peak_memory_bytes) > usable:
             _note_least(ctx, c, sum(step.peak_memory_bytes))
             continue
         if best is None or step.step_s < best.step.step_s:
@@ -374,6 +393,8 @@ def _plan(
     gaps = [s.report.gap for s in solutions if s.report.gap is not None]
     return Plan(
         method="ilp",
+        framework="any",
+        memory_margin_gib=ctx.options.margin_bytes(ctx.cluster.device.memory_gib) / GIB,
         model=model_ref(ctx.model),
         cluster=cluster_ref(ctx.cluster),
         precision=training.precision,

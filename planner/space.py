@@ -20,7 +20,44 @@ from planner.errors import InputError
 from planner.ilp.backends import Backend
 from planner.pipeline.stages import submesh_shapes
 from planner.reading import training_run
-from planner.spec import ClusterSpec, ModelSpec, Precision, TrainingSpec
+from planner.spec import GIB, ClusterSpec, ModelSpec, Precision, TrainingSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pins:
+    """Knobs the user fixed (``--tp 8`` ...); None leaves one to the search. Spelled as
+    ``planner estimate`` spells them."""
+
+    tp: int | None = None
+    """Tensor-parallel degree."""
+    pp: int | None = None
+    """Pipeline stages."""
+    cp: int | None = None
+    """Context-parallel degree."""
+    ep: int | None = None
+    """Expert-parallel degree."""
+    vpp: int | None = None
+    """Virtual stages per pipeline rank (1: no interleaving)."""
+    mbs: int | None = None
+    """Sequences per data-parallel rank and microbatch."""
+    zero: int | None = None
+    """ZeRO stage."""
+    recompute: str | None = None
+    """none, selective or full."""
+    sp: bool | None = None
+    """Sequence parallelism (with TP)."""
+
+    def given(self) -> dict[str, object]:
+        """The pinned knobs and their values."""
+        return {name: getattr(self, name) for name in self.__slots__
+                if getattr(self, name) is not None}  # fmt: skip
+
+    def admits(self, **knobs: object) -> bool:
+        """Whether every pinned knob among ``knobs`` has its pinned value."""
+        return all(getattr(self, k) is None or getattr(self, k) == v for k, v in knobs.items())
+
+
+NO_PINS = Pins()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +86,21 @@ class SolveOptions:
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    framework: str = "megatron"
+    """The framework that will launch the plan (:data:`planner.frameworks.TARGETS`): the search
+    produces only what its profile launches; ``any`` searches per-operator shardings."""
+    pins: Pins = NO_PINS
+    """Knobs the user fixed."""
+    memory_margin_gib: float | None = None
+    """Device memory plans leave free; None: :data:`planner.cost.DEFAULT_MEMORY_MARGIN` of
+    the device."""
+
+    def margin_bytes(self, device_memory_gib: float) -> float:
+        """The memory a plan leaves free on a device of ``device_memory_gib``."""
+        margin = self.memory_margin_gib
+        if margin is None:
+            margin = cost.DEFAULT_MEMORY_MARGIN * device_memory_gib
+        return margin * GIB
 
 
 DEFAULT_OPTIONS = SolveOptions()
@@ -117,9 +169,12 @@ def candidates(
             if mesh[0] & (mesh[0] - 1) or mesh[0] > max_nodes:
                 continue
             stages = devices // size
-            if stages > layers:
+            if stages > layers or not options.pins.admits(pp=stages):
                 continue
-            for b in mesh_microbatches(options.micro_batch_sizes, size):
+            per_rank = options.micro_batch_sizes
+            if options.pins.mbs is not None:
+                per_rank = (options.pins.mbs,)
+            for b in mesh_microbatches(per_rank, size):
                 if gbs % (replicas * b):
                     continue
                 m = gbs // (replicas * b)
@@ -127,6 +182,8 @@ def candidates(
                     cluster.device, training.precision, flops=3 * flops * b / devices
                 )
                 for schedule, v in _schedules(layers, stages, m, options.interleaved):
+                    if not options.pins.admits(vpp=v):
+                        continue
                     bound = (m + (stages - 1) / v) * per_microbatch
                     out.append(Candidate(replicas, mesh, stages, b, m, schedule, v, bound))
     out.sort(key=lambda c: (c.lower_bound_s, -c.replicas, c.num_stages, c.micro_batch_size,

@@ -43,9 +43,16 @@ def megatron_ranks(
 
 
 def uniform_plan(
-    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, method: str = "uniform"
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    config: ParallelConfig,
+    *,
+    method: str = "uniform",
+    framework: str = "megatron",
+    memory_margin_gib: float = 0.0,
 ) -> Plan:
-    """Price ``config`` and describe it as a plan.
+    """Price ``config`` and describe it as a plan for ``framework``, carrying the configuration
+    with every default filled in (what an export launches).
 
     The plan keeps the structural invariants of :func:`~planner.invariants.check_plan`
     (raising :class:`~planner.errors.InvalidPlanError` otherwise) but may not fit in memory:
@@ -76,8 +83,15 @@ def uniform_plan(
     )
     schedule = ScheduleSpec(name="interleaved" if c.vpp > 1 else c.schedule,
                             virtual_stages=c.vpp)  # fmt: skip
+    complete = c.model_copy(update={
+        "dp": resolved.dp, "global_batch": resolved.training.global_batch_size,
+        "seq_len": resolved.training.seq_length, "precision": resolved.training.precision,
+    })  # fmt: skip
     plan = Plan(
         method=method,
+        framework=framework,
+        configuration=complete,
+        memory_margin_gib=memory_margin_gib,
         model=model_ref(model),
         cluster=cluster_ref(cluster),
         precision=resolved.training.precision,

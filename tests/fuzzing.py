@@ -15,6 +15,7 @@ readers accept is also safe to use.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import tempfile
@@ -30,7 +31,7 @@ from planner.calibration import BUNDLED_CLUSTERS, load_runs, validation_rows
 from planner.config import ParallelConfig
 from planner.errors import PlannerError
 from planner.estimate import estimate
-from planner.export import FORMATS, export
+from planner.frameworks import FRAMEWORKS, launch
 from planner.info import model_info
 from planner.limits import MAX_GLOBAL_BATCH_SIZE
 from planner.pipeline.simulate import simulate_plan
@@ -231,8 +232,10 @@ def _plan_downstream(path: Path) -> None:
     plan = Plan.from_json(read_text(path), source=str(path))
     plan.summary()
     simulate_plan(plan)
-    for fmt in FORMATS:
-        export(plan, fmt)
+    for fmt in FRAMEWORKS:
+        # A damaged plan may no longer be one a framework launches: a PlannerError says so.
+        with contextlib.suppress(PlannerError):
+            launch(plan, fmt, model=small_model(), cluster=small_cluster())
 
 
 @cache

@@ -12,8 +12,8 @@ import pytest
 
 from planner import cost
 from planner.config import ParallelConfig, resolve
-from planner.graph import index_layers, lower
-from planner.layer_cost import Placement, price_layer
+from planner.estimate import uniform_query, uniform_stage
+from planner.graph.uniform import uniform_parts
 from planner.spec import ClusterSpec, ModelSpec
 
 S, B, T = 2048, 1, 8
@@ -35,11 +35,9 @@ def _layer_bytes(model: ModelSpec, cluster: ClusterSpec, **knobs: object) -> flo
     config = ParallelConfig(tp=T, mbs=B, global_batch=cluster.num_devices, seq_len=S,
                             precision="bf16", flash_attention=False, **knobs)  # type: ignore[arg-type]
     resolved = resolve(model, cluster, config)
-    index = index_layers(lower(model, resolved.training, micro_batch_size=B))
-    placement = Placement.megatron(cluster, tp=T, cp=1, dp=resolved.dp, ep=1)
-    layer = price_layer(index.representative("dense"), cluster, resolved, placement,
-                        transformer_layer=True)  # fmt: skip
-    return layer.activation_bytes
+    query = uniform_query(resolved, uniform_stage(resolved), "dense")
+    parts = uniform_parts(model, cluster, query)
+    return parts.kept_bytes[parts.mode(resolved.config.recompute)]
 
 
 def _formula(hidden: int, heads: int, variant: str) -> float:

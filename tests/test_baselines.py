@@ -18,7 +18,7 @@ from planner.estimate import Estimate, estimate
 from planner.plan import Plan, StageParallel
 from planner.reading import load_cluster, load_model
 from planner.search import Progress, SolveOptions, training_of
-from planner.spec import ClusterSpec, ModelSpec
+from planner.spec import GIB, ClusterSpec, ModelSpec
 from planner.uniform import uniform_plan
 from tests.conftest import CLUSTERS, MODELS
 
@@ -79,7 +79,9 @@ def _brute_force(model: ModelSpec, cluster: ClusterSpec, options: SolveOptions) 
         except ConfigError:
             continue
         key = (result.step_time_s, config_key(config), config)
-        if result.fits and (best is None or key[:2] < best[:2]):
+        fits = result.peak_memory_gib * GIB <= cluster.device.memory_bytes - options.margin_bytes(
+            cluster.device.memory_gib)  # fmt: skip
+        if fits and (best is None or key[:2] < best[:2]):
             best = key
     assert best is not None
     return best[2]
@@ -92,7 +94,8 @@ def test_grid_is_the_brute_force_minimum(
     (ties to the simplest configuration), priced as ``uniform_plan`` prices it."""
     plan = plans["llama3-8b", "grid"]
     best = _brute_force(llama, h100_node, SolveOptions())
-    expected = uniform_plan(llama, h100_node, best, method="grid")
+    margin = SolveOptions().margin_bytes(h100_node.device.memory_gib) / GIB
+    expected = uniform_plan(llama, h100_node, best, method="grid", memory_margin_gib=margin)
     assert plan.model_copy(update={"solver": expected.solver}) == expected
     assert plan.solver.status == "optimal"
     assert plan.solver.objective == plan.predicted.step_time_s
@@ -107,7 +110,8 @@ def test_grid_is_the_brute_force_minimum_with_uneven_stages(
     layers."""
     plan = grid_plan(llama405b, h100_32, SMALL_405B_RUN)
     best = _brute_force(llama405b, h100_32, SMALL_405B_RUN)
-    expected = uniform_plan(llama405b, h100_32, best, method="grid")
+    margin = SMALL_405B_RUN.margin_bytes(h100_32.device.memory_gib) / GIB
+    expected = uniform_plan(llama405b, h100_32, best, method="grid", memory_margin_gib=margin)
     assert plan.model_copy(update={"solver": expected.solver}) == expected
     assert [s.num_layers for s in plan.stages] == [7, *[8] * 14, 7]
     assert plan.uniform is not None and plan.uniform.tp == 8
@@ -221,7 +225,8 @@ def test_heuristic_gpt3_follows_megatron(
     assert plan.micro_batch_size == 1
     assert plan.predicted.peak_memory_gib <= a100_128.device.memory_gib
     pp = len(plan.stages)
-    fewer = max(p for p in range(1, pp) if gpt3.num_layers % p == 0)
+    fewer = max(p for p in range(1, pp)
+                if gpt3.num_layers % p == 0 and a100_128.num_devices % (8 * p) == 0)
     config = run_config(training_of(gpt3, GPT3_RUN), GPT3_RUN, tp=8, pp=fewer, sp=True,
                         zero=1, recompute="selective")  # fmt: skip
     assert not estimate(gpt3, a100_128, config).fits

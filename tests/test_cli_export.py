@@ -15,6 +15,9 @@ from planner.output import write_atomic
 from planner.plan import Plan
 from tests.test_cli import A100, GPT3, _run
 
+LLAMA = "instances/models/llama3-8b.json"
+H100 = "instances/clusters/dgx-h100-80gb.json"
+
 
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -25,47 +28,79 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def any_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A per-operator plan (``--framework any``) of Llama 3 8B on one node."""
+    path = tmp_path_factory.mktemp("any") / "plan.json"
+    done = _run("solve", LLAMA, H100, "--nodes", "1", "--framework", "any", "--out", path)
+    assert done.returncode == 0, done.stderr
+    return path
+
+
 def test_estimate_out_writes_a_plan(plan_file: Path) -> None:
-    """The plan reads back and says what was priced."""
+    """The plan reads back, says what was priced and carries the configuration, complete."""
     plan = Plan.from_json(plan_file.read_text())
     assert plan.summary().startswith("TP8 x PP16 x DP8, mbs 1, 1F1B, sequence parallel")
-    assert plan.method == "uniform"
+    assert (plan.method, plan.framework) == ("uniform", "megatron")
+    assert plan.configuration is not None
+    assert (plan.configuration.dp, plan.configuration.global_batch) == (8, 1536)
 
 
 def test_export_megatron_flags(plan_file: Path, tmp_path: Path) -> None:
-    """To a file: the flags parse back to the plan's degrees; nothing needed changing."""
+    """To a file: the flags parse back to the plan's degrees and the model's shape; stderr
+    says the prediction against the device's memory."""
     out = tmp_path / "megatron.sh"
-    done = _run("export", plan_file, "--format", "megatron", "--out", out)
-    assert done.returncode == 0 and done.stderr == ""
+    done = _run("export", plan_file, "--format", "megatron", "--model", GPT3, "--cluster", A100,
+                "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr
     words = shlex.split(out.read_text().replace("\\\n", " "))
     flags = dict(pairwise(words))  # each flag to the word after it
     assert flags["--tensor-model-parallel-size"] == "8"
     assert flags["--pipeline-model-parallel-size"] == "16"
+    assert (flags["--num-layers"], flags["--hidden-size"]) == ("96", "12288")
     assert "--use-distributed-optimizer" in words and "--sequence-parallel" in words
+    plan = Plan.from_json(plan_file.read_text())
+    assert (f"predicted {plan.predicted.step_time_s:.3f} s per step, "
+            f"{plan.predicted.peak_memory_gib:.1f} GiB peak per device of 80 GiB") in done.stderr
 
 
-def test_export_notes_changes_with_their_price(plan_file: Path) -> None:
-    """DeepSpeed's config cannot carry tensor or pipeline degrees: a note says so, and with
-    the model and cluster the closest configuration is priced."""
-    done = _run("export", plan_file, "--format", "deepspeed", "--model", GPT3, "--cluster", A100)
-    assert done.returncode == 0
-    assert json.loads(done.stdout)["train_batch_size"] == 1536
-    notes = done.stderr.strip().splitlines()
-    assert notes[0].startswith("note: not ds_config keys")
-    assert "predicted at" in notes[-1]
+def test_export_of_a_per_operator_plan_is_refused(any_plan: Path) -> None:
+    """A plan solved for ``any`` has no framework's launch: exit 2, one line, with the command
+    that solves for the framework asked."""
+    done = _run("export", any_plan, "--format", "torchtitan", "--model", LLAMA, "--cluster", H100)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "per-operator shardings, which no framework launches" in done.stderr
+    assert f"planner solve {LLAMA} {H100} --nodes 1" in done.stderr
+    assert "--framework torchtitan" in done.stderr
+
+
+def test_export_to_a_framework_that_refuses_names_why(plan_file: Path) -> None:
+    """Megatron's selective recomputation is not Colossal-AI's: refused, with the reason and
+    the command that solves for Colossal-AI."""
+    done = _run("export", plan_file, "--format", "colossalai", "--model", GPT3, "--cluster",
+                A100)  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith("error: Colossal-AI cannot launch this plan: ")
+    assert "--framework colossalai" in done.stderr
 
 
 def test_export_errors_are_one_line(plan_file: Path, tmp_path: Path) -> None:
-    """Unknown format, a missing plan, a plan of another schema version: exit 2, one line."""
+    """Unknown format, a missing plan, a plan of another schema version, another model: exit
+    2, one line."""
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(json.loads(plan_file.read_text()) | {"schema_version": 9}))
+    inputs = ("--model", GPT3, "--cluster", A100)
     for args, needle in (
-        ((plan_file, "--format", "slurm"), "formats: megatron"),
-        ((tmp_path / "none.json", "--format", "megatron"), "cannot read"),
-        ((bad, "--format", "megatron"), "schema_version 9 is not supported"),
+        ((plan_file, "--format", "slurm", *inputs), "choose from megatron, mindspeed"),
+        ((tmp_path / "none.json", "--format", "megatron", *inputs), "cannot read"),
+        ((bad, "--format", "megatron", *inputs), "schema_version 9 is not supported"),
+        ((plan_file, "--format", "megatron", "--model", LLAMA, "--cluster", A100),
+         "is not the model the plan was made for"),
     ):
         done = _run("export", *args)
-        assert done.returncode == 2 and needle in done.stderr
+        assert done.returncode == 2 and needle in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from planner import SolveOptions, solve
 from planner.plan import Plan
 from planner.reading import load_cluster, load_model
-from planner.search import solve
 from tests.test_cli import A100, GPT3, REPO, _assert_one_line_error, _run
 
 LLAMA = "instances/models/llama3-8b.json"
@@ -54,7 +54,9 @@ def test_human_output_has_summary_and_stage_table(
     assert "TP/DP/CP/EP" in human.stdout and "recompute" in human.stdout
     first, last = plan.stages[0].layers
     assert any(line.split()[:2] == ["0", f"{first}-{last}"] for line in lines)
-    assert any(line.startswith("solver: ilp") for line in lines)
+    assert any(line.startswith("solver: search for megatron") for line in lines)
+    assert any(line.startswith("groups: ") for line in lines)
+    assert "time per step (critical stage)" in human.stdout
 
 
 def test_json_is_the_library_plan(written: tuple[Plan, Path]) -> None:
@@ -77,7 +79,7 @@ def test_export_megatron_follows_the_tables(
 ) -> None:
     """The Megatron flags come after the tables and carry the plan's degrees."""
     plan, _ = written
-    flags = human.stdout.split("megatron launch configuration")[1].replace("\\\n", " ").split()
+    flags = human.stdout.split("Megatron-LM launch configuration")[1].replace("\\\n", " ").split()
     values = dict(pairwise(flags))
     assert values["--tensor-model-parallel-size"] == str(plan.stages[0].parallel.tp)
     assert values["--pipeline-model-parallel-size"] == str(len(plan.stages))
@@ -111,4 +113,49 @@ def test_infeasible_is_one_line() -> None:
 def test_bad_options_are_one_line(args: tuple[str, ...], needle: str) -> None:
     """Unknown choices are usage errors; ``--json`` with ``--export`` is refused before any
     search."""
+    _assert_one_line_error(_run("solve", LLAMA, H100, *ONE_NODE, *args), needle)
+
+
+def test_framework_any_is_the_ilp_search() -> None:
+    """``--framework any`` runs the per-operator search (layer ILPs and the stage DP)."""
+    done = _run("solve", LLAMA, H100, *ONE_NODE, "--framework", "any", "--json")
+    assert done.returncode == 0, done.stderr
+    plan = Plan.from_json(done.stdout)
+    assert (plan.method, plan.framework, plan.configuration) == ("ilp", "any", None)
+    assert plan.solver.ilp_count > 0
+
+
+def test_pins_and_margin_are_the_librarys(tmp_path: Path) -> None:
+    """Pinned degrees come back as pinned; the margin is kept free, as the library does."""
+    done = _run("solve", LLAMA, H100, *ONE_NODE, "--tp", "2", "--mbs", "2", "--zero", "1",
+                "--memory-margin", "10", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plan = Plan.from_json(done.stdout)
+    assert plan.configuration is not None
+    assert (plan.configuration.tp, plan.configuration.mbs, plan.configuration.zero) == (2, 2, 1)
+    assert plan.memory_margin_gib == 10
+    assert plan.predicted.peak_memory_gib <= plan.cluster.device_memory_gib - 10
+    options = SolveOptions(pins=plan_pins(tp=2, mbs=2, zero=1), memory_margin_gib=10)
+    expected = solve(load_model(REPO / LLAMA), load_cluster(REPO / H100, 1), options)
+    assert _without_time(plan) == _without_time(expected)
+
+
+def plan_pins(**pins: int) -> object:
+    from planner.space import Pins
+
+    return Pins(**pins)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--framework", "jax"), "--framework 'jax' is not a framework the planner knows; choose "
+                                 "from megatron, mindspeed, deepspeed, colossalai, torchtitan, "
+                                 "any"),
+        (("--tp", "3"), "with --tp 3"),
+    ],
+)
+def test_bad_frameworks_and_pins_are_one_line(args: tuple[str, ...], needle: str) -> None:
+    """An unknown framework lists the known ones; a pin under which nothing divides or fits
+    names the pin."""
     _assert_one_line_error(_run("solve", LLAMA, H100, *ONE_NODE, *args), needle)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.compare import METHODS, MethodResult, best_step_s, compare, to_json
+from planner.compare import METHODS, MethodResult, compare, compare_frameworks, to_json
 from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan
 from planner.reading import load_cluster, load_model
@@ -29,23 +29,27 @@ H100 = "instances/clusters/dgx-h100-80gb.json"
 
 
 @pytest.mark.parametrize(("model", "cluster", "nodes"), BUNDLED, ids=[b[0] for b in BUNDLED])
-def test_ilp_is_never_slower_than_the_baselines(model: str, cluster: str, nodes: int) -> None:
-    """The search's space holds every uniform configuration the baselines launch (with
-    per-rank microbatches up to 8 and the overlap flags on), so its plan must be at least as
-    fast; each plan fits its devices."""
+def test_any_is_never_slower_than_the_frameworks(model: str, cluster: str, nodes: int) -> None:
+    """The per-operator search (``any``) offers every layer the uniform shardings a framework
+    launches on the meshes it visits, beside its ILP frontier, so its plan is at least as fast
+    as Megatron-LM's best (the exhaustive search over what Megatron launches) and Megatron
+    users' rule of thumb, but for how the runtimes differ: ``any`` reduces a weight's gradients
+    over all its copies at once, Megatron over tensor-parallel ranks first for the norms it
+    replicates (well under 0.1 % of a step). Every plan fits its devices with the margin."""
     spec = load_model(MODELS / f"{model}.json")
-    results = compare(spec, load_cluster(CLUSTERS / f"{cluster}.json", nodes), SolveOptions())
-    by_method = {r.method: r for r in results}
-    ilp = by_method["ilp"].step_time_s
-    assert ilp is not None
-    for name in ("grid", "heuristic"):
-        other = by_method[name].step_time_s
-        if other is not None:
-            assert ilp <= other * (1 + 1e-9), (name, by_method[name].plan.summary())  # type: ignore[union-attr]
-    for r in results:
+    machine = load_cluster(CLUSTERS / f"{cluster}.json", nodes)
+    by_target = {r.method: r for r in compare_frameworks(spec, machine, SolveOptions(),
+                                                         ["any", "megatron"])}  # fmt: skip
+    heuristic = compare(spec, machine, SolveOptions(), ["heuristic"])[0]
+    best = by_target["any"].step_time_s
+    assert best is not None
+    for r in (by_target["megatron"], heuristic):
+        if r.step_time_s is not None:
+            assert best <= r.step_time_s * 1.001, (r.method, r.plan.summary())  # type: ignore[union-attr]
+    for r in (*by_target.values(), heuristic):
         if r.plan is not None:
-            assert r.plan.predicted.peak_memory_gib <= r.plan.cluster.device_memory_gib
-    assert best_step_s(results) == ilp
+            capacity = r.plan.cluster.device_memory_gib - r.plan.memory_margin_gib
+            assert r.plan.predicted.peak_memory_gib <= capacity
 
 
 def test_unknown_method_and_all_infeasible_are_errors() -> None:

@@ -88,10 +88,22 @@ def node() -> ClusterSpec:
     return load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
 
 
+def _structural(plan: Plan) -> Plan:
+    """``plan`` as a per-operator plan, without the configuration that tampering with its
+    stages would also contradict (the ``configuration`` family has its own test)."""
+    return plan.model_copy(update={"framework": "any", "configuration": None})
+
+
 @pytest.fixture(scope="module")
-def base(llama: ModelSpec, node: ClusterSpec) -> Plan:
+def configured(llama: ModelSpec, node: ClusterSpec) -> Plan:
+    """TP2 x PP2 x DP2 on one node, as ``planner estimate --out`` writes it."""
+    return uniform_plan(llama, node, ParallelConfig(tp=2, pp=2, global_batch=64))
+
+
+@pytest.fixture(scope="module")
+def base(configured: Plan) -> Plan:
     """TP2 x PP2 x DP2 on one node: two stages of 16 layers, two replicas, ranks 0..7."""
-    plan = uniform_plan(llama, node, ParallelConfig(tp=2, pp=2, global_batch=64))
+    plan = _structural(configured)
     assert [s.ranks for s in plan.stages] == [((0, 1), (2, 3)), ((4, 5), (6, 7))]
     return plan
 
@@ -99,7 +111,8 @@ def base(llama: ModelSpec, node: ClusterSpec) -> Plan:
 @pytest.fixture(scope="module")
 def interleaved(llama: ModelSpec, node: ClusterSpec) -> Plan:
     """PP2 with two chunks per stage, 32 microbatches."""
-    return uniform_plan(llama, node, ParallelConfig(tp=2, pp=2, vpp=2, global_batch=64))
+    return _structural(uniform_plan(llama, node, ParallelConfig(tp=2, pp=2, vpp=2,
+                                                                global_batch=64)))  # fmt: skip
 
 
 def with_stage(plan: Plan, index: int, **update: Any) -> Plan:
@@ -193,7 +206,7 @@ def test_degrees_multiply_to_the_stage_devices(base: Plan) -> None:
 def test_expert_parallel_divides_data_and_context_parallel(base: Plan, node: ClusterSpec) -> None:
     """Megatron-Core: world % (etp x ep x pp) == 0, i.e. ep | dp x cp with etp = tp."""
     mixtral = load_model(MODELS / "mixtral-8x7b.json")
-    moe = uniform_plan(mixtral, node, ParallelConfig(tp=2, ep=4, global_batch=64))
+    moe = _structural(uniform_plan(mixtral, node, ParallelConfig(tp=2, ep=4, global_batch=64)))
     # eight devices hold the degrees but not Mixtral's weights: memory is not the point here
     assert plan_violations(moe, mixtral, memory=False) == []
     too_wide = with_parallel(moe, 0, ep=8)
@@ -389,6 +402,24 @@ def test_random_uniform_plans_keep_the_structural_invariants(
     plan = uniform_plan(model, cluster, config)
     found = plan_violations(plan, model)
     assert all(v.startswith("memory: ") for v in found), found
-    assert bool(found) == (not estimate(model, cluster, config).fits)
+    peak = estimate(model, cluster, config).peak_memory_gib
+    assert bool(found) == (peak > cluster.device.memory_gib * (1 + 1e-9))
     used = sorted(r for s in plan.stages for g in s.ranks for r in g)
     assert used == list(range(cluster.num_devices))
+
+
+def test_a_plan_is_its_configuration(configured: Plan) -> None:
+    """A uniform plan whose stages no longer match the configuration it carries (what an
+    export would launch) is refused, and so is a per-operator plan that carries one."""
+    base = configured
+    assert base.configuration is not None
+    tampered = with_stage(base, 0, parallel=base.stages[0].parallel.model_copy(
+        update={"recompute": "full"}))  # fmt: skip
+    assert only(tampered, "configuration") == [
+        f"configuration: stage 0 runs {{'tp': {base.configuration.tp}, 'cp': 1, 'ep': 1, "
+        f"'sp': {base.stages[0].parallel.sp}, 'zero_stage': {base.configuration.zero}, "
+        f"'recompute': 'full'}}, not {{'tp': {base.configuration.tp}, 'cp': 1, 'ep': 1, "
+        f"'sp': {base.stages[0].parallel.sp}, 'zero_stage': {base.configuration.zero}, "
+        f"'recompute': '{base.configuration.recompute}'}}"]
+    assert only(base.model_copy(update={"framework": "any"}), "configuration") == [
+        "configuration: a per-operator plan (framework any) carries a configuration"]

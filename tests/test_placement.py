@@ -7,7 +7,9 @@ import pytest
 
 import planner
 from planner import cost
-from planner.layer_cost import Placement
+from planner.config import resolve
+from planner.estimate import UniformStage, uniform_stage
+from planner.layer_cost import rank_strides
 from planner.uniform import megatron_ranks
 from tests.conftest import MODELS
 
@@ -28,11 +30,18 @@ def test_tensor_parallel_across_nodes_is_slower(a100: planner.ClusterSpec) -> No
 
 def test_groups_span_the_levels_their_ranks_do(a100: planner.ClusterSpec) -> None:
     """The groups' members per node follow the order: TP fastest = 8 per node; TP after DP 8 =
-    1 per node."""
-    fast = Placement.from_order("tp-cp-ep-dp-pp", tp=8, cp=1, dp=8, ep=1, pp=16)
-    slow = Placement.from_order("cp-ep-dp-tp-pp", tp=8, cp=1, dp=8, ep=1, pp=16)
-    assert cost.members_per_level(a100, fast.tp) == (8, 8)
-    assert cost.members_per_level(a100, slow.tp) == (1, 8)
+    1 per node; the data-parallel copies of a weight likewise the other way round."""
+    def stage(order: str) -> UniformStage:
+        return uniform_stage(resolve(planner.load_model(MODELS / "gpt3-175b.json"), a100,
+                                     planner.ParallelConfig(tp=8, pp=16, rank_order=order)))
+
+    fast, slow = stage("tp-cp-ep-dp-pp"), stage("cp-ep-dp-tp-pp")
+    assert cost.members_per_level(a100, fast.tensor_group) == (8, 8)
+    assert cost.members_per_level(a100, slow.tensor_group) == (1, 8)
+    assert cost.members_per_level(a100, fast.mesh.group(2)) == (8, 8)
+    assert cost.members_per_level(a100, slow.mesh.group(2)) == (1, 8)
+    assert cost.members_per_level(a100, fast.group((0, 1))) == (1, 8)
+    assert cost.members_per_level(a100, slow.group((0, 1))) == (8, 8)
     assert fast.pipeline_distance == slow.pipeline_distance == 64
 
 
@@ -48,9 +57,9 @@ def test_ranks_follow_the_order() -> None:
 def test_bad_order_is_refused() -> None:
     """An order that is not a permutation, or splits the cp-ep-dp block, says how to fix it."""
     with pytest.raises(planner.ConfigError, match="cp-ep-dp together"):
-        Placement.from_order("tp-dp-cp-ep-pp", tp=2, cp=1, dp=2, ep=1, pp=1)
+        rank_strides("tp-dp-cp-ep-pp", tp=2, cp=1, dp=2, pp=1)
     with pytest.raises(planner.ConfigError, match="once each"):
-        Placement.from_order("tp-tp-cp-ep-dp", tp=2, cp=1, dp=2, ep=1, pp=1)
+        rank_strides("tp-tp-cp-ep-dp", tp=2, cp=1, dp=2, pp=1)
 
 
 def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.ClusterSpec) -> None:

@@ -29,7 +29,7 @@ def test_round_trip_is_exact(plan: Plan) -> None:
 
 def test_unknown_schema_version_is_refused(plan: Plan) -> None:
     """A plan from another planner version is an InputError naming the version."""
-    for version in (1, 3):
+    for version in (1, 4):
         data = json.loads(plan.to_json()) | {"schema_version": version}
         with pytest.raises(planner.InputError, match=f"schema_version {version} is not"):
             Plan.from_json(json.dumps(data), source="p.json")
@@ -66,3 +66,13 @@ def test_megatron_rank_order() -> None:
     assert sorted(flat) == list(range(48))
     assert ranks[0][1] == list(range(8, 16))
     assert ranks[1][0][0] == 24
+
+
+def test_schema_2_plans_read_as_plans_for_any(plan: Plan) -> None:
+    """A plan written before framework targets reads back as a per-operator plan (framework
+    ``any``, no configuration), which exports refuse rather than guess."""
+    data = json.loads(plan.to_json())
+    for key in ("framework", "configuration", "memory_margin_gib"):
+        data.pop(key)
+    old = Plan.from_json(json.dumps(data | {"schema_version": 2}), source="p.json")
+    assert (old.schema_version, old.framework, old.configuration) == (3, "any", None)

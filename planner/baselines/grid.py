@@ -36,16 +36,18 @@ fits, the error gives the least memory per device (the leanest branch's) and wha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from planner.config import ParallelConfig, Recompute
+from planner.config import ParallelConfig, Recompute, resolve
 from planner.errors import ConfigError, InfeasibleError, TimeLimitError
 from planner.estimate import Estimate, estimate
+from planner.frameworks import ANY, profile
 from planner.invariants import check_plan
 from planner.plan import Plan, SolverSummary
 from planner.search import Progress, ProgressFn, SolveOptions, divisors, training_of
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.space import NO_PINS, Pins
+from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform import uniform_plan
 
 DEFAULT_OPTIONS = SolveOptions()
@@ -134,20 +136,25 @@ def pipeline_degrees(model: ModelSpec, devices: int) -> list[int]:
             and stage_splits(model.num_layers, p)]  # fmt: skip
 
 
-def branches(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[Branch]:
+def branches(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pins: Pins = NO_PINS
+) -> list[Branch]:
     """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
-    layer split."""
+    layer split, among the pinned degrees."""
     n = cluster.num_devices
     cps = CP_DEGREES if training.seq_length >= LONG_SEQUENCE else (1,)
+    if pins.cp is not None:
+        cps = (pins.cp,)
     experts = model.moe.num_experts if model.moe else 1
     out = []
-    for tp in tp_degrees(model, cluster):
-        for cp in (c for c in cps if tp * c <= cluster.devices_per_node):
-            for pp in pipeline_degrees(model, n // (tp * cp)):
+    for tp in (t for t in tp_degrees(model, cluster) if pins.admits(tp=t)):
+        for cp in (c for c in cps if tp * c <= cluster.devices_per_node and n % (tp * c) == 0):
+            for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
                 dp = n // (tp * pp * cp)
                 out += [Branch(tp, pp, cp, ep, split)
                         for split in stage_splits(model.num_layers, pp)
-                        for ep in divisors(experts) if (dp * cp) % ep == 0]  # fmt: skip
+                        for ep in divisors(experts)
+                        if (dp * cp) % ep == 0 and pins.admits(ep=ep)]  # fmt: skip
     return out
 
 
@@ -166,44 +173,82 @@ def branch_groups(
     branch: Branch, model: ModelSpec, training: TrainingSpec, options: SolveOptions
 ) -> list[list[ParallelConfig]]:
     """The branch's configurations, one list per ``(vpp, recompute, zero)`` with the
-    microbatch ascending."""
-    b = branch
+    microbatch ascending, among the pinned knobs (sequence parallelism whenever TP > 1 unless
+    pinned)."""
+    b, pins = branch, options.pins
     vpps = [1]
     if options.interleaved and b.pp > 1:
         layers = set(stage_layers(model.num_layers, b.pp, b.split))
         vpps += [v for v in range(2, min(layers) + 1) if all(n % v == 0 for n in layers)]
     zeros = (0, 1, 2, 3) if b.pp == 1 else (0, 1)
-    mbss = sorted(set(options.micro_batch_sizes))
+    mbss = sorted(set(options.micro_batch_sizes) if pins.mbs is None else {pins.mbs})
+    sp = b.tp > 1 if pins.sp is None else pins.sp
     first, last = b.split
-    return [
-        [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, ep=b.ep, vpp=v, sp=b.tp > 1,
+    groups = [
+        [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, ep=b.ep, vpp=v, sp=sp,
                     first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
                     zero=z) for m in mbss]
         for v in vpps for r in RECOMPUTE for z in zeros
+        if pins.admits(vpp=v, recompute=r, zero=z)
     ]  # fmt: skip
+    return [group for group in groups if group]
 
 
 def branch_space(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
 ) -> list[tuple[ParallelConfig, list[list[ParallelConfig]]]]:
     """Every branch's leanest configuration (no interleaving, the smallest microbatch, full
-    recomputation, the highest ZeRO stage) and its groups: the grid prices the leanest first
-    to drop the branch, :func:`planner.remedies.leanest_uniform` prices only the leanest."""
+    recomputation, the highest ZeRO stage) and its groups, among what ``options.framework``
+    launches: the grid prices the leanest first to drop the branch,
+    :func:`planner.remedies.leanest_uniform` prices only the leanest."""
     space = []
-    for branch in branches(model, cluster, training):
+    for branch in branches(model, cluster, training, options.pins):
         groups = branch_groups(branch, model, training, options)
-        space.append((min((group[0] for group in groups), key=_leanness), groups))
+        launched = ([_launched(c, model, cluster, options) for c in group] for group in groups)
+        groups = [kept for group in launched if (kept := [c for c in group if c is not None])]
+        if groups:
+            space.append((min((group[0] for group in groups), key=_leanness), groups))
     return space
+
+
+def _launched(
+    config: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, options: SolveOptions
+) -> ParallelConfig | None:
+    """``config`` as the target framework launches it, or None when it cannot.
+
+    Frameworks fix some overlaps by ZeRO stage and pipeline (DeepSpeed's pipeline engine
+    reduces gradients after the last microbatch, torchtitan's FSDP2 overlaps its own
+    gathers...): the most overlapped setting of the two overlap flags the framework launches,
+    among those the options allow, is taken (overlap never makes a step slower in the cost
+    model). One that does not even divide is kept as it is, for the pricing to refuse with its
+    reason."""
+    if options.framework == ANY:
+        return config
+    try:
+        resolved = resolve(model, cluster, config)
+    except ConfigError:
+        return config
+    target = profile(options.framework)
+    grads = (True, False) if options.overlap_grad_reduce else (False,)
+    gathers = (True, False) if options.overlap_param_gather else (False,)
+    for grad in grads:
+        for gather in gathers:
+            variant = config.model_copy(update={"overlap_grad_reduce": grad,
+                                                "overlap_param_gather": gather})  # fmt: skip
+            # The flags change no divisibility: the resolution holds for every variant.
+            if target.launches(replace(resolved, config=variant), model):
+                return variant
+    return None
 
 
 def grid_space(
     model: ModelSpec, cluster: ClusterSpec, options: SolveOptions = DEFAULT_OPTIONS
 ) -> list[ParallelConfig]:
-    """Every configuration the grid considers (some do not divide or fit)."""
+    """Every configuration the grid considers for ``options.framework`` (some do not divide
+    or fit)."""
     training = training_of(model, options)
-    return [config for branch in branches(model, cluster, training)
-            for group in branch_groups(branch, model, training, options)
-            for config in group]  # fmt: skip
+    return [config for _, groups in branch_space(model, cluster, training, options)
+            for group in groups for config in group]  # fmt: skip
 
 
 def config_key(config: ParallelConfig) -> tuple[int, ...]:
@@ -221,6 +266,8 @@ class _Search:
     """The best configuration so far, the leanest one that did not fit, and how many were
     priced."""
 
+    usable_bytes: float
+    """What a plan may use of a device (its memory less the margin)."""
     best: tuple[float, tuple[int, ...], ParallelConfig] | None = None
     leanest: tuple[float, ParallelConfig] | None = None
     first_refusal: str | None = None
@@ -234,7 +281,7 @@ class _Search:
             self.first_refusal = self.first_refusal or str(exc)
             return "refused"
         self.priced += 1
-        if not result.fits:
+        if result.peak_memory_gib * GIB > self.usable_bytes:
             if self.leanest is None or result.peak_memory_gib < self.leanest[0]:
                 self.leanest = (result.peak_memory_gib, config)
             return "too big"
@@ -251,8 +298,22 @@ def grid_plan(
     *,
     progress: ProgressFn | None = None,
 ) -> Plan:
-    """The fastest uniform configuration that fits, as a plan (method ``"grid"``), with the
-    configurations priced in ``solver.configurations``.
+    """The fastest uniform configuration ``options.framework`` launches that fits, as a plan
+    (method ``"grid"``); see :func:`enumerate_plan`."""
+    return enumerate_plan(model, cluster, options, progress=progress, method="grid")
+
+
+def enumerate_plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    options: SolveOptions = DEFAULT_OPTIONS,
+    *,
+    progress: ProgressFn | None = None,
+    method: str = "search",
+) -> Plan:
+    """The fastest uniform configuration ``options.framework`` launches that fits beside the
+    memory margin, every knob not pinned searched, as a plan with the configurations priced
+    in ``solver.configurations``.
 
     Raises :class:`~planner.errors.InfeasibleError` when none fits and
     :class:`~planner.errors.ConfigError` when none even divides. Past
@@ -263,7 +324,8 @@ def grid_plan(
     training = training_of(model, options)
     work = branch_space(model, cluster, training, options)
     total = sum(len(group) for _, groups in work for group in groups)
-    search = _Search()
+    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    search = _Search(usable_bytes=usable)
     done = 0
     cut = False
     for leanest, groups in work:
@@ -286,7 +348,9 @@ def grid_plan(
                              f"fits yet; raise --time-limit")  # fmt: skip
     if search.best is None:
         raise _failure(model, cluster, training, options, search)
-    plan = uniform_plan(model, cluster, search.best[2], method="grid")
+    plan = uniform_plan(model, cluster, search.best[2], method=method,
+                        framework=options.framework,
+                        memory_margin_gib=options.margin_bytes(cluster.device.memory_gib) / GIB)
     summary = SolverSummary(time_s=time.perf_counter() - started,
                             status="time_limit" if cut else "optimal",
                             objective=plan.predicted.step_time_s,
@@ -324,16 +388,87 @@ def _failure(
     options: SolveOptions,
     search: _Search,
 ) -> InfeasibleError | ConfigError:
+    pinned = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
     if search.leanest is None:
         where = (f"{model.name} on {cluster.num_devices} x {cluster.device.name} at global "
                  f"batch {training.global_batch_size}, sequence {training.seq_length}")  # fmt: skip
-        return ConfigError(f"no uniform configuration divides {where}: e.g. "
-                           f"{search.first_refusal}")  # fmt: skip
+        if pinned:
+            where += f" with {pinned}"
+            refused = _pinned_refusal(model, cluster, training, options)
+            if refused is not None:
+                return ConfigError(f"{refused} (pinned: {pinned})")
+        refused = _refusal(model, cluster, training, options)
+        if refused is not None:
+            return ConfigError(f"{refused[0]} launches no configuration of {where}: e.g. "
+                               f"{refused[1]}")  # fmt: skip
+        why = f": e.g. {search.first_refusal}" if search.first_refusal else ""
+        return ConfigError(f"no uniform configuration divides {where}{why}")
     # remedies prices this module's space, so it imports this module: import it here
     from planner.remedies import describe_leanest, infeasible_message
 
     need_gib, config = search.leanest
-    return InfeasibleError(infeasible_message(
+    message = infeasible_message(
         model, cluster, training, options, searched="no uniform configuration",
         least_gib=need_gib, leanest=describe_leanest(config),
-    ))  # fmt: skip
+    )  # fmt: skip
+    return InfeasibleError("; ".join([message, *_pins_in_the_way(model, cluster, training,
+                                                                 options)]))  # fmt: skip
+
+
+def _pinned_refusal(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> str | None:
+    """Why the pinned knobs alone do not divide, in ``planner estimate``'s words (None when
+    they do)."""
+    try:
+        resolve(model, cluster, run_config(training, options, **options.pins.given()))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _refusal(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> tuple[str, str] | None:
+    """The target framework's title and why it refuses the configurations of the space that
+    divide, when it refuses them all (None otherwise): a reason it gives for every one of
+    them (the model's architecture, say), else the first configuration's first reason."""
+    if options.framework == ANY:
+        return None
+    target = profile(options.framework)
+    common: set[str] | None = None
+    first: str | None = None
+    for branch in branches(model, cluster, training, options.pins):
+        for group in branch_groups(branch, model, training, options):
+            for config in group:
+                try:
+                    reasons = target.refusals(resolve(model, cluster, config), model)
+                except ConfigError:
+                    continue
+                first = first or (reasons[0] if reasons else None)
+                common = set(reasons) if common is None else common & set(reasons)
+    if first is None:
+        return None
+    return target.title, sorted(common)[0] if common else first
+
+
+def _pins_in_the_way(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> list[str]:
+    """Each pin without which a configuration would fit, with the leanest that then fits."""
+    from planner.remedies import describe  # remedies prices this module's space
+
+    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    out = []
+    for name, value in options.pins.given().items():
+        freed = replace(options, pins=replace(options.pins, **{name: None}))
+        for leanest, _ in branch_space(model, cluster, training, freed):
+            try:
+                result = estimate(model, cluster, leanest)
+            except ConfigError:
+                continue
+            if result.peak_memory_gib * GIB <= usable:
+                out.append(f"the pin --{name} {value} prevents a fit: without it "
+                           f"{describe(leanest)} needs {result.peak_memory_gib:.1f} GiB")
+                break
+    return out

@@ -24,13 +24,16 @@ from planner.cli.app import (
     render,
 )
 from planner.config import ParallelConfig
+from planner.cost import memory_margin_bytes
 from planner.errors import InfeasibleError
 from planner.estimate import estimate
+from planner.frameworks import check_framework
 from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.info import model_info
 from planner.output import check_target, write_atomic
 from planner.reading import json_schema, load_cluster, load_model
 from planner.remedies import config_infeasible_message
+from planner.spec import GIB
 from planner.uniform import uniform_plan
 
 
@@ -76,12 +79,20 @@ def estimate_cmd(
     rank_order: Annotated[
         str, typer.Option(help="Rank numbering, fastest first (Megatron's order).")
     ] = "tp-cp-ep-dp-pp",
+    memory_margin: Annotated[
+        float | None, typer.Option("--memory-margin", min=0.0, help="GiB of device memory a "
+                                   "configuration must leave free to fit (default 5 %).")
+    ] = None,
+    framework: Annotated[
+        str, typer.Option(help="The framework the plan written by --out is for.")
+    ] = "megatron",
     out: Annotated[
         Path | None, typer.Option(help="Also write the configuration as a plan (JSON).")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
+    check_framework(framework, allow_any=False)
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster, nodes)
     try:
@@ -97,11 +108,13 @@ def estimate_cmd(
         raise option_error(exc) from None
     if out is not None:
         check_target(out, inputs=(model, cluster))
-    result = estimate(model_spec, cluster_spec, config)
+    result = estimate(model_spec, cluster_spec, config, memory_margin_gib=memory_margin)
     if out is not None:
         # Written even when it does not fit: it records what was priced (and `simulate` can
         # still draw it); the exit code says it does not fit.
-        plan = uniform_plan(model_spec, cluster_spec, config)
+        margin = memory_margin_bytes(cluster_spec.device, memory_margin) / GIB
+        plan = uniform_plan(model_spec, cluster_spec, config, framework=framework,
+                            memory_margin_gib=margin)  # fmt: skip
         write_atomic(out, plan.to_json(), inputs=(model, cluster))
     if as_json:
         print_json(result.to_dict())
@@ -167,7 +180,7 @@ def layer_cmd(
                         precision=precision, budget_gib=budget_gib, in_flight=in_flight,
                         microbatches=microbatches, flash_attention=flash_attention)  # fmt: skip
     if dump_model is not None:
-        problem, _, _ = layer_problem(model_spec, cluster_spec, query)
+        problem, _ = layer_problem(model_spec, cluster_spec, query)
         text = build_layer_milp(problem).to_lp()
         write_atomic(dump_model, text, inputs=(model, cluster), option="--dump-model")
     options = SolverOptions(backend=backend, time_limit_s=time_limit)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from planner import report, search
+from planner import frameworks, report, search
 from planner.cli.app import (
     ClusterArg,
     JsonOpt,
@@ -23,18 +25,17 @@ from planner.cli.app import (
     render,
     stderr,
 )
-from planner.compare import METHODS, Method, compare
+from planner.compare import METHODS, Method, compare, compare_frameworks
 from planner.compare import to_json as compare_json
-from planner.config import ParallelConfig
 from planner.errors import InputError
-from planner.estimate import estimate
-from planner.export import FORMATS, Export, Format, Price, export
+from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
 from planner.output import check_folder, check_target, write_atomic
 from planner.pipeline.simulate import simulate_plan
-from planner.plan import Plan
+from planner.plan import Plan, input_hash
 from planner.reading import load_cluster, load_model, read_text
 from planner.search import ProgressFn, SolveOptions
+from planner.space import Pins
 from planner.spec import ClusterSpec, ModelSpec
 
 DEFAULTS = SolveOptions()
@@ -57,27 +58,72 @@ TimeLimitOpt = Annotated[
 IlpTimeLimitOpt = Annotated[
     float, typer.Option(min=0.001, help="Seconds each layer ILP may take (ilp only).")
 ]
+FrameworkOpt = Annotated[
+    str,
+    typer.Option(help=f"The framework that will launch the plan: {', '.join(TARGETS)} (any: "
+                 "per-operator shardings no framework launches, the yardstick)."),
+]
+MarginOpt = Annotated[
+    float | None,
+    typer.Option("--memory-margin", min=0.0, help="GiB of device memory plans leave free "
+                 "(default 5 % of the device)."),
+]
+MeshNodesOpt = Annotated[
+    int | None,
+    typer.Option("--max-mesh-nodes", min=1, help="Nodes one stage's mesh may span (any: "
+                 "default 1, 2 for mixtures of experts)."),
+]
+TpPin = Annotated[int | None, typer.Option("--tp", min=1, help="Pin the tensor-parallel degree.")]
+PpPin = Annotated[int | None, typer.Option("--pp", min=1, help="Pin the pipeline stages.")]
+CpPin = Annotated[int | None, typer.Option("--cp", min=1, help="Pin the context-parallel degree.")]
+EpPin = Annotated[int | None, typer.Option("--ep", min=1, help="Pin the expert-parallel degree.")]
+VppPin = Annotated[
+    int | None, typer.Option("--vpp", min=1, help="Pin the virtual stages per rank.")
+]
+MbsPin = Annotated[int | None, typer.Option("--mbs", min=1, help="Pin the microbatch size.")]
+ZeroPin = Annotated[int | None, typer.Option("--zero", min=0, max=3, help="Pin the ZeRO stage.")]
+RecomputePin = Annotated[
+    Literal["none", "selective", "full"] | None,
+    typer.Option("--recompute", help="Pin the recomputation."),
+]
+SpPin = Annotated[
+    bool | None, typer.Option("--sp/--no-sp", help="Pin sequence parallelism on or off.")
+]
 SEARCH_TIME_LIMIT_S = 600.0
 """The default bound on a search from the command line: no bundled instance takes a fifth of
 it, and a user who forgot a huge cluster gets a plan and its gap rather than a hang."""
 
 
-def _problem(
-    model: Path,
-    cluster: Path,
-    nodes: int | None,
-    global_batch: int | None,
-    seq_len: int | None,
-    precision: str | None,
-    backend: Backend,
-    time_limit: float | None,
-    ilp_time_limit: float,
-) -> tuple[ModelSpec, ClusterSpec, SolveOptions]:
-    """The inputs and options that ``solve`` and ``compare`` share, with the same meaning."""
-    options = SolveOptions(global_batch_size=global_batch, seq_length=seq_len,
-                           precision=precision, backend=backend,  # type: ignore[arg-type]
-                           time_limit_s=time_limit, ilp_time_limit_s=ilp_time_limit)  # fmt: skip
-    return load_model(model), load_cluster(cluster, nodes), options
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Problem:
+    """What ``solve`` and ``compare`` share, with the same meaning, as given on the command
+    line."""
+
+    model: Path
+    cluster: Path
+    nodes: int | None
+    global_batch: int | None
+    seq_len: int | None
+    precision: str | None
+    backend: Backend
+    time_limit: float | None
+    ilp_time_limit: float
+    framework: str
+    memory_margin: float | None
+    max_mesh_nodes: int | None
+    pins: Pins
+
+    def load(self) -> tuple[ModelSpec, ClusterSpec, SolveOptions]:
+        """The inputs and the search's options."""
+        options = SolveOptions(
+            global_batch_size=self.global_batch, seq_length=self.seq_len,
+            precision=self.precision, backend=self.backend,  # type: ignore[arg-type]
+            time_limit_s=self.time_limit, ilp_time_limit_s=self.ilp_time_limit,
+            framework=frameworks.check_framework(self.framework),
+            memory_margin_gib=self.memory_margin, max_mesh_nodes=self.max_mesh_nodes,
+            pins=self.pins,
+        )  # fmt: skip
+        return load_model(self.model), load_cluster(self.cluster, self.nodes), options
 
 
 @app.command("solve")
@@ -88,11 +134,24 @@ def solve_cmd(
     global_batch: GlobalBatchOpt = None,
     seq_len: SeqLenOpt = None,
     precision: PrecisionOpt = None,
+    framework: FrameworkOpt = "megatron",
+    tp: TpPin = None,
+    pp: PpPin = None,
+    cp: CpPin = None,
+    ep: EpPin = None,
+    vpp: VppPin = None,
+    mbs: MbsPin = None,
+    zero: ZeroPin = None,
+    recompute: RecomputePin = None,
+    sp: SpPin = None,
+    memory_margin: MarginOpt = None,
+    max_mesh_nodes: MeshNodesOpt = None,
     method: Annotated[
         Method,
         typer.Option(
-            help="ilp: the ILP + dynamic-program search; heuristic: Megatron's rule of thumb; "
-            "grid: every uniform configuration."
+            help="ilp: the planner's search (every configuration the framework launches; the "
+            "layer ILP and stage DP for any); heuristic: Megatron's rule of thumb; grid: "
+            "every uniform configuration."
         ),
     ] = "ilp",
     backend: BackendOpt = DEFAULTS.backend,
@@ -100,8 +159,9 @@ def solve_cmd(
     ilp_time_limit: IlpTimeLimitOpt = DEFAULTS.ilp_time_limit_s,
     out: Annotated[Path | None, typer.Option(help="Also write the plan (JSON).")] = None,
     export_fmt: Annotated[
-        Format | None,
-        typer.Option("--export", help="Also print the plan as this framework's launch flags."),
+        Framework | None,
+        typer.Option("--export", help="Also print the plan's launch configuration for this "
+                     "framework."),
     ] = None,
     report_dir: Annotated[
         Path | None,
@@ -113,10 +173,14 @@ def solve_cmd(
     if as_json and export_fmt is not None:
         raise InputError("--export and --json do not mix (stdout holds one plan JSON); write "
                          "the plan with --out and run `planner export` on it")  # fmt: skip
-    model_spec, cluster_spec, options = _problem(
-        model, cluster, nodes, global_batch, seq_len, precision, backend, time_limit,
-        ilp_time_limit,
-    )
+    pins = Pins(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, zero=zero, recompute=recompute,
+                sp=sp)  # fmt: skip
+    model_spec, cluster_spec, options = Problem(
+        model=model, cluster=cluster, nodes=nodes, global_batch=global_batch, seq_len=seq_len,
+        precision=precision, backend=backend, time_limit=time_limit,
+        ilp_time_limit=ilp_time_limit, framework=framework, memory_margin=memory_margin,
+        max_mesh_nodes=max_mesh_nodes, pins=pins,
+    ).load()  # fmt: skip
     if out is not None:
         check_target(out, inputs=(model, cluster))
     if report_dir is not None:
@@ -137,10 +201,11 @@ def solve_cmd(
         return
     render(report.plan_tables(plan))
     if export_fmt is not None:
-        result = export(plan, export_fmt, price=_pricer(model_spec, cluster_spec))
-        console.rule(f"{export_fmt} launch configuration", align="left")
-        print(result.text, end="" if result.text.endswith("\n") else "\n")
-        _print_changes(plan, result)
+        result = frameworks.launch(plan, export_fmt, model=model_spec, cluster=cluster_spec,
+                                   paths=(str(model), str(cluster)))  # fmt: skip
+        console.rule(f"{frameworks.profile(export_fmt).title} launch configuration",
+                     align="left")  # fmt: skip
+        _print_launch(plan, result)
 
 
 @app.command("compare")
@@ -151,6 +216,23 @@ def compare_cmd(
     global_batch: GlobalBatchOpt = None,
     seq_len: SeqLenOpt = None,
     precision: PrecisionOpt = None,
+    framework: FrameworkOpt = "megatron",
+    frameworks_opt: Annotated[
+        str | None,
+        typer.Option("--frameworks", help="Compare the best plan of each of these frameworks "
+                     f"(comma-separated, among {', '.join(TARGETS)}) instead of methods."),
+    ] = None,
+    tp: TpPin = None,
+    pp: PpPin = None,
+    cp: CpPin = None,
+    ep: EpPin = None,
+    vpp: VppPin = None,
+    mbs: MbsPin = None,
+    zero: ZeroPin = None,
+    recompute: RecomputePin = None,
+    sp: SpPin = None,
+    memory_margin: MarginOpt = None,
+    max_mesh_nodes: MeshNodesOpt = None,
     methods: Annotated[
         str, typer.Option(help=f"Comma-separated methods among {', '.join(METHODS)}.")
     ] = "ilp,heuristic,grid",
@@ -162,21 +244,31 @@ def compare_cmd(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Plan the same problem with several methods and show them side by side."""
-    model_spec, cluster_spec, options = _problem(
-        model, cluster, nodes, global_batch, seq_len, precision, backend, time_limit,
-        ilp_time_limit,
-    )
-    names = [m.strip() for m in methods.split(",") if m.strip()]
+    """Plan the same problem with several methods (or frameworks) and show them side by side."""
+    pins = Pins(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, zero=zero, recompute=recompute,
+                sp=sp)  # fmt: skip
+    model_spec, cluster_spec, options = Problem(
+        model=model, cluster=cluster, nodes=nodes, global_batch=global_batch, seq_len=seq_len,
+        precision=precision, backend=backend, time_limit=time_limit,
+        ilp_time_limit=ilp_time_limit, framework=framework, memory_margin=memory_margin,
+        max_mesh_nodes=max_mesh_nodes, pins=pins,
+    ).load()  # fmt: skip
     if plot is not None:
         from planner.report import figures
 
         figures.check_picture(plot, inputs=(model, cluster), option="--plot")
+    if frameworks_opt is not None:
+        names = [f.strip() for f in frameworks_opt.split(",") if f.strip()]
+        targets = [frameworks.check_framework(f, option="--frameworks") for f in names]
+        run = partial(compare_frameworks, model_spec, cluster_spec, options, targets)
+    else:
+        names = [m.strip() for m in methods.split(",") if m.strip()]
+        run = partial(compare, model_spec, cluster_spec, options, names)
     if as_json:
-        results = compare(model_spec, cluster_spec, options, names)
+        results = run()
     else:
         with _search_bar() as bar:
-            results = compare(model_spec, cluster_spec, options, names, progress=bar)
+            results = run(progress=bar)
     if plot is not None:
         devices = cluster_spec.num_devices
         title = f"{model_spec.name} on {devices:,} x {cluster_spec.device.name}"
@@ -244,45 +336,64 @@ def _search_bar() -> Iterator[Callable[[str], ProgressFn]]:
         yield start
 
 
-def _pricer(model: ModelSpec, cluster: ClusterSpec) -> Price:
-    """The step time of an exported plan's closest expressible configuration."""
+def _print_launch(plan: Plan, launch: frameworks.Launch) -> None:
+    """The launch text on stdout; its environment, notes and the plan's predicted step and
+    memory against the device on stderr."""
+    print(launch.text, end="" if launch.text.endswith("\n") else "\n")
+    for name, value in launch.environment.items():
+        print(f"note: set {name}={value} in the launch environment", file=sys.stderr)
+    for note in launch.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(_prediction(plan), file=sys.stderr)
 
-    def price(config: ParallelConfig) -> float:
-        return estimate(model, cluster, config).step_time_s
 
-    return price
-
-
-def _print_changes(plan: Plan, result: Export) -> None:
-    """What an export could not express, and its price, on stderr."""
-    for change in result.changes:
-        print(f"note: {change}", file=sys.stderr)
-    if result.changes and result.changed_step_time_s is not None:
-        print(f"note: the exported configuration is predicted at "
-              f"{result.changed_step_time_s:.3f} s per step (the plan: "
-              f"{plan.predicted.step_time_s:.3f} s)", file=sys.stderr)  # fmt: skip
+def _prediction(plan: Plan) -> str:
+    """The plan's predicted step and peak memory against the device's capacity."""
+    p, capacity = plan.predicted, plan.cluster.device_memory_gib
+    free = capacity - p.peak_memory_gib
+    return (f"note: predicted {p.step_time_s:.3f} s per step, {p.peak_memory_gib:.1f} GiB peak "
+            f"per device of {capacity:g} GiB ({free:.1f} GiB free; margin "
+            f"{plan.memory_margin_gib:.1f} GiB)")  # fmt: skip
 
 
 @app.command("export")
 def export_cmd(
     plan_file: Annotated[Path, typer.Argument(help="plan.json")],
-    fmt: Annotated[str, typer.Option("--format", help=f"One of {', '.join(FORMATS)}.")],
+    fmt: Annotated[str, typer.Option("--format", help=f"One of {', '.join(FRAMEWORKS)}.")],
+    model: Annotated[Path, typer.Option(help="The plan's model (its flags are part of the "
+                                        "launch).")],
+    cluster: Annotated[Path, typer.Option(help="The plan's cluster.")],
     out: Annotated[Path | None, typer.Option(help="Write to this file.")] = None,
-    model: Annotated[
-        Path | None, typer.Option(help="The plan's model, to price any change.")
-    ] = None,
-    cluster: Annotated[Path | None, typer.Option(help="The plan's cluster, likewise.")] = None,
 ) -> None:
-    """The plan as a framework's launch configuration; what it cannot express goes to stderr."""
+    """The plan as a framework's launch configuration, exactly as it was priced; a plan the
+    framework cannot launch is refused with the command that solves for it."""
+    target = frameworks.check_framework(fmt, option="--format", allow_any=False)
     if out is not None:
         check_target(out, inputs=(plan_file, model, cluster))
     plan = Plan.from_json(read_text(plan_file), source=str(plan_file))
-    price = None
-    if model is not None and cluster is not None:
-        price = _pricer(load_model(model), load_cluster(cluster, plan.cluster.num_nodes))
-    result = export(plan, fmt, price=price)
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster, plan.cluster.num_nodes)
+    _check_inputs(plan, model_spec, cluster_spec, model=model, cluster=cluster)
+    result = frameworks.launch(plan, target, model=model_spec, cluster=cluster_spec,
+                               paths=(str(model), str(cluster)))  # fmt: skip
     if out is None:
-        print(result.text, end="" if result.text.endswith("\n") else "\n")
-    else:
-        write_atomic(out, result.text, inputs=(plan_file, model, cluster))
-    _print_changes(plan, result)
+        _print_launch(plan, result)
+        return
+    write_atomic(out, result.text, inputs=(plan_file, model, cluster))
+    for name, value in result.environment.items():
+        print(f"note: set {name}={value} in the launch environment", file=sys.stderr)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(_prediction(plan), file=sys.stderr)
+
+
+def _check_inputs(plan: Plan, model_spec: ModelSpec, cluster_spec: ClusterSpec, *,
+                  model: Path, cluster: Path) -> None:  # fmt: skip
+    """Refuse a model or cluster file that is not the one the plan was made for."""
+    if input_hash(model_spec) != plan.model.sha256:
+        raise InputError(f"{model} is not the model the plan was made for "
+                         f"({plan.model.name}, sha256 {plan.model.sha256[:12]})")  # fmt: skip
+    resized = cluster_spec.model_copy(update={"num_nodes": plan.cluster.num_nodes})
+    if input_hash(resized) != plan.cluster.sha256:
+        raise InputError(f"{cluster} is not the cluster the plan was made for "
+                         f"({plan.cluster.name}, sha256 {plan.cluster.sha256[:12]})")  # fmt: skip

@@ -1,9 +1,10 @@
-"""Tensor layouts on a 2-D logical mesh, and what it costs to convert between them.
+"""Tensor layouts on a logical mesh, and what it costs to convert between them.
 
-A *layout* says, for each of the mesh's two axes, how a tensor lives along it: replicated
+A *layout* says, for each of the mesh's axes, how a tensor lives along it: replicated
 (``"R"``), a partial sum pending reduction (``"P"``), or split along one of the tensor's named
-dims (the dim's name). A dim split on both axes is split ``d0 x d1`` ways. Axis 1 is the fast
-one (inside a node); a 1-D mesh is the case ``d0 = 1``.
+dims (the dim's name). A dim split on several axes is split by their product. The last axis is
+the fast one (inside a node). The search's meshes have two axes (Alpa's ``d0 x d1``); a uniform
+configuration's have three (data-parallel ways that expert parallelism needs, context, tensor).
 
 Converting a tensor from one layout to another is done axis by axis (Alpa, Sec. 4.1):
 R->S slices locally, S->R all-gathers, S->S' is an all-to-all, P->R all-reduces and P->S
@@ -13,6 +14,7 @@ reduce-scatters. Each collective runs on the group of that axis and is priced by
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner import cost
@@ -21,8 +23,8 @@ from planner.spec import ClusterSpec
 
 Placement = str
 """``"R"``, ``"P"`` or a dim name."""
-Layout = tuple[Placement, Placement]
-REPLICATED: Layout = ("R", "R")
+Layout = tuple[Placement, ...]
+"""One placement per mesh axis."""
 # Dims that are one parallel dimension under two names (the K/V heads follow the query heads).
 _CANONICAL = {"kv_heads": "heads"}
 
@@ -34,24 +36,50 @@ def canonical(dim: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LogicalMesh:
-    """``d0 x d1`` devices; axis 1 is contiguous in rank order (inside a node), axis 0 strides
-    over it. Its devices start at rank 0 of the cluster's order (placement moves them)."""
+    """``d0 x d1 x ...`` devices numbered row-major: the last axis is contiguous in rank order
+    (inside a node) and each axis strides over the ones after it. Its devices start at rank 0
+    of the cluster's order (placement moves them)."""
 
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None = None
+    """Ranks between neighbours along each axis when they are not row-major (a uniform
+    configuration numbered in another rank order, ``--rank-order``)."""
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self.shape)
 
     @property
     def num_devices(self) -> int:
         """Devices in the mesh."""
-        return self.shape[0] * self.shape[1]
+        return math.prod(self.shape)
 
     def size(self, axis: int) -> int:
         """Devices along ``axis``."""
         return self.shape[axis]
 
+    def stride(self, axis: int) -> int:
+        """Ranks between neighbours along ``axis``."""
+        if self.strides is not None:
+            return self.strides[axis]
+        return math.prod(self.shape[axis + 1 :])
+
     def group(self, axis: int) -> cost.CommGroup:
         """The communication group of one line of devices along ``axis``."""
-        d0, d1 = self.shape
-        return cost.CommGroup(d1, 1) if axis == 1 else cost.CommGroup(d0, d1)
+        return cost.CommGroup(self.shape[axis], self.stride(axis))
+
+    def axes_group(self, axes: tuple[int, ...]) -> cost.CommGroup:
+        """The group of the devices that differ only along ``axes`` (one collective over all
+        of them, as a framework runs it over its process group). Consecutive axes make an
+        evenly spaced group; others are priced as one of the same size and innermost
+        spacing, which keeps how many of its ranks share a node.
+
+        >>> LogicalMesh((2, 4, 8)).axes_group((0, 1))
+        CommGroup(size=8, stride=8)
+        """
+        size = math.prod(self.shape[a] for a in axes)
+        return cost.CommGroup(size, min((self.stride(a) for a in axes), default=1))
 
     def replica_group(self, axes: tuple[int, ...], replicas: int = 1) -> cost.CommGroup | None:
         """The ranks holding the same shard of a weight replicated along ``axes`` and over
@@ -66,14 +94,12 @@ class LogicalMesh:
         >>> LogicalMesh((1, 8)).replica_group((), replicas=4)
         CommGroup(size=4, stride=8)
         """
-        size = replicas
-        for axis in axes:
-            size *= self.size(axis)
+        size = replicas * math.prod(self.size(axis) for axis in axes)
         if size <= 1:
             return None
         if not axes:
             return cost.CommGroup(replicas, self.num_devices)
-        return cost.CommGroup(size, self.shape[1] if axes == (0,) else 1)
+        return cost.CommGroup(size, min(self.stride(a) for a in axes))
 
 
 def degrees(layout: Layout, mesh: LogicalMesh) -> dict[str, int]:
@@ -115,14 +141,14 @@ def reshard(src: Layout, dst: Layout, tensor: Tensor, mesh: LogicalMesh) -> tupl
     (Transfer(kind='reduce_scatter', nbytes=64.0, axis=1),)
     """
     transfers = []
-    for axis in (0, 1):
+    for axis in range(mesh.ndim):
         s, d = src[axis], dst[axis]
         n = mesh.size(axis)
         # Nothing moves for the same placement, a single device, a partial sum made from a
         # whole value (keep it on one rank), or a slice of a replicated tensor.
         if s == d or n == 1 or d == "P" or s == "R":
             continue
-        other = (src[0], "R") if axis == 1 else ("R", src[1])
+        other = tuple("R" if a == axis else p for a, p in enumerate(src))
         nbytes = cost.sharded_bytes(tensor, tensor_degrees(tensor, other, mesh))
         if s == "P":
             kind: cost.CollectiveKind = "all_reduce" if d == "R" else "reduce_scatter"

@@ -256,13 +256,18 @@ def _embedding(b: _Builder) -> str:
     h = b.hidden()
     learned = m.position_embedding == "learned"
     positions = m.max_position_embeddings * m.hidden_size if learned else 0
-    saved = (b.mask(h),) if m.hidden_dropout > 0 else ()
     ids = Tensor((("batch", b.batch), ("seq", b.seq)), 4.0)
-    return b.add(
+    embedded = b.add(
         "embedding", "embedding", (), inputs=(ids,), output=h,
         weight=Tensor((("vocab", m.vocab_size), ("hidden", m.hidden_size)), b.act_bytes),
-        extra_params=positions, saved=saved,
+        extra_params=positions,
     )  # fmt: skip
+    if m.hidden_dropout == 0:
+        return embedded
+    # The dropout runs on the residual stream after the vocab-parallel lookup's reduction
+    # (Megatron scatters to the sequence-parallel region first), so it is an op of its own.
+    return b.add("embedding_dropout", "residual", (embedded,), inputs=(h,), output=h,
+                 saved=(b.mask(h),))  # fmt: skip
 
 
 def _head(b: _Builder, x_name: str) -> str:

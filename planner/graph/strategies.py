@@ -1,4 +1,4 @@
-"""Sharding strategies of one operator on a 2-D logical mesh, priced by :mod:`planner.cost`.
+"""Sharding strategies of one operator on a logical mesh, priced by :mod:`planner.cost`.
 
 A strategy assigns each mesh axis to one of the op's parallel dims, or to none (the axis then
 repeats the op's work). From that assignment follow the layouts of its inputs, output and
@@ -11,6 +11,12 @@ row-parallel when only the input does), expert parallelism ``experts``.
 Weights are replicated along axes that split a dim the weight lacks; their gradients are
 summed over those axes (all-reduce, or reduce-scatter and all-gather under ZeRO), and ZeRO
 shards their optimizer state, gradients and weights along the same axes.
+
+MoE routing ops name their routed side and, when it differs from the default, the dim the
+tokens are split by on their other side: ``experts`` sends tokens split along the sequence to
+their experts' ranks, ``experts:batch`` tokens split along the batch (expert parallelism over
+data-parallel ranks, as Megatron-Core lays it out); ``batch`` and ``seq`` keep each rank's
+tokens on the rank (split by ``capacity``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from planner.graph.ops import Op, Tensor
 from planner.spec import ClusterSpec, Precision
 
 ZERO_STAGES = (0, 1, 2, 3)
+Assignment = tuple[str | None, ...]
+"""Per mesh axis, the dim it splits (None: the axis repeats the op's work)."""
+EXPERTS_BY_BATCH = "experts:batch"
+"""A routing op's split that sends tokens split by batch to their experts' ranks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,10 @@ class StrategyContext:
     """Microbatches per step: once-per-step gradient sync is shared among them."""
     replicas: int = 1
     """Data-parallel copies of the whole pipeline: every weight is replicated over them too."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel resharding next to a matmul hides behind it (Megatron-Core's
+    ``--tp-comm-overlap``: Transformer Engine's userbuffers overlap the all-gather before a
+    column-parallel GEMM and the reduce-scatter after a row-parallel one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +58,7 @@ class Strategy:
     """One way to run an op on the mesh, with its costs for one microbatch on one device."""
 
     name: str
-    assignment: tuple[str | None, str | None]
+    assignment: Assignment
     inputs: tuple[Layout, ...]
     input_grads: tuple[Layout, ...]
     output: Layout
@@ -53,7 +67,9 @@ class Strategy:
     backward_s: float
     comm_s: float
     """The op's own collectives, forward and backward (ring attention, vocab-parallel loss,
-    expert all-to-all)."""
+    expert all-to-all), as far as they are not hidden behind its compute."""
+    forward_comm_s: float
+    """The forward's part of ``comm_s``: what full recomputation runs again."""
     attention_forward_s: float
     """What selective recomputation reruns."""
     weights: tuple[tuple[float, tuple[int, ...]], ...]
@@ -88,8 +104,8 @@ def _parallel_dims(op: Op) -> tuple[str, ...]:
         "elementwise": (canonical(op.output.dims[-1][0]),),
         "embedding": ("vocab", "hidden"),
         "loss": ("vocab",),
-        "dispatch": ("experts",),
-        "combine": ("experts",),
+        "dispatch": ("experts", EXPERTS_BY_BATCH),
+        "combine": ("experts", EXPERTS_BY_BATCH),
     }.get(op.kind, ())
     if op.kind == "elementwise" and op.output.dim_names & {"experts"}:
         return ("experts", "capacity", *extra)
@@ -104,101 +120,146 @@ def _dim_size(op: Op, dim: str) -> int | None:
     return None
 
 
-def _assignments(op: Op, mesh: LogicalMesh) -> list[tuple[str | None, str | None]]:
+def _is_routing(op: Op) -> bool:
+    return op.kind in ("dispatch", "combine")
+
+
+def _routing_sides(pair: Assignment) -> tuple[Layout, Layout]:
+    """A routing op's token-side and routed-side layouts: a token split by ``batch`` or
+    ``seq`` stays on its rank (the routed tokens split by ``capacity``); ``experts`` sends
+    tokens split along the sequence to their experts' ranks, ``experts:batch`` tokens split
+    along the batch."""
+    token: list[str] = []
+    routed: list[str] = []
+    for dim in pair:
+        if dim is None:
+            token.append("R")
+            routed.append("R")
+        elif dim in ("experts", EXPERTS_BY_BATCH):
+            token.append("batch" if dim == EXPERTS_BY_BATCH else "seq")
+            routed.append("experts")
+        else:
+            token.append(dim)
+            routed.append("capacity")
+    return tuple(token), tuple(routed)
+
+
+def _split(op: Op, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:
+    """How many ways each dim the op computes on is split (a routing op's tokens on both of
+    its sides)."""
+    if _is_routing(op):
+        token, routed = _routing_sides(pair)
+        return degrees(token, mesh) | degrees(routed, mesh)
+    return degrees(_as_layout(pair), mesh)
+
+
+def divides(op: Op, pair: Assignment, mesh: LogicalMesh) -> bool:
+    """Whether every dim ``pair`` splits is one of the op's and splits evenly."""
+    for dim, degree in _split(op, pair, mesh).items():
+        size = _dim_size(op, dim)
+        # The vocabulary is padded to a multiple of the split, as Megatron pads it.
+        if size is None or not (dim == "vocab" or op.splittable(dim, size, degree)):
+            return False
+    return True
+
+
+def _assignments(op: Op, mesh: LogicalMesh) -> list[Assignment]:
     """Every assignment of the mesh axes to the op's dims that divides evenly (an axis of one
     device is always unassigned, so equivalent strategies appear once)."""
     choices = (None, *_parallel_dims(op))
-    out = []
-    for pair in itertools.product(*(choices if mesh.size(a) > 1 else (None,) for a in (0, 1))):
-        split: dict[str, int] = {}
-        for axis, dim in enumerate(pair):
-            if dim is not None:
-                split[dim] = split.get(dim, 1) * mesh.size(axis)
-        ok = True
-        for dim, degree in split.items():
-            size = _dim_size(op, dim)
-            # The vocabulary is padded to a multiple of the split, as Megatron pads it.
-            ok &= size is not None and (dim == "vocab" or op.splittable(dim, size, degree))
-        if ok:
-            out.append(pair)
-    return out
+    axes = range(mesh.ndim)
+    pairs = itertools.product(*(choices if mesh.size(a) > 1 else (None,) for a in axes))
+    return [pair for pair in pairs if divides(op, pair, mesh)]
 
 
-def _layout(op: Op, tensor: Tensor, pair: tuple[str | None, str | None], role: str) -> Layout:
+def _layout(op: Op, tensor: Tensor, pair: Assignment, role: str) -> Layout:
     """The layout of one of ``op``'s tensors under an axis assignment (see module docstring)."""
+    if _is_routing(op):
+        token, routed = _routing_sides(pair)
+        tokens_side = "input" if op.kind == "dispatch" else "output"
+        return token if role == tokens_side else routed
     names = {canonical(n) for n, _ in tensor.dims}
     placements = []
     for dim in pair:
         if dim is None:
             placements.append("R")
-        elif op.kind in ("dispatch", "combine") and dim in ("batch", "seq", "experts"):
-            placements.append(_routing_placement(op, dim, role))
         elif dim in names:
             placements.append(dim)
         elif role == "output" and op.kind != "loss":
             placements.append("P")
         else:
             placements.append("R")
-    return (placements[0], placements[1])
+    return tuple(placements)
 
 
-def _routing_placement(op: Op, dim: str, role: str) -> str:
-    """Dispatch turns tokens split by batch/seq into routed tokens split by capacity (each rank
-    routes its own tokens) or by experts (an all-to-all sends tokens to their experts' ranks);
-    combine does the reverse."""
-    tokens_side = "input" if op.kind == "dispatch" else "output"
-    if role == tokens_side:
-        return "seq" if dim == "experts" else dim
-    return "experts" if dim == "experts" else "capacity"
-
-
-def _grad_layout(layout: Layout, pair: tuple[str | None, str | None]) -> Layout:
+def _grad_layout(layout: Layout, pair: Assignment) -> Layout:
     """An input broadcast along an axis that splits the work gets a partial gradient."""
-    return (
-        "P" if layout[0] == "R" and pair[0] is not None else layout[0],
-        "P" if layout[1] == "R" and pair[1] is not None else layout[1],
-    )
+    return tuple("P" if p == "R" and d is not None else p for p, d in zip(layout, pair,
+                                                                          strict=True))
+
+
+def _axes_of(pair: Assignment, *dims: str) -> tuple[int, ...]:
+    return tuple(a for a, d in enumerate(pair) if d in dims)
+
+
+def _without(pair: Assignment, axes: tuple[int, ...]) -> Layout:
+    """The layout of the other axes' splits, with ``axes`` replicated."""
+    return tuple("R" if a in axes else (d or "R") for a, d in enumerate(pair))
 
 
 def _own_collectives(
-    op: Op, pair: tuple[str | None, str | None], mesh: LogicalMesh, ctx: StrategyContext,
-    forward_s: float,
-) -> float:  # fmt: skip
-    """Collectives inside the op: ring attention's K/V exchange (hidden behind the attention
-    it feeds, as Megatron's context parallelism overlaps them), the vocab-parallel loss's
-    three small all-reduces, the experts' all-to-all both ways."""
-    total = 0.0
-    for axis, dim in enumerate(pair):
-        group = mesh.group(axis)
-        if dim == "seq" and op.kind == "attention":
-            kv = sum(cost.sharded_bytes(t, tensor_degrees(t, _other(pair, axis), mesh))
-                     for t in op.inputs[1:])  # fmt: skip
-            ring = cost.collective_time_s(ctx.cluster, "all_gather", kv, group)
-            ring += cost.collective_time_s(ctx.cluster, "reduce_scatter", kv, group)
-            total += cost.exposed_s(ring, 3 * forward_s)
-        elif dim == "vocab" and op.kind == "loss":
-            total += 3 * cost.collective_time_s(ctx.cluster, "all_reduce", op.output.bytes, group)
-        elif dim == "experts" and op.kind in ("dispatch", "combine"):
-            routed = op.output if op.kind == "dispatch" else op.inputs[0]
-            per_rank = routed.bytes / mesh.size(axis)
-            total += 2 * cost.collective_time_s(ctx.cluster, "all_to_all", per_rank, group)
-    return total
+    op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyContext, times: cost.OpTime
+) -> tuple[float, float]:
+    """Collectives inside the op, each over the group of all the axes that split its dim.
+
+    - Ring attention (context parallelism): each rank passes its K/V block around the ring
+      while it computes on the block it holds, an all-gather's traffic in forward; backward
+      passes K/V around again with their gradients, a reduce-scatter's on top (Transformer
+      Engine's ``AttnFuncWithCPAndKVP2P``, ``transformer_engine/pytorch/attention/
+      dot_product_attention/context_parallel.py``, which Megatron-Core's context parallelism
+      calls). Each phase's exchange hides behind that phase's attention compute only.
+    - The vocab-parallel cross-entropy: three all-reduces of one fp32 value per token (the
+      logits' max, the target logit, the sum of exponentials; Megatron-Core's
+      ``megatron/core/tensor_parallel/cross_entropy.py``), none in backward.
+    - The experts' all-to-all, forward and backward.
+
+    Returns (forward and backward, forward) seconds.
+    """
+    total = forward = 0.0
+    if op.kind == "attention" and "seq" in pair:
+        axes = _axes_of(pair, "seq")
+        group = mesh.axes_group(axes)
+        kv = sum(cost.sharded_bytes(t, tensor_degrees(t, _without(pair, axes), mesh))
+                 for t in op.inputs[1:])  # fmt: skip
+        gather = cost.collective_time_s(ctx.cluster, "all_gather", kv, group)
+        scatter = cost.collective_time_s(ctx.cluster, "reduce_scatter", kv, group)
+        forward = cost.exposed_s(gather, times.forward_s)
+        total = forward + cost.exposed_s(gather + scatter, times.backward_s)
+    elif op.kind == "loss" and "vocab" in pair:
+        axes = _axes_of(pair, "vocab")
+        per_token = cost.sharded_bytes(op.output, tensor_degrees(op.output, _without(pair, axes),
+                                                                 mesh))  # fmt: skip
+        group = mesh.axes_group(axes)
+        total = forward = 3 * cost.collective_time_s(ctx.cluster, "all_reduce", per_token, group)
+    elif _is_routing(op) and any(d in ("experts", EXPERTS_BY_BATCH) for d in pair):
+        axes = _axes_of(pair, "experts", EXPERTS_BY_BATCH)
+        routed = op.output if op.kind == "dispatch" else op.inputs[0]
+        _, routed_layout = _routing_sides(pair)
+        # One rank's send buffer: its share of the routed tokens (balanced routing).
+        per_rank = cost.sharded_bytes(routed, tensor_degrees(routed, routed_layout, mesh))
+        group = mesh.axes_group(axes)
+        forward = cost.collective_time_s(ctx.cluster, "all_to_all", per_rank, group)
+        total = 2 * forward
+    return total, forward
 
 
-def _other(pair: tuple[str | None, str | None], axis: int) -> Layout:
-    keep = pair[1 - axis] or "R"
-    return (keep, "R") if axis == 1 else ("R", keep)
-
-
-def weight_copies(
-    op: Op, pair: tuple[str | None, str | None], mesh: LogicalMesh
-) -> tuple[float, tuple[int, ...]]:
+def weight_copies(op: Op, pair: Assignment, mesh: LogicalMesh) -> tuple[float, tuple[int, ...]]:
     """The local parameters of ``op`` under ``pair`` and the mesh axes holding copies of them
     (axes that split work the weight does not see: their gradients differ and are summed)."""
     if op.params == 0 or op.tied_to is not None:
         return 0.0, ()
     weight_dims = {canonical(n) for n, _ in op.weight.dims} if op.weight else set()
-    split = degrees((pair[0] or "R", pair[1] or "R"), mesh)
+    split = _split(op, pair, mesh)
     params = op.local_params({n: split.get(canonical(n), 1) for n, _ in
                               (op.weight.dims if op.weight else ())})  # fmt: skip
     return params, tuple(a for a, d in enumerate(pair) if d is not None and d not in weight_dims)
@@ -263,22 +324,21 @@ def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strat
     """
     strategies = []
     for pair in _assignments(op, mesh):
-        strategy = _price(op, pair, mesh, ctx)
+        strategy = price_strategy(op, pair, mesh, ctx)
         strategies.append(strategy)
-        strategies += _kept_sharded(op, pair, strategy, mesh, ctx)
+        strategies += kept_sharded(op, strategy, mesh, ctx)
     return strategies
 
 
-def _kept_sharded(
-    op: Op, pair: tuple[str | None, str | None], strategy: Strategy, mesh: LogicalMesh,
-    ctx: StrategyContext,
-) -> list[Strategy]:  # fmt: skip
+def kept_sharded(op: Op, strategy: Strategy, mesh: LogicalMesh,
+                 ctx: StrategyContext) -> list[Strategy]:  # fmt: skip
     """Megatron's sequence-parallel trick for a tensor-parallel matmul: the input, replicated
     along the axis that splits the weight, is kept for backward only as this rank's slice of
     the sequence and all-gathered again in backward (Korthikanti et al., Sec. 4.2.2). One
     variant per such axis: less memory for one more all-gather."""
     if op.kind != "linear" or not op.saved or op.saved[0] is not op.inputs[0]:
         return []
+    pair = strategy.assignment
     x = op.inputs[0]
     weight_dims = {canonical(n) for n, _ in op.weight.dims} if op.weight else set()
     seq = dict(x.dims).get("seq")
@@ -286,12 +346,15 @@ def _kept_sharded(
     for axis, dim in enumerate(pair):
         if dim not in weight_dims or strategy.inputs[0][axis] != "R" or seq is None:
             continue
-        if "seq" in pair or not op.splittable("seq", seq, mesh.size(axis)):
+        other = _without(pair, (axis,))
+        held_split = tensor_degrees(x, other, mesh)
+        if not op.splittable("seq", seq, held_split.get("seq", 1) * mesh.size(axis)):
             continue
-        other = _other(pair, axis)
-        held = cost.sharded_bytes(x, tensor_degrees(x, other, mesh))
+        held = cost.sharded_bytes(x, held_split)
         saved = held * (1 - 1 / mesh.size(axis))
         regather = cost.collective_time_s(ctx.cluster, "all_gather", held, mesh.group(axis))
+        if ctx.tp_comm_overlap:  # the backward's all-gather overlaps its GEMMs too
+            regather = cost.exposed_s(regather, strategy.backward_s)
         out.append(replace(
             strategy, name=f"{strategy.name}+kept-seq@{axis}",
             comm_s=strategy.comm_s + regather, kept_bytes=strategy.kept_bytes - saved,
@@ -300,14 +363,13 @@ def _kept_sharded(
     return out
 
 
-def _price(
-    op: Op, pair: tuple[str | None, str | None], mesh: LogicalMesh, ctx: StrategyContext
-) -> Strategy:
+def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyContext) -> Strategy:
+    """``op`` run on ``mesh`` with its dims split as ``pair`` says, priced: the one function
+    every sharding of an operator is priced by (the ILP's choices and uniform
+    configurations alike)."""
     inputs = tuple(_layout(op, t, pair, "input") for t in op.inputs)
     output = _layout(op, op.output, pair, "output")
-    split = degrees((pair[0] or "R", pair[1] or "R"), mesh)
-    if op.kind in ("dispatch", "combine") and "experts" in split:
-        split["seq"] = split.get("seq", 1) * split["experts"]  # tokens leave split too
+    split = _split(op, pair, mesh)
     activation = {n: split[canonical(n)] for t in (*op.inputs, op.output) for n, _ in t.dims
                   if canonical(n) in split}  # fmt: skip
     weight = {n: split[canonical(n)] for n, _ in op.weight.dims
@@ -323,40 +385,51 @@ def _price(
     states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
                                 params=params, precision=ctx.precision,
                                 num_microbatches=ctx.num_microbatches)  # fmt: skip
+    layout = _as_layout(pair)
     kept = cost.saved_activation_bytes(
-        op, lambda t: tensor_degrees(t, _as_layout(pair), mesh), recompute="none",
+        op, lambda t: _kept_degrees(op, t, pair, mesh), recompute="none",
         flash_attention=ctx.flash_attention,
     )  # fmt: skip
     selective = cost.saved_activation_bytes(
-        op, lambda t: tensor_degrees(t, _as_layout(pair), mesh), recompute="selective",
+        op, lambda t: _kept_degrees(op, t, pair, mesh), recompute="selective",
         flash_attention=ctx.flash_attention,
     )  # fmt: skip
     first = op.saved[0] if op.saved else None
+    comm = _own_collectives(op, pair, mesh, ctx, times)
     return Strategy(
         name=",".join(d or "R" for d in pair),
         assignment=pair,
         inputs=inputs,
         input_grads=tuple(_grad_layout(layout, pair) for layout in inputs),
         output=output,
-        output_grad=(
-            "R" if output[0] == "P" else output[0], "R" if output[1] == "P" else output[1]
-        ),
+        output_grad=tuple("R" if p == "P" else p for p in output),
         forward_s=times.forward_s,
         backward_s=times.backward_s,
-        comm_s=_own_collectives(op, pair, mesh, ctx, times.forward_s),
+        comm_s=comm[0],
+        forward_comm_s=comm[1],
         attention_forward_s=times.forward_s if op.kind == "attention" else 0.0,
         weights=((params, copies),) if params else (),
         state_bytes=states,  # type: ignore[arg-type]
         sync_s=sync,  # type: ignore[arg-type]
         kept_bytes=kept,
         kept_selective_bytes=selective,
-        input_bytes=cost.sharded_bytes(first, tensor_degrees(first, _as_layout(pair), mesh))
+        input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip
 
 
-def _as_layout(pair: tuple[str | None, str | None]) -> Layout:
-    return (pair[0] or "R", pair[1] or "R")
+def _kept_degrees(op: Op, tensor: Tensor, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:
+    """How a kept tensor is split: as the op computes on it (a routing op's tensors by their
+    own side's layout)."""
+    if _is_routing(op):
+        token, routed = _routing_sides(pair)
+        side = routed if "experts" in tensor.dim_names else token
+        return tensor_degrees(tensor, side, mesh)
+    return tensor_degrees(tensor, _as_layout(pair), mesh)
+
+
+def _as_layout(pair: Assignment) -> Layout:
+    return tuple(d or "R" for d in pair)
 
 
 def follow(op: Op, layout: Layout, mesh: LogicalMesh, ctx: StrategyContext) -> Strategy | None:
@@ -364,8 +437,8 @@ def follow(op: Op, layout: Layout, mesh: LogicalMesh, ctx: StrategyContext) -> S
     layout is a partial sum (an activation of a partial sum is not the partial of one)."""
     if "P" in layout:
         return None
-    pair = (None if layout[0] == "R" else layout[0], None if layout[1] == "R" else layout[1])
+    pair = tuple(None if p == "R" else p for p in layout)
     names = {canonical(n) for t in (*op.inputs, op.output) for n, _ in t.dims}
     if any(d is not None and d not in names for d in pair):
         return None
-    return _price(op, pair, mesh, ctx)
+    return price_strategy(op, pair, mesh, ctx)

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from planner.errors import InputError, TimeLimitError
-from planner.graph.layout import Layout, LogicalMesh, Transfer, reshard
+from planner.graph.assignment import (
+    LayerGraph,
+    LayerParts,
+    edge_seconds,
+    input_index,
+    layer_parts,
+)
+from planner.graph.layout import Layout, Transfer, reshard
 from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
 from planner.ilp.formulation import (
     LayerProblem,
@@ -27,8 +34,7 @@ from planner.ilp.formulation import (
     strategy_var,
 )
 from planner.ilp.milp import Milp
-from planner.ilp.parts import LayerParts, layer_parts
-from planner.ilp.problem import KIB, NS, LayerQuery, Node, input_index, layer_problem
+from planner.ilp.problem import KIB, NS, LayerQuery, layer_problem
 from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
 
 
@@ -86,7 +92,7 @@ class LayerSolution:
     """The solved layer: one strategy per op, resharding per edge, the per-layer choices."""
 
     kind: str
-    mesh: tuple[int, int]
+    mesh: tuple[int, ...]
     choices: tuple[OpChoice, ...]
     resharding: tuple[Resharding, ...]
     recompute: str | None
@@ -189,7 +195,7 @@ def solve_layer(
     if cache is not None and key in cache.entries:
         cache.hits += 1
         return cache.entries[key]
-    problem, nodes, mesh = layer_problem(model, cluster, query)
+    problem, layer = layer_problem(model, cluster, query)
     result = _solve(build_layer_milp(problem), options)
     if result.report.status in ("infeasible", "timed_out"):
         least = _solve(build_layer_milp(problem, minimise_memory=True), options)
@@ -199,8 +205,7 @@ def solve_layer(
         solution = LayerSolution(query.kind, query.mesh, (), (), None, None, None, None,
                                  min_memory, result.report)  # fmt: skip
     else:
-        solution = read_solution(problem, nodes, mesh, cluster, result.values, result.report,
-                                 query)  # fmt: skip
+        solution = read_solution(problem, layer, result.values, result.report, query)
     if cache is not None:
         cache.entries[key] = solution
     return solution
@@ -231,7 +236,7 @@ def solve_frontier(
     matmuls keeping their input's sequence slice, as Megatron does), a point between two
     steps that Megatron users rely on. The problem is built once; only its budget changes.
     """
-    problem, nodes, mesh = layer_problem(model, cluster, query)
+    problem, layer = layer_problem(model, cluster, query)
     found: list[LayerSolution] = []
     budget = problem.budget_kib
     solves = 0
@@ -242,11 +247,11 @@ def solve_frontier(
         if result.report.status in ("infeasible", "timed_out"):
             break
         asked = replace(query, memory_budget_gib=None if budget is None else budget * KIB / GIB)
-        solution = read_solution(step, nodes, mesh, cluster, result.values, result.report, asked)
+        solution = read_solution(step, layer, result.values, result.report, asked)
         found.append(solution)
-        stored = _sequence_parallel_storage(step, nodes, result.values)
+        stored = _sequence_parallel_storage(step, layer, result.values)
         if stored is not None:
-            found.append(read_solution(step, nodes, mesh, cluster, stored, result.report, asked))
+            found.append(read_solution(step, layer, stored, result.report, asked))
         assert solution.memory_bytes is not None  # a feasible solution has a memory
         budget = math.floor(solution.memory_bytes * shrink / KIB)
         if budget <= 0:
@@ -255,14 +260,14 @@ def solve_frontier(
 
 
 def _sequence_parallel_storage(
-    problem: LayerProblem, nodes: Sequence[Node], values: dict[str, int]
+    problem: LayerProblem, layer: LayerGraph, values: dict[str, int]
 ) -> dict[str, int] | None:
     """The solution ``values`` with every node that can keep its input's sequence slice doing
     so (the ``+kept-seq`` variants of :mod:`planner.graph.strategies`), or None if none can."""
     chosen = [next(i for i in range(len(n.strategies)) if values[strategy_var(v, i)])
               for v, n in enumerate(problem.nodes)]  # fmt: skip
     changed = list(chosen)
-    for v, node in enumerate(nodes):
+    for v, node in enumerate(layer.nodes):
         names = [s.name for s in node.strategies]
         variant = next((k for k, name in enumerate(names)
                         if name.startswith(names[chosen[v]] + "+kept-seq@")), None)  # fmt: skip
@@ -285,14 +290,13 @@ def _sequence_parallel_storage(
 
 def read_solution(
     problem: LayerProblem,
-    nodes: list[Node],
-    mesh: LogicalMesh,
-    cluster: ClusterSpec,
+    layer: LayerGraph,
     values: dict[str, int],
     report: SolverReport,
     query: LayerQuery,
 ) -> LayerSolution:
     """Turn variable values back into strategies, reshardings and choices."""
+    nodes, mesh = layer.nodes, layer.mesh
     chosen = []
     for v, node in enumerate(problem.nodes):
         chosen.append(next(i for i in range(len(node.strategies)) if values[strategy_var(v, i)]))
@@ -301,10 +305,8 @@ def read_solution(
                  tuple(op.name for op in n.ops[1:]))
         for n, i in zip(nodes, chosen, strict=True)
     )  # fmt: skip
-    index = {n.name: v for v, n in enumerate(nodes)}
     resharding = []
-    for k, edge in enumerate(problem.edges):
-        u, v = index[edge.src], index[edge.dst]
+    for k, (edge, (u, v)) in enumerate(zip(problem.edges, layer.edges, strict=True)):
         i, j = chosen[u], chosen[v]
         assert values[edge_var(k, i, j)] == 1  # the linearisation ties e to both choices
         src, dst = nodes[u], nodes[v]
@@ -315,17 +317,17 @@ def read_solution(
             p, c = src.strategies[i], dst.strategies[j]
             fwd = _describe(reshard(p.output, c.inputs[at], src.output, mesh))
             bwd = _describe(reshard(c.input_grads[at], p.output_grad, src.output, mesh))
-        resharding.append(Resharding(edge.src, edge.dst, fwd, bwd, edge.cost_ns[i][j] / NS))
+        seconds = edge_seconds(layer, (u, v), i, j)[0]
+        resharding.append(Resharding(edge.src, edge.dst, fwd, bwd, seconds))
     recompute = next(m for m in problem.recompute_modes if values[f"recompute_{m}"])
     zero = next(z for z in problem.zero_stages if values[f"zero_{z}"])
     recompute, zero = _canonical_choice(problem, chosen, recompute, zero)
-    del cluster  # the reshardings were priced when the problem was built
     return LayerSolution(
         kind=query.kind, mesh=mesh.shape, choices=choices,
         resharding=tuple(resharding), recompute=recompute, zero=zero,
         time_s=evaluate_ns(problem, chosen, recompute, zero) / NS,
         memory_bytes=memory_kib(problem, chosen, recompute, zero) * KIB,
-        min_memory_bytes=None, report=report, parts=layer_parts(problem, nodes, chosen),
+        min_memory_bytes=None, report=report, parts=layer_parts(layer, chosen),
     )  # fmt: skip
 
 

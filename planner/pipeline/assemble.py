@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from planner import cost
 from planner.graph.layout import LogicalMesh
 from planner.ilp.layer import LayerSolution
-from planner.layer_cost import LayerCost
+from planner.layer_cost import LayerCost, layer_cost
 from planner.pipeline.options import LayerOption, StageChoice
 from planner.placement import PipelinePlacement
 from planner.plan import MemoryBreakdown, PlanStage, Predicted, StageParallel
@@ -37,15 +37,7 @@ class FoundStage:
 
 def option_cost(option: LayerOption, count: int) -> LayerCost:
     """``count`` layers of one option as the composer's per-microbatch cost."""
-    p = option.parts
-    k = p.mode(option.recompute)
-    one = LayerCost(
-        forward_s=p.forward_s, backward_s=p.backward_s, recompute_s=p.rerun_s[k],
-        tp_comm_s=p.tp_comm_s, cp_comm_s=p.cp_comm_s, ep_comm_s=p.ep_comm_s,
-        activation_bytes=p.kept_bytes[k], working_bytes=p.working_bytes[k],
-        recompute_flops=p.rerun_flops[k],
-    )  # fmt: skip
-    return one.scaled(count)
+    return layer_cost(option.parts, option.recompute, count=count)
 
 
 def stage_cost(

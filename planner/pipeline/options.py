@@ -17,10 +17,10 @@ from functools import lru_cache
 import numpy as np
 
 from planner import cost
+from planner.graph.assignment import RECOMPUTE, LayerParts
 from planner.graph.layout import LogicalMesh
 from planner.graph.strategies import weight_states, weight_syncs
 from planner.ilp.layer import LayerSolution
-from planner.ilp.parts import RECOMPUTE, LayerParts
 from planner.spec import Precision
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -99,7 +99,7 @@ def layer_options(
             sync = exposed.per_microbatch_s + exposed.once_s / ctx.num_microbatches
             options.append(LayerOption(
                 kind=solution.kind, solution=solution, recompute=mode, zero=zero,
-                latency_s=base + parts.rerun_s[k] + sync, state_bytes=states[zero],
+                latency_s=base + parts.rerun_total_s(mode) + sync, state_bytes=states[zero],
                 kept_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],
             ))  # fmt: skip
     return options

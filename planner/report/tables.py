@@ -172,8 +172,53 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
     s = plan.solver
     gap = f", gap {100 * s.gap:.2g} %" if s.gap else ""
     ilps = f", {s.ilp_count} ILPs, {s.cache_hits} reuses" if s.ilp_count else ""
-    solver = Text(f"solver: {plan.method}, {s.time_s:.2f} s, {s.status}{gap}{ilps}", style="dim")
-    return [head, table, solver]
+    solver = Text(f"solver: {plan.method} for {plan.framework}, {s.time_s:.2f} s, {s.status}"
+                  f"{gap}{ilps}", style="dim")  # fmt: skip
+    return [head, _time_table(plan), table, _groups(plan), solver]
+
+
+def _time_table(plan: Plan) -> Table:
+    """Where the step's seconds go on the critical stage (as ``planner estimate`` prints)."""
+    step = plan.predicted.step_time_s
+    table = Table(title="time per step (critical stage)", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False)  # fmt: skip
+    table.add_column("part")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for name, seconds in plan.predicted.time_s.model_dump().items():
+        if seconds > 0:
+            table.add_row(name.replace("_", " "), f"{seconds:.3f}", _pct(seconds, step))
+    return table
+
+
+def group_spans(plan: Plan) -> dict[str, tuple[int, int]]:
+    """Per group of the first stage, its ranks and how many nodes they span: the mesh's axes
+    (``TP``, ``CP`` for a uniform plan; ``axis 0``, ``axis 1`` otherwise), the data-parallel
+    replicas and the pipeline's stages."""
+    per_node = plan.cluster.devices_per_node
+    stage = plan.stages[0]
+    first = stage.ranks[0]
+    inner = stage.mesh[-1]
+
+    def span(ranks: Sequence[int]) -> tuple[int, int]:
+        return len(ranks), len({r // per_node for r in ranks})
+
+    uniform = plan.configuration is not None
+    out = {("TP" if uniform else f"axis {len(stage.mesh) - 1}"): span(first[:inner])}
+    if len(first) > inner:
+        out["CP" if uniform else "axis 0"] = span(first[::inner])
+    out["DP"] = span([replica[0] for replica in stage.ranks])
+    out["PP"] = span([s.ranks[0][0] for s in plan.stages])
+    return {name: v for name, v in out.items() if v[0] > 1}
+
+
+def _groups(plan: Plan) -> Text:
+    """Where the groups sit: how many nodes each spans."""
+    parts = []
+    for name, (ranks, nodes) in group_spans(plan).items():
+        where = "in 1 node" if nodes == 1 else f"across {nodes} nodes"
+        parts.append(f"{name} {ranks} ranks {where}")
+    return Text("groups: " + ("; ".join(parts) if parts else "one device"))
 
 
 def _stage_cells(stage: PlanStage) -> tuple[str, ...]:
@@ -204,14 +249,20 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
     the time it took to find, and its step relative to the best."""
     best = best_step_s(results)
     plan = next(r.plan for r in results if r.plan is not None)
+    label = results[0].label
+    # Frameworks are measured against per-operator sharding (any), when it is in the table.
+    yardstick = next((r.plan.predicted.step_time_s for r in results
+                      if r.method == "any" and r.plan is not None), None)  # fmt: skip
+    against = "x any" if label == "framework" and yardstick is not None else "x best"
+    best = yardstick if against == "x any" else best
     head = Text(f"{plan.model.name} on {plan.cluster.num_nodes * plan.cluster.devices_per_node} "
                 f"x {plan.cluster.device}, global batch {plan.global_batch_size} x "
                 f"{plan.seq_length} tokens, {plan.precision}", style="bold")  # fmt: skip
-    table = Table(title="methods compared (same cost model)", title_justify="left",
+    table = Table(title=f"{label}s compared (same cost model)", title_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False)  # fmt: skip
-    for col, justify in (("method", "left"), ("plan", "left"), ("step s", "right"),
+    for col, justify in ((label, "left"), ("plan", "left"), ("step s", "right"),
                          ("tokens/s", "right"), ("MFU", "right"), ("peak GiB", "right"),
-                         ("solve s", "right"), ("x best", "right")):  # fmt: skip
+                         ("solve s", "right"), (against, "right")):  # fmt: skip
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in results:
         if r.plan is None:

@@ -1,0 +1,115 @@
+"""Framework targets: what each framework launches (its profile) and how to write it.
+
+One module per framework (``megatron``, ``mindspeed``, ``deepspeed``, ``colossalai``,
+``torchtitan``), each with its ``PROFILE``; :func:`profile` picks one by name, and
+:func:`launch` writes a plan for one, or refuses, in one line, what it cannot launch.
+"""
+
+from __future__ import annotations
+
+from planner.config import ParallelConfig, ResolvedConfig, resolve
+from planner.errors import InputError
+from planner.frameworks import colossalai, deepspeed, megatron, mindspeed, torchtitan
+from planner.frameworks.base import (
+    ANY,
+    FRAMEWORKS,
+    TARGETS,
+    Framework,
+    Launch,
+    Profile,
+    Rule,
+)
+from planner.plan import Plan
+from planner.spec import ClusterSpec, ModelSpec
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (megatron.PROFILE, mindspeed.PROFILE, deepspeed.PROFILE, colossalai.PROFILE,
+              torchtitan.PROFILE)
+}  # fmt: skip
+"""Each framework's profile, by name."""
+
+
+def check_framework(name: str, *, option: str = "--framework", allow_any: bool = True) -> str:
+    """``name`` if it is a framework target (or ``any`` when allowed), else an InputError
+    listing them."""
+    known = TARGETS if allow_any else FRAMEWORKS
+    if name not in known:
+        raise InputError(f"{option} {name!r} is not a framework the planner knows; choose from "
+                         f"{', '.join(known)}")  # fmt: skip
+    return name
+
+
+def profile(name: str) -> Profile:
+    """The profile of framework ``name`` (an InputError listing the known ones otherwise)."""
+    return PROFILES[check_framework(name, option="framework", allow_any=False)]
+
+
+Paths = tuple[str, str]
+"""The model's and the cluster's files, as the user named them."""
+PLACEHOLDERS: Paths = ("MODEL", "CLUSTER")
+
+
+def solve_command(plan: Plan, framework: str, paths: Paths = PLACEHOLDERS) -> str:
+    """The command that solves ``plan``'s problem for ``framework``."""
+    return (f"planner solve {paths[0]} {paths[1]} --nodes {plan.cluster.num_nodes} "
+            f"--global-batch {plan.global_batch_size} --seq-len {plan.seq_length} "
+            f"--precision {plan.precision} --framework {framework}")  # fmt: skip
+
+
+def plan_configuration(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec, *, framework: str = "megatron",
+    paths: Paths = PLACEHOLDERS,
+) -> ResolvedConfig:  # fmt: skip
+    """The uniform configuration ``plan`` is, resolved against its inputs; an InputError when
+    the plan has none (a per-operator plan, which no framework launches)."""
+    if plan.configuration is None:
+        raise InputError(f"the plan was solved for {plan.framework} with per-operator "
+                         f"shardings, which no framework launches; solve for the framework: "
+                         f"{solve_command(plan, framework, paths)}")  # fmt: skip
+    return resolve(model, cluster, plan.configuration)
+
+
+def launch(
+    plan: Plan, framework: str, *, model: ModelSpec, cluster: ClusterSpec,
+    paths: Paths = PLACEHOLDERS,
+) -> Launch:  # fmt: skip
+    """``plan`` in ``framework``'s own words, exactly as it was priced.
+
+    Raises :class:`InputError` naming everything the framework cannot launch, with the
+    command that solves the problem for it, when its profile refuses the configuration.
+    """
+    target = profile(framework)
+    resolved = plan_configuration(plan, model, cluster, framework=framework, paths=paths)
+    reasons = target.refusals(resolved, model)
+    if reasons:
+        raise InputError(f"{target.title} cannot launch this plan: {'; '.join(reasons)}; "
+                         f"solve for it: {solve_command(plan, framework, paths)}")  # fmt: skip
+    return target.launch(resolved, model)
+
+
+def launchable(config: ParallelConfig, framework: str, *, model: ModelSpec,
+               cluster: ClusterSpec) -> bool:  # fmt: skip
+    """Whether ``framework`` launches ``config`` (``any`` launches every configuration)."""
+    if framework == ANY:
+        return True
+    return profile(framework).launches(resolve(model, cluster, config), model)
+
+
+__all__ = [
+    "ANY",
+    "FRAMEWORKS",
+    "PROFILES",
+    "TARGETS",
+    "Framework",
+    "Launch",
+    "Paths",
+    "Profile",
+    "Rule",
+    "check_framework",
+    "launch",
+    "launchable",
+    "plan_configuration",
+    "profile",
+    "solve_command",
+]

@@ -1,0 +1,288 @@
+"""Megatron-LM's command line, shared by the Megatron-LM and MindSpeed launchers.
+
+MindSpeed runs Megatron-LM's own ``pretrain_gpt.py`` (on Megatron-Core ``core_v0.12.1``), so both
+launchers spell the degrees, the split, the batch, the recomputation and the model's architecture
+with the same flags; one function here per family of flags, each returning :data:`Flag` s in the
+order a launch script lists them. What differs between the two (Megatron-FSDP's flags for
+ZeRO-2/3, the attention and RoPE kernels, ring attention's algorithm, the tokenizer's
+vocabulary) each launcher writes itself.
+
+Every flag is checked against ``megatron/training/arguments.py`` of NVIDIA/Megatron-LM at
+d98e8a64ddf3 and at core_v0.12.1; ``benchmarks/check_megatron_args.py`` feeds the text to
+Megatron-LM's own ``parse_args`` and ``validate_args``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from planner.config import ResolvedConfig
+from planner.spec import ModelSpec
+
+Flag = tuple[str, str | int | float | None]
+"""A flag and its value (None for a switch)."""
+
+MAX_VOCAB_DIVISOR = 128
+"""Megatron-LM's default ``--make-vocab-size-divisible-by``: the largest multiple the launcher
+asks for (smaller powers of two when the model's vocabulary is not a multiple of it)."""
+
+_NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+_POSITIONS = {"learned": "learned_absolute", "rope": "rope"}
+_FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def render(flags: Sequence[Flag]) -> str:
+    """A shell fragment: one flag per line, continued with a backslash, values quoted for the
+    shell (a MoE layer pattern such as ``[0]*3+[1]*58`` would otherwise be globbed).
+
+    >>> print(render([("--bf16", None), ("--moe-layer-freq", "[0]*1+[1]*3")]), end="")
+    --bf16 \\
+    --moe-layer-freq '[0]*1+[1]*3'
+    """
+    lines = [name if value is None else f"{name} {shlex.quote(str(value))}"
+             for name, value in flags]  # fmt: skip
+    return " \\\n".join(lines) + "\n"
+
+
+def fsdp_sharding_strategy(zero: int) -> str:
+    """Megatron-FSDP's ``--data-parallel-sharding-strategy`` for ZeRO-2 and ZeRO-3."""
+    return _FSDP_SHARDING[zero]
+
+
+def parallel_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[Flag]:
+    """Tensor, pipeline, context and expert parallelism, and sequence parallelism."""
+    c = resolved.config
+    flags: list[Flag] = [("--tensor-model-parallel-size", c.tp),
+                         ("--pipeline-model-parallel-size", c.pp)]  # fmt: skip
+    if c.cp > 1:
+        flags.append(("--context-parallel-size", c.cp))
+    if model.moe is not None:
+        # Expert tensor parallelism is the dense layers' (the planner's semantics), said
+        # explicitly rather than left to Megatron's default.
+        flags += [("--expert-model-parallel-size", c.ep), ("--expert-tensor-parallel-size", c.tp)]
+    if resolved.sp:  # Megatron switches sequence parallelism off itself at tp 1
+        flags.append(("--sequence-parallel", None))
+    return flags
+
+
+def split_flags(resolved: ResolvedConfig) -> list[Flag]:
+    """Interleaving and the uneven first/last stage.
+
+    ``--num-virtual-stages-per-pipeline-rank`` says the interleaving for even and uneven splits
+    alike (``--num-layers-per-virtual-pipeline-stage`` refuses an uneven one). The first and last
+    stage flags are written as the configuration gives them (Megatron-Core splits the remaining
+    layers evenly over the other stages, as the planner does), except the last one of two
+    stages, which the first fixes: core_v0.12.1 divides by the number of middle stages, zero.
+    """
+    c = resolved.config
+    flags: list[Flag] = []
+    if c.vpp > 1:
+        flags.append(("--num-virtual-stages-per-pipeline-rank", c.vpp))
+    if c.first_stage_layers is not None:
+        flags.append(("--decoder-first-pipeline-num-layers", c.first_stage_layers))
+    if c.last_stage_layers is not None and not (c.pp == 2 and c.first_stage_layers is not None):
+        flags.append(("--decoder-last-pipeline-num-layers", c.last_stage_layers))
+    return flags
+
+
+def batch_flags(resolved: ResolvedConfig) -> list[Flag]:
+    """Microbatch (per data-parallel rank), global batch and sequence length; Megatron derives
+    the data-parallel size from the world size and the microbatches from the three."""
+    t = resolved.training
+    return [("--micro-batch-size", resolved.config.mbs),
+            ("--global-batch-size", t.global_batch_size),
+            ("--seq-length", t.seq_length)]  # fmt: skip
+
+
+def precision_flags(resolved: ResolvedConfig) -> list[Flag]:
+    """Mixed precision; fp32 is Megatron's default and has no flag."""
+    return {"bf16": [("--bf16", None)], "fp16": [("--fp16", None)]}.get(
+        resolved.training.precision, []
+    )
+
+
+def recompute_flags(resolved: ResolvedConfig) -> list[Flag]:
+    """Activation recomputation: selective is core attention only (Megatron's default
+    ``--recompute-modules``); full keeps each layer's input and recomputes the whole layer
+    (uniform, one layer per unit)."""
+    recompute = resolved.config.recompute
+    if recompute == "selective":
+        return [("--recompute-granularity", "selective")]
+    if recompute == "full":
+        return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                ("--recompute-num-layers", 1)]  # fmt: skip
+    return []
+
+
+def overlap_flags(resolved: ResolvedConfig) -> list[Flag]:
+    """Overlap of the data-parallel gradient reduction, the parameter all-gather and the
+    tensor-parallel collectives (nothing to overlap at tp 1)."""
+    c = resolved.config
+    flags: list[Flag] = []
+    if c.overlap_grad_reduce:
+        flags.append(("--overlap-grad-reduce", None))
+    if c.overlap_param_gather:
+        flags.append(("--overlap-param-gather", None))
+    if c.tp_comm_overlap and c.tp > 1:
+        flags.append(("--tp-comm-overlap", None))
+    return flags
+
+
+def device_connections(resolved: ResolvedConfig) -> dict[str, str]:
+    """``CUDA_DEVICE_MAX_CONNECTIONS=1``, which ``validate_args`` asserts with tensor or context
+    parallelism before Blackwell (and harmless after), except under Megatron-FSDP (ZeRO-2/3),
+    which asserts the opposite."""
+    c = resolved.config
+    if (c.tp > 1 or c.cp > 1) and c.zero < 2:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+# --- the model ----------------------------------------------------------------------------------
+
+
+def model_flags(model: ModelSpec, *, seq_length: int) -> list[Flag]:
+    """The model's architecture, as ``pretrain_gpt.py`` builds it (vocabulary aside)."""
+    flags: list[Flag] = [
+        ("--num-layers", model.num_layers),
+        ("--hidden-size", model.hidden_size),
+        ("--ffn-hidden-size", model.ffn),
+        ("--num-attention-heads", model.num_attention_heads),
+    ]
+    if model.mla is None:
+        if model.query_groups != model.num_attention_heads:
+            flags += [("--group-query-attention", None),
+                      ("--num-query-groups", model.query_groups)]  # fmt: skip
+        flags.append(("--kv-channels", model.head_dim))
+    flags += [
+        ("--max-position-embeddings", max_positions(model, seq_length)),
+        ("--position-embedding-type", _POSITIONS[model.position_embedding]),
+        ("--normalization", _NORMALIZATION[model.normalization]),
+    ]
+    flags += [("--swiglu", None)] * (model.activation == "swiglu")
+    flags += [("--untie-embeddings-and-output-weights", None)] * (not model.tie_word_embeddings)
+    flags += bias_flags(model)
+    flags += [("--qk-layernorm", None)] * model.qk_layernorm
+    flags += [("--hidden-dropout", model.hidden_dropout),
+              ("--attention-dropout", model.attention_dropout)]  # fmt: skip
+    return flags + mla_flags(model) + moe_flags(model)
+
+
+def bias_flags(model: ModelSpec) -> list[Flag]:
+    """Linear biases (Megatron's default) and the QKV bias alone (Qwen2's)."""
+    if model.bias:
+        return []  # --add-bias-linear also adds the QKV bias; a rule refuses bias without it
+    return [("--disable-bias-linear", None)] + [("--add-qkv-bias", None)] * model.has_qkv_bias
+
+
+def max_positions(model: ModelSpec, seq_length: int) -> int:
+    """``--max-position-embeddings``: the model's, or the sequence length when a RoPE model
+    trains longer (Megatron asserts ``max_position_embeddings >= seq_length``; with RoPE it only
+    sizes the rotary table, no weights)."""
+    if model.position_embedding == "rope":
+        return max(model.max_position_embeddings, seq_length)
+    return model.max_position_embeddings
+
+
+def mla_flags(model: ModelSpec) -> list[Flag]:
+    """DeepSeek's multi-head latent attention: ranks and head dims."""
+    mla = model.mla
+    if mla is None:
+        return []
+    # Megatron's default q_lora_rank is None too: queries not compressed.
+    queries: list[Flag] = [] if mla.q_lora_rank is None else [("--q-lora-rank", mla.q_lora_rank)]
+    return [("--multi-latent-attention", None), *queries,
+            ("--kv-lora-rank", mla.kv_lora_rank), ("--qk-head-dim", mla.qk_nope_head_dim),
+            ("--qk-pos-emb-head-dim", mla.qk_rope_head_dim),
+            ("--v-head-dim", mla.v_head_dim)]  # fmt: skip
+
+
+def moe_flags(model: ModelSpec) -> list[Flag]:
+    """Routed and shared experts, which layers have them, and the router.
+
+    Tokens are dispatched with all-to-all, as the planner prices expert parallelism. Two router
+    settings follow from what Megatron-Core accepts: the expert bias of aux-loss-free balancing
+    needs sigmoid scores (DeepSeek-V3's), and top-1 routing needs the softmax before the top-k.
+    """
+    moe = model.moe
+    if moe is None:
+        return []
+    flags: list[Flag] = [("--num-experts", moe.num_experts), ("--moe-router-topk", moe.top_k),
+                         ("--moe-ffn-hidden-size", moe.ffn_hidden_size),
+                         ("--moe-token-dispatcher-type", "alltoall")]  # fmt: skip
+    if moe.shared_experts:
+        flags.append(("--moe-shared-expert-intermediate-size", moe.shared_ffn))
+    pattern = moe_layer_pattern(model)
+    if pattern is not None:
+        flags.append(("--moe-layer-freq", pattern))
+    if moe.router_expert_bias:
+        flags += [("--moe-router-enable-expert-bias", None),
+                  ("--moe-router-score-function", "sigmoid")]  # fmt: skip
+    if moe.top_k == 1:
+        flags.append(("--moe-router-pre-softmax", None))
+    return flags
+
+
+def moe_layer_pattern(model: ModelSpec) -> str | None:
+    """``--moe-layer-freq`` as a Python list expression (1 = MoE layer, 0 = dense), or None when
+    every layer has experts (Megatron's default).
+
+    >>> from planner.spec import MoESpec
+    >>> spec = ModelSpec(name="m", num_layers=7, hidden_size=8, num_attention_heads=2,
+    ...                  vocab_size=16, max_position_embeddings=8, moe=MoESpec(
+    ...                      num_experts=4, top_k=1, ffn_hidden_size=8, first_dense_layers=2,
+    ...                      layer_freq=2))
+    >>> moe_layer_pattern(spec)
+    '[0]*2+([1]+[0]*1)*2+[1]'
+    """
+    moe = model.moe
+    if moe is None or (moe.first_dense_layers == 0 and moe.layer_freq == 1):
+        return None
+    dense, freq = moe.first_dense_layers, moe.layer_freq
+    repeats, tail = divmod(model.num_layers - dense, freq)
+    unit = "[1]" if freq == 1 else f"([1]+[0]*{freq - 1})"
+    parts = [f"[0]*{dense}"] * (dense > 0) + [f"{unit}*{repeats}"] * (repeats > 0)
+    if tail:
+        parts.append("[1]" + (f"+[0]*{tail - 1}" if tail > 1 else ""))
+    return "+".join(parts)
+
+
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """``--make-vocab-size-divisible-by``: the largest power of two up to 128 for which Megatron,
+    which pads the vocabulary to a multiple of this times tp, pads nothing; 1 when the vocabulary
+    is no multiple of tp (Megatron then pads it to the next multiple of tp, as the planner
+    prices the vocab-parallel embedding).
+
+    >>> vocab_divisor(128256, 1), vocab_divisor(128256, 8), vocab_divisor(50257, 2)
+    (128, 32, 1)
+    """
+    divisor = MAX_VOCAB_DIVISOR
+    while divisor > 1 and vocab_size % (divisor * tp):
+        divisor //= 2
+    return divisor
+
+
+def padded_vocab(vocab_size: int, tp: int) -> int:
+    """The rows of the embedding Megatron builds under :func:`vocab_divisor`.
+
+    >>> padded_vocab(50257, 2)
+    50258
+    """
+    multiple = vocab_divisor(vocab_size, tp) * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def vocab_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
+    """What the vocabulary and position flags do that the user should know."""
+    tp, seq = resolved.config.tp, resolved.training.seq_length
+    notes = []
+    rows = padded_vocab(model.vocab_size, tp)
+    if rows != model.vocab_size:
+        notes.append(f"vocab_size({model.vocab_size}) is no multiple of tp({tp}): Megatron pads "
+                     f"the embedding and output layer to {rows} rows")  # fmt: skip
+    if max_positions(model, seq) != model.max_position_embeddings:
+        notes.append(f"--max-position-embeddings is the sequence length {seq} (the model's "
+                     f"{model.max_position_embeddings} is shorter): with RoPE it sizes the "
+                     f"rotary table only")  # fmt: skip
+    return tuple(notes)

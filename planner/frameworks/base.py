@@ -1,0 +1,106 @@
+"""What every framework module provides: its profile (what it launches) and its launcher.
+
+A *profile* is a list of :class:`Rule`\\ s, each a small predicate over a resolved uniform
+configuration that names what the framework cannot launch, with the file (and line) of the
+framework's own source that establishes it. The search asks the profile before it prices a
+configuration, so it only ever produces what the target launches; an export asks the same
+rules and refuses, in one line, what the target cannot express. There is no "closest"
+configuration: a framework either launches the plan exactly as priced or is not offered it.
+
+A *launcher* turns a configuration the profile accepts into the framework's own launch text
+(flags, JSON, Python or TOML), complete: the model's architecture flags too where the framework
+takes them on its command line, and the environment it asserts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from planner.config import ResolvedConfig
+from planner.spec import ModelSpec
+
+Framework = Literal["megatron", "mindspeed", "deepspeed", "colossalai", "torchtitan"]
+FRAMEWORKS: tuple[Framework, ...] = ("megatron", "mindspeed", "deepspeed", "colossalai",
+                                     "torchtitan")  # fmt: skip
+"""The frameworks the planner writes launch configurations for."""
+ANY = "any"
+"""The search target with per-operator sharding (MindSpore's semi-auto parallel, Alpa): no
+framework of :data:`FRAMEWORKS` launches its plans; it measures what their rules cost."""
+TARGETS: tuple[str, ...] = (*FRAMEWORKS, ANY)
+"""What ``--framework`` accepts."""
+
+Check = Callable[[ResolvedConfig, ModelSpec], "str | None"]
+"""A rule's predicate: why the configuration cannot be launched, or None when it can."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rule:
+    """One thing a framework refuses (or cannot express), with its source."""
+
+    name: str
+    """A short identifier, e.g. ``zero-with-pipeline``."""
+    source: str
+    """Where the framework establishes it: repository, commit, file and line, e.g.
+    ``NVIDIA/Megatron-LM@000c4ac megatron/training/arguments.py:512``."""
+    check: Check
+    """The reason the configuration cannot be launched (said as the framework's user would
+    read it, with the numbers), or None when it can."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Launch:
+    """A configuration in a framework's own words, ready to paste."""
+
+    text: str
+    """What the user pastes: command-line flags, ds_config JSON, Python or a TOML fragment."""
+    environment: dict[str, str] = field(default_factory=dict)
+    """Environment variables the framework asserts or the prediction relies on."""
+    notes: tuple[str, ...] = ()
+    """What the user still has to supply that is not part of the plan (data, tokenizer,
+    checkpoint paths, the framework version the text is for). Never a change to the plan."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Profile:
+    """What one framework can launch, and how to write it."""
+
+    name: Framework
+    title: str
+    """As users write it: ``Megatron-LM``, ``MindSpeed``, ``DeepSpeed``, ``Colossal-AI``,
+    ``torchtitan``."""
+    rules: tuple[Rule, ...]
+    launch: Callable[[ResolvedConfig, ModelSpec], Launch]
+    """The launcher; only called on configurations no rule refuses."""
+
+    def refusals(self, resolved: ResolvedConfig, model: ModelSpec) -> tuple[str, ...]:
+        """Every reason the framework cannot launch ``resolved`` (empty: it can)."""
+        reasons = (rule.check(resolved, model) for rule in self.rules)
+        return tuple(r for r in reasons if r is not None)
+
+    def launches(self, resolved: ResolvedConfig, model: ModelSpec) -> bool:
+        """Whether no rule refuses ``resolved``."""
+        return all(rule.check(resolved, model) is None for rule in self.rules)
+
+
+def data_parallel_sync(resolved: ResolvedConfig) -> bool:
+    """Whether any gradient is reduced over data-parallel ranks (else overlapping the
+    reduction means nothing)."""
+    return resolved.dp * resolved.config.cp > 1
+
+
+def ranks_in_order(resolved: ResolvedConfig, order: tuple[str, ...]) -> bool:
+    """Whether ``resolved`` numbers its ranks as ``order`` does (fastest first), among the
+    parallel dims of more than one rank (a dim of one rank is in no order).
+
+    >>> from planner.config import ParallelConfig, ResolvedConfig, TrainingSpec
+    >>> r = ResolvedConfig(ParallelConfig(tp=8, pp=2), TrainingSpec(seq_length=8,
+    ...                    global_batch_size=8), dp=4, num_microbatches=2, num_devices=64)
+    >>> ranks_in_order(r, ("tp", "dp", "pp")), ranks_in_order(r, ("dp", "tp", "pp"))
+    (True, False)
+    """
+    c = resolved.config
+    sizes = {"tp": c.tp, "cp": c.cp, "dp": resolved.dp, "pp": c.pp}
+    given = [a for a in c.rank_order.split("-") if sizes.get(a, 1) > 1]
+    return given == [a for a in order if sizes.get(a, 1) > 1]

@@ -1,0 +1,415 @@
+"""Colossal-AI: what it launches, and the ``HybridParallelPlugin(...)`` that launches it.
+
+Colossal-AI shards a Hugging Face model through a per-architecture Shardformer policy, so the
+launch names the ``transformers`` class the model is built as (GPT-2, Llama, Qwen2, Qwen3 or,
+with experts, Mixtral) and constructs the plugin: ``HybridParallelPlugin`` for dense models,
+``MoeHybridParallelPlugin`` for models with experts (the only one whose experts are
+tensor-parallel, as the planner prices them). ``split_gather`` sequence parallelism is the
+planner's sp (``ring``, its decomposed-GEMM variant, is sp with tp_comm_overlap);
+``ring_attn`` over ``sp_size`` ranks is the planner's cp.
+
+The rules cite hpcaitech/ColossalAI at 4f9953b (main, v0.5.1 + 149 commits).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from planner.config import ResolvedConfig
+from planner.frameworks import _megatron_flags as mf
+from planner.frameworks.base import Launch, Profile, Rule, data_parallel_sync, ranks_in_order
+from planner.spec import ModelSpec
+
+REPO = "hpcaitech/ColossalAI@4f9953b"
+"""The Colossal-AI source the rules and keywords were checked against."""
+_PLUGIN = f"{REPO} colossalai/booster/plugin/hybrid_parallel_plugin.py"
+_MOE_PLUGIN = f"{REPO} colossalai/booster/plugin/moe_hybrid_parallel_plugin.py"
+
+Family = Literal["gpt2", "llama", "qwen2", "qwen3", "mixtral"]
+HF_CLASSES: dict[Family, str] = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+                                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                 "mixtral": "MixtralForCausalLM"}  # fmt: skip
+"""The ``transformers`` class each architecture is built as; ``auto_policy.py`` maps it to its
+Shardformer policy (lines 59, 76, 207, 217, 227)."""
+_RING_ATTENTION: frozenset[Family] = frozenset({"llama", "gpt2"})
+"""Architectures whose attention forward calls ``RingAttention.attention``."""
+_SPLIT_GATHER_RING: frozenset[Family] = frozenset({"llama", "qwen2", "qwen3"})
+"""Policies that hand the sequence-parallel mode to every projection (so ``ring`` runs)."""
+
+Kwargs = dict[str, object]
+
+
+def family(model: ModelSpec) -> Family | None:
+    """The Hugging Face architecture that builds ``model`` exactly, or None."""
+    shape = (model.activation, model.normalization, model.position_embedding)
+    modern = shape == ("swiglu", "rmsnorm", "rope") and not model.bias
+    if model.mla is not None:
+        return None
+    if model.moe is not None:
+        moe = model.moe
+        plain = (moe.shared_experts, moe.first_dense_layers, moe.layer_freq) == (0, 0, 1)
+        extras = moe.router_expert_bias or model.qk_layernorm or model.has_qkv_bias
+        return "mixtral" if modern and plain and not extras else None
+    if modern:
+        if model.qk_layernorm:
+            return None if model.has_qkv_bias else "qwen3"
+        return "qwen2" if model.has_qkv_bias else "llama"
+    gpt2 = shape == ("gelu", "layernorm", "learned") and model.tie_word_embeddings
+    mha = model.query_groups == model.num_attention_heads
+    biases = model.bias and model.has_qkv_bias and not model.qk_layernorm
+    return "gpt2" if gpt2 and mha and biases else None
+
+
+# --- checks: why a configuration cannot be launched, or None --------------------------------
+
+
+def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Shardformer needs a policy for the model's Hugging Face class."""
+    if family(model) is not None:
+        return None
+    return (f"{model.name}: no Shardformer policy builds this architecture (GPT-2, Llama, Qwen2, "
+            f"Qwen3, or Mixtral with experts on every layer and no shared experts)")
+
+
+def zero_stage_3(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The plugin's ZeRO stops at stage 2."""
+    if resolved.config.zero != 3:
+        return None
+    return "ZeRO-3: HybridParallelPlugin takes zero_stage 0, 1 or 2"
+
+
+def zero_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """With a pipeline the plugin allows ZeRO-0 and ZeRO-1 only."""
+    c = resolved.config
+    if c.pp == 1 or c.zero != 2:
+        return None
+    return f"ZeRO-2 with pp({c.pp}): the plugin takes zero_stage 0 or 1 with pipelines"
+
+
+def zero_precision(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ZeRO runs in fp16 or bf16 only."""
+    c = resolved.config
+    if c.zero == 0 or resolved.training.precision != "fp32":
+        return None
+    return f"ZeRO-{c.zero} with fp32: the plugin's ZeRO optimizer takes fp16 or bf16 only"
+
+
+def gpipe(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The plugin's pipeline styles are 1F1B, interleaved 1F1B and zero-bubble V."""
+    c = resolved.config
+    if c.pp == 1 or c.schedule != "gpipe":
+        return None
+    return f"GPipe with pp({c.pp}): Colossal-AI pipelines with 1f1b or interleaved 1F1B only"
+
+
+def interleaved_uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """num_layers_per_stage takes one count per rank but is read per model chunk: with
+    interleaving only the default even split runs."""
+    c, layers = resolved.config, resolved.stage_layers
+    if c.vpp == 1 or len(set(layers)) <= 1:
+        return None
+    return (f"interleaving (vpp={c.vpp}) with stages of {list(layers)} layers: Colossal-AI "
+            f"splits interleaved pipelines evenly only (num_layers_per_stage must have pp "
+            f"entries but is indexed per model chunk)")  # fmt: skip
+
+
+def selective_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Gradient checkpointing recomputes whole decoder layers."""
+    if resolved.config.recompute != "selective":
+        return None
+    return ("selective recompute: Colossal-AI checkpoints whole decoder layers; it cannot "
+            "recompute core attention alone")
+
+
+def ring_attention_model(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Ring attention runs in the Llama and GPT-2 attention forwards only."""
+    cp, fam = resolved.config.cp, family(model)
+    if cp == 1 or fam is None or fam in _RING_ATTENTION:
+        return None
+    return (f"cp({cp}): Colossal-AI's ring attention (ring_attn) runs in the Llama and GPT-2 "
+            f"attention only, not in {HF_CLASSES[fam]}'s")
+
+
+def ring_attention_with_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """One sequence-parallel mode at a time: ring_attn or split_gather, not both."""
+    c = resolved.config
+    if c.cp == 1 or not resolved.sp:
+        return None
+    return (f"cp({c.cp}) with sp: the plugin runs one sequence_parallelism_mode, ring_attn for "
+            f"cp or split_gather for sp, not both")  # fmt: skip
+
+
+def ring_attention_unfused(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ring_attn switches flash attention on."""
+    c = resolved.config
+    if c.cp == 1 or c.flash_attention:
+        return None
+    return f"cp({c.cp}) without flash attention: Colossal-AI's ring attention is flash attention"
+
+
+def moe_zero_2(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """MoeHybridParallelPlugin turns ZeRO-2 into ZeRO-1."""
+    if model.moe is None or resolved.config.zero != 2:
+        return None
+    return "ZeRO-2 with experts: MoeHybridParallelPlugin turns zero_stage 2 into 1"
+
+
+def moe_grad_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """MoeHybridParallelPlugin turns overlap_communication off."""
+    c = resolved.config
+    if (model.moe is None or c.zero == 0 or not c.overlap_grad_reduce
+            or not data_parallel_sync(resolved)):  # fmt: skip
+        return None
+    return ("overlap_grad_reduce with experts: MoeHybridParallelPlugin turns "
+            "overlap_communication off (it can hang when an expert gets no tokens)")
+
+
+def moe_ring_attention(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """MoeHybridParallelPlugin has no ring_attn mode."""
+    cp = resolved.config.cp
+    if model.moe is None or cp == 1:
+        return None
+    return f"cp({cp}) with experts: MoeHybridParallelPlugin has no ring_attn mode"
+
+
+def moe_sequence_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Mixtral's policy builds its projections without the sequence-parallel mode and refuses
+    it with pipelines."""
+    if model.moe is None or not resolved.sp:
+        return None
+    return ("sp with experts: Colossal-AI's Mixtral policy does not run Megatron-style "
+            "sequence parallelism (its projections get no sequence-parallel mode, and it "
+            "refuses sequence parallelism with pipelines)")
+
+
+def moe_ddp_with_ep(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Without ZeRO or pipelines the MoE plugin wraps the model in DDP, which cannot reduce
+    experts over their own (smaller) data-parallel group."""
+    c = resolved.config
+    if model.moe is None or c.zero > 0 or c.pp > 1 or c.ep == 1 or resolved.dp == 1:
+        return None
+    return (f"zero(0) without pipelines and ep({c.ep}): MoeHybridParallelPlugin then uses "
+            f"PyTorch DDP, which refuses experts reduced over dp({resolved.dp}) / ep({c.ep})")
+
+
+def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """TP overlap is the ``ring`` mode, which only the Llama and Qwen policies run."""
+    c = resolved.config
+    if not c.tp_comm_overlap or c.tp == 1 or family(model) in _SPLIT_GATHER_RING:
+        return None
+    return (f"tp_comm_overlap with tp({c.tp}): Colossal-AI overlaps TP communication with the "
+            f"GEMMs in sequence_parallelism_mode 'ring', which the Llama and Qwen policies run "
+            f"and this model's does not")  # fmt: skip
+
+
+def pipeline_send_without_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Stages send their whole output: without sp every TP rank sends the full hidden state,
+    where the planner prices a 1/tp slice and an all-gather (or, with sp, the shard)."""
+    c = resolved.config
+    if c.pp == 1 or c.tp == 1 or resolved.sp:
+        return None
+    return (f"pp({c.pp}) with tp({c.tp}) and no sp: Colossal-AI's stages send the whole hidden "
+            f"state from every TP rank, not a 1/tp slice gathered after the send")
+
+
+def grad_overlap_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """With pipelines the plugin reduces gradients after the whole schedule."""
+    c = resolved.config
+    if c.pp == 1 or not c.overlap_grad_reduce or not data_parallel_sync(resolved):
+        return None
+    return (f"overlap_grad_reduce with pp({c.pp}): Colossal-AI reduces gradients after the "
+            f"pipeline schedule, not during the last backward")
+
+
+def ddp_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Without ZeRO or pipelines the plugin is PyTorch DDP, whose bucketed all-reduce always
+    overlaps the backward."""
+    c = resolved.config
+    if c.zero > 0 or c.pp > 1 or c.overlap_grad_reduce or not data_parallel_sync(resolved):
+        return None
+    return ("zero(0) without pipelines is PyTorch DDP, which always overlaps its gradient "
+            "all-reduce with the backward: overlap_grad_reduce is off")
+
+
+def sequence_parallel_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """split_gather cuts the sequence evenly over the TP group."""
+    tp, seq = resolved.config.tp, resolved.training.seq_length
+    if not resolved.sp or seq % tp == 0:
+        return None
+    return f"sequence parallelism: seq_len({seq}) is not divisible by tp({tp})"
+
+
+def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``dp_outside=False`` numbers ranks tp fastest, then cp (sp_size), dp, pp."""
+    c = resolved.config
+    if ranks_in_order(resolved, ("tp", "cp", "dp", "pp")):
+        return None
+    return f"rank_order {c.rank_order!r}: Colossal-AI numbers ranks tp, then cp, dp, pp"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(name="architecture", check=architecture,
+         source=f"{REPO} colossalai/shardformer/policies/auto_policy.py:59-229"),
+    Rule(name="zero-3", check=zero_stage_3, source=f"{_PLUGIN}:1122"),
+    Rule(name="zero-2-with-pipeline", check=zero_with_pipeline, source=f"{_PLUGIN}:1134-1136"),
+    Rule(name="zero-precision", check=zero_precision, source=f"{_PLUGIN}:1361"),
+    Rule(name="gpipe", check=gpipe, source=f"{_PLUGIN}:1124"),
+    Rule(name="interleaved-uneven-split", check=interleaved_uneven_split,
+         source=f"{REPO} colossalai/pipeline/stage_manager.py:41-42; "
+                f"colossalai/pipeline/stage_manager.py:100-102"),
+    Rule(name="selective-recompute", check=selective_recompute,
+         source=f"{REPO} colossalai/shardformer/modeling/llama.py:183-209"),
+    Rule(name="ring-attention-model", check=ring_attention_model,
+         source=f"{REPO} colossalai/shardformer/modeling/llama.py:555; "
+                f"colossalai/shardformer/modeling/gpt2.py:864"),
+    Rule(name="ring-attention-with-sp", check=ring_attention_with_sp,
+         source=f"{_PLUGIN}:1059-1087"),
+    Rule(name="ring-attention-unfused", check=ring_attention_unfused,
+         source=f"{_PLUGIN}:1080-1081"),
+    Rule(name="moe-zero-2", check=moe_zero_2, source=f"{_MOE_PLUGIN}:227-233"),
+    Rule(name="moe-grad-overlap", check=moe_grad_overlap, source=f"{_MOE_PLUGIN}:227-233"),
+    Rule(name="moe-ring-attention", check=moe_ring_attention, source=f"{_MOE_PLUGIN}:240-262"),
+    Rule(name="moe-sequence-parallel", check=moe_sequence_parallel,
+         source=f"{REPO} colossalai/shardformer/policies/mixtral.py:70-74; "
+                f"colossalai/shardformer/policies/mixtral.py:121-150"),
+    Rule(name="moe-ddp-with-ep", check=moe_ddp_with_ep, source=f"{_MOE_PLUGIN}:438-455"),
+    Rule(name="tp-comm-overlap", check=tp_comm_overlap,
+         source=f"{REPO} colossalai/shardformer/layer/linear.py:344-352; "
+                f"colossalai/shardformer/policies/gpt2.py:57-61"),
+    Rule(name="pipeline-send-without-sp", check=pipeline_send_without_sp,
+         source=f"{REPO} colossalai/pipeline/p2p.py:594-614"),
+    Rule(name="grad-overlap-with-pipeline", check=grad_overlap_with_pipeline,
+         source=f"{_PLUGIN}:1404-1434"),
+    Rule(name="ddp-overlap", check=ddp_overlap, source=f"{_PLUGIN}:1311-1313"),
+    Rule(name="sp-sequence-split", check=sequence_parallel_split,
+         source=f"{REPO} colossalai/shardformer/layer/_operation.py:1191-1202"),
+    Rule(name="rank-order", check=rank_order, source=f"{_PLUGIN}:1110-1117"),
+)  # fmt: skip
+"""Everything Colossal-AI refuses, or cannot run as the planner prices it."""
+
+
+# --- the launcher --------------------------------------------------------------------------------
+
+
+def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
+    """The plugin's construction in Python, with the few settings the training script needs.
+
+    Only called on configurations no rule of :data:`RULES` refuses.
+    """
+    moe = model.moe is not None
+    plugin = "MoeHybridParallelPlugin" if moe else "HybridParallelPlugin"
+    kwargs: Kwargs = {"tp_size": resolved.config.tp, "pp_size": resolved.config.pp}
+    kwargs |= {"ep_size": resolved.config.ep, "moe_dp_outside": False} if moe else {}
+    kwargs |= sequence_kwargs(resolved)
+    kwargs |= {"precision": resolved.training.precision, "zero_stage": resolved.config.zero}
+    kwargs |= pipeline_kwargs(resolved)
+    kwargs |= overlap_kwargs(resolved, moe=moe)
+    kwargs |= {"enable_flash_attention": resolved.config.flash_attention,
+               "make_vocab_size_divisible_by": mf.vocab_divisor(model.vocab_size,
+                                                                resolved.config.tp)}  # fmt: skip
+    kwargs |= {} if moe else {"dp_outside": False}  # ranks tp, cp, dp, pp as the planner's
+    text = render(plugin, kwargs, settings=script_settings(resolved, model),
+                  checkpointing=checkpoint_config(resolved))  # fmt: skip
+    return Launch(text=text, notes=notes(model))
+
+
+def sequence_kwargs(resolved: ResolvedConfig) -> Kwargs:
+    """Ring attention over ``sp_size`` ranks for cp; split_gather (ring, with TP overlap) for
+    sp; nothing otherwise (plain tensor parallelism)."""
+    c = resolved.config
+    if c.cp > 1:
+        return {"sp_size": c.cp, "enable_sequence_parallelism": True,
+                "sequence_parallelism_mode": "ring_attn"}  # fmt: skip
+    if resolved.sp:
+        mode = "ring" if c.tp_comm_overlap else "split_gather"
+        return {"enable_sequence_parallelism": True, "sequence_parallelism_mode": mode}
+    return {}
+
+
+def pipeline_kwargs(resolved: ResolvedConfig) -> Kwargs:
+    """Microbatching, schedule and layer split (meaningless at pp_size 1)."""
+    c = resolved.config
+    if c.pp == 1:
+        return {}
+    kwargs: Kwargs = {"microbatch_size": c.mbs, "num_microbatches": resolved.num_microbatches,
+                      "pp_style": "interleaved" if c.vpp > 1 else "1f1b",
+                      "num_model_chunks": c.vpp}  # fmt: skip
+    if c.vpp == 1:  # with interleaving a rule keeps the split even, Colossal-AI's default
+        kwargs["num_layers_per_stage"] = list(resolved.stage_layers)
+    return kwargs
+
+
+def overlap_kwargs(resolved: ResolvedConfig, *, moe: bool) -> Kwargs:
+    """ZeRO's overlaps, said explicitly (the dense plugin defaults overlap_communication on).
+    Gradients overlap only without pipelines, where ZeRO reduces during the last backward."""
+    c = resolved.config
+    grad = c.overlap_grad_reduce and c.zero > 0 and c.pp == 1 and not moe
+    gather = c.overlap_param_gather and c.zero > 0
+    return {"overlap_communication": grad, "overlap_allgather": gather}
+
+
+def checkpoint_config(resolved: ResolvedConfig) -> str | None:
+    """Full recompute under pipelines as ``PipelineGradientCheckpointConfig``: every layer of
+    every (virtual) stage, in the order stage + chunk x pp. Without pipelines Colossal-AI's
+    forward refuses a config (it reads the stage manager), and checkpoints every layer."""
+    c = resolved.config
+    if c.recompute != "full" or c.pp == 1:
+        return None
+    per_chunk = [resolved.stage_layers[k % c.pp] // c.vpp for k in range(c.pp * c.vpp)]
+    return f"PipelineGradientCheckpointConfig(num_ckpt_layers_per_stage={per_chunk})"
+
+
+def script_settings(resolved: ResolvedConfig, model: ModelSpec) -> Kwargs:
+    """What the training script sets beside the plugin: the model class and attention kernel,
+    checkpointing, and how a step's microbatches reach the plugin."""
+    c, n = resolved.config, resolved.num_microbatches
+    return {
+        "HF_MODEL_CLASS": HF_CLASSES[family(model) or "llama"],
+        # eager keeps the s x s scores the planner prices for unfused attention
+        "ATTN_IMPLEMENTATION": "sdpa" if c.flash_attention else "eager",
+        "GRADIENT_CHECKPOINTING": c.recompute == "full",
+        "BATCH_SIZE_PER_RANK": c.mbs * n if c.pp > 1 else c.mbs,
+        "ACCUMULATION_STEPS": 1 if c.pp > 1 else n,
+        # ZeRO-2 reduce-scatters every backward (booster.no_sync refuses it); the others
+        # reduce once, in the last backward of the step.
+        "NO_SYNC_BEFORE_LAST": c.pp == 1 and n > 1 and c.zero != 2,
+    }
+
+
+_COMMENTS = {
+    "HF_MODEL_CLASS": "the transformers class to build from the model's config",
+    "ATTN_IMPLEMENTATION": "its attn_implementation",
+    "GRADIENT_CHECKPOINTING": "call model.gradient_checkpointing_enable() before boost()",
+    "BATCH_SIZE_PER_RANK": "samples per data-parallel rank per forward-backward",
+    "ACCUMULATION_STEPS": "forward-backwards per optimizer step (pp_size 1)",
+    "NO_SYNC_BEFORE_LAST": "run all but the last under booster.no_sync(model, optimizer)",
+}
+
+
+def render(plugin: str, kwargs: Kwargs, *, settings: Kwargs, checkpointing: str | None) -> str:
+    """A Python snippet: imports, the script's settings, then one plugin keyword per line."""
+    imports = [f"from colossalai.booster.plugin import {plugin}"]
+    if checkpointing is not None:
+        imports.append("from colossalai.shardformer import PipelineGradientCheckpointConfig")
+    lines = [f"# {REPO}", *imports, ""]
+    lines += [f"{k} = {v!r}  # {_COMMENTS[k]}" for k, v in settings.items()]
+    lines += ["", f"plugin = {plugin}("]
+    lines += [f"    {name}={value!r}," for name, value in kwargs.items()]
+    if checkpointing is not None:
+        lines.append(f"    gradient_checkpoint_config={checkpointing},")
+    return "\n".join([*lines, ")"]) + "\n"
+
+
+def notes(model: ModelSpec) -> tuple[str, ...]:
+    """What the user adds."""
+    return (
+        f"for {REPO}, with a transformers version its Shardformer policies support",
+        f"build the model as {HF_CLASSES[family(model) or 'llama']} from a config with "
+        f"{model.name}'s shape, then booster = Booster(plugin=plugin) and booster.boost(...)",
+        "add the data, tokenizer, optimizer and learning-rate schedule; with pp_size > 1 "
+        "step with booster.execute_pipeline(...)",
+    )
+
+
+PROFILE = Profile(name="colossalai", title="Colossal-AI", rules=RULES, launch=launch)
+"""Colossal-AI as a framework target."""

@@ -1,0 +1,422 @@
+"""DeepSpeed (Megatron-DeepSpeed): what it launches, and the flags and ``ds_config.json`` that
+launch it.
+
+Megatron-DeepSpeed's ``pretrain_gpt.py`` takes the degrees, the batch, the model and the
+recomputation on its command line and hands DeepSpeed a ``ds_config.json`` for the batch
+arithmetic, the precision and ZeRO. With a pipeline the model is a DeepSpeed ``PipelineModule``
+run by DeepSpeed's pipeline engine; without one, ``--no-pipeline-parallel`` builds the plain
+Megatron model under DeepSpeed's ordinary engine, the only one that takes ZeRO-2 and ZeRO-3.
+
+The rules cite deepspeedai/DeepSpeed at edaa722 (v0.19.5+) and deepspeedai/Megatron-DeepSpeed
+at 4efb479. DeepSpeed's context parallelism is Ulysses (all-to-all over heads), which the
+planner does not price: configurations with cp > 1 are refused here.
+"""
+
+from __future__ import annotations
+
+import json
+
+from planner.config import ResolvedConfig
+from planner.frameworks import _megatron_flags as mf
+from planner.frameworks.base import Launch, Profile, Rule, data_parallel_sync, ranks_in_order
+from planner.spec import ModelSpec
+
+DS = "deepspeedai/DeepSpeed@edaa722"
+"""The DeepSpeed source the rules were checked against."""
+MDS = "deepspeedai/Megatron-DeepSpeed@4efb479"
+"""The Megatron-DeepSpeed source of the flags."""
+_ARGS = f"{MDS} megatron/arguments.py"
+_ENGINE = f"{DS} deepspeed/runtime/engine.py"
+_PIPE = f"{DS} deepspeed/runtime/pipe/engine.py"
+_TRANSFORMER = f"{MDS} megatron/model/transformer.py"
+
+DS_CONFIG_FILE = "ds_config.json"
+"""Where the flags tell Megatron-DeepSpeed to read the DeepSpeed config."""
+DS_CONFIG_MARK = f"# {DS_CONFIG_FILE}"
+"""The line that starts the JSON in :attr:`Launch.text` (the flags come before it)."""
+
+
+# --- checks: why a configuration cannot be launched, or None --------------------------------
+
+
+def zero_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The pipeline engine asserts ZeRO stage < 2."""
+    c = resolved.config
+    if c.pp == 1 or c.zero < 2:
+        return None
+    return (f"ZeRO-{c.zero} with pp({c.pp}): DeepSpeed's pipeline engine takes ZeRO-0 or "
+            f"ZeRO-1 only")  # fmt: skip
+
+
+def bf16_without_zero(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Without ZeRO, bf16 gradients accumulate in bf16 (fp32 accumulation is refused)."""
+    if resolved.training.precision != "bf16" or resolved.config.zero > 0:
+        return None
+    return ("bf16 with zero(0): DeepSpeed accumulates bf16 gradients in bf16 without ZeRO "
+            "(fp32 accumulation is an 'unsupported mix'), and its pipeline engine shards the "
+            "optimizer anyway (BF16_Optimizer); the planner prices fp32 gradients: use zero >= 1")
+
+
+def pipeline_schedule(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The pipeline engine trains with one schedule, synchronous 1F1B."""
+    c = resolved.config
+    if c.pp == 1 or (c.vpp == 1 and c.schedule == "1f1b"):
+        return None
+    planned = f"interleaved 1F1B (vpp={c.vpp})" if c.vpp > 1 else "GPipe"
+    return (f"{planned} with pp({c.pp}): DeepSpeed's pipeline engine runs one schedule, "
+            f"1F1B without virtual stages")  # fmt: skip
+
+
+def uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """GPTModelPipe balances the transformer layers itself; it takes no per-stage counts."""
+    layers = resolved.stage_layers
+    if len(set(layers)) <= 1:
+        return None
+    return (f"stages with {list(layers)} layers: Megatron-DeepSpeed's GPTModelPipe partitions "
+            f"'type:transformer', an even split of {model.num_layers} layers over "
+            f"pp({resolved.config.pp}), and takes no per-stage counts")  # fmt: skip
+
+
+def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """DeepSpeed's sequence parallelism is Ulysses, not ring attention."""
+    cp = resolved.config.cp
+    if cp == 1:
+        return None
+    return (f"cp({cp}): DeepSpeed's context parallelism (--ds-sequence-parallel-size) is "
+            f"Ulysses all-to-all attention, not the ring attention the planner prices")
+
+
+def selective_with_flash(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Core-attention recomputation exists only on the unfused attention path."""
+    c = resolved.config
+    if c.recompute != "selective" or not c.flash_attention:
+        return None
+    return ("selective recompute with flash attention: Megatron-DeepSpeed recomputes core "
+            "attention only on its unfused path, so nothing would be recomputed")
+
+
+def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """No flag overlaps TP collectives with GEMMs; DeepSpeed even turns the async all-reduce
+    off."""
+    c = resolved.config
+    if not c.tp_comm_overlap or c.tp == 1:
+        return None
+    return (f"tp_comm_overlap with tp({c.tp}): Megatron-DeepSpeed has no tensor-parallel "
+            f"communication overlap (it turns the asynchronous TP all-reduce off under DeepSpeed)")
+
+
+def grad_overlap_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The pipeline engine reduces gradients after its schedule, never during backward."""
+    c = resolved.config
+    if c.pp == 1 or not c.overlap_grad_reduce or not data_parallel_sync(resolved):
+        return None
+    return (f"overlap_grad_reduce with pp({c.pp}): DeepSpeed's pipeline engine disables "
+            f"overlap_comm and reduces gradients after the last microbatch's backward")
+
+
+def grad_overlap_without_zero(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Without ZeRO the engine all-reduces after the boundary backward has finished."""
+    c = resolved.config
+    if c.zero > 0 or not c.overlap_grad_reduce or not data_parallel_sync(resolved):
+        return None
+    return ("overlap_grad_reduce with zero(0): without ZeRO, DeepSpeed all-reduces the "
+            "gradients after the last backward, not during it")
+
+
+def grad_overlap_bf16_optimizer(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """bf16 ZeRO-1 with fp32 gradients is BF16_Optimizer, which reduces after backward."""
+    c = resolved.config
+    if (c.zero != 1 or resolved.training.precision != "bf16" or not c.overlap_grad_reduce
+            or not data_parallel_sync(resolved)):  # fmt: skip
+        return None
+    return ("overlap_grad_reduce with bf16 ZeRO-1: DeepSpeed runs it as BF16_Optimizer (fp32 "
+            "gradients), which all-reduces after the last backward, not during it")
+
+
+def param_gather_after_step(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ZeRO-1/2 all-gather the updated weights inside the optimizer step."""
+    c = resolved.config
+    if c.zero not in (1, 2) or not c.overlap_param_gather or not data_parallel_sync(resolved):
+        return None
+    return (f"overlap_param_gather with ZeRO-{c.zero}: DeepSpeed all-gathers the updated "
+            f"weights inside the optimizer step, before the next forward")
+
+
+def zero3_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ZeRO-3 hides its gathers by prefetching, its reduce-scatters by overlap_comm: the
+    planner's grad-only overlap (gathers exposed, reductions hidden) has no setting."""
+    c = resolved.config
+    if c.zero != 3 or c.overlap_param_gather or not c.overlap_grad_reduce:
+        return None
+    return ("ZeRO-3 with overlap_grad_reduce but not overlap_param_gather: DeepSpeed's "
+            "overlap_comm hides the reduce-scatters but not the unprefetched all-gathers, "
+            "which the planner prices as hidden behind backward too")
+
+
+def moe_with_zero3(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """DeepSpeed's native MoE layer refuses ZeRO-3."""
+    if model.moe is None or resolved.config.zero != 3:
+        return None
+    return f"ZeRO-3 with {model.name}'s experts: DeepSpeed's MoE layers refuse ZeRO stage 3"
+
+
+def moe_tensor_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """DeepSpeed's MoE drops tensor-parallel duplicate tokens before its all-to-all."""
+    tp = resolved.config.tp
+    if model.moe is None or tp == 1:
+        return None
+    return (f"{model.name}'s experts with tp({tp}): DeepSpeed's MoE layer drops the "
+            f"tensor-parallel duplicate tokens before its all-to-all and gathers them after, "
+            f"an exchange the planner does not price")
+
+
+def moe_layout(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-DeepSpeed's MoE: every expert_interval-th layer, expert width = dense width,
+    no shared experts, no router bias."""
+    moe = model.moe
+    if moe is None:
+        return None
+    if moe.first_dense_layers != moe.layer_freq - 1:
+        return (f"MoE layers from layer {moe.first_dense_layers} every {moe.layer_freq}: "
+                f"Megatron-DeepSpeed puts experts on layers k x expert_interval - 1 only, so "
+                f"first_dense_layers must be layer_freq - 1 = {moe.layer_freq - 1}")
+    if moe.ffn_hidden_size != model.ffn:
+        return (f"expert ffn_hidden_size({moe.ffn_hidden_size}) != ffn_hidden_size({model.ffn}):"
+                f" Megatron-DeepSpeed's experts are copies of the dense MLP")
+    if moe.shared_experts or moe.router_expert_bias:
+        return ("shared experts or a router expert bias: Megatron-DeepSpeed's MoE has "
+                "neither")
+    return None
+
+
+def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """What GPTModel cannot build: MLA, query/key norms, a QKV bias apart from the others."""
+    if model.mla is not None:
+        return f"{model.name} uses multi-head latent attention, which Megatron-DeepSpeed lacks"
+    if model.qk_layernorm:
+        return f"{model.name} normalizes queries and keys, which Megatron-DeepSpeed cannot"
+    if model.has_qkv_bias != model.bias:
+        return (f"{model.name} has a QKV bias {'with' if model.has_qkv_bias else 'without'} "
+                f"the other linear biases: Megatron-DeepSpeed has one switch for all")
+    return None
+
+
+def sequence_parallel_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Sequence parallelism splits the sequence evenly over the TP group."""
+    tp, seq = resolved.config.tp, resolved.training.seq_length
+    if not resolved.sp or seq % tp == 0:
+        return None
+    return f"sequence parallelism: seq_len({seq}) is not divisible by tp({tp})"
+
+
+def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """DeepSpeed's pipe/data/model topology numbers ranks tp fastest, then dp, then pp."""
+    c = resolved.config
+    if ranks_in_order(resolved, ("tp", "dp", "pp")):
+        return None
+    return f"rank_order {c.rank_order!r}: DeepSpeed numbers ranks tp, then dp, then pp"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(name="zero-2-3-with-pipeline", check=zero_with_pipeline,
+         source=f"{_PIPE}:76-77; {MDS} pretrain_gpt.py:51"),
+    Rule(name="bf16-without-zero", check=bf16_without_zero,
+         source=f"{_ENGINE}:1994-1996; {_ENGINE}:2011-2021"),
+    Rule(name="pipeline-schedule", check=pipeline_schedule,
+         source=f"{_PIPE}:389; {DS} deepspeed/runtime/pipe/schedule.py:189-244"),
+    Rule(name="uneven-split", check=uneven_split,
+         source=f"{MDS} megatron/model/gpt_model.py:463; "
+                f"{DS} deepspeed/runtime/pipe/module.py:412-417"),
+    Rule(name="context-parallel", check=context_parallel,
+         source=f"{_ARGS}:974; {_TRANSFORMER}:614-621"),
+    Rule(name="selective-with-flash", check=selective_with_flash,
+         source=f"{_TRANSFORMER}:606-629"),
+    Rule(name="tp-comm-overlap", check=tp_comm_overlap, source=f"{_ARGS}:396-399"),
+    Rule(name="grad-overlap-with-pipeline", check=grad_overlap_with_pipeline,
+         source=f"{_ENGINE}:2390-2393; {DS} deepspeed/runtime/pipe/schedule.py:238-241"),
+    Rule(name="grad-overlap-without-zero", check=grad_overlap_without_zero,
+         source=f"{_ENGINE}:2980-2982"),
+    Rule(name="grad-overlap-bf16-optimizer", check=grad_overlap_bf16_optimizer,
+         source=f"{_ENGINE}:1994-1996; {_ENGINE}:2905-2913"),
+    Rule(name="param-gather-after-step", check=param_gather_after_step,
+         source=f"{DS} deepspeed/runtime/zero/stage_1_and_2.py:2393-2398; "
+                f"{DS} deepspeed/runtime/bf16_optimizer.py:454-460"),
+    Rule(name="zero-3-overlap", check=zero3_overlap,
+         source=f"{DS} deepspeed/runtime/zero/partitioned_param_coordinator.py:452; "
+                f"{DS} deepspeed/runtime/zero/config.py:215"),
+    Rule(name="moe-with-zero-3", check=moe_with_zero3, source=f"{_ENGINE}:1889-1891"),
+    Rule(name="moe-with-tp", check=moe_tensor_parallel,
+         source=f"{DS} deepspeed/moe/sharded_moe.py:706-732"),
+    Rule(name="moe-layout", check=moe_layout,
+         source=f"{_TRANSFORMER}:1650-1660; {_TRANSFORMER}:1069-1072"),
+    Rule(name="architecture", check=architecture,
+         source=f"{_ARGS}:598-690; {_ARGS}:937"),
+    Rule(name="sp-sequence-split", check=sequence_parallel_split,
+         source=f"{MDS} megatron/core/tensor_parallel/mappings.py:56-58"),
+    Rule(name="rank-order", check=rank_order,
+         source=f"{DS} deepspeed/runtime/pipe/topology.py:244-248"),
+)  # fmt: skip
+"""Everything DeepSpeed refuses, or cannot run as the planner prices it."""
+
+
+# --- the launcher --------------------------------------------------------------------------------
+
+
+def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
+    """The ``pretrain_gpt.py`` flags, then (after :data:`DS_CONFIG_MARK`) ``ds_config.json``.
+
+    Only called on configurations no rule of :data:`RULES` refuses.
+    """
+    flags = [
+        *parallel_flags(resolved, model),
+        *batch_flags(resolved),
+        *model_flags(model, resolved),
+        *mf.precision_flags(resolved),
+        *recompute_flags(resolved),
+        *attention_flags(resolved),
+        ("--zero-stage", resolved.config.zero),
+        ("--deepspeed", None),
+        ("--deepspeed_config", DS_CONFIG_FILE),
+    ]
+    text = (f"# pretrain_gpt.py arguments ({MDS} with {DS})\n{mf.render(flags)}\n"
+            f"{DS_CONFIG_MARK}\n{json.dumps(ds_config(resolved), indent=2)}\n")  # fmt: skip
+    environment = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if resolved.sp else {}
+    return Launch(text=text, environment=environment, notes=notes(model, resolved))
+
+
+def parallel_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[mf.Flag]:
+    """Tensor, pipeline (or ``--no-pipeline-parallel``), sequence and expert parallelism."""
+    c = resolved.config
+    flags: list[mf.Flag] = [("--tensor-model-parallel-size", c.tp),
+                            ("--pipeline-model-parallel-size", c.pp)]  # fmt: skip
+    if c.pp == 1:
+        # Without it pp 1 is still a one-stage PipelineModule, whose engine refuses ZeRO-2/3.
+        flags.append(("--no-pipeline-parallel", None))
+    if resolved.sp:
+        flags.append(("--sequence-parallel", None))
+    if model.moe is not None:
+        flags.append(("--moe-expert-parallel-size", c.ep))
+    return flags
+
+
+def batch_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """Microbatch per data-parallel rank, global batch, sequence length (the data-parallel
+    size and the microbatches follow from the world size, as ds_config says them too)."""
+    t = resolved.training
+    return [("--micro-batch-size", resolved.config.mbs),
+            ("--global-batch-size", t.global_batch_size), ("--seq-length", t.seq_length)]
+
+
+def model_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
+    """The architecture GPTModel builds; every default that differs from the model is said."""
+    flags: list[mf.Flag] = [
+        ("--num-layers", model.num_layers),
+        ("--hidden-size", model.hidden_size),
+        ("--ffn-hidden-size", model.ffn),
+        ("--num-attention-heads", model.num_attention_heads),
+        ("--num-key-value-heads", model.query_groups),
+        ("--kv-channels", model.head_dim),
+        ("--max-position-embeddings", mf.max_positions(model, resolved.training.seq_length)),
+        ("--make-vocab-size-divisible-by", mf.vocab_divisor(model.vocab_size, resolved.config.tp)),
+        ("--normalization", model.normalization),
+    ]
+    flags += [("--swiglu", None)] * (model.activation == "swiglu")
+    if model.position_embedding == "rope":
+        flags += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None)]
+    flags += [("--untie-embeddings-and-output-weights", None)] * (not model.tie_word_embeddings)
+    flags += [("--disable-bias-linear", None)] * (not model.bias)
+    # Both default to 0.1 in Megatron-DeepSpeed: always said.
+    flags += [("--hidden-dropout", model.hidden_dropout),
+              ("--attention-dropout", model.attention_dropout)]  # fmt: skip
+    return flags + moe_flags(model)
+
+
+def moe_flags(model: ModelSpec) -> list[mf.Flag]:
+    """DeepSpeed's MoE layer: experts every ``--expert-interval`` layers (default 2, so always
+    said), top-k routing at capacity factor 1 (the tokens-per-expert the planner prices), and
+    the optimizer's separate expert parameter group that ZeRO needs."""
+    moe = model.moe
+    if moe is None:
+        return []
+    return [("--num-experts", moe.num_experts), ("--topk", moe.top_k),
+            ("--expert-interval", moe.layer_freq), ("--moe-train-capacity-factor", 1.0),
+            ("--create-moe-param-group", None)]  # fmt: skip
+
+
+def recompute_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """Selective: core attention (unfused path). Full: DeepSpeed's activation checkpointing of
+    every transformer layer, each one's input kept (one layer per checkpoint), in both the
+    pipeline and the plain model, with the TP-aware RNG tracker DeepSpeed's checkpoint needs."""
+    recompute = resolved.config.recompute
+    if recompute == "selective":
+        return [("--recompute-granularity", "selective")]
+    if recompute == "full":
+        return [("--checkpoint-activations", None), ("--checkpoint-num-layers", 1),
+                ("--deepspeed-activation-checkpointing", None)]  # fmt: skip
+    return []
+
+
+def attention_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """FlashAttention-2 for fused attention; the unfused CoreAttention is the default."""
+    return [("--use-flash-attn-v2", None)] if resolved.config.flash_attention else []
+
+
+def ds_config(resolved: ResolvedConfig) -> dict[str, object]:
+    """``ds_config.json``: batch arithmetic, precision, ZeRO and the pipeline's sends
+    (``deepspeed/runtime/config.py:428-441``)."""
+    c, t = resolved.config, resolved.training
+    config: dict[str, object] = {
+        # DeepSpeed checks train_batch_size = micro x accumulation x data-parallel size.
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": c.mbs,
+        "gradient_accumulation_steps": resolved.num_microbatches,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": {"enabled": t.precision == "fp16"},
+    }
+    if t.precision == "bf16":
+        # fp32 gradient accumulation, as the planner prices bf16 training (Megatron's main
+        # grads); a rule keeps bf16 to ZeRO >= 1, where DeepSpeed accepts it.
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    config["zero_optimization"] = zero_block(resolved)
+    if c.pp > 1:
+        # The engine sends a 1/tp slice and all-gathers it (its default), as the planner prices
+        # tensor parallelism without sp; with sp each rank's sequence shard goes as it is (a
+        # slice of tensors that differ over the TP group could not be gathered back).
+        sliced = c.tp > 1 and not resolved.sp
+        config["pipeline"] = {"pipe_partitioned": sliced, "grad_partitioned": sliced}
+    return config
+
+
+def zero_block(resolved: ResolvedConfig) -> dict[str, object]:
+    """``zero_optimization``: the stage, and its overlap said explicitly (ZeRO-3 defaults it
+    on, the others off; the pipeline engine turns it off)."""
+    c = resolved.config
+    block: dict[str, object] = {"stage": c.zero}
+    if c.zero == 0:
+        return block
+    overlap = c.overlap_grad_reduce or (c.zero == 3 and c.overlap_param_gather)
+    block["overlap_comm"] = overlap and c.pp == 1
+    if c.zero == 3 and not c.overlap_param_gather:
+        block["stage3_prefetch_bucket_size"] = 0  # no prefetch: the gathers stay exposed
+    return block
+
+
+def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
+    """What the user adds, and what the text does that is worth knowing."""
+    moe = ("the MoE layers drop tokens over each expert's capacity (capacity factor 1, "
+           "balanced routing as the planner prices it)",)
+    return (
+        f"for {MDS} pretrain_gpt.py run by the deepspeed launcher with {DS}; save the JSON "
+        f"after '{DS_CONFIG_MARK}' as {DS_CONFIG_FILE}",
+        f"add the data and tokenizer (--data-path, --tokenizer-type, --vocab-file/"
+        f"--tokenizer-model): a vocabulary of {model.vocab_size} tokens, which "
+        f"--make-vocab-size-divisible-by pads to "
+        f"{mf.padded_vocab(model.vocab_size, resolved.config.tp)} rows",
+        "add the run's length, learning-rate schedule and optimizer hyper-parameters "
+        "(--train-iters, --lr, ...) and checkpoint paths",
+        *(moe if model.moe is not None else ()),
+    )
+
+
+PROFILE = Profile(name="deepspeed", title="DeepSpeed", rules=RULES, launch=launch)
+"""DeepSpeed (Megatron-DeepSpeed) as a framework target."""

@@ -1,0 +1,324 @@
+"""Megatron-LM: what it launches, and the ``pretrain_gpt.py`` flags that launch it.
+
+The rules cite NVIDIA/Megatron-LM at commit d98e8a64ddf3 (main, August 2026) and, for the
+attention kernels Megatron-Core runs through it, NVIDIA/TransformerEngine at d0067d0da6cb.
+ZeRO-1 is Megatron's distributed optimizer; ZeRO-2 and ZeRO-3 are Megatron-FSDP, whose
+``optim_grads`` strategy reduce-scatters the gradients on every microbatch and whose
+``optim_grads_params`` also all-gathers the parameters for every forward and backward
+(``megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:166-169``, ``megatron_fsdp.py:761-764``),
+as the planner prices them.
+
+The check functions are public: MindSpeed, which runs Megatron-LM, reuses them with the
+citations of the Megatron-Core version it runs on (:mod:`planner.frameworks.mindspeed`).
+"""
+
+from __future__ import annotations
+
+from planner.config import ResolvedConfig
+from planner.frameworks import _megatron_flags as mf
+from planner.frameworks.base import Launch, Profile, Rule
+from planner.layer_cost import DEFAULT_RANK_ORDER
+from planner.spec import ModelSpec
+
+REPO = "NVIDIA/Megatron-LM@d98e8a64ddf3"
+"""The Megatron-LM source the rules and flags were checked against."""
+TE = "NVIDIA/TransformerEngine@d0067d0da6cb"
+"""The Transformer Engine source of Megatron-Core's fused attention."""
+_ARGS = f"{REPO} megatron/training/arguments.py"
+_TE_ATTENTION = f"{TE} transformer_engine/pytorch/attention/dot_product_attention/utils.py"
+
+
+# --- checks: why a configuration cannot be launched, or None --------------------------------
+
+
+def gpipe_schedule(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """GPipe (all forwards, then all backwards) is none of Megatron's schedules."""
+    if resolved.config.schedule != "gpipe":
+        return None
+    return (f"schedule gpipe: Megatron-LM has no GPipe schedule; with pp({resolved.config.pp}) "
+            f"it runs 1F1B, interleaved 1F1B or, at pp 1, one microbatch's forward and "
+            f"backward at a time")  # fmt: skip
+
+
+def sharded_gradients_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ZeRO-2/3 is Megatron-FSDP, documented with TP, CP and EP but not pipelines."""
+    c = resolved.config
+    if c.zero < 2 or c.pp == 1:
+        return None
+    return (f"ZeRO-{c.zero} runs as Megatron-FSDP, which does not run with pipeline "
+            f"parallelism: pp({c.pp}) > 1")  # fmt: skip
+
+
+def sharded_gradients_without_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-FSDP always overlaps the per-microbatch gradient reduce-scatter."""
+    c = resolved.config
+    if c.zero < 2 or c.overlap_grad_reduce:
+        return None
+    return (f"ZeRO-{c.zero} runs as Megatron-FSDP, which always overlaps its per-microbatch "
+            f"gradient reduce-scatter: the configuration has overlap_grad_reduce off")
+
+
+def sharded_params_without_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-FSDP always overlaps ZeRO-3's parameter all-gathers."""
+    c = resolved.config
+    if c.zero != 3 or c.overlap_param_gather:
+        return None
+    return ("ZeRO-3 runs as Megatron-FSDP, which always overlaps its per-microbatch parameter "
+            "all-gathers: the configuration has overlap_param_gather off")
+
+
+def param_gather_without_sharding(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``--overlap-param-gather`` needs the distributed optimizer (or Megatron-FSDP)."""
+    c = resolved.config
+    if not c.overlap_param_gather or c.zero > 0:
+        return None
+    return ("overlap_param_gather with zero(0): a replicated optimizer has no parameter "
+            "all-gather to overlap (Megatron needs the distributed optimizer, zero >= 1)")
+
+
+def param_gather_without_grad_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``--overlap-param-gather`` only runs with ``--overlap-grad-reduce``."""
+    c = resolved.config
+    if not c.overlap_param_gather or c.overlap_grad_reduce:
+        return None
+    return "overlap_param_gather without overlap_grad_reduce: Megatron-LM needs both"
+
+
+def tp_overlap_without_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Overlapping TP collectives with GEMMs needs sequence parallelism."""
+    c = resolved.config
+    if not c.tp_comm_overlap or c.tp == 1 or resolved.sp:
+        return None
+    return f"tp_comm_overlap with tp({c.tp}) needs sequence parallelism (sp)"
+
+
+def sequence_parallel_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Sequence parallelism splits each rank's tokens evenly over the TP group."""
+    c, seq = resolved.config, resolved.training.seq_length
+    tokens = seq // c.cp
+    if not resolved.sp or tokens % c.tp == 0:
+        return None
+    return (f"sequence parallelism splits seq_len({seq}) / cp({c.cp}) = {tokens} tokens over "
+            f"tp({c.tp}): {tokens} is not divisible by {c.tp}")  # fmt: skip
+
+
+def context_parallel_sequence(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Load-balanced ring attention cuts the sequence into 2 x cp chunks."""
+    c, seq = resolved.config, resolved.training.seq_length
+    if c.cp == 1 or seq % (2 * c.cp) == 0:
+        return None
+    return f"seq_len({seq}) is not divisible by 2 x cp({c.cp}) = {2 * c.cp}"
+
+
+def interleaving_without_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Virtual stages need pipeline stages."""
+    c = resolved.config
+    if c.vpp == 1 or c.pp > 1:
+        return None
+    return f"vpp({c.vpp}) > 1 needs pipeline parallelism: pp({c.pp})"
+
+
+def interleaving_microbatches(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Interleaved 1F1B runs microbatches in groups of pp (the default group size)."""
+    c, m = resolved.config, resolved.num_microbatches
+    if c.vpp == 1 or m % c.pp == 0:
+        return None
+    return (f"interleaved 1F1B runs microbatches in groups of pp({c.pp}): "
+            f"num_microbatches({m}) is not a multiple of {c.pp}")
+
+
+def interleaving_chunks(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Every stage's layers split into vpp equal model chunks."""
+    vpp = resolved.config.vpp
+    uneven = sorted({n for n in resolved.stage_layers if n % vpp})
+    if not uneven:
+        return None
+    return (f"interleaved 1F1B splits every stage into vpp({vpp}) equal chunks: stages with "
+            f"{uneven} layers do not divide")
+
+
+def expert_parallel_experts(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Expert parallelism needs experts, a whole number of them per rank."""
+    ep = resolved.config.ep
+    if ep == 1:
+        return None
+    if model.moe is None:
+        return f"ep({ep}) > 1 but {model.name} has no experts"
+    if model.moe.num_experts % ep:
+        return f"num_experts({model.moe.num_experts}) is not divisible by ep({ep})"
+    return None
+
+
+def moe_tensor_parallel_without_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-Core trains MoE layers under tensor parallelism only with sequence parallelism."""
+    tp = resolved.config.tp
+    if model.moe is None or tp == 1 or resolved.sp:
+        return None
+    return (f"{model.name} has experts and tp({tp}) > 1: Megatron-Core trains MoE layers with "
+            f"tensor parallelism only under sequence parallelism (sp)")
+
+
+def moe_bias_with_tensor_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Biased experts only without expert tensor parallelism (which is tp here)."""
+    tp = resolved.config.tp
+    if model.moe is None or not model.bias or tp == 1:
+        return None
+    return (f"{model.name} has experts with linear biases: Megatron-Core supports them only "
+            f"with expert tensor parallelism 1, here tp({tp})")
+
+
+def linear_bias_without_qkv_bias(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``--add-bias-linear`` (the default) always adds the QKV bias too."""
+    if not model.bias or model.has_qkv_bias:
+        return None
+    return (f"{model.name} has linear biases but none on QKV: Megatron-LM's linear biases "
+            f"always include the QKV projection's")
+
+
+def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron numbers ranks tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp, which the planner forbids)."""
+    order = resolved.config.rank_order
+    if order == DEFAULT_RANK_ORDER:
+        return None
+    return f"rank_order {order!r}: Megatron-LM numbers ranks {DEFAULT_RANK_ORDER}"
+
+
+def fused_attention_precision(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Transformer Engine's flash and fused attention take bf16 or fp16 only."""
+    precision = resolved.training.precision
+    if not resolved.config.flash_attention or precision != "fp32":
+        return None
+    return (f"fused attention with precision {precision}: Transformer Engine's flash and fused "
+            f"attention take bf16 or fp16 only")
+
+
+def unfused_attention_with_cp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Context parallelism runs only inside fused attention."""
+    cp = resolved.config.cp
+    if resolved.config.flash_attention or cp == 1:
+        return None
+    return (f"context parallelism (cp={cp}) runs only with fused attention: "
+            f"flash_attention is off")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(name="gpipe", check=gpipe_schedule,
+         source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:161-168"),
+    Rule(name="zero-2-3-with-pipeline", check=sharded_gradients_with_pipeline,
+         source=f"{REPO} docs/user-guide/parallelism-guide.md:78; "
+                f"megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:627-638"),
+    Rule(name="zero-2-3-grad-overlap", check=sharded_gradients_without_overlap,
+         source=f"{REPO} megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:"
+                f"331-333"),
+    Rule(name="zero-3-param-overlap", check=sharded_params_without_overlap,
+         source=f"{REPO} megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:"
+                f"328-330"),
+    Rule(name="param-gather-without-sharding", check=param_gather_without_sharding,
+         source=f"{_ARGS}:1024-1027"),
+    Rule(name="param-gather-without-grad-overlap", check=param_gather_without_grad_overlap,
+         source=f"{_ARGS}:1028-1029"),
+    Rule(name="tp-comm-overlap-without-sp", check=tp_overlap_without_sp,
+         source=f"{_ARGS}:1441-1442"),
+    Rule(name="sp-sequence-split", check=sequence_parallel_split,
+         source=f"{REPO} megatron/core/tensor_parallel/mappings.py:72-74"),
+    Rule(name="cp-sequence", check=context_parallel_sequence, source=f"{_ARGS}:1335-1338"),
+    Rule(name="vpp-without-pipeline", check=interleaving_without_pipeline,
+         source=f"{_ARGS}:1000-1004"),
+    Rule(name="vpp-microbatches", check=interleaving_microbatches,
+         source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:1172-1180; "
+                f"megatron/core/model_parallel_config.py:567-568"),
+    Rule(name="vpp-chunks", check=interleaving_chunks,
+         source=f"{REPO} megatron/core/transformer/transformer_config.py:2306-2368; "
+                f"megatron/core/transformer/transformer_block.py:175-178"),
+    Rule(name="expert-parallel", check=expert_parallel_experts, source=f"{_ARGS}:1654-1658"),
+    Rule(name="moe-tp-without-sp", check=moe_tensor_parallel_without_sp,
+         source=f"{REPO} megatron/core/transformer/moe/moe_layer.py:636-640"),
+    Rule(name="moe-bias-with-tp", check=moe_bias_with_tensor_parallel,
+         source=f"{REPO} megatron/core/transformer/transformer_config.py:2612-2615"),
+    Rule(name="bias-without-qkv-bias", check=linear_bias_without_qkv_bias,
+         source=f"{_ARGS}:1608-1610"),
+    Rule(name="rank-order", check=rank_order,
+         source=f"{REPO} megatron/training/initialize.py:395"),
+    Rule(name="fused-attention-precision", check=fused_attention_precision,
+         source=f"{_TE_ATTENTION}:598-644"),
+    Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,
+         source=f"{_TE_ATTENTION}:1169-1173; {REPO} "
+                f"megatron/core/transformer/dot_product_attention.py:57-59"),
+)  # fmt: skip
+"""Everything Megatron-LM refuses, or cannot run as the planner prices it."""
+
+
+# --- the launcher --------------------------------------------------------------------------------
+
+
+def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
+    """The configuration as complete ``pretrain_gpt.py`` flags, one per line.
+
+    Only called on configurations no rule of :data:`RULES` refuses.
+    """
+    flags = [
+        *mf.parallel_flags(resolved, model),
+        *mf.split_flags(resolved),
+        *mf.batch_flags(resolved),
+        *mf.model_flags(model, seq_length=resolved.training.seq_length),
+        *vocab_flags(model, resolved),
+        *mf.precision_flags(resolved),
+        *mf.recompute_flags(resolved),
+        *optimizer_flags(resolved),
+        *mf.overlap_flags(resolved),
+        *attention_flags(resolved),
+    ]
+    return Launch(text=mf.render(flags), environment=mf.device_connections(resolved),
+                  notes=notes(model, resolved))  # fmt: skip
+
+
+def vocab_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
+    """The vocabulary: NullTokenizer builds exactly ``--vocab-size`` entries, which Megatron pads
+    to a multiple of ``--make-vocab-size-divisible-by`` x tp (nothing, where it can)."""
+    return [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", model.vocab_size),
+            ("--make-vocab-size-divisible-by",
+             mf.vocab_divisor(model.vocab_size, resolved.config.tp))]  # fmt: skip
+
+
+def optimizer_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP (version 1, which keeps
+    the distributed optimizer and checkpoints in its own format)."""
+    zero = resolved.config.zero
+    if zero == 0:
+        return []
+    if zero == 1:
+        return [("--use-distributed-optimizer", None)]
+    return [("--use-megatron-fsdp", None),
+            ("--data-parallel-sharding-strategy", mf.fsdp_sharding_strategy(zero)),
+            ("--use-distributed-optimizer", None), ("--ckpt-format", "fsdp_dtensor")]  # fmt: skip
+
+
+def attention_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """cuDNN fused attention (the backend of Megatron's own Llama-3 examples), or unfused
+    attention with the s x s scores kept. Never ``auto``, which may fall back to unfused
+    attention where no fused kernel fits and so run something else than was priced."""
+    return [("--attention-backend", "fused" if resolved.config.flash_attention else "unfused")]
+
+
+def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
+    """What the user adds, and what the flags do that is worth knowing."""
+    fsdp = ("leave CUDA_DEVICE_MAX_CONNECTIONS unset: Megatron-FSDP refuses 1",)
+    return (
+        f"for {REPO} pretrain_gpt.py",
+        "add the data: --data-path PREFIX --split 99,1,0 (or --mock-data); for real text "
+        "replace NullTokenizer and --vocab-size by your tokenizer (--tokenizer-type, "
+        f"--tokenizer-model) and add --padded-vocab-size "
+        f"{mf.padded_vocab(model.vocab_size, resolved.config.tp)} to keep the embedding the "
+        "plan priced",
+        "add the run's length, learning-rate schedule, optimizer hyper-parameters and "
+        "checkpoint paths; RoPE base and scaling and the norm epsilon are the model's, not "
+        "the plan's",
+        "leave NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN unset: Megatron sets them "
+        "from --attention-backend and refuses other values",
+        *mf.vocab_notes(model, resolved),
+        *(fsdp if resolved.config.zero >= 2 else ()),
+    )
+
+
+PROFILE = Profile(name="megatron", title="Megatron-LM", rules=RULES, launch=launch)
+"""Megatron-LM as a framework target."""

@@ -1,0 +1,199 @@
+"""MindSpeed (Ascend): Megatron-LM's ``pretrain_gpt.py`` with MindSpeed's adaptor imported.
+
+MindSpeed core (Ascend/MindSpeed at 028de58ca629) patches Megatron-LM at ``core_v0.12.1`` and runs
+Megatron's own ``parse_args`` and ``validate_args`` before its features' checks
+(``mindspeed/core/megatron_basic/arguments_basic.py:37-58``). So it inherits Megatron's rules as
+that version states them (cited there), and adds its own. The split flags pass through:
+``--decoder-first/last-pipeline-num-layers`` and ``--num-virtual-stages-per-pipeline-rank`` are
+core_v0.12.1's (``megatron/training/arguments.py:428-465``), which MindSpeed's basic feature
+only reads (``mindspeed/features_manager/megatron_basic/megatron_basic.py:13-21``); MindSpeed-LLM's
+``--num-layer-list`` is not used, as it refuses interleaving.
+
+ZeRO-2/3 are core_v0.12.1's Megatron-FSDP (then called custom FSDP), which MindSpeed adapts
+(``docs/zh/features/custom_fsdp.md``) with gradient accumulation fusion off.
+"""
+
+from __future__ import annotations
+
+from planner.config import ResolvedConfig
+from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import megatron
+from planner.frameworks.base import Launch, Profile, Rule
+from planner.spec import ModelSpec
+
+REPO = "Ascend/MindSpeed@028de58ca629"
+"""The MindSpeed source the rules and flags were checked against."""
+CORE = "NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)"
+"""The Megatron-LM MindSpeed runs on."""
+_ARGS = f"{CORE} megatron/training/arguments.py"
+_CP_FEATURE = f"{REPO} mindspeed/features_manager/context_parallel/context_parallel_feature.py"
+
+
+def moe_bias(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """core_v0.12.1 builds no biased experts at all."""
+    if model.moe is None or not model.bias:
+        return None
+    return (f"{model.name} has experts with linear biases: the Megatron-Core MindSpeed runs on "
+            f"(core_v0.12.1) builds no biased experts")
+
+
+def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron's TP overlap is Transformer Engine's userbuffers, which Ascend does not have."""
+    c = resolved.config
+    if not c.tp_comm_overlap or c.tp == 1:
+        return None
+    return (f"tp_comm_overlap with tp({c.tp}): Megatron's --tp-comm-overlap runs Transformer "
+            f"Engine's userbuffers, absent on Ascend, and MindSpeed switches it off; its own TP "
+            f"overlap (--use-ascend-mc2, --use-ascend-coc) is another algorithm")
+
+
+def unfused_attention_with_cp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """MindSpeed's ring attention always runs the NPU's fused attention."""
+    cp = resolved.config.cp
+    if resolved.config.flash_attention or cp == 1:
+        return None
+    return (f"context parallelism (cp={cp}): MindSpeed's ring attention switches fused attention "
+            f"on, and the configuration has flash_attention off")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(name="gpipe", check=megatron.gpipe_schedule,
+         source=f"{CORE} megatron/core/pipeline_parallel/schedules.py:106-113"),
+    Rule(name="zero-2-3-with-pipeline", check=megatron.sharded_gradients_with_pipeline,
+         source=f"{CORE} docs/source/api-guide/custom_fsdp.md:19; "
+                f"{REPO} docs/zh/features/custom_fsdp.md:38"),
+    Rule(name="zero-2-3-grad-overlap", check=megatron.sharded_gradients_without_overlap,
+         source=f"{CORE} megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py:"
+                f"146-147"),
+    Rule(name="zero-3-param-overlap", check=megatron.sharded_params_without_overlap,
+         source=f"{CORE} megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py:"
+                f"144-145"),
+    Rule(name="param-gather-without-sharding", check=megatron.param_gather_without_sharding,
+         source=f"{_ARGS}:502-504"),
+    Rule(name="param-gather-without-grad-overlap",
+         check=megatron.param_gather_without_grad_overlap, source=f"{_ARGS}:505-506"),
+    Rule(name="tp-comm-overlap", check=tp_comm_overlap,
+         source=f"{CORE} megatron/training/initialize.py:236-243; "
+                f"{REPO} mindspeed/arguments.py:695-696"),
+    Rule(name="sp-sequence-split", check=megatron.sequence_parallel_split,
+         source=f"{CORE} megatron/core/tensor_parallel/mappings.py:66-69"),
+    Rule(name="cp-sequence", check=megatron.context_parallel_sequence,
+         source=f"{_CP_FEATURE}:39-41; {_ARGS}:683-686"),
+    Rule(name="vpp-without-pipeline", check=megatron.interleaving_without_pipeline,
+         source=f"{_ARGS}:432-435"),
+    Rule(name="vpp-microbatches", check=megatron.interleaving_microbatches,
+         source=f"{CORE} megatron/core/pipeline_parallel/schedules.py:789-795; "
+                f"megatron/core/model_parallel_config.py:389-390"),
+    Rule(name="vpp-chunks", check=megatron.interleaving_chunks,
+         source=f"{CORE} megatron/core/transformer/transformer_config.py:790-841; "
+                f"megatron/core/transformer/transformer_block.py:136-139"),
+    Rule(name="expert-parallel", check=megatron.expert_parallel_experts,
+         source=f"{_ARGS}:849-853"),
+    Rule(name="moe-tp-without-sp", check=megatron.moe_tensor_parallel_without_sp,
+         source=f"{CORE} megatron/core/transformer/moe/moe_layer.py:130-137"),
+    Rule(name="moe-bias", check=moe_bias,
+         source=f"{CORE} megatron/core/transformer/transformer_config.py:945-946"),
+    Rule(name="bias-without-qkv-bias", check=megatron.linear_bias_without_qkv_bias,
+         source=f"{_ARGS}:787-789"),
+    Rule(name="rank-order", check=megatron.rank_order,
+         source=f"{CORE} megatron/training/initialize.py:354"),
+    Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,
+         source=f"{_CP_FEATURE}:51; "
+                f"{REPO} docs/zh/features/ring-attention-context-parallel.md:43"),
+)  # fmt: skip
+"""Everything MindSpeed refuses, or cannot run as the planner prices it."""
+
+
+def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
+    """The configuration as complete ``pretrain_gpt.py`` flags for MindSpeed, one per line.
+
+    Only called on configurations no rule of :data:`RULES` refuses.
+    """
+    flags = [
+        *mf.parallel_flags(resolved, model),
+        *context_parallel_flags(resolved),
+        *mf.split_flags(resolved),
+        *mf.batch_flags(resolved),
+        *mf.model_flags(model, seq_length=resolved.training.seq_length),
+        *rope_flags(model),
+        *vocab_flags(model, resolved),
+        *mf.precision_flags(resolved),
+        *mf.recompute_flags(resolved),
+        *optimizer_flags(resolved),
+        *mf.overlap_flags(resolved),
+        *attention_flags(resolved),
+    ]
+    return Launch(text=mf.render(flags), environment=mf.device_connections(resolved),
+                  notes=notes(model, resolved))  # fmt: skip
+
+
+def context_parallel_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """Ring attention as Megatron's (``megatron_cp_algo``, whose default changed between
+    releases, so always spelled out), its send and receive overlapped with the block compute
+    as the planner prices it."""
+    if resolved.config.cp == 1:
+        return []
+    return [("--context-parallel-algo", "megatron_cp_algo"), ("--use-cp-send-recv-overlap", None)]
+
+
+def rope_flags(model: ModelSpec) -> list[mf.Flag]:
+    """The NPU's fused RoPE kernel, without which core_v0.12.1's configuration check refuses
+    RoPE fusion (Transformer Engine's kernel is absent on Ascend; with MLA it refuses it
+    outright): MindSpeed's feature bypasses that check (``mindspeed/core/fusions/
+    fused_rope.py:77-88``), as MindSpeed's own MLA test runs it."""
+    return [("--use-fused-rotary-pos-emb", None)] if model.position_embedding == "rope" else []
+
+
+def vocab_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
+    """The vocabulary: core_v0.12.1's NullTokenizer adds an end-of-document token to
+    ``--vocab-size``, so one less builds the model's vocabulary exactly."""
+    return [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", model.vocab_size - 1),
+            ("--make-vocab-size-divisible-by",
+             mf.vocab_divisor(model.vocab_size, resolved.config.tp))]  # fmt: skip
+
+
+def optimizer_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """ZeRO-1 is the distributed optimizer; ZeRO-2/3 are core_v0.12.1's Megatron-FSDP, which
+    keeps the distributed optimizer and refuses gradient accumulation fusion."""
+    zero = resolved.config.zero
+    if zero == 0:
+        return []
+    if zero == 1:
+        return [("--use-distributed-optimizer", None)]
+    return [("--use-custom-fsdp", None),
+            ("--data-parallel-sharding-strategy", mf.fsdp_sharding_strategy(zero)),
+            ("--use-distributed-optimizer", None),
+            ("--no-gradient-accumulation-fusion", None)]  # fmt: skip
+
+
+def attention_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """Megatron's local layers: MindSpeed runs their core attention as the NPU's fused
+    attention under ``--use-flash-attn`` and unfused without it (its Transformer Engine layers
+    need the flag on, ``docs/zh/features/transformer_engine.md:61``, so could not say
+    unfused attention)."""
+    flags: list[mf.Flag] = [("--transformer-impl", "local")]
+    if resolved.config.flash_attention:
+        flags.append(("--use-flash-attn", None))
+    return flags
+
+
+def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
+    """What the user adds, and what the flags do that is worth knowing."""
+    fsdp = ("unset CUDA_DEVICE_MAX_CONNECTIONS: Megatron-FSDP refuses 1",)
+    return (
+        f"for {REPO} on {CORE}: Megatron-LM's pretrain_gpt.py with "
+        "'import mindspeed.megatron_adaptor' after 'import torch'",
+        "add the data: --data-path PREFIX --split 99,1,0 (or --mock-data); for real text "
+        "replace NullTokenizer and --vocab-size by your tokenizer (--tokenizer-type "
+        f"PretrainedFromHF --tokenizer-name-or-path DIR), whose vocabulary must be the model's "
+        f"{model.vocab_size}",
+        "add the run's length, learning-rate schedule, optimizer hyper-parameters and "
+        "checkpoint paths; RoPE base and scaling and the norm epsilon are the model's, not "
+        "the plan's",
+        *mf.vocab_notes(model, resolved),
+        *(fsdp if resolved.config.zero >= 2 else ()),
+    )
+
+
+PROFILE = Profile(name="mindspeed", title="MindSpeed", rules=RULES, launch=launch)
+"""MindSpeed as a framework target."""

@@ -1,0 +1,463 @@
+"""torchtitan v0.2.2: what it launches, and the job TOML that launches it.
+
+torchtitan builds a registered model (``[model] name`` and ``flavor``) and composes PyTorch's
+own parallelisms: tensor parallelism with the norms always sharded along the sequence, FSDP2
+(``fully_shard``) for sharded data parallelism, DDP only when data parallelism is the only
+parallelism, and ``torch.distributed.pipelining`` schedules. The planner's ZeRO stages map to
+FSDP2 where it runs exactly as priced:
+
+- without a pipeline, ``fsdp_reshard_after_forward = "always"`` is ZeRO-3 (the loop
+  accumulates microbatches without ``no_sync``, so every backward reduce-scatters), and
+  ``"never"`` is ZeRO-2 when a step is one microbatch (with more, FSDP2 gathers the weights
+  again for every microbatch's forward);
+- under a pipeline, PyTorch defers FSDP2's gradient reduction and resharding to after the last
+  microbatch (``backward_maybe_with_nosync``, ``_post_backward``): with ``"never"`` that is
+  ZeRO-1, its once-per-step gather prefetched under the first forward.
+
+The rules cite pytorch/torchtitan at v0.2.2 (73a0e69) and pytorch/pytorch at v2.13.0 (cf30153).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.config import ResolvedConfig
+from planner.errors import ConfigError
+from planner.frameworks.base import Launch, Profile, Rule, ranks_in_order
+from planner.spec import ModelSpec, MoESpec
+
+VERSION = "v0.2.2"
+"""The torchtitan release the TOML is for."""
+REPO = "pytorch/torchtitan@73a0e69"
+"""torchtitan v0.2.2, where the keys and rules were checked."""
+TORCH = "pytorch/pytorch@cf30153"
+"""PyTorch v2.13.0, for FSDP2, pipelining and context parallelism."""
+_PARALLELIZE = f"{REPO} torchtitan/models/llama3/infra/parallelize.py"
+_STAGE = f"{TORCH} torch/distributed/pipelining/stage.py"
+
+
+def _llama3(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
+    """A Llama 3 flavor; its FFN is multiple_of x ceil(multiplier x int(8 dim / 3) / multiple_of)
+    (``torchtitan/models/llama3/model/model.py:332-336``), written out here."""
+    return ModelSpec(name=f"llama3 {flavor}", num_layers=layers, hidden_size=hidden,
+                     num_attention_heads=heads, num_query_groups=8, ffn_hidden_size=ffn,
+                     vocab_size=128256, max_position_embeddings=131072, activation="swiglu",
+                     normalization="rmsnorm", position_embedding="rope",
+                     tie_word_embeddings=False, bias=False)  # fmt: skip
+
+
+def _qwen3_moe(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int,
+               expert_ffn: int) -> ModelSpec:  # fmt: skip
+    """A Qwen3 MoE flavor: 128 experts, top 8, on every layer; 4 KV heads of 128 dims."""
+    return ModelSpec(name=f"qwen3 {flavor}", num_layers=layers, hidden_size=hidden,
+                     num_attention_heads=heads, num_query_groups=4, kv_channels=128,
+                     ffn_hidden_size=ffn, vocab_size=151936, max_position_embeddings=262144,
+                     activation="swiglu", normalization="rmsnorm", position_embedding="rope",
+                     tie_word_embeddings=False, bias=False, qk_layernorm=True,
+                     moe=MoESpec(num_experts=128, top_k=8, ffn_hidden_size=expert_ffn))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Flavor:
+    """A model torchtitan registers, in the planner's words."""
+
+    name: str
+    """``[model] name``."""
+    flavor: str
+    """``[model] flavor``."""
+    spec: ModelSpec
+    """Its architecture (max_position_embeddings aside, which torchtitan sets to seq_len)."""
+    pipeline: bool
+    """Whether its train spec has a pipelining function."""
+    source: str
+    """Where it is registered."""
+
+
+_LLAMA3 = f"{REPO} torchtitan/models/llama3/__init__.py"
+_QWEN3 = f"{REPO} torchtitan/models/qwen3/__init__.py"
+FLAVORS: tuple[Flavor, ...] = (
+    Flavor(name="llama3", flavor="8B", pipeline=True, source=f"{_LLAMA3}:51-59",
+           spec=_llama3("8B", layers=32, hidden=4096, heads=32, ffn=14336)),
+    Flavor(name="llama3", flavor="70B", pipeline=True, source=f"{_LLAMA3}:82-90",
+           spec=_llama3("70B", layers=80, hidden=8192, heads=64, ffn=28672)),
+    Flavor(name="llama3", flavor="405B", pipeline=True, source=f"{_LLAMA3}:91-99",
+           spec=_llama3("405B", layers=126, hidden=16384, heads=128, ffn=53248)),
+    Flavor(name="qwen3", flavor="30B-A3B", pipeline=False, source=f"{_QWEN3}:145-167",
+           spec=_qwen3_moe("30B-A3B", layers=48, hidden=2048, heads=32, ffn=6144,
+                           expert_ffn=768)),
+    Flavor(name="qwen3", flavor="235B-A22B", pipeline=False, source=f"{_QWEN3}:168-190",
+           spec=_qwen3_moe("235B-A22B", layers=94, hidden=4096, heads=64, ffn=12288,
+                           expert_ffn=1536)),
+)  # fmt: skip
+"""The registered models the planner's models can be; DeepSeek-V3's 671B flavor is left out
+(it attends block-causally with FlexAttention, per document, which the planner does not price)."""
+
+
+def _signature(model: ModelSpec) -> tuple[object, ...]:
+    """What a model's cost depends on: its architecture without name, positions or training."""
+    fields = model.model_dump(exclude={"name", "max_position_embeddings", "training",
+                                       "num_query_groups", "kv_channels", "ffn_hidden_size",
+                                       "qkv_bias", "moe"})  # fmt: skip
+    # The router's balancing bias is not priced; the dense width only where a layer is dense.
+    moe = model.moe.model_dump(exclude={"router_expert_bias"}) if model.moe else {}
+    dense = model.moe is None or any(not model.is_moe_layer(i) for i in range(model.num_layers))
+    return (tuple(sorted(fields.items())), model.query_groups, model.head_dim,
+            model.has_qkv_bias, model.ffn if dense else None,
+            tuple(sorted(moe.items())))  # fmt: skip
+
+
+def flavor(model: ModelSpec) -> Flavor | None:
+    """The registered model ``model`` is, or None."""
+    return next((f for f in FLAVORS if _signature(f.spec) == _signature(model)), None)
+
+
+def _fsdp(resolved: ResolvedConfig) -> bool:
+    """Whether data parallelism is FSDP2 (sharded) rather than DDP or none."""
+    return resolved.dp > 1 and resolved.config.zero > 0
+
+
+# --- checks: why a configuration cannot be launched, or None --------------------------------
+
+
+def model_flavor(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """torchtitan's TOML picks a registered model; it cannot describe a new one."""
+    if flavor(model) is not None:
+        return None
+    known = ", ".join(f"{f.name} {f.flavor}" for f in FLAVORS)
+    return f"{model.name} is none of torchtitan {VERSION}'s registered models ({known})"
+
+
+def pipeline_model(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Some train specs have no pipelining function."""
+    found, pp = flavor(model), resolved.config.pp
+    if found is None or found.pipeline or pp == 1:
+        return None
+    return f"pp({pp}): torchtitan {VERSION} does not pipeline {found.name} models"
+
+
+def fp16(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Mixed precision is bfloat16 or float32."""
+    if resolved.training.precision != "fp16":
+        return None
+    return "precision fp16: torchtitan trains in bfloat16 or float32 only"
+
+
+def mixed_precision_without_fsdp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """bf16 with fp32 master weights is FSDP2's MixedPrecisionPolicy; without FSDP2 torchtitan
+    autocasts fp32 weights (DDP, one device) or trains TP/PP in fp32."""
+    if resolved.training.precision != "bf16" or _fsdp(resolved):
+        return None
+    return (f"bf16 with dp({resolved.dp}) and zero({resolved.config.zero}): torchtitan runs bf16 "
+            f"mixed precision through FSDP2 only (dp > 1 and zero >= 1); otherwise it keeps "
+            f"fp32 weights or trains in fp32")  # fmt: skip
+
+
+def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Training never sets the rotate method: PyTorch's default all-gathers K/V."""
+    cp = resolved.config.cp
+    if cp == 1:
+        return None
+    return (f"cp({cp}): torchtitan {VERSION}'s training context parallelism all-gathers keys "
+            f"and values (PyTorch's default rotate method), not the ring the planner prices")
+
+
+def tensor_parallel_without_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Tensor parallelism always shards the norms along the sequence."""
+    tp = resolved.config.tp
+    if tp == 1 or resolved.sp:
+        return None
+    return (f"tp({tp}) without sp: torchtitan's tensor parallelism always shards the norms "
+            f"along the sequence (SequenceParallel)")
+
+
+def sequence_divisor(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """seq_len must divide by tp x 2 x cp."""
+    c, seq = resolved.config, resolved.training.seq_length
+    divisor = c.tp * 2 * c.cp
+    if seq % divisor == 0:
+        return None
+    return f"seq_len({seq}) is not divisible by tp({c.tp}) x 2 x cp({c.cp}) = {divisor}"
+
+
+def selective_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Selective AC is per operator (or every n-th layer), not Megatron's."""
+    if resolved.config.recompute != "selective":
+        return None
+    return ("selective recompute: torchtitan's selective checkpointing saves attention and "
+            "every other matmul and recomputes the rest (or checkpoints every n-th layer), not "
+            "Megatron's core-attention recomputation")
+
+
+def unfused_attention(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Attention is SDPA with the cuDNN and flash kernels first."""
+    if resolved.config.flash_attention:
+        return None
+    return "flash_attention off: torchtitan's attention is fused (SDPA: cuDNN, then flash)"
+
+
+def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Async TP exists only under torch.compile, whose fusions the planner does not price."""
+    c = resolved.config
+    if not c.tp_comm_overlap or c.tp == 1:
+        return None
+    return (f"tp_comm_overlap with tp({c.tp}): torchtitan's async TP needs torch.compile, whose "
+            f"kernel fusions the planner does not price")
+
+
+def ddp_with_model_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Replicated data parallelism is DDP, which torchtitan runs alone only."""
+    c = resolved.config
+    if c.zero > 0 or resolved.dp == 1 or c.tp * c.pp * c.cp == 1:
+        return None
+    return (f"zero(0) with dp({resolved.dp}) is DDP, which torchtitan refuses next to "
+            f"tp({c.tp}) x pp({c.pp}) x cp({c.cp}) (DDP has not supported > 1D parallelism)")
+
+
+def ddp_every_microbatch(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The training loop accumulates without no_sync: DDP all-reduces every microbatch."""
+    c, n = resolved.config, resolved.num_microbatches
+    if c.zero > 0 or resolved.dp == 1 or c.pp > 1 or n == 1:
+        return None
+    return (f"zero(0) with {n} microbatches: torchtitan's loop accumulates without no_sync, so "
+            f"DDP all-reduces after each of the {n}, not once per step")
+
+
+def ddp_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """DDP's bucketed all-reduce always overlaps the backward."""
+    c = resolved.config
+    if c.zero > 0 or resolved.dp == 1 or c.overlap_grad_reduce:
+        return None
+    return ("zero(0) is DDP, which always overlaps its all-reduce with the backward: "
+            "overlap_grad_reduce is off")
+
+
+def fsdp_zero1_without_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """FSDP2 reduce-scatters and shards the gradients in every backward."""
+    c = resolved.config
+    if c.zero != 1 or c.pp > 1 or resolved.dp == 1:
+        return None
+    return ("ZeRO-1 without pipelines: FSDP2 reduce-scatters and shards the gradients in every "
+            "backward (ZeRO-2 or ZeRO-3), it never keeps them whole")
+
+
+def fsdp_zero2_microbatches(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Without resharding after forward FSDP2 still reshards after backward."""
+    c, n = resolved.config, resolved.num_microbatches
+    if c.zero != 2 or c.pp > 1 or resolved.dp == 1 or n == 1:
+        return None
+    return (f"ZeRO-2 with {n} microbatches: FSDP2 reshards after every backward and gathers the "
+            f"weights again for each of the {n} forwards, not once per step")
+
+
+def fsdp_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """FSDP2 always prefetches its all-gathers and overlaps its reduce-scatters."""
+    c = resolved.config
+    if c.zero < 2 or c.pp > 1 or resolved.dp == 1:
+        return None
+    if c.overlap_grad_reduce and c.overlap_param_gather:
+        return None
+    return (f"ZeRO-{c.zero} is FSDP2, which always overlaps its all-gathers and reduce-scatters: "
+            f"overlap_grad_reduce and overlap_param_gather must both be on")
+
+
+def fsdp_pipeline_sharding(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Under pipelines FSDP2 keeps gradients and weights whole until the last microbatch."""
+    c = resolved.config
+    if c.pp == 1 or c.zero < 2 or resolved.dp == 1:
+        return None
+    return (f"ZeRO-{c.zero} with pp({c.pp}): PyTorch's pipelining keeps FSDP2's gradients and "
+            f"weights whole until the last microbatch, which is ZeRO-1")
+
+
+def fsdp_pipeline_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Under pipelines FSDP2 reduces after the schedule and gathers under the first forward."""
+    c = resolved.config
+    if c.pp == 1 or c.zero != 1 or resolved.dp == 1:
+        return None
+    if not c.overlap_grad_reduce and c.overlap_param_gather:
+        return None
+    return (f"ZeRO-1 with pp({c.pp}): FSDP2 reduce-scatters after the last microbatch's backward "
+            f"(overlap_grad_reduce must be off) and prefetches its gather under the next "
+            f"forward (overlap_param_gather must be on)")
+
+
+def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """torchtitan's mesh is pp, dp, cp, tp: tp fastest."""
+    c = resolved.config
+    if ranks_in_order(resolved, ("tp", "cp", "dp", "pp")):
+        return None
+    return f"rank_order {c.rank_order!r}: torchtitan numbers ranks tp, then cp, dp, pp"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(name="model-flavor", check=model_flavor,
+         source=f"{REPO} torchtitan/models/llama3/__init__.py:29-99; "
+                f"torchtitan/models/qwen3/__init__.py:30-190"),
+    Rule(name="pipeline-model", check=pipeline_model,
+         source=f"{REPO} torchtitan/models/qwen3/__init__.py:199"),
+    Rule(name="fp16", check=fp16, source=f"{REPO} torchtitan/config/job_config.py:282"),
+    Rule(name="mixed-precision-without-fsdp", check=mixed_precision_without_fsdp,
+         source=f"{REPO} torchtitan/distributed/utils.py:243-263"),
+    Rule(name="context-parallel", check=context_parallel,
+         source=f"{REPO} torchtitan/components/validate.py:213 (the only caller of "
+                f"set_rotate_method); {TORCH} "
+                f"torch/distributed/tensor/experimental/_context_parallel/_attention.py:77"),
+    Rule(name="tp-without-sp", check=tensor_parallel_without_sp,
+         source=f"{_PARALLELIZE}:173-241"),
+    Rule(name="seq-len-divisor", check=sequence_divisor,
+         source=f"{_PARALLELIZE}:69-74; {REPO} torchtitan/distributed/parallel_dims.py:365-372"),
+    Rule(name="selective-recompute", check=selective_recompute,
+         source=f"{REPO} torchtitan/distributed/activation_checkpoint.py:27-49; "
+                f"torchtitan/distributed/activation_checkpoint.py:98-122"),
+    Rule(name="unfused-attention", check=unfused_attention,
+         source=f"{REPO} torchtitan/models/attention.py:168-190"),
+    Rule(name="tp-comm-overlap", check=tp_comm_overlap,
+         source=f"{REPO} torchtitan/distributed/tensor_parallel.py:16-23"),
+    Rule(name="ddp-with-model-parallel", check=ddp_with_model_parallel,
+         source=f"{_PARALLELIZE}:148-151"),
+    Rule(name="ddp-every-microbatch", check=ddp_every_microbatch,
+         source=f"{REPO} torchtitan/train.py:542; torchtitan/train.py:577-584"),
+    Rule(name="ddp-overlap", check=ddp_overlap, source=f"{_PARALLELIZE}:363-372"),
+    Rule(name="fsdp-zero-1-without-pipeline", check=fsdp_zero1_without_pipeline,
+         source=f"{_PARALLELIZE}:287-357; {REPO} torchtitan/train.py:542"),
+    Rule(name="fsdp-zero-2-microbatches", check=fsdp_zero2_microbatches,
+         source=f"{_PARALLELIZE}:319-346"),
+    Rule(name="fsdp-overlap", check=fsdp_overlap, source=f"{_PARALLELIZE}:319-357"),
+    Rule(name="fsdp-pipeline-sharding", check=fsdp_pipeline_sharding,
+         source=f"{_STAGE}:844-848; {_STAGE}:1172-1191"),
+    Rule(name="fsdp-pipeline-overlap", check=fsdp_pipeline_overlap,
+         source=f"{_STAGE}:1165-1191; {_PARALLELIZE}:324-327"),
+    Rule(name="rank-order", check=rank_order,
+         source=f"{REPO} torchtitan/distributed/parallel_dims.py:143-158"),
+)  # fmt: skip
+"""Everything torchtitan refuses, or cannot run as the planner prices it."""
+
+
+# --- the launcher --------------------------------------------------------------------------------
+
+Table = dict[str, object]
+
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
+    """The configuration as torchtitan v0.2.2 TOML tables, to merge into a job config.
+
+    Only called on configurations no rule of :data:`RULES` refuses.
+    """
+    found = flavor(model)
+    if found is None:  # the model-flavor rule refuses it before any launch
+        raise ConfigError(model_flavor(resolved, model) or model.name)
+    tables = {
+        "model": {"name": found.name, "flavor": found.flavor},
+        "training": training_table(resolved),
+        "parallelism": {**data_parallel_table(resolved), **model_parallel_table(resolved, model),
+                        **pipeline_table(resolved)},
+        "activation_checkpoint": {"mode": resolved.config.recompute},
+        "compile": {"enable": False},  # the planner prices eager kernels
+    }  # fmt: skip
+    header = f"# torchtitan {VERSION} ({REPO}): {model.name}\n"
+    return Launch(text=header + render(tables), notes=notes(found))
+
+
+def training_table(resolved: ResolvedConfig) -> Table:
+    """Batch, sequence and precision. With a pipeline the local batch holds all of a step's
+    microbatches; without one torchtitan accumulates global / (local x dp) of them."""
+    c, t = resolved.config, resolved.training
+    local = c.mbs * (resolved.num_microbatches if c.pp > 1 else 1)
+    return {"local_batch_size": local, "global_batch_size": t.global_batch_size,
+            "seq_len": t.seq_length, "dtype": "float32",
+            "mixed_precision_param": _DTYPES[t.precision],
+            "mixed_precision_reduce": "float32"}  # fmt: skip
+
+
+def data_parallel_table(resolved: ResolvedConfig) -> Table:
+    """DDP (replicate) for ZeRO-0, FSDP2 (shard) otherwise; resharding after forward only for
+    ZeRO-3 (ZeRO-1 under pipelines and ZeRO-2 keep the gathered weights)."""
+    dp, zero = resolved.dp, resolved.config.zero
+    if zero == 0 or dp == 1:
+        return {"data_parallel_replicate_degree": dp, "data_parallel_shard_degree": 1}
+    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": dp,
+            "fsdp_reshard_after_forward": "always" if zero == 3 else "never"}  # fmt: skip
+
+
+def model_parallel_table(resolved: ResolvedConfig, model: ModelSpec) -> Table:
+    """Tensor (always with sequence-sharded norms and the vocab-parallel loss), context and
+    expert parallelism; experts are tensor-parallel like the rest (etp = tp, one of the two
+    values torchtitan takes)."""
+    c = resolved.config
+    table: Table = {"tensor_parallel_degree": c.tp, "disable_loss_parallel": False,
+                    "enable_async_tensor_parallel": False,
+                    "context_parallel_degree": c.cp}  # fmt: skip
+    if model.moe is not None:
+        table |= {"expert_parallel_degree": c.ep,
+                  "expert_tensor_parallel_degree": c.tp if c.ep > 1 else 1}  # fmt: skip
+    return table
+
+
+def pipeline_table(resolved: ResolvedConfig) -> Table:
+    """Pipeline degree, schedule, microbatch and the modules of every (virtual) stage."""
+    c = resolved.config
+    if c.pp == 1:
+        return {"pipeline_parallel_degree": 1}
+    schedule = "GPipe" if c.schedule == "gpipe" else "1F1B"
+    return {"pipeline_parallel_degree": c.pp,
+            "pipeline_parallel_schedule": "Interleaved1F1B" if c.vpp > 1 else schedule,
+            "pipeline_parallel_microbatch_size": c.mbs,
+            "module_fqns_per_model_part": model_parts(resolved.stage_layers, c.vpp)}  # fmt: skip
+
+
+def model_parts(layers: tuple[int, ...], vpp: int) -> list[list[str]]:
+    """torchtitan's module names for each (virtual) stage, in model order. A looped schedule
+    runs part ``k`` on pipeline rank ``k % pp``, so each rank's layers are cut into ``vpp``
+    equal chunks that take turns with the other ranks'.
+
+    >>> model_parts((2, 1), 1)
+    [['tok_embeddings', 'layers.0', 'layers.1'], ['layers.2', 'norm', 'output']]
+    """
+    sizes = [layers[k % len(layers)] // vpp for k in range(len(layers) * vpp)]
+    parts, first = [], 0
+    for size in sizes:
+        parts.append([f"layers.{i}" for i in range(first, first + size)])
+        first += size
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
+
+def render(tables: dict[str, Table]) -> str:
+    """TOML: one table after another, a list of lists one inner list per line."""
+    lines: list[str] = []
+    for name, table in tables.items():
+        lines += [*([""] * bool(lines)), f"[{name}]"]
+        for key, value in table.items():
+            if isinstance(value, list) and value and isinstance(value[0], list):
+                lines += [f"{key} = [", *(f"  {_value(v)}," for v in value), "]"]
+            else:
+                lines.append(f"{key} = {_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _value(value: object) -> str:
+    """A TOML value: strings, integers, booleans and lists of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return str(value)
+
+
+def notes(found: Flavor) -> tuple[str, ...]:
+    """What the user adds."""
+    return (
+        f"for torchtitan {VERSION} ({REPO}) with a PyTorch it supports; merge the tables into "
+        f"a job config such as train_configs/*.toml",
+        f"[model] is the flavor registered at {found.source}; add its hf_assets_path (the "
+        f"tokenizer), the dataset, [optimizer], [lr_scheduler], training.steps and [checkpoint]",
+    )
+
+
+PROFILE = Profile(name="torchtitan", title="torchtitan", rules=RULES, launch=launch)
+"""torchtitan as a framework target."""

@@ -1,0 +1,392 @@
+"""DeepSpeed (Megatron-DeepSpeed) as a framework target: every rule, and the launch text read back.
+
+The flags are read as a shell reads them (line continuations joined, then ``shlex``) and the
+config after ``# ds_config.json`` with ``json``; both are interpreted with Megatron-DeepSpeed's
+and DeepSpeed's own arithmetic (data-parallel size from the world size, accumulation steps from
+the batch) and must give back exactly the configuration the planner priced. Each rule has a test
+that triggers it, whose docstring cites the rule's source.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+import sys
+from typing import Any
+
+import planner
+from planner.config import ResolvedConfig
+from planner.frameworks import deepspeed as ds
+from planner.spec import ModelSpec
+from tests.framework_cases import configure, forced, load, verdict
+
+
+def refusal(name: str, resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """What the rule called ``name`` says about ``resolved``."""
+    return verdict(ds.RULES, name, resolved, model)
+
+
+# --- reading the launch text back ---------------------------------------------------------------
+
+
+def read(text: str) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """The flags (flag -> value, None for a switch) and the ds_config, as their readers see
+    them."""
+    flags_text, config_text = text.split(f"\n{ds.DS_CONFIG_MARK}\n")
+    lines = flags_text.strip("\n").split("\n")
+    assert lines[0].startswith("# ") and all(line.endswith(" \\") for line in lines[1:-1])
+    flags: dict[str, str | None] = {}
+    last = ""
+    for word in shlex.split(flags_text.replace("\\\n", " "), comments=True):
+        if word.startswith("--"):
+            assert word not in flags, f"{word} given twice"
+            flags[word] = None
+            last = word
+        else:
+            assert flags[last] is None, f"{last} has two values"
+            flags[last] = word
+    return flags, json.loads(config_text)
+
+
+def launched(resolved: ResolvedConfig, model: ModelSpec) -> tuple[dict[str, str | None],
+                                                                   dict[str, Any]]:  # fmt: skip
+    """The launch text of a configuration no rule refuses, read back."""
+    assert ds.PROFILE.refusals(resolved, model) == ()
+    return read(ds.PROFILE.launch(resolved, model).text)
+
+
+def degrees(flags: dict[str, str | None], world: int) -> dict[str, int]:
+    """tp, pp and dp as Megatron-DeepSpeed derives them from the flags and the world size."""
+    tp = int(flags["--tensor-model-parallel-size"] or 0)
+    pp = int(flags["--pipeline-model-parallel-size"] or 0)
+    return {"tp": tp, "pp": pp, "dp": world // (tp * pp)}
+
+
+# --- known answers ------------------------------------------------------------------------------
+
+
+def test_gpt3_on_1024_gpus() -> None:
+    """GPT-3 175B, TP8 PP16 DP8 with SP, ZeRO-1, full recompute: every degree and switch."""
+    model = load("gpt3-175b")
+    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, recompute="full")
+    flags, config = launched(resolved, model)
+    assert degrees(flags, 1024) == {"tp": 8, "pp": 16, "dp": 8}
+    assert "--sequence-parallel" in flags and "--no-pipeline-parallel" not in flags
+    assert (flags["--micro-batch-size"], flags["--global-batch-size"]) == ("1", "1536")
+    assert flags["--checkpoint-num-layers"] == "1" and "--checkpoint-activations" in flags
+    assert "--recompute-granularity" not in flags and flags["--zero-stage"] == "1"
+    assert config == {
+        "train_batch_size": 1536, "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 192, "bf16": {"enabled": True},
+        "fp16": {"enabled": False}, "data_types": {"grad_accum_dtype": "fp32"},
+        "zero_optimization": {"stage": 1, "overlap_comm": False},
+        # Sequence-parallel shards go between stages as they are.
+        "pipeline": {"pipe_partitioned": False, "grad_partitioned": False},
+    }  # fmt: skip
+
+
+def test_gpt3_model_flags() -> None:
+    """GPT-3's shape: learned positions, tied embeddings, biases, GELU and LayerNorm are
+    Megatron-DeepSpeed's defaults; the dropouts (default 0.1) are always said."""
+    model = load("gpt3-175b")
+    flags, _ = launched(configure(model, 1024, tp=8, pp=16, sp=True, zero=1), model)
+    assert {k: flags[k] for k in ("--num-layers", "--hidden-size", "--ffn-hidden-size",
+                                  "--num-attention-heads", "--num-key-value-heads",
+                                  "--kv-channels", "--max-position-embeddings",
+                                  "--normalization", "--hidden-dropout",
+                                  "--attention-dropout")} == {
+        "--num-layers": "96", "--hidden-size": "12288", "--ffn-hidden-size": "49152",
+        "--num-attention-heads": "96", "--num-key-value-heads": "96", "--kv-channels": "128",
+        "--max-position-embeddings": "2048", "--normalization": "layernorm",
+        "--hidden-dropout": "0.1", "--attention-dropout": "0.1",
+    }  # fmt: skip
+    absent = {"--swiglu", "--use-rotary-position-embeddings", "--disable-bias-linear",
+              "--untie-embeddings-and-output-weights", "--num-experts"}  # fmt: skip
+    assert absent.isdisjoint(flags)
+    # 51200 = 50 x 128 x 8: Megatron's default multiple already pads nothing.
+    assert flags["--make-vocab-size-divisible-by"] == "128"
+
+
+def test_llama3_8b_zero3_without_pipeline() -> None:
+    """Llama-3 8B, TP2 DP32 ZeRO-3 with both overlaps: the plain engine, prefetching."""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=2, sp=True, zero=3, overlap_grad_reduce=True,
+                         overlap_param_gather=True)  # fmt: skip
+    flags, config = launched(resolved, model)
+    assert degrees(flags, 64) == {"tp": 2, "pp": 1, "dp": 32}
+    assert "--no-pipeline-parallel" in flags and flags["--zero-stage"] == "3"
+    assert config["zero_optimization"] == {"stage": 3, "overlap_comm": True}
+    assert config["gradient_accumulation_steps"] == 512 // 32 == resolved.num_microbatches
+    for switch in ("--swiglu", "--use-rotary-position-embeddings", "--no-position-embedding",
+                   "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                   "--use-flash-attn-v2", "--bf16"):  # fmt: skip
+        assert switch in flags
+    assert (flags["--normalization"], flags["--num-key-value-heads"]) == ("rmsnorm", "8")
+    assert ds.PROFILE.launch(resolved, model).environment == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def test_zero3_without_overlap_turns_prefetch_off() -> None:
+    """ZeRO-3 with neither overlap: overlap_comm off and no prefetch bucket."""
+    model = load("llama3-8b")
+    _, config = launched(configure(model, 64, tp=8, sp=True, zero=3), model)
+    assert config["zero_optimization"] == {"stage": 3, "overlap_comm": False,
+                                           "stage3_prefetch_bucket_size": 0}  # fmt: skip
+
+
+def test_mixtral_expert_parallel() -> None:
+    """Mixtral 8x7B, PP4 DP16 EP8: DeepSpeed's MoE flags, experts on every layer."""
+    model = load("mixtral-8x7b")
+    resolved = configure(model, 64, pp=4, ep=8, zero=1, recompute="full")
+    flags, config = launched(resolved, model)
+    assert degrees(flags, 64) == {"tp": 1, "pp": 4, "dp": 16}
+    assert {k: flags[k] for k in ("--num-experts", "--topk", "--expert-interval",
+                                  "--moe-expert-parallel-size")} == {
+        "--num-experts": "8", "--topk": "2", "--expert-interval": "1",
+        "--moe-expert-parallel-size": "8"}  # fmt: skip
+    assert "--create-moe-param-group" in flags
+    assert config["train_batch_size"] == 256 == (
+        config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * 16)
+    assert config["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}  # tp 1
+
+
+def test_fp16_selective_unfused() -> None:
+    """GPT 1.7B in fp16 (the model's own), selective recompute on unfused attention, ZeRO-2."""
+    model = load("gpt-1.7b")
+    resolved = configure(model, 8, zero=2, recompute="selective", flash_attention=False,
+                         overlap_grad_reduce=True)  # fmt: skip
+    flags, config = launched(resolved, model)
+    assert flags["--recompute-granularity"] == "selective" and "--fp16" in flags
+    assert "--use-flash-attn-v2" not in flags and "--checkpoint-activations" not in flags
+    assert config["fp16"] == {"enabled": True} and "data_types" not in config
+    assert config["zero_optimization"] == {"stage": 2, "overlap_comm": True}
+
+
+def test_tensor_parallel_pipeline_sends_slices() -> None:
+    """Without sp the pipeline engine sends a 1/tp slice and gathers it (as priced)."""
+    model = load("gpt3-175b")
+    _, config = launched(configure(model, 1024, tp=8, pp=16, zero=1), model)
+    assert config["pipeline"] == {"pipe_partitioned": True, "grad_partitioned": True}
+
+
+def test_batch_arithmetic_on_every_split() -> None:
+    """train_batch_size = micro x accumulation x data parallel, for several shapes."""
+    model = load("llama3-70b")
+    for knobs in ({"tp": 8, "pp": 4, "mbs": 2}, {"tp": 4, "pp": 8, "mbs": 1},
+                  {"tp": 8, "pp": 8, "mbs": 4}):  # fmt: skip
+        resolved = configure(model, 256, sp=True, zero=1, **knobs)
+        flags, config = launched(resolved, model)
+        dp = degrees(flags, 256)["dp"]
+        assert dp == resolved.dp and config["train_batch_size"] == 1024 == (
+            config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * dp)
+
+
+def read_back(flags: dict[str, str | None], config: dict[str, Any], world: int) -> dict[str, Any]:
+    """The configuration the launch text describes, in the planner's terms."""
+    recompute = ("full" if "--checkpoint-activations" in flags else
+                 flags.get("--recompute-granularity") or "none")  # fmt: skip
+    micro = config["train_micro_batch_size_per_gpu"]
+    return {**degrees(flags, world), "sp": "--sequence-parallel" in flags,
+            "ep": int(flags.get("--moe-expert-parallel-size") or 1), "mbs": micro,
+            "global": config["train_batch_size"], "zero": config["zero_optimization"]["stage"],
+            "microbatches": config["gradient_accumulation_steps"], "recompute": recompute,
+            "flash": "--use-flash-attn-v2" in flags}  # fmt: skip
+
+
+def test_every_launchable_configuration_reads_back_exactly() -> None:
+    """Over a grid of knobs on three models, every configuration no rule refuses launches as
+    itself: degrees, batch arithmetic, ZeRO and recomputation read back from the text."""
+    cases = (("llama3-8b", 64), ("mixtral-8x7b", 64), ("gpt-1.7b", 16))
+    grid = itertools.product((1, 2, 8), (1, 2, 4), (0, 1, 2, 3), ("none", "selective", "full"),
+                             (True, False), (False, True))  # fmt: skip
+    launched_count = 0
+    for (name, world), (tp, pp, zero, recompute, flash, sp) in itertools.product(cases, grid):
+        model = load(name)
+        ep = 4 if model.moe else 1
+        try:
+            resolved = configure(model, world, tp=tp, pp=pp, ep=ep, zero=zero, sp=sp,
+                                 recompute=recompute, flash_attention=flash)  # fmt: skip
+        except planner.PlannerError:
+            continue
+        if ds.PROFILE.refusals(resolved, model):
+            continue
+        flags, config = read(ds.PROFILE.launch(resolved, model).text)
+        c = resolved.config
+        assert read_back(flags, config, world) == {
+            "tp": c.tp, "pp": c.pp, "dp": resolved.dp, "sp": resolved.sp,
+            "ep": c.ep, "mbs": c.mbs, "global": resolved.training.global_batch_size,
+            "zero": c.zero, "microbatches": resolved.num_microbatches,
+            "recompute": c.recompute, "flash": c.flash_attention,
+        }, (name, c)  # fmt: skip
+        launched_count += 1
+    assert launched_count > 20
+
+
+# --- every rule ---------------------------------------------------------------------------------
+
+
+def test_zero_with_pipeline() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/engine.py:76-77;
+    deepspeedai/Megatron-DeepSpeed@4efb479 pretrain_gpt.py:51"""
+    model = load("gpt3-175b")
+    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=2)
+    assert "ZeRO-2 with pp(16)" in (refusal("zero-2-3-with-pipeline", resolved, model) or "")
+    assert refusal("zero-2-3-with-pipeline", forced(resolved, zero=1), model) is None
+
+
+def test_bf16_without_zero() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:1994-1996;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2011-2021"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True)
+    assert "fp32 gradients" in (refusal("bf16-without-zero", resolved, model) or "")
+    assert refusal("bf16-without-zero", configure(model, 64, tp=8, precision="fp32"),
+                   model) is None  # fmt: skip
+
+
+def test_pipeline_schedule() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/engine.py:389;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/schedule.py:189-244"""
+    model = load("gpt3-175b")
+    interleaved = configure(model, 1024, tp=8, pp=16, vpp=2, sp=True, zero=1)
+    assert "interleaved 1F1B (vpp=2)" in (refusal("pipeline-schedule", interleaved, model) or "")
+    gpipe = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, schedule="gpipe")
+    assert "GPipe" in (refusal("pipeline-schedule", gpipe, model) or "")
+
+
+def test_uneven_split() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/gpt_model.py:463;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/module.py:412-417"""
+    model = load("gpt3-175b")
+    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, first_stage_layers=4,
+                         last_stage_layers=8)  # fmt: skip
+    assert "[4, 6, 6" in (refusal("uneven-split", resolved, model) or "")
+    # 6 on the first stage is the even split written out: launched.
+    even = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, first_stage_layers=6)
+    assert refusal("uneven-split", even, model) is None
+
+
+def test_context_parallel() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:974;
+    deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:614-621"""
+    model = load("llama3-70b")
+    resolved = configure(model, 256, tp=8, pp=4, cp=2, sp=True, zero=1)
+    assert "Ulysses" in (refusal("context-parallel", resolved, model) or "")
+
+
+def test_selective_with_flash() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:606-629"""
+    model = load("gpt3-175b")
+    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, recompute="selective")
+    assert "unfused path" in (refusal("selective-with-flash", resolved, model) or "")
+
+
+def test_tp_comm_overlap() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:396-399"""
+    model = load("gpt3-175b")
+    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, tp_comm_overlap=True)
+    assert "tp(8)" in (refusal("tp-comm-overlap", resolved, model) or "")
+
+
+def test_grad_overlap_with_pipeline() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2390-2393;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/schedule.py:238-241"""
+    model = load("gpt-1.7b")
+    resolved = configure(model, 64, pp=4, zero=1, overlap_grad_reduce=True)
+    assert "pp(4)" in (refusal("grad-overlap-with-pipeline", resolved, model) or "")
+    single = configure(model, 8, tp=2, pp=4, zero=1, global_batch=8, overlap_grad_reduce=True)
+    assert refusal("grad-overlap-with-pipeline", single, model) is None  # dp 1: nothing to hide
+
+
+def test_grad_overlap_without_zero() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2980-2982"""
+    model = load("gpt-1.7b")
+    resolved = configure(model, 8, overlap_grad_reduce=True)
+    assert "zero(0)" in (refusal("grad-overlap-without-zero", resolved, model) or "")
+
+
+def test_grad_overlap_bf16_optimizer() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:1994-1996;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2905-2913"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=1, overlap_grad_reduce=True)
+    assert "BF16_Optimizer" in (refusal("grad-overlap-bf16-optimizer", resolved, model) or "")
+    fp16 = configure(model, 64, tp=8, sp=True, zero=1, overlap_grad_reduce=True,
+                     precision="fp16")  # fmt: skip
+    assert refusal("grad-overlap-bf16-optimizer", fp16, model) is None
+
+
+def test_param_gather_after_step() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/stage_1_and_2.py:2393-2398;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/bf16_optimizer.py:454-460"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=2, overlap_param_gather=True)
+    assert "ZeRO-2" in (refusal("param-gather-after-step", resolved, model) or "")
+
+
+def test_zero3_overlap() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/partitioned_param_coordinator.py:452;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/config.py:215"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=3, overlap_grad_reduce=True)
+    assert "not overlap_param_gather" in (refusal("zero-3-overlap", resolved, model) or "")
+
+
+def test_moe_with_zero3() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:1889-1891"""
+    model = load("mixtral-8x7b")
+    resolved = configure(model, 64, ep=8, zero=3)
+    assert "ZeRO stage 3" in (refusal("moe-with-zero-3", resolved, model) or "")
+
+
+def test_moe_with_tp() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/moe/sharded_moe.py:706-732"""
+    model = load("mixtral-8x7b")
+    resolved = configure(model, 64, tp=2, pp=4, ep=4, sp=True, zero=1)
+    assert "duplicate tokens" in (refusal("moe-with-tp", resolved, model) or "")
+
+
+def test_moe_layout() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:1650-1660;
+    deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:1069-1072"""
+    deepseek = load("deepseek-v3")
+    resolved = configure(deepseek, 1024, pp=1, ep=8, zero=1, global_batch=1024, seq_len=4096)
+    assert "first_dense_layers must be" in (refusal("moe-layout", resolved, deepseek) or "")
+    qwen = load("Qwen3-30B-A3B")
+    qwen_resolved = configure(qwen, 64, ep=8, zero=1, global_batch=64, seq_len=4096)
+    assert "copies of the dense MLP" in (refusal("moe-layout", qwen_resolved, qwen) or "")
+
+
+def test_architecture() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:598-690;
+    deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:937"""
+    for name, why in (("deepseek-v3", "latent attention"), ("Qwen3-30B-A3B", "queries and keys"),
+                      ("Qwen2.5-72B", "QKV bias with")):  # fmt: skip
+        model = load(name)
+        resolved = configure(model, 8, global_batch=8, seq_len=4096)
+        assert why in (refusal("architecture", resolved, model) or ""), name
+
+
+def test_sequence_parallel_split() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/core/tensor_parallel/mappings.py:56-58"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=1, seq_len=4100)
+    assert "seq_len(4100)" in (refusal("sp-sequence-split", resolved, model) or "")
+
+
+def test_rank_order() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/topology.py:244-248"""
+    model = load("gpt3-175b")
+    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, rank_order="tp-pp-cp-ep-dp")
+    assert "tp, then dp, then pp" in (refusal("rank-order", resolved, model) or "")
+    # With no data parallelism the two orders number ranks alike.
+    alike = configure(model, 128, tp=8, pp=16, sp=True, zero=1, rank_order="tp-pp-cp-ep-dp")
+    assert refusal("rank-order", alike, model) is None
+
+
+def test_every_rule_is_tested_with_its_source() -> None:
+    """Each rule's source is cited by a test in this module (whitespace aside)."""
+    cited = [" ".join((f.__doc__ or "").split()) for name, f in vars(sys.modules[__name__]).items()
+             if name.startswith("test_")]  # fmt: skip
+    for rule in ds.RULES:
+        assert any(rule.source in doc for doc in cited), rule.name

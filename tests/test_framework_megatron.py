@@ -1,0 +1,804 @@
+"""Megatron-LM as a framework target: every rule, and the launch text read back as Megatron would.
+
+The launch text is read as a shell reads it (line continuations joined, then ``shlex``) and
+interpreted with Megatron-LM's own arithmetic (data-parallel size from the world size, the
+middle stages from ``--decoder-first/last-pipeline-num-layers``, the vocabulary padded to a
+multiple of ``--make-vocab-size-divisible-by`` x tp); what it says must be exactly the
+configuration the planner priced and the model's shape. Each rule has a test that triggers it,
+whose docstring cites the rule's source.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import planner
+from planner.config import ParallelConfig, ResolvedConfig, resolve
+from planner.frameworks import megatron
+from planner.frameworks.base import Profile
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from tests.conftest import HF, MODELS
+from tests.framework_cases import forced, load, nodes
+
+MODEL_FILES = sorted(MODELS.glob("*.json")) + sorted(HF.glob("*.json"))
+HF_SEQ = 4096
+
+
+
+
+def configure(model: ModelSpec, devices: int, **knobs: Any) -> ResolvedConfig:
+    """``knobs`` resolved on ``devices`` H100s (a 4096-token sequence for models without a
+    training block, and 4 x pp microbatches per step unless given)."""
+    knobs.setdefault("seq_len", None if model.training else min(HF_SEQ,
+                                                                model.max_position_embeddings))
+    if "global_batch" not in knobs:
+        per_step = devices // (knobs.get("tp", 1) * knobs.get("pp", 1) * knobs.get("cp", 1))
+        knobs["global_batch"] = per_step * knobs.get("mbs", 1) * 4 * knobs.get("pp", 1)
+    return resolve(model, nodes(devices), ParallelConfig(**knobs))
+
+
+
+# --- reading the launch text back ---------------------------------------------------------------
+
+
+def read_flags(text: str) -> dict[str, str | None]:
+    """Flag -> value (None for a switch), after checking the one-flag-per-line layout."""
+    lines = text.rstrip("\n").split("\n")
+    assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
+    assert all(line.startswith("--") for line in lines)
+    flags: dict[str, str | None] = {}
+    last = ""
+    for word in shlex.split(text.replace("\\\n", " ")):
+        if word.startswith("--"):
+            assert word not in flags, f"{word} given twice"
+            flags[word] = None
+            last = word
+        else:
+            assert flags[last] is None, f"{last} has two values"
+            flags[last] = word
+    return flags
+
+
+def layer_pattern(expression: str) -> list[int]:
+    """Megatron's ``--moe-layer-freq`` list expression evaluated: only list literals of ints,
+    ``+`` and ``* int`` (what Megatron's own pattern check admits)."""
+
+    def value(node: ast.expr) -> Any:
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        assert isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult), node
+        return value(node.left) + value(node.right) if isinstance(node.op, ast.Add) else (
+            value(node.left) * value(node.right))
+
+    return value(ast.parse(expression, mode="eval").body)
+
+
+def stage_layers(flags: dict[str, str | None], num_layers: int, pp: int) -> list[int]:
+    """Layers per stage as Megatron-Core's ``get_num_layers_to_build`` splits them."""
+    first, last = (flags.get(f"--decoder-{end}-pipeline-num-layers") for end in ("first", "last"))
+    given = [int(n) for n in (first, last) if n is not None]
+    middle = pp - len(given)
+    each = (num_layers - sum(given)) // middle if middle else 0
+    layers = [each] * pp
+    if first is not None:
+        layers[0] = int(first)
+    if last is not None:
+        layers[-1] = int(last)
+    return layers
+
+
+def read_back(text: str, *, world: int, flavor: str = "megatron") -> dict[str, Any]:
+    """The launch text in the planner's words: the configuration and the model's shape."""
+    f = read_flags(text)
+
+    def num(name: str, default: int | None = None) -> int | None:
+        value = f.get(name)
+        return default if value is None else int(value)
+
+    tp, pp = num("--tensor-model-parallel-size"), num("--pipeline-model-parallel-size")
+    cp = num("--context-parallel-size", 1)
+    assert tp and pp and cp
+    dp = world // (tp * pp * cp)
+    mbs, gbs = num("--micro-batch-size"), num("--global-batch-size")
+    assert mbs and gbs
+    layers = num("--num-layers")
+    assert layers
+    return dict(
+        tp=tp, pp=pp, cp=cp, ep=num("--expert-model-parallel-size", 1), dp=dp,
+        vpp=num("--num-virtual-stages-per-pipeline-rank", 1), sp="--sequence-parallel" in f,
+        stage_layers=stage_layers(f, layers, pp), mbs=mbs, gbs=gbs, seq=num("--seq-length"),
+        microbatches=gbs // (mbs * dp), recompute=recompute(f), zero=zero(f, flavor),
+        overlap_grad_reduce="--overlap-grad-reduce" in f,
+        overlap_param_gather="--overlap-param-gather" in f,
+        tp_comm_overlap="--tp-comm-overlap" in f, precision=precision(f),
+        flash_attention=flash(f, flavor), **shape(f, flavor),
+    )  # fmt: skip
+
+
+def recompute(f: dict[str, str | None]) -> str:
+    """Megatron's recompute flags as the planner's granularity."""
+    granularity = f.get("--recompute-granularity")
+    if granularity == "full":
+        uniform = f.get("--recompute-method") == "uniform" and f.get("--recompute-num-layers")
+        return "full" if uniform == "1" else "full (other)"
+    return granularity or "none"
+
+
+def zero(f: dict[str, str | None], flavor: str) -> int:
+    """The optimizer's sharding as a ZeRO stage."""
+    fsdp = "--use-megatron-fsdp" if flavor == "megatron" else "--use-custom-fsdp"
+    if fsdp in f:
+        assert "--use-distributed-optimizer" in f
+        return {"optim_grads": 2, "optim_grads_params": 3}[
+            str(f["--data-parallel-sharding-strategy"])
+        ]
+    return int("--use-distributed-optimizer" in f)
+
+
+def precision(f: dict[str, str | None]) -> str:
+    """Mixed precision (fp32 has no flag)."""
+    assert not ("--bf16" in f and "--fp16" in f)
+    return "bf16" if "--bf16" in f else "fp16" if "--fp16" in f else "fp32"
+
+
+def flash(f: dict[str, str | None], flavor: str) -> bool:
+    """Fused attention: Megatron's backend, MindSpeed's --use-flash-attn."""
+    if flavor == "megatron":
+        return {"fused": True, "unfused": False}[str(f["--attention-backend"])]
+    assert f["--transformer-impl"] == "local"
+    return "--use-flash-attn" in f
+
+
+def shape(f: dict[str, str | None], flavor: str) -> dict[str, Any]:
+    """The model as Megatron builds it from the flags."""
+    tp = int(str(f["--tensor-model-parallel-size"]))
+    # core_v0.12.1's NullTokenizer (MindSpeed's) adds an end-of-document token.
+    vocab = int(str(f["--vocab-size"])) + (flavor == "mindspeed")
+    multiple = int(str(f["--make-vocab-size-divisible-by"])) * tp
+    assert f["--tokenizer-type"] == "NullTokenizer"
+    mla = "--multi-latent-attention" in f
+    heads = int(str(f["--num-attention-heads"]))
+    bias = "--disable-bias-linear" not in f
+    return dict(
+        num_layers=int(str(f["--num-layers"])), hidden_size=int(str(f["--hidden-size"])),
+        ffn=int(str(f["--ffn-hidden-size"])), heads=heads,
+        groups=None if mla else int(str(f.get("--num-query-groups") or heads)),
+        grouped="--group-query-attention" in f,
+        kv_channels=None if mla else int(str(f["--kv-channels"])),
+        vocab_rows=-(-vocab // multiple) * multiple,
+        max_positions=int(str(f["--max-position-embeddings"])),
+        positions={"learned_absolute": "learned", "rope": "rope"}[
+            str(f["--position-embedding-type"])],
+        normalization={"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}[
+            str(f["--normalization"])],
+        swiglu="--swiglu" in f, tied="--untie-embeddings-and-output-weights" not in f,
+        bias=bias, qkv_bias=bias or "--add-qkv-bias" in f, qk_layernorm="--qk-layernorm" in f,
+        hidden_dropout=float(str(f["--hidden-dropout"])),
+        attention_dropout=float(str(f["--attention-dropout"])),
+        mla=[f.get(n) and int(str(f[n])) for n in ("--q-lora-rank", "--kv-lora-rank",
+             "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim")] if mla else None,
+        **experts(f),
+    )  # fmt: skip
+
+
+def experts(f: dict[str, str | None]) -> dict[str, Any]:
+    """The routed and shared experts, layer by layer."""
+    if "--num-experts" not in f:
+        return dict(experts=None)
+    layers = int(str(f["--num-layers"]))
+    pattern = f.get("--moe-layer-freq")
+    return dict(
+        experts=int(str(f["--num-experts"])), top_k=int(str(f["--moe-router-topk"])),
+        expert_ffn=int(str(f["--moe-ffn-hidden-size"])),
+        shared_ffn=int(str(f.get("--moe-shared-expert-intermediate-size") or 0)),
+        moe_layers=layer_pattern(pattern) if pattern else [1] * layers,
+        expert_bias="--moe-router-enable-expert-bias" in f,
+        expert_tp=int(str(f["--expert-tensor-parallel-size"])),
+        dispatcher=f["--moe-token-dispatcher-type"],
+    )  # fmt: skip
+
+
+def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
+    """What the text must say: the configuration as the planner priced it, the model's shape."""
+    c, t, moe, mla = resolved.config, resolved.training, model.moe, model.mla
+    rows = -(-model.vocab_size // c.tp) * c.tp  # Megatron pads no more than to a multiple of tp
+    moe_fields: dict[str, Any] = dict(experts=None)
+    if moe is not None:
+        moe_fields = dict(
+            experts=moe.num_experts, top_k=moe.top_k, expert_ffn=moe.ffn_hidden_size,
+            shared_ffn=moe.shared_ffn,
+            moe_layers=[int(model.is_moe_layer(i)) for i in range(model.num_layers)],
+            expert_bias=moe.router_expert_bias, expert_tp=c.tp, dispatcher="alltoall",
+        )  # fmt: skip
+    return dict(
+        tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep, dp=resolved.dp, vpp=c.vpp, sp=resolved.sp,
+        stage_layers=list(resolved.stage_layers), mbs=c.mbs, gbs=t.global_batch_size,
+        seq=t.seq_length, microbatches=resolved.num_microbatches, recompute=c.recompute,
+        zero=c.zero, overlap_grad_reduce=c.overlap_grad_reduce,
+        overlap_param_gather=c.overlap_param_gather,
+        tp_comm_overlap=c.tp_comm_overlap and c.tp > 1, precision=t.precision,
+        flash_attention=c.flash_attention, num_layers=model.num_layers,
+        hidden_size=model.hidden_size, ffn=model.ffn, heads=model.num_attention_heads,
+        groups=None if mla else model.query_groups,
+        grouped=mla is None and model.query_groups != model.num_attention_heads,
+        kv_channels=None if mla else model.head_dim, vocab_rows=rows,
+        max_positions=max(model.max_position_embeddings, t.seq_length)
+        if model.position_embedding == "rope" else model.max_position_embeddings,
+        positions=model.position_embedding, normalization=model.normalization,
+        swiglu=model.activation == "swiglu", tied=model.tie_word_embeddings, bias=model.bias,
+        qkv_bias=model.has_qkv_bias, qk_layernorm=model.qk_layernorm,
+        hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
+        mla=[mla.q_lora_rank, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim,
+             mla.v_head_dim] if mla else None,
+        **moe_fields,
+    )  # fmt: skip
+
+
+# --- every bundled model, a handful of configurations ------------------------------------------
+
+CONFIGURATIONS: dict[str, list[dict[str, Any]]] = {
+    "TP+SP ZeRO-1 selective": [dict(tp=tp, sp=True, zero=1, recompute="selective",
+                                    overlap_grad_reduce=True, overlap_param_gather=True)
+                               for tp in (8, 4, 2)],
+    "PP interleaved full": [dict(tp=2, pp=pp, vpp=vpp, sp=True, zero=1, recompute="full")
+                            for pp in (4, 2) for vpp in (3, 2)],
+    "CP ring": [dict(tp=tp, cp=2, sp=True) for tp in (4, 2)],
+    "ZeRO-3": [dict(tp=tp, sp=True, zero=3, overlap_grad_reduce=True,
+                    overlap_param_gather=True) for tp in (2, 1)],
+    "EP": [dict(tp=2, pp=pp, ep=ep, sp=True, zero=1) for pp in (2, 1) for ep in (8, 4, 2)],
+}  # fmt: skip
+"""Candidates per configuration, on 16 H100s; the first a model resolves and the profile
+launches is checked (uneven splits have their own test)."""
+
+
+def first_launched(profile: Profile, model: ModelSpec, candidates: list[dict[str, Any]]
+                   ) -> ResolvedConfig | None:  # fmt: skip
+    """The first candidate the model resolves and the profile launches."""
+    for knobs in candidates:
+        try:
+            resolved = configure(model, 16, **knobs)
+        except planner.ConfigError:
+            continue
+        if profile.launches(resolved, model):
+            return resolved
+    return None
+
+
+def cases() -> list[tuple[Path, str]]:
+    """Every bundled model with every configuration (experts only where there are some)."""
+    return [(path, label) for path in MODEL_FILES for label in CONFIGURATIONS
+            if label != "EP" or planner.load_model(path).moe is not None]  # fmt: skip
+
+
+def round_trip(profile: Profile, flavor: str, path: Path, label: str) -> None:
+    """The launch text of ``label``'s configuration for the model at ``path`` reads back as
+    exactly what was priced (skipped when the model takes none of the candidates: a layer
+    count such as DeepSeek-V3's 61 splits into no equal virtual stages)."""
+    model = planner.load_model(path)
+    resolved = first_launched(profile, model, CONFIGURATIONS[label])
+    if resolved is None:
+        pytest.skip(f"{model.name} takes none of the {label} candidates")
+    text = profile.launch(resolved, model).text
+    assert read_back(text, world=resolved.num_devices, flavor=flavor) == priced(resolved, model)
+
+
+CASES = cases()
+
+
+@pytest.mark.parametrize(("path", "label"), CASES, ids=[f"{p.stem}-{lb}" for p, lb in CASES])
+def test_launch_reads_back_as_priced(path: Path, label: str) -> None:
+    """Every bundled model: degrees, split, schedule, batch, recompute, ZeRO, overlaps and the
+    model's shape come back exactly from the flags."""
+    round_trip(megatron.PROFILE, "megatron", path, label)
+
+
+def uneven(model: ModelSpec) -> ResolvedConfig:
+    """Four stages: an even first stage and a last one that leaves two equal even middle
+    stages, interleaved (vpp 2) where the layer count is even (61 layers: 14, 16, 16, 15)."""
+    first = max(2, (model.num_layers // 4 - 1) // 2 * 2)
+    last = first + (model.num_layers - 2 * first) % 4
+    return configure(model, 16, tp=2, pp=4, vpp=2 if last % 2 == 0 else 1, sp=True, zero=1,
+                     first_stage_layers=first, last_stage_layers=last)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
+def test_uneven_split_reads_back(path: Path) -> None:
+    """Lighter first and last stages, interleaved where they divide: Megatron's middle stages
+    and chunks are the planner's."""
+    model = planner.load_model(path)
+    resolved = uneven(model)
+    assert megatron.PROFILE.refusals(resolved, model) == ()
+    text = megatron.launch(resolved, model).text
+    assert read_back(text, world=16) == priced(resolved, model)
+
+
+# --- known answers ------------------------------------------------------------------------------
+
+
+def test_gpt3_175b_text_is_megatrons_published_shape(a100: ClusterSpec) -> None:
+    """GPT-3 175B as Narayanan et al. ran it (TP8 PP16 DP8, SP, selective recompute,
+    distributed optimizer) on 1,024 A100s: every flag, by hand."""
+    model = load("gpt3-175b")
+    resolved = resolve(model, a100, ParallelConfig(tp=8, pp=16, sp=True, zero=1,
+                                                   recompute="selective"))  # fmt: skip
+    launch = megatron.launch(resolved, model)
+    assert read_flags(launch.text) == {
+        "--tensor-model-parallel-size": "8", "--pipeline-model-parallel-size": "16",
+        "--sequence-parallel": None, "--micro-batch-size": "1", "--global-batch-size": "1536",
+        "--seq-length": "2048", "--num-layers": "96", "--hidden-size": "12288",
+        "--ffn-hidden-size": "49152", "--num-attention-heads": "96", "--kv-channels": "128",
+        "--max-position-embeddings": "2048", "--position-embedding-type": "learned_absolute",
+        "--normalization": "LayerNorm", "--hidden-dropout": "0.1", "--attention-dropout": "0.1",
+        "--tokenizer-type": "NullTokenizer", "--vocab-size": "51200",
+        "--make-vocab-size-divisible-by": "128", "--bf16": None,
+        "--recompute-granularity": "selective", "--use-distributed-optimizer": None,
+        "--attention-backend": "fused",
+    }  # fmt: skip
+    assert launch.environment == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert resolved.dp == 8 and resolved.num_microbatches == 192  # 1536 / (1 x 8)
+
+
+def test_deepseek_v3_experts_and_latent_attention() -> None:
+    """DeepSeek-V3: 3 dense layers then 58 MoE layers, 256 experts top-8 with one 2048-wide
+    shared expert and aux-loss-free expert bias (sigmoid scores), MLA ranks 1536/512 and head
+    dims 128+64 / 128; split 5 + 7 x 8 on 8 stages, EP8."""
+    model = load("deepseek-v3")
+    resolved = configure(model, 128, tp=2, pp=8, ep=8, sp=True, zero=1, first_stage_layers=5,
+                         global_batch=64)  # fmt: skip
+    flags = read_flags(megatron.launch(resolved, model).text)
+    assert {k: flags[k] for k in flags if k.startswith(("--moe", "--num-experts", "--q-", "--kv-",
+                                                        "--qk-", "--v-", "--expert", "--multi",
+                                                        "--decoder"))} == {
+        "--expert-model-parallel-size": "8", "--expert-tensor-parallel-size": "2",
+        "--decoder-first-pipeline-num-layers": "5", "--multi-latent-attention": None,
+        "--q-lora-rank": "1536", "--kv-lora-rank": "512", "--qk-head-dim": "128",
+        "--qk-pos-emb-head-dim": "64", "--v-head-dim": "128", "--num-experts": "256",
+        "--moe-router-topk": "8", "--moe-ffn-hidden-size": "2048",
+        "--moe-token-dispatcher-type": "alltoall", "--moe-shared-expert-intermediate-size": "2048",
+        "--moe-layer-freq": "[0]*3+[1]*58", "--moe-router-enable-expert-bias": None,
+        "--moe-router-score-function": "sigmoid",
+    }  # fmt: skip
+    assert "--kv-channels" not in flags and "--group-query-attention" not in flags
+    assert resolved.stage_layers == (5, 8, 8, 8, 8, 8, 8, 8)
+
+
+def test_llama3_70b_grouped_query_and_ring_attention(h100: ClusterSpec) -> None:
+    """Llama-3 70B at 32k tokens, TP8 PP4 CP4 DP8: 8 KV groups, RoPE, RMSNorm, SwiGLU, untied;
+    the vocabulary of 128256 = 32 x 8 x 501 is built unpadded."""
+    model = load("llama3-70b")
+    resolved = resolve(model, h100, ParallelConfig(tp=8, pp=4, cp=4, sp=True, zero=1,
+                                                   recompute="full", seq_len=32768))  # fmt: skip
+    flags = read_flags(megatron.launch(resolved, model).text)
+    assert flags["--context-parallel-size"] == "4" and flags["--seq-length"] == "32768"
+    assert flags["--group-query-attention"] is None and flags["--num-query-groups"] == "8"
+    assert flags["--make-vocab-size-divisible-by"] == "32"
+    assert [flags[k] for k in ("--recompute-granularity", "--recompute-method",
+                               "--recompute-num-layers")] == ["full", "uniform", "1"]
+    assert {"--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear"} <= set(
+        flags)
+
+
+def test_zero3_is_megatron_fsdp_without_device_connections() -> None:
+    """ZeRO-3: Megatron-FSDP's optim_grads_params with its checkpoint format, and no
+    CUDA_DEVICE_MAX_CONNECTIONS=1 (which Megatron-FSDP refuses) despite TP."""
+    model = load("llama3-8b")
+    resolved = configure(model, 16, tp=2, sp=True, zero=3, overlap_grad_reduce=True,
+                         overlap_param_gather=True)  # fmt: skip
+    launch = megatron.launch(resolved, model)
+    flags = read_flags(launch.text)
+    assert [flags.get(k, "absent") for k in ("--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy", "--use-distributed-optimizer", "--ckpt-format",
+            "--overlap-grad-reduce", "--overlap-param-gather")] == [
+        None, "optim_grads_params", None, "fsdp_dtensor", None, None]  # fmt: skip
+    assert launch.environment == {}
+    assert any("CUDA_DEVICE_MAX_CONNECTIONS" in note for note in launch.notes)
+
+
+def test_zero2_and_unfused_fp32() -> None:
+    """ZeRO-2 is optim_grads; fp32 has no precision flag; unfused attention is said."""
+    model = load("gpt-1.7b")
+    resolved = configure(model, 16, tp=2, sp=True, zero=2, precision="fp32",
+                         flash_attention=False, overlap_grad_reduce=True)  # fmt: skip
+    flags = read_flags(megatron.launch(resolved, model).text)
+    assert flags["--data-parallel-sharding-strategy"] == "optim_grads"
+    assert flags["--attention-backend"] == "unfused"
+    assert not {"--bf16", "--fp16", "--overlap-param-gather"} & set(flags)
+
+
+def test_interleaving_says_virtual_stages_per_rank() -> None:
+    """vpp 3 over 24 layers on 4 stages: 3 chunks of 2 layers per rank, microbatches in
+    groups of 4; with stages of 4, 8, 8, 4 layers and vpp 2, the same flag and the first and
+    last stage's."""
+    model = load("gpt-1.7b")
+    resolved = configure(model, 16, tp=2, pp=4, vpp=3, sp=True, tp_comm_overlap=True)
+    flags = read_flags(megatron.launch(resolved, model).text)
+    assert flags["--num-virtual-stages-per-pipeline-rank"] == "3"
+    assert "--num-layers-per-virtual-pipeline-stage" not in flags
+    assert flags["--tp-comm-overlap"] is None and resolved.num_microbatches == 16
+    uneven = configure(model, 16, tp=2, pp=4, vpp=2, sp=True, first_stage_layers=4,
+                       last_stage_layers=4)  # fmt: skip
+    text = megatron.launch(uneven, model).text
+    assert read_back(text, world=16)["stage_layers"] == [4, 8, 8, 4]
+    assert read_back(text, world=16) == priced(uneven, model)
+
+
+def test_two_uneven_stages_say_the_first_only() -> None:
+    """Two stages of 10 and 14 layers: the first stage's flag alone, Megatron giving the last
+    stage the rest (core_v0.12.1 would divide by the zero middle stages were both given)."""
+    model = load("gpt-1.7b")
+    resolved = configure(model, 16, tp=2, pp=2, sp=True, first_stage_layers=10,
+                         last_stage_layers=14)  # fmt: skip
+    text = megatron.launch(resolved, model).text
+    flags = read_flags(text)
+    assert flags["--decoder-first-pipeline-num-layers"] == "10"
+    assert "--decoder-last-pipeline-num-layers" not in flags
+    assert read_back(text, world=16)["stage_layers"] == [10, 14] == list(resolved.stage_layers)
+
+
+def test_gpt2_vocabulary_padded_only_to_tp() -> None:
+    """GPT-2's 50257 tokens: built unpadded at tp 1; at tp 2 padded to 50258, not to 50304 as
+    Megatron's default divisor of 128 would, and the notes say so."""
+    model = load("gpt2")
+    alone = megatron.launch(configure(model, 16, zero=1), model)
+    paired = megatron.launch(configure(model, 16, tp=2, sp=True), model)
+    assert read_flags(alone.text)["--make-vocab-size-divisible-by"] == "1"
+    assert not any("pads" in note for note in alone.notes)
+    assert read_flags(paired.text)["--make-vocab-size-divisible-by"] == "1"
+    assert any("50258 rows" in note for note in paired.notes)
+
+
+def test_rope_model_trains_past_its_positions() -> None:
+    """Llama-3 8B (8192 positions) at 16384 tokens: --max-position-embeddings is raised to the
+    sequence (Megatron asserts it is no shorter; RoPE has no table of weights) and noted."""
+    model = load("llama3-8b")
+    launch = megatron.launch(configure(model, 16, tp=2, sp=True, seq_len=16384), model)
+    assert read_flags(launch.text)["--max-position-embeddings"] == "16384"
+    assert any("16384" in note and "RoPE" in note for note in launch.notes)
+
+
+def test_qkv_bias_and_qk_layernorm() -> None:
+    """Qwen2.5: biases on QKV only; Qwen3: per-head QK norm and kv_channels 128 != 4096 / 64."""
+    qwen2, qwen3 = load("Qwen2.5-72B"), load("Qwen3-235B-A22B")
+    flags2 = read_flags(megatron.launch(configure(qwen2, 16, tp=8, sp=True), qwen2).text)
+    flags3 = read_flags(megatron.launch(configure(qwen3, 16, tp=4, sp=True), qwen3).text)
+    assert "--disable-bias-linear" in flags2 and "--add-qkv-bias" in flags2
+    assert "--qk-layernorm" in flags3 and flags3["--kv-channels"] == "128"
+
+
+def test_moe_layer_patterns() -> None:
+    """Dense layers first, then every other layer MoE: the pattern Megatron evaluates is the
+    planner's layer by layer; top-1 routing takes the softmax first."""
+    base = load("mixtral-8x7b")
+    moe = base.moe
+    assert moe is not None
+    model = base.model_copy(update={"moe": moe.model_copy(
+        update={"first_dense_layers": 3, "layer_freq": 2, "top_k": 1})})
+    flags = read_flags(megatron.launch(configure(model, 16, tp=2, sp=True), model).text)
+    assert flags["--moe-layer-freq"] == "[0]*3+([1]+[0]*1)*14+[1]"
+    assert layer_pattern(str(flags["--moe-layer-freq"])) == [
+        int(model.is_moe_layer(i)) for i in range(32)]
+    assert flags["--moe-router-pre-softmax"] is None
+    assert "--moe-layer-freq" not in read_flags(
+        megatron.launch(configure(base, 16, tp=2, sp=True), base).text)
+
+
+# --- rules: one test each, citing the rule's source ----------------------------------------------
+
+
+def refused(profile: Profile, name: str, resolved: ResolvedConfig, model: ModelSpec,
+            match: str) -> None:  # fmt: skip
+    """Rule ``name`` refuses ``resolved`` with a message matching ``match``, and the profile's
+    refusals include it."""
+    rule = next(r for r in profile.rules if r.name == name)
+    reason = rule.check(resolved, model)
+    assert reason is not None, name
+    assert re.search(match, reason), reason
+    assert reason in profile.refusals(resolved, model)
+
+
+def accepted(profile: Profile, name: str, resolved: ResolvedConfig, model: ModelSpec) -> None:
+    """Rule ``name`` lets ``resolved`` through."""
+    assert next(r for r in profile.rules if r.name == name).check(resolved, model) is None
+
+
+def rule_tests(module: Any, profile: Profile) -> None:
+    """Every rule of ``profile`` has a test ``test_rule_<name>`` in ``module`` whose docstring
+    cites the rule's source, and every such test names a rule."""
+    tests = {n.removeprefix("test_rule_"): f for n, f in vars(module).items()
+             if n.startswith("test_rule_")}  # fmt: skip
+    names = {r.name.replace("-", "_") for r in profile.rules}
+    assert set(tests) == names
+    for rule in profile.rules:
+        doc = " ".join((tests[rule.name.replace("-", "_")].__doc__ or "").split())
+        assert " ".join(rule.source.split()) in doc, rule.name
+
+
+def test_every_rule_is_pinned_and_cited() -> None:
+    """One test per rule below, each citing the source the rule cites."""
+    rule_tests(sys.modules[__name__], megatron.PROFILE)
+
+
+# What triggers each rule; MindSpeed's tests pin the rules it inherits with the same.
+
+
+def pin_gpipe(p: Profile) -> None:
+    """What rule ``gpipe`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "gpipe", configure(model, 16, pp=4, schedule="gpipe"), model, r"gpipe.*pp\(4\)")
+    refused(p, "gpipe", configure(model, 16, schedule="gpipe"), model, "no GPipe schedule")
+    accepted(p, "gpipe", configure(model, 16, pp=4), model)
+
+
+def pin_zero_2_3_with_pipeline(p: Profile) -> None:
+    """What rule ``zero-2-3-with-pipeline`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    overlap = dict(overlap_grad_reduce=True, overlap_param_gather=True)
+    refused(p, "zero-2-3-with-pipeline", configure(model, 16, pp=2, zero=3, **overlap), model,
+            r"ZeRO-3 .*Megatron-FSDP.*pp\(2\) > 1")  # fmt: skip
+    accepted(p, "zero-2-3-with-pipeline", configure(model, 16, pp=2, zero=1), model)
+    accepted(p, "zero-2-3-with-pipeline", configure(model, 16, zero=2, **overlap), model)
+
+
+def pin_zero_2_3_grad_overlap(p: Profile) -> None:
+    """What rule ``zero-2-3-grad-overlap`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "zero-2-3-grad-overlap", configure(model, 16, zero=2), model,
+            r"ZeRO-2 .*always overlaps .*overlap_grad_reduce off")
+    accepted(p, "zero-2-3-grad-overlap", configure(model, 16, zero=2, overlap_grad_reduce=True),
+             model)  # fmt: skip
+
+
+def pin_zero_3_param_overlap(p: Profile) -> None:
+    """What rule ``zero-3-param-overlap`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "zero-3-param-overlap", configure(model, 16, zero=3, overlap_grad_reduce=True),
+            model, r"ZeRO-3 .*parameter all-gathers.*overlap_param_gather off")  # fmt: skip
+
+
+def pin_param_gather_without_sharding(p: Profile) -> None:
+    """What rule ``param-gather-without-sharding`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "param-gather-without-sharding", configure(model, 16, overlap_grad_reduce=True,
+            overlap_param_gather=True), model, r"zero\(0\)")  # fmt: skip
+
+
+def pin_param_gather_without_grad_overlap(p: Profile) -> None:
+    """What rule ``param-gather-without-grad-overlap`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "param-gather-without-grad-overlap",
+            configure(model, 16, zero=1, overlap_param_gather=True), model,
+            "without overlap_grad_reduce")  # fmt: skip
+
+
+def pin_tp_comm_overlap_without_sp(p: Profile) -> None:
+    """What rule ``tp-comm-overlap-without-sp`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    with_sp = configure(model, 16, tp=4, sp=True, tp_comm_overlap=True)
+    refused(p, "tp-comm-overlap-without-sp", forced(with_sp, sp=False), model,
+            r"tp_comm_overlap with tp\(4\) needs sequence parallelism")
+    accepted(p, "tp-comm-overlap-without-sp", with_sp, model)
+    accepted(p, "tp-comm-overlap-without-sp", configure(model, 16, tp_comm_overlap=True), model)
+
+
+def pin_sp_sequence_split(p: Profile) -> None:
+    """What rule ``sp-sequence-split`` refuses (and lets through)."""
+    model = load("llama3-8b")
+    refused(p, "sp-sequence-split", configure(model, 16, tp=8, cp=2, sp=True, seq_len=4100),
+            model, r"seq_len\(4100\) / cp\(2\) = 2050 tokens over tp\(8\)")  # fmt: skip
+    accepted(p, "sp-sequence-split", configure(model, 16, tp=8, cp=2, sp=True), model)
+
+
+def pin_cp_sequence(p: Profile) -> None:
+    """What rule ``cp-sequence`` refuses (and lets through)."""
+    model = load("llama3-8b")
+    ring = configure(model, 16, tp=2, cp=4, sp=True)
+    odd = replace(ring, training=TrainingSpec(seq_length=8196, global_batch_size=64))
+    refused(p, "cp-sequence", odd, model, r"seq_len\(8196\) is not divisible by 2 x cp\(4\) = 8")
+    accepted(p, "cp-sequence", ring, model)
+
+
+def pin_vpp_without_pipeline(p: Profile) -> None:
+    """What rule ``vpp-without-pipeline`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "vpp-without-pipeline", forced(configure(model, 16), vpp=2), model,
+            r"vpp\(2\) > 1 needs pipeline parallelism: pp\(1\)")
+
+
+def pin_vpp_microbatches(p: Profile) -> None:
+    """What rule ``vpp-microbatches`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    interleaved = configure(model, 16, tp=2, pp=4, vpp=2, sp=True)
+    refused(p, "vpp-microbatches", replace(interleaved, num_microbatches=10), model,
+            r"num_microbatches\(10\) is not a multiple of 4")
+    accepted(p, "vpp-microbatches", interleaved, model)
+
+
+def pin_vpp_chunks(p: Profile) -> None:
+    """What rule ``vpp-chunks`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    uneven = configure(model, 16, tp=2, pp=4, sp=True, first_stage_layers=5,
+                       last_stage_layers=5)  # fmt: skip
+    refused(p, "vpp-chunks", forced(uneven, vpp=2), model,
+            r"vpp\(2\) equal chunks: stages with \[5, 7\] layers")
+    accepted(p, "vpp-chunks", uneven, model)
+
+
+def pin_expert_parallel(p: Profile) -> None:
+    """What rule ``expert-parallel`` refuses (and lets through)."""
+    dense, mixtral = load("gpt-1.7b"), load("mixtral-8x7b")
+    refused(p, "expert-parallel", forced(configure(dense, 16), ep=2), dense,
+            r"ep\(2\) > 1 but gpt-1.7b has no experts")
+    ep3 = forced(configure(mixtral, 16, tp=2, sp=True), ep=3)
+    refused(p, "expert-parallel", ep3, mixtral, r"num_experts\(8\) is not divisible by ep\(3\)")
+
+
+def pin_moe_tp_without_sp(p: Profile) -> None:
+    """What rule ``moe-tp-without-sp`` refuses (and lets through)."""
+    model = load("mixtral-8x7b")
+    refused(p, "moe-tp-without-sp", configure(model, 16, tp=2, ep=2), model,
+            r"experts and tp\(2\) > 1")
+    accepted(p, "moe-tp-without-sp", configure(model, 16, ep=2), model)
+
+
+def pin_moe_bias_with_tp(p: Profile) -> None:
+    """What rule ``moe-bias-with-tp`` refuses (and lets through)."""
+    mixtral = load("mixtral-8x7b")
+    biased = mixtral.model_copy(update={"bias": True})
+    refused(p, "moe-bias-with-tp", configure(biased, 16, tp=2, sp=True), biased,
+            r"expert tensor parallelism 1, here tp\(2\)")
+    accepted(p, "moe-bias-with-tp", configure(biased, 16, ep=2), biased)
+
+
+def pin_bias_without_qkv_bias(p: Profile) -> None:
+    """What rule ``bias-without-qkv-bias`` refuses (and lets through)."""
+    gpt = load("gpt-1.7b")
+    odd = gpt.model_copy(update={"qkv_bias": False})
+    refused(p, "bias-without-qkv-bias", configure(odd, 16), odd, "none on QKV")
+    qwen = load("Qwen2.5-72B")  # the other way round Megatron says: --add-qkv-bias
+    accepted(p, "bias-without-qkv-bias", configure(qwen, 16, tp=8, sp=True), qwen)
+
+
+def pin_rank_order(p: Profile) -> None:
+    """What rule ``rank-order`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "rank-order", configure(model, 16, tp=2, rank_order="cp-ep-dp-tp-pp"), model,
+            "rank_order 'cp-ep-dp-tp-pp'.*tp-cp-ep-dp-pp")
+
+
+def pin_fused_attention_precision(p: Profile) -> None:
+    """What rule ``fused-attention-precision`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "fused-attention-precision", configure(model, 16, precision="fp32"), model,
+            "precision fp32")
+    accepted(p, "fused-attention-precision",
+             configure(model, 16, precision="fp32", flash_attention=False), model)
+
+
+def pin_unfused_attention_with_cp(p: Profile) -> None:
+    """What rule ``unfused-attention-with-cp`` refuses (and lets through)."""
+    model = load("llama3-8b")
+    refused(p, "unfused-attention-with-cp",
+            configure(model, 16, tp=2, cp=2, sp=True, flash_attention=False), model,
+            r"cp=2\) runs only with fused attention")  # fmt: skip
+
+
+P = megatron.PROFILE
+
+
+def test_rule_gpipe() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/pipeline_parallel/schedules.py:161-168"""
+    pin_gpipe(P)
+
+
+def test_rule_zero_2_3_with_pipeline() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 docs/user-guide/parallelism-guide.md:78;
+    megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:627-638"""
+    pin_zero_2_3_with_pipeline(P)
+
+
+def test_rule_zero_2_3_grad_overlap() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3
+    megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:331-333"""
+    pin_zero_2_3_grad_overlap(P)
+
+
+def test_rule_zero_3_param_overlap() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3
+    megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:328-330"""
+    pin_zero_3_param_overlap(P)
+
+
+def test_rule_param_gather_without_sharding() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1024-1027"""
+    pin_param_gather_without_sharding(P)
+
+
+def test_rule_param_gather_without_grad_overlap() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1028-1029"""
+    pin_param_gather_without_grad_overlap(P)
+
+
+def test_rule_tp_comm_overlap_without_sp() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1441-1442"""
+    pin_tp_comm_overlap_without_sp(P)
+
+
+def test_rule_sp_sequence_split() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/tensor_parallel/mappings.py:72-74"""
+    pin_sp_sequence_split(P)
+
+
+def test_rule_cp_sequence() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1335-1338"""
+    pin_cp_sequence(P)
+
+
+def test_rule_vpp_without_pipeline() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1000-1004"""
+    pin_vpp_without_pipeline(P)
+
+
+def test_rule_vpp_microbatches() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/pipeline_parallel/schedules.py:1172-1180;
+    megatron/core/model_parallel_config.py:567-568"""
+    pin_vpp_microbatches(P)
+
+
+def test_rule_vpp_chunks() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:2306-2368;
+    megatron/core/transformer/transformer_block.py:175-178"""
+    pin_vpp_chunks(P)
+
+
+def test_rule_expert_parallel() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1654-1658"""
+    pin_expert_parallel(P)
+
+
+def test_rule_moe_tp_without_sp() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/moe/moe_layer.py:636-640"""
+    pin_moe_tp_without_sp(P)
+
+
+def test_rule_moe_bias_with_tp() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:2612-2615"""
+    pin_moe_bias_with_tp(P)
+
+
+def test_rule_bias_without_qkv_bias() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1608-1610"""
+    pin_bias_without_qkv_bias(P)
+
+
+def test_rule_rank_order() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/initialize.py:395"""
+    pin_rank_order(P)
+
+
+def test_rule_fused_attention_precision() -> None:
+    """NVIDIA/TransformerEngine@d0067d0da6cb
+    transformer_engine/pytorch/attention/dot_product_attention/utils.py:598-644"""
+    pin_fused_attention_precision(P)
+
+
+def test_rule_unfused_attention_with_cp() -> None:
+    """NVIDIA/TransformerEngine@d0067d0da6cb
+    transformer_engine/pytorch/attention/dot_product_attention/utils.py:1169-1173;
+    NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/dot_product_attention.py:57-59"""
+    pin_unfused_attention_with_cp(P)
+
+
+def test_profile_names_megatron() -> None:
+    """The profile is Megatron-LM's and its launcher is the module's."""
+    assert (P.name, P.title, P.launch) == ("megatron", "Megatron-LM", megatron.launch)
+    assert len({r.name for r in P.rules}) == len(P.rules)

@@ -1,0 +1,230 @@
+"""MindSpeed as a framework target: its rules (Megatron-LM's as core_v0.12.1 states them, and its
+own) and the launch text read back as Megatron-LM under MindSpeed would.
+
+The reading is :mod:`tests.test_framework_megatron`'s, in MindSpeed's words: core_v0.12.1's
+NullTokenizer adds an end-of-document token to ``--vocab-size``, ZeRO-2/3 are
+``--use-custom-fsdp``, fused attention is ``--use-flash-attn`` on Megatron's local layers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import planner
+from planner.frameworks import megatron, mindspeed
+from tests import test_framework_megatron as tm
+from tests.test_framework_megatron import (
+    CASES,
+    MODEL_FILES,
+    accepted,
+    configure,
+    load,
+    priced,
+    read_back,
+    read_flags,
+    refused,
+    round_trip,
+)
+
+P = mindspeed.PROFILE
+
+
+@pytest.mark.parametrize(("path", "label"), CASES, ids=[f"{p.stem}-{lb}" for p, lb in CASES])
+def test_launch_reads_back_as_priced(path: Path, label: str) -> None:
+    """Every bundled model: degrees, split, schedule, batch, recompute, ZeRO, overlaps and the
+    model's shape come back exactly from MindSpeed's flags."""
+    round_trip(P, "mindspeed", path, label)
+
+
+@pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
+def test_uneven_split_with_interleaving_reads_back(path: Path) -> None:
+    """Megatron-Core's first/last-stage flags and virtual stages per rank, which MindSpeed core
+    passes through (not MindSpeed-LLM's --num-layer-list, which refuses interleaving)."""
+    model = planner.load_model(path)
+    resolved = tm.uneven(model)
+    assert P.refusals(resolved, model) == ()
+    text = mindspeed.launch(resolved, model).text
+    assert "--num-layer-list" not in read_flags(text)
+    assert read_back(text, world=16, flavor="mindspeed") == priced(resolved, model)
+
+
+def test_flags_that_differ_from_megatron() -> None:
+    """Llama-3 8B, TP2 CP2 with ring attention: MindSpeed's algorithm flag and send/receive
+    overlap, the NPU's fused attention on local layers and its fused RoPE, the vocabulary one
+    less (NullTokenizer adds its end-of-document token), and nothing else differs."""
+    model = load("llama3-8b")
+    resolved = configure(model, 16, tp=2, cp=2, sp=True, zero=1)
+    ours = read_flags(mindspeed.launch(resolved, model).text)
+    theirs = read_flags(megatron.launch(resolved, model).text)
+    assert {k: v for k, v in ours.items() if theirs.get(k, "absent") != v} == {
+        "--context-parallel-algo": "megatron_cp_algo", "--use-cp-send-recv-overlap": None,
+        "--vocab-size": "128255", "--transformer-impl": "local", "--use-flash-attn": None,
+        "--use-fused-rotary-pos-emb": None,
+    }  # fmt: skip
+    assert set(theirs) - set(ours) == {"--attention-backend"}
+    assert mindspeed.launch(resolved, model).environment == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def test_zero3_is_custom_fsdp() -> None:
+    """ZeRO-3 on core_v0.12.1: --use-custom-fsdp with optim_grads_params, the distributed
+    optimizer, gradient accumulation fusion off; no CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    model = load("llama3-8b")
+    resolved = configure(model, 16, tp=2, sp=True, zero=3, overlap_grad_reduce=True,
+                         overlap_param_gather=True)  # fmt: skip
+    launch = mindspeed.launch(resolved, model)
+    flags = read_flags(launch.text)
+    assert [flags.get(k, "absent") for k in ("--use-custom-fsdp",
+            "--data-parallel-sharding-strategy", "--use-distributed-optimizer",
+            "--no-gradient-accumulation-fusion", "--use-megatron-fsdp", "--ckpt-format")] == [
+        None, "optim_grads_params", None, None, "absent", "absent"]  # fmt: skip
+    assert launch.environment == {}
+
+
+def test_unfused_attention_without_context_parallelism() -> None:
+    """flash_attention off: local layers without --use-flash-attn."""
+    model = load("gpt-1.7b")
+    flags = read_flags(mindspeed.launch(configure(model, 16, flash_attention=False), model).text)
+    assert flags["--transformer-impl"] == "local" and "--use-flash-attn" not in flags
+
+
+def test_notes_say_how_to_run() -> None:
+    """The adaptor import, the data, and the version."""
+    model = load("gpt-1.7b")
+    notes = " ".join(mindspeed.launch(configure(model, 16), model).notes)
+    assert "import mindspeed.megatron_adaptor" in notes and "core_v0.12.1" in notes
+    assert "--data-path" in notes
+
+
+# --- rules: one test each, citing the rule's source ----------------------------------------------
+
+
+def test_every_rule_is_pinned_and_cited() -> None:
+    """One test per rule below, each citing the source the rule cites."""
+    tm.rule_tests(sys.modules[__name__], P)
+
+
+def test_rule_gpipe() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/pipeline_parallel/schedules.py:106-113"""
+    tm.pin_gpipe(P)
+
+
+def test_rule_zero_2_3_with_pipeline() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) docs/source/api-guide/custom_fsdp.md:19;
+    Ascend/MindSpeed@028de58ca629 docs/zh/features/custom_fsdp.md:38"""
+    tm.pin_zero_2_3_with_pipeline(P)
+
+
+def test_rule_zero_2_3_grad_overlap() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py:146-147"""
+    tm.pin_zero_2_3_grad_overlap(P)
+
+
+def test_rule_zero_3_param_overlap() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py:144-145"""
+    tm.pin_zero_3_param_overlap(P)
+
+
+def test_rule_param_gather_without_sharding() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:502-504"""
+    tm.pin_param_gather_without_sharding(P)
+
+
+def test_rule_param_gather_without_grad_overlap() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:505-506"""
+    tm.pin_param_gather_without_grad_overlap(P)
+
+
+def test_rule_tp_comm_overlap() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/initialize.py:236-243;
+    Ascend/MindSpeed@028de58ca629 mindspeed/arguments.py:695-696"""
+    model = load("gpt-1.7b")
+    refused(P, "tp-comm-overlap", configure(model, 16, tp=4, sp=True, tp_comm_overlap=True),
+            model, r"tp_comm_overlap with tp\(4\).*userbuffers, absent on Ascend")  # fmt: skip
+    accepted(P, "tp-comm-overlap", configure(model, 16, tp_comm_overlap=True), model)
+
+
+def test_rule_sp_sequence_split() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/tensor_parallel/mappings.py:66-69"""
+    tm.pin_sp_sequence_split(P)
+
+
+def test_rule_cp_sequence() -> None:
+    """Ascend/MindSpeed@028de58ca629
+    mindspeed/features_manager/context_parallel/context_parallel_feature.py:39-41;
+    NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:683-686"""
+    tm.pin_cp_sequence(P)
+
+
+def test_rule_vpp_without_pipeline() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:432-435"""
+    tm.pin_vpp_without_pipeline(P)
+
+
+def test_rule_vpp_microbatches() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/pipeline_parallel/schedules.py:789-795;
+    megatron/core/model_parallel_config.py:389-390"""
+    tm.pin_vpp_microbatches(P)
+
+
+def test_rule_vpp_chunks() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/transformer/transformer_config.py:790-841;
+    megatron/core/transformer/transformer_block.py:136-139"""
+    tm.pin_vpp_chunks(P)
+
+
+def test_rule_expert_parallel() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:849-853"""
+    tm.pin_expert_parallel(P)
+
+
+def test_rule_moe_tp_without_sp() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/transformer/moe/moe_layer.py:130-137"""
+    tm.pin_moe_tp_without_sp(P)
+
+
+def test_rule_moe_bias() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/transformer/transformer_config.py:945-946"""
+    biased = load("mixtral-8x7b").model_copy(update={"bias": True})
+    refused(P, "moe-bias", configure(biased, 16, ep=2), biased, "builds no biased experts")
+    dense = load("gpt-1.7b")
+    accepted(P, "moe-bias", configure(dense, 16), dense)
+
+
+def test_rule_bias_without_qkv_bias() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:787-789"""
+    tm.pin_bias_without_qkv_bias(P)
+
+
+def test_rule_rank_order() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/initialize.py:354"""
+    tm.pin_rank_order(P)
+
+
+def test_rule_unfused_attention_with_cp() -> None:
+    """Ascend/MindSpeed@028de58ca629
+    mindspeed/features_manager/context_parallel/context_parallel_feature.py:51;
+    Ascend/MindSpeed@028de58ca629 docs/zh/features/ring-attention-context-parallel.md:43"""
+    model = load("llama3-8b")
+    refused(P, "unfused-attention-with-cp",
+            configure(model, 16, tp=2, cp=2, sp=True, flash_attention=False), model,
+            r"cp=2\): MindSpeed's ring attention switches fused attention on")  # fmt: skip
+    accepted(P, "unfused-attention-with-cp", configure(model, 16, flash_attention=False), model)
+
+
+def test_profile_names_mindspeed() -> None:
+    """The profile is MindSpeed's; fp32 with fused attention is not refused on Ascend as it is
+    by Transformer Engine, and MindSpeed refuses every TP overlap Megatron-LM would run."""
+    assert (P.name, P.title, P.launch) == ("mindspeed", "MindSpeed", mindspeed.launch)
+    names = {r.name for r in P.rules}
+    assert "fused-attention-precision" not in names and "tp-comm-overlap-without-sp" not in names

@@ -1,0 +1,108 @@
+"""Framework targets end to end: a plan solved for a framework is one it launches, its launch
+prices again to exactly the plan, and it fits beside the memory margin; the search's space
+holds only what the framework launches; pins hold, and a pin that prevents a fit is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import Pins, SolveOptions, solve
+from planner.baselines.grid import grid_space
+from planner.config import resolve
+from planner.errors import ConfigError, InfeasibleError, InputError
+from planner.estimate import estimate
+from planner.frameworks import FRAMEWORKS, launch, profile
+from planner.reading import load_cluster, load_model
+from planner.spec import ClusterSpec, ModelSpec
+from tests.conftest import CLUSTERS, MODELS
+
+H100 = CLUSTERS / "dgx-h100-80gb.json"
+LLAMA_RUN = SolveOptions(global_batch_size=128, seq_length=8192)
+
+
+@pytest.fixture(scope="module")
+def llama() -> ModelSpec:
+    return load_model(MODELS / "llama3-8b.json")
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> ClusterSpec:
+    return load_cluster(H100, 2)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_solved_plan_launches_as_priced(framework: str, llama: ModelSpec,
+                                          two_nodes: ClusterSpec) -> None:  # fmt: skip
+    """Llama 3 8B at 8,192 tokens on 16 H100 for each framework: the plan is for it, its
+    profile refuses nothing of it, the launch is written, and the configuration the launch
+    carries prices to the plan's step and peak (to 1e-6) within the device less the margin."""
+    options = SolveOptions(global_batch_size=128, seq_length=8192, framework=framework)
+    plan = solve(llama, two_nodes, options)
+    assert plan.framework == framework and plan.configuration is not None
+    resolved = resolve(llama, two_nodes, plan.configuration)
+    assert profile(framework).refusals(resolved, llama) == ()
+    assert launch(plan, framework, model=llama, cluster=two_nodes).text
+    again = estimate(llama, two_nodes, plan.configuration)
+    assert again.step_time_s == pytest.approx(plan.predicted.step_time_s, rel=1e-6)
+    assert again.peak_memory_gib == pytest.approx(plan.predicted.peak_memory_gib, rel=1e-6)
+    assert plan.memory_margin_gib == pytest.approx(0.05 * two_nodes.device.memory_gib)
+    assert plan.predicted.peak_memory_gib <= two_nodes.device.memory_gib - plan.memory_margin_gib
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "torchtitan"])
+def test_the_space_holds_only_what_the_framework_launches(
+    framework: str, llama: ModelSpec, two_nodes: ClusterSpec
+) -> None:
+    """The search restricts its space by the profile before it prices anything: every
+    configuration of it that divides is one the framework launches."""
+    options = SolveOptions(global_batch_size=128, seq_length=8192, framework=framework)
+    target = profile(framework)
+    space = grid_space(llama, two_nodes, options)
+    assert space
+    for config in space:
+        try:
+            resolved = resolve(llama, two_nodes, config)
+        except ConfigError:
+            continue
+        assert target.refusals(resolved, llama) == (), config
+
+
+def test_pins_hold(llama: ModelSpec, two_nodes: ClusterSpec) -> None:
+    """Pinned knobs come back as pinned, the others searched."""
+    options = SolveOptions(global_batch_size=128, seq_length=8192,
+                           pins=Pins(tp=2, pp=2, recompute="full", zero=1))  # fmt: skip
+    c = solve(llama, two_nodes, options).configuration
+    assert c is not None and (c.tp, c.pp, c.recompute, c.zero) == (2, 2, "full", 1)
+
+
+def test_a_pin_that_prevents_a_fit_is_named() -> None:
+    """Llama 3 70B on 32 H100 without a pipeline and with ZeRO-1 only does not fit; with a
+    pipeline it would, and so would it with ZeRO-3: the error says both."""
+    with pytest.raises(InfeasibleError) as error:
+        solve(load_model(MODELS / "llama3-70b.json"), load_cluster(H100, 4),
+              SolveOptions(global_batch_size=64, seq_length=4096, pins=Pins(pp=1, zero=1)))
+    assert "the pin --pp 1 prevents a fit: without it tp 1, pp 16" in str(error.value)
+    assert "the pin --zero 1 prevents a fit: without it" in str(error.value)
+
+
+def test_a_pin_that_does_not_divide_says_so_as_estimate_does(
+    llama: ModelSpec, two_nodes: ClusterSpec
+) -> None:
+    with pytest.raises(ConfigError, match=r"num_attention_heads\(32\) is not divisible by "
+                                          r"tp\(5\) \(pinned: --tp 5\)"):  # fmt: skip
+        solve(llama, load_cluster(H100, 5), SolveOptions(global_batch_size=40, pins=Pins(tp=5)))
+
+
+def test_unknown_framework_lists_the_known_ones(llama: ModelSpec,
+                                                two_nodes: ClusterSpec) -> None:  # fmt: skip
+    with pytest.raises(InputError, match="choose from megatron, mindspeed, deepspeed, "
+                                         "colossalai, torchtitan, any"):  # fmt: skip
+        solve(llama, two_nodes, SolveOptions(framework="jax"))
+
+
+def test_a_framework_that_launches_nothing_says_why(two_nodes: ClusterSpec) -> None:
+    """torchtitan builds only its registered model flavors: GPT-3 has none."""
+    with pytest.raises(ConfigError, match=r"torchtitan launches no configuration of gpt3-175b "
+                                          r".*none of torchtitan v0\.2\.2's registered models"):
+        solve(load_model(MODELS / "gpt3-175b.json"), load_cluster(H100, 128),
+              SolveOptions(framework="torchtitan"))

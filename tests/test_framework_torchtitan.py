@@ -1,0 +1,356 @@
+"""torchtitan as a framework target: every rule, and the job TOML read back.
+
+The launch text is parsed with ``tomllib`` and interpreted with torchtitan's own arithmetic
+(data-parallel degree = replicate x shard, gradient accumulation = global / (local x dp), pipeline
+microbatches = local / microbatch size, stages from the module names); it must give back exactly
+the configuration the planner priced. Each rule has a test that triggers it, whose docstring
+cites the rule's source.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import tomllib
+from typing import Any
+
+import planner
+from planner.config import ResolvedConfig
+from planner.frameworks import torchtitan as tt
+from planner.spec import ModelSpec
+from tests.framework_cases import configure, forced, load, verdict
+
+
+def refusal(name: str, resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """What the rule called ``name`` says about ``resolved``."""
+    return verdict(tt.RULES, name, resolved, model)
+
+
+def launched(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
+    """The TOML of a configuration no rule refuses, read back."""
+    assert tt.PROFILE.refusals(resolved, model) == ()
+    text = tt.PROFILE.launch(resolved, model).text
+    assert text.startswith(f"# torchtitan {tt.VERSION} ")
+    return tomllib.loads(text)
+
+
+def read_back(toml: dict[str, Any], world: int) -> dict[str, Any]:
+    """The configuration the tables describe, in the planner's terms."""
+    train, par = toml["training"], toml["parallelism"]
+    tp, pp, cp = (par[f"{k}_parallel_degree"] for k in ("tensor", "pipeline", "context"))
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert dp * tp * pp * cp == world
+    accumulation = train["global_batch_size"] // (train["local_batch_size"] * dp)
+    assert train["global_batch_size"] == train["local_batch_size"] * dp * accumulation
+    if pp > 1:
+        mbs = par["pipeline_parallel_microbatch_size"]
+        microbatches = train["local_batch_size"] // mbs * accumulation
+        parts = par["module_fqns_per_model_part"]
+        layers = [sum(m.startswith("layers.") for m in p) for p in parts]
+        vpp = len(parts) // pp
+        split = [sum(layers[r::pp]) for r in range(pp)]
+    else:
+        mbs, microbatches, vpp, split = train["local_batch_size"], accumulation, 1, [None]
+    reshard = par.get("fsdp_reshard_after_forward")
+    zero = {None: 0, "always": 3, "never": 1 if pp > 1 else 2}[reshard]
+    return {"tp": tp, "pp": pp, "dp": dp, "ep": par.get("expert_parallel_degree", 1),
+            "mbs": mbs, "microbatches": microbatches, "vpp": vpp, "split": split, "zero": zero,
+            "recompute": toml["activation_checkpoint"]["mode"]}  # fmt: skip
+
+
+def expected(resolved: ResolvedConfig) -> dict[str, Any]:
+    """What :func:`read_back` must find (ZeRO as data parallelism runs it: none at dp 1)."""
+    c = resolved.config
+    return {"tp": c.tp, "pp": c.pp, "dp": resolved.dp, "ep": c.ep, "mbs": c.mbs,
+            "microbatches": resolved.num_microbatches, "vpp": c.vpp,
+            "split": list(resolved.stage_layers) if c.pp > 1 else [None],
+            "zero": c.zero if resolved.dp > 1 else 0, "recompute": c.recompute}  # fmt: skip
+
+
+# --- known answers ------------------------------------------------------------------------------
+
+
+def test_llama3_8b_fsdp_zero3() -> None:
+    """Llama-3 8B, TP8 FSDP8: ZeRO-3 is resharding after forward, 64 accumulated microbatches."""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=3, overlap_grad_reduce=True,
+                         overlap_param_gather=True)  # fmt: skip
+    toml = launched(resolved, model)
+    assert toml["model"] == {"name": "llama3", "flavor": "8B"}
+    assert toml["training"] == {"local_batch_size": 1, "global_batch_size": 512,
+                                "seq_len": 8192, "dtype": "float32",
+                                "mixed_precision_param": "bfloat16",
+                                "mixed_precision_reduce": "float32"}  # fmt: skip
+    assert toml["parallelism"] == {
+        "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 8,
+        "fsdp_reshard_after_forward": "always", "tensor_parallel_degree": 8,
+        "disable_loss_parallel": False, "enable_async_tensor_parallel": False,
+        "context_parallel_degree": 1, "pipeline_parallel_degree": 1,
+    }  # fmt: skip
+    assert toml["activation_checkpoint"] == {"mode": "none"} and toml["compile"] == {
+        "enable": False}
+    assert read_back(toml, 64) == expected(resolved) and resolved.num_microbatches == 64
+
+
+def test_llama3_70b_uneven_pipeline() -> None:
+    """Llama-3 70B, TP8 PP4 FSDP2 with 18 and 22 layers on the end stages, full AC: ZeRO-1 is
+    FSDP2 under the pipeline, all microbatches in one local batch."""
+    model = load("llama3-70b")
+    resolved = configure(model, 64, tp=8, pp=4, sp=True, zero=1, recompute="full",
+                         overlap_param_gather=True, first_stage_layers=18,
+                         last_stage_layers=22)  # fmt: skip
+    toml = launched(resolved, model)
+    par = toml["parallelism"]
+    assert (par["pipeline_parallel_schedule"], par["fsdp_reshard_after_forward"]) == (
+        "1F1B", "never")
+    parts = par["module_fqns_per_model_part"]
+    assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == [18, 20, 20, 22]
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+    assert [int(m.split(".")[1]) for p in parts for m in p if m.startswith("layers.")] == list(
+        range(80))
+    assert toml["training"]["local_batch_size"] == 512  # 1024 / dp 2, one step of microbatches
+    assert read_back(toml, 64) == expected(resolved)
+
+
+def test_llama3_405b_interleaved() -> None:
+    """Llama-3.1 405B interleaved (vpp 2 on 9 stages): 18 parts, part k on rank k % 9."""
+    model = load("llama3.1-405b")
+    resolved = configure(model, 1008, tp=8, pp=9, vpp=2, sp=True, zero=1, recompute="full",
+                         overlap_param_gather=True, global_batch=2016)  # fmt: skip
+    toml = launched(resolved, model)
+    par = toml["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    parts = par["module_fqns_per_model_part"]
+    assert len(parts) == 18 and parts[9][0] == "layers.63"  # rank 0's second chunk
+    assert read_back(toml, 1008) == expected(resolved)
+
+
+def test_gpipe() -> None:
+    """GPipe is PyTorch's GPipe schedule."""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, pp=2, sp=True, zero=1, schedule="gpipe",
+                         overlap_param_gather=True)  # fmt: skip
+    assert launched(resolved, model)["parallelism"]["pipeline_parallel_schedule"] == "GPipe"
+
+
+def test_qwen3_moe_expert_parallel() -> None:
+    """Qwen3 30B-A3B, TP2 FSDP32 EP8: experts tensor-parallel like the rest (etp = tp)."""
+    model = load("Qwen3-30B-A3B")
+    resolved = configure(model, 64, tp=2, ep=8, sp=True, zero=3, overlap_grad_reduce=True,
+                         overlap_param_gather=True, global_batch=256, seq_len=4096)  # fmt: skip
+    toml = launched(resolved, model)
+    assert toml["model"] == {"name": "qwen3", "flavor": "30B-A3B"}
+    par = toml["parallelism"]
+    assert (par["expert_parallel_degree"], par["expert_tensor_parallel_degree"]) == (8, 2)
+    assert read_back(toml, 64) == expected(resolved)
+
+
+def test_fp32_ddp() -> None:
+    """Llama-3 8B in fp32 on data parallelism alone, one microbatch per step: DDP."""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, precision="fp32", overlap_grad_reduce=True, global_batch=64,
+                         recompute="full")  # fmt: skip
+    toml = launched(resolved, model)
+    par = toml["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (64, 1)
+    assert "fsdp_reshard_after_forward" not in par
+    assert toml["training"]["mixed_precision_param"] == "float32"
+    assert read_back(toml, 64) == expected(resolved)
+
+
+def test_model_parts_doctest_shape() -> None:
+    """Two stages of 2 and 1 layers: the embedding first, the norm and output last."""
+    assert tt.model_parts((2, 1), 1) == [["tok_embeddings", "layers.0", "layers.1"],
+                                         ["layers.2", "norm", "output"]]  # fmt: skip
+
+
+def test_every_launchable_configuration_reads_back_exactly() -> None:
+    """Over a grid of knobs on three models, every configuration no rule refuses launches as
+    itself: degrees, split, batch arithmetic, ZeRO and recomputation."""
+    cases = (("llama3-8b", 64), ("llama3-70b", 64), ("Qwen3-30B-A3B", 64))
+    grid = itertools.product((1, 2, 8), (1, 2, 4), (1, 2), (0, 1, 2, 3), ("none", "full"),
+                             (False, True), (256, 8192))  # fmt: skip
+    count = 0
+    for (name, world), (tp, pp, vpp, zero, recompute, pipelined, gbs) in itertools.product(
+            cases, grid):  # fmt: skip
+        model = load(name)
+        try:
+            resolved = configure(model, world, tp=tp, pp=pp, vpp=vpp, sp=True, zero=zero,
+                                 ep=4 if model.moe else 1, recompute=recompute,
+                                 overlap_grad_reduce=not pipelined, overlap_param_gather=True,
+                                 global_batch=gbs, seq_len=4096)  # fmt: skip
+        except planner.PlannerError:
+            continue
+        if tt.PROFILE.refusals(resolved, model):
+            continue
+        assert read_back(launched(resolved, model), world) == expected(resolved), (
+            name, resolved.config)
+        count += 1
+    assert count > 20
+
+
+# --- every rule ---------------------------------------------------------------------------------
+
+
+def test_model_flavor() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/__init__.py:29-99;
+    torchtitan/models/qwen3/__init__.py:30-190"""
+    for name in ("mixtral-8x7b", "gpt3-175b", "deepseek-v3"):
+        model = load(name)
+        resolved = configure(model, 8, global_batch=8, seq_len=2048)
+        assert "registered models" in (refusal("model-flavor", resolved, model) or ""), name
+    assert tt.flavor(load("Meta-Llama-3.1-70B")) is tt.flavor(load("llama3-70b")) is not None
+
+
+def test_pipeline_model() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/qwen3/__init__.py:199"""
+    model = load("Qwen3-30B-A3B")
+    resolved = configure(model, 64, tp=2, pp=2, ep=8, sp=True, zero=1, global_batch=256,
+                         seq_len=4096)  # fmt: skip
+    assert "does not pipeline qwen3" in (refusal("pipeline-model", resolved, model) or "")
+
+
+def test_fp16() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/config/job_config.py:282"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=3, precision="fp16")
+    assert "bfloat16 or float32" in (refusal("fp16", resolved, model) or "")
+
+
+def test_mixed_precision_without_fsdp() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/distributed/utils.py:243-263"""
+    model = load("llama3-8b")
+    alone = configure(model, 64, tp=8, pp=8, sp=True, zero=1, global_batch=64)  # dp 1
+    assert "through FSDP2 only" in (refusal("mixed-precision-without-fsdp", alone, model) or "")
+    ddp = configure(model, 64, zero=0, global_batch=64)
+    assert refusal("mixed-precision-without-fsdp", ddp, model) is not None
+
+
+def test_context_parallel() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/components/validate.py:213 (the only caller of
+    set_rotate_method); pytorch/pytorch@cf30153
+    torch/distributed/tensor/experimental/_context_parallel/_attention.py:77"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, cp=2, sp=True, zero=3, seq_len=32768)
+    assert "all-gathers keys and values" in (refusal("context-parallel", resolved, model) or "")
+
+
+def test_tp_without_sp() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:173-241"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, zero=3)
+    assert "SequenceParallel" in (refusal("tp-without-sp", resolved, model) or "")
+
+
+def test_seq_len_divisor() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:69-74;
+    pytorch/torchtitan@73a0e69 torchtitan/distributed/parallel_dims.py:365-372"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=3, seq_len=4104)
+    assert "tp(8) x 2 x cp(1) = 16" in (refusal("seq-len-divisor", resolved, model) or "")
+
+
+def test_selective_recompute() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/distributed/activation_checkpoint.py:27-49;
+    torchtitan/distributed/activation_checkpoint.py:98-122"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=3, recompute="selective")
+    assert "every other matmul" in (refusal("selective-recompute", resolved, model) or "")
+
+
+def test_unfused_attention() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/attention.py:168-190"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=3, flash_attention=False)
+    assert "fused" in (refusal("unfused-attention", resolved, model) or "")
+
+
+def test_tp_comm_overlap() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/distributed/tensor_parallel.py:16-23"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=3, tp_comm_overlap=True)
+    assert "torch.compile" in (refusal("tp-comm-overlap", resolved, model) or "")
+
+
+def test_ddp_with_model_parallel() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:148-151"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, precision="fp32")
+    assert "> 1D parallelism" in (refusal("ddp-with-model-parallel", resolved, model) or "")
+
+
+def test_ddp_every_microbatch() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/train.py:542; torchtitan/train.py:577-584"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, precision="fp32", overlap_grad_reduce=True)
+    assert "each of the 8" in (refusal("ddp-every-microbatch", resolved, model) or "")
+
+
+def test_ddp_overlap() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:363-372"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, precision="fp32", global_batch=64)
+    assert "always overlaps" in (refusal("ddp-overlap", resolved, model) or "")
+
+
+def test_fsdp_zero1_without_pipeline() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:287-357;
+    pytorch/torchtitan@73a0e69 torchtitan/train.py:542"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=1)
+    assert "every backward" in (refusal("fsdp-zero-1-without-pipeline", resolved, model) or "")
+
+
+def test_fsdp_zero2_microbatches() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:319-346"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=2, overlap_grad_reduce=True,
+                         overlap_param_gather=True)  # fmt: skip
+    assert "each of the 64" in (refusal("fsdp-zero-2-microbatches", resolved, model) or "")
+    one = configure(model, 64, tp=8, sp=True, zero=2, overlap_grad_reduce=True,
+                    overlap_param_gather=True, global_batch=8)  # fmt: skip
+    assert tt.PROFILE.refusals(one, model) == ()
+    assert read_back(launched(one, model), 64)["zero"] == 2
+
+
+def test_fsdp_overlap() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:319-357"""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=3, overlap_grad_reduce=True)
+    assert "must both be on" in (refusal("fsdp-overlap", resolved, model) or "")
+
+
+def test_fsdp_pipeline_sharding() -> None:
+    """pytorch/pytorch@cf30153 torch/distributed/pipelining/stage.py:844-848;
+    pytorch/pytorch@cf30153 torch/distributed/pipelining/stage.py:1172-1191"""
+    model = load("llama3-70b")
+    resolved = configure(model, 64, tp=8, pp=4, sp=True, zero=3)
+    assert "which is ZeRO-1" in (refusal("fsdp-pipeline-sharding", resolved, model) or "")
+
+
+def test_fsdp_pipeline_overlap() -> None:
+    """pytorch/pytorch@cf30153 torch/distributed/pipelining/stage.py:1165-1191;
+    pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:324-327"""
+    model = load("llama3-70b")
+    resolved = configure(model, 64, tp=8, pp=4, sp=True, zero=1, overlap_grad_reduce=True,
+                         overlap_param_gather=True)  # fmt: skip
+    assert "after the last microbatch" in (refusal("fsdp-pipeline-overlap", resolved, model)
+                                           or "")  # fmt: skip
+    assert refusal("fsdp-pipeline-overlap", forced(resolved, overlap_grad_reduce=False),
+                   model) is None  # fmt: skip
+
+
+def test_rank_order() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/distributed/parallel_dims.py:143-158"""
+    model = load("llama3-70b")
+    resolved = configure(model, 64, tp=8, pp=4, sp=True, zero=1, overlap_param_gather=True,
+                         rank_order="tp-pp-cp-ep-dp")  # fmt: skip
+    assert "tp, then cp, dp, pp" in (refusal("rank-order", resolved, model) or "")
+
+
+def test_every_rule_is_tested_with_its_source() -> None:
+    """Each rule's source is cited by a test in this module (whitespace aside)."""
+    cited = [" ".join((f.__doc__ or "").split()) for name, f in vars(sys.modules[__name__]).items()
+             if name.startswith("test_")]  # fmt: skip
+    for rule in tt.RULES:
+        assert any(rule.source in doc for doc in cited), rule.name
