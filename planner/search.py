@@ -304,7 +304,9 @@ def solve(
     *,
     progress: ProgressFn | None = None,
 ) -> Plan:
-    """The fastest plan found for training ``model`` on ``cluster`` within memory.
+    """The fastest per-operator plan found for training ``model`` on ``cluster`` within
+    memory: the plan is for ``any`` whatever ``options.framework`` says
+    (:func:`planner.targets.solve` sends framework targets to their own search).
 
     Raises :class:`~planner.errors.InfeasibleError` when nothing fits, naming the least
     memory a device would need and what would make a plan fit, and

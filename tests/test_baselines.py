@@ -165,9 +165,9 @@ def _counting(monkeypatch: pytest.MonkeyPatch, module: object) -> dict[str, int]
     """Count the ``estimate`` calls of ``module`` and those that returned a price."""
     counts = {"calls": 0, "priced": 0}
 
-    def counted(*args: object) -> Estimate:
+    def counted(*args: object, **kwargs: object) -> Estimate:
         counts["calls"] += 1
-        result = estimate(*args)  # type: ignore[arg-type]
+        result = estimate(*args, **kwargs)  # type: ignore[arg-type]
         counts["priced"] += 1
         return result
 

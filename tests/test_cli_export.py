@@ -118,3 +118,26 @@ def test_write_atomic_refuses_inputs_and_folders(tmp_path: Path) -> None:
     write_atomic(tmp_path / "plan.json", "whole")
     assert (tmp_path / "plan.json").read_text() == "whole"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
+def test_solve_then_export_round_trip(framework: str, tmp_path: Path) -> None:
+    """``solve --framework F --out`` then ``export --format F``: exit 0, the launch text on
+    stdout, the prediction on stderr, nothing changed."""
+    plan_path = tmp_path / "plan.json"
+    done = _run("solve", LLAMA, H100, "--nodes", "2", "--global-batch", "128", "--seq-len",
+                "8192", "--framework", framework, "--out", plan_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    exported = _run("export", plan_path, "--format", framework, "--model", LLAMA, "--cluster",
+                    H100)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    plan = Plan.from_json(plan_path.read_text())
+    assert f"predicted {plan.predicted.step_time_s:.3f} s per step" in exported.stderr
+    assert "error" not in exported.stderr
+    if framework == "torchtitan":
+        import tomllib
+
+        tables = tomllib.loads(exported.stdout)
+        assert tables["training"]["global_batch_size"] == 128
+    else:
+        assert "--global-batch-size 128" in exported.stdout

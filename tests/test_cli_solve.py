@@ -152,7 +152,7 @@ def plan_pins(**pins: int) -> object:
         (("--framework", "jax"), "--framework 'jax' is not a framework the planner knows; choose "
                                  "from megatron, mindspeed, deepspeed, colossalai, torchtitan, "
                                  "any"),
-        (("--tp", "3"), "with --tp 3"),
+        (("--tp", "3"), "tp(3) x pp(1) x cp(1) = 3 does not divide the 8 devices (pinned: --tp 3)"),
     ],
 )
 def test_bad_frameworks_and_pins_are_one_line(args: tuple[str, ...], needle: str) -> None:

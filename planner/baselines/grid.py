@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.config import ParallelConfig, Recompute, resolve
-from planner.errors import ConfigError, InfeasibleError, TimeLimitError
+from planner.errors import ConfigError, TimeLimitError
 from planner.estimate import Estimate, estimate
 from planner.frameworks import ANY, profile
 from planner.invariants import check_plan
@@ -204,14 +204,15 @@ def branch_space(
     space = []
     for branch in branches(model, cluster, training, options.pins):
         groups = branch_groups(branch, model, training, options)
-        launched = ([_launched(c, model, cluster, options) for c in group] for group in groups)
+        launched = ([launched_variant(c, model, cluster, options) for c in group]
+                    for group in groups)
         groups = [kept for group in launched if (kept := [c for c in group if c is not None])]
         if groups:
             space.append((min((group[0] for group in groups), key=_leanness), groups))
     return space
 
 
-def _launched(
+def launched_variant(
     config: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, options: SolveOptions
 ) -> ParallelConfig | None:
     """``config`` as the target framework launches it, or None when it cannot.
@@ -347,7 +348,11 @@ def enumerate_plan(
                              f"{search.priced} of {total} configurations and none of them "
                              f"fits yet; raise --time-limit")  # fmt: skip
     if search.best is None:
-        raise _failure(model, cluster, training, options, search)
+        # the failure path prices remedies over this module's space: imported here
+        from planner.baselines.failure import nothing_found
+
+        raise nothing_found(model, cluster, training, options, leanest=search.leanest,
+                            first_refusal=search.first_refusal)
     plan = uniform_plan(model, cluster, search.best[2], method=method,
                         framework=options.framework,
                         memory_margin_gib=options.margin_bytes(cluster.device.memory_gib) / GIB)
@@ -379,96 +384,3 @@ def _search_branch(
 def _leanness(config: ParallelConfig) -> tuple[int, int, int, int]:
     """Smaller is leaner: no interleaving, small microbatch, more recomputation, more ZeRO."""
     return (config.vpp, config.mbs, -RECOMPUTE.index(config.recompute), -config.zero)
-
-
-def _failure(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    options: SolveOptions,
-    search: _Search,
-) -> InfeasibleError | ConfigError:
-    pinned = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
-    if search.leanest is None:
-        where = (f"{model.name} on {cluster.num_devices} x {cluster.device.name} at global "
-                 f"batch {training.global_batch_size}, sequence {training.seq_length}")  # fmt: skip
-        if pinned:
-            where += f" with {pinned}"
-            refused = _pinned_refusal(model, cluster, training, options)
-            if refused is not None:
-                return ConfigError(f"{refused} (pinned: {pinned})")
-        refused = _refusal(model, cluster, training, options)
-        if refused is not None:
-            return ConfigError(f"{refused[0]} launches no configuration of {where}: e.g. "
-                               f"{refused[1]}")  # fmt: skip
-        why = f": e.g. {search.first_refusal}" if search.first_refusal else ""
-        return ConfigError(f"no uniform configuration divides {where}{why}")
-    # remedies prices this module's space, so it imports this module: import it here
-    from planner.remedies import describe_leanest, infeasible_message
-
-    need_gib, config = search.leanest
-    message = infeasible_message(
-        model, cluster, training, options, searched="no uniform configuration",
-        least_gib=need_gib, leanest=describe_leanest(config),
-    )  # fmt: skip
-    return InfeasibleError("; ".join([message, *_pins_in_the_way(model, cluster, training,
-                                                                 options)]))  # fmt: skip
-
-
-def _pinned_refusal(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
-) -> str | None:
-    """Why the pinned knobs alone do not divide, in ``planner estimate``'s words (None when
-    they do)."""
-    try:
-        resolve(model, cluster, run_config(training, options, **options.pins.given()))
-    except ConfigError as exc:
-        return str(exc)
-    return None
-
-
-def _refusal(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
-) -> tuple[str, str] | None:
-    """The target framework's title and why it refuses the configurations of the space that
-    divide, when it refuses them all (None otherwise): a reason it gives for every one of
-    them (the model's architecture, say), else the first configuration's first reason."""
-    if options.framework == ANY:
-        return None
-    target = profile(options.framework)
-    common: set[str] | None = None
-    first: str | None = None
-    for branch in branches(model, cluster, training, options.pins):
-        for group in branch_groups(branch, model, training, options):
-            for config in group:
-                try:
-                    reasons = target.refusals(resolve(model, cluster, config), model)
-                except ConfigError:
-                    continue
-                first = first or (reasons[0] if reasons else None)
-                common = set(reasons) if common is None else common & set(reasons)
-    if first is None:
-        return None
-    return target.title, sorted(common)[0] if common else first
-
-
-def _pins_in_the_way(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
-) -> list[str]:
-    """Each pin without which a configuration would fit, with the leanest that then fits."""
-    from planner.remedies import describe  # remedies prices this module's space
-
-    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
-    out = []
-    for name, value in options.pins.given().items():
-        freed = replace(options, pins=replace(options.pins, **{name: None}))
-        for leanest, _ in branch_space(model, cluster, training, freed):
-            try:
-                result = estimate(model, cluster, leanest)
-            except ConfigError:
-                continue
-            if result.peak_memory_gib * GIB <= usable:
-                out.append(f"the pin --{name} {value} prevents a fit: without it "
-                           f"{describe(leanest)} needs {result.peak_memory_gib:.1f} GiB")
-                break
-    return out

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 
 from planner.baselines.grid import (
     DEFAULT_OPTIONS,
+    launched_variant,
     pipeline_degrees,
     run_config,
     stage_splits,
@@ -45,7 +46,7 @@ from planner.estimate import Estimate, estimate
 from planner.invariants import check_plan
 from planner.plan import Plan, SolverSummary
 from planner.search import Progress, ProgressFn, SolveOptions, training_of
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform import uniform_plan
 
 RECOMPUTE_LADDER: tuple[Recompute, ...] = ("selective", "full")
@@ -65,11 +66,25 @@ def heuristic_plan(
     """
     started = time.perf_counter()
     training = training_of(model, options)
-    todo = list(heuristic_candidates(model, cluster, training, options))
-    chosen, leanest, priced = _first_fit(model, cluster, todo, progress)
+    todo, rule = [], 0
+    for config in heuristic_candidates(model, cluster, training, options):
+        rule += 1
+        # as the framework launches it (the rule's overlaps where it fixes its own), or not
+        launched = launched_variant(config, model, cluster, options)
+        if launched is not None:
+            todo.append(launched)
+    chosen, leanest, priced = _first_fit(model, cluster, todo, progress,
+                                         margin_gib=options.memory_margin_gib)  # fmt: skip
+    if chosen is None and not todo and rule:
+        raise ConfigError(f"{options.framework} launches none of the rule of thumb's {rule} "
+                          f"configurations of {model.name} (ZeRO-1, selective or full "
+                          f"recomputation, SP with TP, no context parallelism); use --method "
+                          f"ilp, which searches what it launches")  # fmt: skip
     if chosen is None:
         raise _failure(model, cluster, training, options, leanest)
-    plan = uniform_plan(model, cluster, chosen, method="heuristic")
+    margin = options.margin_bytes(cluster.device.memory_gib) / GIB
+    plan = uniform_plan(model, cluster, chosen, method="heuristic", framework=options.framework,
+                        memory_margin_gib=margin)  # fmt: skip
     summary = SolverSummary(time_s=time.perf_counter() - started, status="feasible",
                             objective=plan.predicted.step_time_s,
                             configurations=priced)  # fmt: skip
@@ -121,6 +136,8 @@ def _first_fit(
     cluster: ClusterSpec,
     todo: list[ParallelConfig],
     progress: ProgressFn | None,
+    *,
+    margin_gib: float | None,
 ) -> tuple[ParallelConfig | None, tuple[float, ParallelConfig] | None, int]:
     """The first of ``todo`` that divides and fits, the leanest that did not fit with the
     memory it needs, and how many were priced."""
@@ -128,7 +145,8 @@ def _first_fit(
     priced = 0
     for done, config in enumerate(todo, start=1):
         try:
-            result: Estimate | None = estimate(model, cluster, config)
+            result: Estimate | None = estimate(model, cluster, config,
+                                               memory_margin_gib=margin_gib)
         except ConfigError:
             result = None  # e.g. the batch does not split over this many replicas
         if result is not None:

@@ -99,6 +99,11 @@ def memory_figure(plan: Plan) -> Figure:
     ax.axhline(capacity, color="black", linewidth=1, linestyle="--")
     ax.text(x[-1] + 0.5, capacity, f" capacity {capacity:g} GiB", va="bottom", ha="right",
             fontsize=8)  # fmt: skip
+    if plan.memory_margin_gib > 0:  # what the plan leaves free, under the capacity
+        usable = capacity - plan.memory_margin_gib
+        ax.axhline(usable, color="black", linewidth=0.8, linestyle=":")
+        ax.text(x[-1] + 0.5, usable, f"margin {plan.memory_margin_gib:.1f} GiB ", va="top",
+                ha="right", fontsize=8)  # fmt: skip
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per device")
     ax.set_ylim(0, max(capacity, *bottom) * 1.12)
