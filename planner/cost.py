@@ -236,16 +236,14 @@ allocator's rounding and fragmentation and the transient buffers the model does 
 the README, "Memory margin")."""
 
 
-def memory_margin_bytes(device: DeviceSpec, margin_gib: float | None = None) -> float:
-    """The memory a plan leaves free on ``device``: ``margin_gib``, or
-    :data:`DEFAULT_MEMORY_MARGIN` of it when None.
+def memory_margin_bytes(memory_gib: float, margin_gib: float | None = None) -> float:
+    """The memory a plan leaves free on a device of ``memory_gib``: ``margin_gib``, or
+    :data:`DEFAULT_MEMORY_MARGIN` of the device when None.
 
-    >>> from planner.spec import DeviceSpec
-    >>> d = DeviceSpec(name="g", memory_gib=80, memory_bandwidth_gb_s=1, peak_tflops={"bf16": 1})
-    >>> memory_margin_bytes(d) / 2**30, memory_margin_bytes(d, 1.5) / 2**30
+    >>> memory_margin_bytes(80) / 2**30, memory_margin_bytes(80, 1.5) / 2**30
     (4.0, 1.5)
     """
-    gib = DEFAULT_MEMORY_MARGIN * device.memory_gib if margin_gib is None else margin_gib
+    gib = DEFAULT_MEMORY_MARGIN * memory_gib if margin_gib is None else margin_gib
     return gib * 2**30
 
 

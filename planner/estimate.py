@@ -220,7 +220,7 @@ def estimate(
         hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
         mfu=rates.mfu,
         peak_memory_gib=peak_bytes / GIB,
-        fits=peak_bytes + cost.memory_margin_bytes(cluster.device, memory_margin_gib)
+        fits=peak_bytes + cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
         <= cluster.device.memory_bytes,
         memory_gib=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
         time_s=step.time,

@@ -410,7 +410,8 @@ def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Es
 def _fits_gib(cluster: ClusterSpec, gib: float) -> bool:
     """:func:`estimate`'s test: a peak (reserved memory included) that leaves the default
     margin free on the device."""
-    return gib * GIB + cost.memory_margin_bytes(cluster.device) <= cluster.device.memory_bytes
+    margin = cost.memory_margin_bytes(cluster.device.memory_gib)
+    return gib * GIB + margin <= cluster.device.memory_bytes
 
 
 def _factors(max_factor: int) -> list[int]:

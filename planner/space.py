@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner import cost
-from planner.config import Schedule, check_sequence
+from planner.config import Recompute, Schedule, check_sequence
 from planner.errors import InputError
 from planner.ilp.backends import Backend
 from planner.pipeline.stages import submesh_shapes
 from planner.reading import training_run
-from planner.spec import GIB, ClusterSpec, ModelSpec, Precision, TrainingSpec
+from planner.spec import ClusterSpec, ModelSpec, Precision, TrainingSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +42,7 @@ class Pins:
     """Sequences per data-parallel rank and microbatch."""
     zero: int | None = None
     """ZeRO stage."""
-    recompute: str | None = None
+    recompute: Recompute | None = None
     """none, selective or full."""
     sp: bool | None = None
     """Sequence parallelism (with TP)."""
@@ -97,10 +97,7 @@ class SolveOptions:
 
     def margin_bytes(self, device_memory_gib: float) -> float:
         """The memory a plan leaves free on a device of ``device_memory_gib``."""
-        margin = self.memory_margin_gib
-        if margin is None:
-            margin = cost.DEFAULT_MEMORY_MARGIN * device_memory_gib
-        return margin * GIB
+        return cost.memory_margin_bytes(device_memory_gib, self.memory_margin_gib)
 
 
 DEFAULT_OPTIONS = SolveOptions()

@@ -112,7 +112,7 @@ def estimate_cmd(
     if out is not None:
         # Written even when it does not fit: it records what was priced (and `simulate` can
         # still draw it); the exit code says it does not fit.
-        margin = memory_margin_bytes(cluster_spec.device, memory_margin) / GIB
+        margin = memory_margin_bytes(cluster_spec.device.memory_gib, memory_margin) / GIB
         plan = uniform_plan(model_spec, cluster_spec, config, framework=framework,
                             memory_margin_gib=margin)  # fmt: skip
         write_atomic(out, plan.to_json(), inputs=(model, cluster))

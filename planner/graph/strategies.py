@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from planner import cost
 from planner.graph.layout import Layout, LogicalMesh, canonical, degrees, tensor_degrees
 from planner.graph.ops import Op, Tensor
+from planner.graph.weights import weight_costs
 from planner.spec import ClusterSpec, Precision
 
-ZERO_STAGES = (0, 1, 2, 3)
 Assignment = tuple[str | None, ...]
 """Per mesh axis, the dim it splits (None: the axis repeats the op's work)."""
 EXPERTS_BY_BATCH = "experts:batch"
@@ -263,46 +263,6 @@ def weight_copies(op: Op, pair: Assignment, mesh: LogicalMesh) -> tuple[float, t
     params = op.local_params({n: split.get(canonical(n), 1) for n, _ in
                               (op.weight.dims if op.weight else ())})  # fmt: skip
     return params, tuple(a for a, d in enumerate(pair) if d is not None and d not in weight_dims)
-
-
-def weight_syncs(
-    cluster: ClusterSpec, group: cost.CommGroup | None, *, params: float, precision: Precision
-) -> tuple[cost.DataParallelSync, ...]:
-    """The data-parallel traffic under ZeRO 0..3 of ``params`` parameters replicated on
-    ``group``."""
-    return tuple(
-        cost.data_parallel_sync(cluster, group, params=params, precision=precision, zero=z)
-        for z in ZERO_STAGES
-    )
-
-
-def weight_states(
-    group: cost.CommGroup | None, *, params: float, precision: Precision
-) -> tuple[float, ...]:
-    """State bytes per device under ZeRO 0..3 of ``params`` parameters replicated on
-    ``group`` (their states sharded over it)."""
-    shards = group.size if group is not None else 1
-    return tuple(
-        params * cost.state_bytes_per_param(precision, zero=z, shards=shards).total
-        for z in ZERO_STAGES
-    )
-
-
-def weight_costs(
-    cluster: ClusterSpec,
-    group: cost.CommGroup | None,
-    *,
-    params: float,
-    precision: Precision,
-    num_microbatches: int,
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """State bytes per device (:func:`weight_states`) and gradient sync seconds per
-    microbatch (:func:`weight_syncs`, the once-per-step part shared) under ZeRO 0..3."""
-    if params == 0:
-        return (0.0,) * 4, (0.0,) * 4
-    syncs = weight_syncs(cluster, group, params=params, precision=precision)
-    states = weight_states(group, params=params, precision=precision)
-    return states, tuple(s.per_microbatch_s(num_microbatches) for s in syncs)
 
 
 def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strategy]:

@@ -19,7 +19,7 @@ import numpy as np
 from planner import cost
 from planner.graph.assignment import RECOMPUTE, LayerParts
 from planner.graph.layout import LogicalMesh
-from planner.graph.strategies import weight_states, weight_syncs
+from planner.graph.weights import weight_states, weight_syncs
 from planner.ilp.layer import LayerSolution
 from planner.spec import Precision
 
