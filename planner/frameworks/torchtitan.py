@@ -20,6 +20,7 @@ The rules cite pytorch/torchtitan at v0.2.2 (73a0e69) and pytorch/pytorch at v2.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.config import ResolvedConfig
 from planner.errors import ConfigError
@@ -93,6 +94,7 @@ FLAVORS: tuple[Flavor, ...] = (
 (it attends block-causally with FlexAttention, per document, which the planner does not price)."""
 
 
+@lru_cache(maxsize=256)
 def _signature(model: ModelSpec) -> tuple[object, ...]:
     """What a model's cost depends on: its architecture without name, positions or training."""
     fields = model.model_dump(exclude={"name", "max_position_embeddings", "training",
@@ -106,8 +108,10 @@ def _signature(model: ModelSpec) -> tuple[object, ...]:
             tuple(sorted(moe.items())))  # fmt: skip
 
 
+@lru_cache(maxsize=256)
 def flavor(model: ModelSpec) -> Flavor | None:
-    """The registered model ``model`` is, or None."""
+    """The registered model ``model`` is, or None (remembered: the search asks for every
+    configuration it considers)."""
     return next((f for f in FLAVORS if _signature(f.spec) == _signature(model)), None)
 
 
