@@ -76,6 +76,9 @@ TEMPLATES: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
     ("CP ring, ZeRO-0", tuple(
         dict(tp=tp, cp=2, dp=16 // (2 * tp), sp=True, overlap_grad_reduce=True)
         for tp in (4, 2))),
+    ("CP all-to-all (Ulysses)", tuple(
+        dict(tp=tp, cp=2, cp_algo="ulysses", dp=16 // (2 * tp), sp=True, zero=1, **_OVERLAP)
+        for tp in (4, 2, 1))),
     ("ZeRO-3 (Megatron-FSDP)", tuple(
         dict(tp=tp, dp=16 // tp, sp=True, zero=3, **_OVERLAP) for tp in (2, 1))),
     ("ZeRO-2, fp32, unfused", (dict(tp=2, dp=8, sp=True, zero=2, precision="fp32",
@@ -159,6 +162,7 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
     moe, mla = model.moe, model.mla
     return dict(
         tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep, etp=c.tp, dp=resolved.dp, vpp=c.vpp, sp=resolved.sp,
+        cp_comm=("a2a" if c.cp_algo == "ulysses" else "p2p") if c.cp > 1 else None,
         stage_layers=list(resolved.stage_layers), mbs=c.mbs, gbs=t.global_batch_size,
         seq=t.seq_length, microbatches=resolved.num_microbatches, recompute=c.recompute,
         zero=c.zero, overlap_grad_reduce=c.overlap_grad_reduce,
@@ -293,6 +297,15 @@ def check_one(case: dict[str, Any]) -> dict[str, Any]:
         return {"error": traceback.format_exception_only(exc)[-1].strip()}
 
 
+def cp_comm_type(args: Any) -> str | None:
+    """The context-parallel communication Megatron runs every layer with (None without CP)."""
+    if args.context_parallel_size == 1:
+        return None
+    kinds = getattr(args, "cp_comm_type", None) or ["p2p"]
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    return kinds[0] if len(set(kinds)) == 1 else "mixed"
+
+
 def read_back(args: Any, *, flavor: str) -> dict[str, Any]:
     """What Megatron built from the arguments, in the planner's words."""
     from megatron.training.arguments import core_transformer_config_from_args
@@ -306,6 +319,7 @@ def read_back(args: Any, *, flavor: str) -> dict[str, Any]:
     return dict(
         tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
         cp=args.context_parallel_size, ep=args.expert_model_parallel_size,
+        cp_comm=cp_comm_type(args),
         etp=args.expert_tensor_parallel_size, dp=args.data_parallel_size,
         vpp=args.virtual_pipeline_model_parallel_size or 1, sp=args.sequence_parallel,
         stage_layers=stage_layer_counts(config, args), mbs=args.micro_batch_size,

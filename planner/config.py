@@ -18,6 +18,7 @@ from planner.spec import ClusterSpec, Int, ModelSpec, Precision, TrainingSpec
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "gpipe"]
+ContextParallelism = Literal["ring", "ulysses"]
 
 
 class ParallelConfig(BaseModel):
@@ -36,6 +37,11 @@ class ParallelConfig(BaseModel):
     dp: Int | None = Field(default=None, gt=0, le=lim.MAX_DEVICES, description="Data-parallel "
                            "degree; default: the devices left over.")  # fmt: skip
     cp: Int = Field(default=1, gt=0, le=lim.MAX_DEVICES, description="Context-parallel degree.")
+    cp_algo: ContextParallelism = Field(
+        default="ring", description="How context parallelism attends: ring (K/V passed around "
+        "the ring, Megatron-Core's p2p) or ulysses (all-to-alls from sequence to head shards "
+        "around the attention core, DeepSpeed-Ulysses).",
+    )  # fmt: skip
     ep: Int = Field(default=1, gt=0, le=lim.MAX_DEVICES, description="Expert-parallel degree.")
     vpp: Int = Field(default=1, gt=0, le=lim.MAX_LAYERS, description="Virtual pipeline stages "
                      "per device (interleaved 1F1B when > 1).")  # fmt: skip
@@ -142,8 +148,16 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
     check_sequence(model, seq)
     _need(not c.tp_comm_overlap or c.tp == 1 or c.sp,
           "tp_comm_overlap needs sequence parallelism (--sp), as in Megatron-Core")
-    _need(c.cp == 1 or seq % (2 * c.cp) == 0,
-          f"seq_len({seq}) is not divisible by 2 x cp({c.cp}) (load-balanced causal CP)")
+    if c.cp_algo == "ring":
+        _need(c.cp == 1 or seq % (2 * c.cp) == 0,
+              f"seq_len({seq}) is not divisible by 2 x cp({c.cp}) (load-balanced causal CP)")
+    else:  # the all-to-all trades sequence shards for head shards
+        _need(seq % c.cp == 0, f"seq_len({seq}) is not divisible by cp({c.cp})")
+        _need(heads % (c.tp * c.cp) == 0 and (model.mla is not None or
+                                               groups % (c.tp * c.cp) == 0),
+              f"ulysses context parallelism splits heads over tp x cp: num_attention_heads"
+              f"({heads}) and num_query_groups({groups}) must divide by tp({c.tp}) x "
+              f"cp({c.cp}) = {c.tp * c.cp}")  # fmt: skip
     if model.moe is None:
         _need(c.ep == 1, f"ep({c.ep}) > 1 but {model.name} has no experts")
     else:

@@ -139,7 +139,7 @@ class UniformStage:
 def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
     """The mesh and groups of ``resolved``'s stages, its ranks numbered in its rank order."""
     c = resolved.config
-    layout = uniform_layout(tp=c.tp, cp=c.cp, ep=c.ep, sp=c.sp)
+    layout = uniform_layout(tp=c.tp, cp=c.cp, ep=c.ep, sp=c.sp, ulysses=c.cp_algo == "ulysses")
     s = rank_strides(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
     data, context, tensor = layout.shape
     if layout.data_ways > 1 or data == 1:  # the first axis is data-parallel ranks

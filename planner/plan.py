@@ -265,7 +265,8 @@ class Plan(_Frozen):
         p = stages[0]
         dp = self.data_parallel_replicas * p.dp
         parts = [f"TP{values('tp')}", f"PP{len(self.stages)}", f"DP{dp}"]
-        parts += [f"CP{values('cp')}"] * any(q.cp > 1 for q in stages)
+        ulysses = self.configuration is not None and self.configuration.cp_algo == "ulysses"
+        parts += [f"CP{values('cp')}" + " (Ulysses)" * ulysses] * any(q.cp > 1 for q in stages)
         parts += [f"EP{values('ep')}"] * any(q.ep > 1 for q in stages)
         text = " x ".join(parts) + f", mbs {self.micro_batch_size}"
         schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}

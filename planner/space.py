@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner import cost
-from planner.config import Recompute, Schedule, check_sequence
+from planner.config import ContextParallelism, Recompute, Schedule, check_sequence
 from planner.errors import InputError
 from planner.ilp.backends import Backend
 from planner.pipeline.stages import submesh_shapes
@@ -34,6 +34,8 @@ class Pins:
     """Pipeline stages."""
     cp: int | None = None
     """Context-parallel degree."""
+    cp_algo: ContextParallelism | None = None
+    """ring or ulysses."""
     ep: int | None = None
     """Expert-parallel degree."""
     vpp: int | None = None

@@ -370,6 +370,15 @@ def test_sequence_parallel_split() -> None:
     assert "seq_len(4100)" in (refusal("sp-sequence-split", resolved, model) or "")
 
 
+def test_ulysses_context_parallel() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:48, 1077"""
+    model = load("llama3-8b")
+    ring = configure(model, 64, cp=2, zero=1, seq_len=8192)
+    assert refusal("ulysses-context-parallel", ring, model) is None
+    ulysses = forced(ring, cp_algo="ulysses")
+    assert "all_to_all mode" in (refusal("ulysses-context-parallel", ulysses, model) or "")
+
+
 def test_rank_order() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1110-1117"""
     model = load("llama3-70b")

@@ -272,6 +272,35 @@ def test_context_parallel() -> None:
     model = load("llama3-70b")
     resolved = configure(model, 256, tp=8, pp=4, cp=2, sp=True, zero=1)
     assert "Ulysses" in (refusal("context-parallel", resolved, model) or "")
+    ulysses = forced(resolved, cp_algo="ulysses")
+    assert refusal("context-parallel", ulysses, model) is None
+
+
+def test_ulysses_alone() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/core/parallel_state.py:144-147"""
+    model = load("llama3-70b")
+    with_tp = configure(model, 256, tp=2, pp=4, cp=2, cp_algo="ulysses", sp=True, zero=1)
+    assert "does not work with tensor or pipeline" in (refusal("ulysses-alone", with_tp, model)
+                                                       or "")  # fmt: skip
+    alone = configure(model, 256, cp=8, cp_algo="ulysses", zero=3)
+    assert refusal("ulysses-alone", alone, model) is None
+
+
+def test_ulysses_launch_reads_back() -> None:
+    """Ulysses over 8 ranks: ``--ds-sequence-parallel-size 8`` and the batch arithmetic over
+    world / cp data-parallel ranks, as Megatron-DeepSpeed's arguments.py:101-108 counts them."""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, cp=8, cp_algo="ulysses", zero=3, global_batch=64,
+                         seq_len=65536)  # fmt: skip
+    assert ds.PROFILE.refusals(resolved, model) == ()
+    text = ds.launch(resolved, model).text
+    flags_text, config_text = text.split(f"\n{ds.DS_CONFIG_MARK}\n")
+    words = shlex.split(flags_text.replace("\\\n", " "))
+    assert words[words.index("--ds-sequence-parallel-size") + 1] == "8"
+    config = json.loads(config_text)
+    assert config["train_batch_size"] == 64
+    assert config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] \
+        * (64 // 8) == 64
 
 
 def test_selective_with_flash() -> None:
@@ -375,10 +404,11 @@ def test_sequence_parallel_split() -> None:
 
 
 def test_rank_order() -> None:
-    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/topology.py:244-248"""
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/topology.py:244-248;
+    deepspeedai/Megatron-DeepSpeed@4efb479 megatron/core/parallel_state.py:185-215"""
     model = load("gpt3-175b")
     resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, rank_order="tp-pp-cp-ep-dp")
-    assert "tp, then dp, then pp" in (refusal("rank-order", resolved, model) or "")
+    assert "tp, then cp, dp, pp" in (refusal("rank-order", resolved, model) or "")
     # With no data parallelism the two orders number ranks alike.
     alike = configure(model, 128, tp=8, pp=16, sp=True, zero=1, rank_order="tp-pp-cp-ep-dp")
     assert refusal("rank-order", alike, model) is None

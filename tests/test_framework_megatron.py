@@ -675,6 +675,14 @@ def pin_rank_order(p: Profile) -> None:
             "rank_order 'cp-ep-dp-tp-pp'.*tp-cp-ep-dp-pp")
 
 
+def pin_ulysses_context_parallel(p: Profile) -> None:
+    """What rule ``ulysses-context-parallel`` refuses (and lets through): MindSpeed's."""
+    model = load("gpt-1.7b")
+    refused(p, "ulysses-context-parallel", configure(model, 16, cp=2, cp_algo="ulysses"), model,
+            r"cp\(2\) as Ulysses all-to-alls")
+    accepted(p, "ulysses-context-parallel", configure(model, 16, cp=2), model)
+
+
 def pin_fused_attention_precision(p: Profile) -> None:
     """What rule ``fused-attention-precision`` refuses (and lets through)."""
     model = load("gpt-1.7b")

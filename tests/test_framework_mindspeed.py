@@ -206,6 +206,12 @@ def test_rule_bias_without_qkv_bias() -> None:
     tm.pin_bias_without_qkv_bias(P)
 
 
+def test_rule_ulysses_context_parallel() -> None:
+    """Ascend/MindSpeed@028de58ca629
+    mindspeed/features_manager/context_parallel/context_parallel_feature.py:106"""
+    tm.pin_ulysses_context_parallel(P)
+
+
 def test_rule_rank_order() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/initialize.py:354"""
     tm.pin_rank_order(P)

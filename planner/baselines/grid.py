@@ -10,7 +10,8 @@ The space is what a Megatron-LM user can launch with flags:
   ``--decoder-last-pipeline-num-layers``);
 - ``vpp`` (interleaved 1F1B), when ``options.interleaved``: every count of chunks that divides
   every stage's layers (Megatron-Core's rule, uneven stages included);
-- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a node, only from :data:`LONG_SEQUENCE` on;
+- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a node, only from :data:`LONG_SEQUENCE` on,
+  each as ring attention and as Ulysses all-to-alls;
 - ``ep``: divisors of the experts (mixtures of experts only);
 - ``mbs``: ``options.micro_batch_sizes``; recomputation none, selective or full; ZeRO 0 or 1
   (the distributed optimizer), 0 to 3 without a pipeline;
@@ -39,7 +40,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from planner.config import ParallelConfig, Recompute, resolve
+from planner.config import ContextParallelism, ParallelConfig, Recompute, resolve
 from planner.errors import ConfigError, TimeLimitError
 from planner.estimate import Estimate, estimate
 from planner.frameworks import ANY, profile
@@ -118,6 +119,7 @@ class Branch:
     cp: int
     ep: int
     split: Split = (None, None)
+    cp_algo: ContextParallelism = "ring"
 
 
 def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
@@ -151,10 +153,12 @@ def branches(
         for cp in (c for c in cps if tp * c <= cluster.devices_per_node and n % (tp * c) == 0):
             for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
                 dp = n // (tp * pp * cp)
-                out += [Branch(tp, pp, cp, ep, split)
+                algos: tuple[ContextParallelism, ...] = ("ring", "ulysses") if cp > 1 else ("ring",)
+                out += [Branch(tp, pp, cp, ep, split, algo)
                         for split in stage_splits(model.num_layers, pp)
                         for ep in divisors(experts)
-                        if (dp * cp) % ep == 0 and pins.admits(ep=ep)]  # fmt: skip
+                        for algo in algos
+                        if (dp * cp) % ep == 0 and pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
     return out
 
 
@@ -185,7 +189,8 @@ def branch_groups(
     sp = b.tp > 1 if pins.sp is None else pins.sp
     first, last = b.split
     groups = [
-        [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, ep=b.ep, vpp=v, sp=sp,
+        [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, cp_algo=b.cp_algo, ep=b.ep,
+                    vpp=v, sp=sp,
                     first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
                     zero=z) for m in mbss]
         for v in vpps for r in RECOMPUTE for z in zeros
@@ -255,8 +260,9 @@ def grid_space(
 def config_key(config: ParallelConfig) -> tuple[int, ...]:
     """The tie-break order: simpler configurations first (equal stages before uneven)."""
     c = config
-    return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp, c.ep, c.vpp,
-            c.mbs, RECOMPUTE.index(c.recompute), c.zero)  # fmt: skip
+    return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp,
+            int(c.cp_algo == "ulysses"), c.ep, c.vpp, c.mbs, RECOMPUTE.index(c.recompute),
+            c.zero)  # fmt: skip
 
 
 Verdict = Literal["fits", "too big", "refused"]

@@ -48,6 +48,10 @@ def estimate_cmd(
         int | None, typer.Option(help="Data-parallel degree; default: the rest.")
     ] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
+    cp_algo: Annotated[
+        Literal["ring", "ulysses"],
+        typer.Option(help="Context parallelism: ring attention or Ulysses all-to-alls."),
+    ] = "ring",
     ep: Annotated[int, typer.Option(help="Expert-parallel degree.")] = 1,
     vpp: Annotated[
         int, typer.Option(help="Virtual stages per device (interleaved 1F1B).")
@@ -97,7 +101,7 @@ def estimate_cmd(
     cluster_spec = load_cluster(cluster, nodes)
     try:
         config = ParallelConfig(
-            tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
+            tp=tp, pp=pp, dp=dp, cp=cp, cp_algo=cp_algo, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
             first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
             global_batch=global_batch, seq_len=seq_len, recompute=recompute, zero=zero,
             precision=precision, schedule=schedule, flash_attention=flash_attention,

@@ -57,6 +57,10 @@ def parallel_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[Flag]:
                          ("--pipeline-model-parallel-size", c.pp)]  # fmt: skip
     if c.cp > 1:
         flags.append(("--context-parallel-size", c.cp))
+        if c.cp_algo == "ulysses":
+            # Transformer Engine's all-to-all context parallelism (p2p, the ring, is the
+            # default): megatron/training/arguments.py, --cp-comm-type.
+            flags.append(("--cp-comm-type", "a2a"))
     if model.moe is not None:
         # Expert tensor parallelism is the dense layers' (the planner's semantics), said
         # explicitly rather than left to Megatron's default.

@@ -247,6 +247,16 @@ def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return f"rank_order {c.rank_order!r}: Colossal-AI numbers ranks tp, then cp, dp, pp"
 
 
+def ulysses_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Colossal-AI's all-to-all sequence parallelism (``sequence_parallelism_mode=
+    "all_to_all"``) is not written by this launcher, which writes ring attention."""
+    c = resolved.config
+    if c.cp == 1 or c.cp_algo != "ulysses":
+        return None
+    return (f"cp({c.cp}) as Ulysses all-to-alls: Colossal-AI's all_to_all mode is not written "
+            f"by the planner's Colossal-AI launch yet; ring_attn is")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="architecture", check=architecture,
          source=f"{REPO} colossalai/shardformer/policies/auto_policy.py:59-229"),
@@ -283,6 +293,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="ddp-overlap", check=ddp_overlap, source=f"{_PLUGIN}:1311-1313"),
     Rule(name="sp-sequence-split", check=sequence_parallel_split,
          source=f"{REPO} colossalai/shardformer/layer/_operation.py:1191-1202"),
+    Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
+         source=f"{_PLUGIN}:48, 1077"),
     Rule(name="rank-order", check=rank_order, source=f"{_PLUGIN}:1110-1117"),
 )  # fmt: skip
 """Everything Colossal-AI refuses, or cannot run as the planner prices it."""

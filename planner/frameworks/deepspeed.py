@@ -8,8 +8,9 @@ run by DeepSpeed's pipeline engine; without one, ``--no-pipeline-parallel`` buil
 Megatron model under DeepSpeed's ordinary engine, the only one that takes ZeRO-2 and ZeRO-3.
 
 The rules cite deepspeedai/DeepSpeed at edaa722 (v0.19.5+) and deepspeedai/Megatron-DeepSpeed
-at 4efb479. DeepSpeed's context parallelism is Ulysses (all-to-all over heads), which the
-planner does not price: configurations with cp > 1 are refused here.
+at 4efb479. DeepSpeed's context parallelism is Ulysses (``--ds-sequence-parallel-size``:
+all-to-alls from sequence to head shards around the attention core), which the planner prices
+as ``cp_algo="ulysses"``; ring attention is refused.
 """
 
 from __future__ import annotations
@@ -79,11 +80,21 @@ def uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """DeepSpeed's sequence parallelism is Ulysses, not ring attention."""
-    cp = resolved.config.cp
-    if cp == 1:
+    c = resolved.config
+    if c.cp == 1 or c.cp_algo == "ulysses":
         return None
-    return (f"cp({cp}): DeepSpeed's context parallelism (--ds-sequence-parallel-size) is "
-            f"Ulysses all-to-all attention, not the ring attention the planner prices")
+    return (f"cp({c.cp}) as ring attention: DeepSpeed's context parallelism "
+            f"(--ds-sequence-parallel-size) is Ulysses all-to-all attention (cp_algo ulysses)")
+
+
+def ulysses_alone(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-DeepSpeed's ``initialize_model_parallel`` asserts that DeepSpeed's sequence
+    parallelism runs without tensor or pipeline parallelism."""
+    c = resolved.config
+    if c.cp == 1 or (c.tp == 1 and c.pp == 1):
+        return None
+    return (f"cp({c.cp}) with tp({c.tp}) x pp({c.pp}): DeepSpeed's sequence parallelism does not "
+            f"work with tensor or pipeline parallelism")
 
 
 def selective_with_flash(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -210,11 +221,13 @@ def sequence_parallel_split(resolved: ResolvedConfig, model: ModelSpec) -> str |
 
 
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """DeepSpeed's pipe/data/model topology numbers ranks tp fastest, then dp, then pp."""
+    """DeepSpeed's pipe/data/model topology numbers ranks tp fastest, then dp, then pp;
+    Megatron-DeepSpeed's sequence-parallel groups are consecutive ranks, its data-parallel
+    groups strided by them (tp 1 with Ulysses): tp, cp, dp, pp."""
     c = resolved.config
-    if ranks_in_order(resolved, ("tp", "dp", "pp")):
+    if ranks_in_order(resolved, ("tp", "cp", "dp", "pp")):
         return None
-    return f"rank_order {c.rank_order!r}: DeepSpeed numbers ranks tp, then dp, then pp"
+    return f"rank_order {c.rank_order!r}: DeepSpeed numbers ranks tp, then cp, dp, pp"
 
 
 RULES: tuple[Rule, ...] = (
@@ -227,6 +240,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="uneven-split", check=uneven_split,
          source=f"{MDS} megatron/model/gpt_model.py:463; "
                 f"{DS} deepspeed/runtime/pipe/module.py:412-417"),
+    Rule(name="ulysses-alone", check=ulysses_alone,
+         source=f"{MDS} megatron/core/parallel_state.py:144-147"),
     Rule(name="context-parallel", check=context_parallel,
          source=f"{_ARGS}:974; {_TRANSFORMER}:614-621"),
     Rule(name="selective-with-flash", check=selective_with_flash,
@@ -254,7 +269,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="sp-sequence-split", check=sequence_parallel_split,
          source=f"{MDS} megatron/core/tensor_parallel/mappings.py:56-58"),
     Rule(name="rank-order", check=rank_order,
-         source=f"{DS} deepspeed/runtime/pipe/topology.py:244-248"),
+         source=f"{DS} deepspeed/runtime/pipe/topology.py:244-248; "
+                f"{MDS} megatron/core/parallel_state.py:185-215"),
 )  # fmt: skip
 """Everything DeepSpeed refuses, or cannot run as the planner prices it."""
 
@@ -294,6 +310,9 @@ def parallel_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[mf.Flag]:
         flags.append(("--no-pipeline-parallel", None))
     if resolved.sp:
         flags.append(("--sequence-parallel", None))
+    if c.cp > 1:
+        # Ulysses: the data-parallel size is then world / (tp x pp x cp), as the plan counts.
+        flags.append(("--ds-sequence-parallel-size", c.cp))
     if model.moe is not None:
         flags.append(("--moe-expert-parallel-size", c.ep))
     return flags

@@ -56,6 +56,16 @@ def unfused_attention_with_cp(resolved: ResolvedConfig, model: ModelSpec) -> str
             f"on, and the configuration has flash_attention off")
 
 
+def ulysses_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """MindSpeed's all-to-all context parallelism is ``--context-parallel-algo
+    ulysses_cp_algo``, which this launcher does not write (it writes ring attention)."""
+    c = resolved.config
+    if c.cp == 1 or c.cp_algo != "ulysses":
+        return None
+    return (f"cp({c.cp}) as Ulysses all-to-alls: MindSpeed's ulysses_cp_algo is not written "
+            f"by the planner's MindSpeed launch yet; megatron_cp_algo (ring) is")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="gpipe", check=megatron.gpipe_schedule,
          source=f"{CORE} megatron/core/pipeline_parallel/schedules.py:106-113"),
@@ -95,6 +105,9 @@ RULES: tuple[Rule, ...] = (
          source=f"{CORE} megatron/core/transformer/transformer_config.py:945-946"),
     Rule(name="bias-without-qkv-bias", check=megatron.linear_bias_without_qkv_bias,
          source=f"{_ARGS}:787-789"),
+    Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
+         source=f"{REPO} mindspeed/features_manager/context_parallel/"
+                f"context_parallel_feature.py:106"),
     Rule(name="rank-order", check=megatron.rank_order,
          source=f"{CORE} megatron/training/initialize.py:354"),
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,

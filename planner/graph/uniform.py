@@ -61,6 +61,9 @@ class UniformLayout:
     """Axes that split the routed experts."""
     sequence_parallel: bool
     """Residual-stream operators split the sequence on the tensor axis too."""
+    ulysses: bool = False
+    """The attention core splits heads, not the sequence, on the sequence axes (all-to-alls
+    before and after it: DeepSpeed-Ulysses); else ring attention."""
 
     @property
     def data_axes(self) -> tuple[int, ...]:
@@ -79,7 +82,7 @@ class UniformLayout:
         return math.prod(self.shape)
 
 
-def uniform_layout(*, tp: int, cp: int, ep: int, sp: bool) -> UniformLayout:
+def uniform_layout(*, tp: int, cp: int, ep: int, sp: bool, ulysses: bool = False) -> UniformLayout:
     """The mesh of a stage under TP ``tp`` (with SP if ``sp``), CP ``cp`` and EP ``ep``.
 
     Megatron-Core takes the expert-parallel ranks from the context x data ranks, context
@@ -91,15 +94,18 @@ def uniform_layout(*, tp: int, cp: int, ep: int, sp: bool) -> UniformLayout:
     (2, 2, 1)
     """
     sp = sp and tp > 1
+    ulysses = ulysses and cp > 1
     if ep == 1:
         return UniformLayout(shape=(1, cp, tp), sequence_axes=(CONTEXT,), expert_axes=(),
-                             sequence_parallel=sp)  # fmt: skip
+                             sequence_parallel=sp, ulysses=ulysses)  # fmt: skip
     if ep % cp == 0:
         return UniformLayout(shape=(ep // cp, cp, tp), sequence_axes=(CONTEXT,),
-                             expert_axes=(DATA, CONTEXT), sequence_parallel=sp)  # fmt: skip
+                             expert_axes=(DATA, CONTEXT), sequence_parallel=sp,
+                             ulysses=ulysses)  # fmt: skip
     if cp % ep == 0:
         return UniformLayout(shape=(cp // ep, ep, tp), sequence_axes=(DATA, CONTEXT),
-                             expert_axes=(CONTEXT,), sequence_parallel=sp)  # fmt: skip
+                             expert_axes=(CONTEXT,), sequence_parallel=sp,
+                             ulysses=ulysses)  # fmt: skip
     raise ConfigError(f"ep({ep}) and cp({cp}): one must divide the other (Megatron-Core takes "
                       f"the expert-parallel ranks from the context-parallel ranks first)")
 
@@ -126,6 +132,8 @@ def _tensor_dim(op: Op, layout: UniformLayout) -> str | None:
 def _token_dim(op: Op, *, axis: int, layout: UniformLayout) -> str:
     """What a data or context axis splits for ``op``."""
     tokens = "seq" if axis in layout.sequence_axes else "batch"
+    if tokens == "seq" and layout.ulysses and op.kind == "attention":
+        return "heads"  # Ulysses: all-to-alls trade the sequence shard for a head shard
     experts = axis in layout.expert_axes
     if op.kind in ("dispatch", "combine"):
         if not experts:

@@ -25,11 +25,11 @@ from planner.spec import ClusterSpec, ModelSpec
 
 def mesh_layouts(shape: tuple[int, ...], *, experts: bool) -> Iterator[UniformLayout]:
     """Every uniform layout of a mesh of ``shape``: the last axis tensor parallel or not, each
-    other axis context or data parallel, sequence parallelism on or off with a tensor axis,
-    and for mixtures of experts the experts on any set of the non-tensor axes.
+    other axis context (ring or Ulysses) or data parallel, sequence parallelism on or off with
+    a tensor axis, and for mixtures of experts the experts on any set of the non-tensor axes.
 
     >>> len(list(mesh_layouts((2, 4), experts=False)))
-    8
+    13
     """
     last = len(shape) - 1
     for tensor in (last, None):
@@ -40,10 +40,12 @@ def mesh_layouts(shape: tuple[int, ...], *, experts: bool) -> Iterator[UniformLa
             if experts:
                 expert_sets += [c for k in range(1, len(others) + 1)
                                 for c in itertools.combinations(others, k)]  # fmt: skip
+            ulysses = (False, True) if sequence else (False,)
             for sp in (True, False) if tensor is not None and shape[tensor] > 1 else (False,):
-                for ep in expert_sets:
+                for ep, all_to_all in itertools.product(expert_sets, ulysses):
                     yield UniformLayout(shape=shape, tensor_axis=tensor, sequence_axes=sequence,
-                                        expert_axes=ep, sequence_parallel=sp)  # fmt: skip
+                                        expert_axes=ep, sequence_parallel=sp,
+                                        ulysses=all_to_all)  # fmt: skip
 
 
 def uniform_solutions(
