@@ -272,7 +272,8 @@ def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, stage: Uni
         return 0.0
     act = ACTIVATION_BYTES[r.training.precision]
     full = c.mbs * r.training.seq_length * model.hidden_size * act / c.cp
-    send = cost.pipeline_send_s(cluster, full / c.tp, stage.pipeline_distance, chunks=c.vpp)
+    send = cost.pipeline_send_s(cluster, full / c.tp, stage.pipeline_distance, chunks=c.vpp,
+                                stages=c.pp)  # fmt: skip
     if c.tp > 1 and not r.sp:
         send += 2 * c.vpp * cost.collective_time_s(cluster, "all_gather", full,
                                                    stage.tensor_group)  # fmt: skip

@@ -206,7 +206,7 @@ def pipeline_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
     act = ACTIVATION_BYTES[ctx.training.precision]
     full = c.micro_batch_size * ctx.training.seq_length * ctx.model.hidden_size * act
     return cost.pipeline_send_s(ctx.cluster, full / (c.mesh[0] * c.mesh[1]), distance,
-                                chunks=c.vpp)  # fmt: skip
+                                chunks=c.vpp, stages=c.num_stages)  # fmt: skip
 
 
 def decoder_kinds(model: ModelSpec) -> list[str]:

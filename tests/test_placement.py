@@ -65,9 +65,11 @@ def test_bad_order_is_refused() -> None:
 def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.ClusterSpec) -> None:
     """The search's GPT-3 pipeline of 64 stages on half nodes (1 x 4), 4 replicas, priced
     under both rank orders. Replicas side by side put two of each stage's data-parallel ranks
-    in one node (the reduction crosses 2 nodes, not 4) but neighbouring stages 16 ranks apart
-    (always another node); stages side by side do the opposite (neighbours 4 ranks apart,
-    priced on NVLink). The composer sees both effects."""
+    in one node (the reduction crosses 2 nodes, not 4) and neighbouring stages 16 ranks apart
+    (always another node); stages side by side put neighbours 4 ranks apart, but a row of 64
+    of them spans 32 nodes, so every other pair of neighbours is in different nodes and the
+    pipeline runs at InfiniBand's pace all the same. The composer sees both: the same sends,
+    a slower reduction."""
     from planner.graph.layout import LogicalMesh
     from planner.pipeline.assemble import compose
     from planner.placement import PipelinePlacement
@@ -101,7 +103,7 @@ def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.Clust
         steps[order] = compose(found.stages, kinds, model, a100, knobs, placement, send)
     inner, outer = steps["replicas-inner"], steps["stages-inner"]
     assert inner.time.data_parallel_comm_exposed < outer.time.data_parallel_comm_exposed
-    assert outer.time.pipeline_comm < inner.time.pipeline_comm
+    assert outer.time.pipeline_comm == inner.time.pipeline_comm
 
 
 def test_a_mesh_split_over_nodes_pays_for_it(a100: planner.ClusterSpec) -> None:

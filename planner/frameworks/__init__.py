@@ -7,7 +7,7 @@ One module per framework (``megatron``, ``mindspeed``, ``deepspeed``, ``colossal
 
 from __future__ import annotations
 
-from planner.config import ParallelConfig, ResolvedConfig, resolve
+from planner.config import ResolvedConfig, resolve
 from planner.errors import InputError
 from planner.frameworks import colossalai, deepspeed, megatron, mindspeed, torchtitan
 from planner.frameworks.base import (
@@ -88,14 +88,6 @@ def launch(
     return target.launch(resolved, model)
 
 
-def launchable(config: ParallelConfig, framework: str, *, model: ModelSpec,
-               cluster: ClusterSpec) -> bool:  # fmt: skip
-    """Whether ``framework`` launches ``config`` (``any`` launches every configuration)."""
-    if framework == ANY:
-        return True
-    return profile(framework).launches(resolve(model, cluster, config), model)
-
-
 __all__ = [
     "ANY",
     "FRAMEWORKS",
@@ -108,7 +100,6 @@ __all__ = [
     "Rule",
     "check_framework",
     "launch",
-    "launchable",
     "plan_configuration",
     "profile",
     "solve_command",
