@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from planner import cost
 from planner.graph.layout import LogicalMesh
+from planner.graph.strategies import EXPERTS_BY_BATCH
 from planner.ilp.layer import LayerSolution
 from planner.layer_cost import LayerCost, layer_cost
 from planner.pipeline.options import LayerOption, StageChoice
@@ -145,7 +146,7 @@ def summarise(solution: LayerSolution, mesh: tuple[int, int]) -> dict[str, int |
             sp = any(dims[axis] == "seq" for axis in tp_axes)
         if name == "dispatch":
             for axis, dim in enumerate(dims):
-                degrees["ep"] *= mesh[axis] if dim == "experts" else 1
+                degrees["ep"] *= mesh[axis] if dim in ("experts", EXPERTS_BY_BATCH) else 1
     return {**degrees, "sp": sp}
 
 
