@@ -340,6 +340,11 @@ def _print_launch(plan: Plan, launch: frameworks.Launch) -> None:
     """The launch text on stdout; its environment, notes and the plan's predicted step and
     memory against the device on stderr."""
     print(launch.text, end="" if launch.text.endswith("\n") else "\n")
+    _print_notes(plan, launch)
+
+
+def _print_notes(plan: Plan, launch: frameworks.Launch) -> None:
+    """What the launch needs beside its text, and the plan's prediction, on stderr."""
     for name, value in launch.environment.items():
         print(f"note: set {name}={value} in the launch environment", file=sys.stderr)
     for note in launch.notes:
@@ -380,11 +385,7 @@ def export_cmd(
         _print_launch(plan, result)
         return
     write_atomic(out, result.text, inputs=(plan_file, model, cluster))
-    for name, value in result.environment.items():
-        print(f"note: set {name}={value} in the launch environment", file=sys.stderr)
-    for note in result.notes:
-        print(f"note: {note}", file=sys.stderr)
-    print(_prediction(plan), file=sys.stderr)
+    _print_notes(plan, result)
 
 
 def _check_inputs(plan: Plan, model_spec: ModelSpec, cluster_spec: ClusterSpec, *,

@@ -27,7 +27,13 @@ from functools import lru_cache
 
 from planner.errors import ConfigError
 from planner.graph import lowered
-from planner.graph.assignment import LayerGraph, LayerParts, layer_graph, layer_parts
+from planner.graph.assignment import (
+    LayerGraph,
+    LayerParts,
+    StrategiesFn,
+    layer_graph,
+    layer_parts,
+)
 from planner.graph.layout import LogicalMesh, canonical
 from planner.graph.ops import TENSOR_PARALLEL_DIMS, Op
 from planner.graph.strategies import (
@@ -155,7 +161,7 @@ def megatron_assignment(op: Op, layout: UniformLayout) -> Assignment:
                                                                  strict=True))  # fmt: skip
 
 
-def _assigned(layout: UniformLayout):  # type: ignore[no-untyped-def]
+def _assigned(layout: UniformLayout) -> StrategiesFn:
     """The strategies function of a layer graph whose every op runs its Megatron strategy."""
 
     def strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strategy]:
