@@ -206,12 +206,15 @@ def collective_time_s(
     return min(flat, hierarchical)
 
 
-def p2p_time_s(cluster: ClusterSpec, nbytes: float, distance: int) -> float:
-    """Seconds to send ``nbytes`` between two ranks ``distance`` apart."""
-    if nbytes <= 0:
+def p2p_time_s(cluster: ClusterSpec, nbytes: float, distance: int, *, ranks: int = 2) -> float:
+    """Seconds to send ``nbytes`` between neighbours of a row of ``ranks`` ranks ``distance``
+    apart, at the slowest pair's pace: when the row spans several domains of a level, some
+    neighbours sit in different domains (four stages of four ranks on 8-GPU nodes: stages 1
+    and 2 are in different nodes), so the row is priced at the outermost level it spans."""
+    if nbytes <= 0 or ranks <= 1:
         return 0.0
-    counts = members_per_level(cluster, CommGroup(2, max(1, distance)))
-    level = cluster.network[next(i for i, c in enumerate(counts) if c == 2)]
+    counts = members_per_level(cluster, CommGroup(ranks, max(1, distance)))
+    level = cluster.network[next(i for i, c in enumerate(counts) if c == ranks)]
     return level.latency_s + nbytes / level.bandwidth_bytes_s
 
 
@@ -219,30 +222,10 @@ def pipeline_send_s(
     cluster: ClusterSpec, nbytes: float, distance: int, *, chunks: int, stages: int = 2
 ) -> float:
     """One stage's pipeline traffic per microbatch: its activation sent forward and the
-    gradient sent back, ``nbytes`` from each device, once per model chunk it holds.
-
-    Neighbouring stages are ``distance`` ranks apart, and ``stages`` of them in a row; when
-    the row spans several domains of a level, some neighbours are in different domains (four
-    stages of four ranks on 8-GPU nodes: stages 1 and 2 are in different nodes), and the
-    pipeline runs at its slowest send: it is priced at the outermost level the row spans.
-
-    >>> from planner.spec import ClusterSpec
-    >>> c = ClusterSpec.model_validate({"name": "c", "num_nodes": 4, "devices_per_node": 8,
-    ...     "device": {"name": "g", "memory_gib": 80, "memory_bandwidth_gb_s": 2000,
-    ...                "peak_tflops": {"bf16": 300}},
-    ...     "network": [{"name": "nvlink", "domain_devices": 8, "bandwidth_gb_s": 300,
-    ...                  "latency_us": 2},
-    ...                 {"name": "ib", "domain_devices": 32, "bandwidth_gb_s": 25,
-    ...                  "latency_us": 5}]})
-    >>> two, four = (pipeline_send_s(c, 1e9, 4, chunks=1, stages=n) for n in (2, 4))
-    >>> round(two, 4), round(four, 4)  # NVLink within one node; across nodes over IB
-    (0.0067, 0.08)
-    """
-    if nbytes <= 0 or stages <= 1:
-        return 0.0
-    counts = members_per_level(cluster, CommGroup(stages, max(1, distance)))
-    level = cluster.network[next(i for i, c in enumerate(counts) if c == stages)]
-    return 2 * chunks * (level.latency_s + nbytes / level.bandwidth_bytes_s)
+    gradient sent back, ``nbytes`` from each device, once per model chunk it holds, between
+    ``stages`` stages ``distance`` ranks apart (:func:`p2p_time_s`: the pipeline runs at its
+    slowest send)."""
+    return 2 * chunks * p2p_time_s(cluster, nbytes, distance, ranks=stages)
 
 
 def exposed_s(comm_s: float, hidden_behind_s: float) -> float:

@@ -85,6 +85,17 @@ def test_p2p_inside_and_across_nodes(cluster: ClusterSpec) -> None:
     assert cost.p2p_time_s(cluster, GB, 8) == pytest.approx(5e-6 + GB / (25 * GB))
 
 
+def test_a_pipeline_runs_at_its_slowest_send(cluster: ClusterSpec) -> None:
+    """Two stages 4 ranks apart fit one 8-GPU node (NVLink); four such stages span two nodes,
+    so stages 1 and 2 talk over InfiniBand and the whole pipeline is priced there. Each
+    stage sends its activation forward and its gradient back, once per chunk."""
+    inside = cost.pipeline_send_s(cluster, GB, 4, chunks=1, stages=2)
+    across = cost.pipeline_send_s(cluster, GB, 4, chunks=3, stages=4)
+    assert inside == pytest.approx(2 * (2e-6 + GB / (300 * GB)))
+    assert across == pytest.approx(2 * 3 * (5e-6 + GB / (25 * GB)))
+    assert cost.pipeline_send_s(cluster, GB, 4, chunks=1, stages=1) == 0.0
+
+
 def test_single_rank_collectives_are_free(cluster: ClusterSpec) -> None:
     """A group of one moves nothing."""
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
