@@ -14,14 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-from planner.calibration import (
+from planner.diagnose.calibration import (
     BUNDLED_CLUSTERS,
     fit_gemm_efficiency,
     load_runs,
     predict_s,
     with_gemm_efficiency,
 )
-from planner.reading import load_cluster
+from planner.spec.reading import load_cluster
 
 
 def main(runs_path: str) -> None:

@@ -113,9 +113,9 @@ def uneven_candidates(label: str, num_layers: int) -> tuple[dict[str, Any], ...]
 def build_cases(flavor: str) -> list[dict[str, Any]]:
     """Every (model, configuration) the flavor's profile launches, with its expectations."""
     import planner
-    from planner.config import ParallelConfig, resolve
     from planner.errors import ConfigError
     from planner.frameworks import megatron, mindspeed
+    from planner.plan.config import ParallelConfig, resolve
 
     profile = {"megatron": megatron.PROFILE, "mindspeed": mindspeed.PROFILE}[flavor]
     cases = []

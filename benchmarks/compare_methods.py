@@ -28,9 +28,9 @@ from pathlib import Path
 
 from planner.baselines import heuristic_plan
 from planner.errors import InfeasibleError
-from planner.reading import load_cluster, load_model
-from planner.search import SolveOptions
-from planner.targets import solve
+from planner.options import SolveOptions
+from planner.search.targets import solve
+from planner.spec.reading import load_cluster, load_model
 
 METHODS = {
     "ilp": lambda m, c, o: solve(m, c, replace(o, framework="any")),

@@ -1,4 +1,4 @@
-"""How many configurations per second `planner.estimate` prices, through the Python API.
+"""How many configurations per second `planner.uniform.estimate` prices, through the Python API.
 
 GPT-3 175B (global batch 1536, seq 2048) on 1,024 A100 (dgx-a100-80gb, 128 nodes): every
 uniform configuration of TP {1,2,4,8} x PP {1,2,4,8,16,32} x microbatch {1,2,4} x recompute

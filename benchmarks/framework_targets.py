@@ -21,11 +21,11 @@ from pathlib import Path
 
 from planner import frameworks
 from planner.errors import PlannerError
-from planner.estimate import estimate
-from planner.plan import Plan
-from planner.reading import load_cluster, load_model
-from planner.space import SolveOptions
-from planner.targets import solve
+from planner.options import SolveOptions
+from planner.plan.schema import Plan
+from planner.search.targets import solve
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.estimate import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT.parent / "shared" / "reference" / "hf"

@@ -1,5 +1,5 @@
 """The search on thousands of small random valid problems: every solve must give a plan that
-keeps the invariants (:mod:`planner.invariants`) or a PlannerError, never another exception.
+keeps the invariants (:mod:`planner.plan.invariants`) or a PlannerError, never another exception.
 
 The problems and the property are ``tests/valid_problems.py``'s (the CI test runs 25 of
 them). Cases are split over worker processes, each its own hypothesis seed; a case that breaks
@@ -35,7 +35,7 @@ def run_worker(
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as with_seed
 
-    from planner.plan import Plan
+    from planner.plan.schema import Plan
     from tests.valid_problems import FUZZ_OPTIONS, clusters, models, solve_checked
 
     options = dataclasses.replace(FUZZ_OPTIONS, time_limit_s=time_limit_s)

@@ -53,8 +53,8 @@ from planner.ilp import (
     solve_milp,
 )
 from planner.ilp.milp import Milp
-from planner.reading import load_cluster, load_model
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec.reading import load_cluster, load_model
 
 CLUSTER = "instances/clusters/dgx-h100-80gb.json"
 DEVICE_GIB = 80.0

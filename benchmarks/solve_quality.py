@@ -39,7 +39,7 @@ from pathlib import Path
 
 from planner import ParallelConfig, estimate, load_cluster, load_model, solve
 from planner.errors import ConfigError
-from planner.search import SolveOptions
+from planner.options import SolveOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,15 +8,14 @@
 'TP1 x PP32 x DP8 x CP4, mbs 1, interleaved 1F1B (v=3), distributed optimizer'
 """
 
-from planner.config import ParallelConfig
 from planner.errors import ConfigError, InfeasibleError, InputError, PlannerError, SolverError
-from planner.estimate import Estimate, estimate
-from planner.plan import Plan
-from planner.reading import load_cluster, load_model
-from planner.search import Progress, SolveOptions
-from planner.space import Pins
+from planner.options import Pins, Progress, SolveOptions
+from planner.plan.config import ParallelConfig
+from planner.plan.schema import Plan
+from planner.search.targets import solve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.targets import solve
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.estimate import Estimate, estimate
 
 __all__ = [
     "ClusterSpec",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.reading import load_cluster
 from planner.spec import ClusterSpec
+from planner.spec.reading import load_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 # CI clones the repository with shared/ beside it; so is the working copy.

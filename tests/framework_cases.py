@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 import planner
-from planner.config import ParallelConfig, ResolvedConfig, resolve
 from planner.frameworks.base import Rule
+from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
 from tests.conftest import CLUSTERS, HF, MODELS
 

@@ -27,17 +27,17 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-from planner.calibration import BUNDLED_CLUSTERS, load_runs, validation_rows
-from planner.config import ParallelConfig
+from planner.diagnose.calibration import BUNDLED_CLUSTERS, load_runs, validation_rows
+from planner.diagnose.info import model_info
 from planner.errors import PlannerError
-from planner.estimate import estimate
 from planner.frameworks import FRAMEWORKS, launch
-from planner.info import model_info
-from planner.limits import MAX_GLOBAL_BATCH_SIZE
-from planner.pipeline.simulate import simulate_plan
-from planner.plan import Plan
-from planner.reading import load_cluster, load_model, read_text
+from planner.plan.config import ParallelConfig
+from planner.plan.files import plan_from_json
+from planner.simulate.events import simulate_plan
 from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.limits import MAX_GLOBAL_BATCH_SIZE
+from planner.spec.reading import load_cluster, load_model, read_text
+from planner.uniform.estimate import estimate
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"  # CI clones the repository with shared/ beside it
@@ -229,7 +229,7 @@ def _cluster_downstream(path: Path) -> None:
 
 
 def _plan_downstream(path: Path) -> None:
-    plan = Plan.from_json(read_text(path), source=str(path))
+    plan = plan_from_json(read_text(path), source=str(path))
     plan.summary()
     simulate_plan(plan)
     for fmt in FRAMEWORKS:

@@ -9,17 +9,19 @@ from collections.abc import Callable
 
 import pytest
 
-from planner.baselines import grid, grid_plan, grid_space, heuristic, heuristic_plan
-from planner.baselines.grid import config_key, run_config, stage_layers, stage_splits, tp_degrees
+from planner.baselines import grid_plan, grid_space, heuristic, heuristic_plan
 from planner.baselines.heuristic import heuristic_candidates, layouts
-from planner.config import ParallelConfig, resolve
 from planner.errors import ConfigError, InfeasibleError
-from planner.estimate import Estimate, estimate
-from planner.plan import Plan, StageParallel
-from planner.reading import load_cluster, load_model
-from planner.search import Progress, SolveOptions, training_of
-from planner.spec import GIB, ClusterSpec, ModelSpec
-from planner.uniform import uniform_plan
+from planner.options import Progress, SolveOptions, training_of
+from planner.plan.config import ParallelConfig, resolve
+from planner.plan.schema import Plan, StageParallel
+from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform import enumerate as enumeration
+from planner.uniform.estimate import Estimate, estimate
+from planner.uniform.plan import uniform_plan
+from planner.uniform.space import config_key, run_config, stage_layers, stage_splits, tp_degrees
+from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
 
 GPT3_RUN = SolveOptions(global_batch_size=1536, seq_length=2048)
@@ -185,7 +187,7 @@ def test_configurations_count_the_estimates(
     """``solver.configurations`` is the number of configurations ``estimate`` priced (not
     those it refused); the grid prices fewer than its space (pruned ones are not counted) and
     each at most once."""
-    counts = _counting(monkeypatch, grid if method is grid_plan else heuristic)
+    counts = _counting(monkeypatch, enumeration if method is grid_plan else heuristic)
     plan = method(llama405b, h100_32, SMALL_405B_RUN)
     assert plan.solver.configurations == counts["priced"] > 0
     assert plan.solver.time_s > 0

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from planner.errors import InputError
-from planner.output import write_atomic
-from planner.plan import Plan
+from planner.plan.files import plan_from_json
+from planner.report.output import write_atomic
 from tests.test_cli import A100, GPT3, _run
 
 LLAMA = "instances/models/llama3-8b.json"
@@ -39,7 +39,7 @@ def any_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_estimate_out_writes_a_plan(plan_file: Path) -> None:
     """The plan reads back, says what was priced and carries the configuration, complete."""
-    plan = Plan.from_json(plan_file.read_text())
+    plan = plan_from_json(plan_file.read_text())
     assert plan.summary().startswith("TP8 x PP16 x DP8, mbs 1, 1F1B, sequence parallel")
     assert (plan.method, plan.framework) == ("uniform", "megatron")
     assert plan.configuration is not None
@@ -59,7 +59,7 @@ def test_export_megatron_flags(plan_file: Path, tmp_path: Path) -> None:
     assert flags["--pipeline-model-parallel-size"] == "16"
     assert (flags["--num-layers"], flags["--hidden-size"]) == ("96", "12288")
     assert "--use-distributed-optimizer" in words and "--sequence-parallel" in words
-    plan = Plan.from_json(plan_file.read_text())
+    plan = plan_from_json(plan_file.read_text())
     assert (f"predicted {plan.predicted.step_time_s:.3f} s per step, "
             f"{plan.predicted.peak_memory_gib:.1f} GiB peak per device of 80 GiB") in done.stderr
 
@@ -131,7 +131,7 @@ def test_solve_then_export_round_trip(framework: str, tmp_path: Path) -> None:
     exported = _run("export", plan_path, "--format", framework, "--model", LLAMA, "--cluster",
                     H100)  # fmt: skip
     assert exported.returncode == 0, exported.stderr
-    plan = Plan.from_json(plan_path.read_text())
+    plan = plan_from_json(plan_path.read_text())
     assert f"predicted {plan.predicted.step_time_s:.3f} s per step" in exported.stderr
     assert "error" not in exported.stderr
     if framework == "torchtitan":

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from planner import SolveOptions, solve
-from planner.plan import Plan
-from planner.reading import load_cluster, load_model
+from planner import solve
+from planner.options import SolveOptions
+from planner.plan.files import plan_from_json
+from planner.plan.schema import Plan
+from planner.spec.reading import load_cluster, load_model
 from tests.test_cli import A100, GPT3, REPO, _assert_one_line_error, _run
 
 LLAMA = "instances/models/llama3-8b.json"
@@ -35,7 +37,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, Path]:
     done = _run("solve", LLAMA, H100, *ONE_NODE, "--json", "--out", out)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # no progress bar with --json
-    return Plan.from_json(done.stdout), out
+    return plan_from_json(done.stdout), out
 
 
 def _without_time(plan: Plan) -> Plan:
@@ -70,7 +72,7 @@ def test_out_writes_the_plan(written: tuple[Plan, Path]) -> None:
     """The file holds the printed plan, in canonical JSON."""
     plan, out = written
     text = out.read_text()
-    assert Plan.from_json(text) == plan
+    assert plan_from_json(text) == plan
     assert text == plan.to_json()
 
 
@@ -90,7 +92,7 @@ def test_baseline_methods(method: str) -> None:
     """``--method grid|heuristic`` gives a plan made by that method."""
     done = _run("solve", LLAMA, H100, *ONE_NODE, "--method", method, "--json")
     assert done.returncode == 0, done.stderr
-    plan = Plan.from_json(done.stdout)
+    plan = plan_from_json(done.stdout)
     assert plan.method == method
     assert plan.predicted.peak_memory_gib <= 80
 
@@ -120,7 +122,7 @@ def test_framework_any_is_the_ilp_search() -> None:
     """``--framework any`` runs the per-operator search (layer ILPs and the stage DP)."""
     done = _run("solve", LLAMA, H100, *ONE_NODE, "--framework", "any", "--json")
     assert done.returncode == 0, done.stderr
-    plan = Plan.from_json(done.stdout)
+    plan = plan_from_json(done.stdout)
     assert (plan.method, plan.framework, plan.configuration) == ("ilp", "any", None)
     assert plan.solver.ilp_count > 0
 
@@ -130,7 +132,7 @@ def test_pins_and_margin_are_the_librarys(tmp_path: Path) -> None:
     done = _run("solve", LLAMA, H100, *ONE_NODE, "--tp", "2", "--mbs", "2", "--zero", "1",
                 "--memory-margin", "10", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    plan = Plan.from_json(done.stdout)
+    plan = plan_from_json(done.stdout)
     assert plan.configuration is not None
     assert (plan.configuration.tp, plan.configuration.mbs, plan.configuration.zero) == (2, 2, 1)
     assert plan.memory_margin_gib == 10
@@ -141,7 +143,7 @@ def test_pins_and_margin_are_the_librarys(tmp_path: Path) -> None:
 
 
 def plan_pins(**pins: int) -> object:
-    from planner.space import Pins
+    from planner.options import Pins
 
     return Pins(**pins)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from planner.errors import InputError
-from planner.reading import load_cluster
 from planner.spec import ClusterSpec
+from planner.spec.reading import load_cluster
 
 CLUSTERS = Path(__file__).resolve().parent.parent / "instances" / "clusters"
 EXPECTED = {"dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200", "ascend-910b"}

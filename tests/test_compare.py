@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.compare import METHODS, MethodResult, compare, compare_frameworks, to_json
+from planner.diagnose.compare import METHODS, MethodResult, compare, compare_frameworks, to_json
 from planner.errors import InfeasibleError, InputError
-from planner.plan import Plan
-from planner.reading import load_cluster, load_model
-from planner.search import SolveOptions
+from planner.options import SolveOptions
+from planner.plan.schema import Plan
+from planner.spec.reading import load_cluster, load_model
 from tests.conftest import CLUSTERS, MODELS
 from tests.test_cli import _assert_one_line_error, _run
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.plan import Plan
+from planner.plan.files import plan_from_json
+from planner.plan.schema import Plan
 from planner.report.figures import MEMORY_PARTS, memory_figure, time_figure
 from tests.test_cli import A100, GPT3, _assert_one_line_error, _run
 
@@ -25,7 +26,7 @@ def solved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, Path, Path]:
     out, report = root / "plan.json", root / "report"
     done = _run("solve", GPT3, A100, "--out", out, "--report", report, "--method", "grid")
     assert done.returncode == 0, done.stderr
-    return Plan.from_json(out.read_text()), out, report
+    return plan_from_json(out.read_text()), out, report
 
 
 def test_report_writes_every_picture_in_both_formats(solved: tuple[Plan, Path, Path]) -> None:

@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 import planner
-from planner.config import ResolvedConfig
 from planner.frameworks import colossalai as cai
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 from tests.framework_cases import configure, forced, load, verdict
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 import planner
-from planner.config import ParallelConfig, ResolvedConfig, resolve
 from planner.frameworks import megatron
 from planner.frameworks.base import Profile
+from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from tests.conftest import HF, MODELS
 from tests.framework_cases import forced, load, nodes

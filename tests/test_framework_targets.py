@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from planner import Pins, SolveOptions, solve
+from planner import solve
 from planner.baselines.grid import grid_space
-from planner.config import resolve
 from planner.errors import ConfigError, InfeasibleError, InputError
-from planner.estimate import estimate
 from planner.frameworks import FRAMEWORKS, launch, profile
-from planner.reading import load_cluster, load_model
+from planner.options import Pins, SolveOptions
+from planner.plan.config import resolve
 from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.estimate import estimate
 from tests.conftest import CLUSTERS, MODELS
 
 H100 = CLUSTERS / "dgx-h100-80gb.json"

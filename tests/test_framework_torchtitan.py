@@ -15,8 +15,8 @@ import tomllib
 from typing import Any
 
 import planner
-from planner.config import ResolvedConfig
 from planner.frameworks import torchtitan as tt
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 from tests.framework_cases import configure, forced, load, verdict
 

@@ -6,10 +6,10 @@ import networkx as nx
 import pytest
 
 import planner
-from planner.calibration import model_flops_eq, narayanan_eq3_flops
+from planner.diagnose.calibration import model_flops_eq, narayanan_eq3_flops
 from planner.graph import index_layers, lower
-from planner.reading import load_model
 from planner.spec import ClusterSpec, TrainingSpec
+from planner.spec.reading import load_model
 from tests.conftest import HF, MODELS
 
 TRAINING = TrainingSpec(seq_length=2048, global_batch_size=1)

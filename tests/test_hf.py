@@ -1,4 +1,4 @@
-"""Hugging Face config translation (planner.hf) and the model instances in instances/models.
+"""Hugging Face config translation (planner.spec.hf) and the model instances in instances/models.
 
 The expected values below were read off the reference ``config.json`` files by hand (and, for
 the layer placement rules, off transformers' modeling code), not produced by the code under test.
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from planner.errors import InputError
-from planner.hf import model_from_hf_config
-from planner.reading import load_model
 from planner.spec import ModelSpec
+from planner.spec.hf import model_from_hf_config
+from planner.spec.reading import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "instances" / "models"

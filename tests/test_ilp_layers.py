@@ -11,8 +11,8 @@ import pytest
 from planner import cost
 from planner.ilp import LayerQuery, SolutionCache, SolverOptions, layer_problem, solve_layer
 from planner.ilp.formulation import evaluate_ns, memory_kib
-from planner.reading import load_model
 from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import load_model
 from tests.conftest import MODELS
 
 
@@ -232,9 +232,9 @@ def test_sequence_parallel_storage_matches_megatron(gpt3: ModelSpec, a100: Clust
     and all-gathers them again in backward. The ILP's ``+kept-seq`` variants of the same
     strategies keep exactly the activations ``planner estimate`` keeps for that layer
     (Korthikanti et al.'s 34 sbh / t with flash attention) and pay its extra all-gathers."""
-    from planner.config import ParallelConfig, resolve
-    from planner.estimate import uniform_query, uniform_stage
-    from planner.graph.uniform import uniform_parts
+    from planner.plan.config import ParallelConfig, resolve
+    from planner.sharding.uniform import uniform_parts
+    from planner.uniform.estimate import uniform_query, uniform_stage
 
     query = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048)
     problem, layer = layer_problem(gpt3, a100, query)

@@ -12,17 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.baselines import grid, heuristic
-from planner.baselines.grid import stage_layers, stage_splits
-from planner.compare import METHODS
-from planner.config import ParallelConfig
+from planner.diagnose.compare import METHODS
 from planner.errors import InputError, InvalidPlanError
-from planner.estimate import estimate
-from planner.invariants import SHOWN, check_plan, plan_violations
-from planner.plan import Plan, ScheduleSpec
-from planner.reading import load_cluster, load_model
-from planner.search import SolveOptions, divisors
+from planner.options import SolveOptions
+from planner.plan.config import ParallelConfig
+from planner.plan.files import plan_from_json
+from planner.plan.invariants import SHOWN, check_plan, plan_violations
+from planner.plan.schema import Plan, ScheduleSpec
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform import uniform_plan
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform import enumerate as enumeration
+from planner.uniform.estimate import estimate
+from planner.uniform.plan import uniform_plan
+from planner.uniform.space import divisors, stage_layers, stage_splits
 from tests.conftest import CLUSTERS, MODELS
 
 # --------------------------------------------------------------------------- real plans
@@ -72,7 +74,7 @@ def test_every_method_keeps_every_invariant(solved: Solved, instance: str, metho
     model, plan = solved(instance, method)
     assert plan_violations(plan, model) == []
     assert check_plan(plan, model) is plan
-    assert Plan.from_json(plan.to_json(), source="plan.json") == plan
+    assert plan_from_json(plan.to_json(), source="plan.json") == plan
 
 
 # --------------------------------------------------------------------------- mutations
@@ -317,10 +319,10 @@ def test_plan_file_breaking_an_invariant_is_an_input_error(base: Plan) -> None:
         match=r"^p\.json: damaged or hand-edited plan: .*ranks: "
         r"stage 1 replica 1 uses rank 1",
     ):
-        Plan.from_json(damaged, source="p.json")  # fmt: skip
+        plan_from_json(damaged, source="p.json")  # fmt: skip
     predicted = base.predicted.model_copy(update={"peak_memory_gib": 1000.0})
     over = base.model_copy(update={"predicted": predicted})
-    assert Plan.from_json(over.to_json()) == over
+    assert plan_from_json(over.to_json()) == over
 
 
 def test_uniform_plan_keeps_structure_but_may_exceed_memory(node: ClusterSpec) -> None:
@@ -343,7 +345,8 @@ def test_baselines_check_the_plan_they_return(
         return plan.model_copy(update={"predicted": predicted})
 
     options = SolveOptions(global_batch_size=64)
-    for module, planner in ((heuristic, heuristic.heuristic_plan), (grid, grid.grid_plan)):
+    for module, planner in ((heuristic, heuristic.heuristic_plan),
+                           (enumeration, grid.grid_plan)):
         monkeypatch.setattr(module, "uniform_plan", inflated)
         with pytest.raises(InvalidPlanError, match=r"memory: the predicted peak 1000\.000 GiB"):
             planner(llama, node, options)

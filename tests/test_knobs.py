@@ -25,7 +25,7 @@ import pytest
 
 import planner
 from planner import ClusterSpec, ConfigError, Estimate, ModelSpec, ParallelConfig
-from planner.config import Recompute
+from planner.vocabulary import Recompute
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "instances" / "models"
@@ -566,8 +566,8 @@ def test_uneven_first_and_last_stages() -> None:
     also hold the embedding and the head, get lighter, so the critical stage is a middle one
     and the step is no slower than with the layers one fewer stage can take evenly; a split
     that does not divide is refused with the rule."""
-    from planner.config import resolve
     from planner.errors import ConfigError
+    from planner.plan.config import resolve
 
     model = planner.load_model(MODELS_DIR / "llama3.1-405b.json")
     cluster = planner.load_cluster(CLUSTERS_DIR / "dgx-h100-80gb.json", 2048)

@@ -1,4 +1,4 @@
-"""The input limits of :mod:`planner.limits`: each one's message names the file, the field (as
+"""The input limits of :mod:`planner.spec.limits`: each one's message names the file, the field (as
 the file spells it), the value given, the limit and why; the largest real inputs stay inside;
 and the ways a file can be unreadable (too big, too deep, an integer too long, NaN) are each
 one InputError."""
@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from planner import limits as lim
 from planner.cli.app import check_options, option_error
-from planner.config import ParallelConfig
 from planner.errors import InputError
-from planner.hf import model_from_hf_config
-from planner.plan import Plan
-from planner.reading import json_schema, load_cluster, load_model, model_from_dict, read_json
+from planner.plan.config import ParallelConfig
+from planner.plan.files import plan_from_json
+from planner.spec import limits as lim
+from planner.spec.hf import model_from_hf_config
+from planner.spec.reading import json_schema, load_cluster, load_model, model_from_dict, read_json
 from tests.conftest import CLUSTERS, HF, MODELS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,8 +213,8 @@ def test_nodes_override_is_checked(nodes: int) -> None:
 )  # fmt: skip
 def test_cluster_field_limits(field: str, limit: float) -> None:
     """A device or node past what any hardware has is refused by field."""
-    from planner.reading import describe_validation_error
     from planner.spec import ClusterSpec
+    from planner.spec.messages import describe_validation_error
 
     data = _with(_json(CLUSTERS / "dgx-a100-80gb.json"), field, limit * 2)
     with pytest.raises(ValidationError) as caught:
@@ -236,12 +236,12 @@ def test_plan_limits(field: str, value: int, needle: str) -> None:
     """A plan file past a limit is refused before anything walks its microbatches."""
     text = json.dumps(_json(PLAN) | {field: value})
     with pytest.raises(InputError, match=r"^p\.json: " + re.escape(needle)):
-        Plan.from_json(text, source="p.json")
+        plan_from_json(text, source="p.json")
 
 
 def test_plan_not_an_object() -> None:
     with pytest.raises(InputError, match=r"^p\.json: expected a JSON object, got list$"):
-        Plan.from_json("[]", source="p.json")
+        plan_from_json("[]", source="p.json")
 
 
 # --------------------------------------------------------------------------- files

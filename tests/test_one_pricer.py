@@ -13,14 +13,14 @@ import dataclasses
 
 import pytest
 
-from planner.config import ParallelConfig, resolve
-from planner.estimate import estimate, uniform_query, uniform_stage
-from planner.graph.assignment import layer_parts
-from planner.graph.uniform import uniform_layer, uniform_parts
 from planner.ilp.formulation import evaluate_ns
 from planner.ilp.problem import NS, LayerQuery, layer_graph_of, layer_problem
-from planner.reading import load_cluster, load_model
+from planner.plan.config import ParallelConfig, resolve
+from planner.sharding.assignment import layer_parts
+from planner.sharding.uniform import uniform_layer, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.estimate import estimate, uniform_query, uniform_stage
 from tests.conftest import CLUSTERS, MODELS
 
 BUNDLED = sorted(p.stem for p in MODELS.glob("*.json"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from planner.errors import InputError
-from planner.output import check_folder, write_atomic
+from planner.report.output import check_folder, write_atomic
 from tests.test_cli import _assert_one_line_error, _run
 
 

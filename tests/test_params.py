@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from planner.graph import lower, parameter_count
-from planner.reading import load_model
 from planner.spec import ModelSpec, TrainingSpec
+from planner.spec.reading import load_model
 from tests.conftest import HF, PARAM_COUNTS
 
 RECORDS = json.loads(PARAM_COUNTS.read_text())

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.pipeline.options import LayerOption, stage_table
-from planner.reading import load_model
 from planner.spec import ClusterSpec
+from planner.spec.reading import load_model
 from tests.conftest import MODELS
 
 
@@ -110,9 +110,9 @@ def test_repricing_a_solved_layer_gives_the_ilps_numbers(a100: ClusterSpec) -> N
     memory: time to 0.1 % (the re-pricing buckets each group's gradients into one collective,
     the ILP pays one per weight, so it saves a few latencies), memory to the ILP's KiB
     rounding."""
-    from planner.graph.layout import LogicalMesh
     from planner.ilp import LayerQuery, solve_layer
     from planner.pipeline.options import SyncContext, layer_options
+    from planner.sharding.layout import LogicalMesh
 
     gpt3 = load_model(MODELS / "gpt3-175b.json")
     for mesh, budget in (((1, 8), None), ((2, 4), 8.0), ((1, 4), 4.0)):

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import InfeasibleError
-from planner.pipeline import StageCost, partition, step_latency_s, submesh_shapes
+from planner.pipeline.stages import StageCost, partition, step_latency_s, submesh_shapes
 
 SHAPES = [(1, 1), (1, 2), (1, 4), (2, 4)]
 

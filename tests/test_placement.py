@@ -7,10 +7,10 @@ import pytest
 
 import planner
 from planner import cost
-from planner.config import resolve
-from planner.estimate import UniformStage, uniform_stage
-from planner.layer_cost import rank_strides
-from planner.uniform import megatron_ranks
+from planner.placement.ranks import rank_strides
+from planner.plan.config import resolve
+from planner.uniform.estimate import UniformStage, uniform_stage
+from planner.uniform.plan import megatron_ranks
 from tests.conftest import MODELS
 
 
@@ -70,20 +70,19 @@ def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.Clust
     of them spans 32 nodes, so every other pair of neighbours is in different nodes and the
     pipeline runs at InfiniBand's pace all the same. The composer sees both: the same sends,
     a slower reduction."""
-    from planner.graph.layout import LogicalMesh
+    from planner.cost.step import PipelineKnobs
+    from planner.options import SolveOptions, training_of
     from planner.pipeline.assemble import compose
-    from planner.placement import PipelinePlacement
-    from planner.search import (
+    from planner.placement.ranks import PipelinePlacement
+    from planner.search.loop import (
         SearchContext,
         SearchState,
-        SolveOptions,
         candidates,
         decoder_kinds,
         evaluate,
         pipeline_send_s,
-        training_of,
     )
-    from planner.step import PipelineKnobs
+    from planner.sharding.layout import LogicalMesh
 
     model = planner.load_model(MODELS / "gpt3-175b.json")
     options = SolveOptions(global_batch_size=1536, seq_length=2048, overlap_grad_reduce=False,
@@ -110,8 +109,8 @@ def test_a_mesh_split_over_nodes_pays_for_it(a100: planner.ClusterSpec) -> None:
     """Stages of part of a node: replicas side by side share the node's NVLink for their
     gradient reduction, while a whole pipeline apart they cross InfiniBand, so that order's
     exposed data-parallel time is larger (the same stages, the same sharding)."""
-    from planner.graph.layout import LogicalMesh
-    from planner.placement import PipelinePlacement
+    from planner.placement.ranks import PipelinePlacement
+    from planner.sharding.layout import LogicalMesh
 
     near = PipelinePlacement(LogicalMesh((1, 2)), num_stages=4, replicas=4)
     far = PipelinePlacement(LogicalMesh((1, 2)), 4, 4, "stages-inner")

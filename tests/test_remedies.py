@@ -1,4 +1,4 @@
-"""What would make a run fit (planner.remedies): every number a direct estimate of the changed
+"""What would make a run fit (uniform.remedies): every number a direct estimate of the changed
 configuration, the node count what brute force over the node counts gives, and one error line
 from ``planner solve`` with the least memory and the nodes that would do."""
 
@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from planner.baselines.grid import grid_space
-from planner.config import ParallelConfig
 from planner.errors import ConfigError
-from planner.estimate import estimate
-from planner.reading import load_cluster, load_model
-from planner.remedies import (
+from planner.options import SolveOptions, training_of
+from planner.plan.config import ParallelConfig
+from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.estimate import estimate
+from planner.uniform.remedies import (
     OFFLOAD,
     Remedy,
     config_infeasible_message,
@@ -22,8 +24,6 @@ from planner.remedies import (
     leanest_uniform,
     nodes_to_fit,
 )
-from planner.search import SolveOptions, training_of
-from planner.spec import ClusterSpec, ModelSpec
 from tests.test_cli import A100, GPT3, _assert_one_line_error, _run
 
 REPO = Path(__file__).resolve().parents[1]

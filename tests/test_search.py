@@ -7,13 +7,15 @@ from __future__ import annotations
 import pytest
 
 import planner
-from planner.config import ParallelConfig
 from planner.errors import InfeasibleError
-from planner.estimate import estimate
-from planner.plan import Plan
-from planner.reading import load_cluster
-from planner.search import SolveOptions, candidates, solve, training_of
+from planner.options import SolveOptions, training_of
+from planner.plan.config import ParallelConfig
+from planner.plan.files import plan_from_json
+from planner.plan.schema import Plan
+from planner.search.loop import candidates, solve
 from planner.spec import ClusterSpec
+from planner.spec.reading import load_cluster
+from planner.uniform.estimate import estimate
 from tests.conftest import CLUSTERS, MODELS
 
 GPT3_RUN = SolveOptions(global_batch_size=1536, seq_length=2048)
@@ -53,7 +55,7 @@ def test_plan_is_valid(name: str, request: pytest.FixtureRequest) -> None:
     )
     dp = plan.data_parallel_replicas * plan.stages[0].parallel.dp
     assert plan.micro_batch_size * plan.num_microbatches * dp == plan.global_batch_size
-    assert Plan.from_json(plan.to_json()) == plan
+    assert plan_from_json(plan.to_json()) == plan
     # Each stage lists the shardings of what it holds: the embedding first, the head last.
     for i, stage in enumerate(plan.stages):
         kinds = {name.split(".")[0] for name in stage.op_shardings}

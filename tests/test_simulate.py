@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from planner import cost
-from planner.config import ParallelConfig
 from planner.errors import ConfigError, InputError
-from planner.pipeline.schedules import ScheduleName, stage_order
-from planner.pipeline.simulate import (
+from planner.pipeline.schedules import stage_order
+from planner.plan.config import ParallelConfig
+from planner.plan.schema import Plan
+from planner.report.gantt import draw_gantt
+from planner.simulate.events import (
     Event,
     Simulation,
     StageDurations,
@@ -23,10 +25,9 @@ from planner.pipeline.simulate import (
     simulate_plan,
     stage_durations,
 )
-from planner.plan import Plan
-from planner.reading import load_cluster, load_model
-from planner.report.gantt import draw_gantt
-from planner.uniform import uniform_plan
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.plan import uniform_plan
+from planner.vocabulary import ScheduleName
 from tests.conftest import CLUSTERS, MODELS
 
 REL = 1e-9

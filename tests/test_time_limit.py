@@ -8,10 +8,11 @@ import pytest
 
 import planner
 from planner.errors import PlannerError, TimeLimitError
-from planner.invariants import plan_violations
-from planner.plan import Plan
-from planner.reading import load_cluster
-from planner.search import Progress, SolveOptions, candidates, solve, training_of
+from planner.options import Progress, SolveOptions, training_of
+from planner.plan.invariants import plan_violations
+from planner.plan.schema import Plan
+from planner.search.loop import candidates, solve
+from planner.spec.reading import load_cluster
 from tests.conftest import CLUSTERS, MODELS
 from tests.test_cli import _assert_one_line_error, _run
 

@@ -14,14 +14,14 @@ import statistics
 
 import pytest
 
-from planner.calibration import (
+from planner.diagnose.calibration import (
     BUNDLED_CLUSTERS,
     ValidationRow,
     load_runs,
     measured_step_time_s,
     validation_rows,
 )
-from planner.reading import load_cluster
+from planner.spec.reading import load_cluster
 from tests.conftest import CALIBRATION_RUNS, CLUSTERS
 
 RECORDS = json.loads(CALIBRATION_RUNS.read_text())

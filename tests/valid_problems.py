@@ -15,9 +15,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 from planner.errors import InvalidPlanError, PlannerError
-from planner.invariants import plan_violations
-from planner.plan import Plan
-from planner.search import SolveOptions, solve
+from planner.options import SolveOptions
+from planner.plan.invariants import plan_violations
+from planner.plan.schema import Plan
+from planner.search.loop import solve
 from planner.spec import ClusterSpec, ModelSpec
 
 FUZZ_OPTIONS = SolveOptions(time_limit_s=3.0, ilp_time_limit_s=1.0)

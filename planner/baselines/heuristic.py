@@ -5,7 +5,7 @@
    smallest degree that fits without a pipeline; when even the node's widest does not fit,
    that widest with the fewest pipeline stages that fit. A pipeline degree that does not
    divide the layers takes Megatron's uneven first and last stage, the first split of
-   :func:`~planner.baselines.grid.stage_splits` (Llama 3.1 405B on PP16: 7 + 8 x 14 + 7, as
+   :func:`~planner.uniform.space.stage_splits` (Llama 3.1 405B on PP16: 7 + 8 x 14 + 7, as
    Meta trained it; when the ends cannot be equal, the first stage is the lighter: under 1F1B
    it holds the most microbatches in flight).
 2. Data parallelism takes the devices left over. Mixtures of experts: expert parallelism is
@@ -17,14 +17,14 @@
 4. Selective recomputation (Korthikanti et al. 2022) for the whole of step 1; when no layout
    fits with it, step 1 again with full recomputation.
 
-Every candidate is checked with :func:`~planner.estimate.estimate`; the first that fits wins.
-Under 1F1B the first stage holds ``pp`` microbatches of ``1/pp`` of the layers, so a deeper
-pipeline frees weights and optimizer states but hardly activations: a run whose activations
-alone overflow with selective recomputation climbs to a deep pipeline before step 4 turns full
-recomputation on (Llama 3.1 405B on 16,384 H100: PP32, where Meta's PP16 is 2 GiB over at
-selective recomputation in this cost model and needs full). The plan's ``solver.configurations``
-counts the candidates priced (those :func:`~planner.estimate.estimate` refused as not dividing
-are not counted).
+Every candidate is checked with :func:`~planner.uniform.estimate.estimate`; the first that fits
+wins. Under 1F1B the first stage holds ``pp`` microbatches of ``1/pp`` of the layers, so a
+deeper pipeline frees weights and optimizer states but hardly activations: a run whose
+activations alone overflow with selective recomputation climbs to a deep pipeline before step 4
+turns full recomputation on (Llama 3.1 405B on 16,384 H100: PP32, where Meta's PP16 is 2 GiB
+over at selective recomputation in this cost model and needs full). The plan's
+``solver.configurations`` counts the candidates priced (those
+:func:`~planner.uniform.estimate.estimate` refused as not dividing are not counted).
 """
 
 from __future__ import annotations
@@ -32,22 +32,22 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from planner.baselines.grid import (
-    DEFAULT_OPTIONS,
+from planner.errors import ConfigError, InfeasibleError
+from planner.options import DEFAULT_OPTIONS, Progress, ProgressFn, SolveOptions, training_of
+from planner.plan.config import ParallelConfig
+from planner.plan.invariants import check_plan
+from planner.plan.schema import Plan, SolverSummary
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.estimate import Estimate, estimate
+from planner.uniform.plan import uniform_plan
+from planner.uniform.space import (
     launched_variant,
     pipeline_degrees,
     run_config,
     stage_splits,
     tp_degrees,
 )
-from planner.config import ParallelConfig, Recompute
-from planner.errors import ConfigError, InfeasibleError
-from planner.estimate import Estimate, estimate
-from planner.invariants import check_plan
-from planner.plan import Plan, SolverSummary
-from planner.search import Progress, ProgressFn, SolveOptions, training_of
-from planner.spec import GIB, ClusterSpec, ModelSpec, TrainingSpec
-from planner.uniform import uniform_plan
+from planner.vocabulary import GIB, Recompute
 
 RECOMPUTE_LADDER: tuple[Recompute, ...] = ("selective", "full")
 
@@ -96,7 +96,7 @@ def layouts(model: ModelSpec, cluster: ClusterSpec) -> list[tuple[int, int]]:
     pipeline, then the widest TP with ever more stages (each dividing the devices).
 
     >>> from pathlib import Path
-    >>> from planner.reading import load_cluster, load_model
+    >>> from planner.spec.reading import load_cluster, load_model
     >>> root = Path(__file__).resolve().parents[2] / "instances"
     >>> gpt3 = load_model(root / "models/gpt3-175b.json")
     >>> layouts(gpt3, load_cluster(root / "clusters/dgx-a100-80gb.json", 16))[:7]
@@ -153,12 +153,13 @@ def _first_fit(
             priced += 1
             if result.fits:
                 if progress is not None:
-                    progress(Progress(len(todo), len(todo), result.step_time_s))
+                    progress(Progress(done=len(todo), total=len(todo),
+                                      best_step_s=result.step_time_s))  # fmt: skip
                 return config, leanest, priced
             if leanest is None or result.peak_memory_gib < leanest[0]:
                 leanest = (result.peak_memory_gib, config)
         if progress is not None:
-            progress(Progress(done, len(todo), None))
+            progress(Progress(done=done, total=len(todo), best_step_s=None))
     return None, leanest, priced
 
 
@@ -176,7 +177,7 @@ def _failure(
             f"try a global batch divisible by more data-parallel sizes"
         )
     # remedies imports the grid, which the package imports with this module: import it here
-    from planner.remedies import describe_leanest, infeasible_message
+    from planner.uniform.remedies import describe_leanest, infeasible_message
 
     need_gib, config = leanest
     return InfeasibleError(infeasible_message(

@@ -12,9 +12,9 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console, RenderableType
 
-from planner import limits as lim
 from planner.errors import ConfigError, InputError
-from planner.reading import short_repr
+from planner.spec import limits as lim
+from planner.spec.messages import short_repr
 
 app = typer.Typer(
     add_completion=False,

@@ -11,7 +11,6 @@ import typer
 from pydantic import ValidationError
 
 from planner import report
-from planner.calibration import calibrate_file, validate
 from planner.cli.app import (
     ClusterArg,
     JsonOpt,
@@ -23,18 +22,19 @@ from planner.cli.app import (
     print_json,
     render,
 )
-from planner.config import ParallelConfig
 from planner.cost import memory_margin_bytes
+from planner.diagnose.calibration import calibrate_file, validate
+from planner.diagnose.info import model_info
 from planner.errors import InfeasibleError
-from planner.estimate import estimate
 from planner.frameworks import check_framework
 from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
-from planner.info import model_info
-from planner.output import check_target, write_atomic
-from planner.reading import json_schema, load_cluster, load_model
-from planner.remedies import config_infeasible_message
-from planner.spec import GIB
-from planner.uniform import uniform_plan
+from planner.plan.config import ParallelConfig
+from planner.report.output import check_target, write_atomic
+from planner.spec.reading import json_schema, load_cluster, load_model
+from planner.uniform.estimate import estimate
+from planner.uniform.plan import uniform_plan
+from planner.uniform.remedies import config_infeasible_message
+from planner.vocabulary import GIB
 
 
 @app.command("estimate")

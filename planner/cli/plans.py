@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from planner import frameworks, report, search
+from planner import frameworks, report
 from planner.cli.app import (
     ClusterArg,
     JsonOpt,
@@ -25,18 +25,19 @@ from planner.cli.app import (
     render,
     stderr,
 )
-from planner.compare import METHODS, Method, compare, compare_frameworks
-from planner.compare import to_json as compare_json
+from planner.diagnose.compare import METHODS, Method, compare, compare_frameworks
+from planner.diagnose.compare import to_json as compare_json
 from planner.errors import InputError
 from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
-from planner.output import check_folder, check_target, write_atomic
-from planner.pipeline.simulate import simulate_plan
-from planner.plan import Plan, input_hash
-from planner.reading import load_cluster, load_model, read_text
-from planner.search import ProgressFn, SolveOptions
-from planner.space import Pins
+from planner.options import Pins, ProgressFn, SolveOptions
+from planner.options import Progress as SearchProgress
+from planner.plan.files import plan_from_json
+from planner.plan.schema import Plan, input_hash
+from planner.report.output import check_folder, check_target, write_atomic
+from planner.simulate.events import simulate_plan
 from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import load_cluster, load_model, read_text
 
 DEFAULTS = SolveOptions()
 
@@ -254,9 +255,9 @@ def compare_cmd(
         max_mesh_nodes=max_mesh_nodes, pins=pins,
     ).load()  # fmt: skip
     if plot is not None:
-        from planner.report import figures
+        from planner.report import figures, pictures
 
-        figures.check_picture(plot, inputs=(model, cluster), option="--plot")
+        pictures.check_picture(plot, inputs=(model, cluster), option="--plot")
     if frameworks_opt is not None:
         names = [f.strip() for f in frameworks_opt.split(",") if f.strip()]
         targets = [frameworks.check_framework(f, option="--frameworks") for f in names]
@@ -272,7 +273,7 @@ def compare_cmd(
     if plot is not None:
         devices = cluster_spec.num_devices
         title = f"{model_spec.name} on {devices:,} x {cluster_spec.device.name}"
-        _wrote([figures.save(figures.compare_figure(results, title), plot, option="--plot")])
+        _wrote([pictures.save(figures.compare_figure(results, title), plot, option="--plot")])
     if as_json:
         print_json(compare_json(results))
     else:
@@ -289,10 +290,10 @@ def simulate_cmd(
 ) -> None:
     """Simulate a plan's step op by op and set it against the plan's closed-form prediction."""
     if gantt is not None:
-        from planner.report import figures
+        from planner.report import pictures
 
-        figures.check_picture(gantt, inputs=(plan_file,), option="--gantt")
-    plan = Plan.from_json(read_text(plan_file), source=str(plan_file))
+        pictures.check_picture(gantt, inputs=(plan_file,), option="--gantt")
+    plan = plan_from_json(read_text(plan_file), source=str(plan_file))
     simulation = simulate_plan(plan)
     if gantt is not None:
         from planner.report.gantt import draw_gantt
@@ -326,7 +327,7 @@ def _search_bar() -> Iterator[Callable[[str], ProgressFn]]:
         def start(method: str) -> ProgressFn:
             task = bar.add_task(method, total=None, best="", searching="")
 
-            def update(p: search.Progress) -> None:
+            def update(p: SearchProgress) -> None:
                 best = f"best {p.best_step_s:.3f} s" if p.best_step_s is not None else ""
                 bar.update(task, completed=p.done, total=p.total, best=best,
                            searching=p.searching)  # fmt: skip
@@ -375,7 +376,7 @@ def export_cmd(
     target = frameworks.check_framework(fmt, option="--format", allow_any=False)
     if out is not None:
         check_target(out, inputs=(plan_file, model, cluster))
-    plan = Plan.from_json(read_text(plan_file), source=str(plan_file))
+    plan = plan_from_json(read_text(plan_file), source=str(plan_file))
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster, plan.cluster.num_nodes)
     _check_inputs(plan, model_spec, cluster_spec, model=model, cluster=cluster)

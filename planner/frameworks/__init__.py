@@ -7,7 +7,6 @@ One module per framework (``megatron``, ``mindspeed``, ``deepspeed``, ``colossal
 
 from __future__ import annotations
 
-from planner.config import ResolvedConfig, resolve
 from planner.errors import InputError
 from planner.frameworks import colossalai, deepspeed, megatron, mindspeed, torchtitan
 from planner.frameworks.base import (
@@ -19,7 +18,8 @@ from planner.frameworks.base import (
     Profile,
     Rule,
 )
-from planner.plan import Plan
+from planner.plan.config import ResolvedConfig, resolve
+from planner.plan.schema import Plan
 from planner.spec import ClusterSpec, ModelSpec
 
 PROFILES: dict[str, Profile] = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from planner.config import ResolvedConfig
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
 Flag = tuple[str, str | int | float | None]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from planner.config import ResolvedConfig
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
 Framework = Literal["megatron", "mindspeed", "deepspeed", "colossalai", "torchtitan"]
@@ -94,7 +94,7 @@ def ranks_in_order(resolved: ResolvedConfig, order: tuple[str, ...]) -> bool:
     """Whether ``resolved`` numbers its ranks as ``order`` does (fastest first), among the
     parallel dims of more than one rank (a dim of one rank is in no order).
 
-    >>> from planner.config import ParallelConfig, ResolvedConfig, TrainingSpec
+    >>> from planner.plan.config import ParallelConfig, ResolvedConfig, TrainingSpec
     >>> r = ResolvedConfig(ParallelConfig(tp=8, pp=2), TrainingSpec(seq_length=8,
     ...                    global_batch_size=8), dp=4, num_microbatches=2, num_devices=64)
     >>> ranks_in_order(r, ("tp", "dp", "pp")), ranks_in_order(r, ("dp", "tp", "pp"))

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from planner.config import ResolvedConfig
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks.base import Launch, Profile, Rule, data_parallel_sync, ranks_in_order
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
 REPO = "hpcaitech/ColossalAI@4f9953b"

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 
-from planner.config import ResolvedConfig
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks.base import Launch, Profile, Rule, data_parallel_sync, ranks_in_order
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
 DS = "deepspeedai/DeepSpeed@edaa722"

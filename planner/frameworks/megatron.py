@@ -14,10 +14,10 @@ citations of the Megatron-Core version it runs on (:mod:`planner.frameworks.mind
 
 from __future__ import annotations
 
-from planner.config import ResolvedConfig
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks.base import Launch, Profile, Rule
-from planner.layer_cost import DEFAULT_RANK_ORDER
+from planner.placement.ranks import DEFAULT_RANK_ORDER
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
 REPO = "NVIDIA/Megatron-LM@d98e8a64ddf3"

@@ -15,10 +15,10 @@ ZeRO-2/3 are core_v0.12.1's Megatron-FSDP (then called custom FSDP), which MindS
 
 from __future__ import annotations
 
-from planner.config import ResolvedConfig
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks import megatron
 from planner.frameworks.base import Launch, Profile, Rule
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
 REPO = "Ascend/MindSpeed@028de58ca629"

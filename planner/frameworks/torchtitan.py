@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.config import ResolvedConfig
 from planner.errors import ConfigError
 from planner.frameworks.base import Launch, Profile, Rule, ranks_in_order
+from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec, MoESpec
 
 VERSION = "v0.2.2"

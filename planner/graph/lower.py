@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from planner.graph.ops import Op, OpKind, Tensor
-from planner.spec import ModelSpec, Precision, TrainingSpec
+from planner.spec import ModelSpec, TrainingSpec
+from planner.vocabulary import Precision
 
 ACTIVATION_BYTES: dict[Precision, float] = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 MASK_BYTES = 1.0  # dropout masks are stored as bytes

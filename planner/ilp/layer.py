@@ -16,14 +16,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from planner.errors import InputError, TimeLimitError
-from planner.graph.assignment import (
-    LayerGraph,
-    LayerParts,
-    edge_seconds,
-    input_index,
-    layer_parts,
-)
-from planner.graph.layout import Layout, Transfer, reshard
 from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
 from planner.ilp.formulation import (
     LayerProblem,
@@ -35,7 +27,16 @@ from planner.ilp.formulation import (
 )
 from planner.ilp.milp import Milp
 from planner.ilp.problem import KIB, NS, LayerQuery, layer_problem
-from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
+from planner.sharding.assignment import (
+    LayerGraph,
+    LayerParts,
+    edge_seconds,
+    input_index,
+    layer_parts,
+)
+from planner.sharding.layout import Layout, Transfer, reshard
+from planner.spec import ClusterSpec, ModelSpec
+from planner.vocabulary import GIB, Precision
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +264,7 @@ def _sequence_parallel_storage(
     problem: LayerProblem, layer: LayerGraph, values: dict[str, int]
 ) -> dict[str, int] | None:
     """The solution ``values`` with every node that can keep its input's sequence slice doing
-    so (the ``+kept-seq`` variants of :mod:`planner.graph.strategies`), or None if none can."""
+    so (the ``+kept-seq`` variants of :mod:`planner.sharding.strategies`), or None if none can."""
     chosen = [next(i for i in range(len(n.strategies)) if values[strategy_var(v, i)])
               for v, n in enumerate(problem.nodes)]  # fmt: skip
     changed = list(chosen)

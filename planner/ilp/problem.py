@@ -1,5 +1,5 @@
 """From a layer's operators to the numeric :class:`LayerProblem`: the layer graph's nodes
-(:mod:`planner.graph.assignment`: each op with the elementwise ops that only follow it folded
+(:mod:`planner.sharding.assignment`: each op with the elementwise ops that only follow it folded
 in, so the ILP has variables only where choices matter) with all their priced strategies, and
 the resharding matrices of the edges between them, in whole nanoseconds and KiB."""
 
@@ -9,13 +9,14 @@ import math
 from dataclasses import dataclass, replace
 
 from planner.graph import lowered
-from planner.graph.assignment import LayerGraph, Node, StrategiesFn, edge_seconds, layer_graph
-from planner.graph.layout import LogicalMesh
-from planner.graph.strategies import StrategyContext, op_strategies
 from planner.ilp.formulation import RECOMPUTE_MODES, EdgeCosts, LayerProblem, NodeCosts
 from planner.ilp.prune import prune_dominated
-from planner.reading import training_run
-from planner.spec import GIB, ClusterSpec, ModelSpec, Precision
+from planner.sharding.assignment import LayerGraph, Node, StrategiesFn, edge_seconds, layer_graph
+from planner.sharding.layout import LogicalMesh
+from planner.sharding.strategies import StrategyContext, op_strategies
+from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import training_run
+from planner.vocabulary import GIB, Precision
 
 NS = 1e9
 KIB = 1024
@@ -48,7 +49,7 @@ class LayerQuery:
 
 def _edge(layer: LayerGraph, edge: tuple[int, int]) -> EdgeCosts:
     """Resharding of every strategy pair on ``edge``, in whole nanoseconds
-    (:func:`planner.graph.assignment.edge_seconds`)."""
+    (:func:`planner.sharding.assignment.edge_seconds`)."""
     src, dst = layer.nodes[edge[0]], layer.nodes[edge[1]]
     total, forward = [], []
     for i in range(len(src.strategies)):

@@ -4,7 +4,7 @@ The ILP walks a layer's time-memory frontier in a few budget steps, so a shardin
 steps can be missed; Megatron's uniform shardings of a layer on the same mesh (every way its
 axes can be tensor, context or data parallel, with and without sequence parallelism, the
 experts on any of the non-tensor axes) are known points of the same space, priced by the same
-functions (:func:`planner.graph.uniform.uniform_layer`). Offering them to the pipeline pass
+functions (:func:`planner.sharding.uniform.uniform_layer`). Offering them to the pipeline pass
 beside the frontier keeps the per-operator search (``any``) at least as good as every
 framework's uniform configurations on the meshes it visits.
 """
@@ -15,11 +15,11 @@ import itertools
 from collections.abc import Iterator
 
 from planner.errors import ConfigError
-from planner.graph.assignment import layer_parts
-from planner.graph.uniform import UniformLayout, UniformQuery, uniform_layer
 from planner.ilp.backends import SolverReport
 from planner.ilp.layer import LayerSolution, OpChoice
 from planner.ilp.problem import LayerQuery
+from planner.sharding.assignment import layer_parts
+from planner.sharding.uniform import UniformLayout, UniformQuery, uniform_layer
 from planner.spec import ClusterSpec, ModelSpec
 
 

@@ -1,5 +1,5 @@
 """A found pipeline (a split of the layers, each stage's choice, a placement) priced by the one
-step composer (:func:`planner.step.compose_step`) and written as a :class:`~planner.plan.Plan`.
+step composer (:func:`planner.cost.step.compose_step`) and written as a :class:`~planner.plan.Plan`.
 """
 
 from __future__ import annotations
@@ -8,15 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner import cost
-from planner.graph.layout import LogicalMesh
-from planner.graph.strategies import EXPERTS_BY_BATCH
-from planner.ilp.layer import LayerSolution
-from planner.layer_cost import LayerCost, layer_cost
-from planner.pipeline.options import LayerOption, StageChoice
-from planner.placement import PipelinePlacement
-from planner.plan import MemoryBreakdown, PlanStage, Predicted, StageParallel
-from planner.spec import GIB, ModelSpec, TrainingSpec
-from planner.step import (
+from planner.cost.layer import LayerCost, layer_cost
+from planner.cost.step import (
     PipelineKnobs,
     StageCost,
     StepCost,
@@ -25,6 +18,14 @@ from planner.step import (
     compose_step,
     throughput,
 )
+from planner.ilp.layer import LayerSolution
+from planner.pipeline.options import LayerOption, StageChoice
+from planner.placement.ranks import PipelinePlacement
+from planner.plan.schema import MemoryBreakdown, PlanStage, Predicted, StageParallel
+from planner.sharding.layout import LogicalMesh
+from planner.sharding.strategies import EXPERTS_BY_BATCH
+from planner.spec import ModelSpec, TrainingSpec
+from planner.vocabulary import GIB
 
 
 @dataclass(frozen=True, slots=True)

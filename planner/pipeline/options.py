@@ -17,13 +17,12 @@ from functools import lru_cache
 import numpy as np
 
 from planner import cost
-from planner.graph.assignment import RECOMPUTE, LayerParts
-from planner.graph.layout import LogicalMesh
-from planner.graph.weights import weight_states, weight_syncs
 from planner.ilp.layer import LayerSolution
-from planner.spec import Precision
+from planner.sharding.assignment import LayerParts
+from planner.sharding.layout import LogicalMesh
+from planner.sharding.weights import weight_states, weight_syncs
+from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES, Precision
 
-ZERO_STAGES = (0, 1, 2, 3)
 TRANSFORMER_KINDS = ("dense", "moe")
 
 
@@ -75,7 +74,7 @@ def layer_options(
     parts = solution.parts
     if parts is None:
         return []
-    modes = RECOMPUTE if solution.kind in TRANSFORMER_KINDS else ("none",)
+    modes = RECOMPUTE_MODES if solution.kind in TRANSFORMER_KINDS else ("none",)
     base = parts.forward_s + parts.backward_s + parts.tp_comm_s + parts.cp_comm_s
     base += parts.ep_comm_s
     states = [0.0] * len(ZERO_STAGES)
@@ -203,7 +202,7 @@ def _choices(
     the embedding and head are chosen per stage among their own shardings."""
     out = []
     for zero in ZERO_STAGES:
-        for mode in RECOMPUTE:
+        for mode in RECOMPUTE_MODES:
             per_kind = []
             for kind in names:
                 fits = [

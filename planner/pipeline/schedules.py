@@ -1,7 +1,7 @@
 """The order in which each pipeline stage runs its forwards and backwards: GPipe, 1F1B
 (PipeDream-Flush, Megatron-LM's non-interleaved schedule) and Megatron-LM's interleaved 1F1B,
 with the tensor each operation waits for and the one it produces (for the simulator in
-:mod:`planner.pipeline.simulate`).
+:mod:`planner.simulate.events`).
 
 A *virtual stage* is one model chunk on one stage; with ``p`` stages and ``v`` chunks per
 stage, chunk ``c`` of stage ``i`` is virtual stage ``c p + i``, and activations flow through
@@ -11,11 +11,10 @@ virtual stages ``0 .. p v - 1`` in order (Narayanan et al., SC'21, Sec. 2.2).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
+from planner.vocabulary import ScheduleName
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,17 +7,16 @@ nothing global in matplotlib (its backend, pyplot's figure list) is touched; the
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from planner.compare import MethodResult
-from planner.errors import InputError
-from planner.output import check_folder, check_target, write_atomic
-from planner.plan import Plan
+from planner.diagnose.compare import MethodResult
+from planner.plan.schema import Plan
+from planner.report.gantt import draw_gantt
+from planner.report.output import check_folder
+from planner.report.pictures import FORMATS, save
 
 MEMORY_PARTS = (
     ("weights", "weights", "#4c72b0"),
@@ -37,30 +36,6 @@ TIME_PARTS = (
     ("optimizer", "optimizer step", "#c44e52"),
 )
 """Step-time parts in the order they are stacked, with their labels and colours."""
-FORMATS = (".png", ".svg")
-
-
-def save(figure: Figure, path: str | Path, *, option: str = "--out") -> Path:
-    """Write ``figure`` as PNG or SVG, by ``path``'s suffix, atomically
-    (:func:`planner.output.write_atomic`)."""
-    path = Path(path)
-    check_picture(path, option=option)
-    FigureCanvasAgg(figure)
-    image = io.BytesIO()
-    figure.savefig(image, format=path.suffix.lower()[1:], dpi=150, bbox_inches="tight")
-    write_atomic(path, image.getvalue(), option=option)
-    return path
-
-
-def check_picture(path: Path, *, inputs: Sequence[Path] = (), option: str = "--out") -> None:
-    """Refuse a picture file before drawing it: an unknown suffix, or a bad target
-    (:func:`planner.output.check_target`)."""
-    check_target(path, inputs=inputs, option=option)
-    if path.suffix.lower() not in FORMATS:
-        raise InputError(f"{option} {path}: cannot write a {path.suffix or 'suffix-less'!r} "
-                         f"picture; use one of {', '.join(FORMATS)}")  # fmt: skip
-
-
 def _title(plan: Plan) -> str:
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     return f"{plan.model.name} on {devices:,} x {plan.cluster.device}: {plan.summary()}"
@@ -172,8 +147,7 @@ def compare_figure(results: Sequence[MethodResult], title: str = "") -> Figure:
 def write_report(plan: Plan, directory: str | Path) -> list[Path]:
     """Every picture of ``plan`` into ``directory`` (created if missing), as PNG and SVG:
     the simulated schedule's Gantt chart, the memory per stage and the step's time."""
-    from planner.pipeline.simulate import simulate_plan
-    from planner.report.gantt import draw_gantt
+    from planner.simulate.events import simulate_plan
 
     directory = Path(directory)
     check_folder(directory, option="--report")

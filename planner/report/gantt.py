@@ -17,8 +17,8 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from planner.pipeline.simulate import Phase, Simulation
-from planner.report.figures import save
+from planner.report.pictures import save
+from planner.simulate.events import Phase, Simulation
 
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PHASE_COLORS: dict[Phase, str] = {

@@ -11,15 +11,15 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from planner.calibration import CalibrationFit, ValidationRow, describe
-from planner.compare import MethodResult, best_step_s
-from planner.config import ParallelConfig
 from planner.cost import in_flight_microbatches
-from planner.estimate import Estimate
+from planner.diagnose.calibration import CalibrationFit, ValidationRow, describe
+from planner.diagnose.compare import MethodResult, best_step_s
 from planner.ilp import LayerSolution
-from planner.pipeline.simulate import Simulation
-from planner.plan import Plan, PlanStage
+from planner.plan.config import ParallelConfig
+from planner.plan.schema import Plan, PlanStage
+from planner.simulate.events import Simulation
 from planner.spec import ClusterSpec, ModelSpec
+from planner.uniform.estimate import Estimate
 
 
 def _pct(part: float, whole: float) -> str:

@@ -1,0 +1,97 @@
+"""THE cost model: every planner in the repository prices plans with these functions.
+
+- Compute: a roofline per operator, ``max(flops / (peak * f_gemm), bytes / (hbm * f_mem))``
+  plus a launch cost per kernel, with the calibrated fractions of the cluster file.
+- Communication: alpha-beta per collective with ring bus-bandwidth factors (all-reduce
+  ``2(n-1)/n``, all-gather and reduce-scatter ``(n-1)/n``); a group that spans several network
+  levels is priced both flat (at its slowest level) and hierarchically (level by level on ever
+  smaller pieces, as NCCL does across nodes), whichever is cheaper.
+- Memory: mixed-precision Adam state per parameter as Megatron-LM's distributed optimizer
+  documentation tabulates it, divided by the ZeRO stage; activations per Korthikanti et al.
+- Pipeline: step time ``m * max(t) + (sum(t) - max(t)) / v`` for ``m`` microbatches and ``v``
+  virtual stages, which is ``sum_i t_i + (m - 1) max_i t_i`` (Alpa, Eq. 2) for ``v = 1`` and
+  has the bubble fraction ``(p - 1) / (v m)`` (Narayanan et al., SC'21) for equal stages.
+
+Units: seconds, bytes, FLOPs, bytes/second. No hardware number lives here: they all come from
+the :class:`~planner.spec.ClusterSpec`.
+"""
+
+from __future__ import annotations
+
+from planner.cost.communication import (
+    CommGroup,
+    collective_time_s,
+    exposed_s,
+    members_per_level,
+    p2p_time_s,
+    pipeline_send_s,
+)
+from planner.cost.compute import (
+    CAUSAL_FRACTION,
+    ELEMENTWISE_BACKWARD_FACTOR,
+    FLASH_BACKWARD_FACTOR,
+    MATMUL_BACKWARD_FACTOR,
+    OpTime,
+    compute_lower_bound_s,
+    compute_time_s,
+    gemm_fraction,
+    op_time,
+    sharded_bytes,
+)
+from planner.cost.data_parallel import (
+    NO_SYNC,
+    DataParallelSync,
+    ExposedSync,
+    data_parallel_sync,
+    exposed_sync,
+    optimizer_step_s,
+)
+from planner.cost.memory import (
+    DEFAULT_MEMORY_MARGIN,
+    StateBytes,
+    gradient_bytes_on_wire,
+    in_flight_microbatches,
+    memory_margin_bytes,
+    saved_activation_bytes,
+    state_bytes_per_param,
+)
+from planner.cost.pipeline import (
+    PipelineTime,
+    bubble_fraction,
+    pipeline_time,
+)
+
+__all__ = [
+    "CAUSAL_FRACTION",
+    "DEFAULT_MEMORY_MARGIN",
+    "ELEMENTWISE_BACKWARD_FACTOR",
+    "FLASH_BACKWARD_FACTOR",
+    "MATMUL_BACKWARD_FACTOR",
+    "NO_SYNC",
+    "CommGroup",
+    "DataParallelSync",
+    "ExposedSync",
+    "OpTime",
+    "PipelineTime",
+    "StateBytes",
+    "bubble_fraction",
+    "collective_time_s",
+    "compute_lower_bound_s",
+    "compute_time_s",
+    "data_parallel_sync",
+    "exposed_s",
+    "exposed_sync",
+    "gemm_fraction",
+    "gradient_bytes_on_wire",
+    "in_flight_microbatches",
+    "members_per_level",
+    "memory_margin_bytes",
+    "op_time",
+    "optimizer_step_s",
+    "p2p_time_s",
+    "pipeline_send_s",
+    "pipeline_time",
+    "saved_activation_bytes",
+    "sharded_bytes",
+    "state_bytes_per_param",
+]

@@ -1,0 +1,107 @@
+"""Communication time: alpha-beta per collective with ring bus-bandwidth factors, flat or
+hierarchical over the network levels a group spans; point-to-point sends; overlap."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.spec import ClusterSpec, NetworkLevel
+from planner.vocabulary import CollectiveKind
+
+
+@dataclass(frozen=True, slots=True)
+class CommGroup:
+    """``size`` ranks spaced ``stride`` apart in the cluster's rank order (rank = device)."""
+
+    size: int
+    stride: int = 1
+
+
+def members_per_level(cluster: ClusterSpec, group: CommGroup) -> tuple[int, ...]:
+    """How many of the group's ranks share one domain of each network level.
+
+    >>> from planner.spec import ClusterSpec
+    >>> c = ClusterSpec.model_validate({"name": "c", "num_nodes": 4, "devices_per_node": 8,
+    ...     "device": {"name": "g", "memory_gib": 80, "memory_bandwidth_gb_s": 2000,
+    ...                "peak_tflops": {"bf16": 300}},
+    ...     "network": [{"name": "nvlink", "domain_devices": 8, "bandwidth_gb_s": 300,
+    ...                  "latency_us": 2},
+    ...                 {"name": "ib", "domain_devices": 32, "bandwidth_gb_s": 25,
+    ...                  "latency_us": 5}]})
+    >>> members_per_level(c, CommGroup(size=32)), members_per_level(c, CommGroup(4, stride=8))
+    ((8, 32), (1, 4))
+    """
+    counts = [
+        min(group.size, max(1, level.domain_devices // group.stride)) for level in cluster.network
+    ]
+    counts[-1] = group.size  # the outermost level connects every device
+    return tuple(counts)
+
+
+def _ring_s(kind: CollectiveKind, nbytes: float, n: int, level: NetworkLevel) -> float:
+    """One ring collective among ``n`` ranks on ``level``; latency as NCCL's tree (log n)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    rounds = 2 if kind == "all_reduce" else 1
+    bandwidth_term = rounds * (n - 1) / n * nbytes / level.bandwidth_bytes_s
+    return bandwidth_term + rounds * math.ceil(math.log2(n)) * level.latency_s
+
+
+def collective_time_s(
+    cluster: ClusterSpec, kind: CollectiveKind, nbytes: float, group: CommGroup
+) -> float:
+    """Seconds of one collective on ``group``.
+
+    ``nbytes`` is the full buffer: the all-reduced tensor, the all-gather's output, the
+    reduce-scatter's input, or one rank's all-to-all send buffer.
+    """
+    n = group.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    counts = members_per_level(cluster, group)
+    levels = cluster.network
+    outer = next(i for i, c in enumerate(counts) if c == n)
+    if kind == "all_to_all":
+        # Each rank sends (c_l - c_{l-1}) / n of its buffer over level l; levels run in parallel.
+        previous, slowest = 1, 0.0
+        for count, level in zip(counts[: outer + 1], levels, strict=False):
+            slowest = max(slowest, (count - previous) / n * nbytes / level.bandwidth_bytes_s)
+            previous = count
+        return slowest + levels[outer].latency_s * math.ceil(math.log2(n))
+    flat = _ring_s(kind, nbytes, n, levels[outer])
+    hierarchical, previous = 0.0, 1
+    for count, level in zip(counts[: outer + 1], levels, strict=False):
+        hierarchical += _ring_s(kind, nbytes / previous, count // previous, level)
+        previous = count
+    return min(flat, hierarchical)
+
+
+def p2p_time_s(cluster: ClusterSpec, nbytes: float, distance: int, *, ranks: int = 2) -> float:
+    """Seconds to send ``nbytes`` between neighbours of a row of ``ranks`` ranks ``distance``
+    apart, at the slowest pair's pace: when the row spans several domains of a level, some
+    neighbours sit in different domains (four stages of four ranks on 8-GPU nodes: stages 1
+    and 2 are in different nodes), so the row is priced at the outermost level it spans."""
+    if nbytes <= 0 or ranks <= 1:
+        return 0.0
+    counts = members_per_level(cluster, CommGroup(ranks, max(1, distance)))
+    level = cluster.network[next(i for i, c in enumerate(counts) if c == ranks)]
+    return level.latency_s + nbytes / level.bandwidth_bytes_s
+
+
+def pipeline_send_s(
+    cluster: ClusterSpec, nbytes: float, distance: int, *, chunks: int, stages: int = 2
+) -> float:
+    """One stage's pipeline traffic per microbatch: its activation sent forward and the
+    gradient sent back, ``nbytes`` from each device, once per model chunk it holds, between
+    ``stages`` stages ``distance`` ranks apart (:func:`p2p_time_s`: the pipeline runs at its
+    slowest send)."""
+    return 2 * chunks * p2p_time_s(cluster, nbytes, distance, ranks=stages)
+
+
+def exposed_s(comm_s: float, hidden_behind_s: float) -> float:
+    """Communication left on the critical path when it overlaps ``hidden_behind_s`` of work."""
+    return max(0.0, comm_s - hidden_behind_s)
+
+
+# --------------------------------------------------------------------------- memory

@@ -1,0 +1,119 @@
+"""Compute time: a roofline per operator with the calibrated GEMM and memory-bound
+efficiencies of the cluster file, plus a launch cost per kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from planner.graph.ops import Op, Tensor
+from planner.spec import DeviceSpec, GemmEfficiency
+from planner.vocabulary import Precision
+
+# Causal attention with a fused kernel computes only the lower triangle of the scores.
+CAUSAL_FRACTION = 0.5
+# FlashAttention-2's backward runs five matmuls against the forward's two, recomputing the
+# scores (Dao, 2023, Sec. 3.1): 2.5x the forward FLOPs instead of 2x.
+FLASH_BACKWARD_FACTOR = 2.5
+# A matmul's backward computes the input and the weight gradients: twice the forward FLOPs.
+MATMUL_BACKWARD_FACTOR = 2.0
+# A memory-bound op's backward reads the output gradient and the saved input and writes the
+# input gradient: about twice the forward's traffic.
+ELEMENTWISE_BACKWARD_FACTOR = 2.0
+
+
+# --------------------------------------------------------------------------- compute
+
+
+def gemm_fraction(efficiency: GemmEfficiency, flops_per_call: float) -> float:
+    """Achieved fraction of peak for one GEMM of ``flops_per_call`` FLOPs."""
+    half = efficiency.half_saturation_gflop * 1e9
+    return efficiency.max_fraction * flops_per_call / (flops_per_call + half)
+
+
+def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float) -> float:
+    """No sharding runs ``flops`` faster than the GEMM curve's ceiling allows (its fraction of
+    peak only approaches ``max_fraction`` as GEMMs grow): a bound, not a price."""
+    return flops / (device.peak_flops_per_s(precision) * device.efficiency.gemm.max_fraction)
+
+
+def compute_time_s(
+    device: DeviceSpec,
+    precision: Precision,
+    *,
+    flops: float,
+    bytes_moved: float,
+    calls: int = 1,
+) -> float:
+    """Roofline time of ``calls`` kernels doing ``flops`` and moving ``bytes_moved`` in all.
+
+    >>> from planner.spec import DeviceSpec
+    >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
+    ...                  peak_tflops={"bf16": 300})
+    >>> compute_time_s(gpu, "bf16", flops=3e12, bytes_moved=0)  # compute-bound
+    0.01
+    >>> compute_time_s(gpu, "bf16", flops=0, bytes_moved=2e9)  # memory-bound
+    0.001
+    """
+    eff = device.efficiency
+    memory_s = bytes_moved / (device.memory_bandwidth_bytes_s * eff.memory_bound_fraction)
+    math_s = 0.0
+    if flops > 0:
+        fraction = gemm_fraction(eff.gemm, flops / calls)
+        math_s = flops / (device.peak_flops_per_s(precision) * fraction)
+    return max(math_s, memory_s) + calls * eff.kernel_launch_us * 1e-6
+
+
+def sharded_bytes(tensor: Tensor, degrees: Mapping[str, int]) -> float:
+    """Bytes of one device's shard of ``tensor`` when dim ``d`` is split ``degrees[d]`` ways."""
+    numel = 1
+    for name, size in tensor.dims:
+        numel *= -(-size // degrees.get(name, 1))
+    return numel * tensor.element_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    """Seconds of one op on one device for one microbatch, by pass."""
+
+    forward_s: float
+    backward_s: float
+
+
+def op_time(
+    op: Op,
+    device: DeviceSpec,
+    precision: Precision,
+    *,
+    activation_degrees: Mapping[str, int],
+    weight_degrees: Mapping[str, int],
+    compute_degree: int,
+    gemm_calls: int = 1,
+    flash_attention: bool = True,
+) -> OpTime:
+    """Forward and backward compute seconds of ``op`` under a sharding.
+
+    Strategies that divide the FLOPs by the same degree cost the same, whichever dims they
+    split: the GEMM efficiency depends only on the FLOPs per call.
+    """
+    moved = sum(sharded_bytes(t, activation_degrees) for t in (*op.inputs, op.output))
+    if op.weight is not None:
+        moved += sharded_bytes(op.weight, weight_degrees)
+    flops = op.flops / compute_degree
+    backward_factor = MATMUL_BACKWARD_FACTOR if op.is_gemm else ELEMENTWISE_BACKWARD_FACTOR
+    if op.kind == "attention":
+        if flash_attention:
+            flops *= CAUSAL_FRACTION
+            backward_factor = FLASH_BACKWARD_FACTOR
+        else:
+            # Unfused: the scores are written, then read by softmax, dropout and the matmul.
+            moved += 3 * sum(sharded_bytes(t, activation_degrees) for t in op.score_tensors)
+    forward = compute_time_s(device, precision, flops=flops, bytes_moved=moved, calls=gemm_calls)
+    backward = compute_time_s(
+        device, precision, flops=backward_factor * flops,
+        bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved, calls=2 * gemm_calls,
+    )  # fmt: skip
+    return OpTime(forward, backward)
+
+
+# --------------------------------------------------------------------------- communication

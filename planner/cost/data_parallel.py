@@ -1,0 +1,118 @@
+"""The data-parallel step: gradient reduction and parameter gathering, what of them
+overlaps the backward and forward, and the optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost.communication import CommGroup, collective_time_s, exposed_s
+from planner.cost.compute import compute_time_s
+from planner.cost.memory import ADAM_STATE, gradient_bytes_on_wire
+from planner.spec import ClusterSpec, DeviceSpec
+from planner.vocabulary import CollectiveKind, Precision
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelSync:
+    """Data-parallel traffic of some weights under one ZeRO stage, in seconds."""
+
+    reduce_once_s: float
+    """Gradients, once per step."""
+    gather_once_s: float
+    """Updated weights, once per step."""
+    reduce_per_microbatch_s: float
+    gather_per_microbatch_s: float
+
+    def per_microbatch_s(self, num_microbatches: int) -> float:
+        """Everything, with the once-per-step part shared among the microbatches."""
+        once = (self.reduce_once_s + self.gather_once_s) / num_microbatches
+        return once + self.reduce_per_microbatch_s + self.gather_per_microbatch_s
+
+    def __add__(self, other: DataParallelSync) -> DataParallelSync:
+        return DataParallelSync(
+            self.reduce_once_s + other.reduce_once_s,
+            self.gather_once_s + other.gather_once_s,
+            self.reduce_per_microbatch_s + other.reduce_per_microbatch_s,
+            self.gather_per_microbatch_s + other.gather_per_microbatch_s,
+        )
+
+
+NO_SYNC = DataParallelSync(0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ExposedSync:
+    """The part of some data-parallel traffic left on the critical path, in seconds."""
+
+    per_microbatch_s: float
+    once_s: float
+
+
+def exposed_sync(
+    sync: DataParallelSync,
+    *,
+    forward_s: float,
+    backward_s: float,
+    overlap_grad_reduce: bool,
+    overlap_param_gather: bool,
+) -> ExposedSync:
+    """What ``sync`` leaves exposed beside one microbatch's ``forward_s`` and ``backward_s``
+    of the same weights' compute.
+
+    With ``overlap_grad_reduce`` the once-per-step reduction hides behind the last
+    microbatch's backward (Megatron-Core starts a bucket's reduction as soon as the last
+    backward produced it), and with ``overlap_param_gather`` the once-per-step gather behind
+    the next forward. ZeRO-3 prefetches weights behind every forward and backward, and ZeRO-2/3
+    reduce-scatters hide behind each microbatch's backward.
+
+    >>> exposed_sync(DataParallelSync(3.0, 1.0, 0.0, 0.0), forward_s=1.0, backward_s=2.0,
+    ...              overlap_grad_reduce=True, overlap_param_gather=False)
+    ExposedSync(per_microbatch_s=0.0, once_s=2.0)
+    """
+    grad_hide = backward_s if overlap_grad_reduce else 0.0
+    gather_hide = forward_s if overlap_param_gather else 0.0
+    window = gather_hide + (backward_s if overlap_param_gather or overlap_grad_reduce else 0.0)
+    per_mb = exposed_s(sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s, window)
+    once = exposed_s(sync.reduce_once_s, grad_hide) + exposed_s(sync.gather_once_s, gather_hide)
+    return ExposedSync(per_mb, once)
+
+
+def data_parallel_sync(
+    cluster: ClusterSpec,
+    group: CommGroup | None,
+    *,
+    params: float,
+    precision: Precision,
+    zero: int,
+) -> DataParallelSync:
+    """The gradient reduction and weight gathers of ``params`` parameters replicated on
+    ``group`` (None: not replicated, nothing to move).
+
+    ZeRO 0: all-reduce the gradients once; 1 (Megatron's distributed optimizer): reduce-scatter
+    them, then all-gather the updated compute-precision weights; 2: reduce-scatter every
+    microbatch (the gradients are sharded); 3: also all-gather the weights for every
+    microbatch's forward and backward (Rajbhandari et al., 2020).
+    """
+    if group is None or group.size <= 1 or params <= 0:
+        return NO_SYNC
+    grads = params * gradient_bytes_on_wire(precision)
+    weights = params * ADAM_STATE[precision].weights
+
+    def t(kind: CollectiveKind, nbytes: float) -> float:
+        return collective_time_s(cluster, kind, nbytes, group)
+
+    if zero == 0:
+        return DataParallelSync(t("all_reduce", grads), 0.0, 0.0, 0.0)
+    if zero == 1:
+        return DataParallelSync(t("reduce_scatter", grads), t("all_gather", weights), 0.0, 0.0)
+    if zero == 2:
+        return DataParallelSync(0.0, t("all_gather", weights), t("reduce_scatter", grads), 0.0)
+    return DataParallelSync(0.0, 0.0, t("reduce_scatter", grads), 2 * t("all_gather", weights))
+
+
+def optimizer_step_s(device: DeviceSpec, precision: Precision, *, params: float) -> float:
+    """Adam's update of ``params`` local parameters: memory-bound (reads and writes the
+    optimizer state, reads the gradients, writes the compute-precision weights)."""
+    state = ADAM_STATE[precision]
+    traffic = 2 * state.optimizer + state.gradients + state.weights
+    return compute_time_s(device, precision, flops=0.0, bytes_moved=params * traffic)

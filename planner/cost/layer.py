@@ -1,0 +1,123 @@
+"""A layer's priced parts (what an assignment of strategies costs one device for one
+microbatch) and the per-microbatch costs the step composer adds up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from planner.vocabulary import RECOMPUTE_MODES
+
+
+@dataclass(frozen=True, slots=True)
+class LayerParts:
+    """One microbatch through one layer on one device, by part (seconds, bytes, FLOPs)."""
+
+    forward_s: float
+    backward_s: float
+    tp_comm_s: float
+    """Resharding between ops (forward and backward) and the ops' own collectives other than
+    the two below (the vocab-parallel loss)."""
+    cp_comm_s: float
+    """Ring attention's exposed K/V exchange."""
+    ep_comm_s: float
+    """The experts' all-to-all."""
+    rerun_s: tuple[float, float, float]
+    """Compute rerun per recomputation mode (none, selective, full): the attention core, or
+    the whole forward."""
+    rerun_comm_s: tuple[float, float, float]
+    """Collectives rerun under full recomputation (tensor, context, expert parallel, as the
+    three fields above): the forward's own collectives and resharding."""
+    kept_bytes: tuple[float, float, float]
+    """Activations kept per in-flight microbatch, per mode."""
+    working_bytes: tuple[float, float, float]
+    """The transient peak on top, per mode (one microbatch's activations, rebuilt)."""
+    rerun_flops: tuple[float, float, float]
+    """FLOPs recomputed per mode (the whole microbatch, not one device's share)."""
+    weights: tuple[tuple[float, tuple[int, ...]], ...]
+    """Local parameters and the mesh axes holding copies of them."""
+
+    def rerun_total_s(self, recompute: str) -> float:
+        """Everything ``recompute`` runs again: compute, and under full recomputation the
+        forward's collectives."""
+        extra = sum(self.rerun_comm_s) if recompute == "full" else 0.0
+        return self.rerun_s[self.mode(recompute)] + extra
+
+    def mode(self, recompute: str) -> int:
+        """Index of a recomputation mode in the per-mode tuples."""
+        return RECOMPUTE_MODES.index(recompute)
+
+    def weight_groups(self) -> tuple[tuple[tuple[int, ...], float], ...]:
+        """Parameters summed by the mesh axes holding their copies (one gradient bucket per
+        group, as frameworks bucket them)."""
+        totals: dict[tuple[int, ...], float] = {}
+        for params, axes in self.weights:
+            totals[axes] = totals.get(axes, 0.0) + params
+        return tuple(sorted(totals.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """One device's seconds and bytes for one microbatch through some layers."""
+
+    forward_s: float = 0.0
+    """Forward compute."""
+    backward_s: float = 0.0
+    """Backward compute."""
+    recompute_s: float = 0.0
+    """Forward recomputed in backward, with its collectives."""
+    tp_comm_s: float = 0.0
+    cp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0
+    pipeline_comm_s: float = 0.0
+    activation_bytes: float = 0.0
+    """Kept per in-flight microbatch."""
+    working_bytes: float = 0.0
+    """Transient peak on top (a fully recomputed layer's activations)."""
+    recompute_flops: float = 0.0
+    """Extra forward FLOPs of recomputation (whole model replica, not per device)."""
+
+    @classmethod
+    def zero(cls) -> LayerCost:
+        """Nothing."""
+        return cls()
+
+    @property
+    def compute_s(self) -> float:
+        """Forward, backward and recomputation."""
+        return self.forward_s + self.backward_s + self.recompute_s
+
+    @property
+    def time_s(self) -> float:
+        """Everything on the critical path of one microbatch."""
+        comm = self.tp_comm_s + self.cp_comm_s + self.ep_comm_s + self.pipeline_comm_s
+        return self.compute_s + comm
+
+    def scaled(self, count: int) -> LayerCost:
+        """``count`` identical copies (the transient peak does not add up)."""
+        values = {f.name: getattr(self, f.name) * count for f in fields(self)
+                  if f.name != "working_bytes"}  # fmt: skip
+        return replace(self, **values)
+
+    def __add__(self, other: LayerCost) -> LayerCost:
+        values = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
+                  if f.name != "working_bytes"}  # fmt: skip
+        return LayerCost(**values, working_bytes=max(self.working_bytes, other.working_bytes))
+
+    def with_pipeline_comm(self, seconds: float) -> LayerCost:
+        """The same with ``seconds`` of pipeline sends added."""
+        return replace(self, pipeline_comm_s=self.pipeline_comm_s + seconds)
+
+
+def layer_cost(parts: LayerParts, recompute: str, *, count: int = 1) -> LayerCost:
+    """``count`` layers of one priced sharding (:class:`~planner.sharding.assignment.LayerParts`)
+    under ``recompute``, as the step composer sees them."""
+    k = parts.mode(recompute)
+    rerun = parts.rerun_comm_s if recompute == "full" else (0.0, 0.0, 0.0)
+    one = LayerCost(
+        forward_s=parts.forward_s, backward_s=parts.backward_s, recompute_s=parts.rerun_s[k],
+        tp_comm_s=parts.tp_comm_s + rerun[0], cp_comm_s=parts.cp_comm_s + rerun[1],
+        ep_comm_s=parts.ep_comm_s + rerun[2],
+        activation_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],
+        recompute_flops=parts.rerun_flops[k],
+    )  # fmt: skip
+    return one.scaled(count)

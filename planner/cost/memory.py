@@ -1,0 +1,112 @@
+"""Memory: the margin a plan leaves free, mixed-precision Adam states per parameter under
+each ZeRO stage, saved activations and the microbatches a schedule keeps in flight."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from planner.cost.compute import sharded_bytes
+from planner.graph.ops import Op, Tensor
+from planner.vocabulary import PipelineSchedule, Precision, Recompute
+
+DEFAULT_MEMORY_MARGIN = 0.05
+"""Share of a device's memory a plan leaves free unless told otherwise, beside the device's
+``reserved_memory_gib`` (which counts the CUDA context and NCCL's communicators): the caching
+allocator's rounding and fragmentation and the transient buffers the model does not price (see
+the README, "Memory margin")."""
+
+
+def memory_margin_bytes(memory_gib: float, margin_gib: float | None = None) -> float:
+    """The memory a plan leaves free on a device of ``memory_gib``: ``margin_gib``, or
+    :data:`DEFAULT_MEMORY_MARGIN` of the device when None.
+
+    >>> memory_margin_bytes(80) / 2**30, memory_margin_bytes(80, 1.5) / 2**30
+    (4.0, 1.5)
+    """
+    gib = DEFAULT_MEMORY_MARGIN * memory_gib if margin_gib is None else margin_gib
+    return gib * 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter of weights, gradients and optimizer state on one device."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        """All three."""
+        return self.weights + self.gradients + self.optimizer
+
+
+# Megatron-LM distributed-optimizer docs: bf16 params + fp32 grads = 18 bytes/param
+# (2 + 4 + 12: fp32 master, Adam m and v); fp16 params + fp16 grads = 20 (2 + 2 + 16: the
+# optimizer also keeps an fp32 copy of the gradients); fp32 = 16 (4 + 4 + 8).
+ADAM_STATE: dict[Precision, StateBytes] = {
+    "bf16": StateBytes(weights=2, gradients=4, optimizer=12),
+    "fp16": StateBytes(weights=2, gradients=2, optimizer=16),
+    "fp32": StateBytes(weights=4, gradients=4, optimizer=8),
+}
+
+
+def state_bytes_per_param(precision: Precision, *, zero: int, shards: int) -> StateBytes:
+    """Adam state per parameter with ZeRO stage ``zero`` over ``shards`` data-parallel ranks.
+
+    Stage 1 (Megatron's distributed optimizer) shards the optimizer state, stage 2 also the
+    gradients, stage 3 also the weights.
+
+    >>> state_bytes_per_param("bf16", zero=1, shards=8).total  # Megatron: 6 + 12/d
+    7.5
+    """
+    full = ADAM_STATE[precision]
+    return StateBytes(
+        weights=full.weights / (shards if zero >= 3 else 1),
+        gradients=full.gradients / (shards if zero >= 2 else 1),
+        optimizer=full.optimizer / (shards if zero >= 1 else 1),
+    )
+
+
+def gradient_bytes_on_wire(precision: Precision) -> float:
+    """Bytes per parameter the data-parallel gradient reduction moves (fp32 main grads for
+    bf16, as Megatron reduces them; fp16 grads for fp16)."""
+    return ADAM_STATE[precision].gradients
+
+
+def saved_activation_bytes(
+    op: Op,
+    degrees: Callable[[Tensor], Mapping[str, int]],
+    *,
+    recompute: Recompute,
+    flash_attention: bool,
+) -> float:
+    """Bytes ``op`` keeps for backward on one device, each kept tensor split as ``degrees``
+    says (before full recompute, which the caller handles at layer level). Selective
+    recompute and flash attention drop the ``s x s`` tensors (Korthikanti et al., Sec. 5)."""
+    kept = sum(sharded_bytes(t, degrees(t)) for t in op.saved)
+    if recompute == "none" and not flash_attention:
+        kept += sum(sharded_bytes(t, degrees(t)) for t in op.score_tensors)
+    return kept
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+def in_flight_microbatches(
+    schedule: PipelineSchedule, *, stage: int, pp: int, vpp: int, num_microbatches: int
+) -> float:
+    """Microbatches' worth of one stage's activations held at the peak, for ``stage`` (0-based).
+
+    1F1B: stage ``i`` of ``p`` holds ``p - i``. Interleaved 1F1B (Megatron's warm-up of
+    ``2(p - i - 1) + (v - 1) p`` chunks plus one) holds ``1 + (p - 1)/(p v)`` times the
+    first stage's 1F1B amount on stage 0 (Korthikanti et al., Sec. 4.2.3). GPipe holds all.
+    """
+    m = num_microbatches
+    if schedule == "gpipe":
+        return float(m)
+    if vpp == 1:
+        return float(min(pp - stage, m))
+    chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+    return chunks / vpp

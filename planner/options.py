@@ -1,0 +1,131 @@
+"""What a user asks of a search: the run, the framework target, the knobs they pinned, the
+margin to leave free and how long to try; and the progress a search reports back.
+
+Every search reads the same :class:`SolveOptions`: the per-operator search
+(:mod:`planner.search`), the enumeration of uniform configurations (:mod:`planner.uniform`)
+and the baselines. Training settings the options leave out come from the model's own
+training block (:func:`training_of`), in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner import cost
+from planner.errors import InputError
+from planner.ilp.backends import Backend
+from planner.plan.config import check_sequence
+from planner.spec import ModelSpec, TrainingSpec
+from planner.spec.reading import training_run
+from planner.vocabulary import ContextParallelism, Precision, Recompute
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pins:
+    """Knobs the user fixed (``--tp 8`` ...); None leaves one to the search. Spelled as
+    ``planner estimate`` spells them."""
+
+    tp: int | None = None
+    """Tensor-parallel degree."""
+    pp: int | None = None
+    """Pipeline stages."""
+    cp: int | None = None
+    """Context-parallel degree."""
+    cp_algo: ContextParallelism | None = None
+    """ring or ulysses."""
+    ep: int | None = None
+    """Expert-parallel degree."""
+    vpp: int | None = None
+    """Virtual stages per pipeline rank (1: no interleaving)."""
+    mbs: int | None = None
+    """Sequences per data-parallel rank and microbatch."""
+    zero: int | None = None
+    """ZeRO stage."""
+    recompute: Recompute | None = None
+    """none, selective or full."""
+    sp: bool | None = None
+    """Sequence parallelism (with TP)."""
+
+    def given(self) -> dict[str, object]:
+        """The pinned knobs and their values."""
+        return {name: getattr(self, name) for name in self.__slots__
+                if getattr(self, name) is not None}  # fmt: skip
+
+    def admits(self, **knobs: object) -> bool:
+        """Whether every pinned knob among ``knobs`` has its pinned value."""
+        return all(getattr(self, k) is None or getattr(self, k) == v for k, v in knobs.items())
+
+
+NO_PINS = Pins()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolveOptions:
+    """What the search may choose from, and how hard it tries."""
+
+    global_batch_size: int | None = None
+    seq_length: int | None = None
+    precision: Precision | None = None
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    """Sequences per data-parallel rank and microbatch (Megatron's ``--micro-batch-size``);
+    a mesh takes this times the data-parallel ways inside it (:func:`mesh_microbatches`)."""
+    interleaved: bool = True
+    max_mesh_nodes: int | None = None
+    """A stage's mesh spans part of a node or 1, 2, 4, ... nodes up to this (Alpa allows any
+    count). None: one node for dense models, two for mixtures of experts. Across nodes a mesh
+    axis is mostly data parallel, which replicas of the pipeline already give; expert
+    parallelism is the common reason to span nodes. Each wider mesh makes its layer ILPs
+    slower (a second instead of milliseconds)."""
+    backend: Backend = "ortools"
+    ilp_time_limit_s: float = 10.0
+    """Per layer ILP (cut short by :attr:`time_limit_s` too)."""
+    time_limit_s: float | None = None
+    """The whole search. Past it the best plan found so far is returned, with status
+    ``time_limit`` and its gap to the least bound of the candidates left; None: no limit."""
+    flash_attention: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    framework: str = "megatron"
+    """The framework that will launch the plan (:data:`planner.frameworks.TARGETS`): the search
+    produces only what its profile launches; ``any`` searches per-operator shardings."""
+    pins: Pins = NO_PINS
+    """Knobs the user fixed."""
+    memory_margin_gib: float | None = None
+    """Device memory plans leave free; None: :data:`planner.cost.DEFAULT_MEMORY_MARGIN` of
+    the device."""
+
+    def margin_bytes(self, device_memory_gib: float) -> float:
+        """The memory a plan leaves free on a device of ``device_memory_gib``."""
+        return cost.memory_margin_bytes(device_memory_gib, self.memory_margin_gib)
+
+
+DEFAULT_OPTIONS = SolveOptions()
+"""What ``solve`` searches when given no options."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """Reported after each candidate: how far the search is and the best step so far."""
+
+    done: int
+    total: int
+    best_step_s: float | None
+    searching: str = ""
+    """The candidate being searched, as a user would say it (empty once done)."""
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def training_of(model: ModelSpec, options: SolveOptions) -> TrainingSpec:
+    """The run's sequence length, global batch and precision: the options, else the model's
+    training block."""
+    defaults = model.training
+    seq = options.seq_length or (defaults.seq_length if defaults else None)
+    gbs = options.global_batch_size or (defaults.global_batch_size if defaults else None)
+    if seq is None or gbs is None:
+        raise InputError(f"{model.name}: no training block: pass --seq-len and --global-batch")
+    precision = options.precision or (defaults.precision if defaults else "bf16")
+    check_sequence(model, seq)
+    return training_run(seq, gbs, precision)

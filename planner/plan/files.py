@@ -1,0 +1,64 @@
+"""Reading a plan file back: its schema version, its fields, the limits and the invariants.
+
+Kept apart from :mod:`planner.plan.schema` so that the value type does not read its own
+files (the invariants import the value type).
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from planner.errors import InputError, InvalidPlanError
+from planner.plan.invariants import check_plan
+from planner.plan.schema import READABLE_VERSIONS, SCHEMA_VERSION, Plan
+from planner.spec import limits as lim
+from planner.spec.messages import describe_validation_error, short_repr
+from planner.spec.reading import parse_json
+
+
+def plan_from_json(text: str, *, source: str = "<plan>") -> Plan:
+    """Read a plan back; a wrong schema version or a malformed plan is an InputError."""
+    data = parse_json(text, source=source)
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise InputError(f"{source}: schema_version {short_repr(version)} is not "
+                         f"supported; this planner reads "
+                         f"{' and '.join(map(str, READABLE_VERSIONS))}")  # fmt: skip
+    data = {**data, "schema_version": SCHEMA_VERSION}  # version 2 lacks only new fields
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(describe_validation_error(source, exc)) from None
+    _check_limits(plan, source)
+    try:
+        # Structure only: `planner estimate --out` may write a configuration over memory.
+        return check_plan(plan, memory=False)
+    except InvalidPlanError as exc:
+        raise InputError(f"{source}: damaged or hand-edited plan: {exc}") from None
+
+
+def _check_limits(plan: Plan, source: str) -> None:
+    """Refuse a plan read from a file whose sizes are past :mod:`planner.spec.limits` (before
+    anything walks its layers, ranks or microbatches)."""
+
+    devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
+    checks = (
+        ("num_layers", max(s.layers[1] for s in plan.stages), lim.MAX_LAYERS, None),
+        ("stages", len(plan.stages), lim.MAX_LAYERS, "a stage holds at least one layer"),
+        ("schedule.virtual_stages", plan.schedule.virtual_stages, lim.MAX_LAYERS,
+         "a virtual stage holds at least one layer"),
+        ("num_devices", devices, lim.MAX_DEVICES, None),
+        ("data_parallel_replicas", plan.data_parallel_replicas, lim.MAX_DEVICES,
+         lim.reason("num_devices")),
+        ("global_batch_size", plan.global_batch_size, lim.MAX_GLOBAL_BATCH_SIZE, None),
+        ("num_microbatches", plan.num_microbatches, lim.MAX_GLOBAL_BATCH_SIZE, None),
+        ("micro_batch_size", plan.micro_batch_size, lim.MAX_MICRO_BATCH_SIZE,
+         lim.reason("mbs")),
+        ("seq_length", plan.seq_length, lim.MAX_SEQ_LENGTH, None),
+    )  # fmt: skip
+    for name, value, limit, why in checks:
+        message = lim.check_at_most(name, value, limit, why=why)
+        if message is not None:
+            raise InputError(f"{source}: {message}")

@@ -1,0 +1,301 @@
+"""The Plan: what to launch, and what the planner predicts for it.
+
+Immutable, JSON round-trip with a ``schema_version``; report, export and the CLI consume a Plan
+and nothing else. Layers are numbered as in :func:`planner.graph.lower`: 1..L are the decoder
+layers; the first stage also holds the embedding and the last the final norm, LM head and loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.plan.config import ParallelConfig
+from planner.spec import ClusterSpec, ModelSpec
+from planner.vocabulary import GIB, Precision, Recompute
+
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+"""Schema 2 plans predate framework targets: they read as plans for ``any``."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InputRef(_Frozen):
+    """Which input a plan was made for: its name and a hash of its canonical JSON."""
+
+    name: str
+    sha256: str
+
+
+class ClusterRef(InputRef):
+    """The cluster, with its size."""
+
+    num_nodes: int
+    devices_per_node: int
+    device: str
+    device_memory_gib: float
+
+
+class ScheduleSpec(_Frozen):
+    """The pipeline schedule."""
+
+    name: Literal["1f1b", "interleaved", "gpipe"]
+    virtual_stages: int = Field(default=1, ge=1)
+
+
+class RunFlags(_Frozen):
+    """Switches the framework must be launched with for the prediction to hold."""
+
+    flash_attention: bool = True
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+
+
+class StageParallel(_Frozen):
+    """A stage's sharding summarised in the degrees a user sets (the ILP's choice, or the
+    uniform configuration's)."""
+
+    tp: int = Field(ge=1)
+    dp: int = Field(ge=1, description="Data-parallel ways inside the stage's mesh.")
+    cp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    sp: bool = False
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    recompute: Recompute = "none"
+
+
+class MemoryBreakdown(_Frozen):
+    """Peak memory of one device, GiB."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        """All parts."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @classmethod
+    def from_bytes(cls, parts: tuple[float, float, float, float, float]) -> MemoryBreakdown:
+        """From (weights, gradients, optimizer, activations, other) in bytes."""
+        gib = [b / GIB for b in parts]
+        return cls(weights=gib[0], gradients=gib[1], optimizer=gib[2], activations=gib[3],
+                   other=gib[4])  # fmt: skip
+
+
+class StageTime(_Frozen):
+    """Seconds one microbatch spends in the stage (all its model chunks), by part, and by
+    phase for the schedule simulator; the two views add up to the same total."""
+
+    compute: float
+    communication: float
+    """Tensor, context and expert parallel collectives, and data-parallel traffic exposed
+    every microbatch (ZeRO-2/3)."""
+    pipeline: float
+    """Point-to-point sends of activations forward and gradients back."""
+    forward: float
+    """Forward compute with its share of the communication."""
+    backward: float
+    """Backward compute with its share of the communication."""
+    recompute: float = 0.0
+    """Forward work rerun before the backward, with its share of the communication."""
+    sync_tail: float = 0.0
+    """Once per step, after the stage's last backward: the data-parallel gradient reduction
+    and weight gathers the overlap flags leave exposed (and the tied embedding's
+    all-reduce)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> StageTime:
+        by_phase = self.forward + self.backward + self.recompute
+        if abs(by_phase - (self.compute + self.communication)) > 1e-9 * max(1.0, by_phase):
+            raise ValueError(f"forward + backward + recompute ({by_phase}) != compute + "
+                             f"communication ({self.compute + self.communication})")  # fmt: skip
+        return self
+
+    @property
+    def total(self) -> float:
+        """All parts."""
+        return self.compute + self.communication + self.pipeline
+
+
+class PlanStage(_Frozen):
+    """One pipeline stage."""
+
+    index: int = Field(ge=0)
+    layers: tuple[int, int] = Field(description="First and last decoder layer, inclusive.")
+    num_devices: int = Field(ge=1)
+    mesh: tuple[int, int]
+    ranks: tuple[tuple[int, ...], ...] = Field(
+        description="The stage's ranks in each data-parallel replica of the pipeline."
+    )
+    parallel: StageParallel
+    op_shardings: dict[str, str] = Field(
+        default_factory=dict, description="Operator (kind.op) -> split per mesh axis."
+    )
+    memory_gib: MemoryBreakdown
+    time_s: StageTime
+
+    @model_validator(mode="after")
+    def _check(self) -> PlanStage:
+        first, last = self.layers
+        if first < 1 or last < first:
+            raise ValueError(f"stage {self.index}: layers {self.layers} is not a range")
+        if self.mesh[0] * self.mesh[1] != self.num_devices:
+            raise ValueError(f"stage {self.index}: mesh {self.mesh} != {self.num_devices} "
+                             "devices")  # fmt: skip
+        return self
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers in the stage."""
+        return self.layers[1] - self.layers[0] + 1
+
+
+class StepTime(_Frozen):
+    """Where a step's seconds go on the critical stage; the parts add up to the step."""
+
+    compute: float
+    tensor_parallel_comm: float
+    context_parallel_comm: float
+    expert_parallel_comm: float
+    pipeline_comm: float
+    pipeline_bubble: float
+    data_parallel_comm_exposed: float
+    optimizer: float
+
+
+class Predicted(_Frozen):
+    """What the cost model predicts for one step."""
+
+    step_time_s: float
+    time_s: StepTime
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    bubble_fraction: float
+
+
+class SolverSummary(_Frozen):
+    """How the plan was found."""
+
+    time_s: float
+    status: str
+    """``optimal`` (the search's space exhausted, every layer ILP proved), ``feasible`` (a
+    layer ILP stopped at its limit, or the heuristic's rule), ``time_limit`` (the search
+    stopped at its limit; ``gap`` says how much a plan not searched could still save),
+    ``priced`` (a configuration given)."""
+    objective: float | None = None
+    gap: float | None = None
+    ilp_count: int = 0
+    cache_hits: int = 0
+    configurations: int = 0
+    """Configurations priced (the baselines) or candidates searched (the ILP search)."""
+
+
+class Plan(_Frozen):
+    """A complete parallel training plan."""
+
+    schema_version: Literal[3] = SCHEMA_VERSION
+    method: str
+    framework: str = Field(
+        default="any", description="What the plan was made for: a framework that launches it "
+        "(megatron, mindspeed, deepspeed, colossalai, torchtitan) or any (per-operator).",
+    )  # fmt: skip
+    configuration: ParallelConfig | None = Field(
+        default=None, description="The uniform configuration the plan is, every default "
+        "filled in (None: a per-operator plan, which no framework launches).",
+    )  # fmt: skip
+    memory_margin_gib: float = Field(
+        default=0.0, ge=0, description="Device memory the plan keeps free beside its peak "
+        "(allocator fragmentation, communication buffers).",
+    )  # fmt: skip
+    model: InputRef
+    cluster: ClusterRef
+    precision: Precision
+    global_batch_size: int = Field(ge=1)
+    seq_length: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    schedule: ScheduleSpec
+    data_parallel_replicas: int = Field(ge=1)
+    flags: RunFlags = RunFlags()
+    stages: tuple[PlanStage, ...] = Field(min_length=1)
+    predicted: Predicted
+    solver: SolverSummary
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers over all stages."""
+        return sum(s.num_layers for s in self.stages)
+
+    @property
+    def uniform(self) -> StageParallel | None:
+        """The stages' common sharding, when every stage has the same one."""
+        first = self.stages[0].parallel
+        return first if all(s.parallel == first for s in self.stages) else None
+
+    def summary(self) -> str:
+        """The plan in one line, as a user would say it; a degree that differs between stages
+        is listed as its values (``TP1/4``), a switch on only some stages says so."""
+        stages = [s.parallel for s in self.stages]
+
+        def values(name: str) -> str:
+            return "/".join(sorted({str(getattr(p, name)) for p in stages}, key=int))
+
+        def some(flag: list[bool], text: str) -> list[str]:
+            if all(flag):
+                return [text]
+            return [f"{text} on {sum(flag)} of {len(flag)} stages"] if any(flag) else []
+
+        p = stages[0]
+        dp = self.data_parallel_replicas * p.dp
+        parts = [f"TP{values('tp')}", f"PP{len(self.stages)}", f"DP{dp}"]
+        ulysses = self.configuration is not None and self.configuration.cp_algo == "ulysses"
+        parts += [f"CP{values('cp')}" + " (Ulysses)" * ulysses] * any(q.cp > 1 for q in stages)
+        parts += [f"EP{values('ep')}"] * any(q.ep > 1 for q in stages)
+        text = " x ".join(parts) + f", mbs {self.micro_batch_size}"
+        schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
+        text += f", {schedule[self.schedule.name]}"
+        if self.schedule.virtual_stages > 1:
+            text += f" (v={self.schedule.virtual_stages})"
+        extras = some([q.sp for q in stages], "sequence parallel")
+        for mode in ("selective", "full"):
+            extras += some([q.recompute == mode for q in stages], f"{mode} recompute")
+        for stage, name in ((1, "distributed optimizer"), (2, "ZeRO-2"), (3, "ZeRO-3")):
+            extras += some([q.zero_stage == stage for q in stages], name)
+        return ", ".join([text, *extras])
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, two-space indent, floats as Python prints them."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def input_hash(spec: ModelSpec | ClusterSpec) -> str:
+    """SHA-256 of an input's canonical JSON (so a plan names exactly what it was made for)."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def model_ref(model: ModelSpec) -> InputRef:
+    """The reference a plan keeps to its model."""
+    return InputRef(name=model.name, sha256=input_hash(model))
+
+
+def cluster_ref(cluster: ClusterSpec) -> ClusterRef:
+    """The reference a plan keeps to its cluster."""
+    return ClusterRef(name=cluster.name, sha256=input_hash(cluster),
+                      num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
+                      device=cluster.device.name,
+                      device_memory_gib=cluster.device.memory_gib)  # fmt: skip

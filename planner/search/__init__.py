@@ -1,0 +1,3 @@
+"""The search: the outer candidates (:mod:`~planner.search.space`), the per-operator solve
+loop (:mod:`~planner.search.loop`) and the entry point that picks the search a framework
+target needs (:mod:`~planner.search.targets`)."""

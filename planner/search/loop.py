@@ -1,0 +1,420 @@
+"""``planner.solve``: the search that turns a model and a cluster into a :class:`Plan`.
+
+The outer loop enumerates what the dynamic program does not choose: data-parallel replicas of
+the whole pipeline, the submesh every stage runs on (hence the number of stages), the
+pipeline's microbatch and the schedule (1F1B, or interleaved with ``v`` chunks). Candidates are
+visited in order of a lower bound on their step (their compute at the best GEMM efficiency,
+stretched by the pipeline's fill and drain) and the loop stops once no candidate left can
+beat the best plan found. For each candidate, the layer ILP (:mod:`planner.ilp`) shards every
+layer kind on the stage's mesh, the pipeline pass (:mod:`planner.pipeline`) splits the layers
+into stages, and the one step composer prices the result under each rank order.
+
+All stages of a pipeline share one submesh shape: Alpa's dynamic program may mix shapes, but
+Megatron-LM, DeepSpeed, Colossal-AI and torchtitan all launch stages of equal size.
+GPipe is not searched: under the cost model it runs as long as 1F1B and holds more.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from planner import cost
+from planner.cost.step import PipelineKnobs, StepCost
+from planner.errors import InfeasibleError, TimeLimitError
+from planner.graph import lowered, parameter_count
+from planner.graph.lower import ACTIVATION_BYTES, decoder_layer_kind
+from planner.ilp.layer import Frontier, LayerSolution, SolverOptions, solve_frontier
+from planner.ilp.problem import LayerQuery
+from planner.ilp.seeds import uniform_solutions
+from planner.options import DEFAULT_OPTIONS, Progress, ProgressFn, SolveOptions, training_of
+from planner.pipeline.assemble import (
+    FoundStage,
+    compose,
+    launchable,
+    plan_stages,
+    predicted,
+    summarise,
+)
+from planner.pipeline.options import (
+    TRANSFORMER_KINDS,
+    LayerOption,
+    SyncContext,
+    layer_options,
+    stage_table,
+)
+from planner.pipeline.split import least_peak, split_layers
+from planner.placement.ranks import ORDERS, PipelinePlacement
+from planner.plan.invariants import check_plan
+from planner.plan.schema import (
+    Plan,
+    RunFlags,
+    ScheduleSpec,
+    SolverSummary,
+    cluster_ref,
+    model_ref,
+)
+from planner.search.space import (
+    Candidate,
+    candidates,
+    describe,
+    model_flops_per_sequence,
+)
+from planner.sharding.layout import LogicalMesh
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.vocabulary import GIB
+
+
+@dataclass(slots=True)
+class SearchState:
+    """What the search keeps between candidates: solved layers and their count."""
+
+    frontiers: dict[tuple[str, tuple[int, int], int], Frontier] = field(default_factory=dict)
+    reuses: int = 0
+    """Frontier lookups answered without solving."""
+    least: tuple[float, Candidate] | None = None
+    """The least per-device bytes any candidate's plans need, and that candidate: kept so
+    that, when nothing fits, the error can say by how much."""
+
+    @property
+    def solutions(self) -> list[LayerSolution]:
+        """Every layer solved so far."""
+        return [s for f in self.frontiers.values() for s in f.solutions]
+
+
+# --------------------------------------------------------------------------- layer options
+
+
+@dataclass(frozen=True, slots=True)
+class SearchContext:
+    """The inputs of one search and what it has found so far."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    options: SolveOptions
+    state: SearchState
+    deadline: float | None = None
+    """``time.perf_counter()`` past which no layer ILP starts."""
+
+
+LADDER_STEPS = 8
+"""Budget steps after the unconstrained solve (each one a layer ILP)."""
+LADDER_SHRINK = 0.7
+"""Each step's budget as a share of the previous solution's memory: halving skipped shardings
+between (a TP4 layer with Megatron's row-parallel output projection sits between the fastest
+TP4 layer and the next halving), and the memory a stage has is rarely a power of two away."""
+REFERENCE_MICROBATCHES = 64
+"""The ILP sees the gradient sync spread over this many microbatches: the composer prices the
+real sync, mostly hidden behind the backward, so the ILP should not shy away from it."""
+
+
+def kind_solutions(
+    ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int
+) -> list[LayerSolution]:
+    """Shardings of one layer kind on ``mesh`` along its time-memory frontier
+    (:func:`planner.ilp.layer.solve_frontier`). They are found once for every candidate with
+    this mesh and microbatch, whatever its replicas and microbatch count (which
+    :func:`layer_options` prices afterwards): as if the mesh were replicated over the whole
+    cluster, with ZeRO 0 or 1 (what pipelines allow), so that a sharding which fits only
+    once the distributed optimizer shards its states is on the frontier."""
+    key = (kind, mesh, b)
+    if key in ctx.state.frontiers:
+        ctx.state.reuses += 1
+    else:
+        query = LayerQuery(
+            kind=kind, mesh=mesh, micro_batch_size=b, seq_length=ctx.training.seq_length,
+            precision=ctx.training.precision, num_microbatches=REFERENCE_MICROBATCHES,
+            flash_attention=ctx.options.flash_attention, zero=(0, 1),
+            replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
+        )  # fmt: skip
+        frontier = solve_frontier(
+            ctx.model, ctx.cluster, query, steps=LADDER_STEPS, shrink=LADDER_SHRINK,
+            options=SolverOptions(ctx.options.backend, ctx.options.ilp_time_limit_s,
+                                  deadline=ctx.deadline),
+        )  # fmt: skip
+        seeds = uniform_solutions(ctx.model, ctx.cluster, query)
+        ctx.state.frontiers[key] = replace(frontier, solutions=frontier.solutions + tuple(seeds))
+    return list(ctx.state.frontiers[key].solutions)
+
+
+def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOption]:
+    """The frontier's shardings priced for candidate ``c`` under every recomputation mode
+    and ZeRO stage; with a pipeline, ZeRO-2 and 3 are left out, as DeepSpeed and
+    Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline). Transformer
+    layers whose sharding no framework can launch (:func:`launchable`) are left out too."""
+    sync = SyncContext(LogicalMesh(c.mesh), c.replicas, c.num_microbatches,
+                       ctx.training.precision, ctx.options.overlap_grad_reduce,
+                       ctx.options.overlap_param_gather)  # fmt: skip
+    pins = ctx.options.pins
+    options = []
+    for solution in kind_solutions(ctx, kind, c.mesh, c.micro_batch_size):
+        if kind in TRANSFORMER_KINDS and not launchable(solution, c.mesh):
+            continue
+        if kind in TRANSFORMER_KINDS:
+            summary = summarise(solution, c.mesh)
+            if not pins.admits(tp=summary["tp"], cp=summary["cp"], ep=summary["ep"],
+                               sp=summary["sp"]):  # fmt: skip
+                continue
+        options += layer_options(solution, ctx.cluster, sync)
+    if c.num_stages > 1:
+        options = [o for o in options if o.zero <= 1]
+    options = [o for o in options if pins.admits(zero=o.zero) and (
+        kind not in TRANSFORMER_KINDS or pins.admits(recompute=o.recompute))]  # fmt: skip
+    return _pareto(options)
+
+
+def _pareto(options: list[LayerOption]) -> list[LayerOption]:
+    """Drop options another option with the same (recompute, ZeRO) beats on every count."""
+
+    def key(o: LayerOption) -> tuple[float, float, float, float]:
+        return (o.latency_s, o.state_bytes, o.kept_bytes, o.working_bytes)
+
+    kept: list[LayerOption] = []
+    for o in sorted(options, key=key):
+        if not any(k.recompute == o.recompute and k.zero == o.zero
+                   and all(x <= y for x, y in zip(key(k), key(o), strict=True))
+                   for k in kept):  # fmt: skip
+            kept.append(o)
+    return kept
+
+
+def pipeline_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
+    """Per microbatch, one stage's sends: the activation forward and its gradient back, each
+    device sending its share (Megatron's scatter/gather), once per chunk."""
+    act = ACTIVATION_BYTES[ctx.training.precision]
+    full = c.micro_batch_size * ctx.training.seq_length * ctx.model.hidden_size * act
+    return cost.pipeline_send_s(ctx.cluster, full / (c.mesh[0] * c.mesh[1]), distance,
+                                chunks=c.vpp, stages=c.num_stages)  # fmt: skip
+
+
+def decoder_kinds(model: ModelSpec) -> list[str]:
+    """Each decoder layer's kind, first to last."""
+    return [decoder_layer_kind(model, layer) for layer in range(1, model.num_layers + 1)]
+
+
+# --------------------------------------------------------------------------- one candidate
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """The best pipeline of one candidate, priced."""
+
+    candidate: Candidate
+    stages: tuple[FoundStage, ...]
+    placement: PipelinePlacement
+    step: StepCost
+    objective_s: float
+    """The dynamic program's ``sum t + (B - 1) max t``."""
+    bounds_tried: int
+
+
+def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None:
+    """Shard each layer kind on ``c``'s mesh, split the layers into stages, and price the
+    result under each rank order; None when nothing fits."""
+    p, n = c.num_stages, len(kinds)
+    in_flight = [cost.in_flight_microbatches("1f1b", stage=i, pp=p, vpp=c.vpp,
+                                             num_microbatches=c.num_microbatches)
+                 for i in range(p)]  # fmt: skip
+    options = {kind: kind_options(ctx, kind, c)
+               for kind in (*dict.fromkeys(kinds), "embedding", "head")}  # fmt: skip
+    if not all(options.values()):
+        return None
+    mesh = LogicalMesh(c.mesh)
+    near = PipelinePlacement(mesh, p, c.replicas, "stages-inner")
+    send = pipeline_send_s(ctx, c, near.pipeline_distance) if p > 1 else 0.0
+    device = ctx.cluster.device
+    usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
+    table = stage_table(
+        kinds, options, in_flight=in_flight, fixed_latency_s=[send] * p,
+        allowed=_whole_chunks(n, p, c.vpp) if c.vpp > 1 else None,
+        memory_bytes=usable - device.reserved_memory_gib * GIB,
+    )  # fmt: skip
+    try:
+        split = split_layers(table.latency, c.num_microbatches)
+    except InfeasibleError:
+        least = least_peak(table.memory)
+        if least is not None:
+            _note_least(ctx, c, least[0] + device.reserved_memory_gib * GIB)
+        return None
+    stages = tuple(
+        FoundStage(a + 1, b, table.choices[int(table.choice[i, a, b])])
+        for i, (a, b) in enumerate(zip(split.bounds, split.bounds[1:], strict=False))
+    )  # fmt: skip
+    knobs = PipelineKnobs(
+        num_microbatches=c.num_microbatches, schedule="1f1b", vpp=c.vpp,
+        precision=ctx.training.precision, overlap_grad_reduce=ctx.options.overlap_grad_reduce,
+        overlap_param_gather=ctx.options.overlap_param_gather,
+    )  # fmt: skip
+    best: Found | None = None
+    for order in ORDERS:
+        placement = PipelinePlacement(mesh, p, c.replicas, order)
+        send = pipeline_send_s(ctx, c, placement.pipeline_distance) if p > 1 else 0.0
+        step = compose(stages, kinds, ctx.model, ctx.cluster, knobs, placement, send)
+        if sum(step.peak_memory_bytes) > usable:
+            _note_least(ctx, c, sum(step.peak_memory_bytes))
+            continue
+        if best is None or step.step_s < best.step.step_s:
+            best = Found(c, stages, placement, step, split.step_s, split.bounds_tried)
+    return best
+
+
+def _note_least(ctx: SearchContext, c: Candidate, need_bytes: float) -> None:
+    """Keep the least memory a candidate that does not fit needs."""
+    if ctx.state.least is None or need_bytes < ctx.state.least[0]:
+        ctx.state.least = (need_bytes, c)
+
+
+def _whole_chunks(n: int, p: int, v: int) -> np.ndarray:
+    """Ranges whose layers split into ``v`` equal chunks (interleaved 1F1B: each stage runs
+    ``v`` chunks; Megatron-Core lets the first and last stage differ from the others)."""
+    a, b = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    allowed = (b > a) & ((b - a) % v == 0)
+    return np.broadcast_to(allowed, (p, n + 1, n + 1))
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def solve(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    options: SolveOptions = DEFAULT_OPTIONS,
+    *,
+    progress: ProgressFn | None = None,
+) -> Plan:
+    """The fastest per-operator plan found for training ``model`` on ``cluster`` within
+    memory: the plan is for ``any`` whatever ``options.framework`` says
+    (:func:`planner.search.targets.solve` sends framework targets to their own search).
+
+    Raises :class:`~planner.errors.InfeasibleError` when nothing fits, naming the least
+    memory a device would need and what would make a plan fit, and
+    :class:`~planner.errors.TimeLimitError` when ``options.time_limit_s`` passes before any
+    plan is found.
+    """
+    started = time.perf_counter()
+    training = training_of(model, options)
+    kinds = decoder_kinds(model)
+    todo = candidates(model, cluster, training, options)
+    deadline = None if options.time_limit_s is None else started + options.time_limit_s
+    ctx = SearchContext(model, cluster, training, options, SearchState(), deadline)
+    best: Found | None = None
+    cut_at: Candidate | None = None
+    searched = 0
+    for c in todo:
+        if best is not None and c.lower_bound_s >= best.step.step_s:
+            break  # sorted by bound: nothing left can win
+        if deadline is not None and time.perf_counter() >= deadline:
+            cut_at = c
+            break
+        if progress is not None:
+            progress(Progress(done=searched, total=len(todo), best_step_s=_best_s(best),
+                              searching=describe(c)))  # fmt: skip
+        try:
+            found = evaluate(ctx, c, kinds)
+        except TimeLimitError:
+            cut_at = c
+            break
+        searched += 1
+        if found is not None and (best is None or found.step.step_s < best.step.step_s):
+            best = found
+    if progress is not None:
+        progress(Progress(done=len(todo), total=len(todo), best_step_s=_best_s(best)))
+    if best is None and cut_at is not None:
+        raise TimeLimitError(
+            f"the time limit ({options.time_limit_s:g} s) passed after {searched} of "
+            f"{len(todo)} candidates and none of them fits yet; raise --time-limit"
+        )
+    if best is None:
+        raise InfeasibleError(_nothing_fits(ctx))
+    gap = None if cut_at is None else max(0.0, 1 - cut_at.lower_bound_s / best.step.step_s)
+    plan = _plan(ctx, best, kinds, time.perf_counter() - started, searched, gap)
+    return check_plan(plan, model)
+
+
+def _best_s(best: Found | None) -> float | None:
+    return None if best is None else best.step.step_s
+
+
+def _nothing_fits(ctx: SearchContext) -> str:
+    """Why nothing fits, in the numbers a user can act on: the least memory any plan in the
+    space needs (from the candidates' stage tables, or the states alone when no layer has a
+    sharding at all) and what would make one fit."""
+    model, cluster, training = ctx.model, ctx.cluster, ctx.training
+    if ctx.state.least is None:
+        params = parameter_count(lowered(model, training, 1)[0]).total
+        n = cluster.num_devices
+        states = params * cost.state_bytes_per_param(training.precision, zero=3, shards=n).total
+        need = states + cluster.device.reserved_memory_gib * GIB
+        leanest = "the weights, gradients and optimizer states alone, sharded over every device"
+    else:
+        need, c = ctx.state.least
+        smallest = min(ctx.options.micro_batch_sizes)
+        leanest = (f"{describe(c)}, over stage choices that include a microbatch of "
+                   f"{smallest} per rank, full recompute and ZeRO-3 (ZeRO-1 with a "
+                   f"pipeline)")  # fmt: skip
+    from planner.uniform.remedies import (
+        infeasible_message,  # the failure path prices what would fit
+    )
+
+    return infeasible_message(model, cluster, training, ctx.options,
+                              searched="no plan of the ILP search", least_gib=need / GIB,
+                              leanest=leanest)  # fmt: skip
+
+
+def _plan(
+    ctx: SearchContext,
+    best: Found,
+    kinds: list[str],
+    wall_s: float,
+    searched: int,
+    search_gap: float | None,
+) -> Plan:
+    c, training = best.candidate, ctx.training
+    stages = plan_stages(best.stages, kinds, best.placement, best.step)
+    solutions = ctx.state.solutions
+    statuses = {s.report.status for s in solutions}
+    gaps = [s.report.gap for s in solutions if s.report.gap is not None]
+    return Plan(
+        method="ilp",
+        framework="any",
+        memory_margin_gib=ctx.options.margin_bytes(ctx.cluster.device.memory_gib) / GIB,
+        model=model_ref(ctx.model),
+        cluster=cluster_ref(ctx.cluster),
+        precision=training.precision,
+        global_batch_size=training.global_batch_size,
+        seq_length=training.seq_length,
+        # Per data-parallel rank, as frameworks count it: the pipeline's microbatch is split
+        # over the data-parallel ways inside a stage.
+        micro_batch_size=max(1, c.micro_batch_size // stages[0].parallel.dp),
+        num_microbatches=c.num_microbatches,
+        schedule=ScheduleSpec(name="interleaved" if c.vpp > 1 else "1f1b", virtual_stages=c.vpp),
+        data_parallel_replicas=c.replicas,
+        flags=RunFlags(
+            flash_attention=ctx.options.flash_attention,
+            overlap_grad_reduce=ctx.options.overlap_grad_reduce,
+            overlap_param_gather=ctx.options.overlap_param_gather,
+        ),
+        stages=stages,
+        predicted=predicted(
+            best.step,
+            best.stages,
+            kinds,
+            cluster=ctx.cluster,
+            training=training,
+            forward_flops_per_sequence=model_flops_per_sequence(ctx.model, training.seq_length),
+            micro_batch_size=c.micro_batch_size,
+        ),
+        solver=SolverSummary(
+            time_s=wall_s,
+            status="time_limit" if search_gap is not None
+            else "optimal" if statuses <= {"optimal", "infeasible"} else "feasible",
+            objective=best.objective_s,
+            gap=max([*gaps, search_gap] if search_gap is not None else gaps, default=None),
+            ilp_count=sum(f.solves for f in ctx.state.frontiers.values()),
+            cache_hits=ctx.state.reuses,
+            configurations=searched,
+        ),
+    )

@@ -1,0 +1,124 @@
+"""The search space: what :func:`planner.search.loop.solve` may choose from, and the outer
+candidates it visits.
+
+A candidate fixes what the layer ILP and the pipeline's dynamic program do not choose: the
+data-parallel replicas of the whole pipeline, the submesh every stage runs on (hence the
+number of stages), the pipeline's microbatch and the schedule. Candidates come sorted by a
+lower bound on their step, their compute at the best GEMM efficiency stretched by the
+pipeline's fill and drain, which lets the search stop early and state its gap when a time
+limit cuts it short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner import cost
+from planner.options import SolveOptions
+from planner.pipeline.stages import submesh_shapes
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.space import divisors
+from planner.vocabulary import PipelineSchedule
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One setting of the outer knobs."""
+
+    replicas: int
+    mesh: tuple[int, int]
+    num_stages: int
+    micro_batch_size: int
+    num_microbatches: int
+    schedule: PipelineSchedule
+    vpp: int
+    lower_bound_s: float
+
+
+def candidates(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> list[Candidate]:
+    """Every outer setting that divides, cheapest lower bound first."""
+    n_dev = cluster.num_devices
+    per_node = cluster.devices_per_node
+    layers = model.num_layers
+    gbs = training.global_batch_size
+    flops = model_flops_per_sequence(model, training.seq_length)
+    max_nodes = options.max_mesh_nodes or (2 if model.moe else 1)
+    out = []
+    for replicas in divisors(n_dev):
+        devices = n_dev // replicas
+        nodes = max(1, devices // per_node)
+        for mesh in submesh_shapes(nodes, per_node):
+            size = mesh[0] * mesh[1]
+            if size > devices or devices % size or (mesh[0] > 1 and devices % per_node):
+                continue
+            if mesh[0] & (mesh[0] - 1) or mesh[0] > max_nodes:
+                continue
+            stages = devices // size
+            if stages > layers or not options.pins.admits(pp=stages):
+                continue
+            per_rank = options.micro_batch_sizes
+            if options.pins.mbs is not None:
+                per_rank = (options.pins.mbs,)
+            for b in mesh_microbatches(per_rank, size):
+                if gbs % (replicas * b):
+                    continue
+                m = gbs // (replicas * b)
+                per_microbatch = cost.compute_lower_bound_s(
+                    cluster.device, training.precision, flops=3 * flops * b / devices
+                )
+                for schedule, v in _schedules(layers, stages, m, options.interleaved):
+                    if not options.pins.admits(vpp=v):
+                        continue
+                    bound = (m + (stages - 1) / v) * per_microbatch
+                    out.append(Candidate(replicas, mesh, stages, b, m, schedule, v, bound))
+    out.sort(key=lambda c: (c.lower_bound_s, -c.replicas, c.num_stages, c.micro_batch_size,
+                            c.vpp))  # fmt: skip
+    return out
+
+
+def mesh_microbatches(per_rank: Sequence[int], mesh_size: int) -> list[int]:
+    """Sequences one mesh takes per microbatch: a per-rank microbatch times the ways the
+    layer ILP may split the batch inside the mesh (which it decides), so that a stage whose
+    mesh is all data parallel can still run the per-rank microbatches a user would try.
+
+    >>> mesh_microbatches((1, 2), 4)
+    [1, 2, 4, 8]
+    """
+    ways = [d for d in divisors(mesh_size) if d & (d - 1) == 0 or d == mesh_size]
+    return sorted({b * d for b in per_rank for d in ways})
+
+
+def _schedules(
+    layers: int, stages: int, m: int, interleaved: bool
+) -> list[tuple[PipelineSchedule, int]]:
+    """1F1B, and interleaved 1F1B with ``v`` chunks per stage (Megatron needs the
+    microbatches to be a multiple of the stages; the split must give each stage a multiple of
+    ``v`` layers, which the dynamic program enforces)."""
+    out: list[tuple[PipelineSchedule, int]] = [("1f1b", 1)]
+    if interleaved and stages > 1 and m % stages == 0:
+        out += [("1f1b", v) for v in range(2, layers // stages + 1)]
+    return out
+
+
+def model_flops_per_sequence(model: ModelSpec, seq: int) -> float:
+    """Forward FLOPs of one sequence through the whole model."""
+    from planner.uniform.estimate import _forward_flops  # one definition of the model's FLOPs
+
+    return _forward_flops(model, TrainingSpec(seq_length=seq, global_batch_size=1), 1)
+
+
+def describe(c: Candidate) -> str:
+    """A candidate as a user would say it.
+
+    >>> describe(Candidate(8, (1, 8), 16, 4, 48, "1f1b", 3, 0.0))
+    'PP16 of 1x8 meshes, 8 pipeline replicas, microbatch of 4 sequences, v=3'
+    >>> describe(Candidate(1, (1, 8), 1, 1, 48, "1f1b", 1, 0.0))
+    'PP1 of 1x8 meshes, 1 pipeline replica, microbatch of 1 sequence'
+    """
+    replicas = f"{c.replicas} pipeline replica" + "s" * (c.replicas > 1)
+    sequences = f"{c.micro_batch_size} sequence" + "s" * (c.micro_batch_size > 1)
+    text = f"PP{c.num_stages} of {c.mesh[0]}x{c.mesh[1]} meshes, {replicas}, microbatch of "
+    return text + sequences + (f", v={c.vpp}" if c.vpp > 1 else "")

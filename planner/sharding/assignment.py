@@ -1,0 +1,207 @@
+"""A layer as the ILP and uniform configurations both see it: its nodes (each operator with
+the elementwise operators that only follow it folded in), the edges between them, and what
+one choice of strategy per node costs, by part.
+
+The ILP (:mod:`planner.ilp.problem`) gives every node all its strategies and turns the edges
+into resharding matrices; a uniform configuration (:mod:`planner.sharding.uniform`) gives every
+node the one strategy its framework convention assigns. Both are priced here, by the same
+functions: :func:`edge_seconds` for resharding, :func:`layer_parts` for the layer. Decoder
+layers repeat, so a layer's output feeds the next identical layer's input: that wrap-around
+edge keeps one layer valid when tiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import networkx as nx
+
+from planner import cost
+from planner.cost.layer import LayerParts
+from planner.graph.ops import Op, Tensor
+from planner.sharding.layout import LogicalMesh, canonical, reshard, transfer_time_s
+from planner.sharding.strategies import Strategy, StrategyContext, follow
+
+StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]
+"""The strategies a node's leading op may take (all of them, or one assigned)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node: its ops (the first leads) and their merged strategies."""
+
+    ops: tuple[Op, ...]
+    strategies: tuple[Strategy, ...]
+
+    @property
+    def name(self) -> str:
+        """The leading op's name."""
+        return self.ops[0].name
+
+    @property
+    def output(self) -> Tensor:
+        """The last folded op's output."""
+        return self.ops[-1].output
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGraph:
+    """One layer's nodes and the producer -> consumer edges between them (by node index)."""
+
+    nodes: tuple[Node, ...]
+    edges: tuple[tuple[int, int], ...]
+    mesh: LogicalMesh
+    context: StrategyContext
+
+
+def _is_follower(op: Op, producers: Sequence[str]) -> bool:
+    per_head_norm = op.kind == "norm" and "heads" in op.output.dim_names
+    return len(producers) == 1 and (op.kind == "elementwise" or per_head_norm)
+
+
+def _merge(a: Strategy, b: Strategy) -> Strategy:
+    return replace(
+        a,
+        output=b.output,
+        output_grad=b.output_grad,
+        forward_s=a.forward_s + b.forward_s,
+        backward_s=a.backward_s + b.backward_s,
+        comm_s=a.comm_s + b.comm_s,
+        forward_comm_s=a.forward_comm_s + b.forward_comm_s,
+        weights=a.weights + b.weights,
+        state_bytes=tuple(x + y for x, y in zip(a.state_bytes, b.state_bytes, strict=True)),
+        sync_s=tuple(x + y for x, y in zip(a.sync_s, b.sync_s, strict=True)),
+        kept_bytes=a.kept_bytes + b.kept_bytes,
+        kept_selective_bytes=a.kept_selective_bytes + b.kept_selective_bytes,
+    )  # type: ignore[arg-type]
+
+
+def layer_graph(
+    graph: nx.DiGraph,
+    ops: Sequence[Op],
+    mesh: LogicalMesh,
+    ctx: StrategyContext,
+    *,
+    strategies: StrategiesFn,
+    transformer: bool,
+) -> LayerGraph:
+    """The nodes of one layer's ``ops`` (of the lowered ``graph``), each leading op with the
+    strategies ``strategies`` gives it and its followers run in each one's output layout,
+    and the edges between them (with the wrap-around edge of a ``transformer`` layer)."""
+    names = {op.name for op in ops}
+    producers = {op.name: [p for p in graph.predecessors(op.name) if p in names] for op in ops}
+    nodes: list[Node] = []
+    owner: dict[str, int] = {}
+    for op in ops:
+        preds = [p for p in producers[op.name] if p in owner]
+        if _is_follower(op, preds) and preds:
+            v = owner[preds[0]]
+            node = nodes[v]
+            merged = []
+            for s in node.strategies:
+                follower = follow(op, s.output, mesh, ctx)
+                if follower is not None:
+                    merged.append(_merge(s, follower))
+            nodes[v] = Node((*node.ops, op), tuple(merged))
+            owner[op.name] = v
+            continue
+        owner[op.name] = len(nodes)
+        nodes.append(Node((op,), tuple(strategies(op, mesh, ctx))))
+    edges: list[tuple[int, int]] = []
+    for op in ops:
+        for p in producers[op.name]:
+            pair = (owner[p], owner[op.name])
+            if pair[0] != pair[1] and pair not in edges:
+                edges.append(pair)
+    if transformer:  # the next identical layer consumes this one's output
+        outside = [op.name for op in ops
+                   if any(q not in names for q in graph.predecessors(op.name))]  # fmt: skip
+        last = owner[ops[-1].name]
+        edges += [(last, owner[n]) for n in outside if (last, owner[n]) not in edges]
+    return LayerGraph(tuple(nodes), tuple(edges), mesh, ctx)
+
+
+def input_index(consumer: Op, tensor: Tensor) -> int | None:
+    """Which of ``consumer``'s inputs ``tensor`` feeds (matched by canonical dim names)."""
+    names = [canonical(n) for n, _ in tensor.dims]
+    for k, t in enumerate(consumer.inputs):
+        if [canonical(n) for n, _ in t.dims] == names:
+            return k
+    return None
+
+
+def edge_seconds(layer: LayerGraph, edge: tuple[int, int], i: int, j: int) -> tuple[float, float]:
+    """(forward + backward, forward) seconds of the resharding on ``edge`` when its producer
+    runs strategy ``i`` and its consumer strategy ``j``: the producer's output into the
+    consumer's input, and back, the consumer's input gradient into the producer's output
+    gradient. Under ``tp_comm_overlap`` a conversion next to a matmul hides behind that
+    matmul's compute of the same phase (Megatron-Core's ``--tp-comm-overlap``)."""
+    src, dst = layer.nodes[edge[0]], layer.nodes[edge[1]]
+    at = input_index(dst.ops[0], src.output)
+    if at is None:  # routing scores: small, moved with the tokens
+        return 0.0, 0.0
+    p, c = src.strategies[i], dst.strategies[j]
+    mesh, ctx = layer.mesh, layer.context
+    forward = transfer_time_s(reshard(p.output, c.inputs[at], src.output, mesh), ctx.cluster,
+                              mesh)  # fmt: skip
+    backward = transfer_time_s(reshard(c.input_grads[at], p.output_grad, src.output, mesh),
+                               ctx.cluster, mesh)  # fmt: skip
+    if ctx.tp_comm_overlap:
+        matmuls = [s for s, n in ((p, src), (c, dst)) if n.ops[0].kind == "linear"]
+        forward = cost.exposed_s(forward, sum(s.forward_s for s in matmuls))
+        backward = cost.exposed_s(backward, sum(s.backward_s for s in matmuls))
+    return forward + backward, forward
+
+
+def _own_comm_axis(node: Node, strategy: Strategy) -> str:
+    """Which category an op's own collectives belong to."""
+    kind = node.ops[0].kind
+    if kind == "attention" and "seq" in strategy.assignment:
+        return "cp"
+    if kind in ("dispatch", "combine"):
+        return "ep"
+    return "tp"
+
+
+def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
+    """The parts of ``layer`` when node ``v`` runs strategy ``chosen[v]``; they add up to the
+    ILP's objective without the gradient sync (:func:`planner.ilp.formulation.evaluate_ns`,
+    in seconds rather than whole nanoseconds)."""
+    comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
+    rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
+    forward = backward = attention = kept = selective = layer_input = 0.0
+    flops = attention_flops = 0.0
+    weights: list[tuple[float, tuple[int, ...]]] = []
+    for v, (node, i) in enumerate(zip(layer.nodes, chosen, strict=True)):
+        s = node.strategies[i]
+        forward += s.forward_s
+        backward += s.backward_s
+        comm[_own_comm_axis(node, s)] += s.comm_s
+        rerun[_own_comm_axis(node, s)] += s.forward_comm_s
+        attention += s.attention_forward_s
+        kept += s.kept_bytes
+        selective += s.kept_selective_bytes
+        if v == 0:
+            layer_input = s.input_bytes
+        weights += s.weights
+        flops += sum(op.flops for op in node.ops)
+        attention_flops += sum(op.flops for op in node.ops if op.kind == "attention")
+    reshard = reshard_forward = 0.0
+    for edge in layer.edges:
+        total, fwd = edge_seconds(layer, edge, chosen[edge[0]], chosen[edge[1]])
+        reshard += total
+        reshard_forward += fwd
+    return LayerParts(
+        forward_s=forward,
+        backward_s=backward,
+        tp_comm_s=comm["tp"] + reshard,
+        cp_comm_s=comm["cp"],
+        ep_comm_s=comm["ep"],
+        rerun_s=(0.0, attention, forward),
+        rerun_comm_s=(rerun["tp"] + reshard_forward, rerun["cp"], rerun["ep"]),
+        kept_bytes=(kept, selective, layer_input),
+        working_bytes=(0.0, 0.0, kept),
+        rerun_flops=(0.0, attention_flops, flops),
+        weights=tuple(weights),
+    )

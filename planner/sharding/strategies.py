@@ -1,0 +1,405 @@
+"""Sharding strategies of one operator on a logical mesh, priced by :mod:`planner.cost`.
+
+A strategy assigns each mesh axis to one of the op's parallel dims, or to none (the axis then
+repeats the op's work). From that assignment follow the layouts of its inputs, output and
+weight (:mod:`planner.sharding.layout`): a dim the output lacks (a contraction) leaves a partial
+sum; an input without the dim is broadcast, so its gradient comes back as a partial sum.
+Data parallelism is ``batch`` on an axis, sequence/context parallelism ``seq``, tensor
+parallelism ``heads``/``ffn``/``vocab`` (column-parallel when the output has the dim,
+row-parallel when only the input does), expert parallelism ``experts``.
+
+Weights are replicated along axes that split a dim the weight lacks; their gradients are
+summed over those axes (all-reduce, or reduce-scatter and all-gather under ZeRO), and ZeRO
+shards their optimizer state, gradients and weights along the same axes.
+
+MoE routing ops name their routed side and, when it differs from the default, the dim the
+tokens are split by on their other side: ``experts`` sends tokens split along the sequence to
+their experts' ranks, ``experts:batch`` tokens split along the batch (expert parallelism over
+data-parallel ranks, as Megatron-Core lays it out); ``batch`` and ``seq`` keep each rank's
+tokens on the rank (split by ``capacity``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from planner import cost
+from planner.graph.ops import Op, Tensor
+from planner.sharding.layout import Layout, LogicalMesh, canonical, degrees, tensor_degrees
+from planner.sharding.weights import weight_costs
+from planner.spec import ClusterSpec
+from planner.vocabulary import Precision
+
+Assignment = tuple[str | None, ...]
+"""Per mesh axis, the dim it splits (None: the axis repeats the op's work)."""
+EXPERTS_BY_BATCH = "experts:batch"
+"""A routing op's split that sends tokens split by batch to their experts' ranks."""
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyContext:
+    """What pricing a strategy needs besides the op and the mesh."""
+
+    cluster: ClusterSpec
+    precision: Precision
+    flash_attention: bool = True
+    num_microbatches: int = 1
+    """Microbatches per step: once-per-step gradient sync is shared among them."""
+    replicas: int = 1
+    """Data-parallel copies of the whole pipeline: every weight is replicated over them too."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel resharding next to a matmul hides behind it (Megatron-Core's
+    ``--tp-comm-overlap``: Transformer Engine's userbuffers overlap the all-gather before a
+    column-parallel GEMM and the reduce-scatter after a row-parallel one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """One way to run an op on the mesh, with its costs for one microbatch on one device."""
+
+    name: str
+    assignment: Assignment
+    inputs: tuple[Layout, ...]
+    input_grads: tuple[Layout, ...]
+    output: Layout
+    output_grad: Layout
+    forward_s: float
+    backward_s: float
+    comm_s: float
+    """The op's own collectives, forward and backward (ring attention, vocab-parallel loss,
+    expert all-to-all), as far as they are not hidden behind its compute."""
+    forward_comm_s: float
+    """The forward's part of ``comm_s``: what full recomputation runs again."""
+    attention_forward_s: float
+    """What selective recomputation reruns."""
+    weights: tuple[tuple[float, tuple[int, ...]], ...]
+    """Local parameters and the mesh axes holding copies of them (their gradients summed),
+    per weight (followers folded into the op add theirs)."""
+    state_bytes: tuple[float, float, float, float]
+    """Weights, gradients and optimizer state per device under ZeRO 0..3."""
+    sync_s: tuple[float, float, float, float]
+    """Gradient sync (and ZeRO gathers) per microbatch under ZeRO 0..3."""
+    kept_bytes: float
+    kept_selective_bytes: float
+    input_bytes: float
+    """The first kept tensor (the layer input, for the first op): what full recomputation
+    keeps."""
+
+    @property
+    def time_s(self) -> float:
+        """Compute and own communication, forward and backward."""
+        return self.forward_s + self.backward_s + self.comm_s
+
+
+def _parallel_dims(op: Op) -> tuple[str, ...]:
+    """The dims a strategy may split, in canonical names."""
+    tokens = ("batch", "seq")
+    if op.kind in ("linear", "expert_linear"):
+        assert op.weight is not None  # every linear has a weight
+        lead = ("experts", "capacity") if op.kind == "expert_linear" else tokens
+        return (*lead, canonical(op.weight.dims[-2][0]), canonical(op.weight.dims[-1][0]))
+    extra = {
+        "attention": ("heads",),
+        "residual": ("hidden",),
+        "elementwise": (canonical(op.output.dims[-1][0]),),
+        "embedding": ("vocab", "hidden"),
+        "loss": ("vocab",),
+        "dispatch": ("experts", EXPERTS_BY_BATCH),
+        "combine": ("experts", EXPERTS_BY_BATCH),
+    }.get(op.kind, ())
+    if op.kind == "elementwise" and op.output.dim_names & {"experts"}:
+        return ("experts", "capacity", *extra)
+    return (*tokens, *extra)
+
+
+def _dim_size(op: Op, dim: str) -> int | None:
+    for t in (*op.inputs, op.output, *((op.weight,) if op.weight else ())):
+        for name, size in t.dims:
+            if canonical(name) == dim:
+                return size
+    return None
+
+
+def _is_routing(op: Op) -> bool:
+    return op.kind in ("dispatch", "combine")
+
+
+def _routing_sides(pair: Assignment) -> tuple[Layout, Layout]:
+    """A routing op's token-side and routed-side layouts: a token split by ``batch`` or
+    ``seq`` stays on its rank (the routed tokens split by ``capacity``); ``experts`` sends
+    tokens split along the sequence to their experts' ranks, ``experts:batch`` tokens split
+    along the batch."""
+    token: list[str] = []
+    routed: list[str] = []
+    for dim in pair:
+        if dim is None:
+            token.append("R")
+            routed.append("R")
+        elif dim in ("experts", EXPERTS_BY_BATCH):
+            token.append("batch" if dim == EXPERTS_BY_BATCH else "seq")
+            routed.append("experts")
+        else:
+            token.append(dim)
+            routed.append("capacity")
+    return tuple(token), tuple(routed)
+
+
+def _split(op: Op, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:
+    """How many ways each dim the op computes on is split (a routing op's tokens on both of
+    its sides)."""
+    if _is_routing(op):
+        token, routed = _routing_sides(pair)
+        return degrees(token, mesh) | degrees(routed, mesh)
+    return degrees(_as_layout(pair), mesh)
+
+
+def divides(op: Op, pair: Assignment, mesh: LogicalMesh) -> bool:
+    """Whether every dim ``pair`` splits is one of the op's and splits evenly."""
+    for dim, degree in _split(op, pair, mesh).items():
+        size = _dim_size(op, dim)
+        # The vocabulary is padded to a multiple of the split, as Megatron pads it.
+        if size is None or not (dim == "vocab" or op.splittable(dim, size, degree)):
+            return False
+    return True
+
+
+def _assignments(op: Op, mesh: LogicalMesh) -> list[Assignment]:
+    """Every assignment of the mesh axes to the op's dims that divides evenly (an axis of one
+    device is always unassigned, so equivalent strategies appear once)."""
+    choices = (None, *_parallel_dims(op))
+    axes = range(mesh.ndim)
+    pairs = itertools.product(*(choices if mesh.size(a) > 1 else (None,) for a in axes))
+    return [pair for pair in pairs if divides(op, pair, mesh)]
+
+
+def _layout(op: Op, tensor: Tensor, pair: Assignment, role: str) -> Layout:
+    """The layout of one of ``op``'s tensors under an axis assignment (see module docstring)."""
+    if _is_routing(op):
+        token, routed = _routing_sides(pair)
+        tokens_side = "input" if op.kind == "dispatch" else "output"
+        return token if role == tokens_side else routed
+    names = {canonical(n) for n, _ in tensor.dims}
+    placements = []
+    for dim in pair:
+        if dim is None:
+            placements.append("R")
+        elif dim in names:
+            placements.append(dim)
+        elif role == "output" and op.kind != "loss":
+            placements.append("P")
+        else:
+            placements.append("R")
+    return tuple(placements)
+
+
+def _grad_layout(layout: Layout, pair: Assignment) -> Layout:
+    """An input broadcast along an axis that splits the work gets a partial gradient."""
+    return tuple("P" if p == "R" and d is not None else p for p, d in zip(layout, pair,
+                                                                          strict=True))
+
+
+def _axes_of(pair: Assignment, *dims: str) -> tuple[int, ...]:
+    return tuple(a for a, d in enumerate(pair) if d in dims)
+
+
+def _without(pair: Assignment, axes: tuple[int, ...]) -> Layout:
+    """The layout of the other axes' splits, with ``axes`` replicated."""
+    return tuple("R" if a in axes else (d or "R") for a, d in enumerate(pair))
+
+
+def _own_collectives(
+    op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyContext, times: cost.OpTime
+) -> tuple[float, float]:
+    """Collectives inside the op, each over the group of all the axes that split its dim.
+
+    - Ring attention (context parallelism): each rank passes its K/V block around the ring
+      while it computes on the block it holds, an all-gather's traffic in forward; backward
+      passes K/V around again with their gradients, a reduce-scatter's on top (Transformer
+      Engine's ``AttnFuncWithCPAndKVP2P``, ``transformer_engine/pytorch/attention/
+      dot_product_attention/context_parallel.py``, which Megatron-Core's context parallelism
+      calls). Each phase's exchange hides behind that phase's attention compute only.
+    - The vocab-parallel cross-entropy: three all-reduces of one fp32 value per token (the
+      logits' max, the target logit, the sum of exponentials; Megatron-Core's
+      ``megatron/core/tensor_parallel/cross_entropy.py``), none in backward.
+    - The experts' all-to-all, forward and backward.
+
+    Returns (forward and backward, forward) seconds.
+    """
+    total = forward = 0.0
+    if op.kind == "attention" and "seq" in pair:
+        axes = _axes_of(pair, "seq")
+        group = mesh.axes_group(axes)
+        kv = sum(cost.sharded_bytes(t, tensor_degrees(t, _without(pair, axes), mesh))
+                 for t in op.inputs[1:])  # fmt: skip
+        gather = cost.collective_time_s(ctx.cluster, "all_gather", kv, group)
+        scatter = cost.collective_time_s(ctx.cluster, "reduce_scatter", kv, group)
+        forward = cost.exposed_s(gather, times.forward_s)
+        total = forward + cost.exposed_s(gather + scatter, times.backward_s)
+    elif op.kind == "loss" and "vocab" in pair:
+        axes = _axes_of(pair, "vocab")
+        per_token = cost.sharded_bytes(op.output, tensor_degrees(op.output, _without(pair, axes),
+                                                                 mesh))  # fmt: skip
+        group = mesh.axes_group(axes)
+        total = forward = 3 * cost.collective_time_s(ctx.cluster, "all_reduce", per_token, group)
+    elif _is_routing(op) and any(d in ("experts", EXPERTS_BY_BATCH) for d in pair):
+        axes = _axes_of(pair, "experts", EXPERTS_BY_BATCH)
+        routed = op.output if op.kind == "dispatch" else op.inputs[0]
+        _, routed_layout = _routing_sides(pair)
+        # One rank's send buffer: its share of the routed tokens (balanced routing).
+        per_rank = cost.sharded_bytes(routed, tensor_degrees(routed, routed_layout, mesh))
+        group = mesh.axes_group(axes)
+        forward = cost.collective_time_s(ctx.cluster, "all_to_all", per_rank, group)
+        total = 2 * forward
+    return total, forward
+
+
+def weight_copies(op: Op, pair: Assignment, mesh: LogicalMesh) -> tuple[float, tuple[int, ...]]:
+    """The local parameters of ``op`` under ``pair`` and the mesh axes holding copies of them
+    (axes that split work the weight does not see: their gradients differ and are summed)."""
+    if op.params == 0 or op.tied_to is not None:
+        return 0.0, ()
+    weight_dims = {canonical(n) for n, _ in op.weight.dims} if op.weight else set()
+    split = _split(op, pair, mesh)
+    params = op.local_params({n: split.get(canonical(n), 1) for n, _ in
+                              (op.weight.dims if op.weight else ())})  # fmt: skip
+    return params, tuple(a for a, d in enumerate(pair) if d is not None and d not in weight_dims)
+
+
+def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strategy]:
+    """Every strategy of ``op`` on ``mesh``, priced.
+
+    >>> from planner.graph.ops import Op, Tensor
+    >>> from planner.spec import ClusterSpec
+    >>> x = Tensor((("batch", 1), ("seq", 8), ("hidden", 4)), 2.0)
+    >>> y = Tensor((("batch", 1), ("seq", 8), ("ffn", 16)), 2.0)
+    >>> up = Op(name="up", kind="linear", layer=1, layer_kind="dense", inputs=(x,), output=y,
+    ...         weight=Tensor((("hidden", 4), ("ffn", 16)), 2.0), flops=1024.0, saved=(x,))
+    >>> c = ClusterSpec.model_validate({"name": "c", "num_nodes": 1, "devices_per_node": 2,
+    ...     "device": {"name": "g", "memory_gib": 1, "memory_bandwidth_gb_s": 1,
+    ...                "peak_tflops": {"bf16": 1}},
+    ...     "network": [{"name": "l", "domain_devices": 2, "bandwidth_gb_s": 1,
+    ...                  "latency_us": 1}]})
+    >>> [s.name for s in op_strategies(up, LogicalMesh((1, 2)), StrategyContext(c, "bf16"))]
+    ['R,R', 'R,seq', 'R,hidden', 'R,ffn', 'R,ffn+kept-seq@1']
+    """
+    strategies = []
+    for pair in _assignments(op, mesh):
+        strategy = price_strategy(op, pair, mesh, ctx)
+        strategies.append(strategy)
+        strategies += kept_sharded(op, strategy, mesh, ctx)
+    return strategies
+
+
+def kept_sharded(op: Op, strategy: Strategy, mesh: LogicalMesh,
+                 ctx: StrategyContext) -> list[Strategy]:  # fmt: skip
+    """Megatron's sequence-parallel trick for a tensor-parallel matmul: the input, replicated
+    along the axis that splits the weight, is kept for backward only as this rank's slice of
+    the sequence and all-gathered again in backward (Korthikanti et al., Sec. 4.2.2). One
+    variant per such axis: less memory for one more all-gather."""
+    if op.kind != "linear" or not op.saved or op.saved[0] is not op.inputs[0]:
+        return []
+    pair = strategy.assignment
+    x = op.inputs[0]
+    weight_dims = {canonical(n) for n, _ in op.weight.dims} if op.weight else set()
+    seq = dict(x.dims).get("seq")
+    out = []
+    for axis, dim in enumerate(pair):
+        if dim not in weight_dims or strategy.inputs[0][axis] != "R" or seq is None:
+            continue
+        other = _without(pair, (axis,))
+        held_split = tensor_degrees(x, other, mesh)
+        if not op.splittable("seq", seq, held_split.get("seq", 1) * mesh.size(axis)):
+            continue
+        held = cost.sharded_bytes(x, held_split)
+        saved = held * (1 - 1 / mesh.size(axis))
+        regather = cost.collective_time_s(ctx.cluster, "all_gather", held, mesh.group(axis))
+        if ctx.tp_comm_overlap:  # the backward's all-gather overlaps its GEMMs too
+            regather = cost.exposed_s(regather, strategy.backward_s)
+        out.append(replace(
+            strategy, name=f"{strategy.name}+kept-seq@{axis}",
+            comm_s=strategy.comm_s + regather, kept_bytes=strategy.kept_bytes - saved,
+            kept_selective_bytes=strategy.kept_selective_bytes - saved,
+        ))  # fmt: skip
+    return out
+
+
+def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyContext) -> Strategy:
+    """``op`` run on ``mesh`` with its dims split as ``pair`` says, priced: the one function
+    every sharding of an operator is priced by (the ILP's choices and uniform
+    configurations alike)."""
+    inputs = tuple(_layout(op, t, pair, "input") for t in op.inputs)
+    output = _layout(op, op.output, pair, "output")
+    split = _split(op, pair, mesh)
+    activation = {n: split[canonical(n)] for t in (*op.inputs, op.output) for n, _ in t.dims
+                  if canonical(n) in split}  # fmt: skip
+    weight = {n: split[canonical(n)] for n, _ in op.weight.dims
+              if canonical(n) in split} if op.weight else {}  # fmt: skip
+    work = 1
+    for axis, dim in enumerate(pair):
+        work *= mesh.size(axis) if dim is not None else 1
+    calls = max(1, op.gemm_calls // split.get("experts", 1))
+    times = cost.op_time(op, ctx.cluster.device, ctx.precision, activation_degrees=activation,
+                         weight_degrees=weight, compute_degree=work, gemm_calls=calls,
+                         flash_attention=ctx.flash_attention)  # fmt: skip
+    params, copies = weight_copies(op, pair, mesh)
+    states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
+                                params=params, precision=ctx.precision,
+                                num_microbatches=ctx.num_microbatches)  # fmt: skip
+    layout = _as_layout(pair)
+    kept = cost.saved_activation_bytes(
+        op, lambda t: _kept_degrees(op, t, pair, mesh), recompute="none",
+        flash_attention=ctx.flash_attention,
+    )  # fmt: skip
+    selective = cost.saved_activation_bytes(
+        op, lambda t: _kept_degrees(op, t, pair, mesh), recompute="selective",
+        flash_attention=ctx.flash_attention,
+    )  # fmt: skip
+    first = op.saved[0] if op.saved else None
+    comm = _own_collectives(op, pair, mesh, ctx, times)
+    return Strategy(
+        name=",".join(d or "R" for d in pair),
+        assignment=pair,
+        inputs=inputs,
+        input_grads=tuple(_grad_layout(layout, pair) for layout in inputs),
+        output=output,
+        output_grad=tuple("R" if p == "P" else p for p in output),
+        forward_s=times.forward_s,
+        backward_s=times.backward_s,
+        comm_s=comm[0],
+        forward_comm_s=comm[1],
+        attention_forward_s=times.forward_s if op.kind == "attention" else 0.0,
+        weights=((params, copies),) if params else (),
+        state_bytes=states,  # type: ignore[arg-type]
+        sync_s=sync,  # type: ignore[arg-type]
+        kept_bytes=kept,
+        kept_selective_bytes=selective,
+        input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
+        if first is not None else 0.0,
+    )  # fmt: skip
+
+
+def _kept_degrees(op: Op, tensor: Tensor, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:
+    """How a kept tensor is split: as the op computes on it (a routing op's tensors by their
+    own side's layout)."""
+    if _is_routing(op):
+        token, routed = _routing_sides(pair)
+        side = routed if "experts" in tensor.dim_names else token
+        return tensor_degrees(tensor, side, mesh)
+    return tensor_degrees(tensor, _as_layout(pair), mesh)
+
+
+def _as_layout(pair: Assignment) -> Layout:
+    return tuple(d or "R" for d in pair)
+
+
+def follow(op: Op, layout: Layout, mesh: LogicalMesh, ctx: StrategyContext) -> Strategy | None:
+    """``op`` (elementwise, one input) run in the layout its input arrives in; None if that
+    layout is a partial sum (an activation of a partial sum is not the partial of one)."""
+    if "P" in layout:
+        return None
+    pair = tuple(None if p == "R" else p for p in layout)
+    names = {canonical(n) for t in (*op.inputs, op.output) for n, _ in t.dims}
+    if any(d is not None and d not in names for d in pair):
+        return None
+    return price_strategy(op, pair, mesh, ctx)

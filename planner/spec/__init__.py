@@ -1,0 +1,380 @@
+"""Inputs of the planner: the model, the training run and the cluster.
+
+Field names follow Megatron-LM's arguments (which users already know) and carry their unit at
+this JSON boundary (``memory_gib``, ``bandwidth_gb_s``). Inside the planner every quantity is in
+SI units; the ``*_bytes`` / ``*_flops_per_s`` properties do the conversion once, here.
+
+Files and options are read into these specs by :mod:`planner.spec.reading` (Hugging Face
+``config.json`` files through :mod:`planner.spec.hf`); the fields' bounds are
+:mod:`planner.spec.limits`.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+
+from planner.errors import InputError
+from planner.spec import limits as lim
+from planner.vocabulary import GB, GIB, Precision
+
+Activation = Literal["gelu", "swiglu"]
+Normalization = Literal["layernorm", "rmsnorm"]
+PositionEmbedding = Literal["learned", "rope"]
+
+
+
+def _not_bool(value: Any) -> Any:
+    # JSON's true is an int to pydantic (bool subclasses int), but `"num_layers": true` is a
+    # mistake, not one layer.
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+"""An integer field that refuses true/false."""
+Float = Annotated[float, BeforeValidator(_not_bool)]
+"""A number field that refuses true/false (NaN and infinities are refused by the models)."""
+Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+"""A label that appears in messages: one printable line."""
+
+
+class _Frozen(BaseModel):
+    # NaN or an infinity in an input is a mistake, and would poison every sum it enters.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class MoESpec(_Frozen):
+    """Mixture-of-experts feed-forward blocks (Megatron's ``--num-experts`` family)."""
+
+    num_experts: Int = Field(gt=0, le=lim.MAX_EXPERTS, description="Routed experts per MoE layer.")
+    top_k: Int = Field(
+        gt=0, le=lim.MAX_EXPERTS, description="Routed experts each token is sent to."
+    )
+    ffn_hidden_size: Int = Field(
+        gt=0, le=lim.MAX_FFN_HIDDEN_SIZE, description="FFN width of one routed expert."
+    )
+    shared_experts: Int = Field(
+        default=0, ge=0, le=lim.MAX_EXPERTS, description="Always-active shared experts."
+    )
+    shared_ffn_hidden_size: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_FFN_HIDDEN_SIZE,
+        description="Total FFN width of all shared experts together "
+        "(Megatron's --moe-shared-expert-intermediate-size); default shared_experts x "
+        "ffn_hidden_size.",
+    )
+    first_dense_layers: Int = Field(
+        default=0,
+        ge=0,
+        le=lim.MAX_LAYERS,
+        description="Leading layers with a dense FFN instead of experts.",
+    )
+    layer_freq: Int = Field(
+        default=1,
+        gt=0,
+        le=lim.MAX_LAYERS,
+        description="After the dense layers, every layer_freq-th layer is MoE (1 = all).",
+    )
+    router_expert_bias: bool = Field(
+        default=False,
+        description="A learned per-expert bias on the routing scores (DeepSeek-V3's "
+        "aux-loss-free balancing; Megatron's --moe-router-enable-expert-bias).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> MoESpec:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) > num_experts ({self.num_experts})")
+        return self
+
+    @property
+    def shared_ffn(self) -> int:
+        """Total FFN width of the shared experts (0 when there are none)."""
+        if self.shared_experts == 0:
+            return 0
+        return self.shared_ffn_hidden_size or self.shared_experts * self.ffn_hidden_size
+
+
+class MLASpec(_Frozen):
+    """DeepSeek's multi-head latent attention (low-rank compressed queries, keys and values)."""
+
+    q_lora_rank: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_HIDDEN_SIZE,
+        description="Rank of the query compression; null = no compression.",
+    )
+    kv_lora_rank: Int = Field(
+        gt=0, le=lim.MAX_HIDDEN_SIZE, description="Rank of the joint key/value compression."
+    )
+    qk_nope_head_dim: Int = Field(
+        gt=0, le=lim.MAX_HEAD_DIM, description="Per-head query/key dims without RoPE."
+    )
+    qk_rope_head_dim: Int = Field(
+        gt=0, le=lim.MAX_HEAD_DIM, description="Per-head query/key dims with RoPE."
+    )
+    v_head_dim: Int = Field(gt=0, le=lim.MAX_HEAD_DIM, description="Per-head value dims.")
+
+
+class TrainingSpec(_Frozen):
+    """The training run's defaults; CLI options override them."""
+
+    seq_length: Int = Field(gt=0, le=lim.MAX_SEQ_LENGTH, description="Tokens per sample.")
+    global_batch_size: Int = Field(
+        gt=0, le=lim.MAX_GLOBAL_BATCH_SIZE, description="Samples per optimizer step."
+    )
+    precision: Precision = Field(default="bf16", description="Mixed-precision compute type.")
+
+
+class ModelSpec(_Frozen):
+    """A decoder-only transformer, in Megatron-LM's vocabulary."""
+
+    name: Name
+    num_layers: Int = Field(gt=0, le=lim.MAX_LAYERS)
+    hidden_size: Int = Field(gt=0, le=lim.MAX_HIDDEN_SIZE)
+    num_attention_heads: Int = Field(gt=0, le=lim.MAX_ATTENTION_HEADS)
+    num_query_groups: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_ATTENTION_HEADS,
+        description="Key/value heads (GQA); default num_attention_heads.",
+    )
+    kv_channels: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_HEAD_DIM,
+        description="Per-head dims; default hidden_size / heads.",
+    )
+    ffn_hidden_size: Int | None = Field(
+        default=None,
+        gt=0,
+        le=lim.MAX_FFN_HIDDEN_SIZE,
+        description="Dense FFN width; default 4 x hidden_size.",
+    )
+    vocab_size: Int = Field(gt=0, le=lim.MAX_VOCAB_SIZE)
+    max_position_embeddings: Int = Field(gt=0, le=lim.MAX_SEQ_LENGTH)
+    activation: Activation = "gelu"
+    normalization: Normalization = "layernorm"
+    position_embedding: PositionEmbedding = "learned"
+    tie_word_embeddings: bool = True
+    bias: bool = Field(default=True, description="Biases on every linear layer.")
+    qkv_bias: bool | None = Field(
+        default=None, description="Biases on the QKV projection only; default = bias."
+    )
+    qk_layernorm: bool = Field(default=False, description="Per-head norm on queries and keys.")
+    hidden_dropout: Float = Field(
+        default=0.0, ge=0, lt=1, description="Dropout after attention and MLP blocks."
+    )
+    attention_dropout: Float = Field(
+        default=0.0, ge=0, lt=1, description="Dropout on the attention probabilities."
+    )
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    training: TrainingSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        heads, groups = self.num_attention_heads, self.query_groups
+        if heads % groups:
+            raise ValueError(
+                f"num_attention_heads ({heads}) is not divisible by num_query_groups ({groups})"
+            )
+        if self.kv_channels is None and self.hidden_size % heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                f"({heads}); set kv_channels"
+            )
+        if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
+            raise ValueError(
+                f"moe.first_dense_layers ({self.moe.first_dense_layers}) > num_layers "
+                f"({self.num_layers})"
+            )
+        return self
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head dims of queries, keys and values (non-MLA)."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn(self) -> int:
+        """Dense FFN width."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether the QKV projection has a bias."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (0-based) has routed experts."""
+        if self.moe is None or index < self.moe.first_dense_layers:
+            return False
+        return (index - self.moe.first_dense_layers) % self.moe.layer_freq == 0
+
+
+class GemmEfficiency(_Frozen):
+    """Achieved fraction of peak FLOP/s for a matrix multiply of a given size.
+
+    ``fraction(f) = max_fraction * f / (f + half_saturation_gflop * 1e9)`` for a GEMM of ``f``
+    FLOPs on one device: small GEMMs leave the device idle, large ones approach
+    ``max_fraction``. The defaults (1.0, 0) mean "uncalibrated: the roofline peak".
+    """
+
+    max_fraction: Float = Field(default=1.0, gt=0, le=1)
+    half_saturation_gflop: Float = Field(default=0.0, ge=0, le=lim.MAX_HALF_SATURATION_GFLOP)
+    source: str | None = Field(default=None, description="How these values were obtained.")
+
+
+class DeviceEfficiency(_Frozen):
+    """Calibration of one device: how far real kernels fall short of the data sheet."""
+
+    gemm: GemmEfficiency = GemmEfficiency()
+    memory_bound_fraction: Float = Field(
+        default=1.0, gt=0, le=1, description="Achieved fraction of HBM bandwidth."
+    )
+    kernel_launch_us: Float = Field(
+        default=0.0, ge=0, le=lim.MAX_LATENCY_US, description="Fixed cost per kernel."
+    )
+    source: str | None = Field(default=None, description="How these values were obtained.")
+
+
+class DeviceSpec(_Frozen):
+    """One accelerator."""
+
+    name: Name
+    memory_gib: Float = Field(gt=0, le=lim.MAX_DEVICE_MEMORY_GIB)
+    memory_bandwidth_gb_s: Float = Field(gt=0, le=lim.MAX_BANDWIDTH_GB_S)
+    peak_tflops: dict[Precision, Annotated[Float, Field(gt=0, le=lim.MAX_PEAK_TFLOPS)]] = Field(
+        description="Dense peak by compute type."
+    )
+    reserved_memory_gib: Float = Field(
+        default=0.0,
+        ge=0,
+        le=lim.MAX_DEVICE_MEMORY_GIB,
+        description="Memory the framework holds outside the model (CUDA context, "
+        "communication buffers, allocator fragmentation).",
+    )
+    efficiency: DeviceEfficiency = DeviceEfficiency()
+
+    @property
+    def memory_bytes(self) -> float:
+        """Device memory in bytes."""
+        return self.memory_gib * GIB
+
+    @property
+    def memory_bandwidth_bytes_s(self) -> float:
+        """HBM bandwidth in bytes/s."""
+        return self.memory_bandwidth_gb_s * GB
+
+    def peak_flops_per_s(self, precision: Precision) -> float:
+        """Dense peak FLOP/s for ``precision``."""
+        if precision not in self.peak_tflops:
+            raise InputError(
+                f"device {self.name} has no peak_tflops for {precision!r}; "
+                f"it has {sorted(self.peak_tflops)}"
+            )
+        return self.peak_tflops[precision] * 1e12
+
+
+class LinkEfficiency(_Frozen):
+    """Calibration of one network level."""
+
+    bandwidth_fraction: Float = Field(
+        default=1.0, gt=0, le=1, description="Achieved bus bandwidth / nominal, large messages."
+    )
+    source: str | None = None
+
+
+class NetworkLevel(_Frozen):
+    """One level of the network, from the innermost (NVLink in a node) outwards."""
+
+    name: Name
+    domain_devices: Int = Field(
+        gt=0, le=lim.MAX_DEVICES, description="Devices that share this level's domain."
+    )
+    bandwidth_gb_s: Float = Field(
+        gt=0, le=lim.MAX_BANDWIDTH_GB_S, description="Per device, per direction."
+    )
+    latency_us: Float = Field(ge=0, le=lim.MAX_LATENCY_US)
+    efficiency: LinkEfficiency = LinkEfficiency()
+
+    @property
+    def bandwidth_bytes_s(self) -> float:
+        """Achieved per-device bandwidth in bytes/s."""
+        return self.bandwidth_gb_s * GB * self.efficiency.bandwidth_fraction
+
+    @property
+    def latency_s(self) -> float:
+        """Per-message latency in seconds."""
+        return self.latency_us * 1e-6
+
+
+class ClusterSpec(_Frozen):
+    """A homogeneous cluster: nodes of identical devices on a multi-level network."""
+
+    name: Name
+    num_nodes: Int = Field(gt=0, le=lim.MAX_DEVICES)
+    devices_per_node: Int = Field(gt=0, le=lim.MAX_DEVICES_PER_NODE)
+    device: DeviceSpec
+    network: tuple[NetworkLevel, ...] = Field(min_length=1)
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterSpec:
+        too_many = _too_many_devices(self.num_nodes, self.devices_per_node)
+        if too_many:
+            raise ValueError(too_many)
+        domains = [level.domain_devices for level in self.network]
+        if domains[0] != self.devices_per_node:
+            raise ValueError(
+                f"network[0] ({self.network[0].name}) must be the node level: domain_devices "
+                f"{domains[0]} != devices_per_node {self.devices_per_node}"
+            )
+        for inner, outer in pairwise(domains):
+            if outer <= inner or outer % inner:
+                raise ValueError(
+                    f"network levels must grow outwards by whole multiples: {domains}"
+                )
+        return self
+
+    @property
+    def num_devices(self) -> int:
+        """Devices in the cluster."""
+        return self.num_nodes * self.devices_per_node
+
+    def with_nodes(self, num_nodes: int) -> ClusterSpec:
+        """The same cluster type at another size (``--nodes``)."""
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes <= 0:
+            raise InputError(f"--nodes must be a positive integer, got {num_nodes!r}")
+        too_many = _too_many_devices(num_nodes, self.devices_per_node)
+        if too_many:
+            raise InputError(f"--nodes {num_nodes}: {too_many}")
+        return self.model_copy(update={"num_nodes": num_nodes})
+
+
+def _too_many_devices(num_nodes: int, devices_per_node: int) -> str | None:
+    """The message for a cluster above :data:`~planner.spec.limits.MAX_DEVICES`, else None."""
+    devices = num_nodes * devices_per_node
+    if devices <= lim.MAX_DEVICES:
+        return None
+    return (
+        f"num_nodes({num_nodes}) x devices_per_node({devices_per_node}) = {devices} devices is "
+        f"above the limit of {lim.MAX_DEVICES} ({lim.reason('num_devices')})"
+    )

@@ -1,0 +1,416 @@
+"""Translation of Hugging Face ``config.json`` files into :class:`~planner.spec.ModelSpec`.
+
+Each supported ``model_type`` has one small reader that maps the file's keys, as written, onto
+Megatron's vocabulary. Where a key is absent the reader uses the default of the matching
+``transformers`` configuration class, so the result describes the model that ``transformers``
+would build from the same file; where that default is a size picked for one particular
+checkpoint, the key is required instead, since guessing it would silently change the model.
+
+Everything that can be wrong with a file (unknown family, missing key, a string where a number
+belongs, a layout ``ModelSpec`` cannot express) is reported as an :class:`InputError` naming the
+file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.errors import InputError
+from planner.spec import ModelSpec
+from planner.spec.messages import describe_validation_error, short_repr
+
+# Every spelling transformers accepts for GPT-2's GELU; they differ only in the approximation.
+_GELU_NAMES = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_accurate"})
+# Gated families: HF's ``hidden_act`` is the gate's activation, so SiLU means SwiGLU.
+_SILU_NAMES = frozenset({"silu", "swish"})
+
+# Which config.json key each ModelSpec field is read from, so that a size ModelSpec refuses is
+# reported under the name the file uses. The Llama-shaped families and DeepSeek share these.
+_KEYS = {
+    "name": "_name_or_path",
+    "num_layers": "num_hidden_layers",
+    "num_query_groups": "num_key_value_heads",
+    "kv_channels": "head_dim",
+    "ffn_hidden_size": "intermediate_size",
+    "moe.top_k": "num_experts_per_tok",
+    "moe.ffn_hidden_size": "moe_intermediate_size",
+    "moe.num_experts": "num_experts",
+    "moe.shared_ffn_hidden_size": "shared_expert_intermediate_size",
+    **{f"mla.{key}": key for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                      "qk_rope_head_dim", "v_head_dim")},
+}  # fmt: skip
+_FAMILY_KEYS: dict[str, dict[str, str]] = {
+    "mixtral": {"moe.num_experts": "num_local_experts", "moe.ffn_hidden_size": "intermediate_size"},
+    "deepseek_v3": {"moe.num_experts": "n_routed_experts", "moe.shared_experts": "n_shared_experts",
+                    "moe.shared_ffn_hidden_size": "n_shared_experts"},
+    "gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_attention_heads": "n_head",
+             "ffn_hidden_size": "n_inner", "max_position_embeddings": "n_positions",
+             "hidden_dropout": "resid_pdrop", "attention_dropout": "attn_pdrop"},
+}  # fmt: skip
+
+
+class _HFConfig:
+    """Typed, error-reporting access to the keys of one ``config.json``."""
+
+    def __init__(self, data: Mapping[str, Any], source: str) -> None:
+        self.data = data
+        self.source = source
+
+    def fail(self, message: str) -> InputError:
+        """An error about this file."""
+        return InputError(f"{self.source}: {message}")
+
+    def need_int(self, key: str) -> int:
+        """An integer that must be present."""
+        if key not in self.data:
+            raise self.fail(f"required key {key!r} is missing")
+        return self._as_int(key, self.data[key])
+
+    def get_int(self, key: str, default: int | None) -> int | None:
+        """An integer that may be absent or null (then ``default``)."""
+        value = self.data.get(key)
+        return default if value is None else self._as_int(key, value)
+
+    def positive_int(self, key: str, default: int) -> int:
+        """A step or frequency: absent or null means ``default``; zero would divide by zero."""
+        value = self.get_int(key, default)
+        if value is None or value <= 0:
+            raise self.fail(f"{key} must be a positive integer, got {short_repr(value)}")
+        return value
+
+    def get_float(self, key: str, default: float) -> float:
+        """A number that may be absent or null (then ``default``)."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(f"{key} must be a number, got {short_repr(value)}")
+        return float(value)
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        """A flag that may be absent or null (then ``default``)."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(f"{key} must be true or false, got {short_repr(value)}")
+        return value
+
+    def get_str(self, key: str, default: str) -> str:
+        """A string that may be absent or null (then ``default``)."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self.fail(f"{key} must be a string, got {short_repr(value)}")
+        return value
+
+    def get_int_list(self, key: str) -> list[int]:
+        """A list of integers that may be absent or null (then empty)."""
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(f"{key} must be a list of integers, got {short_repr(value)}")
+        return [self._as_int(key, item) for item in value]
+
+    def _as_int(self, key: str, value: Any) -> int:
+        # bool is an int subclass in Python, but `true` for a layer count is a mistake.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(f"{key} must be an integer, got {short_repr(value)}")
+        return value
+
+
+def model_from_hf_config(data: Mapping[str, Any], *, source: str) -> ModelSpec:
+    """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` dict.
+
+    ``source`` names the file in error messages and, when the config has no
+    ``_name_or_path``, gives the model its name. Raises :class:`InputError` for an
+    unsupported ``model_type``, a missing or mistyped key, or sizes ``ModelSpec`` rejects.
+    """
+    if not isinstance(data, Mapping):
+        raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    model_type = data.get("model_type")
+    reader = _READERS.get(model_type) if isinstance(model_type, str) else None
+    if reader is None:
+        raise InputError(
+            f"{source}: model_type {short_repr(model_type)} is not supported; "
+            f"supported: {', '.join(sorted(_READERS))}"
+        )
+    cfg = _HFConfig(data, source)
+    fields = reader(cfg)
+    fields["name"] = _model_name(cfg)
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as exc:
+        keys = _KEYS | _FAMILY_KEYS.get(model_type, {})
+        raise InputError(describe_validation_error(source, exc, keys=keys)) from None
+
+
+def _model_name(cfg: _HFConfig) -> str:
+    name = cfg.get_str("_name_or_path", "")
+    if name:
+        return name
+    file_name = Path(cfg.source).name
+    for suffix in (".config.json", ".json"):
+        if file_name.endswith(suffix) and len(file_name) > len(suffix):
+            return file_name[: -len(suffix)]
+    return file_name or cfg.source
+
+
+# --- Shared pieces ------------------------------------------------------------------------------
+
+
+def _gated_activation(cfg: _HFConfig) -> str:
+    act = cfg.get_str("hidden_act", "silu")
+    if act not in _SILU_NAMES:
+        raise cfg.fail(
+            f"hidden_act {short_repr(act)} is not supported for model_type "
+            f"{cfg.data['model_type']!r}; "
+            f"supported: {', '.join(sorted(_SILU_NAMES))} (SwiGLU)"
+        )
+    return "swiglu"
+
+
+def _query_groups(cfg: _HFConfig, heads: int, *, may_be_absent: bool) -> int:
+    # transformers reads an explicit null as "one key/value head per query head" in every
+    # family, but an absent key as the class default, which outside Llama is a GQA size picked
+    # for one checkpoint (Mistral: 8, Qwen3-MoE: 4): require the key there rather than guess.
+    if "num_key_value_heads" not in cfg.data and not may_be_absent:
+        raise cfg.fail("required key 'num_key_value_heads' is missing")
+    groups = cfg.get_int("num_key_value_heads", heads)
+    return heads if groups is None else groups
+
+
+def _rope_decoder(cfg: _HFConfig, *, kv_heads_may_be_absent: bool = False) -> dict[str, Any]:
+    """The fields common to the Llama-shaped families (pre-norm RMSNorm, RoPE, SwiGLU)."""
+    heads = cfg.need_int("num_attention_heads")
+    return {
+        "num_layers": cfg.need_int("num_hidden_layers"),
+        "hidden_size": cfg.need_int("hidden_size"),
+        "num_attention_heads": heads,
+        "num_query_groups": _query_groups(cfg, heads, may_be_absent=kv_heads_may_be_absent),
+        # Only some configs carry head_dim (Qwen3, Mistral-Nemo); without it transformers uses
+        # hidden_size / heads, which is also ModelSpec's default.
+        "kv_channels": cfg.get_int("head_dim", None),
+        "ffn_hidden_size": cfg.need_int("intermediate_size"),
+        "vocab_size": cfg.need_int("vocab_size"),
+        "max_position_embeddings": cfg.need_int("max_position_embeddings"),
+        "activation": _gated_activation(cfg),
+        "normalization": "rmsnorm",
+        "position_embedding": "rope",
+        # False is the default of every Llama-shaped config class in transformers.
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "bias": False,
+        # These families have no residual dropout in transformers, only on attention weights.
+        "attention_dropout": cfg.get_float("attention_dropout", 0.0),
+    }
+
+
+def _reject_attention_bias(cfg: _HFConfig) -> None:
+    # attention_bias puts a bias on the output projection too, while the MLP stays bias-free:
+    # ModelSpec can say "bias everywhere" or "bias on QKV only", not that.
+    if cfg.get_bool("attention_bias", False):
+        raise cfg.fail(
+            "attention_bias=true is not supported for this model_type: it adds biases to the "
+            "QKV and output projections but not the MLP, which ModelSpec cannot express"
+        )
+
+
+def _qwen_moe_layout(cfg: _HFConfig, num_layers: int) -> tuple[int, int] | None:
+    """(first_dense_layers, layer_freq) for Qwen's MoE placement, or None without MoE layers.
+
+    transformers makes layer i sparse when ``(i + 1) % decoder_sparse_step == 0`` and i is not
+    in ``mlp_only_layers``. ModelSpec can express that only if ``mlp_only_layers`` removes a
+    leading run of the would-be MoE layers.
+    """
+    step = cfg.positive_int("decoder_sparse_step", 1)
+    candidates = range(step - 1, num_layers, step)
+    dense_only = set(cfg.get_int_list("mlp_only_layers"))
+    removed = sorted(i for i in dense_only if i in candidates)
+    if removed != list(candidates[: len(removed)]):
+        raise cfg.fail(
+            f"mlp_only_layers {sorted(dense_only)} cannot be expressed: ModelSpec only allows "
+            "dense layers as a prefix (first_dense_layers) followed by evenly spaced MoE layers"
+        )
+    sparse = candidates[len(removed) :]
+    return (sparse[0], step) if sparse else None
+
+
+def _qwen_moe(cfg: _HFConfig, num_layers: int, experts: dict[str, Any]) -> dict[str, Any] | None:
+    if experts["num_experts"] == 0:  # transformers builds no sparse layer then
+        return None
+    return _moe_fields(_qwen_moe_layout(cfg, num_layers), experts)
+
+
+def _moe_fields(layout: tuple[int, int] | None, experts: dict[str, Any]) -> dict[str, Any] | None:
+    if layout is None:
+        return None
+    first_dense, freq = layout
+    return {**experts, "first_dense_layers": first_dense, "layer_freq": freq}
+
+
+# --- One reader per family ----------------------------------------------------------------------
+
+
+def _llama(cfg: _HFConfig) -> dict[str, Any]:
+    fields = _rope_decoder(cfg, kv_heads_may_be_absent=True)
+    attention_bias = cfg.get_bool("attention_bias", False)
+    mlp_bias = cfg.get_bool("mlp_bias", False)
+    if attention_bias != mlp_bias:
+        raise cfg.fail(
+            f"attention_bias={str(attention_bias).lower()} with "
+            f"mlp_bias={str(mlp_bias).lower()} is not supported: ModelSpec has one bias "
+            "switch for all linear layers (and qkv_bias for the QKV projection alone)"
+        )
+    fields["bias"] = attention_bias
+    return fields
+
+
+def _mistral(cfg: _HFConfig) -> dict[str, Any]:
+    # Sliding-window attention (Mistral 7B v0.1) changes attention FLOPs at long sequences only
+    # and no parameter; it is not modelled.
+    return _rope_decoder(cfg)
+
+
+def _qwen2(cfg: _HFConfig) -> dict[str, Any]:
+    # Qwen2 hard-codes biases on the q/k/v projections (not on o_proj or the MLP).
+    return {**_rope_decoder(cfg), "qkv_bias": True}
+
+
+def _mixtral(cfg: _HFConfig) -> dict[str, Any]:
+    fields = _rope_decoder(cfg)
+    # In Mixtral intermediate_size is the width of each expert; every layer is sparse.
+    fields["moe"] = {
+        "num_experts": cfg.need_int("num_local_experts"),
+        "top_k": cfg.need_int("num_experts_per_tok"),
+        "ffn_hidden_size": fields["ffn_hidden_size"],
+    }
+    return fields
+
+
+def _qwen2_moe(cfg: _HFConfig) -> dict[str, Any]:
+    # Not modelled: the shared expert's sigmoid gate, a hidden_size x 1 weight per MoE layer.
+    fields = {**_rope_decoder(cfg), "qkv_bias": True}
+    shared = cfg.need_int("shared_expert_intermediate_size")
+    experts: dict[str, Any] = {
+        "num_experts": cfg.need_int("num_experts"),
+        "top_k": cfg.need_int("num_experts_per_tok"),
+        "ffn_hidden_size": cfg.need_int("moe_intermediate_size"),
+    }
+    if shared:
+        experts |= {"shared_experts": 1, "shared_ffn_hidden_size": shared}
+    fields["moe"] = _qwen_moe(cfg, fields["num_layers"], experts)
+    return fields
+
+
+def _qwen3_moe(cfg: _HFConfig) -> dict[str, Any]:
+    _reject_attention_bias(cfg)
+    fields = {**_rope_decoder(cfg), "qk_layernorm": True}
+    experts = {
+        "num_experts": cfg.need_int("num_experts"),
+        "top_k": cfg.need_int("num_experts_per_tok"),
+        "ffn_hidden_size": cfg.need_int("moe_intermediate_size"),
+    }
+    fields["moe"] = _qwen_moe(cfg, fields["num_layers"], experts)
+    return fields
+
+
+def _deepseek_v3(cfg: _HFConfig) -> dict[str, Any]:
+    # The multi-token-prediction module (num_nextn_predict_layers) is left out on purpose: it is
+    # an extra training-time layer, and the published 671B total excludes it.
+    _reject_attention_bias(cfg)
+    _gated_activation(cfg)
+    num_layers = cfg.need_int("num_hidden_layers")
+    if "q_lora_rank" not in cfg.data:  # null is valid (no query compression), absent is not
+        raise cfg.fail("required key 'q_lora_rank' is missing")
+    return {
+        "num_layers": num_layers,
+        "hidden_size": cfg.need_int("hidden_size"),
+        "num_attention_heads": cfg.need_int("num_attention_heads"),
+        "ffn_hidden_size": cfg.need_int("intermediate_size"),
+        "vocab_size": cfg.need_int("vocab_size"),
+        "max_position_embeddings": cfg.need_int("max_position_embeddings"),
+        "activation": "swiglu",
+        "normalization": "rmsnorm",
+        "position_embedding": "rope",
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "bias": False,
+        "attention_dropout": cfg.get_float("attention_dropout", 0.0),
+        "mla": {
+            "q_lora_rank": cfg.get_int("q_lora_rank", None),
+            "kv_lora_rank": cfg.need_int("kv_lora_rank"),
+            "qk_nope_head_dim": cfg.need_int("qk_nope_head_dim"),
+            "qk_rope_head_dim": cfg.need_int("qk_rope_head_dim"),
+            "v_head_dim": cfg.need_int("v_head_dim"),
+        },
+        "moe": _deepseek_moe(cfg, num_layers),
+    }
+
+
+def _deepseek_moe(cfg: _HFConfig, num_layers: int) -> dict[str, Any] | None:
+    # transformers makes layer i sparse when i >= first_k_dense_replace and
+    # i % moe_layer_freq == 0, so the first sparse layer is first_k rounded up to the frequency.
+    routed = cfg.get_int("n_routed_experts", None)
+    if routed is None:
+        return None
+    freq = cfg.positive_int("moe_layer_freq", 1)
+    first_k = cfg.need_int("first_k_dense_replace")
+    first_sparse = -(-max(first_k, 0) // freq) * freq
+    layout = (first_sparse, freq) if first_sparse < num_layers else None
+    expert_width = cfg.need_int("moe_intermediate_size")
+    shared = cfg.get_int("n_shared_experts", 0) or 0
+    experts: dict[str, Any] = {
+        "num_experts": routed,
+        "top_k": cfg.need_int("num_experts_per_tok"),
+        "ffn_hidden_size": expert_width,
+        # Aux-loss-free balancing learns a per-expert bias on the routing scores.
+        "router_expert_bias": cfg.get_str("topk_method", "") == "noaux_tc",
+    }
+    if shared:
+        # DeepSeek fuses its shared experts into one MLP of n_shared_experts x the expert width.
+        experts |= {"shared_experts": shared, "shared_ffn_hidden_size": shared * expert_width}
+    return _moe_fields(layout, experts)
+
+
+def _gpt2(cfg: _HFConfig) -> dict[str, Any]:
+    hidden = cfg.need_int("n_embd")
+    act = cfg.get_str("activation_function", "gelu_new")
+    if act not in _GELU_NAMES:
+        raise cfg.fail(
+            f"activation_function {short_repr(act)} is not supported for model_type 'gpt2'; "
+            f"supported: {', '.join(sorted(_GELU_NAMES))}"
+        )
+    return {
+        "num_layers": cfg.need_int("n_layer"),
+        "hidden_size": hidden,
+        "num_attention_heads": cfg.need_int("n_head"),
+        "ffn_hidden_size": cfg.get_int("n_inner", 4 * hidden),
+        "vocab_size": cfg.need_int("vocab_size"),
+        "max_position_embeddings": cfg.need_int("n_positions"),
+        "activation": "gelu",
+        "normalization": "layernorm",
+        "position_embedding": "learned",
+        # GPT2LMHeadModel ties its head to the embedding unless the file says otherwise.
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", True),
+        "bias": True,
+        # embd_pdrop (dropout on the embeddings' output) has no ModelSpec field.
+        "hidden_dropout": cfg.get_float("resid_pdrop", 0.1),
+        "attention_dropout": cfg.get_float("attn_pdrop", 0.1),
+    }
+
+
+_READERS: dict[str, Callable[[_HFConfig], dict[str, Any]]] = {
+    "deepseek_v3": _deepseek_v3,
+    "gpt2": _gpt2,
+    "llama": _llama,
+    "mistral": _mistral,
+    "mixtral": _mixtral,
+    "qwen2": _qwen2,
+    "qwen2_moe": _qwen2_moe,
+    "qwen3_moe": _qwen3_moe,
+}

@@ -1,0 +1,122 @@
+"""Reading the planner's inputs: files and options into the specs of :mod:`planner.spec`.
+
+Every way an input can be wrong (unreadable, not text, too large, malformed JSON, a field
+the spec refuses) becomes one :class:`~planner.errors.InputError` line naming the file, the
+field, what was given and what is allowed; :mod:`planner.spec.hf` translates Hugging Face
+configs through the same messages.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from planner.errors import InputError
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec import limits as lim
+from planner.spec.messages import describe_validation_error
+from planner.vocabulary import Precision
+
+OPTION_NAMES = {"seq_length": "--seq-len", "global_batch_size": "--global-batch",
+                "precision": "--precision"}  # fmt: skip
+"""The command-line option behind each field of a training run given as options."""
+
+
+def training_run(
+    seq_length: int, global_batch_size: int, precision: Precision = "bf16"
+) -> TrainingSpec:
+    """A :class:`TrainingSpec` from options rather than a file: out-of-range values raise
+    :class:`~planner.errors.InputError` naming the option (``--seq-len``), not a pydantic
+    error."""
+    try:
+        return TrainingSpec(seq_length=seq_length, global_batch_size=global_batch_size,
+                            precision=precision)  # fmt: skip
+    except ValidationError as exc:
+        field = str(exc.errors()[0]["loc"][0])
+        message = describe_validation_error("options", exc)
+        raise InputError(message.replace(f"options: {field}", OPTION_NAMES.get(field, field),
+                                         1)) from None  # fmt: skip
+
+
+def read_text(path: Path) -> str:
+    """A file's text (UTF-8, with or without a byte-order mark); a file that cannot be read,
+    is not text, or is larger than :data:`~planner.spec.limits.MAX_INPUT_BYTES` raises
+    :class:`InputError`."""
+    try:
+        with Path(path).open("rb") as handle:
+            data = handle.read(lim.MAX_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > lim.MAX_INPUT_BYTES:
+        raise InputError(f"{path}: larger than the limit of {lim.MAX_INPUT_BYTES} bytes for an "
+                         "input file (a plan for the largest cluster is ~25 MB)")  # fmt: skip
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file (not UTF-8)") from None
+
+
+def parse_json(text: str, *, source: Path | str) -> Any:
+    """Parse JSON text from ``source``; malformed text raises :class:`InputError` with the
+    line and column."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise InputError(f"{source}: JSON nested too deeply to read") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's own limit)
+        raise InputError(f"{source}: invalid JSON: {exc}") from None
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; unreadable or malformed files raise :class:`InputError`."""
+    return parse_json(read_text(path), source=path)
+
+
+def model_from_dict(data: Any, *, source: str = "<model>") -> ModelSpec:
+    """Build a :class:`ModelSpec` from our native dict or a Hugging Face config dict."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    if "model_type" in data:
+        from planner.spec.hf import model_from_hf_config  # HF configs are translated, then checked
+
+        return model_from_hf_config(data, source=source)
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(describe_validation_error(source, exc)) from None
+
+
+def load_model(path: str | Path) -> ModelSpec:
+    """Read a model from our ``model.json`` or a Hugging Face ``config.json``.
+
+    >>> from planner import load_model
+    >>> load_model("instances/models/gpt3-175b.json").num_layers  # doctest: +SKIP
+    96
+    """
+    path = Path(path)
+    return model_from_dict(read_json(path), source=str(path))
+
+
+def load_cluster(path: str | Path, nodes: int | None = None) -> ClusterSpec:
+    """Read a ``cluster.json``; ``nodes`` overrides ``num_nodes``."""
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    try:
+        cluster = ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(describe_validation_error(path, exc)) from None
+    return cluster if nodes is None else cluster.with_nodes(nodes)
+
+
+def json_schema(kind: Literal["model", "cluster"]) -> dict[str, Any]:
+    """The JSON Schema of our ``model.json`` or ``cluster.json``."""
+    return (ModelSpec if kind == "model" else ClusterSpec).model_json_schema()

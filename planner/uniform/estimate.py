@@ -1,0 +1,282 @@
+"""``planner estimate``: price one uniform (Megatron-style) configuration.
+
+Every operator gets the strategy Megatron-LM runs it with, drawn from the ILP's own strategy
+space (:func:`planner.sharding.uniform.megatron_assignment`), and the layer is priced by the same
+functions as the ILP's choices (:func:`planner.sharding.uniform.uniform_parts`). Layers of one
+kind are identical, so one layer of each kind is priced and multiplied; the one step composer
+(:func:`planner.cost.step.compose_step`) adds the pipeline, the data-parallel sync, the optimizer
+and the memory.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields, is_dataclass
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel
+
+from planner import cost
+from planner.cost.layer import LayerCost, layer_cost
+from planner.cost.step import (
+    PipelineKnobs,
+    StageCost,
+    TiedCopy,
+    Weights,
+    compose_step,
+    throughput,
+)
+from planner.graph import LayerIndex, lowered
+from planner.graph.lower import ACTIVATION_BYTES
+from planner.placement.ranks import rank_strides
+from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
+from planner.plan.schema import MemoryBreakdown, StageTime, StepTime
+from planner.sharding.layout import LogicalMesh
+from planner.sharding.uniform import UniformLayout, UniformQuery, uniform_layout, uniform_parts
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.vocabulary import GIB
+
+
+@dataclass(frozen=True, slots=True)
+class StageEstimate:
+    """One pipeline stage: per-microbatch seconds and per-device memory (GiB)."""
+
+    time_s: StageTime
+    memory_gib: MemoryBreakdown
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The priced configuration; attribute names are the ``--json`` keys."""
+
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    peak_memory_gib: float
+    fits: bool
+    memory_gib: MemoryBreakdown
+    time_s: StepTime
+    bubble_fraction: float
+    num_microbatches: int
+    dp: int
+    num_devices: int
+    stages: tuple[StageEstimate, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``planner estimate --json`` object (JSON types only)."""
+        return _plain(self)  # type: ignore[no-any-return]
+
+
+def _plain(value: object) -> object:
+    """Dataclasses, pydantic models and tuples as dicts and lists."""
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+@lru_cache(maxsize=64)
+def _layers(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> LayerIndex:
+    return lowered(model, training, micro_batch_size)[1]
+
+
+@lru_cache(maxsize=256)
+def _stage_kinds(
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, layers: tuple[int, ...]
+) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Layer kinds per stage (sorted (kind, count) pairs): contiguous blocks of ``layers[i]``
+    layers, embedding first and head last."""
+    index = _layers(model, training, micro_batch_size)
+    kind_of = {layer: kind for kind, layers in index.layers_by_kind.items() for layer in layers}
+    stages = []
+    first = 1
+    for stage, count in enumerate(layers):
+        kinds = Counter(kind_of[layer] for layer in range(first, first + count))
+        kinds["embedding"] += stage == 0
+        kinds["head"] += stage == len(layers) - 1
+        stages.append(tuple(sorted((k, n) for k, n in kinds.items() if n)))
+        first += count
+    return tuple(stages)
+
+
+@lru_cache(maxsize=64)
+def _forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> float:
+    """Model FLOPs of one microbatch's forward pass through the whole model."""
+    index = _layers(model, training, micro_batch_size)
+    return sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
+
+
+@dataclass(frozen=True, slots=True)
+class UniformStage:
+    """How a uniform configuration's stage sits on the ranks: its mesh (three axes, see
+    :mod:`planner.sharding.uniform`) with their rank strides, and its data-parallel copies."""
+
+    layout: UniformLayout
+    mesh: LogicalMesh
+    replicas: int
+    """Copies of the stage (data-parallel ranks outside its mesh)."""
+    replica_stride: int
+    pipeline_distance: int
+    tensor_group: cost.CommGroup
+
+    def group(self, axes: tuple[int, ...]) -> cost.CommGroup | None:
+        """The ranks holding copies of a weight replicated along the mesh ``axes`` and over
+        the stage's copies (None: no other copy)."""
+        members = [(self.mesh.size(a), self.mesh.stride(a)) for a in axes]
+        members.append((self.replicas, self.replica_stride))
+        size = 1
+        for n, _ in members:
+            size *= n
+        if size <= 1:
+            return None
+        return cost.CommGroup(size, min(stride for n, stride in members if n > 1))
+
+
+def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
+    """The mesh and groups of ``resolved``'s stages, its ranks numbered in its rank order."""
+    c = resolved.config
+    layout = uniform_layout(tp=c.tp, cp=c.cp, ep=c.ep, sp=c.sp, ulysses=c.cp_algo == "ulysses")
+    s = rank_strides(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    data, context, tensor = layout.shape
+    if layout.data_ways > 1 or data == 1:  # the first axis is data-parallel ranks
+        strides = (s["dp"], s["cp"], s["tp"])
+    else:  # the first axis is the outer part of the context-parallel ranks
+        strides = (s["cp"] * context, s["cp"], s["tp"])
+    replicas = resolved.dp // layout.data_ways
+    row_major = (context * tensor, tensor, 1)
+    mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
+    return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
+                        replica_stride=s["dp"] * layout.data_ways, pipeline_distance=s["pp"],
+                        tensor_group=cost.CommGroup(tensor, s["tp"]))  # fmt: skip
+
+
+def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> UniformQuery:
+    """The layer query of one layer kind of ``resolved``."""
+    c, training = resolved.config, resolved.training
+    return UniformQuery(kind=kind, layout=stage.layout, micro_batch_size=c.mbs,
+                        seq_length=training.seq_length, precision=training.precision,
+                        flash_attention=c.flash_attention, tp_comm_overlap=c.tp_comm_overlap,
+                        strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
+
+
+def estimate(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
+    memory_margin_gib: float | None = None,
+) -> Estimate:  # fmt: skip
+    """Price ``config`` for training ``model`` on ``cluster``; it fits when its peak leaves
+    ``memory_margin_gib`` free (:func:`planner.cost.memory_margin_bytes`).
+
+    Raises :class:`~planner.errors.ConfigError` when the configuration does not divide.
+    """
+    resolved = resolve(model, cluster, config)
+    c, training = resolved.config, resolved.training
+    stage = uniform_stage(resolved)
+    index = _layers(model, training, c.mbs)
+    parts = {kind: uniform_parts(model, cluster, uniform_query(resolved, stage, kind))
+             for kind in index.layers_by_kind}  # fmt: skip
+    transformer = ("dense", "moe")
+    kind_costs = {kind: layer_cost(p, c.recompute if kind in transformer else "none")
+                  for kind, p in parts.items()}  # fmt: skip
+    p2p = _p2p_s(model, cluster, resolved, stage)
+    distinct: dict[tuple[tuple[str, int], ...], StageCost] = {}  # middle stages repeat
+    stages = []
+    for key in _stage_kinds(model, training, c.mbs, resolved.stage_layers):
+        if key not in distinct:
+            layers = LayerCost.zero()
+            params: dict[tuple[int, ...], float] = {}
+            for kind, count in key:
+                layers = layers + kind_costs[kind].scaled(count)
+                for axes, n in parts[kind].weight_groups():
+                    params[axes] = params.get(axes, 0.0) + n * count
+            distinct[key] = StageCost(layers.with_pipeline_comm(p2p), _weights(params, stage),
+                                      zero=c.zero)  # fmt: skip
+        stages.append(distinct[key])
+    knobs = PipelineKnobs(
+        num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
+        precision=training.precision, overlap_grad_reduce=c.overlap_grad_reduce,
+        overlap_param_gather=c.overlap_param_gather,
+    )  # fmt: skip
+    step = compose_step(cluster, knobs, stages, tied=_tied_copy(model, resolved, stage))
+
+    recompute_flops = sum(
+        kind_costs[kind].recompute_flops * len(layers)
+        for kind, layers in index.layers_by_kind.items()
+    )
+    sequences = c.mbs * stage.layout.data_ways  # one microbatch of the stage's mesh
+    rates = throughput(
+        step.step_s, training, cluster,
+        forward_flops_per_sequence=_forward_flops(model, training, c.mbs) / c.mbs,
+        recompute_flops_per_sequence=recompute_flops / sequences,
+    )  # fmt: skip
+    peak_bytes = sum(step.peak_memory_bytes)
+    return Estimate(
+        step_time_s=step.step_s,
+        tokens_per_s=rates.tokens_per_s,
+        model_tflops_per_gpu=rates.model_tflops_per_gpu,
+        hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
+        mfu=rates.mfu,
+        peak_memory_gib=peak_bytes / GIB,
+        fits=peak_bytes + cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
+        <= cluster.device.memory_bytes,
+        memory_gib=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
+        time_s=step.time,
+        bubble_fraction=step.bubble_fraction,
+        num_microbatches=resolved.num_microbatches,
+        dp=resolved.dp,
+        num_devices=resolved.num_devices,
+        stages=tuple(
+            StageEstimate(times, memory_gib=MemoryBreakdown.from_bytes(memory))
+            for times, memory in zip(step.stage_times(), step.stage_memory_bytes, strict=True)
+        ),
+    )
+
+
+def _weights(params: dict[tuple[int, ...], float], stage: UniformStage) -> tuple[Weights, ...]:
+    """The stage's parameters by the groups their gradients are summed over.
+
+    Megatron-LM reduces every gradient over the data-parallel ranks holding the same shard
+    (data x context ranks; for experts, the ranks holding the same experts), and those of
+    weights sequence parallelism replicates across tensor-parallel ranks (the norms) over
+    those ranks first, in a separate all-reduce
+    (``_allreduce_non_tensor_model_parallel_grads``,
+    ``megatron/core/distributed/finalize_model_grads.py``); the distributed optimizer
+    shards their states over the data-parallel ranks only."""
+    weights = []
+    for axes, n in sorted(params.items()):
+        tensor = 2 in axes
+        outer = tuple(a for a in axes if a != 2)
+        weights.append(Weights(n, stage.group(outer), stage.tensor_group if tensor else None))
+    return tuple(weights)
+
+
+def _tied_copy(model: ModelSpec, r: ResolvedConfig, stage: UniformStage) -> TiedCopy | None:
+    """The last stage's copy of tied word embeddings, split over tensor-parallel ranks."""
+    c = r.config
+    if not model.tie_word_embeddings or c.pp == 1:
+        return None
+    return TiedCopy(params=model.vocab_size * model.hidden_size / c.tp,
+                    data_parallel=stage.group((0, 1)),
+                    sync_group=cost.CommGroup(2, (c.pp - 1) * stage.pipeline_distance))  # fmt: skip
+
+
+def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, stage: UniformStage) -> float:
+    """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
+    times ``vpp`` chunk boundaries. Megatron sends a 1/t slice of the hidden state and
+    all-gathers it over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
+    c = r.config
+    if c.pp == 1:
+        return 0.0
+    act = ACTIVATION_BYTES[r.training.precision]
+    full = c.mbs * r.training.seq_length * model.hidden_size * act / c.cp
+    send = cost.pipeline_send_s(cluster, full / c.tp, stage.pipeline_distance, chunks=c.vpp,
+                                stages=c.pp)  # fmt: skip
+    if c.tp > 1 and not r.sp:
+        send += 2 * c.vpp * cost.collective_time_s(cluster, "all_gather", full,
+                                                   stage.tensor_group)  # fmt: skip
+    return send

@@ -1,0 +1,116 @@
+"""Why an enumeration of uniform configurations found no plan, in the numbers a user acts on:
+the framework that launches none of them and its reason, the pinned knob that does not
+divide (in ``planner estimate``'s words), or the least memory a configuration needs, what would
+make one fit (:mod:`planner.uniform.remedies`) and each pin without which one would fit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.errors import ConfigError, InfeasibleError
+from planner.frameworks import ANY, profile
+from planner.options import SolveOptions
+from planner.plan.config import ParallelConfig, resolve
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.estimate import estimate
+from planner.uniform.space import branch_groups, branch_space, branches, run_config
+from planner.vocabulary import GIB
+
+
+def nothing_found(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    options: SolveOptions,
+    *,
+    leanest: tuple[float, ParallelConfig] | None,
+    first_refusal: str | None,
+) -> InfeasibleError | ConfigError:
+    """The error of an enumeration that found no plan: what refuses (the framework, a pin, a
+    degree that does not divide), or the least memory a configuration needs and what would
+    make one fit, with each pin that prevents it; ``leanest`` is the leanest configuration
+    priced (None: none divided) and ``first_refusal`` why the first did not divide."""
+    pinned = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
+    if leanest is None:
+        where = (f"{model.name} on {cluster.num_devices} x {cluster.device.name} at global "
+                 f"batch {training.global_batch_size}, sequence {training.seq_length}")  # fmt: skip
+        if pinned:
+            where += f" with {pinned}"
+            refused = _pinned_refusal(model, cluster, training, options)
+            if refused is not None:
+                return ConfigError(f"{refused} (pinned: {pinned})")
+        refused = _refusal(model, cluster, training, options)
+        if refused is not None:
+            return ConfigError(f"{refused[0]} launches no configuration of {where}: e.g. "
+                               f"{refused[1]}")  # fmt: skip
+        why = f": e.g. {first_refusal}" if first_refusal else ""
+        return ConfigError(f"no uniform configuration divides {where}{why}")
+    # remedies prices this module's space, so it imports this module: import it here
+    from planner.uniform.remedies import describe_leanest, infeasible_message
+
+    need_gib, config = leanest
+    message = infeasible_message(
+        model, cluster, training, options, searched="no uniform configuration",
+        least_gib=need_gib, leanest=describe_leanest(config),
+    )  # fmt: skip
+    return InfeasibleError("; ".join([message, *_pins_in_the_way(model, cluster, training,
+                                                                 options)]))  # fmt: skip
+
+
+def _pinned_refusal(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> str | None:
+    """Why the pinned knobs alone do not divide, in ``planner estimate``'s words (None when
+    they do)."""
+    try:
+        resolve(model, cluster, run_config(training, options, **options.pins.given()))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _refusal(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> tuple[str, str] | None:
+    """The target framework's title and why it refuses the configurations of the space that
+    divide, when it refuses them all (None otherwise): a reason it gives for every one of
+    them (the model's architecture, say), else the first configuration's first reason."""
+    if options.framework == ANY:
+        return None
+    target = profile(options.framework)
+    common: set[str] | None = None
+    first: str | None = None
+    for branch in branches(model, cluster, training, options.pins):
+        for group in branch_groups(branch, model, training, options):
+            for config in group:
+                try:
+                    reasons = target.refusals(resolve(model, cluster, config), model)
+                except ConfigError:
+                    continue
+                first = first or (reasons[0] if reasons else None)
+                common = set(reasons) if common is None else common & set(reasons)
+    if first is None:
+        return None
+    return target.title, sorted(common)[0] if common else first
+
+
+def _pins_in_the_way(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> list[str]:
+    """Each pin without which a configuration would fit, with the leanest that then fits."""
+    from planner.uniform.remedies import describe  # remedies prices this module's space
+
+    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    out = []
+    for name, value in options.pins.given().items():
+        freed = replace(options, pins=replace(options.pins, **{name: None}))
+        for leanest, _ in branch_space(model, cluster, training, freed):
+            try:
+                result = estimate(model, cluster, leanest)
+            except ConfigError:
+                continue
+            if result.peak_memory_gib * GIB <= usable:
+                out.append(f"the pin --{name} {value} prevents a fit: without it "
+                           f"{describe(leanest)} needs {result.peak_memory_gib:.1f} GiB")
+                break
+    return out

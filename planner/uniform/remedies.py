@@ -1,0 +1,424 @@
+"""What would make a training run fit in memory when it does not, priced by the one cost model.
+
+- One configuration (``planner estimate``): :func:`config_remedies` prices each single change a
+  Megatron-LM or DeepSpeed user would try (for each knob the mildest setting that fits, else
+  its leanest), and all of them at once when none fits alone.
+- A search that found nothing (``planner solve``): :func:`infeasible_message` says by how much
+  the least memory any plan needs is over the device, and what would fit: the uniform space
+  when the search was narrower, more nodes (:func:`nodes_to_fit`), optimizer offload, a shorter
+  sequence.
+
+Every number is an :func:`~planner.uniform.estimate.estimate`'s, and fit is its test: the peak
+memory per device, the device's reserved memory included, within the device's memory. Optimizer
+offload (DeepSpeed's ZeRO-Offload, Ren et al. 2021) keeps the optimizer states and the Adam step
+on the CPU: its memory is the estimate's peak less the optimizer states; its time (the CPU step,
+the PCIe traffic) is not priced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from planner import cost
+from planner.errors import ConfigError
+from planner.options import SolveOptions
+from planner.plan.config import ParallelConfig
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform import space
+from planner.uniform.estimate import Estimate, estimate
+from planner.vocabulary import GIB
+
+MAX_NODE_FACTOR = 64
+"""More nodes are tried up to this multiple of the cluster's (x2, x4, ...)."""
+SEQUENCE_HALVINGS = 3
+"""A shorter sequence is tried down to the run's halved this many times."""
+OFFLOAD = 'DeepSpeed "offload_optimizer": {"device": "cpu"}'
+"""ZeRO-Offload's switch, in the ``zero_optimization`` block of a DeepSpeed config."""
+_FLAGS = ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers", "last_stage_layers", "sp", "mbs",
+          "recompute", "zero")  # fmt: skip
+_ZERO_NOTES = {
+    1: "Megatron's --use-distributed-optimizer",
+    3: "DeepSpeed ZeRO-3 or FSDP; DeepSpeed runs it only without a pipeline",
+}
+
+Option = tuple[ParallelConfig, ClusterSpec, str | None]
+"""A changed configuration, the cluster it runs on, and what else the change means."""
+
+
+@dataclass(frozen=True, slots=True)
+class Remedy:
+    """One change to a configuration that does not fit, priced by :func:`estimate`."""
+
+    change: str
+    """As the user would type it: ``--recompute full``, ``--pp 8 --zero 1``, ``--nodes 4``."""
+    memory_gib: float
+    """Peak memory per device with the change, reserved memory included."""
+    fits: bool
+    note: str | None = None
+    """What else the change means or costs."""
+
+
+def describe(config: ParallelConfig) -> str:
+    """A configuration as the errors name it.
+
+    >>> describe(ParallelConfig(tp=8, pp=4, first_stage_layers=31, last_stage_layers=31))
+    'tp 8, pp 4 with 31 and 31 layers at the ends, cp 1, ep 1, mbs 1, no recompute, ZeRO-0'
+    """
+    c = config
+    pp = f"pp {c.pp}"
+    if c.first_stage_layers is not None or c.last_stage_layers is not None:
+        pp += f" with {c.first_stage_layers} and {c.last_stage_layers} layers at the ends"
+    if c.vpp > 1:
+        pp += f", vpp {c.vpp}"
+    recompute = "no" if c.recompute == "none" else c.recompute
+    return (
+        f"tp {c.tp}, {pp}, cp {c.cp}, ep {c.ep}, mbs {c.mbs}, {recompute} recompute, ZeRO-{c.zero}"
+    )
+
+
+def describe_leanest(config: ParallelConfig) -> str:
+    """:func:`describe`, and which memory knobs are already at their leanest: a microbatch of
+    1, full recomputation, ZeRO-3 (ZeRO-1 with a pipeline, as in the grid's space).
+
+    >>> describe_leanest(ParallelConfig(tp=8, pp=8, recompute="full", zero=1))
+    'tp 8, pp 8, cp 1, ep 1, mbs 1, full recompute, ZeRO-1: microbatch, recomputation and ZeRO \
+at their leanest (DeepSpeed runs no ZeRO-2/3 with a pipeline)'
+    """
+    c = config
+    zero = c.zero == 3 or (c.pp > 1 and c.zero >= 1)
+    lean = [name for name, at in (("microbatch", c.mbs == 1), ("recomputation",
+            c.recompute == "full"), ("ZeRO", zero)) if at]  # fmt: skip
+    if not lean:
+        return describe(c)
+    names = lean[0] if len(lean) == 1 else f"{', '.join(lean[:-1])} and {lean[-1]}"
+    text = f"{describe(c)}: {names} at {'its' if len(lean) == 1 else 'their'} leanest"
+    return text + (" (DeepSpeed runs no ZeRO-2/3 with a pipeline)" if zero and c.zero < 3 else "")
+
+
+def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[Remedy]:
+    """What would make ``config`` fit, each priced as a whole configuration; none if it fits.
+
+    One remedy per knob, the mildest setting that fits else the leanest: ``--mbs 1`` (the same
+    global batch in more microbatches), selective then full recomputation, ZeRO-1 then ZeRO-3
+    (only without a pipeline), wider tensor parallelism inside a node (with sequence
+    parallelism), more pipeline stages (ZeRO-1 at most), more nodes (only with ZeRO >= 1: more
+    data-parallel ranks share the sharded states); then, when none of these fits, all of them
+    at once; last, optimizer offload (peak less optimizer states; its time not priced). Raises
+    :class:`~planner.errors.ConfigError` when ``config`` does not divide.
+    """
+    base = estimate(model, cluster, config)
+    if base.fits:
+        return []
+    remedies = [remedy for options in _knobs(model, cluster, config)
+                if (remedy := _mildest(model, cluster, config, options)) is not None]  # fmt: skip
+    if not any(r.fits for r in remedies):
+        combined = _mildest(model, cluster, config, _combined(model, cluster, config))
+        if combined is not None:
+            remedies.append(combined)
+    optimizer_gib = base.memory_gib.optimizer
+    offloaded_gib = base.peak_memory_gib - optimizer_gib
+    remedies.append(Remedy(
+        OFFLOAD, offloaded_gib, _fits_gib(cluster, offloaded_gib),
+        note=f"ZeRO-Offload (ZeRO >= 1): {optimizer_gib:.1f} GiB of optimizer states and the "
+        "Adam step on the CPU; its time is not priced",
+    ))  # fmt: skip
+    return remedies
+
+
+def config_infeasible_message(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
+) -> str:
+    """One line for ``planner estimate`` when ``config`` does not fit: the memory it needs,
+    the device's, and :func:`config_remedies`, those that fit first."""
+    result = estimate(model, cluster, config)
+    if result.fits:
+        raise ValueError(f"{describe(config)} fits: nothing to remedy")
+    device = cluster.device
+    line = (f"{describe(config)} needs {result.peak_memory_gib:.1f} GiB per device, more than "
+            f"a device's {device.memory_gib:g} GiB ({device.name}, "
+            f"{device.reserved_memory_gib:g} GiB reserved included)")  # fmt: skip
+    remedies = config_remedies(model, cluster, config)
+    for fits, heading in ((True, "would fit"), (False, "would not fit")):
+        listed = [f"{r.change} ({r.memory_gib:.1f} GiB{'; ' + r.note if r.note else ''})"
+                  for r in remedies if r.fits == fits]  # fmt: skip
+        line += f"; {heading}: {', '.join(listed)}" if listed else ""
+    return line
+
+
+def leanest_uniform(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> tuple[float, ParallelConfig] | None:
+    """The least peak memory per device (GiB) of any uniform configuration the grid considers,
+    and the configuration; None when none divides. Only each branch's leanest is priced (see
+    :func:`~planner.baselines.space.branch_space`)."""
+    priced = _leanest_priced(model, cluster, training, options)
+    if not priced:
+        return None
+    result, config = min(priced, key=lambda p: p[0].peak_memory_gib)
+    return result.peak_memory_gib, config
+
+
+def nodes_to_fit(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    options: SolveOptions,
+    *,
+    max_factor: int = MAX_NODE_FACTOR,
+) -> tuple[int, float, ParallelConfig] | None:
+    """The fewest nodes, the cluster's times 2, 4, ... up to ``max_factor``, on which some
+    uniform configuration fits: the node count, the leanest configuration there and its peak
+    memory per device (GiB); None when none of them is enough."""
+    for factor in _factors(max_factor):
+        bigger = cluster.with_nodes(cluster.num_nodes * factor)
+        found = leanest_uniform(model, bigger, training, options)
+        if found is not None and _fits_gib(bigger, found[0]):
+            return bigger.num_nodes, found[0], found[1]
+    return None
+
+
+def infeasible_message(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    options: SolveOptions,
+    *,
+    searched: str,
+    least_gib: float,
+    leanest: str,
+) -> str:
+    """One line (the CLI's ``error:``) for a search that found no plan within memory.
+
+    ``searched`` names the space as the sentence's subject (``"no uniform configuration"``),
+    ``least_gib`` is the least peak memory per device any of its plans needs, the reserved
+    memory included as :func:`estimate` counts it, and ``leanest`` says which plan needs it
+    (:func:`describe_leanest` for a uniform one). Then what would fit, priced over the uniform
+    space: that space on these devices when the search was narrower, the fewest nodes
+    (:func:`nodes_to_fit`), optimizer offload, a shorter sequence.
+    """
+    device = cluster.device
+    margin = options.margin_bytes(device.memory_gib) / GIB
+    pins = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
+    head = (f"{searched} fits {model.name} on {cluster.num_devices} x {device.name} "
+            f"({device.memory_gib:g} GiB, {device.reserved_memory_gib:g} GiB of it reserved, "
+            f"{margin:.1f} GiB kept free) at global batch {training.global_batch_size}, sequence "
+            f"{training.seq_length}{f' with {pins}' if pins else ''}; the leanest ({leanest}) "
+            f"needs {least_gib:.1f} GiB per device")  # fmt: skip
+    return "; ".join([head, *_ways_out(model, cluster, training, options, least_gib)])
+
+
+def _ways_out(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    options: SolveOptions,
+    least_gib: float,
+) -> Iterator[str]:
+    """The clauses of :func:`infeasible_message` after its head."""
+    priced = _leanest_priced(model, cluster, training, options)
+    lean = min(priced, key=lambda p: p[0].peak_memory_gib, default=None)
+    if lean is not None and lean[0].fits:
+        yield (f"a uniform configuration fits: {describe(lean[1])} needs "
+               f"{lean[0].peak_memory_gib:.1f} GiB (--method grid)")  # fmt: skip
+        return
+    found = nodes_to_fit(model, cluster, training, options)
+    if found is None:
+        yield (f"more nodes alone do not help up to {cluster.num_nodes * MAX_NODE_FACTOR} "
+               f"nodes")  # fmt: skip
+    else:
+        nodes, gib, config = found
+        yield (f"add nodes: on {nodes} nodes ({nodes * cluster.devices_per_node} devices) "
+               f"{describe(config)} needs {gib:.1f} GiB")  # fmt: skip
+    if lean is None:
+        return  # no uniform configuration divides: nothing to offload or shorten
+    result, config = lean
+    saved_gib = result.memory_gib.optimizer
+    left_gib = result.peak_memory_gib - saved_gib
+    on = "" if abs(result.peak_memory_gib - least_gib) < 0.05 else (
+        f" on the leanest uniform configuration ({describe(config)}, "
+        f"{result.peak_memory_gib:.1f} GiB)")  # fmt: skip
+    enough = "enough" if _fits_gib(cluster, left_gib) else "not enough"
+    yield (f"optimizer offload to the CPU (DeepSpeed ZeRO-Offload){on} saves {saved_gib:.1f} "
+           f"GiB, leaving {left_gib:.1f} GiB: {enough}; the planner does not price its "
+           f"time")  # fmt: skip
+    yield _shorter_sequence(model, cluster, training, options, priced)
+
+
+def _shorter_sequence(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingSpec,
+    options: SolveOptions,
+    priced: Sequence[tuple[Estimate, ParallelConfig]],
+) -> str:
+    """Whether a shorter sequence fits: never when what does not scale with it (weights,
+    gradients, optimizer states, reserved memory) is over the device in every uniform
+    configuration; else the longest of the run's halved up to :data:`SEQUENCE_HALVINGS`
+    times."""
+    fixed_gib = min(r.peak_memory_gib - r.memory_gib.activations for r, _ in priced)
+    if not _fits_gib(cluster, fixed_gib):
+        return (f"a shorter sequence would not help: weights, gradients, optimizer states and "
+                f"reserved memory alone need {fixed_gib:.1f} GiB per device in every uniform "
+                f"configuration on these devices")  # fmt: skip
+    seq = training.seq_length
+    for _ in range(SEQUENCE_HALVINGS):
+        if seq < 2:
+            break
+        seq //= 2
+        shorter = training.model_copy(update={"seq_length": seq})
+        found = leanest_uniform(model, cluster, shorter, options)
+        if found is not None and _fits_gib(cluster, found[0]):
+            return (f"a shorter sequence: at {seq} (--seq-len {seq}) {describe(found[1])} "
+                    f"needs {found[0]:.1f} GiB")  # fmt: skip
+    return f"a shorter sequence: not even {seq} fits"
+
+
+def _leanest_priced(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> list[tuple[Estimate, ParallelConfig]]:
+    """Each branch's leanest configuration that divides, priced."""
+    priced = []
+    for config, _ in space.branch_space(model, cluster, training, options):
+        result = _price(model, cluster, config)
+        if result is not None:
+            priced.append((result, config))
+    return priced
+
+
+def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[list[Option]]:
+    """Per knob, its settings leaner than ``config``'s, mildest first."""
+    c = config
+    knobs: list[list[Option]] = []
+    if c.mbs > 1:
+        knobs.append([(_with(c, mbs=1), cluster, "the same global batch in more microbatches")])
+    if recomputes := space.RECOMPUTE_MODES[space.RECOMPUTE_MODES.index(c.recompute) + 1 :]:
+        knobs.append([(_with(c, recompute=r), cluster, None) for r in recomputes])
+    if zeros := [z for z in ((1, 3) if c.pp == 1 else (1,)) if z > c.zero]:
+        knobs.append([(_with(c, zero=z), cluster, _ZERO_NOTES[z]) for z in zeros])
+    sp_note = None if c.sp else "with sequence parallelism, as Megatron runs TP"
+    if tps := _wider_tps(model, cluster, c):
+        knobs.append([(_with(c, tp=t, sp=True, dp=None), cluster, sp_note) for t in tps])
+    if pps := _deeper_pps(model, cluster, c):
+        zero = min(c.zero, 1)
+        note = None if zero == c.zero else f"DeepSpeed runs no ZeRO-{c.zero} with a pipeline"
+        knobs.append([(_pipelined(model, c, p, zero=zero), cluster, note) for p in pps])
+    if c.zero >= 1:
+        knobs.append([(_with(c, dp=None), cluster.with_nodes(cluster.num_nodes * f),
+                       "more data-parallel ranks share the ZeRO-sharded states")
+                      for f in _factors(MAX_NODE_FACTOR)])  # fmt: skip
+    return knobs
+
+
+def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[Option]:
+    """Every knob of :func:`_knobs` at its leanest at once, the pipeline as shallow and the
+    nodes as few as will do (ZeRO-3 without a pipeline, ZeRO-1 at least with one)."""
+    c = config
+    tp = max([c.tp, *_wider_tps(model, cluster, c)])
+    lean = _with(c, mbs=1, recompute="full", tp=tp, sp=c.sp or tp > 1, dp=None)
+    options: list[Option] = []
+    for factor in (1, *_factors(MAX_NODE_FACTOR)):
+        where = cluster.with_nodes(cluster.num_nodes * factor)
+        for pp in (c.pp, *_deeper_pps(model, cluster, lean)):
+            zero = 3 if pp == 1 else max(c.zero, 1) if pp == c.pp else 1
+            options.append((_pipelined(model, lean, pp, zero=zero), where,
+                            "every knob at its leanest, on the fewest nodes"))  # fmt: skip
+    return options
+
+
+def _wider_tps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> list[int]:
+    """Tensor-parallel degrees above ``c``'s that stay inside a node with its CP."""
+    return [t for t in space.tp_degrees(model, cluster)
+            if t > c.tp and t * c.cp <= cluster.devices_per_node]  # fmt: skip
+
+
+def _deeper_pps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> list[int]:
+    """Pipeline degrees above ``c``'s that divide the devices left by TP and CP."""
+    return [p for p in space.pipeline_degrees(model, cluster.num_devices // (c.tp * c.cp))
+            if p > c.pp]  # fmt: skip
+
+
+def _pipelined(model: ModelSpec, c: ParallelConfig, pp: int, *, zero: int) -> ParallelConfig:
+    """``c`` on ``pp`` stages: a new depth takes the heuristic's split (the first of
+    :func:`~planner.baselines.space.stage_splits`) and keeps its interleaving only if every
+    stage's layers still divide into it."""
+    if pp == c.pp:
+        return _with(c, zero=zero)
+    first, last = space.stage_splits(model.num_layers, pp)[0]
+    layers = space.stage_layers(model.num_layers, pp, (first, last))
+    vpp = c.vpp if all(n % c.vpp == 0 for n in layers) else 1
+    return _with(c, pp=pp, first_stage_layers=first, last_stage_layers=last, vpp=vpp,
+                 zero=zero, dp=None)  # fmt: skip
+
+
+def _mildest(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, options: list[Option]
+) -> Remedy | None:
+    """The first option that fits, else the one that needs least; None if none divides."""
+    best: Remedy | None = None
+    for changed, where, note in options:
+        result = _price(model, where, changed)
+        if result is None:
+            continue
+        remedy = Remedy(_flags(config, changed, cluster, where, result),
+                        result.peak_memory_gib, result.fits, note)  # fmt: skip
+        if remedy.fits:
+            return remedy
+        if best is None or remedy.memory_gib < best.memory_gib:
+            best = remedy
+    return best
+
+
+def _flags(
+    old: ParallelConfig,
+    new: ParallelConfig,
+    old_cluster: ClusterSpec,
+    new_cluster: ClusterSpec,
+    result: Estimate,
+) -> str:
+    """The ``planner estimate`` options that turn ``old`` into ``new``."""
+    parts = []
+    for name in _FLAGS:
+        before, after = getattr(old, name), getattr(new, name)
+        flag = "--" + name.replace("_", "-")
+        if after == before:
+            continue
+        if after is None:
+            parts.append(f"without {flag}")
+        elif isinstance(after, bool):
+            parts.append(flag if after else f"--no-{name}")
+        else:
+            parts.append(f"{flag} {after}")
+    if old.dp is not None and result.dp != old.dp:
+        parts.append(f"--dp {result.dp}")  # an explicit --dp must follow the new degrees
+    if new_cluster.num_nodes != old_cluster.num_nodes:
+        parts.append(f"--nodes {new_cluster.num_nodes}")
+    return " ".join(parts)
+
+
+def _with(config: ParallelConfig, **update: object) -> ParallelConfig:
+    return config.model_copy(update=update)
+
+
+def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Estimate | None:
+    """The estimate, or None when the configuration does not divide."""
+    try:
+        return estimate(model, cluster, config)
+    except ConfigError:
+        return None
+
+
+def _fits_gib(cluster: ClusterSpec, gib: float) -> bool:
+    """:func:`estimate`'s test: a peak (reserved memory included) that leaves the default
+    margin free on the device."""
+    margin = cost.memory_margin_bytes(cluster.device.memory_gib)
+    return gib * GIB + margin <= cluster.device.memory_bytes
+
+
+def _factors(max_factor: int) -> list[int]:
+    """2, 4, ... up to ``max_factor``.
+
+    >>> _factors(64)
+    [2, 4, 8, 16, 32, 64]
+    """
+    return [2**k for k in range(1, max_factor.bit_length()) if 2**k <= max_factor]

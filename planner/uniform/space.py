@@ -1,0 +1,256 @@
+"""The uniform (Megatron-style) configurations a search enumerates, in one place: the grid
+baseline, the framework targets, the remedies and the failure messages all walk this space.
+
+The space is what a Megatron-LM user can launch with flags:
+
+- ``tp``: divisors of the devices in a node that divide the attention heads, the KV groups
+  and the FFN (tensor parallelism stays inside a node);
+- ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``,
+  with the layers split by :func:`stage_splits`: equal stages when ``pp`` divides the layers,
+  else Megatron's uneven first and last stage (``--decoder-first-pipeline-num-layers``,
+  ``--decoder-last-pipeline-num-layers``);
+- ``vpp`` (interleaved 1F1B), when ``options.interleaved``: every count of chunks that divides
+  every stage's layers (Megatron-Core's rule, uneven stages included);
+- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a node, only from :data:`LONG_SEQUENCE` on,
+  each as ring attention and as Ulysses all-to-alls;
+- ``ep``: divisors of the experts (mixtures of experts only);
+- ``mbs``: ``options.micro_batch_sizes``; recomputation none, selective or full; ZeRO 0 or 1
+  (the distributed optimizer), 0 to 3 without a pipeline;
+- sequence parallelism whenever ``tp > 1``; flash attention and the overlap flags as the
+  options say; data parallelism takes the devices left over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from planner.errors import ConfigError
+from planner.frameworks import ANY, profile
+from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
+from planner.plan.config import ParallelConfig, resolve
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.vocabulary import RECOMPUTE_MODES, ContextParallelism
+
+LONG_SEQUENCE = 8192
+"""Context parallelism is tried from this sequence length on. Below it the attention's
+activations are small next to the rest of a layer's, and NVIDIA's recipes keep CP at 1 (their
+first with CP 2 is Llama 3 8B at 8192)."""
+CP_DEGREES = (1, 2, 4, 8)
+
+Split = tuple[int | None, int | None]
+"""Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
+
+
+def stage_splits(num_layers: int, pp: int) -> list[Split]:
+    """The layer splits tried for ``pp`` stages: equal stages when ``pp`` divides the layers;
+    else Megatron's uneven first and last stage around ``pp - 2`` middle stages of ``m`` layers.
+
+    ``m`` is ``ceil(num_layers / pp)``, the least the busiest stage can hold, or one more (the
+    ends then lighten by ``pp - 2`` layers between them: room for the embedding and the head,
+    and an equal split when ``pp`` is odd and the least ``m`` leaves an odd remainder). The ends
+    share what the middle leaves, at least one layer each: equally when it is even (Llama 3.1
+    405B on PP16: 7 + 8 x 14 + 7), else one apart, either way round. At most four splits per
+    ``pp``; none when the middle leaves fewer than two layers (126 layers on PP48).
+
+    >>> stage_splits(126, 16), stage_splits(96, 16)
+    ([(7, 7)], [(None, None)])
+    >>> stage_splits(32, 3)
+    [(10, 11), (11, 10), (10, 10)]
+    """
+    if num_layers % pp == 0:
+        return [(None, None)]
+    if pp > num_layers:
+        return []
+    least = -(-num_layers // pp)
+    splits: dict[Split, None] = {}  # ordered, and pp 2 gives the same ends for either m
+    for middle in (least, least + 1):
+        ends = num_layers - (pp - 2) * middle
+        if ends < 2:
+            continue
+        lighter = ends // 2
+        splits[lighter, ends - lighter] = None
+        splits[ends - lighter, lighter] = None
+    return list(splits)
+
+
+def stage_layers(num_layers: int, pp: int, split: Split) -> tuple[int, ...]:
+    """Decoder layers on each stage, first to last.
+
+    >>> stage_layers(126, 16, (7, 7))[:3], stage_layers(96, 16, (None, None))[:3]
+    ((7, 8, 8), (6, 6, 6))
+    """
+    first, last = split
+    if first is None or last is None:
+        return (num_layers // pp,) * pp
+    middle = (num_layers - first - last) // (pp - 2) if pp > 2 else 0
+    return (first, *([middle] * (pp - 2)), last)
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """The degrees that decide how devices are grouped, and the layers' split over the
+    stages; everything else varies inside."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    split: Split = (None, None)
+    cp_algo: ContextParallelism = "ring"
+
+
+def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
+    """Tensor-parallel degrees inside a node that split heads, KV groups and FFN evenly."""
+    per_node = cluster.devices_per_node
+    # MLA's keys and values come from one shared latent: there are no KV groups to split
+    kv_groups = model.num_attention_heads if model.mla else model.query_groups
+    return [t for t in range(1, per_node + 1)
+            if per_node % t == 0 and model.num_attention_heads % t == 0
+            and kv_groups % t == 0 and model.ffn % t == 0]  # fmt: skip
+
+
+def pipeline_degrees(model: ModelSpec, devices: int) -> list[int]:
+    """Pipeline degrees that divide ``devices`` and split the decoder layers somehow."""
+    return [p for p in divisors(devices) if p <= model.num_layers
+            and stage_splits(model.num_layers, p)]  # fmt: skip
+
+
+def branches(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pins: Pins = NO_PINS
+) -> list[Branch]:
+    """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
+    layer split, among the pinned degrees."""
+    n = cluster.num_devices
+    cps = CP_DEGREES if training.seq_length >= LONG_SEQUENCE else (1,)
+    if pins.cp is not None:
+        cps = (pins.cp,)
+    experts = model.moe.num_experts if model.moe else 1
+    out = []
+    for tp in (t for t in tp_degrees(model, cluster) if pins.admits(tp=t)):
+        for cp in (c for c in cps if tp * c <= cluster.devices_per_node and n % (tp * c) == 0):
+            for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
+                dp = n // (tp * pp * cp)
+                algos: tuple[ContextParallelism, ...] = ("ring", "ulysses") if cp > 1 else ("ring",)
+                out += [Branch(tp, pp, cp, ep, split, algo)
+                        for split in stage_splits(model.num_layers, pp)
+                        for ep in divisors(experts)
+                        for algo in algos
+                        if (dp * cp) % ep == 0 and pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
+    return out
+
+
+def run_config(training: TrainingSpec, options: SolveOptions, **degrees: object) -> ParallelConfig:
+    """A configuration of the run's batch, sequence, precision and switches, with ``degrees``
+    (``tp``, ``pp``, ``recompute``, ...) on top."""
+    return ParallelConfig(
+        global_batch=training.global_batch_size, seq_len=training.seq_length,
+        precision=training.precision, flash_attention=options.flash_attention,
+        overlap_grad_reduce=options.overlap_grad_reduce,
+        overlap_param_gather=options.overlap_param_gather, **degrees,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def branch_groups(
+    branch: Branch, model: ModelSpec, training: TrainingSpec, options: SolveOptions
+) -> list[list[ParallelConfig]]:
+    """The branch's configurations, one list per ``(vpp, recompute, zero)`` with the
+    microbatch ascending, among the pinned knobs (sequence parallelism whenever TP > 1 unless
+    pinned)."""
+    b, pins = branch, options.pins
+    vpps = [1]
+    if options.interleaved and b.pp > 1:
+        layers = set(stage_layers(model.num_layers, b.pp, b.split))
+        vpps += [v for v in range(2, min(layers) + 1) if all(n % v == 0 for n in layers)]
+    zeros = (0, 1, 2, 3) if b.pp == 1 else (0, 1)
+    mbss = sorted(set(options.micro_batch_sizes) if pins.mbs is None else {pins.mbs})
+    sp = b.tp > 1 if pins.sp is None else pins.sp
+    first, last = b.split
+    groups = [
+        [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, cp_algo=b.cp_algo, ep=b.ep,
+                    vpp=v, sp=sp,
+                    first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
+                    zero=z) for m in mbss]
+        for v in vpps for r in RECOMPUTE_MODES for z in zeros
+        if pins.admits(vpp=v, recompute=r, zero=z)
+    ]  # fmt: skip
+    return [group for group in groups if group]
+
+
+def branch_space(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+) -> list[tuple[ParallelConfig, list[list[ParallelConfig]]]]:
+    """Every branch's leanest configuration (no interleaving, the smallest microbatch, full
+    recomputation, the highest ZeRO stage) and its groups, among what ``options.framework``
+    launches: the grid prices the leanest first to drop the branch,
+    :func:`planner.uniform.remedies.leanest_uniform` prices only the leanest."""
+    space = []
+    for branch in branches(model, cluster, training, options.pins):
+        groups = branch_groups(branch, model, training, options)
+        launched = ([launched_variant(c, model, cluster, options) for c in group]
+                    for group in groups)
+        groups = [kept for group in launched if (kept := [c for c in group if c is not None])]
+        if groups:
+            space.append((min((group[0] for group in groups), key=_leanness), groups))
+    return space
+
+
+def launched_variant(
+    config: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, options: SolveOptions
+) -> ParallelConfig | None:
+    """``config`` as the target framework launches it, or None when it cannot.
+
+    Frameworks fix some overlaps by ZeRO stage and pipeline (DeepSpeed's pipeline engine
+    reduces gradients after the last microbatch, torchtitan's FSDP2 overlaps its own
+    gathers...): the most overlapped setting of the two overlap flags the framework launches,
+    among those the options allow, is taken (overlap never makes a step slower in the cost
+    model). One that does not even divide is kept as it is, for the pricing to refuse with its
+    reason."""
+    if options.framework == ANY:
+        return config
+    try:
+        resolved = resolve(model, cluster, config)
+    except ConfigError:
+        return config
+    target = profile(options.framework)
+    grads = (True, False) if options.overlap_grad_reduce else (False,)
+    gathers = (True, False) if options.overlap_param_gather else (False,)
+    for grad in grads:
+        for gather in gathers:
+            variant = config.model_copy(update={"overlap_grad_reduce": grad,
+                                                "overlap_param_gather": gather})  # fmt: skip
+            # The flags change no divisibility: the resolution holds for every variant.
+            if target.launches(replace(resolved, config=variant), model):
+                return variant
+    return None
+
+
+def grid_space(
+    model: ModelSpec, cluster: ClusterSpec, options: SolveOptions = DEFAULT_OPTIONS
+) -> list[ParallelConfig]:
+    """Every configuration the grid considers for ``options.framework`` (some do not divide
+    or fit)."""
+    training = training_of(model, options)
+    return [config for _, groups in branch_space(model, cluster, training, options)
+            for group in groups for config in group]  # fmt: skip
+
+
+def config_key(config: ParallelConfig) -> tuple[int, ...]:
+    """The tie-break order: simpler configurations first (equal stages before uneven)."""
+    c = config
+    return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp,
+            int(c.cp_algo == "ulysses"), c.ep, c.vpp, c.mbs, RECOMPUTE_MODES.index(c.recompute),
+            c.zero)  # fmt: skip
+
+
+def _leanness(config: ParallelConfig) -> tuple[int, int, int, int]:
+    """Smaller is leaner: no interleaving, small microbatch, more recomputation, more ZeRO."""
+    return (config.vpp, config.mbs, -RECOMPUTE_MODES.index(config.recompute), -config.zero)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    return [d for d in range(1, n + 1) if n % d == 0]

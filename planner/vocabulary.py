@@ -1,0 +1,57 @@
+"""The field's words, each defined once: units, precisions, recomputation modes, pipeline
+schedules, context-parallel algorithms, ZeRO stages, collectives and parallelisms.
+
+Every module that names one of these imports it from here, so a new schedule or collective is
+added in one place and the type checker finds every ``match`` that misses it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+GIB = 1024**3
+"""Bytes in a GiB: memory sizes (``memory_gib``)."""
+GB = 1e9
+"""Bytes in a GB: bandwidths (``bandwidth_gb_s``), as data sheets quote them."""
+
+Precision = Literal["bf16", "fp16", "fp32"]
+"""Mixed-precision compute type."""
+
+Recompute = Literal["none", "selective", "full"]
+"""Activation recomputation: none; selective (Megatron-LM's attention core,
+``--recompute-activations``); full (each layer's whole forward, ``--recompute-granularity
+full``)."""
+RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
+"""From least to most recomputation (the index is the mode's position in per-mode tuples)."""
+
+PipelineSchedule = Literal["1f1b", "gpipe"]
+"""The schedule as a configuration gives it; with virtual stages (``vpp > 1``) 1F1B runs
+interleaved."""
+ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
+"""The schedule as it runs (what a plan records and the simulator replays)."""
+
+ContextParallelism = Literal["ring", "ulysses"]
+"""How context parallelism exchanges attention's inputs: ring attention (K/V passed around the
+ring, Megatron-Core/Transformer Engine ``p2p``) or Ulysses (all-to-all to head shards)."""
+
+ZeroStage = Literal[0, 1, 2, 3]
+"""ZeRO stage (a level of sharding of optimizer states, gradients and weights, not a pipeline
+stage): 0 none, 1 optimizer states (Megatron's distributed optimizer), 2 and gradients,
+3 and weights (FSDP)."""
+ZERO_STAGES: tuple[ZeroStage, ...] = (0, 1, 2, 3)
+
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+"""A collective over a group of ranks."""
+
+Parallelism = Literal["tp", "cp", "ep", "dp", "pp"]
+"""A kind of parallelism, named by its degree's flag; not a mesh axis (an axis is a dimension
+of a stage's logical device mesh, which may carry several of these)."""
+
+
+def schedule_name(schedule: PipelineSchedule, vpp: int) -> ScheduleName:
+    """The schedule that runs for a configuration's ``schedule`` and virtual stages.
+
+    >>> schedule_name("1f1b", 2), schedule_name("1f1b", 1), schedule_name("gpipe", 1)
+    ('interleaved', '1f1b', 'gpipe')
+    """
+    return "interleaved" if vpp > 1 else schedule
