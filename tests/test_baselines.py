@@ -223,7 +223,7 @@ def test_heuristic_gpt3_follows_megatron(
     selective recomputation, a microbatch of 1, and the fewest pipeline stages that fit (the
     next smaller divisor of the layers does not)."""
     plan = plans["gpt3-175b", "heuristic"]
-    assert plan.uniform == StageParallel(tp=8, dp=1, sp=True, zero_stage=1, recompute="selective")
+    assert plan.uniform == StageParallel(tp=8, dp=1, sp=True, zero=1, recompute="selective")
     assert plan.micro_batch_size == 1
     assert plan.predicted.peak_memory_gib <= a100_128.device.memory_gib
     pp = len(plan.stages)
@@ -240,7 +240,7 @@ def test_heuristic_raises_tp_before_pp(
     """Llama 3 8B at 8,192 tokens on one DGX H100: TP 1 does not fit with selective
     recomputation, so the rule takes TP 2, still without a pipeline."""
     plan = plans["llama3-8b", "heuristic"]
-    assert plan.uniform == StageParallel(tp=2, dp=1, sp=True, zero_stage=1, recompute="selective")
+    assert plan.uniform == StageParallel(tp=2, dp=1, sp=True, zero=1, recompute="selective")
     assert len(plan.stages) == 1
     options = SolveOptions()
     tp1 = run_config(training_of(llama, options), options, tp=1, zero=1, recompute="selective")
@@ -256,7 +256,7 @@ def test_heuristic_llama405b_follows_its_rule(llama405b: ModelSpec) -> None:
     rule's last resort, is never reached (with it PP16 would fit)."""
     cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 2048)
     plan = heuristic_plan(llama405b, cluster)
-    assert plan.uniform == StageParallel(tp=8, dp=1, sp=True, zero_stage=1, recompute="selective")
+    assert plan.uniform == StageParallel(tp=8, dp=1, sp=True, zero=1, recompute="selective")
     assert [s.num_layers for s in plan.stages] == [3, *[4] * 30, 3]
     assert (plan.micro_batch_size, plan.data_parallel_replicas) == (1, 64)
     options = SolveOptions()

@@ -48,7 +48,7 @@ def test_memory_bars_stack_to_each_stages_memory(solved: tuple[Plan, Path, Path]
     assert len(containers) == len(MEMORY_PARTS) + 1  # the parts, then the headroom
     for i, stage in enumerate(plan.stages):
         parts = sum(c.patches[i].get_height() for c in containers[:-1])
-        assert parts == pytest.approx(stage.memory_gib.total)
+        assert parts == pytest.approx(stage.memory.total_gib)
         top = containers[-1].patches[i]
         assert top.get_y() + top.get_height() == pytest.approx(plan.cluster.device_memory_gib)
 
@@ -59,7 +59,7 @@ def test_time_bar_adds_up_to_the_step(solved: tuple[Plan, Path, Path]) -> None:
     ax = time_figure(plan).axes[0]
     widths = [c.patches[0].get_width() for c in ax.containers]
     assert sum(widths) == pytest.approx(plan.predicted.step_time_s)
-    parts = [v for v in plan.predicted.time_s.model_dump().values() if v > 0]
+    parts = [v for v in plan.predicted.time.model_dump().values() if v > 0]
     assert sorted(widths) == pytest.approx(sorted(parts))
 
 

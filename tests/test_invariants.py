@@ -270,16 +270,16 @@ def test_global_batch_is_micro_x_microbatches_x_data_parallel(base: Plan) -> Non
 def test_predicted_memory_within_capacity(base: Plan) -> None:
     """Every stage and the predicted peak within the device's memory, up to float rounding."""
     capacity = base.cluster.device_memory_gib
-    memory = base.stages[1].memory_gib
-    over = with_stage(base, 1, memory_gib=memory.model_copy(
-        update={"other": memory.other + capacity - memory.total + 0.5}))  # fmt: skip
+    memory = base.stages[1].memory
+    over = with_stage(base, 1, memory=memory.model_copy(
+        update={"other_gib": memory.other_gib + capacity - memory.total_gib + 0.5}))  # fmt: skip
     assert only(over, "memory") == [
         f"memory: stage 1 needs {capacity + 0.5:.3f} GiB per device, more than the "
         f"{capacity:g} GiB a device has"
     ]
     assert plan_violations(over, memory=False) == []
-    rounding = with_stage(base, 1, memory_gib=memory.model_copy(
-        update={"other": memory.other + capacity * (1 + 1e-12) - memory.total}))  # fmt: skip
+    other = memory.other_gib + capacity * (1 + 1e-12) - memory.total_gib
+    rounding = with_stage(base, 1, memory=memory.model_copy(update={"other_gib": other}))
     assert plan_violations(rounding) == []
     predicted = base.predicted.model_copy(update={"peak_memory_gib": capacity + 1})
     peak = base.model_copy(update={"predicted": predicted})
@@ -420,9 +420,9 @@ def test_a_plan_is_its_configuration(configured: Plan) -> None:
         update={"recompute": "full"}))  # fmt: skip
     assert only(tampered, "configuration") == [
         f"configuration: stage 0 runs {{'tp': {base.configuration.tp}, 'cp': 1, 'ep': 1, "
-        f"'sp': {base.stages[0].parallel.sp}, 'zero_stage': {base.configuration.zero}, "
+        f"'sp': {base.stages[0].parallel.sp}, 'zero': {base.configuration.zero}, "
         f"'recompute': 'full'}}, not {{'tp': {base.configuration.tp}, 'cp': 1, 'ep': 1, "
-        f"'sp': {base.stages[0].parallel.sp}, 'zero_stage': {base.configuration.zero}, "
+        f"'sp': {base.stages[0].parallel.sp}, 'zero': {base.configuration.zero}, "
         f"'recompute': '{base.configuration.recompute}'}}"]
     assert only(base.model_copy(update={"framework": "any"}), "configuration") == [
         "configuration: a per-operator plan (framework any) carries a configuration"]

@@ -74,13 +74,13 @@ def _strictly_increasing(values: list[float]) -> bool:
 def _busy_s(e: Estimate) -> float:
     """``m`` times the slowest stage's per-microbatch time, when no data-parallel traffic is
     paid per microbatch (ZeRO < 2): every part of the step except bubble, DP tail, optimizer."""
-    t = e.time_s
+    t = e.time
     return (
-        t.compute
-        + t.tensor_parallel_comm
-        + t.context_parallel_comm
-        + t.expert_parallel_comm
-        + t.pipeline_comm
+        t.compute_s
+        + t.tensor_parallel_comm_s
+        + t.context_parallel_comm_s
+        + t.expert_parallel_comm_s
+        + t.pipeline_comm_s
     )
 
 
@@ -93,14 +93,14 @@ def test_tp_shards_weights_and_activations_and_adds_tp_comm() -> None:
     activations as sbh(10 + 24/t), and the f/g all-reduces appear only when t > 1."""
     degrees = [1, 2, 4, 8]  # within one 8-GPU node
     est = {t: _estimate(ParallelConfig(tp=t, pp=16)) for t in degrees}
-    weights = [est[t].memory_gib.weights for t in degrees]
+    weights = [est[t].memory.weights_gib for t in degrees]
     assert _strictly_decreasing(weights)
     for t in degrees:
-        share = est[t].memory_gib.weights / (weights[0] / t)
+        share = est[t].memory.weights_gib / (weights[0] / t)
         assert 1.0 <= share < 1.05, (t, share)
-    assert _strictly_decreasing([est[t].memory_gib.activations for t in degrees])
-    assert est[1].time_s.tensor_parallel_comm == 0.0
-    assert all(est[t].time_s.tensor_parallel_comm > 0.0 for t in degrees[1:])
+    assert _strictly_decreasing([est[t].memory.activations_gib for t in degrees])
+    assert est[1].time.tensor_parallel_comm_s == 0.0
+    assert all(est[t].time.tensor_parallel_comm_s > 0.0 for t in degrees[1:])
 
 
 # --------------------------------------------------------------------------- pp
@@ -118,13 +118,13 @@ def test_pp_shards_weights_and_only_pipelines_send() -> None:
     """Pipeline parallelism splits the layers (Narayanan et al., Sec. 2.2): weights per device
     fall with p; point-to-point sends and a bubble exist only when p > 1."""
     est = {p: _pp_estimate(p) for p in PP_DEGREES}
-    assert _strictly_decreasing([est[p].memory_gib.weights for p in PP_DEGREES])
-    assert est[1].time_s.pipeline_comm == 0.0
-    assert est[1].time_s.pipeline_bubble == 0.0
+    assert _strictly_decreasing([est[p].memory.weights_gib for p in PP_DEGREES])
+    assert est[1].time.pipeline_comm_s == 0.0
+    assert est[1].time.pipeline_bubble_s == 0.0
     assert est[1].bubble_fraction == 0.0
     for p in PP_DEGREES[1:]:
-        assert est[p].time_s.pipeline_comm > 0.0
-        assert est[p].time_s.pipeline_bubble > 0.0
+        assert est[p].time.pipeline_comm_s > 0.0
+        assert est[p].time.pipeline_bubble_s > 0.0
 
 
 @pytest.mark.parametrize("pp", PP_DEGREES[1:])
@@ -138,7 +138,7 @@ def test_pp_bubble_fraction_is_p_minus_1_over_m(pp: int) -> None:
     assert e.num_microbatches == m
     closed_form = (pp - 1) / m
     assert 0.9 * closed_form <= e.bubble_fraction <= closed_form * (1 + REL)
-    assert e.bubble_fraction == pytest.approx(e.time_s.pipeline_bubble / _busy_s(e), rel=REL)
+    assert e.bubble_fraction == pytest.approx(e.time.pipeline_bubble_s / _busy_s(e), rel=REL)
 
 
 # --------------------------------------------------------------------------- dp / --nodes
@@ -181,11 +181,11 @@ def test_cp_splits_activations_not_weights() -> None:
         )
         for cp in CP_DEGREES
     }  # fmt: skip
-    base = est[1].memory_gib
+    base = est[1].memory
     for cp in CP_DEGREES:
-        assert est[cp].memory_gib.activations == pytest.approx(base.activations / cp, rel=REL)
-        assert est[cp].memory_gib.weights == pytest.approx(base.weights, rel=REL)
-    assert est[1].time_s.context_parallel_comm == 0.0
+        assert est[cp].memory.activations_gib == pytest.approx(base.activations_gib / cp, rel=REL)
+        assert est[cp].memory.weights_gib == pytest.approx(base.weights_gib, rel=REL)
+    assert est[1].time.context_parallel_comm_s == 0.0
 
 
 def test_cp_ring_traffic_shows_when_attention_cannot_hide_it() -> None:
@@ -197,7 +197,7 @@ def test_cp_ring_traffic_shows_when_attention_cannot_hide_it() -> None:
         _estimate(
             ParallelConfig(tp=8, pp=2, cp=cp, dp=2, seq_len=8192, global_batch=64),
             model=GPT3 + "+rope", cluster=H100, nodes=4 * cp,
-        ).time_s.context_parallel_comm
+        ).time.context_parallel_comm_s
         for cp in CP_DEGREES
     ]  # fmt: skip
     assert comm[0] == 0.0
@@ -218,8 +218,8 @@ def test_ep_shards_experts_and_adds_all_to_all() -> None:
         ep: _estimate(ParallelConfig(pp=4, ep=ep), model=MIXTRAL, cluster=H100, nodes=8)
         for ep in EP_DEGREES
     }
-    for part in ("weights", "gradients", "optimizer"):
-        values = [getattr(est[ep].memory_gib, part) for ep in EP_DEGREES]
+    for part in ("weights_gib", "gradients_gib", "optimizer_gib"):
+        values = [getattr(est[ep].memory, part) for ep in EP_DEGREES]
         assert _strictly_decreasing(values), part
         # values[ep] = dense + experts / ep: solve from ep 1 and 2, predict 4 and 8.
         experts = 2 * (values[0] - values[1])
@@ -227,8 +227,8 @@ def test_ep_shards_experts_and_adds_all_to_all() -> None:
         assert dense > 0.0
         for ep, value in zip(EP_DEGREES, values, strict=True):
             assert value == pytest.approx(dense + experts / ep, rel=1e-9), (part, ep)
-    assert est[1].time_s.expert_parallel_comm == 0.0
-    assert all(est[ep].time_s.expert_parallel_comm > 0.0 for ep in EP_DEGREES[1:])
+    assert est[1].time.expert_parallel_comm_s == 0.0
+    assert all(est[ep].time.expert_parallel_comm_s > 0.0 for ep in EP_DEGREES[1:])
 
 
 # --------------------------------------------------------------------------- vpp
@@ -245,16 +245,16 @@ def test_vpp_shrinks_the_bubble_and_multiplies_pipeline_sends() -> None:
     est = {v: _estimate(ParallelConfig(tp=8, pp=p, vpp=v)) for v in VPP_DEGREES}
     m = est[1].num_microbatches
     assert m == 192
-    assert _strictly_decreasing([est[v].time_s.pipeline_bubble for v in VPP_DEGREES])
+    assert _strictly_decreasing([est[v].time.pipeline_bubble_s for v in VPP_DEGREES])
     for v in VPP_DEGREES:
         e = est[v]
-        assert e.time_s.pipeline_comm == pytest.approx(v * est[1].time_s.pipeline_comm, rel=REL)
+        assert e.time.pipeline_comm_s == pytest.approx(v * est[1].time.pipeline_comm_s, rel=REL)
         closed_form = (p - 1) / (v * m)
         assert 0.9 * closed_form <= e.bubble_fraction <= closed_form * (1 + REL)
-        assert e.bubble_fraction == pytest.approx(e.time_s.pipeline_bubble / _busy_s(e), rel=REL)
+        assert e.bubble_fraction == pytest.approx(e.time.pipeline_bubble_s / _busy_s(e), rel=REL)
         factor = 1 + (p - 1) / (p * v) if v > 1 else 1.0
-        assert e.memory_gib.activations == pytest.approx(
-            factor * est[1].memory_gib.activations, rel=1e-2
+        assert e.memory.activations_gib == pytest.approx(
+            factor * est[1].memory.activations_gib, rel=1e-2
         )
 
 
@@ -267,7 +267,7 @@ def test_sp_lowers_activations(tp: int) -> None:
     along the sequence: sbh(10 + 24/t) becomes sbh 34/t, strictly less for t > 1."""
     off = _estimate(ParallelConfig(tp=tp, pp=16))
     on = _estimate(ParallelConfig(tp=tp, pp=16, sp=True))
-    assert on.memory_gib.activations < off.memory_gib.activations
+    assert on.memory.activations_gib < off.memory.activations_gib
 
 
 def test_sp_without_tp_changes_nothing() -> None:
@@ -299,7 +299,7 @@ def test_activations_match_korthikanti(tp: int, sp: bool) -> None:
     embedding_mask = MASK_BYTES / tp if sp else MASK_BYTES
     expected_bytes = sbh * (layers * per_layer + p * embedding_mask)
     e = _estimate(ParallelConfig(tp=tp, pp=p, sp=sp))
-    assert e.memory_gib.activations == pytest.approx(expected_bytes / GIB, rel=1e-3)
+    assert e.memory.activations_gib == pytest.approx(expected_bytes / GIB, rel=1e-3)
 
 
 # --------------------------------------------------------------------------- mbs
@@ -313,8 +313,8 @@ def test_mbs_raises_activations_and_the_bubble() -> None:
     est = {b: _estimate(ParallelConfig(tp=8, pp=16, mbs=b)) for b in sizes}
     for b in sizes:
         assert est[b].num_microbatches == 1536 // (8 * b)
-        assert est[b].memory_gib.activations == pytest.approx(
-            b * est[1].memory_gib.activations, rel=REL
+        assert est[b].memory.activations_gib == pytest.approx(
+            b * est[1].memory.activations_gib, rel=REL
         )
     assert _strictly_increasing([est[b].bubble_fraction for b in sizes])
 
@@ -332,7 +332,7 @@ def test_global_batch_raises_step_time_and_throughput() -> None:
     assert _strictly_increasing([e.tokens_per_s for e in est])
     assert _strictly_decreasing([e.bubble_fraction for e in est])
     for e in est:  # the bubble itself does not depend on m
-        assert e.time_s.pipeline_bubble == pytest.approx(est[0].time_s.pipeline_bubble, rel=REL)
+        assert e.time.pipeline_bubble_s == pytest.approx(est[0].time.pipeline_bubble_s, rel=REL)
 
 
 # --------------------------------------------------------------------------- seq_len
@@ -346,8 +346,8 @@ def test_seq_len_raises_step_time_and_activations() -> None:
     est = {s: _estimate(ParallelConfig(tp=8, pp=16, seq_len=s)) for s in lengths}
     assert _strictly_increasing([est[s].step_time_s for s in lengths])
     for s in lengths:
-        assert est[s].memory_gib.activations == pytest.approx(
-            s / 512 * est[512].memory_gib.activations, rel=REL
+        assert est[s].memory.activations_gib == pytest.approx(
+            s / 512 * est[512].memory.activations_gib, rel=REL
         )
 
 
@@ -365,7 +365,7 @@ def test_recompute_trades_memory_for_time() -> None:
         r: _estimate(ParallelConfig(tp=8, pp=16, recompute=r, flash_attention=False))
         for r in policies
     }
-    assert _strictly_decreasing([est[r].memory_gib.activations for r in policies])
+    assert _strictly_decreasing([est[r].memory.activations_gib for r in policies])
     assert _strictly_increasing([est[r].step_time_s for r in policies])
     ratio = {r: est[r].hardware_tflops_per_gpu / est[r].model_tflops_per_gpu for r in policies}
     assert est["none"].hardware_tflops_per_gpu == est["none"].model_tflops_per_gpu
@@ -378,7 +378,7 @@ def test_selective_recompute_keeps_what_flash_attention_keeps() -> None:
     term of Korthikanti et al. (Sec. 5), which is also what a fused attention never stores."""
     selective = _estimate(ParallelConfig(tp=8, pp=16, recompute="selective", flash_attention=False))
     flash = _estimate(ParallelConfig(tp=8, pp=16, flash_attention=True))
-    assert selective.memory_gib.activations == pytest.approx(flash.memory_gib.activations, rel=REL)
+    assert selective.memory.activations_gib == pytest.approx(flash.memory.activations_gib, rel=REL)
 
 
 # --------------------------------------------------------------------------- zero
@@ -408,13 +408,14 @@ def test_zero_shards_optimizer_then_gradients_then_weights(
         for z in ZERO_STAGES
     }
     assert est[0].dp * config.cp == shards
-    mem = {z: est[z].memory_gib for z in ZERO_STAGES}
-    sharded = {1: "optimizer", 2: "gradients", 3: "weights"}
+    mem = {z: est[z].memory for z in ZERO_STAGES}
+    sharded = {1: "optimizer_gib", 2: "gradients_gib", 3: "weights_gib"}
     for z, part in sharded.items():
         assert getattr(mem[z], part) == pytest.approx(getattr(mem[0], part) / shards, rel=REL)
         assert getattr(mem[z - 1], part) == pytest.approx(getattr(mem[0], part), rel=REL)
     for a, b in pairwise(ZERO_STAGES):
-        for part in ("weights", "gradients", "optimizer", "activations", "other"):
+        for part in ("weights_gib", "gradients_gib", "optimizer_gib", "activations_gib",
+                     "other_gib"):
             assert getattr(mem[b], part) <= getattr(mem[a], part) * (1 + REL), (a, b, part)
     assert _strictly_decreasing([est[z].peak_memory_gib for z in ZERO_STAGES])
 
@@ -430,9 +431,9 @@ def test_fp32_is_slower_and_keeps_more_activations_than_bf16() -> None:
     fp32 = _estimate(ParallelConfig(tp=8, pp=16, precision="fp32"))
     assert fp32.step_time_s > bf16.step_time_s
     assert (
-        bf16.memory_gib.activations
-        < fp32.memory_gib.activations
-        < (2 * bf16.memory_gib.activations)
+        bf16.memory.activations_gib
+        < fp32.memory.activations_gib
+        < (2 * bf16.memory.activations_gib)
     )
 
 
@@ -450,7 +451,7 @@ def test_flash_attention_saves_the_score_tensors_and_time() -> None:
     on = _estimate(ParallelConfig(tp=tp, pp=16, flash_attention=True))
     assert on.step_time_s < off.step_time_s
     scores_bytes = gpt.num_layers * 5 * gpt.num_attention_heads * s * s * b / tp
-    assert off.memory_gib.activations - on.memory_gib.activations == pytest.approx(
+    assert off.memory.activations_gib - on.memory.activations_gib == pytest.approx(
         scores_bytes / GIB, rel=REL
     )
 
@@ -468,7 +469,7 @@ def test_overlap_grad_reduce_hides_the_gradient_reduction() -> None:
         assert on.step_time_s <= off.step_time_s, zero
     off = _estimate(ParallelConfig(tp=8))
     on = _estimate(ParallelConfig(tp=8, overlap_grad_reduce=True))
-    assert on.time_s.data_parallel_comm_exposed < off.time_s.data_parallel_comm_exposed
+    assert on.time.data_parallel_comm_exposed_s < off.time.data_parallel_comm_exposed_s
     assert on.step_time_s < off.step_time_s
 
 
@@ -492,7 +493,7 @@ def test_tp_comm_overlap_hides_tensor_parallel_collectives() -> None:
     to overlap."""
     off = _estimate(ParallelConfig(tp=8, pp=16, sp=True))
     on = _estimate(ParallelConfig(tp=8, pp=16, sp=True, tp_comm_overlap=True))
-    assert on.time_s.tensor_parallel_comm < off.time_s.tensor_parallel_comm
+    assert on.time.tensor_parallel_comm_s < off.time.tensor_parallel_comm_s
     assert on.step_time_s < off.step_time_s
     with pytest.raises(planner.ConfigError, match="tp_comm_overlap needs sequence parallel"):
         _estimate(ParallelConfig(tp=8, pp=16, tp_comm_overlap=True))
@@ -511,7 +512,7 @@ def test_gpipe_holds_more_activations_than_1f1b_in_the_same_time() -> None:
     one_f_one_b = _estimate(ParallelConfig(tp=8, pp=16, schedule="1f1b"))
     gpipe = _estimate(ParallelConfig(tp=8, pp=16, schedule="gpipe"))
     assert gpipe.num_microbatches > 16
-    assert gpipe.memory_gib.activations > one_f_one_b.memory_gib.activations
+    assert gpipe.memory.activations_gib > one_f_one_b.memory.activations_gib
     assert gpipe.step_time_s == pytest.approx(one_f_one_b.step_time_s, rel=REL)
     assert gpipe.bubble_fraction == pytest.approx(one_f_one_b.bubble_fraction, rel=REL)
 
@@ -548,7 +549,7 @@ def test_the_reported_figures_add_up(
     batch = config.global_batch or spec.training.global_batch_size
     precision = config.precision or spec.training.precision
     as_dict = e.to_dict()
-    time_parts, memory_parts = as_dict["time_s"], as_dict["memory_gib"]
+    time_parts, memory_parts = as_dict["time"], as_dict["memory"]
     assert all(v >= 0.0 for v in (*time_parts.values(), *memory_parts.values()))
     assert sum(time_parts.values()) == pytest.approx(e.step_time_s, rel=REL)
     assert sum(memory_parts.values()) == pytest.approx(e.peak_memory_gib, rel=REL)
@@ -576,9 +577,9 @@ def test_uneven_first_and_last_stages() -> None:
     assert resolve(model, cluster, config).stage_layers == (7, *[8] * 14, 7)
     result = planner.estimate(model, cluster, config)
     assert len(result.stages) == 16
-    middle = result.stages[1].time_s.compute
-    assert result.stages[0].time_s.compute < middle * 1.1
-    assert result.stages[1].memory_gib.total > result.stages[2].memory_gib.total
+    middle = result.stages[1].time.compute_s
+    assert result.stages[0].time.compute_s < middle * 1.1
+    assert result.stages[1].memory.total_gib > result.stages[2].memory.total_gib
     with pytest.raises(ConfigError, match="does not split evenly over the other 14 stages"):
         resolve(model, cluster, config.model_copy(update={"first_stage_layers": 8}))
     with pytest.raises(ConfigError, match="not divisible by pp"):

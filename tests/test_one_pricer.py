@@ -137,5 +137,5 @@ def test_estimate_uses_those_parts(node: ClusterSpec) -> None:
         p = uniform_parts(model, node, uniform_query(resolved, stage, kind))
         compute += count * (p.forward_s + p.backward_s)
         tp += count * p.tp_comm_s
-    assert result.time_s.compute == pytest.approx(m * compute, rel=1e-12)
-    assert result.time_s.tensor_parallel_comm == pytest.approx(m * tp, rel=1e-12)
+    assert result.time.compute_s == pytest.approx(m * compute, rel=1e-12)
+    assert result.time.tensor_parallel_comm_s == pytest.approx(m * tp, rel=1e-12)

@@ -10,7 +10,7 @@ import planner
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan
 from planner.uniform.plan import megatron_ranks, uniform_plan
-from tests.conftest import MODELS
+from tests.conftest import MODELS, REPO
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_round_trip_is_exact(plan: Plan) -> None:
 
 def test_unknown_schema_version_is_refused(plan: Plan) -> None:
     """A plan from another planner version is an InputError naming the version."""
-    for version in (1, 4):
+    for version in (1, 5):
         data = json.loads(plan.to_json()) | {"schema_version": version}
         with pytest.raises(planner.InputError, match=f"schema_version {version} is not"):
             plan_from_json(json.dumps(data), source="p.json")
@@ -76,4 +76,41 @@ def test_schema_2_plans_read_as_plans_for_any(plan: Plan) -> None:
     for key in ("framework", "configuration", "memory_margin_gib"):
         data.pop(key)
     old = plan_from_json(json.dumps(data | {"schema_version": 2}), source="p.json")
-    assert (old.schema_version, old.framework, old.configuration) == (3, "any", None)
+    assert (old.schema_version, old.framework, old.configuration) == (4, "any", None)
+
+
+def _schema_3(plan: Plan) -> dict:
+    """``plan`` as schema 3 wrote it: breakdowns without units in their keys, ``zero_stage``."""
+    data = json.loads(plan.to_json())
+
+    def bare(part: dict, unit: str) -> dict:
+        return {key.removesuffix(unit): value for key, value in part.items()}
+
+    for stage in data["stages"]:
+        stage["memory_gib"] = bare(stage.pop("memory"), "_gib")
+        stage["time_s"] = bare(stage.pop("time"), "_s")
+        stage["parallel"]["zero_stage"] = stage["parallel"].pop("zero")
+    data["predicted"]["time_s"] = bare(data["predicted"].pop("time"), "_s")
+    return data | {"schema_version": 3}
+
+
+def test_schema_3_plans_read_with_units_in_their_names(plan: Plan) -> None:
+    """Schema 4 put units in the breakdowns' keys (``weights_gib``, ``compute_s``) and named
+    the ZeRO stage ``zero``; a schema-3 file reads back as the same plan."""
+    old = _schema_3(plan)
+    assert "weights" in old["stages"][0]["memory_gib"]
+    assert plan_from_json(json.dumps(old), source="p.json") == plan
+
+
+def test_bundled_schema_3_plan_reads() -> None:
+    """The schema-3 plan kept in tests/ (written by an earlier version) still reads, and its
+    breakdowns add up to what it predicts."""
+    path = REPO / "tests" / "fuzz_plan_uniform.json"
+    text = path.read_text()
+    assert json.loads(text)["schema_version"] == 3
+    read = plan_from_json(text, source=str(path))
+    stage = read.stages[0]
+    assert stage.memory.total_gib > stage.memory.weights_gib > 0
+    assert sum(read.predicted.time.model_dump().values()) == pytest.approx(
+        read.predicted.step_time_s)
+

@@ -69,7 +69,7 @@ def _assert_priced(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfi
     base = estimate(model, cluster, config)
     for remedy in remedies:
         if remedy.change == OFFLOAD:
-            expected = base.peak_memory_gib - base.memory_gib.optimizer
+            expected = base.peak_memory_gib - base.memory.optimizer_gib
             assert remedy.memory_gib == pytest.approx(expected, rel=1e-12)
             assert remedy.fits == (expected <= cluster.device.memory_gib)
             continue
@@ -193,7 +193,7 @@ def test_infeasible_message_names_the_ways_out(gpt3: ModelSpec, one_node: Cluste
     leanest = leanest_uniform(gpt3, one_node, training, OPTIONS)
     assert leanest is not None
     offload = estimate(gpt3, one_node, leanest[1])
-    saved = offload.memory_gib.optimizer
+    saved = offload.memory.optimizer_gib
     assert f"saves {saved:.1f} GiB, leaving {offload.peak_memory_gib - saved:.1f} GiB" in line
     assert "not enough; the planner does not price its time" in line
     assert "a shorter sequence would not help" in line

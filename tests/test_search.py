@@ -49,9 +49,9 @@ def test_plan_is_valid(name: str, request: pytest.FixtureRequest) -> None:
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     assert sorted(ranks) == list(range(devices))
     device = load_cluster(CLUSTERS / f"{plan.cluster.name}.json").device
-    assert all(s.memory_gib.total <= device.memory_gib for s in plan.stages)
+    assert all(s.memory.total_gib <= device.memory_gib for s in plan.stages)
     assert plan.predicted.peak_memory_gib == pytest.approx(
-        max(s.memory_gib.total for s in plan.stages)
+        max(s.memory.total_gib for s in plan.stages)
     )
     dp = plan.data_parallel_replicas * plan.stages[0].parallel.dp
     assert plan.micro_batch_size * plan.num_microbatches * dp == plan.global_batch_size
@@ -87,7 +87,7 @@ def test_agrees_with_estimate_on_a_megatron_plan(small_plan: Plan) -> None:
     assert p is not None
     config = ParallelConfig(
         tp=p.tp, pp=len(small_plan.stages), dp=small_plan.data_parallel_replicas * p.dp,
-        cp=p.cp, ep=p.ep, sp=p.sp, mbs=small_plan.micro_batch_size, zero=p.zero_stage,
+        cp=p.cp, ep=p.ep, sp=p.sp, mbs=small_plan.micro_batch_size, zero=p.zero,
         recompute=p.recompute, overlap_grad_reduce=True, overlap_param_gather=True,
     )  # fmt: skip
     priced = estimate(planner.load_model(MODELS / "llama3-8b.json"),

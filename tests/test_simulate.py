@@ -366,12 +366,12 @@ def test_simulated_plan_matches_the_prediction(llama_plans: dict[str, Plan], nam
     one_way = last.send_s / (2 * v)
     assert plan.predicted.step_time_s - sim.step_s == pytest.approx((m + 1) * one_way, rel=1e-6)
     assert abs(sim.step_s / plan.predicted.step_time_s - 1) < 0.002
-    times = [s.time_s.total for s in plan.stages]
+    times = [s.time.total_s for s in plan.stages]
     closed = cost.pipeline_time(times, num_microbatches=m, vpp=v).total_s
     assert plan.predicted.step_time_s - closed == pytest.approx(sim.step_s - sim.pipeline_s,
                                                                 rel=1e-9)  # fmt: skip
     if name == "dp2-zero1":
-        assert sim.step_s - sim.pipeline_s > plan.predicted.time_s.optimizer  # a sync tail
+        assert sim.step_s - sim.pipeline_s > plan.predicted.time.optimizer_s  # a sync tail
     assert sim.bubble_fraction == pytest.approx(plan.predicted.bubble_fraction, rel=0.01)
 
 

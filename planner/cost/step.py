@@ -95,8 +95,8 @@ class StepCost:
         """Each stage's per-microbatch seconds as a plan records them."""
         return tuple(
             StageTime(
-                compute=c, communication=comm, pipeline=pipe, forward=f, backward=b,
-                recompute=r, sync_tail=tail,
+                compute_s=c, communication_s=comm, pipeline_s=pipe, forward_s=f,
+                backward_s=b, recompute_s=r, sync_tail_s=tail,
             )
             for (c, comm, pipe), (f, b, r), tail in zip(
                 self.stage_time_s, self.stage_phase_s, self.stage_sync_tail_s, strict=True
@@ -223,14 +223,14 @@ def compose_step(
     return StepCost(
         step_s=pipe.total_s + tail + optimizer,
         time=StepTime(
-            compute=m * t.compute_s,
-            tensor_parallel_comm=m * t.tp_comm_s,
-            context_parallel_comm=m * t.cp_comm_s,
-            expert_parallel_comm=m * t.ep_comm_s,
-            pipeline_comm=m * t.pipeline_comm_s,
-            pipeline_bubble=pipe.bubble_s,
-            data_parallel_comm_exposed=m * syncs[critical].per_microbatch_s + tail,
-            optimizer=optimizer,
+            compute_s=m * t.compute_s,
+            tensor_parallel_comm_s=m * t.tp_comm_s,
+            context_parallel_comm_s=m * t.cp_comm_s,
+            expert_parallel_comm_s=m * t.ep_comm_s,
+            pipeline_comm_s=m * t.pipeline_comm_s,
+            pipeline_bubble_s=pipe.bubble_s,
+            data_parallel_comm_exposed_s=m * syncs[critical].per_microbatch_s + tail,
+            optimizer_s=optimizer,
         ),
         bubble_fraction=pipe.bubble_s / (m * max(stage_times)),
         peak_memory_bytes=max(memories, key=sum),

@@ -178,11 +178,11 @@ def plan_stages(
             mesh=mesh, ranks=placement.stage_ranks(i),
             parallel=StageParallel(tp=int(summary["tp"]), dp=int(summary["dp"]),
                                    cp=int(summary["cp"]), ep=int(summary["ep"]),
-                                   sp=bool(summary["sp"]), zero_stage=s.choice.zero,
+                                   sp=bool(summary["sp"]), zero=s.choice.zero,
                                    recompute=s.choice.recompute),  # type: ignore[arg-type]
             op_shardings=dict(sorted(shardings.items())),
-            memory_gib=MemoryBreakdown.from_bytes(step.stage_memory_bytes[i]),
-            time_s=step.stage_times()[i],
+            memory=MemoryBreakdown.from_bytes(step.stage_memory_bytes[i]),
+            time=step.stage_times()[i],
         ))  # fmt: skip
     return tuple(out)
 
@@ -209,7 +209,7 @@ def predicted(
                        recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
     return Predicted(
         step_time_s=step.step_s,
-        time_s=step.time,
+        time=step.time,
         tokens_per_s=rates.tokens_per_s,
         model_tflops_per_gpu=rates.model_tflops_per_gpu,
         hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,

@@ -26,7 +26,7 @@ def plan_from_json(text: str, *, source: str = "<plan>") -> Plan:
         raise InputError(f"{source}: schema_version {short_repr(version)} is not "
                          f"supported; this planner reads "
                          f"{' and '.join(map(str, READABLE_VERSIONS))}")  # fmt: skip
-    data = {**data, "schema_version": SCHEMA_VERSION}  # version 2 lacks only new fields
+    data = {**_upgraded(data), "schema_version": SCHEMA_VERSION}
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
@@ -62,3 +62,43 @@ def _check_limits(plan: Plan, source: str) -> None:
         message = lim.check_at_most(name, value, limit, why=why)
         if message is not None:
             raise InputError(f"{source}: {message}")
+
+
+def _suffixed(part: object, unit: str) -> object:
+    """A breakdown's keys with their unit (``weights`` -> ``weights_gib``); anything else as
+    given, for the validation to name."""
+    if not isinstance(part, dict):
+        return part
+    return {f"{key}_{unit}": value for key, value in part.items()}
+
+
+def _upgraded(data: dict) -> dict:
+    """A plan of schema 2 or 3 in schema 4's names: the breakdowns carry their units in their
+    keys (``memory``/``weights_gib``, ``time``/``compute_s``) and the ZeRO stage is ``zero``.
+    Version 2 lacks only fields that have defaults."""
+    if data.get("schema_version") == SCHEMA_VERSION:
+        return data
+    data = dict(data)
+    stages = data.get("stages")
+    if isinstance(stages, list):
+        upgraded = []
+        for stage in stages:
+            if isinstance(stage, dict):
+                stage = dict(stage)
+                if "memory_gib" in stage:
+                    stage["memory"] = _suffixed(stage.pop("memory_gib"), "gib")
+                if "time_s" in stage:
+                    stage["time"] = _suffixed(stage.pop("time_s"), "s")
+                parallel = stage.get("parallel")
+                if isinstance(parallel, dict) and "zero_stage" in parallel:
+                    parallel = dict(parallel)
+                    parallel["zero"] = parallel.pop("zero_stage")
+                    stage["parallel"] = parallel
+            upgraded.append(stage)
+        data["stages"] = upgraded
+    predicted = data.get("predicted")
+    if isinstance(predicted, dict) and "time_s" in predicted:
+        predicted = dict(predicted)
+        predicted["time"] = _suffixed(predicted.pop("time_s"), "s")
+        data["predicted"] = predicted
+    return data

@@ -230,11 +230,11 @@ def _configuration(plan: Plan) -> Iterator[str]:
     if len(layers) > 1 and any(n is not None and n != got
                                for n, got in zip(ends, (layers[0], layers[-1]), strict=True)):
         yield f"configuration: stages hold {list(layers)} layers, not first/last {list(ends)}"
-    knobs = {"tp": c.tp, "cp": c.cp, "ep": c.ep, "sp": c.sp and c.tp > 1, "zero_stage": c.zero,
+    knobs = {"tp": c.tp, "cp": c.cp, "ep": c.ep, "sp": c.sp and c.tp > 1, "zero": c.zero,
              "recompute": c.recompute}  # fmt: skip
     for stage in plan.stages:
         p = stage.parallel
-        got = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "sp": p.sp, "zero_stage": p.zero_stage,
+        got = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "sp": p.sp, "zero": p.zero,
                "recompute": p.recompute}  # fmt: skip
         if got != knobs:
             yield f"configuration: stage {stage.index} runs {got}, not {knobs}"
@@ -255,8 +255,8 @@ def _memory(plan: Plan) -> Iterator[str]:
     capacity = plan.cluster.device_memory_gib
     limit = capacity * (1 + MEMORY_RTOL)
     for stage in plan.stages:
-        if stage.memory_gib.total > limit:
-            yield (f"memory: stage {stage.index} needs {stage.memory_gib.total:.3f} GiB per "
+        if stage.memory.total_gib > limit:
+            yield (f"memory: stage {stage.index} needs {stage.memory.total_gib:.3f} GiB per "
                    f"device, more than the {capacity:g} GiB a device has")  # fmt: skip
     if plan.predicted.peak_memory_gib > limit:
         yield (f"memory: the predicted peak {plan.predicted.peak_memory_gib:.3f} GiB is more "

@@ -17,8 +17,8 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec
 from planner.vocabulary import GIB, Precision, Recompute
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
 """Schema 2 plans predate framework targets: they read as plans for ``any``."""
 
 
@@ -67,65 +67,69 @@ class StageParallel(_Frozen):
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
     sp: bool = False
-    zero_stage: int = Field(default=0, ge=0, le=3)
+    zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage (0: none).")
     recompute: Recompute = "none"
 
 
 class MemoryBreakdown(_Frozen):
-    """Peak memory of one device, GiB."""
+    """Peak memory of one device, by what fills it."""
 
-    weights: float
-    gradients: float
-    optimizer: float
-    activations: float
-    other: float
+    weights_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    """Optimizer states (fp32 master weights and Adam's moments, ZeRO-sharded)."""
+    activations_gib: float
+    other_gib: float
+    """The device's reserved memory (CUDA context, NCCL) and transient working buffers."""
 
     @property
-    def total(self) -> float:
+    def total_gib(self) -> float:
         """All parts."""
-        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+        return (self.weights_gib + self.gradients_gib + self.optimizer_gib
+                + self.activations_gib + self.other_gib)  # fmt: skip
 
     @classmethod
     def from_bytes(cls, parts: tuple[float, float, float, float, float]) -> MemoryBreakdown:
         """From (weights, gradients, optimizer, activations, other) in bytes."""
         gib = [b / GIB for b in parts]
-        return cls(weights=gib[0], gradients=gib[1], optimizer=gib[2], activations=gib[3],
-                   other=gib[4])  # fmt: skip
+        return cls(weights_gib=gib[0], gradients_gib=gib[1], optimizer_gib=gib[2],
+                   activations_gib=gib[3], other_gib=gib[4])  # fmt: skip
 
 
 class StageTime(_Frozen):
     """Seconds one microbatch spends in the stage (all its model chunks), by part, and by
     phase for the schedule simulator; the two views add up to the same total."""
 
-    compute: float
-    communication: float
+    compute_s: float
+    communication_s: float
     """Tensor, context and expert parallel collectives, and data-parallel traffic exposed
     every microbatch (ZeRO-2/3)."""
-    pipeline: float
+    pipeline_s: float
     """Point-to-point sends of activations forward and gradients back."""
-    forward: float
+    forward_s: float
     """Forward compute with its share of the communication."""
-    backward: float
+    backward_s: float
     """Backward compute with its share of the communication."""
-    recompute: float = 0.0
+    recompute_s: float = 0.0
     """Forward work rerun before the backward, with its share of the communication."""
-    sync_tail: float = 0.0
+    sync_tail_s: float = 0.0
     """Once per step, after the stage's last backward: the data-parallel gradient reduction
     and weight gathers the overlap flags leave exposed (and the tied embedding's
     all-reduce)."""
 
     @model_validator(mode="after")
     def _check(self) -> StageTime:
-        by_phase = self.forward + self.backward + self.recompute
-        if abs(by_phase - (self.compute + self.communication)) > 1e-9 * max(1.0, by_phase):
+        by_phase = self.forward_s + self.backward_s + self.recompute_s
+        by_part = self.compute_s + self.communication_s
+        if abs(by_phase - by_part) > 1e-9 * max(1.0, by_phase):
             raise ValueError(f"forward + backward + recompute ({by_phase}) != compute + "
-                             f"communication ({self.compute + self.communication})")  # fmt: skip
+                             f"communication ({by_part})")  # fmt: skip
         return self
 
     @property
-    def total(self) -> float:
+    def total_s(self) -> float:
         """All parts."""
-        return self.compute + self.communication + self.pipeline
+        return self.compute_s + self.communication_s + self.pipeline_s
 
 
 class PlanStage(_Frozen):
@@ -142,8 +146,8 @@ class PlanStage(_Frozen):
     op_shardings: dict[str, str] = Field(
         default_factory=dict, description="Operator (kind.op) -> split per mesh axis."
     )
-    memory_gib: MemoryBreakdown
-    time_s: StageTime
+    memory: MemoryBreakdown
+    time: StageTime
 
     @model_validator(mode="after")
     def _check(self) -> PlanStage:
@@ -164,21 +168,22 @@ class PlanStage(_Frozen):
 class StepTime(_Frozen):
     """Where a step's seconds go on the critical stage; the parts add up to the step."""
 
-    compute: float
-    tensor_parallel_comm: float
-    context_parallel_comm: float
-    expert_parallel_comm: float
-    pipeline_comm: float
-    pipeline_bubble: float
-    data_parallel_comm_exposed: float
-    optimizer: float
+    compute_s: float
+    tensor_parallel_comm_s: float
+    context_parallel_comm_s: float
+    expert_parallel_comm_s: float
+    pipeline_comm_s: float
+    pipeline_bubble_s: float
+    data_parallel_comm_exposed_s: float
+    optimizer_s: float
 
 
 class Predicted(_Frozen):
     """What the cost model predicts for one step."""
 
     step_time_s: float
-    time_s: StepTime
+    time: StepTime
+    """The step's seconds by part."""
     tokens_per_s: float
     model_tflops_per_gpu: float
     hardware_tflops_per_gpu: float
@@ -207,7 +212,7 @@ class SolverSummary(_Frozen):
 class Plan(_Frozen):
     """A complete parallel training plan."""
 
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     method: str
     framework: str = Field(
         default="any", description="What the plan was made for: a framework that launches it "
@@ -274,7 +279,7 @@ class Plan(_Frozen):
         for mode in ("selective", "full"):
             extras += some([q.recompute == mode for q in stages], f"{mode} recompute")
         for stage, name in ((1, "distributed optimizer"), (2, "ZeRO-2"), (3, "ZeRO-3")):
-            extras += some([q.zero_stage == stage for q in stages], name)
+            extras += some([q.zero == stage for q in stages], name)
         return ", ".join([text, *extras])
 
     def to_json(self) -> str:

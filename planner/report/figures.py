@@ -19,21 +19,21 @@ from planner.report.output import check_folder
 from planner.report.pictures import FORMATS, save
 
 MEMORY_PARTS = (
-    ("weights", "weights", "#4c72b0"),
-    ("gradients", "gradients", "#55a868"),
-    ("optimizer", "optimizer states", "#c44e52"),
-    ("activations", "activations", "#dd8452"),
-    ("other", "reserved", "#8c8c8c"),
+    ("weights_gib", "weights", "#4c72b0"),
+    ("gradients_gib", "gradients", "#55a868"),
+    ("optimizer_gib", "optimizer states", "#c44e52"),
+    ("activations_gib", "activations", "#dd8452"),
+    ("other_gib", "reserved", "#8c8c8c"),
 )
 TIME_PARTS = (
-    ("compute", "compute", "#4c72b0"),
-    ("tensor_parallel_comm", "tensor parallel", "#dd8452"),
-    ("context_parallel_comm", "context parallel", "#937860"),
-    ("expert_parallel_comm", "expert parallel", "#da8bc3"),
-    ("pipeline_comm", "pipeline sends", "#8172b3"),
-    ("pipeline_bubble", "pipeline bubble", "#d9d9d9"),
-    ("data_parallel_comm_exposed", "data parallel (exposed)", "#55a868"),
-    ("optimizer", "optimizer step", "#c44e52"),
+    ("compute_s", "compute", "#4c72b0"),
+    ("tensor_parallel_comm_s", "tensor parallel", "#dd8452"),
+    ("context_parallel_comm_s", "context parallel", "#937860"),
+    ("expert_parallel_comm_s", "expert parallel", "#da8bc3"),
+    ("pipeline_comm_s", "pipeline sends", "#8172b3"),
+    ("pipeline_bubble_s", "pipeline bubble", "#d9d9d9"),
+    ("data_parallel_comm_exposed_s", "data parallel (exposed)", "#55a868"),
+    ("optimizer_s", "optimizer step", "#c44e52"),
 )
 """Step-time parts in the order they are stacked, with their labels and colours."""
 def _title(plan: Plan) -> str:
@@ -65,7 +65,7 @@ def memory_figure(plan: Plan) -> Figure:
     x = [s.index for s in stages]
     bottom = [0.0] * len(stages)
     for field, label, colour in MEMORY_PARTS:
-        values = [getattr(s.memory_gib, field) for s in stages]
+        values = [getattr(s.memory, field) for s in stages]
         ax.bar(x, values, bottom=bottom, color=colour, label=label, width=0.8)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     headroom = [max(0.0, capacity - b) for b in bottom]
@@ -93,7 +93,7 @@ def memory_figure(plan: Plan) -> Figure:
 def time_figure(plan: Plan) -> Figure:
     """One step's seconds on the critical stage as a stacked horizontal bar, each part
     labelled with its share."""
-    t = plan.predicted.time_s
+    t = plan.predicted.time
     step = plan.predicted.step_time_s
     figure = Figure(figsize=(10, 2.6))
     ax = figure.add_subplot()

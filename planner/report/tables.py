@@ -44,13 +44,14 @@ def estimate_tables(
     times.add_column("part")
     times.add_column("seconds", justify="right")
     times.add_column("share", justify="right")
-    for name, seconds in result.time_s.model_dump().items():
-        times.add_row(name.replace("_", " "), f"{seconds:.4f}", _pct(seconds, result.step_time_s))
+    for name, seconds in result.time.model_dump().items():
+        times.add_row(name.removesuffix("_s").replace("_", " "), f"{seconds:.4f}",
+                      _pct(seconds, result.step_time_s))  # fmt: skip
     memory = Table(title="memory per device (most loaded stage)", title_justify="left")
     memory.add_column("part")
     memory.add_column("GiB", justify="right")
-    for name, gib in result.memory_gib.model_dump().items():
-        memory.add_row(name, f"{gib:.2f}")
+    for name, gib in result.memory.model_dump().items():
+        memory.add_row(name.removesuffix("_gib"), f"{gib:.2f}")
     capacity = cluster.device.memory_gib
     verdict = "fits" if result.fits else "DOES NOT FIT"
     memory.add_row(Text("total", style="bold"),
@@ -185,9 +186,10 @@ def _time_table(plan: Plan) -> Table:
     table.add_column("part")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
-    for name, seconds in plan.predicted.time_s.model_dump().items():
+    for name, seconds in plan.predicted.time.model_dump().items():
         if seconds > 0:
-            table.add_row(name.replace("_", " "), f"{seconds:.3f}", _pct(seconds, step))
+            table.add_row(name.removesuffix("_s").replace("_", " "), f"{seconds:.3f}",
+                          _pct(seconds, step))  # fmt: skip
     return table
 
 
@@ -223,11 +225,11 @@ def _groups(plan: Plan) -> Text:
 
 def _stage_cells(stage: PlanStage) -> tuple[str, ...]:
     """A stage's row, without its index and layers."""
-    q, t = stage.parallel, stage.time_s
+    q, t = stage.parallel, stage.time
     return (f"{stage.num_devices} ({stage.mesh[0]}x{stage.mesh[1]})",
-            f"{q.tp}/{q.dp}/{q.cp}/{q.ep}", "on" if q.sp else "-", str(q.zero_stage),
-            q.recompute, f"{1e3 * t.compute:.1f}", f"{1e3 * t.communication:.1f}",
-            f"{1e3 * t.pipeline:.1f}", f"{stage.memory_gib.total:.1f}")  # fmt: skip
+            f"{q.tp}/{q.dp}/{q.cp}/{q.ep}", "on" if q.sp else "-", str(q.zero),
+            q.recompute, f"{1e3 * t.compute_s:.1f}", f"{1e3 * t.communication_s:.1f}",
+            f"{1e3 * t.pipeline_s:.1f}", f"{stage.memory.total_gib:.1f}")  # fmt: skip
 
 
 def _stage_runs(

@@ -304,11 +304,11 @@ def stage_durations(plan: Plan) -> list[StageDurations]:
     """The simulator's view of a plan's stages (seconds per microbatch, sync once per step)."""
     return [
         StageDurations(
-            forward_s=s.time_s.forward,
-            backward_s=s.time_s.backward,
-            recompute_s=s.time_s.recompute,
-            send_s=s.time_s.pipeline,
-            sync_s=s.time_s.sync_tail,
+            forward_s=s.time.forward_s,
+            backward_s=s.time.backward_s,
+            recompute_s=s.time.recompute_s,
+            send_s=s.time.pipeline_s,
+            sync_s=s.time.sync_tail_s,
         )
         for s in plan.stages
     ]
@@ -322,5 +322,5 @@ def simulate_plan(plan: Plan) -> Simulation:
         num_microbatches=plan.num_microbatches,
         schedule=plan.schedule.name,
         virtual_stages=plan.schedule.virtual_stages,
-        optimizer_s=plan.predicted.time_s.optimizer,
+        optimizer_s=plan.predicted.time.optimizer_s,
     )

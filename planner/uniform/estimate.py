@@ -42,8 +42,8 @@ from planner.vocabulary import GIB
 class StageEstimate:
     """One pipeline stage: per-microbatch seconds and per-device memory (GiB)."""
 
-    time_s: StageTime
-    memory_gib: MemoryBreakdown
+    time: StageTime
+    memory: MemoryBreakdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +57,8 @@ class Estimate:
     mfu: float
     peak_memory_gib: float
     fits: bool
-    memory_gib: MemoryBreakdown
-    time_s: StepTime
+    memory: MemoryBreakdown
+    time: StepTime
     bubble_fraction: float
     num_microbatches: int
     dp: int
@@ -224,14 +224,14 @@ def estimate(
         peak_memory_gib=peak_bytes / GIB,
         fits=peak_bytes + cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
         <= cluster.device.memory_bytes,
-        memory_gib=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
-        time_s=step.time,
+        memory=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
+        time=step.time,
         bubble_fraction=step.bubble_fraction,
         num_microbatches=resolved.num_microbatches,
         dp=resolved.dp,
         num_devices=resolved.num_devices,
         stages=tuple(
-            StageEstimate(times, memory_gib=MemoryBreakdown.from_bytes(memory))
+            StageEstimate(time=times, memory=MemoryBreakdown.from_bytes(memory))
             for times, memory in zip(step.stage_times(), step.stage_memory_bytes, strict=True)
         ),
     )

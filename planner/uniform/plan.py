@@ -67,7 +67,7 @@ def uniform_plan(
     for count in resolved.stage_layers:
         bounds.append(bounds[-1] + count)
     parallel = StageParallel(tp=c.tp, dp=1, cp=c.cp, ep=c.ep, sp=resolved.sp,
-                             zero_stage=c.zero, recompute=c.recompute)  # fmt: skip
+                             zero=c.zero, recompute=c.recompute)  # fmt: skip
     stages = tuple(
         PlanStage(
             index=i,
@@ -76,8 +76,8 @@ def uniform_plan(
             mesh=(c.cp, c.tp),
             ranks=tuple(tuple(r) for r in ranks[i]),
             parallel=parallel,
-            memory_gib=s.memory_gib,
-            time_s=s.time_s,
+            memory=s.memory,
+            time=s.time,
         )
         for i, s in enumerate(result.stages)
     )
@@ -107,7 +107,7 @@ def uniform_plan(
                        tp_comm_overlap=c.tp_comm_overlap),
         stages=stages,
         predicted=Predicted(
-            step_time_s=result.step_time_s, time_s=result.time_s,
+            step_time_s=result.step_time_s, time=result.time,
             tokens_per_s=result.tokens_per_s,
             model_tflops_per_gpu=result.model_tflops_per_gpu,
             hardware_tflops_per_gpu=result.hardware_tflops_per_gpu, mfu=result.mfu,

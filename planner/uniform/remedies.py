@@ -116,7 +116,7 @@ def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConf
         combined = _mildest(model, cluster, config, _combined(model, cluster, config))
         if combined is not None:
             remedies.append(combined)
-    optimizer_gib = base.memory_gib.optimizer
+    optimizer_gib = base.memory.optimizer_gib
     offloaded_gib = base.peak_memory_gib - optimizer_gib
     remedies.append(Remedy(
         OFFLOAD, offloaded_gib, _fits_gib(cluster, offloaded_gib),
@@ -233,7 +233,7 @@ def _ways_out(
     if lean is None:
         return  # no uniform configuration divides: nothing to offload or shorten
     result, config = lean
-    saved_gib = result.memory_gib.optimizer
+    saved_gib = result.memory.optimizer_gib
     left_gib = result.peak_memory_gib - saved_gib
     on = "" if abs(result.peak_memory_gib - least_gib) < 0.05 else (
         f" on the leanest uniform configuration ({describe(config)}, "
@@ -256,7 +256,7 @@ def _shorter_sequence(
     gradients, optimizer states, reserved memory) is over the device in every uniform
     configuration; else the longest of the run's halved up to :data:`SEQUENCE_HALVINGS`
     times."""
-    fixed_gib = min(r.peak_memory_gib - r.memory_gib.activations for r, _ in priced)
+    fixed_gib = min(r.peak_memory_gib - r.memory.activations_gib for r, _ in priced)
     if not _fits_gib(cluster, fixed_gib):
         return (f"a shorter sequence would not help: weights, gradients, optimizer states and "
                 f"reserved memory alone need {fixed_gib:.1f} GiB per device in every uniform "
