@@ -189,7 +189,7 @@ def run_case(
     query = LayerQuery(
         kind=kind,
         mesh=mesh,
-        micro_batch_size=mesh[0],
+        mesh_micro_batch_size=mesh[0],
         seq_length=workload.seq_length,
         memory_budget_gib=budget,
         in_flight=IN_FLIGHT,

@@ -119,6 +119,7 @@ def test_to_json_marks_a_method_without_plan() -> None:
     cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
     plan = compare(model, cluster, SolveOptions(global_batch_size=64), ["heuristic"])[0].plan
     assert plan is not None
-    rows = to_json([MethodResult("heuristic", plan, 0.1), MethodResult("grid", None, 0.2, "x")])
+    rows = to_json([MethodResult(method="heuristic", plan=plan, solve_time_s=0.1),
+                    MethodResult(method="grid", plan=None, solve_time_s=0.2, error="x")])
     assert rows[1]["step_time_s"] is None and rows[1]["error"] == "x"
     assert rows[0]["ratio_to_best"] == 1.0

@@ -30,14 +30,14 @@ GB = 1e9
 
 def test_ring_all_reduce_in_a_node(cluster: ClusterSpec) -> None:
     """All-reduce of S on n ranks: 2(n-1)/n S / B plus 2 log2(n) latencies."""
-    got = cost.collective_time_s(cluster, "all_reduce", 1 * GB, cost.CommGroup(8))
+    got = cost.collective_time_s(cluster, "all_reduce", 1 * GB, cost.CommGroup(size=8))
     assert got == pytest.approx(2 * 7 / 8 * GB / (300 * GB) + 2 * 3 * 2e-6)
 
 
 @pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
 def test_gather_and_scatter_move_half_an_all_reduce(cluster: ClusterSpec, kind: str) -> None:
     """All-gather and reduce-scatter: (n-1)/n S / B plus log2(n) latencies."""
-    got = cost.collective_time_s(cluster, kind, 1 * GB, cost.CommGroup(4))  # type: ignore[arg-type]
+    got = cost.collective_time_s(cluster, kind, 1 * GB, cost.CommGroup(size=4))  # type: ignore[arg-type]
     assert got == pytest.approx(3 / 4 * GB / (300 * GB) + 2 * 2e-6)
 
 
@@ -48,7 +48,7 @@ def test_hierarchical_all_reduce_across_nodes(cluster: ClusterSpec) -> None:
     in_node = 2 * 7 / 8 * s / (300 * GB) + 2 * 3 * 2e-6
     across = 2 * 3 / 4 * (s / 8) / (25 * GB) + 2 * 2 * 5e-6
     flat = 2 * 31 / 32 * s / (25 * GB) + 2 * 5 * 5e-6
-    got = cost.collective_time_s(cluster, "all_reduce", s, cost.CommGroup(32))
+    got = cost.collective_time_s(cluster, "all_reduce", s, cost.CommGroup(size=32))
     assert got == pytest.approx(in_node + across)
     assert got < flat
 
@@ -56,15 +56,15 @@ def test_hierarchical_all_reduce_across_nodes(cluster: ClusterSpec) -> None:
 def test_one_rank_per_node_pays_the_network(cluster: ClusterSpec) -> None:
     """A data-parallel group with one rank per node (stride 8, as under TP 8) is a flat ring
     over the network level."""
-    got = cost.collective_time_s(cluster, "all_reduce", GB, cost.CommGroup(4, stride=8))
+    got = cost.collective_time_s(cluster, "all_reduce", GB, cost.CommGroup(size=4, stride=8))
     assert got == pytest.approx(2 * 3 / 4 * GB / (25 * GB) + 2 * 2 * 5e-6)
-    assert cost.members_per_level(cluster, cost.CommGroup(4, stride=8)) == (1, 4)
+    assert cost.members_per_level(cluster, cost.CommGroup(size=4, stride=8)) == (1, 4)
 
 
 def test_all_to_all_splits_traffic_by_level(cluster: ClusterSpec) -> None:
     """All-to-all on 16 ranks over 2 nodes: 7/16 of each buffer stays in the node, 8/16 crosses
     the network; the levels work in parallel, so the slower one sets the time."""
-    got = cost.collective_time_s(cluster, "all_to_all", GB, cost.CommGroup(16))
+    got = cost.collective_time_s(cluster, "all_to_all", GB, cost.CommGroup(size=16))
     assert got == pytest.approx(max(7 / 16 * GB / (300 * GB), 8 / 16 * GB / (25 * GB)) + 4 * 5e-6)
 
 
@@ -73,7 +73,7 @@ def test_efficiency_scales_bandwidth(cluster: ClusterSpec) -> None:
     data = cluster.model_dump()
     data["network"][0]["efficiency"]["bandwidth_fraction"] = 0.5
     slow = ClusterSpec.model_validate(data)
-    group = cost.CommGroup(8)
+    group = cost.CommGroup(size=8)
     fast_s = cost.collective_time_s(cluster, "all_gather", GB, group) - 3 * 2e-6
     slow_s = cost.collective_time_s(slow, "all_gather", GB, group) - 3 * 2e-6
     assert slow_s == pytest.approx(2 * fast_s)
@@ -99,7 +99,7 @@ def test_a_pipeline_runs_at_its_slowest_send(cluster: ClusterSpec) -> None:
 def test_single_rank_collectives_are_free(cluster: ClusterSpec) -> None:
     """A group of one moves nothing."""
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
-        assert cost.collective_time_s(cluster, kind, GB, cost.CommGroup(1)) == 0.0  # type: ignore[arg-type]
+        assert cost.collective_time_s(cluster, kind, GB, cost.CommGroup(size=1)) == 0.0  # type: ignore[arg-type]
 
 
 def test_gemm_efficiency_curve() -> None:

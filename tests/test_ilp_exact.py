@@ -41,13 +41,14 @@ def problems(draw: st.DrawFn) -> LayerProblem:
     extra = [p for p in itertools.permutations(range(n), 2) if p not in pairs]
     pairs += [p for p in extra if draw(st.booleans())]
     edges = tuple(
-        EdgeCosts(f"n{u}", f"n{v}",
-                  tuple(vec(sizes[v]) for _ in range(sizes[u])),
-                  tuple(vec(sizes[v]) for _ in range(sizes[u])))
+        EdgeCosts(src=f"n{u}", dst=f"n{v}",
+                  cost_ns=tuple(vec(sizes[v]) for _ in range(sizes[u])),
+                  forward_ns=tuple(vec(sizes[v]) for _ in range(sizes[u])))
         for u, v in pairs
     )  # fmt: skip
     budget = draw(st.one_of(st.none(), st.integers(0, 4000)))
-    return LayerProblem(nodes, edges, modes, stages, budget)
+    return LayerProblem(nodes=nodes, edges=edges, recompute_modes=modes, zero_stages=stages,
+                        budget_kib=budget)
 
 
 def brute_force(problem: LayerProblem) -> tuple[int | None, int]:

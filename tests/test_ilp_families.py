@@ -28,13 +28,13 @@ def _node(name: str, time: tuple[int, int], memory: tuple[int, int]) -> NodeCost
 def _problem(**changes: object) -> LayerProblem:
     nodes = (_node("u", (100, 10), (0, 0)), _node("v", (100, 10), (0, 0)))
     # Resharding is free on the diagonal (same layout) and dear off it.
-    edge = EdgeCosts("u", "v", ((0, 1000), (1000, 0)), ((0, 7), (7, 0)))
-    return LayerProblem(nodes, (edge,), **changes)  # type: ignore[arg-type]
+    edge = EdgeCosts(src="u", dst="v", cost_ns=((0, 1000), (1000, 0)), forward_ns=((0, 7), (7, 0)))
+    return LayerProblem(nodes=nodes, edges=(edge,), **changes)  # type: ignore[arg-type]
 
 
 def test_strategy_variables_are_one_hot() -> None:
     """One binary per strategy and one equality per node; the objective has their times."""
-    milp = Milp("t")
+    milp = Milp(name="t")
     add_strategy_variables(milp, _problem())
     assert milp.binaries == ["s_0_0", "s_0_1", "s_1_0", "s_1_1"]
     assert [c.name for c in milp.constraints] == ["one_strategy_0", "one_strategy_1"]
@@ -43,7 +43,7 @@ def test_strategy_variables_are_one_hot() -> None:
 
 def test_edge_constraints_tie_both_ends() -> None:
     """rows x cols edge binaries, one row-sum and one column-sum equality per strategy."""
-    milp = Milp("t")
+    milp = Milp(name="t")
     problem = _problem()
     add_strategy_variables(milp, problem)
     add_edge_constraints(milp, problem)
@@ -55,7 +55,7 @@ def test_edge_constraints_tie_both_ends() -> None:
 def test_recompute_choice_is_one_hot_with_products() -> None:
     """One binary per mode plus a product per (node, strategy, mode); full recomputation adds
     the rerun copies of the edge."""
-    milp = Milp("t")
+    milp = Milp(name="t")
     problem = _problem(recompute_modes=RECOMPUTE_MODES)
     add_strategy_variables(milp, problem)
     add_edge_constraints(milp, problem)
@@ -80,7 +80,7 @@ def test_zero_choice_prices_memory_and_sync() -> None:
 def test_memory_constraint_only_with_a_budget() -> None:
     """No budget, no memory row; a budget adds exactly one."""
     for budget, rows in ((None, 0), (500, 1)):
-        milp = Milp("t")
+        milp = Milp(name="t")
         problem = _problem(budget_kib=budget)
         add_strategy_variables(milp, problem)
         memory = add_recompute_constraints(milp, problem) | add_zero_constraints(milp, problem)

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from planner import cost
-from planner.ilp import LayerQuery, SolutionCache, SolverOptions, layer_problem, solve_layer
+from planner.ilp import IlpOptions, LayerQuery, layer_problem, solve_layer
 from planner.ilp.formulation import evaluate_ns, memory_kib
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_model
@@ -31,7 +31,7 @@ def test_rediscovers_megatron_tensor_parallelism(gpt3: ModelSpec, a100: ClusterS
     a column- then row-parallel MLP, and per block one all-reduce forward, or with sequence
     parallelism a reduce-scatter and an all-gather (the same traffic, and the norms and
     residuals then run on 1/8 of the tokens, so SP is cheaper)."""
-    query = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048)
+    query = LayerQuery(kind="dense", mesh=(1, 8), mesh_micro_batch_size=1, seq_length=2048)
     s = solve_layer(gpt3, a100, query)
     assert s.report.status == "optimal"
     assert s.strategy("qkv_proj") == "R,heads"
@@ -49,7 +49,7 @@ def test_small_model_on_a_row_of_nodes_is_data_parallel(a100: ClusterSpec) -> No
     """GPT 1.7B layer on 8 x 1 (one device per node, InfiniBand between): every op splits the
     batch; nothing crosses the network but the gradient sync."""
     model = load_model(MODELS / "gpt-1.7b.json")
-    query = LayerQuery(kind="dense", mesh=(8, 1), micro_batch_size=8, seq_length=2048,
+    query = LayerQuery(kind="dense", mesh=(8, 1), mesh_micro_batch_size=8, seq_length=2048,
                        num_microbatches=4)  # fmt: skip
     s = solve_layer(model, a100, query)
     assert {c.strategy for c in s.choices} == {"batch,R"}
@@ -88,7 +88,7 @@ def test_beats_the_best_uniform_layer_under_a_memory_budget(
     Splitting every op by tokens fits only with ZeRO-3, whose weight gathers every microbatch
     cost far more. The uniform patterns are priced by the same problem, with their best
     recomputation and ZeRO stage that fit."""
-    query = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048,
+    query = LayerQuery(kind="dense", mesh=(1, 8), mesh_micro_batch_size=1, seq_length=2048,
                        num_microbatches=64, memory_budget_gib=8, in_flight=1)  # fmt: skip
     problem, layer = layer_problem(gpt3, a100, query)
     nodes = layer.nodes
@@ -111,7 +111,7 @@ def test_beats_the_best_uniform_layer_under_a_memory_budget(
 def test_shrinking_budget_trades_time_for_memory(gpt3: ModelSpec, a100: ClusterSpec) -> None:
     """As the budget falls, memory falls and time rises, and the ILP reaches for
     recomputation or ZeRO; a budget below the least memory is infeasible and reports it."""
-    base = dict(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048,
+    base = dict(kind="dense", mesh=(1, 8), mesh_micro_batch_size=1, seq_length=2048,
                 num_microbatches=64, in_flight=16)  # fmt: skip
     loose = solve_layer(gpt3, a100, LayerQuery(**base))  # type: ignore[arg-type]
     results = [loose]
@@ -145,9 +145,9 @@ def test_backends_prove_the_same_optimum(
 ) -> None:
     """OR-Tools (CBC), PuLP (CBC) and CP-SAT agree to the nanosecond on real layers."""
     model = load_model(MODELS / f"{name}.json")
-    query = LayerQuery(kind=kind, mesh=mesh, micro_batch_size=mesh[0], seq_length=2048,
+    query = LayerQuery(kind=kind, mesh=mesh, mesh_micro_batch_size=mesh[0], seq_length=2048,
                        num_microbatches=8, memory_budget_gib=20)  # fmt: skip
-    reports = [solve_layer(model, h100, query, options=SolverOptions(backend=b)).report
+    reports = [solve_layer(model, h100, query, options=IlpOptions(backend=b)).report
                for b in ("ortools", "pulp", "cpsat")]  # fmt: skip
     assert {r.status for r in reports} == {"optimal"}
     assert len({r.objective for r in reports}) == 1
@@ -158,7 +158,7 @@ def test_followers_are_folded_and_invalid_choices_never_reach_the_solver(
 ) -> None:
     """The MLP activation rides on its up projection; the up projection's contraction split
     (a partial sum) is gone, since an activation of a partial sum is not valid."""
-    query = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048)
+    query = LayerQuery(kind="dense", mesh=(1, 8), mesh_micro_batch_size=1, seq_length=2048)
     problem, layer = layer_problem(gpt3, a100, query)
     nodes = layer.nodes
     up = next(n for n in nodes if n.name.endswith("mlp_up"))
@@ -167,26 +167,13 @@ def test_followers_are_folded_and_invalid_choices_never_reach_the_solver(
     assert all(n.name.split(".")[-1] != "mlp_act" for n in problem.nodes)
 
 
-def test_cache_reuses_identical_layers(gpt3: ModelSpec, a100: ClusterSpec) -> None:
-    """A second solve of the same query is a cache hit; a different budget is not."""
-    cache = SolutionCache()
-    query = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048)
-    first = solve_layer(gpt3, a100, query, cache=cache)
-    again = solve_layer(gpt3, a100, query, cache=cache)
-    assert again is first and cache.hits == 1
-    other = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048,
-                       memory_budget_gib=5)  # fmt: skip
-    solve_layer(gpt3, a100, other, cache=cache)
-    assert cache.hits == 1 and len(cache.entries) == 2
-
-
 def test_time_limit_is_honoured(h100: ClusterSpec) -> None:
     """A limit far too short for an 8 x 8 MoE layer ends the solve: no error, a status that
     says so, and an incumbent's gap when there is one."""
     model = load_model(MODELS / "mixtral-8x7b.json")
-    query = LayerQuery(kind="moe", mesh=(8, 8), micro_batch_size=8, seq_length=4096,
+    query = LayerQuery(kind="moe", mesh=(8, 8), mesh_micro_batch_size=8, seq_length=4096,
                        num_microbatches=16)  # fmt: skip
-    s = solve_layer(model, h100, query, options=SolverOptions(backend="cpsat",
+    s = solve_layer(model, h100, query, options=IlpOptions(backend="cpsat",
                                                                time_limit_s=0.05))  # fmt: skip
     assert s.report.status in ("feasible", "timed_out", "optimal")
     assert s.report.wall_s < 2.0
@@ -202,7 +189,7 @@ def test_same_inputs_same_solution(gpt3: ModelSpec, a100: ClusterSpec) -> None:
     import sys
     from dataclasses import asdict
 
-    query = LayerQuery(kind="dense", mesh=(2, 4), micro_batch_size=2, seq_length=2048,
+    query = LayerQuery(kind="dense", mesh=(2, 4), mesh_micro_batch_size=2, seq_length=2048,
                        num_microbatches=8, memory_budget_gib=10)  # fmt: skip
 
     def key(solution) -> str:
@@ -217,7 +204,7 @@ def test_same_inputs_same_solution(gpt3: ModelSpec, a100: ClusterSpec) -> None:
         "from planner.ilp import LayerQuery, solve_layer;"
         f"m = planner.load_model({str(MODELS / 'gpt3-175b.json')!r});"
         f"c = planner.load_cluster({str(MODELS.parent / 'clusters' / 'dgx-a100-80gb.json')!r});"
-        "q = LayerQuery(kind='dense', mesh=(2, 4), micro_batch_size=2, seq_length=2048,"
+        "q = LayerQuery(kind='dense', mesh=(2, 4), mesh_micro_batch_size=2, seq_length=2048,"
         " num_microbatches=8, memory_budget_gib=10);"
         "d = asdict(solve_layer(m, c, q)); d['report'].pop('wall_s');"
         "print(json.dumps(d, sort_keys=True))"
@@ -236,7 +223,7 @@ def test_sequence_parallel_storage_matches_megatron(gpt3: ModelSpec, a100: Clust
     from planner.sharding.uniform import uniform_parts
     from planner.uniform.estimate import uniform_query, uniform_stage
 
-    query = LayerQuery(kind="dense", mesh=(1, 8), micro_batch_size=1, seq_length=2048)
+    query = LayerQuery(kind="dense", mesh=(1, 8), mesh_micro_batch_size=1, seq_length=2048)
     problem, layer = layer_problem(gpt3, a100, query)
     nodes = layer.nodes
     stored = dict(MEGATRON["sp"], qkv_proj="R,heads+kept-seq@1", mlp_up="R,ffn+kept-seq@1")
@@ -249,5 +236,5 @@ def test_sequence_parallel_storage_matches_megatron(gpt3: ModelSpec, a100: Clust
     plain = _uniform(problem, nodes, MEGATRON["sp"])
     extra = sum(n.strategies[i].comm_s - n.strategies[j].comm_s
                 for n, i, j in zip(nodes, chosen, plain, strict=True))  # fmt: skip
-    gather = cost.collective_time_s(a100, "all_gather", 2048 * 12288 * 2, cost.CommGroup(8))
+    gather = cost.collective_time_s(a100, "all_gather", 2048 * 12288 * 2, cost.CommGroup(size=8))
     assert extra == pytest.approx(2 * gather, rel=1e-12)

@@ -79,7 +79,7 @@ def test_estimate_prices_megatron_as_the_ilp_does(name: str, k: int, cluster: Cl
             continue  # the model has no layer of this kind
         names = [n.strategies[0].name for n in uniform.nodes]
         ilp_query = LayerQuery(kind=kind, mesh=stage.layout.shape,
-                               micro_batch_size=2 * stage.layout.data_ways, seq_length=SEQ,
+                               mesh_micro_batch_size=2 * stage.layout.data_ways, seq_length=SEQ,
                                precision=resolved.training.precision,
                                tp_comm_overlap=config.tp_comm_overlap)  # fmt: skip
         ilp = layer_graph_of(model, cluster, ilp_query)
@@ -104,7 +104,7 @@ def test_ilp_objective_is_the_same_price(node: ClusterSpec) -> None:
     stage = uniform_stage(resolved)
     query = uniform_query(resolved, stage, "dense")
     names = [n.strategies[0].name for n in uniform_layer(model, node, query).nodes]
-    ilp_query = LayerQuery(kind="dense", mesh=(8,), micro_batch_size=1, seq_length=2048)
+    ilp_query = LayerQuery(kind="dense", mesh=(8,), mesh_micro_batch_size=1, seq_length=2048)
     problem, layer = layer_problem(model, node, ilp_query, prune=False)
     # The 1-D mesh's names: the tensor axis only (axis 0 there, axis 2 of the uniform mesh).
     short = [name.split(",")[-1].replace("@2", "@0") for name in names]

@@ -116,7 +116,7 @@ def test_repricing_a_solved_layer_gives_the_ilps_numbers(a100: ClusterSpec) -> N
 
     gpt3 = load_model(MODELS / "gpt3-175b.json")
     for mesh, budget in (((1, 8), None), ((2, 4), 8.0), ((1, 4), 4.0)):
-        query = LayerQuery(kind="dense", mesh=mesh, micro_batch_size=2, seq_length=2048,
+        query = LayerQuery(kind="dense", mesh=mesh, mesh_micro_batch_size=2, seq_length=2048,
                            memory_budget_gib=budget, in_flight=4, num_microbatches=16,
                            replicas=4)  # fmt: skip
         solution = solve_layer(gpt3, a100, query)

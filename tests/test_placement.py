@@ -88,9 +88,11 @@ def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.Clust
     options = SolveOptions(global_batch_size=1536, seq_length=2048, overlap_grad_reduce=False,
                            overlap_param_gather=False)  # fmt: skip
     training = training_of(model, options)
-    ctx = SearchContext(model, a100, training, options, SearchState())
+    ctx = SearchContext(model=model, cluster=a100, training=training, options=options,
+                        state=SearchState())
     c = next(c for c in candidates(model, a100, training, options)
-             if (c.replicas, c.mesh, c.micro_batch_size, c.vpp) == (4, (1, 4), 1, 1))  # fmt: skip
+             if (c.replicas, c.mesh, c.mesh_micro_batch_size, c.vpp)
+             == (4, (1, 4), 1, 1))  # fmt: skip
     kinds = decoder_kinds(model)
     found = evaluate(ctx, c, kinds)
     assert found is not None and len(found.stages) == 64

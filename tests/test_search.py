@@ -130,7 +130,7 @@ def test_candidates_are_sorted_by_their_lower_bound(a100: planner.ClusterSpec) -
     assert [c.lower_bound_s for c in todo] == sorted(c.lower_bound_s for c in todo)
     for c in todo:
         assert c.replicas * c.num_stages * c.mesh[0] * c.mesh[1] == a100.num_devices
-        assert c.num_microbatches * c.replicas * c.micro_batch_size == 1536
+        assert c.num_microbatches * c.replicas * c.mesh_micro_batch_size == 1536
         assert c.num_stages <= model.num_layers
 
 

@@ -27,7 +27,7 @@ from planner.diagnose.calibration import calibrate_file, validate
 from planner.diagnose.info import model_info
 from planner.errors import InfeasibleError
 from planner.frameworks import check_framework
-from planner.ilp import SolverOptions, build_layer_milp, layer_problem, layer_query, solve_layer
+from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.plan.config import ParallelConfig
 from planner.report.output import check_target, write_atomic
 from planner.spec.reading import json_schema, load_cluster, load_model
@@ -187,7 +187,7 @@ def layer_cmd(
         problem, _ = layer_problem(model_spec, cluster_spec, query)
         text = build_layer_milp(problem).to_lp()
         write_atomic(dump_model, text, inputs=(model, cluster), option="--dump-model")
-    options = SolverOptions(backend=backend, time_limit_s=time_limit)
+    options = IlpOptions(backend=backend, time_limit_s=time_limit)
     solution = solve_layer(model_spec, cluster_spec, query, options=options)
     if solution.report.status == "infeasible":
         least = solution.min_memory_bytes or 0.0

@@ -10,7 +10,7 @@ from planner.spec import ClusterSpec, NetworkLevel
 from planner.vocabulary import CollectiveKind
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CommGroup:
     """``size`` ranks spaced ``stride`` apart in the cluster's rank order (rank = device)."""
 
@@ -29,7 +29,7 @@ def members_per_level(cluster: ClusterSpec, group: CommGroup) -> tuple[int, ...]
     ...                  "latency_us": 2},
     ...                 {"name": "ib", "domain_devices": 32, "bandwidth_gb_s": 25,
     ...                  "latency_us": 5}]})
-    >>> members_per_level(c, CommGroup(size=32)), members_per_level(c, CommGroup(4, stride=8))
+    >>> members_per_level(c, CommGroup(size=32)), members_per_level(c, CommGroup(size=4, stride=8))
     ((8, 32), (1, 4))
     """
     counts = [
@@ -84,7 +84,7 @@ def p2p_time_s(cluster: ClusterSpec, nbytes: float, distance: int, *, ranks: int
     and 2 are in different nodes), so the row is priced at the outermost level it spans."""
     if nbytes <= 0 or ranks <= 1:
         return 0.0
-    counts = members_per_level(cluster, CommGroup(ranks, max(1, distance)))
+    counts = members_per_level(cluster, CommGroup(size=ranks, stride=max(1, distance)))
     level = cluster.network[next(i for i, c in enumerate(counts) if c == ranks)]
     return level.latency_s + nbytes / level.bandwidth_bytes_s
 

@@ -72,7 +72,7 @@ def sharded_bytes(tensor: Tensor, degrees: Mapping[str, int]) -> float:
     return numel * tensor.element_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OpTime:
     """Seconds of one op on one device for one microbatch, by pass."""
 
@@ -113,7 +113,7 @@ def op_time(
         device, precision, flops=backward_factor * flops,
         bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved, calls=2 * gemm_calls,
     )  # fmt: skip
-    return OpTime(forward, backward)
+    return OpTime(forward_s=forward, backward_s=backward)
 
 
 # --------------------------------------------------------------------------- communication

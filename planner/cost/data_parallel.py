@@ -12,7 +12,7 @@ from planner.spec import ClusterSpec, DeviceSpec
 from planner.vocabulary import CollectiveKind, Precision
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DataParallelSync:
     """Data-parallel traffic of some weights under one ZeRO stage, in seconds."""
 
@@ -30,17 +30,18 @@ class DataParallelSync:
 
     def __add__(self, other: DataParallelSync) -> DataParallelSync:
         return DataParallelSync(
-            self.reduce_once_s + other.reduce_once_s,
-            self.gather_once_s + other.gather_once_s,
-            self.reduce_per_microbatch_s + other.reduce_per_microbatch_s,
-            self.gather_per_microbatch_s + other.gather_per_microbatch_s,
+            reduce_once_s=self.reduce_once_s + other.reduce_once_s,
+            gather_once_s=self.gather_once_s + other.gather_once_s,
+            reduce_per_microbatch_s=self.reduce_per_microbatch_s + other.reduce_per_microbatch_s,
+            gather_per_microbatch_s=self.gather_per_microbatch_s + other.gather_per_microbatch_s,
         )
 
 
-NO_SYNC = DataParallelSync(0.0, 0.0, 0.0, 0.0)
+NO_SYNC = DataParallelSync(reduce_once_s=0.0, gather_once_s=0.0, reduce_per_microbatch_s=0.0,
+                           gather_per_microbatch_s=0.0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExposedSync:
     """The part of some data-parallel traffic left on the critical path, in seconds."""
 
@@ -65,7 +66,9 @@ def exposed_sync(
     the next forward. ZeRO-3 prefetches weights behind every forward and backward, and ZeRO-2/3
     reduce-scatters hide behind each microbatch's backward.
 
-    >>> exposed_sync(DataParallelSync(3.0, 1.0, 0.0, 0.0), forward_s=1.0, backward_s=2.0,
+    >>> sync = DataParallelSync(reduce_once_s=3.0, gather_once_s=1.0,
+    ...                         reduce_per_microbatch_s=0.0, gather_per_microbatch_s=0.0)
+    >>> exposed_sync(sync, forward_s=1.0, backward_s=2.0,
     ...              overlap_grad_reduce=True, overlap_param_gather=False)
     ExposedSync(per_microbatch_s=0.0, once_s=2.0)
     """
@@ -74,7 +77,7 @@ def exposed_sync(
     window = gather_hide + (backward_s if overlap_param_gather or overlap_grad_reduce else 0.0)
     per_mb = exposed_s(sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s, window)
     once = exposed_s(sync.reduce_once_s, grad_hide) + exposed_s(sync.gather_once_s, gather_hide)
-    return ExposedSync(per_mb, once)
+    return ExposedSync(per_microbatch_s=per_mb, once_s=once)
 
 
 def data_parallel_sync(
@@ -102,12 +105,19 @@ def data_parallel_sync(
         return collective_time_s(cluster, kind, nbytes, group)
 
     if zero == 0:
-        return DataParallelSync(t("all_reduce", grads), 0.0, 0.0, 0.0)
+        return DataParallelSync(reduce_once_s=t("all_reduce", grads), gather_once_s=0.0,
+                                reduce_per_microbatch_s=0.0, gather_per_microbatch_s=0.0)
     if zero == 1:
-        return DataParallelSync(t("reduce_scatter", grads), t("all_gather", weights), 0.0, 0.0)
+        return DataParallelSync(reduce_once_s=t("reduce_scatter", grads),
+                                gather_once_s=t("all_gather", weights),
+                                reduce_per_microbatch_s=0.0, gather_per_microbatch_s=0.0)
     if zero == 2:
-        return DataParallelSync(0.0, t("all_gather", weights), t("reduce_scatter", grads), 0.0)
-    return DataParallelSync(0.0, 0.0, t("reduce_scatter", grads), 2 * t("all_gather", weights))
+        return DataParallelSync(reduce_once_s=0.0, gather_once_s=t("all_gather", weights),
+                                reduce_per_microbatch_s=t("reduce_scatter", grads),
+                                gather_per_microbatch_s=0.0)
+    return DataParallelSync(reduce_once_s=0.0, gather_once_s=0.0,
+                            reduce_per_microbatch_s=t("reduce_scatter", grads),
+                            gather_per_microbatch_s=2 * t("all_gather", weights))
 
 
 def optimizer_step_s(device: DeviceSpec, precision: Precision, *, params: float) -> float:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 from planner.vocabulary import RECOMPUTE_MODES
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerParts:
     """One microbatch through one layer on one device, by part (seconds, bytes, FLOPs)."""
 
@@ -55,7 +55,7 @@ class LayerParts:
         return tuple(sorted(totals.items()))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerCost:
     """One device's seconds and bytes for one microbatch through some layers."""
 

@@ -32,7 +32,7 @@ from planner.spec.reading import read_json
 from planner.uniform.estimate import estimate
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CalibrationRun:
     """One published run, ready to estimate."""
 
@@ -278,7 +278,7 @@ def fit_gemm_efficiency(
 BUNDLED_CLUSTERS = {"A100": "dgx-a100-80gb.json", "H100": "dgx-h100-80gb.json"}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ValidationRow:
     """A published run against its estimate."""
 
@@ -339,7 +339,7 @@ def validate(runs_path: str | Path, clusters_dir: str | Path) -> list[Validation
     return validation_rows(load_runs(runs_path), clusters)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CalibrationFit:
     """The fitted GEMM efficiency and the runs it was fitted on, before and after."""
 
@@ -366,7 +366,8 @@ def calibrate_file(
     )})  # fmt: skip
     fitted = with_gemm_efficiency(cluster, gemm)
     fit = CalibrationFit(
-        gemm, validation_rows(runs, {gpu: cluster}), validation_rows(runs, {gpu: fitted})
+        gemm=gemm, before=validation_rows(runs, {gpu: cluster}), after=validation_rows(runs,
+                                          {gpu: fitted})
     )
     if write:
         _write_gemm(Path(cluster_path), gemm)

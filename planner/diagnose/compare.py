@@ -31,7 +31,7 @@ METHODS: dict[str, Callable[..., Plan]] = {
 """Each method's function ``(model, cluster, options, *, progress) -> Plan``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MethodResult:
     """One method's answer: its plan (None when it found none, with ``error`` saying why)
     and the wall time it took."""
@@ -83,9 +83,12 @@ def compare(
         try:
             plan = METHODS[method](model, cluster, options, progress=callback)
         except (InfeasibleError, ConfigError) as exc:
-            results.append(MethodResult(method, None, time.perf_counter() - started, str(exc)))
+            results.append(MethodResult(method=method, plan=None,
+                                        solve_time_s=time.perf_counter() - started,
+                                        error=str(exc)))
             continue
-        results.append(MethodResult(method, plan, time.perf_counter() - started))
+        results.append(MethodResult(method=method, plan=plan,
+                                    solve_time_s=time.perf_counter() - started))
     if all(r.plan is None for r in results):
         reasons = "; ".join(f"{r.method}: {r.error}" for r in results)
         raise InfeasibleError(f"no method found a plan ({reasons})")
@@ -113,10 +116,13 @@ def compare_frameworks(
         try:
             plan = solve(model, cluster, replace(options, framework=target), progress=callback)
         except (InfeasibleError, ConfigError) as exc:
-            results.append(MethodResult(target, None, time.perf_counter() - started, str(exc),
+            results.append(MethodResult(method=target, plan=None,
+                                        solve_time_s=time.perf_counter() - started, error=str(exc),
+
                                         label="framework"))  # fmt: skip
             continue
-        results.append(MethodResult(target, plan, time.perf_counter() - started,
+        results.append(MethodResult(method=target, plan=plan,
+                                    solve_time_s=time.perf_counter() - started,
                                     label="framework"))  # fmt: skip
     if all(r.plan is None for r in results):
         reasons = "; ".join(f"{r.method}: {r.error}" for r in results)

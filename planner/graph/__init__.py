@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ParameterCount:
     """Trainable parameters: all of them, and those one token uses (MoE)."""
 
@@ -34,7 +34,7 @@ class ParameterCount:
     active: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerIndex:
     """The graph's ops grouped by layer, and layers grouped by kind."""
 
@@ -57,8 +57,8 @@ def index_layers(graph: nx.DiGraph) -> LayerIndex:
             kinds.setdefault(op.layer_kind, []).append(op.layer)
         ops[op.layer].append(op)
     return LayerIndex(
-        {layer: tuple(v) for layer, v in ops.items()},
-        {kind: tuple(v) for kind, v in kinds.items()},
+        ops_by_layer={layer: tuple(v) for layer, v in ops.items()},
+        layers_by_kind={kind: tuple(v) for kind, v in kinds.items()},
     )
 
 
@@ -87,4 +87,4 @@ def parameter_count(graph: nx.DiGraph) -> ParameterCount:
         op: Op = graph.nodes[name]["op"]
         total += op.params
         active += op.params * op.active_fraction
-    return ParameterCount(total, round(active))
+    return ParameterCount(total=total, active=round(active))

@@ -21,7 +21,7 @@ MASK_BYTES = 1.0  # dropout masks are stored as bytes
 LOSS_BYTES = 4.0  # the cross-entropy keeps fp32 softmax over the vocabulary
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Builder:
     """Collects the ops of one layer and the edges into them."""
 
@@ -314,7 +314,8 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
                        micro_batch_size=micro_batch_size, num_layers=model.num_layers)
 
     def builder(layer: int, kind: str) -> _Builder:
-        return _Builder(model, micro_batch_size, training.seq_length, act_bytes, layer, kind)
+        return _Builder(model=model, batch=micro_batch_size, seq=training.seq_length,
+                        act_bytes=act_bytes, layer=layer, layer_kind=kind)
 
     first = builder(0, "embedding")
     x = _embedding(first)

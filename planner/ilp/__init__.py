@@ -3,11 +3,10 @@
 from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
 from planner.ilp.formulation import EdgeCosts, LayerProblem, NodeCosts, build_layer_milp
 from planner.ilp.layer import (
+    IlpOptions,
     LayerSolution,
     OpChoice,
     Resharding,
-    SolutionCache,
-    SolverOptions,
     layer_query,
     solve_layer,
 )
@@ -17,6 +16,7 @@ from planner.ilp.problem import LayerQuery, layer_problem
 __all__ = [
     "Backend",
     "EdgeCosts",
+    "IlpOptions",
     "LayerProblem",
     "LayerQuery",
     "LayerSolution",
@@ -25,8 +25,6 @@ __all__ = [
     "NodeCosts",
     "OpChoice",
     "Resharding",
-    "SolutionCache",
-    "SolverOptions",
     "SolverReport",
     "build_layer_milp",
     "layer_problem",

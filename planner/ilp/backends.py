@@ -23,7 +23,7 @@ Backend = Literal["ortools", "pulp", "cpsat"]
 Status = Literal["optimal", "feasible", "infeasible", "timed_out"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SolverReport:
     """How a solve went."""
 
@@ -39,7 +39,7 @@ class SolverReport:
     num_constraints: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MilpSolution:
     """A report and, when a solution was found, every variable's value."""
 
@@ -89,9 +89,10 @@ def solve_ortools(milp: Milp, *, time_limit_s: float) -> MilpSolution:
     value = objective.Value() if found else None
     bound = objective.BestBound() if found else None
     values = {name: round(v.solution_value()) for name, v in var.items()} if found else {}
-    report = SolverReport("ortools", status, value, bound, _gap(value, bound), wall,
-                          milp.num_variables, len(milp.constraints))  # fmt: skip
-    return MilpSolution(report, values)
+    report = SolverReport(backend="ortools", status=status, objective=value, bound=bound,
+                          gap=_gap(value, bound), wall_s=wall, num_variables=milp.num_variables,
+                          num_constraints=len(milp.constraints))  # fmt: skip
+    return MilpSolution(report=report, values=values)
 
 
 def solve_cpsat(milp: Milp, *, time_limit_s: float) -> MilpSolution:
@@ -127,9 +128,10 @@ def solve_cpsat(milp: Milp, *, time_limit_s: float) -> MilpSolution:
     objective = solver.ObjectiveValue() if found else None
     bound = solver.BestObjectiveBound() if found else None
     values = {name: int(solver.Value(v)) for name, v in var.items()} if found else {}
-    report = SolverReport("cpsat", status, objective, bound, _gap(objective, bound), wall,
-                          milp.num_variables, len(milp.constraints))  # fmt: skip
-    return MilpSolution(report, values)
+    report = SolverReport(backend="cpsat", status=status, objective=objective, bound=bound,
+                          gap=_gap(objective, bound), wall_s=wall, num_variables=milp.num_variables,
+                          num_constraints=len(milp.constraints))  # fmt: skip
+    return MilpSolution(report=report, values=values)
 
 
 def solve_pulp(milp: Milp, *, time_limit_s: float) -> MilpSolution:
@@ -163,9 +165,10 @@ def solve_pulp(milp: Milp, *, time_limit_s: float) -> MilpSolution:
         objective = 0.0  # an objective with no terms
     bound = objective if status == "optimal" else _cbc_bound(text)
     values = {name: round(v.value() or 0) for name, v in var.items()} if found else {}
-    report = SolverReport("pulp", status, objective, bound, _gap(objective, bound), wall,
-                          milp.num_variables, len(milp.constraints))  # fmt: skip
-    return MilpSolution(report, values)
+    report = SolverReport(backend="pulp", status=status, objective=objective, bound=bound,
+                          gap=_gap(objective, bound), wall_s=wall, num_variables=milp.num_variables,
+                          num_constraints=len(milp.constraints))  # fmt: skip
+    return MilpSolution(report=report, values=values)
 
 
 def _pulp_status(status: int, sol_status: int, log: str) -> Status:

@@ -25,7 +25,7 @@ from planner.ilp.milp import Milp
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeCosts:
     """One ILP node (an op, with the elementwise ops that follow it folded in)."""
 
@@ -45,7 +45,7 @@ class NodeCosts:
     """Gradient sync per microbatch per ZeRO stage ``k`` and strategy."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EdgeCosts:
     """Resharding between a producer's strategies (rows) and a consumer's (columns)."""
 
@@ -57,7 +57,7 @@ class EdgeCosts:
     """The forward part, rerun by full recomputation."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerProblem:
     """Everything the layer ILP needs, as numbers."""
 
@@ -199,7 +199,7 @@ def add_memory_constraints(
 def build_layer_milp(problem: LayerProblem, *, minimise_memory: bool = False) -> Milp:
     """The layer ILP. With ``minimise_memory`` the objective is memory and there is no budget:
     the least memory any choice needs (reported when the budget is infeasible)."""
-    milp = Milp("layer")
+    milp = Milp(name="layer")
     add_strategy_variables(milp, problem)
     add_edge_constraints(milp, problem)
     memory = add_recompute_constraints(milp, problem) | add_zero_constraints(milp, problem)

@@ -7,13 +7,11 @@ model (:func:`build_layer_milp`) -> solve (:func:`solve_milp`) -> read back
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from planner.errors import InputError, TimeLimitError
 from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
@@ -39,8 +37,8 @@ from planner.spec import ClusterSpec, ModelSpec
 from planner.vocabulary import GIB, Precision
 
 
-@dataclass(frozen=True, slots=True)
-class SolverOptions:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IlpOptions:
     """Which backend, and how long it may take."""
 
     backend: Backend = "ortools"
@@ -50,7 +48,7 @@ class SolverOptions:
     (:class:`~planner.errors.TimeLimitError`): a search's own limit, passed down."""
 
 
-def _solve(milp: Milp, options: SolverOptions) -> MilpSolution:
+def _solve(milp: Milp, options: IlpOptions) -> MilpSolution:
     """Solve within ``options``' limit and what is left before its deadline. A solve the
     deadline cut short raises rather than pass for the layer's answer (a frontier cut short
     would be kept and reused as if complete)."""
@@ -67,7 +65,7 @@ def _solve(milp: Milp, options: SolverOptions) -> MilpSolution:
     return result
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OpChoice:
     """The strategy chosen for one ILP node."""
 
@@ -77,7 +75,7 @@ class OpChoice:
     followers: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Resharding:
     """The layout conversion chosen on one edge."""
 
@@ -88,7 +86,7 @@ class Resharding:
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerSolution:
     """The solved layer: one strategy per op, resharding per edge, the per-layer choices."""
 
@@ -114,21 +112,6 @@ class LayerSolution:
                                                     for f in choice.followers):  # fmt: skip
                 return choice.strategy
         raise KeyError(op_suffix)
-
-
-@dataclass(slots=True)
-class SolutionCache:
-    """Solved layers by a stable key of their inputs (model, cluster, query, backend)."""
-
-    entries: dict[str, LayerSolution] = field(default_factory=dict)
-    hits: int = 0
-
-    @staticmethod
-    def key(model: ModelSpec, cluster: ClusterSpec, query: LayerQuery, backend: str) -> str:
-        """SHA-256 of the canonical JSON of everything the solution depends on."""
-        data = [model.model_dump(mode="json"), cluster.model_dump(mode="json"),
-                asdict(query), backend]  # fmt: skip
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def layer_query(
@@ -170,7 +153,7 @@ def layer_query(
     if budget_gib is not None and budget_gib <= 0:
         raise InputError(f"--budget-gib must be positive, got {budget_gib}")
     return LayerQuery(
-        kind=kind, mesh=mesh, micro_batch_size=mbs, seq_length=seq,
+        kind=kind, mesh=mesh, mesh_micro_batch_size=mbs, seq_length=seq,
         precision=precision or (training.precision if training else "bf16"),
         memory_budget_gib=budget_gib, in_flight=in_flight, num_microbatches=microbatches,
         flash_attention=flash_attention,
@@ -185,17 +168,12 @@ def solve_layer(
     cluster: ClusterSpec,
     query: LayerQuery,
     *,
-    options: SolverOptions = SolverOptions(),
-    cache: SolutionCache | None = None,
+    options: IlpOptions = IlpOptions(),
 ) -> LayerSolution:
     """The cheapest sharding of one layer of ``query.kind`` on ``query.mesh`` that fits the
     budget, with the solver's report; infeasible budgets come back with the least memory any
     choice needs (a second solve).
     """
-    key = SolutionCache.key(model, cluster, query, options.backend) if cache else ""
-    if cache is not None and key in cache.entries:
-        cache.hits += 1
-        return cache.entries[key]
     problem, layer = layer_problem(model, cluster, query)
     result = _solve(build_layer_milp(problem), options)
     if result.report.status in ("infeasible", "timed_out"):
@@ -203,16 +181,15 @@ def solve_layer(
         min_memory = None
         if least.report.objective is not None:
             min_memory = least.report.objective * KIB
-        solution = LayerSolution(query.kind, query.mesh, (), (), None, None, None, None,
-                                 min_memory, result.report)  # fmt: skip
+        solution = LayerSolution(kind=query.kind, mesh=query.mesh, choices=(), resharding=(),
+                                 recompute=None, zero=None, time_s=None, memory_bytes=None,
+                                 min_memory_bytes=min_memory, report=result.report)  # fmt: skip
     else:
         solution = read_solution(problem, layer, result.values, result.report, query)
-    if cache is not None:
-        cache.entries[key] = solution
     return solution
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Frontier:
     """Solutions along a layer's time-memory frontier, fastest first, and the solves taken."""
 
@@ -227,7 +204,7 @@ def solve_frontier(
     *,
     steps: int,
     shrink: float = 0.5,
-    options: SolverOptions = SolverOptions(),
+    options: IlpOptions = IlpOptions(),
 ) -> Frontier:
     """Shardings along the layer's time-memory frontier: the fastest (within
     ``query``'s budget, if any), then the fastest within ``shrink`` times the previous one's
@@ -257,7 +234,7 @@ def solve_frontier(
         budget = math.floor(solution.memory_bytes * shrink / KIB)
         if budget <= 0:
             break
-    return Frontier(tuple(found), solves)
+    return Frontier(solutions=tuple(found), solves=solves)
 
 
 def _sequence_parallel_storage(
@@ -302,8 +279,8 @@ def read_solution(
     for v, node in enumerate(problem.nodes):
         chosen.append(next(i for i in range(len(node.strategies)) if values[strategy_var(v, i)]))
     choices = tuple(
-        OpChoice(n.name, n.strategies[i].name, n.strategies[i].output,
-                 tuple(op.name for op in n.ops[1:]))
+        OpChoice(op=n.name, strategy=n.strategies[i].name, output=n.strategies[i].output,
+                 followers=tuple(op.name for op in n.ops[1:]))
         for n, i in zip(nodes, chosen, strict=True)
     )  # fmt: skip
     resharding = []
@@ -319,7 +296,8 @@ def read_solution(
             fwd = _describe(reshard(p.output, c.inputs[at], src.output, mesh))
             bwd = _describe(reshard(c.input_grads[at], p.output_grad, src.output, mesh))
         seconds = edge_seconds(layer, (u, v), i, j)[0]
-        resharding.append(Resharding(edge.src, edge.dst, fwd, bwd, seconds))
+        resharding.append(Resharding(src=edge.src, dst=edge.dst, forward=fwd, backward=bwd,
+                                     seconds=seconds))
     recompute = next(m for m in problem.recompute_modes if values[f"recompute_{m}"])
     zero = next(z for z in problem.zero_stages if values[f"zero_{z}"])
     recompute, zero = _canonical_choice(problem, chosen, recompute, zero)

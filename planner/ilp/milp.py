@@ -12,7 +12,7 @@ from typing import Literal
 Sense = Literal["<=", "==", ">="]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Constraint:
     """``sum(coef * var) sense rhs``."""
 
@@ -22,7 +22,7 @@ class Constraint:
     rhs: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Milp:
     """Binary and bounded integer variables, linear constraints, a linear objective to minimise.
 
@@ -48,7 +48,7 @@ class Milp:
     def add_constraint(self, name: str, terms: dict[str, int], sense: Sense, rhs: int) -> None:
         """``terms sense rhs``; zero coefficients are dropped."""
         kept = tuple((v, c) for v, c in terms.items() if c != 0)
-        self.constraints.append(Constraint(name, kept, sense, rhs))
+        self.constraints.append(Constraint(name=name, terms=kept, sense=sense, rhs=rhs))
 
     def minimise(self, terms: dict[str, int]) -> None:
         """Add ``terms`` to the objective."""

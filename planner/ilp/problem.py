@@ -22,14 +22,16 @@ NS = 1e9
 KIB = 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerQuery:
     """Which layer to solve, on which mesh, under which budget."""
 
     kind: str
     """``dense``, ``moe``, ``embedding`` or ``head``."""
     mesh: tuple[int, ...]
-    micro_batch_size: int
+    mesh_micro_batch_size: int
+    """Sequences per microbatch on the whole mesh, split over its data-parallel axes (the
+    plan's ``micro_batch_size`` is per data-parallel rank)."""
     seq_length: int
     precision: Precision = "bf16"
     memory_budget_gib: float | None = None
@@ -60,7 +62,7 @@ def _edge(layer: LayerGraph, edge: tuple[int, int]) -> EdgeCosts:
             frow.append(round(NS * fwd))
         total.append(tuple(row))
         forward.append(tuple(frow))
-    return EdgeCosts(src.name, dst.name, tuple(total), tuple(forward))
+    return EdgeCosts(src=src.name, dst=dst.name, cost_ns=tuple(total), forward_ns=tuple(forward))
 
 
 def _node_costs(node: Node, query: LayerQuery, first: bool) -> NodeCosts:
@@ -104,11 +106,12 @@ def layer_graph_of(
     """``query``'s layer on its mesh, every node with the strategies ``strategies`` gives
     (all of them, by default)."""
     training = training_run(query.seq_length, 1, query.precision)
-    graph, index = lowered(model, training, query.micro_batch_size)
+    graph, index = lowered(model, training, query.mesh_micro_batch_size)
     ops = index.ops_by_layer[index.layers_by_kind[query.kind][0]]
-    ctx = StrategyContext(cluster, query.precision, query.flash_attention,
-                          query.num_microbatches, query.replicas,
-                          query.tp_comm_overlap)  # fmt: skip
+    ctx = StrategyContext(cluster=cluster, precision=query.precision,
+                          flash_attention=query.flash_attention,
+                          num_microbatches=query.num_microbatches, replicas=query.replicas,
+                          tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
     return layer_graph(graph, ops, LogicalMesh(query.mesh), ctx, strategies=strategies,
                        transformer=query.kind in ("dense", "moe"))  # fmt: skip
 
@@ -133,6 +136,6 @@ def layer_problem(
     if not prune:
         return problem, layer
     problem, kept = prune_dominated(problem)
-    nodes = tuple(Node(n.ops, tuple(n.strategies[i] for i in k))
+    nodes = tuple(Node(ops=n.ops, strategies=tuple(n.strategies[i] for i in k))
                   for n, k in zip(layer.nodes, kept, strict=True))  # fmt: skip
     return problem, replace(layer, nodes=nodes)

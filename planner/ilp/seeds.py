@@ -52,13 +52,13 @@ def uniform_solutions(
     model: ModelSpec, cluster: ClusterSpec, query: LayerQuery
 ) -> list[LayerSolution]:
     """The uniform shardings of ``query``'s layer on its mesh that divide, as solutions;
-    ``query.micro_batch_size`` is the mesh's microbatch (split over its data axes)."""
+    ``query.mesh_micro_batch_size`` is the mesh's microbatch (split over its data axes)."""
     out = []
     for layout in mesh_layouts(query.mesh, experts=model.moe is not None):
-        if query.micro_batch_size % layout.data_ways:
+        if query.mesh_micro_batch_size % layout.data_ways:
             continue
         uniform = UniformQuery(kind=query.kind, layout=layout,
-                               micro_batch_size=query.micro_batch_size // layout.data_ways,
+                               micro_batch_size=query.mesh_micro_batch_size // layout.data_ways,
                                seq_length=query.seq_length, precision=query.precision,
                                flash_attention=query.flash_attention,
                                tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
@@ -68,13 +68,15 @@ def uniform_solutions(
             continue  # a dim the layout splits does not divide
         strategies = [n.strategies[0] for n in layer.nodes]
         choices = tuple(
-            OpChoice(n.name, s.name, s.output, tuple(op.name for op in n.ops[1:]))
+            OpChoice(op=n.name, strategy=s.name, output=s.output,
+                     followers=tuple(op.name for op in n.ops[1:]))
             for n, s in zip(layer.nodes, strategies, strict=True)
         )  # fmt: skip
         parts = layer_parts(layer, [0] * len(layer.nodes))
         report = SolverReport(backend="ortools", status="optimal", objective=None, bound=None,
                               gap=None, wall_s=0.0, num_variables=0,
                               num_constraints=0)  # fmt: skip
-        out.append(LayerSolution(query.kind, query.mesh, choices, (), None, None, None, None,
-                                 None, report, parts))  # fmt: skip
+        out.append(LayerSolution(kind=query.kind, mesh=query.mesh, choices=choices, resharding=(),
+                                 recompute=None, zero=None, time_s=None, memory_bytes=None,
+                                 min_memory_bytes=None, report=report, parts=parts))  # fmt: skip
     return out

@@ -83,12 +83,13 @@ class PipelinePlacement:
         CommGroup(size=2, stride=32)
         """
         if not axes:
-            return cost.CommGroup(self.replicas, self.replica_stride) if self.replicas > 1 else None
+            return cost.CommGroup(size=self.replicas,
+                                  stride=self.replica_stride) if self.replicas > 1 else None
         return self.mesh.replica_group(axes, self.replicas)
 
     def neighbour_group(self) -> cost.CommGroup:
         """The first and last stages' corresponding ranks (tied embeddings' gradients)."""
-        return cost.CommGroup(2, max(1, (self.num_stages - 1) * self.pipeline_distance))
+        return cost.CommGroup(size=2, stride=max(1, (self.num_stages - 1) * self.pipeline_distance))
 
 
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"

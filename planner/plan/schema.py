@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec
-from planner.vocabulary import GIB, Precision, Recompute
+from planner.vocabulary import GIB, Precision, Recompute, ScheduleName
 
 SCHEMA_VERSION = 4
 READABLE_VERSIONS = (2, 3, 4)
@@ -45,7 +45,7 @@ class ClusterRef(InputRef):
 class ScheduleSpec(_Frozen):
     """The pipeline schedule."""
 
-    name: Literal["1f1b", "interleaved", "gpipe"]
+    name: ScheduleName
     virtual_stages: int = Field(default=1, ge=1)
 
 

@@ -26,7 +26,7 @@ from planner.cost.step import PipelineKnobs, StepCost
 from planner.errors import InfeasibleError, TimeLimitError
 from planner.graph import lowered, parameter_count
 from planner.graph.lower import ACTIVATION_BYTES, decoder_layer_kind
-from planner.ilp.layer import Frontier, LayerSolution, SolverOptions, solve_frontier
+from planner.ilp.layer import Frontier, IlpOptions, LayerSolution, solve_frontier
 from planner.ilp.problem import LayerQuery
 from planner.ilp.seeds import uniform_solutions
 from planner.options import DEFAULT_OPTIONS, Progress, ProgressFn, SolveOptions, training_of
@@ -64,10 +64,10 @@ from planner.search.space import (
 )
 from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.vocabulary import GIB
+from planner.vocabulary import GIB, schedule_name
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class SearchState:
     """What the search keeps between candidates: solved layers and their count."""
 
@@ -87,7 +87,7 @@ class SearchState:
 # --------------------------------------------------------------------------- layer options
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SearchContext:
     """The inputs of one search and what it has found so far."""
 
@@ -125,14 +125,15 @@ def kind_solutions(
         ctx.state.reuses += 1
     else:
         query = LayerQuery(
-            kind=kind, mesh=mesh, micro_batch_size=b, seq_length=ctx.training.seq_length,
+            kind=kind, mesh=mesh, mesh_micro_batch_size=b, seq_length=ctx.training.seq_length,
             precision=ctx.training.precision, num_microbatches=REFERENCE_MICROBATCHES,
             flash_attention=ctx.options.flash_attention, zero=(0, 1),
             replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
         )  # fmt: skip
         frontier = solve_frontier(
             ctx.model, ctx.cluster, query, steps=LADDER_STEPS, shrink=LADDER_SHRINK,
-            options=SolverOptions(ctx.options.backend, ctx.options.ilp_time_limit_s,
+            options=IlpOptions(backend=ctx.options.backend,
+                                  time_limit_s=ctx.options.ilp_time_limit_s,
                                   deadline=ctx.deadline),
         )  # fmt: skip
         seeds = uniform_solutions(ctx.model, ctx.cluster, query)
@@ -150,7 +151,7 @@ def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOptio
                        ctx.options.overlap_param_gather)  # fmt: skip
     pins = ctx.options.pins
     options = []
-    for solution in kind_solutions(ctx, kind, c.mesh, c.micro_batch_size):
+    for solution in kind_solutions(ctx, kind, c.mesh, c.mesh_micro_batch_size):
         if kind in TRANSFORMER_KINDS and not launchable(solution, c.mesh):
             continue
         if kind in TRANSFORMER_KINDS:
@@ -185,7 +186,7 @@ def pipeline_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
     """Per microbatch, one stage's sends: the activation forward and its gradient back, each
     device sending its share (Megatron's scatter/gather), once per chunk."""
     act = ACTIVATION_BYTES[ctx.training.precision]
-    full = c.micro_batch_size * ctx.training.seq_length * ctx.model.hidden_size * act
+    full = c.mesh_micro_batch_size * ctx.training.seq_length * ctx.model.hidden_size * act
     return cost.pipeline_send_s(ctx.cluster, full / (c.mesh[0] * c.mesh[1]), distance,
                                 chunks=c.vpp, stages=c.num_stages)  # fmt: skip
 
@@ -198,7 +199,7 @@ def decoder_kinds(model: ModelSpec) -> list[str]:
 # --------------------------------------------------------------------------- one candidate
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Found:
     """The best pipeline of one candidate, priced."""
 
@@ -257,7 +258,8 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
             _note_least(ctx, c, sum(step.peak_memory_bytes))
             continue
         if best is None or step.step_s < best.step.step_s:
-            best = Found(c, stages, placement, step, split.step_s, split.bounds_tried)
+            best = Found(candidate=c, stages=stages, placement=placement, step=step,
+                         objective_s=split.step_s, bounds_tried=split.bounds_tried)
     return best
 
 
@@ -299,7 +301,8 @@ def solve(
     kinds = decoder_kinds(model)
     todo = candidates(model, cluster, training, options)
     deadline = None if options.time_limit_s is None else started + options.time_limit_s
-    ctx = SearchContext(model, cluster, training, options, SearchState(), deadline)
+    ctx = SearchContext(model=model, cluster=cluster, training=training, options=options,
+                        state=SearchState(), deadline=deadline)
     best: Found | None = None
     cut_at: Candidate | None = None
     searched = 0
@@ -388,9 +391,9 @@ def _plan(
         seq_length=training.seq_length,
         # Per data-parallel rank, as frameworks count it: the pipeline's microbatch is split
         # over the data-parallel ways inside a stage.
-        micro_batch_size=max(1, c.micro_batch_size // stages[0].parallel.dp),
+        micro_batch_size=max(1, c.mesh_micro_batch_size // stages[0].parallel.dp),
         num_microbatches=c.num_microbatches,
-        schedule=ScheduleSpec(name="interleaved" if c.vpp > 1 else "1f1b", virtual_stages=c.vpp),
+        schedule=ScheduleSpec(name=schedule_name(c.schedule, c.vpp), virtual_stages=c.vpp),
         data_parallel_replicas=c.replicas,
         flags=RunFlags(
             flash_attention=ctx.options.flash_attention,
@@ -405,7 +408,7 @@ def _plan(
             cluster=ctx.cluster,
             training=training,
             forward_flops_per_sequence=model_flops_per_sequence(ctx.model, training.seq_length),
-            micro_batch_size=c.micro_batch_size,
+            micro_batch_size=c.mesh_micro_batch_size,
         ),
         solver=SolverSummary(
             time_s=wall_s,

@@ -22,14 +22,15 @@ from planner.uniform.space import divisors
 from planner.vocabulary import PipelineSchedule
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
     """One setting of the outer knobs."""
 
     replicas: int
     mesh: tuple[int, int]
     num_stages: int
-    micro_batch_size: int
+    mesh_micro_batch_size: int
+    """Sequences per pipeline microbatch on one stage's mesh (all its data-parallel ways)."""
     num_microbatches: int
     schedule: PipelineSchedule
     vpp: int
@@ -73,8 +74,10 @@ def candidates(
                     if not options.pins.admits(vpp=v):
                         continue
                     bound = (m + (stages - 1) / v) * per_microbatch
-                    out.append(Candidate(replicas, mesh, stages, b, m, schedule, v, bound))
-    out.sort(key=lambda c: (c.lower_bound_s, -c.replicas, c.num_stages, c.micro_batch_size,
+                    out.append(Candidate(replicas=replicas, mesh=mesh, num_stages=stages,
+                                         mesh_micro_batch_size=b, num_microbatches=m,
+                                         schedule=schedule, vpp=v, lower_bound_s=bound))
+    out.sort(key=lambda c: (c.lower_bound_s, -c.replicas, c.num_stages, c.mesh_micro_batch_size,
                             c.vpp))  # fmt: skip
     return out
 
@@ -113,12 +116,14 @@ def model_flops_per_sequence(model: ModelSpec, seq: int) -> float:
 def describe(c: Candidate) -> str:
     """A candidate as a user would say it.
 
-    >>> describe(Candidate(8, (1, 8), 16, 4, 48, "1f1b", 3, 0.0))
+    >>> describe(Candidate(replicas=8, mesh=(1, 8), num_stages=16, mesh_micro_batch_size=4,
+    ...                    num_microbatches=48, schedule="1f1b", vpp=3, lower_bound_s=0.0))
     'PP16 of 1x8 meshes, 8 pipeline replicas, microbatch of 4 sequences, v=3'
-    >>> describe(Candidate(1, (1, 8), 1, 1, 48, "1f1b", 1, 0.0))
+    >>> describe(Candidate(replicas=1, mesh=(1, 8), num_stages=1, mesh_micro_batch_size=1,
+    ...                    num_microbatches=48, schedule="1f1b", vpp=1, lower_bound_s=0.0))
     'PP1 of 1x8 meshes, 1 pipeline replica, microbatch of 1 sequence'
     """
     replicas = f"{c.replicas} pipeline replica" + "s" * (c.replicas > 1)
-    sequences = f"{c.micro_batch_size} sequence" + "s" * (c.micro_batch_size > 1)
+    sequences = f"{c.mesh_micro_batch_size} sequence" + "s" * (c.mesh_micro_batch_size > 1)
     text = f"PP{c.num_stages} of {c.mesh[0]}x{c.mesh[1]} meshes, {replicas}, microbatch of "
     return text + sequences + (f", v={c.vpp}" if c.vpp > 1 else "")

@@ -27,7 +27,7 @@ StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]
 """The strategies a node's leading op may take (all of them, or one assigned)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Node:
     """A node: its ops (the first leads) and their merged strategies."""
 
@@ -45,7 +45,7 @@ class Node:
         return self.ops[-1].output
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerGraph:
     """One layer's nodes and the producer -> consumer edges between them (by node index)."""
 
@@ -103,11 +103,11 @@ def layer_graph(
                 follower = follow(op, s.output, mesh, ctx)
                 if follower is not None:
                     merged.append(_merge(s, follower))
-            nodes[v] = Node((*node.ops, op), tuple(merged))
+            nodes[v] = Node(ops=(*node.ops, op), strategies=tuple(merged))
             owner[op.name] = v
             continue
         owner[op.name] = len(nodes)
-        nodes.append(Node((op,), tuple(strategies(op, mesh, ctx))))
+        nodes.append(Node(ops=(op,), strategies=tuple(strategies(op, mesh, ctx))))
     edges: list[tuple[int, int]] = []
     for op in ops:
         for p in producers[op.name]:
@@ -119,7 +119,7 @@ def layer_graph(
                    if any(q not in names for q in graph.predecessors(op.name))]  # fmt: skip
         last = owner[ops[-1].name]
         edges += [(last, owner[n]) for n in outside if (last, owner[n]) not in edges]
-    return LayerGraph(tuple(nodes), tuple(edges), mesh, ctx)
+    return LayerGraph(nodes=tuple(nodes), edges=tuple(edges), mesh=mesh, context=ctx)
 
 
 def input_index(consumer: Op, tensor: Tensor) -> int | None:

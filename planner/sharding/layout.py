@@ -68,7 +68,7 @@ class LogicalMesh:
 
     def group(self, axis: int) -> cost.CommGroup:
         """The communication group of one line of devices along ``axis``."""
-        return cost.CommGroup(self.shape[axis], self.stride(axis))
+        return cost.CommGroup(size=self.shape[axis], stride=self.stride(axis))
 
     def axes_group(self, axes: tuple[int, ...]) -> cost.CommGroup:
         """The group of the devices that differ only along ``axes`` (one collective over all
@@ -80,7 +80,7 @@ class LogicalMesh:
         CommGroup(size=8, stride=8)
         """
         size = math.prod(self.shape[a] for a in axes)
-        return cost.CommGroup(size, min((self.stride(a) for a in axes), default=1))
+        return cost.CommGroup(size=size, stride=min((self.stride(a) for a in axes), default=1))
 
     def replica_group(self, axes: tuple[int, ...], replicas: int = 1) -> cost.CommGroup | None:
         """The ranks holding the same shard of a weight replicated along ``axes`` and over
@@ -99,8 +99,8 @@ class LogicalMesh:
         if size <= 1:
             return None
         if not axes:
-            return cost.CommGroup(replicas, self.num_devices)
-        return cost.CommGroup(size, min(self.stride(a) for a in axes))
+            return cost.CommGroup(size=replicas, stride=self.num_devices)
+        return cost.CommGroup(size=size, stride=min(self.stride(a) for a in axes))
 
 
 def degrees(layout: Layout, mesh: LogicalMesh) -> dict[str, int]:
@@ -122,7 +122,7 @@ def tensor_degrees(tensor: Tensor, layout: Layout, mesh: LogicalMesh) -> dict[st
     return {name: split[canonical(name)] for name, _ in tensor.dims if canonical(name) in split}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Transfer:
     """One collective of a layout conversion."""
 
@@ -157,7 +157,7 @@ def reshard(src: Layout, dst: Layout, tensor: Tensor, mesh: LogicalMesh) -> tupl
             kind = "all_gather"
         else:
             kind, nbytes = "all_to_all", nbytes / n
-        transfers.append(Transfer(kind, nbytes, axis))
+        transfers.append(Transfer(kind=kind, nbytes=nbytes, axis=axis))
     return tuple(transfers)
 
 

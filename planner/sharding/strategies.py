@@ -37,7 +37,7 @@ EXPERTS_BY_BATCH = "experts:batch"
 """A routing op's split that sends tokens split by batch to their experts' ranks."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StrategyContext:
     """What pricing a strategy needs besides the op and the mesh."""
 
@@ -54,7 +54,7 @@ class StrategyContext:
     column-parallel GEMM and the reduce-scatter after a row-parallel one)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Strategy:
     """One way to run an op on the mesh, with its costs for one microbatch on one device."""
 
@@ -280,7 +280,8 @@ def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strat
     ...                "peak_tflops": {"bf16": 1}},
     ...     "network": [{"name": "l", "domain_devices": 2, "bandwidth_gb_s": 1,
     ...                  "latency_us": 1}]})
-    >>> [s.name for s in op_strategies(up, LogicalMesh((1, 2)), StrategyContext(c, "bf16"))]
+    >>> ctx = StrategyContext(cluster=c, precision="bf16")
+    >>> [s.name for s in op_strategies(up, LogicalMesh((1, 2)), ctx)]
     ['R,R', 'R,seq', 'R,hidden', 'R,ffn', 'R,ffn+kept-seq@1']
     """
     strategies = []

@@ -206,7 +206,8 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
     graph, index = lowered(model, training, query.micro_batch_size * layout.data_ways)
     ops = index.ops_by_layer[index.layers_by_kind[query.kind][0]]
     mesh = LogicalMesh(layout.shape, query.strides)
-    ctx = StrategyContext(cluster, query.precision, query.flash_attention,
+    ctx = StrategyContext(cluster=cluster, precision=query.precision,
+                          flash_attention=query.flash_attention,
                           tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),
                        transformer=query.kind in ("dense", "moe"))  # fmt: skip

@@ -38,7 +38,7 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.vocabulary import GIB
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageEstimate:
     """One pipeline stage: per-microbatch seconds and per-device memory (GiB)."""
 
@@ -46,7 +46,7 @@ class StageEstimate:
     memory: MemoryBreakdown
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Estimate:
     """The priced configuration; attribute names are the ``--json`` keys."""
 
@@ -112,7 +112,7 @@ def _forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: i
     return sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class UniformStage:
     """How a uniform configuration's stage sits on the ranks: its mesh (three axes, see
     :mod:`planner.sharding.uniform`) with their rank strides, and its data-parallel copies."""
@@ -135,7 +135,7 @@ class UniformStage:
             size *= n
         if size <= 1:
             return None
-        return cost.CommGroup(size, min(stride for n, stride in members if n > 1))
+        return cost.CommGroup(size=size, stride=min(stride for n, stride in members if n > 1))
 
 
 def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
@@ -153,7 +153,7 @@ def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
     mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
     return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
                         replica_stride=s["dp"] * layout.data_ways, pipeline_distance=s["pp"],
-                        tensor_group=cost.CommGroup(tensor, s["tp"]))  # fmt: skip
+                        tensor_group=cost.CommGroup(size=tensor, stride=s["tp"]))  # fmt: skip
 
 
 def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> UniformQuery:
@@ -260,9 +260,9 @@ def _tied_copy(model: ModelSpec, r: ResolvedConfig, stage: UniformStage) -> Tied
     c = r.config
     if not model.tie_word_embeddings or c.pp == 1:
         return None
+    ends = cost.CommGroup(size=2, stride=(c.pp - 1) * stage.pipeline_distance)
     return TiedCopy(params=model.vocab_size * model.hidden_size / c.tp,
-                    data_parallel=stage.group((0, 1)),
-                    sync_group=cost.CommGroup(2, (c.pp - 1) * stage.pipeline_distance))  # fmt: skip
+                    data_parallel=stage.group((0, 1)), sync_group=ends)  # fmt: skip
 
 
 def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, stage: UniformStage) -> float:

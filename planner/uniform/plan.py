@@ -23,6 +23,7 @@ from planner.plan.schema import (
 )
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate, estimate
+from planner.vocabulary import schedule_name
 
 
 def megatron_ranks(
@@ -81,7 +82,7 @@ def uniform_plan(
         )
         for i, s in enumerate(result.stages)
     )
-    schedule = ScheduleSpec(name="interleaved" if c.vpp > 1 else c.schedule,
+    schedule = ScheduleSpec(name=schedule_name(c.schedule, c.vpp),
                             virtual_stages=c.vpp)  # fmt: skip
     complete = c.model_copy(update={
         "dp": resolved.dp, "global_batch": resolved.training.global_batch_size,
