@@ -15,7 +15,9 @@ class CommGroup:
     """``size`` ranks spaced ``stride`` apart in the cluster's rank order (rank = device)."""
 
     size: int
+    """Ranks in the group."""
     stride: int = 1
+    """Ranks between consecutive members in the cluster's rank order (1: contiguous)."""
 
 
 def members_per_level(cluster: ClusterSpec, group: CommGroup) -> tuple[int, ...]:

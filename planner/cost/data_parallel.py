@@ -21,7 +21,10 @@ class DataParallelSync:
     gather_once_s: float
     """Updated weights, once per step."""
     reduce_per_microbatch_s: float
+    """Gradient reduce-scatter, every microbatch (ZeRO 2 and 3)."""
     gather_per_microbatch_s: float
+    """Weight all-gathers, every microbatch (ZeRO 3: one before the forward, one before the
+    backward)."""
 
     def per_microbatch_s(self, num_microbatches: int) -> float:
         """Everything, with the once-per-step part shared among the microbatches."""
@@ -46,7 +49,10 @@ class ExposedSync:
     """The part of some data-parallel traffic left on the critical path, in seconds."""
 
     per_microbatch_s: float
+    """Every microbatch: the per-microbatch traffic its forward and backward do not hide."""
     once_s: float
+    """Once per step: the once-per-step reduction and gather the last backward and the next forward
+    do not hide."""
 
 
 def exposed_sync(

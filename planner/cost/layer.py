@@ -13,7 +13,9 @@ class LayerParts:
     """One microbatch through one layer on one device, by part (seconds, bytes, FLOPs)."""
 
     forward_s: float
+    """Forward compute of the layer's ops (communication apart)."""
     backward_s: float
+    """Backward compute of the layer's ops (communication apart)."""
     tp_comm_s: float
     """Resharding between ops (forward and backward) and the ops' own collectives other than
     the two below (the vocab-parallel loss)."""
@@ -66,9 +68,16 @@ class LayerCost:
     recompute_s: float = 0.0
     """Forward recomputed in backward, with its collectives."""
     tp_comm_s: float = 0.0
+    """Resharding between ops and the ops' own collectives other than ring attention's and the
+    experts' (the vocab-parallel loss), forward and backward, with their rerun under full
+    recomputation."""
     cp_comm_s: float = 0.0
+    """Ring attention's exposed K/V exchange (and its rerun under full recomputation)."""
     ep_comm_s: float = 0.0
+    """The experts' all-to-all (and its rerun under full recomputation)."""
     pipeline_comm_s: float = 0.0
+    """Pipeline sends: the activation forward and its gradient back, per microbatch (added per stage
+    by ``with_pipeline_comm``)."""
     activation_bytes: float = 0.0
     """Kept per in-flight microbatch."""
     working_bytes: float = 0.0

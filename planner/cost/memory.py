@@ -33,8 +33,12 @@ class StateBytes:
     """Bytes per parameter of weights, gradients and optimizer state on one device."""
 
     weights: float
+    """The compute-precision weights (the fp32 master copy counts as optimizer state)."""
     gradients: float
+    """The accumulated gradients (fp32 main grads under bf16)."""
     optimizer: float
+    """Adam's m and v, with the fp32 master weights (and under fp16 an fp32 copy of the gradients)
+    in mixed precision."""
 
     @property
     def total(self) -> float:

@@ -37,9 +37,14 @@ class MethodResult:
     and the wall time it took."""
 
     method: str
+    """The method (``ilp``, ``heuristic``, ``grid``) or framework target that ran."""
     plan: Plan | None
+    """Its best plan (None: it found none)."""
     solve_time_s: float
+    """Wall-clock seconds the method took, failed ones included."""
     error: str | None = None
+    """Why it found no plan (the infeasibility or configuration error's message); None with a
+    plan."""
     label: str = "method"
     """What ``method`` names: a ``method``, or a ``framework`` target."""
 

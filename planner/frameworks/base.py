@@ -67,10 +67,12 @@ class Profile:
     """What one framework can launch, and how to write it."""
 
     name: Framework
+    """The framework as ``--framework`` names it."""
     title: str
     """As users write it: ``Megatron-LM``, ``MindSpeed``, ``DeepSpeed``, ``Colossal-AI``,
     ``torchtitan``."""
     rules: tuple[Rule, ...]
+    """What it refuses: a configuration is offered only if none of them refuses it."""
     launch: Callable[[ResolvedConfig, ModelSpec], Launch]
     """The launcher; only called on configurations no rule refuses."""
 

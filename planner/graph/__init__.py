@@ -31,7 +31,9 @@ class ParameterCount:
     """Trainable parameters: all of them, and those one token uses (MoE)."""
 
     total: int
+    """Every trainable parameter (a tied weight counted once)."""
     active: int
+    """Parameters one token uses: routed experts weighted by top_k / num_experts, rounded."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +41,11 @@ class LayerIndex:
     """The graph's ops grouped by layer, and layers grouped by kind."""
 
     ops_by_layer: dict[int, tuple[Op, ...]]
+    """Each layer's ops in topological order, by layer index (0 embedding, 1..L decoder
+    layers, L + 1 head)."""
     layers_by_kind: dict[str, tuple[int, ...]]
+    """The indices of the layers of each kind (``embedding``, ``dense``, ``moe``, ``head``), in
+    graph order."""
 
     def representative(self, kind: str) -> tuple[Op, ...]:
         """The ops of the first layer of ``kind`` (all layers of a kind are identical)."""

@@ -26,12 +26,21 @@ class _Builder:
     """Collects the ops of one layer and the edges into them."""
 
     model: ModelSpec
+    """The model being lowered."""
     batch: int
+    """Sequences per microbatch: the size of every activation's ``batch`` dim."""
     seq: int
+    """Tokens per sequence: the size of every activation's ``seq`` dim."""
     act_bytes: float
+    """Bytes per activation and weight element at the training precision
+    (:data:`ACTIVATION_BYTES`)."""
     layer: int
+    """Index of the layer being built (0 embedding, 1..L decoder layers, L + 1 head)."""
     layer_kind: str
+    """Its kind: ``embedding``, ``dense``, ``moe`` or ``head``."""
     ops: list[tuple[Op, tuple[str, ...]]] = field(default_factory=list)
+    """The ops added so far, in order, each with the names of the ops feeding it (the graph's edges
+    into it)."""
 
     def act(self, *dims: tuple[str, int]) -> Tensor:
         """An activation of shape (batch, seq, *dims)."""

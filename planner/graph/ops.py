@@ -37,7 +37,10 @@ class Tensor:
     """A tensor as named dims with sizes, and the bytes of one element."""
 
     dims: tuple[tuple[str, int], ...]
+    """(name, size) of each dim, in order: the whole tensor, before any sharding."""
     element_bytes: float
+    """Bytes per element: the precision's, or 1 for dropout masks, 4 for token ids and fp32
+    values (loss, router logits)."""
 
     @property
     def numel(self) -> int:
@@ -73,19 +76,26 @@ class Op:
     """
 
     name: str
+    """Graph-wide name: ``layer<n>.<op>`` in decoder layers, the bare op name in the embedding and
+    head layers."""
     kind: OpKind
+    """What the op computes (:data:`OpKind`), which decides its strategies and pricing."""
     layer: int
     """0 = embedding, 1..L = decoder layers, L + 1 = final norm, LM head and loss."""
     layer_kind: str
     """Layers of the same kind are identical: ``embedding``, ``dense``, ``moe``, ``head``."""
     inputs: tuple[Tensor, ...]
+    """The activations the forward reads, whole (one microbatch, unsharded)."""
     output: Tensor
+    """The activation the forward writes, whole."""
     weight: Tensor | None = None
     """The weight as (input dim, output dim) or (experts, input dim, output dim)."""
     bias_params: int = 0
+    """Bias parameters (split as the weight's output dim)."""
     extra_params: int = 0
     """Parameters outside ``weight`` and bias (e.g. learned position embeddings)."""
     flops: float = 0.0
+    """Forward matmul FLOPs of the whole microbatch, unsharded (0 for memory-bound ops)."""
     saved: tuple[Tensor, ...] = ()
     """Activations kept for the backward pass (Korthikanti et al., Sec. 4)."""
     gemm_calls: int = 1

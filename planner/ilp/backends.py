@@ -28,15 +28,24 @@ class SolverReport:
     """How a solve went."""
 
     backend: Backend
+    """The solver that ran."""
     status: Status
     """optimal; feasible (time limit hit with an incumbent); infeasible; timed_out (no
     solution found in time)."""
     objective: float | None
+    """The returned solution's objective, in the program's units (the layer ILP's: nanoseconds,
+    or KiB when it minimises memory); None without a solution."""
     bound: float | None
+    """The best proven lower bound on the objective; None without a solution or when the solver did
+    not report one."""
     gap: float | None
+    """The relative gap ``|objective - bound| / |objective|``; None when either is unknown."""
     wall_s: float
+    """Wall-clock seconds of the solve."""
     num_variables: int
+    """Binary and integer variables in the program."""
     num_constraints: int
+    """Constraints in the program."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,7 +53,9 @@ class MilpSolution:
     """A report and, when a solution was found, every variable's value."""
 
     report: SolverReport
+    """How the solve went."""
     values: dict[str, int]
+    """Every variable's value by name (empty when no solution was found)."""
 
 
 def _gap(objective: float | None, bound: float | None) -> float | None:

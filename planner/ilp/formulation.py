@@ -30,7 +30,9 @@ class NodeCosts:
     """One ILP node (an op, with the elementwise ops that follow it folded in)."""
 
     name: str
+    """The node's leading op's name, by which edges refer to it."""
     strategies: tuple[str, ...]
+    """The strategies' names; every per-strategy tuple is indexed like this one."""
     time_ns: tuple[int, ...]
     """Compute and own communication, forward and backward."""
     forward_ns: tuple[int, ...]
@@ -50,7 +52,9 @@ class EdgeCosts:
     """Resharding between a producer's strategies (rows) and a consumer's (columns)."""
 
     src: str
+    """The producer node's name."""
     dst: str
+    """The consumer node's name."""
     cost_ns: tuple[tuple[int, ...], ...]
     """Forward and backward resharding."""
     forward_ns: tuple[tuple[int, ...], ...]
@@ -62,10 +66,16 @@ class LayerProblem:
     """Everything the layer ILP needs, as numbers."""
 
     nodes: tuple[NodeCosts, ...]
+    """The layer's nodes; the variables ``s[v,i]`` index them by position."""
     edges: tuple[EdgeCosts, ...]
+    """Producer -> consumer edges, with their resharding matrices."""
     recompute_modes: tuple[str, ...] = ("none",)
+    """The recomputation modes the layer may choose from (names of :data:`RECOMPUTE_MODES`)."""
     zero_stages: tuple[int, ...] = (0,)
+    """The ZeRO stages (0..3) the layer's weights may take."""
     budget_kib: int | None = None
+    """Memory one device may spend on the layer's weight states and kept activations, in KiB (None:
+    no memory constraint)."""
 
 
 def _s(v: int, i: int) -> str:

@@ -42,7 +42,10 @@ class IlpOptions:
     """Which backend, and how long it may take."""
 
     backend: Backend = "ortools"
+    """The MILP solver: ``ortools`` (CBC in process), ``pulp`` (CBC as a subprocess) or
+    ``cpsat``."""
     time_limit_s: float = 10.0
+    """Seconds each solve may take (a frontier takes several solves)."""
     deadline: float | None = None
     """``time.perf_counter()`` past which no solve starts and a cut-short one is abandoned
     (:class:`~planner.errors.TimeLimitError`): a search's own limit, passed down."""
@@ -70,9 +73,14 @@ class OpChoice:
     """The strategy chosen for one ILP node."""
 
     op: str
+    """The node's leading op's name."""
     strategy: str
+    """The chosen strategy's name: per mesh axis the dim it splits or ``R``, e.g. ``R,ffn``."""
     output: Layout
+    """The layout the node's output comes out in (after its followers)."""
     followers: tuple[str, ...]
+    """The names of the ops folded into the node, run in the layout the leading op's output comes
+    out in."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,10 +88,18 @@ class Resharding:
     """The layout conversion chosen on one edge."""
 
     src: str
+    """The producer node's name."""
     dst: str
+    """The consumer node's name."""
     forward: tuple[str, ...]
+    """Collectives (``kind@axis<n>``) that turn the producer's output into the consumer's input
+    layout."""
     backward: tuple[str, ...]
+    """Collectives (``kind@axis<n>``) that turn the consumer's input gradient into the producer's
+    output-gradient layout."""
     seconds: float
+    """Both directions' collectives on one device for one microbatch, after what ``tp_comm_overlap``
+    hides (full recomputation's rerun apart)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,17 +107,26 @@ class LayerSolution:
     """The solved layer: one strategy per op, resharding per edge, the per-layer choices."""
 
     kind: str
+    """The layer kind: ``dense``, ``moe``, ``embedding`` or ``head``."""
     mesh: tuple[int, ...]
+    """The shape of the logical mesh it was solved on."""
     choices: tuple[OpChoice, ...]
+    """One per ILP node, in layer order (empty when infeasible)."""
     resharding: tuple[Resharding, ...]
+    """One per edge, in the layer graph's edge order (empty when infeasible)."""
     recompute: str | None
+    """The layer's recomputation mode, the least among ties (None when infeasible)."""
     zero: int | None
+    """The ZeRO stage of the layer's weights, the lowest among ties (None when infeasible)."""
     time_s: float | None
     """One microbatch, forward and backward, on one device (the ILP's objective)."""
     memory_bytes: float | None
+    """Weight states and kept activations (in-flight microbatches included) on one device, in bytes
+    (None when infeasible)."""
     min_memory_bytes: float | None
     """When infeasible: the least memory any choice in the space needs."""
     report: SolverReport
+    """The solver's report (of the budgeted solve when infeasible)."""
     parts: LayerParts | None = None
     """The chosen sharding's costs by part (None when infeasible)."""
 
@@ -194,7 +219,10 @@ class Frontier:
     """Solutions along a layer's time-memory frontier, fastest first, and the solves taken."""
 
     solutions: tuple[LayerSolution, ...]
+    """The shardings found, fastest first, each followed by its sequence-parallel storage form when
+    it has one."""
     solves: int
+    """Layer ILPs solved: one per budget tried, the last infeasible one included."""
 
 
 def solve_frontier(

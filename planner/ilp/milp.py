@@ -17,9 +17,13 @@ class Constraint:
     """``sum(coef * var) sense rhs``."""
 
     name: str
+    """The row's name in the LP dump and in the CBC backends' models."""
     terms: tuple[tuple[str, int], ...]
+    """(variable, integer coefficient) pairs (``add_constraint`` drops zero ones)."""
     sense: Sense
+    """How the terms' sum compares to ``rhs``."""
     rhs: int
+    """The integer the terms' sum is compared to."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -30,10 +34,15 @@ class Milp:
     """
 
     name: str
+    """The program's name (the LP dump's header, PuLP's problem)."""
     binaries: list[str] = field(default_factory=list)
+    """The 0/1 variables' names, in the order added."""
     integers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """The integer variables' (lower, upper) bounds by name."""
     constraints: list[Constraint] = field(default_factory=list)
+    """The constraints, in the order added."""
     objective: dict[str, int] = field(default_factory=dict)
+    """Each variable's integer coefficient in the objective to minimise (absent: 0)."""
 
     def add_binary(self, name: str) -> str:
         """A 0/1 variable."""

@@ -29,18 +29,29 @@ class LayerQuery:
     kind: str
     """``dense``, ``moe``, ``embedding`` or ``head``."""
     mesh: tuple[int, ...]
+    """The shape of the logical mesh the layer is sharded on (the search's ``d0 x d1``: nodes,
+    devices per node)."""
     mesh_micro_batch_size: int
     """Sequences per microbatch on the whole mesh, split over its data-parallel axes (the
     plan's ``micro_batch_size`` is per data-parallel rank)."""
     seq_length: int
+    """Tokens per sequence."""
     precision: Precision = "bf16"
+    """Compute precision."""
     memory_budget_gib: float | None = None
+    """Memory one device may spend on the layer's weight states and kept activations, in GiB (None:
+    no limit)."""
     in_flight: int = 1
     """Microbatches whose activations a device holds at its peak (1F1B: ``p - i``)."""
     num_microbatches: int = 1
+    """Microbatches per step, among which the once-per-step gradient sync is shared."""
     flash_attention: bool = True
+    """The attention core runs fused: causal FLOPs halved, no ``s x s`` tensors kept."""
     recompute: tuple[str, ...] = RECOMPUTE_MODES
+    """The recomputation modes the ILP may choose from (``dense`` and ``moe`` layers only; the
+    others run ``none``)."""
     zero: tuple[int, ...] = (0, 1, 2, 3)
+    """The ZeRO stages the ILP may choose for the layer's weights."""
     replicas: int = 1
     """Data-parallel copies of the pipeline the layer's stage is part of."""
     tp_comm_overlap: bool = False

@@ -27,14 +27,24 @@ class Candidate:
     """One setting of the outer knobs."""
 
     replicas: int
+    """Data-parallel copies of the whole pipeline, side by side."""
     mesh: tuple[int, int]
+    """Every stage's submesh as (nodes, devices per node), Alpa's shapes; the layer ILP's logical
+    mesh ``d0 x d1``."""
     num_stages: int
+    """Pipeline stages, each on a ``mesh`` of its own."""
     mesh_micro_batch_size: int
     """Sequences per pipeline microbatch on one stage's mesh (all its data-parallel ways)."""
     num_microbatches: int
+    """Microbatches per step per pipeline replica (global batch / (``replicas`` x
+    ``mesh_micro_batch_size``))."""
     schedule: PipelineSchedule
+    """The pipeline schedule as configured (interleaved when ``vpp > 1``)."""
     vpp: int
+    """Virtual stages (model chunks) per pipeline stage; 1: not interleaved."""
     lower_bound_s: float
+    """A lower bound on the step, in seconds, that orders the search: three times the model's
+    forward FLOPs at the GEMM efficiency ceiling, stretched by the pipeline's fill and drain."""
 
 
 def candidates(

@@ -32,7 +32,11 @@ class Node:
     """A node: its ops (the first leads) and their merged strategies."""
 
     ops: tuple[Op, ...]
+    """The leading op, then the ops folded into it (elementwise ops and per-head norms with it as
+    their only producer), in order."""
     strategies: tuple[Strategy, ...]
+    """The leading op's strategies, each merged with its followers run in its output layout
+    (those a follower cannot run in dropped)."""
 
     @property
     def name(self) -> str:
@@ -50,9 +54,14 @@ class LayerGraph:
     """One layer's nodes and the producer -> consumer edges between them (by node index)."""
 
     nodes: tuple[Node, ...]
+    """The layer's nodes in topological order; edges and ILP variables index them by position."""
     edges: tuple[tuple[int, int], ...]
+    """(producer, consumer) node indices, with a transformer layer's wrap-around edge from its last
+    node to the nodes that read the layer's input."""
     mesh: LogicalMesh
+    """The logical mesh the strategies run on."""
     context: StrategyContext
+    """What the strategies were priced with; resharding on the edges is priced with it too."""
 
 
 def _is_follower(op: Op, producers: Sequence[str]) -> bool:

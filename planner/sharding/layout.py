@@ -42,6 +42,7 @@ class LogicalMesh:
     of the cluster's order (placement moves them)."""
 
     shape: tuple[int, ...]
+    """Devices along each axis; without ``strides`` the last axis is contiguous in rank order."""
     strides: tuple[int, ...] | None = None
     """Ranks between neighbours along each axis when they are not row-major (a uniform
     configuration numbered in another rank order, ``--rank-order``)."""
@@ -127,8 +128,12 @@ class Transfer:
     """One collective of a layout conversion."""
 
     kind: CollectiveKind
+    """The collective."""
     nbytes: float
+    """Its buffer in bytes as :func:`planner.cost.collective_time_s` takes it: the tensor as
+    the other axes split it (an all-to-all's per-rank share)."""
     axis: int
+    """The mesh axis whose group runs it (an index into the mesh's ``shape``)."""
 
 
 def reshard(src: Layout, dst: Layout, tensor: Tensor, mesh: LogicalMesh) -> tuple[Transfer, ...]:

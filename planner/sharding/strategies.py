@@ -42,8 +42,13 @@ class StrategyContext:
     """What pricing a strategy needs besides the op and the mesh."""
 
     cluster: ClusterSpec
+    """The device and network that price compute and collectives."""
     precision: Precision
+    """Compute precision: the device's peak FLOP/s, and the bytes of the weights' states and
+    gradient sync."""
     flash_attention: bool = True
+    """The attention core runs fused: causal FLOPs halved, backward 2.5 times the forward,
+    no ``s x s`` tensors kept."""
     num_microbatches: int = 1
     """Microbatches per step: once-per-step gradient sync is shared among them."""
     replicas: int = 1
@@ -59,13 +64,24 @@ class Strategy:
     """One way to run an op on the mesh, with its costs for one microbatch on one device."""
 
     name: str
+    """The assignment as text, e.g. ``R,ffn`` (``+kept-seq@<axis>``: the variant that keeps its
+    input's sequence slice)."""
     assignment: Assignment
+    """Per mesh axis, the dim it splits (None: the axis repeats the op's work)."""
     inputs: tuple[Layout, ...]
+    """The layout each input must arrive in, in ``op.inputs`` order."""
     input_grads: tuple[Layout, ...]
+    """The layout each input's gradient comes out in (``P`` along axes that split the work but not
+    the input)."""
     output: Layout
+    """The layout the output comes out in (``P`` along axes that split a contracted dim)."""
     output_grad: Layout
+    """The layout the output's gradient must arrive in (the output's, with partial sums
+    replicated)."""
     forward_s: float
+    """Forward compute, communication apart."""
     backward_s: float
+    """Backward compute, communication apart."""
     comm_s: float
     """The op's own collectives, forward and backward (ring attention, vocab-parallel loss,
     expert all-to-all), as far as they are not hidden behind its compute."""
@@ -81,7 +97,10 @@ class Strategy:
     sync_s: tuple[float, float, float, float]
     """Gradient sync (and ZeRO gathers) per microbatch under ZeRO 0..3."""
     kept_bytes: float
+    """Activations kept for backward with no recomputation (with the ``s x s`` tensors only
+    without flash attention)."""
     kept_selective_bytes: float
+    """Activations kept for backward under selective recomputation (no ``s x s`` tensors)."""
     input_bytes: float
     """The first kept tensor (the layer input, for the first op): what full recomputation
     keeps."""

@@ -187,13 +187,20 @@ class UniformQuery:
     """One layer kind of a uniform configuration's stage, on one device, per microbatch."""
 
     kind: str
+    """The layer kind: ``embedding``, ``dense``, ``moe`` or ``head``."""
     layout: UniformLayout
+    """What each axis of the stage's mesh splits."""
     micro_batch_size: int
     """Sequences per data-parallel rank."""
     seq_length: int
+    """Tokens per sequence, before context parallelism splits it."""
     precision: Precision
+    """Compute precision."""
     flash_attention: bool = True
+    """The attention core runs fused: causal FLOPs halved, no ``s x s`` tensors kept."""
     tp_comm_overlap: bool = False
+    """Tensor-parallel resharding next to a matmul hides behind it (Megatron-Core's
+    ``--tp-comm-overlap``)."""
     strides: tuple[int, int, int] | None = None
     """Ranks between neighbours along each axis, when not Megatron's default order."""
 
