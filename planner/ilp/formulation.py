@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 from planner.ilp.milp import Milp
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeCosts:
