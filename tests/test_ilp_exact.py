@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.ilp import EdgeCosts, LayerProblem, NodeCosts, build_layer_milp, solve_milp
-from planner.ilp.formulation import RECOMPUTE_MODES, evaluate_ns, memory_kib
+from planner.ilp.formulation import evaluate_ns, memory_kib
 from planner.ilp.prune import prune_dominated
+from planner.vocabulary import RECOMPUTE_MODES
 
 BACKENDS = ("ortools", "pulp", "cpsat")
 

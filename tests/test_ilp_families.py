@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from planner.ilp import EdgeCosts, LayerProblem, Milp, NodeCosts, solve_milp
 from planner.ilp.formulation import (
-    RECOMPUTE_MODES,
     add_edge_constraints,
     add_memory_constraints,
     add_recompute_constraints,
@@ -13,6 +12,7 @@ from planner.ilp.formulation import (
     add_zero_constraints,
     build_layer_milp,
 )
+from planner.vocabulary import RECOMPUTE_MODES
 
 
 def _node(name: str, time: tuple[int, int], memory: tuple[int, int]) -> NodeCosts:

@@ -9,14 +9,14 @@ import math
 from dataclasses import dataclass, replace
 
 from planner.graph import lowered
-from planner.ilp.formulation import RECOMPUTE_MODES, EdgeCosts, LayerProblem, NodeCosts
+from planner.ilp.formulation import EdgeCosts, LayerProblem, NodeCosts
 from planner.ilp.prune import prune_dominated
 from planner.sharding.assignment import LayerGraph, Node, StrategiesFn, edge_seconds, layer_graph
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.strategies import StrategyContext, op_strategies
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import training_run
-from planner.vocabulary import GIB, Precision
+from planner.vocabulary import GIB, RECOMPUTE_MODES, Precision
 
 NS = 1e9
 KIB = 1024
