@@ -68,7 +68,8 @@ class LayerProblem:
     edges: tuple[EdgeCosts, ...]
     """Producer -> consumer edges, with their resharding matrices."""
     recompute_modes: tuple[str, ...] = ("none",)
-    """The recomputation modes the layer may choose from (names of :data:`planner.vocabulary.RECOMPUTE_MODES`)."""
+    """The recomputation modes the layer may choose from (names of
+    :data:`planner.vocabulary.RECOMPUTE_MODES`)."""
     zero_stages: tuple[int, ...] = (0,)
     """The ZeRO stages (0..3) the layer's weights may take."""
     budget_kib: int | None = None
