@@ -4,7 +4,8 @@ margin to leave free and how long to try; and the progress a search reports back
 Every search reads the same :class:`SolveOptions`: the per-operator search
 (:mod:`planner.search`), the enumeration of uniform configurations (:mod:`planner.uniform`)
 and the baselines. Training settings the options leave out come from the model's own
-training block (:func:`training_of`), in one place.
+training block (:func:`training_of`, through :func:`planner.spec.reading.fill_training`, which
+``planner estimate``, ``planner layer`` and ``planner info`` use too).
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner import cost
-from planner.errors import InputError
 from planner.ilp.backends import Backend
 from planner.plan.config import check_sequence
 from planner.spec import ModelSpec, TrainingSpec
-from planner.spec.reading import training_run
+from planner.spec.reading import fill_training
 from planner.vocabulary import ContextParallelism, Precision, Recompute
 
 
@@ -120,12 +120,10 @@ ProgressFn = Callable[[Progress], None]
 
 def training_of(model: ModelSpec, options: SolveOptions) -> TrainingSpec:
     """The run's sequence length, global batch and precision: the options, else the model's
-    training block."""
-    defaults = model.training
-    seq = options.seq_length or (defaults.seq_length if defaults else None)
-    gbs = options.global_batch_size or (defaults.global_batch_size if defaults else None)
-    if seq is None or gbs is None:
-        raise InputError(f"{model.name}: no training block: pass --seq-len and --global-batch")
-    precision = options.precision or (defaults.precision if defaults else "bf16")
-    check_sequence(model, seq)
-    return training_run(seq, gbs, precision)
+    training block (:func:`~planner.spec.reading.fill_training`); a sequence longer than a
+    model with learned positions has positions for is refused."""
+    training = fill_training(model, seq_length=options.seq_length,
+                             global_batch_size=options.global_batch_size,
+                             precision=options.precision)  # fmt: skip
+    check_sequence(model, training.seq_length)
+    return training

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.errors import ConfigError
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
+from planner.spec.reading import fill_training
 from planner.vocabulary import ContextParallelism, PipelineSchedule, Precision, Recompute
 
 
@@ -107,15 +108,13 @@ def _need(ok: bool, message: str) -> None:
 
 
 def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> ResolvedConfig:
-    """Fill defaults and check divisibility; raises :class:`ConfigError` naming the rule."""
-    defaults = model.training
-    seq = config.seq_len or (defaults.seq_length if defaults else None)
-    gbs = config.global_batch or (defaults.global_batch_size if defaults else None)
-    precision = config.precision or (defaults.precision if defaults else "bf16")
-    _need(seq is not None, f"{model.name}: no sequence length: pass --seq-len")
-    _need(gbs is not None, f"{model.name}: no global batch size: pass --global-batch")
-    assert seq is not None and gbs is not None  # narrowed by _need
-    training = TrainingSpec(seq_length=seq, global_batch_size=gbs, precision=precision)
+    """Fill defaults and check divisibility; raises :class:`ConfigError` naming the rule
+    (:class:`~planner.errors.InputError` when neither the configuration nor the model's
+    training block gives the sequence length or the global batch)."""
+    training = fill_training(model, seq_length=config.seq_len,
+                             global_batch_size=config.global_batch,
+                             precision=config.precision)  # fmt: skip
+    seq, gbs = training.seq_length, training.global_batch_size
 
     c = config
     n = cluster.num_devices
