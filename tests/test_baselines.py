@@ -13,14 +13,14 @@ from planner.baselines import grid_plan, grid_space, heuristic, heuristic_plan
 from planner.baselines.heuristic import heuristic_candidates, layouts
 from planner.errors import ConfigError, InfeasibleError
 from planner.options import Progress, SolveOptions, training_of
-from planner.plan.config import ParallelConfig, resolve
+from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.plan.schema import Plan, StageParallel
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform import enumerate as enumeration
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.plan import uniform_plan
-from planner.uniform.space import config_key, run_config, stage_layers, stage_splits, tp_degrees
+from planner.uniform.space import config_key, run_config, stage_splits, tp_degrees
 from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
 
@@ -125,7 +125,7 @@ def test_stage_splits_known_answers() -> None:
     the middle one layer heavier as the alternative, and nothing when the ends would be
     empty."""
     assert stage_splits(126, 16) == [(7, 7)]
-    assert stage_layers(126, 16, (7, 7)) == (7, *[8] * 14, 7)
+    assert stage_layers(126, pp=16, first=7, last=7) == (7, *[8] * 14, 7)
     assert stage_splits(61, 16) == [(2, 3), (3, 2)]
     assert stage_splits(126, 4) == [(31, 31), (30, 30)]
     assert stage_splits(61, 2) == [(30, 31), (31, 30)]
@@ -143,7 +143,7 @@ def test_stage_splits_are_megatron_splits(num_layers: int) -> None:
         assert len(splits) <= 4
         least = -(-num_layers // pp)
         for split in splits:
-            layers = stage_layers(num_layers, pp, split)
+            layers = stage_layers(num_layers, pp=pp, first=split[0], last=split[1])
             assert len(layers) == pp and sum(layers) == num_layers and min(layers) >= 1
             assert max(layers) in (least, least + 1)
             assert max(layers[0], layers[-1]) <= max(layers)
@@ -158,8 +158,8 @@ def test_grid_splits_resolve_as_megatron_does(llama405b: ModelSpec, h100_32: Clu
     assert {c.pp for c in uneven} == {4, 8, 16, 32, 64}
     assert {c.cp for c in uneven} == {1, 2, 4, 8} and max(c.vpp for c in uneven) > 1
     for config in space:
-        split = (config.first_stage_layers, config.last_stage_layers)
-        layers = stage_layers(llama405b.num_layers, config.pp, split)
+        layers = stage_layers(llama405b.num_layers, pp=config.pp,
+                              first=config.first_stage_layers, last=config.last_stage_layers)
         assert resolve(llama405b, h100_32, config).stage_layers == layers
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from planner import cost
 from planner.errors import ConfigError
 from planner.options import SolveOptions
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, stage_layers
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform import space
 from planner.uniform.estimate import Estimate, estimate
@@ -345,7 +345,7 @@ def _pipelined(model: ModelSpec, c: ParallelConfig, pp: int, *, zero: int) -> Pa
     if pp == c.pp:
         return _with(c, zero=zero)
     first, last = space.stage_splits(model.num_layers, pp)[0]
-    layers = space.stage_layers(model.num_layers, pp, (first, last))
+    layers = stage_layers(model.num_layers, pp=pp, first=first, last=last)
     vpp = c.vpp if all(n % c.vpp == 0 for n in layers) else 1
     return _with(c, pp=pp, first_stage_layers=first, last_stage_layers=last, vpp=vpp,
                  zero=zero, dp=None)  # fmt: skip

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from planner.errors import ConfigError
 from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
-from planner.plan.config import ParallelConfig, resolve
+from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.vocabulary import RECOMPUTE_MODES, ContextParallelism
 
@@ -71,19 +71,6 @@ def stage_splits(num_layers: int, pp: int) -> list[Split]:
         splits[lighter, ends - lighter] = None
         splits[ends - lighter, lighter] = None
     return list(splits)
-
-
-def stage_layers(num_layers: int, pp: int, split: Split) -> tuple[int, ...]:
-    """Decoder layers on each stage, first to last.
-
-    >>> stage_layers(126, 16, (7, 7))[:3], stage_layers(96, 16, (None, None))[:3]
-    ((7, 8, 8), (6, 6, 6))
-    """
-    first, last = split
-    if first is None or last is None:
-        return (num_layers // pp,) * pp
-    middle = (num_layers - first - last) // (pp - 2) if pp > 2 else 0
-    return (first, *([middle] * (pp - 2)), last)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +146,8 @@ def branch_groups(
     b, pins = branch, options.pins
     vpps = [1]
     if options.interleaved and b.pp > 1:
-        layers = set(stage_layers(model.num_layers, b.pp, b.split))
+        first, last = b.split
+        layers = set(stage_layers(model.num_layers, pp=b.pp, first=first, last=last))
         vpps += [v for v in range(2, min(layers) + 1) if all(n % v == 0 for n in layers)]
     zeros = (0, 1, 2, 3) if b.pp == 1 else (0, 1)
     mbss = sorted(set(options.micro_batch_sizes) if pins.mbs is None else {pins.mbs})
