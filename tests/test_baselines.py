@@ -206,14 +206,24 @@ def test_grid_is_never_slower_than_the_heuristic(
     assert (grid.method, heuristic.method) == ("grid", "heuristic")
 
 
-def test_heuristic_candidates_lie_in_the_grid_space(
-    llama: ModelSpec, h100_node: ClusterSpec
-) -> None:
-    """Every configuration the rule tries is one the grid prices too."""
-    training = training_of(llama, SolveOptions())
-    space = set(grid_space(llama, h100_node))
-    tried = list(heuristic_candidates(llama, h100_node, training, SolveOptions()))
+@pytest.mark.parametrize(
+    ("name", "nodes"),
+    [("llama3-8b", 1), ("mixtral-8x7b", 4), ("deepseek-v3", 8), ("llama3.1-405b", 32)],
+)
+def test_heuristic_candidates_lie_in_the_grid_space(name: str, nodes: int) -> None:
+    """Every configuration the rule tries is one of the uniform space the grid prices
+    (framework ``any``: the whole space), uneven stages and expert parallelism included: the
+    rule orders the space's degrees, it does not derive its own."""
+    model = load_model(MODELS / f"{name}.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", nodes)
+    options = SolveOptions(framework="any")
+    space = set(grid_space(model, cluster, options))
+    tried = list(heuristic_candidates(model, cluster, training_of(model, options), options))
     assert tried and set(tried) <= space
+    assert (model.moe is None) == all(c.ep == 1 for c in tried)
+    # 126 and 61 layers: the deep pipelines the rule climbs to have uneven ends
+    uneven = any(c.first_stage_layers is not None for c in tried)
+    assert uneven == (name in ("deepseek-v3", "llama3.1-405b"))
 
 
 def test_heuristic_gpt3_follows_megatron(

@@ -125,6 +125,40 @@ def test_a_change_that_fits_needs_no_combination(gpt3: ModelSpec) -> None:
     _assert_priced(gpt3, cluster, config, remedies)
 
 
+@pytest.mark.parametrize(
+    ("name", "cluster_file", "nodes"),
+    [("gpt3-175b", "dgx-a100-80gb", 8), ("mixtral-8x7b", "dgx-h100-80gb", 1),
+     ("llama3.1-405b", "dgx-h100-80gb", 4), ("llama3-8b", "dgx-h100-80gb", 1)],
+)  # fmt: skip
+def test_remedies_lie_in_the_uniform_space(name: str, cluster_file: str, nodes: int) -> None:
+    """Every remedy of a configuration of the uniform space (one that does not fit: interleaved,
+    uneven, context- or expert-parallel among them) is itself a configuration of that space,
+    on the remedy's node count: the remedies change one knob a notch within the degrees, splits,
+    interleavings and ZeRO stages the space holds, they derive none of their own."""
+    model = load_model(REPO / f"instances/models/{name}.json")
+    cluster = load_cluster(REPO / f"instances/clusters/{cluster_file}.json", nodes)
+    options = SolveOptions(framework="any")
+    too_big = []
+    for config in grid_space(model, cluster, options)[::7]:
+        try:
+            if not estimate(model, cluster, config).fits:
+                too_big.append(config)
+        except ConfigError:
+            continue
+    spaces: dict[int, set[ParallelConfig]] = {}
+    flags = set()
+    for config in too_big[:: len(too_big) // 6][:6]:
+        for remedy in config_remedies(model, cluster, config):
+            if remedy.change == OFFLOAD:
+                continue
+            changed, where = _apply(config, cluster, remedy.change)
+            if where.num_nodes not in spaces:
+                spaces[where.num_nodes] = set(grid_space(model, where, options))
+            assert changed in spaces[where.num_nodes], remedy.change
+            flags |= {token for token in remedy.change.split() if token.startswith("--")}
+    assert {"--mbs", "--recompute", "--zero", "--tp", "--pp"} <= flags
+
+
 def test_a_configuration_that_fits_has_no_remedies(gpt3: ModelSpec) -> None:
     """Nothing to remedy: no remedies, and the message refuses; a configuration that does not
     divide is the usual ConfigError."""
