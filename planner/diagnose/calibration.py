@@ -217,10 +217,19 @@ def with_gemm_efficiency(cluster: ClusterSpec, gemm: GemmEfficiency) -> ClusterS
     return cluster.model_copy(update={"device": device})
 
 
+def _sized_for(run: CalibrationRun, cluster: ClusterSpec) -> ClusterSpec:
+    """``cluster`` resized to the run's devices, in whole nodes of the cluster's own size;
+    a run on a part of a node raises :class:`~planner.errors.InputError` naming it."""
+    per_node = cluster.devices_per_node
+    if run.num_devices % per_node:
+        raise InputError(f"run {run.id}: {run.num_devices} devices are not a whole number of "
+                         f"{cluster.name} nodes of {per_node}")  # fmt: skip
+    return cluster.with_nodes(run.num_devices // per_node)
+
+
 def predict_s(run: CalibrationRun, cluster: ClusterSpec) -> float:
     """The estimated step time of ``run`` on ``cluster`` resized to the run's devices."""
-    nodes = run.num_devices // cluster.devices_per_node
-    return estimate(run.model, cluster.with_nodes(nodes), run.config).step_time_s
+    return estimate(run.model, _sized_for(run, cluster), run.config).step_time_s
 
 
 def log_errors(runs: Sequence[CalibrationRun], cluster: ClusterSpec) -> list[float]:
@@ -320,8 +329,7 @@ def validation_rows(runs: Sequence[CalibrationRun], clusters: dict[str, ClusterS
     """Estimate every run on the cluster of its GPU."""
     rows = []
     for run in runs:
-        cluster = clusters[run.device].with_nodes(run.num_devices // 8)
-        est = estimate(run.model, cluster, run.config)
+        est = estimate(run.model, _sized_for(run, clusters[run.device]), run.config)
         rows.append(ValidationRow(
             id=run.id, device=run.device, num_devices=run.num_devices,
             config=describe(run.config), measured_s=run.measured_step_time_s,
