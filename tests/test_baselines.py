@@ -218,7 +218,8 @@ def test_heuristic_candidates_lie_in_the_grid_space(name: str, nodes: int) -> No
     cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", nodes)
     options = SolveOptions(framework="any")
     space = set(grid_space(model, cluster, options))
-    tried = list(heuristic_candidates(model, cluster, training_of(model, options), options))
+    tried = list(heuristic_candidates(model, cluster, training=training_of(model, options),
+                                      options=options))
     assert tried and set(tried) <= space
     assert (model.moe is None) == all(c.ep == 1 for c in tried)
     # 126 and 61 layers: the deep pipelines the rule climbs to have uneven ends
@@ -275,7 +276,8 @@ def test_heuristic_llama405b_follows_its_rule(llama405b: ModelSpec) -> None:
     training = training_of(llama405b, options)
     selective = run_config(training, options, recompute="selective", **meta)
     full = run_config(training, options, recompute="full", **meta)
-    assert selective in heuristic_candidates(llama405b, cluster, training, options)
+    assert selective in heuristic_candidates(llama405b, cluster, training=training,
+                                             options=options)
     assert not estimate(llama405b, cluster, selective).fits
     assert estimate(llama405b, cluster, full).fits
 

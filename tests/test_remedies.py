@@ -187,7 +187,7 @@ def test_leanest_uniform_is_the_least_of_the_whole_grid(
     """Pricing each branch's leanest finds the least memory of every configuration the grid
     considers (a smaller grid here, for time)."""
     options = SolveOptions(micro_batch_sizes=(1, 2), interleaved=False)
-    least = leanest_uniform(gpt3, one_node, training_of(gpt3, options), options)
+    least = leanest_uniform(gpt3, one_node, training=training_of(gpt3, options), options=options)
     assert least is not None
     peaks = []
     for config in grid_space(gpt3, one_node, options):
@@ -205,13 +205,14 @@ def test_nodes_to_fit_is_brute_force(gpt3: ModelSpec, one_node: ClusterSpec) -> 
     training = training_of(gpt3, OPTIONS)
     brute = None
     for nodes in (1, 2, 4, 8, 16):
-        found = leanest_uniform(gpt3, one_node.with_nodes(nodes), training, OPTIONS)
+        found = leanest_uniform(gpt3, one_node.with_nodes(nodes), training=training,
+                                options=OPTIONS)
         if found is not None and found[0] <= one_node.device.memory_gib:
             brute = (nodes, *found)
             break
-    assert nodes_to_fit(gpt3, one_node, training, OPTIONS) == brute
+    assert nodes_to_fit(gpt3, one_node, training=training, options=OPTIONS) == brute
     assert brute is not None and brute[0] == 8 and round(brute[1], 1) == 50.5
-    assert nodes_to_fit(gpt3, one_node, training, OPTIONS, max_factor=4) is None
+    assert nodes_to_fit(gpt3, one_node, training=training, options=OPTIONS, max_factor=4) is None
 
 
 def test_infeasible_message_names_the_ways_out(gpt3: ModelSpec, one_node: ClusterSpec) -> None:
@@ -224,7 +225,7 @@ def test_infeasible_message_names_the_ways_out(gpt3: ModelSpec, one_node: Cluste
     assert line.startswith("no plan fits gpt3-175b on 8 x A100-SXM4-80GB (80 GiB, 4 GiB of it")
     assert "the leanest (some plan) needs 371.1 GiB per device" in line
     assert "add nodes: on 8 nodes (64 devices) tp 8, pp 1" in line
-    leanest = leanest_uniform(gpt3, one_node, training, OPTIONS)
+    leanest = leanest_uniform(gpt3, one_node, training=training, options=OPTIONS)
     assert leanest is not None
     offload = estimate(gpt3, one_node, leanest[1])
     saved = offload.memory_gib.optimizer
@@ -255,8 +256,9 @@ def test_a_shorter_sequence_when_activations_decide() -> None:
     assert "a shorter sequence: at 262144 (--seq-len 262144)" in line
     usable = cluster.device.memory_gib - options.margin_bytes(cluster.device.memory_gib) / 2**30
     for seq, fits in ((1 << 19, False), (1 << 18, True)):
-        found = leanest_uniform(model, cluster, training.model_copy(update={"seq_length": seq}),
-                                options)  # fmt: skip
+        found = leanest_uniform(model, cluster,
+                                training=training.model_copy(update={"seq_length": seq}),
+                                options=options)  # fmt: skip
         assert found is not None and (found[0] <= usable) == fits
 
 

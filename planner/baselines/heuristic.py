@@ -73,10 +73,10 @@ def heuristic_plan(
     started = time.perf_counter()
     training = training_of(model, options)
     todo, rule = [], 0
-    for config in heuristic_candidates(model, cluster, training, options):
+    for config in heuristic_candidates(model, cluster, training=training, options=options):
         rule += 1
         # as the framework launches it (the rule's overlaps where it fixes its own), or not
-        launched = launched_variant(config, model, cluster, options)
+        launched = launched_variant(config, model, cluster=cluster, options=options)
         if launched is not None:
             todo.append(launched)
     chosen, leanest, priced = _first_fit(model, cluster, todo, progress,
@@ -115,7 +115,7 @@ def layouts(model: ModelSpec, cluster: ClusterSpec) -> list[tuple[int, int]]:
 
 
 def heuristic_candidates(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> Iterator[ParallelConfig]:
     """The rule's configurations in the order it tries them, each drawn from the uniform
     space (:mod:`planner.uniform.space`): the layouts of :func:`layouts`, the first layer

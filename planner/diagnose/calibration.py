@@ -32,17 +32,22 @@ from planner.spec.reading import read_json
 from planner.uniform.estimate import estimate
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CalibrationRun:
     """One published run, ready to estimate."""
 
     id: str
+    """The record's id in ``calibration_runs.json``."""
     model: ModelSpec
+    """The model the record describes (:func:`model_from_record`)."""
     config: ParallelConfig
+    """The configuration it ran with (:func:`config_from_record`)."""
     num_devices: int
+    """Devices (GPUs) of the run."""
     device: str
     """``A100`` or ``H100``: which bundled cluster type ran it."""
     measured_step_time_s: float
+    """The step time the record gives or implies (:func:`measured_step_time_s`)."""
     basis: str
     """How the measured step time was obtained from the record."""
 
@@ -287,19 +292,28 @@ def fit_gemm_efficiency(
 BUNDLED_CLUSTERS = {"A100": "dgx-a100-80gb.json", "H100": "dgx-h100-80gb.json"}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ValidationRow:
     """A published run against its estimate."""
 
     id: str
+    """The record's id."""
     device: str
+    """``A100`` or ``H100``."""
     num_devices: int
+    """Devices (GPUs) of the run."""
     config: str
+    """The configuration as a user would say it (:func:`describe`)."""
     measured_s: float
+    """The measured step time."""
     predicted_s: float
+    """The estimated step time."""
     basis: str
+    """How the measured step time was obtained from the record."""
     peak_memory_gib: float
+    """The estimated peak memory per device."""
     fits: bool
+    """Whether the estimate fits the device's memory."""
 
     @property
     def error(self) -> float:
@@ -347,13 +361,16 @@ def validate(runs_path: str | Path, clusters_dir: str | Path) -> list[Validation
     return validation_rows(load_runs(runs_path), clusters)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CalibrationFit:
     """The fitted GEMM efficiency and the runs it was fitted on, before and after."""
 
     gemm: GemmEfficiency
+    """The fitted efficiency curve, with its source."""
     before: list[ValidationRow]
+    """The runs estimated with the cluster file's efficiency."""
     after: list[ValidationRow]
+    """The runs estimated with the fitted efficiency."""
 
 
 def calibrate_file(
@@ -373,9 +390,8 @@ def calibrate_file(
         f"calibration_runs.json (least squares on log step time; RMS log error {error**0.5:.3f})"
     )})  # fmt: skip
     fitted = with_gemm_efficiency(cluster, gemm)
-    fit = CalibrationFit(
-        gemm, validation_rows(runs, {gpu: cluster}), validation_rows(runs, {gpu: fitted})
-    )
+    fit = CalibrationFit(gemm=gemm, before=validation_rows(runs, {gpu: cluster}),
+                         after=validation_rows(runs, {gpu: fitted}))  # fmt: skip
     if write:
         _write_gemm(Path(cluster_path), gemm)
     return fit

@@ -88,11 +88,15 @@ class ResolvedConfig:
     """A configuration checked against a model and a cluster, with every default filled in."""
 
     config: ParallelConfig
+    """The configuration as given."""
     training: TrainingSpec
+    """The run's sequence length, global batch and precision, defaults filled in."""
     dp: int
+    """Data-parallel degree: as given, else the devices left over."""
     num_microbatches: int
+    """Microbatches per step: the global batch over ``dp x mbs``."""
     num_devices: int
-
+    """Devices of the cluster."""
     stage_layers: tuple[int, ...] = ()
     """Decoder layers on each pipeline stage, first to last."""
 

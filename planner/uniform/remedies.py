@@ -46,7 +46,7 @@ Option = tuple[ParallelConfig, ClusterSpec, str | None]
 """A changed configuration, the cluster it runs on, and what else the change means."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Remedy:
     """One change to a configuration that does not fit, priced by :func:`estimate`."""
 
@@ -55,6 +55,7 @@ class Remedy:
     memory_gib: float
     """Peak memory per device with the change, reserved memory included."""
     fits: bool
+    """Whether that peak leaves the memory margin free on the device."""
     note: str | None = None
     """What else the change means or costs."""
 
@@ -119,7 +120,7 @@ def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConf
     optimizer_gib = base.memory_gib.optimizer
     offloaded_gib = base.peak_memory_gib - optimizer_gib
     remedies.append(Remedy(
-        OFFLOAD, offloaded_gib, _fits_gib(cluster, offloaded_gib),
+        change=OFFLOAD, memory_gib=offloaded_gib, fits=_fits_gib(cluster, offloaded_gib),
         note=f"ZeRO-Offload (ZeRO >= 1): {optimizer_gib:.1f} GiB of optimizer states and the "
         "Adam step on the CPU; its time is not priced",
     ))  # fmt: skip
@@ -147,7 +148,7 @@ def config_infeasible_message(
 
 
 def leanest_uniform(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> tuple[float, ParallelConfig] | None:
     """The least peak memory per device (GiB) of any uniform configuration the grid considers,
     and the configuration; None when none divides. Only each branch's leanest is priced (see
@@ -162,9 +163,9 @@ def leanest_uniform(
 def nodes_to_fit(
     model: ModelSpec,
     cluster: ClusterSpec,
+    *,
     training: TrainingSpec,
     options: SolveOptions,
-    *,
     max_factor: int = MAX_NODE_FACTOR,
 ) -> tuple[int, float, ParallelConfig] | None:
     """The fewest nodes, the cluster's times 2, 4, ... up to ``max_factor``, on which some
@@ -172,7 +173,7 @@ def nodes_to_fit(
     memory per device (GiB); None when none of them is enough."""
     for factor in _factors(max_factor):
         bigger = cluster.with_nodes(cluster.num_nodes * factor)
-        found = leanest_uniform(model, bigger, training, options)
+        found = leanest_uniform(model, bigger, training=training, options=options)
         if found is not None and _fits_gib(bigger, found[0]):
             return bigger.num_nodes, found[0], found[1]
     return None
@@ -222,7 +223,7 @@ def _ways_out(
         yield (f"a uniform configuration fits: {describe(lean[1])} needs "
                f"{lean[0].peak_memory_gib:.1f} GiB (--method grid)")  # fmt: skip
         return
-    found = nodes_to_fit(model, cluster, training, options)
+    found = nodes_to_fit(model, cluster, training=training, options=options)
     if found is None:
         yield (f"more nodes alone do not help up to {cluster.num_nodes * MAX_NODE_FACTOR} "
                f"nodes")  # fmt: skip
@@ -267,7 +268,7 @@ def _shorter_sequence(
             break
         seq //= 2
         shorter = training.model_copy(update={"seq_length": seq})
-        found = leanest_uniform(model, cluster, shorter, options)
+        found = leanest_uniform(model, cluster, training=shorter, options=options)
         if found is not None and _fits_gib(cluster, found[0]):
             return (f"a shorter sequence: at {seq} (--seq-len {seq}) {describe(found[1])} "
                     f"needs {found[0]:.1f} GiB")  # fmt: skip
@@ -279,7 +280,7 @@ def _leanest_priced(
 ) -> list[tuple[Estimate, ParallelConfig]]:
     """Each branch's leanest configuration that divides, priced."""
     priced = []
-    for config, _ in space.branch_space(model, cluster, training, options):
+    for config, _ in space.branch_space(model, cluster, training=training, options=options):
         result = _price(model, cluster, config)
         if result is not None:
             priced.append((result, config))
@@ -373,8 +374,9 @@ def _mildest(
         result = _price(model, where, changed)
         if result is None:
             continue
-        remedy = Remedy(_flags(config, changed, cluster, where, result),
-                        result.peak_memory_gib, result.fits, note)  # fmt: skip
+        remedy = Remedy(change=_flags(config, changed, cluster, where, result),
+                        memory_gib=result.peak_memory_gib, fits=result.fits,
+                        note=note)  # fmt: skip
         if remedy.fits:
             return remedy
         if best is None or remedy.memory_gib < best.memory_gib:

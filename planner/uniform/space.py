@@ -80,17 +80,23 @@ def stage_splits(num_layers: int, pp: int) -> list[Split]:
     return list(splits)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Branch:
     """The degrees that decide how devices are grouped, and the layers' split over the
     stages; everything else varies inside."""
 
     tp: int
+    """Tensor-parallel degree."""
     pp: int
+    """Pipeline stages."""
     cp: int
+    """Context-parallel degree."""
     ep: int
+    """Expert-parallel degree."""
     split: Split = (None, None)
+    """Decoder layers of the first and last stage (None: all stages equal)."""
     cp_algo: ContextParallelism = "ring"
+    """How context parallelism attends: ring or ulysses."""
 
 
 def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
@@ -172,7 +178,7 @@ def micro_batch_sizes(options: SolveOptions) -> list[int]:
 
 
 def branches(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pins: Pins = NO_PINS
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, pins: Pins = NO_PINS
 ) -> list[Branch]:
     """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
     layer split and context-parallel algorithm, among the pinned degrees."""
@@ -184,7 +190,7 @@ def branches(
                    if within_node(cluster, tp=tp, cp=c) and n % (tp * c) == 0):  # fmt: skip
             for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
                 dp = n // (tp * pp * cp)
-                out += [Branch(tp, pp, cp, ep, split, algo)
+                out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)
                         for split in stage_splits(model.num_layers, pp)
                         for ep in expert_degrees(model, dp=dp, cp=cp)
                         for algo in cp_algorithms(cp)
@@ -204,7 +210,7 @@ def run_config(training: TrainingSpec, options: SolveOptions, **degrees: object)
 
 
 def branch_groups(
-    branch: Branch, model: ModelSpec, training: TrainingSpec, options: SolveOptions
+    branch: Branch, model: ModelSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> list[list[ParallelConfig]]:
     """The branch's configurations, one list per ``(vpp, recompute, zero)`` with the
     microbatch ascending, among the pinned knobs (sequence parallelism whenever TP > 1 unless
@@ -225,16 +231,16 @@ def branch_groups(
 
 
 def branch_space(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> list[tuple[ParallelConfig, list[list[ParallelConfig]]]]:
     """Every branch's leanest configuration (no interleaving, the smallest microbatch, full
     recomputation, the highest ZeRO stage) and its groups, among what ``options.framework``
     launches: the grid prices the leanest first to drop the branch,
     :func:`planner.uniform.remedies.leanest_uniform` prices only the leanest."""
     space = []
-    for branch in branches(model, cluster, training, options.pins):
-        groups = branch_groups(branch, model, training, options)
-        launched = ([launched_variant(c, model, cluster, options) for c in group]
+    for branch in branches(model, cluster, training=training, pins=options.pins):
+        groups = branch_groups(branch, model, training=training, options=options)
+        launched = ([launched_variant(c, model, cluster=cluster, options=options) for c in group]
                     for group in groups)
         groups = [kept for group in launched if (kept := [c for c in group if c is not None])]
         if groups:
@@ -243,7 +249,7 @@ def branch_space(
 
 
 def launched_variant(
-    config: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, options: SolveOptions
+    config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, options: SolveOptions
 ) -> ParallelConfig | None:
     """``config`` as the target framework launches it, or None when it cannot.
 
@@ -278,7 +284,8 @@ def grid_space(
     """Every configuration the grid considers for ``options.framework`` (some do not divide
     or fit)."""
     training = training_of(model, options)
-    return [config for _, groups in branch_space(model, cluster, training, options)
+    return [config for _, groups in branch_space(model, cluster, training=training,
+                                                 options=options)
             for group in groups for config in group]  # fmt: skip
 
 
