@@ -4,7 +4,8 @@ margin to leave free and how long to try; and the progress a search reports back
 Every search reads the same :class:`SolveOptions`: the per-operator search
 (:mod:`planner.search`), the enumeration of uniform configurations (:mod:`planner.uniform`)
 and the baselines. Training settings the options leave out come from the model's own
-training block (:func:`training_of`), in one place.
+training block (:func:`training_of`, through :func:`planner.spec.reading.fill_training`, which
+``planner estimate``, ``planner layer`` and ``planner info`` use too).
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner import cost
-from planner.errors import InputError
 from planner.ilp.backends import Backend
 from planner.plan.config import check_sequence
 from planner.spec import ModelSpec, TrainingSpec
-from planner.spec.reading import training_run
+from planner.spec.reading import fill_training
 from planner.vocabulary import ContextParallelism, Precision, Recompute
 
 
@@ -65,12 +65,16 @@ class SolveOptions:
     """What the search may choose from, and how hard it tries."""
 
     global_batch_size: int | None = None
+    """Sequences per optimizer step (``--global-batch``); None: the model's training block."""
     seq_length: int | None = None
+    """Tokens per sequence (``--seq-len``); None: the model's training block."""
     precision: Precision | None = None
+    """Mixed-precision compute type; None: the model's training block, else bf16."""
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     """Sequences per data-parallel rank and microbatch (Megatron's ``--micro-batch-size``);
     a mesh takes this times the data-parallel ways inside it (:func:`mesh_microbatches`)."""
     interleaved: bool = True
+    """Whether interleaved 1F1B (virtual pipeline stages) may be chosen."""
     max_mesh_nodes: int | None = None
     """A stage's mesh spans part of a node or 1, 2, 4, ... nodes up to this (Alpa allows any
     count). None: one node for dense models, two for mixtures of experts. Across nodes a mesh
@@ -78,14 +82,18 @@ class SolveOptions:
     parallelism is the common reason to span nodes. Each wider mesh makes its layer ILPs
     slower (a second instead of milliseconds)."""
     backend: Backend = "ortools"
+    """The ILP solver of the per-operator search."""
     ilp_time_limit_s: float = 10.0
     """Per layer ILP (cut short by :attr:`time_limit_s` too)."""
     time_limit_s: float | None = None
     """The whole search. Past it the best plan found so far is returned, with status
     ``time_limit`` and its gap to the least bound of the candidates left; None: no limit."""
     flash_attention: bool = True
+    """Fused (flash) attention."""
     overlap_grad_reduce: bool = True
+    """Whether the gradient reduction may overlap the backward pass."""
     overlap_param_gather: bool = True
+    """Whether ZeRO's parameter all-gathers may overlap the forward pass."""
     framework: str = "megatron"
     """The framework that will launch the plan (:data:`planner.frameworks.TARGETS`): the search
     produces only what its profile launches; ``any`` searches per-operator shardings."""
@@ -109,8 +117,11 @@ class Progress:
     """Reported after each candidate: how far the search is and the best step so far."""
 
     done: int
+    """Candidates searched so far."""
     total: int
+    """Candidates in all."""
     best_step_s: float | None
+    """The best step time found so far; None before any plan fits."""
     searching: str = ""
     """The candidate being searched, as a user would say it (empty once done)."""
 
@@ -120,12 +131,10 @@ ProgressFn = Callable[[Progress], None]
 
 def training_of(model: ModelSpec, options: SolveOptions) -> TrainingSpec:
     """The run's sequence length, global batch and precision: the options, else the model's
-    training block."""
-    defaults = model.training
-    seq = options.seq_length or (defaults.seq_length if defaults else None)
-    gbs = options.global_batch_size or (defaults.global_batch_size if defaults else None)
-    if seq is None or gbs is None:
-        raise InputError(f"{model.name}: no training block: pass --seq-len and --global-batch")
-    precision = options.precision or (defaults.precision if defaults else "bf16")
-    check_sequence(model, seq)
-    return training_run(seq, gbs, precision)
+    training block (:func:`~planner.spec.reading.fill_training`); a sequence longer than a
+    model with learned positions has positions for is refused."""
+    training = fill_training(model, seq_length=options.seq_length,
+                             global_batch_size=options.global_batch_size,
+                             precision=options.precision)  # fmt: skip
+    check_sequence(model, training.seq_length)
+    return training

@@ -13,14 +13,14 @@ from planner.baselines import grid_plan, grid_space, heuristic, heuristic_plan
 from planner.baselines.heuristic import heuristic_candidates, layouts
 from planner.errors import ConfigError, InfeasibleError
 from planner.options import Progress, SolveOptions, training_of
-from planner.plan.config import ParallelConfig, resolve
+from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.plan.schema import Plan, StageParallel
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform import enumerate as enumeration
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.plan import uniform_plan
-from planner.uniform.space import config_key, run_config, stage_layers, stage_splits, tp_degrees
+from planner.uniform.space import config_key, run_config, stage_splits, tp_degrees
 from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
 
@@ -125,7 +125,7 @@ def test_stage_splits_known_answers() -> None:
     the middle one layer heavier as the alternative, and nothing when the ends would be
     empty."""
     assert stage_splits(126, 16) == [(7, 7)]
-    assert stage_layers(126, 16, (7, 7)) == (7, *[8] * 14, 7)
+    assert stage_layers(126, pp=16, first=7, last=7) == (7, *[8] * 14, 7)
     assert stage_splits(61, 16) == [(2, 3), (3, 2)]
     assert stage_splits(126, 4) == [(31, 31), (30, 30)]
     assert stage_splits(61, 2) == [(30, 31), (31, 30)]
@@ -143,7 +143,7 @@ def test_stage_splits_are_megatron_splits(num_layers: int) -> None:
         assert len(splits) <= 4
         least = -(-num_layers // pp)
         for split in splits:
-            layers = stage_layers(num_layers, pp, split)
+            layers = stage_layers(num_layers, pp=pp, first=split[0], last=split[1])
             assert len(layers) == pp and sum(layers) == num_layers and min(layers) >= 1
             assert max(layers) in (least, least + 1)
             assert max(layers[0], layers[-1]) <= max(layers)
@@ -158,8 +158,8 @@ def test_grid_splits_resolve_as_megatron_does(llama405b: ModelSpec, h100_32: Clu
     assert {c.pp for c in uneven} == {4, 8, 16, 32, 64}
     assert {c.cp for c in uneven} == {1, 2, 4, 8} and max(c.vpp for c in uneven) > 1
     for config in space:
-        split = (config.first_stage_layers, config.last_stage_layers)
-        layers = stage_layers(llama405b.num_layers, config.pp, split)
+        layers = stage_layers(llama405b.num_layers, pp=config.pp,
+                              first=config.first_stage_layers, last=config.last_stage_layers)
         assert resolve(llama405b, h100_32, config).stage_layers == layers
 
 
@@ -206,14 +206,25 @@ def test_grid_is_never_slower_than_the_heuristic(
     assert (grid.method, heuristic.method) == ("grid", "heuristic")
 
 
-def test_heuristic_candidates_lie_in_the_grid_space(
-    llama: ModelSpec, h100_node: ClusterSpec
-) -> None:
-    """Every configuration the rule tries is one the grid prices too."""
-    training = training_of(llama, SolveOptions())
-    space = set(grid_space(llama, h100_node))
-    tried = list(heuristic_candidates(llama, h100_node, training, SolveOptions()))
+@pytest.mark.parametrize(
+    ("name", "nodes"),
+    [("llama3-8b", 1), ("mixtral-8x7b", 4), ("deepseek-v3", 8), ("llama3.1-405b", 32)],
+)
+def test_heuristic_candidates_lie_in_the_grid_space(name: str, nodes: int) -> None:
+    """Every configuration the rule tries is one of the uniform space the grid prices
+    (framework ``any``: the whole space), uneven stages and expert parallelism included: the
+    rule orders the space's degrees, it does not derive its own."""
+    model = load_model(MODELS / f"{name}.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", nodes)
+    options = SolveOptions(framework="any")
+    space = set(grid_space(model, cluster, options))
+    tried = list(heuristic_candidates(model, cluster, training=training_of(model, options),
+                                      options=options))
     assert tried and set(tried) <= space
+    assert (model.moe is None) == all(c.ep == 1 for c in tried)
+    # 126 and 61 layers: the deep pipelines the rule climbs to have uneven ends
+    uneven = any(c.first_stage_layers is not None for c in tried)
+    assert uneven == (name in ("deepseek-v3", "llama3.1-405b"))
 
 
 def test_heuristic_gpt3_follows_megatron(
@@ -265,7 +276,8 @@ def test_heuristic_llama405b_follows_its_rule(llama405b: ModelSpec) -> None:
     training = training_of(llama405b, options)
     selective = run_config(training, options, recompute="selective", **meta)
     full = run_config(training, options, recompute="full", **meta)
-    assert selective in heuristic_candidates(llama405b, cluster, training, options)
+    assert selective in heuristic_candidates(llama405b, cluster, training=training,
+                                             options=options)
     assert not estimate(llama405b, cluster, selective).fits
     assert estimate(llama405b, cluster, full).fits
 

@@ -15,7 +15,7 @@ from planner.baselines import grid, heuristic
 from planner.diagnose.compare import METHODS
 from planner.errors import InputError, InvalidPlanError
 from planner.options import SolveOptions
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, stage_layers
 from planner.plan.files import plan_from_json
 from planner.plan.invariants import SHOWN, check_plan, plan_violations
 from planner.plan.schema import Plan, ScheduleSpec
@@ -24,7 +24,7 @@ from planner.spec.reading import load_cluster, load_model
 from planner.uniform import enumerate as enumeration
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
-from planner.uniform.space import divisors, stage_layers, stage_splits
+from planner.uniform.space import divisors, stage_splits
 from tests.conftest import CLUSTERS, MODELS
 
 # --------------------------------------------------------------------------- real plans
@@ -375,7 +375,7 @@ def uniform_configs(draw: st.DrawFn) -> tuple[ModelSpec, ClusterSpec, ParallelCo
     pps = [p for p in divisors(n // (tp * cp)) if stage_splits(model.num_layers, p)]
     pp = draw(st.sampled_from(pps))
     split = draw(st.sampled_from(stage_splits(model.num_layers, pp)))
-    layers = stage_layers(model.num_layers, pp, split)
+    layers = stage_layers(model.num_layers, pp=pp, first=split[0], last=split[1])
     dp = n // (tp * cp * pp)
     experts = model.moe.num_experts if model.moe else 1
     ep = draw(st.sampled_from([e for e in divisors(experts) if (dp * cp) % e == 0]))

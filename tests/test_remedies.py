@@ -125,6 +125,40 @@ def test_a_change_that_fits_needs_no_combination(gpt3: ModelSpec) -> None:
     _assert_priced(gpt3, cluster, config, remedies)
 
 
+@pytest.mark.parametrize(
+    ("name", "cluster_file", "nodes"),
+    [("gpt3-175b", "dgx-a100-80gb", 8), ("mixtral-8x7b", "dgx-h100-80gb", 1),
+     ("llama3.1-405b", "dgx-h100-80gb", 4), ("llama3-8b", "dgx-h100-80gb", 1)],
+)  # fmt: skip
+def test_remedies_lie_in_the_uniform_space(name: str, cluster_file: str, nodes: int) -> None:
+    """Every remedy of a configuration of the uniform space (one that does not fit: interleaved,
+    uneven, context- or expert-parallel among them) is itself a configuration of that space,
+    on the remedy's node count: the remedies change one knob a notch within the degrees, splits,
+    interleavings and ZeRO stages the space holds, they derive none of their own."""
+    model = load_model(REPO / f"instances/models/{name}.json")
+    cluster = load_cluster(REPO / f"instances/clusters/{cluster_file}.json", nodes)
+    options = SolveOptions(framework="any")
+    too_big = []
+    for config in grid_space(model, cluster, options)[::7]:
+        try:
+            if not estimate(model, cluster, config).fits:
+                too_big.append(config)
+        except ConfigError:
+            continue
+    spaces: dict[int, set[ParallelConfig]] = {}
+    flags = set()
+    for config in too_big[:: len(too_big) // 6][:6]:
+        for remedy in config_remedies(model, cluster, config):
+            if remedy.change == OFFLOAD:
+                continue
+            changed, where = _apply(config, cluster, remedy.change)
+            if where.num_nodes not in spaces:
+                spaces[where.num_nodes] = set(grid_space(model, where, options))
+            assert changed in spaces[where.num_nodes], remedy.change
+            flags |= {token for token in remedy.change.split() if token.startswith("--")}
+    assert {"--mbs", "--recompute", "--zero", "--tp", "--pp"} <= flags
+
+
 def test_a_configuration_that_fits_has_no_remedies(gpt3: ModelSpec) -> None:
     """Nothing to remedy: no remedies, and the message refuses; a configuration that does not
     divide is the usual ConfigError."""
@@ -153,7 +187,7 @@ def test_leanest_uniform_is_the_least_of_the_whole_grid(
     """Pricing each branch's leanest finds the least memory of every configuration the grid
     considers (a smaller grid here, for time)."""
     options = SolveOptions(micro_batch_sizes=(1, 2), interleaved=False)
-    least = leanest_uniform(gpt3, one_node, training_of(gpt3, options), options)
+    least = leanest_uniform(gpt3, one_node, training=training_of(gpt3, options), options=options)
     assert least is not None
     peaks = []
     for config in grid_space(gpt3, one_node, options):
@@ -171,13 +205,14 @@ def test_nodes_to_fit_is_brute_force(gpt3: ModelSpec, one_node: ClusterSpec) -> 
     training = training_of(gpt3, OPTIONS)
     brute = None
     for nodes in (1, 2, 4, 8, 16):
-        found = leanest_uniform(gpt3, one_node.with_nodes(nodes), training, OPTIONS)
+        found = leanest_uniform(gpt3, one_node.with_nodes(nodes), training=training,
+                                options=OPTIONS)
         if found is not None and found[0] <= one_node.device.memory_gib:
             brute = (nodes, *found)
             break
-    assert nodes_to_fit(gpt3, one_node, training, OPTIONS) == brute
+    assert nodes_to_fit(gpt3, one_node, training=training, options=OPTIONS) == brute
     assert brute is not None and brute[0] == 8 and round(brute[1], 1) == 50.5
-    assert nodes_to_fit(gpt3, one_node, training, OPTIONS, max_factor=4) is None
+    assert nodes_to_fit(gpt3, one_node, training=training, options=OPTIONS, max_factor=4) is None
 
 
 def test_infeasible_message_names_the_ways_out(gpt3: ModelSpec, one_node: ClusterSpec) -> None:
@@ -190,7 +225,7 @@ def test_infeasible_message_names_the_ways_out(gpt3: ModelSpec, one_node: Cluste
     assert line.startswith("no plan fits gpt3-175b on 8 x A100-SXM4-80GB (80 GiB, 4 GiB of it")
     assert "the leanest (some plan) needs 371.1 GiB per device" in line
     assert "add nodes: on 8 nodes (64 devices) tp 8, pp 1" in line
-    leanest = leanest_uniform(gpt3, one_node, training, OPTIONS)
+    leanest = leanest_uniform(gpt3, one_node, training=training, options=OPTIONS)
     assert leanest is not None
     offload = estimate(gpt3, one_node, leanest[1])
     saved = offload.memory.optimizer_gib
@@ -221,8 +256,9 @@ def test_a_shorter_sequence_when_activations_decide() -> None:
     assert "a shorter sequence: at 262144 (--seq-len 262144)" in line
     usable = cluster.device.memory_gib - options.margin_bytes(cluster.device.memory_gib) / 2**30
     for seq, fits in ((1 << 19, False), (1 << 18, True)):
-        found = leanest_uniform(model, cluster, training.model_copy(update={"seq_length": seq}),
-                                options)  # fmt: skip
+        found = leanest_uniform(model, cluster,
+                                training=training.model_copy(update={"seq_length": seq}),
+                                options=options)  # fmt: skip
         assert found is not None and (found[0] <= usable) == fits
 
 

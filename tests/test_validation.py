@@ -19,9 +19,13 @@ from planner.diagnose.calibration import (
     ValidationRow,
     load_runs,
     measured_step_time_s,
+    predict_s,
     validation_rows,
 )
+from planner.errors import InputError
+from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster
+from planner.uniform.estimate import estimate
 from tests.conftest import CALIBRATION_RUNS, CLUSTERS
 
 RECORDS = json.loads(CALIBRATION_RUNS.read_text())
@@ -82,3 +86,24 @@ def test_measured_step_time_reproduces_record(record: dict) -> None:
     expected = (record["measured"].get("step_time_s") or derived.get("step_time_s_from_eq3")
                 or derived.get("step_time_s_from_model_flops"))  # fmt: skip
     assert seconds == pytest.approx(expected, rel=0.01, abs=0.005)
+
+
+def test_runs_take_whole_nodes_of_their_cluster() -> None:
+    """A run is priced on as many of its cluster's nodes as hold its devices, whatever a node
+    holds: on A100 nodes of 16 the 1,024-GPU run takes 64 of them; the 2,520-GPU run is not a
+    whole number of such nodes and is refused by name."""
+    bundled = load_cluster(CLUSTERS / BUNDLED_CLUSTERS["A100"])
+    data = bundled.model_dump()
+    data["network"][0]["domain_devices"] = 16  # the NVLink domain is the node
+    sixteen = ClusterSpec.model_validate(data | {"devices_per_node": 16, "num_nodes": 1})
+    runs = [r for r in load_runs(CALIBRATION_RUNS) if r.device == "A100"]
+    whole = next(r for r in runs if r.num_devices == 1024)
+    [row] = validation_rows([whole], {"A100": sixteen})
+    expected = estimate(whole.model, sixteen.with_nodes(64), whole.config).step_time_s
+    assert row.predicted_s == predict_s(whole, sixteen) == expected
+    split = next(r for r in runs if r.num_devices == 2520)
+    message = rf"^run {split.id}: 2520 devices are not a whole number of .* nodes of 16$"
+    with pytest.raises(InputError, match=message):
+        validation_rows([split], {"A100": sixteen})
+    with pytest.raises(InputError, match=message):
+        predict_s(split, sixteen)

@@ -41,15 +41,21 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.plan import uniform_plan
 from planner.uniform.space import (
+    expert_degrees,
     launched_variant,
     pipeline_degrees,
     run_config,
+    sequence_parallel,
     stage_splits,
     tp_degrees,
 )
 from planner.vocabulary import GIB, Recompute
 
 RECOMPUTE_LADDER: tuple[Recompute, ...] = ("selective", "full")
+"""The rule's recomputation, mildest first (step 4)."""
+DISTRIBUTED_OPTIMIZER = 1
+"""The rule's ZeRO stage: Megatron's ``--use-distributed-optimizer``, which every pipeline
+depth launches (:func:`~planner.uniform.space.zero_stages`)."""
 
 
 def heuristic_plan(
@@ -67,10 +73,10 @@ def heuristic_plan(
     started = time.perf_counter()
     training = training_of(model, options)
     todo, rule = [], 0
-    for config in heuristic_candidates(model, cluster, training, options):
+    for config in heuristic_candidates(model, cluster, training=training, options=options):
         rule += 1
         # as the framework launches it (the rule's overlaps where it fixes its own), or not
-        launched = launched_variant(config, model, cluster, options)
+        launched = launched_variant(config, model, cluster=cluster, options=options)
         if launched is not None:
             todo.append(launched)
     chosen, leanest, priced = _first_fit(model, cluster, todo, progress,
@@ -109,26 +115,20 @@ def layouts(model: ModelSpec, cluster: ClusterSpec) -> list[tuple[int, int]]:
 
 
 def heuristic_candidates(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> Iterator[ParallelConfig]:
-    """The rule's configurations in the order it tries them."""
+    """The rule's configurations in the order it tries them, each drawn from the uniform
+    space (:mod:`planner.uniform.space`): the layouts of :func:`layouts`, the first layer
+    split, the widest expert parallelism that divides, sequence parallelism with TP."""
     n = cluster.num_devices
     mbs = 1 if 1 in options.micro_batch_sizes else min(options.micro_batch_sizes)
     for recompute in RECOMPUTE_LADDER:  # outermost: full recomputation is the last resort
         for tp, pp in layouts(model, cluster):
             first, last = stage_splits(model.num_layers, pp)[0]
-            ep = expert_degree(model, dp=n // (tp * pp))
-            yield run_config(training, options, tp=tp, pp=pp, ep=ep, sp=tp > 1, mbs=mbs,
-                             first_stage_layers=first, last_stage_layers=last,
-                             recompute=recompute, zero=1)  # fmt: skip
-
-
-def expert_degree(model: ModelSpec, *, dp: int) -> int:
-    """The widest expert parallelism that divides the experts and the data-parallel ranks."""
-    if model.moe is None:
-        return 1
-    experts = model.moe.num_experts
-    return max(e for e in range(1, experts + 1) if experts % e == 0 and dp % e == 0)
+            ep = max(expert_degrees(model, dp=n // (tp * pp), cp=1))
+            yield run_config(training, options, tp=tp, pp=pp, ep=ep, sp=sequence_parallel(tp),
+                             mbs=mbs, first_stage_layers=first, last_stage_layers=last,
+                             recompute=recompute, zero=DISTRIBUTED_OPTIMIZER)  # fmt: skip
 
 
 def _first_fit(

@@ -37,12 +37,17 @@ class CalibrationRun:
     """One published run, ready to estimate."""
 
     id: str
+    """The record's id in ``calibration_runs.json``."""
     model: ModelSpec
+    """The model the record describes (:func:`model_from_record`)."""
     config: ParallelConfig
+    """The configuration it ran with (:func:`config_from_record`)."""
     num_devices: int
+    """Devices (GPUs) of the run."""
     device: str
     """``A100`` or ``H100``: which bundled cluster type ran it."""
     measured_step_time_s: float
+    """The step time the record gives or implies (:func:`measured_step_time_s`)."""
     basis: str
     """How the measured step time was obtained from the record."""
 
@@ -217,10 +222,19 @@ def with_gemm_efficiency(cluster: ClusterSpec, gemm: GemmEfficiency) -> ClusterS
     return cluster.model_copy(update={"device": device})
 
 
+def _sized_for(run: CalibrationRun, cluster: ClusterSpec) -> ClusterSpec:
+    """``cluster`` resized to the run's devices, in whole nodes of the cluster's own size;
+    a run on a part of a node raises :class:`~planner.errors.InputError` naming it."""
+    per_node = cluster.devices_per_node
+    if run.num_devices % per_node:
+        raise InputError(f"run {run.id}: {run.num_devices} devices are not a whole number of "
+                         f"{cluster.name} nodes of {per_node}")  # fmt: skip
+    return cluster.with_nodes(run.num_devices // per_node)
+
+
 def predict_s(run: CalibrationRun, cluster: ClusterSpec) -> float:
     """The estimated step time of ``run`` on ``cluster`` resized to the run's devices."""
-    nodes = run.num_devices // cluster.devices_per_node
-    return estimate(run.model, cluster.with_nodes(nodes), run.config).step_time_s
+    return estimate(run.model, _sized_for(run, cluster), run.config).step_time_s
 
 
 def log_errors(runs: Sequence[CalibrationRun], cluster: ClusterSpec) -> list[float]:
@@ -283,14 +297,23 @@ class ValidationRow:
     """A published run against its estimate."""
 
     id: str
+    """The record's id."""
     device: str
+    """``A100`` or ``H100``."""
     num_devices: int
+    """Devices (GPUs) of the run."""
     config: str
+    """The configuration as a user would say it (:func:`describe`)."""
     measured_s: float
+    """The measured step time."""
     predicted_s: float
+    """The estimated step time."""
     basis: str
+    """How the measured step time was obtained from the record."""
     peak_memory_gib: float
+    """The estimated peak memory per device."""
     fits: bool
+    """Whether the estimate fits the device's memory."""
 
     @property
     def error(self) -> float:
@@ -320,8 +343,7 @@ def validation_rows(runs: Sequence[CalibrationRun], clusters: dict[str, ClusterS
     """Estimate every run on the cluster of its GPU."""
     rows = []
     for run in runs:
-        cluster = clusters[run.device].with_nodes(run.num_devices // 8)
-        est = estimate(run.model, cluster, run.config)
+        est = estimate(run.model, _sized_for(run, clusters[run.device]), run.config)
         rows.append(ValidationRow(
             id=run.id, device=run.device, num_devices=run.num_devices,
             config=describe(run.config), measured_s=run.measured_step_time_s,
@@ -344,8 +366,11 @@ class CalibrationFit:
     """The fitted GEMM efficiency and the runs it was fitted on, before and after."""
 
     gemm: GemmEfficiency
+    """The fitted efficiency curve, with its source."""
     before: list[ValidationRow]
+    """The runs estimated with the cluster file's efficiency."""
     after: list[ValidationRow]
+    """The runs estimated with the fitted efficiency."""
 
 
 def calibrate_file(
@@ -365,10 +390,8 @@ def calibrate_file(
         f"calibration_runs.json (least squares on log step time; RMS log error {error**0.5:.3f})"
     )})  # fmt: skip
     fitted = with_gemm_efficiency(cluster, gemm)
-    fit = CalibrationFit(
-        gemm=gemm, before=validation_rows(runs, {gpu: cluster}), after=validation_rows(runs,
-                                          {gpu: fitted})
-    )
+    fit = CalibrationFit(gemm=gemm, before=validation_rows(runs, {gpu: cluster}),
+                         after=validation_rows(runs, {gpu: fitted}))  # fmt: skip
     if write:
         _write_gemm(Path(cluster_path), gemm)
     return fit

@@ -7,7 +7,7 @@ from typing import Any
 from planner.errors import ConfigError
 from planner.graph import index_layers, lower, parameter_count
 from planner.spec import ModelSpec
-from planner.spec.reading import training_run
+from planner.spec.reading import fill_training
 
 
 def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any]:
@@ -19,9 +19,12 @@ def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any
     """
     if seq_len is not None and seq_len <= 0:
         raise ConfigError(f"--seq-len must be positive, got {seq_len}")
-    seq = seq_len or (model.training.seq_length if model.training else None)
-    seq = seq or model.max_position_embeddings
-    graph = lower(model, training_run(seq, 1), micro_batch_size=1)
+    if seq_len is None and model.training is None:
+        seq_len = model.max_position_embeddings  # no run to describe: the longest sequence
+    # FLOPs per token do not depend on the batch: one sequence stands in for it.
+    training = fill_training(model, seq_length=seq_len, global_batch_size=1)
+    seq = training.seq_length
+    graph = lower(model, training, micro_batch_size=1)
     params = parameter_count(graph)
     index = index_layers(graph)
     forward = sum(graph.nodes[n]["op"].flops for n in graph) / seq

@@ -34,6 +34,7 @@ from planner.sharding.assignment import (
 )
 from planner.sharding.layout import Layout, Transfer, reshard
 from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import fill_training
 from planner.vocabulary import GIB, Precision
 
 
@@ -162,24 +163,23 @@ def layer_query(
                                       for p in parts):  # fmt: skip
             raise InputError(f"--mesh must look like 2x4 (two positive sizes), got {mesh!r}")
         mesh = (int(parts[0]), int(parts[1]))
-    training = model.training
-    seq = seq_len or (training.seq_length if training else None)
-    if seq is None:
-        raise InputError(f"{model.name}: no sequence length: pass --seq-len")
     kinds = ("dense", "moe") if model.moe else ("dense",)
     if kind not in (*kinds, "embedding", "head") or (kind == "dense" and model.moe and not any(
             not model.is_moe_layer(i) for i in range(model.num_layers))):  # fmt: skip
         raise InputError(f"{model.name} has no {kind!r} layer; it has "
                          f"{', '.join((*kinds, 'embedding', 'head'))}")  # fmt: skip
-    for name, value in (("--mbs", mbs), ("--seq-len", seq), ("--in-flight", in_flight),
+    for name, value in (("--mbs", mbs), ("--seq-len", seq_len), ("--in-flight", in_flight),
                         ("--microbatches", microbatches)):  # fmt: skip
-        if value <= 0:
+        if value is not None and value <= 0:
             raise InputError(f"{name} must be positive, got {value}")
     if budget_gib is not None and budget_gib <= 0:
         raise InputError(f"--budget-gib must be positive, got {budget_gib}")
+    # A layer query prices one microbatch: the global batch plays no part, and one sequence
+    # stands in for it so that only a missing sequence length is refused.
+    training = fill_training(model, seq_length=seq_len, global_batch_size=1, precision=precision)
     return LayerQuery(
-        kind=kind, mesh=mesh, mesh_micro_batch_size=mbs, seq_length=seq,
-        precision=precision or (training.precision if training else "bf16"),
+        kind=kind, mesh=mesh, mesh_micro_batch_size=mbs, seq_length=training.seq_length,
+        precision=training.precision,
         memory_budget_gib=budget_gib, in_flight=in_flight, num_microbatches=microbatches,
         flash_attention=flash_attention,
     )  # fmt: skip

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.errors import ConfigError
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
+from planner.spec.reading import fill_training
 from planner.vocabulary import ContextParallelism, PipelineSchedule, Precision, Recompute
 
 
@@ -87,11 +88,15 @@ class ResolvedConfig:
     """A configuration checked against a model and a cluster, with every default filled in."""
 
     config: ParallelConfig
+    """The configuration as given."""
     training: TrainingSpec
+    """The run's sequence length, global batch and precision, defaults filled in."""
     dp: int
+    """Data-parallel degree: as given, else the devices left over."""
     num_microbatches: int
+    """Microbatches per step: the global batch over ``dp x mbs``."""
     num_devices: int
-
+    """Devices of the cluster."""
     stage_layers: tuple[int, ...] = ()
     """Decoder layers on each pipeline stage, first to last."""
 
@@ -107,15 +112,13 @@ def _need(ok: bool, message: str) -> None:
 
 
 def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> ResolvedConfig:
-    """Fill defaults and check divisibility; raises :class:`ConfigError` naming the rule."""
-    defaults = model.training
-    seq = config.seq_len or (defaults.seq_length if defaults else None)
-    gbs = config.global_batch or (defaults.global_batch_size if defaults else None)
-    precision = config.precision or (defaults.precision if defaults else "bf16")
-    _need(seq is not None, f"{model.name}: no sequence length: pass --seq-len")
-    _need(gbs is not None, f"{model.name}: no global batch size: pass --global-batch")
-    assert seq is not None and gbs is not None  # narrowed by _need
-    training = TrainingSpec(seq_length=seq, global_batch_size=gbs, precision=precision)
+    """Fill defaults and check divisibility; raises :class:`ConfigError` naming the rule
+    (:class:`~planner.errors.InputError` when neither the configuration nor the model's
+    training block gives the sequence length or the global batch)."""
+    training = fill_training(model, seq_length=config.seq_len,
+                             global_batch_size=config.global_batch,
+                             precision=config.precision)  # fmt: skip
+    seq, gbs = training.seq_length, training.global_batch_size
 
     c = config
     n = cluster.num_devices
@@ -175,30 +178,47 @@ def check_sequence(model: ModelSpec, seq_length: int) -> None:
           f"a model with learned positions")  # fmt: skip
 
 
-def _stage_layers(num_layers: int, c: ParallelConfig) -> tuple[int, ...]:
-    """Layers per stage: the first and last as given, the middle ones equal; with virtual
-    stages every stage's layers split into ``vpp`` equal chunks (as Megatron-Core requires).
+def stage_layers(
+    num_layers: int, *, pp: int, first: int | None = None, last: int | None = None
+) -> tuple[int, ...]:
+    """Decoder layers on each of ``pp`` pipeline stages, first to last: the first and the last
+    as given (Megatron's ``--decoder-first-pipeline-num-layers`` and
+    ``--decoder-last-pipeline-num-layers``), the other stages equal; raises
+    :class:`ConfigError` when the rest does not split evenly over them.
 
-    >>> _stage_layers(126, ParallelConfig(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
-    (7, 8, 8)
+    >>> stage_layers(126, pp=16, first=7, last=7)[:3], stage_layers(96, pp=16)[:3]
+    ((7, 8, 8), (6, 6, 6))
     """
-    first, last = c.first_stage_layers, c.last_stage_layers
     if first is None and last is None:
-        stages = c.pp * c.vpp
-        _need(num_layers % stages == 0,
-              f"num_layers({num_layers}) is not divisible by pp({c.pp}) x vpp({c.vpp}) = "
-              f"{stages}")  # fmt: skip
-        return (num_layers // c.pp,) * c.pp
-    _need(c.pp > 1, "first/last stage layers need pp > 1")
+        _need(num_layers % pp == 0, f"num_layers({num_layers}) is not divisible by pp({pp})")
+        return (num_layers // pp,) * pp
+    _need(pp > 1, "first/last stage layers need pp > 1")
     given = [n for n in (first, last) if n is not None]
-    middle = c.pp - len(given)
+    middle = pp - len(given)
     rest = num_layers - sum(given)
     even = rest == 0 if middle == 0 else rest >= middle and rest % middle == 0
     _need(even,
           f"num_layers({num_layers}) minus the first/last stage layers ({sum(given)}) does not "
           f"split evenly over the other {middle} stages")  # fmt: skip
     each = rest // middle if middle else 0
-    layers = (first or each, *([each] * (c.pp - 2)), last or each)
+    return (first or each, *([each] * (pp - 2)), last or each)
+
+
+def _stage_layers(num_layers: int, c: ParallelConfig) -> tuple[int, ...]:
+    """:func:`stage_layers` of ``c``; with virtual stages every stage's layers split into
+    ``vpp`` equal chunks (as Megatron-Core requires).
+
+    >>> _stage_layers(126, ParallelConfig(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
+    (7, 8, 8)
+    """
+    first, last = c.first_stage_layers, c.last_stage_layers
+    if first is None and last is None:
+        # checked before the split, to name the virtual stages along with the pipeline's
+        stages = c.pp * c.vpp
+        _need(num_layers % stages == 0,
+              f"num_layers({num_layers}) is not divisible by pp({c.pp}) x vpp({c.vpp}) = "
+              f"{stages}")  # fmt: skip
+    layers = stage_layers(num_layers, pp=c.pp, first=first, last=last)
     _need(all(n % c.vpp == 0 for n in layers),
           f"with vpp({c.vpp}) every stage's layers must divide into equal chunks; stages hold "
           f"{sorted(set(layers))}")  # fmt: skip

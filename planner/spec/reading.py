@@ -41,6 +41,47 @@ def training_run(
                                          1)) from None  # fmt: skip
 
 
+def fill_training(
+    model: ModelSpec,
+    *,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+    precision: Precision | None = None,
+) -> TrainingSpec:
+    """The run's sequence length, global batch and precision: each as given (an option), else
+    the model's training block's, else (the precision only) bf16.
+
+    A sequence length or global batch that neither gives raises one
+    :class:`~planner.errors.InputError` naming the options to pass, as the command line
+    spells them (``--seq-len``, ``--global-batch``); out-of-range values raise it as
+    :func:`training_run` does.
+
+    >>> from planner.spec import ModelSpec
+    >>> model = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
+    ...                   vocab_size=128, max_position_embeddings=256)
+    >>> fill_training(model, seq_length=256, global_batch_size=8).precision
+    'bf16'
+    >>> fill_training(model, global_batch_size=8)
+    Traceback (most recent call last):
+    planner.errors.InputError: tiny: no sequence length (the model has no training block): \
+pass --seq-len
+    """
+    block = model.training
+    if block is not None:
+        seq_length = block.seq_length if seq_length is None else seq_length
+        global_batch_size = block.global_batch_size if global_batch_size is None else (
+            global_batch_size)  # fmt: skip
+        precision = block.precision if precision is None else precision
+    if seq_length is None or global_batch_size is None:
+        missing = {name: option for name, value, option in (
+            ("sequence length", seq_length, "--seq-len"),
+            ("global batch size", global_batch_size, "--global-batch"),
+        ) if value is None}  # fmt: skip
+        raise InputError(f"{model.name}: no {' and no '.join(missing)} (the model has no "
+                         f"training block): pass {' and '.join(missing.values())}")  # fmt: skip
+    return training_run(seq_length, global_batch_size, precision or "bf16")
+
+
 def read_text(path: Path) -> str:
     """A file's text (UTF-8, with or without a byte-order mark); a file that cannot be read,
     is not text, or is larger than :data:`~planner.spec.limits.MAX_INPUT_BYTES` raises

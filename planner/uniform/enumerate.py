@@ -20,7 +20,7 @@ fits, the error gives the least memory per device (the leanest branch's) and wha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.errors import ConfigError, TimeLimitError
@@ -38,39 +38,45 @@ from planner.vocabulary import GIB
 Verdict = Literal["fits", "too big", "refused"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Search:
     """The best configuration so far, the leanest one that did not fit, and how many were
-    priced."""
+    priced; each price gives the next tally."""
 
     usable_bytes: float
     """What a plan may use of a device (its memory less the margin)."""
     best: tuple[float, tuple[int, ...], ParallelConfig] | None = None
+    """The step time, tie-break key and configuration of the fastest that fits."""
     leanest: tuple[float, ParallelConfig] | None = None
+    """The peak memory (GiB) and configuration of the leanest that did not fit."""
     first_refusal: str | None = None
+    """Why the first configuration that did not divide was refused."""
     priced: int = 0
+    """Configurations :func:`estimate` priced (refusals not counted)."""
 
     @property
     def best_step_s(self) -> float | None:
         """The best step so far (None before one fits)."""
         return None if self.best is None else self.best[0]
 
-    def price(self, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Verdict:
-        """Price ``config`` and keep it if it is the best so far."""
+    def price(
+        self, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
+    ) -> tuple[Verdict, _Search]:
+        """Price ``config``: the verdict, and the tally with ``config`` kept if it is the
+        best or the leanest so far."""
         try:
             result: Estimate = estimate(model, cluster, config)
         except ConfigError as exc:
-            self.first_refusal = self.first_refusal or str(exc)
-            return "refused"
-        self.priced += 1
+            return "refused", replace(self, first_refusal=self.first_refusal or str(exc))
+        priced = replace(self, priced=self.priced + 1)
         if result.peak_memory_gib * GIB > self.usable_bytes:
             if self.leanest is None or result.peak_memory_gib < self.leanest[0]:
-                self.leanest = (result.peak_memory_gib, config)
-            return "too big"
+                priced = replace(priced, leanest=(result.peak_memory_gib, config))
+            return "too big", priced
         key = (result.step_time_s, config_key(config), config)
         if self.best is None or key[:2] < self.best[:2]:
-            self.best = key
-        return "fits"
+            priced = replace(priced, best=key)
+        return "fits", priced
 
 
 def enumerate_plan(
@@ -92,7 +98,7 @@ def enumerate_plan(
     """
     started = time.perf_counter()
     training = training_of(model, options)
-    work = branch_space(model, cluster, training, options)
+    work = branch_space(model, cluster, training=training, options=options)
     total = sum(len(group) for _, groups in work for group in groups)
     usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
     search = _Search(usable_bytes=usable)
@@ -108,7 +114,7 @@ def enumerate_plan(
             progress(Progress(done=done, total=total, best_step_s=search.best_step_s,
                               searching=f"TP{leanest.tp} PP{leanest.pp} CP{leanest.cp} "
                                         f"EP{leanest.ep}"))  # fmt: skip
-        _search_branch(model, cluster, leanest, groups, search)
+        search = _search_branch(model, cluster, leanest=leanest, groups=groups, search=search)
         done += sum(len(group) for group in groups)
     if progress is not None:
         progress(Progress(done=total, total=total, best_step_s=search.best_step_s))
@@ -117,7 +123,8 @@ def enumerate_plan(
                              f"{search.priced} of {total} configurations and none of them "
                              f"fits yet; raise --time-limit")  # fmt: skip
     if search.best is None:
-        raise nothing_found(model, cluster, training, options, leanest=search.leanest,
+        raise nothing_found(model, cluster, training=training, options=options,
+                            leanest=search.leanest,
                             first_refusal=search.first_refusal)
     plan = uniform_plan(model, cluster, search.best[2], method=method,
                         framework=options.framework,
@@ -132,16 +139,20 @@ def enumerate_plan(
 def _search_branch(
     model: ModelSpec,
     cluster: ClusterSpec,
+    *,
     leanest: ParallelConfig,
     groups: list[list[ParallelConfig]],
     search: _Search,
-) -> None:
+) -> _Search:
     """Price one branch's groups, pruned as the module says; the leanest is priced once."""
-    if search.price(model, cluster, leanest) == "too big":
-        return
+    verdict, search = search.price(model, cluster, leanest)
+    if verdict == "too big":
+        return search
     for group in groups:
         for config in group:
             if config is leanest:
                 continue  # priced above: it fits or does not divide
-            if search.price(model, cluster, config) == "too big":
+            verdict, search = search.price(model, cluster, config)
+            if verdict == "too big":
                 break  # a larger microbatch holds more
+    return search

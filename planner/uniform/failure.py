@@ -20,9 +20,9 @@ from planner.vocabulary import GIB
 def nothing_found(
     model: ModelSpec,
     cluster: ClusterSpec,
+    *,
     training: TrainingSpec,
     options: SolveOptions,
-    *,
     leanest: tuple[float, ParallelConfig] | None,
     first_refusal: str | None,
 ) -> InfeasibleError | ConfigError:
@@ -80,8 +80,8 @@ def _refusal(
     target = profile(options.framework)
     common: set[str] | None = None
     first: str | None = None
-    for branch in branches(model, cluster, training, options.pins):
-        for group in branch_groups(branch, model, training, options):
+    for branch in branches(model, cluster, training=training, pins=options.pins):
+        for group in branch_groups(branch, model, training=training, options=options):
             for config in group:
                 try:
                     reasons = target.refusals(resolve(model, cluster, config), model)
@@ -104,7 +104,7 @@ def _pins_in_the_way(
     out = []
     for name, value in options.pins.given().items():
         freed = replace(options, pins=replace(options.pins, **{name: None}))
-        for leanest, _ in branch_space(model, cluster, training, freed):
+        for leanest, _ in branch_space(model, cluster, training=training, options=freed):
             try:
                 result = estimate(model, cluster, leanest)
             except ConfigError:

@@ -27,7 +27,7 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform import space
 from planner.uniform.estimate import Estimate, estimate
-from planner.vocabulary import GIB
+from planner.vocabulary import GIB, RECOMPUTE_MODES
 
 MAX_NODE_FACTOR = 64
 """More nodes are tried up to this multiple of the cluster's (x2, x4, ...)."""
@@ -46,7 +46,7 @@ Option = tuple[ParallelConfig, ClusterSpec, str | None]
 """A changed configuration, the cluster it runs on, and what else the change means."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Remedy:
     """One change to a configuration that does not fit, priced by :func:`estimate`."""
 
@@ -55,6 +55,7 @@ class Remedy:
     memory_gib: float
     """Peak memory per device with the change, reserved memory included."""
     fits: bool
+    """Whether that peak leaves the memory margin free on the device."""
     note: str | None = None
     """What else the change means or costs."""
 
@@ -86,7 +87,7 @@ def describe_leanest(config: ParallelConfig) -> str:
 at their leanest (DeepSpeed runs no ZeRO-2/3 with a pipeline)'
     """
     c = config
-    zero = c.zero == 3 or (c.pp > 1 and c.zero >= 1)
+    zero = c.zero >= _leanest_zero(c.pp)
     lean = [name for name, at in (("microbatch", c.mbs == 1), ("recomputation",
             c.recompute == "full"), ("ZeRO", zero)) if at]  # fmt: skip
     if not lean:
@@ -119,7 +120,7 @@ def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConf
     optimizer_gib = base.memory.optimizer_gib
     offloaded_gib = base.peak_memory_gib - optimizer_gib
     remedies.append(Remedy(
-        OFFLOAD, offloaded_gib, _fits_gib(cluster, offloaded_gib),
+        change=OFFLOAD, memory_gib=offloaded_gib, fits=_fits_gib(cluster, offloaded_gib),
         note=f"ZeRO-Offload (ZeRO >= 1): {optimizer_gib:.1f} GiB of optimizer states and the "
         "Adam step on the CPU; its time is not priced",
     ))  # fmt: skip
@@ -147,11 +148,11 @@ def config_infeasible_message(
 
 
 def leanest_uniform(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> tuple[float, ParallelConfig] | None:
     """The least peak memory per device (GiB) of any uniform configuration the grid considers,
     and the configuration; None when none divides. Only each branch's leanest is priced (see
-    :func:`~planner.baselines.space.branch_space`)."""
+    :func:`~planner.uniform.space.branch_space`)."""
     priced = _leanest_priced(model, cluster, training, options)
     if not priced:
         return None
@@ -162,9 +163,9 @@ def leanest_uniform(
 def nodes_to_fit(
     model: ModelSpec,
     cluster: ClusterSpec,
+    *,
     training: TrainingSpec,
     options: SolveOptions,
-    *,
     max_factor: int = MAX_NODE_FACTOR,
 ) -> tuple[int, float, ParallelConfig] | None:
     """The fewest nodes, the cluster's times 2, 4, ... up to ``max_factor``, on which some
@@ -172,7 +173,7 @@ def nodes_to_fit(
     memory per device (GiB); None when none of them is enough."""
     for factor in _factors(max_factor):
         bigger = cluster.with_nodes(cluster.num_nodes * factor)
-        found = leanest_uniform(model, bigger, training, options)
+        found = leanest_uniform(model, bigger, training=training, options=options)
         if found is not None and _fits_gib(bigger, found[0]):
             return bigger.num_nodes, found[0], found[1]
     return None
@@ -222,7 +223,7 @@ def _ways_out(
         yield (f"a uniform configuration fits: {describe(lean[1])} needs "
                f"{lean[0].peak_memory_gib:.1f} GiB (--method grid)")  # fmt: skip
         return
-    found = nodes_to_fit(model, cluster, training, options)
+    found = nodes_to_fit(model, cluster, training=training, options=options)
     if found is None:
         yield (f"more nodes alone do not help up to {cluster.num_nodes * MAX_NODE_FACTOR} "
                f"nodes")  # fmt: skip
@@ -267,7 +268,7 @@ def _shorter_sequence(
             break
         seq //= 2
         shorter = training.model_copy(update={"seq_length": seq})
-        found = leanest_uniform(model, cluster, shorter, options)
+        found = leanest_uniform(model, cluster, training=shorter, options=options)
         if found is not None and _fits_gib(cluster, found[0]):
             return (f"a shorter sequence: at {seq} (--seq-len {seq}) {describe(found[1])} "
                     f"needs {found[0]:.1f} GiB")  # fmt: skip
@@ -279,7 +280,7 @@ def _leanest_priced(
 ) -> list[tuple[Estimate, ParallelConfig]]:
     """Each branch's leanest configuration that divides, priced."""
     priced = []
-    for config, _ in space.branch_space(model, cluster, training, options):
+    for config, _ in space.branch_space(model, cluster, training=training, options=options):
         result = _price(model, cluster, config)
         if result is not None:
             priced.append((result, config))
@@ -287,22 +288,28 @@ def _leanest_priced(
 
 
 def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[list[Option]]:
-    """Per knob, its settings leaner than ``config``'s, mildest first."""
+    """Per knob, its settings leaner than ``config``'s, mildest first, each drawn from the
+    uniform space (:mod:`planner.uniform.space`)."""
     c = config
     knobs: list[list[Option]] = []
     if c.mbs > 1:
         knobs.append([(_with(c, mbs=1), cluster, "the same global batch in more microbatches")])
-    if recomputes := space.RECOMPUTE_MODES[space.RECOMPUTE_MODES.index(c.recompute) + 1 :]:
+    if recomputes := RECOMPUTE_MODES[RECOMPUTE_MODES.index(c.recompute) + 1 :]:
         knobs.append([(_with(c, recompute=r), cluster, None) for r in recomputes])
-    if zeros := [z for z in ((1, 3) if c.pp == 1 else (1,)) if z > c.zero]:
+    # the stages a user is told of (_ZERO_NOTES): the distributed optimizer, then ZeRO-3
+    if zeros := [z for z in space.zero_stages(c.pp) if z > c.zero and z in _ZERO_NOTES]:
         knobs.append([(_with(c, zero=z), cluster, _ZERO_NOTES[z]) for z in zeros])
     sp_note = None if c.sp else "with sequence parallelism, as Megatron runs TP"
     if tps := _wider_tps(model, cluster, c):
-        knobs.append([(_with(c, tp=t, sp=True, dp=None), cluster, sp_note) for t in tps])
+        knobs.append([(_with(c, tp=t, sp=space.sequence_parallel(t), dp=None), cluster, sp_note)
+                      for t in tps])  # fmt: skip
     if pps := _deeper_pps(model, cluster, c):
-        zero = min(c.zero, 1)
-        note = None if zero == c.zero else f"DeepSpeed runs no ZeRO-{c.zero} with a pipeline"
-        knobs.append([(_pipelined(model, c, p, zero=zero), cluster, note) for p in pps])
+        deeper = []
+        for p in pps:
+            zero = min(c.zero, _leanest_zero(p))
+            note = None if zero == c.zero else f"DeepSpeed runs no ZeRO-{c.zero} with a pipeline"
+            deeper.append((_pipelined(model, c, p, zero=zero), cluster, note))
+        knobs.append(deeper)
     if c.zero >= 1:
         knobs.append([(_with(c, dp=None), cluster.with_nodes(cluster.num_nodes * f),
                        "more data-parallel ranks share the ZeRO-sharded states")
@@ -312,15 +319,18 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> li
 
 def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[Option]:
     """Every knob of :func:`_knobs` at its leanest at once, the pipeline as shallow and the
-    nodes as few as will do (ZeRO-3 without a pipeline, ZeRO-1 at least with one)."""
+    nodes as few as will do (the leanest ZeRO stage each depth launches, and never less than
+    ``config``'s at its own depth)."""
     c = config
     tp = max([c.tp, *_wider_tps(model, cluster, c)])
-    lean = _with(c, mbs=1, recompute="full", tp=tp, sp=c.sp or tp > 1, dp=None)
+    lean = _with(c, mbs=1, recompute="full", tp=tp, sp=c.sp or space.sequence_parallel(tp),
+                 dp=None)  # fmt: skip
     options: list[Option] = []
     for factor in (1, *_factors(MAX_NODE_FACTOR)):
         where = cluster.with_nodes(cluster.num_nodes * factor)
         for pp in (c.pp, *_deeper_pps(model, cluster, lean)):
-            zero = 3 if pp == 1 else max(c.zero, 1) if pp == c.pp else 1
+            zero = _leanest_zero(pp)
+            zero = max(c.zero, zero) if pp == c.pp else zero
             options.append((_pipelined(model, lean, pp, zero=zero), where,
                             "every knob at its leanest, on the fewest nodes"))  # fmt: skip
     return options
@@ -329,7 +339,7 @@ def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) ->
 def _wider_tps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> list[int]:
     """Tensor-parallel degrees above ``c``'s that stay inside a node with its CP."""
     return [t for t in space.tp_degrees(model, cluster)
-            if t > c.tp and t * c.cp <= cluster.devices_per_node]  # fmt: skip
+            if t > c.tp and space.within_node(cluster, tp=t, cp=c.cp)]  # fmt: skip
 
 
 def _deeper_pps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> list[int]:
@@ -338,16 +348,20 @@ def _deeper_pps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> li
             if p > c.pp]  # fmt: skip
 
 
+def _leanest_zero(pp: int) -> int:
+    """The highest ZeRO stage launched with ``pp`` pipeline stages."""
+    return max(space.zero_stages(pp))
+
+
 def _pipelined(model: ModelSpec, c: ParallelConfig, pp: int, *, zero: int) -> ParallelConfig:
     """``c`` on ``pp`` stages: a new depth takes the heuristic's split (the first of
-    :func:`~planner.baselines.space.stage_splits`) and keeps its interleaving only if every
-    stage's layers still divide into it."""
+    :func:`~planner.uniform.space.stage_splits`) and keeps its interleaving only if it is
+    still one of the depth's :func:`~planner.uniform.space.virtual_stages`."""
     if pp == c.pp:
         return _with(c, zero=zero)
-    first, last = space.stage_splits(model.num_layers, pp)[0]
-    layers = space.stage_layers(model.num_layers, pp, (first, last))
-    vpp = c.vpp if all(n % c.vpp == 0 for n in layers) else 1
-    return _with(c, pp=pp, first_stage_layers=first, last_stage_layers=last, vpp=vpp,
+    split = space.stage_splits(model.num_layers, pp)[0]
+    vpp = c.vpp if c.vpp in space.virtual_stages(model, pp=pp, split=split) else 1
+    return _with(c, pp=pp, first_stage_layers=split[0], last_stage_layers=split[1], vpp=vpp,
                  zero=zero, dp=None)  # fmt: skip
 
 
@@ -360,8 +374,9 @@ def _mildest(
         result = _price(model, where, changed)
         if result is None:
             continue
-        remedy = Remedy(_flags(config, changed, cluster, where, result),
-                        result.peak_memory_gib, result.fits, note)  # fmt: skip
+        remedy = Remedy(change=_flags(config, changed, cluster, where, result),
+                        memory_gib=result.peak_memory_gib, fits=result.fits,
+                        note=note)  # fmt: skip
         if remedy.fits:
             return remedy
         if best is None or remedy.memory_gib < best.memory_gib:

@@ -1,23 +1,28 @@
 """The uniform (Megatron-style) configurations a search enumerates, in one place: the grid
-baseline, the framework targets, the remedies and the failure messages all walk this space.
+baseline, the framework targets, the heuristic, the remedies and the failure messages all draw
+their degrees from the functions here.
 
 The space is what a Megatron-LM user can launch with flags:
 
 - ``tp``: divisors of the devices in a node that divide the attention heads, the KV groups
-  and the FFN (tensor parallelism stays inside a node);
-- ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``,
-  with the layers split by :func:`stage_splits`: equal stages when ``pp`` divides the layers,
-  else Megatron's uneven first and last stage (``--decoder-first-pipeline-num-layers``,
-  ``--decoder-last-pipeline-num-layers``);
+  and the FFN (:func:`tp_degrees`; tensor parallelism stays inside a node, with context
+  parallelism: :func:`within_node`);
+- ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``
+  (:func:`pipeline_degrees`), with the layers split by :func:`stage_splits`: equal stages when
+  ``pp`` divides the layers, else Megatron's uneven first and last stage
+  (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``);
 - ``vpp`` (interleaved 1F1B), when ``options.interleaved``: every count of chunks that divides
-  every stage's layers (Megatron-Core's rule, uneven stages included);
-- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a node, only from :data:`LONG_SEQUENCE` on,
-  each as ring attention and as Ulysses all-to-alls;
-- ``ep``: divisors of the experts (mixtures of experts only);
-- ``mbs``: ``options.micro_batch_sizes``; recomputation none, selective or full; ZeRO 0 or 1
-  (the distributed optimizer), 0 to 3 without a pipeline;
-- sequence parallelism whenever ``tp > 1``; flash attention and the overlap flags as the
-  options say; data parallelism takes the devices left over.
+  every stage's layers (:func:`virtual_stages`; Megatron-Core's rule, uneven stages included);
+- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a node, only from :data:`LONG_SEQUENCE` on
+  (:func:`cp_degrees`), each as ring attention and as Ulysses all-to-alls
+  (:func:`cp_algorithms`);
+- ``ep``: divisors of the experts that divide the data- and context-parallel ranks
+  (:func:`expert_degrees`; mixtures of experts only);
+- ``mbs``: ``options.micro_batch_sizes`` (:func:`micro_batch_sizes`); recomputation none,
+  selective or full; ZeRO 0 or 1 (the distributed optimizer), 0 to 3 without a pipeline
+  (:func:`zero_stages`);
+- sequence parallelism whenever ``tp > 1`` (:func:`sequence_parallel`); flash attention and
+  the overlap flags as the options say; data parallelism takes the devices left over.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, replace
 from planner.errors import ConfigError
 from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
-from planner.plan.config import ParallelConfig, resolve
+from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.vocabulary import RECOMPUTE_MODES, ContextParallelism
 
@@ -36,6 +41,8 @@ LONG_SEQUENCE = 8192
 activations are small next to the rest of a layer's, and NVIDIA's recipes keep CP at 1 (their
 first with CP 2 is Llama 3 8B at 8192)."""
 CP_DEGREES = (1, 2, 4, 8)
+"""Context-parallel degrees tried from :data:`LONG_SEQUENCE` on (with ``tp * cp`` inside a
+node)."""
 
 Split = tuple[int | None, int | None]
 """Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
@@ -73,30 +80,23 @@ def stage_splits(num_layers: int, pp: int) -> list[Split]:
     return list(splits)
 
 
-def stage_layers(num_layers: int, pp: int, split: Split) -> tuple[int, ...]:
-    """Decoder layers on each stage, first to last.
-
-    >>> stage_layers(126, 16, (7, 7))[:3], stage_layers(96, 16, (None, None))[:3]
-    ((7, 8, 8), (6, 6, 6))
-    """
-    first, last = split
-    if first is None or last is None:
-        return (num_layers // pp,) * pp
-    middle = (num_layers - first - last) // (pp - 2) if pp > 2 else 0
-    return (first, *([middle] * (pp - 2)), last)
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Branch:
     """The degrees that decide how devices are grouped, and the layers' split over the
     stages; everything else varies inside."""
 
     tp: int
+    """Tensor-parallel degree."""
     pp: int
+    """Pipeline stages."""
     cp: int
+    """Context-parallel degree."""
     ep: int
+    """Expert-parallel degree."""
     split: Split = (None, None)
+    """Decoder layers of the first and last stage (None: all stages equal)."""
     cp_algo: ContextParallelism = "ring"
+    """How context parallelism attends: ring or ulysses."""
 
 
 def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
@@ -109,33 +109,92 @@ def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
             and kv_groups % t == 0 and model.ffn % t == 0]  # fmt: skip
 
 
+def within_node(cluster: ClusterSpec, *, tp: int, cp: int) -> bool:
+    """Whether tensor and context parallelism together stay inside a node: both communicate
+    inside every layer, on the critical path, so they keep to the fastest links."""
+    return tp * cp <= cluster.devices_per_node
+
+
+def cp_degrees(training: TrainingSpec) -> tuple[int, ...]:
+    """Context-parallel degrees tried at the run's sequence length: :data:`CP_DEGREES` from
+    :data:`LONG_SEQUENCE` on, else none (1)."""
+    return CP_DEGREES if training.seq_length >= LONG_SEQUENCE else (1,)
+
+
+def cp_algorithms(cp: int) -> tuple[ContextParallelism, ...]:
+    """How context parallelism of degree ``cp`` attends: ring attention and Ulysses
+    all-to-alls when there is any, else ring (the default, which then sends nothing)."""
+    return ("ring", "ulysses") if cp > 1 else ("ring",)
+
+
 def pipeline_degrees(model: ModelSpec, devices: int) -> list[int]:
     """Pipeline degrees that divide ``devices`` and split the decoder layers somehow."""
     return [p for p in divisors(devices) if p <= model.num_layers
             and stage_splits(model.num_layers, p)]  # fmt: skip
 
 
+def virtual_stages(model: ModelSpec, *, pp: int, split: Split) -> list[int]:
+    """Virtual stages per pipeline rank (``vpp``) on ``pp`` stages split as ``split``: 1, and
+    with a pipeline every count of chunks that divides every stage's layers (Megatron-Core's
+    rule, uneven stages included).
+
+    >>> from pathlib import Path
+    >>> from planner.spec.reading import load_model
+    >>> root = Path(__file__).resolve().parents[2] / "instances"
+    >>> llama = load_model(root / "models/llama3.1-405b.json")  # 126 layers
+    >>> virtual_stages(llama, pp=2, split=(None, None)), virtual_stages(llama, pp=16, split=(7, 7))
+    ([1, 3, 7, 9, 21, 63], [1])
+    """
+    if pp == 1:
+        return [1]
+    first, last = split
+    layers = set(stage_layers(model.num_layers, pp=pp, first=first, last=last))
+    return [1, *(v for v in range(2, min(layers) + 1) if all(n % v == 0 for n in layers))]
+
+
+def expert_degrees(model: ModelSpec, *, dp: int, cp: int) -> list[int]:
+    """Expert-parallel degrees, ascending: the divisors of the experts that divide the
+    data- and context-parallel ranks the experts are spread over (1 for a dense model)."""
+    experts = model.moe.num_experts if model.moe else 1
+    return [e for e in divisors(experts) if (dp * cp) % e == 0]
+
+
+def zero_stages(pp: int) -> tuple[int, ...]:
+    """ZeRO stages with ``pp`` pipeline stages: 0 to 3 without a pipeline; with one, 0 and 1
+    (Megatron's distributed optimizer), as DeepSpeed's pipeline engine runs no ZeRO-2/3."""
+    return (0, 1, 2, 3) if pp == 1 else (0, 1)
+
+
+def sequence_parallel(tp: int) -> bool:
+    """Megatron's sequence parallelism, on whenever tensor parallelism is: it shards the
+    activations TP leaves replicated, for no more communication."""
+    return tp > 1
+
+
+def micro_batch_sizes(options: SolveOptions) -> list[int]:
+    """The microbatch sizes tried, ascending: the options', or the pinned one."""
+    pinned = options.pins.mbs
+    return sorted(set(options.micro_batch_sizes) if pinned is None else {pinned})
+
+
 def branches(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pins: Pins = NO_PINS
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, pins: Pins = NO_PINS
 ) -> list[Branch]:
     """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
-    layer split, among the pinned degrees."""
+    layer split and context-parallel algorithm, among the pinned degrees."""
     n = cluster.num_devices
-    cps = CP_DEGREES if training.seq_length >= LONG_SEQUENCE else (1,)
-    if pins.cp is not None:
-        cps = (pins.cp,)
-    experts = model.moe.num_experts if model.moe else 1
+    cps = cp_degrees(training) if pins.cp is None else (pins.cp,)
     out = []
     for tp in (t for t in tp_degrees(model, cluster) if pins.admits(tp=t)):
-        for cp in (c for c in cps if tp * c <= cluster.devices_per_node and n % (tp * c) == 0):
+        for cp in (c for c in cps
+                   if within_node(cluster, tp=tp, cp=c) and n % (tp * c) == 0):  # fmt: skip
             for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
                 dp = n // (tp * pp * cp)
-                algos: tuple[ContextParallelism, ...] = ("ring", "ulysses") if cp > 1 else ("ring",)
-                out += [Branch(tp, pp, cp, ep, split, algo)
+                out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)
                         for split in stage_splits(model.num_layers, pp)
-                        for ep in divisors(experts)
-                        for algo in algos
-                        if (dp * cp) % ep == 0 and pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
+                        for ep in expert_degrees(model, dp=dp, cp=cp)
+                        for algo in cp_algorithms(cp)
+                        if pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
     return out
 
 
@@ -151,42 +210,37 @@ def run_config(training: TrainingSpec, options: SolveOptions, **degrees: object)
 
 
 def branch_groups(
-    branch: Branch, model: ModelSpec, training: TrainingSpec, options: SolveOptions
+    branch: Branch, model: ModelSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> list[list[ParallelConfig]]:
     """The branch's configurations, one list per ``(vpp, recompute, zero)`` with the
     microbatch ascending, among the pinned knobs (sequence parallelism whenever TP > 1 unless
     pinned)."""
     b, pins = branch, options.pins
-    vpps = [1]
-    if options.interleaved and b.pp > 1:
-        layers = set(stage_layers(model.num_layers, b.pp, b.split))
-        vpps += [v for v in range(2, min(layers) + 1) if all(n % v == 0 for n in layers)]
-    zeros = (0, 1, 2, 3) if b.pp == 1 else (0, 1)
-    mbss = sorted(set(options.micro_batch_sizes) if pins.mbs is None else {pins.mbs})
-    sp = b.tp > 1 if pins.sp is None else pins.sp
+    vpps = virtual_stages(model, pp=b.pp, split=b.split) if options.interleaved else [1]
+    sp = sequence_parallel(b.tp) if pins.sp is None else pins.sp
     first, last = b.split
     groups = [
         [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, cp_algo=b.cp_algo, ep=b.ep,
                     vpp=v, sp=sp,
                     first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
-                    zero=z) for m in mbss]
-        for v in vpps for r in RECOMPUTE_MODES for z in zeros
+                    zero=z) for m in micro_batch_sizes(options)]
+        for v in vpps for r in RECOMPUTE_MODES for z in zero_stages(b.pp)
         if pins.admits(vpp=v, recompute=r, zero=z)
     ]  # fmt: skip
     return [group for group in groups if group]
 
 
 def branch_space(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> list[tuple[ParallelConfig, list[list[ParallelConfig]]]]:
     """Every branch's leanest configuration (no interleaving, the smallest microbatch, full
     recomputation, the highest ZeRO stage) and its groups, among what ``options.framework``
     launches: the grid prices the leanest first to drop the branch,
     :func:`planner.uniform.remedies.leanest_uniform` prices only the leanest."""
     space = []
-    for branch in branches(model, cluster, training, options.pins):
-        groups = branch_groups(branch, model, training, options)
-        launched = ([launched_variant(c, model, cluster, options) for c in group]
+    for branch in branches(model, cluster, training=training, pins=options.pins):
+        groups = branch_groups(branch, model, training=training, options=options)
+        launched = ([launched_variant(c, model, cluster=cluster, options=options) for c in group]
                     for group in groups)
         groups = [kept for group in launched if (kept := [c for c in group if c is not None])]
         if groups:
@@ -195,7 +249,7 @@ def branch_space(
 
 
 def launched_variant(
-    config: ParallelConfig, model: ModelSpec, cluster: ClusterSpec, options: SolveOptions
+    config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, options: SolveOptions
 ) -> ParallelConfig | None:
     """``config`` as the target framework launches it, or None when it cannot.
 
@@ -230,7 +284,8 @@ def grid_space(
     """Every configuration the grid considers for ``options.framework`` (some do not divide
     or fit)."""
     training = training_of(model, options)
-    return [config for _, groups in branch_space(model, cluster, training, options)
+    return [config for _, groups in branch_space(model, cluster, training=training,
+                                                 options=options)
             for group in groups for config in group]  # fmt: skip
 
 
