@@ -413,7 +413,8 @@ def test_random_uniform_plans_keep_the_structural_invariants(
 
 def test_a_plan_is_its_configuration(configured: Plan) -> None:
     """A uniform plan whose stages no longer match the configuration it carries (what an
-    export would launch) is refused, and so is a per-operator plan that carries one."""
+    export would launch) is refused, and so is a per-operator plan that carries one; a uniform
+    plan made for ``any`` keeps its configuration."""
     base = configured
     assert base.configuration is not None
     tampered = with_stage(base, 0, parallel=base.stages[0].parallel.model_copy(
@@ -424,5 +425,7 @@ def test_a_plan_is_its_configuration(configured: Plan) -> None:
         f"'recompute': 'full'}}, not {{'tp': {base.configuration.tp}, 'cp': 1, 'ep': 1, "
         f"'sp': {base.stages[0].parallel.sp}, 'zero': {base.configuration.zero}, "
         f"'recompute': '{base.configuration.recompute}'}}"]
-    assert only(base.model_copy(update={"framework": "any"}), "configuration") == [
-        "configuration: a per-operator plan (framework any) carries a configuration"]
+    assert only(base.model_copy(update={"method": "ilp", "framework": "any"}),
+                "configuration") == [
+        "configuration: a per-operator plan (method ilp) carries a configuration"]
+    assert plan_violations(base.model_copy(update={"framework": "any"})) == []

@@ -26,7 +26,8 @@ Each family is named at the start of its messages:
 - ``configuration``: a plan that carries a uniform configuration (what an export launches)
   is that configuration: as many stages as its ``pp`` with its split, every stage with its
   degrees, ZeRO stage and recomputation, and its microbatch, global batch, sequence,
-  precision and schedule; and a per-operator plan (``any``) carries none.
+  precision and schedule; and a per-operator plan (method ``ilp``) carries none. A uniform
+  plan made for ``any`` (the baselines under ``--framework any``) carries its configuration.
 - ``memory``: no stage's memory, and not the predicted peak, exceeds the device's memory
   (within float rounding). A configuration priced on request (``planner estimate --out``) may
   exceed it; a plan a search returns as a solution may not.
@@ -221,8 +222,8 @@ def _configuration(plan: Plan) -> Iterator[str]:
     c = plan.configuration
     if c is None:
         return
-    if plan.framework == "any":
-        yield "configuration: a per-operator plan (framework any) carries a configuration"
+    if plan.method == "ilp":
+        yield "configuration: a per-operator plan (method ilp) carries a configuration"
     layers = tuple(s.num_layers for s in plan.stages)
     if len(layers) != c.pp:
         yield f"configuration: {len(layers)} stages, not pp({c.pp})"
