@@ -324,3 +324,16 @@ def test_nothing_fits_names_the_uneven_split(llama405b: ModelSpec) -> None:
     four_nodes = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 4)
     with pytest.raises(InfeasibleError, match=r"pp 4 with 31 and 31 layers at the ends"):
         heuristic_plan(llama405b, four_nodes)
+
+
+@pytest.mark.parametrize("method", [grid_plan, heuristic_plan])
+def test_baselines_for_any_framework_keep_their_configuration(
+    llama: ModelSpec, h100_node: ClusterSpec, method: Callable[..., Plan]
+) -> None:
+    """Under ``--framework any`` the baselines still return uniform plans, each carrying the
+    configuration it is (``planner compare --framework any`` used to stop at the invariant)."""
+    options = SolveOptions(global_batch_size=64, framework="any")
+    plan = method(llama, h100_node, options)
+    assert plan.framework == "any" and plan.configuration is not None
+    assert plan.predicted.step_time_s == estimate(llama, h100_node,
+                                                  plan.configuration).step_time_s
