@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from planner import cost
@@ -163,6 +164,28 @@ def test_pipeline_time_alpa_form() -> None:
     times = [1.0, 3.0, 2.0]
     got = cost.pipeline_time(times, num_microbatches=5)
     assert got.total_s == sum(times) + 4 * max(times)
+
+
+def test_one_step_formula() -> None:
+    """The step of a list of stage times is :func:`cost.fill_and_drain` of their sum and max,
+    to the last bit; elementwise over an array it gives what it gives each element alone."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        times = rng.uniform(1e-3, 2.0, size=int(rng.integers(1, 9))).tolist()
+        m, v = int(rng.integers(1, 65)), int(rng.integers(1, 5))
+        got = cost.pipeline_time(times, num_microbatches=m, vpp=v)
+        total, bubble = cost.fill_and_drain(sum_s=sum(times), max_s=max(times),
+                                            num_microbatches=m, vpp=v)  # fmt: skip
+        assert (got.total_s, got.bubble_s) == (total, bubble)
+        if v == 1:
+            alpa = sum(times) + (m - 1) * max(times)
+            assert got.total_s == pytest.approx(alpa, rel=1e-12)
+        maxima = rng.uniform(1e-3, 2.0, size=5)
+        vector = cost.fill_and_drain(sum_s=10.0, max_s=maxima, num_microbatches=m, vpp=v)[0]
+        assert vector.tolist() == [
+            cost.fill_and_drain(sum_s=10.0, max_s=float(x), num_microbatches=m, vpp=v)[0]
+            for x in maxima
+        ]
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(4, 8, 1), (8, 64, 1), (16, 32, 2), (4, 16, 4)])

@@ -9,8 +9,10 @@
 - Memory: mixed-precision Adam state per parameter as Megatron-LM's distributed optimizer
   documentation tabulates it, divided by the ZeRO stage; activations per Korthikanti et al.
 - Pipeline: step time ``m * max(t) + (sum(t) - max(t)) / v`` for ``m`` microbatches and ``v``
-  virtual stages, which is ``sum_i t_i + (m - 1) max_i t_i`` (Alpa, Eq. 2) for ``v = 1`` and
-  has the bubble fraction ``(p - 1) / (v m)`` (Narayanan et al., SC'21) for equal stages.
+  virtual stages (:func:`fill_and_drain`, for the step composer and the stage dynamic program
+  alike), which is ``sum_i t_i + (m - 1) max_i t_i`` (Alpa, Eq. 2) for ``v = 1`` and has the
+  bubble fraction ``(p - 1) / (v m)`` (Narayanan et al., SC'21) for equal stages; each
+  schedule's warm-up forwards, from which the microbatches a stage holds follow.
 
 Units: seconds, bytes, FLOPs, bytes/second. No hardware number lives here: they all come from
 the :class:`~planner.spec.ClusterSpec`.
@@ -58,7 +60,9 @@ from planner.cost.memory import (
 from planner.cost.pipeline import (
     PipelineTime,
     bubble_fraction,
+    fill_and_drain,
     pipeline_time,
+    warmup_forwards,
 )
 
 __all__ = [
@@ -81,6 +85,7 @@ __all__ = [
     "data_parallel_sync",
     "exposed_s",
     "exposed_sync",
+    "fill_and_drain",
     "gemm_fraction",
     "gradient_bytes_on_wire",
     "in_flight_microbatches",
@@ -94,4 +99,5 @@ __all__ = [
     "saved_activation_bytes",
     "sharded_bytes",
     "state_bytes_per_param",
+    "warmup_forwards",
 ]
