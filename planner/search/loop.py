@@ -25,7 +25,7 @@ from planner import cost
 from planner.cost.step import PipelineKnobs, StepCost
 from planner.errors import InfeasibleError, TimeLimitError
 from planner.graph import lowered, parameter_count
-from planner.graph.lower import ACTIVATION_BYTES, decoder_layer_kind
+from planner.graph.lower import decoder_layer_kind
 from planner.ilp.layer import Frontier, LayerSolution, SolverOptions, solve_frontier
 from planner.ilp.problem import LayerQuery
 from planner.ilp.seeds import uniform_solutions
@@ -182,12 +182,15 @@ def _pareto(options: list[LayerOption]) -> list[LayerOption]:
 
 
 def pipeline_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
-    """Per microbatch, one stage's sends: the activation forward and its gradient back, each
-    device sending its share (Megatron's scatter/gather), once per chunk."""
-    act = ACTIVATION_BYTES[ctx.training.precision]
-    full = c.micro_batch_size * ctx.training.seq_length * ctx.model.hidden_size * act
-    return cost.pipeline_send_s(ctx.cluster, full / (c.mesh[0] * c.mesh[1]), distance,
-                                chunks=c.vpp, stages=c.num_stages)  # fmt: skip
+    """Per microbatch, one stage's sends (:func:`planner.cost.pipeline_send_s`): the activation
+    forward and its gradient back, each device of the mesh sending its share (Megatron's
+    scatter/gather), once per chunk."""
+    hidden = cost.hidden_state_bytes(
+        micro_batch_size=c.micro_batch_size, seq_length=ctx.training.seq_length,
+        hidden_size=ctx.model.hidden_size, precision=ctx.training.precision,
+    )  # fmt: skip
+    return cost.pipeline_send_s(ctx.cluster, hidden, distance, chunks=c.vpp,
+                                stages=c.num_stages, slices=c.mesh[0] * c.mesh[1])  # fmt: skip
 
 
 def decoder_kinds(model: ModelSpec) -> list[str]:
@@ -224,7 +227,7 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
         return None
     mesh = LogicalMesh(c.mesh)
     near = PipelinePlacement(mesh, p, c.replicas, "stages-inner")
-    send = pipeline_send_s(ctx, c, near.pipeline_distance) if p > 1 else 0.0
+    send = pipeline_send_s(ctx, c, near.pipeline_distance)
     device = ctx.cluster.device
     usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
     table = stage_table(
@@ -251,7 +254,7 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
     best: Found | None = None
     for order in ORDERS:
         placement = PipelinePlacement(mesh, p, c.replicas, order)
-        send = pipeline_send_s(ctx, c, placement.pipeline_distance) if p > 1 else 0.0
+        send = pipeline_send_s(ctx, c, placement.pipeline_distance)
         step = compose(stages, kinds, ctx.model, ctx.cluster, knobs, placement, send)
         if sum(step.peak_memory_bytes) > usable:
             _note_least(ctx, c, sum(step.peak_memory_bytes))

@@ -28,7 +28,6 @@ from planner.cost.step import (
     throughput,
 )
 from planner.graph import LayerIndex, lowered
-from planner.graph.lower import ACTIVATION_BYTES
 from planner.placement.ranks import rank_strides
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.plan.schema import MemoryBreakdown, StageTime, StepTime
@@ -267,16 +266,13 @@ def _tied_copy(model: ModelSpec, r: ResolvedConfig, stage: UniformStage) -> Tied
 
 def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, stage: UniformStage) -> float:
     """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
-    times ``vpp`` chunk boundaries. Megatron sends a 1/t slice of the hidden state and
-    all-gathers it over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
-    c = r.config
-    if c.pp == 1:
-        return 0.0
-    act = ACTIVATION_BYTES[r.training.precision]
-    full = c.mbs * r.training.seq_length * model.hidden_size * act / c.cp
-    send = cost.pipeline_send_s(cluster, full / c.tp, stage.pipeline_distance, chunks=c.vpp,
-                                stages=c.pp)  # fmt: skip
-    if c.tp > 1 and not r.sp:
-        send += 2 * c.vpp * cost.collective_time_s(cluster, "all_gather", full,
-                                                   stage.tensor_group)  # fmt: skip
-    return send
+    times ``vpp`` chunk boundaries (:func:`planner.cost.pipeline_send_s`). Each context-parallel
+    rank holds ``1/cp`` of the tokens; Megatron sends a 1/t slice of them and all-gathers it
+    over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
+    c, training = r.config, r.training
+    hidden = cost.hidden_state_bytes(micro_batch_size=c.mbs, seq_length=training.seq_length,
+                                     hidden_size=model.hidden_size,
+                                     precision=training.precision) / c.cp  # fmt: skip
+    gather = stage.tensor_group if c.tp > 1 and not r.sp else None
+    return cost.pipeline_send_s(cluster, hidden, stage.pipeline_distance, chunks=c.vpp,
+                                stages=c.pp, slices=c.tp, gather=gather)  # fmt: skip
