@@ -145,9 +145,10 @@ def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOptio
     and ZeRO stage; with a pipeline, ZeRO-2 and 3 are left out, as DeepSpeed and
     Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline). Transformer
     layers whose sharding no framework can launch (:func:`launchable`) are left out too."""
-    sync = SyncContext(LogicalMesh(c.mesh), c.replicas, c.num_microbatches,
-                       ctx.training.precision, ctx.options.overlap_grad_reduce,
-                       ctx.options.overlap_param_gather)  # fmt: skip
+    sync = SyncContext(mesh=LogicalMesh(c.mesh), replicas=c.replicas,
+                       num_microbatches=c.num_microbatches, precision=ctx.training.precision,
+                       overlap_grad_reduce=ctx.options.overlap_grad_reduce,
+                       overlap_param_gather=ctx.options.overlap_param_gather)  # fmt: skip
     pins = ctx.options.pins
     options = []
     for solution in kind_solutions(ctx, kind, c.mesh, c.micro_batch_size):
@@ -226,7 +227,7 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
     if not all(options.values()):
         return None
     mesh = LogicalMesh(c.mesh)
-    near = PipelinePlacement(mesh, p, c.replicas, "stages-inner")
+    near = PipelinePlacement(mesh=mesh, num_stages=p, replicas=c.replicas, order="stages-inner")
     send = pipeline_send_s(ctx, c, near.pipeline_distance)
     device = ctx.cluster.device
     usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
@@ -243,7 +244,7 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
             _note_least(ctx, c, least[0] + device.reserved_memory_gib * GIB)
         return None
     stages = tuple(
-        FoundStage(a + 1, b, table.choices[int(table.choice[i, a, b])])
+        FoundStage(first=a + 1, last=b, choice=table.choices[int(table.choice[i, a, b])])
         for i, (a, b) in enumerate(zip(split.bounds, split.bounds[1:], strict=False))
     )  # fmt: skip
     knobs = PipelineKnobs(
@@ -253,9 +254,10 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
     )  # fmt: skip
     best: Found | None = None
     for order in ORDERS:
-        placement = PipelinePlacement(mesh, p, c.replicas, order)
+        placement = PipelinePlacement(mesh=mesh, num_stages=p, replicas=c.replicas, order=order)
         send = pipeline_send_s(ctx, c, placement.pipeline_distance)
-        step = compose(stages, kinds, ctx.model, ctx.cluster, knobs, placement, send)
+        step = compose(stages, kinds, model=ctx.model, cluster=ctx.cluster, knobs=knobs,
+                       placement=placement, pipeline_comm_s=send)  # fmt: skip
         if sum(step.peak_memory_bytes) > usable:
             _note_least(ctx, c, sum(step.peak_memory_bytes))
             continue
@@ -376,7 +378,7 @@ def _plan(
     search_gap: float | None,
 ) -> Plan:
     c, training = best.candidate, ctx.training
-    stages = plan_stages(best.stages, kinds, best.placement, best.step)
+    stages = plan_stages(best.stages, kinds, placement=best.placement, step=best.step)
     solutions = ctx.state.solutions
     statuses = {s.report.status for s in solutions}
     gaps = [s.report.gap for s in solutions if s.report.gap is not None]

@@ -28,7 +28,7 @@ from planner.cost.step import (
     throughput,
 )
 from planner.graph import LayerIndex, lowered
-from planner.placement.ranks import rank_strides
+from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.plan.schema import MemoryBreakdown, StageTime, StepTime
 from planner.sharding.layout import LogicalMesh
@@ -111,18 +111,31 @@ def _forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: i
     return sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class UniformStage:
     """How a uniform configuration's stage sits on the ranks: its mesh (three axes, see
     :mod:`planner.sharding.uniform`) with their rank strides, and its data-parallel copies."""
 
     layout: UniformLayout
+    """The stage's sharding: its mesh's axes and what each splits."""
     mesh: LogicalMesh
+    """The stage's mesh, with the rank strides of its axes."""
     replicas: int
     """Copies of the stage (data-parallel ranks outside its mesh)."""
     replica_stride: int
-    pipeline_distance: int
-    tensor_group: cost.CommGroup
+    """Ranks between a device and the same device of the next copy."""
+    rank_order: RankOrder
+    """How the configuration numbers its ranks (:func:`planner.placement.ranks.megatron_order`)."""
+
+    @property
+    def pipeline_distance(self) -> int:
+        """Ranks between a device and the same device of the next stage."""
+        return self.rank_order.stride("pp")
+
+    @property
+    def tensor_group(self) -> cost.CommGroup:
+        """The tensor-parallel ranks of a device."""
+        return self.rank_order.group("tp")
 
     def group(self, axes: tuple[int, ...]) -> cost.CommGroup | None:
         """The ranks holding copies of a weight replicated along the mesh ``axes`` and over
@@ -141,7 +154,8 @@ def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
     """The mesh and groups of ``resolved``'s stages, its ranks numbered in its rank order."""
     c = resolved.config
     layout = uniform_layout(tp=c.tp, cp=c.cp, ep=c.ep, sp=c.sp, ulysses=c.cp_algo == "ulysses")
-    s = rank_strides(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    ranks = megatron_order(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    s = ranks.strides()
     data, context, tensor = layout.shape
     if layout.data_ways > 1 or data == 1:  # the first axis is data-parallel ranks
         strides = (s["dp"], s["cp"], s["tp"])
@@ -151,8 +165,7 @@ def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
     row_major = (context * tensor, tensor, 1)
     mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
     return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
-                        replica_stride=s["dp"] * layout.data_ways, pipeline_distance=s["pp"],
-                        tensor_group=cost.CommGroup(tensor, s["tp"]))  # fmt: skip
+                        replica_stride=s["dp"] * layout.data_ways, rank_order=ranks)
 
 
 def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> UniformQuery:
@@ -193,8 +206,8 @@ def estimate(
                 layers = layers + kind_costs[kind].scaled(count)
                 for axes, n in parts[kind].weight_groups():
                     params[axes] = params.get(axes, 0.0) + n * count
-            distinct[key] = StageCost(layers.with_pipeline_comm(p2p), _weights(params, stage),
-                                      zero=c.zero)  # fmt: skip
+            distinct[key] = StageCost(time=layers.with_pipeline_comm(p2p),
+                                      weights=_weights(params, stage), zero=c.zero)  # fmt: skip
         stages.append(distinct[key])
     knobs = PipelineKnobs(
         num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
@@ -250,7 +263,8 @@ def _weights(params: dict[tuple[int, ...], float], stage: UniformStage) -> tuple
     for axes, n in sorted(params.items()):
         tensor = 2 in axes
         outer = tuple(a for a in axes if a != 2)
-        weights.append(Weights(n, stage.group(outer), stage.tensor_group if tensor else None))
+        weights.append(Weights(params=n, data_parallel=stage.group(outer),
+                               also_reduced_over=stage.tensor_group if tensor else None))
     return tuple(weights)
 
 
@@ -261,7 +275,7 @@ def _tied_copy(model: ModelSpec, r: ResolvedConfig, stage: UniformStage) -> Tied
         return None
     return TiedCopy(params=model.vocab_size * model.hidden_size / c.tp,
                     data_parallel=stage.group((0, 1)),
-                    sync_group=cost.CommGroup(2, (c.pp - 1) * stage.pipeline_distance))  # fmt: skip
+                    sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 
 def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, stage: UniformStage) -> float:
