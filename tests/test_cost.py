@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from planner import cost
@@ -96,6 +97,29 @@ def test_a_pipeline_runs_at_its_slowest_send(cluster: ClusterSpec) -> None:
     assert cost.pipeline_send_s(cluster, GB, 4, chunks=1, stages=1) == 0.0
 
 
+def test_pipeline_sends_in_slices_gathered_back(cluster: ClusterSpec) -> None:
+    """Megatron's scatter-gather: each of 4 tensor-parallel ranks sends a quarter of the hidden
+    state to the next stage, whose ranks all-gather it back over NVLink (4 ranks: ring
+    ``3/4`` of the bytes, ``log2 4`` latencies), once per direction and chunk. Without a
+    pipeline nothing moves, gather or not."""
+    tensor = cost.CommGroup(size=4, stride=1)
+    got = cost.pipeline_send_s(cluster, GB, 8, chunks=2, stages=4, slices=4, gather=tensor)
+    send = 5e-6 + GB / 4 / (25 * GB)
+    gather = 3 / 4 * GB / (300 * GB) + 2 * 2e-6
+    assert got == pytest.approx(2 * 2 * (send + gather), rel=1e-12)
+    alone = cost.pipeline_send_s(cluster, GB, 8, chunks=2, stages=4, slices=4)
+    assert alone == pytest.approx(2 * 2 * send, rel=1e-12)
+    assert cost.pipeline_send_s(cluster, GB, 8, chunks=2, stages=1, gather=tensor) == 0.0
+
+
+def test_hidden_state_bytes() -> None:
+    """``b x s x h`` activations of 2 bytes (bf16) or 4 (fp32)."""
+    assert cost.hidden_state_bytes(micro_batch_size=2, seq_length=4096, hidden_size=8192,
+                                   precision="bf16") == 2 * 4096 * 8192 * 2  # fmt: skip
+    assert cost.hidden_state_bytes(micro_batch_size=1, seq_length=10, hidden_size=3,
+                                   precision="fp32") == 120  # fmt: skip
+
+
 def test_single_rank_collectives_are_free(cluster: ClusterSpec) -> None:
     """A group of one moves nothing."""
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
@@ -163,6 +187,28 @@ def test_pipeline_time_alpa_form() -> None:
     times = [1.0, 3.0, 2.0]
     got = cost.pipeline_time(times, num_microbatches=5)
     assert got.total_s == sum(times) + 4 * max(times)
+
+
+def test_one_step_formula() -> None:
+    """The step of a list of stage times is :func:`cost.fill_and_drain` of their sum and max,
+    to the last bit; elementwise over an array it gives what it gives each element alone."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        times = rng.uniform(1e-3, 2.0, size=int(rng.integers(1, 9))).tolist()
+        m, v = int(rng.integers(1, 65)), int(rng.integers(1, 5))
+        got = cost.pipeline_time(times, num_microbatches=m, vpp=v)
+        total, bubble = cost.fill_and_drain(sum_s=sum(times), max_s=max(times),
+                                            num_microbatches=m, vpp=v)  # fmt: skip
+        assert (got.total_s, got.bubble_s) == (total, bubble)
+        if v == 1:
+            alpa = sum(times) + (m - 1) * max(times)
+            assert got.total_s == pytest.approx(alpa, rel=1e-12)
+        maxima = rng.uniform(1e-3, 2.0, size=5)
+        vector = cost.fill_and_drain(sum_s=10.0, max_s=maxima, num_microbatches=m, vpp=v)[0]
+        assert vector.tolist() == [
+            cost.fill_and_drain(sum_s=10.0, max_s=float(x), num_microbatches=m, vpp=v)[0]
+            for x in maxima
+        ]
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(4, 8, 1), (8, 64, 1), (16, 32, 2), (4, 16, 4)])

@@ -120,7 +120,9 @@ def test_repricing_a_solved_layer_gives_the_ilps_numbers(a100: ClusterSpec) -> N
                            memory_budget_gib=budget, in_flight=4, num_microbatches=16,
                            replicas=4)  # fmt: skip
         solution = solve_layer(gpt3, a100, query)
-        options = layer_options(solution, a100, SyncContext(LogicalMesh(mesh), 4, 16, "bf16"))
+        sync = SyncContext(mesh=LogicalMesh(mesh), replicas=4, num_microbatches=16,
+                           precision="bf16")  # fmt: skip
+        options = layer_options(solution, a100, sync)
         same = next(o for o in options
                     if (o.recompute, o.zero) == (solution.recompute, solution.zero))  # fmt: skip
         assert same.latency_s == pytest.approx(solution.time_s, rel=1e-3)

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner import cost
 from planner.errors import InfeasibleError, InputError
-from planner.pipeline.split import Split, split_layers
+from planner.pipeline.split import Split, lower_bounds_s, split_layers
 
 
 def brute_force(latency: np.ndarray, num_microbatches: int) -> float | None:
@@ -49,6 +50,8 @@ def assert_consistent(split: Split, latency: np.ndarray, num_microbatches: int) 
     assert all(math.isfinite(t) for t in split.latencies_s)
     step = sum(expected) + (num_microbatches - 1) * max(expected)
     assert split.step_s == pytest.approx(step)
+    # The one pipeline step formula, to the last bit (the step composer's).
+    assert split.step_s == cost.pipeline_time(expected, num_microbatches=num_microbatches).total_s
 
 
 @st.composite
@@ -79,6 +82,35 @@ def test_exact_matches_brute_force(instance: tuple[np.ndarray, int]) -> None:
     split = split_layers(latency, num_microbatches)
     assert split.step_s == pytest.approx(expected)
     assert_consistent(split, latency, num_microbatches)
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances())
+def test_lower_bounds_are_the_step_formula_and_bound_every_cut(
+    instance: tuple[np.ndarray, int],
+) -> None:
+    """The vectorised early-stop floors are :func:`cost.fill_and_drain` of the least sum with
+    each bound as the maximum, elementwise to the last bit, and no cut's step (in floating
+    point) is below the floor at its own maximum."""
+    latency, num_microbatches = instance
+    num_stages, num_layers = latency.shape[0], latency.shape[1] - 1
+    cuts = [(0, *inner, num_layers)
+            for inner in itertools.combinations(range(1, num_layers), num_stages - 1)]
+    times = [[float(latency[i, a, b]) for i, (a, b) in enumerate(itertools.pairwise(c))]
+             for c in cuts]  # fmt: skip
+    times = [t for t in times if all(math.isfinite(x) for x in t)]
+    if not times:
+        return
+    s_min = min(sum(t) for t in times)
+    maxima = np.array(sorted({max(t) for t in times}))
+    floors = lower_bounds_s(s_min, maxima, num_microbatches=num_microbatches)
+    assert floors.tolist() == [
+        cost.fill_and_drain(sum_s=s_min, max_s=float(x), num_microbatches=num_microbatches)[0]
+        for x in maxima
+    ]
+    for t in times:
+        step = cost.pipeline_time(t, num_microbatches=num_microbatches).total_s
+        assert step >= floors[int(np.searchsorted(maxima, max(t)))]
 
 
 @settings(max_examples=200, deadline=None)

@@ -9,8 +9,10 @@
 - Memory: mixed-precision Adam state per parameter as Megatron-LM's distributed optimizer
   documentation tabulates it, divided by the ZeRO stage; activations per Korthikanti et al.
 - Pipeline: step time ``m * max(t) + (sum(t) - max(t)) / v`` for ``m`` microbatches and ``v``
-  virtual stages, which is ``sum_i t_i + (m - 1) max_i t_i`` (Alpa, Eq. 2) for ``v = 1`` and
-  has the bubble fraction ``(p - 1) / (v m)`` (Narayanan et al., SC'21) for equal stages.
+  virtual stages (:func:`fill_and_drain`, for the step composer and the stage dynamic program
+  alike), which is ``sum_i t_i + (m - 1) max_i t_i`` (Alpa, Eq. 2) for ``v = 1`` and has the
+  bubble fraction ``(p - 1) / (v m)`` (Narayanan et al., SC'21) for equal stages; each
+  schedule's warm-up forwards, from which the microbatches a stage holds follow.
 
 Units: seconds, bytes, FLOPs, bytes/second. No hardware number lives here: they all come from
 the :class:`~planner.spec.ClusterSpec`.
@@ -22,6 +24,7 @@ from planner.cost.communication import (
     CommGroup,
     collective_time_s,
     exposed_s,
+    hidden_state_bytes,
     members_per_level,
     p2p_time_s,
     pipeline_send_s,
@@ -58,7 +61,9 @@ from planner.cost.memory import (
 from planner.cost.pipeline import (
     PipelineTime,
     bubble_fraction,
+    fill_and_drain,
     pipeline_time,
+    warmup_forwards,
 )
 
 __all__ = [
@@ -81,8 +86,10 @@ __all__ = [
     "data_parallel_sync",
     "exposed_s",
     "exposed_sync",
+    "fill_and_drain",
     "gemm_fraction",
     "gradient_bytes_on_wire",
+    "hidden_state_bytes",
     "in_flight_microbatches",
     "members_per_level",
     "memory_margin_bytes",
@@ -94,4 +101,5 @@ __all__ = [
     "saved_activation_bytes",
     "sharded_bytes",
     "state_bytes_per_param",
+    "warmup_forwards",
 ]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.graph.lower import ACTIVATION_BYTES
 from planner.spec import ClusterSpec, NetworkLevel
-from planner.vocabulary import CollectiveKind
+from planner.vocabulary import CollectiveKind, Precision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,14 +92,44 @@ def p2p_time_s(cluster: ClusterSpec, nbytes: float, distance: int, *, ranks: int
     return level.latency_s + nbytes / level.bandwidth_bytes_s
 
 
-def pipeline_send_s(
-    cluster: ClusterSpec, nbytes: float, distance: int, *, chunks: int, stages: int = 2
+def hidden_state_bytes(
+    *, micro_batch_size: int, seq_length: int, hidden_size: int, precision: Precision
 ) -> float:
-    """One stage's pipeline traffic per microbatch: its activation sent forward and the
-    gradient sent back, ``nbytes`` from each device, once per model chunk it holds, between
-    ``stages`` stages ``distance`` ranks apart (:func:`p2p_time_s`: the pipeline runs at its
-    slowest send)."""
-    return 2 * chunks * p2p_time_s(cluster, nbytes, distance, ranks=stages)
+    """One microbatch's hidden state ``[b, s, h]`` in activation precision: what a pipeline
+    stage sends the next one per model chunk (and the gradient it gets back).
+
+    >>> hidden_state_bytes(micro_batch_size=1, seq_length=2048, hidden_size=12288,
+    ...                    precision="bf16") / 2**20
+    48.0
+    """
+    return micro_batch_size * seq_length * hidden_size * ACTIVATION_BYTES[precision]
+
+
+def pipeline_send_s(
+    cluster: ClusterSpec,
+    nbytes: float,
+    distance: int,
+    *,
+    chunks: int,
+    stages: int = 2,
+    slices: int = 1,
+    gather: CommGroup | None = None,
+) -> float:
+    """One stage's pipeline traffic per microbatch: the hidden state it passes on (``nbytes``,
+    :func:`hidden_state_bytes` as the stage holds it) sent forward and its gradient sent back,
+    once per model chunk it holds, between ``stages`` stages ``distance`` ranks apart
+    (:func:`p2p_time_s`: the pipeline runs at its slowest send); nothing without a pipeline.
+
+    Each device sends ``1/slices`` of it. With ``gather``, the receivers all-gather the slices
+    back over that group (Megatron's scatter-gather over tensor-parallel ranks, Narayanan et
+    al., SC'21, Sec. 4.1); without, the slices are what the next stage holds (a mesh's share,
+    or sequence-parallel shards)."""
+    if stages <= 1:
+        return 0.0
+    send = 2 * chunks * p2p_time_s(cluster, nbytes / slices, distance, ranks=stages)
+    if gather is not None:
+        send += 2 * chunks * collective_time_s(cluster, "all_gather", nbytes, gather)
+    return send
 
 
 def exposed_s(comm_s: float, hidden_behind_s: float) -> float:

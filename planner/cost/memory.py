@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from planner.cost.compute import sharded_bytes
+from planner.cost.pipeline import warmup_forwards
 from planner.graph.ops import Op, Tensor
-from planner.vocabulary import PipelineSchedule, Precision, Recompute
+from planner.vocabulary import PipelineSchedule, Precision, Recompute, schedule_name
 
 DEFAULT_MEMORY_MARGIN = 0.05
 """Share of a device's memory a plan leaves free unless told otherwise, beside the device's
@@ -101,16 +102,21 @@ def saved_activation_bytes(
 def in_flight_microbatches(
     schedule: PipelineSchedule, *, stage: int, pp: int, vpp: int, num_microbatches: int
 ) -> float:
-    """Microbatches' worth of one stage's activations held at the peak, for ``stage`` (0-based).
+    """Microbatches' worth of one stage's activations held at the peak, for ``stage`` (0-based):
+    its warm-up forwards (:func:`~planner.cost.pipeline.warmup_forwards`) and the forward that
+    starts its steady state, capped at everything there is, in model chunks of ``1/v`` each.
 
     1F1B: stage ``i`` of ``p`` holds ``p - i``. Interleaved 1F1B (Megatron's warm-up of
     ``2(p - i - 1) + (v - 1) p`` chunks plus one) holds ``1 + (p - 1)/(p v)`` times the
     first stage's 1F1B amount on stage 0 (Korthikanti et al., Sec. 4.2.3). GPipe holds all.
+
+    >>> [in_flight_microbatches("1f1b", stage=i, pp=4, vpp=2, num_microbatches=8)
+    ...  for i in range(4)]
+    [5.5, 4.5, 3.5, 2.5]
     """
     m = num_microbatches
     if schedule == "gpipe":
         return float(m)
-    if vpp == 1:
-        return float(min(pp - stage, m))
-    chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
-    return chunks / vpp
+    warmup = warmup_forwards(schedule_name(schedule, vpp), stage=stage, pp=pp, vpp=vpp,
+                             num_microbatches=m)  # fmt: skip
+    return min(warmup + 1, m * vpp) / vpp

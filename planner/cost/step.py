@@ -20,11 +20,12 @@ from planner.spec import ClusterSpec, TrainingSpec
 from planner.vocabulary import GIB, PipelineSchedule, Precision
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Weights:
     """Some of a stage's local parameters and the groups their gradients are summed over."""
 
     params: float
+    """Local parameters (one device's shard)."""
     data_parallel: cost.CommGroup | None
     """The ranks holding the same shard: gradients reduced over it, ZeRO shards the states
     over it (None: not replicated)."""
@@ -38,28 +39,37 @@ class Weights:
         return self.data_parallel.size if self.data_parallel is not None else 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageCost:
     """One pipeline stage: per-microbatch costs, its local parameters and their ZeRO stage."""
 
     time: LayerCost
+    """Its layers' per-microbatch costs, pipeline sends included."""
     weights: tuple[Weights, ...]
+    """Its local parameters by the groups their gradients are summed over."""
     zero: int = 0
+    """The ZeRO stage of its states."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineKnobs:
     """What composing a step needs beyond the stages."""
 
     num_microbatches: int
+    """Microbatches of one step through the pipeline."""
     schedule: PipelineSchedule = "1f1b"
+    """The pipeline schedule (interleaved when ``vpp > 1``)."""
     vpp: int = 1
+    """Model chunks (virtual stages) per stage."""
     precision: Precision = "bf16"
+    """Compute precision."""
     overlap_grad_reduce: bool = False
+    """Whether the gradient reduction overlaps the backward."""
     overlap_param_gather: bool = False
+    """Whether the weights' all-gathers (ZeRO >= 1) overlap the compute."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TiedCopy:
     """With tied word embeddings and a pipeline, the last stage keeps a copy of the embedding
     and the two copies' gradients are all-reduced after the backward (Megatron)."""
@@ -67,21 +77,25 @@ class TiedCopy:
     params: float
     """Local parameters of the copy (the embedding's shard)."""
     data_parallel: cost.CommGroup | None
+    """The ranks holding the same shard of the copy (None: not replicated)."""
     sync_group: cost.CommGroup
     """The first and last stages' corresponding ranks."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepCost:
     """One step: its seconds by category (on the critical stage) and the peak memory."""
 
     step_s: float
+    """Seconds of one step: the pipeline, the exposed sync after it and the optimizer."""
     time: StepTime
     """Seconds by category on the critical stage; they add up to the step."""
     bubble_fraction: float
+    """The pipeline's bubble over the critical stage's busy time, ``m max t``."""
     peak_memory_bytes: tuple[float, float, float, float, float]
     """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
     stage_memory_bytes: tuple[tuple[float, float, float, float, float], ...]
+    """The same five per stage."""
     stage_time_s: tuple[tuple[float, float, float], ...]
     """Per stage and microbatch: compute, communication (incl. exposed per-microbatch
     data-parallel traffic), pipeline sends."""
@@ -105,12 +119,14 @@ class StepCost:
 
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Sync:
     """A stage's data-parallel communication: per microbatch and once per step, exposed."""
 
     per_microbatch_s: float
+    """Exposed with every microbatch."""
     tail_s: float
+    """Exposed once per step, after the stage's last backward."""
 
 
 def _dp_sync(stage: StageCost, cluster: ClusterSpec, k: PipelineKnobs, tied_s: float) -> _Sync:
@@ -129,7 +145,7 @@ def _dp_sync(stage: StageCost, cluster: ClusterSpec, k: PipelineKnobs, tied_s: f
         total, forward_s=t.forward_s, backward_s=t.backward_s,
         overlap_grad_reduce=k.overlap_grad_reduce, overlap_param_gather=k.overlap_param_gather,
     )  # fmt: skip
-    return _Sync(exposed.per_microbatch_s, exposed.once_s + tied_s)
+    return _Sync(per_microbatch_s=exposed.per_microbatch_s, tail_s=exposed.once_s + tied_s)
 
 
 def _memory(
@@ -165,7 +181,7 @@ def _with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[
                      if w.data_parallel == tied.data_parallel and w.also_reduced_over is None),
                     None)  # fmt: skip
         if same is None:
-            weights.append(Weights(tied.params, tied.data_parallel))
+            weights.append(Weights(params=tied.params, data_parallel=tied.data_parallel))
         else:
             weights[same] = replace(weights[same], params=weights[same].params + tied.params)
         stages[-1] = replace(last, weights=tuple(weights))
@@ -262,14 +278,18 @@ def _phases(t: LayerCost, sync: _Sync) -> tuple[float, float, float]:
     return (t.forward_s * share, t.backward_s * share, t.recompute_s * share)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Throughput:
     """A step's rates: tokens, model and hardware FLOP/s per device, model FLOPs utilisation."""
 
     tokens_per_s: float
+    """Tokens trained per second."""
     model_tflops_per_gpu: float
+    """Model FLOPs (three times the forward's) per second and device, in TFLOP/s."""
     hardware_tflops_per_gpu: float
+    """Model FLOPs plus recomputation per second and device, in TFLOP/s."""
     mfu: float
+    """Model FLOPs utilisation: model FLOP/s over the device's peak."""
 
 
 def throughput(

@@ -28,13 +28,16 @@ from planner.spec import ModelSpec, TrainingSpec
 from planner.vocabulary import GIB
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FoundStage:
     """One stage of a found pipeline: layers ``first..last`` (1-based) and its choice."""
 
     first: int
+    """Its first layer (1-based)."""
     last: int
+    """Its last layer (inclusive)."""
     choice: StageChoice
+    """The options it runs."""
 
 
 def option_cost(option: LayerOption, count: int) -> LayerCost:
@@ -66,8 +69,10 @@ def stage_cost(
         total = total + option_cost(option, count)
         for axes, n in option.parts.weight_groups():
             params[axes] = params.get(axes, 0.0) + n * count
-    weights = tuple(Weights(n, placement.weight_group(axes)) for axes, n in sorted(params.items()))
-    return StageCost(total.with_pipeline_comm(pipeline_comm_s), weights, stage.choice.zero)
+    weights = tuple(Weights(params=n, data_parallel=placement.weight_group(axes))
+                    for axes, n in sorted(params.items()))  # fmt: skip
+    return StageCost(time=total.with_pipeline_comm(pipeline_comm_s), weights=weights,
+                     zero=stage.choice.zero)  # fmt: skip
 
 
 def tied_copy(model: ModelSpec, stages: Sequence[FoundStage],
@@ -96,6 +101,7 @@ def _copies(mesh: LogicalMesh, axes: tuple[int, ...]) -> int:
 def compose(
     stages: Sequence[FoundStage],
     kinds: Sequence[str],
+    *,
     model: ModelSpec,
     cluster: cost.ClusterSpec,
     knobs: PipelineKnobs,
@@ -154,6 +160,7 @@ def summarise(solution: LayerSolution, mesh: tuple[int, int]) -> dict[str, int |
 def plan_stages(
     stages: Sequence[FoundStage],
     kinds: Sequence[str],
+    *,
     placement: PipelinePlacement,
     step: StepCost,
 ) -> tuple[PlanStage, ...]:

@@ -26,21 +26,27 @@ from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES, Precision
 TRANSFORMER_KINDS = ("dense", "moe")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerOption:
     """One layer kind's sharding under one recomputation mode and ZeRO stage, priced."""
 
     kind: str
+    """The layer kind (``dense``, ``moe``, ``embedding``, ``head``)."""
     solution: LayerSolution
+    """The solved sharding."""
     recompute: str
+    """The recomputation mode."""
     zero: int
+    """The ZeRO stage."""
     latency_s: float
     """One microbatch forward and backward, with the gradient sync amortised over the step's
     microbatches (the ILP's objective)."""
     state_bytes: float
+    """Weights, gradients and optimizer states on one device."""
     kept_bytes: float
-    """Per in-flight microbatch."""
+    """Activations kept for the backward, per in-flight microbatch."""
     working_bytes: float
+    """The transient peak beside them."""
 
     @property
     def parts(self) -> LayerParts:
@@ -49,16 +55,22 @@ class LayerOption:
         return self.solution.parts
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SyncContext:
     """Who else holds a stage's weights, and how long a step's sync is spread over."""
 
     mesh: LogicalMesh
+    """The stage's mesh."""
     replicas: int
+    """Data-parallel replicas of the whole pipeline."""
     num_microbatches: int
+    """Microbatches of the step, over which the once-per-step sync is shared."""
     precision: Precision
+    """Compute precision (the gradients' bytes on the wire)."""
     overlap_grad_reduce: bool = False
+    """Whether the gradient reduction overlaps the backward."""
     overlap_param_gather: bool = False
+    """Whether the weights' all-gathers (ZeRO >= 1) overlap the compute."""
 
 
 def layer_options(
@@ -104,24 +116,30 @@ def layer_options(
     return options
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageChoice:
     """The options a stage runs: one per layer kind it holds, plus its fixed extras."""
 
     options: Mapping[str, LayerOption]
+    """The option of each layer kind, the embedding and head included."""
     recompute: str
+    """The recomputation mode all its transformer layers share."""
     zero: int
+    """The ZeRO stage all its layers share."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageTable:
     """``latency[i, a, b]``: stage ``i`` holding layers ``a..b-1`` (0-based), or inf; and the
     choice behind each finite entry."""
 
     latency: np.ndarray
+    """Per-microbatch seconds of stage ``i`` holding layers ``a..b-1`` with its fastest choice
+    that fits (inf: none fits)."""
     choice: np.ndarray
     """Index into :attr:`choices` (-1 where nothing fits)."""
     choices: tuple[StageChoice, ...]
+    """Every choice a stage may make."""
     memory: np.ndarray
     """``memory[i, a, b]``: the least bytes a device of stage ``i`` needs for layers ``a..b-1``
     under any choice, fitting or not (inf where none runs): how far a plan is from fitting."""
@@ -182,7 +200,7 @@ def stage_table(
     if allowed is not None:
         latency = np.where(allowed, latency, np.inf)
         memory = np.where(allowed, memory, np.inf)
-    return StageTable(latency, choice, tuple(choices), memory)
+    return StageTable(latency=latency, choice=choice, choices=tuple(choices), memory=memory)
 
 
 @lru_cache(maxsize=16)
@@ -218,7 +236,7 @@ def _choices(
             for combo in itertools.product(*per_kind):
                 chosen = {o.kind: o for o in combo if o is not None}
                 if chosen:
-                    out.append(StageChoice(chosen, mode, zero))
+                    out.append(StageChoice(options=chosen, recompute=mode, zero=zero))
     return out
 
 

@@ -14,44 +14,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.cost.pipeline import warmup_forwards
 from planner.vocabulary import ScheduleName
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Sequences:
     """Microbatch and chunk of each forward, and of each backward, in order."""
 
     forward_microbatch: np.ndarray
+    """The microbatch of the ``k``-th forward."""
     forward_chunk: np.ndarray
+    """The model chunk of the ``k``-th forward."""
     backward_microbatch: np.ndarray
+    """The microbatch of the ``k``-th backward."""
     backward_chunk: np.ndarray
+    """The model chunk of the ``k``-th backward."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Order:
     """One stage's operations in order, as columns: is it a forward, microbatch, chunk."""
 
     is_forward: np.ndarray
+    """True for a forward, False for a backward."""
     microbatch: np.ndarray
+    """The microbatch each operation runs."""
     chunk: np.ndarray
-
-
-def warmup_chunks(schedule: ScheduleName, *, stage: int, pp: int, vpp: int, m: int) -> int:
-    """Forwards a stage runs before its first backward.
-
-    1F1B (PipeDream-Flush; Megatron's ``forward_backward_pipelining_without_interleaving``):
-    ``p - i - 1``. Interleaved (Megatron's ``forward_backward_pipelining_with_interleaving``):
-    ``2 (p - i - 1) + (v - 1) p`` chunk forwards. Both capped at everything there is; GPipe
-    runs all forwards first.
-
-    >>> [warmup_chunks("interleaved", stage=i, pp=4, vpp=2, m=8) for i in range(4)]
-    [10, 8, 6, 4]
-    """
-    if schedule == "gpipe":
-        return m * vpp
-    if schedule == "1f1b":
-        return min(pp - stage - 1, m)
-    return min(2 * (pp - stage - 1) + (vpp - 1) * pp, m * vpp)
+    """The model chunk each operation runs (0 without interleaving)."""
 
 
 def _sequences(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> _Sequences:
@@ -69,8 +59,10 @@ def _sequences(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> _Sequenc
     microbatch = (k // (pp * vpp)) * pp + k % pp
     chunk = (k // pp) % vpp
     if schedule == "gpipe":
-        return _Sequences(microbatch, chunk, microbatch[::-1], chunk)
-    return _Sequences(microbatch, chunk, microbatch, vpp - 1 - chunk)
+        return _Sequences(forward_microbatch=microbatch, forward_chunk=chunk,
+                          backward_microbatch=microbatch[::-1], backward_chunk=chunk)
+    return _Sequences(forward_microbatch=microbatch, forward_chunk=chunk,
+                      backward_microbatch=microbatch, backward_chunk=vpp - 1 - chunk)
 
 
 def _interleave(seq: _Sequences, warmup: int) -> Order:
@@ -88,34 +80,38 @@ def _interleave(seq: _Sequences, warmup: int) -> Order:
     is_forward[fwd_at] = True
     microbatch[fwd_at], chunk[fwd_at] = seq.forward_microbatch, seq.forward_chunk
     microbatch[bwd_at], chunk[bwd_at] = seq.backward_microbatch, seq.backward_chunk
-    return Order(is_forward, microbatch, chunk)
+    return Order(is_forward=is_forward, microbatch=microbatch, chunk=chunk)
 
 
 def stage_order(
     schedule: ScheduleName, *, stage: int, pp: int, vpp: int, m: int
 ) -> list[tuple[bool, int, int]]:
     """One stage's forwards and backwards as ``(is_forward, microbatch, chunk)``, in the order
-    it runs them: warm-up forwards (:func:`warmup_chunks`), then one forward and one backward
-    in turn, then the remaining backwards.
+    it runs them: warm-up forwards (:func:`~planner.cost.pipeline.warmup_forwards`), then one
+    forward and one backward in turn, then the remaining backwards.
 
     >>> [("F" if f else "B") + str(j) for f, j, _ in stage_order("1f1b", stage=1, pp=3,
     ...                                                           vpp=1, m=3)]
     ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
     """
     seq = _sequences(schedule, pp=pp, vpp=vpp, m=m)
-    order = _interleave(seq, warmup_chunks(schedule, stage=stage, pp=pp, vpp=vpp, m=m))
+    warmup = warmup_forwards(schedule, stage=stage, pp=pp, vpp=vpp, num_microbatches=m)
+    order = _interleave(seq, warmup)
     return list(zip(order.is_forward.tolist(), order.microbatch.tolist(), order.chunk.tolist(),
                     strict=True))  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageOps:
     """One stage's order with, per operation, the tensor it waits for and the one it
-    produces (keys as in :func:`_run`; -1: none)."""
+    produces (keys as in :func:`planner.simulate.events._run`; -1: none)."""
 
     order: Order
+    """The stage's operations in order."""
     need: np.ndarray
+    """Per operation, the key of the tensor it waits for (-1: none)."""
     made: np.ndarray
+    """Per operation, the key of the tensor it sends on (-1: none)."""
 
 
 def stage_ops(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> list[StageOps]:
@@ -125,7 +121,8 @@ def stage_ops(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> list[Stag
     n, last = pp * vpp * m, (pp * vpp - 1) * m
     ops = []
     for i in range(pp):
-        order = _interleave(seq, warmup_chunks(schedule, stage=i, pp=pp, vpp=vpp, m=m))
+        warmup = warmup_forwards(schedule, stage=i, pp=pp, vpp=vpp, num_microbatches=m)
+        order = _interleave(seq, warmup)
         fwd = order.is_forward
         key = (order.chunk * pp + i) * m + order.microbatch
         # A forward needs the previous virtual stage's activation (none for the first), a
@@ -135,5 +132,5 @@ def stage_ops(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> list[Stag
         # A forward sends its activation on (not from the last virtual stage), a backward its
         # input gradient back (not from the first).
         made = np.where(fwd, np.where(key < last, key, -1), np.where(key >= m, n + key, -1))
-        ops.append(StageOps(order, need, made))
+        ops.append(StageOps(order=order, need=need, made=made))
     return ops

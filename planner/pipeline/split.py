@@ -1,13 +1,14 @@
 """Consecutive layers into ``p`` pipeline stages on equal submeshes, vectorised.
 
 Alpa's inter-operator dynamic program (Zheng et al., OSDI'22, Sec. 5.2) with the submesh
-dimension dropped: every stage runs on the same submesh, so only the cut points are chosen. For
-a bound ``t_max`` on any stage's latency, ``S(t_max)`` is the least ``sum_i t_i`` with every
-``t_i <= t_max``; the step for ``B`` microbatches is ``sum_i t_i + (B - 1) max_i t_i`` (Alpa,
-Eq. 2), so the bounds are scanned upward from the smallest feasible one until
-``S(inf) + (B - 1) t_max`` alone reaches the best step (Alpa's early stop). As only the first
-bound of each plateau of ``S`` can win, the scan bisects from one plateau to the next. The
-general case, a submesh per stage, is :func:`planner.pipeline.stages.partition`.
+dimension dropped: every stage runs on the same submesh (as the frameworks launch them), so
+only the cut points are chosen. For a bound ``t_max`` on any stage's latency, ``S(t_max)`` is
+the least ``sum_i t_i`` with every ``t_i <= t_max``; the step for ``B`` microbatches is the
+pipeline step of :func:`planner.cost.pipeline.fill_and_drain`, ``sum_i t_i + (B - 1) max_i
+t_i`` (Alpa, Eq. 2), so the bounds are scanned upward from the smallest feasible one until
+the step of ``S(inf)`` with ``t_max`` as its maximum alone reaches the best step (Alpa's early
+stop). As only the first bound of each plateau of ``S`` can win, the scan bisects from one
+plateau to the next.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.cost.pipeline import fill_and_drain, pipeline_time
 from planner.errors import InfeasibleError, InputError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Split:
     """The cut points that minimise the step latency, and what they cost."""
 
@@ -30,7 +32,8 @@ class Split:
     latencies_s: tuple[float, ...]
     """Per-microbatch latency of each stage, first stage first."""
     step_s: float
-    """``sum(latencies_s) + (B - 1) * max(latencies_s)``."""
+    """The pipeline step of ``latencies_s`` (:func:`planner.cost.pipeline.pipeline_time`),
+    ``sum(latencies_s) + (B - 1) * max(latencies_s)``."""
     bounds_tried: int
     """Bounds ``t_max`` the dynamic program ran for, ``inf`` and the binary searches included."""
 
@@ -39,7 +42,7 @@ def split_layers(
     latency: np.ndarray, num_microbatches: int, *, max_bounds: int | None = None
 ) -> Split:
     """The cut of ``L`` layers into ``p`` stages with the least step latency
-    ``sum_i t_i + (B - 1) max_i t_i``.
+    ``sum_i t_i + (B - 1) max_i t_i`` (:func:`planner.cost.pipeline.fill_and_drain`).
 
     ``latency[i, a, b]`` is stage ``i``'s per-microbatch latency holding layers ``a .. b - 1``,
     shape ``(p, L + 1, L + 1)``, ``np.inf`` where ``a >= b`` or the stage does not fit in memory.
@@ -77,16 +80,15 @@ def split_layers(
         return dataclasses.replace(_split(costs, unbounded, num_microbatches), bounds_tried=1)
 
     candidates = np.unique(band[np.isfinite(band)])
-    # Alpa's early stop: no bound whose S(inf) + (B - 1) t_max reaches the best step can win.
-    floor_s = s_min + (num_microbatches - 1) * candidates
+    floor_s = lower_bounds_s(s_min, candidates, num_microbatches=num_microbatches)
     k, total, cuts, tried = _first_below(band, candidates, low=-1, high=len(candidates) - 1)
     best = _split(costs, cuts, num_microbatches)
     if max_bounds is not None:
-        last = int(np.searchsorted(floor_s, best.step_s)) - 1
+        last = _last_below(floor_s, best.step_s)
         spread = np.unique(np.linspace(k, max(k, last), max_bounds).round().astype(np.intp))
         for j in spread[spread > k]:
             if floor_s[j] >= best.step_s:
-                break
+                continue
             _, cuts = _least_sum(band, float(candidates[j]))
             tried += 1
             best = min(best, _split(costs, cuts, num_microbatches), key=lambda s: s.step_s)
@@ -95,7 +97,7 @@ def split_layers(
     # with a max of at least the plateau's first bound, or S would have reached that sum below
     # it. S(inf) is the last plateau; the limit is Alpa's early stop.
     while total > s_min:
-        limit = int(np.searchsorted(floor_s, best.step_s)) - 1
+        limit = _last_below(floor_s, best.step_s)
         if limit <= k:
             break
         at_limit = _least_sum(band, float(candidates[limit]))
@@ -109,11 +111,39 @@ def split_layers(
     return dataclasses.replace(best, bounds_tried=1 + tried)
 
 
+def lower_bounds_s(
+    s_min: float, candidates: np.ndarray, *, num_microbatches: int
+) -> np.ndarray:
+    """Alpa's early stop, vectorised: for each bound ``candidates[j]``, the least step a cut
+    first found at that bound can have, the pipeline step (:func:`fill_and_drain`) of the least
+    sum ``s_min = S(inf)`` with the bound as its maximum. Such a cut's maximum is the bound
+    (or ``S`` would have reached its sum at a lower one) and its sum at least ``s_min``, and
+    the step grows with the sum (in floating point too), so no bound whose floor reaches the
+    best step can win. The floors rise with the bound, but only up to rounding: callers look
+    for the last one below a step (:func:`_last_below`), not by bisection.
+
+    >>> lower_bounds_s(6.0, np.array([2.0, 3.0]), num_microbatches=4)
+    array([12., 15.])
+    """
+    return fill_and_drain(sum_s=s_min, max_s=candidates, num_microbatches=num_microbatches)[0]
+
+
+def _last_below(floor_s: np.ndarray, step_s: float) -> int:
+    """The last bound whose floor is below ``step_s`` (-1: none); for floors in ascending
+    order, ``searchsorted(floor_s, step_s) - 1``.
+
+    >>> _last_below(np.array([1.0, 2.0, 4.0]), 3.0), _last_below(np.array([1.0, 3.0, 2.0]), 2.5)
+    (1, 2)
+    """
+    below = np.flatnonzero(floor_s < step_s)
+    return int(below[-1]) if len(below) else -1
+
+
 def _split(costs: np.ndarray, cuts: tuple[int, ...], num_microbatches: int) -> Split:
     """The split at ``cuts`` with its stages' own latencies, not the bound they were found at."""
     latencies = tuple(float(costs[i, a, b]) for i, (a, b) in enumerate(itertools.pairwise(cuts)))
-    step_s = sum(latencies) + (num_microbatches - 1) * max(latencies)
-    return Split(cuts, latencies, step_s, bounds_tried=0)
+    step = pipeline_time(latencies, num_microbatches=num_microbatches)
+    return Split(bounds=cuts, latencies_s=latencies, step_s=step.total_s, bounds_tried=0)
 
 
 def _checked(latency: np.ndarray, num_microbatches: int, max_bounds: int | None) -> np.ndarray:

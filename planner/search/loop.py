@@ -25,7 +25,7 @@ from planner import cost
 from planner.cost.step import PipelineKnobs, StepCost
 from planner.errors import InfeasibleError, TimeLimitError
 from planner.graph import lowered, parameter_count
-from planner.graph.lower import ACTIVATION_BYTES, decoder_layer_kind
+from planner.graph.lower import decoder_layer_kind
 from planner.ilp.layer import Frontier, IlpOptions, LayerSolution, solve_frontier
 from planner.ilp.problem import LayerQuery
 from planner.ilp.seeds import uniform_solutions
@@ -146,9 +146,10 @@ def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOptio
     and ZeRO stage; with a pipeline, ZeRO-2 and 3 are left out, as DeepSpeed and
     Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline). Transformer
     layers whose sharding no framework can launch (:func:`launchable`) are left out too."""
-    sync = SyncContext(LogicalMesh(c.mesh), c.replicas, c.num_microbatches,
-                       ctx.training.precision, ctx.options.overlap_grad_reduce,
-                       ctx.options.overlap_param_gather)  # fmt: skip
+    sync = SyncContext(mesh=LogicalMesh(c.mesh), replicas=c.replicas,
+                       num_microbatches=c.num_microbatches, precision=ctx.training.precision,
+                       overlap_grad_reduce=ctx.options.overlap_grad_reduce,
+                       overlap_param_gather=ctx.options.overlap_param_gather)  # fmt: skip
     pins = ctx.options.pins
     options = []
     for solution in kind_solutions(ctx, kind, c.mesh, c.mesh_micro_batch_size):
@@ -183,12 +184,15 @@ def _pareto(options: list[LayerOption]) -> list[LayerOption]:
 
 
 def pipeline_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
-    """Per microbatch, one stage's sends: the activation forward and its gradient back, each
-    device sending its share (Megatron's scatter/gather), once per chunk."""
-    act = ACTIVATION_BYTES[ctx.training.precision]
-    full = c.mesh_micro_batch_size * ctx.training.seq_length * ctx.model.hidden_size * act
-    return cost.pipeline_send_s(ctx.cluster, full / (c.mesh[0] * c.mesh[1]), distance,
-                                chunks=c.vpp, stages=c.num_stages)  # fmt: skip
+    """Per microbatch, one stage's sends (:func:`planner.cost.pipeline_send_s`): the activation
+    forward and its gradient back, each device of the mesh sending its share (Megatron's
+    scatter/gather), once per chunk."""
+    hidden = cost.hidden_state_bytes(
+        micro_batch_size=c.mesh_micro_batch_size, seq_length=ctx.training.seq_length,
+        hidden_size=ctx.model.hidden_size, precision=ctx.training.precision,
+    )  # fmt: skip
+    return cost.pipeline_send_s(ctx.cluster, hidden, distance, chunks=c.vpp,
+                                stages=c.num_stages, slices=c.mesh[0] * c.mesh[1])  # fmt: skip
 
 
 def decoder_kinds(model: ModelSpec) -> list[str]:
@@ -224,8 +228,8 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
     if not all(options.values()):
         return None
     mesh = LogicalMesh(c.mesh)
-    near = PipelinePlacement(mesh, p, c.replicas, "stages-inner")
-    send = pipeline_send_s(ctx, c, near.pipeline_distance) if p > 1 else 0.0
+    near = PipelinePlacement(mesh=mesh, num_stages=p, replicas=c.replicas, order="stages-inner")
+    send = pipeline_send_s(ctx, c, near.pipeline_distance)
     device = ctx.cluster.device
     usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
     table = stage_table(
@@ -241,7 +245,7 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
             _note_least(ctx, c, least[0] + device.reserved_memory_gib * GIB)
         return None
     stages = tuple(
-        FoundStage(a + 1, b, table.choices[int(table.choice[i, a, b])])
+        FoundStage(first=a + 1, last=b, choice=table.choices[int(table.choice[i, a, b])])
         for i, (a, b) in enumerate(zip(split.bounds, split.bounds[1:], strict=False))
     )  # fmt: skip
     knobs = PipelineKnobs(
@@ -251,9 +255,10 @@ def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None
     )  # fmt: skip
     best: Found | None = None
     for order in ORDERS:
-        placement = PipelinePlacement(mesh, p, c.replicas, order)
-        send = pipeline_send_s(ctx, c, placement.pipeline_distance) if p > 1 else 0.0
-        step = compose(stages, kinds, ctx.model, ctx.cluster, knobs, placement, send)
+        placement = PipelinePlacement(mesh=mesh, num_stages=p, replicas=c.replicas, order=order)
+        send = pipeline_send_s(ctx, c, placement.pipeline_distance)
+        step = compose(stages, kinds, model=ctx.model, cluster=ctx.cluster, knobs=knobs,
+                       placement=placement, pipeline_comm_s=send)  # fmt: skip
         if sum(step.peak_memory_bytes) > usable:
             _note_least(ctx, c, sum(step.peak_memory_bytes))
             continue
@@ -376,7 +381,7 @@ def _plan(
     search_gap: float | None,
 ) -> Plan:
     c, training = best.candidate, ctx.training
-    stages = plan_stages(best.stages, kinds, best.placement, best.step)
+    stages = plan_stages(best.stages, kinds, placement=best.placement, step=best.step)
     solutions = ctx.state.solutions
     statuses = {s.report.status for s in solutions}
     gaps = [s.report.gap for s in solutions if s.report.gap is not None]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from planner import cost
 from planner.options import SolveOptions
-from planner.pipeline.stages import submesh_shapes
+from planner.pipeline.submeshes import submesh_shapes
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.space import divisors
 from planner.vocabulary import PipelineSchedule

@@ -30,7 +30,7 @@ from planner.vocabulary import ScheduleName
 Phase = Literal["forward", "backward", "recompute", "send", "sync", "optimizer"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageDurations:
     """Seconds one stage spends on ONE microbatch through all of its model chunks."""
 
@@ -64,7 +64,7 @@ class Event(NamedTuple):
         return self.end_s - self.start_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Simulation:
     """The simulated timeline of one step and what it adds up to."""
 
@@ -82,7 +82,9 @@ class Simulation:
     """Per stage: the most model chunks whose forward has started and whose backward has not
     finished, over time, divided by ``v`` (microbatches' worth of activations)."""
     num_microbatches: int
+    """Microbatches of the step."""
     virtual_stages: int
+    """Model chunks per stage (``v``)."""
 
     @property
     def num_stages(self) -> int:
@@ -130,21 +132,25 @@ def _check(stages: Sequence[StageDurations], *, m: int, schedule: ScheduleName, 
 # --------------------------------------------------------------------------- engine
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Durations:
     """One stage's seconds per operation: a chunk's forward, backward and recomputation, and
     one send of one chunk one way."""
 
     forward_s: float
+    """One chunk's forward."""
     backward_s: float
+    """One chunk's backward."""
     recompute_s: float
+    """One chunk's recomputation before its backward."""
     send_s: float
+    """One chunk's activation (or gradient) sent one way."""
 
     @classmethod
     def of(cls, d: StageDurations, vpp: int) -> _Durations:
         """Each chunk holds ``1/v`` of the stage's layers."""
-        return cls(d.forward_s / vpp, d.backward_s / vpp, d.recompute_s / vpp,
-                   d.send_s / (2 * vpp))  # fmt: skip
+        return cls(forward_s=d.forward_s / vpp, backward_s=d.backward_s / vpp,
+                   recompute_s=d.recompute_s / vpp, send_s=d.send_s / (2 * vpp))  # fmt: skip
 
 
 def _spans(ops: StageOps, d: _Durations) -> tuple[np.ndarray, np.ndarray]:

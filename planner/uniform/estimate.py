@@ -28,8 +28,7 @@ from planner.cost.step import (
     throughput,
 )
 from planner.graph import LayerIndex, lowered
-from planner.graph.lower import ACTIVATION_BYTES
-from planner.placement.ranks import rank_strides
+from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.plan.schema import MemoryBreakdown, StageTime, StepTime
 from planner.sharding.layout import LogicalMesh
@@ -118,12 +117,25 @@ class UniformStage:
     :mod:`planner.sharding.uniform`) with their rank strides, and its data-parallel copies."""
 
     layout: UniformLayout
+    """The stage's sharding: its mesh's axes and what each splits."""
     mesh: LogicalMesh
+    """The stage's mesh, with the rank strides of its axes."""
     replicas: int
     """Copies of the stage (data-parallel ranks outside its mesh)."""
     replica_stride: int
-    pipeline_distance: int
-    tensor_group: cost.CommGroup
+    """Ranks between a device and the same device of the next copy."""
+    rank_order: RankOrder
+    """How the configuration numbers its ranks (:func:`planner.placement.ranks.megatron_order`)."""
+
+    @property
+    def pipeline_distance(self) -> int:
+        """Ranks between a device and the same device of the next stage."""
+        return self.rank_order.stride("pp")
+
+    @property
+    def tensor_group(self) -> cost.CommGroup:
+        """The tensor-parallel ranks of a device."""
+        return self.rank_order.group("tp")
 
     def group(self, axes: tuple[int, ...]) -> cost.CommGroup | None:
         """The ranks holding copies of a weight replicated along the mesh ``axes`` and over
@@ -142,7 +154,8 @@ def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
     """The mesh and groups of ``resolved``'s stages, its ranks numbered in its rank order."""
     c = resolved.config
     layout = uniform_layout(tp=c.tp, cp=c.cp, ep=c.ep, sp=c.sp, ulysses=c.cp_algo == "ulysses")
-    s = rank_strides(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    ranks = megatron_order(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    s = ranks.strides()
     data, context, tensor = layout.shape
     if layout.data_ways > 1 or data == 1:  # the first axis is data-parallel ranks
         strides = (s["dp"], s["cp"], s["tp"])
@@ -152,8 +165,7 @@ def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
     row_major = (context * tensor, tensor, 1)
     mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
     return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
-                        replica_stride=s["dp"] * layout.data_ways, pipeline_distance=s["pp"],
-                        tensor_group=cost.CommGroup(size=tensor, stride=s["tp"]))  # fmt: skip
+                        replica_stride=s["dp"] * layout.data_ways, rank_order=ranks)
 
 
 def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> UniformQuery:
@@ -194,8 +206,8 @@ def estimate(
                 layers = layers + kind_costs[kind].scaled(count)
                 for axes, n in parts[kind].weight_groups():
                     params[axes] = params.get(axes, 0.0) + n * count
-            distinct[key] = StageCost(layers.with_pipeline_comm(p2p), _weights(params, stage),
-                                      zero=c.zero)  # fmt: skip
+            distinct[key] = StageCost(time=layers.with_pipeline_comm(p2p),
+                                      weights=_weights(params, stage), zero=c.zero)  # fmt: skip
         stages.append(distinct[key])
     knobs = PipelineKnobs(
         num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
@@ -251,7 +263,8 @@ def _weights(params: dict[tuple[int, ...], float], stage: UniformStage) -> tuple
     for axes, n in sorted(params.items()):
         tensor = 2 in axes
         outer = tuple(a for a in axes if a != 2)
-        weights.append(Weights(n, stage.group(outer), stage.tensor_group if tensor else None))
+        weights.append(Weights(params=n, data_parallel=stage.group(outer),
+                               also_reduced_over=stage.tensor_group if tensor else None))
     return tuple(weights)
 
 
@@ -260,23 +273,20 @@ def _tied_copy(model: ModelSpec, r: ResolvedConfig, stage: UniformStage) -> Tied
     c = r.config
     if not model.tie_word_embeddings or c.pp == 1:
         return None
-    ends = cost.CommGroup(size=2, stride=(c.pp - 1) * stage.pipeline_distance)
     return TiedCopy(params=model.vocab_size * model.hidden_size / c.tp,
-                    data_parallel=stage.group((0, 1)), sync_group=ends)  # fmt: skip
+                    data_parallel=stage.group((0, 1)),
+                    sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 
 def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, stage: UniformStage) -> float:
     """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
-    times ``vpp`` chunk boundaries. Megatron sends a 1/t slice of the hidden state and
-    all-gathers it over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
-    c = r.config
-    if c.pp == 1:
-        return 0.0
-    act = ACTIVATION_BYTES[r.training.precision]
-    full = c.mbs * r.training.seq_length * model.hidden_size * act / c.cp
-    send = cost.pipeline_send_s(cluster, full / c.tp, stage.pipeline_distance, chunks=c.vpp,
-                                stages=c.pp)  # fmt: skip
-    if c.tp > 1 and not r.sp:
-        send += 2 * c.vpp * cost.collective_time_s(cluster, "all_gather", full,
-                                                   stage.tensor_group)  # fmt: skip
-    return send
+    times ``vpp`` chunk boundaries (:func:`planner.cost.pipeline_send_s`). Each context-parallel
+    rank holds ``1/cp`` of the tokens; Megatron sends a 1/t slice of them and all-gathers it
+    over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
+    c, training = r.config, r.training
+    hidden = cost.hidden_state_bytes(micro_batch_size=c.mbs, seq_length=training.seq_length,
+                                     hidden_size=model.hidden_size,
+                                     precision=training.precision) / c.cp  # fmt: skip
+    gather = stage.tensor_group if c.tp > 1 and not r.sp else None
+    return cost.pipeline_send_s(cluster, hidden, stage.pipeline_distance, chunks=c.vpp,
+                                stages=c.pp, slices=c.tp, gather=gather)  # fmt: skip

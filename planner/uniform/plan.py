@@ -7,7 +7,7 @@ Baselines and exports use it; the search's plans have the same shape.
 
 from __future__ import annotations
 
-from planner.placement.ranks import DEFAULT_RANK_ORDER, rank_strides
+from planner.placement.ranks import DEFAULT_RANK_ORDER, megatron_order
 from planner.plan.config import ParallelConfig, resolve
 from planner.plan.invariants import check_plan
 from planner.plan.schema import (
@@ -30,17 +30,17 @@ def megatron_ranks(
     *, tp: int, cp: int, dp: int, pp: int, order: str = DEFAULT_RANK_ORDER
 ) -> list[list[list[int]]]:
     """``ranks[stage][replica]``: the ranks of each stage in each data-parallel replica, the
-    ranks of one stage listed context-major then tensor.
+    ranks of one stage listed context-major then tensor, numbered in ``order``
+    (:func:`planner.placement.ranks.megatron_order`).
 
     >>> megatron_ranks(tp=2, cp=1, dp=2, pp=2)
     [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
     >>> megatron_ranks(tp=2, cp=1, dp=2, pp=1, order="cp-ep-dp-tp-pp")
     [[[0, 2], [1, 3]]]
     """
-    s = rank_strides(order, tp=tp, cp=cp, dp=dp, pp=pp)
-    return [[[stage * s["pp"] + r * s["dp"] + c * s["cp"] + t * s["tp"]
-              for c in range(cp) for t in range(tp)]
-             for r in range(dp)] for stage in range(pp)]  # fmt: skip
+    ranks = megatron_order(order, tp=tp, cp=cp, dp=dp, pp=pp)
+    return [[ranks.ranks(at={"pp": stage, "dp": r}, over=("cp", "tp")) for r in range(dp)]
+            for stage in range(pp)]  # fmt: skip
 
 
 def uniform_plan(
