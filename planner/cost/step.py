@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from planner import cost
 from planner.cost.layer import LayerCost
-from planner.plan.schema import StageTime, StepTime
+from planner.plan.schema import Predicted, StageTime, StepTime
 from planner.spec import ClusterSpec, TrainingSpec
 from planner.vocabulary import GIB, PipelineSchedule, Precision
 
@@ -312,3 +312,19 @@ def throughput(
         hardware_tflops_per_gpu=hardware / per_device_s / 1e12,
         mfu=model / per_device_s / cluster.device.peak_flops_per_s(training.precision),
     )
+
+
+def headline(step: StepCost, rates: Throughput) -> Predicted:
+    """A priced step's headline numbers as a plan records them: every planner (the search's
+    assembly, ``estimate``) reports these through this one function."""
+    return Predicted(
+        step_time_s=step.step_s,
+        time=step.time,
+        tokens_per_s=rates.tokens_per_s,
+        model_tflops_per_gpu=rates.model_tflops_per_gpu,
+        hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
+        mfu=rates.mfu,
+        peak_memory_gib=sum(step.peak_memory_bytes) / GIB,
+        bubble_fraction=step.bubble_fraction,
+    )
+

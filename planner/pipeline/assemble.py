@@ -16,6 +16,7 @@ from planner.cost.step import (
     TiedCopy,
     Weights,
     compose_step,
+    headline,
     throughput,
 )
 from planner.ilp.layer import LayerSolution
@@ -25,7 +26,6 @@ from planner.plan.schema import MemoryBreakdown, PlanStage, Predicted, StagePara
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.strategies import EXPERTS_BY_BATCH
 from planner.spec import ModelSpec, TrainingSpec
-from planner.vocabulary import GIB
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -214,13 +214,4 @@ def predicted(
     rates = throughput(step.step_s, training, cluster,
                        forward_flops_per_sequence=forward_flops_per_sequence,
                        recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
-    return Predicted(
-        step_time_s=step.step_s,
-        time=step.time,
-        tokens_per_s=rates.tokens_per_s,
-        model_tflops_per_gpu=rates.model_tflops_per_gpu,
-        hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
-        mfu=rates.mfu,
-        peak_memory_gib=sum(step.peak_memory_bytes) / GIB,
-        bubble_fraction=step.bubble_fraction,
-    )
+    return headline(step, rates)

@@ -11,11 +11,11 @@ and the memory.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
@@ -25,59 +25,53 @@ from planner.cost.step import (
     TiedCopy,
     Weights,
     compose_step,
+    headline,
     throughput,
 )
 from planner.graph import LayerIndex, lowered
 from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
-from planner.plan.schema import MemoryBreakdown, StageTime, StepTime
+from planner.plan.schema import MemoryBreakdown, Predicted, StageTime
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.uniform import UniformLayout, UniformQuery, uniform_layout, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.vocabulary import GIB
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageEstimate:
-    """One pipeline stage: per-microbatch seconds and per-device memory (GiB)."""
+class StageEstimate(BaseModel):
+    """One pipeline stage: per-microbatch seconds and per-device memory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     time: StageTime
+    """Seconds one microbatch spends in the stage, by part and by phase."""
     memory: MemoryBreakdown
+    """The stage's peak memory per device, by what fills it."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Estimate:
-    """The priced configuration; attribute names are the ``--json`` keys."""
+class Estimate(Predicted):
+    """The priced configuration: the headline numbers a plan records (:class:`Predicted`)
+    and what only a single configuration has; attribute names are the ``--json`` keys."""
 
-    step_time_s: float
-    tokens_per_s: float
-    model_tflops_per_gpu: float
-    hardware_tflops_per_gpu: float
-    mfu: float
-    peak_memory_gib: float
     fits: bool
+    """The peak, with the memory margin, within the device's memory."""
     memory: MemoryBreakdown
-    time: StepTime
-    bubble_fraction: float
+    """Peak memory per device on the most loaded stage, by what fills it."""
     num_microbatches: int
+    """Microbatches per step and data-parallel rank."""
     dp: int
+    """Data-parallel ranks."""
     num_devices: int
+    """Devices the configuration uses."""
     stages: tuple[StageEstimate, ...] = ()
+    """Each pipeline stage's seconds and memory."""
+
+    def headline(self) -> Predicted:
+        """The headline numbers alone, as a plan records them."""
+        return Predicted(**{name: getattr(self, name) for name in Predicted.model_fields})
 
     def to_dict(self) -> dict[str, Any]:
         """The ``planner estimate --json`` object (JSON types only)."""
-        return _plain(self)  # type: ignore[no-any-return]
-
-
-def _plain(value: object) -> object:
-    """Dataclasses, pydantic models and tuples as dicts and lists."""
-    if isinstance(value, BaseModel):
-        return value.model_dump()
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
+        return self.model_dump(mode="json")
 
 
 @lru_cache(maxsize=64)
@@ -228,17 +222,10 @@ def estimate(
     )  # fmt: skip
     peak_bytes = sum(step.peak_memory_bytes)
     return Estimate(
-        step_time_s=step.step_s,
-        tokens_per_s=rates.tokens_per_s,
-        model_tflops_per_gpu=rates.model_tflops_per_gpu,
-        hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
-        mfu=rates.mfu,
-        peak_memory_gib=peak_bytes / GIB,
+        **dict(headline(step, rates)),
         fits=peak_bytes + cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
         <= cluster.device.memory_bytes,
         memory=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
-        time=step.time,
-        bubble_fraction=step.bubble_fraction,
         num_microbatches=resolved.num_microbatches,
         dp=resolved.dp,
         num_devices=resolved.num_devices,

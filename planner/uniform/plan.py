@@ -13,7 +13,6 @@ from planner.plan.invariants import check_plan
 from planner.plan.schema import (
     Plan,
     PlanStage,
-    Predicted,
     RunFlags,
     ScheduleSpec,
     SolverSummary,
@@ -107,13 +106,7 @@ def uniform_plan(
                        overlap_param_gather=c.overlap_param_gather,
                        tp_comm_overlap=c.tp_comm_overlap),
         stages=stages,
-        predicted=Predicted(
-            step_time_s=result.step_time_s, time=result.time,
-            tokens_per_s=result.tokens_per_s,
-            model_tflops_per_gpu=result.model_tflops_per_gpu,
-            hardware_tflops_per_gpu=result.hardware_tflops_per_gpu, mfu=result.mfu,
-            peak_memory_gib=result.peak_memory_gib, bubble_fraction=result.bubble_fraction,
-        ),
+        predicted=result.headline(),
         solver=SolverSummary(time_s=0.0, status="priced"),
     )
     return check_plan(plan, model, memory=False)
