@@ -11,7 +11,9 @@ configurations priced per second.
   1-8).
 
 Solve times are medians of ``--repeats`` runs on a shared, noisy machine; the step times are
-deterministic. Run from the repository root:
+deterministic. The run fails when the per-operator search is slower than either other method
+by more than 0.1 % (``tests/test_compare.py`` checks the same on every case but DeepSeek-V3,
+whose whole search it narrows to keep the suite fast). Run from the repository root:
 
     python benchmarks/compare_methods.py              # about 10 minutes on 2 cores
     python benchmarks/compare_methods.py --repeats 1 --only gpt3-175b
@@ -29,6 +31,7 @@ from pathlib import Path
 from planner.baselines import heuristic_plan
 from planner.errors import InfeasibleError
 from planner.options import SolveOptions
+from planner.plan.schema import Plan
 from planner.search.targets import solve
 from planner.spec.reading import load_cluster, load_model
 
@@ -38,6 +41,8 @@ METHODS = {
     "heuristic": heuristic_plan,
 }
 
+Row = tuple[str, Plan | None, str | None, float]
+"""A method's row: its name, plan (None when it found none), error and median wall time."""
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [
     ("GPT-3 175B", "gpt3-175b", "dgx-a100-80gb", 128),
@@ -56,12 +61,13 @@ def main() -> None:
     print("| case | devices | method | plan | step s | x best | solve s (median) "
           "| configurations | configurations/s |")
     print("|---|---|---|---|---|---|---|---|---|")
+    slower: list[str] = []
     for name, model_file, cluster_file, nodes in CASES:
         if args.only and model_file not in args.only:
             continue
         model = load_model(ROOT / "instances" / "models" / f"{model_file}.json")
         cluster = load_cluster(ROOT / "instances" / "clusters" / f"{cluster_file}.json", nodes)
-        rows = []
+        rows: list[Row] = []
         for method, run in METHODS.items():
             walls, plan, error = [], None, None
             for _ in range(args.repeats):
@@ -85,6 +91,19 @@ def main() -> None:
             print(f"| {name} | {cluster.num_devices:,} | {method} | {plan.summary()} "
                   f"| {step:.3f} | {step / best:.3f} | {wall:.2f} | {count or '-'} "
                   f"| {rate} |")  # fmt: skip
+        slower += _slower_than_per_operator(name, rows)
+    if slower:
+        sys.exit("the per-operator search lost: " + "; ".join(slower))
+
+
+def _slower_than_per_operator(name: str, rows: list[Row]) -> list[str]:
+    """Where the per-operator search's plan is slower than another method's by over 0.1 %
+    (how the runtimes reduce the norms' gradients; ``tests/test_compare.py``)."""
+    steps = {method: plan.predicted.step_time_s for method, plan, _, _ in rows if plan}
+    if "ilp" not in steps:
+        return [f"{name}: no per-operator plan"]
+    return [f"{name}: ilp {steps['ilp']:.3f} s > {method} {step:.3f} s"
+            for method, step in steps.items() if steps["ilp"] > step * 1.001]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ ZERO_STAGES: tuple[ZeroStage, ...] = (0, 1, 2, 3)
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 """A collective over a group of ranks."""
 
+DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
+"""Megatron-LM's process-group order, fastest-varying first (``--rank-order``'s default)."""
+
 Parallelism = Literal["tp", "cp", "ep", "dp", "pp"]
 """A kind of parallelism, named by its degree's flag; not a mesh axis (an axis is a dimension
 of a stage's logical device mesh, which may carry several of these)."""

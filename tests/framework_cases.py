@@ -11,7 +11,7 @@ import planner
 from planner.frameworks.base import Rule
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
-from tests.conftest import CLUSTERS, HF, MODELS
+from tests.conftest import CLUSTERS, HF, MODELS, shared
 
 H100 = CLUSTERS / "dgx-h100-80gb.json"
 
@@ -19,7 +19,7 @@ H100 = CLUSTERS / "dgx-h100-80gb.json"
 def load(name: str) -> ModelSpec:
     """A bundled model by file stem (instances/models, then the Hugging Face configs)."""
     path = MODELS / f"{name}.json"
-    return planner.load_model(path if path.exists() else HF / f"{name}.config.json")
+    return planner.load_model(path if path.exists() else shared(HF / f"{name}.config.json"))
 
 
 def nodes(devices: int) -> ClusterSpec:

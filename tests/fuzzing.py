@@ -254,6 +254,8 @@ class Property:
     name: str
     kind: str
     use: Callable[[Path], None]
+    shared: Path | None = None
+    """The folder or file of ../shared the documents come from (None: the repository's)."""
 
     def check(self, data: bytes) -> Outcome:
         """Read (and use) ``data``; "accepted" or "planner_error". Any other exception is
@@ -270,9 +272,9 @@ class Property:
 
 PROPERTIES = (
     Property("model.json -> info, estimate", "model", _model_downstream),
-    Property("HF config.json -> info, estimate", "hf", _model_downstream),
+    Property("HF config.json -> info, estimate", "hf", _model_downstream, shared=HF),
     Property("cluster.json -> estimate", "cluster", _cluster_downstream),
     Property("plan.json -> simulate, export", "plan", _plan_downstream),
-    Property("calibration runs -> validate", "runs", _runs_downstream),
+    Property("calibration runs -> validate", "runs", _runs_downstream, shared=CALIBRATION_RUNS),
 )
 """Every reader with its downstream step."""

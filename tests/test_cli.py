@@ -20,13 +20,12 @@ from typing import Any, Literal
 import pytest
 
 import planner
+from tests.conftest import HF, REPO, SHARED, needs_shared, shared
 
-REPO = Path(__file__).resolve().parents[1]
-# CI clones the repository with shared/ beside it; so is the working copy.
-SHARED = REPO.parent / "shared"
 GPT3 = "instances/models/gpt3-175b.json"
 MIXTRAL = "instances/models/mixtral-8x7b.json"
 A100 = "instances/clusters/dgx-a100-80gb.json"
+# Files of ../shared as a user types them from the repository root.
 LLAMA_405B_HF = "../shared/reference/hf/Meta-Llama-3.1-405B.config.json"
 CALIBRATION_RUNS = "../shared/validation/calibration_runs.json"
 
@@ -60,16 +59,16 @@ TIME_KEYS = {
 }
 
 
-def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """``planner ARGS`` in a fresh interpreter from the repository root (a wide terminal, so
-    that tables do not wrap)."""
+def _run(*args: str | Path, columns: int = 200) -> subprocess.CompletedProcess[str]:
+    """``planner ARGS`` in a fresh interpreter from the repository root (a terminal
+    ``columns`` wide: by default wide enough that tables do not wrap)."""
     return subprocess.run(
         [sys.executable, "-c", "from planner.cli import main; main()", *map(str, args)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": str(columns)},
         check=False,
     )
 
@@ -80,6 +79,16 @@ def _json_of(*args: str) -> Any:
     done = _run(*args)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def _shared_file(arg: str) -> Path:
+    """The file of ../shared that ``arg`` names from the repository root."""
+    return SHARED.parent / arg.removeprefix("../")
+
+
+def _needs(*args: str) -> pytest.MarkDecorator:
+    """Skip when one of ``args`` names a file of ../shared that is missing."""
+    return needs_shared(*(_shared_file(arg) for arg in args if arg.startswith("../shared/")))
 
 
 def _assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -144,7 +153,9 @@ def test_nodes_resizes_the_cluster() -> None:
     ("model", "total", "active"),
     [
         (MIXTRAL, MIXTRAL_PARAMS_TOTAL, MIXTRAL_PARAMS_ACTIVE),
-        (LLAMA_405B_HF, LLAMA_405B_PARAMS, LLAMA_405B_PARAMS),  # a HF config.json, as it is
+        # a HF config.json, as it is
+        pytest.param(LLAMA_405B_HF, LLAMA_405B_PARAMS, LLAMA_405B_PARAMS,
+                     marks=_needs(LLAMA_405B_HF)),
     ],
     ids=["mixtral-8x7b", "hf-llama-3.1-405b"],
 )
@@ -192,6 +203,7 @@ def test_schema_describes_the_bundled_files(kind: str, key: str, instances: str)
 # --------------------------------------------------------------------------- validate
 
 
+@_needs(CALIBRATION_RUNS)
 def test_validate_lists_every_published_run() -> None:
     """``validate --json`` gives one row per published run (20) with the measured and predicted
     step times and the relative error predicted / measured - 1."""
@@ -220,9 +232,7 @@ def _a100(**changes: Any) -> Json:
 
 
 def _hf_llama(**changes: Any) -> Json:
-    data: Json = json.loads(
-        (SHARED / "reference" / "hf" / "Meta-Llama-3.1-8B.config.json").read_text()
-    )
+    data: Json = json.loads(shared(HF / "Meta-Llama-3.1-8B.config.json").read_text())
     return data | changes
 
 
@@ -353,7 +363,7 @@ def _plan(**changes: Any) -> Json:
 
 
 def _runs_with_string_layers() -> str:
-    runs = json.loads((REPO / CALIBRATION_RUNS).read_text())
+    runs = json.loads(shared(_shared_file(CALIBRATION_RUNS)).read_text())
     runs[0]["model"]["layers"] = "24"
     return json.dumps(runs)
 
@@ -401,7 +411,10 @@ def test_every_command_has_a_malformed_input_case() -> None:
     assert set(MALFORMED) == {command.name for command in app.registered_commands}
 
 
-@pytest.mark.parametrize("case", MALFORMED.values(), ids=list(MALFORMED))
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=_needs(*case.args)) for case in MALFORMED.values()],
+    ids=list(MALFORMED),
+)
 def test_malformed_input_is_one_line_for_every_command(case: Malformed, tmp_path: Path) -> None:
     """Each command on a broken file (or a folder where a file belongs): exit 2, one line on
     stderr naming the file and the problem, no traceback."""

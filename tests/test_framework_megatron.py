@@ -25,10 +25,12 @@ from planner.frameworks import megatron
 from planner.frameworks.base import Profile
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from tests.conftest import HF, MODELS
+from tests.conftest import HF, MODELS, stand_in_when_missing
 from tests.framework_cases import forced, load, nodes
 
 MODEL_FILES = sorted(MODELS.glob("*.json")) + sorted(HF.glob("*.json"))
+"""The bundled models and the reference Hugging Face configs (when ../shared is there)."""
+MODEL_PARAMS = [*MODEL_FILES, *stand_in_when_missing(HF)]
 HF_SEQ = 4096
 
 
@@ -293,9 +295,11 @@ def round_trip(profile: Profile, flavor: str, path: Path, label: str) -> None:
 
 
 CASES = cases()
+CASE_PARAMS = [*(pytest.param(p, lb, id=f"{p.stem}-{lb}") for p, lb in CASES),
+               *stand_in_when_missing(HF, arity=2)]  # fmt: skip
 
 
-@pytest.mark.parametrize(("path", "label"), CASES, ids=[f"{p.stem}-{lb}" for p, lb in CASES])
+@pytest.mark.parametrize(("path", "label"), CASE_PARAMS)
 def test_launch_reads_back_as_priced(path: Path, label: str) -> None:
     """Every bundled model: degrees, split, schedule, batch, recompute, ZeRO, overlaps and the
     model's shape come back exactly from the flags."""
@@ -311,7 +315,7 @@ def uneven(model: ModelSpec) -> ResolvedConfig:
                      first_stage_layers=first, last_stage_layers=last)  # fmt: skip
 
 
-@pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", MODEL_PARAMS, ids=lambda p: p.stem)
 def test_uneven_split_reads_back(path: Path) -> None:
     """Lighter first and last stages, interleaved where they divide: Megatron's middle stages
     and chunks are the planner's."""

@@ -17,8 +17,8 @@ import planner
 from planner.frameworks import megatron, mindspeed
 from tests import test_framework_megatron as tm
 from tests.test_framework_megatron import (
-    CASES,
-    MODEL_FILES,
+    CASE_PARAMS,
+    MODEL_PARAMS,
     accepted,
     configure,
     load,
@@ -32,14 +32,14 @@ from tests.test_framework_megatron import (
 P = mindspeed.PROFILE
 
 
-@pytest.mark.parametrize(("path", "label"), CASES, ids=[f"{p.stem}-{lb}" for p, lb in CASES])
+@pytest.mark.parametrize(("path", "label"), CASE_PARAMS)
 def test_launch_reads_back_as_priced(path: Path, label: str) -> None:
     """Every bundled model: degrees, split, schedule, batch, recompute, ZeRO, overlaps and the
     model's shape come back exactly from MindSpeed's flags."""
     round_trip(P, "mindspeed", path, label)
 
 
-@pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", MODEL_PARAMS, ids=lambda p: p.stem)
 def test_uneven_split_with_interleaving_reads_back(path: Path) -> None:
     """Megatron-Core's first/last-stage flags and virtual stages per rank, which MindSpeed core
     passes through (not MindSpeed-LLM's --num-layer-list, which refuses interleaving)."""

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import needs_shared
 from tests.fuzzing import PROPERTIES, Property, damaged_text
 
 CI_CASES = 150
@@ -16,7 +17,11 @@ CI_CASES = 150
 derandomized so that CI always runs the same cases."""
 
 
-@pytest.mark.parametrize("prop", PROPERTIES, ids=lambda prop: prop.kind)
+@pytest.mark.parametrize(
+    "prop",
+    [pytest.param(p, marks=needs_shared(p.shared) if p.shared else ()) for p in PROPERTIES],
+    ids=lambda prop: prop.kind,
+)
 def test_malformed_input_is_read_or_a_planner_error(prop: Property) -> None:
     """The property is :meth:`tests.fuzzing.Property.check`: it returns for an accepted input
     or a PlannerError and raises anything else."""

@@ -10,7 +10,7 @@ from planner.diagnose.calibration import model_flops_eq, narayanan_eq3_flops
 from planner.graph import index_layers, lower
 from planner.spec import ClusterSpec, TrainingSpec
 from planner.spec.reading import load_model
-from tests.conftest import HF, MODELS
+from tests.conftest import HF, MODELS, shared
 
 TRAINING = TrainingSpec(seq_length=2048, global_batch_size=1)
 
@@ -41,7 +41,7 @@ def test_identical_layers_are_recognisable() -> None:
 
 def test_deepseek_layer_kinds() -> None:
     """DeepSeek-V3: 3 dense layers first, then 58 MoE layers (first_k_dense_replace = 3)."""
-    index = index_layers(lower(load_model(HF / "DeepSeek-V3.config.json"), TRAINING))
+    index = index_layers(lower(load_model(shared(HF / "DeepSeek-V3.config.json")), TRAINING))
     assert index.layers_by_kind["dense"] == (1, 2, 3)
     assert index.layers_by_kind["moe"] == tuple(range(4, 62))
     kinds = {op.kind for op in index.representative("moe")}
@@ -71,7 +71,7 @@ def test_full_recompute_hardware_flops_match_narayanan_eq3(a100: ClusterSpec) ->
 
 def test_gqa_and_mla_shrink_the_kv_projection() -> None:
     """Llama 3 70B's QKV projection has (64 + 2 x 8) x 128 outputs, not 3 x 8192."""
-    index = index_layers(lower(load_model(HF / "Meta-Llama-3.1-70B.config.json"), TRAINING))
+    index = index_layers(lower(load_model(shared(HF / "Meta-Llama-3.1-70B.config.json")), TRAINING))
     qkv = next(op for op in index.representative("dense") if op.name.endswith("qkv_proj"))
     assert qkv.weight is not None
     assert qkv.weight.dims == (("hidden", 8192), ("heads", (64 + 2 * 8) * 128))

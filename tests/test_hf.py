@@ -18,13 +18,7 @@ from planner.errors import InputError
 from planner.spec import ModelSpec
 from planner.spec.hf import model_from_hf_config
 from planner.spec.reading import load_model
-
-REPO = Path(__file__).resolve().parents[1]
-MODELS_DIR = REPO / "instances" / "models"
-# CI clones the repository with shared/ beside it; so is the working copy.
-SHARED = REPO.parent / "shared"
-HF_DIR = SHARED / "reference" / "hf"
-CALIBRATION_RUNS = SHARED / "validation" / "calibration_runs.json"
+from tests.conftest import CALIBRATION_RUNS, HF, MODELS, shared
 
 LLAMA_SHAPE: dict[str, Any] = {
     "kv_channels": None,
@@ -198,7 +192,7 @@ ALL_INSTANCES = sorted([*HF_INSTANCES, *NARAYANAN_INSTANCES, *OTHER_INSTANCES])
 
 
 def _reference(stem: str) -> dict[str, Any]:
-    return json.loads((HF_DIR / f"{stem}.config.json").read_text())
+    return json.loads(shared(HF / f"{stem}.config.json").read_text())
 
 
 def _translate(data: dict[str, Any]) -> ModelSpec:
@@ -227,14 +221,14 @@ def _moe_layers(spec: ModelSpec) -> list[int]:
 
 
 def test_every_reference_config_has_an_expectation() -> None:
-    files = {p.name.removesuffix(".config.json") for p in HF_DIR.glob("*.config.json")}
+    files = {p.name.removesuffix(".config.json") for p in shared(HF).glob("*.config.json")}
     assert files == set(EXPECTED)
 
 
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
 def test_reference_config_translates_to_expected_fields(stem: str) -> None:
     expected = EXPECTED[stem]
-    spec = load_model(HF_DIR / f"{stem}.config.json")
+    spec = load_model(shared(HF / f"{stem}.config.json"))
     assert _fields(spec, expected)
 
 
@@ -500,20 +494,20 @@ def test_damaged_configs_give_input_error_or_a_model(stem: str) -> None:
 
 
 def test_instance_directory_holds_exactly_the_listed_models() -> None:
-    assert sorted(p.stem for p in MODELS_DIR.glob("*.json")) == ALL_INSTANCES
+    assert sorted(p.stem for p in MODELS.glob("*.json")) == ALL_INSTANCES
 
 
 @pytest.mark.parametrize("stem", ALL_INSTANCES)
 def test_instance_loads_with_its_name_and_training(stem: str) -> None:
-    spec = load_model(MODELS_DIR / f"{stem}.json")
+    spec = load_model(MODELS / f"{stem}.json")
     assert spec.name == stem
     assert spec.training is not None
 
 
 @pytest.mark.parametrize(("stem", "reference"), sorted(HF_INSTANCES.items()))
 def test_hf_instance_matches_its_reference_config(stem: str, reference: str) -> None:
-    instance = load_model(MODELS_DIR / f"{stem}.json")
-    translated = load_model(HF_DIR / f"{reference}.config.json")
+    instance = load_model(MODELS / f"{stem}.json")
+    translated = load_model(shared(HF / f"{reference}.config.json"))
     skip = {"name", "training"}
     assert instance.model_dump(exclude=skip) == translated.model_dump(exclude=skip)
 
@@ -529,7 +523,7 @@ def test_hf_instance_matches_its_reference_config(stem: str, reference: str) -> 
     ],
 )
 def test_hf_instance_training(stem: str, seq: int, batch: int) -> None:
-    training = load_model(MODELS_DIR / f"{stem}.json").training
+    training = load_model(MODELS / f"{stem}.json").training
     assert training is not None
     assert training.model_dump() == {
         "seq_length": seq,
@@ -557,10 +551,10 @@ GPT_STYLE = {
 
 @pytest.mark.parametrize(("stem", "size"), sorted(NARAYANAN_INSTANCES.items()))
 def test_narayanan_instance_matches_calibration_record(stem: str, size: str) -> None:
-    runs = {run["id"]: run for run in json.loads(CALIBRATION_RUNS.read_text())}
+    runs = {run["id"]: run for run in json.loads(shared(CALIBRATION_RUNS).read_text())}
     run = runs[f"narayanan21_t1_{size}"]
     model = run["model"]
-    spec = load_model(MODELS_DIR / f"{stem}.json")
+    spec = load_model(MODELS / f"{stem}.json")
     assert _fields(
         spec,
         {
@@ -601,7 +595,7 @@ def test_gpt_style_instance(
     batch: int,
     precision: str,
 ) -> None:
-    spec = load_model(MODELS_DIR / f"{stem}.json")
+    spec = load_model(MODELS / f"{stem}.json")
     assert _fields(
         spec,
         {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,8 +11,9 @@ import pytest
 from planner.graph import lower, parameter_count
 from planner.spec import ModelSpec, TrainingSpec
 from planner.spec.reading import load_model
-from tests.conftest import HF, PARAM_COUNTS
+from tests.conftest import HF, PARAM_COUNTS, shared, skip_module_without
 
+skip_module_without(PARAM_COUNTS)
 RECORDS = json.loads(PARAM_COUNTS.read_text())
 # Rows whose own notes say the published table is inconsistent (heads x head_dim != hidden),
 # so no model with those numbers exists to count.
@@ -94,10 +96,10 @@ def test_narayanan_eq2_plus_final_norm(name: str) -> None:
         (HF / "DeepSeek-V3.config.json", 671e9, 37e9),
     ],
 )
-def test_hf_configs_match_published_totals(path: object, total: float, active: float) -> None:
+def test_hf_configs_match_published_totals(path: Path, total: float, active: float) -> None:
     """Counts from Hugging Face configs as they are, to the published precision (DeepSeek's
     "37B activated" is 37.55B counting the input embedding, hence 2 %)."""
-    model = load_model(path)  # type: ignore[arg-type]
+    model = load_model(shared(path))
     got_total, got_active = _count(model)
     assert got_total == pytest.approx(total, rel=0.0005)
     assert got_active == pytest.approx(active, rel=0.02 if "DeepSeek" in str(path) else 0.0005)
@@ -106,5 +108,5 @@ def test_hf_configs_match_published_totals(path: object, total: float, active: f
 def test_deepseek_exact_count_without_mtp() -> None:
     """DeepSeek-V3 without its multi-token-prediction module, router biases included:
     embedding + 3 dense + 58 MoE layers (MLA attention) + head."""
-    total, _ = _count(load_model(HF / "DeepSeek-V3.config.json"))
+    total, _ = _count(load_model(shared(HF / "DeepSeek-V3.config.json")))
     assert total == 671_026_419_200

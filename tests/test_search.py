@@ -167,9 +167,9 @@ def test_sequence_longer_than_learned_positions_is_refused() -> None:
     """GPT-2 has 1,024 learned positions: a 4,096-token run is refused before any search,
     as ``planner estimate`` refuses it."""
     from planner.errors import ConfigError
-    from tests.conftest import HF
+    from tests.conftest import HF, shared
 
     with pytest.raises(ConfigError, match=r"seq_len\(4096\) > max_position_embeddings\(1024\)"):
-        solve(planner.load_model(HF / "gpt2.config.json"),
+        solve(planner.load_model(shared(HF / "gpt2.config.json")),
               load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1),
               SolveOptions(seq_length=4096, global_batch_size=64))  # fmt: skip

@@ -26,8 +26,9 @@ from planner.errors import InputError
 from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster
 from planner.uniform.estimate import estimate
-from tests.conftest import CALIBRATION_RUNS, CLUSTERS
+from tests.conftest import CALIBRATION_RUNS, CLUSTERS, skip_module_without
 
+skip_module_without(CALIBRATION_RUNS)
 RECORDS = json.loads(CALIBRATION_RUNS.read_text())
 # Runs whose unstated inputs (microbatch size) the prediction is known to be sensitive to.
 UNSTATED_MICROBATCH = {r["id"] for r in RECORDS if r["parallel"].get("microbatch") is None}

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks.base import Launch, Profile, Rule
-from planner.placement.ranks import DEFAULT_RANK_ORDER
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
+from planner.vocabulary import DEFAULT_RANK_ORDER
 
 REPO = "NVIDIA/Megatron-LM@d98e8a64ddf3"
 """The Megatron-LM source the rules and flags were checked against."""

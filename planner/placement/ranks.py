@@ -34,6 +34,7 @@ from typing import Literal
 from planner import cost
 from planner.errors import ConfigError
 from planner.sharding.layout import LogicalMesh
+from planner.vocabulary import DEFAULT_RANK_ORDER
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +94,6 @@ class RankOrder:
 
 # --------------------------------------------------------------------------- Megatron's order
 
-DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
 """Megatron-LM's order: tensor-parallel ranks adjacent inside a node, pipeline stages outermost."""
 
 

@@ -16,7 +16,13 @@ from planner.errors import ConfigError
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
 from planner.spec.reading import fill_training
-from planner.vocabulary import ContextParallelism, PipelineSchedule, Precision, Recompute
+from planner.vocabulary import (
+    DEFAULT_RANK_ORDER,
+    ContextParallelism,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+)
 
 
 class ParallelConfig(BaseModel):
@@ -78,7 +84,7 @@ class ParallelConfig(BaseModel):
         default=False, description="Overlap tensor-parallel collectives with the adjacent GEMMs."
     )
     rank_order: str = Field(
-        default="tp-cp-ep-dp-pp",
+        default=DEFAULT_RANK_ORDER,
         description="How ranks are numbered, fastest first (Megatron's process-group order).",
     )
 

@@ -7,7 +7,7 @@ Baselines and exports use it; the search's plans have the same shape.
 
 from __future__ import annotations
 
-from planner.placement.ranks import DEFAULT_RANK_ORDER, megatron_order
+from planner.placement.ranks import megatron_order
 from planner.plan.config import ParallelConfig, resolve
 from planner.plan.invariants import check_plan
 from planner.plan.schema import (
@@ -22,7 +22,7 @@ from planner.plan.schema import (
 )
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate, estimate
-from planner.vocabulary import schedule_name
+from planner.vocabulary import DEFAULT_RANK_ORDER, schedule_name
 
 
 def megatron_ranks(

@@ -1,0 +1,203 @@
+"""The README's headline examples, re-run: each command is read out of README.md, run as a
+user runs it, and what it prints must be what the README shows.
+
+A README block that is not found fails the test (it is never skipped), so that the README and
+the planner cannot drift apart unnoticed. What the README elides is a line ``...`` (one or
+more lines); the wall times a command prints (solver and solve seconds) vary between runs and
+are the only text compared loosely. The examples that read ../shared skip without it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import shlex
+import statistics
+import subprocess
+
+import pytest
+
+from tests.conftest import CALIBRATION_RUNS, HF, REPO, needs_shared
+from tests.test_cli import _run
+
+README = (REPO / "README.md").read_text()
+WIDE = 200
+"""Terminal width of the examples the README shows without one: tables do not wrap."""
+
+
+# --------------------------------------------------------------------------- reading README.md
+
+
+def _blocks() -> list[tuple[int, str]]:
+    """Every fenced block of the README: where its body starts, and the body."""
+    return [(m.start(1), m.group(1)) for m in re.finditer(r"^```[^\n]*\n(.*?)^```", README,
+                                                           flags=re.M | re.S)]  # fmt: skip
+
+
+def _block_after(marker: str) -> str:
+    """The first fenced block after the first ``marker`` in the README."""
+    at = README.find(marker)
+    assert at >= 0, f"README.md no longer has {marker!r}"
+    body = next((body for start, body in _blocks() if start > at), None)
+    assert body is not None, f"README.md has no block after {marker!r}"
+    return body
+
+
+def _block_starting(first: str) -> str:
+    """The fenced block whose first line starts with ``first``."""
+    found = [body for _, body in _blocks() if body.startswith(first)]
+    assert len(found) == 1, f"README.md has {len(found)} blocks starting {first!r}"
+    return found[0]
+
+
+def _inline(pattern: str) -> re.Match[str]:
+    """``pattern`` in the README's prose (an inline command may wrap over lines)."""
+    found = re.search(pattern, README, flags=re.S)
+    assert found is not None, f"README.md no longer matches {pattern!r}"
+    return found
+
+
+def _shell_command(lines: list[str]) -> tuple[list[str], list[str]]:
+    """A ``$ planner ...`` command at the head of ``lines`` (continued by trailing
+    backslashes): its arguments after ``planner``, and the lines after it."""
+    assert lines[0].startswith("$ planner "), lines[0]
+    text, rest = lines[0], lines[1:]
+    while text.endswith("\\"):
+        text, rest = text[:-1] + rest[0], rest[1:]
+    return shlex.split(text.removeprefix("$ planner ")), rest
+
+
+# --------------------------------------------------------------------------- comparing output
+
+
+def _shown(readme: list[str], printed: list[str], *, masks: tuple[str, ...] = ()) -> None:
+    """``printed`` is what the README shows, line for line (trailing blanks aside), where a
+    README line ``...`` stands for one or more lines and each regex of ``masks`` marks a run
+    time: its first group is replaced by ``<s>`` on both sides."""
+
+    def masked(line: str) -> str:
+        line = line.rstrip()
+        for mask in masks:
+            if found := re.search(mask, line):
+                line = line[: found.start(1)] + "<s>" + line[found.end(1) :]
+        return line
+
+    pattern = "\n".join(r"[^\n]*(?:\n[^\n]*)*" if line == "..." else re.escape(masked(line))
+                        for line in readme)  # fmt: skip
+    text = "\n".join(masked(line) for line in printed)
+    diff = difflib.unified_diff([masked(line) for line in readme], text.split("\n"),
+                                "README.md", "printed", lineterm="")  # fmt: skip
+    if not re.fullmatch(pattern, text):
+        pytest.fail("\n".join(diff), pytrace=False)
+
+
+def _printed(done: subprocess.CompletedProcess[str]) -> list[str]:
+    assert done.returncode == 0, done.stderr
+    return done.stdout.rstrip("\n").split("\n")
+
+
+# --------------------------------------------------------------------------- the quick start
+
+
+@pytest.fixture(scope="module")
+def quickstart() -> tuple[subprocess.CompletedProcess[str], str, str]:
+    """The quick start's ``planner solve`` (about 2 s) run once, with the README's blocks of
+    its stdout and stderr."""
+    install = _block_after("## Quickstart")
+    line = next((line for line in install.splitlines() if ".venv/bin/planner solve" in line), "")
+    assert line, "README.md's quick start no longer runs planner solve"
+    args = shlex.split(line.split(".venv/bin/planner ", 1)[1])
+    columns = int(_inline(r"The first searches for.*?\(`COLUMNS=(\d+)`").group(1))
+    stdout = _block_after("The first searches for")
+    stderr = _block_after("and on stderr what the launch needs")
+    return _run(*args, columns=columns), stdout, stderr
+
+
+def test_quickstart_solve_prints_the_readme_plan(
+    quickstart: tuple[subprocess.CompletedProcess[str], str, str],
+) -> None:
+    """The plan, its prediction, time and stage tables, groups and the launch flags."""
+    done, stdout, _ = quickstart
+    _shown(stdout.splitlines(), _printed(done), masks=(r"^solver: .*?, (\d+\.\d+) s,",))
+
+
+def test_quickstart_solve_notes_are_the_readme_notes(
+    quickstart: tuple[subprocess.CompletedProcess[str], str, str],
+) -> None:
+    """The launch notes on stderr (one line each; the README wraps them)."""
+    done, _, stderr = quickstart
+    notes: list[str] = []
+    for line in stderr.splitlines():
+        if line.startswith("note: ") or line == "...":
+            notes.append(line)
+        else:
+            notes[-1] += " " + line
+    _shown(notes, done.stderr.rstrip("\n").split("\n"))
+
+
+# --------------------------------------------------------------------------- estimate
+
+
+def test_estimate_json_is_the_readme_object() -> None:
+    """``estimate --json`` on Llama 3 70B: every key and number the README shows, to the last
+    digit (the README leaves out the per-stage list)."""
+    args, rest = _shell_command(_block_after("`--json` prints one object").splitlines())
+    shown = json.loads("\n".join(rest))
+    printed = json.loads("\n".join(_printed(_run(*args))))
+    assert "stages" in printed and "stages" not in shown
+    assert {key: value for key, value in printed.items() if key != "stages"} == shown
+
+
+def test_estimate_tables_are_the_readme_tables() -> None:
+    """GPT-3 175B as Megatron-LM trained it: the summary, the step's parts and the memory."""
+    found = _inline(r"`planner (estimate [^`]*)` prints")
+    shown = _block_after(found.group(0))
+    _shown(shown.splitlines(), _printed(_run(*found.group(1).split(), columns=WIDE)))
+
+
+# --------------------------------------------------------------------------- compare, layer, info
+
+
+def test_compare_frameworks_is_the_readme_table() -> None:
+    """The frameworks compared on GPT-3 175B: every plan, step, throughput, MFU, peak memory
+    and ratio (the solve seconds are the run's)."""
+    found = _inline(r"`COLUMNS=(\d+) planner (compare [^`]*)`:")
+    shown = _block_after(found.group(0))
+    done = _run(*found.group(2).split(), columns=int(found.group(1)))
+    _shown(shown.splitlines(), _printed(done), masks=(r" (\d+\.\d\d) +(?:\d\.\d{3}|-)$",))
+
+
+def test_layer_is_the_readme_layer() -> None:
+    """The layer ILP's GPT-3 layer on a 1x8 mesh: time, memory, model size, every operator's
+    split and every resharding."""
+    args, shown = _shell_command(_block_starting("$ planner layer").splitlines())
+    done = _run(*args, columns=WIDE)
+    _shown(shown, _printed(done), masks=(r"^solver .*, (\d+\.\d+) s,",))
+
+
+@needs_shared(HF / "DeepSeek-V3.config.json")
+def test_info_is_the_readme_counts() -> None:
+    """DeepSeek-V3's parameter counts, layer kinds and graph size, as the README abridges
+    them (each ``"key": value`` it shows)."""
+    block = _block_starting("$ planner info").splitlines()
+    args = shlex.split(block[0].removeprefix("$ planner ").split("   (abridged)")[0])
+    shown = dict(re.findall(r'"(\w+)": (\{[^}]*\}|\d+)', "\n".join(block[1:])))
+    assert len(shown) == 4, shown
+    printed = json.loads(_run(*args).stdout)
+    assert {key: printed[key] for key in shown} == {k: json.loads(v) for k, v in shown.items()}
+
+
+@needs_shared(CALIBRATION_RUNS)
+def test_validate_is_the_readme_table() -> None:
+    """Predicted against measured: every published run's row, and the median and max."""
+    found = _inline(r"### Predicted against measured \(`planner ([^`]*)`\)")
+    rows = json.loads("\n".join(_printed(_run(*found.group(1).split(), "--json"))))
+    table = README[found.end() :].split("\n\n")[1].splitlines()[2:]
+    printed = [f"| {r['id']} | {r['num_devices']} | {r['config']} | {r['measured_s']:.2f} "
+               f"| {r['predicted_s']:.2f} | {100 * r['error']:+.1f} % |" for r in rows]  # fmt: skip
+    assert [line.replace("**", "") for line in table] == printed
+    errors = [abs(r["error"]) for r in rows]
+    median, most = 100 * statistics.median(errors), 100 * max(errors)
+    summary = f"median |error| {median:.1f} %, max {most:.1f} %"
+    assert f"In-sample: {summary}" in README
