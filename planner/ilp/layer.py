@@ -323,7 +323,7 @@ def read_solution(
             p, c = src.strategies[i], dst.strategies[j]
             fwd = _describe(reshard(p.output, c.inputs[at], src.output, mesh))
             bwd = _describe(reshard(c.input_grads[at], p.output_grad, src.output, mesh))
-        seconds = edge_seconds(layer, (u, v), i, j)[0]
+        seconds = edge_seconds(layer, (u, v), src=i, dst=j)[0]
         resharding.append(Resharding(src=edge.src, dst=edge.dst, forward=fwd, backward=bwd,
                                      seconds=seconds))
     recompute = next(m for m in problem.recompute_modes if values[f"recompute_{m}"])

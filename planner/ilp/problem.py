@@ -68,7 +68,7 @@ def _edge(layer: LayerGraph, edge: tuple[int, int]) -> EdgeCosts:
     for i in range(len(src.strategies)):
         row, frow = [], []
         for j in range(len(dst.strategies)):
-            both, fwd = edge_seconds(layer, edge, i, j)
+            both, fwd = edge_seconds(layer, edge, src=i, dst=j)
             row.append(round(NS * both))
             frow.append(round(NS * fwd))
         total.append(tuple(row))

@@ -140,24 +140,27 @@ def input_index(consumer: Op, tensor: Tensor) -> int | None:
     return None
 
 
-def edge_seconds(layer: LayerGraph, edge: tuple[int, int], i: int, j: int) -> tuple[float, float]:
+def edge_seconds(
+    layer: LayerGraph, edge: tuple[int, int], *, src: int, dst: int
+) -> tuple[float, float]:
     """(forward + backward, forward) seconds of the resharding on ``edge`` when its producer
-    runs strategy ``i`` and its consumer strategy ``j``: the producer's output into the
+    runs strategy ``src`` and its consumer strategy ``dst`` (indices into their nodes'
+    strategies): the producer's output into the
     consumer's input, and back, the consumer's input gradient into the producer's output
     gradient. Under ``tp_comm_overlap`` a conversion next to a matmul hides behind that
     matmul's compute of the same phase (Megatron-Core's ``--tp-comm-overlap``)."""
-    src, dst = layer.nodes[edge[0]], layer.nodes[edge[1]]
-    at = input_index(dst.ops[0], src.output)
+    producer, consumer = layer.nodes[edge[0]], layer.nodes[edge[1]]
+    at = input_index(consumer.ops[0], producer.output)
     if at is None:  # routing scores: small, moved with the tokens
         return 0.0, 0.0
-    p, c = src.strategies[i], dst.strategies[j]
+    p, c = producer.strategies[src], consumer.strategies[dst]
     mesh, ctx = layer.mesh, layer.context
-    forward = transfer_time_s(reshard(p.output, c.inputs[at], src.output, mesh), ctx.cluster,
+    forward = transfer_time_s(reshard(p.output, c.inputs[at], producer.output, mesh), ctx.cluster,
                               mesh)  # fmt: skip
-    backward = transfer_time_s(reshard(c.input_grads[at], p.output_grad, src.output, mesh),
+    backward = transfer_time_s(reshard(c.input_grads[at], p.output_grad, producer.output, mesh),
                                ctx.cluster, mesh)  # fmt: skip
     if ctx.tp_comm_overlap:
-        matmuls = [s for s, n in ((p, src), (c, dst)) if n.ops[0].kind == "linear"]
+        matmuls = [s for s, n in ((p, producer), (c, consumer)) if n.ops[0].kind == "linear"]
         forward = cost.exposed_s(forward, sum(s.forward_s for s in matmuls))
         backward = cost.exposed_s(backward, sum(s.backward_s for s in matmuls))
     return forward + backward, forward
@@ -198,7 +201,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         attention_flops += sum(op.flops for op in node.ops if op.kind == "attention")
     reshard = reshard_forward = 0.0
     for edge in layer.edges:
-        total, fwd = edge_seconds(layer, edge, chosen[edge[0]], chosen[edge[1]])
+        total, fwd = edge_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
         reshard += total
         reshard_forward += fwd
     return LayerParts(
