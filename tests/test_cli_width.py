@@ -469,6 +469,6 @@ def test_format_message_loses_no_word() -> None:
                'DeepSpeed "offload_optimizer": {"device": "cpu"} (70.5 GiB); would not fit: '
                "--pp 4 (83.9 GiB); solve for it: planner solve a.json b.json --nodes 2")
     for width in (20, 40, 80):
-        text = format_message("error:", message, width)
+        text = format_message("error:", message, width=width)
         words = [w.rstrip(",;:") for w in unwrapped(text).split() if w not in ("-", "error:")]
         assert words == [w.rstrip(",;:") for w in message.split()]

@@ -41,7 +41,7 @@ def main() -> None:
 
 def _fail(message: str) -> None:
     """``error: message`` on stderr, laid out for the terminal, and exit code 2."""
-    print(format_message("error:", message, stderr_console().width), file=sys.stderr)
+    print(format_message("error:", message, width=stderr_console().width), file=sys.stderr)
     sys.exit(2)
 
 

@@ -51,6 +51,7 @@ def stderr_console() -> Console:
     """The console on stderr (the progress bars), made as :func:`console` is."""
     return Console(stderr=True)
 
+
 ModelArg = Annotated[Path, typer.Argument(help="model.json or a Hugging Face config.json")]
 ClusterArg = Annotated[Path, typer.Argument(help="cluster.json")]
 NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Override num_nodes.")]
@@ -71,11 +72,11 @@ def render(renderables: list[RenderableType]) -> None:
 
 def note(message: str) -> None:
     """``note: message`` on stderr, wrapped at words to the terminal's width."""
-    print(format_message("note:", message, stderr_console().width), file=sys.stderr)
+    print(format_message("note:", message, width=stderr_console().width), file=sys.stderr)
 
 
 def load_inputs(
-    model: Path, cluster: Path, nodes: int | None, *, names: tuple[str, str] = ("MODEL", "CLUSTER")
+    model: Path, cluster: Path, *, nodes: int | None, names: tuple[str, str] = ("MODEL", "CLUSTER")
 ) -> tuple[ModelSpec, ClusterSpec]:
     """The model and the cluster; when either does not read, an error that says so if the two
     files look swapped or either is another kind of file (``names`` are the arguments as the

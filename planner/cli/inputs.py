@@ -99,7 +99,7 @@ def estimate_cmd(
 ) -> None:
     """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
     check_framework(framework, allow_any=False)
-    model_spec, cluster_spec = load_inputs(model, cluster, nodes)
+    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     try:
         config = ParallelConfig(
             tp=tp, pp=pp, dp=dp, cp=cp, cp_algo=cp_algo, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
@@ -179,7 +179,7 @@ def layer_cmd(
     check_options({"--mbs": mbs, "--seq-len": seq_len, "--budget-gib": budget_gib,
                    "--in-flight": in_flight, "--microbatches": microbatches,
                    "--time-limit": time_limit})  # fmt: skip
-    model_spec, cluster_spec = load_inputs(model, cluster, nodes)
+    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     query = layer_query(model_spec, kind=kind, mesh=mesh, mbs=mbs, seq_len=seq_len,
                         precision=precision, budget_gib=budget_gib, in_flight=in_flight,
                         microbatches=microbatches, flash_attention=flash_attention)  # fmt: skip

@@ -58,7 +58,7 @@ def wrap(text: str, width: int, *, first: str = "", indent: str = INDENT) -> lis
     return [line.replace("\N{NO-BREAK SPACE}", " ") for line in lines]
 
 
-def format_message(prefix: str, message: str, width: int) -> str:
+def format_message(prefix: str, message: str, *, width: int) -> str:
     """``prefix`` (``error:``, ``note:``) and ``message`` laid out for a terminal ``width``
     wide: the message's head wrapped at words, its ways out (if it lists them) one per line
     as an indented list, and a command that ends it on lines of its own."""

@@ -124,7 +124,7 @@ class Problem:
             memory_margin_gib=self.memory_margin, max_mesh_nodes=self.max_mesh_nodes,
             pins=self.pins,
         )  # fmt: skip
-        return (*load_inputs(self.model, self.cluster, self.nodes), options)
+        return (*load_inputs(self.model, self.cluster, nodes=self.nodes), options)
 
 
 @app.command("solve")
@@ -354,7 +354,7 @@ def export_cmd(
     if out is not None:
         check_target(out, inputs=(plan_file, model, cluster))
     plan = plan_from_json(read_text(plan_file), source=str(plan_file))
-    model_spec, cluster_spec = load_inputs(model, cluster, plan.cluster.num_nodes,
+    model_spec, cluster_spec = load_inputs(model, cluster, nodes=plan.cluster.num_nodes,
                                            names=("--model", "--cluster"))  # fmt: skip
     _check_inputs(plan, model_spec, cluster_spec, model=model, cluster=cluster)
     result = frameworks.launch(plan, target, model=model_spec, cluster=cluster_spec,

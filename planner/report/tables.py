@@ -331,9 +331,10 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
     head = Clauses([f"{plan.model.name} on {devices} x {plan.cluster.device}",
                     f"global batch {plan.global_batch_size} x {plan.seq_length} tokens",
                     plan.precision], style="bold")  # fmt: skip
-    one = _light(f"{label}s compared (same cost model)")
-    numbers = _light(f"{label}s compared (same cost model)")
-    plans = _light("plans")
+    # padding collapsed: at 120 columns a plan takes two lines
+    one = _light(f"{label}s compared (same cost model)", collapse_padding=True)
+    numbers = _light(f"{label}s compared (same cost model)", collapse_padding=True)
+    plans = _light("plans", collapse_padding=True)
     for table in (one, numbers, plans):
         table.add_column(label, no_wrap=True)
     one.add_column("plan", min_width=_COMPARE_MIN_PLAN)
