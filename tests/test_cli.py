@@ -1,8 +1,9 @@
 """The ``planner`` command line as a user sees it: real subprocesses, run from the repository root.
 
 What the commands print (the ``--json`` objects and their agreement with the library), and how
-they fail: every bad input gives exit code 2, exactly one line on stderr that names the file
-(or the option) and the problem, nothing on stdout, and never a traceback.
+they fail: every bad input gives exit code 2, exactly one ``error:`` message on stderr (wrapped
+at words to the terminal's width, its continuation lines indented) that names the file (or the
+option) and the problem, nothing on stdout, and never a traceback.
 """
 
 from __future__ import annotations
@@ -91,15 +92,25 @@ def _needs(*args: str) -> pytest.MarkDecorator:
     return needs_shared(*(_shared_file(arg) for arg in args if arg.startswith("../shared/")))
 
 
+def _error_text(stderr: str) -> str:
+    """The one ``error:`` message on ``stderr``, its lines joined as the library said it
+    (continuation lines are indented; a command's lines end with a backslash; a way out
+    starts with ``- ``)."""
+    lines = stderr.rstrip("\n").splitlines()
+    assert lines and lines[0].startswith("error: "), stderr
+    assert all(line.startswith("  ") for line in lines[1:]), stderr
+    return " ".join(line.strip().removesuffix(" \\") for line in lines)
+
+
 def _assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """Exit code 2, nothing on stdout, one line on stderr containing every needle."""
+    """Exit code 2, nothing on stdout, one ``error:`` message on stderr (one line, or wrapped
+    at words with its continuation lines indented) containing every needle."""
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert done.stdout == ""
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
+    text = _error_text(done.stderr)
     for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
+        assert needle in text, (needle, text)
 
 
 # --------------------------------------------------------------------------- estimate

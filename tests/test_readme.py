@@ -125,15 +125,10 @@ def test_quickstart_solve_prints_the_readme_plan(
 def test_quickstart_solve_notes_are_the_readme_notes(
     quickstart: tuple[subprocess.CompletedProcess[str], str, str],
 ) -> None:
-    """The launch notes on stderr (one line each; the README wraps them)."""
+    """The launch notes on stderr, each wrapped at words with its continuation indented, as
+    the README shows them."""
     done, _, stderr = quickstart
-    notes: list[str] = []
-    for line in stderr.splitlines():
-        if line.startswith("note: ") or line == "...":
-            notes.append(line)
-        else:
-            notes[-1] += " " + line
-    _shown(notes, done.stderr.rstrip("\n").split("\n"))
+    _shown(stderr.splitlines(), done.stderr.rstrip("\n").split("\n"))
 
 
 # --------------------------------------------------------------------------- estimate

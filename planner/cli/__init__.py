@@ -1,6 +1,8 @@
 """The ``planner`` command line: parses, calls the library, prints. Nothing else.
 
-Every :class:`~planner.errors.PlannerError` becomes one line on stderr and exit code 2.
+Every :class:`~planner.errors.PlannerError` becomes one ``error:`` message on stderr, wrapped
+at words to the terminal's width (its ways out as a list, :mod:`planner.cli.messages`), and
+exit code 2.
 """
 
 from __future__ import annotations
@@ -8,7 +10,8 @@ from __future__ import annotations
 import sys
 
 from planner.cli import inputs, plans
-from planner.cli.app import app
+from planner.cli.app import app, stderr_console
+from planner.cli.messages import format_message
 from planner.errors import PlannerError
 
 COMMANDS = (inputs, plans)
@@ -16,9 +19,9 @@ COMMANDS = (inputs, plans)
 
 
 def main() -> None:
-    """Entry point. A PlannerError is one line and exit code 2; so is a command line that
-    does not parse (click's usage errors, recognised by their interface because typer may
-    vendor its own click)."""
+    """Entry point. A PlannerError is one ``error:`` message and exit code 2; so is a command
+    line that does not parse (click's usage errors, recognised by their interface because
+    typer may vendor its own click). ``--debug``, anywhere, shows the traceback instead."""
     args = sys.argv[1:]
     debug = "--debug" in args
     try:
@@ -26,16 +29,20 @@ def main() -> None:
     except PlannerError as exc:
         if debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(exc))
     except Exception as exc:
         message = getattr(exc, "format_message", None)
         if message is None or debug:
             raise
         ctx = getattr(exc, "ctx", None)
         where = f"{ctx.command_path}: " if ctx is not None else ""
-        print(f"error: {where}{message()}", file=sys.stderr)
-        sys.exit(2)
+        _fail(f"{where}{message()}")
+
+
+def _fail(message: str) -> None:
+    """``error: message`` on stderr, laid out for the terminal, and exit code 2."""
+    print(format_message("error:", message, width=stderr_console().width), file=sys.stderr)
+    sys.exit(2)
 
 
 __all__ = ["app", "main"]

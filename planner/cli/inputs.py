@@ -18,6 +18,8 @@ from planner.cli.app import (
     NodesOpt,
     app,
     check_options,
+    load_inputs,
+    load_model_file,
     option_error,
     print_json,
     render,
@@ -30,7 +32,7 @@ from planner.frameworks import check_framework
 from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.plan.config import ParallelConfig
 from planner.report.output import check_target, write_atomic
-from planner.spec.reading import json_schema, load_cluster, load_model
+from planner.spec.reading import json_schema
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
 from planner.uniform.remedies import config_infeasible_message
@@ -97,8 +99,7 @@ def estimate_cmd(
 ) -> None:
     """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
     check_framework(framework, allow_any=False)
-    model_spec = load_model(model)
-    cluster_spec = load_cluster(cluster, nodes)
+    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     try:
         config = ParallelConfig(
             tp=tp, pp=pp, dp=dp, cp=cp, cp_algo=cp_algo, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
@@ -136,7 +137,7 @@ def info_cmd(
 ) -> None:
     """What the planner understood of a model: shape, parameters, FLOPs, operator graph."""
     check_options({"--seq-len": seq_len})
-    info = model_info(load_model(model), seq_len=seq_len)
+    info = model_info(load_model_file(model), seq_len=seq_len)
     if as_json:
         print_json(info)
     else:
@@ -178,8 +179,7 @@ def layer_cmd(
     check_options({"--mbs": mbs, "--seq-len": seq_len, "--budget-gib": budget_gib,
                    "--in-flight": in_flight, "--microbatches": microbatches,
                    "--time-limit": time_limit})  # fmt: skip
-    model_spec = load_model(model)
-    cluster_spec = load_cluster(cluster, nodes)
+    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     query = layer_query(model_spec, kind=kind, mesh=mesh, mbs=mbs, seq_len=seq_len,
                         precision=precision, budget_gib=budget_gib, in_flight=in_flight,
                         microbatches=microbatches, flash_attention=flash_attention)  # fmt: skip

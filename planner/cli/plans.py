@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from planner import frameworks, report
 from planner.cli.app import (
@@ -21,23 +19,25 @@ from planner.cli.app import (
     NodesOpt,
     app,
     console,
+    load_inputs,
+    note,
     print_json,
     render,
-    stderr,
+    stderr_console,
 )
+from planner.cli.progress import search_bars
 from planner.diagnose.compare import METHODS, Method, compare, compare_frameworks
 from planner.diagnose.compare import to_json as compare_json
 from planner.errors import InputError
 from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
-from planner.options import Pins, ProgressFn, SolveOptions
-from planner.options import Progress as SearchProgress
+from planner.options import Pins, SolveOptions
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan, input_hash
 from planner.report.output import check_folder, check_target, write_atomic
 from planner.simulate.events import simulate_plan
 from planner.spec import ClusterSpec, ModelSpec
-from planner.spec.reading import load_cluster, load_model, read_text
+from planner.spec.reading import read_text
 
 DEFAULTS = SolveOptions()
 
@@ -124,7 +124,7 @@ class Problem:
             memory_margin_gib=self.memory_margin, max_mesh_nodes=self.max_mesh_nodes,
             pins=self.pins,
         )  # fmt: skip
-        return load_model(self.model), load_cluster(self.cluster, self.nodes), options
+        return (*load_inputs(self.model, self.cluster, nodes=self.nodes), options)
 
 
 @app.command("solve")
@@ -189,7 +189,7 @@ def solve_cmd(
     if as_json:
         plan = METHODS[method](model_spec, cluster_spec, options)
     else:
-        with _search_bar() as bar:
+        with search_bars(stderr_console()) as bar:
             plan = METHODS[method](model_spec, cluster_spec, options, progress=bar(method))
     if out is not None:
         write_atomic(out, plan.to_json(), inputs=(model, cluster))
@@ -204,8 +204,8 @@ def solve_cmd(
     if export_fmt is not None:
         result = frameworks.launch(plan, export_fmt, model=model_spec, cluster=cluster_spec,
                                    paths=(str(model), str(cluster)))  # fmt: skip
-        console.rule(f"{frameworks.profile(export_fmt).title} launch configuration",
-                     align="left")  # fmt: skip
+        console().rule(f"{frameworks.profile(export_fmt).title} launch configuration",
+                       align="left")  # fmt: skip
         _print_launch(plan, result)
 
 
@@ -268,7 +268,7 @@ def compare_cmd(
     if as_json:
         results = run()
     else:
-        with _search_bar() as bar:
+        with search_bars(stderr_console()) as bar:
             results = run(progress=bar)
     if plot is not None:
         devices = cluster_spec.num_devices
@@ -313,30 +313,6 @@ def _wrote(paths: Sequence[Path]) -> None:
     print(f"wrote {names} in {', '.join(folders)}", file=sys.stderr)
 
 
-@contextmanager
-def _search_bar() -> Iterator[Callable[[str], ProgressFn]]:
-    """Transient progress bars on stderr, one per method searched, each fed by its search's
-    progress callback."""
-    bar = Progress(TextColumn("searching ({task.description})"), BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[best]}"),
-                   TextColumn("{task.fields[searching]}"), console=stderr, transient=True,
-                   # Not on a terminal (a log, a pipe) a bar only leaves a blank line behind.
-                   disable=not stderr.is_terminal)  # fmt: skip
-    with bar:
-
-        def start(method: str) -> ProgressFn:
-            task = bar.add_task(method, total=None, best="", searching="")
-
-            def update(p: SearchProgress) -> None:
-                best = f"best {p.best_step_s:.3f} s" if p.best_step_s is not None else ""
-                bar.update(task, completed=p.done, total=p.total, best=best,
-                           searching=p.searching)  # fmt: skip
-
-            return update
-
-        yield start
-
-
 def _print_launch(plan: Plan, launch: frameworks.Launch) -> None:
     """The launch text on stdout; its environment, notes and the plan's predicted step and
     memory against the device on stderr."""
@@ -347,17 +323,17 @@ def _print_launch(plan: Plan, launch: frameworks.Launch) -> None:
 def _print_notes(plan: Plan, launch: frameworks.Launch) -> None:
     """What the launch needs beside its text, and the plan's prediction, on stderr."""
     for name, value in launch.environment.items():
-        print(f"note: set {name}={value} in the launch environment", file=sys.stderr)
-    for note in launch.notes:
-        print(f"note: {note}", file=sys.stderr)
-    print(_prediction(plan), file=sys.stderr)
+        note(f"set {name}={value} in the launch environment")
+    for text in launch.notes:
+        note(text)
+    note(_prediction(plan))
 
 
 def _prediction(plan: Plan) -> str:
     """The plan's predicted step and peak memory against the device's capacity."""
     p, capacity = plan.predicted, plan.cluster.device_memory_gib
     free = capacity - p.peak_memory_gib
-    return (f"note: predicted {p.step_time_s:.3f} s per step, {p.peak_memory_gib:.1f} GiB peak "
+    return (f"predicted {p.step_time_s:.3f} s per step, {p.peak_memory_gib:.1f} GiB peak "
             f"per device of {capacity:g} GiB ({free:.1f} GiB free; margin "
             f"{plan.memory_margin_gib:.1f} GiB)")  # fmt: skip
 
@@ -371,14 +347,15 @@ def export_cmd(
     cluster: Annotated[Path, typer.Option(help="The plan's cluster.")],
     out: Annotated[Path | None, typer.Option(help="Write to this file.")] = None,
 ) -> None:
-    """The plan as a framework's launch configuration, exactly as it was priced; a plan the
-    framework cannot launch is refused with the command that solves for it."""
+    """The plan as a framework's launch configuration, exactly as it was priced.
+
+    A plan the framework cannot launch is refused with the command that solves for it."""
     target = frameworks.check_framework(fmt, option="--format", allow_any=False)
     if out is not None:
         check_target(out, inputs=(plan_file, model, cluster))
     plan = plan_from_json(read_text(plan_file), source=str(plan_file))
-    model_spec = load_model(model)
-    cluster_spec = load_cluster(cluster, plan.cluster.num_nodes)
+    model_spec, cluster_spec = load_inputs(model, cluster, nodes=plan.cluster.num_nodes,
+                                           names=("--model", "--cluster"))  # fmt: skip
     _check_inputs(plan, model_spec, cluster_spec, model=model, cluster=cluster)
     result = frameworks.launch(plan, target, model=model_spec, cluster=cluster_spec,
                                paths=(str(model), str(cluster)))  # fmt: skip

@@ -11,16 +11,50 @@ from pydantic import ValidationError
 from planner.errors import InputError, InvalidPlanError
 from planner.plan.invariants import check_plan
 from planner.plan.schema import READABLE_VERSIONS, SCHEMA_VERSION, Plan
+from planner.spec import ClusterSpec, ModelSpec
 from planner.spec import limits as lim
 from planner.spec.messages import describe_validation_error, short_repr
 from planner.spec.reading import parse_json
 
+_KINDS = {
+    kind: {name for name, f in spec.model_fields.items() if f.is_required()} - {"name"}
+    for kind, spec in (("plan", Plan), ("model", ModelSpec), ("cluster", ClusterSpec))
+}
+"""The fields each kind of file must have (besides a name)."""
+
+
+def file_kind(data: object) -> str | None:
+    """What a JSON document looks like: a ``"plan"`` (it has a ``schema_version``), a
+    ``"model"`` (a Hugging Face config has a ``model_type``) or a ``"cluster"``, else the kind
+    whose required fields it has the largest share of, at least half; None when none.
+
+    >>> file_kind({"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32})
+    'model'
+    >>> file_kind({"devices_per_node": 8, "device": {}, "num_nodes": 2})
+    'cluster'
+    """
+    if not isinstance(data, dict):
+        return None
+    if "schema_version" in data:
+        return "plan"
+    if "model_type" in data:
+        return "model"
+    share = {kind: len(fields & data.keys()) / len(fields) for kind, fields in _KINDS.items()}
+    kind = max(share, key=share.__getitem__)
+    return kind if share[kind] >= 0.5 else None
+
 
 def plan_from_json(text: str, *, source: str = "<plan>") -> Plan:
-    """Read a plan back; a wrong schema version or a malformed plan is an InputError."""
+    """Read a plan back; a file that is not a plan, a wrong schema version or a malformed plan
+    is an InputError."""
     data = parse_json(text, source=source)
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    kind = file_kind(data)
+    if kind != "plan":
+        what = f"it looks like a {kind} file" if kind else "no schema_version, stages or predicted"
+        raise InputError(f"{source}: not a plan file ({what}; `planner solve --out` and "
+                         f"`planner estimate --out` write plans)")  # fmt: skip
     version = data.get("schema_version")
     if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise InputError(f"{source}: schema_version {short_repr(version)} is not "

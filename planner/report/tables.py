@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich import box
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -16,7 +16,8 @@ from planner.diagnose.calibration import CalibrationFit, ValidationRow, describe
 from planner.diagnose.compare import MethodResult, best_step_s
 from planner.ilp import LayerSolution
 from planner.plan.config import ParallelConfig
-from planner.plan.schema import Plan, PlanStage
+from planner.plan.schema import Plan, PlanStage, Predicted
+from planner.report.width import Clauses, FirstThatFits, keep_whole, title
 from planner.simulate.events import Simulation
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
@@ -26,30 +27,42 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:5.1f} %" if whole else "-"
 
 
+def _light(heading: str, *, collapse_padding: bool = False) -> Table:
+    """A table in a light box (a rule under the header, no edges) under ``heading``."""
+    return Table(title=title(heading), title_justify="left", box=box.SIMPLE_HEAD,
+                 show_edge=False, collapse_padding=collapse_padding)  # fmt: skip
+
+
+def _rates(step: Text, p: Estimate | Predicted, *more: str) -> Clauses:
+    """The step and the rates, ``|`` between them, a line broken only between two."""
+    return Clauses([step, f"{p.tokens_per_s:,.0f} tokens/s",
+                    f"model {p.model_tflops_per_gpu:.1f} TFLOP/s/GPU (hardware "
+                    f"{p.hardware_tflops_per_gpu:.1f})", f"MFU {100 * p.mfu:.1f} %", *more],
+                   sep=" | ", tail="")  # fmt: skip
+
+
 def estimate_tables(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, result: Estimate
 ) -> list[RenderableType]:
     """A headline and the time and memory breakdowns of one estimate."""
     config = config.model_copy(update={"dp": result.dp})
-    head = Text.assemble(
-        (f"{model.name} on {result.num_devices} x {cluster.device.name}: ", "bold"),
-        describe(config),
-        f", {result.num_microbatches} microbatches\n",
-        (f"step {result.step_time_s:.3f} s", "bold"),
-        f" | {result.tokens_per_s:,.0f} tokens/s | model {result.model_tflops_per_gpu:.1f} "
-        f"TFLOP/s/GPU (hardware {result.hardware_tflops_per_gpu:.1f}) | MFU "
-        f"{100 * result.mfu:.1f} % | bubble {100 * result.bubble_fraction:.1f} %",
-    )
-    times = Table(title="time per step (critical stage)", title_justify="left")
-    times.add_column("part")
-    times.add_column("seconds", justify="right")
-    times.add_column("share", justify="right")
+    what = Text.assemble((f"{model.name} on {result.num_devices} x {cluster.device.name}: ",
+                          "bold"), describe(config))  # fmt: skip
+    head = Group(
+        Clauses([what, f"{result.num_microbatches} microbatches"]),
+        _rates(Text(f"step {result.step_time_s:.3f} s", style="bold"), result,
+               f"bubble {100 * result.bubble_fraction:.1f} %"),
+    )  # fmt: skip
+    times = Table(title=title("time per step (critical stage)"), title_justify="left")
+    times.add_column("part", no_wrap=True)
+    times.add_column("seconds", justify="right", no_wrap=True)
+    times.add_column("share", justify="right", no_wrap=True)
     for name, seconds in result.time.model_dump().items():
         times.add_row(name.removesuffix("_s").replace("_", " "), f"{seconds:.4f}",
                       _pct(seconds, result.step_time_s))  # fmt: skip
-    memory = Table(title="memory per device (most loaded stage)", title_justify="left")
-    memory.add_column("part")
-    memory.add_column("GiB", justify="right")
+    memory = Table(title=title("memory per device (most loaded stage)"), title_justify="left")
+    memory.add_column("part", no_wrap=True)
+    memory.add_column("GiB", justify="right", no_wrap=True)
     for name, gib in result.memory.model_dump().items():
         memory.add_row(name.removesuffix("_gib"), f"{gib:.2f}")
     capacity = cluster.device.memory_gib
@@ -57,55 +70,68 @@ def estimate_tables(
     memory.add_row(Text("total", style="bold"),
                    Text(f"{result.peak_memory_gib:.2f} / {capacity:g} ({verdict})",
                         style="bold" if result.fits else "bold red"))  # fmt: skip
-    return [head, times, memory]
+    return [head, keep_whole(times), keep_whole(memory)]
 
 
 def info_tables(info: dict[str, Any]) -> list[RenderableType]:
     """The model's shape, counts and layer kinds."""
-    table = Table(title=info["name"], title_justify="left", show_header=False)
-    table.add_column("field")
+    table = Table(title=title(info["name"]), title_justify="left", show_header=False)
+    table.add_column("field", no_wrap=True)
     table.add_column("value", justify="right")
     for key, value in info["architecture"].items():
-        if value is not None:
+        if isinstance(value, dict):  # a block (moe, mla): its fields, a line broken between two
+            table.add_row(key, Clauses([f"{k}={v}" for k, v in value.items()]))
+        elif value is not None:
             table.add_row(key, str(value))
     table.add_row("params_total", f"{info['params_total']:,}")
     table.add_row("params_active", f"{info['params_active']:,}")
     table.add_row("seq_length", str(info["seq_length"]))
     table.add_row("forward_flops_per_token", f"{info['forward_flops_per_token']:.4g}")
     table.add_row("training_flops_per_token", f"{info['training_flops_per_token']:.4g}")
-    table.add_row("layer_kinds", ", ".join(f"{k} x{n}" for k, n in info["layer_kinds"].items()))
+    table.add_row("layer_kinds",
+                  Clauses([f"{k} x{n}" for k, n in info["layer_kinds"].items()]))  # fmt: skip
     graph = info["graph"]
     table.add_row("operator graph", f"{graph['operators']} ops, {graph['edges']} edges")
-    return [table]
+    return [keep_whole(table)]
 
 
 def validation_tables(rows: Sequence[ValidationRow]) -> list[RenderableType]:
-    """Predicted against measured step times, with the error statistics."""
-    table = Table(title="published runs: predicted vs measured step time", title_justify="left")
-    for col, justify in (("run", "left"), ("GPUs", "right"), ("configuration", "left"),
-                         ("measured s", "right"), ("predicted s", "right"),
-                         ("error", "right"), ("memory GiB", "right")):  # fmt: skip
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    """Predicted against measured step times, with the error statistics: one table, or two
+    in a light box (what each run is; its times) when one is too wide for the console."""
+    one = Table(title=title("published runs: predicted vs measured step time"),
+                title_justify="left")  # fmt: skip
+    what = _light("published runs", collapse_padding=True)
+    times = _light("predicted vs measured step time", collapse_padding=True)
+    for table in (one, what, times):
+        table.add_column("run", no_wrap=True)
+    for table in (one, what):
+        table.add_column("GPUs", justify="right", no_wrap=True)
+        table.add_column("configuration")  # wraps between its words
+    for name in ("measured s", "predicted s", "error", "memory GiB"):
+        one.add_column(name, justify="right", no_wrap=True)
+        times.add_column(name.replace(" ", "\n"), justify="right", no_wrap=True)
     for r in rows:
         style = "red" if abs(r.error) > 0.15 else None
-        table.add_row(r.id, str(r.num_devices), r.config, f"{r.measured_s:.2f}",
-                      f"{r.predicted_s:.2f}", Text(f"{100 * r.error:+.1f} %", style=style or ""),
-                      f"{r.peak_memory_gib:.1f}")  # fmt: skip
+        numbers = (f"{r.measured_s:.2f}", f"{r.predicted_s:.2f}",
+                   Text(f"{100 * r.error:+.1f} %", style=style or ""), f"{r.peak_memory_gib:.1f}")
+        one.add_row(r.id, str(r.num_devices), r.config, *numbers)
+        what.add_row(r.id, str(r.num_devices), r.config)
+        times.add_row(r.id, *numbers)
     errors = [abs(r.error) for r in rows]
     summary = Text(
         f"{len(rows)} runs: median |error| {100 * statistics.median(errors):.1f} %, "
         f"max {100 * max(errors):.1f} %"
     )
-    return [table, summary]
+    split = Group(keep_whole(what), keep_whole(times))
+    return [FirstThatFits(keep_whole(one), split), summary]
 
 
 def calibration_tables(fit: CalibrationFit, *, written: bool) -> list[RenderableType]:
     """The fitted parameters and the runs before and after."""
     g = fit.gemm
-    head = Text(
-        f"fitted gemm efficiency: max_fraction {g.max_fraction}, half_saturation_gflop "
-        f"{g.half_saturation_gflop}" + (" (written)" if written else " (not written: --write)")
-    )
+    head = Clauses([f"fitted gemm efficiency: max_fraction {g.max_fraction}",
+                    f"half_saturation_gflop {g.half_saturation_gflop}"
+                    + (" (written)" if written else " (not written: --write)")])  # fmt: skip
     return [head, *validation_tables(fit.after)]
 
 
@@ -118,74 +144,110 @@ def layer_tables(solution: LayerSolution) -> list[RenderableType]:
         if least is not None:
             text += f"; the least memory any choice needs is {least / 2**30:.2f} GiB"
         return [Text(text, style="bold red")]
-    head = Text.assemble(
-        (f"{solution.kind} layer on a {solution.mesh[0]}x{solution.mesh[1]} mesh: ", "bold"),
-        f"{1e3 * solution.time_s:.3f} ms per microbatch (forward + backward), "
-        f"{solution.memory_bytes / 2**30:.2f} GiB, recompute {solution.recompute}, "
-        f"ZeRO-{solution.zero}\n",
-        f"solver {r.backend}: {r.status}, {r.num_variables} variables, {r.num_constraints} "
-        f"constraints, {r.wall_s:.3f} s, gap {r.gap if r.gap is not None else '-'}",
+    mesh = f"{solution.mesh[0]}x{solution.mesh[1]}"
+    head = Group(
+        Clauses([Text(f"{solution.kind} layer on a {mesh} mesh: ", style="bold").append(
+                     f"{1e3 * solution.time_s:.3f} ms per microbatch (forward + backward)"),
+                 f"{solution.memory_bytes / 2**30:.2f} GiB", f"recompute {solution.recompute}",
+                 f"ZeRO-{solution.zero}"]),
+        Clauses([f"solver {r.backend}: {r.status}", f"{r.num_variables} variables",
+                 f"{r.num_constraints} constraints", f"{r.wall_s:.3f} s",
+                 f"gap {r.gap if r.gap is not None else '-'}"]),
     )  # fmt: skip
-    ops = Table(title="strategy per operator (axis 0, axis 1)", title_justify="left")
-    for col in ("operator", "split", "output layout", "folded in"):
-        ops.add_column(col)
+    ops = Table(title=title("strategy per operator (axis 0, axis 1)"), title_justify="left")
+    for col in ("operator", "split", "output layout"):
+        ops.add_column(col, no_wrap=True)
+    ops.add_column("folded in")
     for c in solution.choices:
         ops.add_row(c.op, c.strategy, ",".join(c.output),
-                    ", ".join(f.split(".")[-1] for f in c.followers))  # fmt: skip
-    edges = Table(title="resharding", title_justify="left")
+                    Clauses([f.split(".")[-1] for f in c.followers]))  # fmt: skip
+    return [head, keep_whole(ops), _resharding(solution)]
+
+
+def _resharding(solution: LayerSolution) -> RenderableType:
+    """The reshardings between operators: a row each, or when that is too wide for the
+    console, each edge's ends and collectives stacked in two lines."""
+    edges = [e for e in solution.resharding if e.forward or e.backward]
+    wide = Table(title=title("resharding"), title_justify="left")
     for col in ("from", "to", "forward", "backward", "ms"):
-        edges.add_column(col)
-    for e in solution.resharding:
-        if e.forward or e.backward:
-            edges.add_row(e.src, e.dst, " ".join(e.forward), " ".join(e.backward),
-                          f"{1e3 * e.seconds:.3f}")  # fmt: skip
-    return [head, ops, edges]
+        wide.add_column(col, no_wrap=True)
+    stacked = Table(title=title("resharding"), title_justify="left", show_lines=True)
+    stacked.add_column("from\nto", no_wrap=True)
+    stacked.add_column("forward\nbackward")
+    stacked.add_column("ms", no_wrap=True)
+    for e in edges:
+        forward, backward, ms = " ".join(e.forward), " ".join(e.backward), f"{1e3 * e.seconds:.3f}"
+        wide.add_row(e.src, e.dst, forward, backward, ms)
+        stacked.add_row(f"{e.src}\n{e.dst}", f"{forward or '-'}\n{backward or '-'}", ms)
+    return FirstThatFits(keep_whole(wide), keep_whole(stacked))
 
 
 def plan_tables(plan: Plan) -> list[RenderableType]:
     """A plan: its one-line summary and predictions, a row per stage (runs of identical
     middle stages folded into one row), and how it was found."""
     p = plan.predicted
-    head = Text.assemble(
-        (plan.summary(), "bold"),
-        f"\n{plan.model.name} on {plan.cluster.num_nodes * plan.cluster.devices_per_node} x "
-        f"{plan.cluster.device}, global batch {plan.global_batch_size} x {plan.seq_length} "
-        f"tokens, {plan.num_microbatches} microbatches of {plan.micro_batch_size}\n",
-        (f"step {p.step_time_s:.3f} s", "bold"),
-        f" | {p.tokens_per_s:,.0f} tokens/s | model {p.model_tflops_per_gpu:.1f} TFLOP/s/GPU "
-        f"(hardware {p.hardware_tflops_per_gpu:.1f}) | MFU {100 * p.mfu:.1f} % | peak memory "
-        f"{p.peak_memory_gib:.1f} GiB | bubble {100 * p.bubble_fraction:.1f} %",
+    devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
+    head = Group(
+        _summary(plan, style="bold"),
+        Clauses([f"{plan.model.name} on {devices} x {plan.cluster.device}",
+                 f"global batch {plan.global_batch_size} x {plan.seq_length} tokens",
+                 f"{plan.num_microbatches} microbatches of {plan.micro_batch_size}"]),
+        _rates(Text(f"step {p.step_time_s:.3f} s", style="bold"), p,
+               f"peak memory {p.peak_memory_gib:.1f} GiB",
+               f"bubble {100 * p.bubble_fraction:.1f} %"),
     )  # fmt: skip
-    # a light box: eleven columns should fit a 100-column terminal
-    table = Table(title="stages: ms per microbatch, GiB per device", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)  # fmt: skip
-    for col, justify in (("stage", "right"), ("layers", "right"), ("devices", "right"),
-                         ("TP/DP/CP/EP", "right"), ("SP", "left"), ("ZeRO", "right"),
-                         ("recompute", "left"), ("compute", "right"), ("comm", "right"),
-                         ("pipeline", "right"), ("memory", "right")):  # fmt: skip
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for first, last, cells in _stage_runs(plan.stages):
-        stage = str(first.index) if first is last else f"{first.index}-{last.index}"
-        layers = f"{first.layers[0]}-{last.layers[1]}"
-        if first is not last:
-            layers += f" ({first.num_layers} each)"
-        table.add_row(stage, layers, *cells)
     s = plan.solver
-    gap = f", gap {100 * s.gap:.2g} %" if s.gap else ""
-    ilps = f", {s.ilp_count} ILPs, {s.cache_hits} reuses" if s.ilp_count else ""
-    solver = Text(f"solver: {plan.method} for {plan.framework}, {s.time_s:.2f} s, {s.status}"
-                  f"{gap}{ilps}", style="dim")  # fmt: skip
-    return [head, _time_table(plan), table, _groups(plan), solver]
+    solver = [f"solver: {plan.method} for {plan.framework}", f"{s.time_s:.2f} s", s.status]
+    if s.gap:
+        solver.append(f"gap {100 * s.gap:.2g} %")
+    if s.ilp_count:
+        solver += [f"{s.ilp_count} ILPs", f"{s.cache_hits} reuses"]
+    return [head, keep_whole(_time_table(plan)), _stage_tables(plan), _groups(plan),
+            Clauses(solver, style="dim")]  # fmt: skip
+
+
+def _summary(plan: Plan, *, style: str = "") -> Clauses:
+    """:meth:`Plan.summary`, a line broken only between its clauses (``interleaved 1F1B
+    (v=6)`` stays whole)."""
+    return Clauses(plan.summary().split(", "), style=style)
+
+
+_STAGE_LAYOUT = (("devices", "right"), ("TP/DP/CP/EP", "right"), ("SP", "left"),
+                 ("ZeRO", "right"), ("recompute", "left"))  # fmt: skip
+_STAGE_COSTS = (("compute", "right"), ("comm", "right"), ("pipeline", "right"),
+                ("memory", "right"))  # fmt: skip
+
+
+def _stage_tables(plan: Plan) -> RenderableType:
+    """A row per run of stages: one table of eleven columns, or when it is too wide for the
+    console, two (the stages' devices and parallelism; their costs)."""
+    # a light box, padding collapsed: eleven columns fit a 100-column terminal
+    one = _light("stages: ms per microbatch, GiB per device", collapse_padding=True)
+    layout = _light("stages: devices and parallelism", collapse_padding=True)
+    costs = _light("stages: ms per microbatch, GiB per device", collapse_padding=True)
+    split = len(_STAGE_LAYOUT)
+    for table, columns, part in ((one, _STAGE_LAYOUT + _STAGE_COSTS, slice(None)),
+                                 (layout, _STAGE_LAYOUT, slice(split)),
+                                 (costs, _STAGE_COSTS, slice(split, None))):  # fmt: skip
+        for col, justify in (("stage", "right"), ("layers", "right"), *columns):
+            table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        # each table folds the runs of stages that are alike in its own columns
+        for first, last, cells in _stage_runs(plan.stages, part):
+            stage = str(first.index) if first is last else f"{first.index}-{last.index}"
+            layers = f"{first.layers[0]}-{last.layers[1]}"
+            if first is not last:
+                layers += f" ({first.num_layers} each)"
+            table.add_row(stage, layers, *cells)
+    return FirstThatFits(keep_whole(one), Group(keep_whole(layout), keep_whole(costs)))
 
 
 def _time_table(plan: Plan) -> Table:
     """Where the step's seconds go on the critical stage (as ``planner estimate`` prints)."""
     step = plan.predicted.step_time_s
-    table = Table(title="time per step (critical stage)", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False)  # fmt: skip
-    table.add_column("part")
-    table.add_column("seconds", justify="right")
-    table.add_column("share", justify="right")
+    table = _light("time per step (critical stage)")
+    table.add_column("part", no_wrap=True)
+    table.add_column("seconds", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
     for name, seconds in plan.predicted.time.model_dump().items():
         if seconds > 0:
             table.add_row(name.removesuffix("_s").replace("_", " "), f"{seconds:.3f}",
@@ -214,13 +276,14 @@ def group_spans(plan: Plan) -> dict[str, tuple[int, int]]:
     return {name: v for name, v in out.items() if v[0] > 1}
 
 
-def _groups(plan: Plan) -> Text:
+def _groups(plan: Plan) -> Clauses:
     """Where the groups sit: how many nodes each spans."""
     parts = []
     for name, (ranks, nodes) in group_spans(plan).items():
         where = "in 1 node" if nodes == 1 else f"across {nodes} nodes"
         parts.append(f"{name} {ranks} ranks {where}")
-    return Text("groups: " + ("; ".join(parts) if parts else "one device"))
+    parts = parts or ["one device"]
+    return Clauses([f"groups: {parts[0]}", *parts[1:]], sep="; ")
 
 
 def _stage_cells(stage: PlanStage) -> tuple[str, ...]:
@@ -233,12 +296,13 @@ def _stage_cells(stage: PlanStage) -> tuple[str, ...]:
 
 
 def _stage_runs(
-    stages: Sequence[PlanStage],
+    stages: Sequence[PlanStage], columns: slice = slice(None)
 ) -> list[tuple[PlanStage, PlanStage, tuple[str, ...]]]:
-    """Consecutive stages that print alike and hold as many layers, as (first, last, row)."""
+    """Consecutive stages that print alike in ``columns`` of :func:`_stage_cells` and hold as
+    many layers, as (first, last, row)."""
     runs: list[tuple[PlanStage, PlanStage, tuple[str, ...]]] = []
     for stage in stages:
-        cells = _stage_cells(stage)
+        cells = _stage_cells(stage)[columns]
         if runs and runs[-1][2] == cells and runs[-1][0].num_layers == stage.num_layers:
             runs[-1] = (runs[-1][0], stage, cells)
         else:
@@ -246,9 +310,15 @@ def _stage_runs(
     return runs
 
 
+_COMPARE_MIN_PLAN = 36
+"""The plan column of ``compare``'s one table keeps this many cells at least (a summary in
+two or three lines); narrower, the plans go under the numbers."""
+
+
 def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
     """One row per method: its plan in one line, the predicted step and rates, peak memory,
-    the time it took to find, and its step relative to the best."""
+    the time it took to find, and its step relative to the best. When that is too wide for
+    the console, the numbers in one table and the plans in another."""
     best = best_step_s(results)
     plan = next(r.plan for r in results if r.plan is not None)
     label = results[0].label
@@ -257,27 +327,36 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
                       if r.method == "any" and r.plan is not None), None)  # fmt: skip
     against = "x any" if label == "framework" and yardstick is not None else "x best"
     best = yardstick if against == "x any" else best
-    head = Text(f"{plan.model.name} on {plan.cluster.num_nodes * plan.cluster.devices_per_node} "
-                f"x {plan.cluster.device}, global batch {plan.global_batch_size} x "
-                f"{plan.seq_length} tokens, {plan.precision}", style="bold")  # fmt: skip
-    table = Table(title=f"{label}s compared (same cost model)", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False)  # fmt: skip
-    for col, justify in ((label, "left"), ("plan", "left"), ("step s", "right"),
-                         ("tokens/s", "right"), ("MFU", "right"), ("peak GiB", "right"),
-                         ("solve s", "right"), (against, "right")):  # fmt: skip
-        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
+    head = Clauses([f"{plan.model.name} on {devices} x {plan.cluster.device}",
+                    f"global batch {plan.global_batch_size} x {plan.seq_length} tokens",
+                    plan.precision], style="bold")  # fmt: skip
+    # padding collapsed: at 120 columns a plan takes two lines
+    one = _light(f"{label}s compared (same cost model)", collapse_padding=True)
+    numbers = _light(f"{label}s compared (same cost model)", collapse_padding=True)
+    plans = _light("plans", collapse_padding=True)
+    for table in (one, numbers, plans):
+        table.add_column(label, no_wrap=True)
+    one.add_column("plan", min_width=_COMPARE_MIN_PLAN)
+    plans.add_column("plan")
+    for col in ("step s", "tokens/s", "MFU", "peak GiB", "solve s", against):
+        for table in (one, numbers):
+            table.add_column(col, justify="right", no_wrap=True)
     for r in results:
         if r.plan is None:
-            table.add_row(r.method, Text(f"no plan: {r.error}", style="red"), "-", "-", "-",
-                          "-", f"{r.solve_time_s:.2f}", "-")  # fmt: skip
-            continue
-        p = r.plan.predicted
-        ratio = p.step_time_s / best
-        table.add_row(r.method, r.plan.summary(), f"{p.step_time_s:.3f}",
-                      f"{p.tokens_per_s:,.0f}", f"{100 * p.mfu:.1f} %",
-                      f"{p.peak_memory_gib:.1f}", f"{r.solve_time_s:.2f}",
-                      Text(f"{ratio:.3f}", style="bold green" if ratio == 1 else ""))  # fmt: skip
-    return [head, table]
+            summary: RenderableType = Text(f"no plan: {r.error}", style="red")
+            cells = ("-", "-", "-", "-", f"{r.solve_time_s:.2f}", "-")
+        else:
+            p = r.plan.predicted
+            ratio = p.step_time_s / best
+            summary = _summary(r.plan)
+            cells = (f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{100 * p.mfu:.1f} %",
+                     f"{p.peak_memory_gib:.1f}", f"{r.solve_time_s:.2f}",
+                     Text(f"{ratio:.3f}", style="bold green" if ratio == 1 else ""))  # fmt: skip
+        one.add_row(r.method, summary, *cells)
+        numbers.add_row(r.method, *cells)
+        plans.add_row(r.method, summary)
+    return [head, FirstThatFits(keep_whole(one), Group(keep_whole(numbers), keep_whole(plans)))]
 
 
 def simulation_json(plan: Plan, sim: Simulation) -> dict[str, object]:
@@ -310,18 +389,19 @@ def simulation_tables(plan: Plan, sim: Simulation) -> list[RenderableType]:
     """The simulated step against the plan's prediction, and a row per stage."""
     data = simulation_json(plan, sim)
     predicted = plan.predicted.step_time_s
-    head = Text.assemble(
-        (plan.summary(), "bold"),
-        f"\nsimulated step {sim.step_s:.3f} s, predicted {predicted:.3f} s "
-        f"({100 * (sim.step_s / predicted - 1):+.2f} %); bubble simulated "
-        f"{100 * sim.bubble_fraction:.1f} %, predicted {100 * plan.predicted.bubble_fraction:.1f} "
-        f"%; {len(sim.events):,} operations",
+    head = Group(
+        _summary(plan, style="bold"),
+        Clauses([f"simulated step {sim.step_s:.3f} s, predicted {predicted:.3f} s "
+                 f"({100 * (sim.step_s / predicted - 1):+.2f} %)",
+                 f"bubble simulated {100 * sim.bubble_fraction:.1f} %, predicted "
+                 f"{100 * plan.predicted.bubble_fraction:.1f} %",
+                 f"{len(sim.events):,} operations"], sep="; "),
     )  # fmt: skip
-    table = Table(title="stages", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    table = _light("stages")
     for col in ("stage", "busy s", "idle s", "in flight (simulated)", "in flight (closed form)"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for row in data["stages"]:  # type: ignore[attr-defined]
         cells = (row["busy_s"], row["idle_s"], row["peak_in_flight"], row["closed_form_in_flight"])
         table.add_row(str(row["stage"]), *(f"{x:.3f}" for x in cells[:2]),
                       *(f"{x:g}" for x in cells[2:]))  # fmt: skip
-    return [head, table]
+    return [head, keep_whole(table)]

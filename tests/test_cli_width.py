@@ -1,0 +1,474 @@
+"""Every command read at 80 and at 120 columns: no line longer than the terminal, no value cut
+(no ``…``), every number and word whole; the search's progress bar with its best step and its
+eta; errors wrapped at words with their ways out as a list; swapped inputs and files that are
+not plans named as such.
+
+The commands run in-process through typer's ``CliRunner`` (its isolation: stdout and stderr
+captured, ``COLUMNS`` set) and :func:`planner.cli.main` (which turns errors into messages).
+JSON output (``--json``, ``schema``) and a framework's launch text are data to save or paste,
+printed verbatim at any width.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from rich.cells import cell_len
+from rich.console import Console
+from typer.testing import CliRunner
+
+from planner.cli import main
+from planner.cli.messages import format_message, split_ways_out
+from planner.cli.progress import SearchBars
+from planner.errors import InputError
+from planner.options import Pins, SolveOptions, training_of
+from planner.plan.config import ParallelConfig
+from planner.plan.files import plan_from_json
+from planner.plan.schema import Plan
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform import remedies
+from tests.conftest import CALIBRATION_RUNS, REPO
+
+WIDTHS = (80, 120)
+LLAMA = "instances/models/llama3-8b.json"
+LLAMA_70B = "instances/models/llama3-70b.json"
+MIXTRAL = "instances/models/mixtral-8x7b.json"
+GPT3 = "instances/models/gpt3-175b.json"
+H100 = "instances/clusters/dgx-h100-80gb.json"
+A100 = "instances/clusters/dgx-a100-80gb.json"
+FRAMEWORKS = ("megatron", "mindspeed", "deepspeed", "colossalai", "torchtitan")
+# Pinned to an interleaved pipeline with context parallelism: a summary with CP2 and
+# "interleaved 1F1B (v=2)", and one framework (DeepSpeed) without a plan.
+INTERLEAVED = ("--nodes", "1", "--pp", "2", "--vpp", "2")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One command's exit code and what it printed."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+def planner(width: int, *args: str | Path) -> Run:
+    """``planner ARGS`` in a terminal ``width`` columns wide, from the repository root."""
+    runner = CliRunner()
+    argv = ["planner", *map(str, args)]
+    with runner.isolation(env={"COLUMNS": str(width)}) as (out, err, _), \
+            mock.patch.object(sys, "argv", argv):  # fmt: skip
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return Run(code, out.getvalue().decode(), err.getvalue().decode())
+
+
+@pytest.fixture(autouse=True)
+def _from_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+def assert_fits(text: str, width: int) -> None:
+    """No line wider than the terminal and nothing cut with an ellipsis."""
+    for line in text.splitlines():
+        assert cell_len(line) <= width, f"{cell_len(line)} > {width}: {line!r}\n{text}"
+    assert "…" not in text, text
+
+
+def assert_whole(text: str, *values: str) -> None:
+    """Each value on one line of ``text``, unbroken."""
+    lines = text.splitlines()
+    for value in values:
+        assert any(value in line for line in lines), f"{value!r} not whole in\n{text}"
+
+
+def unwrapped(text: str) -> str:
+    """The lines of a message joined into one (to find what a wrap broke between lines)."""
+    return " ".join(line.strip().removesuffix(" \\") for line in text.splitlines())
+
+
+def plan_values(plan: Plan) -> list[str]:
+    """What a plan's tables must show whole: the summary's clauses (the degrees, the
+    schedule), the step time, each stage's degrees and memory."""
+    values = [*plan.summary().split(", "), f"step {plan.predicted.step_time_s:.3f} s"]
+    for stage in plan.stages:
+        q = stage.parallel
+        values += [f"{q.tp}/{q.dp}/{q.cp}/{q.ep}", f"{stage.memory.total_gib:.1f}"]
+    return values
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A plan with tensor, context and expert parallelism on an interleaved pipeline."""
+    out = tmp_path_factory.mktemp("width") / "plan.json"
+    done = planner(200, "estimate", MIXTRAL, H100, "--nodes", "2", "--tp", "2", "--cp", "2",
+                   "--ep", "2", "--pp", "2", "--vpp", "2", "--sp", "--zero", "1",
+                   "--recompute", "full", "--global-batch", "64", "--out", out)  # fmt: skip
+    assert done.code == 0, done.stderr
+    yield out
+
+
+# --------------------------------------------------------------------------- tables
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_solve(width: int, tmp_path: Path) -> None:
+    """The plan's summary, its step, each stage's degrees; the Megatron launch after it."""
+    out = tmp_path / "plan.json"
+    done = planner(width, "solve", MIXTRAL, H100, "--nodes", "2", "--out", out,
+                   "--export", "megatron")  # fmt: skip
+    assert done.code == 0, done.stderr
+    plan = plan_from_json(out.read_text())
+    assert plan.summary().startswith("TP2 x PP1 x DP8 x EP4")  # the instance still has EP
+    assert_fits(done.stdout + done.stderr, width)
+    assert_whole(done.stdout, *plan_values(plan), "TP/DP/CP/EP", "--expert-model-parallel-size 4")
+    assert_whole(unwrapped(done.stderr), f"predicted {plan.predicted.step_time_s:.3f} s per step")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_compare_methods(width: int) -> None:
+    """Each method's name, plan and step, ``interleaved 1F1B`` unbroken."""
+    done = planner(width, "compare", LLAMA, H100, *INTERLEAVED)
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, "ilp", "heuristic", "grid", "TP1 x PP2 x DP2 x CP2",
+                 "interleaved 1F1B (v=2)", "x best")  # fmt: skip
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_compare_frameworks(width: int) -> None:
+    """Each framework's name and plan, and the reason of the one without a plan."""
+    done = planner(width, "compare", LLAMA, H100, *INTERLEAVED, "--frameworks",
+                   ",".join(FRAMEWORKS))  # fmt: skip
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, *FRAMEWORKS, "TP1 x PP2 x DP2 x CP2", "interleaved 1F1B (v=2)",
+                 "distributed optimizer", "no plan: DeepSpeed launches no configuration")
+    printed = json.loads(planner(200, "compare", LLAMA, H100, *INTERLEAVED, "--frameworks",
+                                 ",".join(FRAMEWORKS), "--json").stdout)  # fmt: skip
+    assert_whole(done.stdout, *(f"{row['step_time_s']:.3f}" for row in printed if row["plan"]))
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_estimate(width: int) -> None:
+    """The configuration, the step, every part of the time and of the memory."""
+    done = planner(width, "estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--recompute",
+                   "full", "--no-flash-attention", "--precision", "fp16")  # fmt: skip
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    result = json.loads(planner(200, "estimate", GPT3, A100, "--tp", "8", "--pp", "16",
+                                "--recompute", "full", "--no-flash-attention", "--precision",
+                                "fp16", "--json").stdout)  # fmt: skip
+    assert_whole(done.stdout, "TP8 PP16 DP8 mbs1 full-recompute",
+                 f"step {result['step_time_s']:.3f} s", f"MFU {100 * result['mfu']:.1f} %",
+                 "memory per device (most loaded stage)", "data parallel comm exposed",
+                 *(f"{s:.4f}" for s in result["time"].values()),
+                 f"{result['peak_memory_gib']:.2f} / 80 (fits)")  # fmt: skip
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_simulate(width: int, plan_file: Path) -> None:
+    """The plan's summary (TP, CP, EP, the interleaving), the simulated and predicted step."""
+    done = planner(width, "simulate", plan_file)
+    assert done.code == 0, done.stderr
+    plan = plan_from_json(plan_file.read_text())
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, *plan.summary().split(", "), "CP2", "EP2",
+                 f"predicted {plan.predicted.step_time_s:.3f} s", "in flight (closed form)")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_export(width: int, plan_file: Path) -> None:
+    """Megatron's flags on stdout as they are; the notes on stderr wrapped at words."""
+    done = planner(width, "export", plan_file, "--format", "megatron", "--model", MIXTRAL,
+                   "--cluster", H100)  # fmt: skip
+    assert done.code == 0, done.stderr
+    plan = plan_from_json(plan_file.read_text())
+    assert_fits(done.stdout + done.stderr, width)
+    assert_whole(done.stdout, "--context-parallel-size 2", "--expert-model-parallel-size 2",
+                 "--num-virtual-stages-per-pipeline-rank 2")  # fmt: skip
+    assert all(line.startswith(("note: ", "  ")) for line in done.stderr.splitlines())
+    assert_whole(unwrapped(done.stderr), f"predicted {plan.predicted.step_time_s:.3f} s")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("model", [GPT3, MIXTRAL])
+def test_info(width: int, model: str) -> None:
+    """Every field and count; a block (the experts) split between its fields only."""
+    done = planner(width, "info", model)
+    assert done.code == 0, done.stderr
+    info = json.loads(planner(200, "info", model, "--json").stdout)
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, f"{info['params_total']:,}", "training_flops_per_token",
+                 *(f"{k}={v}" for k, v in (info["architecture"].get("moe") or {}).items()))
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_layer(width: int) -> None:
+    """Each operator and each resharding's collectives, whole."""
+    done = planner(width, "layer", GPT3, A100, "--mesh", "1x8")
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, "layer1.post_attention_norm", "reduce_scatter@axis1",
+                 "all_gather@axis1", "16.182 ms per microbatch (forward + backward)")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_validate(width: int) -> None:
+    """Every run's id, configuration and times."""
+    done = planner(width, "validate", str(CALIBRATION_RUNS))
+    assert done.code == 0, done.stderr
+    rows = json.loads(planner(200, "validate", str(CALIBRATION_RUNS), "--json").stdout)
+    assert_fits(done.stdout, width)
+    for row in rows:
+        assert_whole(done.stdout, row["id"], f"{row['measured_s']:.2f}",
+                     f"{row['predicted_s']:.2f}", f"{100 * row['error']:+.1f} %")  # fmt: skip
+        assert_whole(done.stdout, *row["config"].split())
+
+
+@pytest.fixture(scope="module")
+def fit_once() -> Iterator[None]:
+    """``calibrate``'s fit (10-20 s) computed once for both widths."""
+    from planner.cli import inputs
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(inputs, "calibrate_file", functools.cache(inputs.calibrate_file))
+        yield
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.usefixtures("fit_once")
+def test_calibrate(width: int) -> None:
+    """The fitted parameters and the runs' table (not written)."""
+    done = planner(width, "calibrate", str(CALIBRATION_RUNS), A100, "--gpu", "A100")
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, "(not written: --write)", "megatron_readme2021_gpt3_175b_1024gpu")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_help(width: int) -> None:
+    """The commands and ``--debug`` in the top-level help."""
+    done = planner(width, "--help")
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, "--debug", "traceback", *("solve", "compare", "export"))
+
+
+def test_schema_is_json_at_any_width() -> None:
+    """The schema is data: the same JSON at any width."""
+    narrow, wide = planner(80, "schema", "model"), planner(120, "schema", "model")
+    assert narrow.stdout == wide.stdout
+    assert json.loads(narrow.stdout)["title"] == "ModelSpec"
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_progress_shows_the_best_step_and_the_eta() -> None:
+    """At 80 columns the bar keeps the method, done of total, elapsed, eta and best step whole
+    on one line, and the candidate it is searching under it."""
+    console = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    bars = SearchBars(console)
+    clock = iter(float(t) for t in range(1000))  # a second a reading: a pace, hence an eta
+    bars.get_time = lambda: next(clock)  # type: ignore[method-assign]
+    searching = "PP16 of 1x8 meshes, 8 pipeline replicas, microbatch of 1 sequence, v=3"
+    task = bars.add_task("colossalai", total=None, best="", searching="")
+    for done in (100, 200, 300):
+        bars.update(task, completed=done, total=642, best="best 123.456 s", searching=searching)
+    with console.capture() as captured:
+        console.print(bars.get_renderable())
+    text = captured.get()
+    assert_fits(text, 80)
+    first, second = text.splitlines()
+    assert first.startswith("searching (colossalai) ")
+    assert re.search(r" 300/642 0:00:\d\d eta 0:00:\d\d best 123\.456 s$", first), first
+    assert second.strip() == searching
+
+
+def test_progress_before_a_best_and_a_pace() -> None:
+    """Before the first candidate: an unknown eta and no best step yet."""
+    console = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    bars = SearchBars(console)
+    bars.add_task("ilp", total=None, best="best -", searching="")
+    with console.capture() as captured:
+        console.print(bars.get_renderable())
+    assert captured.get().rstrip().endswith("eta ? best -")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_infeasible_solve_lists_the_ways_out(width: int) -> None:
+    """Nothing fits: the head wrapped at words, each way out an item of the list."""
+    done = planner(width, "solve", LLAMA_70B, A100, "--nodes", "1")
+    assert done.code == 2 and done.stdout == ""
+    assert_fits(done.stderr, width)
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("error: no uniform configuration fits llama3-70b")
+    items = [line for line in lines if line.startswith("  - ")]
+    assert len(items) == 3
+    for item, start in zip(items, ("add nodes: on 4 nodes", "optimizer offload to the CPU",
+                                   "a shorter sequence"), strict=True):  # fmt: skip
+        assert item.startswith(f"  - {start}"), item
+    assert all(line.startswith("    ") for line in lines[lines.index(items[0]) + 1 :]
+               if not line.startswith("  - "))  # fmt: skip
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_estimate_that_does_not_fit_lists_the_remedies(width: int) -> None:
+    """A configuration over memory: what would fit and what would not, a remedy a line."""
+    done = planner(width, "estimate", LLAMA_70B, H100, "--nodes", "4", "--tp", "8", "--pp",
+                   "2", "--sp", "--mbs", "2", "--global-batch", "256")  # fmt: skip
+    assert done.code == 2
+    assert_fits(done.stderr, width)
+    lines = done.stderr.splitlines()
+    assert "  would fit:" in lines and "  would not fit:" in lines
+    fits = lines[lines.index("  would fit:") + 1 : lines.index("  would not fit:")]
+    assert [line for line in fits if line.startswith("    - ")] == [
+        next(line for line in fits if line.startswith("    - --mbs 1 --recompute full --zero 1")),
+        next(line for line in fits if line.startswith('    - DeepSpeed "offload_optimizer"')),
+    ]
+    assert "    - --recompute full (81.0 GiB)" in lines
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_command_in_an_error_is_pasteable(width: int, plan_file: Path) -> None:
+    """The command that solves for a framework: on lines of its own, continued with a
+    backslash, each option with its value."""
+    done = planner(width, "export", plan_file, "--format", "deepspeed", "--model", MIXTRAL,
+                   "--cluster", H100)  # fmt: skip
+    assert done.code == 2
+    assert_fits(done.stderr, width)
+    lines = done.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("planner solve"))
+    command = " ".join(line.strip().removesuffix(" \\") for line in lines[start:])
+    assert command == (f"planner solve {MIXTRAL} {H100} --nodes 2 --global-batch 64 --seq-len "
+                       "4096 --precision bf16 --framework deepspeed")  # fmt: skip
+    assert all(line.endswith(" \\") for line in lines[start:-1])
+
+
+@pytest.mark.parametrize("command", ["solve", "compare", "estimate", "layer"])
+def test_swapped_model_and_cluster(command: str) -> None:
+    """CLUSTER MODEL instead of MODEL CLUSTER: one error that says they look swapped."""
+    done = planner(200, command, H100, LLAMA, "--nodes", "1")
+    assert done.code == 2
+    assert done.stderr == (f"error: MODEL and CLUSTER look swapped: {H100} is a cluster file and "
+                           f"{LLAMA} a model file\n")  # fmt: skip
+
+
+def test_swapped_export_options(plan_file: Path) -> None:
+    done = planner(200, "export", plan_file, "--format", "megatron", "--model", H100,
+                   "--cluster", MIXTRAL)  # fmt: skip
+    assert done.code == 2
+    assert done.stderr.startswith("error: --model and --cluster look swapped: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("solve", H100, H100), f"{H100}: a cluster file, not a model file"),
+        (("estimate", LLAMA, LLAMA), f"{LLAMA}: a model file, not a cluster file"),
+        (("info", H100), f"{H100}: a cluster file, not a model file"),
+    ],
+)
+def test_a_file_of_another_kind(args: tuple[str, ...], message: str) -> None:
+    done = planner(200, *args)
+    assert (done.code, done.stderr) == (2, f"error: {message}\n")
+
+
+@pytest.mark.parametrize("command", ["simulate", "export"])
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [(LLAMA, "it looks like a model file"), (H100, "it looks like a cluster file"),
+     ("{other}", "no schema_version, stages or predicted")],
+)  # fmt: skip
+def test_not_a_plan_file(command: str, path: str, kind: str, tmp_path: Path) -> None:
+    """A model, a cluster or any other JSON object where a plan belongs."""
+    other = tmp_path / "other.json"
+    other.write_text('{"runs": []}')
+    path = path.replace("{other}", str(other))
+    extra = ("--format", "megatron", "--model", LLAMA, "--cluster", H100) * (command == "export")
+    done = planner(200, command, path, *extra)
+    assert done.code == 2
+    expected = (f"error: {path}: not a plan file ({kind}; `planner solve --out` and `planner "
+                "estimate --out` write plans)")  # fmt: skip
+    assert unwrapped(done.stderr) == expected
+
+
+def test_plan_from_json_names_what_the_file_is() -> None:
+    """The library's reader says what a file that is not a plan looks like."""
+    with pytest.raises(InputError, match=r"^m\.json: not a plan file \(it looks like a model"):
+        plan_from_json((REPO / LLAMA).read_text(), source="m.json")
+    with pytest.raises(InputError, match=r"^c\.json: not a plan file \(it looks like a cluster"):
+        plan_from_json((REPO / H100).read_text(), source="c.json")
+
+
+# ------------------------------------------------- what the CLI relies on in the messages
+
+
+def test_the_ways_out_of_a_search_are_the_clauses_remedies_yields() -> None:
+    """:mod:`planner.cli.messages` lists exactly the clauses of
+    :func:`~planner.uniform.remedies.infeasible_message` after its head (each starts with one
+    of ``WAY_OUT``): a new kind of clause in remedies fails here, not in the user's terminal."""
+    model, cluster = load_model(REPO / GPT3), load_cluster(REPO / A100, 1)
+    options = SolveOptions()
+    training = training_of(model, options)
+    message = remedies.infeasible_message(model, cluster, training, options,
+                                          searched="no plan", least_gib=371.1,
+                                          leanest="the leanest")  # fmt: skip
+    clauses = list(remedies._ways_out(model, cluster, training, options, 371.1))
+    head, sections = split_ways_out(message)
+    assert [s.heading for s in sections] == [None]
+    assert sections[0].items == clauses and len(clauses) == 3
+    assert message == "; ".join([head, *clauses])
+
+
+def test_the_pins_in_the_way_are_listed() -> None:
+    """:mod:`planner.uniform.failure`'s clause per pin is a way out of its own."""
+    model, cluster = load_model(REPO / LLAMA), load_cluster(REPO / H100, 1)
+    options = SolveOptions(pins=Pins(tp=1, pp=1, mbs=4, zero=0, recompute="none"))
+    from planner.uniform.failure import _pins_in_the_way
+
+    pins = _pins_in_the_way(model, cluster, training_of(model, options), options)
+    assert pins and all(split_ways_out(f"head; {p}")[1][0].items == [p] for p in pins)
+
+
+def test_the_remedies_of_a_configuration_are_listed() -> None:
+    """Each :func:`~planner.uniform.remedies.config_remedies` is one item, under ``would
+    fit`` or ``would not fit`` as it fits, in its order."""
+    model, cluster = load_model(REPO / LLAMA_70B), load_cluster(REPO / H100, 4)
+    config = ParallelConfig(tp=8, pp=2, sp=True, mbs=2, global_batch=256)
+    message = remedies.config_infeasible_message(model, cluster, config)
+    _, sections = split_ways_out(message)
+    found = remedies.config_remedies(model, cluster, config)
+    for section, fits in zip(sections, (True, False), strict=True):
+        changes = [r.change for r in found if r.fits == fits]
+        assert section.heading == ("would fit" if fits else "would not fit")
+        assert len(section.items) == len(changes)
+        assert all(i.startswith(f"{c} (") for i, c in zip(section.items, changes, strict=True))
+
+
+def test_format_message_loses_no_word() -> None:
+    """Laid out at any width, the message's words are all there, in order."""
+    message = ("tp 8 needs 119.8 GiB per device; would fit: --mbs 1 (54.8 GiB; every knob), "
+               'DeepSpeed "offload_optimizer": {"device": "cpu"} (70.5 GiB); would not fit: '
+               "--pp 4 (83.9 GiB); solve for it: planner solve a.json b.json --nodes 2")
+    for width in (20, 40, 80):
+        text = format_message("error:", message, width=width)
+        words = [w.rstrip(",;:") for w in unwrapped(text).split() if w not in ("-", "error:")]
+        assert words == [w.rstrip(",;:") for w in message.split()]
