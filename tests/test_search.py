@@ -8,7 +8,7 @@ import pytest
 
 import planner
 from planner.errors import InfeasibleError
-from planner.options import SolveOptions, training_of
+from planner.options import Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan
@@ -173,3 +173,19 @@ def test_sequence_longer_than_learned_positions_is_refused() -> None:
         solve(planner.load_model(shared(HF / "gpt2.config.json")),
               load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1),
               SolveOptions(seq_length=4096, global_batch_size=64))  # fmt: skip
+
+
+def test_stages_may_split_the_batch_differently() -> None:
+    """A per-operator plan may give its stages different data-parallel ways (here, with the
+    pipeline pinned to 2 stages of interleaved chunks, one stage splits the batch and the
+    other the hidden dim): the plan is valid, every stage's ways divide the pipeline's
+    microbatch, and the batch adds up over the replicas (this failed the batch invariant)."""
+    model = planner.load_model(MODELS / "llama3-8b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
+    options = SolveOptions(framework="any", pins=Pins(pp=2, vpp=2))
+    plan = solve(model, cluster, options)
+    mesh_micro = plan.micro_batch_size * plan.stages[0].parallel.dp
+    assert len({s.parallel.dp for s in plan.stages}) == 2
+    assert all(mesh_micro % s.parallel.dp == 0 for s in plan.stages)
+    assert (mesh_micro * plan.num_microbatches * plan.data_parallel_replicas
+            == plan.global_batch_size)  # fmt: skip

@@ -22,7 +22,9 @@ Each family is named at the start of its messages:
   multiple of the stages (``forward_backward_pipelining_with_interleaving`` in
   ``megatron/core/pipeline_parallel/schedules.py``).
 - ``batch``: on every stage, ``global batch = micro batch x microbatches x data-parallel
-  ranks`` (the micro batch is per data-parallel rank).
+  ranks`` (the micro batch is per data-parallel rank); a per-operator plan may split the
+  batch differently in each stage, so its micro batch is the first stage's and every stage
+  splits the pipeline's microbatch evenly.
 - ``configuration``: a plan that carries a uniform configuration (what an export launches)
   is that configuration: as many stages as its ``pp`` with its split, every stage with its
   degrees, ZeRO stage and recomputation, and its microbatch, global batch, sequence,
@@ -208,7 +210,25 @@ def _degrees(plan: Plan) -> Iterator[str]:
 
 
 def _batch(plan: Plan) -> Iterator[str]:
-    """Global batch = micro batch x microbatches x data-parallel ranks, on every stage."""
+    """Global batch = micro batch x microbatches x data-parallel ranks, on every stage.
+
+    A per-operator plan (method ``ilp``) may split the batch differently in each stage's
+    mesh: its micro batch is the first stage's, and every stage must split the pipeline's
+    microbatch (the first stage's micro batch times its data-parallel ways) evenly."""
+    if plan.method == "ilp" and plan.stages:
+        mesh_micro = plan.micro_batch_size * plan.stages[0].parallel.dp
+        total = mesh_micro * plan.num_microbatches * plan.data_parallel_replicas
+        if total != plan.global_batch_size:
+            yield (f"batch: the pipeline's microbatch of {mesh_micro} x "
+                   f"{plan.num_microbatches} microbatches x {plan.data_parallel_replicas} "
+                   f"replicas = {total}, not the global batch "
+                   f"{plan.global_batch_size}")  # fmt: skip
+        for stage in plan.stages:
+            if mesh_micro % stage.parallel.dp:
+                yield (f"batch: stage {stage.index}: the pipeline's microbatch of {mesh_micro} "
+                       f"does not split over its {stage.parallel.dp} data-parallel "
+                       f"ways")  # fmt: skip
+        return
     for stage in plan.stages:
         ranks = plan.data_parallel_replicas * stage.parallel.dp
         total = plan.micro_batch_size * plan.num_microbatches * ranks
