@@ -12,7 +12,7 @@ import pytest
 from planner.baselines import grid_plan, grid_space, heuristic, heuristic_plan
 from planner.baselines.heuristic import heuristic_candidates, layouts
 from planner.errors import ConfigError, InfeasibleError
-from planner.options import Progress, SolveOptions, training_of
+from planner.options import Pins, Progress, SolveOptions, training_of
 from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.plan.schema import Plan, StageParallel
 from planner.spec import ClusterSpec, ModelSpec
@@ -337,3 +337,16 @@ def test_baselines_for_any_framework_keep_their_configuration(
     assert plan.framework == "any" and plan.configuration is not None
     assert plan.predicted.step_time_s == estimate(llama, h100_node,
                                                   plan.configuration).step_time_s
+
+
+def test_heuristic_applies_the_rule_to_the_knobs_left_free(
+    llama: ModelSpec, h100_node: ClusterSpec
+) -> None:
+    """Pinned knobs replace the rule's choice (``compare --pp 2 --vpp 2`` showed the rule of
+    thumb's TP2 x PP1 beside pinned plans); the free ones follow the rule as without pins."""
+    free = heuristic_plan(llama, h100_node, SolveOptions())
+    pinned = heuristic_plan(llama, h100_node, SolveOptions(pins=Pins(pp=2, vpp=2)))
+    assert pinned.configuration is not None and free.configuration is not None
+    assert (pinned.configuration.pp, pinned.configuration.vpp) == (2, 2)
+    assert pinned.configuration.tp == free.configuration.tp
+    assert pinned.configuration.recompute == free.configuration.recompute

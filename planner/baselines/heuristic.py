@@ -119,16 +119,26 @@ def heuristic_candidates(
 ) -> Iterator[ParallelConfig]:
     """The rule's configurations in the order it tries them, each drawn from the uniform
     space (:mod:`planner.uniform.space`): the layouts of :func:`layouts`, the first layer
-    split, the widest expert parallelism that divides, sequence parallelism with TP."""
+    split, the widest expert parallelism that divides, sequence parallelism with TP. The
+    knobs in ``options.pins`` replace the rule's choice of them (as a user applying the rule
+    to the knobs left free would), each configuration once."""
     n = cluster.num_devices
+    pinned = options.pins.given()
     mbs = 1 if 1 in options.micro_batch_sizes else min(options.micro_batch_sizes)
+    seen: set[ParallelConfig] = set()
     for recompute in RECOMPUTE_LADDER:  # outermost: full recomputation is the last resort
-        for tp, pp in layouts(model, cluster):
+        for rule_tp, rule_pp in layouts(model, cluster):
+            tp, pp = pinned.get("tp", rule_tp), pinned.get("pp", rule_pp)
+            assert isinstance(tp, int) and isinstance(pp, int)
             first, last = stage_splits(model.num_layers, pp)[0]
             ep = max(expert_degrees(model, dp=n // (tp * pp), cp=1))
-            yield run_config(training, options, tp=tp, pp=pp, ep=ep, sp=sequence_parallel(tp),
-                             mbs=mbs, first_stage_layers=first, last_stage_layers=last,
-                             recompute=recompute, zero=DISTRIBUTED_OPTIMIZER)  # fmt: skip
+            knobs = {"tp": tp, "pp": pp, "ep": ep, "sp": sequence_parallel(tp), "mbs": mbs,
+                     "first_stage_layers": first, "last_stage_layers": last,
+                     "recompute": recompute, "zero": DISTRIBUTED_OPTIMIZER}  # fmt: skip
+            config = run_config(training, options, **(knobs | pinned))
+            if config not in seen:
+                seen.add(config)
+                yield config
 
 
 def _first_fit(
