@@ -58,3 +58,13 @@ def schedule_name(schedule: PipelineSchedule, vpp: int) -> ScheduleName:
     ('interleaved', '1f1b', 'gpipe')
     """
     return "interleaved" if vpp > 1 else schedule
+
+
+def configured_schedule(name: ScheduleName) -> PipelineSchedule:
+    """The configuration's schedule for a schedule as it runs (interleaving is 1F1B with
+    virtual stages): the inverse of :func:`schedule_name`.
+
+    >>> configured_schedule("interleaved"), configured_schedule("gpipe")
+    ('1f1b', 'gpipe')
+    """
+    return "gpipe" if name == "gpipe" else "1f1b"

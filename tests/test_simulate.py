@@ -295,14 +295,23 @@ def test_sync_after_each_stages_last_backward_then_the_optimizer() -> None:
 
 
 def test_large_pipeline_is_linear_time() -> None:
-    """p = 64, m = 1024, v = 4 (half a million operations): exact, and fast (about 0.5 s on
-    a 2-core machine; the bound only catches a quadratic loop)."""
-    start = time.perf_counter()
-    sim = simulate(equal(64), num_microbatches=1024, schedule="interleaved", virtual_stages=4)
-    elapsed = time.perf_counter() - start
-    assert len(sim.events) == 2 * 64 * 1024 * 4
-    assert sim.pipeline_s == pytest.approx(closed_s(equal(64), m=1024, v=4), rel=REL)
-    assert elapsed < 5.0
+    """p = 64, m = 1024, v = 4 (half a million operations): exact, and linear in the
+    microbatches. Four times the microbatches takes about four times as long; a quadratic
+    loop would take sixteen. The best of three runs each, as a ratio, so that a loaded machine
+    does not fail it (no wall-clock bound)."""
+
+    def best_s(m: int) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            sim = simulate(equal(64), num_microbatches=m, schedule="interleaved",
+                           virtual_stages=4)  # fmt: skip
+            times.append(time.perf_counter() - start)
+        assert len(sim.events) == 2 * 64 * m * 4
+        assert sim.pipeline_s == pytest.approx(closed_s(equal(64), m=m, v=4), rel=REL)
+        return min(times)
+
+    assert best_s(1024) / best_s(256) < 8.0
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from planner.spec.reading import json_schema
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
 from planner.uniform.remedies import config_infeasible_message
-from planner.vocabulary import GIB
+from planner.vocabulary import DEFAULT_RANK_ORDER, GIB
 
 
 @app.command("estimate")
@@ -84,7 +84,7 @@ def estimate_cmd(
     tp_comm_overlap: Annotated[bool, typer.Option(help="Overlap TP comm with GEMMs.")] = False,
     rank_order: Annotated[
         str, typer.Option(help="Rank numbering, fastest first (Megatron's order).")
-    ] = "tp-cp-ep-dp-pp",
+    ] = DEFAULT_RANK_ORDER,
     memory_margin: Annotated[
         float | None, typer.Option("--memory-margin", min=0.0, help="GiB of device memory a "
                                    "configuration must leave free to fit (default 5 %).")

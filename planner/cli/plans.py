@@ -31,16 +31,13 @@ from planner.diagnose.compare import to_json as compare_json
 from planner.errors import InputError
 from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
-from planner.options import Pins, SolveOptions
+from planner.options import DEFAULT_OPTIONS, Pins, SolveOptions
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan, input_hash
 from planner.report.output import check_folder, check_target, write_atomic
 from planner.simulate.events import simulate_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import read_text
-
-DEFAULTS = SolveOptions()
-
 
 GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Global batch size.")]
 SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Sequence length.")]
@@ -155,9 +152,9 @@ def solve_cmd(
             "every uniform configuration."
         ),
     ] = "ilp",
-    backend: BackendOpt = DEFAULTS.backend,
+    backend: BackendOpt = DEFAULT_OPTIONS.backend,
     time_limit: TimeLimitOpt = SEARCH_TIME_LIMIT_S,
-    ilp_time_limit: IlpTimeLimitOpt = DEFAULTS.ilp_time_limit_s,
+    ilp_time_limit: IlpTimeLimitOpt = DEFAULT_OPTIONS.ilp_time_limit_s,
     out: Annotated[Path | None, typer.Option(help="Also write the plan (JSON).")] = None,
     export_fmt: Annotated[
         Framework | None,
@@ -237,9 +234,9 @@ def compare_cmd(
     methods: Annotated[
         str, typer.Option(help=f"Comma-separated methods among {', '.join(METHODS)}.")
     ] = "ilp,heuristic,grid",
-    backend: BackendOpt = DEFAULTS.backend,
+    backend: BackendOpt = DEFAULT_OPTIONS.backend,
     time_limit: TimeLimitOpt = SEARCH_TIME_LIMIT_S,
-    ilp_time_limit: IlpTimeLimitOpt = DEFAULTS.ilp_time_limit_s,
+    ilp_time_limit: IlpTimeLimitOpt = DEFAULT_OPTIONS.ilp_time_limit_s,
     plot: Annotated[
         Path | None, typer.Option(help="Also draw the methods as a bar chart (.png or .svg).")
     ] = None,

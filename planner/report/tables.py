@@ -11,14 +11,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from planner.cost import in_flight_microbatches
 from planner.diagnose.calibration import CalibrationFit, ValidationRow, describe
 from planner.diagnose.compare import MethodResult, best_step_s
 from planner.ilp import LayerSolution
 from planner.plan.config import ParallelConfig
 from planner.plan.schema import Plan, PlanStage, Predicted
 from planner.report.width import Clauses, FirstThatFits, keep_whole, title
-from planner.simulate.events import Simulation
+from planner.simulate.events import Simulation, closed_form_in_flight
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
 
@@ -362,11 +361,7 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
 def simulation_json(plan: Plan, sim: Simulation) -> dict[str, object]:
     """The ``planner simulate --json`` object: the simulated step beside the plan's closed
     form, and per stage the busy and idle seconds and the activations held at the peak."""
-    schedule = "gpipe" if plan.schedule.name == "gpipe" else "1f1b"  # cost's names
-    closed = [in_flight_microbatches(schedule, stage=s.index, pp=len(plan.stages),
-                                     vpp=plan.schedule.virtual_stages,
-                                     num_microbatches=plan.num_microbatches)
-              for s in plan.stages]  # fmt: skip
+    closed = closed_form_in_flight(plan)
     return {
         "simulated_step_s": sim.step_s,
         "predicted_step_s": plan.predicted.step_time_s,

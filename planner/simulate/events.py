@@ -22,10 +22,11 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from planner.cost import in_flight_microbatches
 from planner.errors import ConfigError, InputError
 from planner.pipeline.schedules import StageOps, stage_ops
 from planner.plan.schema import Plan
-from planner.vocabulary import ScheduleName
+from planner.vocabulary import ScheduleName, configured_schedule
 
 Phase = Literal["forward", "backward", "recompute", "send", "sync", "optimizer"]
 
@@ -330,3 +331,13 @@ def simulate_plan(plan: Plan) -> Simulation:
         virtual_stages=plan.schedule.virtual_stages,
         optimizer_s=plan.predicted.time.optimizer_s,
     )
+
+
+def closed_form_in_flight(plan: Plan) -> list[float]:
+    """Per stage, the microbatches' worth of activations the cost model holds at the peak
+    (:func:`planner.cost.in_flight_microbatches`), beside :attr:`Simulation.peak_in_flight`."""
+    schedule = configured_schedule(plan.schedule.name)
+    return [in_flight_microbatches(schedule, stage=s.index, pp=len(plan.stages),
+                                   vpp=plan.schedule.virtual_stages,
+                                   num_microbatches=plan.num_microbatches)
+            for s in plan.stages]  # fmt: skip
