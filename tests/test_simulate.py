@@ -296,9 +296,9 @@ def test_sync_after_each_stages_last_backward_then_the_optimizer() -> None:
 
 def test_large_pipeline_is_linear_time() -> None:
     """p = 64, m = 1024, v = 4 (half a million operations): exact, and linear in the
-    microbatches. Four times the microbatches takes about four times as long; a quadratic
-    loop would take sixteen. The best of three runs each, as a ratio, so that a loaded machine
-    does not fail it (no wall-clock bound)."""
+    microbatches. Eight times the microbatches (128 to 1024) takes about eight times as long; a
+    quadratic loop would take 64. The best of three runs each, as a ratio with the bound at
+    their geometric middle, so that a loaded machine does not fail it (no wall-clock bound)."""
 
     def best_s(m: int) -> float:
         times = []
@@ -311,7 +311,7 @@ def test_large_pipeline_is_linear_time() -> None:
         assert sim.pipeline_s == pytest.approx(closed_s(equal(64), m=m, v=4), rel=REL)
         return min(times)
 
-    assert best_s(1024) / best_s(256) < 8.0
+    assert best_s(1024) / best_s(128) < 22.0
 
 
 @pytest.mark.parametrize(
