@@ -83,7 +83,9 @@ def candidates(
                 for schedule, v in _schedules(layers, stages, m, options.interleaved):
                     if not options.pins.admits(vpp=v):
                         continue
-                    bound = (m + (stages - 1) / v) * per_microbatch
+                    bound, _ = cost.fill_and_drain(sum_s=stages * per_microbatch,
+                                                   max_s=per_microbatch, num_microbatches=m,
+                                                   vpp=v)  # fmt: skip
                     out.append(Candidate(replicas=replicas, mesh=mesh, num_stages=stages,
                                          mesh_micro_batch_size=b, num_microbatches=m,
                                          schedule=schedule, vpp=v, lower_bound_s=bound))
