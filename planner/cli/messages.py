@@ -35,12 +35,14 @@ COMMAND = re.compile(r"^(?P<text>.*?): (?P<command>planner [a-z]+ \S.*)$")
 """A message that ends with the command that would do what it asks."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Section:
     """A list under an optional heading."""
 
     heading: str | None
+    """``would fit:`` and the like, or None for the ways out of a search."""
     items: list[str] = field(default_factory=list)
+    """One entry per line, printed with a dash."""
 
 
 def wrap(text: str, width: int, *, first: str = "", indent: str = INDENT) -> list[str]:
@@ -89,10 +91,10 @@ def split_ways_out(message: str) -> tuple[str, list[_Section]]:
         heading = next((h for h in HEADINGS if clause.startswith(f"{h}: ")), None)
         if heading is not None:
             items = _split_outside_parentheses(clause.removeprefix(f"{heading}: "), ", ")
-            sections.append(_Section(heading, items))
+            sections.append(_Section(heading=heading, items=items))
         elif WAY_OUT.match(clause):
             if not sections or sections[-1].heading is not None:
-                sections.append(_Section(None))
+                sections.append(_Section(heading=None))
             sections[-1].items.append(clause)
         elif sections and sections[-1].items:
             sections[-1].items[-1] += f"; {clause}"

@@ -98,18 +98,31 @@ class Problem:
     line."""
 
     model: Path
+    """MODEL: model.json or a Hugging Face config.json."""
     cluster: Path
+    """CLUSTER: cluster.json."""
     nodes: int | None
+    """``--nodes``: the cluster's node count instead of the file's."""
     global_batch: int | None
+    """``--global-batch``, sequences per step."""
     seq_len: int | None
+    """``--seq-len``, tokens per sequence."""
     precision: str | None
+    """``--precision``."""
     backend: Backend
+    """``--backend``: the layer ILP's solver."""
     time_limit: float | None
+    """``--time-limit``, seconds for the whole search."""
     ilp_time_limit: float
+    """``--ilp-time-limit``, seconds per layer ILP."""
     framework: str
+    """``--framework``: the framework that launches the plan, or ``any``."""
     memory_margin: float | None
+    """``--memory-margin``, GiB left free per device."""
     max_mesh_nodes: int | None
+    """``--max-mesh-nodes``: the widest stage mesh, in nodes."""
     pins: Pins
+    """The knobs pinned on the command line."""
 
     def load(self) -> tuple[ModelSpec, ClusterSpec, SolveOptions]:
         """The inputs and the search's options."""

@@ -29,7 +29,7 @@ def memory_margin_bytes(memory_gib: float, margin_gib: float | None = None) -> f
     return gib * 2**30
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StateBytes:
     """Bytes per parameter of weights, gradients and optimizer state on one device."""
 

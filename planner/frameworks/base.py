@@ -97,8 +97,9 @@ def ranks_in_order(resolved: ResolvedConfig, order: tuple[str, ...]) -> bool:
     parallel dims of more than one rank (a dim of one rank is in no order).
 
     >>> from planner.plan.config import ParallelConfig, ResolvedConfig, TrainingSpec
-    >>> r = ResolvedConfig(ParallelConfig(tp=8, pp=2), TrainingSpec(seq_length=8,
-    ...                    global_batch_size=8), dp=4, num_microbatches=2, num_devices=64)
+    >>> r = ResolvedConfig(config=ParallelConfig(tp=8, pp=2),
+    ...                    training=TrainingSpec(seq_length=8, global_batch_size=8), dp=4,
+    ...                    num_microbatches=2, num_devices=64)
     >>> ranks_in_order(r, ("tp", "dp", "pp")), ranks_in_order(r, ("dp", "tp", "pp"))
     (True, False)
     """

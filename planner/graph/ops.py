@@ -34,7 +34,8 @@ EXPERT_PARALLEL_DIMS = frozenset({"experts"})
 
 @dataclass(frozen=True, slots=True)
 class Tensor:
-    """A tensor as named dims with sizes, and the bytes of one element."""
+    """A tensor as named dims with sizes, and the bytes of one element. A small value built
+    positionally, as a tuple is (``Tensor(dims, element_bytes)``), unlike the records."""
 
     dims: tuple[tuple[str, int], ...]
     """(name, size) of each dim, in order: the whole tensor, before any sharding."""

@@ -89,7 +89,7 @@ class ParallelConfig(BaseModel):
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ResolvedConfig:
     """A configuration checked against a model and a cluster, with every default filled in."""
 

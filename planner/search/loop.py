@@ -72,6 +72,8 @@ class SearchState:
     """What the search keeps between candidates: solved layers and their count."""
 
     frontiers: dict[tuple[str, tuple[int, int], int], Frontier] = field(default_factory=dict)
+    """Solved layers by (layer kind, mesh, mesh microbatch): the one cache of layer ILPs,
+    reused by every candidate that needs the same layer."""
     reuses: int = 0
     """Frontier lookups answered without solving."""
     least: tuple[float, Candidate] | None = None
@@ -92,10 +94,15 @@ class SearchContext:
     """The inputs of one search and what it has found so far."""
 
     model: ModelSpec
+    """The model searched."""
     cluster: ClusterSpec
+    """The cluster it runs on."""
     training: TrainingSpec
+    """Sequence length, global batch and precision, the options' over the model's."""
     options: SolveOptions
+    """What the search may choose from."""
     state: SearchState
+    """What it has solved so far."""
     deadline: float | None = None
     """``time.perf_counter()`` past which no layer ILP starts."""
 
@@ -208,12 +215,17 @@ class Found:
     """The best pipeline of one candidate, priced."""
 
     candidate: Candidate
+    """The outer knobs it was found under."""
     stages: tuple[FoundStage, ...]
+    """Each stage's layers and its choice of layer options."""
     placement: PipelinePlacement
+    """Where its stages and replicas sit (the faster of the two orders)."""
     step: StepCost
+    """The step composed from the stages."""
     objective_s: float
-    """The dynamic program's ``sum t + (B - 1) max t``."""
+    """The dynamic program's step (:func:`planner.cost.fill_and_drain` of the stages)."""
     bounds_tried: int
+    """Bounds on the slowest stage the dynamic program tried."""
 
 
 def evaluate(ctx: SearchContext, c: Candidate, kinds: list[str]) -> Found | None:

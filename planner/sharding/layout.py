@@ -39,7 +39,8 @@ def canonical(dim: str) -> str:
 class LogicalMesh:
     """``d0 x d1 x ...`` devices numbered row-major: the last axis is contiguous in rank order
     (inside a node) and each axis strides over the ones after it. Its devices start at rank 0
-    of the cluster's order (placement moves them)."""
+    of the cluster's order (placement moves them). A small value built positionally
+    (``LogicalMesh((2, 4))``), unlike the records."""
 
     shape: tuple[int, ...]
     """Devices along each axis; without ``strides`` the last axis is contiguous in rank order."""
