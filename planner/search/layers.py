@@ -1,0 +1,163 @@
+"""The layer options a candidate offers its pipeline: each layer kind's ILP solved once per
+(kind, mesh, microbatch) under a ladder of memory budgets, kept as a frontier that every
+candidate needing the same layer reuses, and each solution priced as a stage option under the
+candidate's pipeline (microbatches, replicas, ZeRO, recomputation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from planner import cost
+from planner.graph.lower import decoder_layer_kind
+from planner.ilp.layer import Frontier, IlpOptions, LayerSolution, solve_frontier
+from planner.ilp.problem import LayerQuery
+from planner.ilp.seeds import uniform_solutions
+from planner.options import SolveOptions
+from planner.pipeline.assemble import launchable, summarise
+from planner.pipeline.options import TRANSFORMER_KINDS, LayerOption, SyncContext, layer_options
+from planner.search.space import Candidate
+from planner.sharding.layout import LogicalMesh
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+
+
+@dataclass(slots=True, kw_only=True)
+class SearchState:
+    """What the search keeps between candidates: solved layers and their count."""
+
+    frontiers: dict[tuple[str, tuple[int, int], int], Frontier] = field(default_factory=dict)
+    """Solved layers by (layer kind, mesh, mesh microbatch): the one cache of layer ILPs,
+    reused by every candidate that needs the same layer."""
+    reuses: int = 0
+    """Frontier lookups answered without solving."""
+    least: tuple[float, Candidate] | None = None
+    """The least per-device bytes any candidate's plans need, and that candidate: kept so
+    that, when nothing fits, the error can say by how much."""
+
+    @property
+    def solutions(self) -> list[LayerSolution]:
+        """Every layer solved so far."""
+        return [s for f in self.frontiers.values() for s in f.solutions]
+
+
+# --------------------------------------------------------------------------- layer options
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchContext:
+    """The inputs of one search and what it has found so far."""
+
+    model: ModelSpec
+    """The model searched."""
+    cluster: ClusterSpec
+    """The cluster it runs on."""
+    training: TrainingSpec
+    """Sequence length, global batch and precision, the options' over the model's."""
+    options: SolveOptions
+    """What the search may choose from."""
+    state: SearchState
+    """What it has solved so far."""
+    deadline: float | None = None
+    """``time.perf_counter()`` past which no layer ILP starts."""
+
+
+LADDER_STEPS = 8
+"""Budget steps after the unconstrained solve (each one a layer ILP)."""
+LADDER_SHRINK = 0.7
+"""Each step's budget as a share of the previous solution's memory: halving skipped shardings
+between (a TP4 layer with Megatron's row-parallel output projection sits between the fastest
+TP4 layer and the next halving), and the memory a stage has is rarely a power of two away."""
+REFERENCE_MICROBATCHES = 64
+"""The ILP sees the gradient sync spread over this many microbatches: the composer prices the
+real sync, mostly hidden behind the backward, so the ILP should not shy away from it."""
+
+
+def kind_solutions(
+    ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int
+) -> list[LayerSolution]:
+    """Shardings of one layer kind on ``mesh`` along its time-memory frontier
+    (:func:`planner.ilp.layer.solve_frontier`). They are found once for every candidate with
+    this mesh and microbatch, whatever its replicas and microbatch count (which
+    :func:`layer_options` prices afterwards): as if the mesh were replicated over the whole
+    cluster, with ZeRO 0 or 1 (what pipelines allow), so that a sharding which fits only
+    once the distributed optimizer shards its states is on the frontier."""
+    key = (kind, mesh, b)
+    if key in ctx.state.frontiers:
+        ctx.state.reuses += 1
+    else:
+        query = LayerQuery(
+            kind=kind, mesh=mesh, mesh_micro_batch_size=b, seq_length=ctx.training.seq_length,
+            precision=ctx.training.precision, num_microbatches=REFERENCE_MICROBATCHES,
+            flash_attention=ctx.options.flash_attention, zero=(0, 1),
+            replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
+        )  # fmt: skip
+        frontier = solve_frontier(
+            ctx.model, ctx.cluster, query, steps=LADDER_STEPS, shrink=LADDER_SHRINK,
+            options=IlpOptions(backend=ctx.options.backend,
+                                  time_limit_s=ctx.options.ilp_time_limit_s,
+                                  deadline=ctx.deadline),
+        )  # fmt: skip
+        seeds = uniform_solutions(ctx.model, ctx.cluster, query)
+        ctx.state.frontiers[key] = replace(frontier, solutions=frontier.solutions + tuple(seeds))
+    return list(ctx.state.frontiers[key].solutions)
+
+
+def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOption]:
+    """The frontier's shardings priced for candidate ``c`` under every recomputation mode
+    and ZeRO stage; with a pipeline, ZeRO-2 and 3 are left out, as DeepSpeed and
+    Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline). Transformer
+    layers whose sharding no framework can launch (:func:`launchable`) are left out too."""
+    sync = SyncContext(mesh=LogicalMesh(c.mesh), replicas=c.replicas,
+                       num_microbatches=c.num_microbatches, precision=ctx.training.precision,
+                       overlap_grad_reduce=ctx.options.overlap_grad_reduce,
+                       overlap_param_gather=ctx.options.overlap_param_gather)  # fmt: skip
+    pins = ctx.options.pins
+    options = []
+    for solution in kind_solutions(ctx, kind, c.mesh, c.mesh_micro_batch_size):
+        if kind in TRANSFORMER_KINDS and not launchable(solution, c.mesh):
+            continue
+        if kind in TRANSFORMER_KINDS:
+            summary = summarise(solution, c.mesh)
+            if not pins.admits(tp=summary["tp"], cp=summary["cp"], ep=summary["ep"],
+                               sp=summary["sp"]):  # fmt: skip
+                continue
+        options += layer_options(solution, ctx.cluster, sync)
+    if c.num_stages > 1:
+        options = [o for o in options if o.zero <= 1]
+    options = [o for o in options if pins.admits(zero=o.zero) and (
+        kind not in TRANSFORMER_KINDS or pins.admits(recompute=o.recompute))]  # fmt: skip
+    return _pareto(options)
+
+
+def _pareto(options: list[LayerOption]) -> list[LayerOption]:
+    """Drop options another option with the same (recompute, ZeRO) beats on every count."""
+
+    def key(o: LayerOption) -> tuple[float, float, float, float]:
+        return (o.latency_s, o.state_bytes, o.kept_bytes, o.working_bytes)
+
+    kept: list[LayerOption] = []
+    for o in sorted(options, key=key):
+        if not any(k.recompute == o.recompute and k.zero == o.zero
+                   and all(x <= y for x, y in zip(key(k), key(o), strict=True))
+                   for k in kept):  # fmt: skip
+            kept.append(o)
+    return kept
+
+
+def pipeline_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
+    """Per microbatch, one stage's sends (:func:`planner.cost.pipeline_send_s`): the activation
+    forward and its gradient back, each device of the mesh sending its share (Megatron's
+    scatter/gather), once per chunk."""
+    hidden = cost.hidden_state_bytes(
+        micro_batch_size=c.mesh_micro_batch_size, seq_length=ctx.training.seq_length,
+        hidden_size=ctx.model.hidden_size, precision=ctx.training.precision,
+    )  # fmt: skip
+    return cost.pipeline_send_s(ctx.cluster, hidden, distance, chunks=c.vpp,
+                                stages=c.num_stages, slices=c.mesh[0] * c.mesh[1])  # fmt: skip
+
+
+def decoder_kinds(model: ModelSpec) -> list[str]:
+    """Each decoder layer's kind, first to last."""
+    return [decoder_layer_kind(model, layer) for layer in range(1, model.num_layers + 1)]
+
+
+# --------------------------------------------------------------------------- one candidate
