@@ -40,6 +40,7 @@ from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.plan import uniform_plan
+from planner.uniform.remedies import describe_leanest, infeasible_message
 from planner.uniform.space import (
     expert_degrees,
     launched_variant,
@@ -186,9 +187,6 @@ def _failure(
             f"{cluster.num_devices} devices at global batch {training.global_batch_size}; "
             f"try a global batch divisible by more data-parallel sizes"
         )
-    # remedies imports the grid, which the package imports with this module: import it here
-    from planner.uniform.remedies import describe_leanest, infeasible_message
-
     need_gib, config = leanest
     return InfeasibleError(infeasible_message(
         model, cluster, training, options, searched="no configuration of the rule of thumb",

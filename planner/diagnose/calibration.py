@@ -28,7 +28,7 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, GemmEfficiency, ModelSpec
 from planner.spec.limits import MAX_DEVICES
 from planner.spec.messages import describe_validation_error, short_repr
-from planner.spec.reading import read_json
+from planner.spec.reading import load_cluster, read_json
 from planner.uniform.estimate import estimate
 
 
@@ -355,8 +355,6 @@ def validation_rows(runs: Sequence[CalibrationRun], clusters: dict[str, ClusterS
 
 def validate(runs_path: str | Path, clusters_dir: str | Path) -> list[ValidationRow]:
     """Every run of ``runs_path`` against the bundled cluster of its GPU."""
-    from planner.spec.reading import load_cluster
-
     clusters = {gpu: load_cluster(Path(clusters_dir) / f) for gpu, f in BUNDLED_CLUSTERS.items()}
     return validation_rows(load_runs(runs_path), clusters)
 
@@ -378,8 +376,6 @@ def calibrate_file(
 ) -> CalibrationFit:
     """Fit ``cluster_path``'s GEMM efficiency to the ``gpu`` runs; optionally write it back
     (only the ``device.efficiency.gemm`` block of the file changes)."""
-    from planner.spec.reading import load_cluster
-
     runs = [r for r in load_runs(runs_path) if r.device == gpu]
     if not runs:
         raise InputError(f"{runs_path}: no complete runs on {gpu!r}; have A100 and H100")

@@ -78,6 +78,13 @@ def lowered(
     return graph, index_layers(graph)
 
 
+def forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> float:
+    """Model FLOPs of one microbatch's forward pass through the whole model (the one count
+    that model FLOP/s, MFU and the search's bounds are made of)."""
+    index = lowered(model, training, micro_batch_size)[1]
+    return sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
+
+
 def parameter_count(graph: nx.DiGraph) -> ParameterCount:
     """Sum of the ops' parameters; ``active`` weighs routed experts by top_k / experts.
 

@@ -17,6 +17,7 @@ from planner.plan.schema import Plan
 from planner.report.gantt import draw_gantt
 from planner.report.output import check_folder
 from planner.report.pictures import FORMATS, save
+from planner.simulate.events import simulate_plan
 
 MEMORY_PARTS = (
     ("weights_gib", "weights", "#4c72b0"),
@@ -147,8 +148,6 @@ def compare_figure(results: Sequence[MethodResult], title: str = "") -> Figure:
 def write_report(plan: Plan, directory: str | Path) -> list[Path]:
     """Every picture of ``plan`` into ``directory`` (created if missing), as PNG and SVG:
     the simulated schedule's Gantt chart, the memory per stage and the step's time."""
-    from planner.simulate.events import simulate_plan
-
     directory = Path(directory)
     check_folder(directory, option="--report")
     directory.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,7 @@ from planner.search.space import (
 )
 from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec
+from planner.uniform.remedies import infeasible_message
 from planner.vocabulary import GIB, schedule_name
 
 
@@ -229,10 +230,6 @@ def _nothing_fits(ctx: SearchContext) -> str:
         leanest = (f"{describe(c)}, over stage choices that include a microbatch of "
                    f"{smallest} per rank, full recompute and ZeRO-3 (ZeRO-1 with a "
                    f"pipeline)")  # fmt: skip
-    from planner.uniform.remedies import (
-        infeasible_message,  # the failure path prices what would fit
-    )
-
     return infeasible_message(model, cluster, training, ctx.options,
                               searched="no plan of the ILP search", least_gib=need / GIB,
                               leanest=leanest)  # fmt: skip

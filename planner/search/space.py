@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner import cost
+from planner.graph import forward_flops
 from planner.options import SolveOptions
 from planner.pipeline.submeshes import submesh_shapes
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
@@ -120,9 +121,7 @@ def _schedules(
 
 def model_flops_per_sequence(model: ModelSpec, seq: int) -> float:
     """Forward FLOPs of one sequence through the whole model."""
-    from planner.uniform.estimate import _forward_flops  # one definition of the model's FLOPs
-
-    return _forward_flops(model, TrainingSpec(seq_length=seq, global_batch_size=1), 1)
+    return forward_flops(model, TrainingSpec(seq_length=seq, global_batch_size=1), 1)
 
 
 def describe(c: Candidate) -> str:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from planner.errors import InputError
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
+from planner.spec.hf import model_from_hf_config
 from planner.spec.messages import describe_validation_error
 from planner.vocabulary import Precision
 
@@ -125,8 +126,6 @@ def model_from_dict(data: Any, *, source: str = "<model>") -> ModelSpec:
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
     if "model_type" in data:
-        from planner.spec.hf import model_from_hf_config  # HF configs are translated, then checked
-
         return model_from_hf_config(data, source=source)
     try:
         return ModelSpec.model_validate(data)

@@ -28,7 +28,7 @@ from planner.cost.step import (
     headline,
     throughput,
 )
-from planner.graph import LayerIndex, lowered
+from planner.graph import LayerIndex, forward_flops, lowered
 from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.plan.schema import MemoryBreakdown, Predicted, StageTime
@@ -99,12 +99,6 @@ def _stage_kinds(
 
 
 @lru_cache(maxsize=64)
-def _forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> float:
-    """Model FLOPs of one microbatch's forward pass through the whole model."""
-    index = _layers(model, training, micro_batch_size)
-    return sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UniformStage:
     """How a uniform configuration's stage sits on the ranks: its mesh (three axes, see
@@ -217,7 +211,7 @@ def estimate(
     sequences = c.mbs * stage.layout.data_ways  # one microbatch of the stage's mesh
     rates = throughput(
         step.step_s, training, cluster,
-        forward_flops_per_sequence=_forward_flops(model, training, c.mbs) / c.mbs,
+        forward_flops_per_sequence=forward_flops(model, training, c.mbs) / c.mbs,
         recompute_flops_per_sequence=recompute_flops / sequences,
     )  # fmt: skip
     peak_bytes = sum(step.peak_memory_bytes)

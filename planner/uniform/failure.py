@@ -13,6 +13,7 @@ from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.estimate import estimate
+from planner.uniform.remedies import describe, describe_leanest, infeasible_message
 from planner.uniform.space import branch_groups, branch_space, branches, run_config
 from planner.vocabulary import GIB
 
@@ -45,9 +46,6 @@ def nothing_found(
                                f"{refused[1]}")  # fmt: skip
         why = f": e.g. {first_refusal}" if first_refusal else ""
         return ConfigError(f"no uniform configuration divides {where}{why}")
-    # remedies prices this module's space, so it imports this module: import it here
-    from planner.uniform.remedies import describe_leanest, infeasible_message
-
     need_gib, config = leanest
     message = infeasible_message(
         model, cluster, training, options, searched="no uniform configuration",
@@ -98,8 +96,6 @@ def _pins_in_the_way(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
 ) -> list[str]:
     """Each pin without which a configuration would fit, with the leanest that then fits."""
-    from planner.uniform.remedies import describe  # remedies prices this module's space
-
     usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
     out = []
     for name, value in options.pins.given().items():
