@@ -129,8 +129,8 @@ def heuristic_candidates(
     seen: set[ParallelConfig] = set()
     for recompute in RECOMPUTE_LADDER:  # outermost: full recomputation is the last resort
         for rule_tp, rule_pp in layouts(model, cluster):
-            tp, pp = pinned.get("tp", rule_tp), pinned.get("pp", rule_pp)
-            assert isinstance(tp, int) and isinstance(pp, int)
+            tp = rule_tp if options.pins.tp is None else options.pins.tp
+            pp = rule_pp if options.pins.pp is None else options.pins.pp
             first, last = stage_splits(model.num_layers, pp)[0]
             ep = max(expert_degrees(model, dp=n // (tp * pp), cp=1))
             knobs = {"tp": tp, "pp": pp, "ep": ep, "sp": sequence_parallel(tp), "mbs": mbs,
