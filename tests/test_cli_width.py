@@ -36,7 +36,7 @@ from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform import remedies
-from tests.conftest import CALIBRATION_RUNS, REPO
+from tests.conftest import CALIBRATION_RUNS, REPO, needs_shared
 
 WIDTHS = (80, 120)
 LLAMA = "instances/models/llama3-8b.json"
@@ -226,6 +226,7 @@ def test_layer(width: int) -> None:
                  "all_gather@axis1", "16.182 ms per microbatch (forward + backward)")
 
 
+@needs_shared(CALIBRATION_RUNS)
 @pytest.mark.parametrize("width", WIDTHS)
 def test_validate(width: int) -> None:
     """Every run's id, configuration and times."""
@@ -249,6 +250,7 @@ def fit_once() -> Iterator[None]:
         yield
 
 
+@needs_shared(CALIBRATION_RUNS)
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.usefixtures("fit_once")
 def test_calibrate(width: int) -> None:
