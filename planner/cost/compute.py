@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from planner.graph import lowered
 from planner.graph.ops import Op, Tensor
-from planner.spec import DeviceSpec, GemmEfficiency
+from planner.spec import DeviceSpec, GemmEfficiency, ModelSpec, TrainingSpec
 from planner.vocabulary import Precision
 
 # Causal attention with a fused kernel computes only the lower triangle of the scores.
@@ -102,21 +103,64 @@ def op_time(
     moved = sum(sharded_bytes(t, activation_degrees) for t in (*op.inputs, op.output))
     if op.weight is not None:
         moved += sharded_bytes(op.weight, weight_degrees)
-    flops = op.flops / compute_degree
-    backward_factor = MATMUL_BACKWARD_FACTOR if op.is_gemm else ELEMENTWISE_BACKWARD_FACTOR
-    if op.kind == "attention":
-        if flash_attention:
-            flops *= CAUSAL_FRACTION
-            backward_factor = FLASH_BACKWARD_FACTOR
-        else:
-            # Unfused: the scores are written, then read by softmax, dropout and the matmul.
-            moved += 3 * sum(sharded_bytes(t, activation_degrees) for t in op.score_tensors)
-    forward = compute_time_s(device, precision, flops=flops, bytes_moved=moved, calls=gemm_calls)
+    executed = executed_flops(op, flash_attention=flash_attention, devices=compute_degree)
+    if op.kind == "attention" and not flash_attention:
+        # Unfused: the scores are written, then read by softmax, dropout and the matmul.
+        moved += 3 * sum(sharded_bytes(t, activation_degrees) for t in op.score_tensors)
+    forward = compute_time_s(device, precision, flops=executed.forward, bytes_moved=moved,
+                             calls=gemm_calls)  # fmt: skip
     backward = compute_time_s(
-        device, precision, flops=backward_factor * flops,
+        device, precision, flops=executed.backward,
         bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved, calls=2 * gemm_calls,
     )  # fmt: skip
     return OpTime(forward_s=forward, backward_s=backward)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutedFlops:
+    """The FLOPs one device runs for its share of one op, by pass."""
+
+    forward: float
+    """Forward FLOPs as the kernels run them: a fused causal attention computes only the
+    lower triangle of the scores."""
+    backward: float
+    """Backward FLOPs: twice the forward's for matmuls, 2.5 times under fused attention
+    (which recomputes the scores it did not keep)."""
+
+
+def executed_flops(op: Op, *, flash_attention: bool, devices: int = 1) -> ExecutedFlops:
+    """What a GPU runs for its share of ``op`` split over ``devices``, as :func:`op_time`
+    times it: model FLOPs (``op.flops``, full ``s x s`` scores, the MFU convention) except
+    that fused causal attention skips the masked half, and its backward recomputes the scores.
+    Hardware FLOP/s are these over the step's time, so they never exceed the device's peak.
+
+    >>> from planner.graph.ops import Op, Tensor
+    >>> x = Tensor((("seq", 8),), 2.0)
+    >>> core = Op(name="core", kind="attention", layer=1, layer_kind="dense", inputs=(x,),
+    ...           output=x, flops=100.0)
+    >>> executed_flops(core, flash_attention=True), executed_flops(core, flash_attention=False)
+    (ExecutedFlops(forward=50.0, backward=125.0), ExecutedFlops(forward=100.0, backward=200.0))
+    """
+    flops = op.flops / devices
+    backward_factor = MATMUL_BACKWARD_FACTOR if op.is_gemm else ELEMENTWISE_BACKWARD_FACTOR
+    if op.kind == "attention" and flash_attention:
+        flops *= CAUSAL_FRACTION
+        backward_factor = FLASH_BACKWARD_FACTOR
+    return ExecutedFlops(forward=flops, backward=backward_factor * flops)
+
+
 # --------------------------------------------------------------------------- communication
+
+
+def executed_training_flops(
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, *, flash_attention: bool
+) -> float:
+    """FLOPs the GPUs run for one microbatch's forward and backward through the whole model
+    (:func:`executed_flops` of every op), recomputation aside."""
+    index = lowered(model, training, micro_batch_size)[1]
+    total = 0.0
+    for ops in index.ops_by_layer.values():
+        for op in ops:
+            executed = executed_flops(op, flash_attention=flash_attention)
+            total += executed.forward + executed.backward
+    return total

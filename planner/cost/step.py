@@ -298,13 +298,18 @@ def throughput(
     cluster: ClusterSpec,
     *,
     forward_flops_per_sequence: float,
+    executed_flops_per_sequence: float,
     recompute_flops_per_sequence: float,
 ) -> Throughput:
-    """Model FLOPs are three times the forward's (forward, and backward twice; Narayanan et
-    al. 2021), hardware FLOPs add the forward work recomputation reruns."""
+    """A step's rates. Model FLOPs are three times the forward's, full attention scores
+    included (forward, and backward twice: Narayanan et al., SC'21, Eq. 3; the convention MFU
+    is reported in). Hardware FLOPs are what the GPUs execute
+    (:func:`planner.cost.executed_flops`: fused causal attention computes half the scores and
+    recomputes them in its backward) plus the forward work recomputation reruns; they are
+    timed by the same cost model, so hardware FLOP/s never exceed the device's peak."""
     sequences = training.global_batch_size
     model = 3 * forward_flops_per_sequence * sequences
-    hardware = model + recompute_flops_per_sequence * sequences
+    hardware = (executed_flops_per_sequence + recompute_flops_per_sequence) * sequences
     per_device_s = step_s * cluster.num_devices
     return Throughput(
         tokens_per_s=sequences * training.seq_length / step_s,

@@ -202,6 +202,7 @@ def predicted(
     cluster: cost.ClusterSpec,
     training: TrainingSpec,
     forward_flops_per_sequence: float,
+    executed_flops_per_sequence: float,
     micro_batch_size: int,
 ) -> Predicted:
     """The plan's headline numbers; ``micro_batch_size`` is the pipeline's (the recomputed
@@ -213,5 +214,6 @@ def predicted(
             rerun += option.parts.rerun_flops[option.parts.mode(option.recompute)]
     rates = throughput(step.step_s, training, cluster,
                        forward_flops_per_sequence=forward_flops_per_sequence,
+                       executed_flops_per_sequence=executed_flops_per_sequence,
                        recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
     return headline(step, rates)

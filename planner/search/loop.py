@@ -276,6 +276,8 @@ def _plan(
             cluster=ctx.cluster,
             training=training,
             forward_flops_per_sequence=model_flops_per_sequence(ctx.model, training.seq_length),
+            executed_flops_per_sequence=cost.executed_training_flops(
+                ctx.model, training, 1, flash_attention=ctx.options.flash_attention),
             micro_batch_size=c.mesh_micro_batch_size,
         ),
         solver=SolverSummary(

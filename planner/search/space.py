@@ -44,8 +44,10 @@ class Candidate:
     vpp: int
     """Virtual stages (model chunks) per pipeline stage; 1: not interleaved."""
     lower_bound_s: float
-    """A lower bound on the step, in seconds, that orders the search: three times the model's
-    forward FLOPs at the GEMM efficiency ceiling, stretched by the pipeline's fill and drain."""
+    """A lower bound on the step, in seconds, that orders the search: the FLOPs the GPUs
+    execute for a microbatch's forward and backward (:func:`planner.cost.executed_flops`, so
+    causal attention's skipped half is not counted) at the GEMM efficiency ceiling, stretched
+    by the pipeline's fill and drain."""
 
 
 def candidates(
@@ -56,7 +58,8 @@ def candidates(
     per_node = cluster.devices_per_node
     layers = model.num_layers
     gbs = training.global_batch_size
-    flops = model_flops_per_sequence(model, training.seq_length)
+    flops = cost.executed_training_flops(model, training, 1,
+                                         flash_attention=options.flash_attention)  # fmt: skip
     max_nodes = options.max_mesh_nodes or (2 if model.moe else 1)
     out = []
     for replicas in divisors(n_dev):
@@ -79,7 +82,7 @@ def candidates(
                     continue
                 m = gbs // (replicas * b)
                 per_microbatch = cost.compute_lower_bound_s(
-                    cluster.device, training.precision, flops=3 * flops * b / devices
+                    cluster.device, training.precision, flops=flops * b / devices
                 )
                 for schedule, v in _schedules(layers, stages, m, options.interleaved):
                     if not options.pins.admits(vpp=v):

@@ -197,8 +197,11 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         if v == 0:
             layer_input = s.input_bytes
         weights += s.weights
-        flops += sum(op.flops for op in node.ops)
-        attention_flops += sum(op.flops for op in node.ops if op.kind == "attention")
+        executed = [cost.executed_flops(op, flash_attention=layer.context.flash_attention)
+                    for op in node.ops]  # fmt: skip
+        flops += sum(e.forward for e in executed)
+        attention_flops += sum(e.forward for op, e in zip(node.ops, executed, strict=True)
+                               if op.kind == "attention")  # fmt: skip
     reshard = reshard_forward = 0.0
     for edge in layer.edges:
         total, fwd = edge_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])

@@ -212,6 +212,8 @@ def estimate(
     rates = throughput(
         step.step_s, training, cluster,
         forward_flops_per_sequence=forward_flops(model, training, c.mbs) / c.mbs,
+        executed_flops_per_sequence=cost.executed_training_flops(
+            model, training, c.mbs, flash_attention=c.flash_attention) / c.mbs,
         recompute_flops_per_sequence=recompute_flops / sequences,
     )  # fmt: skip
     peak_bytes = sum(step.peak_memory_bytes)
