@@ -18,10 +18,10 @@ from planner.diagnose.calibration import (
     BUNDLED_CLUSTERS,
     ValidationRow,
     load_runs,
-    measured_step_time_s,
     predict_s,
     validation_rows,
 )
+from planner.diagnose.runs import measured_step_time_s
 from planner.errors import InputError
 from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster

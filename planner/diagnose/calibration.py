@@ -21,198 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from planner.diagnose.runs import DEVICES, CalibrationRun, load_runs
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
-from planner.spec import ClusterSpec, GemmEfficiency, ModelSpec
-from planner.spec.limits import MAX_DEVICES
-from planner.spec.messages import describe_validation_error, short_repr
+from planner.spec import ClusterSpec, GemmEfficiency
 from planner.spec.reading import load_cluster, read_json
 from planner.uniform.estimate import estimate
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CalibrationRun:
-    """One published run, ready to estimate."""
-
-    id: str
-    """The record's id in ``calibration_runs.json``."""
-    model: ModelSpec
-    """The model the record describes (:func:`model_from_record`)."""
-    config: ParallelConfig
-    """The configuration it ran with (:func:`config_from_record`)."""
-    num_devices: int
-    """Devices (GPUs) of the run."""
-    device: str
-    """``A100`` or ``H100``: which bundled cluster type ran it."""
-    measured_step_time_s: float
-    """The step time the record gives or implies (:func:`measured_step_time_s`)."""
-    basis: str
-    """How the measured step time was obtained from the record."""
-
-
-def narayanan_eq3_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
-    """FLOPs of one step with full recomputation, Narayanan et al. (SC'21) Eq. 3:
-    ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``."""
-    b, s, l, h, v = batch, seq, layers, hidden, vocab  # noqa: E741 (the paper's letters)
-    return 96 * b * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
-
-
-def model_flops_eq(*, batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
-    """Model FLOPs of one step (no recomputation), Korthikanti et al. (MLSys'23) Eq. 7:
-    ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))``."""
-    b, s, l, h, v = batch, seq, layers, hidden, vocab  # noqa: E741 (the paper's letters)
-    return 72 * b * s * l * h**2 * (1 + s / (6 * h) + v / (12 * l * h))
-
-
-def _is_megatron_core_2024(record: dict[str, Any]) -> bool:
-    # The 2024 Megatron-Core table states its flags; the 2021 runs predate all of them.
-    return "--tp-comm-overlap" in record["source"]
-
-
-def model_from_record(record: dict[str, Any]) -> ModelSpec:
-    """The GPT model a record describes (Megatron's GPT: GeLU, LayerNorm, biases, dropout 0.1
-    as Megatron-LM's defaults; tied learned positions for the 2021 runs, untied RoPE for the
-    2024 table, whose parameter counts imply it)."""
-    m = record["model"]
-    modern = _is_megatron_core_2024(record)
-    return ModelSpec(
-        name=m["name"],
-        num_layers=m["layers"],
-        hidden_size=m["hidden"],
-        num_attention_heads=m["heads"],
-        num_query_groups=m.get("kv_heads") or m["heads"],
-        ffn_hidden_size=m["ffn_hidden"],
-        vocab_size=m["vocab"],
-        max_position_embeddings=m["seq_len"],
-        position_embedding="rope" if modern else "learned",
-        tie_word_embeddings=not modern,
-        hidden_dropout=0.1,
-        attention_dropout=0.1,
-    )
-
-
-def config_from_record(record: dict[str, Any]) -> ParallelConfig:
-    """The configuration a record ran with; open fields take the software's defaults.
-
-    2021 Megatron-LM (Narayanan et al.; the GPT-3 README example): no fused attention, no
-    communication overlap, no distributed optimizer. 2024 Megatron-Core table: the flags its
-    README lists (``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``, the
-    distributed optimizer, sequence parallelism, which tensor-parallel overlap needs), fused
-    attention; microbatch 1 and no recomputation, Megatron's defaults, where not stated.
-    """
-    p = record["parallel"]
-    modern = _is_megatron_core_2024(record)
-    recompute = p.get("recompute") or "none"
-    zero = p.get("zero") or 0
-    precision = record["precision"].lower()
-    return ParallelConfig(
-        tp=p["tp"],
-        pp=p["pp"],
-        dp=p["dp"],
-        cp=p.get("cp") or 1,
-        ep=p.get("ep") or 1,
-        vpp=p.get("vpp") or 1,
-        sp=p["sp"] if p.get("sp") is not None else modern,
-        mbs=p.get("microbatch") or 1,
-        global_batch=p["global_batch"],
-        seq_len=record["model"]["seq_len"],
-        recompute="full" if recompute.startswith("full") else recompute,
-        zero=1 if isinstance(zero, str) and "distributed optimizer" in zero else int(zero),
-        precision="fp16" if precision.startswith("fp16") else "bf16",
-        flash_attention=modern,
-        overlap_grad_reduce=modern,
-        overlap_param_gather=modern,
-        tp_comm_overlap=modern,
-    )
-
-
-def measured_step_time_s(record: dict[str, Any]) -> tuple[float, str]:
-    """The run's step time and how it was obtained.
-
-    A published step time is used as it is; otherwise the published TFLOP/s per GPU are turned
-    back into seconds with the FLOP count their definition names (Narayanan's Eq. 3 counts the
-    recomputed forward; "model FLOPs" do not).
-    """
-    measured = record["measured"]
-    if measured.get("step_time_s"):
-        return float(_number(measured, "step_time_s")), "published step time"
-    m, p = record["model"], record["parallel"]
-    size = dict(batch=_number(p, "global_batch"), seq=_number(m, "seq_len"),
-                layers=_number(m, "layers"), hidden=_number(m, "hidden"),
-                vocab=_number(m, "vocab"))  # fmt: skip
-    definition = measured["tflops_definition"]
-    if "Eq.3" in definition:
-        flops, basis = narayanan_eq3_flops(**size), "Eq. 3 FLOPs / published TFLOP/s"
-    elif "model FLOPs" in definition:
-        flops, basis = model_flops_eq(**size), "model FLOPs / published TFLOP/s"
-    else:
-        raise InputError(f"{record['id']}: unknown tflops_definition {definition!r}")
-    per_gpu = _number(measured, "tflops_per_gpu") * 1e12
-    return flops / (per_gpu * _number(record["cluster"], "num_gpus")), basis
-
-
-def _number(section: dict[str, Any], key: str) -> float:
-    """``section[key]``, which must be a finite number: a record is read by indexing, and a
-    string would repeat itself in the FLOP formula instead of failing."""
-    value = section[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TypeError(f"{key} must be a number, got {short_repr(value)}")
-    return value
-
-
-def run_from_record(record: dict[str, Any]) -> CalibrationRun:
-    """A record of ``calibration_runs.json`` as estimate inputs and a measured step time."""
-    seconds, basis = measured_step_time_s(record)
-    if not (isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"the measured step time is {seconds!r} s, not a positive number")
-    gpu = record["cluster"]["gpu"]
-    num_gpus = record["cluster"]["num_gpus"]
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int):
-        raise TypeError(f"cluster.num_gpus must be an integer, got {short_repr(num_gpus)}")
-    if not 0 < num_gpus <= MAX_DEVICES:
-        raise ValueError(f"cluster.num_gpus {num_gpus} is not in 1..{MAX_DEVICES}")
-    return CalibrationRun(
-        id=str(record["id"]),
-        model=model_from_record(record),
-        config=config_from_record(record),
-        num_devices=num_gpus,
-        device="H100" if "H100" in gpu else "A100",
-        measured_step_time_s=seconds,
-        basis=basis,
-    )
-
-
-def load_runs(path: str | Path) -> list[CalibrationRun]:
-    """Every record of a ``calibration_runs.json`` whose configuration is complete."""
-    records = read_json(Path(path))
-    if not isinstance(records, list):
-        raise InputError(f"{path}: expected a JSON list of run records")
-    runs = []
-    for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise InputError(f"{path}: record {index}: expected a JSON object, got "
-                             f"{type(record).__name__}")  # fmt: skip
-        if record.get("config_complete", True):
-            runs.append(_run_of(record, f"{path}: record {index} ({short_repr(record.get('id'))})"))
-    return runs
-
-
-def _run_of(record: dict[str, Any], where: str) -> CalibrationRun:
-    """:func:`run_from_record`, every way a hand-edited record can be wrong an InputError
-    that names the record (the records are read by plain indexing, not a schema)."""
-    try:
-        return run_from_record(record)
-    except ValidationError as exc:
-        raise InputError(describe_validation_error(where, exc)) from None
-    except InputError as exc:
-        raise InputError(f"{where}: {exc}") from None
-    except KeyError as exc:
-        raise InputError(f"{where}: required field {short_repr(exc.args[0])} is missing") from None
-    except (TypeError, AttributeError, ValueError, ZeroDivisionError, OverflowError) as exc:
-        text = " ".join(str(exc).split())  # one line, whatever the exception said
-        raise InputError(f"{where}: malformed ({type(exc).__name__}: {text[:200]})") from None
 
 
 def with_gemm_efficiency(cluster: ClusterSpec, gemm: GemmEfficiency) -> ClusterSpec:
@@ -288,8 +102,8 @@ def fit_gemm_efficiency(
     return gemm, error
 
 
-# Which bundled cluster file ran each GPU's records.
-BUNDLED_CLUSTERS = {"A100": "dgx-a100-80gb.json", "H100": "dgx-h100-80gb.json"}
+# Which bundled cluster file ran each device's records.
+BUNDLED_CLUSTERS = {key: device.cluster_file for key, device in DEVICES.items()}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -242,10 +242,51 @@ class GemmEfficiency(_Frozen):
     source: str | None = Field(default=None, description="How these values were obtained.")
 
 
+class AttentionEfficiency(_Frozen):
+    """Achieved fraction of peak FLOP/s for a fused attention kernel (FlashAttention's).
+
+    ``fraction(s) = max_fraction * s / (s + half_saturation_tokens)`` for a kernel whose
+    queries each attend to ``s`` keys on average (half the sequence under a causal mask): the
+    softmax, masking and rescaling between the two matmuls cost a share that shrinks as the
+    key blocks grow (Dao, 2023, FlashAttention-2, Sec. 3 and 4.1). Absent, fused attention
+    runs at the GEMM curve's efficiency, which overstates it.
+    """
+
+    max_fraction: Float = Field(gt=0, le=1, description="The long-sequence limit.")
+    half_saturation_tokens: Float = Field(
+        ge=0, le=lim.MAX_SEQ_LENGTH, description="Keys per query at which half the limit is "
+        "reached."
+    )
+    source: str | None = Field(default=None, description="How these values were obtained.")
+
+
+class ValidationBand(_Frozen):
+    """How far predictions missed the published runs of one kind on this device: what the
+    error band printed beside a step time rests on."""
+
+    parallelism: Literal["sharded-data-parallel", "data-parallel", "model-parallel"] = Field(
+        description="The runs' kind: ZeRO-3/FSDP with no model parallelism; plain data "
+        "parallelism (ZeRO 0-2); tensor or pipeline parallelism."
+    )
+    runs: Int = Field(gt=0, description="How many runs the band rests on.")
+    p80_abs_error: Float = Field(
+        ge=0, description="80th percentile of |predicted / measured - 1| over those runs."
+    )
+    median_error: Float = Field(
+        ge=-1, description="Median signed error (negative: predicted too fast)."
+    )
+    families: tuple[str, ...] = Field(description="The framework families of those runs.")
+
+
 class DeviceEfficiency(_Frozen):
     """Calibration of one device: how far real kernels fall short of the data sheet."""
 
     gemm: GemmEfficiency = GemmEfficiency()
+    attention: AttentionEfficiency | None = None
+    validation: tuple[ValidationBand, ...] = Field(
+        default=(), description="Residuals of `planner calibrate` by kind of run; empty for a "
+        "device no published run validates."
+    )
     memory_bound_fraction: Float = Field(
         default=1.0, gt=0, le=1, description="Achieved fraction of HBM bandwidth."
     )

@@ -1,0 +1,345 @@
+"""Published training runs read as test cases: the model, configuration, device and measured
+step time of each record of a runs file (``calibration_runs.json``, ``fsdp_runs.json``, or a
+user's file of the same layout).
+
+A record with a ``software`` block is read from it (framework, fused attention, dropout, FSDP
+sharding, checkpointing); one without is a Megatron-LM run of its era, read by the rules in
+:func:`config_from_record`. Those rules depend only on what the record's source says about the
+software, never on the measured number.
+
+>>> record = {"id": "r", "software": {"framework": "PyTorch FSDP", "dropout": 0.0,
+...           "fused_attention": True}}
+>>> software_of(record).family, software_of(record).fused_attention
+('fsdp', True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.errors import InputError
+from planner.plan.config import ParallelConfig
+from planner.spec import ModelSpec
+from planner.spec.limits import MAX_DEVICES
+from planner.spec.messages import describe_validation_error, short_repr
+from planner.spec.reading import read_json
+
+# The software fields a record may state; anything else is refused rather than ignored, so a
+# field this reader does not understand cannot silently fall back to a default.
+SOFTWARE_FIELDS = frozenset({
+    "framework", "fused_attention", "dropout", "data_parallel", "activation_checkpointing",
+    "pipeline_or_tensor_parallel",
+})  # fmt: skip
+# Framework families, by a word their name contains. A family is what the error bands and the
+# out-of-family validation group runs by.
+FAMILIES = (("megatron", "megatron"), ("fsdp", "fsdp"), ("deepspeed", "deepspeed"),
+            ("torchtitan", "fsdp"))  # fmt: skip
+# FSDP's sharding strategies as ZeRO stages (torch/distributed/fsdp/api.py, ShardingStrategy).
+FSDP_SHARDING = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Software:
+    """What a record says about the software that ran it."""
+
+    family: str
+    """``megatron``, ``fsdp`` or ``deepspeed``."""
+    fused_attention: bool
+    """Whether attention ran as one fused kernel (FlashAttention or cuDNN's)."""
+    dropout: float
+    """Hidden and attention dropout probability."""
+    megatron_core_2024: bool
+    """The 2024 Megatron-Core table, whose README states its overlap flags."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationRun:
+    """One published run, ready to estimate."""
+
+    id: str
+    """The record's id."""
+    model: ModelSpec
+    """The model the record describes (:func:`model_from_record`)."""
+    config: ParallelConfig
+    """The configuration it ran with (:func:`config_from_record`)."""
+    num_devices: int
+    """Devices (GPUs) of the run."""
+    device: str
+    """The bundled cluster type that ran it: a key of :data:`DEVICES`."""
+    family: str
+    """The framework family (:class:`Software`)."""
+    measured_step_time_s: float
+    """The step time the record gives or implies (:func:`measured_step_time_s`)."""
+    basis: str
+    """How the measured step time was obtained from the record."""
+
+    @property
+    def chip(self) -> str:
+        """The accelerator, whatever its memory: what a fitted efficiency belongs to."""
+        return DEVICES[self.device].chip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """A device of the published runs and the bundled cluster that models it."""
+
+    chip: str
+    """The accelerator (``A100``): runs of one chip share its fitted efficiencies."""
+    cluster_file: str
+    """The bundled cluster file of that device."""
+
+
+# Record GPU names to bundled clusters: the first key whose words all appear in the name wins.
+DEVICES = {
+    "A100-40GB": Device(chip="A100", cluster_file="dgx-a100-40gb.json"),
+    "A100": Device(chip="A100", cluster_file="dgx-a100-80gb.json"),
+    "H100": Device(chip="H100", cluster_file="dgx-h100-80gb.json"),
+}
+
+
+def device_of(gpu: str) -> str:
+    """The key of :data:`DEVICES` for a record's GPU name.
+
+    >>> device_of("A100 40GB"), device_of("A100-SXM4-80GB"), device_of("H100-SXM5-80GB")
+    ('A100-40GB', 'A100', 'H100')
+    """
+    words = gpu.upper().replace("-", " ").split()
+    for key in DEVICES:
+        if all(w in words for w in key.split("-")):
+            return key
+    raise InputError(f"cluster.gpu {gpu!r} is none of the bundled devices ({', '.join(DEVICES)})")
+
+
+def software_of(record: dict[str, Any]) -> Software:
+    """The record's ``software`` block, or the Megatron-LM of its era when it has none."""
+    modern = "--tp-comm-overlap" in str(record.get("source", ""))
+    block = record.get("software")
+    if block is None:
+        return Software(family="megatron", fused_attention=modern, dropout=0.1,
+                        megatron_core_2024=modern)  # fmt: skip
+    if not isinstance(block, dict):
+        raise InputError(f"software must be an object, got {short_repr(block)}")
+    unknown = sorted(set(block) - SOFTWARE_FIELDS)
+    if unknown:
+        raise InputError(f"software.{unknown[0]} is not a field this reader knows (known: "
+                         f"{', '.join(sorted(SOFTWARE_FIELDS))})")  # fmt: skip
+    framework = str(block.get("framework", ""))
+    family = next((f for word, f in FAMILIES if word in framework.lower()), None)
+    if family is None:
+        raise InputError(f"software.framework {framework!r} names no known framework "
+                         f"(Megatron, FSDP, DeepSpeed, torchtitan)")  # fmt: skip
+    fused = block.get("fused_attention", modern)
+    dropout = block.get("dropout", 0.1 if family == "megatron" else 0.0)
+    if not isinstance(fused, bool):
+        raise InputError(f"software.fused_attention must be true or false, got {fused!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise InputError(f"software.dropout must be a probability, got {short_repr(dropout)}")
+    return Software(family=family, fused_attention=fused, dropout=float(dropout),
+                    megatron_core_2024=modern)  # fmt: skip
+
+
+def model_from_record(record: dict[str, Any]) -> ModelSpec:
+    """The GPT model a record describes: GeLU, LayerNorm, biases (Megatron's GPT and MPT as
+    benchmarked, whose parameter counts imply them); tied learned positions, except the 2024
+    Megatron-Core table, whose parameter counts imply untied RoPE."""
+    m = record["model"]
+    software = software_of(record)
+    modern = software.megatron_core_2024
+    return ModelSpec(
+        name=m["name"],
+        num_layers=m["layers"],
+        hidden_size=m["hidden"],
+        num_attention_heads=m["heads"],
+        num_query_groups=m.get("kv_heads") or m["heads"],
+        ffn_hidden_size=m["ffn_hidden"],
+        vocab_size=m["vocab"],
+        max_position_embeddings=m["seq_len"],
+        position_embedding="rope" if modern else "learned",
+        tie_word_embeddings=not modern,
+        hidden_dropout=software.dropout,
+        attention_dropout=software.dropout,
+    )
+
+
+def config_from_record(record: dict[str, Any]) -> ParallelConfig:
+    """The configuration a record ran with; open fields take the software's defaults.
+
+    2021 Megatron-LM (Narayanan et al.; the GPT-3 README example): no fused attention, no
+    communication overlap, no distributed optimizer. 2024 Megatron-Core table: the flags its
+    README lists (``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``, the
+    distributed optimizer, sequence parallelism, which tensor-parallel overlap needs), fused
+    attention; microbatch 1 and no recomputation, Megatron's defaults, where not stated.
+    PyTorch FSDP: ``parallel.fsdp_sharding`` names the ZeRO stage; it reduce-scatters each
+    layer's gradients during the backward and prefetches the next layer's weights
+    (``torch/distributed/fsdp``: ``backward_prefetch`` and ``forward_prefetch``), which is
+    what the two overlap flags mean here.
+    """
+    p = record["parallel"]
+    software = software_of(record)
+    modern = software.megatron_core_2024
+    fsdp = software.family == "fsdp"
+    recompute = p.get("recompute") or "none"
+    zero = p.get("zero") or 0
+    if p.get("fsdp_sharding") is not None:
+        if p["fsdp_sharding"] not in FSDP_SHARDING:
+            raise InputError(f"parallel.fsdp_sharding {p['fsdp_sharding']!r} is not one of "
+                             f"{', '.join(FSDP_SHARDING)}")  # fmt: skip
+        zero = FSDP_SHARDING[p["fsdp_sharding"]]
+    precision = record["precision"].lower()
+    return ParallelConfig(
+        tp=p["tp"],
+        pp=p["pp"],
+        dp=p["dp"],
+        cp=p.get("cp") or 1,
+        ep=p.get("ep") or 1,
+        vpp=p.get("vpp") or 1,
+        sp=p["sp"] if p.get("sp") is not None else modern,
+        mbs=p.get("microbatch") or 1,
+        global_batch=p["global_batch"],
+        seq_len=record["model"]["seq_len"],
+        recompute="full" if recompute.startswith("full") else recompute,
+        zero=1 if isinstance(zero, str) and "distributed optimizer" in zero else int(zero),
+        precision="fp16" if precision.startswith("fp16") else "bf16",
+        flash_attention=software.fused_attention,
+        overlap_grad_reduce=modern or fsdp,
+        overlap_param_gather=modern or fsdp,
+        tp_comm_overlap=modern,
+    )
+
+
+def narayanan_eq3_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """FLOPs of one step with full recomputation, Narayanan et al. (SC'21) Eq. 3:
+    ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``."""
+    b, s, l, h, v = batch, seq, layers, hidden, vocab  # noqa: E741 (the paper's letters)
+    return 96 * b * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+
+
+def model_flops_eq(*, batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """Model FLOPs of one step (no recomputation), Korthikanti et al. (MLSys'23) Eq. 7:
+    ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))``."""
+    b, s, l, h, v = batch, seq, layers, hidden, vocab  # noqa: E741 (the paper's letters)
+    return 72 * b * s * l * h**2 * (1 + s / (6 * h) + v / (12 * l * h))
+
+
+def measured_step_time_s(record: dict[str, Any]) -> tuple[float, str] | None:
+    """The run's step time and how it was obtained; None when the record measures neither a
+    step time nor a throughput.
+
+    A published step time is used as it is; a token throughput gives the step's tokens over
+    it; published TFLOP/s per GPU are turned back into seconds with the FLOP count their
+    definition names (Narayanan's Eq. 3 counts the recomputed forward; "model FLOPs" do not).
+    """
+    measured = record["measured"]
+    m, p = record["model"], record["parallel"]
+    if measured.get("step_time_s"):
+        return float(_number(measured, "step_time_s")), "published step time"
+    if measured.get("tokens_per_s"):
+        tokens = _number(p, "global_batch") * _number(m, "seq_len")
+        return tokens / _number(measured, "tokens_per_s"), "tokens per step / published tokens/s"
+    if not measured.get("tflops_per_gpu"):
+        return None
+    size = dict(batch=_number(p, "global_batch"), seq=_number(m, "seq_len"),
+                layers=_number(m, "layers"), hidden=_number(m, "hidden"),
+                vocab=_number(m, "vocab"))  # fmt: skip
+    definition = measured.get("tflops_definition", "")
+    if "Eq.3" in definition:
+        flops, basis = narayanan_eq3_flops(**size), "Eq. 3 FLOPs / published TFLOP/s"
+    elif "model FLOPs" in definition:
+        flops, basis = model_flops_eq(**size), "model FLOPs / published TFLOP/s"
+    else:
+        raise InputError(f"unknown measured.tflops_definition {definition!r}")
+    per_gpu = _number(measured, "tflops_per_gpu") * 1e12
+    return flops / (per_gpu * _number(record["cluster"], "num_gpus")), basis
+
+
+def _number(section: dict[str, Any], key: str) -> float:
+    """``section[key]``, which must be a finite number: a record is read by indexing, and a
+    string would repeat itself in the FLOP formula instead of failing."""
+    value = section[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(f"{key} must be a number, got {short_repr(value)}")
+    return value
+
+
+def run_from_record(record: dict[str, Any]) -> CalibrationRun | None:
+    """A record as estimate inputs and a measured step time; None when it measures nothing."""
+    measured = measured_step_time_s(record)
+    if measured is None:
+        return None
+    seconds, basis = measured
+    if not (isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"the measured step time is {seconds!r} s, not a positive number")
+    num_gpus = record["cluster"]["num_gpus"]
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int):
+        raise TypeError(f"cluster.num_gpus must be an integer, got {short_repr(num_gpus)}")
+    if not 0 < num_gpus <= MAX_DEVICES:
+        raise ValueError(f"cluster.num_gpus {num_gpus} is not in 1..{MAX_DEVICES}")
+    return CalibrationRun(
+        id=str(record["id"]),
+        model=model_from_record(record),
+        config=config_from_record(record),
+        num_devices=num_gpus,
+        device=device_of(str(record["cluster"]["gpu"])),
+        family=software_of(record).family,
+        measured_step_time_s=seconds,
+        basis=basis,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadedRuns:
+    """The runs of some files, and the records left out with the reason."""
+
+    runs: list[CalibrationRun]
+    """Every complete record that measures a step time or throughput."""
+    skipped: list[str]
+    """One line per record left out: its id and why."""
+
+
+def load_runs_noting(*paths: str | Path) -> LoadedRuns:
+    """Every complete, measured record of the runs files at ``paths``, in order."""
+    runs, skipped = [], []
+    for path in paths:
+        records = read_json(Path(path))
+        if not isinstance(records, list):
+            raise InputError(f"{path}: expected a JSON list of run records")
+        for index, record in enumerate(records):
+            if not isinstance(record, dict):
+                raise InputError(f"{path}: record {index}: expected a JSON object, got "
+                                 f"{type(record).__name__}")  # fmt: skip
+            where = f"{path}: record {index} ({short_repr(record.get('id'))})"
+            if not record.get("config_complete", True):
+                skipped.append(f"{record.get('id')}: configuration incomplete")
+                continue
+            run = _run_of(record, where)
+            if run is None:
+                skipped.append(f"{record.get('id')}: no measured step time or throughput")
+            else:
+                runs.append(run)
+    return LoadedRuns(runs=runs, skipped=skipped)
+
+
+def load_runs(*paths: str | Path) -> list[CalibrationRun]:
+    """Every complete, measured record of the runs files at ``paths``."""
+    return load_runs_noting(*paths).runs
+
+
+def _run_of(record: dict[str, Any], where: str) -> CalibrationRun | None:
+    """:func:`run_from_record`, every way a hand-edited record can be wrong an InputError
+    that names the record (the records are read by plain indexing, not a schema)."""
+    try:
+        return run_from_record(record)
+    except ValidationError as exc:
+        raise InputError(describe_validation_error(where, exc)) from None
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    except KeyError as exc:
+        raise InputError(f"{where}: required field {short_repr(exc.args[0])} is missing") from None
+    except (TypeError, AttributeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        text = " ".join(str(exc).split())  # one line, whatever the exception said
+        raise InputError(f"{where}: malformed ({type(exc).__name__}: {text[:200]})") from None
