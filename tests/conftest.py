@@ -17,6 +17,7 @@ SHARED = REPO.parent / "shared"
 MODELS = REPO / "instances" / "models"
 CLUSTERS = REPO / "instances" / "clusters"
 CALIBRATION_RUNS = SHARED / "validation" / "calibration_runs.json"
+FSDP_RUNS = SHARED / "validation" / "fsdp_runs.json"
 PARAM_COUNTS = SHARED / "validation" / "param_counts.json"
 HF = SHARED / "reference" / "hf"
 

@@ -27,8 +27,9 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-from planner.diagnose.calibration import BUNDLED_CLUSTERS, load_runs, validation_rows
+from planner.diagnose.calibration import BUNDLED_CLUSTERS, validation_rows
 from planner.diagnose.info import model_info
+from planner.diagnose.runs import load_runs
 from planner.errors import PlannerError
 from planner.frameworks import FRAMEWORKS, launch
 from planner.plan.config import ParallelConfig

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
@@ -226,3 +227,62 @@ def test_exposed_never_negative() -> None:
     assert cost.exposed_s(1.0, 3.0) == 0.0
     assert cost.exposed_s(3.0, 1.0) == 2.0
     assert math.isclose(cost.exposed_s(2.5, 0.0), 2.5)
+
+
+def _ring_timeline_exposed_s(step_s: float, compute_s: float, n: int) -> float:
+    """A ring of ``n`` steps simulated step by step: each of the first ``n - 1`` steps computes
+    its block (``compute_s / n``) while the next block arrives (``step_s``); a step starts when
+    both are done. Returns the time beyond the compute."""
+    clock = 0.0
+    for _ in range(n - 1):
+        clock += max(compute_s / n, step_s)
+    return clock + compute_s / n - compute_s
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ring_attention_exposure_matches_a_step_by_step_ring(seed: int) -> None:
+    """cost.ring_attention_exposed_s against a step-by-step simulation of the ring, forward
+    (one block per step) and backward (the block and its gradient: twice the bytes)."""
+    rng = random.Random(seed)
+    n = rng.choice([2, 4, 8])
+    cluster = ClusterSpec.model_validate({
+        "name": "c", "num_nodes": 1, "devices_per_node": 8,
+        "device": {"name": "g", "memory_gib": 80, "memory_bandwidth_gb_s": 2000,
+                   "peak_tflops": {"bf16": 300}},
+        "network": [{"name": "l", "domain_devices": 8, "bandwidth_gb_s": 100, "latency_us": 0}],
+    })  # fmt: skip
+    kv = rng.uniform(1e6, 1e9)
+    forward, backward = rng.uniform(1e-4, 1e-2), rng.uniform(1e-4, 3e-2)
+    total, fwd = cost.ring_attention_exposed_s(cluster, kv, cost.CommGroup(size=n),
+                                               forward_s=forward, backward_s=backward)  # fmt: skip
+    step = (n - 1) / n * kv / 100e9 / (n - 1)
+    assert fwd == pytest.approx(_ring_timeline_exposed_s(step, forward, n), rel=1e-9, abs=1e-15)
+    assert total - fwd == pytest.approx(_ring_timeline_exposed_s(2 * step, backward, n),
+                                        rel=1e-9, abs=1e-15)  # fmt: skip
+
+
+def test_fused_attention_runs_at_its_own_curve(cluster: ClusterSpec) -> None:
+    """With an attention curve, a fused causal attention core runs at that curve's fraction
+    for half its sequence of keys and its head dim, whatever the GEMM curve says; without one,
+    at the GEMM curve (as before calibration)."""
+    from planner.graph import lowered
+    from planner.spec import AttentionEfficiency, ModelSpec, TrainingSpec
+
+    model = ModelSpec(name="m", num_layers=1, hidden_size=2048, num_attention_heads=16,
+                      vocab_size=1000, max_position_embeddings=8192)  # fmt: skip
+    index = lowered(model, TrainingSpec(seq_length=8192, global_batch_size=1), 1)[1]
+    [core] = [op for op in index.ops_by_layer[1] if op.kind == "attention"]
+    assert core.head_dim == 128
+    curve = AttentionEfficiency(max_fraction=0.5, half_saturation_tokens=4096,
+                                half_saturation_head_dim=32)  # fmt: skip
+    data = cluster.device.model_dump()
+    data["efficiency"]["attention"] = curve.model_dump()
+    device = DeviceSpec.model_validate(data)
+    times = cost.op_time(core, device, "bf16", activation_degrees={}, weight_degrees={},
+                         compute_degree=1)  # fmt: skip
+    fraction = 0.5 * 4096 / (4096 + 4096) * 128 / (128 + 32)
+    executed = cost.executed_flops(core, flash_attention=True)
+    launch = device.efficiency.kernel_launch_us * 1e-6
+    peak = device.peak_flops_per_s("bf16")
+    assert times.forward_s == pytest.approx(executed.forward / (peak * fraction) + launch)
+    assert times.backward_s == pytest.approx(executed.backward / (peak * fraction) + 2 * launch)

@@ -25,7 +25,7 @@ from planner.cli.app import (
     render,
 )
 from planner.cost import memory_margin_bytes
-from planner.diagnose.calibration import calibrate_file, validate
+from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.info import model_info
 from planner.errors import InfeasibleError
 from planner.frameworks import check_framework
@@ -204,29 +204,37 @@ def layer_cmd(
         render(report.layer_tables(solution))
 
 
+ClustersOpt = Annotated[Path, typer.Option(help="Folder of the bundled clusters.")]
+RunsArg = Annotated[list[Path], typer.Argument(
+    help="Runs files: calibration_runs.json, fsdp_runs.json, or your own of that layout.")]
+
+
 @app.command("validate")
 def validate_cmd(
-    runs: Annotated[Path, typer.Argument(help="calibration_runs.json")],
-    clusters: Annotated[Path, typer.Option(help="Folder of the bundled clusters.")] = Path(
-        "instances/clusters"
-    ),
+    runs: RunsArg,
+    clusters: ClustersOpt = Path("instances/clusters"),
     as_json: JsonOpt = False,
 ) -> None:
     """Predicted against measured step time for every published run."""
-    rows = validate(runs, clusters)
+    result = validate(runs, clusters)
     if as_json:
-        print_json([row.to_dict() for row in rows])
+        print_json({"runs": [row.to_dict() for row in result.rows], "skipped": result.skipped})
     else:
-        render(report.validation_tables(rows))
+        render(report.validation_tables(result.rows, result.skipped))
 
 
 @app.command("calibrate")
 def calibrate_cmd(
-    runs: Annotated[Path, typer.Argument(help="calibration_runs.json")],
-    cluster: ClusterArg,
-    gpu: Annotated[str, typer.Option(help="Which runs to fit: A100 or H100.")],
-    write: Annotated[bool, typer.Option(help="Write the fit into CLUSTER.")] = False,
+    runs: RunsArg,
+    gpu: Annotated[str, typer.Option(help="Which chip's runs to fit: A100 or H100.")],
+    clusters: ClustersOpt = Path("instances/clusters"),
+    exclude_family: Annotated[list[str] | None, typer.Option(
+        help="Leave a framework family's runs out of the fit (megatron, fsdp) and predict "
+        "them: validation out of family.")] = None,
+    write: Annotated[bool, typer.Option(
+        help="Write the fit and the error bands into the chip's cluster files.")] = False,
 ) -> None:
-    """Fit the device's GEMM efficiency to the published runs of that GPU."""
-    fit = calibrate_file(runs, cluster, gpu=gpu, write=write)
-    render(report.calibration_tables(fit, written=write))
+    """Fit the chip's efficiencies to its published runs (a few minutes)."""
+    fit = calibrate(runs, clusters, chip=gpu, exclude_families=exclude_family or (),
+                    write=write)  # fmt: skip
+    render(report.calibration_tables(fit))

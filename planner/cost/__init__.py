@@ -28,6 +28,7 @@ from planner.cost.communication import (
     members_per_level,
     p2p_time_s,
     pipeline_send_s,
+    ring_attention_exposed_s,
 )
 from planner.cost.compute import (
     CAUSAL_FRACTION,
@@ -36,6 +37,7 @@ from planner.cost.compute import (
     MATMUL_BACKWARD_FACTOR,
     ExecutedFlops,
     OpTime,
+    attention_fraction,
     compute_lower_bound_s,
     compute_time_s,
     executed_flops,
@@ -83,6 +85,7 @@ __all__ = [
     "OpTime",
     "PipelineTime",
     "StateBytes",
+    "attention_fraction",
     "bubble_fraction",
     "collective_time_s",
     "compute_lower_bound_s",
@@ -104,6 +107,7 @@ __all__ = [
     "p2p_time_s",
     "pipeline_send_s",
     "pipeline_time",
+    "ring_attention_exposed_s",
     "saved_activation_bytes",
     "sharded_bytes",
     "state_bytes_per_param",

@@ -132,6 +132,42 @@ def pipeline_send_s(
     return send
 
 
+def ring_attention_exposed_s(
+    cluster: ClusterSpec, kv_bytes: float, group: CommGroup, *, forward_s: float,
+    backward_s: float,
+) -> tuple[float, float]:
+    """(forward and backward, forward) seconds of ring attention's K/V exchange left on the
+    critical path, priced per ring step.
+
+    ``kv_bytes`` is the whole sequence's K and V as one rank of ``group`` would hold them
+    unsharded (grouped-query attention's fewer K/V heads make it smaller); ``forward_s`` and
+    ``backward_s`` are the rank's attention compute. Of ``n`` ring steps, the first ``n - 1``
+    each send one block to the next rank while computing on the block held: the exposed time
+    is the transfer beyond that step's compute (``1/n`` of the attention with load-balanced
+    causal chunks), step by step, never hidden by other steps' slack or by other ops. Backward
+    sends the blocks again with their gradients: twice the bytes per step (Transformer
+    Engine's ``AttnFuncWithCPAndKVP2P``, ``transformer_engine/pytorch/attention/
+    dot_product_attention/context_parallel.py``, which Megatron-Core's context parallelism
+    calls).
+
+    >>> from planner.spec import ClusterSpec
+    >>> c = ClusterSpec.model_validate({"name": "c", "num_nodes": 1, "devices_per_node": 4,
+    ...     "device": {"name": "g", "memory_gib": 80, "memory_bandwidth_gb_s": 2000,
+    ...                "peak_tflops": {"bf16": 300}},
+    ...     "network": [{"name": "l", "domain_devices": 4, "bandwidth_gb_s": 1,
+    ...                  "latency_us": 0}]})
+    >>> ring_attention_exposed_s(c, 4e9, CommGroup(size=4), forward_s=2.0, backward_s=4.0)
+    (4.5, 1.5)
+    """
+    n = group.size
+    if n <= 1 or kv_bytes <= 0:
+        return 0.0, 0.0
+    step_s = collective_time_s(cluster, "all_gather", kv_bytes, group) / (n - 1)
+    forward = (n - 1) * exposed_s(step_s, forward_s / n)
+    backward = (n - 1) * exposed_s(2 * step_s, backward_s / n)
+    return forward + backward, forward
+
+
 def exposed_s(comm_s: float, hidden_behind_s: float) -> float:
     """Communication left on the critical path when it overlaps ``hidden_behind_s`` of work."""
     return max(0.0, comm_s - hidden_behind_s)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from planner.graph import lowered
 from planner.graph.ops import Op, Tensor
-from planner.spec import DeviceSpec, GemmEfficiency, ModelSpec, TrainingSpec
+from planner.spec import AttentionEfficiency, DeviceSpec, GemmEfficiency, ModelSpec, TrainingSpec
 from planner.vocabulary import Precision
 
 # Causal attention with a fused kernel computes only the lower triangle of the scores.
@@ -32,6 +32,23 @@ def gemm_fraction(efficiency: GemmEfficiency, flops_per_call: float) -> float:
     return efficiency.max_fraction * flops_per_call / (flops_per_call + half)
 
 
+def attention_fraction(
+    efficiency: AttentionEfficiency, *, keys_per_query: float, head_dim: float
+) -> float:
+    """Achieved fraction of peak for a fused attention kernel whose queries attend to
+    ``keys_per_query`` keys on average with heads of ``head_dim`` dims.
+
+    >>> from planner.spec import AttentionEfficiency
+    >>> curve = AttentionEfficiency(max_fraction=0.6, half_saturation_tokens=512,
+    ...                             half_saturation_head_dim=64)
+    >>> round(attention_fraction(curve, keys_per_query=1536, head_dim=64), 6)
+    0.225
+    """
+    e = efficiency
+    return (e.max_fraction * keys_per_query / (keys_per_query + e.half_saturation_tokens)
+            * head_dim / (head_dim + e.half_saturation_head_dim))  # fmt: skip
+
+
 def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float) -> float:
     """No sharding runs ``flops`` faster than the GEMM curve's ceiling allows (its fraction of
     peak only approaches ``max_fraction`` as GEMMs grow): a bound, not a price."""
@@ -45,8 +62,10 @@ def compute_time_s(
     flops: float,
     bytes_moved: float,
     calls: int = 1,
+    fraction: float | None = None,
 ) -> float:
-    """Roofline time of ``calls`` kernels doing ``flops`` and moving ``bytes_moved`` in all.
+    """Roofline time of ``calls`` kernels doing ``flops`` and moving ``bytes_moved`` in all,
+    at the GEMM curve's fraction of peak for their size unless ``fraction`` is given.
 
     >>> from planner.spec import DeviceSpec
     >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
@@ -60,7 +79,8 @@ def compute_time_s(
     memory_s = bytes_moved / (device.memory_bandwidth_bytes_s * eff.memory_bound_fraction)
     math_s = 0.0
     if flops > 0:
-        fraction = gemm_fraction(eff.gemm, flops / calls)
+        if fraction is None:
+            fraction = gemm_fraction(eff.gemm, flops / calls)
         math_s = flops / (device.peak_flops_per_s(precision) * fraction)
     return max(math_s, memory_s) + calls * eff.kernel_launch_us * 1e-6
 
@@ -107,11 +127,17 @@ def op_time(
     if op.kind == "attention" and not flash_attention:
         # Unfused: the scores are written, then read by softmax, dropout and the matmul.
         moved += 3 * sum(sharded_bytes(t, activation_degrees) for t in op.score_tensors)
+    fraction = None
+    if op.kind == "attention" and flash_attention and device.efficiency.attention is not None:
+        # A ring step (context parallelism) attends to one block of keys per kernel call.
+        keys = op.inputs[1].size("seq") / activation_degrees.get("seq", 1) * CAUSAL_FRACTION
+        fraction = attention_fraction(device.efficiency.attention, keys_per_query=keys,
+                                      head_dim=op.head_dim)  # fmt: skip
     forward = compute_time_s(device, precision, flops=executed.forward, bytes_moved=moved,
-                             calls=gemm_calls)  # fmt: skip
+                             calls=gemm_calls, fraction=fraction)  # fmt: skip
     backward = compute_time_s(
         device, precision, flops=executed.backward,
-        bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved, calls=2 * gemm_calls,
+        bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved, calls=2 * gemm_calls, fraction=fraction,
     )  # fmt: skip
     return OpTime(forward_s=forward, backward_s=backward)
 

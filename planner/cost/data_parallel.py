@@ -62,6 +62,7 @@ def exposed_sync(
     backward_s: float,
     overlap_grad_reduce: bool,
     overlap_param_gather: bool,
+    contention: float = 0.0,
 ) -> ExposedSync:
     """What ``sync`` leaves exposed beside one microbatch's ``forward_s`` and ``backward_s``
     of the same weights' compute.
@@ -72,17 +73,29 @@ def exposed_sync(
     the next forward. ZeRO-3 prefetches weights behind every forward and backward, and ZeRO-2/3
     reduce-scatters hide behind each microbatch's backward.
 
+    Communication that does hide still slows the compute it overlaps: NCCL's kernels take
+    SMs and HBM bandwidth from the GEMMs running beside them. ``contention`` is the fraction of
+    the overlapped communication's time the compute loses (the device's
+    ``efficiency.overlap_contention``).
+
     >>> sync = DataParallelSync(reduce_once_s=3.0, gather_once_s=1.0,
     ...                         reduce_per_microbatch_s=0.0, gather_per_microbatch_s=0.0)
     >>> exposed_sync(sync, forward_s=1.0, backward_s=2.0,
     ...              overlap_grad_reduce=True, overlap_param_gather=False)
     ExposedSync(per_microbatch_s=0.0, once_s=2.0)
+    >>> exposed_sync(sync, forward_s=1.0, backward_s=2.0, overlap_grad_reduce=True,
+    ...              overlap_param_gather=False, contention=0.25)
+    ExposedSync(per_microbatch_s=0.0, once_s=2.5)
     """
     grad_hide = backward_s if overlap_grad_reduce else 0.0
     gather_hide = forward_s if overlap_param_gather else 0.0
     window = gather_hide + (backward_s if overlap_param_gather or overlap_grad_reduce else 0.0)
-    per_mb = exposed_s(sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s, window)
-    once = exposed_s(sync.reduce_once_s, grad_hide) + exposed_s(sync.gather_once_s, gather_hide)
+
+    def cost(comm_s: float, hidden_behind_s: float) -> float:
+        return exposed_s(comm_s, hidden_behind_s) + contention * min(comm_s, hidden_behind_s)
+
+    per_mb = cost(sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s, window)
+    once = cost(sync.reduce_once_s, grad_hide) + cost(sync.gather_once_s, gather_hide)
     return ExposedSync(per_microbatch_s=per_mb, once_s=once)
 
 

@@ -144,6 +144,7 @@ def _dp_sync(stage: StageCost, cluster: ClusterSpec, k: PipelineKnobs, tied_s: f
     exposed = cost.exposed_sync(
         total, forward_s=t.forward_s, backward_s=t.backward_s,
         overlap_grad_reduce=k.overlap_grad_reduce, overlap_param_gather=k.overlap_param_gather,
+        contention=cluster.device.efficiency.overlap_contention,
     )  # fmt: skip
     return _Sync(per_microbatch_s=exposed.per_microbatch_s, tail_s=exposed.once_s + tied_s)
 

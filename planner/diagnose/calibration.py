@@ -1,106 +1,33 @@
-"""Published training runs as test cases, and fitting a device's GEMM efficiency to them.
+"""Published runs against the cost model: validation, and calibration of a chip.
 
-A record of ``calibration_runs.json`` gives a model, a cluster size, a parallel configuration
-and a measured throughput. :func:`run_from_record` turns it into inputs for
-:func:`~planner.uniform.estimate.estimate` and a measured step time; :func:`fit_gemm_efficiency`
-chooses the two parameters of :class:`~planner.spec.GemmEfficiency` that minimise the squared
-log error of the predicted step times of a device's runs. Everything else in the cluster file
-(bandwidths, network efficiencies, HBM efficiency) comes from data sheets and published
-micro-benchmarks and is not fitted.
-
-Fields a record leaves open are filled by the rules in :func:`config_from_record`, which depend
-only on what the record's source says about the software, never on the measured number.
+:func:`validate` prices every run of some runs files (:mod:`planner.diagnose.runs`) on the
+bundled cluster of its device and compares. :func:`calibrate` fits a chip's efficiencies
+(:mod:`planner.diagnose.fit`) on its runs, optionally leaving a framework family out to
+validate out of family, and can write the fit and the error bands that rest on it into every
+cluster file of that chip. Everything else in a cluster file (bandwidths, network
+efficiencies, HBM efficiency) comes from data sheets and published micro-benchmarks and is
+not fitted.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.diagnose.runs import DEVICES, CalibrationRun, load_runs
+import numpy as np
+
+from planner.cost.uncertainty import parallelism_kind
+from planner.diagnose.fit import KNOBS, Fit, fit_knobs, sized_for, with_values, without_fits
+from planner.diagnose.runs import DEVICES, CalibrationRun, load_runs_noting
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
-from planner.spec import ClusterSpec, GemmEfficiency
+from planner.spec import ClusterSpec, ValidationBand
 from planner.spec.reading import load_cluster, read_json
 from planner.uniform.estimate import estimate
-
-
-def with_gemm_efficiency(cluster: ClusterSpec, gemm: GemmEfficiency) -> ClusterSpec:
-    """``cluster`` with its device's GEMM efficiency replaced."""
-    eff = cluster.device.efficiency.model_copy(update={"gemm": gemm})
-    device = cluster.device.model_copy(update={"efficiency": eff})
-    return cluster.model_copy(update={"device": device})
-
-
-def _sized_for(run: CalibrationRun, cluster: ClusterSpec) -> ClusterSpec:
-    """``cluster`` resized to the run's devices, in whole nodes of the cluster's own size;
-    a run on a part of a node raises :class:`~planner.errors.InputError` naming it."""
-    per_node = cluster.devices_per_node
-    if run.num_devices % per_node:
-        raise InputError(f"run {run.id}: {run.num_devices} devices are not a whole number of "
-                         f"{cluster.name} nodes of {per_node}")  # fmt: skip
-    return cluster.with_nodes(run.num_devices // per_node)
-
-
-def predict_s(run: CalibrationRun, cluster: ClusterSpec) -> float:
-    """The estimated step time of ``run`` on ``cluster`` resized to the run's devices."""
-    return estimate(run.model, _sized_for(run, cluster), run.config).step_time_s
-
-
-def log_errors(runs: Sequence[CalibrationRun], cluster: ClusterSpec) -> list[float]:
-    """``log(predicted / measured)`` per run."""
-    return [math.log(predict_s(r, cluster) / r.measured_step_time_s) for r in runs]
-
-
-def _golden_min(f: Callable[[float], float], lo: float, hi: float, steps: int = 40) -> float:
-    """Minimiser of a unimodal ``f`` on ``[lo, hi]`` by golden-section search."""
-    ratio = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(steps):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = f(d)
-    return (a + b) / 2
-
-
-def fit_gemm_efficiency(
-    runs: Sequence[CalibrationRun], cluster: ClusterSpec
-) -> tuple[GemmEfficiency, float]:
-    """The (max_fraction, half_saturation_gflop) minimising the mean squared log error of the
-    runs' step times, and that error. A 1-D golden search on ``max_fraction`` nested in one on
-    ``log10(half_saturation_gflop)``; deterministic."""
-
-    def loss(gemm: GemmEfficiency) -> float:
-        errors = log_errors(runs, with_gemm_efficiency(cluster, gemm))
-        return sum(e * e for e in errors) / len(errors)
-
-    def best_fraction(log_half: float) -> tuple[float, float]:
-        half = 10**log_half
-
-        def f(x: float) -> float:
-            return loss(GemmEfficiency(max_fraction=x, half_saturation_gflop=half))
-
-        x = _golden_min(f, 0.2, 1.0, steps=25)
-        return x, f(x)
-
-    log_half = _golden_min(lambda lh: best_fraction(lh)[1], -2.0, 3.0, steps=20)
-    fraction, error = best_fraction(log_half)
-    gemm = GemmEfficiency(
-        max_fraction=round(fraction, 4), half_saturation_gflop=round(10**log_half, 3)
-    )
-    return gemm, error
-
 
 # Which bundled cluster file ran each device's records.
 BUNDLED_CLUSTERS = {key: device.cluster_file for key, device in DEVICES.items()}
@@ -113,7 +40,11 @@ class ValidationRow:
     id: str
     """The record's id."""
     device: str
-    """``A100`` or ``H100``."""
+    """The device key (:data:`planner.diagnose.runs.DEVICES`)."""
+    family: str
+    """The framework family that ran it."""
+    parallelism: str
+    """Its kind of parallelism (:func:`planner.cost.uncertainty.parallelism_kind`)."""
     num_devices: int
     """Devices (GPUs) of the run."""
     config: str
@@ -127,7 +58,7 @@ class ValidationRow:
     peak_memory_gib: float
     """The estimated peak memory per device."""
     fits: bool
-    """Whether the estimate fits the device's memory."""
+    """Whether the estimate fits the device's memory (every published run did)."""
 
     @property
     def error(self) -> float:
@@ -136,8 +67,6 @@ class ValidationRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form, with the error."""
-        from dataclasses import asdict
-
         return asdict(self) | {"error": self.error}
 
 
@@ -151,67 +80,175 @@ def describe(config: ParallelConfig) -> str:
     return " ".join(parts + ([f"ZeRO-{config.zero}"] if config.zero else []))
 
 
-def validation_rows(runs: Sequence[CalibrationRun], clusters: dict[str, ClusterSpec]) -> list[
-    ValidationRow
-]:  # fmt: skip
-    """Estimate every run on the cluster of its GPU."""
+def kind_of(config: ParallelConfig) -> str:
+    """The run's kind of parallelism, as the error bands group runs."""
+    return parallelism_kind(tensor_parallel=config.tp, pipeline_parallel=config.pp,
+                            context_parallel=config.cp, expert_parallel=config.ep,
+                            zero=config.zero)  # fmt: skip
+
+
+def validation_rows(
+    runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec]
+) -> list[ValidationRow]:
+    """Estimate every run on the cluster of its device."""
     rows = []
     for run in runs:
-        est = estimate(run.model, _sized_for(run, clusters[run.device]), run.config)
+        try:
+            cluster = sized_for(run, clusters[run.device])
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        est = estimate(run.model, cluster, run.config)
         rows.append(ValidationRow(
-            id=run.id, device=run.device, num_devices=run.num_devices,
-            config=describe(run.config), measured_s=run.measured_step_time_s,
-            predicted_s=est.step_time_s, basis=run.basis,
+            id=run.id, device=run.device, family=run.family, parallelism=kind_of(run.config),
+            num_devices=run.num_devices, config=describe(run.config),
+            measured_s=run.measured_step_time_s, predicted_s=est.step_time_s, basis=run.basis,
             peak_memory_gib=est.peak_memory_gib, fits=est.fits,
         ))  # fmt: skip
     return rows
 
 
-def validate(runs_path: str | Path, clusters_dir: str | Path) -> list[ValidationRow]:
-    """Every run of ``runs_path`` against the bundled cluster of its GPU."""
-    clusters = {gpu: load_cluster(Path(clusters_dir) / f) for gpu, f in BUNDLED_CLUSTERS.items()}
-    return validation_rows(load_runs(runs_path), clusters)
+def bundled_clusters(clusters_dir: str | Path) -> dict[str, ClusterSpec]:
+    """The cluster of every device of the published runs, from ``clusters_dir``."""
+    return {key: load_cluster(Path(clusters_dir) / f) for key, f in BUNDLED_CLUSTERS.items()}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CalibrationFit:
-    """The fitted GEMM efficiency and the runs it was fitted on, before and after."""
+class Validation:
+    """Every run of some files against its estimate, and the records left out."""
 
-    gemm: GemmEfficiency
-    """The fitted efficiency curve, with its source."""
+    rows: list[ValidationRow]
+    """One per run."""
+    skipped: list[str]
+    """Records left out, each with why."""
+
+
+def validate(runs_paths: Sequence[str | Path], clusters_dir: str | Path) -> Validation:
+    """Every run of ``runs_paths`` against the bundled cluster of its device."""
+    loaded = load_runs_noting(*runs_paths)
+    return Validation(rows=validation_rows(loaded.runs, bundled_clusters(clusters_dir)),
+                      skipped=loaded.skipped)  # fmt: skip
+
+
+# Fewer runs of a kind than this make no band of their own: a prediction of that kind takes
+# the device's widest band instead (planner.cost.uncertainty.error_band).
+MIN_BAND_RUNS = 3
+
+
+def error_bands(rows: Sequence[ValidationRow]) -> tuple[ValidationBand, ...]:
+    """The runs' errors by kind of parallelism, for kinds with at least
+    :data:`MIN_BAND_RUNS` runs: how many, the 80th percentile of |error|, the median signed
+    error, the families."""
+    bands = []
+    for kind in sorted({r.parallelism for r in rows}):
+        mine = [r for r in rows if r.parallelism == kind]
+        if len(mine) < MIN_BAND_RUNS:
+            continue
+        errors = [r.error for r in mine]
+        bands.append(ValidationBand(
+            parallelism=kind, runs=len(mine),  # type: ignore[arg-type]
+            p80_abs_error=round(float(np.percentile(np.abs(errors), 80)), 4),
+            median_error=round(statistics.median(errors), 4),
+            families=tuple(sorted({r.family for r in mine})),
+        ))  # fmt: skip
+    return tuple(bands)
+
+
+def fittable_knobs(runs: Sequence[CalibrationRun]) -> tuple[str, ...]:
+    """The knobs the runs can tell apart: the GEMM curve always; the fused-attention curve
+    when fused-attention runs span several sequence lengths (and its head-dim term several
+    head dims); the overlap contention when some run overlaps its data-parallel traffic."""
+    names = ["gemm.max_fraction", "gemm.half_saturation_gflop"]
+    fused = [r for r in runs if r.config.flash_attention]
+    if len({r.config.seq_len for r in fused}) >= 2:
+        names += ["attention.max_fraction", "attention.half_saturation_tokens"]
+        head_dims = {r.model.hidden_size // r.model.num_attention_heads for r in fused}
+        if len(head_dims) >= 2:
+            names.append("attention.half_saturation_head_dim")
+    if any(r.config.overlap_grad_reduce or r.config.overlap_param_gather for r in runs):
+        names.append("overlap_contention")
+    return tuple(names)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """A chip's fit, the runs before and after it, and the bands that rest on it."""
+
+    chip: str
+    """The chip fitted (``A100``)."""
+    fit: Fit
+    """The fitted knobs."""
+    fitted_on: tuple[str, ...]
+    """The families of the runs fitted on."""
     before: list[ValidationRow]
-    """The runs estimated with the cluster file's efficiency."""
+    """The chip's runs with the cluster files' efficiencies."""
     after: list[ValidationRow]
-    """The runs estimated with the fitted efficiency."""
+    """The same with the fit, every family (the left-out ones out of family)."""
+    bands: tuple[ValidationBand, ...]
+    """The error bands of ``after``."""
+    written: tuple[str, ...]
+    """The cluster files written (none without ``write``)."""
+    skipped: list[str]
+    """Records left out, each with why."""
 
 
-def calibrate_file(
-    runs_path: str | Path, cluster_path: str | Path, *, gpu: str, write: bool
-) -> CalibrationFit:
-    """Fit ``cluster_path``'s GEMM efficiency to the ``gpu`` runs; optionally write it back
-    (only the ``device.efficiency.gemm`` block of the file changes)."""
-    runs = [r for r in load_runs(runs_path) if r.device == gpu]
-    if not runs:
-        raise InputError(f"{runs_path}: no complete runs on {gpu!r}; have A100 and H100")
-    cluster = load_cluster(cluster_path)
-    gemm, error = fit_gemm_efficiency(runs, cluster)
-    gemm = gemm.model_copy(update={"source": (
-        f"fitted by `planner calibrate --gpu {gpu}` on the {len(runs)} {gpu} runs of "
-        f"calibration_runs.json (least squares on log step time; RMS log error {error**0.5:.3f})"
-    )})  # fmt: skip
-    fitted = with_gemm_efficiency(cluster, gemm)
-    fit = CalibrationFit(gemm=gemm, before=validation_rows(runs, {gpu: cluster}),
-                         after=validation_rows(runs, {gpu: fitted}))  # fmt: skip
+def calibrate(
+    runs_paths: Sequence[str | Path],
+    clusters_dir: str | Path,
+    *,
+    chip: str,
+    exclude_families: Sequence[str] = (),
+    write: bool = False,
+) -> Calibration:
+    """Fit ``chip``'s efficiencies on its runs (those of ``exclude_families`` left out of
+    the fit but still priced after it) and, with ``write``, write the fit and the error bands
+    into every bundled cluster file of the chip in ``clusters_dir``."""
+    loaded = load_runs_noting(*runs_paths)
+    mine = [r for r in loaded.runs if r.chip == chip]
+    fitted_on = [r for r in mine if r.family not in exclude_families]
+    if not fitted_on:
+        chips = sorted({r.chip for r in loaded.runs})
+        raise InputError(f"no runs on {chip!r} to fit (runs are on: {', '.join(chips)})")
+    files = {k: c for k, c in bundled_clusters(clusters_dir).items() if DEVICES[k].chip == chip}
+    clusters = {k: without_fits(c) for k, c in files.items()}
+    fit = fit_knobs(fitted_on, clusters, fittable_knobs(fitted_on))
+    after = validation_rows(mine, {k: with_values(c, fit.values) for k, c in clusters.items()})
+    bands = error_bands(after)
+    families = tuple(sorted({r.family for r in fitted_on}))
+    written: list[str] = []
     if write:
-        _write_gemm(Path(cluster_path), gemm)
-    return fit
+        if exclude_families:
+            raise InputError("--write with --exclude-family would store a fit that left runs out")
+        for key in clusters:
+            path = Path(clusters_dir) / BUNDLED_CLUSTERS[key]
+            _write_fit(path, fit, bands, chip=chip, families=families)
+            written.append(str(path))
+    return Calibration(chip=chip, fit=fit, fitted_on=families,
+                       before=validation_rows(mine, files), after=after, bands=bands,
+                       written=tuple(written), skipped=loaded.skipped)  # fmt: skip
 
 
-def _write_gemm(path: Path, gemm: GemmEfficiency) -> None:
-    """Replace the ``device.efficiency.gemm`` block of the cluster file at ``path``, keeping
-    the rest of the file as it is (an absent ``efficiency`` block is added)."""
-    data = read_json(path)  # validated by load_cluster just before, so device is an object
-    data["device"].setdefault("efficiency", {})["gemm"] = gemm.model_dump()
+def _write_fit(
+    path: Path, fit: Fit, bands: Sequence[ValidationBand], *, chip: str,
+    families: Sequence[str],
+) -> None:
+    """Write the fitted knobs and the bands into the cluster file at ``path``, keeping the
+    rest of the file as it is."""
+    data = read_json(path)
+    eff = data["device"].setdefault("efficiency", {})
+    source = (f"fitted by `planner calibrate --gpu {chip} --write` on {fit.runs} {chip} runs "
+              f"({', '.join(families)}): robust least squares on log step time, RMS log error "
+              f"{fit.rms_log_error:.3f}")  # fmt: skip
+    # A knob the runs could not determine is cleared, as it was during the fit.
+    eff.pop("attention", None)
+    eff["overlap_contention"] = 0.0
+    for block in ("gemm", "attention"):
+        fields = {KNOBS[n].field: v for n, v in fit.values.items() if KNOBS[n].block == block}
+        if fields:
+            eff[block] = (eff.get(block) or {}) | fields | {"source": source}
+    for name, value in fit.values.items():
+        if not KNOBS[name].block:
+            eff[KNOBS[name].field] = value
+    eff["validation"] = [b.model_dump() for b in bands]
     try:
         path.write_text(json.dumps(data, indent=2) + "\n")
     except OSError as exc:

@@ -151,6 +151,14 @@ class Op:
         return sum(t.bytes for t in self.saved) + sum(t.bytes for t in self.score_tensors)
 
     @property
+    def head_dim(self) -> float:
+        """Dims per query head of the attention core (its queries' features over the scores'
+        heads); 0 for any other op."""
+        if self.kind != "attention" or not self.score_tensors:
+            return 0.0
+        return self.inputs[0].size("heads") / self.score_tensors[0].size("heads")
+
+    @property
     def is_gemm(self) -> bool:
         """Whether the op is priced as matrix multiplies (compute-bound)."""
         return self.kind in ("linear", "expert_linear", "attention")

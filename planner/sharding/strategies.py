@@ -237,7 +237,8 @@ def _own_collectives(
       passes K/V around again with their gradients, a reduce-scatter's on top (Transformer
       Engine's ``AttnFuncWithCPAndKVP2P``, ``transformer_engine/pytorch/attention/
       dot_product_attention/context_parallel.py``, which Megatron-Core's context parallelism
-      calls). Each phase's exchange hides behind that phase's attention compute only.
+      calls), priced per ring step (:func:`cost.ring_attention_exposed_s`): each step's
+      transfer hides behind that step's attention compute only.
     - The vocab-parallel cross-entropy: three all-reduces of one fp32 value per token (the
       logits' max, the target logit, the sum of exponentials; Megatron-Core's
       ``megatron/core/tensor_parallel/cross_entropy.py``), none in backward.
@@ -251,10 +252,8 @@ def _own_collectives(
         group = mesh.axes_group(axes)
         kv = sum(cost.sharded_bytes(t, tensor_degrees(t, _without(pair, axes), mesh))
                  for t in op.inputs[1:])  # fmt: skip
-        gather = cost.collective_time_s(ctx.cluster, "all_gather", kv, group)
-        scatter = cost.collective_time_s(ctx.cluster, "reduce_scatter", kv, group)
-        forward = cost.exposed_s(gather, times.forward_s)
-        total = forward + cost.exposed_s(gather + scatter, times.backward_s)
+        total, forward = cost.ring_attention_exposed_s(
+            ctx.cluster, kv, group, forward_s=times.forward_s, backward_s=times.backward_s)
     elif op.kind == "loss" and "vocab" in pair:
         axes = _axes_of(pair, "vocab")
         per_token = cost.sharded_bytes(op.output, tensor_degrees(op.output, _without(pair, axes),

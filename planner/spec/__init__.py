@@ -245,17 +245,24 @@ class GemmEfficiency(_Frozen):
 class AttentionEfficiency(_Frozen):
     """Achieved fraction of peak FLOP/s for a fused attention kernel (FlashAttention's).
 
-    ``fraction(s) = max_fraction * s / (s + half_saturation_tokens)`` for a kernel whose
-    queries each attend to ``s`` keys on average (half the sequence under a causal mask): the
-    softmax, masking and rescaling between the two matmuls cost a share that shrinks as the
-    key blocks grow (Dao, 2023, FlashAttention-2, Sec. 3 and 4.1). Absent, fused attention
-    runs at the GEMM curve's efficiency, which overstates it.
+    ``fraction(s, d) = max_fraction * s / (s + half_saturation_tokens) * d / (d +
+    half_saturation_head_dim)`` for a kernel whose queries each attend to ``s`` keys on
+    average (half the sequence under a causal mask) with heads of ``d`` dims: short key blocks
+    leave the kernel's tiles and SMs partly idle, and the softmax's exponentials and
+    rescaling, which run on units far slower than the tensor cores, cost a share that shrinks
+    as the head dim grows (Dao, 2023, FlashAttention-2, Sec. 3.1 and 4.1). Absent, fused
+    attention runs at the GEMM curve's efficiency, which overstates it.
     """
 
     max_fraction: Float = Field(gt=0, le=1, description="The long-sequence limit.")
     half_saturation_tokens: Float = Field(
         ge=0, le=lim.MAX_SEQ_LENGTH, description="Keys per query at which half the limit is "
         "reached."
+    )
+    half_saturation_head_dim: Float = Field(
+        default=0.0, ge=0, le=lim.MAX_HEAD_DIM, description="Head dim at which half the limit "
+        "is reached: the softmax's work per score is fixed while the matmuls' grows with the "
+        "head dim, so small heads run further from peak (0: no such effect)."
     )
     source: str | None = Field(default=None, description="How these values were obtained.")
 
@@ -283,6 +290,11 @@ class DeviceEfficiency(_Frozen):
 
     gemm: GemmEfficiency = GemmEfficiency()
     attention: AttentionEfficiency | None = None
+    overlap_contention: Float = Field(
+        default=0.0, ge=0, le=1, description="Fraction of the time of data-parallel "
+        "communication hidden behind compute that the compute still loses (NCCL's kernels "
+        "share the SMs and HBM with it)."
+    )
     validation: tuple[ValidationBand, ...] = Field(
         default=(), description="Residuals of `planner calibrate` by kind of run; empty for a "
         "device no published run validates."

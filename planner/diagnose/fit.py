@@ -1,0 +1,176 @@
+"""Fitting a chip's efficiencies to published runs: least squares on log step time.
+
+Only what no data sheet or micro-benchmark gives is fitted, per chip (an A100's GEMMs run the
+same in a 40 GB and an 80 GB part): the GEMM efficiency curve, and the fused-attention curve
+where the runs used fused attention at more than one sequence length. Each run is priced on
+its own device's cluster with the candidate values substituted, so one fit serves every
+cluster of the chip.
+
+>>> KNOBS["gemm.max_fraction"].bounds
+(0.2, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from planner.diagnose.runs import CalibrationRun
+from planner.spec import AttentionEfficiency, ClusterSpec, GemmEfficiency
+from planner.uniform.estimate import estimate
+
+# Residuals beyond this (in log step time, ~5 %) count linearly, not squared: one run with a
+# cause the model lacks (the records flag some as anomalous) must not drag the fit.
+ROBUST_SCALE = 0.05
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Knob:
+    """One fitted number of a device's efficiency block."""
+
+    block: str
+    """``gemm`` or ``attention``: the block of ``device.efficiency`` it lives in; empty for a
+    field of ``device.efficiency`` itself."""
+    field: str
+    """The field of that block."""
+    bounds: tuple[float, float]
+    """The values it may take: physical limits, not a prior."""
+    log: bool
+    """Searched on a log scale (a half-saturation point spanning decades)."""
+
+
+KNOBS = {
+    "gemm.max_fraction": Knob(block="gemm", field="max_fraction", bounds=(0.2, 1.0), log=False),
+    "gemm.half_saturation_gflop": Knob(block="gemm", field="half_saturation_gflop",
+                                       bounds=(0.01, 1000.0), log=True),
+    "attention.max_fraction": Knob(block="attention", field="max_fraction", bounds=(0.1, 1.0),
+                                   log=False),
+    "attention.half_saturation_tokens": Knob(block="attention", field="half_saturation_tokens",
+                                             bounds=(1.0, 65536.0), log=True),
+    "attention.half_saturation_head_dim": Knob(block="attention",
+                                               field="half_saturation_head_dim",
+                                               bounds=(0.1, 1024.0), log=True),
+    "overlap_contention": Knob(block="", field="overlap_contention", bounds=(0.0, 1.0),
+                               log=False),
+}  # fmt: skip
+
+
+def with_values(cluster: ClusterSpec, values: Mapping[str, float]) -> ClusterSpec:
+    """``cluster`` with the named knobs of its device's efficiency set to ``values`` (an
+    absent attention block is created with every attention knob given)."""
+    eff = cluster.device.efficiency
+    gemm = {k.field: values[n] for n, k in KNOBS.items() if k.block == "gemm" and n in values}
+    attn = {k.field: values[n] for n, k in KNOBS.items() if k.block == "attention" and n in values}
+    update: dict[str, object] = {k.field: values[n] for n, k in KNOBS.items()
+                                 if not k.block and n in values}  # fmt: skip
+    if gemm:
+        update["gemm"] = eff.gemm.model_copy(update=gemm | {"source": None})
+    if attn:
+        base = eff.attention.model_dump() if eff.attention is not None else {}
+        update["attention"] = AttentionEfficiency.model_validate(base | attn | {"source": None})
+    device = cluster.device.model_copy(update={"efficiency": eff.model_copy(update=update)})
+    return cluster.model_copy(update={"device": device})
+
+
+def without_fits(cluster: ClusterSpec) -> ClusterSpec:
+    """``cluster`` with every fitted block cleared: no attention curve (fused attention at the
+    GEMM curve), no overlap contention. A fit that cannot determine a knob from its runs must
+    not inherit it from an earlier fit on other runs."""
+    eff = cluster.device.efficiency.model_copy(update={"attention": None,
+                                                       "overlap_contention": 0.0})
+    return cluster.model_copy(update={"device": cluster.device.model_copy(
+        update={"efficiency": eff})})  # fmt: skip
+
+
+def current_values(cluster: ClusterSpec, names: Sequence[str]) -> dict[str, float]:
+    """The knobs' values in ``cluster`` (a missing attention block: the middle of the
+    bounds, where a fit starts)."""
+    eff = cluster.device.efficiency
+    values = {}
+    for name in names:
+        knob = KNOBS[name]
+        block = {"gemm": eff.gemm, "attention": eff.attention, "": eff}[knob.block]
+        if block is None:
+            low, high = knob.bounds
+            values[name] = math.sqrt(low * high) if knob.log else (low + high) / 2
+        else:
+            values[name] = float(getattr(block, knob.field))
+    return values
+
+
+def sized_for(run: CalibrationRun, cluster: ClusterSpec) -> ClusterSpec:
+    """``cluster`` resized to the run's devices in whole nodes of the cluster's own size;
+    ValueError for a run on a part of a node."""
+    per_node = cluster.devices_per_node
+    if run.num_devices % per_node:
+        raise ValueError(f"run {run.id}: {run.num_devices} devices are not a whole number of "
+                         f"{cluster.name} nodes of {per_node}")  # fmt: skip
+    return cluster.with_nodes(run.num_devices // per_node)
+
+
+def log_errors(runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec]) -> np.ndarray:
+    """``log(predicted / measured)`` per run, each on the cluster of its device."""
+    return np.array([
+        math.log(estimate(r.model, sized_for(r, clusters[r.device]), r.config).step_time_s
+                 / r.measured_step_time_s)
+        for r in runs
+    ])  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fit:
+    """Fitted knob values and how well they explain the runs."""
+
+    values: dict[str, float]
+    """Knob name to value."""
+    rms_log_error: float
+    """Root mean square of the runs' log errors at the fitted values."""
+    runs: int
+    """Runs fitted on."""
+
+
+def fit_knobs(
+    runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec], names: Sequence[str]
+) -> Fit:
+    """The values of the knobs ``names`` that minimise a robust sum of squared log errors of
+    ``runs`` (scipy's trust-region least squares with a soft-L1 loss of scale
+    :data:`ROBUST_SCALE`), starting from the clusters' own values. Deterministic."""
+    start = current_values(next(iter(clusters.values())), names)
+
+    def to_x(values: Mapping[str, float]) -> np.ndarray:
+        return np.array([math.log(values[n]) if KNOBS[n].log else values[n] for n in names])
+
+    def from_x(x: np.ndarray) -> dict[str, float]:
+        return {n: float(math.exp(v) if KNOBS[n].log else v) for n, v in zip(names, x,
+                                                                              strict=True)}
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        values = from_x(x)
+        return log_errors(runs, {k: with_values(c, values) for k, c in clusters.items()})
+
+    bounds = ([math.log(KNOBS[n].bounds[0]) if KNOBS[n].log else KNOBS[n].bounds[0]
+               for n in names],
+              [math.log(KNOBS[n].bounds[1]) if KNOBS[n].log else KNOBS[n].bounds[1]
+               for n in names])  # fmt: skip
+    x0 = np.clip(to_x(start), np.array(bounds[0]) + 1e-9, np.array(bounds[1]) - 1e-9)
+    result = least_squares(residuals, x0, bounds=bounds, loss="soft_l1", f_scale=ROBUST_SCALE,
+                           diff_step=1e-3, xtol=1e-4, ftol=1e-6)  # fmt: skip
+    values = {n: _rounded(v) for n, v in from_x(result.x).items()}
+    final = residuals(to_x(values))
+    return Fit(values=values, rms_log_error=float(np.sqrt(np.mean(final**2))), runs=len(runs))
+
+
+def _rounded(value: float) -> float:
+    """Four significant digits: more than the runs can tell apart, and a stable file (a value
+    the optimiser left at its zero bound, give or take 1e-6, is that bound)."""
+    return 0.0 if abs(value) < 1e-6 else float(f"{value:.4g}")
+
+
+def gemm_of(values: Mapping[str, float], base: GemmEfficiency) -> GemmEfficiency:
+    """``base`` with the fitted GEMM knobs of ``values``."""
+    fields = {KNOBS[n].field: v for n, v in values.items() if KNOBS[n].block == "gemm"}
+    return base.model_copy(update=fields)
