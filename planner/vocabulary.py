@@ -50,6 +50,11 @@ Parallelism = Literal["tp", "cp", "ep", "dp", "pp"]
 """A kind of parallelism, named by its degree's flag; not a mesh axis (an axis is a dimension
 of a stage's logical device mesh, which may carry several of these)."""
 
+ParallelismKind = Literal["sharded-data-parallel", "data-parallel", "model-parallel"]
+"""What a run or a plan is, as the validation bands group runs: ZeRO-3/FSDP with no model
+parallelism; plain data parallelism (ZeRO 0-2); tensor, context, expert or pipeline
+parallelism."""
+
 
 def schedule_name(schedule: PipelineSchedule, vpp: int) -> ScheduleName:
     """The schedule that runs for a configuration's ``schedule`` and virtual stages.

@@ -12,6 +12,7 @@ import pytest
 
 from planner.errors import InputError
 from planner.plan.files import plan_from_json
+from planner.report.bands import with_band
 from planner.report.output import write_atomic
 from tests.test_cli import A100, GPT3, _error_text, _run
 
@@ -60,7 +61,8 @@ def test_export_megatron_flags(plan_file: Path, tmp_path: Path) -> None:
     assert (flags["--num-layers"], flags["--hidden-size"]) == ("96", "12288")
     assert "--use-distributed-optimizer" in words and "--sequence-parallel" in words
     plan = plan_from_json(plan_file.read_text())
-    assert (f"predicted {plan.predicted.step_time_s:.3f} s per step, "
+    assert (f"predicted {with_band(plan.predicted.step_time_s, plan.predicted.error_band)} per "
+            f"step, "
             f"{plan.predicted.peak_memory_gib:.1f} GiB peak per device of 80 GiB") in done.stderr
 
 
@@ -131,7 +133,8 @@ def test_solve_then_export_round_trip(framework: str, tmp_path: Path) -> None:
                     H100)  # fmt: skip
     assert exported.returncode == 0, exported.stderr
     plan = plan_from_json(plan_path.read_text())
-    assert f"predicted {plan.predicted.step_time_s:.3f} s per step" in exported.stderr
+    p = plan.predicted
+    assert f"predicted {with_band(p.step_time_s, p.error_band)} per step" in exported.stderr
     assert "error" not in exported.stderr
     if framework == "torchtitan":
         import tomllib

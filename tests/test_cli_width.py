@@ -34,6 +34,7 @@ from planner.options import Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan
+from planner.report.bands import with_band
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform import remedies
 from tests.conftest import CALIBRATION_RUNS, REPO, needs_shared
@@ -135,7 +136,9 @@ def test_solve(width: int, tmp_path: Path) -> None:
     assert plan.summary().startswith("TP2 x PP1 x DP8 x EP4")  # the instance still has EP
     assert_fits(done.stdout + done.stderr, width)
     assert_whole(done.stdout, *plan_values(plan), "TP/DP/CP/EP", "--expert-model-parallel-size 4")
-    assert_whole(unwrapped(done.stderr), f"predicted {plan.predicted.step_time_s:.3f} s per step")
+    p = plan.predicted
+    assert_whole(unwrapped(done.stderr), f"predicted {with_band(p.step_time_s, p.error_band)} per "
+                 "step")
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -30,7 +30,7 @@ def test_round_trip_is_exact(plan: Plan) -> None:
 
 def test_unknown_schema_version_is_refused(plan: Plan) -> None:
     """A plan from another planner version is an InputError naming the version."""
-    for version in (1, 5):
+    for version in (1, 6):
         data = json.loads(plan.to_json()) | {"schema_version": version}
         with pytest.raises(planner.InputError, match=f"schema_version {version} is not"):
             plan_from_json(json.dumps(data), source="p.json")
@@ -76,7 +76,7 @@ def test_schema_2_plans_read_as_plans_for_any(plan: Plan) -> None:
     for key in ("framework", "configuration", "memory_margin_gib"):
         data.pop(key)
     old = plan_from_json(json.dumps(data | {"schema_version": 2}), source="p.json")
-    assert (old.schema_version, old.framework, old.configuration) == (4, "any", None)
+    assert (old.schema_version, old.framework, old.configuration) == (5, "any", None)
 
 
 def _schema_3(plan: Plan) -> dict:

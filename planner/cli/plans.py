@@ -34,6 +34,7 @@ from planner.ilp.backends import Backend
 from planner.options import DEFAULT_OPTIONS, Pins, SolveOptions
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan, input_hash
+from planner.report.bands import band_line, with_band
 from planner.report.output import check_folder, check_target, write_atomic
 from planner.simulate.events import simulate_plan
 from planner.spec import ClusterSpec, ModelSpec
@@ -337,13 +338,16 @@ def _print_notes(plan: Plan, launch: frameworks.Launch) -> None:
     for text in launch.notes:
         note(text)
     note(_prediction(plan))
+    note(band_line(plan.predicted.error_band))
 
 
 def _prediction(plan: Plan) -> str:
-    """The plan's predicted step and peak memory against the device's capacity."""
+    """The plan's predicted step with its error band and peak memory against the device's
+    capacity."""
     p, capacity = plan.predicted, plan.cluster.device_memory_gib
     free = capacity - p.peak_memory_gib
-    return (f"predicted {p.step_time_s:.3f} s per step, {p.peak_memory_gib:.1f} GiB peak "
+    return (f"predicted {with_band(p.step_time_s, p.error_band)} per step, "
+            f"{p.peak_memory_gib:.1f} GiB peak "
             f"per device of {capacity:g} GiB ({free:.1f} GiB free; margin "
             f"{plan.memory_margin_gib:.1f} GiB)")  # fmt: skip
 

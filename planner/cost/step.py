@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 
 from planner import cost
 from planner.cost.layer import LayerCost
+from planner.cost.uncertainty import error_band
 from planner.plan.schema import Predicted, StageTime, StepTime
-from planner.spec import ClusterSpec, TrainingSpec
-from planner.vocabulary import GIB, PipelineSchedule, Precision
+from planner.spec import ClusterSpec, DeviceSpec, TrainingSpec
+from planner.vocabulary import GIB, ParallelismKind, PipelineSchedule, Precision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -320,9 +321,13 @@ def throughput(
     )
 
 
-def headline(step: StepCost, rates: Throughput) -> Predicted:
-    """A priced step's headline numbers as a plan records them: every planner (the search's
-    assembly, ``estimate``) reports these through this one function."""
+def headline(
+    step: StepCost, rates: Throughput, *, device: DeviceSpec, kind: ParallelismKind
+) -> Predicted:
+    """A priced step's headline numbers as a plan records them, with the error band of
+    ``device``'s validated runs of the configuration's ``kind`` of parallelism
+    (:mod:`planner.cost.uncertainty`): every planner (the search's assembly, ``estimate``)
+    reports these through this one function."""
     return Predicted(
         step_time_s=step.step_s,
         time=step.time,
@@ -332,5 +337,6 @@ def headline(step: StepCost, rates: Throughput) -> Predicted:
         mfu=rates.mfu,
         peak_memory_gib=sum(step.peak_memory_bytes) / GIB,
         bubble_fraction=step.bubble_fraction,
+        error_band=error_band(device, kind),
     )
 

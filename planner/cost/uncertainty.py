@@ -3,7 +3,8 @@
 ``planner calibrate --write`` stores, in the cluster file's ``device.efficiency.validation``,
 how far the calibrated cost model missed the device's runs of each kind of parallelism. A
 prediction takes the band of its own kind; a device with no such runs says so instead of
-borrowing a number it has not earned.
+borrowing a number it has not earned. The band is a :class:`planner.plan.schema.ErrorBand`,
+the record a plan keeps; this module computes it.
 
 >>> from planner.spec import DeviceSpec, ValidationBand
 >>> band = ValidationBand(parallelism="model-parallel", runs=9, p80_abs_error=0.031,
@@ -12,50 +13,23 @@ borrowing a number it has not earned.
 ...                  peak_tflops={"bf16": 300}, efficiency={"validation": [band]})
 >>> error_band(gpu, "model-parallel").text
 '+/- 4 %'
+>>> error_band(gpu, "model-parallel").closest
+'80 % of 9 model-parallel runs on x were within it'
 >>> error_band(gpu, "sharded-data-parallel").runs, error_band(gpu, "sharded-data-parallel").text
 (9, '+/- 4 %')
->>> error_band(DeviceSpec(name="y", memory_gib=80, memory_bandwidth_gb_s=2000,
-...                       peak_tflops={"bf16": 300}), "data-parallel").text
-'uncalibrated'
+>>> bare = error_band(DeviceSpec(name="y", memory_gib=80, memory_bandwidth_gb_s=2000,
+...                              peak_tflops={"bf16": 300}), "data-parallel")
+>>> bare.text, bare.runs, bare.closest
+('uncalibrated', 0, "no published runs on y; the data sheet's roofline")
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Sequence
 
-from planner.spec import DeviceSpec
-
-ParallelismKind = Literal["sharded-data-parallel", "data-parallel", "model-parallel"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ErrorBand:
-    """The relative error a prediction carries, and what it rests on."""
-
-    fraction: float | None
-    """80th percentile of the |relative error| of the closest validated runs; None when the
-    device has none (its efficiencies are not calibrated)."""
-    runs: int
-    """How many runs the band rests on."""
-    parallelism: ParallelismKind
-    """The prediction's kind of parallelism."""
-    closest: str
-    """Which runs: the same kind on this device, or (none of that kind) all of this device's
-    runs, or none."""
-
-    @property
-    def text(self) -> str:
-        """``+/- 6 %`` (whole percent, rounded up), or ``uncalibrated``."""
-        if self.fraction is None:
-            return "uncalibrated"
-        return f"+/- {max(1, math.ceil(100 * self.fraction - 1e-9))} %"
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON form."""
-        return {"fraction": self.fraction, "runs": self.runs, "parallelism": self.parallelism,
-                "closest": self.closest}  # fmt: skip
+from planner.plan.schema import ErrorBand, StageParallel
+from planner.spec import DeviceSpec, GemmEfficiency
+from planner.vocabulary import ParallelismKind
 
 
 def parallelism_kind(*, tensor_parallel: int, pipeline_parallel: int, context_parallel: int = 1,
@@ -72,18 +46,44 @@ def parallelism_kind(*, tensor_parallel: int, pipeline_parallel: int, context_pa
     return "sharded-data-parallel" if zero == 3 else "data-parallel"
 
 
+def stages_kind(stages: Sequence[StageParallel]) -> ParallelismKind:
+    """The kind of parallelism of a plan's stages (the search's, which may differ from stage to
+    stage): model-parallel when any stage has tensor, context or expert parallelism, or there
+    is more than one stage; else as the one stage's ZeRO stage says.
+
+    >>> stages_kind([StageParallel(tp=1, dp=8, zero=3)])
+    'sharded-data-parallel'
+    >>> stages_kind([StageParallel(tp=1, dp=8, zero=1)] * 2)
+    'model-parallel'
+    """
+    return parallelism_kind(
+        tensor_parallel=max(s.tp for s in stages), pipeline_parallel=len(stages),
+        context_parallel=max(s.cp for s in stages), expert_parallel=max(s.ep for s in stages),
+        zero=min(s.zero for s in stages),
+    )  # fmt: skip
+
+
 def error_band(device: DeviceSpec, kind: ParallelismKind) -> ErrorBand:
     """The band of ``device``'s validated runs of ``kind``; without any, the widest of its
-    bands over all its runs; without runs at all, an uncalibrated band."""
+    bands over all its runs; without runs at all, an uncalibrated band that says whether the
+    device's efficiencies are fitted at all (a GEMM curve at its defaults is the data sheet's
+    roofline)."""
     bands = device.efficiency.validation
+    name = device.name
     for band in bands:
         if band.parallelism == kind:
             return ErrorBand(fraction=band.p80_abs_error, runs=band.runs, parallelism=kind,
-                             closest=f"{band.runs} {kind} runs on {device.name}")  # fmt: skip
-    if not bands:
-        return ErrorBand(fraction=None, runs=0, parallelism=kind,
-                         closest=f"no published runs on {device.name}")  # fmt: skip
-    runs = sum(b.runs for b in bands)
-    return ErrorBand(fraction=max(b.p80_abs_error for b in bands), runs=runs, parallelism=kind,
-                     closest=f"no {kind} runs on {device.name}; the widest band of its "
-                     f"{runs} runs")  # fmt: skip
+                             closest=f"80 % of {band.runs} {kind} runs on {name} were "
+                             "within it")  # fmt: skip
+    if bands:
+        runs = sum(b.runs for b in bands)
+        # Each band holds 80 % of its runs, so the widest holds at least 80 % of them all.
+        return ErrorBand(fraction=max(b.p80_abs_error for b in bands), runs=runs,
+                         parallelism=kind,
+                         closest=f"widest over {runs} runs on {name} (none {kind})")  # fmt: skip
+    gemm = device.efficiency.gemm
+    roofline = (gemm.max_fraction, gemm.half_saturation_gflop) == (
+        GemmEfficiency().max_fraction, GemmEfficiency().half_saturation_gflop)
+    closest = (f"no published runs on {name}; the data sheet's roofline" if roofline
+               else f"no validated runs on {name}, accuracy not measured")  # fmt: skip
+    return ErrorBand(fraction=None, runs=0, parallelism=kind, closest=closest)

@@ -19,6 +19,7 @@ from planner.cost.step import (
     headline,
     throughput,
 )
+from planner.cost.uncertainty import stages_kind
 from planner.ilp.layer import LayerSolution
 from planner.pipeline.options import LayerOption, StageChoice
 from planner.placement.ranks import PipelinePlacement
@@ -204,9 +205,11 @@ def predicted(
     forward_flops_per_sequence: float,
     executed_flops_per_sequence: float,
     micro_batch_size: int,
+    parallel: Sequence[StageParallel],
 ) -> Predicted:
     """The plan's headline numbers; ``micro_batch_size`` is the pipeline's (the recomputed
-    FLOPs of the stages' options are per pipeline microbatch)."""
+    FLOPs of the stages' options are per pipeline microbatch); ``parallel`` is the stages'
+    sharding in degrees (:func:`plan_stages`), whose kind picks the error band."""
     rerun = 0.0
     for s in stages:
         for kind in kinds[s.first - 1 : s.last]:
@@ -216,4 +219,4 @@ def predicted(
                        forward_flops_per_sequence=forward_flops_per_sequence,
                        executed_flops_per_sequence=executed_flops_per_sequence,
                        recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
-    return headline(step, rates)
+    return headline(step, rates, device=cluster.device, kind=stages_kind(parallel))

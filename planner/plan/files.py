@@ -59,7 +59,8 @@ def plan_from_json(text: str, *, source: str = "<plan>") -> Plan:
     if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise InputError(f"{source}: schema_version {short_repr(version)} is not "
                          f"supported; this planner reads "
-                         f"{' and '.join(map(str, READABLE_VERSIONS))}")  # fmt: skip
+                         f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and "
+                         f"{READABLE_VERSIONS[-1]}")  # fmt: skip
     data = {**_upgraded(data), "schema_version": SCHEMA_VERSION}
     try:
         plan = Plan.model_validate(data)
@@ -109,7 +110,8 @@ def _suffixed(part: object, unit: str) -> object:
 def _upgraded(data: dict) -> dict:
     """A plan of schema 2 or 3 in schema 4's names: the breakdowns carry their units in their
     keys (``memory``/``weights_gib``, ``time``/``compute_s``) and the ZeRO stage is ``zero``.
-    Version 2 lacks only fields that have defaults."""
+    Version 2 lacks only fields that have defaults; versions 2-4 lack the error band, whose
+    default (None) reads as not recorded: unknown, not uncalibrated."""
     if data.get("schema_version") == SCHEMA_VERSION:
         return data
     data = dict(data)

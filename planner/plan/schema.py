@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec
-from planner.vocabulary import GIB, Precision, Recompute, ScheduleName
+from planner.vocabulary import GIB, ParallelismKind, Precision, Recompute, ScheduleName
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (2, 3, 4)
-"""Schema 2 plans predate framework targets: they read as plans for ``any``."""
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, 5)
+"""Schema 2 plans predate framework targets: they read as plans for ``any``; schema 2-4 plans
+predate error bands: their band is not recorded (:attr:`Predicted.error_band`)."""
 
 
 class _Frozen(BaseModel):
@@ -178,6 +180,31 @@ class StepTime(_Frozen):
     optimizer_s: float
 
 
+class ErrorBand(_Frozen):
+    """How far the cost model missed the published runs closest to a prediction (the same
+    kind of parallelism on the same device), and how many runs that rests on: the step time
+    printed ``16.9 s +/- 6 %``. Computed by :func:`planner.cost.uncertainty.error_band`."""
+
+    fraction: float | None = Field(ge=0)
+    """80th percentile of the |relative error| of those runs; None when the device has no
+    validated runs (its step times carry no measured error: uncalibrated)."""
+    runs: int = Field(ge=0)
+    """How many published runs the band rests on (0: uncalibrated)."""
+    parallelism: ParallelismKind
+    """The prediction's kind of parallelism, whose runs the band is taken from."""
+    closest: str
+    """What the band rests on, in words: which runs, and how many were within it; or, for a
+    device without runs, that its numbers are uncalibrated."""
+
+    @property
+    def text(self) -> str:
+        """``+/- 6 %`` (whole percent, rounded up), or ``uncalibrated``."""
+        if self.fraction is None:
+            return "uncalibrated"
+        # 1e-9: a band stored as 0.06 is 6 %, not 7 % by a float's last digit
+        return f"+/- {max(1, math.ceil(100 * self.fraction - 1e-9))} %"
+
+
 class Predicted(_Frozen):
     """What the cost model predicts for one step."""
 
@@ -190,6 +217,10 @@ class Predicted(_Frozen):
     mfu: float
     peak_memory_gib: float
     bubble_fraction: float
+    error_band: ErrorBand | None = None
+    """The step time's error band. None only in a plan read from a file written before bands
+    (schema 2-4): unknown, which is not the same as uncalibrated (the device may have runs),
+    and printed as not recorded."""
 
 
 class SolverSummary(_Frozen):
@@ -212,7 +243,7 @@ class SolverSummary(_Frozen):
 class Plan(_Frozen):
     """A complete parallel training plan."""
 
-    schema_version: Literal[4] = SCHEMA_VERSION
+    schema_version: Literal[5] = SCHEMA_VERSION
     method: str
     framework: str = Field(
         default="any", description="What the plan was made for: a framework that launches it "

@@ -1,6 +1,7 @@
 """Presentation: rich tables and figures built from results. Nothing here prints; the CLI
 renders the tables these functions return, and figures are written only where asked."""
 
+from planner.report.simulation import simulation_json, simulation_tables
 from planner.report.tables import (
     calibration_tables,
     compare_tables,
@@ -8,8 +9,6 @@ from planner.report.tables import (
     info_tables,
     layer_tables,
     plan_tables,
-    simulation_json,
-    simulation_tables,
     validation_tables,
 )
 

@@ -16,8 +16,8 @@ from planner.diagnose.compare import MethodResult, best_step_s
 from planner.ilp import LayerSolution
 from planner.plan.config import ParallelConfig
 from planner.plan.schema import Plan, PlanStage, Predicted
+from planner.report.bands import band_cell, band_line, with_band
 from planner.report.width import Clauses, FirstThatFits, keep_whole, title
-from planner.simulate.events import Simulation, closed_form_in_flight
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
 
@@ -26,10 +26,15 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:5.1f} %" if whole else "-"
 
 
-def _light(heading: str, *, collapse_padding: bool = False) -> Table:
+def light_table(heading: str, *, collapse_padding: bool = False) -> Table:
     """A table in a light box (a rule under the header, no edges) under ``heading``."""
     return Table(title=title(heading), title_justify="left", box=box.SIMPLE_HEAD,
                  show_edge=False, collapse_padding=collapse_padding)  # fmt: skip
+
+
+def _step(p: Predicted) -> Text:
+    """``step 16.900 s +/- 6 %``: the predicted step with its error band, in bold."""
+    return Text(f"step {with_band(p.step_time_s, p.error_band)}", style="bold")
 
 
 def _rates(step: Text, p: Estimate | Predicted, *more: str) -> Clauses:
@@ -49,8 +54,8 @@ def estimate_tables(
                           "bold"), describe(config))  # fmt: skip
     head = Group(
         Clauses([what, f"{result.num_microbatches} microbatches"]),
-        _rates(Text(f"step {result.step_time_s:.3f} s", style="bold"), result,
-               f"bubble {100 * result.bubble_fraction:.1f} %"),
+        _rates(_step(result), result, f"bubble {100 * result.bubble_fraction:.1f} %"),
+        Text(band_line(result.error_band)),
     )  # fmt: skip
     times = Table(title=title("time per step (critical stage)"), title_justify="left")
     times.add_column("part", no_wrap=True)
@@ -102,8 +107,8 @@ def validation_tables(
     the console."""
     one = Table(title=title("published runs: predicted vs measured step time"),
                 title_justify="left")  # fmt: skip
-    what = _light("published runs", collapse_padding=True)
-    times = _light("predicted vs measured step time", collapse_padding=True)
+    what = light_table("published runs", collapse_padding=True)
+    times = light_table("predicted vs measured step time", collapse_padding=True)
     for table in (one, what, times):
         table.add_column("run", no_wrap=True)
     for table in (one, what):
@@ -218,13 +223,13 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
     p = plan.predicted
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     head = Group(
-        _summary(plan, style="bold"),
+        plan_summary(plan, style="bold"),
         Clauses([f"{plan.model.name} on {devices} x {plan.cluster.device}",
                  f"global batch {plan.global_batch_size} x {plan.seq_length} tokens",
                  f"{plan.num_microbatches} microbatches of {plan.micro_batch_size}"]),
-        _rates(Text(f"step {p.step_time_s:.3f} s", style="bold"), p,
-               f"peak memory {p.peak_memory_gib:.1f} GiB",
+        _rates(_step(p), p, f"peak memory {p.peak_memory_gib:.1f} GiB",
                f"bubble {100 * p.bubble_fraction:.1f} %"),
+        Text(band_line(p.error_band)),
     )  # fmt: skip
     s = plan.solver
     solver = [f"solver: {plan.method} for {plan.framework}", f"{s.time_s:.2f} s", s.status]
@@ -236,7 +241,7 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
             Clauses(solver, style="dim")]  # fmt: skip
 
 
-def _summary(plan: Plan, *, style: str = "") -> Clauses:
+def plan_summary(plan: Plan, *, style: str = "") -> Clauses:
     """:meth:`Plan.summary`, a line broken only between its clauses (``interleaved 1F1B
     (v=6)`` stays whole)."""
     return Clauses(plan.summary().split(", "), style=style)
@@ -252,9 +257,9 @@ def _stage_tables(plan: Plan) -> RenderableType:
     """A row per run of stages: one table of eleven columns, or when it is too wide for the
     console, two (the stages' devices and parallelism; their costs)."""
     # a light box, padding collapsed: eleven columns fit a 100-column terminal
-    one = _light("stages: ms per microbatch, GiB per device", collapse_padding=True)
-    layout = _light("stages: devices and parallelism", collapse_padding=True)
-    costs = _light("stages: ms per microbatch, GiB per device", collapse_padding=True)
+    one = light_table("stages: ms per microbatch, GiB per device", collapse_padding=True)
+    layout = light_table("stages: devices and parallelism", collapse_padding=True)
+    costs = light_table("stages: ms per microbatch, GiB per device", collapse_padding=True)
     split = len(_STAGE_LAYOUT)
     for table, columns, part in ((one, _STAGE_LAYOUT + _STAGE_COSTS, slice(None)),
                                  (layout, _STAGE_LAYOUT, slice(split)),
@@ -274,7 +279,7 @@ def _stage_tables(plan: Plan) -> RenderableType:
 def _time_table(plan: Plan) -> Table:
     """Where the step's seconds go on the critical stage (as ``planner estimate`` prints)."""
     step = plan.predicted.step_time_s
-    table = _light("time per step (critical stage)")
+    table = light_table("time per step (critical stage)")
     table.add_column("part", no_wrap=True)
     table.add_column("seconds", justify="right", no_wrap=True)
     table.add_column("share", justify="right", no_wrap=True)
@@ -346,9 +351,10 @@ two or three lines); narrower, the plans go under the numbers."""
 
 
 def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
-    """One row per method: its plan in one line, the predicted step and rates, peak memory,
-    the time it took to find, and its step relative to the best. When that is too wide for
-    the console, the numbers in one table and the plans in another."""
+    """One row per method: its plan in one line, the predicted step with its error band
+    (``+/-``) and rates, peak memory, the time it took to find, and its step relative to the
+    best; under them what each band rests on. When that is too wide for the console, the
+    numbers in one table and the plans in another."""
     best = best_step_s(results)
     plan = next(r.plan for r in results if r.plan is not None)
     label = results[0].label
@@ -362,72 +368,33 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
                     f"global batch {plan.global_batch_size} x {plan.seq_length} tokens",
                     plan.precision], style="bold")  # fmt: skip
     # padding collapsed: at 120 columns a plan takes two lines
-    one = _light(f"{label}s compared (same cost model)", collapse_padding=True)
-    numbers = _light(f"{label}s compared (same cost model)", collapse_padding=True)
-    plans = _light("plans", collapse_padding=True)
+    one = light_table(f"{label}s compared (same cost model)", collapse_padding=True)
+    numbers = light_table(f"{label}s compared (same cost model)", collapse_padding=True)
+    plans = light_table("plans", collapse_padding=True)
     for table in (one, numbers, plans):
         table.add_column(label, no_wrap=True)
     one.add_column("plan", min_width=_COMPARE_MIN_PLAN)
     plans.add_column("plan")
-    for col in ("step s", "tokens/s", "MFU", "peak GiB", "solve s", against):
+    for col in ("step s", "+/-", "tokens/s", "MFU", "peak GiB", "solve s", against):
         for table in (one, numbers):
             table.add_column(col, justify="right", no_wrap=True)
     for r in results:
         if r.plan is None:
             summary: RenderableType = Text(f"no plan: {r.error}", style="red")
-            cells = ("-", "-", "-", "-", f"{r.solve_time_s:.2f}", "-")
+            cells = ("-", "-", "-", "-", "-", f"{r.solve_time_s:.2f}", "-")
         else:
             p = r.plan.predicted
             ratio = p.step_time_s / best
-            summary = _summary(r.plan)
-            cells = (f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{100 * p.mfu:.1f} %",
+            summary = plan_summary(r.plan)
+            cells = (f"{p.step_time_s:.3f}", band_cell(p.error_band), f"{p.tokens_per_s:,.0f}",
+                     f"{100 * p.mfu:.1f} %",
                      f"{p.peak_memory_gib:.1f}", f"{r.solve_time_s:.2f}",
                      Text(f"{ratio:.3f}", style="bold green" if ratio == 1 else ""))  # fmt: skip
         one.add_row(r.method, summary, *cells)
         numbers.add_row(r.method, *cells)
         plans.add_row(r.method, summary)
-    return [head, FirstThatFits(keep_whole(one), Group(keep_whole(numbers), keep_whole(plans)))]
-
-
-def simulation_json(plan: Plan, sim: Simulation) -> dict[str, object]:
-    """The ``planner simulate --json`` object: the simulated step beside the plan's closed
-    form, and per stage the busy and idle seconds and the activations held at the peak."""
-    closed = closed_form_in_flight(plan)
-    return {
-        "simulated_step_s": sim.step_s,
-        "predicted_step_s": plan.predicted.step_time_s,
-        "simulated_bubble_fraction": sim.bubble_fraction,
-        "predicted_bubble_fraction": plan.predicted.bubble_fraction,
-        "stages": [
-            {
-                "stage": i,
-                "busy_s": sim.busy_s[i],
-                "idle_s": sim.bubble_s[i],
-                "peak_in_flight": sim.peak_in_flight[i],
-                "closed_form_in_flight": closed[i],
-            }
-            for i in range(sim.num_stages)
-        ],
-    }
-
-
-def simulation_tables(plan: Plan, sim: Simulation) -> list[RenderableType]:
-    """The simulated step against the plan's prediction, and a row per stage."""
-    data = simulation_json(plan, sim)
-    predicted = plan.predicted.step_time_s
-    head = Group(
-        _summary(plan, style="bold"),
-        Clauses([f"simulated step {sim.step_s:.3f} s, predicted {predicted:.3f} s "
-                 f"({100 * (sim.step_s / predicted - 1):+.2f} %)",
-                 f"bubble simulated {100 * sim.bubble_fraction:.1f} %, predicted "
-                 f"{100 * plan.predicted.bubble_fraction:.1f} %",
-                 f"{len(sim.events):,} operations"], sep="; "),
-    )  # fmt: skip
-    table = _light("stages")
-    for col in ("stage", "busy s", "idle s", "in flight (simulated)", "in flight (closed form)"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for row in data["stages"]:  # type: ignore[attr-defined]
-        cells = (row["busy_s"], row["idle_s"], row["peak_in_flight"], row["closed_form_in_flight"])
-        table.add_row(str(row["stage"]), *(f"{x:.3f}" for x in cells[:2]),
-                      *(f"{x:g}" for x in cells[2:]))  # fmt: skip
-    return [head, keep_whole(table)]
+    # Rows of one kind of parallelism share a band: each basis said once.
+    bases = dict.fromkeys(band_line(r.plan.predicted.error_band) for r in results
+                          if r.plan is not None)  # fmt: skip
+    return [head, FirstThatFits(keep_whole(one), Group(keep_whole(numbers), keep_whole(plans))),
+            *(Text(line) for line in bases)]

@@ -279,6 +279,7 @@ def _plan(
             executed_flops_per_sequence=cost.executed_training_flops(
                 ctx.model, training, 1, flash_attention=ctx.options.flash_attention),
             micro_batch_size=c.mesh_micro_batch_size,
+            parallel=[s.parallel for s in stages],
         ),
         solver=SolverSummary(
             time_s=wall_s,

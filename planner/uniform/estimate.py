@@ -28,6 +28,7 @@ from planner.cost.step import (
     headline,
     throughput,
 )
+from planner.cost.uncertainty import parallelism_kind
 from planner.graph import LayerIndex, forward_flops, lowered
 from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
@@ -217,8 +218,10 @@ def estimate(
         recompute_flops_per_sequence=recompute_flops / sequences,
     )  # fmt: skip
     peak_bytes = sum(step.peak_memory_bytes)
+    kind = parallelism_kind(tensor_parallel=c.tp, pipeline_parallel=c.pp, context_parallel=c.cp,
+                            expert_parallel=c.ep, zero=c.zero)  # fmt: skip
     return Estimate(
-        **dict(headline(step, rates)),
+        **dict(headline(step, rates, device=cluster.device, kind=kind)),
         fits=peak_bytes + cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
         <= cluster.device.memory_bytes,
         memory=MemoryBreakdown.from_bytes(step.peak_memory_bytes),

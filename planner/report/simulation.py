@@ -1,0 +1,60 @@
+"""The simulated step against the plan's closed-form prediction."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from planner.plan.schema import Plan
+from planner.report.bands import band_line, with_band
+from planner.report.tables import light_table, plan_summary
+from planner.report.width import Clauses, keep_whole
+from planner.simulate.events import Simulation, closed_form_in_flight
+
+
+def simulation_json(plan: Plan, sim: Simulation) -> dict[str, object]:
+    """The ``planner simulate --json`` object: the simulated step beside the plan's closed
+    form with its error band (None: a plan written before bands), and per stage the busy and
+    idle seconds and the activations held at the peak."""
+    closed = closed_form_in_flight(plan)
+    band = plan.predicted.error_band
+    return {
+        "simulated_step_s": sim.step_s,
+        "predicted_step_s": plan.predicted.step_time_s,
+        "predicted_error_band": band.model_dump(mode="json") if band is not None else None,
+        "simulated_bubble_fraction": sim.bubble_fraction,
+        "predicted_bubble_fraction": plan.predicted.bubble_fraction,
+        "stages": [
+            {
+                "stage": i,
+                "busy_s": sim.busy_s[i],
+                "idle_s": sim.bubble_s[i],
+                "peak_in_flight": sim.peak_in_flight[i],
+                "closed_form_in_flight": closed[i],
+            }
+            for i in range(sim.num_stages)
+        ],
+    }
+
+
+def simulation_tables(plan: Plan, sim: Simulation) -> list[RenderableType]:
+    """The simulated step against the plan's prediction, and a row per stage."""
+    data = simulation_json(plan, sim)
+    predicted, band = plan.predicted.step_time_s, plan.predicted.error_band
+    head = Group(
+        plan_summary(plan, style="bold"),
+        Clauses([f"simulated step {sim.step_s:.3f} s ({100 * (sim.step_s / predicted - 1):+.2f}"
+                 f" %), predicted {with_band(predicted, band)}",
+                 f"bubble simulated {100 * sim.bubble_fraction:.1f} %, predicted "
+                 f"{100 * plan.predicted.bubble_fraction:.1f} %",
+                 f"{len(sim.events):,} operations"], sep="; "),
+        Text(band_line(band)),
+    )  # fmt: skip
+    table = light_table("stages")
+    for col in ("stage", "busy s", "idle s", "in flight (simulated)", "in flight (closed form)"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for row in data["stages"]:  # type: ignore[attr-defined]
+        cells = (row["busy_s"], row["idle_s"], row["peak_in_flight"], row["closed_form_in_flight"])
+        table.add_row(str(row["stage"]), *(f"{x:.3f}" for x in cells[:2]),
+                      *(f"{x:g}" for x in cells[2:]))  # fmt: skip
+    return [head, keep_whole(table)]
