@@ -2,8 +2,8 @@
 device's runs of the same kind of parallelism, printed beside the step time (``+/- N %``, N the
 80th percentile of |error| in whole percent rounded up) and recorded in the JSON with the runs
 it rests on; a device without validated runs prints ``uncalibrated`` wherever its step times
-appear. The bundled clusters have no validation bands yet, so a calibrated cluster is built
-here: the bundled H100 with two bands written into its file."""
+appear. The bands are built here, not read from the bundled files (which `planner calibrate`
+rewrites): the bundled H100 with two known bands written into its file, and with none."""
 
 from __future__ import annotations
 
@@ -54,6 +54,16 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = json.loads(H100.read_text())
     data["device"]["efficiency"]["validation"] = BANDS
     path = tmp_path_factory.mktemp("bands") / "h100-calibrated.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uncalibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled H100 cluster file with no validation bands."""
+    data = json.loads(H100.read_text())
+    data["device"]["efficiency"]["validation"] = []
+    path = tmp_path_factory.mktemp("bands") / "h100-uncalibrated.json"
     path.write_text(json.dumps(data))
     return path
 
@@ -132,12 +142,12 @@ def test_estimate_of_zero3_data_parallelism_takes_the_sharded_band(calibrated: P
     assert "band: 80 % of 11 sharded-data-parallel runs on H100-SXM5-80GB" in done.stdout
 
 
-def test_estimate_on_an_uncalibrated_device_says_so() -> None:
-    """The bundled H100 has no validation bands: ``(uncalibrated)`` beside the step, a line
+def test_estimate_on_an_uncalibrated_device_says_so(uncalibrated: Path) -> None:
+    """An H100 with no validation bands: ``(uncalibrated)`` beside the step, a line
     saying its error is not measured, and a band of no fraction on 0 runs in the JSON. The
     910B, whose GEMM curve is the data sheet's peak, says its times are the roofline."""
-    done = planner(80, "estimate", LLAMA, H100, *SMALL, *TP2)
-    result = _estimate_json(H100, *TP2)
+    done = planner(80, "estimate", LLAMA, uncalibrated, *SMALL, *TP2)
+    result = _estimate_json(uncalibrated, *TP2)
     assert (result["error_band"]["fraction"], result["error_band"]["runs"]) == (None, 0)
     assert f"step {result['step_time_s']:.3f} s (uncalibrated)" in done.stdout
     assert "uncalibrated: no validated runs on H100-SXM5-80GB, accuracy not measured" in (
@@ -169,18 +179,18 @@ def test_solve_prints_and_records_its_plans_band(calibrated: Path, tmp_path: Pat
     assert_fits(done.stdout, 80)
 
 
-def test_solve_on_an_uncalibrated_device_says_so() -> None:
-    """The bundled H100's plan: ``(uncalibrated)`` beside its step, no fraction on 0 runs."""
-    done = planner(80, "solve", LLAMA, H100, *SMALL, "--json")
+def test_solve_on_an_uncalibrated_device_says_so(uncalibrated: Path) -> None:
+    """An H100 without bands: ``(uncalibrated)`` beside its plan's step, no fraction."""
+    done = planner(80, "solve", LLAMA, uncalibrated, *SMALL, "--json")
     assert done.code == 0, done.stderr
     predicted = json.loads(done.stdout)["predicted"]
     band = predicted["error_band"]
     assert (band["fraction"], band["runs"]) == (None, 0)
-    table = planner(80, "solve", LLAMA, H100, *SMALL)
+    table = planner(80, "solve", LLAMA, uncalibrated, *SMALL)
     assert f"step {predicted['step_time_s']:.3f} s (uncalibrated)" in table.stdout
 
 
-def test_compare_prints_each_rows_band(calibrated: Path) -> None:
+def test_compare_prints_each_rows_band(calibrated: Path, uncalibrated: Path) -> None:
     """Each method's row has its own plan's band in the ``+/-`` column, and a line under the
     table says what each distinct band rests on; uncalibrated, the rows have none and the
     line says why, once."""
@@ -197,7 +207,7 @@ def test_compare_prints_each_rows_band(calibrated: Path) -> None:
             " ".join(row.split()) + " ")
         assert f"band: {band.closest}" in done.stdout
     assert_fits(done.stdout, 80)
-    bare = planner(80, "compare", LLAMA, H100, *SMALL, "--methods", "heuristic,grid")
+    bare = planner(80, "compare", LLAMA, uncalibrated, *SMALL, "--methods", "heuristic,grid")
     numbers = [line.split() for line in bare.stdout.splitlines()
                if re.match(r" (heuristic|grid) +\d+\.\d{3} ", line)]  # fmt: skip
     assert [row[2] for row in numbers] == ["-", "-"]
