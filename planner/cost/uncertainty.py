@@ -70,17 +70,22 @@ def error_band(device: DeviceSpec, kind: ParallelismKind) -> ErrorBand:
     roofline)."""
     bands = device.efficiency.validation
     name = device.name
+    # The runs a band rests on may all share one sequence length: without an attention curve,
+    # fused attention is timed as GEMMs, and long sequences are outside what the band covers.
+    caveat = ("; attention kernel uncalibrated" if device.efficiency.attention is None
+              else "")  # fmt: skip
     for band in bands:
         if band.parallelism == kind:
             return ErrorBand(fraction=band.p80_abs_error, runs=band.runs, parallelism=kind,
                              closest=f"80 % of {band.runs} {kind} runs on {name} were "
-                             "within it")  # fmt: skip
+                             f"within it{caveat}")  # fmt: skip
     if bands:
         runs = sum(b.runs for b in bands)
         # Each band holds 80 % of its runs, so the widest holds at least 80 % of them all.
         return ErrorBand(fraction=max(b.p80_abs_error for b in bands), runs=runs,
                          parallelism=kind,
-                         closest=f"widest over {runs} runs on {name} (none {kind})")  # fmt: skip
+                         closest=f"widest over {runs} runs on {name} (none {kind})"
+                         f"{caveat}")  # fmt: skip
     gemm = device.efficiency.gemm
     roofline = (gemm.max_fraction, gemm.half_saturation_gflop) == (
         GemmEfficiency().max_fraction, GemmEfficiency().half_saturation_gflop)
