@@ -129,11 +129,13 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_solve(width: int, tmp_path: Path) -> None:
     """The plan's summary, its step, each stage's degrees; the Megatron launch after it."""
     out = tmp_path / "plan.json"
-    done = planner(width, "solve", MIXTRAL, H100, "--nodes", "2", "--out", out,
+    # Expert parallelism pinned: the EP column and flag must render (unpinned, ZeRO-3 over
+    # 16 ranks without EP is 1 % faster on this cluster).
+    done = planner(width, "solve", MIXTRAL, H100, "--nodes", "2", "--ep", "4", "--out", out,
                    "--export", "megatron")  # fmt: skip
     assert done.code == 0, done.stderr
     plan = plan_from_json(out.read_text())
-    assert plan.summary().startswith("TP2 x PP1 x DP8 x EP4")  # the instance still has EP
+    assert " x EP4" in plan.summary()
     assert_fits(done.stdout + done.stderr, width)
     assert_whole(done.stdout, *plan_values(plan), "TP/DP/CP/EP", "--expert-model-parallel-size 4")
     p = plan.predicted
@@ -226,7 +228,7 @@ def test_layer(width: int) -> None:
     assert done.code == 0, done.stderr
     assert_fits(done.stdout, width)
     assert_whole(done.stdout, "layer1.post_attention_norm", "reduce_scatter@axis1",
-                 "all_gather@axis1", "16.182 ms per microbatch (forward + backward)")
+                 "all_gather@axis1", "16.125 ms per microbatch (forward + backward)")
 
 
 @needs_shared(CALIBRATION_RUNS)

@@ -44,6 +44,10 @@ BANDS = [
 ]  # fmt: skip
 
 
+ATTENTION = {"max_fraction": 0.5, "half_saturation_tokens": 500.0}
+"""An attention curve, so that the calibrated cluster's bands carry no caveat about it."""
+
+
 def _percent(fraction: float) -> str:
     return f"+/- {math.ceil(100 * fraction)} %"
 
@@ -53,6 +57,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled H100 cluster file with a model-parallel and a sharded-data-parallel band."""
     data = json.loads(H100.read_text())
     data["device"]["efficiency"]["validation"] = BANDS
+    data["device"]["efficiency"]["attention"] = ATTENTION
     path = tmp_path_factory.mktemp("bands") / "h100-calibrated.json"
     path.write_text(json.dumps(data))
     return path
@@ -289,3 +294,14 @@ def test_simulate_and_export_print_the_plans_band(calibrated: Path, tmp_path: Pa
                        "--cluster", calibrated)  # fmt: skip
     assert f"predicted {step} per step" in exported.stderr
     assert "note: band: 80 % of 9 model-parallel runs on H100-SXM5-80GB" in exported.stderr
+
+
+def test_a_device_without_an_attention_curve_says_so(calibrated: Path) -> None:
+    """Bands rest on runs that may all share one sequence length: a device whose fused
+    attention is not calibrated (timed as GEMMs) says so in the band's line."""
+    data = json.loads(calibrated.read_text())
+    del data["device"]["efficiency"]["attention"]
+    cluster = ClusterSpec.model_validate(data)
+    band = error_band(cluster.device, "model-parallel")
+    assert band.closest.endswith("were within it; attention kernel uncalibrated")
+    assert band.fraction == MODEL_PARALLEL_P80

@@ -187,7 +187,7 @@ def test_info_is_the_readme_counts() -> None:
 def test_validate_is_the_readme_table() -> None:
     """Predicted against measured: every published run's row, and the median and max."""
     found = _inline(r"### Predicted against measured \(`planner ([^`]*)`\)")
-    rows = json.loads("\n".join(_printed(_run(*found.group(1).split(), "--json"))))
+    rows = json.loads("\n".join(_printed(_run(*found.group(1).split(), "--json"))))["runs"]
     table = README[found.end() :].split("\n\n")[1].splitlines()[2:]
     printed = [f"| {r['id']} | {r['num_devices']} | {r['config']} | {r['measured_s']:.2f} "
                f"| {r['predicted_s']:.2f} | {100 * r['error']:+.1f} % |" for r in rows]  # fmt: skip

@@ -14,7 +14,7 @@ the record a plan keeps; this module computes it.
 >>> error_band(gpu, "model-parallel").text
 '+/- 4 %'
 >>> error_band(gpu, "model-parallel").closest
-'80 % of 9 model-parallel runs on x were within it'
+'80 % of 9 model-parallel runs on x were within it; attention kernel uncalibrated'
 >>> error_band(gpu, "sharded-data-parallel").runs, error_band(gpu, "sharded-data-parallel").text
 (9, '+/- 4 %')
 >>> bare = error_band(DeviceSpec(name="y", memory_gib=80, memory_bandwidth_gb_s=2000,
