@@ -50,10 +50,12 @@ Parallelism = Literal["tp", "cp", "ep", "dp", "pp"]
 """A kind of parallelism, named by its degree's flag; not a mesh axis (an axis is a dimension
 of a stage's logical device mesh, which may carry several of these)."""
 
-ParallelismKind = Literal["sharded-data-parallel", "data-parallel", "model-parallel"]
+ParallelismKind = Literal["sharded-data-parallel", "data-parallel", "model-parallel",
+                          "context-parallel", "expert-parallel"]  # fmt: skip
 """What a run or a plan is, as the validation bands group runs: ZeRO-3/FSDP with no model
-parallelism; plain data parallelism (ZeRO 0-2); tensor, context, expert or pipeline
-parallelism."""
+parallelism; plain data parallelism (ZeRO 0-2); tensor or pipeline parallelism; context
+parallelism; expert parallelism (each of the last two also with any of the others: their own
+exchanges are what a band of other runs would not cover)."""
 
 
 def schedule_name(schedule: PipelineSchedule, vpp: int) -> ScheduleName:

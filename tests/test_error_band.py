@@ -96,15 +96,17 @@ def test_known_percentages() -> None:
 
 
 def test_kind_of_parallelism_of_stages() -> None:
-    """A search plan's kind from its stages: any tensor, context or expert parallelism, or a
-    second stage, is model-parallel; one stage of pure data parallelism is sharded under
+    """A search plan's kind from its stages: expert or context parallelism on any stage is
+    its own kind (no band of other runs covers their exchanges); tensor parallelism or a
+    second stage is model-parallel; one stage of pure data parallelism is sharded under
     ZeRO-3 and plain otherwise."""
     dp8 = {"tp": 1, "dp": 8}
     assert stages_kind([StageParallel(**dp8, zero=3)]) == "sharded-data-parallel"
     assert stages_kind([StageParallel(**dp8, zero=2)]) == "data-parallel"
     assert stages_kind([StageParallel(**dp8, zero=3)] * 2) == "model-parallel"
-    for extra in ({"tp": 2, "dp": 4}, {"tp": 1, "dp": 4, "cp": 2}, {"tp": 1, "dp": 8, "ep": 2}):
-        assert stages_kind([StageParallel(**extra, zero=3)]) == "model-parallel"
+    assert stages_kind([StageParallel(tp=2, dp=4, zero=3)]) == "model-parallel"
+    assert stages_kind([StageParallel(tp=2, dp=2, cp=2, zero=1)] * 2) == "context-parallel"
+    assert stages_kind([StageParallel(tp=1, dp=8, cp=2, ep=2, zero=1)]) == "expert-parallel"
 
 
 def test_a_kind_without_runs_takes_the_widest_band(calibrated: Path) -> None:

@@ -40,16 +40,23 @@ def parallelism_kind(*, tensor_parallel: int, pipeline_parallel: int, context_pa
     'sharded-data-parallel'
     >>> parallelism_kind(tensor_parallel=8, pipeline_parallel=2, zero=1)
     'model-parallel'
+    >>> parallelism_kind(tensor_parallel=8, pipeline_parallel=2, context_parallel=2, zero=1)
+    'context-parallel'
     """
-    if tensor_parallel * pipeline_parallel * context_parallel * expert_parallel > 1:
+    if expert_parallel > 1:
+        return "expert-parallel"
+    if context_parallel > 1:
+        return "context-parallel"
+    if tensor_parallel * pipeline_parallel > 1:
         return "model-parallel"
     return "sharded-data-parallel" if zero == 3 else "data-parallel"
 
 
 def stages_kind(stages: Sequence[StageParallel]) -> ParallelismKind:
     """The kind of parallelism of a plan's stages (the search's, which may differ from stage to
-    stage): model-parallel when any stage has tensor, context or expert parallelism, or there
-    is more than one stage; else as the one stage's ZeRO stage says.
+    stage): expert- or context-parallel when any stage is; model-parallel when any stage has
+    tensor parallelism or there is more than one stage; else as the one stage's ZeRO stage
+    says.
 
     >>> stages_kind([StageParallel(tp=1, dp=8, zero=3)])
     'sharded-data-parallel'

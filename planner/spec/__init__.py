@@ -24,7 +24,7 @@ from pydantic import (
 
 from planner.errors import InputError
 from planner.spec import limits as lim
-from planner.vocabulary import GB, GIB, Precision
+from planner.vocabulary import GB, GIB, ParallelismKind, Precision
 
 Activation = Literal["gelu", "swiglu"]
 Normalization = Literal["layernorm", "rmsnorm"]
@@ -271,9 +271,10 @@ class ValidationBand(_Frozen):
     """How far predictions missed the published runs of one kind on this device: what the
     error band printed beside a step time rests on."""
 
-    parallelism: Literal["sharded-data-parallel", "data-parallel", "model-parallel"] = Field(
-        description="The runs' kind: ZeRO-3/FSDP with no model parallelism; plain data "
-        "parallelism (ZeRO 0-2); tensor or pipeline parallelism."
+    parallelism: ParallelismKind = Field(
+        description="The runs' kind (planner.vocabulary.ParallelismKind): ZeRO-3/FSDP with no "
+        "model parallelism; plain data parallelism (ZeRO 0-2); tensor or pipeline parallelism; "
+        "context parallelism; expert parallelism."
     )
     runs: Int = Field(gt=0, description="How many runs the band rests on.")
     p80_abs_error: Float = Field(
