@@ -174,3 +174,20 @@ def test_shard_grad_op_is_zero2() -> None:
     record["parallel"]["fsdp_sharding"] = "SHARD_GRAD_OP"
     assert config_from_record(record).zero == 2
     assert software_of(record).family == "fsdp"
+
+
+def test_calibrate_refuses_to_store_a_fit_that_left_runs_out() -> None:
+    """Out-of-family fits are for validation: writing one into the bundled clusters would
+    hide the runs it left out."""
+    from planner.diagnose.calibration import calibrate
+
+    with pytest.raises(InputError, match="--write with --exclude-family"):
+        calibrate([CALIBRATION_RUNS], CLUSTERS, chip="A100", exclude_families=["megatron"],
+                  write=True)  # fmt: skip
+
+
+def test_calibrate_names_the_chips_it_has() -> None:
+    from planner.diagnose.calibration import calibrate
+
+    with pytest.raises(InputError, match=r"no runs on 'B200' to fit \(runs are on: A100, H100\)"):
+        calibrate([CALIBRATION_RUNS], CLUSTERS, chip="B200")

@@ -202,6 +202,8 @@ def calibrate(
     """Fit ``chip``'s efficiencies on its runs (those of ``exclude_families`` left out of
     the fit but still priced after it) and, with ``write``, write the fit and the error bands
     into every bundled cluster file of the chip in ``clusters_dir``."""
+    if write and exclude_families:
+        raise InputError("--write with --exclude-family would store a fit that left runs out")
     loaded = load_runs_noting(*runs_paths)
     mine = [r for r in loaded.runs if r.chip == chip]
     fitted_on = [r for r in mine if r.family not in exclude_families]
@@ -216,8 +218,6 @@ def calibrate(
     families = tuple(sorted({r.family for r in fitted_on}))
     written: list[str] = []
     if write:
-        if exclude_families:
-            raise InputError("--write with --exclude-family would store a fit that left runs out")
         for key in clusters:
             path = Path(clusters_dir) / BUNDLED_CLUSTERS[key]
             _write_fit(path, fit, bands, chip=chip, families=families)
