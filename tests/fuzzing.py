@@ -50,6 +50,8 @@ PLANS = (REPO / "tests" / "fuzz_plan_ilp.json", REPO / "tests" / "fuzz_plan_unif
 interleaved stages, sequence parallel, selective recompute, distributed optimizer), both
 written by the planner."""
 CALIBRATION_RUNS = SHARED / "validation" / "calibration_runs.json"
+FSDP_RUNS = SHARED / "validation" / "fsdp_runs.json"
+"""MPT's runs: records with a ``software`` block, read by its own rules."""
 
 Outcome = Literal["accepted", "planner_error"]
 """What a property saw: the input was read (and used), or refused with a PlannerError."""
@@ -68,7 +70,7 @@ def _documents(kind: str) -> tuple[Json, ...]:
         "hf": sorted(HF.glob("*.json")),
         "cluster": sorted(CLUSTERS.glob("*.json")),
         "plan": list(PLANS),
-        "runs": [CALIBRATION_RUNS],
+        "runs": [CALIBRATION_RUNS, *([FSDP_RUNS] if FSDP_RUNS.exists() else [])],
     }[kind]
     return tuple(json.loads(path.read_text()) for path in paths)
 
