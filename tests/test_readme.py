@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import CALIBRATION_RUNS, HF, REPO, needs_shared
+from tests.conftest import CALIBRATION_RUNS, FSDP_RUNS, HF, REPO, needs_shared
 from tests.test_cli import _run
 
 README = (REPO / "README.md").read_text()
@@ -196,3 +196,13 @@ def test_validate_is_the_readme_table() -> None:
     median, most = 100 * statistics.median(errors), 100 * max(errors)
     summary = f"median |error| {median:.1f} %, max {most:.1f} %"
     assert f"In-sample: {summary}" in README
+
+
+@needs_shared(FSDP_RUNS)
+def test_mpt_errors_are_the_readme_errors() -> None:
+    """The MPT section's median and max |error| are what validating fsdp_runs.json gives."""
+    found = _inline(r"### MPT's FSDP runs \(`planner ([^`]*)`\)")
+    rows = json.loads("\n".join(_printed(_run(*found.group(1).split(), "--json"))))["runs"]
+    errors = [abs(r["error"]) for r in rows]
+    median, most = 100 * statistics.median(errors), 100 * max(errors)
+    assert f"median |error| {median:.1f} %, max {most:.1f} %" in " ".join(README.split())
