@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from planner.diagnose.compare import MethodResult
 from planner.plan.schema import Plan
+from planner.report.bands import band_text, with_band
 from planner.report.gantt import draw_gantt
 from planner.report.output import check_folder
 from planner.report.pictures import FORMATS, save
@@ -115,8 +116,8 @@ def time_figure(plan: Plan) -> Figure:
     ax.set_yticks([])
     ax.set_xlabel("seconds per step")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, fontsize=8, frameon=False)
-    ax.set_title(_wrap(_title(plan)) + f"\nstep {step:.3f} s: where the time goes on the "
-                 "critical stage", fontsize=9)  # fmt: skip
+    ax.set_title(_wrap(_title(plan)) + f"\nstep {with_band(step, plan.predicted.error_band)}: "
+                 "where the time goes on the critical stage", fontsize=9)  # fmt: skip
     return figure
 
 
@@ -135,7 +136,8 @@ def compare_figure(results: Sequence[MethodResult], title: str = "") -> Figure:
         step = r.plan.predicted.step_time_s
         colour = "#55a868" if step == best else "#4c72b0"
         ax.bar([i], [step], color=colour, width=0.6)
-        ax.text(i, step, f"{step:.2f} s\nMFU {100 * r.plan.predicted.mfu:.1f} %\n"
+        ax.text(i, step, f"{step:.2f} s {band_text(r.plan.predicted.error_band)}\n"
+                f"MFU {100 * r.plan.predicted.mfu:.1f} %\n"
                 f"x{step / best:.3f}, solved in {r.solve_time_s:.1f} s", ha="center",
                 va="bottom", fontsize=8)  # fmt: skip
     ax.set_xticks(range(len(results)), [r.method for r in results])
