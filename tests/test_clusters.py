@@ -13,7 +13,11 @@ from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster
 
 CLUSTERS = Path(__file__).resolve().parent.parent / "instances" / "clusters"
-EXPECTED = {"dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200", "ascend-910b"}
+EXPECTED = {"dgx-a100-80gb", "dgx-h100-80gb", "dgx-h200", "ascend-910b", "gb200-nvl72",
+            "h100-3level-oversubscribed"}
+# Clusters whose nodes are not 8-GPU boards or whose size is not 128 nodes: (devices per node,
+# nodes) as built.
+SHAPES = {"gb200-nvl72": (4, 144), "h100-3level-oversubscribed": (8, 3072)}
 
 # Known answers from the vendor data sheets (dense, no sparsity): TFLOPS, then HBM, NVLink
 # and per-GPU NIC bandwidth in GB/s per direction.
@@ -21,6 +25,9 @@ NVIDIA_DATA_SHEET = {
     "dgx-a100-80gb": {"bf16": 312, "fp16": 312, "fp32": 19.5, "hbm": 2039, "links": [300, 25]},
     "dgx-h100-80gb": {"bf16": 989, "fp16": 989, "fp32": 67, "hbm": 3350, "links": [450, 50]},
     "dgx-h200": {"bf16": 989, "fp16": 989, "fp32": 67, "hbm": 4800, "links": [450, 50]},
+    "gb200-nvl72": {"bf16": 2500, "fp16": 2500, "fp32": 90, "hbm": 8000, "links": [900, 50]},
+    "h100-3level-oversubscribed": {"bf16": 989, "fp16": 989, "fp32": 67, "hbm": 3350,
+                                   "links": [450, 50, 50]},
 }
 # Llama 3.1 405B was trained on 16,384 H100: the outermost domain must hold such a job.
 LARGEST_PUBLISHED_JOB = 16384
@@ -42,20 +49,20 @@ def test_every_expected_cluster_is_bundled() -> None:
 def test_cluster_loads_with_expected_shape(path: Path) -> None:
     cluster = load_cluster(path)
     assert cluster.name == path.stem
-    assert cluster.devices_per_node == 8
-    assert cluster.num_nodes == 128
-    assert load_cluster(path, nodes=384).num_devices == 3072
+    per_node, nodes = SHAPES.get(path.stem, (8, 128))
+    assert (cluster.devices_per_node, cluster.num_nodes) == (per_node, nodes)
+    assert load_cluster(path, nodes=384).num_devices == 384 * per_node
 
 
 @pytest.mark.parametrize("path", _paths(), ids=lambda p: p.stem)
 def test_network_domains_grow_outwards(path: Path) -> None:
     cluster = load_cluster(path)
     domains = [level.domain_devices for level in cluster.network]
-    assert domains[0] == cluster.devices_per_node
+    assert domains[0] % cluster.devices_per_node == 0  # the scale-up domain holds whole nodes
     assert all(outer > inner and outer % inner == 0 for inner, outer in pairwise(domains))
     assert domains[-1] >= LARGEST_PUBLISHED_JOB
-    # Inner levels are faster than outer ones.
-    bandwidths = [level.bandwidth_gb_s for level in cluster.network]
+    # Inner levels are no slower than outer ones (as achieved: oversubscription included).
+    bandwidths = [level.bandwidth_bytes_s for level in cluster.network]
     assert bandwidths == sorted(bandwidths, reverse=True)
 
 

@@ -42,6 +42,9 @@ class ClusterRef(InputRef):
     devices_per_node: int
     device: str
     device_memory_gib: float
+    scale_up_devices: int | None = None
+    """Devices of one domain of the innermost network level when it spans several nodes (a
+    GB200 NVL72 rack); None when it is the node (and in plans written before it was kept)."""
 
 
 class ScheduleSpec(_Frozen):
@@ -334,4 +337,7 @@ def cluster_ref(cluster: ClusterSpec) -> ClusterRef:
     return ClusterRef(name=cluster.name, sha256=input_hash(cluster),
                       num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
                       device=cluster.device.name,
-                      device_memory_gib=cluster.device.memory_gib)  # fmt: skip
+                      device_memory_gib=cluster.device.memory_gib,
+                      scale_up_devices=(cluster.scale_up_devices
+                                        if cluster.scale_up_devices > cluster.devices_per_node
+                                        else None))  # fmt: skip

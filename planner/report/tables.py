@@ -290,17 +290,19 @@ def _time_table(plan: Plan) -> Table:
     return table
 
 
-def group_spans(plan: Plan) -> dict[str, tuple[int, int]]:
-    """Per group of the first stage, its ranks and how many nodes they span: the mesh's axes
-    (``TP``, ``CP`` for a uniform plan; ``axis 0``, ``axis 1`` otherwise), the data-parallel
-    replicas and the pipeline's stages."""
+def group_spans(plan: Plan) -> dict[str, tuple[int, int, int]]:
+    """Per group of the first stage, its ranks and how many nodes and scale-up domains they
+    span: the mesh's axes (``TP``, ``CP`` for a uniform plan; ``axis 0``, ``axis 1``
+    otherwise), the data-parallel replicas and the pipeline's stages."""
     per_node = plan.cluster.devices_per_node
+    per_domain = plan.cluster.scale_up_devices or per_node
     stage = plan.stages[0]
     first = stage.ranks[0]
     inner = stage.mesh[-1]
 
-    def span(ranks: Sequence[int]) -> tuple[int, int]:
-        return len(ranks), len({r // per_node for r in ranks})
+    def span(ranks: Sequence[int]) -> tuple[int, int, int]:
+        return (len(ranks), len({r // per_node for r in ranks}),
+                len({r // per_domain for r in ranks}))  # fmt: skip
 
     uniform = plan.configuration is not None
     out = {("TP" if uniform else f"axis {len(stage.mesh) - 1}"): span(first[:inner])}
@@ -314,8 +316,12 @@ def group_spans(plan: Plan) -> dict[str, tuple[int, int]]:
 def _groups(plan: Plan) -> Clauses:
     """Where the groups sit: how many nodes each spans."""
     parts = []
-    for name, (ranks, nodes) in group_spans(plan).items():
+    wide = plan.cluster.scale_up_devices is not None
+    for name, (ranks, nodes, domains) in group_spans(plan).items():
         where = "in 1 node" if nodes == 1 else f"across {nodes} nodes"
+        if wide and nodes > 1:
+            where += (" of 1 scale-up domain" if domains == 1
+                      else f" in {domains} scale-up domains")  # fmt: skip
         parts.append(f"{name} {ranks} ranks {where}")
     parts = parts or ["one device"]
     return Clauses([f"groups: {parts[0]}", *parts[1:]], sep="; ")

@@ -367,12 +367,20 @@ class NetworkLevel(_Frozen):
         gt=0, le=lim.MAX_BANDWIDTH_GB_S, description="Per device, per direction."
     )
     latency_us: Float = Field(ge=0, le=lim.MAX_LATENCY_US)
+    oversubscription: Float = Field(
+        default=1.0, ge=1, le=lim.MAX_OVERSUBSCRIPTION,
+        description="Downlink over uplink bandwidth of this level's switches: traffic that "
+        "crosses the level with every device sending at once gets bandwidth_gb_s / this "
+        "(1: non-blocking).",
+    )
     efficiency: LinkEfficiency = LinkEfficiency()
 
     @property
     def bandwidth_bytes_s(self) -> float:
-        """Achieved per-device bandwidth in bytes/s."""
-        return self.bandwidth_gb_s * GB * self.efficiency.bandwidth_fraction
+        """Achieved per-device bandwidth in bytes/s: nominal, times the measured fraction,
+        over the oversubscription (collectives have every device sending at once)."""
+        return (self.bandwidth_gb_s * GB * self.efficiency.bandwidth_fraction
+                / self.oversubscription)  # fmt: skip
 
     @property
     def latency_s(self) -> float:
@@ -396,10 +404,11 @@ class ClusterSpec(_Frozen):
         if too_many:
             raise ValueError(too_many)
         domains = [level.domain_devices for level in self.network]
-        if domains[0] != self.devices_per_node:
+        if domains[0] % self.devices_per_node:
             raise ValueError(
-                f"network[0] ({self.network[0].name}) must be the node level: domain_devices "
-                f"{domains[0]} != devices_per_node {self.devices_per_node}"
+                f"network[0] ({self.network[0].name}) is the scale-up domain and must hold "
+                f"whole nodes: domain_devices {domains[0]} is not a multiple of "
+                f"devices_per_node {self.devices_per_node}"
             )
         for inner, outer in pairwise(domains):
             if outer <= inner or outer % inner:
@@ -412,6 +421,12 @@ class ClusterSpec(_Frozen):
     def num_devices(self) -> int:
         """Devices in the cluster."""
         return self.num_nodes * self.devices_per_node
+
+    @property
+    def scale_up_devices(self) -> int:
+        """Devices of one domain of the innermost, fastest level: a node of 8 GPUs on NVLink,
+        or a rack of 72 (GB200 NVL72) whose trays of 4 share one NVLink domain."""
+        return self.network[0].domain_devices
 
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
         """The same cluster type at another size (``--nodes``)."""

@@ -101,6 +101,10 @@ MAX_BANDWIDTH_GB_S = 1e6
 MAX_LATENCY_US = 1e6
 """A link's latency or a kernel launch, microseconds: one second."""
 
+MAX_OVERSUBSCRIPTION = 64.0
+"""A network level's oversubscription ratio: fabrics are built 1:1 to about 8:1; 64 leaves
+room for a study without admitting a typo of a thousand."""
+
 MAX_HALF_SATURATION_GFLOP = 1e6
 """GEMM size at half the achievable FLOP/s: fitted values are tens of GFLOP (A100: 43)."""
 

@@ -339,7 +339,7 @@ def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) ->
 def _wider_tps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> list[int]:
     """Tensor-parallel degrees above ``c``'s that stay inside a node with its CP."""
     return [t for t in space.tp_degrees(model, cluster)
-            if t > c.tp and space.within_node(cluster, tp=t, cp=c.cp)]  # fmt: skip
+            if t > c.tp and space.within_scale_up(cluster, tp=t, cp=c.cp)]  # fmt: skip
 
 
 def _deeper_pps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> list[int]:

@@ -4,17 +4,17 @@ their degrees from the functions here.
 
 The space is what a Megatron-LM user can launch with flags:
 
-- ``tp``: divisors of the devices in a node that divide the attention heads, the KV groups
-  and the FFN (:func:`tp_degrees`; tensor parallelism stays inside a node, with context
-  parallelism: :func:`within_node`);
+- ``tp``: divisors of the devices in a scale-up domain (a node, or an NVL72 rack) that divide
+  the attention heads, the KV groups and the FFN (:func:`tp_degrees`; tensor parallelism
+  stays inside the domain, with context parallelism: :func:`within_scale_up`);
 - ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``
   (:func:`pipeline_degrees`), with the layers split by :func:`stage_splits`: equal stages when
   ``pp`` divides the layers, else Megatron's uneven first and last stage
   (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``);
 - ``vpp`` (interleaved 1F1B), when ``options.interleaved``: every count of chunks that divides
   every stage's layers (:func:`virtual_stages`; Megatron-Core's rule, uneven stages included);
-- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a node, only from :data:`LONG_SEQUENCE` on
-  (:func:`cp_degrees`), each as ring attention and as Ulysses all-to-alls
+- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a scale-up domain, only from
+  :data:`LONG_SEQUENCE` on (:func:`cp_degrees`), each as ring attention and as Ulysses all-to-alls
   (:func:`cp_algorithms`);
 - ``ep``: divisors of the experts that divide the data- and context-parallel ranks
   (:func:`expert_degrees`; mixtures of experts only);
@@ -100,19 +100,29 @@ class Branch:
 
 
 def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
-    """Tensor-parallel degrees inside a node that split heads, KV groups and FFN evenly."""
-    per_node = cluster.devices_per_node
+    """Tensor-parallel degrees inside one scale-up domain (a node, or an NVL72 rack) that
+    divide it and split heads, KV groups and FFN evenly."""
+    domain = cluster.scale_up_devices
     # MLA's keys and values come from one shared latent: there are no KV groups to split
     kv_groups = model.num_attention_heads if model.mla else model.query_groups
-    return [t for t in range(1, per_node + 1)
-            if per_node % t == 0 and model.num_attention_heads % t == 0
+    return [t for t in range(1, domain + 1)
+            if domain % t == 0 and model.num_attention_heads % t == 0
             and kv_groups % t == 0 and model.ffn % t == 0]  # fmt: skip
 
 
-def within_node(cluster: ClusterSpec, *, tp: int, cp: int) -> bool:
-    """Whether tensor and context parallelism together stay inside a node: both communicate
-    inside every layer, on the critical path, so they keep to the fastest links."""
-    return tp * cp <= cluster.devices_per_node
+def within_scale_up(cluster: ClusterSpec, *, tp: int, cp: int) -> bool:
+    """Whether tensor and context parallelism together stay inside one scale-up domain: both
+    communicate inside every layer, on the critical path, so they keep to the fastest links
+    (which span several nodes in an NVL72 rack). Their ranks are consecutive (Megatron's
+    order), so the group must tile the domain: a group of 16 on a rack of 72 would straddle
+    two racks every fourth time.
+
+    >>> from planner.spec.reading import load_cluster
+    >>> nvl72 = load_cluster("instances/clusters/gb200-nvl72.json")
+    >>> within_scale_up(nvl72, tp=8, cp=1), within_scale_up(nvl72, tp=2, cp=8)
+    (True, False)
+    """
+    return cluster.scale_up_devices % (tp * cp) == 0
 
 
 def cp_degrees(training: TrainingSpec) -> tuple[int, ...]:
@@ -187,7 +197,7 @@ def branches(
     out = []
     for tp in (t for t in tp_degrees(model, cluster) if pins.admits(tp=t)):
         for cp in (c for c in cps
-                   if within_node(cluster, tp=tp, cp=c) and n % (tp * c) == 0):  # fmt: skip
+                   if within_scale_up(cluster, tp=tp, cp=c) and n % (tp * c) == 0):  # fmt: skip
             for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
                 dp = n // (tp * pp * cp)
                 out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)

@@ -1,0 +1,75 @@
+"""Clusters as they are built (issue 14, item 2): a scale-up domain wider than a node (GB200
+NVL72: 72 GPUs in trays of 4), more than two network levels, an oversubscribed spine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner import cost
+from planner.options import SolveOptions
+from planner.plan.invariants import check_plan
+from planner.report.tables import group_spans
+from planner.search.targets import solve
+from planner.spec import ClusterSpec
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.space import tp_degrees, within_scale_up
+from tests.conftest import CLUSTERS, MODELS
+
+NVL72 = CLUSTERS / "gb200-nvl72.json"
+THREE_LEVEL = CLUSTERS / "h100-3level-oversubscribed.json"
+
+
+def test_a_scale_up_domain_of_whole_nodes_is_accepted_and_a_partial_one_named() -> None:
+    nvl72 = load_cluster(NVL72)
+    assert (nvl72.devices_per_node, nvl72.scale_up_devices) == (4, 72)
+    data = json.loads(NVL72.read_text())
+    data["network"][0]["domain_devices"] = 6
+    data["network"][1]["domain_devices"] = 32760 - 32760 % 6
+    with pytest.raises(ValueError, match=r"network\[0\] \(nvlink5\) is the scale-up domain and "
+                                         r"must hold whole nodes: domain_devices 6 is not a "
+                                         r"multiple of devices_per_node 4"):  # fmt: skip
+        ClusterSpec.model_validate(data)
+
+
+def test_oversubscription_divides_what_crosses_the_level() -> None:
+    """A 7:1 spine gives each device a seventh of its NIC when all send: an all-gather over two
+    leaf domains moves its spine share seven times slower than on a non-blocking fabric."""
+    blocking = load_cluster(THREE_LEVEL)
+    spine = blocking.network[2]
+    assert spine.bandwidth_bytes_s == pytest.approx(
+        spine.bandwidth_gb_s * 1e9 * spine.efficiency.bandwidth_fraction / 7)
+    data = blocking.model_dump()
+    data["network"][2]["oversubscription"] = 1.0
+    free = ClusterSpec.model_validate(data)
+    group = cost.CommGroup(size=2, stride=3072)  # one rank in each of two leaf domains
+    nbytes = 1e9
+    slow = cost.collective_time_s(blocking, "all_gather", nbytes, group)
+    fast = cost.collective_time_s(free, "all_gather", nbytes, group)
+    latency = spine.latency_s  # one ring step of two ranks
+    assert (slow - latency) == pytest.approx(7 * (fast - latency))
+
+
+def test_tensor_parallelism_spans_trays_inside_the_rack_and_tiles_it() -> None:
+    """On NVL72, TP 8 crosses two trays of 4 over NVLink; a TP x CP group of 16 would straddle
+    racks (72 is not a multiple of 16) and is not offered."""
+    nvl72 = load_cluster(NVL72)
+    llama = load_model(MODELS / "llama3.1-405b.json")
+    assert tp_degrees(llama, nvl72) == [1, 2, 4, 8]
+    assert within_scale_up(nvl72, tp=8, cp=1) and not within_scale_up(nvl72, tp=4, cp=4)
+
+
+@pytest.mark.parametrize(("path", "nodes"), [(NVL72, 576), (THREE_LEVEL, 2048)])
+def test_llama_405b_plans_keep_tensor_and_context_groups_in_one_domain(path, nodes) -> None:
+    """Llama 3.1 405B on 2,304 GB200 and 16,384 H100 on the three-level fabric: the plan is
+    valid, and its tensor- and context-parallel groups sit inside one scale-up domain."""
+    cluster = load_cluster(path, nodes)
+    plan = solve(load_model(MODELS / "llama3.1-405b.json"), cluster, SolveOptions())
+    check_plan(plan)
+    spans = group_spans(plan)
+    for name in ("TP", "CP"):
+        if name in spans:
+            assert spans[name][2] == 1, (name, spans[name])
+    expected = 72 if path == NVL72 else None
+    assert plan.cluster.scale_up_devices == expected
