@@ -3,14 +3,13 @@ renders the tables these functions return, and figures are written only where as
 
 from planner.report.simulation import simulation_json, simulation_tables
 from planner.report.tables import (
-    calibration_tables,
     compare_tables,
     estimate_tables,
     info_tables,
     layer_tables,
     plan_tables,
-    validation_tables,
 )
+from planner.report.validation import calibration_tables, validation_tables
 
 __all__ = [
     "calibration_tables",

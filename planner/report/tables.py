@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from planner.diagnose.calibration import Calibration, ValidationRow, describe
+from planner.diagnose.calibration import describe
 from planner.diagnose.compare import MethodResult, best_step_s
 from planner.ilp import LayerSolution
 from planner.plan.config import ParallelConfig
@@ -97,77 +96,6 @@ def info_tables(info: dict[str, Any]) -> list[RenderableType]:
     graph = info["graph"]
     table.add_row("operator graph", f"{graph['operators']} ops, {graph['edges']} edges")
     return [keep_whole(table)]
-
-
-def validation_tables(
-    rows: Sequence[ValidationRow], skipped: Sequence[str] = ()
-) -> list[RenderableType]:
-    """Predicted against measured step times, then the error statistics per framework family:
-    one table, or two in a light box (what each run is; its times) when one is too wide for
-    the console."""
-    one = Table(title=title("published runs: predicted vs measured step time"),
-                title_justify="left")  # fmt: skip
-    what = light_table("published runs", collapse_padding=True)
-    times = light_table("predicted vs measured step time", collapse_padding=True)
-    for table in (one, what, times):
-        table.add_column("run", no_wrap=True)
-    for table in (one, what):
-        table.add_column("GPUs", justify="right", no_wrap=True)
-        table.add_column("configuration")  # wraps between its words
-    for name in ("measured s", "predicted s", "error", "memory GiB"):
-        one.add_column(name, justify="right", no_wrap=True)
-        times.add_column(name.replace(" ", "\n"), justify="right", no_wrap=True)
-    for r in rows:
-        style = "red" if abs(r.error) > 0.15 else None
-        memory = f"{r.peak_memory_gib:.1f}" + ("" if r.fits else " !")
-        numbers = (f"{r.measured_s:.2f}", f"{r.predicted_s:.2f}",
-                   Text(f"{100 * r.error:+.1f} %", style=style or ""), memory)
-        one.add_row(r.id, str(r.num_devices), r.config, *numbers)
-        what.add_row(r.id, str(r.num_devices), r.config)
-        times.add_row(r.id, *numbers)
-    split = Group(keep_whole(what), keep_whole(times))
-    return [FirstThatFits(keep_whole(one), split), *error_summary(rows),
-            *[Text(f"skipped {line}", style="dim") for line in skipped]]  # fmt: skip
-
-
-def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
-    """One line per framework family and device, then all: median and max |error|, and the
-    runs predicted not to fit (every published run ran, so each is a memory error)."""
-    groups: dict[str, list[ValidationRow]] = {}
-    for r in rows:
-        groups.setdefault(f"{r.family} on {r.device}", []).append(r)
-    if len(groups) > 1:
-        groups["all"] = list(rows)
-    lines: list[RenderableType] = []
-    for name, mine in groups.items():
-        errors = [abs(r.error) for r in mine]
-        over = sum(not r.fits for r in mine)
-        lines.append(Text(
-            f"{name}: {len(mine)} runs, median |error| {100 * statistics.median(errors):.1f} %, "
-            f"max {100 * max(errors):.1f} %" + (f"; {over} predicted not to fit (!)" if over
-                                                 else "")))  # fmt: skip
-    return lines
-
-
-def calibration_tables(fit: Calibration) -> list[RenderableType]:
-    """The fitted knobs, the bands, and the runs after the fit."""
-    values = [f"{name} {value:g}" for name, value in fit.fit.values.items()]
-    where = (f"written to {', '.join(fit.written)}" if fit.written
-             else "not written: --write")  # fmt: skip
-    head = Group(
-        Text(f"{fit.chip}: fitted on {fit.fit.runs} runs ({', '.join(fit.fitted_on)}), RMS log "
-             f"error {fit.fit.rms_log_error:.3f}; {where}", style="bold"),
-        Clauses(values),
-        Clauses([f"{b.parallelism}: +/- {100 * b.p80_abs_error:.1f} % over {b.runs} runs"
-                 for b in fit.bands]),
-    )  # fmt: skip
-    by_family: dict[str, list[float]] = {}
-    for r in fit.before:
-        by_family.setdefault(r.family, []).append(abs(r.error))
-    before = Text("before the fit, median |error|: " + ", ".join(
-        f"{family} {100 * statistics.median(errors):.1f} %"
-        for family, errors in sorted(by_family.items())))  # fmt: skip
-    return [head, before, *validation_tables(fit.after, fit.skipped)]
 
 
 def layer_tables(solution: LayerSolution) -> list[RenderableType]:
