@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +96,10 @@ def read_sweep(path: Path) -> SweepFile:
     try:
         data = tomllib.loads(read_text(path))
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: invalid TOML: {exc}") from None
+        # Said as a JSON input's error is: where first, then what.
+        where = re.fullmatch(r"(?s)(.*) \(at (line \d+, column \d+)\)", str(exc))
+        what = f" at {where[2]}: {where[1]}" if where else f": {exc}"
+        raise InputError(f"{path}: invalid TOML{what}") from None
     unknown = sorted(data.keys() - _KEYS)
     if unknown:
         raise InputError(f"{path}: unknown key {unknown[0]!r} (a sweep file has "
