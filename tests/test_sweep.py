@@ -4,6 +4,7 @@ in one line before any search."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,14 +34,16 @@ AXES = """\
 """8 points, 4 searches (the price needs none of its own); 8 GiB devices fit nothing."""
 
 
-def sweep_file(folder: Path, axes: str = AXES, *, global_batch: int = 64) -> Path:
+def sweep_file(
+    folder: Path, axes: str = AXES, *, global_batch: int = 64, search: str = ""
+) -> Path:
     """Llama 3 8B on DGX H100 nodes for torchtitan (each search a fraction of a second)."""
     path = folder / "sweep.toml"
     path.write_text(f'model = "{MODELS / "llama3-8b.json"}"\n'
                     f'cluster = "{CLUSTERS / "dgx-h100-80gb.json"}"\n'
                     f"tokens = {TOKENS}\n"
                     f"[training]\nglobal_batch_size = {global_batch}\n"
-                    f'[search]\nframework = "torchtitan"\n'
+                    f'[search]\nframework = "torchtitan"\n{search}'
                     f"[axes]\n{axes}")  # fmt: skip
     return path
 
@@ -231,6 +234,22 @@ def test_a_bad_sweep_is_one_line_before_any_search(
     text = " ".join(line.strip() for line in stderr.splitlines())
     assert text.startswith(f"error: {path}: ") and message in text, text
     assert not (tmp_path / "r.parquet").exists()
+
+
+@pytest.mark.parametrize(("search", "message"), [
+    ('frameworks = ["megatron"]\n', "[search] frameworks: search has no field 'frameworks'"),
+    ("pins.tq = 2\n", "[search] pins.tq: search.pins has no field 'tq'"),
+    ("global_batch_size = 32\n", "[search] global_batch_size: the run's global_batch_size "
+     "goes in [training]"),
+])  # fmt: skip
+def test_a_search_setting_that_names_no_field_is_refused(
+    search: str, message: str, tmp_path: Path, solves: Solves
+) -> None:
+    """A misspelt setting would be ignored by the options' reader: refused, naming it."""
+    sweep = read_sweep(sweep_file(tmp_path, search=search))
+    with pytest.raises(InputError, match=re.escape(message)):
+        sweep_points(sweep)
+    assert solves.count == 0
 
 
 def test_ray_engine_without_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -70,6 +70,7 @@ def sweep_points(sweep: SweepFile, *, max_points: int = MAX_POINTS) -> list[Poin
     Raises one :class:`~planner.errors.InputError` for an axis that names no field, a sweep
     past ``max_points``, or a point whose value a spec refuses (naming the axis and value)."""
     check_size(sweep, max_points=max_points)
+    check_search(sweep)
     for axis in sweep.axes:
         check_axis(sweep, axis)
     if sweep.tokens is None and (sweep.price_per_device_hour is not None
@@ -133,21 +134,39 @@ def check_axis(sweep: SweepFile, axis: str) -> None:
         raise InputError(f"{sweep.source}: axis {axis!r} names no field: {problem}")
 
 
-def _walk(annotation: Any, value: Any, parts: list[str], *, done: str) -> str | None:
+def check_search(sweep: SweepFile) -> None:
+    """Refuse a key of ``[search]`` that is no field of the options (pydantic would ignore
+    it, and the user would believe a setting applied that did not)."""
+    for key, value in sweep.search.items():
+        if key in TRAINING_FIELDS:
+            raise InputError(f"{sweep.source}: [search] {key}: the run's {key} goes in "
+                             "[training]")  # fmt: skip
+        sub = value.keys() if key == "pins" and isinstance(value, dict) else [None]
+        for name in sub:
+            parts = [key] if name is None else [key, name]
+            problem = _walk(SolveOptions, None, parts, done="search", whole=True)
+            if problem is not None:
+                raise InputError(f"{sweep.source}: [search] {'.'.join(parts)}: {problem}")
+
+
+def _walk(
+    annotation: Any, value: Any, parts: list[str], *, done: str, whole: bool = False
+) -> str | None:
     """Why ``parts`` names no value under a field of type ``annotation`` (``value`` is the
-    sweep's own, for the lengths of lists); None when it names one."""
+    sweep's own, for the lengths of lists); None when it names one. ``whole``: a table or
+    list may be named whole (a setting), not only a single value (an axis)."""
     annotation = _unwrap(annotation)
     fields = _fields(annotation)
     origin = get_origin(annotation)
     if not parts:
         nested = fields is not None or origin in (tuple, list, dict)
-        return f"{done} is a table: name one of its fields" if nested else None
+        return f"{done} is a table: name one of its fields" if nested and not whole else None
     part, rest = parts[0], parts[1:]
     if fields is not None:
         if part not in fields:
             return f"{done} has no field {part!r} (it has {', '.join(fields)})"
         sub = value.get(part) if isinstance(value, dict) else None
-        return _walk(fields[part], sub, rest, done=f"{done}.{part}")
+        return _walk(fields[part], sub, rest, done=f"{done}.{part}", whole=whole)
     if origin in (tuple, list):
         length = len(value) if isinstance(value, list | tuple) else 0
         if not part.isdigit() or int(part) >= length:

@@ -8,6 +8,7 @@ is a row with its reason: a sweep is never lost to one point.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Generator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -189,7 +190,9 @@ def _ray(
 def _ray_init(address: str | None, num_cpus: int | None) -> dict[str, Any]:
     """``ray.init``'s arguments: a cluster runs its own installed planner; a local Ray's
     workers import this one."""
+    # Ray's own notes at INFO (a local instance started) would run through the progress bar.
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     if address is not None:
-        return {"address": address, "log_to_driver": False}
-    return {"num_cpus": num_cpus, "include_dashboard": False, "log_to_driver": False,
+        return {"address": address, **quiet}
+    return {"num_cpus": num_cpus, "include_dashboard": False, **quiet,
             "runtime_env": {"env_vars": {"PYTHONPATH": _SOURCE_ROOT}}}  # fmt: skip
