@@ -111,6 +111,11 @@ class SolveOptions:
 DEFAULT_OPTIONS = SolveOptions()
 """What ``solve`` searches when given no options."""
 
+SEARCH_TIME_LIMIT_S = 600.0
+"""The default bound on a search a user starts (the command line, a sweep's points): no bundled
+instance takes a fifth of it, and a user who forgot a huge cluster gets a plan and its gap
+rather than a hang."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Progress:

@@ -410,6 +410,8 @@ MALFORMED = {
                        ("--dump-model", "is a directory")),
     "validate": Malformed(("validate", "{bad}"), _runs_with_string_layers,
                           ("record 0", "layers must be a number, got '24'")),
+    "sweep": Malformed(("sweep", "{bad}", "--out", "{bad}.parquet"),
+                       lambda: 'model = "m.json"\n[axes\n', ("invalid TOML at line 2",)),
     "calibrate": Malformed(("calibrate", "{bad}", "--gpu", "A100"),
                            lambda: "[" * 100_000 + "]" * 100_000,
                            ("JSON nested too deeply",)),

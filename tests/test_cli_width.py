@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pyarrow.parquet as pq
 import pytest
 from rich.cells import cell_len
 from rich.console import Console
@@ -193,6 +194,25 @@ def test_simulate(width: int, plan_file: Path) -> None:
     assert_fits(done.stdout, width)
     assert_whole(done.stdout, *plan.summary().split(", "), "CP2", "EP2",
                  f"predicted {plan.predicted.step_time_s:.3f} s", "in flight (closed form)")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_sweep(width: int, tmp_path: Path) -> None:
+    """What the sweep did and its best point, wrapped at words; the best step whole."""
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(f'model = "{REPO / LLAMA}"\ncluster = "{REPO / H100}"\n'
+                     'tokens = 1e12\nprice_per_device_hour = 2.5\n'
+                     '[training]\nglobal_batch_size = 64\n[search]\nframework = "torchtitan"\n'
+                     '[axes]\n"cluster.num_nodes" = [1, 2]\n'
+                     '"cluster.device.memory_gib" = [80, 8]\n')  # 8 GiB fits nothing
+    done = planner(width, "sweep", sweep, "--out", tmp_path / "r.parquet")
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout + done.stderr, width)
+    best = min((r for r in pq.read_table(tmp_path / "r.parquet").to_pylist() if r["summary"]),
+               key=lambda r: r["step_time_s"])  # fmt: skip
+    assert_whole(done.stdout, f"{best['step_time_s']:.3f} s", f"{best['cost']:,.0f}")
+    assert "4 points, 2 with a plan, 2 without, 0 already done" in unwrapped(done.stdout)
+    assert best["summary"] in unwrapped(done.stdout)
 
 
 @pytest.mark.parametrize("width", WIDTHS)

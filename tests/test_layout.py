@@ -12,7 +12,7 @@ import planner
 
 ROOT = Path(planner.__file__).parent
 FLOW = ("vocabulary", "errors", "spec", "plan", "graph", "cost", "sharding", "placement", "ilp",
-        "pipeline", "frameworks", "options", "uniform", "search", "baselines", "diagnose",
+        "pipeline", "frameworks", "options", "uniform", "search", "baselines", "diagnose", "sweep",
         "simulate", "report", "cli")  # fmt: skip
 """The steps from first to last (ARCHITECTURE.md, "Layout"); the package itself is last."""
 

@@ -16,11 +16,8 @@ from rich.console import Console, RenderableType
 
 from planner.cli.messages import format_message
 from planner.errors import ConfigError, InputError
-from planner.plan.files import file_kind
-from planner.spec import ClusterSpec, ModelSpec
 from planner.spec import limits as lim
 from planner.spec.messages import short_repr
-from planner.spec.reading import load_cluster, load_model, read_json
 
 app = typer.Typer(
     add_completion=False,
@@ -73,44 +70,6 @@ def render(renderables: list[RenderableType]) -> None:
 def note(message: str) -> None:
     """``note: message`` on stderr, wrapped at words to the terminal's width."""
     print(format_message("note:", message, width=stderr_console().width), file=sys.stderr)
-
-
-def load_inputs(
-    model: Path, cluster: Path, *, nodes: int | None, names: tuple[str, str] = ("MODEL", "CLUSTER")
-) -> tuple[ModelSpec, ClusterSpec]:
-    """The model and the cluster; when either does not read, an error that says so if the two
-    files look swapped or either is another kind of file (``names`` are the arguments as the
-    command line names them)."""
-    try:
-        return load_model(model), load_cluster(cluster, nodes)
-    except InputError:
-        kinds = _kind(model), _kind(cluster)
-        if kinds == ("cluster", "model"):
-            raise InputError(f"{names[0]} and {names[1]} look swapped: {model} is a cluster "
-                             f"file and {cluster} a model file") from None  # fmt: skip
-        for path, kind, expected in ((model, kinds[0], "model"), (cluster, kinds[1], "cluster")):
-            if kind is not None and kind != expected:
-                raise InputError(f"{path}: a {kind} file, not a {expected} file") from None
-        raise
-
-
-def load_model_file(model: Path) -> ModelSpec:
-    """The model; when it does not read, an error that says so if it is another kind of file."""
-    try:
-        return load_model(model)
-    except InputError:
-        kind = _kind(model)
-        if kind is not None and kind != "model":
-            raise InputError(f"{model}: a {kind} file, not a model file") from None
-        raise
-
-
-def _kind(path: Path) -> str | None:
-    """What the file looks like (:func:`~planner.plan.files.file_kind`); None if unreadable."""
-    try:
-        return file_kind(read_json(path))
-    except InputError:
-        return None
 
 
 OPTION_LIMITS: dict[str, tuple[int | float, str]] = {

@@ -18,8 +18,6 @@ from planner.cli.app import (
     NodesOpt,
     app,
     check_options,
-    load_inputs,
-    load_model_file,
     option_error,
     print_json,
     render,
@@ -31,6 +29,7 @@ from planner.errors import InfeasibleError
 from planner.frameworks import check_framework
 from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.plan.config import ParallelConfig
+from planner.plan.files import load_inputs, load_model_file
 from planner.report.output import check_target, write_atomic
 from planner.spec.reading import json_schema
 from planner.uniform.estimate import estimate

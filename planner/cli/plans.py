@@ -19,7 +19,6 @@ from planner.cli.app import (
     NodesOpt,
     app,
     console,
-    load_inputs,
     note,
     print_json,
     render,
@@ -31,8 +30,8 @@ from planner.diagnose.compare import to_json as compare_json
 from planner.errors import InputError
 from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
-from planner.options import DEFAULT_OPTIONS, Pins, SolveOptions
-from planner.plan.files import plan_from_json
+from planner.options import DEFAULT_OPTIONS, SEARCH_TIME_LIMIT_S, Pins, SolveOptions
+from planner.plan.files import load_inputs, plan_from_json
 from planner.plan.schema import Plan, input_hash
 from planner.report.bands import band_line, with_band
 from planner.report.output import check_folder, check_target, write_atomic
@@ -88,9 +87,6 @@ RecomputePin = Annotated[
 SpPin = Annotated[
     bool | None, typer.Option("--sp/--no-sp", help="Pin sequence parallelism on or off.")
 ]
-SEARCH_TIME_LIMIT_S = 600.0
-"""The default bound on a search from the command line: no bundled instance takes a fifth of
-it, and a user who forgot a huge cluster gets a plan and its gap rather than a hang."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

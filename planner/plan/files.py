@@ -6,6 +6,8 @@ files (the invariants import the value type).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import ValidationError
 
 from planner.errors import InputError, InvalidPlanError
@@ -14,7 +16,7 @@ from planner.plan.schema import READABLE_VERSIONS, SCHEMA_VERSION, Plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec import limits as lim
 from planner.spec.messages import describe_validation_error, short_repr
-from planner.spec.reading import parse_json
+from planner.spec.reading import load_cluster, load_model, parse_json, read_json
 
 _KINDS = {
     kind: {name for name, f in spec.model_fields.items() if f.is_required()} - {"name"}
@@ -42,6 +44,44 @@ def file_kind(data: object) -> str | None:
     share = {kind: len(fields & data.keys()) / len(fields) for kind, fields in _KINDS.items()}
     kind = max(share, key=share.__getitem__)
     return kind if share[kind] >= 0.5 else None
+
+
+def load_inputs(
+    model: Path, cluster: Path, *, nodes: int | None, names: tuple[str, str] = ("MODEL", "CLUSTER")
+) -> tuple[ModelSpec, ClusterSpec]:
+    """The model and the cluster; when either does not read, an error that says so if the two
+    files look swapped or either is another kind of file (``names`` are the arguments as the
+    command line names them)."""
+    try:
+        return load_model(model), load_cluster(cluster, nodes)
+    except InputError:
+        kinds = _kind(model), _kind(cluster)
+        if kinds == ("cluster", "model"):
+            raise InputError(f"{names[0]} and {names[1]} look swapped: {model} is a cluster "
+                             f"file and {cluster} a model file") from None  # fmt: skip
+        for path, kind, expected in ((model, kinds[0], "model"), (cluster, kinds[1], "cluster")):
+            if kind is not None and kind != expected:
+                raise InputError(f"{path}: a {kind} file, not a {expected} file") from None
+        raise
+
+
+def load_model_file(model: Path) -> ModelSpec:
+    """The model; when it does not read, an error that says so if it is another kind of file."""
+    try:
+        return load_model(model)
+    except InputError:
+        kind = _kind(model)
+        if kind is not None and kind != "model":
+            raise InputError(f"{model}: a {kind} file, not a model file") from None
+        raise
+
+
+def _kind(path: Path) -> str | None:
+    """What the file looks like (:func:`~planner.plan.files.file_kind`); None if unreadable."""
+    try:
+        return file_kind(read_json(path))
+    except InputError:
+        return None
 
 
 def plan_from_json(text: str, *, source: str = "<plan>") -> Plan:

@@ -1,0 +1,78 @@
+"""The command that sweeps cluster designs and search options: sweep."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner.cli.app import app, console, stderr_console
+from planner.cli.messages import format_message, wrap
+from planner.cli.progress import search_bars
+from planner.errors import InputError
+from planner.report.output import check_target
+from planner.spec.messages import short_repr
+from planner.sweep import (
+    MAX_POINTS,
+    Engine,
+    SweepResult,
+    check_engine,
+    journal_path,
+    read_sweep,
+    run_sweep,
+    sweep_points,
+)
+
+INTERRUPTED = 130
+"""The exit code of a sweep stopped with Ctrl-C (128 + SIGINT, as shells report it)."""
+
+
+@app.command("sweep")
+def sweep_cmd(
+    sweep_file: Annotated[Path, typer.Argument(help="The sweep (TOML): model, cluster, "
+                                               "settings and [axes].")],
+    out: Annotated[Path, typer.Option(help="The results table (Parquet); its journal beside "
+                                      "it resumes an interrupted sweep.")],
+    engine: Annotated[Engine, typer.Option(help="local: solve in this process; ray: one Ray "
+                                           "task per point.")] = "local",
+    address: Annotated[str | None, typer.Option(help="The Ray cluster to run on (ray only; "
+                                                "default: a local Ray).")] = None,
+    max_points: Annotated[int, typer.Option(min=1, help="Refuse a sweep of more points.")] = (
+        MAX_POINTS),
+) -> None:
+    """Solve every point of a sweep over clusters and options; one table of results."""
+    check_engine(engine)
+    if address is not None and engine != "ray":
+        raise InputError(f"--address {address}: only with --engine ray")
+    check_target(out, inputs=(sweep_file,))
+    sweep = read_sweep(sweep_file)
+    points = sweep_points(sweep, max_points=max_points)
+    try:
+        with search_bars(stderr_console()) as bar:
+            result = run_sweep(sweep, points, out=out, engine=engine, address=address,
+                               progress=bar("sweep"))  # fmt: skip
+    except KeyboardInterrupt:
+        message = (f"the points done are kept in {journal_path(out)}; run the same command "
+                   "again to resume")  # fmt: skip
+        print(format_message("interrupted:", message, width=stderr_console().width),
+              file=sys.stderr)  # fmt: skip
+        raise typer.Exit(INTERRUPTED) from None
+    print("\n".join(summary_lines(result, list(sweep.axes), width=console().width)))
+
+
+def summary_lines(result: SweepResult, axes: list[str], *, width: int) -> list[str]:
+    """What the sweep did, and its best point by step time, wrapped to ``width``."""
+    rows = len(result.rows)
+    head = (f"wrote {result.out}: {rows} points, {rows - result.failed} with a plan, "
+            f"{result.failed} without, {result.skipped} already done")  # fmt: skip
+    lines = wrap(head, width)
+    best = result.best
+    if best is None:
+        return [*lines, *wrap("no point has a plan: see the error column", width)]
+    at = ", ".join(f"{a}={short_repr(v)}" for a, v in zip(axes, best.values, strict=True))
+    text = f"point {best.index} ({at}): {best.summary}; step {best.step_time_s:.3f} s"
+    if best.cost is not None:
+        text += f", cost {best.cost:,.0f}"
+    return [*lines, *wrap(text, width, first="best: ")]
