@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 import shlex
 import statistics
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -206,3 +209,19 @@ def test_mpt_errors_are_the_readme_errors() -> None:
     errors = [abs(r["error"]) for r in rows]
     median, most = 100 * statistics.median(errors), 100 * max(errors)
     assert f"median |error| {median:.1f} %, max {most:.1f} %" in " ".join(README.split())
+
+
+def test_sweep_is_the_readme_sweep(tmp_path: Path) -> None:
+    """The bundled sweep's summary at 80 columns: every point, the best one, its plan, step
+    and cost (run in a scratch folder, where it writes its table)."""
+    found = _inline(r"`COLUMNS=(\d+) planner (sweep\s+\S+\s+--out\s+\S+)` \(\d+ s\):")
+    shown = _block_after(found.group(0)).rstrip("\n").split("\n")
+    args = found.group(2).split()
+    args[1] = str(REPO / args[1])
+    done = subprocess.run(
+        [sys.executable, "-c", "from planner.cli import main; main()", *args], cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "COLUMNS": found.group(1)},
+    )  # fmt: skip
+    _shown(shown, _printed(done))
+    assert (tmp_path / args[3]).exists()
