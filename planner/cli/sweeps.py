@@ -13,6 +13,7 @@ from planner.cli.messages import format_message, wrap
 from planner.cli.progress import search_bars
 from planner.errors import InputError
 from planner.report.output import check_target
+from planner.report.sweep_figures import write_sweep_report
 from planner.spec.messages import short_repr
 from planner.sweep import (
     MAX_POINTS,
@@ -41,6 +42,9 @@ def sweep_cmd(
                                                 "default: a local Ray).")] = None,
     max_points: Annotated[int, typer.Option(min=1, help="Refuse a sweep of more points.")] = (
         MAX_POINTS),
+    report: Annotated[Path | None, typer.Option(
+        help="Write the Pareto front, a step-time heatmap over the first two axes (PNG, SVG) "
+        "and index.html (hover a point for its plan) into this folder.")] = None,
 ) -> None:
     """Solve every point of a sweep over clusters and options; one table of results."""
     check_engine(engine)
@@ -60,6 +64,11 @@ def sweep_cmd(
               file=sys.stderr)  # fmt: skip
         raise typer.Exit(INTERRUPTED) from None
     print("\n".join(summary_lines(result, list(sweep.axes), width=console().width)))
+    if report is not None:
+        written = write_sweep_report(result.rows, list(sweep.axes), report,
+                                     title=sweep_file.stem)  # fmt: skip
+        print("\n".join(wrap(f"wrote {', '.join(str(p) for p in written)}",
+                             console().width)))  # fmt: skip
 
 
 def summary_lines(result: SweepResult, axes: list[str], *, width: int) -> list[str]:

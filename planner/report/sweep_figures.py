@@ -1,0 +1,261 @@
+"""Pictures of a sweep that people decide with: the Pareto front of devices (or cost)
+against time to train, a heatmap of step time over two axes, and one self-contained HTML
+page of both where hovering a point shows its plan and inputs.
+
+The page draws its charts as inline SVG with a ``<title>`` on every point: a browser shows it
+on hover, with no script and nothing fetched, so the page opens anywhere and thousands of
+points are read by pointing rather than by a legend.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from planner.report.output import check_folder, write_atomic
+from planner.report.pictures import FORMATS, save
+from planner.spec.messages import short_repr
+from planner.sweep import SweepRow
+
+
+def _time(row: SweepRow) -> float | None:
+    """What the front trades against: time to train when the sweep has tokens, else the
+    step time."""
+    return row.time_to_train_s if row.time_to_train_s is not None else row.step_time_s
+
+
+def _resource(row: SweepRow) -> float | None:
+    """What the time is bought with: the cost when the sweep has a price, else devices."""
+    return row.cost if row.cost is not None else float(row.devices)
+
+
+def pareto_front(rows: Sequence[SweepRow]) -> list[SweepRow]:
+    """The rows no other row beats on both resource (cost, else devices) and time (to train,
+    else per step), cheapest first: each is the fastest for what it costs.
+
+    >>> from planner.sweep import SweepRow
+    >>> def row(i, devices, step):
+    ...     return SweepRow(index=i, values=(), summary="s", devices=devices,
+    ...                     step_time_s=step, tokens_per_s=None, mfu=None, peak_memory_gib=None,
+    ...                     error_band=None, time_to_train_s=None, cost=None, error=None)
+    >>> [r.index for r in pareto_front([row(0, 8, 2.0), row(1, 16, 1.0), row(2, 16, 3.0)])]
+    [0, 1]
+    """
+    solved = sorted((r for r in rows if _time(r) is not None),
+                    key=lambda r: (_resource(r), _time(r)))  # fmt: skip
+    front: list[SweepRow] = []
+    for row in solved:
+        if not front or (_time(row) or 0.0) < (_time(front[-1]) or 0.0):
+            front.append(row)
+    return front
+
+
+def _labels(rows: Sequence[SweepRow]) -> tuple[str, str]:
+    """The axes' names of the front: (resource, time)."""
+    resource = "cost" if any(r.cost is not None for r in rows) else "devices"
+    time = ("days to train" if any(r.time_to_train_s is not None for r in rows)
+            else "seconds per step")  # fmt: skip
+    return resource, time
+
+
+def _time_value(row: SweepRow) -> float:
+    """Time in the front's unit: days to train, else seconds per step."""
+    if row.time_to_train_s is not None:
+        return row.time_to_train_s / 86400
+    return row.step_time_s or 0.0
+
+
+def pareto_figure(rows: Sequence[SweepRow], *, title: str = "") -> Figure:
+    """Every point with a plan, and the front drawn through the ones nothing beats."""
+    figure = Figure(figsize=(7.0, 4.6))
+    ax = figure.add_subplot()
+    solved = [r for r in rows if _time(r) is not None]
+    front = pareto_front(rows)
+    ax.scatter([_resource(r) for r in solved], [_time_value(r) for r in solved], s=14,
+               color="#9aa5b1", label="points")  # fmt: skip
+    ax.plot([_resource(r) for r in front], [_time_value(r) for r in front], "-o", ms=5,
+            color="#c44e52", label="Pareto front")  # fmt: skip
+    resource, time = _labels(rows)
+    ax.set_xlabel(resource)
+    ax.set_ylabel(time)
+    ax.legend(fontsize=8, frameon=False)
+    ax.set_title(f"{title}: " * bool(title) + f"{time} against {resource} "
+                 f"({len(front)} of {len(solved)} points on the front)", fontsize=9)  # fmt: skip
+    figure.tight_layout()
+    return figure
+
+
+def heatmap_cells(
+    rows: Sequence[SweepRow], axes: Sequence[str], x_axis: str, y_axis: str
+) -> tuple[list[object], list[object], list[list[float | None]]]:
+    """(x values, y values, grid): the shortest step time over the points at each pair of
+    the two axes' values (the other axes free); None where no such point has a plan."""
+    xi, yi = axes.index(x_axis), axes.index(y_axis)
+    xs = list(dict.fromkeys(r.values[xi] for r in rows))
+    ys = list(dict.fromkeys(r.values[yi] for r in rows))
+    grid: list[list[float | None]] = [[None] * len(xs) for _ in ys]
+    for r in rows:
+        if r.step_time_s is None:
+            continue
+        i, j = ys.index(r.values[yi]), xs.index(r.values[xi])
+        current = grid[i][j]
+        grid[i][j] = r.step_time_s if current is None else min(current, r.step_time_s)
+    return xs, ys, grid
+
+
+def heatmap_figure(
+    rows: Sequence[SweepRow], axes: Sequence[str], x_axis: str, y_axis: str, *, title: str = ""
+) -> Figure:
+    """Step time over two axes (the best over the others), each cell labelled."""
+    xs, ys, grid = heatmap_cells(rows, axes, x_axis, y_axis)
+    figure = Figure(figsize=(max(4.5, 1.1 * len(xs) + 2.5), max(3.5, 0.6 * len(ys) + 2.0)))
+    ax = figure.add_subplot()
+    values = [[math.nan if v is None else v for v in line] for line in grid]
+    image = ax.imshow(values, cmap="viridis_r", aspect="auto", origin="lower")
+    known = [v for line in grid for v in line if v is not None]
+    lo, hi = (min(known), max(known)) if known else (0.0, 1.0)
+    for i, line in enumerate(grid):
+        for j, v in enumerate(line):
+            # viridis_r is light at the short end: dark text there, white on the dark end.
+            light = v is None or hi == lo or (v - lo) / (hi - lo) < 0.5
+            ax.text(j, i, "no plan" if v is None else f"{v:.3g}", ha="center", va="center",
+                    fontsize=8, color="black" if light else "white")  # fmt: skip
+    ax.set_xticks(range(len(xs)), [short_repr(x) for x in xs])
+    ax.set_yticks(range(len(ys)), [short_repr(y) for y in ys])
+    ax.set_xlabel(x_axis)
+    ax.set_ylabel(y_axis)
+    figure.colorbar(image, ax=ax, label="seconds per step (best over other axes)")
+    ax.set_title(f"{title}: " * bool(title) + "step time", fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def point_text(row: SweepRow, axes: Sequence[str]) -> str:
+    """What hovering a point shows: its inputs, its plan and its numbers, or why it has none.
+
+    >>> from planner.sweep import SweepRow
+    >>> r = SweepRow(index=3, values=(16,), summary="TP8 x PP1 x DP16", devices=128,
+    ...              step_time_s=2.5, tokens_per_s=1e6, mfu=0.4, peak_memory_gib=60.0,
+    ...              error_band="+/- 10 %", time_to_train_s=None, cost=None, error=None)
+    >>> print(point_text(r, ["cluster.num_nodes"]))
+    point 3: cluster.num_nodes=16
+    TP8 x PP1 x DP16
+    step 2.500 s +/- 10 %, MFU 40.0 %, 60.0 GiB, 128 devices
+    """
+    inputs = ", ".join(f"{a}={short_repr(v)}" for a, v in zip(axes, row.values, strict=True))
+    lines = [f"point {row.index}: {inputs}"]
+    if row.step_time_s is None:
+        return "\n".join([*lines, f"no plan: {row.error}"])
+    numbers = (f"step {row.step_time_s:.3f} s {row.error_band or ''}".rstrip()
+               + f", MFU {100 * (row.mfu or 0):.1f} %, {row.peak_memory_gib or 0:.1f} GiB, "
+               f"{row.devices} devices")  # fmt: skip
+    if row.time_to_train_s is not None:
+        numbers += f", {row.time_to_train_s / 86400:.1f} days to train"
+    if row.cost is not None:
+        numbers += f", cost {row.cost:,.0f}"
+    return "\n".join([*lines, row.summary or "", numbers])
+
+
+def _svg_scatter(rows: Sequence[SweepRow], axes: Sequence[str]) -> str:
+    """The front's chart as inline SVG: one circle per point with a hover title."""
+    width, height, pad = 720, 420, 60
+    solved = [r for r in rows if _time(r) is not None]
+    if not solved:
+        return "<p>No point has a plan.</p>"
+    xs = [_resource(r) or 0.0 for r in solved]
+    ys = [_time_value(r) for r in solved]
+
+    def scale(v: float, lo: float, hi: float, size: float, flip: bool) -> float:
+        t = 0.5 if hi == lo else (v - lo) / (hi - lo)
+        return pad + (1 - t if flip else t) * (size - 2 * pad)
+
+    front = {r.index for r in pareto_front(rows)}
+    resource, time = _labels(rows)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'class="pareto" role="img">',
+             f'<text x="{width / 2}" y="{height - 15}" text-anchor="middle">{resource}</text>',
+             f'<text x="15" y="{height / 2}" transform="rotate(-90 15 {height / 2})" '
+             f'text-anchor="middle">{time}</text>',
+             f'<rect x="{pad}" y="{pad}" width="{width - 2 * pad}" height="{height - 2 * pad}" '
+             'fill="none" stroke="#888"/>']  # fmt: skip
+    for r, x, y in zip(solved, xs, ys, strict=True):
+        cx = scale(x, min(xs), max(xs), width, False)
+        cy = scale(y, min(ys), max(ys), height, True)
+        colour, radius = ("#c44e52", 6) if r.index in front else ("#9aa5b1", 4)
+        parts.append(f'<circle class="point" data-point="{r.index}" cx="{cx:.1f}" '
+                     f'cy="{cy:.1f}" r="{radius}" fill="{colour}"><title>'
+                     f"{html.escape(point_text(r, axes))}</title></circle>")  # fmt: skip
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _html_heatmap(rows: Sequence[SweepRow], axes: Sequence[str], x_axis: str,
+                  y_axis: str) -> str:  # fmt: skip
+    """The heatmap as an HTML table whose cells carry the best point's text on hover."""
+    xs, ys, grid = heatmap_cells(rows, axes, x_axis, y_axis)
+    best = {}
+    xi, yi = axes.index(x_axis), axes.index(y_axis)
+    for r in rows:
+        if r.step_time_s is not None and grid[ys.index(r.values[yi])][xs.index(r.values[xi])] \
+                == r.step_time_s:
+            best[(r.values[xi], r.values[yi])] = r
+    head = "".join(f"<th>{html.escape(short_repr(x))}</th>" for x in xs)
+    body = []
+    for y, line in zip(ys, grid, strict=True):
+        cells = []
+        for x, v in zip(xs, line, strict=True):
+            row = best.get((x, y))
+            tip = html.escape(point_text(row, axes)) if row is not None else "no plan"
+            cells.append(f'<td class="cell" title="{tip}">'
+                         f"{'no plan' if v is None else f'{v:.3g}'}</td>")  # fmt: skip
+        body.append(f"<tr><th>{html.escape(short_repr(y))}</th>{''.join(cells)}</tr>")
+    return (f'<table class="heatmap"><caption>step time (s), best over the other axes: '
+            f"{html.escape(y_axis)} by {html.escape(x_axis)}</caption>"
+            f"<tr><th></th>{head}</tr>{''.join(body)}</table>")  # fmt: skip
+
+
+def sweep_page(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str,
+               heatmap_axes: tuple[str, str] | None) -> str:  # fmt: skip
+    """One self-contained HTML page: the front and the heatmap, every point's plan and inputs
+    on hover."""
+    heat = "" if heatmap_axes is None else _html_heatmap(rows, axes, *heatmap_axes)
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em}"
+        ".heatmap td,.heatmap th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+        ".heatmap{border-collapse:collapse;margin-top:2em}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p>{len(rows)} points; hover a point for its plan and inputs.</p>",
+        _svg_scatter(rows, axes), heat, "</body></html>",
+    ])  # fmt: skip
+
+
+def default_heatmap_axes(axes: Sequence[str]) -> tuple[str, str] | None:
+    """The heatmap's axes: the sweep's first two; None with fewer than two."""
+    return (axes[0], axes[1]) if len(axes) >= 2 else None
+
+
+def write_sweep_report(
+    rows: Sequence[SweepRow], axes: Sequence[str], directory: str | Path, *, title: str
+) -> list[Path]:
+    """``pareto`` and ``heatmap`` as PNG and SVG, and ``index.html``, into ``directory``."""
+    directory = Path(directory)
+    check_folder(directory, option="--report")
+    directory.mkdir(parents=True, exist_ok=True)
+    heat_axes = default_heatmap_axes(axes)
+    written = []
+    for suffix in FORMATS:
+        written.append(save(pareto_figure(rows, title=title), directory / f"pareto{suffix}",
+                            option="--report"))  # fmt: skip
+        if heat_axes is not None:
+            written.append(save(heatmap_figure(rows, axes, *heat_axes, title=title),
+                                directory / f"heatmap{suffix}", option="--report"))  # fmt: skip
+    page = directory / "index.html"
+    write_atomic(page, sweep_page(rows, axes, title=title, heatmap_axes=heat_axes),
+                 option="--report")  # fmt: skip
+    return [*written, page]
