@@ -98,3 +98,14 @@ def test_sweep_report_from_the_cli(tmp_path: Path) -> None:
     page = (tmp_path / "r" / "index.html").read_text()
     assert page.count('<circle class="point"') == 4
     assert page.count("cluster.num_nodes=32") >= 2
+
+
+def test_a_report_folder_that_is_a_file_is_refused_before_the_sweep(tmp_path: Path) -> None:
+    """No search runs when the pictures could not be written: one line, exit 2, no table."""
+    sweep = REPO / "instances" / "sweeps" / "llama3-70b-h100-nics.toml"
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    done = planner(80, "sweep", sweep, "--out", tmp_path / "t.parquet", "--report", a_file)
+    assert done.code == 2
+    assert "--report" in done.stderr and "give a folder" in done.stderr
+    assert not (tmp_path / "t.parquet").exists()

@@ -12,7 +12,7 @@ from planner.cli.app import app, console, stderr_console
 from planner.cli.messages import format_message, wrap
 from planner.cli.progress import search_bars
 from planner.errors import InputError
-from planner.report.output import check_target
+from planner.report.output import check_folder, check_target
 from planner.report.sweep_figures import write_sweep_report
 from planner.spec.messages import short_repr
 from planner.sweep import (
@@ -51,6 +51,8 @@ def sweep_cmd(
     if address is not None and engine != "ray":
         raise InputError(f"--address {address}: only with --engine ray")
     check_target(out, inputs=(sweep_file,))
+    if report is not None:
+        check_folder(report, option="--report")  # before the sweep, not after hours of it
     sweep = read_sweep(sweep_file)
     points = sweep_points(sweep, max_points=max_points)
     try:
