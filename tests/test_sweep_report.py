@@ -20,6 +20,7 @@ from planner.report.sweep_figures import (
 from planner.sweep import SweepRow
 from tests.conftest import REPO
 from tests.test_cli_width import planner
+from tests.test_sweep import sweep_file
 
 AXES = ["cluster.num_nodes", "cluster.network.1.bandwidth_gb_s"]
 
@@ -90,14 +91,16 @@ def test_report_writes_every_picture(tmp_path: Path) -> None:
 
 
 def test_sweep_report_from_the_cli(tmp_path: Path) -> None:
-    """The bundled sweep with --report: the page holds a hover text for each of its points."""
-    sweep = REPO / "instances" / "sweeps" / "llama3-70b-h100-nics.toml"
+    """tests/test_sweep.py's small sweep with --report: a circle with a hover text for each
+    point with a plan (the 8 GiB devices fit nothing), the failed ones in the heatmap."""
+    sweep = sweep_file(tmp_path)
     done = planner(80, "sweep", sweep, "--out", tmp_path / "t.parquet", "--report",
                    tmp_path / "r")  # fmt: skip
     assert done.code == 0, done.stderr
     page = (tmp_path / "r" / "index.html").read_text()
     assert page.count('<circle class="point"') == 4
-    assert page.count("cluster.num_nodes=32") >= 2
+    assert page.count("cluster.device.memory_gib=80") >= 4
+    assert "cluster.device.memory_gib=8," not in page.split('class="heatmap"')[0]
 
 
 def test_a_report_folder_that_is_a_file_is_refused_before_the_sweep(tmp_path: Path) -> None:
