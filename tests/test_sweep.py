@@ -10,20 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 import planner.sweep.run as sweep_run
-from planner.cli import main
 from planner.errors import InputError
 from planner.options import Progress
 from planner.search.targets import solve
 from planner.sweep import journal_path, read_sweep, run_sweep, sweep_points
 from tests.conftest import CLUSTERS, MODELS, REPO
+from tests.test_cli_width import planner
 
 TOKENS = 1e12
 AXES = """\
@@ -195,19 +193,10 @@ def test_a_journal_of_other_settings_is_refused(tmp_path: Path, solves: Solves) 
 
 
 def planner_cli(*args: str | Path) -> tuple[int, str, str]:
-    """``planner ARGS`` in-process at 80 columns: exit code, stdout, stderr."""
-    runner = CliRunner()
-    argv = ["planner", *map(str, args)]
-    with runner.isolation(env={"COLUMNS": "80"}) as (out, err, _), \
-            mock.patch.object(sys, "argv", argv):  # fmt: skip
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return code, out.getvalue().decode(), err.getvalue().decode()
+    """``planner ARGS`` in-process at 80 columns (tests/test_cli_width.py's runner): exit
+    code, stdout, stderr."""
+    done = planner(80, *args)
+    return done.code, done.stdout, done.stderr
 
 
 @pytest.mark.parametrize(("axes", "options", "message"), [
