@@ -177,22 +177,42 @@ def _counting(monkeypatch: pytest.MonkeyPatch, module: object) -> dict[str, int]
     return counts
 
 
-@pytest.mark.parametrize("method", [grid_plan, heuristic_plan])
-def test_configurations_count_the_estimates(
-    method: Callable[..., Plan],
-    llama405b: ModelSpec,
-    h100_32: ClusterSpec,
-    monkeypatch: pytest.MonkeyPatch,
+def test_heuristic_counts_the_estimates(
+    llama405b: ModelSpec, h100_32: ClusterSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``solver.configurations`` is the number of configurations ``estimate`` priced (not
-    those it refused); the grid prices fewer than its space (pruned ones are not counted) and
-    each at most once."""
-    counts = _counting(monkeypatch, enumeration if method is grid_plan else heuristic)
-    plan = method(llama405b, h100_32, SMALL_405B_RUN)
+    """The heuristic's ``solver.configurations`` is the number of configurations ``estimate``
+    priced (not those it refused)."""
+    counts = _counting(monkeypatch, heuristic)
+    plan = heuristic_plan(llama405b, h100_32, SMALL_405B_RUN)
     assert plan.solver.configurations == counts["priced"] > 0
     assert plan.solver.time_s > 0
-    if method is grid_plan:
-        assert counts["calls"] < len(grid_space(llama405b, h100_32, SMALL_405B_RUN))
+
+
+def test_grid_counts_what_divides(
+    llama405b: ModelSpec, h100_32: ClusterSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grid prices its whole space in batches, each configuration once: its
+    ``solver.configurations`` is the number that divide, refusals not counted."""
+    seen: list[ParallelConfig] = []
+    batch = enumeration.estimate_batch
+
+    def counted(model: ModelSpec, cluster: ClusterSpec, configs: list[ParallelConfig]):
+        seen.extend(configs)
+        return batch(model, cluster, configs)
+
+    monkeypatch.setattr(enumeration, "estimate_batch", counted)
+    plan = grid_plan(llama405b, h100_32, SMALL_405B_RUN)
+    space = grid_space(llama405b, h100_32, SMALL_405B_RUN)
+    assert sorted(map(config_key, seen)) == sorted(map(config_key, space))
+    assert len(set(seen)) == len(seen) == len(space)
+    divides = 0
+    for config in space:
+        try:
+            estimate(llama405b, h100_32, config)
+        except ConfigError:
+            continue
+        divides += 1
+    assert plan.solver.configurations == divides < len(space)
 
 
 @pytest.mark.parametrize("case", ["llama3-8b", "gpt3-175b"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.cost.elementwise import Real, maximum
 from planner.graph.lower import ACTIVATION_BYTES
 from planner.spec import ClusterSpec, NetworkLevel
 from planner.vocabulary import CollectiveKind, Precision
@@ -168,9 +169,9 @@ def ring_attention_exposed_s(
     return forward + backward, forward
 
 
-def exposed_s(comm_s: float, hidden_behind_s: float) -> float:
+def exposed_s(comm_s: Real, hidden_behind_s: Real) -> Real:
     """Communication left on the critical path when it overlaps ``hidden_behind_s`` of work."""
-    return max(0.0, comm_s - hidden_behind_s)
+    return maximum(0.0, comm_s - hidden_behind_s)
 
 
 # --------------------------------------------------------------------------- memory

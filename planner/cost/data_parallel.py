@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from planner.cost.communication import CommGroup, collective_time_s, exposed_s
 from planner.cost.compute import compute_time_s
+from planner.cost.elementwise import Real, minimum, where
 from planner.cost.memory import ADAM_STATE, gradient_bytes_on_wire
 from planner.spec import ClusterSpec, DeviceSpec
 from planner.vocabulary import CollectiveKind, Precision
@@ -58,10 +59,10 @@ class ExposedSync:
 def exposed_sync(
     sync: DataParallelSync,
     *,
-    forward_s: float,
-    backward_s: float,
-    overlap_grad_reduce: bool,
-    overlap_param_gather: bool,
+    forward_s: Real,
+    backward_s: Real,
+    overlap_grad_reduce: Real,
+    overlap_param_gather: Real,
     contention: float = 0.0,
 ) -> ExposedSync:
     """What ``sync`` leaves exposed beside one microbatch's ``forward_s`` and ``backward_s``
@@ -87,12 +88,12 @@ def exposed_sync(
     ...              overlap_param_gather=False, contention=0.25)
     ExposedSync(per_microbatch_s=0.0, once_s=2.5)
     """
-    grad_hide = backward_s if overlap_grad_reduce else 0.0
-    gather_hide = forward_s if overlap_param_gather else 0.0
-    window = gather_hide + (backward_s if overlap_param_gather or overlap_grad_reduce else 0.0)
+    grad_hide = where(overlap_grad_reduce, backward_s, 0.0)
+    gather_hide = where(overlap_param_gather, forward_s, 0.0)
+    window = gather_hide + where(overlap_param_gather | overlap_grad_reduce, backward_s, 0.0)
 
-    def cost(comm_s: float, hidden_behind_s: float) -> float:
-        return exposed_s(comm_s, hidden_behind_s) + contention * min(comm_s, hidden_behind_s)
+    def cost(comm_s: Real, hidden_behind_s: Real) -> Real:
+        return exposed_s(comm_s, hidden_behind_s) + contention * minimum(comm_s, hidden_behind_s)
 
     per_mb = cost(sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s, window)
     once = cost(sync.reduce_once_s, grad_hide) + cost(sync.gather_once_s, gather_hide)

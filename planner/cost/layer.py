@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from planner.cost.elementwise import maximum
 from planner.vocabulary import RECOMPUTE_MODES
 
 
@@ -110,7 +111,7 @@ class LayerCost:
     def __add__(self, other: LayerCost) -> LayerCost:
         values = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
                   if f.name != "working_bytes"}  # fmt: skip
-        return LayerCost(**values, working_bytes=max(self.working_bytes, other.working_bytes))
+        return LayerCost(**values, working_bytes=maximum(self.working_bytes, other.working_bytes))
 
     def with_pipeline_comm(self, seconds: float) -> LayerCost:
         """The same with ``seconds`` of pipeline sends added."""

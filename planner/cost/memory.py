@@ -7,9 +7,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from planner.cost.compute import sharded_bytes
+from planner.cost.elementwise import Real, minimum
 from planner.cost.pipeline import warmup_forwards
 from planner.graph.ops import Op, Tensor
-from planner.vocabulary import PipelineSchedule, Precision, Recompute, schedule_name
+from planner.vocabulary import PipelineSchedule, Precision, Recompute, ScheduleName, schedule_name
 
 DEFAULT_MEMORY_MARGIN = 0.05
 """Share of a device's memory a plan leaves free unless told otherwise, beside the device's
@@ -100,8 +101,9 @@ def saved_activation_bytes(
 
 
 def in_flight_microbatches(
-    schedule: PipelineSchedule, *, stage: int, pp: int, vpp: int, num_microbatches: int
-) -> float:
+    schedule: PipelineSchedule | ScheduleName, *, stage: Real, pp: Real, vpp: Real,
+    num_microbatches: Real,
+) -> Real:
     """Microbatches' worth of one stage's activations held at the peak, for ``stage`` (0-based):
     its warm-up forwards (:func:`~planner.cost.pipeline.warmup_forwards`) and the forward that
     starts its steady state, capped at everything there is, in model chunks of ``1/v`` each.
@@ -109,6 +111,9 @@ def in_flight_microbatches(
     1F1B: stage ``i`` of ``p`` holds ``p - i``. Interleaved 1F1B (Megatron's warm-up of
     ``2(p - i - 1) + (v - 1) p`` chunks plus one) holds ``1 + (p - 1)/(p v)`` times the
     first stage's 1F1B amount on stage 0 (Korthikanti et al., Sec. 4.2.3). GPipe holds all.
+    ``schedule`` may name the interleaved schedule itself (then ``vpp`` may be an array).
+    Never more on a later stage than on an earlier one (the step composer takes a run of equal
+    stages' peak at its first).
 
     >>> [in_flight_microbatches("1f1b", stage=i, pp=4, vpp=2, num_microbatches=8)
     ...  for i in range(4)]
@@ -116,7 +121,7 @@ def in_flight_microbatches(
     """
     m = num_microbatches
     if schedule == "gpipe":
-        return float(m)
-    warmup = warmup_forwards(schedule_name(schedule, vpp), stage=stage, pp=pp, vpp=vpp,
-                             num_microbatches=m)  # fmt: skip
-    return min(warmup + 1, m * vpp) / vpp
+        return m * 1.0
+    name = schedule if schedule == "interleaved" else schedule_name(schedule, vpp)
+    warmup = warmup_forwards(name, stage=stage, pp=pp, vpp=vpp, num_microbatches=m)
+    return minimum(warmup + 1, m * vpp) / vpp

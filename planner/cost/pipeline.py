@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from planner.cost.elementwise import Real, minimum
 from planner.vocabulary import ScheduleName
 
 Seconds = TypeVar("Seconds", float, np.ndarray)
@@ -71,8 +72,8 @@ def bubble_fraction(*, pp: int, vpp: int, num_microbatches: int) -> float:
 
 
 def warmup_forwards(
-    schedule: ScheduleName, *, stage: int, pp: int, vpp: int, num_microbatches: int
-) -> int:
+    schedule: ScheduleName, *, stage: Real, pp: Real, vpp: Real, num_microbatches: Real
+) -> Real:
     """Forwards (of model chunks) stage ``stage`` (0-based) of ``pp`` runs before its first
     backward.
 
@@ -89,5 +90,5 @@ def warmup_forwards(
     if schedule == "gpipe":
         return m * vpp
     if schedule == "1f1b":
-        return min(pp - stage - 1, m)
-    return min(2 * (pp - stage - 1) + (vpp - 1) * pp, m * vpp)
+        return minimum(pp - stage - 1, m)
+    return minimum(2 * (pp - stage - 1) + (vpp - 1) * pp, m * vpp)

@@ -14,11 +14,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner import cost
+from planner.cost.elementwise import Real, first_argmax, maximum, pick
 from planner.cost.layer import LayerCost
 from planner.cost.uncertainty import error_band
 from planner.plan.schema import Predicted, StageTime, StepTime
 from planner.spec import ClusterSpec, DeviceSpec, TrainingSpec
-from planner.vocabulary import GIB, ParallelismKind, PipelineSchedule, Precision
+from planner.vocabulary import (
+    GIB,
+    ParallelismKind,
+    PipelineSchedule,
+    Precision,
+    ScheduleName,
+    schedule_name,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,58 +129,157 @@ class StepCost:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Sync:
-    """A stage's data-parallel communication: per microbatch and once per step, exposed."""
+class StageRun:
+    """Consecutive pipeline stages with equal costs: what the step composer adds up. Its
+    numbers are floats for one configuration or arrays over many (a batch whose stages share
+    this run's place in the pipeline)."""
 
-    per_microbatch_s: float
-    """Exposed with every microbatch."""
-    tail_s: float
-    """Exposed once per step, after the stage's last backward."""
+    time: LayerCost
+    """One stage's per-microbatch costs, pipeline sends included."""
+    sync: cost.DataParallelSync
+    """One stage's data-parallel traffic (:func:`stage_sync`)."""
+    state_bytes: tuple[Real, Real, Real]
+    """One device's weights, gradients and optimizer states (:func:`stage_state_bytes`)."""
+    first: int
+    """The run's first stage (0-based)."""
+    count: int = 1
+    """Stages in the run."""
+    tied_s: Real = 0.0
+    """The tied embedding copies' all-reduce, on the first and last stages only."""
 
 
-def _dp_sync(stage: StageCost, cluster: ClusterSpec, k: PipelineKnobs, tied_s: float) -> _Sync:
-    """Gradient reduction and ZeRO gathers of one stage (:func:`cost.data_parallel_sync`),
-    exposed as far as the overlap windows do not hide them (:func:`cost.exposed_sync`)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepTotals:
+    """One step composed from its stage runs: the headline numbers and what each run leaves
+    exposed (floats, or arrays over a batch of configurations)."""
+
+    step_s: Real
+    """Seconds of one step."""
+    parts_s: dict[str, Real]
+    """Seconds by category on the critical stage (:class:`StepTime`'s fields)."""
+    bubble_fraction: Real
+    """The pipeline's bubble over the critical stage's busy time."""
+    peak_memory_bytes: tuple[Real, Real, Real, Real, Real]
+    """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
+    exposed: tuple[cost.ExposedSync, ...]
+    """Each run's exposed data-parallel traffic (per microbatch, and once per step)."""
+
+
+def stage_sync(
+    weights: Sequence[Weights], zero: int, cluster: ClusterSpec, precision: Precision
+) -> cost.DataParallelSync:
+    """Gradient reduction and ZeRO gathers of a stage's weights (:func:`cost.data_parallel_sync`
+    per gradient bucket)."""
     total = cost.NO_SYNC
-    for w in stage.weights:
+    for w in weights:
         if w.also_reduced_over is not None:
             total += cost.data_parallel_sync(
-                cluster, w.also_reduced_over, params=w.params, precision=k.precision, zero=0
+                cluster, w.also_reduced_over, params=w.params, precision=precision, zero=0
             )
         total += cost.data_parallel_sync(cluster, w.data_parallel, params=w.params,
-                                         precision=k.precision, zero=stage.zero)  # fmt: skip
-    t = stage.time
-    exposed = cost.exposed_sync(
-        total, forward_s=t.forward_s, backward_s=t.backward_s,
-        overlap_grad_reduce=k.overlap_grad_reduce, overlap_param_gather=k.overlap_param_gather,
-        contention=cluster.device.efficiency.overlap_contention,
-    )  # fmt: skip
-    return _Sync(per_microbatch_s=exposed.per_microbatch_s, tail_s=exposed.once_s + tied_s)
+                                         precision=precision, zero=zero)  # fmt: skip
+    return total
 
 
-def _memory(
-    stage: StageCost, index: int, cluster: ClusterSpec, k: PipelineKnobs, num_stages: int
-) -> tuple[float, float, float, float, float]:
-    """(weights, gradients, optimizer, activations, other) bytes of stage ``index``."""
-    weights = gradients = optimizer = 0.0
-    for w in stage.weights:
-        per_param = cost.state_bytes_per_param(k.precision, zero=stage.zero, shards=w.shards)
-        weights += w.params * per_param.weights
-        gradients += w.params * per_param.gradients
-        optimizer += w.params * per_param.optimizer
-    in_flight = cost.in_flight_microbatches(
-        k.schedule, stage=index, pp=num_stages, vpp=k.vpp, num_microbatches=k.num_microbatches
-    )
+def stage_state_bytes(
+    weights: Sequence[Weights], zero: int, precision: Precision
+) -> tuple[float, float, float]:
+    """One device's bytes of weights, gradients and optimizer states of a stage's weights."""
+    held = [0.0, 0.0, 0.0]
+    for w in weights:
+        per_param = cost.state_bytes_per_param(precision, zero=zero, shards=w.shards)
+        held[0] += w.params * per_param.weights
+        held[1] += w.params * per_param.gradients
+        held[2] += w.params * per_param.optimizer
+    return held[0], held[1], held[2]
+
+
+def optimizer_params(weights: Sequence[Weights], zero: int) -> float:
+    """Parameters whose Adam update one device of a stage runs (ZeRO shards the update)."""
+    return sum(w.params / (w.shards if zero >= 1 else 1) for w in weights)
+
+
+def run_memory_bytes(
+    run: StageRun, stage: Real, cluster: ClusterSpec, knobs: PipelineKnobs,
+    schedule: ScheduleName, num_stages: Real,
+) -> tuple[Real, Real, Real, Real, Real]:  # fmt: skip
+    """(weights, gradients, optimizer, activations, other) bytes of stage ``stage`` of
+    ``run``."""
+    in_flight = cost.in_flight_microbatches(schedule, stage=stage, pp=num_stages, vpp=knobs.vpp,
+                                            num_microbatches=knobs.num_microbatches)  # fmt: skip
     return (
-        weights,
-        gradients,
-        optimizer,
-        in_flight * stage.time.activation_bytes + stage.time.working_bytes,
+        *run.state_bytes,
+        in_flight * run.time.activation_bytes + run.time.working_bytes,
         cluster.device.reserved_memory_gib * GIB,
     )
 
 
-def _with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[StageCost]:
+def step_totals(
+    cluster: ClusterSpec, knobs: PipelineKnobs, runs: Sequence[StageRun], *,
+    schedule: ScheduleName, num_stages: Real, optimizer_s: Real,
+) -> StepTotals:  # fmt: skip
+    """The step of ``runs`` (every stage, in order): the pipeline (:func:`cost.pipeline_time`'s
+    formula), the exposed sync after it, the optimizer and the peak memory.
+
+    A run's stages share a per-microbatch time, so the critical stage is a run's first; a later
+    stage holds no more microbatches (:func:`cost.in_flight_microbatches`) and finishes its last
+    backward earlier, so a run's peak memory and its exposed sync tail are its first stage's.
+    ``knobs``' numbers, the runs' and ``num_stages`` may be arrays over configurations that
+    share ``schedule`` and the runs' places.
+    """
+    m = knobs.num_microbatches
+    exposed = tuple(
+        cost.exposed_sync(
+            r.sync, forward_s=r.time.forward_s, backward_s=r.time.backward_s,
+            overlap_grad_reduce=knobs.overlap_grad_reduce,
+            overlap_param_gather=knobs.overlap_param_gather,
+            contention=cluster.device.efficiency.overlap_contention,
+        )
+        for r in runs
+    )  # fmt: skip
+    stage_times = [r.time.time_s + e.per_microbatch_s for r, e in zip(runs, exposed, strict=True)]
+    total_s = sum(r.count * t for r, t in zip(runs, stage_times, strict=True))
+    max_s = stage_times[0]
+    for t in stage_times[1:]:
+        max_s = maximum(max_s, t)
+    pipe_s, bubble_s = cost.fill_and_drain(sum_s=total_s, max_s=max_s, num_microbatches=m,
+                                           vpp=knobs.vpp)  # fmt: skip
+    # Stage i finishes its last backward before stages 0..i-1 finish theirs: they still run
+    # that microbatch's backward through their layers; with interleaving, only through their
+    # first chunk's (the last backward a stage runs is of chunk 0).
+    tail, still_busy = 0.0, 0.0
+    for r, e in zip(runs, exposed, strict=True):
+        tail = maximum(tail, e.once_s + r.tied_s - still_busy)
+        still_busy = still_busy + r.count * (r.time.backward_s + r.time.recompute_s) / knobs.vpp
+    critical = first_argmax(stage_times)
+    memories = [run_memory_bytes(r, r.first, cluster, knobs, schedule, num_stages) for r in runs]
+    loaded = first_argmax([sum(parts) for parts in memories])
+
+    def on_critical(values: Sequence[Real]) -> Real:
+        return pick(values, critical)
+
+    parts_s = {
+        "compute_s": m * on_critical([r.time.compute_s for r in runs]),
+        "tensor_parallel_comm_s": m * on_critical([r.time.tp_comm_s for r in runs]),
+        "context_parallel_comm_s": m * on_critical([r.time.cp_comm_s for r in runs]),
+        "expert_parallel_comm_s": m * on_critical([r.time.ep_comm_s for r in runs]),
+        "pipeline_comm_s": m * on_critical([r.time.pipeline_comm_s for r in runs]),
+        "pipeline_bubble_s": bubble_s,
+        "data_parallel_comm_exposed_s": m * on_critical([e.per_microbatch_s for e in exposed])
+        + tail,
+        "optimizer_s": optimizer_s,
+    }
+    peak = tuple(pick([parts[k] for parts in memories], loaded) for k in range(5))
+    return StepTotals(
+        step_s=pipe_s + tail + optimizer_s,
+        parts_s=parts_s,
+        bubble_fraction=bubble_s / (m * max_s),
+        peak_memory_bytes=peak,  # type: ignore[arg-type]  # five parts
+        exposed=exposed,
+    )
+
+
+def with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[StageCost]:
     """The last stage's copy of tied word embeddings (memory, sync, optimizer)."""
     stages = list(stages)
     if tied is not None and len(stages) > 1:
@@ -190,9 +297,25 @@ def _with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[
     return stages
 
 
-def _optimizer_params(stage: StageCost) -> float:
-    """Parameters whose Adam update one device of the stage runs (ZeRO shards the update)."""
-    return sum(w.params / (w.shards if stage.zero >= 1 else 1) for w in stage.weights)
+def tied_sync_s(cluster: ClusterSpec, tied: TiedCopy | None, precision: Precision) -> float:
+    """The all-reduce of the tied embedding copies' gradients (0 without copies)."""
+    if tied is None:
+        return 0.0
+    nbytes = tied.params * cost.gradient_bytes_on_wire(precision)
+    return cost.collective_time_s(cluster, "all_reduce", nbytes, tied.sync_group)
+
+
+def _runs(stages: Sequence[StageCost]) -> list[tuple[int, int]]:
+    """(first, count) of the runs of the same stage object, the first and last stages alone
+    (only they carry the tied embedding's all-reduce)."""
+    runs: list[tuple[int, int]] = []
+    last = len(stages) - 1
+    for i, s in enumerate(stages):
+        if runs and 0 < i < last and runs[-1][0] > 0 and stages[runs[-1][0]] is s:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def compose_step(
@@ -202,57 +325,43 @@ def compose_step(
     *,
     tied: TiedCopy | None = None,
 ) -> StepCost:
-    """Compose the stages' per-microbatch costs into one step's time and peak memory.
+    """Compose the stages' per-microbatch costs into one step's time and peak memory
+    (:func:`step_totals`, with each stage's own numbers for the plan).
 
     The stages may differ (layers, sharding, ZeRO stage, groups): the pipeline, the exposed
     gradient synchronisation and the optimizer step are composed the same way for all.
     """
-    m = knobs.num_microbatches
     pp = len(stages)
-    stages = _with_tied_copy(stages, tied)
-    tied_s = 0.0
-    if tied is not None and pp > 1:
-        nbytes = tied.params * cost.gradient_bytes_on_wire(knobs.precision)
-        tied_s = cost.collective_time_s(cluster, "all_reduce", nbytes, tied.sync_group)
-    memo: dict[tuple[int, bool], _Sync] = {}  # identical stages share one StageCost
-
-    def sync(i: int, stage: StageCost) -> _Sync:
-        key = (id(stage), i in (0, pp - 1))
-        if key not in memo:
-            memo[key] = _dp_sync(stage, cluster, knobs, tied_s if key[1] else 0.0)
-        return memo[key]
-
-    syncs = [sync(i, s) for i, s in enumerate(stages)]
-    stage_times = [s.time.time_s + y.per_microbatch_s for s, y in zip(stages, syncs, strict=True)]
-    pipe = cost.pipeline_time(stage_times, num_microbatches=m, vpp=knobs.vpp)
-    # Stage i finishes its last backward before stages 0..i-1 finish theirs: they still run
-    # that microbatch's backward through their layers; with interleaving, only through their
-    # first chunk's (the last backward a stage runs is of chunk 0).
-    tail, still_busy = 0.0, 0.0
-    for s, y in zip(stages, syncs, strict=True):
-        tail = max(tail, y.tail_s - still_busy)
-        still_busy += (s.time.backward_s + s.time.recompute_s) / knobs.vpp
+    stages = with_tied_copy(stages, tied)
+    tied_s = tied_sync_s(cluster, tied, knobs.precision)
+    runs = []
+    for first, count in _runs(stages):
+        s = stages[first]
+        runs.append(StageRun(
+            time=s.time, sync=stage_sync(s.weights, s.zero, cluster, knobs.precision),
+            state_bytes=stage_state_bytes(s.weights, s.zero, knobs.precision), first=first,
+            count=count, tied_s=tied_s if first in (0, pp - 1) else 0.0,
+        ))  # fmt: skip
     optimizer = cost.optimizer_step_s(
-        cluster.device, knobs.precision, params=max(_optimizer_params(s) for s in stages)
-    )
-    critical = max(range(pp), key=lambda i: stage_times[i])
-    t = stages[critical].time
-    memories = tuple(_memory(s, i, cluster, knobs, pp) for i, s in enumerate(stages))
+        cluster.device, knobs.precision,
+        params=max(optimizer_params(s.weights, s.zero) for s in stages),
+    )  # fmt: skip
+    schedule = schedule_name(knobs.schedule, knobs.vpp)
+    totals = step_totals(cluster, knobs, runs, schedule=schedule, num_stages=pp,
+                         optimizer_s=optimizer)  # fmt: skip
+    per_stage = [(r, e) for r, e in zip(runs, totals.exposed, strict=True)
+                 for _ in range(r.count)]  # fmt: skip
+    syncs = [_Sync(per_microbatch_s=e.per_microbatch_s, tail_s=e.once_s + r.tied_s)
+             for r, e in per_stage]  # fmt: skip
     return StepCost(
-        step_s=pipe.total_s + tail + optimizer,
-        time=StepTime(
-            compute_s=m * t.compute_s,
-            tensor_parallel_comm_s=m * t.tp_comm_s,
-            context_parallel_comm_s=m * t.cp_comm_s,
-            expert_parallel_comm_s=m * t.ep_comm_s,
-            pipeline_comm_s=m * t.pipeline_comm_s,
-            pipeline_bubble_s=pipe.bubble_s,
-            data_parallel_comm_exposed_s=m * syncs[critical].per_microbatch_s + tail,
-            optimizer_s=optimizer,
+        step_s=totals.step_s,
+        time=StepTime(**totals.parts_s),
+        bubble_fraction=totals.bubble_fraction,
+        peak_memory_bytes=totals.peak_memory_bytes,
+        stage_memory_bytes=tuple(
+            run_memory_bytes(r, i, cluster, knobs, schedule, pp)
+            for i, (r, _) in enumerate(per_stage)
         ),
-        bubble_fraction=pipe.bubble_s / (m * max(stage_times)),
-        peak_memory_bytes=max(memories, key=sum),
-        stage_memory_bytes=memories,
         stage_time_s=tuple(
             (s.time.compute_s, _communication_s(s.time, y), s.time.pipeline_comm_s)
             for s, y in zip(stages, syncs, strict=True)
@@ -260,6 +369,16 @@ def compose_step(
         stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(stages, syncs, strict=True)),
         stage_sync_tail_s=tuple(y.tail_s for y in syncs),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Sync:
+    """A stage's data-parallel communication: per microbatch and once per step, exposed."""
+
+    per_microbatch_s: float
+    """Exposed with every microbatch."""
+    tail_s: float
+    """Exposed once per step, after the stage's last backward."""
 
 
 def _communication_s(t: LayerCost, sync: _Sync) -> float:

@@ -8,11 +8,12 @@ what it splits, with messages that show the arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import ConfigError
+from planner.plan.divisibility import RULE, Degrees, Rule, Shape, broken, derive
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
 from planner.spec.reading import fill_training
@@ -117,71 +118,49 @@ def _need(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def degrees(config: ParallelConfig) -> Degrees:
+    """The integers and switches of ``config`` the divisibility rules read."""
+    c = config
+    return Degrees(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp or 0, ep=c.ep, vpp=c.vpp,
+                   first=c.first_stage_layers or 0, last=c.last_stage_layers or 0, mbs=c.mbs,
+                   ulysses=c.cp_algo == "ulysses", sp=c.sp, tp_comm_overlap=c.tp_comm_overlap,
+                   gpipe=c.schedule == "gpipe")  # fmt: skip
+
+
 def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> ResolvedConfig:
-    """Fill defaults and check divisibility; raises :class:`ConfigError` naming the rule
+    """Fill defaults and check divisibility (:data:`planner.plan.divisibility.RULES`, in
+    order); raises :class:`ConfigError` naming the first rule broken, with its arithmetic
     (:class:`~planner.errors.InputError` when neither the configuration nor the model's
     training block gives the sequence length or the global batch)."""
     training = fill_training(model, seq_length=config.seq_len,
                              global_batch_size=config.global_batch,
                              precision=config.precision)  # fmt: skip
-    seq, gbs = training.seq_length, training.global_batch_size
-
-    c = config
-    n = cluster.num_devices
-    model_parallel = c.tp * c.pp * c.cp
-    _need(n % model_parallel == 0,
-          f"tp({c.tp}) x pp({c.pp}) x cp({c.cp}) = {model_parallel} does not divide the "
-          f"{n} devices")  # fmt: skip
-    dp = c.dp or n // model_parallel
-    _need(model_parallel * dp == n,
-          f"tp({c.tp}) x pp({c.pp}) x cp({c.cp}) x dp({dp}) = {model_parallel * dp} != "
-          f"{n} devices")  # fmt: skip
-    heads, groups = model.num_attention_heads, model.query_groups
-    _need(heads % c.tp == 0, f"num_attention_heads({heads}) is not divisible by tp({c.tp})")
-    _need(groups % c.tp == 0 or model.mla is not None,
-          f"num_query_groups({groups}) is not divisible by tp({c.tp})")  # fmt: skip
-    _need(model.ffn % c.tp == 0, f"ffn_hidden_size({model.ffn}) is not divisible by tp({c.tp})")
-    layers = _stage_layers(model.num_layers, c)
-    _need(c.vpp == 1 or c.pp > 1, f"vpp({c.vpp}) > 1 needs pp > 1")
-    _need(c.vpp == 1 or c.schedule == "1f1b", "vpp > 1 is the interleaved 1F1B schedule")
-    per_step = dp * c.mbs
-    _need(gbs % per_step == 0,
-          f"global_batch({gbs}) is not divisible by dp({dp}) x mbs({c.mbs}) = {per_step}")
-    microbatches = gbs // per_step
-    _need(c.vpp == 1 or microbatches % c.pp == 0,
-          f"interleaved schedule: microbatches({microbatches}) must be a multiple of "
-          f"pp({c.pp})")  # fmt: skip
-    check_sequence(model, seq)
-    _need(not c.tp_comm_overlap or c.tp == 1 or c.sp,
-          "tp_comm_overlap needs sequence parallelism (--sp), as in Megatron-Core")
-    if c.cp_algo == "ring":
-        _need(c.cp == 1 or seq % (2 * c.cp) == 0,
-              f"seq_len({seq}) is not divisible by 2 x cp({c.cp}) (load-balanced causal CP)")
-    else:  # the all-to-all trades sequence shards for head shards
-        _need(seq % c.cp == 0, f"seq_len({seq}) is not divisible by cp({c.cp})")
-        _need(heads % (c.tp * c.cp) == 0 and (model.mla is not None or
-                                               groups % (c.tp * c.cp) == 0),
-              f"ulysses context parallelism splits heads over tp x cp: num_attention_heads"
-              f"({heads}) and num_query_groups({groups}) must divide by tp({c.tp}) x "
-              f"cp({c.cp}) = {c.tp * c.cp}")  # fmt: skip
-    if model.moe is None:
-        _need(c.ep == 1, f"ep({c.ep}) > 1 but {model.name} has no experts")
-    else:
-        experts = model.moe.num_experts
-        _need(experts % c.ep == 0, f"num_experts({experts}) is not divisible by ep({c.ep})")
-        _need((dp * c.cp) % c.ep == 0,
-              f"ep({c.ep}) must divide dp({dp}) x cp({c.cp}) = {dp * c.cp}")  # fmt: skip
+    shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
+                  global_batch=training.global_batch_size)  # fmt: skip
+    d = degrees(config)
+    x = derive(shape, d)
+    for rule in broken(model, training.seq_length, shape, d):
+        raise ConfigError(rule.message(model, training.seq_length, shape, d, x))
     return ResolvedConfig(
-        config=c, training=training, dp=dp, num_microbatches=microbatches, num_devices=n,
-        stage_layers=layers,
+        config=config, training=training, dp=int(x.dp), num_microbatches=int(x.num_microbatches),
+        num_devices=cluster.num_devices, stage_layers=x.stage_layers,
     )  # fmt: skip
 
 
 def check_sequence(model: ModelSpec, seq_length: int) -> None:
     """A model with learned positions has none beyond its table: refuse longer sequences."""
-    _need(model.position_embedding != "learned" or seq_length <= model.max_position_embeddings,
-          f"seq_len({seq_length}) > max_position_embeddings({model.max_position_embeddings}) of "
-          f"a model with learned positions")  # fmt: skip
+    _check(RULE["positions"], model, seq_length, Degrees())
+
+
+_NO_SHAPE = Shape(num_devices=1, num_layers=1, global_batch=1)
+"""For rules that read no device count, layers or batch."""
+
+
+def _check(rule: Rule, model: ModelSpec, seq_length: int, d: Degrees,
+           shape: Shape = _NO_SHAPE) -> None:  # fmt: skip
+    x = derive(shape, d)
+    if not rule.holds(model, seq_length, shape, d, x):
+        raise ConfigError(rule.message(model, seq_length, shape, d, x))
 
 
 def stage_layers(
@@ -197,35 +176,9 @@ def stage_layers(
     """
     if first is None and last is None:
         _need(num_layers % pp == 0, f"num_layers({num_layers}) is not divisible by pp({pp})")
-        return (num_layers // pp,) * pp
-    _need(pp > 1, "first/last stage layers need pp > 1")
-    given = [n for n in (first, last) if n is not None]
-    middle = pp - len(given)
-    rest = num_layers - sum(given)
-    even = rest == 0 if middle == 0 else rest >= middle and rest % middle == 0
-    _need(even,
-          f"num_layers({num_layers}) minus the first/last stage layers ({sum(given)}) does not "
-          f"split evenly over the other {middle} stages")  # fmt: skip
-    each = rest // middle if middle else 0
-    return (first or each, *([each] * (pp - 2)), last or each)
-
-
-def _stage_layers(num_layers: int, c: ParallelConfig) -> tuple[int, ...]:
-    """:func:`stage_layers` of ``c``; with virtual stages every stage's layers split into
-    ``vpp`` equal chunks (as Megatron-Core requires).
-
-    >>> _stage_layers(126, ParallelConfig(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
-    (7, 8, 8)
-    """
-    first, last = c.first_stage_layers, c.last_stage_layers
-    if first is None and last is None:
-        # checked before the split, to name the virtual stages along with the pipeline's
-        stages = c.pp * c.vpp
-        _need(num_layers % stages == 0,
-              f"num_layers({num_layers}) is not divisible by pp({c.pp}) x vpp({c.vpp}) = "
-              f"{stages}")  # fmt: skip
-    layers = stage_layers(num_layers, pp=c.pp, first=first, last=last)
-    _need(all(n % c.vpp == 0 for n in layers),
-          f"with vpp({c.vpp}) every stage's layers must divide into equal chunks; stages hold "
-          f"{sorted(set(layers))}")  # fmt: skip
-    return layers
+    d = Degrees(pp=pp, first=first or 0, last=last or 0)
+    shape = Shape(num_devices=pp, num_layers=num_layers, global_batch=1)
+    unused = cast(ModelSpec, None)  # the split's rules read no model and no sequence
+    for name in ("split_pp", "split"):
+        _check(RULE[name], unused, 0, d, shape)
+    return derive(shape, d).stage_layers

@@ -1,47 +1,47 @@
 """The fastest uniform configuration a framework launches, by enumeration.
 
 The answer is the least predicted step time among the configurations that divide and fit, ties
-broken by the smallest ``(tp, pp, first, last, cp, ep, vpp, mbs, recompute, zero)``. Two
-prunings skip work without changing it: a branch (degrees ``(tp, pp, cp, ep)`` and one layer
-split) is dropped when its leanest configuration (no interleaving, the smallest microbatch,
-full recomputation, the highest ZeRO stage) does not fit, and within a branch a larger
-microbatch is not tried once a smaller one does not fit (activations grow with the microbatch;
-1F1B's in-flight count times the microbatch never shrinks).
+broken by the smallest ``(tp, pp, first, last, cp, ep, vpp, mbs, recompute, zero)``. Every
+configuration of the space is priced, by :func:`~planner.uniform.batch.estimate_batch` (the
+cost model of :func:`~planner.uniform.estimate.estimate`, over arrays), a few thousand at a
+time: whole branches (degrees ``(tp, pp, cp, ep)`` and one layer split), so that a time limit
+stops between them.
 
-The plan's ``solver.configurations`` counts the configurations :func:`estimate` priced, once
-each: neither the pruned ones nor the ones it refused as not dividing (the batch over
-``dp x mbs``, interleaving's microbatches over ``pp``) are counted, and the winner's re-pricing
-as a plan is not either. ``solver.time_s`` is the wall time of the whole search. When nothing
-fits, the error gives the least memory per device (the leanest branch's) and what would fit
-(:func:`planner.uniform.remedies.infeasible_message`).
+The plan's ``solver.configurations`` counts the configurations priced: those the batch
+refused as not dividing (the batch over ``dp x mbs``, interleaving's microbatches over ``pp``)
+are not counted, and the winner's re-pricing as a plan is not either. ``solver.time_s`` is the
+wall time of the whole search. When nothing fits, the error gives the least memory per device
+and what would fit (:func:`planner.uniform.remedies.infeasible_message`).
 """
-
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Literal
 
-from planner.errors import ConfigError, TimeLimitError
+import numpy as np
+
+from planner.errors import TimeLimitError
 from planner.options import DEFAULT_OPTIONS, Progress, ProgressFn, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
 from planner.plan.invariants import check_plan
 from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.estimate import Estimate, estimate
+from planner.uniform.batch import estimate_batch
 from planner.uniform.failure import nothing_found
 from planner.uniform.plan import uniform_plan
 from planner.uniform.space import branch_space, config_key
 from planner.vocabulary import GIB
 
-Verdict = Literal["fits", "too big", "refused"]
+CHUNK = 4096
+"""Configurations priced per batch: whole branches up to about this many."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Search:
     """The best configuration so far, the leanest one that did not fit, and how many were
-    priced; each price gives the next tally."""
+    priced; each batch gives the next tally."""
 
     usable_bytes: float
     """What a plan may use of a device (its memory less the margin)."""
@@ -52,31 +52,38 @@ class _Search:
     first_refusal: str | None = None
     """Why the first configuration that did not divide was refused."""
     priced: int = 0
-    """Configurations :func:`estimate` priced (refusals not counted)."""
+    """Configurations priced (refusals not counted)."""
 
     @property
     def best_step_s(self) -> float | None:
         """The best step so far (None before one fits)."""
         return None if self.best is None else self.best[0]
 
-    def price(
-        self, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
-    ) -> tuple[Verdict, _Search]:
-        """Price ``config``: the verdict, and the tally with ``config`` kept if it is the
-        best or the leanest so far."""
-        try:
-            result: Estimate = estimate(model, cluster, config)
-        except ConfigError as exc:
-            return "refused", replace(self, first_refusal=self.first_refusal or str(exc))
-        priced = replace(self, priced=self.priced + 1)
-        if result.peak_memory_gib * GIB > self.usable_bytes:
-            if self.leanest is None or result.peak_memory_gib < self.leanest[0]:
-                priced = replace(priced, leanest=(result.peak_memory_gib, config))
-            return "too big", priced
-        key = (result.step_time_s, config_key(config), config)
-        if self.best is None or key[:2] < self.best[:2]:
-            priced = replace(priced, best=key)
-        return "fits", priced
+    def price(self, model: ModelSpec, cluster: ClusterSpec,
+              configs: list[ParallelConfig]) -> _Search:  # fmt: skip
+        """The tally with ``configs`` priced: the fastest that fits (ties to the smallest
+        :func:`config_key`), the leanest that does not (ties to the first)."""
+        batch = estimate_batch(model, cluster, configs)
+        divides = batch.columns["divides"]
+        peak = batch.columns["peak_memory_gib"]
+        step = batch.columns["step_time_s"]
+        fits = divides & (peak * GIB <= self.usable_bytes)
+        big = divides & ~fits
+        found = replace(self, priced=self.priced + int(divides.sum()))
+        if self.first_refusal is None and not divides.all():
+            found = replace(found, first_refusal=batch.refusal(int(np.argmin(divides))))
+        if big.any():
+            i = int(np.flatnonzero(big)[np.argmin(peak[big])])
+            if found.leanest is None or peak[i] < found.leanest[0]:
+                found = replace(found, leanest=(float(peak[i]), configs[i]))
+        if fits.any():
+            least = np.min(step[fits])
+            tied = np.flatnonzero(fits & (step == least))
+            key = min(((float(least), config_key(configs[i]), configs[i]) for i in tied),
+                      key=lambda k: k[:2])  # fmt: skip
+            if found.best is None or key[:2] < found.best[:2]:
+                found = replace(found, best=key)
+        return found
 
 
 def enumerate_plan(
@@ -104,7 +111,7 @@ def enumerate_plan(
     search = _Search(usable_bytes=usable)
     done = 0
     cut = False
-    for leanest, groups in work:
+    for chunk, named in _chunks(work):
         if options.time_limit_s is not None and (
             time.perf_counter() - started >= options.time_limit_s
         ):
@@ -112,10 +119,9 @@ def enumerate_plan(
             break
         if progress is not None:
             progress(Progress(done=done, total=total, best_step_s=search.best_step_s,
-                              searching=f"TP{leanest.tp} PP{leanest.pp} CP{leanest.cp} "
-                                        f"EP{leanest.ep}"))  # fmt: skip
-        search = _search_branch(model, cluster, leanest=leanest, groups=groups, search=search)
-        done += sum(len(group) for group in groups)
+                              searching=named))  # fmt: skip
+        search = search.price(model, cluster, chunk)
+        done += len(chunk)
     if progress is not None:
         progress(Progress(done=total, total=total, best_step_s=search.best_step_s))
     if search.best is None and cut:
@@ -136,23 +142,19 @@ def enumerate_plan(
     return check_plan(plan.model_copy(update={"solver": summary}), model)
 
 
-def _search_branch(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    *,
-    leanest: ParallelConfig,
-    groups: list[list[ParallelConfig]],
-    search: _Search,
-) -> _Search:
-    """Price one branch's groups, pruned as the module says; the leanest is priced once."""
-    verdict, search = search.price(model, cluster, leanest)
-    if verdict == "too big":
-        return search
-    for group in groups:
-        for config in group:
-            if config is leanest:
-                continue  # priced above: it fits or does not divide
-            verdict, search = search.price(model, cluster, config)
-            if verdict == "too big":
-                break  # a larger microbatch holds more
-    return search
+def _chunks(
+    work: list[tuple[ParallelConfig, list[list[ParallelConfig]]]],
+) -> Iterator[tuple[list[ParallelConfig], str]]:
+    """Whole branches, about :data:`CHUNK` configurations at a time, each with the degrees of
+    its first branch (what the progress line names)."""
+    chunk: list[ParallelConfig] = []
+    named = ""
+    for leanest, groups in work:
+        if not chunk:
+            named = f"TP{leanest.tp} PP{leanest.pp} CP{leanest.cp} EP{leanest.ep}"
+        chunk.extend(config for group in groups for config in group)
+        if len(chunk) >= CHUNK:
+            yield chunk, named
+            chunk = []
+    if chunk:
+        yield chunk, named

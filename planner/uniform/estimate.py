@@ -76,17 +76,18 @@ class Estimate(Predicted):
 
 
 @lru_cache(maxsize=64)
-def _layers(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> LayerIndex:
+def layer_index(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> LayerIndex:
+    """The model's layers by kind, as lowered for ``micro_batch_size`` (remembered)."""
     return lowered(model, training, micro_batch_size)[1]
 
 
 @lru_cache(maxsize=256)
-def _stage_kinds(
+def stage_kinds(
     model: ModelSpec, training: TrainingSpec, micro_batch_size: int, layers: tuple[int, ...]
 ) -> tuple[tuple[tuple[str, int], ...], ...]:
     """Layer kinds per stage (sorted (kind, count) pairs): contiguous blocks of ``layers[i]``
     layers, embedding first and head last."""
-    index = _layers(model, training, micro_batch_size)
+    index = layer_index(model, training, micro_batch_size)
     kind_of = {layer: kind for kind, layers in index.layers_by_kind.items() for layer in layers}
     stages = []
     first = 1
@@ -99,7 +100,6 @@ def _stage_kinds(
     return tuple(stages)
 
 
-@lru_cache(maxsize=64)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UniformStage:
     """How a uniform configuration's stage sits on the ranks: its mesh (three axes, see
@@ -142,15 +142,25 @@ class UniformStage:
 def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
     """The mesh and groups of ``resolved``'s stages, its ranks numbered in its rank order."""
     c = resolved.config
-    layout = uniform_layout(tp=c.tp, cp=c.cp, ep=c.ep, sp=c.sp, ulysses=c.cp_algo == "ulysses")
-    ranks = megatron_order(c.rank_order, tp=c.tp, cp=c.cp, dp=resolved.dp, pp=c.pp)
+    return placed_stage(tp=c.tp, cp=c.cp, ep=c.ep, sp=resolved.sp, ulysses=c.cp_algo == "ulysses",
+                        dp=resolved.dp, pp=c.pp, rank_order=c.rank_order)  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def placed_stage(
+    *, tp: int, cp: int, ep: int, sp: bool, ulysses: bool, dp: int, pp: int, rank_order: str
+) -> UniformStage:
+    """The mesh and groups of the stages of a uniform configuration of these degrees, its
+    ranks numbered in ``rank_order`` (:func:`planner.placement.ranks.megatron_order`)."""
+    layout = uniform_layout(tp=tp, cp=cp, ep=ep, sp=sp, ulysses=ulysses)
+    ranks = megatron_order(rank_order, tp=tp, cp=cp, dp=dp, pp=pp)
     s = ranks.strides()
     data, context, tensor = layout.shape
     if layout.data_ways > 1 or data == 1:  # the first axis is data-parallel ranks
         strides = (s["dp"], s["cp"], s["tp"])
     else:  # the first axis is the outer part of the context-parallel ranks
         strides = (s["cp"] * context, s["cp"], s["tp"])
-    replicas = resolved.dp // layout.data_ways
+    replicas = dp // layout.data_ways
     row_major = (context * tensor, tensor, 1)
     mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
     return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
@@ -178,16 +188,17 @@ def estimate(
     resolved = resolve(model, cluster, config)
     c, training = resolved.config, resolved.training
     stage = uniform_stage(resolved)
-    index = _layers(model, training, c.mbs)
+    index = layer_index(model, training, c.mbs)
     parts = {kind: uniform_parts(model, cluster, uniform_query(resolved, stage, kind))
              for kind in index.layers_by_kind}  # fmt: skip
     transformer = ("dense", "moe")
     kind_costs = {kind: layer_cost(p, c.recompute if kind in transformer else "none")
                   for kind, p in parts.items()}  # fmt: skip
-    p2p = _p2p_s(model, cluster, resolved, stage)
+    p2p = pipeline_sends_s(model, cluster, stage, mbs=c.mbs, training=training, cp=c.cp,
+                           tp=c.tp, sp=resolved.sp, vpp=c.vpp, pp=c.pp)  # fmt: skip
     distinct: dict[tuple[tuple[str, int], ...], StageCost] = {}  # middle stages repeat
     stages = []
-    for key in _stage_kinds(model, training, c.mbs, resolved.stage_layers):
+    for key in stage_kinds(model, training, c.mbs, resolved.stage_layers):
         if key not in distinct:
             layers = LayerCost.zero()
             params: dict[tuple[int, ...], float] = {}
@@ -195,15 +206,15 @@ def estimate(
                 layers = layers + kind_costs[kind].scaled(count)
                 for axes, n in parts[kind].weight_groups():
                     params[axes] = params.get(axes, 0.0) + n * count
-            distinct[key] = StageCost(time=layers.with_pipeline_comm(p2p),
-                                      weights=_weights(params, stage), zero=c.zero)  # fmt: skip
+            distinct[key] = StageCost(time=layers.with_pipeline_comm(p2p), zero=c.zero,
+                                      weights=stage_weights(params, stage))  # fmt: skip
         stages.append(distinct[key])
     knobs = PipelineKnobs(
         num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
         precision=training.precision, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather,
     )  # fmt: skip
-    step = compose_step(cluster, knobs, stages, tied=_tied_copy(model, resolved, stage))
+    step = compose_step(cluster, knobs, stages, tied=tied_copy(model, stage, tp=c.tp, pp=c.pp))
 
     recompute_flops = sum(
         kind_costs[kind].recompute_flops * len(layers)
@@ -235,7 +246,9 @@ def estimate(
     )
 
 
-def _weights(params: dict[tuple[int, ...], float], stage: UniformStage) -> tuple[Weights, ...]:
+def stage_weights(
+    params: dict[tuple[int, ...], float], stage: UniformStage
+) -> tuple[Weights, ...]:
     """The stage's parameters by the groups their gradients are summed over.
 
     Megatron-LM reduces every gradient over the data-parallel ranks holding the same shard
@@ -254,25 +267,26 @@ def _weights(params: dict[tuple[int, ...], float], stage: UniformStage) -> tuple
     return tuple(weights)
 
 
-def _tied_copy(model: ModelSpec, r: ResolvedConfig, stage: UniformStage) -> TiedCopy | None:
+def tied_copy(model: ModelSpec, stage: UniformStage, *, tp: int, pp: int) -> TiedCopy | None:
     """The last stage's copy of tied word embeddings, split over tensor-parallel ranks."""
-    c = r.config
-    if not model.tie_word_embeddings or c.pp == 1:
+    if not model.tie_word_embeddings or pp == 1:
         return None
-    return TiedCopy(params=model.vocab_size * model.hidden_size / c.tp,
+    return TiedCopy(params=model.vocab_size * model.hidden_size / tp,
                     data_parallel=stage.group((0, 1)),
                     sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 
-def _p2p_s(model: ModelSpec, cluster: ClusterSpec, r: ResolvedConfig, stage: UniformStage) -> float:
+def pipeline_sends_s(
+    model: ModelSpec, cluster: ClusterSpec, stage: UniformStage, *, mbs: int,
+    training: TrainingSpec, cp: int, tp: int, sp: bool, vpp: int, pp: int,
+) -> float:  # fmt: skip
     """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
     times ``vpp`` chunk boundaries (:func:`planner.cost.pipeline_send_s`). Each context-parallel
     rank holds ``1/cp`` of the tokens; Megatron sends a 1/t slice of them and all-gathers it
     over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
-    c, training = r.config, r.training
-    hidden = cost.hidden_state_bytes(micro_batch_size=c.mbs, seq_length=training.seq_length,
+    hidden = cost.hidden_state_bytes(micro_batch_size=mbs, seq_length=training.seq_length,
                                      hidden_size=model.hidden_size,
-                                     precision=training.precision) / c.cp  # fmt: skip
-    gather = stage.tensor_group if c.tp > 1 and not r.sp else None
-    return cost.pipeline_send_s(cluster, hidden, stage.pipeline_distance, chunks=c.vpp,
-                                stages=c.pp, slices=c.tp, gather=gather)  # fmt: skip
+                                     precision=training.precision) / cp  # fmt: skip
+    gather = stage.tensor_group if tp > 1 and not sp else None
+    return cost.pipeline_send_s(cluster, hidden, stage.pipeline_distance, chunks=vpp,
+                                stages=pp, slices=tp, gather=gather)  # fmt: skip

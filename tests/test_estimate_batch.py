@@ -1,0 +1,157 @@
+"""``estimate_batch`` is ``estimate`` over arrays: on random configurations of every bundled
+model and cluster, every column agrees with ``estimate``'s ``--json`` key to 1e-9 relative,
+the same configurations fit, and the same ones are refused with the same message."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import planner
+from planner.errors import ConfigError, InputError
+from planner.plan.config import ParallelConfig
+from planner.plan.divisibility import RULES
+from planner.spec import ClusterSpec, ModelSpec
+from planner.uniform.batch import BatchEstimate, config_columns, estimate_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = sorted((ROOT / "instances" / "models").glob("*.json"))
+CLUSTERS = sorted((ROOT / "instances" / "clusters").glob("*.json"))
+SAMPLES = 10_000
+"""Random configurations in all, spread over every bundled model and cluster."""
+ORDERS = ("tp-cp-ep-dp-pp", "tp-pp-cp-ep-dp", "cp-ep-dp-tp-pp", "pp-tp-cp-ep-dp")
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def random_config(rng: random.Random, model: ModelSpec, cluster: ClusterSpec) -> ParallelConfig:
+    """A configuration that divides about half the time: degrees drawn from divisors, with a
+    tenth of each knob drawn freely."""
+    n = cluster.num_devices
+    free = rng.random() < 0.1
+    tp = rng.choice(_divisors(cluster.scale_up_devices, 16) + ([3] if free else []))
+    tp = tp if model.num_attention_heads % tp == 0 else 1
+    cp = rng.choice([1, 1, 1, 2, 4])
+    rest = max(1, n // (tp * cp))
+    layers = model.num_layers
+    pp = rng.choice([d for d in _divisors(rest, layers) if layers % d == 0 or free] or [1])
+    ep = 1
+    if model.moe is not None:
+        ep = rng.choice(_divisors(model.moe.num_experts, 64))
+    first = last = None
+    if pp > 2 and rng.random() < 0.15:
+        first = last = max(1, layers // pp - 1)
+    gpipe = rng.random() < 0.2
+    chunks = [v for v in (1, 2, 3, 4) if (layers // pp) % v == 0 or free]
+    sp = rng.random() < 0.7
+    return ParallelConfig(
+        tp=tp, pp=pp, cp=cp, ep=ep, first_stage_layers=first, last_stage_layers=last,
+        vpp=1 if gpipe or pp == 1 else rng.choice(chunks), mbs=rng.choice([1, 1, 2, 4]), sp=sp,
+        recompute=rng.choice(["none", "selective", "full"]),
+        zero=rng.choice([0, 1, 1, 2, 3]), schedule="gpipe" if gpipe else "1f1b",
+        flash_attention=rng.random() < 0.8, overlap_grad_reduce=rng.random() < 0.5,
+        overlap_param_gather=rng.random() < 0.5, tp_comm_overlap=sp and rng.random() < 0.4,
+        cp_algo=rng.choice(["ring", "ring", "ulysses"]), rank_order=rng.choice(ORDERS),
+        global_batch=rng.choice([None] * 6 + [96 * pp, 4096]),
+        seq_len=rng.choice([None, None, 4096]), precision=rng.choice([None, None, "fp16"]),
+    )  # fmt: skip
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        elif key != "stages":
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def agree(batch: BatchEstimate, configs: list[ParallelConfig], model, cluster) -> int:
+    """Assert every column of ``batch`` is what ``estimate`` says; returns how many priced."""
+    priced = 0
+    for i, config in enumerate(configs):
+        try:
+            expected = _flat(planner.estimate(model, cluster, config).to_dict())
+        except ConfigError as exc:
+            assert not batch.columns["divides"][i], config
+            assert batch.refusal(i) == str(exc)
+            continue
+        priced += 1
+        assert batch.columns["divides"][i], (config, batch.refusal(i))
+        for key, want in expected.items():
+            got = batch.columns[key][i]
+            if want is None:
+                assert isinstance(got, float) and math.isnan(got), (key, config)
+            elif isinstance(want, float):
+                assert got == pytest.approx(want, rel=1e-9, abs=1e-12), (key, config)
+            else:
+                assert got == want, (key, config)
+    return priced
+
+
+def _pairs() -> list[tuple[Path, Path]]:
+    return [(m, c) for m in MODELS for c in CLUSTERS]
+
+
+def test_batch_agrees_with_estimate_on_random_configurations():
+    """10,000 configurations over every bundled model x cluster (each pair about 75): every
+    key equal, and most of them priced (not only refusals compared)."""
+    rng = random.Random(14)
+    pairs = _pairs()
+    priced = total = 0
+    for model_path, cluster_path in pairs:
+        model = planner.load_model(model_path)
+        cluster = planner.load_cluster(cluster_path)
+        configs = [random_config(rng, model, cluster) for _ in range(SAMPLES // len(pairs))]
+        batch = estimate_batch(model, cluster, configs)
+        priced += agree(batch, configs, model, cluster)
+        total += len(configs)
+    assert total >= 0.99 * SAMPLES
+    assert priced >= 0.3 * total, (priced, total)
+
+
+def test_columns_are_estimate_keys():
+    model = planner.load_model(ROOT / "instances/models/llama3-8b.json")
+    cluster = planner.load_cluster(ROOT / "instances/clusters/dgx-h100-80gb.json", nodes=2)
+    config = ParallelConfig(tp=2, pp=2)
+    batch = estimate_batch(model, cluster, [config])
+    keys = set(_flat(planner.estimate(model, cluster, config).to_dict()))
+    assert keys <= set(batch.columns)
+    assert set(batch.columns) - keys == {"divides"}
+
+
+def test_columns_broadcast_and_default():
+    """Columns of one value broadcast; missing fields are ParallelConfig's defaults."""
+    model = planner.load_model(ROOT / "instances/models/gpt3-175b.json")
+    cluster = planner.load_cluster(ROOT / "instances/clusters/dgx-a100-80gb.json", nodes=128)
+    batch = estimate_batch(model, cluster, {"tp": 8, "pp": [8, 16], "recompute": "full"})
+    for i, pp in enumerate((8, 16)):
+        want = planner.estimate(model, cluster, ParallelConfig(tp=8, pp=pp, recompute="full"))
+        assert batch.columns["step_time_s"][i] == pytest.approx(want.step_time_s, rel=1e-12)
+    assert batch.config(1) == ParallelConfig(tp=8, pp=16, recompute="full")
+    assert config_columns([ParallelConfig(tp=8, pp=16, recompute="full")])["pp"].tolist() == [16]
+
+
+def test_refusal_codes_name_the_first_rule():
+    model = planner.load_model(ROOT / "instances/models/gpt3-175b.json")
+    cluster = planner.load_cluster(ROOT / "instances/clusters/dgx-a100-80gb.json", nodes=128)
+    batch = estimate_batch(model, cluster, {"tp": [8, 3, 8, 8], "pp": [16, 8, 5, 16],
+                                             "rank_order": ["tp-cp-ep-dp-pp"] * 3 + ["x"]})
+    names = [RULES[c].name if 0 <= c < len(RULES) else c for c in batch.refused_by.tolist()]
+    assert names == [-1, "devices", "devices", len(RULES)]
+    assert batch.refusal(0) is None
+    assert "rank order 'x'" in batch.refusal(3)
+
+
+def test_unknown_field_is_refused():
+    model = planner.load_model(ROOT / "instances/models/gpt3-175b.json")
+    cluster = planner.load_cluster(ROOT / "instances/clusters/dgx-a100-80gb.json")
+    with pytest.raises(InputError, match="no configuration field 'tensor_parallel'"):
+        estimate_batch(model, cluster, {"tensor_parallel": np.array([8])})
