@@ -6,13 +6,18 @@ from __future__ import annotations
 import html
 import random
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
+import planner.cli.sweeps as sweeps_cli
+from planner.errors import InputError
 from planner.report.sweep_figures import (
+    check_heatmap_axes,
     heatmap_cells,
     pareto_front,
     point_text,
@@ -23,7 +28,7 @@ from planner.spec.messages import short_repr
 from planner.sweep import COLUMNS, SweepRow, read_sweep
 from tests.conftest import REPO
 from tests.headless import WINDOW, css_colour, laid_out, needs_chromium, screenshot
-from tests.test_cli_width import Run, planner
+from tests.test_cli_width import Run, planner, unwrapped
 from tests.test_sweep import sweep_file
 
 AXES = ["cluster.num_nodes", "cluster.network.1.bandwidth_gb_s"]
@@ -209,3 +214,72 @@ def test_a_report_folder_that_is_a_file_is_refused_before_the_sweep(tmp_path: Pa
     assert "--report" in done.stderr and "give a folder" in done.stderr
     assert not (tmp_path / "t.parquet").exists()
 
+
+# --------------------------------------------------------------------------- --heatmap X,Y
+
+SMALL_AXES = ["cluster.num_nodes", "cluster.device.memory_gib", "cluster.price_per_device_hour"]
+
+
+@pytest.mark.parametrize(("chosen", "message"), [
+    (["cluster.nodes", "cluster.num_nodes"], "--heatmap cluster.nodes,cluster.num_nodes: "
+     "'cluster.nodes' is not an axis of the sweep; its axes are " + ", ".join(SMALL_AXES)),
+    (["cluster.num_nodes"], "--heatmap cluster.num_nodes: give two different axes of the "
+     "sweep as X,Y"),
+    (["cluster.num_nodes"] * 2, "--heatmap cluster.num_nodes,cluster.num_nodes: give two "
+     "different axes"),
+    (SMALL_AXES, f"--heatmap {','.join(SMALL_AXES)}: give two different axes"),
+])  # fmt: skip
+def test_heatmap_axes_are_two_axes_of_the_sweep(chosen: list[str], message: str) -> None:
+    with pytest.raises(InputError, match=re.escape(message)):
+        check_heatmap_axes(SMALL_AXES, chosen)
+
+
+def test_heatmap_option_draws_the_axes_asked_for(swept: Swept, tmp_path: Path) -> None:
+    """``--heatmap X,Y`` on the table of a finished sweep: nothing solved again, the heatmap
+    of step time over price (columns) and nodes (rows), the best over memory."""
+    out = tmp_path / "t.parquet"
+    shutil.copy(swept.out, out)
+    done = planner(80, "sweep", swept.sweep, "--out", out, "--report", tmp_path / "r",
+                   "--heatmap", "cluster.price_per_device_hour, cluster.num_nodes")  # fmt: skip
+    assert done.code == 0, done.stderr
+    assert "8 already done" in unwrapped(done.stdout)
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "cluster.num_nodes by cluster.price_per_device_hour</caption>" in page
+    assert "<tr><th></th><th>2.0</th><th>3.5</th></tr>" in page
+    _, rows = _sweep_rows(swept)
+    for nodes in (1, 2):
+        step = min(r.step_time_s for r in rows if r.values[0] == nodes and r.step_time_s)
+        assert re.search(rf"<tr><th>{nodes}</th>(<td [^>]*>{step:.3g}</td>){{2}}</tr>", page)
+    assert all((tmp_path / "r" / f"heatmap{suffix}").stat().st_size > 0
+               for suffix in (".png", ".svg"))  # fmt: skip
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (("--report", "{r}", "--heatmap", "cluster.nodes,cluster.num_nodes"),
+     "--heatmap cluster.nodes,cluster.num_nodes: 'cluster.nodes' is not an axis of the sweep; "
+     "its axes are " + ", ".join(SMALL_AXES)),
+    (("--report", "{r}", "--heatmap", "cluster.num_nodes"),
+     "--heatmap cluster.num_nodes: give two different axes of the sweep as X,Y; its axes are "
+     + ", ".join(SMALL_AXES)),
+    (("--report", "{r}", "--heatmap", "cluster.num_nodes,cluster.num_nodes"),
+     "--heatmap cluster.num_nodes,cluster.num_nodes: give two different axes of the sweep as "
+     "X,Y; its axes are " + ", ".join(SMALL_AXES)),
+    (("--heatmap", "cluster.num_nodes,cluster.device.memory_gib"),
+     "--heatmap cluster.num_nodes,cluster.device.memory_gib: only with --report"),
+])  # fmt: skip
+def test_a_bad_heatmap_is_one_line_before_any_work(
+    options: tuple[str, ...], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An axis the sweep does not have, not two different axes, or no --report: exit 2, one
+    error line, refused before the sweep's points are built; no table, no report."""
+
+    def no_points(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the sweep's points were built before --heatmap was checked")
+
+    monkeypatch.setattr(sweeps_cli, "sweep_points", no_points)
+    args = [arg.replace("{r}", str(tmp_path / "r")) for arg in options]
+    done = planner(80, "sweep", sweep_file(tmp_path), "--out", tmp_path / "t.parquet", *args)
+    assert (done.code, done.stdout) == (2, "")
+    assert unwrapped(done.stderr) == f"error: {message}", done.stderr
+    assert all(line.startswith("  ") for line in done.stderr.splitlines()[1:]), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.toml"]
