@@ -134,6 +134,19 @@ def test_quickstart_solve_notes_are_the_readme_notes(
     _shown(stderr.splitlines(), done.stderr.rstrip("\n").split("\n"))
 
 
+def test_ci_runs_the_quickstart_tests() -> None:
+    """.ci/run runs the quick start's second step as it is written: the Chromium set-up line
+    and the test command."""
+    step = _block_after("## Quickstart").split("\n# 2.", 1)[1].split("\n", 1)[1]
+    commands = [line for line in step.splitlines() if line and not line.startswith("#")]
+    assert len(commands) == 2, commands
+    ci = (REPO / ".ci" / "run").read_text()
+    for command in commands:
+        # Whole: a line, or a group's body (CI silences the install's output).
+        whole = rf"(^|{{ ){re.escape(command)}(;|$)"
+        assert re.search(whole, ci, flags=re.M), f".ci/run no longer runs the README's {command!r}"
+
+
 # --------------------------------------------------------------------------- estimate
 
 

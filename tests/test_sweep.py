@@ -132,10 +132,13 @@ def test_a_point_that_fits_nothing_is_a_row_with_its_reason(
 
 
 def test_ray_gives_the_same_table(
-    local: tuple[sweep_run.SweepResult, pa.Table], tmp_path: Path
+    local: tuple[sweep_run.SweepResult, pa.Table], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A local Ray of 2 CPUs: the same rows, in the same order, every column equal."""
+    """A local Ray of 2 CPUs: the same rows, in the same order, every column equal. Local
+    even when RAY_ADDRESS (or the last ``ray start`` on the machine) names a cluster: Ray
+    would join it by default, and refuse the CPU count."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'planner[ray]')")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens there
     run(tmp_path, tmp_path / "ray.parquet", engine="ray", num_cpus=2)
     ray_table = pq.read_table(tmp_path / "ray.parquet")
     assert ray_table.equals(local[1], check_metadata=True)
@@ -251,6 +254,36 @@ def test_ray_engine_without_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     text = " ".join(line.strip() for line in stderr.splitlines())
     assert text == ("error: --engine ray needs Ray, which is not installed: pip install "
                     "'planner[ray]'")
+
+
+@pytest.mark.parametrize(("cause", "hint"), [
+    ("RPC error: InvalidAuthToken: Authentication token is missing or incorrect",
+     "it requires a token; set RAY_AUTH_MODE=token here (the token in ~/.ray/auth_token or "
+     "RAY_AUTH_TOKEN_PATH), or give --address auto on one of its nodes"),
+    ("Failed to connect to GCS", "is a Ray head running there (ray start --head)?"),
+])  # fmt: skip
+def test_a_ray_cluster_that_cannot_be_joined_is_one_line(
+    cause: str, hint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, solves: Solves
+) -> None:
+    """--address of a cluster Ray cannot join (no head there, or one that wants a token the
+    driver does not send): one error line with what Ray said and what to try, not Ray's
+    traceback; no search."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'planner[ray]')")
+
+    def refused(**kwargs: Any) -> None:
+        assert kwargs["address"] == "10.0.0.1:6379"
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from (
+            RuntimeError(cause))
+
+    monkeypatch.setattr(ray, "init", refused)
+    code, stdout, stderr = planner_cli("sweep", sweep_file(tmp_path), "--out",
+                                       tmp_path / "r.parquet", "--engine", "ray",
+                                       "--address", "10.0.0.1:6379")  # fmt: skip
+    assert (code, stdout, solves.count) == (2, "", 0)
+    text = " ".join(line.strip() for line in stderr.splitlines())
+    assert text == ("error: --address 10.0.0.1:6379: cannot join the Ray cluster there "
+                    f"(Failed to connect to Ray cluster at 10.0.0.1:6379): {hint}"), text
+    assert not (tmp_path / "r.parquet").exists()
 
 
 def test_the_command_prints_what_it_did(tmp_path: Path) -> None:

@@ -6,20 +6,29 @@ from __future__ import annotations
 import html
 import random
 import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
+import planner.cli.sweeps as sweeps_cli
+from planner.errors import InputError
 from planner.report.sweep_figures import (
+    check_heatmap_axes,
     heatmap_cells,
     pareto_front,
     point_text,
     sweep_page,
     write_sweep_report,
 )
-from planner.sweep import SweepRow
+from planner.spec.messages import short_repr
+from planner.sweep import COLUMNS, SweepRow, read_sweep
 from tests.conftest import REPO
-from tests.test_cli_width import planner
+from tests.headless import WINDOW, css_colour, laid_out, needs_chromium, screenshot
+from tests.test_cli_width import Run, planner, unwrapped
 from tests.test_sweep import sweep_file
 
 AXES = ["cluster.num_nodes", "cluster.network.1.bandwidth_gb_s"]
@@ -90,17 +99,109 @@ def test_report_writes_every_picture(tmp_path: Path) -> None:
     assert all(p.stat().st_size > 0 for p in written)
 
 
-def test_sweep_report_from_the_cli(tmp_path: Path) -> None:
-    """tests/test_sweep.py's small sweep with --report: a circle with a hover text for each
-    point with a plan (the 8 GiB devices fit nothing), the failed ones in the heatmap."""
-    sweep = sweep_file(tmp_path)
-    done = planner(80, "sweep", sweep, "--out", tmp_path / "t.parquet", "--report",
-                   tmp_path / "r")  # fmt: skip
-    assert done.code == 0, done.stderr
-    page = (tmp_path / "r" / "index.html").read_text()
+@dataclass(frozen=True)
+class Swept:
+    """The small sweep run by the CLI with ``--report``: where it is and what it printed."""
+
+    sweep: Path
+    out: Path
+    report: Path
+    done: Run
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Swept:
+    """tests/test_sweep.py's small sweep (8 points, 4 with a plan: the 8 GiB devices fit
+    nothing) run once by ``planner sweep --report`` (about 4 s)."""
+    folder = tmp_path_factory.mktemp("swept")
+    sweep, out, report = sweep_file(folder), folder / "t.parquet", folder / "r"
+    return Swept(sweep, out, report, planner(80, "sweep", sweep, "--out", out,
+                                             "--report", report))  # fmt: skip
+
+
+def _sweep_rows(swept: Swept) -> tuple[list[str], list[SweepRow]]:
+    """The sweep's axes and its rows as the table holds them."""
+    axes = list(read_sweep(swept.sweep).axes)
+    return axes, [SweepRow(index=r["point"], values=tuple(r[a] for a in axes),
+                           **{c: r[c] for c in COLUMNS})
+                  for r in pq.read_table(swept.out).to_pylist()]  # fmt: skip
+
+
+def test_sweep_report_from_the_cli(swept: Swept) -> None:
+    """A circle with a hover text for each point with a plan, the failed ones in the
+    heatmap."""
+    assert swept.done.code == 0, swept.done.stderr
+    page = (swept.report / "index.html").read_text()
     assert page.count('<circle class="point"') == 4
     assert page.count("cluster.device.memory_gib=80") >= 4
     assert "cluster.device.memory_gib=8," not in page.split('class="heatmap"')[0]
+
+
+# What Chromium laid out: each point's circle (its namespace, box, hover text, fill, and
+# whether it is what a pointer at its centre hits) and the heatmap's cells, row by row.
+PROBE = """(() => {
+  const box = e => { const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; };
+  const hit = e => { const [x, y, w, h] = box(e);
+                     return document.elementFromPoint(x + w / 2, y + h / 2) === e; };
+  return {
+    chart: box(document.querySelector("svg.pareto")),
+    points: [...document.querySelectorAll("svg.pareto circle.point")].map(c => ({
+      point: Number(c.dataset.point), ns: c.namespaceURI, box: box(c), hit: hit(c),
+      title: c.querySelector("title").textContent, fill: getComputedStyle(c).fill})),
+    heatmap: [...document.querySelectorAll("table.heatmap tr")].map(tr => [...tr.children].map(
+      td => ({text: td.innerText, title: td.title, box: box(td)}))),
+  };
+})()"""
+
+
+def _inside(box: list[float], outer: list[float]) -> bool:
+    """A box (x, y, width, height) with an area, within ``outer``."""
+    x, y, w, h = box
+    ox, oy, ow, oh = outer
+    return w > 0 and h > 0 and ox <= x and oy <= y and x + w <= ox + ow and y + h <= oy + oh
+
+
+@needs_chromium
+def test_the_page_renders_in_chromium(swept: Swept) -> None:
+    """index.html opened in headless Chromium: an SVG circle inside the chart for each row
+    with a plan, its hover text that row's; the heatmap's rows and columns the sweep's
+    values, each cell the best step there or "no plan"; and the points painted in their
+    colours on a page that is not blank."""
+    page = swept.report / "index.html"
+    axes, rows = _sweep_rows(swept)
+    shown = laid_out(page, PROBE)
+    planned = {r.index: r for r in rows if r.step_time_s is not None}
+    assert len(planned) == 4 and len(rows) == 8  # the sweep is the one described above
+    assert sorted(p["point"] for p in shown["points"]) == sorted(planned)
+    for point in shown["points"]:
+        row = planned[point["point"]]
+        assert point["ns"] == "http://www.w3.org/2000/svg", point
+        assert point["title"] == point_text(row, axes)
+        assert row.summary in point["title"] and f"step {row.step_time_s:.3f} s" in point["title"]
+        assert _inside(point["box"], shown["chart"]), (point, shown["chart"])
+
+    xs = list(dict.fromkeys(r.values[0] for r in rows))
+    ys = list(dict.fromkeys(r.values[1] for r in rows))
+    best = {(x, y): min((r.step_time_s for r in planned.values() if r.values[:2] == (x, y)),
+                        default=None) for x in xs for y in ys}  # fmt: skip
+    expected = [["", *map(short_repr, xs)]] + [
+        [short_repr(y), *("no plan" if best[x, y] is None else f"{best[x, y]:.3g}" for x in xs)]
+        for y in ys]  # fmt: skip
+    assert [[cell["text"] for cell in line] for line in shown["heatmap"]] == expected
+    assert {"no plan", f"{min(r.step_time_s for r in planned.values()):.3g}"} <= {
+        cell["text"] for line in shown["heatmap"] for cell in line}  # fmt: skip
+    window = [0, 0, *WINDOW]
+    assert all(_inside(cell["box"], window) for line in shown["heatmap"] for cell in line)
+
+    pixels = screenshot(page)
+    # The small sweep's points do not overlap: each is what a pointer at its centre hits, so
+    # its centre pixel is its own colour.
+    for point in shown["points"]:
+        x, y, w, h = point["box"]
+        assert point["hit"], point
+        assert tuple(pixels[int(y + h / 2), int(x + w / 2)]) == css_colour(point["fill"])
+    inked = (pixels.min(axis=2) < 250).mean()
+    assert inked > 0.005, f"only {inked:.2%} of the page is not white"
 
 
 def test_a_report_folder_that_is_a_file_is_refused_before_the_sweep(tmp_path: Path) -> None:
@@ -112,3 +213,73 @@ def test_a_report_folder_that_is_a_file_is_refused_before_the_sweep(tmp_path: Pa
     assert done.code == 2
     assert "--report" in done.stderr and "give a folder" in done.stderr
     assert not (tmp_path / "t.parquet").exists()
+
+
+# --------------------------------------------------------------------------- --heatmap X,Y
+
+SMALL_AXES = ["cluster.num_nodes", "cluster.device.memory_gib", "cluster.price_per_device_hour"]
+
+
+@pytest.mark.parametrize(("chosen", "message"), [
+    (["cluster.nodes", "cluster.num_nodes"], "--heatmap cluster.nodes,cluster.num_nodes: "
+     "'cluster.nodes' is not an axis of the sweep; its axes are " + ", ".join(SMALL_AXES)),
+    (["cluster.num_nodes"], "--heatmap cluster.num_nodes: give two different axes of the "
+     "sweep as X,Y"),
+    (["cluster.num_nodes"] * 2, "--heatmap cluster.num_nodes,cluster.num_nodes: give two "
+     "different axes"),
+    (SMALL_AXES, f"--heatmap {','.join(SMALL_AXES)}: give two different axes"),
+])  # fmt: skip
+def test_heatmap_axes_are_two_axes_of_the_sweep(chosen: list[str], message: str) -> None:
+    with pytest.raises(InputError, match=re.escape(message)):
+        check_heatmap_axes(SMALL_AXES, chosen)
+
+
+def test_heatmap_option_draws_the_axes_asked_for(swept: Swept, tmp_path: Path) -> None:
+    """``--heatmap X,Y`` on the table of a finished sweep: nothing solved again, the heatmap
+    of step time over price (columns) and nodes (rows), the best over memory."""
+    out = tmp_path / "t.parquet"
+    shutil.copy(swept.out, out)
+    done = planner(80, "sweep", swept.sweep, "--out", out, "--report", tmp_path / "r",
+                   "--heatmap", "cluster.price_per_device_hour, cluster.num_nodes")  # fmt: skip
+    assert done.code == 0, done.stderr
+    assert "8 already done" in unwrapped(done.stdout)
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "cluster.num_nodes by cluster.price_per_device_hour</caption>" in page
+    assert "<tr><th></th><th>2.0</th><th>3.5</th></tr>" in page
+    _, rows = _sweep_rows(swept)
+    for nodes in (1, 2):
+        step = min(r.step_time_s for r in rows if r.values[0] == nodes and r.step_time_s)
+        assert re.search(rf"<tr><th>{nodes}</th>(<td [^>]*>{step:.3g}</td>){{2}}</tr>", page)
+    assert all((tmp_path / "r" / f"heatmap{suffix}").stat().st_size > 0
+               for suffix in (".png", ".svg"))  # fmt: skip
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (("--report", "{r}", "--heatmap", "cluster.nodes,cluster.num_nodes"),
+     "--heatmap cluster.nodes,cluster.num_nodes: 'cluster.nodes' is not an axis of the sweep; "
+     "its axes are " + ", ".join(SMALL_AXES)),
+    (("--report", "{r}", "--heatmap", "cluster.num_nodes"),
+     "--heatmap cluster.num_nodes: give two different axes of the sweep as X,Y; its axes are "
+     + ", ".join(SMALL_AXES)),
+    (("--report", "{r}", "--heatmap", "cluster.num_nodes,cluster.num_nodes"),
+     "--heatmap cluster.num_nodes,cluster.num_nodes: give two different axes of the sweep as "
+     "X,Y; its axes are " + ", ".join(SMALL_AXES)),
+    (("--heatmap", "cluster.num_nodes,cluster.device.memory_gib"),
+     "--heatmap cluster.num_nodes,cluster.device.memory_gib: only with --report"),
+])  # fmt: skip
+def test_a_bad_heatmap_is_one_line_before_any_work(
+    options: tuple[str, ...], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An axis the sweep does not have, not two different axes, or no --report: exit 2, one
+    error line, refused before the sweep's points are built; no table, no report."""
+
+    def no_points(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the sweep's points were built before --heatmap was checked")
+
+    monkeypatch.setattr(sweeps_cli, "sweep_points", no_points)
+    args = [arg.replace("{r}", str(tmp_path / "r")) for arg in options]
+    done = planner(80, "sweep", sweep_file(tmp_path), "--out", tmp_path / "t.parquet", *args)
+    assert (done.code, done.stdout) == (2, "")
+    assert unwrapped(done.stderr) == f"error: {message}", done.stderr
+    assert all(line.startswith("  ") for line in done.stderr.splitlines()[1:]), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.toml"]

@@ -13,7 +13,7 @@ from planner.cli.messages import format_message, wrap
 from planner.cli.progress import search_bars
 from planner.errors import InputError
 from planner.report.output import check_folder, check_target
-from planner.report.sweep_figures import write_sweep_report
+from planner.report.sweep_figures import check_heatmap_axes, write_sweep_report
 from planner.spec.messages import short_repr
 from planner.sweep import (
     MAX_POINTS,
@@ -43,17 +43,24 @@ def sweep_cmd(
     max_points: Annotated[int, typer.Option(min=1, help="Refuse a sweep of more points.")] = (
         MAX_POINTS),
     report: Annotated[Path | None, typer.Option(
-        help="Write the Pareto front, a step-time heatmap over the first two axes (PNG, SVG) "
-        "and index.html (hover a point for its plan) into this folder.")] = None,
+        help="Write the Pareto front, a step-time heatmap (PNG, SVG) and index.html (hover a "
+        "point for its plan) into this folder.")] = None,
+    heatmap: Annotated[str | None, typer.Option(
+        help="The heatmap's axes as X,Y, named as in the sweep file's axes (with --report; "
+        "default: the first two).")] = None,
 ) -> None:
     """Solve every point of a sweep over clusters and options; one table of results."""
     check_engine(engine)
     if address is not None and engine != "ray":
         raise InputError(f"--address {address}: only with --engine ray")
+    if heatmap is not None and report is None:
+        raise InputError(f"--heatmap {heatmap}: only with --report")
     check_target(out, inputs=(sweep_file,))
     if report is not None:
         check_folder(report, option="--report")  # before the sweep, not after hours of it
     sweep = read_sweep(sweep_file)
+    heatmap_axes = None if heatmap is None else check_heatmap_axes(
+        list(sweep.axes), [axis.strip() for axis in heatmap.split(",")])  # fmt: skip
     points = sweep_points(sweep, max_points=max_points)
     try:
         with search_bars(stderr_console()) as bar:
@@ -68,7 +75,7 @@ def sweep_cmd(
     print("\n".join(summary_lines(result, list(sweep.axes), width=console().width)))
     if report is not None:
         written = write_sweep_report(result.rows, list(sweep.axes), report,
-                                     title=sweep_file.stem)  # fmt: skip
+                                     title=sweep_file.stem, heatmap_axes=heatmap_axes)  # fmt: skip
         print("\n".join(wrap(f"wrote {', '.join(str(p) for p in written)}",
                              console().width)))  # fmt: skip
 

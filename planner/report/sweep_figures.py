@@ -16,6 +16,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from planner.errors import InputError
 from planner.report.output import check_folder, write_atomic
 from planner.report.pictures import FORMATS, save
 from planner.spec.messages import short_repr
@@ -240,14 +241,43 @@ def default_heatmap_axes(axes: Sequence[str]) -> tuple[str, str] | None:
     return (axes[0], axes[1]) if len(axes) >= 2 else None
 
 
+def check_heatmap_axes(
+    axes: Sequence[str], chosen: Sequence[str], *, option: str = "--heatmap"
+) -> tuple[str, str]:
+    """``chosen`` as the heatmap's (x, y): two different axes of the sweep, else an
+    :class:`~planner.errors.InputError` naming what was given and the sweep's axes.
+
+    >>> check_heatmap_axes(["cluster.num_nodes", "search.framework"],
+    ...                    ["search.framework", "cluster.num_nodes"])
+    ('search.framework', 'cluster.num_nodes')
+    """
+    given = f"{option} {','.join(chosen)}"
+    known = ", ".join(axes)
+    if len(chosen) != 2 or chosen[0] == chosen[1]:
+        raise InputError(f"{given}: give two different axes of the sweep as X,Y; its axes are "
+                         f"{known}")  # fmt: skip
+    unknown = next((axis for axis in chosen if axis not in axes), None)
+    if unknown is not None:
+        raise InputError(f"{given}: {unknown!r} is not an axis of the sweep; its axes are "
+                         f"{known}")  # fmt: skip
+    return chosen[0], chosen[1]
+
+
 def write_sweep_report(
-    rows: Sequence[SweepRow], axes: Sequence[str], directory: str | Path, *, title: str
+    rows: Sequence[SweepRow],
+    axes: Sequence[str],
+    directory: str | Path,
+    *,
+    title: str,
+    heatmap_axes: Sequence[str] | None = None,
 ) -> list[Path]:
-    """``pareto`` and ``heatmap`` as PNG and SVG, and ``index.html``, into ``directory``."""
+    """``pareto`` and ``heatmap`` as PNG and SVG, and ``index.html``, into ``directory``; the
+    heatmap over ``heatmap_axes`` (x, y), by default the sweep's first two axes."""
     directory = Path(directory)
+    heat_axes = (default_heatmap_axes(axes) if heatmap_axes is None
+                 else check_heatmap_axes(axes, heatmap_axes))  # fmt: skip
     check_folder(directory, option="--report")
     directory.mkdir(parents=True, exist_ok=True)
-    heat_axes = default_heatmap_axes(axes)
     written = []
     for suffix in FORMATS:
         written.append(save(pareto_figure(rows, title=title), directory / f"pareto{suffix}",

@@ -175,7 +175,7 @@ def _ray(
         return
     started = not ray.is_initialized()
     if started:
-        ray.init(**_ray_init(address, num_cpus))
+        _ray_start(ray, address, num_cpus)
     try:
         task: Any = ray.remote(solve_point)
         pending = [task.remote(point, tokens) for point in points]
@@ -187,6 +187,40 @@ def _ray(
             ray.shutdown()
 
 
+def _ray_start(ray: Any, address: str | None, num_cpus: int | None) -> None:
+    """Start a local Ray, or join the cluster at ``address``; one that cannot be joined is
+    refused as the user's ``--address``, with what Ray said and what to try."""
+    try:
+        ray.init(**_ray_init(address, num_cpus))
+    except ConnectionError as exc:
+        if address is None:
+            raise
+        raise InputError(_join_failure(address, exc)) from None
+
+
+def _join_failure(address: str, exc: ConnectionError) -> str:
+    """Why the Ray cluster at ``address`` could not be joined, and what to try.
+
+    >>> cause = RuntimeError("... AuthenticationError: RPC error: InvalidAuthToken: ...")
+    >>> exc = ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+    >>> exc.__cause__ = cause
+    >>> print(_join_failure("10.0.0.1:6379", exc))  # doctest: +NORMALIZE_WHITESPACE
+    --address 10.0.0.1:6379: cannot join the Ray cluster there (Failed to connect to Ray
+    cluster at 10.0.0.1:6379): it requires a token; set RAY_AUTH_MODE=token here (the token
+    in ~/.ray/auth_token or RAY_AUTH_TOKEN_PATH), or give --address auto on one of its nodes
+    """
+    # Ray 2.59 and later start a cluster on one machine with token authentication, but a
+    # driver given its address sends no token unless RAY_AUTH_MODE=token; only the text of
+    # the error's cause says that this is why.
+    if "InvalidAuthToken" in str(exc.__cause__):
+        hint = ("it requires a token; set RAY_AUTH_MODE=token here (the token in "
+                "~/.ray/auth_token or RAY_AUTH_TOKEN_PATH), or give --address auto on one of "
+                "its nodes")  # fmt: skip
+    else:
+        hint = "is a Ray head running there (ray start --head)?"
+    return f"--address {address}: cannot join the Ray cluster there ({exc}): {hint}"
+
+
 def _ray_init(address: str | None, num_cpus: int | None) -> dict[str, Any]:
     """``ray.init``'s arguments: a cluster runs its own installed planner; a local Ray's
     workers import this one."""
@@ -194,5 +228,7 @@ def _ray_init(address: str | None, num_cpus: int | None) -> dict[str, Any]:
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     if address is not None:
         return {"address": address, **quiet}
-    return {"num_cpus": num_cpus, "include_dashboard": False, **quiet,
+    # "local": without it ray.init joins the cluster RAY_ADDRESS names, or the last one
+    # `ray start` left on this machine, instead of starting the local Ray asked for.
+    return {"address": "local", "num_cpus": num_cpus, "include_dashboard": False, **quiet,
             "runtime_env": {"env_vars": {"PYTHONPATH": _SOURCE_ROOT}}}  # fmt: skip
