@@ -132,10 +132,14 @@ def test_a_point_that_fits_nothing_is_a_row_with_its_reason(
 
 
 def test_ray_gives_the_same_table(
-    local: tuple[sweep_run.SweepResult, pa.Table], tmp_path: Path
+    local: tuple[sweep_run.SweepResult, pa.Table], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A local Ray of 2 CPUs: the same rows, in the same order, every column equal."""
+    """A local Ray of 2 CPUs: the same rows, in the same order, every column equal. It is
+    started even where ``RAY_ADDRESS`` names another cluster (as the last ``ray start`` on
+    the machine would): without ``--address`` the sweep joins no one else's Ray."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'planner[ray]')")
+    monkeypatch.setenv("RAY_ADDRESS", "192.0.2.1:6379")  # TEST-NET-1: nothing listens there
     run(tmp_path, tmp_path / "ray.parquet", engine="ray", num_cpus=2)
     ray_table = pq.read_table(tmp_path / "ray.parquet")
     assert ray_table.equals(local[1], check_metadata=True)
