@@ -238,3 +238,28 @@ def test_sweep_is_the_readme_sweep(tmp_path: Path) -> None:
     )  # fmt: skip
     _shown(shown, _printed(done))
     assert (tmp_path / args[3]).exists()
+
+
+@pytest.mark.parametrize("domain", [8, 72])
+def test_codesign_rows_are_the_sweep(domain: int) -> None:
+    """The co-design table's 16,384-GPU rows at 400 Gb/s (the headline comparison, about 3 s
+    each): each re-solved from the bundled sweep file, its plan, step, MFU, days and cost as
+    the README shows them (the whole sweep, 16 points, takes a minute and is not re-run)."""
+    from planner.sweep import read_sweep, sweep_points
+    from planner.sweep.run import solve_point
+
+    found = _inline(r"`planner sweep (instances/sweeps/llama3\.1-\S+) --out")
+    sweep = read_sweep(REPO / found.group(1))
+    point = next(p for p in sweep_points(sweep) if p.cluster.num_devices == 16384
+                 and p.cluster.scale_up_devices == domain
+                 and p.cluster.network[1].bandwidth_gb_s == 50)  # fmt: skip
+    row = solve_point(point, sweep.tokens)
+    rows = [line.split(" | ") for line in README.splitlines()
+            if line.startswith(f"| 16,384 | {domain} | 400 Gb/s |")]  # fmt: skip
+    assert len(rows) == 1
+    _, _, _, plan, step, band, _, mfu, days, cost = rows[0]
+    assert all(word in row.summary for word in plan.replace(",", "").split())
+    assert (step, band, mfu) == (f"{row.step_time_s:.2f}", row.error_band.removeprefix("+/- "),
+                                 f"{100 * row.mfu:.1f} %")  # fmt: skip
+    assert days == f"{row.time_to_train_s / 86400:.0f}"
+    assert cost == f"${row.cost / 1e6:.1f}M |"

@@ -309,3 +309,17 @@ def test_the_bundled_sweep_reads() -> None:
         (16, 25), (16, 50), (32, 25), (32, 50)]  # fmt: skip
     assert {p.options.framework for p in points} == {"megatron"}
     assert {p.options.global_batch_size for p in points} == {1024}
+
+
+def test_the_codesign_sweep_reads() -> None:
+    """instances/sweeps/llama3.1-405b-codesign.toml: NVLink domains of 8 and 72 x NICs of 50
+    and 100 GB/s x 2,048 to 16,384 GPUs, the same H100 and Meta's batch in every point."""
+    sweep = read_sweep(REPO / "instances/sweeps/llama3.1-405b-codesign.toml")
+    points = sweep_points(sweep)
+    designs = {(p.cluster.scale_up_devices, p.cluster.network[1].bandwidth_gb_s)
+               for p in points}  # fmt: skip
+    assert designs == {(8, 50), (8, 100), (72, 50), (72, 100)}
+    assert sorted({p.cluster.num_devices for p in points}) == [2048, 4096, 8192, 16384]
+    assert {p.cluster.device.name for p in points} == {"H100-SXM5-80GB"}
+    assert {(p.options.global_batch_size, p.options.seq_length) for p in points} == {(2048, 8192)}
+    assert sweep.tokens == 1.56e13

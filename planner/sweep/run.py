@@ -223,7 +223,9 @@ def _join_failure(address: str, exc: ConnectionError) -> str:
 
 def _ray_init(address: str | None, num_cpus: int | None) -> dict[str, Any]:
     """``ray.init``'s arguments: a cluster runs its own installed planner; a local Ray's
-    workers import this one."""
+    workers import this one. Without ``address`` a new local Ray is started: ``ray.init``
+    would otherwise join the cluster ``RAY_ADDRESS`` or the last ``ray start`` on this machine
+    names (``/tmp/ray/ray_current_cluster``), and refuse ``num_cpus`` there."""
     # Ray's own notes at INFO (a local instance started) would run through the progress bar.
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     if address is not None:
