@@ -31,7 +31,8 @@ import numpy as np
 
 import planner
 from planner.errors import ConfigError
-from planner.uniform.batch import config_from_row, estimate_batch
+from planner.uniform.batch import estimate_batch
+from planner.uniform.columns import config_from_row
 
 AXES: dict[str, list] = {
     "tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16, 32, 64], "cp": [1, 2],

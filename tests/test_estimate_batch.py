@@ -16,7 +16,8 @@ from planner.errors import ConfigError, InputError
 from planner.plan.config import ParallelConfig
 from planner.plan.divisibility import RULES
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.batch import BatchEstimate, config_columns, estimate_batch
+from planner.uniform.batch import BatchEstimate, estimate_batch
+from planner.uniform.columns import config_columns
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = sorted((ROOT / "instances" / "models").glob("*.json"))

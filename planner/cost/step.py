@@ -16,12 +16,10 @@ from dataclasses import dataclass, replace
 from planner import cost
 from planner.cost.elementwise import Real, first_argmax, maximum, pick
 from planner.cost.layer import LayerCost
-from planner.cost.uncertainty import error_band
-from planner.plan.schema import Predicted, StageTime, StepTime
-from planner.spec import ClusterSpec, DeviceSpec, TrainingSpec
+from planner.plan.schema import StageTime, StepTime
+from planner.spec import ClusterSpec
 from planner.vocabulary import (
     GIB,
-    ParallelismKind,
     PipelineSchedule,
     Precision,
     ScheduleName,
@@ -397,65 +395,3 @@ def _phases(t: LayerCost, sync: _Sync) -> tuple[float, float, float]:
         return (comm / 2, comm / 2, 0.0)
     share = 1 + comm / compute
     return (t.forward_s * share, t.backward_s * share, t.recompute_s * share)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Throughput:
-    """A step's rates: tokens, model and hardware FLOP/s per device, model FLOPs utilisation."""
-
-    tokens_per_s: float
-    """Tokens trained per second."""
-    model_tflops_per_gpu: float
-    """Model FLOPs (three times the forward's) per second and device, in TFLOP/s."""
-    hardware_tflops_per_gpu: float
-    """Model FLOPs plus recomputation per second and device, in TFLOP/s."""
-    mfu: float
-    """Model FLOPs utilisation: model FLOP/s over the device's peak."""
-
-
-def throughput(
-    step_s: float,
-    training: TrainingSpec,
-    cluster: ClusterSpec,
-    *,
-    forward_flops_per_sequence: float,
-    executed_flops_per_sequence: float,
-    recompute_flops_per_sequence: float,
-) -> Throughput:
-    """A step's rates. Model FLOPs are three times the forward's, full attention scores
-    included (forward, and backward twice: Narayanan et al., SC'21, Eq. 3; the convention MFU
-    is reported in). Hardware FLOPs are what the GPUs execute
-    (:func:`planner.cost.executed_flops`: fused causal attention computes half the scores and
-    recomputes them in its backward) plus the forward work recomputation reruns; they are
-    timed by the same cost model, so hardware FLOP/s never exceed the device's peak."""
-    sequences = training.global_batch_size
-    model = 3 * forward_flops_per_sequence * sequences
-    hardware = (executed_flops_per_sequence + recompute_flops_per_sequence) * sequences
-    per_device_s = step_s * cluster.num_devices
-    return Throughput(
-        tokens_per_s=sequences * training.seq_length / step_s,
-        model_tflops_per_gpu=model / per_device_s / 1e12,
-        hardware_tflops_per_gpu=hardware / per_device_s / 1e12,
-        mfu=model / per_device_s / cluster.device.peak_flops_per_s(training.precision),
-    )
-
-
-def headline(
-    step: StepCost, rates: Throughput, *, device: DeviceSpec, kind: ParallelismKind
-) -> Predicted:
-    """A priced step's headline numbers as a plan records them, with the error band of
-    ``device``'s validated runs of the configuration's ``kind`` of parallelism
-    (:mod:`planner.cost.uncertainty`): every planner (the search's assembly, ``estimate``)
-    reports these through this one function."""
-    return Predicted(
-        step_time_s=step.step_s,
-        time=step.time,
-        tokens_per_s=rates.tokens_per_s,
-        model_tflops_per_gpu=rates.model_tflops_per_gpu,
-        hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
-        mfu=rates.mfu,
-        peak_memory_gib=sum(step.peak_memory_bytes) / GIB,
-        bubble_fraction=step.bubble_fraction,
-        error_band=error_band(device, kind),
-    )
-

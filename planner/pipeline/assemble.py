@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
+from planner.cost.rates import headline, throughput
 from planner.cost.step import (
     PipelineKnobs,
     StageCost,
@@ -16,8 +17,6 @@ from planner.cost.step import (
     TiedCopy,
     Weights,
     compose_step,
-    headline,
-    throughput,
 )
 from planner.cost.uncertainty import stages_kind
 from planner.ilp.layer import LayerSolution

@@ -19,14 +19,13 @@ from pydantic import BaseModel, ConfigDict
 
 from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
+from planner.cost.rates import headline, throughput
 from planner.cost.step import (
     PipelineKnobs,
     StageCost,
     TiedCopy,
     Weights,
     compose_step,
-    headline,
-    throughput,
 )
 from planner.cost.uncertainty import parallelism_kind
 from planner.graph import LayerIndex, forward_flops, lowered

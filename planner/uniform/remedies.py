@@ -26,6 +26,7 @@ from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform import space
+from planner.uniform.batch import estimate_batch
 from planner.uniform.estimate import Estimate, estimate
 from planner.vocabulary import GIB, RECOMPUTE_MODES
 
@@ -156,8 +157,8 @@ def leanest_uniform(
     priced = _leanest_priced(model, cluster, training, options)
     if not priced:
         return None
-    result, config = min(priced, key=lambda p: p[0].peak_memory_gib)
-    return result.peak_memory_gib, config
+    lean = min(priced, key=lambda p: p.peak_memory_gib)
+    return lean.peak_memory_gib, lean.config
 
 
 def nodes_to_fit(
@@ -218,10 +219,10 @@ def _ways_out(
 ) -> Iterator[str]:
     """The clauses of :func:`infeasible_message` after its head."""
     priced = _leanest_priced(model, cluster, training, options)
-    lean = min(priced, key=lambda p: p[0].peak_memory_gib, default=None)
-    if lean is not None and lean[0].fits:
-        yield (f"a uniform configuration fits: {describe(lean[1])} needs "
-               f"{lean[0].peak_memory_gib:.1f} GiB (--method grid)")  # fmt: skip
+    lean = min(priced, key=lambda p: p.peak_memory_gib, default=None)
+    if lean is not None and lean.fits:
+        yield (f"a uniform configuration fits: {describe(lean.config)} needs "
+               f"{lean.peak_memory_gib:.1f} GiB (--method grid)")  # fmt: skip
         return
     found = nodes_to_fit(model, cluster, training=training, options=options)
     if found is None:
@@ -233,12 +234,11 @@ def _ways_out(
                f"{describe(config)} needs {gib:.1f} GiB")  # fmt: skip
     if lean is None:
         return  # no uniform configuration divides: nothing to offload or shorten
-    result, config = lean
-    saved_gib = result.memory.optimizer_gib
-    left_gib = result.peak_memory_gib - saved_gib
-    on = "" if abs(result.peak_memory_gib - least_gib) < 0.05 else (
-        f" on the leanest uniform configuration ({describe(config)}, "
-        f"{result.peak_memory_gib:.1f} GiB)")  # fmt: skip
+    saved_gib = lean.optimizer_gib
+    left_gib = lean.peak_memory_gib - saved_gib
+    on = "" if abs(lean.peak_memory_gib - least_gib) < 0.05 else (
+        f" on the leanest uniform configuration ({describe(lean.config)}, "
+        f"{lean.peak_memory_gib:.1f} GiB)")  # fmt: skip
     enough = "enough" if _fits_gib(cluster, left_gib) else "not enough"
     yield (f"optimizer offload to the CPU (DeepSpeed ZeRO-Offload){on} saves {saved_gib:.1f} "
            f"GiB, leaving {left_gib:.1f} GiB: {enough}; the planner does not price its "
@@ -251,13 +251,13 @@ def _shorter_sequence(
     cluster: ClusterSpec,
     training: TrainingSpec,
     options: SolveOptions,
-    priced: Sequence[tuple[Estimate, ParallelConfig]],
+    priced: Sequence[_Lean],
 ) -> str:
     """Whether a shorter sequence fits: never when what does not scale with it (weights,
     gradients, optimizer states, reserved memory) is over the device in every uniform
     configuration; else the longest of the run's halved up to :data:`SEQUENCE_HALVINGS`
     times."""
-    fixed_gib = min(r.peak_memory_gib - r.memory.activations_gib for r, _ in priced)
+    fixed_gib = min(r.peak_memory_gib - r.activations_gib for r in priced)
     if not _fits_gib(cluster, fixed_gib):
         return (f"a shorter sequence would not help: weights, gradients, optimizer states and "
                 f"reserved memory alone need {fixed_gib:.1f} GiB per device in every uniform "
@@ -275,16 +275,37 @@ def _shorter_sequence(
     return f"a shorter sequence: not even {seq} fits"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Lean:
+    """A branch's leanest configuration, priced: what the remedies read of it."""
+
+    config: ParallelConfig
+    """The configuration."""
+    peak_memory_gib: float
+    """Its peak memory per device."""
+    fits: bool
+    """Whether it fits beside the default margin (:func:`estimate`'s ``fits``)."""
+    optimizer_gib: float
+    """Its optimizer states per device."""
+    activations_gib: float
+    """Its activations per device."""
+
+
 def _leanest_priced(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
-) -> list[tuple[Estimate, ParallelConfig]]:
-    """Each branch's leanest configuration that divides, priced."""
-    priced = []
-    for config, _ in space.branch_space(model, cluster, training=training, options=options):
-        result = _price(model, cluster, config)
-        if result is not None:
-            priced.append((result, config))
-    return priced
+) -> list[_Lean]:
+    """Each branch's leanest configuration that divides, priced (in one batch:
+    :func:`~planner.uniform.batch.estimate_batch`)."""
+    configs = [c for c, _ in space.branch_space(model, cluster, training=training,
+                                                 options=options)]  # fmt: skip
+    if not configs:
+        return []
+    columns = estimate_batch(model, cluster, configs).columns
+    return [_Lean(config=c, peak_memory_gib=float(columns["peak_memory_gib"][i]),
+                  fits=bool(columns["fits"][i]),
+                  optimizer_gib=float(columns["memory.optimizer_gib"][i]),
+                  activations_gib=float(columns["memory.activations_gib"][i]))
+            for i, c in enumerate(configs) if columns["divides"][i]]  # fmt: skip
 
 
 def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[list[Option]]:

@@ -1,0 +1,124 @@
+"""A batch's pipeline stages: a layer split's runs of equal stages
+(:class:`~planner.cost.step.StageRun`), what a run costs that no microbatch, schedule or switch
+changes (its data-parallel traffic, state bytes, the optimizer step), once per mesh, split and
+ZeRO stage, and the runs of a group of configurations as arrays, for
+:func:`~planner.uniform.batch.estimate_batch`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from planner import cost
+from planner.cost.layer import LayerCost
+from planner.cost.step import (
+    StageCost,
+    StageRun,
+    optimizer_params,
+    stage_state_bytes,
+    stage_sync,
+    tied_sync_s,
+    with_tied_copy,
+)
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.columns import factorize
+from planner.uniform.estimate import stage_kinds, stage_weights, tied_copy
+
+LAYER_FIELDS = tuple(f.name for f in fields(LayerCost))
+"""The per-microbatch costs of a layer, in the order a batch's layer table keeps them."""
+
+Split = tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]
+"""A layer split's runs of equal stages: (first stage, stages, layer kinds and counts)."""
+
+
+def split_layers(x: Any, r: int) -> tuple[int, ...]:
+    """Configuration ``r``'s decoder layers per stage, from the derived columns ``x``."""
+    pp = int(x.pp[r])
+    if pp == 1:
+        return (int(x.first_layers[r]),)
+    return (int(x.first_layers[r]), *[int(x.middle_layers[r])] * (pp - 2), int(x.last_layers[r]))
+
+
+def stage_runs(model: ModelSpec, training: TrainingSpec, layers: tuple[int, ...]) -> Split:
+    """The runs of equal stages of a layer split, the first and the last stage alone (as the
+    step composer runs them)."""
+    stages = stage_kinds(model, training, 1, layers)
+    runs: list[tuple[int, int, tuple[tuple[str, int], ...]]] = []
+    for i, kinds in enumerate(stages):
+        if runs and 0 < i < len(stages) - 1 and runs[-1][0] > 0 and runs[-1][2] == kinds:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, kinds)
+        else:
+            runs.append((i, 1, kinds))
+    return tuple(runs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StaticCosts:
+    """What a stage run costs that no microbatch, schedule or switch changes."""
+
+    syncs: tuple[cost.DataParallelSync, ...]
+    """Each run's data-parallel traffic."""
+    state_bytes: tuple[tuple[float, float, float], ...]
+    """Each run's weights, gradients and optimizer states per device."""
+    tied_s: float
+    """The tied embedding copies' all-reduce (first and last stages)."""
+    optimizer_s: float
+    """The optimizer step of the busiest stage."""
+
+
+def static_costs(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: Any,
+    params_by_kind: dict[str, tuple[tuple[tuple[int, ...], float], ...]], split: Split, *,
+    zero: int, tp: int, pp: int,
+) -> StaticCosts:  # fmt: skip
+    """A split's runs' weights on ``stage``'s mesh, as :func:`estimate` gathers them."""
+    stages = []
+    for _, _, kinds in split:
+        params: dict[tuple[int, ...], float] = {}
+        for kind, count in kinds:
+            for axes, n in params_by_kind[kind]:
+                params[axes] = params.get(axes, 0.0) + n * count
+        stages.append(StageCost(time=LayerCost.zero(), weights=stage_weights(params, stage),
+                                zero=zero))  # fmt: skip
+    tied = tied_copy(model, stage, tp=tp, pp=pp)
+    stages = with_tied_copy(stages, tied)
+    precision = training.precision
+    return StaticCosts(
+        syncs=tuple(stage_sync(s.weights, zero, cluster, precision) for s in stages),
+        state_bytes=tuple(stage_state_bytes(s.weights, zero, precision) for s in stages),
+        tied_s=tied_sync_s(cluster, tied, precision),
+        optimizer_s=cost.optimizer_step_s(
+            cluster.device, precision, params=max(optimizer_params(s.weights, zero)
+                                                  for s in stages)),
+    )  # fmt: skip
+
+
+def run_costs(
+    split: Split, by_kind: dict[str, np.ndarray], static: list[StaticCosts], static_of: np.ndarray,
+    layer_of: np.ndarray, recompute: np.ndarray, sends: np.ndarray,
+) -> list[StageRun]:  # fmt: skip
+    """A group's stage runs, each number an array over the group's configurations."""
+    used_rows, local = factorize(static_of)
+    used = static_of[used_rows]
+    last = split[-1][0] + split[-1][1] - 1
+    runs = []
+    for j, (first, count, kinds) in enumerate(split):
+        time = LayerCost.zero()
+        for kind, n in kinds:
+            values = by_kind[kind][layer_of, recompute]
+            one = LayerCost(**{f: values[:, i] for i, f in enumerate(LAYER_FIELDS)})
+            time = time + one.scaled(n)
+        sync = np.array([[getattr(static[u].syncs[j], f.name) for f in
+                          fields(cost.DataParallelSync)] for u in used])[local]  # fmt: skip
+        held = np.array([static[u].state_bytes[j] for u in used])[local]
+        tied = np.array([static[u].tied_s for u in used])[local]
+        runs.append(StageRun(
+            time=time.with_pipeline_comm(sends),
+            sync=cost.DataParallelSync(**{f.name: sync[:, i] for i, f in
+                                          enumerate(fields(cost.DataParallelSync))}),
+            state_bytes=(held[:, 0], held[:, 1], held[:, 2]),
+            first=first, count=count, tied_s=tied if first in (0, last) else 0.0,
+        ))  # fmt: skip
+    return runs
