@@ -15,9 +15,11 @@ from planner.plan.schema import Plan
 from planner.search.targets import solve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import load_cluster, load_model
+from planner.uniform.batch import BatchEstimate, estimate_batch
 from planner.uniform.estimate import Estimate, estimate
 
 __all__ = [
+    "BatchEstimate",
     "ClusterSpec",
     "ConfigError",
     "Estimate",
@@ -33,6 +35,7 @@ __all__ = [
     "SolverError",
     "TrainingSpec",
     "estimate",
+    "estimate_batch",
     "load_cluster",
     "load_model",
     "solve",

@@ -164,14 +164,11 @@ def estimate_batch(
 _KindCosts = tuple[np.ndarray, tuple[tuple[tuple[int, ...], float], ...]]
 
 
-def _kind_costs(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -> _KindCosts:
+@lru_cache(maxsize=1 << 16)
+def _kind_costs(model: ModelSpec, cluster_json: str, query: UniformQuery) -> _KindCosts:
     """A layer kind's :class:`LayerCost` fields under each recomputation mode (one row per
-    mode), and its parameters by the mesh axes holding copies; remembered per input."""
-    return _kind_costs_of(model, cluster.model_dump_json(), query)
-
-
-@lru_cache(maxsize=4096)
-def _kind_costs_of(model: ModelSpec, cluster_json: str, query: UniformQuery) -> _KindCosts:
+    mode), and its parameters by the mesh axes holding copies, on the cluster of
+    ``cluster_json``; remembered per input (a few hundred bytes each)."""
     parts = uniform_parts(model, ClusterSpec.model_validate_json(cluster_json), query)
     transformer = query.kind in ("dense", "moe")
     rows = np.array([[getattr(layer_cost(parts, mode if transformer else "none"), f)
@@ -226,6 +223,7 @@ def _price(
                            pp=int(c["pp"][r]), rank_order=orders[order[r]])
               for r in p_first]  # fmt: skip
     kinds = tuple(layer_index(model, training, 1).layers_by_kind)
+    cluster_json = cluster.model_dump_json()
     # A layer's parts: once per mesh, microbatch and kernel switches, under every mode.
     # (The mesh's strides, not the degrees: the same layer sits on many pipelines.)
     strides = np.array([[s.mesh.stride(a) for a in range(3)] for s in placed])[p_of]
@@ -245,7 +243,7 @@ def _price(
                                  tp_comm_overlap=bool(flags["tp_comm_overlap"][r]),
                                  strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
             try:
-                costs, weights = _kind_costs(model, cluster, query)
+                costs, weights = _kind_costs(model, cluster_json, query)
             except ConfigError:  # an operator the mesh does not split evenly
                 unsplit[u] = True
                 break

@@ -161,6 +161,10 @@ def placed_stage(
         strides = (s["cp"] * context, s["cp"], s["tp"])
     replicas = dp // layout.data_ways
     row_major = (context * tensor, tensor, 1)
+    # An axis of one rank has no neighbours: its stride is moot, and left row-major the same
+    # layer on other pipelines (or rank orders) is the same layer to price.
+    strides = tuple(r if n == 1 else s for s, r, n in zip(strides, row_major, layout.shape,
+                                                          strict=True))  # fmt: skip
     mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
     return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
                         replica_stride=s["dp"] * layout.data_ways, rank_order=ranks)
