@@ -60,7 +60,8 @@ def candidates(
     gbs = training.global_batch_size
     flops = cost.executed_training_flops(model, training, 1,
                                          flash_attention=options.flash_attention)  # fmt: skip
-    max_nodes = options.max_mesh_nodes or (2 if model.moe else 1)
+    wide_domain = cluster.scale_up_devices > per_node  # nodes joined by NVLink (NVL72)
+    max_nodes = options.max_mesh_nodes or (2 if model.moe or wide_domain else 1)
     out = []
     for replicas in divisors(n_dev):
         devices = n_dev // replicas
