@@ -29,6 +29,12 @@ class SearchState:
     reused by every candidate that needs the same layer."""
     reuses: int = 0
     """Frontier lookups answered without solving."""
+    priced: dict[tuple[str, tuple[int, int], int, int, int, bool], list[LayerOption]] = field(
+        default_factory=dict
+    )
+    """Frontiers priced as layer options by (layer kind, mesh, mesh microbatch, replicas,
+    microbatches, pipelined): every candidate that differs from another only in its
+    schedule is offered the same options (:func:`kind_options`)."""
     least: tuple[float, Candidate] | None = None
     """The least per-device bytes any candidate's plans need, and that candidate: kept so
     that, when nothing fits, the error can say by how much."""
@@ -106,6 +112,18 @@ def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOptio
     and ZeRO stage; with a pipeline, ZeRO-2 and 3 are left out, as DeepSpeed and
     Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline). Transformer
     layers whose sharding no framework can launch (:func:`launchable`) are left out too."""
+    key = (kind, c.mesh, c.mesh_micro_batch_size, c.replicas, c.num_microbatches,
+           c.num_stages > 1)  # fmt: skip
+    if key in ctx.state.priced:
+        ctx.state.reuses += 1  # the frontier's reuse, as kind_solutions counts it
+    else:
+        ctx.state.priced[key] = _priced(ctx, kind, c)
+    return list(ctx.state.priced[key])
+
+
+def _priced(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOption]:
+    """:func:`kind_options` computed: everything in it depends on ``c`` only through the
+    key it is kept under."""
     sync = SyncContext(mesh=LogicalMesh(c.mesh), replicas=c.replicas,
                        num_microbatches=c.num_microbatches, precision=ctx.training.precision,
                        overlap_grad_reduce=ctx.options.overlap_grad_reduce,
