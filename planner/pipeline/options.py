@@ -179,21 +179,14 @@ def stage_table(
     latency = np.full((p, n + 1, n + 1), np.inf)
     choice = np.full((p, n + 1, n + 1), -1, dtype=np.int64)
     memory = np.full((p, n + 1, n + 1), np.inf)
+    # A stage's extras decide which choices it weighs and their latencies; only its memory
+    # depends on the microbatches it holds, so the columns are built once per set of extras.
+    columns: dict[tuple[str, ...], _Columns] = {}
     for i in range(p):
-        extras = [kind for kind, on in (("embedding", i == 0), ("head", i == p - 1)) if on]
-        best_lat = np.full(len(vectors), np.inf)
-        best_choice = np.full(len(vectors), -1, dtype=np.int64)
-        least_mem = np.full(len(vectors), np.inf)
-        for c, stage in enumerate(choices):
-            if not _relevant(stage, extras, options):
-                continue  # differs from another choice only in an extra this stage lacks
-            lat, mem = _totals(stage, names, vectors, extras, options, in_flight[i])
-            if lat is None:
-                continue
-            least_mem = np.minimum(least_mem, np.where(np.isfinite(lat), mem, np.inf))
-            better = (mem <= memory_bytes) & (lat < best_lat)
-            best_lat = np.where(better, lat, best_lat)
-            best_choice = np.where(better, c, best_choice)
+        extras = tuple(kind for kind, on in (("embedding", i == 0), ("head", i == p - 1)) if on)
+        if extras not in columns:
+            columns[extras] = _columns(choices, names, vectors, extras, options)
+        best_lat, best_choice, least_mem = columns[extras].best(in_flight[i], memory_bytes)
         latency[i, a_idx, b_idx] = best_lat[inverse] + fixed_latency_s[i]
         choice[i, a_idx, b_idx] = best_choice[inverse]
         memory[i, a_idx, b_idx] = least_mem[inverse]
@@ -254,34 +247,110 @@ def _relevant(
     return True
 
 
-def _totals(
-    stage: StageChoice,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _KindColumns:
+    """One layer kind's (or extra's) option in each choice a stage weighs, as columns."""
+
+    held: np.ndarray
+    """Whether the choice has an option of the kind."""
+    latency_s: np.ndarray
+    """The option's latency (0 where none)."""
+    state_bytes: np.ndarray
+    """Its weight states (0 where none)."""
+    kept_bytes: np.ndarray
+    """Its kept activations per in-flight microbatch (0 where none)."""
+    working_bytes: np.ndarray
+    """Its transient peak (0 where none)."""
+
+
+def _kind_columns(stages: Sequence[StageChoice], kind: str) -> _KindColumns:
+    """``kind``'s option in each of ``stages``, as columns."""
+    found = [stage.options.get(kind) for stage in stages]
+
+    def column(field: str) -> np.ndarray:
+        return np.array([0.0 if o is None else getattr(o, field) for o in found], dtype=float)
+
+    return _KindColumns(held=np.array([o is not None for o in found], dtype=bool),
+                        latency_s=column("latency_s"), state_bytes=column("state_bytes"),
+                        kept_bytes=column("kept_bytes"),
+                        working_bytes=column("working_bytes"))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Columns:
+    """The choices a stage with some extras weighs, priced for every count vector: rows are
+    choices, columns count vectors. Each number is computed as the sum for one choice would
+    be, term by term in the same order, so the table is the same to the last bit."""
+
+    index: np.ndarray
+    """Each row's index into the stage table's choices, in their order."""
+    vectors: np.ndarray
+    """The distinct kind-count vectors (:func:`_count_vectors`)."""
+    kinds: tuple[_KindColumns, ...]
+    """Each layer kind's options, in the order of the vectors' columns."""
+    extras: tuple[_KindColumns, ...]
+    """Each extra's options (embedding, head) the stage holds."""
+    latency_s: np.ndarray
+    """Per-microbatch seconds (inf where the choice lacks a kind the range holds)."""
+    working_bytes: np.ndarray
+    """The transient peak of the kinds the range holds."""
+
+    def memory_bytes(self, in_flight: float) -> np.ndarray:
+        """Bytes a device needs holding ``in_flight`` microbatches."""
+        mem = np.zeros(self.latency_s.shape)
+        for k, kind in enumerate(self.kinds):
+            per_layer = kind.state_bytes + in_flight * kind.kept_bytes
+            added = mem + self.vectors[:, k] * per_layer[:, None]
+            mem = np.where(kind.held[:, None], added, mem)
+        for extra in self.extras:
+            added = mem + (extra.state_bytes + in_flight * extra.kept_bytes)[:, None]
+            mem = np.where(extra.held[:, None], added, mem)
+        return mem + self.working_bytes
+
+    def best(
+        self, in_flight: float, memory_bytes: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per count vector: the least latency of a choice that fits (inf: none), the first
+        choice with it (-1: none), and the least memory of any choice that runs (inf: none)."""
+        width = self.latency_s.shape[1]
+        if len(self.index) == 0:
+            nothing = np.full(width, np.inf)
+            return nothing, np.full(width, -1, dtype=np.int64), nothing.copy()
+        mem = self.memory_bytes(in_flight)
+        lat = self.latency_s
+        fitting = np.where((mem <= memory_bytes) & (lat < np.inf), lat, np.inf)
+        first = np.argmin(fitting, axis=0)  # the first of equals, as a scan keeping "<" would
+        best_lat = fitting[first, np.arange(width)]
+        best_choice = np.where(np.isfinite(best_lat), self.index[first], -1)
+        least_mem = np.where(np.isfinite(lat), mem, np.inf).min(axis=0)
+        return best_lat, best_choice, least_mem
+
+
+def _columns(
+    choices: Sequence[StageChoice],
     names: Sequence[str],
     vectors: np.ndarray,
     extras: Sequence[str],
     options: Mapping[str, Sequence[LayerOption]],
-    in_flight: float,
-) -> tuple[np.ndarray | None, np.ndarray]:
-    """Latency and memory of ``stage`` for every count vector (infinite latency where the
-    stage holds a kind the choice has no option for; None if it lacks an extra it needs)."""
-    lat = np.zeros(len(vectors))
-    mem = np.zeros(len(vectors))
-    working = np.zeros(len(vectors))
-    for k, kind in enumerate(names):
-        option = stage.options.get(kind)
+) -> _Columns:
+    """The choices a stage holding ``extras`` weighs: those that represent their kind
+    (:func:`_relevant`) and have an option for each extra that has any."""
+    index = [c for c, stage in enumerate(choices)
+             if _relevant(stage, extras, options)
+             and all(kind in stage.options or not options.get(kind) for kind in extras)]
+    stages = [choices[c] for c in index]
+    kinds = tuple(_kind_columns(stages, kind) for kind in names)
+    lat = np.zeros((len(stages), len(vectors)))
+    working = np.zeros((len(stages), len(vectors)))
+    for k, kind in enumerate(kinds):
         present = vectors[:, k] > 0
-        if option is None:
-            lat[present] = np.inf  # stages holding this kind cannot use the choice
-            continue
-        lat += vectors[:, k] * option.latency_s
-        mem += vectors[:, k] * (option.state_bytes + in_flight * option.kept_bytes)
-        working = np.where(present, np.maximum(working, option.working_bytes), working)
-    for kind in extras:
-        option = stage.options.get(kind)
-        if option is None:
-            if options.get(kind):
-                return None, mem
-            continue
-        lat += option.latency_s
-        mem += option.state_bytes + in_flight * option.kept_bytes
-    return lat, mem + working
+        added = lat + vectors[:, k] * kind.latency_s[:, None]
+        # A choice without an option of this kind cannot run a range that holds it.
+        lat = np.where(kind.held[:, None], added, np.where(present, np.inf, lat))
+        held = kind.held[:, None] & present
+        working = np.where(held, np.maximum(working, kind.working_bytes[:, None]), working)
+    priced_extras = tuple(_kind_columns(stages, kind) for kind in extras)
+    for extra in priced_extras:
+        lat = np.where(extra.held[:, None], lat + extra.latency_s[:, None], lat)
+    return _Columns(index=np.array(index, dtype=np.int64), vectors=vectors, kinds=kinds,
+                    extras=priced_extras, latency_s=lat, working_bytes=working)  # fmt: skip
