@@ -157,6 +157,19 @@ def test_nodes_resizes_the_cluster() -> None:
     assert printed == expected
 
 
+def test_a_command_that_draws_nothing_loads_no_plotting_or_fitting_library() -> None:
+    """matplotlib and scipy load only when a command draws or fits: importing them costs
+    every other command 0.8 s of its start (``estimate`` starts in 0.6 s, not 1.4 s)."""
+    script = ("import sys\nfrom planner.cli import main\ntry:\n    main()\nexcept SystemExit:\n"
+              "    pass\nprint(sorted(m for m in ('matplotlib', 'scipy') if m in sys.modules),"
+              " file=sys.stderr)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, "estimate", GPT3, A100, "--tp", "8",
+                           "--pp", "16", "--json"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert json.loads(done.stdout)["num_devices"] == 1024, done.stderr
+    assert done.stderr.strip() == "[]"
+
+
 # --------------------------------------------------------------------------- info, schema
 
 

@@ -13,7 +13,6 @@ from planner.cli.messages import format_message, wrap
 from planner.cli.progress import search_bars
 from planner.errors import InputError
 from planner.report.output import check_folder, check_target
-from planner.report.sweep_figures import check_heatmap_axes, write_sweep_report
 from planner.spec.messages import short_repr
 from planner.sweep import (
     MAX_POINTS,
@@ -58,6 +57,8 @@ def sweep_cmd(
     check_target(out, inputs=(sweep_file,))
     if report is not None:
         check_folder(report, option="--report")  # before the sweep, not after hours of it
+        # matplotlib loads only when pictures are asked (0.8 s off every other command)
+        from planner.report.sweep_figures import check_heatmap_axes, write_sweep_report
     sweep = read_sweep(sweep_file)
     heatmap_axes = None if heatmap is None else check_heatmap_axes(
         list(sweep.axes), [axis.strip() for axis in heatmap.split(",")])  # fmt: skip

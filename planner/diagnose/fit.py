@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from planner.diagnose.runs import CalibrationRun
 from planner.spec import AttentionEfficiency, ClusterSpec, GemmEfficiency
@@ -139,6 +138,8 @@ def fit_knobs(
     """The values of the knobs ``names`` that minimise a robust sum of squared log errors of
     ``runs`` (scipy's trust-region least squares with a soft-L1 loss of scale
     :data:`ROBUST_SCALE`), starting from the clusters' own values. Deterministic."""
+    from scipy.optimize import least_squares  # scipy loads only when a fit runs
+
     start = current_values(next(iter(clusters.values())), names)
 
     def to_x(values: Mapping[str, float]) -> np.ndarray:
