@@ -68,15 +68,29 @@ def index_layers(graph: nx.DiGraph) -> LayerIndex:
     )
 
 
-# Validating MPT's 78 FSDP runs asks for 77 graphs: an LRU smaller than one pass lowers every
-# graph again on every pass (calibrate's fit makes many). An entry holds 0.6 MB for a typical
-# model, 2.4 MB for the largest bundled ones.
-@lru_cache(maxsize=256)
 def lowered(
     model: ModelSpec, training: TrainingSpec, micro_batch_size: int
 ) -> tuple[nx.DiGraph, LayerIndex]:
     """The operator graph and its layer index, computed once per input: the estimator and the
-    search ask for the same model again and again. Callers must not modify the graph."""
+    search ask for the same model again and again. Callers must not modify the graph.
+
+    The graph does not depend on the global batch (only on the microbatch, the sequence and
+    the precision), so runs that differ only in it share one graph."""
+    return _lowered(model, _per_microbatch(training), micro_batch_size)
+
+
+def _per_microbatch(training: TrainingSpec) -> TrainingSpec:
+    """``training`` with the global batch left out (set to 1): what a graph depends on."""
+    return training.model_copy(update={"global_batch_size": 1})
+
+
+# Validating MPT's FSDP runs and the calibration runs asks for 78 graphs: an LRU smaller than
+# a pass lowers every graph again on every pass (calibrate's fit makes many). An entry holds
+# 0.6 MB for a typical model, 2.4 MB for the largest bundled ones.
+@lru_cache(maxsize=128)
+def _lowered(
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int
+) -> tuple[nx.DiGraph, LayerIndex]:
     graph = lower(model, training, micro_batch_size=micro_batch_size)
     return graph, index_layers(graph)
 
@@ -84,7 +98,12 @@ def lowered(
 def forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> float:
     """Model FLOPs of one microbatch's forward pass through the whole model (the one count
     that model FLOP/s, MFU and the search's bounds are made of)."""
-    index = lowered(model, training, micro_batch_size)[1]
+    return _forward_flops(model, _per_microbatch(training), micro_batch_size)
+
+
+@lru_cache(maxsize=128)
+def _forward_flops(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> float:
+    index = _lowered(model, training, micro_batch_size)[1]
     return sum(op.flops for ops in index.ops_by_layer.values() for op in ops)
 
 
