@@ -24,6 +24,7 @@ from planner.uniform.remedies import (
     leanest_uniform,
     nodes_to_fit,
 )
+from planner.uniform.space import branch_leanest, branch_space
 from tests.test_cli import A100, GPT3, _assert_one_line_error, _run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,6 +198,23 @@ def test_leanest_uniform_is_the_least_of_the_whole_grid(
             continue
     assert least[0] == min(peaks)
     assert estimate(gpt3, one_node, least[1]).peak_memory_gib == least[0]
+
+
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed", "torchtitan", "any"])
+@pytest.mark.parametrize(("model_file", "nodes"), [("llama3-8b", 1), ("mixtral-8x7b", 4)])
+def test_branch_leanest_is_branch_space_leanest(model_file: str, nodes: int,
+                                                framework: str) -> None:  # fmt: skip
+    """Each branch's leanest found leanest first is the one the whole branch space gives, its
+    overlap flags as the framework launches it."""
+    model = load_model(REPO / "instances" / "models" / f"{model_file}.json")
+    cluster = load_cluster(REPO / "instances" / "clusters" / "dgx-h100-80gb.json", nodes)
+    options = SolveOptions(framework=framework, global_batch_size=64, overlap_grad_reduce=True,
+                           overlap_param_gather=True)  # fmt: skip
+    training = training_of(model, options)
+    whole = [leanest for leanest, _ in branch_space(model, cluster, training=training,
+                                                    options=options)]  # fmt: skip
+    assert len(whole) > 5  # branches with and without a pipeline
+    assert branch_leanest(model, cluster, training=training, options=options) == whole
 
 
 def test_nodes_to_fit_is_brute_force(gpt3: ModelSpec, one_node: ClusterSpec) -> None:

@@ -14,7 +14,7 @@ from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.estimate import estimate
 from planner.uniform.remedies import describe, describe_leanest, infeasible_message
-from planner.uniform.space import branch_groups, branch_space, branches, run_config
+from planner.uniform.space import branch_groups, branch_leanest, branches, run_config
 from planner.vocabulary import GIB
 
 
@@ -100,7 +100,7 @@ def _pins_in_the_way(
     out = []
     for name, value in options.pins.given().items():
         freed = replace(options, pins=replace(options.pins, **{name: None}))
-        for leanest, _ in branch_space(model, cluster, training=training, options=freed):
+        for leanest in branch_leanest(model, cluster, training=training, options=freed):
             try:
                 result = estimate(model, cluster, leanest)
             except ConfigError:

@@ -153,7 +153,7 @@ def leanest_uniform(
 ) -> tuple[float, ParallelConfig] | None:
     """The least peak memory per device (GiB) of any uniform configuration the grid considers,
     and the configuration; None when none divides. Only each branch's leanest is priced (see
-    :func:`~planner.uniform.space.branch_space`)."""
+    :func:`~planner.uniform.space.branch_leanest`)."""
     priced = _leanest_priced(model, cluster, training, options)
     if not priced:
         return None
@@ -296,8 +296,7 @@ def _leanest_priced(
 ) -> list[_Lean]:
     """Each branch's leanest configuration that divides, priced (in one batch:
     :func:`~planner.uniform.batch.estimate_batch`)."""
-    configs = [c for c, _ in space.branch_space(model, cluster, training=training,
-                                                 options=options)]  # fmt: skip
+    configs = space.branch_leanest(model, cluster, training=training, options=options)
     if not configs:
         return []
     columns = estimate_batch(model, cluster, configs).columns

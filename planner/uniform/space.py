@@ -258,6 +258,24 @@ def branch_space(
     return space
 
 
+def branch_leanest(
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
+) -> list[ParallelConfig]:
+    """Each branch's leanest configuration, as :func:`branch_space` gives it, without the
+    rest of its groups: a branch's configurations are tried leanest first and the first the
+    framework launches is the branch's (no two of them are equally lean). What needs only the
+    leanest (:mod:`planner.uniform.remedies`) asks here."""
+    out = []
+    for branch in branches(model, cluster, training=training, pins=options.pins):
+        groups = branch_groups(branch, model, training=training, options=options)
+        for config in sorted((c for group in groups for c in group), key=_leanness):
+            if (launched := launched_variant(config, model, cluster=cluster,
+                                             options=options)) is not None:  # fmt: skip
+                out.append(launched)
+                break
+    return out
+
+
 def launched_variant(
     config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, options: SolveOptions
 ) -> ParallelConfig | None:
