@@ -286,11 +286,14 @@ def test_a_ray_cluster_that_cannot_be_joined_is_one_line(
     assert not (tmp_path / "r.parquet").exists()
 
 
-def test_the_command_prints_what_it_did(tmp_path: Path) -> None:
-    """The summary at 80 columns: points, failures, skips, the best point by step time."""
+def test_the_command_prints_what_it_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary at 80 columns: points, failures, skips, the best point by step time. Run
+    in the scratch folder with relative paths, so that no line's length depends on where the
+    folder is (a pytest-xdist worker's is 10 characters deeper)."""
     sweep_file(tmp_path, '"cluster.num_nodes" = [1, 2]\n')
-    out = tmp_path / "r.parquet"
-    code, stdout, _ = planner_cli("sweep", tmp_path / "sweep.toml", "--out", out)
+    monkeypatch.chdir(tmp_path)
+    out = Path("r.parquet")
+    code, stdout, _ = planner_cli("sweep", "sweep.toml", "--out", out)
     assert code == 0
     best = pq.read_table(out).to_pylist()[1]
     lines = stdout.splitlines()
