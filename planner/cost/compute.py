@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.graph import lowered
 from planner.graph.ops import Op, Tensor
@@ -178,11 +179,13 @@ def executed_flops(op: Op, *, flash_attention: bool, devices: int = 1) -> Execut
 # --------------------------------------------------------------------------- communication
 
 
+@lru_cache(maxsize=256)
 def executed_training_flops(
     model: ModelSpec, training: TrainingSpec, micro_batch_size: int, *, flash_attention: bool
 ) -> float:
     """FLOPs the GPUs run for one microbatch's forward and backward through the whole model
-    (:func:`executed_flops` of every op), recomputation aside."""
+    (:func:`executed_flops` of every op), recomputation aside; remembered (every estimate
+    asks, and the walk over the graph is most of a small estimate's time)."""
     index = lowered(model, training, micro_batch_size)[1]
     total = 0.0
     for ops in index.ops_by_layer.values():
