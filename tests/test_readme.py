@@ -77,13 +77,17 @@ def _shell_command(lines: list[str]) -> tuple[list[str], list[str]]:
 def _shown(readme: list[str], printed: list[str], *, masks: tuple[str, ...] = ()) -> None:
     """``printed`` is what the README shows, line for line (trailing blanks aside), where a
     README line ``...`` stands for one or more lines and each regex of ``masks`` marks a run
-    time: its first group is replaced by ``<s>`` on both sides."""
+    time: its first group is replaced by ``<s>`` on both sides. Where a line has a masked
+    run time, runs of blanks and of rules count as one: a run time one digit wider widens
+    its table's column."""
 
     def masked(line: str) -> str:
         line = line.rstrip()
         for mask in masks:
             if found := re.search(mask, line):
                 line = line[: found.start(1)] + "<s>" + line[found.end(1) :]
+        if masks:
+            line = re.sub("─+", "─", re.sub(" +", " ", line))
         return line
 
     pattern = "\n".join(r"[^\n]*(?:\n[^\n]*)*" if line == "..." else re.escape(masked(line))
