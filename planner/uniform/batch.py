@@ -56,6 +56,7 @@ from planner.uniform.columns import (
     python_value,
 )
 from planner.uniform.estimate import (
+    UniformStage,
     estimate,
     layer_index,
     pipeline_sends_s,
@@ -176,6 +177,48 @@ def _kind_costs(model: ModelSpec, cluster_json: str, query: UniformQuery) -> _Ki
     return rows, parts.weight_groups()
 
 
+_LayerTable = tuple[np.ndarray, dict[str, np.ndarray],
+                    dict[int, dict[str, tuple[tuple[tuple[int, ...], float], ...]]], np.ndarray]
+
+
+def _layer_table(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: dict[str, np.ndarray],
+    placed: list[UniformStage], p_of: np.ndarray, sp: np.ndarray, ulysses: np.ndarray,
+    flags: dict[str, np.ndarray],
+) -> _LayerTable:  # fmt: skip
+    """Each distinct layer's costs, once per mesh, microbatch and kernel switch, under every
+    recomputation mode: (each row's layer, the costs by kind as
+    ``[layer, mode, field]``, the parameters by layer and kind, which layers' meshes do not
+    split an operator evenly)."""
+    kinds = tuple(layer_index(model, training, 1).layers_by_kind)
+    cluster_json = cluster.model_dump_json()
+    # (The mesh's strides, not the degrees: the same layer sits on many pipelines.)
+    strides = np.array([[s.mesh.stride(a) for a in range(3)] for s in placed])[p_of]
+    l_first, l_of = factorize(c["tp"], c["cp"], c["ep"], sp, ulysses, *strides.T,
+                               c["mbs"], flags["flash_attention"],
+                               flags["tp_comm_overlap"])  # fmt: skip
+    by_kind = {k: np.zeros((len(l_first), len(RECOMPUTE_MODES), len(LAYER_FIELDS)))
+               for k in kinds}  # fmt: skip
+    params_of: dict[int, dict[str, tuple[tuple[tuple[int, ...], float], ...]]] = {}  # by layer
+    unsplit = np.zeros(len(l_first), dtype=bool)
+    for u, r in enumerate(l_first):
+        stage = placed[p_of[r]]
+        for kind in kinds:
+            query = UniformQuery(kind=kind, layout=stage.layout, micro_batch_size=int(c["mbs"][r]),
+                                 seq_length=training.seq_length, precision=training.precision,
+                                 flash_attention=bool(flags["flash_attention"][r]),
+                                 tp_comm_overlap=bool(flags["tp_comm_overlap"][r]),
+                                 strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
+            try:
+                costs, weights = _kind_costs(model, cluster_json, query)
+            except ConfigError:  # an operator the mesh does not split evenly
+                unsplit[u] = True
+                break
+            params_of.setdefault(u, {})[kind] = weights
+            by_kind[kind][u] = costs
+    return l_of, by_kind, params_of, unsplit
+
+
 def _price(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cols: dict[str, np.ndarray],
     rows: np.ndarray, out: dict[str, np.ndarray], refused: np.ndarray,
@@ -222,33 +265,8 @@ def _price(
                            sp=bool(sp[r]), ulysses=bool(ulysses[ok][r]), dp=int(dp[r]),
                            pp=int(c["pp"][r]), rank_order=orders[order[r]])
               for r in p_first]  # fmt: skip
-    kinds = tuple(layer_index(model, training, 1).layers_by_kind)
-    cluster_json = cluster.model_dump_json()
-    # A layer's parts: once per mesh, microbatch and kernel switches, under every mode.
-    # (The mesh's strides, not the degrees: the same layer sits on many pipelines.)
-    strides = np.array([[s.mesh.stride(a) for a in range(3)] for s in placed])[p_of]
-    l_first, l_of = factorize(c["tp"], c["cp"], c["ep"], sp, ulysses[ok], *strides.T,
-                               c["mbs"], flags["flash_attention"],
-                               flags["tp_comm_overlap"])  # fmt: skip
-    by_kind = {k: np.zeros((len(l_first), len(RECOMPUTE_MODES), len(LAYER_FIELDS)))
-               for k in kinds}  # fmt: skip
-    params_of: dict[int, dict[str, tuple[tuple[tuple[int, ...], float], ...]]] = {}  # by layer
-    unsplit = np.zeros(len(l_first), dtype=bool)
-    for u, r in enumerate(l_first):
-        stage = placed[p_of[r]]
-        for kind in kinds:
-            query = UniformQuery(kind=kind, layout=stage.layout, micro_batch_size=int(c["mbs"][r]),
-                                 seq_length=training.seq_length, precision=training.precision,
-                                 flash_attention=bool(flags["flash_attention"][r]),
-                                 tp_comm_overlap=bool(flags["tp_comm_overlap"][r]),
-                                 strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
-            try:
-                costs, weights = _kind_costs(model, cluster_json, query)
-            except ConfigError:  # an operator the mesh does not split evenly
-                unsplit[u] = True
-                break
-            params_of.setdefault(u, {})[kind] = weights
-            by_kind[kind][u] = costs
+    table = _layer_table(model, cluster, training, c, placed, p_of, sp, ulysses[ok], flags)
+    l_of, by_kind, params_of, unsplit = table
     if unsplit.any():  # refused as estimate refuses them; price the rest
         bad = unsplit[l_of]
         refused[rows[bad]] = len(RULES)
@@ -262,8 +280,8 @@ def _price(
     # Per stage run: data-parallel traffic, state bytes; per configuration the optimizer.
     z_first, static_of = factorize(p_of, split_of, c["zero"])
     static = [static_costs(model, cluster, training, placed[p_of[r]], params_of[int(l_of[r])],
-                      splits[split_of[r]], zero=int(c["zero"][r]), tp=int(c["tp"][r]),
-                      pp=int(c["pp"][r])) for r in z_first]  # fmt: skip
+                           splits[split_of[r]], zero=int(c["zero"][r]), tp=int(c["tp"][r]),
+                           pp=int(c["pp"][r])) for r in z_first]  # fmt: skip
     sends_first, sends_of = factorize(p_of, c["mbs"], c["vpp"])
     sends = np.array([pipeline_sends_s(model, cluster, placed[p_of[r]], mbs=int(c["mbs"][r]),
                                        training=training, cp=int(c["cp"][r]),
@@ -285,7 +303,7 @@ def _price(
         schedule: ScheduleName = ("gpipe" if gpipe[ok][r0] else
                                   "interleaved" if interleaved[r0] else "1f1b")  # fmt: skip
         runs = run_costs(splits[split_of[r0]], by_kind, static, static_of[g_rows],
-                     l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]])  # fmt: skip
+                         l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]])  # fmt: skip
         knobs = PipelineKnobs(
             num_microbatches=x.num_microbatches[g_rows],
             vpp=c["vpp"][g_rows] if schedule == "interleaved" else 1,  # type: ignore[arg-type]
