@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import planner
+from planner.cost import in_flight_microbatches
 from planner.errors import ConfigError, InputError
 from planner.plan.config import ParallelConfig
 from planner.plan.divisibility import RULES
@@ -156,3 +157,15 @@ def test_unknown_field_is_refused():
     cluster = planner.load_cluster(ROOT / "instances/clusters/dgx-a100-80gb.json")
     with pytest.raises(InputError, match="no configuration field 'tensor_parallel'"):
         estimate_batch(model, cluster, {"tensor_parallel": np.array([8])})
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "gpipe"])
+def test_a_later_stage_never_holds_more(schedule: str) -> None:
+    """The step composer takes a run of equal stages' peak memory at its first stage
+    (``cost.step.step_totals``): no schedule keeps more microbatches on a later stage."""
+    for pp in range(1, 33):
+        for vpp in (1, 2, 3, 4) if schedule == "interleaved" else (1,):
+            for m in (1, 2, 3, pp, 2 * pp, 5 * pp + 1):
+                held = [in_flight_microbatches(schedule, stage=i, pp=pp, vpp=vpp,
+                                               num_microbatches=m) for i in range(pp)]
+                assert held == sorted(held, reverse=True), (pp, vpp, m, held)
