@@ -37,7 +37,7 @@ from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan
 from planner.report.bands import with_band
 from planner.spec.reading import load_cluster, load_model
-from planner.uniform import remedies
+from planner.uniform import leanest, remedies
 from tests.conftest import CALIBRATION_RUNS, REPO, needs_shared
 
 WIDTHS = (80, 120)
@@ -460,15 +460,15 @@ def test_plan_from_json_names_what_the_file_is() -> None:
 
 def test_the_ways_out_of_a_search_are_the_clauses_remedies_yields() -> None:
     """:mod:`planner.cli.messages` lists exactly the clauses of
-    :func:`~planner.uniform.remedies.infeasible_message` after its head (each starts with one
+    :func:`~planner.uniform.leanest.infeasible_message` after its head (each starts with one
     of ``WAY_OUT``): a new kind of clause in remedies fails here, not in the user's terminal."""
     model, cluster = load_model(REPO / GPT3), load_cluster(REPO / A100, 1)
     options = SolveOptions()
     training = training_of(model, options)
-    message = remedies.infeasible_message(model, cluster, training, options,
+    message = leanest.infeasible_message(model, cluster, training, options,
                                           searched="no plan", least_gib=371.1,
                                           leanest="the leanest")  # fmt: skip
-    clauses = list(remedies._ways_out(model, cluster, training, options, 371.1))
+    clauses = list(leanest._ways_out(model, cluster, training, options, 371.1))
     head, sections = split_ways_out(message)
     assert [s.heading for s in sections] == [None]
     assert sections[0].items == clauses and len(clauses) == 3

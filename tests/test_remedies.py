@@ -15,14 +15,12 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.estimate import estimate
+from planner.uniform.leanest import infeasible_message, leanest_uniform, nodes_to_fit
 from planner.uniform.remedies import (
     OFFLOAD,
     Remedy,
     config_infeasible_message,
     config_remedies,
-    infeasible_message,
-    leanest_uniform,
-    nodes_to_fit,
 )
 from planner.uniform.space import branch_leanest, branch_space
 from tests.test_cli import A100, GPT3, _assert_one_line_error, _run

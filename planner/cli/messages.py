@@ -25,7 +25,7 @@ WAY_OUT = re.compile(
     r"a uniform configuration fits:|add nodes:|more nodes alone do not help|"
     r"optimizer offload to the CPU|a shorter sequence|the pin --\S+ \S+ prevents a fit:"
 )
-"""How each way out of :func:`planner.uniform.remedies.infeasible_message` (and each pin in
+"""How each way out of :func:`planner.uniform.leanest.infeasible_message` (and each pin in
 the way, :mod:`planner.uniform.failure`) starts its clause."""
 HEADINGS = ("would fit", "would not fit")
 """The lists of :func:`planner.uniform.remedies.config_infeasible_message`."""

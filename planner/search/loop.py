@@ -61,7 +61,7 @@ from planner.search.space import (
 )
 from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.remedies import infeasible_message
+from planner.uniform.leanest import infeasible_message
 from planner.vocabulary import GIB, schedule_name
 
 

@@ -11,7 +11,7 @@ The plan's ``solver.configurations`` counts the configurations priced: those the
 refused as not dividing (the batch over ``dp x mbs``, interleaving's microbatches over ``pp``)
 are not counted, and the winner's re-pricing as a plan is not either. ``solver.time_s`` is the
 wall time of the whole search. When nothing fits, the error gives the least memory per device
-and what would fit (:func:`planner.uniform.remedies.infeasible_message`).
+and what would fit (:func:`planner.uniform.leanest.infeasible_message`).
 """
 
 from __future__ import annotations

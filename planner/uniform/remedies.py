@@ -3,10 +3,10 @@
 - One configuration (``planner estimate``): :func:`config_remedies` prices each single change a
   Megatron-LM or DeepSpeed user would try (for each knob the mildest setting that fits, else
   its leanest), and all of them at once when none fits alone.
-- A search that found nothing (``planner solve``): :func:`infeasible_message` says by how much
-  the least memory any plan needs is over the device, and what would fit: the uniform space
-  when the search was narrower, more nodes (:func:`nodes_to_fit`), optimizer offload, a shorter
-  sequence.
+- A search that found nothing (``planner solve``):
+  :func:`planner.uniform.leanest.infeasible_message` says by how much the least memory any
+  plan needs is over the device, and what would fit: the uniform space when the search was
+  narrower, more nodes, optimizer offload, a shorter sequence.
 
 Every number is an :func:`~planner.uniform.estimate.estimate`'s, and fit is its test: the peak
 memory per device, the device's reserved memory included, within the device's memory. Optimizer
@@ -17,23 +17,18 @@ the PCIe traffic) is not priced.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from planner import cost
 from planner.errors import ConfigError
-from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform import space
-from planner.uniform.batch import estimate_batch
 from planner.uniform.estimate import Estimate, estimate
 from planner.vocabulary import GIB, RECOMPUTE_MODES
 
 MAX_NODE_FACTOR = 64
 """More nodes are tried up to this multiple of the cluster's (x2, x4, ...)."""
-SEQUENCE_HALVINGS = 3
-"""A shorter sequence is tried down to the run's halved this many times."""
 OFFLOAD = 'DeepSpeed "offload_optimizer": {"device": "cpu"}'
 """ZeRO-Offload's switch, in the ``zero_optimization`` block of a DeepSpeed config."""
 _FLAGS = ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers", "last_stage_layers", "sp", "mbs",
@@ -121,7 +116,7 @@ def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConf
     optimizer_gib = base.memory.optimizer_gib
     offloaded_gib = base.peak_memory_gib - optimizer_gib
     remedies.append(Remedy(
-        change=OFFLOAD, memory_gib=offloaded_gib, fits=_fits_gib(cluster, offloaded_gib),
+        change=OFFLOAD, memory_gib=offloaded_gib, fits=fits_gib(cluster, offloaded_gib),
         note=f"ZeRO-Offload (ZeRO >= 1): {optimizer_gib:.1f} GiB of optimizer states and the "
         "Adam step on the CPU; its time is not priced",
     ))  # fmt: skip
@@ -146,165 +141,6 @@ def config_infeasible_message(
                   for r in remedies if r.fits == fits]  # fmt: skip
         line += f"; {heading}: {', '.join(listed)}" if listed else ""
     return line
-
-
-def leanest_uniform(
-    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
-) -> tuple[float, ParallelConfig] | None:
-    """The least peak memory per device (GiB) of any uniform configuration the grid considers,
-    and the configuration; None when none divides. Only each branch's leanest is priced (see
-    :func:`~planner.uniform.space.branch_leanest`)."""
-    priced = _leanest_priced(model, cluster, training, options)
-    if not priced:
-        return None
-    lean = min(priced, key=lambda p: p.peak_memory_gib)
-    return lean.peak_memory_gib, lean.config
-
-
-def nodes_to_fit(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    *,
-    training: TrainingSpec,
-    options: SolveOptions,
-    max_factor: int = MAX_NODE_FACTOR,
-) -> tuple[int, float, ParallelConfig] | None:
-    """The fewest nodes, the cluster's times 2, 4, ... up to ``max_factor``, on which some
-    uniform configuration fits: the node count, the leanest configuration there and its peak
-    memory per device (GiB); None when none of them is enough."""
-    for factor in _factors(max_factor):
-        bigger = cluster.with_nodes(cluster.num_nodes * factor)
-        found = leanest_uniform(model, bigger, training=training, options=options)
-        if found is not None and _fits_gib(bigger, found[0]):
-            return bigger.num_nodes, found[0], found[1]
-    return None
-
-
-def infeasible_message(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    options: SolveOptions,
-    *,
-    searched: str,
-    least_gib: float,
-    leanest: str,
-) -> str:
-    """One line (the CLI's ``error:``) for a search that found no plan within memory.
-
-    ``searched`` names the space as the sentence's subject (``"no uniform configuration"``),
-    ``least_gib`` is the least peak memory per device any of its plans needs, the reserved
-    memory included as :func:`estimate` counts it, and ``leanest`` says which plan needs it
-    (:func:`describe_leanest` for a uniform one). Then what would fit, priced over the uniform
-    space: that space on these devices when the search was narrower, the fewest nodes
-    (:func:`nodes_to_fit`), optimizer offload, a shorter sequence.
-    """
-    device = cluster.device
-    margin = options.margin_bytes(device.memory_gib) / GIB
-    pins = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
-    head = (f"{searched} fits {model.name} on {cluster.num_devices} x {device.name} "
-            f"({device.memory_gib:g} GiB, {device.reserved_memory_gib:g} GiB of it reserved, "
-            f"{margin:.1f} GiB kept free) at global batch {training.global_batch_size}, sequence "
-            f"{training.seq_length}{f' with {pins}' if pins else ''}; the leanest ({leanest}) "
-            f"needs {least_gib:.1f} GiB per device")  # fmt: skip
-    return "; ".join([head, *_ways_out(model, cluster, training, options, least_gib)])
-
-
-def _ways_out(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    options: SolveOptions,
-    least_gib: float,
-) -> Iterator[str]:
-    """The clauses of :func:`infeasible_message` after its head."""
-    priced = _leanest_priced(model, cluster, training, options)
-    lean = min(priced, key=lambda p: p.peak_memory_gib, default=None)
-    if lean is not None and lean.fits:
-        yield (f"a uniform configuration fits: {describe(lean.config)} needs "
-               f"{lean.peak_memory_gib:.1f} GiB (--method grid)")  # fmt: skip
-        return
-    found = nodes_to_fit(model, cluster, training=training, options=options)
-    if found is None:
-        yield (f"more nodes alone do not help up to {cluster.num_nodes * MAX_NODE_FACTOR} "
-               f"nodes")  # fmt: skip
-    else:
-        nodes, gib, config = found
-        yield (f"add nodes: on {nodes} nodes ({nodes * cluster.devices_per_node} devices) "
-               f"{describe(config)} needs {gib:.1f} GiB")  # fmt: skip
-    if lean is None:
-        return  # no uniform configuration divides: nothing to offload or shorten
-    saved_gib = lean.optimizer_gib
-    left_gib = lean.peak_memory_gib - saved_gib
-    on = "" if abs(lean.peak_memory_gib - least_gib) < 0.05 else (
-        f" on the leanest uniform configuration ({describe(lean.config)}, "
-        f"{lean.peak_memory_gib:.1f} GiB)")  # fmt: skip
-    enough = "enough" if _fits_gib(cluster, left_gib) else "not enough"
-    yield (f"optimizer offload to the CPU (DeepSpeed ZeRO-Offload){on} saves {saved_gib:.1f} "
-           f"GiB, leaving {left_gib:.1f} GiB: {enough}; the planner does not price its "
-           f"time")  # fmt: skip
-    yield _shorter_sequence(model, cluster, training, options, priced)
-
-
-def _shorter_sequence(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    training: TrainingSpec,
-    options: SolveOptions,
-    priced: Sequence[_Lean],
-) -> str:
-    """Whether a shorter sequence fits: never when what does not scale with it (weights,
-    gradients, optimizer states, reserved memory) is over the device in every uniform
-    configuration; else the longest of the run's halved up to :data:`SEQUENCE_HALVINGS`
-    times."""
-    fixed_gib = min(r.peak_memory_gib - r.activations_gib for r in priced)
-    if not _fits_gib(cluster, fixed_gib):
-        return (f"a shorter sequence would not help: weights, gradients, optimizer states and "
-                f"reserved memory alone need {fixed_gib:.1f} GiB per device in every uniform "
-                f"configuration on these devices")  # fmt: skip
-    seq = training.seq_length
-    for _ in range(SEQUENCE_HALVINGS):
-        if seq < 2:
-            break
-        seq //= 2
-        shorter = training.model_copy(update={"seq_length": seq})
-        found = leanest_uniform(model, cluster, training=shorter, options=options)
-        if found is not None and _fits_gib(cluster, found[0]):
-            return (f"a shorter sequence: at {seq} (--seq-len {seq}) {describe(found[1])} "
-                    f"needs {found[0]:.1f} GiB")  # fmt: skip
-    return f"a shorter sequence: not even {seq} fits"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Lean:
-    """A branch's leanest configuration, priced: what the remedies read of it."""
-
-    config: ParallelConfig
-    """The configuration."""
-    peak_memory_gib: float
-    """Its peak memory per device."""
-    fits: bool
-    """Whether it fits beside the default margin (:func:`estimate`'s ``fits``)."""
-    optimizer_gib: float
-    """Its optimizer states per device."""
-    activations_gib: float
-    """Its activations per device."""
-
-
-def _leanest_priced(
-    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
-) -> list[_Lean]:
-    """Each branch's leanest configuration that divides, priced (in one batch:
-    :func:`~planner.uniform.batch.estimate_batch`)."""
-    configs = space.branch_leanest(model, cluster, training=training, options=options)
-    if not configs:
-        return []
-    columns = estimate_batch(model, cluster, configs).columns
-    return [_Lean(config=c, peak_memory_gib=float(columns["peak_memory_gib"][i]),
-                  fits=bool(columns["fits"][i]),
-                  optimizer_gib=float(columns["memory.optimizer_gib"][i]),
-                  activations_gib=float(columns["memory.activations_gib"][i]))
-            for i, c in enumerate(configs) if columns["divides"][i]]  # fmt: skip
 
 
 def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[list[Option]]:
@@ -333,7 +169,7 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> li
     if c.zero >= 1:
         knobs.append([(_with(c, dp=None), cluster.with_nodes(cluster.num_nodes * f),
                        "more data-parallel ranks share the ZeRO-sharded states")
-                      for f in _factors(MAX_NODE_FACTOR)])  # fmt: skip
+                      for f in node_factors(MAX_NODE_FACTOR)])  # fmt: skip
     return knobs
 
 
@@ -346,7 +182,7 @@ def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) ->
     lean = _with(c, mbs=1, recompute="full", tp=tp, sp=c.sp or space.sequence_parallel(tp),
                  dp=None)  # fmt: skip
     options: list[Option] = []
-    for factor in (1, *_factors(MAX_NODE_FACTOR)):
+    for factor in (1, *node_factors(MAX_NODE_FACTOR)):
         where = cluster.with_nodes(cluster.num_nodes * factor)
         for pp in (c.pp, *_deeper_pps(model, cluster, lean)):
             zero = _leanest_zero(pp)
@@ -443,17 +279,17 @@ def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Es
         return None
 
 
-def _fits_gib(cluster: ClusterSpec, gib: float) -> bool:
+def fits_gib(cluster: ClusterSpec, gib: float) -> bool:
     """:func:`estimate`'s test: a peak (reserved memory included) that leaves the default
     margin free on the device."""
     margin = cost.memory_margin_bytes(cluster.device.memory_gib)
     return gib * GIB + margin <= cluster.device.memory_bytes
 
 
-def _factors(max_factor: int) -> list[int]:
+def node_factors(max_factor: int) -> list[int]:
     """2, 4, ... up to ``max_factor``.
 
-    >>> _factors(64)
+    >>> node_factors(64)
     [2, 4, 8, 16, 32, 64]
     """
     return [2**k for k in range(1, max_factor.bit_length()) if 2**k <= max_factor]

@@ -246,7 +246,7 @@ def branch_space(
     """Every branch's leanest configuration (no interleaving, the smallest microbatch, full
     recomputation, the highest ZeRO stage) and its groups, among what ``options.framework``
     launches: the grid prices the leanest first to drop the branch,
-    :func:`planner.uniform.remedies.leanest_uniform` prices only the leanest."""
+    :func:`planner.uniform.leanest.leanest_uniform` prices only the leanest."""
     space = []
     for branch in branches(model, cluster, training=training, pins=options.pins):
         groups = branch_groups(branch, model, training=training, options=options)
