@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +170,22 @@ def test_a_later_stage_never_holds_more(schedule: str) -> None:
                 held = [in_flight_microbatches(schedule, stage=i, pp=pp, vpp=vpp,
                                                num_microbatches=m) for i in range(pp)]
                 assert held == sorted(held, reverse=True), (pp, vpp, m, held)
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"tp": [1, 2], "pp": [1, 2, 4]}, "column 'tp' has 2 values, the longest 3"),
+        ({"tp": [1, 2], "recompute": ["none", "bogus"]}, "column 'recompute': 'bogus'"),
+        ({"schedule": ["gpipe", "zb"]}, "column 'schedule': 'zb'"),
+        ({"tp": [0, 8]}, "column 'tp': 0: Input should be greater than 0"),
+        ({"tp": [1.5]}, "column 'tp' holds floats"),
+    ],
+)
+def test_bad_columns_are_refused_as_estimate_refuses_them(columns: dict, message: str) -> None:
+    """A value ``ParallelConfig`` refuses is one InputError naming the column, never a
+    numpy error or a silent default (a misspelt schedule is not 1F1B)."""
+    model = planner.load_model(ROOT / "instances/models/gpt3-175b.json")
+    cluster = planner.load_cluster(ROOT / "instances/clusters/dgx-a100-80gb.json")
+    with pytest.raises(InputError, match=re.escape(message)):
+        estimate_batch(model, cluster, columns)

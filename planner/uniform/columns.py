@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
@@ -56,12 +57,40 @@ def normalized(
     columns = {}
     for name, default in DEFAULTS.items():
         if name in given:
-            columns[name] = np.broadcast_to(given[name], (length,))
+            column = given[name].ravel()
+            if column.size not in (1, length):
+                raise InputError(f"estimate_batch: column {name!r} has {column.size} values, "
+                                 f"the longest {length}: give one value or {length}")  # fmt: skip
+            columns[name] = np.broadcast_to(column, (length,))
+            _check_values(name, columns[name])
         else:  # one value for every row, as a view
             value = 0 if default is None and name in OPTIONAL else default
             columns[name] = np.broadcast_to(np.array(value, dtype=object if value is None
                                                      else None), (length,))  # fmt: skip
     return columns
+
+
+def _check_values(name: str, column: np.ndarray) -> None:
+    """Refuse a column with a value :class:`ParallelConfig` refuses (its bounds, its names),
+    as ``estimate`` would: numbers by their least and greatest, other values each."""
+    if not len(column):
+        return
+    if column.dtype.kind in "iub":
+        values = {python_value(column.min()), python_value(column.max())}
+    elif column.dtype.kind == "f":
+        raise InputError(f"estimate_batch: column {name!r} holds floats; it takes "
+                         f"{type(DEFAULTS[name]).__name__ if DEFAULTS[name] is not None else 'int'}"
+                         f" values")  # fmt: skip
+    else:
+        values = set(codes(column)[0])
+    for value in values:
+        if name in OPTIONAL and value == 0:
+            continue  # the column's word for None
+        try:
+            ParallelConfig.model_validate({name: value})
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"]
+            raise InputError(f"estimate_batch: column {name!r}: {value!r}: {reason}") from None
 
 
 def factorize(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
