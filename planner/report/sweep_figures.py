@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
 
 from planner.errors import InputError
 from planner.report.output import check_folder, write_atomic
@@ -82,6 +83,8 @@ def pareto_figure(rows: Sequence[SweepRow], *, title: str = "") -> Figure:
             color="#c44e52", label="Pareto front")  # fmt: skip
     resource, time = _labels(rows)
     ax.set_xlabel(resource)
+    # whole units with separators (46,623,542), not a corner offset (0.5 ... 1e8) to multiply by
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_ylabel(time)
     ax.legend(fontsize=8, frameon=False)
     ax.set_title(f"{title}: " * bool(title) + f"{time} against {resource} "
