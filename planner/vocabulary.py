@@ -24,10 +24,14 @@ full``)."""
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 """From least to most recomputation (the index is the mode's position in per-mode tuples)."""
 
-PipelineSchedule = Literal["1f1b", "gpipe"]
+PipelineSchedule = Literal["1f1b", "gpipe", "zb-h1", "zb-v"]
 """The schedule as a configuration gives it; with virtual stages (``vpp > 1``) 1F1B runs
-interleaved."""
-ScheduleName = Literal["gpipe", "1f1b", "interleaved"]
+interleaved. The zero-bubble schedules (Qi et al., ICLR'24) split each backward into its input
+gradient (B) and its weight gradient (W): ZB-H1 delays W to fill 1F1B's drain (``vpp = 1``),
+ZB-V runs two model chunks per stage in a V (``vpp = 2``)."""
+ZERO_BUBBLE: tuple[PipelineSchedule, ...] = ("zb-h1", "zb-v")
+"""The schedules whose backward runs as separate input- and weight-gradient passes."""
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"]
 """The schedule as it runs (what a plan records and the simulator replays)."""
 
 ContextParallelism = Literal["ring", "ulysses"]
@@ -61,17 +65,17 @@ exchanges are what a band of other runs would not cover)."""
 def schedule_name(schedule: PipelineSchedule, vpp: int) -> ScheduleName:
     """The schedule that runs for a configuration's ``schedule`` and virtual stages.
 
-    >>> schedule_name("1f1b", 2), schedule_name("1f1b", 1), schedule_name("gpipe", 1)
-    ('interleaved', '1f1b', 'gpipe')
+    >>> schedule_name("1f1b", 2), schedule_name("1f1b", 1), schedule_name("zb-v", 2)
+    ('interleaved', '1f1b', 'zb-v')
     """
-    return "interleaved" if vpp > 1 else schedule
+    return "interleaved" if vpp > 1 and schedule == "1f1b" else schedule
 
 
 def configured_schedule(name: ScheduleName) -> PipelineSchedule:
     """The configuration's schedule for a schedule as it runs (interleaving is 1F1B with
     virtual stages): the inverse of :func:`schedule_name`.
 
-    >>> configured_schedule("interleaved"), configured_schedule("gpipe")
-    ('1f1b', 'gpipe')
+    >>> [configured_schedule(name) for name in ("interleaved", "gpipe", "zb-v")]
+    ['1f1b', 'gpipe', 'zb-v']
     """
-    return "gpipe" if name == "gpipe" else "1f1b"
+    return "1f1b" if name == "interleaved" else name

@@ -69,6 +69,7 @@ from planner.cost.pipeline import (
     fill_and_drain,
     pipeline_time,
     warmup_forwards,
+    zero_bubble_bubble,
 )
 
 __all__ = [
@@ -112,4 +113,5 @@ __all__ = [
     "sharded_bytes",
     "state_bytes_per_param",
     "warmup_forwards",
+    "zero_bubble_bubble",
 ]

@@ -110,10 +110,11 @@ def in_flight_microbatches(
 
     1F1B: stage ``i`` of ``p`` holds ``p - i``. Interleaved 1F1B (Megatron's warm-up of
     ``2(p - i - 1) + (v - 1) p`` chunks plus one) holds ``1 + (p - 1)/(p v)`` times the
-    first stage's 1F1B amount on stage 0 (Korthikanti et al., Sec. 4.2.3). GPipe holds all.
-    ``schedule`` may name the interleaved schedule itself (then ``vpp`` may be an array).
-    Never more on a later stage than on an earlier one (the step composer takes a run of equal
-    stages' peak at its first).
+    first stage's 1F1B amount on stage 0 (Korthikanti et al., Sec. 4.2.3). GPipe holds all;
+    the zero-bubble schedules see :func:`_zero_bubble_in_flight`. ``schedule`` may name the
+    interleaved schedule itself (then ``vpp`` may be an array). Never more on a later stage
+    than on an earlier one (the step composer takes a run of equal stages' peak at its first;
+    ZB-V: with ``m >= 2p - 1``, which the configuration requires).
 
     >>> [in_flight_microbatches("1f1b", stage=i, pp=4, vpp=2, num_microbatches=8)
     ...  for i in range(4)]
@@ -122,6 +123,23 @@ def in_flight_microbatches(
     m = num_microbatches
     if schedule == "gpipe":
         return m * 1.0
+    if schedule in ("zb-h1", "zb-v"):
+        return _zero_bubble_in_flight(schedule, stage=stage, pp=pp, num_microbatches=m)
     name = schedule if schedule == "interleaved" else schedule_name(schedule, vpp)
     warmup = warmup_forwards(name, stage=stage, pp=pp, vpp=vpp, num_microbatches=m)
     return minimum(warmup + 1, m * vpp) / vpp
+
+
+def _zero_bubble_in_flight(
+    schedule: PipelineSchedule | ScheduleName, *, stage: Real, pp: Real, num_microbatches: Real
+) -> Real:
+    """A zero-bubble stage keeps a chunk's activations until its weight gradient (W needs the
+    layer inputs and the output gradients). ZB-H1 holds ``min(p, m)`` on every stage (stage
+    ``i`` delays ``i`` weight gradients on top of 1F1B's ``p - i``), which is what 1F1B holds
+    on its first stage, as Qi et al. (ICLR'24, Sec. 3.1) design it. ZB-V (PyTorch's order)
+    holds ``min(p, m, (m + 1 + i) / 2)``: ``p`` everywhere once ``m >= 2p - 1``, where the
+    planner runs it. Held to the simulator in ``tests/test_zero_bubble.py``."""
+    m = num_microbatches
+    if schedule == "zb-h1":
+        return minimum(pp, m) * 1.0
+    return minimum(minimum(pp, m) * 1.0, (m + 1 + stage) / 2)

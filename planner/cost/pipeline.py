@@ -1,8 +1,9 @@
 """The pipeline's formulas, each once: the step from per-microbatch stage times and its bubble
 (:func:`fill_and_drain`, which the step composer and the stage dynamic program both use), the
-closed-form bubble share of equal stages, and the forwards a schedule runs before a stage's
-first backward (:func:`warmup_forwards`, from which the schedules' op orders and the
-microbatches a stage holds follow)."""
+zero-bubble schedules' bubbles (:func:`zero_bubble_bubble`), the closed-form bubble share of
+equal stages, and the forwards a schedule runs before a stage's first backward
+(:func:`warmup_forwards`, from which the schedules' op orders and the microbatches a stage
+holds follow)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from planner.cost.elementwise import Real, minimum
+from planner.cost.elementwise import Real, maximum, minimum, where
 from planner.vocabulary import ScheduleName
 
 Seconds = TypeVar("Seconds", float, np.ndarray)
@@ -66,6 +67,51 @@ def pipeline_time(
     return PipelineTime(total_s=total, bubble_s=bubble)
 
 
+def _max(*values: Real) -> Real:
+    """Elementwise maximum of several values."""
+    out = values[0]
+    for v in values[1:]:
+        out = maximum(out, v)
+    return out
+
+
+def zero_bubble_bubble(
+    schedule: ScheduleName, *, forward_s: Real, input_s: Real, weight_s: Real, pp: Real,
+    num_microbatches: Real,
+) -> Real:  # fmt: skip
+    """The fill and drain of PyTorch's zero-bubble schedules beyond ``m (F + B + W)``, for
+    ``pp`` equal stages each spending ``F``, ``B`` (input gradient) and ``W`` (weight
+    gradient) on one microbatch (all chunks), with no time on the wire. Derived from the op
+    orders of :mod:`planner.pipeline.zero_bubble` and held exactly to the simulator in
+    ``tests/test_zero_bubble.py``.
+
+    ZB-H1 (any ``m``): ``(p - 1) max(F, B, F + B - W) + max(0, p - m) min(F, B, W)``; for
+    ``F = B = W`` Qi et al.'s ``(p - 1)(F + B - W)`` (ICLR'24, Sec. 3.1), against 1F1B's
+    ``(p - 1)(F + B + W)``.
+
+    ZB-V (``m >= 2p - 1``; per chunk ``f, b, w = F/2, B/2, W/2``): 0 for one stage, else
+    ``b_2 + (p - 2) s`` with ``b_2 = max(b, 2b - 2w, f, f + b - 2w, 2f - b - w, 2f - 3w)``
+    and ``s = max(w, b, 2b - 2w, 2f - b, 2f - 2w)``: for ``f = b = w``, ``(p - 1) f``, the
+    one forward chunk of each hop that nothing can fill (the order is fixed, not re-planned
+    for the measured times, so unequal passes leave more).
+
+    >>> zero_bubble_bubble("zb-h1", forward_s=1.0, input_s=1.0, weight_s=1.0, pp=4,
+    ...                    num_microbatches=8)
+    3.0
+    >>> zero_bubble_bubble("zb-v", forward_s=1.0, input_s=1.0, weight_s=1.0, pp=4,
+    ...                    num_microbatches=8)
+    1.5
+    """
+    f, b, w, p = forward_s, input_s, weight_s, pp
+    if schedule == "zb-h1":
+        fill = (p - 1) * _max(f, b, f + b - w)
+        return fill + maximum(p - num_microbatches, 0) * minimum(minimum(f, b), w)
+    f, b, w = f / 2, b / 2, w / 2
+    first = _max(b, 2 * b - 2 * w, f, f + b - 2 * w, 2 * f - b - w, 2 * f - 3 * w)
+    hop = _max(w, b, 2 * b - 2 * w, 2 * f - b, 2 * f - 2 * w)
+    return where(p > 1, first + (p - 2) * hop, 0.0 * hop)
+
+
 def bubble_fraction(*, pp: int, vpp: int, num_microbatches: int) -> float:
     """Closed-form bubble share of equal stages: ``(p - 1) / (v m)`` of the busy time."""
     return (pp - 1) / (vpp * num_microbatches)
@@ -80,7 +126,9 @@ def warmup_forwards(
     1F1B (PipeDream-Flush; Megatron-LM's ``forward_backward_pipelining_without_interleaving``):
     ``p - i - 1``. Interleaved 1F1B (Megatron-LM's
     ``forward_backward_pipelining_with_interleaving``): ``2 (p - i - 1) + (v - 1) p`` chunk
-    forwards. Both capped at everything there is; GPipe runs all forwards first.
+    forwards. Both capped at everything there is; GPipe runs all forwards first. ZB-H1 warms up
+    as 1F1B; ZB-V, with ``m >= 2p - 1``, ``2p - 1`` chunk forwards on every stage (PyTorch's
+    ``ScheduleZBVZeroBubble``: ``2 (p - i) - 1`` down the V, ``i`` pairs of both chunks).
 
     >>> [warmup_forwards("interleaved", stage=i, pp=4, vpp=2, num_microbatches=8)
     ...  for i in range(4)]
@@ -89,6 +137,8 @@ def warmup_forwards(
     m = num_microbatches
     if schedule == "gpipe":
         return m * vpp
-    if schedule == "1f1b":
+    if schedule in ("1f1b", "zb-h1"):
         return minimum(pp - stage - 1, m)
+    if schedule == "zb-v":
+        return minimum(2 * pp - 1, m * vpp)
     return minimum(2 * (pp - stage - 1) + (vpp - 1) * pp, m * vpp)

@@ -1,6 +1,7 @@
 """The order in which each pipeline stage runs its forwards and backwards: GPipe, 1F1B
-(PipeDream-Flush, Megatron-LM's non-interleaved schedule) and Megatron-LM's interleaved 1F1B,
-with the tensor each operation waits for and the one it produces (for the simulator in
+(PipeDream-Flush, Megatron-LM's non-interleaved schedule), Megatron-LM's interleaved 1F1B and
+the zero-bubble schedules ZB-H1 and ZB-V (:mod:`planner.pipeline.zero_bubble`), with the tensor
+each operation waits for and the one it produces (for the simulator in
 :mod:`planner.simulate.events`).
 
 A *virtual stage* is one model chunk on one stage; with ``p`` stages and ``v`` chunks per
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost.pipeline import warmup_forwards
+from planner.pipeline.zero_bubble import FORWARD, INPUT_GRADIENT, WEIGHT_GRADIENT, zero_bubble_order
 from planner.vocabulary import ScheduleName
 
 
@@ -34,14 +36,29 @@ class _Sequences:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Order:
-    """One stage's operations in order, as columns: is it a forward, microbatch, chunk."""
+    """One stage's operations in order, as columns: kind, microbatch, chunk."""
 
-    is_forward: np.ndarray
-    """True for a forward, False for a backward."""
+    kind: np.ndarray
+    """:data:`~planner.pipeline.zero_bubble.FORWARD`, ``INPUT_GRADIENT`` (the whole backward
+    outside the zero-bubble schedules) or ``WEIGHT_GRADIENT``."""
     microbatch: np.ndarray
     """The microbatch each operation runs."""
     chunk: np.ndarray
     """The model chunk each operation runs (0 without interleaving)."""
+    virtual_stage: np.ndarray
+    """The virtual stage each operation runs (where its chunk sits in the model)."""
+
+    @property
+    def is_forward(self) -> np.ndarray:
+        """True for a forward."""
+        return self.kind == FORWARD
+
+    @property
+    def releases(self) -> np.ndarray:
+        """True for the operation after which a chunk's activations are freed: its weight
+        gradient under a zero-bubble schedule, else its backward."""
+        last = WEIGHT_GRADIENT if (self.kind == WEIGHT_GRADIENT).any() else INPUT_GRADIENT
+        return self.kind == last
 
 
 def _sequences(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> _Sequences:
@@ -65,7 +82,7 @@ def _sequences(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> _Sequenc
                       backward_microbatch=microbatch, backward_chunk=vpp - 1 - chunk)
 
 
-def _interleave(seq: _Sequences, warmup: int) -> Order:
+def _interleave(seq: _Sequences, warmup: int, *, stage: int, pp: int) -> Order:
     """``warmup`` forwards, then forward ``warmup + k`` and backward ``k`` in turn, then the
     remaining backwards."""
     total = len(seq.forward_chunk)
@@ -80,7 +97,19 @@ def _interleave(seq: _Sequences, warmup: int) -> Order:
     is_forward[fwd_at] = True
     microbatch[fwd_at], chunk[fwd_at] = seq.forward_microbatch, seq.forward_chunk
     microbatch[bwd_at], chunk[bwd_at] = seq.backward_microbatch, seq.backward_chunk
-    return Order(is_forward=is_forward, microbatch=microbatch, chunk=chunk)
+    kind = np.where(is_forward, FORWARD, INPUT_GRADIENT)
+    return Order(kind=kind, microbatch=microbatch, chunk=chunk, virtual_stage=chunk * pp + stage)
+
+
+def _order(schedule: ScheduleName, *, stage: int, pp: int, vpp: int, m: int) -> Order:
+    """One stage's order under any schedule."""
+    if schedule in ("zb-h1", "zb-v"):
+        kind, microbatch, chunk, virtual_stage = zero_bubble_order(schedule, stage=stage, pp=pp,
+                                                                  m=m)  # fmt: skip
+        return Order(kind=kind, microbatch=microbatch, chunk=chunk, virtual_stage=virtual_stage)
+    seq = _sequences(schedule, pp=pp, vpp=vpp, m=m)
+    warmup = warmup_forwards(schedule, stage=stage, pp=pp, vpp=vpp, num_microbatches=m)
+    return _interleave(seq, warmup, stage=stage, pp=pp)
 
 
 def stage_order(
@@ -94,11 +123,22 @@ def stage_order(
     ...                                                           vpp=1, m=3)]
     ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
     """
-    seq = _sequences(schedule, pp=pp, vpp=vpp, m=m)
-    warmup = warmup_forwards(schedule, stage=stage, pp=pp, vpp=vpp, num_microbatches=m)
-    order = _interleave(seq, warmup)
+    order = _order(schedule, stage=stage, pp=pp, vpp=vpp, m=m)
     return list(zip(order.is_forward.tolist(), order.microbatch.tolist(), order.chunk.tolist(),
                     strict=True))  # fmt: skip
+
+
+def stage_actions(schedule: ScheduleName, *, stage: int, pp: int, vpp: int, m: int) -> list[str]:
+    """One stage's operations as PyTorch's pipelining writes them, ``<virtual stage><F|B|W>
+    <microbatch>`` (``B`` is the input gradient under a zero-bubble schedule, where ``W`` is
+    the weight gradient; else the whole backward).
+
+    >>> stage_actions("zb-h1", stage=1, pp=2, vpp=1, m=3)
+    ['1F0', '1B0', '1F1', '1B1', '1W0', '1F2', '1B2', '1W1', '1W2']
+    """
+    order = _order(schedule, stage=stage, pp=pp, vpp=vpp, m=m)
+    return [f"{v}{'FBW'[k]}{j}" for k, j, v in zip(order.kind.tolist(), order.microbatch.tolist(),
+                                                   order.virtual_stage.tolist(), strict=True)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,20 +157,20 @@ class StageOps:
 def stage_ops(schedule: ScheduleName, *, pp: int, vpp: int, m: int) -> list[StageOps]:
     """Every stage's order and tensors, computed on arrays so that the event loop does no
     index arithmetic."""
-    seq = _sequences(schedule, pp=pp, vpp=vpp, m=m)
     n, last = pp * vpp * m, (pp * vpp - 1) * m
     ops = []
     for i in range(pp):
-        warmup = warmup_forwards(schedule, stage=i, pp=pp, vpp=vpp, num_microbatches=m)
-        order = _interleave(seq, warmup)
-        fwd = order.is_forward
-        key = (order.chunk * pp + i) * m + order.microbatch
+        order = _order(schedule, stage=i, pp=pp, vpp=vpp, m=m)
+        fwd, bwd = order.kind == FORWARD, order.kind == INPUT_GRADIENT
+        key = order.virtual_stage * m + order.microbatch
         # A forward needs the previous virtual stage's activation (none for the first), a
-        # backward the next one's gradient (none for the last: its own forward came first).
+        # backward the next one's gradient (none for the last: its own forward came first); a
+        # weight gradient only its own backward, which the stage ran before it.
         need = np.where(fwd, np.where(key >= m, key - m, -1),
-                        np.where(key < last, n + key + m, -1))  # fmt: skip
+                        np.where(bwd & (key < last), n + key + m, -1))  # fmt: skip
         # A forward sends its activation on (not from the last virtual stage), a backward its
-        # input gradient back (not from the first).
-        made = np.where(fwd, np.where(key < last, key, -1), np.where(key >= m, n + key, -1))
+        # input gradient back (not from the first); a weight gradient sends nothing.
+        made = np.where(fwd, np.where(key < last, key, -1),
+                        np.where(bwd & (key >= m), n + key, -1))  # fmt: skip
         ops.append(StageOps(order=order, need=need, made=made))
     return ops

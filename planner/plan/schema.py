@@ -117,6 +117,9 @@ class StageTime(_Frozen):
     """Backward compute with its share of the communication."""
     recompute_s: float = 0.0
     """Forward work rerun before the backward, with its share of the communication."""
+    weight_s: float = 0.0
+    """Of ``backward_s``, the weight gradients (a pass of their own under a zero-bubble
+    schedule; 0 in plans written before the planner priced them apart)."""
     sync_tail_s: float = 0.0
     """Once per step, after the stage's last backward: the data-parallel gradient reduction
     and weight gathers the overlap flags leave exposed (and the tied embedding's

@@ -1,7 +1,8 @@
 """An event-driven simulator of one training step's pipeline schedule.
 
 Each stage runs its own list of operations strictly in the schedule's order (GPipe, 1F1B as
-in PipeDream-Flush and Megatron-LM, or Megatron-LM's interleaved 1F1B); an operation starts
+in PipeDream-Flush and Megatron-LM, Megatron-LM's interleaved 1F1B, or the zero-bubble ZB-H1
+and ZB-V, whose weight-gradient passes run as operations of their own); an operation starts
 when its stage is free and the tensor it needs has arrived. The result is a timeline that
 checks the closed forms of :mod:`planner.cost` (step time, bubble, microbatches in flight) and
 shows where they are approximate: unequal stages, point-to-point sends, the data-parallel
@@ -26,9 +27,9 @@ from planner.cost import in_flight_microbatches
 from planner.errors import ConfigError, InputError
 from planner.pipeline.schedules import StageOps, stage_ops
 from planner.plan.schema import Plan
-from planner.vocabulary import ScheduleName, configured_schedule
+from planner.vocabulary import ZERO_BUBBLE, ScheduleName, configured_schedule
 
-Phase = Literal["forward", "backward", "recompute", "send", "sync", "optimizer"]
+Phase = Literal["forward", "backward", "weight", "recompute", "send", "sync", "optimizer"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +40,9 @@ class StageDurations:
     """Forward compute, with its share of the stage's collectives."""
     backward_s: float
     """Backward compute, with its share of the stage's collectives."""
+    weight_s: float = 0.0
+    """Of ``backward_s``, the weight gradients: a pass of their own (W) under a zero-bubble
+    schedule, the rest (B) being the input gradient the previous stage waits for."""
     recompute_s: float = 0.0
     """Forward work rerun just before the backward (0: no recomputation)."""
     send_s: float = 0.0
@@ -110,10 +114,14 @@ def _check(stages: Sequence[StageDurations], *, m: int, schedule: ScheduleName, 
         raise InputError("simulate: no stages given")
     if m < 1:
         raise ConfigError(f"simulate: num_microbatches({m}) must be at least 1")
-    if schedule not in ("gpipe", "1f1b", "interleaved"):
-        raise ConfigError(f"simulate: unknown schedule {schedule!r}; "
-                          "expected 'gpipe', '1f1b' or 'interleaved'")  # fmt: skip
-    if schedule == "interleaved":
+    if schedule not in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"):
+        raise ConfigError(f"simulate: unknown schedule {schedule!r}; expected 'gpipe', "
+                          "'1f1b', 'interleaved', 'zb-h1' or 'zb-v'")  # fmt: skip
+    if schedule == "zb-v":
+        if vpp != 2:
+            raise ConfigError(f"zb-v schedule: virtual_stages({vpp}) must be 2 (a V of two "
+                              "chunks per stage)")  # fmt: skip
+    elif schedule == "interleaved":
         if vpp < 2:
             raise ConfigError(f"interleaved schedule: virtual_stages({vpp}) must be at least 2")
         if pp < 2:
@@ -125,9 +133,12 @@ def _check(stages: Sequence[StageDurations], *, m: int, schedule: ScheduleName, 
         raise ConfigError(f"{schedule} schedule: virtual_stages({vpp}) must be 1 "
                           "(use 'interleaved' for v > 1)")  # fmt: skip
     for i, s in enumerate(stages):
-        parts = (s.forward_s, s.backward_s, s.recompute_s, s.send_s, s.sync_s)
+        parts = (s.forward_s, s.backward_s, s.weight_s, s.recompute_s, s.send_s, s.sync_s)
         if any(not x >= 0 for x in parts):  # also rejects NaN
             raise InputError(f"simulate: stage {i} has a negative or NaN duration: {s}")
+        if s.weight_s > s.backward_s:
+            raise InputError(f"simulate: stage {i}'s weight_s({s.weight_s}) is more than its "
+                             f"backward_s({s.backward_s}), of which it is a part")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- engine
@@ -141,24 +152,30 @@ class _Durations:
     forward_s: float
     """One chunk's forward."""
     backward_s: float
-    """One chunk's backward."""
+    """One chunk's backward (its input gradient under a zero-bubble schedule)."""
+    weight_s: float
+    """One chunk's weight gradient, when it runs as its own pass (else 0)."""
     recompute_s: float
     """One chunk's recomputation before its backward."""
     send_s: float
     """One chunk's activation (or gradient) sent one way."""
 
     @classmethod
-    def of(cls, d: StageDurations, vpp: int) -> _Durations:
-        """Each chunk holds ``1/v`` of the stage's layers."""
-        return cls(forward_s=d.forward_s / vpp, backward_s=d.backward_s / vpp,
-                   recompute_s=d.recompute_s / vpp, send_s=d.send_s / (2 * vpp))  # fmt: skip
+    def of(cls, d: StageDurations, vpp: int, *, split: bool) -> _Durations:
+        """Each chunk holds ``1/v`` of the stage's layers; ``split``: the weight gradient is
+        a pass of its own."""
+        weight = d.weight_s if split else 0.0
+        return cls(forward_s=d.forward_s / vpp, backward_s=(d.backward_s - weight) / vpp,
+                   weight_s=weight / vpp, recompute_s=d.recompute_s / vpp,
+                   send_s=d.send_s / (2 * vpp))  # fmt: skip
 
 
 def _spans(ops: StageOps, d: _Durations) -> tuple[np.ndarray, np.ndarray]:
     """Per operation of a stage: seconds of compute (a backward's includes the recomputation
     that reruns its forward just before it), and seconds the stage is busy with it (plus the
     blocking send of what it produced)."""
-    work = np.where(ops.order.is_forward, d.forward_s, d.recompute_s + d.backward_s)
+    kind = ops.order.kind
+    work = np.choose(kind, [d.forward_s, d.recompute_s + d.backward_s, d.weight_s])
     return work, work + np.where(ops.made >= 0, d.send_s, 0.0)
 
 
@@ -210,7 +227,7 @@ def _run(ops: Sequence[StageOps], spans: Sequence[np.ndarray]) -> list[list[floa
 
 
 # An operation's events in order, by slot: its recomputation, itself, its send.
-_SLOT_PHASES: tuple[Phase, ...] = ("recompute", "forward", "backward", "send")
+_SLOT_PHASES: tuple[Phase, ...] = ("recompute", "forward", "backward", "weight", "send")
 
 
 def _stage_events(
@@ -220,14 +237,14 @@ def _stage_events(
     operation, in order, its recomputation (backward only), the forward or backward, and its
     send. Zero-length recomputations and sends are left out. Ends are computed as in
     :func:`_run` (start plus span), so that they agree with it to the last bit."""
-    fwd = ops.order.is_forward
+    kind = ops.order.kind
+    backward = kind == 1
     work, span = _spans(ops, d)
-    main = start + np.where(fwd, 0.0, d.recompute_s)
+    main = start + np.where(backward, d.recompute_s, 0.0)
     begins = np.stack([start, main, start + work], axis=1).ravel()
     ends = np.stack([main, start + work, start + span], axis=1).ravel()
-    phase = np.stack([np.zeros_like(fwd, dtype=np.int64), np.where(fwd, 1, 2),
-                      np.full(len(fwd), 3)], axis=1).ravel()  # fmt: skip
-    keep = np.stack([~fwd & (d.recompute_s > 0), np.ones_like(fwd),
+    phase = np.stack([np.zeros_like(kind), kind + 1, np.full(len(kind), 4)], axis=1).ravel()
+    keep = np.stack([backward & (d.recompute_s > 0), np.ones_like(backward),
                      (ops.made >= 0) & (d.send_s > 0)], axis=1).ravel()  # fmt: skip
     columns = (
         repeat(stage, int(keep.sum())),
@@ -274,7 +291,8 @@ def simulate(
     if not optimizer_s >= 0:
         raise InputError(f"simulate: optimizer_s({optimizer_s}) must be non-negative")
     pp = len(stages)
-    durations = [_Durations.of(d, vpp) for d in stages]
+    split = schedule in ZERO_BUBBLE
+    durations = [_Durations.of(d, vpp, split=split) for d in stages]
     ops = stage_ops(schedule, pp=pp, vpp=vpp, m=m)
     starts = _run(ops, [_spans(o, d)[1] for o, d in zip(ops, durations, strict=True)])
     built = [_stage_events(i, o, np.array(starts[i]), durations[i]) for i, o in enumerate(ops)]
@@ -292,14 +310,16 @@ def simulate(
         if optimizer_s > 0:
             end = optimizer_start + optimizer_s
             events[i].append(Event(i, "optimizer", None, None, optimizer_start, end))
-    in_flight = [np.cumsum(np.where(o.order.is_forward, 1, -1)).max() for o in ops]
+    in_flight = [np.cumsum(o.order.is_forward.astype(np.int64) - o.order.releases).max()
+                 for o in ops]  # fmt: skip
     return Simulation(
         events=tuple(chain.from_iterable(events)),
         step_s=optimizer_start + optimizer_s,
         pipeline_s=pipeline_s,
         busy_s=busy,
         bubble_s=tuple(max(0.0, pipeline_s - x) for x in busy),  # not rounding noise
-        # Chunks are held from their forward's start to their backward's end, and a stage
+        # Chunks are held from their forward's start to their backward's end (their weight
+        # gradient's under a zero-bubble schedule), and a stage
         # runs them in order: the peak is the running count's maximum along its order.
         peak_in_flight=tuple(float(c) / vpp for c in in_flight),
         num_microbatches=m,
@@ -313,6 +333,7 @@ def stage_durations(plan: Plan) -> list[StageDurations]:
         StageDurations(
             forward_s=s.time.forward_s,
             backward_s=s.time.backward_s,
+            weight_s=s.time.weight_s,
             recompute_s=s.time.recompute_s,
             send_s=s.time.pipeline_s,
             sync_s=s.time.sync_tail_s,
