@@ -51,13 +51,16 @@ def random_config(rng: random.Random, model: ModelSpec, cluster: ClusterSpec) ->
     if pp > 2 and rng.random() < 0.15:
         first = last = max(1, layers // pp - 1)
     gpipe = rng.random() < 0.2
+    zero_bubble = None if gpipe else rng.choice([None] * 6 + ["zb-h1", "zb-v"])
     chunks = [v for v in (1, 2, 3, 4) if (layers // pp) % v == 0 or free]
     sp = rng.random() < 0.7
     return ParallelConfig(
         tp=tp, pp=pp, cp=cp, ep=ep, first_stage_layers=first, last_stage_layers=last,
-        vpp=1 if gpipe or pp == 1 else rng.choice(chunks), mbs=rng.choice([1, 1, 2, 4]), sp=sp,
+        vpp=2 if zero_bubble == "zb-v" else 1 if gpipe or zero_bubble or pp == 1
+        else rng.choice(chunks), mbs=rng.choice([1, 1, 2, 4]), sp=sp,
         recompute=rng.choice(["none", "selective", "full"]),
-        zero=rng.choice([0, 1, 1, 2, 3]), schedule="gpipe" if gpipe else "1f1b",
+        zero=rng.choice([0, 1, 1, 2, 3]),
+        schedule="gpipe" if gpipe else zero_bubble or "1f1b",
         flash_attention=rng.random() < 0.8, overlap_grad_reduce=rng.random() < 0.5,
         overlap_param_gather=rng.random() < 0.5, tp_comm_overlap=sp and rng.random() < 0.4,
         cp_algo=rng.choice(["ring", "ring", "ulysses"]), rank_order=rng.choice(ORDERS),
@@ -160,13 +163,15 @@ def test_unknown_field_is_refused():
         estimate_batch(model, cluster, {"tensor_parallel": np.array([8])})
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "gpipe"])
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "gpipe", "zb-h1", "zb-v"])
 def test_a_later_stage_never_holds_more(schedule: str) -> None:
     """The step composer takes a run of equal stages' peak memory at its first stage
     (``cost.step.step_totals``): no schedule keeps more microbatches on a later stage."""
     for pp in range(1, 33):
         for vpp in (1, 2, 3, 4) if schedule == "interleaved" else (1,):
             for m in (1, 2, 3, pp, 2 * pp, 5 * pp + 1):
+                if schedule == "zb-v" and m < 2 * pp - 1:
+                    continue  # the configuration requires m >= 2p - 1 (rule zb_v_microbatches)
                 held = [in_flight_microbatches(schedule, stage=i, pp=pp, vpp=vpp,
                                                num_microbatches=m) for i in range(pp)]
                 assert held == sorted(held, reverse=True), (pp, vpp, m, held)

@@ -256,6 +256,20 @@ def test_gpipe() -> None:
     assert "GPipe" in (refusal("gpipe", resolved, model) or "")
 
 
+def test_zero_bubble() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1056-1058;
+    hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1124;
+    hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1169-1175;
+    hpcaitech/ColossalAI@4f9953b colossalai/pipeline/schedule/v_schedule.py:46-60"""
+    model = load("llama3-70b")
+    h1 = configure(model, 64, tp=8, pp=4, sp=True, zero=1, schedule="zb-h1")
+    assert "styles are 1f1b, interleaved and zbv" in (refusal("zero-bubble", h1, model) or "")
+    v = configure(model, 64, tp=8, pp=4, vpp=2, sp=True, zero=1, schedule="zb-v")
+    assert "PipelineGraph searches" in (refusal("zero-bubble", v, model) or "")
+    assert refusal("zero-bubble", configure(model, 64, tp=8, pp=4, sp=True, zero=1),
+                   model) is None  # fmt: skip
+
+
 def test_interleaved_uneven_split() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/pipeline/stage_manager.py:41-42;
     colossalai/pipeline/stage_manager.py:100-102"""

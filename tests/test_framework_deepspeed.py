@@ -252,6 +252,9 @@ def test_pipeline_schedule() -> None:
     assert "interleaved 1F1B (vpp=2)" in (refusal("pipeline-schedule", interleaved, model) or "")
     gpipe = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, schedule="gpipe")
     assert "GPipe" in (refusal("pipeline-schedule", gpipe, model) or "")
+    for schedule, vpp in (("zb-h1", 1), ("zb-v", 2)):
+        zb = configure(model, 1024, tp=8, pp=16, vpp=vpp, sp=True, zero=1, schedule=schedule)
+        assert schedule.upper() in (refusal("pipeline-schedule", zb, model) or "")
 
 
 def test_uneven_split() -> None:

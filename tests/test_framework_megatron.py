@@ -535,6 +535,17 @@ def test_every_rule_is_pinned_and_cited() -> None:
 # What triggers each rule; MindSpeed's tests pin the rules it inherits with the same.
 
 
+def pin_zero_bubble(p: Profile) -> None:
+    """What rule ``zero-bubble`` refuses (and lets through)."""
+    model = load("gpt-1.7b")
+    refused(p, "zero-bubble", configure(model, 16, pp=4, schedule="zb-h1"), model,
+            r"zb-h1: Megatron-LM has no zero-bubble")  # fmt: skip
+    refused(p, "zero-bubble", configure(model, 16, pp=4, vpp=2, schedule="zb-v"), model,
+            r"zb-v: .*pp\(4\)")  # fmt: skip
+    accepted(p, "zero-bubble", configure(model, 16, schedule="zb-h1"), model)
+    accepted(p, "zero-bubble", configure(model, 16, pp=4), model)
+
+
 def pin_gpipe(p: Profile) -> None:
     """What rule ``gpipe`` refuses (and lets through)."""
     model = load("gpt-1.7b")
@@ -705,6 +716,12 @@ def pin_unfused_attention_with_cp(p: Profile) -> None:
 
 
 P = megatron.PROFILE
+
+
+def test_rule_zero_bubble() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/pipeline_parallel/schedules.py:161-168;
+    megatron/core/transformer/transformer_config.py:3073-3077"""
+    pin_zero_bubble(P)
 
 
 def test_rule_gpipe() -> None:

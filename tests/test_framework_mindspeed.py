@@ -112,6 +112,12 @@ def test_rule_gpipe() -> None:
     tm.pin_gpipe(P)
 
 
+def test_rule_zero_bubble() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/pipeline_parallel/schedules.py:106-113"""
+    tm.pin_zero_bubble(P)
+
+
 def test_rule_zero_2_3_with_pipeline() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) docs/source/api-guide/custom_fsdp.md:19;
     Ascend/MindSpeed@028de58ca629 docs/zh/features/custom_fsdp.md:38"""

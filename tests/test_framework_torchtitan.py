@@ -48,7 +48,10 @@ def read_back(toml: dict[str, Any], world: int) -> dict[str, Any]:
         parts = par["module_fqns_per_model_part"]
         layers = [sum(m.startswith("layers.") for m in p) for p in parts]
         vpp = len(parts) // pp
-        split = [sum(layers[r::pp]) for r in range(pp)]
+        # A V schedule runs parts k and 2 pp - 1 - k on rank k; the others loop.
+        v_shape = par["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+        rank = [min(k, 2 * pp - 1 - k) if v_shape else k % pp for k in range(len(parts))]
+        split = [sum(n for n, r in zip(layers, rank, strict=True) if r == s) for s in range(pp)]
     else:
         mbs, microbatches, vpp, split = train["local_batch_size"], accumulation, 1, [None]
     reshard = par.get("fsdp_reshard_after_forward")
@@ -131,6 +134,28 @@ def test_gpipe() -> None:
     resolved = configure(model, 64, tp=8, pp=2, sp=True, zero=1, schedule="gpipe",
                          overlap_param_gather=True)  # fmt: skip
     assert launched(resolved, model)["parallelism"]["pipeline_parallel_schedule"] == "GPipe"
+
+
+def test_zero_bubble() -> None:
+    """ZB-H1 is PyTorch's interleaved zero-bubble schedule with one part per rank; ZB-V its
+    ZBV schedule, rank k running parts k and 2 pp - 1 - k (parts 0 and 7 of 8 on rank 0)."""
+    model = load("llama3-70b")
+    h1 = configure(model, 64, tp=8, pp=4, sp=True, zero=1, schedule="zb-h1",
+                   overlap_param_gather=True)  # fmt: skip
+    toml = launched(h1, model)
+    par = toml["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "InterleavedZeroBubble"
+    assert len(par["module_fqns_per_model_part"]) == 4
+    assert read_back(toml, 64) == expected(h1)
+    v = configure(model, 64, tp=8, pp=4, vpp=2, sp=True, zero=1, schedule="zb-v",
+                  overlap_param_gather=True)  # fmt: skip
+    toml = launched(v, model)
+    par = toml["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    parts = par["module_fqns_per_model_part"]
+    assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == [10] * 8
+    assert parts[7][-2:] == ["norm", "output"]  # rank 0's second part ends the model
+    assert read_back(toml, 64) == expected(v)
 
 
 def test_qwen3_moe_expert_parallel() -> None:
@@ -338,6 +363,18 @@ def test_fsdp_pipeline_overlap() -> None:
                                            or "")  # fmt: skip
     assert refusal("fsdp-pipeline-overlap", forced(resolved, overlap_grad_reduce=False),
                    model) is None  # fmt: skip
+
+
+def test_zero_bubble_rounds() -> None:
+    """pytorch/pytorch@cf30153 torch/distributed/pipelining/schedules.py:3046-3053"""
+    model = load("llama3-70b")
+    resolved = configure(model, 64, tp=8, pp=4, sp=True, zero=1, schedule="zb-h1",
+                         overlap_param_gather=True, global_batch=18)  # fmt: skip
+    assert resolved.num_microbatches == 9
+    assert "rounds max(1, 9 // 4) = 2" in (refusal("zero-bubble-rounds", resolved, model) or "")
+    ok = configure(model, 64, tp=8, pp=4, sp=True, zero=1, schedule="zb-h1",
+                   overlap_param_gather=True, global_batch=20)  # fmt: skip
+    assert refusal("zero-bubble-rounds", ok, model) is None
 
 
 def test_rank_order() -> None:

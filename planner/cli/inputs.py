@@ -75,7 +75,7 @@ def estimate_cmd(
         Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
     ] = None,
     schedule: Annotated[
-        Literal["1f1b", "gpipe"], typer.Option(help="Pipeline schedule.")
+        Literal["1f1b", "gpipe", "zb-h1", "zb-v"], typer.Option(help="Pipeline schedule.")
     ] = "1f1b",
     flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
     overlap_grad_reduce: Annotated[bool, typer.Option(help="Overlap DP reduction.")] = False,

@@ -103,6 +103,10 @@ class OpTime:
     backward_s: float
     """Backward pass, input and weight gradients: twice the forward's FLOPs (2.5 times under
     flash attention) and twice its bytes."""
+    weight_s: float = 0.0
+    """Of ``backward_s``, the weight gradient (a GEMM with a weight: one of its backward's two
+    GEMMs, of the forward's FLOPs and half the backward's bytes; 0 for the attention core and
+    elementwise ops, which have no weight)."""
 
 
 def op_time(
@@ -140,7 +144,14 @@ def op_time(
         device, precision, flops=executed.backward,
         bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved, calls=2 * gemm_calls, fraction=fraction,
     )  # fmt: skip
-    return OpTime(forward_s=forward, backward_s=backward)
+    weight = 0.0
+    if op.is_gemm and op.weight is not None:
+        # dW = X^T dY: one GEMM of the forward's size, priced by the same roofline.
+        weight = min(backward, compute_time_s(
+            device, precision, flops=executed.backward - executed.forward,
+            bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved / 2, calls=gemm_calls,
+            fraction=fraction))  # fmt: skip
+    return OpTime(forward_s=forward, backward_s=backward, weight_s=weight)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -38,6 +38,9 @@ class LayerParts:
     """FLOPs recomputed per mode (the whole microbatch, not one device's share)."""
     weights: tuple[tuple[float, tuple[int, ...]], ...]
     """Local parameters and the mesh axes holding copies of them."""
+    weight_s: float = 0.0
+    """Of ``backward_s``, the weight gradients (a pass of their own under a zero-bubble
+    schedule)."""
 
     def rerun_total_s(self, recompute: str) -> float:
         """Everything ``recompute`` runs again: compute, and under full recomputation the
@@ -68,6 +71,8 @@ class LayerCost:
     """Backward compute."""
     recompute_s: float = 0.0
     """Forward recomputed in backward, with its collectives."""
+    weight_s: float = 0.0
+    """Of ``backward_s``, the weight gradients."""
     tp_comm_s: float = 0.0
     """Resharding between ops and the ops' own collectives other than ring attention's and the
     experts' (the vocab-parallel loss), forward and backward, with their rerun under full
@@ -125,6 +130,7 @@ def layer_cost(parts: LayerParts, recompute: str, *, count: int = 1) -> LayerCos
     rerun = parts.rerun_comm_s if recompute == "full" else (0.0, 0.0, 0.0)
     one = LayerCost(
         forward_s=parts.forward_s, backward_s=parts.backward_s, recompute_s=parts.rerun_s[k],
+        weight_s=parts.weight_s,
         tp_comm_s=parts.tp_comm_s + rerun[0], cp_comm_s=parts.cp_comm_s + rerun[1],
         ep_comm_s=parts.ep_comm_s + rerun[2],
         activation_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],

@@ -111,16 +111,20 @@ class StepCost:
     the communication (for the schedule simulator)."""
     stage_sync_tail_s: tuple[float, ...]
     """Per stage, once per step after its last backward: the exposed data-parallel sync."""
+    stage_weight_s: tuple[float, ...] = ()
+    """Per stage and microbatch: the weight gradients within the backward, with their share
+    of the communication (empty: none priced apart)."""
 
     def stage_times(self) -> tuple[StageTime, ...]:
         """Each stage's per-microbatch seconds as a plan records them."""
         return tuple(
             StageTime(
                 compute_s=c, communication_s=comm, pipeline_s=pipe, forward_s=f,
-                backward_s=b, recompute_s=r, sync_tail_s=tail,
+                backward_s=b, recompute_s=r, sync_tail_s=tail, weight_s=w,
             )
-            for (c, comm, pipe), (f, b, r), tail in zip(
-                self.stage_time_s, self.stage_phase_s, self.stage_sync_tail_s, strict=True
+            for (c, comm, pipe), (f, b, r), tail, w in zip(
+                self.stage_time_s, self.stage_phase_s, self.stage_sync_tail_s,
+                self.stage_weight_s or (0.0,) * len(self.stage_time_s), strict=True
             )
         )
 
@@ -240,8 +244,14 @@ def step_totals(
     max_s = stage_times[0]
     for t in stage_times[1:]:
         max_s = maximum(max_s, t)
-    pipe_s, bubble_s = cost.fill_and_drain(sum_s=total_s, max_s=max_s, num_microbatches=m,
-                                           vpp=knobs.vpp)  # fmt: skip
+    critical = first_argmax(stage_times)
+    if schedule in ("zb-h1", "zb-v"):
+        pipe_s, bubble_s = _zero_bubble_pipeline(
+            runs, critical, max_s, schedule=schedule, num_stages=num_stages, num_microbatches=m
+        )
+    else:
+        pipe_s, bubble_s = cost.fill_and_drain(sum_s=total_s, max_s=max_s, num_microbatches=m,
+                                               vpp=knobs.vpp)  # fmt: skip
     # Stage i finishes its last backward before stages 0..i-1 finish theirs: they still run
     # that microbatch's backward through their layers; with interleaving, only through their
     # first chunk's (the last backward a stage runs is of chunk 0).
@@ -249,7 +259,6 @@ def step_totals(
     for r, e in zip(runs, exposed, strict=True):
         tail = maximum(tail, e.once_s + r.tied_s - still_busy)
         still_busy = still_busy + r.count * (r.time.backward_s + r.time.recompute_s) / knobs.vpp
-    critical = first_argmax(stage_times)
     memories = [run_memory_bytes(r, r.first, cluster, knobs, schedule, num_stages) for r in runs]
     loaded = first_argmax([sum(parts) for parts in memories])
 
@@ -275,6 +284,27 @@ def step_totals(
         peak_memory_bytes=peak,  # type: ignore[arg-type]  # five parts
         exposed=exposed,
     )
+
+
+def _zero_bubble_pipeline(
+    runs: Sequence[StageRun], critical: Real, max_s: Real, *, schedule: ScheduleName,
+    num_stages: Real, num_microbatches: Real,
+) -> tuple[Real, Real]:  # fmt: skip
+    """The pipeline and its bubble under a zero-bubble schedule
+    (:func:`cost.zero_bubble_bubble`), every stage priced as the critical one: exact for equal
+    stages, an upper estimate of the fill and drain when the others are faster. The critical
+    stage's seconds split into its forward, its weight gradients and the rest (input
+    gradients, recomputation, sends), the collectives shared in proportion to compute as
+    :func:`_phases` shares them."""
+    compute = pick([r.time.compute_s for r in runs], critical)
+    share = max_s / maximum(compute, 1e-300)
+    forward = pick([r.time.forward_s for r in runs], critical) * share
+    weight = pick([r.time.weight_s for r in runs], critical) * share
+    bubble = cost.zero_bubble_bubble(
+        schedule, forward_s=forward, input_s=max_s - forward - weight, weight_s=weight,
+        pp=num_stages, num_microbatches=num_microbatches,
+    )
+    return num_microbatches * max_s + bubble, bubble
 
 
 def with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[StageCost]:
@@ -366,6 +396,7 @@ def compose_step(
         ),
         stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(stages, syncs, strict=True)),
         stage_sync_tail_s=tuple(y.tail_s for y in syncs),
+        stage_weight_s=tuple(_weight_s(s.time, y) for s, y in zip(stages, syncs, strict=True)),
     )
 
 
@@ -395,3 +426,10 @@ def _phases(t: LayerCost, sync: _Sync) -> tuple[float, float, float]:
         return (comm / 2, comm / 2, 0.0)
     share = 1 + comm / compute
     return (t.forward_s * share, t.backward_s * share, t.recompute_s * share)
+
+
+def _weight_s(t: LayerCost, sync: _Sync) -> float:
+    """The weight gradients' seconds of one microbatch, with the share of the communication
+    :func:`_phases` gives the backward they are part of."""
+    compute = t.compute_s
+    return t.weight_s * (1 + _communication_s(t, sync) / compute) if compute > 0 else 0.0

@@ -102,6 +102,20 @@ def gpipe(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return f"GPipe with pp({c.pp}): Colossal-AI pipelines with 1f1b or interleaved 1F1B only"
 
 
+def zero_bubble(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """There is no ZB-H1 style; ``pp_style="zbv"`` runs the order ``scheduler_nodes`` gives,
+    which ``PipelineGraph.get_v_schedule()`` searches for from profiled pass costs and a
+    memory limit, not PyTorch's fixed ZB-V order that the planner prices."""
+    c = resolved.config
+    if c.pp == 1 or c.schedule not in ("zb-h1", "zb-v"):
+        return None
+    if c.schedule == "zb-h1":
+        return (f"zb-h1 with pp({c.pp}): Colossal-AI's pipeline styles are 1f1b, interleaved "
+                f"and zbv")
+    return (f"zb-v with pp({c.pp}): Colossal-AI's zbv runs the order PipelineGraph searches "
+            f"for from measured pass costs, not the fixed ZB-V order the planner prices")
+
+
 def interleaved_uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """num_layers_per_stage takes one count per rank but is read per model chunk: with
     interleaving only the default even split runs."""
@@ -264,6 +278,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="zero-2-with-pipeline", check=zero_with_pipeline, source=f"{_PLUGIN}:1134-1136"),
     Rule(name="zero-precision", check=zero_precision, source=f"{_PLUGIN}:1361"),
     Rule(name="gpipe", check=gpipe, source=f"{_PLUGIN}:1124"),
+    Rule(name="zero-bubble", check=zero_bubble,
+         source=f"{_PLUGIN}:1056-1058; {_PLUGIN}:1124; {_PLUGIN}:1169-1175; "
+                f"{REPO} colossalai/pipeline/schedule/v_schedule.py:46-60"),
     Rule(name="interleaved-uneven-split", check=interleaved_uneven_split,
          source=f"{REPO} colossalai/pipeline/stage_manager.py:41-42; "
                 f"colossalai/pipeline/stage_manager.py:100-102"),

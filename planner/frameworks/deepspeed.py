@@ -63,7 +63,8 @@ def pipeline_schedule(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     c = resolved.config
     if c.pp == 1 or (c.vpp == 1 and c.schedule == "1f1b"):
         return None
-    planned = f"interleaved 1F1B (vpp={c.vpp})" if c.vpp > 1 else "GPipe"
+    names = {"gpipe": "GPipe", "zb-h1": "ZB-H1", "zb-v": "ZB-V"}
+    planned = names.get(c.schedule, f"interleaved 1F1B (vpp={c.vpp})")
     return (f"{planned} with pp({c.pp}): DeepSpeed's pipeline engine runs one schedule, "
             f"1F1B without virtual stages")  # fmt: skip
 

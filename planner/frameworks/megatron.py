@@ -40,6 +40,16 @@ def gpipe_schedule(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
             f"backward at a time")  # fmt: skip
 
 
+def zero_bubble_schedule(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-Core picks between 1F1B and interleaved 1F1B only; its ``delay_wgrad_compute``
+    defers weight gradients to overlap the MoE all-to-all, not to fill the pipeline bubble."""
+    schedule = resolved.config.schedule
+    if schedule not in ("zb-h1", "zb-v") or resolved.config.pp == 1:
+        return None
+    return (f"schedule {schedule}: Megatron-LM has no zero-bubble pipeline schedule; with "
+            f"pp({resolved.config.pp}) it runs 1F1B or interleaved 1F1B")
+
+
 def sharded_gradients_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """ZeRO-2/3 is Megatron-FSDP, documented with TP, CP and EP but not pipelines."""
     c = resolved.config
@@ -204,6 +214,9 @@ def unfused_attention_with_cp(resolved: ResolvedConfig, model: ModelSpec) -> str
 RULES: tuple[Rule, ...] = (
     Rule(name="gpipe", check=gpipe_schedule,
          source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:161-168"),
+    Rule(name="zero-bubble", check=zero_bubble_schedule,
+         source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:161-168; "
+                f"megatron/core/transformer/transformer_config.py:3073-3077"),
     Rule(name="zero-2-3-with-pipeline", check=sharded_gradients_with_pipeline,
          source=f"{REPO} docs/user-guide/parallelism-guide.md:78; "
                 f"megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:627-638"),

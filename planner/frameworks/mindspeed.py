@@ -69,6 +69,8 @@ def ulysses_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str 
 RULES: tuple[Rule, ...] = (
     Rule(name="gpipe", check=megatron.gpipe_schedule,
          source=f"{CORE} megatron/core/pipeline_parallel/schedules.py:106-113"),
+    Rule(name="zero-bubble", check=megatron.zero_bubble_schedule,
+         source=f"{CORE} megatron/core/pipeline_parallel/schedules.py:106-113"),
     Rule(name="zero-2-3-with-pipeline", check=megatron.sharded_gradients_with_pipeline,
          source=f"{CORE} docs/source/api-guide/custom_fsdp.md:19; "
                 f"{REPO} docs/zh/features/custom_fsdp.md:38"),

@@ -285,6 +285,17 @@ def fsdp_pipeline_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | N
             f"forward (overlap_param_gather must be on)")
 
 
+def zero_bubble_rounds(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ZB-H1 is PyTorch's interleaved zero-bubble schedule with one stage per rank, which
+    takes the microbatches in rounds of ``m // max(1, m // p)`` and refuses a remainder."""
+    c, m = resolved.config, resolved.num_microbatches
+    rounds = max(1, m // c.pp)
+    if c.schedule != "zb-h1" or c.pp == 1 or m % rounds == 0:
+        return None
+    return (f"zb-h1 with pp({c.pp}): InterleavedZeroBubble needs microbatches({m}) to be a "
+            f"multiple of its rounds max(1, {m} // {c.pp}) = {rounds}")
+
+
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """torchtitan's mesh is pp, dp, cp, tp: tp fastest."""
     c = resolved.config
@@ -331,6 +342,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{_STAGE}:844-848; {_STAGE}:1172-1191"),
     Rule(name="fsdp-pipeline-overlap", check=fsdp_pipeline_overlap,
          source=f"{_STAGE}:1165-1191; {_PARALLELIZE}:324-327"),
+    Rule(name="zero-bubble-rounds", check=zero_bubble_rounds,
+         source=f"{TORCH} torch/distributed/pipelining/schedules.py:3046-3053"),
     Rule(name="rank-order", check=rank_order,
          source=f"{REPO} torchtitan/distributed/parallel_dims.py:143-158"),
 )  # fmt: skip
@@ -404,22 +417,29 @@ def pipeline_table(resolved: ResolvedConfig) -> Table:
     c = resolved.config
     if c.pp == 1:
         return {"pipeline_parallel_degree": 1}
-    schedule = "GPipe" if c.schedule == "gpipe" else "1F1B"
+    # ZB-H1 is the interleaved zero-bubble schedule with one stage per rank (the TOML's parts
+    # set the stages per rank); ZB-V places its two parts per rank in a V.
+    names = {"gpipe": "GPipe", "1f1b": "Interleaved1F1B" if c.vpp > 1 else "1F1B",
+             "zb-h1": "InterleavedZeroBubble", "zb-v": "ZBVZeroBubble"}  # fmt: skip
+    parts = model_parts(resolved.stage_layers, c.vpp, v_shape=c.schedule == "zb-v")
     return {"pipeline_parallel_degree": c.pp,
-            "pipeline_parallel_schedule": "Interleaved1F1B" if c.vpp > 1 else schedule,
+            "pipeline_parallel_schedule": names[c.schedule],
             "pipeline_parallel_microbatch_size": c.mbs,
-            "module_fqns_per_model_part": model_parts(resolved.stage_layers, c.vpp)}  # fmt: skip
+            "module_fqns_per_model_part": parts}  # fmt: skip
 
 
-def model_parts(layers: tuple[int, ...], vpp: int) -> list[list[str]]:
+def model_parts(layers: tuple[int, ...], vpp: int, *, v_shape: bool = False) -> list[list[str]]:
     """torchtitan's module names for each (virtual) stage, in model order. A looped schedule
     runs part ``k`` on pipeline rank ``k % pp``, so each rank's layers are cut into ``vpp``
-    equal chunks that take turns with the other ranks'.
+    equal chunks that take turns with the other ranks'; a V schedule (``v_shape``, two parts
+    per rank) runs part ``k`` on rank ``k`` and part ``2 pp - 1 - k`` on rank ``k`` too.
 
     >>> model_parts((2, 1), 1)
     [['tok_embeddings', 'layers.0', 'layers.1'], ['layers.2', 'norm', 'output']]
     """
-    sizes = [layers[k % len(layers)] // vpp for k in range(len(layers) * vpp)]
+    pp = len(layers)
+    rank = [min(k, 2 * pp - 1 - k) if v_shape else k % pp for k in range(pp * vpp)]
+    sizes = [layers[r] // vpp for r in rank]
     parts, first = [], 0
     for size in sizes:
         parts.append([f"layers.{i}" for i in range(first, first + size)])

@@ -124,7 +124,8 @@ def degrees(config: ParallelConfig) -> Degrees:
     return Degrees(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp or 0, ep=c.ep, vpp=c.vpp,
                    first=c.first_stage_layers or 0, last=c.last_stage_layers or 0, mbs=c.mbs,
                    ulysses=c.cp_algo == "ulysses", sp=c.sp, tp_comm_overlap=c.tp_comm_overlap,
-                   gpipe=c.schedule == "gpipe")  # fmt: skip
+                   gpipe=c.schedule == "gpipe", zb_h1=c.schedule == "zb-h1",
+                   zb_v=c.schedule == "zb-v")  # fmt: skip
 
 
 def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> ResolvedConfig:

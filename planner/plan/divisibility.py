@@ -61,6 +61,10 @@ class Degrees:
     """Tensor-parallel communication overlap asked for."""
     gpipe: Real = False
     """The GPipe schedule (else 1F1B)."""
+    zb_h1: Real = False
+    """The ZB-H1 zero-bubble schedule."""
+    zb_v: Real = False
+    """The ZB-V zero-bubble schedule."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,9 +213,23 @@ RULES: tuple[Rule, ...] = (
          message=lambda m, q, s, d, x: f"global_batch({s.global_batch}) is not divisible by "
          f"dp({x.dp}) x mbs({d.mbs}) = {x.dp * d.mbs}"),
     Rule(name="interleaved_microbatches",
-         holds=lambda m, q, s, d, x: (d.vpp == 1) | (x.num_microbatches % d.pp == 0),
+         holds=lambda m, q, s, d, x: (d.vpp == 1) | (d.zb_v == True)  # noqa: E712
+         | (x.num_microbatches % d.pp == 0),
          message=lambda m, q, s, d, x: f"interleaved schedule: microbatches"
          f"({x.num_microbatches}) must be a multiple of pp({d.pp})"),
+    Rule(name="zb_h1_vpp",
+         holds=lambda m, q, s, d, x: (d.zb_h1 == False) | (d.vpp == 1),  # noqa: E712
+         message=lambda m, q, s, d, x: f"zb-h1 runs one model chunk per stage: vpp({d.vpp}) "
+         f"must be 1"),
+    Rule(name="zb_v_vpp",
+         holds=lambda m, q, s, d, x: (d.zb_v == False) | (d.vpp == 2),  # noqa: E712
+         message=lambda m, q, s, d, x: f"zb-v runs two model chunks per stage in a V: "
+         f"vpp({d.vpp}) must be 2"),
+    Rule(name="zb_v_microbatches",
+         holds=lambda m, q, s, d, x: (d.zb_v == False)  # noqa: E712
+         | (x.num_microbatches >= 2 * d.pp - 1),
+         message=lambda m, q, s, d, x: f"zb-v: microbatches({x.num_microbatches}) must be at "
+         f"least 2 x pp({d.pp}) - 1 = {2 * d.pp - 1} (the planner prices the full V only)"),
     Rule(name="positions",
          holds=lambda m, q, s, d, x: (m.position_embedding != "learned")
          | (q <= m.max_position_embeddings),

@@ -76,6 +76,7 @@ def _merge(a: Strategy, b: Strategy) -> Strategy:
         output_grad=b.output_grad,
         forward_s=a.forward_s + b.forward_s,
         backward_s=a.backward_s + b.backward_s,
+        weight_s=a.weight_s + b.weight_s,
         comm_s=a.comm_s + b.comm_s,
         forward_comm_s=a.forward_comm_s + b.forward_comm_s,
         weights=a.weights + b.weights,
@@ -182,13 +183,14 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
     in seconds rather than whole nanoseconds)."""
     comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-    forward = backward = attention = kept = selective = layer_input = 0.0
+    forward = backward = weight = attention = kept = selective = layer_input = 0.0
     flops = attention_flops = 0.0
     weights: list[tuple[float, tuple[int, ...]]] = []
     for v, (node, i) in enumerate(zip(layer.nodes, chosen, strict=True)):
         s = node.strategies[i]
         forward += s.forward_s
         backward += s.backward_s
+        weight += s.weight_s
         comm[_own_comm_axis(node, s)] += s.comm_s
         rerun[_own_comm_axis(node, s)] += s.forward_comm_s
         attention += s.attention_forward_s
@@ -210,6 +212,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
     return LayerParts(
         forward_s=forward,
         backward_s=backward,
+        weight_s=weight,
         tp_comm_s=comm["tp"] + reshard,
         cp_comm_s=comm["cp"],
         ep_comm_s=comm["ep"],

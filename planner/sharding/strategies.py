@@ -104,6 +104,8 @@ class Strategy:
     input_bytes: float
     """The first kept tensor (the layer input, for the first op): what full recomputation
     keeps."""
+    weight_s: float = 0.0
+    """Of ``backward_s``, the weight gradients (:attr:`planner.cost.compute.OpTime.weight_s`)."""
 
     @property
     def time_s(self) -> float:
@@ -385,6 +387,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         output_grad=tuple("R" if p == "P" else p for p in output),
         forward_s=times.forward_s,
         backward_s=times.backward_s,
+        weight_s=times.weight_s,
         comm_s=comm[0],
         forward_comm_s=comm[1],
         attention_forward_s=times.forward_s if op.kind == "attention" else 0.0,

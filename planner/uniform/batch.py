@@ -236,7 +236,8 @@ def _price(
                 vpp=cols["vpp"], first=cols["first_stage_layers"],
                 last=cols["last_stage_layers"], mbs=cols["mbs"], ulysses=ulysses,
                 sp=cols["sp"].astype(bool), tp_comm_overlap=cols["tp_comm_overlap"].astype(bool),
-                gpipe=gpipe)  # fmt: skip
+                gpipe=gpipe, zb_h1=cols["schedule"] == "zb-h1",
+                zb_v=cols["schedule"] == "zb-v")  # fmt: skip
     derived = derive(shape, d)
     code = first_broken(model, training.seq_length, shape, d, derived)
     orders, order = codes(cols["rank_order"])
@@ -297,10 +298,12 @@ def _price(
     parts_s = {name: np.zeros(len(rows)) for name in StepTime.model_fields}
     bubble = np.zeros(len(rows))
     interleaved = c["vpp"] > 1
-    g_first, group_of = factorize(split_of, interleaved, gpipe[ok])
+    zb_h1, zb_v = cols["schedule"][ok] == "zb-h1", cols["schedule"][ok] == "zb-v"
+    g_first, group_of = factorize(split_of, interleaved, gpipe[ok], zb_h1, zb_v)
     for g, r0 in enumerate(g_first):
         g_rows = np.flatnonzero(group_of == g)
-        schedule: ScheduleName = ("gpipe" if gpipe[ok][r0] else
+        schedule: ScheduleName = ("gpipe" if gpipe[ok][r0] else "zb-h1" if zb_h1[r0] else
+                                  "zb-v" if zb_v[r0] else
                                   "interleaved" if interleaved[r0] else "1f1b")  # fmt: skip
         runs = run_costs(splits[split_of[r0]], by_kind, static, static_of[g_rows],
                          l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]])  # fmt: skip
