@@ -75,6 +75,9 @@ class Profile:
     """What it refuses: a configuration is offered only if none of them refuses it."""
     launch: Callable[[ResolvedConfig, ModelSpec], Launch]
     """The launcher; only called on configurations no rule refuses."""
+    zero_bubble: bool = False
+    """Whether it launches the zero-bubble schedules (ZB-H1, ZB-V): the uniform search tries
+    them only for such a target (its rules still refuse the ones it cannot run)."""
 
     def refusals(self, resolved: ResolvedConfig, model: ModelSpec) -> tuple[str, ...]:
         """Every reason the framework cannot launch ``resolved`` (empty: it can)."""

@@ -483,5 +483,6 @@ def notes(found: Flavor) -> tuple[str, ...]:
     )
 
 
-PROFILE = Profile(name="torchtitan", title="torchtitan", rules=RULES, launch=launch)
+PROFILE = Profile(name="torchtitan", title="torchtitan", rules=RULES, launch=launch,
+                  zero_bubble=True)
 """torchtitan as a framework target."""

@@ -193,14 +193,17 @@ def _degrees(plan: Plan) -> Iterator[str]:
             yield (f"degrees: stage {stage.index}: ep({p.ep}) does not divide data-parallel "
                    f"ranks({replicas * p.dp}) x cp({p.cp}) = {ways}")  # fmt: skip
     v, stages = plan.schedule.virtual_stages, len(plan.stages)
-    if (plan.schedule.name == "interleaved") != (v > 1):
+    if plan.schedule.name == "zb-v":
+        if v != 2:
+            yield f"degrees: schedule zb-v with virtual_stages {v}: a V is two chunks per stage"
+    elif (plan.schedule.name == "interleaved") != (v > 1):
         yield (f"degrees: schedule {plan.schedule.name} with virtual_stages {v}: interleaving "
                "is exactly virtual_stages > 1")  # fmt: skip
     if v == 1:
         return
     if stages == 1:
         yield f"degrees: virtual_stages {v} needs a pipeline, but the plan has one stage"
-    if plan.num_microbatches % stages:
+    if plan.schedule.name == "interleaved" and plan.num_microbatches % stages:
         yield (f"degrees: interleaved schedule: {plan.num_microbatches} microbatches are not "
                f"a multiple of the {stages} stages")  # fmt: skip
     for stage in plan.stages:

@@ -308,9 +308,10 @@ class Plan(_Frozen):
         parts += [f"CP{values('cp')}" + " (Ulysses)" * ulysses] * any(q.cp > 1 for q in stages)
         parts += [f"EP{values('ep')}"] * any(q.ep > 1 for q in stages)
         text = " x ".join(parts) + f", mbs {self.micro_batch_size}"
-        schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
+        schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B",
+                    "zb-h1": "ZB-H1", "zb-v": "ZB-V"}  # fmt: skip
         text += f", {schedule[self.schedule.name]}"
-        if self.schedule.virtual_stages > 1:
+        if self.schedule.virtual_stages > 1 and self.schedule.name == "interleaved":
             text += f" (v={self.schedule.virtual_stages})"
         extras = some([q.sp for q in stages], "sequence parallel")
         for mode in ("selective", "full"):

@@ -13,6 +13,8 @@ The space is what a Megatron-LM user can launch with flags:
   (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``);
 - ``vpp`` (interleaved 1F1B), when ``options.interleaved``: every count of chunks that divides
   every stage's layers (:func:`virtual_stages`; Megatron-Core's rule, uneven stages included);
+- the zero-bubble schedules for a target that launches them (:func:`schedules`): ZB-H1, and
+  ZB-V (two chunks per stage) when ``options.interleaved`` and two chunks divide the stages;
 - ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a scale-up domain, only from
   :data:`LONG_SEQUENCE` on (:func:`cp_degrees`), each as ring attention and as Ulysses all-to-alls
   (:func:`cp_algorithms`);
@@ -34,7 +36,7 @@ from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.vocabulary import RECOMPUTE_MODES, ContextParallelism
+from planner.vocabulary import RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
 
 LONG_SEQUENCE = 8192
 """Context parallelism is tried from this sequence length on. Below it the attention's
@@ -231,13 +233,34 @@ def branch_groups(
     first, last = b.split
     groups = [
         [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, cp_algo=b.cp_algo, ep=b.ep,
-                    vpp=v, sp=sp,
+                    vpp=v, sp=sp, schedule=schedule,
                     first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
                     zero=z) for m in micro_batch_sizes(options)]
-        for v in vpps for r in RECOMPUTE_MODES for z in zero_stages(b.pp)
+        for schedule, v in schedules(vpps, pp=b.pp, options=options)
+        for r in RECOMPUTE_MODES for z in zero_stages(b.pp)
         if pins.admits(vpp=v, recompute=r, zero=z)
     ]  # fmt: skip
     return [group for group in groups if group]
+
+
+def schedules(
+    vpps: list[int], *, pp: int, options: SolveOptions
+) -> list[tuple[PipelineSchedule, int]]:
+    """(schedule, vpp) pairs tried on ``pp`` stages whose chunk counts are ``vpps``: 1F1B
+    (interleaved when ``vpp > 1``); with a pipeline and a target that launches them, ZB-H1,
+    and ZB-V where two chunks divide every stage (``2 in vpps``, so only when interleaving is
+    allowed).
+
+    >>> from planner.options import SolveOptions
+    >>> schedules([1, 2], pp=4, options=SolveOptions(framework="torchtitan"))
+    [('1f1b', 1), ('1f1b', 2), ('zb-h1', 1), ('zb-v', 2)]
+    >>> schedules([1, 2], pp=4, options=SolveOptions(framework="megatron"))
+    [('1f1b', 1), ('1f1b', 2)]
+    """
+    out: list[tuple[PipelineSchedule, int]] = [("1f1b", v) for v in vpps]
+    if pp == 1 or options.framework == ANY or not profile(options.framework).zero_bubble:
+        return out
+    return out + [("zb-h1", 1)] + ([("zb-v", 2)] if 2 in vpps else [])
 
 
 def branch_space(
@@ -322,7 +345,7 @@ def config_key(config: ParallelConfig) -> tuple[int, ...]:
     c = config
     return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp,
             int(c.cp_algo == "ulysses"), c.ep, c.vpp, c.mbs, RECOMPUTE_MODES.index(c.recompute),
-            c.zero)  # fmt: skip
+            c.zero, ("1f1b", "gpipe", "zb-h1", "zb-v").index(c.schedule))  # fmt: skip
 
 
 def _leanness(config: ParallelConfig) -> tuple[int, int, int, int]:
