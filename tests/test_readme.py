@@ -171,6 +171,15 @@ def test_estimate_tables_are_the_readme_tables() -> None:
     _shown(shown.splitlines(), _printed(_run(*found.group(1).split(), columns=WIDE)))
 
 
+def test_zero_bubble_estimate_is_the_readme_block() -> None:
+    """The same Llama 3 70B configuration under ZB-V: its summary, bubble and activations."""
+    block = _block_starting("$ planner estimate instances/models/llama3-70b.json "
+                            "instances/clusters/dgx-h100-80gb.json --nodes 8 \\\n"
+                            "    --tp 8 --pp 4 --vpp 2")  # fmt: skip
+    args, shown = _shell_command(block.splitlines())
+    _shown(shown, _printed(_run(*args, columns=WIDE)))
+
+
 # --------------------------------------------------------------------------- compare, layer, info
 
 

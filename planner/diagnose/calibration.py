@@ -28,6 +28,7 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ValidationBand
 from planner.spec.reading import load_cluster, read_json
 from planner.uniform.estimate import estimate
+from planner.vocabulary import ZERO_BUBBLE
 
 # Which bundled cluster file ran each device's records.
 BUNDLED_CLUSTERS = {key: device.cluster_file for key, device in DEVICES.items()}
@@ -75,6 +76,7 @@ def describe(config: ParallelConfig) -> str:
     parts = [f"TP{config.tp}", f"PP{config.pp}", f"DP{config.dp}"]
     parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
                                               ("vpp", config.vpp)) if v > 1]  # fmt: skip
+    parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)
     parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
     parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
     return " ".join(parts + ([f"ZeRO-{config.zero}"] if config.zero else []))

@@ -24,6 +24,7 @@ from planner.simulate.events import Phase, Simulation
 PHASE_COLORS: dict[Phase, str] = {
     "forward": "#0072B2",
     "backward": "#009E73",
+    "weight": "#F0E442",  # weight gradients, a pass of their own under zero-bubble schedules
     "recompute": "#E69F00",
     "send": "#999999",
     "sync": "#D55E00",
