@@ -29,6 +29,7 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.plan import uniform_plan
 from planner.uniform.space import grid_space
+from planner.vocabulary import ZERO_BUBBLE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +74,21 @@ def test_closed_forms_match_the_simulator(schedule: str, seed: int) -> None:
         held = [cost.in_flight_microbatches(schedule, stage=i, pp=p, vpp=1,  # type: ignore[arg-type]
                                             num_microbatches=m) for i in range(p)]  # fmt: skip
         assert list(sim.peak_in_flight) == held, (p, m)
+
+
+def test_activations_held_for_any_microbatches() -> None:
+    """The peak depends on the order alone: ZB-V's ``min(p, m, (m + 1 + i) / 2)`` holds for
+    every ``m`` (fewer than ``2p - 1`` too, which the configuration refuses), ZB-H1's
+    ``min(p, m)`` likewise."""
+    stage = StageDurations(forward_s=1.0, backward_s=2.0, weight_s=1.0)
+    for p in range(1, 9):
+        for m in range(1, 2 * p + 3):
+            for schedule in ZERO_BUBBLE:
+                sim = simulate([stage] * p, num_microbatches=m, schedule=schedule,
+                               virtual_stages=2 if schedule == "zb-v" else 1)  # fmt: skip
+                held = [cost.in_flight_microbatches(schedule, stage=i, pp=p, vpp=1,
+                                                    num_microbatches=m) for i in range(p)]  # fmt: skip
+                assert list(sim.peak_in_flight) == held, (schedule, p, m)
 
 
 def test_zero_bubble_known_answers() -> None:
