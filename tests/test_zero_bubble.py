@@ -87,7 +87,8 @@ def test_activations_held_for_any_microbatches() -> None:
                 sim = simulate([stage] * p, num_microbatches=m, schedule=schedule,
                                virtual_stages=2 if schedule == "zb-v" else 1)  # fmt: skip
                 held = [cost.in_flight_microbatches(schedule, stage=i, pp=p, vpp=1,
-                                                    num_microbatches=m) for i in range(p)]  # fmt: skip
+                                                    num_microbatches=m)
+                        for i in range(p)]  # fmt: skip
                 assert list(sim.peak_in_flight) == held, (schedule, p, m)
 
 
