@@ -12,7 +12,7 @@ The orders are PyTorch's (``torch.distributed.pipelining``), which torchtitan la
   stages ``i`` and ``2p - 1 - i``), orders generated for ``max(2p - 1, m)`` microbatches and the
   ones past ``m`` dropped.
 
-(pytorch/pytorch@cf30153 torch/distributed/pipelining/schedules.py:2735-2870 and :3081-3127
+(pytorch/pytorch@cf30153 torch/distributed/pipelining/schedules.py:2735-2870 and :3072-3127
 for ZB-H1; :3199-3390 for ZB-V.)
 """
 
