@@ -21,7 +21,7 @@ from planner.cost.compute import (
 from planner.errors import ConfigError, InputError
 from planner.graph import lowered
 from planner.options import SolveOptions
-from planner.pipeline.schedules import stage_actions
+from planner.pipeline.zero_bubble import zero_bubble_order
 from planner.plan.config import ParallelConfig
 from planner.plan.files import plan_from_json
 from planner.simulate.events import StageDurations, closed_form_in_flight, simulate, simulate_plan
@@ -109,24 +109,31 @@ def test_zero_bubble_known_answers() -> None:
             == simulate([flat] * 4, num_microbatches=8, schedule="1f1b").pipeline_s)
 
 
+def stage_actions(schedule: str, *, stage: int, pp: int, m: int) -> list[str]:
+    """A stage's order as PyTorch's pipelining writes it, ``<virtual stage><F|B|W><microbatch>``
+    (its ``I``, the input gradient, written ``B``)."""
+    kind, microbatch, _, virtual = zero_bubble_order(schedule, stage=stage, pp=pp, m=m)  # type: ignore[arg-type]
+    return [f"{v}{'FBW'[k]}{j}" for k, j, v in zip(kind, microbatch, virtual, strict=True)]
+
+
 def test_orders_are_pytorchs() -> None:
     """The op orders PyTorch's schedules generate, written out by hand from
     ``torch/distributed/pipelining/schedules.py`` (v2.13.0): ZB-H1 is
     ``ScheduleInterleavedZeroBubble`` with one stage per rank (rank ``i`` delays ``i`` weight
     gradients), ZB-V ``ScheduleZBVZeroBubble`` (rank 0 holds virtual stages 0 and 3 of 4)."""
-    assert stage_actions("zb-h1", stage=0, pp=2, vpp=1, m=3) == [
+    assert stage_actions("zb-h1", stage=0, pp=2, m=3) == [
         "0F0", "0F1", "0B0", "0W0", "0F2", "0B1", "0W1", "0B2", "0W2"]
-    assert stage_actions("zb-h1", stage=1, pp=2, vpp=1, m=3) == [
+    assert stage_actions("zb-h1", stage=1, pp=2, m=3) == [
         "1F0", "1B0", "1F1", "1B1", "1W0", "1F2", "1B2", "1W1", "1W2"]
-    assert stage_actions("zb-v", stage=0, pp=2, vpp=2, m=3) == [
+    assert stage_actions("zb-v", stage=0, pp=2, m=3) == [
         "0F0", "0F1", "0F2", "3F0", "3B0", "3W0", "3F1", "3B1", "3W1",
         "0B0", "0W0", "3F2", "3B2", "3W2", "0B1", "0W1", "0B2", "0W2"]
-    assert stage_actions("zb-v", stage=1, pp=2, vpp=2, m=3) == [
+    assert stage_actions("zb-v", stage=1, pp=2, m=3) == [
         "1F0", "2F0", "1F1", "2F1", "2B0", "2W0", "1F2", "1B0", "1W0", "2F2", "2B1", "2W1",
         "1B1", "2B2", "1B2", "1W1", "2W2", "1W2"]  # fmt: skip
     for schedule, v in (("zb-h1", 1), ("zb-v", 2)):
         for stage in range(3):
-            ops = stage_actions(schedule, stage=stage, pp=3, vpp=v, m=7)
+            ops = stage_actions(schedule, stage=stage, pp=3, m=7)
             assert sorted(ops) == sorted({op for op in ops}) and len(ops) == 3 * v * 7
 
 

@@ -126,9 +126,8 @@ def warmup_forwards(
     1F1B (PipeDream-Flush; Megatron-LM's ``forward_backward_pipelining_without_interleaving``):
     ``p - i - 1``. Interleaved 1F1B (Megatron-LM's
     ``forward_backward_pipelining_with_interleaving``): ``2 (p - i - 1) + (v - 1) p`` chunk
-    forwards. Both capped at everything there is; GPipe runs all forwards first. ZB-H1 warms up
-    as 1F1B; ZB-V, with ``m >= 2p - 1``, ``2p - 1`` chunk forwards on every stage (PyTorch's
-    ``ScheduleZBVZeroBubble``: ``2 (p - i) - 1`` down the V, ``i`` pairs of both chunks).
+    forwards. Both capped at everything there is; GPipe runs all forwards first. The zero-bubble
+    schedules' orders are their own (:mod:`planner.pipeline.zero_bubble`).
 
     >>> [warmup_forwards("interleaved", stage=i, pp=4, vpp=2, num_microbatches=8)
     ...  for i in range(4)]
@@ -137,8 +136,6 @@ def warmup_forwards(
     m = num_microbatches
     if schedule == "gpipe":
         return m * vpp
-    if schedule in ("1f1b", "zb-h1"):
+    if schedule == "1f1b":
         return minimum(pp - stage - 1, m)
-    if schedule == "zb-v":
-        return minimum(2 * pp - 1, m * vpp)
     return minimum(2 * (pp - stage - 1) + (vpp - 1) * pp, m * vpp)

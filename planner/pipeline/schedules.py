@@ -128,19 +128,6 @@ def stage_order(
                     strict=True))  # fmt: skip
 
 
-def stage_actions(schedule: ScheduleName, *, stage: int, pp: int, vpp: int, m: int) -> list[str]:
-    """One stage's operations as PyTorch's pipelining writes them, ``<virtual stage><F|B|W>
-    <microbatch>`` (``B`` is the input gradient under a zero-bubble schedule, where ``W`` is
-    the weight gradient; else the whole backward).
-
-    >>> stage_actions("zb-h1", stage=1, pp=2, vpp=1, m=3)
-    ['1F0', '1B0', '1F1', '1B1', '1W0', '1F2', '1B2', '1W1', '1W2']
-    """
-    order = _order(schedule, stage=stage, pp=pp, vpp=vpp, m=m)
-    return [f"{v}{'FBW'[k]}{j}" for k, j, v in zip(order.kind.tolist(), order.microbatch.tolist(),
-                                                   order.virtual_stage.tolist(), strict=True)]
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageOps:
     """One stage's order with, per operation, the tensor it waits for and the one it
