@@ -1,0 +1,198 @@
+"""``planner explain``: an :class:`~planner.diagnose.explain.Explanation` as text and JSON.
+
+The text answers a user's first question about a plan, "why this one?", in the order an
+engineer asks it: which faster changes were ruled out and by what, what fills the memory and
+where the step goes, each knob one notch either way, the plan on other hardware, and the
+user's own configuration beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from planner.diagnose.explain import Explanation, Neighbour, Part, differences
+from planner.diagnose.notches import KNOBS
+from planner.frameworks import ANY, profile
+from planner.plan.schema import Plan
+from planner.report.tables import light_table, plan_summary
+from planner.report.width import keep_whole
+
+_SEARCHED = {k.name: k.searched for k in KNOBS}
+
+
+def _label(name: str) -> str:
+    """A part's key as words: ``data_parallel_comm_exposed_s`` -> ``data parallel comm
+    exposed``."""
+    return name.removesuffix("_s").removesuffix("_gib").replace("_", " ")
+
+
+def _who(plan: Plan) -> str:
+    return "any framework" if plan.framework == ANY else profile(plan.framework).title
+
+
+def verdict(n: Neighbour, plan: Plan) -> str:
+    """``feasible``, ``36.5 GiB over``, ``Megatron-LM refuses`` or ``does not divide`` (the
+    reasons are :func:`reasons`)."""
+    if n.refusal is not None:
+        return "does not divide"
+    words = []
+    if not n.fits and n.over_gib is not None:
+        words.append(f"{n.over_gib:.1f} GiB over")
+    if n.framework_refusals:
+        words.append(f"{_who(plan)} refuses")
+    return ", ".join(words) or "feasible"
+
+
+def reasons(n: Neighbour, plan: Plan) -> list[str]:
+    """Why ``n`` does not divide, or why the framework refuses it, in their own words."""
+    if n.refusal is not None:
+        return [n.refusal]
+    return list(n.framework_refusals)
+
+
+def why_this_plan(e: Explanation, plan: Plan) -> str:
+    """One paragraph: the one-notch changes that would be faster, and what rules each out."""
+    faster = [n for n in e.sensitivities if n.delta_s is not None and n.delta_s < 0]
+    if not e.sensitivities:
+        return "why this plan: " + "; ".join(e.limits)
+    if not faster:
+        return ("why this plan: no knob turned one notch either way makes the step faster; "
+                "the plan is a local optimum of the step")  # fmt: skip
+    memory = [f"{n.change} ({-n.delta_s:.3f} s faster, {n.over_gib:.1f} GiB over)"
+              for n in faster if not n.fits and n.over_gib is not None]  # fmt: skip
+    refused = [f"{n.change} ({-n.delta_s:.3f} s faster)" for n in faster
+               if n.fits and n.framework_refusals]  # fmt: skip
+    open_ = [n for n in faster if n.feasible]
+    clauses = []
+    if memory:
+        clauses.append("memory rules out " + ", ".join(memory))
+    if refused:
+        clauses.append(f"{_who(plan)} does not launch " + ", ".join(refused))
+    unsearched = [f"{n.change} ({-n.delta_s:.3f} s faster)" for n in open_
+                  if not _SEARCHED.get(n.knob, True)]  # fmt: skip
+    if unsearched:
+        clauses.append("the search keeps its options' setting of " + ", ".join(unsearched))
+    missed = [f"{n.change} ({-n.delta_s:.3f} s faster)" for n in open_
+              if _SEARCHED.get(n.knob, True)]  # fmt: skip
+    if missed:
+        how = ("the plan was priced as given, not searched" if plan.solver.status == "priced"
+               else f"the search ended {plan.solver.status}")  # fmt: skip
+        clauses.append(f"feasible and faster ({how}): " + ", ".join(missed))
+    count = f"{len(faster)} one-notch change{'s' * (len(faster) > 1)} would be faster"
+    return f"why this plan: {count}; " + "; ".join(clauses)
+
+
+def _parts(parts: tuple[Part, ...], fmt: str, unit: str) -> str:
+    return ", ".join(f"{_label(p.name)} {p.value:{fmt}}{unit}" for p in parts if p.value > 0)
+
+
+def binding_lines(e: Explanation) -> list[str]:
+    """What fills the most loaded stage's memory; where the step goes."""
+    m = e.memory
+    usable = m.capacity_gib - m.margin_gib
+    room = f"{m.free_gib:.1f} GiB free" if m.free_gib >= 0 else f"{-m.free_gib:.1f} GiB over"
+    memory = (f"memory: stage {m.stage} holds {m.peak_gib:.1f} GiB of the {usable:.1f} GiB it "
+              f"may use ({m.capacity_gib:g} GiB less a {m.margin_gib:.1f} GiB margin), {room}: "
+              f"{_parts(m.parts, '.1f', '')}")  # fmt: skip
+    top = e.step[0]
+    overheads = [p for p in e.step if p.name != "compute_s" and p.value > 0]
+    step = (f"step: {_label(top.name)} {top.value:.3f} s of {e.step_time_s:.3f} s "
+            f"({100 * top.share:.1f} %)")  # fmt: skip
+    if overheads:
+        o = overheads[0]
+        step += (f"; the largest overhead is {_label(o.name)} {o.value:.3f} s "
+                 f"({100 * o.share:.1f} %)")  # fmt: skip
+    return [memory, step]
+
+
+def _neighbour_table(heading: str, rows: list[tuple[str, Neighbour]],
+                     plan: Plan) -> list[RenderableType]:  # fmt: skip
+    """The changes priced, a row each; the reasons a change does not divide or is refused,
+    numbered under the table."""
+    table = light_table(heading, collapse_padding=True)
+    table.add_column("change", no_wrap=True)
+    table.add_column("step s", justify="right", no_wrap=True)
+    table.add_column("vs plan", justify="right", no_wrap=True)
+    table.add_column("peak GiB", justify="right", no_wrap=True)
+    table.add_column("verdict")
+    notes: list[str] = []
+    for change, n in rows:
+        mark = ""
+        for reason in reasons(n, plan):
+            if reason not in notes:
+                notes.append(reason)
+            mark += f" [{notes.index(reason) + 1}]"
+        if n.step_time_s is None or n.delta_s is None or n.peak_memory_gib is None:
+            table.add_row(change, "-", "-", "-", verdict(n, plan) + mark)
+            continue
+        table.add_row(change, f"{n.step_time_s:.3f}", f"{n.delta_s:+.3f}",
+                      f"{n.peak_memory_gib:.1f}", verdict(n, plan) + mark)  # fmt: skip
+    return [keep_whole(table), *(Text(f"[{i}] {text}", style="dim")
+                                 for i, text in enumerate(notes, 1))]  # fmt: skip
+
+
+def why_not_lines(e: Explanation, plan: Plan) -> list[str]:
+    """The user's configuration against the plan: slower or faster by how much and where, and
+    whether it fits."""
+    n = e.why_not
+    if n is None or n.step_time_s is None or n.delta_s is None or n.over_gib is None:
+        return []
+    filled = "the rest from the plan" if plan.configuration else "the rest estimate's defaults"
+    head = f"why not {n.change} ({filled}): {n.step_time_s:.3f} s"
+    time, memory = differences(n, plan)
+    if n.delta_s > 0:
+        head += f", {n.delta_s:.3f} s ({100 * n.delta_s / e.step_time_s:.1f} %) slower"
+    elif n.delta_s < 0:
+        head += f", {-n.delta_s:.3f} s ({-100 * n.delta_s / e.step_time_s:.1f} %) faster"
+    else:
+        head += ", the plan's step"
+    lines = [head]
+    if time:
+        lines.append("  where: " + ", ".join(f"{_label(p.name)} {p.value:+.3f} s"
+                                             for p in time[:4] if abs(p.value) >= 5e-4))
+    if n.over_gib > 0:
+        lines.append(f"  does not fit: {n.peak_memory_gib:.1f} GiB peak, {n.over_gib:.1f} GiB "
+                     "over; against the plan: " + ", ".join(
+                         f"{_label(p.name)} {p.value:+.1f}" for p in memory[:3]
+                         if abs(p.value) >= 0.05))  # fmt: skip
+    else:
+        lines.append(f"  fits: {n.peak_memory_gib:.1f} GiB peak, {-n.over_gib:.1f} GiB free")
+    if n.framework_refusals:
+        lines.append(f"  {_who(plan)} refuses it: " + "; ".join(n.framework_refusals))
+    return lines
+
+
+def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
+    """The explanation as text: the plan, why it, what binds, the knobs, the hardware and the
+    user's configuration."""
+    devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
+    head = Group(
+        plan_summary(plan, style="bold"),
+        Text(f"{plan.model.name} on {devices} x {plan.cluster.device} for {_who(plan)}: "
+             f"step {e.step_time_s:.3f} s, peak {plan.predicted.peak_memory_gib:.1f} GiB"),
+    )  # fmt: skip
+    out: list[RenderableType] = [head, Text(why_this_plan(e, plan))]
+    out += [Text(line) for line in binding_lines(e)]
+    if e.sensitivities:
+        out += _neighbour_table("one notch each way (vs the plan's step)",
+                                [(n.change, n) for n in e.sensitivities], plan)
+    if e.hardware:
+        rows = []
+        for w in e.hardware:
+            rows.append((w.change, w.priced))
+            if w.best is not None:
+                rows.append((f"  then {w.best.change}", w.best))
+        out += _neighbour_table("the same plan on other hardware (vs the plan's step)",
+                                rows, plan)
+    out += [Text(line) for line in why_not_lines(e, plan)]
+    out += [Text(f"note: {text}", style="dim") for text in e.limits if e.sensitivities]
+    return out
+
+
+def explain_json(e: Explanation) -> dict[str, Any]:
+    """The ``planner explain --json`` object (JSON types only;
+    ``Explanation.model_validate`` reads it back)."""
+    return e.model_dump(mode="json")
