@@ -212,5 +212,6 @@ def _value(name: str, raw: str, *, option: str) -> Any:
         ParallelConfig.model_validate({name: value})
     except ValidationError as exc:
         reason = exc.errors()[0]["msg"]
-        raise InputError(f"{option}: {name.replace('_', '-')}={raw}: {reason}") from None
+        raise InputError(f"{option}: {name.replace('_', '-')}={raw}: {reason[0].lower()}"
+                         f"{reason[1:]}") from None
     return value
