@@ -81,14 +81,17 @@ def test_every_sensitivity_is_estimate_of_the_configuration_it_names(
 def test_a_notch_keeps_the_devices_and_moves_one_knob(
     explained: Explanation, gpt3: ModelSpec, a100: ClusterSpec
 ) -> None:
-    """tp 4 -> 2 doubles dp (the devices kept); every change moves its own knob alone."""
+    """tp 4 -> 2 doubles dp (the devices kept); every change moves its own knob alone, but
+    ZeRO-0, which also stops overlapping a parameter gather it no longer has."""
     by_change = {n.change: n for n in explained.sensitivities}
     assert "tp 4 -> 2 (dp 32 -> 64)" in by_change
     assert "tp 4 -> 8 (dp 32 -> 16)" in by_change
     assert "mbs 1 -> 2 (24 microbatches)" in by_change
+    assert "zero 1 -> 0 (overlap-param-gather off)" in by_change
     for n in explained.sensitivities:
         moved = {k.name for k in KNOBS if getattr(n.config, k.name) != getattr(PLAN, k.name)}
-        assert moved == {n.knob}, n.change
+        coupled = {"overlap_param_gather"} if n.knob == "zero" and n.config.zero == 0 else set()
+        assert moved == {n.knob} | coupled, n.change
         if n.refusal is None:
             r = resolve(gpt3, a100, n.config)
             assert r.dp * n.config.tp * n.config.pp * n.config.cp == a100.num_devices

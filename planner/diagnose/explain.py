@@ -249,7 +249,8 @@ class _Priced:
         before = self.plan.configuration or config
         change = "the plan" if base is None else describe_change(
             before, config, dp=(self.plan_dp, int(col["dp"][i])),
-            microbatches=(self.plan.num_microbatches, int(col["num_microbatches"][i])))
+            microbatches=(self.plan.num_microbatches, int(col["num_microbatches"][i])),
+            knob=knob)
         if not col["divides"][i]:
             return Neighbour(
                 knob=knob, direction=direction, change=change,  # type: ignore[arg-type]
@@ -350,19 +351,24 @@ def differences(mine: Neighbour, plan: Plan) -> tuple[tuple[Part, ...], tuple[Pa
 
 def describe_change(
     before: ParallelConfig, after: ParallelConfig, *, dp: tuple[int, int],
-    microbatches: tuple[int, int],
+    microbatches: tuple[int, int], knob: str | None = None,
 ) -> str:  # fmt: skip
-    """``tp 4 -> 8 (dp 32 -> 16)``: the knobs that moved, then what moved with them (``dp``
-    and ``microbatches``: before and after).
+    """``tp 4 -> 8 (dp 32 -> 16)``: the knobs that moved (``knob`` first, the others that
+    moved with it in brackets), then what moved with them (``dp`` and ``microbatches``:
+    before and after).
 
     >>> describe_change(ParallelConfig(mbs=1), ParallelConfig(mbs=2), dp=(8, 8),
     ...                 microbatches=(16, 8))
     'mbs 1 -> 2 (8 microbatches)'
+    >>> describe_change(ParallelConfig(zero=1, overlap_param_gather=True), ParallelConfig(),
+    ...                 dp=(8, 8), microbatches=(16, 16), knob="zero")
+    'zero 1 -> 0 (overlap-param-gather off)'
     """
-    moved = [f"{k.name.replace('_', '-')} {_word(getattr(before, k.name))} -> "
-             f"{_word(getattr(after, k.name))}" for k in KNOBS
-             if getattr(before, k.name) != getattr(after, k.name)]  # fmt: skip
-    also = []
+    names = [k.name for k in KNOBS if getattr(before, k.name) != getattr(after, k.name)]
+    lead = [n for n in names if n == knob] or names
+    moved = [f"{n.replace('_', '-')} {_word(getattr(before, n))} -> {_word(getattr(after, n))}"
+             for n in lead]  # fmt: skip
+    also = [f"{n.replace('_', '-')} {_word(getattr(after, n))}" for n in names if n not in lead]
     if dp[1] and dp[1] != dp[0]:
         also.append(f"dp {dp[0]} -> {dp[1]}")
     elif microbatches[1] and microbatches[1] != microbatches[0]:

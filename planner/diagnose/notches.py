@@ -100,7 +100,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="recompute", values=_fixed(*RECOMPUTE_MODES)),
     Knob(name="zero", values=_fixed(0, 1, 2, 3)),
     Knob(name="sp", values=_fixed(False, True), applies=lambda c, m: c.tp > 1),
-    Knob(name="schedule", values=_fixed("gpipe", "1f1b"), applies=lambda c, m: c.pp > 1),
+    # interleaving is a 1F1B schedule: GPipe is a notch only without it
+    Knob(name="schedule", values=_fixed("gpipe", "1f1b"),
+         applies=lambda c, m: c.pp > 1 and c.vpp == 1),
     Knob(name="flash_attention", values=_fixed(False, True), searched=False),  # an option
     Knob(name="overlap_grad_reduce", values=_fixed(False, True)),
     Knob(name="overlap_param_gather", values=_fixed(False, True),
@@ -148,10 +150,12 @@ def with_changes(
     """``config`` with ``changes``, the devices kept: ``dp`` left to take the devices when a
     degree that takes devices changes (unless given), and the first and last stage's layers
     reset when ``pp`` changes (unless given), to Megatron's uneven split when the layers do not
-    divide evenly."""
+    divide evenly; ZeRO-0 overlaps no parameter gather (there is none), unless given."""
     values = config.model_dump() | dict(changes)
     if "dp" not in changes and any(k in changes for k in DEVICE_DEGREES):
         values["dp"] = None
+    if changes.get("zero") == 0 and "overlap_param_gather" not in changes:
+        values["overlap_param_gather"] = False  # replicated weights: no gather to overlap
     ends = ("first_stage_layers", "last_stage_layers")
     if "pp" in changes and not any(k in changes for k in ends):
         pp = changes["pp"]

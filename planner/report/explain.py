@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.text import Text
 
 from planner.diagnose.explain import Explanation, Neighbour, Part, differences
@@ -18,7 +19,7 @@ from planner.diagnose.notches import KNOBS
 from planner.frameworks import ANY, profile
 from planner.plan.schema import Plan
 from planner.report.tables import light_table, plan_summary
-from planner.report.width import keep_whole
+from planner.report.width import FirstThatFits, keep_whole
 
 _SEARCHED = {k.name: k.searched for k in KNOBS}
 
@@ -34,15 +35,15 @@ def _who(plan: Plan) -> str:
 
 
 def verdict(n: Neighbour, plan: Plan) -> str:
-    """``feasible``, ``36.5 GiB over``, ``Megatron-LM refuses`` or ``does not divide`` (the
-    reasons are :func:`reasons`)."""
+    """``feasible``, ``over`` (the memory), ``refused`` (by the plan's framework) or ``does not
+    divide`` (the reasons are :func:`reasons`)."""
     if n.refusal is not None:
         return "does not divide"
     words = []
     if not n.fits and n.over_gib is not None:
-        words.append(f"{n.over_gib:.1f} GiB over")
+        words.append("over")
     if n.framework_refusals:
-        words.append(f"{_who(plan)} refuses")
+        words.append("refused")
     return ", ".join(words) or "feasible"
 
 
@@ -50,39 +51,39 @@ def reasons(n: Neighbour, plan: Plan) -> list[str]:
     """Why ``n`` does not divide, or why the framework refuses it, in their own words."""
     if n.refusal is not None:
         return [n.refusal]
-    return list(n.framework_refusals)
+    return [f"{_who(plan)}: {reason}" for reason in n.framework_refusals]
 
 
-def why_this_plan(e: Explanation, plan: Plan) -> str:
-    """One paragraph: the one-notch changes that would be faster, and what rules each out."""
-    faster = [n for n in e.sensitivities if n.delta_s is not None and n.delta_s < 0]
+def why_this_plan(e: Explanation, plan: Plan) -> list[str]:
+    """The one-notch changes that would make the step faster, fastest first, each with what
+    rules it out: memory, the framework, the search's options; or that none would."""
     if not e.sensitivities:
-        return "why this plan: " + "; ".join(e.limits)
+        return ["why this plan: " + "; ".join(e.limits)]
+    faster = sorted((n for n in e.sensitivities if n.delta_s is not None and n.delta_s < 0),
+                    key=lambda n: n.delta_s or 0.0)  # fmt: skip
     if not faster:
-        return ("why this plan: no knob turned one notch either way makes the step faster; "
-                "the plan is a local optimum of the step")  # fmt: skip
-    memory = [f"{n.change} ({-n.delta_s:.3f} s faster, {n.over_gib:.1f} GiB over)"
-              for n in faster if not n.fits and n.over_gib is not None]  # fmt: skip
-    refused = [f"{n.change} ({-n.delta_s:.3f} s faster)" for n in faster
-               if n.fits and n.framework_refusals]  # fmt: skip
-    open_ = [n for n in faster if n.feasible]
+        return ["why this plan: no knob turned one notch either way makes the step faster"]
+    lines = [f"why this plan: {len(faster)} one-notch change{'s' * (len(faster) > 1)} would "
+             "make the step faster:"]  # fmt: skip
+    for n in faster:
+        lines.append(f"  {n.change}: {-(n.delta_s or 0.0):.3f} s faster, {_ruled_out(n, plan)}")
+    return lines
+
+
+def _ruled_out(n: Neighbour, plan: Plan) -> str:
+    """What keeps a faster change out of the plan."""
     clauses = []
-    if memory:
-        clauses.append("memory rules out " + ", ".join(memory))
-    if refused:
-        clauses.append(f"{_who(plan)} does not launch " + ", ".join(refused))
-    unsearched = [f"{n.change} ({-n.delta_s:.3f} s faster)" for n in open_
-                  if not _SEARCHED.get(n.knob, True)]  # fmt: skip
-    if unsearched:
-        clauses.append("the search keeps its options' setting of " + ", ".join(unsearched))
-    missed = [f"{n.change} ({-n.delta_s:.3f} s faster)" for n in open_
-              if _SEARCHED.get(n.knob, True)]  # fmt: skip
-    if missed:
-        how = ("the plan was priced as given, not searched" if plan.solver.status == "priced"
-               else f"the search ended {plan.solver.status}")  # fmt: skip
-        clauses.append(f"feasible and faster ({how}): " + ", ".join(missed))
-    count = f"{len(faster)} one-notch change{'s' * (len(faster) > 1)} would be faster"
-    return f"why this plan: {count}; " + "; ".join(clauses)
+    if not n.fits and n.over_gib is not None:
+        clauses.append(f"does not fit ({n.over_gib:.1f} GiB over)")
+    if n.framework_refusals:
+        clauses.append(f"{_who(plan)} does not launch it")
+    if clauses:
+        return " and ".join(clauses)
+    if not _SEARCHED.get(n.knob, True):
+        return "feasible; solve does not turn this knob"
+    if plan.solver.status == "priced":
+        return "feasible (the plan was priced as given, not searched)"
+    return f"feasible; outside the search's space, or missed (it ended {plan.solver.status})"
 
 
 def _parts(parts: tuple[Part, ...], fmt: str, unit: str) -> str:
@@ -98,40 +99,46 @@ def binding_lines(e: Explanation) -> list[str]:
               f"may use ({m.capacity_gib:g} GiB less a {m.margin_gib:.1f} GiB margin), {room}: "
               f"{_parts(m.parts, '.1f', '')}")  # fmt: skip
     top = e.step[0]
-    overheads = [p for p in e.step if p.name != "compute_s" and p.value > 0]
+    overheads = [p for p in e.step if p is not top and p.value > 0][:3]
     step = (f"step: {_label(top.name)} {top.value:.3f} s of {e.step_time_s:.3f} s "
             f"({100 * top.share:.1f} %)")  # fmt: skip
     if overheads:
-        o = overheads[0]
-        step += (f"; the largest overhead is {_label(o.name)} {o.value:.3f} s "
-                 f"({100 * o.share:.1f} %)")  # fmt: skip
+        step += "; then " + ", ".join(f"{_label(p.name)} {p.value:.3f} s ({100 * p.share:.1f} %)"
+                                      for p in overheads)  # fmt: skip
     return [memory, step]
 
 
 def _neighbour_table(heading: str, rows: list[tuple[str, Neighbour]],
                      plan: Plan) -> list[RenderableType]:  # fmt: skip
-    """The changes priced, a row each; the reasons a change does not divide or is refused,
-    numbered under the table."""
-    table = light_table(heading, collapse_padding=True)
-    table.add_column("change", no_wrap=True)
-    table.add_column("step s", justify="right", no_wrap=True)
-    table.add_column("vs plan", justify="right", no_wrap=True)
-    table.add_column("peak GiB", justify="right", no_wrap=True)
-    table.add_column("verdict")
+    """The changes priced, a row each: the step, its difference to the plan's, the memory it
+    leaves free beside the margin (negative: over) and the verdict (each change on one line
+    when the console is wide enough, else wrapped between its words); the reasons a change
+    does not divide or is refused, numbered under the table."""
     notes: list[str] = []
+    cells = []
     for change, n in rows:
         mark = ""
         for reason in reasons(n, plan):
             if reason not in notes:
                 notes.append(reason)
             mark += f" [{notes.index(reason) + 1}]"
-        if n.step_time_s is None or n.delta_s is None or n.peak_memory_gib is None:
-            table.add_row(change, "-", "-", "-", verdict(n, plan) + mark)
+        if n.step_time_s is None or n.delta_s is None or n.over_gib is None:
+            cells.append((change, "-", "-", "-", verdict(n, plan) + mark))
             continue
-        table.add_row(change, f"{n.step_time_s:.3f}", f"{n.delta_s:+.3f}",
-                      f"{n.peak_memory_gib:.1f}", verdict(n, plan) + mark)  # fmt: skip
-    return [keep_whole(table), *(Text(f"[{i}] {text}", style="dim")
-                                 for i, text in enumerate(notes, 1))]  # fmt: skip
+        cells.append((change, f"{n.step_time_s:.3f}", f"{n.delta_s:+.3f}",
+                      f"{-n.over_gib:.1f}", verdict(n, plan) + mark))  # fmt: skip
+    tables = []
+    for whole in (True, False):
+        table = light_table(heading, collapse_padding=True)
+        table.add_column("change", no_wrap=whole, min_width=None if whole else 20)
+        for name in ("step s", "vs plan", "free GiB"):
+            table.add_column(name, justify="right", no_wrap=True)
+        table.add_column("verdict", no_wrap=True)
+        for row in cells:
+            table.add_row(*row)
+        tables.append(keep_whole(table))
+    return [FirstThatFits(*tables), *(Text(f"[{i}] {text}", style="dim")
+                                      for i, text in enumerate(notes, 1))]  # fmt: skip
 
 
 def why_not_lines(e: Explanation, plan: Plan) -> list[str]:
@@ -174,10 +181,13 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
         Text(f"{plan.model.name} on {devices} x {plan.cluster.device} for {_who(plan)}: "
              f"step {e.step_time_s:.3f} s, peak {plan.predicted.peak_memory_gib:.1f} GiB"),
     )  # fmt: skip
-    out: list[RenderableType] = [head, Text(why_this_plan(e, plan))]
+    # the changes indented, their wrapped lines too
+    out: list[RenderableType] = [head, *(Padding(Text(line.removeprefix("  ")), (0, 0, 0, 2))
+                                         if line.startswith("  ") else Text(line)
+                                         for line in why_this_plan(e, plan))]
     out += [Text(line) for line in binding_lines(e)]
     if e.sensitivities:
-        out += _neighbour_table("one notch each way (vs the plan's step)",
+        out += _neighbour_table("one notch each way (free: GiB beside the margin; < 0: over)",
                                 [(n.change, n) for n in e.sensitivities], plan)
     if e.hardware:
         rows = []
@@ -185,9 +195,10 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
             rows.append((w.change, w.priced))
             if w.best is not None:
                 rows.append((f"  then {w.best.change}", w.best))
-        out += _neighbour_table("the same plan on other hardware (vs the plan's step)",
+        out += _neighbour_table("the same plan on other hardware",
                                 rows, plan)
-    out += [Text(line) for line in why_not_lines(e, plan)]
+    out += [Padding(Text(line.removeprefix("  ")), (0, 0, 0, 2)) if line.startswith("  ")
+            else Text(line) for line in why_not_lines(e, plan)]
     out += [Text(f"note: {text}", style="dim") for text in e.limits if e.sensitivities]
     return out
 
