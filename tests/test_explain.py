@@ -20,6 +20,7 @@ from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.plan import uniform_plan
 from planner.vocabulary import GIB
+from tests.test_cli_width import planner
 
 GPT3 = "instances/models/gpt3-175b.json"
 A100 = "instances/clusters/dgx-a100-80gb.json"
@@ -253,3 +254,38 @@ def test_inputs_that_are_not_the_plans_are_refused(plan, gpt3, a100) -> None:  #
         check_inputs(plan, other, a100)
     with pytest.raises(InputError, match="not the one the plan was made for"):
         explain(plan, gpt3, load_cluster("instances/clusters/dgx-h100-80gb.json"))
+
+
+def test_a_per_operator_plan_keeps_its_own_numbers(plan, gpt3, a100) -> None:  # type: ignore[no-untyped-def]
+    """No configuration to turn: memory and step from the plan; a why-not from estimate's
+    defaults on the plan's training run."""
+    any_plan = plan.model_copy(update={"configuration": None, "framework": "any"})
+    e = explain(any_plan, gpt3, a100, why_not={"tp": 8, "pp": 16})
+    assert not e.sensitivities and not e.hardware
+    assert "per-operator" in e.limits[0]
+    assert e.memory == explain(plan).memory
+    assert e.why_not is not None
+    defaults = ParallelConfig(tp=8, pp=16, global_batch=1536, seq_len=2048, precision="bf16")
+    assert e.why_not.config == defaults
+    assert e.why_not.step_time_s == estimate(gpt3, a100, defaults).step_time_s
+
+
+def test_the_command_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The plan alone explains its memory and step; --model without --cluster and a --why-not
+    that does not parse are one-line errors."""
+    plan_file = tmp_path / "plan.json"
+    done = planner(200, "estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--out", plan_file)
+    assert done.code == 0, done.stderr
+    alone = planner(80, "explain", plan_file)
+    assert alone.code == 0, alone.stderr
+    assert "memory: stage" in alone.stdout and "give its model and cluster" in alone.stdout
+    half = planner(80, "explain", plan_file, "--model", GPT3)
+    assert half.code == 2 and "give both --model and --cluster" in half.stderr
+    bad = planner(80, "explain", plan_file, "--model", GPT3, "--cluster", A100, "--why-not",
+                  "tp=8,pp")  # fmt: skip
+    assert bad.code == 2 and "'pp' is not knob=value" in bad.stderr
+    wrong = planner(80, "explain", plan_file, "--model", GPT3, "--cluster", A100, "--why-not",
+                    "tp=7")  # fmt: skip
+    assert wrong.code == 2 and "tp(7) x pp(16) x cp(1) = 112 does not divide" in wrong.stderr
+    as_json = planner(80, "explain", plan_file, "--model", GPT3, "--cluster", A100, "--json")
+    assert Explanation.model_validate(json.loads(as_json.stdout)).sensitivities

@@ -107,8 +107,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="overlap_grad_reduce", values=_fixed(False, True)),
     Knob(name="overlap_param_gather", values=_fixed(False, True),
          applies=lambda c, m: c.zero >= 1),
-    # solve keeps Megatron's default (off): the overlap needs Transformer Engine's userbuffers
-    # set up for the run (planner/uniform/space.py run_config takes no such option)
+    # solve keeps ParallelConfig's default (off): planner.uniform.space.run_config sets it from
+    # no option
     Knob(name="tp_comm_overlap", values=_fixed(False, True), applies=lambda c, m: c.tp > 1,
          searched=False),
 )

@@ -97,7 +97,7 @@ def binding_lines(e: Explanation) -> list[str]:
     room = f"{m.free_gib:.1f} GiB free" if m.free_gib >= 0 else f"{-m.free_gib:.1f} GiB over"
     memory = (f"memory: stage {m.stage} holds {m.peak_gib:.1f} GiB of the {usable:.1f} GiB it "
               f"may use ({m.capacity_gib:g} GiB less a {m.margin_gib:.1f} GiB margin), {room}: "
-              f"{_parts(m.parts, '.1f', '')}")  # fmt: skip
+              f"{_parts(m.parts, '.1f', '')} GiB")  # fmt: skip
     top = e.step[0]
     overheads = [p for p in e.step if p is not top and p.value > 0][:3]
     step = (f"step: {_label(top.name)} {top.value:.3f} s of {e.step_time_s:.3f} s "
