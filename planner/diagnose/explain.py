@@ -17,6 +17,7 @@ gives in full is priced for it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -176,7 +177,31 @@ def explain(
                   "configuration to turn one notch or to price on other hardware",)  # fmt: skip
         return Explanation(**base, limits=limits, why_not=None if mine is None else _why_not(
             plan, model, cluster, mine, why_not or {}, reference=p.step_time_s))
-    config = plan.configuration
+    reference, groups, rows, sensitivities = _sensitivities(plan, model, cluster,
+                                                            plan.configuration)  # fmt: skip
+    hardware = tuple(_what_if(plan, model, change, changed, rows, groups, reference,
+                              sensitivities) for change, changed in hardware_changes(cluster))
+    limits = ()
+    if reference.step_time_s != p.step_time_s:
+        limits = (f"the plan's configuration prices at {reference.step_time_s:.3f} s, the plan "
+                  f"records {p.step_time_s:.3f} s (another version of the cost model): the "
+                  "changes are against the former",)  # fmt: skip
+    return Explanation(
+        **base, sensitivities=sensitivities, hardware=hardware, limits=limits,
+        why_not=None if mine is None else _why_not(plan, model, cluster, mine, why_not or {},
+                                                    reference=reference.step_time_s),
+    )  # fmt: skip
+
+
+Groups = list[tuple[str, str, list[ParallelConfig]]]
+"""Per knob and direction, the configurations tried for its notch, nearest first."""
+
+
+def _sensitivities(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
+) -> tuple[Neighbour, Groups, list[ParallelConfig], tuple[Neighbour, ...]]:
+    """The plan's configuration re-priced, the notches tried, the rows priced (the plan's
+    first) and, per knob and direction, the nearest notch that divides (else the nearest)."""
     groups = [(knob.name, direction, options)
               for knob, down, up in notches(config, model, cluster.num_devices)
               for direction, options in (("down", down), ("up", up)) if options]  # fmt: skip
@@ -190,13 +215,7 @@ def explain(
         at += len(options)
         i = next((i for i in picks if priced.batch.columns["divides"][i]), picks[0])
         sensitivities.append(priced(i, knob=name, direction=direction, base=reference))
-    hardware = tuple(_what_if(plan, model, change, changed, rows, groups, reference,
-                              sensitivities) for change, changed in hardware_changes(cluster))
-    return Explanation(
-        **base, sensitivities=tuple(sensitivities), hardware=hardware,
-        why_not=None if mine is None else _why_not(plan, model, cluster, mine, why_not or {},
-                                                    reference=reference.step_time_s),
-    )  # fmt: skip
+    return reference, groups, rows, tuple(sensitivities)
 
 
 def memory_binding(plan: Plan) -> MemoryBinding:
@@ -235,12 +254,21 @@ def why_not_config(plan: Plan, model: ModelSpec, changes: Mapping[str, Any]) -> 
     return with_changes(run, changes, model)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
 class _Priced:
     """Rows of one :func:`estimate_batch` as :class:`Neighbour` s."""
 
-    def __init__(self, plan: Plan, model: ModelSpec, batch: BatchEstimate) -> None:
-        self.plan, self.model, self.batch = plan, model, batch
-        self.plan_dp = plan.data_parallel_replicas * plan.stages[0].parallel.dp
+    plan: Plan
+    """The plan explained."""
+    model: ModelSpec
+    """Its model."""
+    batch: BatchEstimate
+    """The rows priced, on the cluster of the batch."""
+
+    @property
+    def plan_dp(self) -> int:
+        """The plan's data-parallel ranks."""
+        return self.plan.data_parallel_replicas * self.plan.stages[0].parallel.dp
 
     def __call__(self, i: int, *, knob: str, direction: str,
                  base: Neighbour | None) -> Neighbour:  # fmt: skip
@@ -276,8 +304,8 @@ class _Priced:
 
 def _price(plan: Plan, model: ModelSpec, cluster: ClusterSpec,
            rows: Sequence[ParallelConfig]) -> _Priced:  # fmt: skip
-    return _Priced(plan, model, estimate_batch(model, cluster, rows,
-                                               memory_margin_gib=plan.memory_margin_gib))
+    return _Priced(plan=plan, model=model, batch=estimate_batch(
+        model, cluster, rows, memory_margin_gib=plan.memory_margin_gib))
 
 
 def _refusals(plan: Plan, model: ModelSpec, cluster: ClusterSpec,
@@ -290,7 +318,7 @@ def _refusals(plan: Plan, model: ModelSpec, cluster: ClusterSpec,
 
 def _what_if(
     plan: Plan, model: ModelSpec, change: str, cluster: ClusterSpec,
-    rows: Sequence[ParallelConfig], groups: Sequence[tuple[str, str, list[ParallelConfig]]],
+    rows: Sequence[ParallelConfig], groups: Groups,
     reference: Neighbour, before: Sequence[Neighbour],
 ) -> WhatIf:  # fmt: skip
     """The plan's configuration priced on ``cluster``, and the fastest one-notch change the
