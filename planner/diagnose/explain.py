@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from planner import cost
 from planner.diagnose.notches import KNOBS, notches, with_changes
@@ -94,16 +94,20 @@ class Neighbour(_Frozen):
     """Its peak by what fills it."""
     framework_refusals: tuple[str, ...] = ()
     """Why the plan's framework cannot launch it (empty: it can, or the plan has none)."""
+    fits: bool = False
+    """It divides and its peak leaves the margin free (``over_gib <= 0``; set from it)."""
+    feasible: bool = False
+    """It divides, fits and the plan's framework launches it (set from the above)."""
 
-    @property
-    def fits(self) -> bool:
-        """It divides and its peak leaves the margin free."""
-        return self.over_gib is not None and self.over_gib <= 0
-
-    @property
-    def feasible(self) -> bool:
-        """It divides, fits and the plan's framework launches it."""
-        return self.fits and not self.framework_refusals
+    @model_validator(mode="before")
+    @classmethod
+    def _verdicts(cls, data: Any) -> Any:
+        # fits and feasible follow from over_gib and the refusals: derived here, never given
+        if isinstance(data, dict):
+            over = data.get("over_gib")
+            fits = over is not None and over <= 0
+            data = data | {"fits": fits, "feasible": fits and not data.get("framework_refusals")}
+        return data
 
 
 class WhatIf(_Frozen):

@@ -79,11 +79,21 @@ def _ruled_out(n: Neighbour, plan: Plan) -> str:
         clauses.append(f"{_who(plan)} does not launch it")
     if clauses:
         return " and ".join(clauses)
-    if not _SEARCHED.get(n.knob, True):
-        return "feasible; solve does not turn this knob"
+    if _unsearched(n, plan):
+        names = " and ".join(k.replace("_", "-") for k in _unsearched(n, plan))
+        return f"feasible; solve does not turn {'this knob' if n.knob in _SEARCHED else names}"
     if plan.solver.status == "priced":
         return "feasible (the plan was priced as given, not searched)"
     return f"feasible; outside the search's space, or missed (it ended {plan.solver.status})"
+
+
+def _unsearched(n: Neighbour, plan: Plan) -> list[str]:
+    """The knobs ``n`` changes from the plan's configuration that solve does not turn."""
+    c = plan.configuration
+    if c is None:
+        return []
+    return [name for name, searched in _SEARCHED.items()
+            if not searched and getattr(n.config, name) != getattr(c, name)]  # fmt: skip
 
 
 def _parts(parts: tuple[Part, ...], fmt: str, unit: str) -> str:
@@ -153,7 +163,8 @@ def why_not_lines(e: Explanation, plan: Plan) -> list[str]:
     if n.delta_s > 0:
         head += f", {n.delta_s:.3f} s ({100 * n.delta_s / e.step_time_s:.1f} %) slower"
     elif n.delta_s < 0:
-        head += f", {-n.delta_s:.3f} s ({-100 * n.delta_s / e.step_time_s:.1f} %) faster"
+        head += (f", {-n.delta_s:.3f} s ({-100 * n.delta_s / e.step_time_s:.1f} %) faster: "
+                 f"{_ruled_out(n, plan)}")  # fmt: skip
     else:
         head += ", the plan's step"
     lines = [head]
@@ -164,7 +175,7 @@ def why_not_lines(e: Explanation, plan: Plan) -> list[str]:
         lines.append(f"  does not fit: {n.peak_memory_gib:.1f} GiB peak, {n.over_gib:.1f} GiB "
                      "over; against the plan: " + ", ".join(
                          f"{_label(p.name)} {p.value:+.1f}" for p in memory[:3]
-                         if abs(p.value) >= 0.05))  # fmt: skip
+                         if abs(p.value) >= 0.05) + " GiB")  # fmt: skip
     else:
         lines.append(f"  fits: {n.peak_memory_gib:.1f} GiB peak, {-n.over_gib:.1f} GiB free")
     if n.framework_refusals:
