@@ -15,7 +15,7 @@ from planner.diagnose.whatif import hardware_changes, wider_scale_up
 from planner.errors import ConfigError, InputError
 from planner.frameworks import profile
 from planner.plan.config import ParallelConfig, resolve
-from planner.report.explain import explain_json
+from planner.report.explain import explain_json, verdict, why_this_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.plan import uniform_plan
@@ -289,3 +289,22 @@ def test_the_command_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert wrong.code == 2 and "tp(7) x pp(16) x cp(1) = 112 does not divide" in wrong.stderr
     as_json = planner(80, "explain", plan_file, "--model", GPT3, "--cluster", A100, "--json")
     assert Explanation.model_validate(json.loads(as_json.stdout)).sensitivities
+
+
+def test_why_this_plan_lists_every_faster_notch_with_what_rules_it_out(
+    plan, explained: Explanation  # type: ignore[no-untyped-def]
+) -> None:
+    """One line per faster change, fastest first: memory (its GiB over), solve's untouched
+    switch; the table's verdict is ``over`` exactly where a change does not fit."""
+    faster = sorted((n for n in explained.sensitivities if (n.delta_s or 0) < 0),
+                    key=lambda n: n.delta_s or 0)  # fmt: skip
+    lines = why_this_plan(explained, plan)
+    assert lines[0] == f"why this plan: {len(faster)} one-notch changes would make the step faster:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [n.change for n in faster]
+    assert lines[1:] == [
+        "  tp-comm-overlap off -> on: 1.011 s faster, feasible; solve does not turn this knob",
+        "  tp 4 -> 2 (dp 32 -> 64): 1.002 s faster, does not fit (36.5 GiB over)",
+        "  mbs 1 -> 2 (24 microbatches): 0.492 s faster, does not fit (5.3 GiB over)",
+    ]
+    for n in explained.sensitivities:
+        assert verdict(n, plan).startswith("over") == (n.refusal is None and not n.fits)
