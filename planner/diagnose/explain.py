@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from planner import cost
-from planner.diagnose.notches import KNOBS, notches, with_changes
+from planner.diagnose.notches import describe_change, notches, with_changes, word
 from planner.diagnose.whatif import hardware_changes
 from planner.errors import InputError
 from planner.frameworks import ANY, profile
@@ -354,7 +354,7 @@ def _why_not(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Paralle
     device = cluster.device
     usable = (device.memory_bytes - cost.memory_margin_bytes(
         device.memory_gib, plan.memory_margin_gib)) / GIB  # fmt: skip
-    text = ", ".join(f"{k.replace('_', '-')}={_word(v)}" for k, v in given.items())
+    text = ", ".join(f"{k.replace('_', '-')}={word(v)}" for k, v in given.items())
     return Neighbour(
         knob="why-not", direction="given", change=text, config=config, refusal=None,
         step_time_s=result.step_time_s, delta_s=result.step_time_s - reference,
@@ -379,42 +379,6 @@ def differences(mine: Neighbour, plan: Plan) -> tuple[tuple[Part, ...], tuple[Pa
         out.append(tuple(Part(name=k, value=deltas[k], share=deltas[k] / whole if whole else 0.0)
                          for k in keys))  # fmt: skip
     return out[0], out[1]
-
-
-def describe_change(
-    before: ParallelConfig, after: ParallelConfig, *, dp: tuple[int, int],
-    microbatches: tuple[int, int], knob: str | None = None,
-) -> str:  # fmt: skip
-    """``tp 4 -> 8 (dp 32 -> 16)``: the knobs that moved (``knob`` first, the others that
-    moved with it in brackets), then what moved with them (``dp`` and ``microbatches``:
-    before and after).
-
-    >>> describe_change(ParallelConfig(mbs=1), ParallelConfig(mbs=2), dp=(8, 8),
-    ...                 microbatches=(16, 8))
-    'mbs 1 -> 2 (8 microbatches)'
-    >>> describe_change(ParallelConfig(zero=1, overlap_param_gather=True), ParallelConfig(),
-    ...                 dp=(8, 8), microbatches=(16, 16), knob="zero")
-    'zero 1 -> 0 (overlap-param-gather off)'
-    """
-    names = [k.name for k in KNOBS if getattr(before, k.name) != getattr(after, k.name)]
-    lead = [n for n in names if n == knob] or names
-    moved = [f"{n.replace('_', '-')} {_word(getattr(before, n))} -> {_word(getattr(after, n))}"
-             for n in lead]  # fmt: skip
-    also = [f"{n.replace('_', '-')} {_word(getattr(after, n))}" for n in names if n not in lead]
-    if dp[1] and dp[1] != dp[0]:
-        also.append(f"dp {dp[0]} -> {dp[1]}")
-    elif microbatches[1] and microbatches[1] != microbatches[0]:
-        also.append(f"{microbatches[1]} microbatches")
-    ends = (after.first_stage_layers, after.last_stage_layers)
-    if ends != (before.first_stage_layers, before.last_stage_layers):
-        also.append("equal stages" if ends == (None, None) else
-                    f"{ends[0]} and {ends[1]} layers at the ends")  # fmt: skip
-    return ", ".join(moved) + (f" ({', '.join(also)})" if also else "")
-
-
-def _word(value: Any) -> str:
-    """A knob's value as a user says it: switches on and off."""
-    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def _part(name: str, value: float, whole: float) -> Part:

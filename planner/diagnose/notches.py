@@ -219,3 +219,43 @@ def _value(name: str, raw: str, *, option: str) -> Any:
         raise InputError(f"{option}: {name.replace('_', '-')}={raw}: {reason[0].lower()}"
                          f"{reason[1:]}") from None
     return value
+
+
+def describe_change(
+    before: ParallelConfig, after: ParallelConfig, *, dp: tuple[int, int],
+    microbatches: tuple[int, int], knob: str | None = None,
+) -> str:  # fmt: skip
+    """``tp 4 -> 8 (dp 32 -> 16)``: the knobs that moved (``knob`` first, the others that
+    moved with it in brackets), then what moved with them (``dp`` and ``microbatches``:
+    before and after).
+
+    >>> describe_change(ParallelConfig(mbs=1), ParallelConfig(mbs=2), dp=(8, 8),
+    ...                 microbatches=(16, 8))
+    'mbs 1 -> 2 (8 microbatches)'
+    >>> describe_change(ParallelConfig(zero=1, overlap_param_gather=True), ParallelConfig(),
+    ...                 dp=(8, 8), microbatches=(16, 16), knob="zero")
+    'zero 1 -> 0 (overlap-param-gather off)'
+    """
+    names = [k.name for k in KNOBS if getattr(before, k.name) != getattr(after, k.name)]
+    lead = [n for n in names if n == knob] or names
+    moved = [f"{n.replace('_', '-')} {word(getattr(before, n))} -> {word(getattr(after, n))}"
+             for n in lead]  # fmt: skip
+    also = [f"{n.replace('_', '-')} {word(getattr(after, n))}" for n in names if n not in lead]
+    if dp[1] and dp[1] != dp[0]:
+        also.append(f"dp {dp[0]} -> {dp[1]}")
+    elif microbatches[1] and microbatches[1] != microbatches[0]:
+        also.append(f"{microbatches[1]} microbatches")
+    ends = (after.first_stage_layers, after.last_stage_layers)
+    if ends != (before.first_stage_layers, before.last_stage_layers):
+        also.append("equal stages" if ends == (None, None) else
+                    f"{ends[0]} and {ends[1]} layers at the ends")  # fmt: skip
+    return ", ".join(moved) + (f" ({', '.join(also)})" if also else "")
+
+
+def word(value: Any) -> str:
+    """A knob's value as a user says it: switches on and off.
+
+    >>> word(True), word("selective")
+    ('on', 'selective')
+    """
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
