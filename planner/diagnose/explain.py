@@ -291,9 +291,7 @@ class _Priced:
             )  # fmt: skip
         step = float(col["step_time_s"][i])
         peak = float(col["peak_memory_gib"][i])
-        device = b.cluster.device
-        usable = (device.memory_bytes - cost.memory_margin_bytes(
-            device.memory_gib, self.plan.memory_margin_gib)) / GIB  # fmt: skip
+        usable = usable_gib(b.cluster, self.plan.memory_margin_gib)
         return Neighbour(
             knob=knob, direction=direction, change=change, config=config,  # type: ignore[arg-type]
             refusal=None, step_time_s=step,
@@ -351,9 +349,7 @@ def _why_not(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Paralle
     """The user's configuration priced by :func:`estimate` (its message when it does not
     divide), against the plan's step."""
     result: Estimate = estimate(model, cluster, config, memory_margin_gib=plan.memory_margin_gib)
-    device = cluster.device
-    usable = (device.memory_bytes - cost.memory_margin_bytes(
-        device.memory_gib, plan.memory_margin_gib)) / GIB  # fmt: skip
+    usable = usable_gib(cluster, plan.memory_margin_gib)
     text = ", ".join(f"{k.replace('_', '-')}={word(v)}" for k, v in given.items())
     return Neighbour(
         knob="why-not", direction="given", change=text, config=config, refusal=None,
@@ -379,6 +375,13 @@ def differences(mine: Neighbour, plan: Plan) -> tuple[tuple[Part, ...], tuple[Pa
         out.append(tuple(Part(name=k, value=deltas[k], share=deltas[k] / whole if whole else 0.0)
                          for k in keys))  # fmt: skip
     return out[0], out[1]
+
+
+def usable_gib(cluster: ClusterSpec, margin_gib: float) -> float:
+    """What a plan may fill on one of ``cluster``'s devices: its memory less the margin
+    (``estimate``'s ``fits`` is the peak within it, :func:`planner.cost.memory_margin_bytes`)."""
+    device = cluster.device
+    return (device.memory_bytes - cost.memory_margin_bytes(device.memory_gib, margin_gib)) / GIB
 
 
 def _part(name: str, value: float, whole: float) -> Part:
