@@ -83,6 +83,10 @@ def _check_partial_recompute(columns: dict[str, np.ndarray]) -> None:
                          f"{python_value(columns['recompute'][i])!r}")  # fmt: skip
 
 
+_BESIDE = {"recompute_layers": {"recompute": "full"}}
+"""What a field's value is checked beside when alone (the pair is checked on its own)."""
+
+
 def _check_values(name: str, column: np.ndarray) -> None:
     """Refuse a column with a value :class:`ParallelConfig` refuses (its bounds, its names),
     as ``estimate`` would: numbers by their least and greatest, other values each."""
@@ -100,7 +104,7 @@ def _check_values(name: str, column: np.ndarray) -> None:
         if name in OPTIONAL and value == 0:
             continue  # the column's word for None
         try:
-            ParallelConfig.model_validate({name: value})
+            ParallelConfig.model_validate({name: value, **_BESIDE.get(name, {})})
         except ValidationError as exc:
             reason = exc.errors()[0]["msg"]
             raise InputError(f"estimate_batch: column {name!r}: {value!r}: {reason}") from None
