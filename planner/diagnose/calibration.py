@@ -77,6 +77,8 @@ def describe(config: ParallelConfig) -> str:
                                               ("vpp", config.vpp)) if v > 1]  # fmt: skip
     parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
     parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
+    n = config.recompute_layers or 0
+    parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
     return " ".join(parts + ([f"ZeRO-{config.zero}"] if config.zero else []))
 
 
