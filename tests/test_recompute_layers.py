@@ -14,6 +14,7 @@ from planner.plan.config import ParallelConfig
 from planner.uniform.batch import estimate_batch
 from planner.uniform.enumerate import enumerate_plan
 from planner.uniform.fewest_recomputed import chunk_layers
+from planner.uniform.remedies import config_infeasible_message
 from planner.uniform.space import config_key, grid_space, launched_variant
 from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
@@ -118,3 +119,14 @@ def test_search_takes_fewest_recomputed_layers_as_brute_force(
     assert config_key(got) == config_key(want)
     assert plan.predicted.step_time_s == pytest.approx(
         planner.estimate(model, cluster, want).step_time_s, rel=1e-12)
+
+
+def test_a_partial_recompute_that_does_not_fit_is_told_to_recompute_every_layer() -> None:
+    """GPT-3 175B at TP8 PP8 on 256 A100s, 1 of 12 layers recomputed: 78.7 GiB does not
+    fit; recomputing every layer (56.3 GiB) is the first remedy."""
+    model = planner.load_model(GPT3)
+    cluster = planner.load_cluster(A100, nodes=32)
+    config = ParallelConfig(tp=8, pp=8, recompute="full", recompute_layers=1)
+    message = config_infeasible_message(model, cluster, config)
+    assert "full (1 per chunk) recompute" in message
+    assert "would fit: without --recompute-layers (56.3 GiB)" in message
