@@ -206,9 +206,9 @@ def estimate(
                   for kind, p in parts.items()}  # fmt: skip
     p2p = pipeline_sends_s(model, cluster, stage, mbs=c.mbs, training=training, cp=c.cp,
                            tp=c.tp, sp=resolved.sp, vpp=c.vpp, pp=c.pp)  # fmt: skip
-    chunks = partial_chunks(model, training, resolved)
-    if chunks is not None:  # some layers keep their activations
-        none_costs = {kind: layer_cost(p, "none") for kind, p in parts.items()}
+    chunks = partial_chunks(model, training, resolved)  # None: the mode holds for every layer
+    none_costs = {} if chunks is None else {kind: layer_cost(p, "none")
+                                             for kind, p in parts.items()}  # fmt: skip
     distinct: dict[tuple[object, ...], StageCost] = {}  # middle stages repeat
     stages = []
     for i, kinds in enumerate(stage_kinds(model, training, c.mbs, resolved.stage_layers)):
