@@ -89,9 +89,10 @@ class _Search:
                       key=lambda k: k[:2])  # fmt: skip
             if found.best is None or key[:2] < found.best[:2]:
                 found = replace(found, best=key)
-        if options is not None and fits.any():
-            fewer = fewest_recomputed(model, cluster, configs, fits,
-                                      usable_bytes=self.usable_bytes, options=options)
+        if options is not None and found.best is not None:
+            fewer = fewest_recomputed(model, cluster, configs, fits, steps=step,
+                                      best_s=found.best[0], usable_bytes=self.usable_bytes,
+                                      options=options)  # fmt: skip
             if fewer:
                 found = found.price(model, cluster, fewer)
         return found

@@ -35,17 +35,26 @@ def chunk_layers(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig)
 
 def fewest_recomputed(
     model: ModelSpec, cluster: ClusterSpec, configs: list[ParallelConfig], fits: np.ndarray, *,
-    usable_bytes: float, options: SolveOptions,
+    steps: np.ndarray, best_s: float, usable_bytes: float, options: SolveOptions,
 ) -> list[ParallelConfig]:  # fmt: skip
     """For each of ``configs`` that fits (``fits``) with every layer fully recomputed, the
     same with the fewest layers per chunk recomputed that fits in ``usable_bytes``, where
     fewer than all do and ``options.framework`` launches it; none when the recomputation is
-    pinned."""
+    pinned.
+
+    A configuration whose twin without recomputation is among ``configs`` (its step in
+    ``steps``) is passed over when that twin fits or is no faster than ``best_s``: recomputing
+    any layer is slower than recomputing none, so it could not win."""
     if options.pins.recompute is not None:
         return []
+    twins = {c: (bool(f), float(s)) for c, f, s in zip(configs, fits, steps, strict=True)
+             if c.recompute == "none"}  # fmt: skip
     lows, highs, bases = [], [], []
     for config, fit in zip(configs, fits, strict=True):
         if not fit or config.recompute != "full" or config.recompute_layers is not None:
+            continue
+        twin = twins.get(config.model_copy(update={"recompute": "none"}))
+        if twin is not None and (twin[0] or twin[1] >= best_s):
             continue
         most = chunk_layers(model, cluster, config)
         probe = config.model_copy(update={"recompute_layers": 1})
