@@ -154,6 +154,13 @@ def shell_words(text: str) -> list[str]:
     return shlex.split(text.replace("\\\n", " "))
 
 
+def recompute_priced(c: Any) -> str:
+    """A configuration's recomputation as :func:`recompute_name` names Megatron's flags."""
+    if c.recompute_layers is not None:
+        return f"full, first {c.recompute_layers} per chunk"
+    return c.recompute
+
+
 def expected(resolved: Any, model: Any) -> dict[str, Any]:
     """What Megatron must read back: the priced configuration and the model's shape."""
     from planner.frameworks._megatron_flags import max_positions, padded_vocab
@@ -164,7 +171,7 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
         tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep, etp=c.tp, dp=resolved.dp, vpp=c.vpp, sp=resolved.sp,
         cp_comm=("a2a" if c.cp_algo == "ulysses" else "p2p") if c.cp > 1 else None,
         stage_layers=list(resolved.stage_layers), mbs=c.mbs, gbs=t.global_batch_size,
-        seq=t.seq_length, microbatches=resolved.num_microbatches, recompute=c.recompute,
+        seq=t.seq_length, microbatches=resolved.num_microbatches, recompute=recompute_priced(c),
         zero=c.zero, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather,
         tp_comm_overlap=c.tp_comm_overlap and c.tp > 1, precision=t.precision,
@@ -379,6 +386,8 @@ def stage_layer_counts(config: Any, args: Any) -> list[int]:
 def recompute_name(args: Any) -> str:
     """Megatron's recompute flags as the planner's granularity."""
     if args.recompute_granularity == "full":
+        if args.recompute_method == "block":
+            return f"full, first {args.recompute_num_layers} per chunk"
         full = args.recompute_method == "uniform" and args.recompute_num_layers == 1
         return "full" if full else "full (other)"
     return args.recompute_granularity or "none"

@@ -191,7 +191,8 @@ def test_heuristic_counts_the_estimates(
 def test_grid_counts_what_divides(
     llama405b: ModelSpec, h100_32: ClusterSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The grid prices its whole space in batches, each configuration once: its
+    """The grid prices its whole space in batches, each configuration once, and beside each
+    fitting full recomputation its fewest recomputed layers that fit: its
     ``solver.configurations`` is the number that divide, refusals not counted."""
     seen: list[ParallelConfig] = []
     batch = enumeration.estimate_batch
@@ -203,8 +204,11 @@ def test_grid_counts_what_divides(
     monkeypatch.setattr(enumeration, "estimate_batch", counted)
     plan = grid_plan(llama405b, h100_32, SMALL_405B_RUN)
     space = grid_space(llama405b, h100_32, SMALL_405B_RUN)
+    fewer = [c for c in seen if c.recompute_layers is not None]
+    seen = [c for c in seen if c.recompute_layers is None]
     assert sorted(map(config_key, seen)) == sorted(map(config_key, space))
     assert len(set(seen)) == len(seen) == len(space)
+    assert {c.model_copy(update={"recompute_layers": None}) for c in fewer} <= set(space)
     divides = 0
     for config in space:
         try:
@@ -212,7 +216,7 @@ def test_grid_counts_what_divides(
         except ConfigError:
             continue
         divides += 1
-    assert plan.solver.configurations == divides < len(space)
+    assert plan.solver.configurations == divides + len(fewer) < len(space)
 
 
 @pytest.mark.parametrize("case", ["llama3-8b", "gpt3-175b"])

@@ -150,7 +150,7 @@ def test_compare_methods(width: int) -> None:
     done = planner(width, "compare", LLAMA, H100, *INTERLEAVED)
     assert done.code == 0, done.stderr
     assert_fits(done.stdout, width)
-    assert_whole(done.stdout, "ilp", "heuristic", "grid", "TP1 x PP2 x DP2 x CP2",
+    assert_whole(done.stdout, "ilp", "heuristic", "grid", "TP1 x PP2 x DP4", "1 layer per chunk",
                  "interleaved 1F1B (v=2)", "x best")  # fmt: skip
 
 
@@ -161,8 +161,9 @@ def test_compare_frameworks(width: int) -> None:
                    ",".join(FRAMEWORKS))  # fmt: skip
     assert done.code == 0, done.stderr
     assert_fits(done.stdout, width)
-    assert_whole(done.stdout, *FRAMEWORKS, "TP1 x PP2 x DP2 x CP2", "interleaved 1F1B (v=2)",
-                 "distributed optimizer", "no plan: DeepSpeed launches no configuration")
+    assert_whole(done.stdout, *FRAMEWORKS, "TP1 x PP2 x DP4", "1 layer per chunk",
+                 "interleaved 1F1B (v=2)", "distributed optimizer",
+                 "no plan: DeepSpeed launches no configuration")
     printed = json.loads(planner(200, "compare", LLAMA, H100, *INTERLEAVED, "--frameworks",
                                  ",".join(FRAMEWORKS), "--json").stdout)  # fmt: skip
     assert_whole(done.stdout, *(f"{row['step_time_s']:.3f}" for row in printed if row["plan"]))

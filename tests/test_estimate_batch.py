@@ -54,11 +54,14 @@ def random_config(rng: random.Random, model: ModelSpec, cluster: ClusterSpec) ->
     zero_bubble = None if gpipe else rng.choice([None] * 6 + ["zb-h1", "zb-v"])
     chunks = [v for v in (1, 2, 3, 4) if (layers // pp) % v == 0 or free]
     sp = rng.random() < 0.7
+    recompute = rng.choice(["none", "selective", "full"])
+    # Half the full recomputations on some layers of each chunk (past a chunk's: all).
+    some = recompute == "full" and rng.random() < 0.5
     return ParallelConfig(
         tp=tp, pp=pp, cp=cp, ep=ep, first_stage_layers=first, last_stage_layers=last,
         vpp=2 if zero_bubble == "zb-v" else 1 if gpipe or zero_bubble or pp == 1
         else rng.choice(chunks), mbs=rng.choice([1, 1, 2, 4]), sp=sp,
-        recompute=rng.choice(["none", "selective", "full"]),
+        recompute=recompute, recompute_layers=rng.randint(1, layers // pp + 1) if some else None,
         zero=rng.choice([0, 1, 1, 2, 3]),
         schedule="gpipe" if gpipe else zero_bubble or "1f1b",
         flash_attention=rng.random() < 0.8, overlap_grad_reduce=rng.random() < 0.5,
@@ -183,6 +186,8 @@ def test_a_later_stage_never_holds_more(schedule: str) -> None:
         ({"tp": [1, 2], "pp": [1, 2, 4]}, "column 'tp' has 2 values, the longest 3"),
         ({"tp": [1, 2], "recompute": ["none", "bogus"]}, "column 'recompute': 'bogus'"),
         ({"schedule": ["gpipe", "zb"]}, "column 'schedule': 'zb'"),
+        ({"recompute": ["full", "selective"], "recompute_layers": 2},
+         "row 1: recompute_layers(2) needs recompute 'full', not 'selective'"),
         ({"tp": [0, 8]}, "column 'tp': 0: Input should be greater than 0"),
         ({"tp": [1.5]}, "column 'tp' holds floats"),
     ],

@@ -407,3 +407,30 @@ def test_every_rule_is_tested_with_its_source() -> None:
              if name.startswith("test_")]  # fmt: skip
     for rule in cai.RULES:
         assert any(rule.source in doc for doc in cited), rule.name
+
+
+def test_partial_recompute() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/modeling/llama.py:183-199;
+    colossalai/shardformer/shard/grad_ckpt_config.py:67-78;
+    colossalai/shardformer/modeling/gpt2.py:267;
+    colossalai/shardformer/modeling/mixtral.py:364
+
+    Llama checkpoints each chunk's first ``num_ckpt_layers_per_stage[stage + chunk x pp]``
+    layers, no more than the chunk holds; GPT-2 and Mixtral checkpoint every layer; without
+    a pipeline the count is read through a stage manager there is none of."""
+    model = load("llama3-70b")
+    resolved = configure(model, 64, tp=8, pp=4, vpp=2, sp=True, zero=1, recompute="full",
+                         recompute_layers=7)  # fmt: skip
+    _, kwargs, _ = launched(resolved, model)
+    # 80 layers: 20 per stage, 10 per chunk, 7 of them checkpointed.
+    assert kwargs["gradient_checkpoint_config"] == {"num_ckpt_layers_per_stage": [7] * 8}
+    past = configure(model, 64, tp=8, pp=4, sp=True, zero=1, recompute="full",
+                     recompute_layers=25)  # fmt: skip
+    _, kwargs, _ = launched(past, model)
+    assert kwargs["gradient_checkpoint_config"] == {"num_ckpt_layers_per_stage": [20] * 4}
+    flat = configure(model, 64, tp=8, sp=True, zero=1, recompute="full", recompute_layers=2)
+    assert "stage manager" in (refusal("partial-recompute", flat, model) or "")
+    gpt = load("gpt-1.7b")
+    piped = configure(gpt, 8, pp=2, zero=1, recompute="full", recompute_layers=2)
+    assert "GPT2LMHeadModel" in (refusal("partial-recompute", piped, gpt) or "")
+    assert refusal("partial-recompute", forced(piped, recompute_layers=None), gpt) is None

@@ -423,3 +423,16 @@ def test_every_rule_is_tested_with_its_source() -> None:
              if name.startswith("test_")]  # fmt: skip
     for rule in ds.RULES:
         assert any(rule.source in doc for doc in cited), rule.name
+
+
+def test_partial_recompute() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/gpt_model.py:446-451;
+    megatron/model/transformer.py:1910-1921
+
+    DeepSpeed's checkpointing reruns every layer in runs of --checkpoint-num-layers; the
+    pipeline model takes no block method."""
+    model = load("gpt3-175b")
+    resolved = configure(model, 1024, tp=8, pp=16, zero=1, recompute="full",
+                         recompute_layers=2)  # fmt: skip
+    assert "block method" in (refusal("partial-recompute", resolved, model) or "")
+    assert refusal("partial-recompute", forced(resolved, recompute_layers=None), model) is None

@@ -131,6 +131,8 @@ def recompute(f: dict[str, str | None]) -> str:
     """Megatron's recompute flags as the planner's granularity."""
     granularity = f.get("--recompute-granularity")
     if granularity == "full":
+        if f.get("--recompute-method") == "block":
+            return f"full, first {f.get('--recompute-num-layers')} per chunk"
         uniform = f.get("--recompute-method") == "uniform" and f.get("--recompute-num-layers")
         return "full" if uniform == "1" else "full (other)"
     return granularity or "none"
@@ -210,6 +212,13 @@ def experts(f: dict[str, str | None]) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def recompute_priced(c: ParallelConfig) -> str:
+    """A configuration's recomputation as :func:`recompute` names Megatron's flags."""
+    if c.recompute_layers is not None:
+        return f"full, first {c.recompute_layers} per chunk"
+    return c.recompute
+
+
 def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
     """What the text must say: the configuration as the planner priced it, the model's shape."""
     c, t, moe, mla = resolved.config, resolved.training, model.moe, model.mla
@@ -225,7 +234,7 @@ def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
     return dict(
         tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep, dp=resolved.dp, vpp=c.vpp, sp=resolved.sp,
         stage_layers=list(resolved.stage_layers), mbs=c.mbs, gbs=t.global_batch_size,
-        seq=t.seq_length, microbatches=resolved.num_microbatches, recompute=c.recompute,
+        seq=t.seq_length, microbatches=resolved.num_microbatches, recompute=recompute_priced(c),
         zero=c.zero, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather,
         tp_comm_overlap=c.tp_comm_overlap and c.tp > 1, precision=t.precision,
@@ -831,3 +840,23 @@ def test_profile_names_megatron() -> None:
     """The profile is Megatron-LM's and its launcher is the module's."""
     assert (P.name, P.title, P.launch) == ("megatron", "Megatron-LM", megatron.launch)
     assert len({r.name for r in P.rules}) == len(P.rules)
+
+
+def test_some_layers_recomputed_are_the_block_method() -> None:
+    """Full recomputation of each chunk's first N layers is ``--recompute-method block
+    --recompute-num-layers N`` (NVIDIA/Megatron-LM@d98e8a6 megatron/core/recompute.py:167-178,
+    N counted per model chunk, ``transformer_block.py:334``); Megatron's own checks take it:
+    full needs a method and a count (``transformer_config.py:1908-1925``), and a method goes
+    with full only (``megatron/training/arguments.py:1425-1428``)."""
+    model = load("llama3-70b")
+    resolved = configure(model, 64, tp=8, pp=4, vpp=2, sp=True, zero=1, recompute="full",
+                         recompute_layers=3)  # fmt: skip
+    text = megatron.launch(resolved, model).text
+    flags = read_flags(text)
+    assert [flags[k] for k in ("--recompute-granularity", "--recompute-method",
+                               "--recompute-num-layers")] == ["full", "block", "3"]
+    assert flags["--recompute-method"] in ("block", "uniform")
+    assert int(flags["--recompute-num-layers"] or 0) >= 1
+    back = read_back(text, world=resolved.num_devices)
+    assert back == priced(resolved, model)
+    assert back["recompute"] == "full, first 3 per chunk"

@@ -240,3 +240,19 @@ def test_profile_names_mindspeed() -> None:
     assert (P.name, P.title, P.launch) == ("mindspeed", "MindSpeed", mindspeed.launch)
     names = {r.name for r in P.rules}
     assert "fused-attention-precision" not in names and "tp-comm-overlap-without-sp" not in names
+
+
+def test_some_layers_recomputed_are_the_block_method() -> None:
+    """MindSpeed runs Megatron-Core's block method as core_v0.12.1 has it: each chunk (one
+    ``TransformerBlock``, ``num_layers_per_pipeline_rank = len(self.layers)``) checkpoints its
+    first ``--recompute-num-layers`` layers (NVIDIA/Megatron-LM@core_v0.12.1
+    megatron/core/transformer/transformer_block.py:268; :384-400)."""
+    model = load("llama3-70b")
+    resolved = configure(model, 64, tp=8, pp=4, vpp=2, sp=True, zero=1, recompute="full",
+                         recompute_layers=3)  # fmt: skip
+    assert P.refusals(resolved, model) == ()
+    text = P.launch(resolved, model).text
+    flags = read_flags(text)
+    assert (flags["--recompute-method"], flags["--recompute-num-layers"]) == ("block", "3")
+    assert read_back(text, world=resolved.num_devices, flavor="mindspeed") == priced(resolved,
+                                                                                    model)

@@ -391,3 +391,15 @@ def test_every_rule_is_tested_with_its_source() -> None:
              if name.startswith("test_")]  # fmt: skip
     for rule in tt.RULES:
         assert any(rule.source in doc for doc in cited), rule.name
+
+
+def test_partial_recompute() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/distributed/activation_checkpoint.py:24-40
+
+    Layer-wise selective AC checkpoints every n-th block by a running count, not each
+    chunk's first n layers."""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, pp=2, sp=True, zero=3, recompute="full",
+                         recompute_layers=2)  # fmt: skip
+    assert "every n-th" in (refusal("partial-recompute", resolved, model) or "")
+    assert refusal("partial-recompute", forced(resolved, recompute_layers=None), model) is None

@@ -104,7 +104,9 @@ def option_error(exc: ValidationError) -> ConfigError:
     """A configuration built from options that pydantic refused, as one line naming the
     option as typed and, for a limit, the limit and its reason."""
     err = exc.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else ""
+    if not err["loc"]:  # a rule between fields: its message names them
+        return ConfigError(err["msg"].removeprefix("Value error, "))
+    name = str(err["loc"][0])
     option = "--" + name.replace("_", "-")
     limit = err.get("ctx", {}).get("le")
     if err["type"] == "less_than_equal" and limit is not None:

@@ -70,6 +70,10 @@ def estimate_cmd(
     recompute: Annotated[
         Literal["none", "selective", "full"], typer.Option(help="Activation recomputation.")
     ] = "none",
+    recompute_layers: Annotated[
+        int | None, typer.Option(help="With --recompute full, only each model chunk's first "
+                                 "N layers (Megatron's --recompute-method block).")
+    ] = None,
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
     precision: Annotated[
         Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
@@ -104,6 +108,7 @@ def estimate_cmd(
             tp=tp, pp=pp, dp=dp, cp=cp, cp_algo=cp_algo, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
             first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
             global_batch=global_batch, seq_len=seq_len, recompute=recompute, zero=zero,
+            recompute_layers=recompute_layers,
             precision=precision, schedule=schedule, flash_attention=flash_attention,
             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
             tp_comm_overlap=tp_comm_overlap, rank_order=rank_order,

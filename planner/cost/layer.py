@@ -137,3 +137,32 @@ def layer_cost(parts: LayerParts, recompute: str, *, count: int = 1) -> LayerCos
         recompute_flops=parts.rerun_flops[k],
     )  # fmt: skip
     return one.scaled(count)
+
+
+def partly_recomputed(
+    every: LayerCost, kept: LayerCost, *, layers: int, recomputed: int
+) -> LayerCost:
+    """One model chunk's ``layers`` layers of one kind of which the first ``recomputed`` are
+    fully recomputed (``every``: one layer under full recomputation) and the rest keep their
+    activations (``kept``: one layer under none), as Megatron's ``--recompute-method block``
+    runs a chunk (``NVIDIA/Megatron-LM@d98e8a6 megatron/core/recompute.py:167-178``).
+
+    The backward reaches the recomputed layers last: by then the chunk's other layers have
+    freed their activations, so rebuilding one layer's adds only what it exceeds them by.
+
+    >>> every = LayerCost(recompute_s=1.0, activation_bytes=2.0, working_bytes=10.0)
+    >>> kept = LayerCost(activation_bytes=10.0)
+    >>> one = partly_recomputed(every, kept, layers=4, recomputed=1)
+    >>> one.recompute_s, one.activation_bytes, one.working_bytes
+    (1.0, 32.0, 0.0)
+    >>> partly_recomputed(every, kept, layers=4, recomputed=9).working_bytes
+    10.0
+    """
+    if recomputed >= layers:
+        return every.scaled(layers)
+    if recomputed <= 0:
+        return kept.scaled(layers)
+    rest = layers - recomputed
+    mixed = every.scaled(recomputed) + kept.scaled(rest)
+    freed = kept.activation_bytes * rest
+    return replace(mixed, working_bytes=maximum(every.working_bytes - freed, 0.0))

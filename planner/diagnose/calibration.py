@@ -79,6 +79,8 @@ def describe(config: ParallelConfig) -> str:
     parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)
     parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
     parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
+    n = config.recompute_layers or 0
+    parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
     return " ".join(parts + ([f"ZeRO-{config.zero}"] if config.zero else []))
 
 

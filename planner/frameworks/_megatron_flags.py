@@ -109,10 +109,15 @@ def precision_flags(resolved: ResolvedConfig) -> list[Flag]:
 def recompute_flags(resolved: ResolvedConfig) -> list[Flag]:
     """Activation recomputation: selective is core attention only (Megatron's default
     ``--recompute-modules``); full keeps each layer's input and recomputes the whole layer
-    (uniform, one layer per unit)."""
+    (uniform, one layer per unit), or with ``recompute_layers`` only each model chunk's first
+    ones (block: ``megatron/core/recompute.py:167-178``, every chunk being a
+    ``TransformerBlock`` of its own layers, ``transformer_block.py:334``)."""
     recompute = resolved.config.recompute
     if recompute == "selective":
         return [("--recompute-granularity", "selective")]
+    if recompute == "full" and resolved.config.recompute_layers is not None:
+        return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                ("--recompute-num-layers", resolved.config.recompute_layers)]  # fmt: skip
     if recompute == "full":
         return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                 ("--recompute-num-layers", 1)]  # fmt: skip

@@ -33,6 +33,8 @@ HF_CLASSES: dict[Family, str] = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCa
 Shardformer policy (lines 59, 76, 207, 217, 227)."""
 _RING_ATTENTION: frozenset[Family] = frozenset({"llama", "gpt2"})
 """Architectures whose attention forward calls ``RingAttention.attention``."""
+_EVERY_LAYER_CHECKPOINTED: frozenset[Family] = frozenset({"gpt2", "mixtral"})
+"""Architectures whose forward checkpoints every layer, ignoring ``num_ckpt_layers_per_stage``."""
 _SPLIT_GATHER_RING: frozenset[Family] = frozenset({"llama", "qwen2", "qwen3"})
 """Policies that hand the sequence-parallel mode to every projection (so ``ring`` runs)."""
 
@@ -133,6 +135,21 @@ def selective_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | Non
         return None
     return ("selective recompute: Colossal-AI checkpoints whole decoder layers; it cannot "
             "recompute core attention alone")
+
+
+def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Some layers per (virtual) stage checkpoint only under pipelines (the count is read
+    through the stage manager) and only where the modeling reads the count."""
+    n, fam = resolved.config.recompute_layers, family(model)
+    if n is None:
+        return None
+    if resolved.config.pp == 1:
+        return (f"recompute_layers({n}) without a pipeline: Colossal-AI reads the count per "
+                f"stage through the pipeline's stage manager")
+    if fam in _EVERY_LAYER_CHECKPOINTED:
+        return (f"recompute_layers({n}): {HF_CLASSES[fam]}'s Colossal-AI forward checkpoints "
+                f"every layer; it reads no count")
+    return None
 
 
 def ring_attention_model(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -286,6 +303,11 @@ RULES: tuple[Rule, ...] = (
                 f"colossalai/pipeline/stage_manager.py:100-102"),
     Rule(name="selective-recompute", check=selective_recompute,
          source=f"{REPO} colossalai/shardformer/modeling/llama.py:183-209"),
+    Rule(name="partial-recompute", check=partial_recompute,
+         source=f"{REPO} colossalai/shardformer/modeling/llama.py:183-199; "
+                f"colossalai/shardformer/shard/grad_ckpt_config.py:67-78; "
+                f"colossalai/shardformer/modeling/gpt2.py:267; "
+                f"colossalai/shardformer/modeling/mixtral.py:364"),
     Rule(name="ring-attention-model", check=ring_attention_model,
          source=f"{REPO} colossalai/shardformer/modeling/llama.py:555; "
                 f"colossalai/shardformer/modeling/gpt2.py:864"),
@@ -379,12 +401,16 @@ def overlap_kwargs(resolved: ResolvedConfig, *, moe: bool) -> Kwargs:
 
 def checkpoint_config(resolved: ResolvedConfig) -> str | None:
     """Full recompute under pipelines as ``PipelineGradientCheckpointConfig``: every layer of
-    every (virtual) stage, in the order stage + chunk x pp. Without pipelines Colossal-AI's
-    forward refuses a config (it reads the stage manager), and checkpoints every layer."""
+    every (virtual) stage, or each one's first ``recompute_layers`` (the forward checkpoints
+    a chunk's first ones, ``modeling/llama.py:199``), in the order stage + chunk x pp. Without
+    pipelines Colossal-AI's forward refuses a config (it reads the stage manager), and
+    checkpoints every layer."""
     c = resolved.config
     if c.recompute != "full" or c.pp == 1:
         return None
     per_chunk = [resolved.stage_layers[k % c.pp] // c.vpp for k in range(c.pp * c.vpp)]
+    if c.recompute_layers is not None:  # no more than a chunk holds (grad_ckpt_config.py:77)
+        per_chunk = [min(n, c.recompute_layers) for n in per_chunk]
     return f"PipelineGradientCheckpointConfig(num_ckpt_layers_per_stage={per_chunk})"
 
 

@@ -107,6 +107,16 @@ def selective_with_flash(resolved: ResolvedConfig, model: ModelSpec) -> str | No
             "attention only on its unfused path, so nothing would be recomputed")
 
 
+def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """DeepSpeed's checkpointing reruns every layer; its pipeline has no block method."""
+    n = resolved.config.recompute_layers
+    if n is None:
+        return None
+    return (f"recompute_layers({n}): Megatron-DeepSpeed's DeepSpeed checkpointing recomputes "
+            f"every layer (in runs of --checkpoint-num-layers) and its pipeline takes no "
+            f"block method")
+
+
 def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """No flag overlaps TP collectives with GEMMs; DeepSpeed even turns the async all-reduce
     off."""
@@ -232,6 +242,9 @@ def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule(name="partial-recompute", check=partial_recompute,
+         source=f"{MDS} megatron/model/gpt_model.py:446-451; "
+                f"megatron/model/transformer.py:1910-1921"),
     Rule(name="zero-2-3-with-pipeline", check=zero_with_pipeline,
          source=f"{_PIPE}:76-77; {MDS} pretrain_gpt.py:51"),
     Rule(name="bf16-without-zero", check=bf16_without_zero,

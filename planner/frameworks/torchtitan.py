@@ -192,6 +192,15 @@ def selective_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | Non
             "Megatron's core-attention recomputation")
 
 
+def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Layer-wise selective AC checkpoints every n-th block, not a stage's first n."""
+    n = resolved.config.recompute_layers
+    if n is None:
+        return None
+    return (f"recompute_layers({n}): torchtitan checkpoints every n-th transformer block it "
+            f"wraps (selective_ac_option = n), not the first {n} of each model chunk")
+
+
 def unfused_attention(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Attention is SDPA with the cuDNN and flash kernels first."""
     if resolved.config.flash_attention:
@@ -324,6 +333,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="selective-recompute", check=selective_recompute,
          source=f"{REPO} torchtitan/distributed/activation_checkpoint.py:27-49; "
                 f"torchtitan/distributed/activation_checkpoint.py:98-122"),
+    Rule(name="partial-recompute", check=partial_recompute,
+         source=f"{REPO} torchtitan/distributed/activation_checkpoint.py:24-40"),
     Rule(name="unfused-attention", check=unfused_attention,
          source=f"{REPO} torchtitan/models/attention.py:168-190"),
     Rule(name="tp-comm-overlap", check=tp_comm_overlap,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import ConfigError
 from planner.plan.divisibility import RULE, Degrees, Rule, Shape, broken, derive
@@ -65,6 +65,12 @@ class ParallelConfig(BaseModel):
     global_batch: Int | None = Field(default=None, gt=0, le=lim.MAX_GLOBAL_BATCH_SIZE)
     seq_len: Int | None = Field(default=None, gt=0, le=lim.MAX_SEQ_LENGTH)
     recompute: Recompute = "none"
+    recompute_layers: Int | None = Field(
+        default=None, gt=0, le=lim.MAX_LAYERS, description="With full recomputation, the "
+        "decoder layers of each model chunk that recompute, the chunk's first ones; the rest "
+        "keep their activations (Megatron's --recompute-method block --recompute-num-layers); "
+        "default: every layer.",
+    )  # fmt: skip
     zero: Literal[0, 1, 2, 3] = Field(
         default=0, description="0: replicated optimizer; 1: optimizer states sharded over "
         "data parallel (Megatron's distributed optimizer); 2: + gradients; 3: + weights.",
@@ -88,6 +94,14 @@ class ParallelConfig(BaseModel):
         default=DEFAULT_RANK_ORDER,
         description="How ranks are numbered, fastest first (Megatron's process-group order).",
     )
+
+    @model_validator(mode="after")
+    def _partial_recompute_is_full(self) -> ParallelConfig:
+        """A count of recomputed layers means full recomputation of those layers."""
+        if self.recompute_layers is not None and self.recompute != "full":
+            raise ValueError(f"recompute_layers({self.recompute_layers}) needs recompute "
+                             f"'full', not {self.recompute!r}")  # fmt: skip
+        return self
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -314,8 +314,12 @@ class Plan(_Frozen):
         if self.schedule.virtual_stages > 1 and self.schedule.name == "interleaved":
             text += f" (v={self.schedule.virtual_stages})"
         extras = some([q.sp for q in stages], "sequence parallel")
+        some_layers = self.configuration is not None and self.configuration.recompute_layers
         for mode in ("selective", "full"):
-            extras += some([q.recompute == mode for q in stages], f"{mode} recompute")
+            label = f"{mode} recompute"
+            if mode == "full" and some_layers:
+                label += f" of {some_layers} layer{'s' * (some_layers > 1)} per chunk"
+            extras += some([q.recompute == mode for q in stages], label)
         for stage, name in ((1, "distributed optimizer"), (2, "ZeRO-2"), (3, "ZeRO-3")):
             extras += some([q.zero == stage for q in stages], name)
         return ", ".join([text, *extras])

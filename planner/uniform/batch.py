@@ -62,6 +62,7 @@ from planner.uniform.estimate import (
     pipeline_sends_s,
     placed_stage,
 )
+from planner.uniform.recompute_layers import recomputed_counts, stage_chunks
 from planner.uniform.stage_runs import (
     LAYER_FIELDS,
     run_costs,
@@ -276,8 +277,15 @@ def _price(
                rows[~bad], out, refused, memory_margin_gib)  # fmt: skip
         return
     # The layer splits and the runs of equal stages in them.
-    s_first, split_of = factorize(c["pp"], x.first_layers, x.last_layers)
-    splits = [stage_runs(model, training, split_layers(x, r)) for r in s_first]
+    # (With only some layers recomputed, the chunks too: they say which.)
+    partial = c["recompute_layers"].astype(np.int64)
+    s_first, split_of = factorize(c["pp"], x.first_layers, x.last_layers, partial,
+                                  np.where(partial > 0, c["vpp"], 0))  # fmt: skip
+    chunks = [None if partial[r] == 0 else
+              stage_chunks(model, training, split_layers(x, r), vpp=int(c["vpp"][r]),
+                           recompute_layers=int(partial[r])) for r in s_first]  # fmt: skip
+    splits = [stage_runs(model, training, split_layers(x, r), chunks[s])
+              for s, r in enumerate(s_first)]  # fmt: skip
     # Per stage run: data-parallel traffic, state bytes; per configuration the optimizer.
     z_first, static_of = factorize(p_of, split_of, c["zero"])
     static = [static_costs(model, cluster, training, placed[p_of[r]], params_of[int(l_of[r])],
@@ -288,8 +296,10 @@ def _price(
                                        training=training, cp=int(c["cp"][r]),
                                        tp=int(c["tp"][r]), sp=bool(sp[r]), vpp=int(c["vpp"][r]),
                                        pp=int(c["pp"][r])) for r in sends_first])  # fmt: skip
+    recomputed = [{} if chunk is None else recomputed_counts(chunk) for chunk in chunks]
     recompute_flops = sum(
-        by_kind[k][l_of, recompute, LAYER_FIELDS.index("recompute_flops")] * len(layers)
+        by_kind[k][l_of, recompute, LAYER_FIELDS.index("recompute_flops")]
+        * np.array([counts.get(k, len(layers)) for counts in recomputed])[split_of]
         for k, layers in layer_index(model, training, 1).layers_by_kind.items()
     )
     data_ways = np.array([s.layout.data_ways for s in placed])[p_of]

@@ -20,7 +20,8 @@ from planner.plan.config import ParallelConfig
 
 DEFAULTS = {name: f.default for name, f in ParallelConfig.model_fields.items()}
 """Every configuration field and its default."""
-OPTIONAL = ("dp", "first_stage_layers", "last_stage_layers", "global_batch", "seq_len")
+OPTIONAL = ("dp", "first_stage_layers", "last_stage_layers", "global_batch", "seq_len",
+            "recompute_layers")  # fmt: skip
 """Integer fields whose None (the default) a column writes as 0."""
 def python_value(value: Any) -> Any:
     """A numpy scalar as the Python value it holds."""
@@ -67,7 +68,23 @@ def normalized(
             value = 0 if default is None and name in OPTIONAL else default
             columns[name] = np.broadcast_to(np.array(value, dtype=object if value is None
                                                      else None), (length,))  # fmt: skip
+    _check_partial_recompute(columns)
     return columns
+
+
+def _check_partial_recompute(columns: dict[str, np.ndarray]) -> None:
+    """Refuse a count of recomputed layers beside a mode other than full, as
+    :class:`ParallelConfig` does."""
+    wrong = (columns["recompute_layers"].astype(np.int64) > 0) & (columns["recompute"] != "full")
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise InputError(f"estimate_batch: row {i}: recompute_layers"
+                         f"({columns['recompute_layers'][i]}) needs recompute 'full', not "
+                         f"{python_value(columns['recompute'][i])!r}")  # fmt: skip
+
+
+_BESIDE = {"recompute_layers": {"recompute": "full"}}
+"""What a field's value is checked beside when alone (the pair is checked on its own)."""
 
 
 def _check_values(name: str, column: np.ndarray) -> None:
@@ -87,7 +104,7 @@ def _check_values(name: str, column: np.ndarray) -> None:
         if name in OPTIONAL and value == 0:
             continue  # the column's word for None
         try:
-            ParallelConfig.model_validate({name: value})
+            ParallelConfig.model_validate({name: value, **_BESIDE.get(name, {})})
         except ValidationError as exc:
             reason = exc.errors()[0]["msg"]
             raise InputError(f"estimate_batch: column {name!r}: {value!r}: {reason}") from None

@@ -1,15 +1,18 @@
 """The fastest uniform configuration a framework launches, by enumeration.
 
 The answer is the least predicted step time among the configurations that divide and fit, ties
-broken by the smallest ``(tp, pp, first, last, cp, ep, vpp, mbs, recompute, zero)``. Every
-configuration of the space is priced, by :func:`~planner.uniform.batch.estimate_batch` (the
+broken by the smallest ``(tp, pp, first, last, cp, ep, vpp, mbs, recompute, zero,
+recompute_layers)``. Every configuration of the space is priced, and beside each that fits
+with full recomputation the fewest layers per chunk recomputed that still fit
+(:mod:`planner.uniform.fewest_recomputed`), by :func:`~planner.uniform.batch.estimate_batch` (the
 cost model of :func:`~planner.uniform.estimate.estimate`, over arrays), a few thousand at a
 time: whole branches (degrees ``(tp, pp, cp, ep)`` and one layer split), so that a time limit
 stops between them.
 
 The plan's ``solver.configurations`` counts the configurations priced: those the batch
 refused as not dividing (the batch over ``dp x mbs``, interleaving's microbatches over ``pp``)
-are not counted, and the winner's re-pricing as a plan is not either. ``solver.time_s`` is the
+are not counted, nor the bisection's probes of recomputed layers (only the fewest that fit),
+and the winner's re-pricing as a plan is not either. ``solver.time_s`` is the
 wall time of the whole search. When nothing fits, the error gives the least memory per device
 and what would fit (:func:`planner.uniform.leanest.infeasible_message`).
 """
@@ -30,6 +33,7 @@ from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import estimate_batch
 from planner.uniform.failure import nothing_found
+from planner.uniform.fewest_recomputed import fewest_recomputed
 from planner.uniform.plan import uniform_plan
 from planner.uniform.space import branch_space, config_key
 from planner.vocabulary import GIB
@@ -59,10 +63,12 @@ class _Search:
         """The best step so far (None before one fits)."""
         return None if self.best is None else self.best[0]
 
-    def price(self, model: ModelSpec, cluster: ClusterSpec,
-              configs: list[ParallelConfig]) -> _Search:  # fmt: skip
+    def price(self, model: ModelSpec, cluster: ClusterSpec, configs: list[ParallelConfig],
+              options: SolveOptions | None = None) -> _Search:  # fmt: skip
         """The tally with ``configs`` priced: the fastest that fits (ties to the smallest
-        :func:`config_key`), the leanest that does not (ties to the first)."""
+        :func:`config_key`), the leanest that does not (ties to the first); with ``options``,
+        also each fitting full recomputation's fewest recomputed layers that fit
+        (:func:`~planner.uniform.fewest_recomputed.fewest_recomputed`)."""
         batch = estimate_batch(model, cluster, configs)
         divides = batch.columns["divides"]
         peak = batch.columns["peak_memory_gib"]
@@ -83,6 +89,12 @@ class _Search:
                       key=lambda k: k[:2])  # fmt: skip
             if found.best is None or key[:2] < found.best[:2]:
                 found = replace(found, best=key)
+        if options is not None and found.best is not None:
+            fewer = fewest_recomputed(model, cluster, configs, fits, steps=step,
+                                      best_s=found.best[0], usable_bytes=self.usable_bytes,
+                                      options=options)  # fmt: skip
+            if fewer:
+                found = found.price(model, cluster, fewer)
         return found
 
 
@@ -120,7 +132,7 @@ def enumerate_plan(
         if progress is not None:
             progress(Progress(done=done, total=total, best_step_s=search.best_step_s,
                               searching=named))  # fmt: skip
-        search = search.price(model, cluster, chunk)
+        search = search.price(model, cluster, chunk, options)
         done += len(chunk)
     if progress is not None:
         progress(Progress(done=total, total=total, best_step_s=search.best_step_s))

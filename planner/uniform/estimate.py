@@ -29,12 +29,19 @@ from planner.cost.step import (
 )
 from planner.cost.uncertainty import parallelism_kind
 from planner.graph import LayerIndex, forward_flops, lowered
+from planner.pipeline.options import TRANSFORMER_KINDS
 from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.plan.schema import MemoryBreakdown, Predicted, StageTime
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.uniform import UniformLayout, UniformQuery, uniform_layout, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.recompute_layers import (
+    Chunk,
+    chunks_cost,
+    recomputed_counts,
+    stage_chunks,
+)
 
 
 class StageEstimate(BaseModel):
@@ -194,21 +201,28 @@ def estimate(
     index = layer_index(model, training, c.mbs)
     parts = {kind: uniform_parts(model, cluster, uniform_query(resolved, stage, kind))
              for kind in index.layers_by_kind}  # fmt: skip
-    transformer = ("dense", "moe")
+    transformer = TRANSFORMER_KINDS
     kind_costs = {kind: layer_cost(p, c.recompute if kind in transformer else "none")
                   for kind, p in parts.items()}  # fmt: skip
     p2p = pipeline_sends_s(model, cluster, stage, mbs=c.mbs, training=training, cp=c.cp,
                            tp=c.tp, sp=resolved.sp, vpp=c.vpp, pp=c.pp)  # fmt: skip
-    distinct: dict[tuple[tuple[str, int], ...], StageCost] = {}  # middle stages repeat
+    chunks = partial_chunks(model, training, resolved)  # None: the mode holds for every layer
+    none_costs = {} if chunks is None else {kind: layer_cost(p, "none")
+                                             for kind, p in parts.items()}  # fmt: skip
+    distinct: dict[tuple[object, ...], StageCost] = {}  # middle stages repeat
     stages = []
-    for key in stage_kinds(model, training, c.mbs, resolved.stage_layers):
+    for i, kinds in enumerate(stage_kinds(model, training, c.mbs, resolved.stage_layers)):
+        key = (kinds, None if chunks is None else chunks[i])
         if key not in distinct:
             layers = LayerCost.zero()
             params: dict[tuple[int, ...], float] = {}
-            for kind, count in key:
-                layers = layers + kind_costs[kind].scaled(count)
+            for kind, count in kinds:
+                if chunks is None or kind not in transformer:
+                    layers = layers + kind_costs[kind].scaled(count)
                 for axes, n in parts[kind].weight_groups():
                     params[axes] = params.get(axes, 0.0) + n * count
+            if chunks is not None:
+                layers = layers + chunks_cost(chunks[i], every=kind_costs, kept=none_costs)
             distinct[key] = StageCost(time=layers.with_pipeline_comm(p2p), zero=c.zero,
                                       weights=stage_weights(params, stage))  # fmt: skip
         stages.append(distinct[key])
@@ -219,8 +233,9 @@ def estimate(
     )  # fmt: skip
     step = compose_step(cluster, knobs, stages, tied=tied_copy(model, stage, tp=c.tp, pp=c.pp))
 
+    recomputed = {} if chunks is None else recomputed_counts(chunks)
     recompute_flops = sum(
-        kind_costs[kind].recompute_flops * len(layers)
+        kind_costs[kind].recompute_flops * recomputed.get(kind, len(layers))
         for kind, layers in index.layers_by_kind.items()
     )
     sequences = c.mbs * stage.layout.data_ways  # one microbatch of the stage's mesh
@@ -247,6 +262,19 @@ def estimate(
             for times, memory in zip(step.stage_times(), step.stage_memory_bytes, strict=True)
         ),
     )
+
+
+def partial_chunks(
+    model: ModelSpec, training: TrainingSpec, resolved: ResolvedConfig
+) -> tuple[tuple[Chunk, ...], ...] | None:
+    """Each stage's chunks with the layers that recompute, when ``resolved`` recomputes only
+    some (:mod:`planner.uniform.recompute_layers`); None when its mode holds for every
+    layer."""
+    c = resolved.config
+    if c.recompute_layers is None:
+        return None
+    return stage_chunks(model, training, resolved.stage_layers, vpp=c.vpp,
+                        recompute_layers=c.recompute_layers)  # fmt: skip
 
 
 def stage_weights(

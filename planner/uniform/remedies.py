@@ -32,7 +32,7 @@ MAX_NODE_FACTOR = 64
 OFFLOAD = 'DeepSpeed "offload_optimizer": {"device": "cpu"}'
 """ZeRO-Offload's switch, in the ``zero_optimization`` block of a DeepSpeed config."""
 _FLAGS = ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers", "last_stage_layers", "sp", "mbs",
-          "recompute", "zero")  # fmt: skip
+          "recompute", "recompute_layers", "zero")  # fmt: skip
 _ZERO_NOTES = {
     1: "Megatron's --use-distributed-optimizer",
     3: "DeepSpeed ZeRO-3 or FSDP; DeepSpeed runs it only without a pipeline",
@@ -69,6 +69,8 @@ def describe(config: ParallelConfig) -> str:
     if c.vpp > 1:
         pp += f", vpp {c.vpp}"
     recompute = "no" if c.recompute == "none" else c.recompute
+    if c.recompute_layers is not None:
+        recompute += f" ({c.recompute_layers} per chunk)"
     return (
         f"tp {c.tp}, {pp}, cp {c.cp}, ep {c.ep}, mbs {c.mbs}, {recompute} recompute, ZeRO-{c.zero}"
     )
@@ -152,6 +154,8 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> li
         knobs.append([(_with(c, mbs=1), cluster, "the same global batch in more microbatches")])
     if recomputes := RECOMPUTE_MODES[RECOMPUTE_MODES.index(c.recompute) + 1 :]:
         knobs.append([(_with(c, recompute=r), cluster, None) for r in recomputes])
+    if c.recompute_layers is not None:  # every layer of each chunk
+        knobs.append([(_with(c, recompute_layers=None), cluster, None)])
     # the stages a user is told of (_ZERO_NOTES): the distributed optimizer, then ZeRO-3
     if zeros := [z for z in space.zero_stages(c.pp) if z > c.zero and z in _ZERO_NOTES]:
         knobs.append([(_with(c, zero=z), cluster, _ZERO_NOTES[z]) for z in zeros])

@@ -345,7 +345,8 @@ def config_key(config: ParallelConfig) -> tuple[int, ...]:
     c = config
     return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp,
             int(c.cp_algo == "ulysses"), c.ep, c.vpp, c.mbs, RECOMPUTE_MODES.index(c.recompute),
-            c.zero, ("1f1b", "gpipe", "zb-h1", "zb-v").index(c.schedule))  # fmt: skip
+            c.zero, ("1f1b", "gpipe", "zb-h1", "zb-v").index(c.schedule),
+            c.recompute_layers or 0)  # fmt: skip
 
 
 def _leanness(config: ParallelConfig) -> tuple[int, int, int, int]:

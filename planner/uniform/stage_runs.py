@@ -22,15 +22,19 @@ from planner.cost.step import (
     tied_sync_s,
     with_tied_copy,
 )
+from planner.pipeline.options import TRANSFORMER_KINDS
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.columns import factorize
 from planner.uniform.estimate import stage_kinds, stage_weights, tied_copy
+from planner.uniform.recompute_layers import Chunk, chunks_cost
+from planner.vocabulary import RECOMPUTE_MODES
 
 LAYER_FIELDS = tuple(f.name for f in fields(LayerCost))
 """The per-microbatch costs of a layer, in the order a batch's layer table keeps them."""
 
-Split = tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]
-"""A layer split's runs of equal stages: (first stage, stages, layer kinds and counts)."""
+Split = tuple[tuple[int, int, tuple[tuple[str, int], ...], tuple[Chunk, ...] | None], ...]
+"""A layer split's runs of equal stages: (first stage, stages, layer kinds and counts, and
+when only some layers recompute, the stage's chunks with the layers that do)."""
 
 
 def split_layers(x: Any, r: int) -> tuple[int, ...]:
@@ -41,16 +45,22 @@ def split_layers(x: Any, r: int) -> tuple[int, ...]:
     return (int(x.first_layers[r]), *[int(x.middle_layers[r])] * (pp - 2), int(x.last_layers[r]))
 
 
-def stage_runs(model: ModelSpec, training: TrainingSpec, layers: tuple[int, ...]) -> Split:
+def stage_runs(
+    model: ModelSpec, training: TrainingSpec, layers: tuple[int, ...],
+    chunks: tuple[tuple[Chunk, ...], ...] | None = None,
+) -> Split:  # fmt: skip
     """The runs of equal stages of a layer split, the first and the last stage alone (as the
-    step composer runs them)."""
+    step composer runs them); ``chunks``: each stage's, when only some layers recompute
+    (:func:`~planner.uniform.recompute_layers.stage_chunks`)."""
     stages = stage_kinds(model, training, 1, layers)
-    runs: list[tuple[int, int, tuple[tuple[str, int], ...]]] = []
+    runs: list[tuple[int, int, tuple[tuple[str, int], ...], tuple[Chunk, ...] | None]] = []
     for i, kinds in enumerate(stages):
-        if runs and 0 < i < len(stages) - 1 and runs[-1][0] > 0 and runs[-1][2] == kinds:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1, kinds)
+        mine = None if chunks is None else chunks[i]
+        if (runs and 0 < i < len(stages) - 1 and runs[-1][0] > 0 and runs[-1][2] == kinds
+                and runs[-1][3] == mine):  # fmt: skip
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, kinds, mine)
         else:
-            runs.append((i, 1, kinds))
+            runs.append((i, 1, kinds, mine))
     return tuple(runs)
 
 
@@ -75,7 +85,7 @@ def static_costs(
 ) -> StaticCosts:  # fmt: skip
     """A split's runs' weights on ``stage``'s mesh, as :func:`estimate` gathers them."""
     stages = []
-    for _, _, kinds in split:
+    for _, _, kinds, _ in split:
         params: dict[tuple[int, ...], float] = {}
         for kind, count in kinds:
             for axes, n in params_by_kind[kind]:
@@ -104,12 +114,17 @@ def run_costs(
     used = static_of[used_rows]
     last = split[-1][0] + split[-1][1] - 1
     runs = []
-    for j, (first, count, kinds) in enumerate(split):
+    for j, (first, count, kinds, chunks) in enumerate(split):
         time = LayerCost.zero()
         for kind, n in kinds:
-            values = by_kind[kind][layer_of, recompute]
-            one = LayerCost(**{f: values[:, i] for i, f in enumerate(LAYER_FIELDS)})
-            time = time + one.scaled(n)
+            if chunks is None or kind not in TRANSFORMER_KINDS:
+                time = time + _one(by_kind[kind], layer_of, recompute).scaled(n)
+        if chunks is not None:  # every configuration of the group recomputes fully
+            every = {k: _one(by_kind[k], layer_of, RECOMPUTE_MODES.index("full"))
+                     for k in TRANSFORMER_KINDS if k in by_kind}  # fmt: skip
+            kept = {k: _one(by_kind[k], layer_of, RECOMPUTE_MODES.index("none"))
+                    for k in TRANSFORMER_KINDS if k in by_kind}  # fmt: skip
+            time = time + chunks_cost(chunks, every=every, kept=kept)
         sync = np.array([[getattr(static[u].syncs[j], f.name) for f in
                           fields(cost.DataParallelSync)] for u in used])[local]  # fmt: skip
         held = np.array([static[u].state_bytes[j] for u in used])[local]
@@ -122,3 +137,9 @@ def run_costs(
             first=first, count=count, tied_s=tied if first in (0, last) else 0.0,
         ))  # fmt: skip
     return runs
+
+
+def _one(table: np.ndarray, layer_of: np.ndarray, mode: Any) -> LayerCost:
+    """One layer's costs per configuration, from a kind's ``[layer, mode, field]`` table."""
+    values = table[layer_of, mode]
+    return LayerCost(**{f: values[:, i] for i, f in enumerate(LAYER_FIELDS)})
