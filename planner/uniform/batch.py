@@ -279,18 +279,20 @@ def _price(
     # The layer splits and the runs of equal stages in them.
     # (With only some layers recomputed, the chunks too: they say which.)
     partial = c["recompute_layers"].astype(np.int64)
+    v_shape = c["schedule"] == "zb-v"  # the head on the first stage
     s_first, split_of = factorize(c["pp"], x.first_layers, x.last_layers, partial,
-                                  np.where(partial > 0, c["vpp"], 0))  # fmt: skip
+                                  np.where(partial > 0, c["vpp"], 0), v_shape)  # fmt: skip
     chunks = [None if partial[r] == 0 else
               stage_chunks(model, training, split_layers(x, r), vpp=int(c["vpp"][r]),
                            recompute_layers=int(partial[r])) for r in s_first]  # fmt: skip
-    splits = [stage_runs(model, training, split_layers(x, r), chunks[s])
-              for s, r in enumerate(s_first)]  # fmt: skip
+    splits = [stage_runs(model, training, split_layers(x, r), chunks[s],
+                         head_first=bool(v_shape[r])) for s, r in enumerate(s_first)]  # fmt: skip
     # Per stage run: data-parallel traffic, state bytes; per configuration the optimizer.
     z_first, static_of = factorize(p_of, split_of, c["zero"])
     static = [static_costs(model, cluster, training, placed[p_of[r]], params_of[int(l_of[r])],
                            splits[split_of[r]], zero=int(c["zero"][r]), tp=int(c["tp"][r]),
-                           pp=int(c["pp"][r])) for r in z_first]  # fmt: skip
+                           pp=int(c["pp"][r]), v_shape=bool(v_shape[r]))
+              for r in z_first]  # fmt: skip
     sends_first, sends_of = factorize(p_of, c["mbs"], c["vpp"])
     sends = np.array([pipeline_sends_s(model, cluster, placed[p_of[r]], mbs=int(c["mbs"][r]),
                                        training=training, cp=int(c["cp"][r]),
@@ -319,7 +321,8 @@ def _price(
                          l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]])  # fmt: skip
         knobs = PipelineKnobs(
             num_microbatches=x.num_microbatches[g_rows],
-            vpp=c["vpp"][g_rows] if schedule == "interleaved" else 1,  # type: ignore[arg-type]
+            vpp=c["vpp"][g_rows] if schedule in ("interleaved", "zb-v")  # type: ignore[arg-type]
+            else 1,
             precision=training.precision,
             overlap_grad_reduce=flags["overlap_grad_reduce"][g_rows],  # type: ignore[arg-type]
             overlap_param_gather=flags["overlap_param_gather"][g_rows],  # type: ignore[arg-type]

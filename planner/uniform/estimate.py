@@ -89,10 +89,12 @@ def layer_index(model: ModelSpec, training: TrainingSpec, micro_batch_size: int)
 
 @lru_cache(maxsize=256)
 def stage_kinds(
-    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, layers: tuple[int, ...]
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, layers: tuple[int, ...],
+    *, head_first: bool = False,
 ) -> tuple[tuple[tuple[str, int], ...], ...]:
     """Layer kinds per stage (sorted (kind, count) pairs): contiguous blocks of ``layers[i]``
-    layers, embedding first and head last."""
+    layers, embedding first and head last; ``head_first``: the head on the first stage too,
+    as a V schedule places it (ZB-V runs the last model chunk on the first stage)."""
     index = layer_index(model, training, micro_batch_size)
     kind_of = {layer: kind for kind, layers in index.layers_by_kind.items() for layer in layers}
     stages = []
@@ -100,7 +102,7 @@ def stage_kinds(
     for stage, count in enumerate(layers):
         kinds = Counter(kind_of[layer] for layer in range(first, first + count))
         kinds["embedding"] += stage == 0
-        kinds["head"] += stage == len(layers) - 1
+        kinds["head"] += stage == (0 if head_first else len(layers) - 1)
         stages.append(tuple(sorted((k, n) for k, n in kinds.items() if n)))
         first += count
     return tuple(stages)
@@ -211,7 +213,9 @@ def estimate(
                                              for kind, p in parts.items()}  # fmt: skip
     distinct: dict[tuple[object, ...], StageCost] = {}  # middle stages repeat
     stages = []
-    for i, kinds in enumerate(stage_kinds(model, training, c.mbs, resolved.stage_layers)):
+    v_shape = c.schedule == "zb-v"
+    for i, kinds in enumerate(stage_kinds(model, training, c.mbs, resolved.stage_layers,
+                                          head_first=v_shape)):  # fmt: skip
         key = (kinds, None if chunks is None else chunks[i])
         if key not in distinct:
             layers = LayerCost.zero()
@@ -231,7 +235,8 @@ def estimate(
         precision=training.precision, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather,
     )  # fmt: skip
-    step = compose_step(cluster, knobs, stages, tied=tied_copy(model, stage, tp=c.tp, pp=c.pp))
+    tied = None if v_shape else tied_copy(model, stage, tp=c.tp, pp=c.pp)
+    step = compose_step(cluster, knobs, stages, tied=tied)
 
     recomputed = {} if chunks is None else recomputed_counts(chunks)
     recompute_flops = sum(
@@ -299,7 +304,8 @@ def stage_weights(
 
 
 def tied_copy(model: ModelSpec, stage: UniformStage, *, tp: int, pp: int) -> TiedCopy | None:
-    """The last stage's copy of tied word embeddings, split over tensor-parallel ranks."""
+    """The last stage's copy of tied word embeddings, split over tensor-parallel ranks (none
+    under ZB-V, whose first stage holds the embedding and the head: callers skip it)."""
     if not model.tie_word_embeddings or pp == 1:
         return None
     return TiedCopy(params=model.vocab_size * model.hidden_size / tp,

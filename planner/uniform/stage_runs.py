@@ -47,12 +47,13 @@ def split_layers(x: Any, r: int) -> tuple[int, ...]:
 
 def stage_runs(
     model: ModelSpec, training: TrainingSpec, layers: tuple[int, ...],
-    chunks: tuple[tuple[Chunk, ...], ...] | None = None,
+    chunks: tuple[tuple[Chunk, ...], ...] | None = None, *, head_first: bool = False,
 ) -> Split:  # fmt: skip
     """The runs of equal stages of a layer split, the first and the last stage alone (as the
     step composer runs them); ``chunks``: each stage's, when only some layers recompute
-    (:func:`~planner.uniform.recompute_layers.stage_chunks`)."""
-    stages = stage_kinds(model, training, 1, layers)
+    (:func:`~planner.uniform.recompute_layers.stage_chunks`); ``head_first``: a V schedule's
+    (:func:`~planner.uniform.estimate.stage_kinds`)."""
+    stages = stage_kinds(model, training, 1, layers, head_first=head_first)
     runs: list[tuple[int, int, tuple[tuple[str, int], ...], tuple[Chunk, ...] | None]] = []
     for i, kinds in enumerate(stages):
         mine = None if chunks is None else chunks[i]
@@ -81,9 +82,10 @@ class StaticCosts:
 def static_costs(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: Any,
     params_by_kind: dict[str, tuple[tuple[tuple[int, ...], float], ...]], split: Split, *,
-    zero: int, tp: int, pp: int,
+    zero: int, tp: int, pp: int, v_shape: bool = False,
 ) -> StaticCosts:  # fmt: skip
-    """A split's runs' weights on ``stage``'s mesh, as :func:`estimate` gathers them."""
+    """A split's runs' weights on ``stage``'s mesh, as :func:`estimate` gathers them (no tied
+    copy under a V schedule: its first stage holds the embedding and the head)."""
     stages = []
     for _, _, kinds, _ in split:
         params: dict[tuple[int, ...], float] = {}
@@ -92,7 +94,7 @@ def static_costs(
                 params[axes] = params.get(axes, 0.0) + n * count
         stages.append(StageCost(time=LayerCost.zero(), weights=stage_weights(params, stage),
                                 zero=zero))  # fmt: skip
-    tied = tied_copy(model, stage, tp=tp, pp=pp)
+    tied = None if v_shape else tied_copy(model, stage, tp=tp, pp=pp)
     stages = with_tied_copy(stages, tied)
     precision = training.precision
     return StaticCosts(
