@@ -393,3 +393,12 @@ def test_every_rule_is_tested_with_its_source() -> None:
              if name.startswith("test_")]  # fmt: skip
     for rule in cai.RULES:
         assert any(rule.source in doc for doc in cited), rule.name
+
+
+def test_optimizer_offload() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1093,
+    1247"""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
+    assert "cpu_offload" in (refusal("optimizer-offload", resolved, model) or "")
+    assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None

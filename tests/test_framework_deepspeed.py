@@ -420,3 +420,13 @@ def test_every_rule_is_tested_with_its_source() -> None:
              if name.startswith("test_")]  # fmt: skip
     for rule in ds.RULES:
         assert any(rule.source in doc for doc in cited), rule.name
+
+
+def test_optimizer_offload() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/stage_1_and_2.py:1545-1552,
+    2319-2341"""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
+    assert "steps each parameter group on the CPU" in (
+        refusal("optimizer-offload", resolved, model) or "")
+    assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None

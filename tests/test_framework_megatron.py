@@ -814,3 +814,35 @@ def test_profile_names_megatron() -> None:
     """The profile is Megatron-LM's and its launcher is the module's."""
     assert (P.name, P.title, P.launch) == ("megatron", "Megatron-LM", megatron.launch)
     assert len({r.name for r in P.rules}) == len(P.rules)
+
+
+def pin_optimizer_offload_zero_0(p: Profile) -> None:
+    """What rule ``optimizer-offload-zero-0`` refuses (and lets through)."""
+    model = load("llama3-70b")
+    refused(p, "optimizer-offload-zero-0", configure(model, 16, tp=8, pp=2, offload="optimizer"),
+            model, r"--use-precision-aware-optimizer.*distributed optimizer.*ZeRO-0")
+    accepted(p, "optimizer-offload-zero-0",
+             configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer"), model)
+    accepted(p, "optimizer-offload-zero-0", configure(model, 16, tp=8, pp=2), model)
+
+
+def test_rule_optimizer_offload_zero_0() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1884-1888;
+    NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/optimizer/__init__.py:1057-1060"""
+    pin_optimizer_offload_zero_0(P)
+
+
+def test_optimizer_offload_flags() -> None:
+    """The offloaded optimizer is Megatron-Core's HybridDeviceOptimizer, all of it on the CPU,
+    with the precision-aware optimizer it asserts (arguments.py:1884-1888) and its copies
+    overlapped with the CPU steps as priced; without offload none of the four flags."""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, sp=True, zero=1, offload="optimizer")
+    flags = read_flags(megatron.launch(resolved, model).text)
+    assert flags["--optimizer-offload-fraction"] == "1.0"
+    for switch in ("--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                   "--overlap-cpu-optimizer-d2h-h2d", "--use-distributed-optimizer"):
+        assert switch in flags and flags[switch] is None, switch
+    plain = read_flags(megatron.launch(configure(model, 16, tp=8, pp=2, zero=1), model).text)
+    assert not {"--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                "--overlap-cpu-optimizer-d2h-h2d", "--optimizer-offload-fraction"} & set(plain)

@@ -234,3 +234,10 @@ def test_profile_names_mindspeed() -> None:
     assert (P.name, P.title, P.launch) == ("mindspeed", "MindSpeed", mindspeed.launch)
     names = {r.name for r in P.rules}
     assert "fused-attention-precision" not in names and "tp-comm-overlap-without-sp" not in names
+
+
+def test_rule_optimizer_offload_zero_0() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:944-949;
+    NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/optimizer/distrib_optimizer.py:347-348"""
+    tm.pin_optimizer_offload_zero_0(P)

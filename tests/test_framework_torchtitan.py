@@ -354,3 +354,12 @@ def test_every_rule_is_tested_with_its_source() -> None:
              if name.startswith("test_")]  # fmt: skip
     for rule in tt.RULES:
         assert any(rule.source in doc for doc in cited), rule.name
+
+
+def test_optimizer_offload() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:137, 146-147,
+    317"""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
+    assert "CPUOffloadPolicy" in (refusal("optimizer-offload", resolved, model) or "")
+    assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None
