@@ -77,7 +77,8 @@ def describe(config: ParallelConfig) -> str:
                                               ("vpp", config.vpp)) if v > 1]  # fmt: skip
     parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
     parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
-    return " ".join(parts + ([f"ZeRO-{config.zero}"] if config.zero else []))
+    parts += [f"ZeRO-{config.zero}"] * (config.zero > 0)
+    return " ".join(parts + ["optimizer-offload"] * (config.offload == "optimizer"))
 
 
 def kind_of(config: ParallelConfig) -> str:

@@ -73,6 +73,11 @@ def estimate_tables(
     memory.add_row(Text("total", style="bold"),
                    Text(f"{result.peak_memory_gib:.2f} / {capacity:g} ({verdict})",
                         style="bold" if result.fits else "bold red"))  # fmt: skip
+    if result.host_memory_gib > 0 and cluster.host is not None:  # only what was offloaded
+        over = result.host_memory_gib > cluster.host.memory_gib
+        memory.add_row("host, per node",
+                       Text(f"{result.host_memory_gib:.2f} / {cluster.host.memory_gib:g}"
+                            + (" (DOES NOT FIT)" if over else ""), style="bold red" * over))
     return [head, keep_whole(times), keep_whole(memory)]
 
 
