@@ -846,3 +846,21 @@ def test_optimizer_offload_flags() -> None:
     plain = read_flags(megatron.launch(configure(model, 16, tp=8, pp=2, zero=1), model).text)
     assert not {"--optimizer-cpu-offload", "--use-precision-aware-optimizer",
                 "--overlap-cpu-optimizer-d2h-h2d", "--optimizer-offload-fraction"} & set(plain)
+
+
+def pin_optimizer_offload_fsdp(p: Profile) -> None:
+    """What rule ``optimizer-offload-fsdp`` refuses (and lets through)."""
+    model = load("llama3-70b")
+    overlap = dict(overlap_grad_reduce=True, overlap_param_gather=True)
+    for zero in (2, 3):
+        refused(p, "optimizer-offload-fsdp",
+                configure(model, 16, tp=8, zero=zero, offload="optimizer", **overlap), model,
+                rf"distributed optimizer \(ZeRO-1\) only: ZeRO-{zero} is Megatron-FSDP")
+    accepted(p, "optimizer-offload-fsdp",
+             configure(model, 16, tp=8, zero=1, offload="optimizer"), model)
+    accepted(p, "optimizer-offload-fsdp", configure(model, 16, tp=8, zero=3, **overlap), model)
+
+
+def test_rule_optimizer_offload_fsdp() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/distributed/fsdp/src/docs/optimizer.md:42-44"""
+    pin_optimizer_offload_fsdp(P)

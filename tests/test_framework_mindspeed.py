@@ -241,3 +241,9 @@ def test_rule_optimizer_offload_zero_0() -> None:
     NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
     megatron/core/optimizer/distrib_optimizer.py:347-348"""
     tm.pin_optimizer_offload_zero_0(P)
+
+
+def test_rule_optimizer_offload_fsdp() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/optimizer/distrib_optimizer.py:493-494"""
+    tm.pin_optimizer_offload_fsdp(P)

@@ -213,6 +213,18 @@ def optimizer_offload_without_distributed_optimizer(
             "which runs only with the distributed optimizer: the configuration has ZeRO-0")
 
 
+def optimizer_offload_with_fsdp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-FSDP (ZeRO-2/3) keeps its own optimizer buffers and calls offloading a case
+    its optimizer path must coordinate itself: the offload is launched with the distributed
+    optimizer (ZeRO-1) only."""
+    c = resolved.config
+    if c.offload != "optimizer" or c.zero < 2:
+        return None
+    return (f"optimizer offload runs with the distributed optimizer (ZeRO-1) only: ZeRO-{c.zero} "
+            f"is Megatron-FSDP, whose own optimizer buffers the hybrid device optimizer does "
+            f"not drive")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="gpipe", check=gpipe_schedule,
          source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:161-168"),
@@ -259,6 +271,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="optimizer-offload-zero-0",
          check=optimizer_offload_without_distributed_optimizer,
          source=f"{_ARGS}:1884-1888; {REPO} megatron/core/optimizer/__init__.py:1057-1060"),
+    Rule(name="optimizer-offload-fsdp", check=optimizer_offload_with_fsdp,
+         source=f"{REPO} megatron/core/distributed/fsdp/src/docs/optimizer.md:42-44"),
 )  # fmt: skip
 """Everything Megatron-LM refuses, or cannot run as the planner prices it."""
 

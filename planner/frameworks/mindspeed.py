@@ -118,6 +118,9 @@ RULES: tuple[Rule, ...] = (
          check=megatron.optimizer_offload_without_distributed_optimizer,
          source=f"{_ARGS}:944-949; {CORE} megatron/core/optimizer/distrib_optimizer.py:"
                 f"347-348"),
+    # Custom FSDP skips the distributed optimizer's shards, where those are built.
+    Rule(name="optimizer-offload-fsdp", check=megatron.optimizer_offload_with_fsdp,
+         source=f"{CORE} megatron/core/optimizer/distrib_optimizer.py:493-494"),
 )  # fmt: skip
 """Everything MindSpeed refuses, or cannot run as the planner prices it."""
 

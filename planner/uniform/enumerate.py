@@ -28,10 +28,11 @@ from planner.plan.config import ParallelConfig
 from planner.plan.invariants import check_plan
 from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.batch import estimate_batch
+from planner.uniform.batch import BatchEstimate, estimate_batch
+from planner.uniform.estimate import host_fits
 from planner.uniform.failure import nothing_found
 from planner.uniform.plan import uniform_plan
-from planner.uniform.space import branch_space, config_key
+from planner.uniform.space import branch_space, config_key, offload_variants
 from planner.vocabulary import GIB
 
 CHUNK = 4096
@@ -59,15 +60,31 @@ class _Search:
         """The best step so far (None before one fits)."""
         return None if self.best is None else self.best[0]
 
-    def price(self, model: ModelSpec, cluster: ClusterSpec,
-              configs: list[ParallelConfig]) -> _Search:  # fmt: skip
-        """The tally with ``configs`` priced: the fastest that fits (ties to the smallest
-        :func:`config_key`), the leanest that does not (ties to the first)."""
+    def price(self, model: ModelSpec, cluster: ClusterSpec, configs: list[ParallelConfig],
+              options: SolveOptions) -> _Search:  # fmt: skip
+        """The tally with ``configs`` priced, and the optimizer-offloaded variants of those
+        that fit only without their optimizer states
+        (:func:`~planner.uniform.space.offload_variants`)."""
         batch = estimate_batch(model, cluster, configs)
+        found = self.tally(batch, configs)
+        c = batch.columns
+        peak = c["peak_memory_gib"]
+        lighter = (c["divides"] & (peak * GIB > self.usable_bytes)
+                   & ((peak - c["memory.optimizer_gib"]) * GIB <= self.usable_bytes))
+        variants = offload_variants(model, cluster, configs, lighter_fits=lighter.tolist(),
+                                    options=options)  # fmt: skip
+        if variants:
+            found = found.tally(estimate_batch(model, cluster, variants), variants)
+        return found
+
+    def tally(self, batch: BatchEstimate, configs: list[ParallelConfig]) -> _Search:
+        """The tally with ``batch`` (of ``configs``) priced: the fastest that fits (ties to
+        the smallest :func:`config_key`), the leanest that does not (ties to the first)."""
         divides = batch.columns["divides"]
         peak = batch.columns["peak_memory_gib"]
         step = batch.columns["step_time_s"]
-        fits = divides & (peak * GIB <= self.usable_bytes)
+        host = batch.columns["host_memory_gib"] * GIB
+        fits = divides & (peak * GIB <= self.usable_bytes) & host_fits(batch.cluster, host)
         big = divides & ~fits
         found = replace(self, priced=self.priced + int(divides.sum()))
         if self.first_refusal is None and not divides.all():
@@ -120,7 +137,7 @@ def enumerate_plan(
         if progress is not None:
             progress(Progress(done=done, total=total, best_step_s=search.best_step_s,
                               searching=named))  # fmt: skip
-        search = search.price(model, cluster, chunk)
+        search = search.price(model, cluster, chunk, options)
         done += len(chunk)
     if progress is not None:
         progress(Progress(done=total, total=total, best_step_s=search.best_step_s))

@@ -27,6 +27,7 @@ The space is what a Megatron-LM user can launch with flags:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.errors import ConfigError
@@ -306,6 +307,27 @@ def launched_variant(
     return None
 
 
+def offload_variants(
+    model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelConfig], *,
+    lighter_fits: Sequence[bool], options: SolveOptions,
+) -> list[ParallelConfig]:  # fmt: skip
+    """The optimizer-offloaded variants of ``configs`` worth pricing: of those whose peak
+    without their optimizer states fits (``lighter_fits``, an offload frees exactly those) and
+    whose framework launches the variant, on a cluster with host figures.
+
+    The caller passes only configurations that do not fit on the device: one that fits needs
+    no offload, since an offloaded step is its configuration's step with the optimizer's time
+    swapped for the host copies and the CPU's Adam, never faster where the host link and the
+    host memory are slower than the device's memory (every bundled cluster with host figures:
+    ``tests/test_offload.py``)."""
+    if cluster.host is None or options.framework == ANY:
+        return []
+    variants = (launched_variant(c.model_copy(update={"offload": "optimizer"}), model,
+                                 cluster=cluster, options=options)
+                for c, light in zip(configs, lighter_fits, strict=True) if light)  # fmt: skip
+    return [v for v in variants if v is not None]
+
+
 def grid_space(
     model: ModelSpec, cluster: ClusterSpec, options: SolveOptions = DEFAULT_OPTIONS
 ) -> list[ParallelConfig]:
@@ -322,7 +344,7 @@ def config_key(config: ParallelConfig) -> tuple[int, ...]:
     c = config
     return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp,
             int(c.cp_algo == "ulysses"), c.ep, c.vpp, c.mbs, RECOMPUTE_MODES.index(c.recompute),
-            c.zero)  # fmt: skip
+            c.zero, int(c.offload != "none"))  # fmt: skip
 
 
 def _leanness(config: ParallelConfig) -> tuple[int, int, int, int]:
