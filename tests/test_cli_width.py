@@ -378,7 +378,7 @@ def test_estimate_that_does_not_fit_lists_the_remedies(width: int) -> None:
     fits = lines[lines.index("  would fit:") + 1 : lines.index("  would not fit:")]
     assert [line for line in fits if line.startswith("    - ")] == [
         next(line for line in fits if line.startswith("    - --mbs 1 --recompute full --zero 1")),
-        next(line for line in fits if line.startswith('    - DeepSpeed "offload_optimizer"')),
+        next(line for line in fits if line.startswith("    - --offload optimizer (70.5 GiB; step")),
     ]
     assert "    - --recompute full (81.0 GiB)" in lines
 

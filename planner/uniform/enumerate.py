@@ -5,7 +5,10 @@ broken by the smallest ``(tp, pp, first, last, cp, ep, vpp, mbs, recompute, zero
 configuration of the space is priced, by :func:`~planner.uniform.batch.estimate_batch` (the
 cost model of :func:`~planner.uniform.estimate.estimate`, over arrays), a few thousand at a
 time: whole branches (degrees ``(tp, pp, cp, ep)`` and one layer split), so that a time limit
-stops between them.
+stops between them. When none fits, the optimizer-offloaded variants of those that fit only
+without their optimizer states are priced, where the framework launches them and the cluster
+has host figures (:func:`~planner.uniform.space.offload_variants`): offload is chosen only
+where it is the only way to fit.
 
 The plan's ``solver.configurations`` counts the configurations priced: those the batch
 refused as not dividing (the batch over ``dp x mbs``, interleaving's microbatches over ``pp``)
@@ -54,6 +57,8 @@ class _Search:
     """Why the first configuration that did not divide was refused."""
     priced: int = 0
     """Configurations priced (refusals not counted)."""
+    offloaded: tuple[ParallelConfig, ...] = ()
+    """Optimizer-offloaded variants to price if nothing fits without offload."""
 
     @property
     def best_step_s(self) -> float | None:
@@ -63,7 +68,7 @@ class _Search:
     def price(self, model: ModelSpec, cluster: ClusterSpec, configs: list[ParallelConfig],
               options: SolveOptions) -> _Search:  # fmt: skip
         """The tally with ``configs`` priced, and the optimizer-offloaded variants of those
-        that fit only without their optimizer states
+        that fit only without their optimizer states kept for later
         (:func:`~planner.uniform.space.offload_variants`)."""
         batch = estimate_batch(model, cluster, configs)
         found = self.tally(batch, configs)
@@ -73,9 +78,7 @@ class _Search:
                    & ((peak - c["memory.optimizer_gib"]) * GIB <= self.usable_bytes))
         variants = offload_variants(model, cluster, configs, lighter_fits=lighter.tolist(),
                                     options=options)  # fmt: skip
-        if variants:
-            found = found.tally(estimate_batch(model, cluster, variants), variants)
-        return found
+        return replace(found, offloaded=found.offloaded + tuple(variants))
 
     def tally(self, batch: BatchEstimate, configs: list[ParallelConfig]) -> _Search:
         """The tally with ``batch`` (of ``configs``) priced: the fastest that fits (ties to
@@ -139,6 +142,13 @@ def enumerate_plan(
                               searching=named))  # fmt: skip
         search = search.price(model, cluster, chunk, options)
         done += len(chunk)
+    if search.best is None and not cut:
+        # Offload only where it is the only way to fit: its CPU Adam is priced at the host's
+        # peak memory bandwidth, a lower bound, not to be traded against a device-only plan.
+        variants = list(search.offloaded)
+        for start in range(0, len(variants), CHUNK):
+            chunk = variants[start : start + CHUNK]
+            search = search.tally(estimate_batch(model, cluster, chunk), chunk)
     if progress is not None:
         progress(Progress(done=total, total=total, best_step_s=search.best_step_s))
     if search.best is None and cut:

@@ -319,7 +319,8 @@ def offload_variants(
     no offload, since an offloaded step is its configuration's step with the optimizer's time
     swapped for the host copies and the CPU's Adam, never faster where the host link and the
     host memory are slower than the device's memory (every bundled cluster with host figures:
-    ``tests/test_offload.py``)."""
+    ``tests/test_offload.py``). The search prices them only when nothing fits without
+    (:func:`~planner.uniform.enumerate.enumerate_plan`)."""
     if cluster.host is None or options.framework == ANY:
         return []
     variants = (launched_variant(c.model_copy(update={"offload": "optimizer"}), model,
