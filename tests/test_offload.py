@@ -133,13 +133,16 @@ def test_host_memory_too_small_does_not_fit() -> None:
 def test_offload_without_host_figures_names_the_missing_field() -> None:
     """An offload on a cluster without a host block: one line naming the field."""
     model = planner.load_model(LLAMA_70B)
-    a100 = planner.load_cluster(CLUSTERS / "dgx-a100-80gb.json", nodes=2)
+    bare = h100_nodes().model_copy(update={"host": None})
     config = ParallelConfig(tp=8, pp=2, zero=1, global_batch=BATCH, offload="optimizer")
-    with pytest.raises(InputError, match=r"^cluster dgx-a100-80gb: optimizer offload needs "
+    with pytest.raises(InputError, match=r"^cluster dgx-h100-80gb: optimizer offload needs "
                                          r"the cluster's host figures: field 'host'"):
-        planner.estimate(model, a100, config)
+        planner.estimate(model, bare, config)
     with pytest.raises(InputError, match="field 'host'"):
-        estimate_batch(model, a100, [config])
+        estimate_batch(model, bare, [config])
+    # Without host figures the search prices no offload: nothing fits.
+    with pytest.raises(planner.InfeasibleError, match="does not price its time"):
+        planner.solve(model, bare, SolveOptions(framework="megatron", global_batch_size=BATCH))
 
 
 @pytest.mark.parametrize("path", sorted(CLUSTERS.glob("*.json")), ids=lambda p: p.stem)
