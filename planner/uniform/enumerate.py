@@ -148,7 +148,9 @@ def enumerate_plan(
         variants = list(search.offloaded)
         for start in range(0, len(variants), CHUNK):
             chunk = variants[start : start + CHUNK]
-            search = search.tally(estimate_batch(model, cluster, chunk), chunk)
+            # The leanest that does not fit stays the device-only one the message describes.
+            search = replace(search.tally(estimate_batch(model, cluster, chunk), chunk),
+                             leanest=search.leanest)
     if progress is not None:
         progress(Progress(done=total, total=total, best_step_s=search.best_step_s))
     if search.best is None and cut:
