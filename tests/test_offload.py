@@ -4,6 +4,8 @@ has no host figures or a node's host memory cannot hold what its devices offload
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec
 from planner.uniform.batch import estimate_batch
+from planner.uniform.remedies import OFFLOAD, config_infeasible_message, config_remedies
 from planner.uniform.space import grid_space, launched_variant
 from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
@@ -172,3 +175,54 @@ def test_cli_offload_option() -> None:
     run = run_planner(80, "estimate", *common, "--offload", "gradients")
     assert run.code == 2
     assert "'gradients' is not something to offload" in " ".join(run.stderr.split())
+
+
+def test_host_short_message_and_remedies() -> None:
+    """A configuration whose devices hold their part but whose node's host memory is short:
+    the error says so (not the device's memory), and the remedies hold no second offload."""
+    cluster = h100_nodes()
+    assert cluster.host is not None
+    small = cluster.model_copy(update={"host": cluster.host.model_copy(
+        update={"memory_gib": 256.0})})  # fmt: skip
+    model = planner.load_model(LLAMA_70B)
+    config = ParallelConfig(tp=8, pp=2, sp=True, zero=1, recompute="full", global_batch=BATCH,
+                            offload="optimizer")  # fmt: skip
+    line = config_infeasible_message(model, small, config)
+    assert line.startswith("tp 8, pp 2, cp 1, ep 1, mbs 1, full recompute, ZeRO-1, optimizer "
+                           "offloaded: its devices offload 525.7 GiB per node to host memory, "
+                           "more than a node's 256 GiB")  # fmt: skip
+    changes = [r.change for r in config_remedies(model, small, config)]
+    assert "--offload optimizer" not in changes and OFFLOAD not in changes
+    # More nodes: more data-parallel ranks share the states, and the host holds its part.
+    assert "--nodes 8" in changes
+
+
+def test_offload_remedy_is_the_estimate() -> None:
+    """The remedy ``--offload optimizer`` is the estimate of the configuration offloaded: its
+    peak, fit and step, and what the host copies and CPU Adam take."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    config = ParallelConfig(tp=8, pp=2, sp=True, zero=1, recompute="full", global_batch=BATCH)
+    (remedy,) = [r for r in config_remedies(model, cluster, config)
+                 if r.change == "--offload optimizer"]  # fmt: skip
+    base = planner.estimate(model, cluster, config)
+    off = planner.estimate(model, cluster, config.model_copy(update={"offload": "optimizer"}))
+    assert (remedy.memory_gib, remedy.fits) == (off.peak_memory_gib, True)
+    assert remedy.note == (f"step {off.step_time_s:.2f} s instead of {base.step_time_s:.2f}: the "
+                           f"host copies and CPU Adam take {off.time.optimizer_s:.2f} s; 526 of "
+                           f"1907.35 GiB of host memory per node")  # fmt: skip
+
+
+def test_plans_record_the_offload_and_old_plans_read() -> None:
+    """The solved plan carries the offload through its JSON; a plan without the field (written
+    before offload) reads back as not offloaded."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    plan = planner.solve(model, cluster, SolveOptions(framework="megatron",
+                                                      global_batch_size=BATCH))
+    again = type(plan).model_validate_json(plan.to_json())
+    assert again == plan and again.configuration is not None
+    assert again.configuration.offload == "optimizer"
+    assert "optimizer offloaded to the host" in again.summary()
+    data = json.loads(plan.to_json())
+    del data["configuration"]["offload"]
+    old = type(plan).model_validate(data)
+    assert old.configuration is not None and old.configuration.offload == "none"

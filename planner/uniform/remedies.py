@@ -71,8 +71,10 @@ def describe(config: ParallelConfig) -> str:
     if c.vpp > 1:
         pp += f", vpp {c.vpp}"
     recompute = "no" if c.recompute == "none" else c.recompute
+    offload = ", optimizer offloaded" if c.offload == "optimizer" else ""
     return (
         f"tp {c.tp}, {pp}, cp {c.cp}, ep {c.ep}, mbs {c.mbs}, {recompute} recompute, ZeRO-{c.zero}"
+        f"{offload}"
     )
 
 
@@ -116,7 +118,8 @@ def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConf
         combined = _mildest(model, cluster, config, _combined(model, cluster, config))
         if combined is not None:
             remedies.append(combined)
-    remedies.append(offload_remedy(model, cluster, config, base))
+    if config.offload == "none":
+        remedies.append(offload_remedy(model, cluster, config, base))
     return remedies
 
 
@@ -127,7 +130,7 @@ def offload_remedy(
     :func:`estimate` where the cluster has host figures, its step and what the host copies and
     the CPU's Adam take; else ZeRO-Offload's switch with the GiB it saves, unpriced."""
     optimizer_gib = base.memory.optimizer_gib
-    if cluster.host is None or config.offload == "optimizer":
+    if cluster.host is None:
         offloaded_gib = base.peak_memory_gib - optimizer_gib
         return Remedy(
             change=OFFLOAD, memory_gib=offloaded_gib, fits=fits_gib(cluster, offloaded_gib),
@@ -156,6 +159,10 @@ def config_infeasible_message(
     line = (f"{describe(config)} needs {result.peak_memory_gib:.1f} GiB per device, more than "
             f"a device's {device.memory_gib:g} GiB ({device.name}, "
             f"{device.reserved_memory_gib:g} GiB reserved included)")  # fmt: skip
+    if fits_gib(cluster, result.peak_memory_gib) and cluster.host is not None:
+        # The devices hold their part: the node's host memory is what is short.
+        line = (f"{describe(config)}: its devices offload {result.host_memory_gib:.1f} GiB per "
+                f"node to host memory, more than a node's {cluster.host.memory_gib:g} GiB")
     remedies = config_remedies(model, cluster, config)
     for fits, heading in ((True, "would fit"), (False, "would not fit")):
         listed = [f"{r.change} ({r.memory_gib:.1f} GiB{'; ' + r.note if r.note else ''})"
