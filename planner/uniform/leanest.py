@@ -115,18 +115,22 @@ def _ways_out(
     who = "DeepSpeed ZeRO-Offload" if cluster.host is None else "Megatron-LM's, as priced"
     yield (f"optimizer offload to the CPU ({who}){on} saves {saved_gib:.1f} "
            f"GiB, leaving {left_gib:.1f} GiB: {enough}; "
-           f"{_offload_time(model, cluster, lean.config)}")  # fmt: skip
+           f"{_offload_time(model, cluster, lean.config, options)}")  # fmt: skip
     yield _shorter_sequence(model, cluster, training, options, priced)
 
 
-def _offload_time(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> str:
-    """What the offload's step takes (:func:`estimate` with ``--offload optimizer``), or, as
-    before host figures, that it is not priced."""
+def _offload_time(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+                  options: SolveOptions) -> str:  # fmt: skip
+    """What the offload's step takes (:func:`estimate` with ``--offload optimizer``), and
+    whether the target launches it; or, without host figures, that it is not priced."""
     if cluster.host is None:
         return "the planner does not price its time"
-    off = estimate(model, cluster, config.model_copy(update={"offload": "optimizer"}))
+    offloaded = config.model_copy(update={"offload": "optimizer"})
+    off = estimate(model, cluster, offloaded)
+    launched = space.launched_variant(offloaded, model, cluster=cluster, options=options)
+    refused = "" if launched is not None else f" ({options.framework} does not launch it)"
     return (f"its step takes {off.step_time_s:.2f} s, {off.time.optimizer_s:.2f} s of them the "
-            f"host copies and CPU Adam")
+            f"host copies and CPU Adam{refused}")
 
 
 def _shorter_sequence(
