@@ -8,6 +8,7 @@
 'TP1 x PP32 x DP8 x CP4, mbs 1, interleaved 1F1B (v=3), distributed optimizer'
 """
 
+from planner.diagnose.explain import Explanation, explain
 from planner.errors import ConfigError, InfeasibleError, InputError, PlannerError, SolverError
 from planner.options import Pins, Progress, SolveOptions
 from planner.plan.config import ParallelConfig
@@ -23,6 +24,7 @@ __all__ = [
     "ClusterSpec",
     "ConfigError",
     "Estimate",
+    "Explanation",
     "InfeasibleError",
     "InputError",
     "ModelSpec",
@@ -36,6 +38,7 @@ __all__ = [
     "TrainingSpec",
     "estimate",
     "estimate_batch",
+    "explain",
     "load_cluster",
     "load_model",
     "solve",

@@ -197,6 +197,18 @@ def test_simulate(width: int, plan_file: Path) -> None:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
+def test_explain(width: int, plan_file: Path) -> None:
+    """What binds, the one-notch table with its numbered reasons, the hardware and a why-not;
+    every change and verdict whole."""
+    done = planner(width, "explain", plan_file, "--model", MIXTRAL, "--cluster", H100,
+                   "--why-not", "tp=4,cp=1")  # fmt: skip
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, "why this plan:", "tp 2 -> 4 (dp 2 -> 1)", "mbs 1 -> 2",
+                 "2x HBM (79.65 -> 159.3 GiB)", "why not tp=4, cp=1", "[1] ")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
 def test_sweep(width: int, tmp_path: Path) -> None:
     """What the sweep did and its best point, wrapped at words; the best step whole."""
     sweep = tmp_path / "sweep.toml"

@@ -151,6 +151,21 @@ def test_ci_runs_the_quickstart_tests() -> None:
         assert re.search(whole, ci, flags=re.M), f".ci/run no longer runs the README's {command!r}"
 
 
+# --------------------------------------------------------------------------- explain
+
+
+def test_explain_is_the_readme_explanation(tmp_path: Path) -> None:
+    """The quick start's plan solved to plan.json and explained with a why-not, at the
+    README's width: what binds, every notch, the hardware and the comparison."""
+    found = _inline(r"\(`planner (solve [^`]*--out plan\.json)`\), at `COLUMNS=(\d+)`")
+    plan = tmp_path / "plan.json"
+    solve = [str(plan) if a == "plan.json" else a for a in found.group(1).split()]
+    assert _run(*solve).returncode == 0
+    args, shown = _shell_command(_block_starting("$ planner explain").splitlines())
+    args = [str(plan) if a == "plan.json" else a for a in args]
+    _shown(shown, _printed(_run(*args, columns=int(found.group(2)))))
+
+
 # --------------------------------------------------------------------------- estimate
 
 

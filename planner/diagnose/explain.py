@@ -1,0 +1,388 @@
+"""Why this plan: :func:`explain`.
+
+What binds (the most loaded stage's memory against the device, and what fills it; the step's
+parts on the critical stage), how the step moves when each knob turns one notch either way
+(:mod:`planner.diagnose.notches`, every neighbour priced in one
+:func:`~planner.uniform.batch.estimate_batch` and marked as dividing, fitting and launched by
+the plan's framework or not), what the same plan gains from other hardware (twice the
+bandwidth outside the scale-up domain, twice the memory, a scale-up domain twice as wide), and
+a user's own configuration priced beside the plan.
+
+The memory and the step come from the plan itself, so they are there for every plan; the rest
+prices the plan's uniform configuration (:attr:`Plan.configuration`) and needs its model and
+cluster: a per-operator plan (``--framework any``) has none, and only a configuration the user
+gives in full is priced for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from planner import cost
+from planner.diagnose.notches import describe_change, notches, with_changes, word
+from planner.diagnose.whatif import hardware_changes
+from planner.errors import InputError
+from planner.frameworks import ANY, profile
+from planner.plan.config import ParallelConfig, resolve
+from planner.plan.schema import MemoryBreakdown, Plan, StepTime, input_hash
+from planner.spec import ClusterSpec, ModelSpec
+from planner.uniform.batch import BatchEstimate, estimate_batch
+from planner.uniform.estimate import Estimate, estimate
+from planner.vocabulary import GIB
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Part(_Frozen):
+    """One part of a whole: a step's seconds or a device's memory."""
+
+    name: str
+    """The part's key, as the plan's JSON names it (``compute_s``, ``optimizer_gib``)."""
+    value: float
+    """Its amount, in the unit its name ends with (for a difference: the difference)."""
+    share: float
+    """Its fraction of the whole (for a difference: of the whole difference)."""
+
+
+class MemoryBinding(_Frozen):
+    """The most loaded stage's memory against what the device lets a plan use."""
+
+    stage: int
+    """The stage with the highest peak."""
+    peak_gib: float
+    """Its peak per device, the device's reserved memory included."""
+    capacity_gib: float
+    """The device's memory."""
+    margin_gib: float
+    """What the plan keeps free beside its peak."""
+    free_gib: float
+    """Capacity less margin less peak: what the stage could still take (negative: over)."""
+    parts: tuple[Part, ...]
+    """What fills the peak, largest first."""
+
+
+class Neighbour(_Frozen):
+    """A configuration one notch (or a user's changes) away from the plan's, priced."""
+
+    knob: str
+    """The ``ParallelConfig`` field turned (``why-not`` for a user's own configuration)."""
+    direction: Literal["down", "up", "given"]
+    """Which way it turned."""
+    change: str
+    """What changed, as a user says it: ``tp 4 -> 8 (dp 32 -> 16)``."""
+    config: ParallelConfig
+    """The configuration priced."""
+    refusal: str | None
+    """Why it does not divide, in ``planner estimate``'s words; None when it does."""
+    step_time_s: float | None
+    """Its predicted step (None when it does not divide)."""
+    delta_s: float | None
+    """Its step less the plan's (negative: faster)."""
+    peak_memory_gib: float | None
+    """Its most loaded stage's peak per device."""
+    over_gib: float | None
+    """Its peak less what the device lets it use (positive: does not fit by that much)."""
+    time: StepTime | None
+    """Its step's seconds by part."""
+    memory: MemoryBreakdown | None
+    """Its peak by what fills it."""
+    framework_refusals: tuple[str, ...] = ()
+    """Why the plan's framework cannot launch it (empty: it can, or the plan has none)."""
+    fits: bool = False
+    """It divides and its peak leaves the margin free (``over_gib <= 0``; set from it)."""
+    feasible: bool = False
+    """It divides, fits and the plan's framework launches it (set from the above)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verdicts(cls, data: Any) -> Any:
+        # fits and feasible follow from over_gib and the refusals: derived here, never given
+        if isinstance(data, dict):
+            over = data.get("over_gib")
+            fits = over is not None and over <= 0
+            data = data | {"fits": fits, "feasible": fits and not data.get("framework_refusals")}
+        return data
+
+
+class WhatIf(_Frozen):
+    """The plan's configuration on changed hardware."""
+
+    change: str
+    """The hardware change, in words (:func:`~planner.diagnose.whatif.hardware_changes`)."""
+    priced: Neighbour
+    """The plan's configuration priced on it (``delta_s`` against the plan on its own
+    hardware)."""
+    best: Neighbour | None
+    """The fastest one-notch change the changed hardware makes feasible (it was not on the
+    plan's), when it beats the plan's configuration there (``delta_s`` against the plan on
+    its own hardware)."""
+
+
+class Explanation(_Frozen):
+    """Why a plan is what it is: :func:`explain`'s answer."""
+
+    summary: str
+    """The plan in one line (:meth:`Plan.summary`)."""
+    framework: str
+    """The framework the plan was made for."""
+    step_time_s: float
+    """The plan's predicted step."""
+    step: tuple[Part, ...]
+    """The step's seconds on the critical stage by part, largest first."""
+    memory: MemoryBinding
+    """The most loaded stage's memory."""
+    sensitivities: tuple[Neighbour, ...] = ()
+    """Each knob one notch down and up, in :data:`~planner.diagnose.notches.KNOBS`' order."""
+    hardware: tuple[WhatIf, ...] = ()
+    """The plan on changed hardware."""
+    why_not: Neighbour | None = None
+    """The user's own configuration, priced beside the plan."""
+    limits: tuple[str, ...] = ()
+    """What this explanation could not do for this plan, and why."""
+
+
+def explain(
+    plan: Plan, model: ModelSpec | None = None, cluster: ClusterSpec | None = None, *,
+    why_not: Mapping[str, Any] | None = None,
+) -> Explanation:  # fmt: skip
+    """Why ``plan``: what binds, each knob one notch either way, the plan on other hardware and
+    ``why_not`` (configuration fields to change from the plan's, as
+    :func:`~planner.diagnose.notches.parse_changes` reads them) priced beside it.
+
+    Without ``model`` and ``cluster`` only what the plan records (memory, step) is explained.
+    Raises :class:`InputError` when they are not the plan's, or ``why_not`` is given without
+    them; :class:`~planner.errors.ConfigError` (``estimate``'s message) when ``why_not`` does
+    not divide.
+    """
+    p = plan.predicted
+    steps = sorted(StepTime.model_fields, key=lambda k: -getattr(p.time, k))
+    base = dict(
+        summary=plan.summary(), framework=plan.framework, step_time_s=p.step_time_s,
+        step=tuple(_part(k, getattr(p.time, k), p.step_time_s) for k in steps),
+        memory=memory_binding(plan),
+    )  # fmt: skip
+    if model is None or cluster is None:
+        if why_not is not None:
+            raise InputError("--why-not prices a configuration: give the plan's model and "
+                             "cluster (--model, --cluster)")  # fmt: skip
+        return Explanation(**base, limits=(
+            "the knob sensitivities, the hardware what-ifs and --why-not price the plan: give "
+            "its model and cluster (--model, --cluster)",))  # fmt: skip
+    check_inputs(plan, model, cluster)
+    mine = None if why_not is None else why_not_config(plan, model, why_not)
+    if plan.configuration is None:
+        limits = (f"the plan is per-operator ({plan.framework}): it has no uniform "
+                  "configuration to turn one notch or to price on other hardware",)  # fmt: skip
+        return Explanation(**base, limits=limits, why_not=None if mine is None else _why_not(
+            plan, model, cluster, mine, why_not or {}, reference=p.step_time_s))
+    reference, groups, rows, sensitivities = _sensitivities(plan, model, cluster,
+                                                            plan.configuration)  # fmt: skip
+    hardware = tuple(_what_if(plan, model, change, changed, rows, groups, reference,
+                              sensitivities) for change, changed in hardware_changes(cluster))
+    limits = ()
+    if reference.step_time_s != p.step_time_s:
+        limits = (f"the plan's configuration prices at {reference.step_time_s:.3f} s, the plan "
+                  f"records {p.step_time_s:.3f} s (another version of the cost model): the "
+                  "changes are against the former",)  # fmt: skip
+    return Explanation(
+        **base, sensitivities=sensitivities, hardware=hardware, limits=limits,
+        why_not=None if mine is None else _why_not(plan, model, cluster, mine, why_not or {},
+                                                    reference=reference.step_time_s),
+    )  # fmt: skip
+
+
+Groups = list[tuple[str, str, list[ParallelConfig]]]
+"""Per knob and direction, the configurations tried for its notch, nearest first."""
+
+
+def _sensitivities(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
+) -> tuple[Neighbour, Groups, list[ParallelConfig], tuple[Neighbour, ...]]:
+    """The plan's configuration re-priced, the notches tried, the rows priced (the plan's
+    first) and, per knob and direction, the nearest notch that divides (else the nearest)."""
+    groups = [(knob.name, direction, options)
+              for knob, down, up in notches(config, model, cluster.num_devices)
+              for direction, options in (("down", down), ("up", up)) if options]  # fmt: skip
+    rows = [config, *(c for _, _, options in groups for c in options)]
+    priced = _price(plan, model, cluster, rows)
+    reference = priced(0, knob="plan", direction="given", base=None)
+    sensitivities = []
+    at = 1
+    for name, direction, options in groups:
+        picks = range(at, at + len(options))
+        at += len(options)
+        i = next((i for i in picks if priced.batch.columns["divides"][i]), picks[0])
+        sensitivities.append(priced(i, knob=name, direction=direction, base=reference))
+    return reference, groups, rows, tuple(sensitivities)
+
+
+def memory_binding(plan: Plan) -> MemoryBinding:
+    """The plan's most loaded stage against the device's memory less the plan's margin."""
+    stage = max(plan.stages, key=lambda s: s.memory.total_gib)
+    peak = stage.memory.total_gib
+    names = sorted(MemoryBreakdown.model_fields, key=lambda k: -getattr(stage.memory, k))
+    capacity = plan.cluster.device_memory_gib
+    return MemoryBinding(
+        stage=stage.index, peak_gib=peak, capacity_gib=capacity,
+        margin_gib=plan.memory_margin_gib, free_gib=capacity - plan.memory_margin_gib - peak,
+        parts=tuple(_part(k, getattr(stage.memory, k), peak) for k in names),
+    )  # fmt: skip
+
+
+def check_inputs(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """Refuse a model or cluster that is not the one the plan was made for (the cluster at
+    the plan's size)."""
+    if input_hash(model) != plan.model.sha256:
+        raise InputError(f"the model {model.name} is not the one the plan was made for "
+                         f"({plan.model.name}, sha256 {plan.model.sha256[:12]})")  # fmt: skip
+    resized = cluster.model_copy(update={"num_nodes": plan.cluster.num_nodes})
+    if input_hash(resized) != plan.cluster.sha256:
+        raise InputError(f"the cluster {cluster.name} is not the one the plan was made for "
+                         f"({plan.cluster.name}, sha256 {plan.cluster.sha256[:12]})")  # fmt: skip
+
+
+def why_not_config(plan: Plan, model: ModelSpec, changes: Mapping[str, Any]) -> ParallelConfig:
+    """The plan's configuration with the user's ``changes`` (devices kept, as
+    :func:`~planner.diagnose.notches.with_changes` keeps them); for a per-operator plan,
+    ``estimate``'s defaults on the plan's training run."""
+    if plan.configuration is not None:
+        return with_changes(plan.configuration, changes, model)
+    run = ParallelConfig(global_batch=plan.global_batch_size, seq_len=plan.seq_length,
+                         precision=plan.precision)  # fmt: skip
+    return with_changes(run, changes, model)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Priced:
+    """Rows of one :func:`estimate_batch` as :class:`Neighbour` s."""
+
+    plan: Plan
+    """The plan explained."""
+    model: ModelSpec
+    """Its model."""
+    batch: BatchEstimate
+    """The rows priced, on the cluster of the batch."""
+
+    @property
+    def plan_dp(self) -> int:
+        """The plan's data-parallel ranks."""
+        return self.plan.data_parallel_replicas * self.plan.stages[0].parallel.dp
+
+    def __call__(self, i: int, *, knob: str, direction: str,
+                 base: Neighbour | None) -> Neighbour:  # fmt: skip
+        b, col = self.batch, self.batch.columns
+        config = b.config(i)
+        before = self.plan.configuration or config
+        change = "the plan" if base is None else describe_change(
+            before, config, dp=(self.plan_dp, int(col["dp"][i])),
+            microbatches=(self.plan.num_microbatches, int(col["num_microbatches"][i])),
+            knob=knob)
+        if not col["divides"][i]:
+            return Neighbour(
+                knob=knob, direction=direction, change=change,  # type: ignore[arg-type]
+                config=config, refusal=b.refusal(i), step_time_s=None, delta_s=None,
+                peak_memory_gib=None, over_gib=None, time=None, memory=None,
+            )  # fmt: skip
+        step = float(col["step_time_s"][i])
+        peak = float(col["peak_memory_gib"][i])
+        usable = usable_gib(b.cluster, self.plan.memory_margin_gib)
+        return Neighbour(
+            knob=knob, direction=direction, change=change, config=config,  # type: ignore[arg-type]
+            refusal=None, step_time_s=step,
+            delta_s=None if base is None or base.step_time_s is None else step - base.step_time_s,
+            peak_memory_gib=peak, over_gib=peak - usable,
+            time=StepTime(**{k: float(col[f"time.{k}"][i]) for k in StepTime.model_fields}),
+            memory=MemoryBreakdown(**{k: float(col[f"memory.{k}"][i])
+                                      for k in MemoryBreakdown.model_fields}),
+            framework_refusals=_refusals(self.plan, self.model, b.cluster, config),
+        )  # fmt: skip
+
+
+def _price(plan: Plan, model: ModelSpec, cluster: ClusterSpec,
+           rows: Sequence[ParallelConfig]) -> _Priced:  # fmt: skip
+    return _Priced(plan=plan, model=model, batch=estimate_batch(
+        model, cluster, rows, memory_margin_gib=plan.memory_margin_gib))
+
+
+def _refusals(plan: Plan, model: ModelSpec, cluster: ClusterSpec,
+              config: ParallelConfig) -> tuple[str, ...]:  # fmt: skip
+    """Why the plan's framework cannot launch ``config`` (none for a per-operator plan)."""
+    if plan.framework == ANY:
+        return ()
+    return profile(plan.framework).refusals(resolve(model, cluster, config), model)
+
+
+def _what_if(
+    plan: Plan, model: ModelSpec, change: str, cluster: ClusterSpec,
+    rows: Sequence[ParallelConfig], groups: Groups,
+    reference: Neighbour, before: Sequence[Neighbour],
+) -> WhatIf:  # fmt: skip
+    """The plan's configuration priced on ``cluster``, and the fastest one-notch change the
+    new hardware makes feasible (``before``: the changes on the plan's own hardware)."""
+    priced = _price(plan, model, cluster, rows)
+    mine = priced(0, knob="plan", direction="given", base=reference)
+    best = None
+    at = 1
+    for (name, direction, options), was in zip(groups, before, strict=True):
+        picks = range(at, at + len(options))
+        at += len(options)
+        if was.feasible:
+            continue
+        i = next((i for i in picks if priced.batch.columns["divides"][i]), None)
+        if i is None:
+            continue
+        n = priced(i, knob=name, direction=direction, base=reference)
+        bar = mine.step_time_s if best is None else best.step_time_s
+        if n.feasible and n.step_time_s is not None and bar is not None and n.step_time_s < bar:
+            best = n
+    return WhatIf(change=change, priced=mine, best=best)
+
+
+def _why_not(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+             given: Mapping[str, Any], *, reference: float) -> Neighbour:  # fmt: skip
+    """The user's configuration priced by :func:`estimate` (its message when it does not
+    divide), against the plan's step."""
+    result: Estimate = estimate(model, cluster, config, memory_margin_gib=plan.memory_margin_gib)
+    usable = usable_gib(cluster, plan.memory_margin_gib)
+    text = ", ".join(f"{k.replace('_', '-')}={word(v)}" for k, v in given.items())
+    return Neighbour(
+        knob="why-not", direction="given", change=text, config=config, refusal=None,
+        step_time_s=result.step_time_s, delta_s=result.step_time_s - reference,
+        peak_memory_gib=result.peak_memory_gib, over_gib=result.peak_memory_gib - usable,
+        time=result.time, memory=result.memory,
+        framework_refusals=_refusals(plan, model, cluster, config),
+    )  # fmt: skip
+
+
+def differences(mine: Neighbour, plan: Plan) -> tuple[tuple[Part, ...], tuple[Part, ...]]:
+    """The step's parts and the memory's parts of ``mine`` less the plan's, largest change
+    first (shares of the whole difference; zero differences left out)."""
+    if mine.time is None or mine.memory is None:
+        return (), ()
+    stage = max(plan.stages, key=lambda s: s.memory.total_gib).memory
+    out = []
+    for fields, ours, theirs in ((StepTime.model_fields, mine.time, plan.predicted.time),
+                                 (MemoryBreakdown.model_fields, mine.memory, stage)):
+        deltas = {k: getattr(ours, k) - getattr(theirs, k) for k in fields}
+        whole = sum(deltas.values())
+        keys = sorted((k for k, v in deltas.items() if v != 0), key=lambda k: -abs(deltas[k]))
+        out.append(tuple(Part(name=k, value=deltas[k], share=deltas[k] / whole if whole else 0.0)
+                         for k in keys))  # fmt: skip
+    return out[0], out[1]
+
+
+def usable_gib(cluster: ClusterSpec, margin_gib: float) -> float:
+    """What a plan may fill on one of ``cluster``'s devices: its memory less the margin
+    (``estimate``'s ``fits`` is the peak within it, :func:`planner.cost.memory_margin_bytes`)."""
+    device = cluster.device
+    return (device.memory_bytes - cost.memory_margin_bytes(device.memory_gib, margin_gib)) / GIB
+
+
+def _part(name: str, value: float, whole: float) -> Part:
+    return Part(name=name, value=value, share=value / whole if whole else 0.0)

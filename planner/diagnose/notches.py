@@ -1,0 +1,261 @@
+"""One notch of each knob of a uniform configuration, either way, and a user's own changes.
+
+:data:`KNOBS` is the table: for each :class:`~planner.plan.config.ParallelConfig` field a user
+turns, the values it may take in order. One notch down (up) is the nearest value below (above)
+the configuration's that divides; a ladder (recomputation, ZeRO, a switch) moves one rung. A
+knob added to ``ParallelConfig`` later is one line here.
+
+The devices stay the same: when a degree that takes devices moves (``tp``, ``pp``, ``cp``),
+data parallelism absorbs the difference (``tp 8 -> 4`` doubles ``dp``), as a user who changes
+one flag of a fixed-size job would expect; when ``pp`` moves and the layers do not split evenly,
+Megatron's uneven first and last stage take the rest (:func:`planner.uniform.space.stage_splits`).
+
+>>> from planner.spec.reading import load_model
+>>> model = load_model("instances/models/gpt3-175b.json")
+>>> base = ParallelConfig(tp=4, pp=8, dp=32, recompute="selective")
+>>> [(knob.name, [c.recompute for c in down], [c.recompute for c in up])
+...  for knob, down, up in notches(base, model, 1024) if knob.name == "recompute"]
+[('recompute', ['none'], ['full'])]
+>>> with_changes(base, {"tp": 8}, model).dp is None  # dp: the devices left over
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.errors import InputError
+from planner.plan.config import ParallelConfig
+from planner.spec import ModelSpec
+from planner.uniform.space import divisors, stage_splits
+from planner.vocabulary import RECOMPUTE_MODES
+
+Values = Callable[[ParallelConfig, ModelSpec, int], tuple[Any, ...]]
+"""The values a knob may take for a configuration, a model and a device count, in order."""
+Applies = Callable[[ParallelConfig, ModelSpec], bool]
+"""Whether a knob means anything for a configuration and a model."""
+
+
+def _always(config: ParallelConfig, model: ModelSpec) -> bool:
+    return True
+
+
+def _fixed(*values: Any) -> Values:
+    """A ladder of fixed rungs."""
+    return lambda config, model, devices: values
+
+
+def _device_divisors(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[int, ...]:
+    return tuple(divisors(devices))
+
+
+def _stages(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[int, ...]:
+    return tuple(d for d in divisors(devices) if d <= model.num_layers)
+
+
+def _chunks(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[int, ...]:
+    # chunks per stage divide its layers (the busiest stage's, with uneven ends)
+    return tuple(divisors(max(1, model.num_layers // config.pp)))
+
+
+def _experts(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[int, ...]:
+    return tuple(divisors(model.moe.num_experts)) if model.moe else (1,)
+
+
+def _doublings(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[int, ...]:
+    # halvings down to 1 and doublings up to 8x: a microbatch moves by factors of two
+    down = [config.mbs >> k for k in range(4, 0, -1) if config.mbs % (1 << k) == 0]
+    return (*down, *(config.mbs << k for k in range(4)))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Knob:
+    """One field of :class:`ParallelConfig` a user turns, and how it moves one notch."""
+
+    name: str
+    """The ``ParallelConfig`` field (``planner estimate``'s option with ``-`` for ``_``)."""
+    values: Values
+    """Every value it may take here, in order."""
+    reach: int = 1
+    """How many values each way are tried, nearest first: the first that divides is the
+    notch (degrees skip what does not divide; a ladder moves one rung)."""
+    applies: Applies = _always
+    """Whether it means anything here (no expert parallelism without experts)."""
+    searched: bool = True
+    """Whether ``planner solve`` turns it (else it keeps the value its options give)."""
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(name="tp", values=_device_divisors, reach=3),
+    Knob(name="pp", values=_stages, reach=3),
+    Knob(name="vpp", values=_chunks, reach=4, applies=lambda c, m: c.pp > 1),
+    Knob(name="cp", values=_device_divisors, reach=3),
+    Knob(name="cp_algo", values=_fixed("ring", "ulysses"), applies=lambda c, m: c.cp > 1),
+    Knob(name="ep", values=_experts, reach=3, applies=lambda c, m: m.moe is not None),
+    Knob(name="mbs", values=_doublings, reach=3),
+    Knob(name="recompute", values=_fixed(*RECOMPUTE_MODES)),
+    Knob(name="zero", values=_fixed(0, 1, 2, 3)),
+    Knob(name="sp", values=_fixed(False, True), applies=lambda c, m: c.tp > 1),
+    # interleaving is a 1F1B schedule: GPipe is a notch only without it
+    Knob(name="schedule", values=_fixed("gpipe", "1f1b"),
+         applies=lambda c, m: c.pp > 1 and c.vpp == 1),
+    Knob(name="flash_attention", values=_fixed(False, True), searched=False),  # an option
+    Knob(name="overlap_grad_reduce", values=_fixed(False, True)),
+    Knob(name="overlap_param_gather", values=_fixed(False, True),
+         applies=lambda c, m: c.zero >= 1),
+    # solve keeps ParallelConfig's default (off): planner.uniform.space.run_config sets it from
+    # no option
+    Knob(name="tp_comm_overlap", values=_fixed(False, True), applies=lambda c, m: c.tp > 1,
+         searched=False),
+)
+"""The knobs :func:`notches` turns, in the order a report lists them."""
+
+DEVICE_DEGREES = ("tp", "pp", "cp")
+"""The degrees that take devices: when one moves, data parallelism takes what is left."""
+PROBLEM = ("global_batch", "seq_len", "precision")
+"""Fields that define the training run, not how it is parallelised: never changed here."""
+
+
+def notches(
+    config: ParallelConfig, model: ModelSpec, num_devices: int
+) -> Iterator[tuple[Knob, list[ParallelConfig], list[ParallelConfig]]]:
+    """For each knob of :data:`KNOBS` that applies: the configurations one notch down and one
+    notch up, nearest first (the caller keeps the first that divides); an empty list where the
+    knob is at its end."""
+    for knob in KNOBS:
+        if not knob.applies(config, model):
+            continue
+        values = knob.values(config, model, num_devices)
+        now = getattr(config, knob.name)
+        below = [v for v in values if _rank(values, v) < _rank(values, now)][::-1]
+        above = [v for v in values if _rank(values, v) > _rank(values, now)]
+        yield (knob, [with_changes(config, {knob.name: v}, model) for v in below[: knob.reach]],
+               [with_changes(config, {knob.name: v}, model) for v in above[: knob.reach]])
+
+
+def _rank(values: tuple[Any, ...], value: Any) -> float:
+    """Where ``value`` sits among ``values``; a value off the ladder by its own order."""
+    if value in values:
+        return values.index(value)
+    return float(sum(v < value for v in values)) - 0.5
+
+
+def with_changes(
+    config: ParallelConfig, changes: Mapping[str, Any], model: ModelSpec
+) -> ParallelConfig:
+    """``config`` with ``changes``, the devices kept: ``dp`` left to take the devices when a
+    degree that takes devices changes (unless given), and the first and last stage's layers
+    reset when ``pp`` changes (unless given), to Megatron's uneven split when the layers do not
+    divide evenly; ZeRO-0 overlaps no parameter gather (there is none), unless given."""
+    values = config.model_dump() | dict(changes)
+    if "dp" not in changes and any(k in changes for k in DEVICE_DEGREES):
+        values["dp"] = None
+    if changes.get("zero") == 0 and "overlap_param_gather" not in changes:
+        values["overlap_param_gather"] = False  # replicated weights: no gather to overlap
+    ends = ("first_stage_layers", "last_stage_layers")
+    if "pp" in changes and not any(k in changes for k in ends):
+        pp = changes["pp"]
+        splits = stage_splits(model.num_layers, pp) if 0 < pp <= model.num_layers else []
+        values.update(zip(ends, splits[0] if splits else (None, None), strict=True))
+    return ParallelConfig(**values)
+
+
+def parse_changes(text: str, *, option: str = "--why-not") -> dict[str, Any]:
+    """``"tp=8,pp=16,recompute=full"`` as configuration fields and their values (names as
+    ``planner estimate``'s options, ``-`` or ``_``; switches ``on``/``off``, ``true``/``false``
+    or ``1``/``0``); an InputError naming the pair that does not read.
+
+    >>> parse_changes("tp=8, pp=16,sp=on,overlap-grad-reduce=false")
+    {'tp': 8, 'pp': 16, 'sp': True, 'overlap_grad_reduce': False}
+    """
+    fields = ParallelConfig.model_fields
+    changes: dict[str, Any] = {}
+    for pair in (p.strip() for p in text.split(",")):
+        if not pair:
+            continue
+        key, sep, raw = (s.strip() for s in pair.partition("="))
+        name = key.replace("-", "_")
+        if not sep or not raw:
+            raise InputError(f"{option}: {pair!r} is not knob=value (e.g. tp=8,pp=16,mbs=2)")
+        if name in PROBLEM:
+            raise InputError(f"{option}: {key} is the training run, not a knob; the comparison "
+                             "keeps the plan's")  # fmt: skip
+        if name not in fields:
+            knobs = ", ".join(k.replace("_", "-") for k in fields if k not in PROBLEM)
+            raise InputError(f"{option}: no knob {key!r}; knobs: {knobs}")
+        if name in changes:
+            raise InputError(f"{option}: {key} is given twice")
+        changes[name] = _value(name, raw, option=option)
+    if not changes:
+        raise InputError(f"{option}: no knob=value given (e.g. tp=8,pp=16,mbs=2)")
+    return changes
+
+
+_SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def _value(name: str, raw: str, *, option: str) -> Any:
+    """``raw`` as the type of field ``name`` (the field's own validation decides the rest)."""
+    default = ParallelConfig.model_fields[name].default
+    if isinstance(default, bool):
+        if raw.lower() not in _SWITCH:
+            raise InputError(f"{option}: {name.replace('_', '-')}={raw}: a switch takes on or "
+                             "off")  # fmt: skip
+        return _SWITCH[raw.lower()]
+    value: Any = raw
+    if default is None or isinstance(default, int):
+        try:
+            value = int(raw)
+        except ValueError:
+            raise InputError(f"{option}: {name.replace('_', '-')}={raw}: not an integer") from None
+    try:
+        ParallelConfig.model_validate({name: value})
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"]
+        raise InputError(f"{option}: {name.replace('_', '-')}={raw}: {reason[0].lower()}"
+                         f"{reason[1:]}") from None
+    return value
+
+
+def describe_change(
+    before: ParallelConfig, after: ParallelConfig, *, dp: tuple[int, int],
+    microbatches: tuple[int, int], knob: str | None = None,
+) -> str:  # fmt: skip
+    """``tp 4 -> 8 (dp 32 -> 16)``: the knobs that moved (``knob`` first, the others that
+    moved with it in brackets), then what moved with them (``dp`` and ``microbatches``:
+    before and after).
+
+    >>> describe_change(ParallelConfig(mbs=1), ParallelConfig(mbs=2), dp=(8, 8),
+    ...                 microbatches=(16, 8))
+    'mbs 1 -> 2 (8 microbatches)'
+    >>> describe_change(ParallelConfig(zero=1, overlap_param_gather=True), ParallelConfig(),
+    ...                 dp=(8, 8), microbatches=(16, 16), knob="zero")
+    'zero 1 -> 0 (overlap-param-gather off)'
+    """
+    names = [k.name for k in KNOBS if getattr(before, k.name) != getattr(after, k.name)]
+    lead = [n for n in names if n == knob] or names
+    moved = [f"{n.replace('_', '-')} {word(getattr(before, n))} -> {word(getattr(after, n))}"
+             for n in lead]  # fmt: skip
+    also = [f"{n.replace('_', '-')} {word(getattr(after, n))}" for n in names if n not in lead]
+    if dp[1] and dp[1] != dp[0]:
+        also.append(f"dp {dp[0]} -> {dp[1]}")
+    elif microbatches[1] and microbatches[1] != microbatches[0]:
+        also.append(f"{microbatches[1]} microbatches")
+    ends = (after.first_stage_layers, after.last_stage_layers)
+    if ends != (before.first_stage_layers, before.last_stage_layers):
+        also.append("equal stages" if ends == (None, None) else
+                    f"{ends[0]} and {ends[1]} layers at the ends")  # fmt: skip
+    return ", ".join(moved) + (f" ({', '.join(also)})" if also else "")
+
+
+def word(value: Any) -> str:
+    """A knob's value as a user says it: switches on and off.
+
+    >>> word(True), word("selective")
+    ('on', 'selective')
+    """
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)

@@ -1,0 +1,220 @@
+"""``planner explain``: an :class:`~planner.diagnose.explain.Explanation` as text and JSON.
+
+The text answers a user's first question about a plan, "why this one?", in the order an
+engineer asks it: which faster changes were ruled out and by what, what fills the memory and
+where the step goes, each knob one notch either way, the plan on other hardware, and the
+user's own configuration beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.padding import Padding
+from rich.text import Text
+
+from planner.diagnose.explain import Explanation, Neighbour, Part, differences
+from planner.diagnose.notches import KNOBS
+from planner.frameworks import ANY, profile
+from planner.plan.schema import Plan
+from planner.report.tables import light_table, plan_summary
+from planner.report.width import FirstThatFits, keep_whole
+
+_SEARCHED = {k.name: k.searched for k in KNOBS}
+
+
+def _label(name: str) -> str:
+    """A part's key as words: ``data_parallel_comm_exposed_s`` -> ``data parallel comm
+    exposed``."""
+    return name.removesuffix("_s").removesuffix("_gib").replace("_", " ")
+
+
+def _who(plan: Plan) -> str:
+    return "any framework" if plan.framework == ANY else profile(plan.framework).title
+
+
+def verdict(n: Neighbour, plan: Plan) -> str:
+    """``feasible``, ``over`` (the memory), ``refused`` (by the plan's framework) or ``does not
+    divide`` (the reasons are :func:`reasons`)."""
+    if n.refusal is not None:
+        return "does not divide"
+    words = []
+    if not n.fits and n.over_gib is not None:
+        words.append("over")
+    if n.framework_refusals:
+        words.append("refused")
+    return ", ".join(words) or "feasible"
+
+
+def reasons(n: Neighbour, plan: Plan) -> list[str]:
+    """Why ``n`` does not divide, or why the framework refuses it, in their own words."""
+    if n.refusal is not None:
+        return [n.refusal]
+    return [f"{_who(plan)}: {reason}" for reason in n.framework_refusals]
+
+
+def why_this_plan(e: Explanation, plan: Plan) -> list[str]:
+    """The one-notch changes that would make the step faster, fastest first, each with what
+    rules it out: memory, the framework, the search's options; or that none would."""
+    if not e.sensitivities:
+        return ["why this plan: " + "; ".join(e.limits)]
+    faster = sorted((n for n in e.sensitivities if n.delta_s is not None and n.delta_s < 0),
+                    key=lambda n: n.delta_s or 0.0)  # fmt: skip
+    if not faster:
+        return ["why this plan: no knob turned one notch either way makes the step faster"]
+    lines = [f"why this plan: {len(faster)} one-notch change{'s' * (len(faster) > 1)} would "
+             "make the step faster:"]  # fmt: skip
+    for n in faster:
+        lines.append(f"  {n.change}: {-(n.delta_s or 0.0):.3f} s faster, {_ruled_out(n, plan)}")
+    return lines
+
+
+def _ruled_out(n: Neighbour, plan: Plan) -> str:
+    """What keeps a faster change out of the plan."""
+    clauses = []
+    if not n.fits and n.over_gib is not None:
+        clauses.append(f"does not fit ({n.over_gib:.1f} GiB over)")
+    if n.framework_refusals:
+        clauses.append(f"{_who(plan)} does not launch it")
+    if clauses:
+        return " and ".join(clauses)
+    if _unsearched(n, plan):
+        names = " and ".join(k.replace("_", "-") for k in _unsearched(n, plan))
+        return f"feasible; solve does not turn {'this knob' if n.knob in _SEARCHED else names}"
+    if plan.solver.status == "priced":
+        return "feasible (the plan was priced as given, not searched)"
+    return f"feasible; outside the search's space, or missed (it ended {plan.solver.status})"
+
+
+def _unsearched(n: Neighbour, plan: Plan) -> list[str]:
+    """The knobs ``n`` changes from the plan's configuration that solve does not turn."""
+    c = plan.configuration
+    if c is None:
+        return []
+    return [name for name, searched in _SEARCHED.items()
+            if not searched and getattr(n.config, name) != getattr(c, name)]  # fmt: skip
+
+
+def _parts(parts: tuple[Part, ...], fmt: str, unit: str) -> str:
+    return ", ".join(f"{_label(p.name)} {p.value:{fmt}}{unit}" for p in parts if p.value > 0)
+
+
+def binding_lines(e: Explanation) -> list[str]:
+    """What fills the most loaded stage's memory; where the step goes."""
+    m = e.memory
+    usable = m.capacity_gib - m.margin_gib
+    room = f"{m.free_gib:.1f} GiB free" if m.free_gib >= 0 else f"{-m.free_gib:.1f} GiB over"
+    memory = (f"memory: stage {m.stage} holds {m.peak_gib:.1f} GiB of the {usable:.1f} GiB it "
+              f"may use ({m.capacity_gib:g} GiB less a {m.margin_gib:.1f} GiB margin), {room}: "
+              f"{_parts(m.parts, '.1f', '')} GiB")  # fmt: skip
+    top = e.step[0]
+    overheads = [p for p in e.step if p is not top and p.value > 0][:3]
+    step = (f"step: {_label(top.name)} {top.value:.3f} s of {e.step_time_s:.3f} s "
+            f"({100 * top.share:.1f} %)")  # fmt: skip
+    if overheads:
+        step += "; then " + ", ".join(f"{_label(p.name)} {p.value:.3f} s ({100 * p.share:.1f} %)"
+                                      for p in overheads)  # fmt: skip
+    return [memory, step]
+
+
+def _neighbour_table(heading: str, rows: list[tuple[str, Neighbour]],
+                     plan: Plan) -> list[RenderableType]:  # fmt: skip
+    """The changes priced, a row each: the step, its difference to the plan's, the memory it
+    leaves free beside the margin (negative: over) and the verdict (each change on one line
+    when the console is wide enough, else wrapped between its words); the reasons a change
+    does not divide or is refused, numbered under the table."""
+    notes: list[str] = []
+    cells = []
+    for change, n in rows:
+        mark = ""
+        for reason in reasons(n, plan):
+            if reason not in notes:
+                notes.append(reason)
+            mark += f" [{notes.index(reason) + 1}]"
+        if n.step_time_s is None or n.delta_s is None or n.over_gib is None:
+            cells.append((change, "-", "-", "-", verdict(n, plan) + mark))
+            continue
+        cells.append((change, f"{n.step_time_s:.3f}", f"{n.delta_s:+.3f}",
+                      f"{-n.over_gib:.1f}", verdict(n, plan) + mark))  # fmt: skip
+    tables = []
+    for whole in (True, False):
+        table = light_table(heading, collapse_padding=True)
+        table.add_column("change", no_wrap=whole, min_width=None if whole else 20)
+        for name in ("step s", "vs plan", "free GiB"):
+            table.add_column(name, justify="right", no_wrap=True)
+        table.add_column("verdict", no_wrap=True)
+        for row in cells:
+            table.add_row(*row)
+        tables.append(keep_whole(table))
+    return [FirstThatFits(*tables), *(Text(f"[{i}] {text}", style="dim")
+                                      for i, text in enumerate(notes, 1))]  # fmt: skip
+
+
+def why_not_lines(e: Explanation, plan: Plan) -> list[str]:
+    """The user's configuration against the plan: slower or faster by how much and where, and
+    whether it fits."""
+    n = e.why_not
+    if n is None or n.step_time_s is None or n.delta_s is None or n.over_gib is None:
+        return []
+    filled = "the rest from the plan" if plan.configuration else "the rest estimate's defaults"
+    head = f"why not {n.change} ({filled}): {n.step_time_s:.3f} s"
+    time, memory = differences(n, plan)
+    if n.delta_s > 0:
+        head += f", {n.delta_s:.3f} s ({100 * n.delta_s / e.step_time_s:.1f} %) slower"
+    elif n.delta_s < 0:
+        head += (f", {-n.delta_s:.3f} s ({-100 * n.delta_s / e.step_time_s:.1f} %) faster: "
+                 f"{_ruled_out(n, plan)}")  # fmt: skip
+    else:
+        head += ", the plan's step"
+    lines = [head]
+    if time:
+        lines.append("  where: " + ", ".join(f"{_label(p.name)} {p.value:+.3f} s"
+                                             for p in time[:4] if abs(p.value) >= 5e-4))
+    if n.over_gib > 0:
+        lines.append(f"  does not fit: {n.peak_memory_gib:.1f} GiB peak, {n.over_gib:.1f} GiB "
+                     "over; against the plan: " + ", ".join(
+                         f"{_label(p.name)} {p.value:+.1f}" for p in memory[:3]
+                         if abs(p.value) >= 0.05) + " GiB")  # fmt: skip
+    else:
+        lines.append(f"  fits: {n.peak_memory_gib:.1f} GiB peak, {-n.over_gib:.1f} GiB free")
+    if n.framework_refusals:
+        lines.append(f"  {_who(plan)} refuses it: " + "; ".join(n.framework_refusals))
+    return lines
+
+
+def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
+    """The explanation as text: the plan, why it, what binds, the knobs, the hardware and the
+    user's configuration."""
+    devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
+    head = Group(
+        plan_summary(plan, style="bold"),
+        Text(f"{plan.model.name} on {devices} x {plan.cluster.device} for {_who(plan)}: "
+             f"step {e.step_time_s:.3f} s, peak {plan.predicted.peak_memory_gib:.1f} GiB"),
+    )  # fmt: skip
+    # the changes indented, their wrapped lines too
+    out: list[RenderableType] = [head, *(Padding(Text(line.removeprefix("  ")), (0, 0, 0, 2))
+                                         if line.startswith("  ") else Text(line)
+                                         for line in why_this_plan(e, plan))]
+    out += [Text(line) for line in binding_lines(e)]
+    if e.sensitivities:
+        out += _neighbour_table("one notch each way (free: GiB beside the margin; < 0: over)",
+                                [(n.change, n) for n in e.sensitivities], plan)
+    if e.hardware:
+        rows = []
+        for w in e.hardware:
+            rows.append((w.change, w.priced))
+            if w.best is not None:
+                rows.append((f"  then {w.best.change}", w.best))
+        out += _neighbour_table("the same plan on other hardware",
+                                rows, plan)
+    out += [Padding(Text(line.removeprefix("  ")), (0, 0, 0, 2)) if line.startswith("  ")
+            else Text(line) for line in why_not_lines(e, plan)]
+    out += [Text(f"note: {text}", style="dim") for text in e.limits if e.sensitivities]
+    return out
+
+
+def explain_json(e: Explanation) -> dict[str, Any]:
+    """The ``planner explain --json`` object (JSON types only;
+    ``Explanation.model_validate`` reads it back)."""
+    return e.model_dump(mode="json")

@@ -1,0 +1,310 @@
+"""``planner explain``: every number it shows is the plan's own or :func:`planner.estimate`'s
+on the configuration it names, and every verdict is the test that decides it (estimate's
+``fits``, the divisibility rules, the framework profile's refusals)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner import cost, estimate
+from planner.diagnose.explain import Explanation, check_inputs, explain, memory_binding
+from planner.diagnose.notches import KNOBS, notches, parse_changes, with_changes
+from planner.diagnose.whatif import hardware_changes, wider_scale_up
+from planner.errors import ConfigError, InputError
+from planner.frameworks import profile
+from planner.plan.config import ParallelConfig, resolve
+from planner.report.explain import explain_json, verdict, why_this_plan
+from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.plan import uniform_plan
+from planner.vocabulary import GIB
+from tests.test_cli_width import planner
+
+GPT3 = "instances/models/gpt3-175b.json"
+A100 = "instances/clusters/dgx-a100-80gb.json"
+# The README's GPT-3 plan (planner solve ... for megatron): memory binds its faster neighbours
+PLAN = ParallelConfig(tp=4, pp=8, vpp=6, sp=True, zero=1, overlap_grad_reduce=True,
+                      overlap_param_gather=True, global_batch=1536, seq_len=2048)  # fmt: skip
+MARGIN_GIB = 4.0
+
+
+@pytest.fixture(scope="module")
+def gpt3() -> ModelSpec:
+    return load_model(GPT3)
+
+
+@pytest.fixture(scope="module")
+def a100() -> ClusterSpec:
+    return load_cluster(A100)
+
+
+@pytest.fixture(scope="module")
+def plan(gpt3: ModelSpec, a100: ClusterSpec):  # type: ignore[no-untyped-def]
+    return uniform_plan(gpt3, a100, PLAN, memory_margin_gib=MARGIN_GIB)
+
+
+@pytest.fixture(scope="module")
+def explained(plan, gpt3: ModelSpec, a100: ClusterSpec) -> Explanation:  # type: ignore[no-untyped-def]
+    return explain(plan, gpt3, a100, why_not={"tp": 8, "pp": 16})
+
+
+def _usable_gib(cluster: ClusterSpec) -> float:
+    d = cluster.device
+    return (d.memory_bytes - cost.memory_margin_bytes(d.memory_gib, MARGIN_GIB)) / GIB
+
+
+def test_every_sensitivity_is_estimate_of_the_configuration_it_names(
+    explained: Explanation, gpt3: ModelSpec, a100: ClusterSpec
+) -> None:
+    """Step, peak, fit and the framework's verdict of each one-notch change are those of
+    ``estimate`` and Megatron-LM's profile on that configuration; one that does not divide
+    carries estimate's own message."""
+    base = estimate(gpt3, a100, PLAN, memory_margin_gib=MARGIN_GIB)
+    assert explained.sensitivities
+    for n in explained.sensitivities:
+        if n.refusal is not None:
+            with pytest.raises(ConfigError) as exc:
+                estimate(gpt3, a100, n.config)
+            assert str(exc.value) == n.refusal
+            continue
+        direct = estimate(gpt3, a100, n.config, memory_margin_gib=MARGIN_GIB)
+        assert n.step_time_s == pytest.approx(direct.step_time_s, rel=1e-12), n.change
+        assert n.delta_s == pytest.approx(direct.step_time_s - base.step_time_s, abs=1e-9)
+        assert n.peak_memory_gib == pytest.approx(direct.peak_memory_gib, rel=1e-12)
+        assert n.fits == direct.fits, n.change
+        assert n.over_gib == pytest.approx(direct.peak_memory_gib - _usable_gib(a100))
+        refusals = profile("megatron").refusals(resolve(gpt3, a100, n.config), gpt3)
+        assert n.framework_refusals == refusals, n.change
+
+
+def test_a_notch_keeps_the_devices_and_moves_one_knob(
+    explained: Explanation, gpt3: ModelSpec, a100: ClusterSpec
+) -> None:
+    """tp 4 -> 2 doubles dp (the devices kept); every change moves its own knob alone, but
+    ZeRO-0, which also stops overlapping a parameter gather it no longer has."""
+    by_change = {n.change: n for n in explained.sensitivities}
+    assert "tp 4 -> 2 (dp 32 -> 64)" in by_change
+    assert "tp 4 -> 8 (dp 32 -> 16)" in by_change
+    assert "mbs 1 -> 2 (24 microbatches)" in by_change
+    assert "zero 1 -> 0 (overlap-param-gather off)" in by_change
+    for n in explained.sensitivities:
+        moved = {k.name for k in KNOBS if getattr(n.config, k.name) != getattr(PLAN, k.name)}
+        coupled = {"overlap_param_gather"} if n.knob == "zero" and n.config.zero == 0 else set()
+        assert moved == {n.knob} | coupled, n.change
+        if n.refusal is None:
+            r = resolve(gpt3, a100, n.config)
+            assert r.dp * n.config.tp * n.config.pp * n.config.cp == a100.num_devices
+
+
+def test_memory_binds_the_faster_notches(explained: Explanation) -> None:
+    """The plan's faster neighbours (tp 4 -> 2, mbs 1 -> 2) do not fit: memory is what binds;
+    ZeRO-2 with a pipeline is Megatron-FSDP's refusal."""
+    by_change = {n.change: n for n in explained.sensitivities}
+    for change in ("tp 4 -> 2 (dp 32 -> 64)", "mbs 1 -> 2 (24 microbatches)"):
+        n = by_change[change]
+        assert n.delta_s is not None and n.delta_s < 0
+        assert not n.fits and n.over_gib is not None and n.over_gib > 0
+    zero2 = by_change["zero 1 -> 2"]
+    assert zero2.fits and not zero2.feasible
+    assert any("pipeline" in r for r in zero2.framework_refusals)
+
+
+def test_binding_memory_is_the_most_loaded_stage(plan, explained: Explanation) -> None:  # type: ignore[no-untyped-def]
+    """The stage with the highest peak; free = capacity - margin - peak; parts add up."""
+    m = explained.memory
+    peaks = [s.memory.total_gib for s in plan.stages]
+    assert m.stage == peaks.index(max(peaks))
+    assert m.peak_gib == pytest.approx(plan.predicted.peak_memory_gib)
+    assert m.free_gib == pytest.approx(80 - MARGIN_GIB - m.peak_gib)
+    assert sum(p.value for p in m.parts) == pytest.approx(m.peak_gib)
+    assert [p.value for p in m.parts] == sorted((p.value for p in m.parts), reverse=True)
+    step = explained.step
+    assert sum(p.value for p in step) == pytest.approx(explained.step_time_s)
+    assert step[0].name == "compute_s"
+
+
+def test_a_plan_at_its_memory_edge_is_bound_by_memory(gpt3: ModelSpec, a100: ClusterSpec) -> None:
+    """A margin that leaves 0.5 GiB free: the binding stage's free memory is that 0.5 GiB, and
+    the next larger microbatch is over by its extra memory less those 0.5 GiB."""
+    peak = estimate(gpt3, a100, PLAN).peak_memory_gib
+    margin = 80 - peak - 0.5
+    plan = uniform_plan(gpt3, a100, PLAN, memory_margin_gib=margin)
+    assert memory_binding(plan).free_gib == pytest.approx(0.5)
+    e = explain(plan, gpt3, a100)
+    mbs2 = next(n for n in e.sensitivities if n.knob == "mbs" and n.direction == "up")
+    bigger = estimate(gpt3, a100, PLAN.model_copy(update={"mbs": 2})).peak_memory_gib
+    assert mbs2.over_gib == pytest.approx(bigger - peak - 0.5)
+
+
+def test_why_not_the_plan_itself_differs_by_nothing(plan, gpt3, a100) -> None:  # type: ignore[no-untyped-def]
+    e = explain(plan, gpt3, a100, why_not={"tp": 4})
+    assert e.why_not is not None
+    assert e.why_not.delta_s == 0.0
+    assert e.why_not.step_time_s == plan.predicted.step_time_s
+
+
+def test_why_not_is_estimate_of_the_plan_with_the_changes(
+    explained: Explanation, gpt3: ModelSpec, a100: ClusterSpec
+) -> None:
+    """tp=8,pp=16: the rest from the plan, dp left to take the devices; priced by estimate."""
+    n = explained.why_not
+    assert n is not None
+    config = PLAN.model_copy(update={"tp": 8, "pp": 16, "dp": None})
+    direct = estimate(gpt3, a100, config, memory_margin_gib=MARGIN_GIB)
+    assert n.step_time_s == direct.step_time_s
+    assert n.delta_s == pytest.approx(direct.step_time_s - explained.step_time_s)
+    assert n.fits == direct.fits
+
+
+def test_why_not_that_does_not_divide_is_estimates_message(plan, gpt3, a100) -> None:  # type: ignore[no-untyped-def]
+    config = PLAN.model_copy(update={"tp": 7, "dp": None})
+    with pytest.raises(ConfigError) as direct:
+        estimate(gpt3, a100, config)
+    with pytest.raises(ConfigError) as mine:
+        explain(plan, gpt3, a100, why_not={"tp": 7})
+    assert str(mine.value) == str(direct.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tp", "'tp' is not knob=value"),
+    ("tp=x", "tp=x: not an integer"),
+    ("foo=1", "no knob 'foo'"),
+    ("seq-len=4096", "seq-len is the training run"),
+    ("sp=maybe", "a switch takes on or off"),
+    ("recompute=some", "recompute=some: input should be"),
+    ("tp=2,tp=4", "tp is given twice"),
+    (" , ", "no knob=value given"),
+])  # fmt: skip
+def test_why_not_that_does_not_parse(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        parse_changes(text)
+
+
+def test_pp_changes_take_megatrons_uneven_split(gpt3: ModelSpec) -> None:
+    """126 layers on 16 stages: 7 + 8 x 14 + 7 (Llama 3.1 405B's split); 96 on 16: equal."""
+    llama = gpt3.model_copy(update={"num_layers": 126})
+    changed = with_changes(ParallelConfig(pp=8, dp=4), {"pp": 16}, llama)
+    assert (changed.first_stage_layers, changed.last_stage_layers, changed.dp) == (7, 7, None)
+    assert with_changes(ParallelConfig(pp=8), {"pp": 16}, gpt3).first_stage_layers is None
+
+
+def test_notches_are_the_neighbouring_values() -> None:
+    """Degrees step to the next divisor each way, mbs by factors of two, ladders one rung;
+    knobs that mean nothing are left out (ep without experts, cp_algo without cp)."""
+    model = load_model(GPT3)
+    found = {k.name: ([c.model_dump()[k.name] for c in down], [c.model_dump()[k.name] for c in up])
+             for k, down, up in notches(PLAN, model, 1024)}  # fmt: skip
+    assert found["tp"] == ([2, 1], [8, 16, 32])
+    assert found["mbs"] == ([], [2, 4, 8])
+    assert found["recompute"] == ([], ["selective"])
+    assert found["zero"] == ([0], [2])
+    assert found["vpp"] == ([4, 3, 2, 1], [12])
+    assert "ep" not in found and "cp_algo" not in found
+
+
+def test_hardware_what_ifs_are_estimate_on_the_changed_cluster(
+    explained: Explanation, gpt3: ModelSpec, a100: ClusterSpec
+) -> None:
+    """Each what-if is estimate on its changed cluster; twice the memory does not move the
+    step, and makes tp 4 -> 2 (36 GiB over on 80 GiB) feasible and the best change there."""
+    changes = hardware_changes(a100)
+    assert [w.change for w in explained.hardware] == [c for c, _ in changes]
+    for w, (_, cluster) in zip(explained.hardware, changes, strict=True):
+        direct = estimate(gpt3, cluster, PLAN, memory_margin_gib=MARGIN_GIB)
+        assert w.priced.step_time_s == pytest.approx(direct.step_time_s, rel=1e-12)
+    hbm = explained.hardware[1]
+    assert hbm.priced.step_time_s == pytest.approx(explained.step_time_s, rel=1e-12)
+    assert hbm.best is not None and hbm.best.change == "tp 4 -> 2 (dp 32 -> 64)"
+    faster_net = explained.hardware[0]
+    assert faster_net.priced.delta_s is not None and faster_net.priced.delta_s < 0
+    assert a100.network[1].bandwidth_gb_s == 25  # the spec itself is untouched
+
+
+def test_a_wider_scale_up_domain_keeps_the_spec_rules() -> None:
+    """NVL72 doubled: the outer level grows to hold whole 144-GPU domains; a cluster of one
+    domain has none wider."""
+    nvl72 = load_cluster("instances/clusters/gb200-nvl72.json")
+    found = wider_scale_up(nvl72)
+    assert found is not None
+    text, wider = found
+    assert text == "nvlink5 domain 72 -> 144 devices"
+    assert wider.network[0].domain_devices == 144
+    assert wider.network[1].domain_devices % 144 == 0
+    one_node = load_cluster(A100, 1)
+    assert wider_scale_up(one_node) is None
+
+
+def test_the_json_round_trips(explained: Explanation) -> None:
+    data = json.loads(json.dumps(explain_json(explained)))
+    assert Explanation.model_validate(data) == explained
+
+
+def test_without_model_and_cluster_only_the_plan_is_explained(plan) -> None:  # type: ignore[no-untyped-def]
+    e = explain(plan)
+    assert not e.sensitivities and not e.hardware and e.limits
+    with pytest.raises(InputError, match="--why-not prices a configuration"):
+        explain(plan, why_not={"tp": 8})
+
+
+def test_inputs_that_are_not_the_plans_are_refused(plan, gpt3, a100) -> None:  # type: ignore[no-untyped-def]
+    other = gpt3.model_copy(update={"num_layers": 48})
+    with pytest.raises(InputError, match="not the one the plan was made for"):
+        check_inputs(plan, other, a100)
+    with pytest.raises(InputError, match="not the one the plan was made for"):
+        explain(plan, gpt3, load_cluster("instances/clusters/dgx-h100-80gb.json"))
+
+
+def test_a_per_operator_plan_keeps_its_own_numbers(plan, gpt3, a100) -> None:  # type: ignore[no-untyped-def]
+    """No configuration to turn: memory and step from the plan; a why-not from estimate's
+    defaults on the plan's training run."""
+    any_plan = plan.model_copy(update={"configuration": None, "framework": "any"})
+    e = explain(any_plan, gpt3, a100, why_not={"tp": 8, "pp": 16})
+    assert not e.sensitivities and not e.hardware
+    assert "per-operator" in e.limits[0]
+    assert e.memory == explain(plan).memory
+    assert e.why_not is not None
+    defaults = ParallelConfig(tp=8, pp=16, global_batch=1536, seq_len=2048, precision="bf16")
+    assert e.why_not.config == defaults
+    assert e.why_not.step_time_s == estimate(gpt3, a100, defaults).step_time_s
+
+
+def test_the_command_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The plan alone explains its memory and step; --model without --cluster and a --why-not
+    that does not parse are one-line errors."""
+    plan_file = tmp_path / "plan.json"
+    done = planner(200, "estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--out", plan_file)
+    assert done.code == 0, done.stderr
+    alone = planner(80, "explain", plan_file)
+    assert alone.code == 0, alone.stderr
+    assert "memory: stage" in alone.stdout and "give its model and cluster" in alone.stdout
+    half = planner(80, "explain", plan_file, "--model", GPT3)
+    assert half.code == 2 and "give both --model and --cluster" in half.stderr
+    bad = planner(80, "explain", plan_file, "--model", GPT3, "--cluster", A100, "--why-not",
+                  "tp=8,pp")  # fmt: skip
+    assert bad.code == 2 and "'pp' is not knob=value" in bad.stderr
+    wrong = planner(80, "explain", plan_file, "--model", GPT3, "--cluster", A100, "--why-not",
+                    "tp=7")  # fmt: skip
+    assert wrong.code == 2 and "tp(7) x pp(16) x cp(1) = 112 does not divide" in wrong.stderr
+    as_json = planner(80, "explain", plan_file, "--model", GPT3, "--cluster", A100, "--json")
+    assert Explanation.model_validate(json.loads(as_json.stdout)).sensitivities
+
+
+def test_why_this_plan_lists_every_faster_notch_with_what_rules_it_out(
+    plan, explained: Explanation  # type: ignore[no-untyped-def]
+) -> None:
+    """One line per faster change, fastest first: memory (its GiB over), solve's untouched
+    switch; the table's verdict is ``over`` exactly where a change does not fit."""
+    faster = sorted((n for n in explained.sensitivities if (n.delta_s or 0) < 0),
+                    key=lambda n: n.delta_s or 0)  # fmt: skip
+    lines = why_this_plan(explained, plan)
+    assert lines[0] == f"why this plan: {len(faster)} one-notch changes would make the step faster:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [n.change for n in faster]
+    assert lines[1:] == [
+        "  tp-comm-overlap off -> on: 1.011 s faster, feasible; solve does not turn this knob",
+        "  tp 4 -> 2 (dp 32 -> 64): 1.002 s faster, does not fit (36.5 GiB over)",
+        "  mbs 1 -> 2 (24 microbatches): 0.492 s faster, does not fit (5.3 GiB over)",
+    ]
+    for n in explained.sensitivities:
+        assert verdict(n, plan).startswith("over") == (n.refusal is None and not n.fits)
