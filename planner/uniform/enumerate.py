@@ -35,7 +35,7 @@ from planner.uniform.batch import BatchEstimate, estimate_batch
 from planner.uniform.estimate import host_fits
 from planner.uniform.failure import nothing_found
 from planner.uniform.plan import uniform_plan
-from planner.uniform.space import branch_space, config_key, offload_variants
+from planner.uniform.space import branch_space, config_key, offload_variants, offloads
 from planner.vocabulary import GIB
 
 CHUNK = 4096
@@ -57,8 +57,9 @@ class _Search:
     """Why the first configuration that did not divide was refused."""
     priced: int = 0
     """Configurations priced (refusals not counted)."""
-    offloaded: tuple[ParallelConfig, ...] = ()
-    """Optimizer-offloaded variants to price if nothing fits without offload."""
+    offloadable: tuple[ParallelConfig, ...] = ()
+    """Configurations that fit only without their optimizer states: their offloaded variants
+    are priced if nothing fits without offload."""
 
     @property
     def best_step_s(self) -> float | None:
@@ -67,18 +68,18 @@ class _Search:
 
     def price(self, model: ModelSpec, cluster: ClusterSpec, configs: list[ParallelConfig],
               options: SolveOptions) -> _Search:  # fmt: skip
-        """The tally with ``configs`` priced, and the optimizer-offloaded variants of those
-        that fit only without their optimizer states kept for later
-        (:func:`~planner.uniform.space.offload_variants`)."""
+        """The tally with ``configs`` priced, and those that fit only without their optimizer
+        states kept, should nothing fit (:func:`~planner.uniform.space.offload_variants`)."""
         batch = estimate_batch(model, cluster, configs)
         found = self.tally(batch, configs)
+        if not offloads(cluster, options):
+            return found
         c = batch.columns
         peak = c["peak_memory_gib"]
         lighter = (c["divides"] & (peak * GIB > self.usable_bytes)
                    & ((peak - c["memory.optimizer_gib"]) * GIB <= self.usable_bytes))
-        variants = offload_variants(model, cluster, configs, lighter_fits=lighter.tolist(),
-                                    options=options)  # fmt: skip
-        return replace(found, offloaded=found.offloaded + tuple(variants))
+        kept = tuple(configs[i] for i in np.flatnonzero(lighter))
+        return replace(found, offloadable=found.offloadable + kept)
 
     def tally(self, batch: BatchEstimate, configs: list[ParallelConfig]) -> _Search:
         """The tally with ``batch`` (of ``configs``) priced: the fastest that fits (ties to
@@ -145,7 +146,7 @@ def enumerate_plan(
     if search.best is None and not cut:
         # Offload only where it is the only way to fit: its CPU Adam is priced at the host's
         # peak memory bandwidth, a lower bound, not to be traded against a device-only plan.
-        variants = list(search.offloaded)
+        variants = offload_variants(model, cluster, search.offloadable, options=options)
         for start in range(0, len(variants), CHUNK):
             chunk = variants[start : start + CHUNK]
             # The leanest that does not fit stays the device-only one the message describes.

@@ -307,25 +307,30 @@ def launched_variant(
     return None
 
 
+def offloads(cluster: ClusterSpec, options: SolveOptions) -> bool:
+    """Whether the search may offload at all: the cluster has host figures and the target is
+    a framework (whose rules say which offloads it launches)."""
+    return cluster.host is not None and options.framework != ANY
+
+
 def offload_variants(
     model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelConfig], *,
-    lighter_fits: Sequence[bool], options: SolveOptions,
+    options: SolveOptions,
 ) -> list[ParallelConfig]:  # fmt: skip
-    """The optimizer-offloaded variants of ``configs`` worth pricing: of those whose peak
-    without their optimizer states fits (``lighter_fits``, an offload frees exactly those) and
-    whose framework launches the variant, on a cluster with host figures.
+    """The optimizer-offloaded variants of ``configs`` that the framework launches (none
+    where :func:`offloads` says the search may not offload).
 
-    The caller passes only configurations that do not fit on the device: one that fits needs
+    The caller passes the configurations that do not fit on the device but whose peak without
+    their optimizer states does (an offload frees exactly those): one that fits needs
     no offload, since an offloaded step is its configuration's step with the optimizer's time
     swapped for the host copies and the CPU's Adam, never faster where the host link and the
     host memory are slower than the device's memory (every bundled cluster with host figures:
     ``tests/test_offload.py``). The search prices them only when nothing fits without
     (:func:`~planner.uniform.enumerate.enumerate_plan`)."""
-    if cluster.host is None or options.framework == ANY:
+    if not offloads(cluster, options):
         return []
     variants = (launched_variant(c.model_copy(update={"offload": "optimizer"}), model,
-                                 cluster=cluster, options=options)
-                for c, light in zip(configs, lighter_fits, strict=True) if light)  # fmt: skip
+                                 cluster=cluster, options=options) for c in configs)
     return [v for v in variants if v is not None]
 
 
