@@ -44,6 +44,12 @@ stage): 0 none, 1 optimizer states (Megatron's distributed optimizer), 2 and gra
 3 and weights (FSDP)."""
 ZERO_STAGES: tuple[ZeroStage, ...] = (0, 1, 2, 3)
 
+Offload = Literal["none", "optimizer"]
+"""What a configuration keeps in host memory: nothing, or the optimizer (Adam's states and
+fp32 master weights, a copy of the gradients, and the Adam step itself on the CPU, as
+ZeRO-Offload and Megatron-LM's ``--optimizer-cpu-offload`` run it)."""
+OFFLOADS: tuple[Offload, ...] = ("none", "optimizer")
+
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 """A collective over a group of ranks."""
 

@@ -434,3 +434,12 @@ def test_partial_recompute() -> None:
     piped = configure(gpt, 8, pp=2, zero=1, recompute="full", recompute_layers=2)
     assert "GPT2LMHeadModel" in (refusal("partial-recompute", piped, gpt) or "")
     assert refusal("partial-recompute", forced(piped, recompute_layers=None), gpt) is None
+
+
+def test_optimizer_offload() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1093,
+    1247"""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
+    assert "cpu_offload" in (refusal("optimizer-offload", resolved, model) or "")
+    assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None

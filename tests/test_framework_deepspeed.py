@@ -436,3 +436,13 @@ def test_partial_recompute() -> None:
                          recompute_layers=2)  # fmt: skip
     assert "block method" in (refusal("partial-recompute", resolved, model) or "")
     assert refusal("partial-recompute", forced(resolved, recompute_layers=None), model) is None
+
+
+def test_optimizer_offload() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/stage_1_and_2.py:1545-1552,
+    2319-2341"""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
+    assert "steps each parameter group on the CPU" in (
+        refusal("optimizer-offload", resolved, model) or "")
+    assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None

@@ -860,3 +860,53 @@ def test_some_layers_recomputed_are_the_block_method() -> None:
     back = read_back(text, world=resolved.num_devices)
     assert back == priced(resolved, model)
     assert back["recompute"] == "full, first 3 per chunk"
+
+
+def pin_optimizer_offload_zero_0(p: Profile) -> None:
+    """What rule ``optimizer-offload-zero-0`` refuses (and lets through)."""
+    model = load("llama3-70b")
+    refused(p, "optimizer-offload-zero-0", configure(model, 16, tp=8, pp=2, offload="optimizer"),
+            model, r"--use-precision-aware-optimizer.*distributed optimizer.*ZeRO-0")
+    accepted(p, "optimizer-offload-zero-0",
+             configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer"), model)
+    accepted(p, "optimizer-offload-zero-0", configure(model, 16, tp=8, pp=2), model)
+
+
+def test_rule_optimizer_offload_zero_0() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1884-1888;
+    NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/optimizer/__init__.py:1057-1060"""
+    pin_optimizer_offload_zero_0(P)
+
+
+def test_optimizer_offload_flags() -> None:
+    """The offloaded optimizer is Megatron-Core's HybridDeviceOptimizer, all of it on the CPU,
+    with the precision-aware optimizer it asserts (arguments.py:1884-1888) and its copies
+    overlapped with the CPU steps as priced; without offload none of the four flags."""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, sp=True, zero=1, offload="optimizer")
+    flags = read_flags(megatron.launch(resolved, model).text)
+    assert flags["--optimizer-offload-fraction"] == "1.0"
+    for switch in ("--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                   "--overlap-cpu-optimizer-d2h-h2d", "--use-distributed-optimizer"):
+        assert switch in flags and flags[switch] is None, switch
+    plain = read_flags(megatron.launch(configure(model, 16, tp=8, pp=2, zero=1), model).text)
+    assert not {"--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                "--overlap-cpu-optimizer-d2h-h2d", "--optimizer-offload-fraction"} & set(plain)
+
+
+def pin_optimizer_offload_fsdp(p: Profile) -> None:
+    """What rule ``optimizer-offload-fsdp`` refuses (and lets through)."""
+    model = load("llama3-70b")
+    overlap = dict(overlap_grad_reduce=True, overlap_param_gather=True)
+    for zero in (2, 3):
+        refused(p, "optimizer-offload-fsdp",
+                configure(model, 16, tp=8, zero=zero, offload="optimizer", **overlap), model,
+                rf"distributed optimizer \(ZeRO-1\) only: ZeRO-{zero} is Megatron-FSDP")
+    accepted(p, "optimizer-offload-fsdp",
+             configure(model, 16, tp=8, zero=1, offload="optimizer"), model)
+    accepted(p, "optimizer-offload-fsdp", configure(model, 16, tp=8, zero=3, **overlap), model)
+
+
+def test_rule_optimizer_offload_fsdp() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/distributed/fsdp/src/docs/optimizer.md:42-44"""
+    pin_optimizer_offload_fsdp(P)

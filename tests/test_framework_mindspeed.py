@@ -256,3 +256,16 @@ def test_some_layers_recomputed_are_the_block_method() -> None:
     assert (flags["--recompute-method"], flags["--recompute-num-layers"]) == ("block", "3")
     assert read_back(text, world=resolved.num_devices, flavor="mindspeed") == priced(resolved,
                                                                                     model)
+
+
+def test_rule_optimizer_offload_zero_0() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:944-949;
+    NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/optimizer/distrib_optimizer.py:347-348"""
+    tm.pin_optimizer_offload_zero_0(P)
+
+
+def test_rule_optimizer_offload_fsdp() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/optimizer/distrib_optimizer.py:493-494"""
+    tm.pin_optimizer_offload_fsdp(P)

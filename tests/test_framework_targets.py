@@ -77,11 +77,15 @@ def test_pins_hold(llama: ModelSpec, two_nodes: ClusterSpec) -> None:
 
 
 def test_a_pin_that_prevents_a_fit_is_named() -> None:
-    """Llama 3 70B on 32 H100 without a pipeline and with ZeRO-1 only does not fit; with a
-    pipeline it would, and so would it with ZeRO-3: the error says both."""
+    """Llama 3 70B on 32 H100 without a pipeline and with ZeRO-1 only does not fit on the
+    devices; with a pipeline it would, and so would it with ZeRO-3: without host figures (no
+    offload) the error says both; with them the optimizer offload is the way to fit."""
+    model, cluster = load_model(MODELS / "llama3-70b.json"), load_cluster(H100, 4)
+    options = SolveOptions(global_batch_size=64, seq_length=4096, pins=Pins(pp=1, zero=1))
+    plan = solve(model, cluster, options)
+    assert plan.configuration is not None and plan.configuration.offload == "optimizer"
     with pytest.raises(InfeasibleError) as error:
-        solve(load_model(MODELS / "llama3-70b.json"), load_cluster(H100, 4),
-              SolveOptions(global_batch_size=64, seq_length=4096, pins=Pins(pp=1, zero=1)))
+        solve(model, cluster.model_copy(update={"host": None}), options)
     assert "the pin --pp 1 prevents a fit: without it tp 1, pp 16" in str(error.value)
     assert "the pin --zero 1 prevents a fit: without it" in str(error.value)
 

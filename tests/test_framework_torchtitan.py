@@ -403,3 +403,12 @@ def test_partial_recompute() -> None:
                          recompute_layers=2)  # fmt: skip
     assert "every n-th" in (refusal("partial-recompute", resolved, model) or "")
     assert refusal("partial-recompute", forced(resolved, recompute_layers=None), model) is None
+
+
+def test_optimizer_offload() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/infra/parallelize.py:137, 146-147,
+    317"""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
+    assert "CPUOffloadPolicy" in (refusal("optimizer-offload", resolved, model) or "")
+    assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None

@@ -28,6 +28,8 @@ from tests.test_cli import A100, GPT3, _assert_one_line_error, _run
 REPO = Path(__file__).resolve().parents[1]
 OPTIONS = SolveOptions()
 COMBINED = "every knob at its leanest, on the fewest nodes"
+PRICED = "--offload optimizer"
+"""The offload remedy on a cluster with host figures (DGX A100's)."""
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def _apply(
             nodes = int(tokens.pop(0))
         else:
             name, value = token.removeprefix("--").replace("-", "_"), tokens.pop(0)
-            update[name] = value if name == "recompute" else int(value)
+            update[name] = value if name in ("recompute", "offload") else int(value)
     return ParallelConfig(**{**config.model_dump(), **update}), cluster.with_nodes(nodes)
 
 
@@ -85,7 +87,7 @@ def test_one_node_remedies_are_direct_estimates(gpt3: ModelSpec, one_node: Clust
     config = ParallelConfig(tp=8)
     remedies = config_remedies(gpt3, one_node, config)
     assert [r.change for r in remedies] == [
-        "--recompute full", "--zero 1", "--sp --recompute full --zero 3 --nodes 8", OFFLOAD,
+        "--recompute full", "--zero 1", "--sp --recompute full --zero 3 --nodes 8", PRICED,
     ]  # fmt: skip
     assert [r.fits for r in remedies] == [False, False, True, False]
     assert remedies[2].note == COMBINED
@@ -101,7 +103,7 @@ def test_every_knob_has_its_remedy(gpt3: ModelSpec) -> None:
     remedies = config_remedies(gpt3, cluster, config)
     assert [r.change for r in remedies] == [
         "--mbs 1", "--recompute full", "--zero 1", "--tp 8 --sp", "--pp 16",
-        "--tp 8 --sp --mbs 1 --recompute full --zero 1", OFFLOAD,
+        "--tp 8 --sp --mbs 1 --recompute full --zero 1", PRICED,
     ]  # fmt: skip
     assert [r.fits for r in remedies[:5]] == [False] * 5 and remedies[5].fits
     _assert_priced(gpt3, cluster, config, remedies)
@@ -118,7 +120,7 @@ def test_a_change_that_fits_needs_no_combination(gpt3: ModelSpec) -> None:
         "--tp 8",
         "--pp 16",
         "--nodes 16",
-        OFFLOAD,
+        PRICED,
     ]
     assert all(r.fits for r in remedies)
     _assert_priced(gpt3, cluster, config, remedies)
@@ -148,7 +150,7 @@ def test_remedies_lie_in_the_uniform_space(name: str, cluster_file: str, nodes: 
     flags = set()
     for config in too_big[:: len(too_big) // 6][:6]:
         for remedy in config_remedies(model, cluster, config):
-            if remedy.change == OFFLOAD:
+            if remedy.change in (OFFLOAD, "--offload optimizer"):  # the search's variants
                 continue
             changed, where = _apply(config, cluster, remedy.change)
             if where.num_nodes not in spaces:
@@ -177,7 +179,9 @@ def test_config_message_is_one_line(gpt3: ModelSpec, one_node: ClusterSpec) -> N
     assert line.startswith("tp 8, pp 1, cp 1, ep 1, mbs 1, no recompute, ZeRO-0 needs 399.8 GiB")
     assert "would fit: --sp --recompute full --zero 3 --nodes 8 (50.5 GiB;" in line
     assert "would not fit: --recompute full (375.3 GiB)" in line
-    assert "its time is not priced" in line
+    # DGX A100 has host figures: the offload is priced (and its host memory too short)
+    assert ("--offload optimizer (155.5 GiB; step " in line
+            and "2605 of 1907.35 GiB of host memory per node" in line)
 
 
 def test_leanest_uniform_is_the_least_of_the_whole_grid(
@@ -246,7 +250,9 @@ def test_infeasible_message_names_the_ways_out(gpt3: ModelSpec, one_node: Cluste
     offload = estimate(gpt3, one_node, leanest[1])
     saved = offload.memory.optimizer_gib
     assert f"saves {saved:.1f} GiB, leaving {offload.peak_memory_gib - saved:.1f} GiB" in line
-    assert "not enough; the planner does not price its time" in line
+    off = estimate(gpt3, one_node, leanest[1].model_copy(update={"offload": "optimizer"}))
+    assert (f"not enough; its step takes {off.step_time_s:.2f} s, {off.time.optimizer_s:.2f} s "
+            f"of them the host copies and CPU Adam") in line
     assert "a shorter sequence would not help" in line
 
 
@@ -284,4 +290,4 @@ def test_solve_says_what_would_fit(method: str) -> None:
     per device and the node count that fits."""
     done = _run("solve", GPT3, A100, "--nodes", "1", "--method", method)
     _assert_one_line_error(done, "gpt3-175b", "needs 371.1 GiB per device", "on 8 nodes",
-                           "ZeRO-Offload")  # fmt: skip
+                           "optimizer offload to the CPU")  # fmt: skip

@@ -25,7 +25,7 @@ from planner.cli.app import (
 from planner.cost import memory_margin_bytes
 from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.info import model_info
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, InputError
 from planner.frameworks import check_framework
 from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.plan.config import ParallelConfig
@@ -35,7 +35,7 @@ from planner.spec.reading import json_schema
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
 from planner.uniform.remedies import config_infeasible_message
-from planner.vocabulary import DEFAULT_RANK_ORDER, GIB
+from planner.vocabulary import DEFAULT_RANK_ORDER, GIB, Offload
 
 
 @app.command("estimate")
@@ -88,6 +88,10 @@ def estimate_cmd(
     rank_order: Annotated[
         str, typer.Option(help="Rank numbering, fastest first (Megatron's order).")
     ] = DEFAULT_RANK_ORDER,
+    offload: Annotated[
+        str, typer.Option(help="Kept in host memory: none or optimizer (states and Adam "
+                          "step on the CPU).")
+    ] = "none",
     memory_margin: Annotated[
         float | None, typer.Option("--memory-margin", min=0.0, help="GiB of device memory a "
                                    "configuration must leave free to fit (default 5 %).")
@@ -112,6 +116,7 @@ def estimate_cmd(
             precision=precision, schedule=schedule, flash_attention=flash_attention,
             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
             tp_comm_overlap=tp_comm_overlap, rank_order=rank_order,
+            offload=parse_offload(offload),
         )  # fmt: skip
     except ValidationError as exc:
         raise option_error(exc) from None
@@ -131,6 +136,21 @@ def estimate_cmd(
         render(report.estimate_tables(model_spec, cluster_spec, config, result))
     if not result.fits:
         raise InfeasibleError(config_infeasible_message(model_spec, cluster_spec, config))
+
+
+def parse_offload(text: str) -> Offload:
+    """``--offload``: a comma-separated list of what goes to host memory, as the one value a
+    configuration takes (weights and activations are not priced in this release)."""
+    names = {name.strip() for name in text.split(",") if name.strip()} - {"none"}
+    unpriced = sorted(names & {"weights", "activations"})
+    if unpriced:
+        raise InputError(f"--offload {text}: offloading {' and '.join(unpriced)} is not priced "
+                         f"in this release; --offload optimizer is")  # fmt: skip
+    unknown = sorted(names - {"optimizer"})
+    if unknown:
+        raise InputError(f"--offload {text}: {unknown[0]!r} is not something to offload; "
+                         f"give none or optimizer")  # fmt: skip
+    return "optimizer" if names else "none"
 
 
 @app.command("info")

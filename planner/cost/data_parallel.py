@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from planner.cost.communication import CommGroup, collective_time_s, exposed_s
 from planner.cost.compute import compute_time_s
 from planner.cost.elementwise import Real, minimum, where
-from planner.cost.memory import ADAM_STATE, gradient_bytes_on_wire
+from planner.cost.memory import ADAM_STATE, adam_traffic_bytes, gradient_bytes_on_wire
 from planner.spec import ClusterSpec, DeviceSpec
 from planner.vocabulary import CollectiveKind, Precision
 
@@ -143,6 +143,5 @@ def data_parallel_sync(
 def optimizer_step_s(device: DeviceSpec, precision: Precision, *, params: float) -> float:
     """Adam's update of ``params`` local parameters: memory-bound (reads and writes the
     optimizer state, reads the gradients, writes the compute-precision weights)."""
-    state = ADAM_STATE[precision]
-    traffic = 2 * state.optimizer + state.gradients + state.weights
+    traffic = adam_traffic_bytes(precision)
     return compute_time_s(device, precision, flops=0.0, bytes_moved=params * traffic)

@@ -58,6 +58,13 @@ ADAM_STATE: dict[Precision, StateBytes] = {
 }
 
 
+def adam_traffic_bytes(precision: Precision) -> float:
+    """Bytes Adam's update moves per parameter, wherever it runs: it reads and writes the
+    optimizer state, reads the gradient and writes the compute-precision weight."""
+    state = ADAM_STATE[precision]
+    return 2 * state.optimizer + state.gradients + state.weights
+
+
 def state_bytes_per_param(precision: Precision, *, zero: int, shards: int) -> StateBytes:
     """Adam state per parameter with ZeRO stage ``zero`` over ``shards`` data-parallel ranks.
 

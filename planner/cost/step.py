@@ -16,10 +16,12 @@ from dataclasses import dataclass, replace
 from planner import cost
 from planner.cost.elementwise import Real, first_argmax, maximum, pick
 from planner.cost.layer import LayerCost
+from planner.cost.offload import host_state_bytes, optimizer_time_s
 from planner.plan.schema import StageTime, StepTime
 from planner.spec import ClusterSpec
 from planner.vocabulary import (
     GIB,
+    Offload,
     PipelineSchedule,
     Precision,
     ScheduleName,
@@ -74,6 +76,8 @@ class PipelineKnobs:
     """Whether the gradient reduction overlaps the backward."""
     overlap_param_gather: bool = False
     """Whether the weights' all-gathers (ZeRO >= 1) overlap the compute."""
+    offload: Offload = "none"
+    """What lives in host memory (:mod:`planner.cost.offload`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +118,8 @@ class StepCost:
     stage_weight_s: tuple[float, ...] = ()
     """Per stage and microbatch: the weight gradients within the backward, with their share
     of the communication (empty: none priced apart)."""
+    host_bytes: float = 0.0
+    """Host memory one device's offloaded states take, on the stage that offloads most."""
 
     def stage_times(self) -> tuple[StageTime, ...]:
         """Each stage's per-microbatch seconds as a plan records them."""
@@ -184,15 +190,17 @@ def stage_sync(
 
 
 def stage_state_bytes(
-    weights: Sequence[Weights], zero: int, precision: Precision
+    weights: Sequence[Weights], zero: int, precision: Precision, offload: Offload = "none"
 ) -> tuple[float, float, float]:
-    """One device's bytes of weights, gradients and optimizer states of a stage's weights."""
+    """One device's bytes of weights, gradients and optimizer states of a stage's weights (no
+    optimizer states when they are offloaded to the host)."""
     held = [0.0, 0.0, 0.0]
     for w in weights:
         per_param = cost.state_bytes_per_param(precision, zero=zero, shards=w.shards)
         held[0] += w.params * per_param.weights
         held[1] += w.params * per_param.gradients
-        held[2] += w.params * per_param.optimizer
+        if offload != "optimizer":
+            held[2] += w.params * per_param.optimizer
     return held[0], held[1], held[2]
 
 
@@ -367,13 +375,12 @@ def compose_step(
         s = stages[first]
         runs.append(StageRun(
             time=s.time, sync=stage_sync(s.weights, s.zero, cluster, knobs.precision),
-            state_bytes=stage_state_bytes(s.weights, s.zero, knobs.precision), first=first,
+            state_bytes=stage_state_bytes(s.weights, s.zero, knobs.precision, knobs.offload),
+            first=first,
             count=count, tied_s=tied_s if first in (0, pp - 1) else 0.0,
         ))  # fmt: skip
-    optimizer = cost.optimizer_step_s(
-        cluster.device, knobs.precision,
-        params=max(optimizer_params(s.weights, s.zero) for s in stages),
-    )  # fmt: skip
+    params = max(optimizer_params(s.weights, s.zero) for s in stages)
+    optimizer = optimizer_time_s(cluster, knobs.precision, params=params, offload=knobs.offload)
     schedule = schedule_name(knobs.schedule, knobs.vpp)
     totals = step_totals(cluster, knobs, runs, schedule=schedule, num_stages=pp,
                          optimizer_s=optimizer)  # fmt: skip
@@ -397,6 +404,7 @@ def compose_step(
         stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(stages, syncs, strict=True)),
         stage_sync_tail_s=tuple(y.tail_s for y in syncs),
         stage_weight_s=tuple(_weight_s(s.time, y) for s, y in zip(stages, syncs, strict=True)),
+        host_bytes=host_state_bytes(knobs.precision, params=params, offload=knobs.offload),
     )
 
 

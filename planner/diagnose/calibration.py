@@ -81,7 +81,8 @@ def describe(config: ParallelConfig) -> str:
     parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
     n = config.recompute_layers or 0
     parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
-    return " ".join(parts + ([f"ZeRO-{config.zero}"] if config.zero else []))
+    parts += [f"ZeRO-{config.zero}"] * (config.zero > 0)
+    return " ".join(parts + ["optimizer-offload"] * (config.offload == "optimizer"))
 
 
 def kind_of(config: ParallelConfig) -> str:

@@ -138,6 +138,17 @@ def overlap_flags(resolved: ResolvedConfig) -> list[Flag]:
     return flags
 
 
+def offload_flags(resolved: ResolvedConfig) -> list[Flag]:
+    """The optimizer in host memory: Megatron-Core's ``HybridDeviceOptimizer`` with all of it
+    on the CPU, through the precision-aware optimizer it requires, and its copies and CPU steps
+    pipelined, as the planner prices them (:mod:`planner.cost.offload`)."""
+    if resolved.config.offload != "optimizer":
+        return []
+    return [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", 1.0),
+            ("--use-precision-aware-optimizer", None),
+            ("--overlap-cpu-optimizer-d2h-h2d", None)]  # fmt: skip
+
+
 def device_connections(resolved: ResolvedConfig) -> dict[str, str]:
     """``CUDA_DEVICE_MAX_CONNECTIONS=1``, which ``validate_args`` asserts with tensor or context
     parallelism before Blackwell (and harmless after), except under Megatron-FSDP (ZeRO-2/3),

@@ -288,6 +288,16 @@ def ulysses_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str 
             f"by the planner's Colossal-AI launch yet; ring_attn is")
 
 
+
+def optimizer_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``HybridParallelPlugin(cpu_offload=True)`` hands the offload to its ZeRO optimizer,
+    whose CPU step is not the pipelined one the planner prices; not written yet."""
+    if resolved.config.offload == "none":
+        return None
+    return ("optimizer offload: Colossal-AI's cpu_offload (its ZeRO optimizer's) is not "
+            "priced; Megatron-LM's pipelined offload is")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="architecture", check=architecture,
          source=f"{REPO} colossalai/shardformer/policies/auto_policy.py:59-229"),
@@ -335,6 +345,7 @@ RULES: tuple[Rule, ...] = (
     Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
          source=f"{_PLUGIN}:48, 1077"),
     Rule(name="rank-order", check=rank_order, source=f"{_PLUGIN}:1110-1117"),
+    Rule(name="optimizer-offload", check=optimizer_offload, source=f"{_PLUGIN}:1093, 1247"),
 )  # fmt: skip
 """Everything Colossal-AI refuses, or cannot run as the planner prices it."""
 

@@ -241,6 +241,17 @@ def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return f"rank_order {c.rank_order!r}: DeepSpeed numbers ranks tp, then cp, dp, pp"
 
 
+
+def optimizer_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ZeRO-Offload copies the gradients to the host during the backward and then, one
+    parameter group at a time, runs the CPU Adam and copies the group back: not the pipelined
+    step the planner prices (Megatron-LM's), and its launcher does not write it yet."""
+    if resolved.config.offload == "none":
+        return None
+    return ("optimizer offload: DeepSpeed's ZeRO-Offload steps each parameter group on the CPU "
+            "before copying it back, which is not priced; Megatron-LM's pipelined offload is")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="partial-recompute", check=partial_recompute,
          source=f"{MDS} megatron/model/gpt_model.py:446-451; "
@@ -285,6 +296,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="rank-order", check=rank_order,
          source=f"{DS} deepspeed/runtime/pipe/topology.py:244-248; "
                 f"{MDS} megatron/core/parallel_state.py:185-215"),
+    Rule(name="optimizer-offload", check=optimizer_offload,
+         source=f"{DS} deepspeed/runtime/zero/stage_1_and_2.py:1545-1552, 2319-2341"),
 )  # fmt: skip
 """Everything DeepSpeed refuses, or cannot run as the planner prices it."""
 

@@ -211,6 +211,30 @@ def unfused_attention_with_cp(resolved: ResolvedConfig, model: ModelSpec) -> str
             f"flash_attention is off")
 
 
+def optimizer_offload_without_distributed_optimizer(
+    resolved: ResolvedConfig, model: ModelSpec
+) -> str | None:
+    """``--optimizer-cpu-offload`` needs the precision-aware optimizer, which runs only inside
+    the distributed optimizer (ZeRO >= 1)."""
+    c = resolved.config
+    if c.offload != "optimizer" or c.zero >= 1:
+        return None
+    return ("optimizer offload (--optimizer-cpu-offload) needs --use-precision-aware-optimizer, "
+            "which runs only with the distributed optimizer: the configuration has ZeRO-0")
+
+
+def optimizer_offload_with_fsdp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-FSDP (ZeRO-2/3) keeps its own optimizer buffers and calls offloading a case
+    its optimizer path must coordinate itself: the offload is launched with the distributed
+    optimizer (ZeRO-1) only."""
+    c = resolved.config
+    if c.offload != "optimizer" or c.zero < 2:
+        return None
+    return (f"optimizer offload runs with the distributed optimizer (ZeRO-1) only: ZeRO-{c.zero} "
+            f"is Megatron-FSDP, whose own optimizer buffers the hybrid device optimizer does "
+            f"not drive")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="gpipe", check=gpipe_schedule,
          source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:161-168"),
@@ -257,6 +281,11 @@ RULES: tuple[Rule, ...] = (
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,
          source=f"{_TE_ATTENTION}:1169-1173; {REPO} "
                 f"megatron/core/transformer/dot_product_attention.py:57-59"),
+    Rule(name="optimizer-offload-zero-0",
+         check=optimizer_offload_without_distributed_optimizer,
+         source=f"{_ARGS}:1884-1888; {REPO} megatron/core/optimizer/__init__.py:1057-1060"),
+    Rule(name="optimizer-offload-fsdp", check=optimizer_offload_with_fsdp,
+         source=f"{REPO} megatron/core/distributed/fsdp/src/docs/optimizer.md:42-44"),
 )  # fmt: skip
 """Everything Megatron-LM refuses, or cannot run as the planner prices it."""
 
@@ -278,6 +307,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *mf.precision_flags(resolved),
         *mf.recompute_flags(resolved),
         *optimizer_flags(resolved),
+        *mf.offload_flags(resolved),
         *mf.overlap_flags(resolved),
         *attention_flags(resolved),
     ]

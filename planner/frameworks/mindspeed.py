@@ -115,6 +115,14 @@ RULES: tuple[Rule, ...] = (
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,
          source=f"{_CP_FEATURE}:51; "
                 f"{REPO} docs/zh/features/ring-attention-context-parallel.md:43"),
+    # Only the distributed optimizer builds its shards for the precision-aware optimizer.
+    Rule(name="optimizer-offload-zero-0",
+         check=megatron.optimizer_offload_without_distributed_optimizer,
+         source=f"{_ARGS}:944-949; {CORE} megatron/core/optimizer/distrib_optimizer.py:"
+                f"347-348"),
+    # Custom FSDP skips the distributed optimizer's shards, where those are built.
+    Rule(name="optimizer-offload-fsdp", check=megatron.optimizer_offload_with_fsdp,
+         source=f"{CORE} megatron/core/optimizer/distrib_optimizer.py:493-494"),
 )  # fmt: skip
 """Everything MindSpeed refuses, or cannot run as the planner prices it."""
 
@@ -135,6 +143,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *mf.precision_flags(resolved),
         *mf.recompute_flags(resolved),
         *optimizer_flags(resolved),
+        *mf.offload_flags(resolved),
         *mf.overlap_flags(resolved),
         *attention_flags(resolved),
     ]

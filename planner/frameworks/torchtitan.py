@@ -313,6 +313,17 @@ def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return f"rank_order {c.rank_order!r}: torchtitan numbers ranks tp, then cp, dp, pp"
 
 
+
+def optimizer_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``training.enable_cpu_offload`` is FSDP2's ``CPUOffloadPolicy``: the parameters and
+    gradients live on the host too and are copied in for every forward and backward, which is
+    not priced."""
+    if resolved.config.offload == "none":
+        return None
+    return ("optimizer offload: torchtitan's enable_cpu_offload (FSDP2's CPUOffloadPolicy) "
+            "offloads the parameters and gradients too, which is not priced")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="model-flavor", check=model_flavor,
          source=f"{REPO} torchtitan/models/llama3/__init__.py:29-99; "
@@ -357,6 +368,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{TORCH} torch/distributed/pipelining/schedules.py:3046-3053"),
     Rule(name="rank-order", check=rank_order,
          source=f"{REPO} torchtitan/distributed/parallel_dims.py:143-158"),
+    Rule(name="optimizer-offload", check=optimizer_offload,
+         source=f"{_PARALLELIZE}:137, 146-147, 317"),
 )  # fmt: skip
 """Everything torchtitan refuses, or cannot run as the planner prices it."""
 

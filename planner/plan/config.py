@@ -20,6 +20,7 @@ from planner.spec.reading import fill_training
 from planner.vocabulary import (
     DEFAULT_RANK_ORDER,
     ContextParallelism,
+    Offload,
     PipelineSchedule,
     Precision,
     Recompute,
@@ -74,6 +75,10 @@ class ParallelConfig(BaseModel):
     zero: Literal[0, 1, 2, 3] = Field(
         default=0, description="0: replicated optimizer; 1: optimizer states sharded over "
         "data parallel (Megatron's distributed optimizer); 2: + gradients; 3: + weights.",
+    )  # fmt: skip
+    offload: Offload = Field(
+        default="none", description="What lives in host memory: none, or the optimizer (its "
+        "states, master weights and a gradient copy, and the Adam step on the CPU).",
     )  # fmt: skip
     precision: Precision | None = None
     schedule: PipelineSchedule = Field(default="1f1b", description="Pipeline schedule.")

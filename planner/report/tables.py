@@ -69,10 +69,17 @@ def estimate_tables(
     for name, gib in result.memory.model_dump().items():
         memory.add_row(name.removesuffix("_gib"), f"{gib:.2f}")
     capacity = cluster.device.memory_gib
-    verdict = "fits" if result.fits else "DOES NOT FIT"
+    host = cluster.host
+    over = host is not None and result.host_memory_gib > host.memory_gib
+    # When the host is short the device's own verdict is not known here (the margin is not)
+    verdict = "" if over else " (fits)" if result.fits else " (DOES NOT FIT)"
     memory.add_row(Text("total", style="bold"),
-                   Text(f"{result.peak_memory_gib:.2f} / {capacity:g} ({verdict})",
-                        style="bold" if result.fits else "bold red"))  # fmt: skip
+                   Text(f"{result.peak_memory_gib:.2f} / {capacity:g}{verdict}",
+                        style="bold" if result.fits or over else "bold red"))  # fmt: skip
+    if result.host_memory_gib > 0 and host is not None:  # only what was offloaded
+        memory.add_row("host, per node",
+                       Text(f"{result.host_memory_gib:.2f} / {host.memory_gib:g}"
+                            + (" (DOES NOT FIT)" if over else ""), style="bold red" * over))
     return [head, keep_whole(times), keep_whole(memory)]
 
 

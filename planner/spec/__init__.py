@@ -388,6 +388,40 @@ class NetworkLevel(_Frozen):
         return self.latency_us * 1e-6
 
 
+class HostSpec(_Frozen):
+    """A node's host side: its memory, the link from each device to it, and the bandwidth of
+    the memory the CPU's Adam step streams through (what an offload is priced with)."""
+
+    memory_gib: Float = Field(
+        gt=0, le=lim.MAX_HOST_MEMORY_GIB, description="Host (CPU) memory of one node."
+    )
+    link_bandwidth_gb_s: Float = Field(
+        gt=0, le=lim.MAX_BANDWIDTH_GB_S, description="Device to host bandwidth, per device, "
+        "per direction, with every device of the node copying at once (PCIe 4.0 x16: 31.5; "
+        "PCIe 5.0 x16: 63; NVLink-C2C: 450 per Grace CPU).",
+    )  # fmt: skip
+    memory_bandwidth_gb_s: Float = Field(
+        gt=0, le=lim.MAX_BANDWIDTH_GB_S, description="Host memory bandwidth of one node (all "
+        "its CPUs' channels): the CPU's Adam step is memory-bound, as on the device.",
+    )  # fmt: skip
+    source: str | None = Field(default=None, description="How these values were obtained.")
+
+    @property
+    def memory_bytes(self) -> float:
+        """Host memory of one node in bytes."""
+        return self.memory_gib * GIB
+
+    @property
+    def link_bytes_s(self) -> float:
+        """Device to host bandwidth per device and direction, bytes/s."""
+        return self.link_bandwidth_gb_s * GB
+
+    @property
+    def memory_bandwidth_bytes_s(self) -> float:
+        """Host memory bandwidth of one node, bytes/s."""
+        return self.memory_bandwidth_gb_s * GB
+
+
 class ClusterSpec(_Frozen):
     """A homogeneous cluster: nodes of identical devices on a multi-level network."""
 
@@ -396,6 +430,10 @@ class ClusterSpec(_Frozen):
     devices_per_node: Int = Field(gt=0, le=lim.MAX_DEVICES_PER_NODE)
     device: DeviceSpec
     network: tuple[NetworkLevel, ...] = Field(min_length=1)
+    host: HostSpec | None = Field(
+        default=None, description="Each node's host memory and links (needed only to price "
+        "an offload).",
+    )  # fmt: skip
     notes: str | None = None
 
     @model_validator(mode="after")
@@ -427,6 +465,15 @@ class ClusterSpec(_Frozen):
         """Devices of one domain of the innermost, fastest level: a node of 8 GPUs on NVLink,
         or a rack of 72 (GB200 NVL72) whose trays of 4 share one NVLink domain."""
         return self.network[0].domain_devices
+
+    def host_for(self, what: str) -> HostSpec:
+        """The host block, or an :class:`InputError` naming the missing field when ``what``
+        (an offload) needs it."""
+        if self.host is None:
+            raise InputError(f"cluster {self.name}: {what} needs the cluster's host figures: "
+                             f"field 'host' (memory_gib, link_bandwidth_gb_s, "
+                             f"memory_bandwidth_gb_s) is missing")  # fmt: skip
+        return self.host
 
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
         """The same cluster type at another size (``--nodes``)."""

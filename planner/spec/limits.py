@@ -92,6 +92,9 @@ NVL576."""
 MAX_DEVICE_MEMORY_GIB = 16_384.0
 """Memory of one device: 16 TiB, ~57x the 288 GB of an MI355X or B300."""
 
+MAX_HOST_MEMORY_GIB = 1_048_576.0
+"""Host memory of one node: 1 PiB, ~35x the 30 TB of CPU memory of an 8-socket server."""
+
 MAX_PEAK_TFLOPS = 1e6
 """Dense peak of one device, TFLOP/s (1 EFLOP/s): ~220x a B200's 4,500 dense FP8."""
 

@@ -58,6 +58,7 @@ from planner.uniform.columns import (
 from planner.uniform.estimate import (
     UniformStage,
     estimate,
+    host_fits,
     layer_index,
     pipeline_sends_s,
     placed_stage,
@@ -76,7 +77,7 @@ _MEMORY = tuple(f"memory.{name}" for name in MemoryBreakdown.model_fields)
 _TIME = tuple(f"time.{name}" for name in StepTime.model_fields)
 _FLOATS = ("step_time_s", *_TIME, "tokens_per_s", "model_tflops_per_gpu",
            "hardware_tflops_per_gpu", "mfu", "peak_memory_gib", "bubble_fraction",
-           "error_band.fraction", *_MEMORY)  # fmt: skip
+           "error_band.fraction", *_MEMORY, "host_memory_gib")  # fmt: skip
 _INTS = ("error_band.runs", "num_microbatches", "dp", "num_devices")
 _TEXTS = ("error_band.parallelism", "error_band.closest")
 
@@ -288,10 +289,12 @@ def _price(
     splits = [stage_runs(model, training, split_layers(x, r), chunks[s],
                          head_first=bool(v_shape[r])) for s, r in enumerate(s_first)]  # fmt: skip
     # Per stage run: data-parallel traffic, state bytes; per configuration the optimizer.
-    z_first, static_of = factorize(p_of, split_of, c["zero"])
+    offloads, offload_of = codes(c["offload"])
+    z_first, static_of = factorize(p_of, split_of, c["zero"], offload_of)
     static = [static_costs(model, cluster, training, placed[p_of[r]], params_of[int(l_of[r])],
                            splits[split_of[r]], zero=int(c["zero"][r]), tp=int(c["tp"][r]),
-                           pp=int(c["pp"][r]), v_shape=bool(v_shape[r]))
+                           pp=int(c["pp"][r]), v_shape=bool(v_shape[r]),
+                           offload=offloads[offload_of[r]])
               for r in z_first]  # fmt: skip
     sends_first, sends_of = factorize(p_of, c["mbs"], c["vpp"])
     sends = np.array([pipeline_sends_s(model, cluster, placed[p_of[r]], mbs=int(c["mbs"][r]),
@@ -336,7 +339,9 @@ def _price(
             parts_s[name][g_rows] = value
         for k in range(5):
             peak[k, g_rows] = totals.peak_memory_bytes[k]
+    host = cluster.devices_per_node * np.array([s.host_bytes for s in static])[static_of]
     _write(model, cluster, training, c, rows, out, step=step, parts_s=parts_s, bubble=bubble,
+           host=host,
            peak=peak, recompute_flops=recompute_flops / (c["mbs"] * data_ways), dp=dp,
            num_microbatches=x.num_microbatches, memory_margin_gib=memory_margin_gib)  # fmt: skip
 
@@ -344,7 +349,7 @@ def _price(
 def _write(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c: dict[str, np.ndarray],
     rows: np.ndarray, out: dict[str, np.ndarray], *, step: np.ndarray,
-    parts_s: dict[str, np.ndarray], bubble: np.ndarray, peak: np.ndarray,
+    parts_s: dict[str, np.ndarray], bubble: np.ndarray, peak: np.ndarray, host: np.ndarray,
     recompute_flops: np.ndarray, dp: np.ndarray, num_microbatches: np.ndarray,
     memory_margin_gib: float | None,
 ) -> None:  # fmt: skip
@@ -370,7 +375,8 @@ def _write(
     out["bubble_fraction"][rows] = bubble
     for k, name in enumerate(_MEMORY):
         out[name][rows] = peak[k] / GIB
-    out["fits"][rows] = total + margin <= cluster.device.memory_bytes
+    out["fits"][rows] = (total + margin <= cluster.device.memory_bytes) & host_fits(cluster, host)
+    out["host_memory_gib"][rows] = host / GIB
     out["num_microbatches"][rows] = num_microbatches
     out["dp"][rows] = dp
     out["num_devices"][rows] = cluster.num_devices

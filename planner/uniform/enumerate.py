@@ -7,7 +7,10 @@ with full recomputation the fewest layers per chunk recomputed that still fit
 (:mod:`planner.uniform.fewest_recomputed`), by :func:`~planner.uniform.batch.estimate_batch` (the
 cost model of :func:`~planner.uniform.estimate.estimate`, over arrays), a few thousand at a
 time: whole branches (degrees ``(tp, pp, cp, ep)`` and one layer split), so that a time limit
-stops between them.
+stops between them. When none fits, the optimizer-offloaded variants of those that fit only
+without their optimizer states are priced, where the framework launches them and the cluster
+has host figures (:func:`~planner.uniform.space.offload_variants`): offload is chosen only
+where it is the only way to fit.
 
 The plan's ``solver.configurations`` counts the configurations priced: those the batch
 refused as not dividing (the batch over ``dp x mbs``, interleaving's microbatches over ``pp``)
@@ -31,11 +34,12 @@ from planner.plan.config import ParallelConfig
 from planner.plan.invariants import check_plan
 from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.batch import estimate_batch
+from planner.uniform.batch import BatchEstimate, estimate_batch
+from planner.uniform.estimate import host_fits
 from planner.uniform.failure import nothing_found
 from planner.uniform.fewest_recomputed import fewest_recomputed
 from planner.uniform.plan import uniform_plan
-from planner.uniform.space import branch_space, config_key
+from planner.uniform.space import branch_space, config_key, offload_variants, offloads
 from planner.vocabulary import GIB
 
 CHUNK = 4096
@@ -57,6 +61,9 @@ class _Search:
     """Why the first configuration that did not divide was refused."""
     priced: int = 0
     """Configurations priced (refusals not counted)."""
+    offloadable: tuple[ParallelConfig, ...] = ()
+    """Configurations that fit only without their optimizer states: their offloaded variants
+    are priced if nothing fits without offload."""
 
     @property
     def best_step_s(self) -> float | None:
@@ -65,15 +72,46 @@ class _Search:
 
     def price(self, model: ModelSpec, cluster: ClusterSpec, configs: list[ParallelConfig],
               options: SolveOptions | None = None) -> _Search:  # fmt: skip
-        """The tally with ``configs`` priced: the fastest that fits (ties to the smallest
-        :func:`config_key`), the leanest that does not (ties to the first); with ``options``,
-        also each fitting full recomputation's fewest recomputed layers that fit
-        (:func:`~planner.uniform.fewest_recomputed.fewest_recomputed`)."""
+        """The tally with ``configs`` priced (:meth:`tally`); with ``options``, also each
+        fitting full recomputation's fewest recomputed layers that fit
+        (:func:`~planner.uniform.fewest_recomputed.fewest_recomputed`), and the configurations
+        that fit only without their optimizer states kept, whose offloaded variants are priced
+        should nothing fit (:func:`~planner.uniform.space.offload_variants`)."""
         batch = estimate_batch(model, cluster, configs)
+        found = self.tally(batch, configs)
+        if options is None:
+            return found
+        if found.best is not None:
+            fewer = fewest_recomputed(model, cluster, configs, self.fits(batch),
+                                      steps=batch.columns["step_time_s"],
+                                      best_s=found.best[0], usable_bytes=self.usable_bytes,
+                                      options=options)  # fmt: skip
+            if fewer:
+                found = found.price(model, cluster, fewer)
+        if not offloads(cluster, options):
+            return found
+        c = batch.columns
+        peak = c["peak_memory_gib"]
+        lighter = (c["divides"] & (peak * GIB > self.usable_bytes)
+                   & ((peak - c["memory.optimizer_gib"]) * GIB <= self.usable_bytes))
+        kept = tuple(configs[i] for i in np.flatnonzero(lighter))
+        return replace(found, offloadable=found.offloadable + kept)
+
+    def fits(self, batch: BatchEstimate) -> np.ndarray:
+        """Which of ``batch`` divide and fit: the device's memory beside the margin, and the
+        node's host memory what its devices offload."""
+        c = batch.columns
+        host = c["host_memory_gib"] * GIB
+        return (c["divides"] & (c["peak_memory_gib"] * GIB <= self.usable_bytes)
+                & host_fits(batch.cluster, host))
+
+    def tally(self, batch: BatchEstimate, configs: list[ParallelConfig]) -> _Search:
+        """The tally with ``batch`` (of ``configs``) priced: the fastest that fits (ties to
+        the smallest :func:`config_key`), the leanest that does not (ties to the first)."""
         divides = batch.columns["divides"]
         peak = batch.columns["peak_memory_gib"]
         step = batch.columns["step_time_s"]
-        fits = divides & (peak * GIB <= self.usable_bytes)
+        fits = self.fits(batch)
         big = divides & ~fits
         found = replace(self, priced=self.priced + int(divides.sum()))
         if self.first_refusal is None and not divides.all():
@@ -89,12 +127,6 @@ class _Search:
                       key=lambda k: k[:2])  # fmt: skip
             if found.best is None or key[:2] < found.best[:2]:
                 found = replace(found, best=key)
-        if options is not None and found.best is not None:
-            fewer = fewest_recomputed(model, cluster, configs, fits, steps=step,
-                                      best_s=found.best[0], usable_bytes=self.usable_bytes,
-                                      options=options)  # fmt: skip
-            if fewer:
-                found = found.price(model, cluster, fewer)
         return found
 
 
@@ -134,6 +166,15 @@ def enumerate_plan(
                               searching=named))  # fmt: skip
         search = search.price(model, cluster, chunk, options)
         done += len(chunk)
+    if search.best is None and not cut:
+        # Offload only where it is the only way to fit: its CPU Adam is priced at the host's
+        # peak memory bandwidth, a lower bound, not to be traded against a device-only plan.
+        variants = offload_variants(model, cluster, search.offloadable, options=options)
+        for start in range(0, len(variants), CHUNK):
+            chunk = variants[start : start + CHUNK]
+            # The leanest that does not fit stays the device-only one the message describes.
+            search = replace(search.tally(estimate_batch(model, cluster, chunk), chunk),
+                             leanest=search.leanest)
     if progress is not None:
         progress(Progress(done=total, total=total, best_step_s=search.best_step_s))
     if search.best is None and cut:

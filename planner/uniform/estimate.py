@@ -42,6 +42,7 @@ from planner.uniform.recompute_layers import (
     recomputed_counts,
     stage_chunks,
 )
+from planner.vocabulary import GIB
 
 
 class StageEstimate(BaseModel):
@@ -71,6 +72,9 @@ class Estimate(Predicted):
     """Devices the configuration uses."""
     stages: tuple[StageEstimate, ...] = ()
     """Each pipeline stage's seconds and memory."""
+    host_memory_gib: float = 0.0
+    """Host memory per node the offloaded states of its devices take (0: nothing offloaded);
+    it fits when within the cluster's ``host.memory_gib``."""
 
     def headline(self) -> Predicted:
         """The headline numbers alone, as a plan records them."""
@@ -233,7 +237,7 @@ def estimate(
     knobs = PipelineKnobs(
         num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
         precision=training.precision, overlap_grad_reduce=c.overlap_grad_reduce,
-        overlap_param_gather=c.overlap_param_gather,
+        overlap_param_gather=c.overlap_param_gather, offload=c.offload,
     )  # fmt: skip
     tied = None if v_shape else tied_copy(model, stage, tp=c.tp, pp=c.pp)
     step = compose_step(cluster, knobs, stages, tied=tied)
@@ -252,12 +256,14 @@ def estimate(
         recompute_flops_per_sequence=recompute_flops / sequences,
     )  # fmt: skip
     peak_bytes = sum(step.peak_memory_bytes)
+    host_bytes = cluster.devices_per_node * step.host_bytes
     kind = parallelism_kind(tensor_parallel=c.tp, pipeline_parallel=c.pp, context_parallel=c.cp,
                             expert_parallel=c.ep, zero=c.zero)  # fmt: skip
     return Estimate(
         **dict(headline(step, rates, device=cluster.device, kind=kind)),
         fits=peak_bytes + cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
-        <= cluster.device.memory_bytes,
+        <= cluster.device.memory_bytes and host_fits(cluster, host_bytes),
+        host_memory_gib=host_bytes / GIB,
         memory=MemoryBreakdown.from_bytes(step.peak_memory_bytes),
         num_microbatches=resolved.num_microbatches,
         dp=resolved.dp,
@@ -280,6 +286,12 @@ def partial_chunks(
         return None
     return stage_chunks(model, training, resolved.stage_layers, vpp=c.vpp,
                         recompute_layers=c.recompute_layers)  # fmt: skip
+def host_fits(cluster: ClusterSpec, node_bytes: Any) -> Any:
+    """Whether a node's host memory holds ``node_bytes`` of offloaded states (a float or an
+    array; nothing offloaded always fits, with or without host figures)."""
+    if cluster.host is None:
+        return node_bytes <= 0
+    return node_bytes <= cluster.host.memory_bytes
 
 
 def stage_weights(

@@ -13,6 +13,7 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform import space
 from planner.uniform.batch import estimate_batch
+from planner.uniform.estimate import estimate
 from planner.uniform.remedies import MAX_NODE_FACTOR, describe, fits_gib, node_factors
 from planner.vocabulary import GIB
 
@@ -110,10 +111,26 @@ def _ways_out(
         f" on the leanest uniform configuration ({describe(lean.config)}, "
         f"{lean.peak_memory_gib:.1f} GiB)")  # fmt: skip
     enough = "enough" if fits_gib(cluster, left_gib) else "not enough"
-    yield (f"optimizer offload to the CPU (DeepSpeed ZeRO-Offload){on} saves {saved_gib:.1f} "
-           f"GiB, leaving {left_gib:.1f} GiB: {enough}; the planner does not price its "
-           f"time")  # fmt: skip
+    # Priced where the cluster has host figures, as Megatron-LM runs it (planner.cost.offload)
+    who = "DeepSpeed ZeRO-Offload" if cluster.host is None else "Megatron-LM's, as priced"
+    yield (f"optimizer offload to the CPU ({who}){on} saves {saved_gib:.1f} "
+           f"GiB, leaving {left_gib:.1f} GiB: {enough}; "
+           f"{_offload_time(model, cluster, lean.config, options)}")  # fmt: skip
     yield _shorter_sequence(model, cluster, training, options, priced)
+
+
+def _offload_time(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+                  options: SolveOptions) -> str:  # fmt: skip
+    """What the offload's step takes (:func:`estimate` with ``--offload optimizer``), and
+    whether the target launches it; or, without host figures, that it is not priced."""
+    if cluster.host is None:
+        return "the planner does not price its time"
+    offloaded = config.model_copy(update={"offload": "optimizer"})
+    off = estimate(model, cluster, offloaded)
+    launched = space.launched_variant(offloaded, model, cluster=cluster, options=options)
+    refused = "" if launched is not None else f" ({options.framework} does not launch it)"
+    return (f"its step takes {off.step_time_s:.2f} s, {off.time.optimizer_s:.2f} s of them the "
+            f"host copies and CPU Adam{refused}")
 
 
 def _shorter_sequence(

@@ -10,9 +10,11 @@
 
 Every number is an :func:`~planner.uniform.estimate.estimate`'s, and fit is its test: the peak
 memory per device, the device's reserved memory included, within the device's memory. Optimizer
-offload (DeepSpeed's ZeRO-Offload, Ren et al. 2021) keeps the optimizer states and the Adam step
-on the CPU: its memory is the estimate's peak less the optimizer states; its time (the CPU step,
-the PCIe traffic) is not priced.
+offload (DeepSpeed's ZeRO-Offload, Ren et al. 2021; Megatron-LM's ``--optimizer-cpu-offload``)
+keeps the optimizer states and the Adam step on the CPU: its memory is the estimate's peak less
+the optimizer states; on a cluster with host figures it is priced as ``--offload optimizer``
+(:mod:`planner.cost.offload`: the host copies and the CPU's Adam, and the node's host memory),
+else its time cannot be.
 """
 
 from __future__ import annotations
@@ -71,8 +73,10 @@ def describe(config: ParallelConfig) -> str:
     recompute = "no" if c.recompute == "none" else c.recompute
     if c.recompute_layers is not None:
         recompute += f" ({c.recompute_layers} per chunk)"
+    offload = ", optimizer offloaded" if c.offload == "optimizer" else ""
     return (
         f"tp {c.tp}, {pp}, cp {c.cp}, ep {c.ep}, mbs {c.mbs}, {recompute} recompute, ZeRO-{c.zero}"
+        f"{offload}"
     )
 
 
@@ -103,7 +107,8 @@ def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConf
     (only without a pipeline), wider tensor parallelism inside a node (with sequence
     parallelism), more pipeline stages (ZeRO-1 at most), more nodes (only with ZeRO >= 1: more
     data-parallel ranks share the sharded states); then, when none of these fits, all of them
-    at once; last, optimizer offload (peak less optimizer states; its time not priced). Raises
+    at once; last, optimizer offload (:func:`offload_remedy`, priced where the cluster has host
+    figures). Raises
     :class:`~planner.errors.ConfigError` when ``config`` does not divide.
     """
     base = estimate(model, cluster, config)
@@ -115,14 +120,33 @@ def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConf
         combined = _mildest(model, cluster, config, _combined(model, cluster, config))
         if combined is not None:
             remedies.append(combined)
-    optimizer_gib = base.memory.optimizer_gib
-    offloaded_gib = base.peak_memory_gib - optimizer_gib
-    remedies.append(Remedy(
-        change=OFFLOAD, memory_gib=offloaded_gib, fits=fits_gib(cluster, offloaded_gib),
-        note=f"ZeRO-Offload (ZeRO >= 1): {optimizer_gib:.1f} GiB of optimizer states and the "
-        "Adam step on the CPU; its time is not priced",
-    ))  # fmt: skip
+    if config.offload == "none":
+        remedies.append(offload_remedy(model, cluster, config, base))
     return remedies
+
+
+def offload_remedy(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, base: Estimate
+) -> Remedy:
+    """Optimizer offload for ``config`` (priced ``base``): ``--offload optimizer`` priced by
+    :func:`estimate` where the cluster has host figures, its step and what the host copies and
+    the CPU's Adam take; else ZeRO-Offload's switch with the GiB it saves, unpriced."""
+    optimizer_gib = base.memory.optimizer_gib
+    if cluster.host is None:
+        offloaded_gib = base.peak_memory_gib - optimizer_gib
+        return Remedy(
+            change=OFFLOAD, memory_gib=offloaded_gib, fits=fits_gib(cluster, offloaded_gib),
+            note=f"ZeRO-Offload (ZeRO >= 1): {optimizer_gib:.1f} GiB of optimizer states and "
+            "the Adam step on the CPU; its time is not priced",
+        )  # fmt: skip
+    off = estimate(model, cluster, config.model_copy(update={"offload": "optimizer"}))
+    host = f"{off.host_memory_gib:.0f} of {cluster.host.memory_gib:g} GiB of host memory"
+    zero = "" if config.zero >= 1 else "; Megatron-LM offloads only with --zero 1"
+    return Remedy(
+        change="--offload optimizer", memory_gib=off.peak_memory_gib, fits=off.fits,
+        note=f"step {off.step_time_s:.2f} s instead of {base.step_time_s:.2f}: the host "
+        f"copies and CPU Adam take {off.time.optimizer_s:.2f} s; {host} per node{zero}",
+    )  # fmt: skip
 
 
 def config_infeasible_message(
@@ -137,6 +161,10 @@ def config_infeasible_message(
     line = (f"{describe(config)} needs {result.peak_memory_gib:.1f} GiB per device, more than "
             f"a device's {device.memory_gib:g} GiB ({device.name}, "
             f"{device.reserved_memory_gib:g} GiB reserved included)")  # fmt: skip
+    if fits_gib(cluster, result.peak_memory_gib) and cluster.host is not None:
+        # The devices hold their part: the node's host memory is what is short.
+        line = (f"{describe(config)}: its devices offload {result.host_memory_gib:.1f} GiB per "
+                f"node to host memory, more than a node's {cluster.host.memory_gib:g} GiB")
     remedies = config_remedies(model, cluster, config)
     for fits, heading in ((True, "would fit"), (False, "would not fit")):
         listed = [f"{r.change} ({r.memory_gib:.1f} GiB{'; ' + r.note if r.note else ''})"

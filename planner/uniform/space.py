@@ -29,6 +29,7 @@ The space is what a Megatron-LM user can launch with flags:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.errors import ConfigError
@@ -329,6 +330,33 @@ def launched_variant(
     return None
 
 
+def offloads(cluster: ClusterSpec, options: SolveOptions) -> bool:
+    """Whether the search may offload at all: the cluster has host figures and the target is
+    a framework (whose rules say which offloads it launches)."""
+    return cluster.host is not None and options.framework != ANY
+
+
+def offload_variants(
+    model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelConfig], *,
+    options: SolveOptions,
+) -> list[ParallelConfig]:  # fmt: skip
+    """The optimizer-offloaded variants of ``configs`` that the framework launches (none
+    where :func:`offloads` says the search may not offload).
+
+    The caller passes the configurations that do not fit on the device but whose peak without
+    their optimizer states does (an offload frees exactly those): one that fits needs
+    no offload, since an offloaded step is its configuration's step with the optimizer's time
+    swapped for the host copies and the CPU's Adam, never faster where the host link and the
+    host memory are slower than the device's memory (every bundled cluster with host figures:
+    ``tests/test_offload.py``). The search prices them only when nothing fits without
+    (:func:`~planner.uniform.enumerate.enumerate_plan`)."""
+    if not offloads(cluster, options):
+        return []
+    variants = (launched_variant(c.model_copy(update={"offload": "optimizer"}), model,
+                                 cluster=cluster, options=options) for c in configs)
+    return [v for v in variants if v is not None]
+
+
 def grid_space(
     model: ModelSpec, cluster: ClusterSpec, options: SolveOptions = DEFAULT_OPTIONS
 ) -> list[ParallelConfig]:
@@ -346,7 +374,7 @@ def config_key(config: ParallelConfig) -> tuple[int, ...]:
     return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp,
             int(c.cp_algo == "ulysses"), c.ep, c.vpp, c.mbs, RECOMPUTE_MODES.index(c.recompute),
             c.zero, ("1f1b", "gpipe", "zb-h1", "zb-v").index(c.schedule),
-            c.recompute_layers or 0)  # fmt: skip
+            c.recompute_layers or 0, int(c.offload != "none"))  # fmt: skip
 
 
 def _leanness(config: ParallelConfig) -> tuple[int, int, int, int]:

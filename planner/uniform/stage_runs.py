@@ -13,6 +13,7 @@ import numpy as np
 
 from planner import cost
 from planner.cost.layer import LayerCost
+from planner.cost.offload import host_state_bytes, optimizer_time_s
 from planner.cost.step import (
     StageCost,
     StageRun,
@@ -27,7 +28,7 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.columns import factorize
 from planner.uniform.estimate import stage_kinds, stage_weights, tied_copy
 from planner.uniform.recompute_layers import Chunk, chunks_cost
-from planner.vocabulary import RECOMPUTE_MODES
+from planner.vocabulary import RECOMPUTE_MODES, Offload
 
 LAYER_FIELDS = tuple(f.name for f in fields(LayerCost))
 """The per-microbatch costs of a layer, in the order a batch's layer table keeps them."""
@@ -77,12 +78,14 @@ class StaticCosts:
     """The tied embedding copies' all-reduce (first and last stages)."""
     optimizer_s: float
     """The optimizer step of the busiest stage."""
+    host_bytes: float = 0.0
+    """Host memory one device's offloaded states take, on the stage that offloads most."""
 
 
 def static_costs(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: Any,
     params_by_kind: dict[str, tuple[tuple[tuple[int, ...], float], ...]], split: Split, *,
-    zero: int, tp: int, pp: int, v_shape: bool = False,
+    zero: int, tp: int, pp: int, v_shape: bool = False, offload: Offload = "none",
 ) -> StaticCosts:  # fmt: skip
     """A split's runs' weights on ``stage``'s mesh, as :func:`estimate` gathers them (no tied
     copy under a V schedule: its first stage holds the embedding and the head)."""
@@ -97,13 +100,14 @@ def static_costs(
     tied = None if v_shape else tied_copy(model, stage, tp=tp, pp=pp)
     stages = with_tied_copy(stages, tied)
     precision = training.precision
+    params = max(optimizer_params(s.weights, zero) for s in stages)
     return StaticCosts(
         syncs=tuple(stage_sync(s.weights, zero, cluster, precision) for s in stages),
-        state_bytes=tuple(stage_state_bytes(s.weights, zero, precision) for s in stages),
+        state_bytes=tuple(stage_state_bytes(s.weights, zero, precision, offload)
+                          for s in stages),
         tied_s=tied_sync_s(cluster, tied, precision),
-        optimizer_s=cost.optimizer_step_s(
-            cluster.device, precision, params=max(optimizer_params(s.weights, zero)
-                                                  for s in stages)),
+        optimizer_s=optimizer_time_s(cluster, precision, params=params, offload=offload),
+        host_bytes=host_state_bytes(precision, params=params, offload=offload),
     )  # fmt: skip
 
 

@@ -1,0 +1,228 @@
+"""Optimizer offload: priced by hand, chosen by the search only where it is the only way to fit
+(against brute force over the space with every offloaded variant), refused where the cluster
+has no host figures or a node's host memory cannot hold what its devices offload."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import planner
+from planner.cost.data_parallel import optimizer_step_s
+from planner.cost.offload import offloaded_optimizer_step_s
+from planner.errors import InputError
+from planner.options import SolveOptions
+from planner.plan.config import ParallelConfig
+from planner.spec import ClusterSpec
+from planner.uniform.batch import estimate_batch
+from planner.uniform.remedies import OFFLOAD, config_infeasible_message, config_remedies
+from planner.uniform.space import grid_space, launched_variant
+from planner.vocabulary import GIB
+from tests.conftest import CLUSTERS, MODELS
+from tests.test_cli_width import planner as run_planner
+
+LLAMA_70B = MODELS / "llama3-70b.json"
+H100 = CLUSTERS / "dgx-h100-80gb.json"
+BATCH = 64
+"""A global batch small enough for 16 GPUs to search quickly."""
+
+
+def h100_nodes(nodes: int = 2) -> ClusterSpec:
+    """DGX H100 nodes, with their host figures."""
+    return planner.load_cluster(H100, nodes=nodes)
+
+
+def by_hand_s(cluster: ClusterSpec, params: float) -> float:
+    """The offloaded bf16 step of ``params`` parameters from the cluster file's figures: 4 B of
+    fp32 gradient down and 2 B of bf16 weight up per parameter over the host link, and Adam's
+    30 B per parameter (read and write 12 B of states, read the gradient, write the weight)
+    through the node's host memory shared by its 8 devices; pipelined, the slowest."""
+    host = cluster.host
+    assert host is not None
+    link = host.link_bandwidth_gb_s * 1e9
+    cpu = host.memory_bandwidth_gb_s * 1e9 / cluster.devices_per_node
+    return max(params * 4 / link, params * 30 / cpu, params * 2 / link)
+
+
+def test_seventy_billion_on_sixteen_h100_fits_only_with_the_optimizer_offloaded() -> None:
+    """The done-when case: Llama 3 70B on 2 DGX H100 nodes (16 GPUs), solved for Megatron-LM,
+    is planned with the optimizer offloaded; the same configuration without offload does not
+    fit, and the plan's step is that configuration's step with its device optimizer step
+    swapped for the host copies and CPU Adam, by hand."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    options = SolveOptions(framework="megatron", global_batch_size=BATCH)
+    plan = planner.solve(model, cluster, options)
+    config = plan.configuration
+    assert config is not None and config.offload == "optimizer"
+    offloaded = planner.estimate(model, cluster, config)
+    on_device = planner.estimate(model, cluster, config.model_copy(update={"offload": "none"}))
+    assert offloaded.fits and not on_device.fits
+    assert offloaded.step_time_s == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+    # The optimizer's parameters of the busiest stage, from its 12 B of states per parameter.
+    params = max(s.memory.optimizer_gib for s in on_device.stages) * GIB / 12
+    offload_s = by_hand_s(cluster, params)
+    assert offloaded.time.optimizer_s == pytest.approx(offload_s, rel=1e-9)
+    assert offload_s > 10 * on_device.time.optimizer_s  # the host traffic is in the step
+    assert offloaded.step_time_s == pytest.approx(
+        on_device.step_time_s - on_device.time.optimizer_s + offload_s, rel=1e-9)
+    assert offloaded.memory.optimizer_gib == 0.0
+    assert offloaded.peak_memory_gib == pytest.approx(
+        on_device.peak_memory_gib - on_device.memory.optimizer_gib, rel=1e-12)
+    # The node's host memory holds its 8 devices' states and gradient copies (16 B each).
+    assert offloaded.host_memory_gib == pytest.approx(8 * params * 16 / GIB, rel=1e-9)
+
+
+def test_the_search_equals_brute_force_over_every_offloaded_variant() -> None:
+    """Every configuration of the Megatron-LM space and every offloaded variant Megatron-LM
+    launches, priced, the fastest that fits: the search's plan (which prices variants only of
+    the configurations that fit only without their optimizer states)."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    options = SolveOptions(framework="megatron", global_batch_size=BATCH)
+    space = grid_space(model, cluster, options)
+    variants = [launched_variant(c.model_copy(update={"offload": "optimizer"}), model,
+                                 cluster=cluster, options=options) for c in space]  # fmt: skip
+    every = space + [v for v in variants if v is not None]
+    assert len(every) > len(space)
+    batch = estimate_batch(model, cluster, every)
+    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    assert cluster.host is not None
+    fits = (batch.columns["divides"] & (batch.columns["peak_memory_gib"] * GIB <= usable)
+            & (batch.columns["host_memory_gib"] * GIB <= cluster.host.memory_bytes))
+    assert fits.any() and not fits[: len(space)].any()  # only offloaded variants fit
+    best = float(np.min(batch.columns["step_time_s"][fits]))
+    plan = planner.solve(model, cluster, options)
+    assert plan.predicted.step_time_s == best
+
+
+def test_no_offload_where_a_configuration_fits_without_it() -> None:
+    """On 4 nodes a configuration fits on the devices: the plan keeps its optimizer there."""
+    model = planner.load_model(LLAMA_70B)
+    plan = planner.solve(model, h100_nodes(4),
+                         SolveOptions(framework="megatron", global_batch_size=BATCH))
+    assert plan.configuration is not None and plan.configuration.offload == "none"
+
+
+def test_frameworks_without_a_priced_offload_find_nothing() -> None:
+    """DeepSpeed's ZeRO-Offload is not the offload priced: on the starved instance nothing
+    fits for it, and the failure still lists the offload among the remedies."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    with pytest.raises(planner.InfeasibleError, match="optimizer offload"):
+        planner.solve(model, cluster, SolveOptions(framework="deepspeed",
+                                                   global_batch_size=BATCH))
+
+
+def test_host_memory_too_small_does_not_fit() -> None:
+    """A node whose host memory cannot hold its devices' offloaded states does not fit, and
+    the search finds nothing."""
+    cluster = h100_nodes()
+    assert cluster.host is not None
+    small = cluster.model_copy(update={"host": cluster.host.model_copy(
+        update={"memory_gib": 256.0})})  # fmt: skip
+    model = planner.load_model(LLAMA_70B)
+    config = ParallelConfig(tp=8, pp=2, sp=True, zero=1, recompute="full", global_batch=BATCH,
+                            offload="optimizer")  # fmt: skip
+    roomy, starved = planner.estimate(model, cluster, config), planner.estimate(model, small,
+                                                                                 config)
+    assert roomy.fits and not starved.fits
+    assert starved.host_memory_gib == roomy.host_memory_gib > 256
+    batch = estimate_batch(model, small, [config])
+    assert not batch.columns["fits"][0]
+    with pytest.raises(planner.InfeasibleError):
+        planner.solve(model, small, SolveOptions(framework="megatron", global_batch_size=BATCH))
+
+
+def test_offload_without_host_figures_names_the_missing_field() -> None:
+    """An offload on a cluster without a host block: one line naming the field."""
+    model = planner.load_model(LLAMA_70B)
+    bare = h100_nodes().model_copy(update={"host": None})
+    config = ParallelConfig(tp=8, pp=2, zero=1, global_batch=BATCH, offload="optimizer")
+    with pytest.raises(InputError, match=r"^cluster dgx-h100-80gb: optimizer offload needs "
+                                         r"the cluster's host figures: field 'host'"):
+        planner.estimate(model, bare, config)
+    with pytest.raises(InputError, match="field 'host'"):
+        estimate_batch(model, bare, [config])
+    # Without host figures the search prices no offload: nothing fits.
+    with pytest.raises(planner.InfeasibleError, match="does not price its time"):
+        planner.solve(model, bare, SolveOptions(framework="megatron", global_batch_size=BATCH))
+
+
+@pytest.mark.parametrize("path", sorted(CLUSTERS.glob("*.json")), ids=lambda p: p.stem)
+def test_offload_is_never_faster_than_the_device(path) -> None:
+    """What the search's pruning rests on: on every bundled cluster with host figures the
+    offloaded optimizer step is slower than the device's, from a million parameters up."""
+    cluster = planner.load_cluster(path)
+    if cluster.host is None:
+        pytest.skip("no host figures")
+    for params in (1e6, 1e9, 1e11):
+        for precision in ("bf16", "fp16", "fp32"):
+            assert (offloaded_optimizer_step_s(cluster, precision, params=params)
+                    > optimizer_step_s(cluster.device, precision, params=params))
+
+
+def test_cli_offload_option() -> None:
+    """``--offload optimizer`` prices it and prints the node's host memory; weights and
+    activations are refused in one line."""
+    common = (LLAMA_70B, H100, "--nodes", "2", "--tp", "8", "--pp", "2", "--sp", "--zero", "1",
+              "--recompute", "full", "--global-batch", str(BATCH))  # fmt: skip
+    run = run_planner(80, "estimate", *common, "--offload", "optimizer")
+    assert run.code == 0, run.stderr
+    assert "host, per node" in run.stdout and "optimizer-offload" in run.stdout
+    run = run_planner(80, "estimate", *common, "--offload", "optimizer,weights")
+    assert run.code == 2
+    assert "offloading weights is not priced in this release" in " ".join(run.stderr.split())
+    run = run_planner(80, "estimate", *common, "--offload", "gradients")
+    assert run.code == 2
+    assert "'gradients' is not something to offload" in " ".join(run.stderr.split())
+
+
+def test_host_short_message_and_remedies() -> None:
+    """A configuration whose devices hold their part but whose node's host memory is short:
+    the error says so (not the device's memory), and the remedies hold no second offload."""
+    cluster = h100_nodes()
+    assert cluster.host is not None
+    small = cluster.model_copy(update={"host": cluster.host.model_copy(
+        update={"memory_gib": 256.0})})  # fmt: skip
+    model = planner.load_model(LLAMA_70B)
+    config = ParallelConfig(tp=8, pp=2, sp=True, zero=1, recompute="full", global_batch=BATCH,
+                            offload="optimizer")  # fmt: skip
+    line = config_infeasible_message(model, small, config)
+    assert line.startswith("tp 8, pp 2, cp 1, ep 1, mbs 1, full recompute, ZeRO-1, optimizer "
+                           "offloaded: its devices offload 525.7 GiB per node to host memory, "
+                           "more than a node's 256 GiB")  # fmt: skip
+    changes = [r.change for r in config_remedies(model, small, config)]
+    assert "--offload optimizer" not in changes and OFFLOAD not in changes
+    # More nodes: more data-parallel ranks share the states, and the host holds its part.
+    assert "--nodes 8" in changes
+
+
+def test_offload_remedy_is_the_estimate() -> None:
+    """The remedy ``--offload optimizer`` is the estimate of the configuration offloaded: its
+    peak, fit and step, and what the host copies and CPU Adam take."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    config = ParallelConfig(tp=8, pp=2, sp=True, zero=1, recompute="full", global_batch=BATCH)
+    (remedy,) = [r for r in config_remedies(model, cluster, config)
+                 if r.change == "--offload optimizer"]  # fmt: skip
+    base = planner.estimate(model, cluster, config)
+    off = planner.estimate(model, cluster, config.model_copy(update={"offload": "optimizer"}))
+    assert (remedy.memory_gib, remedy.fits) == (off.peak_memory_gib, True)
+    assert remedy.note == (f"step {off.step_time_s:.2f} s instead of {base.step_time_s:.2f}: the "
+                           f"host copies and CPU Adam take {off.time.optimizer_s:.2f} s; 526 of "
+                           f"1907.35 GiB of host memory per node")  # fmt: skip
+
+
+def test_plans_record_the_offload_and_old_plans_read() -> None:
+    """The solved plan carries the offload through its JSON; a plan without the field (written
+    before offload) reads back as not offloaded."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    plan = planner.solve(model, cluster, SolveOptions(framework="megatron",
+                                                      global_batch_size=BATCH))
+    again = type(plan).model_validate_json(plan.to_json())
+    assert again == plan and again.configuration is not None
+    assert again.configuration.offload == "optimizer"
+    assert "optimizer offloaded to the host" in again.summary()
+    data = json.loads(plan.to_json())
+    del data["configuration"]["offload"]
+    old = type(plan).model_validate(data)
+    assert old.configuration is not None and old.configuration.offload == "none"
