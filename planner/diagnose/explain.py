@@ -206,8 +206,9 @@ def _sensitivities(
 ) -> tuple[Neighbour, Groups, list[ParallelConfig], tuple[Neighbour, ...]]:
     """The plan's configuration re-priced, the notches tried, the rows priced (the plan's
     first) and, per knob and direction, the nearest notch that divides (else the nearest)."""
+    host = cluster.host is not None
     groups = [(knob.name, direction, options)
-              for knob, down, up in notches(config, model, cluster.num_devices)
+              for knob, down, up in notches(config, model, cluster.num_devices, host=host)
               for direction, options in (("down", down), ("up", up)) if options]  # fmt: skip
     rows = [config, *(c for _, _, options in groups for c in options)]
     priced = _price(plan, model, cluster, rows)

@@ -66,6 +66,19 @@ def _experts(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[in
     return tuple(divisors(model.moe.num_experts)) if model.moe else (1,)
 
 
+def _schedules(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[str, ...]:
+    # without interleaving GPipe, 1F1B, ZB-H1; with two chunks interleaved 1F1B and ZB-V
+    return ("gpipe", "1f1b", "zb-h1") if config.vpp == 1 else ("1f1b", "zb-v")
+
+
+def _recomputed_layers(
+    config: ParallelConfig, model: ModelSpec, devices: int
+) -> tuple[int | None, ...]:
+    # 1 .. a chunk's layers less one, then every layer (None)
+    chunk = max(1, model.num_layers // (config.pp * config.vpp))
+    return (*range(1, chunk), None)
+
+
 def _doublings(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[int, ...]:
     # halvings down to 1 and doublings up to 8x: a microbatch moves by factors of two
     down = [config.mbs >> k for k in range(4, 0, -1) if config.mbs % (1 << k) == 0]
@@ -87,6 +100,8 @@ class Knob:
     """Whether it means anything here (no expert parallelism without experts)."""
     searched: bool = True
     """Whether ``planner solve`` turns it (else it keeps the value its options give)."""
+    needs_host: bool = False
+    """Whether it means anything only on a cluster with host figures (offload)."""
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -98,11 +113,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="ep", values=_experts, reach=3, applies=lambda c, m: m.moe is not None),
     Knob(name="mbs", values=_doublings, reach=3),
     Knob(name="recompute", values=_fixed(*RECOMPUTE_MODES)),
+    Knob(name="recompute_layers", values=_recomputed_layers,
+         applies=lambda c, m: c.recompute == "full"),
+    Knob(name="offload", values=_fixed("none", "optimizer"), needs_host=True),
     Knob(name="zero", values=_fixed(0, 1, 2, 3)),
     Knob(name="sp", values=_fixed(False, True), applies=lambda c, m: c.tp > 1),
-    # interleaving is a 1F1B schedule: GPipe is a notch only without it
-    Knob(name="schedule", values=_fixed("gpipe", "1f1b"),
-         applies=lambda c, m: c.pp > 1 and c.vpp == 1),
+    # interleaving is a 1F1B schedule: GPipe and ZB-H1 are notches only without it, ZB-V only
+    # with two chunks
+    Knob(name="schedule", values=_schedules, applies=lambda c, m: c.pp > 1 and c.vpp <= 2),
     Knob(name="flash_attention", values=_fixed(False, True), searched=False),  # an option
     Knob(name="overlap_grad_reduce", values=_fixed(False, True)),
     Knob(name="overlap_param_gather", values=_fixed(False, True),
@@ -121,13 +139,13 @@ PROBLEM = ("global_batch", "seq_len", "precision")
 
 
 def notches(
-    config: ParallelConfig, model: ModelSpec, num_devices: int
+    config: ParallelConfig, model: ModelSpec, num_devices: int, *, host: bool = True
 ) -> Iterator[tuple[Knob, list[ParallelConfig], list[ParallelConfig]]]:
     """For each knob of :data:`KNOBS` that applies: the configurations one notch down and one
     notch up, nearest first (the caller keeps the first that divides); an empty list where the
-    knob is at its end."""
+    knob is at its end. ``host``: whether the cluster has host figures (else no offload)."""
     for knob in KNOBS:
-        if not knob.applies(config, model):
+        if not knob.applies(config, model) or (knob.needs_host and not host):
             continue
         values = knob.values(config, model, num_devices)
         now = getattr(config, knob.name)
@@ -141,6 +159,8 @@ def _rank(values: tuple[Any, ...], value: Any) -> float:
     """Where ``value`` sits among ``values``; a value off the ladder by its own order."""
     if value in values:
         return values.index(value)
+    if value is None or None in values:  # None is every layer: the top rung
+        return len(values) - 1 if value is None else float(len(values) - 1) - 0.5
     return float(sum(v < value for v in values)) - 0.5
 
 
@@ -258,4 +278,6 @@ def word(value: Any) -> str:
     >>> word(True), word("selective")
     ('on', 'selective')
     """
+    if value is None:  # recompute_layers: every layer
+        return "all"
     return ("on" if value else "off") if isinstance(value, bool) else str(value)

@@ -143,7 +143,7 @@ def _neighbour_table(heading: str, rows: list[tuple[str, Neighbour]],
         table.add_column("change", no_wrap=whole, min_width=None if whole else 20)
         for name in ("step s", "vs plan", "free GiB"):
             table.add_column(name, justify="right", no_wrap=True)
-        table.add_column("verdict", no_wrap=True)
+        table.add_column("verdict", no_wrap=whole, overflow="fold")
         for row in cells:
             table.add_row(*row)
         tables.append(keep_whole(table))
