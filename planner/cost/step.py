@@ -11,12 +11,21 @@ earlier stages' remaining backward work.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from planner import cost
 from planner.cost.elementwise import Real, first_argmax, maximum, pick
 from planner.cost.layer import LayerCost
 from planner.cost.offload import host_state_bytes, optimizer_time_s
+from planner.cost.stage_weights import (
+    StageCost,
+    TiedCopy,
+    optimizer_params,
+    stage_state_bytes,
+    stage_sync,
+    tied_sync_s,
+    with_tied_copy,
+)
 from planner.plan.schema import StageTime, StepTime
 from planner.spec import ClusterSpec
 from planner.vocabulary import (
@@ -27,37 +36,6 @@ from planner.vocabulary import (
     ScheduleName,
     schedule_name,
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Weights:
-    """Some of a stage's local parameters and the groups their gradients are summed over."""
-
-    params: float
-    """Local parameters (one device's shard)."""
-    data_parallel: cost.CommGroup | None
-    """The ranks holding the same shard: gradients reduced over it, ZeRO shards the states
-    over it (None: not replicated)."""
-    also_reduced_over: cost.CommGroup | None = None
-    """A group whose partial gradients are all-reduced first (the norms Megatron's sequence
-    parallelism replicates across tensor-parallel ranks)."""
-
-    @property
-    def shards(self) -> int:
-        """Ranks the ZeRO-sharded states are split over."""
-        return self.data_parallel.size if self.data_parallel is not None else 1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageCost:
-    """One pipeline stage: per-microbatch costs, its local parameters and their ZeRO stage."""
-
-    time: LayerCost
-    """Its layers' per-microbatch costs, pipeline sends included."""
-    weights: tuple[Weights, ...]
-    """Its local parameters by the groups their gradients are summed over."""
-    zero: int = 0
-    """The ZeRO stage of its states."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,18 +57,6 @@ class PipelineKnobs:
     offload: Offload = "none"
     """What lives in host memory (:mod:`planner.cost.offload`)."""
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TiedCopy:
-    """With tied word embeddings and a pipeline, the last stage keeps a copy of the embedding
-    and the two copies' gradients are all-reduced after the backward (Megatron)."""
-
-    params: float
-    """Local parameters of the copy (the embedding's shard)."""
-    data_parallel: cost.CommGroup | None
-    """The ranks holding the same shard of the copy (None: not replicated)."""
-    sync_group: cost.CommGroup
-    """The first and last stages' corresponding ranks."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,41 +138,6 @@ class StepTotals:
     exposed: tuple[cost.ExposedSync, ...]
     """Each run's exposed data-parallel traffic (per microbatch, and once per step)."""
 
-
-def stage_sync(
-    weights: Sequence[Weights], zero: int, cluster: ClusterSpec, precision: Precision
-) -> cost.DataParallelSync:
-    """Gradient reduction and ZeRO gathers of a stage's weights (:func:`cost.data_parallel_sync`
-    per gradient bucket)."""
-    total = cost.NO_SYNC
-    for w in weights:
-        if w.also_reduced_over is not None:
-            total += cost.data_parallel_sync(
-                cluster, w.also_reduced_over, params=w.params, precision=precision, zero=0
-            )
-        total += cost.data_parallel_sync(cluster, w.data_parallel, params=w.params,
-                                         precision=precision, zero=zero)  # fmt: skip
-    return total
-
-
-def stage_state_bytes(
-    weights: Sequence[Weights], zero: int, precision: Precision, offload: Offload = "none"
-) -> tuple[float, float, float]:
-    """One device's bytes of weights, gradients and optimizer states of a stage's weights (no
-    optimizer states when they are offloaded to the host)."""
-    held = [0.0, 0.0, 0.0]
-    for w in weights:
-        per_param = cost.state_bytes_per_param(precision, zero=zero, shards=w.shards)
-        held[0] += w.params * per_param.weights
-        held[1] += w.params * per_param.gradients
-        if offload != "optimizer":
-            held[2] += w.params * per_param.optimizer
-    return held[0], held[1], held[2]
-
-
-def optimizer_params(weights: Sequence[Weights], zero: int) -> float:
-    """Parameters whose Adam update one device of a stage runs (ZeRO shards the update)."""
-    return sum(w.params / (w.shards if zero >= 1 else 1) for w in weights)
 
 
 def run_memory_bytes(
@@ -314,31 +245,6 @@ def _zero_bubble_pipeline(
     )
     return num_microbatches * max_s + bubble, bubble
 
-
-def with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[StageCost]:
-    """The last stage's copy of tied word embeddings (memory, sync, optimizer)."""
-    stages = list(stages)
-    if tied is not None and len(stages) > 1:
-        last = stages[-1]
-        weights = list(last.weights)
-        # One bucket with the other weights reduced over the same group, as frameworks do.
-        same = next((i for i, w in enumerate(weights)
-                     if w.data_parallel == tied.data_parallel and w.also_reduced_over is None),
-                    None)  # fmt: skip
-        if same is None:
-            weights.append(Weights(params=tied.params, data_parallel=tied.data_parallel))
-        else:
-            weights[same] = replace(weights[same], params=weights[same].params + tied.params)
-        stages[-1] = replace(last, weights=tuple(weights))
-    return stages
-
-
-def tied_sync_s(cluster: ClusterSpec, tied: TiedCopy | None, precision: Precision) -> float:
-    """The all-reduce of the tied embedding copies' gradients (0 without copies)."""
-    if tied is None:
-        return 0.0
-    nbytes = tied.params * cost.gradient_bytes_on_wire(precision)
-    return cost.collective_time_s(cluster, "all_reduce", nbytes, tied.sync_group)
 
 
 def _runs(stages: Sequence[StageCost]) -> list[tuple[int, int]]:

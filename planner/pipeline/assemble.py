@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.rates import headline, throughput
-from planner.cost.step import (
-    PipelineKnobs,
+from planner.cost.stage_weights import (
     StageCost,
-    StepCost,
     TiedCopy,
     Weights,
+)
+from planner.cost.step import (
+    PipelineKnobs,
+    StepCost,
     compose_step,
 )
 from planner.cost.uncertainty import stages_kind

@@ -20,13 +20,12 @@ from pydantic import BaseModel, ConfigDict
 from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.rates import headline, throughput
-from planner.cost.step import (
-    PipelineKnobs,
+from planner.cost.stage_weights import (
     StageCost,
     TiedCopy,
     Weights,
-    compose_step,
 )
+from planner.cost.step import PipelineKnobs, compose_step
 from planner.cost.uncertainty import parallelism_kind
 from planner.graph import LayerIndex, forward_flops, lowered
 from planner.pipeline.options import TRANSFORMER_KINDS

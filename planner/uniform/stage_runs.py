@@ -14,15 +14,15 @@ import numpy as np
 from planner import cost
 from planner.cost.layer import LayerCost
 from planner.cost.offload import host_state_bytes, optimizer_time_s
-from planner.cost.step import (
+from planner.cost.stage_weights import (
     StageCost,
-    StageRun,
     optimizer_params,
     stage_state_bytes,
     stage_sync,
     tied_sync_s,
     with_tied_copy,
 )
+from planner.cost.step import StageRun
 from planner.pipeline.options import TRANSFORMER_KINDS
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.columns import factorize
