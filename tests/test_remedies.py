@@ -291,3 +291,21 @@ def test_solve_says_what_would_fit(method: str) -> None:
     done = _run("solve", GPT3, A100, "--nodes", "1", "--method", method)
     _assert_one_line_error(done, "gpt3-175b", "needs 371.1 GiB per device", "on 8 nodes",
                            "optimizer offload to the CPU")  # fmt: skip
+
+
+def test_remedies_are_judged_beside_the_users_margin(gpt3: ModelSpec) -> None:
+    """A configuration that fits beside the default margin but not beside ``--memory-margin
+    10`` is refused with that margin's arithmetic, and every remedy listed as fitting fits
+    beside it too (before, the message crashed: estimate's default margin said it fits)."""
+    cluster = load_cluster(REPO / A100, 128)
+    config = ParallelConfig(tp=8, pp=16, recompute="full", recompute_layers=1,
+                            flash_attention=False, precision="fp16")  # fmt: skip
+    assert estimate(gpt3, cluster, config).fits
+    assert not estimate(gpt3, cluster, config, memory_margin_gib=10).fits
+    message = config_infeasible_message(gpt3, cluster, config, memory_margin_gib=10)
+    assert "more than the 70.00 GiB a device may use" in message
+    assert "80 GiB less a 10.00 GiB margin" in message
+    remedies = config_remedies(gpt3, cluster, config, memory_margin_gib=10)
+    assert any(r.fits for r in remedies)
+    for remedy in remedies:
+        assert remedy.fits == (remedy.memory_gib + 10 <= 80), remedy

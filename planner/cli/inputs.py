@@ -135,7 +135,8 @@ def estimate_cmd(
     else:
         render(report.estimate_tables(model_spec, cluster_spec, config, result))
     if not result.fits:
-        raise InfeasibleError(config_infeasible_message(model_spec, cluster_spec, config))
+        raise InfeasibleError(config_infeasible_message(model_spec, cluster_spec, config,
+                                                        memory_margin_gib=memory_margin))
 
 
 def parse_offload(text: str) -> Offload:

@@ -99,8 +99,12 @@ at their leanest (DeepSpeed runs no ZeRO-2/3 with a pipeline)'
     return text + (" (DeepSpeed runs no ZeRO-2/3 with a pipeline)" if zero and c.zero < 3 else "")
 
 
-def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[Remedy]:
-    """What would make ``config`` fit, each priced as a whole configuration; none if it fits.
+def config_remedies(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
+    memory_margin_gib: float | None = None,
+) -> list[Remedy]:  # fmt: skip
+    """What would make ``config`` fit beside ``memory_margin_gib`` (default: estimate's), each
+    priced as a whole configuration; none if it fits.
 
     One remedy per knob, the mildest setting that fits else the leanest: ``--mbs 1`` (the same
     global batch in more microbatches), selective then full recomputation, ZeRO-1 then ZeRO-3
@@ -111,23 +115,25 @@ def config_remedies(model: ModelSpec, cluster: ClusterSpec, config: ParallelConf
     figures). Raises
     :class:`~planner.errors.ConfigError` when ``config`` does not divide.
     """
-    base = estimate(model, cluster, config)
+    margin = memory_margin_gib
+    base = estimate(model, cluster, config, memory_margin_gib=margin)
     if base.fits:
         return []
     remedies = [remedy for options in _knobs(model, cluster, config)
-                if (remedy := _mildest(model, cluster, config, options)) is not None]  # fmt: skip
+                if (remedy := _mildest(model, cluster, config, options, margin)) is not None]
     if not any(r.fits for r in remedies):
-        combined = _mildest(model, cluster, config, _combined(model, cluster, config))
+        combined = _mildest(model, cluster, config, _combined(model, cluster, config), margin)
         if combined is not None:
             remedies.append(combined)
     if config.offload == "none":
-        remedies.append(offload_remedy(model, cluster, config, base))
+        remedies.append(offload_remedy(model, cluster, config, base, memory_margin_gib=margin))
     return remedies
 
 
 def offload_remedy(
-    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, base: Estimate
-) -> Remedy:
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, base: Estimate, *,
+    memory_margin_gib: float | None = None,
+) -> Remedy:  # fmt: skip
     """Optimizer offload for ``config`` (priced ``base``): ``--offload optimizer`` priced by
     :func:`estimate` where the cluster has host figures, its step and what the host copies and
     the CPU's Adam take; else ZeRO-Offload's switch with the GiB it saves, unpriced."""
@@ -135,11 +141,13 @@ def offload_remedy(
     if cluster.host is None:
         offloaded_gib = base.peak_memory_gib - optimizer_gib
         return Remedy(
-            change=OFFLOAD, memory_gib=offloaded_gib, fits=fits_gib(cluster, offloaded_gib),
+            change=OFFLOAD, memory_gib=offloaded_gib,
+            fits=fits_gib(cluster, offloaded_gib, memory_margin_gib),
             note=f"ZeRO-Offload (ZeRO >= 1): {optimizer_gib:.1f} GiB of optimizer states and "
             "the Adam step on the CPU; its time is not priced",
         )  # fmt: skip
-    off = estimate(model, cluster, config.model_copy(update={"offload": "optimizer"}))
+    off = estimate(model, cluster, config.model_copy(update={"offload": "optimizer"}),
+                   memory_margin_gib=memory_margin_gib)  # fmt: skip
     host = f"{off.host_memory_gib:.0f} of {cluster.host.memory_gib:g} GiB of host memory"
     zero = "" if config.zero >= 1 else "; Megatron-LM offloads only with --zero 1"
     return Remedy(
@@ -150,22 +158,27 @@ def offload_remedy(
 
 
 def config_infeasible_message(
-    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
-) -> str:
-    """One line for ``planner estimate`` when ``config`` does not fit: the memory it needs,
-    the device's, and :func:`config_remedies`, those that fit first."""
-    result = estimate(model, cluster, config)
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
+    memory_margin_gib: float | None = None,
+) -> str:  # fmt: skip
+    """One line for ``planner estimate`` when ``config`` does not fit beside
+    ``memory_margin_gib`` (default: estimate's): the memory it needs, what a device may use,
+    and :func:`config_remedies`, those that fit first."""
+    margin = memory_margin_gib
+    result = estimate(model, cluster, config, memory_margin_gib=margin)
     if result.fits:
         raise ValueError(f"{describe(config)} fits: nothing to remedy")
     device = cluster.device
-    line = (f"{describe(config)} needs {result.peak_memory_gib:.1f} GiB per device, more than "
-            f"a device's {device.memory_gib:g} GiB ({device.name}, "
-            f"{device.reserved_memory_gib:g} GiB reserved included)")  # fmt: skip
-    if fits_gib(cluster, result.peak_memory_gib) and cluster.host is not None:
+    margin_gib = cost.memory_margin_bytes(device.memory_gib, margin) / GIB
+    line = (f"{describe(config)} needs {result.peak_memory_gib:.1f} GiB per device "
+            f"({device.reserved_memory_gib:g} GiB reserved included), more than the "
+            f"{device.memory_gib - margin_gib:.2f} GiB a device may use ({device.name}'s "
+            f"{device.memory_gib:g} GiB less a {margin_gib:.2f} GiB margin)")  # fmt: skip
+    if fits_gib(cluster, result.peak_memory_gib, margin) and cluster.host is not None:
         # The devices hold their part: the node's host memory is what is short.
         line = (f"{describe(config)}: its devices offload {result.host_memory_gib:.1f} GiB per "
                 f"node to host memory, more than a node's {cluster.host.memory_gib:g} GiB")
-    remedies = config_remedies(model, cluster, config)
+    remedies = config_remedies(model, cluster, config, memory_margin_gib=margin)
     for fits, heading in ((True, "would fit"), (False, "would not fit")):
         listed = [f"{r.change} ({r.memory_gib:.1f} GiB{'; ' + r.note if r.note else ''})"
                   for r in remedies if r.fits == fits]  # fmt: skip
@@ -254,12 +267,14 @@ def _pipelined(model: ModelSpec, c: ParallelConfig, pp: int, *, zero: int) -> Pa
 
 
 def _mildest(
-    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, options: list[Option]
-) -> Remedy | None:
-    """The first option that fits, else the one that needs least; None if none divides."""
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, options: list[Option],
+    margin_gib: float | None = None,
+) -> Remedy | None:  # fmt: skip
+    """The first option that fits beside ``margin_gib`` (default: estimate's), else the one
+    that needs least; None if none divides."""
     best: Remedy | None = None
     for changed, where, note in options:
-        result = _price(model, where, changed)
+        result = _price(model, where, changed, margin_gib)
         if result is None:
             continue
         remedy = Remedy(change=_flags(config, changed, cluster, where, result),
@@ -303,18 +318,19 @@ def _with(config: ParallelConfig, **update: object) -> ParallelConfig:
     return config.model_copy(update=update)
 
 
-def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> Estimate | None:
+def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+           margin_gib: float | None = None) -> Estimate | None:  # fmt: skip
     """The estimate, or None when the configuration does not divide."""
     try:
-        return estimate(model, cluster, config)
+        return estimate(model, cluster, config, memory_margin_gib=margin_gib)
     except ConfigError:
         return None
 
 
-def fits_gib(cluster: ClusterSpec, gib: float) -> bool:
-    """:func:`estimate`'s test: a peak (reserved memory included) that leaves the default
-    margin free on the device."""
-    margin = cost.memory_margin_bytes(cluster.device.memory_gib)
+def fits_gib(cluster: ClusterSpec, gib: float, memory_margin_gib: float | None = None) -> bool:
+    """:func:`estimate`'s test: a peak (reserved memory included) that leaves the margin
+    (default: estimate's) free on the device."""
+    margin = cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
     return gib * GIB + margin <= cluster.device.memory_bytes
 
 
