@@ -12,6 +12,20 @@ megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py:117-125, 150-175, 203
 run as a pipeline over the parameters, and the step takes the slowest of them. Nothing of it
 overlaps the backward (``step`` starts after it), so it is all exposed.
 
+DeepSpeed's ZeRO-Offload (``offload: zero-offload``) moves the gradients earlier: as the
+backward reduces each gradient bucket, the ZeRO-1/2 optimizer casts the device's share to fp32
+and copies it into a pinned host buffer, on the reduction stream with ``overlap_comm`` and on
+the compute stream without it (deepspeedai/DeepSpeed@edaa722
+deepspeed/runtime/zero/stage_1_and_2.py:1719-1762, 1590-1605, 1650-1665). That copy therefore
+rides with the gradient reduction (:func:`gradient_copy_sync`): hidden behind the last backward
+with ``overlap_grad_reduce``, exposed after it without. ``step`` then, one parameter group at a
+time, unscales the fp32 gradients in place, runs the CPU's Adam, converts the fp32 master
+weights into a pinned buffer of the compute precision and copies it to the device
+(stage_1_and_2.py:2320-2343, 2434-2449): the CPU's passes and the copy back are exposed
+(:func:`zero_offload_step_s`; a group's copy back overlaps only the next group's CPU step,
+and Megatron-DeepSpeed puts the small group, the norms and biases, last:
+deepspeedai/Megatron-DeepSpeed@4efb479 megatron/optimizer/__init__.py:56-64).
+
 The CPU's Adam is memory-bound as the device's is (:func:`~planner.cost.memory.adam_traffic_bytes`,
 the same bytes per parameter), at the node's host memory bandwidth shared by its devices, which
 all step at once.
@@ -19,10 +33,21 @@ all step at once.
 
 from __future__ import annotations
 
-from planner.cost.data_parallel import optimizer_step_s
+from planner.cost.data_parallel import NO_SYNC, DataParallelSync, optimizer_step_s
 from planner.cost.memory import ADAM_STATE, adam_traffic_bytes
 from planner.spec import ClusterSpec
 from planner.vocabulary import Offload, Precision
+
+FP32_BYTES = 4
+"""Bytes of an fp32 number: ZeRO-Offload's master weights, Adam moments and host gradients."""
+
+
+def _cpu_pass_s(cluster: ClusterSpec, *, params: float, bytes_per_param: float) -> float:
+    """Seconds of a memory-bound CPU pass over ``params`` parameters moving ``bytes_per_param``
+    each, at the node's host memory bandwidth shared by its devices (they all step at once)."""
+    host = cluster.host_for("optimizer offload")
+    host_bandwidth = host.memory_bandwidth_bytes_s / cluster.devices_per_node
+    return params * bytes_per_param / host_bandwidth
 
 
 def offloaded_optimizer_step_s(cluster: ClusterSpec, precision: Precision, *,
@@ -36,26 +61,70 @@ def offloaded_optimizer_step_s(cluster: ClusterSpec, precision: Precision, *,
     host = cluster.host_for("optimizer offload")
     state = ADAM_STATE[precision]
     to_host_s = params * state.gradients / host.link_bytes_s
-    host_bandwidth = host.memory_bandwidth_bytes_s / cluster.devices_per_node
-    cpu_adam_s = params * adam_traffic_bytes(precision) / host_bandwidth
+    cpu_adam_s = _cpu_pass_s(cluster, params=params, bytes_per_param=adam_traffic_bytes(precision))
     to_device_s = params * state.weights / host.link_bytes_s
     return max(to_host_s, cpu_adam_s, to_device_s)
+
+
+def zero_offload_cpu_bytes(precision: Precision) -> float:
+    """Host memory bytes per parameter ZeRO-Offload's ``step`` moves on the CPU: Adam's
+    (:func:`~planner.cost.memory.adam_traffic_bytes`), the in-place unscaling of the fp32
+    gradients before it (read and write), and the master weights read again for their
+    conversion to the compute precision after it (that write is Adam's weight write)."""
+    return adam_traffic_bytes(precision) + 2 * FP32_BYTES + FP32_BYTES
+
+
+def zero_offload_step_s(cluster: ClusterSpec, precision: Precision, *, params: float) -> float:
+    """Seconds of ZeRO-Offload's ``step`` for one device's ``params`` parameters: the CPU's
+    passes (:func:`zero_offload_cpu_bytes`), then the compute-precision weights copied back to
+    the device, one after the other (the gradients came down during the backward:
+    :func:`gradient_copy_sync`).
+
+    Raises :class:`~planner.errors.InputError` when the cluster has no host figures.
+    """
+    host = cluster.host_for("optimizer offload")
+    cpu_s = _cpu_pass_s(cluster, params=params, bytes_per_param=zero_offload_cpu_bytes(precision))
+    return cpu_s + params * ADAM_STATE[precision].weights / host.link_bytes_s
+
+
+def gradient_copy_sync(cluster: ClusterSpec, *, params: float,
+                       offload: Offload) -> DataParallelSync:  # fmt: skip
+    """The gradients' copy to the host that rides with the reduction of the last backward:
+    ZeRO-Offload's fp32 copy of one device's ``params`` gradients, a once-per-step reduction
+    (hidden behind the backward as the reduction is); nothing for the other offloads.
+
+    Raises :class:`~planner.errors.InputError` when ZeRO-Offload's cluster has no host figures.
+    """
+    if offload != "zero-offload":
+        return NO_SYNC
+    host = cluster.host_for("optimizer offload")
+    return DataParallelSync(reduce_once_s=params * FP32_BYTES / host.link_bytes_s,
+                            gather_once_s=0.0, reduce_per_microbatch_s=0.0,
+                            gather_per_microbatch_s=0.0)  # fmt: skip
 
 
 def optimizer_time_s(cluster: ClusterSpec, precision: Precision, *, params: float,
                      offload: Offload) -> float:  # fmt: skip
     """Seconds of the optimizer step of one device's ``params`` parameters: on the device
     (:func:`~planner.cost.data_parallel.optimizer_step_s`) or offloaded
-    (:func:`offloaded_optimizer_step_s`)."""
+    (:func:`offloaded_optimizer_step_s`, Megatron-LM's; :func:`zero_offload_step_s`,
+    DeepSpeed's)."""
     if offload == "optimizer":
         return offloaded_optimizer_step_s(cluster, precision, params=params)
+    if offload == "zero-offload":
+        return zero_offload_step_s(cluster, precision, params=params)
     return optimizer_step_s(cluster.device, precision, params=params)
 
 
 def host_state_bytes(precision: Precision, *, params: float, offload: Offload) -> float:
     """Host bytes one device's offloaded optimizer takes: the optimizer states with their fp32
-    master weights, and the copy of the gradients the CPU steps on (0 without offload)."""
-    if offload != "optimizer":
-        return 0.0
+    master weights, and the copy of the gradients the CPU steps on (0 without offload).
+    ZeRO-Offload's are all fp32 (master weights, Adam's two moments, the gradients), with the
+    pinned buffer of compute-precision weights it copies back from (stage_1_and_2.py:489-508,
+    838-844)."""
     state = ADAM_STATE[precision]
-    return params * (state.optimizer + state.gradients)
+    if offload == "optimizer":
+        return params * (state.optimizer + state.gradients)
+    if offload == "zero-offload":
+        return params * (4 * FP32_BYTES + state.weights)
+    return 0.0

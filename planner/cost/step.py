@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from planner import cost
 from planner.cost.elementwise import Real, first_argmax, maximum, pick
 from planner.cost.layer import LayerCost
-from planner.cost.offload import host_state_bytes, optimizer_time_s
+from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
 from planner.plan.schema import StageTime, StepTime
 from planner.spec import ClusterSpec
 from planner.vocabulary import (
@@ -199,7 +199,7 @@ def stage_state_bytes(
         per_param = cost.state_bytes_per_param(precision, zero=zero, shards=w.shards)
         held[0] += w.params * per_param.weights
         held[1] += w.params * per_param.gradients
-        if offload != "optimizer":
+        if offload == "none":
             held[2] += w.params * per_param.optimizer
     return held[0], held[1], held[2]
 
@@ -374,7 +374,9 @@ def compose_step(
     for first, count in _runs(stages):
         s = stages[first]
         runs.append(StageRun(
-            time=s.time, sync=stage_sync(s.weights, s.zero, cluster, knobs.precision),
+            time=s.time, sync=stage_sync(s.weights, s.zero, cluster, knobs.precision)
+            + gradient_copy_sync(cluster, params=optimizer_params(s.weights, s.zero),
+                                 offload=knobs.offload),
             state_bytes=stage_state_bytes(s.weights, s.zero, knobs.precision, knobs.offload),
             first=first,
             count=count, tied_s=tied_s if first in (0, pp - 1) else 0.0,

@@ -322,7 +322,7 @@ class Plan(_Frozen):
             extras += some([q.recompute == mode for q in stages], label)
         for stage, name in ((1, "distributed optimizer"), (2, "ZeRO-2"), (3, "ZeRO-3")):
             extras += some([q.zero == stage for q in stages], name)
-        if self.configuration is not None and self.configuration.offload == "optimizer":
+        if self.configuration is not None and self.configuration.offload != "none":
             extras.append("optimizer offloaded to the host")
         return ", ".join([text, *extras])
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from planner import cost
 from planner.cost.layer import LayerCost
-from planner.cost.offload import host_state_bytes, optimizer_time_s
+from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
 from planner.cost.step import (
     StageCost,
     StageRun,
@@ -102,7 +102,10 @@ def static_costs(
     precision = training.precision
     params = max(optimizer_params(s.weights, zero) for s in stages)
     return StaticCosts(
-        syncs=tuple(stage_sync(s.weights, zero, cluster, precision) for s in stages),
+        syncs=tuple(stage_sync(s.weights, zero, cluster, precision)
+                    + gradient_copy_sync(cluster, params=optimizer_params(s.weights, zero),
+                                         offload=offload)
+                    for s in stages),
         state_bytes=tuple(stage_state_bytes(s.weights, zero, precision, offload)
                           for s in stages),
         tied_s=tied_sync_s(cluster, tied, precision),
