@@ -87,19 +87,33 @@ def zero_offload_step_s(cluster: ClusterSpec, precision: Precision, *, params: f
     return cpu_s + params * ADAM_STATE[precision].weights / host.link_bytes_s
 
 
-def gradient_copy_sync(cluster: ClusterSpec, *, params: float,
-                       offload: Offload) -> DataParallelSync:  # fmt: skip
-    """The gradients' copy to the host that rides with the reduction of the last backward:
-    ZeRO-Offload's fp32 copy of one device's ``params`` gradients, a once-per-step reduction
-    (hidden behind the backward as the reduction is); nothing for the other offloads.
+def gradient_copy_sync(cluster: ClusterSpec, precision: Precision, *, params: float, zero: int,
+                       offload: Offload, accumulating: bool) -> DataParallelSync:  # fmt: skip
+    """ZeRO-Offload's copies of one device's ``params`` gradients between device and host,
+    which ride with the gradient reduction (hidden behind the backward as it is, exposed after
+    it without ``overlap_grad_reduce``); nothing for the other offloads.
+
+    The step's last reduction copies the fp32 gradients down (``copy_grads_in_partition``).
+    Over several microbatches (``accumulating``) each reduction first adds the gradients kept
+    on the host to the device's, bringing them up, and sends the sum back down, both in the
+    compute precision (``async_accumulate_grad_in_cpu_via_gpu``: stage_1_and_2.py:1516-1560,
+    1650-1665): ZeRO-2 reduces every microbatch's backward, ZeRO-1 only the last
+    (stage_1_and_2.py:1767-1769). The first microbatch has nothing to bring up: for ZeRO-2
+    that copy is taken off the step's once-per-step part, the total being exact.
 
     Raises :class:`~planner.errors.InputError` when ZeRO-Offload's cluster has no host figures.
     """
     if offload != "zero-offload":
         return NO_SYNC
-    host = cluster.host_for("optimizer offload")
-    return DataParallelSync(reduce_once_s=params * FP32_BYTES / host.link_bytes_s,
-                            gather_once_s=0.0, reduce_per_microbatch_s=0.0,
+    link = cluster.host_for("optimizer offload").link_bytes_s
+    weights = ADAM_STATE[precision].weights
+    once, per_microbatch = float(FP32_BYTES), 0.0
+    if accumulating and zero >= 2:
+        once, per_microbatch = FP32_BYTES - weights, 2.0 * weights
+    elif accumulating:
+        once = FP32_BYTES + 2.0 * weights
+    return DataParallelSync(reduce_once_s=params * once / link, gather_once_s=0.0,
+                            reduce_per_microbatch_s=params * per_microbatch / link,
                             gather_per_microbatch_s=0.0)  # fmt: skip
 
 

@@ -375,8 +375,9 @@ def compose_step(
         s = stages[first]
         runs.append(StageRun(
             time=s.time, sync=stage_sync(s.weights, s.zero, cluster, knobs.precision)
-            + gradient_copy_sync(cluster, params=optimizer_params(s.weights, s.zero),
-                                 offload=knobs.offload),
+            + gradient_copy_sync(cluster, knobs.precision,
+                                 params=optimizer_params(s.weights, s.zero), zero=s.zero,
+                                 offload=knobs.offload, accumulating=knobs.num_microbatches > 1),
             state_bytes=stage_state_bytes(s.weights, s.zero, knobs.precision, knobs.offload),
             first=first,
             count=count, tied_s=tied_s if first in (0, pp - 1) else 0.0,

@@ -321,7 +321,8 @@ def _price(
                                   "zb-v" if zb_v[r0] else
                                   "interleaved" if interleaved[r0] else "1f1b")  # fmt: skip
         runs = run_costs(splits[split_of[r0]], by_kind, static, static_of[g_rows],
-                         l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]])  # fmt: skip
+                         l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]],
+                         x.num_microbatches[g_rows])  # fmt: skip
         knobs = PipelineKnobs(
             num_microbatches=x.num_microbatches[g_rows],
             vpp=c["vpp"][g_rows] if schedule in ("interleaved", "zb-v")  # type: ignore[arg-type]
