@@ -128,12 +128,15 @@ def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def grad_overlap_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """The pipeline engine reduces gradients after its schedule, never during backward."""
+    """The pipeline engine reduces gradients after its schedule, never during backward (nor
+    copies ZeRO-Offload's gradients to the host, which ride with the reduction)."""
     c = resolved.config
-    if c.pp == 1 or not c.overlap_grad_reduce or not data_parallel_sync(resolved):
+    copies = c.offload == "zero-offload"
+    if c.pp == 1 or not c.overlap_grad_reduce or not (data_parallel_sync(resolved) or copies):
         return None
     return (f"overlap_grad_reduce with pp({c.pp}): DeepSpeed's pipeline engine disables "
-            f"overlap_comm and reduces gradients after the last microbatch's backward")
+            f"overlap_comm and reduces gradients after the last microbatch's backward"
+            f"{' (and copies them to the host)' if copies else ''}")
 
 
 def grad_overlap_without_zero(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
