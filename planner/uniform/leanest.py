@@ -122,8 +122,9 @@ def _ways_out(
 
 def _offload_time(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
                   options: SolveOptions) -> str:  # fmt: skip
-    """What the offload's step takes (:func:`estimate` with ``--offload optimizer``), and
-    whether the target launches it; or, without host figures, that it is not priced."""
+    """What the offload's step takes (:func:`estimate` of it offloaded as the target runs it,
+    else as Megatron-LM does), and whether the target launches it; or, without host figures,
+    that it is not priced."""
     if cluster.host is None:
         return "the planner does not price its time"
     offloaded = _offloaded(model, cluster, config, options)
