@@ -27,8 +27,9 @@ and Megatron-DeepSpeed puts the small group, the norms and biases, last:
 deepspeedai/Megatron-DeepSpeed@4efb479 megatron/optimizer/__init__.py:56-64).
 
 The CPU's Adam is memory-bound as the device's is (:func:`~planner.cost.memory.adam_traffic_bytes`,
-the same bytes per parameter), at the node's host memory bandwidth shared by its devices, which
-all step at once.
+the same bytes per parameter, and ZeRO-Offload's unscaling and conversion passes beside it:
+:func:`zero_offload_cpu_bytes`), at the node's host memory bandwidth shared by its devices,
+which all step at once.
 """
 
 from __future__ import annotations
