@@ -26,6 +26,7 @@ from planner.uniform.space import grid_space, launched_variant, offloaded_varian
 from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
 from tests.test_cli_width import planner as run_planner
+from tests.test_estimate_batch import agree
 
 LLAMA_70B = MODELS / "llama3-70b.json"
 H100 = CLUSTERS / "dgx-h100-80gb.json"
@@ -329,3 +330,23 @@ def test_plans_record_the_offload_and_old_plans_read() -> None:
     del data["configuration"]["offload"]
     old = type(plan).model_validate(data)
     assert old.configuration is not None and old.configuration.offload == "none"
+
+
+def test_zero_offload_batch_is_the_estimate() -> None:
+    """``estimate_batch`` prices ZeRO-Offload as ``estimate`` does, every column, with one
+    microbatch a step and several (its copies differ), ZeRO-1 and ZeRO-2, with and without
+    the reduction's overlap, with and without a pipeline; the step bit for bit."""
+    model, cluster = planner.load_model(MODELS / "llama3-8b.json"), h100_nodes()
+    configs = [ParallelConfig(tp=4 // pp, pp=pp, sp=True, zero=zero, overlap_grad_reduce=overlap,
+                              global_batch=batch, offload=offload)
+               for zero in (1, 2) for overlap in (False, True) for pp in (1, 2)
+               for batch in (4, 64) for offload in ("zero-offload", "optimizer")
+               if zero == 1 or pp == 1]  # fmt: skip
+    batch = estimate_batch(model, cluster, configs)
+    assert agree(batch, configs, model, cluster) == len(configs)
+    microbatches = set()
+    for i, config in enumerate(configs):
+        one = planner.estimate(model, cluster, config)
+        assert one.step_time_s == batch.columns["step_time_s"][i], config
+        microbatches.add(one.num_microbatches)
+    assert 1 in microbatches and max(microbatches) > 1
