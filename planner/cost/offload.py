@@ -131,15 +131,18 @@ def optimizer_time_s(cluster: ClusterSpec, precision: Precision, *, params: floa
     return optimizer_step_s(cluster.device, precision, params=params)
 
 
-def host_state_bytes(precision: Precision, *, params: float, offload: Offload) -> float:
+def host_state_bytes(precision: Precision, *, params: float, offload: Offload,
+                     accumulating: bool = False) -> float:  # fmt: skip
     """Host bytes one device's offloaded optimizer takes: the optimizer states with their fp32
     master weights, and the copy of the gradients the CPU steps on (0 without offload).
     ZeRO-Offload's are all fp32 (master weights, Adam's two moments, the gradients), with the
     pinned buffer of compute-precision weights it copies back from (stage_1_and_2.py:489-508,
-    838-844)."""
+    838-844) and, over several microbatches (``accumulating``), the compute-precision
+    gradients it accumulates on the host, kept from step to step (stage_1_and_2.py:1525-1528,
+    1555-1556)."""
     state = ADAM_STATE[precision]
     if offload == "optimizer":
         return params * (state.optimizer + state.gradients)
     if offload == "zero-offload":
-        return params * (4 * FP32_BYTES + state.weights)
+        return params * (4 * FP32_BYTES + state.weights * (2 if accumulating else 1))
     return 0.0

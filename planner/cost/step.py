@@ -407,7 +407,8 @@ def compose_step(
         stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(stages, syncs, strict=True)),
         stage_sync_tail_s=tuple(y.tail_s for y in syncs),
         stage_weight_s=tuple(_weight_s(s.time, y) for s, y in zip(stages, syncs, strict=True)),
-        host_bytes=host_state_bytes(knobs.precision, params=params, offload=knobs.offload),
+        host_bytes=host_state_bytes(knobs.precision, params=params, offload=knobs.offload,
+                                    accumulating=knobs.num_microbatches > 1),
     )
 
 

@@ -340,7 +340,9 @@ def _price(
             parts_s[name][g_rows] = value
         for k in range(5):
             peak[k, g_rows] = totals.peak_memory_bytes[k]
-    host = cluster.devices_per_node * np.array([s.host_bytes for s in static])[static_of]
+    host = cluster.devices_per_node * np.where(
+        x.num_microbatches > 1, np.array([s.accumulating_host_bytes for s in static])[static_of],
+        np.array([s.host_bytes for s in static])[static_of])
     _write(model, cluster, training, c, rows, out, step=step, parts_s=parts_s, bubble=bubble,
            host=host,
            peak=peak, recompute_flops=recompute_flops / (c["mbs"] * data_ways), dp=dp,

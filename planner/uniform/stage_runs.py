@@ -82,7 +82,10 @@ class StaticCosts:
     optimizer_s: float
     """The optimizer step of the busiest stage."""
     host_bytes: float = 0.0
-    """Host memory one device's offloaded states take, on the stage that offloads most."""
+    """Host memory one device's offloaded states take, on the stage that offloads most, with
+    one microbatch a step."""
+    accumulating_host_bytes: float = 0.0
+    """The same with several (ZeRO-Offload accumulates the gradients on the host)."""
 
 
 def static_costs(
@@ -118,6 +121,8 @@ def static_costs(
         tied_s=tied_sync_s(cluster, tied, precision),
         optimizer_s=optimizer_time_s(cluster, precision, params=params, offload=offload),
         host_bytes=host_state_bytes(precision, params=params, offload=offload),
+        accumulating_host_bytes=host_state_bytes(precision, params=params, offload=offload,
+                                                 accumulating=True),
     )  # fmt: skip
 
 
