@@ -19,6 +19,7 @@ import planner
 from planner.frameworks import deepspeed as ds
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
+from planner.vocabulary import OFFLOADS
 from tests.framework_cases import configure, forced, load, verdict
 
 
@@ -186,26 +187,32 @@ def read_back(flags: dict[str, str | None], config: dict[str, Any], world: int) 
     recompute = ("full" if "--checkpoint-activations" in flags else
                  flags.get("--recompute-granularity") or "none")  # fmt: skip
     micro = config["train_micro_batch_size_per_gpu"]
+    # ZeRO-Offload needs both: the offload in the ds_config and the CPU Adam it steps with.
+    cpu = config["zero_optimization"].get("offload_optimizer") == {"device": "cpu",
+                                                                   "pin_memory": True}
+    offload = "zero-offload" if cpu and "--cpu-optimizer" in flags else "none"
     return {**degrees(flags, world), "sp": "--sequence-parallel" in flags,
             "ep": int(flags.get("--moe-expert-parallel-size") or 1), "mbs": micro,
             "global": config["train_batch_size"], "zero": config["zero_optimization"]["stage"],
             "microbatches": config["gradient_accumulation_steps"], "recompute": recompute,
-            "flash": "--use-flash-attn-v2" in flags}  # fmt: skip
+            "flash": "--use-flash-attn-v2" in flags, "offload": offload}  # fmt: skip
 
 
 def test_every_launchable_configuration_reads_back_exactly() -> None:
     """Over a grid of knobs on three models, every configuration no rule refuses launches as
-    itself: degrees, batch arithmetic, ZeRO and recomputation read back from the text."""
+    itself: degrees, batch arithmetic, ZeRO, recomputation and ZeRO-Offload read back from the
+    text."""
     cases = (("llama3-8b", 64), ("mixtral-8x7b", 64), ("gpt-1.7b", 16))
     grid = itertools.product((1, 2, 8), (1, 2, 4), (0, 1, 2, 3), ("none", "selective", "full"),
-                             (True, False), (False, True))  # fmt: skip
-    launched_count = 0
-    for (name, world), (tp, pp, zero, recompute, flash, sp) in itertools.product(cases, grid):
+                             (True, False), (False, True), OFFLOADS)  # fmt: skip
+    launched_count, offloaded_count = 0, 0
+    for (name, world), (tp, pp, zero, recompute, flash, sp, off) in itertools.product(cases, grid):
         model = load(name)
         ep = 4 if model.moe else 1
         try:
             resolved = configure(model, world, tp=tp, pp=pp, ep=ep, zero=zero, sp=sp,
-                                 recompute=recompute, flash_attention=flash)  # fmt: skip
+                                 recompute=recompute, flash_attention=flash,
+                                 offload=off)  # fmt: skip
         except planner.PlannerError:
             continue
         if ds.PROFILE.refusals(resolved, model):
@@ -216,10 +223,11 @@ def test_every_launchable_configuration_reads_back_exactly() -> None:
             "tp": c.tp, "pp": c.pp, "dp": resolved.dp, "sp": resolved.sp,
             "ep": c.ep, "mbs": c.mbs, "global": resolved.training.global_batch_size,
             "zero": c.zero, "microbatches": resolved.num_microbatches,
-            "recompute": c.recompute, "flash": c.flash_attention,
+            "recompute": c.recompute, "flash": c.flash_attention, "offload": c.offload,
         }, (name, c)  # fmt: skip
         launched_count += 1
-    assert launched_count > 20
+        offloaded_count += c.offload != "none"
+    assert launched_count > 20 and offloaded_count > 10
 
 
 # --- every rule ---------------------------------------------------------------------------------
