@@ -144,7 +144,7 @@ def _offloaded(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
     return config.model_copy(update={"offload": offload})
 
 
-_WHO = {"optimizer": "Megatron-LM's", "zero-offload": "DeepSpeed's ZeRO-Offload"}
+_WHO: dict[str, str] = {"optimizer": "Megatron-LM's", "zero-offload": "DeepSpeed's ZeRO-Offload"}
 """Whose offload each offloaded value is priced as."""
 
 
