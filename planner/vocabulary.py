@@ -44,11 +44,13 @@ stage): 0 none, 1 optimizer states (Megatron's distributed optimizer), 2 and gra
 3 and weights (FSDP)."""
 ZERO_STAGES: tuple[ZeroStage, ...] = (0, 1, 2, 3)
 
-Offload = Literal["none", "optimizer"]
-"""What a configuration keeps in host memory: nothing, or the optimizer (Adam's states and
-fp32 master weights, a copy of the gradients, and the Adam step itself on the CPU, as
-ZeRO-Offload and Megatron-LM's ``--optimizer-cpu-offload`` run it)."""
-OFFLOADS: tuple[Offload, ...] = ("none", "optimizer")
+Offload = Literal["none", "optimizer", "zero-offload"]
+"""What a configuration keeps in host memory, and how its step runs: nothing; or the optimizer
+(Adam's states and fp32 master weights, a copy of the gradients, and the Adam step itself on the
+CPU), either copied down and back after the backward in a pipeline with the CPU's step
+(``optimizer``, Megatron-LM's ``--optimizer-cpu-offload``) or with the gradients copied down as
+the backward reduces them (``zero-offload``, DeepSpeed's ZeRO-Offload)."""
+OFFLOADS: tuple[Offload, ...] = ("none", "optimizer", "zero-offload")
 
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 """A collective over a group of ranks."""

@@ -365,8 +365,9 @@ def test_progress_before_a_best_and_a_pace() -> None:
 @pytest.mark.parametrize("width", WIDTHS)
 def test_infeasible_solve_lists_the_ways_out(width: int) -> None:
     """Nothing fits: the head wrapped at words, each way out an item of the list (for
-    DeepSpeed, which does not launch the offload that fits Megatron-LM's plan)."""
-    done = planner(width, "solve", LLAMA_70B, A100, "--nodes", "1", "--framework", "deepspeed")
+    Colossal-AI, which does not launch the offload that fits Megatron-LM's and DeepSpeed's
+    plans)."""
+    done = planner(width, "solve", LLAMA_70B, A100, "--nodes", "1", "--framework", "colossalai")
     assert done.code == 2 and done.stdout == ""
     assert_fits(done.stderr, width)
     lines = done.stderr.splitlines()

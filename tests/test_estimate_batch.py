@@ -69,7 +69,8 @@ def random_config(rng: random.Random, model: ModelSpec, cluster: ClusterSpec) ->
         cp_algo=rng.choice(["ring", "ring", "ulysses"]), rank_order=rng.choice(ORDERS),
         global_batch=rng.choice([None] * 6 + [96 * pp, 4096]),
         seq_len=rng.choice([None, None, 4096]), precision=rng.choice([None, None, "fp16"]),
-        offload="optimizer" if cluster.host is not None and rng.random() < 0.3 else "none",
+        offload=rng.choice(["optimizer", "zero-offload"])
+        if cluster.host is not None and rng.random() < 0.3 else "none",
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ import planner
 from planner.frameworks import deepspeed as ds
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
+from planner.vocabulary import OFFLOADS
 from tests.framework_cases import configure, forced, load, verdict
 
 
@@ -186,26 +187,32 @@ def read_back(flags: dict[str, str | None], config: dict[str, Any], world: int) 
     recompute = ("full" if "--checkpoint-activations" in flags else
                  flags.get("--recompute-granularity") or "none")  # fmt: skip
     micro = config["train_micro_batch_size_per_gpu"]
+    # ZeRO-Offload needs both: the offload in the ds_config and the CPU Adam it steps with.
+    cpu = config["zero_optimization"].get("offload_optimizer") == {"device": "cpu",
+                                                                   "pin_memory": True}
+    offload = "zero-offload" if cpu and "--cpu-optimizer" in flags else "none"
     return {**degrees(flags, world), "sp": "--sequence-parallel" in flags,
             "ep": int(flags.get("--moe-expert-parallel-size") or 1), "mbs": micro,
             "global": config["train_batch_size"], "zero": config["zero_optimization"]["stage"],
             "microbatches": config["gradient_accumulation_steps"], "recompute": recompute,
-            "flash": "--use-flash-attn-v2" in flags}  # fmt: skip
+            "flash": "--use-flash-attn-v2" in flags, "offload": offload}  # fmt: skip
 
 
 def test_every_launchable_configuration_reads_back_exactly() -> None:
     """Over a grid of knobs on three models, every configuration no rule refuses launches as
-    itself: degrees, batch arithmetic, ZeRO and recomputation read back from the text."""
+    itself: degrees, batch arithmetic, ZeRO, recomputation and ZeRO-Offload read back from the
+    text."""
     cases = (("llama3-8b", 64), ("mixtral-8x7b", 64), ("gpt-1.7b", 16))
     grid = itertools.product((1, 2, 8), (1, 2, 4), (0, 1, 2, 3), ("none", "selective", "full"),
-                             (True, False), (False, True))  # fmt: skip
-    launched_count = 0
-    for (name, world), (tp, pp, zero, recompute, flash, sp) in itertools.product(cases, grid):
+                             (True, False), (False, True), OFFLOADS)  # fmt: skip
+    launched_count, offloaded_count = 0, 0
+    for (name, world), (tp, pp, zero, recompute, flash, sp, off) in itertools.product(cases, grid):
         model = load(name)
         ep = 4 if model.moe else 1
         try:
             resolved = configure(model, world, tp=tp, pp=pp, ep=ep, zero=zero, sp=sp,
-                                 recompute=recompute, flash_attention=flash)  # fmt: skip
+                                 recompute=recompute, flash_attention=flash,
+                                 offload=off)  # fmt: skip
         except planner.PlannerError:
             continue
         if ds.PROFILE.refusals(resolved, model):
@@ -216,10 +223,11 @@ def test_every_launchable_configuration_reads_back_exactly() -> None:
             "tp": c.tp, "pp": c.pp, "dp": resolved.dp, "sp": resolved.sp,
             "ep": c.ep, "mbs": c.mbs, "global": resolved.training.global_batch_size,
             "zero": c.zero, "microbatches": resolved.num_microbatches,
-            "recompute": c.recompute, "flash": c.flash_attention,
+            "recompute": c.recompute, "flash": c.flash_attention, "offload": c.offload,
         }, (name, c)  # fmt: skip
         launched_count += 1
-    assert launched_count > 20
+        offloaded_count += c.offload != "none"
+    assert launched_count > 20 and offloaded_count > 10
 
 
 # --- every rule ---------------------------------------------------------------------------------
@@ -438,11 +446,71 @@ def test_partial_recompute() -> None:
     assert refusal("partial-recompute", forced(resolved, recompute_layers=None), model) is None
 
 
-def test_optimizer_offload() -> None:
-    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/stage_1_and_2.py:1545-1552,
-    2319-2341"""
+def test_megatron_offload() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/stage_1_and_2.py:1719-1762,
+    2320-2343
+
+    Megatron-LM's pipelined offload is refused, DeepSpeed's own ZeRO-Offload is not."""
     model = load("llama3-70b")
     resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
-    assert "steps each parameter group on the CPU" in (
-        refusal("optimizer-offload", resolved, model) or "")
-    assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None
+    assert "use offload zero-offload" in (refusal("megatron-offload", resolved, model) or "")
+    for offload in ("none", "zero-offload"):
+        kept = configure(model, 16, tp=8, pp=2, zero=1, offload=offload)
+        assert refusal("megatron-offload", kept, model) is None
+
+
+def test_zero_offload_stage() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:1986-1997, 2382-2415;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/stage3.py:2628-2644
+
+    ZeRO-Offload runs in the ZeRO-1/2 optimizer: ZeRO-0 has none, ZeRO-3's is not priced."""
+    model = load("llama3-8b")
+    for zero, said in ((0, "zero(0)"), (3, "ZeRO-3")):
+        resolved = configure(model, 8, zero=zero, offload="zero-offload", precision="fp16")
+        assert said in (refusal("zero-offload-stage", resolved, model) or "")
+    for zero in (1, 2):
+        resolved = configure(model, 8, zero=zero, offload="zero-offload")
+        assert refusal("zero-offload-stage", resolved, model) is None
+        assert ds.PROFILE.launches(resolved, model)
+
+
+def test_zero_offload_copies_ride_with_the_pipeline_reduction() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2390-2393;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/schedule.py:238-241
+
+    With a pipeline the gradients' copies to the host follow the reduction after the
+    schedule, even with nothing to reduce (dp 1): overlapping them is refused."""
+    model = load("gpt-1.7b")
+    single = configure(model, 8, tp=2, pp=4, zero=1, global_batch=8, overlap_grad_reduce=True,
+                       offload="zero-offload")  # fmt: skip
+    assert "copies them to the host" in (
+        refusal("grad-overlap-with-pipeline", single, model) or "")
+
+
+def test_zero_offload_is_not_the_bf16_optimizer() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:1994-1996
+
+    bf16 ZeRO-1 with ZeRO-Offload is the ZeRO optimizer, which overlaps its reduction."""
+    model = load("llama3-8b")
+    resolved = configure(model, 64, tp=8, sp=True, zero=1, overlap_grad_reduce=True,
+                         offload="zero-offload")  # fmt: skip
+    assert refusal("grad-overlap-bf16-optimizer", resolved, model) is None
+
+
+def test_zero_offload_launch() -> None:
+    """ZeRO-Offload's launch: ``--cpu-optimizer`` (Megatron-DeepSpeed's DeepSpeedCPUAdam,
+    megatron/optimizer/__init__.py:83-90) and ``offload_optimizer`` to pinned CPU memory in
+    the ds_config's zero_optimization; neither without offload."""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, sp=True, zero=2, offload="zero-offload",
+                         overlap_grad_reduce=True)  # fmt: skip
+    assert ds.PROFILE.launches(resolved, model)
+    flags, config = read(ds.launch(resolved, model).text)
+    assert "--cpu-optimizer" in flags and flags["--cpu-optimizer"] is None
+    zero = config["zero_optimization"]
+    assert zero == {"stage": 2, "overlap_comm": True,
+                    "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    plain = configure(model, 16, tp=8, sp=True, zero=2, overlap_grad_reduce=True)
+    flags, config = read(ds.launch(plain, model).text)
+    assert "--cpu-optimizer" not in flags
+    assert "offload_optimizer" not in config["zero_optimization"]

@@ -910,3 +910,17 @@ def pin_optimizer_offload_fsdp(p: Profile) -> None:
 def test_rule_optimizer_offload_fsdp() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/distributed/fsdp/src/docs/optimizer.md:42-44"""
     pin_optimizer_offload_fsdp(P)
+
+
+def pin_zero_offload(p: Profile) -> None:
+    """What rule ``zero-offload`` refuses (and lets through)."""
+    model = load("llama3-70b")
+    refused(p, "zero-offload", configure(model, 16, tp=8, zero=1, offload="zero-offload"),
+            model, r"copies the gradients to the host in the optimizer's step")  # fmt: skip
+    accepted(p, "zero-offload", configure(model, 16, tp=8, zero=1, offload="optimizer"), model)
+
+
+def test_rule_zero_offload() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3
+    megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py:150-175"""
+    pin_zero_offload(P)

@@ -269,3 +269,9 @@ def test_rule_optimizer_offload_fsdp() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
     megatron/core/optimizer/distrib_optimizer.py:493-494"""
     tm.pin_optimizer_offload_fsdp(P)
+
+
+def test_rule_zero_offload() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py:150-175"""
+    tm.pin_zero_offload(P)

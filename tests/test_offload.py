@@ -10,18 +10,23 @@ import numpy as np
 import pytest
 
 import planner
-from planner.cost.data_parallel import optimizer_step_s
-from planner.cost.offload import offloaded_optimizer_step_s
+from planner.cost.data_parallel import NO_SYNC, optimizer_step_s
+from planner.cost.offload import (
+    gradient_copy_sync,
+    offloaded_optimizer_step_s,
+    zero_offload_step_s,
+)
 from planner.errors import InputError
 from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec
 from planner.uniform.batch import estimate_batch
 from planner.uniform.remedies import OFFLOAD, config_infeasible_message, config_remedies
-from planner.uniform.space import grid_space, launched_variant
+from planner.uniform.space import grid_space, launched_variant, offloaded_variant
 from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
 from tests.test_cli_width import planner as run_planner
+from tests.test_estimate_batch import agree
 
 LLAMA_70B = MODELS / "llama3-70b.json"
 H100 = CLUSTERS / "dgx-h100-80gb.json"
@@ -104,13 +109,105 @@ def test_no_offload_where_a_configuration_fits_without_it() -> None:
     assert plan.configuration is not None and plan.configuration.offload == "none"
 
 
-def test_frameworks_without_a_priced_offload_find_nothing() -> None:
-    """DeepSpeed's ZeRO-Offload is not the offload priced: on the starved instance nothing
-    fits for it, and the failure still lists the offload among the remedies."""
+def deepspeed_by_hand(cluster: ClusterSpec, params: float) -> tuple[float, float, float]:
+    """DeepSpeed's ZeRO-Offload of ``params`` bf16 parameters from the cluster file's figures:
+    the copies riding with the reduction over several microbatches under ZeRO-1 (4 B of fp32
+    gradient down, and the accumulated 2 B bf16 gradient up and back down), the step (42 B
+    per parameter through the node's host memory: Adam's 30, the fp32 gradients unscaled in
+    place 8, the master weights read again for their bf16 copy 4; then 2 B of bf16 weight up),
+    and the host bytes (fp32 master weights, moments and gradients, the bf16 buffer, and the
+    bf16 gradients accumulated over the microbatches)."""
+    host = cluster.host
+    assert host is not None
+    link = host.link_bandwidth_gb_s * 1e9
+    cpu = host.memory_bandwidth_gb_s * 1e9 / cluster.devices_per_node
+    return params * (4 + 2 * 2) / link, params * 42 / cpu + params * 2 / link, params * 20
+
+
+def test_deepspeed_fits_only_with_zero_offload() -> None:
+    """The done-when case for DeepSpeed: Llama 3 70B on 2 DGX H100 nodes is planned with
+    ZeRO-Offload; without it the configuration does not fit; its step is the on-device step
+    with the optimizer's time swapped for ZeRO-Offload's step and the gradients' copies
+    exposed after the pipeline (its engine reduces after the schedule), by hand."""
     model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
-    with pytest.raises(planner.InfeasibleError, match="optimizer offload"):
-        planner.solve(model, cluster, SolveOptions(framework="deepspeed",
-                                                   global_batch_size=BATCH))
+    options = SolveOptions(framework="deepspeed", global_batch_size=BATCH)
+    plan = planner.solve(model, cluster, options)
+    config = plan.configuration
+    assert config is not None and config.offload == "zero-offload"
+    assert config.zero == 1 and config.pp > 1 and not config.overlap_grad_reduce
+    offloaded = planner.estimate(model, cluster, config)
+    on_device = planner.estimate(model, cluster, config.model_copy(update={"offload": "none"}))
+    assert offloaded.fits and not on_device.fits
+    assert offloaded.step_time_s == pytest.approx(plan.predicted.step_time_s, rel=1e-12)
+    params = [s.memory.optimizer_gib * GIB / 12 for s in on_device.stages]
+    copy_s, step_s, host_bytes = deepspeed_by_hand(cluster, max(params))
+    assert offloaded.time.optimizer_s == pytest.approx(step_s, rel=1e-9)
+    # The first stage finishes its backward last: its copies are the exposed ones.
+    first_copy_s = deepspeed_by_hand(cluster, params[0])[0]
+    exposed_s = on_device.time.data_parallel_comm_exposed_s + first_copy_s
+    assert offloaded.time.data_parallel_comm_exposed_s == pytest.approx(exposed_s, rel=1e-9)
+    assert copy_s > 0 and offloaded.step_time_s == pytest.approx(
+        on_device.step_time_s - on_device.time.optimizer_s + step_s + first_copy_s, rel=1e-9)
+    assert offloaded.memory.optimizer_gib == 0.0
+    assert offloaded.host_memory_gib == pytest.approx(8 * host_bytes / GIB, rel=1e-9)
+
+
+def test_deepspeed_search_equals_brute_force_over_zero_offload_variants() -> None:
+    """Every configuration of the DeepSpeed space and every ZeRO-Offload variant DeepSpeed
+    launches, priced, the fastest that fits: the search's plan."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    options = SolveOptions(framework="deepspeed", global_batch_size=BATCH)
+    space = grid_space(model, cluster, options)
+    variants = [offloaded_variant(c, model, cluster=cluster, options=options) for c in space]
+    offloaded = [v for v in variants if v is not None]
+    every = space + offloaded
+    batch = estimate_batch(model, cluster, every)
+    divides = batch.columns["divides"][len(space):]
+    # Those that divide are offloaded as DeepSpeed runs it (the rest are kept for the pricing
+    # to refuse: launched_variant).
+    assert {v.offload for v, d in zip(offloaded, divides, strict=True) if d} == {"zero-offload"}
+    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    assert cluster.host is not None
+    fits = (batch.columns["divides"] & (batch.columns["peak_memory_gib"] * GIB <= usable)
+            & (batch.columns["host_memory_gib"] * GIB <= cluster.host.memory_bytes))
+    assert fits.any() and not fits[: len(space)].any()  # only offloaded variants fit
+    best = float(np.min(batch.columns["step_time_s"][fits]))
+    assert planner.solve(model, cluster, options).predicted.step_time_s == best
+
+
+def test_frameworks_without_a_priced_offload_find_nothing() -> None:
+    """Colossal-AI's and torchtitan's offloads are not priced: on the starved instance nothing
+    fits for them, and the failure still lists the offload among the remedies."""
+    model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
+    for framework in ("colossalai", "torchtitan"):
+        with pytest.raises(planner.InfeasibleError, match="optimizer offload"):
+            planner.solve(model, cluster, SolveOptions(framework=framework,
+                                                       global_batch_size=BATCH))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("zero", [1, 2])
+def test_zero_offload_copies_by_hand(precision, zero) -> None:
+    """ZeRO-Offload's gradient copies per parameter: 4 B of fp32 down with one microbatch;
+    over several, ZeRO-1 adds the compute-precision round trip once, ZeRO-2 every microbatch
+    (its first has nothing to bring up, taken off the once-per-step part); none for
+    Megatron-LM's offload, whose copies are in its step."""
+    cluster = h100_nodes()
+    assert cluster.host is not None
+    link = cluster.host.link_bandwidth_gb_s * 1e9
+    w = {"bf16": 2, "fp16": 2, "fp32": 4}[precision]
+    one = gradient_copy_sync(cluster, precision, params=1e9, zero=zero, offload="zero-offload",
+                             accumulating=False)  # fmt: skip
+    assert (one.reduce_once_s, one.reduce_per_microbatch_s) == (1e9 * 4 / link, 0.0)
+    several = gradient_copy_sync(cluster, precision, params=1e9, zero=zero,
+                                 offload="zero-offload", accumulating=True)  # fmt: skip
+    m = 8
+    total = several.reduce_once_s + m * several.reduce_per_microbatch_s
+    by_hand = 4 + 2 * w if zero == 1 else 4 + w + 2 * w * (m - 1)
+    assert total == pytest.approx(1e9 * by_hand / link, rel=1e-12)
+    assert several.gather_once_s == several.gather_per_microbatch_s == 0.0
+    assert gradient_copy_sync(cluster, precision, params=1e9, zero=zero, offload="optimizer",
+                              accumulating=True) == NO_SYNC  # fmt: skip
 
 
 def test_host_memory_too_small_does_not_fit() -> None:
@@ -151,19 +248,21 @@ def test_offload_without_host_figures_names_the_missing_field() -> None:
 @pytest.mark.parametrize("path", sorted(CLUSTERS.glob("*.json")), ids=lambda p: p.stem)
 def test_offload_is_never_faster_than_the_device(path) -> None:
     """What the search's pruning rests on: on every bundled cluster with host figures the
-    offloaded optimizer step is slower than the device's, from a million parameters up."""
+    offloaded optimizer step is slower than the device's, from a million parameters up, as
+    Megatron-LM and as DeepSpeed run it (ZeRO-Offload's gradient copies aside)."""
     cluster = planner.load_cluster(path)
     if cluster.host is None:
         pytest.skip("no host figures")
     for params in (1e6, 1e9, 1e11):
         for precision in ("bf16", "fp16", "fp32"):
-            assert (offloaded_optimizer_step_s(cluster, precision, params=params)
-                    > optimizer_step_s(cluster.device, precision, params=params))
+            device_s = optimizer_step_s(cluster.device, precision, params=params)
+            assert offloaded_optimizer_step_s(cluster, precision, params=params) > device_s
+            assert zero_offload_step_s(cluster, precision, params=params) > device_s
 
 
 def test_cli_offload_option() -> None:
-    """``--offload optimizer`` prices it and prints the node's host memory; weights and
-    activations are refused in one line."""
+    """``--offload optimizer`` (and ``zero-offload``) prices it and prints the node's host
+    memory; weights and activations, or both ways at once, are refused in one line."""
     common = (LLAMA_70B, H100, "--nodes", "2", "--tp", "8", "--pp", "2", "--sp", "--zero", "1",
               "--recompute", "full", "--global-batch", str(BATCH))  # fmt: skip
     run = run_planner(80, "estimate", *common, "--offload", "optimizer")
@@ -175,6 +274,12 @@ def test_cli_offload_option() -> None:
     run = run_planner(80, "estimate", *common, "--offload", "gradients")
     assert run.code == 2
     assert "'gradients' is not something to offload" in " ".join(run.stderr.split())
+    run = run_planner(80, "estimate", *common, "--offload", "zero-offload")
+    assert run.code == 0, run.stderr
+    assert "host, per node" in run.stdout and "zero-offload" in run.stdout
+    run = run_planner(80, "estimate", *common, "--offload", "optimizer,zero-offload")
+    assert run.code == 2
+    assert "offloaded one way" in " ".join(run.stderr.split())
 
 
 def test_host_short_message_and_remedies() -> None:
@@ -226,3 +331,23 @@ def test_plans_record_the_offload_and_old_plans_read() -> None:
     del data["configuration"]["offload"]
     old = type(plan).model_validate(data)
     assert old.configuration is not None and old.configuration.offload == "none"
+
+
+def test_zero_offload_batch_is_the_estimate() -> None:
+    """``estimate_batch`` prices ZeRO-Offload as ``estimate`` does, every column, with one
+    microbatch a step and several (its copies differ), ZeRO-1 and ZeRO-2, with and without
+    the reduction's overlap, with and without a pipeline; the step bit for bit."""
+    model, cluster = planner.load_model(MODELS / "llama3-8b.json"), h100_nodes()
+    configs = [ParallelConfig(tp=4 // pp, pp=pp, sp=True, zero=zero, overlap_grad_reduce=overlap,
+                              global_batch=batch, offload=offload)
+               for zero in (1, 2) for overlap in (False, True) for pp in (1, 2)
+               for batch in (4, 64) for offload in ("zero-offload", "optimizer")
+               if zero == 1 or pp == 1]  # fmt: skip
+    batch = estimate_batch(model, cluster, configs)
+    assert agree(batch, configs, model, cluster) == len(configs)
+    microbatches = set()
+    for i, config in enumerate(configs):
+        one = planner.estimate(model, cluster, config)
+        assert one.step_time_s == batch.columns["step_time_s"][i], config
+        microbatches.add(one.num_microbatches)
+    assert 1 in microbatches and max(microbatches) > 1

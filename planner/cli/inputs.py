@@ -90,7 +90,8 @@ def estimate_cmd(
     ] = DEFAULT_RANK_ORDER,
     offload: Annotated[
         str, typer.Option(help="Kept in host memory: none or optimizer (states and Adam "
-                          "step on the CPU).")
+                          "step on the CPU); zero-offload: the optimizer as DeepSpeed's "
+                          "ZeRO-Offload runs it.")
     ] = "none",
     memory_margin: Annotated[
         float | None, typer.Option("--memory-margin", min=0.0, help="GiB of device memory a "
@@ -141,17 +142,21 @@ def estimate_cmd(
 
 def parse_offload(text: str) -> Offload:
     """``--offload``: a comma-separated list of what goes to host memory, as the one value a
-    configuration takes (weights and activations are not priced in this release)."""
+    configuration takes (weights and activations are not priced in this release), or
+    ``zero-offload``, the optimizer offloaded as DeepSpeed runs it."""
     names = {name.strip() for name in text.split(",") if name.strip()} - {"none"}
     unpriced = sorted(names & {"weights", "activations"})
     if unpriced:
         raise InputError(f"--offload {text}: offloading {' and '.join(unpriced)} is not priced "
                          f"in this release; --offload optimizer is")  # fmt: skip
-    unknown = sorted(names - {"optimizer"})
+    unknown = sorted(names - {"optimizer", "zero-offload"})
     if unknown:
         raise InputError(f"--offload {text}: {unknown[0]!r} is not something to offload; "
-                         f"give none or optimizer")  # fmt: skip
-    return "optimizer" if names else "none"
+                         f"give none, optimizer or zero-offload")  # fmt: skip
+    if len(names) > 1:
+        raise InputError(f"--offload {text}: the optimizer is offloaded one way, Megatron-LM's "
+                         f"(optimizer) or DeepSpeed's (zero-offload)")  # fmt: skip
+    return "zero-offload" if "zero-offload" in names else "optimizer" if names else "none"
 
 
 @app.command("info")

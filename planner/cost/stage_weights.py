@@ -84,7 +84,7 @@ def stage_state_bytes(
         per_param = cost.state_bytes_per_param(precision, zero=zero, shards=w.shards)
         held[0] += w.params * per_param.weights
         held[1] += w.params * per_param.gradients
-        if offload != "optimizer":
+        if offload == "none":
             held[2] += w.params * per_param.optimizer
     return held[0], held[1], held[2]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from planner import cost
 from planner.cost.elementwise import Real, first_argmax, maximum, pick
 from planner.cost.layer import LayerCost
-from planner.cost.offload import host_state_bytes, optimizer_time_s
+from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
 from planner.cost.stage_weights import (
     StageCost,
     TiedCopy,
@@ -280,7 +280,10 @@ def compose_step(
     for first, count in _runs(stages):
         s = stages[first]
         runs.append(StageRun(
-            time=s.time, sync=stage_sync(s.weights, s.zero, cluster, knobs.precision),
+            time=s.time, sync=stage_sync(s.weights, s.zero, cluster, knobs.precision)
+            + gradient_copy_sync(cluster, knobs.precision,
+                                 params=optimizer_params(s.weights, s.zero), zero=s.zero,
+                                 offload=knobs.offload, accumulating=knobs.num_microbatches > 1),
             state_bytes=stage_state_bytes(s.weights, s.zero, knobs.precision, knobs.offload),
             first=first,
             count=count, tied_s=tied_s if first in (0, pp - 1) else 0.0,
@@ -310,7 +313,8 @@ def compose_step(
         stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(stages, syncs, strict=True)),
         stage_sync_tail_s=tuple(y.tail_s for y in syncs),
         stage_weight_s=tuple(_weight_s(s.time, y) for s, y in zip(stages, syncs, strict=True)),
-        host_bytes=host_state_bytes(knobs.precision, params=params, offload=knobs.offload),
+        host_bytes=host_state_bytes(knobs.precision, params=params, offload=knobs.offload,
+                                    accumulating=knobs.num_microbatches > 1),
     )
 
 

@@ -82,7 +82,8 @@ def describe(config: ParallelConfig) -> str:
     n = config.recompute_layers or 0
     parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
     parts += [f"ZeRO-{config.zero}"] * (config.zero > 0)
-    return " ".join(parts + ["optimizer-offload"] * (config.offload == "optimizer"))
+    offloads = {"none": [], "optimizer": ["optimizer-offload"], "zero-offload": ["zero-offload"]}
+    return " ".join(parts + offloads[config.offload])
 
 
 def kind_of(config: ParallelConfig) -> str:

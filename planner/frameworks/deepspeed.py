@@ -128,12 +128,15 @@ def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def grad_overlap_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """The pipeline engine reduces gradients after its schedule, never during backward."""
+    """The pipeline engine reduces gradients after its schedule, never during backward (nor
+    copies ZeRO-Offload's gradients to the host, which ride with the reduction)."""
     c = resolved.config
-    if c.pp == 1 or not c.overlap_grad_reduce or not data_parallel_sync(resolved):
+    copies = c.offload == "zero-offload"
+    if c.pp == 1 or not c.overlap_grad_reduce or not (data_parallel_sync(resolved) or copies):
         return None
     return (f"overlap_grad_reduce with pp({c.pp}): DeepSpeed's pipeline engine disables "
-            f"overlap_comm and reduces gradients after the last microbatch's backward")
+            f"overlap_comm and reduces gradients after the last microbatch's backward"
+            f"{' (and copies them to the host)' if copies else ''}")
 
 
 def grad_overlap_without_zero(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -146,10 +149,11 @@ def grad_overlap_without_zero(resolved: ResolvedConfig, model: ModelSpec) -> str
 
 
 def grad_overlap_bf16_optimizer(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """bf16 ZeRO-1 with fp32 gradients is BF16_Optimizer, which reduces after backward."""
+    """bf16 ZeRO-1 with fp32 gradients is BF16_Optimizer, which reduces after backward;
+    with ZeRO-Offload the engine builds the ZeRO optimizer instead."""
     c = resolved.config
     if (c.zero != 1 or resolved.training.precision != "bf16" or not c.overlap_grad_reduce
-            or not data_parallel_sync(resolved)):  # fmt: skip
+            or c.offload == "zero-offload" or not data_parallel_sync(resolved)):  # fmt: skip
         return None
     return ("overlap_grad_reduce with bf16 ZeRO-1: DeepSpeed runs it as BF16_Optimizer (fp32 "
             "gradients), which all-reduces after the last backward, not during it")
@@ -242,14 +246,29 @@ def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 
-def optimizer_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """ZeRO-Offload copies the gradients to the host during the backward and then, one
-    parameter group at a time, runs the CPU Adam and copies the group back: not the pipelined
-    step the planner prices (Megatron-LM's), and its launcher does not write it yet."""
-    if resolved.config.offload == "none":
+def megatron_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ZeRO-Offload copies the gradients to the host as the backward reduces them, and in
+    ``step`` runs the CPU's Adam and then copies each group back: not Megatron-LM's pipelined
+    step after the backward (``offload optimizer``); ``offload zero-offload`` prices it."""
+    if resolved.config.offload != "optimizer":
         return None
-    return ("optimizer offload: DeepSpeed's ZeRO-Offload steps each parameter group on the CPU "
-            "before copying it back, which is not priced; Megatron-LM's pipelined offload is")
+    return ("offload optimizer (Megatron-LM's, copies pipelined with the CPU step after the "
+            "backward): DeepSpeed's ZeRO-Offload copies the gradients as they are reduced, "
+            "then steps on the CPU and copies back: use offload zero-offload")
+
+
+def zero_offload_stage(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The offload runs inside the ZeRO optimizer: ZeRO-0 has none (the config's
+    ``offload_optimizer`` goes unused); ZeRO-3's optimizer steps its own sub-groups and can
+    offload the parameters too, which is not the step priced."""
+    c = resolved.config
+    if c.offload != "zero-offload" or c.zero in (1, 2):
+        return None
+    if c.zero == 0:
+        return ("offload zero-offload with zero(0): DeepSpeed offloads the optimizer inside "
+                "its ZeRO optimizer, which ZeRO-0 does not build: use zero 1 or 2")
+    return ("offload zero-offload with ZeRO-3: its optimizer steps sub-group by sub-group "
+            "(parameters possibly offloaded too), which is not priced; ZeRO-1/2's is")
 
 
 RULES: tuple[Rule, ...] = (
@@ -296,8 +315,11 @@ RULES: tuple[Rule, ...] = (
     Rule(name="rank-order", check=rank_order,
          source=f"{DS} deepspeed/runtime/pipe/topology.py:244-248; "
                 f"{MDS} megatron/core/parallel_state.py:185-215"),
-    Rule(name="optimizer-offload", check=optimizer_offload,
-         source=f"{DS} deepspeed/runtime/zero/stage_1_and_2.py:1545-1552, 2319-2341"),
+    Rule(name="megatron-offload", check=megatron_offload,
+         source=f"{DS} deepspeed/runtime/zero/stage_1_and_2.py:1719-1762, 2320-2343"),
+    Rule(name="zero-offload-stage", check=zero_offload_stage,
+         source=f"{_ENGINE}:1986-1997, 2382-2415; "
+                f"{DS} deepspeed/runtime/zero/stage3.py:2628-2644"),
 )  # fmt: skip
 """Everything DeepSpeed refuses, or cannot run as the planner prices it."""
 
@@ -318,6 +340,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *recompute_flags(resolved),
         *attention_flags(resolved),
         ("--zero-stage", resolved.config.zero),
+        *offload_flags(resolved),
         ("--deepspeed", None),
         ("--deepspeed_config", DS_CONFIG_FILE),
     ]
@@ -407,6 +430,13 @@ def attention_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
     return [("--use-flash-attn-v2", None)] if resolved.config.flash_attention else []
 
 
+def offload_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
+    """ZeRO-Offload's optimizer: ``--cpu-optimizer`` makes Megatron-DeepSpeed build
+    DeepSpeedCPUAdam (megatron/optimizer/__init__.py:83-90), the CPU Adam the engine requires
+    of a ZeRO-Offload (it raises on another client optimizer: engine.py:2040-2044)."""
+    return [("--cpu-optimizer", None)] if resolved.config.offload == "zero-offload" else []
+
+
 def ds_config(resolved: ResolvedConfig) -> dict[str, object]:
     """``ds_config.json``: batch arithmetic, precision, ZeRO and the pipeline's sends
     (``deepspeed/runtime/config.py:428-441``)."""
@@ -434,14 +464,17 @@ def ds_config(resolved: ResolvedConfig) -> dict[str, object]:
 
 
 def zero_block(resolved: ResolvedConfig) -> dict[str, object]:
-    """``zero_optimization``: the stage, and its overlap said explicitly (ZeRO-3 defaults it
-    on, the others off; the pipeline engine turns it off)."""
+    """``zero_optimization``: the stage, its overlap said explicitly (ZeRO-3 defaults it on, the
+    others off; the pipeline engine turns it off), and ZeRO-Offload's ``offload_optimizer``."""
     c = resolved.config
     block: dict[str, object] = {"stage": c.zero}
     if c.zero == 0:
         return block
     overlap = c.overlap_grad_reduce or (c.zero == 3 and c.overlap_param_gather)
     block["overlap_comm"] = overlap and c.pp == 1
+    if c.offload == "zero-offload":
+        # Pinned host buffers, as the copies are priced (DeepSpeed's default, said anyway).
+        block["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if c.zero == 3 and not c.overlap_param_gather:
         block["stage3_prefetch_bucket_size"] = 0  # no prefetch: the gathers stay exposed
     return block

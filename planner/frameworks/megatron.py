@@ -235,6 +235,17 @@ def optimizer_offload_with_fsdp(resolved: ResolvedConfig, model: ModelSpec) -> s
             f"not drive")
 
 
+def zero_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The hybrid device optimizer copies the gradients to the host in its ``step``, after the
+    backward: DeepSpeed's ZeRO-Offload, which copies them as the backward reduces them, is
+    not how Megatron-LM runs an offload."""
+    if resolved.config.offload != "zero-offload":
+        return None
+    return ("offload zero-offload (DeepSpeed's): Megatron-LM's --optimizer-cpu-offload copies "
+            "the gradients to the host in the optimizer's step, after the backward, not as "
+            "they are reduced: use offload optimizer")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="gpipe", check=gpipe_schedule,
          source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:161-168"),
@@ -286,6 +297,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{_ARGS}:1884-1888; {REPO} megatron/core/optimizer/__init__.py:1057-1060"),
     Rule(name="optimizer-offload-fsdp", check=optimizer_offload_with_fsdp,
          source=f"{REPO} megatron/core/distributed/fsdp/src/docs/optimizer.md:42-44"),
+    Rule(name="zero-offload", check=zero_offload,
+         source=f"{REPO} megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py:150-175"),
 )  # fmt: skip
 """Everything Megatron-LM refuses, or cannot run as the planner prices it."""
 

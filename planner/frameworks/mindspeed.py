@@ -123,6 +123,8 @@ RULES: tuple[Rule, ...] = (
     # Custom FSDP skips the distributed optimizer's shards, where those are built.
     Rule(name="optimizer-offload-fsdp", check=megatron.optimizer_offload_with_fsdp,
          source=f"{CORE} megatron/core/optimizer/distrib_optimizer.py:493-494"),
+    Rule(name="zero-offload", check=megatron.zero_offload,
+         source=f"{CORE} megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py:150-175"),
 )  # fmt: skip
 """Everything MindSpeed refuses, or cannot run as the planner prices it."""
 

@@ -78,7 +78,9 @@ class ParallelConfig(BaseModel):
     )  # fmt: skip
     offload: Offload = Field(
         default="none", description="What lives in host memory: none, or the optimizer (its "
-        "states, master weights and a gradient copy, and the Adam step on the CPU).",
+        "states, master weights and a gradient copy, and the Adam step on the CPU), copied "
+        "after the backward (optimizer: Megatron-LM's) or during it (zero-offload: "
+        "DeepSpeed's).",
     )  # fmt: skip
     precision: Precision | None = None
     schedule: PipelineSchedule = Field(default="1f1b", description="Pipeline schedule.")

@@ -322,8 +322,9 @@ class Plan(_Frozen):
             extras += some([q.recompute == mode for q in stages], label)
         for stage, name in ((1, "distributed optimizer"), (2, "ZeRO-2"), (3, "ZeRO-3")):
             extras += some([q.zero == stage for q in stages], name)
-        if self.configuration is not None and self.configuration.offload == "optimizer":
-            extras.append("optimizer offloaded to the host")
+        if self.configuration is not None and self.configuration.offload != "none":
+            how = " (ZeRO-Offload)" if self.configuration.offload == "zero-offload" else ""
+            extras.append(f"optimizer offloaded to the host{how}")
         return ", ".join([text, *extras])
 
     def to_json(self) -> str:

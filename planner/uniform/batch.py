@@ -321,7 +321,8 @@ def _price(
                                   "zb-v" if zb_v[r0] else
                                   "interleaved" if interleaved[r0] else "1f1b")  # fmt: skip
         runs = run_costs(splits[split_of[r0]], by_kind, static, static_of[g_rows],
-                         l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]])  # fmt: skip
+                         l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]],
+                         x.num_microbatches[g_rows])  # fmt: skip
         knobs = PipelineKnobs(
             num_microbatches=x.num_microbatches[g_rows],
             vpp=c["vpp"][g_rows] if schedule in ("interleaved", "zb-v")  # type: ignore[arg-type]
@@ -339,7 +340,9 @@ def _price(
             parts_s[name][g_rows] = value
         for k in range(5):
             peak[k, g_rows] = totals.peak_memory_bytes[k]
-    host = cluster.devices_per_node * np.array([s.host_bytes for s in static])[static_of]
+    host = cluster.devices_per_node * np.where(
+        x.num_microbatches > 1, np.array([s.accumulating_host_bytes for s in static])[static_of],
+        np.array([s.host_bytes for s in static])[static_of])
     _write(model, cluster, training, c, rows, out, step=step, parts_s=parts_s, bubble=bubble,
            host=host,
            peak=peak, recompute_flops=recompute_flops / (c["mbs"] * data_ways), dp=dp,

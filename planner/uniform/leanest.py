@@ -111,8 +111,9 @@ def _ways_out(
         f" on the leanest uniform configuration ({describe(lean.config)}, "
         f"{lean.peak_memory_gib:.1f} GiB)")  # fmt: skip
     enough = "enough" if fits_gib(cluster, left_gib) else "not enough"
-    # Priced where the cluster has host figures, as Megatron-LM runs it (planner.cost.offload)
-    who = "DeepSpeed ZeRO-Offload" if cluster.host is None else "Megatron-LM's, as priced"
+    # Priced where the cluster has host figures, as the framework runs it (planner.cost.offload)
+    who = "DeepSpeed ZeRO-Offload" if cluster.host is None else (
+        f"{_WHO[_offloaded(model, cluster, lean.config, options).offload]}, as priced")
     yield (f"optimizer offload to the CPU ({who}){on} saves {saved_gib:.1f} "
            f"GiB, leaving {left_gib:.1f} GiB: {enough}; "
            f"{_offload_time(model, cluster, lean.config, options)}")  # fmt: skip
@@ -121,16 +122,30 @@ def _ways_out(
 
 def _offload_time(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
                   options: SolveOptions) -> str:  # fmt: skip
-    """What the offload's step takes (:func:`estimate` with ``--offload optimizer``), and
-    whether the target launches it; or, without host figures, that it is not priced."""
+    """What the offload's step takes (:func:`estimate` of it offloaded as the target runs it,
+    else as Megatron-LM does), and whether the target launches it; or, without host figures,
+    that it is not priced."""
     if cluster.host is None:
         return "the planner does not price its time"
-    offloaded = config.model_copy(update={"offload": "optimizer"})
+    offloaded = _offloaded(model, cluster, config, options)
     off = estimate(model, cluster, offloaded)
     launched = space.launched_variant(offloaded, model, cluster=cluster, options=options)
     refused = "" if launched is not None else f" ({options.framework} does not launch it)"
     return (f"its step takes {off.step_time_s:.2f} s, {off.time.optimizer_s:.2f} s of them the "
             f"host copies and CPU Adam{refused}")
+
+
+def _offloaded(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+               options: SolveOptions) -> ParallelConfig:  # fmt: skip
+    """``config`` offloaded as the target launches it, else as Megatron-LM runs it (its
+    overlaps as they are: the launch is checked apart)."""
+    launched = space.offloaded_variant(config, model, cluster=cluster, options=options)
+    offload = "optimizer" if launched is None else launched.offload
+    return config.model_copy(update={"offload": offload})
+
+
+_WHO: dict[str, str] = {"optimizer": "Megatron-LM's", "zero-offload": "DeepSpeed's ZeRO-Offload"}
+"""Whose offload each offloaded value is priced as."""
 
 
 def _shorter_sequence(

@@ -37,7 +37,7 @@ from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.vocabulary import RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
+from planner.vocabulary import OFFLOADS, RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
 
 LONG_SEQUENCE = 8192
 """Context parallelism is tried from this sequence length on. Below it the attention's
@@ -352,9 +352,22 @@ def offload_variants(
     (:func:`~planner.uniform.enumerate.enumerate_plan`)."""
     if not offloads(cluster, options):
         return []
-    variants = (launched_variant(c.model_copy(update={"offload": "optimizer"}), model,
-                                 cluster=cluster, options=options) for c in configs)
+    variants = (offloaded_variant(c, model, cluster=cluster, options=options) for c in configs)
     return [v for v in variants if v is not None]
+
+
+def offloaded_variant(
+    config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, options: SolveOptions
+) -> ParallelConfig | None:
+    """``config`` with its optimizer offloaded as the target framework runs it (Megatron-LM's
+    pipelined step, or DeepSpeed's ZeRO-Offload: the first it launches,
+    :func:`launched_variant`), or None when it launches neither."""
+    for offload in OFFLOADS[1:]:  # every offloaded value (the first, none, is not)
+        variant = launched_variant(config.model_copy(update={"offload": offload}), model,
+                                   cluster=cluster, options=options)  # fmt: skip
+        if variant is not None:
+            return variant
+    return None
 
 
 def grid_space(

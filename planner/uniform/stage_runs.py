@@ -13,7 +13,7 @@ import numpy as np
 
 from planner import cost
 from planner.cost.layer import LayerCost
-from planner.cost.offload import host_state_bytes, optimizer_time_s
+from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
 from planner.cost.stage_weights import (
     StageCost,
     optimizer_params,
@@ -71,7 +71,10 @@ class StaticCosts:
     """What a stage run costs that no microbatch, schedule or switch changes."""
 
     syncs: tuple[cost.DataParallelSync, ...]
-    """Each run's data-parallel traffic."""
+    """Each run's data-parallel traffic with one microbatch a step."""
+    accumulating_syncs: tuple[cost.DataParallelSync, ...]
+    """The same with several microbatches a step (ZeRO-Offload's gradient copies differ:
+    :func:`~planner.cost.offload.gradient_copy_sync`)."""
     state_bytes: tuple[tuple[float, float, float], ...]
     """Each run's weights, gradients and optimizer states per device."""
     tied_s: float
@@ -79,7 +82,10 @@ class StaticCosts:
     optimizer_s: float
     """The optimizer step of the busiest stage."""
     host_bytes: float = 0.0
-    """Host memory one device's offloaded states take, on the stage that offloads most."""
+    """Host memory one device's offloaded states take, on the stage that offloads most, with
+    one microbatch a step."""
+    accumulating_host_bytes: float = 0.0
+    """The same with several (ZeRO-Offload accumulates the gradients on the host)."""
 
 
 def static_costs(
@@ -101,21 +107,31 @@ def static_costs(
     stages = with_tied_copy(stages, tied)
     precision = training.precision
     params = max(optimizer_params(s.weights, zero) for s in stages)
+
+    def _sync(s: StageCost, accumulating: bool) -> cost.DataParallelSync:
+        copies = gradient_copy_sync(cluster, precision, params=optimizer_params(s.weights, zero),
+                                    zero=zero, offload=offload, accumulating=accumulating)
+        return stage_sync(s.weights, zero, cluster, precision) + copies
+
     return StaticCosts(
-        syncs=tuple(stage_sync(s.weights, zero, cluster, precision) for s in stages),
+        syncs=tuple(_sync(s, False) for s in stages),
+        accumulating_syncs=tuple(_sync(s, True) for s in stages),
         state_bytes=tuple(stage_state_bytes(s.weights, zero, precision, offload)
                           for s in stages),
         tied_s=tied_sync_s(cluster, tied, precision),
         optimizer_s=optimizer_time_s(cluster, precision, params=params, offload=offload),
         host_bytes=host_state_bytes(precision, params=params, offload=offload),
+        accumulating_host_bytes=host_state_bytes(precision, params=params, offload=offload,
+                                                 accumulating=True),
     )  # fmt: skip
 
 
 def run_costs(
     split: Split, by_kind: dict[str, np.ndarray], static: list[StaticCosts], static_of: np.ndarray,
-    layer_of: np.ndarray, recompute: np.ndarray, sends: np.ndarray,
+    layer_of: np.ndarray, recompute: np.ndarray, sends: np.ndarray, microbatches: np.ndarray,
 ) -> list[StageRun]:  # fmt: skip
-    """A group's stage runs, each number an array over the group's configurations."""
+    """A group's stage runs, each number an array over the group's configurations (of
+    ``microbatches`` a step)."""
     used_rows, local = factorize(static_of)
     used = static_of[used_rows]
     last = split[-1][0] + split[-1][1] - 1
@@ -131,8 +147,10 @@ def run_costs(
             kept = {k: _one(by_kind[k], layer_of, RECOMPUTE_MODES.index("none"))
                     for k in TRANSFORMER_KINDS if k in by_kind}  # fmt: skip
             time = time + chunks_cost(chunks, every=every, kept=kept)
-        sync = np.array([[getattr(static[u].syncs[j], f.name) for f in
-                          fields(cost.DataParallelSync)] for u in used])[local]  # fmt: skip
+        one, several = (np.array([[getattr(getattr(static[u], kind)[j], f.name) for f in
+                                   fields(cost.DataParallelSync)] for u in used])[local]
+                         for kind in ("syncs", "accumulating_syncs"))  # fmt: skip
+        sync = np.where((microbatches > 1)[:, None], several, one)
         held = np.array([static[u].state_bytes[j] for u in used])[local]
         tied = np.array([static[u].tied_s for u in used])[local]
         runs.append(StageRun(
@@ -149,3 +167,4 @@ def _one(table: np.ndarray, layer_of: np.ndarray, mode: Any) -> LayerCost:
     """One layer's costs per configuration, from a kind's ``[layer, mode, field]`` table."""
     values = table[layer_of, mode]
     return LayerCost(**{f: values[:, i] for i, f in enumerate(LAYER_FIELDS)})
+
