@@ -205,7 +205,9 @@ def _sensitivities(
     plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
 ) -> tuple[Neighbour, Groups, list[ParallelConfig], tuple[Neighbour, ...]]:
     """The plan's configuration re-priced, the notches tried, the rows priced (the plan's
-    first) and, per knob and direction, the nearest notch that divides (else the nearest)."""
+    first) and, per knob and direction, the nearest notch that divides and the plan's
+    framework launches, else the nearest that divides, else the nearest (DeepSpeed's notch of
+    offload is its own ZeRO-Offload, not Megatron's)."""
     host = cluster.host is not None
     groups = [(knob.name, direction, options)
               for knob, down, up in notches(config, model, cluster.num_devices, host=host)
@@ -218,7 +220,9 @@ def _sensitivities(
     for name, direction, options in groups:
         picks = range(at, at + len(options))
         at += len(options)
-        i = next((i for i in picks if priced.batch.columns["divides"][i]), picks[0])
+        divides = [i for i in picks if priced.batch.columns["divides"][i]]
+        launched = [i for i in divides if not _refusals(plan, model, cluster, rows[i])]
+        i = (launched or divides or [picks[0]])[0]
         sensitivities.append(priced(i, knob=name, direction=direction, base=reference))
     return reference, groups, rows, tuple(sensitivities)
 

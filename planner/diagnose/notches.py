@@ -115,7 +115,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="recompute", values=_fixed(*RECOMPUTE_MODES)),
     Knob(name="recompute_layers", values=_recomputed_layers,
          applies=lambda c, m: c.recompute == "full"),
-    Knob(name="offload", values=_fixed("none", "optimizer"), needs_host=True),
+    # Megatron's pipelined optimizer offload or DeepSpeed's ZeRO-Offload: the one the plan's
+    # framework launches is the notch
+    Knob(name="offload", values=_fixed("none", "optimizer", "zero-offload"), reach=2,
+         needs_host=True),
     Knob(name="zero", values=_fixed(0, 1, 2, 3)),
     Knob(name="sp", values=_fixed(False, True), applies=lambda c, m: c.tp > 1),
     # interleaving is a 1F1B schedule: GPipe and ZB-H1 are notches only without it, ZB-V only
