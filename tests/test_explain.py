@@ -9,12 +9,13 @@ import json
 import pytest
 
 from planner import cost, estimate
-from planner.diagnose.explain import Explanation, check_inputs, explain, memory_binding
+from planner.diagnose.explain import Explanation, explain, memory_binding
 from planner.diagnose.notches import KNOBS, notches, parse_changes, with_changes
 from planner.diagnose.whatif import hardware_changes, wider_scale_up
 from planner.errors import ConfigError, InputError
 from planner.frameworks import profile
 from planner.plan.config import ParallelConfig, resolve
+from planner.plan.schema import check_inputs
 from planner.report.explain import explain_json, verdict, why_this_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
@@ -250,9 +251,9 @@ def test_without_model_and_cluster_only_the_plan_is_explained(plan) -> None:  # 
 
 def test_inputs_that_are_not_the_plans_are_refused(plan, gpt3, a100) -> None:  # type: ignore[no-untyped-def]
     other = gpt3.model_copy(update={"num_layers": 48})
-    with pytest.raises(InputError, match="not the one the plan was made for"):
+    with pytest.raises(InputError, match="is not the (model|cluster) the plan was made for"):
         check_inputs(plan, other, a100)
-    with pytest.raises(InputError, match="not the one the plan was made for"):
+    with pytest.raises(InputError, match="is not the (model|cluster) the plan was made for"):
         explain(plan, gpt3, load_cluster("instances/clusters/dgx-h100-80gb.json"))
 
 

@@ -8,11 +8,11 @@ from typing import Annotated
 import typer
 
 from planner.cli.app import JsonOpt, app, print_json, render
-from planner.cli.plans import _check_inputs
 from planner.diagnose.explain import explain
 from planner.diagnose.notches import parse_changes
 from planner.errors import InputError
 from planner.plan.files import load_inputs, plan_from_json
+from planner.plan.schema import check_inputs
 from planner.report.explain import explain_json, explain_tables
 from planner.spec.reading import read_text
 
@@ -39,7 +39,7 @@ def explain_cmd(
     if model is not None and cluster is not None:
         specs = load_inputs(model, cluster, nodes=plan.cluster.num_nodes,
                             names=("--model", "--cluster"))  # fmt: skip
-        _check_inputs(plan, *specs, model=model, cluster=cluster)
+        check_inputs(plan, *specs, model_label=str(model), cluster_label=str(cluster))
     result = explain(plan, *specs, why_not=changes)
     if as_json:
         print_json(explain_json(result))

@@ -32,7 +32,7 @@ from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
 from planner.options import DEFAULT_OPTIONS, SEARCH_TIME_LIMIT_S, Pins, SolveOptions
 from planner.plan.files import load_inputs, plan_from_json
-from planner.plan.schema import Plan, input_hash
+from planner.plan.schema import Plan, check_inputs
 from planner.report.bands import band_line, with_band
 from planner.report.output import check_folder, check_target, write_atomic
 from planner.simulate.events import simulate_plan
@@ -366,7 +366,8 @@ def export_cmd(
     plan = plan_from_json(read_text(plan_file), source=str(plan_file))
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=plan.cluster.num_nodes,
                                            names=("--model", "--cluster"))  # fmt: skip
-    _check_inputs(plan, model_spec, cluster_spec, model=model, cluster=cluster)
+    check_inputs(plan, model_spec, cluster_spec, model_label=str(model),
+                 cluster_label=str(cluster))
     result = frameworks.launch(plan, target, model=model_spec, cluster=cluster_spec,
                                paths=(str(model), str(cluster)))  # fmt: skip
     if out is None:
@@ -376,13 +377,3 @@ def export_cmd(
     _print_notes(plan, result)
 
 
-def _check_inputs(plan: Plan, model_spec: ModelSpec, cluster_spec: ClusterSpec, *,
-                  model: Path, cluster: Path) -> None:  # fmt: skip
-    """Refuse a model or cluster file that is not the one the plan was made for."""
-    if input_hash(model_spec) != plan.model.sha256:
-        raise InputError(f"{model} is not the model the plan was made for "
-                         f"({plan.model.name}, sha256 {plan.model.sha256[:12]})")  # fmt: skip
-    resized = cluster_spec.model_copy(update={"num_nodes": plan.cluster.num_nodes})
-    if input_hash(resized) != plan.cluster.sha256:
-        raise InputError(f"{cluster} is not the cluster the plan was made for "
-                         f"({plan.cluster.name}, sha256 {plan.cluster.sha256[:12]})")  # fmt: skip

@@ -28,7 +28,7 @@ from planner.diagnose.whatif import hardware_changes
 from planner.errors import InputError
 from planner.frameworks import ANY, profile
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.schema import MemoryBreakdown, Plan, StepTime, input_hash
+from planner.plan.schema import MemoryBreakdown, Plan, StepTime, check_inputs
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
 from planner.uniform.estimate import Estimate, estimate
@@ -238,18 +238,6 @@ def memory_binding(plan: Plan) -> MemoryBinding:
         margin_gib=plan.memory_margin_gib, free_gib=capacity - plan.memory_margin_gib - peak,
         parts=tuple(_part(k, getattr(stage.memory, k), peak) for k in names),
     )  # fmt: skip
-
-
-def check_inputs(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> None:
-    """Refuse a model or cluster that is not the one the plan was made for (the cluster at
-    the plan's size)."""
-    if input_hash(model) != plan.model.sha256:
-        raise InputError(f"the model {model.name} is not the one the plan was made for "
-                         f"({plan.model.name}, sha256 {plan.model.sha256[:12]})")  # fmt: skip
-    resized = cluster.model_copy(update={"num_nodes": plan.cluster.num_nodes})
-    if input_hash(resized) != plan.cluster.sha256:
-        raise InputError(f"the cluster {cluster.name} is not the one the plan was made for "
-                         f"({plan.cluster.name}, sha256 {plan.cluster.sha256[:12]})")  # fmt: skip
 
 
 def why_not_config(plan: Plan, model: ModelSpec, changes: Mapping[str, Any]) -> ParallelConfig:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec
 from planner.vocabulary import GIB, ParallelismKind, Precision, Recompute, ScheduleName
@@ -336,6 +337,22 @@ def input_hash(spec: ModelSpec | ClusterSpec) -> str:
     """SHA-256 of an input's canonical JSON (so a plan names exactly what it was made for)."""
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_inputs(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec, *, model_label: str | None = None,
+    cluster_label: str | None = None,
+) -> None:  # fmt: skip
+    """Refuse a model or cluster that is not the one ``plan`` was made for (the cluster at the
+    plan's size), naming it by its label (a file, say) or else its name."""
+    if input_hash(model) != plan.model.sha256:
+        raise InputError(f"{model_label or 'the model ' + model.name} is not the model the plan "
+                         f"was made for ({plan.model.name}, sha256 {plan.model.sha256[:12]})")
+    resized = cluster.model_copy(update={"num_nodes": plan.cluster.num_nodes})
+    if input_hash(resized) != plan.cluster.sha256:
+        raise InputError(f"{cluster_label or 'the cluster ' + cluster.name} is not the cluster "
+                         f"the plan was made for ({plan.cluster.name}, sha256 "
+                         f"{plan.cluster.sha256[:12]})")  # fmt: skip
 
 
 def model_ref(model: ModelSpec) -> InputRef:
