@@ -1,0 +1,218 @@
+"""Fitting one network level's efficiency and latency to nccl-tests measurements.
+
+The fitted quantities are the level's ``efficiency.bandwidth_fraction`` and ``latency_us``,
+and the model they are fitted through is the cost model's own
+:func:`planner.cost.collective_time_s`: the fit never restates a collective's formula, so
+what it stores is exactly what the planner will price with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from planner.cost import CommGroup, collective_time_s
+from planner.diagnose.nccl_tests import NcclRun, bus_factor, read_nccl_tests
+from planner.errors import InputError
+from planner.spec import ClusterSpec, NetworkLevel
+from planner.spec.reading import load_cluster, read_json
+from planner.vocabulary import CollectiveKind
+
+LATENCY_SHARE = 0.05
+"""The latency is fitted only when, at the fit, it is at least this share of the smallest
+message's measured time: below it the sizes say nothing about it (large messages only)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkFitRow:
+    """One message size: measured against predicted before and after the fit."""
+
+    path: str
+    """The nccl-tests file of the row."""
+    kind: CollectiveKind
+    """The collective."""
+    ranks: int
+    """Ranks of the run."""
+    size_bytes: int
+    """The table's size column."""
+    measured_s: float
+    """Measured seconds (out of place)."""
+    before_s: float
+    """Predicted seconds with the cluster file as it was."""
+    after_s: float
+    """Predicted seconds with the fitted level."""
+    busbw_gb_s: float
+    """The table's bus bandwidth, GB/s."""
+    busbw_after_gb_s: float
+    """Bus bandwidth the fitted prediction implies, GB/s, by nccl-tests' definition."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkFit:
+    """The fit of one network level to nccl-tests runs."""
+
+    cluster: str
+    """The cluster file."""
+    level: int
+    """Index of the fitted level in the cluster's ``network`` (0: innermost)."""
+    level_name: str
+    """Its name."""
+    bandwidth_fraction_before: float
+    """``efficiency.bandwidth_fraction`` as the file had it."""
+    bandwidth_fraction: float
+    """Fitted ``efficiency.bandwidth_fraction``."""
+    latency_us_before: float
+    """``latency_us`` as the file had it."""
+    latency_us: float
+    """Fitted ``latency_us`` (the old one when ``latency_fitted`` is false)."""
+    latency_fitted: bool
+    """False when the messages were too large to see the latency, which is then kept."""
+    rows: tuple[NetworkFitRow, ...]
+    """Every size of every run."""
+    source: str
+    """What the level's ``efficiency.source`` says after a write."""
+    updated_json: str
+    """The cluster file with the fit written in, the rest unchanged (key order kept)."""
+
+
+def _level_of(cluster: ClusterSpec, run: NcclRun) -> int:
+    """The innermost level whose domain holds the run: its ranks on one host, or the whole
+    nodes of the hosts it spans."""
+    devices = run.ranks if len(run.hosts) <= 1 else len(run.hosts) * cluster.devices_per_node
+    for i, level in enumerate(cluster.network):
+        if level.domain_devices >= devices or i == len(cluster.network) - 1:
+            return i
+    raise AssertionError("the outermost level holds every device")
+
+
+def _group(cluster: ClusterSpec, run: NcclRun) -> tuple[ClusterSpec, CommGroup]:
+    """The run's ranks in the cluster's rank order: one host's ranks contiguous; across hosts,
+    ``ranks / hosts`` per node, spaced to fill it. The cluster grows to hold them."""
+    stride = 1
+    if len(run.hosts) > 1 and run.ranks % len(run.hosts) == 0:
+        per_host = run.ranks // len(run.hosts)
+        if cluster.devices_per_node % per_host == 0:
+            stride = cluster.devices_per_node // per_host
+    nodes = -(-run.ranks * stride // cluster.devices_per_node)
+    return cluster.with_nodes(max(cluster.num_nodes, nodes)), CommGroup(size=run.ranks,
+                                                                        stride=stride)
+
+
+def _with_level(cluster: ClusterSpec, index: int, fraction: float, latency_us: float
+                ) -> ClusterSpec:
+    level: NetworkLevel = cluster.network[index]
+    new = level.model_copy(update={
+        "latency_us": latency_us,
+        "efficiency": level.efficiency.model_copy(update={"bandwidth_fraction": fraction})})
+    network = (*cluster.network[:index], new, *cluster.network[index + 1:])
+    return cluster.model_copy(update={"network": network})
+
+
+def _times(cluster: ClusterSpec, index: int, runs: Sequence[NcclRun], inverse_fraction: float,
+           latency_us: float) -> np.ndarray:
+    """Predicted seconds of every row with the level at ``1 / inverse_fraction`` and
+    ``latency_us`` (the inverse: the time is linear in it)."""
+    out = []
+    for run in runs:
+        grown, group = _group(cluster, run)
+        fitted = _with_level(grown, index, 1 / inverse_fraction, latency_us)
+        out += [collective_time_s(fitted, run.kind, r.size_bytes, group) for r in run.rows]
+    return np.array(out)
+
+
+def _solve(cluster: ClusterSpec, index: int, runs: Sequence[NcclRun], measured: np.ndarray,
+           start: tuple[float, float], *, with_latency: bool) -> tuple[float, float]:
+    """Least squares of relative time error over (1 / fraction, latency): Gauss-Newton on the
+    cost model, exact in one step where the model is linear (one level, a ring)."""
+    x, lat = start
+    for _ in range(20):
+        now = _times(cluster, index, runs, x, lat)
+        d_x = _times(cluster, index, runs, 2 * x, lat) - now  # per unit of x: x's step is x
+        columns = [d_x / x]
+        if with_latency:
+            columns.append(_times(cluster, index, runs, x, lat + 1.0) - now)
+        design = np.column_stack(columns) / measured[:, None]
+        residual = (measured - now) / measured
+        step, *_ = np.linalg.lstsq(design, residual, rcond=None)
+        if not np.any(design):
+            raise InputError("the runs do not cross the chosen network level; expected runs "
+                             "whose time depends on it (see --level)")
+        x, lat = x + float(step[0]), lat + (float(step[1]) if with_latency else 0.0)
+        if x <= 0:
+            raise InputError("no positive bandwidth fits the runs; expected times that grow "
+                             "with the message size")
+        if np.max(np.abs(step)) < 1e-12 * max(x, abs(lat), 1.0):
+            break
+    return x, lat
+
+
+def fit_network(
+    cluster_path: str | Path, results: Sequence[str | Path], *, level: int | None = None
+) -> NetworkFit:
+    """Fit the network level the nccl-tests ``results`` exercised (or ``level``) so that
+    :func:`planner.cost.collective_time_s` reproduces their out-of-place times: least squares
+    of relative error over every size, large messages fixing the bandwidth fraction, small
+    ones the latency. The returned ``updated_json`` is the cluster file with the fit in."""
+    cluster_path = Path(cluster_path)
+    cluster = load_cluster(cluster_path)
+    runs = [read_nccl_tests(p) for p in results]
+    if level is None:
+        levels = {_level_of(cluster, run) for run in runs}
+        if len(levels) > 1:
+            raise InputError(f"the runs exercise different network levels of {cluster_path} "
+                             f"({', '.join(cluster.network[i].name for i in sorted(levels))}); "
+                             f"expected runs of one level, or --level")
+        level = levels.pop()
+    if not 0 <= level < len(cluster.network):
+        raise InputError(f"{cluster_path}: has network levels 0 to {len(cluster.network) - 1}; "
+                         f"expected --level among them, got {level}")
+    old = cluster.network[level]
+    measured = np.array([r.time_s for run in runs for r in run.rows])
+    start = (1 / old.efficiency.bandwidth_fraction, old.latency_us)
+    x, lat = _solve(cluster, level, runs, measured, start, with_latency=True)
+    smallest = _times(cluster, level, runs, x, lat) - _times(cluster, level, runs, x, 0.0)
+    fitted = lat >= 0 and bool(np.max(smallest / measured) >= LATENCY_SHARE)
+    if not fitted:
+        x, lat = _solve(cluster, level, runs, measured, start, with_latency=False)
+    fraction, lat = round(1 / x, 4), round(lat, 2)
+    if fraction > 1:
+        raise InputError(f"{cluster_path}: the runs are {fraction:.2f} times faster than level "
+                         f"{old.name}'s bandwidth_gb_s {old.bandwidth_gb_s:g} allows; expected "
+                         f"a nominal bandwidth at least the measured bus bandwidth")
+    names = ", ".join(Path(run.path).name for run in runs)
+    source = (f"fitted by `planner calibrate-network` to nccl-tests {names} (out of place, "
+              f"{len(measured)} sizes, least squares on relative time"
+              f"{'' if fitted else '; latency kept: messages too large to see it'})")
+    before = _times(cluster, level, runs, start[0], start[1])
+    after = _times(cluster, level, runs, 1 / fraction, lat)
+    rows, i = [], 0
+    for run in runs:
+        for r in run.rows:
+            busbw = r.size_bytes / after[i] / 1e9 * bus_factor(run.kind, run.ranks)
+            rows.append(NetworkFitRow(
+                path=run.path, kind=run.kind, ranks=run.ranks, size_bytes=r.size_bytes,
+                measured_s=r.time_s, before_s=float(before[i]), after_s=float(after[i]),
+                busbw_gb_s=r.busbw_gb_s, busbw_after_gb_s=float(busbw)))  # fmt: skip
+            i += 1
+    return NetworkFit(
+        cluster=str(cluster_path), level=level, level_name=old.name,
+        bandwidth_fraction_before=old.efficiency.bandwidth_fraction,
+        bandwidth_fraction=fraction, latency_us_before=old.latency_us, latency_us=lat,
+        latency_fitted=fitted, rows=tuple(rows), source=source,
+        updated_json=_updated(cluster_path, level, fraction, lat, source),
+    )  # fmt: skip
+
+
+def _updated(path: Path, level: int, fraction: float, latency_us: float, source: str) -> str:
+    """The cluster file's JSON with the level's fraction, latency and source replaced, every
+    other key where it was (as ``planner calibrate --write`` keeps a device's)."""
+    data = read_json(path)
+    entry = data["network"][level]
+    entry["latency_us"] = latency_us
+    entry["efficiency"] = (entry.get("efficiency") or {}) | {
+        "bandwidth_fraction": fraction, "source": source}
+    return json.dumps(data, indent=2) + "\n"
