@@ -1,5 +1,5 @@
 """The commands about inputs and single configurations: estimate, info, schema, layer,
-validate, calibrate."""
+validate, calibrate, calibrate-network."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from planner.cli.app import (
 from planner.cost import memory_margin_bytes
 from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.info import model_info
+from planner.diagnose.network_fit import fit_network
 from planner.errors import InfeasibleError, InputError
 from planner.frameworks import check_framework
 from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query, solve_layer
@@ -268,3 +269,25 @@ def calibrate_cmd(
     fit = calibrate(runs, clusters, chip=gpu, exclude_families=exclude_family or (),
                     write=write)  # fmt: skip
     render(report.calibration_tables(fit))
+
+
+@app.command("calibrate-network")
+def calibrate_network_cmd(
+    cluster: ClusterArg,
+    results: Annotated[list[Path], typer.Argument(
+        help="nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+        "alltoall_perf) of one network level.")],
+    level: Annotated[int | None, typer.Option(
+        help="The network level the runs exercised (0: innermost); by default the innermost "
+        "level holding their ranks, or the nodes of their hosts.")] = None,
+    write: Annotated[bool, typer.Option(
+        help="Write the fitted bandwidth fraction and latency into the cluster file.")] = False,
+) -> None:
+    """Fit a network level's bandwidth fraction and latency to nccl-tests measurements."""
+    if write:
+        check_target(cluster, option="--write")
+    fit = fit_network(cluster, results, level=level)
+    if write:
+        write_atomic(cluster, fit.updated_json, option="--write")
+    where = f"written to {cluster}" if write else "not written: --write"
+    render([*report.network_fit_tables(fit), where])

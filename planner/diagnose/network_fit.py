@@ -203,16 +203,19 @@ def fit_network(
         bandwidth_fraction_before=old.efficiency.bandwidth_fraction,
         bandwidth_fraction=fraction, latency_us_before=old.latency_us, latency_us=lat,
         latency_fitted=fitted, rows=tuple(rows), source=source,
-        updated_json=_updated(cluster_path, level, fraction, lat, source),
+        updated_json=_updated(cluster_path, level, fraction, lat if fitted else None, source),
     )  # fmt: skip
 
 
-def _updated(path: Path, level: int, fraction: float, latency_us: float, source: str) -> str:
-    """The cluster file's JSON with the level's fraction, latency and source replaced, every
-    other key where it was (as ``planner calibrate --write`` keeps a device's)."""
+def _updated(path: Path, level: int, fraction: float, latency_us: float | None,
+             source: str) -> str:
+    """The cluster file's JSON with the level's fraction, latency (None: as it was) and source
+    replaced, every other key where it was (as ``planner calibrate --write`` keeps a
+    device's)."""
     data = read_json(path)
     entry = data["network"][level]
-    entry["latency_us"] = latency_us
+    if latency_us is not None:
+        entry["latency_us"] = latency_us
     entry["efficiency"] = (entry.get("efficiency") or {}) | {
         "bandwidth_fraction": fraction, "source": source}
     return json.dumps(data, indent=2) + "\n"

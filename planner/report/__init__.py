@@ -9,7 +9,7 @@ from planner.report.tables import (
     layer_tables,
     plan_tables,
 )
-from planner.report.validation import calibration_tables, validation_tables
+from planner.report.validation import calibration_tables, network_fit_tables, validation_tables
 
 __all__ = [
     "calibration_tables",
@@ -17,6 +17,7 @@ __all__ = [
     "estimate_tables",
     "info_tables",
     "layer_tables",
+    "network_fit_tables",
     "plan_tables",
     "simulation_json",
     "simulation_tables",

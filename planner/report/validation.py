@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.diagnose.calibration import Calibration, ValidationRow
+from planner.diagnose.network_fit import NetworkFit
 from planner.report.tables import light_table
 from planner.report.width import Clauses, FirstThatFits, keep_whole, title
 
@@ -83,3 +84,30 @@ def calibration_tables(fit: Calibration) -> list[RenderableType]:
         f"{family} {100 * statistics.median(errors):.1f} %"
         for family, errors in sorted(by_family.items())))  # fmt: skip
     return [head, before, *validation_tables(fit.after, fit.skipped)]
+
+
+def network_fit_tables(fit: NetworkFit) -> list[RenderableType]:
+    """Per message size: measured time, predicted before and after the fit, measured and
+    fitted bus bandwidth; then the fitted level."""
+    table = Table(title=title(f"{fit.level_name}: nccl-tests against the cost model"),
+                  title_justify="left")  # fmt: skip
+    for name in ("test", "size", "meas us", "before", "after", "busbw", "fit bw"):
+        table.add_column(name, justify="left" if name == "test" else "right", no_wrap=True)
+    for r in fit.rows:
+        table.add_row(f"{r.kind} x{r.ranks}", _size(r.size_bytes), f"{r.measured_s * 1e6:.5g}",
+                      f"{r.before_s * 1e6:.5g}", f"{r.after_s * 1e6:.5g}",
+                      f"{r.busbw_gb_s:.1f}", f"{r.busbw_after_gb_s:.1f}")  # fmt: skip
+    latency = (f"latency {fit.latency_us_before:g} -> {fit.latency_us:g} us" if fit.latency_fitted
+               else f"latency kept at {fit.latency_us:g} us (messages too large to see it)")
+    head = Clauses([f"level {fit.level} ({fit.level_name})",
+                    f"bandwidth_fraction {fit.bandwidth_fraction_before:g} -> "
+                    f"{fit.bandwidth_fraction:g}", latency])  # fmt: skip
+    return [table, head, Text("times in us; bus bandwidth in GB/s as nccl-tests defines it")]
+
+
+def _size(nbytes: int) -> str:
+    """A message size in binary units, as nccl-tests' -b/-e options take them."""
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
