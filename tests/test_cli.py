@@ -431,6 +431,9 @@ MALFORMED = {
     "calibrate": Malformed(("calibrate", "{bad}", "--gpu", "A100"),
                            lambda: "[" * 100_000 + "]" * 100_000,
                            ("JSON nested too deeply",)),
+    "calibrate-network": Malformed(("calibrate-network", A100, "{bad}"),
+                                   lambda: "# nThread 1 nGpus 8\nsize time\n",
+                                   ("bad.json", "expected nccl-tests output")),
 }  # fmt: skip
 
 
@@ -456,3 +459,28 @@ def test_malformed_input_is_one_line_for_every_command(case: Malformed, tmp_path
         bad.write_bytes(content if isinstance(content, bytes) else content.encode())
     args = [arg.replace("{bad}", str(bad)) for arg in case.args]
     _assert_one_line_error(_run(*args), *case.needles)
+
+
+# --------------------------------------------------------------------------- calibrate-network
+
+NCCL = REPO / "tests" / "data" / "nccl"
+
+
+def test_calibrate_network_writes_only_the_level(tmp_path: Path) -> None:
+    """--write puts the fit into the cluster file; a bad table leaves the file as it was."""
+    cluster = tmp_path / "pair.json"
+    cluster.write_text((NCCL / "h100-pcie-nvlink-pair.json").read_text())
+    wrong = tmp_path / "all_reduce_perf.txt"
+    wrong.write_text((NCCL / "all_reduce_perf_sample.txt").read_text().replace(
+        "  0   9291.5", "  2   9291.5"))
+    before = cluster.read_text()
+    _assert_one_line_error(_run("calibrate-network", cluster, wrong, "--write"),
+                           str(wrong), "#wrong 2")
+    _assert_one_line_error(_run("calibrate-network", cluster, NCCL / "all_reduce_perf_sample.txt",
+                                "--level", "1", "--write"), "levels 0 to 0")
+    assert cluster.read_text() == before
+    done = _run("calibrate-network", cluster, NCCL / "all_reduce_perf_sample.txt", "--write")
+    assert done.returncode == 0, done.stderr
+    level = json.loads(cluster.read_text())["network"][0]
+    assert level["efficiency"]["bandwidth_fraction"] == 0.3856
+    assert "all_reduce_perf_sample.txt" in level["efficiency"]["source"]

@@ -310,6 +310,18 @@ def test_calibrate(width: int) -> None:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
+def test_calibrate_network(width: int) -> None:
+    """The nccl-tests sample against the cost model, size by size, and the fitted level."""
+    data = REPO / "tests" / "data" / "nccl"
+    done = planner(width, "calibrate-network", str(data / "h100-pcie-nvlink-pair.json"),
+                   str(data / "all_reduce_perf_sample.txt"))
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, "not written: --write", "bandwidth_fraction 1 -> 0.3856",
+                 "115.4", "115.9", "9306.7", "18535")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
 def test_help(width: int) -> None:
     """The commands and ``--debug`` in the top-level help."""
     done = planner(width, "--help")
