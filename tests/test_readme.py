@@ -291,3 +291,10 @@ def test_codesign_rows_are_the_sweep(domain: int) -> None:
                                  f"{100 * row.mfu:.1f} %")  # fmt: skip
     assert days == f"{row.time_to_train_s / 86400:.0f}"
     assert cost == f"${row.cost / 1e6:.1f}M |"
+
+
+def test_calibrate_network_is_the_readme_fit() -> None:
+    """The nccl-tests sample's fit of the NVLink bridge, as the README shows it at 80
+    columns."""
+    args, shown = _shell_command(_block_starting("$ planner calibrate-network").splitlines())
+    _shown(shown, _printed(_run(*args, columns=80)))
