@@ -150,3 +150,10 @@ def test_a_level_the_cluster_lacks_is_refused() -> None:
     """--level beyond the cluster's levels names the file and the levels it has."""
     with pytest.raises(InputError, match="levels 0 to 0"):
         fit_network(PAIR, [SAMPLE], level=3)
+
+
+def test_a_level_the_runs_do_not_cross_is_refused() -> None:
+    """Two ranks on one host never touch a DGX H100's InfiniBand: --level 1 is refused."""
+    with pytest.raises(InputError, match=r"all_reduce_perf_sample.txt: the runs do not cross "
+                       r"level 1 \(infiniband\)"):
+        fit_network(H100, [SAMPLE], level=1)

@@ -139,8 +139,10 @@ def _solve(cluster: ClusterSpec, index: int, runs: Sequence[NcclRun], measured: 
         residual = (measured - now) / measured
         step, *_ = np.linalg.lstsq(design, residual, rcond=None)
         if not np.any(design):
-            raise InputError("the runs do not cross the chosen network level; expected runs "
-                             "whose time depends on it (see --level)")
+            names = ", ".join(run.path for run in runs)
+            raise InputError(f"{names}: the runs do not cross level {index} "
+                             f"({cluster.network[index].name}); expected runs whose time "
+                             f"depends on it (see --level)")
         x, lat = x + float(step[0]), lat + (float(step[1]) if with_latency else 0.0)
         if x <= 0:
             raise InputError("no positive bandwidth fits the runs; expected times that grow "
