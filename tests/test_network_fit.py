@@ -25,7 +25,7 @@ SIZES = [2**k for k in range(3, 31, 3)]  # 8 B to 1 GiB, as -b 8 -e 1G -f 8 runs
 
 
 def _float(value: float, width: int) -> str:
-    """nccl-tests' getFloatStr (NVIDIA/nccl-tests@a0b82b2 src/util.cu:486): two decimals,
+    """nccl-tests' getFloatStr (NVIDIA/nccl-tests@a0b82b2 src/util.cu:487): two decimals,
     then fewer, then none, then an exponent, whichever fits the width."""
     for text in (f"{value:{width}.2f}", f"{value:{width}.1f}", f"{value:{width}.0f}"):
         if len(text) <= width:
@@ -37,7 +37,7 @@ def _table(kind: CollectiveKind, ranks: int, times_s: list[float], *,
            hosts: tuple[str, ...] = ("node0",), wrong: int = 0) -> str:
     """An nccl-tests stdout of ``times_s`` per size of :data:`SIZES`: the nThread line
     (src/util.cu:625), one rank line per rank (src/util.cu:687), the header
-    (src/util.cu:756-760) and result lines (src/util.cu:457, 517)."""
+    (src/util.cu:756-760) and result lines (src/util.cu:457, 508)."""
     binary = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
               "reduce_scatter": "reduce_scatter_perf", "all_to_all": "alltoall_perf"}[kind]
     per_host = ranks // len(hosts)

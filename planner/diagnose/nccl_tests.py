@@ -4,8 +4,8 @@ Every layout rule cites ``NVIDIA/nccl-tests@a0b82b2260cf5152b9f8c061bbf7eaf0ba09
 
 - a result line is the preamble ``"%12li  %12li  %8s  %6s  %6s"`` (size in bytes, count,
   type, redop, root; src/util.cu:457), then the out-of-place body and the in-place body, each
-  ``"  %7s  %6s  %6s  %6g"`` (time in us, algbw and busbw in GB/s, #wrong; src/util.cu:517),
-  or ``N/A`` for #wrong when results were not checked (src/util.cu:519); the header above the
+  ``"  %7s  %6s  %6s  %6g"`` (time in us, algbw and busbw in GB/s, #wrong; src/util.cu:508),
+  or ``N/A`` for #wrong when results were not checked (src/util.cu:510); the header above the
   table (src/util.cu:756-760) names the columns in that order;
 - the size column is ``max(sendBytes, expectedBytes)`` (src/common.cu:938): the all-reduced
   buffer, the all-gather's output, the reduce-scatter's input, one rank's all-to-all buffer,
@@ -75,9 +75,10 @@ class NcclRun:
 
 
 def bus_factor(kind: CollectiveKind, ranks: int) -> float:
-    """busbw / algbw as nccl-tests defines it (NVIDIA/nccl-tests@a0b82b2 doc/PERFORMANCE.md:
-    2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all;
-    src/all_reduce.cu:63, src/alltoall.cu:52).
+    """busbw / algbw as nccl-tests defines it (NVIDIA/nccl-tests@a0b82b2
+    doc/PERFORMANCE.md:138-143: 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
+    reduce-scatter and all-to-all; src/all_reduce.cu:63, src/all_gather.cu:42,
+    src/alltoall.cu:52).
 
     >>> bus_factor("all_reduce", 8), bus_factor("all_gather", 4)
     (1.75, 0.75)
