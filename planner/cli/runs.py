@@ -48,22 +48,22 @@ def from_log_cmd(
     recompute: Annotated[
         Literal["none", "selective", "full"] | None, typer.Option(help="Recomputation.")
     ] = None,
-    zero: Annotated[int | None, typer.Option(help="ZeRO stage (1 = distributed optimizer).")] = None,
+    zero: Annotated[
+        int | None, typer.Option(help="ZeRO stage (1 = distributed optimizer).")
+    ] = None,
     precision: Annotated[
         Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
     ] = None,
     flash_attention: Annotated[
-        bool | None, typer.Option("--flash-attention/--no-flash-attention",
-                                  help="Fused attention kernel.")
+        bool | None, typer.Option("--flash/--no-flash", help="Fused attention kernel.")
     ] = None,
     skip: Annotated[int, typer.Option(min=0, help="Warm-up steps left out.")] = DEFAULT_SKIP,
     run_id: Annotated[str | None, typer.Option("--id", help="The record's id.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the records here (JSON).")] = None,
 ) -> None:
-    """A training log as a run record (JSON list) that validate and calibrate read.
-
-    Options give the configuration; a Megatron-LM log's arguments dump gives what it states,
-    and an option that contradicts it is refused."""
+    """A training log as a run record (JSON list) that validate and calibrate read."""
+    # The options give the configuration; a Megatron-LM log's arguments dump gives what it
+    # states, and an option that contradicts it is refused rather than silently overridden.
     if out is not None:
         check_target(out, inputs=(log, model, cluster))
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)

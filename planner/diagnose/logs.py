@@ -25,9 +25,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from planner.diagnose.runs import model_from_record
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig, resolve
-from planner.diagnose.runs import model_from_record
 from planner.spec import ClusterSpec, ModelSpec
 
 LogFormat = Literal["megatron", "torchtitan"]
@@ -210,7 +210,7 @@ def check_representable(record: dict[str, Any], model: ModelSpec, *, where: str)
     (:func:`planner.diagnose.runs.model_from_record`), so any other field that differs would be
     priced as that GPT instead of as the model that ran."""
     rebuilt = model_from_record(record)
-    ignore = {"name", "max_position_embeddings"}
+    ignore = {"name", "max_position_embeddings", "training"}  # the run states its own training
     mine, theirs = model.model_dump(exclude=ignore), rebuilt.model_dump(exclude=ignore)
     for field in sorted(mine):
         if mine[field] != theirs[field] and field not in ("num_query_groups", "ffn_hidden_size"):
