@@ -149,3 +149,14 @@ def test_model_that_does_not_match_the_log_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert str(log) in done.stderr and "num_layers 96" in done.stderr
     assert done.stdout == ""
+
+
+def test_option_that_contradicts_the_log_is_refused(tmp_path: Path) -> None:
+    """The arguments dump says TP 8; ``--tp 4`` is an error, not a silent choice."""
+    log = tmp_path / "gpt3.log"
+    log.write_text(_megatron_log(_record(CALIBRATION_RUNS, MEGATRON_ID)))
+    done = _from_log(log, "--model", REPO / "instances/models/gpt3-175b.json", "--cluster",
+                     CLUSTERS / "dgx-a100-80gb.json", "--tp", 4)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "tp 8" in done.stderr and "--tp 4" in done.stderr
+    assert read_log(log.read_text(), where="x").global_batch == 1536  # the iteration lines'

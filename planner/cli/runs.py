@@ -75,7 +75,7 @@ def from_log_cmd(
                                  zero=zero, precision=precision,
                                  flash_attention=flash_attention)  # fmt: skip
     fields = {k: v for k, v in given.items() if v is not None}
-    for name, value in config_fields(measured.arguments).items():
+    for name, value in config_fields(measured).items():
         if fields.get(name, value) != value:
             option = "--" + name.replace("_", "-")
             raise InputError(f"{where}: the log's arguments say {name} {value!r}; {option} "

@@ -34,7 +34,7 @@ LogFormat = Literal["megatron", "torchtitan"]
 # Warm-up iterations left out by default: the first iterations build the CUDA graphs, allocate
 # the caching allocator's blocks and tune kernels (cuDNN, NCCL's channels), so they run slower
 # than the steady state the cost model prices; Megatron's own first log line also carries the
-# initialisation overhead (training.py:3556-3562). Three is enough to pass all of that in the
+# initialisation overhead (training.py:3559-3560). Three is enough to pass all of that in the
 # runs we read, and leaves most of a short benchmark's lines.
 DEFAULT_SKIP = 3
 
@@ -72,6 +72,8 @@ class LogRun:
     """Median ``tps`` of the kept torchtitan lines; None for Megatron."""
     arguments: dict[str, str]
     """Megatron's arguments dump, name to value as printed; empty when absent."""
+    global_batch: int | None
+    """The global batch size the kept Megatron lines print, when they all print one."""
 
 
 def megatron_step_times_s(lines: list[str]) -> list[float]:
@@ -121,16 +123,24 @@ def read_log(text: str, *, where: str, skip: int = DEFAULT_SKIP) -> LogRun:
                          f"steps skipped (--skip); expected more")  # fmt: skip
     kept = found[skip:]
     if times:
+        # A batch-size ramp prints several sizes; only one size states the run's batch.
+        batches = {int(m.group(1)) for line in lines if _MEGATRON_ITER.search(line)
+                   and (m := _MEGATRON_BATCH.search(line))}  # fmt: skip
         return LogRun(format="megatron", steps=len(kept), step_time_s=statistics.median(kept),
-                      tokens_per_s_per_gpu=None, arguments=megatron_arguments(lines))  # fmt: skip
+                      tokens_per_s_per_gpu=None, arguments=megatron_arguments(lines),
+                      global_batch=batches.pop() if len(batches) == 1 else None)  # fmt: skip
     return LogRun(format="torchtitan", steps=len(kept), step_time_s=None,
-                  tokens_per_s_per_gpu=statistics.median(kept), arguments={})  # fmt: skip
+                  tokens_per_s_per_gpu=statistics.median(kept), arguments={},
+                  global_batch=None)  # fmt: skip
 
 
-def config_fields(arguments: dict[str, str]) -> dict[str, Any]:
-    """The configuration fields a Megatron arguments dump states (names of
-    :class:`ParallelConfig`); what it does not state is absent."""
+def config_fields(log: LogRun) -> dict[str, Any]:
+    """The configuration fields a Megatron log states in its arguments dump and iteration
+    lines (names of :class:`ParallelConfig`); what it does not state is absent."""
+    arguments = log.arguments
     fields: dict[str, Any] = {}
+    if log.global_batch is not None:
+        fields["global_batch"] = log.global_batch
     for name, field in _MEGATRON_INTS.items():
         value = arguments.get(name, "None")
         if value != "None":
@@ -160,6 +170,7 @@ def check_model(arguments: dict[str, str], model: ModelSpec, *, where: str) -> N
 
 
 def _int(name: str, value: str) -> int:
+    """A dumped argument as an integer, or an InputError naming it."""
     try:
         return int(value)
     except ValueError:
