@@ -428,6 +428,9 @@ MALFORMED = {
                           ("record 0", "layers must be a number, got '24'")),
     "sweep": Malformed(("sweep", "{bad}", "--out", "{bad}.parquet"),
                        lambda: 'model = "m.json"\n[axes\n', ("invalid TOML at line 2",)),
+    "runs from-log": Malformed(("runs", "from-log", "{bad}", "--model", GPT3, "--cluster", A100),
+                               lambda: "step: 1  loss: 2.0  tps: many\n",
+                               ("bad.json", "expected Megatron-LM iteration lines")),
     "calibrate": Malformed(("calibrate", "{bad}", "--gpu", "A100"),
                            lambda: "[" * 100_000 + "]" * 100_000,
                            ("JSON nested too deeply",)),
@@ -441,7 +444,9 @@ def test_every_command_has_a_malformed_input_case() -> None:
     """A new command gets its malformed-input case here."""
     from planner.cli import app
 
-    assert set(MALFORMED) == {command.name for command in app.registered_commands}
+    groups = {f"{group.name} {command.name}" for group in app.registered_groups
+              for command in group.typer_instance.registered_commands}  # fmt: skip
+    assert set(MALFORMED) == {command.name for command in app.registered_commands} | groups
 
 
 @pytest.mark.parametrize(

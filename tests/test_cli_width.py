@@ -330,6 +330,15 @@ def test_help(width: int) -> None:
     assert_whole(done.stdout, "--debug", "traceback", *("solve", "compare", "export"))
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_runs_from_log_help(width: int) -> None:
+    """The options of ``runs from-log``, whose output is JSON."""
+    done = planner(width, "runs", "from-log", "--help")
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, width)
+    assert_whole(done.stdout, "--global-batch", "--skip", "--out")
+
+
 def test_schema_is_json_at_any_width() -> None:
     """The schema is data: the same JSON at any width."""
     narrow, wide = planner(80, "schema", "model"), planner(120, "schema", "model")

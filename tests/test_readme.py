@@ -227,6 +227,18 @@ def test_info_is_the_readme_counts() -> None:
     assert {key: printed[key] for key in shown} == {k: json.loads(v) for k, v in shown.items()}
 
 
+def test_from_log_is_the_readme_record(tmp_path: Path) -> None:
+    """The README's log becomes a record that ``validate`` prices as the README shows."""
+    block = _block_starting("$ planner runs from-log").splitlines()
+    args, rest = _shell_command(block)
+    out = tmp_path / "mine.json"
+    done = _run(*[str(out) if arg == "mine.json" else arg for arg in args])
+    assert done.returncode == 0, done.stderr
+    validate, shown = _shell_command(rest)
+    assert validate == ["validate", "mine.json"]
+    _shown(shown, _printed(_run("validate", out, columns=80)))
+
+
 @needs_shared(CALIBRATION_RUNS)
 def test_validate_is_the_readme_table() -> None:
     """Predicted against measured: every published run's row, and the median and max."""

@@ -1,0 +1,96 @@
+"""``planner runs from-log``: a user's training log as a run record for validate and
+calibrate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from pydantic import ValidationError
+
+from planner.cli.app import NodesOpt, app, option_error
+from planner.diagnose.logs import (
+    DEFAULT_SKIP,
+    check_model,
+    check_representable,
+    config_fields,
+    read_log,
+    run_record,
+)
+from planner.diagnose.runs import device_of
+from planner.errors import InputError
+from planner.plan.config import ParallelConfig
+from planner.plan.files import load_inputs
+from planner.report.output import check_target, write_atomic
+from planner.spec.reading import read_text
+
+runs_app = typer.Typer(no_args_is_help=True, help="Run records for validate and calibrate.")
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.command("from-log")
+def from_log_cmd(
+    log: Annotated[Path, typer.Argument(help="Megatron-LM or torchtitan training log.")],
+    model: Annotated[Path, typer.Option(help="model.json or a Hugging Face config.json.")],
+    cluster: Annotated[Path, typer.Option(help="cluster.json of the GPUs that ran it.")],
+    nodes: NodesOpt = None,
+    tp: Annotated[int | None, typer.Option(help="Tensor-parallel degree.")] = None,
+    pp: Annotated[int | None, typer.Option(help="Pipeline-parallel degree.")] = None,
+    dp: Annotated[int | None, typer.Option(help="Data-parallel degree.")] = None,
+    cp: Annotated[int | None, typer.Option(help="Context-parallel degree.")] = None,
+    vpp: Annotated[int | None, typer.Option(help="Virtual stages per device.")] = None,
+    sp: Annotated[bool | None, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = None,
+    mbs: Annotated[int | None, typer.Option(help="Microbatch size.")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
+    recompute: Annotated[
+        Literal["none", "selective", "full"] | None, typer.Option(help="Recomputation.")
+    ] = None,
+    zero: Annotated[
+        int | None, typer.Option(help="ZeRO stage (1 = distributed optimizer).")
+    ] = None,
+    precision: Annotated[
+        Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
+    ] = None,
+    flash_attention: Annotated[
+        bool | None, typer.Option("--flash/--no-flash", help="Fused attention kernel.")
+    ] = None,
+    skip: Annotated[int, typer.Option(min=0, help="Warm-up steps left out.")] = DEFAULT_SKIP,
+    run_id: Annotated[str | None, typer.Option("--id", help="The record's id.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the records here (JSON).")] = None,
+) -> None:
+    """A training log as a run record (JSON list) that validate and calibrate read."""
+    # The options give the configuration; a Megatron-LM log's arguments dump gives what it
+    # states, and an option that contradicts it is refused rather than silently overridden.
+    if out is not None:
+        check_target(out, inputs=(log, model, cluster))
+    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
+    where = str(log)
+    measured = read_log(read_text(log), where=where, skip=skip)
+    check_model(measured.arguments, model_spec, where=where)
+    given: dict[str, Any] = dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, sp=sp, mbs=mbs,
+                                 global_batch=global_batch, seq_len=seq_len, recompute=recompute,
+                                 zero=zero, precision=precision,
+                                 flash_attention=flash_attention)  # fmt: skip
+    fields = {k: v for k, v in given.items() if v is not None}
+    for name, value in config_fields(measured).items():
+        if fields.get(name, value) != value:
+            option = "--" + name.replace("_", "-")
+            raise InputError(f"{where}: the log's arguments say {name} {value!r}; {option} "
+                             f"{fields[name]!r} contradicts it")  # fmt: skip
+        fields[name] = value
+    try:
+        config = ParallelConfig(**fields)
+    except ValidationError as exc:
+        raise option_error(exc) from None
+    device_of(cluster_spec.device.name)  # validate prices a run on its device's bundled cluster
+    record = run_record(measured, model_spec, cluster_spec, config,
+                        run_id=run_id or log.stem, source=f"training log {log.name}")
+    check_representable(record, model_spec, where=str(model))
+    text = json.dumps([record], indent=2) + "\n"
+    if out is None:
+        print(text, end="")
+    else:
+        write_atomic(out, text, inputs=(log, model, cluster))

@@ -1,0 +1,230 @@
+"""A user's training log as a run record of the validation runs' layout, so ``planner
+validate`` and ``planner calibrate`` read a user's own runs beside the published ones.
+
+Two log formats are read, each by the line its framework prints:
+
+- Megatron-LM's iteration line, ``training_log`` in NVIDIA/Megatron-LM@d98e8a64ddf34856e74b
+  24714e3bedb2f5a39553 megatron/training/training.py:3568-3598 (`` iteration N/M | ... |
+  elapsed time per iteration (ms): X | ... | global batch size: B |``), and its arguments
+  dump, ``_print_args`` in megatron/training/arguments.py:1991-2001 of the same commit
+  (``  name ....... value`` lines between ``--- arguments ---`` and ``--- end of arguments ---``);
+- torchtitan's metrics line, pytorch/torchtitan@b5bcd76c66d0acb1a08b176d9639425bc55e0b2a
+  torchtitan/components/metrics.py:527-536 (``step: N  loss: ...  tps: T  ...``, ANSI colours
+  around each field, ``tps`` with thousands commas); ``tps`` is tokens per second per device
+  (metrics.py:480-483: the data-parallel rank's tokens over the time and the non-data-parallel
+  size), so the step takes ``global batch x sequence / (tps x devices)``.
+
+>>> megatron_step_times_s([" [x] iteration 3/ 9 | elapsed time per iteration (ms): 1500.0 |"])
+[1.5]
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from planner.diagnose.runs import model_from_record
+from planner.errors import InputError
+from planner.plan.config import ParallelConfig, resolve
+from planner.spec import ClusterSpec, ModelSpec
+
+LogFormat = Literal["megatron", "torchtitan"]
+# Warm-up iterations left out by default: the first iterations build the CUDA graphs, allocate
+# the caching allocator's blocks and tune kernels (cuDNN, NCCL's channels), so they run slower
+# than the steady state the cost model prices; Megatron's own first log line also carries the
+# initialisation overhead (training.py:3559-3560). Three is enough to pass all of that in the
+# runs we read, and leaves most of a short benchmark's lines.
+DEFAULT_SKIP = 3
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_MEGATRON_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
+_MEGATRON_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
+_MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
+_TITAN_LINE = re.compile(r"\bstep:\s*(\d+)\s.*\btps:\s*([0-9,]+)")
+_ARG_LINE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
+
+# Megatron argument names (arguments.py) to the configuration fields they set.
+_MEGATRON_INTS = {
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+    "data_parallel_size": "dp", "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep", "virtual_pipeline_model_parallel_size": "vpp",
+    "micro_batch_size": "mbs", "global_batch_size": "global_batch", "seq_length": "seq_len",
+}  # fmt: skip
+# Megatron argument names to the model fields they must agree with.
+_MEGATRON_MODEL = {"num_layers": "num_layers", "hidden_size": "hidden_size",
+                   "num_attention_heads": "num_attention_heads",
+                   "ffn_hidden_size": "ffn_hidden_size"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogRun:
+    """What a log measured, before it is tied to a model and a configuration."""
+
+    format: LogFormat
+    """Which framework printed it."""
+    steps: int
+    """Iteration (or step) lines kept after the warm-up."""
+    step_time_s: float | None
+    """Median step time of the kept Megatron lines; None for torchtitan."""
+    tokens_per_s_per_gpu: float | None
+    """Median ``tps`` of the kept torchtitan lines; None for Megatron."""
+    arguments: dict[str, str]
+    """Megatron's arguments dump, name to value as printed; empty when absent."""
+    global_batch: int | None
+    """The global batch size the kept Megatron lines print, when they all print one."""
+
+
+def megatron_step_times_s(lines: list[str]) -> list[float]:
+    """The step time of every Megatron iteration line, in order."""
+    times = []
+    for line in lines:
+        line = _ANSI.sub("", line)
+        if _MEGATRON_ITER.search(line) and (ms := _MEGATRON_MS.search(line)):
+            times.append(float(ms.group(1)) / 1000.0)
+    return times
+
+
+def titan_tps(lines: list[str]) -> list[float]:
+    """The ``tps`` of every torchtitan metrics line, in order."""
+    return [float(m.group(2).replace(",", "")) for line in lines
+            if (m := _TITAN_LINE.search(_ANSI.sub("", line)))]  # fmt: skip
+
+
+def megatron_arguments(lines: list[str]) -> dict[str, str]:
+    """Megatron's ``arguments`` dump (the first one), name to printed value."""
+    args: dict[str, str] = {}
+    inside = False
+    for line in lines:
+        text = _ANSI.sub("", line).strip()
+        if re.fullmatch(r"-+ arguments -+", text):
+            inside = True
+        elif inside and re.fullmatch(r"-+ end of arguments -+", text):
+            break
+        elif inside and (m := _ARG_LINE.match(text)):
+            args[m.group(1)] = m.group(2)
+    return args
+
+
+def read_log(text: str, *, where: str, skip: int = DEFAULT_SKIP) -> LogRun:
+    """The measured step time (Megatron) or tokens/s per GPU (torchtitan) of a log: the median
+    over its step lines after the first ``skip`` (a median, so a checkpoint save or an
+    evaluation that slows one step does not move it)."""
+    lines = text.splitlines()
+    times, tps = megatron_step_times_s(lines), titan_tps(lines)
+    found = times or tps
+    if not found:
+        raise InputError(f"{where}: expected Megatron-LM iteration lines ('elapsed time per "
+                         f"iteration (ms): X') or torchtitan metrics lines ('step: N ... "
+                         f"tps: T'); found neither")  # fmt: skip
+    if len(found) <= skip:
+        raise InputError(f"{where}: {len(found)} step lines, all within the {skip} warm-up "
+                         f"steps skipped (--skip); expected more")  # fmt: skip
+    kept = found[skip:]
+    if times:
+        # A batch-size ramp prints several sizes; only one size states the run's batch.
+        batches = {int(m.group(1)) for line in lines if _MEGATRON_ITER.search(line)
+                   and (m := _MEGATRON_BATCH.search(line))}  # fmt: skip
+        return LogRun(format="megatron", steps=len(kept), step_time_s=statistics.median(kept),
+                      tokens_per_s_per_gpu=None, arguments=megatron_arguments(lines),
+                      global_batch=batches.pop() if len(batches) == 1 else None)  # fmt: skip
+    return LogRun(format="torchtitan", steps=len(kept), step_time_s=None,
+                  tokens_per_s_per_gpu=statistics.median(kept), arguments={},
+                  global_batch=None)  # fmt: skip
+
+
+def config_fields(log: LogRun) -> dict[str, Any]:
+    """The configuration fields a Megatron log states in its arguments dump and iteration
+    lines (names of :class:`ParallelConfig`); what it does not state is absent."""
+    arguments = log.arguments
+    fields: dict[str, Any] = {}
+    if log.global_batch is not None:
+        fields["global_batch"] = log.global_batch
+    for name, field in _MEGATRON_INTS.items():
+        value = arguments.get(name, "None")
+        if value != "None":
+            fields[field] = _int(name, value)
+    if "sequence_parallel" in arguments:
+        fields["sp"] = arguments["sequence_parallel"] == "True"
+    if arguments.get("recompute_granularity", "None") != "None":
+        fields["recompute"] = arguments["recompute_granularity"]
+    if arguments.get("use_distributed_optimizer") == "True":
+        fields["zero"] = 1
+    if arguments.get("bf16") == "True":
+        fields["precision"] = "bf16"
+    elif arguments.get("fp16") == "True":
+        fields["precision"] = "fp16"
+    if "use_flash_attn" in arguments:
+        fields["flash_attention"] = arguments["use_flash_attn"] == "True"
+    return fields
+
+
+def check_model(arguments: dict[str, str], model: ModelSpec, *, where: str) -> None:
+    """Refuse a model whose shape the log's arguments dump contradicts."""
+    for name, field in _MEGATRON_MODEL.items():
+        value = arguments.get(name, "None")
+        if value != "None" and _int(name, value) != getattr(model, field):
+            raise InputError(f"{where}: the log ran {name} {value}, the model has "
+                             f"{field} {getattr(model, field)}; expected the log's model")
+
+
+def _int(name: str, value: str) -> int:
+    """A dumped argument as an integer, or an InputError naming it."""
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"arguments: {name} {value!r} is not an integer") from None
+
+
+def run_record(
+    log: LogRun, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, run_id: str,
+    source: str,
+) -> dict[str, Any]:
+    """The run as a record of ``calibration_runs.json``'s layout (read by
+    :func:`planner.diagnose.runs.run_from_record`)."""
+    resolved = resolve(model, cluster, config)
+    seq = resolved.training.seq_length
+    batch = resolved.training.global_batch_size
+    if log.step_time_s is not None:
+        step = log.step_time_s
+        basis = "median Megatron-LM iteration time"
+    else:
+        assert log.tokens_per_s_per_gpu is not None  # a torchtitan log has its tps
+        step = batch * seq / (log.tokens_per_s_per_gpu * resolved.num_devices)
+        basis = "global batch x sequence / (median torchtitan tps x devices)"
+    framework = "Megatron-LM" if log.format == "megatron" else "torchtitan"
+    precision = resolved.training.precision
+    return {
+        "id": run_id,
+        "source": f"{source} ({log.steps} steps after warm-up; {basis})",
+        "source_kind": "user log",
+        "software": {"framework": framework, "fused_attention": config.flash_attention,
+                     "dropout": model.hidden_dropout},
+        "model": {"name": model.name, "layers": model.num_layers, "hidden": model.hidden_size,
+                  "heads": model.num_attention_heads, "kv_heads": model.query_groups,
+                  "ffn_hidden": model.ffn, "vocab": model.vocab_size,
+                  "seq_len": seq},
+        "cluster": {"gpu": cluster.device.name, "num_gpus": resolved.num_devices},
+        "parallel": {"tp": config.tp, "pp": config.pp, "dp": resolved.dp, "cp": config.cp,
+                     "ep": config.ep, "vpp": config.vpp, "sp": resolved.sp,
+                     "microbatch": config.mbs, "global_batch": batch,
+                     "recompute": config.recompute, "zero": config.zero},
+        "precision": precision,
+        "measured": {"step_time_s": step},
+        "config_complete": True,
+    }
+
+
+def check_representable(record: dict[str, Any], model: ModelSpec, *, where: str) -> None:
+    """Refuse a model the runs layout cannot carry: a record describes a GPT by its sizes
+    (:func:`planner.diagnose.runs.model_from_record`), so any other field that differs would be
+    priced as that GPT instead of as the model that ran."""
+    rebuilt = model_from_record(record)
+    ignore = {"name", "max_position_embeddings", "training"}  # the run states its own training
+    mine, theirs = model.model_dump(exclude=ignore), rebuilt.model_dump(exclude=ignore)
+    for field in sorted(mine):
+        if mine[field] != theirs[field] and field not in ("num_query_groups", "ffn_hidden_size"):
+            raise InputError(f"{where}: a run record describes a GPT ({theirs[field]!r} for "
+                             f"{field}); the model has {mine[field]!r}, which validate "
+                             f"would not price")  # fmt: skip
