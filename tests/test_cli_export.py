@@ -143,3 +143,23 @@ def test_solve_then_export_round_trip(framework: str, tmp_path: Path) -> None:
         assert tables["training"]["global_batch_size"] == 128
     else:
         assert "--global-batch-size 128" in exported.stdout
+
+
+def test_estimate_out_says_when_its_framework_cannot_launch_it(tmp_path: Path) -> None:
+    """``estimate --framework torchtitan --out`` of TP without SP writes the plan (it was
+    priced) and says, after the tables, the reason torchtitan's profile gives, which is the
+    reason ``export`` then refuses it with; a configuration the framework launches gets no
+    note."""
+    model, cluster = "instances/models/llama3-70b.json", "instances/clusters/dgx-h100-80gb.json"
+    plan = tmp_path / "plan.json"
+    done = _run("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
+                "--zero", "1", "--framework", "torchtitan", "--out", plan)  # fmt: skip
+    assert done.returncode == 0 and plan.exists(), done.stderr
+    assert "note:" in done.stderr and "torchtitan, which cannot launch it" in done.stderr
+    assert "without sp" in done.stderr
+    refused = _run("export", plan, "--format", "torchtitan", "--model", model,
+                   "--cluster", cluster)  # fmt: skip
+    assert refused.returncode == 2 and "without sp" in refused.stderr
+    fine = _run("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
+                "--zero", "1", "--sp", "--framework", "megatron", "--out", tmp_path / "m.json")
+    assert fine.returncode == 0 and "note:" not in fine.stderr, fine.stderr

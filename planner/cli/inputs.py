@@ -18,6 +18,7 @@ from planner.cli.app import (
     NodesOpt,
     app,
     check_options,
+    note,
     option_error,
     print_json,
     render,
@@ -27,9 +28,9 @@ from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.info import model_info
 from planner.diagnose.network_fit import fit_network
 from planner.errors import InfeasibleError, InputError
-from planner.frameworks import check_framework
+from planner.frameworks import check_framework, profile
 from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query, solve_layer
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, resolve
 from planner.plan.files import load_inputs, load_model_file
 from planner.report.output import check_target, write_atomic
 from planner.spec.reading import json_schema
@@ -136,6 +137,12 @@ def estimate_cmd(
         print_json(result.to_dict())
     else:
         render(report.estimate_tables(model_spec, cluster_spec, config, result))
+    if out is not None:
+        target = profile(framework)
+        refused = target.refusals(resolve(model_spec, cluster_spec, config), model_spec)
+        if refused:  # priced and written, but `planner export` would refuse it: say so now
+            note(f"{out} is for {target.title}, which cannot launch it: {'; '.join(refused)}; "
+                 "planner export will refuse it")  # fmt: skip
     if not result.fits:
         raise InfeasibleError(config_infeasible_message(model_spec, cluster_spec, config,
                                                         memory_margin_gib=memory_margin))
