@@ -19,7 +19,7 @@ from planner.cost.offload import (
 from planner.errors import InputError
 from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
-from planner.spec import ClusterSpec
+from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import estimate_batch
 from planner.uniform.remedies import OFFLOAD, config_infeasible_message, config_remedies
 from planner.uniform.space import grid_space, launched_variant, offloaded_variant
@@ -210,9 +210,9 @@ def test_zero_offload_copies_by_hand(precision, zero) -> None:
                               accumulating=True) == NO_SYNC  # fmt: skip
 
 
-def test_host_memory_too_small_does_not_fit() -> None:
-    """A node whose host memory cannot hold its devices' offloaded states does not fit, and
-    the search finds nothing."""
+def _host_starved() -> tuple[ClusterSpec, ClusterSpec, ModelSpec, ParallelConfig]:
+    """Two H100 nodes, the same with 256 GiB of host memory a node (too little for Llama 3
+    70B's offloaded optimizer on TP8 PP2), the model and the offloaded configuration."""
     cluster = h100_nodes()
     assert cluster.host is not None
     small = cluster.model_copy(update={"host": cluster.host.model_copy(
@@ -220,6 +220,13 @@ def test_host_memory_too_small_does_not_fit() -> None:
     model = planner.load_model(LLAMA_70B)
     config = ParallelConfig(tp=8, pp=2, sp=True, zero=1, recompute="full", global_batch=BATCH,
                             offload="optimizer")  # fmt: skip
+    return cluster, small, model, config
+
+
+def test_host_memory_too_small_does_not_fit() -> None:
+    """A node whose host memory cannot hold its devices' offloaded states does not fit, and
+    the search finds nothing."""
+    cluster, small, model, config = _host_starved()
     roomy, starved = planner.estimate(model, cluster, config), planner.estimate(model, small,
                                                                                  config)
     assert roomy.fits and not starved.fits
@@ -285,13 +292,7 @@ def test_cli_offload_option() -> None:
 def test_host_short_message_and_remedies() -> None:
     """A configuration whose devices hold their part but whose node's host memory is short:
     the error says so (not the device's memory), and the remedies hold no second offload."""
-    cluster = h100_nodes()
-    assert cluster.host is not None
-    small = cluster.model_copy(update={"host": cluster.host.model_copy(
-        update={"memory_gib": 256.0})})  # fmt: skip
-    model = planner.load_model(LLAMA_70B)
-    config = ParallelConfig(tp=8, pp=2, sp=True, zero=1, recompute="full", global_batch=BATCH,
-                            offload="optimizer")  # fmt: skip
+    _, small, model, config = _host_starved()
     line = config_infeasible_message(model, small, config)
     assert line.startswith("tp 8, pp 2, cp 1, ep 1, mbs 1, full recompute, ZeRO-1, optimizer "
                            "offloaded: its devices offload 525.7 GiB per node to host memory, "
