@@ -9,9 +9,17 @@ from planner.report.tables import (
     layer_tables,
     plan_tables,
 )
-from planner.report.validation import calibration_tables, network_fit_tables, validation_tables
+from planner.report.validation import (
+    bench_json,
+    bench_tables,
+    calibration_tables,
+    network_fit_tables,
+    validation_tables,
+)
 
 __all__ = [
+    "bench_json",
+    "bench_tables",
     "calibration_tables",
     "compare_tables",
     "estimate_tables",

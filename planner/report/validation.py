@@ -1,14 +1,18 @@
-"""Published runs against the cost model, as tables: validation and calibration."""
+"""Measurements against the cost model, as tables: published runs (validation and
+calibration), nccl-tests (calibrate-network) and kernels (bench)."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from planner.diagnose.bench_fit import BenchFit
 from planner.diagnose.calibration import Calibration, ValidationRow
 from planner.diagnose.network_fit import NetworkFit
 from planner.report.tables import light_table
@@ -111,3 +115,64 @@ def _size(nbytes: int) -> str:
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"
     return str(nbytes)
+
+
+BENCH_PARTS = (("gemm", "GEMMs"), ("attention", "attention"), ("memory", "adds"),
+               ("elementwise", "norm, act."), ("optimizer", "Adam step"))  # fmt: skip
+"""The bench's kinds of kernel in the order fitted, as its summary names them."""
+
+
+def bench_tables(fit: BenchFit) -> list[RenderableType]:
+    """Per kind of kernel: how many ran and the median error of the cost model before and
+    after the fit (the last two kinds are checks, not fitted); then the block's values before
+    and after, what was kept, and what did not run."""
+    summary = Table(title=title(f"{fit.device}: kernels timed on {fit.timings.device_name}"),
+                    title_justify="left")  # fmt: skip
+    for name in ("kernels", "ran", "error before", "after", ""):
+        summary.add_column(name, justify="left" if name in ("kernels", "") else "right",
+                           no_wrap=name != "")  # fmt: skip
+    for kind, name in BENCH_PARTS:
+        ran = sum(r.kind == kind for r in fit.rows)
+        if not ran:
+            continue
+        checked = kind in ("elementwise", "optimizer")
+        summary.add_row(name, str(ran), f"{100 * fit.median_error(kind, fitted=False):.0f} %",
+                        f"{100 * fit.median_error(kind, fitted=True):.0f} %",
+                        "check, not fitted" if checked else "")  # fmt: skip
+    before, after = fit.before, fit.after
+    values = [("gemm.max_fraction", before.gemm.max_fraction, after.gemm.max_fraction),
+              ("gemm.half_saturation_gflop", before.gemm.half_saturation_gflop,
+               after.gemm.half_saturation_gflop),
+              ("memory_bound_fraction", before.memory_bound_fraction,
+               after.memory_bound_fraction),
+              ("kernel_launch_us", before.kernel_launch_us, after.kernel_launch_us)]
+    if after.attention is not None:
+        old = before.attention
+        for field in ("max_fraction", "half_saturation_tokens", "half_saturation_head_dim"):
+            values.append((f"attention.{field}", getattr(old, field) if old else None,
+                           getattr(after.attention, field)))  # fmt: skip
+    block = light_table("efficiency", collapse_padding=True)
+    for name in ("field", "before", "after"):
+        block.add_column(name, justify="left" if name == "field" else "right", no_wrap=True)
+    for name, old_value, new_value in values:
+        block.add_row(name, "-" if old_value is None else f"{old_value:g}", f"{new_value:g}")
+    out: list[RenderableType] = [
+        summary, Text(f"error: median |predicted / measured - 1|; {fit.timings.backend}, torch "
+                      f"{fit.timings.torch_version}, {fit.timings.precision}"), block]
+    out += [Text(f"note: {n}") for n in fit.notes]
+    out += [Text(f"not run: {s}") for s in fit.timings.skipped]
+    return out
+
+
+def bench_json(fit: BenchFit, *, written: bool) -> dict[str, Any]:
+    """The bench as JSON: what ran where, the block before and after (as the cluster file
+    spells it), every kernel's times, the notes."""
+    return {
+        "cluster": fit.cluster, "device": fit.device, "written": written,
+        "timings": {f: getattr(fit.timings, f) for f in ("device_name", "backend",
+                                                         "torch_version", "precision",
+                                                         "skipped")},
+        "before": fit.before.model_dump(mode="json"),
+        "after": fit.after.model_dump(mode="json"),
+        "rows": [asdict(r) for r in fit.rows], "notes": list(fit.notes), "source": fit.source,
+    }  # fmt: skip

@@ -1,0 +1,219 @@
+"""The kernels ``planner bench`` times: the shapes the cost model prices for one model.
+
+Each case is one kernel as the cost model sees it, with the FLOPs and bytes
+:func:`planner.cost.compute_time_s` prices it by, so that a measured time and a predicted one
+are about the same work:
+
+- every GEMM of a decoder layer and of the head, at each tensor-parallel degree that splits it
+  and each microbatch, in its three orientations (the forward ``X W``, the input gradient
+  ``dY W^T`` and the weight gradient ``X^T dY``: the cost model prices all three by their
+  FLOPs per call);
+- fused causal attention, forward and backward, at the model's sequence length and shorter
+  ones, with the model's head dim and the common 64 and 128 (the curve's head-dim term needs
+  more than one);
+- memory-bound kernels: an add (the residual, STREAM's "add") of a few kilobytes, which
+  fixes the launch cost, and of more than the device's cache and the model's activations,
+  which fixes the bandwidth;
+- checks of the memory-bound price, not fitted: the model's norm and activation function at
+  its activations' sizes, and one Adam step over a decoder layer's parameters.
+
+Nothing here needs PyTorch; :mod:`planner.diagnose.bench_torch` runs the cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.cost import CAUSAL_FRACTION, FLASH_BACKWARD_FACTOR
+from planner.graph import lowered
+from planner.graph.lower import ACTIVATION_BYTES
+from planner.graph.ops import TENSOR_PARALLEL_DIMS, Op
+from planner.spec import ModelSpec, TrainingSpec
+
+BenchKind = Literal["gemm", "attention", "memory", "elementwise", "optimizer"]
+Kernel = Literal["matmul", "attention_forward", "attention_backward", "add", "layer_norm",
+                 "rms_norm", "gelu", "silu", "adam"]  # fmt: skip
+
+ATTENTION_HEAD_DIMS = (64, 128)
+"""Head dims timed besides the model's own: the attention curve's head-dim term is fitted
+only from more than one."""
+SHORTEST_ATTENTION_SEQ = 128
+"""Sequences shorter than this are not timed: the kernels' tiles are 64 to 128 rows."""
+SMALL_ADD_ELEMENTS = (1 << 10, 1 << 12, 1 << 14)
+"""Adds of a few kilobytes: their time is the launch cost."""
+LARGE_ADD_ELEMENTS = (1 << 24, 1 << 25, 1 << 26)
+"""Adds of 32 to 128 MiB a tensor in bf16, three tensors each: past every device's last-level
+cache (50 MiB on H100, 192 MiB on Ascend 910B), so that their time is HBM's bandwidth. Sizes
+between the two sets run in cache, which the roofline has no term for: they are not timed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchCase:
+    """One kernel to time and the work the cost model prices it by."""
+
+    kind: BenchKind
+    """Which part of the efficiency block the case measures."""
+    kernel: Kernel
+    """What the runner executes."""
+    label: str
+    """Where the shape comes from, e.g. ``layer1.mlp_up tp2 mb1 dW``."""
+    shape: tuple[int, ...]
+    """``matmul``: (m, k, n) for an (m x k) by (k x n) product; attention: (batch, heads, seq,
+    head_dim); memory-bound kernels: (rows, columns) of their input; ``adam``: (params,)."""
+    flops: float
+    """FLOPs the cost model prices (a fused causal kernel's executed ones)."""
+    bytes_moved: float
+    """Bytes the kernel reads and writes."""
+    keys_per_query: float = 0.0
+    """Attention: keys each query attends to on average (half the sequence, causal)."""
+    head_dim: float = 0.0
+    """Attention: dims per head."""
+    calls: int = 1
+    """Kernels the cost model charges a launch for (two for attention's backward)."""
+
+
+def _matmuls(op: Op, tokens: int, degree: int, mb: int, element_bytes: float
+             ) -> list[BenchCase]:
+    """The three GEMMs of a linear op's forward and backward on one of ``degree``
+    tensor-parallel ranks (its weight split along the dim tensor parallelism splits)."""
+    assert op.weight is not None
+    (in_name, k), (out_name, n) = op.weight.dims[-2:]
+    k //= degree if in_name in TENSOR_PARALLEL_DIMS else 1
+    n //= degree if out_name in TENSOR_PARALLEL_DIMS else 1
+    m = tokens
+    cases = []
+    for suffix, (a, b, c) in (("fwd", (m, k, n)), ("dX", (m, n, k)), ("dW", (k, m, n))):
+        cases.append(BenchCase(
+            kind="gemm", kernel="matmul", label=f"{op.name} tp{degree} mb{mb} {suffix}",
+            shape=(a, b, c), flops=2.0 * a * b * c,
+            bytes_moved=(a * b + b * c + a * c) * element_bytes))  # fmt: skip
+    return cases
+
+
+def _splits(op: Op, degree: int) -> bool:
+    """Whether tensor parallelism of ``degree`` splits the op's weight evenly."""
+    assert op.weight is not None
+    return any(op.splittable(name, size, degree) for name, size in op.weight.dims
+               if name in TENSOR_PARALLEL_DIMS)  # fmt: skip
+
+
+def gemm_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Sequence[int],
+               micro_batches: Sequence[int]) -> list[BenchCase]:
+    """The GEMMs of the first decoder layer of each kind and of the head, per tensor-parallel
+    degree that splits them and per microbatch; shapes met twice are timed once. A routed
+    expert's GEMM is one expert's share of the tokens."""
+    element_bytes = ACTIVATION_BYTES[training.precision]
+    cases: dict[tuple[int, ...], BenchCase] = {}
+    for mb in micro_batches:
+        for op in _first_of_each_kind(model, training, mb):
+            if op.kind not in ("linear", "expert_linear") or op.weight is None:
+                continue
+            k, n = (size for _, size in op.weight.dims[-2:])
+            tokens = round(op.flops / op.gemm_calls / (2.0 * k * n))
+            for degree in tensor_parallel:
+                if degree > 1 and not _splits(op, degree):
+                    continue
+                for case in _matmuls(op, tokens, degree, mb, element_bytes):
+                    cases.setdefault(case.shape, case)
+    return list(cases.values())
+
+
+def attention_cases(model: ModelSpec, training: TrainingSpec) -> list[BenchCase]:
+    """Fused causal attention, forward and backward, at the model's sequence length and its
+    halvings down to :data:`SHORTEST_ATTENTION_SEQ`, with the model's head dim and
+    :data:`ATTENTION_HEAD_DIMS`; the model's heads, one sequence a call."""
+    element_bytes = ACTIVATION_BYTES[training.precision]
+    core = next((op for op in _first_of_each_kind(model, training, 1)
+                 if op.kind == "attention"), None)  # fmt: skip
+    if core is None:
+        return []
+    heads = model.num_attention_heads
+    head_dims = sorted({round(core.head_dim), *ATTENTION_HEAD_DIMS})
+    seqs, seq = [], training.seq_length
+    while seq >= SHORTEST_ATTENTION_SEQ or not seqs:
+        seqs.append(seq)
+        seq //= 2
+    cases = []
+    for s in seqs:
+        for d in head_dims:
+            forward = CAUSAL_FRACTION * 4.0 * heads * s * s * d
+            qkvo = 4 * heads * s * d * element_bytes
+            for kernel, flops, moved, calls in (
+                ("attention_forward", forward, qkvo, 1),
+                ("attention_backward", FLASH_BACKWARD_FACTOR * forward, 2 * qkvo, 2),
+            ):
+                cases.append(BenchCase(
+                    kind="attention", kernel=kernel,  # type: ignore[arg-type]
+                    label=f"attention s{s} d{d} {'fwd' if calls == 1 else 'bwd'}",
+                    shape=(1, heads, s, d), flops=flops, bytes_moved=moved,
+                    keys_per_query=CAUSAL_FRACTION * s, head_dim=d, calls=calls))  # fmt: skip
+    return cases
+
+
+def memory_cases(model: ModelSpec, training: TrainingSpec, *,
+                 micro_batches: Sequence[int]) -> list[BenchCase]:
+    """Adds of :data:`SMALL_ADD_ELEMENTS` and :data:`LARGE_ADD_ELEMENTS` (and of four times
+    the largest microbatch's residual stream when that is larger still); then, as checks,
+    the model's norm over the residual stream and its activation function over the FFN's
+    activations (SwiGLU timed as its SiLU, one kernel), per microbatch."""
+    element_bytes = ACTIVATION_BYTES[training.precision]
+    hidden, tokens = model.hidden_size, training.seq_length
+    stream = 4 * max(micro_batches) * tokens * hidden
+    sizes = [*SMALL_ADD_ELEMENTS, *LARGE_ADD_ELEMENTS]
+    if stream > sizes[-1]:
+        sizes.append(stream)
+    cases = [BenchCase(kind="memory", kernel="add", label=f"add {size}", shape=(1, size),
+                       flops=0.0, bytes_moved=3.0 * size * element_bytes)
+             for size in sizes]  # fmt: skip
+    norm = "layer_norm" if model.normalization == "layernorm" else "rms_norm"
+    activation = "gelu" if model.activation == "gelu" else "silu"
+    for mb in micro_batches:
+        rows = mb * tokens
+        for kernel, columns in ((norm, hidden), (activation, model.ffn)):
+            cases.append(BenchCase(
+                kind="elementwise", kernel=kernel,  # type: ignore[arg-type]
+                label=f"{kernel} mb{mb}", shape=(rows, columns), flops=0.0,
+                bytes_moved=2.0 * rows * columns * element_bytes))  # fmt: skip
+    return cases
+
+
+def optimizer_case(model: ModelSpec, training: TrainingSpec) -> BenchCase:
+    """Adam over the parameters of the first decoder layer (no tensor parallelism): fp32
+    master weights, moments and gradients, then the compute-precision copy of the weights."""
+    layer = next(ops for ops in _layers(model, training, 1) if ops[0].layer >= 1)
+    params = sum(op.params for op in layer)
+    return BenchCase(kind="optimizer", kernel="adam", label=f"adam {params} params",
+                     shape=(params,), flops=0.0, bytes_moved=0.0)
+
+
+def bench_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Sequence[int],
+                micro_batches: Sequence[int]) -> list[BenchCase]:
+    """Every case of ``model`` at ``training``'s sequence length and precision.
+
+    >>> from planner.spec import ModelSpec, TrainingSpec
+    >>> model = ModelSpec(name="tiny", num_layers=2, hidden_size=256, num_attention_heads=4,
+    ...                   vocab_size=512, max_position_embeddings=256)
+    >>> cases = bench_cases(model, TrainingSpec(seq_length=256, global_batch_size=1),
+    ...                     tensor_parallel=(1, 2), micro_batches=(1,))
+    >>> sorted({c.kind for c in cases})
+    ['attention', 'elementwise', 'gemm', 'memory', 'optimizer']
+    >>> next(c.shape for c in cases if c.label == "layer1.mlp_up tp2 mb1 fwd")
+    (256, 256, 512)
+    """
+    return [*gemm_cases(model, training, tensor_parallel=tensor_parallel,
+                        micro_batches=micro_batches),
+            *attention_cases(model, training),
+            *memory_cases(model, training, micro_batches=micro_batches),
+            optimizer_case(model, training)]  # fmt: skip
+
+
+def _layers(model: ModelSpec, training: TrainingSpec, mb: int) -> list[tuple[Op, ...]]:
+    """The ops of the first layer of each kind (embedding, dense, MoE, head)."""
+    index = lowered(model, training, mb)[1]
+    return [index.ops_by_layer[layers[0]] for layers in index.layers_by_kind.values()]
+
+
+def _first_of_each_kind(model: ModelSpec, training: TrainingSpec, mb: int) -> list[Op]:
+    return [op for ops in _layers(model, training, mb) for op in ops]

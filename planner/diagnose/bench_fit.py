@@ -1,0 +1,276 @@
+"""Fitting a device's efficiency block to the bench's timings.
+
+The fitted quantities are those of :class:`planner.spec.DeviceEfficiency` that kernels alone
+show: ``memory_bound_fraction`` and ``kernel_launch_us`` from the memory-bound kernels, the
+GEMM curve (``gemm.max_fraction``, ``gemm.half_saturation_gflop``) from the GEMMs, and the
+attention curve from the fused attention kernels, in that order, each with the ones before
+it fixed. Every prediction is the cost model's own (:func:`planner.cost.compute_time_s`,
+:func:`planner.cost.attention_fraction`, :func:`planner.cost.optimizer_step_s`): the fit
+never restates a formula, so what it writes is what the planner prices with. The residual is
+the log of predicted over measured time, so a kernel of 5 us weighs as much as one of 5 ms.
+
+``overlap_contention`` and the validation bands come from whole training runs (``planner
+calibrate``), not from kernels: the first is kept, the second dropped on a write, since the
+residuals it holds were of the block being replaced.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from planner.cost import attention_fraction, compute_time_s, optimizer_step_s
+from planner.diagnose.bench_cases import BenchCase, BenchKind
+from planner.diagnose.bench_torch import Timings
+from planner.errors import InputError
+from planner.spec import AttentionEfficiency, DeviceEfficiency, DeviceSpec, GemmEfficiency
+from planner.spec import limits as lim
+from planner.spec.reading import load_cluster, read_json
+from planner.vocabulary import Precision
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRow:
+    """One timed kernel against the cost model before and after the fit."""
+
+    label: str
+    """Where its shape comes from."""
+    kind: BenchKind
+    """The part of the block it measures."""
+    shape: tuple[int, ...]
+    """Its shape (:attr:`BenchCase.shape`)."""
+    flops: float
+    """FLOPs priced."""
+    bytes_moved: float
+    """Bytes priced."""
+    measured_s: float
+    """Median seconds per call."""
+    before_s: float
+    """Predicted with the cluster file as it was."""
+    after_s: float
+    """Predicted with the fitted block."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchFit:
+    """A device's efficiency block fitted to the bench."""
+
+    cluster: str
+    """The cluster file."""
+    device: str
+    """Its device's name."""
+    timings: Timings
+    """What was measured, and on what."""
+    before: DeviceEfficiency
+    """The block as the file had it."""
+    after: DeviceEfficiency
+    """The fitted block."""
+    rows: tuple[BenchRow, ...]
+    """Every case that ran."""
+    notes: tuple[str, ...]
+    """What the fit could not pin and kept, and what a write drops."""
+    source: str
+    """What the fitted parts' ``source`` says after a write."""
+    updated_json: str
+    """The cluster file with the fitted block in, every other key where it was."""
+
+    def median_error(self, kind: BenchKind, *, fitted: bool) -> float:
+        """Median of |predicted / measured - 1| over the cases of ``kind``."""
+        errors = [abs((r.after_s if fitted else r.before_s) / r.measured_s - 1)
+                  for r in self.rows if r.kind == kind]  # fmt: skip
+        return statistics.median(errors) if errors else float("nan")
+
+
+def predicted_s(case: BenchCase, device: DeviceSpec, precision: Precision) -> float:
+    """The cost model's seconds for ``case`` on ``device``, as it prices the op the case
+    stands for (:func:`planner.cost.op_time`'s roofline; Adam as the optimizer step)."""
+    if case.kind == "optimizer":
+        return optimizer_step_s(device, precision, params=case.shape[0])
+    fraction = None
+    curve = device.efficiency.attention
+    if case.kind == "attention" and curve is not None:
+        fraction = attention_fraction(curve, keys_per_query=case.keys_per_query,
+                                      head_dim=case.head_dim)  # fmt: skip
+    return compute_time_s(device, precision, flops=case.flops, bytes_moved=case.bytes_moved,
+                          calls=case.calls, fraction=fraction)  # fmt: skip
+
+
+def _with(device: DeviceSpec, **changes: object) -> DeviceSpec:
+    efficiency = device.efficiency.model_copy(update=changes)
+    return device.model_copy(update={"efficiency": efficiency})
+
+
+def _fit(cases: Sequence[BenchCase], measured: np.ndarray, precision: Precision,
+         make: Callable[[np.ndarray], DeviceSpec], start: Sequence[float],
+         bounds: tuple[Sequence[float], Sequence[float]]) -> np.ndarray:
+    """Least squares of log(predicted / measured) over ``cases``, the device built from the
+    parameters by ``make``."""
+    def residuals(x: np.ndarray) -> np.ndarray:
+        device = make(x)
+        return np.log([predicted_s(c, device, precision) for c in cases]) - np.log(measured)
+
+    lower, upper = np.array(bounds[0], float), np.array(bounds[1], float)
+    x0 = np.clip(np.array(start, float), lower, upper)
+    return least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
+
+
+def _check_peak(cluster: str, device: DeviceSpec, what: str, fraction: float, achieved: str,
+                limit: str) -> None:
+    if fraction > 1:
+        raise InputError(f"{cluster}: {what} ran at {achieved}, above device {device.name}'s "
+                         f"{limit}; expected the cluster file of the device that was measured")
+
+
+def fit_bench(
+    cluster_path: str | Path,
+    cases: Sequence[BenchCase],
+    timings: Timings,
+    *,
+    model_name: str,
+    seq_length: int,
+    date: str | None = None,
+) -> BenchFit:
+    """Fit the cluster's device to the bench's ``timings`` of ``cases`` (run on that device at
+    ``timings.precision``), returning the fitted block and the file with it written in."""
+    cluster_path = Path(cluster_path)
+    device = load_cluster(cluster_path).device
+    precision = timings.precision
+    ran = [(c, s) for c, s in zip(cases, timings.seconds, strict=True) if s is not None]
+
+    def of(kind: BenchKind) -> tuple[list[BenchCase], np.ndarray]:
+        picked = [(c, s) for c, s in ran if c.kind == kind]
+        return [c for c, _ in picked], np.array([s for _, s in picked])
+
+    notes: list[str] = []
+    fitted = device
+    memory, t_memory = of("memory")
+    if len(memory) < 2:
+        raise InputError(f"{cluster_path}: fewer than two memory-bound kernels ran; expected "
+                         f"their times to fit the memory-bound fraction and launch cost")
+    fraction, launch = _fit(
+        memory, t_memory, precision,
+        lambda x: _with(device, memory_bound_fraction=min(x[0], 1.0), kernel_launch_us=x[1]),
+        (device.efficiency.memory_bound_fraction, device.efficiency.kernel_launch_us or 1.0),
+        ((1e-4, 0.0), (1.0, lim.MAX_LATENCY_US)))
+    # At the bound the fraction may still be too slow for the data: see what it would be.
+    best = max(c.bytes_moved / (s - launch * 1e-6) for c, s in zip(memory, t_memory, strict=True)
+               if s > launch * 1e-6) / device.memory_bandwidth_bytes_s  # fmt: skip
+    _check_peak(str(cluster_path), device, "memory-bound kernels", best,
+                f"{best * device.memory_bandwidth_gb_s:.0f} GB/s",
+                f"memory_bandwidth_gb_s {device.memory_bandwidth_gb_s:g}")
+    fitted = _with(device, memory_bound_fraction=round(float(fraction), 4),
+                   kernel_launch_us=round(float(launch), 2))
+
+    gemms, t_gemm = of("gemm")
+    if not gemms:
+        raise InputError(f"{cluster_path}: no GEMM ran; expected their times to fit the GEMM "
+                         f"curve")
+    peak = device.peak_flops_per_s(precision)
+    fastest = max(c.flops / s for c, s in zip(gemms, t_gemm, strict=True))
+    _check_peak(str(cluster_path), device, "GEMMs", fastest / peak,
+                f"{fastest / 1e12:.1f} TFLOP/s", f"{precision} peak {peak / 1e12:g} TFLOP/s")
+    gmax, ghalf = _fit(
+        gemms, t_gemm, precision,
+        lambda x: _with(fitted, gemm=GemmEfficiency(max_fraction=x[0],
+                                                    half_saturation_gflop=x[1])),
+        (fastest / peak, 1.0), ((1e-6, 0.0), (1.0, lim.MAX_HALF_SATURATION_GFLOP)))
+    fitted = _with(fitted, gemm=GemmEfficiency(max_fraction=round(float(gmax), 4),
+                                               half_saturation_gflop=round(float(ghalf), 3)))
+
+    attention, t_attention = of("attention")
+    if attention:
+        fitted = _with(fitted, attention=_fit_attention(str(cluster_path), attention,
+                                                        t_attention, fitted, precision, notes))
+    else:
+        notes.append("no attention kernel ran: the attention curve is kept as it was")
+        fitted = _with(fitted, attention=device.efficiency.attention)
+    if device.efficiency.validation:
+        notes.append("the validation bands (residuals of `planner calibrate` with the old "
+                     "block) are dropped on --write: re-run `planner calibrate` with runs on "
+                     "this device to measure the new block's error")
+    counts = {k: sum(c.kind == k for c, _ in ran) for k in ("gemm", "attention", "memory")}
+    source = (f"measured by `planner bench` on {timings.device_name} ({timings.backend}, torch "
+              f"{timings.torch_version}) in {precision}, {date or datetime.date.today()}, with "
+              f"{model_name}'s shapes at sequence {seq_length}: {counts['gemm']} GEMMs, "
+              f"{counts['attention']} attention kernels, {counts['memory']} memory-bound "
+              f"kernels; least squares on log time through the cost model's roofline")
+    rows = tuple(BenchRow(label=c.label, kind=c.kind, shape=c.shape, flops=c.flops,
+                          bytes_moved=c.bytes_moved, measured_s=s,
+                          before_s=predicted_s(c, device, precision),
+                          after_s=predicted_s(c, fitted, precision)) for c, s in ran)
+    return BenchFit(cluster=str(cluster_path), device=device.name, timings=timings,
+                    before=device.efficiency, after=fitted.efficiency, rows=rows,
+                    notes=tuple(notes), source=source,
+                    updated_json=_updated(cluster_path, fitted.efficiency, source))
+
+
+def _fit_attention(cluster: str, cases: Sequence[BenchCase], measured: np.ndarray,
+                   device: DeviceSpec, precision: Precision, notes: list[str]
+                   ) -> AttentionEfficiency:
+    """The attention curve, each half-saturation term fitted only when the kernels vary what
+    it describes (else kept from the file, or 0)."""
+    old = device.efficiency.attention
+    free = {"tokens": len({c.keys_per_query for c in cases}) > 1,
+            "head_dim": len({c.head_dim for c in cases}) > 1}
+    kept = {"tokens": old.half_saturation_tokens if old else 0.0,
+            "head_dim": old.half_saturation_head_dim if old else 0.0}
+    for term, varies in free.items():
+        if not varies:
+            notes.append(f"the attention kernels ran at one {term.replace('_', ' ')}: its "
+                         f"half-saturation term is kept at {kept[term]:g}")
+    names = ["max"] + [t for t in ("tokens", "head_dim") if free[t]]
+    peak = device.peak_flops_per_s(precision)
+    fastest = max(c.flops / s for c, s in zip(cases, measured, strict=True)) / peak
+    _check_peak(cluster, device, "attention", fastest, f"{fastest * peak / 1e12:.1f} TFLOP/s",
+                f"{precision} peak {peak / 1e12:g} TFLOP/s")
+
+    def curve(x: np.ndarray) -> AttentionEfficiency:
+        values = dict(zip(names, x, strict=True))
+        return AttentionEfficiency(
+            max_fraction=values["max"],
+            half_saturation_tokens=values.get("tokens", kept["tokens"]),
+            half_saturation_head_dim=values.get("head_dim", kept["head_dim"]))
+
+    upper = {"max": 1.0, "tokens": lim.MAX_SEQ_LENGTH, "head_dim": lim.MAX_HEAD_DIM}
+    # From the fastest kernel's fraction, not the file's: a start far below the data leaves
+    # every kernel on the roofline's memory side, where the curve has no gradient.
+    start = {"max": fastest, "tokens": max(kept["tokens"], 64.0),
+             "head_dim": max(kept["head_dim"], 16.0)}
+    x = _fit(cases, measured, precision, lambda x: _with(device, attention=curve(x)),
+             [start[n] for n in names],
+             ([1e-6 if n == "max" else 0.0 for n in names], [upper[n] for n in names]))
+    fitted = curve(x)
+    return AttentionEfficiency(
+        max_fraction=round(fitted.max_fraction, 4),
+        half_saturation_tokens=round(fitted.half_saturation_tokens, 1),
+        half_saturation_head_dim=round(fitted.half_saturation_head_dim, 2))
+
+
+def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
+    """The cluster file's JSON with the device's fitted fields replaced, each with
+    ``source``; ``overlap_contention`` and every other key kept where it was, the validation
+    bands dropped."""
+    data = read_json(path)
+    block = data["device"].get("efficiency") or {}
+    block["gemm"] = {"max_fraction": efficiency.gemm.max_fraction,
+                     "half_saturation_gflop": efficiency.gemm.half_saturation_gflop,
+                     "source": source}  # fmt: skip
+    if efficiency.attention is not None:
+        curve = efficiency.attention
+        block["attention"] = {"max_fraction": curve.max_fraction,
+                              "half_saturation_tokens": curve.half_saturation_tokens,
+                              "half_saturation_head_dim": curve.half_saturation_head_dim,
+                              "source": curve.source or source}  # fmt: skip
+    block["memory_bound_fraction"] = efficiency.memory_bound_fraction
+    block["kernel_launch_us"] = efficiency.kernel_launch_us
+    block["source"] = f"memory_bound_fraction, kernel_launch_us: {source}"
+    block.pop("validation", None)
+    data["device"]["efficiency"] = block
+    return json.dumps(data, indent=2) + "\n"

@@ -1,0 +1,277 @@
+"""planner bench: the kernels it times are the cost model's, its fit gives back the block that
+made the times, and on the CPU it writes a block the cluster file reads back."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.cost import executed_flops
+from planner.diagnose.bench_cases import BenchCase, bench_cases
+from planner.diagnose.bench_fit import fit_bench, predicted_s
+from planner.diagnose.bench_torch import Timings
+from planner.errors import InputError
+from planner.graph import lowered
+from planner.spec import (
+    AttentionEfficiency,
+    DeviceEfficiency,
+    DeviceSpec,
+    GemmEfficiency,
+    ModelSpec,
+    TrainingSpec,
+)
+from planner.spec.reading import load_cluster, load_model
+from tests.conftest import REPO
+
+DATA = REPO / "tests" / "data" / "bench"
+CPU_NODE = DATA / "cpu-node.json"
+TINY = DATA / "tiny-llama.json"
+LLAMA_8B = REPO / "instances" / "models" / "llama3-8b.json"
+H100 = REPO / "instances" / "clusters" / "dgx-h100-80gb.json"
+
+
+def _cases(model: ModelSpec, seq: int = 2048, precision: str = "bf16") -> list[BenchCase]:
+    training = TrainingSpec(seq_length=seq, global_batch_size=1,
+                            precision=precision)  # type: ignore[arg-type]
+    return bench_cases(model, training, tensor_parallel=(1, 2, 4, 8), micro_batches=(1, 2))
+
+
+# --------------------------------------------------------------------------- the cases
+
+
+def test_gemms_are_the_layers_matmuls_in_three_orientations() -> None:
+    """At TP1 and microbatch 1 the forward GEMMs of a decoder layer carry exactly the FLOPs the
+    graph gives its linear ops; each one's two backward GEMMs the same again; at TP8 each
+    column- or row-parallel shard an eighth."""
+    model = load_model(LLAMA_8B)
+    training = TrainingSpec(seq_length=2048, global_batch_size=1)
+    cases = {c.label: c for c in _cases(model)}
+    layer = lowered(model, training, 1)[1].ops_by_layer[1]
+    for op in (op for op in layer if op.kind == "linear"):
+        for pass_ in ("fwd", "dX", "dW"):
+            case = cases.get(f"{op.name} tp1 mb1 {pass_}")
+            # a shape met before (dX of one op, fwd of another) is timed once
+            if case is not None:
+                assert case.flops == op.flops
+        tp8 = cases[f"{op.name} tp8 mb1 fwd"]
+        assert tp8.flops == pytest.approx(op.flops / 8)
+    qkv = cases["layer1.qkv_proj tp1 mb1 fwd"]
+    assert qkv.shape == (2048, 4096, 4096 + 2 * 1024)  # 32 query heads, 8 K/V heads of 128
+
+
+def test_attention_is_the_kernel_the_cost_model_prices() -> None:
+    """At the model's sequence and head dim, forward and backward carry the executed FLOPs of
+    the graph's attention core (causal half, the backward's 2.5 times) and its keys per query
+    and head dim; shorter sequences and the other head dims are timed beside it."""
+    model = load_model(LLAMA_8B)
+    training = TrainingSpec(seq_length=2048, global_batch_size=1)
+    core = next(op for op in lowered(model, training, 1)[1].ops_by_layer[1]
+                if op.kind == "attention")  # fmt: skip
+    cases = {c.label: c for c in _cases(model)}
+    forward, backward = cases["attention s2048 d128 fwd"], cases["attention s2048 d128 bwd"]
+    executed = executed_flops(core, flash_attention=True)
+    assert (forward.flops, backward.flops) == (executed.forward, executed.backward)
+    assert forward.keys_per_query == 1024 and forward.head_dim == core.head_dim == 128
+    assert {c.label for c in cases.values() if c.kind == "attention"} >= {
+        "attention s128 d64 fwd", "attention s1024 d128 bwd"}
+
+
+def test_memory_cases_reach_past_the_model_and_the_cache() -> None:
+    """Adds from 1 Ki elements (the launch) to past four microbatches' residual stream and at
+    least 64 Mi elements (past the last-level cache), three tensors each."""
+    model = load_model(LLAMA_8B)
+    adds = [c for c in _cases(model, seq=8192) if c.kernel == "add"]
+    sizes = [c.shape[1] for c in adds]
+    assert sizes[0] == 1024 and sizes[-1] >= 4 * 2 * 8192 * 4096 and 1 << 26 in sizes
+    assert all(c.bytes_moved == 3 * 2 * c.shape[1] for c in adds)  # bf16
+
+
+# --------------------------------------------------------------------------- the fit
+
+KNOWN = DeviceEfficiency(
+    gemm=GemmEfficiency(max_fraction=0.72, half_saturation_gflop=35.0),
+    attention=AttentionEfficiency(max_fraction=0.55, half_saturation_tokens=400.0,
+                                  half_saturation_head_dim=40.0),
+    memory_bound_fraction=0.83, kernel_launch_us=4.5)
+
+
+def _timed_by(device: DeviceSpec, cases: list[BenchCase], precision: str = "bf16",
+              noise: float = 0.0) -> Timings:
+    """The times the cost model gives ``cases`` on ``device``, times lognormal noise."""
+    rng = np.random.default_rng(7)
+    seconds = tuple(predicted_s(c, device, precision) * float(np.exp(rng.normal(0, noise)))
+                    for c in cases)  # type: ignore[arg-type]
+    return Timings(device_name="synthetic", backend="cuda", torch_version="-",
+                   precision=precision, seconds=seconds)  # type: ignore[arg-type]
+
+
+def test_fit_gives_back_the_block_that_made_the_times() -> None:
+    """Times priced by the cost model with a known block fit back to that block."""
+    h100 = load_cluster(H100).device
+    device = h100.model_copy(update={"efficiency": KNOWN})
+    cases = _cases(load_model(LLAMA_8B))
+    fit = fit_bench(H100, cases, _timed_by(device, cases), model_name="llama3-8b",
+                    seq_length=2048)  # fmt: skip
+    got = fit.after
+    assert got.gemm.max_fraction == pytest.approx(0.72, abs=2e-4)
+    assert got.gemm.half_saturation_gflop == pytest.approx(35.0, rel=2e-3)
+    assert got.memory_bound_fraction == pytest.approx(0.83, abs=2e-4)
+    assert got.kernel_launch_us == pytest.approx(4.5, abs=0.02)
+    assert got.attention is not None
+    assert got.attention.max_fraction == pytest.approx(0.55, abs=2e-4)
+    assert got.attention.half_saturation_tokens == pytest.approx(400.0, rel=2e-3)
+    assert got.attention.half_saturation_head_dim == pytest.approx(40.0, rel=2e-3)
+    for kind in ("gemm", "attention", "memory"):
+        assert fit.median_error(kind, fitted=True) < 1e-3
+    # What calibrate measured from whole runs is not the kernels' to change.
+    assert got.overlap_contention == h100.efficiency.overlap_contention
+
+
+def test_fit_is_robust_to_timing_noise() -> None:
+    """With 5 % lognormal noise on every time the fitted curve stays within a few percent of
+    the one that made them where the model's kernels run (its largest GEMM)."""
+    h100 = load_cluster(H100).device
+    device = h100.model_copy(update={"efficiency": KNOWN})
+    cases = _cases(load_model(LLAMA_8B))
+    fit = fit_bench(H100, cases, _timed_by(device, cases, noise=0.05), model_name="llama3-8b",
+                    seq_length=2048)  # fmt: skip
+    fitted = h100.model_copy(update={"efficiency": fit.after})
+    biggest = max((c for c in cases if c.kind == "gemm"), key=lambda c: c.flops)
+    assert predicted_s(biggest, fitted, "bf16") == pytest.approx(
+        predicted_s(biggest, device, "bf16"), rel=0.03)
+
+
+def test_one_head_dim_keeps_the_head_dim_term() -> None:
+    """Attention timed at one head dim cannot see the head-dim term: it is kept, and said."""
+    h100 = load_cluster(H100).device
+    device = h100.model_copy(update={"efficiency": KNOWN})
+    cases = [c for c in _cases(load_model(LLAMA_8B)) if c.kind != "attention" or c.head_dim == 128]
+    fit = fit_bench(H100, cases, _timed_by(device, cases), model_name="llama3-8b",
+                    seq_length=2048)  # fmt: skip
+    assert fit.after.attention is not None
+    assert fit.after.attention.half_saturation_head_dim == 0.0  # H100's file has no curve
+    assert any("one head dim" in note for note in fit.notes)
+
+
+def test_faster_than_the_peak_is_refused() -> None:
+    """Kernels faster than the cluster file's device allows mean the wrong file: refused."""
+    h100 = load_cluster(H100).device
+    faster = h100.model_copy(update={"peak_tflops": {"bf16": 3000.0},
+                                     "efficiency": KNOWN})  # fmt: skip
+    cases = _cases(load_model(LLAMA_8B))
+    with pytest.raises(InputError, match=r"GEMMs ran at .* above device H100-SXM5-80GB's bf16 "
+                                         r"peak 989 TFLOP/s"):
+        fit_bench(H100, cases, _timed_by(faster, cases), model_name="m", seq_length=2048)
+
+
+def test_kernels_that_did_not_run_are_left_out() -> None:
+    """A case the device had no memory for (None) is not fitted; without memory-bound kernels
+    there is nothing to fit the bandwidth to."""
+    h100 = load_cluster(H100).device
+    device = h100.model_copy(update={"efficiency": KNOWN})
+    cases = _cases(load_model(LLAMA_8B))
+    timed = _timed_by(device, cases)
+    biggest = max(range(len(cases)), key=lambda i: cases[i].flops)
+    seconds = list(timed.seconds)
+    seconds[biggest] = None
+    fit = fit_bench(H100, cases, replace(timed, seconds=tuple(seconds)), model_name="m",
+                    seq_length=2048)
+    assert len(fit.rows) == len(cases) - 1
+    no_memory = tuple(None if c.kind == "memory" else s for c, s in zip(cases, timed.seconds,
+                                                                        strict=True))
+    with pytest.raises(InputError, match="fewer than two memory-bound kernels"):
+        fit_bench(H100, cases, replace(timed, seconds=no_memory), model_name="m",
+                  seq_length=2048)
+
+
+def test_write_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
+    """The written file reads back with the fitted block and its source; every other key is
+    where it was; the validation bands, residuals of the replaced block, are dropped."""
+    h100 = load_cluster(H100).device
+    device = h100.model_copy(update={"efficiency": KNOWN})
+    cases = _cases(load_model(LLAMA_8B))
+    fit = fit_bench(H100, cases, _timed_by(device, cases), model_name="llama3-8b",
+                    seq_length=2048, date="2026-11-24")  # fmt: skip
+    path = tmp_path / "h100.json"
+    path.write_text(fit.updated_json)
+    written, before = load_cluster(path), load_cluster(H100)
+    assert written.device.efficiency.gemm.max_fraction == fit.after.gemm.max_fraction
+    assert written.device.efficiency.validation == ()
+    assert "planner bench" in (written.device.efficiency.gemm.source or "")
+    assert "2026-11-24" in fit.source and "llama3-8b" in fit.source
+    assert written.network == before.network and written.host == before.host
+    assert any("validation bands" in note for note in fit.notes)
+    assert list(json.loads(fit.updated_json)) == list(json.loads(H100.read_text()))
+
+
+# --------------------------------------------------------------------------- on the CPU
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="planner bench needs PyTorch (the test extra has it)")
+
+
+def _bench(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from planner.cli import main; main()", "bench", *map(str, args)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "COLUMNS": "80"})  # fmt: skip
+
+
+@needs_torch
+def test_bench_on_the_cpu_writes_a_valid_block(tmp_path: Path) -> None:
+    """On the CPU with the tiny model's shapes: exit 0, a cluster file that reads back with
+    the fitted block in it, and a fit that reproduces what was measured."""
+    cluster = tmp_path / "cpu.json"
+    cluster.write_text(CPU_NODE.read_text())
+    done = _bench(cluster, "--model", TINY, "--device", "cpu", "--tp", "1", "--tp", "2",
+                  "--repeats", "3", "--min-time-ms", "5", "--write", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["written"] and report["timings"]["backend"] == "cpu"
+    assert report["timings"]["precision"] == "fp32"  # the tiny model's training block
+    efficiency = load_cluster(cluster).device.efficiency
+    after = report["after"]
+    assert (efficiency.gemm.max_fraction, efficiency.memory_bound_fraction,
+            efficiency.kernel_launch_us) == (after["gemm"]["max_fraction"],
+                                             after["memory_bound_fraction"],
+                                             after["kernel_launch_us"])  # fmt: skip
+    assert 0 < efficiency.gemm.max_fraction < 1 and efficiency.attention is not None
+    assert efficiency.overlap_contention == 0.1  # kept
+    assert "planner bench" in (efficiency.source or "")
+    rows = report["rows"]
+    assert {r["kind"] for r in rows} == {"gemm", "attention", "memory", "elementwise",
+                                         "optimizer"}
+    for kind in ("gemm", "attention"):
+        errors = [abs(r["after_s"] / r["measured_s"] - 1) for r in rows if r["kind"] == kind]
+        assert float(np.median(errors)) < 0.25, (kind, errors)
+
+
+@needs_torch
+def test_bench_tables_and_bad_device(tmp_path: Path) -> None:
+    """The summary at 80 columns, not written without --write; a device that is not there is
+    one line, exit 2, and the file untouched."""
+    cluster = tmp_path / "cpu.json"
+    cluster.write_text(CPU_NODE.read_text())
+    done = _bench(cluster, "--model", TINY, "--tp", "1", "--micro-batch", "1", "--repeats", "1",
+                  "--min-time-ms", "1")
+    assert done.returncode == 0, done.stderr
+    assert all(len(line) <= 80 for line in done.stdout.splitlines())
+    for needle in ("GEMMs", "attention", "check, not fitted", "gemm.max_fraction",
+                   "not written: --write"):
+        assert needle in done.stdout
+    assert cluster.read_text() == CPU_NODE.read_text()
+    import torch
+
+    if not torch.cuda.is_available():
+        wrong = _bench(cluster, "--model", TINY, "--device", "cuda", "--write")
+        assert wrong.returncode == 2 and wrong.stdout == ""
+        assert "--device cuda: PyTorch" in wrong.stderr and "Traceback" not in wrong.stderr
+        assert cluster.read_text() == CPU_NODE.read_text()
