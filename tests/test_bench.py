@@ -131,8 +131,10 @@ def test_fit_gives_back_the_block_that_made_the_times() -> None:
     assert got.attention.half_saturation_head_dim == pytest.approx(40.0, rel=2e-3)
     for kind in ("gemm", "attention", "memory"):
         assert fit.median_error(kind, fitted=True) < 1e-3
-    # What calibrate measured from whole runs is not the kernels' to change.
+    # What calibrate measured from whole runs is not the kernels' to change; that the file's
+    # GEMM curve came from whole runs is said.
     assert got.overlap_contention == h100.efficiency.overlap_contention
+    assert any("whole training runs" in note for note in fit.notes)
 
 
 def test_fit_is_robust_to_timing_noise() -> None:

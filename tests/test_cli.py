@@ -474,6 +474,18 @@ def test_malformed_input_is_one_line_for_every_command(case: Malformed, tmp_path
 NCCL = REPO / "tests" / "data" / "nccl"
 
 
+def test_calibrate_network_is_also_two_words() -> None:
+    """``planner calibrate network`` (the issue's spelling) runs calibrate-network, --debug
+    before it or not; ``calibrate`` with a runs file named otherwise is calibrate."""
+    args = (NCCL / "h100-pcie-nvlink-pair.json", NCCL / "all_reduce_perf_sample.txt")
+    hyphen = _run("calibrate-network", *args)
+    assert hyphen.returncode == 0, hyphen.stderr
+    for spelled in (("calibrate", "network"), ("--debug", "calibrate", "network")):
+        two = _run(*spelled, *args)
+        assert (two.returncode, two.stdout) == (0, hyphen.stdout), two.stderr
+    _assert_one_line_error(_run("calibrate", "networks", "--gpu", "A100"), "networks")
+
+
 def test_calibrate_network_writes_only_the_level(tmp_path: Path) -> None:
     """--write puts the fit into the cluster file; a bad table leaves the file as it was."""
     cluster = tmp_path / "pair.json"

@@ -25,7 +25,8 @@ def main() -> None:
     args = sys.argv[1:]
     debug = "--debug" in args
     try:
-        app([a for a in args if a != "--debug"], prog_name="planner", standalone_mode=False)
+        app(_spelled_as_commands([a for a in args if a != "--debug"]), prog_name="planner",
+            standalone_mode=False)
     except PlannerError as exc:
         if debug:
             raise
@@ -37,6 +38,15 @@ def main() -> None:
         ctx = getattr(exc, "ctx", None)
         where = f"{ctx.command_path}: " if ctx is not None else ""
         _fail(f"{where}{message()}")
+
+
+def _spelled_as_commands(args: list[str]) -> list[str]:
+    """``calibrate network ...`` as ``calibrate-network ...``: the two-word spelling reads as
+    the command it names, but ``calibrate`` takes run files as its arguments, so a
+    sub-command there would make ``calibrate runs.json`` ambiguous."""
+    if args[:2] == ["calibrate", "network"]:
+        return ["calibrate-network", *args[2:]]
+    return args
 
 
 def _fail(message: str) -> None:

@@ -191,6 +191,11 @@ def fit_bench(
     else:
         notes.append("no attention kernel ran: the attention curve is kept as it was")
         fitted = _with(fitted, attention=device.efficiency.attention)
+    if "planner calibrate" in (device.efficiency.gemm.source or ""):
+        notes.append("the file's GEMM curve was fitted to whole training runs (`planner "
+                     "calibrate`), which lose time outside the kernels (launch gaps, unfused "
+                     "ops, communication beside compute): steps priced with the kernels' "
+                     "curve usually come out faster than those runs measured")
     if device.efficiency.validation:
         notes.append("the validation bands (residuals of `planner calibrate` with the old "
                      "block) are dropped on --write: re-run `planner calibrate` with runs on "
