@@ -282,18 +282,26 @@ def calibrate_cmd(
 def calibrate_network_cmd(
     cluster: ClusterArg,
     results: Annotated[list[Path], typer.Argument(
-        help="nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
-        "alltoall_perf) of one network level.")],
+        help="Outputs of one network level's runs: nccl-tests (all_reduce_perf, "
+        "all_gather_perf, reduce_scatter_perf, alltoall_perf) or Ascend hccl_test "
+        "(all_reduce_test, all_gather_test, reduce_scatter_test, alltoall_test; the file "
+        "named after the binary).")],
     level: Annotated[int | None, typer.Option(
         help="The network level the runs exercised (0: innermost); by default the innermost "
         "level holding their ranks, or the nodes of their hosts.")] = None,
+    ranks: Annotated[int | None, typer.Option(
+        help="Ranks of the hccl_test runs (mpirun -n), which hccl_test does not print; "
+        "nccl-tests prints its own.")] = None,
+    nodes: Annotated[int | None, typer.Option(
+        help="Nodes the hccl_test ranks ran on (default: the ranks fill whole nodes).")] = None,
     write: Annotated[bool, typer.Option(
         help="Write the fitted bandwidth fraction and latency into the cluster file.")] = False,
 ) -> None:
-    """Fit a network level's bandwidth fraction and latency to nccl-tests measurements."""
+    """Fit a network level's bandwidth fraction and latency to nccl-tests or hccl_test
+    measurements."""
     if write:
         check_target(cluster, option="--write")
-    fit = fit_network(cluster, results, level=level)
+    fit = fit_network(cluster, results, level=level, ranks=ranks, nodes=nodes)
     if write:
         write_atomic(cluster, fit.updated_json, option="--write")
     where = f"written to {cluster}" if write else "not written: --write"

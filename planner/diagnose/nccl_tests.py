@@ -60,7 +60,7 @@ class NcclRow:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NcclRun:
-    """One nccl-tests output file."""
+    """One collective test's output file (nccl-tests, or Ascend's hccl_test)."""
 
     path: str
     """The file read."""
@@ -70,6 +70,10 @@ class NcclRun:
     """Ranks in the communicator."""
     hosts: tuple[str, ...]
     """The distinct hosts the ranks ran on, in order of first rank (empty: not printed)."""
+    nodes: int
+    """How many nodes the ranks ran on (0: not known; the ranks then fill whole nodes)."""
+    tool: str
+    """The tool that printed the file: ``nccl-tests`` or ``hccl_test``."""
     rows: tuple[NcclRow, ...]
     """The table, smallest size first."""
 
@@ -157,4 +161,12 @@ def read_nccl_tests(path: str | Path) -> NcclRun:
     ranks, hosts = _ranks(path, lines, kind, rows)
     if ranks < 2:
         raise InputError(f"{path}: expected at least 2 ranks, got {ranks}")
-    return NcclRun(path=str(path), kind=kind, ranks=ranks, hosts=hosts, rows=rows)
+    return NcclRun(path=str(path), kind=kind, ranks=ranks, hosts=hosts, nodes=len(hosts),
+                   tool="nccl-tests", rows=rows)
+
+
+def is_nccl_tests_output(text: str) -> bool:
+    """Whether ``text`` looks like nccl-tests' stdout: a ``#`` comment line (its preamble and
+    header) or a result line."""
+    return any(line.startswith("#") or _RESULT.match(line)
+               for line in (raw.lstrip() for raw in text.splitlines()))

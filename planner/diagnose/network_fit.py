@@ -1,4 +1,5 @@
-"""Fitting one network level's efficiency and latency to nccl-tests measurements.
+"""Fitting one network level's efficiency and latency to nccl-tests or hccl_test
+measurements.
 
 The fitted quantities are the level's ``efficiency.bandwidth_fraction`` and ``latency_us``,
 and the model they are fitted through is the cost model's own
@@ -10,16 +11,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from planner.cost import CommGroup, collective_time_s
-from planner.diagnose.nccl_tests import NcclRun, bus_factor, read_nccl_tests
+from planner.diagnose.hccl_tests import is_hccl_tests_output, read_hccl_tests
+from planner.diagnose.nccl_tests import (
+    NcclRun,
+    bus_factor,
+    is_nccl_tests_output,
+    read_nccl_tests,
+)
 from planner.errors import InputError
 from planner.spec import ClusterSpec, NetworkLevel
-from planner.spec.reading import load_cluster, read_json
+from planner.spec.reading import load_cluster, read_json, read_text
 from planner.vocabulary import CollectiveKind
 
 LATENCY_SHARE = 0.05
@@ -32,7 +39,7 @@ class NetworkFitRow:
     """One message size: measured against predicted before and after the fit."""
 
     path: str
-    """The nccl-tests file of the row."""
+    """The test output file of the row."""
     kind: CollectiveKind
     """The collective."""
     ranks: int
@@ -53,10 +60,12 @@ class NetworkFitRow:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NetworkFit:
-    """The fit of one network level to nccl-tests runs."""
+    """The fit of one network level to collective test runs."""
 
     cluster: str
     """The cluster file."""
+    tools: tuple[str, ...]
+    """The tools whose output was read (``nccl-tests``, ``hccl_test``), first file first."""
     level: int
     """Index of the fitted level in the cluster's ``network`` (0: innermost)."""
     level_name: str
@@ -80,9 +89,9 @@ class NetworkFit:
 
 
 def _level_of(cluster: ClusterSpec, run: NcclRun) -> int:
-    """The innermost level whose domain holds the run: its ranks on one host, or the whole
-    nodes of the hosts it spans."""
-    devices = run.ranks if len(run.hosts) <= 1 else len(run.hosts) * cluster.devices_per_node
+    """The innermost level whose domain holds the run: its ranks on one node, or the whole
+    nodes it spans (its hosts, or the nodes given for hccl_test)."""
+    devices = run.ranks if run.nodes <= 1 else run.nodes * cluster.devices_per_node
     for i, level in enumerate(cluster.network):
         if level.domain_devices >= devices or i == len(cluster.network) - 1:
             return i
@@ -90,11 +99,11 @@ def _level_of(cluster: ClusterSpec, run: NcclRun) -> int:
 
 
 def _group(cluster: ClusterSpec, run: NcclRun) -> tuple[ClusterSpec, CommGroup]:
-    """The run's ranks in the cluster's rank order: one host's ranks contiguous; across hosts,
-    ``ranks / hosts`` per node, spaced to fill it. The cluster grows to hold them."""
+    """The run's ranks in the cluster's rank order: one node's ranks contiguous; across
+    nodes, ``ranks / nodes`` per node, spaced to fill it. The cluster grows to hold them."""
     stride = 1
-    if len(run.hosts) > 1 and run.ranks % len(run.hosts) == 0:
-        per_host = run.ranks // len(run.hosts)
+    if run.nodes > 1 and run.ranks % run.nodes == 0:
+        per_host = run.ranks // run.nodes
         if cluster.devices_per_node % per_host == 0:
             stride = cluster.devices_per_node // per_host
     nodes = -(-run.ranks * stride // cluster.devices_per_node)
@@ -152,16 +161,41 @@ def _solve(cluster: ClusterSpec, index: int, runs: Sequence[NcclRun], measured: 
     return x, lat
 
 
+def read_test_output(path: str | Path, *, ranks: int | None = None, nodes: int | None = None
+                     ) -> NcclRun:
+    """One collective test's output, nccl-tests' or hccl_test's, told apart by hccl_test's
+    table header. ``ranks`` and ``nodes`` are what hccl_test does not print; an nccl-tests
+    file that states other counts is refused."""
+    text = read_text(Path(path))
+    if is_hccl_tests_output(text):
+        return read_hccl_tests(path, ranks=ranks, nodes=nodes)
+    if not is_nccl_tests_output(text):
+        raise InputError(f"{path}: expected nccl-tests output ('#' lines and a table of size, "
+                         f"count, type, ...) or hccl_test output (a 'data_size(Bytes): | "
+                         f"aveg_time(us): | ...' table)")
+    run = read_nccl_tests(path)
+    if ranks is not None and ranks != run.ranks:
+        raise InputError(f"{path}: nccl-tests ran {run.ranks} ranks; expected --ranks to agree "
+                         f"or be left out, got {ranks}")
+    if nodes is not None and run.nodes and nodes != run.nodes:
+        raise InputError(f"{path}: nccl-tests ran on {run.nodes} hosts; expected --nodes to "
+                         f"agree or be left out, got {nodes}")
+    return run if nodes is None or run.nodes else replace(run, nodes=nodes)
+
+
 def fit_network(
-    cluster_path: str | Path, results: Sequence[str | Path], *, level: int | None = None
+    cluster_path: str | Path, results: Sequence[str | Path], *, level: int | None = None,
+    ranks: int | None = None, nodes: int | None = None,
 ) -> NetworkFit:
-    """Fit the network level the nccl-tests ``results`` exercised (or ``level``) so that
+    """Fit the network level the ``results`` exercised (or ``level``) so that
     :func:`planner.cost.collective_time_s` reproduces their out-of-place times: least squares
     of relative error over every size, large messages fixing the bandwidth fraction, small
-    ones the latency. The returned ``updated_json`` is the cluster file with the fit in."""
+    ones the latency. The results are nccl-tests or hccl_test outputs; ``ranks`` and
+    ``nodes`` give what hccl_test does not print. The returned ``updated_json`` is the cluster
+    file with the fit in."""
     cluster_path = Path(cluster_path)
     cluster = load_cluster(cluster_path)
-    runs = [read_nccl_tests(p) for p in results]
+    runs = [read_test_output(p, ranks=ranks, nodes=nodes) for p in results]
     if level is None:
         levels = {_level_of(cluster, run) for run in runs}
         if len(levels) > 1:
@@ -186,8 +220,9 @@ def fit_network(
                          f"{old.name}'s bandwidth_gb_s {old.bandwidth_gb_s:g} allows; expected "
                          f"a nominal bandwidth at least the measured bus bandwidth")
     names = ", ".join(Path(run.path).name for run in runs)
-    source = (f"fitted by `planner calibrate-network` to nccl-tests {names} (out of place, "
-              f"{len(measured)} sizes, least squares on relative time"
+    tools = tuple(dict.fromkeys(run.tool for run in runs))
+    source = (f"fitted by `planner calibrate-network` to {' and '.join(tools)} {names} (out "
+              f"of place, {len(measured)} sizes, least squares on relative time"
               f"{'' if fitted else '; latency kept: messages too large to see it'})")
     before = _times(cluster, level, runs, start[0], start[1])
     after = _times(cluster, level, runs, 1 / fraction, lat)
@@ -201,7 +236,7 @@ def fit_network(
                 busbw_gb_s=r.busbw_gb_s, busbw_after_gb_s=float(busbw)))  # fmt: skip
             i += 1
     return NetworkFit(
-        cluster=str(cluster_path), level=level, level_name=old.name,
+        cluster=str(cluster_path), tools=tools, level=level, level_name=old.name,
         bandwidth_fraction_before=old.efficiency.bandwidth_fraction,
         bandwidth_fraction=fraction, latency_us_before=old.latency_us, latency_us=lat,
         latency_fitted=fitted, rows=tuple(rows), source=source,

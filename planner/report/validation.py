@@ -93,8 +93,8 @@ def calibration_tables(fit: Calibration) -> list[RenderableType]:
 def network_fit_tables(fit: NetworkFit) -> list[RenderableType]:
     """Per message size: measured time, predicted before and after the fit, measured and
     fitted bus bandwidth; then the fitted level."""
-    table = Table(title=title(f"{fit.level_name}: nccl-tests against the cost model"),
-                  title_justify="left")  # fmt: skip
+    table = Table(title=title(f"{fit.level_name}: {' and '.join(fit.tools)} against the cost "
+                              f"model"), title_justify="left")  # fmt: skip
     for name in ("test", "size", "meas us", "before", "after", "busbw", "fit bw"):
         table.add_column(name, justify="left" if name == "test" else "right", no_wrap=True)
     for r in fit.rows:
