@@ -221,10 +221,13 @@ needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
 
 
 def _bench(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``planner bench ARGS`` on one CPU thread: with two, a kernel waits at its threads'
+    barrier whenever the other core is busy (seen here: every attention kernel at 8 or 40 ms
+    while other tests ran), and the times would say more about the machine than the fit."""
     return subprocess.run(
         [sys.executable, "-c", "from planner.cli import main; main()", "bench", *map(str, args)],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "COLUMNS": "80"})  # fmt: skip
+        env={**os.environ, "COLUMNS": "80", "OMP_NUM_THREADS": "1"})  # fmt: skip
 
 
 @needs_torch

@@ -22,7 +22,7 @@ from planner.spec.reading import fill_training
 from planner.vocabulary import Precision
 
 MAX_REPEATS = 1000
-"""More timed batches than this only make the bench longer: the median has long settled."""
+"""More timed batches than this only make the bench longer: the fastest has long settled."""
 MAX_BATCH_MS = 60_000.0
 """A timed batch longer than a minute would make the bench run for hours."""
 
@@ -45,7 +45,7 @@ def bench_cmd(
         help="Where to run: an Ascend NPU, else a CUDA GPU, else the CPU (auto), or the one "
         "named.")] = "auto",
     repeats: Annotated[int, typer.Option(
-        help="Timed batches per kernel; the median counts.")] = 5,
+        help="Timed batches per kernel; the fastest counts.")] = 5,
     min_time_ms: Annotated[float, typer.Option(
         help="Length of each timed batch, in ms.")] = 20.0,
     write: Annotated[bool, typer.Option(

@@ -7,7 +7,8 @@ attention curve from the fused attention kernels, in that order, each with the o
 it fixed. Every prediction is the cost model's own (:func:`planner.cost.compute_time_s`,
 :func:`planner.cost.attention_fraction`, :func:`planner.cost.optimizer_step_s`): the fit
 never restates a formula, so what it writes is what the planner prices with. The residual is
-the log of predicted over measured time, so a kernel of 5 us weighs as much as one of 5 ms.
+the log of predicted over measured time, so a kernel of 5 us weighs as much as one of 5 ms,
+under a soft-L1 loss so that a few kernels far off the curve do not move it.
 
 ``overlap_contention`` and the validation bands come from whole training runs (``planner
 calibrate``), not from kernels: the first is kept, the second dropped on a write, since the
@@ -34,6 +35,11 @@ from planner.spec import limits as lim
 from planner.spec.reading import load_cluster, read_json
 from planner.vocabulary import Precision
 
+OUTLIER_SCALE = 0.05
+"""Log residuals beyond about 5 % weigh less than their square (soft-L1, as ``planner
+calibrate`` fits runs): one kernel slowed by something else on the machine, or one the
+roofline does not describe, does not drag the curve away from the rest."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchRow:
@@ -50,7 +56,7 @@ class BenchRow:
     bytes_moved: float
     """Bytes priced."""
     measured_s: float
-    """Median seconds per call."""
+    """Seconds per call (the fastest timed batch's)."""
     before_s: float
     """Predicted with the cluster file as it was."""
     after_s: float
@@ -109,8 +115,8 @@ def _with(device: DeviceSpec, **changes: object) -> DeviceSpec:
 def _fit(cases: Sequence[BenchCase], measured: np.ndarray, precision: Precision,
          make: Callable[[np.ndarray], DeviceSpec], start: Sequence[float],
          bounds: tuple[Sequence[float], Sequence[float]]) -> np.ndarray:
-    """Least squares of log(predicted / measured) over ``cases``, the device built from the
-    parameters by ``make``."""
+    """Robust least squares of log(predicted / measured) over ``cases`` (soft-L1 at
+    :data:`OUTLIER_SCALE`), the device built from the parameters by ``make``."""
     from scipy.optimize import least_squares  # scipy loads only when a fit runs
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -119,7 +125,8 @@ def _fit(cases: Sequence[BenchCase], measured: np.ndarray, precision: Precision,
 
     lower, upper = np.array(bounds[0], float), np.array(bounds[1], float)
     x0 = np.clip(np.array(start, float), lower, upper)
-    return least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
+    return least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", loss="soft_l1",
+                         f_scale=OUTLIER_SCALE).x
 
 
 def _check_peak(cluster: str, device: DeviceSpec, what: str, fraction: float, achieved: str,

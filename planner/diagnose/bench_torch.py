@@ -3,8 +3,10 @@ CPU: the only module of the package that needs PyTorch, and it imports it only w
 run (``pip install 'planner[bench]'``).
 
 Each case runs twice to warm up, then in ``repeats`` batches of as many calls as fill
-``min_time_s``, with the device synchronised after each batch; its time is the median batch's
-per-call time. Back-to-back calls are what a training step runs, so the smallest kernels'
+``min_time_s``, with the device synchronised after each batch; its time is the fastest batch's
+per-call time: what else runs on the machine (another process on the CPU's cores, a
+descheduled launch thread) only ever slows a batch down, and a training job has the device to
+itself. Back-to-back calls are what a training step runs, so the smallest kernels'
 times are their launch cost, as the cost model's ``kernel_launch_us`` means it.
 
 Attention is the fused kernel each platform trains with: PyTorch's
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import math
 import platform
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,8 @@ class Timings:
     precision: Precision
     """The compute type of the tensors."""
     seconds: tuple[float | None, ...]
-    """Per case, in the order given: the median per-call seconds; None when it did not run."""
+    """Per case, in the order given: the fastest batch's per-call seconds; None when it did
+    not run."""
     skipped: tuple[str, ...] = ()
     """Why each case that did not run did not (its label and the error)."""
 
@@ -205,7 +207,7 @@ class _Kernels:
 
 def _seconds(run: Callable[[], object], sync: Callable[[], None], *, repeats: int,
              min_time_s: float) -> float:
-    """Median per-call seconds over ``repeats`` batches, each long enough to time."""
+    """Per-call seconds of the fastest of ``repeats`` batches, each long enough to time."""
     for _ in range(2):
         run()
     sync()
@@ -221,7 +223,7 @@ def _seconds(run: Callable[[], object], sync: Callable[[], None], *, repeats: in
             run()
         sync()
         samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
+    return min(samples)
 
 
 def run_cases(
