@@ -53,7 +53,7 @@ def bench_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Time a model's GEMMs, fused attention and memory-bound kernels on this machine's
-    accelerator (PyTorch: pip install 'planner[bench]') and fit the device's efficiency."""
+    accelerator (needs PyTorch: the package's bench extra) and fit the device's efficiency."""
     check_options({"--seq-len": seq_len})
     if not (1 <= repeats <= MAX_REPEATS and 0 < min_time_ms <= MAX_BATCH_MS):
         raise InputError(f"--repeats {repeats}, --min-time-ms {min_time_ms:g}: expected 1 to "

@@ -113,7 +113,8 @@ def _describe(torch: Any, backend: Backend) -> tuple[str, str]:
         torch_npu = _npu(torch)
         return (torch.npu.get_device_name(),
                 f"{torch.__version__}, torch_npu {getattr(torch_npu, '__version__', '?')}")
-    return _cpu_name(), f"{torch.__version__}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return _cpu_name(), f"{torch.__version__}, {threads} thread{'s' * (threads != 1)}"
 
 
 class _Kernels:
