@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from planner.cost import attention_fraction, compute_time_s, optimizer_step_s
 from planner.diagnose.bench_cases import BenchCase, BenchKind
@@ -112,6 +111,8 @@ def _fit(cases: Sequence[BenchCase], measured: np.ndarray, precision: Precision,
          bounds: tuple[Sequence[float], Sequence[float]]) -> np.ndarray:
     """Least squares of log(predicted / measured) over ``cases``, the device built from the
     parameters by ``make``."""
+    from scipy.optimize import least_squares  # scipy loads only when a fit runs
+
     def residuals(x: np.ndarray) -> np.ndarray:
         device = make(x)
         return np.log([predicted_s(c, device, precision) for c in cases]) - np.log(measured)
