@@ -247,14 +247,20 @@ RunsArg = Annotated[list[Path], typer.Argument(
     help="Runs files: calibration_runs.json, fsdp_runs.json, or your own of that layout.")]
 
 
+OwnClusterOpt = Annotated[Path | None, typer.Option(
+    "--cluster", help="Price every run on this cluster file (your own cluster), whatever GPU "
+    "its record names.")]
+
+
 @app.command("validate")
 def validate_cmd(
     runs: RunsArg,
     clusters: ClustersOpt = Path("instances/clusters"),
+    cluster: OwnClusterOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predicted against measured step time for every published run."""
-    result = validate(runs, clusters)
+    result = validate(runs, clusters, cluster=cluster)
     if as_json:
         print_json({"runs": [row.to_dict() for row in result.rows], "skipped": result.skipped})
     else:
@@ -264,17 +270,24 @@ def validate_cmd(
 @app.command("calibrate")
 def calibrate_cmd(
     runs: RunsArg,
-    gpu: Annotated[str, typer.Option(help="Which chip's runs to fit: A100 or H100.")],
+    gpu: Annotated[str | None, typer.Option(
+        help="Which chip's runs to fit: A100 or H100 (its bundled cluster files).")] = None,
     clusters: ClustersOpt = Path("instances/clusters"),
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", help="Fit this cluster file's device on every run of the files, instead "
+        "of --gpu.")] = None,
     exclude_family: Annotated[list[str] | None, typer.Option(
         help="Leave a framework family's runs out of the fit (megatron, fsdp) and predict "
         "them: validation out of family.")] = None,
     write: Annotated[bool, typer.Option(
-        help="Write the fit and the error bands into the chip's cluster files.")] = False,
+        help="Write the fit and the error bands into the chip's cluster files (with "
+        "--cluster: into that file only).")] = False,
 ) -> None:
-    """Fit the chip's efficiencies to its published runs (a few minutes)."""
-    fit = calibrate(runs, clusters, chip=gpu, exclude_families=exclude_family or (),
-                    write=write)  # fmt: skip
+    """Fit a chip's efficiencies (or your cluster file's) to runs (a few minutes)."""
+    if write and cluster is not None and gpu is None:
+        check_target(cluster, option="--write")  # before the fit, not after its minutes
+    fit = calibrate(runs, clusters, chip=gpu, cluster=cluster,
+                    exclude_families=exclude_family or (), write=write)  # fmt: skip
     render(report.calibration_tables(fit))
 
 

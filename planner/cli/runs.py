@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 import typer
 from pydantic import ValidationError
 
-from planner.cli.app import NodesOpt, app, option_error
+from planner.cli.app import NodesOpt, app, note, option_error
 from planner.diagnose.logs import (
     DEFAULT_SKIP,
     check_model,
@@ -19,7 +19,7 @@ from planner.diagnose.logs import (
     read_log,
     run_record,
 )
-from planner.diagnose.runs import device_of
+from planner.diagnose.runs import bundled_device
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.plan.files import load_inputs
@@ -85,10 +85,14 @@ def from_log_cmd(
         config = ParallelConfig(**fields)
     except ValidationError as exc:
         raise option_error(exc) from None
-    device_of(cluster_spec.device.name)  # validate prices a run on its device's bundled cluster
     record = run_record(measured, model_spec, cluster_spec, config,
                         run_id=run_id or log.stem, source=f"training log {log.name}")
     check_representable(record, model_spec, where=str(model))
+    if bundled_device(cluster_spec.device.name) is None:
+        # Without --cluster, validate prices a run on its device's bundled cluster file.
+        note(f"{cluster_spec.device.name} is not a bundled device: price this record with "
+             f"`planner validate RUNS --cluster {cluster}` (and fit it with `planner calibrate "
+             f"RUNS --cluster {cluster}`)")  # fmt: skip
     text = json.dumps([record], indent=2) + "\n"
     if out is None:
         print(text, end="")

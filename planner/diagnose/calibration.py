@@ -7,6 +7,10 @@ validate out of family, and can write the fit and the error bands that rest on i
 cluster file of that chip. Everything else in a cluster file (bandwidths, network
 efficiencies, HBM efficiency) comes from data sheets and published micro-benchmarks and is
 not fitted.
+
+Given ``cluster`` (a user's own cluster file), both price every run of the files on that file
+instead, whatever GPU the records name: the same code, given a mapping from each run's device
+key to that one cluster instead of the bundled mapping.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 
 from planner.cost.uncertainty import parallelism_kind
 from planner.diagnose.fit import KNOBS, Fit, fit_knobs, sized_for, with_values, without_fits
-from planner.diagnose.runs import DEVICES, CalibrationRun, load_runs_noting
+from planner.diagnose.runs import DEVICES, CalibrationRun, LoadedRuns, load_runs_noting
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ValidationBand
@@ -41,7 +45,7 @@ class ValidationRow:
     id: str
     """The record's id."""
     device: str
-    """The device key (:data:`planner.diagnose.runs.DEVICES`)."""
+    """The device key (:attr:`planner.diagnose.runs.CalibrationRun.device`)."""
     family: str
     """The framework family that ran it."""
     parallelism: str
@@ -118,6 +122,28 @@ def bundled_clusters(clusters_dir: str | Path) -> dict[str, ClusterSpec]:
     return {key: load_cluster(Path(clusters_dir) / f) for key, f in BUNDLED_CLUSTERS.items()}
 
 
+def cluster_files(
+    runs: Sequence[CalibrationRun], clusters_dir: str | Path, cluster: str | Path | None
+) -> dict[str, Path]:
+    """The cluster file each run's device is priced on: the bundled file of its device, or
+    for every run the user's ``cluster`` when one is given."""
+    if cluster is not None:
+        return {run.device: Path(cluster) for run in runs}
+    return {key: Path(clusters_dir) / f for key, f in BUNDLED_CLUSTERS.items()}
+
+
+def _loaded(paths: Mapping[str, Path]) -> dict[str, ClusterSpec]:
+    """The clusters of ``paths``, each file read once (every run shares a user's file)."""
+    specs = {path: load_cluster(path) for path in set(paths.values())}
+    return {key: specs[path] for key, path in paths.items()}
+
+
+def _runs_of(runs_paths: Sequence[str | Path], cluster: str | Path | None) -> LoadedRuns:
+    """The runs of the files: on the user's ``cluster`` any GPU name is read, otherwise only
+    the bundled devices (with the error naming the record and ``--cluster``)."""
+    return load_runs_noting(*runs_paths, any_device=cluster is not None)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Validation:
     """Every run of some files against its estimate, and the records left out."""
@@ -128,11 +154,15 @@ class Validation:
     """Records left out, each with why."""
 
 
-def validate(runs_paths: Sequence[str | Path], clusters_dir: str | Path) -> Validation:
-    """Every run of ``runs_paths`` against the bundled cluster of its device."""
-    loaded = load_runs_noting(*runs_paths)
-    return Validation(rows=validation_rows(loaded.runs, bundled_clusters(clusters_dir)),
-                      skipped=loaded.skipped)  # fmt: skip
+def validate(
+    runs_paths: Sequence[str | Path], clusters_dir: str | Path, *,
+    cluster: str | Path | None = None,
+) -> Validation:
+    """Every run of ``runs_paths`` against the bundled cluster of its device, or with
+    ``cluster`` against that cluster file (sized to each run)."""
+    loaded = _runs_of(runs_paths, cluster)
+    clusters = _loaded(cluster_files(loaded.runs, clusters_dir, cluster))
+    return Validation(rows=validation_rows(loaded.runs, clusters), skipped=loaded.skipped)
 
 
 # Fewer runs of a kind than this make no band of their own: a prediction of that kind takes
@@ -180,7 +210,7 @@ class Calibration:
     """A chip's fit, the runs before and after it, and the bands that rest on it."""
 
     chip: str
-    """The chip fitted (``A100``)."""
+    """The chip fitted (``A100``), or the device of the user's cluster file."""
     fit: Fit
     """The fitted knobs."""
     fitted_on: tuple[str, ...]
@@ -201,22 +231,37 @@ def calibrate(
     runs_paths: Sequence[str | Path],
     clusters_dir: str | Path,
     *,
-    chip: str,
+    chip: str | None = None,
+    cluster: str | Path | None = None,
     exclude_families: Sequence[str] = (),
     write: bool = False,
 ) -> Calibration:
     """Fit ``chip``'s efficiencies on its runs (those of ``exclude_families`` left out of
     the fit but still priced after it) and, with ``write``, write the fit and the error bands
-    into every bundled cluster file of the chip in ``clusters_dir``."""
+    into every bundled cluster file of the chip in ``clusters_dir``. Given ``cluster`` instead
+    of ``chip``, fit that file's device on every run of the files and write into that file
+    only."""
+    if (chip is None) == (cluster is None):
+        raise InputError("calibrate takes exactly one of --gpu CHIP (the bundled A100 or H100 "
+                         "files) and --cluster FILE (your own cluster file)")  # fmt: skip
     if write and exclude_families:
         raise InputError("--write with --exclude-family would store a fit that left runs out")
-    loaded = load_runs_noting(*runs_paths)
-    mine = [r for r in loaded.runs if r.chip == chip]
+    loaded = _runs_of(runs_paths, cluster)
+    paths = cluster_files(loaded.runs, clusters_dir, cluster)
+    if cluster is None:
+        mine = [r for r in loaded.runs if r.chip == chip]
+        paths = {k: p for k, p in paths.items() if DEVICES[k].chip == chip}
+        command = f"--gpu {chip}"
+    else:
+        mine = loaded.runs
+        command = f"--cluster {Path(cluster).name}"
     fitted_on = [r for r in mine if r.family not in exclude_families]
     if not fitted_on:
         chips = sorted({r.chip for r in loaded.runs})
-        raise InputError(f"no runs on {chip!r} to fit (runs are on: {', '.join(chips)})")
-    files = {k: c for k, c in bundled_clusters(clusters_dir).items() if DEVICES[k].chip == chip}
+        what = repr(chip) if cluster is None else f"--cluster {cluster}"
+        raise InputError(f"no runs on {what} to fit (runs are on: {', '.join(chips) or 'none'})")
+    files = _loaded(paths)
+    name = chip or next(iter(files.values())).device.name
     clusters = {k: without_fits(c) for k, c in files.items()}
     fit = fit_knobs(fitted_on, clusters, fittable_knobs(fitted_on))
     after = validation_rows(mine, {k: with_values(c, fit.values) for k, c in clusters.items()})
@@ -224,24 +269,24 @@ def calibrate(
     families = tuple(sorted({r.family for r in fitted_on}))
     written: list[str] = []
     if write:
-        for key in clusters:
-            path = Path(clusters_dir) / BUNDLED_CLUSTERS[key]
-            _write_fit(path, fit, bands, chip=chip, families=families)
+        for path in dict.fromkeys(paths.values()):  # in order, each file once
+            _write_fit(path, fit, bands, chip=name, families=families, command=command)
             written.append(str(path))
-    return Calibration(chip=chip, fit=fit, fitted_on=families,
+    return Calibration(chip=name, fit=fit, fitted_on=families,
                        before=validation_rows(mine, files), after=after, bands=bands,
                        written=tuple(written), skipped=loaded.skipped)  # fmt: skip
 
 
 def _write_fit(
     path: Path, fit: Fit, bands: Sequence[ValidationBand], *, chip: str,
-    families: Sequence[str],
+    families: Sequence[str], command: str,
 ) -> None:
     """Write the fitted knobs and the bands into the cluster file at ``path``, keeping the
-    rest of the file as it is."""
+    rest of the file as it is; ``command`` is the option that chose the runs
+    (``--gpu A100``, ``--cluster mine.json``), named in the ``source``."""
     data = read_json(path)
     eff = data["device"].setdefault("efficiency", {})
-    source = (f"fitted by `planner calibrate --gpu {chip} --write` on {fit.runs} {chip} runs "
+    source = (f"fitted by `planner calibrate {command} --write` on {fit.runs} {chip} runs "
               f"({', '.join(families)}): robust least squares on log step time, RMS log error "
               f"{fit.rms_log_error:.3f}")  # fmt: skip
     # A knob the runs could not determine is cleared, as it was during the fit.

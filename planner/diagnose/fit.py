@@ -140,7 +140,10 @@ def fit_knobs(
     :data:`ROBUST_SCALE`), starting from the clusters' own values. Deterministic."""
     from scipy.optimize import least_squares  # scipy loads only when a fit runs
 
-    start = current_values(next(iter(clusters.values())), names)
+    # An uncalibrated file's roofline (half saturation 0) lies outside the bounds and has no
+    # logarithm: the fit starts from the nearest value inside them.
+    start = {n: min(max(v, KNOBS[n].bounds[0]), KNOBS[n].bounds[1])
+             for n, v in current_values(next(iter(clusters.values())), names).items()}
 
     def to_x(values: Mapping[str, float]) -> np.ndarray:
         return np.array([math.log(values[n]) if KNOBS[n].log else values[n] for n in names])

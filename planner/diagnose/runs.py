@@ -70,7 +70,8 @@ class CalibrationRun:
     num_devices: int
     """Devices (GPUs) of the run."""
     device: str
-    """The bundled cluster type that ran it: a key of :data:`DEVICES`."""
+    """The device that ran it: a key of :data:`DEVICES`, or for a device none of them names
+    (a run read to be priced on the user's own cluster file) its GPU name as written."""
     family: str
     """The framework family (:class:`Software`)."""
     measured_step_time_s: float
@@ -80,8 +81,10 @@ class CalibrationRun:
 
     @property
     def chip(self) -> str:
-        """The accelerator, whatever its memory: what a fitted efficiency belongs to."""
-        return DEVICES[self.device].chip
+        """The accelerator, whatever its memory: what a fitted efficiency belongs to (a device
+        that is not bundled is its own chip)."""
+        bundled = DEVICES.get(self.device)
+        return self.device if bundled is None else bundled.chip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,11 +111,32 @@ def device_of(gpu: str) -> str:
     >>> device_of("A100 40GB"), device_of("A100-SXM4-80GB"), device_of("H100-SXM5-80GB")
     ('A100-40GB', 'A100', 'H100')
     """
+    key = bundled_device(gpu)
+    if key is None:
+        raise InputError(f"cluster.gpu {gpu!r} is none of the bundled devices "
+                         f"({', '.join(DEVICES)}); pass --cluster FILE to price it on a "
+                         f"cluster file of that device")  # fmt: skip
+    return key
+
+
+def bundled_device(gpu: str) -> str | None:
+    """The key of :data:`DEVICES` for a record's GPU name, or None when none matches.
+
+    >>> bundled_device("Ascend-910B") is None
+    True
+    """
     words = gpu.upper().replace("-", " ").split()
-    for key in DEVICES:
-        if all(w in words for w in key.split("-")):
-            return key
-    raise InputError(f"cluster.gpu {gpu!r} is none of the bundled devices ({', '.join(DEVICES)})")
+    return next((key for key in DEVICES if all(w in words for w in key.split("-"))), None)
+
+
+def device_key(gpu: str) -> str:
+    """The device key of a run priced on a cluster file the user names: the bundled key where
+    one matches (so its chip is the published runs' chip), else the GPU name as written.
+
+    >>> device_key("A100-SXM4-80GB"), device_key("Ascend-910B")
+    ('A100', 'Ascend-910B')
+    """
+    return bundled_device(gpu) or gpu
 
 
 def software_of(record: dict[str, Any]) -> Software:
@@ -266,8 +290,12 @@ def _number(section: dict[str, Any], key: str) -> float:
     return value
 
 
-def run_from_record(record: dict[str, Any]) -> CalibrationRun | None:
-    """A record as estimate inputs and a measured step time; None when it measures nothing."""
+def run_from_record(
+    record: dict[str, Any], *, any_device: bool = False
+) -> CalibrationRun | None:
+    """A record as estimate inputs and a measured step time; None when it measures nothing.
+    A GPU none of :data:`DEVICES` names is an error, unless ``any_device`` (the run is to be
+    priced on a cluster file the caller gives: :func:`device_key`)."""
     measured = measured_step_time_s(record)
     if measured is None:
         return None
@@ -284,7 +312,7 @@ def run_from_record(record: dict[str, Any]) -> CalibrationRun | None:
         model=model_from_record(record),
         config=config_from_record(record),
         num_devices=num_gpus,
-        device=device_of(str(record["cluster"]["gpu"])),
+        device=(device_key if any_device else device_of)(str(record["cluster"]["gpu"])),
         family=software_of(record).family,
         measured_step_time_s=seconds,
         basis=basis,
@@ -301,8 +329,9 @@ class LoadedRuns:
     """One line per record left out: its id and why."""
 
 
-def load_runs_noting(*paths: str | Path) -> LoadedRuns:
-    """Every complete, measured record of the runs files at ``paths``, in order."""
+def load_runs_noting(*paths: str | Path, any_device: bool = False) -> LoadedRuns:
+    """Every complete, measured record of the runs files at ``paths``, in order; a GPU that is
+    not bundled is an error unless ``any_device`` (:func:`run_from_record`)."""
     runs, skipped = [], []
     for path in paths:
         records = read_json(Path(path))
@@ -316,7 +345,7 @@ def load_runs_noting(*paths: str | Path) -> LoadedRuns:
             if not record.get("config_complete", True):
                 skipped.append(f"{record.get('id')}: configuration incomplete")
                 continue
-            run = _run_of(record, where)
+            run = _run_of(record, where, any_device=any_device)
             if run is None:
                 skipped.append(f"{record.get('id')}: no measured step time or throughput")
             else:
@@ -324,16 +353,17 @@ def load_runs_noting(*paths: str | Path) -> LoadedRuns:
     return LoadedRuns(runs=runs, skipped=skipped)
 
 
-def load_runs(*paths: str | Path) -> list[CalibrationRun]:
-    """Every complete, measured record of the runs files at ``paths``."""
-    return load_runs_noting(*paths).runs
+def load_runs(*paths: str | Path, any_device: bool = False) -> list[CalibrationRun]:
+    """Every complete, measured record of the runs files at ``paths``
+    (:func:`load_runs_noting`)."""
+    return load_runs_noting(*paths, any_device=any_device).runs
 
 
-def _run_of(record: dict[str, Any], where: str) -> CalibrationRun | None:
+def _run_of(record: dict[str, Any], where: str, *, any_device: bool) -> CalibrationRun | None:
     """:func:`run_from_record`, every way a hand-edited record can be wrong an InputError
     that names the record (the records are read by plain indexing, not a schema)."""
     try:
-        return run_from_record(record)
+        return run_from_record(record, any_device=any_device)
     except ValidationError as exc:
         raise InputError(describe_validation_error(where, exc)) from None
     except InputError as exc:

@@ -1,0 +1,169 @@
+"""A user's own cluster file: ``runs from-log``, ``validate --cluster`` and ``calibrate
+--cluster`` on a device none of the bundled files models (Ascend 910B), each checked against a
+known answer: the estimate of the same configuration, and a GEMM curve the runs were made
+with."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.diagnose.calibration import validate
+from planner.diagnose.fit import sized_for, with_values, without_fits
+from planner.diagnose.runs import load_runs
+from planner.spec.reading import load_cluster
+from planner.uniform.estimate import estimate
+from tests.conftest import CALIBRATION_RUNS, CLUSTERS, MODELS, REPO, shared
+from tests.test_cli import _assert_one_line_error, _error_text, _run
+
+ASCEND = CLUSTERS / "ascend-910b.json"
+# Written by hand in Megatron-LM's format (tests/data/gpt3-175b-megatron.log's layout): GPT
+# 1.7B on 2 nodes of 8 910Bs, TP 2 PP 2 DP 4, SP, microbatch 2, global batch 512, fp16, fused
+# attention, distributed optimizer; 3 warm-up iterations at 9876.5 ms, then 20 at 5190, 5210
+# and 5230 ms and one checkpoint save at 8421.7 ms, whose median is 5210 ms.
+LOG_910B = REPO / "tests" / "data" / "gpt-1.7b-910b-megatron.log"
+MEASURED_910B_S = 5.21
+# The same configuration as estimate takes it.
+CONFIG_910B = ("--nodes", "2", "--tp", "2", "--pp", "2", "--dp", "4", "--sp", "--mbs", "2",
+               "--global-batch", "512", "--seq-len", "2048", "--zero", "1", "--precision",
+               "fp16", "--flash-attention")  # fmt: skip
+# The GEMM curve the synthetic runs' "measured" times are made with.
+TRUE_GEMM = {"gemm.max_fraction": 0.62, "gemm.half_saturation_gflop": 40.0}
+
+
+def _digest(*paths: Path) -> dict[Path, str]:
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def _from_log_910b(out: Path) -> str:
+    """``runs from-log`` of the 910B log into ``out``; its stderr."""
+    done = _run("runs", "from-log", LOG_910B, "--model", MODELS / "gpt-1.7b.json", "--cluster",
+                ASCEND, "--nodes", 2, "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_910b_log_is_priced_as_estimate_prices_it(tmp_path: Path) -> None:
+    """The record names the file's device; ``validate --cluster`` predicts what ``estimate``
+    of the same configuration on that file does, and measures the log's median."""
+    out = tmp_path / "mine.json"
+    stderr = _from_log_910b(out)
+    assert "not a bundled device" in stderr and f"--cluster {ASCEND}" in stderr
+    record = json.loads(out.read_text())[0]
+    assert record["cluster"] == {"gpu": "Ascend-910B", "num_gpus": 16}
+    assert record["parallel"] | {"vpp": None} == {
+        "tp": 2, "pp": 2, "dp": 4, "cp": 1, "ep": 1, "vpp": None, "sp": True, "microbatch": 2,
+        "global_batch": 512, "recompute": "none", "zero": 1}
+    done = _run("validate", out, "--cluster", ASCEND, "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["runs"]
+    estimated = json.loads(_run("estimate", MODELS / "gpt-1.7b.json", ASCEND, *CONFIG_910B,
+                                "--json").stdout)  # fmt: skip
+    assert row["device"] == "Ascend-910B" and row["measured_s"] == MEASURED_910B_S
+    assert row["predicted_s"] == pytest.approx(estimated["step_time_s"], rel=1e-12)
+    assert row["predicted_s"] == pytest.approx(3.4768, rel=1e-4)  # the uncalibrated roofline
+
+
+def _synthetic_runs(path: Path, cluster: Path) -> list[dict[str, Any]]:
+    """Four 910B runs of GEMMs from ~2 to ~500 GFLOP, each "measured" at what the cost model
+    predicts on ``cluster`` with :data:`TRUE_GEMM`; written to ``path``."""
+    shapes = [  # hidden, layers, heads, tp, pp, mbs, devices
+        (1024, 24, 16, 8, 1, 1, 8), (2304, 24, 24, 4, 1, 1, 8), (2304, 24, 24, 2, 2, 2, 16),
+        (4096, 16, 32, 2, 1, 4, 8),
+    ]  # fmt: skip
+    records = []
+    for i, (hidden, layers, heads, tp, pp, mbs, devices) in enumerate(shapes):
+        records.append({
+            "id": f"synthetic-{i}", "source": "made by the cost model", "source_kind": "test",
+            "software": {"framework": "Megatron-LM", "fused_attention": True, "dropout": 0.0},
+            "model": {"name": f"gpt-h{hidden}", "layers": layers, "hidden": hidden,
+                      "heads": heads, "ffn_hidden": 4 * hidden, "vocab": 51200,
+                      "seq_len": 2048},
+            "cluster": {"gpu": "Ascend-910B", "num_gpus": devices},
+            "parallel": {"tp": tp, "pp": pp, "dp": devices // (tp * pp), "sp": tp > 1,
+                         "microbatch": mbs, "global_batch": 128, "recompute": "none",
+                         "zero": 1},
+            "precision": "bf16", "measured": {"step_time_s": 1.0},
+        })  # fmt: skip
+    path.write_text(json.dumps(records))
+    truth = with_values(without_fits(load_cluster(cluster)), TRUE_GEMM)
+    for record, run in zip(records, load_runs(path, any_device=True), strict=True):
+        step = estimate(run.model, sized_for(run, truth), run.config).step_time_s
+        record["measured"]["step_time_s"] = step
+    path.write_text(json.dumps(records, indent=2))
+    return records
+
+
+def test_calibrate_cluster_recovers_the_gemm_curve_into_that_file_only(tmp_path: Path) -> None:
+    mine = tmp_path / "ascend-910b.json"
+    shutil.copy(ASCEND, mine)
+    runs = tmp_path / "runs.json"
+    _synthetic_runs(runs, mine)
+    bundled = _digest(*sorted(CLUSTERS.glob("*.json")))
+    done = _run("calibrate", runs, "--cluster", mine, "--write")
+    assert done.returncode == 0, done.stderr
+    assert _digest(*bundled) == bundled
+    before, after = json.loads(ASCEND.read_text()), json.loads(mine.read_text())
+    eff = after["device"].pop("efficiency")
+    old = before["device"].pop("efficiency")
+    assert after == before  # only the efficiency block changed
+    assert {k: eff[k] for k in old if k != "gemm"} == {k: old[k] for k in old if k != "gemm"}
+    print(f"\nrecovered gemm: {eff['gemm']}")
+    assert eff["gemm"]["max_fraction"] == pytest.approx(0.62, rel=1e-3)
+    assert eff["gemm"]["half_saturation_gflop"] == pytest.approx(40.0, rel=1e-3)
+    assert "planner calibrate --cluster ascend-910b.json --write" in eff["gemm"]["source"]
+    assert "on 4 Ascend-910B runs" in eff["gemm"]["source"]
+    assert "--gpu" not in eff["gemm"]["source"]
+    (band,) = eff["validation"]
+    assert band["parallelism"] == "model-parallel" and band["runs"] == 4
+    assert band["p80_abs_error"] <= 0.002
+    assert "attention" not in eff and eff["overlap_contention"] == 0.0
+    assert str(mine) in done.stdout.replace("\n", "")
+
+
+def test_validate_without_cluster_names_the_record_and_the_option(tmp_path: Path) -> None:
+    out = tmp_path / "mine.json"
+    _from_log_910b(out)
+    done = _run("validate", out)
+    _assert_one_line_error(done, f"{out}: record 0 ('gpt-1.7b-910b-megatron')",
+                           "cluster.gpu 'Ascend-910B' is none of the bundled devices",
+                           "pass --cluster FILE")  # fmt: skip
+    assert len(_error_text(done.stderr)) < 300
+    _assert_one_line_error(_run("calibrate", out, "--gpu", "A100"), "pass --cluster FILE")
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param((), id="neither"),
+    pytest.param(("--gpu", "A100", "--cluster", "{cluster}", "--write"), id="both"),
+    pytest.param(("--cluster", "{cluster}", "--write", "--exclude-family", "megatron"),
+                 id="write-excluding"),
+])  # fmt: skip
+def test_calibrate_cluster_errors_are_one_line_and_write_nothing(
+    options: tuple[str, ...], tmp_path: Path
+) -> None:
+    mine = tmp_path / "ascend-910b.json"
+    shutil.copy(ASCEND, mine)
+    runs = tmp_path / "runs.json"
+    _synthetic_runs(runs, mine)
+    files = _digest(mine, runs, *sorted(CLUSTERS.glob("*.json")))
+    args = [str(mine) if o == "{cluster}" else o for o in options]
+    done = _run("calibrate", runs, *args)
+    needle = "--exclude-family" if "--exclude-family" in options else "exactly one of --gpu"
+    _assert_one_line_error(done, needle)
+    assert _digest(*files) == files
+
+
+def test_validate_on_a_bundled_file_is_the_bundled_pricing() -> None:
+    """``--cluster`` is the same pricing given one file: the published A100 80GB runs priced on
+    ``dgx-a100-80gb.json`` as a user's file predict what the bundled path does."""
+    runs = shared(CALIBRATION_RUNS)
+    bundled = {r.id: r for r in validate([runs], CLUSTERS).rows if r.device == "A100"}
+    mine = validate([runs], CLUSTERS, cluster=CLUSTERS / "dgx-a100-80gb.json").rows
+    same = [row for row in mine if row.id in bundled]
+    assert len(same) == len(bundled) >= 3
+    assert all(row == bundled[row.id] for row in same)
