@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from planner.diagnose.calibration import validate
+from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.fit import sized_for, with_values, without_fits
 from planner.diagnose.runs import load_runs
 from planner.spec.reading import load_cluster
@@ -124,6 +124,20 @@ def test_calibrate_cluster_recovers_the_gemm_curve_into_that_file_only(tmp_path:
     assert band["p80_abs_error"] <= 0.002
     assert "attention" not in eff and eff["overlap_contention"] == 0.0
     assert str(mine) in done.stdout.replace("\n", "")
+
+
+def test_one_run_fits_the_ceiling_only(tmp_path: Path) -> None:
+    """One run's step time fits any split between the GEMM curve's ceiling and its half
+    saturation: the ceiling alone is fitted, the file's half saturation kept, and the run is
+    then priced as measured."""
+    cluster = tmp_path / "910b.json"
+    cluster.write_text(ASCEND.read_text())
+    runs = tmp_path / "runs.json"
+    records = _synthetic_runs(runs, cluster)
+    runs.write_text(json.dumps(records[2:3]))
+    fit = calibrate([runs], CLUSTERS, cluster=cluster)
+    assert set(fit.fit.values) == {"gemm.max_fraction"}
+    assert abs(fit.after[0].error) < 1e-3
 
 
 def test_validate_without_cluster_names_the_record_and_the_option(tmp_path: Path) -> None:

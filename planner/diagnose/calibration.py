@@ -190,10 +190,12 @@ def error_bands(rows: Sequence[ValidationRow]) -> tuple[ValidationBand, ...]:
 
 
 def fittable_knobs(runs: Sequence[CalibrationRun]) -> tuple[str, ...]:
-    """The knobs the runs can tell apart: the GEMM curve always; the fused-attention curve
-    when fused-attention runs span several sequence lengths (and its head-dim term several
-    head dims); the overlap contention when some run overlaps its data-parallel traffic."""
-    names = ["gemm.max_fraction", "gemm.half_saturation_gflop"]
+    """The knobs the runs can tell apart: the GEMM curve's ceiling always, its half
+    saturation from two runs on (one run's step fits any split between the two, so the
+    file's half saturation is kept); the fused-attention curve when fused-attention runs span
+    several sequence lengths (and its head-dim term several head dims); the overlap
+    contention when some run overlaps its data-parallel traffic."""
+    names = ["gemm.max_fraction"] + ["gemm.half_saturation_gflop"] * (len(runs) >= 2)
     fused = [r for r in runs if r.config.flash_attention]
     if len({r.config.seq_len for r in fused}) >= 2:
         names += ["attention.max_fraction", "attention.half_saturation_tokens"]
