@@ -206,8 +206,8 @@ def fit_bench(
                      "curve usually come out faster than those runs measured")
     if device.efficiency.validation:
         notes.append("the validation bands (residuals of `planner calibrate` with the old "
-                     "block) are dropped on --write: re-run `planner calibrate` with runs on "
-                     "this device to measure the new block's error")
+                     "block) are dropped on --write: `planner validate RUNS --cluster FILE` "
+                     "with runs on this device measures the new block's error")
     counts = {k: sum(c.kind == k for c, _ in ran) for k in ("gemm", "attention", "memory")}
     source = (f"measured by `planner bench` on {timings.device_name} ({timings.backend}, torch "
               f"{timings.torch_version}) in {precision}, {date or datetime.date.today()}, with "
