@@ -60,7 +60,7 @@ import re
 from itertools import pairwise
 from pathlib import Path
 
-from planner.diagnose.nccl_tests import NcclRow, NcclRun, bus_factor
+from planner.diagnose.nccl_tests import NcclRow, NcclRun, bus_factor, table_number
 from planner.errors import InputError
 from planner.spec.reading import read_text
 from planner.vocabulary import CollectiveKind
@@ -132,17 +132,10 @@ def _kind(path: Path) -> CollectiveKind:
                      f"holding the binary's ({', '.join(TESTS)})")
 
 
-def _number(path: Path, text: str, what: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise InputError(f"{path}: expected a number for {what}, got {text!r}") from None
-
-
 def _row(path: Path, match: re.Match[str], kind: CollectiveKind, ranks: int) -> NcclRow:
     data_size = int(match.group(1))
-    time_us = _number(path, match.group(2), "aveg_time")
-    algbw = _number(path, match.group(3), "alg_bandwidth")
+    time_us = table_number(path, match.group(2), "aveg_time")
+    algbw = table_number(path, match.group(3), "alg_bandwidth")
     check = match.group(4)
     if check == "failed":
         raise InputError(f"{path}: data_size {data_size} has check_result failed; expected "

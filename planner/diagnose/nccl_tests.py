@@ -101,7 +101,9 @@ def _kind(path: Path, lines: list[str]) -> CollectiveKind:
                      f"'# Collective test starting:' line or a file named after the test)")
 
 
-def _number(path: Path, text: str, what: str) -> float:
+def table_number(path: Path, text: str, what: str) -> float:
+    """A number of a test's result table; anything else is an InputError naming the file and
+    the column."""
     try:
         return float(text)
     except ValueError:
@@ -110,10 +112,10 @@ def _number(path: Path, text: str, what: str) -> float:
 
 def _row(path: Path, match: re.Match[str]) -> NcclRow:
     size = int(match.group(1))
-    time_us, algbw, busbw = (_number(path, match.group(i), name) for i, name in
+    time_us, algbw, busbw = (table_number(path, match.group(i), name) for i, name in
                              ((6, "time"), (7, "algbw"), (8, "busbw")))  # fmt: skip
     wrong = match.group(9)
-    if wrong != "N/A" and _number(path, wrong, "#wrong") != 0:
+    if wrong != "N/A" and table_number(path, wrong, "#wrong") != 0:
         raise InputError(f"{path}: size {size} has #wrong {wrong}; expected 0 (a run with wrong "
                          f"results times nothing worth fitting)")
     if time_us <= 0:
