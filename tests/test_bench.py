@@ -280,3 +280,16 @@ def test_bench_tables_and_bad_device(tmp_path: Path) -> None:
         assert wrong.returncode == 2 and wrong.stdout == ""
         assert "--device cuda: PyTorch" in wrong.stderr and "Traceback" not in wrong.stderr
         assert cluster.read_text() == CPU_NODE.read_text()
+
+
+def test_without_pytorch_bench_says_how_to_get_it() -> None:
+    """Without PyTorch (the base install) the bench is one line naming the extra, exit 2;
+    the other commands never import it."""
+    script = ("import sys\nsys.modules['torch'] = None\nfrom planner.cli import main\n"
+              "main()\n")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, "bench", str(CPU_NODE), "--model", str(TINY)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert "planner bench needs PyTorch" in done.stderr and "planner[bench]" in done.stderr
+    assert "Traceback" not in done.stderr
