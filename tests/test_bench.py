@@ -65,6 +65,10 @@ def test_gemms_are_the_layers_matmuls_in_three_orientations() -> None:
         assert tp8.flops == pytest.approx(op.flops / 8)
     qkv = cases["layer1.qkv_proj tp1 mb1 fwd"]
     assert qkv.shape == (2048, 4096, 4096 + 2 * 1024)  # 32 query heads, 8 K/V heads of 128
+    # Megatron-LM's layouts, its weight stored (out, in): X W^T, dY W, dY^T X.
+    down = {p: cases[f"layer1.mlp_down tp1 mb1 {p}"] for p in ("fwd", "dX", "dW")}
+    assert [(c.shape, c.transposed) for c in down.values()] == [
+        ((2048, 14336, 4096), "b"), ((2048, 4096, 14336), ""), ((4096, 2048, 14336), "a")]
 
 
 def test_attention_is_the_kernel_the_cost_model_prices() -> None:

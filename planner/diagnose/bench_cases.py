@@ -5,9 +5,9 @@ Each case is one kernel as the cost model sees it, with the FLOPs and bytes
 are about the same work:
 
 - every GEMM of a decoder layer and of the head, at each tensor-parallel degree that splits it
-  and each microbatch, in its three orientations (the forward ``X W``, the input gradient
-  ``dY W^T`` and the weight gradient ``X^T dY``: the cost model prices all three by their
-  FLOPs per call);
+  and each microbatch, in its three orientations (the forward ``X W^T``, the input gradient
+  ``dY W`` and the weight gradient ``dY^T X``, in Megatron-LM's operand layouts: the cost
+  model prices all three by their FLOPs per call);
 - fused causal attention, forward and backward, at the model's sequence length and shorter
   ones, with the model's head dim and the common 64 and 128 (the curve's head-dim term needs
   more than one);
@@ -62,6 +62,9 @@ class BenchCase:
     shape: tuple[int, ...]
     """``matmul``: (m, k, n) for an (m x k) by (k x n) product; attention: (batch, heads, seq,
     head_dim); memory-bound kernels: (rows, columns) of their input; ``adam``: (params,)."""
+    transposed: Literal["", "a", "b"] = ""
+    """``matmul``: which operand is read transposed (stored (k x m) for ``a``, (n x k) for
+    ``b``), as the framework lays it out."""
     flops: float
     """FLOPs the cost model prices (a fused causal kernel's executed ones)."""
     bytes_moved: float
@@ -77,17 +80,21 @@ class BenchCase:
 def _matmuls(op: Op, tokens: int, degree: int, mb: int, element_bytes: float
              ) -> list[BenchCase]:
     """The three GEMMs of a linear op's forward and backward on one of ``degree``
-    tensor-parallel ranks (its weight split along the dim tensor parallelism splits)."""
+    tensor-parallel ranks (its weight split along the dim tensor parallelism splits), in the
+    operand layouts Megatron-LM runs them with its weight stored (out, in): ``Y = X W^T``,
+    ``dX = dY W``, ``dW = dY^T X`` (NVIDIA/Megatron-LM@d98e8a64dd
+    ``megatron/core/tensor_parallel/layers.py:459, 683, 782``)."""
     assert op.weight is not None
     (in_name, k), (out_name, n) = op.weight.dims[-2:]
     k //= degree if in_name in TENSOR_PARALLEL_DIMS else 1
     n //= degree if out_name in TENSOR_PARALLEL_DIMS else 1
     m = tokens
     cases = []
-    for suffix, (a, b, c) in (("fwd", (m, k, n)), ("dX", (m, n, k)), ("dW", (k, m, n))):
+    for suffix, (a, b, c), transposed in (("fwd", (m, k, n), "b"), ("dX", (m, n, k), ""),
+                                          ("dW", (n, m, k), "a")):  # fmt: skip
         cases.append(BenchCase(
             kind="gemm", kernel="matmul", label=f"{op.name} tp{degree} mb{mb} {suffix}",
-            shape=(a, b, c), flops=2.0 * a * b * c,
+            shape=(a, b, c), transposed=transposed, flops=2.0 * a * b * c,  # type: ignore[arg-type]
             bytes_moved=(a * b + b * c + a * c) * element_bytes))  # fmt: skip
     return cases
 
@@ -105,7 +112,7 @@ def gemm_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Seq
     degree that splits them and per microbatch; shapes met twice are timed once. A routed
     expert's GEMM is one expert's share of the tokens."""
     element_bytes = ACTIVATION_BYTES[training.precision]
-    cases: dict[tuple[int, ...], BenchCase] = {}
+    cases: dict[tuple[int | str, ...], BenchCase] = {}
     for mb in micro_batches:
         for op in _first_of_each_kind(model, training, mb):
             if op.kind not in ("linear", "expert_linear") or op.weight is None:
@@ -116,7 +123,7 @@ def gemm_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Seq
                 if degree > 1 and not _splits(op, degree):
                     continue
                 for case in _matmuls(op, tokens, degree, mb, element_bytes):
-                    cases.setdefault(case.shape, case)
+                    cases.setdefault((*case.shape, case.transposed), case)
     return list(cases.values())
 
 

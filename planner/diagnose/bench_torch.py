@@ -135,7 +135,11 @@ class _Kernels:
         torch, f = self.torch, self.torch.nn.functional
         if case.kernel == "matmul":
             m, k, n = case.shape
-            a, b, out = self.randn(m, k), self.randn(k, n), self.randn(m, n)
+            # A transposed operand is a transposed view of a tensor stored the other way, as
+            # a framework hands it to the GEMM (no copy).
+            a = self.randn(k, m).t() if case.transposed == "a" else self.randn(m, k)
+            b = self.randn(n, k).t() if case.transposed == "b" else self.randn(k, n)
+            out = self.randn(m, n)
             return lambda: torch.matmul(a, b, out=out)
         if case.kernel in ("attention_forward", "attention_backward"):
             return self._attention(case)
