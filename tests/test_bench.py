@@ -178,6 +178,24 @@ def test_faster_than_the_peak_is_refused() -> None:
         fit_bench(H100, cases, _timed_by(faster, cases), model_name="m", seq_length=2048)
 
 
+def test_memory_faster_than_the_data_sheet_is_refused() -> None:
+    """HBM faster than the file's bandwidth is the wrong file too; adds whose time is nearly
+    all launch (a fitted launch a hair above or below theirs) do not decide it."""
+    h100 = load_cluster(H100).device
+    faster = h100.model_copy(update={"memory_bandwidth_gb_s": 6000.0, "efficiency": KNOWN})
+    cases = _cases(load_model(LLAMA_8B))
+    with pytest.raises(InputError, match=r"memory-bound kernels ran at \d+ GB/s, above device "
+                                         r"H100-SXM5-80GB's memory_bandwidth_gb_s 3350"):
+        fit_bench(H100, cases, _timed_by(faster, cases), model_name="m", seq_length=2048)
+    slower_launch = h100.model_copy(update={"efficiency": KNOWN.model_copy(
+        update={"kernel_launch_us": 4.49})})  # fmt: skip
+    timed = _timed_by(slower_launch, cases)
+    small = [i for i, c in enumerate(cases) if c.kernel == "add" and c.shape[1] <= 1 << 12]
+    seconds = [s - 1e-8 if i in small else s for i, s in enumerate(timed.seconds)]
+    fit_bench(H100, cases, replace(timed, seconds=tuple(seconds)), model_name="m",
+              seq_length=2048)  # no refusal
+
+
 def test_kernels_that_did_not_run_are_left_out() -> None:
     """A case the device had no memory for (None) is not fitted; without memory-bound kernels
     there is nothing to fit the bandwidth to."""
