@@ -50,6 +50,18 @@ def attention_fraction(
             * head_dim / (head_dim + e.half_saturation_head_dim))  # fmt: skip
 
 
+def fused_attention_fraction(
+    device: DeviceSpec, *, keys_per_query: float, head_dim: float
+) -> float | None:
+    """The device's fused-attention fraction of peak for a kernel of ``keys_per_query`` keys
+    and ``head_dim`` dims; None when the device has no attention curve, and the kernel is then
+    priced on the GEMM curve by its FLOPs per call."""
+    curve = device.efficiency.attention
+    if curve is None:
+        return None
+    return attention_fraction(curve, keys_per_query=keys_per_query, head_dim=head_dim)
+
+
 def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float) -> float:
     """No sharding runs ``flops`` faster than the GEMM curve's ceiling allows (its fraction of
     peak only approaches ``max_fraction`` as GEMMs grow): a bound, not a price."""
@@ -133,11 +145,10 @@ def op_time(
         # Unfused: the scores are written, then read by softmax, dropout and the matmul.
         moved += 3 * sum(sharded_bytes(t, activation_degrees) for t in op.score_tensors)
     fraction = None
-    if op.kind == "attention" and flash_attention and device.efficiency.attention is not None:
+    if op.kind == "attention" and flash_attention:
         # A ring step (context parallelism) attends to one block of keys per kernel call.
         keys = op.inputs[1].size("seq") / activation_degrees.get("seq", 1) * CAUSAL_FRACTION
-        fraction = attention_fraction(device.efficiency.attention, keys_per_query=keys,
-                                      head_dim=op.head_dim)  # fmt: skip
+        fraction = fused_attention_fraction(device, keys_per_query=keys, head_dim=op.head_dim)
     forward = compute_time_s(device, precision, flops=executed.forward, bytes_moved=moved,
                              calls=gemm_calls, fraction=fraction)  # fmt: skip
     backward = compute_time_s(

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.cost import CAUSAL_FRACTION, FLASH_BACKWARD_FACTOR
+from planner.cost import CAUSAL_FRACTION, ELEMENTWISE_BACKWARD_FACTOR, FLASH_BACKWARD_FACTOR
 from planner.graph import lowered
 from planner.graph.lower import ACTIVATION_BYTES
 from planner.graph.ops import TENSOR_PARALLEL_DIMS, Op
@@ -149,7 +149,8 @@ def attention_cases(model: ModelSpec, training: TrainingSpec) -> list[BenchCase]
             qkvo = 4 * heads * s * d * element_bytes
             for kernel, flops, moved, calls in (
                 ("attention_forward", forward, qkvo, 1),
-                ("attention_backward", FLASH_BACKWARD_FACTOR * forward, 2 * qkvo, 2),
+                ("attention_backward", FLASH_BACKWARD_FACTOR * forward,
+                 ELEMENTWISE_BACKWARD_FACTOR * qkvo, 2),
             ):
                 cases.append(BenchCase(
                     kind="attention", kernel=kernel,  # type: ignore[arg-type]

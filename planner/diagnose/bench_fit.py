@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cost import attention_fraction, compute_time_s, optimizer_step_s
+from planner.cost import compute_time_s, fused_attention_fraction, optimizer_step_s
 from planner.diagnose.bench_cases import BenchCase, BenchKind
 from planner.diagnose.bench_torch import Timings
 from planner.errors import InputError
@@ -99,10 +99,9 @@ def predicted_s(case: BenchCase, device: DeviceSpec, precision: Precision) -> fl
     if case.kind == "optimizer":
         return optimizer_step_s(device, precision, params=case.shape[0])
     fraction = None
-    curve = device.efficiency.attention
-    if case.kind == "attention" and curve is not None:
-        fraction = attention_fraction(curve, keys_per_query=case.keys_per_query,
-                                      head_dim=case.head_dim)  # fmt: skip
+    if case.kind == "attention":
+        fraction = fused_attention_fraction(device, keys_per_query=case.keys_per_query,
+                                            head_dim=case.head_dim)  # fmt: skip
     return compute_time_s(device, precision, flops=case.flops, bytes_moved=case.bytes_moved,
                           calls=case.calls, fraction=fraction)  # fmt: skip
 
