@@ -16,6 +16,7 @@ from typing import Any
 
 import planner
 from planner.frameworks import torchtitan as tt
+from planner.frameworks._torchtitan_toml import model_parts
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 from tests.framework_cases import configure, forced, load, verdict
@@ -185,7 +186,7 @@ def test_fp32_ddp() -> None:
 
 def test_model_parts_doctest_shape() -> None:
     """Two stages of 2 and 1 layers: the embedding first, the norm and output last."""
-    assert tt.model_parts((2, 1), 1) == [["tok_embeddings", "layers.0", "layers.1"],
+    assert model_parts((2, 1), 1) == [["tok_embeddings", "layers.0", "layers.1"],
                                          ["layers.2", "norm", "output"]]  # fmt: skip
 
 

@@ -16,6 +16,14 @@ from __future__ import annotations
 from typing import Literal
 
 from planner.frameworks import _megatron_flags as mf
+from planner.frameworks._colossalai_plugin import (
+    Kwargs,
+    checkpoint_config,
+    overlap_kwargs,
+    pipeline_kwargs,
+    render,
+    sequence_kwargs,
+)
 from planner.frameworks.base import Launch, Profile, Rule, data_parallel_sync, ranks_in_order
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
@@ -38,7 +46,6 @@ _EVERY_LAYER_CHECKPOINTED: frozenset[Family] = frozenset({"gpt2", "mixtral"})
 _SPLIT_GATHER_RING: frozenset[Family] = frozenset({"llama", "qwen2", "qwen3"})
 """Policies that hand the sequence-parallel mode to every projection (so ``ring`` runs)."""
 
-Kwargs = dict[str, object]
 
 
 def family(model: ModelSpec) -> Family | None:
@@ -371,58 +378,8 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
                                                                 resolved.config.tp)}  # fmt: skip
     kwargs |= {} if moe else {"dp_outside": False}  # ranks tp, cp, dp, pp as the planner's
     text = render(plugin, kwargs, settings=script_settings(resolved, model),
-                  checkpointing=checkpoint_config(resolved))  # fmt: skip
+                  checkpointing=checkpoint_config(resolved), source=REPO)  # fmt: skip
     return Launch(text=text, notes=notes(model))
-
-
-def sequence_kwargs(resolved: ResolvedConfig) -> Kwargs:
-    """Ring attention over ``sp_size`` ranks for cp; split_gather (ring, with TP overlap) for
-    sp; nothing otherwise (plain tensor parallelism)."""
-    c = resolved.config
-    if c.cp > 1:
-        return {"sp_size": c.cp, "enable_sequence_parallelism": True,
-                "sequence_parallelism_mode": "ring_attn"}  # fmt: skip
-    if resolved.sp:
-        mode = "ring" if c.tp_comm_overlap else "split_gather"
-        return {"enable_sequence_parallelism": True, "sequence_parallelism_mode": mode}
-    return {}
-
-
-def pipeline_kwargs(resolved: ResolvedConfig) -> Kwargs:
-    """Microbatching, schedule and layer split (meaningless at pp_size 1)."""
-    c = resolved.config
-    if c.pp == 1:
-        return {}
-    kwargs: Kwargs = {"microbatch_size": c.mbs, "num_microbatches": resolved.num_microbatches,
-                      "pp_style": "interleaved" if c.vpp > 1 else "1f1b",
-                      "num_model_chunks": c.vpp}  # fmt: skip
-    if c.vpp == 1:  # with interleaving a rule keeps the split even, Colossal-AI's default
-        kwargs["num_layers_per_stage"] = list(resolved.stage_layers)
-    return kwargs
-
-
-def overlap_kwargs(resolved: ResolvedConfig, *, moe: bool) -> Kwargs:
-    """ZeRO's overlaps, said explicitly (the dense plugin defaults overlap_communication on).
-    Gradients overlap only without pipelines, where ZeRO reduces during the last backward."""
-    c = resolved.config
-    grad = c.overlap_grad_reduce and c.zero > 0 and c.pp == 1 and not moe
-    gather = c.overlap_param_gather and c.zero > 0
-    return {"overlap_communication": grad, "overlap_allgather": gather}
-
-
-def checkpoint_config(resolved: ResolvedConfig) -> str | None:
-    """Full recompute under pipelines as ``PipelineGradientCheckpointConfig``: every layer of
-    every (virtual) stage, or each one's first ``recompute_layers`` (the forward checkpoints
-    a chunk's first ones, ``modeling/llama.py:199``), in the order stage + chunk x pp. Without
-    pipelines Colossal-AI's forward refuses a config (it reads the stage manager), and
-    checkpoints every layer."""
-    c = resolved.config
-    if c.recompute != "full" or c.pp == 1:
-        return None
-    per_chunk = [resolved.stage_layers[k % c.pp] // c.vpp for k in range(c.pp * c.vpp)]
-    if c.recompute_layers is not None:  # no more than a chunk holds (grad_ckpt_config.py:77)
-        per_chunk = [min(n, c.recompute_layers) for n in per_chunk]
-    return f"PipelineGradientCheckpointConfig(num_ckpt_layers_per_stage={per_chunk})"
 
 
 def script_settings(resolved: ResolvedConfig, model: ModelSpec) -> Kwargs:
@@ -440,30 +397,6 @@ def script_settings(resolved: ResolvedConfig, model: ModelSpec) -> Kwargs:
         # reduce once, in the last backward of the step.
         "NO_SYNC_BEFORE_LAST": c.pp == 1 and n > 1 and c.zero != 2,
     }
-
-
-_COMMENTS = {
-    "HF_MODEL_CLASS": "the transformers class to build from the model's config",
-    "ATTN_IMPLEMENTATION": "its attn_implementation",
-    "GRADIENT_CHECKPOINTING": "call model.gradient_checkpointing_enable() before boost()",
-    "BATCH_SIZE_PER_RANK": "samples per data-parallel rank per forward-backward",
-    "ACCUMULATION_STEPS": "forward-backwards per optimizer step (pp_size 1)",
-    "NO_SYNC_BEFORE_LAST": "run all but the last under booster.no_sync(model, optimizer)",
-}
-
-
-def render(plugin: str, kwargs: Kwargs, *, settings: Kwargs, checkpointing: str | None) -> str:
-    """A Python snippet: imports, the script's settings, then one plugin keyword per line."""
-    imports = [f"from colossalai.booster.plugin import {plugin}"]
-    if checkpointing is not None:
-        imports.append("from colossalai.shardformer import PipelineGradientCheckpointConfig")
-    lines = [f"# {REPO}", *imports, ""]
-    lines += [f"{k} = {v!r}  # {_COMMENTS[k]}" for k, v in settings.items()]
-    lines += ["", f"plugin = {plugin}("]
-    lines += [f"    {name}={value!r}," for name, value in kwargs.items()]
-    if checkpointing is not None:
-        lines.append(f"    gradient_checkpoint_config={checkpointing},")
-    return "\n".join([*lines, ")"]) + "\n"
 
 
 def notes(model: ModelSpec) -> tuple[str, ...]:

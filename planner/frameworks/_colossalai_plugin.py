@@ -1,0 +1,90 @@
+"""Colossal-AI's plugin for one configuration: the ``HybridParallelPlugin`` (or
+``MoeHybridParallelPlugin``) keywords and the Python snippet that constructs it.
+
+Split from :mod:`planner.frameworks.colossalai`, whose rules decide what Colossal-AI launches
+and whose :func:`~planner.frameworks.colossalai.launch` puts these together; the keywords are
+hpcaitech/ColossalAI@4f9953b's (``colossalai/booster/plugin/hybrid_parallel_plugin.py``).
+"""
+
+from __future__ import annotations
+
+from planner.plan.config import ResolvedConfig
+
+Kwargs = dict[str, object]
+"""Keyword arguments of the plugin, or settings of the script, by name."""
+
+
+def sequence_kwargs(resolved: ResolvedConfig) -> Kwargs:
+    """Ring attention over ``sp_size`` ranks for cp; split_gather (ring, with TP overlap) for
+    sp; nothing otherwise (plain tensor parallelism)."""
+    c = resolved.config
+    if c.cp > 1:
+        return {"sp_size": c.cp, "enable_sequence_parallelism": True,
+                "sequence_parallelism_mode": "ring_attn"}  # fmt: skip
+    if resolved.sp:
+        mode = "ring" if c.tp_comm_overlap else "split_gather"
+        return {"enable_sequence_parallelism": True, "sequence_parallelism_mode": mode}
+    return {}
+
+
+def pipeline_kwargs(resolved: ResolvedConfig) -> Kwargs:
+    """Microbatching, schedule and layer split (meaningless at pp_size 1)."""
+    c = resolved.config
+    if c.pp == 1:
+        return {}
+    kwargs: Kwargs = {"microbatch_size": c.mbs, "num_microbatches": resolved.num_microbatches,
+                      "pp_style": "interleaved" if c.vpp > 1 else "1f1b",
+                      "num_model_chunks": c.vpp}  # fmt: skip
+    if c.vpp == 1:  # with interleaving a rule keeps the split even, Colossal-AI's default
+        kwargs["num_layers_per_stage"] = list(resolved.stage_layers)
+    return kwargs
+
+
+def overlap_kwargs(resolved: ResolvedConfig, *, moe: bool) -> Kwargs:
+    """ZeRO's overlaps, said explicitly (the dense plugin defaults overlap_communication on).
+    Gradients overlap only without pipelines, where ZeRO reduces during the last backward."""
+    c = resolved.config
+    grad = c.overlap_grad_reduce and c.zero > 0 and c.pp == 1 and not moe
+    gather = c.overlap_param_gather and c.zero > 0
+    return {"overlap_communication": grad, "overlap_allgather": gather}
+
+
+def checkpoint_config(resolved: ResolvedConfig) -> str | None:
+    """Full recompute under pipelines as ``PipelineGradientCheckpointConfig``: every layer of
+    every (virtual) stage, or each one's first ``recompute_layers`` (the forward checkpoints
+    a chunk's first ones, ``modeling/llama.py:199``), in the order stage + chunk x pp. Without
+    pipelines Colossal-AI's forward refuses a config (it reads the stage manager), and
+    checkpoints every layer."""
+    c = resolved.config
+    if c.recompute != "full" or c.pp == 1:
+        return None
+    per_chunk = [resolved.stage_layers[k % c.pp] // c.vpp for k in range(c.pp * c.vpp)]
+    if c.recompute_layers is not None:  # no more than a chunk holds (grad_ckpt_config.py:77)
+        per_chunk = [min(n, c.recompute_layers) for n in per_chunk]
+    return f"PipelineGradientCheckpointConfig(num_ckpt_layers_per_stage={per_chunk})"
+
+
+_COMMENTS = {
+    "HF_MODEL_CLASS": "the transformers class to build from the model's config",
+    "ATTN_IMPLEMENTATION": "its attn_implementation",
+    "GRADIENT_CHECKPOINTING": "call model.gradient_checkpointing_enable() before boost()",
+    "BATCH_SIZE_PER_RANK": "samples per data-parallel rank per forward-backward",
+    "ACCUMULATION_STEPS": "forward-backwards per optimizer step (pp_size 1)",
+    "NO_SYNC_BEFORE_LAST": "run all but the last under booster.no_sync(model, optimizer)",
+}
+
+
+def render(plugin: str, kwargs: Kwargs, *, settings: Kwargs, checkpointing: str | None,
+           source: str) -> str:
+    """A Python snippet: the ``source`` it is for, imports, the script's settings, then one
+    plugin keyword per line."""
+    imports = [f"from colossalai.booster.plugin import {plugin}"]
+    if checkpointing is not None:
+        imports.append("from colossalai.shardformer import PipelineGradientCheckpointConfig")
+    lines = [f"# {source}", *imports, ""]
+    lines += [f"{k} = {v!r}  # {_COMMENTS[k]}" for k, v in settings.items()]
+    lines += ["", f"plugin = {plugin}("]
+    lines += [f"    {name}={value!r}," for name, value in kwargs.items()]
+    if checkpointing is not None:
+        lines.append(f"    gradient_checkpoint_config={checkpointing},")
+    return "\n".join([*lines, ")"]) + "\n"
