@@ -10,11 +10,11 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from planner import report
-from planner.cli.app import ClusterArg, JsonOpt, app, check_options, print_json, render
+from planner.cli.app import ClusterArg, JsonOpt, app, check_options, note, print_json, render
 from planner.cli.app import stderr_console as progress_console
 from planner.diagnose.bench_cases import BenchCase, bench_cases
 from planner.diagnose.bench_fit import fit_bench
-from planner.diagnose.bench_torch import DeviceChoice, run_cases
+from planner.diagnose.bench_torch import DeviceChoice, choose_backend, run_cases
 from planner.errors import InputError
 from planner.plan.files import load_inputs
 from planner.report.output import check_target, write_atomic
@@ -71,6 +71,10 @@ def bench_cmd(
     if min(degrees) < 1 or min(batches) < 1:
         raise InputError("--tp and --micro-batch: expected positive integers")
     cases = bench_cases(model_spec, training, tensor_parallel=degrees, micro_batches=batches)
+    backend = choose_backend(device)
+    if device == "auto" and backend == "cpu":
+        note(f"no GPU or NPU is visible: timing {len(cases)} kernels on the CPU, which fits "
+             f"the CPU, not {spec.device.name} (--device cpu says it is meant)")
     with Progress(TextColumn("timing {task.description}"), BarColumn(), MofNCompleteColumn(),
                   console=progress_console(), transient=True,
                   disable=not progress_console().is_terminal) as bar:  # fmt: skip
@@ -79,7 +83,7 @@ def bench_cmd(
         def advance(i: int, case: BenchCase) -> None:
             bar.update(task, completed=i, description=case.label)
 
-        timings = run_cases(cases, precision=training.precision, device=device,
+        timings = run_cases(cases, precision=training.precision, device=backend,
                             repeats=repeats, min_time_s=min_time_ms / 1e3, on_case=advance)
     fit = fit_bench(cluster, cases, timings, model_name=model_spec.name,
                     seq_length=training.seq_length)  # fmt: skip

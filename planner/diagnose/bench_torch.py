@@ -94,6 +94,12 @@ def _backend(torch: Any, choice: DeviceChoice) -> Backend:
     return "cpu"
 
 
+def choose_backend(device: DeviceChoice) -> Backend:
+    """Where :func:`run_cases` will run for ``device``: the one named, which must be there, or
+    with ``auto`` an NPU, else a CUDA GPU, else the CPU."""
+    return _backend(_torch(), device)
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as info:
