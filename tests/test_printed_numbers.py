@@ -84,7 +84,19 @@ def test_every_pricer_reports_the_same_bubble(gpt3: ModelSpec, h100_128: Cluster
     assert simulate_plan(plan).bubble_fraction == pytest.approx(share, rel=0.01)
 
 
-def test_the_bubble_never_passes_the_step(gpt3: ModelSpec) -> None:
+def test_the_per_operator_search_reports_the_same_bubble() -> None:
+    """The ILP search's plan (``any``, its stages from the stage DP) reports the same share
+    of the step as every other plan."""
+    model = load_model(MODELS / "llama3-8b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
+    plan = solve(model, cluster, SolveOptions(framework="any", global_batch_size=16,
+                                              pins=Pins(pp=4)))  # fmt: skip
+    p = plan.predicted
+    assert len(plan.stages) == 4 and p.time.pipeline_bubble_s > 0
+    assert p.bubble_fraction == p.time.pipeline_bubble_s / p.step_time_s
+
+
+def test_the_bubble_never_passes_the_step() -> None:
     """Llama-3.1-405B on 131,072 H100 with one or two microbatches a step: the bubble over
     the busy time (what was printed, "bubble 195.0 %" on such a cluster) passes 1; its share
     of the step stays between 0 and 1."""
