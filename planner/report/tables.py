@@ -296,7 +296,8 @@ two or three lines); narrower, the plans go under the numbers."""
 def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
     """One row per method: its plan in one line, the predicted step with its error band
     (``+/-``) and rates, peak memory, the time it took to find, and its step relative to the
-    best; under them what each band rests on. When that is too wide for the console, the
+    comparison's :func:`~planner.diagnose.compare.yardstick` (``x any`` or ``x best``, as the
+    picture's); under them what each band rests on. When that is too wide for the console, the
     numbers in one table and the plans in another."""
     against = yardstick(results)
     plan = next(r.plan for r in results if r.plan is not None)
