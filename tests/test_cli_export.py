@@ -146,14 +146,15 @@ def test_solve_then_export_round_trip(framework: str, tmp_path: Path) -> None:
 
 
 def test_estimate_out_says_when_its_framework_cannot_launch_it(tmp_path: Path) -> None:
-    """``estimate --framework torchtitan --out`` of TP without SP writes the plan (it was
-    priced) and says, after the tables, the reason torchtitan's profile gives, which is the
-    reason ``export`` then refuses it with; a configuration the framework launches gets no
-    note."""
+    """``estimate --framework torchtitan --out`` of TP without SP (``--no-sp`` given: the
+    framework's switches would set it) writes the plan (it was priced) and says, after the
+    tables, the reason torchtitan's profile gives, which is the reason ``export`` then refuses
+    it with; a configuration the framework launches gets no such note, only the one naming
+    the switches ``--framework`` set."""
     model, cluster = "instances/models/llama3-70b.json", "instances/clusters/dgx-h100-80gb.json"
     plan = tmp_path / "plan.json"
     done = _run("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
-                "--zero", "1", "--framework", "torchtitan", "--out", plan)  # fmt: skip
+                "--zero", "1", "--no-sp", "--framework", "torchtitan", "--out", plan)  # fmt: skip
     assert done.returncode == 0 and plan.exists(), done.stderr
     assert "note:" in done.stderr and "torchtitan, which cannot launch it" in done.stderr
     assert "without sp" in done.stderr
@@ -162,4 +163,6 @@ def test_estimate_out_says_when_its_framework_cannot_launch_it(tmp_path: Path) -
     assert refused.returncode == 2 and "without sp" in refused.stderr
     fine = _run("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
                 "--zero", "1", "--sp", "--framework", "megatron", "--out", tmp_path / "m.json")
-    assert fine.returncode == 0 and "note:" not in fine.stderr, fine.stderr
+    assert fine.returncode == 0 and "cannot launch" not in fine.stderr, fine.stderr
+    assert fine.stderr.startswith("note: Megatron-LM's switches as solve sets them: "
+                                  "--overlap-grad-reduce --overlap-param-gather")  # fmt: skip

@@ -214,12 +214,27 @@ def test_one_step_formula() -> None:
 
 @pytest.mark.parametrize(("p", "m", "v"), [(4, 8, 1), (8, 64, 1), (16, 32, 2), (4, 16, 4)])
 def test_bubble_fraction_closed_form(p: int, m: int, v: int) -> None:
-    """Equal stages: bubble / busy = (p - 1)/(v m) (Narayanan et al. SC'21, Sec. 2.2)."""
+    """Equal stages: bubble / busy = (p - 1)/(v m) (Narayanan et al. SC'21, Sec. 2.2), so
+    the bubble's share of the pipeline is (p - 1) / (v m + p - 1)."""
     got = cost.pipeline_time([0.5] * p, num_microbatches=m, vpp=v)
     assert got.bubble_s / (got.total_s - got.bubble_s) == pytest.approx((p - 1) / (v * m))
-    assert cost.bubble_fraction(pp=p, vpp=v, num_microbatches=m) == pytest.approx(
-        (p - 1) / (v * m)
-    )
+    share = cost.bubble_share(bubble_s=got.bubble_s, step_s=got.total_s)
+    assert share == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-12)
+    assert cost.bubble_fraction(pp=p, vpp=v, num_microbatches=m) == pytest.approx(share,
+                                                                                  rel=1e-12)
+
+
+@pytest.mark.parametrize(("p", "m"), [(16, 1), (96, 8), (128, 4), (2, 1)])
+def test_bubble_share_never_passes_the_step(p: int, m: int) -> None:
+    """Fewer microbatches than stages: the bubble over the busy time, (p - 1) / m, passes
+    100 % (15 at p = 16, m = 1), but its share of the step stays below 1, (p - 1) / (m + p - 1)
+    (15 / 16)."""
+    got = cost.pipeline_time([0.5] * p, num_microbatches=m)
+    assert got.bubble_s / (got.total_s - got.bubble_s) == pytest.approx((p - 1) / m)
+    share = cost.bubble_share(bubble_s=got.bubble_s, step_s=got.total_s)
+    assert share == pytest.approx((p - 1) / (m + p - 1), rel=1e-12)
+    assert 0 < share < 1
+    assert cost.bubble_share(bubble_s=0.0, step_s=0.0) == 0.0
 
 
 def test_exposed_never_negative() -> None:

@@ -17,7 +17,7 @@ import pytest
 from planner.cost.uncertainty import error_band, stages_kind
 from planner.options import Pins, SolveOptions
 from planner.plan.files import plan_from_json
-from planner.plan.schema import ErrorBand, StageParallel
+from planner.plan.schema import SCHEMA_VERSION, ErrorBand, StageParallel
 from planner.search.loop import solve
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster
@@ -260,12 +260,13 @@ def test_a_plan_written_before_bands_still_loads(calibrated: Path, tmp_path: Pat
                    "--out", fresh)  # fmt: skip
     assert done.code == 0, done.stderr
     data = json.loads(fresh.read_text())
-    assert data["schema_version"] == 5 and data["predicted"]["error_band"]["runs"] == 9
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["predicted"]["error_band"]["runs"] == 9
     del data["predicted"]["error_band"]
     old = tmp_path / "old.json"
     old.write_text(json.dumps(data | {"schema_version": 4}))
     plan = plan_from_json(old.read_text())
-    assert plan.predicted.error_band is None and plan.schema_version == 5
+    assert plan.predicted.error_band is None and plan.schema_version == SCHEMA_VERSION
     step = f"{plan.predicted.step_time_s:.3f} s (band not recorded)"
     simulated = planner(80, "simulate", old)
     assert step in simulated.stdout and "band not recorded: the plan file predates" in (

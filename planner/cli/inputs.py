@@ -3,6 +3,7 @@ validate, calibrate, calibrate-network."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Literal
@@ -33,7 +34,9 @@ from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query
 from planner.plan.config import ParallelConfig, resolve
 from planner.plan.files import load_inputs, load_model_file
 from planner.report.output import check_target, write_atomic
+from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import json_schema
+from planner.uniform.defaults import SEARCH_SWITCHES, framework_defaults
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
 from planner.uniform.remedies import config_infeasible_message
@@ -65,7 +68,10 @@ def estimate_cmd(
     last_stage_layers: Annotated[
         int | None, typer.Option(help="Layers on the last stage if it differs.")
     ] = None,
-    sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
+    sp: Annotated[
+        bool | None, typer.Option("--sp/--no-sp", help="Sequence parallelism (default: off; "
+                                  "with --framework, on with TP > 1, as solve sets it).")
+    ] = None,
     mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
     global_batch: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
@@ -84,8 +90,14 @@ def estimate_cmd(
         Literal["1f1b", "gpipe", "zb-h1", "zb-v"], typer.Option(help="Pipeline schedule.")
     ] = "1f1b",
     flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
-    overlap_grad_reduce: Annotated[bool, typer.Option(help="Overlap DP reduction.")] = False,
-    overlap_param_gather: Annotated[bool, typer.Option(help="Overlap ZeRO gathers.")] = False,
+    overlap_grad_reduce: Annotated[
+        bool | None, typer.Option(help="Overlap DP reduction (default: off; with --framework, "
+                                  "as solve sets it).")
+    ] = None,
+    overlap_param_gather: Annotated[
+        bool | None, typer.Option(help="Overlap ZeRO gathers (default: off; with "
+                                  "--framework, as solve sets it).")
+    ] = None,
     tp_comm_overlap: Annotated[bool, typer.Option(help="Overlap TP comm with GEMMs.")] = False,
     rank_order: Annotated[
         str, typer.Option(help="Rank numbering, fastest first (Megatron's order).")
@@ -100,29 +112,38 @@ def estimate_cmd(
                                    "configuration must leave free to fit (default 5 %).")
     ] = None,
     framework: Annotated[
-        str, typer.Option(help="The framework the plan written by --out is for.")
-    ] = "megatron",
+        str | None, typer.Option(help="The framework that launches it: the switches solve "
+                                 "sets for it (sequence parallelism, the overlaps it "
+                                 "launches) where not given, and the plan written by --out "
+                                 "is for it (default: megatron, the switches as given).")
+    ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Also write the configuration as a plan (JSON).")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
-    check_framework(framework, allow_any=False)
+    if framework is not None:
+        check_framework(framework, allow_any=False)
+    switches = {"sp": sp, "overlap_grad_reduce": overlap_grad_reduce,
+                "overlap_param_gather": overlap_param_gather}  # fmt: skip
+    given = {name: value for name, value in switches.items() if value is not None}
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     try:
         config = ParallelConfig(
-            tp=tp, pp=pp, dp=dp, cp=cp, cp_algo=cp_algo, ep=ep, vpp=vpp, sp=sp, mbs=mbs,
+            tp=tp, pp=pp, dp=dp, cp=cp, cp_algo=cp_algo, ep=ep, vpp=vpp, mbs=mbs, **given,
             first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
             global_batch=global_batch, seq_len=seq_len, recompute=recompute, zero=zero,
             recompute_layers=recompute_layers,
             precision=precision, schedule=schedule, flash_attention=flash_attention,
-            overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
             tp_comm_overlap=tp_comm_overlap, rank_order=rank_order,
             offload=parse_offload(offload),
         )  # fmt: skip
     except ValidationError as exc:
         raise option_error(exc) from None
+    if framework is not None:
+        config = framework_defaults(config, model_spec, cluster=cluster_spec,
+                                    framework=framework, given=given)  # fmt: skip
     if out is not None:
         check_target(out, inputs=(model, cluster))
     result = estimate(model_spec, cluster_spec, config, memory_margin_gib=memory_margin)
@@ -130,22 +151,60 @@ def estimate_cmd(
         # Written even when it does not fit: it records what was priced (and `simulate` can
         # still draw it); the exit code says it does not fit.
         margin = memory_margin_bytes(cluster_spec.device.memory_gib, memory_margin) / GIB
-        plan = uniform_plan(model_spec, cluster_spec, config, framework=framework,
+        plan = uniform_plan(model_spec, cluster_spec, config, framework=framework or "megatron",
                             memory_margin_gib=margin)  # fmt: skip
         write_atomic(out, plan.to_json(), inputs=(model, cluster))
     if as_json:
         print_json(result.to_dict())
     else:
         render(report.estimate_tables(model_spec, cluster_spec, config, result))
-    if out is not None:
-        target = profile(framework)
-        refused = target.refusals(resolve(model_spec, cluster_spec, config), model_spec)
-        if refused:  # priced and written, but `planner export` would refuse it: say so now
-            note(f"{out} is for {target.title}, which cannot launch it: {'; '.join(refused)}; "
-                 "planner export will refuse it")  # fmt: skip
+    if framework is not None or out is not None:
+        _framework_notes(model_spec, cluster_spec, config, framework=framework, given=given,
+                         out=out)  # fmt: skip
     if not result.fits:
         raise InfeasibleError(config_infeasible_message(model_spec, cluster_spec, config,
                                                         memory_margin_gib=memory_margin))
+
+
+def _framework_notes(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, framework: str | None,
+    given: Collection[str], out: Path | None,
+) -> None:  # fmt: skip
+    """``estimate``'s notes on the framework: which switches ``--framework`` set, and what
+    keeps the framework (``--out``'s, megatron by default) from launching the configuration
+    (``planner export`` would refuse the plan written)."""
+    target = profile(framework or "megatron")
+    refused = target.refusals(resolve(model, cluster, config), model)
+    if framework is not None:
+        note(defaults_note(config, target.title, given=given, launched=not refused))
+    if refused:  # priced (and written), but the framework cannot launch it: say so now
+        who = f"{out} is for {target.title}, which" if out is not None else target.title
+        export = "; planner export will refuse it" if out is not None else ""
+        note(f"{who} cannot launch it: {'; '.join(refused)}{export}")
+
+
+def defaults_note(
+    config: ParallelConfig, title: str, *, given: Collection[str], launched: bool
+) -> str:
+    """Which switches ``estimate --framework`` set as solve sets them
+    (:func:`planner.uniform.defaults.framework_defaults`), as the flags that give them; the
+    overlaps stay as given (off) where the framework cannot launch the configuration.
+
+    >>> defaults_note(ParallelConfig(tp=8, sp=True, overlap_grad_reduce=True), "Megatron-LM",
+    ...               given=("overlap_param_gather",), launched=True)[:69]
+    "Megatron-LM's switches as solve sets them: --sp --overlap-grad-reduce"
+    """
+    left = [name for name in SEARCH_SWITCHES if name not in given
+            and (name != "sp" or config.tp > 1)  # without TP, SP means nothing
+            and (name == "sp" or launched)]  # fmt: skip
+    flags = [f"--{'' if getattr(config, name) else 'no-'}{name.replace('_', '-')}"
+             for name in left]  # fmt: skip
+    unset = "" if launched or set(SEARCH_SWITCHES[1:]) <= set(given) else (
+        "launches no setting of the overlaps here: those not given stay off")
+    if not flags:
+        return f"{title} {unset}" if unset else f"{title}: every switch solve sets was given"
+    return (f"{title}'s switches as solve sets them: {' '.join(flags)} (give one to override "
+            f"it)" + f"; it {unset}" * bool(unset))
 
 
 def parse_offload(text: str) -> Offload:
@@ -170,7 +229,9 @@ def parse_offload(text: str) -> Offload:
 @app.command("info")
 def info_cmd(
     model: ModelArg,
-    seq_len: Annotated[int | None, typer.Option(help="Sequence length for FLOPs.")] = None,
+    seq_len: Annotated[int | None, typer.Option(
+        help="Sequence length the FLOPs are counted at (default: the model's training length, "
+        "else its max_position_embeddings).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """What the planner understood of a model: shape, parameters, FLOPs, operator graph."""

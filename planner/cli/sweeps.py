@@ -32,7 +32,7 @@ INTERRUPTED = 130
 @app.command("sweep")
 def sweep_cmd(
     sweep_file: Annotated[Path, typer.Argument(help="The sweep (TOML): model, cluster, "
-                                               "settings and [axes].")],
+                                               "settings and \\[axes].")],
     out: Annotated[Path, typer.Option(help="The results table (Parquet); its journal beside "
                                       "it resumes an interrupted sweep.")],
     engine: Annotated[Engine, typer.Option(help="local: solve in this process; ray: one Ray "

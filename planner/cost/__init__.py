@@ -10,8 +10,9 @@
   documentation tabulates it, divided by the ZeRO stage; activations per Korthikanti et al.
 - Pipeline: step time ``m * max(t) + (sum(t) - max(t)) / v`` for ``m`` microbatches and ``v``
   virtual stages (:func:`fill_and_drain`, for the step composer and the stage dynamic program
-  alike), which is ``sum_i t_i + (m - 1) max_i t_i`` (Alpa, Eq. 2) for ``v = 1`` and has the
-  bubble fraction ``(p - 1) / (v m)`` (Narayanan et al., SC'21) for equal stages; each
+  alike), which is ``sum_i t_i + (m - 1) max_i t_i`` (Alpa, Eq. 2) for ``v = 1``; the bubble
+  is reported as its share of the step (:func:`bubble_share`), ``(p - 1) / (v m + p - 1)``
+  for equal stages (Narayanan et al., SC'21, give ``(p - 1) / (v m)`` of the busy time); each
   schedule's warm-up forwards, from which the microbatches a stage holds follow.
 
 Units: seconds, bytes, FLOPs, bytes/second. No hardware number lives here: they all come from
@@ -67,6 +68,7 @@ from planner.cost.memory import (
 from planner.cost.pipeline import (
     PipelineTime,
     bubble_fraction,
+    bubble_share,
     fill_and_drain,
     pipeline_time,
     warmup_forwards,
@@ -89,6 +91,7 @@ __all__ = [
     "StateBytes",
     "attention_fraction",
     "bubble_fraction",
+    "bubble_share",
     "collective_time_s",
     "compute_lower_bound_s",
     "compute_time_s",

@@ -1,7 +1,8 @@
 """The pipeline's formulas, each once: the step from per-microbatch stage times and its bubble
 (:func:`fill_and_drain`, which the step composer and the stage dynamic program both use), the
-zero-bubble schedules' bubbles (:func:`zero_bubble_bubble`), the closed-form bubble share of
-equal stages, and the forwards a schedule runs before a stage's first backward
+zero-bubble schedules' bubbles (:func:`zero_bubble_bubble`), the bubble's share of the step
+(:func:`bubble_share`, the one definition every command prints) and its closed form for equal
+stages, and the forwards a schedule runs before a stage's first backward
 (:func:`warmup_forwards`, from which the schedules' op orders and the microbatches a stage
 holds follow)."""
 
@@ -112,9 +113,30 @@ def zero_bubble_bubble(
     return where(p > 1, first + (p - 2) * hop, 0.0 * hop)
 
 
+def bubble_share(*, bubble_s: Real, step_s: Real) -> Real:
+    """The one definition of the bubble a plan, a report and the simulator print: the
+    critical stage's fill and drain (``pipeline_bubble_s``) over the whole step (pipeline,
+    exposed sync and optimizer), the share the breakdown shows beside it; between 0 and 1.
+    (Narayanan et al.'s ``(p - 1) / (v m)`` is the bubble over the busy time instead, which
+    passes 100 % when a step has fewer microbatches than stages.)
+
+    >>> bubble_share(bubble_s=3.0, step_s=12.0)
+    0.25
+    >>> bubble_share(bubble_s=np.array([0.0, 1.0]), step_s=np.array([2.0, 4.0]))
+    array([0.  , 0.25])
+    """
+    return where(step_s > 0, bubble_s / maximum(step_s, 1e-300), 0.0 * bubble_s)
+
+
 def bubble_fraction(*, pp: int, vpp: int, num_microbatches: int) -> float:
-    """Closed-form bubble share of equal stages: ``(p - 1) / (v m)`` of the busy time."""
-    return (pp - 1) / (vpp * num_microbatches)
+    """Closed-form :func:`bubble_share` of equal stages with nothing after the pipeline:
+    ``(p - 1) / (v m + p - 1)``, the fill and drain ``(p - 1) t / v`` over the pipeline
+    ``m t + (p - 1) t / v``.
+
+    >>> bubble_fraction(pp=4, vpp=1, num_microbatches=8)  # 3 of 11
+    0.2727272727272727
+    """
+    return (pp - 1) / (vpp * num_microbatches + pp - 1)
 
 
 def warmup_forwards(

@@ -68,7 +68,7 @@ class StepCost:
     time: StepTime
     """Seconds by category on the critical stage; they add up to the step."""
     bubble_fraction: float
-    """The pipeline's bubble over the critical stage's busy time, ``m max t``."""
+    """The pipeline's bubble over the step (:func:`cost.bubble_share`)."""
     peak_memory_bytes: tuple[float, float, float, float, float]
     """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
     stage_memory_bytes: tuple[tuple[float, float, float, float, float], ...]
@@ -132,7 +132,7 @@ class StepTotals:
     parts_s: dict[str, Real]
     """Seconds by category on the critical stage (:class:`StepTime`'s fields)."""
     bubble_fraction: Real
-    """The pipeline's bubble over the critical stage's busy time."""
+    """The pipeline's bubble over the step (:func:`cost.bubble_share`)."""
     peak_memory_bytes: tuple[Real, Real, Real, Real, Real]
     """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
     exposed: tuple[cost.ExposedSync, ...]
@@ -216,10 +216,11 @@ def step_totals(
         "optimizer_s": optimizer_s,
     }
     peak = tuple(pick([parts[k] for parts in memories], loaded) for k in range(5))
+    step_s = pipe_s + tail + optimizer_s
     return StepTotals(
-        step_s=pipe_s + tail + optimizer_s,
+        step_s=step_s,
         parts_s=parts_s,
-        bubble_fraction=bubble_s / (m * max_s),
+        bubble_fraction=cost.bubble_share(bubble_s=bubble_s, step_s=step_s),
         peak_memory_bytes=peak,  # type: ignore[arg-type]  # five parts
         exposed=exposed,
     )

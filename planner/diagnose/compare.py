@@ -140,6 +140,38 @@ def best_step_s(results: Sequence[MethodResult]) -> float:
     return min(r.step_time_s for r in results if r.step_time_s is not None)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Yardstick:
+    """What a comparison's rows are measured against: the table's last column and the
+    picture's ratios divide each row's step by ``step_s``."""
+
+    name: str
+    """``any`` (per-operator sharding) or ``best`` (the fastest row)."""
+    step_s: float
+    """Its predicted seconds per step."""
+
+    def ratio(self, step_s: float) -> float:
+        """A row's step over the yardstick's."""
+        return step_s / self.step_s
+
+    @property
+    def meaning(self) -> str:
+        """What ``x any`` or ``x best`` means, in words."""
+        over = "any's (per-operator sharding)" if self.name == "any" else "the fastest row's"
+        return f"x {self.name}: step over {over}"
+
+
+def yardstick(results: Sequence[MethodResult]) -> Yardstick:
+    """Frameworks are measured against per-operator sharding (``any``) when it is a row with
+    a plan, which says what each framework's rules cost; otherwise, and for methods, against
+    the fastest row."""
+    any_s = next((r.step_time_s for r in results if r.label == "framework"
+                  and r.method == "any" and r.step_time_s is not None), None)  # fmt: skip
+    if any_s is not None:
+        return Yardstick(name="any", step_s=any_s)
+    return Yardstick(name="best", step_s=best_step_s(results))
+
+
 def to_json(results: Sequence[MethodResult]) -> list[dict[str, Any]]:
     """The ``planner compare --json`` list: one object per method, with the plan."""
     best = best_step_s(results)

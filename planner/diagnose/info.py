@@ -16,11 +16,15 @@ def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any
     FLOPs are matrix-multiply FLOPs of one token's forward pass at ``seq_len`` (default: the
     model's training sequence length, else its maximum position), counting the full ``s x s``
     attention scores as Narayanan et al. (Eq. 3) do; training costs three times that.
+    ``seq_length`` is the length they are counted at and ``seq_length_from`` where it came
+    from: ``--seq-len``, ``training.seq_length`` or ``max_position_embeddings``.
     """
     if seq_len is not None and seq_len <= 0:
         raise ConfigError(f"--seq-len must be positive, got {seq_len}")
+    source = "--seq-len" if seq_len is not None else "training.seq_length"
     if seq_len is None and model.training is None:
         seq_len = model.max_position_embeddings  # no run to describe: the longest sequence
+        source = "max_position_embeddings"
     # FLOPs per token do not depend on the batch: one sequence stands in for it.
     training = fill_training(model, seq_length=seq_len, global_batch_size=1)
     seq = training.seq_length
@@ -51,6 +55,7 @@ def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any
         "params_total": params.total,
         "params_active": params.active,
         "seq_length": seq,
+        "seq_length_from": source,
         "forward_flops_per_token": forward,
         "training_flops_per_token": 3 * forward,
         "layer_kinds": {kind: len(layers) for kind, layers in index.layers_by_kind.items()},

@@ -148,10 +148,11 @@ def _suffixed(part: object, unit: str) -> object:
 
 
 def _upgraded(data: dict) -> dict:
-    """A plan of schema 2 or 3 in schema 4's names: the breakdowns carry their units in their
-    keys (``memory``/``weights_gib``, ``time``/``compute_s``) and the ZeRO stage is ``zero``.
-    Version 2 lacks only fields that have defaults; versions 2-4 lack the error band, whose
-    default (None) reads as not recorded: unknown, not uncalibrated."""
+    """A plan of schema 2-5 in schema 6's terms: the breakdowns carry their units in their
+    keys (``memory``/``weights_gib``, ``time``/``compute_s``, since 4), the ZeRO stage is
+    ``zero`` (since 4) and the bubble is its share of the step (since 6). Version 2 lacks only
+    fields that have defaults; versions 2-4 lack the error band, whose default (None) reads as
+    not recorded: unknown, not uncalibrated."""
     if data.get("schema_version") == SCHEMA_VERSION:
         return data
     data = dict(data)
@@ -173,8 +174,26 @@ def _upgraded(data: dict) -> dict:
             upgraded.append(stage)
         data["stages"] = upgraded
     predicted = data.get("predicted")
-    if isinstance(predicted, dict) and "time_s" in predicted:
+    if isinstance(predicted, dict):
         predicted = dict(predicted)
-        predicted["time"] = _suffixed(predicted.pop("time_s"), "s")
+        if "time_s" in predicted:
+            predicted["time"] = _suffixed(predicted.pop("time_s"), "s")
+        share = _bubble_share(predicted)
+        if share is not None:
+            predicted["bubble_fraction"] = share
         data["predicted"] = predicted
     return data
+
+
+def _bubble_share(predicted: dict) -> float | None:
+    """The bubble's share of the step from a schema 2-5 plan's own numbers (it stored the
+    bubble over the busy time, which passes 100 % with fewer microbatches than stages); None
+    when they are not there (the validation names what is missing). The share is
+    :func:`planner.cost.bubble_share`'s, which plan/ cannot import (it comes first)."""
+    time, step_s = predicted.get("time"), predicted.get("step_time_s")
+    bubble_s = time.get("pipeline_bubble_s") if isinstance(time, dict) else None
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool)
+                  for x in (bubble_s, step_s))  # fmt: skip
+    if not numbers:
+        return None
+    return bubble_s / step_s if step_s > 0 else 0.0  # type: ignore[operator]

@@ -19,10 +19,12 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec
 from planner.vocabulary import GIB, ParallelismKind, Precision, Recompute, ScheduleName
 
-SCHEMA_VERSION = 5
-READABLE_VERSIONS = (2, 3, 4, 5)
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (2, 3, 4, 5, 6)
 """Schema 2 plans predate framework targets: they read as plans for ``any``; schema 2-4 plans
-predate error bands: their band is not recorded (:attr:`Predicted.error_band`)."""
+predate error bands: their band is not recorded (:attr:`Predicted.error_band`); schema 2-5
+plans stored the bubble over the critical stage's busy time: they read with its share of the
+step (:attr:`Predicted.bubble_fraction`)."""
 
 
 class _Frozen(BaseModel):
@@ -224,6 +226,8 @@ class Predicted(_Frozen):
     mfu: float
     peak_memory_gib: float
     bubble_fraction: float
+    """The pipeline bubble's share of the step, ``time.pipeline_bubble_s / step_time_s``
+    (:func:`planner.cost.bubble_share`), between 0 and 1."""
     error_band: ErrorBand | None = None
     """The step time's error band. None only in a plan read from a file written before bands
     (schema 2-4): unknown, which is not the same as uncalibrated (the device may have runs),
@@ -250,7 +254,7 @@ class SolverSummary(_Frozen):
 class Plan(_Frozen):
     """A complete parallel training plan."""
 
-    schema_version: Literal[5] = SCHEMA_VERSION
+    schema_version: Literal[6] = SCHEMA_VERSION
     method: str
     framework: str = Field(
         default="any", description="What the plan was made for: a framework that launches it "

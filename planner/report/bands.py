@@ -4,6 +4,8 @@ these, so a device without validated runs says so wherever its numbers appear.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from planner.plan.schema import ErrorBand
 
 NOT_RECORDED = "band not recorded"
@@ -41,11 +43,18 @@ def band_cell(band: ErrorBand | None) -> str:
     return text.removeprefix("+/- ") if text.startswith("+/- ") else "-"
 
 
-def band_line(band: ErrorBand | None) -> str:
+def band_line(band: ErrorBand | None, *, rows: Sequence[str] = ()) -> str:
     """What the band rests on, in one line: ``band: 80 % of 9 model-parallel runs on ... were
-    within it``; for a device without validated runs, ``uncalibrated:`` and why."""
+    within it``; for a device without validated runs, ``uncalibrated:`` and why. ``rows``
+    names the rows of a table it belongs to, where rows rest on different bands.
+
+    >>> band_line(ErrorBand(fraction=0.1, runs=8, parallelism="model-parallel",
+    ...                     closest="80 % of 8 runs were within it"), rows=["any", "megatron"])
+    'band (any, megatron): 80 % of 8 runs were within it'
+    """
+    which = f" ({', '.join(rows)})" if rows else ""
     if band is None:
-        return f"{NOT_RECORDED}: the plan file predates error bands"
+        return f"{NOT_RECORDED}{which}: the plan file predates error bands"
     if band.fraction is None:
-        return f"uncalibrated: {band.closest}"
-    return f"band: {band.closest}"
+        return f"uncalibrated{which}: {band.closest}"
+    return f"band{which}: {band.closest}"

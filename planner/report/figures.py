@@ -12,7 +12,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from planner.diagnose.compare import MethodResult
+from planner.diagnose.compare import MethodResult, yardstick
 from planner.plan.schema import Plan
 from planner.report.bands import band_text, with_band
 from planner.report.gantt import draw_gantt
@@ -129,6 +129,7 @@ def compare_figure(results: Sequence[MethodResult], title: str = "") -> Figure:
     found = [r.step_time_s for r in results if r.step_time_s is not None]
     best = min(found)
     top = max(found)
+    against = yardstick(results)  # as the table's last column
     for i, r in enumerate(results):
         if r.plan is None:
             ax.text(i, top * 0.05, "no plan", ha="center", va="bottom", fontsize=9, color="red")
@@ -138,12 +139,13 @@ def compare_figure(results: Sequence[MethodResult], title: str = "") -> Figure:
         ax.bar([i], [step], color=colour, width=0.6)
         ax.text(i, step, f"{step:.2f} s {band_text(r.plan.predicted.error_band)}\n"
                 f"MFU {100 * r.plan.predicted.mfu:.1f} %\n"
-                f"x{step / best:.3f}, solved in {r.solve_time_s:.1f} s", ha="center",
-                va="bottom", fontsize=8)  # fmt: skip
+                f"{against.ratio(step):.3f} x {against.name}, solved in {r.solve_time_s:.1f} s",
+                ha="center", va="bottom", fontsize=8)  # fmt: skip
     ax.set_xticks(range(len(results)), [r.method for r in results])
     ax.set_ylabel("predicted seconds per step")
     ax.set_ylim(0, top * 1.3)
-    ax.set_title(f"{title}: " * bool(title) + "predicted step time (lower is better)", fontsize=9)
+    ax.set_title(f"{title}: " * bool(title) + "predicted step time (lower is better)\n"
+                 + against.meaning, fontsize=9)
     return figure
 
 

@@ -15,7 +15,8 @@ from planner.simulate.events import Simulation, closed_form_in_flight
 def simulation_json(plan: Plan, sim: Simulation) -> dict[str, object]:
     """The ``planner simulate --json`` object: the simulated step beside the plan's closed
     form with its error band (None: a plan written before bands), and per stage the busy and
-    idle seconds and the activations held at the peak."""
+    idle seconds and the activations held at the peak, in microbatches' worth (a chunk is
+    ``1/v`` of one)."""
     closed = closed_form_in_flight(plan)
     band = plan.predicted.error_band
     return {
@@ -50,11 +51,25 @@ def simulation_tables(plan: Plan, sim: Simulation) -> list[RenderableType]:
                  f"{len(sim.events):,} operations"], sep="; "),
         Text(band_line(band)),
     )  # fmt: skip
+    v = sim.virtual_stages
     table = light_table("stages")
     for col in ("stage", "busy s", "idle s", "in flight (simulated)", "in flight (closed form)"):
         table.add_column(col, justify="right", no_wrap=True)
     for row in data["stages"]:  # type: ignore[attr-defined]
-        cells = (row["busy_s"], row["idle_s"], row["peak_in_flight"], row["closed_form_in_flight"])
-        table.add_row(str(row["stage"]), *(f"{x:.3f}" for x in cells[:2]),
-                      *(f"{x:g}" for x in cells[2:]))  # fmt: skip
-    return [head, keep_whole(table)]
+        held = (row["peak_in_flight"], row["closed_form_in_flight"])
+        table.add_row(str(row["stage"]), f"{row['busy_s']:.3f}", f"{row['idle_s']:.3f}",
+                      *(f"{chunks_in_flight(x, v)}" for x in held))  # fmt: skip
+    return [head, Text(in_flight_meaning(v)), keep_whole(table)]
+
+
+def chunks_in_flight(microbatches: float, virtual_stages: int) -> int:
+    """Model chunks held, from microbatches' worth of activations (``1/v`` each): a whole
+    number, which ``18.1667`` microbatches' worth (109 chunks of 6) does not read as."""
+    return round(microbatches * virtual_stages)
+
+
+def in_flight_meaning(virtual_stages: int) -> str:
+    """What the in-flight columns count."""
+    if virtual_stages == 1:
+        return "in flight: microbatches held at a stage's peak"
+    return f"in flight: model chunks held at a stage's peak, {virtual_stages} a microbatch"

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.diagnose.calibration import describe
-from planner.diagnose.compare import MethodResult, best_step_s
+from planner.diagnose.compare import MethodResult, yardstick
 from planner.ilp import LayerSolution
 from planner.plan.config import ParallelConfig
 from planner.plan.schema import Plan, PlanStage, Predicted
@@ -95,9 +95,11 @@ def info_tables(info: dict[str, Any]) -> list[RenderableType]:
             table.add_row(key, str(value))
     table.add_row("params_total", f"{info['params_total']:,}")
     table.add_row("params_active", f"{info['params_active']:,}")
-    table.add_row("seq_length", str(info["seq_length"]))
-    table.add_row("forward_flops_per_token", f"{info['forward_flops_per_token']:.4g}")
-    table.add_row("training_flops_per_token", f"{info['training_flops_per_token']:.4g}")
+    seq = info["seq_length"]
+    table.add_row("seq_length", f"{seq} ({info['seq_length_from']})")
+    # FLOPs per token grow with the sequence (the attention scores): say at which they are.
+    for key in ("forward_flops_per_token", "training_flops_per_token"):
+        table.add_row(key, f"{info[key]:.4g} at {seq} tokens")
     table.add_row("layer_kinds",
                   Clauses([f"{k} x{n}" for k, n in info["layer_kinds"].items()]))  # fmt: skip
     graph = info["graph"]
@@ -294,16 +296,12 @@ two or three lines); narrower, the plans go under the numbers."""
 def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
     """One row per method: its plan in one line, the predicted step with its error band
     (``+/-``) and rates, peak memory, the time it took to find, and its step relative to the
-    best; under them what each band rests on. When that is too wide for the console, the
+    comparison's :func:`~planner.diagnose.compare.yardstick` (``x any`` or ``x best``, as the
+    picture's); under them what each band rests on. When that is too wide for the console, the
     numbers in one table and the plans in another."""
-    best = best_step_s(results)
+    against = yardstick(results)
     plan = next(r.plan for r in results if r.plan is not None)
     label = results[0].label
-    # Frameworks are measured against per-operator sharding (any), when it is in the table.
-    yardstick = next((r.plan.predicted.step_time_s for r in results
-                      if r.method == "any" and r.plan is not None), None)  # fmt: skip
-    against = "x any" if label == "framework" and yardstick is not None else "x best"
-    best = yardstick if against == "x any" else best
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     head = Clauses([f"{plan.model.name} on {devices} x {plan.cluster.device}",
                     f"global batch {plan.global_batch_size} x {plan.seq_length} tokens",
@@ -316,7 +314,7 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
         table.add_column(label, no_wrap=True)
     one.add_column("plan", min_width=_COMPARE_MIN_PLAN)
     plans.add_column("plan")
-    for col in ("step s", "+/-", "tokens/s", "MFU", "peak GiB", "solve s", against):
+    for col in ("step s", "+/-", "tokens/s", "MFU", "peak GiB", "solve s", f"x {against.name}"):
         for table in (one, numbers):
             table.add_column(col, justify="right", no_wrap=True)
     for r in results:
@@ -325,7 +323,7 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
             cells = ("-", "-", "-", "-", "-", f"{r.solve_time_s:.2f}", "-")
         else:
             p = r.plan.predicted
-            ratio = p.step_time_s / best
+            ratio = against.ratio(p.step_time_s)
             summary = plan_summary(r.plan)
             cells = (f"{p.step_time_s:.3f}", band_cell(p.error_band), f"{p.tokens_per_s:,.0f}",
                      f"{100 * p.mfu:.1f} %",
@@ -334,8 +332,17 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
         one.add_row(r.method, summary, *cells)
         numbers.add_row(r.method, *cells)
         plans.add_row(r.method, summary)
-    # Rows of one kind of parallelism share a band: each basis said once.
-    bases = dict.fromkeys(band_line(r.plan.predicted.error_band) for r in results
-                          if r.plan is not None)  # fmt: skip
     return [head, FirstThatFits(keep_whole(one), Group(keep_whole(numbers), keep_whole(plans))),
-            *(Text(line) for line in bases)]
+            *(Text(line) for line in _band_lines(results))]
+
+
+def _band_lines(results: Sequence[MethodResult]) -> list[str]:
+    """What each row's band rests on, each basis said once; when the rows rest on more than
+    one, each line names its rows (``band (heuristic): ...``)."""
+    bands = {r.method: r.plan.predicted.error_band for r in results if r.plan is not None}
+    rows: dict[str, list[str]] = {}
+    for method, band in bands.items():
+        rows.setdefault(band_line(band), []).append(method)
+    if len(rows) == 1:
+        return list(rows)
+    return [band_line(bands[names[0]], rows=names) for names in rows.values()]

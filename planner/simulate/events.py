@@ -23,7 +23,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from planner.cost import in_flight_microbatches
+from planner.cost import bubble_share, in_flight_microbatches
 from planner.errors import ConfigError, InputError
 from planner.pipeline.schedules import StageOps, stage_ops
 from planner.plan.schema import Plan
@@ -98,13 +98,12 @@ class Simulation:
 
     @property
     def bubble_fraction(self) -> float:
-        """The busiest stage's idle time over its busy time within the pipeline: for equal
-        stages without sends, ``(p - 1) / (v m)`` like :func:`planner.cost.bubble_fraction`,
-        and the same ratio :func:`planner.cost.step.compose_step` reports (bubble over
-        ``m * max(t)``)."""
+        """The busiest stage's idle time within the pipeline over the step
+        (:func:`planner.cost.bubble_share`, the share a plan predicts): for equal stages
+        without sends, sync or optimizer, ``(p - 1) / (v m + p - 1)`` like
+        :func:`planner.cost.bubble_fraction`."""
         critical = max(range(self.num_stages), key=lambda i: self.busy_s[i])
-        busy = self.busy_s[critical]
-        return self.bubble_s[critical] / busy if busy > 0 else 0.0
+        return float(bubble_share(bubble_s=self.bubble_s[critical], step_s=self.step_s))
 
 
 def _check(stages: Sequence[StageDurations], *, m: int, schedule: ScheduleName, vpp: int) -> None:
@@ -279,12 +278,12 @@ def simulate(
     Examples
     --------
     Four equal stages, eight microbatches: ``m t + (p - 1) t`` with ``t = 3``, the bubble
-    ``(p - 1) / m`` of the busy time, and stage ``i`` holding ``p - i`` microbatches:
+    ``(p - 1) t`` = 9 s of the 33 s step, and stage ``i`` holding ``p - i`` microbatches:
 
     >>> sim = simulate([StageDurations(forward_s=1.0, backward_s=2.0)] * 4,
     ...                num_microbatches=8, schedule="1f1b")
-    >>> sim.pipeline_s, sim.bubble_fraction, sim.peak_in_flight
-    (33.0, 0.375, (4.0, 3.0, 2.0, 1.0))
+    >>> sim.pipeline_s, round(sim.bubble_fraction, 4), sim.peak_in_flight
+    (33.0, 0.2727, (4.0, 3.0, 2.0, 1.0))
     """
     m, vpp = num_microbatches, virtual_stages
     _check(stages, m=m, schedule=schedule, vpp=vpp)

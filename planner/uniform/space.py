@@ -24,19 +24,20 @@ The space is what a Megatron-LM user can launch with flags:
   selective or full; ZeRO 0 or 1 (the distributed optimizer), 0 to 3 without a pipeline
   (:func:`zero_stages`);
 - sequence parallelism whenever ``tp > 1`` (:func:`sequence_parallel`); flash attention and
-  the overlap flags as the options say; data parallelism takes the devices left over.
+  the overlap flags as the options say, the overlaps as the framework launches them
+  (:mod:`planner.uniform.defaults`); data parallelism takes the devices left over.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from planner.errors import ConfigError
 from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
-from planner.plan.config import ParallelConfig, resolve, stage_layers
+from planner.plan.config import ParallelConfig, stage_layers
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.defaults import launched_overlaps, sequence_parallel
 from planner.vocabulary import OFFLOADS, RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
 
 LONG_SEQUENCE = 8192
@@ -178,12 +179,6 @@ def zero_stages(pp: int) -> tuple[int, ...]:
     return (0, 1, 2, 3) if pp == 1 else (0, 1)
 
 
-def sequence_parallel(tp: int) -> bool:
-    """Megatron's sequence parallelism, on whenever tensor parallelism is: it shards the
-    activations TP leaves replicated, for no more communication."""
-    return tp > 1
-
-
 def micro_batch_sizes(options: SolveOptions) -> list[int]:
     """The microbatch sizes tried, ascending: the options', or the pinned one."""
     pinned = options.pins.mbs
@@ -303,31 +298,18 @@ def branch_leanest(
 def launched_variant(
     config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, options: SolveOptions
 ) -> ParallelConfig | None:
-    """``config`` as the target framework launches it, or None when it cannot.
-
-    Frameworks fix some overlaps by ZeRO stage and pipeline (DeepSpeed's pipeline engine
-    reduces gradients after the last microbatch, torchtitan's FSDP2 overlaps its own
-    gathers...): the most overlapped setting of the two overlap flags the framework launches,
-    among those the options allow, is taken (overlap never makes a step slower in the cost
-    model). One that does not even divide is kept as it is, for the pricing to refuse with its
-    reason."""
+    """``config`` as the target framework launches it, or None when it cannot: the most
+    overlapped setting of the two overlap flags the framework launches, among those the
+    options allow (:func:`planner.uniform.defaults.launched_overlaps`, whose rule
+    ``estimate --framework`` applies too). One that does not even divide is kept as it is,
+    for the pricing to refuse with its reason."""
     if options.framework == ANY:
         return config
-    try:
-        resolved = resolve(model, cluster, config)
-    except ConfigError:
-        return config
-    target = profile(options.framework)
-    grads = (True, False) if options.overlap_grad_reduce else (False,)
-    gathers = (True, False) if options.overlap_param_gather else (False,)
-    for grad in grads:
-        for gather in gathers:
-            variant = config.model_copy(update={"overlap_grad_reduce": grad,
-                                                "overlap_param_gather": gather})  # fmt: skip
-            # The flags change no divisibility: the resolution holds for every variant.
-            if target.launches(replace(resolved, config=variant), model):
-                return variant
-    return None
+    return launched_overlaps(
+        config, model, cluster=cluster, framework=options.framework,
+        grads=(True, False) if options.overlap_grad_reduce else (False,),
+        gathers=(True, False) if options.overlap_param_gather else (False,),
+    )  # fmt: skip
 
 
 def offloads(cluster: ClusterSpec, options: SolveOptions) -> bool:

@@ -1,0 +1,92 @@
+"""The switches a framework search sets on every configuration it prices, in one place:
+``solve --framework F`` (:func:`planner.uniform.space.launched_variant`) and
+``estimate --framework F`` (:func:`framework_defaults`) draw them from here, so the same
+degrees price the same.
+
+The search does not search these switches; it sets them: sequence parallelism whenever tensor
+parallelism is on (:func:`sequence_parallel`), and of the two overlap
+flags the most overlapped setting the framework launches (overlap never makes a step slower in
+the cost model; frameworks fix some overlaps by ZeRO stage and pipeline: DeepSpeed's pipeline
+engine reduces gradients after the last microbatch, torchtitan's FSDP2 overlaps its own
+gathers...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+
+from planner.errors import ConfigError
+from planner.frameworks import profile
+from planner.plan.config import ParallelConfig, resolve
+from planner.spec import ClusterSpec, ModelSpec
+
+SEARCH_SWITCHES = ("sp", "overlap_grad_reduce", "overlap_param_gather")
+"""The configuration's fields a framework search sets rather than searches."""
+
+
+def sequence_parallel(tp: int) -> bool:
+    """Megatron's sequence parallelism, on whenever tensor parallelism is: it shards the
+    activations TP leaves replicated, for no more communication."""
+    return tp > 1
+
+
+def launched_overlaps(
+    config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, framework: str,
+    grads: Sequence[bool] = (True, False), gathers: Sequence[bool] = (True, False),
+) -> ParallelConfig | None:  # fmt: skip
+    """``config`` with the first setting of the overlap flags (``overlap_grad_reduce`` from
+    ``grads``, ``overlap_param_gather`` from ``gathers``, most overlapped first) that
+    ``framework`` launches; None when it launches none. One that does not even divide is kept
+    as it is, for the pricing to refuse with its reason."""
+    try:
+        resolved = resolve(model, cluster, config)
+    except ConfigError:
+        return config
+    target = profile(framework)
+    for grad in grads:
+        for gather in gathers:
+            variant = config.model_copy(update={"overlap_grad_reduce": grad,
+                                                "overlap_param_gather": gather})  # fmt: skip
+            # The flags change no divisibility: the resolution holds for every variant.
+            if target.launches(replace(resolved, config=variant), model):
+                return variant
+    return None
+
+
+def framework_defaults(
+    config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, framework: str,
+    given: Collection[str] = (),
+) -> ParallelConfig:  # fmt: skip
+    """``config`` with the switches the search for ``framework`` sets
+    (:data:`SEARCH_SWITCHES`), each one not ``given`` (by field name) set as the search sets
+    it; a switch given stays as given. When ``framework`` launches no setting of the overlap
+    flags left to it (it cannot launch the configuration for another reason), they stay as
+    in ``config``.
+
+    >>> from planner.spec.reading import load_model, load_cluster
+    >>> from pathlib import Path
+    >>> root = Path(__file__).resolve().parents[2] / "instances"
+    >>> model = load_model(root / "models/llama3-8b.json")
+    >>> cluster = load_cluster(root / "clusters/dgx-h100-80gb.json", 1)
+    >>> for framework in ("megatron", "deepspeed"):
+    ...     c = framework_defaults(ParallelConfig(tp=2, pp=2, zero=1), model, cluster=cluster,
+    ...                            framework=framework)
+    ...     print(framework, c.sp, c.overlap_grad_reduce, c.overlap_param_gather)
+    megatron True True True
+    deepspeed True False False
+    >>> c = framework_defaults(ParallelConfig(tp=2, pp=2, zero=1), model, cluster=cluster,
+    ...                        framework="megatron", given=("sp", "overlap_param_gather"))
+    >>> c.sp, c.overlap_grad_reduce, c.overlap_param_gather
+    (False, True, False)
+    """
+    if "sp" not in given:
+        config = config.model_copy(update={"sp": sequence_parallel(config.tp)})
+
+    def choices(name: str) -> tuple[bool, ...]:
+        return (getattr(config, name),) if name in given else (True, False)
+
+    launched = launched_overlaps(config, model, cluster=cluster, framework=framework,
+                                 grads=choices("overlap_grad_reduce"),
+                                 gathers=choices("overlap_param_gather"))  # fmt: skip
+    return launched if launched is not None else config
