@@ -169,6 +169,31 @@ def ring_attention_exposed_s(
     return forward + backward, forward
 
 
+def ring_attention_hidden_s(
+    cluster: ClusterSpec, kv_bytes: float, group: CommGroup, *, forward_s: float,
+    backward_s: float,
+) -> tuple[float, float]:
+    """(forward and backward, forward) seconds of ring attention's K/V exchange hidden behind
+    each ring step's compute: the transfer (an all-gather's forward, twice that backward)
+    less what :func:`ring_attention_exposed_s` leaves exposed.
+
+    >>> from planner.spec import ClusterSpec
+    >>> c = ClusterSpec.model_validate({"name": "c", "num_nodes": 1, "devices_per_node": 4,
+    ...     "device": {"name": "g", "memory_gib": 80, "memory_bandwidth_gb_s": 2000,
+    ...                "peak_tflops": {"bf16": 300}},
+    ...     "network": [{"name": "l", "domain_devices": 4, "bandwidth_gb_s": 1,
+    ...                  "latency_us": 0}]})
+    >>> ring_attention_hidden_s(c, 4e9, CommGroup(size=4), forward_s=2.0, backward_s=4.0)
+    (4.5, 1.5)
+    """
+    if group.size <= 1 or kv_bytes <= 0:
+        return 0.0, 0.0
+    transfer_s = collective_time_s(cluster, "all_gather", kv_bytes, group)
+    total, forward = ring_attention_exposed_s(cluster, kv_bytes, group, forward_s=forward_s,
+                                              backward_s=backward_s)  # fmt: skip
+    return 3 * transfer_s - total, transfer_s - forward
+
+
 def exposed_s(comm_s: Real, hidden_behind_s: Real) -> Real:
     """Communication left on the critical path when it overlaps ``hidden_behind_s`` of work."""
     return maximum(0.0, comm_s - hidden_behind_s)
