@@ -145,9 +145,11 @@ def _draw_bars(ax: Axes, sim: Simulation, scale: float, *, detailed: bool, rows:
 
 
 def _draw_lanes(ax: Axes, segments: Sequence[Segment], lanes: Sequence[CommKind], scale: float,
-                rows: _Rows) -> None:  # fmt: skip
+                rows: _Rows, *, detailed: bool) -> None:  # fmt: skip
     """One collection per (kind, hidden or exposed), each stretch in its kind's lane (or the
-    one lane of all kinds); each collection labelled ``KIND exposed`` or ``KIND hidden``."""
+    one lane of all kinds); each collection labelled ``KIND exposed`` or ``KIND hidden``.
+    ``detailed``: few enough stretches to outline each (thousands of outlined sends would
+    paint a lane grey)."""
     columns: dict[tuple[CommKind, bool], list[Segment]] = defaultdict(list)
     for seg in segments:
         if seg.end_s > seg.start_s:
@@ -162,7 +164,7 @@ def _draw_lanes(ax: Axes, segments: Sequence[Segment], lanes: Sequence[CommKind]
         # Outlined in the kind's colour, so that a send or a collective far shorter than a
         # pixel still shows (about a third of a point wide at least).
         collection = PolyCollection(_rectangles(stage, start, end, lane), facecolors=[face],
-                                    edgecolors=[colour], linewidths=0.3,
+                                    edgecolors=[colour], linewidths=0.3 if detailed else 0.0,
                                     hatch="////" if hidden else None)  # fmt: skip
         collection.set_label(f"{kind} {'hidden' if hidden else 'exposed'}")
         ax.add_collection(collection)
@@ -287,7 +289,8 @@ def gantt_figure(sim: Simulation, *, title: str = "", comm: Sequence[StageComm] 
     detailed = len(sim.events) <= MAX_DETAILED_BARS
     _draw_bars(ax, sim, scale, detailed=detailed, rows=rows)
     if segments:
-        _draw_lanes(ax, segments, kinds if len(lanes) > 1 else [], scale, rows)
+        _draw_lanes(ax, segments, kinds if len(lanes) > 1 else [], scale, rows,
+                    detailed=detailed)
     if detailed:
         _draw_labels(ax, fig, sim, scale, rows)
     ax.set_ylim(p - 0.5, -0.5)  # stage 0 on top
