@@ -125,7 +125,9 @@ def test_page_axes_have_ticks_spanning_the_points_and_titles_with_units(priced: 
     # Each circle sits where its value falls between the first and last tick.
     circles = re.findall(r'data-point="(\d+)" cx="([\d.]+)" cy="([\d.]+)"', page)
     lo, hi = _ticks(page, "x")[0], _ticks(page, "x")[-1]
-    for (index, cx, _), x in zip(circles, xs, strict=True):
+    assert sorted(int(i) for i, _, _ in circles) == [r.index for r in rows]
+    for index, cx, _ in circles:
+        x = xs[int(index)]
         assert float(cx) == pytest.approx(90 + (x - lo) / (hi - lo) * 600, abs=0.06), index
 
 

@@ -296,7 +296,9 @@ def _svg_scatter(rows: Sequence[SweepRow], axes: Sequence[str]) -> str:
                      f"{tick_text(v, y_ticks[1] - y_ticks[0])}</text>")  # fmt: skip
     parts.append(f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="none" '
                  'stroke="#888"/>')  # fmt: skip
-    for r, x, y in zip(solved, xs, ys, strict=True):
+    # The front's points last, on top of any other point at the same place.
+    drawn = sorted(zip(solved, xs, ys, strict=True), key=lambda p: p[0].index in front)
+    for r, x, y in drawn:
         colour, radius = ("#c44e52", 6) if r.index in front else ("#9aa5b1", 4)
         parts.append(f'<circle class="point" data-point="{r.index}" cx="{at_x(x):.1f}" '
                      f'cy="{at_y(y):.1f}" r="{radius}" fill="{colour}"><title>'
