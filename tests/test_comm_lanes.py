@@ -138,6 +138,8 @@ PLANS = {
     "moe-ep": (ParallelConfig(tp=1, pp=1, dp=8, ep=8, zero=2, mbs=1, global_batch=16,
                               overlap_grad_reduce=True, overlap_param_gather=True),
                "mixtral-8x7b.json", 1),
+    "tp-comm-overlap": (ParallelConfig(tp=8, pp=2, dp=1, mbs=1, global_batch=16, sp=True,
+                                       tp_comm_overlap=True), "llama3-8b.json", 2),
     "interleaved-dp2-zero3": (ParallelConfig(tp=1, pp=4, vpp=2, dp=2, zero=3, mbs=1,
                                              global_batch=32, overlap_grad_reduce=True,
                                              overlap_param_gather=True),
@@ -173,7 +175,7 @@ def test_lanes_hold_the_cost_models_seconds(name: str) -> None:
 
 def test_every_case_has_its_kind() -> None:
     """The cases above draw what the picture is for: a CP ring hiding, EP all-to-alls,
-    ZeRO-3 gathers hiding, pipeline sends."""
+    ZeRO-3 gathers hiding, pipeline sends, tensor-parallel traffic behind the matmuls."""
     seen = {}
     for name, (config, model, nodes) in PLANS.items():
         drawn, _, _ = _drawn(plan_of(config, model=model, nodes=nodes))
@@ -181,6 +183,7 @@ def test_every_case_has_its_kind() -> None:
     assert ("CP", True) in seen["cp-ring-two-nodes"]
     assert ("EP", False) in seen["moe-ep"] and ("DP", True) in seen["moe-ep"]
     assert {("DP", True), ("PP", False)} <= seen["interleaved-dp2-zero3"]
+    assert ("TP", True) in seen["tp-comm-overlap"]
 
 
 def test_a_deep_pipeline_draws_one_lane_of_all_kinds() -> None:
