@@ -42,8 +42,9 @@ PHASE_COLORS: dict[Phase, str] = {
     "sync": "#D55E00",
     "optimizer": "#CC79A7",
 }
-# Communication: colours apart from the phases' (the sync and send phases are DP and PP
-# traffic, drawn in their lanes in darker shades of their phases' colours).
+# Communication: colours apart from the phases', except that data-parallel traffic is the
+# sync phase's colour (a sync is exposed data-parallel traffic) and pipeline sends a darker
+# grey than the send phase's.
 COMM_COLORS: dict[CommKind, str] = {
     "TP": "#8C510A",
     "CP": "#6A3D9A",
@@ -70,8 +71,13 @@ CHUNK_LIGHTEN = 0.55
 
 def _lighten(color: str, chunk: int | None, chunks: int) -> tuple[float, float, float]:
     """``color`` lightened toward white for later model chunks (chunk 0 as is)."""
-    r, g, b = to_rgb(color)
     mix = CHUNK_LIGHTEN * chunk / (chunks - 1) if chunk is not None and chunks > 1 else 0.0
+    return _lighten_by(color, mix)
+
+
+def _lighten_by(color: str, mix: float) -> tuple[float, float, float]:
+    """``color`` mixed with ``mix`` of white."""
+    r, g, b = to_rgb(color)
     return (r + (1 - r) * mix, g + (1 - g) * mix, b + (1 - b) * mix)
 
 
@@ -168,12 +174,6 @@ def _draw_lanes(ax: Axes, segments: Sequence[Segment], lanes: Sequence[CommKind]
                                     hatch="////" if hidden else None)  # fmt: skip
         collection.set_label(f"{kind} {'hidden' if hidden else 'exposed'}")
         ax.add_collection(collection)
-
-
-def _lighten_by(color: str, mix: float) -> tuple[float, float, float]:
-    """``color`` mixed with ``mix`` of white."""
-    r, g, b = to_rgb(color)
-    return (r + (1 - r) * mix, g + (1 - g) * mix, b + (1 - b) * mix)
 
 
 def _draw_labels(ax: Axes, fig: Figure, sim: Simulation, scale: float, rows: _Rows) -> None:
