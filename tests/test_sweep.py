@@ -287,20 +287,27 @@ def test_a_ray_cluster_that_cannot_be_joined_is_one_line(
 
 
 def test_the_command_prints_what_it_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The summary at 80 columns: points, failures, skips, the best point by step time. Run
-    in the scratch folder with relative paths, so that no line's length depends on where the
-    folder is (a pytest-xdist worker's is 10 characters deeper)."""
+    """The summary at 80 columns: points, failures, skips, then the table of every point,
+    best first (by step time), each with its plan under its numbers. Run in the scratch
+    folder with relative paths, so that no line's length depends on where the folder is (a
+    pytest-xdist worker's is 10 characters deeper)."""
     sweep_file(tmp_path, '"cluster.num_nodes" = [1, 2]\n')
     monkeypatch.chdir(tmp_path)
     out = Path("r.parquet")
     code, stdout, _ = planner_cli("sweep", "sweep.toml", "--out", out)
     assert code == 0
-    best = pq.read_table(out).to_pylist()[1]
+    rows = pq.read_table(out).to_pylist()
+    best, other = sorted(rows, key=lambda r: r["step_time_s"])
     lines = stdout.splitlines()
-    text = " ".join(line.strip() for line in lines)
-    assert text == (f"wrote {out}: 2 points, 2 with a plan, 0 without, 0 already done "
-                    f"best: point 1 (cluster.num_nodes=2): {best['summary']}; "
-                    f"step {best['step_time_s']:.3f} s")  # fmt: skip
+    assert lines[0] == f"wrote {out}: 2 points, 2 with a plan, 0 without, 0 already done"
+    assert lines[1].split() == ["point", "num_nodes", "step", "s", "MFU", "%", "GiB", "days"]
+    numbers = [line.split() for line in lines[2:] if not line.startswith(" " * 7)]
+    assert numbers == [[str(r["point"]), str(r["cluster.num_nodes"]),
+                        f"{r['step_time_s']:.3f}", f"{100 * r['mfu']:.1f}",
+                        f"{r['peak_memory_gib']:.1f}", f"{r['time_to_train_s'] / 86400:,.0f}"]
+                       for r in (best, other)]  # fmt: skip
+    plans = " ".join(line.strip() for line in lines[2:] if line.startswith(" " * 7))
+    assert plans == f"{best['summary']} {other['summary']}"
     assert all(len(line) <= 80 for line in lines)
 
 

@@ -4,6 +4,7 @@ the HTML page's points and hover texts."""
 from __future__ import annotations
 
 import html
+import itertools
 import random
 import re
 import shutil
@@ -17,9 +18,13 @@ import pytest
 import planner.cli.sweeps as sweeps_cli
 from planner.errors import InputError
 from planner.report.sweep_figures import (
+    COST_UNIT,
+    MAX_LABELLED,
     check_heatmap_axes,
     heatmap_cells,
+    pareto_figure,
     pareto_front,
+    point_label,
     point_text,
     sweep_page,
     write_sweep_report,
@@ -90,6 +95,59 @@ def test_page_has_a_point_per_plan_with_its_plan_and_inputs_on_hover() -> None:
     assert "<script" not in page and "http" not in page.replace('xmlns="http://www.w3.org', "")
 
 
+def _ticks(page: str, axis: str) -> list[float]:
+    """The tick labels the page writes on ``axis`` (x or y), as numbers (``8.2M``: 8.2e6)."""
+    texts = re.findall(rf'<text class="tick {axis}"[^>]*>([^<]*)</text>', page)
+    return [float(t.rstrip("M").replace(",", "")) * (1e6 if t.endswith("M") else 1)
+            for t in texts]  # fmt: skip
+
+
+@pytest.mark.parametrize("priced", [False, True])
+def test_page_axes_have_ticks_spanning_the_points_and_titles_with_units(priced: bool) -> None:
+    """Evenly spaced ticks on both axes whose range holds every point, at the positions
+    the points are scaled by; axis titles name the unit (days or seconds, devices or the
+    cost's unit)."""
+    price, tokens = (2.5, 1e12) if priced else (None, None)
+    rows = [_row(i, n, 25, 40.0 / n + i, price=price, tokens=tokens)
+            for i, n in enumerate((1, 2, 4, 16))]  # fmt: skip
+    page = sweep_page(rows, AXES, title="t", heatmap_axes=None)
+    xs = [r.cost if priced else r.devices for r in rows]
+    ys = [r.time_to_train_s / 86400 if priced else r.step_time_s for r in rows]
+    for axis, values in (("x", xs), ("y", ys)):
+        ticks = _ticks(page, axis)
+        assert len(ticks) >= 3, (axis, ticks)
+        steps = {round(b - a, 9) for a, b in itertools.pairwise(ticks)}
+        assert len(steps) == 1, (axis, ticks)  # evenly spaced, as labelled
+        assert ticks[0] <= min(values) and max(values) <= ticks[-1], (axis, ticks, values)
+    titles = re.findall(r'<text class="axis-title"[^>]*>([^<]*)</text>', page)
+    assert titles == ([f"cost ({COST_UNIT})", "time to train (days)"] if priced
+                      else ["devices", "step time (s)"])  # fmt: skip
+    # Each circle sits where its value falls between the first and last tick.
+    circles = re.findall(r'data-point="(\d+)" cx="([\d.]+)" cy="([\d.]+)"', page)
+    lo, hi = _ticks(page, "x")[0], _ticks(page, "x")[-1]
+    assert sorted(int(i) for i, _, _ in circles) == [r.index for r in rows]
+    for index, cx, _ in circles:
+        x = xs[int(index)]
+        assert float(cx) == pytest.approx(90 + (x - lo) / (hi - lo) * 600, abs=0.06), index
+
+
+def test_pareto_png_labels_its_points_and_names_the_cost_unit() -> None:
+    """Every point labelled with its index and degrees while there are few, the front's only
+    past MAX_LABELLED; the cost axis in its unit."""
+    rows = [_row(i, n, b, 10.0 / n + b / 100, price=2.0, tokens=1e9)
+            for i, (n, b) in enumerate((n, b) for n in (1, 2, 4) for b in (25, 50))]  # fmt: skip
+    ax = pareto_figure(rows, AXES).axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(f"{r.index}: plan {r.index}"
+                                                            for r in rows)  # fmt: skip
+    assert ax.get_xlabel() == f"cost ({COST_UNIT})" and ax.get_ylabel() == "time to train (days)"
+    many = [_row(i, 1 + i, 25, 100.0 / (1 + i) + i, price=2.0, tokens=1e9)
+            for i in range(MAX_LABELLED + 5)]  # fmt: skip
+    ax = pareto_figure(many, AXES).axes[0]
+    front = sorted(point_label(r, AXES) for r in pareto_front(many))
+    assert sorted(t.get_text() for t in ax.texts) == front
+    assert len(ax.texts) < len(many)
+
+
 def test_report_writes_every_picture(tmp_path: Path) -> None:
     rows = [_row(i, n, b, 10.0 / n + b / 100) for i, (n, b) in
             enumerate((n, b) for n in (1, 2) for b in (25, 50))]  # fmt: skip
@@ -148,6 +206,8 @@ PROBE = """(() => {
     points: [...document.querySelectorAll("svg.pareto circle.point")].map(c => ({
       point: Number(c.dataset.point), ns: c.namespaceURI, box: box(c), hit: hit(c),
       title: c.querySelector("title").textContent, fill: getComputedStyle(c).fill})),
+    ticks: [...document.querySelectorAll("svg.pareto text.tick")].map(t => ({
+      text: t.textContent, box: box(t)})),
     heatmap: [...document.querySelectorAll("table.heatmap tr")].map(tr => [...tr.children].map(
       td => ({text: td.innerText, title: td.title, box: box(td)}))),
   };
@@ -159,6 +219,11 @@ def _inside(box: list[float], outer: list[float]) -> bool:
     x, y, w, h = box
     ox, oy, ow, oh = outer
     return w > 0 and h > 0 and ox <= x and oy <= y and x + w <= ox + ow and y + h <= oy + oh
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    """Whether two boxes (x, y, width, height) share an area."""
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
 
 
 @needs_chromium
@@ -179,6 +244,12 @@ def test_the_page_renders_in_chromium(swept: Swept) -> None:
         assert point["title"] == point_text(row, axes)
         assert row.summary in point["title"] and f"step {row.step_time_s:.3f} s" in point["title"]
         assert _inside(point["box"], shown["chart"]), (point, shown["chart"])
+
+    # Both axes carry tick labels, each laid out inside the chart, none on top of another.
+    assert len(shown["ticks"]) >= 6 and all(_inside(t["box"], shown["chart"])
+                                            for t in shown["ticks"])  # fmt: skip
+    boxes = [t["box"] for t in shown["ticks"]]
+    assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
 
     xs = list(dict.fromkeys(r.values[0] for r in rows))
     ys = list(dict.fromkeys(r.values[1] for r in rows))

@@ -303,9 +303,10 @@ def simulate_cmd(
     plan = plan_from_json(read_text(plan_file), source=str(plan_file))
     simulation = simulate_plan(plan)
     if gantt is not None:
+        from planner.report.comm_lanes import stage_comm
         from planner.report.gantt import draw_gantt
 
-        draw_gantt(simulation, gantt)
+        draw_gantt(simulation, gantt, comm=stage_comm(plan))
         _wrote([gantt])
     if as_json:
         print_json(report.simulation_json(plan, simulation))

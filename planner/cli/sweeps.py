@@ -13,7 +13,6 @@ from planner.cli.messages import format_message, wrap
 from planner.cli.progress import search_bars
 from planner.errors import InputError
 from planner.report.output import check_folder, check_target
-from planner.spec.messages import short_repr
 from planner.sweep import (
     MAX_POINTS,
     Engine,
@@ -73,7 +72,12 @@ def sweep_cmd(
         print(format_message("interrupted:", message, width=stderr_console().width),
               file=sys.stderr)  # fmt: skip
         raise typer.Exit(INTERRUPTED) from None
-    print("\n".join(summary_lines(result, list(sweep.axes), width=console().width)))
+    width = console().width
+    print("\n".join(summary_lines(result, width=width)))
+    from planner.report.sweep_table import sweep_table_lines
+
+    print("\n".join(sweep_table_lines(result.rows, list(sweep.axes), width=width,
+                                      out=str(result.out))))  # fmt: skip
     if report is not None:
         written = write_sweep_report(result.rows, list(sweep.axes), report,
                                      title=sweep_file.stem, heatmap_axes=heatmap_axes)  # fmt: skip
@@ -81,17 +85,10 @@ def sweep_cmd(
                              console().width)))  # fmt: skip
 
 
-def summary_lines(result: SweepResult, axes: list[str], *, width: int) -> list[str]:
-    """What the sweep did, and its best point by step time, wrapped to ``width``."""
+def summary_lines(result: SweepResult, *, width: int) -> list[str]:
+    """What the sweep did, wrapped to ``width``; the table of its points, best first,
+    follows it."""
     rows = len(result.rows)
     head = (f"wrote {result.out}: {rows} points, {rows - result.failed} with a plan, "
             f"{result.failed} without, {result.skipped} already done")  # fmt: skip
-    lines = wrap(head, width)
-    best = result.best
-    if best is None:
-        return [*lines, *wrap("no point has a plan: see the error column", width)]
-    at = ", ".join(f"{a}={short_repr(v)}" for a, v in zip(axes, best.values, strict=True))
-    text = f"point {best.index} ({at}): {best.summary}; step {best.step_time_s:.3f} s"
-    if best.cost is not None:
-        text += f", cost {best.cost:,.0f}"
-    return [*lines, *wrap(text, width, first="best: ")]
+    return wrap(head, width)

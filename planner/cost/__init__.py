@@ -30,6 +30,7 @@ from planner.cost.communication import (
     p2p_time_s,
     pipeline_send_s,
     ring_attention_exposed_s,
+    ring_attention_hidden_s,
 )
 from planner.cost.compute import (
     CAUSAL_FRACTION,
@@ -114,6 +115,7 @@ __all__ = [
     "pipeline_send_s",
     "pipeline_time",
     "ring_attention_exposed_s",
+    "ring_attention_hidden_s",
     "saved_activation_bytes",
     "sharded_bytes",
     "state_bytes_per_param",

@@ -159,6 +159,8 @@ def ring_attention_exposed_s(
     ...                  "latency_us": 0}]})
     >>> ring_attention_exposed_s(c, 4e9, CommGroup(size=4), forward_s=2.0, backward_s=4.0)
     (4.5, 1.5)
+    >>> ring_attention_hidden_s(c, 4e9, CommGroup(size=4), forward_s=2.0, backward_s=4.0)
+    (4.5, 1.5)
     """
     n = group.size
     if n <= 1 or kv_bytes <= 0:
@@ -167,6 +169,23 @@ def ring_attention_exposed_s(
     forward = (n - 1) * exposed_s(step_s, forward_s / n)
     backward = (n - 1) * exposed_s(2 * step_s, backward_s / n)
     return forward + backward, forward
+
+
+def ring_attention_hidden_s(
+    cluster: ClusterSpec, kv_bytes: float, group: CommGroup, *, forward_s: float,
+    backward_s: float,
+) -> tuple[float, float]:
+    """(forward and backward, forward) seconds of ring attention's K/V exchange hidden behind
+    each ring step's compute: the transfer (an all-gather's forward, twice that backward)
+    less what :func:`ring_attention_exposed_s` leaves exposed (its example hides 4.5 s of
+    the 9 s moved, 1.5 s of them in the forward).
+    """
+    if group.size <= 1 or kv_bytes <= 0:
+        return 0.0, 0.0
+    transfer_s = collective_time_s(cluster, "all_gather", kv_bytes, group)
+    total, forward = ring_attention_exposed_s(cluster, kv_bytes, group, forward_s=forward_s,
+                                              backward_s=backward_s)  # fmt: skip
+    return 3 * transfer_s - total, transfer_s - forward
 
 
 def exposed_s(comm_s: Real, hidden_behind_s: Real) -> Real:

@@ -54,6 +54,12 @@ class ExposedSync:
     once_s: float
     """Once per step: the once-per-step reduction and gather the last backward and the next forward
     do not hide."""
+    hidden_per_microbatch_s: float = 0.0
+    """Every microbatch: the per-microbatch traffic its forward and backward hide."""
+    hidden_reduce_once_s: float = 0.0
+    """Once per step: the gradient reduction the last backward hides."""
+    hidden_gather_once_s: float = 0.0
+    """Once per step: the weight gather the next forward hides."""
 
 
 def exposed_sync(
@@ -79,14 +85,19 @@ def exposed_sync(
     the overlapped communication's time the compute loses (the device's
     ``efficiency.overlap_contention``).
 
+    What hides is ``hidden_*``: the traffic is its exposed part (without the contention's
+    slowdown) plus its hidden part.
+
     >>> sync = DataParallelSync(reduce_once_s=3.0, gather_once_s=1.0,
     ...                         reduce_per_microbatch_s=0.0, gather_per_microbatch_s=0.0)
-    >>> exposed_sync(sync, forward_s=1.0, backward_s=2.0,
-    ...              overlap_grad_reduce=True, overlap_param_gather=False)
-    ExposedSync(per_microbatch_s=0.0, once_s=2.0)
-    >>> exposed_sync(sync, forward_s=1.0, backward_s=2.0, overlap_grad_reduce=True,
-    ...              overlap_param_gather=False, contention=0.25)
-    ExposedSync(per_microbatch_s=0.0, once_s=2.5)
+    >>> exposed = exposed_sync(sync, forward_s=1.0, backward_s=2.0,
+    ...                        overlap_grad_reduce=True, overlap_param_gather=False)
+    >>> exposed.per_microbatch_s, exposed.once_s
+    (0.0, 2.0)
+    >>> exposed = exposed_sync(sync, forward_s=1.0, backward_s=2.0, overlap_grad_reduce=True,
+    ...                        overlap_param_gather=False, contention=0.25)
+    >>> exposed.once_s, exposed.hidden_reduce_once_s, exposed.hidden_gather_once_s
+    (2.5, 2.0, 0.0)
     """
     grad_hide = where(overlap_grad_reduce, backward_s, 0.0)
     gather_hide = where(overlap_param_gather, forward_s, 0.0)
@@ -95,9 +106,15 @@ def exposed_sync(
     def cost(comm_s: Real, hidden_behind_s: Real) -> Real:
         return exposed_s(comm_s, hidden_behind_s) + contention * minimum(comm_s, hidden_behind_s)
 
-    per_mb = cost(sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s, window)
+    per_mb_comm = sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s
+    per_mb = cost(per_mb_comm, window)
     once = cost(sync.reduce_once_s, grad_hide) + cost(sync.gather_once_s, gather_hide)
-    return ExposedSync(per_microbatch_s=per_mb, once_s=once)
+    return ExposedSync(
+        per_microbatch_s=per_mb, once_s=once,
+        hidden_per_microbatch_s=minimum(per_mb_comm, window),
+        hidden_reduce_once_s=minimum(sync.reduce_once_s, grad_hide),
+        hidden_gather_once_s=minimum(sync.gather_once_s, gather_hide),
+    )  # fmt: skip
 
 
 def data_parallel_sync(

@@ -41,6 +41,11 @@ class LayerParts:
     weight_s: float = 0.0
     """Of ``backward_s``, the weight gradients (a pass of their own under a zero-bubble
     schedule)."""
+    hidden_comm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Collectives hidden behind compute, forward and backward (tensor, context, expert
+    parallel, as ``tp_comm_s``, ``cp_comm_s``, ``ep_comm_s``): not on the critical path."""
+    rerun_hidden_comm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """The forward's part of ``hidden_comm_s``: hidden again in a fully recomputed forward."""
 
     def rerun_total_s(self, recompute: str) -> float:
         """Everything ``recompute`` runs again: compute, and under full recomputation the
@@ -84,6 +89,14 @@ class LayerCost:
     pipeline_comm_s: float = 0.0
     """Pipeline sends: the activation forward and its gradient back, per microbatch (added per stage
     by ``with_pipeline_comm``)."""
+    tp_hidden_s: float = 0.0
+    """Tensor-parallel resharding hidden behind matmuls (``tp_comm_overlap``), not in
+    ``tp_comm_s``; with its rerun under full recomputation."""
+    cp_hidden_s: float = 0.0
+    """Ring attention's K/V exchange hidden behind each ring step's compute, not in
+    ``cp_comm_s``; with its rerun under full recomputation."""
+    ep_hidden_s: float = 0.0
+    """The experts' all-to-all hidden behind compute, not in ``ep_comm_s`` (none today)."""
     activation_bytes: float = 0.0
     """Kept per in-flight microbatch."""
     working_bytes: float = 0.0
@@ -128,11 +141,15 @@ def layer_cost(parts: LayerParts, recompute: str, *, count: int = 1) -> LayerCos
     under ``recompute``, as the step composer sees them."""
     k = parts.mode(recompute)
     rerun = parts.rerun_comm_s if recompute == "full" else (0.0, 0.0, 0.0)
+    hidden = parts.hidden_comm_s
+    hidden_rerun = parts.rerun_hidden_comm_s if recompute == "full" else (0.0, 0.0, 0.0)
     one = LayerCost(
         forward_s=parts.forward_s, backward_s=parts.backward_s, recompute_s=parts.rerun_s[k],
         weight_s=parts.weight_s,
         tp_comm_s=parts.tp_comm_s + rerun[0], cp_comm_s=parts.cp_comm_s + rerun[1],
         ep_comm_s=parts.ep_comm_s + rerun[2],
+        tp_hidden_s=hidden[0] + hidden_rerun[0], cp_hidden_s=hidden[1] + hidden_rerun[1],
+        ep_hidden_s=hidden[2] + hidden_rerun[2],
         activation_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],
         recompute_flops=parts.rerun_flops[k],
     )  # fmt: skip

@@ -84,21 +84,28 @@ class StepCost:
     stage_weight_s: tuple[float, ...] = ()
     """Per stage and microbatch: the weight gradients within the backward, with their share
     of the communication (empty: none priced apart)."""
+    stage_comm_s: tuple[dict[str, float], ...] = ()
+    """Per stage: the communication by kind, exposed and hidden, by :class:`StageTime`'s
+    field names (``tensor_parallel_comm_s``, ``data_parallel_hidden_s``, ...; empty: none
+    recorded)."""
     host_bytes: float = 0.0
     """Host memory one device's offloaded states take, on the stage that offloads most."""
 
     def stage_times(self) -> tuple[StageTime, ...]:
         """Each stage's per-microbatch seconds as a plan records them."""
+        n = len(self.stage_time_s)
         return tuple(
             StageTime(
                 compute_s=c, communication_s=comm, pipeline_s=pipe, forward_s=f,
                 backward_s=b, recompute_s=r, sync_tail_s=tail, weight_s=w,
+                **parts,
             )
-            for (c, comm, pipe), (f, b, r), tail, w in zip(
+            for (c, comm, pipe), (f, b, r), tail, w, parts in zip(
                 self.stage_time_s, self.stage_phase_s, self.stage_sync_tail_s,
-                self.stage_weight_s or (0.0,) * len(self.stage_time_s), strict=True
+                self.stage_weight_s or (0.0,) * n, self.stage_comm_s or ({},) * n,
+                strict=True,
             )
-        )
+        )  # fmt: skip
 
 
 
@@ -296,7 +303,10 @@ def compose_step(
                          optimizer_s=optimizer)  # fmt: skip
     per_stage = [(r, e) for r, e in zip(runs, totals.exposed, strict=True)
                  for _ in range(r.count)]  # fmt: skip
-    syncs = [_Sync(per_microbatch_s=e.per_microbatch_s, tail_s=e.once_s + r.tied_s)
+    syncs = [_Sync(per_microbatch_s=e.per_microbatch_s, tail_s=e.once_s + r.tied_s,
+                   hidden_per_microbatch_s=e.hidden_per_microbatch_s,
+                   hidden_reduce_once_s=e.hidden_reduce_once_s,
+                   hidden_gather_once_s=e.hidden_gather_once_s)
              for r, e in per_stage]  # fmt: skip
     return StepCost(
         step_s=totals.step_s,
@@ -314,6 +324,7 @@ def compose_step(
         stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(stages, syncs, strict=True)),
         stage_sync_tail_s=tuple(y.tail_s for y in syncs),
         stage_weight_s=tuple(_weight_s(s.time, y) for s, y in zip(stages, syncs, strict=True)),
+        stage_comm_s=tuple(_comm_parts(s.time, y) for s, y in zip(stages, syncs, strict=True)),
         host_bytes=host_state_bytes(knobs.precision, params=params, offload=knobs.offload,
                                     accumulating=knobs.num_microbatches > 1),
     )
@@ -327,6 +338,25 @@ class _Sync:
     """Exposed with every microbatch."""
     tail_s: float
     """Exposed once per step, after the stage's last backward."""
+    hidden_per_microbatch_s: float = 0.0
+    """Hidden behind every microbatch's forward and backward."""
+    hidden_reduce_once_s: float = 0.0
+    """The once-per-step gradient reduction hidden behind the last backward."""
+    hidden_gather_once_s: float = 0.0
+    """The once-per-step weight gather hidden behind the next forward."""
+
+
+def _comm_parts(t: LayerCost, sync: _Sync) -> dict[str, float]:
+    """A stage's communication by kind, exposed and hidden, as a plan's stage records it."""
+    return {
+        "tensor_parallel_comm_s": t.tp_comm_s, "context_parallel_comm_s": t.cp_comm_s,
+        "expert_parallel_comm_s": t.ep_comm_s, "data_parallel_comm_s": sync.per_microbatch_s,
+        "tensor_parallel_hidden_s": t.tp_hidden_s, "context_parallel_hidden_s": t.cp_hidden_s,
+        "expert_parallel_hidden_s": t.ep_hidden_s,
+        "data_parallel_hidden_s": sync.hidden_per_microbatch_s,
+        "grad_reduce_hidden_s": sync.hidden_reduce_once_s,
+        "param_gather_hidden_s": sync.hidden_gather_once_s,
+    }  # fmt: skip
 
 
 def _communication_s(t: LayerCost, sync: _Sync) -> float:

@@ -127,6 +127,33 @@ class StageTime(_Frozen):
     """Once per step, after the stage's last backward: the data-parallel gradient reduction
     and weight gathers the overlap flags leave exposed (and the tied embedding's
     all-reduce)."""
+    tensor_parallel_comm_s: float = 0.0
+    """Of ``communication_s``, the tensor-parallel collectives and resharding (0 in plans
+    written before the planner recorded the parts: all of it unattributed)."""
+    context_parallel_comm_s: float = 0.0
+    """Of ``communication_s``, ring attention's exposed K/V exchange."""
+    expert_parallel_comm_s: float = 0.0
+    """Of ``communication_s``, the experts' all-to-all."""
+    data_parallel_comm_s: float = 0.0
+    """Of ``communication_s``, the data-parallel traffic of every microbatch (ZeRO-2/3
+    reduce-scatters and gathers, and the once-per-step traffic's share) left exposed."""
+    tensor_parallel_hidden_s: float = 0.0
+    """Not in ``communication_s``: tensor-parallel resharding hidden behind matmuls
+    (``tp_comm_overlap``)."""
+    context_parallel_hidden_s: float = 0.0
+    """Not in ``communication_s``: ring attention's K/V exchange hidden behind each ring
+    step's attention compute."""
+    expert_parallel_hidden_s: float = 0.0
+    """Not in ``communication_s``: the experts' all-to-all hidden behind compute."""
+    data_parallel_hidden_s: float = 0.0
+    """Not in ``communication_s``: the per-microbatch data-parallel traffic the forward and
+    backward hide (ZeRO-3's prefetched gathers, ZeRO-2/3's reduce-scatters)."""
+    grad_reduce_hidden_s: float = 0.0
+    """Not in ``sync_tail_s``: once per step, the gradient reduction the last backward hides
+    (``overlap_grad_reduce``)."""
+    param_gather_hidden_s: float = 0.0
+    """Not in ``sync_tail_s``: once per step, the updated weights' gather the next step's
+    first forward hides (``overlap_param_gather``)."""
 
     @model_validator(mode="after")
     def _check(self) -> StageTime:
@@ -135,7 +162,18 @@ class StageTime(_Frozen):
         if abs(by_phase - by_part) > 1e-9 * max(1.0, by_phase):
             raise ValueError(f"forward + backward + recompute ({by_phase}) != compute + "
                              f"communication ({by_part})")  # fmt: skip
+        parts = self.attributed_comm_s
+        if parts > self.communication_s * (1 + 1e-9) + 1e-15:
+            raise ValueError(f"tensor + context + expert + data parallel communication "
+                             f"({parts}) > communication ({self.communication_s})")  # fmt: skip
         return self
+
+    @property
+    def attributed_comm_s(self) -> float:
+        """The parts of ``communication_s`` recorded by kind (all of it in plans of this
+        version; none in older ones)."""
+        return (self.tensor_parallel_comm_s + self.context_parallel_comm_s
+                + self.expert_parallel_comm_s + self.data_parallel_comm_s)  # fmt: skip
 
     @property
     def total_s(self) -> float:

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from planner.diagnose.compare import MethodResult, yardstick
 from planner.plan.schema import Plan
 from planner.report.bands import band_text, with_band
+from planner.report.comm_lanes import stage_comm
 from planner.report.gantt import draw_gantt
 from planner.report.output import check_folder
 from planner.report.pictures import FORMATS, save
@@ -159,7 +160,8 @@ def write_report(plan: Plan, directory: str | Path) -> list[Path]:
     simulation = simulate_plan(plan)
     for suffix in FORMATS:
         written.append(draw_gantt(simulation, directory / f"gantt{suffix}",
-                                  title=_wrap(_title(plan)), option="--report"))  # fmt: skip
+                                  title=_wrap(_title(plan)), option="--report",
+                                  comm=stage_comm(plan)))  # fmt: skip
         written.append(save(memory_figure(plan), directory / f"memory{suffix}",
                             option="--report"))
         written.append(save(time_figure(plan), directory / f"time{suffix}", option="--report"))

@@ -15,13 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import StrMethodFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from planner.errors import InputError
 from planner.report.output import check_folder, write_atomic
 from planner.report.pictures import FORMATS, save
 from planner.spec.messages import short_repr
 from planner.sweep import SweepRow
+
+COST_UNIT = "price per device-hour x device-hours"
+"""The cost's unit: the sweep's ``price_per_device_hour`` (in whatever currency it was given)
+times devices times hours to train."""
 
 
 def _time(row: SweepRow) -> float | None:
@@ -71,26 +75,70 @@ def _time_value(row: SweepRow) -> float:
     return row.step_time_s or 0.0
 
 
-def pareto_figure(rows: Sequence[SweepRow], *, title: str = "") -> Figure:
-    """Every point with a plan, and the front drawn through the ones nothing beats."""
-    figure = Figure(figsize=(7.0, 4.6))
+MAX_LABELLED = 12
+"""Up to this many points each carry a label; past it, only the front's do."""
+
+
+def point_label(row: SweepRow, axes: Sequence[str]) -> str:
+    """A point's label on the Pareto picture: its index, its parallel degrees (the plan's
+    first clause) and, when the sweep varies the framework, the framework.
+
+    >>> from planner.sweep import SweepRow
+    >>> r = SweepRow(index=3, values=("megatron",), summary="TP8 x PP1 x DP16, mbs 1, 1F1B",
+    ...              devices=128, step_time_s=2.5, tokens_per_s=1e6, mfu=0.4,
+    ...              peak_memory_gib=60.0, error_band=None, time_to_train_s=None, cost=None,
+    ...              error=None)
+    >>> point_label(r, ["search.framework"])
+    '3: TP8 x PP1 x DP16 (megatron)'
+    """
+    degrees = (row.summary or "").split(", ")[0]
+    framework = [str(v) for a, v in zip(axes, row.values, strict=True)
+                 if a.endswith("framework")]  # fmt: skip
+    return f"{row.index}: {degrees}" + "".join(f" ({f})" for f in framework)
+
+
+def pareto_figure(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str = "") -> Figure:
+    """Every point with a plan, and the front drawn through the ones nothing beats; each
+    point labelled (:func:`point_label`) when there are at most :data:`MAX_LABELLED`, else the
+    front's."""
+    figure = Figure(figsize=(8.0, 5.2))
     ax = figure.add_subplot()
     solved = [r for r in rows if _time(r) is not None]
     front = pareto_front(rows)
     ax.scatter([_resource(r) for r in solved], [_time_value(r) for r in solved], s=14,
-               color="#9aa5b1", label="points")  # fmt: skip
+               color="#9aa5b1", label="points", zorder=2)  # fmt: skip
     ax.plot([_resource(r) for r in front], [_time_value(r) for r in front], "-o", ms=5,
-            color="#c44e52", label="Pareto front")  # fmt: skip
-    resource, time = _labels(rows)
+            color="#c44e52", label="Pareto front", zorder=3)  # fmt: skip
+    labelled = solved if len(solved) <= MAX_LABELLED else front
+    on_front = {r.index for r in front}
+    x_values = [_resource(r) or 0.0 for r in solved]
+    middle = (min(x_values, default=0.0) + max(x_values, default=0.0)) / 2
+    for r in labelled:
+        x = _resource(r) or 0.0
+        left = x > middle  # a label toward the middle, where it stays inside the axes
+        ax.annotate(point_label(r, axes), (x, _time_value(r)), xytext=(-5 if left else 5, 4),
+                    textcoords="offset points", fontsize=7, ha="right" if left else "left",
+                    color="#7a2a2d" if r.index in on_front else "#555555")  # fmt: skip
+    resource, time = axis_labels(rows)
     ax.set_xlabel(resource)
-    # whole units with separators (46,623,542), not a corner offset (0.5 ... 1e8) to multiply by
-    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_ylabel(time)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    # round ticks in the step's digits (8.2M, 1,070), not a corner offset (1e8) to multiply by
+    ax.xaxis.set_major_formatter(FuncFormatter(
+        lambda v, _: tick_text(v, _tick_step(ax.xaxis.get_majorticklocs()))))  # fmt: skip
+    ax.margins(x=0.12, y=0.1)  # room for the labels of the points at the edges
+    ax.grid(color="#e4e4e4", linewidth=0.6)
+    ax.set_axisbelow(True)
     ax.legend(fontsize=8, frameon=False)
-    ax.set_title(f"{title}: " * bool(title) + f"{time} against {resource} "
+    ax.set_title(f"{title}: " * bool(title) + f"{_labels(rows)[1]} against {_labels(rows)[0]} "
                  f"({len(front)} of {len(solved)} points on the front)", fontsize=9)  # fmt: skip
     figure.tight_layout()
     return figure
+
+
+def _tick_step(ticks: Sequence[float]) -> float:
+    """The distance between two ticks (1 for a lone tick)."""
+    return float(ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
 
 
 def heatmap_cells(
@@ -164,34 +212,96 @@ def point_text(row: SweepRow, axes: Sequence[str]) -> str:
     return "\n".join([*lines, row.summary or "", numbers])
 
 
+def nice_ticks(lo: float, hi: float, *, count: int = 6) -> list[float]:
+    """Round tick values (1, 2, 2.5, 5 x a power of ten apart) from at or below ``lo`` to at or
+    above ``hi``, about ``count`` of them (matplotlib's :class:`~matplotlib.ticker.
+    MaxNLocator`); a range of one value is widened by 10 % either side.
+
+    >>> nice_ticks(8.09e6, 9.0e6)
+    [8000000.0, 8200000.0, 8400000.0, 8600000.0, 8800000.0, 9000000.0]
+    >>> nice_ticks(128.0, 128.0)
+    [115.0, 120.0, 125.0, 130.0, 135.0, 140.0, 145.0]
+    """
+    if hi <= lo:
+        pad = abs(lo) * 0.1 or 1.0
+        lo, hi = lo - pad, hi + pad
+    ticks = MaxNLocator(nbins=count, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+    inner = [float(t) for t in ticks]
+    while len(inner) > 2 and inner[1] <= lo:  # the locator may add a tick beyond either end
+        inner.pop(0)
+    while len(inner) > 2 and inner[-2] >= hi:
+        inner.pop()
+    return inner
+
+
+def tick_text(value: float, step: float) -> str:
+    """A tick's label: millions with an ``M`` (to the tick step's digits), else whole numbers
+    with separators, else as many decimals as the step needs.
+
+    >>> tick_text(8200000.0, 200000.0), tick_text(1070.0, 50.0), tick_text(2.5, 0.5)
+    ('8.2M', '1,070', '2.5')
+    """
+    if abs(value) >= 1e6 or step >= 1e6:
+        digits = max(0, -math.floor(math.log10(step / 1e6) + 1e-9))
+        return f"{value / 1e6:,.{digits}f}M"
+    digits = max(0, -math.floor(math.log10(step) + 1e-9)) if step > 0 else 0
+    return f"{value:,.{digits}f}"
+
+
+def axis_labels(rows: Sequence[SweepRow]) -> tuple[str, str]:
+    """The front's axis titles with their units: (resource, time)."""
+    resource, time = _labels(rows)
+    return (f"{resource} ({COST_UNIT})" if resource == "cost" else "devices",
+            "time to train (days)" if time == "days to train" else "step time (s)")
+
+
 def _svg_scatter(rows: Sequence[SweepRow], axes: Sequence[str]) -> str:
-    """The front's chart as inline SVG: one circle per point with a hover title."""
-    width, height, pad = 720, 420, 60
+    """The front's chart as inline SVG: one circle per point with a hover title, both axes
+    with ticks, tick labels and their titles with units."""
+    width, height = 720, 440
+    left, right, top, bottom = 90, 30, 30, 70  # room for the tick labels and axis titles
     solved = [r for r in rows if _time(r) is not None]
     if not solved:
         return "<p>No point has a plan.</p>"
     xs = [_resource(r) or 0.0 for r in solved]
     ys = [_time_value(r) for r in solved]
+    x_ticks, y_ticks = nice_ticks(min(xs), max(xs)), nice_ticks(min(ys), max(ys))
 
-    def scale(v: float, lo: float, hi: float, size: float, flip: bool) -> float:
-        t = 0.5 if hi == lo else (v - lo) / (hi - lo)
-        return pad + (1 - t if flip else t) * (size - 2 * pad)
+    def at_x(v: float) -> float:
+        return left + (v - x_ticks[0]) / (x_ticks[-1] - x_ticks[0]) * (width - left - right)
+
+    def at_y(v: float) -> float:
+        return height - bottom - (v - y_ticks[0]) / (y_ticks[-1] - y_ticks[0]) * (
+            height - top - bottom)
 
     front = {r.index for r in pareto_front(rows)}
-    resource, time = _labels(rows)
+    resource, time = axis_labels(rows)
+    x0, y0, x1, y1 = left, height - bottom, width - right, top
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'class="pareto" role="img">',
-             f'<text x="{width / 2}" y="{height - 15}" text-anchor="middle">{resource}</text>',
-             f'<text x="15" y="{height / 2}" transform="rotate(-90 15 {height / 2})" '
-             f'text-anchor="middle">{time}</text>',
-             f'<rect x="{pad}" y="{pad}" width="{width - 2 * pad}" height="{height - 2 * pad}" '
-             'fill="none" stroke="#888"/>']  # fmt: skip
-    for r, x, y in zip(solved, xs, ys, strict=True):
-        cx = scale(x, min(xs), max(xs), width, False)
-        cy = scale(y, min(ys), max(ys), height, True)
+             f'class="pareto" role="img" font-size="12">',
+             f'<text class="axis-title" x="{(x0 + x1) / 2}" y="{height - 15}" '
+             f'text-anchor="middle">{html.escape(resource)}</text>',
+             f'<text class="axis-title" x="18" y="{(y0 + y1) / 2}" '
+             f'transform="rotate(-90 18 {(y0 + y1) / 2})" text-anchor="middle">'
+             f"{html.escape(time)}</text>"]  # fmt: skip
+    for v in x_ticks:
+        x = at_x(v)
+        parts.append(f'<line x1="{x:.1f}" y1="{y1}" x2="{x:.1f}" y2="{y0 + 5}" stroke="#e4e4e4"/>'
+                     f'<text class="tick x" x="{x:.1f}" y="{y0 + 20}" text-anchor="middle">'
+                     f"{tick_text(v, x_ticks[1] - x_ticks[0])}</text>")  # fmt: skip
+    for v in y_ticks:
+        y = at_y(v)
+        parts.append(f'<line x1="{x0 - 5}" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}" stroke="#e4e4e4"/>'
+                     f'<text class="tick y" x="{x0 - 9}" y="{y + 4:.1f}" text-anchor="end">'
+                     f"{tick_text(v, y_ticks[1] - y_ticks[0])}</text>")  # fmt: skip
+    parts.append(f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="none" '
+                 'stroke="#888"/>')  # fmt: skip
+    # The front's points last, on top of any other point at the same place.
+    drawn = sorted(zip(solved, xs, ys, strict=True), key=lambda p: p[0].index in front)
+    for r, x, y in drawn:
         colour, radius = ("#c44e52", 6) if r.index in front else ("#9aa5b1", 4)
-        parts.append(f'<circle class="point" data-point="{r.index}" cx="{cx:.1f}" '
-                     f'cy="{cy:.1f}" r="{radius}" fill="{colour}"><title>'
+        parts.append(f'<circle class="point" data-point="{r.index}" cx="{at_x(x):.1f}" '
+                     f'cy="{at_y(y):.1f}" r="{radius}" fill="{colour}"><title>'
                      f"{html.escape(point_text(r, axes))}</title></circle>")  # fmt: skip
     parts.append("</svg>")
     return "\n".join(parts)
@@ -283,8 +393,8 @@ def write_sweep_report(
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for suffix in FORMATS:
-        written.append(save(pareto_figure(rows, title=title), directory / f"pareto{suffix}",
-                            option="--report"))  # fmt: skip
+        written.append(save(pareto_figure(rows, axes, title=title),
+                            directory / f"pareto{suffix}", option="--report"))  # fmt: skip
         if heat_axes is not None:
             written.append(save(heatmap_figure(rows, axes, *heat_axes, title=title),
                                 directory / f"heatmap{suffix}", option="--report"))  # fmt: skip

@@ -79,6 +79,8 @@ def _merge(a: Strategy, b: Strategy) -> Strategy:
         weight_s=a.weight_s + b.weight_s,
         comm_s=a.comm_s + b.comm_s,
         forward_comm_s=a.forward_comm_s + b.forward_comm_s,
+        hidden_comm_s=a.hidden_comm_s + b.hidden_comm_s,
+        hidden_forward_comm_s=a.hidden_forward_comm_s + b.hidden_forward_comm_s,
         weights=a.weights + b.weights,
         state_bytes=tuple(x + y for x, y in zip(a.state_bytes, b.state_bytes, strict=True)),
         sync_s=tuple(x + y for x, y in zip(a.sync_s, b.sync_s, strict=True)),
@@ -150,21 +152,41 @@ def edge_seconds(
     consumer's input, and back, the consumer's input gradient into the producer's output
     gradient. Under ``tp_comm_overlap`` a conversion next to a matmul hides behind that
     matmul's compute of the same phase (Megatron-Core's ``--tp-comm-overlap``)."""
+    forward, backward, _, _ = _edge_transfers(layer, edge, src=src, dst=dst)
+    return forward + backward, forward
+
+
+def edge_hidden_seconds(
+    layer: LayerGraph, edge: tuple[int, int], *, src: int, dst: int
+) -> tuple[float, float]:
+    """(forward + backward, forward) seconds of the resharding on ``edge`` hidden behind a
+    matmul under ``tp_comm_overlap`` (:func:`edge_seconds` has the rest)."""
+    forward, backward, raw_forward, raw_backward = _edge_transfers(layer, edge, src=src, dst=dst)
+    hidden_forward = raw_forward - forward
+    return hidden_forward + raw_backward - backward, hidden_forward
+
+
+def _edge_transfers(
+    layer: LayerGraph, edge: tuple[int, int], *, src: int, dst: int
+) -> tuple[float, float, float, float]:
+    """The resharding on ``edge``: (forward, backward) seconds exposed, then the same two
+    as transferred (:func:`edge_seconds`)."""
     producer, consumer = layer.nodes[edge[0]], layer.nodes[edge[1]]
     at = input_index(consumer.ops[0], producer.output)
     if at is None:  # routing scores: small, moved with the tokens
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     p, c = producer.strategies[src], consumer.strategies[dst]
     mesh, ctx = layer.mesh, layer.context
-    forward = transfer_time_s(reshard(p.output, c.inputs[at], producer.output, mesh), ctx.cluster,
-                              mesh)  # fmt: skip
-    backward = transfer_time_s(reshard(c.input_grads[at], p.output_grad, producer.output, mesh),
-                               ctx.cluster, mesh)  # fmt: skip
+    raw_forward = transfer_time_s(reshard(p.output, c.inputs[at], producer.output, mesh),
+                                  ctx.cluster, mesh)  # fmt: skip
+    raw_backward = transfer_time_s(reshard(c.input_grads[at], p.output_grad, producer.output,
+                                           mesh), ctx.cluster, mesh)  # fmt: skip
+    forward, backward = raw_forward, raw_backward
     if ctx.tp_comm_overlap:
         matmuls = [s for s, n in ((p, producer), (c, consumer)) if n.ops[0].kind == "linear"]
-        forward = cost.exposed_s(forward, sum(s.forward_s for s in matmuls))
-        backward = cost.exposed_s(backward, sum(s.backward_s for s in matmuls))
-    return forward + backward, forward
+        forward = cost.exposed_s(raw_forward, sum(s.forward_s for s in matmuls))
+        backward = cost.exposed_s(raw_backward, sum(s.backward_s for s in matmuls))
+    return forward, backward, raw_forward, raw_backward
 
 
 def _own_comm_axis(node: Node, strategy: Strategy) -> str:
@@ -183,6 +205,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
     in seconds rather than whole nanoseconds)."""
     comm = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
+    hidden = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
+    hidden_rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     forward = backward = weight = attention = kept = selective = layer_input = 0.0
     flops = attention_flops = 0.0
     weights: list[tuple[float, tuple[int, ...]]] = []
@@ -193,6 +217,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         weight += s.weight_s
         comm[_own_comm_axis(node, s)] += s.comm_s
         rerun[_own_comm_axis(node, s)] += s.forward_comm_s
+        hidden[_own_comm_axis(node, s)] += s.hidden_comm_s
+        hidden_rerun[_own_comm_axis(node, s)] += s.hidden_forward_comm_s
         attention += s.attention_forward_s
         kept += s.kept_bytes
         selective += s.kept_selective_bytes
@@ -209,6 +235,9 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         total, fwd = edge_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
         reshard += total
         reshard_forward += fwd
+        total, fwd = edge_hidden_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
+        hidden["tp"] += total
+        hidden_rerun["tp"] += fwd
     return LayerParts(
         forward_s=forward,
         backward_s=backward,
@@ -218,6 +247,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         ep_comm_s=comm["ep"],
         rerun_s=(0.0, attention, forward),
         rerun_comm_s=(rerun["tp"] + reshard_forward, rerun["cp"], rerun["ep"]),
+        hidden_comm_s=(hidden["tp"], hidden["cp"], hidden["ep"]),
+        rerun_hidden_comm_s=(hidden_rerun["tp"], hidden_rerun["cp"], hidden_rerun["ep"]),
         kept_bytes=(kept, selective, layer_input),
         working_bytes=(0.0, 0.0, kept),
         rerun_flops=(0.0, attention_flops, flops),

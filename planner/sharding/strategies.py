@@ -106,6 +106,12 @@ class Strategy:
     keeps."""
     weight_s: float = 0.0
     """Of ``backward_s``, the weight gradients (:attr:`planner.cost.compute.OpTime.weight_s`)."""
+    hidden_comm_s: float = 0.0
+    """The op's own collectives, forward and backward, hidden behind its compute (ring
+    attention's K/V exchange within each step, a gather under ``tp_comm_overlap``): not in
+    ``comm_s``, not on the critical path."""
+    hidden_forward_comm_s: float = 0.0
+    """The forward's part of ``hidden_comm_s``."""
 
     @property
     def time_s(self) -> float:
@@ -231,7 +237,7 @@ def _without(pair: Assignment, axes: tuple[int, ...]) -> Layout:
 
 def _own_collectives(
     op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyContext, times: cost.OpTime
-) -> tuple[float, float]:
+) -> tuple[float, float, float, float]:
     """Collectives inside the op, each over the group of all the axes that split its dim.
 
     - Ring attention (context parallelism): each rank passes its K/V block around the ring
@@ -246,15 +252,18 @@ def _own_collectives(
       ``megatron/core/tensor_parallel/cross_entropy.py``), none in backward.
     - The experts' all-to-all, forward and backward.
 
-    Returns (forward and backward, forward) seconds.
+    Returns (forward and backward, forward) seconds exposed, then the same two hidden.
     """
     total = forward = 0.0
+    hidden = (0.0, 0.0)
     if op.kind == "attention" and "seq" in pair:
         axes = _axes_of(pair, "seq")
         group = mesh.axes_group(axes)
         kv = sum(cost.sharded_bytes(t, tensor_degrees(t, _without(pair, axes), mesh))
                  for t in op.inputs[1:])  # fmt: skip
         total, forward = cost.ring_attention_exposed_s(
+            ctx.cluster, kv, group, forward_s=times.forward_s, backward_s=times.backward_s)
+        hidden = cost.ring_attention_hidden_s(
             ctx.cluster, kv, group, forward_s=times.forward_s, backward_s=times.backward_s)
     elif op.kind == "loss" and "vocab" in pair:
         axes = _axes_of(pair, "vocab")
@@ -271,7 +280,7 @@ def _own_collectives(
         group = mesh.axes_group(axes)
         forward = cost.collective_time_s(ctx.cluster, "all_to_all", per_rank, group)
         total = 2 * forward
-    return total, forward
+    return total, forward, *hidden
 
 
 def weight_copies(op: Op, pair: Assignment, mesh: LogicalMesh) -> tuple[float, tuple[int, ...]]:
@@ -334,12 +343,15 @@ def kept_sharded(op: Op, strategy: Strategy, mesh: LogicalMesh,
             continue
         held = cost.sharded_bytes(x, held_split)
         saved = held * (1 - 1 / mesh.size(axis))
-        regather = cost.collective_time_s(ctx.cluster, "all_gather", held, mesh.group(axis))
+        gather = cost.collective_time_s(ctx.cluster, "all_gather", held, mesh.group(axis))
+        regather = gather
         if ctx.tp_comm_overlap:  # the backward's all-gather overlaps its GEMMs too
-            regather = cost.exposed_s(regather, strategy.backward_s)
+            regather = cost.exposed_s(gather, strategy.backward_s)
         out.append(replace(
             strategy, name=f"{strategy.name}+kept-seq@{axis}",
-            comm_s=strategy.comm_s + regather, kept_bytes=strategy.kept_bytes - saved,
+            comm_s=strategy.comm_s + regather,
+            hidden_comm_s=strategy.hidden_comm_s + gather - regather,
+            kept_bytes=strategy.kept_bytes - saved,
             kept_selective_bytes=strategy.kept_selective_bytes - saved,
         ))  # fmt: skip
     return out
@@ -390,6 +402,8 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         weight_s=times.weight_s,
         comm_s=comm[0],
         forward_comm_s=comm[1],
+        hidden_comm_s=comm[2],
+        hidden_forward_comm_s=comm[3],
         attention_forward_s=times.forward_s if op.kind == "attention" else 0.0,
         weights=((params, copies),) if params else (),
         state_bytes=states,  # type: ignore[arg-type]
