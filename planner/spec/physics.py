@@ -40,7 +40,7 @@ class Range:
 
     def describe(self) -> str:
         """``1 to 640 GiB``."""
-        return f"{self.low:g} to {self.high:g} {self.unit}".rstrip()
+        return f"{self.low:.10g} to {self.high:.10g} {self.unit}".rstrip()
 
 
 RANGES: dict[str, Range] = {
@@ -132,12 +132,12 @@ sheet; the 1,979 or 4,500 printed for H100 or B200 are with sparsity or FP8)
     """
     for path, value, allowed in _ranged(cluster):
         if not allowed.low <= value <= allowed.high:
-            raise InputError(f"{source}: {path}: {value:g} {allowed.unit} is outside the range "
+            raise InputError(f"{source}: {path}: {value:.10g} {allowed.unit} is outside the range "
                              f"{allowed.describe()} ({allowed.why})")  # fmt: skip
     device = cluster.device
     if device.reserved_memory_gib >= device.memory_gib:
-        raise InputError(f"{source}: device.reserved_memory_gib: {device.reserved_memory_gib:g}"
-                         f" GiB leaves nothing of the device's {device.memory_gib:g} GiB "
+        raise InputError(f"{source}: device.reserved_memory_gib: {device.reserved_memory_gib:.10g}"
+                         f" GiB leaves nothing of the device's {device.memory_gib:.10g} GiB "
                          f"(device.memory_gib); it must be less")  # fmt: skip
 
 
@@ -206,8 +206,8 @@ def _unlike_namesakes(cluster: ClusterSpec) -> Iterator[str]:
         if near is None or near.factor(given) <= FAR:
             continue
         side = "above" if given > near.value else "below"
-        yield (f"device.{path} {given:g} {unit} is {near.factor(given):.1f}x {side} the "
-               f"{near.value:g} of {near.device.name}, the nearest known device of its name "
+        yield (f"device.{path} {given:.10g} {unit} is {near.factor(given):.1f}x {side} the "
+               f"{near.value:.10g} of {near.device.name}, the nearest known device of its name "
                f"({near.device.source}): another part, or a slip?")
 
 
@@ -217,8 +217,8 @@ def _precisions(cluster: ClusterSpec) -> Iterator[str]:
     wide = peaks.get("fp32")
     for narrow in ("bf16", "fp16"):
         if wide is not None and narrow in peaks and wide > peaks[narrow]:
-            yield (f"device.peak_tflops.fp32 {wide:g} TFLOP/s is above {narrow}'s "
-                   f"{peaks[narrow]:g}: no accelerator computes fp32 faster than {narrow}")
+            yield (f"device.peak_tflops.fp32 {wide:.10g} TFLOP/s is above {narrow}'s "
+                   f"{peaks[narrow]:.10g}: no accelerator computes fp32 faster than {narrow}")
 
 
 def _network(cluster: ClusterSpec) -> Iterator[str]:
@@ -228,16 +228,16 @@ def _network(cluster: ClusterSpec) -> Iterator[str]:
     levels = list(enumerate(cluster.network))
     for (i, inner), (j, outer) in pairwise(levels):
         if inner.bandwidth_gb_s < outer.bandwidth_gb_s:
-            yield (f"network.{i}.bandwidth_gb_s ({inner.name}) {inner.bandwidth_gb_s:g} GB/s is"
-                   f" below network.{j}.bandwidth_gb_s ({outer.name}) {outer.bandwidth_gb_s:g}:"
+            yield (f"network.{i}.bandwidth_gb_s ({inner.name}) {inner.bandwidth_gb_s:.10g} GB/s is"
+                   f" below network.{j}.bandwidth_gb_s ({outer.name}) {outer.bandwidth_gb_s:.10g}:"
                    f" an inner level is the faster one")  # fmt: skip
         if inner.latency_us > outer.latency_us:
-            yield (f"network.{i}.latency_us ({inner.name}) {inner.latency_us:g} us is above "
-                   f"network.{j}.latency_us ({outer.name}) {outer.latency_us:g}: an inner level "
+            yield (f"network.{i}.latency_us ({inner.name}) {inner.latency_us:.10g} us is above "
+                   f"network.{j}.latency_us ({outer.name}) {outer.latency_us:.10g}: an inner level "
                    f"is the faster one")  # fmt: skip
     memory = cluster.device.memory_bandwidth_gb_s
     for i, level in levels:
         if level.bandwidth_gb_s > memory:
-            yield (f"network.{i}.bandwidth_gb_s ({level.name}) {level.bandwidth_gb_s:g} GB/s is "
-                   f"above device.memory_bandwidth_gb_s {memory:g}, which every byte it "
+            yield (f"network.{i}.bandwidth_gb_s ({level.name}) {level.bandwidth_gb_s:.10g} GB/s is "
+                   f"above device.memory_bandwidth_gb_s {memory:.10g}, which every byte it "
                    f"carries passes through")  # fmt: skip
