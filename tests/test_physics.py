@@ -301,3 +301,19 @@ def test_the_cli_refuses_a_slip_and_prints_warnings(tmp_path: Path) -> None:
     done = _planner("estimate", model, halved, *args)
     assert done.returncode == 0 and "step" in done.stdout.lower(), done.stderr
     assert done.stderr.startswith(f"warning: {halved}: device.memory_gib 40 GiB is 2.0x below")
+
+
+def test_a_sweep_point_beyond_the_fabric_is_refused(tmp_path: Path) -> None:
+    """A sweep's device count is held to the outermost level as ``--nodes`` is: the point
+    named, with both numbers, before any search."""
+    from planner.sweep import read_sweep, sweep_points
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(f'model = "{MODELS / "llama3-8b.json"}"\ncluster = "{H100}"\n'
+                    "[training]\nseq_length = 4096\nglobal_batch_size = 64\n"
+                    '[axes]\n"cluster.num_nodes" = [16, 8192]\n')  # fmt: skip
+    with pytest.raises(InputError, match=re.escape(
+        f"{path}: point 1 (cluster.num_nodes=8192): cluster.num_nodes 8192: 8192 nodes x 8 "
+        "devices = 65536 devices, more than the 32768 of the outermost network level"
+    )):  # fmt: skip
+        sweep_points(read_sweep(path))

@@ -33,11 +33,14 @@ class KnownDevice:
     variants: tuple[str, ...] = ()
     """Tokens that tell this part from others of the chip (``pcie``, ``sxm``), as prefixes."""
     memory_gib: float
+    """Device memory, GiB."""
     memory_bandwidth_gb_s: float
+    """Memory (HBM) bandwidth, GB/s."""
     peak_tflops: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """Dense peak by precision; fp32 lists the non-tensor figure and the TF32 one (a run that
     enables TF32 may give either)."""
     source: str
+    """The data sheet (and the bundled file) the figures come from."""
 
 
 KNOWN_DEVICES: tuple[KnownDevice, ...] = (
@@ -121,7 +124,9 @@ class Nearest:
     """The known figure closest to a given one (on a log scale)."""
 
     value: float
+    """The known figure, in the unit of the one compared."""
     device: KnownDevice
+    """The device it is a figure of."""
 
     def factor(self, given: float) -> float:
         """How many times ``given`` is above or below this figure (at least 1)."""

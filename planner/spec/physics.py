@@ -33,8 +33,11 @@ class Range:
     """What hardware has for one kind of figure, and where the bounds come from."""
 
     low: float
+    """The least value hardware has, in ``unit``."""
     high: float
+    """The most, in ``unit``."""
     unit: str
+    """As the JSON field's name says it (``GiB``, ``GB/s``, ``TFLOP/s``, ``us``)."""
     why: str
     """The data sheets the bounds are set against, quoted in the refusal."""
 
