@@ -133,8 +133,8 @@ def _future(tmp_path: Path, name: str, **device: Any) -> Path:
 
 @pytest.mark.parametrize(
     ("name", "device"),
-    [("MI300X", {"memory_gib": 192, "memory_bandwidth_gb_s": 5300,
-                 "peak_tflops": {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4}}),
+    [("AMD Instinct MI300X", {"memory_gib": 192, "memory_bandwidth_gb_s": 5300,
+                              "peak_tflops": {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4}}),
      ("B300", {"memory_gib": 288, "memory_bandwidth_gb_s": 8000,
                "peak_tflops": {"bf16": 2500, "fp16": 2500}}),
      ("MI400", {"memory_gib": 432, "memory_bandwidth_gb_s": 19_600,
@@ -143,8 +143,8 @@ def _future(tmp_path: Path, name: str, **device: Any) -> Path:
 def test_devices_of_the_next_generations_load(
     tmp_path: Path, name: str, device: dict[str, Any]
 ) -> None:
-    """Parts beyond the bundled ones load without a warning (no bundled part shares their
-    names)."""
+    """Parts beyond the bundled ones load without a warning (MI300X as its data sheet gives
+    it; no known part shares the others' names)."""
     cluster = load_cluster(_future(tmp_path, name, **device))
     assert cluster_warnings(cluster, source="c.json") == ()
 
@@ -317,3 +317,16 @@ def test_a_sweep_point_beyond_the_fabric_is_refused(tmp_path: Path) -> None:
         "devices = 65536 devices, more than the 32768 of the outermost network level"
     )):  # fmt: skip
         sweep_points(read_sweep(path))
+
+
+def test_a_single_level_wider_than_any_nvlink_domain_is_priced_as_nics(tmp_path: Path) -> None:
+    """One level for the whole fabric (the scale-up level of a flat cluster) of more than
+    1,024 devices is NICs: 50 GB/s loads, 450 GB/s (NVLink's figure on 32,768 devices) is
+    refused."""
+    data = _json(H100)
+    data["network"] = [data["network"][1]]
+    assert load_cluster(_written(tmp_path, data)).network[0].domain_devices == 32768
+    data["network"][0]["bandwidth_gb_s"] = 450
+    with pytest.raises(InputError, match=r"network\.0\.bandwidth_gb_s: 450 GB/s is outside "
+                       r"the range 0\.1 to 250 GB/s \(a level of more than 1024 devices"):
+        load_cluster(_written(tmp_path, data))

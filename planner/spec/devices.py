@@ -4,9 +4,9 @@ file's device is held to (a warning, never a refusal, when it is far from every 
 Every device of a bundled cluster file (``instances/clusters``) is here with the file's own
 figures (``tests/test_physics.py`` holds them equal), and beside it the other parts sold under
 the same chip's name (H100 PCIe and NVL, A100 PCIe, H200 NVL, HGX B200), so that a file for
-one of them is not warned about. Figures are dense (without sparsity), per device; memory in
-GiB as ``nvidia-smi`` reports it where known, else the data sheet's GB read as GiB (NVIDIA's
-HBM capacities are binary).
+one of them is not warned about, and AMD's MI300X and MI325X. Figures are dense (without
+sparsity), per device; memory in GiB as ``nvidia-smi`` reports it where known, else the data
+sheet's GB read as GiB (NVIDIA's HBM capacities are binary).
 """
 
 from __future__ import annotations
@@ -85,6 +85,12 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
                 peak_tflops={"bf16": (2250,), "fp16": (2250,), "fp32": (75,)},
                 source="NVIDIA HGX B200 data sheet, 8 GPUs: 1.44 TB, 64 TB/s, 18 PFLOPS "
                 "BF16 with sparsity, 600 TFLOPS FP32"),
+    KnownDevice(name="MI300X", chip="mi300x", memory_gib=192.0, memory_bandwidth_gb_s=5300,
+                peak_tflops={"bf16": (1307.4,), "fp16": (1307.4,), "fp32": (163.4, 81.7)},
+                source="AMD Instinct MI300X data sheet (fp32: matrix, vector)"),
+    KnownDevice(name="MI325X", chip="mi325x", memory_gib=256.0, memory_bandwidth_gb_s=6000,
+                peak_tflops={"bf16": (1307.4,), "fp16": (1307.4,), "fp32": (163.4, 81.7)},
+                source="AMD Instinct MI325X data sheet (fp32: matrix, vector)"),
     KnownDevice(name="Ascend-910B", chip="910b", memory_gib=64.0, memory_bandwidth_gb_s=1600,
                 peak_tflops={"bf16": (313, 376), "fp16": (313, 376)},
                 source="secondary reports (no Huawei data sheet found); ascend-910b.json"),

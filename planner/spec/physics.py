@@ -13,7 +13,10 @@ CLI prints them.
 The checks run on files (:func:`planner.spec.reading.load_cluster`), not on every
 :class:`~planner.spec.ClusterSpec`: tests and what-if studies build clusters no hardware has
 on purpose. Efficiency fractions and fitted curves are bounded by the spec's own fields
-(``(0, 1]``) and by the fits that write them (``planner calibrate``, ``planner bench``).
+(``(0, 1]``) and by the fits that write them (``planner calibrate``, ``planner bench``);
+domain sizes by :mod:`~planner.spec.limits`, by the bandwidth a domain that large can have
+(only NICs span more than a node's largest size), and by the outermost level, which must
+hold every device (:func:`check_fabric`).
 """
 
 from __future__ import annotations
@@ -106,10 +109,9 @@ def _ranged(cluster: ClusterSpec) -> Iterator[tuple[str, float, Range]]:
     launch = "device.efficiency.kernel_launch_us"
     yield launch, device.efficiency.kernel_launch_us, RANGES[launch]
     for i, level in enumerate(cluster.network):
-        # network[0] is the scale-up domain (ClusterSpec: it holds whole nodes); a level past
-        # the largest node the planner accepts is no one NVLink/HCCS domain.
-        scale = "scale-out" if i and level.domain_devices > lim.MAX_DEVICES_PER_NODE else (
-            "scale-up")  # fmt: skip
+        # A level past the largest node the planner accepts (1.8x NVL576) is no one NVLink or
+        # HCCS domain: its devices reach one another through NICs, whichever level it is.
+        scale = "scale-out" if level.domain_devices > lim.MAX_DEVICES_PER_NODE else "scale-up"
         yield f"network.{i}.bandwidth_gb_s", level.bandwidth_gb_s, RANGES[f"{scale} "
                                                                           "bandwidth_gb_s"]
         yield f"network.{i}.latency_us", level.latency_us, RANGES["latency_us"]
