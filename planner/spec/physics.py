@@ -112,8 +112,8 @@ def _ranged(cluster: ClusterSpec) -> Iterator[tuple[str, float, Range]]:
         # A level past the largest node the planner accepts (1.8x NVL576) is no one NVLink or
         # HCCS domain: its devices reach one another through NICs, whichever level it is.
         scale = "scale-out" if level.domain_devices > lim.MAX_DEVICES_PER_NODE else "scale-up"
-        yield f"network.{i}.bandwidth_gb_s", level.bandwidth_gb_s, RANGES[f"{scale} "
-                                                                          "bandwidth_gb_s"]
+        bandwidth = RANGES[f"{scale} bandwidth_gb_s"]
+        yield f"network.{i}.bandwidth_gb_s", level.bandwidth_gb_s, bandwidth
         yield f"network.{i}.latency_us", level.latency_us, RANGES["latency_us"]
     if cluster.host is not None:
         for name in ("memory_gib", "link_bandwidth_gb_s", "memory_bandwidth_gb_s"):
