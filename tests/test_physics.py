@@ -330,3 +330,18 @@ def test_a_single_level_wider_than_any_nvlink_domain_is_priced_as_nics(tmp_path:
     with pytest.raises(InputError, match=r"network\.0\.bandwidth_gb_s: 450 GB/s is outside "
                        r"the range 0\.1 to 250 GB/s \(a level of more than 1024 devices"):
         load_cluster(_written(tmp_path, data))
+
+
+def test_remedies_add_no_more_nodes_than_the_fabric_holds() -> None:
+    """``planner estimate``'s remedies price more nodes only as far as the outermost level
+    holds them: on 2,048 DGX H100 nodes (a fabric of 4,096) the ZeRO remedy is priced on
+    4,096 nodes (it was on 32,768, a cluster ``--nodes`` now refuses)."""
+    from planner.plan.config import ParallelConfig
+    from planner.uniform.remedies import config_infeasible_message
+
+    config = ParallelConfig(tp=8, pp=2, zero=1, recompute="full", seq_len=8192,
+                            global_batch=16384)  # fmt: skip
+    message = config_infeasible_message(load_model(MODELS / "llama3.1-405b.json"),
+                                        load_cluster(H100, nodes=2048), config)  # fmt: skip
+    nodes = [int(n) for n in re.findall(r"--nodes (\d+)", message)]
+    assert nodes == [4096], message

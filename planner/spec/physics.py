@@ -146,6 +146,16 @@ sheet; the 1,979 or 4,500 printed for H100 or B200 are with sparsity or FP8)
                          f"(device.memory_gib); it must be less")  # fmt: skip
 
 
+def most_nodes(cluster: ClusterSpec) -> int:
+    """The most nodes of ``cluster``'s size its outermost network level holds.
+
+    >>> from planner.spec.reading import load_cluster
+    >>> most_nodes(load_cluster("instances/clusters/gb200-nvl72.json"))
+    8190
+    """
+    return cluster.network[-1].domain_devices // cluster.devices_per_node
+
+
 def check_fabric(cluster: ClusterSpec, *, field: str) -> None:
     """Refuse a cluster with more devices than its outermost network level holds: no level
     prices the traffic between the rest. ``field`` names where the node count came from
@@ -166,7 +176,7 @@ than the 32768 of the outermost network level (network.1 infiniband, domain_devi
         f"{field} {cluster.num_nodes}: {cluster.num_nodes} nodes x {cluster.devices_per_node} "
         f"devices = {cluster.num_devices} devices, more than the {outer.domain_devices} of the "
         f"outermost network level (network.{len(cluster.network) - 1} {outer.name}, "
-        f"domain_devices); at most {outer.domain_devices // cluster.devices_per_node} nodes, "
+        f"domain_devices); at most {most_nodes(cluster)} nodes, "
         f"or a network level that holds them all"
     )
 
