@@ -4,7 +4,7 @@ file's device is held to (a warning, never a refusal, when it is far from every 
 Every device of a bundled cluster file (``instances/clusters``) is here with the file's own
 figures (``tests/test_physics.py`` holds them equal), and beside it the other parts sold under
 the same chip's name (H100 PCIe and NVL, A100 PCIe, H200 NVL, HGX B200), so that a file for
-one of them is not warned about, and AMD's MI300X and MI325X. Figures are dense (without
+one of them is not warned about, and H800, AMD's MI300X and MI325X. Figures are dense (without
 sparsity), per device; memory in GiB as ``nvidia-smi`` reports it where known, else the data
 sheet's GB read as GiB (NVIDIA's HBM capacities are binary).
 """
@@ -56,6 +56,10 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
                 memory_bandwidth_gb_s=1935,
                 peak_tflops={"bf16": (312,), "fp16": (312,), "fp32": (19.5, 156)},
                 source="NVIDIA A100 data sheet, PCIe 80GB"),
+    KnownDevice(name="A100-PCIe-40GB", chip="a100", variants=("pcie",), memory_gib=40.0,
+                memory_bandwidth_gb_s=1555,
+                peak_tflops={"bf16": (312,), "fp16": (312,), "fp32": (19.5, 156)},
+                source="NVIDIA A100 data sheet, PCIe 40GB"),
     KnownDevice(name="H100-SXM5-80GB", chip="h100", variants=("sxm",), memory_gib=79.65,
                 memory_bandwidth_gb_s=3350,
                 peak_tflops={"bf16": (989,), "fp16": (989,), "fp32": (67, 494.7)},
@@ -68,6 +72,10 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
                 memory_bandwidth_gb_s=3900,
                 peak_tflops={"bf16": (835,), "fp16": (835,), "fp32": (60, 417)},
                 source="NVIDIA H100 data sheet, H100 NVL (1,671 TFLOPS BF16 with sparsity)"),
+    KnownDevice(name="H800-SXM5-80GB", chip="h800", memory_gib=79.65,
+                memory_bandwidth_gb_s=3350,
+                peak_tflops={"bf16": (989,), "fp16": (989,), "fp32": (67, 494.7)},
+                source="NVIDIA H800: the H100 SXM5's compute and memory, NVLink cut to 400 GB/s"),
     KnownDevice(name="H200-SXM-141GB", chip="h200", variants=("sxm",), memory_gib=140.4,
                 memory_bandwidth_gb_s=4800,
                 peak_tflops={"bf16": (989,), "fp16": (989,), "fp32": (67, 494.7)},
@@ -116,7 +124,7 @@ def namesakes(name: str) -> tuple[KnownDevice, ...]:
     ['H100-PCIe-80GB']
     >>> [d.name for d in namesakes("H100")]
     ['H100-SXM5-80GB', 'H100-PCIe-80GB', 'H100-NVL-94GB']
-    >>> namesakes("H800")
+    >>> namesakes("H20")  # another chip, not an H200
     ()
     """
     words = tokens(name)
