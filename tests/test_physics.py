@@ -138,7 +138,9 @@ def _future(tmp_path: Path, name: str, **device: Any) -> Path:
      ("B300", {"memory_gib": 288, "memory_bandwidth_gb_s": 8000,
                "peak_tflops": {"bf16": 2500, "fp16": 2500}}),
      ("MI400", {"memory_gib": 432, "memory_bandwidth_gb_s": 19_600,
-                "peak_tflops": {"bf16": 5000, "fp16": 5000}})],
+                "peak_tflops": {"bf16": 5000, "fp16": 5000}}),
+     ("Ascend-910C", {"memory_gib": 128, "memory_bandwidth_gb_s": 3200,
+                      "peak_tflops": {"bf16": 780, "fp16": 780}})],
 )  # fmt: skip
 def test_devices_of_the_next_generations_load(
     tmp_path: Path, name: str, device: dict[str, Any]
@@ -345,3 +347,13 @@ def test_remedies_add_no_more_nodes_than_the_fabric_holds() -> None:
                                         load_cluster(H100, nodes=2048), config)  # fmt: skip
     nodes = [int(n) for n in re.findall(r"--nodes (\d+)", message)]
     assert nodes == [4096], message
+
+
+def test_a_cloudmatrix_supernode_loads(tmp_path: Path) -> None:
+    """A scale-up domain of 384 NPUs (Huawei's CloudMatrix 384, 910C class) on 8-NPU nodes."""
+    data = _json(CLUSTERS / "ascend-910b.json")
+    data["network"][0]["domain_devices"] = 384
+    data["network"][1]["domain_devices"] = 384 * 85  # levels nest
+    cluster = load_cluster(_written(tmp_path, data))
+    assert cluster.scale_up_devices == 384
+    assert cluster_warnings(cluster, source="c.json") == ()
