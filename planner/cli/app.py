@@ -16,8 +16,11 @@ from rich.console import Console, RenderableType
 
 from planner.cli.messages import format_message
 from planner.errors import ConfigError, InputError
+from planner.plan import files
+from planner.spec import ClusterSpec, ModelSpec
 from planner.spec import limits as lim
 from planner.spec.messages import short_repr
+from planner.spec.physics import cluster_warnings
 
 app = typer.Typer(
     add_completion=False,
@@ -70,6 +73,23 @@ def render(renderables: list[RenderableType]) -> None:
 def note(message: str) -> None:
     """``note: message`` on stderr, wrapped at words to the terminal's width."""
     print(format_message("note:", message, width=stderr_console().width), file=sys.stderr)
+
+
+def warning(message: str) -> None:
+    """``warning: message`` on stderr, wrapped at words to the terminal's width."""
+    print(format_message("warning:", message, width=stderr_console().width), file=sys.stderr)
+
+
+def load_inputs(
+    model: Path, cluster: Path, *, nodes: int | None, names: tuple[str, str] = ("MODEL", "CLUSTER")
+) -> tuple[ModelSpec, ClusterSpec]:
+    """The model and the cluster (:func:`planner.plan.files.load_inputs`), with a warning on
+    stderr for each figure of the cluster that is possible but unlikely
+    (:func:`planner.spec.physics.cluster_warnings`)."""
+    model_spec, cluster_spec = files.load_inputs(model, cluster, nodes=nodes, names=names)
+    for message in cluster_warnings(cluster_spec, source=str(cluster)):
+        warning(message)
+    return model_spec, cluster_spec
 
 
 OPTION_LIMITS: dict[str, tuple[int | float, str]] = {

@@ -10,13 +10,21 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from planner import report
-from planner.cli.app import ClusterArg, JsonOpt, app, check_options, note, print_json, render
+from planner.cli.app import (
+    ClusterArg,
+    JsonOpt,
+    app,
+    check_options,
+    load_inputs,
+    note,
+    print_json,
+    render,
+)
 from planner.cli.app import stderr_console as progress_console
 from planner.diagnose.bench_cases import BenchCase, bench_cases
 from planner.diagnose.bench_fit import fit_bench
 from planner.diagnose.bench_torch import DeviceChoice, choose_backend, run_cases
 from planner.errors import InputError
-from planner.plan.files import load_inputs
 from planner.report.output import check_target, write_atomic
 from planner.spec.reading import fill_training
 from planner.vocabulary import Precision

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from planner.cli.app import JsonOpt, app, print_json, render
+from planner.cli.app import JsonOpt, app, load_inputs, print_json, render
 from planner.diagnose.explain import explain
 from planner.diagnose.notches import parse_changes
 from planner.errors import InputError
-from planner.plan.files import load_inputs, plan_from_json
+from planner.plan.files import plan_from_json
 from planner.plan.schema import check_inputs
 from planner.report.explain import explain_json, explain_tables
 from planner.spec.reading import read_text

@@ -19,6 +19,7 @@ from planner.cli.app import (
     NodesOpt,
     app,
     check_options,
+    load_inputs,
     note,
     option_error,
     print_json,
@@ -32,7 +33,7 @@ from planner.errors import InfeasibleError, InputError
 from planner.frameworks import check_framework, profile
 from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query, solve_layer
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.files import load_inputs, load_model_file
+from planner.plan.files import load_model_file
 from planner.report.output import check_target, write_atomic
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import json_schema

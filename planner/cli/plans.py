@@ -19,6 +19,7 @@ from planner.cli.app import (
     NodesOpt,
     app,
     console,
+    load_inputs,
     note,
     print_json,
     render,
@@ -31,7 +32,7 @@ from planner.errors import InputError
 from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
 from planner.options import DEFAULT_OPTIONS, SEARCH_TIME_LIMIT_S, Pins, SolveOptions
-from planner.plan.files import load_inputs, plan_from_json
+from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan, check_inputs
 from planner.report.bands import band_line, with_band
 from planner.report.output import check_folder, check_target, write_atomic

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 import typer
 from pydantic import ValidationError
 
-from planner.cli.app import NodesOpt, app, note, option_error
+from planner.cli.app import NodesOpt, app, load_inputs, note, option_error
 from planner.diagnose.logs import (
     DEFAULT_SKIP,
     check_model,
@@ -22,7 +22,6 @@ from planner.diagnose.logs import (
 from planner.diagnose.runs import bundled_device
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
-from planner.plan.files import load_inputs
 from planner.report.output import check_target, write_atomic
 from planner.spec.reading import read_text
 

@@ -6,11 +6,12 @@ files and validation records), so each says what was given and what is allowed t
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from planner.spec import limits as lim
 
@@ -37,14 +38,53 @@ _OWN_WORDS = frozenset({"missing", "extra_forbidden", "value_error", "assertion_
 """Errors whose message needs no quote of the input (it is absent, or the message has it)."""
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The spec class a field's type holds (through ``X | None``, ``tuple[X, ...]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
+
+
+def known_fields(spec: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The fields of the spec found at ``loc`` (a pydantic error's location, indices and all)
+    under ``spec``; empty when ``loc`` leads to no spec.
+
+    >>> from planner.spec import ClusterSpec
+    >>> known_fields(ClusterSpec, ("network", 1, "efficiency"))
+    ['bandwidth_fraction', 'source']
+    """
+    model: type[BaseModel] | None = spec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if model is not None else None
+        model = _model_in(field.annotation) if field is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _unknown_field(err: Any, spec: type[BaseModel] | None) -> str:
+    """``unknown field``, with the known field nearest its spelling when one is close."""
+    name, parent = str(err["loc"][-1]), tuple(err["loc"][:-1])
+    close = difflib.get_close_matches(name, known_fields(spec, parent), n=1) if spec else []
+    return "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
 def describe_validation_error(
-    path: Path | str, exc: ValidationError, *, keys: Mapping[str, str] | None = None
+    path: Path | str,
+    exc: ValidationError,
+    *,
+    keys: Mapping[str, str] | None = None,
+    spec: type[BaseModel] | None = None,
 ) -> str:
     """One line naming the file, the first failing field, the problem and what is allowed.
 
-    ``keys`` maps a field (dotted, as ``moe.top_k``) to the key the file spelled it with, for
-    inputs translated into a spec (a Hugging Face ``config.json``)."""
-    err = exc.errors()[0]
+    An unknown key comes first: a misspelt key is also a missing one, and the unknown
+    spelling is what the user must change (``spec``, the class validated, gives the nearest
+    known key to suggest). ``keys`` maps a field (dotted, as ``moe.top_k``) to the key the
+    file spelled it with, for inputs translated into a spec (a Hugging Face
+    ``config.json``)."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     field = ".".join(_loc_part(p) for p in err["loc"]) or "(top level)"
     if keys and keys.get(field, field) != field:
         field = f"{keys[field]} (read as {field})"
@@ -53,7 +93,7 @@ def describe_validation_error(
     kind, ctx, given = err["type"], err.get("ctx", {}), err.get("input")
     msg = err["msg"]
     if kind == "extra_forbidden":
-        msg = "unknown field"
+        msg = _unknown_field(err, spec)
     elif kind == "literal_error":
         msg = f"got {short_repr(given)}, allowed: {ctx.get('expected', '')}"
     elif kind == "missing":
@@ -67,5 +107,5 @@ def describe_validation_error(
         msg = f"must be a whole number, got {short_repr(given)}"
     elif kind not in _OWN_WORDS:
         msg = f"{msg}, got {short_repr(given)}"
-    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{path}: {field}: {msg}{more}"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from planner.errors import InputError
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
 from planner.spec import limits as lim
 from planner.spec.hf import model_from_hf_config
 from planner.spec.messages import describe_validation_error
@@ -130,7 +130,7 @@ def model_from_dict(data: Any, *, source: str = "<model>") -> ModelSpec:
     try:
         return ModelSpec.model_validate(data)
     except ValidationError as exc:
-        raise InputError(describe_validation_error(source, exc)) from None
+        raise InputError(describe_validation_error(source, exc, spec=ModelSpec)) from None
 
 
 def load_model(path: str | Path) -> ModelSpec:
@@ -145,7 +145,10 @@ def load_model(path: str | Path) -> ModelSpec:
 
 
 def load_cluster(path: str | Path, nodes: int | None = None) -> ClusterSpec:
-    """Read a ``cluster.json``; ``nodes`` overrides ``num_nodes``."""
+    """Read a ``cluster.json``; ``nodes`` overrides ``num_nodes``. A figure no hardware has
+    (:func:`planner.spec.physics.check_cluster`) or more devices than the outermost network
+    level holds is an :class:`InputError`; what is only unlikely is
+    :func:`planner.spec.physics.cluster_warnings`."""
     path = Path(path)
     data = read_json(path)
     if not isinstance(data, dict):
@@ -153,8 +156,14 @@ def load_cluster(path: str | Path, nodes: int | None = None) -> ClusterSpec:
     try:
         cluster = ClusterSpec.model_validate(data)
     except ValidationError as exc:
-        raise InputError(describe_validation_error(path, exc)) from None
-    return cluster if nodes is None else cluster.with_nodes(nodes)
+        raise InputError(describe_validation_error(path, exc, spec=ClusterSpec)) from None
+    physics.check_cluster(cluster, source=str(path))
+    if nodes is None:
+        physics.check_fabric(cluster, field=f"{path}: num_nodes")
+        return cluster
+    cluster = cluster.with_nodes(nodes)
+    physics.check_fabric(cluster, field="--nodes")
+    return cluster
 
 
 def json_schema(kind: Literal["model", "cluster"]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from planner.errors import InputError
 from planner.frameworks import check_framework
 from planner.options import SEARCH_TIME_LIMIT_S, SolveOptions
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
 from planner.spec.messages import describe_validation_error, short_repr
 from planner.sweep.file import PRICE, SweepFile, Value
 
@@ -277,9 +277,16 @@ def _cluster(sweep: SweepFile, at: dict[str, Value], where: _Where) -> ClusterSp
     if not any(a.startswith("cluster.") and a != PRICE_AXIS for a in at):
         return sweep.cluster
     try:
-        return ClusterSpec.model_validate(_with_axes("cluster", sweep.cluster.model_dump(), at))
+        cluster = ClusterSpec.model_validate(_with_axes("cluster", sweep.cluster.model_dump(),
+                                                        at))  # fmt: skip
     except ValidationError as exc:
         raise where.error("cluster", exc) from None
+    try:
+        physics.check_fabric(cluster, field="cluster.num_nodes")
+    except InputError as exc:  # more devices than the outermost level holds
+        point = ", ".join(f"{a}={short_repr(v)}" for a, v in at.items())
+        raise InputError(f"{sweep.source}: point {where.index} ({point}): {exc}") from None
+    return cluster
 
 
 def _options(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
 from planner.uniform import space
 from planner.uniform.batch import estimate_batch
 from planner.uniform.estimate import estimate
@@ -43,7 +43,7 @@ def nodes_to_fit(
     """The fewest nodes, the cluster's times 2, 4, ... up to ``max_factor``, on which some
     uniform configuration fits: the node count, the leanest configuration there and its peak
     memory per device (GiB); None when none of them is enough."""
-    for factor in node_factors(max_factor):
+    for factor in node_factors(cluster, max_factor):
         bigger = cluster.with_nodes(cluster.num_nodes * factor)
         found = leanest_uniform(model, bigger, training=training, options=options)
         if found is not None and fits_gib(bigger, found[0]):
@@ -96,9 +96,12 @@ def _ways_out(
                f"{lean.peak_memory_gib:.1f} GiB (--method grid)")  # fmt: skip
         return
     found = nodes_to_fit(model, cluster, training=training, options=options)
-    if found is None:
-        yield (f"more nodes alone do not help up to {cluster.num_nodes * MAX_NODE_FACTOR} "
-               f"nodes")  # fmt: skip
+    tried = node_factors(cluster)
+    if found is None and tried:
+        yield f"more nodes alone do not help up to {cluster.num_nodes * tried[-1]} nodes"
+    elif found is None:  # the fabric is full
+        yield (f"more nodes alone do not help: the outermost network level holds at most "
+               f"{physics.most_nodes(cluster)} nodes, fewer than twice {cluster.num_nodes}")
     else:
         nodes, gib, config = found
         yield (f"add nodes: on {nodes} nodes ({nodes * cluster.devices_per_node} devices) "

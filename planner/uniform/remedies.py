@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from planner import cost
 from planner.errors import ConfigError
 from planner.plan.config import ParallelConfig
-from planner.spec import ClusterSpec, ModelSpec
+from planner.spec import ClusterSpec, ModelSpec, physics
 from planner.uniform import space
 from planner.uniform.estimate import Estimate, estimate
 from planner.vocabulary import GIB, RECOMPUTE_MODES
@@ -214,7 +214,7 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> li
     if c.zero >= 1:
         knobs.append([(_with(c, dp=None), cluster.with_nodes(cluster.num_nodes * f),
                        "more data-parallel ranks share the ZeRO-sharded states")
-                      for f in node_factors(MAX_NODE_FACTOR)])  # fmt: skip
+                      for f in node_factors(cluster)])  # fmt: skip
     return knobs
 
 
@@ -227,7 +227,7 @@ def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) ->
     lean = _with(c, mbs=1, recompute="full", tp=tp, sp=c.sp or space.sequence_parallel(tp),
                  dp=None)  # fmt: skip
     options: list[Option] = []
-    for factor in (1, *node_factors(MAX_NODE_FACTOR)):
+    for factor in (1, *node_factors(cluster)):
         where = cluster.with_nodes(cluster.num_nodes * factor)
         for pp in (c.pp, *_deeper_pps(model, cluster, lean)):
             zero = _leanest_zero(pp)
@@ -334,10 +334,14 @@ def fits_gib(cluster: ClusterSpec, gib: float, memory_margin_gib: float | None =
     return gib * GIB + margin <= cluster.device.memory_bytes
 
 
-def node_factors(max_factor: int) -> list[int]:
-    """2, 4, ... up to ``max_factor``.
+def node_factors(cluster: ClusterSpec, max_factor: int = MAX_NODE_FACTOR) -> list[int]:
+    """2, 4, ... up to ``max_factor``, as far as the outermost network level holds the
+    nodes (past it, a cluster is refused: :func:`planner.spec.physics.check_fabric`).
 
-    >>> node_factors(64)
-    [2, 4, 8, 16, 32, 64]
+    >>> from planner.spec.reading import load_cluster
+    >>> h100 = load_cluster("instances/clusters/dgx-h100-80gb.json")
+    >>> node_factors(h100.with_nodes(16)), node_factors(h100.with_nodes(1024))
+    ([2, 4, 8, 16, 32, 64], [2, 4])
     """
-    return [2**k for k in range(1, max_factor.bit_length()) if 2**k <= max_factor]
+    most = min(max_factor, physics.most_nodes(cluster) // cluster.num_nodes)
+    return [2**k for k in range(1, most.bit_length()) if 2**k <= most]
