@@ -326,12 +326,17 @@ class LoadedRuns:
     runs: list[CalibrationRun]
     """Every complete record that measures a step time or throughput."""
     skipped: list[str]
-    """One line per record left out: its id and why."""
+    """One line per record left out: its id (or file and index) and why."""
 
 
 def load_runs_noting(*paths: str | Path, any_device: bool = False) -> LoadedRuns:
     """Every complete, measured record of the runs files at ``paths``, in order; a GPU that is
-    not bundled is an error unless ``any_device`` (:func:`run_from_record`)."""
+    not bundled is refused unless ``any_device`` (:func:`run_from_record`).
+
+    A record that cannot be read (a missing or malformed field, a GPU, framework or
+    configuration this reader refuses) is left out with the refusal, not the end of the
+    reading: one hand-edited record must not hide the others. A file that is not a list of
+    records is an error."""
     runs, skipped = [], []
     for path in paths:
         records = read_json(Path(path))
@@ -339,23 +344,35 @@ def load_runs_noting(*paths: str | Path, any_device: bool = False) -> LoadedRuns
             raise InputError(f"{path}: expected a JSON list of run records")
         for index, record in enumerate(records):
             if not isinstance(record, dict):
-                raise InputError(f"{path}: record {index}: expected a JSON object, got "
-                                 f"{type(record).__name__}")  # fmt: skip
-            where = f"{path}: record {index} ({short_repr(record.get('id'))})"
-            if not record.get("config_complete", True):
-                skipped.append(f"{record.get('id')}: configuration incomplete")
+                skipped.append(f"{Path(path).name} record {index}: expected a JSON object, got "
+                               f"{type(record).__name__}")  # fmt: skip
                 continue
-            run = _run_of(record, where, any_device=any_device)
+            name = _name(record, path, index)
+            if not record.get("config_complete", True):
+                skipped.append(f"{name}: configuration incomplete")
+                continue
+            where = f"{path}: record {index} ({short_repr(record.get('id'))})"
+            try:
+                run = _run_of(record, where, any_device=any_device)
+            except InputError as exc:
+                skipped.append(f"{name}: {str(exc).removeprefix(where + ': ')}")
+                continue
             if run is None:
-                skipped.append(f"{record.get('id')}: no measured step time or throughput")
+                skipped.append(f"{name}: no measured step time or throughput")
             else:
                 runs.append(run)
     return LoadedRuns(runs=runs, skipped=skipped)
 
 
+def _name(record: dict[str, Any], path: str | Path, index: int) -> str:
+    """How a skipped record is named: its id, or its file and index when it has none."""
+    run_id = record.get("id")
+    return run_id if isinstance(run_id, str) and run_id else f"{Path(path).name} record {index}"
+
+
 def load_runs(*paths: str | Path, any_device: bool = False) -> list[CalibrationRun]:
     """Every complete, measured record of the runs files at ``paths``
-    (:func:`load_runs_noting`)."""
+    (:func:`load_runs_noting`; the records left out are not said)."""
     return load_runs_noting(*paths, any_device=any_device).runs
 
 
