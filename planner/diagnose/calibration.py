@@ -76,8 +76,13 @@ class ValidationRow:
 
 
 def describe(config: ParallelConfig) -> str:
-    """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``."""
-    parts = [f"TP{config.tp}", f"PP{config.pp}", f"DP{config.dp}"]
+    """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``; an
+    uneven pipeline says its ends (``PP12 (5+5 layers at the ends)``, ``=`` for an end as
+    the middle stages)."""
+    ends = (config.first_stage_layers, config.last_stage_layers)
+    pp = f"PP{config.pp}" + (f" ({'+'.join(str(n or '=') for n in ends)} layers at the ends)"
+                             if ends != (None, None) else "")  # fmt: skip
+    parts = [f"TP{config.tp}", pp, f"DP{config.dp}"]
     parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
                                               ("vpp", config.vpp)) if v > 1]  # fmt: skip
     parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)

@@ -23,6 +23,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import InputError
+from planner.frameworks._deepspeed_partition import (
+    DEFAULT_METHOD,
+    as_ends,
+    deepspeed_stage_layers,
+)
 from planner.plan.config import ParallelConfig
 from planner.spec import ModelSpec
 from planner.spec.limits import MAX_DEVICES
@@ -35,9 +40,10 @@ SOFTWARE_FIELDS = frozenset({
     "framework", "fused_attention", "dropout", "data_parallel", "activation_checkpointing",
     "pipeline_or_tensor_parallel",
 })  # fmt: skip
-# Framework families, by a word their name contains. A family is what the error bands and the
-# out-of-family validation group runs by.
-FAMILIES = (("megatron", "megatron"), ("fsdp", "fsdp"), ("deepspeed", "deepspeed"),
+# Framework families, by a word their name contains, the first that matches: a family is what
+# the error bands and the out-of-family validation group runs by. Megatron-DeepSpeed runs
+# DeepSpeed's engines (its pipeline partition too), so "deepspeed" is looked for first.
+FAMILIES = (("deepspeed", "deepspeed"), ("megatron", "megatron"), ("fsdp", "fsdp"),
             ("torchtitan", "fsdp"))  # fmt: skip
 # FSDP's sharding strategies as ZeRO stages (torch/distributed/fsdp/api.py, ShardingStrategy).
 FSDP_SHARDING = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
@@ -215,9 +221,13 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
                              f"{', '.join(FSDP_SHARDING)}")  # fmt: skip
         zero = FSDP_SHARDING[p["fsdp_sharding"]]
     precision = record["precision"].lower()
+    first, last = (pipeline_ends(record) if software.family == "deepspeed" and p["pp"] > 1
+                   else (None, None))  # fmt: skip
     return ParallelConfig(
         tp=p["tp"],
         pp=p["pp"],
+        first_stage_layers=first,
+        last_stage_layers=last,
         dp=p["dp"],
         cp=p.get("cp") or 1,
         ep=p.get("ep") or 1,
@@ -234,6 +244,30 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         overlap_param_gather=modern or fsdp,
         tp_comm_overlap=modern,
     )
+
+
+def pipeline_ends(record: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The first and last stage's decoder layers of a DeepSpeed pipeline run (None: as the
+    middle stages): DeepSpeed's partition of ``GPTModelPipe`` by ``parallel.pp_partition``
+    (its first word; default Megatron-DeepSpeed's ``type:transformer``), as
+    :func:`~planner.frameworks._deepspeed_partition.deepspeed_stage_layers` computes it.
+
+    >>> pipeline_ends({"model": {"layers": 70}, "parallel": {"pp": 12,
+    ...                "pp_partition": "type:transformer|embedding (embed as a slot)"}})
+    (5, 5)
+    """
+    p, m = record["parallel"], record["model"]
+    stated = p.get("pp_partition")
+    method = str(stated).split()[0] if stated else DEFAULT_METHOD
+    layers = deepspeed_stage_layers(m["layers"], pp=p["pp"], method=method,
+                                    tied_embeddings=not software_of(record).megatron_core_2024,
+                                    moe=bool(m.get("moe")))  # fmt: skip
+    ends = as_ends(layers)
+    if ends is None:
+        raise InputError(f"parallel.pp_partition {method!r}: DeepSpeed puts {list(layers)} "
+                         f"decoder layers on the stages, and the planner prices equal stages "
+                         f"between the first and the last only")  # fmt: skip
+    return ends
 
 
 def narayanan_eq3_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
@@ -358,7 +392,9 @@ def load_runs_noting(*paths: str | Path, any_device: bool = False) -> LoadedRuns
                 skipped.append(f"{name}: {str(exc).removeprefix(where + ': ')}")
                 continue
             if run is None:
-                skipped.append(f"{name}: no measured step time or throughput")
+                oom = isinstance(record.get("measured"), dict) and record["measured"].get("oom")
+                skipped.append(f"{name}: " + ("ran out of memory, no step time measured" if oom
+                                              else "no measured step time or throughput"))
             else:
                 runs.append(run)
     return LoadedRuns(runs=runs, skipped=skipped)
