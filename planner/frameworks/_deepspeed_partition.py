@@ -34,9 +34,15 @@ import re
 import numpy as np
 
 from planner.errors import InputError
+from planner.plan.config import ResolvedConfig
+from planner.spec import ModelSpec
 
 DEFAULT_METHOD = "type:transformer"
 """What Megatron-DeepSpeed@4efb479's ``GPTModelPipe`` passes (``gpt_model.py:463``)."""
+PARTITION_METHODS = (DEFAULT_METHOD, "type:transformer|embedding")
+"""The pipeline partitions the target launches: Megatron-DeepSpeed's own (``gpt_model.py:463``)
+and BLOOM's, which also counts the embedding slots (bigscience-workshop/Megatron-DeepSpeed
+``--pp-partition-method``); :func:`deepspeed_stage_layers`."""
 BLOCK = "ParallelTransformerLayerPipe"
 """The spec of one decoder layer (``gpt_model.py:388``)."""
 
@@ -151,3 +157,33 @@ def as_ends(stage_layers: tuple[int, ...]) -> tuple[int | None, int | None] | No
         return (None, None) if first == last else (first, last)
     first, last = stage_layers[0], stage_layers[-1]
     return (None if first == each else first, None if last == each else last)
+
+
+def partition_method(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The ``partition_method`` of :data:`PARTITION_METHODS` under which DeepSpeed cuts
+    ``GPTModelPipe`` into the plan's stages (the first that does), or None when none does."""
+    c = resolved.config
+    if c.pp == 1:
+        return DEFAULT_METHOD
+    return next((method for method in PARTITION_METHODS
+                 if stage_partition(model, pp=c.pp, method=method) == resolved.stage_layers),
+                None)  # fmt: skip
+
+
+def stage_partition(model: ModelSpec, *, pp: int, method: str) -> tuple[int, ...] | None:
+    """DeepSpeed's stages of ``model`` on ``pp`` stages under ``method`` (None: fewer blocks
+    than stages, which DeepSpeed's partition leaves a stage without)."""
+    if model.num_layers < pp:
+        return None
+    return deepspeed_stage_layers(model.num_layers, pp=pp, method=method,
+                                  tied_embeddings=model.tie_word_embeddings,
+                                  moe=model.moe is not None)  # fmt: skip
+
+
+def partition_comment(resolved: ResolvedConfig, model: ModelSpec) -> str:
+    """With a pipeline, the partition method and the decoder layers it puts on each stage
+    (what DeepSpeed prints as ``stage=N layers=M``), for the header line."""
+    if resolved.config.pp == 1:
+        return ""
+    return (f"; pipeline partition_method {partition_method(resolved, model)!r}: "
+            f"{'+'.join(map(str, resolved.stage_layers))} decoder layers")
