@@ -208,3 +208,12 @@ def test_megatron_run_keeps_its_even_split() -> None:
     config = config_from_record(records[0])
     assert isinstance(config, ParallelConfig)
     assert (config.first_stage_layers, config.last_stage_layers) == (None, None)
+
+
+def test_a_file_of_something_else_is_one_line(tmp_path: Path) -> None:
+    """Every record of a file left out for one reason (``param_counts.json`` holds parameter
+    counts, not runs) is one line naming the file, not one per record."""
+    path = tmp_path / "counts.json"
+    path.write_text(json.dumps([{"model": "a", "params": 1}, {"model": "b", "params": 2}]))
+    assert load_runs_noting(path).skipped == \
+        ["counts.json: all 2 records: required field 'measured' is missing"]

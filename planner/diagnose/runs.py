@@ -371,33 +371,48 @@ def load_runs_noting(*paths: str | Path, any_device: bool = False) -> LoadedRuns
     configuration this reader refuses) is left out with the refusal, not the end of the
     reading: one hand-edited record must not hide the others. A file that is not a list of
     records is an error."""
-    runs, skipped = [], []
+    runs: list[CalibrationRun] = []
+    skipped: list[str] = []
     for path in paths:
         records = read_json(Path(path))
         if not isinstance(records, list):
             raise InputError(f"{path}: expected a JSON list of run records")
+        left: list[tuple[str, str]] = []  # this file's records left out: name, why
         for index, record in enumerate(records):
-            if not isinstance(record, dict):
-                skipped.append(f"{Path(path).name} record {index}: expected a JSON object, got "
-                               f"{type(record).__name__}")  # fmt: skip
-                continue
-            name = _name(record, path, index)
-            if not record.get("config_complete", True):
-                skipped.append(f"{name}: configuration incomplete")
-                continue
-            where = f"{path}: record {index} ({short_repr(record.get('id'))})"
-            try:
-                run = _run_of(record, where, any_device=any_device)
-            except InputError as exc:
-                skipped.append(f"{name}: {str(exc).removeprefix(where + ': ')}")
-                continue
-            if run is None:
-                oom = isinstance(record.get("measured"), dict) and record["measured"].get("oom")
-                skipped.append(f"{name}: " + ("ran out of memory, no step time measured" if oom
-                                              else "no measured step time or throughput"))
+            read = _read_record(record, path, index, any_device=any_device)
+            if isinstance(read, CalibrationRun):
+                runs.append(read)
             else:
-                runs.append(run)
+                left.append(read)
+        reasons = {why for _, why in left}
+        if len(left) > 1 and len(left) == len(records) and len(reasons) == 1:
+            # A file of something else (parameter counts, say): one line, not one per record.
+            skipped.append(f"{Path(path).name}: all {len(left)} records: {reasons.pop()}")
+        else:
+            skipped += [f"{name}: {why}" for name, why in left]
     return LoadedRuns(runs=runs, skipped=skipped)
+
+
+def _read_record(
+    record: object, path: str | Path, index: int, *, any_device: bool
+) -> CalibrationRun | tuple[str, str]:
+    """The run of one record, or how to name it and why it is left out."""
+    if not isinstance(record, dict):
+        return f"{Path(path).name} record {index}", (f"expected a JSON object, got "
+                                                     f"{type(record).__name__}")  # fmt: skip
+    name = _name(record, path, index)
+    if not record.get("config_complete", True):
+        return name, "configuration incomplete"
+    where = f"{path}: record {index} ({short_repr(record.get('id'))})"
+    try:
+        run = _run_of(record, where, any_device=any_device)
+    except InputError as exc:
+        return name, str(exc).removeprefix(where + ": ")
+    if run is not None:
+        return run
+    oom = isinstance(record.get("measured"), dict) and record["measured"].get("oom")
+    return name, ("ran out of memory, no step time measured" if oom
+                  else "no measured step time or throughput")  # fmt: skip
 
 
 def _name(record: dict[str, Any], path: str | Path, index: int) -> str:
