@@ -145,6 +145,26 @@ def test_bloom_record_is_priced_with_deepspeeds_split() -> None:
         ["ran out of memory, no step time measured"] * 3
 
 
+def test_deepspeed_search_offers_deepspeeds_split() -> None:
+    """The DeepSpeed target's search on BLOOM's shape, pinned to the production run's TP4 PP12
+    on 384 A100s, returns DeepSpeed's type:transformer|embedding split (before, every uneven
+    split was refused and nothing was offered at PP12), priced as estimate prices it."""
+    from planner import solve
+    from planner.options import Pins, SolveOptions
+
+    [run] = [r for r in load_runs_noting(shared(DEEPSPEED_RUNS)).runs
+             if r.id == "bloom176b_production_384gpu"]  # fmt: skip
+    cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json").with_nodes(48)
+    options = SolveOptions(global_batch_size=2048, seq_length=2048, framework="deepspeed",
+                           pins=Pins(tp=4, pp=12))  # fmt: skip
+    plan = solve(run.model, cluster, options)
+    assert plan.configuration is not None
+    config = plan.configuration
+    assert (config.first_stage_layers, config.last_stage_layers) == (5, 5)
+    again = estimate(run.model, cluster, config).step_time_s
+    assert again == pytest.approx(plan.predicted.step_time_s, rel=1e-6)
+
+
 # --- going on past a record, and the exit codes -----------------------------------------------
 
 
