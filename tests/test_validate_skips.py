@@ -138,7 +138,7 @@ def test_bloom_record_is_priced_with_deepspeeds_split() -> None:
     [run] = [r for r in load_runs_noting(DEEPSPEED_RUNS).runs if r.id == row.id]
     cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json").with_nodes(384 // 8)
     assert row.predicted_s == estimate(run.model, cluster, run.config).step_time_s
-    assert row.family == "deepspeed" and "(5+5 layers at the ends)" in row.config
+    assert row.family == "deepspeed" and "PP12 (first 5, last 5 layers)" in row.config
     # Every record with a step time is priced; the three that ran out of memory are listed.
     assert len(rows) == 27
     assert [s.split(":")[1].strip() for s in result.skipped] == \

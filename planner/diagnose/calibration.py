@@ -77,11 +77,10 @@ class ValidationRow:
 
 def describe(config: ParallelConfig) -> str:
     """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``; an
-    uneven pipeline says its ends (``PP12 (5+5 layers at the ends)``, ``=`` for an end as
-    the middle stages)."""
-    ends = (config.first_stage_layers, config.last_stage_layers)
-    pp = f"PP{config.pp}" + (f" ({'+'.join(str(n or '=') for n in ends)} layers at the ends)"
-                             if ends != (None, None) else "")  # fmt: skip
+    uneven pipeline says the end stages that differ (``PP12 (first 5, last 5 layers)``)."""
+    ends = [f"{end} {n}" for end, n in (("first", config.first_stage_layers),
+                                        ("last", config.last_stage_layers)) if n is not None]
+    pp = f"PP{config.pp}" + (f" ({', '.join(ends)} layers)" if ends else "")
     parts = [f"TP{config.tp}", pp, f"DP{config.dp}"]
     parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
                                               ("vpp", config.vpp)) if v > 1]  # fmt: skip
