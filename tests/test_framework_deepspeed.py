@@ -266,15 +266,37 @@ def test_pipeline_schedule() -> None:
 
 
 def test_uneven_split() -> None:
-    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/gpt_model.py:463;
-    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/module.py:412-417"""
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/gpt_model.py:349-463;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/module.py:322-341, 396-447;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/utils.py:606-665"""
     model = load("gpt3-175b")
     resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, first_stage_layers=4,
                          last_stage_layers=8)  # fmt: skip
-    assert "[4, 6, 6" in (refusal("uneven-split", resolved, model) or "")
+    message = refusal("uneven-split", resolved, model) or ""
+    assert "[4, 6, 6" in message
+    # What DeepSpeed's own code gives for 96 layers on 16 stages: 6 each, or (98 slots with
+    # the embedding and the tied head) a seventh block on the second stage.
+    assert "[6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6] ('type:transformer')" in message
+    assert "[6, 7, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5] ('type:transformer|embedding')" \
+        in message
     # 6 on the first stage is the even split written out: launched.
     even = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, first_stage_layers=6)
     assert refusal("uneven-split", even, model) is None
+    # BLOOM's shape, 70 layers on 12 stages: 72 slots, so 5 blocks on each end beside the
+    # embedding and the head is DeepSpeed's type:transformer|embedding split: launched, said.
+    bloom = model.model_copy(update={"num_layers": 70})
+    ends = configure(bloom, 384, tp=4, pp=12, zero=1, first_stage_layers=5,
+                     last_stage_layers=5)  # fmt: skip
+    assert refusal("uneven-split", ends, bloom) is None
+    launch = ds.PROFILE.launch(ends, bloom)
+    assert ("; pipeline partition_method 'type:transformer|embedding': "
+            "5+6+6+6+6+6+6+6+6+6+6+5 decoder layers") in launch.text.splitlines()[0]
+    assert any("set it to 'type:transformer|embedding'" in n for n in launch.notes)
+    read(launch.text)  # still one comment line, then the flags
+    other = configure(bloom, 384, tp=4, pp=12, zero=1, first_stage_layers=4,
+                      last_stage_layers=6)  # fmt: skip
+    assert "[6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5] ('type:transformer')" in (
+        refusal("uneven-split", other, bloom) or "")
 
 
 def test_context_parallel() -> None:

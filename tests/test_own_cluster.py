@@ -145,11 +145,14 @@ def test_validate_without_cluster_names_the_record_and_the_option(tmp_path: Path
     out = tmp_path / "mine.json"
     _from_log_910b(out)
     done = _run("validate", out)
-    _assert_one_line_error(done, f"{out}: record 0 ('gpt-1.7b-910b-megatron')",
-                           "cluster.gpu 'Ascend-910B' is none of the bundled devices",
-                           "pass --cluster FILE")  # fmt: skip
-    assert len(_error_text(done.stderr)) < 300
-    _assert_one_line_error(_run("calibrate", out, "--gpu", "A100"), "pass --cluster FILE")
+    # The record is listed with why; nothing else could be priced, so exit 2.
+    listed = " ".join(done.stdout.split())
+    assert ("- gpt-1.7b-910b-megatron: cluster.gpu 'Ascend-910B' is none of the bundled "
+            "devices (A100-40GB, A100, H100); pass --cluster FILE") in listed, done.stdout
+    assert done.returncode == 2
+    assert f"no record of {out} could be priced (1 left out" in _error_text(done.stderr)
+    _assert_one_line_error(_run("calibrate", out, "--gpu", "A100"),
+                           "1 record left out: gpt-1.7b-910b-megatron", "pass --cluster FILE")
 
 
 @pytest.mark.parametrize("options", [

@@ -321,12 +321,16 @@ def validate_cmd(
     cluster: OwnClusterOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Predicted against measured step time for every published run."""
+    """Predicted against measured step time for every published run; a record that cannot
+    be priced is listed with why (exit 2 only when none can)."""
     result = validate(runs, clusters, cluster=cluster)
     if as_json:
         print_json({"runs": [row.to_dict() for row in result.rows], "skipped": result.skipped})
     else:
         render(report.validation_tables(result.rows, result.skipped))
+    if not result.rows:
+        raise InputError(f"no record of {', '.join(str(r) for r in runs)} could be priced "
+                         f"({len(result.skipped)} left out, each with why above)")  # fmt: skip
 
 
 @app.command("calibrate")

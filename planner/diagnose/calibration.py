@@ -27,7 +27,7 @@ import numpy as np
 from planner.cost.uncertainty import parallelism_kind
 from planner.diagnose.fit import KNOBS, Fit, fit_knobs, sized_for, with_values, without_fits
 from planner.diagnose.runs import DEVICES, CalibrationRun, LoadedRuns, load_runs_noting
-from planner.errors import InputError
+from planner.errors import InputError, PlannerError
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ValidationBand
 from planner.spec.reading import load_cluster, read_json
@@ -76,8 +76,12 @@ class ValidationRow:
 
 
 def describe(config: ParallelConfig) -> str:
-    """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``."""
-    parts = [f"TP{config.tp}", f"PP{config.pp}", f"DP{config.dp}"]
+    """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``; an
+    uneven pipeline says the end stages that differ (``PP12 (first 5, last 5 layers)``)."""
+    ends = [f"{end} {n}" for end, n in (("first", config.first_stage_layers),
+                                        ("last", config.last_stage_layers)) if n is not None]
+    pp = f"PP{config.pp}" + (f" ({', '.join(ends)} layers)" if ends else "")
+    parts = [f"TP{config.tp}", pp, f"DP{config.dp}"]
     parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
                                               ("vpp", config.vpp)) if v > 1]  # fmt: skip
     parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)
@@ -117,6 +121,33 @@ def validation_rows(
     return rows
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Priced:
+    """The runs the planner can price with their rows, and the ones it cannot with why."""
+
+    runs: list[CalibrationRun]
+    """The runs priced, in order."""
+    rows: list[ValidationRow]
+    """Their rows, one per run."""
+    skipped: list[str]
+    """One line per run not priced: its id and the refusal."""
+
+
+def priced_rows(runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec]) -> Priced:
+    """:func:`validation_rows` run by run: a run the planner cannot price (a configuration
+    the model does not divide, a run on part of a node) is left out with the refusal rather
+    than ending the validation."""
+    priced = Priced(runs=[], rows=[], skipped=[])
+    for run in runs:
+        try:
+            priced.rows.extend(validation_rows([run], clusters))
+        except PlannerError as exc:
+            priced.skipped.append(f"{run.id}: {str(exc).removeprefix(f'run {run.id}: ')}")
+        else:
+            priced.runs.append(run)
+    return priced
+
+
 def bundled_clusters(clusters_dir: str | Path) -> dict[str, ClusterSpec]:
     """The cluster of every device of the published runs, from ``clusters_dir``."""
     return {key: load_cluster(Path(clusters_dir) / f) for key, f in BUNDLED_CLUSTERS.items()}
@@ -149,7 +180,7 @@ class Validation:
     """Every run of some files against its estimate, and the records left out."""
 
     rows: list[ValidationRow]
-    """One per run."""
+    """One per run priced (none when no record could be)."""
     skipped: list[str]
     """Records left out, each with why."""
 
@@ -159,10 +190,13 @@ def validate(
     cluster: str | Path | None = None,
 ) -> Validation:
     """Every run of ``runs_paths`` against the bundled cluster of its device, or with
-    ``cluster`` against that cluster file (sized to each run)."""
+    ``cluster`` against that cluster file (sized to each run). A record that cannot be read
+    or priced is left out and listed in ``skipped`` with why (:func:`load_runs_noting`,
+    :func:`priced_rows`)."""
     loaded = _runs_of(runs_paths, cluster)
     clusters = _loaded(cluster_files(loaded.runs, clusters_dir, cluster))
-    return Validation(rows=validation_rows(loaded.runs, clusters), skipped=loaded.skipped)
+    priced = priced_rows(loaded.runs, clusters)
+    return Validation(rows=priced.rows, skipped=loaded.skipped + priced.skipped)
 
 
 # Fewer runs of a kind than this make no band of their own: a prediction of that kind takes
@@ -257,12 +291,20 @@ def calibrate(
     else:
         mine = loaded.runs
         command = f"--cluster {Path(cluster).name}"
+    files = _loaded(paths)
+    # A run the planner cannot price is left out of the fit and listed, as validate lists it.
+    priced = priced_rows(mine, files)
+    mine, before, skipped = priced.runs, priced.rows, loaded.skipped + priced.skipped
     fitted_on = [r for r in mine if r.family not in exclude_families]
     if not fitted_on:
         chips = sorted({r.chip for r in loaded.runs})
         what = repr(chip) if cluster is None else f"--cluster {cluster}"
-        raise InputError(f"no runs on {what} to fit (runs are on: {', '.join(chips) or 'none'})")
-    files = _loaded(paths)
+        many = len(skipped) > 1
+        left = (f"; {len(skipped)} record{'s' * many} left out"
+                f"{' (`planner validate` lists each with why), the first' * many}: {skipped[0]}"
+                if skipped else "")  # fmt: skip
+        raise InputError(f"no runs on {what} to fit (runs are on: {', '.join(chips) or 'none'})"
+                         f"{left}")  # fmt: skip
     name = chip or next(iter(files.values())).device.name
     clusters = {k: without_fits(c) for k, c in files.items()}
     fit = fit_knobs(fitted_on, clusters, fittable_knobs(fitted_on))
@@ -274,9 +316,8 @@ def calibrate(
         for path in dict.fromkeys(paths.values()):  # in order, each file once
             _write_fit(path, fit, bands, chip=name, families=families, command=command)
             written.append(str(path))
-    return Calibration(chip=name, fit=fit, fitted_on=families,
-                       before=validation_rows(mine, files), after=after, bands=bands,
-                       written=tuple(written), skipped=loaded.skipped)  # fmt: skip
+    return Calibration(chip=name, fit=fit, fitted_on=families, before=before, after=after,
+                       bands=bands, written=tuple(written), skipped=skipped)  # fmt: skip
 
 
 def _write_fit(

@@ -23,6 +23,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import InputError
+from planner.frameworks._deepspeed_partition import (
+    DEFAULT_METHOD,
+    as_ends,
+    deepspeed_stage_layers,
+)
 from planner.plan.config import ParallelConfig
 from planner.spec import ModelSpec
 from planner.spec.limits import MAX_DEVICES
@@ -35,9 +40,10 @@ SOFTWARE_FIELDS = frozenset({
     "framework", "fused_attention", "dropout", "data_parallel", "activation_checkpointing",
     "pipeline_or_tensor_parallel",
 })  # fmt: skip
-# Framework families, by a word their name contains. A family is what the error bands and the
-# out-of-family validation group runs by.
-FAMILIES = (("megatron", "megatron"), ("fsdp", "fsdp"), ("deepspeed", "deepspeed"),
+# Framework families, by a word their name contains, the first that matches: a family is what
+# the error bands and the out-of-family validation group runs by. Megatron-DeepSpeed runs
+# DeepSpeed's engines (its pipeline partition too), so "deepspeed" is looked for first.
+FAMILIES = (("deepspeed", "deepspeed"), ("megatron", "megatron"), ("fsdp", "fsdp"),
             ("torchtitan", "fsdp"))  # fmt: skip
 # FSDP's sharding strategies as ZeRO stages (torch/distributed/fsdp/api.py, ShardingStrategy).
 FSDP_SHARDING = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
@@ -215,9 +221,13 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
                              f"{', '.join(FSDP_SHARDING)}")  # fmt: skip
         zero = FSDP_SHARDING[p["fsdp_sharding"]]
     precision = record["precision"].lower()
+    first, last = (pipeline_ends(record) if software.family == "deepspeed" and p["pp"] > 1
+                   else (None, None))  # fmt: skip
     return ParallelConfig(
         tp=p["tp"],
         pp=p["pp"],
+        first_stage_layers=first,
+        last_stage_layers=last,
         dp=p["dp"],
         cp=p.get("cp") or 1,
         ep=p.get("ep") or 1,
@@ -234,6 +244,30 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         overlap_param_gather=modern or fsdp,
         tp_comm_overlap=modern,
     )
+
+
+def pipeline_ends(record: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The first and last stage's decoder layers of a DeepSpeed pipeline run (None: as the
+    middle stages): DeepSpeed's partition of ``GPTModelPipe`` by ``parallel.pp_partition``
+    (its first word; default Megatron-DeepSpeed's ``type:transformer``), as
+    :func:`~planner.frameworks._deepspeed_partition.deepspeed_stage_layers` computes it.
+
+    >>> pipeline_ends({"model": {"layers": 70}, "parallel": {"pp": 12,
+    ...                "pp_partition": "type:transformer|embedding (embed as a slot)"}})
+    (5, 5)
+    """
+    p, m = record["parallel"], record["model"]
+    stated = p.get("pp_partition")
+    method = str(stated).split()[0] if stated else DEFAULT_METHOD
+    layers = deepspeed_stage_layers(m["layers"], pp=p["pp"], method=method,
+                                    tied_embeddings=not software_of(record).megatron_core_2024,
+                                    moe=bool(m.get("moe")))  # fmt: skip
+    ends = as_ends(layers)
+    if ends is None:
+        raise InputError(f"parallel.pp_partition {method!r}: DeepSpeed puts {list(layers)} "
+                         f"decoder layers on the stages, and the planner prices equal stages "
+                         f"between the first and the last only")  # fmt: skip
+    return ends
 
 
 def narayanan_eq3_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
@@ -326,36 +360,70 @@ class LoadedRuns:
     runs: list[CalibrationRun]
     """Every complete record that measures a step time or throughput."""
     skipped: list[str]
-    """One line per record left out: its id and why."""
+    """One line per record left out: its id (or file and index) and why."""
 
 
 def load_runs_noting(*paths: str | Path, any_device: bool = False) -> LoadedRuns:
     """Every complete, measured record of the runs files at ``paths``, in order; a GPU that is
-    not bundled is an error unless ``any_device`` (:func:`run_from_record`)."""
-    runs, skipped = [], []
+    not bundled is refused unless ``any_device`` (:func:`run_from_record`).
+
+    A record that cannot be read (a missing or malformed field, a GPU, framework or
+    configuration this reader refuses) is left out with the refusal, not the end of the
+    reading: one hand-edited record must not hide the others. A file that is not a list of
+    records is an error."""
+    runs: list[CalibrationRun] = []
+    skipped: list[str] = []
     for path in paths:
         records = read_json(Path(path))
         if not isinstance(records, list):
             raise InputError(f"{path}: expected a JSON list of run records")
+        left: list[tuple[str, str]] = []  # this file's records left out: name, why
         for index, record in enumerate(records):
-            if not isinstance(record, dict):
-                raise InputError(f"{path}: record {index}: expected a JSON object, got "
-                                 f"{type(record).__name__}")  # fmt: skip
-            where = f"{path}: record {index} ({short_repr(record.get('id'))})"
-            if not record.get("config_complete", True):
-                skipped.append(f"{record.get('id')}: configuration incomplete")
-                continue
-            run = _run_of(record, where, any_device=any_device)
-            if run is None:
-                skipped.append(f"{record.get('id')}: no measured step time or throughput")
+            read = _read_record(record, path, index, any_device=any_device)
+            if isinstance(read, CalibrationRun):
+                runs.append(read)
             else:
-                runs.append(run)
+                left.append(read)
+        reasons = {why for _, why in left}
+        if len(left) > 1 and len(left) == len(records) and len(reasons) == 1:
+            # A file of something else (parameter counts, say): one line, not one per record.
+            skipped.append(f"{Path(path).name}: all {len(left)} records: {reasons.pop()}")
+        else:
+            skipped += [f"{name}: {why}" for name, why in left]
     return LoadedRuns(runs=runs, skipped=skipped)
+
+
+def _read_record(
+    record: object, path: str | Path, index: int, *, any_device: bool
+) -> CalibrationRun | tuple[str, str]:
+    """The run of one record, or how to name it and why it is left out."""
+    if not isinstance(record, dict):
+        return f"{Path(path).name} record {index}", (f"expected a JSON object, got "
+                                                     f"{type(record).__name__}")  # fmt: skip
+    name = _name(record, path, index)
+    if not record.get("config_complete", True):
+        return name, "configuration incomplete"
+    where = f"{path}: record {index} ({short_repr(record.get('id'))})"
+    try:
+        run = _run_of(record, where, any_device=any_device)
+    except InputError as exc:
+        return name, str(exc).removeprefix(where + ": ")
+    if run is not None:
+        return run
+    oom = isinstance(record.get("measured"), dict) and record["measured"].get("oom")
+    return name, ("ran out of memory, no step time measured" if oom
+                  else "no measured step time or throughput")  # fmt: skip
+
+
+def _name(record: dict[str, Any], path: str | Path, index: int) -> str:
+    """How a skipped record is named: its id, or its file and index when it has none."""
+    run_id = record.get("id")
+    return run_id if isinstance(run_id, str) and run_id else f"{Path(path).name} record {index}"
 
 
 def load_runs(*paths: str | Path, any_device: bool = False) -> list[CalibrationRun]:
     """Every complete, measured record of the runs files at ``paths``
-    (:func:`load_runs_noting`)."""
+    (:func:`load_runs_noting`; the records left out are not said)."""
     return load_runs_noting(*paths, any_device=any_device).runs
 
 

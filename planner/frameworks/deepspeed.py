@@ -27,6 +27,13 @@ from planner.frameworks._deepspeed_flags import (
     parallel_flags,
     recompute_flags,
 )
+from planner.frameworks._deepspeed_partition import (
+    DEFAULT_METHOD,
+    PARTITION_METHODS,
+    partition_comment,
+    partition_method,
+    stage_partition,
+)
 from planner.frameworks.base import Launch, Profile, Rule, data_parallel_sync, ranks_in_order
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
@@ -79,13 +86,17 @@ def pipeline_schedule(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """GPTModelPipe balances the transformer layers itself; it takes no per-stage counts."""
-    layers = resolved.stage_layers
-    if len(set(layers)) <= 1:
+    """GPTModelPipe takes no per-stage counts: DeepSpeed's partition of its specs decides the
+    stages, by Megatron-DeepSpeed's ``type:transformer`` or (BLOOM's) ``type:transformer|
+    embedding``, which counts the embedding and a tied head as a block each."""
+    if partition_method(resolved, model) is not None:
         return None
-    return (f"stages with {list(layers)} layers: Megatron-DeepSpeed's GPTModelPipe partitions "
-            f"'type:transformer', an even split of {model.num_layers} layers over "
-            f"pp({resolved.config.pp}), and takes no per-stage counts")  # fmt: skip
+    pp = resolved.config.pp
+    splits = ", ".join(f"{list(layers)} ({method!r})" for method in PARTITION_METHODS
+                       if (layers := stage_partition(model, pp=pp, method=method)) is not None)
+    return (f"stages with {list(resolved.stage_layers)} layers: DeepSpeed partitions "
+            f"GPTModelPipe's {model.num_layers} layers over pp({pp}) itself, as "
+            f"{splits or 'nothing: fewer layers than stages'}")  # fmt: skip
 
 
 def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -291,8 +302,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="pipeline-schedule", check=pipeline_schedule,
          source=f"{_PIPE}:389; {DS} deepspeed/runtime/pipe/schedule.py:189-244"),
     Rule(name="uneven-split", check=uneven_split,
-         source=f"{MDS} megatron/model/gpt_model.py:463; "
-                f"{DS} deepspeed/runtime/pipe/module.py:412-417"),
+         source=f"{MDS} megatron/model/gpt_model.py:349-463; "
+                f"{DS} deepspeed/runtime/pipe/module.py:322-341, 396-447; "
+                f"{DS} deepspeed/runtime/utils.py:606-665"),
     Rule(name="ulysses-alone", check=ulysses_alone,
          source=f"{MDS} megatron/core/parallel_state.py:144-147"),
     Rule(name="context-parallel", check=context_parallel,
@@ -353,7 +365,8 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         ("--deepspeed", None),
         ("--deepspeed_config", DS_CONFIG_FILE),
     ]
-    text = (f"# pretrain_gpt.py arguments ({MDS} with {DS})\n{mf.render(flags)}\n"
+    text = (f"# pretrain_gpt.py arguments ({MDS} with {DS}){partition_comment(resolved, model)}"
+            f"\n{mf.render(flags)}\n"
             f"{DS_CONFIG_MARK}\n{json.dumps(ds_config(resolved), indent=2)}\n")  # fmt: skip
     environment = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if resolved.sp else {}
     return Launch(text=text, environment=environment, notes=notes(model, resolved))
@@ -361,6 +374,13 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
 
 def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
     """What the user adds, and what the text does that is worth knowing."""
+    method = partition_method(resolved, model)
+    embedding_slots = (
+        f"the stages count the embedding and the head as a layer each: Megatron-DeepSpeed "
+        f"passes partition_method={DEFAULT_METHOD!r} (megatron/model/gpt_model.py:463); set "
+        f"it to {method!r} there (bigscience-workshop/Megatron-DeepSpeed takes "
+        f"--pp-partition-method {method!r})",
+    ) if method != DEFAULT_METHOD else ()  # fmt: skip
     moe = ("the MoE layers drop tokens over each expert's capacity (capacity factor 1, "
            "balanced routing as the planner prices it)",)
     return (
@@ -373,6 +393,7 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         "add the run's length, learning-rate schedule and optimizer hyper-parameters "
         "(--train-iters, --lr, ...) and checkpoint paths",
         *(moe if model.moe is not None else ()),
+        *embedding_slots,
     )
 
 

@@ -46,8 +46,20 @@ def validation_tables(
         what.add_row(r.id, str(r.num_devices), r.config)
         times.add_row(r.id, *numbers)
     split = Group(keep_whole(what), keep_whole(times))
-    return [FirstThatFits(keep_whole(one), split), *error_summary(rows),
-            *[Text(f"skipped {line}", style="dim") for line in skipped]]  # fmt: skip
+    tables = [FirstThatFits(keep_whole(one), split), *error_summary(rows)] if rows else []
+    return [*tables, *skipped_lines(skipped)]
+
+
+def skipped_lines(skipped: Sequence[str]) -> list[RenderableType]:
+    """One line per record left out, with why, under a count of them."""
+    if not skipped:
+        return []
+    listing = Table.grid(padding=(0, 1))
+    listing.add_column(no_wrap=True)
+    listing.add_column()  # wraps under itself, so each record starts at its dash
+    for line in skipped:
+        listing.add_row("-", line)
+    return [Text(f"{len(skipped)} record{'s' * (len(skipped) > 1)} left out:"), listing]
 
 
 def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
