@@ -274,25 +274,21 @@ def test_uneven_split() -> None:
                          last_stage_layers=8)  # fmt: skip
     message = refusal("uneven-split", resolved, model) or ""
     assert "[4, 6, 6" in message
-    # What DeepSpeed's own code gives for 96 layers on 16 stages: 6 each, or (98 slots with
-    # the embedding and the tied head) a seventh block on the second stage.
+    # What DeepSpeed's own code gives for 96 layers on 16 stages under the pinned target's
+    # type:transformer: 6 each. BLOOM's fork's type:transformer|embedding needs a source edit
+    # in Megatron-DeepSpeed@4efb479 (gpt_model.py:463), so it is neither offered nor named.
     assert "[6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6] ('type:transformer')" in message
-    assert "[6, 7, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5] ('type:transformer|embedding')" \
-        in message
+    assert "embedding" not in message
     # 6 on the first stage is the even split written out: launched.
     even = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, first_stage_layers=6)
     assert refusal("uneven-split", even, model) is None
-    # BLOOM's shape, 70 layers on 12 stages: 72 slots, so 5 blocks on each end beside the
-    # embedding and the head is DeepSpeed's type:transformer|embedding split: launched, said.
+    # BLOOM's shape, 70 layers on 12 stages: 5 blocks on each end is what BLOOM's fork cut
+    # (type:transformer|embedding); the pinned target cuts 6 x 10, 5, 5, so it is refused,
+    # naming that split (which the first/last form cannot hold).
     bloom = model.model_copy(update={"num_layers": 70})
     ends = configure(bloom, 384, tp=4, pp=12, zero=1, first_stage_layers=5,
                      last_stage_layers=5)  # fmt: skip
-    assert refusal("uneven-split", ends, bloom) is None
-    launch = ds.PROFILE.launch(ends, bloom)
-    assert ("; pipeline partition_method 'type:transformer|embedding': "
-            "5+6+6+6+6+6+6+6+6+6+6+5 decoder layers") in launch.text.splitlines()[0]
-    assert any("set it to 'type:transformer|embedding'" in n for n in launch.notes)
-    read(launch.text)  # still one comment line, then the flags
+    assert "[6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5]" in (refusal("uneven-split", ends, bloom) or "")
     other = configure(bloom, 384, tp=4, pp=12, zero=1, first_stage_layers=4,
                       last_stage_layers=6)  # fmt: skip
     assert "[6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5, 5] ('type:transformer')" in (

@@ -39,10 +39,12 @@ from planner.spec import ModelSpec
 
 DEFAULT_METHOD = "type:transformer"
 """What Megatron-DeepSpeed@4efb479's ``GPTModelPipe`` passes (``gpt_model.py:463``)."""
-PARTITION_METHODS = (DEFAULT_METHOD, "type:transformer|embedding")
-"""The pipeline partitions the target launches: Megatron-DeepSpeed's own (``gpt_model.py:463``)
-and BLOOM's, which also counts the embedding slots (bigscience-workshop/Megatron-DeepSpeed
-``--pp-partition-method``); :func:`deepspeed_stage_layers`."""
+PARTITION_METHODS = (DEFAULT_METHOD,)
+"""The pipeline partitions the target launches as exported, without a source edit:
+Megatron-DeepSpeed@4efb479 hard-codes ``type:transformer`` (``gpt_model.py:463``) and has no
+flag for it. BLOOM's fork's ``type:transformer|embedding`` (``--pp-partition-method``) is
+priced for run records (``planner.diagnose.runs.pipeline_ends``) but not searched, since the
+pinned target cannot launch it as printed."""
 BLOCK = "ParallelTransformerLayerPipe"
 """The spec of one decoder layer (``gpt_model.py:388``)."""
 

@@ -28,7 +28,6 @@ from planner.frameworks._deepspeed_flags import (
     recompute_flags,
 )
 from planner.frameworks._deepspeed_partition import (
-    DEFAULT_METHOD,
     PARTITION_METHODS,
     partition_comment,
     partition_method,
@@ -87,8 +86,9 @@ def pipeline_schedule(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 def uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """GPTModelPipe takes no per-stage counts: DeepSpeed's partition of its specs decides the
-    stages, by Megatron-DeepSpeed's ``type:transformer`` or (BLOOM's) ``type:transformer|
-    embedding``, which counts the embedding and a tied head as a block each."""
+    stages, by Megatron-DeepSpeed's ``type:transformer`` (``gpt_model.py:463``; BLOOM's fork's
+    ``type:transformer|embedding`` needs a source edit in the pinned target, so it is not
+    offered)."""
     if partition_method(resolved, model) is not None:
         return None
     pp = resolved.config.pp
@@ -374,13 +374,6 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
 
 def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
     """What the user adds, and what the text does that is worth knowing."""
-    method = partition_method(resolved, model)
-    embedding_slots = (
-        f"the stages count the embedding and the head as a layer each: Megatron-DeepSpeed "
-        f"passes partition_method={DEFAULT_METHOD!r} (megatron/model/gpt_model.py:463); set "
-        f"it to {method!r} there (bigscience-workshop/Megatron-DeepSpeed takes "
-        f"--pp-partition-method {method!r})",
-    ) if method != DEFAULT_METHOD else ()  # fmt: skip
     moe = ("the MoE layers drop tokens over each expert's capacity (capacity factor 1, "
            "balanced routing as the planner prices it)",)
     return (
@@ -393,7 +386,6 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         "add the run's length, learning-rate schedule and optimizer hyper-parameters "
         "(--train-iters, --lr, ...) and checkpoint paths",
         *(moe if model.moe is not None else ()),
-        *embedding_slots,
     )
 
 
