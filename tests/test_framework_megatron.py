@@ -25,7 +25,7 @@ from planner.frameworks import megatron
 from planner.frameworks.base import Profile
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from tests.conftest import HF, MODELS, stand_in_when_missing
+from tests.conftest import HF, MODELS, REPO, stand_in_when_missing
 from tests.framework_cases import forced, load, nodes
 
 MODEL_FILES = sorted(MODELS.glob("*.json")) + sorted(HF.glob("*.json"))
@@ -692,6 +692,20 @@ def pin_bias_without_qkv_bias(p: Profile) -> None:
     accepted(p, "bias-without-qkv-bias", configure(qwen, 16, tp=8, sp=True), qwen)
 
 
+def pin_layer_architecture(p: Profile, *, window: bool) -> None:
+    """What rule ``layer-architecture`` refuses (and lets through): Gemma 2's post-norms, a
+    sliding window where the framework has no --window-size (``window`` False)."""
+    gemma = planner.load_model(REPO / "tests/data/hf/gemma-2-9b.config.json")
+    refused(p, "layer-architecture", configure(gemma, 16), gemma, "has post-norms")
+    phi = planner.load_model(REPO / "tests/data/hf/Phi-3-mini-4k-instruct.config.json")
+    if window:
+        accepted(p, "layer-architecture", configure(phi, 16), phi)
+    else:
+        refused(p, "layer-architecture", configure(phi, 16), phi, "has sliding-window attention")
+    qwen3 = load("Qwen3-8B")
+    accepted(p, "layer-architecture", configure(qwen3, 16), qwen3)
+
+
 def pin_rank_order(p: Profile) -> None:
     """What rule ``rank-order`` refuses (and lets through)."""
     model = load("gpt-1.7b")
@@ -816,6 +830,14 @@ def test_rule_moe_bias_with_tp() -> None:
 def test_rule_bias_without_qkv_bias() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1608-1610"""
     pin_bias_without_qkv_bias(P)
+
+
+def test_rule_layer_architecture() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_layer.py:278-288;
+    NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:2384-2393;
+    NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:2450-2453;
+    megatron/core/transformer/transformer_config.py:248-255"""
+    pin_layer_architecture(P, window=True)
 
 
 def test_rule_rank_order() -> None:

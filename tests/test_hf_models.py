@@ -1,0 +1,206 @@
+"""The models people train: Qwen3 dense, Gemma 2/3 and Phi-3 read from their ``config.json``,
+their sliding-window layers priced by the window, and each framework launching them or refusing
+the feature it does not build.
+
+The configs under tests/data/hf/ are the published ones (see tests/data/hf/SOURCES.md); the
+expected counts are the model cards' (Gemma-2-9B 9,241,705,984 parameters, Gemma-2-27B
+27,227,128,320, Phi-3-mini 3,821,079,552, Phi-3-medium 13,960,238,080, Qwen3-8B 8.19B,
+Qwen3-32B 32.8B) and, exactly, the sum of the layers' matrices written out below.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.errors import InputError
+from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import colossalai, deepspeed, megatron, mindspeed, torchtitan
+from planner.graph import index_layers, lower, parameter_count
+from planner.plan.config import ParallelConfig, resolve
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec.attention import SlidingWindowSpec
+from planner.spec.hf import model_from_hf_config
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.estimate import estimate
+from tests.conftest import CLUSTERS, HF, REPO, shared
+
+DATA = REPO / "tests/data/hf"
+
+
+def _load(name: str) -> ModelSpec:
+    return load_model(DATA / f"{name}.config.json")
+
+
+def _decoder_params(*, layers: int, hidden: int, heads: int, groups: int, head_dim: int,
+                    ffn: int, vocab: int, norms: int, qk_norm: bool, tied: bool) -> int:
+    """Gated-MLP, bias-free decoder: Q, K, V and O; gate, up and down; ``norms`` RMSNorm weights
+    per layer; per-head q/k norm weights; embedding (and head unless tied); final norm."""
+    attention = hidden * head_dim * (heads + 2 * groups) + heads * head_dim * hidden
+    per_layer = attention + 3 * hidden * ffn + norms * hidden + 2 * head_dim * qk_norm
+    return layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
+
+
+@pytest.mark.parametrize(
+    ("path", "shape", "published"),
+    [
+        (DATA / "gemma-2-9b.config.json",
+         dict(layers=42, hidden=3584, heads=16, groups=8, head_dim=256, ffn=14336,
+              vocab=256000, norms=4, qk_norm=False, tied=True), (9_241_705_984, 0)),
+        (DATA / "gemma-2-27b.config.json",
+         dict(layers=46, hidden=4608, heads=32, groups=16, head_dim=128, ffn=36864,
+              vocab=256000, norms=4, qk_norm=False, tied=True), (27_227_128_320, 0)),
+        # 27.4B with the SigLIP vision tower; the text decoder alone is 27.01B.
+        (DATA / "gemma-3-27b-it.config.json",
+         dict(layers=62, hidden=5376, heads=32, groups=16, head_dim=128, ffn=21504,
+              vocab=262208, norms=4, qk_norm=True, tied=True), (27.01e9, 0.005e9)),
+        (DATA / "Phi-3-mini-4k-instruct.config.json",
+         dict(layers=32, hidden=3072, heads=32, groups=32, head_dim=96, ffn=8192,
+              vocab=32064, norms=2, qk_norm=False, tied=False), (3_821_079_552, 0)),
+        (DATA / "Phi-3-medium-4k-instruct.config.json",
+         dict(layers=40, hidden=5120, heads=40, groups=10, head_dim=128, ffn=17920,
+              vocab=32064, norms=2, qk_norm=False, tied=False), (13_960_238_080, 0)),
+        (shared(HF / "Qwen3-8B.config.json"),
+         dict(layers=36, hidden=4096, heads=32, groups=8, head_dim=128, ffn=12288,
+              vocab=151936, norms=2, qk_norm=True, tied=False), (8.19e9, 0.005e9)),
+        (shared(HF / "Qwen3-32B.config.json"),
+         dict(layers=64, hidden=5120, heads=64, groups=8, head_dim=128, ffn=25600,
+              vocab=151936, norms=2, qk_norm=True, tied=False), (32.8e9, 0.05e9)),
+    ],
+)  # fmt: skip
+def test_parameter_counts_match_published(path: Path, shape: dict[str, Any],
+                                          published: tuple[float, float]) -> None:
+    """Exact where the card gives the count, else to the card's last digit."""
+    model = load_model(path)
+    count = parameter_count(lower(model, TrainingSpec(seq_length=1024, global_batch_size=1)))
+    assert count.total == _decoder_params(**shape)
+    value, half_digit = published
+    assert abs(count.total - value) <= half_digit
+
+
+def test_gemma_layer_patterns() -> None:
+    """Gemma 2: layer i is local when i is even (Gemma2DecoderLayer); Gemma 3: global when
+    (i + 1) % 6 == 0, so 27B's 62 layers hold 10 global ones (5, 11, ..., 59)."""
+    gemma2, gemma3 = _load("gemma-2-9b"), _load("gemma-3-27b-it")
+    assert gemma2.sliding_window == SlidingWindowSpec(window=4096, global_every=2)
+    assert [gemma2.sliding_window.is_local(i) for i in range(4)] == [True, False, True, False]
+    assert gemma3.sliding_window == SlidingWindowSpec(window=1024, global_every=6)
+    index = index_layers(lower(gemma3, TrainingSpec(seq_length=1024, global_batch_size=1)))
+    assert index.layers_by_kind["dense"] == tuple(range(6, 63, 6))
+    assert len(index.layers_by_kind["local"]) == 52
+    phi = _load("Phi-3-mini-4k-instruct")
+    assert phi.sliding_window == SlidingWindowSpec(window=2047, global_every=0)
+    kinds = index_layers(lower(phi, TrainingSpec(seq_length=4096, global_batch_size=1)))
+    assert set(kinds.layers_by_kind) == {"embedding", "dense", "head"}  # all alike: one kind
+
+
+def test_gemma_features_read() -> None:
+    gemma2, gemma3 = _load("gemma-2-27b"), _load("gemma-3-27b-it")
+    for model in (gemma2, gemma3):
+        assert (model.activation, model.post_norms, model.scale_embeddings,
+                model.tie_word_embeddings, model.kv_channels) == ("geglu", True, True, True, 128)
+    assert (gemma2.attn_logit_softcapping, gemma2.final_logit_softcapping) == (50.0, 30.0)
+    assert (gemma3.attn_logit_softcapping, gemma3.final_logit_softcapping) == (None, None)
+    assert (gemma2.qk_layernorm, gemma3.qk_layernorm) == (False, True)
+
+
+def test_gemma3_nested_text_config_reads_as_the_text_model() -> None:
+    data = json.loads((DATA / "gemma-3-27b-it.config.json").read_text())
+    nested = model_from_hf_config(data, source="gemma-3-27b-it.config.json")
+    flat = model_from_hf_config(data["text_config"], source="gemma-3-27b-it.config.json")
+    assert nested == flat
+    assert nested.name == "gemma-3-27b-it"
+    with pytest.raises(InputError, match=r"text_config: required key 'head_dim' is missing"):
+        model_from_hf_config({**data, "text_config": {
+            k: v for k, v in data["text_config"].items() if k != "head_dim"}}, source="g.json")
+
+
+def test_layer_types_must_fit_the_pattern() -> None:
+    data = json.loads((DATA / "gemma-2-9b.config.json").read_text())
+    types = ["sliding_attention", "full_attention"] * 21
+    assert model_from_hf_config({**data, "layer_types": types}, source="g") == \
+        model_from_hf_config(data, source="g")  # fmt: skip
+    with pytest.raises(InputError, match="layer_types cannot be expressed"):
+        model_from_hf_config({**data, "layer_types": types[::-1]}, source="g")
+
+
+def test_qwen3_sliding_window_refused() -> None:
+    data = json.loads(shared(HF / "Qwen3-8B.config.json").read_text())
+    with pytest.raises(InputError, match="use_sliding_window=true is not supported"):
+        model_from_hf_config({**data, "use_sliding_window": True}, source="q")
+
+
+def test_key_span_against_pairs_counted() -> None:
+    """Half the key span times the sequence is the causal window's query-key pairs (counted one
+    by one), to within the diagonal's s / 2 that the s x s convention also drops."""
+    for s, w in ((64, 16), (100, 37), (64, 64), (64, 200)):
+        pairs = sum(min(i + 1, w) for i in range(s))
+        span = SlidingWindowSpec(window=w).key_span(s)
+        assert abs(span * s / 2 - pairs) <= s / 2 + w / 2
+
+
+def test_local_attention_flops_bounded_by_window() -> None:
+    """At 8K tokens a 4K window scores 3/4 of the causal square; at 4K it changes nothing."""
+    model = _load("gemma-2-9b")
+    for seq, ratio in ((8192, 0.75), (4096, 1.0)):
+        graph = lower(model, TrainingSpec(seq_length=seq, global_batch_size=1))
+        local, full = graph.nodes["layer1.attention"]["op"], graph.nodes["layer2.attention"]["op"]
+        assert local.flops == pytest.approx(ratio * full.flops, rel=1e-12)
+
+
+def _h100() -> ClusterSpec:
+    return load_cluster(CLUSTERS / "dgx-h100-80gb.json").with_nodes(1)
+
+
+def _step_s(model: ModelSpec, seq: int) -> float:
+    config = ParallelConfig(tp=8, seq_len=seq, global_batch=8, recompute="full")
+    return estimate(model, _h100(), config).step_time_s
+
+
+def test_window_prices_only_past_it() -> None:
+    """A window at least as long as the sequence costs nothing; a shorter one saves step time."""
+    model = _load("gemma-2-9b")
+    global_only = model.model_copy(update={"sliding_window": None})
+    assert _step_s(model, 4096) == pytest.approx(_step_s(global_only, 4096), rel=1e-12)
+    assert _step_s(model, 16384) < _step_s(global_only, 16384)
+
+
+def _refusals(model: ModelSpec) -> dict[str, str | None]:
+    resolved = resolve(model, _h100(), ParallelConfig(seq_len=4096, global_batch=64))
+    return {"megatron": megatron.layer_architecture(resolved, model),
+            "mindspeed": mindspeed.layer_architecture(resolved, model),
+            "deepspeed": deepspeed.architecture(resolved, model),
+            "colossalai": colossalai.architecture(resolved, model),
+            "torchtitan": torchtitan.model_flavor(resolved, model)}  # fmt: skip
+
+
+def test_frameworks_launch_or_name_the_missing_feature() -> None:
+    gemma = _refusals(_load("gemma-2-9b"))
+    assert gemma["megatron"] == ("gemma-2-9b has post-norms (a norm on each block's output, "
+                                 "Gemma's), which Megatron-LM does not build")
+    assert "post-norms" in str(gemma["mindspeed"]) and "post-norms" in str(gemma["colossalai"])
+    assert "none of torchtitan" in str(gemma["torchtitan"])
+    phi = _refusals(_load("Phi-3-mini-4k-instruct"))
+    assert phi["megatron"] is None
+    assert phi["mindspeed"] == ("Phi-3-mini-4k-instruct has sliding-window attention, which "
+                                f"MindSpeed on {mindspeed.CORE} does not build")
+    assert "sliding-window attention" in str(phi["deepspeed"])
+    qwen = _refusals(load_model(shared(HF / "Qwen3-8B.config.json")))
+    assert qwen["megatron"] is None and qwen["colossalai"] is None
+    assert qwen["torchtitan"] is None
+    assert torchtitan.flavor(load_model(shared(HF / "Qwen3-32B.config.json"))).flavor == "32B"
+
+
+def test_megatron_window_flags() -> None:
+    """A causal window of w keys is TE's (w - 1, 0); Gemma 3's 5:1 is --window-attn-skip-freq 6
+    (megatron/core/transformer/utils.py:531-545: layer_number % 6 != 0 is local)."""
+    phi = _load("Phi-3-mini-4k-instruct")
+    assert mf.window_flags(phi) == [("--window-size", "2046,0")]
+    gemma3_like = phi.model_copy(update={"sliding_window": SlidingWindowSpec(window=1024,
+                                                                             global_every=6)})
+    assert mf.window_flags(gemma3_like) == [("--window-size", "1023,0"),
+                                            ("--window-attn-skip-freq", 6)]
+    assert mf.window_flags(load_model(shared(HF / "Qwen3-8B.config.json"))) == []
