@@ -170,8 +170,12 @@ def software_of(record: dict[str, Any]) -> Software:
 def model_from_record(record: dict[str, Any]) -> ModelSpec:
     """The GPT model a record describes: GeLU, LayerNorm, biases (Megatron's GPT and MPT as
     benchmarked, whose parameter counts imply them); tied learned positions, except the 2024
-    Megatron-Core table, whose parameter counts imply untied RoPE."""
+    Megatron-Core table, whose parameter counts imply untied RoPE. A record with
+    ``model.spec`` (``planner runs from-log``'s) carries its model as model.json does, and is
+    read as such."""
     m = record["model"]
+    if "spec" in m:
+        return ModelSpec.model_validate(m["spec"])
     software = software_of(record)
     modern = software.megatron_core_2024
     return ModelSpec(
