@@ -18,6 +18,7 @@ from planner.diagnose.log_models import (
     check_megatron_model,
     check_titan_model,
     megatron_printed,
+    titan_parameter_count,
 )
 from planner.diagnose.logs import megatron_arguments, read_log, titan_tps
 from planner.diagnose.runs import load_runs, model_from_record
@@ -306,3 +307,14 @@ def test_torchtitan_selective_checkpointing_needs_a_recompute_option(tmp_path: P
         check_titan_model(TitanModel(name="llama3", flavor="8B", args={},
                                      total_parameters=8_030_261_249),
                           load_model(config), where="x")
+
+
+def test_torchtitan_count_leaves_out_a_tied_embedding_and_expert_biases() -> None:
+    """torchtitan prints every parameter less a tied embedding (models/utils.py:428-429); a
+    router's expert bias is a buffer (models/moe/moe.py:459-465)."""
+    llama = load_model(shared(HF / "Meta-Llama-3.1-8B.config.json"))
+    assert titan_parameter_count(llama) == 8_030_261_248
+    tied = llama.model_copy(update={"tie_word_embeddings": True})
+    assert titan_parameter_count(tied) == 8_030_261_248 - 2 * 128256 * 4096
+    deepseek = load_model(shared(HF / "DeepSeek-V3.config.json"))
+    assert titan_parameter_count(deepseek) == _count(deepseek).total - 256 * 58

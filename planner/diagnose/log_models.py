@@ -184,11 +184,25 @@ def check_titan_model(logged: TitanModel, model: ModelSpec, *, where: str) -> No
         raise InputError(f"{where}: torchtitan built n_kv_heads={kv}, the model {model.name} "
                          f"has {model.query_groups} key/value heads")  # fmt: skip
     if logged.total_parameters is not None:
-        ours = parameter_count(lower(model, TrainingSpec(seq_length=1, global_batch_size=1)))
-        if ours.total != logged.total_parameters:
+        ours = titan_parameter_count(model)
+        if ours != logged.total_parameters:
             raise InputError(f"{where}: torchtitan's {logged.name} {logged.flavor} has "
                              f"{logged.total_parameters:,} parameters, the model {model.name} "
-                             f"{ours.total:,}; expected the log's model")  # fmt: skip
+                             f"{ours:,}; expected the log's model")  # fmt: skip
+
+
+def titan_parameter_count(model: ModelSpec) -> int:
+    """The parameter count torchtitan prints for ``model``: every ``nn.Parameter`` less the
+    embedding when it is tied to the output (torchtitan/models/utils.py:406, 428-429 and
+    494-495); a router's expert bias is a buffer, not a parameter
+    (torchtitan/models/moe/moe.py:459-465)."""
+    total = parameter_count(lower(model, TrainingSpec(seq_length=1, global_batch_size=1))).total
+    if model.tie_word_embeddings:
+        total -= model.vocab_size * model.hidden_size
+    if model.moe is not None and model.moe.router_expert_bias:
+        moe_layers = sum(model.is_moe_layer(i) for i in range(model.num_layers))
+        total -= model.moe.num_experts * moe_layers
+    return total
 
 
 def titan_checkpointing(lines: list[str]) -> str:
