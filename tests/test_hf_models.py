@@ -21,6 +21,7 @@ from planner.frameworks import _megatron_flags as mf
 from planner.frameworks import colossalai, deepspeed, megatron, mindspeed, torchtitan
 from planner.graph import index_layers, lower, parameter_count
 from planner.plan.config import ParallelConfig, resolve
+from planner.plan.schema import input_hash
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.spec.attention import SlidingWindowSpec
 from planner.spec.hf import model_from_hf_config
@@ -204,3 +205,13 @@ def test_megatron_window_flags() -> None:
     assert mf.window_flags(gemma3_like) == [("--window-size", "1023,0"),
                                             ("--window-attn-skip-freq", 6)]
     assert mf.window_flags(load_model(shared(HF / "Qwen3-8B.config.json"))) == []
+
+
+def test_plans_made_before_the_new_fields_name_the_same_model() -> None:
+    """The fields Gemma and Phi-3 added change no hash while at their defaults: the stored
+    fuzzing plan (made before them) still names gpt-1.7b, and a window does change it."""
+    stored = json.loads((REPO / "tests/fuzz_plan_ilp.json").read_text())["model"]
+    model = load_model(REPO / "instances/models/gpt-1.7b.json")
+    assert input_hash(model) == stored["sha256"]
+    windowed = model.model_copy(update={"sliding_window": SlidingWindowSpec(window=1024)})
+    assert input_hash(windowed) != stored["sha256"]
