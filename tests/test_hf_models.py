@@ -253,3 +253,12 @@ def test_batch_and_ilp_price_local_layers_as_estimate_does() -> None:
                                                               rel=1e-9, abs=0.0), field.name
     dense = uniform_parts(model, cluster, uniform_query(resolved, stage, "dense"))
     assert ours.forward_s < dense.forward_s  # at 8K a 4K window leaves a quarter undone
+
+
+def test_gemma2_soft_caps_default_only_when_absent() -> None:
+    """Gemma2Config's caps default to 50 and 30; an explicit null turns them off."""
+    data = json.loads((DATA / "gemma-2-9b.config.json").read_text())
+    absent = {k: v for k, v in data.items() if not k.endswith("softcapping")}
+    assert model_from_hf_config(absent, source="g").attn_logit_softcapping == 50.0
+    off = model_from_hf_config({**data, "final_logit_softcapping": None}, source="g")
+    assert (off.attn_logit_softcapping, off.final_logit_softcapping) == (50.0, None)

@@ -370,14 +370,22 @@ def _gemma(cfg: _HFConfig, *, every: int, window: int | None, act_key: str) -> d
     }
 
 
+def _cap(cfg: _HFConfig, key: str, default: float | None) -> float | None:
+    # An explicit null turns soft-capping off; only an absent key takes the class default.
+    if key not in cfg.data:
+        return default
+    value = cfg.get_float(key, 0.0)
+    return value or None
+
+
 def _gemma2(cfg: _HFConfig) -> dict[str, Any]:
     # Gemma2DecoderLayer: layer i is sliding when i is even, so every 2nd layer is global;
     # Gemma2Config's defaults: vocabulary 256000, 8192 positions, window 4096, caps 50 and 30.
     fields = _gemma(cfg, every=2, window=4096, act_key="hidden_activation")
     return {**fields, "vocab_size": cfg.get_int("vocab_size", 256000),
             "max_position_embeddings": cfg.get_int("max_position_embeddings", 8192),
-            "attn_logit_softcapping": cfg.get_float("attn_logit_softcapping", 50.0) or None,
-            "final_logit_softcapping": cfg.get_float("final_logit_softcapping", 30.0) or None}
+            "attn_logit_softcapping": _cap(cfg, "attn_logit_softcapping", 50.0),
+            "final_logit_softcapping": _cap(cfg, "final_logit_softcapping", 30.0)}
 
 
 def _gemma3(cfg: _HFConfig) -> dict[str, Any]:
@@ -389,8 +397,8 @@ def _gemma3(cfg: _HFConfig) -> dict[str, Any]:
     fields = _gemma(cfg, every=every, window=None, act_key="hidden_activation")
     return {**fields, "qk_layernorm": True, "vocab_size": cfg.get_int("vocab_size", 262208),
             "max_position_embeddings": cfg.get_int("max_position_embeddings", 131072),
-            "attn_logit_softcapping": cfg.get_float("attn_logit_softcapping", 0.0) or None,
-            "final_logit_softcapping": cfg.get_float("final_logit_softcapping", 0.0) or None}
+            "attn_logit_softcapping": _cap(cfg, "attn_logit_softcapping", None),
+            "final_logit_softcapping": _cap(cfg, "final_logit_softcapping", None)}
 
 
 def _mixtral(cfg: _HFConfig) -> dict[str, Any]:
