@@ -840,6 +840,18 @@ def test_rule_layer_architecture() -> None:
     pin_layer_architecture(P, window=True)
 
 
+def test_rule_window_with_ring_cp() -> None:
+    """NVIDIA/TransformerEngine@d0067d0da6cb
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py:5054-5060"""
+    phi = planner.load_model(REPO / "tests/data/hf/Phi-3-mini-4k-instruct.config.json")
+    refused(P, "window-with-ring-cp", configure(phi, 16, cp=2, seq_len=4096), phi,
+            r"only with --cp-comm-type a2a or all_gather, not the ring \(cp=2")
+    accepted(P, "window-with-ring-cp", configure(phi, 16, cp=2, cp_algo="ulysses",
+                                                 seq_len=4096), phi)  # fmt: skip
+    llama = load("llama3-8b")
+    accepted(P, "window-with-ring-cp", configure(llama, 16, cp=2), llama)
+
+
 def test_rule_rank_order() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/initialize.py:395"""
     pin_rank_order(P)

@@ -219,6 +219,16 @@ def unfused_attention_with_cp(resolved: ResolvedConfig, model: ModelSpec) -> str
             f"flash_attention is off")
 
 
+def window_with_ring_cp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Transformer Engine's ring (p2p) context parallelism does not attend a sliding window."""
+    c = resolved.config
+    if model.sliding_window is None or c.cp == 1 or c.cp_algo != "ring":
+        return None
+    return (f"{model.name} has sliding-window attention: Transformer Engine's context "
+            f"parallelism attends a window only with --cp-comm-type a2a or all_gather, not the "
+            f"ring (cp={c.cp}, cp_algo ring)")
+
+
 def optimizer_offload_without_distributed_optimizer(
     resolved: ResolvedConfig, model: ModelSpec
 ) -> str | None:
@@ -304,6 +314,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,
          source=f"{_TE_ATTENTION}:1169-1173; {REPO} "
                 f"megatron/core/transformer/dot_product_attention.py:57-59"),
+    Rule(name="window-with-ring-cp", check=window_with_ring_cp,
+         source=f"{TE} transformer_engine/pytorch/attention/dot_product_attention/"
+                f"context_parallel.py:5054-5060"),
     Rule(name="optimizer-offload-zero-0",
          check=optimizer_offload_without_distributed_optimizer,
          source=f"{_ARGS}:1884-1888; {REPO} megatron/core/optimizer/__init__.py:1057-1060"),
