@@ -238,21 +238,36 @@ def test_batch_and_ilp_price_local_layers_as_estimate_does() -> None:
     resolved = resolve(model, cluster, ParallelConfig(tp=4, sp=True, mbs=2, seq_len=8192,
                                                       global_batch=64))
     stage = uniform_stage(resolved)
-    query = uniform_query(resolved, stage, "local")
-    uniform = uniform_layer(model, cluster, query)
-    names = [n.strategies[0].name for n in uniform.nodes]
-    ilp = layer_graph_of(model, cluster, LayerQuery(
-        kind="local", mesh=stage.layout.shape, mesh_micro_batch_size=2 * stage.layout.data_ways,
-        seq_length=8192, precision=resolved.training.precision))
-    chosen = [[s.name for s in n.strategies].index(name)
-              for n, name in zip(ilp.nodes, names, strict=True)]  # fmt: skip
-    ours, theirs = uniform_parts(model, cluster, query), layer_parts(ilp, chosen)
-    for field in dataclasses.fields(ours):
-        if field.name != "weights":
-            assert getattr(ours, field.name) == pytest.approx(getattr(theirs, field.name),
-                                                              rel=1e-9, abs=0.0), field.name
+    parts = {}
+    for kind in ("local", "head"):  # the head holds the final soft-cap
+        query = uniform_query(resolved, stage, kind)
+        uniform = uniform_layer(model, cluster, query)
+        names = [n.strategies[0].name for n in uniform.nodes]
+        ilp = layer_graph_of(model, cluster, LayerQuery(
+            kind=kind, mesh=stage.layout.shape,
+            mesh_micro_batch_size=2 * stage.layout.data_ways, seq_length=8192,
+            precision=resolved.training.precision))  # fmt: skip
+        chosen = [[s.name for s in n.strategies].index(name)
+                  for n, name in zip(ilp.nodes, names, strict=True)]  # fmt: skip
+        ours, theirs = uniform_parts(model, cluster, query), layer_parts(ilp, chosen)
+        for field in dataclasses.fields(ours):
+            if field.name != "weights":
+                assert getattr(ours, field.name) == pytest.approx(getattr(theirs, field.name),
+                                                                  rel=1e-9, abs=0.0), field.name
+        parts[kind] = ours
     dense = uniform_parts(model, cluster, uniform_query(resolved, stage, "dense"))
-    assert ours.forward_s < dense.forward_s  # at 8K a 4K window leaves a quarter undone
+    assert parts["local"].forward_s < dense.forward_s  # at 8K a 4K window leaves 1/4 undone
+
+
+def test_final_soft_cap_keeps_the_capped_logits() -> None:
+    """Gemma 2's c tanh(logits / c) keeps its tanh for the backward: one bf16 tensor of
+    batch x sequence x vocabulary more in the head, and none without the cap."""
+    model = _load("gemma-2-9b")
+    training = TrainingSpec(seq_length=4096, global_batch_size=1)
+    head = lower(model, training, micro_batch_size=2).nodes["logit_softcap"]["op"]
+    assert head.saved_bytes == 2 * 4096 * 256000 * 2.0
+    uncapped = model.model_copy(update={"final_logit_softcapping": None})
+    assert "logit_softcap" not in lower(uncapped, training)
 
 
 def test_gemma2_soft_caps_default_only_when_absent() -> None:

@@ -298,6 +298,10 @@ def _head(b: _Builder, x_name: str) -> str:
         op, inputs = b.ops[-1]
         b.ops[-1] = (_replace(op, tied_to="embedding"), inputs)
     loss_in = b.act(("vocab", m.vocab_size))
+    if m.final_logit_softcapping is not None:
+        # Gemma 2's c tanh(logits / c): its backward needs the tanh, a logits-sized tensor.
+        logits = b.add("logit_softcap", "elementwise", (logits,), inputs=(loss_in,),
+                       output=loss_in, saved=(loss_in,))  # fmt: skip
     out = Tensor((("batch", b.batch), ("seq", b.seq)), LOSS_BYTES)
     return b.add("loss", "loss", (logits,), inputs=(loss_in,), output=out,
                  saved=(Tensor(loss_in.dims, LOSS_BYTES),))  # fmt: skip
