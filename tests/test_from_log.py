@@ -211,7 +211,8 @@ def test_llama3_megatron_log_becomes_the_record_of_its_model(tmp_path: Path) -> 
     assert _count(spec).total == 8_030_261_248  # Llama 3 8B, as published
     assert record["parallel"] | {"vpp": None} == {
         "tp": 2, "pp": 1, "dp": 4, "cp": 1, "ep": 1, "vpp": None, "sp": True, "microbatch": 1,
-        "global_batch": 128, "recompute": "none", "zero": 1}
+        "global_batch": 128, "recompute": "none", "zero": 1, "overlap_grad_reduce": True,
+        "overlap_param_gather": True, "tp_comm_overlap": False}
     # --attention-backend auto runs Transformer Engine's fused kernel (use_flash_attn False).
     assert record["software"]["fused_attention"] is True
     run = load_runs(out, any_device=True)[0]
@@ -221,6 +222,9 @@ def test_llama3_megatron_log_becomes_the_record_of_its_model(tmp_path: Path) -> 
     assert predicted == pytest.approx(estimate(spec, cluster, run.config).step_time_s, rel=1e-12)
     assert run.config.tp == 2 and run.config.sp and run.config.flash_attention
     assert run.config.seq_len == 8192 and run.config.zero == 1
+    # The dump's --overlap-grad-reduce --overlap-param-gather, without --tp-comm-overlap.
+    assert (run.config.overlap_grad_reduce, run.config.overlap_param_gather,
+            run.config.tp_comm_overlap) == (True, True, False)
 
 
 def test_mixtral_megatron_log_carries_its_experts(tmp_path: Path) -> None:

@@ -52,6 +52,8 @@ _MEGATRON_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
 _MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 _TITAN_LINE = re.compile(r"\bstep:\s*(\d+)\s.*\btps:\s*([0-9,]+)")
 _ARG_LINE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
+_OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+"""Megatron's overlap arguments, the ParallelConfig fields of the same names."""
 
 # Megatron argument names (arguments.py) to the configuration fields they set.
 _MEGATRON_INTS = {
@@ -166,6 +168,9 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         fields["recompute"] = arguments["recompute_granularity"]
     if arguments.get("use_distributed_optimizer") == "True":
         fields["zero"] = 1
+    for name in _OVERLAPS:
+        if arguments.get(name) in ("True", "False"):
+            fields[name] = arguments[name] == "True"
     if arguments.get("bf16") == "True":
         fields["precision"] = "bf16"
     elif arguments.get("fp16") == "True":
@@ -233,7 +238,11 @@ def run_record(
         "parallel": {"tp": config.tp, "pp": config.pp, "dp": resolved.dp, "cp": config.cp,
                      "ep": config.ep, "vpp": config.vpp, "sp": resolved.sp,
                      "microbatch": config.mbs, "global_batch": batch,
-                     "recompute": config.recompute, "zero": config.zero},
+                     "recompute": config.recompute, "zero": config.zero,
+                     # The overlaps the log states; without them the reader assumes the
+                     # framework's era's (planner.diagnose.runs.config_from_record).
+                     **{name: getattr(config, name) for name in _OVERLAPS
+                        if name in log.arguments}},
         "precision": precision,
         "measured": {"step_time_s": step},
         "config_complete": True,

@@ -234,9 +234,11 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         zero=1 if isinstance(zero, str) and "distributed optimizer" in zero else int(zero),
         precision="fp16" if precision.startswith("fp16") else "bf16",
         flash_attention=software.fused_attention,
-        overlap_grad_reduce=modern or fsdp,
-        overlap_param_gather=modern or fsdp,
-        tp_comm_overlap=modern,
+        # A user's log states its overlaps (planner runs from-log); the published runs' era
+        # and framework say theirs.
+        overlap_grad_reduce=p.get("overlap_grad_reduce", modern or fsdp),
+        overlap_param_gather=p.get("overlap_param_gather", modern or fsdp),
+        tp_comm_overlap=p.get("tp_comm_overlap", modern),
     )
 
 
