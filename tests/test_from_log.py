@@ -23,6 +23,7 @@ from planner.diagnose.log_models import (
 from planner.diagnose.logs import megatron_arguments, read_log, titan_tps
 from planner.diagnose.runs import load_runs, model_from_record
 from planner.errors import InputError
+from planner.frameworks import torchtitan
 from planner.graph import ParameterCount, lower, parameter_count
 from planner.spec import ModelSpec, TrainingSpec
 from planner.spec.reading import load_cluster, load_model
@@ -322,3 +323,17 @@ def test_torchtitan_count_leaves_out_a_tied_embedding_and_expert_biases() -> Non
     assert titan_parameter_count(tied) == 8_030_261_248 - 2 * 128256 * 4096
     deepseek = load_model(shared(HF / "DeepSeek-V3.config.json"))
     assert titan_parameter_count(deepseek) == _count(deepseek).total - 256 * 58
+
+
+def test_torchtitan_log_without_a_model_is_its_flavor(tmp_path: Path) -> None:
+    """The flavor torchtitan built (llama3 8B) is the model; a Megatron log needs --model."""
+    record, _ = _record_of(tmp_path, TITAN_LOG, "--cluster", H100, "--nodes", 1,
+                           "--global-batch", 8)
+    spec = ModelSpec.model_validate(record["model"]["spec"])
+    assert spec == torchtitan.flavor(spec).spec and spec.name == "llama3 8B"
+    assert titan_parameter_count(spec) == 8_030_261_248
+    llama = load_model(shared(HF / "Meta-Llama-3.1-8B.config.json"))
+    assert spec.model_dump(exclude={"name", "training"}) == llama.model_dump(
+        exclude={"name", "training"})  # the HF config's Llama 3.1 8B, but for its name
+    done = _from_log(LLAMA_LOG, "--cluster", H100, "--nodes", 1)
+    assert done.returncode == 2 and "pass --model" in " ".join(done.stderr.split())

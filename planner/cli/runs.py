@@ -11,13 +11,14 @@ import typer
 from pydantic import ValidationError
 
 from planner.cli.app import NodesOpt, app, note, option_error
+from planner.diagnose.log_models import titan_flavor_model
 from planner.diagnose.logs import DEFAULT_SKIP, config_fields, model_of_run, read_log, run_record
 from planner.diagnose.runs import bundled_device
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.plan.files import load_inputs
 from planner.report.output import check_target, write_atomic
-from planner.spec.reading import read_text
+from planner.spec.reading import load_cluster, read_text
 
 runs_app = typer.Typer(no_args_is_help=True, help="Run records for validate and calibrate.")
 app.add_typer(runs_app, name="runs")
@@ -26,8 +27,10 @@ app.add_typer(runs_app, name="runs")
 @runs_app.command("from-log")
 def from_log_cmd(
     log: Annotated[Path, typer.Argument(help="Megatron-LM or torchtitan training log.")],
-    model: Annotated[Path, typer.Option(help="model.json or a Hugging Face config.json.")],
     cluster: Annotated[Path, typer.Option(help="cluster.json of the GPUs that ran it.")],
+    model: Annotated[Path | None, typer.Option(
+        help="model.json or a Hugging Face config.json (default for a torchtitan log: the "
+        "registered flavor it built).")] = None,
     nodes: NodesOpt = None,
     tp: Annotated[int | None, typer.Option(help="Tensor-parallel degree.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pipeline-parallel degree.")] = None,
@@ -61,9 +64,17 @@ def from_log_cmd(
     # against the log's own account of it.
     if out is not None:
         check_target(out, inputs=(log, model, cluster))
-    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     where = str(log)
-    measured = read_log(read_text(log), where=where, skip=skip)
+    if model is None:
+        cluster_spec = load_cluster(cluster, nodes)
+        measured = read_log(read_text(log), where=where, skip=skip)
+        if measured.format == "megatron":
+            raise InputError(f"{where}: a Megatron-LM log does not name its model (its "
+                             f"arguments have no vocabulary); pass --model")  # fmt: skip
+        model_spec = titan_flavor_model(measured.titan_model, where=where)
+    else:
+        model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
+        measured = read_log(read_text(log), where=where, skip=skip)
     model_spec = model_of_run(measured, model_spec, where=where)
     given: dict[str, Any] = dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, sp=sp, mbs=mbs,
                                  global_batch=global_batch, seq_len=seq_len, recompute=recompute,

@@ -191,6 +191,23 @@ def check_titan_model(logged: TitanModel, model: ModelSpec, *, where: str) -> No
                              f"{ours:,}; expected the log's model")  # fmt: skip
 
 
+def titan_flavor_model(logged: TitanModel | None, *, where: str) -> ModelSpec:
+    """The model of the registered torchtitan flavor the log built, as
+    :data:`planner.frameworks.torchtitan.FLAVORS` writes it, for a log given without a model
+    file; an error naming what is missing otherwise."""
+    from planner.frameworks.torchtitan import FLAVORS, VERSION
+
+    if logged is None:
+        raise InputError(f"{where}: the log does not say which model it built (torchtitan's "
+                         f"'Building NAME FLAVORwith {{...}}' line); pass --model")  # fmt: skip
+    found = next((f.spec for f in FLAVORS
+                  if (f.name, f.flavor) == (logged.name, logged.flavor)), None)  # fmt: skip
+    if found is None:
+        raise InputError(f"{where}: torchtitan built {logged.name} {logged.flavor}, which is none "
+                         f"of the {VERSION} flavors the planner knows; pass --model")  # fmt: skip
+    return found
+
+
 def titan_parameter_count(model: ModelSpec) -> int:
     """The parameter count torchtitan prints for ``model``: every ``nn.Parameter`` less the
     embedding when it is tied to the output (torchtitan/models/utils.py:406, 428-429 and
