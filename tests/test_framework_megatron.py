@@ -25,7 +25,7 @@ from planner.frameworks import megatron
 from planner.frameworks.base import Profile
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from tests.conftest import HF, MODELS, stand_in_when_missing
+from tests.conftest import HF, MODELS, REPO, stand_in_when_missing
 from tests.framework_cases import forced, load, nodes
 
 MODEL_FILES = sorted(MODELS.glob("*.json")) + sorted(HF.glob("*.json"))
@@ -692,6 +692,20 @@ def pin_bias_without_qkv_bias(p: Profile) -> None:
     accepted(p, "bias-without-qkv-bias", configure(qwen, 16, tp=8, sp=True), qwen)
 
 
+def pin_layer_architecture(p: Profile, *, window: bool) -> None:
+    """What rule ``layer-architecture`` refuses (and lets through): Gemma 2's post-norms, a
+    sliding window where the framework has no --window-size (``window`` False)."""
+    gemma = planner.load_model(REPO / "tests/data/hf/gemma-2-9b.config.json")
+    refused(p, "layer-architecture", configure(gemma, 16), gemma, "has post-norms")
+    phi = planner.load_model(REPO / "tests/data/hf/Phi-3-mini-4k-instruct.config.json")
+    if window:
+        accepted(p, "layer-architecture", configure(phi, 16), phi)
+    else:
+        refused(p, "layer-architecture", configure(phi, 16), phi, "has sliding-window attention")
+    qwen3 = load("Qwen3-8B")
+    accepted(p, "layer-architecture", configure(qwen3, 16), qwen3)
+
+
 def pin_rank_order(p: Profile) -> None:
     """What rule ``rank-order`` refuses (and lets through)."""
     model = load("gpt-1.7b")
@@ -816,6 +830,26 @@ def test_rule_moe_bias_with_tp() -> None:
 def test_rule_bias_without_qkv_bias() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1608-1610"""
     pin_bias_without_qkv_bias(P)
+
+
+def test_rule_layer_architecture() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_layer.py:278-288;
+    NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:2384-2393;
+    NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:2450-2453;
+    megatron/core/transformer/transformer_config.py:248-255"""
+    pin_layer_architecture(P, window=True)
+
+
+def test_rule_window_with_ring_cp() -> None:
+    """NVIDIA/TransformerEngine@d0067d0da6cb
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py:5054-5060"""
+    phi = planner.load_model(REPO / "tests/data/hf/Phi-3-mini-4k-instruct.config.json")
+    refused(P, "window-with-ring-cp", configure(phi, 16, cp=2, seq_len=4096), phi,
+            r"only with --cp-comm-type a2a or all_gather, not the ring \(cp=2")
+    accepted(P, "window-with-ring-cp", configure(phi, 16, cp=2, cp_algo="ulysses",
+                                                 seq_len=4096), phi)  # fmt: skip
+    llama = load("llama3-8b")
+    accepted(P, "window-with-ring-cp", configure(llama, 16, cp=2), llama)
 
 
 def test_rule_rank_order() -> None:

@@ -218,6 +218,13 @@ def test_rule_ulysses_context_parallel() -> None:
     tm.pin_ulysses_context_parallel(P)
 
 
+def test_rule_layer_architecture() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/transformer/transformer_layer.py:205-213;
+    NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:1299"""
+    tm.pin_layer_architecture(P, window=False)
+
+
 def test_rule_rank_order() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/initialize.py:354"""
     tm.pin_rank_order(P)

@@ -4,6 +4,7 @@ record that ``validate`` prices exactly as it prices the published record."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,22 @@ from typing import Any
 import pytest
 
 from planner.diagnose.calibration import validate
+from planner.diagnose.log_models import (
+    TitanModel,
+    check_megatron_model,
+    check_titan_model,
+    megatron_printed,
+    titan_parameter_count,
+)
 from planner.diagnose.logs import megatron_arguments, read_log, titan_tps
-from planner.diagnose.runs import model_from_record
+from planner.diagnose.runs import load_runs, model_from_record
 from planner.errors import InputError
-from tests.conftest import CALIBRATION_RUNS, CLUSTERS, FSDP_RUNS, REPO, shared
+from planner.frameworks import torchtitan
+from planner.graph import ParameterCount, lower, parameter_count
+from planner.spec import ModelSpec, TrainingSpec
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.estimate import estimate
+from tests.conftest import CALIBRATION_RUNS, CLUSTERS, FSDP_RUNS, HF, REPO, shared
 
 MEGATRON_ID = "megatron_readme2021_gpt3_175b_1024gpu"
 TITAN_ID = "mpt_A100_40GB_13b_s2048_g16_mb10"
@@ -160,3 +173,167 @@ def test_option_that_contradicts_the_log_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "tp 8" in done.stderr and "--tp 4" in done.stderr
     assert read_log(log.read_text(), where="x").global_batch == 1536  # the iteration lines'
+
+
+# --- The models people train: Llama-class and MoE runs from Megatron-LM and torchtitan --------
+
+LLAMA_LOG = REPO / "tests/data/llama3-8b-megatron.log"
+MIXTRAL_LOG = REPO / "tests/data/mixtral-8x7b-megatron.log"
+TITAN_LOG = REPO / "tests/data/llama3-8b-torchtitan.log"
+H100 = CLUSTERS / "dgx-h100-80gb.json"
+
+
+def _steady_ms(path: Path, skip: int = 3) -> float:
+    """The median of the iteration times after the warm-up, read off the log by hand."""
+    ms = [float(line.split("elapsed time per iteration (ms): ")[1].split(" ")[0])
+          for line in path.read_text().splitlines() if "elapsed time per iteration" in line]
+    return statistics.median(ms[skip:])
+
+
+def _record_of(tmp_path: Path, *args: str | Path) -> tuple[dict[str, Any], Path]:
+    out = tmp_path / "mine.json"
+    done = _from_log(*args, "--out", out)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())[0], out
+
+
+def _count(model: ModelSpec) -> ParameterCount:
+    return parameter_count(lower(model, TrainingSpec(seq_length=1, global_batch_size=1)))
+
+
+def test_llama3_megatron_log_becomes_the_record_of_its_model(tmp_path: Path) -> None:
+    """SwiGLU, RMSNorm, RoPE, GQA, untied: the record's model is the config's, checked against
+    the arguments dump, and validate prices it as estimate prices that run."""
+    config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
+    record, out = _record_of(tmp_path, LLAMA_LOG, "--model", config, "--cluster", H100,
+                             "--nodes", 1)
+    spec = ModelSpec.model_validate(record["model"]["spec"])
+    assert spec == load_model(config).model_copy(update={"training": None})
+    assert _count(spec).total == 8_030_261_248  # Llama 3 8B, as published
+    assert record["parallel"] | {"vpp": None} == {
+        "tp": 2, "pp": 1, "dp": 4, "cp": 1, "ep": 1, "vpp": None, "sp": True, "microbatch": 1,
+        "global_batch": 128, "recompute": "none", "zero": 1, "overlap_grad_reduce": True,
+        "overlap_param_gather": True, "tp_comm_overlap": False}
+    # --attention-backend auto runs Transformer Engine's fused kernel (use_flash_attn False).
+    assert record["software"]["fused_attention"] is True
+    run = load_runs(out, any_device=True)[0]
+    assert run.model == spec and run.measured_step_time_s == _steady_ms(LLAMA_LOG) / 1000
+    cluster = load_cluster(H100).with_nodes(1)
+    predicted, _ = _predicted(out, "llama3-8b-megatron")
+    assert predicted == pytest.approx(estimate(spec, cluster, run.config).step_time_s, rel=1e-12)
+    assert run.config.tp == 2 and run.config.sp and run.config.flash_attention
+    assert run.config.seq_len == 8192 and run.config.zero == 1
+    # The dump's --overlap-grad-reduce --overlap-param-gather, without --tp-comm-overlap.
+    assert (run.config.overlap_grad_reduce, run.config.overlap_param_gather,
+            run.config.tp_comm_overlap) == (True, True, False)
+
+
+def test_mixtral_megatron_log_carries_its_experts(tmp_path: Path) -> None:
+    config = shared(HF / "Mixtral-8x7B-v0.1.config.json")
+    record, out = _record_of(tmp_path, MIXTRAL_LOG, "--model", config, "--cluster", H100,
+                             "--nodes", 8)
+    spec = ModelSpec.model_validate(record["model"]["spec"])
+    assert spec == load_model(config).model_copy(update={"training": None})
+    assert spec.moe is not None and (spec.moe.num_experts, spec.moe.top_k) == (8, 2)
+    count = _count(spec)  # Mixtral 8x7B: 46.70B total, 12.88B active, as published
+    assert (count.total, count.active) == (pytest.approx(46.70e9, rel=5e-4),
+                                           pytest.approx(12.88e9, rel=5e-4))
+    assert (record["parallel"]["tp"], record["parallel"]["pp"], record["parallel"]["ep"],
+            record["parallel"]["dp"], record["parallel"]["recompute"]) == (2, 4, 8, 8,
+                                                                           "selective")
+    predicted, measured = _predicted(out, "mixtral-8x7b-megatron")
+    assert measured == _steady_ms(MIXTRAL_LOG) / 1000  # the slow step 17 does not move it
+    assert 0 < predicted < measured * 2
+
+
+def test_megatron_log_refuses_a_model_of_another_architecture(tmp_path: Path) -> None:
+    model = load_model(shared(HF / "Meta-Llama-3-8B-Instruct.config.json"))
+    for change, said in (({"activation": "gelu"}, "swiglu True"),
+                         ({"num_query_groups": 4}, "num_query_groups 8"),
+                         ({"tie_word_embeddings": True},
+                          "untie_embeddings_and_output_weights True")):  # fmt: skip
+        path = tmp_path / "model.json"
+        path.write_text(model.model_copy(update=change).model_dump_json())
+        done = _from_log(LLAMA_LOG, "--model", path, "--cluster", H100, "--nodes", 1)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert f"the log ran {said}" in " ".join(done.stderr.split())
+
+
+def test_megatron_dump_of_deepseek_v3_checks_mla_and_routing() -> None:
+    """What the dump prints for DeepSeek-V3 (--multi-latent-attention, its ranks,
+    --moe-layer-freq as a list) matches the HF config's model, and a rank that differs is
+    refused."""
+    model = load_model(shared(HF / "DeepSeek-V3.config.json"))
+    printed = megatron_printed(model)
+    assert (printed["multi_latent_attention"], printed["q_lora_rank"], printed["kv_lora_rank"],
+            printed["qk_head_dim"], printed["qk_pos_emb_head_dim"], printed["v_head_dim"]) == (
+        "True", "1536", "512", "128", "64", "128")
+    assert printed["moe_layer_freq"] == str([0] * 3 + [1] * 58)
+    assert (printed["num_experts"], printed["moe_router_topk"], printed["moe_ffn_hidden_size"],
+            printed["moe_shared_expert_intermediate_size"]) == ("256", "8", "2048", "2048")
+    check_megatron_model(printed, model, where="x")
+    with pytest.raises(InputError, match="the log ran kv_lora_rank 256"):
+        check_megatron_model(printed | {"kv_lora_rank": "256"}, model, where="x")
+
+
+def test_torchtitan_log_states_mesh_sequence_and_model(tmp_path: Path) -> None:
+    config = shared(HF / "Meta-Llama-3.1-8B.config.json")
+    record, out = _record_of(tmp_path, TITAN_LOG, "--model", config, "--cluster", H100,
+                             "--nodes", 1, "--mbs", 1, "--global-batch", 8)
+    spec = ModelSpec.model_validate(record["model"]["spec"])
+    assert spec == load_model(config).model_copy(update={"training": None})
+    assert record["model"]["seq_len"] == 8192  # max_seq_len, set from training.seq_len
+    assert record["parallel"] | {"vpp": None} == {
+        "tp": 1, "pp": 1, "dp": 8, "cp": 1, "ep": 1, "vpp": None, "sp": False, "microbatch": 1,
+        "global_batch": 8, "recompute": "full", "zero": 3}
+    tps = statistics.median(titan_tps(TITAN_LOG.read_text().splitlines())[3:])
+    predicted, measured = _predicted(out, "llama3-8b-torchtitan")
+    assert measured == pytest.approx(8 * 8192 / (tps * 8), rel=1e-12)
+    assert predicted > 0
+    # A model whose parameter count is not the 8,030,261,248 torchtitan printed is refused.
+    done = _from_log(TITAN_LOG, "--model", shared(HF / "Meta-Llama-3.1-70B.config.json"),
+                     "--cluster", H100, "--nodes", 1, "--global-batch", 8)
+    assert done.returncode == 2
+    assert "torchtitan built llama3 8B with dim=4096" in " ".join(done.stderr.split())
+
+
+def test_torchtitan_selective_checkpointing_needs_a_recompute_option(tmp_path: Path) -> None:
+    log = tmp_path / "sac.log"
+    log.write_text(TITAN_LOG.read_text().replace("Applied full activation",
+                                                 "Applied selective activation"))
+    config = shared(HF / "Meta-Llama-3.1-8B.config.json")
+    done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1,
+                     "--global-batch", 8)
+    assert done.returncode == 2 and "pass --recompute" in " ".join(done.stderr.split())
+    record, _ = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1,
+                           "--global-batch", 8, "--recompute", "selective")
+    assert record["parallel"]["recompute"] == "selective"
+    with pytest.raises(InputError, match="parameters"):
+        check_titan_model(TitanModel(name="llama3", flavor="8B", args={},
+                                     total_parameters=8_030_261_249),
+                          load_model(config), where="x")
+
+
+def test_torchtitan_count_leaves_out_a_tied_embedding_and_expert_biases() -> None:
+    """torchtitan prints every parameter less a tied embedding (models/utils.py:428-429); a
+    router's expert bias is a buffer (models/moe/moe.py:459-465)."""
+    llama = load_model(shared(HF / "Meta-Llama-3.1-8B.config.json"))
+    assert titan_parameter_count(llama) == 8_030_261_248
+    tied = llama.model_copy(update={"tie_word_embeddings": True})
+    assert titan_parameter_count(tied) == 8_030_261_248 - 2 * 128256 * 4096
+    deepseek = load_model(shared(HF / "DeepSeek-V3.config.json"))
+    assert titan_parameter_count(deepseek) == _count(deepseek).total - 256 * 58
+
+
+def test_torchtitan_log_without_a_model_is_its_flavor(tmp_path: Path) -> None:
+    """The flavor torchtitan built (llama3 8B) is the model; a Megatron log needs --model."""
+    record, _ = _record_of(tmp_path, TITAN_LOG, "--cluster", H100, "--nodes", 1,
+                           "--global-batch", 8)
+    spec = ModelSpec.model_validate(record["model"]["spec"])
+    assert spec == torchtitan.flavor(spec).spec and spec.name == "llama3 8B"
+    assert titan_parameter_count(spec) == 8_030_261_248
+    llama = load_model(shared(HF / "Meta-Llama-3.1-8B.config.json"))
+    assert spec.model_dump(exclude={"name", "training"}) == llama.model_dump(
+        exclude={"name", "training"})  # the HF config's Llama 3.1 8B, but for its name
+    done = _from_log(LLAMA_LOG, "--cluster", H100, "--nodes", 1)
+    assert done.returncode == 2 and "pass --model" in " ".join(done.stderr.split())

@@ -138,6 +138,10 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 131072,
         "qkv_bias": True,
     },
+    "Qwen3-8B": {**_qwen3_moe("Qwen3-8B", 36, 4096, 32, 12288, 0), "moe": None,
+                 "num_query_groups": 8, "max_position_embeddings": 40960},
+    "Qwen3-32B": {**_qwen3_moe("Qwen3-32B", 64, 5120, 64, 25600, 0), "moe": None,
+                  "num_query_groups": 8, "max_position_embeddings": 40960},
     "Qwen3-30B-A3B": _qwen3_moe("Qwen3-30B-A3B", 48, 2048, 32, 6144, 768),
     "Qwen3-235B-A22B": _qwen3_moe("Qwen3-235B-A22B", 94, 4096, 64, 12288, 1536),
     "gpt2": {
@@ -360,8 +364,9 @@ def test_unsupported_model_type(model_type: Any) -> None:
     data = _llama_config(model_type=model_type)
     with pytest.raises(
         InputError,
-        match=r"^test\.json: model_type .* is not supported; supported: deepseek_v3, gpt2, "
-        r"llama, mistral, mixtral, qwen2, qwen2_moe, qwen3_moe$",
+        match=r"^test\.json: model_type .* is not supported; supported: deepseek_v3, gemma2, "
+        r"gemma3, gemma3_text, gpt2, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, "
+        r"qwen3_moe$",
     ):
         _translate(data)
 

@@ -257,7 +257,8 @@ def layer_cmd(
     model: ModelArg,
     cluster: ClusterArg,
     nodes: NodesOpt = None,
-    kind: Annotated[str, typer.Option(help="Layer kind: dense, moe, embedding or head.")] = "dense",
+    kind: Annotated[str, typer.Option(
+        help="Layer kind: dense, local (sliding-window), moe, embedding or head.")] = "dense",
     mesh: Annotated[str, typer.Option(help="Logical mesh d0xd1 (axis 1 inside a node).")] = "1x8",
     mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,

@@ -11,19 +11,13 @@ import typer
 from pydantic import ValidationError
 
 from planner.cli.app import NodesOpt, app, load_inputs, note, option_error
-from planner.diagnose.logs import (
-    DEFAULT_SKIP,
-    check_model,
-    check_representable,
-    config_fields,
-    read_log,
-    run_record,
-)
+from planner.diagnose.log_models import titan_flavor_model
+from planner.diagnose.logs import DEFAULT_SKIP, config_fields, model_of_run, read_log, run_record
 from planner.diagnose.runs import bundled_device
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.report.output import check_target, write_atomic
-from planner.spec.reading import read_text
+from planner.spec.reading import load_cluster, read_text
 
 runs_app = typer.Typer(no_args_is_help=True, help="Run records for validate and calibrate.")
 app.add_typer(runs_app, name="runs")
@@ -32,8 +26,10 @@ app.add_typer(runs_app, name="runs")
 @runs_app.command("from-log")
 def from_log_cmd(
     log: Annotated[Path, typer.Argument(help="Megatron-LM or torchtitan training log.")],
-    model: Annotated[Path, typer.Option(help="model.json or a Hugging Face config.json.")],
     cluster: Annotated[Path, typer.Option(help="cluster.json of the GPUs that ran it.")],
+    model: Annotated[Path | None, typer.Option(
+        help="model.json or a Hugging Face config.json (default for a torchtitan log: the "
+        "registered flavor it built).")] = None,
     nodes: NodesOpt = None,
     tp: Annotated[int | None, typer.Option(help="Tensor-parallel degree.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pipeline-parallel degree.")] = None,
@@ -61,23 +57,37 @@ def from_log_cmd(
     out: Annotated[Path | None, typer.Option(help="Write the records here (JSON).")] = None,
 ) -> None:
     """A training log as a run record (JSON list) that validate and calibrate read."""
-    # The options give the configuration; a Megatron-LM log's arguments dump gives what it
-    # states, and an option that contradicts it is refused rather than silently overridden.
+    # The options give the configuration; a Megatron-LM log's arguments dump (or torchtitan's
+    # mesh and model args) gives what it states, and an option that contradicts it is refused
+    # rather than silently overridden. The record carries the model (model.spec), checked
+    # against the log's own account of it.
     if out is not None:
         check_target(out, inputs=(log, model, cluster))
-    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     where = str(log)
-    measured = read_log(read_text(log), where=where, skip=skip)
-    check_model(measured.arguments, model_spec, where=where)
+    if model is None:
+        cluster_spec = load_cluster(cluster, nodes)
+        measured = read_log(read_text(log), where=where, skip=skip)
+        if measured.format == "megatron":
+            raise InputError(f"{where}: a Megatron-LM log does not name its model (its "
+                             f"arguments have no vocabulary); pass --model")  # fmt: skip
+        model_spec = titan_flavor_model(measured.titan_model, where=where)
+    else:
+        model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
+        measured = read_log(read_text(log), where=where, skip=skip)
+    model_spec = model_of_run(measured, model_spec, where=where)
     given: dict[str, Any] = dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, sp=sp, mbs=mbs,
                                  global_batch=global_batch, seq_len=seq_len, recompute=recompute,
                                  zero=zero, precision=precision,
                                  flash_attention=flash_attention)  # fmt: skip
     fields = {k: v for k, v in given.items() if v is not None}
+    if measured.titan_checkpointing == "selective" and recompute is None:
+        raise InputError(f"{where}: torchtitan ran selective activation checkpointing (it keeps "
+                         f"attention and every other matmul), which is none of the planner's "
+                         f"modes; pass --recompute to say which to price it as")  # fmt: skip
     for name, value in config_fields(measured).items():
         if fields.get(name, value) != value:
             option = "--" + name.replace("_", "-")
-            raise InputError(f"{where}: the log's arguments say {name} {value!r}; {option} "
+            raise InputError(f"{where}: the log says {name} {value!r}; {option} "
                              f"{fields[name]!r} contradicts it")  # fmt: skip
         fields[name] = value
     try:
@@ -86,7 +96,6 @@ def from_log_cmd(
         raise option_error(exc) from None
     record = run_record(measured, model_spec, cluster_spec, config,
                         run_id=run_id or log.stem, source=f"training log {log.name}")
-    check_representable(record, model_spec, where=str(model))
     if bundled_device(cluster_spec.device.name) is None:
         # Without --cluster, validate prices a run on its device's bundled cluster file.
         note(f"{cluster_spec.device.name} is not a bundled device: price this record with "

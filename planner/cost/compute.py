@@ -147,7 +147,8 @@ def op_time(
     fraction = None
     if op.kind == "attention" and flash_attention:
         # A ring step (context parallelism) attends to one block of keys per kernel call.
-        keys = op.inputs[1].size("seq") / activation_degrees.get("seq", 1) * CAUSAL_FRACTION
+        span = op.key_span or op.inputs[1].size("seq")
+        keys = span / activation_degrees.get("seq", 1) * CAUSAL_FRACTION
         fraction = fused_attention_fraction(device, keys_per_query=keys, head_dim=op.head_dim)
     forward = compute_time_s(device, precision, flops=executed.forward, bytes_moved=moved,
                              calls=gemm_calls, fraction=fraction)  # fmt: skip

@@ -176,7 +176,7 @@ def memory_cases(model: ModelSpec, training: TrainingSpec, *,
                        flops=0.0, bytes_moved=3.0 * size * element_bytes)
              for size in sizes]  # fmt: skip
     norm = "layer_norm" if model.normalization == "layernorm" else "rms_norm"
-    activation = "gelu" if model.activation == "gelu" else "silu"
+    activation = "silu" if model.activation == "swiglu" else "gelu"  # GeGLU's gate is GeLU
     for mb in micro_batches:
         rows = mb * tokens
         for kernel, columns in ((norm, hidden), (activation, model.ffn)):

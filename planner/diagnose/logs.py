@@ -25,7 +25,15 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from planner.diagnose.runs import model_from_record
+from planner.diagnose.log_models import (
+    TitanModel,
+    check_megatron_model,
+    check_titan_model,
+    megatron_dropout,
+    titan_checkpointing,
+    titan_config_fields,
+    titan_model,
+)
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
@@ -44,6 +52,8 @@ _MEGATRON_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
 _MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 _TITAN_LINE = re.compile(r"\bstep:\s*(\d+)\s.*\btps:\s*([0-9,]+)")
 _ARG_LINE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
+_OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+"""Megatron's overlap arguments, the ParallelConfig fields of the same names."""
 
 # Megatron argument names (arguments.py) to the configuration fields they set.
 _MEGATRON_INTS = {
@@ -52,10 +62,6 @@ _MEGATRON_INTS = {
     "expert_model_parallel_size": "ep", "virtual_pipeline_model_parallel_size": "vpp",
     "micro_batch_size": "mbs", "global_batch_size": "global_batch", "seq_length": "seq_len",
 }  # fmt: skip
-# Megatron argument names to the model fields they must agree with.
-_MEGATRON_MODEL = {"num_layers": "num_layers", "hidden_size": "hidden_size",
-                   "num_attention_heads": "num_attention_heads",
-                   "ffn_hidden_size": "ffn_hidden_size"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +80,13 @@ class LogRun:
     """Megatron's arguments dump, name to value as printed; empty when absent."""
     global_batch: int | None
     """The global batch size the kept Megatron lines print, when they all print one."""
+    titan_model: TitanModel | None = None
+    """The model torchtitan says it built (:func:`~planner.diagnose.log_models.titan_model`)."""
+    titan_checkpointing: str | None = None
+    """torchtitan's activation checkpointing mode (``full``, ``selective``, ``none``)."""
+    titan_fields: dict[str, Any] | None = None
+    """The configuration torchtitan's lines state
+    (:func:`~planner.diagnose.log_models.titan_config_fields`)."""
 
 
 def megatron_step_times_s(lines: list[str]) -> list[float]:
@@ -129,16 +142,20 @@ def read_log(text: str, *, where: str, skip: int = DEFAULT_SKIP) -> LogRun:
         return LogRun(format="megatron", steps=len(kept), step_time_s=statistics.median(kept),
                       tokens_per_s_per_gpu=None, arguments=megatron_arguments(lines),
                       global_batch=batches.pop() if len(batches) == 1 else None)  # fmt: skip
+    built = titan_model(lines)
     return LogRun(format="torchtitan", steps=len(kept), step_time_s=None,
                   tokens_per_s_per_gpu=statistics.median(kept), arguments={},
-                  global_batch=None)  # fmt: skip
+                  global_batch=None, titan_model=built,
+                  titan_checkpointing=titan_checkpointing(lines),
+                  titan_fields=titan_config_fields(lines, built))  # fmt: skip
 
 
 def config_fields(log: LogRun) -> dict[str, Any]:
-    """The configuration fields a Megatron log states in its arguments dump and iteration
-    lines (names of :class:`ParallelConfig`); what it does not state is absent."""
+    """The configuration fields a log states (names of :class:`ParallelConfig`): a Megatron
+    log's arguments dump and iteration lines, a torchtitan log's mesh and model args; what it
+    does not state is absent."""
     arguments = log.arguments
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = dict(log.titan_fields or {})
     if log.global_batch is not None:
         fields["global_batch"] = log.global_batch
     for name, field in _MEGATRON_INTS.items():
@@ -151,22 +168,32 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         fields["recompute"] = arguments["recompute_granularity"]
     if arguments.get("use_distributed_optimizer") == "True":
         fields["zero"] = 1
+    for name in _OVERLAPS:
+        if arguments.get(name) in ("True", "False"):
+            fields[name] = arguments[name] == "True"
     if arguments.get("bf16") == "True":
         fields["precision"] = "bf16"
     elif arguments.get("fp16") == "True":
         fields["precision"] = "fp16"
-    if "use_flash_attn" in arguments:
-        fields["flash_attention"] = arguments["use_flash_attn"] == "True"
+    if "use_flash_attn" in arguments or "attention_backend" in arguments:
+        # Megatron-Core picks Transformer Engine's flash or fused kernel unless told
+        # otherwise (--attention-backend auto, transformer_config.py:151; enums.py:51-58);
+        # --use-flash-attn is the older switch, False in a dump of a run that chose neither.
+        backend = arguments.get("attention_backend", "AttnBackend.unfused")
+        fields["flash_attention"] = (arguments.get("use_flash_attn") == "True"
+                                     or backend not in ("AttnBackend.unfused",
+                                                        "AttnBackend.local"))  # fmt: skip
     return fields
 
 
-def check_model(arguments: dict[str, str], model: ModelSpec, *, where: str) -> None:
-    """Refuse a model whose shape the log's arguments dump contradicts."""
-    for name, field in _MEGATRON_MODEL.items():
-        value = arguments.get(name, "None")
-        if value != "None" and _int(name, value) != getattr(model, field):
-            raise InputError(f"{where}: the log ran {name} {value}, the model has "
-                             f"{field} {getattr(model, field)}; expected the log's model")
+def model_of_run(log: LogRun, model: ModelSpec, *, where: str) -> ModelSpec:
+    """The model that ran: ``model``, refused where the log's own account of the model
+    (Megatron's arguments, torchtitan's model args and parameter count) contradicts it, with
+    the dropout the Megatron log ran."""
+    if log.titan_model is not None:
+        check_titan_model(log.titan_model, model, where=where)
+    check_megatron_model(log.arguments, model, where=where)
+    return model.model_copy(update=megatron_dropout(log.arguments))
 
 
 def _int(name: str, value: str) -> int:
@@ -201,30 +228,22 @@ def run_record(
         "source_kind": "user log",
         "software": {"framework": framework, "fused_attention": config.flash_attention,
                      "dropout": model.hidden_dropout},
+        # The sizes for readers of the published runs' layout; "spec" is the model that ran,
+        # whatever its architecture (planner.diagnose.runs.model_from_record reads it).
         "model": {"name": model.name, "layers": model.num_layers, "hidden": model.hidden_size,
                   "heads": model.num_attention_heads, "kv_heads": model.query_groups,
                   "ffn_hidden": model.ffn, "vocab": model.vocab_size,
-                  "seq_len": seq},
+                  "seq_len": seq, "spec": model.model_dump(mode="json", exclude={"training"})},
         "cluster": {"gpu": cluster.device.name, "num_gpus": resolved.num_devices},
         "parallel": {"tp": config.tp, "pp": config.pp, "dp": resolved.dp, "cp": config.cp,
                      "ep": config.ep, "vpp": config.vpp, "sp": resolved.sp,
                      "microbatch": config.mbs, "global_batch": batch,
-                     "recompute": config.recompute, "zero": config.zero},
+                     "recompute": config.recompute, "zero": config.zero,
+                     # The overlaps the log states; without them the reader assumes the
+                     # framework's era's (planner.diagnose.runs.config_from_record).
+                     **{name: getattr(config, name) for name in _OVERLAPS
+                        if name in log.arguments}},
         "precision": precision,
         "measured": {"step_time_s": step},
         "config_complete": True,
     }
-
-
-def check_representable(record: dict[str, Any], model: ModelSpec, *, where: str) -> None:
-    """Refuse a model the runs layout cannot carry: a record describes a GPT by its sizes
-    (:func:`planner.diagnose.runs.model_from_record`), so any other field that differs would be
-    priced as that GPT instead of as the model that ran."""
-    rebuilt = model_from_record(record)
-    ignore = {"name", "max_position_embeddings", "training"}  # the run states its own training
-    mine, theirs = model.model_dump(exclude=ignore), rebuilt.model_dump(exclude=ignore)
-    for field in sorted(mine):
-        if mine[field] != theirs[field] and field not in ("num_query_groups", "ffn_hidden_size"):
-            raise InputError(f"{where}: a run record describes a GPT ({theirs[field]!r} for "
-                             f"{field}); the model has {mine[field]!r}, which validate "
-                             f"would not price")  # fmt: skip

@@ -176,8 +176,12 @@ def software_of(record: dict[str, Any]) -> Software:
 def model_from_record(record: dict[str, Any]) -> ModelSpec:
     """The GPT model a record describes: GeLU, LayerNorm, biases (Megatron's GPT and MPT as
     benchmarked, whose parameter counts imply them); tied learned positions, except the 2024
-    Megatron-Core table, whose parameter counts imply untied RoPE."""
+    Megatron-Core table, whose parameter counts imply untied RoPE. A record with
+    ``model.spec`` (``planner runs from-log``'s) carries its model as model.json does, and is
+    read as such."""
     m = record["model"]
+    if "spec" in m:
+        return ModelSpec.model_validate(m["spec"])
     software = software_of(record)
     modern = software.megatron_core_2024
     return ModelSpec(
@@ -240,9 +244,11 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         zero=1 if isinstance(zero, str) and "distributed optimizer" in zero else int(zero),
         precision="fp16" if precision.startswith("fp16") else "bf16",
         flash_attention=software.fused_attention,
-        overlap_grad_reduce=modern or fsdp,
-        overlap_param_gather=modern or fsdp,
-        tp_comm_overlap=modern,
+        # A user's log states its overlaps (planner runs from-log); the published runs' era
+        # and framework say theirs.
+        overlap_grad_reduce=p.get("overlap_grad_reduce", modern or fsdp),
+        overlap_param_gather=p.get("overlap_param_gather", modern or fsdp),
+        tp_comm_overlap=p.get("tp_comm_overlap", modern),
     )
 
 

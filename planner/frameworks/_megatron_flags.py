@@ -184,9 +184,22 @@ def model_flags(model: ModelSpec, *, seq_length: int) -> list[Flag]:
     flags += [("--untie-embeddings-and-output-weights", None)] * (not model.tie_word_embeddings)
     flags += bias_flags(model)
     flags += [("--qk-layernorm", None)] * model.qk_layernorm
+    flags += window_flags(model)
     flags += [("--hidden-dropout", model.hidden_dropout),
               ("--attention-dropout", model.attention_dropout)]  # fmt: skip
     return flags + mla_flags(model) + moe_flags(model)
+
+
+def window_flags(model: ModelSpec) -> list[Flag]:
+    """Sliding-window attention: ``--window-size LEFT,RIGHT`` counts the keys before and after
+    a query (Transformer Engine's ``window_size``), so a causal window of w keys, the query's
+    own included, is ``w-1,0``; ``--window-attn-skip-freq N`` makes every N-th layer (from 1)
+    global (megatron/core/transformer/utils.py:531-545)."""
+    window = model.sliding_window
+    if window is None:
+        return []
+    flags: list[Flag] = [("--window-size", f"{window.window - 1},0")]
+    return flags + [("--window-attn-skip-freq", window.global_every)] * bool(window.global_every)
 
 
 def bias_flags(model: ModelSpec) -> list[Flag]:

@@ -110,3 +110,27 @@ def ranks_in_order(resolved: ResolvedConfig, order: tuple[str, ...]) -> bool:
     sizes = {"tp": c.tp, "cp": c.cp, "dp": resolved.dp, "pp": c.pp}
     given = [a for a in c.rank_order.split("-") if sizes.get(a, 1) > 1]
     return given == [a for a in order if sizes.get(a, 1) > 1]
+
+
+def layer_features(model: ModelSpec) -> tuple[str, ...]:
+    """What the model's decoder layers have beyond a GPT's or a Llama's (Gemma 2/3, Phi-3), in
+    the words a refusal names them: each framework launches some of them, or none."""
+    present = (
+        (model.post_norms, "post-norms (a norm on each block's output, Gemma's)"),
+        (model.activation == "geglu", "a GeGLU MLP (GeLU on the gate)"),
+        (model.attn_logit_softcapping is not None, "attention logit soft-capping"),
+        (model.final_logit_softcapping is not None, "final logit soft-capping"),
+        (model.scale_embeddings, "embeddings scaled by sqrt(hidden_size)"),
+        (model.sliding_window is not None, "sliding-window attention"),
+    )
+    return tuple(name for on, name in present if on)
+
+
+def unsupported_layers(model: ModelSpec, *, framework: str,
+                       supported: frozenset[str] = frozenset()) -> str | None:
+    """A refusal naming the first of :func:`layer_features` that ``framework`` does not build,
+    or None."""
+    missing = [name for name in layer_features(model) if name not in supported]
+    if not missing:
+        return None
+    return f"{model.name} has {missing[0]}, which {framework} does not build"

@@ -24,7 +24,14 @@ from planner.frameworks._colossalai_plugin import (
     render,
     sequence_kwargs,
 )
-from planner.frameworks.base import Launch, Profile, Rule, data_parallel_sync, ranks_in_order
+from planner.frameworks.base import (
+    Launch,
+    Profile,
+    Rule,
+    data_parallel_sync,
+    ranks_in_order,
+    unsupported_layers,
+)
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -73,7 +80,12 @@ def family(model: ModelSpec) -> Family | None:
 
 
 def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Shardformer needs a policy for the model's Hugging Face class."""
+    """Shardformer needs a policy for the model's Hugging Face class; auto_policy.py has none
+    for Gemma 2/3 or Phi-3, and the classes the planner builds attend globally."""
+    layers = unsupported_layers(model, framework="Colossal-AI's Shardformer policies the "
+                                "planner exports")  # fmt: skip
+    if layers is not None:
+        return layers
     if family(model) is not None:
         return None
     return (f"{model.name}: no Shardformer policy builds this architecture (GPT-2, Llama, Qwen2, "

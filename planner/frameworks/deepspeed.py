@@ -33,7 +33,14 @@ from planner.frameworks._deepspeed_partition import (
     partition_method,
     stage_partition,
 )
-from planner.frameworks.base import Launch, Profile, Rule, data_parallel_sync, ranks_in_order
+from planner.frameworks.base import (
+    Launch,
+    Profile,
+    Rule,
+    data_parallel_sync,
+    ranks_in_order,
+    unsupported_layers,
+)
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -236,7 +243,8 @@ def moe_layout(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """What GPTModel cannot build: MLA, query/key norms, a QKV bias apart from the others."""
+    """What GPTModel cannot build: MLA, query/key norms, a QKV bias apart from the others,
+    Gemma's and Phi-3's layer features (:func:`~planner.frameworks.base.layer_features`)."""
     if model.mla is not None:
         return f"{model.name} uses multi-head latent attention, which Megatron-DeepSpeed lacks"
     if model.qk_layernorm:
@@ -244,7 +252,8 @@ def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     if model.has_qkv_bias != model.bias:
         return (f"{model.name} has a QKV bias {'with' if model.has_qkv_bias else 'without'} "
                 f"the other linear biases: Megatron-DeepSpeed has one switch for all")
-    return None
+    # Its model arguments have no sliding window, soft-cap, post-norm or GeGLU.
+    return unsupported_layers(model, framework="Megatron-DeepSpeed")
 
 
 def sequence_parallel_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:

@@ -15,7 +15,7 @@ citations of the Megatron-Core version it runs on (:mod:`planner.frameworks.mind
 from __future__ import annotations
 
 from planner.frameworks import _megatron_flags as mf
-from planner.frameworks.base import Launch, Profile, Rule
+from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 from planner.vocabulary import DEFAULT_RANK_ORDER
@@ -185,6 +185,14 @@ def linear_bias_without_qkv_bias(resolved: ResolvedConfig, model: ModelSpec) -> 
             f"always include the QKV projection's")
 
 
+def layer_architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """A TransformerLayer has input and pre-MLP norms only (no post-norms), the activations
+    are GeLU, --swiglu and --quick-geglu (not GeLU-tanh's GeGLU), attention has no soft-cap;
+    sliding windows are --window-size with --window-attn-skip-freq."""
+    return unsupported_layers(model, framework="Megatron-LM",
+                              supported=frozenset({"sliding-window attention"}))
+
+
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Megatron numbers ranks tp-cp-ep-dp-pp (or tp-cp-ep-pp-dp, which the planner forbids)."""
     order = resolved.config.rank_order
@@ -209,6 +217,16 @@ def unfused_attention_with_cp(resolved: ResolvedConfig, model: ModelSpec) -> str
         return None
     return (f"context parallelism (cp={cp}) runs only with fused attention: "
             f"flash_attention is off")
+
+
+def window_with_ring_cp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Transformer Engine's ring (p2p) context parallelism does not attend a sliding window."""
+    c = resolved.config
+    if model.sliding_window is None or c.cp == 1 or c.cp_algo != "ring":
+        return None
+    return (f"{model.name} has sliding-window attention: Transformer Engine's context "
+            f"parallelism attends a window only with --cp-comm-type a2a or all_gather, not the "
+            f"ring (cp={c.cp}, cp_algo ring)")
 
 
 def optimizer_offload_without_distributed_optimizer(
@@ -285,6 +303,10 @@ RULES: tuple[Rule, ...] = (
          source=f"{REPO} megatron/core/transformer/transformer_config.py:2612-2615"),
     Rule(name="bias-without-qkv-bias", check=linear_bias_without_qkv_bias,
          source=f"{_ARGS}:1608-1610"),
+    Rule(name="layer-architecture", check=layer_architecture,
+         source=f"{REPO} megatron/core/transformer/transformer_layer.py:278-288; "
+                f"{_ARGS}:2384-2393; {_ARGS}:2450-2453; "
+                f"megatron/core/transformer/transformer_config.py:248-255"),
     Rule(name="rank-order", check=rank_order,
          source=f"{REPO} megatron/training/initialize.py:395"),
     Rule(name="fused-attention-precision", check=fused_attention_precision,
@@ -292,6 +314,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,
          source=f"{_TE_ATTENTION}:1169-1173; {REPO} "
                 f"megatron/core/transformer/dot_product_attention.py:57-59"),
+    Rule(name="window-with-ring-cp", check=window_with_ring_cp,
+         source=f"{TE} transformer_engine/pytorch/attention/dot_product_attention/"
+                f"context_parallel.py:5054-5060"),
     Rule(name="optimizer-offload-zero-0",
          check=optimizer_offload_without_distributed_optimizer,
          source=f"{_ARGS}:1884-1888; {REPO} megatron/core/optimizer/__init__.py:1057-1060"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks import megatron
-from planner.frameworks.base import Launch, Profile, Rule
+from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -27,6 +27,12 @@ CORE = "NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)"
 """The Megatron-LM MindSpeed runs on."""
 _ARGS = f"{CORE} megatron/training/arguments.py"
 _CP_FEATURE = f"{REPO} mindspeed/features_manager/context_parallel/context_parallel_feature.py"
+
+
+def layer_architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """core_v0.12.1's TransformerLayer has no post-norms and its arguments have no sliding
+    window, no soft-cap and no GeGLU but --swiglu."""
+    return unsupported_layers(model, framework=f"MindSpeed on {CORE}")
 
 
 def moe_bias(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -110,6 +116,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
          source=f"{REPO} mindspeed/features_manager/context_parallel/"
                 f"context_parallel_feature.py:106"),
+    Rule(name="layer-architecture", check=layer_architecture,
+         source=f"{CORE} megatron/core/transformer/transformer_layer.py:205-213; "
+                f"{_ARGS}:1299"),
     Rule(name="rank-order", check=megatron.rank_order,
          source=f"{CORE} megatron/training/initialize.py:354"),
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,

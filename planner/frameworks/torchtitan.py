@@ -65,6 +65,15 @@ def _qwen3_moe(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int,
                      moe=MoESpec(num_experts=128, top_k=8, ffn_hidden_size=expert_ffn))  # fmt: skip
 
 
+def _qwen3(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
+    """A dense Qwen3 flavor: 8 KV heads of 128 dims, query/key norms, untied from 8B up."""
+    return ModelSpec(name=f"qwen3 {flavor}", num_layers=layers, hidden_size=hidden,
+                     num_attention_heads=heads, num_query_groups=8, kv_channels=128,
+                     ffn_hidden_size=ffn, vocab_size=151936, max_position_embeddings=40960,
+                     activation="swiglu", normalization="rmsnorm", position_embedding="rope",
+                     tie_word_embeddings=False, bias=False, qk_layernorm=True)  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Flavor:
     """A model torchtitan registers, in the planner's words."""
@@ -90,6 +99,12 @@ FLAVORS: tuple[Flavor, ...] = (
            spec=_llama3("70B", layers=80, hidden=8192, heads=64, ffn=28672)),
     Flavor(name="llama3", flavor="405B", pipeline=True, source=f"{_LLAMA3}:91-99",
            spec=_llama3("405B", layers=126, hidden=16384, heads=128, ffn=53248)),
+    Flavor(name="qwen3", flavor="8B", pipeline=False, source=f"{_QWEN3}:85-96",
+           spec=_qwen3("8B", layers=36, hidden=4096, heads=32, ffn=12288)),
+    Flavor(name="qwen3", flavor="14B", pipeline=False, source=f"{_QWEN3}:97-108",
+           spec=_qwen3("14B", layers=40, hidden=5120, heads=40, ffn=17408)),
+    Flavor(name="qwen3", flavor="32B", pipeline=False, source=f"{_QWEN3}:109-120",
+           spec=_qwen3("32B", layers=64, hidden=5120, heads=64, ffn=25600)),
     Flavor(name="qwen3", flavor="30B-A3B", pipeline=False, source=f"{_QWEN3}:145-167",
            spec=_qwen3_moe("30B-A3B", layers=48, hidden=2048, heads=32, ffn=6144,
                            expert_ffn=768)),

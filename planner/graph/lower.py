@@ -37,7 +37,7 @@ class _Builder:
     layer: int
     """Index of the layer being built (0 embedding, 1..L decoder layers, L + 1 head)."""
     layer_kind: str
-    """Its kind: ``embedding``, ``dense``, ``moe`` or ``head``."""
+    """Its kind: ``embedding``, ``dense``, ``local``, ``moe`` or ``head``."""
     ops: list[tuple[Op, tuple[str, ...]]] = field(default_factory=list)
     """The ops added so far, in order, each with the names of the ops feeding it (the graph's edges
     into it)."""
@@ -130,10 +130,15 @@ def _attention_core(
     if m.attention_dropout > 0:
         score_tensors += [b.mask(scores), scores]
     out = b.act(("heads", heads * v_dim))
-    flops = 2.0 * b.batch * s * s * heads * (q_dim + v_dim)
+    # A local layer scores each query against its window only (an unfused kernel still
+    # materialises the masked s x s scores, so score_tensors keep their size).
+    window = m.sliding_window if _is_local(m, b.layer) else None
+    keys = s if window is None else window.key_span(s)
+    flops = 2.0 * b.batch * s * keys * heads * (q_dim + v_dim)
     return b.add(
         "attention", "attention", (source, *sources), inputs=(q, k, v), output=out,
         flops=flops, saved=(q, k, v), score_tensors=tuple(score_tensors),
+        key_span=0.0 if window is None else keys,
     )  # fmt: skip
 
 
@@ -190,9 +195,9 @@ def _latent_attention(b: _Builder, x_name: str) -> str:
 
 
 def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp") -> str:
-    """Up projection (gate and up fused for SwiGLU), activation, down projection."""
+    """Up projection (gate and up fused for SwiGLU/GeGLU), activation, down projection."""
     m = b.model
-    glu = 2 if m.activation == "swiglu" else 1
+    glu = 2 if m.gated_mlp else 1
     up = b.linear(f"{prefix}_up", x_name, b.hidden(), ("ffn", glu * width), bias=m.bias)
     act_in, act_out = b.act(("ffn", glu * width)), b.act(("ffn", width))
     act = b.add(f"{prefix}_act", "elementwise", (up,), inputs=(act_in,), output=act_out,
@@ -204,7 +209,7 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
     """Router, token dispatch, routed experts, combine (+ shared experts); returns outputs."""
     m, moe = b.model, b.model.moe
     assert moe is not None  # the caller dispatches on it
-    h, experts, glu = m.hidden_size, moe.num_experts, 2 if m.activation == "swiglu" else 1
+    h, experts, glu = m.hidden_size, moe.num_experts, 2 if m.gated_mlp else 1
     tokens = b.batch * b.seq
     logits = b.act(("experts", experts))
     router = b.add(
@@ -254,11 +259,16 @@ def _decoder_layer(b: _Builder, x_name: str) -> str:
     m = b.model
     normed = b.norm("input_norm", x_name)
     attn = _latent_attention(b, normed) if m.mla else _standard_attention(b, normed)
+    if m.post_norms:  # Gemma 2/3: the block's output is normed before the residual add
+        attn = b.norm("attn_out_norm", attn)
     mid = b.residual("attn_residual", attn, x_name)
     normed = b.norm("post_attention_norm", mid)
     if b.layer_kind == "moe":
         return b.residual("mlp_residual", *_moe(b, normed), mid)
-    return b.residual("mlp_residual", _mlp(b, normed, m.ffn), mid)
+    mlp = _mlp(b, normed, m.ffn)
+    if m.post_norms:
+        mlp = b.norm("mlp_out_norm", mlp)
+    return b.residual("mlp_residual", mlp, mid)
 
 
 def _embedding(b: _Builder) -> str:
@@ -288,6 +298,10 @@ def _head(b: _Builder, x_name: str) -> str:
         op, inputs = b.ops[-1]
         b.ops[-1] = (_replace(op, tied_to="embedding"), inputs)
     loss_in = b.act(("vocab", m.vocab_size))
+    if m.final_logit_softcapping is not None:
+        # Gemma 2's c tanh(logits / c): its backward needs the tanh, a logits-sized tensor.
+        logits = b.add("logit_softcap", "elementwise", (logits,), inputs=(loss_in,),
+                       output=loss_in, saved=(loss_in,))  # fmt: skip
     out = Tensor((("batch", b.batch), ("seq", b.seq)), LOSS_BYTES)
     return b.add("loss", "loss", (logits,), inputs=(loss_in,), output=out,
                  saved=(Tensor(loss_in.dims, LOSS_BYTES),))  # fmt: skip
@@ -299,9 +313,21 @@ def _replace(op: Op, **changes: object) -> Op:
     return replace(op, **changes)  # type: ignore[arg-type]
 
 
+def _is_local(model: ModelSpec, layer: int) -> bool:
+    """Whether decoder layer ``layer`` (1-based) attends to a sliding window only."""
+    return model.sliding_window is not None and model.sliding_window.is_local(layer - 1)
+
+
 def decoder_layer_kind(model: ModelSpec, layer: int) -> str:
-    """The kind of decoder layer ``layer`` (1-based): ``dense`` or ``moe``."""
-    return "moe" if model.is_moe_layer(layer - 1) else "dense"
+    """The kind of decoder layer ``layer`` (1-based): ``dense``, ``moe``, or ``local`` for a
+    sliding-window layer of a model that also has global ones (Gemma 2/3; a model whose layers
+    are all local has one kind, ``dense``)."""
+    if model.is_moe_layer(layer - 1):
+        return "moe"
+    window = model.sliding_window
+    if window is not None and window.global_every and _is_local(model, layer):
+        return "local"
+    return "dense"
 
 
 def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1) -> nx.DiGraph:

@@ -66,6 +66,11 @@ class Tensor:
         return 1
 
 
+TRANSFORMER_KINDS = ("dense", "local", "moe")
+"""The decoder layers' kinds (:func:`planner.graph.lower.decoder_layer_kind`): what recomputes,
+shards by heads and holds a transformer block, unlike the embedding and the head."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Op:
     """One operator of one layer, for one microbatch, forward pass.
@@ -84,7 +89,8 @@ class Op:
     layer: int
     """0 = embedding, 1..L = decoder layers, L + 1 = final norm, LM head and loss."""
     layer_kind: str
-    """Layers of the same kind are identical: ``embedding``, ``dense``, ``moe``, ``head``."""
+    """Layers of the same kind are identical: ``embedding``, ``dense``, ``local`` (sliding-window
+    attention), ``moe``, ``head``."""
     inputs: tuple[Tensor, ...]
     """The activations the forward reads, whole (one microbatch, unsharded)."""
     output: Tensor
@@ -108,6 +114,10 @@ class Op:
     score_tensors: tuple[Tensor, ...] = ()
     """The attention core's ``s x s`` tensors (softmax output, dropout mask and output): kept
     unless selective recompute or flash attention drops them."""
+    key_span: float = 0.0
+    """The attention core's keys per query in the full-square convention of ``flops`` (the ``s``
+    of ``s x s``, which a causal kernel halves), bounded by a sliding window
+    (:meth:`planner.spec.attention.SlidingWindowSpec.key_span`); 0: the whole sequence."""
     units: tuple[tuple[str, int], ...] = ()
     """Indivisible units of a dim when it is not its size: the ``heads`` dims hold
     ``heads x head_dim`` features but split only by whole (key/value) heads."""

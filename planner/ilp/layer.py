@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.errors import InputError, TimeLimitError
+from planner.graph.lower import decoder_layer_kind
 from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
 from planner.ilp.formulation import (
     LayerProblem,
@@ -163,9 +164,9 @@ def layer_query(
                                       for p in parts):  # fmt: skip
             raise InputError(f"--mesh must look like 2x4 (two positive sizes), got {mesh!r}")
         mesh = (int(parts[0]), int(parts[1]))
-    kinds = ("dense", "moe") if model.moe else ("dense",)
-    if kind not in (*kinds, "embedding", "head") or (kind == "dense" and model.moe and not any(
-            not model.is_moe_layer(i) for i in range(model.num_layers))):  # fmt: skip
+    kinds = tuple(dict.fromkeys(decoder_layer_kind(model, layer)
+                                for layer in range(1, model.num_layers + 1)))  # fmt: skip
+    if kind not in (*kinds, "embedding", "head"):
         raise InputError(f"{model.name} has no {kind!r} layer; it has "
                          f"{', '.join((*kinds, 'embedding', 'head'))}")  # fmt: skip
     for name, value in (("--mbs", mbs), ("--seq-len", seq_len), ("--in-flight", in_flight),

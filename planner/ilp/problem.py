@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from planner.graph import lowered
+from planner.graph.ops import TRANSFORMER_KINDS
 from planner.ilp.formulation import EdgeCosts, LayerProblem, NodeCosts
 from planner.ilp.prune import prune_dominated
 from planner.sharding.assignment import LayerGraph, Node, StrategiesFn, edge_seconds, layer_graph
@@ -124,7 +125,7 @@ def layer_graph_of(
                           num_microbatches=query.num_microbatches, replicas=query.replicas,
                           tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
     return layer_graph(graph, ops, LogicalMesh(query.mesh), ctx, strategies=strategies,
-                       transformer=query.kind in ("dense", "moe"))  # fmt: skip
+                       transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 
 
 def layer_problem(
@@ -135,7 +136,7 @@ def layer_problem(
     left)."""
     layer = layer_graph_of(model, cluster, query)
     edges = tuple(_edge(layer, edge) for edge in layer.edges)
-    transformer = query.kind in ("dense", "moe")
+    transformer = query.kind in TRANSFORMER_KINDS
     budget = None if query.memory_budget_gib is None else int(query.memory_budget_gib * GIB / KIB)
     problem = LayerProblem(
         nodes=tuple(_node_costs(n, query, v == 0) for v, n in enumerate(layer.nodes)),

@@ -176,7 +176,8 @@ def plan_stages(
         if i == len(stages) - 1:
             held.add("head")
         options = {k: o for k, o in s.choice.options.items() if k in held}
-        main = options.get("moe") or options["dense"]
+        # The layer kind that says the stage's degrees: the experts' where there are any.
+        main = next(options[k] for k in ("moe", "dense", "local") if k in options)
         summary = summarise(main.solution, mesh)
         shardings = {
             f"{option.kind}.{c.op.split('.', 1)[-1]}": c.strategy

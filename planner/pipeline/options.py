@@ -17,13 +17,12 @@ from functools import lru_cache
 import numpy as np
 
 from planner import cost
+from planner.graph.ops import TRANSFORMER_KINDS
 from planner.ilp.layer import LayerSolution
 from planner.sharding.assignment import LayerParts
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.weights import weight_states, weight_syncs
 from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES, Precision
-
-TRANSFORMER_KINDS = ("dense", "moe")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -375,9 +375,20 @@ class Plan(_Frozen):
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
 
+# ModelSpec fields added after plans were first written: left out of the hash while at their
+# defaults, so that a plan made before them still names the same model.
+_LATER_MODEL_FIELDS = ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping",
+                       "post_norms", "scale_embeddings")
+
+
 def input_hash(spec: ModelSpec | ClusterSpec) -> str:
     """SHA-256 of an input's canonical JSON (so a plan names exactly what it was made for)."""
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    dumped = spec.model_dump(mode="json")
+    if isinstance(spec, ModelSpec):
+        for name in _LATER_MODEL_FIELDS:
+            if getattr(spec, name) == type(spec).model_fields[name].default:
+                dumped.pop(name)
+    canonical = json.dumps(dumped, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from planner.errors import ConfigError
 from planner.graph import lowered
-from planner.graph.ops import TENSOR_PARALLEL_DIMS, Op
+from planner.graph.ops import TENSOR_PARALLEL_DIMS, TRANSFORMER_KINDS, Op
 from planner.sharding.assignment import (
     LayerGraph,
     LayerParts,
@@ -217,7 +217,7 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
                           flash_attention=query.flash_attention,
                           tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),
-                       transformer=query.kind in ("dense", "moe"))  # fmt: skip
+                       transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 
 
 def uniform_parts(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -> LayerParts:

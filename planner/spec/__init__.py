@@ -24,9 +24,10 @@ from pydantic import (
 
 from planner.errors import InputError
 from planner.spec import limits as lim
+from planner.spec.attention import SlidingWindowSpec
 from planner.vocabulary import GB, GIB, ParallelismKind, Precision
 
-Activation = Literal["gelu", "swiglu"]
+Activation = Literal["gelu", "swiglu", "geglu"]
 Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope"]
 
@@ -173,6 +174,23 @@ class ModelSpec(_Frozen):
         default=None, description="Biases on the QKV projection only; default = bias."
     )
     qk_layernorm: bool = Field(default=False, description="Per-head norm on queries and keys.")
+    # Gemma 2/3 and Phi-3 (planner.spec.attention): local layers, soft-capping, sandwich norms.
+    sliding_window: SlidingWindowSpec | None = Field(
+        default=None, description="Local attention layers; null = every layer is global."
+    )
+    attn_logit_softcapping: Float | None = Field(
+        default=None, gt=0, description="Attention scores soft-capped as c tanh(x / c) (Gemma 2)."
+    )
+    final_logit_softcapping: Float | None = Field(
+        default=None, gt=0, description="Output logits soft-capped as c tanh(x / c) (Gemma 2)."
+    )
+    post_norms: bool = Field(
+        default=False, description="A second norm on each block's output before the residual "
+        "add (Gemma 2/3's post-attention and post-feedforward norms).",
+    )  # fmt: skip
+    scale_embeddings: bool = Field(
+        default=False, description="Embeddings multiplied by sqrt(hidden_size) (Gemma)."
+    )
     hidden_dropout: Float = Field(
         default=0.0, ge=0, lt=1, description="Dropout after attention and MLP blocks."
     )
@@ -195,6 +213,9 @@ class ModelSpec(_Frozen):
                 f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
                 f"({heads}); set kv_channels"
             )
+        if self.moe is not None and self.sliding_window is not None:
+            raise ValueError("sliding_window with moe is not supported: a local and a global "
+                             "MoE layer would be one layer kind")
         if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
             raise ValueError(
                 f"moe.first_dense_layers ({self.moe.first_dense_layers}) > num_layers "
@@ -216,6 +237,11 @@ class ModelSpec(_Frozen):
     def ffn(self) -> int:
         """Dense FFN width."""
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Whether the MLP is gated (SwiGLU, GeGLU): its up projection is two matrices."""
+        return self.activation in ("swiglu", "geglu")
 
     @property
     def has_qkv_bias(self) -> bool:

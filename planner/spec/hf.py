@@ -40,6 +40,7 @@ _KEYS = {
     "moe.ffn_hidden_size": "moe_intermediate_size",
     "moe.num_experts": "num_experts",
     "moe.shared_ffn_hidden_size": "shared_expert_intermediate_size",
+    "sliding_window.window": "sliding_window",
     **{f"mla.{key}": key for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                       "qk_rope_head_dim", "v_head_dim")},
 }  # fmt: skip
@@ -135,11 +136,18 @@ def model_from_hf_config(data: Mapping[str, Any], *, source: str) -> ModelSpec:
     if not isinstance(data, Mapping):
         raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
     model_type = data.get("model_type")
+    if isinstance(model_type, str) and model_type in _NESTED and isinstance(
+            data.get("text_config"), Mapping):
+        # A multimodal checkpoint (Gemma 3 4B-27B) keeps its decoder in text_config, which
+        # transformers builds as the text model's own config class; its name is the outer one.
+        text = {**data["text_config"], "model_type": _NESTED[model_type],
+                "_name_or_path": _model_name(_HFConfig(data, source))}
+        return model_from_hf_config(text, source=f"{source} text_config")
     reader = _READERS.get(model_type) if isinstance(model_type, str) else None
     if reader is None:
         raise InputError(
             f"{source}: model_type {short_repr(model_type)} is not supported; "
-            f"supported: {', '.join(sorted(_READERS))}"
+            f"supported: {', '.join(sorted({*_READERS, *_NESTED}))}"
         )
     cfg = _HFConfig(data, source)
     fields = reader(cfg)
@@ -211,6 +219,35 @@ def _rope_decoder(cfg: _HFConfig, *, kv_heads_may_be_absent: bool = False) -> di
     }
 
 
+def _gelu_gated(cfg: _HFConfig, key: str) -> str:
+    # Gemma's MLP is gate_proj/up_proj/down_proj with GeLU on the gate: GeGLU.
+    act = cfg.get_str(key, "gelu_pytorch_tanh")
+    if act not in _GELU_NAMES:
+        raise cfg.fail(f"{key} {short_repr(act)} is not supported for model_type "
+                       f"{cfg.data['model_type']!r}; supported: {', '.join(sorted(_GELU_NAMES))} "
+                       f"(GeGLU)")  # fmt: skip
+    return "geglu"
+
+
+def _window_every(cfg: _HFConfig, num_layers: int, default_every: int) -> int:
+    """How often a layer is global (SlidingWindowSpec.global_every): from ``layer_types``
+    where the file lists them (transformers 4.53 and later), else the family's pattern."""
+    types = cfg.data.get("layer_types")
+    if types is None:
+        return default_every
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise cfg.fail(f"layer_types must list one type per layer ({num_layers}), got "
+                       f"{short_repr(types)}")  # fmt: skip
+    full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+    every = full[0] + 1 if full else 0
+    expected = ["sliding_attention" if every == 0 or (i + 1) % every else "full_attention"
+                for i in range(num_layers)]  # fmt: skip
+    if types != expected:
+        raise cfg.fail("layer_types cannot be expressed: ModelSpec's local layers are all but "
+                       "every n-th (sliding_window.global_every)")  # fmt: skip
+    return every
+
+
 def _reject_attention_bias(cfg: _HFConfig) -> None:
     # attention_bias puts a bias on the output projection too, while the MLP stays bias-free:
     # ModelSpec can say "bias everywhere" or "bias on QKV only", not that.
@@ -280,6 +317,88 @@ def _mistral(cfg: _HFConfig) -> dict[str, Any]:
 def _qwen2(cfg: _HFConfig) -> dict[str, Any]:
     # Qwen2 hard-codes biases on the q/k/v projections (not on o_proj or the MLP).
     return {**_rope_decoder(cfg), "qkv_bias": True}
+
+
+def _qwen3(cfg: _HFConfig) -> dict[str, Any]:
+    # Qwen3's per-head RMSNorm on queries and keys; head_dim is its own key (128 at every size).
+    _reject_attention_bias(cfg)
+    if cfg.get_bool("use_sliding_window", False):
+        raise cfg.fail("use_sliding_window=true is not supported: Qwen's window applies from "
+                       "layer max_window_layers on, which sliding_window.global_every cannot "
+                       "express")  # fmt: skip
+    return {**_rope_decoder(cfg), "qk_layernorm": True}
+
+
+def _phi3(cfg: _HFConfig) -> dict[str, Any]:
+    # Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj: the same matrices as
+    # Llama's, concatenated. Its sliding window (2047 in the 4K checkpoints) covers every layer;
+    # the LongRoPE scaling of the 128K checkpoints changes no FLOP.
+    _reject_attention_bias(cfg)
+    fields = _rope_decoder(cfg, kv_heads_may_be_absent=True)
+    fields["hidden_dropout"] = cfg.get_float("resid_pdrop", 0.0)
+    window = cfg.get_int("sliding_window", None)
+    if window is not None:
+        fields["sliding_window"] = {"window": window}
+    return fields
+
+
+def _gemma(cfg: _HFConfig, *, every: int, window: int | None, act_key: str) -> dict[str, Any]:
+    """Gemma 2 and 3: GeGLU, sandwich RMSNorms, embeddings scaled by sqrt(hidden) and tied,
+    local layers alternating with global ones."""
+    _reject_attention_bias(cfg)
+    heads = cfg.need_int("num_attention_heads")
+    num_layers = cfg.need_int("num_hidden_layers")
+    width = cfg.get_int("sliding_window", window) if window else cfg.need_int("sliding_window")
+    return {
+        "num_layers": num_layers,
+        "hidden_size": cfg.need_int("hidden_size"),
+        "num_attention_heads": heads,
+        "num_query_groups": _query_groups(cfg, heads, may_be_absent=False),
+        # head_dim is independent of hidden / heads (256 for 9B, 128 for the 27Bs).
+        "kv_channels": cfg.need_int("head_dim"),
+        "ffn_hidden_size": cfg.need_int("intermediate_size"),
+        "activation": _gelu_gated(cfg, act_key),
+        "normalization": "rmsnorm",
+        "position_embedding": "rope",
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", True),
+        "bias": False,
+        "attention_dropout": cfg.get_float("attention_dropout", 0.0),
+        "sliding_window": {"window": width,
+                           "global_every": _window_every(cfg, num_layers, every)},
+        "post_norms": True,
+        "scale_embeddings": True,
+    }
+
+
+def _cap(cfg: _HFConfig, key: str, default: float | None) -> float | None:
+    # An explicit null turns soft-capping off; only an absent key takes the class default.
+    if key not in cfg.data:
+        return default
+    value = cfg.get_float(key, 0.0)
+    return value or None
+
+
+def _gemma2(cfg: _HFConfig) -> dict[str, Any]:
+    # Gemma2DecoderLayer: layer i is sliding when i is even, so every 2nd layer is global;
+    # Gemma2Config's defaults: vocabulary 256000, 8192 positions, window 4096, caps 50 and 30.
+    fields = _gemma(cfg, every=2, window=4096, act_key="hidden_activation")
+    return {**fields, "vocab_size": cfg.get_int("vocab_size", 256000),
+            "max_position_embeddings": cfg.get_int("max_position_embeddings", 8192),
+            "attn_logit_softcapping": _cap(cfg, "attn_logit_softcapping", 50.0),
+            "final_logit_softcapping": _cap(cfg, "final_logit_softcapping", 30.0)}
+
+
+def _gemma3(cfg: _HFConfig) -> dict[str, Any]:
+    # Gemma3Attention: layer i is sliding when (i + 1) % sliding_window_pattern != 0; q_norm and
+    # k_norm replace Gemma 2's attention soft-capping. Gemma3TextConfig's defaults: vocabulary
+    # 262208, 131072 positions, pattern 6, no caps; its default window (4096) is no
+    # checkpoint's (1B-27B use 512 or 1024), so the file must say it.
+    every = cfg.positive_int("sliding_window_pattern", 6)
+    fields = _gemma(cfg, every=every, window=None, act_key="hidden_activation")
+    return {**fields, "qk_layernorm": True, "vocab_size": cfg.get_int("vocab_size", 262208),
+            "max_position_embeddings": cfg.get_int("max_position_embeddings", 131072),
+            "attn_logit_softcapping": _cap(cfg, "attn_logit_softcapping", None),
+            "final_logit_softcapping": _cap(cfg, "final_logit_softcapping", None)}
 
 
 def _mixtral(cfg: _HFConfig) -> dict[str, Any]:
@@ -406,11 +525,17 @@ def _gpt2(cfg: _HFConfig) -> dict[str, Any]:
 
 _READERS: dict[str, Callable[[_HFConfig], dict[str, Any]]] = {
     "deepseek_v3": _deepseek_v3,
+    "gemma2": _gemma2,
+    "gemma3_text": _gemma3,
     "gpt2": _gpt2,
     "llama": _llama,
     "mistral": _mistral,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
+    "phi3": _phi3,
     "qwen2_moe": _qwen2_moe,
+    "qwen3": _qwen3,
     "qwen3_moe": _qwen3_moe,
 }
+# Multimodal families whose decoder is a text family's config under "text_config".
+_NESTED = {"gemma3": "gemma3_text"}

@@ -40,6 +40,7 @@ from planner.cost.step import (
 from planner.cost.uncertainty import error_band, parallelism_kind
 from planner.errors import ConfigError
 from planner.graph import forward_flops
+from planner.graph.ops import TRANSFORMER_KINDS
 from planner.placement.ranks import megatron_order
 from planner.plan.config import ParallelConfig
 from planner.plan.divisibility import RULES, Degrees, Derived, Shape, derive, first_broken
@@ -173,7 +174,7 @@ def _kind_costs(model: ModelSpec, cluster_json: str, query: UniformQuery) -> _Ki
     mode), and its parameters by the mesh axes holding copies, on the cluster of
     ``cluster_json``; remembered per input (a few hundred bytes each)."""
     parts = uniform_parts(model, ClusterSpec.model_validate_json(cluster_json), query)
-    transformer = query.kind in ("dense", "moe")
+    transformer = query.kind in TRANSFORMER_KINDS
     rows = np.array([[getattr(layer_cost(parts, mode if transformer else "none"), f)
                       for f in LAYER_FIELDS] for mode in RECOMPUTE_MODES])  # fmt: skip
     return rows, parts.weight_groups()
