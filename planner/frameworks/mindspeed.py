@@ -140,6 +140,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *mf.split_flags(resolved),
         *mf.batch_flags(resolved),
         *mf.model_flags(model, seq_length=resolved.training.seq_length),
+        *mf.grouped_gemm_flags(resolved, model),
         *rope_flags(model),
         *vocab_flags(model, resolved),
         *mf.precision_flags(resolved),
@@ -214,8 +215,7 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         f"PretrainedFromHF --tokenizer-name-or-path DIR), whose vocabulary must be the model's "
         f"{model.vocab_size}",
         "add the run's length, learning-rate schedule, optimizer hyper-parameters and "
-        "checkpoint paths; RoPE base and scaling and the norm epsilon are the model's, not "
-        "the plan's",
+        "checkpoint paths",
         *mf.vocab_notes(model, resolved),
         *(fsdp if resolved.config.zero >= 2 else ()),
     )
