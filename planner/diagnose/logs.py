@@ -221,7 +221,9 @@ def check_representable(record: dict[str, Any], model: ModelSpec, *, where: str)
     (:func:`planner.diagnose.runs.model_from_record`), so any other field that differs would be
     priced as that GPT instead of as the model that ran."""
     rebuilt = model_from_record(record)
-    ignore = {"name", "max_position_embeddings", "training"}  # the run states its own training
+    # The run states its own training; RoPE and the norms' epsilon change no price.
+    ignore = {"name", "max_position_embeddings", "training", "rotary_base", "rope_scaling",
+              "norm_epsilon"}
     mine, theirs = model.model_dump(exclude=ignore), rebuilt.model_dump(exclude=ignore)
     for field in sorted(mine):
         if mine[field] != theirs[field] and field not in ("num_query_groups", "ffn_hidden_size"):

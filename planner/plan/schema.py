@@ -339,13 +339,32 @@ def input_hash(spec: ModelSpec | ClusterSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+LATER_MODEL_FIELDS = frozenset({"rotary_base", "rope_scaling", "norm_epsilon"})
+"""ModelSpec fields added after plans of schema 5 were first written (issue 25): a plan made
+before them hashed the model without them, and still names the same model."""
+LATER_MOE_FIELDS = frozenset({"router_score_function", "router_topk_normalized",
+                              "router_topk_scaling_factor", "router_num_groups",
+                              "router_group_topk"})  # fmt: skip
+"""MoESpec fields added likewise."""
+
+
+def model_hashes(model: ModelSpec) -> frozenset[str]:
+    """The hashes a plan may name ``model`` by: its canonical JSON's, and that JSON's without
+    the fields added since (:data:`LATER_MODEL_FIELDS`), which older plans hashed."""
+    data = model.model_dump(mode="json", exclude=set(LATER_MODEL_FIELDS))
+    if data.get("moe") is not None:
+        data["moe"] = {k: v for k, v in data["moe"].items() if k not in LATER_MOE_FIELDS}
+    older = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    return frozenset({input_hash(model), older})
+
+
 def check_inputs(
     plan: Plan, model: ModelSpec, cluster: ClusterSpec, *, model_label: str | None = None,
     cluster_label: str | None = None,
 ) -> None:  # fmt: skip
     """Refuse a model or cluster that is not the one ``plan`` was made for (the cluster at the
     plan's size), naming it by its label (a file, say) or else its name."""
-    if input_hash(model) != plan.model.sha256:
+    if plan.model.sha256 not in model_hashes(model):
         raise InputError(f"{model_label or 'the model ' + model.name} is not the model the plan "
                          f"was made for ({plan.model.name}, sha256 {plan.model.sha256[:12]})")
     resized = cluster.model_copy(update={"num_nodes": plan.cluster.num_nodes})
