@@ -221,7 +221,8 @@ def router_expected(model: Any, training: Any) -> dict[str, Any]:
         return dict(router=None, grouped_gemm=False)
     pre = moe.score_function == "softmax" and (moe.top_k == 1 or not moe.router_topk_normalized)
     return dict(router=[moe.score_function, pre, moe.router_topk_scaling_factor,
-                        moe.router_num_groups, moe.router_group_topk],
+                        moe.router_num_groups, moe.router_group_topk,
+                        moe.router_aux_loss_coeff or 0.0],
                 grouped_gemm=training.precision == "bf16")  # fmt: skip
 
 
@@ -409,9 +410,11 @@ def router_read_back(config: Any) -> dict[str, Any]:
     """The router the MoE layers are built with."""
     if config.num_moe_experts is None:
         return dict(router=None, grouped_gemm=False)
+    coeff = config.moe_aux_loss_coeff  # a list of one at d98e8a6 (nargs='+')
     return dict(router=[config.moe_router_score_function, config.moe_router_pre_softmax,
                         config.moe_router_topk_scaling_factor, config.moe_router_num_groups,
-                        config.moe_router_group_topk],
+                        config.moe_router_group_topk,
+                        coeff[0] if isinstance(coeff, list) else coeff],
                 grouped_gemm=config.moe_grouped_gemm)  # fmt: skip
 
 

@@ -228,7 +228,8 @@ def experts(f: dict[str, str | None]) -> dict[str, Any]:
                 "--moe-router-pre-softmax" in f,
                 float(str(f.get("--moe-router-topk-scaling-factor") or 1.0)),
                 int(str(f.get("--moe-router-num-groups") or 0)),
-                int(str(f.get("--moe-router-group-topk") or 0))),
+                int(str(f.get("--moe-router-group-topk") or 0)),
+                float(str(f.get("--moe-aux-loss-coeff") or 0.0))),
         grouped_gemm="--moe-grouped-gemm" in f,
     )  # fmt: skip
 
@@ -255,7 +256,7 @@ def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
                     moe.score_function == "softmax" and (moe.top_k == 1
                                                          or not moe.router_topk_normalized),
                     moe.router_topk_scaling_factor or 1.0, moe.router_num_groups or 0,
-                    moe.router_group_topk or 0),
+                    moe.router_group_topk or 0, moe.router_aux_loss_coeff or 0.0),
             grouped_gemm=t.precision == "bf16",
         )  # fmt: skip
     scaling = model.rope_scaling
@@ -429,9 +430,10 @@ _FROM_CONFIGS = {
     # rope_theta 500000.0, rms_norm_eps 1e-05, rope_scaling llama3 factor 8.0
     "Meta-Llama-3.1-70B": {"--rotary-base": "500000", "--use-rope-scaling": None,
                            "--rope-scaling-factor": "8.0", "--norm-epsilon": "1e-05"},
-    # rope_theta 1000000.0, rms_norm_eps 1e-06, norm_topk_prob true (softmax after the top 8)
+    # rope_theta 1000000.0, rms_norm_eps 1e-06, norm_topk_prob true (softmax after the top 8),
+    # router_aux_loss_coef 0.001
     "Qwen3-235B-A22B": {"--rotary-base": "1000000", "--norm-epsilon": "1e-06",
-                        "--moe-grouped-gemm": None},
+                        "--moe-aux-loss-coeff": "0.001", "--moe-grouped-gemm": None},
     # rope_theta 10000, rms_norm_eps 1e-06, yarn factor 40 mscale 1.0 mscale_all_dim 1.0,
     # scoring_func sigmoid, noaux_tc, routed_scaling_factor 2.5, n_group 8, topk_group 4
     "DeepSeek-V3": {"--rotary-base": "10000", "--rotary-scaling-factor": "40.0",
@@ -445,7 +447,8 @@ _ROPE_AND_ROUTER = ("--rotary-base", "--use-rope-scaling", "--rope-scaling-facto
                     "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--norm-epsilon",
                     "--moe-router-score-function", "--moe-router-enable-expert-bias",
                     "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor",
-                    "--moe-router-num-groups", "--moe-router-group-topk", "--moe-grouped-gemm")
+                    "--moe-router-num-groups", "--moe-router-group-topk", "--moe-aux-loss-coeff",
+                    "--moe-grouped-gemm")
 
 
 @pytest.mark.parametrize("name", sorted(_FROM_CONFIGS))

@@ -52,6 +52,7 @@ def _moe(experts: int, top_k: int, width: int, **rest: Any) -> dict[str, Any]:
         "router_topk_scaling_factor": None,
         "router_num_groups": None,
         "router_group_topk": None,
+        "router_aux_loss_coeff": None,
     }
     return {**base, **rest}
 
@@ -84,7 +85,8 @@ def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos: 
     }
 
 
-def _mixtral(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos: int) -> dict:
+def _mixtral(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos: int,
+             aux: float) -> dict:
     return {
         **LLAMA_SHAPE,
         "name": name,
@@ -96,7 +98,7 @@ def _mixtral(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos:
         "vocab_size": 32000,
         "max_position_embeddings": max_pos,
         **_rope(1e6, 1e-5),
-        "moe": _moe(8, 2, ffn),
+        "moe": _moe(8, 2, ffn, router_aux_loss_coeff=aux),
     }
 
 
@@ -114,7 +116,7 @@ def _qwen3_moe(name: str, layers: int, hidden: int, heads: int, ffn: int, expert
         "max_position_embeddings": 40960,
         "qk_layernorm": True,
         **_rope(1e6, 1e-6),
-        "moe": _moe(128, 8, expert, router_topk_normalized=True),
+        "moe": _moe(128, 8, expert, router_topk_normalized=True, router_aux_loss_coeff=0.001),
     }
 
 
@@ -149,8 +151,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "Meta-Llama-3.1-8B": _llama3("Meta-Llama-3.1-8B", 32, 4096, 32, 14336, 131072),
     "Meta-Llama-3.1-70B": _llama3("Meta-Llama-3.1-70B", 80, 8192, 64, 28672, 131072),
     "Meta-Llama-3.1-405B": _llama3("Meta-Llama-3.1-405B", 126, 16384, 128, 53248, 131072),
-    "Mixtral-8x7B-v0.1": _mixtral("Mixtral-8x7B-v0.1", 32, 4096, 32, 14336, 32768),
-    "Mixtral-8x22B-v0.1": _mixtral("Mixtral-8x22B-v0.1", 56, 6144, 48, 16384, 65536),
+    "Mixtral-8x7B-v0.1": _mixtral("Mixtral-8x7B-v0.1", 32, 4096, 32, 14336, 32768, 0.02),
+    "Mixtral-8x22B-v0.1": _mixtral("Mixtral-8x22B-v0.1", 56, 6144, 48, 16384, 65536, 0.001),
     "Qwen2.5-72B": {
         **LLAMA_SHAPE,
         "name": "Qwen2.5-72B",
@@ -317,7 +319,8 @@ def test_qwen2_moe_shared_expert() -> None:
     # Without norm_topk_prob the k weights are the softmax over all experts, not renormalized
     # (Qwen2MoeConfig's default false): Megatron's --moe-router-pre-softmax.
     assert spec.moe.model_dump() == _moe(60, 4, 1408, shared_experts=1, shared_ffn_hidden_size=5632,
-                                         router_topk_normalized=False)
+                                         router_topk_normalized=False,
+                                         router_aux_loss_coeff=0.001)
 
 
 def _hf_qwen_moe_layers(num_layers: int, step: int, mlp_only: list[int]) -> list[int]:

@@ -315,6 +315,8 @@ def router_flags(moe: MoESpec) -> list[Flag]:
     if moe.router_num_groups is not None:
         flags += [("--moe-router-num-groups", moe.router_num_groups),
                   ("--moe-router-group-topk", moe.router_group_topk)]  # fmt: skip
+    if moe.router_aux_loss_coeff is not None:  # with the default aux_loss balancing
+        flags.append(("--moe-aux-loss-coeff", moe.router_aux_loss_coeff))
     return flags
 
 

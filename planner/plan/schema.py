@@ -344,7 +344,7 @@ LATER_MODEL_FIELDS = frozenset({"rotary_base", "rope_scaling", "norm_epsilon"})
 before them hashed the model without them, and still names the same model."""
 LATER_MOE_FIELDS = frozenset({"router_score_function", "router_topk_normalized",
                               "router_topk_scaling_factor", "router_num_groups",
-                              "router_group_topk"})  # fmt: skip
+                              "router_group_topk", "router_aux_loss_coeff"})  # fmt: skip
 """MoESpec fields added likewise."""
 
 

@@ -45,6 +45,7 @@ _KEYS = {
     "moe.router_topk_scaling_factor": "routed_scaling_factor",
     "moe.router_num_groups": "n_group",
     "moe.router_group_topk": "topk_group",
+    "moe.router_aux_loss_coeff": "router_aux_loss_coef",
     **{f"mla.{key}": key for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                       "qk_rope_head_dim", "v_head_dim")},
 }  # fmt: skip
@@ -336,6 +337,7 @@ def _mixtral(cfg: _HFConfig) -> dict[str, Any]:
         "num_experts": cfg.need_int("num_local_experts"),
         "top_k": cfg.need_int("num_experts_per_tok"),
         "ffn_hidden_size": fields["ffn_hidden_size"],
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
     }
     return fields
 
@@ -349,6 +351,7 @@ def _qwen2_moe(cfg: _HFConfig) -> dict[str, Any]:
         "top_k": cfg.need_int("num_experts_per_tok"),
         "ffn_hidden_size": cfg.need_int("moe_intermediate_size"),
         "router_topk_normalized": cfg.get_bool("norm_topk_prob", False),
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
     }
     if shared:
         experts |= {"shared_experts": 1, "shared_ffn_hidden_size": shared}
@@ -366,6 +369,7 @@ def _qwen3_moe(cfg: _HFConfig) -> dict[str, Any]:
         # transformers' Qwen3MoeConfig defaults norm_topk_prob to false; the released
         # checkpoints' configs set it true.
         "router_topk_normalized": cfg.get_bool("norm_topk_prob", False),
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
     }
     fields["moe"] = _qwen_moe(cfg, fields["num_layers"], experts)
     return fields

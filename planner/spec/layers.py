@@ -76,6 +76,11 @@ class MoESpec(Frozen):
         description="Groups each token's experts are drawn from (HF topk_group; Megatron's "
         "--moe-router-group-topk).",
     )
+    router_aux_loss_coeff: Float | None = Field(
+        default=None, ge=0, le=1,
+        description="Weight of the load-balancing loss (HF router_aux_loss_coef; Megatron's "
+        "--moe-aux-loss-coeff); null = none stated.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
