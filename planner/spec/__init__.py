@@ -6,7 +6,8 @@ SI units; the ``*_bytes`` / ``*_flops_per_s`` properties do the conversion once,
 
 Files and options are read into these specs by :mod:`planner.spec.reading` (Hugging Face
 ``config.json`` files through :mod:`planner.spec.hf`); the fields' bounds are
-:mod:`planner.spec.limits`.
+:mod:`planner.spec.limits`, their types :mod:`planner.spec.fields`, and a model's experts,
+latent attention and RoPE scaling :mod:`planner.spec.layers`.
 """
 
 from __future__ import annotations
