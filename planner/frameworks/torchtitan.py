@@ -144,8 +144,8 @@ above otherwise (the launch's notes say so)."""
 
 _UNPRICED = ("rotary_base", "rope_scaling", "norm_epsilon")
 """Model fields that change no cost: a flavor matches whatever they are."""
-_UNPRICED_ROUTER = {"router_expert_bias", "router_score_function", "router_topk_normalized",
-                    "router_topk_scaling_factor", "router_num_groups", "router_group_topk"}
+_UNPRICED_ROUTER = frozenset(k for k in MoESpec.model_fields if k.startswith("router_"))
+"""The router's settings (its expert bias is a few parameters the search does not tell apart)."""
 
 
 @lru_cache(maxsize=256)
@@ -156,7 +156,7 @@ def _signature(model: ModelSpec) -> tuple[object, ...]:
                                        "qkv_bias", "moe", *_UNPRICED})  # fmt: skip
     # The router's settings are not priced (the launch's notes say where they differ from the
     # flavor's); the dense width only where a layer is dense.
-    moe = model.moe.model_dump(exclude=_UNPRICED_ROUTER) if model.moe else {}
+    moe = model.moe.model_dump(exclude=set(_UNPRICED_ROUTER)) if model.moe else {}
     dense = model.moe is None or any(not model.is_moe_layer(i) for i in range(model.num_layers))
     return (tuple(sorted(fields.items())), model.query_groups, model.head_dim,
             model.has_qkv_bias, model.ffn if dense else None,
