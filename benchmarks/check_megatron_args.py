@@ -113,14 +113,18 @@ def uneven_candidates(label: str, num_layers: int) -> tuple[dict[str, Any], ...]
 def build_cases(flavor: str) -> list[dict[str, Any]]:
     """Every (model, configuration) the flavor's profile launches, with its expectations."""
     import planner
-    from planner.errors import ConfigError
+    from planner.errors import ConfigError, PlannerError
     from planner.frameworks import megatron, mindspeed
     from planner.plan.config import ParallelConfig, resolve
 
     profile = {"megatron": megatron.PROFILE, "mindspeed": mindspeed.PROFILE}[flavor]
     cases = []
     for path in MODEL_FILES:
-        model = planner.load_model(path)
+        try:
+            model = planner.load_model(path)
+        except PlannerError as exc:  # a model the planner cannot read has no launch to check
+            print(f"skipped {path.name}: {exc}")
+            continue
         seq = (model.training.seq_length if model.training
                else min(HF_SEQ_LENGTH, model.max_position_embeddings))  # fmt: skip
         for label, candidates in TEMPLATES:
@@ -191,7 +195,35 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
         expert_bias=bool(moe and moe.router_expert_bias),
         mla=mla and [mla.q_lora_rank, mla.kv_lora_rank, mla.qk_nope_head_dim,
                      mla.qk_rope_head_dim, mla.v_head_dim],
+        norm_epsilon=model.norm_epsilon, **rope_expected(model), **router_expected(model, t),
     )  # fmt: skip
+
+
+def rope_expected(model: Any) -> dict[str, Any]:
+    """RoPE's base and the scaling Megatron builds: llama3's factor, or YaRN's under MLA."""
+    if model.position_embedding != "rope":
+        return dict(rotary_base=None, rope_scaling=None)
+    scaling = model.rope_scaling
+    built = None
+    if scaling is not None and scaling.rope_type == "llama3":
+        built = ["llama3", scaling.factor]
+    elif scaling is not None and scaling.rope_type == "yarn" and model.mla is not None:
+        built = ["yarn", scaling.factor, scaling.mscale or 1.0, scaling.mscale_all_dim or 0.0]
+    elif model.mla is not None:
+        built = ["yarn", "default"]  # MLA's own YaRN (a note says so)
+    return dict(rotary_base=round(model.rotary_base), rope_scaling=built)
+
+
+def router_expected(model: Any, training: Any) -> dict[str, Any]:
+    """The router's knobs and whether a rank's experts run as one grouped GEMM."""
+    moe = model.moe
+    if moe is None:
+        return dict(router=None, grouped_gemm=False)
+    pre = moe.score_function == "softmax" and (moe.top_k == 1 or not moe.router_topk_normalized)
+    return dict(router=[moe.score_function, pre, moe.router_topk_scaling_factor,
+                        moe.router_num_groups, moe.router_group_topk,
+                        moe.router_aux_loss_coeff or 0.0],
+                grouped_gemm=training.precision == "bf16")  # fmt: skip
 
 
 def run_worker(cases: list[dict[str, Any]], *, python: str, megatron: Path,
@@ -246,6 +278,8 @@ def pretend_gpu_node(device_arch: int) -> None:
     import megatron.training.arguments as arguments
 
     arguments.get_device_arch_version = lambda: device_arch
+    # --moe-grouped-gemm asks torch for the device's capability (arguments.py:1378-1380)
+    arguments.torch.cuda.get_device_capability = lambda *_: (device_arch, 0)
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = "Transformer Engine's fused RoPE (absent on CPU)"
 
@@ -351,7 +385,37 @@ def read_back(args: Any, *, flavor: str) -> dict[str, Any]:
         **moe_read_back(config), expert_bias=config.moe_router_enable_expert_bias,
         mla=[config.q_lora_rank, config.kv_lora_rank, config.qk_head_dim,
              config.qk_pos_emb_head_dim, config.v_head_dim] if mla else None,
+        norm_epsilon=config.layernorm_epsilon, **rope_read_back(config, args),
+        **router_read_back(config),
     )  # fmt: skip
+
+
+def rope_read_back(config: Any, args: Any) -> dict[str, Any]:
+    """The base and scaling the rotary embedding is built with (``gpt_config_from_args``
+    hands the llama3 ones to ``GPTModel``; MLA's YaRN reads its config)."""
+    if args.position_embedding_type != "rope":
+        return dict(rotary_base=None, rope_scaling=None)
+    scaling = None
+    if args.use_rope_scaling:
+        scaling = ["llama3", args.rope_scaling_factor]
+    elif getattr(config, "multi_latent_attention", False) and config.rope_type == "yarn":
+        said = "--rotary-scaling-factor" in sys.argv
+        scaling = (["yarn", config.rotary_scaling_factor, config.mscale, config.mscale_all_dim]
+                   if said else ["yarn", "default"])  # fmt: skip
+    base = config.rotary_base if getattr(config, "multi_latent_attention", False) else None
+    return dict(rotary_base=base if base is not None else args.rotary_base, rope_scaling=scaling)
+
+
+def router_read_back(config: Any) -> dict[str, Any]:
+    """The router the MoE layers are built with."""
+    if config.num_moe_experts is None:
+        return dict(router=None, grouped_gemm=False)
+    coeff = config.moe_aux_loss_coeff  # a list of one at d98e8a6 (nargs='+')
+    return dict(router=[config.moe_router_score_function, config.moe_router_pre_softmax,
+                        config.moe_router_topk_scaling_factor, config.moe_router_num_groups,
+                        config.moe_router_group_topk,
+                        coeff[0] if isinstance(coeff, list) else coeff],
+                grouped_gemm=config.moe_grouped_gemm)  # fmt: skip
 
 
 def padded_vocab(args: Any) -> None:

@@ -15,7 +15,7 @@ from planner.diagnose.whatif import hardware_changes, wider_scale_up
 from planner.errors import ConfigError, InputError
 from planner.frameworks import profile
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.schema import check_inputs
+from planner.plan.schema import check_inputs, model_hashes
 from planner.report.explain import explain_json, verdict, why_this_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
@@ -255,6 +255,20 @@ def test_inputs_that_are_not_the_plans_are_refused(plan, gpt3, a100) -> None:  #
         check_inputs(plan, other, a100)
     with pytest.raises(InputError, match="is not the cluster the plan was made for"):
         explain(plan, gpt3, load_cluster("instances/clusters/dgx-h100-80gb.json"))
+
+
+def test_plans_made_before_the_rope_norm_and_router_fields_still_name_their_model(
+        plan, gpt3, a100) -> None:  # type: ignore[no-untyped-def]
+    """A plan saved before ModelSpec had RoPE, norm and router fields hashed its model without
+    them: the hashes printed by that version for two bundled files are still accepted, and a
+    plan naming the model by either hash is checked as before."""
+    older = {"gpt-1.7b": "f213cef977f36603c3209c28496ff553f7e4ba9728e1e789e213eb9d3b77607e",
+             "llama3-8b": "740823a2bf388e49a767f508770b6ed0ef8751c1a429220dec6de2681f33a4e8"}
+    for stem, sha in older.items():
+        assert sha in model_hashes(load_model(f"instances/models/{stem}.json")), stem
+    for sha in model_hashes(gpt3):
+        named = plan.model_copy(update={"model": plan.model.model_copy(update={"sha256": sha})})
+        check_inputs(named, gpt3, a100)
 
 
 def test_a_per_operator_plan_keeps_its_own_numbers(plan, gpt3, a100) -> None:  # type: ignore[no-untyped-def]

@@ -108,6 +108,12 @@ def test_llama3_70b_pipeline_with_recompute() -> None:
         "enable_flash_attention": True, "make_vocab_size_divisible_by": 32, "dp_outside": False,
         "gradient_checkpoint_config": {"num_ckpt_layers_per_stage": [20, 20, 20, 20]},
     }  # fmt: skip
+    # llama3-70b.json is Llama-3.1 70B's config: rope_theta 500000, rms_norm_eps 1e-5, llama3
+    # scaling x8 over 8192 positions; the config the model is built from carries them.
+    assert settings.pop("HF_CONFIG") == {
+        "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
     assert settings == {"HF_MODEL_CLASS": "LlamaForCausalLM", "ATTN_IMPLEMENTATION": "sdpa",
                         "GRADIENT_CHECKPOINTING": True, "BATCH_SIZE_PER_RANK": 512,
                         "ACCUMULATION_STEPS": 1, "NO_SYNC_BEFORE_LAST": False}  # fmt: skip
@@ -219,13 +225,54 @@ def test_every_launchable_configuration_reads_back_exactly() -> None:
 
 def test_architecture() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/policies/auto_policy.py:59-229"""
-    for name in ("deepseek-v3", "Qwen3-30B-A3B"):
-        model = load(name)
+    dense_mla = load("deepseek-v3").model_copy(update={"moe": None})
+    for model in (load("Qwen3-30B-A3B"), dense_mla):
         resolved = configure(model, 8, global_batch=8, seq_len=4096)
-        assert "no Shardformer policy" in (refusal("architecture", resolved, model) or ""), name
+        assert "no Shardformer policy" in (refusal("architecture", resolved, model) or ""), model
     assert [cai.family(load(n)) for n in ("gpt3-175b", "llama3-8b", "Qwen2.5-72B",
-                                          "mixtral-8x7b")] == ["gpt2", "llama", "qwen2",
-                                                               "mixtral"]  # fmt: skip
+                                          "mixtral-8x7b", "deepseek-v3", "DeepSeek-V3")] == [
+        "gpt2", "llama", "qwen2", "mixtral", "deepseek_v3", "deepseek_v3"]  # fmt: skip
+
+
+def test_deepseek_v3_tensor_parallel() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/policies/deepseek_v3.py:18-22"""
+    model = load("DeepSeek-V3")
+    resolved = configure(model, 512, tp=2, ep=8, zero=1, global_batch=1024, seq_len=4096)
+    assert "refuses tensor" in (refusal("deepseek-v3-tensor-parallel", resolved, model) or "")
+    llama = load("llama3-8b")
+    assert refusal("deepseek-v3-tensor-parallel", configure(llama, 64, tp=8, sp=True),
+                   llama) is None  # fmt: skip
+
+
+def test_deepseek_v3_recompute() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/modeling/deepseek_v3.py:245-254"""
+    model = load("DeepSeek-V3")
+    resolved = configure(model, 512, pp=4, ep=8, zero=1, first_stage_layers=13,
+                         last_stage_layers=16, recompute="full", global_batch=1024,
+                         seq_len=4096)  # fmt: skip
+    assert "but the model's first" in (refusal("deepseek-v3-recompute", resolved, model) or "")
+
+
+def test_deepseek_v3_expert_and_pipeline_parallel() -> None:
+    """DeepSeek-V3 from its Hugging Face config, PP4 x EP8 ZeRO-1: the MoE plugin over the
+    checkpoint's own modeling (flash_attention_2 or eager), the config's RoPE (YaRN x40),
+    norm epsilon and routing (sigmoid, x2.5, top 4 of 8 groups, aux-loss-free) in HF_CONFIG."""
+    model = load("DeepSeek-V3")
+    resolved = configure(model, 512, pp=4, ep=8, zero=1, first_stage_layers=13,
+                         last_stage_layers=16, global_batch=1024, seq_len=4096)  # fmt: skip
+    plugin, kwargs, settings = launched(resolved, model)
+    assert plugin == "MoeHybridParallelPlugin"
+    assert read_back(kwargs, settings, 512) == expected(resolved)
+    assert (settings["HF_MODEL_CLASS"], settings["ATTN_IMPLEMENTATION"]) == (
+        "DeepseekV3ForCausalLM", "flash_attention_2")
+    config = settings["HF_CONFIG"]
+    assert {k: config[k] for k in ("rope_theta", "rms_norm_eps", "routed_scaling_factor",
+                                   "n_group", "topk_group", "scoring_func", "topk_method")} == {
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-06, "routed_scaling_factor": 2.5,
+        "n_group": 8, "topk_group": 4, "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+    assert config["rope_scaling"]["type"] == "yarn" and config["rope_scaling"]["factor"] == 40.0
+    notes = " ".join(cai.PROFILE.launch(resolved, model).notes)
+    assert "trust_remote_code=True" in notes
 
 
 def test_zero_3() -> None:

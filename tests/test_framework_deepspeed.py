@@ -409,14 +409,36 @@ def test_moe_layout() -> None:
     deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:1069-1072"""
     deepseek = load("deepseek-v3")
     resolved = configure(deepseek, 1024, pp=1, ep=8, zero=1, global_batch=1024, seq_len=4096)
-    assert "first_dense_layers must be" in (refusal("moe-layout", resolved, deepseek) or "")
+    assert "per-layer list" in (refusal("moe-layout", resolved, deepseek) or "")
     qwen = load("Qwen3-30B-A3B")
     qwen_resolved = configure(qwen, 64, ep=8, zero=1, global_batch=64, seq_len=4096)
     assert "copies of the dense MLP" in (refusal("moe-layout", qwen_resolved, qwen) or "")
 
 
+def test_deepseek_v3_is_refused_for_its_latent_attention() -> None:
+    """DeepSeek-V3's first refusal names what Megatron-DeepSpeed really lacks, MLA (its dense
+    prefix could be said with --num-experts' per-layer list)."""
+    model = load("DeepSeek-V3")
+    resolved = configure(model, 1024, pp=1, ep=8, zero=1, global_batch=1024, seq_len=4096)
+    assert "multi-head latent attention" in ds.PROFILE.refusals(resolved, model)[0]
+
+
+def test_rope_base_and_norm_epsilon() -> None:
+    """Llama-3.1 70B: rope_theta 500000 as --rotary-position-embeddings-theta (an int,
+    ``megatron/arguments.py:635-637``) and rms_norm_eps 1e-05 as --layernorm-epsilon
+    (``arguments.py:652``); its llama3 RoPE scaling has no flag, which a note says."""
+    model = load("Meta-Llama-3.1-70B")
+    resolved = configure(model, 64, tp=8, sp=True, zero=1, global_batch=64, seq_len=8192)
+    flags, _ = launched(resolved, model)
+    assert flags["--rotary-position-embeddings-theta"] == "500000"
+    assert flags["--layernorm-epsilon"] == "1e-05"
+    (note,) = [n for n in ds.PROFILE.launch(resolved, model).notes if "RoPE scaling" in n]
+    assert "llama3 x8 is not applied" in note
+
+
 def test_architecture() -> None:
-    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:598-690;
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:578-586;
+    deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:598-690;
     deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:937"""
     for name, why in (("deepseek-v3", "latent attention"), ("Qwen3-30B-A3B", "queries and keys"),
                       ("Qwen2.5-72B", "QKV bias with")):  # fmt: skip

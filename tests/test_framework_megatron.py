@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 import planner
-from planner.frameworks import megatron
+from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import megatron, mindspeed
 from planner.frameworks.base import Profile
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.spec import ClusterSpec, ModelSpec, RopeScaling, TrainingSpec
 from tests.conftest import HF, MODELS, REPO, stand_in_when_missing
 from tests.framework_cases import forced, load, nodes
 
@@ -191,8 +192,22 @@ def shape(f: dict[str, str | None], flavor: str) -> dict[str, Any]:
         attention_dropout=float(str(f["--attention-dropout"])),
         mla=[f.get(n) and int(str(f[n])) for n in ("--q-lora-rank", "--kv-lora-rank",
              "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim")] if mla else None,
-        **experts(f),
+        norm_epsilon=float(str(f["--norm-epsilon"])), **rope(f), **experts(f),
     )  # fmt: skip
+
+
+def rope(f: dict[str, str | None]) -> dict[str, Any]:
+    """RoPE's base and scaling as the flags set them (argparse reads the base as an int)."""
+    if f["--position-embedding-type"] != "rope":
+        assert "--rotary-base" not in f
+        return dict(rotary_base=None, rope_scaling=None)
+    scaling = None
+    if "--use-rope-scaling" in f:
+        scaling = ("llama3", float(str(f["--rope-scaling-factor"])))
+    elif "--rotary-scaling-factor" in f:
+        scaling = ("yarn", *(float(str(f[k])) for k in ("--rotary-scaling-factor", "--mscale",
+                                                         "--mscale-all-dim")))
+    return dict(rotary_base=int(str(f["--rotary-base"])), rope_scaling=scaling)
 
 
 def experts(f: dict[str, str | None]) -> dict[str, Any]:
@@ -209,6 +224,13 @@ def experts(f: dict[str, str | None]) -> dict[str, Any]:
         expert_bias="--moe-router-enable-expert-bias" in f,
         expert_tp=int(str(f["--expert-tensor-parallel-size"])),
         dispatcher=f["--moe-token-dispatcher-type"],
+        router=(f.get("--moe-router-score-function", "softmax"),
+                "--moe-router-pre-softmax" in f,
+                float(str(f.get("--moe-router-topk-scaling-factor") or 1.0)),
+                int(str(f.get("--moe-router-num-groups") or 0)),
+                int(str(f.get("--moe-router-group-topk") or 0)),
+                float(str(f.get("--moe-aux-loss-coeff") or 0.0))),
+        grouped_gemm="--moe-grouped-gemm" in f,
     )  # fmt: skip
 
 
@@ -230,7 +252,23 @@ def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
             shared_ffn=moe.shared_ffn,
             moe_layers=[int(model.is_moe_layer(i)) for i in range(model.num_layers)],
             expert_bias=moe.router_expert_bias, expert_tp=c.tp, dispatcher="alltoall",
+            router=(moe.score_function,
+                    moe.score_function == "softmax" and (moe.top_k == 1
+                                                         or not moe.router_topk_normalized),
+                    moe.router_topk_scaling_factor or 1.0, moe.router_num_groups or 0,
+                    moe.router_group_topk or 0, moe.router_aux_loss_coeff or 0.0),
+            grouped_gemm=t.precision == "bf16",
         )  # fmt: skip
+    scaling = model.rope_scaling
+    rope_scaling = None
+    if scaling is not None and scaling.rope_type == "llama3":
+        rope_scaling = ("llama3", scaling.factor)
+    elif scaling is not None and scaling.rope_type == "yarn" and mla is not None:
+        rope_scaling = ("yarn", scaling.factor, scaling.mscale or 1.0,
+                        scaling.mscale_all_dim or 0.0)
+    rope_fields = dict(rotary_base=None, rope_scaling=None)
+    if model.position_embedding == "rope":
+        rope_fields = dict(rotary_base=round(model.rotary_base), rope_scaling=rope_scaling)
     return dict(
         tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep, dp=resolved.dp, vpp=c.vpp, sp=resolved.sp,
         stage_layers=list(resolved.stage_layers), mbs=c.mbs, gbs=t.global_batch_size,
@@ -251,7 +289,7 @@ def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
         hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
         mla=[mla.q_lora_rank, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim,
              mla.v_head_dim] if mla else None,
-        **moe_fields,
+        norm_epsilon=model.norm_epsilon, **rope_fields, **moe_fields,
     )  # fmt: skip
 
 
@@ -351,8 +389,8 @@ def test_gpt3_175b_text_is_megatrons_published_shape(a100: ClusterSpec) -> None:
         "--seq-length": "2048", "--num-layers": "96", "--hidden-size": "12288",
         "--ffn-hidden-size": "49152", "--num-attention-heads": "96", "--kv-channels": "128",
         "--max-position-embeddings": "2048", "--position-embedding-type": "learned_absolute",
-        "--normalization": "LayerNorm", "--hidden-dropout": "0.1", "--attention-dropout": "0.1",
-        "--tokenizer-type": "NullTokenizer", "--vocab-size": "51200",
+        "--normalization": "LayerNorm", "--norm-epsilon": "1e-05", "--hidden-dropout": "0.1",
+        "--attention-dropout": "0.1", "--tokenizer-type": "NullTokenizer", "--vocab-size": "51200",
         "--make-vocab-size-divisible-by": "128", "--bf16": None,
         "--recompute-granularity": "selective", "--use-distributed-optimizer": None,
         "--attention-backend": "fused",
@@ -379,10 +417,84 @@ def test_deepseek_v3_experts_and_latent_attention() -> None:
         "--moe-router-topk": "8", "--moe-ffn-hidden-size": "2048",
         "--moe-token-dispatcher-type": "alltoall", "--moe-shared-expert-intermediate-size": "2048",
         "--moe-layer-freq": "[0]*3+[1]*58", "--moe-router-enable-expert-bias": None,
-        "--moe-router-score-function": "sigmoid",
+        "--moe-router-score-function": "sigmoid", "--moe-router-topk-scaling-factor": "2.5",
+        "--moe-router-num-groups": "8", "--moe-router-group-topk": "4",
+        "--moe-grouped-gemm": None,
     }  # fmt: skip
     assert "--kv-channels" not in flags and "--group-query-attention" not in flags
     assert resolved.stage_layers == (5, 8, 8, 8, 8, 8, 8, 8)
+
+
+# The values each released config states (../shared/reference/hf), as Megatron's flags.
+_FROM_CONFIGS = {
+    # rope_theta 500000.0, rms_norm_eps 1e-05, rope_scaling llama3 factor 8.0
+    "Meta-Llama-3.1-70B": {"--rotary-base": "500000", "--use-rope-scaling": None,
+                           "--rope-scaling-factor": "8.0", "--norm-epsilon": "1e-05"},
+    # rope_theta 1000000.0, rms_norm_eps 1e-06, norm_topk_prob true (softmax after the top 8),
+    # router_aux_loss_coef 0.001
+    "Qwen3-235B-A22B": {"--rotary-base": "1000000", "--norm-epsilon": "1e-06",
+                        "--moe-aux-loss-coeff": "0.001", "--moe-grouped-gemm": None},
+    # rope_theta 10000, rms_norm_eps 1e-06, yarn factor 40 mscale 1.0 mscale_all_dim 1.0,
+    # scoring_func sigmoid, noaux_tc, routed_scaling_factor 2.5, n_group 8, topk_group 4
+    "DeepSeek-V3": {"--rotary-base": "10000", "--rotary-scaling-factor": "40.0",
+                    "--mscale": "1.0", "--mscale-all-dim": "1.0", "--norm-epsilon": "1e-06",
+                    "--moe-router-score-function": "sigmoid",
+                    "--moe-router-enable-expert-bias": None,
+                    "--moe-router-topk-scaling-factor": "2.5", "--moe-router-num-groups": "8",
+                    "--moe-router-group-topk": "4", "--moe-grouped-gemm": None},
+}
+_ROPE_AND_ROUTER = ("--rotary-base", "--use-rope-scaling", "--rope-scaling-factor",
+                    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--norm-epsilon",
+                    "--moe-router-score-function", "--moe-router-enable-expert-bias",
+                    "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor",
+                    "--moe-router-num-groups", "--moe-router-group-topk", "--moe-aux-loss-coeff",
+                    "--moe-grouped-gemm")
+
+
+@pytest.mark.parametrize("name", sorted(_FROM_CONFIGS))
+def test_released_configs_carry_rope_norm_and_router(name: str) -> None:
+    """Megatron-LM's and MindSpeed's launches of the released Hugging Face configs say their
+    RoPE base and scaling, norm epsilon and every router knob: Megatron's defaults (base 10000,
+    epsilon 1e-5, softmax top-k without scaling or groups) are wrong for each of them."""
+    model = load(name)
+    knobs = dict(tp=2, sp=True, zero=1, ep=8 if model.moe else 1, global_batch=64, seq_len=4096)
+    resolved = configure(model, 64, **knobs)
+    for profile in (megatron.PROFILE, mindspeed.PROFILE):
+        flags = read_flags(profile.launch(resolved, model).text)
+        said = {k: flags[k] for k in _ROPE_AND_ROUTER if k in flags}
+        assert said == _FROM_CONFIGS[name], profile.name
+
+
+def test_router_without_renormalization_takes_the_softmax_first() -> None:
+    """Qwen2-MoE's norm_topk_prob false: the k weights are the softmax over all experts, which
+    is Megatron's --moe-router-pre-softmax (``moe_utils.py:900-914``); fp32 runs the experts
+    one by one (grouped GEMM is bf16 only, core_v0.12.1 ``arguments.py:712-713``)."""
+    base = load("mixtral-8x7b")
+    assert base.moe is not None
+    model = base.model_copy(update={"moe": base.moe.model_copy(
+        update={"router_topk_normalized": False})})
+    flags = read_flags(megatron.launch(configure(model, 16, tp=2, sp=True), model).text)
+    assert flags["--moe-router-pre-softmax"] is None and flags["--moe-grouped-gemm"] is None
+    fp32 = configure(base, 16, tp=2, sp=True, precision="fp32", flash_attention=False)
+    flags = read_flags(megatron.launch(fp32, base).text)
+    assert "--moe-router-pre-softmax" not in flags and "--moe-grouped-gemm" not in flags
+
+
+def test_rope_notes_say_what_megatron_fixes() -> None:
+    """Megatron fixes llama3's low and high frequency factors at 1 and 4 over 8192 positions
+    (``rotary_pos_embedding.py:92-98``); another scaling type has no flag here."""
+    model = load("Meta-Llama-3.1-8B")
+    assert model.rope_scaling is not None
+    assert mf.rope_notes(model) == ()
+    other = model.model_copy(update={"rope_scaling": model.rope_scaling.model_copy(
+        update={"high_freq_factor": 2.0})})
+    assert mf.rope_notes(other) == (
+        "rope_scaling llama3: high_freq_factor 2.0 (Megatron fixes 4.0)",)
+    dynamic = model.model_copy(update={"rope_scaling": RopeScaling(rope_type="dynamic",
+                                                                   factor=2.0)})
+    (note,) = mf.rope_notes(dynamic)
+    assert "'dynamic' (factor 2.0) has no Megatron flag" in note
+    assert "--use-rope-scaling" not in dict(mf.rope_flags(dynamic))
 
 
 def test_llama3_70b_grouped_query_and_ring_attention(h100: ClusterSpec) -> None:

@@ -98,6 +98,17 @@ def test_notes_say_how_to_run() -> None:
     assert "--data-path" in notes
 
 
+def test_mla_yarn_original_context_note() -> None:
+    """core_v0.12.1's MLA builds YaRN over --max-position-embeddings
+    (``multi_latent_attention.py:94-98``): DeepSeek-V3's 163840 rather than its 4096."""
+    model = load("DeepSeek-V3")
+    notes = mindspeed.launch(configure(model, 64, tp=2, sp=True, ep=8, zero=1), model).notes
+    (note,) = [n for n in notes if "YaRN" in n]
+    assert "--max-position-embeddings (163840), not the model's 4096" in note
+    assert not any("YaRN" in n for n in megatron.launch(
+        configure(model, 64, tp=2, sp=True, ep=8, zero=1), model).notes)
+
+
 # --- rules: one test each, citing the rule's source ----------------------------------------------
 
 

@@ -220,16 +220,71 @@ def test_every_launchable_configuration_reads_back_exactly() -> None:
 
 def test_model_flavor() -> None:
     """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/__init__.py:29-99;
-    torchtitan/models/qwen3/__init__.py:30-190"""
-    for name in ("mixtral-8x7b", "gpt3-175b", "deepseek-v3"):
-        model = load(name)
+    torchtitan/models/qwen3/__init__.py:30-190; torchtitan/models/deepseek_v3/__init__.py:29-157"""
+    shallower = load("deepseek-v3").model_copy(update={"num_layers": 60})
+    for model in (load("mixtral-8x7b"), load("gpt3-175b"), shallower):
         resolved = configure(model, 8, global_batch=8, seq_len=2048)
-        assert "registered models" in (refusal("model-flavor", resolved, model) or ""), name
+        assert "registered models" in (refusal("model-flavor", resolved, model) or ""), model
     assert tt.flavor(load("Meta-Llama-3.1-70B")) is tt.flavor(load("llama3-70b")) is not None
+    deepseek = tt.flavor(load("DeepSeek-V3"))
+    assert deepseek is tt.flavor(load("deepseek-v3")) is not None
+    assert (deepseek.name, deepseek.flavor, deepseek.pipeline) == ("deepseek_v3", "671B", True)
+
+
+def test_flex_attention_context_parallel() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/deepseek_v3/infra/parallelize.py:67-73;
+    torchtitan/models/deepseek_v3/model/args.py:101-109"""
+    model = load("DeepSeek-V3")
+    resolved = configure(model, 1024, cp=2, ep=8, zero=3, global_batch=1024, seq_len=4096)
+    assert "supports SDPA only" in (refusal("flex-attention-context-parallel", resolved, model)
+                                    or "")  # fmt: skip
+    llama = load("llama3-8b")
+    sdpa = configure(llama, 64, tp=8, cp=2, sp=True, zero=3, seq_len=32768)
+    assert refusal("flex-attention-context-parallel", sdpa, llama) is None
+
+
+def test_deepseek_v3_launches_its_671b_flavor() -> None:
+    """DeepSeek-V3 from its Hugging Face config, PP4 x FSDP x EP8 and TP2 x EP8: the 671B
+    flavor with torchtitan's pipelining (``deepseek_v3/__init__.py:165``) and its TP and
+    EP/ETP (``infra/parallelize.py:75-134``), read back as priced; the notes say what the
+    flavor builds otherwise than the config (norm epsilon 1e-5 against 1e-6)."""
+    model = load("DeepSeek-V3")
+    for knobs in (dict(pp=4, ep=8, zero=1, overlap_param_gather=True, first_stage_layers=13,
+                       last_stage_layers=16),
+                  dict(tp=2, sp=True, ep=8, zero=3, overlap_grad_reduce=True,
+                       overlap_param_gather=True)):  # fmt: skip
+        resolved = configure(model, 256, global_batch=256, seq_len=4096, recompute="full",
+                             **knobs)  # fmt: skip
+        toml = launched(resolved, model)
+        assert toml["model"] == {"name": "deepseek_v3", "flavor": "671B"}
+        assert read_back(toml, 256) == expected(resolved)
+    notes = tt.PROFILE.launch(resolved, model).notes
+    assert any("block-causally" in note for note in notes)
+    (differs,) = [note for note in notes if "differs from" in note]
+    assert differs.endswith("norm epsilon 1e-06 (the flavor's 1e-05)")
+
+
+def test_flavor_differences_name_what_the_toml_cannot_set() -> None:
+    """torchtitan's Qwen3 235B-A22B flavor has RoPE base 5e6 (``qwen3/__init__.py:168-190``)
+    where the released config says 1e6; every Llama 3 flavor scales RoPE as Llama 3.1
+    (``llama3/model/args.py:19-24``), which Llama 3's config does not; Llama 3.1 matches."""
+    def differences(name: str) -> tuple[str, ...]:
+        model = load(name)
+        found = tt.flavor(model)
+        assert found is not None
+        return tt.flavor_differences(found, model)
+
+    assert differences("Qwen3-235B-A22B") == (
+        "qwen3 235B-A22B differs from Qwen3-235B-A22B in what the TOML cannot set: RoPE base "
+        "1e+06 (the flavor's 5e+06)",)
+    assert differences("Meta-Llama-3-8B-Instruct")[0].endswith(
+        "RoPE scaling none (the flavor's llama3 x8)")
+    assert differences("Meta-Llama-3.1-70B") == ()
 
 
 def test_pipeline_model() -> None:
-    """pytorch/torchtitan@73a0e69 torchtitan/models/qwen3/__init__.py:199"""
+    """pytorch/torchtitan@73a0e69 torchtitan/models/qwen3/__init__.py:199;
+    torchtitan/models/deepseek_v3/__init__.py:165"""
     model = load("Qwen3-30B-A3B")
     resolved = configure(model, 64, tp=2, pp=2, ep=8, sp=True, zero=1, global_batch=256,
                          seq_len=4096)  # fmt: skip

@@ -47,13 +47,33 @@ def _moe(experts: int, top_k: int, width: int, **rest: Any) -> dict[str, Any]:
         "first_dense_layers": 0,
         "layer_freq": 1,
         "router_expert_bias": False,
+        "router_score_function": None,
+        "router_topk_normalized": True,
+        "router_topk_scaling_factor": None,
+        "router_num_groups": None,
+        "router_group_topk": None,
+        "router_aux_loss_coeff": None,
     }
     return {**base, **rest}
+
+
+def _rope(theta: float, epsilon: float, scaling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """RoPE's base and scaling and the norm epsilon as the config states them."""
+    keys = ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+            "beta_fast", "beta_slow", "mscale", "mscale_all_dim")  # fmt: skip
+    full = None if scaling is None else {key: None for key in keys} | scaling
+    return {"rotary_base": theta, "norm_epsilon": epsilon, "rope_scaling": full}
+
+
+_LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
 def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos: int) -> dict:
     return {
         **LLAMA_SHAPE,
+        # Llama 3.1's configs stretch RoPE for 128K tokens; Llama 3's does not.
+        **_rope(500000.0, 1e-5, _LLAMA31_SCALING if max_pos == 131072 else None),
         "name": name,
         "num_layers": layers,
         "hidden_size": hidden,
@@ -65,7 +85,8 @@ def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos: 
     }
 
 
-def _mixtral(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos: int) -> dict:
+def _mixtral(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos: int,
+             aux: float) -> dict:
     return {
         **LLAMA_SHAPE,
         "name": name,
@@ -76,7 +97,8 @@ def _mixtral(name: str, layers: int, hidden: int, heads: int, ffn: int, max_pos:
         "ffn_hidden_size": ffn,
         "vocab_size": 32000,
         "max_position_embeddings": max_pos,
-        "moe": _moe(8, 2, ffn),
+        **_rope(1e6, 1e-5),
+        "moe": _moe(8, 2, ffn, router_aux_loss_coeff=aux),
     }
 
 
@@ -93,7 +115,8 @@ def _qwen3_moe(name: str, layers: int, hidden: int, heads: int, ffn: int, expert
         "vocab_size": 151936,
         "max_position_embeddings": 40960,
         "qk_layernorm": True,
-        "moe": _moe(128, 8, expert),
+        **_rope(1e6, 1e-6),
+        "moe": _moe(128, 8, expert, router_topk_normalized=True, router_aux_loss_coeff=0.001),
     }
 
 
@@ -108,9 +131,13 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "ffn_hidden_size": 18432,
         "vocab_size": 129280,
         "max_position_embeddings": 163840,
+        **_rope(10000.0, 1e-6, {"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                "original_max_position_embeddings": 4096}),
         "moe": _moe(
             256, 8, 2048, shared_experts=1, shared_ffn_hidden_size=2048, first_dense_layers=3,
-            router_expert_bias=True,
+            router_expert_bias=True, router_score_function="sigmoid",
+            router_topk_scaling_factor=2.5, router_num_groups=8, router_group_topk=4,
         ),
         "mla": {
             "q_lora_rank": 1536,
@@ -124,8 +151,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "Meta-Llama-3.1-8B": _llama3("Meta-Llama-3.1-8B", 32, 4096, 32, 14336, 131072),
     "Meta-Llama-3.1-70B": _llama3("Meta-Llama-3.1-70B", 80, 8192, 64, 28672, 131072),
     "Meta-Llama-3.1-405B": _llama3("Meta-Llama-3.1-405B", 126, 16384, 128, 53248, 131072),
-    "Mixtral-8x7B-v0.1": _mixtral("Mixtral-8x7B-v0.1", 32, 4096, 32, 14336, 32768),
-    "Mixtral-8x22B-v0.1": _mixtral("Mixtral-8x22B-v0.1", 56, 6144, 48, 16384, 65536),
+    "Mixtral-8x7B-v0.1": _mixtral("Mixtral-8x7B-v0.1", 32, 4096, 32, 14336, 32768, 0.02),
+    "Mixtral-8x22B-v0.1": _mixtral("Mixtral-8x22B-v0.1", 56, 6144, 48, 16384, 65536, 0.001),
     "Qwen2.5-72B": {
         **LLAMA_SHAPE,
         "name": "Qwen2.5-72B",
@@ -137,6 +164,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "vocab_size": 152064,
         "max_position_embeddings": 131072,
         "qkv_bias": True,
+        **_rope(1e6, 1e-5),
     },
     "Qwen3-8B": {**_qwen3_moe("Qwen3-8B", 36, 4096, 32, 12288, 0), "moe": None,
                  "num_query_groups": 8, "max_position_embeddings": 40960},
@@ -163,6 +191,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "qk_layernorm": False,
         "hidden_dropout": 0.1,
         "attention_dropout": 0.1,
+        **_rope(10000.0, 1e-5),
         "moe": None,
         "mla": None,
         "training": None,
@@ -291,7 +320,11 @@ def test_qwen2_moe_shared_expert() -> None:
     assert spec.qkv_bias is True and spec.bias is False
     assert spec.ffn_hidden_size == 5632
     assert spec.moe is not None
-    assert spec.moe.model_dump() == _moe(60, 4, 1408, shared_experts=1, shared_ffn_hidden_size=5632)
+    # Without norm_topk_prob the k weights are the softmax over all experts, not renormalized
+    # (Qwen2MoeConfig's default false): Megatron's --moe-router-pre-softmax.
+    assert spec.moe.model_dump() == _moe(60, 4, 1408, shared_experts=1, shared_ffn_hidden_size=5632,
+                                         router_topk_normalized=False,
+                                         router_aux_loss_coeff=0.001)
 
 
 def _hf_qwen_moe_layers(num_layers: int, step: int, mlp_only: list[int]) -> list[int]:

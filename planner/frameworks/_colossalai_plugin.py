@@ -9,6 +9,7 @@ hpcaitech/ColossalAI@4f9953b's (``colossalai/booster/plugin/hybrid_parallel_plug
 from __future__ import annotations
 
 from planner.plan.config import ResolvedConfig
+from planner.spec import ModelSpec
 
 Kwargs = dict[str, object]
 """Keyword arguments of the plugin, or settings of the script, by name."""
@@ -49,6 +50,27 @@ def overlap_kwargs(resolved: ResolvedConfig, *, moe: bool) -> Kwargs:
     return {"overlap_communication": grad, "overlap_allgather": gather}
 
 
+def hf_config_keys(model: ModelSpec, *, deepseek: bool) -> Kwargs:
+    """The model's RoPE, norm and routing in the Hugging Face config's keys: Shardformer keeps
+    the modeling's RoPE, norms and router, so the config the model is built from carries them."""
+    keys: Kwargs = {}
+    if model.position_embedding == "rope":
+        scaling = model.rope_scaling
+        keys |= {"rope_theta": model.rotary_base, "rms_norm_eps": model.norm_epsilon,
+                 "rope_scaling": None if scaling is None else {
+                     ("type" if scaling.rope_type == "yarn" else "rope_type"): scaling.rope_type,
+                     **scaling.model_dump(exclude={"rope_type"}, exclude_none=True)}}
+    else:
+        keys["layer_norm_epsilon"] = model.norm_epsilon
+    moe = model.moe
+    if deepseek and moe is not None:  # DeepSeek-V3's own modeling reads these
+        keys |= {"scoring_func": moe.score_function, "norm_topk_prob": moe.router_topk_normalized,
+                 "routed_scaling_factor": moe.router_topk_scaling_factor or 1.0,
+                 "n_group": moe.router_num_groups or 1, "topk_group": moe.router_group_topk or 1,
+                 "topk_method": "noaux_tc" if moe.router_expert_bias else "greedy"}
+    return keys
+
+
 def checkpoint_config(resolved: ResolvedConfig) -> str | None:
     """Full recompute under pipelines as ``PipelineGradientCheckpointConfig``: every layer of
     every (virtual) stage, or each one's first ``recompute_layers`` (the forward checkpoints
@@ -66,6 +88,7 @@ def checkpoint_config(resolved: ResolvedConfig) -> str | None:
 
 _COMMENTS = {
     "HF_MODEL_CLASS": "the transformers class to build from the model's config",
+    "HF_CONFIG": "keys of that config: the model's RoPE, norm epsilon (and router)",
     "ATTN_IMPLEMENTATION": "its attn_implementation",
     "GRADIENT_CHECKPOINTING": "call model.gradient_checkpointing_enable() before boost()",
     "BATCH_SIZE_PER_RANK": "samples per data-parallel rank per forward-backward",

@@ -52,10 +52,14 @@ def model_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
         ("--max-position-embeddings", mf.max_positions(model, resolved.training.seq_length)),
         ("--make-vocab-size-divisible-by", mf.vocab_divisor(model.vocab_size, resolved.config.tp)),
         ("--normalization", model.normalization),
+        ("--layernorm-epsilon", model.norm_epsilon),
     ]
     flags += [("--swiglu", None)] * (model.activation == "swiglu")
     if model.position_embedding == "rope":
-        flags += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None)]
+        # An integer to argparse (megatron/arguments.py:635-637); there is no RoPE scaling
+        # (megatron/model/language_model.py:437), which the launch's notes say.
+        flags += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None),
+                  ("--rotary-position-embeddings-theta", round(model.rotary_base))]
     flags += [("--untie-embeddings-and-output-weights", None)] * (not model.tie_word_embeddings)
     flags += [("--disable-bias-linear", None)] * (not model.bias)
     # Both default to 0.1 in Megatron-DeepSpeed: always said.

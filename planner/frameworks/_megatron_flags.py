@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Sequence
 
 from planner.plan.config import ResolvedConfig
-from planner.spec import ModelSpec
+from planner.spec import ModelSpec, MoESpec
 
 Flag = tuple[str, str | int | float | None]
 """A flag and its value (None for a switch)."""
@@ -178,7 +178,9 @@ def model_flags(model: ModelSpec, *, seq_length: int) -> list[Flag]:
     flags += [
         ("--max-position-embeddings", max_positions(model, seq_length)),
         ("--position-embedding-type", _POSITIONS[model.position_embedding]),
+        *rope_flags(model),
         ("--normalization", _NORMALIZATION[model.normalization]),
+        ("--norm-epsilon", model.norm_epsilon),
     ]
     flags += [("--swiglu", None)] * (model.activation == "swiglu")
     flags += [("--untie-embeddings-and-output-weights", None)] * (not model.tie_word_embeddings)
@@ -200,6 +202,61 @@ def window_flags(model: ModelSpec) -> list[Flag]:
         return []
     flags: list[Flag] = [("--window-size", f"{window.window - 1},0")]
     return flags + [("--window-attn-skip-freq", window.global_every)] * bool(window.global_every)
+
+
+def rope_flags(model: ModelSpec) -> list[Flag]:
+    """RoPE's base period and long-context scaling: Llama 3.1's (``--use-rope-scaling``, whose
+    low and high frequency factors 1 and 4 and original context 8192 Megatron fixes,
+    ``megatron/core/models/common/embeddings/rotary_pos_embedding.py:92-98``) and, under MLA
+    (``MLATransformerConfig``'s default ``rope_type`` yarn), YaRN's factor and mscales. What
+    these flags cannot say is in :func:`rope_notes`."""
+    if model.position_embedding != "rope":
+        return []
+    flags: list[Flag] = [("--rotary-base", round(model.rotary_base))]  # an int to argparse
+    scaling = model.rope_scaling
+    if scaling is not None and scaling.rope_type == "llama3":
+        flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", scaling.factor)]
+    if scaling is not None and scaling.rope_type == "yarn" and model.mla is not None:
+        flags += [("--rotary-scaling-factor", scaling.factor),
+                  ("--mscale", _or(scaling.mscale, 1.0)),
+                  ("--mscale-all-dim", _or(scaling.mscale_all_dim, 0.0))]  # fmt: skip
+    return flags
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 8192}  # fmt: skip
+_MLA_YARN_FIXED = {"beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 4096}
+
+
+def rope_notes(model: ModelSpec) -> tuple[str, ...]:
+    """What the RoPE flags cannot say: a fractional base, scaling settings Megatron fixes, and
+    scaling types it has no flag for."""
+    if model.position_embedding != "rope":
+        return ()
+    notes = []
+    if model.rotary_base != round(model.rotary_base):
+        notes.append(f"--rotary-base is an integer: the model's {model.rotary_base} is rounded")
+    scaling = model.rope_scaling
+    fixed = {"llama3": _LLAMA3_FIXED, "yarn": _MLA_YARN_FIXED if model.mla else None}
+    if scaling is None:
+        if model.mla is not None:
+            notes.append("the model scales no RoPE, but Megatron's MLA applies YaRN by default: "
+                         "add --rope-type rope (Megatron-LM after core_v0.12.1)")
+        return tuple(notes)
+    values = fixed.get(scaling.rope_type)
+    if values is None:
+        return (*notes, f"rope_scaling {scaling.rope_type!r} (factor {scaling.factor}) has no "
+                        f"Megatron flag here: the launch applies no RoPE scaling")
+    dumped = scaling.model_dump()
+    differ = [f"{key} {dumped[key]} (Megatron fixes {value})" for key, value in values.items()
+              if dumped[key] is not None and dumped[key] != value]  # fmt: skip
+    if differ:
+        notes.append(f"rope_scaling {scaling.rope_type}: " + ", ".join(differ))
+    return tuple(notes)
 
 
 def bias_flags(model: ModelSpec) -> list[Flag]:
@@ -249,12 +306,43 @@ def moe_flags(model: ModelSpec) -> list[Flag]:
     pattern = moe_layer_pattern(model)
     if pattern is not None:
         flags.append(("--moe-layer-freq", pattern))
+    return flags + router_flags(moe)
+
+
+def router_flags(moe: MoESpec) -> list[Flag]:
+    """The router as Megatron-Core's ``topk_routing_with_score_function`` runs it
+    (``megatron/core/transformer/moe/moe_utils.py:900-934``): softmax after the top-k (the k
+    weights renormalized) unless ``--moe-router-pre-softmax``, which top-1 routing needs
+    (``transformer_config.py:2661-2669``); sigmoid scores always renormalized over the k; the
+    expert bias (sigmoid only, ``transformer_config.py:2617``) choosing experts but not
+    weighting them; then the scaling factor; experts drawn from the best groups."""
+    flags: list[Flag] = []
+    if moe.score_function == "sigmoid":
+        flags.append(("--moe-router-score-function", "sigmoid"))
     if moe.router_expert_bias:
-        flags += [("--moe-router-enable-expert-bias", None),
-                  ("--moe-router-score-function", "sigmoid")]  # fmt: skip
-    if moe.top_k == 1:
+        flags.append(("--moe-router-enable-expert-bias", None))
+    if moe.score_function == "softmax" and (moe.top_k == 1 or not moe.router_topk_normalized):
         flags.append(("--moe-router-pre-softmax", None))
+    if moe.router_topk_scaling_factor is not None:
+        flags.append(("--moe-router-topk-scaling-factor", moe.router_topk_scaling_factor))
+    if moe.router_num_groups is not None:
+        flags += [("--moe-router-num-groups", moe.router_num_groups),
+                  ("--moe-router-group-topk", moe.router_group_topk)]  # fmt: skip
+    if moe.router_aux_loss_coeff is not None:  # with the default aux_loss balancing
+        flags.append(("--moe-aux-loss-coeff", moe.router_aux_loss_coeff))
     return flags
+
+
+def grouped_gemm_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[Flag]:
+    """A rank's local experts as one grouped GEMM (``TEGroupedMLP``), what MoE runs use,
+    rather than one GEMM per expert in turn (``SequentialMLP``, the default). bf16 only:
+    core_v0.12.1 asserts it (``megatron/training/arguments.py:712-713``). The cost model
+    prices a rank's expert GEMMs as that many GEMM calls, each on the GEMM curve at its own
+    size with its own launch (``planner/graph/lower.py``, ``expert_linear``), which is the
+    sequential layout's price, not a grouped kernel's."""
+    if model.moe is None or resolved.training.precision != "bf16":
+        return []
+    return [("--moe-grouped-gemm", None)]
 
 
 def moe_layer_pattern(model: ModelSpec) -> str | None:
@@ -318,4 +406,8 @@ def vocab_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         notes.append(f"--max-position-embeddings is the sequence length {seq} (the model's "
                      f"{model.max_position_embeddings} is shorter): with RoPE it sizes the "
                      f"rotary table only")  # fmt: skip
-    return tuple(notes)
+    moe = model.moe
+    if moe is not None and moe.score_function == "sigmoid" and not moe.router_topk_normalized:
+        notes.append("Megatron renormalizes sigmoid routing weights over the top k; the model "
+                     "does not (norm_topk_prob false)")
+    return (*notes, *rope_notes(model))

@@ -19,6 +19,7 @@ from planner.frameworks import _megatron_flags as mf
 from planner.frameworks._colossalai_plugin import (
     Kwargs,
     checkpoint_config,
+    hf_config_keys,
     overlap_kwargs,
     pipeline_kwargs,
     render,
@@ -40,12 +41,14 @@ REPO = "hpcaitech/ColossalAI@4f9953b"
 _PLUGIN = f"{REPO} colossalai/booster/plugin/hybrid_parallel_plugin.py"
 _MOE_PLUGIN = f"{REPO} colossalai/booster/plugin/moe_hybrid_parallel_plugin.py"
 
-Family = Literal["gpt2", "llama", "qwen2", "qwen3", "mixtral"]
+Family = Literal["gpt2", "llama", "qwen2", "qwen3", "mixtral", "deepseek_v3"]
 HF_CLASSES: dict[Family, str] = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
                                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                                 "mixtral": "MixtralForCausalLM"}  # fmt: skip
+                                 "mixtral": "MixtralForCausalLM",
+                                 "deepseek_v3": "DeepseekV3ForCausalLM"}  # fmt: skip
 """The ``transformers`` class each architecture is built as; ``auto_policy.py`` maps it to its
-Shardformer policy (lines 59, 76, 207, 217, 227)."""
+Shardformer policy (lines 59, 76, 207, 217, 227; DeepSeek-V3's is the checkpoint's own
+``modeling_deepseek.py``, loaded with ``trust_remote_code``, lines 170-176)."""
 _RING_ATTENTION: frozenset[Family] = frozenset({"llama", "gpt2"})
 """Architectures whose attention forward calls ``RingAttention.attention``."""
 _EVERY_LAYER_CHECKPOINTED: frozenset[Family] = frozenset({"gpt2", "mixtral"})
@@ -60,7 +63,10 @@ def family(model: ModelSpec) -> Family | None:
     shape = (model.activation, model.normalization, model.position_embedding)
     modern = shape == ("swiglu", "rmsnorm", "rope") and not model.bias
     if model.mla is not None:
-        return None
+        # DeepSeek-V3's modeling: MLA, and experts with shared ones, a dense prefix and the
+        # aux-loss-free bias, on the Llama-shaped rest.
+        plain = not (model.qk_layernorm or model.has_qkv_bias)
+        return "deepseek_v3" if modern and plain and model.moe is not None else None
     if model.moe is not None:
         moe = model.moe
         plain = (moe.shared_experts, moe.first_dense_layers, moe.layer_freq) == (0, 0, 1)
@@ -89,7 +95,26 @@ def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     if family(model) is not None:
         return None
     return (f"{model.name}: no Shardformer policy builds this architecture (GPT-2, Llama, Qwen2, "
-            f"Qwen3, or Mixtral with experts on every layer and no shared experts)")
+            f"Qwen3, Mixtral with experts on every layer and no shared experts, or DeepSeek-V3 "
+            f"with latent attention and experts)")
+
+
+def deepseek_v3_tensor_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The DeepSeek-V3 policy asserts no tensor and no sequence parallelism."""
+    tp = resolved.config.tp
+    if tp == 1 or family(model) != "deepseek_v3":
+        return None
+    return (f"tp({tp}): Colossal-AI's DeepSeek-V3 policy refuses tensor (and sequence) "
+            f"parallelism; it shards experts (ep) and stages (pp) only")
+
+
+def deepseek_v3_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The DeepSeek-V3 forward checkpoints every layer but the model's first."""
+    if resolved.config.recompute == "none" or family(model) != "deepseek_v3":
+        return None
+    return ("recompute with DeepSeek-V3: Colossal-AI's forward checkpoints every layer but the "
+            "model's first (i > 0) and reads no per-stage count, which the planner does not "
+            "price")
 
 
 def zero_stage_3(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -320,6 +345,10 @@ def optimizer_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 RULES: tuple[Rule, ...] = (
     Rule(name="architecture", check=architecture,
          source=f"{REPO} colossalai/shardformer/policies/auto_policy.py:59-229"),
+    Rule(name="deepseek-v3-tensor-parallel", check=deepseek_v3_tensor_parallel,
+         source=f"{REPO} colossalai/shardformer/policies/deepseek_v3.py:18-22"),
+    Rule(name="deepseek-v3-recompute", check=deepseek_v3_recompute,
+         source=f"{REPO} colossalai/shardformer/modeling/deepseek_v3.py:245-254"),
     Rule(name="zero-3", check=zero_stage_3, source=f"{_PLUGIN}:1122"),
     Rule(name="zero-2-with-pipeline", check=zero_with_pipeline, source=f"{_PLUGIN}:1134-1136"),
     Rule(name="zero-precision", check=zero_precision, source=f"{_PLUGIN}:1361"),
@@ -398,10 +427,14 @@ def script_settings(resolved: ResolvedConfig, model: ModelSpec) -> Kwargs:
     """What the training script sets beside the plugin: the model class and attention kernel,
     checkpointing, and how a step's microbatches reach the plugin."""
     c, n = resolved.config, resolved.num_microbatches
+    fam = family(model) or "llama"
+    # DeepSeek-V3's own modeling has flash_attention_2 and eager only
+    fused = "flash_attention_2" if fam == "deepseek_v3" else "sdpa"
     return {
-        "HF_MODEL_CLASS": HF_CLASSES[family(model) or "llama"],
+        "HF_MODEL_CLASS": HF_CLASSES[fam],
+        "HF_CONFIG": hf_config_keys(model, deepseek=fam == "deepseek_v3"),
         # eager keeps the s x s scores the planner prices for unfused attention
-        "ATTN_IMPLEMENTATION": "sdpa" if c.flash_attention else "eager",
+        "ATTN_IMPLEMENTATION": fused if c.flash_attention else "eager",
         "GRADIENT_CHECKPOINTING": c.recompute == "full",
         "BATCH_SIZE_PER_RANK": c.mbs * n if c.pp > 1 else c.mbs,
         "ACCUMULATION_STEPS": 1 if c.pp > 1 else n,
@@ -413,10 +446,14 @@ def script_settings(resolved: ResolvedConfig, model: ModelSpec) -> Kwargs:
 
 def notes(model: ModelSpec) -> tuple[str, ...]:
     """What the user adds."""
+    fam = family(model) or "llama"
+    remote = ("DeepSeek-V3's policy is registered for the checkpoint's own modeling "
+              "(transformers_modules.modeling_deepseek): load it with trust_remote_code=True",)
     return (
         f"for {REPO}, with a transformers version its Shardformer policies support",
-        f"build the model as {HF_CLASSES[family(model) or 'llama']} from a config with "
-        f"{model.name}'s shape, then booster = Booster(plugin=plugin) and booster.boost(...)",
+        f"build the model as {HF_CLASSES[fam]} from a config with {model.name}'s shape and "
+        f"HF_CONFIG's keys, then booster = Booster(plugin=plugin) and booster.boost(...)",
+        *(remote if fam == "deepseek_v3" else ()),
         "add the data, tokenizer, optimizer and learning-rate schedule; with pp_size > 1 "
         "step with booster.execute_pipeline(...)",
     )

@@ -224,15 +224,18 @@ def moe_tensor_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | Non
 
 
 def moe_layout(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Megatron-DeepSpeed's MoE: every expert_interval-th layer, expert width = dense width,
-    no shared experts, no router bias."""
+    """Megatron-DeepSpeed's MoE as the launch writes it: one ``--num-experts`` for every
+    expert_interval-th layer (the flag takes a list per MoE slot, an entry of 1 keeping that
+    layer dense, which the launch does not write), expert width = dense width, no shared
+    experts, no router bias."""
     moe = model.moe
     if moe is None:
         return None
     if moe.first_dense_layers != moe.layer_freq - 1:
-        return (f"MoE layers from layer {moe.first_dense_layers} every {moe.layer_freq}: "
-                f"Megatron-DeepSpeed puts experts on layers k x expert_interval - 1 only, so "
-                f"first_dense_layers must be layer_freq - 1 = {moe.layer_freq - 1}")
+        return (f"MoE layers from layer {moe.first_dense_layers} every {moe.layer_freq}: the "
+                f"launch gives every expert_interval-th layer experts (first_dense_layers = "
+                f"layer_freq - 1 = {moe.layer_freq - 1}); --num-experts' per-layer list, "
+                f"which could keep leading layers dense, is not written")
     if moe.ffn_hidden_size != model.ffn:
         return (f"expert ffn_hidden_size({moe.ffn_hidden_size}) != ffn_hidden_size({model.ffn}):"
                 f" Megatron-DeepSpeed's experts are copies of the dense MLP")
@@ -243,10 +246,14 @@ def moe_layout(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """What GPTModel cannot build: MLA, query/key norms, a QKV bias apart from the others,
-    Gemma's and Phi-3's layer features (:func:`~planner.frameworks.base.layer_features`)."""
+    """What GPTModel cannot build: MLA (self-attention is one fused QKV projection of the
+    hidden state, ``megatron/model/transformer.py:578-586``, and no flag of
+    ``megatron/arguments.py`` adds latent attention), query/key norms, a QKV bias apart from
+    the others, Gemma's and Phi-3's layer features
+    (:func:`~planner.frameworks.base.layer_features`)."""
     if model.mla is not None:
-        return f"{model.name} uses multi-head latent attention, which Megatron-DeepSpeed lacks"
+        return (f"{model.name} uses multi-head latent attention (low-rank compressed queries, "
+                f"keys and values), which Megatron-DeepSpeed's attention lacks")
     if model.qk_layernorm:
         return f"{model.name} normalizes queries and keys, which Megatron-DeepSpeed cannot"
     if model.has_qkv_bias != model.bias:
@@ -333,13 +340,13 @@ RULES: tuple[Rule, ...] = (
     Rule(name="zero-3-overlap", check=zero3_overlap,
          source=f"{DS} deepspeed/runtime/zero/partitioned_param_coordinator.py:452; "
                 f"{DS} deepspeed/runtime/zero/config.py:215"),
+    Rule(name="architecture", check=architecture,
+         source=f"{_TRANSFORMER}:578-586; {_ARGS}:598-690; {_ARGS}:937"),
     Rule(name="moe-with-zero-3", check=moe_with_zero3, source=f"{_ENGINE}:1889-1891"),
     Rule(name="moe-with-tp", check=moe_tensor_parallel,
          source=f"{DS} deepspeed/moe/sharded_moe.py:706-732"),
     Rule(name="moe-layout", check=moe_layout,
          source=f"{_TRANSFORMER}:1650-1660; {_TRANSFORMER}:1069-1072"),
-    Rule(name="architecture", check=architecture,
-         source=f"{_ARGS}:598-690; {_ARGS}:937"),
     Rule(name="sp-sequence-split", check=sequence_parallel_split,
          source=f"{MDS} megatron/core/tensor_parallel/mappings.py:56-58"),
     Rule(name="rank-order", check=rank_order,
@@ -395,7 +402,19 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         "add the run's length, learning-rate schedule and optimizer hyper-parameters "
         "(--train-iters, --lr, ...) and checkpoint paths",
         *(moe if model.moe is not None else ()),
+        *rope_notes(model),
     )
+
+
+def rope_notes(model: ModelSpec) -> tuple[str, ...]:
+    """Megatron-DeepSpeed's rotary embedding takes a base and nothing else
+    (``megatron/model/language_model.py:437``)."""
+    scaling = model.rope_scaling
+    if model.position_embedding != "rope" or scaling is None:
+        return ()
+    return (f"Megatron-DeepSpeed has no RoPE scaling: the model's {scaling.rope_type} x"
+            f"{scaling.factor:g} is not applied (training within the original context is "
+            f"unaffected)",)
 
 
 PROFILE = Profile(name="deepspeed", title="DeepSpeed", rules=RULES, launch=launch)

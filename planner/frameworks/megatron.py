@@ -341,6 +341,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *mf.split_flags(resolved),
         *mf.batch_flags(resolved),
         *mf.model_flags(model, seq_length=resolved.training.seq_length),
+        *mf.grouped_gemm_flags(resolved, model),
         *vocab_flags(model, resolved),
         *mf.precision_flags(resolved),
         *mf.recompute_flags(resolved),
@@ -392,8 +393,7 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         f"{mf.padded_vocab(model.vocab_size, resolved.config.tp)} to keep the embedding the "
         "plan priced",
         "add the run's length, learning-rate schedule, optimizer hyper-parameters and "
-        "checkpoint paths; RoPE base and scaling and the norm epsilon are the model's, not "
-        "the plan's",
+        "checkpoint paths",
         "leave NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN unset: Megatron sets them "
         "from --attention-backend and refuses other values",
         *mf.vocab_notes(model, resolved),

@@ -149,6 +149,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *mf.split_flags(resolved),
         *mf.batch_flags(resolved),
         *mf.model_flags(model, seq_length=resolved.training.seq_length),
+        *mf.grouped_gemm_flags(resolved, model),
         *rope_flags(model),
         *vocab_flags(model, resolved),
         *mf.precision_flags(resolved),
@@ -223,11 +224,27 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         f"PretrainedFromHF --tokenizer-name-or-path DIR), whose vocabulary must be the model's "
         f"{model.vocab_size}",
         "add the run's length, learning-rate schedule, optimizer hyper-parameters and "
-        "checkpoint paths; RoPE base and scaling and the norm epsilon are the model's, not "
-        "the plan's",
+        "checkpoint paths",
         *mf.vocab_notes(model, resolved),
+        *mla_yarn_notes(model, resolved),
         *(fsdp if resolved.config.zero >= 2 else ()),
     )
+
+
+def mla_yarn_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
+    """core_v0.12.1's MLA builds YaRN over ``--max-position-embeddings`` as the original
+    context (``megatron/core/transformer/multi_latent_attention.py:94-98``), not the model's
+    ``original_max_position_embeddings`` (Megatron-LM later reads its own field)."""
+    scaling = model.rope_scaling
+    if model.mla is None or scaling is None or scaling.rope_type != "yarn":
+        return ()
+    positions = mf.max_positions(model, resolved.training.seq_length)
+    original = scaling.original_max_position_embeddings
+    if original is None or original == positions:
+        return ()
+    return (f"core_v0.12.1's MLA takes YaRN's original context from --max-position-embeddings "
+            f"({positions}), not the model's {original}: set it to {original} where the "
+            f"sequence fits, or the rotary frequencies differ from the model's",)
 
 
 PROFILE = Profile(name="mindspeed", title="MindSpeed", rules=RULES, launch=launch)

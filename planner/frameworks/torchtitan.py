@@ -19,10 +19,15 @@ The rules cite pytorch/torchtitan at v0.2.2 (73a0e69) and pytorch/pytorch at v2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
-
 from planner.errors import ConfigError
+from planner.frameworks._torchtitan_flavors import (
+    FLAVORS,
+    REPO,
+    VERSION,
+    Flavor,
+    flavor,
+    flavor_differences,
+)
 from planner.frameworks._torchtitan_toml import (
     data_parallel_table,
     model_parallel_table,
@@ -32,109 +37,12 @@ from planner.frameworks._torchtitan_toml import (
 )
 from planner.frameworks.base import Launch, Profile, Rule, ranks_in_order
 from planner.plan.config import ResolvedConfig
-from planner.spec import ModelSpec, MoESpec
+from planner.spec import ModelSpec
 
-VERSION = "v0.2.2"
-"""The torchtitan release the TOML is for."""
-REPO = "pytorch/torchtitan@73a0e69"
-"""torchtitan v0.2.2, where the keys and rules were checked."""
 TORCH = "pytorch/pytorch@cf30153"
 """PyTorch v2.13.0, for FSDP2, pipelining and context parallelism."""
 _PARALLELIZE = f"{REPO} torchtitan/models/llama3/infra/parallelize.py"
 _STAGE = f"{TORCH} torch/distributed/pipelining/stage.py"
-
-
-def _llama3(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
-    """A Llama 3 flavor; its FFN is multiple_of x ceil(multiplier x int(8 dim / 3) / multiple_of)
-    (``torchtitan/models/llama3/model/model.py:332-336``), written out here."""
-    return ModelSpec(name=f"llama3 {flavor}", num_layers=layers, hidden_size=hidden,
-                     num_attention_heads=heads, num_query_groups=8, ffn_hidden_size=ffn,
-                     vocab_size=128256, max_position_embeddings=131072, activation="swiglu",
-                     normalization="rmsnorm", position_embedding="rope",
-                     tie_word_embeddings=False, bias=False)  # fmt: skip
-
-
-def _qwen3_moe(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int,
-               expert_ffn: int) -> ModelSpec:  # fmt: skip
-    """A Qwen3 MoE flavor: 128 experts, top 8, on every layer; 4 KV heads of 128 dims."""
-    return ModelSpec(name=f"qwen3 {flavor}", num_layers=layers, hidden_size=hidden,
-                     num_attention_heads=heads, num_query_groups=4, kv_channels=128,
-                     ffn_hidden_size=ffn, vocab_size=151936, max_position_embeddings=262144,
-                     activation="swiglu", normalization="rmsnorm", position_embedding="rope",
-                     tie_word_embeddings=False, bias=False, qk_layernorm=True,
-                     moe=MoESpec(num_experts=128, top_k=8, ffn_hidden_size=expert_ffn))  # fmt: skip
-
-
-def _qwen3(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
-    """A dense Qwen3 flavor: 8 KV heads of 128 dims, query/key norms, untied from 8B up."""
-    return ModelSpec(name=f"qwen3 {flavor}", num_layers=layers, hidden_size=hidden,
-                     num_attention_heads=heads, num_query_groups=8, kv_channels=128,
-                     ffn_hidden_size=ffn, vocab_size=151936, max_position_embeddings=40960,
-                     activation="swiglu", normalization="rmsnorm", position_embedding="rope",
-                     tie_word_embeddings=False, bias=False, qk_layernorm=True)  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Flavor:
-    """A model torchtitan registers, in the planner's words."""
-
-    name: str
-    """``[model] name``."""
-    flavor: str
-    """``[model] flavor``."""
-    spec: ModelSpec
-    """Its architecture (max_position_embeddings aside, which torchtitan sets to seq_len)."""
-    pipeline: bool
-    """Whether its train spec has a pipelining function."""
-    source: str
-    """Where it is registered."""
-
-
-_LLAMA3 = f"{REPO} torchtitan/models/llama3/__init__.py"
-_QWEN3 = f"{REPO} torchtitan/models/qwen3/__init__.py"
-FLAVORS: tuple[Flavor, ...] = (
-    Flavor(name="llama3", flavor="8B", pipeline=True, source=f"{_LLAMA3}:51-59",
-           spec=_llama3("8B", layers=32, hidden=4096, heads=32, ffn=14336)),
-    Flavor(name="llama3", flavor="70B", pipeline=True, source=f"{_LLAMA3}:82-90",
-           spec=_llama3("70B", layers=80, hidden=8192, heads=64, ffn=28672)),
-    Flavor(name="llama3", flavor="405B", pipeline=True, source=f"{_LLAMA3}:91-99",
-           spec=_llama3("405B", layers=126, hidden=16384, heads=128, ffn=53248)),
-    Flavor(name="qwen3", flavor="8B", pipeline=False, source=f"{_QWEN3}:85-96",
-           spec=_qwen3("8B", layers=36, hidden=4096, heads=32, ffn=12288)),
-    Flavor(name="qwen3", flavor="14B", pipeline=False, source=f"{_QWEN3}:97-108",
-           spec=_qwen3("14B", layers=40, hidden=5120, heads=40, ffn=17408)),
-    Flavor(name="qwen3", flavor="32B", pipeline=False, source=f"{_QWEN3}:109-120",
-           spec=_qwen3("32B", layers=64, hidden=5120, heads=64, ffn=25600)),
-    Flavor(name="qwen3", flavor="30B-A3B", pipeline=False, source=f"{_QWEN3}:145-167",
-           spec=_qwen3_moe("30B-A3B", layers=48, hidden=2048, heads=32, ffn=6144,
-                           expert_ffn=768)),
-    Flavor(name="qwen3", flavor="235B-A22B", pipeline=False, source=f"{_QWEN3}:168-190",
-           spec=_qwen3_moe("235B-A22B", layers=94, hidden=4096, heads=64, ffn=12288,
-                           expert_ffn=1536)),
-)  # fmt: skip
-"""The registered models the planner's models can be; DeepSeek-V3's 671B flavor is left out
-(it attends block-causally with FlexAttention, per document, which the planner does not price)."""
-
-
-@lru_cache(maxsize=256)
-def _signature(model: ModelSpec) -> tuple[object, ...]:
-    """What a model's cost depends on: its architecture without name, positions or training."""
-    fields = model.model_dump(exclude={"name", "max_position_embeddings", "training",
-                                       "num_query_groups", "kv_channels", "ffn_hidden_size",
-                                       "qkv_bias", "moe"})  # fmt: skip
-    # The router's balancing bias is not priced; the dense width only where a layer is dense.
-    moe = model.moe.model_dump(exclude={"router_expert_bias"}) if model.moe else {}
-    dense = model.moe is None or any(not model.is_moe_layer(i) for i in range(model.num_layers))
-    return (tuple(sorted(fields.items())), model.query_groups, model.head_dim,
-            model.has_qkv_bias, model.ffn if dense else None,
-            tuple(sorted(moe.items())))  # fmt: skip
-
-
-@lru_cache(maxsize=256)
-def flavor(model: ModelSpec) -> Flavor | None:
-    """The registered model ``model`` is, or None (remembered: the search asks for every
-    configuration it considers)."""
-    return next((f for f in FLAVORS if _signature(f.spec) == _signature(model)), None)
 
 
 def _fsdp(resolved: ResolvedConfig) -> bool:
@@ -185,6 +93,15 @@ def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
         return None
     return (f"cp({cp}): torchtitan {VERSION}'s training context parallelism all-gathers keys "
             f"and values (PyTorch's default rotate method), not the ring the planner prices")
+
+
+def flex_attention_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Context parallelism runs SDPA only; DeepSeek-V3 671B attends with FlexAttention."""
+    found, cp = flavor(model), resolved.config.cp
+    if cp == 1 or found is None or not found.flex_attention:
+        return None
+    return (f"cp({cp}): torchtitan's {found.name} {found.flavor} attends with FlexAttention, and "
+            f"its context parallelism supports SDPA only")
 
 
 def tensor_parallel_without_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -349,9 +266,14 @@ def optimizer_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 RULES: tuple[Rule, ...] = (
     Rule(name="model-flavor", check=model_flavor,
          source=f"{REPO} torchtitan/models/llama3/__init__.py:29-99; "
-                f"torchtitan/models/qwen3/__init__.py:30-190"),
+                f"torchtitan/models/qwen3/__init__.py:30-190; "
+                f"torchtitan/models/deepseek_v3/__init__.py:29-157"),
     Rule(name="pipeline-model", check=pipeline_model,
-         source=f"{REPO} torchtitan/models/qwen3/__init__.py:199"),
+         source=f"{REPO} torchtitan/models/qwen3/__init__.py:199; "
+                f"torchtitan/models/deepseek_v3/__init__.py:165"),
+    Rule(name="flex-attention-context-parallel", check=flex_attention_context_parallel,
+         source=f"{REPO} torchtitan/models/deepseek_v3/infra/parallelize.py:67-73; "
+                f"torchtitan/models/deepseek_v3/model/args.py:101-109"),
     Rule(name="fp16", check=fp16, source=f"{REPO} torchtitan/config/job_config.py:282"),
     Rule(name="mixed-precision-without-fsdp", check=mixed_precision_without_fsdp,
          source=f"{REPO} torchtitan/distributed/utils.py:243-263"),
@@ -415,16 +337,21 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         "compile": {"enable": False},  # the planner prices eager kernels
     }  # fmt: skip
     header = f"# torchtitan {VERSION} ({REPO}): {model.name}\n"
-    return Launch(text=header + render(tables), notes=notes(found))
+    return Launch(text=header + render(tables), notes=notes(found, model))
 
 
-def notes(found: Flavor) -> tuple[str, ...]:
-    """What the user adds."""
+def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:
+    """What the user adds, and where the flavor torchtitan builds is not quite the model."""
+    flex = (f"{found.name} {found.flavor} attends block-causally within each document "
+            f"(FlexAttention): the plan prices causal attention over the whole sequence, its "
+            f"cost when a sample is one document and an upper bound otherwise",)
     return (
         f"for torchtitan {VERSION} ({REPO}) with a PyTorch it supports; merge the tables into "
         f"a job config such as train_configs/*.toml",
         f"[model] is the flavor registered at {found.source}; add its hf_assets_path (the "
         f"tokenizer), the dataset, [optimizer], [lr_scheduler], training.steps and [checkpoint]",
+        *(flex if found.flex_attention else ()),
+        *flavor_differences(found, model),
     )
 
 

@@ -375,21 +375,41 @@ class Plan(_Frozen):
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
 
-# ModelSpec fields added after plans were first written: left out of the hash while at their
-# defaults, so that a plan made before them still names the same model.
-_LATER_MODEL_FIELDS = ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping",
-                       "post_norms", "scale_embeddings")
-
-
 def input_hash(spec: ModelSpec | ClusterSpec) -> str:
     """SHA-256 of an input's canonical JSON (so a plan names exactly what it was made for)."""
-    dumped = spec.model_dump(mode="json")
-    if isinstance(spec, ModelSpec):
-        for name in _LATER_MODEL_FIELDS:
-            if getattr(spec, name) == type(spec).model_fields[name].default:
-                dumped.pop(name)
-    canonical = json.dumps(dumped, sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return _sha256(spec.model_dump(mode="json"))
+
+
+def _sha256(dumped: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()
+
+
+UNPRICED_LATER_FIELDS = frozenset({"rotary_base", "rope_scaling", "norm_epsilon"})
+"""ModelSpec fields added after plans of schema 5 were first written (issue 25) that change no
+price: a plan made before them hashed the model without them, whatever their values."""
+PRICED_LATER_FIELDS = frozenset({"sliding_window", "attn_logit_softcapping",
+                                 "final_logit_softcapping", "post_norms", "scale_embeddings"})
+"""ModelSpec fields added likewise that change the price: a plan made before them names the
+model only while they are at their defaults (no model had them then)."""
+LATER_MOE_FIELDS = frozenset({"router_score_function", "router_topk_normalized",
+                              "router_topk_scaling_factor", "router_num_groups",
+                              "router_group_topk", "router_aux_loss_coeff"})  # fmt: skip
+"""MoESpec fields added likewise (the router's settings, unpriced)."""
+
+
+def model_hashes(model: ModelSpec) -> frozenset[str]:
+    """The hashes a plan may name ``model`` by: its canonical JSON's, and, while the priced
+    fields added since are at their defaults, the JSON older plans hashed (without the
+    fields of :data:`UNPRICED_LATER_FIELDS`, :data:`PRICED_LATER_FIELDS` and
+    :data:`LATER_MOE_FIELDS`)."""
+    current = input_hash(model)
+    fields = type(model).model_fields
+    if any(getattr(model, name) != fields[name].default for name in PRICED_LATER_FIELDS):
+        return frozenset({current})
+    data = model.model_dump(mode="json", exclude=set(UNPRICED_LATER_FIELDS | PRICED_LATER_FIELDS))
+    if data.get("moe") is not None:
+        data["moe"] = {k: v for k, v in data["moe"].items() if k not in LATER_MOE_FIELDS}
+    return frozenset({current, _sha256(data)})
 
 
 def check_inputs(
@@ -398,7 +418,7 @@ def check_inputs(
 ) -> None:  # fmt: skip
     """Refuse a model or cluster that is not the one ``plan`` was made for (the cluster at the
     plan's size), naming it by its label (a file, say) or else its name."""
-    if input_hash(model) != plan.model.sha256:
+    if plan.model.sha256 not in model_hashes(model):
         raise InputError(f"{model_label or 'the model ' + model.name} is not the model the plan "
                          f"was made for ({plan.model.name}, sha256 {plan.model.sha256[:12]})")
     resized = cluster.model_copy(update={"num_nodes": plan.cluster.num_nodes})

@@ -6,126 +6,28 @@ SI units; the ``*_bytes`` / ``*_flops_per_s`` properties do the conversion once,
 
 Files and options are read into these specs by :mod:`planner.spec.reading` (Hugging Face
 ``config.json`` files through :mod:`planner.spec.hf`); the fields' bounds are
-:mod:`planner.spec.limits`.
+:mod:`planner.spec.limits`, their types :mod:`planner.spec.fields`, and a model's experts,
+latent attention and RoPE scaling :mod:`planner.spec.layers`.
 """
 
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    model_validator,
-)
+from pydantic import Field, model_validator
 
 from planner.errors import InputError
 from planner.spec import limits as lim
 from planner.spec.attention import SlidingWindowSpec
+from planner.spec.fields import Float, Int, Name
+from planner.spec.fields import Frozen as _Frozen
+from planner.spec.layers import MLASpec, MoESpec, RopeScaling
 from planner.vocabulary import GB, GIB, ParallelismKind, Precision
 
 Activation = Literal["gelu", "swiglu", "geglu"]
 Normalization = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope"]
-
-
-
-def _not_bool(value: Any) -> Any:
-    # JSON's true is an int to pydantic (bool subclasses int), but `"num_layers": true` is a
-    # mistake, not one layer.
-    if isinstance(value, bool):
-        raise ValueError(f"expected a number, got {str(value).lower()}")
-    return value
-
-
-Int = Annotated[int, BeforeValidator(_not_bool)]
-"""An integer field that refuses true/false."""
-Float = Annotated[float, BeforeValidator(_not_bool)]
-"""A number field that refuses true/false (NaN and infinities are refused by the models)."""
-Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
-"""A label that appears in messages: one printable line."""
-
-
-class _Frozen(BaseModel):
-    # NaN or an infinity in an input is a mistake, and would poison every sum it enters.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class MoESpec(_Frozen):
-    """Mixture-of-experts feed-forward blocks (Megatron's ``--num-experts`` family)."""
-
-    num_experts: Int = Field(gt=0, le=lim.MAX_EXPERTS, description="Routed experts per MoE layer.")
-    top_k: Int = Field(
-        gt=0, le=lim.MAX_EXPERTS, description="Routed experts each token is sent to."
-    )
-    ffn_hidden_size: Int = Field(
-        gt=0, le=lim.MAX_FFN_HIDDEN_SIZE, description="FFN width of one routed expert."
-    )
-    shared_experts: Int = Field(
-        default=0, ge=0, le=lim.MAX_EXPERTS, description="Always-active shared experts."
-    )
-    shared_ffn_hidden_size: Int | None = Field(
-        default=None,
-        gt=0,
-        le=lim.MAX_FFN_HIDDEN_SIZE,
-        description="Total FFN width of all shared experts together "
-        "(Megatron's --moe-shared-expert-intermediate-size); default shared_experts x "
-        "ffn_hidden_size.",
-    )
-    first_dense_layers: Int = Field(
-        default=0,
-        ge=0,
-        le=lim.MAX_LAYERS,
-        description="Leading layers with a dense FFN instead of experts.",
-    )
-    layer_freq: Int = Field(
-        default=1,
-        gt=0,
-        le=lim.MAX_LAYERS,
-        description="After the dense layers, every layer_freq-th layer is MoE (1 = all).",
-    )
-    router_expert_bias: bool = Field(
-        default=False,
-        description="A learned per-expert bias on the routing scores (DeepSeek-V3's "
-        "aux-loss-free balancing; Megatron's --moe-router-enable-expert-bias).",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> MoESpec:
-        if self.top_k > self.num_experts:
-            raise ValueError(f"top_k ({self.top_k}) > num_experts ({self.num_experts})")
-        return self
-
-    @property
-    def shared_ffn(self) -> int:
-        """Total FFN width of the shared experts (0 when there are none)."""
-        if self.shared_experts == 0:
-            return 0
-        return self.shared_ffn_hidden_size or self.shared_experts * self.ffn_hidden_size
-
-
-class MLASpec(_Frozen):
-    """DeepSeek's multi-head latent attention (low-rank compressed queries, keys and values)."""
-
-    q_lora_rank: Int | None = Field(
-        default=None,
-        gt=0,
-        le=lim.MAX_HIDDEN_SIZE,
-        description="Rank of the query compression; null = no compression.",
-    )
-    kv_lora_rank: Int = Field(
-        gt=0, le=lim.MAX_HIDDEN_SIZE, description="Rank of the joint key/value compression."
-    )
-    qk_nope_head_dim: Int = Field(
-        gt=0, le=lim.MAX_HEAD_DIM, description="Per-head query/key dims without RoPE."
-    )
-    qk_rope_head_dim: Int = Field(
-        gt=0, le=lim.MAX_HEAD_DIM, description="Per-head query/key dims with RoPE."
-    )
-    v_head_dim: Int = Field(gt=0, le=lim.MAX_HEAD_DIM, description="Per-head value dims.")
 
 
 class TrainingSpec(_Frozen):
@@ -196,6 +98,18 @@ class ModelSpec(_Frozen):
     )
     attention_dropout: Float = Field(
         default=0.0, ge=0, lt=1, description="Dropout on the attention probabilities."
+    )
+    rotary_base: Float = Field(
+        default=10000.0, gt=0, le=lim.MAX_ROTARY_BASE,
+        description="RoPE's base period (HF rope_theta; Megatron's --rotary-base).",
+    )
+    rope_scaling: RopeScaling | None = Field(
+        default=None, description="RoPE's long-context scaling (HF rope_scaling); null: none."
+    )
+    norm_epsilon: Float = Field(
+        default=1e-5, gt=0, lt=1,
+        description="Epsilon of every LayerNorm/RMSNorm (HF rms_norm_eps or layer_norm_epsilon; "
+        "Megatron's --norm-epsilon).",
     )
     moe: MoESpec | None = None
     mla: MLASpec | None = None

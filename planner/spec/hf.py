@@ -41,6 +41,12 @@ _KEYS = {
     "moe.num_experts": "num_experts",
     "moe.shared_ffn_hidden_size": "shared_expert_intermediate_size",
     "sliding_window.window": "sliding_window",
+    "rotary_base": "rope_theta",
+    "norm_epsilon": "rms_norm_eps",
+    "moe.router_topk_scaling_factor": "routed_scaling_factor",
+    "moe.router_num_groups": "n_group",
+    "moe.router_group_topk": "topk_group",
+    "moe.router_aux_loss_coeff": "router_aux_loss_coef",
     **{f"mla.{key}": key for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                       "qk_rope_head_dim", "v_head_dim")},
 }  # fmt: skip
@@ -50,7 +56,8 @@ _FAMILY_KEYS: dict[str, dict[str, str]] = {
                     "moe.shared_ffn_hidden_size": "n_shared_experts"},
     "gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_attention_heads": "n_head",
              "ffn_hidden_size": "n_inner", "max_position_embeddings": "n_positions",
-             "hidden_dropout": "resid_pdrop", "attention_dropout": "attn_pdrop"},
+             "hidden_dropout": "resid_pdrop", "attention_dropout": "attn_pdrop",
+             "norm_epsilon": "layer_norm_epsilon"},
 }  # fmt: skip
 
 
@@ -216,6 +223,7 @@ def _rope_decoder(cfg: _HFConfig, *, kv_heads_may_be_absent: bool = False) -> di
         "bias": False,
         # These families have no residual dropout in transformers, only on attention weights.
         "attention_dropout": cfg.get_float("attention_dropout", 0.0),
+        **_rope_and_norm(cfg),
     }
 
 
@@ -246,6 +254,47 @@ def _window_every(cfg: _HFConfig, num_layers: int, default_every: int) -> int:
         raise cfg.fail("layer_types cannot be expressed: ModelSpec's local layers are all but "
                        "every n-th (sliding_window.global_every)")  # fmt: skip
     return every
+
+
+# transformers' defaults for rope_theta and rms_norm_eps where they are not (10000, 1e-6).
+_ROPE_NORM_DEFAULTS = {"mixtral": (1e6, 1e-5), "phi3": (10000.0, 1e-5),
+                       "gemma3_text": (1e6, 1e-6)}
+
+
+def _rope_and_norm(cfg: _HFConfig) -> dict[str, Any]:
+    """RoPE's base and scaling and the norms' epsilon, at the family's transformers defaults."""
+    theta, eps = _ROPE_NORM_DEFAULTS.get(cfg.data["model_type"], (10000.0, 1e-6))
+    return {"rotary_base": cfg.get_float("rope_theta", theta),
+            "rope_scaling": _rope_scaling(cfg),
+            "norm_epsilon": cfg.get_float("rms_norm_eps", eps)}  # fmt: skip
+
+
+_ROPE_SCALING_KEYS = ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+                      "beta_fast", "beta_slow", "mscale", "mscale_all_dim")  # fmt: skip
+
+
+def _rope_scaling(cfg: _HFConfig) -> dict[str, Any] | None:
+    """``rope_scaling`` as :class:`~planner.spec.RopeScaling` fields; None when absent or
+    "default". transformers requires ``factor`` for llama3 and yarn; a type the planner does
+    not export (longrope's factors are lists) is kept with factor 1 when it has none."""
+    value = cfg.data.get("rope_scaling")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise cfg.fail(f"rope_scaling must be an object or null, got {short_repr(value)}")
+    scaling = _HFConfig(value, f"{cfg.source}: rope_scaling")
+    kind = scaling.get_str("rope_type", "") or scaling.get_str("type", "default")
+    if kind == "default":
+        return None
+    factor = scaling.get_float("factor", 0.0 if kind in ("llama3", "yarn") else 1.0)
+    if factor <= 0:
+        raise scaling.fail(f"factor must be a positive number for rope_type {kind!r}")
+    keys = {key: scaling.get_float(key, 0.0) for key in _ROPE_SCALING_KEYS
+            if value.get(key) is not None}  # fmt: skip
+    if "original_max_position_embeddings" in keys:
+        keys["original_max_position_embeddings"] = scaling.need_int(
+            "original_max_position_embeddings")
+    return {"rope_type": kind, "factor": factor, **keys}
 
 
 def _reject_attention_bias(cfg: _HFConfig) -> None:
@@ -367,6 +416,7 @@ def _gemma(cfg: _HFConfig, *, every: int, window: int | None, act_key: str) -> d
                            "global_every": _window_every(cfg, num_layers, every)},
         "post_norms": True,
         "scale_embeddings": True,
+        **_rope_and_norm(cfg),
     }
 
 
@@ -408,6 +458,7 @@ def _mixtral(cfg: _HFConfig) -> dict[str, Any]:
         "num_experts": cfg.need_int("num_local_experts"),
         "top_k": cfg.need_int("num_experts_per_tok"),
         "ffn_hidden_size": fields["ffn_hidden_size"],
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
     }
     return fields
 
@@ -420,6 +471,8 @@ def _qwen2_moe(cfg: _HFConfig) -> dict[str, Any]:
         "num_experts": cfg.need_int("num_experts"),
         "top_k": cfg.need_int("num_experts_per_tok"),
         "ffn_hidden_size": cfg.need_int("moe_intermediate_size"),
+        "router_topk_normalized": cfg.get_bool("norm_topk_prob", False),
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
     }
     if shared:
         experts |= {"shared_experts": 1, "shared_ffn_hidden_size": shared}
@@ -434,6 +487,10 @@ def _qwen3_moe(cfg: _HFConfig) -> dict[str, Any]:
         "num_experts": cfg.need_int("num_experts"),
         "top_k": cfg.need_int("num_experts_per_tok"),
         "ffn_hidden_size": cfg.need_int("moe_intermediate_size"),
+        # transformers' Qwen3MoeConfig defaults norm_topk_prob to false; the released
+        # checkpoints' configs set it true.
+        "router_topk_normalized": cfg.get_bool("norm_topk_prob", False),
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
     }
     fields["moe"] = _qwen_moe(cfg, fields["num_layers"], experts)
     return fields
@@ -460,6 +517,7 @@ def _deepseek_v3(cfg: _HFConfig) -> dict[str, Any]:
         "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
         "bias": False,
         "attention_dropout": cfg.get_float("attention_dropout", 0.0),
+        **_rope_and_norm(cfg),
         "mla": {
             "q_lora_rank": cfg.get_int("q_lora_rank", None),
             "kv_lora_rank": cfg.need_int("kv_lora_rank"),
@@ -489,11 +547,28 @@ def _deepseek_moe(cfg: _HFConfig, num_layers: int) -> dict[str, Any] | None:
         "ffn_hidden_size": expert_width,
         # Aux-loss-free balancing learns a per-expert bias on the routing scores.
         "router_expert_bias": cfg.get_str("topk_method", "") == "noaux_tc",
+        **_deepseek_router(cfg),
     }
     if shared:
         # DeepSeek fuses its shared experts into one MLP of n_shared_experts x the expert width.
         experts |= {"shared_experts": shared, "shared_ffn_hidden_size": shared * expert_width}
     return _moe_fields(layout, experts)
+
+
+def _deepseek_router(cfg: _HFConfig) -> dict[str, Any]:
+    """Sigmoid (or softmax) scores, renormalized and scaled top-k weights, and group-limited
+    routing, at transformers' DeepseekV3Config defaults (it hard-codes sigmoid scores; the
+    released config says scoring_func)."""
+    score = cfg.get_str("scoring_func", "sigmoid")
+    if score not in ("softmax", "sigmoid"):
+        raise cfg.fail(f"scoring_func {short_repr(score)} is not supported; supported: "
+                       f"sigmoid, softmax")  # fmt: skip
+    groups, chosen = cfg.positive_int("n_group", 8), cfg.positive_int("topk_group", 4)
+    grouped = {"router_num_groups": groups, "router_group_topk": chosen} if groups > 1 else {}
+    return {"router_score_function": score,
+            "router_topk_normalized": cfg.get_bool("norm_topk_prob", True),
+            "router_topk_scaling_factor": cfg.get_float("routed_scaling_factor", 2.5),
+            **grouped}  # fmt: skip
 
 
 def _gpt2(cfg: _HFConfig) -> dict[str, Any]:
@@ -520,6 +595,7 @@ def _gpt2(cfg: _HFConfig) -> dict[str, Any]:
         # embd_pdrop (dropout on the embeddings' output) has no ModelSpec field.
         "hidden_dropout": cfg.get_float("resid_pdrop", 0.1),
         "attention_dropout": cfg.get_float("attn_pdrop", 0.1),
+        "norm_epsilon": cfg.get_float("layer_norm_epsilon", 1e-5),
     }
 
 

@@ -81,6 +81,16 @@ the data-parallel ways inside the mesh, which may span nodes."""
 MAX_EXPERTS = 2_048
 """Routed (or shared) experts per MoE layer: 5.3x Kimi K2's 384, 8x DeepSeek-V3's 256."""
 
+MAX_ROTARY_BASE = 1e10
+"""RoPE's base period: 1,000x Qwen3-235B's 10^6 and Llama 4's 5 x 10^5 (Megatron reads an
+integer)."""
+
+MAX_ROPE_FACTOR = 1_024.0
+"""RoPE's context stretch: 25x DeepSeek-V3's yarn 40, 128x Llama 3.1's 8."""
+
+MAX_ROUTER_SCALING = 1_000.0
+"""A factor on the routing weights: 400x DeepSeek-V3's 2.5 (DeepSeek-V2's 16)."""
+
 MAX_DEVICES = 1_048_576
 """Devices in a cluster (nodes x devices per node, and any network domain): 2^20, ~5x the
 200,000 GPUs of the largest cluster announced (xAI Colossus)."""
@@ -159,6 +169,11 @@ REASONS: dict[str, str] = {
     "num_microbatches": _BATCH,
     "mbs": "a microbatch is part of the global batch, at most 131,072 sequences",
     "num_experts": _EXPERTS,
+    "router_num_groups": _EXPERTS,
+    "router_group_topk": _EXPERTS,
+    "rotary_base": "1,000x Qwen3's 10^6",
+    "factor": "25x DeepSeek-V3's yarn factor 40",
+    "router_topk_scaling_factor": "400x DeepSeek-V3's 2.5",
     "shared_experts": _EXPERTS,
     "top_k": _EXPERTS,
     "num_nodes": _DEVICES,

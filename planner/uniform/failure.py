@@ -73,12 +73,13 @@ def _refusal(
 ) -> tuple[str, str] | None:
     """The target framework's title and why it refuses the configurations of the space that
     divide, when it refuses them all (None otherwise): a reason it gives for every one of
-    them (the model's architecture, say), else the first configuration's first reason."""
+    them (the model's architecture, say; the first in the profile's order of rules), else the
+    first configuration's first reason."""
     if options.framework == ANY:
         return None
     target = profile(options.framework)
     common: set[str] | None = None
-    first: str | None = None
+    first: tuple[str, ...] = ()
     for branch in branches(model, cluster, training=training, pins=options.pins):
         for group in branch_groups(branch, model, training=training, options=options):
             for config in group:
@@ -86,11 +87,11 @@ def _refusal(
                     reasons = target.refusals(resolve(model, cluster, config), model)
                 except ConfigError:
                     continue
-                first = first or (reasons[0] if reasons else None)
+                first = first or reasons
                 common = set(reasons) if common is None else common & set(reasons)
-    if first is None:
+    if not first:
         return None
-    return target.title, sorted(common)[0] if common else first
+    return target.title, next((r for r in first if r in (common or ())), first[0])
 
 
 def _pins_in_the_way(
