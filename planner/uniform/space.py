@@ -6,7 +6,8 @@ The space is what a Megatron-LM user can launch with flags:
 
 - ``tp``: divisors of the devices in a scale-up domain (a node, or an NVL72 rack) that divide
   the attention heads, the KV groups and the FFN (:func:`tp_degrees`; tensor parallelism
-  stays inside the domain, with context parallelism: :func:`within_scale_up`);
+  stays inside the domain, with context parallelism: :func:`within_scale_up`, unless each
+  context-parallel rank keeps a long sequence: :func:`across_scale_up`);
 - ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``
   (:func:`pipeline_degrees`), with the layers split by :func:`stage_splits`: equal stages when
   ``pp`` divides the layers, else Megatron's uneven first and last stage
@@ -15,9 +16,10 @@ The space is what a Megatron-LM user can launch with flags:
   every stage's layers (:func:`virtual_stages`; Megatron-Core's rule, uneven stages included);
 - the zero-bubble schedules for a target that launches them (:func:`schedules`): ZB-H1, and
   ZB-V (two chunks per stage) when ``options.interleaved`` and two chunks divide the stages;
-- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a scale-up domain, only from
-  :data:`LONG_SEQUENCE` on (:func:`cp_degrees`), each as ring attention and as Ulysses all-to-alls
-  (:func:`cp_algorithms`);
+- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a scale-up domain, and any power of two that
+  leaves each rank :data:`LONG_SEQUENCE` tokens with ``tp * cp`` across whole domains, only
+  from :data:`LONG_SEQUENCE` on (:func:`cp_degrees`), each as ring attention and as Ulysses
+  all-to-alls (:func:`cp_algorithms`);
 - ``ep``: divisors of the experts that divide the data- and context-parallel ranks
   (:func:`expert_degrees`; mixtures of experts only);
 - ``mbs``: ``options.micro_batch_sizes`` (:func:`micro_batch_sizes`); recomputation none,
@@ -44,8 +46,9 @@ LONG_SEQUENCE = 8192
 activations are small next to the rest of a layer's, and NVIDIA's recipes keep CP at 1 (their
 first with CP 2 is Llama 3 8B at 8192)."""
 CP_DEGREES = (1, 2, 4, 8)
-"""Context-parallel degrees tried from :data:`LONG_SEQUENCE` on (with ``tp * cp`` inside a
-node)."""
+"""Context-parallel degrees tried from :data:`LONG_SEQUENCE` on with ``tp * cp`` inside a
+scale-up domain (:func:`within_scale_up`); across domains the degree grows with the sequence
+(:func:`across_scale_up`)."""
 
 Split = tuple[int | None, int | None]
 """Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
@@ -128,10 +131,44 @@ def within_scale_up(cluster: ClusterSpec, *, tp: int, cp: int) -> bool:
     return cluster.scale_up_devices % (tp * cp) == 0
 
 
+def across_scale_up(
+    cluster: ClusterSpec, *, tp: int, cp: int, seq_length: int, rank_tokens: int = LONG_SEQUENCE
+) -> bool:
+    """Whether tensor and context parallelism together span whole scale-up domains (tensor
+    parallelism inside each, :func:`tp_degrees`), each context-parallel rank keeping at least
+    ``rank_tokens`` of the sequence (0 for a degree the user pinned). A ring's K/V blocks then
+    cross the scale-out network behind the attention it computes, whose time grows with the
+    square of the tokens a rank keeps and the transfer's linearly (Liu et al., "Ring Attention
+    with Blockwise Transformers", 2023).
+    Meta's 128K-token stage of Llama 3 405B kept 8K a rank (TP 8 in a node, CP 16 across
+    nodes: Llama Team, "The Llama 3 Herd of Models", 2024, Table 4).
+
+    >>> from planner.spec.reading import load_cluster
+    >>> h100 = load_cluster("instances/clusters/dgx-h100-80gb.json", 8)
+    >>> [across_scale_up(h100, tp=8, cp=8, seq_length=s) for s in (8192, 65536, 1 << 20)]
+    [False, True, True]
+    >>> across_scale_up(h100, tp=2, cp=2, seq_length=1 << 20)  # inside one node
+    False
+    """
+    group, domain = tp * cp, cluster.scale_up_devices
+    return group > domain and group % domain == 0 and seq_length >= cp * rank_tokens
+
+
 def cp_degrees(training: TrainingSpec) -> tuple[int, ...]:
-    """Context-parallel degrees tried at the run's sequence length: :data:`CP_DEGREES` from
-    :data:`LONG_SEQUENCE` on, else none (1)."""
-    return CP_DEGREES if training.seq_length >= LONG_SEQUENCE else (1,)
+    """Context-parallel degrees tried at the run's sequence length, from :data:`LONG_SEQUENCE`
+    on (else none, 1): :data:`CP_DEGREES`, and the powers of two beyond them that leave each
+    rank :data:`LONG_SEQUENCE` tokens (for groups across domains, :func:`across_scale_up`).
+
+    >>> from planner.spec import TrainingSpec
+    >>> [cp_degrees(TrainingSpec(seq_length=s, global_batch_size=1))[-1]
+    ...  for s in (4096, 8192, 131072, 1 << 20)]
+    [1, 8, 16, 128]
+    """
+    seq = training.seq_length
+    if seq < LONG_SEQUENCE:
+        return (1,)
+    longest = [1 << k for k in range((seq // LONG_SEQUENCE).bit_length())]
+    return tuple(sorted({*CP_DEGREES, *longest}))
 
 
 def cp_algorithms(cp: int) -> tuple[ContextParallelism, ...]:
@@ -195,12 +232,15 @@ def branches(
 ) -> list[Branch]:
     """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
     layer split and context-parallel algorithm, among the pinned degrees."""
-    n = cluster.num_devices
+    n, seq = cluster.num_devices, training.seq_length
     cps = cp_degrees(training) if pins.cp is None else (pins.cp,)
+    rank_tokens = LONG_SEQUENCE if pins.cp is None else 0  # a pinned degree is the user's
     out = []
     for tp in (t for t in tp_degrees(model, cluster) if pins.admits(tp=t)):
-        for cp in (c for c in cps
-                   if within_scale_up(cluster, tp=tp, cp=c) and n % (tp * c) == 0):  # fmt: skip
+        for cp in (c for c in cps if n % (tp * c) == 0 and (
+                within_scale_up(cluster, tp=tp, cp=c)
+                or across_scale_up(cluster, tp=tp, cp=c, seq_length=seq,
+                                   rank_tokens=rank_tokens))):  # fmt: skip
             for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
                 dp = n // (tp * pp * cp)
                 out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)
