@@ -227,27 +227,37 @@ def micro_batch_sizes(options: SolveOptions) -> list[int]:
     return sorted(set(options.micro_batch_sizes) if pinned is None else {pinned})
 
 
+def context_groups(
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, pins: Pins = NO_PINS
+) -> list[tuple[int, int]]:
+    """Every ``(tp, cp)`` the search tries, among the pinned degrees: the group divides the
+    devices and stays inside a scale-up domain (:func:`within_scale_up`) or spans whole ones
+    (:func:`across_scale_up`; at any sequence for a pinned ``cp``)."""
+    n, seq = cluster.num_devices, training.seq_length
+    cps = cp_degrees(training) if pins.cp is None else (pins.cp,)
+    rank_tokens = LONG_SEQUENCE if pins.cp is None else 0  # a pinned degree is the user's
+    return [(tp, cp) for tp in tp_degrees(model, cluster) if pins.admits(tp=tp)
+            for cp in cps if n % (tp * cp) == 0 and (
+                within_scale_up(cluster, tp=tp, cp=cp)
+                or across_scale_up(cluster, tp=tp, cp=cp, seq_length=seq,
+                                   rank_tokens=rank_tokens))]  # fmt: skip
+
+
 def branches(
     model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, pins: Pins = NO_PINS
 ) -> list[Branch]:
     """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
     layer split and context-parallel algorithm, among the pinned degrees."""
-    n, seq = cluster.num_devices, training.seq_length
-    cps = cp_degrees(training) if pins.cp is None else (pins.cp,)
-    rank_tokens = LONG_SEQUENCE if pins.cp is None else 0  # a pinned degree is the user's
+    n = cluster.num_devices
     out = []
-    for tp in (t for t in tp_degrees(model, cluster) if pins.admits(tp=t)):
-        for cp in (c for c in cps if n % (tp * c) == 0 and (
-                within_scale_up(cluster, tp=tp, cp=c)
-                or across_scale_up(cluster, tp=tp, cp=c, seq_length=seq,
-                                   rank_tokens=rank_tokens))):  # fmt: skip
-            for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
-                dp = n // (tp * pp * cp)
-                out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)
-                        for split in stage_splits(model.num_layers, pp)
-                        for ep in expert_degrees(model, dp=dp, cp=cp)
-                        for algo in cp_algorithms(cp)
-                        if pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
+    for tp, cp in context_groups(model, cluster, training=training, pins=pins):
+        for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
+            dp = n // (tp * pp * cp)
+            out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)
+                    for split in stage_splits(model.num_layers, pp)
+                    for ep in expert_degrees(model, dp=dp, cp=cp)
+                    for algo in cp_algorithms(cp)
+                    if pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
     return out
 
 
