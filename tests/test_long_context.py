@@ -12,8 +12,9 @@ from planner.options import Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
 from planner.search.targets import solve
 from planner.spec.reading import load_cluster, load_model
+from planner.uniform.groups import LONG_SEQUENCE, within_scale_up
 from planner.uniform.leanest import leanest_uniform, nodes_to_fit
-from planner.uniform.space import LONG_SEQUENCE, branches, within_scale_up
+from planner.uniform.space import branches
 
 LLAMA8B = "../shared/reference/hf/Meta-Llama-3.1-8B.config.json"
 H100 = "instances/clusters/dgx-h100-80gb.json"

@@ -39,6 +39,7 @@ from planner.plan.invariants import check_plan
 from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.estimate import Estimate, estimate
+from planner.uniform.groups import tp_degrees
 from planner.uniform.leanest import infeasible_message
 from planner.uniform.plan import uniform_plan
 from planner.uniform.remedies import describe_leanest
@@ -49,7 +50,6 @@ from planner.uniform.space import (
     run_config,
     sequence_parallel,
     stage_splits,
-    tp_degrees,
 )
 from planner.vocabulary import GIB, Recompute
 

@@ -4,10 +4,11 @@ their degrees from the functions here.
 
 The space is what a Megatron-LM user can launch with flags:
 
-- ``tp``: divisors of the devices in a scale-up domain (a node, or an NVL72 rack) that divide
-  the attention heads, the KV groups and the FFN (:func:`tp_degrees`; tensor parallelism
-  stays inside the domain, with context parallelism: :func:`within_scale_up`, unless each
-  context-parallel rank keeps a long sequence: :func:`across_scale_up`);
+- ``tp`` and ``cp`` (:func:`~planner.uniform.groups.context_groups`): divisors of the devices
+  in a scale-up domain (a node, or an NVL72 rack) that divide the attention heads, the KV
+  groups and the FFN; context parallelism from 8,192 tokens on, 1, 2, 4, 8 with ``tp * cp``
+  inside a domain, and any power of two that leaves each rank 8,192 tokens with ``tp * cp``
+  across whole domains; each as ring attention and as Ulysses all-to-alls;
 - ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``
   (:func:`pipeline_degrees`), with the layers split by :func:`stage_splits`: equal stages when
   ``pp`` divides the layers, else Megatron's uneven first and last stage
@@ -16,10 +17,6 @@ The space is what a Megatron-LM user can launch with flags:
   every stage's layers (:func:`virtual_stages`; Megatron-Core's rule, uneven stages included);
 - the zero-bubble schedules for a target that launches them (:func:`schedules`): ZB-H1, and
   ZB-V (two chunks per stage) when ``options.interleaved`` and two chunks divide the stages;
-- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a scale-up domain, and any power of two that
-  leaves each rank :data:`LONG_SEQUENCE` tokens with ``tp * cp`` across whole domains, only
-  from :data:`LONG_SEQUENCE` on (:func:`cp_degrees`), each as ring attention and as Ulysses
-  all-to-alls (:func:`cp_algorithms`);
 - ``ep``: divisors of the experts that divide the data- and context-parallel ranks
   (:func:`expert_degrees`; mixtures of experts only);
 - ``mbs``: ``options.micro_batch_sizes`` (:func:`micro_batch_sizes`); recomputation none,
@@ -39,16 +36,8 @@ from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.groups import context_groups, cp_algorithms
 from planner.vocabulary import OFFLOADS, RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
-
-LONG_SEQUENCE = 8192
-"""Context parallelism is tried from this sequence length on. Below it the attention's
-activations are small next to the rest of a layer's, and NVIDIA's recipes keep CP at 1 (their
-first with CP 2 is Llama 3 8B at 8192)."""
-CP_DEGREES = (1, 2, 4, 8)
-"""Context-parallel degrees tried from :data:`LONG_SEQUENCE` on with ``tp * cp`` inside a
-scale-up domain (:func:`within_scale_up`); across domains the degree grows with the sequence
-(:func:`across_scale_up`)."""
 
 Split = tuple[int | None, int | None]
 """Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
@@ -105,78 +94,6 @@ class Branch:
     """How context parallelism attends: ring or ulysses."""
 
 
-def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
-    """Tensor-parallel degrees inside one scale-up domain (a node, or an NVL72 rack) that
-    divide it and split heads, KV groups and FFN evenly."""
-    domain = cluster.scale_up_devices
-    # MLA's keys and values come from one shared latent: there are no KV groups to split
-    kv_groups = model.num_attention_heads if model.mla else model.query_groups
-    return [t for t in range(1, domain + 1)
-            if domain % t == 0 and model.num_attention_heads % t == 0
-            and kv_groups % t == 0 and model.ffn % t == 0]  # fmt: skip
-
-
-def within_scale_up(cluster: ClusterSpec, *, tp: int, cp: int) -> bool:
-    """Whether tensor and context parallelism together stay inside one scale-up domain: both
-    communicate inside every layer, on the critical path, so they keep to the fastest links
-    (which span several nodes in an NVL72 rack). Their ranks are consecutive (Megatron's
-    order), so the group must tile the domain: a group of 16 on a rack of 72 would straddle
-    two racks every fourth time.
-
-    >>> from planner.spec.reading import load_cluster
-    >>> nvl72 = load_cluster("instances/clusters/gb200-nvl72.json")
-    >>> within_scale_up(nvl72, tp=8, cp=1), within_scale_up(nvl72, tp=2, cp=8)
-    (True, False)
-    """
-    return cluster.scale_up_devices % (tp * cp) == 0
-
-
-def across_scale_up(
-    cluster: ClusterSpec, *, tp: int, cp: int, seq_length: int, rank_tokens: int = LONG_SEQUENCE
-) -> bool:
-    """Whether tensor and context parallelism together span whole scale-up domains (tensor
-    parallelism inside each, :func:`tp_degrees`), each context-parallel rank keeping at least
-    ``rank_tokens`` of the sequence (0 for a degree the user pinned). A ring's K/V blocks then
-    cross the scale-out network behind the attention it computes, whose time grows with the
-    square of the tokens a rank keeps and the transfer's linearly (Liu et al., "Ring Attention
-    with Blockwise Transformers", 2023).
-    Meta's 128K-token stage of Llama 3 405B kept 8K a rank (TP 8 in a node, CP 16 across
-    nodes: Llama Team, "The Llama 3 Herd of Models", 2024, Table 4).
-
-    >>> from planner.spec.reading import load_cluster
-    >>> h100 = load_cluster("instances/clusters/dgx-h100-80gb.json", 8)
-    >>> [across_scale_up(h100, tp=8, cp=8, seq_length=s) for s in (8192, 65536, 1 << 20)]
-    [False, True, True]
-    >>> across_scale_up(h100, tp=2, cp=2, seq_length=1 << 20)  # inside one node
-    False
-    """
-    group, domain = tp * cp, cluster.scale_up_devices
-    return group > domain and group % domain == 0 and seq_length >= cp * rank_tokens
-
-
-def cp_degrees(training: TrainingSpec) -> tuple[int, ...]:
-    """Context-parallel degrees tried at the run's sequence length, from :data:`LONG_SEQUENCE`
-    on (else none, 1): :data:`CP_DEGREES`, and the powers of two beyond them that leave each
-    rank :data:`LONG_SEQUENCE` tokens (for groups across domains, :func:`across_scale_up`).
-
-    >>> from planner.spec import TrainingSpec
-    >>> [cp_degrees(TrainingSpec(seq_length=s, global_batch_size=1))[-1]
-    ...  for s in (4096, 8192, 131072, 1 << 20)]
-    [1, 8, 16, 128]
-    """
-    seq = training.seq_length
-    if seq < LONG_SEQUENCE:
-        return (1,)
-    longest = [1 << k for k in range((seq // LONG_SEQUENCE).bit_length())]
-    return tuple(sorted({*CP_DEGREES, *longest}))
-
-
-def cp_algorithms(cp: int) -> tuple[ContextParallelism, ...]:
-    """How context parallelism of degree ``cp`` attends: ring attention and Ulysses
-    all-to-alls when there is any, else ring (the default, which then sends nothing)."""
-    return ("ring", "ulysses") if cp > 1 else ("ring",)
-
-
 def pipeline_degrees(model: ModelSpec, devices: int) -> list[int]:
     """Pipeline degrees that divide ``devices`` and split the decoder layers somehow."""
     return [p for p in divisors(devices) if p <= model.num_layers
@@ -225,22 +142,6 @@ def micro_batch_sizes(options: SolveOptions) -> list[int]:
     """The microbatch sizes tried, ascending: the options', or the pinned one."""
     pinned = options.pins.mbs
     return sorted(set(options.micro_batch_sizes) if pinned is None else {pinned})
-
-
-def context_groups(
-    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, pins: Pins = NO_PINS
-) -> list[tuple[int, int]]:
-    """Every ``(tp, cp)`` the search tries, among the pinned degrees: the group divides the
-    devices and stays inside a scale-up domain (:func:`within_scale_up`) or spans whole ones
-    (:func:`across_scale_up`; at any sequence for a pinned ``cp``)."""
-    n, seq = cluster.num_devices, training.seq_length
-    cps = cp_degrees(training) if pins.cp is None else (pins.cp,)
-    rank_tokens = LONG_SEQUENCE if pins.cp is None else 0  # a pinned degree is the user's
-    return [(tp, cp) for tp in tp_degrees(model, cluster) if pins.admits(tp=tp)
-            for cp in cps if n % (tp * cp) == 0 and (
-                within_scale_up(cluster, tp=tp, cp=cp)
-                or across_scale_up(cluster, tp=tp, cp=cp, seq_length=seq,
-                                   rank_tokens=rank_tokens))]  # fmt: skip
 
 
 def branches(
