@@ -19,8 +19,9 @@ from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform import enumerate as enumeration
 from planner.uniform.estimate import Estimate, estimate
+from planner.uniform.groups import tp_degrees
 from planner.uniform.plan import uniform_plan
-from planner.uniform.space import config_key, run_config, stage_splits, tp_degrees
+from planner.uniform.space import config_key, run_config, stage_splits
 from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
 

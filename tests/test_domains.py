@@ -14,7 +14,7 @@ from planner.report.tables import group_spans
 from planner.search.targets import solve
 from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster, load_model
-from planner.uniform.space import tp_degrees, within_scale_up
+from planner.uniform.groups import tp_degrees, within_scale_up
 from tests.conftest import CLUSTERS, MODELS
 
 NVL72 = CLUSTERS / "gb200-nvl72.json"

@@ -34,11 +34,12 @@ from collections.abc import Iterator
 
 from planner.errors import ConfigError, InfeasibleError
 from planner.options import DEFAULT_OPTIONS, Progress, ProgressFn, SolveOptions, training_of
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, resolve
 from planner.plan.invariants import check_plan
 from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.estimate import Estimate, estimate
+from planner.uniform.groups import tp_degrees
 from planner.uniform.leanest import infeasible_message
 from planner.uniform.plan import uniform_plan
 from planner.uniform.remedies import describe_leanest
@@ -49,7 +50,6 @@ from planner.uniform.space import (
     run_config,
     sequence_parallel,
     stage_splits,
-    tp_degrees,
 )
 from planner.vocabulary import GIB, Recompute
 
@@ -89,7 +89,7 @@ def heuristic_plan(
                           f"recomputation, SP with TP, no context parallelism); use --method "
                           f"ilp, which searches what it launches")  # fmt: skip
     if chosen is None:
-        raise _failure(model, cluster, training, options, leanest)
+        raise _failure(model, cluster, training, options, leanest, first=todo[:1])
     margin = options.margin_bytes(cluster.device.memory_gib) / GIB
     plan = uniform_plan(model, cluster, chosen, method="heuristic", framework=options.framework,
                         memory_margin_gib=margin)  # fmt: skip
@@ -181,11 +181,21 @@ def _failure(
     training: TrainingSpec,
     options: SolveOptions,
     leanest: tuple[float, ParallelConfig] | None,
+    *,
+    first: list[ParallelConfig],
 ) -> InfeasibleError | ConfigError:
+    """Why the rule of thumb found no plan: none divides (with ``first``'s arithmetic, the
+    rule's first configuration), or what the leanest needs and what would fit."""
     if leanest is None:
+        why = ""
+        for config in first:
+            try:
+                resolve(model, cluster, config)
+            except ConfigError as exc:
+                why = f" (e.g. {exc})"
         return ConfigError(
             f"the heuristic found no configuration of {model.name} that divides "
-            f"{cluster.num_devices} devices at global batch {training.global_batch_size}; "
+            f"{cluster.num_devices} devices at global batch {training.global_batch_size}{why}; "
             f"try a global batch divisible by more data-parallel sizes"
         )
     need_gib, config = leanest

@@ -170,21 +170,44 @@ def _rank(values: tuple[Any, ...], value: Any) -> float:
 def with_changes(
     config: ParallelConfig, changes: Mapping[str, Any], model: ModelSpec
 ) -> ParallelConfig:
-    """``config`` with ``changes``, the devices kept: ``dp`` left to take the devices when a
-    degree that takes devices changes (unless given), and the first and last stage's layers
-    reset when ``pp`` changes (unless given), to Megatron's uneven split when the layers do not
-    divide evenly; ZeRO-0 overlaps no parameter gather (there is none), unless given."""
+    """``config`` with ``changes``, the devices kept, and the knobs that depend on a changed
+    one moved with it (unless given; :func:`describe_change` names them): ``dp`` left to take
+    the devices when a degree that takes devices changes; the first and last stage's layers
+    reset when ``pp`` changes, to Megatron's uneven split when the layers do not divide
+    evenly; ZeRO-0 overlaps no parameter gather (there is none); a count of recomputed layers
+    dropped when recomputation stops being full, and full recomputation when a count is given.
+    Raises :class:`InputError` when the changes given contradict each other.
+
+    >>> from planner.spec.reading import load_model
+    >>> llama = load_model("instances/models/llama3-70b.json")
+    >>> partial = ParallelConfig(recompute="full", recompute_layers=20)
+    >>> with_changes(partial, {"recompute": "selective"}, llama).recompute_layers is None
+    True
+    >>> with_changes(ParallelConfig(), {"recompute_layers": 4}, llama).recompute
+    'full'
+    """
     values = config.model_dump() | dict(changes)
     if "dp" not in changes and any(k in changes for k in DEVICE_DEGREES):
         values["dp"] = None
     if changes.get("zero") == 0 and "overlap_param_gather" not in changes:
         values["overlap_param_gather"] = False  # replicated weights: no gather to overlap
+    # --recompute-num-layers is a count of fully recomputed layers (ParallelConfig's rule)
+    if "recompute" in changes and "recompute_layers" not in changes \
+            and values["recompute"] != "full":
+        values["recompute_layers"] = None
+    if changes.get("recompute_layers") is not None and "recompute" not in changes:
+        values["recompute"] = "full"
     ends = ("first_stage_layers", "last_stage_layers")
     if "pp" in changes and not any(k in changes for k in ends):
         pp = changes["pp"]
         splits = stage_splits(model.num_layers, pp) if 0 < pp <= model.num_layers else []
         values.update(zip(ends, splits[0] if splits else (None, None), strict=True))
-    return ParallelConfig(**values)
+    try:
+        return ParallelConfig(**values)
+    except ValidationError as exc:  # only changes given together can still disagree
+        given = ", ".join(f"{k.replace('_', '-')}={word(v)}" for k, v in changes.items())
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise InputError(f"{given}: {reason}") from None
 
 
 def parse_changes(text: str, *, option: str = "--why-not") -> dict[str, Any]:
@@ -258,12 +281,16 @@ def describe_change(
     >>> describe_change(ParallelConfig(zero=1, overlap_param_gather=True), ParallelConfig(),
     ...                 dp=(8, 8), microbatches=(16, 16), knob="zero")
     'zero 1 -> 0 (overlap-param-gather off)'
+    >>> describe_change(ParallelConfig(recompute="full", recompute_layers=20),
+    ...                 ParallelConfig(recompute="selective"), dp=(8, 8), microbatches=(16, 16),
+    ...                 knob="recompute")
+    'recompute full -> selective (recompute-layers 20 dropped)'
     """
     names = [k.name for k in KNOBS if getattr(before, k.name) != getattr(after, k.name)]
     lead = [n for n in names if n == knob] or names
     moved = [f"{n.replace('_', '-')} {word(getattr(before, n))} -> {word(getattr(after, n))}"
              for n in lead]  # fmt: skip
-    also = [f"{n.replace('_', '-')} {word(getattr(after, n))}" for n in names if n not in lead]
+    also = [_moved_with(n, before, after) for n in names if n not in lead]
     if dp[1] and dp[1] != dp[0]:
         also.append(f"dp {dp[0]} -> {dp[1]}")
     elif microbatches[1] and microbatches[1] != microbatches[0]:
@@ -273,6 +300,14 @@ def describe_change(
         also.append("equal stages" if ends == (None, None) else
                     f"{ends[0]} and {ends[1]} layers at the ends")  # fmt: skip
     return ", ".join(moved) + (f" ({', '.join(also)})" if also else "")
+
+
+def _moved_with(name: str, before: ParallelConfig, after: ParallelConfig) -> str:
+    """A knob that moved with another, as :func:`describe_change` names it: its new value, or
+    that it was dropped (a count of recomputed layers without full recomputation)."""
+    if name == "recompute_layers" and after.recompute != "full":
+        return f"recompute-layers {word(getattr(before, name))} dropped"
+    return f"{name.replace('_', '-')} {word(getattr(after, name))}"
 
 
 def word(value: Any) -> str:

@@ -143,8 +143,8 @@ def interleaving_chunks(resolved: ResolvedConfig, model: ModelSpec) -> str | Non
     uneven = sorted({n for n in resolved.stage_layers if n % vpp})
     if not uneven:
         return None
-    return (f"interleaved 1F1B splits every stage into vpp({vpp}) equal chunks: stages with "
-            f"{uneven} layers do not divide")
+    return (f"interleaved 1F1B splits every stage into vpp({vpp}) equal chunks: stages of "
+            f"{' and '.join(map(str, uneven))} layers are not divisible by vpp({vpp})")
 
 
 def expert_parallel_experts(resolved: ResolvedConfig, model: ModelSpec) -> str | None:

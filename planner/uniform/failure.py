@@ -13,9 +13,16 @@ from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.estimate import estimate
+from planner.uniform.groups import context_groups
 from planner.uniform.leanest import infeasible_message
 from planner.uniform.remedies import describe, describe_leanest
-from planner.uniform.space import branch_groups, branch_leanest, branches, run_config
+from planner.uniform.space import (
+    branch_groups,
+    branch_leanest,
+    branches,
+    run_config,
+    zero_stages,
+)
 from planner.vocabulary import GIB
 
 
@@ -45,7 +52,8 @@ def nothing_found(
         if refused is not None:
             return ConfigError(f"{refused[0]} launches no configuration of {where}: e.g. "
                                f"{refused[1]}")  # fmt: skip
-        why = f": e.g. {first_refusal}" if first_refusal else ""
+        empty = empty_space(model, cluster, training=training, options=options)
+        why = f": e.g. {first_refusal}" if first_refusal else f": {empty}" if empty else ""
         return ConfigError(f"no uniform configuration divides {where}{why}")
     need_gib, config = leanest
     message = infeasible_message(
@@ -54,6 +62,41 @@ def nothing_found(
     )  # fmt: skip
     return InfeasibleError("; ".join([message, *_pins_in_the_way(model, cluster, training,
                                                                  options)]))  # fmt: skip
+
+
+def empty_space(
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
+) -> str | None:
+    """Why the pins leave the space no configuration at all where each divides alone (what
+    :func:`_pinned_refusal` leaves), with the arithmetic: tensor parallelism inside a scale-up
+    domain, ``tp x cp`` inside a domain or across whole ones, ZeRO-2/3 without a pipeline;
+    None when the space has a configuration or none of these says why.
+
+    >>> from planner.spec.reading import load_cluster, load_model
+    >>> from planner.options import Pins, training_of
+    >>> gpt3 = load_model("instances/models/gpt3-175b.json")
+    >>> a100 = load_cluster("instances/clusters/dgx-a100-80gb.json", 16)
+    >>> options = SolveOptions(pins=Pins(tp=16))
+    >>> empty_space(gpt3, a100, training=training_of(gpt3, options), options=options)
+    'tp(16) does not divide the 8 devices of a scale-up domain (nvlink), which tensor \
+parallelism stays inside'
+    """
+    pins, n = options.pins, cluster.num_devices
+    domain, fabric = cluster.scale_up_devices, cluster.network[0].name
+    if pins.tp is not None and domain % pins.tp:
+        return (f"tp({pins.tp}) does not divide the {domain} devices of a scale-up domain "
+                f"({fabric}), which tensor parallelism stays inside")
+    if not context_groups(model, cluster, training=training, pins=pins):
+        tp, cp = pins.tp or 1, pins.cp or 1
+        if n % (tp * cp):
+            return f"tp({tp}) x cp({cp}) = {tp * cp} does not divide the {n} devices"
+        return (f"tp({tp}) x cp({cp}) = {tp * cp} neither divides the {domain} devices of a "
+                f"scale-up domain ({fabric}) nor spans whole ones")
+    pp = pins.pp or 1
+    if pins.zero is not None and pins.zero not in zero_stages(pp):
+        return (f"ZeRO-{pins.zero} is searched without a pipeline only (pp({pp}): ZeRO "
+                f"{' or '.join(map(str, zero_stages(pp)))})")  # fmt: skip
+    return None
 
 
 def _pinned_refusal(

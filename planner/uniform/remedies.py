@@ -27,6 +27,7 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec, physics
 from planner.uniform import space
 from planner.uniform.estimate import Estimate, estimate
+from planner.uniform.groups import tp_degrees, within_scale_up
 from planner.vocabulary import GIB, RECOMPUTE_MODES
 
 MAX_NODE_FACTOR = 64
@@ -239,8 +240,8 @@ def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) ->
 
 def _wider_tps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> list[int]:
     """Tensor-parallel degrees above ``c``'s that stay inside a node with its CP."""
-    return [t for t in space.tp_degrees(model, cluster)
-            if t > c.tp and space.within_scale_up(cluster, tp=t, cp=c.cp)]  # fmt: skip
+    return [t for t in tp_degrees(model, cluster)
+            if t > c.tp and within_scale_up(cluster, tp=t, cp=c.cp)]  # fmt: skip
 
 
 def _deeper_pps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> list[int]:

@@ -4,9 +4,11 @@ their degrees from the functions here.
 
 The space is what a Megatron-LM user can launch with flags:
 
-- ``tp``: divisors of the devices in a scale-up domain (a node, or an NVL72 rack) that divide
-  the attention heads, the KV groups and the FFN (:func:`tp_degrees`; tensor parallelism
-  stays inside the domain, with context parallelism: :func:`within_scale_up`);
+- ``tp`` and ``cp`` (:func:`~planner.uniform.groups.context_groups`): divisors of the devices
+  in a scale-up domain (a node, or an NVL72 rack) that divide the attention heads, the KV
+  groups and the FFN; context parallelism from 8,192 tokens on, 1, 2, 4, 8 with ``tp * cp``
+  inside a domain, and any power of two that leaves each rank 8,192 tokens with ``tp * cp``
+  across whole domains; each as ring attention and as Ulysses all-to-alls;
 - ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``
   (:func:`pipeline_degrees`), with the layers split by :func:`stage_splits`: equal stages when
   ``pp`` divides the layers, else Megatron's uneven first and last stage
@@ -15,9 +17,6 @@ The space is what a Megatron-LM user can launch with flags:
   every stage's layers (:func:`virtual_stages`; Megatron-Core's rule, uneven stages included);
 - the zero-bubble schedules for a target that launches them (:func:`schedules`): ZB-H1, and
   ZB-V (two chunks per stage) when ``options.interleaved`` and two chunks divide the stages;
-- ``cp``: 1, 2, 4, 8 with ``tp * cp`` within a scale-up domain, only from
-  :data:`LONG_SEQUENCE` on (:func:`cp_degrees`), each as ring attention and as Ulysses all-to-alls
-  (:func:`cp_algorithms`);
 - ``ep``: divisors of the experts that divide the data- and context-parallel ranks
   (:func:`expert_degrees`; mixtures of experts only);
 - ``mbs``: ``options.micro_batch_sizes`` (:func:`micro_batch_sizes`); recomputation none,
@@ -38,15 +37,8 @@ from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, traini
 from planner.plan.config import ParallelConfig, stage_layers
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.defaults import launched_overlaps, sequence_parallel
+from planner.uniform.groups import context_groups, cp_algorithms
 from planner.vocabulary import OFFLOADS, RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
-
-LONG_SEQUENCE = 8192
-"""Context parallelism is tried from this sequence length on. Below it the attention's
-activations are small next to the rest of a layer's, and NVIDIA's recipes keep CP at 1 (their
-first with CP 2 is Llama 3 8B at 8192)."""
-CP_DEGREES = (1, 2, 4, 8)
-"""Context-parallel degrees tried from :data:`LONG_SEQUENCE` on (with ``tp * cp`` inside a
-node)."""
 
 Split = tuple[int | None, int | None]
 """Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
@@ -103,44 +95,6 @@ class Branch:
     """How context parallelism attends: ring or ulysses."""
 
 
-def tp_degrees(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
-    """Tensor-parallel degrees inside one scale-up domain (a node, or an NVL72 rack) that
-    divide it and split heads, KV groups and FFN evenly."""
-    domain = cluster.scale_up_devices
-    # MLA's keys and values come from one shared latent: there are no KV groups to split
-    kv_groups = model.num_attention_heads if model.mla else model.query_groups
-    return [t for t in range(1, domain + 1)
-            if domain % t == 0 and model.num_attention_heads % t == 0
-            and kv_groups % t == 0 and model.ffn % t == 0]  # fmt: skip
-
-
-def within_scale_up(cluster: ClusterSpec, *, tp: int, cp: int) -> bool:
-    """Whether tensor and context parallelism together stay inside one scale-up domain: both
-    communicate inside every layer, on the critical path, so they keep to the fastest links
-    (which span several nodes in an NVL72 rack). Their ranks are consecutive (Megatron's
-    order), so the group must tile the domain: a group of 16 on a rack of 72 would straddle
-    two racks every fourth time.
-
-    >>> from planner.spec.reading import load_cluster
-    >>> nvl72 = load_cluster("instances/clusters/gb200-nvl72.json")
-    >>> within_scale_up(nvl72, tp=8, cp=1), within_scale_up(nvl72, tp=2, cp=8)
-    (True, False)
-    """
-    return cluster.scale_up_devices % (tp * cp) == 0
-
-
-def cp_degrees(training: TrainingSpec) -> tuple[int, ...]:
-    """Context-parallel degrees tried at the run's sequence length: :data:`CP_DEGREES` from
-    :data:`LONG_SEQUENCE` on, else none (1)."""
-    return CP_DEGREES if training.seq_length >= LONG_SEQUENCE else (1,)
-
-
-def cp_algorithms(cp: int) -> tuple[ContextParallelism, ...]:
-    """How context parallelism of degree ``cp`` attends: ring attention and Ulysses
-    all-to-alls when there is any, else ring (the default, which then sends nothing)."""
-    return ("ring", "ulysses") if cp > 1 else ("ring",)
-
-
 def pipeline_degrees(model: ModelSpec, devices: int) -> list[int]:
     """Pipeline degrees that divide ``devices`` and split the decoder layers somehow."""
     return [p for p in divisors(devices) if p <= model.num_layers
@@ -191,18 +145,15 @@ def branches(
     """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
     layer split and context-parallel algorithm, among the pinned degrees."""
     n = cluster.num_devices
-    cps = cp_degrees(training) if pins.cp is None else (pins.cp,)
     out = []
-    for tp in (t for t in tp_degrees(model, cluster) if pins.admits(tp=t)):
-        for cp in (c for c in cps
-                   if within_scale_up(cluster, tp=tp, cp=c) and n % (tp * c) == 0):  # fmt: skip
-            for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
-                dp = n // (tp * pp * cp)
-                out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)
-                        for split in stage_splits(model.num_layers, pp)
-                        for ep in expert_degrees(model, dp=dp, cp=cp)
-                        for algo in cp_algorithms(cp)
-                        if pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
+    for tp, cp in context_groups(model, cluster, training=training, pins=pins):
+        for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
+            dp = n // (tp * pp * cp)
+            out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)
+                    for split in stage_splits(model.num_layers, pp)
+                    for ep in expert_degrees(model, dp=dp, cp=cp)
+                    for algo in cp_algorithms(cp)
+                    if pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
     return out
 
 
