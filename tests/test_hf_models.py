@@ -19,8 +19,14 @@ from typing import Any
 import pytest
 
 from planner.errors import InputError
+from planner.frameworks import (
+    _colossalai_rules,
+    deepspeed,
+    megatron,
+    mindspeed,
+    torchtitan,
+)
 from planner.frameworks import _megatron_flags as mf
-from planner.frameworks import colossalai, deepspeed, megatron, mindspeed, torchtitan
 from planner.graph import index_layers, lower, parameter_count
 from planner.ilp.problem import LayerQuery, layer_graph_of
 from planner.plan.config import ParallelConfig, resolve
@@ -181,7 +187,7 @@ def _refusals(model: ModelSpec) -> dict[str, str | None]:
     return {"megatron": megatron.layer_architecture(resolved, model),
             "mindspeed": mindspeed.layer_architecture(resolved, model),
             "deepspeed": deepspeed.architecture(resolved, model),
-            "colossalai": colossalai.architecture(resolved, model),
+            "colossalai": _colossalai_rules.architecture(resolved, model),
             "torchtitan": torchtitan.model_flavor(resolved, model)}  # fmt: skip
 
 
