@@ -30,7 +30,7 @@ from planner.frameworks import _megatron_flags as mf
 from planner.graph import index_layers, lower, parameter_count
 from planner.ilp.problem import LayerQuery, layer_graph_of
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.schema import model_hashes
+from planner.plan.inputs import model_hashes
 from planner.sharding.assignment import layer_parts
 from planner.sharding.uniform import uniform_layer, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
