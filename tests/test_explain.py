@@ -15,7 +15,7 @@ from planner.diagnose.whatif import hardware_changes, wider_scale_up
 from planner.errors import ConfigError, InputError
 from planner.frameworks import profile
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.schema import check_inputs, model_hashes
+from planner.plan.inputs import check_inputs, model_hashes
 from planner.report.explain import explain_json, verdict, why_this_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model

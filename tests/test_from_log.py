@@ -21,7 +21,8 @@ from planner.diagnose.log_models import (
     titan_parameter_count,
 )
 from planner.diagnose.logs import megatron_arguments, read_log, titan_tps
-from planner.diagnose.runs import load_runs, model_from_record
+from planner.diagnose.run_records import model_from_record
+from planner.diagnose.runs import load_runs
 from planner.errors import InputError
 from planner.frameworks import torchtitan
 from planner.graph import ParameterCount, lower, parameter_count

@@ -25,7 +25,8 @@ from planner.diagnose.calibration import (
     fittable_knobs,
     validation_rows,
 )
-from planner.diagnose.runs import config_from_record, load_runs, load_runs_noting, software_of
+from planner.diagnose.run_records import config_from_record, software_of
+from planner.diagnose.runs import load_runs, load_runs_noting
 from planner.errors import InputError
 from tests.conftest import CALIBRATION_RUNS, CLUSTERS, FSDP_RUNS, skip_module_without
 

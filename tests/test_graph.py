@@ -6,7 +6,7 @@ import networkx as nx
 import pytest
 
 import planner
-from planner.diagnose.runs import model_flops_eq, narayanan_eq3_flops
+from planner.diagnose.run_records import model_flops_eq, narayanan_eq3_flops
 from planner.graph import index_layers, lower
 from planner.spec import ClusterSpec, TrainingSpec
 from planner.spec.reading import load_model

@@ -19,12 +19,18 @@ from typing import Any
 import pytest
 
 from planner.errors import InputError
+from planner.frameworks import (
+    _colossalai_rules,
+    deepspeed,
+    megatron,
+    mindspeed,
+    torchtitan,
+)
 from planner.frameworks import _megatron_flags as mf
-from planner.frameworks import colossalai, deepspeed, megatron, mindspeed, torchtitan
 from planner.graph import index_layers, lower, parameter_count
 from planner.ilp.problem import LayerQuery, layer_graph_of
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.schema import model_hashes
+from planner.plan.inputs import model_hashes
 from planner.sharding.assignment import layer_parts
 from planner.sharding.uniform import uniform_layer, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
@@ -181,7 +187,7 @@ def _refusals(model: ModelSpec) -> dict[str, str | None]:
     return {"megatron": megatron.layer_architecture(resolved, model),
             "mindspeed": mindspeed.layer_architecture(resolved, model),
             "deepspeed": deepspeed.architecture(resolved, model),
-            "colossalai": colossalai.architecture(resolved, model),
+            "colossalai": _colossalai_rules.architecture(resolved, model),
             "torchtitan": torchtitan.model_flavor(resolved, model)}  # fmt: skip
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from planner.diagnose.calibration import calibrate, validate
-from planner.diagnose.runs import config_from_record, load_runs_noting
+from planner.diagnose.run_records import config_from_record
+from planner.diagnose.runs import load_runs_noting
 from planner.errors import PlannerError
 from planner.frameworks._deepspeed_partition import (
     deepspeed_stage_layers,

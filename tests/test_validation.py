@@ -21,7 +21,8 @@ from planner.diagnose.calibration import (
     ValidationRow,
     validation_rows,
 )
-from planner.diagnose.runs import load_runs, measured_step_time_s
+from planner.diagnose.run_records import measured_step_time_s
+from planner.diagnose.runs import load_runs
 from planner.errors import InputError
 from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster

@@ -12,7 +12,7 @@ from planner.diagnose.explain import explain
 from planner.diagnose.notches import parse_changes
 from planner.errors import InputError
 from planner.plan.files import plan_from_json
-from planner.plan.schema import check_inputs
+from planner.plan.inputs import check_inputs
 from planner.report.explain import explain_json, explain_tables
 from planner.spec.reading import read_text
 

@@ -33,7 +33,8 @@ from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
 from planner.options import DEFAULT_OPTIONS, SEARCH_TIME_LIMIT_S, Pins, SolveOptions
 from planner.plan.files import plan_from_json
-from planner.plan.schema import Plan, check_inputs
+from planner.plan.inputs import check_inputs
+from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
 from planner.report.output import check_folder, check_target, write_atomic
 from planner.simulate.events import simulate_plan

@@ -28,7 +28,8 @@ from planner.diagnose.whatif import hardware_changes
 from planner.errors import InputError
 from planner.frameworks import ANY, profile
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.schema import MemoryBreakdown, Plan, StepTime, check_inputs
+from planner.plan.inputs import check_inputs
+from planner.plan.schema import MemoryBreakdown, Plan, StepTime
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
 from planner.uniform.estimate import Estimate, estimate

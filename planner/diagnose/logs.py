@@ -229,7 +229,7 @@ def run_record(
         "software": {"framework": framework, "fused_attention": config.flash_attention,
                      "dropout": model.hidden_dropout},
         # The sizes for readers of the published runs' layout; "spec" is the model that ran,
-        # whatever its architecture (planner.diagnose.runs.model_from_record reads it).
+        # whatever its architecture (planner.diagnose.run_records.model_from_record reads it).
         "model": {"name": model.name, "layers": model.num_layers, "hidden": model.hidden_size,
                   "heads": model.num_attention_heads, "kv_heads": model.query_groups,
                   "ffn_hidden": model.ffn, "vocab": model.vocab_size,
@@ -240,7 +240,7 @@ def run_record(
                      "microbatch": config.mbs, "global_batch": batch,
                      "recompute": config.recompute, "zero": config.zero,
                      # The overlaps the log states; without them the reader assumes the
-                     # framework's era's (planner.diagnose.runs.config_from_record).
+                     # framework's era's (planner.diagnose.run_records.config_from_record).
                      **{name: getattr(config, name) for name in _OVERLAPS
                         if name in log.arguments}},
         "precision": precision,

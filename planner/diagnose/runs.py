@@ -1,16 +1,10 @@
 """Published training runs read as test cases: the model, configuration, device and measured
 step time of each record of a runs file (``calibration_runs.json``, ``fsdp_runs.json``, or a
-user's file of the same layout).
+user's file of the same layout), and the records left out with the reason.
 
-A record with a ``software`` block is read from it (framework, fused attention, dropout, FSDP
-sharding, checkpointing); one without is a Megatron-LM run of its era, read by the rules in
-:func:`config_from_record`. Those rules depend only on what the record's source says about the
-software, never on the measured number.
-
->>> record = {"id": "r", "software": {"framework": "PyTorch FSDP", "dropout": 0.0,
-...           "fused_attention": True}}
->>> software_of(record).family, software_of(record).fused_attention
-('fsdp', True)
+What one record says about its software, model, configuration and measured step time is read
+by :mod:`planner.diagnose.run_records`; this module names the device, checks the sizes, and
+reads whole files, one bad record not hiding the others.
 """
 
 from __future__ import annotations
@@ -22,45 +16,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.errors import InputError
-from planner.frameworks._deepspeed_partition import (
-    DEFAULT_METHOD,
-    as_ends,
-    deepspeed_stage_layers,
+from planner.diagnose.run_records import (
+    config_from_record,
+    measured_step_time_s,
+    model_from_record,
+    software_of,
 )
+from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.spec import ModelSpec
 from planner.spec.limits import MAX_DEVICES
 from planner.spec.messages import describe_validation_error, short_repr
 from planner.spec.reading import read_json
-
-# The software fields a record may state; anything else is refused rather than ignored, so a
-# field this reader does not understand cannot silently fall back to a default.
-SOFTWARE_FIELDS = frozenset({
-    "framework", "fused_attention", "dropout", "data_parallel", "activation_checkpointing",
-    "pipeline_or_tensor_parallel",
-})  # fmt: skip
-# Framework families, by a word their name contains, the first that matches: a family is what
-# the error bands and the out-of-family validation group runs by. Megatron-DeepSpeed runs
-# DeepSpeed's engines (its pipeline partition too), so "deepspeed" is looked for first.
-FAMILIES = (("deepspeed", "deepspeed"), ("megatron", "megatron"), ("fsdp", "fsdp"),
-            ("torchtitan", "fsdp"))  # fmt: skip
-# FSDP's sharding strategies as ZeRO stages (torch/distributed/fsdp/api.py, ShardingStrategy).
-FSDP_SHARDING = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Software:
-    """What a record says about the software that ran it."""
-
-    family: str
-    """``megatron``, ``fsdp`` or ``deepspeed``."""
-    fused_attention: bool
-    """Whether attention ran as one fused kernel (FlashAttention or cuDNN's)."""
-    dropout: float
-    """Hidden and attention dropout probability."""
-    megatron_core_2024: bool
-    """The 2024 Megatron-Core table, whose README states its overlap flags."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,18 +37,19 @@ class CalibrationRun:
     id: str
     """The record's id."""
     model: ModelSpec
-    """The model the record describes (:func:`model_from_record`)."""
+    """The model the record describes (:func:`~planner.diagnose.run_records.model_from_record`)."""
     config: ParallelConfig
-    """The configuration it ran with (:func:`config_from_record`)."""
+    """The configuration it ran with (:func:`~planner.diagnose.run_records.config_from_record`)."""
     num_devices: int
     """Devices (GPUs) of the run."""
     device: str
     """The device that ran it: a key of :data:`DEVICES`, or for a device none of them names
     (a run read to be priced on the user's own cluster file) its GPU name as written."""
     family: str
-    """The framework family (:class:`Software`)."""
+    """The framework family (:class:`~planner.diagnose.run_records.Software`)."""
     measured_step_time_s: float
-    """The step time the record gives or implies (:func:`measured_step_time_s`)."""
+    """The step time the record gives or implies
+    (:func:`~planner.diagnose.run_records.measured_step_time_s`)."""
     basis: str
     """How the measured step time was obtained from the record."""
 
@@ -144,190 +112,6 @@ def device_key(gpu: str) -> str:
     """
     return bundled_device(gpu) or gpu
 
-
-def software_of(record: dict[str, Any]) -> Software:
-    """The record's ``software`` block, or the Megatron-LM of its era when it has none."""
-    modern = "--tp-comm-overlap" in str(record.get("source", ""))
-    block = record.get("software")
-    if block is None:
-        return Software(family="megatron", fused_attention=modern, dropout=0.1,
-                        megatron_core_2024=modern)  # fmt: skip
-    if not isinstance(block, dict):
-        raise InputError(f"software must be an object, got {short_repr(block)}")
-    unknown = sorted(set(block) - SOFTWARE_FIELDS)
-    if unknown:
-        raise InputError(f"software.{unknown[0]} is not a field this reader knows (known: "
-                         f"{', '.join(sorted(SOFTWARE_FIELDS))})")  # fmt: skip
-    framework = str(block.get("framework", ""))
-    family = next((f for word, f in FAMILIES if word in framework.lower()), None)
-    if family is None:
-        raise InputError(f"software.framework {framework!r} names no known framework "
-                         f"(Megatron, FSDP, DeepSpeed, torchtitan)")  # fmt: skip
-    fused = block.get("fused_attention", modern)
-    dropout = block.get("dropout", 0.1 if family == "megatron" else 0.0)
-    if not isinstance(fused, bool):
-        raise InputError(f"software.fused_attention must be true or false, got {fused!r}")
-    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
-        raise InputError(f"software.dropout must be a probability, got {short_repr(dropout)}")
-    return Software(family=family, fused_attention=fused, dropout=float(dropout),
-                    megatron_core_2024=modern)  # fmt: skip
-
-
-def model_from_record(record: dict[str, Any]) -> ModelSpec:
-    """The GPT model a record describes: GeLU, LayerNorm, biases (Megatron's GPT and MPT as
-    benchmarked, whose parameter counts imply them); tied learned positions, except the 2024
-    Megatron-Core table, whose parameter counts imply untied RoPE. A record with
-    ``model.spec`` (``planner runs from-log``'s) carries its model as model.json does, and is
-    read as such."""
-    m = record["model"]
-    if "spec" in m:
-        return ModelSpec.model_validate(m["spec"])
-    software = software_of(record)
-    modern = software.megatron_core_2024
-    return ModelSpec(
-        name=m["name"],
-        num_layers=m["layers"],
-        hidden_size=m["hidden"],
-        num_attention_heads=m["heads"],
-        num_query_groups=m.get("kv_heads") or m["heads"],
-        ffn_hidden_size=m["ffn_hidden"],
-        vocab_size=m["vocab"],
-        max_position_embeddings=m["seq_len"],
-        position_embedding="rope" if modern else "learned",
-        tie_word_embeddings=not modern,
-        hidden_dropout=software.dropout,
-        attention_dropout=software.dropout,
-    )
-
-
-def config_from_record(record: dict[str, Any]) -> ParallelConfig:
-    """The configuration a record ran with; open fields take the software's defaults.
-
-    2021 Megatron-LM (Narayanan et al.; the GPT-3 README example): no fused attention, no
-    communication overlap, no distributed optimizer. 2024 Megatron-Core table: the flags its
-    README lists (``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``, the
-    distributed optimizer, sequence parallelism, which tensor-parallel overlap needs), fused
-    attention; microbatch 1 and no recomputation, Megatron's defaults, where not stated.
-    PyTorch FSDP: ``parallel.fsdp_sharding`` names the ZeRO stage; it reduce-scatters each
-    layer's gradients during the backward and prefetches the next layer's weights
-    (``torch/distributed/fsdp``: ``backward_prefetch`` and ``forward_prefetch``), which is
-    what the two overlap flags mean here.
-    """
-    p = record["parallel"]
-    software = software_of(record)
-    modern = software.megatron_core_2024
-    fsdp = software.family == "fsdp"
-    recompute = p.get("recompute") or "none"
-    zero = p.get("zero") or 0
-    if p.get("fsdp_sharding") is not None:
-        if p["fsdp_sharding"] not in FSDP_SHARDING:
-            raise InputError(f"parallel.fsdp_sharding {p['fsdp_sharding']!r} is not one of "
-                             f"{', '.join(FSDP_SHARDING)}")  # fmt: skip
-        zero = FSDP_SHARDING[p["fsdp_sharding"]]
-    precision = record["precision"].lower()
-    first, last = (pipeline_ends(record) if software.family == "deepspeed" and p["pp"] > 1
-                   else (None, None))  # fmt: skip
-    return ParallelConfig(
-        tp=p["tp"],
-        pp=p["pp"],
-        first_stage_layers=first,
-        last_stage_layers=last,
-        dp=p["dp"],
-        cp=p.get("cp") or 1,
-        ep=p.get("ep") or 1,
-        vpp=p.get("vpp") or 1,
-        sp=p["sp"] if p.get("sp") is not None else modern,
-        mbs=p.get("microbatch") or 1,
-        global_batch=p["global_batch"],
-        seq_len=record["model"]["seq_len"],
-        recompute="full" if recompute.startswith("full") else recompute,
-        zero=1 if isinstance(zero, str) and "distributed optimizer" in zero else int(zero),
-        precision="fp16" if precision.startswith("fp16") else "bf16",
-        flash_attention=software.fused_attention,
-        # A user's log states its overlaps (planner runs from-log); the published runs' era
-        # and framework say theirs.
-        overlap_grad_reduce=p.get("overlap_grad_reduce", modern or fsdp),
-        overlap_param_gather=p.get("overlap_param_gather", modern or fsdp),
-        tp_comm_overlap=p.get("tp_comm_overlap", modern),
-    )
-
-
-def pipeline_ends(record: dict[str, Any]) -> tuple[int | None, int | None]:
-    """The first and last stage's decoder layers of a DeepSpeed pipeline run (None: as the
-    middle stages): DeepSpeed's partition of ``GPTModelPipe`` by ``parallel.pp_partition``
-    (its first word; default Megatron-DeepSpeed's ``type:transformer``), as
-    :func:`~planner.frameworks._deepspeed_partition.deepspeed_stage_layers` computes it.
-
-    >>> pipeline_ends({"model": {"layers": 70}, "parallel": {"pp": 12,
-    ...                "pp_partition": "type:transformer|embedding (embed as a slot)"}})
-    (5, 5)
-    """
-    p, m = record["parallel"], record["model"]
-    stated = p.get("pp_partition")
-    method = str(stated).split()[0] if stated else DEFAULT_METHOD
-    layers = deepspeed_stage_layers(m["layers"], pp=p["pp"], method=method,
-                                    tied_embeddings=not software_of(record).megatron_core_2024,
-                                    moe=bool(m.get("moe")))  # fmt: skip
-    ends = as_ends(layers)
-    if ends is None:
-        raise InputError(f"parallel.pp_partition {method!r}: DeepSpeed puts {list(layers)} "
-                         f"decoder layers on the stages, and the planner prices equal stages "
-                         f"between the first and the last only")  # fmt: skip
-    return ends
-
-
-def narayanan_eq3_flops(*, batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
-    """FLOPs of one step with full recomputation, Narayanan et al. (SC'21) Eq. 3:
-    ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``."""
-    b, s, l, h, v = batch, seq, layers, hidden, vocab  # noqa: E741 (the paper's letters)
-    return 96 * b * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
-
-
-def model_flops_eq(*, batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
-    """Model FLOPs of one step (no recomputation), Korthikanti et al. (MLSys'23) Eq. 7:
-    ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))``."""
-    b, s, l, h, v = batch, seq, layers, hidden, vocab  # noqa: E741 (the paper's letters)
-    return 72 * b * s * l * h**2 * (1 + s / (6 * h) + v / (12 * l * h))
-
-
-def measured_step_time_s(record: dict[str, Any]) -> tuple[float, str] | None:
-    """The run's step time and how it was obtained; None when the record measures neither a
-    step time nor a throughput.
-
-    A published step time is used as it is; a token throughput gives the step's tokens over
-    it; published TFLOP/s per GPU are turned back into seconds with the FLOP count their
-    definition names (Narayanan's Eq. 3 counts the recomputed forward; "model FLOPs" do not).
-    """
-    measured = record["measured"]
-    m, p = record["model"], record["parallel"]
-    if measured.get("step_time_s"):
-        return float(_number(measured, "step_time_s")), "published step time"
-    if measured.get("tokens_per_s"):
-        tokens = _number(p, "global_batch") * _number(m, "seq_len")
-        return tokens / _number(measured, "tokens_per_s"), "tokens per step / published tokens/s"
-    if not measured.get("tflops_per_gpu"):
-        return None
-    size = dict(batch=_number(p, "global_batch"), seq=_number(m, "seq_len"),
-                layers=_number(m, "layers"), hidden=_number(m, "hidden"),
-                vocab=_number(m, "vocab"))  # fmt: skip
-    definition = measured.get("tflops_definition", "")
-    if "Eq.3" in definition:
-        flops, basis = narayanan_eq3_flops(**size), "Eq. 3 FLOPs / published TFLOP/s"
-    elif "model FLOPs" in definition:
-        flops, basis = model_flops_eq(**size), "model FLOPs / published TFLOP/s"
-    else:
-        raise InputError(f"unknown measured.tflops_definition {definition!r}")
-    per_gpu = _number(measured, "tflops_per_gpu") * 1e12
-    return flops / (per_gpu * _number(record["cluster"], "num_gpus")), basis
-
-
-def _number(section: dict[str, Any], key: str) -> float:
-    """``section[key]``, which must be a finite number: a record is read by indexing, and a
-    string would repeat itself in the FLOP formula instead of failing."""
-    value = section[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TypeError(f"{key} must be a number, got {short_repr(value)}")
-    return value
 
 
 def run_from_record(

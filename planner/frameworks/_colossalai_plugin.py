@@ -1,8 +1,9 @@
 """Colossal-AI's plugin for one configuration: the ``HybridParallelPlugin`` (or
 ``MoeHybridParallelPlugin``) keywords and the Python snippet that constructs it.
 
-Split from :mod:`planner.frameworks.colossalai`, whose rules decide what Colossal-AI launches
-and whose :func:`~planner.frameworks.colossalai.launch` puts these together; the keywords are
+Split from :mod:`planner.frameworks.colossalai`, whose rules
+(:mod:`planner.frameworks._colossalai_rules`) decide what Colossal-AI launches and whose
+:func:`~planner.frameworks.colossalai.launch` puts these together; the keywords are
 hpcaitech/ColossalAI@4f9953b's (``colossalai/booster/plugin/hybrid_parallel_plugin.py``).
 """
 

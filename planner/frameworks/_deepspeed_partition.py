@@ -43,8 +43,8 @@ PARTITION_METHODS = (DEFAULT_METHOD,)
 """The pipeline partitions the target launches as exported, without a source edit:
 Megatron-DeepSpeed@4efb479 hard-codes ``type:transformer`` (``gpt_model.py:463``) and has no
 flag for it. BLOOM's fork's ``type:transformer|embedding`` (``--pp-partition-method``) is
-priced for run records (``planner.diagnose.runs.pipeline_ends``) but not searched, since the
-pinned target cannot launch it as printed."""
+priced for run records (``planner.diagnose.run_records.pipeline_ends``) but not searched, since
+the pinned target cannot launch it as printed."""
 BLOCK = "ParallelTransformerLayerPipe"
 """The spec of one decoder layer (``gpt_model.py:388``)."""
 

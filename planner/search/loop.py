@@ -37,14 +37,13 @@ from planner.pipeline.options import (
 )
 from planner.pipeline.split import least_peak, split_layers
 from planner.placement.ranks import ORDERS, PipelinePlacement
+from planner.plan.inputs import cluster_ref, model_ref
 from planner.plan.invariants import check_plan
 from planner.plan.schema import (
     Plan,
     RunFlags,
     ScheduleSpec,
     SolverSummary,
-    cluster_ref,
-    model_ref,
 )
 from planner.search.layers import (
     SearchContext,

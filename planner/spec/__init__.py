@@ -1,8 +1,9 @@
-"""Inputs of the planner: the model, the training run and the cluster.
+"""Inputs of the planner: the model, the training run and the cluster (its specs are
+:mod:`planner.spec.cluster`'s, re-exported here).
 
 Field names follow Megatron-LM's arguments (which users already know) and carry their unit at
 this JSON boundary (``memory_gib``, ``bandwidth_gb_s``). Inside the planner every quantity is in
-SI units; the ``*_bytes`` / ``*_flops_per_s`` properties do the conversion once, here.
+SI units; the ``*_bytes`` / ``*_flops_per_s`` properties do the conversion once, at the spec.
 
 Files and options are read into these specs by :mod:`planner.spec.reading` (Hugging Face
 ``config.json`` files through :mod:`planner.spec.hf`); the fields' bounds are
@@ -12,18 +13,34 @@ latent attention and RoPE scaling :mod:`planner.spec.layers`.
 
 from __future__ import annotations
 
-from itertools import pairwise
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from planner.errors import InputError
 from planner.spec import limits as lim
 from planner.spec.attention import SlidingWindowSpec
+from planner.spec.cluster import (
+    AttentionEfficiency,
+    ClusterSpec,
+    DeviceEfficiency,
+    DeviceSpec,
+    GemmEfficiency,
+    HostSpec,
+    LinkEfficiency,
+    NetworkLevel,
+    ValidationBand,
+)
 from planner.spec.fields import Float, Int, Name
 from planner.spec.fields import Frozen as _Frozen
 from planner.spec.layers import MLASpec, MoESpec, RopeScaling
-from planner.vocabulary import GB, GIB, ParallelismKind, Precision
+from planner.vocabulary import Precision
+
+__all__ = [
+    "Activation", "AttentionEfficiency", "ClusterSpec", "DeviceEfficiency", "DeviceSpec",
+    "GemmEfficiency", "HostSpec", "LinkEfficiency", "MLASpec", "MoESpec", "ModelSpec",
+    "NetworkLevel", "Normalization", "PositionEmbedding", "RopeScaling", "TrainingSpec",
+    "ValidationBand",
+]  # fmt: skip
 
 Activation = Literal["gelu", "swiglu", "geglu"]
 Normalization = Literal["layernorm", "rmsnorm"]
@@ -168,269 +185,3 @@ class ModelSpec(_Frozen):
             return False
         return (index - self.moe.first_dense_layers) % self.moe.layer_freq == 0
 
-
-class GemmEfficiency(_Frozen):
-    """Achieved fraction of peak FLOP/s for a matrix multiply of a given size.
-
-    ``fraction(f) = max_fraction * f / (f + half_saturation_gflop * 1e9)`` for a GEMM of ``f``
-    FLOPs on one device: small GEMMs leave the device idle, large ones approach
-    ``max_fraction``. The defaults (1.0, 0) mean "uncalibrated: the roofline peak".
-    """
-
-    max_fraction: Float = Field(default=1.0, gt=0, le=1)
-    half_saturation_gflop: Float = Field(default=0.0, ge=0, le=lim.MAX_HALF_SATURATION_GFLOP)
-    source: str | None = Field(default=None, description="How these values were obtained.")
-
-
-class AttentionEfficiency(_Frozen):
-    """Achieved fraction of peak FLOP/s for a fused attention kernel (FlashAttention's).
-
-    ``fraction(s, d) = max_fraction * s / (s + half_saturation_tokens) * d / (d +
-    half_saturation_head_dim)`` for a kernel whose queries each attend to ``s`` keys on
-    average (half the sequence under a causal mask) with heads of ``d`` dims: short key blocks
-    leave the kernel's tiles and SMs partly idle, and the softmax's exponentials and
-    rescaling, which run on units far slower than the tensor cores, cost a share that shrinks
-    as the head dim grows (Dao, 2023, FlashAttention-2, Sec. 3.1 and 4.1). Absent, fused
-    attention runs at the GEMM curve's efficiency, which overstates it.
-    """
-
-    max_fraction: Float = Field(gt=0, le=1, description="The long-sequence limit.")
-    half_saturation_tokens: Float = Field(
-        ge=0, le=lim.MAX_SEQ_LENGTH, description="Keys per query at which half the limit is "
-        "reached."
-    )
-    half_saturation_head_dim: Float = Field(
-        default=0.0, ge=0, le=lim.MAX_HEAD_DIM, description="Head dim at which half the limit "
-        "is reached: the softmax's work per score is fixed while the matmuls' grows with the "
-        "head dim, so small heads run further from peak (0: no such effect)."
-    )
-    source: str | None = Field(default=None, description="How these values were obtained.")
-
-
-class ValidationBand(_Frozen):
-    """How far predictions missed the published runs of one kind on this device: what the
-    error band printed beside a step time rests on."""
-
-    parallelism: ParallelismKind = Field(
-        description="The runs' kind (planner.vocabulary.ParallelismKind): ZeRO-3/FSDP with no "
-        "model parallelism; plain data parallelism (ZeRO 0-2); tensor or pipeline parallelism; "
-        "context parallelism; expert parallelism."
-    )
-    runs: Int = Field(gt=0, description="How many runs the band rests on.")
-    p80_abs_error: Float = Field(
-        ge=0, description="80th percentile of |predicted / measured - 1| over those runs."
-    )
-    median_error: Float = Field(
-        ge=-1, description="Median signed error (negative: predicted too fast)."
-    )
-    families: tuple[str, ...] = Field(description="The framework families of those runs.")
-
-
-class DeviceEfficiency(_Frozen):
-    """Calibration of one device: how far real kernels fall short of the data sheet."""
-
-    gemm: GemmEfficiency = GemmEfficiency()
-    attention: AttentionEfficiency | None = None
-    overlap_contention: Float = Field(
-        default=0.0, ge=0, le=1, description="Fraction of the time of data-parallel "
-        "communication hidden behind compute that the compute still loses (NCCL's kernels "
-        "share the SMs and HBM with it)."
-    )
-    validation: tuple[ValidationBand, ...] = Field(
-        default=(), description="Residuals of `planner calibrate` by kind of run; empty for a "
-        "device no published run validates."
-    )
-    memory_bound_fraction: Float = Field(
-        default=1.0, gt=0, le=1, description="Achieved fraction of HBM bandwidth."
-    )
-    kernel_launch_us: Float = Field(
-        default=0.0, ge=0, le=lim.MAX_LATENCY_US, description="Fixed cost per kernel."
-    )
-    source: str | None = Field(default=None, description="How these values were obtained.")
-
-
-class DeviceSpec(_Frozen):
-    """One accelerator."""
-
-    name: Name
-    memory_gib: Float = Field(gt=0, le=lim.MAX_DEVICE_MEMORY_GIB)
-    memory_bandwidth_gb_s: Float = Field(gt=0, le=lim.MAX_BANDWIDTH_GB_S)
-    peak_tflops: dict[Precision, Annotated[Float, Field(gt=0, le=lim.MAX_PEAK_TFLOPS)]] = Field(
-        description="Dense peak by compute type."
-    )
-    reserved_memory_gib: Float = Field(
-        default=0.0,
-        ge=0,
-        le=lim.MAX_DEVICE_MEMORY_GIB,
-        description="Memory the framework holds outside the model (CUDA context, "
-        "communication buffers, allocator fragmentation).",
-    )
-    efficiency: DeviceEfficiency = DeviceEfficiency()
-
-    @property
-    def memory_bytes(self) -> float:
-        """Device memory in bytes."""
-        return self.memory_gib * GIB
-
-    @property
-    def memory_bandwidth_bytes_s(self) -> float:
-        """HBM bandwidth in bytes/s."""
-        return self.memory_bandwidth_gb_s * GB
-
-    def peak_flops_per_s(self, precision: Precision) -> float:
-        """Dense peak FLOP/s for ``precision``."""
-        if precision not in self.peak_tflops:
-            raise InputError(
-                f"device {self.name} has no peak_tflops for {precision!r}; "
-                f"it has {sorted(self.peak_tflops)}"
-            )
-        return self.peak_tflops[precision] * 1e12
-
-
-class LinkEfficiency(_Frozen):
-    """Calibration of one network level."""
-
-    bandwidth_fraction: Float = Field(
-        default=1.0, gt=0, le=1, description="Achieved bus bandwidth / nominal, large messages."
-    )
-    source: str | None = None
-
-
-class NetworkLevel(_Frozen):
-    """One level of the network, from the innermost (NVLink in a node) outwards."""
-
-    name: Name
-    domain_devices: Int = Field(
-        gt=0, le=lim.MAX_DEVICES, description="Devices that share this level's domain."
-    )
-    bandwidth_gb_s: Float = Field(
-        gt=0, le=lim.MAX_BANDWIDTH_GB_S, description="Per device, per direction."
-    )
-    latency_us: Float = Field(ge=0, le=lim.MAX_LATENCY_US)
-    oversubscription: Float = Field(
-        default=1.0, ge=1, le=lim.MAX_OVERSUBSCRIPTION,
-        description="Downlink over uplink bandwidth of this level's switches: traffic that "
-        "crosses the level with every device sending at once gets bandwidth_gb_s / this "
-        "(1: non-blocking).",
-    )
-    efficiency: LinkEfficiency = LinkEfficiency()
-
-    @property
-    def bandwidth_bytes_s(self) -> float:
-        """Achieved per-device bandwidth in bytes/s: nominal, times the measured fraction,
-        over the oversubscription (collectives have every device sending at once)."""
-        return (self.bandwidth_gb_s * GB * self.efficiency.bandwidth_fraction
-                / self.oversubscription)  # fmt: skip
-
-    @property
-    def latency_s(self) -> float:
-        """Per-message latency in seconds."""
-        return self.latency_us * 1e-6
-
-
-class HostSpec(_Frozen):
-    """A node's host side: its memory, the link from each device to it, and the bandwidth of
-    the memory the CPU's Adam step streams through (what an offload is priced with)."""
-
-    memory_gib: Float = Field(
-        gt=0, le=lim.MAX_HOST_MEMORY_GIB, description="Host (CPU) memory of one node."
-    )
-    link_bandwidth_gb_s: Float = Field(
-        gt=0, le=lim.MAX_BANDWIDTH_GB_S, description="Device to host bandwidth, per device, "
-        "per direction, with every device of the node copying at once (PCIe 4.0 x16: 31.5; "
-        "PCIe 5.0 x16: 63; NVLink-C2C: 450 per Grace CPU).",
-    )  # fmt: skip
-    memory_bandwidth_gb_s: Float = Field(
-        gt=0, le=lim.MAX_BANDWIDTH_GB_S, description="Host memory bandwidth of one node (all "
-        "its CPUs' channels): the CPU's Adam step is memory-bound, as on the device.",
-    )  # fmt: skip
-    source: str | None = Field(default=None, description="How these values were obtained.")
-
-    @property
-    def memory_bytes(self) -> float:
-        """Host memory of one node in bytes."""
-        return self.memory_gib * GIB
-
-    @property
-    def link_bytes_s(self) -> float:
-        """Device to host bandwidth per device and direction, bytes/s."""
-        return self.link_bandwidth_gb_s * GB
-
-    @property
-    def memory_bandwidth_bytes_s(self) -> float:
-        """Host memory bandwidth of one node, bytes/s."""
-        return self.memory_bandwidth_gb_s * GB
-
-
-class ClusterSpec(_Frozen):
-    """A homogeneous cluster: nodes of identical devices on a multi-level network."""
-
-    name: Name
-    num_nodes: Int = Field(gt=0, le=lim.MAX_DEVICES)
-    devices_per_node: Int = Field(gt=0, le=lim.MAX_DEVICES_PER_NODE)
-    device: DeviceSpec
-    network: tuple[NetworkLevel, ...] = Field(min_length=1)
-    host: HostSpec | None = Field(
-        default=None, description="Each node's host memory and links (needed only to price "
-        "an offload).",
-    )  # fmt: skip
-    notes: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> ClusterSpec:
-        too_many = _too_many_devices(self.num_nodes, self.devices_per_node)
-        if too_many:
-            raise ValueError(too_many)
-        domains = [level.domain_devices for level in self.network]
-        if domains[0] % self.devices_per_node:
-            raise ValueError(
-                f"network[0] ({self.network[0].name}) is the scale-up domain and must hold "
-                f"whole nodes: domain_devices {domains[0]} is not a multiple of "
-                f"devices_per_node {self.devices_per_node}"
-            )
-        for inner, outer in pairwise(domains):
-            if outer <= inner or outer % inner:
-                raise ValueError(
-                    f"network levels must grow outwards by whole multiples: {domains}"
-                )
-        return self
-
-    @property
-    def num_devices(self) -> int:
-        """Devices in the cluster."""
-        return self.num_nodes * self.devices_per_node
-
-    @property
-    def scale_up_devices(self) -> int:
-        """Devices of one domain of the innermost, fastest level: a node of 8 GPUs on NVLink,
-        or a rack of 72 (GB200 NVL72) whose trays of 4 share one NVLink domain."""
-        return self.network[0].domain_devices
-
-    def host_for(self, what: str) -> HostSpec:
-        """The host block, or an :class:`InputError` naming the missing field when ``what``
-        (an offload) needs it."""
-        if self.host is None:
-            raise InputError(f"cluster {self.name}: {what} needs the cluster's host figures: "
-                             f"field 'host' (memory_gib, link_bandwidth_gb_s, "
-                             f"memory_bandwidth_gb_s) is missing")  # fmt: skip
-        return self.host
-
-    def with_nodes(self, num_nodes: int) -> ClusterSpec:
-        """The same cluster type at another size (``--nodes``)."""
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes <= 0:
-            raise InputError(f"--nodes must be a positive integer, got {num_nodes!r}")
-        too_many = _too_many_devices(num_nodes, self.devices_per_node)
-        if too_many:
-            raise InputError(f"--nodes {num_nodes}: {too_many}")
-        return self.model_copy(update={"num_nodes": num_nodes})
-
-
-def _too_many_devices(num_nodes: int, devices_per_node: int) -> str | None:
-    """The message for a cluster above :data:`~planner.spec.limits.MAX_DEVICES`, else None."""
-    devices = num_nodes * devices_per_node
-    if devices <= lim.MAX_DEVICES:
-        return None
-    return (
-        f"num_nodes({num_nodes}) x devices_per_node({devices_per_node}) = {devices} devices is "
-        f"above the limit of {lim.MAX_DEVICES} ({lim.reason('num_devices')})"
-    )

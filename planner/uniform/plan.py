@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from planner.placement.ranks import megatron_order
 from planner.plan.config import ParallelConfig, resolve
+from planner.plan.inputs import cluster_ref, model_ref
 from planner.plan.invariants import check_plan
 from planner.plan.schema import (
     Plan,
@@ -17,8 +18,6 @@ from planner.plan.schema import (
     ScheduleSpec,
     SolverSummary,
     StageParallel,
-    cluster_ref,
-    model_ref,
 )
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate, estimate

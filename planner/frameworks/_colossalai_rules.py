@@ -1,0 +1,344 @@
+"""Colossal-AI's rules: why a configuration cannot be launched, or cannot run as the planner
+prices it, each check citing the Colossal-AI source that establishes it.
+
+Split from :mod:`planner.frameworks.colossalai`, whose profile restricts the search with
+:data:`RULES`; the rules cite hpcaitech/ColossalAI at 4f9953b (main, v0.5.1 + 149 commits).
+"""
+
+from __future__ import annotations
+
+from planner.frameworks._colossalai_models import HF_CLASSES, REPO, Family, family
+from planner.frameworks.base import (
+    Rule,
+    data_parallel_sync,
+    ranks_in_order,
+    unsupported_layers,
+)
+from planner.plan.config import ResolvedConfig
+from planner.spec import ModelSpec
+
+_PLUGIN = f"{REPO} colossalai/booster/plugin/hybrid_parallel_plugin.py"
+_MOE_PLUGIN = f"{REPO} colossalai/booster/plugin/moe_hybrid_parallel_plugin.py"
+
+_RING_ATTENTION: frozenset[Family] = frozenset({"llama", "gpt2"})
+"""Architectures whose attention forward calls ``RingAttention.attention``."""
+_EVERY_LAYER_CHECKPOINTED: frozenset[Family] = frozenset({"gpt2", "mixtral"})
+"""Architectures whose forward checkpoints every layer, ignoring ``num_ckpt_layers_per_stage``."""
+_SPLIT_GATHER_RING: frozenset[Family] = frozenset({"llama", "qwen2", "qwen3"})
+"""Policies that hand the sequence-parallel mode to every projection (so ``ring`` runs)."""
+
+
+# --- checks: why a configuration cannot be launched, or None --------------------------------
+
+
+def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Shardformer needs a policy for the model's Hugging Face class; auto_policy.py has none
+    for Gemma 2/3 or Phi-3, and the classes the planner builds attend globally."""
+    layers = unsupported_layers(model, framework="Colossal-AI's Shardformer policies the "
+                                "planner exports")  # fmt: skip
+    if layers is not None:
+        return layers
+    if family(model) is not None:
+        return None
+    return (f"{model.name}: no Shardformer policy builds this architecture (GPT-2, Llama, Qwen2, "
+            f"Qwen3, Mixtral with experts on every layer and no shared experts, or DeepSeek-V3 "
+            f"with latent attention and experts)")
+
+
+def deepseek_v3_tensor_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The DeepSeek-V3 policy asserts no tensor and no sequence parallelism."""
+    tp = resolved.config.tp
+    if tp == 1 or family(model) != "deepseek_v3":
+        return None
+    return (f"tp({tp}): Colossal-AI's DeepSeek-V3 policy refuses tensor (and sequence) "
+            f"parallelism; it shards experts (ep) and stages (pp) only")
+
+
+def deepseek_v3_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The DeepSeek-V3 forward checkpoints every layer but the model's first."""
+    if resolved.config.recompute == "none" or family(model) != "deepseek_v3":
+        return None
+    return ("recompute with DeepSeek-V3: Colossal-AI's forward checkpoints every layer but the "
+            "model's first (i > 0) and reads no per-stage count, which the planner does not "
+            "price")
+
+
+def zero_stage_3(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The plugin's ZeRO stops at stage 2."""
+    if resolved.config.zero != 3:
+        return None
+    return "ZeRO-3: HybridParallelPlugin takes zero_stage 0, 1 or 2"
+
+
+def zero_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """With a pipeline the plugin allows ZeRO-0 and ZeRO-1 only."""
+    c = resolved.config
+    if c.pp == 1 or c.zero != 2:
+        return None
+    return f"ZeRO-2 with pp({c.pp}): the plugin takes zero_stage 0 or 1 with pipelines"
+
+
+def zero_precision(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ZeRO runs in fp16 or bf16 only."""
+    c = resolved.config
+    if c.zero == 0 or resolved.training.precision != "fp32":
+        return None
+    return f"ZeRO-{c.zero} with fp32: the plugin's ZeRO optimizer takes fp16 or bf16 only"
+
+
+def gpipe(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The plugin's pipeline styles are 1F1B, interleaved 1F1B and zero-bubble V."""
+    c = resolved.config
+    if c.pp == 1 or c.schedule != "gpipe":
+        return None
+    return f"GPipe with pp({c.pp}): Colossal-AI pipelines with 1f1b or interleaved 1F1B only"
+
+
+def zero_bubble(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """There is no ZB-H1 style; ``pp_style="zbv"`` runs the order ``scheduler_nodes`` gives,
+    which ``PipelineGraph.get_v_schedule()`` searches for from profiled pass costs and a
+    memory limit, not PyTorch's fixed ZB-V order that the planner prices."""
+    c = resolved.config
+    if c.pp == 1 or c.schedule not in ("zb-h1", "zb-v"):
+        return None
+    if c.schedule == "zb-h1":
+        return (f"zb-h1 with pp({c.pp}): Colossal-AI's pipeline styles are 1f1b, interleaved "
+                f"and zbv")
+    return (f"zb-v with pp({c.pp}): Colossal-AI's zbv runs the order PipelineGraph searches "
+            f"for from measured pass costs, not the fixed ZB-V order the planner prices")
+
+
+def interleaved_uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """num_layers_per_stage takes one count per rank but is read per model chunk: with
+    interleaving only the default even split runs."""
+    c, layers = resolved.config, resolved.stage_layers
+    if c.vpp == 1 or len(set(layers)) <= 1:
+        return None
+    return (f"interleaving (vpp={c.vpp}) with stages of {list(layers)} layers: Colossal-AI "
+            f"splits interleaved pipelines evenly only (num_layers_per_stage must have pp "
+            f"entries but is indexed per model chunk)")  # fmt: skip
+
+
+def selective_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Gradient checkpointing recomputes whole decoder layers."""
+    if resolved.config.recompute != "selective":
+        return None
+    return ("selective recompute: Colossal-AI checkpoints whole decoder layers; it cannot "
+            "recompute core attention alone")
+
+
+def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Some layers per (virtual) stage checkpoint only under pipelines (the count is read
+    through the stage manager) and only where the modeling reads the count."""
+    n, fam = resolved.config.recompute_layers, family(model)
+    if n is None:
+        return None
+    if resolved.config.pp == 1:
+        return (f"recompute_layers({n}) without a pipeline: Colossal-AI reads the count per "
+                f"stage through the pipeline's stage manager")
+    if fam in _EVERY_LAYER_CHECKPOINTED:
+        return (f"recompute_layers({n}): {HF_CLASSES[fam]}'s Colossal-AI forward checkpoints "
+                f"every layer; it reads no count")
+    return None
+
+
+def ring_attention_model(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Ring attention runs in the Llama and GPT-2 attention forwards only."""
+    cp, fam = resolved.config.cp, family(model)
+    if cp == 1 or fam is None or fam in _RING_ATTENTION:
+        return None
+    return (f"cp({cp}): Colossal-AI's ring attention (ring_attn) runs in the Llama and GPT-2 "
+            f"attention only, not in {HF_CLASSES[fam]}'s")
+
+
+def ring_attention_with_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """One sequence-parallel mode at a time: ring_attn or split_gather, not both."""
+    c = resolved.config
+    if c.cp == 1 or not resolved.sp:
+        return None
+    return (f"cp({c.cp}) with sp: the plugin runs one sequence_parallelism_mode, ring_attn for "
+            f"cp or split_gather for sp, not both")  # fmt: skip
+
+
+def ring_attention_unfused(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """ring_attn switches flash attention on."""
+    c = resolved.config
+    if c.cp == 1 or c.flash_attention:
+        return None
+    return f"cp({c.cp}) without flash attention: Colossal-AI's ring attention is flash attention"
+
+
+def moe_zero_2(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """MoeHybridParallelPlugin turns ZeRO-2 into ZeRO-1."""
+    if model.moe is None or resolved.config.zero != 2:
+        return None
+    return "ZeRO-2 with experts: MoeHybridParallelPlugin turns zero_stage 2 into 1"
+
+
+def moe_grad_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """MoeHybridParallelPlugin turns overlap_communication off."""
+    c = resolved.config
+    if (model.moe is None or c.zero == 0 or not c.overlap_grad_reduce
+            or not data_parallel_sync(resolved)):  # fmt: skip
+        return None
+    return ("overlap_grad_reduce with experts: MoeHybridParallelPlugin turns "
+            "overlap_communication off (it can hang when an expert gets no tokens)")
+
+
+def moe_ring_attention(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """MoeHybridParallelPlugin has no ring_attn mode."""
+    cp = resolved.config.cp
+    if model.moe is None or cp == 1:
+        return None
+    return f"cp({cp}) with experts: MoeHybridParallelPlugin has no ring_attn mode"
+
+
+def moe_sequence_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Mixtral's policy builds its projections without the sequence-parallel mode and refuses
+    it with pipelines."""
+    if model.moe is None or not resolved.sp:
+        return None
+    return ("sp with experts: Colossal-AI's Mixtral policy does not run Megatron-style "
+            "sequence parallelism (its projections get no sequence-parallel mode, and it "
+            "refuses sequence parallelism with pipelines)")
+
+
+def moe_ddp_with_ep(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Without ZeRO or pipelines the MoE plugin wraps the model in DDP, which cannot reduce
+    experts over their own (smaller) data-parallel group."""
+    c = resolved.config
+    if model.moe is None or c.zero > 0 or c.pp > 1 or c.ep == 1 or resolved.dp == 1:
+        return None
+    return (f"zero(0) without pipelines and ep({c.ep}): MoeHybridParallelPlugin then uses "
+            f"PyTorch DDP, which refuses experts reduced over dp({resolved.dp}) / ep({c.ep})")
+
+
+def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """TP overlap is the ``ring`` mode, which only the Llama and Qwen policies run."""
+    c = resolved.config
+    if not c.tp_comm_overlap or c.tp == 1 or family(model) in _SPLIT_GATHER_RING:
+        return None
+    return (f"tp_comm_overlap with tp({c.tp}): Colossal-AI overlaps TP communication with the "
+            f"GEMMs in sequence_parallelism_mode 'ring', which the Llama and Qwen policies run "
+            f"and this model's does not")  # fmt: skip
+
+
+def pipeline_send_without_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Stages send their whole output: without sp every TP rank sends the full hidden state,
+    where the planner prices a 1/tp slice and an all-gather (or, with sp, the shard)."""
+    c = resolved.config
+    if c.pp == 1 or c.tp == 1 or resolved.sp:
+        return None
+    return (f"pp({c.pp}) with tp({c.tp}) and no sp: Colossal-AI's stages send the whole hidden "
+            f"state from every TP rank, not a 1/tp slice gathered after the send")
+
+
+def grad_overlap_with_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """With pipelines the plugin reduces gradients after the whole schedule."""
+    c = resolved.config
+    if c.pp == 1 or not c.overlap_grad_reduce or not data_parallel_sync(resolved):
+        return None
+    return (f"overlap_grad_reduce with pp({c.pp}): Colossal-AI reduces gradients after the "
+            f"pipeline schedule, not during the last backward")
+
+
+def ddp_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Without ZeRO or pipelines the plugin is PyTorch DDP, whose bucketed all-reduce always
+    overlaps the backward."""
+    c = resolved.config
+    if c.zero > 0 or c.pp > 1 or c.overlap_grad_reduce or not data_parallel_sync(resolved):
+        return None
+    return ("zero(0) without pipelines is PyTorch DDP, which always overlaps its gradient "
+            "all-reduce with the backward: overlap_grad_reduce is off")
+
+
+def sequence_parallel_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """split_gather cuts the sequence evenly over the TP group."""
+    tp, seq = resolved.config.tp, resolved.training.seq_length
+    if not resolved.sp or seq % tp == 0:
+        return None
+    return f"sequence parallelism: seq_len({seq}) is not divisible by tp({tp})"
+
+
+def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``dp_outside=False`` numbers ranks tp fastest, then cp (sp_size), dp, pp."""
+    c = resolved.config
+    if ranks_in_order(resolved, ("tp", "cp", "dp", "pp")):
+        return None
+    return f"rank_order {c.rank_order!r}: Colossal-AI numbers ranks tp, then cp, dp, pp"
+
+
+def ulysses_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Colossal-AI's all-to-all sequence parallelism (``sequence_parallelism_mode=
+    "all_to_all"``) is not written by this launcher, which writes ring attention."""
+    c = resolved.config
+    if c.cp == 1 or c.cp_algo != "ulysses":
+        return None
+    return (f"cp({c.cp}) as Ulysses all-to-alls: Colossal-AI's all_to_all mode is not written "
+            f"by the planner's Colossal-AI launch yet; ring_attn is")
+
+
+
+def optimizer_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``HybridParallelPlugin(cpu_offload=True)`` hands the offload to its ZeRO optimizer,
+    whose CPU step is not the pipelined one the planner prices; not written yet."""
+    if resolved.config.offload == "none":
+        return None
+    return ("optimizer offload: Colossal-AI's cpu_offload (its ZeRO optimizer's) is not "
+            "priced; Megatron-LM's pipelined offload is")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(name="architecture", check=architecture,
+         source=f"{REPO} colossalai/shardformer/policies/auto_policy.py:59-229"),
+    Rule(name="deepseek-v3-tensor-parallel", check=deepseek_v3_tensor_parallel,
+         source=f"{REPO} colossalai/shardformer/policies/deepseek_v3.py:18-22"),
+    Rule(name="deepseek-v3-recompute", check=deepseek_v3_recompute,
+         source=f"{REPO} colossalai/shardformer/modeling/deepseek_v3.py:245-254"),
+    Rule(name="zero-3", check=zero_stage_3, source=f"{_PLUGIN}:1122"),
+    Rule(name="zero-2-with-pipeline", check=zero_with_pipeline, source=f"{_PLUGIN}:1134-1136"),
+    Rule(name="zero-precision", check=zero_precision, source=f"{_PLUGIN}:1361"),
+    Rule(name="gpipe", check=gpipe, source=f"{_PLUGIN}:1124"),
+    Rule(name="zero-bubble", check=zero_bubble,
+         source=f"{_PLUGIN}:1056-1058; {_PLUGIN}:1124; {_PLUGIN}:1169-1175; "
+                f"{REPO} colossalai/pipeline/schedule/v_schedule.py:46-60"),
+    Rule(name="interleaved-uneven-split", check=interleaved_uneven_split,
+         source=f"{REPO} colossalai/pipeline/stage_manager.py:41-42; "
+                f"colossalai/pipeline/stage_manager.py:100-102"),
+    Rule(name="selective-recompute", check=selective_recompute,
+         source=f"{REPO} colossalai/shardformer/modeling/llama.py:183-209"),
+    Rule(name="partial-recompute", check=partial_recompute,
+         source=f"{REPO} colossalai/shardformer/modeling/llama.py:183-199; "
+                f"colossalai/shardformer/shard/grad_ckpt_config.py:67-78; "
+                f"colossalai/shardformer/modeling/gpt2.py:267; "
+                f"colossalai/shardformer/modeling/mixtral.py:364"),
+    Rule(name="ring-attention-model", check=ring_attention_model,
+         source=f"{REPO} colossalai/shardformer/modeling/llama.py:555; "
+                f"colossalai/shardformer/modeling/gpt2.py:864"),
+    Rule(name="ring-attention-with-sp", check=ring_attention_with_sp,
+         source=f"{_PLUGIN}:1059-1087"),
+    Rule(name="ring-attention-unfused", check=ring_attention_unfused,
+         source=f"{_PLUGIN}:1080-1081"),
+    Rule(name="moe-zero-2", check=moe_zero_2, source=f"{_MOE_PLUGIN}:227-233"),
+    Rule(name="moe-grad-overlap", check=moe_grad_overlap, source=f"{_MOE_PLUGIN}:227-233"),
+    Rule(name="moe-ring-attention", check=moe_ring_attention, source=f"{_MOE_PLUGIN}:240-262"),
+    Rule(name="moe-sequence-parallel", check=moe_sequence_parallel,
+         source=f"{REPO} colossalai/shardformer/policies/mixtral.py:70-74; "
+                f"colossalai/shardformer/policies/mixtral.py:121-150"),
+    Rule(name="moe-ddp-with-ep", check=moe_ddp_with_ep, source=f"{_MOE_PLUGIN}:438-455"),
+    Rule(name="tp-comm-overlap", check=tp_comm_overlap,
+         source=f"{REPO} colossalai/shardformer/layer/linear.py:344-352; "
+                f"colossalai/shardformer/policies/gpt2.py:57-61"),
+    Rule(name="pipeline-send-without-sp", check=pipeline_send_without_sp,
+         source=f"{REPO} colossalai/pipeline/p2p.py:594-614"),
+    Rule(name="grad-overlap-with-pipeline", check=grad_overlap_with_pipeline,
+         source=f"{_PLUGIN}:1404-1434"),
+    Rule(name="ddp-overlap", check=ddp_overlap, source=f"{_PLUGIN}:1311-1313"),
+    Rule(name="sp-sequence-split", check=sequence_parallel_split,
+         source=f"{REPO} colossalai/shardformer/layer/_operation.py:1191-1202"),
+    Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
+         source=f"{_PLUGIN}:48, 1077"),
+    Rule(name="rank-order", check=rank_order, source=f"{_PLUGIN}:1110-1117"),
+    Rule(name="optimizer-offload", check=optimizer_offload, source=f"{_PLUGIN}:1093, 1247"),
+)  # fmt: skip
+"""Everything Colossal-AI refuses, or cannot run as the planner prices it."""

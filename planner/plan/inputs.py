@@ -1,0 +1,84 @@
+"""Which inputs a plan was made for: the hashes that name a model or cluster, the references a
+plan keeps to them, and the check that refuses another model or cluster beside a plan.
+
+Split from :mod:`planner.plan.schema`, whose :class:`~planner.plan.schema.InputRef` and
+:class:`~planner.plan.schema.ClusterRef` these fill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from planner.errors import InputError
+from planner.plan.schema import ClusterRef, InputRef, Plan
+from planner.spec import ClusterSpec, ModelSpec
+
+
+def input_hash(spec: ModelSpec | ClusterSpec) -> str:
+    """SHA-256 of an input's canonical JSON (so a plan names exactly what it was made for)."""
+    return _sha256(spec.model_dump(mode="json"))
+
+
+def _sha256(dumped: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()
+
+
+UNPRICED_LATER_FIELDS = frozenset({"rotary_base", "rope_scaling", "norm_epsilon"})
+"""ModelSpec fields added after plans of schema 5 were first written (issue 25) that change no
+price: a plan made before them hashed the model without them, whatever their values."""
+PRICED_LATER_FIELDS = frozenset({"sliding_window", "attn_logit_softcapping",
+                                 "final_logit_softcapping", "post_norms", "scale_embeddings"})
+"""ModelSpec fields added likewise that change the price: a plan made before them names the
+model only while they are at their defaults (no model had them then)."""
+LATER_MOE_FIELDS = frozenset({"router_score_function", "router_topk_normalized",
+                              "router_topk_scaling_factor", "router_num_groups",
+                              "router_group_topk", "router_aux_loss_coeff"})  # fmt: skip
+"""MoESpec fields added likewise (the router's settings, unpriced)."""
+
+
+def model_hashes(model: ModelSpec) -> frozenset[str]:
+    """The hashes a plan may name ``model`` by: its canonical JSON's, and, while the priced
+    fields added since are at their defaults, the JSON older plans hashed (without the
+    fields of :data:`UNPRICED_LATER_FIELDS`, :data:`PRICED_LATER_FIELDS` and
+    :data:`LATER_MOE_FIELDS`)."""
+    current = input_hash(model)
+    fields = type(model).model_fields
+    if any(getattr(model, name) != fields[name].default for name in PRICED_LATER_FIELDS):
+        return frozenset({current})
+    data = model.model_dump(mode="json", exclude=set(UNPRICED_LATER_FIELDS | PRICED_LATER_FIELDS))
+    if data.get("moe") is not None:
+        data["moe"] = {k: v for k, v in data["moe"].items() if k not in LATER_MOE_FIELDS}
+    return frozenset({current, _sha256(data)})
+
+
+def check_inputs(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec, *, model_label: str | None = None,
+    cluster_label: str | None = None,
+) -> None:  # fmt: skip
+    """Refuse a model or cluster that is not the one ``plan`` was made for (the cluster at the
+    plan's size), naming it by its label (a file, say) or else its name."""
+    if plan.model.sha256 not in model_hashes(model):
+        raise InputError(f"{model_label or 'the model ' + model.name} is not the model the plan "
+                         f"was made for ({plan.model.name}, sha256 {plan.model.sha256[:12]})")
+    resized = cluster.model_copy(update={"num_nodes": plan.cluster.num_nodes})
+    if input_hash(resized) != plan.cluster.sha256:
+        raise InputError(f"{cluster_label or 'the cluster ' + cluster.name} is not the cluster "
+                         f"the plan was made for ({plan.cluster.name}, sha256 "
+                         f"{plan.cluster.sha256[:12]})")  # fmt: skip
+
+
+def model_ref(model: ModelSpec) -> InputRef:
+    """The reference a plan keeps to its model."""
+    return InputRef(name=model.name, sha256=input_hash(model))
+
+
+def cluster_ref(cluster: ClusterSpec) -> ClusterRef:
+    """The reference a plan keeps to its cluster."""
+    return ClusterRef(name=cluster.name, sha256=input_hash(cluster),
+                      num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
+                      device=cluster.device.name,
+                      device_memory_gib=cluster.device.memory_gib,
+                      scale_up_devices=(cluster.scale_up_devices
+                                        if cluster.scale_up_devices > cluster.devices_per_node
+                                        else None))  # fmt: skip

@@ -1,0 +1,183 @@
+"""The Hugging Face readers of the mixture-of-experts families: Mixtral, Qwen2-MoE, Qwen3-MoE and
+DeepSeek-V3 (with its multi-head latent attention). Each maps one ``model_type``'s
+``config.json`` onto :class:`~planner.spec.ModelSpec` fields, placing the sparse layers as
+``transformers`` does where ModelSpec can say so.
+
+Split from :mod:`planner.spec.hf`, whose entry point dispatches through :data:`MOE_READERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from planner.spec._hf_config import (
+    HFConfig,
+    gated_activation,
+    reject_attention_bias,
+    rope_and_norm,
+    rope_decoder,
+)
+from planner.spec.messages import short_repr
+
+
+def _mixtral(cfg: HFConfig) -> dict[str, Any]:
+    fields = rope_decoder(cfg)
+    # In Mixtral intermediate_size is the width of each expert; every layer is sparse.
+    fields["moe"] = {
+        "num_experts": cfg.need_int("num_local_experts"),
+        "top_k": cfg.need_int("num_experts_per_tok"),
+        "ffn_hidden_size": fields["ffn_hidden_size"],
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
+    }
+    return fields
+
+
+def _qwen2_moe(cfg: HFConfig) -> dict[str, Any]:
+    # Not modelled: the shared expert's sigmoid gate, a hidden_size x 1 weight per MoE layer.
+    fields = {**rope_decoder(cfg), "qkv_bias": True}
+    shared = cfg.need_int("shared_expert_intermediate_size")
+    experts: dict[str, Any] = {
+        "num_experts": cfg.need_int("num_experts"),
+        "top_k": cfg.need_int("num_experts_per_tok"),
+        "ffn_hidden_size": cfg.need_int("moe_intermediate_size"),
+        "router_topk_normalized": cfg.get_bool("norm_topk_prob", False),
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
+    }
+    if shared:
+        experts |= {"shared_experts": 1, "shared_ffn_hidden_size": shared}
+    fields["moe"] = _qwen_moe(cfg, fields["num_layers"], experts)
+    return fields
+
+
+def _qwen3_moe(cfg: HFConfig) -> dict[str, Any]:
+    reject_attention_bias(cfg)
+    fields = {**rope_decoder(cfg), "qk_layernorm": True}
+    experts = {
+        "num_experts": cfg.need_int("num_experts"),
+        "top_k": cfg.need_int("num_experts_per_tok"),
+        "ffn_hidden_size": cfg.need_int("moe_intermediate_size"),
+        # transformers' Qwen3MoeConfig defaults norm_topk_prob to false; the released
+        # checkpoints' configs set it true.
+        "router_topk_normalized": cfg.get_bool("norm_topk_prob", False),
+        "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
+    }
+    fields["moe"] = _qwen_moe(cfg, fields["num_layers"], experts)
+    return fields
+
+
+def _deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
+    # The multi-token-prediction module (num_nextn_predict_layers) is left out on purpose: it is
+    # an extra training-time layer, and the published 671B total excludes it.
+    reject_attention_bias(cfg)
+    gated_activation(cfg)
+    num_layers = cfg.need_int("num_hidden_layers")
+    if "q_lora_rank" not in cfg.data:  # null is valid (no query compression), absent is not
+        raise cfg.fail("required key 'q_lora_rank' is missing")
+    return {
+        "num_layers": num_layers,
+        "hidden_size": cfg.need_int("hidden_size"),
+        "num_attention_heads": cfg.need_int("num_attention_heads"),
+        "ffn_hidden_size": cfg.need_int("intermediate_size"),
+        "vocab_size": cfg.need_int("vocab_size"),
+        "max_position_embeddings": cfg.need_int("max_position_embeddings"),
+        "activation": "swiglu",
+        "normalization": "rmsnorm",
+        "position_embedding": "rope",
+        "tie_word_embeddings": cfg.get_bool("tie_word_embeddings", False),
+        "bias": False,
+        "attention_dropout": cfg.get_float("attention_dropout", 0.0),
+        **rope_and_norm(cfg),
+        "mla": {
+            "q_lora_rank": cfg.get_int("q_lora_rank", None),
+            "kv_lora_rank": cfg.need_int("kv_lora_rank"),
+            "qk_nope_head_dim": cfg.need_int("qk_nope_head_dim"),
+            "qk_rope_head_dim": cfg.need_int("qk_rope_head_dim"),
+            "v_head_dim": cfg.need_int("v_head_dim"),
+        },
+        "moe": _deepseek_moe(cfg, num_layers),
+    }
+
+
+def _deepseek_moe(cfg: HFConfig, num_layers: int) -> dict[str, Any] | None:
+    # transformers makes layer i sparse when i >= first_k_dense_replace and
+    # i % moe_layer_freq == 0, so the first sparse layer is first_k rounded up to the frequency.
+    routed = cfg.get_int("n_routed_experts", None)
+    if routed is None:
+        return None
+    freq = cfg.positive_int("moe_layer_freq", 1)
+    first_k = cfg.need_int("first_k_dense_replace")
+    first_sparse = -(-max(first_k, 0) // freq) * freq
+    layout = (first_sparse, freq) if first_sparse < num_layers else None
+    expert_width = cfg.need_int("moe_intermediate_size")
+    shared = cfg.get_int("n_shared_experts", 0) or 0
+    experts: dict[str, Any] = {
+        "num_experts": routed,
+        "top_k": cfg.need_int("num_experts_per_tok"),
+        "ffn_hidden_size": expert_width,
+        # Aux-loss-free balancing learns a per-expert bias on the routing scores.
+        "router_expert_bias": cfg.get_str("topk_method", "") == "noaux_tc",
+        **_deepseek_router(cfg),
+    }
+    if shared:
+        # DeepSeek fuses its shared experts into one MLP of n_shared_experts x the expert width.
+        experts |= {"shared_experts": shared, "shared_ffn_hidden_size": shared * expert_width}
+    return _moe_fields(layout, experts)
+
+
+def _deepseek_router(cfg: HFConfig) -> dict[str, Any]:
+    """Sigmoid (or softmax) scores, renormalized and scaled top-k weights, and group-limited
+    routing, at transformers' DeepseekV3Config defaults (it hard-codes sigmoid scores; the
+    released config says scoring_func)."""
+    score = cfg.get_str("scoring_func", "sigmoid")
+    if score not in ("softmax", "sigmoid"):
+        raise cfg.fail(f"scoring_func {short_repr(score)} is not supported; supported: "
+                       f"sigmoid, softmax")  # fmt: skip
+    groups, chosen = cfg.positive_int("n_group", 8), cfg.positive_int("topk_group", 4)
+    grouped = {"router_num_groups": groups, "router_group_topk": chosen} if groups > 1 else {}
+    return {"router_score_function": score,
+            "router_topk_normalized": cfg.get_bool("norm_topk_prob", True),
+            "router_topk_scaling_factor": cfg.get_float("routed_scaling_factor", 2.5),
+            **grouped}  # fmt: skip
+
+
+def _qwen_moe_layout(cfg: HFConfig, num_layers: int) -> tuple[int, int] | None:
+    """(first_dense_layers, layer_freq) for Qwen's MoE placement, or None without MoE layers.
+
+    transformers makes layer i sparse when ``(i + 1) % decoder_sparse_step == 0`` and i is not
+    in ``mlp_only_layers``. ModelSpec can express that only if ``mlp_only_layers`` removes a
+    leading run of the would-be MoE layers.
+    """
+    step = cfg.positive_int("decoder_sparse_step", 1)
+    candidates = range(step - 1, num_layers, step)
+    dense_only = set(cfg.get_int_list("mlp_only_layers"))
+    removed = sorted(i for i in dense_only if i in candidates)
+    if removed != list(candidates[: len(removed)]):
+        raise cfg.fail(
+            f"mlp_only_layers {sorted(dense_only)} cannot be expressed: ModelSpec only allows "
+            "dense layers as a prefix (first_dense_layers) followed by evenly spaced MoE layers"
+        )
+    sparse = candidates[len(removed) :]
+    return (sparse[0], step) if sparse else None
+
+
+def _qwen_moe(cfg: HFConfig, num_layers: int, experts: dict[str, Any]) -> dict[str, Any] | None:
+    if experts["num_experts"] == 0:  # transformers builds no sparse layer then
+        return None
+    return _moe_fields(_qwen_moe_layout(cfg, num_layers), experts)
+
+
+def _moe_fields(layout: tuple[int, int] | None, experts: dict[str, Any]) -> dict[str, Any] | None:
+    if layout is None:
+        return None
+    first_dense, freq = layout
+    return {**experts, "first_dense_layers": first_dense, "layer_freq": freq}
+
+
+MOE_READERS: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
+    "deepseek_v3": _deepseek_v3,
+    "mixtral": _mixtral,
+    "qwen2_moe": _qwen2_moe,
+    "qwen3_moe": _qwen3_moe,
+}
+"""The reader of each mixture-of-experts ``model_type``."""
