@@ -40,8 +40,20 @@ def _rates(step: Text, p: Estimate | Predicted, *more: str) -> Clauses:
     """The step and the rates, ``|`` between them, a line broken only between two."""
     return Clauses([step, f"{p.tokens_per_s:,.0f} tokens/s",
                     f"model {p.model_tflops_per_gpu:.1f} TFLOP/s/GPU (hardware "
-                    f"{p.hardware_tflops_per_gpu:.1f})", f"MFU {100 * p.mfu:.1f} %", *more],
+                    f"{p.hardware_tflops_per_gpu:.1f})", mfu_text(p.mfu), *more],
                    sep=" | ", tail="")  # fmt: skip
+
+
+def mfu_text(mfu: float) -> str:
+    """``MFU 58.7 %``; past 100 % it says why: model FLOPs count every attention score
+    (:func:`planner.cost.throughput`, the convention MFU is published in), which a causal
+    kernel halves, so at long sequences they exceed what the device can execute.
+
+    >>> mfu_text(0.587), mfu_text(1.153)
+    ('MFU 58.7 %', 'MFU 115.3 % (counting full attention; causal kernels run half)')
+    """
+    why = " (counting full attention; causal kernels run half)" if mfu > 1 else ""
+    return f"MFU {100 * mfu:.1f} %{why}"
 
 
 def estimate_tables(
