@@ -241,3 +241,24 @@ def test_a_file_of_something_else_is_one_line(tmp_path: Path) -> None:
     path.write_text(json.dumps([{"model": "a", "params": 1}, {"model": "b", "params": 2}]))
     assert load_runs_noting(path).skipped == \
         ["counts.json: all 2 records: required field 'measured' is missing"]
+
+
+def test_a_file_that_is_not_runs_is_listed_beside_others(tmp_path: Path) -> None:
+    """Given with other files (``validate ../shared/validation/h100/*``), a file that is not
+    JSON or not a list of records (a benchmark's, a cluster's) is listed with why and the rest
+    is priced; given alone, it is the error (exit 2, as before)."""
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"name": "c"}))
+    lines = tmp_path / "gemms.jsonl"
+    lines.write_text('{"m": 1}\n{"m": 2}\n')
+    good = _records(tmp_path)
+    loaded = load_runs_noting(good, cluster, lines)
+    assert loaded.skipped[-2:] == [
+        "cluster.json: expected a JSON list of run records, got a JSON dict",
+        "gemms.jsonl: invalid JSON at line 2, column 1: Extra data"]
+    assert len(loaded.runs) == 2  # the good record and odd-split, which pricing refuses
+    done = _planner("validate", good, cluster, lines)
+    assert done.returncode == 0, done.stderr
+    assert "- cluster.json: expected a JSON list of run records" in done.stdout
+    with pytest.raises(PlannerError, match="expected a JSON list of run records"):
+        load_runs_noting(cluster)

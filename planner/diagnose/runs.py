@@ -159,14 +159,22 @@ def load_runs_noting(*paths: str | Path, any_device: bool = False) -> LoadedRuns
 
     A record that cannot be read (a missing or malformed field, a GPU, framework or
     configuration this reader refuses) is left out with the refusal, not the end of the
-    reading: one hand-edited record must not hide the others. A file that is not a list of
-    records is an error."""
+    reading: one hand-edited record must not hide the others. A file that is not JSON, or not
+    a list of records (a benchmark's or a cluster's file given with the runs), is left out
+    likewise when other files were given; alone, it is the error."""
     runs: list[CalibrationRun] = []
     skipped: list[str] = []
     for path in paths:
-        records = read_json(Path(path))
-        if not isinstance(records, list):
-            raise InputError(f"{path}: expected a JSON list of run records")
+        try:
+            records = read_json(Path(path))
+            if not isinstance(records, list):
+                raise InputError(f"{path}: expected a JSON list of run records, got a JSON "
+                                 f"{type(records).__name__}")  # fmt: skip
+        except InputError as error:
+            if len(paths) == 1:
+                raise
+            skipped.append(f"{Path(path).name}: {str(error).removeprefix(f'{path}: ')}")
+            continue
         left: list[tuple[str, str]] = []  # this file's records left out: name, why
         for index, record in enumerate(records):
             read = _read_record(record, path, index, any_device=any_device)
