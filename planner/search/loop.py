@@ -108,14 +108,15 @@ def evaluate(
     options = {kind: kind_options(ctx, kind, c) for kind in held}
     if not all(options.values()):
         return None
-    if options_bound_s(c, kinds, options, send_s=send) >= bound_s:
-        return None
     device = ctx.cluster.device
     usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
+    stage_bytes = usable - device.reserved_memory_gib * GIB
+    if options_bound_s(c, kinds, options, send_s=send, in_flight=min(in_flight),
+                       memory_bytes=stage_bytes) >= bound_s:  # fmt: skip
+        return None
     table = stage_table(
         kinds, options, in_flight=in_flight, fixed_latency_s=[send] * p,
-        allowed=_whole_chunks(n, p, c.vpp) if c.vpp > 1 else None,
-        memory_bytes=usable - device.reserved_memory_gib * GIB,
+        allowed=_whole_chunks(n, p, c.vpp) if c.vpp > 1 else None, memory_bytes=stage_bytes,
     )  # fmt: skip
     try:
         split = split_layers(table.latency, c.num_microbatches)
@@ -149,18 +150,35 @@ def evaluate(
 
 
 def options_bound_s(
-    c: Candidate, kinds: list[str], options: dict[str, list[LayerOption]], *, send_s: float
-) -> float:
+    c: Candidate, kinds: list[str], options: dict[str, list[LayerOption]], *, send_s: float,
+    in_flight: float | None = None, memory_bytes: float = float("inf"),
+) -> float:  # fmt: skip
     """A lower bound on the step of ``c``'s plans: every layer at its fastest option whatever
     its memory, the stages' sends, and the slowest stage no faster than an equal share
-    (:func:`planner.cost.fill_and_drain` grows with the slowest stage), less
-    :data:`BOUND_SLACK`: the options amortise the once-per-step sync over the microbatches
-    where the composer prices it exactly (its step came up to 0.1 % below the options' on
-    Llama 3 8B at 8K tokens on 16 H100)."""
+    (:func:`planner.cost.fill_and_drain` grows with the slowest stage and with their sum).
+
+    With ``in_flight`` (the fewest microbatches a stage holds) and ``memory_bytes`` (what a
+    stage may use), and one decoder layer kind: some stage holds at least ``ceil(n / p)``
+    layers, all of one sharding, so the slowest stage is no faster than that many layers of
+    the fastest option whose states and kept activations fit that many times.
+
+    Less :data:`BOUND_SLACK`: the options amortise the once-per-step sync over the
+    microbatches where the composer prices it exactly (its step came up to 0.1 % below the
+    options' on Llama 3 8B at 8K tokens on 16 H100)."""
+    p = c.num_stages
     fastest = {kind: min(o.latency_s for o in kept) for kind, kept in options.items()}
     total_s = (sum(fastest[kind] for kind in kinds) + fastest["embedding"] + fastest["head"]
-               + c.num_stages * send_s)  # fmt: skip
-    step_s, _ = cost.fill_and_drain(sum_s=total_s, max_s=total_s / c.num_stages,
+               + p * send_s)  # fmt: skip
+    slowest_s = total_s / p
+    if in_flight is not None and len(set(kinds)) == 1:
+        most = -(-len(kinds) // p)
+        fitting = [o.latency_s for o in options[kinds[0]]
+                   if most * (o.state_bytes + in_flight * o.kept_bytes) + o.working_bytes
+                   <= memory_bytes]  # fmt: skip
+        if fitting:
+            slowest_s = max(slowest_s, most * min(fitting) + send_s)
+            total_s = max(total_s, slowest_s)
+    step_s, _ = cost.fill_and_drain(sum_s=total_s, max_s=slowest_s,
                                     num_microbatches=c.num_microbatches, vpp=c.vpp)  # fmt: skip
     return float(step_s) * (1 - BOUND_SLACK)
 
