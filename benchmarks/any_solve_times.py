@@ -13,6 +13,7 @@ Run from the repository root:
 
     python benchmarks/any_solve_times.py                    # a few minutes on 2 cores
     python benchmarks/any_solve_times.py --only llama3-8b   # one instance (a name's substring)
+    python benchmarks/any_solve_times.py --skip deepseek --skip DeepSeek
     python benchmarks/any_solve_times.py --frameworks       # also every framework's solve
 """
 
@@ -91,10 +92,12 @@ def _solve(case: Instance, framework: str) -> tuple[float | None, str, float, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="A substring of the names; repeatable.")
+    parser.add_argument("--skip", action="append", help="A substring of the names to leave out.")
     parser.add_argument("--frameworks", action="store_true",
                         help="Also solve for every framework and check any <= the best.")
     args = parser.parse_args()
-    cases = [c for c in instances() if not args.only or any(o in c.name for o in args.only)]
+    cases = [c for c in instances() if (not args.only or any(o in c.name for o in args.only))
+             and not any(s in c.name for s in args.skip or ())]  # fmt: skip
     print("| instance | devices | any step s | plan | wall s | CPU s | best framework s |")
     print("|---|---|---|---|---|---|---|")
     slow, worse = [], []

@@ -86,3 +86,49 @@ def test_any_space_contains_every_framework_space(name: str, devices: int,
         space = grid_space(model, cluster, SolveOptions(framework=framework, **run))
         missing = [c for c in space if _twin(c) not in union]
         assert not missing, (framework, missing[:1])
+
+
+def test_candidate_bound_is_below_every_plan_it_would_cut() -> None:
+    """The bound that drops a candidate before its stage table (its layers' fastest options,
+    the busiest stage's memory counted) is at most the step of the plan the candidate
+    yields, on every candidate of Llama 3 8B at 8K tokens on 8 H100 (where memory binds)."""
+    from planner import cost
+    from planner.options import training_of
+    from planner.placement.ranks import PipelinePlacement
+    from planner.search import loop
+    from planner.search.layers import (
+        SearchContext,
+        SearchState,
+        decoder_kinds,
+        kind_options,
+        pipeline_send_s,
+    )
+    from planner.search.space import candidates
+    from planner.sharding.layout import LogicalMesh
+    from planner.vocabulary import GIB
+
+    model, cluster = load("llama3-8b"), nodes(8)
+    options = SolveOptions(framework="any", seq_length=8192, global_batch_size=64)
+    training, kinds = training_of(model, options), decoder_kinds(model)
+    ctx = SearchContext(model=model, cluster=cluster, training=training, options=options,
+                        state=SearchState())  # fmt: skip
+    device = cluster.device
+    stage_bytes = (device.memory_bytes - options.margin_bytes(device.memory_gib)
+                   - device.reserved_memory_gib * GIB)  # fmt: skip
+    checked = 0
+    for c in candidates(model, cluster, training, options):
+        found = loop.evaluate(ctx, c, kinds)
+        if found is None:
+            continue
+        held = {k: kind_options(ctx, k, c) for k in (*dict.fromkeys(kinds), "embedding", "head")}
+        near = PipelinePlacement(mesh=LogicalMesh(c.mesh), num_stages=c.num_stages,
+                                 replicas=c.replicas, order="stages-inner")  # fmt: skip
+        in_flight = min(cost.in_flight_microbatches("1f1b", stage=i, pp=c.num_stages, vpp=c.vpp,
+                                                    num_microbatches=c.num_microbatches)
+                        for i in range(c.num_stages))  # fmt: skip
+        bound = loop.options_bound_s(c, kinds, held,
+                                     send_s=pipeline_send_s(ctx, c, near.pipeline_distance),
+                                     in_flight=in_flight, memory_bytes=stage_bytes)  # fmt: skip
+        assert bound <= found.step.step_s, c
+        checked += 1
+    assert checked > 10
