@@ -239,3 +239,20 @@ def test_sequence_parallel_storage_matches_megatron(gpt3: ModelSpec, a100: Clust
                 for n, i, j in zip(nodes, chosen, plain, strict=True))  # fmt: skip
     gather = cost.collective_time_s(a100, "all_gather", 2048 * 12288 * 2, cost.CommGroup(size=8))
     assert extra == pytest.approx(2 * gather, rel=1e-12)
+
+
+def test_a_frontier_walk_goes_on_from_where_it_stopped(gpt3: ModelSpec, a100: ClusterSpec) -> None:
+    """The search asks a layer's fastest sharding first (one ILP, to bound a candidate) and
+    the rest of its frontier only when the candidate survives: walking on from the first
+    point gives the frontier walked at once, solution for solution and solve for solve."""
+    from planner.ilp.layer import solve_frontier
+
+    query = LayerQuery(kind="dense", mesh=(1, 8), mesh_micro_batch_size=1, seq_length=2048,
+                       num_microbatches=8)  # fmt: skip
+    at_once = solve_frontier(gpt3, a100, query, steps=4, shrink=0.7)
+    first = solve_frontier(gpt3, a100, query, steps=0, shrink=0.7)
+    assert first.solves == 1 and first.next_budget_kib is not None
+    walked = solve_frontier(gpt3, a100, query, steps=4, shrink=0.7, start=first)
+    assert [s.time_s for s in walked.solutions] == [s.time_s for s in at_once.solutions]
+    assert walked.solves == at_once.solves > 1
+    assert solve_frontier(gpt3, a100, query, steps=4, shrink=0.7, start=walked) == walked

@@ -224,6 +224,8 @@ class Frontier:
     it has one."""
     solves: int
     """Layer ILPs solved: one per budget tried, the last infeasible one included."""
+    next_budget_kib: int | None = None
+    """The budget the walk would try next (None: it ended, nothing fits below the last)."""
 
 
 def solve_frontier(
@@ -234,6 +236,7 @@ def solve_frontier(
     steps: int,
     shrink: float = 0.5,
     options: IlpOptions = IlpOptions(),
+    start: Frontier | None = None,
 ) -> Frontier:
     """Shardings along the layer's time-memory frontier: the fastest (within
     ``query``'s budget, if any), then the fastest within ``shrink`` times the previous one's
@@ -242,12 +245,18 @@ def solve_frontier(
     Each comes also in its sequence-parallel storage form when it has one (tensor-parallel
     matmuls keeping their input's sequence slice, as Megatron does), a point between two
     steps that Megatron users rely on. The problem is built once; only its budget changes.
+    With ``start``, the same query's frontier walked for fewer steps, the walk goes on from
+    where it stopped.
     """
     problem, layer = layer_problem(model, cluster, query)
     found: list[LayerSolution] = []
     budget = problem.budget_kib
     solves = 0
-    for _ in range(steps + 1):
+    if start is not None:
+        if start.next_budget_kib is None:
+            return start
+        found, solves, budget = list(start.solutions), start.solves, start.next_budget_kib
+    for _ in range(steps + 1 - solves):
         solves += 1
         step = replace(problem, budget_kib=budget)
         result = _solve(build_layer_milp(step), options)
@@ -263,6 +272,8 @@ def solve_frontier(
         budget = math.floor(solution.memory_bytes * shrink / KIB)
         if budget <= 0:
             break
+    else:
+        return Frontier(solutions=tuple(found), solves=solves, next_budget_kib=budget)
     return Frontier(solutions=tuple(found), solves=solves)
 
 

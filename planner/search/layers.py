@@ -5,7 +5,7 @@ candidate's pipeline (microbatches, replicas, ZeRO, recomputation)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from planner import cost
 from planner.graph.lower import decoder_layer_kind
@@ -27,14 +27,18 @@ class SearchState:
     frontiers: dict[tuple[str, tuple[int, int], int], Frontier] = field(default_factory=dict)
     """Solved layers by (layer kind, mesh, mesh microbatch): the one cache of layer ILPs,
     reused by every candidate that needs the same layer."""
-    reuses: int = 0
-    """Frontier lookups answered without solving."""
-    priced: dict[tuple[str, tuple[int, int], int, int, int, bool], list[LayerOption]] = field(
+    seeds: dict[tuple[str, tuple[int, int], int], tuple[LayerSolution, ...]] = field(
         default_factory=dict
     )
+    """The uniform shardings offered beside each frontier, by the same key."""
+    reuses: int = 0
+    """Frontier lookups answered without solving."""
+    priced: dict[tuple[str, tuple[int, int], int, int, int, bool, bool], list[LayerOption]] = (
+        field(default_factory=dict)
+    )
     """Frontiers priced as layer options by (layer kind, mesh, mesh microbatch, replicas,
-    microbatches, pipelined): every candidate that differs from another only in its
-    schedule is offered the same options (:func:`kind_options`)."""
+    microbatches, pipelined, whole frontier): every candidate that differs from another only
+    in its schedule is offered the same options (:func:`kind_options`)."""
     least: tuple[float, Candidate] | None = None
     """The least per-device bytes any candidate's plans need, and that candidate: kept so
     that, when nothing fits, the error can say by how much."""
@@ -42,7 +46,8 @@ class SearchState:
     @property
     def solutions(self) -> list[LayerSolution]:
         """Every layer solved so far."""
-        return [s for f in self.frontiers.values() for s in f.solutions]
+        return [s for key, f in self.frontiers.items()
+                for s in (*f.solutions, *self.seeds.get(key, ()))]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- layer options
@@ -78,16 +83,20 @@ real sync, mostly hidden behind the backward, so the ILP should not shy away fro
 
 
 def kind_solutions(
-    ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int
+    ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int, *, whole: bool = True
 ) -> list[LayerSolution]:
     """Shardings of one layer kind on ``mesh`` along its time-memory frontier
-    (:func:`planner.ilp.layer.solve_frontier`). They are found once for every candidate with
-    this mesh and microbatch, whatever its replicas and microbatch count (which
-    :func:`layer_options` prices afterwards): as if the mesh were replicated over the whole
-    cluster, with ZeRO 0 or 1 (what pipelines allow), so that a sharding which fits only
-    once the distributed optimizer shards its states is on the frontier."""
+    (:func:`planner.ilp.layer.solve_frontier`), and the uniform ones beside them. They are
+    found once for every candidate with this mesh and microbatch, whatever its replicas and
+    microbatch count (which :func:`layer_options` prices afterwards): as if the mesh were
+    replicated over the whole cluster, with ZeRO 0 or 1 (what pipelines allow), so that a
+    sharding which fits only once the distributed optimizer shards its states is on the
+    frontier. Not ``whole``: only the frontier's fastest point (one ILP), enough to bound a
+    candidate; the walk goes on from it when the whole frontier is asked for."""
     key = (kind, mesh, b)
-    if key in ctx.state.frontiers:
+    known = ctx.state.frontiers.get(key)
+    steps = LADDER_STEPS if whole else 0
+    if known is not None and (known.solves > steps or known.next_budget_kib is None):
         ctx.state.reuses += 1
     else:
         query = LayerQuery(
@@ -96,32 +105,43 @@ def kind_solutions(
             flash_attention=ctx.options.flash_attention, zero=(0, 1),
             replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
         )  # fmt: skip
-        frontier = solve_frontier(
-            ctx.model, ctx.cluster, query, steps=LADDER_STEPS, shrink=LADDER_SHRINK,
+        ctx.state.frontiers[key] = solve_frontier(
+            ctx.model, ctx.cluster, query, steps=steps, shrink=LADDER_SHRINK, start=known,
             options=IlpOptions(backend=ctx.options.backend,
                                   time_limit_s=ctx.options.ilp_time_limit_s,
                                   deadline=ctx.deadline),
         )  # fmt: skip
-        seeds = uniform_solutions(ctx.model, ctx.cluster, query)
-        ctx.state.frontiers[key] = replace(frontier, solutions=frontier.solutions + tuple(seeds))
-    return list(ctx.state.frontiers[key].solutions)
+        if key not in ctx.state.seeds:
+            ctx.state.seeds[key] = tuple(uniform_solutions(ctx.model, ctx.cluster, query))
+    return [*ctx.state.frontiers[key].solutions, *ctx.state.seeds[key]]
 
 
-def kind_options(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOption]:
+def whole_frontier(ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int) -> bool:
+    """Whether the layer's whole frontier on ``mesh`` is already solved."""
+    known = ctx.state.frontiers.get((kind, mesh, b))
+    return known is not None and (known.solves > LADDER_STEPS or known.next_budget_kib is None)
+
+
+def kind_options(
+    ctx: SearchContext, kind: str, c: Candidate, *, whole: bool = True
+) -> list[LayerOption]:
     """The frontier's shardings priced for candidate ``c`` under every recomputation mode
     and ZeRO stage; with a pipeline, ZeRO-2 and 3 are left out, as DeepSpeed and
     Colossal-AI refuse them (their per-microbatch traffic defeats the pipeline). Transformer
-    layers whose sharding no framework can launch (:func:`launchable`) are left out too."""
+    layers whose sharding no framework can launch (:func:`launchable`) are left out too. Not
+    ``whole``: the frontier's fastest point only (:func:`kind_solutions`), unless the whole
+    frontier is solved already."""
+    whole = whole or whole_frontier(ctx, kind, c.mesh, c.mesh_micro_batch_size)
     key = (kind, c.mesh, c.mesh_micro_batch_size, c.replicas, c.num_microbatches,
-           c.num_stages > 1)  # fmt: skip
+           c.num_stages > 1, whole)  # fmt: skip
     if key in ctx.state.priced:
         ctx.state.reuses += 1  # the frontier's reuse, as kind_solutions counts it
     else:
-        ctx.state.priced[key] = _priced(ctx, kind, c)
+        ctx.state.priced[key] = _priced(ctx, kind, c, whole=whole)
     return list(ctx.state.priced[key])
 
 
-def _priced(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOption]:
+def _priced(ctx: SearchContext, kind: str, c: Candidate, *, whole: bool) -> list[LayerOption]:
     """:func:`kind_options` computed: everything in it depends on ``c`` only through the
     key it is kept under."""
     sync = SyncContext(mesh=LogicalMesh(c.mesh), replicas=c.replicas,
@@ -130,7 +150,7 @@ def _priced(ctx: SearchContext, kind: str, c: Candidate) -> list[LayerOption]:
                        overlap_param_gather=ctx.options.overlap_param_gather)  # fmt: skip
     pins = ctx.options.pins
     options = []
-    for solution in kind_solutions(ctx, kind, c.mesh, c.mesh_micro_batch_size):
+    for solution in kind_solutions(ctx, kind, c.mesh, c.mesh_micro_batch_size, whole=whole):
         if kind in TRANSFORMER_KINDS and not launchable(solution, c.mesh):
             continue
         if kind in TRANSFORMER_KINDS:

@@ -4,8 +4,8 @@ For a framework (``megatron``, ``mindspeed``, ``deepspeed``, ``colossalai``, ``t
 a layer's sharding follows from its degrees, so the search enumerates every uniform
 configuration the framework's profile launches, prices each with the one cost model and
 keeps the fastest that fits (:func:`planner.uniform.enumerate.enumerate_plan`); for ``any`` it
-is the per-operator search: the layer ILP and the stage dynamic program
-(:func:`planner.search.loop.solve`).
+is the union of those spaces, then the per-operator search (the layer ILP and the stage
+dynamic program) bounded by the union's best (:func:`planner.search.superset.solve_any`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from planner.frameworks import ANY, check_framework
 from planner.options import DEFAULT_OPTIONS, ProgressFn, SolveOptions
 from planner.plan.schema import Plan
-from planner.search import loop
+from planner.search.superset import solve_any
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.enumerate import enumerate_plan
 
@@ -33,5 +33,5 @@ def solve(
     :class:`~planner.errors.TimeLimitError` when the time limit passes before any plan.
     """
     if check_framework(options.framework) == ANY:
-        return loop.solve(model, cluster, options, progress=progress)
+        return solve_any(model, cluster, options, progress=progress)
     return enumerate_plan(model, cluster, options, progress=progress)

@@ -194,9 +194,9 @@ def schedules(
     vpps: list[int], *, pp: int, options: SolveOptions
 ) -> list[tuple[PipelineSchedule, int]]:
     """(schedule, vpp) pairs tried on ``pp`` stages whose chunk counts are ``vpps``: 1F1B
-    (interleaved when ``vpp > 1``); with a pipeline and a target that launches them, ZB-H1,
-    and ZB-V where two chunks divide every stage (``2 in vpps``, so only when interleaving is
-    allowed).
+    (interleaved when ``vpp > 1``); with a pipeline and a target that launches them (``any``,
+    whose space holds every framework's, included), ZB-H1, and ZB-V where two chunks divide
+    every stage (``2 in vpps``, so only when interleaving is allowed).
 
     >>> from planner.options import SolveOptions
     >>> schedules([1, 2], pp=4, options=SolveOptions(framework="torchtitan"))
@@ -205,7 +205,8 @@ def schedules(
     [('1f1b', 1), ('1f1b', 2)]
     """
     out: list[tuple[PipelineSchedule, int]] = [("1f1b", v) for v in vpps]
-    if pp == 1 or options.framework == ANY or not profile(options.framework).zero_bubble:
+    zero_bubble = options.framework == ANY or profile(options.framework).zero_bubble
+    if pp == 1 or not zero_bubble:
         return out
     return out + [("zb-h1", 1)] + ([("zb-v", 2)] if 2 in vpps else [])
 
@@ -264,9 +265,9 @@ def launched_variant(
 
 
 def offloads(cluster: ClusterSpec, options: SolveOptions) -> bool:
-    """Whether the search may offload at all: the cluster has host figures and the target is
-    a framework (whose rules say which offloads it launches)."""
-    return cluster.host is not None and options.framework != ANY
+    """Whether the search may offload at all: the cluster has host figures (a framework's
+    rules say which offloads it launches; ``any`` tries every one)."""
+    return cluster.host is not None
 
 
 def offload_variants(
@@ -285,6 +286,8 @@ def offload_variants(
     (:func:`~planner.uniform.enumerate.enumerate_plan`)."""
     if not offloads(cluster, options):
         return []
+    if options.framework == ANY:  # every framework's offload, the fastest then chosen
+        return [c.model_copy(update={"offload": o}) for c in configs for o in OFFLOADS[1:]]
     variants = (offloaded_variant(c, model, cluster=cluster, options=options) for c in configs)
     return [v for v in variants if v is not None]
 

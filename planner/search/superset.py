@@ -1,0 +1,71 @@
+"""The ``any`` target: a plan never slower than any framework's on the same problem.
+
+``any`` is the yardstick that says what the frameworks' rules cost, so its space must hold
+every framework's plan. It is searched in two steps:
+
+1. the union of the framework targets' uniform spaces (:func:`~planner.uniform.enumerate.
+   enumerate_plan` with no framework's rules: every configuration of
+   :mod:`planner.uniform.space` with the zero-bubble schedules, the fewest recomputed layers
+   and every offload), priced by the one cost model. A framework's configuration differs
+   from its union twin only in the overlap flags its rules fix, which change no memory and
+   never slow a step; so the union's best is no slower than any framework's best. It is the
+   incumbent;
+2. the per-operator search (the layer ILPs and the stage DP, :func:`planner.search.loop.search`)
+   bounded by the incumbent's step: candidates whose lower bound reaches it are not searched,
+   which is most of them, and only a plan strictly faster replaces the incumbent.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from planner.errors import ConfigError, InfeasibleError, TimeLimitError
+from planner.frameworks import ANY
+from planner.options import ProgressFn, SolveOptions
+from planner.plan.schema import Plan
+from planner.search import loop
+from planner.spec import ClusterSpec, ModelSpec
+from planner.uniform.enumerate import enumerate_plan
+
+
+def solve_any(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    options: SolveOptions,
+    *,
+    progress: ProgressFn | None = None,
+) -> Plan:
+    """The faster of the union of the frameworks' spaces and the per-operator search bounded
+    by it, as a plan for ``any``; the solver summary counts both searches' configurations
+    and time.
+
+    Raises :class:`~planner.errors.InfeasibleError` (the per-operator search's message, the
+    least memory any plan needs) when nothing fits and :class:`~planner.errors.TimeLimitError`
+    when the time limit passes before any plan."""
+    started = time.perf_counter()
+    union = replace(options, framework=ANY)
+    try:
+        incumbent: Plan | None = enumerate_plan(model, cluster, union, progress=progress)
+    except (InfeasibleError, ConfigError, TimeLimitError):
+        incumbent = None  # the per-operator search says why, or finds what the union cannot
+    left_s = None
+    if options.time_limit_s is not None:
+        left_s = max(0.0, options.time_limit_s - (time.perf_counter() - started))
+    incumbent_s = None if incumbent is None else incumbent.predicted.step_time_s
+    found = loop.search(model, cluster, replace(union, time_limit_s=left_s),
+                        incumbent_s=incumbent_s, progress=progress)  # fmt: skip
+    best = found.plan if found.plan is not None else incumbent
+    assert best is not None  # without an incumbent the search raises rather than miss
+    priced = 0 if incumbent is None else incumbent.solver.configurations
+    solver = best.solver.model_copy(update={
+        "time_s": time.perf_counter() - started,
+        "configurations": priced + found.searched,
+    })  # fmt: skip
+    if incumbent is not None and incumbent.solver.status == "time_limit":
+        # The union was cut: it has no bound on what it did not price.
+        solver = solver.model_copy(update={"status": "time_limit", "gap": None})
+    elif found.cut_bound_s is not None:
+        gap = max(0.0, 1 - found.cut_bound_s / best.predicted.step_time_s)
+        solver = solver.model_copy(update={"status": "time_limit", "gap": gap})
+    return best.model_copy(update={"solver": solver})
