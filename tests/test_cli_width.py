@@ -211,7 +211,8 @@ def test_explain(width: int, plan_file: Path) -> None:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_sweep(width: int, tmp_path: Path) -> None:
-    """What the sweep did and its best point, wrapped at words; the best step whole."""
+    """What the sweep did and its table, best point first, wrapped at words; the best step
+    (under ``step s``) and cost whole."""
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(f'model = "{REPO / LLAMA}"\ncluster = "{REPO / H100}"\n'
                      'tokens = 1e12\nprice_per_device_hour = 2.5\n'
@@ -223,7 +224,7 @@ def test_sweep(width: int, tmp_path: Path) -> None:
     assert_fits(done.stdout + done.stderr, width)
     best = min((r for r in pq.read_table(tmp_path / "r.parquet").to_pylist() if r["summary"]),
                key=lambda r: r["step_time_s"])  # fmt: skip
-    assert_whole(done.stdout, f"{best['step_time_s']:.3f} s", f"{best['cost']:,.0f}")
+    assert_whole(done.stdout, f"{best['step_time_s']:.3f}", f"{best['cost']:,.0f}")
     assert "4 points, 2 with a plan, 2 without, 0 already done" in unwrapped(done.stdout)
     assert best["summary"] in unwrapped(done.stdout)
 

@@ -765,7 +765,7 @@ def pin_vpp_chunks(p: Profile) -> None:
     uneven = configure(model, 16, tp=2, pp=4, sp=True, first_stage_layers=5,
                        last_stage_layers=5)  # fmt: skip
     refused(p, "vpp-chunks", forced(uneven, vpp=2), model,
-            r"vpp\(2\) equal chunks: stages with \[5, 7\] layers")
+            r"vpp\(2\) equal chunks: stages of 5 and 7 layers are not divisible by vpp\(2\)")
     accepted(p, "vpp-chunks", uneven, model)
 
 
