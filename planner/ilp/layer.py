@@ -237,6 +237,7 @@ def solve_frontier(
     shrink: float = 0.5,
     options: IlpOptions = IlpOptions(),
     start: Frontier | None = None,
+    built: tuple[LayerProblem, LayerGraph] | None = None,
 ) -> Frontier:
     """Shardings along the layer's time-memory frontier: the fastest (within
     ``query``'s budget, if any), then the fastest within ``shrink`` times the previous one's
@@ -246,9 +247,10 @@ def solve_frontier(
     matmuls keeping their input's sequence slice, as Megatron does), a point between two
     steps that Megatron users rely on. The problem is built once; only its budget changes.
     With ``start``, the same query's frontier walked for fewer steps, the walk goes on from
-    where it stopped.
+    where it stopped. With ``built``, ``query``'s :func:`layer_problem` built already (a walk
+    going on need not build it again).
     """
-    problem, layer = layer_problem(model, cluster, query)
+    problem, layer = built if built is not None else layer_problem(model, cluster, query)
     found: list[LayerSolution] = []
     budget = problem.budget_kib
     solves = 0

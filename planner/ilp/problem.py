@@ -12,7 +12,13 @@ from planner.graph import lowered
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.ilp.formulation import EdgeCosts, LayerProblem, NodeCosts
 from planner.ilp.prune import prune_dominated
-from planner.sharding.assignment import LayerGraph, Node, StrategiesFn, edge_seconds, layer_graph
+from planner.sharding.assignment import (
+    LayerGraph,
+    Node,
+    StrategiesFn,
+    edge_seconds_matrix,
+    layer_graph,
+)
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.strategies import StrategyContext, op_strategies
 from planner.spec import ClusterSpec, ModelSpec
@@ -63,18 +69,12 @@ class LayerQuery:
 
 def _edge(layer: LayerGraph, edge: tuple[int, int]) -> EdgeCosts:
     """Resharding of every strategy pair on ``edge``, in whole nanoseconds
-    (:func:`planner.sharding.assignment.edge_seconds`)."""
+    (:func:`planner.sharding.assignment.edge_seconds_matrix`)."""
     src, dst = layer.nodes[edge[0]], layer.nodes[edge[1]]
-    total, forward = [], []
-    for i in range(len(src.strategies)):
-        row, frow = [], []
-        for j in range(len(dst.strategies)):
-            both, fwd = edge_seconds(layer, edge, src=i, dst=j)
-            row.append(round(NS * both))
-            frow.append(round(NS * fwd))
-        total.append(tuple(row))
-        forward.append(tuple(frow))
-    return EdgeCosts(src=src.name, dst=dst.name, cost_ns=tuple(total), forward_ns=tuple(forward))
+    seconds = edge_seconds_matrix(layer, edge)
+    total = tuple(tuple(round(NS * both) for both, _ in row) for row in seconds)
+    forward = tuple(tuple(round(NS * fwd) for _, fwd in row) for row in seconds)
+    return EdgeCosts(src=src.name, dst=dst.name, cost_ns=total, forward_ns=forward)
 
 
 def _node_costs(node: Node, query: LayerQuery, first: bool) -> NodeCosts:

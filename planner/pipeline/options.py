@@ -173,11 +173,13 @@ def stage_table(
     """
     p, n = len(in_flight), len(kinds)
     names, vectors, inverse = _count_vectors(tuple(kinds))
-    a_idx, b_idx = np.triu_indices(n + 1, k=1)
+    ranges = _ranges(n)
     choices = _choices(names, options)
-    latency = np.full((p, n + 1, n + 1), np.inf)
-    choice = np.full((p, n + 1, n + 1), -1, dtype=np.int64)
-    memory = np.full((p, n + 1, n + 1), np.inf)
+    # Each stage's (a, b) table as one row of flat positions: writing a row through one
+    # index is faster than through two, and the tables are the same.
+    latency = np.full((p, (n + 1) ** 2), np.inf)
+    choice = np.full((p, (n + 1) ** 2), -1, dtype=np.int64)
+    memory = np.full((p, (n + 1) ** 2), np.inf)
     # A stage's extras decide which choices it weighs and their latencies; only its memory
     # depends on the microbatches it holds, so the columns are built once per set of extras.
     columns: dict[tuple[str, ...], _Columns] = {}
@@ -186,13 +188,22 @@ def stage_table(
         if extras not in columns:
             columns[extras] = _columns(choices, names, vectors, extras, options)
         best_lat, best_choice, least_mem = columns[extras].best(in_flight[i], memory_bytes)
-        latency[i, a_idx, b_idx] = best_lat[inverse] + fixed_latency_s[i]
-        choice[i, a_idx, b_idx] = best_choice[inverse]
-        memory[i, a_idx, b_idx] = least_mem[inverse]
+        latency[i, ranges] = best_lat[inverse] + fixed_latency_s[i]
+        choice[i, ranges] = best_choice[inverse]
+        memory[i, ranges] = least_mem[inverse]
+    latency, choice, memory = (x.reshape(p, n + 1, n + 1) for x in (latency, choice, memory))
     if allowed is not None:
         latency = np.where(allowed, latency, np.inf)
         memory = np.where(allowed, memory, np.inf)
     return StageTable(latency=latency, choice=choice, choices=tuple(choices), memory=memory)
+
+
+@lru_cache(maxsize=16)
+def _ranges(n: int) -> np.ndarray:
+    """The flat positions ``a * (n + 1) + b`` of the layer ranges ``a < b`` of ``n`` layers, in
+    ``np.triu_indices`` order."""
+    a_idx, b_idx = np.triu_indices(n + 1, k=1)
+    return a_idx * (n + 1) + b_idx
 
 
 @lru_cache(maxsize=16)

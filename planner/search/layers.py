@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 
 from planner import cost
 from planner.graph.lower import decoder_layer_kind
+from planner.ilp.formulation import LayerProblem
 from planner.ilp.layer import Frontier, IlpOptions, LayerSolution, solve_frontier
-from planner.ilp.problem import LayerQuery
+from planner.ilp.problem import LayerQuery, layer_problem
 from planner.ilp.seeds import uniform_solutions
 from planner.options import SolveOptions
 from planner.pipeline.assemble import launchable, summarise
 from planner.pipeline.options import TRANSFORMER_KINDS, LayerOption, SyncContext, layer_options
 from planner.search.space import Candidate
+from planner.sharding.assignment import LayerGraph
 from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 
@@ -31,6 +33,11 @@ class SearchState:
         default_factory=dict
     )
     """The uniform shardings offered beside each frontier, by the same key."""
+    problems: dict[tuple[str, tuple[int, int], int], tuple[LayerProblem, LayerGraph]] = field(
+        default_factory=dict
+    )
+    """The layer problems of frontiers whose walk may go on, by the same key: built once,
+    kept until the walk ends."""
     reuses: int = 0
     """Frontier lookups answered without solving."""
     priced: dict[tuple[str, tuple[int, int], int, int, int, bool, bool], list[LayerOption]] = (
@@ -105,12 +112,19 @@ def kind_solutions(
             flash_attention=ctx.options.flash_attention, zero=(0, 1),
             replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
         )  # fmt: skip
-        ctx.state.frontiers[key] = solve_frontier(
+        built = ctx.state.problems.pop(key, None)
+        if built is None:
+            built = layer_problem(ctx.model, ctx.cluster, query)
+        frontier = solve_frontier(
             ctx.model, ctx.cluster, query, steps=steps, shrink=LADDER_SHRINK, start=known,
             options=IlpOptions(backend=ctx.options.backend,
                                   time_limit_s=ctx.options.ilp_time_limit_s,
                                   deadline=ctx.deadline),
+            built=built,
         )  # fmt: skip
+        ctx.state.frontiers[key] = frontier
+        if frontier.solves <= LADDER_STEPS and frontier.next_budget_kib is not None:
+            ctx.state.problems[key] = built  # the whole frontier may be asked for later
         if key not in ctx.state.seeds:
             ctx.state.seeds[key] = tuple(uniform_solutions(ctx.model, ctx.cluster, query))
     return [*ctx.state.frontiers[key].solutions, *ctx.state.seeds[key]]

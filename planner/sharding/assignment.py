@@ -20,7 +20,7 @@ import networkx as nx
 from planner import cost
 from planner.cost.layer import LayerParts
 from planner.graph.ops import Op, Tensor
-from planner.sharding.layout import LogicalMesh, canonical, reshard, transfer_time_s
+from planner.sharding.layout import Layout, LogicalMesh, canonical, reshard, transfer_time_s
 from planner.sharding.strategies import Strategy, StrategyContext, follow
 
 StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]
@@ -152,8 +152,7 @@ def edge_seconds(
     consumer's input, and back, the consumer's input gradient into the producer's output
     gradient. Under ``tp_comm_overlap`` a conversion next to a matmul hides behind that
     matmul's compute of the same phase (Megatron-Core's ``--tp-comm-overlap``)."""
-    forward, backward, _, _ = _edge_transfers(layer, edge, src=src, dst=dst)
-    return forward + backward, forward
+    return _total_and_forward(_edge_transfers(layer, edge, src=src, dst=dst))
 
 
 def edge_hidden_seconds(
@@ -166,21 +165,46 @@ def edge_hidden_seconds(
     return hidden_forward + raw_backward - backward, hidden_forward
 
 
+def edge_seconds_matrix(
+    layer: LayerGraph, edge: tuple[int, int]
+) -> list[list[tuple[float, float]]]:
+    """:func:`edge_seconds` of every strategy pair on ``edge`` (row: the producer's strategy,
+    column: the consumer's). Many pairs convert between the same two layouts, so each
+    conversion is priced once."""
+    seconds: dict[tuple[Layout, Layout], float] = {}
+    return [[_total_and_forward(_edge_transfers(layer, edge, src=i, dst=j, seconds=seconds))
+             for j in range(len(layer.nodes[edge[1]].strategies))]
+            for i in range(len(layer.nodes[edge[0]].strategies))]  # fmt: skip
+
+
+def _total_and_forward(transfers: tuple[float, float, float, float]) -> tuple[float, float]:
+    forward, backward, _, _ = transfers
+    return forward + backward, forward
+
+
 def _edge_transfers(
-    layer: LayerGraph, edge: tuple[int, int], *, src: int, dst: int
-) -> tuple[float, float, float, float]:
+    layer: LayerGraph, edge: tuple[int, int], *, src: int, dst: int,
+    seconds: dict[tuple[Layout, Layout], float] | None = None,
+) -> tuple[float, float, float, float]:  # fmt: skip
     """The resharding on ``edge``: (forward, backward) seconds exposed, then the same two
-    as transferred (:func:`edge_seconds`)."""
+    as transferred (:func:`edge_seconds`). ``seconds`` keeps each (from, to) layout
+    conversion's seconds on this edge, for callers pricing many pairs of it."""
     producer, consumer = layer.nodes[edge[0]], layer.nodes[edge[1]]
     at = input_index(consumer.ops[0], producer.output)
     if at is None:  # routing scores: small, moved with the tokens
         return 0.0, 0.0, 0.0, 0.0
     p, c = producer.strategies[src], consumer.strategies[dst]
     mesh, ctx = layer.mesh, layer.context
-    raw_forward = transfer_time_s(reshard(p.output, c.inputs[at], producer.output, mesh),
-                                  ctx.cluster, mesh)  # fmt: skip
-    raw_backward = transfer_time_s(reshard(c.input_grads[at], p.output_grad, producer.output,
-                                           mesh), ctx.cluster, mesh)  # fmt: skip
+    known = {} if seconds is None else seconds
+
+    def converted_s(a: Layout, b: Layout) -> float:
+        if (a, b) not in known:
+            known[(a, b)] = transfer_time_s(reshard(a, b, producer.output, mesh), ctx.cluster,
+                                            mesh)  # fmt: skip
+        return known[(a, b)]
+
+    raw_forward = converted_s(p.output, c.inputs[at])
+    raw_backward = converted_s(c.input_grads[at], p.output_grad)
     forward, backward = raw_forward, raw_backward
     if ctx.tp_comm_overlap:
         matmuls = [s for s, n in ((p, producer), (c, consumer)) if n.ops[0].kind == "linear"]
