@@ -12,6 +12,7 @@ from planner.frameworks.base import (
     Rule,
     data_parallel_sync,
     ranks_in_order,
+    sequence_split_over_tp,
     unsupported_layers,
 )
 from planner.plan.config import ResolvedConfig
@@ -252,14 +253,6 @@ def ddp_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
             "all-reduce with the backward: overlap_grad_reduce is off")
 
 
-def sequence_parallel_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """split_gather cuts the sequence evenly over the TP group."""
-    tp, seq = resolved.config.tp, resolved.training.seq_length
-    if not resolved.sp or seq % tp == 0:
-        return None
-    return f"sequence parallelism: seq_len({seq}) is not divisible by tp({tp})"
-
-
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """``dp_outside=False`` numbers ranks tp fastest, then cp (sp_size), dp, pp."""
     c = resolved.config
@@ -334,7 +327,7 @@ RULES: tuple[Rule, ...] = (
     Rule(name="grad-overlap-with-pipeline", check=grad_overlap_with_pipeline,
          source=f"{_PLUGIN}:1404-1434"),
     Rule(name="ddp-overlap", check=ddp_overlap, source=f"{_PLUGIN}:1311-1313"),
-    Rule(name="sp-sequence-split", check=sequence_parallel_split,
+    Rule(name="sp-sequence-split", check=sequence_split_over_tp,
          source=f"{REPO} colossalai/shardformer/layer/_operation.py:1191-1202"),
     Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
          source=f"{_PLUGIN}:48, 1077"),

@@ -2,16 +2,34 @@
 configuration.
 
 Split from :mod:`planner.frameworks.deepspeed`, whose rules decide what DeepSpeed launches and
-whose :func:`~planner.frameworks.deepspeed.launch` puts these together; the flags are
+whose profile launches with :func:`launch` here; the flags are
 deepspeedai/Megatron-DeepSpeed@4efb479's (``megatron/arguments.py``), the config keys
 deepspeedai/DeepSpeed@edaa722's.
 """
 
 from __future__ import annotations
 
+import json
+
 from planner.frameworks import _megatron_flags as mf
+from planner.frameworks._deepspeed_partition import partition_comment
+from planner.frameworks.base import Launch
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
+
+DS = "deepspeedai/DeepSpeed@edaa722"
+"""The DeepSpeed source the rules were checked against."""
+MDS = "deepspeedai/Megatron-DeepSpeed@4efb479"
+"""The Megatron-DeepSpeed source of the flags."""
+_ARGS = f"{MDS} megatron/arguments.py"
+_ENGINE = f"{DS} deepspeed/runtime/engine.py"
+_PIPE = f"{DS} deepspeed/runtime/pipe/engine.py"
+_TRANSFORMER = f"{MDS} megatron/model/transformer.py"
+
+DS_CONFIG_FILE = "ds_config.json"
+"""Where the flags tell Megatron-DeepSpeed to read the DeepSpeed config."""
+DS_CONFIG_MARK = f"# {DS_CONFIG_FILE}"
+"""The line that starts the JSON in :attr:`Launch.text` (the flags come before it)."""
 
 
 def parallel_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[mf.Flag]:
@@ -146,3 +164,59 @@ def zero_block(resolved: ResolvedConfig) -> dict[str, object]:
     if c.zero == 3 and not c.overlap_param_gather:
         block["stage3_prefetch_bucket_size"] = 0  # no prefetch: the gathers stay exposed
     return block
+
+
+# --- the launcher --------------------------------------------------------------------------------
+
+
+def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
+    """The ``pretrain_gpt.py`` flags, then (after :data:`DS_CONFIG_MARK`) ``ds_config.json``.
+
+    Only called on configurations no rule of :data:`RULES` refuses.
+    """
+    flags = [
+        *parallel_flags(resolved, model),
+        *batch_flags(resolved),
+        *model_flags(model, resolved),
+        *mf.precision_flags(resolved),
+        *recompute_flags(resolved),
+        *attention_flags(resolved),
+        ("--zero-stage", resolved.config.zero),
+        *offload_flags(resolved),
+        ("--deepspeed", None),
+        ("--deepspeed_config", DS_CONFIG_FILE),
+    ]
+    text = (f"# pretrain_gpt.py arguments ({MDS} with {DS}){partition_comment(resolved, model)}"
+            f"\n{mf.render(flags)}\n"
+            f"{DS_CONFIG_MARK}\n{json.dumps(ds_config(resolved), indent=2)}\n")  # fmt: skip
+    environment = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if resolved.sp else {}
+    return Launch(text=text, environment=environment, notes=notes(model, resolved))
+
+
+def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
+    """What the user adds, and what the text does that is worth knowing."""
+    moe = ("the MoE layers drop tokens over each expert's capacity (capacity factor 1, "
+           "balanced routing as the planner prices it)",)
+    return (
+        f"for {MDS} pretrain_gpt.py run by the deepspeed launcher with {DS}; save the JSON "
+        f"after '{DS_CONFIG_MARK}' as {DS_CONFIG_FILE}",
+        f"add the data and tokenizer (--data-path, --tokenizer-type, --vocab-file/"
+        f"--tokenizer-model): a vocabulary of {model.vocab_size} tokens, which "
+        f"--make-vocab-size-divisible-by pads to "
+        f"{mf.padded_vocab(model.vocab_size, resolved.config.tp)} rows",
+        "add the run's length, learning-rate schedule and optimizer hyper-parameters "
+        "(--train-iters, --lr, ...) and checkpoint paths",
+        *(moe if model.moe is not None else ()),
+        *rope_notes(model),
+    )
+
+
+def rope_notes(model: ModelSpec) -> tuple[str, ...]:
+    """Megatron-DeepSpeed's rotary embedding takes a base and nothing else
+    (``megatron/model/language_model.py:437``)."""
+    scaling = model.rope_scaling
+    if model.position_embedding != "rope" or scaling is None:
+        return ()
+    return (f"Megatron-DeepSpeed has no RoPE scaling: the model's {scaling.rope_type} x"
+            f"{scaling.factor:g} is not applied (training within the original context is "
+            f"unaffected)",)

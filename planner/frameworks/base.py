@@ -134,3 +134,14 @@ def unsupported_layers(model: ModelSpec, *, framework: str,
     if not missing:
         return None
     return f"{model.name} has {missing[0]}, which {framework} does not build"
+
+
+def sequence_split_over_tp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Sequence parallelism cuts the whole sequence evenly over the TP group (Megatron-
+    DeepSpeed's ``--sequence-parallel``, Colossal-AI's ``split_gather``); a rule of the
+    profiles that launch it so. Megatron-LM's own splits each context-parallel rank's share
+    (:func:`planner.frameworks.megatron.sequence_parallel_split`)."""
+    tp, seq = resolved.config.tp, resolved.training.seq_length
+    if not resolved.sp or seq % tp == 0:
+        return None
+    return f"sequence parallelism: seq_len({seq}) is not divisible by tp({tp})"

@@ -15,48 +15,34 @@ as ``cp_algo="ulysses"``; ring attention is refused.
 
 from __future__ import annotations
 
-import json
-
-from planner.frameworks import _megatron_flags as mf
-from planner.frameworks._deepspeed_flags import (
-    attention_flags,
-    batch_flags,
-    ds_config,
-    model_flags,
-    offload_flags,
-    parallel_flags,
-    recompute_flags,
+from planner.frameworks._deepspeed_flags import (  # the launcher, re-exported with its marks
+    DS,
+    DS_CONFIG_FILE,
+    DS_CONFIG_MARK,
+    MDS,
+    launch,
 )
 from planner.frameworks._deepspeed_partition import (
     PARTITION_METHODS,
-    partition_comment,
     partition_method,
     stage_partition,
 )
 from planner.frameworks.base import (
-    Launch,
     Profile,
     Rule,
     data_parallel_sync,
     ranks_in_order,
+    sequence_split_over_tp,
     unsupported_layers,
 )
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
-DS = "deepspeedai/DeepSpeed@edaa722"
-"""The DeepSpeed source the rules were checked against."""
-MDS = "deepspeedai/Megatron-DeepSpeed@4efb479"
-"""The Megatron-DeepSpeed source of the flags."""
 _ARGS = f"{MDS} megatron/arguments.py"
 _ENGINE = f"{DS} deepspeed/runtime/engine.py"
 _PIPE = f"{DS} deepspeed/runtime/pipe/engine.py"
 _TRANSFORMER = f"{MDS} megatron/model/transformer.py"
 
-DS_CONFIG_FILE = "ds_config.json"
-"""Where the flags tell Megatron-DeepSpeed to read the DeepSpeed config."""
-DS_CONFIG_MARK = f"# {DS_CONFIG_FILE}"
-"""The line that starts the JSON in :attr:`Launch.text` (the flags come before it)."""
 
 
 # --- checks: why a configuration cannot be launched, or None --------------------------------
@@ -263,14 +249,6 @@ def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return unsupported_layers(model, framework="Megatron-DeepSpeed")
 
 
-def sequence_parallel_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Sequence parallelism splits the sequence evenly over the TP group."""
-    tp, seq = resolved.config.tp, resolved.training.seq_length
-    if not resolved.sp or seq % tp == 0:
-        return None
-    return f"sequence parallelism: seq_len({seq}) is not divisible by tp({tp})"
-
-
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """DeepSpeed's pipe/data/model topology numbers ranks tp fastest, then dp, then pp;
     Megatron-DeepSpeed's sequence-parallel groups are consecutive ranks, its data-parallel
@@ -347,7 +325,7 @@ RULES: tuple[Rule, ...] = (
          source=f"{DS} deepspeed/moe/sharded_moe.py:706-732"),
     Rule(name="moe-layout", check=moe_layout,
          source=f"{_TRANSFORMER}:1650-1660; {_TRANSFORMER}:1069-1072"),
-    Rule(name="sp-sequence-split", check=sequence_parallel_split,
+    Rule(name="sp-sequence-split", check=sequence_split_over_tp,
          source=f"{MDS} megatron/core/tensor_parallel/mappings.py:56-58"),
     Rule(name="rank-order", check=rank_order,
          source=f"{DS} deepspeed/runtime/pipe/topology.py:244-248; "
@@ -361,61 +339,7 @@ RULES: tuple[Rule, ...] = (
 """Everything DeepSpeed refuses, or cannot run as the planner prices it."""
 
 
-# --- the launcher --------------------------------------------------------------------------------
-
-
-def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
-    """The ``pretrain_gpt.py`` flags, then (after :data:`DS_CONFIG_MARK`) ``ds_config.json``.
-
-    Only called on configurations no rule of :data:`RULES` refuses.
-    """
-    flags = [
-        *parallel_flags(resolved, model),
-        *batch_flags(resolved),
-        *model_flags(model, resolved),
-        *mf.precision_flags(resolved),
-        *recompute_flags(resolved),
-        *attention_flags(resolved),
-        ("--zero-stage", resolved.config.zero),
-        *offload_flags(resolved),
-        ("--deepspeed", None),
-        ("--deepspeed_config", DS_CONFIG_FILE),
-    ]
-    text = (f"# pretrain_gpt.py arguments ({MDS} with {DS}){partition_comment(resolved, model)}"
-            f"\n{mf.render(flags)}\n"
-            f"{DS_CONFIG_MARK}\n{json.dumps(ds_config(resolved), indent=2)}\n")  # fmt: skip
-    environment = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if resolved.sp else {}
-    return Launch(text=text, environment=environment, notes=notes(model, resolved))
-
-
-def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
-    """What the user adds, and what the text does that is worth knowing."""
-    moe = ("the MoE layers drop tokens over each expert's capacity (capacity factor 1, "
-           "balanced routing as the planner prices it)",)
-    return (
-        f"for {MDS} pretrain_gpt.py run by the deepspeed launcher with {DS}; save the JSON "
-        f"after '{DS_CONFIG_MARK}' as {DS_CONFIG_FILE}",
-        f"add the data and tokenizer (--data-path, --tokenizer-type, --vocab-file/"
-        f"--tokenizer-model): a vocabulary of {model.vocab_size} tokens, which "
-        f"--make-vocab-size-divisible-by pads to "
-        f"{mf.padded_vocab(model.vocab_size, resolved.config.tp)} rows",
-        "add the run's length, learning-rate schedule and optimizer hyper-parameters "
-        "(--train-iters, --lr, ...) and checkpoint paths",
-        *(moe if model.moe is not None else ()),
-        *rope_notes(model),
-    )
-
-
-def rope_notes(model: ModelSpec) -> tuple[str, ...]:
-    """Megatron-DeepSpeed's rotary embedding takes a base and nothing else
-    (``megatron/model/language_model.py:437``)."""
-    scaling = model.rope_scaling
-    if model.position_embedding != "rope" or scaling is None:
-        return ()
-    return (f"Megatron-DeepSpeed has no RoPE scaling: the model's {scaling.rope_type} x"
-            f"{scaling.factor:g} is not applied (training within the original context is "
-            f"unaffected)",)
-
+__all__ = ["DS_CONFIG_FILE", "DS_CONFIG_MARK", "PROFILE", "RULES", "launch"]
 
 PROFILE = Profile(name="deepspeed", title="DeepSpeed", rules=RULES, launch=launch)
 """DeepSpeed (Megatron-DeepSpeed) as a framework target."""
