@@ -10,6 +10,10 @@ as the planner prices them.
 
 The check functions are public: MindSpeed, which runs Megatron-LM, reuses them with the
 citations of the Megatron-Core version it runs on (:mod:`planner.frameworks.mindspeed`).
+
+One concern, Megatron-LM as a target, at just over 400 lines: its rules (most of the file)
+and the short launcher that composes :mod:`planner.frameworks._megatron_flags`, which
+MindSpeed's launcher shares and so cannot absorb it.
 """
 
 from __future__ import annotations
