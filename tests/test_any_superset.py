@@ -5,6 +5,7 @@ cases, exactly (``benchmarks/any_solve_times.py --frameworks`` checks the larger
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -89,17 +90,22 @@ def test_any_space_contains_every_framework_space(name: str, devices: int,
 
 
 def test_candidate_bound_is_below_every_plan_it_would_cut() -> None:
-    """The bound that drops a candidate before its stage table (its layers' fastest options,
-    the busiest stage's memory counted) is at most the step of the plan the candidate
-    yields, on every candidate of Llama 3 8B at 8K tokens on 8 H100 (where memory binds)."""
+    """The bounds that drop a candidate before its stage table are at most the step of the
+    plan the candidate yields, and the memory bound lets it through, on every candidate of
+    Llama 3 8B at 8K tokens on 8 H100 (where memory binds): the one from its layers' fastest
+    options with the busiest stage's memory counted, the one from a bound on each layer's
+    time before any layer ILP (each node's fastest strategy, then the LP relaxation with
+    resharding), and the least memory its busiest stage could hold."""
     from planner import cost
+    from planner.graph import lowered, parameter_count
     from planner.options import training_of
     from planner.placement.ranks import PipelinePlacement
-    from planner.search import loop
+    from planner.search import bounds, loop
     from planner.search.layers import (
         SearchContext,
         SearchState,
         decoder_kinds,
+        kind_least_s,
         kind_options,
         pipeline_send_s,
     )
@@ -111,7 +117,9 @@ def test_candidate_bound_is_below_every_plan_it_would_cut() -> None:
     options = SolveOptions(framework="any", seq_length=8192, global_batch_size=64)
     training, kinds = training_of(model, options), decoder_kinds(model)
     ctx = SearchContext(model=model, cluster=cluster, training=training, options=options,
-                        state=SearchState())  # fmt: skip
+                        state=SearchState(),
+                        parameters=parameter_count(lowered(model, training, 1)[0]).total)
+    unsolved = replace(ctx, state=SearchState())  # bounds taken before any layer ILP
     device = cluster.device
     stage_bytes = (device.memory_bytes - options.margin_bytes(device.memory_gib)
                    - device.reserved_memory_gib * GIB)  # fmt: skip
@@ -126,9 +134,15 @@ def test_candidate_bound_is_below_every_plan_it_would_cut() -> None:
         in_flight = min(cost.in_flight_microbatches("1f1b", stage=i, pp=c.num_stages, vpp=c.vpp,
                                                     num_microbatches=c.num_microbatches)
                         for i in range(c.num_stages))  # fmt: skip
-        bound = loop.options_bound_s(c, kinds, held,
-                                     send_s=pipeline_send_s(ctx, c, near.pipeline_distance),
-                                     in_flight=in_flight, memory_bytes=stage_bytes)  # fmt: skip
+        send = pipeline_send_s(ctx, c, near.pipeline_distance)
+        bound = bounds.options_bound_s(c, kinds, held, send_s=send, in_flight=in_flight,
+                                       memory_bytes=stage_bytes)  # fmt: skip
         assert bound <= found.step.step_s, c
+        for resharding in (False, True):
+            least = {k: kind_least_s(unsolved, k, c.mesh, c.mesh_micro_batch_size,
+                                     resharding=resharding) for k in held}  # fmt: skip
+            assert all(least[k] <= min(o.latency_s for o in held[k]) for k in held), c
+            assert bounds.layers_bound_s(c, kinds, least, send_s=send) <= bound, c
+        assert bounds.may_fit(ctx, c, kinds, in_flight, stage_bytes), c
         checked += 1
     assert checked > 10

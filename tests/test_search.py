@@ -179,10 +179,11 @@ def test_stages_may_split_the_batch_differently() -> None:
     """A per-operator plan may give its stages different data-parallel ways (here, with the
     pipeline pinned to 2 stages of interleaved chunks, one stage splits the batch and the
     other the hidden dim): the plan is valid, every stage's ways divide the pipeline's
-    microbatch, and the batch adds up over the replicas (this failed the batch invariant)."""
+    microbatch, and the batch adds up over the replicas (this failed the batch invariant).
+    Context parallelism is pinned off: splitting the sequence instead of the batch ties."""
     model = planner.load_model(MODELS / "llama3-8b.json")
     cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
-    options = SolveOptions(framework="any", pins=Pins(pp=2, vpp=2))
+    options = SolveOptions(framework="any", pins=Pins(pp=2, vpp=2, cp=1))
     plan = solve(model, cluster, options)
     mesh_micro = plan.micro_batch_size * plan.stages[0].parallel.dp
     assert len({s.parallel.dp for s in plan.stages}) == 2

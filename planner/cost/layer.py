@@ -47,6 +47,12 @@ class LayerParts:
     rerun_hidden_comm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """The forward's part of ``hidden_comm_s``: hidden again in a fully recomputed forward."""
 
+    @property
+    def time_s(self) -> float:
+        """Compute and exposed communication of one microbatch's forward and backward, before
+        any rerun or gradient sync (what the layer ILP's objective adds those to)."""
+        return self.forward_s + self.backward_s + self.tp_comm_s + self.cp_comm_s + self.ep_comm_s
+
     def rerun_total_s(self, recompute: str) -> float:
         """Everything ``recompute`` runs again: compute, and under full recomputation the
         forward's collectives."""

@@ -197,6 +197,31 @@ def _cbc_bound(log: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def relaxation_bound(milp: Milp) -> float | None:
+    """The optimum of ``milp``'s LP relaxation (every variable in its bounds, none integral),
+    a lower bound on its integer optimum, by OR-Tools' GLOP (a deterministic simplex); None
+    when the relaxation has no optimum."""
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    var = {name: solver.NumVar(0.0, 1.0, name) for name in milp.binaries}
+    var |= {name: solver.NumVar(lo, hi, name) for name, (lo, hi) in milp.integers.items()}
+    infinity = solver.infinity()
+    for c in milp.constraints:
+        lower = -infinity if c.sense == "<=" else c.rhs
+        upper = infinity if c.sense == ">=" else c.rhs
+        row = solver.Constraint(lower, upper, c.name)
+        for v, coef in c.terms:
+            row.SetCoefficient(var[v], coef)
+    objective = solver.Objective()
+    for v, coef in milp.objective.items():
+        objective.SetCoefficient(var[v], coef)
+    objective.SetMinimization()
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return None
+    return float(objective.Value())
+
+
 def solve_milp(milp: Milp, *, backend: Backend, time_limit_s: float) -> MilpSolution:
     """Solve ``milp`` with ``backend``."""
     if time_limit_s <= 0:

@@ -261,6 +261,10 @@ def solve_frontier(
     for _ in range(steps + 1 - solves):
         solves += 1
         step = replace(problem, budget_kib=budget)
+        if budget is None and "none" in step.recompute_modes:
+            # Without a budget a rerun only adds time: the fastest point recomputes nothing,
+            # and its program without the recomputation variables is a third the size.
+            step = replace(step, recompute_modes=("none",))
         result = _solve(build_layer_milp(step), options)
         if result.report.status in ("infeasible", "timed_out"):
             break

@@ -129,12 +129,14 @@ def layer_graph_of(
 
 
 def layer_problem(
-    model: ModelSpec, cluster: ClusterSpec, query: LayerQuery, *, prune: bool = True
-) -> tuple[LayerProblem, LayerGraph]:
+    model: ModelSpec, cluster: ClusterSpec, query: LayerQuery, *, prune: bool = True,
+    layer: LayerGraph | None = None,
+) -> tuple[LayerProblem, LayerGraph]:  # fmt: skip
     """The numeric problem of ``query``'s layer, without dominated strategies (unless
     ``prune`` is off), with the layer graph it was built from (its nodes hold the strategies
-    left)."""
-    layer = layer_graph_of(model, cluster, query)
+    left); ``layer``: :func:`layer_graph_of` the query, built already."""
+    if layer is None:
+        layer = layer_graph_of(model, cluster, query)
     edges = tuple(_edge(layer, edge) for edge in layer.edges)
     transformer = query.kind in TRANSFORMER_KINDS
     budget = None if query.memory_budget_gib is None else int(query.memory_budget_gib * GIB / KIB)

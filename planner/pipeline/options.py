@@ -86,8 +86,7 @@ def layer_options(
     if parts is None:
         return []
     modes = RECOMPUTE_MODES if solution.kind in TRANSFORMER_KINDS else ("none",)
-    base = parts.forward_s + parts.backward_s + parts.tp_comm_s + parts.cp_comm_s
-    base += parts.ep_comm_s
+    base = parts.time_s
     states = [0.0] * len(ZERO_STAGES)
     syncs = [cost.NO_SYNC] * len(ZERO_STAGES)
     for axes, params in parts.weight_groups():

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 from planner import cost
 from planner.graph.lower import decoder_layer_kind
+from planner.ilp.bound import least_time_ns
 from planner.ilp.formulation import LayerProblem
 from planner.ilp.layer import Frontier, IlpOptions, LayerSolution, solve_frontier
-from planner.ilp.problem import LayerQuery, layer_problem
+from planner.ilp.problem import NS, LayerQuery, layer_graph_of, layer_problem
 from planner.ilp.seeds import uniform_solutions
 from planner.options import SolveOptions
 from planner.pipeline.assemble import launchable, summarise
@@ -19,7 +20,9 @@ from planner.pipeline.options import TRANSFORMER_KINDS, LayerOption, SyncContext
 from planner.search.space import Candidate
 from planner.sharding.assignment import LayerGraph
 from planner.sharding.layout import LogicalMesh
+from planner.sharding.strategies import Strategy
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES
 
 
 @dataclass(slots=True, kw_only=True)
@@ -38,6 +41,18 @@ class SearchState:
     )
     """The layer problems of frontiers whose walk may go on, by the same key: built once,
     kept until the walk ends."""
+    graphs: dict[tuple[str, tuple[int, int], int], LayerGraph] = field(default_factory=dict)
+    """The layer graphs whose problems are not built yet, by the same key."""
+    least_s: dict[tuple[str, tuple[int, int], int], tuple[float, bool]] = field(
+        default_factory=dict
+    )
+    """A lower bound on each layer's time, and whether it counts resharding, by the same key
+    (:func:`kind_least_s`)."""
+    least_bytes: dict[tuple[str, tuple[int, int], int, int, int, bool], float] = field(
+        default_factory=dict
+    )
+    """A lower bound on the memory of a run of layers by (layer kind, mesh, mesh microbatch,
+    layers, microbatches in flight, pipelined) (:func:`kind_least_bytes`)."""
     reuses: int = 0
     """Frontier lookups answered without solving."""
     priced: dict[tuple[str, tuple[int, int], int, int, int, bool, bool], list[LayerOption]] = (
@@ -76,6 +91,8 @@ class SearchContext:
     """What it has solved so far."""
     deadline: float | None = None
     """``time.perf_counter()`` past which no layer ILP starts."""
+    parameters: int = 0
+    """The model's parameters (0: not counted), which the stages share out."""
 
 
 LADDER_STEPS = 8
@@ -87,6 +104,100 @@ TP4 layer and the next halving), and the memory a stage has is rarely a power of
 REFERENCE_MICROBATCHES = 64
 """The ILP sees the gradient sync spread over this many microbatches: the composer prices the
 real sync, mostly hidden behind the backward, so the ILP should not shy away from it."""
+
+
+def _query(ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int) -> LayerQuery:
+    """The layer ILP's query for ``kind`` on ``mesh`` with a mesh microbatch of ``b``."""
+    return LayerQuery(
+        kind=kind, mesh=mesh, mesh_micro_batch_size=b, seq_length=ctx.training.seq_length,
+        precision=ctx.training.precision, num_microbatches=REFERENCE_MICROBATCHES,
+        flash_attention=ctx.options.flash_attention, zero=(0, 1),
+        replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
+    )  # fmt: skip
+
+
+def _graph(ctx: SearchContext, key: tuple[str, tuple[int, int], int]) -> LayerGraph:
+    """The layer graph of ``key`` (its nodes' priced strategies, no resharding yet), built
+    once and kept until its problem is built."""
+    graph = ctx.state.graphs.get(key)
+    if graph is None:
+        graph = layer_graph_of(ctx.model, ctx.cluster, _query(ctx, *key))
+        ctx.state.graphs[key] = graph
+    return graph
+
+
+def _built(
+    ctx: SearchContext, key: tuple[str, tuple[int, int], int]
+) -> tuple[LayerProblem, LayerGraph]:
+    """The layer problem of ``key``, built once and kept until its frontier's walk ends."""
+    built = ctx.state.problems.get(key)
+    if built is None:
+        layer = _graph(ctx, key)
+        built = layer_problem(ctx.model, ctx.cluster, _query(ctx, *key), layer=layer)
+        ctx.state.problems[key] = built
+        del ctx.state.graphs[key]
+    return built
+
+
+def kind_least_s(
+    ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int, *, resharding: bool = True
+) -> float:
+    """A lower bound on one microbatch's time through a layer of ``kind`` on ``mesh`` under
+    any sharding, recomputation and ZeRO stage, sync left out: no layer option is faster,
+    so a candidate whose step this bound already puts past the incumbent needs no layer
+    ILP. With ``resharding``, the LP relaxation of the layer's strategies and resharding
+    (:func:`planner.ilp.bound.least_time_ns`); without, each node's fastest strategy alone
+    (looser, but needs no resharding priced: the first sieve)."""
+    key = (kind, mesh, b)
+    known = ctx.state.least_s.get(key)
+    if known is not None and (known[1] or not resharding):
+        return known[0]
+    if key in ctx.state.frontiers:  # solved: the options are these solutions
+        solved = kind_solutions(ctx, *key, whole=False)
+        least = (min((s.parts.time_s for s in solved if s.parts), default=float("inf")), True)
+    elif resharding:
+        least = (least_time_ns(_built(ctx, key)[0]) / NS, True)
+    elif key in ctx.state.problems:
+        least = (least_time_ns(ctx.state.problems[key][0]) / NS, True)
+    else:
+        nodes = _graph(ctx, key).nodes
+        # Less a hair: the layer's parts add the same seconds in another order.
+        least = (sum(min(s.time_s for s in n.strategies) for n in nodes) * (1 - 1e-9), False)
+    ctx.state.least_s[key] = least
+    return least[0]
+
+
+def kind_least_bytes(
+    ctx: SearchContext, kind: str, c: Candidate, *, layers: int, in_flight: int
+) -> float:
+    """A lower bound on what ``layers`` layers of ``kind`` hold on a device of ``c``'s mesh
+    with ``in_flight`` microbatches in flight, whatever their sharding: their weight states
+    and kept activations, and the transient peak of one of them, under the leanest
+    recomputation mode and ZeRO stage (a pipeline allows ZeRO 1 at most), each node at its
+    leanest strategy. Memory has no resharding term, so the node minima add up exactly; the
+    states are priced as if the mesh were replicated over the whole cluster, no more than
+    the candidate's replicas hold."""
+    key = (kind, c.mesh, c.mesh_micro_batch_size, layers, in_flight, c.num_stages > 1)
+    if key not in ctx.state.least_bytes:
+        built = ctx.state.problems.get(key[:3])
+        nodes = built[1].nodes if built is not None else _graph(ctx, key[:3]).nodes
+        stages = ZERO_STAGES[:2] if c.num_stages > 1 else ZERO_STAGES
+        modes = RECOMPUTE_MODES if kind in TRANSFORMER_KINDS else ("none",)
+
+        def held(x: Strategy, zero: int, mode: str, first: bool) -> float:
+            # As the stage table counts a layer option: kept per microbatch in flight, and
+            # under full recomputation the rebuilt activations once.
+            kept = {"none": x.kept_bytes, "selective": x.kept_selective_bytes,
+                    "full": x.input_bytes * first}[mode]  # fmt: skip
+            working = x.kept_bytes if mode == "full" else 0.0
+            return layers * (x.state_bytes[zero] + in_flight * kept) + working
+
+        ctx.state.least_bytes[key] = min(
+            sum(min(held(x, zero, mode, v == 0) for x in node.strategies)
+                for v, node in enumerate(nodes))
+            for zero in stages for mode in modes
+        )  # fmt: skip
+    return ctx.state.least_bytes[key]
 
 
 def kind_solutions(
@@ -106,15 +217,8 @@ def kind_solutions(
     if known is not None and (known.solves > steps or known.next_budget_kib is None):
         ctx.state.reuses += 1
     else:
-        query = LayerQuery(
-            kind=kind, mesh=mesh, mesh_micro_batch_size=b, seq_length=ctx.training.seq_length,
-            precision=ctx.training.precision, num_microbatches=REFERENCE_MICROBATCHES,
-            flash_attention=ctx.options.flash_attention, zero=(0, 1),
-            replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
-        )  # fmt: skip
-        built = ctx.state.problems.pop(key, None)
-        if built is None:
-            built = layer_problem(ctx.model, ctx.cluster, query)
+        query = _query(ctx, kind, mesh, b)
+        built = _built(ctx, key)
         frontier = solve_frontier(
             ctx.model, ctx.cluster, query, steps=steps, shrink=LADDER_SHRINK, start=known,
             options=IlpOptions(backend=ctx.options.backend,
@@ -123,8 +227,8 @@ def kind_solutions(
             built=built,
         )  # fmt: skip
         ctx.state.frontiers[key] = frontier
-        if frontier.solves <= LADDER_STEPS and frontier.next_budget_kib is not None:
-            ctx.state.problems[key] = built  # the whole frontier may be asked for later
+        if frontier.solves > LADDER_STEPS or frontier.next_budget_kib is None:
+            del ctx.state.problems[key]  # the walk ended: nothing will ask for it again
         if key not in ctx.state.seeds:
             ctx.state.seeds[key] = tuple(uniform_solutions(ctx.model, ctx.cluster, query))
     return [*ctx.state.frontiers[key].solutions, *ctx.state.seeds[key]]

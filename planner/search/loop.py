@@ -32,7 +32,7 @@ from planner.pipeline.assemble import (
     plan_stages,
     predicted,
 )
-from planner.pipeline.options import LayerOption, stage_table
+from planner.pipeline.options import stage_table
 from planner.pipeline.split import least_peak, split_layers
 from planner.placement.ranks import ORDERS, PipelinePlacement
 from planner.plan.inputs import cluster_ref, model_ref
@@ -43,10 +43,12 @@ from planner.plan.schema import (
     ScheduleSpec,
     SolverSummary,
 )
+from planner.search.bounds import layers_bound_s, may_fit, options_bound_s
 from planner.search.layers import (
     SearchContext,
     SearchState,
     decoder_kinds,
+    kind_least_s,
     kind_options,
     pipeline_send_s,
 )
@@ -60,10 +62,6 @@ from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.leanest import infeasible_message
 from planner.vocabulary import GIB, schedule_name
-
-BOUND_SLACK = 0.01
-"""The share :func:`options_bound_s` leaves below the options' step for the composer's
-exact sync."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,8 +96,19 @@ def evaluate(
     near = PipelinePlacement(mesh=mesh, num_stages=p, replicas=c.replicas, order="stages-inner")
     send = pipeline_send_s(ctx, c, near.pipeline_distance)
     held = (*dict.fromkeys(kinds), "embedding", "head")
+    device = ctx.cluster.device
+    usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
+    stage_bytes = usable - device.reserved_memory_gib * GIB
+    if bound_s < float("inf") and not may_fit(ctx, c, kinds, min(in_flight), stage_bytes):
+        return None  # the message that nothing fits needs no note of it: there is a plan
     if bound_s < float("inf"):
-        # Each layer's fastest sharding first (one ILP): most candidates stop here.
+        # A bound on each layer's time first (an LP, no ILP): most candidates stop here; then
+        # each layer's fastest sharding (one ILP), where most of the others stop.
+        for resharding in (False, True):
+            least = {kind: kind_least_s(ctx, kind, c.mesh, c.mesh_micro_batch_size,
+                                        resharding=resharding) for kind in held}  # fmt: skip
+            if layers_bound_s(c, kinds, least, send_s=send) >= bound_s:
+                return None
         fastest = {kind: kind_options(ctx, kind, c, whole=False) for kind in held}
         if all(fastest.values()) and options_bound_s(c, kinds, fastest,
                                                      send_s=send) >= bound_s:  # fmt: skip
@@ -107,11 +116,11 @@ def evaluate(
     options = {kind: kind_options(ctx, kind, c) for kind in held}
     if not all(options.values()):
         return None
-    device = ctx.cluster.device
-    usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
-    stage_bytes = usable - device.reserved_memory_gib * GIB
-    if options_bound_s(c, kinds, options, send_s=send, in_flight=min(in_flight),
-                       memory_bytes=stage_bytes) >= bound_s:  # fmt: skip
+    # Without an incumbent, a candidate that cannot fit goes on to the stage table, which
+    # notes the least memory it needs (what the error says when nothing fits).
+    if bound_s < float("inf") and options_bound_s(
+        c, kinds, options, send_s=send, in_flight=min(in_flight), memory_bytes=stage_bytes
+    ) >= bound_s:  # fmt: skip
         return None
     table = stage_table(
         kinds, options, in_flight=in_flight, fixed_latency_s=[send] * p,
@@ -143,43 +152,15 @@ def evaluate(
             _note_least(ctx, c, sum(step.peak_memory_bytes))
             continue
         if best is None or step.step_s < best.step.step_s:
-            best = Found(candidate=c, stages=stages, placement=placement, step=step,
-                         objective_s=split.step_s, bounds_tried=split.bounds_tried)
+            best = Found(
+                candidate=c,
+                stages=stages,
+                placement=placement,
+                step=step,
+                objective_s=split.step_s,
+                bounds_tried=split.bounds_tried,
+            )
     return best
-
-
-def options_bound_s(
-    c: Candidate, kinds: list[str], options: dict[str, list[LayerOption]], *, send_s: float,
-    in_flight: float | None = None, memory_bytes: float = float("inf"),
-) -> float:  # fmt: skip
-    """A lower bound on the step of ``c``'s plans: every layer at its fastest option whatever
-    its memory, the stages' sends, and the slowest stage no faster than an equal share
-    (:func:`planner.cost.fill_and_drain` grows with the slowest stage and with their sum).
-
-    With ``in_flight`` (the fewest microbatches a stage holds) and ``memory_bytes`` (what a
-    stage may use), and one decoder layer kind: some stage holds at least ``ceil(n / p)``
-    layers, all of one sharding, so the slowest stage is no faster than that many layers of
-    the fastest option whose states and kept activations fit that many times.
-
-    Less :data:`BOUND_SLACK`: the options amortise the once-per-step sync over the
-    microbatches where the composer prices it exactly (its step came up to 0.1 % below the
-    options' on Llama 3 8B at 8K tokens on 16 H100)."""
-    p = c.num_stages
-    fastest = {kind: min(o.latency_s for o in kept) for kind, kept in options.items()}
-    total_s = (sum(fastest[kind] for kind in kinds) + fastest["embedding"] + fastest["head"]
-               + p * send_s)  # fmt: skip
-    slowest_s = total_s / p
-    if in_flight is not None and len(set(kinds)) == 1:
-        most = -(-len(kinds) // p)
-        fitting = [o.latency_s for o in options[kinds[0]]
-                   if most * (o.state_bytes + in_flight * o.kept_bytes) + o.working_bytes
-                   <= memory_bytes]  # fmt: skip
-        if fitting:
-            slowest_s = max(slowest_s, most * min(fitting) + send_s)
-            total_s = max(total_s, slowest_s)
-    step_s, _ = cost.fill_and_drain(sum_s=total_s, max_s=slowest_s,
-                                    num_microbatches=c.num_microbatches, vpp=c.vpp)  # fmt: skip
-    return float(step_s) * (1 - BOUND_SLACK)
 
 
 def _note_least(ctx: SearchContext, c: Candidate, need_bytes: float) -> None:
@@ -250,8 +231,15 @@ def search(
     kinds = decoder_kinds(model)
     todo = candidates(model, cluster, training, options)
     deadline = None if options.time_limit_s is None else started + options.time_limit_s
-    ctx = SearchContext(model=model, cluster=cluster, training=training, options=options,
-                        state=SearchState(), deadline=deadline)
+    ctx = SearchContext(
+        model=model,
+        cluster=cluster,
+        training=training,
+        options=options,
+        state=SearchState(),
+        deadline=deadline,
+        parameters=parameter_count(lowered(model, training, 1)[0]).total,
+    )
     bound_s = float("inf") if incumbent_s is None else incumbent_s
     best: Found | None = None
     cut_at: Candidate | None = None
@@ -358,14 +346,18 @@ def _plan(
             training=training,
             forward_flops_per_sequence=model_flops_per_sequence(ctx.model, training.seq_length),
             executed_flops_per_sequence=cost.executed_training_flops(
-                ctx.model, training, 1, flash_attention=ctx.options.flash_attention),
+                ctx.model, training, 1, flash_attention=ctx.options.flash_attention
+            ),
             micro_batch_size=c.mesh_micro_batch_size,
             parallel=[s.parallel for s in stages],
         ),
         solver=SolverSummary(
             time_s=wall_s,
-            status="time_limit" if search_gap is not None
-            else "optimal" if statuses <= {"optimal", "infeasible"} else "feasible",
+            status="time_limit"
+            if search_gap is not None
+            else "optimal"
+            if statuses <= {"optimal", "infeasible"}
+            else "feasible",
             objective=best.objective_s,
             gap=max([*gaps, search_gap] if search_gap is not None else gaps, default=None),
             ilp_count=sum(f.solves for f in ctx.state.frontiers.values()),
