@@ -89,13 +89,20 @@ def test_any_space_contains_every_framework_space(name: str, devices: int,
         assert not missing, (framework, missing[:1])
 
 
-def test_candidate_bound_is_below_every_plan_it_would_cut() -> None:
+@pytest.mark.parametrize(("name", "devices", "run"), [
+    ("llama3-8b", 8, {"seq_length": 8192, "global_batch_size": 64}),
+    ("mixtral-8x7b", 16, {"seq_length": 2048, "global_batch_size": 32}),
+])  # fmt: skip
+def test_candidate_bound_is_below_every_plan_it_would_cut(
+    name: str, devices: int, run: dict[str, Any]
+) -> None:
     """The bounds that drop a candidate before its stage table are at most the step of the
     plan the candidate yields, and the memory bound lets it through, on every candidate of
-    Llama 3 8B at 8K tokens on 8 H100 (where memory binds): the one from its layers' fastest
-    options with the busiest stage's memory counted, the one from a bound on each layer's
-    time before any layer ILP (each node's fastest strategy, then the LP relaxation with
-    resharding), and the least memory its busiest stage could hold."""
+    Llama 3 8B at 8K tokens on 8 H100 (where memory binds) and of Mixtral 8x7B on 2 nodes
+    (2x8 meshes, experts across nodes): the one from its layers' fastest options with the
+    busiest stage's memory counted, the one from a bound on each layer's time before any
+    layer ILP (each node's fastest strategy, then the LP relaxation with resharding), and
+    the least memory its busiest stage could hold."""
     from planner import cost
     from planner.graph import lowered, parameter_count
     from planner.options import training_of
@@ -113,8 +120,8 @@ def test_candidate_bound_is_below_every_plan_it_would_cut() -> None:
     from planner.sharding.layout import LogicalMesh
     from planner.vocabulary import GIB
 
-    model, cluster = load("llama3-8b"), nodes(8)
-    options = SolveOptions(framework="any", seq_length=8192, global_batch_size=64)
+    model, cluster = load(name), nodes(devices)
+    options = SolveOptions(framework="any", **run)
     training, kinds = training_of(model, options), decoder_kinds(model)
     ctx = SearchContext(model=model, cluster=cluster, training=training, options=options,
                         state=SearchState(),

@@ -5,12 +5,15 @@ least-memory program finds the least memory."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.ilp import EdgeCosts, LayerProblem, NodeCosts, build_layer_milp, solve_milp
+from planner.ilp.bound import least_time_ns, time_only
 from planner.ilp.formulation import evaluate_ns, memory_kib
+from planner.ilp.modes import mode_floors, solve_by_mode
 from planner.ilp.prune import prune_dominated
 from planner.vocabulary import RECOMPUTE_MODES
 
@@ -27,7 +30,8 @@ def problems(draw: st.DrawFn) -> LayerProblem:
     def vec(k: int) -> tuple[int, ...]:
         return tuple(draw(cost) for _ in range(k))
 
-    modes = draw(st.sampled_from([("none",), RECOMPUTE_MODES, ("none", "full")]))
+    modes = draw(st.sampled_from([("none",), RECOMPUTE_MODES, ("none", "full"), ("full",),
+                                  ("selective",)]))  # fmt: skip
     stages = draw(st.sampled_from([(0,), (0, 1, 2, 3), (1, 3)]))
     nodes = tuple(
         NodeCosts(
@@ -94,3 +98,45 @@ def test_pruning_keeps_the_optimum(problem: LayerProblem) -> None:
     pruned, kept = prune_dominated(problem)
     assert brute_force(pruned) == brute_force(problem)
     assert all(len(k) >= 1 for k in kept)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems())
+def test_time_bound_is_below_every_choice(problem: LayerProblem) -> None:
+    """The LP bound the search prunes with is at most the time (no rerun, no sync) of every
+    choice of strategies, whatever the budget, recomputation and ZeRO stage."""
+    bound = least_time_ns(problem)
+    plain = time_only(problem)
+    ranges = [range(len(node.strategies)) for node in problem.nodes]
+    least = min(evaluate_ns(plain, chosen, "none", 0) for chosen in itertools.product(*ranges))
+    assert bound <= least
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems())
+def test_solving_mode_by_mode_finds_the_joint_optimum(problem: LayerProblem) -> None:
+    """Each recomputation mode solved apart, a mode skipped when its floor reaches the best
+    time found, gives brute force's optimum (or infeasibility), with both kinds of floors:
+    the LP relaxation of each mode's program, and the optimum without recomputation or
+    budget plus each node's and edge's least rerun."""
+    best, _ = brute_force(problem)
+    free = replace(problem, recompute_modes=("none",), budget_kib=None)
+    fastest = solve_milp(build_layer_milp(free), backend="ortools", time_limit_s=30)
+    for floors in (mode_floors(problem),
+                   mode_floors(problem, fastest_ns=fastest.report.objective)):  # fmt: skip
+        assert all(floors[m] <= v for m, v in _mode_optima(problem).items())
+        result = solve_by_mode(problem, floors, lambda milp: solve_milp(
+            milp, backend="ortools", time_limit_s=30))  # fmt: skip
+        if best is None:
+            assert result.report.status == "infeasible"
+        else:
+            assert result.report.status == "optimal"
+            assert round(result.report.objective) == best
+
+
+def _mode_optima(problem: LayerProblem) -> dict[str, int]:
+    """Each mode's optimum without a budget, by brute force."""
+    ranges = [range(len(node.strategies)) for node in problem.nodes]
+    return {mode: min(evaluate_ns(problem, chosen, mode, stage)
+                      for chosen in itertools.product(*ranges) for stage in problem.zero_stages)
+            for mode in problem.recompute_modes}  # fmt: skip

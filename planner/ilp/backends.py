@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from planner.errors import SolverError
 from planner.ilp.milp import Milp
@@ -64,15 +64,15 @@ def _gap(objective: float | None, bound: float | None) -> float | None:
     return abs(objective - bound) / max(abs(objective), 1e-9)
 
 
-def solve_ortools(milp: Milp, *, time_limit_s: float) -> MilpSolution:
-    """OR-Tools' linear-solver interface with CBC, in process."""
-    from ortools.linear_solver import pywraplp
-
-    solver = pywraplp.Solver.CreateSolver("CBC")
-    if solver is None:
-        raise SolverError("this OR-Tools build has no CBC; use --backend pulp or cpsat")
-    var = {name: solver.BoolVar(name) for name in milp.binaries}
-    var |= {name: solver.IntVar(lo, hi, name) for name, (lo, hi) in milp.integers.items()}
+def _load(solver: Any, milp: Milp, *, relaxed: bool) -> tuple[dict[str, Any], Any]:
+    """``milp`` into an OR-Tools linear solver (its variables continuous in their bounds when
+    ``relaxed``): the variables by name, and the objective to minimise."""
+    if relaxed:
+        var = {name: solver.NumVar(0.0, 1.0, name) for name in milp.binaries}
+        var |= {name: solver.NumVar(lo, hi, name) for name, (lo, hi) in milp.integers.items()}
+    else:
+        var = {name: solver.BoolVar(name) for name in milp.binaries}
+        var |= {name: solver.IntVar(lo, hi, name) for name, (lo, hi) in milp.integers.items()}
     infinity = solver.infinity()
     for c in milp.constraints:
         lower = -infinity if c.sense == "<=" else c.rhs
@@ -84,6 +84,17 @@ def solve_ortools(milp: Milp, *, time_limit_s: float) -> MilpSolution:
     for v, coef in milp.objective.items():
         objective.SetCoefficient(var[v], coef)
     objective.SetMinimization()
+    return var, objective
+
+
+def solve_ortools(milp: Milp, *, time_limit_s: float) -> MilpSolution:
+    """OR-Tools' linear-solver interface with CBC, in process."""
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("CBC")
+    if solver is None:
+        raise SolverError("this OR-Tools build has no CBC; use --backend pulp or cpsat")
+    var, objective = _load(solver, milp, relaxed=False)
     # Milliseconds in a C int: a limit past ~24 days (or infinite) means "none" anyway.
     solver.SetTimeLimit(max(1, min(2**31 - 1, round(1000 * min(time_limit_s, 2e6)))))
     solver.SetNumThreads(1)
@@ -204,19 +215,7 @@ def relaxation_bound(milp: Milp) -> float | None:
     from ortools.linear_solver import pywraplp
 
     solver = pywraplp.Solver.CreateSolver("GLOP")
-    var = {name: solver.NumVar(0.0, 1.0, name) for name in milp.binaries}
-    var |= {name: solver.NumVar(lo, hi, name) for name, (lo, hi) in milp.integers.items()}
-    infinity = solver.infinity()
-    for c in milp.constraints:
-        lower = -infinity if c.sense == "<=" else c.rhs
-        upper = infinity if c.sense == ">=" else c.rhs
-        row = solver.Constraint(lower, upper, c.name)
-        for v, coef in c.terms:
-            row.SetCoefficient(var[v], coef)
-    objective = solver.Objective()
-    for v, coef in milp.objective.items():
-        objective.SetCoefficient(var[v], coef)
-    objective.SetMinimization()
+    _, objective = _load(solver, milp, relaxed=True)
     if solver.Solve() != pywraplp.Solver.OPTIMAL:
         return None
     return float(objective.Value())

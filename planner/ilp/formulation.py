@@ -168,6 +168,8 @@ def add_recompute_constraints(milp: Milp, problem: LayerProblem) -> dict[str, in
     """The recomputation choice. Returns the activation-memory terms; adds the rerun time
     (a node's forward, or its attention core, and under full recomputation the forward
     resharding too) to the objective."""
+    if len(problem.recompute_modes) == 1:
+        return _fixed_recompute(milp, problem)
     modes = _choice(milp, "recompute", problem.recompute_modes)
     y = _disaggregate(milp, problem, "y", modes, list(range(len(problem.nodes))))
     memory: dict[str, int] = {}
@@ -178,6 +180,26 @@ def add_recompute_constraints(milp: Milp, problem: LayerProblem) -> dict[str, in
         milp.minimise({var: rerun})
     if "full" in modes:
         _add_rerun_resharding(milp, problem, y)
+    return memory
+
+
+def _fixed_recompute(milp: Milp, problem: LayerProblem) -> dict[str, int]:
+    """One recomputation mode: its choice variable is fixed, and its rerun time and memory
+    go on the strategy and edge variables themselves (no products to linearise)."""
+    (mode,) = problem.recompute_modes
+    chosen = milp.add_binary(f"recompute_{mode}")
+    milp.add_constraint("one_recompute", {chosen: 1}, "==", 1)
+    memory: dict[str, int] = {}
+    for v, node in enumerate(problem.nodes):
+        for i in range(len(node.strategies)):
+            memory[_s(v, i)] = node.activation_kib[mode][i]
+            rerun = {"full": node.forward_ns[i], "selective": node.attention_ns[i]}.get(mode, 0)
+            milp.minimise({_s(v, i): rerun})
+    if mode == "full":
+        for k, edge in enumerate(problem.edges):
+            for i, row in enumerate(edge.forward_ns):
+                for j, ns in enumerate(row):
+                    milp.minimise({_e(k, i, j): ns})
     return memory
 
 

@@ -25,6 +25,7 @@ from planner.ilp.formulation import (
     strategy_var,
 )
 from planner.ilp.milp import Milp
+from planner.ilp.modes import mode_floors, solve_by_mode
 from planner.ilp.problem import KIB, NS, LayerQuery, layer_problem
 from planner.sharding.assignment import (
     LayerGraph,
@@ -258,14 +259,28 @@ def solve_frontier(
         if start.next_budget_kib is None:
             return start
         found, solves, budget = list(start.solutions), start.solves, start.next_budget_kib
+    floors: dict[str, float] | None = None
     for _ in range(steps + 1 - solves):
         solves += 1
         step = replace(problem, budget_kib=budget)
         if budget is None and "none" in step.recompute_modes:
             # Without a budget a rerun only adds time: the fastest point recomputes nothing,
-            # and its program without the recomputation variables is a third the size.
-            step = replace(step, recompute_modes=("none",))
-        result = _solve(build_layer_milp(step), options)
+            # and its program without the recomputation variables has half the variables.
+            result = _solve(build_layer_milp(replace(step, recompute_modes=("none",))),
+                            options)  # fmt: skip
+            unset = {f"recompute_{m}": 0 for m in step.recompute_modes}
+            result = replace(result, values=unset | result.values)
+        elif len(step.recompute_modes) > 1:
+            if floors is None:
+                # The walk's first point is the fastest without recomputation when it began
+                # without a budget.
+                unbounded = (problem.budget_kib is None and "none" in problem.recompute_modes
+                             and found)  # fmt: skip
+                floors = mode_floors(problem, fastest_ns=found[0].time_s * NS if unbounded
+                                     else None)  # fmt: skip
+            result = solve_by_mode(step, floors, lambda milp: _solve(milp, options))
+        else:
+            result = _solve(build_layer_milp(step), options)
         if result.report.status in ("infeasible", "timed_out"):
             break
         asked = replace(query, memory_budget_gib=None if budget is None else budget * KIB / GIB)

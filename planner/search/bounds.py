@@ -14,43 +14,27 @@ from planner.search.layers import SearchContext, kind_least_bytes
 from planner.search.space import Candidate
 
 BOUND_SLACK = 0.01
-"""The share :func:`options_bound_s` leaves below the options' step for the composer's
-exact sync."""
+"""The share :func:`layers_bound_s` leaves below the options' step for the composer's exact
+sync."""
 
 
 def options_bound_s(
     c: Candidate, kinds: list[str], options: dict[str, list[LayerOption]], *, send_s: float,
     in_flight: float | None = None, memory_bytes: float = float("inf"),
 ) -> float:  # fmt: skip
-    """A lower bound on the step of ``c``'s plans: every layer at its fastest option whatever
-    its memory, the stages' sends, and the slowest stage no faster than an equal share
-    (:func:`planner.cost.fill_and_drain` grows with the slowest stage and with their sum).
-
-    With ``in_flight`` (the fewest microbatches a stage holds) and ``memory_bytes`` (what a
-    stage may use): for each decoder layer kind with ``n`` layers, some stage holds at least
-    ``ceil(n / p)`` of them, all of one sharding, so the slowest stage is no faster than that
-    many layers of the kind's fastest option whose states and kept activations fit that many
-    times (and when none fits, no plan of ``c`` does: the bound is infinite).
-
-    Less :data:`BOUND_SLACK`: the options amortise the once-per-step sync over the
-    microbatches where the composer prices it exactly (its step came up to 0.1 % below the
-    options' on Llama 3 8B at 8K tokens on 16 H100)."""
-    p = c.num_stages
+    """:func:`layers_bound_s` from ``c``'s layer options: every layer at its fastest option
+    whatever its memory, and with ``in_flight`` (the fewest microbatches a stage holds) and
+    ``memory_bytes`` (what a stage may use), for each decoder layer kind the fastest option
+    whose states and kept activations fit the ``ceil(n / p)`` layers some stage holds (they
+    all take one sharding)."""
     fastest = {kind: min(o.latency_s for o in kept) for kind, kept in options.items()}
-    total_s = _layers_s(c, kinds, fastest, send_s=send_s)
-    slowest_s = total_s / p
+    fitting: dict[str, float] = {}
     for kind in dict.fromkeys(kinds) if in_flight is not None else ():
-        most = -(-kinds.count(kind) // p)
-        fitting = [o.latency_s for o in options[kind]
-                   if most * (o.state_bytes + in_flight * o.kept_bytes) + o.working_bytes
-                   <= memory_bytes]  # fmt: skip
-        if not fitting:
-            return float("inf")  # the stage holding the most such layers fits under none
-        slowest_s = max(slowest_s, most * min(fitting) + send_s)
-        total_s = max(total_s, slowest_s)
-    step_s, _ = cost.fill_and_drain(sum_s=total_s, max_s=slowest_s,
-                                    num_microbatches=c.num_microbatches, vpp=c.vpp)  # fmt: skip
-    return float(step_s) * (1 - BOUND_SLACK)
+        most = -(-kinds.count(kind) // c.num_stages)
+        fitting[kind] = min((o.latency_s for o in options[kind]
+                             if most * (o.state_bytes + in_flight * o.kept_bytes)
+                             + o.working_bytes <= memory_bytes), default=float("inf"))  # fmt: skip
+    return layers_bound_s(c, kinds, fastest, send_s=send_s, fitting_s=fitting)
 
 
 def least_state_bytes(ctx: SearchContext, c: Candidate) -> float:
@@ -86,13 +70,28 @@ def may_fit(
 
 
 def layers_bound_s(
-    c: Candidate, kinds: list[str], least_s: Mapping[str, float], *, send_s: float
-) -> float:
+    c: Candidate, kinds: list[str], least_s: Mapping[str, float], *, send_s: float,
+    fitting_s: Mapping[str, float] | None = None,
+) -> float:  # fmt: skip
     """A lower bound on the step of ``c``'s plans from a bound on each layer kind's time
-    (:func:`planner.search.layers.kind_least_s`), the stages' sends, and the slowest stage
-    no faster than an equal share: :func:`options_bound_s` before any layer is solved."""
+    (``least_s``: :func:`planner.search.layers.kind_least_s` before any layer is solved, the
+    fastest options after), the stages' sends, and the slowest stage no faster than an equal
+    share (:func:`planner.cost.fill_and_drain` grows with the slowest stage and with their
+    sum). With ``fitting_s``, a bound on a decoder layer kind's time when the ``ceil(n / p)``
+    of its ``n`` layers that some stage holds fit in it: that stage is no faster than that
+    many such layers (infinite: none fits, nor does any plan of ``c``).
+
+    Less :data:`BOUND_SLACK`: the options amortise the once-per-step sync over the
+    microbatches where the composer prices it exactly (its step came up to 0.1 % below the
+    options' on Llama 3 8B at 8K tokens on 16 H100)."""
     total_s = _layers_s(c, kinds, least_s, send_s=send_s)
-    step_s, _ = cost.fill_and_drain(sum_s=total_s, max_s=total_s / c.num_stages,
+    slowest_s = total_s / c.num_stages
+    for kind, least in (fitting_s or {}).items():
+        if least == float("inf"):
+            return least
+        slowest_s = max(slowest_s, -(-kinds.count(kind) // c.num_stages) * least + send_s)
+        total_s = max(total_s, slowest_s)
+    step_s, _ = cost.fill_and_drain(sum_s=total_s, max_s=slowest_s,
                                     num_microbatches=c.num_microbatches, vpp=c.vpp)  # fmt: skip
     return float(step_s) * (1 - BOUND_SLACK)
 

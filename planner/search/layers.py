@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from planner import cost
 from planner.graph.lower import decoder_layer_kind
 from planner.ilp.bound import least_time_ns
@@ -20,7 +22,6 @@ from planner.pipeline.options import TRANSFORMER_KINDS, LayerOption, SyncContext
 from planner.search.space import Candidate
 from planner.sharding.assignment import LayerGraph
 from planner.sharding.layout import LogicalMesh
-from planner.sharding.strategies import Strategy
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES
 
@@ -183,20 +184,22 @@ def kind_least_bytes(
         nodes = built[1].nodes if built is not None else _graph(ctx, key[:3]).nodes
         stages = ZERO_STAGES[:2] if c.num_stages > 1 else ZERO_STAGES
         modes = RECOMPUTE_MODES if kind in TRANSFORMER_KINDS else ("none",)
-
-        def held(x: Strategy, zero: int, mode: str, first: bool) -> float:
+        total = np.zeros((len(stages), len(modes)))
+        for v, node in enumerate(nodes):
+            # Per strategy (columns): states per ZeRO stage, kept activations per mode (full
+            # recomputation keeps the layer input), and what full recomputation rebuilds.
+            x = node.strategies
+            state = np.array([[s.state_bytes[z] for s in x] for z in stages])
+            kept = np.array([[s.kept_bytes for s in x], [s.kept_selective_bytes for s in x],
+                             [s.input_bytes * (v == 0) for s in x]])  # fmt: skip
+            rebuilt = np.array([[0.0] * len(x), [0.0] * len(x), [s.kept_bytes for s in x]])
+            rows = [RECOMPUTE_MODES.index(m) for m in modes]
             # As the stage table counts a layer option: kept per microbatch in flight, and
             # under full recomputation the rebuilt activations once.
-            kept = {"none": x.kept_bytes, "selective": x.kept_selective_bytes,
-                    "full": x.input_bytes * first}[mode]  # fmt: skip
-            working = x.kept_bytes if mode == "full" else 0.0
-            return layers * (x.state_bytes[zero] + in_flight * kept) + working
-
-        ctx.state.least_bytes[key] = min(
-            sum(min(held(x, zero, mode, v == 0) for x in node.strategies)
-                for v, node in enumerate(nodes))
-            for zero in stages for mode in modes
-        )  # fmt: skip
+            held = (layers * (state[:, None, :] + in_flight * kept[None, rows, :])
+                    + rebuilt[None, rows, :])  # fmt: skip
+            total += held.min(axis=2)  # each node's leanest, per (ZeRO stage, mode)
+        ctx.state.least_bytes[key] = float(total.min())
     return ctx.state.least_bytes[key]
 
 
