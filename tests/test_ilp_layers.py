@@ -144,11 +144,14 @@ def test_shrinking_budget_trades_time_for_memory(gpt3: ModelSpec, a100: ClusterS
 def test_backends_prove_the_same_optimum(
     name: str, kind: str, mesh: tuple[int, int], h100: ClusterSpec
 ) -> None:
-    """OR-Tools (CBC), PuLP (CBC) and CP-SAT agree to the nanosecond on real layers."""
+    """OR-Tools (CBC), PuLP (CBC) and CP-SAT agree to the nanosecond on real layers. Each
+    solve may take two minutes: CP-SAT took 7 s on the 70B layer with the machine's other
+    core busy, and past the default 10 s it reports a feasible point, not a proof."""
     model = load_model(MODELS / f"{name}.json")
     query = LayerQuery(kind=kind, mesh=mesh, mesh_micro_batch_size=mesh[0], seq_length=2048,
                        num_microbatches=8, memory_budget_gib=20)  # fmt: skip
-    reports = [solve_layer(model, h100, query, options=IlpOptions(backend=b)).report
+    reports = [solve_layer(model, h100, query,
+                           options=IlpOptions(backend=b, time_limit_s=120)).report
                for b in ("ortools", "pulp", "cpsat")]  # fmt: skip
     assert {r.status for r in reports} == {"optimal"}
     assert len({r.objective for r in reports}) == 1
