@@ -1,8 +1,9 @@
-"""Bounds that let the search skip a candidate before it shards or splits anything: a lower
-bound on its step (every layer at least as fast as a bound on its time, the slowest stage no
-faster than an equal share, stretched by the pipeline's fill and drain) and a lower bound on
-what its busiest stage holds. A candidate whose bound reaches the incumbent's step, or whose
-stage cannot fit, cannot hold a faster plan (:func:`planner.search.loop.evaluate`)."""
+"""Bounds that let the search skip a candidate before it splits its layers into stages, most
+of them before it solves any layer ILP: a lower bound on its step (every layer at least as
+fast as a bound on its time, the slowest stage no faster than an equal share, stretched by
+the pipeline's fill and drain) and a lower bound on what its busiest stage holds. A candidate
+whose bound reaches the incumbent's step, or whose stage cannot fit, cannot hold a faster
+plan (:func:`planner.search.loop.evaluate`)."""
 
 from __future__ import annotations
 

@@ -152,14 +152,8 @@ def evaluate(
             _note_least(ctx, c, sum(step.peak_memory_bytes))
             continue
         if best is None or step.step_s < best.step.step_s:
-            best = Found(
-                candidate=c,
-                stages=stages,
-                placement=placement,
-                step=step,
-                objective_s=split.step_s,
-                bounds_tried=split.bounds_tried,
-            )
+            best = Found(candidate=c, stages=stages, placement=placement, step=step,
+                         objective_s=split.step_s, bounds_tried=split.bounds_tried)
     return best
 
 
@@ -231,15 +225,9 @@ def search(
     kinds = decoder_kinds(model)
     todo = candidates(model, cluster, training, options)
     deadline = None if options.time_limit_s is None else started + options.time_limit_s
-    ctx = SearchContext(
-        model=model,
-        cluster=cluster,
-        training=training,
-        options=options,
-        state=SearchState(),
-        deadline=deadline,
-        parameters=parameter_count(lowered(model, training, 1)[0]).total,
-    )
+    ctx = SearchContext(model=model, cluster=cluster, training=training, options=options,
+                        state=SearchState(), deadline=deadline,
+                        parameters=parameter_count(lowered(model, training, 1)[0]).total)
     bound_s = float("inf") if incumbent_s is None else incumbent_s
     best: Found | None = None
     cut_at: Candidate | None = None
@@ -346,18 +334,14 @@ def _plan(
             training=training,
             forward_flops_per_sequence=model_flops_per_sequence(ctx.model, training.seq_length),
             executed_flops_per_sequence=cost.executed_training_flops(
-                ctx.model, training, 1, flash_attention=ctx.options.flash_attention
-            ),
+                ctx.model, training, 1, flash_attention=ctx.options.flash_attention),
             micro_batch_size=c.mesh_micro_batch_size,
             parallel=[s.parallel for s in stages],
         ),
         solver=SolverSummary(
             time_s=wall_s,
-            status="time_limit"
-            if search_gap is not None
-            else "optimal"
-            if statuses <= {"optimal", "infeasible"}
-            else "feasible",
+            status="time_limit" if search_gap is not None
+            else "optimal" if statuses <= {"optimal", "infeasible"} else "feasible",
             objective=best.objective_s,
             gap=max([*gaps, search_gap] if search_gap is not None else gaps, default=None),
             ilp_count=sum(f.solves for f in ctx.state.frontiers.values()),
