@@ -49,6 +49,10 @@ class SearchState:
     )
     """A lower bound on each layer's time, and whether it counts resharding, by the same key
     (:func:`kind_least_s`)."""
+    memory_columns: dict[
+        tuple[str, tuple[int, int], int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    ] = field(default_factory=dict)
+    """Each layer's memory per node and strategy, by the same key (:func:`_memory_columns`)."""
     least_bytes: dict[tuple[str, tuple[int, int], int, int, int, bool], float] = field(
         default_factory=dict
     )
@@ -180,27 +184,40 @@ def kind_least_bytes(
     the candidate's replicas hold."""
     key = (kind, c.mesh, c.mesh_micro_batch_size, layers, in_flight, c.num_stages > 1)
     if key not in ctx.state.least_bytes:
-        built = ctx.state.problems.get(key[:3])
-        nodes = built[1].nodes if built is not None else _graph(ctx, key[:3]).nodes
         stages = ZERO_STAGES[:2] if c.num_stages > 1 else ZERO_STAGES
-        modes = RECOMPUTE_MODES if kind in TRANSFORMER_KINDS else ("none",)
-        total = np.zeros((len(stages), len(modes)))
-        for v, node in enumerate(nodes):
-            # Per strategy (columns): states per ZeRO stage, kept activations per mode (full
-            # recomputation keeps the layer input), and what full recomputation rebuilds.
-            x = node.strategies
-            state = np.array([[s.state_bytes[z] for s in x] for z in stages])
-            kept = np.array([[s.kept_bytes for s in x], [s.kept_selective_bytes for s in x],
-                             [s.input_bytes * (v == 0) for s in x]])  # fmt: skip
-            rebuilt = np.array([[0.0] * len(x), [0.0] * len(x), [s.kept_bytes for s in x]])
-            rows = [RECOMPUTE_MODES.index(m) for m in modes]
+        rows = [RECOMPUTE_MODES.index(m)
+                for m in (RECOMPUTE_MODES if kind in TRANSFORMER_KINDS else ("none",))]
+        total = np.zeros((len(stages), len(rows)))
+        for state, kept, rebuilt in _memory_columns(ctx, key[:3]):
             # As the stage table counts a layer option: kept per microbatch in flight, and
             # under full recomputation the rebuilt activations once.
-            held = (layers * (state[:, None, :] + in_flight * kept[None, rows, :])
+            held = (layers * (state[list(stages), None, :] + in_flight * kept[None, rows, :])
                     + rebuilt[None, rows, :])  # fmt: skip
             total += held.min(axis=2)  # each node's leanest, per (ZeRO stage, mode)
         ctx.state.least_bytes[key] = float(total.min())
     return ctx.state.least_bytes[key]
+
+
+def _memory_columns(
+    ctx: SearchContext, key: tuple[str, tuple[int, int], int]
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per node of ``key``'s layer, per strategy (columns): the weight states per ZeRO stage
+    (rows), the kept activations per recomputation mode (full recomputation keeps the
+    layer's input), and what full recomputation rebuilds; built once from the layer graph."""
+    if key not in ctx.state.memory_columns:
+        built = ctx.state.problems.get(key)
+        nodes = built[1].nodes if built is not None else _graph(ctx, key).nodes
+        columns = []
+        for v, node in enumerate(nodes):
+            x = node.strategies
+            columns.append((
+                np.array([[s.state_bytes[z] for s in x] for z in ZERO_STAGES]),
+                np.array([[s.kept_bytes for s in x], [s.kept_selective_bytes for s in x],
+                          [s.input_bytes * (v == 0) for s in x]]),
+                np.array([[0.0] * len(x), [0.0] * len(x), [s.kept_bytes for s in x]]),
+            ))  # fmt: skip
+        ctx.state.memory_columns[key] = columns
+    return ctx.state.memory_columns[key]
 
 
 def kind_solutions(
