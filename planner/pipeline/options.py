@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,17 @@ def layer_options(
                 kept_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],
             ))  # fmt: skip
     return options
+
+
+def held_bytes(layers: Any, state_bytes: Any, kept_bytes: Any, in_flight: float) -> Any:
+    """What ``layers`` layers of one option hold on a device with ``in_flight`` microbatches
+    in flight: their weight states and kept activations (a stage's transient peak comes on
+    top, once). Numbers or numpy arrays (broadcast).
+
+    >>> held_bytes(4, 2.0, 0.5, 3)
+    14.0
+    """
+    return layers * (state_bytes + in_flight * kept_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -308,11 +320,11 @@ class _Columns:
         """Bytes a device needs holding ``in_flight`` microbatches."""
         mem = np.zeros(self.latency_s.shape)
         for k, kind in enumerate(self.kinds):
-            per_layer = kind.state_bytes + in_flight * kind.kept_bytes
-            added = mem + self.vectors[:, k] * per_layer[:, None]
+            added = mem + held_bytes(self.vectors[:, k][None, :], kind.state_bytes[:, None],
+                                     kind.kept_bytes[:, None], in_flight)  # fmt: skip
             mem = np.where(kind.held[:, None], added, mem)
         for extra in self.extras:
-            added = mem + (extra.state_bytes + in_flight * extra.kept_bytes)[:, None]
+            added = mem + held_bytes(1, extra.state_bytes, extra.kept_bytes, in_flight)[:, None]
             mem = np.where(extra.held[:, None], added, mem)
         return mem + self.working_bytes
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from planner import cost
-from planner.pipeline.options import LayerOption
+from planner.pipeline.options import LayerOption, held_bytes
 from planner.search.layers import SearchContext, kind_least_bytes
 from planner.search.space import Candidate
 
@@ -33,7 +33,7 @@ def options_bound_s(
     for kind in dict.fromkeys(kinds) if in_flight is not None else ():
         most = -(-kinds.count(kind) // c.num_stages)
         fitting[kind] = min((o.latency_s for o in options[kind]
-                             if most * (o.state_bytes + in_flight * o.kept_bytes)
+                             if held_bytes(most, o.state_bytes, o.kept_bytes, in_flight)
                              + o.working_bytes <= memory_bytes), default=float("inf"))  # fmt: skip
     return layers_bound_s(c, kinds, fastest, send_s=send_s, fitting_s=fitting)
 

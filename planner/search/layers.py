@@ -18,7 +18,13 @@ from planner.ilp.problem import NS, LayerQuery, layer_graph_of, layer_problem
 from planner.ilp.seeds import uniform_solutions
 from planner.options import SolveOptions
 from planner.pipeline.assemble import launchable, summarise
-from planner.pipeline.options import TRANSFORMER_KINDS, LayerOption, SyncContext, layer_options
+from planner.pipeline.options import (
+    TRANSFORMER_KINDS,
+    LayerOption,
+    SyncContext,
+    held_bytes,
+    layer_options,
+)
 from planner.search.space import Candidate
 from planner.sharding.assignment import LayerGraph
 from planner.sharding.layout import LogicalMesh
@@ -191,8 +197,8 @@ def kind_least_bytes(
         for state, kept, rebuilt in _memory_columns(ctx, key[:3]):
             # As the stage table counts a layer option: kept per microbatch in flight, and
             # under full recomputation the rebuilt activations once.
-            held = (layers * (state[list(stages), None, :] + in_flight * kept[None, rows, :])
-                    + rebuilt[None, rows, :])  # fmt: skip
+            held = (held_bytes(layers, state[list(stages), None, :], kept[None, rows, :],
+                               in_flight) + rebuilt[None, rows, :])  # fmt: skip
             total += held.min(axis=2)  # each node's leanest, per (ZeRO stage, mode)
         ctx.state.least_bytes[key] = float(total.min())
     return ctx.state.least_bytes[key]
