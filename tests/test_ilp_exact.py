@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from planner.ilp import EdgeCosts, LayerProblem, NodeCosts, build_layer_milp, solve_milp
 from planner.ilp.bound import least_time_ns, time_only
-from planner.ilp.formulation import evaluate_ns, memory_kib
+from planner.ilp.formulation import evaluate_ns, least_memory_kib, memory_kib
 from planner.ilp.modes import mode_floors, solve_by_mode
 from planner.ilp.prune import prune_dominated
 from planner.vocabulary import RECOMPUTE_MODES
@@ -89,6 +89,7 @@ def test_every_backend_matches_brute_force(problem: LayerProblem) -> None:
         memory = solve_milp(build_layer_milp(problem, minimise_memory=True),
                             backend=backend, time_limit_s=30)  # fmt: skip
         assert round(memory.report.objective) == least, backend
+    assert min(least_memory_kib(problem).values()) == least  # what skips infeasible solves
 
 
 @settings(max_examples=40, deadline=None)

@@ -263,6 +263,26 @@ def memory_kib(problem: LayerProblem, chosen: Sequence[int], recompute: str, zer
                for node, i in zip(problem.nodes, chosen, strict=True))  # fmt: skip
 
 
+def least_memory_kib(problem: LayerProblem) -> dict[str, int]:
+    """Each recomputation mode's least memory over every choice: memory has no edge terms, so
+    each node's leanest strategy under the layer's leanest ZeRO stage is exact, and a budget
+    below it needs no solve to be found infeasible.
+
+    >>> node = NodeCosts(name="mlp", strategies=("replicated", "column"), time_ns=(4, 2),
+    ...                  forward_ns=(2, 1), attention_ns=(0, 0),
+    ...                  activation_kib={"none": (8, 4), "full": (1, 1)},
+    ...                  state_kib=((16, 8), (4, 6)), sync_ns=((0, 0), (0, 0)))
+    >>> least_memory_kib(LayerProblem(nodes=(node,), edges=(), recompute_modes=("none", "full"),
+    ...                               zero_stages=(0, 1)))
+    {'none': 10, 'full': 5}
+    """
+    return {mode: min(sum(min(a + s for a, s in zip(node.activation_kib[mode], node.state_kib[k],
+                                                     strict=True))
+                          for node in problem.nodes)
+                      for k in problem.zero_stages)
+            for mode in problem.recompute_modes}  # fmt: skip
+
+
 def strategy_var(v: int, i: int) -> str:
     """The name of ``s[v,i]`` (to read a solution back)."""
     return _s(v, i)

@@ -21,6 +21,7 @@ from planner.ilp.formulation import (
     build_layer_milp,
     edge_var,
     evaluate_ns,
+    least_memory_kib,
     memory_kib,
     strategy_var,
 )
@@ -199,15 +200,12 @@ def solve_layer(
 ) -> LayerSolution:
     """The cheapest sharding of one layer of ``query.kind`` on ``query.mesh`` that fits the
     budget, with the solver's report; infeasible budgets come back with the least memory any
-    choice needs (a second solve).
+    choice needs (:func:`least_memory_kib`, exact without a solve).
     """
     problem, layer = layer_problem(model, cluster, query)
     result = _solve(build_layer_milp(problem), options)
     if result.report.status in ("infeasible", "timed_out"):
-        least = _solve(build_layer_milp(problem, minimise_memory=True), options)
-        min_memory = None
-        if least.report.objective is not None:
-            min_memory = least.report.objective * KIB
+        min_memory = min(least_memory_kib(problem).values()) * KIB
         solution = LayerSolution(kind=query.kind, mesh=query.mesh, choices=(), resharding=(),
                                  recompute=None, zero=None, time_s=None, memory_bytes=None,
                                  min_memory_bytes=min_memory, report=result.report)  # fmt: skip
@@ -263,6 +261,8 @@ def solve_frontier(
     for _ in range(steps + 1 - solves):
         solves += 1
         step = replace(problem, budget_kib=budget)
+        if budget is not None and budget < min(least_memory_kib(step).values()):
+            break  # nothing fits: memory adds up node by node, so no solve is needed to know
         if budget is None and "none" in step.recompute_modes:
             # Without a budget a rerun only adds time: the fastest point recomputes nothing,
             # and its program without the recomputation variables has half the variables.

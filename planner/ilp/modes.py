@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from planner.ilp.backends import MilpSolution, SolverReport, relaxation_bound
-from planner.ilp.formulation import LayerProblem, build_layer_milp
+from planner.ilp.formulation import LayerProblem, build_layer_milp, least_memory_kib
 from planner.ilp.milp import Milp
 
 
@@ -48,10 +48,15 @@ def solve_by_mode(
     """``problem``'s optimum, found by solving each recomputation mode's program apart with
     ``solve`` (lowest floor first, skipping a mode whose floor reaches the best time found),
     as one solution of the joint program: every mode's choice variable is set, the report
-    adds up the solves' time and is optimal only when every solve was."""
+    adds up the solves' time and is optimal only when every solve was. A mode whose least
+    memory (:func:`least_memory_kib`) is over the budget is not solved, unless no mode is
+    under it (the leanest is then solved, to prove it)."""
     best: MilpSolution | None = None
     solved: list[SolverReport] = []
-    for mode in sorted(problem.recompute_modes, key=lambda m: floors[m]):
+    least = least_memory_kib(problem)
+    budget = problem.budget_kib
+    fitting = [m for m in problem.recompute_modes if budget is None or least[m] <= budget]
+    for mode in sorted(fitting or [min(least, key=least.__getitem__)], key=lambda m: floors[m]):
         if best is not None and floors[mode] >= (best.report.objective or 0.0):
             continue
         result = solve(build_layer_milp(replace(problem, recompute_modes=(mode,))))
