@@ -32,8 +32,14 @@ SHARED = ROOT.parent / "shared"
 M = "instances/models/"
 C = "instances/clusters/"
 A100, H100 = C + "dgx-a100-80gb.json", C + "dgx-h100-80gb.json"
-WALL = re.compile(r"\b\d+(\.\d+)? s(?=, (optimal|feasible|time limit))|"
-                  r"(\"time_s\": )[0-9.e-]+|(solve[d]? in )[0-9.]+ s")  # fmt: skip
+WALL_TIMES = (
+    re.compile(r"\b()\d+(?:\.\d+)? s(?=, (?:optimal|feasible|time limit|gap))"),
+    re.compile(r"(\"time_s\": )[0-9.e-]+"),
+    re.compile(r"(solved? in )[0-9.]+ s"),
+    # compare's table: the solve seconds after the peak memory
+    re.compile(r"(?m)^( \S+\s+[\d.]+\s+\d+ %\s+[\d,]+\s+[\d.]+ %\s+[\d.]+\s+)[\d.]+"),
+)
+"""What prints a wall time: each pattern's first group is kept, the time after it masked."""
 
 ESTIMATES: dict[str, list[str]] = {
     "gpt3-tp8-pp16": [M + "gpt3-175b.json", A100, "--tp", "8", "--pp", "16", "--sp"],
@@ -123,15 +129,10 @@ def main() -> None:
                                   cwd=ROOT, check=False)  # fmt: skip
             text = f"$ planner {' '.join(argv)}\nexit {done.returncode}\n{done.stdout}{done.stderr}"
             text = text.replace(tmp, "TMP")
-            (args.out / f"{name}.txt").write_text(WALL.sub(_mask, text))
+            for pattern in WALL_TIMES:
+                text = pattern.sub(lambda m: m.group(1) + "<s>", text)
+            (args.out / f"{name}.txt").write_text(text)
             print(f"{name}: exit {done.returncode}")
-
-
-def _mask(match: re.Match[str]) -> str:
-    for prefix in (match.group(3), match.group(4)):
-        if prefix:
-            return prefix + "<s>"
-    return "<s>"
 
 
 if __name__ == "__main__":

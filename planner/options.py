@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from planner import cost
 from planner.ilp.backends import Backend
 from planner.plan.config import check_sequence
-from planner.spec import ModelSpec, TrainingSpec
+from planner.spec import DeviceSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import fill_training
 from planner.vocabulary import ContextParallelism, Precision, Recompute
 
@@ -109,6 +109,11 @@ class SolveOptions:
     def margin_bytes(self, device_memory_gib: float) -> float:
         """The memory a plan leaves free on a device of ``device_memory_gib``."""
         return cost.memory_margin_bytes(device_memory_gib, self.memory_margin_gib)
+
+    def usable_bytes(self, device: DeviceSpec) -> float:
+        """What a plan may fill on ``device``: its memory less this margin
+        (:func:`planner.cost.usable_bytes`)."""
+        return cost.usable_bytes(device, self.memory_margin_gib)
 
 
 DEFAULT_OPTIONS = SolveOptions()

@@ -14,7 +14,7 @@ from planner import cost
 from planner.plan.config import ParallelConfig, resolve
 from planner.sharding.uniform import uniform_parts
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.estimate import uniform_query, uniform_stage
+from planner.uniform.stages import uniform_query, uniform_stage
 
 S, B, T = 2048, 1, 8
 MODELS = {  # name: (layers, hidden, heads), Korthikanti Table 3

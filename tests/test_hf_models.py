@@ -38,7 +38,8 @@ from planner.spec.attention import SlidingWindowSpec
 from planner.spec.hf import model_from_hf_config
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.batch import estimate_batch
-from planner.uniform.estimate import estimate, uniform_query, uniform_stage
+from planner.uniform.estimate import estimate
+from planner.uniform.stages import uniform_query, uniform_stage
 from tests.conftest import CLUSTERS, HF, REPO, shared
 from tests.test_estimate_batch import agree, random_config
 

@@ -225,7 +225,7 @@ def test_sequence_parallel_storage_matches_megatron(gpt3: ModelSpec, a100: Clust
     (Korthikanti et al.'s 34 sbh / t with flash attention) and pay its extra all-gathers."""
     from planner.plan.config import ParallelConfig, resolve
     from planner.sharding.uniform import uniform_parts
-    from planner.uniform.estimate import uniform_query, uniform_stage
+    from planner.uniform.stages import uniform_query, uniform_stage
 
     query = LayerQuery(kind="dense", mesh=(1, 8), mesh_micro_batch_size=1, seq_length=2048)
     problem, layer = layer_problem(gpt3, a100, query)

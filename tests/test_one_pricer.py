@@ -20,7 +20,8 @@ from planner.sharding.assignment import layer_parts
 from planner.sharding.uniform import uniform_layer, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
-from planner.uniform.estimate import estimate, uniform_query, uniform_stage
+from planner.uniform.estimate import estimate
+from planner.uniform.stages import uniform_query, uniform_stage
 from tests.conftest import CLUSTERS, MODELS
 
 BUNDLED = sorted(p.stem for p in MODELS.glob("*.json"))

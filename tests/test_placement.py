@@ -15,8 +15,8 @@ from planner.placement.ranks import (
     megatron_order,
 )
 from planner.plan.config import resolve
-from planner.uniform.estimate import UniformStage, uniform_stage
 from planner.uniform.plan import megatron_ranks
+from planner.uniform.stages import UniformStage, uniform_stage
 from tests.conftest import MODELS
 
 

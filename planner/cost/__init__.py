@@ -59,12 +59,15 @@ from planner.cost.data_parallel import (
 )
 from planner.cost.memory import (
     DEFAULT_MEMORY_MARGIN,
+    MemoryParts,
     StateBytes,
+    fits,
     gradient_bytes_on_wire,
     in_flight_microbatches,
     memory_margin_bytes,
     saved_activation_bytes,
     state_bytes_per_param,
+    usable_bytes,
 )
 from planner.cost.pipeline import (
     PipelineTime,
@@ -87,6 +90,7 @@ __all__ = [
     "DataParallelSync",
     "ExecutedFlops",
     "ExposedSync",
+    "MemoryParts",
     "OpTime",
     "PipelineTime",
     "StateBytes",
@@ -102,6 +106,7 @@ __all__ = [
     "exposed_s",
     "exposed_sync",
     "fill_and_drain",
+    "fits",
     "fused_attention_fraction",
     "gemm_fraction",
     "gradient_bytes_on_wire",
@@ -119,6 +124,7 @@ __all__ = [
     "saved_activation_bytes",
     "sharded_bytes",
     "state_bytes_per_param",
+    "usable_bytes",
     "warmup_forwards",
     "zero_bubble_bubble",
 ]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.cost.compute import sharded_bytes
 from planner.cost.elementwise import Real, minimum
 from planner.cost.pipeline import warmup_forwards
 from planner.graph.ops import Op, Tensor
+from planner.spec import DeviceSpec
 from planner.vocabulary import PipelineSchedule, Precision, Recompute, ScheduleName, schedule_name
 
 DEFAULT_MEMORY_MARGIN = 0.05
@@ -28,6 +30,47 @@ def memory_margin_bytes(memory_gib: float, margin_gib: float | None = None) -> f
     """
     gib = DEFAULT_MEMORY_MARGIN * memory_gib if margin_gib is None else margin_gib
     return gib * 2**30
+
+
+def usable_bytes(device: DeviceSpec, margin_gib: float | None = None) -> float:
+    """What a plan may fill on ``device``: its memory less the margin
+    (:func:`memory_margin_bytes`), the device's reserved memory included."""
+    return device.memory_bytes - memory_margin_bytes(device.memory_gib, margin_gib)
+
+
+def fits(peak_bytes: Real, device: DeviceSpec, margin_gib: float | None = None) -> Real:
+    """Whether a peak of ``peak_bytes`` per device (a float, or an array over
+    configurations) leaves the margin free on ``device``: what every command calls fitting.
+
+    >>> from planner.spec import DeviceSpec
+    >>> h100 = DeviceSpec(name="H100", memory_gib=80, peak_tflops={"bf16": 989},
+    ...                   memory_bandwidth_gb_s=3350)
+    >>> fits(75 * 2**30, h100), fits(77 * 2**30, h100), fits(77 * 2**30, h100, margin_gib=2)
+    (True, False, True)
+    """
+    return peak_bytes + memory_margin_bytes(device.memory_gib, margin_gib) <= device.memory_bytes
+
+
+class MemoryParts(NamedTuple):
+    """One device's memory by what fills it, in bytes: floats, or arrays over configurations
+    (a tuple, in this order, wherever five parts travel)."""
+
+    weights: Real
+    """The compute-precision weights it holds."""
+    gradients: Real
+    """The gradients it accumulates."""
+    optimizer: Real
+    """The optimizer states (and master weights) it holds."""
+    activations: Real
+    """The activations kept for the backward of the microbatches in flight, and the working
+    buffers of the layer running."""
+    other: Real
+    """The device's reserved memory (CUDA context, NCCL's communicators)."""
+
+    @property
+    def total(self) -> Real:
+        """All five parts: the peak."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,7 +67,7 @@ def headline(
         model_tflops_per_gpu=rates.model_tflops_per_gpu,
         hardware_tflops_per_gpu=rates.hardware_tflops_per_gpu,
         mfu=rates.mfu,
-        peak_memory_gib=sum(step.peak_memory_bytes) / GIB,
+        peak_memory_gib=step.peak_memory_bytes.total / GIB,
         bubble_fraction=step.bubble_fraction,
         error_band=error_band(device, kind),
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from planner import cost
 from planner.cost.layer import LayerCost
+from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
 from planner.spec import ClusterSpec
 from planner.vocabulary import Offload, Precision
 
@@ -118,3 +119,60 @@ def tied_sync_s(cluster: ClusterSpec, tied: TiedCopy | None, precision: Precisio
         return 0.0
     nbytes = tied.params * cost.gradient_bytes_on_wire(precision)
     return cost.collective_time_s(cluster, "all_reduce", nbytes, tied.sync_group)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageStatics:
+    """What each of a pipeline's distinct stages costs that no microbatch, schedule or overlap
+    switch changes: its data-parallel traffic and state bytes, and the step's tied-copy
+    all-reduce, optimizer step and host memory. The step composer reads it, for one
+    configuration or for the configurations of a batch that share a split and a ZeRO stage."""
+
+    syncs: tuple[cost.DataParallelSync, ...]
+    """Each stage's data-parallel traffic with one microbatch a step."""
+    accumulating_syncs: tuple[cost.DataParallelSync, ...]
+    """The same with several microbatches a step (ZeRO-Offload's gradient copies differ:
+    :func:`~planner.cost.offload.gradient_copy_sync`)."""
+    state_bytes: tuple[tuple[float, float, float], ...]
+    """Each stage's weights, gradients and optimizer states per device."""
+    tied_s: float
+    """The tied embedding copies' all-reduce (first and last stages)."""
+    optimizer_s: float
+    """The optimizer step of the stage that updates the most parameters."""
+    host_bytes: float
+    """Host memory one device's offloaded states take, on the stage that offloads most, with
+    one microbatch a step."""
+    accumulating_host_bytes: float
+    """The same with several (ZeRO-Offload accumulates the gradients on the host)."""
+
+    def sync(self, i: int, *, accumulating: bool) -> cost.DataParallelSync:
+        """Stage ``i``'s data-parallel traffic, with several microbatches a step or one."""
+        return (self.accumulating_syncs if accumulating else self.syncs)[i]
+
+
+def stage_statics(
+    cluster: ClusterSpec, precision: Precision, stages: Sequence[StageCost], *,
+    tied: TiedCopy | None = None, offload: Offload = "none",
+) -> StageStatics:  # fmt: skip
+    """:class:`StageStatics` of ``stages`` (the pipeline's first stage first and its last
+    stage last, each stage of a run of equal ones once), the last stage holding ``tied``."""
+    stages = with_tied_copy(stages, tied)
+    syncs, accumulating = [], []
+    for s in stages:
+        sync = stage_sync(s.weights, s.zero, cluster, precision)
+        params = optimizer_params(s.weights, s.zero)
+        for out, several in ((syncs, False), (accumulating, True)):
+            out.append(sync + gradient_copy_sync(cluster, precision, params=params, zero=s.zero,
+                                                 offload=offload, accumulating=several))
+    params = max(optimizer_params(s.weights, s.zero) for s in stages)
+    return StageStatics(
+        syncs=tuple(syncs),
+        accumulating_syncs=tuple(accumulating),
+        state_bytes=tuple(stage_state_bytes(s.weights, s.zero, precision, offload)
+                          for s in stages),
+        tied_s=tied_sync_s(cluster, tied, precision),
+        optimizer_s=optimizer_time_s(cluster, precision, params=params, offload=offload),
+        host_bytes=host_state_bytes(precision, params=params, offload=offload),
+        accumulating_host_bytes=host_state_bytes(precision, params=params, offload=offload,
+                                                 accumulating=True),
+    )  # fmt: skip

@@ -10,22 +10,13 @@ earlier stages' remaining backward work.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from planner import cost
 from planner.cost.elementwise import Real, first_argmax, maximum, pick
 from planner.cost.layer import LayerCost
-from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
-from planner.cost.stage_weights import (
-    StageCost,
-    TiedCopy,
-    optimizer_params,
-    stage_state_bytes,
-    stage_sync,
-    tied_sync_s,
-    with_tied_copy,
-)
+from planner.cost.stage_weights import StageCost, TiedCopy, stage_statics
 from planner.plan.schema import StageTime, StepTime
 from planner.spec import ClusterSpec
 from planner.vocabulary import (
@@ -69,10 +60,10 @@ class StepCost:
     """Seconds by category on the critical stage; they add up to the step."""
     bubble_fraction: float
     """The pipeline's bubble over the step (:func:`cost.bubble_share`)."""
-    peak_memory_bytes: tuple[float, float, float, float, float]
-    """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
-    stage_memory_bytes: tuple[tuple[float, float, float, float, float], ...]
-    """The same five per stage."""
+    peak_memory_bytes: cost.MemoryParts
+    """The memory of the most loaded stage, by part."""
+    stage_memory_bytes: tuple[cost.MemoryParts, ...]
+    """The same per stage."""
     stage_time_s: tuple[tuple[float, float, float], ...]
     """Per stage and microbatch: compute, communication (incl. exposed per-microbatch
     data-parallel traffic), pipeline sends."""
@@ -140,8 +131,8 @@ class StepTotals:
     """Seconds by category on the critical stage (:class:`StepTime`'s fields)."""
     bubble_fraction: Real
     """The pipeline's bubble over the step (:func:`cost.bubble_share`)."""
-    peak_memory_bytes: tuple[Real, Real, Real, Real, Real]
-    """Weights, gradients, optimizer, activations, other, of the most loaded stage."""
+    peak_memory_bytes: cost.MemoryParts
+    """The memory of the most loaded stage, by part."""
     exposed: tuple[cost.ExposedSync, ...]
     """Each run's exposed data-parallel traffic (per microbatch, and once per step)."""
 
@@ -150,15 +141,14 @@ class StepTotals:
 def run_memory_bytes(
     run: StageRun, stage: Real, cluster: ClusterSpec, knobs: PipelineKnobs,
     schedule: ScheduleName, num_stages: Real,
-) -> tuple[Real, Real, Real, Real, Real]:  # fmt: skip
-    """(weights, gradients, optimizer, activations, other) bytes of stage ``stage`` of
-    ``run``."""
+) -> cost.MemoryParts:  # fmt: skip
+    """The memory of stage ``stage`` of ``run``, by part."""
     in_flight = cost.in_flight_microbatches(schedule, stage=stage, pp=num_stages, vpp=knobs.vpp,
                                             num_microbatches=knobs.num_microbatches)  # fmt: skip
-    return (
+    return cost.MemoryParts(
         *run.state_bytes,
-        in_flight * run.time.activation_bytes + run.time.working_bytes,
-        cluster.device.reserved_memory_gib * GIB,
+        activations=in_flight * run.time.activation_bytes + run.time.working_bytes,
+        other=cluster.device.reserved_memory_gib * GIB,
     )
 
 
@@ -206,7 +196,7 @@ def step_totals(
         tail = maximum(tail, e.once_s + r.tied_s - still_busy)
         still_busy = still_busy + r.count * (r.time.backward_s + r.time.recompute_s) / knobs.vpp
     memories = [run_memory_bytes(r, r.first, cluster, knobs, schedule, num_stages) for r in runs]
-    loaded = first_argmax([sum(parts) for parts in memories])
+    loaded = first_argmax([parts.total for parts in memories])
 
     def on_critical(values: Sequence[Real]) -> Real:
         return pick(values, critical)
@@ -222,13 +212,13 @@ def step_totals(
         + tail,
         "optimizer_s": optimizer_s,
     }
-    peak = tuple(pick([parts[k] for parts in memories], loaded) for k in range(5))
+    peak = cost.MemoryParts(*(pick([parts[k] for parts in memories], loaded) for k in range(5)))
     step_s = pipe_s + tail + optimizer_s
     return StepTotals(
         step_s=step_s,
         parts_s=parts_s,
         bubble_fraction=cost.bubble_share(bubble_s=bubble_s, step_s=step_s),
-        peak_memory_bytes=peak,  # type: ignore[arg-type]  # five parts
+        peak_memory_bytes=peak,
         exposed=exposed,
     )
 
@@ -255,13 +245,18 @@ def _zero_bubble_pipeline(
 
 
 
-def _runs(stages: Sequence[StageCost]) -> list[tuple[int, int]]:
-    """(first, count) of the runs of the same stage object, the first and last stages alone
-    (only they carry the tied embedding's all-reduce)."""
+def equal_runs(keys: Sequence[Hashable]) -> list[tuple[int, int]]:
+    """(first, count) of the runs of consecutive stages with equal ``keys``, the first and
+    the last stage alone (only they carry the tied embedding's all-reduce): the runs the step
+    composer adds up.
+
+    >>> equal_runs(["a", "b", "b", "b", "b"])
+    [(0, 1), (1, 3), (4, 1)]
+    """
     runs: list[tuple[int, int]] = []
-    last = len(stages) - 1
-    for i, s in enumerate(stages):
-        if runs and 0 < i < last and runs[-1][0] > 0 and stages[runs[-1][0]] is s:
+    last = len(keys) - 1
+    for i, key in enumerate(keys):
+        if runs and 0 < i < last and runs[-1][0] > 0 and keys[runs[-1][0]] == key:
             runs[-1] = (runs[-1][0], runs[-1][1] + 1)
         else:
             runs.append((i, 1))
@@ -282,25 +277,17 @@ def compose_step(
     gradient synchronisation and the optimizer step are composed the same way for all.
     """
     pp = len(stages)
-    stages = with_tied_copy(stages, tied)
-    tied_s = tied_sync_s(cluster, tied, knobs.precision)
-    runs = []
-    for first, count in _runs(stages):
-        s = stages[first]
-        runs.append(StageRun(
-            time=s.time, sync=stage_sync(s.weights, s.zero, cluster, knobs.precision)
-            + gradient_copy_sync(cluster, knobs.precision,
-                                 params=optimizer_params(s.weights, s.zero), zero=s.zero,
-                                 offload=knobs.offload, accumulating=knobs.num_microbatches > 1),
-            state_bytes=stage_state_bytes(s.weights, s.zero, knobs.precision, knobs.offload),
-            first=first,
-            count=count, tied_s=tied_s if first in (0, pp - 1) else 0.0,
-        ))  # fmt: skip
-    params = max(optimizer_params(s.weights, s.zero) for s in stages)
-    optimizer = optimizer_time_s(cluster, knobs.precision, params=params, offload=knobs.offload)
+    spans = equal_runs([id(s) for s in stages])
+    statics = stage_statics(cluster, knobs.precision, [stages[first] for first, _ in spans],
+                            tied=tied, offload=knobs.offload)  # fmt: skip
+    accumulating = knobs.num_microbatches > 1
+    runs = [StageRun(time=stages[first].time, sync=statics.sync(j, accumulating=accumulating),
+                     state_bytes=statics.state_bytes[j], first=first, count=count,
+                     tied_s=statics.tied_s if first in (0, pp - 1) else 0.0)
+            for j, (first, count) in enumerate(spans)]  # fmt: skip
     schedule = schedule_name(knobs.schedule, knobs.vpp)
     totals = step_totals(cluster, knobs, runs, schedule=schedule, num_stages=pp,
-                         optimizer_s=optimizer)  # fmt: skip
+                         optimizer_s=statics.optimizer_s)  # fmt: skip
     per_stage = [(r, e) for r, e in zip(runs, totals.exposed, strict=True)
                  for _ in range(r.count)]  # fmt: skip
     syncs = [_Sync(per_microbatch_s=e.per_microbatch_s, tail_s=e.once_s + r.tied_s,
@@ -325,8 +312,7 @@ def compose_step(
         stage_sync_tail_s=tuple(y.tail_s for y in syncs),
         stage_weight_s=tuple(_weight_s(s.time, y) for s, y in zip(stages, syncs, strict=True)),
         stage_comm_s=tuple(_comm_parts(s.time, y) for s, y in zip(stages, syncs, strict=True)),
-        host_bytes=host_state_bytes(knobs.precision, params=params, offload=knobs.offload,
-                                    accumulating=knobs.num_microbatches > 1),
+        host_bytes=statics.accumulating_host_bytes if accumulating else statics.host_bytes,
     )
 
 

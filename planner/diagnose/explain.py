@@ -374,8 +374,7 @@ def differences(mine: Neighbour, plan: Plan) -> tuple[tuple[Part, ...], tuple[Pa
 def usable_gib(cluster: ClusterSpec, margin_gib: float) -> float:
     """What a plan may fill on one of ``cluster``'s devices: its memory less the margin
     (``estimate``'s ``fits`` is the peak within it, :func:`planner.cost.memory_margin_bytes`)."""
-    device = cluster.device
-    return (device.memory_bytes - cost.memory_margin_bytes(device.memory_gib, margin_gib)) / GIB
+    return cost.usable_bytes(cluster.device, margin_gib) / GIB
 
 
 def _part(name: str, value: float, whole: float) -> Part:

@@ -100,10 +100,19 @@ class Derived:
     @property
     def stage_layers(self) -> tuple[int, ...]:
         """Decoder layers on each stage, first to last (one configuration only)."""
-        if self.pp == 1:
-            return (int(self.first_layers),)
-        middle = (int(self.middle_layers),) * (int(self.pp) - 2)
-        return (int(self.first_layers), *middle, int(self.last_layers))
+        return self.stage_layers_of(None)
+
+    def stage_layers_of(self, row: int | None) -> tuple[int, ...]:
+        """Decoder layers on each stage of configuration ``row`` of a batch (None: of the one
+        configuration)."""
+
+        def at(values: Real) -> int:
+            return int(values if row is None else np.asarray(values)[row])
+
+        if at(self.pp) == 1:
+            return (at(self.first_layers),)
+        middle = (at(self.middle_layers),) * (at(self.pp) - 2)
+        return (at(self.first_layers), *middle, at(self.last_layers))
 
 
 def derive(shape: Shape, d: Degrees) -> Derived:

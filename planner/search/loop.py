@@ -97,7 +97,7 @@ def evaluate(
     send = pipeline_send_s(ctx, c, near.pipeline_distance)
     held = (*dict.fromkeys(kinds), "embedding", "head")
     device = ctx.cluster.device
-    usable = device.memory_bytes - ctx.options.margin_bytes(device.memory_gib)
+    usable = ctx.options.usable_bytes(device)
     stage_bytes = usable - device.reserved_memory_gib * GIB
     if bound_s < float("inf") and not may_fit(ctx, c, kinds, min(in_flight), stage_bytes):
         return None  # the message that nothing fits needs no note of it: there is a plan
@@ -148,8 +148,8 @@ def evaluate(
         send = pipeline_send_s(ctx, c, placement.pipeline_distance)
         step = compose(stages, kinds, model=ctx.model, cluster=ctx.cluster, knobs=knobs,
                        placement=placement, pipeline_comm_s=send)  # fmt: skip
-        if sum(step.peak_memory_bytes) > usable:
-            _note_least(ctx, c, sum(step.peak_memory_bytes))
+        if step.peak_memory_bytes.total > usable:
+            _note_least(ctx, c, step.peak_memory_bytes.total)
             continue
         if best is None or step.step_s < best.step.step_s:
             best = Found(candidate=c, stages=stages, placement=placement, step=step,

@@ -56,23 +56,18 @@ from planner.uniform.columns import (
     optional_int,
     python_value,
 )
-from planner.uniform.estimate import (
+from planner.uniform.estimate import estimate
+from planner.uniform.recompute_layers import recomputed_counts, stage_chunks
+from planner.uniform.stage_runs import LAYER_FIELDS, run_costs, stage_runs, static_costs
+from planner.uniform.stages import (
     UniformStage,
-    estimate,
     host_fits,
     layer_index,
     pipeline_sends_s,
     placed_stage,
+    recompute_flops,
 )
-from planner.uniform.recompute_layers import recomputed_counts, stage_chunks
-from planner.uniform.stage_runs import (
-    LAYER_FIELDS,
-    run_costs,
-    split_layers,
-    stage_runs,
-    static_costs,
-)
-from planner.vocabulary import GIB, RECOMPUTE_MODES, ScheduleName
+from planner.vocabulary import GIB, RECOMPUTE_MODES, schedule_name
 
 _MEMORY = tuple(f"memory.{name}" for name in MemoryBreakdown.model_fields)
 _TIME = tuple(f"time.{name}" for name in StepTime.model_fields)
@@ -285,9 +280,9 @@ def _price(
     s_first, split_of = factorize(c["pp"], x.first_layers, x.last_layers, partial,
                                   np.where(partial > 0, c["vpp"], 0), v_shape)  # fmt: skip
     chunks = [None if partial[r] == 0 else
-              stage_chunks(model, training, split_layers(x, r), vpp=int(c["vpp"][r]),
+              stage_chunks(model, training, x.stage_layers_of(r), vpp=int(c["vpp"][r]),
                            recompute_layers=int(partial[r])) for r in s_first]  # fmt: skip
-    splits = [stage_runs(model, training, split_layers(x, r), chunks[s],
+    splits = [stage_runs(model, training, x.stage_layers_of(r), chunks[s],
                          head_first=bool(v_shape[r])) for s, r in enumerate(s_first)]  # fmt: skip
     # Per stage run: data-parallel traffic, state bytes; per configuration the optimizer.
     offloads, offload_of = codes(c["offload"])
@@ -302,12 +297,12 @@ def _price(
                                        training=training, cp=int(c["cp"][r]),
                                        tp=int(c["tp"][r]), sp=bool(sp[r]), vpp=int(c["vpp"][r]),
                                        pp=int(c["pp"][r])) for r in sends_first])  # fmt: skip
-    recomputed = [{} if chunk is None else recomputed_counts(chunk) for chunk in chunks]
-    recompute_flops = sum(
-        by_kind[k][l_of, recompute, LAYER_FIELDS.index("recompute_flops")]
-        * np.array([counts.get(k, len(layers)) for counts in recomputed])[split_of]
-        for k, layers in layer_index(model, training, 1).layers_by_kind.items()
-    )
+    index = layer_index(model, training, 1)
+    counts = [{} if chunk is None else recomputed_counts(chunk) for chunk in chunks]
+    flops = recompute_flops(
+        {k: by_kind[k][l_of, recompute, LAYER_FIELDS.index("recompute_flops")] for k in by_kind},
+        index, {k: np.array([n.get(k, len(layers)) for n in counts])[split_of]
+                for k, layers in index.layers_by_kind.items()})  # fmt: skip
     data_ways = np.array([s.layout.data_ways for s in placed])[p_of]
     step = np.full(len(rows), np.nan)
     peak = np.zeros((5, len(rows)))
@@ -318,9 +313,7 @@ def _price(
     g_first, group_of = factorize(split_of, interleaved, gpipe[ok], zb_h1, zb_v)
     for g, r0 in enumerate(g_first):
         g_rows = np.flatnonzero(group_of == g)
-        schedule: ScheduleName = ("gpipe" if gpipe[ok][r0] else "zb-h1" if zb_h1[r0] else
-                                  "zb-v" if zb_v[r0] else
-                                  "interleaved" if interleaved[r0] else "1f1b")  # fmt: skip
+        schedule = schedule_name(c["schedule"][r0], int(c["vpp"][r0]))
         runs = run_costs(splits[split_of[r0]], by_kind, static, static_of[g_rows],
                          l_of[g_rows], recompute[g_rows], sends[sends_of[g_rows]],
                          x.num_microbatches[g_rows])  # fmt: skip
@@ -346,7 +339,7 @@ def _price(
         np.array([s.host_bytes for s in static])[static_of])
     _write(model, cluster, training, c, rows, out, step=step, parts_s=parts_s, bubble=bubble,
            host=host,
-           peak=peak, recompute_flops=recompute_flops / (c["mbs"] * data_ways), dp=dp,
+           peak=peak, recompute_flops=flops / (c["mbs"] * data_ways), dp=dp,
            num_microbatches=x.num_microbatches, memory_margin_gib=memory_margin_gib)  # fmt: skip
 
 
@@ -369,7 +362,6 @@ def _write(
                        executed_flops_per_sequence=executed[f_of],
                        recompute_flops_per_sequence=recompute_flops)  # fmt: skip
     total = sum(peak[k] for k in range(5))
-    margin = cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
     out["step_time_s"][rows] = step
     for name, value in parts_s.items():
         out[f"time.{name}"][rows] = value
@@ -379,7 +371,8 @@ def _write(
     out["bubble_fraction"][rows] = bubble
     for k, name in enumerate(_MEMORY):
         out[name][rows] = peak[k] / GIB
-    out["fits"][rows] = (total + margin <= cluster.device.memory_bytes) & host_fits(cluster, host)
+    out["fits"][rows] = cost.fits(total, cluster.device, memory_margin_gib) & host_fits(cluster,
+                                                                                         host)
     out["host_memory_gib"][rows] = host / GIB
     out["num_microbatches"][rows] = num_microbatches
     out["dp"][rows] = dp

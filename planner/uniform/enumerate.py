@@ -35,11 +35,11 @@ from planner.plan.invariants import check_plan
 from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
-from planner.uniform.estimate import host_fits
 from planner.uniform.failure import nothing_found
 from planner.uniform.fewest_recomputed import fewest_recomputed
 from planner.uniform.plan import uniform_plan
 from planner.uniform.space import branch_space, config_key, offload_variants, offloads
+from planner.uniform.stages import host_fits
 from planner.vocabulary import GIB
 
 CHUNK = 4096
@@ -151,7 +151,7 @@ def enumerate_plan(
     training = training_of(model, options)
     work = branch_space(model, cluster, training=training, options=options)
     total = sum(len(group) for _, groups in work for group in groups)
-    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    usable = options.usable_bytes(cluster.device)
     search = _Search(usable_bytes=usable)
     done = 0
     cut = False

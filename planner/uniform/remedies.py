@@ -331,8 +331,7 @@ def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
 def fits_gib(cluster: ClusterSpec, gib: float, memory_margin_gib: float | None = None) -> bool:
     """:func:`estimate`'s test: a peak (reserved memory included) that leaves the margin
     (default: estimate's) free on the device."""
-    margin = cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib)
-    return gib * GIB + margin <= cluster.device.memory_bytes
+    return bool(cost.fits(gib * GIB, cluster.device, memory_margin_gib))
 
 
 def node_factors(cluster: ClusterSpec, max_factor: int = MAX_NODE_FACTOR) -> list[int]:

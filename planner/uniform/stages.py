@@ -1,0 +1,238 @@
+"""A uniform configuration's pipeline stages, for pricing one configuration
+(:func:`~planner.uniform.estimate.estimate`) or many (:func:`~planner.uniform.batch.
+estimate_batch`) the same way: each stage's layer kinds, its mesh and groups, its weights
+and their tied copy, its pipeline sends, and a stage's time, parameters and recomputed
+FLOPs composed from its layer kinds' costs (floats for one configuration, arrays for many).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from planner import cost
+from planner.cost.elementwise import Real
+from planner.cost.layer import LayerCost
+from planner.cost.stage_weights import TiedCopy, Weights
+from planner.graph import LayerIndex, lowered
+from planner.graph.ops import TRANSFORMER_KINDS
+from planner.placement.ranks import RankOrder, megatron_order
+from planner.plan.config import ResolvedConfig
+from planner.sharding.layout import LogicalMesh
+from planner.sharding.uniform import UniformLayout, UniformQuery, uniform_layout
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.recompute_layers import Chunk, chunks_cost
+
+StageKinds = tuple[tuple[str, int], ...]
+"""A stage's layer kinds and how many layers of each (sorted by kind)."""
+
+WeightGroups = tuple[tuple[tuple[int, ...], float], ...]
+"""A layer's parameters by the mesh axes holding copies of them
+(:meth:`~planner.sharding.assignment.LayerParts.weight_groups`)."""
+
+
+@lru_cache(maxsize=64)
+def layer_index(model: ModelSpec, training: TrainingSpec, micro_batch_size: int) -> LayerIndex:
+    """The model's layers by kind, as lowered for ``micro_batch_size`` (remembered)."""
+    return lowered(model, training, micro_batch_size)[1]
+
+
+@lru_cache(maxsize=256)
+def stage_kinds(
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, layers: tuple[int, ...],
+    *, head_first: bool = False,
+) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Layer kinds per stage (sorted (kind, count) pairs): contiguous blocks of ``layers[i]``
+    layers, embedding first and head last; ``head_first``: the head on the first stage too,
+    as a V schedule places it (ZB-V runs the last model chunk on the first stage)."""
+    index = layer_index(model, training, micro_batch_size)
+    kind_of = {layer: kind for kind, layers in index.layers_by_kind.items() for layer in layers}
+    stages = []
+    first = 1
+    for stage, count in enumerate(layers):
+        kinds = Counter(kind_of[layer] for layer in range(first, first + count))
+        kinds["embedding"] += stage == 0
+        kinds["head"] += stage == (0 if head_first else len(layers) - 1)
+        stages.append(tuple(sorted((k, n) for k, n in kinds.items() if n)))
+        first += count
+    return tuple(stages)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UniformStage:
+    """How a uniform configuration's stage sits on the ranks: its mesh (three axes, see
+    :mod:`planner.sharding.uniform`) with their rank strides, and its data-parallel copies."""
+
+    layout: UniformLayout
+    """The stage's sharding: its mesh's axes and what each splits."""
+    mesh: LogicalMesh
+    """The stage's mesh, with the rank strides of its axes."""
+    replicas: int
+    """Copies of the stage (data-parallel ranks outside its mesh)."""
+    replica_stride: int
+    """Ranks between a device and the same device of the next copy."""
+    rank_order: RankOrder
+    """How the configuration numbers its ranks (:func:`planner.placement.ranks.megatron_order`)."""
+
+    @property
+    def pipeline_distance(self) -> int:
+        """Ranks between a device and the same device of the next stage."""
+        return self.rank_order.stride("pp")
+
+    @property
+    def tensor_group(self) -> cost.CommGroup:
+        """The tensor-parallel ranks of a device."""
+        return self.rank_order.group("tp")
+
+    def group(self, axes: tuple[int, ...]) -> cost.CommGroup | None:
+        """The ranks holding copies of a weight replicated along the mesh ``axes`` and over
+        the stage's copies (None: no other copy)."""
+        members = [(self.mesh.size(a), self.mesh.stride(a)) for a in axes]
+        members.append((self.replicas, self.replica_stride))
+        size = 1
+        for n, _ in members:
+            size *= n
+        if size <= 1:
+            return None
+        return cost.CommGroup(size=size, stride=min(stride for n, stride in members if n > 1))
+
+
+def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
+    """The mesh and groups of ``resolved``'s stages, its ranks numbered in its rank order."""
+    c = resolved.config
+    return placed_stage(tp=c.tp, cp=c.cp, ep=c.ep, sp=resolved.sp, ulysses=c.cp_algo == "ulysses",
+                        dp=resolved.dp, pp=c.pp, rank_order=c.rank_order)  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def placed_stage(
+    *, tp: int, cp: int, ep: int, sp: bool, ulysses: bool, dp: int, pp: int, rank_order: str
+) -> UniformStage:
+    """The mesh and groups of the stages of a uniform configuration of these degrees, its
+    ranks numbered in ``rank_order`` (:func:`planner.placement.ranks.megatron_order`)."""
+    layout = uniform_layout(tp=tp, cp=cp, ep=ep, sp=sp, ulysses=ulysses)
+    ranks = megatron_order(rank_order, tp=tp, cp=cp, dp=dp, pp=pp)
+    s = ranks.strides()
+    data, context, tensor = layout.shape
+    if layout.data_ways > 1 or data == 1:  # the first axis is data-parallel ranks
+        strides = (s["dp"], s["cp"], s["tp"])
+    else:  # the first axis is the outer part of the context-parallel ranks
+        strides = (s["cp"] * context, s["cp"], s["tp"])
+    replicas = dp // layout.data_ways
+    row_major = (context * tensor, tensor, 1)
+    # An axis of one rank has no neighbours: its stride is moot, and left row-major the same
+    # layer on other pipelines (or rank orders) is the same layer to price.
+    strides = tuple(r if n == 1 else s for s, r, n in zip(strides, row_major, layout.shape,
+                                                          strict=True))  # fmt: skip
+    mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
+    return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
+                        replica_stride=s["dp"] * layout.data_ways, rank_order=ranks)
+
+
+def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> UniformQuery:
+    """The layer query of one layer kind of ``resolved``."""
+    c, training = resolved.config, resolved.training
+    return UniformQuery(kind=kind, layout=stage.layout, micro_batch_size=c.mbs,
+                        seq_length=training.seq_length, precision=training.precision,
+                        flash_attention=c.flash_attention, tp_comm_overlap=c.tp_comm_overlap,
+                        strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
+
+
+
+
+def host_fits(cluster: ClusterSpec, node_bytes: Any) -> Any:
+    """Whether a node's host memory holds ``node_bytes`` of offloaded states (a float or an
+    array; nothing offloaded always fits, with or without host figures)."""
+    if cluster.host is None:
+        return node_bytes <= 0
+    return node_bytes <= cluster.host.memory_bytes
+
+
+def stage_weights(
+    params: dict[tuple[int, ...], float], stage: UniformStage
+) -> tuple[Weights, ...]:
+    """The stage's parameters by the groups their gradients are summed over.
+
+    Megatron-LM reduces every gradient over the data-parallel ranks holding the same shard
+    (data x context ranks; for experts, the ranks holding the same experts), and those of
+    weights sequence parallelism replicates across tensor-parallel ranks (the norms) over
+    those ranks first, in a separate all-reduce
+    (``_allreduce_non_tensor_model_parallel_grads``,
+    ``megatron/core/distributed/finalize_model_grads.py``); the distributed optimizer
+    shards their states over the data-parallel ranks only."""
+    weights = []
+    for axes, n in sorted(params.items()):
+        tensor = 2 in axes
+        outer = tuple(a for a in axes if a != 2)
+        weights.append(Weights(params=n, data_parallel=stage.group(outer),
+                               also_reduced_over=stage.tensor_group if tensor else None))
+    return tuple(weights)
+
+
+def tied_copy(model: ModelSpec, stage: UniformStage, *, tp: int, pp: int) -> TiedCopy | None:
+    """The last stage's copy of tied word embeddings, split over tensor-parallel ranks (none
+    under ZB-V, whose first stage holds the embedding and the head: callers skip it)."""
+    if not model.tie_word_embeddings or pp == 1:
+        return None
+    return TiedCopy(params=model.vocab_size * model.hidden_size / tp,
+                    data_parallel=stage.group((0, 1)),
+                    sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
+
+
+def pipeline_sends_s(
+    model: ModelSpec, cluster: ClusterSpec, stage: UniformStage, *, mbs: int,
+    training: TrainingSpec, cp: int, tp: int, sp: bool, vpp: int, pp: int,
+) -> float:  # fmt: skip
+    """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
+    times ``vpp`` chunk boundaries (:func:`planner.cost.pipeline_send_s`). Each context-parallel
+    rank holds ``1/cp`` of the tokens; Megatron sends a 1/t slice of them and all-gathers it
+    over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
+    hidden = cost.hidden_state_bytes(micro_batch_size=mbs, seq_length=training.seq_length,
+                                     hidden_size=model.hidden_size,
+                                     precision=training.precision) / cp  # fmt: skip
+    gather = stage.tensor_group if tp > 1 and not sp else None
+    return cost.pipeline_send_s(cluster, hidden, stage.pipeline_distance, chunks=vpp,
+                                stages=pp, slices=tp, gather=gather)  # fmt: skip
+
+
+def stage_time(
+    kinds: StageKinds, chunks: tuple[Chunk, ...] | None, costs: Mapping[str, LayerCost],
+    kept: Mapping[str, LayerCost] | None = None,
+) -> LayerCost:  # fmt: skip
+    """One stage's per-microbatch costs from its layer kinds' (``costs``: each kind's under
+    the configuration's recomputation), pipeline sends aside. With ``chunks`` (only some
+    layers recompute: :func:`~planner.uniform.recompute_layers.stage_chunks`) its decoder
+    layers are priced chunk by chunk, those kept from ``kept`` (each kind's without
+    recomputation)."""
+    time = LayerCost.zero()
+    for kind, count in kinds:
+        if chunks is None or kind not in TRANSFORMER_KINDS:
+            time = time + costs[kind].scaled(count)
+    if chunks is not None:
+        assert kept is not None  # chunks say which layers keep their activations
+        time = time + chunks_cost(chunks, every=costs, kept=kept)
+    return time
+
+
+def stage_params(
+    kinds: StageKinds, weights: Mapping[str, WeightGroups]
+) -> dict[tuple[int, ...], float]:
+    """One stage's parameters by the mesh axes holding copies, from its layer kinds'."""
+    params: dict[tuple[int, ...], float] = {}
+    for kind, count in kinds:
+        for axes, n in weights[kind]:
+            params[axes] = params.get(axes, 0.0) + n * count
+    return params
+
+
+def recompute_flops(
+    flops: Mapping[str, Real], index: LayerIndex, recomputed: Mapping[str, Real]
+) -> Real:
+    """The FLOPs one microbatch's recomputation reruns over the model: each layer kind's
+    (``flops``) times its layers that recompute (``recomputed``, by kind; every layer of a
+    kind it does not name)."""
+    return sum(flops[kind] * recomputed.get(kind, len(layers))
+               for kind, layers in index.layers_by_kind.items())  # fmt: skip
