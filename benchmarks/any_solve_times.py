@@ -2,9 +2,10 @@
 ``--frameworks``) that its plan is never slower than the best framework plan.
 
 The instances: every model of ``instances/models`` with its own training block on 1,024 H100
-(the bundled cluster's 128 nodes); the README's (the quick start's GPT-3 175B on 1,024 A100,
-Llama 3 8B on 16 H100 at 8K tokens, Llama 3 70B on 16 H100 at global batch 64); the
-benchmarks' cases (``solve_quality.py``, ``framework_targets.py``); and issue 25's three:
+(the bundled cluster's 128 nodes); the documentation's (the README's quick start, GPT-3 175B
+on 1,024 A100; docs/export.md's Llama 3 8B on 16 H100 at 8K tokens; docs/offload.md's Llama 3
+70B on 16 H100 at global batch 64); the benchmarks' cases (``solve_quality.py``,
+``framework_targets.py``); and issue 25's three:
 Llama-3.1 70B on 256 H100 and Llama-3.1 405B on 2,048 H100 at 8K tokens and global batch
 512, DeepSeek-V3 on 2,048 H100; and Mixtral 8x22B's Hugging Face config on 128 H100 at 4K
 tokens (a mixture of experts on 2-node meshes outside the bundled models). Target: each
@@ -49,16 +50,16 @@ class Instance:
 
 
 def instances() -> list[Instance]:
-    """The bundled instances, the README's, the benchmarks' and the issue's."""
+    """The bundled instances, the documentation's, the benchmarks' and the issue's."""
     bundled = [Instance(p.stem, p, "dgx-h100-80gb", None) for p in sorted(MODELS.glob("*.json"))]
     return [
         *bundled,
         Instance("README quick start: gpt3-175b", MODELS / "gpt3-175b.json", "dgx-a100-80gb",
                  None),
-        Instance("README: llama3-8b 8K", MODELS / "llama3-8b.json", "dgx-h100-80gb", 2,
+        Instance("docs/export.md: llama3-8b 8K", MODELS / "llama3-8b.json", "dgx-h100-80gb", 2,
                  {"seq_length": 8192, "global_batch_size": 128}),
-        Instance("README: llama3-70b gbs 64", MODELS / "llama3-70b.json", "dgx-h100-80gb", 2,
-                 {"global_batch_size": 64}),
+        Instance("docs/offload.md: llama3-70b gbs 64", MODELS / "llama3-70b.json",
+                 "dgx-h100-80gb", 2, {"global_batch_size": 64}),
         Instance("solve_quality: GPT-1T", MODELS / "gpt-1t.json", "dgx-a100-80gb", 384,
                  {"global_batch_size": 3072}),
         Instance("solve_quality: Llama 3.1 405B", MODELS / "llama3.1-405b.json",

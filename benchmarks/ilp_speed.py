@@ -28,7 +28,7 @@ script exits with status 1 if any two differ. Run from the repository root:
     python benchmarks/ilp_speed.py --quick            # 1x8 and 2x4 only
     python benchmarks/ilp_speed.py --backends ortools,pulp,cpsat
 
-The output is a markdown table (for the README) followed by summary lines; progress goes to
+The output is a markdown table (for docs/benchmarks.md) followed by summary lines; progress goes to
 stderr. On a 2-core machine the default run takes about 20 s; adding cpsat, about 90 s (CP-SAT
 needs seconds on the 2-D meshes' decoder layers, which is why it is not a default).
 """

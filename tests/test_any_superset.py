@@ -1,7 +1,8 @@
 """``--framework any`` holds every framework's plan: its space contains each framework's
 (the same configurations but for the overlap flags a framework's rules fix), and its plan is
-never slower than the best framework plan on the README's instances and the benchmarks'
-cases, exactly (``benchmarks/any_solve_times.py --frameworks`` checks the larger ones)."""
+never slower than the best framework plan on the documentation's instances and the
+benchmarks' cases, exactly (``benchmarks/any_solve_times.py --frameworks`` checks the larger
+ones)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tests.conftest import CLUSTERS
 from tests.framework_cases import load, nodes
 
 CASES: list[tuple[str, int, dict[str, Any]]] = [
-    ("llama3-8b", 16, {"seq_length": 8192, "global_batch_size": 128}),  # README
-    ("llama3-70b", 16, {"global_batch_size": 64}),  # README
+    ("llama3-8b", 16, {"seq_length": 8192, "global_batch_size": 128}),  # docs/export.md
+    ("llama3-70b", 16, {"global_batch_size": 64}),  # docs/offload.md
     ("mixtral-8x7b", 64, {}),  # benchmarks/framework_targets.py
     ("Meta-Llama-3.1-70B", 256, {"seq_length": 8192, "global_batch_size": 512}),  # issue 25
 ]
@@ -55,8 +56,8 @@ def test_any_is_never_slower_than_a_framework(name: str, devices: int,
 
 def test_the_per_operator_search_still_wins_where_it_can() -> None:
     """GPT-3 175B on 1,024 A100: the layer ILPs and the stage DP find a plan faster than any
-    uniform configuration (README: 17.714 s against Megatron-LM's 18.046 s), so the incumbent
-    is replaced and the plan is the ILP's, its search counted beside the union's."""
+    uniform configuration (docs/compare.md: 17.714 s against Megatron-LM's 18.046 s), so the
+    incumbent is replaced and the plan is the ILP's, its search counted beside the union's."""
     model = load("gpt3-175b")
     cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 128)
     run = {"global_batch_size": 1536, "seq_length": 2048}

@@ -19,7 +19,7 @@ from tests.test_cli import _assert_one_line_error, _run
 DEEPSEEK_OPTIONS = SolveOptions(max_mesh_nodes=1, pins=Pins(pp=16, mbs=2))
 """DeepSeek-V3's whole search takes 100 s on two cores, nearly all of it in the layer ILPs of
 its two-node stage meshes; here both searches keep to one-node meshes at the pipeline depth
-and microbatch they choose unpinned (README, Benchmarks), 4 s; Mixtral 8x7B's case searches
+and microbatch they choose unpinned (docs/benchmarks.md), 4 s; Mixtral 8x7B's case searches
 two-node meshes. The whole search is checked the same way by ``benchmarks/compare_methods.py``."""
 BUNDLED = [
     ("gpt3-175b", "dgx-a100-80gb", 128, SolveOptions()),
@@ -28,7 +28,7 @@ BUNDLED = [
     ("mixtral-8x7b", "dgx-h100-80gb", 8, SolveOptions()),
     ("deepseek-v3", "dgx-h100-80gb", 256, DEEPSEEK_OPTIONS),
 ]
-"""The benchmark instances (README, Benchmarks), at their published training settings."""
+"""The benchmark instances (docs/benchmarks.md), at their published training settings."""
 LLAMA = "instances/models/llama3-8b.json"
 H100 = "instances/clusters/dgx-h100-80gb.json"
 

@@ -25,7 +25,7 @@ from tests.test_cli_width import planner
 
 GPT3 = "instances/models/gpt3-175b.json"
 A100 = "instances/clusters/dgx-a100-80gb.json"
-# The README's GPT-3 plan (planner solve ... for megatron): memory binds its faster neighbours
+# The quick start's GPT-3 plan (README.md; docs/explain.md): memory binds its faster neighbours
 PLAN = ParallelConfig(tp=4, pp=8, vpp=6, sp=True, zero=1, overlap_grad_reduce=True,
                       overlap_param_gather=True, global_batch=1536, seq_len=2048)  # fmt: skip
 MARGIN_GIB = 4.0

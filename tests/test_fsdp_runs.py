@@ -3,7 +3,7 @@ cost model, the error bands the bundled clusters carry, and how runs files are r
 
 Targets (issue 13): in-sample median |error| <= 5 % per family of shared runs. Every published
 run ran, so each one predicted not to fit is a memory error; they are bounded here and listed
-in the README.
+in docs/calibration.md.
 """
 
 from __future__ import annotations

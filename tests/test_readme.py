@@ -1,10 +1,11 @@
-"""The README's headline examples, re-run: each command is read out of README.md, run as a
-user runs it, and what it prints must be what the README shows.
+"""The headline examples of the README and its pages under docs/, re-run: each command is read
+out of README.md or a docs/*.md page, run as a user runs it, and what it prints must be what
+the page shows.
 
-A README block that is not found fails the test (it is never skipped), so that the README and
-the planner cannot drift apart unnoticed. What the README elides is a line ``...`` (one or
-more lines); the wall times a command prints (solver and solve seconds) vary between runs and
-are the only text compared loosely. The examples that read ../shared skip without it.
+A block that is not found fails the test (it is never skipped), so that the documentation and
+the planner cannot drift apart unnoticed. What a page elides is a line ``...`` (one or more
+lines); the wall times a command prints (solver and solve seconds) vary between runs and are
+the only text compared loosely. The examples that read ../shared skip without it.
 """
 
 from __future__ import annotations
@@ -24,41 +25,48 @@ import pytest
 from tests.conftest import CALIBRATION_RUNS, FSDP_RUNS, HF, REPO, needs_shared
 from tests.test_cli import _run
 
-README = (REPO / "README.md").read_text()
+PAGES = {path.relative_to(REPO).as_posix(): path.read_text()
+         for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}  # fmt: skip
+"""README.md, then every page of docs/ by name: the text the examples are read from."""
+DOCS = "\n".join(PAGES.values())
 WIDE = 200
-"""Terminal width of the examples the README shows without one: tables do not wrap."""
+"""Terminal width of the examples the pages show without one: tables do not wrap."""
 
 
-# --------------------------------------------------------------------------- reading README.md
+# --------------------------------------------------------------------------- reading the pages
 
 
-def _blocks() -> list[tuple[int, str]]:
-    """Every fenced block of the README: where its body starts, and the body."""
-    return [(m.start(1), m.group(1)) for m in re.finditer(r"^```[^\n]*\n(.*?)^```", README,
+def _blocks(text: str) -> list[tuple[int, str]]:
+    """Every fenced block of a page: where its body starts, and the body."""
+    return [(m.start(1), m.group(1)) for m in re.finditer(r"^```[^\n]*\n(.*?)^```", text,
                                                            flags=re.M | re.S)]  # fmt: skip
 
 
 def _block_after(marker: str) -> str:
-    """The first fenced block after the first ``marker`` in the README."""
-    at = README.find(marker)
-    assert at >= 0, f"README.md no longer has {marker!r}"
-    body = next((body for start, body in _blocks() if start > at), None)
-    assert body is not None, f"README.md has no block after {marker!r}"
-    return body
+    """The first fenced block after the first ``marker`` of the first page that has it (the
+    block in that page)."""
+    for name, text in PAGES.items():
+        if (at := text.find(marker)) >= 0:
+            body = next((body for start, body in _blocks(text) if start > at), None)
+            assert body is not None, f"{name} has no block after {marker!r}"
+            return body
+    pytest.fail(f"README.md and docs/ no longer have {marker!r}", pytrace=False)
 
 
 def _block_starting(first: str) -> str:
-    """The fenced block whose first line starts with ``first``."""
-    found = [body for _, body in _blocks() if body.startswith(first)]
-    assert len(found) == 1, f"README.md has {len(found)} blocks starting {first!r}"
+    """The fenced block, of all the pages, whose first line starts with ``first``."""
+    found = [body for text in PAGES.values() for _, body in _blocks(text) if body.startswith(first)]
+    assert len(found) == 1, f"README.md and docs/ have {len(found)} blocks starting {first!r}"
     return found[0]
 
 
 def _inline(pattern: str) -> re.Match[str]:
-    """``pattern`` in the README's prose (an inline command may wrap over lines)."""
-    found = re.search(pattern, README, flags=re.S)
-    assert found is not None, f"README.md no longer matches {pattern!r}"
-    return found
+    """``pattern`` in the prose of the first page that has it (an inline command may wrap over
+    lines); the match's ``string`` is that page."""
+    for text in PAGES.values():
+        if found := re.search(pattern, text, flags=re.S):
+            return found
+    pytest.fail(f"README.md and docs/ no longer match {pattern!r}", pytrace=False)
 
 
 def _shell_command(lines: list[str]) -> tuple[list[str], list[str]]:
@@ -75,8 +83,8 @@ def _shell_command(lines: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _shown(readme: list[str], printed: list[str], *, masks: tuple[str, ...] = ()) -> None:
-    """``printed`` is what the README shows, line for line (trailing blanks aside), where a
-    README line ``...`` stands for one or more lines and each regex of ``masks`` marks a run
+    """``printed`` is what the page shows, line for line (trailing blanks aside), where a
+    page's line ``...`` stands for one or more lines and each regex of ``masks`` marks a run
     time: its first group is replaced by ``<s>`` on both sides. Where a line has a masked
     run time, runs of blanks and of rules count as one: a run time one digit wider widens
     its table's column."""
@@ -94,7 +102,7 @@ def _shown(readme: list[str], printed: list[str], *, masks: tuple[str, ...] = ()
                         for line in readme)  # fmt: skip
     text = "\n".join(masked(line) for line in printed)
     diff = difflib.unified_diff([masked(line) for line in readme], text.split("\n"),
-                                "README.md", "printed", lineterm="")  # fmt: skip
+                                "documented", "printed", lineterm="")  # fmt: skip
     if not re.fullmatch(pattern, text):
         pytest.fail("\n".join(diff), pytrace=False)
 
@@ -156,7 +164,7 @@ def test_ci_runs_the_quickstart_tests() -> None:
 
 def test_explain_is_the_readme_explanation(tmp_path: Path) -> None:
     """The quick start's plan solved to plan.json and explained with a why-not, at the
-    README's width: what binds, every notch, the hardware and the comparison."""
+    width docs/explain.md shows: what binds, every notch, the hardware and the comparison."""
     found = _inline(r"\(`planner (solve [^`]*--out plan\.json)`\), at `COLUMNS=(\d+)`")
     plan = tmp_path / "plan.json"
     solve = [str(plan) if a == "plan.json" else a for a in found.group(1).split()]
@@ -170,8 +178,8 @@ def test_explain_is_the_readme_explanation(tmp_path: Path) -> None:
 
 
 def test_estimate_json_is_the_readme_object() -> None:
-    """``estimate --json`` on Llama 3 70B: every key and number the README shows, to the last
-    digit (the README leaves out the per-stage list)."""
+    """``estimate --json`` on Llama 3 70B: every key and number docs/estimate.md shows, to the
+    last digit (the page leaves out the per-stage list)."""
     args, rest = _shell_command(_block_after("`--json` prints one object").splitlines())
     shown = json.loads("\n".join(rest))
     printed = json.loads("\n".join(_printed(_run(*args))))
@@ -217,7 +225,7 @@ def test_layer_is_the_readme_layer() -> None:
 
 @needs_shared(HF / "DeepSeek-V3.config.json")
 def test_info_is_the_readme_counts() -> None:
-    """DeepSeek-V3's parameter counts, layer kinds and graph size, as the README abridges
+    """DeepSeek-V3's parameter counts, layer kinds and graph size, as docs/info.md abridges
     them (each ``"key": value`` it shows)."""
     block = _block_starting("$ planner info").splitlines()
     args = shlex.split(block[0].removeprefix("$ planner ").split("   (abridged)")[0])
@@ -228,7 +236,7 @@ def test_info_is_the_readme_counts() -> None:
 
 
 def test_from_log_is_the_readme_record(tmp_path: Path) -> None:
-    """The README's log becomes a record that ``validate`` prices as the README shows."""
+    """docs/runs.md's log becomes a record that ``validate`` prices as the page shows."""
     block = _block_starting("$ planner runs from-log").splitlines()
     args, rest = _shell_command(block)
     out = tmp_path / "mine.json"
@@ -242,26 +250,26 @@ def test_from_log_is_the_readme_record(tmp_path: Path) -> None:
 @needs_shared(CALIBRATION_RUNS)
 def test_validate_is_the_readme_table() -> None:
     """Predicted against measured: every published run's row, and the median and max."""
-    found = _inline(r"### Predicted against measured \(`planner ([^`]*)`\)")
+    found = _inline(r"#+ Predicted against measured \(`planner ([^`]*)`\)")
     rows = json.loads("\n".join(_printed(_run(*found.group(1).split(), "--json"))))["runs"]
-    table = README[found.end() :].split("\n\n")[1].splitlines()[2:]
+    table = found.string[found.end() :].split("\n\n")[1].splitlines()[2:]
     printed = [f"| {r['id']} | {r['num_devices']} | {r['config']} | {r['measured_s']:.2f} "
                f"| {r['predicted_s']:.2f} | {100 * r['error']:+.1f} % |" for r in rows]  # fmt: skip
     assert [line.replace("**", "") for line in table] == printed
     errors = [abs(r["error"]) for r in rows]
     median, most = 100 * statistics.median(errors), 100 * max(errors)
     summary = f"median |error| {median:.1f} %, max {most:.1f} %"
-    assert f"In-sample: {summary}" in README
+    assert f"In-sample: {summary}" in found.string
 
 
 @needs_shared(FSDP_RUNS)
 def test_mpt_errors_are_the_readme_errors() -> None:
     """The MPT section's median and max |error| are what validating fsdp_runs.json gives."""
-    found = _inline(r"### MPT's FSDP runs \(`planner ([^`]*)`\)")
+    found = _inline(r"#+ MPT's FSDP runs \(`planner ([^`]*)`\)")
     rows = json.loads("\n".join(_printed(_run(*found.group(1).split(), "--json"))))["runs"]
     errors = [abs(r["error"]) for r in rows]
     median, most = 100 * statistics.median(errors), 100 * max(errors)
-    assert f"median |error| {median:.1f} %, max {most:.1f} %" in " ".join(README.split())
+    assert f"median |error| {median:.1f} %, max {most:.1f} %" in " ".join(found.string.split())
 
 
 def test_sweep_is_the_readme_sweep(tmp_path: Path) -> None:
@@ -284,7 +292,7 @@ def test_sweep_is_the_readme_sweep(tmp_path: Path) -> None:
 def test_codesign_rows_are_the_sweep(domain: int) -> None:
     """The co-design table's 16,384-GPU rows at 400 Gb/s (the headline comparison, about 3 s
     each): each re-solved from the bundled sweep file, its plan, step, MFU, days and cost as
-    the README shows them (the whole sweep, 16 points, takes a minute and is not re-run)."""
+    docs/codesign.md shows them (the whole sweep, 16 points, takes a minute and is not re-run)."""
     from planner.sweep import read_sweep, sweep_points
     from planner.sweep.run import solve_point
 
@@ -294,7 +302,7 @@ def test_codesign_rows_are_the_sweep(domain: int) -> None:
                  and p.cluster.scale_up_devices == domain
                  and p.cluster.network[1].bandwidth_gb_s == 50)  # fmt: skip
     row = solve_point(point, sweep.tokens)
-    rows = [line.split(" | ") for line in README.splitlines()
+    rows = [line.split(" | ") for line in DOCS.splitlines()
             if line.startswith(f"| 16,384 | {domain} | 400 Gb/s |")]  # fmt: skip
     assert len(rows) == 1
     _, _, _, plan, step, band, _, mfu, days, cost = rows[0]
@@ -306,7 +314,7 @@ def test_codesign_rows_are_the_sweep(domain: int) -> None:
 
 
 def test_calibrate_network_is_the_readme_fit() -> None:
-    """The nccl-tests sample's fit of the NVLink bridge, as the README shows it at 80
-    columns."""
+    """The nccl-tests sample's fit of the NVLink bridge, as docs/calibrate-network.md shows it
+    at 80 columns."""
     args, shown = _shell_command(_block_starting("$ planner calibrate-network").splitlines())
     _shown(shown, _printed(_run(*args, columns=80)))

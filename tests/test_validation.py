@@ -5,7 +5,7 @@ H100 table does not state its microbatch size; with Megatron's default of 1 the 
 DP 48, 4 microbatches) is predicted ~30 % slow, because the 16 GB fp32 gradient reduce-scatter
 per GPU can only hide behind the last of four short backward passes (28 % with a plain
 least-squares fit, 31 % with the robust fit `planner calibrate` now uses, which weighs that row
-less). That row is held to the looser bound below and reported in the README rather than
+less). That row is held to the looser bound below and reported in docs/calibration.md rather than
 fitted away.
 """
 

@@ -18,7 +18,7 @@ DEFAULT_MEMORY_MARGIN = 0.05
 """Share of a device's memory a plan leaves free unless told otherwise, beside the device's
 ``reserved_memory_gib`` (which counts the CUDA context and NCCL's communicators): the caching
 allocator's rounding and fragmentation and the transient buffers the model does not price (see
-the README, "Memory margin")."""
+docs/memory-margin.md)."""
 
 
 def memory_margin_bytes(memory_gib: float, margin_gib: float | None = None) -> float:
