@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from pydantic import ValidationError
@@ -25,6 +25,7 @@ from planner.cli.app import (
     print_json,
     render,
 )
+from planner.cli.knobs import with_knobs
 from planner.cost import memory_margin_bytes
 from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.info import model_info
@@ -41,73 +42,20 @@ from planner.uniform.defaults import SEARCH_SWITCHES, framework_defaults
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
 from planner.uniform.remedies import config_infeasible_message
-from planner.vocabulary import DEFAULT_RANK_ORDER, GIB, Offload
+from planner.vocabulary import GIB
+
+CONFIG_KNOBS = tuple(ParallelConfig.model_fields)
+"""Every knob of a uniform configuration, as ``planner estimate`` offers them."""
 
 
 @app.command("estimate")
+@with_knobs(CONFIG_KNOBS, unset=dict.fromkeys(
+    SEARCH_SWITCHES, "off; with --framework, as solve sets it"))  # fmt: skip
 def estimate_cmd(
     model: ModelArg,
     cluster: ClusterArg,
     nodes: NodesOpt = None,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
-    pp: Annotated[int, typer.Option(help="Pipeline-parallel degree.")] = 1,
-    dp: Annotated[
-        int | None, typer.Option(help="Data-parallel degree; default: the rest.")
-    ] = None,
-    cp: Annotated[int, typer.Option(help="Context-parallel degree.")] = 1,
-    cp_algo: Annotated[
-        Literal["ring", "ulysses"],
-        typer.Option(help="Context parallelism: ring attention or Ulysses all-to-alls."),
-    ] = "ring",
-    ep: Annotated[int, typer.Option(help="Expert-parallel degree.")] = 1,
-    vpp: Annotated[
-        int, typer.Option(help="Virtual stages per device (interleaved 1F1B).")
-    ] = 1,
-    first_stage_layers: Annotated[
-        int | None, typer.Option(help="Layers on the first stage if it differs.")
-    ] = None,
-    last_stage_layers: Annotated[
-        int | None, typer.Option(help="Layers on the last stage if it differs.")
-    ] = None,
-    sp: Annotated[
-        bool | None, typer.Option("--sp/--no-sp", help="Sequence parallelism (default: off; "
-                                  "with --framework, on with TP > 1, as solve sets it).")
-    ] = None,
-    mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
-    global_batch: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
-    recompute: Annotated[
-        Literal["none", "selective", "full"], typer.Option(help="Activation recomputation.")
-    ] = "none",
-    recompute_layers: Annotated[
-        int | None, typer.Option(help="With --recompute full, only each model chunk's first "
-                                 "N layers (Megatron's --recompute-method block).")
-    ] = None,
-    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (1 = distributed optimizer).")] = 0,
-    precision: Annotated[
-        Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
-    ] = None,
-    schedule: Annotated[
-        Literal["1f1b", "gpipe", "zb-h1", "zb-v"], typer.Option(help="Pipeline schedule.")
-    ] = "1f1b",
-    flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
-    overlap_grad_reduce: Annotated[
-        bool | None, typer.Option(help="Overlap DP reduction (default: off; with --framework, "
-                                  "as solve sets it).")
-    ] = None,
-    overlap_param_gather: Annotated[
-        bool | None, typer.Option(help="Overlap ZeRO gathers (default: off; with "
-                                  "--framework, as solve sets it).")
-    ] = None,
-    tp_comm_overlap: Annotated[bool, typer.Option(help="Overlap TP comm with GEMMs.")] = False,
-    rank_order: Annotated[
-        str, typer.Option(help="Rank numbering, fastest first (Megatron's order).")
-    ] = DEFAULT_RANK_ORDER,
-    offload: Annotated[
-        str, typer.Option(help="Kept in host memory: none or optimizer (states and Adam "
-                          "step on the CPU); zero-offload: the optimizer as DeepSpeed's "
-                          "ZeRO-Offload runs it.")
-    ] = "none",
+    knobs: dict[str, Any] | None = None,
     memory_margin: Annotated[
         float | None, typer.Option("--memory-margin", min=0.0, help="GiB of device memory a "
                                    "configuration must leave free to fit (default 5 %).")
@@ -124,22 +72,14 @@ def estimate_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
+    assert knobs is not None  # given by with_knobs
     if framework is not None:
         check_framework(framework, allow_any=False)
-    switches = {"sp": sp, "overlap_grad_reduce": overlap_grad_reduce,
-                "overlap_param_gather": overlap_param_gather}  # fmt: skip
-    given = {name: value for name, value in switches.items() if value is not None}
+    given = {name: knobs[name] for name in SEARCH_SWITCHES if knobs[name] is not None}
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     try:
-        config = ParallelConfig(
-            tp=tp, pp=pp, dp=dp, cp=cp, cp_algo=cp_algo, ep=ep, vpp=vpp, mbs=mbs, **given,
-            first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-            global_batch=global_batch, seq_len=seq_len, recompute=recompute, zero=zero,
-            recompute_layers=recompute_layers,
-            precision=precision, schedule=schedule, flash_attention=flash_attention,
-            tp_comm_overlap=tp_comm_overlap, rank_order=rank_order,
-            offload=parse_offload(offload),
-        )  # fmt: skip
+        config = ParallelConfig(**{name: value for name, value in knobs.items()
+                                   if name not in SEARCH_SWITCHES or value is not None})
     except ValidationError as exc:
         raise option_error(exc) from None
     if framework is not None:
@@ -206,25 +146,6 @@ def defaults_note(
         return f"{title} {unset}" if unset else f"{title}: every switch solve sets was given"
     return (f"{title}'s switches as solve sets them: {' '.join(flags)} (give one to override "
             f"it)" + f"; it {unset}" * bool(unset))
-
-
-def parse_offload(text: str) -> Offload:
-    """``--offload``: a comma-separated list of what goes to host memory, as the one value a
-    configuration takes (weights and activations are not priced in this release), or
-    ``zero-offload``, the optimizer offloaded as DeepSpeed runs it."""
-    names = {name.strip() for name in text.split(",") if name.strip()} - {"none"}
-    unpriced = sorted(names & {"weights", "activations"})
-    if unpriced:
-        raise InputError(f"--offload {text}: offloading {' and '.join(unpriced)} is not priced "
-                         f"in this release; --offload optimizer is")  # fmt: skip
-    unknown = sorted(names - {"optimizer", "zero-offload"})
-    if unknown:
-        raise InputError(f"--offload {text}: {unknown[0]!r} is not something to offload; "
-                         f"give none, optimizer or zero-offload")  # fmt: skip
-    if len(names) > 1:
-        raise InputError(f"--offload {text}: the optimizer is offloaded one way, Megatron-LM's "
-                         f"(optimizer) or DeepSpeed's (zero-offload)")  # fmt: skip
-    return "zero-offload" if "zero-offload" in names else "optimizer" if names else "none"
 
 
 @app.command("info")

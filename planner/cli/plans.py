@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
 import typer
 
@@ -25,6 +25,7 @@ from planner.cli.app import (
     render,
     stderr_console,
 )
+from planner.cli.knobs import with_knobs
 from planner.cli.progress import search_bars
 from planner.diagnose.compare import METHODS, Method, compare, compare_frameworks
 from planner.diagnose.compare import to_json as compare_json
@@ -41,11 +42,6 @@ from planner.simulate.events import simulate_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import read_text
 
-GlobalBatchOpt = Annotated[int | None, typer.Option(min=1, help="Global batch size.")]
-SeqLenOpt = Annotated[int | None, typer.Option(min=1, help="Sequence length.")]
-PrecisionOpt = Annotated[
-    Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
-]
 BackendOpt = Annotated[Backend, typer.Option(help="ILP solver (ilp only).")]
 TimeLimitOpt = Annotated[
     float | None,
@@ -73,22 +69,10 @@ MeshNodesOpt = Annotated[
     typer.Option("--max-mesh-nodes", min=1, help="Nodes one stage's mesh may span (any: "
                  "default 1, 2 for mixtures of experts)."),
 ]
-TpPin = Annotated[int | None, typer.Option("--tp", min=1, help="Pin the tensor-parallel degree.")]
-PpPin = Annotated[int | None, typer.Option("--pp", min=1, help="Pin the pipeline stages.")]
-CpPin = Annotated[int | None, typer.Option("--cp", min=1, help="Pin the context-parallel degree.")]
-EpPin = Annotated[int | None, typer.Option("--ep", min=1, help="Pin the expert-parallel degree.")]
-VppPin = Annotated[
-    int | None, typer.Option("--vpp", min=1, help="Pin the virtual stages per rank.")
-]
-MbsPin = Annotated[int | None, typer.Option("--mbs", min=1, help="Pin the microbatch size.")]
-ZeroPin = Annotated[int | None, typer.Option("--zero", min=0, max=3, help="Pin the ZeRO stage.")]
-RecomputePin = Annotated[
-    Literal["none", "selective", "full"] | None,
-    typer.Option("--recompute", help="Pin the recomputation."),
-]
-SpPin = Annotated[
-    bool | None, typer.Option("--sp/--no-sp", help="Pin sequence parallelism on or off.")
-]
+PIN_KNOBS = tuple(f.name for f in fields(Pins))
+"""The knobs a search may be given fixed (``--tp 8``), as ``planner estimate`` spells them."""
+PROBLEM_KNOBS = ("global_batch", "seq_len", "precision", *PIN_KNOBS)
+"""The run's settings and the pins, as ``solve`` and ``compare`` offer them."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,23 +121,13 @@ class Problem:
 
 
 @app.command("solve")
+@with_knobs(PROBLEM_KNOBS, pinned=PIN_KNOBS)
 def solve_cmd(
     model: ModelArg,
     cluster: ClusterArg,
     nodes: NodesOpt = None,
-    global_batch: GlobalBatchOpt = None,
-    seq_len: SeqLenOpt = None,
-    precision: PrecisionOpt = None,
+    knobs: dict[str, Any] | None = None,
     framework: FrameworkOpt = "megatron",
-    tp: TpPin = None,
-    pp: PpPin = None,
-    cp: CpPin = None,
-    ep: EpPin = None,
-    vpp: VppPin = None,
-    mbs: MbsPin = None,
-    zero: ZeroPin = None,
-    recompute: RecomputePin = None,
-    sp: SpPin = None,
     memory_margin: MarginOpt = None,
     max_mesh_nodes: MeshNodesOpt = None,
     method: Annotated[
@@ -183,13 +157,13 @@ def solve_cmd(
     if as_json and export_fmt is not None:
         raise InputError("--export and --json do not mix (stdout holds one plan JSON); write "
                          "the plan with --out and run `planner export` on it")  # fmt: skip
-    pins = Pins(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, zero=zero, recompute=recompute,
-                sp=sp)  # fmt: skip
+    assert knobs is not None  # given by with_knobs
     model_spec, cluster_spec, options = Problem(
-        model=model, cluster=cluster, nodes=nodes, global_batch=global_batch, seq_len=seq_len,
-        precision=precision, backend=backend, time_limit=time_limit,
-        ilp_time_limit=ilp_time_limit, framework=framework, memory_margin=memory_margin,
-        max_mesh_nodes=max_mesh_nodes, pins=pins,
+        model=model, cluster=cluster, nodes=nodes, global_batch=knobs["global_batch"],
+        seq_len=knobs["seq_len"], precision=knobs["precision"], backend=backend,
+        time_limit=time_limit, ilp_time_limit=ilp_time_limit, framework=framework,
+        memory_margin=memory_margin, max_mesh_nodes=max_mesh_nodes,
+        pins=Pins(**{name: knobs[name] for name in PIN_KNOBS}),
     ).load()  # fmt: skip
     if out is not None:
         check_target(out, inputs=(model, cluster))
@@ -219,28 +193,18 @@ def solve_cmd(
 
 
 @app.command("compare")
+@with_knobs(PROBLEM_KNOBS, pinned=PIN_KNOBS)
 def compare_cmd(
     model: ModelArg,
     cluster: ClusterArg,
     nodes: NodesOpt = None,
-    global_batch: GlobalBatchOpt = None,
-    seq_len: SeqLenOpt = None,
-    precision: PrecisionOpt = None,
+    knobs: dict[str, Any] | None = None,
     framework: FrameworkOpt = "megatron",
     frameworks_opt: Annotated[
         str | None,
         typer.Option("--frameworks", help="Compare the best plan of each of these frameworks "
                      f"(comma-separated, among {', '.join(TARGETS)}) instead of methods."),
     ] = None,
-    tp: TpPin = None,
-    pp: PpPin = None,
-    cp: CpPin = None,
-    ep: EpPin = None,
-    vpp: VppPin = None,
-    mbs: MbsPin = None,
-    zero: ZeroPin = None,
-    recompute: RecomputePin = None,
-    sp: SpPin = None,
     memory_margin: MarginOpt = None,
     max_mesh_nodes: MeshNodesOpt = None,
     methods: Annotated[
@@ -255,13 +219,13 @@ def compare_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Plan the same problem with several methods (or frameworks) and show them side by side."""
-    pins = Pins(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, mbs=mbs, zero=zero, recompute=recompute,
-                sp=sp)  # fmt: skip
+    assert knobs is not None  # given by with_knobs
     model_spec, cluster_spec, options = Problem(
-        model=model, cluster=cluster, nodes=nodes, global_batch=global_batch, seq_len=seq_len,
-        precision=precision, backend=backend, time_limit=time_limit,
-        ilp_time_limit=ilp_time_limit, framework=framework, memory_margin=memory_margin,
-        max_mesh_nodes=max_mesh_nodes, pins=pins,
+        model=model, cluster=cluster, nodes=nodes, global_batch=knobs["global_batch"],
+        seq_len=knobs["seq_len"], precision=knobs["precision"], backend=backend,
+        time_limit=time_limit, ilp_time_limit=ilp_time_limit, framework=framework,
+        memory_margin=memory_margin, max_mesh_nodes=max_mesh_nodes,
+        pins=Pins(**{name: knobs[name] for name in PIN_KNOBS}),
     ).load()  # fmt: skip
     if plot is not None:
         from planner.report import figures, pictures

@@ -63,9 +63,16 @@ class ParallelConfig(BaseModel):
     sp: bool = Field(default=False, description="Sequence parallelism with tensor parallelism.")
     mbs: Int = Field(default=1, gt=0, le=lim.MAX_MICRO_BATCH_SIZE, description="Microbatch "
                      "size.")  # fmt: skip
-    global_batch: Int | None = Field(default=None, gt=0, le=lim.MAX_GLOBAL_BATCH_SIZE)
-    seq_len: Int | None = Field(default=None, gt=0, le=lim.MAX_SEQ_LENGTH)
-    recompute: Recompute = "none"
+    global_batch: Int | None = Field(
+        default=None, gt=0, le=lim.MAX_GLOBAL_BATCH_SIZE, description="Sequences per "
+        "optimizer step; default: the model's training block.",
+    )  # fmt: skip
+    seq_len: Int | None = Field(default=None, gt=0, le=lim.MAX_SEQ_LENGTH, description="Tokens "
+                                "per sequence; default: the model's training block.")  # fmt: skip
+    recompute: Recompute = Field(
+        default="none", description="Activation recomputation: none, selective (the "
+        "attention core, Korthikanti et al.) or full (each layer's forward).",
+    )  # fmt: skip
     recompute_layers: Int | None = Field(
         default=None, gt=0, le=lim.MAX_LAYERS, description="With full recomputation, the "
         "decoder layers of each model chunk that recompute, the chunk's first ones; the rest "
@@ -82,7 +89,8 @@ class ParallelConfig(BaseModel):
         "after the backward (optimizer: Megatron-LM's) or during it (zero-offload: "
         "DeepSpeed's).",
     )  # fmt: skip
-    precision: Precision | None = None
+    precision: Precision | None = Field(default=None, description="Compute precision; "
+                                        "default: the model's training block, else bf16.")
     schedule: PipelineSchedule = Field(default="1f1b", description="Pipeline schedule.")
     flash_attention: bool = Field(
         default=True, description="Fused attention: no s x s tensors kept, causal half of the "
