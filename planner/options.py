@@ -24,7 +24,14 @@ from planner.vocabulary import ContextParallelism, Precision, Recompute
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pins:
     """Knobs the user fixed (``--tp 8`` ...); None leaves one to the search. Spelled as
-    ``planner estimate`` spells them."""
+    ``planner estimate`` spells them.
+
+    >>> pins = Pins(tp=8, recompute="selective")
+    >>> pins.given()
+    {'tp': 8, 'recompute': 'selective'}
+    >>> pins.admits(tp=8, pp=4), pins.admits(tp=4)
+    (True, False)
+    """
 
     tp: int | None = None
     """Tensor-parallel degree."""
@@ -62,7 +69,19 @@ NO_PINS = Pins()
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SolveOptions:
-    """What the search may choose from, and how hard it tries."""
+    """What the search may choose from, and how hard it tries.
+
+    >>> options = SolveOptions(framework="deepspeed", global_batch_size=512, pins=Pins(pp=1))
+    >>> options.framework, options.micro_batch_sizes, options.pins.given()
+    ('deepspeed', (1, 2, 4, 8), {'pp': 1})
+
+    The memory a plan leaves free on an 80 GiB device, by default and when given:
+
+    >>> SolveOptions().margin_bytes(80.0) / 2**30, options.memory_margin_gib
+    (4.0, None)
+    >>> SolveOptions(memory_margin_gib=8).margin_bytes(80.0) / 2**30
+    8.0
+    """
 
     global_batch_size: int | None = None
     """Sequences per optimizer step (``--global-batch``); None: the model's training block."""

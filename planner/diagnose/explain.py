@@ -160,6 +160,35 @@ def explain(
     Raises :class:`InputError` when they are not the plan's, or ``why_not`` is given without
     them; :class:`~planner.errors.ConfigError` (``estimate``'s message) when ``why_not`` does
     not divide.
+
+    GPT-3 175B's plan on 1024 A100s (its knobs pinned only to make the search quick):
+
+    >>> import planner
+    >>> model = planner.load_model("instances/models/gpt3-175b.json")
+    >>> cluster = planner.load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=128)
+    >>> pins = planner.Pins(tp=4, pp=8, vpp=6, mbs=1)
+    >>> plan = planner.solve(model, cluster, planner.SolveOptions(pins=pins))
+    >>> why = explain(plan, model, cluster)
+    >>> why.summary
+    'TP4 x PP8 x DP32, mbs 1, interleaved 1F1B (v=6), sequence parallel, distributed optimizer'
+    >>> why.step[0].name, round(why.step[0].share, 2)  # the step's largest part
+    ('compute_s', 0.87)
+    >>> why.memory.parts[0].name, round(why.memory.free_gib, 1)  # the peak's largest part
+    ('activations_gib', 16.7)
+
+    Half the tensor parallelism would be a second faster but does not fit; twice as much fits
+    but is slower:
+
+    >>> for n in why.sensitivities[:2]:
+    ...     print(n.change, round(n.delta_s, 2), n.fits)
+    tp 4 -> 2 (dp 32 -> 64) -1.0 False
+    tp 4 -> 8 (dp 32 -> 16) 2.6 True
+
+    A configuration of one's own, priced beside the plan:
+
+    >>> mine = explain(plan, model, cluster, why_not={"pp": 16}).why_not
+    >>> mine.change, round(mine.delta_s, 2), mine.feasible
+    ('pp=16', 0.46, True)
     """
     p = plan.predicted
     steps = sorted(StepTime.model_fields, key=lambda k: -getattr(p.time, k))

@@ -32,6 +32,13 @@ class ParallelConfig(BaseModel):
 
     Defaults are Megatron-LM's own (no SP, no distributed optimizer, no overlap), except fused
     (flash) attention, which Megatron-Core uses by default through Transformer Engine.
+
+    >>> config = ParallelConfig(tp=8, pp=16, sp=True, zero=1)
+    >>> config.dp, config.mbs, config.schedule, config.flash_attention, config.overlap_grad_reduce
+    (None, 1, '1f1b', True, False)
+
+    ``dp`` left at None is the devices left over once a cluster is known
+    (:func:`planner.estimate` fills it in).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

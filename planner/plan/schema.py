@@ -289,7 +289,20 @@ class SolverSummary(_Frozen):
 
 
 class Plan(_Frozen):
-    """A complete parallel training plan."""
+    """A complete parallel training plan.
+
+    >>> import planner
+    >>> from planner.plan.files import plan_from_json
+    >>> model = planner.load_model("instances/models/gpt-1.7b.json")
+    >>> cluster = planner.load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=1)
+    >>> plan = planner.solve(model, cluster, planner.SolveOptions(pins=planner.Pins(tp=2)))
+    >>> plan.framework, plan.configuration.tp, plan.configuration.dp, len(plan.stages)
+    ('megatron', 2, 4, 1)
+    >>> plan.global_batch_size, plan.micro_batch_size, plan.num_microbatches  # 512 = 4 x 8 x 16
+    (512, 8, 16)
+    >>> plan_from_json(plan.to_json()) == plan  # the JSON ``planner solve --out`` writes
+    True
+    """
 
     schema_version: Literal[6] = SCHEMA_VERSION
     method: str

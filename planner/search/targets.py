@@ -31,6 +31,21 @@ def solve(
     Raises :class:`~planner.errors.InputError` for an unknown framework,
     :class:`~planner.errors.InfeasibleError` when nothing fits (naming what would) and
     :class:`~planner.errors.TimeLimitError` when the time limit passes before any plan.
+
+    >>> import planner
+    >>> model = planner.load_model("instances/models/gpt-1.7b.json")
+    >>> cluster = planner.load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=1)
+    >>> plan = solve(model, cluster)
+    >>> plan.summary()
+    'TP1 x PP1 x DP8, mbs 8, 1F1B, distributed optimizer'
+    >>> round(plan.predicted.step_time_s, 2), round(plan.predicted.mfu, 3), plan.solver.status
+    (7.91, 0.597, 'optimal')
+
+    With tensor parallelism pinned at 2, the fastest plan left is slower:
+
+    >>> pinned = solve(model, cluster, SolveOptions(pins=planner.Pins(tp=2)))
+    >>> pinned.summary(), round(pinned.predicted.step_time_s, 2)
+    ('TP2 x PP1 x DP4, mbs 8, 1F1B, sequence parallel, distributed optimizer', 9.03)
     """
     if check_framework(options.framework) == ANY:
         return solve_any(model, cluster, options, progress=progress)

@@ -137,8 +137,19 @@ def load_model(path: str | Path) -> ModelSpec:
     """Read a model from our ``model.json`` or a Hugging Face ``config.json``.
 
     >>> from planner import load_model
-    >>> load_model("instances/models/gpt3-175b.json").num_layers  # doctest: +SKIP
-    96
+    >>> model = load_model("instances/models/gpt3-175b.json")
+    >>> model.name, model.num_layers, model.hidden_size, model.num_attention_heads
+    ('gpt3-175b', 96, 12288, 96)
+    >>> hf = load_model("tests/data/hf/gemma-2-9b.config.json")  # a Hugging Face config.json
+    >>> hf.name, hf.num_layers, hf.hidden_size
+    ('gemma-2-9b', 42, 3584)
+
+    A file that cannot be read, or is not a model, is an :class:`InputError`:
+
+    >>> load_model("no-such-model.json")
+    Traceback (most recent call last):
+    ...
+    planner.errors.InputError: no-such-model.json: cannot read (No such file or directory)
     """
     path = Path(path)
     return model_from_dict(read_json(path), source=str(path))
@@ -148,7 +159,15 @@ def load_cluster(path: str | Path, nodes: int | None = None) -> ClusterSpec:
     """Read a ``cluster.json``; ``nodes`` overrides ``num_nodes``. A figure no hardware has
     (:func:`planner.spec.physics.check_cluster`) or more devices than the outermost network
     level holds is an :class:`InputError`; what is only unlikely is
-    :func:`planner.spec.physics.cluster_warnings`."""
+    :func:`planner.spec.physics.cluster_warnings`.
+
+    >>> from planner import load_cluster
+    >>> cluster = load_cluster("instances/clusters/dgx-a100-80gb.json")
+    >>> cluster.num_nodes, cluster.devices_per_node, cluster.device.name, cluster.device.memory_gib
+    (128, 8, 'A100-SXM4-80GB', 80.0)
+    >>> load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=4).num_devices
+    32
+    """
     path = Path(path)
     data = read_json(path)
     if not isinstance(data, dict):

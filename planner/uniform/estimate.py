@@ -94,6 +94,27 @@ def estimate(
     ``memory_margin_gib`` free (:func:`planner.cost.fits`).
 
     Raises :class:`~planner.errors.ConfigError` when the configuration does not divide.
+
+    >>> import planner
+    >>> model = planner.load_model("instances/models/gpt3-175b.json")
+    >>> cluster = planner.load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=128)
+    >>> e = estimate(model, cluster, planner.ParallelConfig(tp=8, pp=16))
+    >>> round(e.step_time_s, 2), e.fits, round(e.peak_memory_gib, 1)
+    (22.66, True, 58.2)
+    >>> e.dp, e.num_microbatches, round(e.mfu, 3), round(e.bubble_fraction, 3)
+    (8, 192, 0.468, 0.068)
+
+    Its 58.2 GiB with 25 GiB kept free is more than the device's 80 GiB:
+
+    >>> estimate(model, cluster, planner.ParallelConfig(tp=8, pp=16), memory_margin_gib=25).fits
+    False
+
+    A configuration that does not divide the cluster is refused, with the arithmetic:
+
+    >>> estimate(model, cluster, planner.ParallelConfig(tp=3, pp=8))
+    Traceback (most recent call last):
+    ...
+    planner.errors.ConfigError: tp(3) x pp(8) x cp(1) = 24 does not divide the 1024 devices
     """
     resolved = resolve(model, cluster, config)
     c, training = resolved.config, resolved.training
