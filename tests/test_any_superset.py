@@ -109,15 +109,15 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
     from planner.options import training_of
     from planner.placement.ranks import PipelinePlacement
     from planner.search import bounds, loop
+    from planner.search.candidates import candidates
     from planner.search.layers import (
         SearchContext,
         SearchState,
+        candidate_send_s,
         decoder_kinds,
         kind_least_s,
         kind_options,
-        pipeline_send_s,
     )
-    from planner.search.space import candidates
     from planner.sharding.layout import LogicalMesh
     from planner.vocabulary import GIB
 
@@ -142,7 +142,7 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
         in_flight = min(cost.in_flight_microbatches("1f1b", stage=i, pp=c.num_stages, vpp=c.vpp,
                                                     num_microbatches=c.num_microbatches)
                         for i in range(c.num_stages))  # fmt: skip
-        send = pipeline_send_s(ctx, c, near.pipeline_distance)
+        send = candidate_send_s(ctx, c, near.pipeline_distance)
         bound = bounds.options_bound_s(c, kinds, held, send_s=send, in_flight=in_flight,
                                        memory_bytes=stage_bytes)  # fmt: skip
         assert bound <= found.step.step_s, c

@@ -15,9 +15,9 @@ from planner.errors import ConfigError, InfeasibleError
 from planner.options import Pins, Progress, SolveOptions, training_of
 from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.plan.schema import Plan, StageParallel
+from planner.search import framework as enumeration
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
-from planner.uniform import enumerate as enumeration
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.groups import tp_degrees
 from planner.uniform.plan import uniform_plan

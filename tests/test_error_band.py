@@ -18,7 +18,7 @@ from planner.cost.uncertainty import error_band, stages_kind
 from planner.options import Pins, SolveOptions
 from planner.plan.files import plan_from_json
 from planner.plan.schema import SCHEMA_VERSION, ErrorBand, StageParallel
-from planner.search.loop import solve
+from planner.search.per_operator import solve_per_operator
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster
 from tests.conftest import CLUSTERS, MODELS, REPO
@@ -241,7 +241,7 @@ def test_per_operator_plans_take_the_band_of_their_stages(
     """The per-operator search's plan: two stages are model-parallel; one stage of pure data
     parallelism under ZeRO-3 is sharded-data-parallel."""
     cluster: ClusterSpec = load_cluster(calibrated, 1)
-    plan = solve(_tiny(), cluster, SolveOptions(framework="any", pins=pins))
+    plan = solve_per_operator(_tiny(), cluster, SolveOptions(framework="any", pins=pins))
     band = plan.predicted.error_band
     assert band is not None
     assert stages_kind([s.parallel for s in plan.stages]) == kind

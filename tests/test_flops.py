@@ -16,7 +16,7 @@ import planner
 from planner.errors import ConfigError
 from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
-from planner.search.loop import solve
+from planner.search.per_operator import solve_per_operator
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.space import grid_space
 from tests.conftest import CLUSTERS, MODELS
@@ -83,6 +83,6 @@ def test_the_search_reports_hardware_flops_below_the_peak() -> None:
     """The per-operator search's plan at a long sequence (its own pricing path)."""
     model = load_model(MODELS / "llama3-8b.json")
     cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
-    plan = solve(model, cluster, SolveOptions(seq_length=32768, global_batch_size=8,
+    plan = solve_per_operator(model, cluster, SolveOptions(seq_length=32768, global_batch_size=8,
                                               framework="any"))  # fmt: skip
     assert 0 < plan.predicted.hardware_tflops_per_gpu <= cluster.device.peak_tflops["bf16"]

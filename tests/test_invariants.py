@@ -19,9 +19,9 @@ from planner.plan.config import ParallelConfig, stage_layers
 from planner.plan.files import plan_from_json
 from planner.plan.invariants import SHOWN, check_plan, plan_violations
 from planner.plan.schema import Plan, ScheduleSpec
+from planner.search import framework as enumeration
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
-from planner.uniform import enumerate as enumeration
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
 from planner.uniform.space import divisors, stage_splits

@@ -79,13 +79,13 @@ def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.Clust
     from planner.cost.step import PipelineKnobs
     from planner.options import SolveOptions, training_of
     from planner.pipeline.assemble import compose
-    from planner.search.loop import (
+    from planner.search.per_operator import (
         SearchContext,
         SearchState,
+        candidate_send_s,
         candidates,
         decoder_kinds,
         evaluate,
-        pipeline_send_s,
     )
     from planner.sharding.layout import LogicalMesh
 
@@ -106,7 +106,7 @@ def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.Clust
     for order in ("replicas-inner", "stages-inner"):
         placement = PipelinePlacement(mesh=LogicalMesh((1, 4)), num_stages=64, replicas=4,
                                       order=order)  # fmt: skip
-        send = pipeline_send_s(ctx, c, placement.pipeline_distance)
+        send = candidate_send_s(ctx, c, placement.pipeline_distance)
         steps[order] = compose(found.stages, kinds, model=model, cluster=a100, knobs=knobs,
                                placement=placement, pipeline_comm_s=send)  # fmt: skip
     inner, outer = steps["replicas-inner"], steps["stages-inner"]

@@ -11,8 +11,8 @@ import planner
 from planner.errors import InputError
 from planner.options import Pins, SolveOptions
 from planner.plan.config import ParallelConfig
+from planner.search.framework import enumerate_plan
 from planner.uniform.batch import estimate_batch
-from planner.uniform.enumerate import enumerate_plan
 from planner.uniform.fewest_recomputed import chunk_layers
 from planner.uniform.remedies import config_infeasible_message
 from planner.uniform.space import config_key, grid_space, launched_variant

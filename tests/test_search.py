@@ -12,7 +12,7 @@ from planner.options import Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan
-from planner.search.loop import candidates, solve
+from planner.search.per_operator import candidates, solve_per_operator
 from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster
 from planner.uniform.estimate import estimate
@@ -24,13 +24,13 @@ GPT3_RUN = SolveOptions(global_batch_size=1536, seq_length=2048)
 @pytest.fixture(scope="module")
 def gpt3_plan(a100: planner.ClusterSpec) -> Plan:
     """GPT-3 175B on 1,024 A100 (128 nodes), Megatron's published batch and sequence."""
-    return solve(planner.load_model(MODELS / "gpt3-175b.json"), a100, GPT3_RUN)
+    return solve_per_operator(planner.load_model(MODELS / "gpt3-175b.json"), a100, GPT3_RUN)
 
 
 @pytest.fixture(scope="module")
 def small_plan() -> Plan:
     """Llama 3 8B on one DGX H100."""
-    return solve(planner.load_model(MODELS / "llama3-8b.json"),
+    return solve_per_operator(planner.load_model(MODELS / "llama3-8b.json"),
                  load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1))  # fmt: skip
 
 
@@ -99,7 +99,7 @@ def test_agrees_with_estimate_on_a_megatron_plan(small_plan: Plan) -> None:
 
 def test_same_inputs_same_plan(small_plan: Plan) -> None:
     """Deterministic: solving again gives the same plan, byte for byte but the wall time."""
-    again = solve(planner.load_model(MODELS / "llama3-8b.json"),
+    again = solve_per_operator(planner.load_model(MODELS / "llama3-8b.json"),
                   load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1))  # fmt: skip
 
     def without_time(plan: Plan) -> str:
@@ -115,7 +115,8 @@ def test_progress_is_reported(a100: planner.ClusterSpec) -> None:
     seen = []
     model = planner.load_model(MODELS / "llama3-8b.json")
     cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 1)
-    plan = solve(model, cluster, SolveOptions(micro_batch_sizes=(1, 2)), progress=seen.append)
+    plan = solve_per_operator(model, cluster, SolveOptions(micro_batch_sizes=(1, 2)),
+                              progress=seen.append)
     assert seen[-1].done == seen[-1].total
     bests = [p.best_step_s for p in seen if p.best_step_s is not None]
     assert bests == sorted(bests, reverse=True)
@@ -146,7 +147,7 @@ def test_nothing_fits_names_the_least_memory_any_plan_needs() -> None:
     cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
     exact = SolveOptions(memory_margin_gib=0.0, framework="any")
     with pytest.raises(InfeasibleError, match="no plan of the ILP search fits llama3-70b") as e:
-        solve(model, cluster, exact)
+        solve_per_operator(model, cluster, exact)
     found = re.search(r"needs ([0-9.]+) GiB per device", str(e.value))
     assert found is not None
     need = float(found.group(1))
@@ -157,10 +158,10 @@ def test_nothing_fits_names_the_least_memory_any_plan_needs() -> None:
         return cluster.model_copy(update={"device": cluster.device.model_copy(
             update={"memory_gib": gib})})  # fmt: skip
 
-    plan = solve(model, with_memory(need + 0.1), exact)
+    plan = solve_per_operator(model, with_memory(need + 0.1), exact)
     assert need - 0.05 <= plan.predicted.peak_memory_gib <= need + 0.1
     with pytest.raises(InfeasibleError):
-        solve(model, with_memory(need - 0.1), exact)
+        solve_per_operator(model, with_memory(need - 0.1), exact)
 
 
 def test_sequence_longer_than_learned_positions_is_refused() -> None:
@@ -170,7 +171,7 @@ def test_sequence_longer_than_learned_positions_is_refused() -> None:
     from tests.conftest import HF, shared
 
     with pytest.raises(ConfigError, match=r"seq_len\(4096\) > max_position_embeddings\(1024\)"):
-        solve(planner.load_model(shared(HF / "gpt2.config.json")),
+        solve_per_operator(planner.load_model(shared(HF / "gpt2.config.json")),
               load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1),
               SolveOptions(seq_length=4096, global_batch_size=64))  # fmt: skip
 
@@ -184,7 +185,7 @@ def test_stages_may_split_the_batch_differently() -> None:
     model = planner.load_model(MODELS / "llama3-8b.json")
     cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1)
     options = SolveOptions(framework="any", pins=Pins(pp=2, vpp=2, cp=1))
-    plan = solve(model, cluster, options)
+    plan = solve_per_operator(model, cluster, options)
     mesh_micro = plan.micro_batch_size * plan.stages[0].parallel.dp
     assert len({s.parallel.dp for s in plan.stages}) == 2
     assert all(mesh_micro % s.parallel.dp == 0 for s in plan.stages)

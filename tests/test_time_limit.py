@@ -11,7 +11,7 @@ from planner.errors import PlannerError, TimeLimitError
 from planner.options import Progress, SolveOptions, training_of
 from planner.plan.invariants import plan_violations
 from planner.plan.schema import Plan
-from planner.search.loop import candidates, solve
+from planner.search.per_operator import candidates, solve_per_operator
 from planner.spec.reading import load_cluster
 from tests.conftest import CLUSTERS, MODELS
 from tests.test_cli import _assert_one_line_error, _run
@@ -25,7 +25,7 @@ def cut() -> tuple[Plan, list[Progress]]:
     """GPT-1T on 3,072 A100 with a 2 s limit, and what the progress callback saw."""
     seen: list[Progress] = []
     model = planner.load_model(GPT_1T)
-    plan = solve(model, load_cluster(CLUSTERS / "dgx-a100-80gb.json", 384),
+    plan = solve_per_operator(model, load_cluster(CLUSTERS / "dgx-a100-80gb.json", 384),
                  SolveOptions(time_limit_s=2.0), progress=seen.append)  # fmt: skip
     return plan, seen
 
@@ -75,7 +75,8 @@ def test_no_plan_before_the_limit_is_a_time_limit_error() -> None:
     """A limit that passes before the first candidate is searched leaves nothing to return."""
     model = planner.load_model(MODELS / "gpt3-175b.json")
     with pytest.raises(TimeLimitError, match=r"time limit \(0 s\) passed after 0 of \d+"):
-        solve(model, load_cluster(CLUSTERS / "dgx-a100-80gb.json"), SolveOptions(time_limit_s=0))
+        solve_per_operator(model, load_cluster(CLUSTERS / "dgx-a100-80gb.json"),
+                           SolveOptions(time_limit_s=0))
     assert issubclass(TimeLimitError, PlannerError)
 
 

@@ -18,7 +18,7 @@ from planner.errors import InvalidPlanError, PlannerError
 from planner.options import SolveOptions
 from planner.plan.invariants import plan_violations
 from planner.plan.schema import Plan
-from planner.search.loop import solve
+from planner.search.per_operator import solve_per_operator
 from planner.spec import ClusterSpec, ModelSpec
 
 FUZZ_OPTIONS = SolveOptions(time_limit_s=3.0, ilp_time_limit_s=1.0)
@@ -100,7 +100,7 @@ def solve_checked(
     """Solve, and hold the result to the property: a plan that keeps every invariant, or a
     PlannerError other than an invalid plan (which is a planner bug). Anything else raises."""
     try:
-        plan = solve(model, cluster, options)
+        plan = solve_per_operator(model, cluster, options)
     except InvalidPlanError:
         raise
     except PlannerError as exc:

@@ -1,14 +1,14 @@
 """The grid baseline: every uniform (Megatron-style) configuration the target framework
 launches (:mod:`planner.uniform.space`), priced by :func:`~planner.uniform.estimate.estimate`;
-the fastest that fits (:func:`~planner.uniform.enumerate.enumerate_plan`) as a plan of method
+the fastest that fits (:func:`~planner.search.framework.enumerate_plan`) as a plan of method
 ``"grid"``."""
 
 from __future__ import annotations
 
 from planner.options import DEFAULT_OPTIONS, ProgressFn, SolveOptions
 from planner.plan.schema import Plan
+from planner.search.framework import enumerate_plan
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.enumerate import enumerate_plan
 from planner.uniform.space import grid_space
 
 __all__ = ["grid_plan", "grid_space"]

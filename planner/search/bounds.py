@@ -3,7 +3,7 @@ of them before it solves any layer ILP: a lower bound on its step (every layer a
 fast as a bound on its time, the slowest stage no faster than an equal share, stretched by
 the pipeline's fill and drain) and a lower bound on what its busiest stage holds. A candidate
 whose bound reaches the incumbent's step, or whose stage cannot fit, cannot hold a faster
-plan (:func:`planner.search.loop.evaluate`)."""
+plan (:func:`planner.search.per_operator.evaluate`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 from planner import cost
 from planner.pipeline.options import LayerOption, held_bytes
+from planner.search.candidates import Candidate
 from planner.search.layers import SearchContext, kind_least_bytes
-from planner.search.space import Candidate
 
 BOUND_SLACK = 0.01
 """The share :func:`layers_bound_s` leaves below the options' step for the composer's exact

@@ -25,7 +25,7 @@ from planner.pipeline.options import (
     held_bytes,
     layer_options,
 )
-from planner.search.space import Candidate
+from planner.search.candidates import Candidate
 from planner.sharding.assignment import LayerGraph
 from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
@@ -325,7 +325,7 @@ def _pareto(options: list[LayerOption]) -> list[LayerOption]:
     return kept
 
 
-def pipeline_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
+def candidate_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
     """Per microbatch, one stage's sends (:func:`planner.cost.pipeline_send_s`): the activation
     forward and its gradient back, each device of the mesh sending its share (Megatron's
     scatter/gather), once per chunk."""

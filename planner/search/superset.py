@@ -3,16 +3,17 @@
 ``any`` is the yardstick that says what the frameworks' rules cost, so its space must hold
 every framework's plan. It is searched in two steps:
 
-1. the union of the framework targets' uniform spaces (:func:`~planner.uniform.enumerate.
+1. the union of the framework targets' uniform spaces (:func:`~planner.search.framework.
    enumerate_plan` with no framework's rules: every configuration of
    :mod:`planner.uniform.space` with the zero-bubble schedules, the fewest recomputed layers
    and every offload), priced by the one cost model. A framework's configuration differs
    from its union twin only in the overlap flags its rules fix, which change no memory and
    never slow a step; so the union's best is no slower than any framework's best. It is the
    incumbent;
-2. the per-operator search (the layer ILPs and the stage DP, :func:`planner.search.loop.search`)
-   bounded by the incumbent's step: candidates whose lower bound reaches it are not searched,
-   which is most of them, and only a plan strictly faster replaces the incumbent.
+2. the per-operator search (the layer ILPs and the stage DP,
+   :func:`planner.search.per_operator.search`) bounded by the incumbent's step: candidates
+   whose lower bound reaches it are not searched, which is most of them, and only a plan
+   strictly faster replaces the incumbent.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from planner.errors import ConfigError, InfeasibleError, TimeLimitError
 from planner.frameworks import ANY
 from planner.options import ProgressFn, SolveOptions
 from planner.plan.schema import Plan
-from planner.search import loop
+from planner.search import per_operator
+from planner.search.framework import enumerate_plan
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.enumerate import enumerate_plan
 
 
 def solve_any(
@@ -53,7 +54,7 @@ def solve_any(
     if options.time_limit_s is not None:
         left_s = max(0.0, options.time_limit_s - (time.perf_counter() - started))
     incumbent_s = None if incumbent is None else incumbent.predicted.step_time_s
-    found = loop.search(model, cluster, replace(union, time_limit_s=left_s),
+    found = per_operator.search(model, cluster, replace(union, time_limit_s=left_s),
                         incumbent_s=incumbent_s, progress=progress)  # fmt: skip
     best = found.plan if found.plan is not None else incumbent
     assert best is not None  # without an incumbent the search raises rather than miss

@@ -3,7 +3,7 @@
 For a framework (``megatron``, ``mindspeed``, ``deepspeed``, ``colossalai``, ``torchtitan``)
 a layer's sharding follows from its degrees, so the search enumerates every uniform
 configuration the framework's profile launches, prices each with the one cost model and
-keeps the fastest that fits (:func:`planner.uniform.enumerate.enumerate_plan`); for ``any`` it
+keeps the fastest that fits (:func:`planner.search.framework.enumerate_plan`); for ``any`` it
 is the union of those spaces, then the per-operator search (the layer ILP and the stage
 dynamic program) bounded by the union's best (:func:`planner.search.superset.solve_any`).
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 from planner.frameworks import ANY, check_framework
 from planner.options import DEFAULT_OPTIONS, ProgressFn, SolveOptions
 from planner.plan.schema import Plan
+from planner.search.framework import enumerate_plan
 from planner.search.superset import solve_any
 from planner.spec import ClusterSpec, ModelSpec
-from planner.uniform.enumerate import enumerate_plan
 
 
 def solve(

@@ -29,7 +29,7 @@ from planner.graph.ops import TRANSFORMER_KINDS
 from planner.placement.ranks import megatron_order
 from planner.plan.divisibility import RULES, Degrees, Derived, Shape, derive, first_broken
 from planner.plan.schema import StepTime
-from planner.sharding.uniform import UniformQuery, uniform_parts
+from planner.sharding.uniform import CONTEXT, DATA, TENSOR, UniformQuery, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.columns import codes, factorize
 from planner.uniform.recompute_layers import recomputed_counts, stage_chunks
@@ -171,7 +171,8 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
     cluster_json = b.cluster.model_dump_json()
     flash, overlap = b.switch("flash_attention"), b.switch("tp_comm_overlap")
     # (The mesh's strides, not the degrees: the same layer sits on many pipelines.)
-    strides = np.array([[s.mesh.stride(a) for a in range(3)] for s in stages])[stage_of]
+    axes = (DATA, CONTEXT, TENSOR)
+    strides = np.array([[s.mesh.stride(a) for a in axes] for s in stages])[stage_of]
     first, of = factorize(c["tp"], c["cp"], c["ep"], b.sp, c["cp_algo"] == "ulysses",
                           *strides.T, c["mbs"], flash, overlap)  # fmt: skip
     by_kind = {k: np.zeros((len(first), len(RECOMPUTE_MODES), len(LAYER_FIELDS)))

@@ -40,11 +40,11 @@ from planner.uniform.defaults import launched_overlaps, sequence_parallel
 from planner.uniform.groups import context_groups, cp_algorithms
 from planner.vocabulary import OFFLOADS, RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
 
-Split = tuple[int | None, int | None]
+StageEnds = tuple[int | None, int | None]
 """Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
 
 
-def stage_splits(num_layers: int, pp: int) -> list[Split]:
+def stage_splits(num_layers: int, pp: int) -> list[StageEnds]:
     """The layer splits tried for ``pp`` stages: equal stages when ``pp`` divides the layers;
     else Megatron's uneven first and last stage around ``pp - 2`` middle stages of ``m`` layers.
 
@@ -65,7 +65,7 @@ def stage_splits(num_layers: int, pp: int) -> list[Split]:
     if pp > num_layers:
         return []
     least = -(-num_layers // pp)
-    splits: dict[Split, None] = {}  # ordered, and pp 2 gives the same ends for either m
+    splits: dict[StageEnds, None] = {}  # ordered, and pp 2 gives the same ends for either m
     for middle in (least, least + 1):
         ends = num_layers - (pp - 2) * middle
         if ends < 2:
@@ -89,7 +89,7 @@ class Branch:
     """Context-parallel degree."""
     ep: int
     """Expert-parallel degree."""
-    split: Split = (None, None)
+    split: StageEnds = (None, None)
     """Decoder layers of the first and last stage (None: all stages equal)."""
     cp_algo: ContextParallelism = "ring"
     """How context parallelism attends: ring or ulysses."""
@@ -101,7 +101,7 @@ def pipeline_degrees(model: ModelSpec, devices: int) -> list[int]:
             and stage_splits(model.num_layers, p)]  # fmt: skip
 
 
-def virtual_stages(model: ModelSpec, *, pp: int, split: Split) -> list[int]:
+def virtual_stages(model: ModelSpec, *, pp: int, split: StageEnds) -> list[int]:
     """Virtual stages per pipeline rank (``vpp``) on ``pp`` stages split as ``split``: 1, and
     with a pipeline every count of chunks that divides every stage's layers (Megatron-Core's
     rule, uneven stages included).
@@ -283,7 +283,7 @@ def offload_variants(
     swapped for the host copies and the CPU's Adam, never faster where the host link and the
     host memory are slower than the device's memory (every bundled cluster with host figures:
     ``tests/test_offload.py``). The search prices them only when nothing fits without
-    (:func:`~planner.uniform.enumerate.enumerate_plan`)."""
+    (:func:`~planner.search.framework.enumerate_plan`)."""
     if not offloads(cluster, options):
         return []
     if options.framework == ANY:  # every framework's offload, the fastest then chosen

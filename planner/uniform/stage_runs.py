@@ -35,7 +35,7 @@ from planner.vocabulary import RECOMPUTE_MODES, Offload
 LAYER_FIELDS = tuple(f.name for f in fields(LayerCost))
 """The per-microbatch costs of a layer, in the order a batch's layer table keeps them."""
 
-Split = tuple[tuple[int, int, StageKinds, tuple[Chunk, ...] | None], ...]
+SplitRuns = tuple[tuple[int, int, StageKinds, tuple[Chunk, ...] | None], ...]
 """A layer split's runs of equal stages: (first stage, stages, layer kinds and counts, and
 when only some layers recompute, the stage's chunks with the layers that do)."""
 
@@ -43,7 +43,7 @@ when only some layers recompute, the stage's chunks with the layers that do)."""
 def stage_runs(
     model: ModelSpec, training: TrainingSpec, layers: tuple[int, ...],
     chunks: tuple[tuple[Chunk, ...], ...] | None = None, *, head_first: bool = False,
-) -> Split:  # fmt: skip
+) -> SplitRuns:  # fmt: skip
     """The runs of equal stages of a layer split; ``chunks``: each stage's, when only some
     layers recompute (:func:`~planner.uniform.recompute_layers.stage_chunks`);
     ``head_first``: a V schedule's (:func:`~planner.uniform.stages.stage_kinds`)."""
@@ -54,7 +54,7 @@ def stage_runs(
 
 def static_costs(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: Any,
-    params_by_kind: dict[str, WeightGroups], split: Split, *,
+    params_by_kind: dict[str, WeightGroups], split: SplitRuns, *,
     zero: int, tp: int, pp: int, v_shape: bool = False, offload: Offload = "none",
 ) -> StageStatics:  # fmt: skip
     """A split's runs' weights on ``stage``'s mesh, as :func:`estimate` gathers them (no tied
@@ -67,7 +67,7 @@ def static_costs(
 
 
 def run_costs(
-    split: Split, by_kind: dict[str, np.ndarray], static: list[StageStatics],
+    split: SplitRuns, by_kind: dict[str, np.ndarray], static: list[StageStatics],
     static_of: np.ndarray, layer_of: np.ndarray, recompute: np.ndarray, sends: np.ndarray,
     microbatches: np.ndarray,
 ) -> list[StageRun]:  # fmt: skip

@@ -22,7 +22,14 @@ from planner.graph.ops import TRANSFORMER_KINDS
 from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ResolvedConfig
 from planner.sharding.layout import LogicalMesh
-from planner.sharding.uniform import UniformLayout, UniformQuery, uniform_layout
+from planner.sharding.uniform import (
+    CONTEXT,
+    DATA,
+    TENSOR,
+    UniformLayout,
+    UniformQuery,
+    uniform_layout,
+)
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.recompute_layers import Chunk, chunks_cost
 
@@ -165,8 +172,8 @@ def stage_weights(
     shards their states over the data-parallel ranks only."""
     weights = []
     for axes, n in sorted(params.items()):
-        tensor = 2 in axes
-        outer = tuple(a for a in axes if a != 2)
+        tensor = TENSOR in axes
+        outer = tuple(a for a in axes if a != TENSOR)
         weights.append(Weights(params=n, data_parallel=stage.group(outer),
                                also_reduced_over=stage.tensor_group if tensor else None))
     return tuple(weights)
@@ -178,7 +185,7 @@ def tied_copy(model: ModelSpec, stage: UniformStage, *, tp: int, pp: int) -> Tie
     if not model.tie_word_embeddings or pp == 1:
         return None
     return TiedCopy(params=model.vocab_size * model.hidden_size / tp,
-                    data_parallel=stage.group((0, 1)),
+                    data_parallel=stage.group((DATA, CONTEXT)),
                     sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 

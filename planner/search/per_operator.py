@@ -44,19 +44,19 @@ from planner.plan.schema import (
     SolverSummary,
 )
 from planner.search.bounds import layers_bound_s, may_fit, options_bound_s
-from planner.search.layers import (
-    SearchContext,
-    SearchState,
-    decoder_kinds,
-    kind_least_s,
-    kind_options,
-    pipeline_send_s,
-)
-from planner.search.space import (
+from planner.search.candidates import (
     Candidate,
     candidates,
     describe,
     model_flops_per_sequence,
+)
+from planner.search.layers import (
+    SearchContext,
+    SearchState,
+    candidate_send_s,
+    decoder_kinds,
+    kind_least_s,
+    kind_options,
 )
 from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec
@@ -94,7 +94,7 @@ def evaluate(
                  for i in range(p)]  # fmt: skip
     mesh = LogicalMesh(c.mesh)
     near = PipelinePlacement(mesh=mesh, num_stages=p, replicas=c.replicas, order="stages-inner")
-    send = pipeline_send_s(ctx, c, near.pipeline_distance)
+    send = candidate_send_s(ctx, c, near.pipeline_distance)
     held = (*dict.fromkeys(kinds), "embedding", "head")
     device = ctx.cluster.device
     usable = ctx.options.usable_bytes(device)
@@ -145,7 +145,7 @@ def evaluate(
     best: Found | None = None
     for order in ORDERS:
         placement = PipelinePlacement(mesh=mesh, num_stages=p, replicas=c.replicas, order=order)
-        send = pipeline_send_s(ctx, c, placement.pipeline_distance)
+        send = candidate_send_s(ctx, c, placement.pipeline_distance)
         step = compose(stages, kinds, model=ctx.model, cluster=ctx.cluster, knobs=knobs,
                        placement=placement, pipeline_comm_s=send)  # fmt: skip
         if step.peak_memory_bytes.total > usable:
@@ -174,7 +174,7 @@ def _whole_chunks(n: int, p: int, v: int) -> np.ndarray:
 # --------------------------------------------------------------------------- the search
 
 
-def solve(
+def solve_per_operator(
     model: ModelSpec,
     cluster: ClusterSpec,
     options: SolveOptions = DEFAULT_OPTIONS,

@@ -1,4 +1,4 @@
-"""The search space: what :func:`planner.search.loop.solve` may choose from, and the outer
+"""The search space: what :func:`planner.search.per_operator.solve` may choose from, and the outer
 candidates it visits.
 
 A candidate fixes what the layer ILP and the pipeline's dynamic program do not choose: the
