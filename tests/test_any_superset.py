@@ -108,7 +108,7 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
     from planner.graph import lowered, parameter_count
     from planner.options import training_of
     from planner.placement.ranks import PipelinePlacement
-    from planner.search import bounds, loop
+    from planner.search import bounds, per_operator
     from planner.search.candidates import candidates
     from planner.search.layers import (
         SearchContext,
@@ -133,7 +133,7 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
                    - device.reserved_memory_gib * GIB)  # fmt: skip
     checked = 0
     for c in candidates(model, cluster, training, options):
-        found = loop.evaluate(ctx, c, kinds)
+        found = per_operator.evaluate(ctx, c, kinds)
         if found is None:
             continue
         held = {k: kind_options(ctx, k, c) for k in (*dict.fromkeys(kinds), "embedding", "head")}

@@ -1,7 +1,7 @@
 """A lower bound on a layer's time on a mesh, without solving its ILP.
 
 The search bounds most candidates away before it shards their layers (:func:`planner.search.
-loop.evaluate`); the bound it needs per layer is the least time any sharding takes, whatever
+per_operator.evaluate`); the bound it needs per layer is the least time any sharding takes, whatever
 its memory, recomputation or ZeRO stage. That is the layer ILP with only its strategy and edge
 variables (recomputation reruns and the gradient sync only add time): a min-sum problem over
 the layer graph whose LP relaxation (the local polytope: each edge's pair variables summing to
