@@ -97,36 +97,56 @@ def knob_parameter(name: str, *, pinned: bool = False, unset: str | None = None
                              annotation=Annotated[base, option])  # fmt: skip
 
 
-def with_knobs(
-    names: Sequence[str], *, pinned: Collection[str] = (), unset: dict[str, str] | None = None
+def with_parameters(
+    added: Sequence[inspect.Parameter], *, into: str,
+    build: Callable[[dict[str, Any]], Any] = dict,
 ) -> Callable[[Command], Command]:
-    """Give a command an option per knob of ``names`` (:func:`knob_parameter`, those of
-    ``pinned`` as pins, those of ``unset`` None by default with what that means) in place
-    of its parameter ``knobs``, which receives them as a dict (text knobs parsed)."""
-    unset = unset or {}
+    """Give a command the options ``added`` in place of its parameter ``into``, which receives
+    ``build`` of their values by name: options several commands share, declared once."""
 
     def decorate(command: Command) -> Command:
         hints = typing.get_type_hints(command, include_extras=True)
         own = [p.replace(annotation=hints.get(p.name, p.annotation))
                for p in inspect.signature(command).parameters.values()]  # fmt: skip
-        at = next(i for i, p in enumerate(own) if p.name == "knobs")
-        added = [knob_parameter(n, pinned=n in pinned, unset=unset.get(n)) for n in names]
+        at = next(i for i, p in enumerate(own) if p.name == into)
         params = [*own[:at], *added, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
                                        for p in own[at + 1:])]  # fmt: skip
+        names = [p.name for p in added]
 
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> Any:
-            knobs = {n: kwargs.pop(n) for n in names}
-            for n, parse in TEXT_KNOBS.items():
-                if n in knobs and knobs[n] is not None:
-                    knobs[n] = parse(knobs[n])
-            return command(*args, knobs=knobs, **kwargs)
+            values = {n: kwargs.pop(n) for n in names}
+            return command(*args, **{into: build(values)}, **kwargs)
 
         run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in params}
         return run  # type: ignore[return-value]
 
     return decorate
+
+
+def knob_parameters(
+    names: Sequence[str], *, pinned: Collection[str] = (), unset: dict[str, str] | None = None
+) -> list[inspect.Parameter]:
+    """An option per knob of ``names`` (:func:`knob_parameter`, those of ``pinned`` as pins,
+    those of ``unset`` None by default with what that means)."""
+    unset = unset or {}
+    return [knob_parameter(n, pinned=n in pinned, unset=unset.get(n)) for n in names]
+
+
+def parsed(knobs: dict[str, Any]) -> dict[str, Any]:
+    """``knobs`` with the text knobs given parsed (:data:`TEXT_KNOBS`)."""
+    return {n: TEXT_KNOBS[n](v) if n in TEXT_KNOBS and v is not None else v
+            for n, v in knobs.items()}  # fmt: skip
+
+
+def with_knobs(
+    names: Sequence[str], *, pinned: Collection[str] = (), unset: dict[str, str] | None = None
+) -> Callable[[Command], Command]:
+    """Give a command an option per knob of ``names`` (:func:`knob_parameters`) in place of
+    its parameter ``knobs``, which receives them as a dict (text knobs parsed)."""
+    return with_parameters(knob_parameters(names, pinned=pinned, unset=unset), into="knobs",
+                           build=parsed)  # fmt: skip
 
 
 def parse_offload(text: str) -> Offload:

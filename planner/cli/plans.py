@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -25,7 +26,7 @@ from planner.cli.app import (
     render,
     stderr_console,
 )
-from planner.cli.knobs import with_knobs
+from planner.cli.knobs import knob_parameters, parsed, with_parameters
 from planner.cli.progress import search_bars
 from planner.diagnose.compare import METHODS, Method, compare, compare_frameworks
 from planner.diagnose.compare import to_json as compare_json
@@ -71,43 +72,59 @@ MeshNodesOpt = Annotated[
 ]
 PIN_KNOBS = tuple(f.name for f in fields(Pins))
 """The knobs a search may be given fixed (``--tp 8``), as ``planner estimate`` spells them."""
-PROBLEM_KNOBS = ("global_batch", "seq_len", "precision", *PIN_KNOBS)
-"""The run's settings and the pins, as ``solve`` and ``compare`` offer them."""
+
+
+def _option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                             default=default)  # fmt: skip
+
+
+SEARCH_OPTIONS = (
+    _option("framework", FrameworkOpt, "megatron"),
+    _option("memory_margin", MarginOpt, None),
+    _option("max_mesh_nodes", MeshNodesOpt, None),
+    _option("backend", BackendOpt, DEFAULT_OPTIONS.backend),
+    _option("time_limit", TimeLimitOpt, SEARCH_TIME_LIMIT_S),
+    _option("ilp_time_limit", IlpTimeLimitOpt, DEFAULT_OPTIONS.ilp_time_limit_s),
+)
+"""How ``solve`` and ``compare`` search, beside the run's settings and the pins."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Problem:
     """What ``solve`` and ``compare`` share, with the same meaning, as given on the command
-    line."""
+    line (:func:`with_problem`)."""
 
-    model: Path
-    """MODEL: model.json or a Hugging Face config.json."""
-    cluster: Path
-    """CLUSTER: cluster.json."""
-    nodes: int | None
-    """``--nodes``: the cluster's node count instead of the file's."""
     global_batch: int | None
     """``--global-batch``, sequences per step."""
     seq_len: int | None
     """``--seq-len``, tokens per sequence."""
     precision: str | None
     """``--precision``."""
-    backend: Backend
-    """``--backend``: the layer ILP's solver."""
-    time_limit: float | None
-    """``--time-limit``, seconds for the whole search."""
-    ilp_time_limit: float
-    """``--ilp-time-limit``, seconds per layer ILP."""
+    pins: Pins
+    """The knobs pinned on the command line."""
     framework: str
     """``--framework``: the framework that launches the plan, or ``any``."""
     memory_margin: float | None
     """``--memory-margin``, GiB left free per device."""
     max_mesh_nodes: int | None
     """``--max-mesh-nodes``: the widest stage mesh, in nodes."""
-    pins: Pins
-    """The knobs pinned on the command line."""
+    backend: Backend
+    """``--backend``: the layer ILP's solver."""
+    time_limit: float | None
+    """``--time-limit``, seconds for the whole search."""
+    ilp_time_limit: float
+    """``--ilp-time-limit``, seconds per layer ILP."""
 
-    def load(self) -> tuple[ModelSpec, ClusterSpec, SolveOptions]:
+    @classmethod
+    def of(cls, values: dict[str, Any]) -> Problem:
+        """From the options' values by name (the pins among them)."""
+        pins = Pins(**{name: values.pop(name) for name in PIN_KNOBS})
+        return cls(pins=pins, **values)
+
+    def load(
+        self, model: Path, cluster: Path, nodes: int | None
+    ) -> tuple[ModelSpec, ClusterSpec, SolveOptions]:
         """The inputs and the search's options."""
         options = SolveOptions(
             global_batch_size=self.global_batch, seq_length=self.seq_len,
@@ -117,19 +134,23 @@ class Problem:
             memory_margin_gib=self.memory_margin, max_mesh_nodes=self.max_mesh_nodes,
             pins=self.pins,
         )  # fmt: skip
-        return (*load_inputs(self.model, self.cluster, nodes=self.nodes), options)
+        return (*load_inputs(model, cluster, nodes=nodes), options)
+
+
+with_problem = with_parameters(
+    [*knob_parameters(("global_batch", "seq_len", "precision", *PIN_KNOBS), pinned=PIN_KNOBS),
+     *SEARCH_OPTIONS], into="problem", build=lambda values: Problem.of(parsed(values)),
+)  # fmt: skip
+"""Give ``solve`` or ``compare`` the options of a :class:`Problem`, declared once."""
 
 
 @app.command("solve")
-@with_knobs(PROBLEM_KNOBS, pinned=PIN_KNOBS)
+@with_problem
 def solve_cmd(
     model: ModelArg,
     cluster: ClusterArg,
     nodes: NodesOpt = None,
-    knobs: dict[str, Any] | None = None,
-    framework: FrameworkOpt = "megatron",
-    memory_margin: MarginOpt = None,
-    max_mesh_nodes: MeshNodesOpt = None,
+    problem: Problem | None = None,
     method: Annotated[
         Method,
         typer.Option(
@@ -138,9 +159,6 @@ def solve_cmd(
             "every uniform configuration."
         ),
     ] = "ilp",
-    backend: BackendOpt = DEFAULT_OPTIONS.backend,
-    time_limit: TimeLimitOpt = SEARCH_TIME_LIMIT_S,
-    ilp_time_limit: IlpTimeLimitOpt = DEFAULT_OPTIONS.ilp_time_limit_s,
     out: Annotated[Path | None, typer.Option(help="Also write the plan (JSON).")] = None,
     export_fmt: Annotated[
         Framework | None,
@@ -157,14 +175,8 @@ def solve_cmd(
     if as_json and export_fmt is not None:
         raise InputError("--export and --json do not mix (stdout holds one plan JSON); write "
                          "the plan with --out and run `planner export` on it")  # fmt: skip
-    assert knobs is not None  # given by with_knobs
-    model_spec, cluster_spec, options = Problem(
-        model=model, cluster=cluster, nodes=nodes, global_batch=knobs["global_batch"],
-        seq_len=knobs["seq_len"], precision=knobs["precision"], backend=backend,
-        time_limit=time_limit, ilp_time_limit=ilp_time_limit, framework=framework,
-        memory_margin=memory_margin, max_mesh_nodes=max_mesh_nodes,
-        pins=Pins(**{name: knobs[name] for name in PIN_KNOBS}),
-    ).load()  # fmt: skip
+    assert problem is not None  # given by with_problem
+    model_spec, cluster_spec, options = problem.load(model, cluster, nodes)
     if out is not None:
         check_target(out, inputs=(model, cluster))
     if report_dir is not None:
@@ -193,40 +205,28 @@ def solve_cmd(
 
 
 @app.command("compare")
-@with_knobs(PROBLEM_KNOBS, pinned=PIN_KNOBS)
+@with_problem
 def compare_cmd(
     model: ModelArg,
     cluster: ClusterArg,
     nodes: NodesOpt = None,
-    knobs: dict[str, Any] | None = None,
-    framework: FrameworkOpt = "megatron",
+    problem: Problem | None = None,
     frameworks_opt: Annotated[
         str | None,
         typer.Option("--frameworks", help="Compare the best plan of each of these frameworks "
                      f"(comma-separated, among {', '.join(TARGETS)}) instead of methods."),
     ] = None,
-    memory_margin: MarginOpt = None,
-    max_mesh_nodes: MeshNodesOpt = None,
     methods: Annotated[
         str, typer.Option(help=f"Comma-separated methods among {', '.join(METHODS)}.")
     ] = "ilp,heuristic,grid",
-    backend: BackendOpt = DEFAULT_OPTIONS.backend,
-    time_limit: TimeLimitOpt = SEARCH_TIME_LIMIT_S,
-    ilp_time_limit: IlpTimeLimitOpt = DEFAULT_OPTIONS.ilp_time_limit_s,
     plot: Annotated[
         Path | None, typer.Option(help="Also draw the methods as a bar chart (.png or .svg).")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan the same problem with several methods (or frameworks) and show them side by side."""
-    assert knobs is not None  # given by with_knobs
-    model_spec, cluster_spec, options = Problem(
-        model=model, cluster=cluster, nodes=nodes, global_batch=knobs["global_batch"],
-        seq_len=knobs["seq_len"], precision=knobs["precision"], backend=backend,
-        time_limit=time_limit, ilp_time_limit=ilp_time_limit, framework=framework,
-        memory_margin=memory_margin, max_mesh_nodes=max_mesh_nodes,
-        pins=Pins(**{name: knobs[name] for name in PIN_KNOBS}),
-    ).load()  # fmt: skip
+    assert problem is not None  # given by with_problem
+    model_spec, cluster_spec, options = problem.load(model, cluster, nodes)
     if plot is not None:
         from planner.report import figures, pictures
 
