@@ -167,7 +167,8 @@ def recompute_priced(c: Any) -> str:
 
 def expected(resolved: Any, model: Any) -> dict[str, Any]:
     """What Megatron must read back: the priced configuration and the model's shape."""
-    from planner.frameworks._megatron_flags import max_positions, padded_vocab
+    from planner.frameworks._megatron_flags import max_positions
+    from planner.frameworks._megatron_vocab import padded_vocab
 
     c, t = resolved.config, resolved.training
     moe, mla = model.moe, model.mla

@@ -156,8 +156,38 @@ def fit_bench(
         return [c for c, _ in picked], np.array([s for _, s in picked])
 
     notes: list[str] = []
-    fitted = device
-    memory, t_memory = of("memory")
+    fitted = _fit_memory_bound(cluster_path, device, *of("memory"), precision)
+    fitted = _fit_gemms(cluster_path, device, fitted, *of("gemm"), precision)
+    attention, t_attention = of("attention")
+    if attention:
+        fitted = _with(fitted, attention=_fit_attention(str(cluster_path), attention,
+                                                        t_attention, fitted, precision, notes))
+    else:
+        notes.append("no attention kernel ran: the attention curve is kept as it was")
+        fitted = _with(fitted, attention=device.efficiency.attention)
+    notes += _replaced_notes(device)
+    counts = {k: sum(c.kind == k for c, _ in ran) for k in ("gemm", "attention", "memory")}
+    source = (f"measured by `planner bench` on {timings.device_name} ({timings.backend}, torch "
+              f"{timings.torch_version}) in {precision}, {date or datetime.date.today()}, with "
+              f"{model_name}'s shapes at sequence {seq_length}: {counts['gemm']} GEMMs, "
+              f"{counts['attention']} attention kernels, {counts['memory']} memory-bound "
+              f"kernels; least squares on log time through the cost model's roofline")
+    rows = tuple(BenchRow(label=c.label, kind=c.kind, shape=c.shape, flops=c.flops,
+                          bytes_moved=c.bytes_moved, measured_s=s,
+                          before_s=predicted_s(c, device, precision),
+                          after_s=predicted_s(c, fitted, precision)) for c, s in ran)
+    return BenchFit(cluster=str(cluster_path), device=device.name, timings=timings,
+                    before=device.efficiency, after=fitted.efficiency, rows=rows,
+                    notes=tuple(notes), source=source,
+                    updated_json=_updated(cluster_path, fitted.efficiency, source))
+
+
+def _fit_memory_bound(
+    cluster_path: Path, device: DeviceSpec, memory: list[BenchCase], t_memory: np.ndarray,
+    precision: Precision,
+) -> DeviceSpec:  # fmt: skip
+    """``device`` with its memory-bound fraction and kernel launch cost fitted to the
+    memory-bound kernels' times."""
     if len(memory) < 2:
         raise InputError(f"{cluster_path}: fewer than two memory-bound kernels ran; expected "
                          f"their times to fit the memory-bound fraction and launch cost")
@@ -174,10 +204,16 @@ def fit_bench(
     _check_peak(str(cluster_path), device, "memory-bound kernels", best,
                 f"{best * device.memory_bandwidth_gb_s:.0f} GB/s",
                 f"memory_bandwidth_gb_s {device.memory_bandwidth_gb_s:g}")
-    fitted = _with(device, memory_bound_fraction=round(float(fraction), 4),
-                   kernel_launch_us=round(float(launch), 2))
+    return _with(device, memory_bound_fraction=round(float(fraction), 4),
+                 kernel_launch_us=round(float(launch), 2))
 
-    gemms, t_gemm = of("gemm")
+
+def _fit_gemms(
+    cluster_path: Path, device: DeviceSpec, fitted: DeviceSpec, gemms: list[BenchCase],
+    t_gemm: np.ndarray, precision: Precision,
+) -> DeviceSpec:  # fmt: skip
+    """``fitted`` with its GEMM curve fitted to the GEMMs' times (checked against
+    ``device``'s peak)."""
     if not gemms:
         raise InputError(f"{cluster_path}: no GEMM ran; expected their times to fit the GEMM "
                          f"curve")
@@ -190,16 +226,13 @@ def fit_bench(
         lambda x: _with(fitted, gemm=GemmEfficiency(max_fraction=x[0],
                                                     half_saturation_gflop=x[1])),
         (fastest / peak, 1.0), ((1e-6, 0.0), (1.0, lim.MAX_HALF_SATURATION_GFLOP)))
-    fitted = _with(fitted, gemm=GemmEfficiency(max_fraction=round(float(gmax), 4),
-                                               half_saturation_gflop=round(float(ghalf), 3)))
+    return _with(fitted, gemm=GemmEfficiency(max_fraction=round(float(gmax), 4),
+                                             half_saturation_gflop=round(float(ghalf), 3)))
 
-    attention, t_attention = of("attention")
-    if attention:
-        fitted = _with(fitted, attention=_fit_attention(str(cluster_path), attention,
-                                                        t_attention, fitted, precision, notes))
-    else:
-        notes.append("no attention kernel ran: the attention curve is kept as it was")
-        fitted = _with(fitted, attention=device.efficiency.attention)
+
+def _replaced_notes(device: DeviceSpec) -> list[str]:
+    """What the fit replaces in ``device``'s file that a user should know of."""
+    notes = []
     if "planner calibrate" in (device.efficiency.gemm.source or ""):
         notes.append("the file's GEMM curve was fitted to whole training runs (`planner "
                      "calibrate`), which lose time outside the kernels (launch gaps, unfused "
@@ -209,20 +242,7 @@ def fit_bench(
         notes.append("the validation bands (residuals of `planner calibrate` with the old "
                      "block) are dropped on --write: `planner validate RUNS --cluster FILE` "
                      "with runs on this device measures the new block's error")
-    counts = {k: sum(c.kind == k for c, _ in ran) for k in ("gemm", "attention", "memory")}
-    source = (f"measured by `planner bench` on {timings.device_name} ({timings.backend}, torch "
-              f"{timings.torch_version}) in {precision}, {date or datetime.date.today()}, with "
-              f"{model_name}'s shapes at sequence {seq_length}: {counts['gemm']} GEMMs, "
-              f"{counts['attention']} attention kernels, {counts['memory']} memory-bound "
-              f"kernels; least squares on log time through the cost model's roofline")
-    rows = tuple(BenchRow(label=c.label, kind=c.kind, shape=c.shape, flops=c.flops,
-                          bytes_moved=c.bytes_moved, measured_s=s,
-                          before_s=predicted_s(c, device, precision),
-                          after_s=predicted_s(c, fitted, precision)) for c, s in ran)
-    return BenchFit(cluster=str(cluster_path), device=device.name, timings=timings,
-                    before=device.efficiency, after=fitted.efficiency, rows=rows,
-                    notes=tuple(notes), source=source,
-                    updated_json=_updated(cluster_path, fitted.efficiency, source))
+    return notes
 
 
 def _fit_attention(cluster: str, cases: Sequence[BenchCase], measured: np.ndarray,

@@ -12,6 +12,10 @@ The memory and the step come from the plan itself, so they are there for every p
 prices the plan's uniform configuration (:attr:`Plan.configuration`) and needs its model and
 cluster: a per-operator plan (``--framework any``) has none, and only a configuration the user
 gives in full is priced for it.
+
+One concern at about 410 lines: the explanation's records and the one function that fills
+them, with its runnable example; the neighbours are :mod:`planner.diagnose.notches`', the
+other hardware :mod:`planner.diagnose.whatif`'s.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import json
 
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks._deepspeed_partition import partition_comment
+from planner.frameworks._megatron_vocab import padded_vocab, vocab_divisor
 from planner.frameworks.base import Launch
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
@@ -68,7 +69,7 @@ def model_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
         ("--num-key-value-heads", model.query_groups),
         ("--kv-channels", model.head_dim),
         ("--max-position-embeddings", mf.max_positions(model, resolved.training.seq_length)),
-        ("--make-vocab-size-divisible-by", mf.vocab_divisor(model.vocab_size, resolved.config.tp)),
+        ("--make-vocab-size-divisible-by", vocab_divisor(model.vocab_size, resolved.config.tp)),
         ("--normalization", model.normalization),
         ("--layernorm-epsilon", model.norm_epsilon),
     ]
@@ -203,7 +204,7 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         f"add the data and tokenizer (--data-path, --tokenizer-type, --vocab-file/"
         f"--tokenizer-model): a vocabulary of {model.vocab_size} tokens, which "
         f"--make-vocab-size-divisible-by pads to "
-        f"{mf.padded_vocab(model.vocab_size, resolved.config.tp)} rows",
+        f"{padded_vocab(model.vocab_size, resolved.config.tp)} rows",
         "add the run's length, learning-rate schedule and optimizer hyper-parameters "
         "(--train-iters, --lr, ...) and checkpoint paths",
         *(moe if model.moe is not None else ()),

@@ -17,15 +17,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from planner.frameworks._megatron_vocab import padded_vocab
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec, MoESpec
 
 Flag = tuple[str, str | int | float | None]
 """A flag and its value (None for a switch)."""
-
-MAX_VOCAB_DIVISOR = 128
-"""Megatron-LM's default ``--make-vocab-size-divisible-by``: the largest multiple the launcher
-asks for (smaller powers of two when the model's vocabulary is not a multiple of it)."""
 
 _NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 _POSITIONS = {"learned": "learned_absolute", "rope": "rope"}
@@ -367,31 +364,6 @@ def moe_layer_pattern(model: ModelSpec) -> str | None:
     if tail:
         parts.append("[1]" + (f"+[0]*{tail - 1}" if tail > 1 else ""))
     return "+".join(parts)
-
-
-def vocab_divisor(vocab_size: int, tp: int) -> int:
-    """``--make-vocab-size-divisible-by``: the largest power of two up to 128 for which Megatron,
-    which pads the vocabulary to a multiple of this times tp, pads nothing; 1 when the vocabulary
-    is no multiple of tp (Megatron then pads it to the next multiple of tp, as the planner
-    prices the vocab-parallel embedding).
-
-    >>> vocab_divisor(128256, 1), vocab_divisor(128256, 8), vocab_divisor(50257, 2)
-    (128, 32, 1)
-    """
-    divisor = MAX_VOCAB_DIVISOR
-    while divisor > 1 and vocab_size % (divisor * tp):
-        divisor //= 2
-    return divisor
-
-
-def padded_vocab(vocab_size: int, tp: int) -> int:
-    """The rows of the embedding Megatron builds under :func:`vocab_divisor`.
-
-    >>> padded_vocab(50257, 2)
-    50258
-    """
-    multiple = vocab_divisor(vocab_size, tp) * tp
-    return -(-vocab_size // multiple) * multiple
 
 
 def vocab_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:

@@ -16,7 +16,6 @@ The rules (:mod:`planner.frameworks._colossalai_rules`) cite hpcaitech/ColossalA
 
 from __future__ import annotations
 
-from planner.frameworks import _megatron_flags as mf
 from planner.frameworks._colossalai_models import HF_CLASSES, REPO, family
 from planner.frameworks._colossalai_plugin import (
     Kwargs,
@@ -28,6 +27,7 @@ from planner.frameworks._colossalai_plugin import (
     sequence_kwargs,
 )
 from planner.frameworks._colossalai_rules import RULES
+from planner.frameworks._megatron_vocab import vocab_divisor
 from planner.frameworks.base import Launch, Profile
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
@@ -49,7 +49,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
     kwargs |= pipeline_kwargs(resolved)
     kwargs |= overlap_kwargs(resolved, moe=moe)
     kwargs |= {"enable_flash_attention": resolved.config.flash_attention,
-               "make_vocab_size_divisible_by": mf.vocab_divisor(model.vocab_size,
+               "make_vocab_size_divisible_by": vocab_divisor(model.vocab_size,
                                                                 resolved.config.tp)}  # fmt: skip
     kwargs |= {} if moe else {"dp_outside": False}  # ranks tp, cp, dp, pp as the planner's
     text = render(plugin, kwargs, settings=script_settings(resolved, model),

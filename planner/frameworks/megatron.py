@@ -19,6 +19,7 @@ MindSpeed's launcher shares and so cannot absorb it.
 from __future__ import annotations
 
 from planner.frameworks import _megatron_flags as mf
+from planner.frameworks._megatron_vocab import padded_vocab, vocab_divisor
 from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
@@ -363,7 +364,7 @@ def vocab_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
     to a multiple of ``--make-vocab-size-divisible-by`` x tp (nothing, where it can)."""
     return [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", model.vocab_size),
             ("--make-vocab-size-divisible-by",
-             mf.vocab_divisor(model.vocab_size, resolved.config.tp))]  # fmt: skip
+             vocab_divisor(model.vocab_size, resolved.config.tp))]  # fmt: skip
 
 
 def optimizer_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
@@ -394,7 +395,7 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         "add the data: --data-path PREFIX --split 99,1,0 (or --mock-data); for real text "
         "replace NullTokenizer and --vocab-size by your tokenizer (--tokenizer-type, "
         f"--tokenizer-model) and add --padded-vocab-size "
-        f"{mf.padded_vocab(model.vocab_size, resolved.config.tp)} to keep the embedding the "
+        f"{padded_vocab(model.vocab_size, resolved.config.tp)} to keep the embedding the "
         "plan priced",
         "add the run's length, learning-rate schedule, optimizer hyper-parameters and "
         "checkpoint paths",

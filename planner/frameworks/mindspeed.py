@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks import megatron
+from planner.frameworks._megatron_vocab import vocab_divisor
 from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
@@ -185,7 +186,7 @@ def vocab_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
     ``--vocab-size``, so one less builds the model's vocabulary exactly."""
     return [("--tokenizer-type", "NullTokenizer"), ("--vocab-size", model.vocab_size - 1),
             ("--make-vocab-size-divisible-by",
-             mf.vocab_divisor(model.vocab_size, resolved.config.tp))]  # fmt: skip
+             vocab_divisor(model.vocab_size, resolved.config.tp))]  # fmt: skip
 
 
 def optimizer_flags(resolved: ResolvedConfig) -> list[mf.Flag]:

@@ -5,6 +5,9 @@ page of both where hovering a point shows its plan and inputs.
 The page draws its charts as inline SVG with a ``<title>`` on every point: a browser shows it
 on hover, with no script and nothing fetched, so the page opens anywhere and thousands of
 points are read by pointing rather than by a legend.
+
+One concern at about 400 lines: the three pictures of one sweep table share its reading (the
+points, their labels and units) and the page embeds the other two.
 """
 
 from __future__ import annotations

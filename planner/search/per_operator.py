@@ -99,20 +99,10 @@ def evaluate(
     device = ctx.cluster.device
     usable = ctx.options.usable_bytes(device)
     stage_bytes = usable - device.reserved_memory_gib * GIB
-    if bound_s < float("inf") and not may_fit(ctx, c, kinds, min(in_flight), stage_bytes):
-        return None  # the message that nothing fits needs no note of it: there is a plan
-    if bound_s < float("inf"):
-        # A bound on each layer's time first (an LP, no ILP): most candidates stop here; then
-        # each layer's fastest sharding (one ILP), where most of the others stop.
-        for resharding in (False, True):
-            least = {kind: kind_least_s(ctx, kind, c.mesh, c.mesh_micro_batch_size,
-                                        resharding=resharding) for kind in held}  # fmt: skip
-            if layers_bound_s(c, kinds, least, send_s=send) >= bound_s:
-                return None
-        fastest = {kind: kind_options(ctx, kind, c, whole=False) for kind in held}
-        if all(fastest.values()) and options_bound_s(c, kinds, fastest,
-                                                     send_s=send) >= bound_s:  # fmt: skip
-            return None
+    if bound_s < float("inf") and _bounded_out(ctx, c, kinds, held, send_s=send,
+                                               in_flight=min(in_flight),
+                                               stage_bytes=stage_bytes, bound_s=bound_s):
+        return None
     options = {kind: kind_options(ctx, kind, c) for kind in held}
     if not all(options.values()):
         return None
@@ -155,6 +145,26 @@ def evaluate(
             best = Found(candidate=c, stages=stages, placement=placement, step=step,
                          objective_s=split.step_s, bounds_tried=split.bounds_tried)
     return best
+
+
+def _bounded_out(
+    ctx: SearchContext, c: Candidate, kinds: list[str], held: tuple[str, ...], *,
+    send_s: float, in_flight: float, stage_bytes: float, bound_s: float,
+) -> bool:  # fmt: skip
+    """Whether ``c`` cannot beat ``bound_s``, by bounds cheaper than its stage table: its
+    states alone not fitting (the message that nothing fits needs no note of it: there is a
+    plan), a bound on each layer's time (an LP, no ILP: most candidates stop here), then each
+    layer's fastest sharding (one ILP, where most of the others stop)."""
+    if not may_fit(ctx, c, kinds, in_flight, stage_bytes):
+        return True
+    for resharding in (False, True):
+        least = {kind: kind_least_s(ctx, kind, c.mesh, c.mesh_micro_batch_size,
+                                    resharding=resharding) for kind in held}  # fmt: skip
+        if layers_bound_s(c, kinds, least, send_s=send_s) >= bound_s:
+            return True
+    fastest = {kind: kind_options(ctx, kind, c, whole=False) for kind in held}
+    return all(fastest.values()) and options_bound_s(c, kinds, fastest,
+                                                     send_s=send_s) >= bound_s  # fmt: skip
 
 
 def _note_least(ctx: SearchContext, c: Candidate, need_bytes: float) -> None:
