@@ -13,7 +13,7 @@ from typing import Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import ConfigError
-from planner.plan.divisibility import RULE, Degrees, Rule, Shape, broken, derive
+from planner.plan.divisibility import RULE, Degrees, Rule, Shape, broken, degrees_of, derive
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
 from planner.spec.reading import fill_training
@@ -154,16 +154,6 @@ def _need(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def degrees(config: ParallelConfig) -> Degrees:
-    """The integers and switches of ``config`` the divisibility rules read."""
-    c = config
-    return Degrees(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp or 0, ep=c.ep, vpp=c.vpp,
-                   first=c.first_stage_layers or 0, last=c.last_stage_layers or 0, mbs=c.mbs,
-                   ulysses=c.cp_algo == "ulysses", sp=c.sp, tp_comm_overlap=c.tp_comm_overlap,
-                   gpipe=c.schedule == "gpipe", zb_h1=c.schedule == "zb-h1",
-                   zb_v=c.schedule == "zb-v")  # fmt: skip
-
-
 def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> ResolvedConfig:
     """Fill defaults and check divisibility (:data:`planner.plan.divisibility.RULES`, in
     order); raises :class:`ConfigError` naming the first rule broken, with its arithmetic
@@ -174,7 +164,7 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
                              precision=config.precision)  # fmt: skip
     shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
                   global_batch=training.global_batch_size)  # fmt: skip
-    d = degrees(config)
+    d = degrees_of(dict(config))
     x = derive(shape, d)
     for rule in broken(model, training.seq_length, shape, d):
         raise ConfigError(rule.message(model, training.seq_length, shape, d, x))

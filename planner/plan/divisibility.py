@@ -18,7 +18,7 @@ pass through it; its message is formatted for one configuration.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -65,6 +65,34 @@ class Degrees:
     """The ZB-H1 zero-bubble schedule."""
     zb_v: Real = False
     """The ZB-V zero-bubble schedule."""
+
+
+def degrees_of(knobs: Mapping[str, Any]) -> Degrees:
+    """The integers and switches the rules read, from a configuration's knobs by
+    :class:`~planner.plan.config.ParallelConfig` field name: Python values for one (None for
+    a default), or columns for a batch (0 for a default).
+
+    >>> degrees_of({"tp": 8, "pp": 4, "cp": 1, "dp": None, "ep": 1, "vpp": 1, "mbs": 1,
+    ...             "first_stage_layers": None, "last_stage_layers": None, "sp": True,
+    ...             "cp_algo": "ring", "tp_comm_overlap": False, "schedule": "1f1b"}).dp
+    0
+    """
+
+    def given(name: str) -> Real:
+        value = knobs[name]
+        return 0 if value is None else value
+
+    def switch(name: str) -> Real:
+        value = knobs[name]
+        return value.astype(bool) if isinstance(value, np.ndarray) else bool(value)
+
+    schedule = knobs["schedule"]
+    return Degrees(tp=knobs["tp"], pp=knobs["pp"], cp=knobs["cp"], dp=given("dp"),
+                   ep=knobs["ep"], vpp=knobs["vpp"], first=given("first_stage_layers"),
+                   last=given("last_stage_layers"), mbs=knobs["mbs"],
+                   ulysses=knobs["cp_algo"] == "ulysses", sp=switch("sp"),
+                   tp_comm_overlap=switch("tp_comm_overlap"), gpipe=schedule == "gpipe",
+                   zb_h1=schedule == "zb-h1", zb_v=schedule == "zb-v")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

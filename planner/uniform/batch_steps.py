@@ -27,7 +27,7 @@ from planner.cost.step import PipelineKnobs, step_totals
 from planner.errors import ConfigError
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.placement.ranks import megatron_order
-from planner.plan.divisibility import RULES, Degrees, Derived, Shape, derive, first_broken
+from planner.plan.divisibility import RULES, Derived, Shape, degrees_of, derive, first_broken
 from planner.plan.schema import StepTime
 from planner.sharding.uniform import CONTEXT, DATA, TENSOR, UniformQuery, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
@@ -100,13 +100,7 @@ def dividing(
     divides."""
     shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
                   global_batch=training.global_batch_size)  # fmt: skip
-    schedule = cols["schedule"]
-    d = Degrees(tp=cols["tp"], pp=cols["pp"], cp=cols["cp"], dp=cols["dp"], ep=cols["ep"],
-                vpp=cols["vpp"], first=cols["first_stage_layers"],
-                last=cols["last_stage_layers"], mbs=cols["mbs"],
-                ulysses=cols["cp_algo"] == "ulysses", sp=cols["sp"].astype(bool),
-                tp_comm_overlap=cols["tp_comm_overlap"].astype(bool), gpipe=schedule == "gpipe",
-                zb_h1=schedule == "zb-h1", zb_v=schedule == "zb-v")  # fmt: skip
+    d = degrees_of(cols)
     derived = derive(shape, d)
     code = first_broken(model, training.seq_length, shape, d, derived)
     orders, order = codes(cols["rank_order"])
