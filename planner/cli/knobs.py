@@ -1,7 +1,8 @@
 """A configuration's knobs as command-line options, generated from
 :class:`~planner.plan.config.ParallelConfig`'s fields: each option's name, type, choices,
 range and help come from the field, as torchtitan builds its command line from its config
-dataclasses (``torchtitan/config/manager.py``), so a knob is declared once.
+dataclasses (``torchtitan/config/manager.py``: ``ConfigManager.parse_args`` hands its config
+class to ``tyro.cli``), so a knob is declared once.
 
 A command takes the knobs it offers as one dict parameter ``knobs``; :func:`with_knobs`
 puts an option per knob in its place in the command's signature, which typer reads.
@@ -35,8 +36,28 @@ from planner.vocabulary import Offload
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 
-TEXT_KNOBS: dict[str, Callable[[str], Any]] = {}
-"""Knobs typed as text on the command line and parsed by the function given (filled below)."""
+
+def parse_offload(text: str) -> Offload:
+    """``--offload``: a comma-separated list of what goes to host memory, as the one value a
+    configuration takes (weights and activations are not priced in this release), or
+    ``zero-offload``, the optimizer offloaded as DeepSpeed runs it."""
+    names = {name.strip() for name in text.split(",") if name.strip()} - {"none"}
+    unpriced = sorted(names & {"weights", "activations"})
+    if unpriced:
+        raise InputError(f"--offload {text}: offloading {' and '.join(unpriced)} is not priced "
+                         f"in this release; --offload optimizer is")  # fmt: skip
+    unknown = sorted(names - {"optimizer", "zero-offload"})
+    if unknown:
+        raise InputError(f"--offload {text}: {unknown[0]!r} is not something to offload; "
+                         f"give none, optimizer or zero-offload")  # fmt: skip
+    if len(names) > 1:
+        raise InputError(f"--offload {text}: the optimizer is offloaded one way, Megatron-LM's "
+                         f"(optimizer) or DeepSpeed's (zero-offload)")  # fmt: skip
+    return "zero-offload" if "zero-offload" in names else "optimizer" if names else "none"
+
+
+TEXT_KNOBS: dict[str, Callable[[str], Any]] = {"offload": parse_offload}
+"""Knobs typed as text on the command line, with what parses them."""
 
 
 def _base(annotation: Any) -> tuple[Any, bool]:
@@ -147,25 +168,3 @@ def with_knobs(
     its parameter ``knobs``, which receives them as a dict (text knobs parsed)."""
     return with_parameters(knob_parameters(names, pinned=pinned, unset=unset), into="knobs",
                            build=parsed)  # fmt: skip
-
-
-def parse_offload(text: str) -> Offload:
-    """``--offload``: a comma-separated list of what goes to host memory, as the one value a
-    configuration takes (weights and activations are not priced in this release), or
-    ``zero-offload``, the optimizer offloaded as DeepSpeed runs it."""
-    names = {name.strip() for name in text.split(",") if name.strip()} - {"none"}
-    unpriced = sorted(names & {"weights", "activations"})
-    if unpriced:
-        raise InputError(f"--offload {text}: offloading {' and '.join(unpriced)} is not priced "
-                         f"in this release; --offload optimizer is")  # fmt: skip
-    unknown = sorted(names - {"optimizer", "zero-offload"})
-    if unknown:
-        raise InputError(f"--offload {text}: {unknown[0]!r} is not something to offload; "
-                         f"give none, optimizer or zero-offload")  # fmt: skip
-    if len(names) > 1:
-        raise InputError(f"--offload {text}: the optimizer is offloaded one way, Megatron-LM's "
-                         f"(optimizer) or DeepSpeed's (zero-offload)")  # fmt: skip
-    return "zero-offload" if "zero-offload" in names else "optimizer" if names else "none"
-
-
-TEXT_KNOBS["offload"] = parse_offload
