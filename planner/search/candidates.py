@@ -1,5 +1,5 @@
-"""The search space: what :func:`planner.search.per_operator.solve` may choose from, and the outer
-candidates it visits.
+"""The per-operator search's space: what :func:`planner.search.per_operator.solve_per_operator`
+may choose from, and the outer candidates it visits.
 
 A candidate fixes what the layer ILP and the pipeline's dynamic program do not choose: the
 data-parallel replicas of the whole pipeline, the submesh every stage runs on (hence the
