@@ -15,6 +15,7 @@ from planner.placement.ranks import (
     megatron_order,
 )
 from planner.plan.config import resolve
+from planner.plan.divisibility import Degrees
 from planner.uniform.plan import megatron_ranks
 from planner.uniform.stages import UniformStage, uniform_stage
 from tests.conftest import MODELS
@@ -63,9 +64,9 @@ def test_ranks_follow_the_order() -> None:
 def test_bad_order_is_refused() -> None:
     """An order that is not a permutation, or splits the cp-ep-dp block, says how to fix it."""
     with pytest.raises(planner.ConfigError, match="cp-ep-dp together"):
-        megatron_order("tp-dp-cp-ep-pp", tp=2, cp=1, dp=2, pp=1)
+        megatron_order("tp-dp-cp-ep-pp", Degrees(tp=2, dp=2))
     with pytest.raises(planner.ConfigError, match="once each"):
-        megatron_order("tp-tp-cp-ep-dp", tp=2, cp=1, dp=2, pp=1)
+        megatron_order("tp-tp-cp-ep-dp", Degrees(tp=2, dp=2))
 
 
 def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.ClusterSpec) -> None:
@@ -162,7 +163,7 @@ def test_both_spellings_of_one_numbering_give_the_same_ranks(
                                order=order)  # type: ignore[arg-type]  # fmt: skip
     megatron = megatron_ranks(tp=tp, cp=cp, dp=dp, pp=pp, order=SPELLINGS[order])
     assert [list(map(list, search.stage_ranks(i))) for i in range(pp)] == megatron
-    strides = megatron_order(SPELLINGS[order], tp=tp, cp=cp, dp=dp, pp=pp).strides()
+    strides = megatron_order(SPELLINGS[order], Degrees(tp=tp, cp=cp, dp=dp, pp=pp)).strides()
     assert search.pipeline_distance == strides["pp"]
     assert search.replica_stride == strides["dp"]
     assert search.num_devices == tp * cp * dp * pp

@@ -33,6 +33,7 @@ from typing import Literal
 
 from planner import cost
 from planner.errors import ConfigError
+from planner.plan.divisibility import Degrees
 from planner.sharding.layout import LogicalMesh
 from planner.vocabulary import DEFAULT_RANK_ORDER
 
@@ -97,15 +98,17 @@ class RankOrder:
 """Megatron-LM's order: tensor-parallel ranks adjacent inside a node, pipeline stages outermost."""
 
 
-def megatron_order(order: str, *, tp: int, cp: int, dp: int, pp: int) -> RankOrder:
-    """Ranks numbered in ``order``, a spelling like Megatron-LM's ``tp-cp-ep-dp-pp`` (the
-    fastest first); ``cp-ep-dp`` must stay one block (context, expert and data parallel ranks
-    share the gradient groups), ``tp`` and ``pp`` may go anywhere around it. Expert
-    parallelism takes no ranks of its own (``ep = 1`` here: it splits the data-parallel ones).
+def megatron_order(order: str, d: Degrees) -> RankOrder:
+    """The ranks of a configuration of degrees ``d`` (its data-parallel ranks as placed:
+    :meth:`~planner.plan.divisibility.Degrees.placed`) numbered in ``order``, a spelling like
+    Megatron-LM's ``tp-cp-ep-dp-pp`` (the fastest first); ``cp-ep-dp`` must stay one block
+    (context, expert and data parallel ranks share the gradient groups), ``tp`` and ``pp``
+    may go anywhere around it. Expert parallelism takes no ranks of its own (``ep = 1``
+    here: it splits the data-parallel ones).
 
     Raises :class:`~planner.errors.ConfigError` for any other spelling.
 
-    >>> megatron_order("tp-cp-ep-dp-pp", tp=2, cp=1, dp=2, pp=2).strides()
+    >>> megatron_order("tp-cp-ep-dp-pp", Degrees(tp=2, dp=2, pp=2)).strides()
     {'tp': 1, 'cp': 2, 'ep': 2, 'dp': 2, 'pp': 4}
     """
     names = order.split("-")
@@ -114,7 +117,7 @@ def megatron_order(order: str, *, tp: int, cp: int, dp: int, pp: int) -> RankOrd
             f"rank order {order!r}: use tp, cp, ep, dp, pp once each, with cp-ep-dp together "
             f"(default {DEFAULT_RANK_ORDER})"
         )
-    sizes = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+    sizes = {"tp": d.tp, "cp": d.cp, "ep": 1, "dp": d.dp, "pp": d.pp}
     return RankOrder(dims=tuple((name, sizes[name]) for name in names))
 
 

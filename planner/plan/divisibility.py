@@ -19,7 +19,7 @@ pass through it; its message is formatted for one configuration.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -65,6 +65,29 @@ class Degrees:
     """The ZB-H1 zero-bubble schedule."""
     zb_v: Real = False
     """The ZB-V zero-bubble schedule."""
+
+    def placed(self, dp: Real) -> Degrees:
+        """The degrees that shape a stage's mesh and number its ranks, with ``dp``
+        data-parallel ranks (the rest at their defaults): sequence parallelism only where
+        tensor parallelism is, Ulysses only where context parallelism is. Configurations
+        that share them share their stages' meshes and groups
+        (:func:`planner.uniform.stages.placed_stage`).
+
+        >>> d = Degrees(tp=1, cp=2, sp=True, ulysses=True, mbs=4).placed(dp=8)
+        >>> d.dp, d.sp, d.ulysses, d.mbs
+        (8, False, True, 1)
+        """
+        return Degrees(tp=self.tp, pp=self.pp, cp=self.cp, dp=dp, ep=self.ep,
+                       sp=self.sp & (self.tp > 1), ulysses=self.ulysses & (self.cp > 1))
+
+    def at(self, row: int) -> Degrees:
+        """Configuration ``row``'s degrees, as Python values, from a batch's columns."""
+        names = [f.name for f in fields(self)]
+        return Degrees(**{n: c[row].item() for n, c in zip(names, self.columns(), strict=True)})
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """Every field as a column of one length, for numbering distinct degrees."""
+        return tuple(np.broadcast_arrays(*(getattr(self, f.name) for f in fields(self))))
 
 
 def degrees_of(knobs: Mapping[str, Any]) -> Degrees:

@@ -28,6 +28,7 @@ from functools import lru_cache
 from planner.errors import ConfigError
 from planner.graph import lowered
 from planner.graph.ops import TENSOR_PARALLEL_DIMS, TRANSFORMER_KINDS, Op
+from planner.plan.divisibility import Degrees
 from planner.sharding.assignment import (
     LayerGraph,
     LayerParts,
@@ -89,19 +90,21 @@ class UniformLayout:
         return math.prod(self.shape)
 
 
-def uniform_layout(*, tp: int, cp: int, ep: int, sp: bool, ulysses: bool = False) -> UniformLayout:
-    """The mesh of a stage under TP ``tp`` (with SP if ``sp``), CP ``cp`` and EP ``ep``.
+def uniform_layout(d: Degrees) -> UniformLayout:
+    """The mesh of a stage of a configuration of degrees ``d``: its tensor (with sequence
+    parallelism if asked for), context (ring or Ulysses) and expert parallelism.
 
     Megatron-Core takes the expert-parallel ranks from the context x data ranks, context
     first; so EP covers all of CP and ``ep / cp`` data-parallel ranks, or a part of CP.
 
-    >>> uniform_layout(tp=2, cp=1, ep=8, sp=True).shape
+    >>> uniform_layout(Degrees(tp=2, ep=8, sp=True)).shape
     (8, 1, 2)
-    >>> uniform_layout(tp=1, cp=4, ep=2, sp=False).shape
+    >>> uniform_layout(Degrees(cp=4, ep=2)).shape
     (2, 2, 1)
     """
-    sp = sp and tp > 1
-    ulysses = ulysses and cp > 1
+    tp, cp, ep = d.tp, d.cp, d.ep
+    sp = bool(d.sp) and tp > 1
+    ulysses = bool(d.ulysses) and cp > 1
     if ep == 1:
         return UniformLayout(shape=(1, cp, tp), sequence_axes=(CONTEXT,), expert_axes=(),
                              sequence_parallel=sp, ulysses=ulysses)  # fmt: skip

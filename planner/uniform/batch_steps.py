@@ -27,9 +27,17 @@ from planner.cost.step import PipelineKnobs, step_totals
 from planner.errors import ConfigError
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.placement.ranks import megatron_order
-from planner.plan.divisibility import RULES, Derived, Shape, degrees_of, derive, first_broken
+from planner.plan.divisibility import (
+    RULES,
+    Degrees,
+    Derived,
+    Shape,
+    degrees_of,
+    derive,
+    first_broken,
+)
 from planner.plan.schema import StepTime
-from planner.sharding.uniform import CONTEXT, DATA, TENSOR, UniformQuery, uniform_parts
+from planner.sharding.uniform import UniformQuery, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.columns import codes, factorize
 from planner.uniform.recompute_layers import recomputed_counts, stage_chunks
@@ -106,7 +114,7 @@ def dividing(
     orders, order = codes(cols["rank_order"])
     for i, spelling in enumerate(orders):
         try:
-            megatron_order(spelling, tp=1, cp=1, dp=1, pp=1)
+            megatron_order(spelling, Degrees())
         except ConfigError:
             code[(order == i) & (code < 0)] = len(RULES)
     refused[rows] = code
@@ -119,13 +127,11 @@ def dividing(
 
 
 def placed(b: Rows) -> tuple[list[UniformStage], np.ndarray]:
-    """The stages' meshes and groups, once per degrees and rank order: each distinct one, and
-    each row's."""
-    c, sp, ulysses, dp = b.c, b.sp, b.c["cp_algo"] == "ulysses", b.x.dp.astype(np.int64)
-    first, of = factorize(c["tp"], c["cp"], c["ep"], sp, ulysses, dp, c["pp"], c["rank_order"])
-    stages = [placed_stage(tp=int(c["tp"][r]), cp=int(c["cp"][r]), ep=int(c["ep"][r]),
-                           sp=bool(sp[r]), ulysses=bool(ulysses[r]), dp=int(dp[r]),
-                           pp=int(c["pp"][r]), rank_order=b.orders[c["rank_order"][r]])
+    """The stages' meshes and groups, once per placed degrees and rank order
+    (:meth:`~planner.plan.divisibility.Degrees.placed`): each distinct one, and each row's."""
+    degrees = degrees_of(b.c).placed(dp=b.x.dp.astype(np.int64))
+    first, of = factorize(*degrees.columns(), b.c["rank_order"])
+    stages = [placed_stage(degrees.at(r), rank_order=b.orders[b.c["rank_order"][r]])
               for r in first]  # fmt: skip
     return stages, of
 
@@ -164,11 +170,12 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
     kinds = tuple(layer_index(b.model, training, 1).layers_by_kind)
     cluster_json = b.cluster.model_dump_json()
     flash, overlap = b.switch("flash_attention"), b.switch("tp_comm_overlap")
-    # (The mesh's strides, not the degrees: the same layer sits on many pipelines.)
-    axes = (DATA, CONTEXT, TENSOR)
-    strides = np.array([[s.mesh.stride(a) for a in axes] for s in stages])[stage_of]
-    first, of = factorize(c["tp"], c["cp"], c["ep"], b.sp, c["cp_algo"] == "ulysses",
-                          *strides.T, c["mbs"], flash, overlap)  # fmt: skip
+    # (The layout and the mesh's strides, not the degrees: the same layer sits on many
+    # pipelines.)
+    meshes: dict[tuple[object, ...], int] = {}
+    mesh_of = np.array([meshes.setdefault((s.layout, s.mesh.strides), len(meshes))
+                        for s in stages])[stage_of]  # fmt: skip
+    first, of = factorize(mesh_of, c["mbs"], flash, overlap)
     by_kind = {k: np.zeros((len(first), len(RECOMPUTE_MODES), len(LAYER_FIELDS)))
                for k in kinds}  # fmt: skip
     weights: dict[int, dict[str, WeightGroups]] = {}
@@ -228,14 +235,12 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
     z_first, static_of = factorize(stage_of, split_of, c["zero"], offload_of)
     static = [static_costs(model, b.cluster, training, stages[stage_of[r]],
                            t.weights[int(t.layer_of[r])], splits[split_of[r]],
-                           zero=int(c["zero"][r]), tp=int(c["tp"][r]), pp=int(c["pp"][r]),
-                           v_shape=bool(v_shape[r]), offload=offloads[offload_of[r]])
+                           zero=int(c["zero"][r]), v_shape=bool(v_shape[r]),
+                           offload=offloads[offload_of[r]])
               for r in z_first]  # fmt: skip
     sends_first, sends_of = factorize(stage_of, c["mbs"], c["vpp"])
-    sends = np.array([pipeline_sends_s(model, b.cluster, stages[stage_of[r]],
-                                       mbs=int(c["mbs"][r]), training=training,
-                                       cp=int(c["cp"][r]), tp=int(c["tp"][r]), sp=bool(b.sp[r]),
-                                       vpp=int(c["vpp"][r]), pp=int(c["pp"][r]))
+    sends = np.array([pipeline_sends_s(model, b.cluster, training, stages[stage_of[r]],
+                                       mbs=int(c["mbs"][r]), vpp=int(c["vpp"][r]))
                       for r in sends_first])  # fmt: skip
     steps = _steps(b, splits, split_of, t, static, static_of, sends[sends_of])
     index = layer_index(model, training, 1)

@@ -131,7 +131,7 @@ def estimate(
         precision=training.precision, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
     )  # fmt: skip
-    tied = None if c.schedule == "zb-v" else tied_copy(model, stage, tp=c.tp, pp=c.pp)
+    tied = None if c.schedule == "zb-v" else tied_copy(model, stage)
     step = compose_step(cluster, knobs, stages, tied=tied)
     flops = recompute_flops({kind: k.recompute_flops for kind, k in costs.items()}, index,
                             {} if chunks is None else recomputed_counts(chunks))  # fmt: skip
@@ -154,8 +154,7 @@ def _stages(
     """Each pipeline stage's costs, a stage equal to an earlier one the same object (the
     step composer adds up runs of them)."""
     c, training = resolved.config, resolved.training
-    sends = pipeline_sends_s(model, cluster, stage, mbs=c.mbs, training=training, cp=c.cp,
-                             tp=c.tp, sp=resolved.sp, vpp=c.vpp, pp=c.pp)  # fmt: skip
+    sends = pipeline_sends_s(model, cluster, training, stage, mbs=c.mbs, vpp=c.vpp)
     kept = None if chunks is None else {kind: layer_cost(p, "none") for kind, p in parts.items()}
     weights = {kind: p.weight_groups() for kind, p in parts.items()}
     distinct: dict[tuple[object, ...], StageCost] = {}  # middle stages repeat

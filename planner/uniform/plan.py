@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from planner.placement.ranks import megatron_order
 from planner.plan.config import ParallelConfig, resolve
+from planner.plan.divisibility import Degrees
 from planner.plan.inputs import cluster_ref, model_ref
 from planner.plan.invariants import check_plan
 from planner.plan.schema import (
@@ -36,7 +37,7 @@ def megatron_ranks(
     >>> megatron_ranks(tp=2, cp=1, dp=2, pp=1, order="cp-ep-dp-tp-pp")
     [[[0, 2], [1, 3]]]
     """
-    ranks = megatron_order(order, tp=tp, cp=cp, dp=dp, pp=pp)
+    ranks = megatron_order(order, Degrees(tp=tp, cp=cp, dp=dp, pp=pp))
     return [[ranks.ranks(at={"pp": stage, "dp": r}, over=("cp", "tp")) for r in range(dp)]
             for stage in range(pp)]  # fmt: skip
 

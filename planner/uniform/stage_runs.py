@@ -55,14 +55,14 @@ def stage_runs(
 def static_costs(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: Any,
     params_by_kind: dict[str, WeightGroups], split: SplitRuns, *,
-    zero: int, tp: int, pp: int, v_shape: bool = False, offload: Offload = "none",
+    zero: int, v_shape: bool = False, offload: Offload = "none",
 ) -> StageStatics:  # fmt: skip
     """A split's runs' weights on ``stage``'s mesh, as :func:`estimate` gathers them (no tied
     copy under a V schedule: its first stage holds the embedding and the head)."""
     stages = [StageCost(time=LayerCost.zero(), zero=zero,
                         weights=stage_weights(stage_params(kinds, params_by_kind), stage))
               for _, _, kinds, _ in split]  # fmt: skip
-    tied = None if v_shape else tied_copy(model, stage, tp=tp, pp=pp)
+    tied = None if v_shape else tied_copy(model, stage)
     return stage_statics(cluster, training.precision, stages, tied=tied, offload=offload)
 
 

@@ -21,6 +21,7 @@ from planner.graph import LayerIndex, lowered
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ResolvedConfig
+from planner.plan.divisibility import Degrees, degrees_of
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.uniform import (
     CONTEXT,
@@ -73,6 +74,8 @@ class UniformStage:
     """How a uniform configuration's stage sits on the ranks: its mesh (three axes, see
     :mod:`planner.sharding.uniform`) with their rank strides, and its data-parallel copies."""
 
+    degrees: Degrees
+    """The degrees that placed it (:meth:`~planner.plan.divisibility.Degrees.placed`)."""
     layout: UniformLayout
     """The stage's sharding: its mesh's axes and what each splits."""
     mesh: LogicalMesh
@@ -110,32 +113,31 @@ class UniformStage:
 def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
     """The mesh and groups of ``resolved``'s stages, its ranks numbered in its rank order."""
     c = resolved.config
-    return placed_stage(tp=c.tp, cp=c.cp, ep=c.ep, sp=resolved.sp, ulysses=c.cp_algo == "ulysses",
-                        dp=resolved.dp, pp=c.pp, rank_order=c.rank_order)  # fmt: skip
+    degrees = degrees_of(dict(c)).placed(dp=resolved.dp)
+    return placed_stage(degrees, rank_order=c.rank_order)
 
 
 @lru_cache(maxsize=4096)
-def placed_stage(
-    *, tp: int, cp: int, ep: int, sp: bool, ulysses: bool, dp: int, pp: int, rank_order: str
-) -> UniformStage:
-    """The mesh and groups of the stages of a uniform configuration of these degrees, its
-    ranks numbered in ``rank_order`` (:func:`planner.placement.ranks.megatron_order`)."""
-    layout = uniform_layout(tp=tp, cp=cp, ep=ep, sp=sp, ulysses=ulysses)
-    ranks = megatron_order(rank_order, tp=tp, cp=cp, dp=dp, pp=pp)
+def placed_stage(d: Degrees, *, rank_order: str) -> UniformStage:
+    """The mesh and groups of the stages of a uniform configuration of degrees ``d`` (as
+    :meth:`~planner.plan.divisibility.Degrees.placed` keeps them), its ranks numbered in
+    ``rank_order`` (:func:`planner.placement.ranks.megatron_order`)."""
+    layout = uniform_layout(d)
+    ranks = megatron_order(rank_order, d)
     s = ranks.strides()
     data, context, tensor = layout.shape
     if layout.data_ways > 1 or data == 1:  # the first axis is data-parallel ranks
         strides = (s["dp"], s["cp"], s["tp"])
     else:  # the first axis is the outer part of the context-parallel ranks
         strides = (s["cp"] * context, s["cp"], s["tp"])
-    replicas = dp // layout.data_ways
+    replicas = d.dp // layout.data_ways
     row_major = (context * tensor, tensor, 1)
     # An axis of one rank has no neighbours: its stride is moot, and left row-major the same
     # layer on other pipelines (or rank orders) is the same layer to price.
     strides = tuple(r if n == 1 else s for s, r, n in zip(strides, row_major, layout.shape,
                                                           strict=True))  # fmt: skip
     mesh = LogicalMesh(layout.shape, None if strides == row_major else strides)
-    return UniformStage(layout=layout, mesh=mesh, replicas=replicas,
+    return UniformStage(degrees=d, layout=layout, mesh=mesh, replicas=replicas,
                         replica_stride=s["dp"] * layout.data_ways, rank_order=ranks)
 
 
@@ -179,30 +181,31 @@ def stage_weights(
     return tuple(weights)
 
 
-def tied_copy(model: ModelSpec, stage: UniformStage, *, tp: int, pp: int) -> TiedCopy | None:
+def tied_copy(model: ModelSpec, stage: UniformStage) -> TiedCopy | None:
     """The last stage's copy of tied word embeddings, split over tensor-parallel ranks (none
     under ZB-V, whose first stage holds the embedding and the head: callers skip it)."""
-    if not model.tie_word_embeddings or pp == 1:
+    if not model.tie_word_embeddings or stage.degrees.pp == 1:
         return None
-    return TiedCopy(params=model.vocab_size * model.hidden_size / tp,
+    return TiedCopy(params=model.vocab_size * model.hidden_size / stage.degrees.tp,
                     data_parallel=stage.group((DATA, CONTEXT)),
                     sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 
 def pipeline_sends_s(
-    model: ModelSpec, cluster: ClusterSpec, stage: UniformStage, *, mbs: int,
-    training: TrainingSpec, cp: int, tp: int, sp: bool, vpp: int, pp: int,
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: UniformStage, *,
+    mbs: int, vpp: int,
 ) -> float:  # fmt: skip
     """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
     times ``vpp`` chunk boundaries (:func:`planner.cost.pipeline_send_s`). Each context-parallel
     rank holds ``1/cp`` of the tokens; Megatron sends a 1/t slice of them and all-gathers it
     over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
+    d = stage.degrees
     hidden = cost.hidden_state_bytes(micro_batch_size=mbs, seq_length=training.seq_length,
                                      hidden_size=model.hidden_size,
-                                     precision=training.precision) / cp  # fmt: skip
-    gather = stage.tensor_group if tp > 1 and not sp else None
+                                     precision=training.precision) / d.cp  # fmt: skip
+    gather = stage.tensor_group if d.tp > 1 and not d.sp else None
     return cost.pipeline_send_s(cluster, hidden, stage.pipeline_distance, chunks=vpp,
-                                stages=pp, slices=tp, gather=gather)  # fmt: skip
+                                stages=d.pp, slices=d.tp, gather=gather)  # fmt: skip
 
 
 def stage_time(
