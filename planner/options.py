@@ -18,7 +18,7 @@ from planner.ilp.backends import Backend
 from planner.plan.config import check_sequence
 from planner.spec import DeviceSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import fill_training
-from planner.vocabulary import ContextParallelism, Precision, Recompute
+from planner.vocabulary import ContextParallelism, Precision, Recompute, Stack
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +89,9 @@ class SolveOptions:
     """Tokens per sequence (``--seq-len``); None: the model's training block."""
     precision: Precision | None = None
     """Mixed-precision compute type; None: the model's training block, else bf16."""
+    stack: Stack | None = None
+    """The software that runs each layer; None: the model's training block, else
+    megatron-te."""
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     """Sequences per data-parallel rank and microbatch (Megatron's ``--micro-batch-size``);
     a mesh takes this times the data-parallel ways inside it (:func:`mesh_microbatches`)."""
@@ -162,11 +165,11 @@ ProgressFn = Callable[[Progress], None]
 
 
 def training_of(model: ModelSpec, options: SolveOptions) -> TrainingSpec:
-    """The run's sequence length, global batch and precision: the options, else the model's
-    training block (:func:`~planner.spec.reading.fill_training`); a sequence longer than a
-    model with learned positions has positions for is refused."""
+    """The run's sequence length, global batch, precision and stack: the options, else the
+    model's training block (:func:`~planner.spec.reading.fill_training`); a sequence longer
+    than a model with learned positions has positions for is refused."""
     training = fill_training(model, seq_length=options.seq_length,
                              global_batch_size=options.global_batch_size,
-                             precision=options.precision)  # fmt: skip
+                             precision=options.precision, stack=options.stack)  # fmt: skip
     check_sequence(model, training.seq_length)
     return training

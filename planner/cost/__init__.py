@@ -67,6 +67,7 @@ from planner.cost.memory import (
     memory_margin_bytes,
     saved_activation_bytes,
     state_bytes_per_param,
+    states_precision,
     usable_bytes,
 )
 from planner.cost.pipeline import (
@@ -124,6 +125,7 @@ __all__ = [
     "saved_activation_bytes",
     "sharded_bytes",
     "state_bytes_per_param",
+    "states_precision",
     "usable_bytes",
     "warmup_forwards",
     "zero_bubble_bubble",

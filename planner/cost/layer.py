@@ -38,6 +38,8 @@ class LayerParts:
     """FLOPs recomputed per mode (the whole microbatch, not one device's share)."""
     weights: tuple[tuple[float, tuple[int, ...]], ...]
     """Local parameters and the mesh axes holding copies of them."""
+    loss_bytes: float = 0.0
+    """The loss's backward workspace on top of what the layer keeps (the head only)."""
     weight_s: float = 0.0
     """Of ``backward_s``, the weight gradients (a pass of their own under a zero-bubble
     schedule)."""
@@ -70,6 +72,10 @@ class LayerParts:
         for params, axes in self.weights:
             totals[axes] = totals.get(axes, 0.0) + params
         return tuple(sorted(totals.items()))
+
+
+_TRANSIENT = ("working_bytes", "loss_bytes")
+""":class:`LayerCost`'s transient peaks: the larger of two, never their sum."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +113,9 @@ class LayerCost:
     """Kept per in-flight microbatch."""
     working_bytes: float = 0.0
     """Transient peak on top (a fully recomputed layer's activations)."""
+    loss_bytes: float = 0.0
+    """The loss's transient peak on top: the gradients over the vocabulary its backward holds
+    (:data:`planner.graph.lower.LOSS_WORKING`), on the stage that holds the head."""
     recompute_flops: float = 0.0
     """Extra forward FLOPs of recomputation (whole model replica, not per device)."""
 
@@ -127,15 +136,19 @@ class LayerCost:
         return self.compute_s + comm
 
     def scaled(self, count: int) -> LayerCost:
-        """``count`` identical copies (the transient peak does not add up)."""
+        """``count`` identical copies (the transient peaks do not add up)."""
         values = {f.name: getattr(self, f.name) * count for f in fields(self)
-                  if f.name != "working_bytes"}  # fmt: skip
+                  if f.name not in _TRANSIENT}  # fmt: skip
         return replace(self, **values)
 
     def __add__(self, other: LayerCost) -> LayerCost:
+        # Transients are one at a time: the larger of two, on top of everything kept (exact
+        # when the larger runs last, as the loss does; an upper bound otherwise).
         values = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
-                  if f.name != "working_bytes"}  # fmt: skip
-        return LayerCost(**values, working_bytes=maximum(self.working_bytes, other.working_bytes))
+                  if f.name not in _TRANSIENT}  # fmt: skip
+        transient = {name: maximum(getattr(self, name), getattr(other, name))
+                     for name in _TRANSIENT}  # fmt: skip
+        return LayerCost(**values, **transient)
 
     def with_pipeline_comm(self, seconds: float) -> LayerCost:
         """The same with ``seconds`` of pipeline sends added."""
@@ -157,7 +170,7 @@ def layer_cost(parts: LayerParts, recompute: str, *, count: int = 1) -> LayerCos
         tp_hidden_s=hidden[0] + hidden_rerun[0], cp_hidden_s=hidden[1] + hidden_rerun[1],
         ep_hidden_s=hidden[2] + hidden_rerun[2],
         activation_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],
-        recompute_flops=parts.rerun_flops[k],
+        loss_bytes=parts.loss_bytes, recompute_flops=parts.rerun_flops[k],
     )  # fmt: skip
     return one.scaled(count)
 

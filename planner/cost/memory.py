@@ -12,7 +12,14 @@ from planner.cost.elementwise import Real, minimum
 from planner.cost.pipeline import warmup_forwards
 from planner.graph.ops import Op, Tensor
 from planner.spec import DeviceSpec
-from planner.vocabulary import PipelineSchedule, Precision, Recompute, ScheduleName, schedule_name
+from planner.vocabulary import (
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    ScheduleName,
+    Stack,
+    schedule_name,
+)
 
 DEFAULT_MEMORY_MARGIN = 0.05
 """Share of a device's memory a plan leaves free unless told otherwise, beside the device's
@@ -52,8 +59,13 @@ def fits(peak_bytes: Real, device: DeviceSpec, margin_gib: float | None = None) 
 
 
 class MemoryParts(NamedTuple):
-    """One device's memory by what fills it, in bytes: floats, or arrays over configurations
-    (a tuple, in this order, wherever five parts travel)."""
+    """One device's memory at its peak by what fills it, in bytes: floats, or arrays over
+    configurations (a tuple, in this order, wherever the parts travel; the plan's
+    :class:`~planner.plan.schema.MemoryBreakdown` has the same fields in the same order).
+
+    The states and the kept activations are live through the forward and backward; of the
+    transients (what runs at the moment) only the largest is, so at most one of ``working``
+    and ``loss_workspace`` is not zero."""
 
     weights: Real
     """The compute-precision weights it holds."""
@@ -62,15 +74,21 @@ class MemoryParts(NamedTuple):
     optimizer: Real
     """The optimizer states (and master weights) it holds."""
     activations: Real
-    """The activations kept for the backward of the microbatches in flight, and the working
-    buffers of the layer running."""
-    other: Real
+    """The activations kept for the backward of the microbatches in flight."""
+    working: Real = 0.0
+    """The transient of the layer running at the peak (a fully recomputed layer rebuilt)."""
+    loss_workspace: Real = 0.0
+    """The loss's backward workspace when it is the peak's transient (its gradients over the
+    vocabulary)."""
+    gathered_parameters: Real = 0.0
+    """ZeRO-3's gathered and prefetched parameters and a layer's unsharded gradients."""
+    other: Real = 0.0
     """The device's reserved memory (CUDA context, NCCL's communicators)."""
 
     @property
     def total(self) -> Real:
-        """All five parts: the peak."""
-        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+        """Every part: the peak."""
+        return sum(self[1:], self[0])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +117,18 @@ ADAM_STATE: dict[Precision, StateBytes] = {
     "fp16": StateBytes(weights=2, gradients=2, optimizer=16),
     "fp32": StateBytes(weights=4, gradients=4, optimizer=8),
 }
+
+
+def states_precision(precision: Precision, stack: Stack) -> Precision:
+    """The precision whose Adam states (:data:`ADAM_STATE`) a run of compute ``precision`` on
+    ``stack`` keeps. Under ``torch.autocast`` (the ``hf-*`` stacks) the weights themselves are
+    fp32 and there is no master copy: fp32's 16 bytes per parameter, with autocast's 16-bit
+    weight copies among the activations (:mod:`planner.graph.lower`).
+
+    >>> states_precision("bf16", "megatron-te"), states_precision("bf16", "hf-eager")
+    ('bf16', 'fp32')
+    """
+    return "fp32" if stack in ("hf-eager", "hf-compiled") else precision
 
 
 def adam_traffic_bytes(precision: Precision) -> float:

@@ -14,7 +14,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from planner import cost
-from planner.cost.elementwise import Real, first_argmax, maximum, pick
+from planner.cost.elementwise import Real, first_argmax, maximum, pick, where
 from planner.cost.layer import LayerCost
 from planner.cost.stage_weights import StageCost, TiedCopy, stage_statics
 from planner.plan.schema import StageTime, StepTime
@@ -39,8 +39,9 @@ class PipelineKnobs:
     """The pipeline schedule (interleaved when ``vpp > 1``)."""
     vpp: int = 1
     """Model chunks (virtual stages) per stage."""
-    precision: Precision = "bf16"
-    """Compute precision."""
+    states_precision: Precision = "bf16"
+    """The precision of the weights' states (:func:`planner.cost.memory.states_precision`):
+    their bytes, the gradient sync's and the optimizer step's."""
     overlap_grad_reduce: bool = False
     """Whether the gradient reduction overlaps the backward."""
     overlap_param_gather: bool = False
@@ -145,9 +146,12 @@ def run_memory_bytes(
     """The memory of stage ``stage`` of ``run``, by part."""
     in_flight = cost.in_flight_microbatches(schedule, stage=stage, pp=num_stages, vpp=knobs.vpp,
                                             num_microbatches=knobs.num_microbatches)  # fmt: skip
+    working, loss = run.time.working_bytes, run.time.loss_bytes
     return cost.MemoryParts(
         *run.state_bytes,
-        activations=in_flight * run.time.activation_bytes + run.time.working_bytes,
+        activations=in_flight * run.time.activation_bytes,
+        working=where(working > loss, working, 0.0),
+        loss_workspace=where(working > loss, 0.0, loss),
         other=cluster.device.reserved_memory_gib * GIB,
     )
 
@@ -212,7 +216,8 @@ def step_totals(
         + tail,
         "optimizer_s": optimizer_s,
     }
-    peak = cost.MemoryParts(*(pick([parts[k] for parts in memories], loaded) for k in range(5)))
+    peak = cost.MemoryParts(*(pick([parts[k] for parts in memories], loaded)
+                              for k in range(len(cost.MemoryParts._fields))))
     step_s = pipe_s + tail + optimizer_s
     return StepTotals(
         step_s=step_s,
@@ -278,7 +283,7 @@ def compose_step(
     """
     pp = len(stages)
     spans = equal_runs([id(s) for s in stages])
-    statics = stage_statics(cluster, knobs.precision, [stages[first] for first, _ in spans],
+    statics = stage_statics(cluster, knobs.states_precision, [stages[first] for first, _ in spans],
                             tied=tied, offload=knobs.offload)  # fmt: skip
     accumulating = knobs.num_microbatches > 1
     runs = [StageRun(time=stages[first].time, sync=statics.sync(j, accumulating=accumulating),

@@ -1,9 +1,31 @@
 """Lowering a :class:`~planner.spec.ModelSpec` to an operator graph.
 
 One node per operator, tagged with its layer and layer kind; edges carry the tensor that flows.
-The activations each operator keeps for backward follow Korthikanti et al., "Reducing
-Activation Recomputation in Large Transformer Models" (MLSys'23), Sec. 4.1: for a GPT layer
-they add up to ``sbh(34 + 5as/h)`` bytes at 16-bit precision with dropout.
+What each operator keeps for backward depends on the stack that runs it
+(:data:`~planner.vocabulary.Stack`):
+
+- ``megatron-te`` follows Korthikanti et al., "Reducing Activation Recomputation in Large
+  Transformer Models" (MLSys'23), Sec. 4.1: for a GPT layer ``sbh(34 + 5as/h)`` bytes at 16-bit
+  precision with dropout.
+- ``hf-eager`` counts what autograd saves in Hugging Face's Llama code
+  (``transformers/models/llama/modeling_llama.py``) under ``torch.autocast`` with fp32 weights:
+  the residual stream is fp32 (the embedding runs outside autocast, and a bf16 block output
+  added to it promotes); ``LlamaRMSNorm`` keeps its fp32 input and its fp32 normalized output
+  (before the weight); autocast casts a linear's fp32 input per call (q, k and v each keep a
+  bf16 copy of the norm's output; gate and up each another) and caches one bf16 copy of each
+  weight, which the linear keeps; SiLU keeps the gate, and the product keeps SiLU's output and
+  up. Rotary embedding keeps nothing new (its multiplicands are the constant cos and sin).
+  On one H100 this count is the measured bytes of a Llama-3.2-1B and a Llama-3.1-8B layer
+  (TP 1-8 shards) within 0.5 % (``tests/test_activations.py``).
+- ``hf-compiled``: the same layer under ``torch.compile``. What Inductor's partitioner keeps is
+  inferred from the same measurements, not counted from its source: the fp32 residual into
+  each norm, one bf16 copy of the attention's normed input, q, k, v and the attention output,
+  the gate, up and their product (SiLU recomputed), and the bf16 weight copies; the MLP's
+  normed input is recomputed (which of the two norm outputs is kept is not identifiable from
+  the bytes: one is).
+
+The loss keeps fp32 softmax (or log-softmax) over the vocabulary; its backward's transient
+tensors are the op's ``working``.
 """
 
 from __future__ import annotations
@@ -14,11 +36,24 @@ import networkx as nx
 
 from planner.graph.ops import Op, OpKind, Tensor
 from planner.spec import ModelSpec, TrainingSpec
-from planner.vocabulary import Precision
+from planner.vocabulary import Precision, Stack
 
 ACTIVATION_BYTES: dict[Precision, float] = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 MASK_BYTES = 1.0  # dropout masks are stored as bytes
 LOSS_BYTES = 4.0  # the cross-entropy keeps fp32 softmax over the vocabulary
+FP32_BYTES = 4.0
+AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
+"""Stacks that run under ``torch.autocast`` with fp32 weights and an fp32 residual stream."""
+LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "hf-eager": 8.0, "hf-compiled": 8.0}
+"""Bytes per token and vocabulary entry the loss's backward holds beyond the fp32 softmax it
+keeps. Hugging Face's loss (``transformers/loss/loss_utils.py``) runs ``cross_entropy`` on
+logits upcast to fp32: its backward holds the dense fp32 gradient of the log-probabilities
+(``nll_loss_backward``) and the fp32 gradient of the logits (``_log_softmax_backward_data``)
+at once, 8 bytes, with the kept log-probabilities 12 (measured 12.26 GiB at 8,192 tokens and a
+128,256 vocabulary on an H100, with the head's weight copy and input:
+``../shared/validation/h100/layers.jsonl``). Megatron-Core's vocab-parallel cross entropy
+(``megatron/core/tensor_parallel/cross_entropy.py``) turns the kept fp32 softmax into the
+gradient in place; the gradient cast back to the logits' 16-bit type is the 2 bytes."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -38,6 +73,8 @@ class _Builder:
     """Index of the layer being built (0 embedding, 1..L decoder layers, L + 1 head)."""
     layer_kind: str
     """Its kind: ``embedding``, ``dense``, ``local``, ``moe`` or ``head``."""
+    stack: Stack = "megatron-te"
+    """The software that runs the layer: what each op keeps for the backward."""
     ops: list[tuple[Op, tuple[str, ...]]] = field(default_factory=list)
     """The ops added so far, in order, each with the names of the ops feeding it (the graph's edges
     into it)."""
@@ -49,6 +86,15 @@ class _Builder:
     def hidden(self) -> Tensor:
         """The residual stream, (batch, seq, hidden)."""
         return self.act(("hidden", self.model.hidden_size))
+
+    @property
+    def autocast(self) -> bool:
+        """The layer runs under ``torch.autocast`` with fp32 weights (:data:`AUTOCAST_STACKS`)."""
+        return self.stack in AUTOCAST_STACKS
+
+    def fp32(self, tensor: Tensor) -> Tensor:
+        """``tensor`` held in fp32."""
+        return Tensor(tensor.dims, FP32_BYTES)
 
     def mask(self, tensor: Tensor) -> Tensor:
         """A dropout mask for ``tensor``."""
@@ -76,11 +122,16 @@ class _Builder:
         return node.name
 
     def norm(self, op: str, source: str, width: tuple[str, int] | None = None) -> str:
-        """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input."""
+        """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input (under
+        autocast the fp32 residual it reads, and in eager mode its fp32 normalized output
+        too: ``LlamaRMSNorm`` upcasts)."""
         x = self.act(width) if width else self.hidden()
         per_channel = 2 if self.model.normalization == "layernorm" else 1
+        saved: tuple[Tensor, ...] = (x,)
+        if self.autocast:
+            saved = (self.fp32(x),) * (2 if self.stack == "hf-eager" else 1)
         return self.add(
-            op, "norm", (source,), inputs=(x,), output=x, saved=(x,),
+            op, "norm", (source,), inputs=(x,), output=x, saved=saved,
             extra_params=per_channel * (width[1] if width else self.model.hidden_size),
         )  # fmt: skip
 
@@ -93,17 +144,38 @@ class _Builder:
         *,
         bias: bool,
         save_input: bool = True,
+        norm_reads: int = 0,
+        compiled_recomputes: bool = False,
     ) -> str:
-        """``y = x W (+ b)`` contracting the last dim of ``x`` into ``out``."""
+        """``y = x W (+ b)`` contracting the last dim of ``x`` into ``out``; ``norm_reads``:
+        the separate projections this one stands for that read a norm's output (under eager
+        autocast each keeps its own 16-bit copy of it; compiled, one copy, none where
+        ``compiled_recomputes``)."""
         in_dim = x.dims[-1]
         y = Tensor((*x.dims[:-1], out), self.act_bytes)
+        weight = Tensor((in_dim, out), self.act_bytes)
         return self.add(
-            op, "linear", (source,), inputs=(x,), output=y,
-            weight=Tensor((in_dim, out), self.act_bytes),
+            op, "linear", (source,), inputs=(x,), output=y, weight=weight,
             bias_params=out[1] if bias else 0,
             flops=2.0 * x.numel * out[1],
-            saved=(x,) if save_input else (),
+            saved=(*self._input_copies(x, norm_reads, save_input, compiled_recomputes),
+                   *self.weight_copy(weight)),
         )  # fmt: skip
+
+    def _input_copies(
+        self, x: Tensor, norm_reads: int, save_input: bool, compiled_recomputes: bool
+    ) -> tuple[Tensor, ...]:
+        if not save_input:
+            return ()
+        if not self.autocast or norm_reads == 0:
+            return (x,)
+        if self.stack == "hf-eager":
+            return (x,) * norm_reads
+        return () if compiled_recomputes else (x,)
+
+    def weight_copy(self, weight: Tensor) -> tuple[Tensor, ...]:
+        """Autocast's cached 16-bit copy of an fp32 weight, which the linear keeps."""
+        return (weight,) if self.autocast else ()
 
     def residual(self, op: str, *sources: str) -> str:
         """Residual add after a block, with its dropout mask when dropout is on."""
@@ -147,9 +219,8 @@ def _standard_attention(b: _Builder, x_name: str) -> str:
     m = b.model
     d, heads, groups = m.head_dim, m.num_attention_heads, m.query_groups
     x = b.hidden()
-    qkv = b.linear(
-        "qkv_proj", x_name, x, ("heads", (heads + 2 * groups) * d), bias=m.has_qkv_bias
-    )
+    qkv = b.linear("qkv_proj", x_name, x, ("heads", (heads + 2 * groups) * d),
+                   bias=m.has_qkv_bias, norm_reads=3)  # fmt: skip
     if m.qk_layernorm:
         qk = b.act(("heads", (heads + groups) * d))
         qkv = b.add(
@@ -170,22 +241,23 @@ def _latent_attention(b: _Builder, x_name: str) -> str:
     qk_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     x = b.hidden()
     if mla.q_lora_rank is None:
-        q = b.linear("q_proj", x_name, x, ("heads", heads * qk_dim), bias=False)
+        q = b.linear("q_proj", x_name, x, ("heads", heads * qk_dim), bias=False, norm_reads=1)
     else:
-        q_low = b.linear("q_down_proj", x_name, x, ("q_lora", mla.q_lora_rank), bias=False)
+        q_low = b.linear("q_down_proj", x_name, x, ("q_lora", mla.q_lora_rank), bias=False,
+                         norm_reads=1)  # fmt: skip
         q_low = b.norm("q_norm", q_low, ("q_lora", mla.q_lora_rank))
         q = b.linear(
             "q_up_proj", q_low, b.act(("q_lora", mla.q_lora_rank)),
-            ("heads", heads * qk_dim), bias=False,
+            ("heads", heads * qk_dim), bias=False, norm_reads=1,
         )  # fmt: skip
     kv_low = b.linear(
         "kv_down_proj", x_name, x, ("kv_lora", mla.kv_lora_rank + mla.qk_rope_head_dim),
-        bias=False,
+        bias=False, norm_reads=1,
     )  # fmt: skip
     kv_low = b.norm("kv_norm", kv_low, ("kv_lora", mla.kv_lora_rank))
     kv = b.linear(
         "kv_up_proj", kv_low, b.act(("kv_lora", mla.kv_lora_rank)),
-        ("heads", heads * (mla.qk_nope_head_dim + mla.v_head_dim)), bias=False,
+        ("heads", heads * (mla.qk_nope_head_dim + mla.v_head_dim)), bias=False, norm_reads=1,
     )  # fmt: skip
     core = _attention_core(b, q, qk_dim, mla.v_head_dim, heads, kv)
     return b.linear(
@@ -198,10 +270,13 @@ def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp") -> str:
     """Up projection (gate and up fused for SwiGLU/GeGLU), activation, down projection."""
     m = b.model
     glu = 2 if m.gated_mlp else 1
-    up = b.linear(f"{prefix}_up", x_name, b.hidden(), ("ffn", glu * width), bias=m.bias)
+    up = b.linear(f"{prefix}_up", x_name, b.hidden(), ("ffn", glu * width), bias=m.bias,
+                  norm_reads=glu, compiled_recomputes=True)  # fmt: skip
     act_in, act_out = b.act(("ffn", glu * width)), b.act(("ffn", width))
+    # Eager SwiGLU/GeGLU: the product keeps the activation's output beside up.
+    kept_out = (act_out,) if b.stack == "hf-eager" and m.gated_mlp else ()
     act = b.add(f"{prefix}_act", "elementwise", (up,), inputs=(act_in,), output=act_out,
-                saved=(act_in,))  # fmt: skip
+                saved=(act_in, *kept_out))  # fmt: skip
     return b.linear(f"{prefix}_down", act, act_out, ("hidden", m.hidden_size), bias=m.bias)
 
 
@@ -212,10 +287,11 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
     h, experts, glu = m.hidden_size, moe.num_experts, 2 if m.gated_mlp else 1
     tokens = b.batch * b.seq
     logits = b.act(("experts", experts))
+    router_weight = Tensor((("hidden", h), ("experts", experts)), b.act_bytes)
     router = b.add(
         "router", "router", (x_name,), inputs=(b.hidden(),), output=logits,
-        weight=Tensor((("hidden", h), ("experts", experts)), b.act_bytes),
-        flops=2.0 * tokens * h * experts, saved=(Tensor(logits.dims, LOSS_BYTES),),
+        weight=router_weight, flops=2.0 * tokens * h * experts,
+        saved=(Tensor(logits.dims, LOSS_BYTES), *b.weight_copy(router_weight)),
         bias_params=experts if moe.router_expert_bias else 0,
     )  # fmt: skip
     # Balanced routing: each expert receives tokens * top_k / experts tokens.
@@ -235,10 +311,11 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
 
     def expert_linear(op: str, src: str, x: Tensor, out: Tensor, in_dim: tuple[str, int],
                       out_dim: tuple[str, int]) -> str:
+        weight = Tensor((("experts", experts), in_dim, out_dim), b.act_bytes)
         return b.add(
-            op, "expert_linear", (src,), inputs=(x,), output=out,
-            weight=Tensor((("experts", experts), in_dim, out_dim), b.act_bytes),
-            flops=2.0 * experts * capacity * in_dim[1] * out_dim[1], saved=(x,),
+            op, "expert_linear", (src,), inputs=(x,), output=out, weight=weight,
+            flops=2.0 * experts * capacity * in_dim[1] * out_dim[1],
+            saved=(x, *b.weight_copy(weight)),
             gemm_calls=experts, active_fraction=moe.top_k / experts,
         )  # fmt: skip
 
@@ -293,7 +370,8 @@ def _embedding(b: _Builder) -> str:
 def _head(b: _Builder, x_name: str) -> str:
     m = b.model
     normed = b.norm("final_norm", x_name)
-    logits = b.linear("lm_head", normed, b.hidden(), ("vocab", m.vocab_size), bias=False)
+    logits = b.linear("lm_head", normed, b.hidden(), ("vocab", m.vocab_size), bias=False,
+                      norm_reads=1)  # fmt: skip
     if m.tie_word_embeddings:
         op, inputs = b.ops[-1]
         b.ops[-1] = (_replace(op, tied_to="embedding"), inputs)
@@ -304,7 +382,8 @@ def _head(b: _Builder, x_name: str) -> str:
                        output=loss_in, saved=(loss_in,))  # fmt: skip
     out = Tensor((("batch", b.batch), ("seq", b.seq)), LOSS_BYTES)
     return b.add("loss", "loss", (logits,), inputs=(loss_in,), output=out,
-                 saved=(Tensor(loss_in.dims, LOSS_BYTES),))  # fmt: skip
+                 saved=(Tensor(loss_in.dims, LOSS_BYTES),),
+                 working=(Tensor(loss_in.dims, LOSS_WORKING[b.stack]),))  # fmt: skip
 
 
 def _replace(op: Op, **changes: object) -> Op:
@@ -350,7 +429,7 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
 
     def builder(layer: int, kind: str) -> _Builder:
         return _Builder(model=model, batch=micro_batch_size, seq=training.seq_length,
-                        act_bytes=act_bytes, layer=layer, layer_kind=kind)
+                        act_bytes=act_bytes, layer=layer, layer_kind=kind, stack=training.stack)
 
     first = builder(0, "embedding")
     x = _embedding(first)
@@ -360,6 +439,8 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
         x = _decoder_layer(b, x)
         builders.append(b)
     last = builder(model.num_layers + 1, "head")
+    if training.stack == "hf-compiled":  # torch.compile wraps the decoder layers only
+        last.stack = "hf-eager"
     _head(last, x)
     builders.append(last)
     for b in builders:

@@ -105,6 +105,9 @@ class Op:
     """Forward matmul FLOPs of the whole microbatch, unsharded (0 for memory-bound ops)."""
     saved: tuple[Tensor, ...] = ()
     """Activations kept for the backward pass (Korthikanti et al., Sec. 4)."""
+    working: tuple[Tensor, ...] = ()
+    """Transient tensors live while the op's forward or backward runs, beyond what it keeps
+    (the loss's gradients over the vocabulary)."""
     gemm_calls: int = 1
     """Separate matrix multiplies the work is split into (one per local expert)."""
     active_fraction: float = 1.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from planner import cost
 from planner.graph import lowered
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.ilp.formulation import EdgeCosts, LayerProblem, NodeCosts
@@ -23,7 +24,7 @@ from planner.sharding.layout import LogicalMesh
 from planner.sharding.strategies import StrategyContext, op_strategies
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import training_run
-from planner.vocabulary import GIB, RECOMPUTE_MODES, Precision
+from planner.vocabulary import GIB, RECOMPUTE_MODES, Precision, Stack
 
 NS = 1e9
 KIB = 1024
@@ -45,6 +46,8 @@ class LayerQuery:
     """Tokens per sequence."""
     precision: Precision = "bf16"
     """Compute precision."""
+    stack: Stack = "megatron-te"
+    """The software that runs the layer (what it keeps for the backward)."""
     memory_budget_gib: float | None = None
     """Memory one device may spend on the layer's weight states and kept activations, in GiB (None:
     no limit)."""
@@ -117,10 +120,11 @@ def layer_graph_of(
 ) -> LayerGraph:  # fmt: skip
     """``query``'s layer on its mesh, every node with the strategies ``strategies`` gives
     (all of them, by default)."""
-    training = training_run(query.seq_length, 1, query.precision)
+    training = training_run(query.seq_length, 1, query.precision, query.stack)
     graph, index = lowered(model, training, query.mesh_micro_batch_size)
     ops = index.ops_by_layer[index.layers_by_kind[query.kind][0]]
     ctx = StrategyContext(cluster=cluster, precision=query.precision,
+                          states_precision=cost.states_precision(query.precision, query.stack),
                           flash_attention=query.flash_attention,
                           num_microbatches=query.num_microbatches, replicas=query.replicas,
                           tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip

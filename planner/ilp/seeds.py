@@ -60,6 +60,7 @@ def uniform_solutions(
         uniform = UniformQuery(kind=query.kind, layout=layout,
                                micro_batch_size=query.mesh_micro_batch_size // layout.data_ways,
                                seq_length=query.seq_length, precision=query.precision,
+                               stack=query.stack,
                                flash_attention=query.flash_attention,
                                tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
         try:

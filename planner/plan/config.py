@@ -24,6 +24,7 @@ from planner.vocabulary import (
     PipelineSchedule,
     Precision,
     Recompute,
+    Stack,
 )
 
 
@@ -98,6 +99,9 @@ class ParallelConfig(BaseModel):
     )  # fmt: skip
     precision: Precision | None = Field(default=None, description="Compute precision; "
                                         "default: the model's training block, else bf16.")
+    stack: Stack | None = Field(default=None, description="The software that runs each layer: "
+                                "megatron-te, hf-eager or hf-compiled; default: the model's "
+                                "training block's, else megatron-te.")
     schedule: PipelineSchedule = Field(default="1f1b", description="Pipeline schedule.")
     flash_attention: bool = Field(
         default=True, description="Fused attention: no s x s tensors kept, causal half of the "
@@ -161,7 +165,7 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
     training block gives the sequence length or the global batch)."""
     training = fill_training(model, seq_length=config.seq_len,
                              global_batch_size=config.global_batch,
-                             precision=config.precision)  # fmt: skip
+                             precision=config.precision, stack=config.stack)  # fmt: skip
     shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
                   global_batch=training.global_batch_size)  # fmt: skip
     d = degrees_of(dict(config))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -86,21 +87,25 @@ class MemoryBreakdown(_Frozen):
     optimizer_gib: float
     """Optimizer states (fp32 master weights and Adam's moments, ZeRO-sharded)."""
     activations_gib: float
+    """Activations kept for the backward of the microbatches in flight."""
+    working_gib: float = 0.0
+    """The transient of the layer running at the peak (a fully recomputed layer rebuilt)."""
+    loss_workspace_gib: float = 0.0
+    """The loss's backward workspace, when it is the peak's transient."""
+    gathered_parameters_gib: float = 0.0
+    """ZeRO-3's gathered and prefetched parameters and a layer's unsharded gradients."""
     other_gib: float
-    """The device's reserved memory (CUDA context, NCCL) and transient working buffers."""
+    """The device's reserved memory (CUDA context, NCCL's buffers, the allocator's cache)."""
 
     @property
     def total_gib(self) -> float:
         """All parts."""
-        return (self.weights_gib + self.gradients_gib + self.optimizer_gib
-                + self.activations_gib + self.other_gib)  # fmt: skip
+        return sum(getattr(self, name) for name in type(self).model_fields)
 
     @classmethod
-    def from_bytes(cls, parts: tuple[float, float, float, float, float]) -> MemoryBreakdown:
-        """From (weights, gradients, optimizer, activations, other) in bytes."""
-        gib = [b / GIB for b in parts]
-        return cls(weights_gib=gib[0], gradients_gib=gib[1], optimizer_gib=gib[2],
-                   activations_gib=gib[3], other_gib=gib[4])  # fmt: skip
+    def from_bytes(cls, parts: Sequence[float]) -> MemoryBreakdown:
+        """From the parts in bytes, in field order (:class:`planner.cost.MemoryParts`)."""
+        return cls(**{name: b / GIB for name, b in zip(cls.model_fields, parts, strict=True)})
 
 
 class StageTime(_Frozen):

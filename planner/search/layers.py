@@ -121,7 +121,8 @@ def _query(ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int) -> Laye
     """The layer ILP's query for ``kind`` on ``mesh`` with a mesh microbatch of ``b``."""
     return LayerQuery(
         kind=kind, mesh=mesh, mesh_micro_batch_size=b, seq_length=ctx.training.seq_length,
-        precision=ctx.training.precision, num_microbatches=REFERENCE_MICROBATCHES,
+        precision=ctx.training.precision, stack=ctx.training.stack,
+        num_microbatches=REFERENCE_MICROBATCHES,
         flash_attention=ctx.options.flash_attention, zero=(0, 1),
         replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
     )  # fmt: skip

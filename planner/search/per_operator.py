@@ -129,7 +129,8 @@ def evaluate(
     )  # fmt: skip
     knobs = PipelineKnobs(
         num_microbatches=c.num_microbatches, schedule="1f1b", vpp=c.vpp,
-        precision=ctx.training.precision, overlap_grad_reduce=ctx.options.overlap_grad_reduce,
+        states_precision=cost.states_precision(ctx.training.precision, ctx.training.stack),
+        overlap_grad_reduce=ctx.options.overlap_grad_reduce,
         overlap_param_gather=ctx.options.overlap_param_gather,
     )  # fmt: skip
     best: Found | None = None

@@ -86,6 +86,7 @@ def _merge(a: Strategy, b: Strategy) -> Strategy:
         sync_s=tuple(x + y for x, y in zip(a.sync_s, b.sync_s, strict=True)),
         kept_bytes=a.kept_bytes + b.kept_bytes,
         kept_selective_bytes=a.kept_selective_bytes + b.kept_selective_bytes,
+        working_bytes=max(a.working_bytes, b.working_bytes),
     )  # type: ignore[arg-type]
 
 
@@ -231,7 +232,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
     rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     hidden = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     hidden_rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-    forward = backward = weight = attention = kept = selective = layer_input = 0.0
+    forward = backward = weight = attention = kept = selective = layer_input = loss = 0.0
     flops = attention_flops = 0.0
     weights: list[tuple[float, tuple[int, ...]]] = []
     for v, (node, i) in enumerate(zip(layer.nodes, chosen, strict=True)):
@@ -246,6 +247,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         attention += s.attention_forward_s
         kept += s.kept_bytes
         selective += s.kept_selective_bytes
+        loss = max(loss, s.working_bytes)  # only the loss has a backward workspace today
         if v == 0:
             layer_input = s.input_bytes
         weights += s.weights
@@ -275,6 +277,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         rerun_hidden_comm_s=(hidden_rerun["tp"], hidden_rerun["cp"], hidden_rerun["ep"]),
         kept_bytes=(kept, selective, layer_input),
         working_bytes=(0.0, 0.0, kept),
+        loss_bytes=loss,
         rerun_flops=(0.0, attention_flops, flops),
         weights=tuple(weights),
     )

@@ -49,8 +49,11 @@ class StrategyContext:
     cluster: ClusterSpec
     """The device and network that price compute and collectives."""
     precision: Precision
-    """Compute precision: the device's peak FLOP/s, and the bytes of the weights' states and
-    gradient sync."""
+    """Compute precision: the device's peak FLOP/s, and (unless ``states_precision`` says
+    otherwise) the bytes of the weights' states and gradient sync."""
+    states_precision: Precision | None = None
+    """The precision of the weights' states when not the compute precision's
+    (:func:`planner.cost.memory.states_precision`)."""
     flash_attention: bool = True
     """The attention core runs fused: causal FLOPs halved, backward 2.5 times the forward,
     no ``s x s`` tensors kept."""
@@ -111,6 +114,9 @@ class Strategy:
     keeps."""
     weight_s: float = 0.0
     """Of ``backward_s``, the weight gradients (:attr:`planner.cost.compute.OpTime.weight_s`)."""
+    working_bytes: float = 0.0
+    """Transient bytes while the op's backward runs, beyond what it keeps (the loss's
+    gradients over the vocabulary: :attr:`planner.graph.ops.Op.working`)."""
     hidden_comm_s: float = 0.0
     """The op's own collectives, forward and backward, hidden behind its compute (ring
     attention's K/V exchange within each step, a gather under ``tp_comm_overlap``): not in
@@ -382,7 +388,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
                          flash_attention=ctx.flash_attention)  # fmt: skip
     params, copies = weight_copies(op, pair, mesh)
     states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
-                                params=params, precision=ctx.precision,
+                                params=params, precision=ctx.states_precision or ctx.precision,
                                 num_microbatches=ctx.num_microbatches)  # fmt: skip
     layout = _as_layout(pair)
     kept = cost.saved_activation_bytes(
@@ -393,6 +399,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         op, lambda t: _kept_degrees(op, t, pair, mesh), recompute="selective",
         flash_attention=ctx.flash_attention,
     )  # fmt: skip
+    working = sum(cost.sharded_bytes(t, _kept_degrees(op, t, pair, mesh)) for t in op.working)
     first = op.saved[0] if op.saved else None
     comm = _own_collectives(op, pair, mesh, ctx, times)
     return Strategy(
@@ -415,6 +422,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         sync_s=sync,  # type: ignore[arg-type]
         kept_bytes=kept,
         kept_selective_bytes=selective,
+        working_bytes=working,
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from planner import cost
 from planner.errors import ConfigError
 from planner.graph import lowered
 from planner.graph.ops import TENSOR_PARALLEL_DIMS, TRANSFORMER_KINDS, Op
@@ -47,7 +48,7 @@ from planner.sharding.strategies import (
     price_strategy,
 )
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.vocabulary import Precision
+from planner.vocabulary import Precision, Stack
 
 DATA, CONTEXT, TENSOR = 0, 1, 2
 """The axes of a uniform stage's mesh."""
@@ -199,6 +200,8 @@ class UniformQuery:
     """Tokens per sequence, before context parallelism splits it."""
     precision: Precision
     """Compute precision."""
+    stack: Stack = "megatron-te"
+    """The software that runs the layer (what it keeps for the backward)."""
     flash_attention: bool = True
     """The attention core runs fused: causal FLOPs halved, no ``s x s`` tensors kept."""
     tp_comm_overlap: bool = False
@@ -212,11 +215,12 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
     """The layer graph of ``query``'s layer kind with Megatron's strategy on every op."""
     layout = query.layout
     training = TrainingSpec(seq_length=query.seq_length, global_batch_size=1,
-                            precision=query.precision)  # fmt: skip
+                            precision=query.precision, stack=query.stack)  # fmt: skip
     graph, index = lowered(model, training, query.micro_batch_size * layout.data_ways)
     ops = index.ops_by_layer[index.layers_by_kind[query.kind][0]]
     mesh = LogicalMesh(layout.shape, query.strides)
     ctx = StrategyContext(cluster=cluster, precision=query.precision,
+                          states_precision=cost.states_precision(query.precision, query.stack),
                           flash_attention=query.flash_attention,
                           tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),

@@ -12,7 +12,7 @@ from planner.spec.attention import SlidingWindowSpec
 from planner.spec.fields import Float, Int, Name
 from planner.spec.fields import Frozen as _Frozen
 from planner.spec.layers import MLASpec, MoESpec, RopeScaling
-from planner.vocabulary import Precision
+from planner.vocabulary import Precision, Stack
 
 Activation = Literal["gelu", "swiglu", "geglu"]
 Normalization = Literal["layernorm", "rmsnorm"]
@@ -27,6 +27,8 @@ class TrainingSpec(_Frozen):
         gt=0, le=lim.MAX_GLOBAL_BATCH_SIZE, description="Samples per optimizer step."
     )
     precision: Precision = Field(default="bf16", description="Mixed-precision compute type.")
+    stack: Stack = Field(default="megatron-te", description="The software that runs each layer "
+                         "(what it keeps for the backward, how it computes the loss).")
 
 
 class ModelSpec(_Frozen):

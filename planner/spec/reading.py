@@ -19,22 +19,23 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
 from planner.spec import limits as lim
 from planner.spec.hf import model_from_hf_config
 from planner.spec.messages import describe_validation_error
-from planner.vocabulary import Precision
+from planner.vocabulary import Precision, Stack
 
 OPTION_NAMES = {"seq_length": "--seq-len", "global_batch_size": "--global-batch",
-                "precision": "--precision"}  # fmt: skip
+                "precision": "--precision", "stack": "--stack"}  # fmt: skip
 """The command-line option behind each field of a training run given as options."""
 
 
 def training_run(
-    seq_length: int, global_batch_size: int, precision: Precision = "bf16"
+    seq_length: int, global_batch_size: int, precision: Precision = "bf16",
+    stack: Stack = "megatron-te",
 ) -> TrainingSpec:
     """A :class:`TrainingSpec` from options rather than a file: out-of-range values raise
     :class:`~planner.errors.InputError` naming the option (``--seq-len``), not a pydantic
     error."""
     try:
         return TrainingSpec(seq_length=seq_length, global_batch_size=global_batch_size,
-                            precision=precision)  # fmt: skip
+                            precision=precision, stack=stack)  # fmt: skip
     except ValidationError as exc:
         field = str(exc.errors()[0]["loc"][0])
         message = describe_validation_error("options", exc)
@@ -48,9 +49,11 @@ def fill_training(
     seq_length: int | None = None,
     global_batch_size: int | None = None,
     precision: Precision | None = None,
+    stack: Stack | None = None,
 ) -> TrainingSpec:
-    """The run's sequence length, global batch and precision: each as given (an option), else
-    the model's training block's, else (the precision only) bf16.
+    """The run's sequence length, global batch, precision and stack: each as given (an
+    option), else the model's training block's, else (precision and stack only) bf16 and
+    megatron-te.
 
     A sequence length or global batch that neither gives raises one
     :class:`~planner.errors.InputError` naming the options to pass, as the command line
@@ -80,7 +83,8 @@ pass --seq-len
         ) if value is None}  # fmt: skip
         raise InputError(f"{model.name}: no {' and no '.join(missing)} (the model has no "
                          f"training block): pass {' and '.join(missing.values())}")  # fmt: skip
-    return training_run(seq_length, global_batch_size, precision or "bf16")
+    stack = (block.stack if block is not None else "megatron-te") if stack is None else stack
+    return training_run(seq_length, global_batch_size, precision or "bf16", stack)
 
 
 def read_text(path: Path) -> str:

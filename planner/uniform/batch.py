@@ -129,7 +129,7 @@ def estimate_batch(
     out["fits"] = np.zeros(n, dtype=bool)
     refused = np.full(n, -1, dtype=np.int16)
     runs = (cols["global_batch"].astype(np.int64), cols["seq_len"].astype(np.int64),
-            codes(cols["precision"])[1])  # fmt: skip
+            codes(cols["precision"])[1], codes(cols["stack"])[1])  # fmt: skip
     first, inverse = factorize(*runs)
     for t, row in enumerate(first):
         rows = np.flatnonzero(inverse == t)
@@ -137,6 +137,7 @@ def estimate_batch(
             model, seq_length=optional_int(cols["seq_len"][row]),
             global_batch_size=optional_int(cols["global_batch"][row]),
             precision=python_value(cols["precision"][row]),
+            stack=python_value(cols["stack"][row]),
         )  # fmt: skip
         group = cols if len(first) == 1 else {k: v[rows] for k, v in cols.items()}
         _price(model, cluster, training, group, rows, out, refused, memory_margin_gib)

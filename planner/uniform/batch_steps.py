@@ -22,7 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from planner import cost
 from planner.cost.layer import layer_cost
+from planner.cost.memory import MemoryParts
 from planner.cost.step import PipelineKnobs, step_totals
 from planner.errors import ConfigError
 from planner.graph.ops import TRANSFORMER_KINDS
@@ -185,6 +187,7 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
         for kind in kinds:
             query = UniformQuery(kind=kind, layout=stage.layout, micro_batch_size=int(c["mbs"][r]),
                                  seq_length=training.seq_length, precision=training.precision,
+                                 stack=training.stack,
                                  flash_attention=bool(flash[r]), tp_comm_overlap=bool(overlap[r]),
                                  strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
             try:
@@ -265,7 +268,7 @@ def _steps(
     share a layer split and a schedule (:func:`~planner.cost.step.step_totals` on arrays)."""
     c, x, n = b.c, b.x, len(b.rows)
     out = {"step_s": np.full(n, np.nan), "bubble_fraction": np.zeros(n),
-           "peak_bytes": np.zeros((5, n)),
+           "peak_bytes": np.zeros((len(MemoryParts._fields), n)),
            "parts_s": {name: np.zeros(n) for name in StepTime.model_fields}}  # fmt: skip
     recompute = b.recompute
     g_first, group_of = factorize(split_of, c["vpp"] > 1, codes(c["schedule"])[1])
@@ -279,7 +282,7 @@ def _steps(
             num_microbatches=x.num_microbatches[rows],
             vpp=c["vpp"][rows] if schedule in ("interleaved", "zb-v")  # type: ignore[arg-type]
             else 1,
-            precision=b.training.precision,
+            states_precision=cost.states_precision(b.training.precision, b.training.stack),
             overlap_grad_reduce=b.switch("overlap_grad_reduce")[rows],  # type: ignore[arg-type]
             overlap_param_gather=b.switch("overlap_param_gather")[rows],  # type: ignore[arg-type]
         )  # fmt: skip
@@ -290,6 +293,6 @@ def _steps(
         out["bubble_fraction"][rows] = totals.bubble_fraction  # type: ignore[index]
         for name, value in totals.parts_s.items():
             out["parts_s"][name][rows] = value  # type: ignore[index]
-        for k in range(5):
+        for k in range(len(MemoryParts._fields)):
             out["peak_bytes"][k, rows] = totals.peak_memory_bytes[k]  # type: ignore[call-overload]
     return out

@@ -128,7 +128,8 @@ def estimate(
     stages = _stages(model, cluster, resolved, stage, parts, costs, chunks)
     knobs = PipelineKnobs(
         num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
-        precision=training.precision, overlap_grad_reduce=c.overlap_grad_reduce,
+        states_precision=cost.states_precision(training.precision, training.stack),
+        overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
     )  # fmt: skip
     tied = None if c.schedule == "zb-v" else tied_copy(model, stage)

@@ -63,7 +63,8 @@ def static_costs(
                         weights=stage_weights(stage_params(kinds, params_by_kind), stage))
               for _, _, kinds, _ in split]  # fmt: skip
     tied = None if v_shape else tied_copy(model, stage)
-    return stage_statics(cluster, training.precision, stages, tied=tied, offload=offload)
+    return stage_statics(cluster, cost.states_precision(training.precision, training.stack), stages,
+                         tied=tied, offload=offload)  # fmt: skip
 
 
 def run_costs(

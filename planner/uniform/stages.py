@@ -146,7 +146,8 @@ def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> U
     c, training = resolved.config, resolved.training
     return UniformQuery(kind=kind, layout=stage.layout, micro_batch_size=c.mbs,
                         seq_length=training.seq_length, precision=training.precision,
-                        flash_attention=c.flash_attention, tp_comm_overlap=c.tp_comm_overlap,
+                        stack=training.stack, flash_attention=c.flash_attention,
+                        tp_comm_overlap=c.tp_comm_overlap,
                         strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
 
 
