@@ -74,8 +74,9 @@ class LayerParts:
         return tuple(sorted(totals.items()))
 
 
-_TRANSIENT = ("working_bytes", "loss_bytes")
-""":class:`LayerCost`'s transient peaks: the larger of two, never their sum."""
+_TRANSIENT = ("working_bytes", "loss_bytes", "layer_params")
+""":class:`LayerCost`'s transient peaks (and the largest layer): the larger of two, never their
+sum."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +119,9 @@ class LayerCost:
     (:data:`planner.graph.lower.LOSS_WORKING`), on the stage that holds the head."""
     recompute_flops: float = 0.0
     """Extra forward FLOPs of recomputation (whole model replica, not per device)."""
+    layer_params: float = 0.0
+    """The largest layer's local parameters (after tensor and expert parallelism, before
+    ZeRO): what ZeRO-3 gathers at a time."""
 
     @classmethod
     def zero(cls) -> LayerCost:
@@ -171,6 +175,7 @@ def layer_cost(parts: LayerParts, recompute: str, *, count: int = 1) -> LayerCos
         ep_hidden_s=hidden[2] + hidden_rerun[2],
         activation_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],
         loss_bytes=parts.loss_bytes, recompute_flops=parts.rerun_flops[k],
+        layer_params=sum(n for n, _ in parts.weights),
     )  # fmt: skip
     return one.scaled(count)
 

@@ -22,10 +22,9 @@ from planner.vocabulary import (
 )
 
 DEFAULT_MEMORY_MARGIN = 0.05
-"""Share of a device's memory a plan leaves free unless told otherwise, beside the device's
-``reserved_memory_gib`` (which counts the CUDA context and NCCL's communicators): the caching
-allocator's rounding and fragmentation and the transient buffers the model does not price (see
-docs/memory-margin.md)."""
+"""Share of a device's memory a plan leaves free unless told otherwise, beyond its priced peak
+and reserve (:func:`reserve_bytes`): what the memory model has not been measured to price
+(see docs/memory-margin.md)."""
 
 
 def memory_margin_bytes(memory_gib: float, margin_gib: float | None = None) -> float:
@@ -58,6 +57,57 @@ def fits(peak_bytes: Real, device: DeviceSpec, margin_gib: float | None = None) 
     return peak_bytes + memory_margin_bytes(device.memory_gib, margin_gib) <= device.memory_bytes
 
 
+NCCL_PAIR_BYTES = 544e6
+"""Device memory one NCCL communicator of two ranks takes once connected, measured on A100
+(NVIDIA/nccl#964); its buffers are NCCL_BUFFSIZE-sized per channel and protocol (Simple 4 MiB,
+LL 512 KiB, LL128 ~4.7 MiB: ``src/include/comm.h``), so about the same on H100."""
+NCCL_GROUP_BYTES = 688e6
+"""The same for a communicator of more than two ranks (NVIDIA/nccl#964)."""
+NCCL_ALL_TO_ALL_PEER_BYTES = 3.3e9 / 7
+"""An all-to-all connects every peer: 3.3 GB more for an 8-rank all-to-all on 8 H100
+(NVIDIA/nccl#1685), per peer."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Communicators:
+    """The NCCL communicators one device's plan connects, by what they run."""
+
+    groups: tuple[int, ...] = ()
+    """Sizes of the collective groups (tensor, context, data parallel, ...)."""
+    all_to_all: tuple[int, ...] = ()
+    """Sizes of the all-to-all groups (expert parallelism, Ulysses)."""
+    pairs: int = 0
+    """Point-to-point neighbours' communicators (pipeline stages, tied embeddings)."""
+
+    @property
+    def bytes(self) -> float:
+        """Their buffers (:data:`NCCL_GROUP_BYTES` and its neighbours), a group of one rank
+        none.
+
+        >>> round(Communicators(groups=(8, 2, 1), all_to_all=(8,), pairs=1).bytes / 1e9, 2)
+        5.08
+        """
+        groups = sum(NCCL_PAIR_BYTES if n == 2 else NCCL_GROUP_BYTES for n in self.groups if n > 1)
+        peers = sum(n - 1 for n in self.all_to_all if n > 1)
+        return groups + peers * NCCL_ALL_TO_ALL_PEER_BYTES + self.pairs * NCCL_PAIR_BYTES
+
+
+def reserve_bytes(device: DeviceSpec, *, allocated: Real, communicators: Real) -> Real:
+    """What a device holds beyond the ``allocated`` peak of a plan's tensors: the CUDA
+    context (``device.reserved_memory_gib``), NCCL's buffers (``communicators`` bytes:
+    :attr:`Communicators.bytes`) and what the caching allocator reserves beyond its peak
+    (``device.allocator_fragmentation`` of it)."""
+    context = device.reserved_memory_gib * 2**30
+    return context + communicators + device.allocator_fragmentation * allocated
+
+
+def allocatable_bytes(device: DeviceSpec, usable: float, *, communicators: float) -> float:
+    """The largest allocated peak whose reserve (:func:`reserve_bytes`) still leaves
+    ``usable`` bytes filled: the inverse of ``allocated + reserve_bytes(allocated)``."""
+    context = device.reserved_memory_gib * 2**30
+    return (usable - context - communicators) / (1 + device.allocator_fragmentation)
+
+
 class MemoryParts(NamedTuple):
     """One device's memory at its peak by what fills it, in bytes: floats, or arrays over
     configurations (a tuple, in this order, wherever the parts travel; the plan's
@@ -83,7 +133,8 @@ class MemoryParts(NamedTuple):
     gathered_parameters: Real = 0.0
     """ZeRO-3's gathered and prefetched parameters and a layer's unsharded gradients."""
     other: Real = 0.0
-    """The device's reserved memory (CUDA context, NCCL's communicators)."""
+    """The reserve (:func:`reserve_bytes`): the CUDA context, NCCL's buffers and the caching
+    allocator's slack."""
 
     @property
     def total(self) -> Real:
@@ -129,6 +180,27 @@ def states_precision(precision: Precision, stack: Stack) -> Precision:
     ('bf16', 'fp32')
     """
     return "fp32" if stack in ("hf-eager", "hf-compiled") else precision
+
+
+def gathered_bytes_per_param(precision: Precision, zero: int) -> float:
+    """Bytes per parameter of the largest layer that ZeRO-3 holds unsharded at its peak, the
+    layer's backward (0 below ZeRO-3), as PyTorch's FSDP2 runs it
+    (``torch/distributed/fsdp/_fully_shard/``): the layer's gathered parameters and the next
+    one's, prefetched one group ahead (``FSDPParamGroup._backward_prefetch``); the forward's
+    gathered layer is still held too until the next group's all-gather is waited on
+    (``FSDPCommContext.all_gather_state``), so three layers' in the compute precision; and the
+    layer's unsharded gradients copied into a reduce-scatter input in the reduce dtype,
+    the previous layer's still held until this one's post-backward
+    (``_fsdp_collectives.foreach_reduce``, ``reduce_scatter_state``): two in the gradients'
+    precision. Megatron-FSDP's and DeepSpeed's own prefetch rules are not modelled apart.
+
+    >>> gathered_bytes_per_param("bf16", zero=3), gathered_bytes_per_param("bf16", zero=2)
+    (14.0, 0.0)
+    """
+    if zero < 3:
+        return 0.0
+    state = ADAM_STATE[precision]
+    return 3.0 * state.weights + 2.0 * state.gradients
 
 
 def adam_traffic_bytes(precision: Precision) -> float:

@@ -144,6 +144,9 @@ class StageStatics:
     one microbatch a step."""
     accumulating_host_bytes: float
     """The same with several (ZeRO-Offload accumulates the gradients on the host)."""
+    gathered_bytes_per_param: float = 0.0
+    """Bytes per parameter of a stage's largest layer that ZeRO-3 holds unsharded at its
+    peak (:func:`planner.cost.memory.gathered_bytes_per_param`; 0 below ZeRO-3)."""
 
     def sync(self, i: int, *, accumulating: bool) -> cost.DataParallelSync:
         """Stage ``i``'s data-parallel traffic, with several microbatches a step or one."""
@@ -175,4 +178,5 @@ def stage_statics(
         host_bytes=host_state_bytes(precision, params=params, offload=offload),
         accumulating_host_bytes=host_state_bytes(precision, params=params, offload=offload,
                                                  accumulating=True),
+        gathered_bytes_per_param=cost.gathered_bytes_per_param(precision, stages[0].zero),
     )  # fmt: skip

@@ -20,7 +20,6 @@ from planner.cost.stage_weights import StageCost, TiedCopy, stage_statics
 from planner.plan.schema import StageTime, StepTime
 from planner.spec import ClusterSpec
 from planner.vocabulary import (
-    GIB,
     Offload,
     PipelineSchedule,
     Precision,
@@ -39,6 +38,9 @@ class PipelineKnobs:
     """The pipeline schedule (interleaved when ``vpp > 1``)."""
     vpp: int = 1
     """Model chunks (virtual stages) per stage."""
+    communicator_bytes: Real = 0.0
+    """NCCL's buffers for the communicators a device connects
+    (:attr:`planner.cost.memory.Communicators.bytes`)."""
     states_precision: Precision = "bf16"
     """The precision of the weights' states (:func:`planner.cost.memory.states_precision`):
     their bytes, the gradient sync's and the optimizer step's."""
@@ -119,6 +121,9 @@ class StageRun:
     """Stages in the run."""
     tied_s: Real = 0.0
     """The tied embedding copies' all-reduce, on the first and last stages only."""
+    gathered_bytes: Real = 0.0
+    """ZeRO-3's unsharded parameters and gradients at the peak
+    (:attr:`~planner.cost.stage_weights.StageStatics.gathered_bytes_per_param`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,13 +152,16 @@ def run_memory_bytes(
     in_flight = cost.in_flight_microbatches(schedule, stage=stage, pp=num_stages, vpp=knobs.vpp,
                                             num_microbatches=knobs.num_microbatches)  # fmt: skip
     working, loss = run.time.working_bytes, run.time.loss_bytes
-    return cost.MemoryParts(
+    parts = cost.MemoryParts(
         *run.state_bytes,
         activations=in_flight * run.time.activation_bytes,
         working=where(working > loss, working, 0.0),
         loss_workspace=where(working > loss, 0.0, loss),
-        other=cluster.device.reserved_memory_gib * GIB,
+        gathered_parameters=run.gathered_bytes,
     )
+    reserve = cost.reserve_bytes(cluster.device, allocated=parts.total,
+                                 communicators=knobs.communicator_bytes)  # fmt: skip
+    return parts._replace(other=reserve)
 
 
 def step_totals(
@@ -288,7 +296,9 @@ def compose_step(
     accumulating = knobs.num_microbatches > 1
     runs = [StageRun(time=stages[first].time, sync=statics.sync(j, accumulating=accumulating),
                      state_bytes=statics.state_bytes[j], first=first, count=count,
-                     tied_s=statics.tied_s if first in (0, pp - 1) else 0.0)
+                     tied_s=statics.tied_s if first in (0, pp - 1) else 0.0,
+                     gathered_bytes=stages[first].time.layer_params
+                     * statics.gathered_bytes_per_param)
             for j, (first, count) in enumerate(spans)]  # fmt: skip
     schedule = schedule_name(knobs.schedule, knobs.vpp)
     totals = step_totals(cluster, knobs, runs, schedule=schedule, num_stages=pp,

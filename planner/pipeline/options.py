@@ -110,7 +110,8 @@ def layer_options(
             options.append(LayerOption(
                 kind=solution.kind, solution=solution, recompute=mode, zero=zero,
                 latency_s=base + parts.rerun_total_s(mode) + sync, state_bytes=states[zero],
-                kept_bytes=parts.kept_bytes[k], working_bytes=parts.working_bytes[k],
+                kept_bytes=parts.kept_bytes[k],
+                working_bytes=max(parts.working_bytes[k], parts.loss_bytes),
             ))  # fmt: skip
     return options
 

@@ -46,10 +46,11 @@ def least_state_bytes(ctx: SearchContext, c: Candidate) -> float:
     parameters were not counted."""
     size = c.mesh[0] * c.mesh[1]
     share = ctx.parameters / c.num_stages
+    precision = cost.states_precision(ctx.training.precision, ctx.training.stack)
     if c.num_stages == 1:
-        return share * cost.state_bytes_per_param(ctx.training.precision, zero=3,
+        return share * cost.state_bytes_per_param(precision, zero=3,
                                                   shards=size * c.replicas).total  # fmt: skip
-    per_param = cost.state_bytes_per_param(ctx.training.precision, zero=1, shards=c.replicas)
+    per_param = cost.state_bytes_per_param(precision, zero=1, shards=c.replicas)
     return share * per_param.total / size
 
 

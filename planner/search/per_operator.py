@@ -82,6 +82,18 @@ class Found:
     """Bounds on the slowest stage the dynamic program tried."""
 
 
+def candidate_communicators(ctx: SearchContext, c: Candidate) -> cost.Communicators:
+    """The NCCL communicators a device of candidate ``c`` connects: one per mesh axis and
+    one over the replicas (an axis of a mixture-of-experts model counted as an all-to-all,
+    which its experts may run), the pipeline's neighbours and the tied embeddings' group."""
+    moe = ctx.model.moe is not None
+    axes = tuple(n for n in c.mesh if n > 1)
+    tied = ctx.model.tie_word_embeddings and c.num_stages > 1
+    return cost.Communicators(groups=(*(() if moe else axes), c.replicas),
+                              all_to_all=axes if moe else (),
+                              pairs=int(c.num_stages > 1) + int(tied))  # fmt: skip
+
+
 def evaluate(
     ctx: SearchContext, c: Candidate, kinds: list[str], *, bound_s: float = float("inf")
 ) -> Found | None:
@@ -98,7 +110,8 @@ def evaluate(
     held = (*dict.fromkeys(kinds), "embedding", "head")
     device = ctx.cluster.device
     usable = ctx.options.usable_bytes(device)
-    stage_bytes = usable - device.reserved_memory_gib * GIB
+    comms = candidate_communicators(ctx, c).bytes
+    stage_bytes = cost.allocatable_bytes(device, usable, communicators=comms)
     if bound_s < float("inf") and _bounded_out(ctx, c, kinds, held, send_s=send,
                                                in_flight=min(in_flight),
                                                stage_bytes=stage_bytes, bound_s=bound_s):
@@ -121,7 +134,8 @@ def evaluate(
     except InfeasibleError:
         least = least_peak(table.memory)
         if least is not None:
-            _note_least(ctx, c, least[0] + device.reserved_memory_gib * GIB)
+            _note_least(ctx, c, least[0] + cost.reserve_bytes(device, allocated=least[0],
+                                                              communicators=comms))
         return None
     stages = tuple(
         FoundStage(first=a + 1, last=b, choice=table.choices[int(table.choice[i, a, b])])
@@ -131,7 +145,7 @@ def evaluate(
         num_microbatches=c.num_microbatches, schedule="1f1b", vpp=c.vpp,
         states_precision=cost.states_precision(ctx.training.precision, ctx.training.stack),
         overlap_grad_reduce=ctx.options.overlap_grad_reduce,
-        overlap_param_gather=ctx.options.overlap_param_gather,
+        overlap_param_gather=ctx.options.overlap_param_gather, communicator_bytes=comms,
     )  # fmt: skip
     best: Found | None = None
     for order in ORDERS:
@@ -289,8 +303,9 @@ def _nothing_fits(ctx: SearchContext) -> str:
     if ctx.state.least is None:
         params = parameter_count(lowered(model, training, 1)[0]).total
         n = cluster.num_devices
-        states = params * cost.state_bytes_per_param(training.precision, zero=3, shards=n).total
-        need = states + cluster.device.reserved_memory_gib * GIB
+        precision = cost.states_precision(training.precision, training.stack)
+        states = params * cost.state_bytes_per_param(precision, zero=3, shards=n).total
+        need = states + cost.reserve_bytes(cluster.device, allocated=states, communicators=0.0)
         leanest = "the weights, gradients and optimizer states alone, sharded over every device"
     else:
         need, c = ctx.state.least

@@ -101,6 +101,15 @@ class DeviceEfficiency(_Frozen):
     source: str | None = Field(default=None, description="How these values were obtained.")
 
 
+ALLOCATOR_FRAGMENTATION = 0.08
+"""What PyTorch's caching allocator reserves beyond the peak it allocates, as a share of that
+peak: 6.6-9.2 % (median 7.9 %) over the five one-GPU H100 training steps of
+``../shared/validation/h100/runs_one_gpu.json`` (``max_memory_reserved`` over
+``max_memory_allocated``), rounded up. ``expandable_segments:True`` in
+``PYTORCH_CUDA_ALLOC_CONF`` (one growing segment per stream, no slivers left between segments)
+lowers it; a cluster file says so in ``device.allocator_fragmentation``."""
+
+
 class DeviceSpec(_Frozen):
     """One accelerator."""
 
@@ -114,9 +123,16 @@ class DeviceSpec(_Frozen):
         default=0.0,
         ge=0,
         le=lim.MAX_DEVICE_MEMORY_GIB,
-        description="Memory the framework holds outside the model (CUDA context, "
-        "communication buffers, allocator fragmentation).",
+        description="Memory outside the framework's allocator that no tensor uses: the CUDA "
+        "context and driver. NCCL's buffers and the allocator's fragmentation are priced per "
+        "plan on top.",
     )
+    allocator_fragmentation: Float = Field(
+        default=ALLOCATOR_FRAGMENTATION, ge=0, le=1,
+        description="What the caching allocator reserves beyond the peak it allocates, as a "
+        "share of that peak (default 0.08, measured on one H100; lower with "
+        "expandable_segments).",
+    )  # fmt: skip
     efficiency: DeviceEfficiency = DeviceEfficiency()
 
     @property

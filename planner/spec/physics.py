@@ -64,8 +64,8 @@ RANGES: dict[str, Range] = {
         "1,979 or 4,500 printed for H100 or B200 are with sparsity or FP8"),
     "device.reserved_memory_gib": Range(
         low=0, high=128, unit="GiB",
-        why="32x the 4 GiB the bundled files estimate: a CUDA context of ~0.3 GB, "
-        "pytorch/pytorch#107667; ~0.69 GB per NCCL communicator, NVIDIA/nccl#964"),
+        why="the CUDA context and driver take ~0.3-0.4 GB, pytorch/pytorch#107667; 128 GiB "
+        "is more than any device's whole memory"),
     "device.efficiency.kernel_launch_us": Range(
         low=0, high=1_000, unit="us",
         why="a CUDA launch takes 3.0-3.3 us, meta-pytorch/tritonbench#1017; 3,000 is "

@@ -47,6 +47,7 @@ from planner.uniform.stage_runs import LAYER_FIELDS, run_costs, stage_runs, stat
 from planner.uniform.stages import (
     UniformStage,
     WeightGroups,
+    communicators,
     layer_index,
     pipeline_sends_s,
     placed_stage,
@@ -245,7 +246,10 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
     sends = np.array([pipeline_sends_s(model, b.cluster, training, stages[stage_of[r]],
                                        mbs=int(c["mbs"][r]), vpp=int(c["vpp"][r]))
                       for r in sends_first])  # fmt: skip
-    steps = _steps(b, splits, split_of, t, static, static_of, sends[sends_of])
+    comm_first, comm_of = factorize(stage_of, v_shape)
+    comms = np.array([communicators(stages[stage_of[r]], tied=model.tie_word_embeddings
+                                    and not v_shape[r]).bytes for r in comm_first])  # fmt: skip
+    steps = _steps(b, splits, split_of, t, static, static_of, sends[sends_of], comms[comm_of])
     index = layer_index(model, training, 1)
     counts = [{} if chunk is None else recomputed_counts(chunk) for chunk in chunks]
     flops = recompute_flops(
@@ -262,7 +266,7 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
 
 def _steps(
     b: Rows, splits: list, split_of: np.ndarray, t: LayerTable, static: list,
-    static_of: np.ndarray, sends: np.ndarray,
+    static_of: np.ndarray, sends: np.ndarray, communicator_bytes: np.ndarray,
 ) -> dict[str, np.ndarray | dict[str, np.ndarray]]:  # fmt: skip
     """The step, its parts, bubble and peak memory of each row, over the groups of rows that
     share a layer split and a schedule (:func:`~planner.cost.step.step_totals` on arrays)."""
@@ -285,6 +289,7 @@ def _steps(
             states_precision=cost.states_precision(b.training.precision, b.training.stack),
             overlap_grad_reduce=b.switch("overlap_grad_reduce")[rows],  # type: ignore[arg-type]
             overlap_param_gather=b.switch("overlap_param_gather")[rows],  # type: ignore[arg-type]
+            communicator_bytes=communicator_bytes[rows],
         )  # fmt: skip
         optimizer = np.array([s.optimizer_s for s in static])[static_of[rows]]
         totals = step_totals(b.cluster, knobs, runs, schedule=schedule,

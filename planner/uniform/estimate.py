@@ -31,6 +31,7 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.recompute_layers import Chunk, recomputed_counts, stage_chunks
 from planner.uniform.stages import (
     UniformStage,
+    communicators,
     host_fits,
     layer_index,
     pipeline_sends_s,
@@ -131,6 +132,8 @@ def estimate(
         states_precision=cost.states_precision(training.precision, training.stack),
         overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
+        communicator_bytes=communicators(stage, tied=model.tie_word_embeddings
+                                         and c.schedule != "zb-v").bytes,
     )  # fmt: skip
     tied = None if c.schedule == "zb-v" else tied_copy(model, stage)
     step = compose_step(cluster, knobs, stages, tied=tied)

@@ -91,12 +91,14 @@ def run_costs(
         sync = np.where((microbatches > 1)[:, None], several, one)
         held = np.array([static[u].state_bytes[j] for u in used])[local]
         tied = np.array([static[u].tied_s for u in used])[local]
+        gathered = np.array([static[u].gathered_bytes_per_param for u in used])[local]
         runs.append(StageRun(
             time=time.with_pipeline_comm(sends),
             sync=cost.DataParallelSync(**{f.name: sync[:, i] for i, f in
                                           enumerate(fields(cost.DataParallelSync))}),
             state_bytes=(held[:, 0], held[:, 1], held[:, 2]),
             first=first, count=count, tied_s=tied if first in (0, last) else 0.0,
+            gathered_bytes=time.layer_params * gathered,
         ))  # fmt: skip
     return runs
 

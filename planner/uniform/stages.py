@@ -192,6 +192,30 @@ def tied_copy(model: ModelSpec, stage: UniformStage) -> TiedCopy | None:
                     sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 
+def communicators(stage: UniformStage, *, tied: bool) -> cost.Communicators:
+    """The NCCL communicators a device of ``stage`` connects (NCCL connects a communicator's
+    buffers on first use, ``NCCL_RUNTIME_CONNECT``, so only those the step runs): its tensor-
+    and context-parallel groups (Ulysses' and the experts' as all-to-alls), the gradients'
+    data-parallel groups (the experts' own), the pipeline's neighbours and, with ``tied``
+    word embeddings on a pipeline, the embedding group.
+
+    >>> from planner.plan.divisibility import Degrees
+    >>> stage = placed_stage(Degrees(tp=8, pp=4, dp=16), rank_order="tp-cp-ep-dp-pp")
+    >>> communicators(stage, tied=False)
+    Communicators(groups=(8, 1, 16), all_to_all=(), pairs=1)
+    """
+    d, layout = stage.degrees, stage.layout
+    sequence = (d.cp,) if not d.ulysses else ()
+    all_to_all = tuple(n for n, on in ((d.ep, d.ep > 1), (d.cp, bool(d.ulysses))) if on)
+    dense = stage.group((DATA, CONTEXT))
+    groups = [d.tp, *sequence, dense.size if dense else 1]
+    if d.ep > 1:
+        experts = stage.group(tuple(a for a in (DATA, CONTEXT) if a not in layout.expert_axes))
+        groups.append(experts.size if experts else 1)
+    pairs = int(d.pp > 1) + int(tied and d.pp > 1)
+    return cost.Communicators(groups=tuple(groups), all_to_all=all_to_all, pairs=pairs)
+
+
 def pipeline_sends_s(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: UniformStage, *,
     mbs: int, vpp: int,
