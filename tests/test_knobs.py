@@ -404,7 +404,9 @@ def test_zero_shards_optimizer_then_gradients_then_weights(
     """ZeRO (Rajbhandari et al., SC'20; stage 1 = Megatron's distributed optimizer): stage 1
     divides the optimizer states by the d data-parallel ranks (d x cp in Megatron, which shards
     over the data-and-context group), stage 2 also the gradients, stage 3 also the weights.
-    No stage raises any memory part; the step time may rise (more collectives)."""
+    No stage raises a state or the activations; the step time may rise (more collectives).
+    ZeRO-3 gathers the layer it runs (and the next, FSDP2's prefetch): a new transient that
+    may outweigh the weights' shard it saves, so only stages 0-2 strictly lower the peak."""
     est = {
         z: _estimate(
             config.model_copy(update={"zero": z}), model=model, cluster=cluster, nodes=nodes
@@ -418,10 +420,10 @@ def test_zero_shards_optimizer_then_gradients_then_weights(
         assert getattr(mem[z], part) == pytest.approx(getattr(mem[0], part) / shards, rel=REL)
         assert getattr(mem[z - 1], part) == pytest.approx(getattr(mem[0], part), rel=REL)
     for a, b in pairwise(ZERO_STAGES):
-        for part in ("weights_gib", "gradients_gib", "optimizer_gib", "activations_gib",
-                     "other_gib"):
+        for part in ("weights_gib", "gradients_gib", "optimizer_gib", "activations_gib"):
             assert getattr(mem[b], part) <= getattr(mem[a], part) * (1 + REL), (a, b, part)
-    assert _strictly_decreasing([est[z].peak_memory_gib for z in ZERO_STAGES])
+    assert _strictly_decreasing([est[z].peak_memory_gib for z in (0, 1, 2)])
+    assert mem[3].gathered_parameters_gib > 0 == mem[2].gathered_parameters_gib
 
 
 # --------------------------------------------------------------------------- precision

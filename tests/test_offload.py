@@ -73,8 +73,9 @@ def test_seventy_billion_on_sixteen_h100_fits_only_with_the_optimizer_offloaded(
     assert offloaded.step_time_s == pytest.approx(
         on_device.step_time_s - on_device.time.optimizer_s + offload_s, rel=1e-9)
     assert offloaded.memory.optimizer_gib == 0.0
+    slack = 1 + cluster.device.allocator_fragmentation  # the allocator's, on what leaves
     assert offloaded.peak_memory_gib == pytest.approx(
-        on_device.peak_memory_gib - on_device.memory.optimizer_gib, rel=1e-12)
+        on_device.peak_memory_gib - slack * on_device.memory.optimizer_gib, rel=1e-12)
     # The node's host memory holds its 8 devices' states and gradient copies (16 B each).
     assert offloaded.host_memory_gib == pytest.approx(8 * params * 16 / GIB, rel=1e-9)
 

@@ -102,7 +102,7 @@ def test_search_placement_prices_the_levels_its_groups_cross(a100: planner.Clust
     kinds = decoder_kinds(model)
     found = evaluate(ctx, c, kinds)
     assert found is not None and len(found.stages) == 64
-    knobs = PipelineKnobs(num_microbatches=c.num_microbatches, precision="bf16")
+    knobs = PipelineKnobs(num_microbatches=c.num_microbatches, states_precision="bf16")
     steps = {}
     for order in ("replicas-inner", "stages-inner"):
         placement = PipelinePlacement(mesh=LogicalMesh((1, 4)), num_stages=64, replicas=4,

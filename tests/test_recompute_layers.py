@@ -39,9 +39,11 @@ def test_kept_activations_by_hand() -> None:
     a 96, t 8) ``23 sbh`` and ``2 sbh``. Stage 0 of 16 holds 16 microbatches: each layer
     recomputed keeps ``16 x 21 sbh`` fewer bytes. While a chunk's first layers are rebuilt its
     later ones have freed theirs, so the transient appears only when all 6 recompute: one
-    layer's ``23 sbh``."""
+    layer's ``23 sbh`` (the breakdown's ``working``)."""
     sbh = 2048 * 1 * 12288
-    activations = [_gpt3_megatron(n).memory.activations_gib * GIB for n in range(1, 7)]
+    memories = [_gpt3_megatron(n).memory for n in range(1, 7)]
+    activations = [(m.activations_gib + m.working_gib) * GIB for m in memories]
+    assert [m.working_gib * GIB for m in memories] == [0] * 5 + [23 * sbh]
     for n in range(1, 5):
         assert activations[n - 1] - activations[n] == 16 * 21 * sbh
     assert activations[4] - activations[5] == 16 * 21 * sbh - 23 * sbh
@@ -91,24 +93,24 @@ LLAMA = MODELS / "llama3-70b.json"
 
 
 @pytest.mark.parametrize(("model_path", "cluster_path", "nodes", "framework", "pins", "layers"), [
-    (GPT3, A100, 32, "megatron", Pins(tp=8, pp=8, sp=False, zero=0), 3),
+    (GPT3, A100, 32, "megatron", Pins(tp=8, pp=8, sp=False, zero=0), 5),
     (GPT3, A100, 32, "megatron", Pins(tp=8, sp=False), None),
     (GPT3, A100, 32, "megatron", Pins(tp=8, pp=8, sp=False, zero=0, recompute="full"), None),
     (LLAMA, H100, 4, "torchtitan", Pins(tp=4, pp=4), None),
-    (LLAMA, H100, 4, "colossalai", Pins(tp=4, pp=4, zero=1), 11),
-    (LLAMA, H100, 4, "megatron", Pins(tp=4, pp=4, zero=1), 1),
+    (LLAMA, H100, 4, "colossalai", Pins(tp=4, pp=4, zero=1), 13),
+    (LLAMA, H100, 4, "megatron", Pins(tp=4, pp=4, zero=1), 5),
 ])  # fmt: skip
 def test_search_takes_fewest_recomputed_layers_as_brute_force(
     model_path: str, cluster_path: str, nodes: int, framework: str, pins: Pins,
     layers: int | None,
 ) -> None:  # fmt: skip
     """GPT-3 175B on 256 A100s at TP8 PP8 without SP or ZeRO, as Megatron-LM trained it:
-    keeping every activation does not fit (80.8 GiB), recomputing all does (56.3 GiB) at
-    33 % more time; the search recomputes the fewest layers that fit (3 of 12), as pricing
-    every count finds, where the framework launches it (not under a pinned full
+    keeping every activation does not fit (85.7 GiB), recomputing all does (59.3 GiB) at
+    33 % more time; the search recomputes the fewest layers that fit (5 of 12: 74.6 GiB), as
+    pricing every count finds, where the framework launches it (not under a pinned full
     recomputation, nor on torchtitan; with SP and ZeRO searched nothing needs it). Llama-3
-    70B on 32 H100s at TP4 PP4: 11 of 20 layers per stage on Colossal-AI; Megatron-LM adds
-    CP2 and recomputes 1; torchtitan recomputes all 20."""
+    70B on 32 H100s at TP4 PP4: 13 of 20 layers per stage on Colossal-AI; Megatron-LM adds
+    CP2 and recomputes 5; torchtitan recomputes all 20."""
     model = planner.load_model(model_path)
     cluster = planner.load_cluster(cluster_path, nodes=nodes)
     options = SolveOptions(framework=framework, pins=pins)
@@ -122,11 +124,11 @@ def test_search_takes_fewest_recomputed_layers_as_brute_force(
 
 
 def test_a_partial_recompute_that_does_not_fit_is_told_to_recompute_every_layer() -> None:
-    """GPT-3 175B at TP8 PP8 on 256 A100s, 1 of 12 layers recomputed: 78.7 GiB does not
-    fit; recomputing every layer (56.3 GiB) is the first remedy."""
+    """GPT-3 175B at TP8 PP8 on 256 A100s, 1 of 12 layers recomputed: 83.5 GiB does not
+    fit; recomputing every layer (59.3 GiB) is the first remedy."""
     model = planner.load_model(GPT3)
     cluster = planner.load_cluster(A100, nodes=32)
     config = ParallelConfig(tp=8, pp=8, recompute="full", recompute_layers=1)
     message = config_infeasible_message(model, cluster, config)
     assert "full (1 per chunk) recompute" in message
-    assert "would fit: without --recompute-layers (56.3 GiB)" in message
+    assert "would fit: without --recompute-layers (59.3 GiB)" in message

@@ -24,7 +24,7 @@ from planner.vocabulary import (
 DEFAULT_MEMORY_MARGIN = 0.05
 """Share of a device's memory a plan leaves free unless told otherwise, beyond its priced peak
 and reserve (:func:`reserve_bytes`): what the memory model has not been measured to price
-(see docs/memory-margin.md)."""
+(see docs/memory.md)."""
 
 
 def memory_margin_bytes(memory_gib: float, margin_gib: float | None = None) -> float:

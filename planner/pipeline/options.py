@@ -97,6 +97,10 @@ def layer_options(
         for zero in ZERO_STAGES:
             states[zero] += group_states[zero]
             syncs[zero] += group_syncs[zero]
+    # ZeRO-3's gathered layers (:func:`planner.cost.memory.gathered_bytes_per_param`).
+    layer_params = sum(n for n, _ in parts.weights)
+    gathered = [layer_params * cost.gathered_bytes_per_param(ctx.precision, zero)
+                for zero in ZERO_STAGES]  # fmt: skip
     options = []
     for zero in ZERO_STAGES:
         for mode in modes:
@@ -111,7 +115,7 @@ def layer_options(
                 kind=solution.kind, solution=solution, recompute=mode, zero=zero,
                 latency_s=base + parts.rerun_total_s(mode) + sync, state_bytes=states[zero],
                 kept_bytes=parts.kept_bytes[k],
-                working_bytes=max(parts.working_bytes[k], parts.loss_bytes),
+                working_bytes=max(parts.working_bytes[k], parts.loss_bytes) + gathered[zero],
             ))  # fmt: skip
     return options
 

@@ -92,8 +92,10 @@ class _Search:
             return found
         c = batch.columns
         peak = c["peak_memory_gib"]
+        # The optimizer states leave with the allocator's slack on them.
+        offloaded = peak - (1 + cluster.device.allocator_fragmentation) * c["memory.optimizer_gib"]
         lighter = (c["divides"] & (peak * GIB > self.usable_bytes)
-                   & ((peak - c["memory.optimizer_gib"]) * GIB <= self.usable_bytes))
+                   & (offloaded * GIB <= self.usable_bytes))
         kept = tuple(configs[i] for i in np.flatnonzero(lighter))
         return replace(found, offloadable=found.offloadable + kept)
 

@@ -3,9 +3,9 @@ its attention, experts and position embeddings, and the run's defaults."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from planner.spec import limits as lim
 from planner.spec.attention import SlidingWindowSpec
@@ -29,6 +29,15 @@ class TrainingSpec(_Frozen):
     precision: Precision = Field(default="bf16", description="Mixed-precision compute type.")
     stack: Stack = Field(default="megatron-te", description="The software that runs each layer "
                          "(what it keeps for the backward, how it computes the loss).")
+
+    @model_serializer(mode="wrap")
+    def _stack_when_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A model file's training block says its stack only when it is not the default (the
+        files written before stacks existed stay as they were)."""
+        data: dict[str, Any] = handler(self)
+        if data.get("stack") == "megatron-te":
+            del data["stack"]
+        return data
 
 
 class ModelSpec(_Frozen):

@@ -74,8 +74,7 @@ def infeasible_message(
     margin = options.margin_bytes(device.memory_gib) / GIB
     pins = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
     head = (f"{searched} fits {model.name} on {cluster.num_devices} x {device.name} "
-            f"({device.memory_gib:g} GiB, {device.reserved_memory_gib:g} GiB of it reserved, "
-            f"{margin:.1f} GiB kept free) at global batch {training.global_batch_size}, sequence "
+            f"({device.memory_gib:g} GiB, {margin:.1f} GiB kept free) at global batch {training.global_batch_size}, sequence "
             f"{training.seq_length}{f' with {pins}' if pins else ''}; the leanest ({leanest}) "
             f"needs {least_gib:.1f} GiB per device")  # fmt: skip
     return "; ".join([head, *_ways_out(model, cluster, training, options, least_gib)])
@@ -162,7 +161,9 @@ def _shorter_sequence(
     gradients, optimizer states, reserved memory) is over the device in every uniform
     configuration; else the longest of the run's halved up to :data:`SEQUENCE_HALVINGS`
     times."""
-    fixed_gib = min(r.peak_memory_gib - r.activations_gib for r in priced)
+    # What scales with the sequence, and the allocator's slack on it, off each peak.
+    slack = 1 + cluster.device.allocator_fragmentation
+    fixed_gib = min(r.peak_memory_gib - slack * r.sequence_gib for r in priced)
     if not fits_gib(cluster, fixed_gib):
         return (f"a shorter sequence would not help: weights, gradients, optimizer states and "
                 f"reserved memory alone need {fixed_gib:.1f} GiB per device in every uniform "
@@ -192,8 +193,8 @@ class _Lean:
     """Whether it fits beside the default margin (:func:`estimate`'s ``fits``)."""
     optimizer_gib: float
     """Its optimizer states per device."""
-    activations_gib: float
-    """Its activations per device."""
+    sequence_gib: float
+    """What of its peak grows with the sequence: the activations and the largest transient."""
 
 
 def _leanest_priced(
@@ -208,5 +209,7 @@ def _leanest_priced(
     return [_Lean(config=c, peak_memory_gib=float(columns["peak_memory_gib"][i]),
                   fits=bool(columns["fits"][i]),
                   optimizer_gib=float(columns["memory.optimizer_gib"][i]),
-                  activations_gib=float(columns["memory.activations_gib"][i]))
+                  sequence_gib=float(columns["memory.activations_gib"][i]
+                                     + columns["memory.working_gib"][i]
+                                     + columns["memory.loss_workspace_gib"][i]))
             for i, c in enumerate(configs) if columns["divides"][i]]  # fmt: skip

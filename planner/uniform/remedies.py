@@ -172,7 +172,7 @@ def config_infeasible_message(
     device = cluster.device
     margin_gib = cost.memory_margin_bytes(device.memory_gib, margin) / GIB
     line = (f"{describe(config)} needs {result.peak_memory_gib:.1f} GiB per device "
-            f"({device.reserved_memory_gib:g} GiB reserved included), more than the "
+            f"({result.memory.other_gib:.1f} GiB of reserve included), more than the "
             f"{device.memory_gib - margin_gib:.2f} GiB a device may use ({device.name}'s "
             f"{device.memory_gib:g} GiB less a {margin_gib:.2f} GiB margin)")  # fmt: skip
     if fits_gib(cluster, result.peak_memory_gib, margin) and cluster.host is not None:

@@ -232,18 +232,23 @@ def branch_space(
 def branch_leanest(
     model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> list[ParallelConfig]:
-    """Each branch's leanest configuration, as :func:`branch_space` gives it, without the
+    """Each branch's leanest configurations, as :func:`branch_space` gives them, without the
     rest of its groups: a branch's configurations are tried leanest first and the first the
-    framework launches is the branch's (no two of them are equally lean). What needs only the
-    leanest (:mod:`planner.uniform.remedies`) asks here."""
+    framework launches at each ZeRO stage is the branch's (no two of them are equally lean;
+    ZeRO-3's gathered layers may outweigh the weights it shards, so which stage is leanest
+    is priced, not assumed). What needs only the leanest (:mod:`planner.uniform.remedies`)
+    asks here."""
     out = []
     for branch in branches(model, cluster, training=training, pins=options.pins):
         groups = branch_groups(branch, model, training=training, options=options)
+        leanest: dict[int, ParallelConfig] = {}
         for config in sorted((c for group in groups for c in group), key=_leanness):
+            if config.zero in leanest:
+                continue
             if (launched := launched_variant(config, model, cluster=cluster,
                                              options=options)) is not None:  # fmt: skip
-                out.append(launched)
-                break
+                leanest[config.zero] = launched
+        out += [leanest[zero] for zero in sorted(leanest, reverse=True)]
     return out
 
 
