@@ -247,6 +247,14 @@ def test_from_log_is_the_readme_record(tmp_path: Path) -> None:
     _shown(shown, _printed(_run("validate", out, columns=80)))
 
 
+@needs_shared(REPO.parent / "shared" / "validation" / "h100" / "runs_one_gpu.json")
+def test_validate_memory_is_the_docs_table() -> None:
+    """docs/validate.md's one-GPU H100 runs at 80 columns: times, peaks and the verdict."""
+    block = _block_starting("$ planner validate ../shared/validation/h100/").splitlines()
+    args, shown = _shell_command(block)
+    _shown(shown, _printed(_run(*args, columns=80)))
+
+
 @needs_shared(CALIBRATION_RUNS)
 def test_validate_is_the_readme_table() -> None:
     """Predicted against measured: every published run's row, and the median and max."""

@@ -141,10 +141,11 @@ def test_bloom_record_is_priced_with_deepspeeds_split() -> None:
     cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json").with_nodes(384 // 8)
     assert row.predicted_s == estimate(run.model, cluster, run.config).step_time_s
     assert row.family == "deepspeed" and "PP12 (first 5, last 5 layers)" in row.config
-    # Every record with a step time is priced; the three that ran out of memory are listed.
-    assert len(rows) == 27
-    assert [s.split(":")[1].strip() for s in result.skipped] == \
-        ["ran out of memory, no step time measured"] * 3
+    # Every record is priced, the three that ran out of memory for their memory alone: each
+    # is predicted not to fit.
+    assert len(rows) == 30 and not result.skipped
+    oom = [r for r in result.rows if r.measured_oom]
+    assert len(oom) == 3 and all(r.measured_s is None and not r.predicted_fits for r in oom)
 
 
 def test_deepspeed_search_launches_only_the_pinned_partition() -> None:

@@ -98,7 +98,21 @@ def reserve_bytes(device: DeviceSpec, *, allocated: Real, communicators: Real) -
     :attr:`Communicators.bytes`) and what the caching allocator reserves beyond its peak
     (``device.allocator_fragmentation`` of it)."""
     context = device.reserved_memory_gib * 2**30
-    return context + communicators + device.allocator_fragmentation * allocated
+    return context + communicators + allocator_slack_bytes(device, allocated)
+
+
+def allocator_slack_bytes(device: DeviceSpec, allocated: Real) -> Real:
+    """What PyTorch's caching allocator reserves beyond an ``allocated`` peak
+    (``device.allocator_fragmentation`` of it): ``max_memory_reserved`` is ``allocated`` plus
+    this.
+
+    >>> from planner.spec import DeviceSpec
+    >>> h100 = DeviceSpec(name="H100", memory_gib=80, peak_tflops={"bf16": 989},
+    ...                   memory_bandwidth_gb_s=3350)
+    >>> allocator_slack_bytes(h100, 50 * 2**30) / 2**30
+    4.0
+    """
+    return device.allocator_fragmentation * allocated
 
 
 def allocatable_bytes(device: DeviceSpec, usable: float, *, communicators: float) -> float:

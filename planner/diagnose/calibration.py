@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.cost.memory import allocator_slack_bytes
 from planner.cost.uncertainty import parallelism_kind
 from planner.diagnose.fit import KNOBS, Fit, fit_knobs, sized_for, with_values, without_fits
 from planner.diagnose.runs import DEVICES, CalibrationRun, LoadedRuns, load_runs_noting
@@ -32,7 +33,7 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ValidationBand
 from planner.spec.reading import load_cluster, read_json
 from planner.uniform.estimate import estimate
-from planner.vocabulary import ZERO_BUBBLE
+from planner.vocabulary import GIB, ZERO_BUBBLE
 
 # Which bundled cluster file ran each device's records.
 BUNDLED_CLUSTERS = {key: device.cluster_file for key, device in DEVICES.items()}
@@ -54,25 +55,58 @@ class ValidationRow:
     """Devices (GPUs) of the run."""
     config: str
     """The configuration as a user would say it (:func:`describe`)."""
-    measured_s: float
-    """The measured step time."""
+    measured_s: float | None
+    """The measured step time (None: the run ran out of memory before one was measured)."""
     predicted_s: float
     """The estimated step time."""
     basis: str
     """How the measured step time was obtained from the record."""
     peak_memory_gib: float
-    """The estimated peak memory per device."""
-    fits: bool
-    """Whether the estimate fits the device's memory (every published run did)."""
+    """The estimated peak memory per device, its reserve included (what fitting compares
+    with the device's memory)."""
+    predicted_fits: bool
+    """Whether the estimate fits the device's memory with the default margin."""
+    predicted_peak_memory_gib: float
+    """The estimated peak allocated to tensors (``torch.cuda.max_memory_allocated``): the
+    peak less its reserve."""
+    predicted_reserved_memory_gib: float
+    """The estimated peak the caching allocator reserves (``max_memory_reserved``): the
+    allocated peak and the allocator's slack."""
+    measured_peak_memory_gib: float | None = None
+    """The measured allocated peak, where the record has it."""
+    measured_reserved_memory_gib: float | None = None
+    """The measured reserved peak, where the record has it."""
+    measured_oom: bool = False
+    """Whether the run ran out of memory (a published run that does not say ran)."""
 
     @property
-    def error(self) -> float:
-        """``predicted / measured - 1``."""
-        return self.predicted_s / self.measured_s - 1
+    def error(self) -> float | None:
+        """``predicted / measured - 1`` of the step time; None without a measured one."""
+        return None if self.measured_s is None else self.predicted_s / self.measured_s - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        """``predicted / measured - 1`` of the allocated peak; None where not measured."""
+        measured = self.measured_peak_memory_gib
+        return None if measured is None else self.predicted_peak_memory_gib / measured - 1
+
+    @property
+    def reserved_error(self) -> float | None:
+        """``predicted / measured - 1`` of the reserved peak; None where not measured."""
+        measured = self.measured_reserved_memory_gib
+        return None if measured is None else self.predicted_reserved_memory_gib / measured - 1
+
+    @property
+    def fit_missed(self) -> bool:
+        """The fit verdict is wrong: a run that ran predicted not to fit, or one that ran out
+        of memory predicted to fit."""
+        return self.predicted_fits == self.measured_oom
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form, with the error."""
-        return asdict(self) | {"error": self.error}
+        """JSON form, with the errors and the verdict."""
+        return asdict(self) | {"error": self.error, "memory_error": self.memory_error,
+                               "reserved_error": self.reserved_error,
+                               "fit_missed": self.fit_missed}  # fmt: skip
 
 
 def describe(config: ParallelConfig) -> str:
@@ -104,7 +138,8 @@ def kind_of(config: ParallelConfig) -> str:
 def validation_rows(
     runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec]
 ) -> list[ValidationRow]:
-    """Estimate every run on the cluster of its device."""
+    """Estimate every run on the cluster of its device (:func:`~planner.diagnose.fit.sized_for`
+    its devices)."""
     rows = []
     for run in runs:
         try:
@@ -112,11 +147,18 @@ def validation_rows(
         except ValueError as exc:
             raise InputError(str(exc)) from None
         est = estimate(run.model, cluster, run.config)
+        allocated = est.memory.allocated_gib
         rows.append(ValidationRow(
             id=run.id, device=run.device, family=run.family, parallelism=kind_of(run.config),
             num_devices=run.num_devices, config=describe(run.config),
             measured_s=run.measured_step_time_s, predicted_s=est.step_time_s, basis=run.basis,
-            peak_memory_gib=est.peak_memory_gib, fits=est.fits,
+            peak_memory_gib=est.peak_memory_gib, predicted_fits=est.fits,
+            predicted_peak_memory_gib=allocated,
+            predicted_reserved_memory_gib=allocated + allocator_slack_bytes(
+                cluster.device, allocated * GIB) / GIB,
+            measured_peak_memory_gib=run.measured_peak_memory_gib,
+            measured_reserved_memory_gib=run.measured_reserved_memory_gib,
+            measured_oom=run.measured_oom,
         ))  # fmt: skip
     return rows
 
@@ -208,12 +250,13 @@ def error_bands(rows: Sequence[ValidationRow]) -> tuple[ValidationBand, ...]:
     """The runs' errors by kind of parallelism, for kinds with at least
     :data:`MIN_BAND_RUNS` runs: how many, the 80th percentile of |error|, the median signed
     error, the families."""
+    rows = [r for r in rows if r.error is not None]
     bands = []
     for kind in sorted({r.parallelism for r in rows}):
         mine = [r for r in rows if r.parallelism == kind]
         if len(mine) < MIN_BAND_RUNS:
             continue
-        errors = [r.error for r in mine]
+        errors = [r.error for r in mine if r.error is not None]
         bands.append(ValidationBand(
             parallelism=kind, runs=len(mine),  # type: ignore[arg-type]
             p80_abs_error=round(float(np.percentile(np.abs(errors), 80)), 4),
@@ -292,9 +335,13 @@ def calibrate(
         mine = loaded.runs
         command = f"--cluster {Path(cluster).name}"
     files = _loaded(paths)
-    # A run the planner cannot price is left out of the fit and listed, as validate lists it.
-    priced = priced_rows(mine, files)
-    mine, before, skipped = priced.runs, priced.rows, loaded.skipped + priced.skipped
+    # A run that ran out of memory has no step time to fit; one the planner cannot price is
+    # left out of the fit and listed, as validate lists it.
+    untimed = [f"{r.id}: ran out of memory, no step time to fit" for r in mine
+               if r.measured_step_time_s is None]  # fmt: skip
+    priced = priced_rows([r for r in mine if r.measured_step_time_s is not None], files)
+    mine, before = priced.runs, priced.rows
+    skipped = loaded.skipped + untimed + priced.skipped
     fitted_on = [r for r in mine if r.family not in exclude_families]
     if not fitted_on:
         chips = sorted({r.chip for r in loaded.runs})

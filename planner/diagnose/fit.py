@@ -102,9 +102,14 @@ def current_values(cluster: ClusterSpec, names: Sequence[str]) -> dict[str, floa
 
 
 def sized_for(run: CalibrationRun, cluster: ClusterSpec) -> ClusterSpec:
-    """``cluster`` resized to the run's devices in whole nodes of the cluster's own size;
-    ValueError for a run on a part of a node."""
+    """``cluster`` resized to the run's devices in whole nodes of the cluster's own size; a
+    run on fewer devices than a node that divide it (the one-GPU H100 runs on the bundled
+    8-GPU H100 file) on one node of that many of the same devices, in the same network
+    domains; ValueError for any other run on a part of a node."""
     per_node = cluster.devices_per_node
+    if run.num_devices < per_node and per_node % run.num_devices == 0:
+        return ClusterSpec.model_validate(cluster.model_dump() | {
+            "num_nodes": 1, "devices_per_node": run.num_devices})  # fmt: skip
     if run.num_devices % per_node:
         raise ValueError(f"run {run.id}: {run.num_devices} devices are not a whole number of "
                          f"{cluster.name} nodes of {per_node}")  # fmt: skip
@@ -112,12 +117,16 @@ def sized_for(run: CalibrationRun, cluster: ClusterSpec) -> ClusterSpec:
 
 
 def log_errors(runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec]) -> np.ndarray:
-    """``log(predicted / measured)`` per run, each on the cluster of its device."""
-    return np.array([
-        math.log(estimate(r.model, sized_for(r, clusters[r.device]), r.config).step_time_s
-                 / r.measured_step_time_s)
-        for r in runs
-    ])  # fmt: skip
+    """``log(predicted / measured)`` per run, each on the cluster of its device; every run
+    must have a measured step time (:func:`~planner.diagnose.calibration.calibrate` fits only
+    those)."""
+    errors = []
+    for r in runs:
+        if r.measured_step_time_s is None:
+            raise ValueError(f"run {r.id} has no measured step time to fit")
+        predicted = estimate(r.model, sized_for(r, clusters[r.device]), r.config).step_time_s
+        errors.append(math.log(predicted / r.measured_step_time_s))
+    return np.array(errors)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,6 +1,6 @@
 """What a record of a runs file says about its run: the software that ran it, the model, the
-configuration and the measured step time (``calibration_runs.json``, ``fsdp_runs.json``, or a
-user's file of the same layout).
+configuration, the measured step time and peak memory (``calibration_runs.json``,
+``fsdp_runs.json``, ``h100/runs_one_gpu.json``, or a user's file of the same layout).
 
 A record with a ``software`` block is read from it (framework, fused attention, dropout, FSDP
 sharding, checkpointing); one without is a Megatron-LM run of its era, read by the rules in
@@ -12,6 +12,9 @@ runs to estimate.
 ...           "fused_attention": True}}
 >>> software_of(record).family, software_of(record).fused_attention
 ('fsdp', True)
+>>> software_of({"software": {"framework": "PyTorch eager with torch.compile of each decoder "
+...                                        "layer (Hugging Face transformers)"}}).stack
+'hf-compiled'
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from planner.frameworks._deepspeed_partition import (
 from planner.plan.config import ParallelConfig
 from planner.spec import ModelSpec
 from planner.spec.messages import short_repr
+from planner.vocabulary import Stack
 
 # The software fields a record may state; anything else is refused rather than ignored, so a
 # field this reader does not understand cannot silently fall back to a default.
@@ -38,9 +42,16 @@ SOFTWARE_FIELDS = frozenset({
 })  # fmt: skip
 # Framework families, by a word their name contains, the first that matches: a family is what
 # the error bands and the out-of-family validation group runs by. Megatron-DeepSpeed runs
-# DeepSpeed's engines (its pipeline partition too), so "deepspeed" is looked for first.
+# DeepSpeed's engines (its pipeline partition too), so "deepspeed" is looked for first; a
+# Hugging Face model in plain PyTorch (no sharding framework named) is the "pytorch" family.
 FAMILIES = (("deepspeed", "deepspeed"), ("megatron", "megatron"), ("fsdp", "fsdp"),
-            ("torchtitan", "fsdp"))  # fmt: skip
+            ("torchtitan", "fsdp"), ("hugging face", "pytorch"), ("transformers", "pytorch"),
+            ("pytorch eager", "pytorch"))  # fmt: skip
+# Words of a framework's name that say its layers run as Hugging Face transformers code in
+# eager PyTorch (the hf-* stacks); anything else runs Megatron-Core's fused layers.
+HF_WORDS = ("hugging face", "transformers", "pytorch eager")
+# The measured memory fields a record may state, each a positive number of GiB.
+MEMORY_FIELDS = ("peak_memory_allocated_gib", "peak_memory_reserved_gib")
 # FSDP's sharding strategies as ZeRO stages (torch/distributed/fsdp/api.py, ShardingStrategy).
 FSDP_SHARDING = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
 
@@ -50,7 +61,10 @@ class Software:
     """What a record says about the software that ran it."""
 
     family: str
-    """``megatron``, ``fsdp`` or ``deepspeed``."""
+    """``megatron``, ``fsdp``, ``deepspeed`` or ``pytorch``."""
+    stack: Stack = "megatron-te"
+    """The software that runs each layer (:data:`~planner.vocabulary.Stack`):
+    :func:`stack_of` the framework's name."""
     fused_attention: bool
     """Whether attention ran as one fused kernel (FlashAttention or cuDNN's)."""
     dropout: float
@@ -76,15 +90,31 @@ def software_of(record: dict[str, Any]) -> Software:
     family = next((f for word, f in FAMILIES if word in framework.lower()), None)
     if family is None:
         raise InputError(f"software.framework {framework!r} names no known framework "
-                         f"(Megatron, FSDP, DeepSpeed, torchtitan)")  # fmt: skip
+                         f"(Megatron, FSDP, DeepSpeed, torchtitan, Hugging Face transformers, "
+                         f"PyTorch eager)")  # fmt: skip
     fused = block.get("fused_attention", modern)
     dropout = block.get("dropout", 0.1 if family == "megatron" else 0.0)
     if not isinstance(fused, bool):
         raise InputError(f"software.fused_attention must be true or false, got {fused!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
         raise InputError(f"software.dropout must be a probability, got {short_repr(dropout)}")
-    return Software(family=family, fused_attention=fused, dropout=float(dropout),
-                    megatron_core_2024=modern)  # fmt: skip
+    return Software(family=family, stack=stack_of(framework), fused_attention=fused,
+                    dropout=float(dropout), megatron_core_2024=modern)  # fmt: skip
+
+
+def stack_of(framework: str) -> Stack:
+    """The stack a framework's name says runs its layers: Hugging Face transformers or PyTorch
+    eager is ``hf-eager``, ``hf-compiled`` with ``torch.compile`` named; anything else
+    Megatron-Core's ``megatron-te`` (Megatron-LM, DeepSpeed's Megatron fork, and the FSDP runs
+    of MosaicML's own fused layers, as before stacks were told apart).
+
+    >>> stack_of("PyTorch eager (Hugging Face transformers)"), stack_of("PyTorch FSDP")
+    ('hf-eager', 'megatron-te')
+    """
+    name = framework.lower()
+    if not any(word in name for word in HF_WORDS):
+        return "megatron-te"
+    return "hf-compiled" if "torch.compile" in name else "hf-eager"
 
 
 def model_from_record(record: dict[str, Any]) -> ModelSpec:
@@ -122,7 +152,9 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
     README lists (``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``, the
     distributed optimizer, sequence parallelism, which tensor-parallel overlap needs), fused
     attention; microbatch 1 and no recomputation, Megatron's defaults, where not stated.
-    PyTorch FSDP: ``parallel.fsdp_sharding`` names the ZeRO stage; it reduce-scatters each
+    A Hugging Face model in PyTorch (AMP: fp32 weights under bf16 autocast) runs its layers
+    on the stack its framework names (:func:`stack_of`). PyTorch FSDP:
+    ``parallel.fsdp_sharding`` names the ZeRO stage; it reduce-scatters each
     layer's gradients during the backward and prefetches the next layer's weights
     (``torch/distributed/fsdp``: ``backward_prefetch`` and ``forward_prefetch``), which is
     what the two overlap flags mean here.
@@ -157,6 +189,7 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         recompute="full" if recompute.startswith("full") else recompute,
         zero=1 if isinstance(zero, str) and "distributed optimizer" in zero else int(zero),
         precision="fp16" if precision.startswith("fp16") else "bf16",
+        stack=software.stack,
         flash_attention=software.fused_attention,
         # A user's log states its overlaps (planner runs from-log); the published runs' era
         # and framework say theirs.
@@ -233,6 +266,43 @@ def measured_step_time_s(record: dict[str, Any]) -> tuple[float, str] | None:
         raise InputError(f"unknown measured.tflops_definition {definition!r}")
     per_gpu = _number(measured, "tflops_per_gpu") * 1e12
     return flops / (per_gpu * _number(record["cluster"], "num_gpus")), basis
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredMemory:
+    """What a record measured of its device memory."""
+
+    peak_allocated_gib: float | None
+    """The peak the allocator handed to tensors (``torch.cuda.max_memory_allocated``)."""
+    peak_reserved_gib: float | None
+    """The peak the caching allocator reserved (``torch.cuda.max_memory_reserved``)."""
+    oom: bool
+    """Whether the run ran out of memory (a record that does not say ran, as every published
+    run with a step time did)."""
+
+
+def measured_memory(record: dict[str, Any]) -> MeasuredMemory:
+    """The record's ``measured.peak_memory_allocated_gib``, ``peak_memory_reserved_gib`` (each
+    a positive number where given) and ``oom`` (true or false where given).
+
+    >>> measured_memory({"measured": {"oom": True}})
+    MeasuredMemory(peak_allocated_gib=None, peak_reserved_gib=None, oom=True)
+    """
+    measured = record["measured"]
+    if not isinstance(measured, dict):
+        raise InputError(f"measured must be an object, got {short_repr(measured)}")
+    peaks = []
+    for name in MEMORY_FIELDS:
+        value = measured.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not math.isfinite(value) or value <= 0):  # fmt: skip
+            raise InputError(f"measured.{name} must be a positive number of GiB, got "
+                             f"{short_repr(value)}")  # fmt: skip
+        peaks.append(None if value is None else float(value))
+    oom = measured.get("oom", False)
+    if not isinstance(oom, bool):
+        raise InputError(f"measured.oom must be true or false, got {short_repr(oom)}")
+    return MeasuredMemory(peak_allocated_gib=peaks[0], peak_reserved_gib=peaks[1], oom=oom)
 
 
 def _number(section: dict[str, Any], key: str) -> float:

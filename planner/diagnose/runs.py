@@ -1,6 +1,7 @@
-"""Published training runs read as test cases: the model, configuration, device and measured
-step time of each record of a runs file (``calibration_runs.json``, ``fsdp_runs.json``, or a
-user's file of the same layout), and the records left out with the reason.
+"""Published training runs read as test cases: the model, configuration, device, measured
+step time and measured memory of each record of a runs file (``calibration_runs.json``,
+``fsdp_runs.json``, or a user's file of the same layout), and the records left out with the
+reason.
 
 What one record says about its software, model, configuration and measured step time is read
 by :mod:`planner.diagnose.run_records`; this module names the device, checks the sizes, and
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 
 from planner.diagnose.run_records import (
     config_from_record,
+    measured_memory,
     measured_step_time_s,
     model_from_record,
     software_of,
@@ -47,11 +49,19 @@ class CalibrationRun:
     (a run read to be priced on the user's own cluster file) its GPU name as written."""
     family: str
     """The framework family (:class:`~planner.diagnose.run_records.Software`)."""
-    measured_step_time_s: float
+    measured_step_time_s: float | None
     """The step time the record gives or implies
-    (:func:`~planner.diagnose.run_records.measured_step_time_s`)."""
+    (:func:`~planner.diagnose.run_records.measured_step_time_s`); None for a run that ran out
+    of memory before one was measured."""
     basis: str
     """How the measured step time was obtained from the record."""
+    measured_peak_memory_gib: float | None = None
+    """The peak memory allocated to tensors, where the record measured it
+    (:class:`~planner.diagnose.run_records.MeasuredMemory`)."""
+    measured_reserved_memory_gib: float | None = None
+    """The peak the caching allocator reserved, where the record measured it."""
+    measured_oom: bool = False
+    """Whether the run ran out of memory (a record that does not say ran)."""
 
     @property
     def chip(self) -> str:
@@ -117,14 +127,18 @@ def device_key(gpu: str) -> str:
 def run_from_record(
     record: dict[str, Any], *, any_device: bool = False
 ) -> CalibrationRun | None:
-    """A record as estimate inputs and a measured step time; None when it measures nothing.
-    A GPU none of :data:`DEVICES` names is an error, unless ``any_device`` (the run is to be
-    priced on a cluster file the caller gives: :func:`device_key`)."""
+    """A record as estimate inputs, a measured step time and measured memory; None when it
+    measures no step time and did not run out of memory (a run that did is kept without a
+    step time, to price whether it fits). A GPU none of :data:`DEVICES` names is an error,
+    unless ``any_device`` (the run is to be priced on a cluster file the caller gives:
+    :func:`device_key`)."""
+    memory = measured_memory(record)
     measured = measured_step_time_s(record)
-    if measured is None:
+    if measured is None and not memory.oom:
         return None
-    seconds, basis = measured
-    if not (isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0):
+    seconds, basis = measured or (None, "ran out of memory, no step time measured")
+    if seconds is not None and not (isinstance(seconds, float) and math.isfinite(seconds)
+                                    and seconds > 0):  # fmt: skip
         raise ValueError(f"the measured step time is {seconds!r} s, not a positive number")
     num_gpus = record["cluster"]["num_gpus"]
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int):
@@ -140,6 +154,9 @@ def run_from_record(
         family=software_of(record).family,
         measured_step_time_s=seconds,
         basis=basis,
+        measured_peak_memory_gib=memory.peak_allocated_gib,
+        measured_reserved_memory_gib=memory.peak_reserved_gib,
+        measured_oom=memory.oom,
     )
 
 
@@ -148,7 +165,8 @@ class LoadedRuns:
     """The runs of some files, and the records left out with the reason."""
 
     runs: list[CalibrationRun]
-    """Every complete record that measures a step time or throughput."""
+    """Every complete record that measures a step time or throughput, or ran out of
+    memory."""
     skipped: list[str]
     """One line per record left out: its id (or file and index) and why."""
 
@@ -208,9 +226,7 @@ def _read_record(
         return name, str(exc).removeprefix(where + ": ")
     if run is not None:
         return run
-    oom = isinstance(record.get("measured"), dict) and record["measured"].get("oom")
-    return name, ("ran out of memory, no step time measured" if oom
-                  else "no measured step time or throughput")  # fmt: skip
+    return name, "no measured step time or throughput"
 
 
 def _name(record: dict[str, Any], path: str | Path, index: int) -> str:

@@ -102,6 +102,12 @@ class MemoryBreakdown(_Frozen):
         """All parts."""
         return sum(getattr(self, name) for name in type(self).model_fields)
 
+    @property
+    def allocated_gib(self) -> float:
+        """Every part but the reserve: the peak PyTorch's allocator hands to tensors
+        (``torch.cuda.max_memory_allocated``)."""
+        return self.total_gib - self.other_gib
+
     @classmethod
     def from_bytes(cls, parts: Sequence[float]) -> MemoryBreakdown:
         """From the parts in bytes, in field order (:class:`planner.cost.MemoryParts`)."""

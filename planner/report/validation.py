@@ -22,9 +22,11 @@ from planner.report.width import Clauses, FirstThatFits, keep_whole, title
 def validation_tables(
     rows: Sequence[ValidationRow], skipped: Sequence[str] = ()
 ) -> list[RenderableType]:
-    """Predicted against measured step times, then the error statistics per framework family:
-    one table, or two in a light box (what each run is; its times) when one is too wide for
-    the console."""
+    """Predicted against measured step times (``OOM`` for a run that ran out of memory before
+    one was measured), then, where records measured it, predicted against measured peak
+    memory (:func:`memory_table`), then the error statistics per framework family: one table
+    for the times, or two in a light box (what each run is; its times) when one is too wide
+    for the console."""
     one = Table(title=title("published runs: predicted vs measured step time"),
                 title_justify="left")  # fmt: skip
     what = light_table("published runs", collapse_padding=True)
@@ -38,16 +40,68 @@ def validation_tables(
         one.add_column(name, justify="right", no_wrap=True)
         times.add_column(name.replace(" ", "\n"), justify="right", no_wrap=True)
     for r in rows:
-        style = "red" if abs(r.error) > 0.15 else None
-        memory = f"{r.peak_memory_gib:.1f}" + ("" if r.fits else " !")
-        numbers = (f"{r.measured_s:.2f}", f"{r.predicted_s:.2f}",
-                   Text(f"{100 * r.error:+.1f} %", style=style or ""), memory)
+        memory = f"{r.peak_memory_gib:.1f}" + ("" if r.predicted_fits else " !")
+        numbers = ("OOM" if r.measured_s is None else f"{r.measured_s:.2f}",
+                   f"{r.predicted_s:.2f}", _percent(r.error, red_over=0.15), memory)
         one.add_row(r.id, str(r.num_devices), r.config, *numbers)
         what.add_row(r.id, str(r.num_devices), r.config)
         times.add_row(r.id, *numbers)
     split = Group(keep_whole(what), keep_whole(times))
-    tables = [FirstThatFits(keep_whole(one), split), *error_summary(rows)] if rows else []
+    tables = ([FirstThatFits(keep_whole(one), split), *memory_table(rows), *error_summary(rows)]
+              if rows else [])  # fmt: skip
     return [*tables, *skipped_lines(skipped)]
+
+
+def memory_table(rows: Sequence[ValidationRow]) -> list[RenderableType]:
+    """Predicted against measured peak memory of the runs that measured it (none: no table):
+    allocated to tensors, reserved by the caching allocator, and whether the run was
+    predicted to fit against whether it ran; one table, or two (allocated and the verdict;
+    reserved) when one is too wide for the console."""
+    mine = [r for r in rows if _measures_memory(r)]
+    if not mine:
+        return []
+    heading = "peak memory (GiB) predicted vs measured, fits? predicted vs ran?"
+    one = light_table(heading, collapse_padding=True)
+    allocated = light_table(f"allocated {heading}", collapse_padding=True)
+    reserved = light_table("reserved peak memory (GiB) predicted vs measured",
+                           collapse_padding=True)  # fmt: skip
+    columns = {one: ("allocated\npredicted", "\nmeasured", "\nerror", "reserved\npredicted",
+                     "\nmeasured", "\nerror", "\nfits?", "\nran?"),
+               allocated: ("predicted", "measured", "error", "fits?", "ran?"),
+               reserved: ("predicted", "measured", "error")}  # fmt: skip
+    for table, names in columns.items():
+        table.add_column("\nrun" if "\n" in names[0] else "run", no_wrap=True)
+        for name in names:
+            table.add_column(name, justify="right", no_wrap=True)
+    for r in mine:
+        used = (f"{r.predicted_peak_memory_gib:.2f}", _gib(r.measured_peak_memory_gib),
+                _percent(r.memory_error, red_over=0.08))
+        held = (f"{r.predicted_reserved_memory_gib:.2f}", _gib(r.measured_reserved_memory_gib),
+                _percent(r.reserved_error, red_over=0.10))
+        verdict = ("yes" if r.predicted_fits else "no",
+                   Text("OOM" if r.measured_oom else "yes", style="red" if r.fit_missed else ""))
+        one.add_row(r.id, *used, *held, *verdict)
+        allocated.add_row(r.id, *used, *verdict)
+        reserved.add_row(r.id, *held)
+    return [FirstThatFits(keep_whole(one), Group(keep_whole(allocated), keep_whole(reserved)))]
+
+
+def _measures_memory(row: ValidationRow) -> bool:
+    """Whether the run's record measured its peak memory (a run out of memory that did not is
+    an ``OOM`` in the times table and counted in the summary)."""
+    return row.measured_peak_memory_gib is not None or row.measured_reserved_memory_gib is not None
+
+
+def _gib(value: float | None) -> str:
+    """GiB to two decimals, ``-`` where not measured."""
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _percent(error: float | None, *, red_over: float) -> Text:
+    """A relative error as ``+1.2 %``, red beyond ``red_over``; ``-`` where not measured."""
+    if error is None:
+        return Text("-")
+    return Text(f"{100 * error:+.1f} %", style="red" if abs(error) > red_over else "")
 
 
 def skipped_lines(skipped: Sequence[str]) -> list[RenderableType]:
@@ -63,8 +117,10 @@ def skipped_lines(skipped: Sequence[str]) -> list[RenderableType]:
 
 
 def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
-    """One line per framework family and device, then all: median and max |error|, and the
-    runs predicted not to fit (every published run ran, so each is a memory error)."""
+    """One line per framework family and device, then all: median and max |error| of the
+    step time, and the runs predicted not to fit that ran (each a memory error: a published
+    run that does not say otherwise ran); where runs ran out of memory, how many were
+    predicted to fit; where runs measured their peak memory, its median and max |error|."""
     groups: dict[str, list[ValidationRow]] = {}
     for r in rows:
         groups.setdefault(f"{r.family} on {r.device}", []).append(r)
@@ -72,13 +128,37 @@ def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
         groups["all"] = list(rows)
     lines: list[RenderableType] = []
     for name, mine in groups.items():
-        errors = [abs(r.error) for r in mine]
-        over = sum(not r.fits for r in mine)
-        lines.append(Text(
-            f"{name}: {len(mine)} runs, median |error| {100 * statistics.median(errors):.1f} %, "
-            f"max {100 * max(errors):.1f} %" + (f"; {over} predicted not to fit (!)" if over
-                                                 else "")))  # fmt: skip
+        errors = [abs(r.error) for r in mine if r.error is not None]
+        timed = (f"median |error| {100 * statistics.median(errors):.1f} %, "
+                 f"max {100 * max(errors):.1f} %" if errors else "no step time measured")
+        over = sum(not r.predicted_fits and not r.measured_oom for r in mine)
+        oom = [r for r in mine if r.measured_oom]
+        missed = sum(r.predicted_fits for r in oom)
+        line = (f"{name}: {len(mine)} runs, {timed}"
+                + (f"; {over} predicted not to fit (!)" if over else "")
+                + (f"; {len(oom)} ran out of memory, {missed} of them predicted to fit"
+                   if oom else ""))  # fmt: skip
+        lines.append(Text(line))
+        lines += _memory_summary(name, mine)
     return lines
+
+
+def _memory_summary(name: str, rows: Sequence[ValidationRow]) -> list[RenderableType]:
+    """The median and max |error| of the runs' allocated and reserved peaks, where measured:
+    a line broken only between its clauses."""
+    parts = []
+    for what, errors in (("allocated", [r.memory_error for r in rows]),
+                         ("reserved", [r.reserved_error for r in rows])):  # fmt: skip
+        measured = [abs(e) for e in errors if e is not None]
+        if measured:
+            parts.append(f"{what} median {100 * statistics.median(measured):.1f} %, "
+                         f"max {100 * max(measured):.1f} %")  # fmt: skip
+    if not parts:
+        return []
+    runs = sum(r.memory_error is not None or r.reserved_error is not None for r in rows)
+    clauses = [f"{name} memory, |error| of {runs} runs:", *[f"{p};" for p in parts[:-1]],
+               parts[-1]]  # fmt: skip
+    return [Clauses(clauses, sep=" ", tail="")]
 
 
 def calibration_tables(fit: Calibration) -> list[RenderableType]:
@@ -95,7 +175,8 @@ def calibration_tables(fit: Calibration) -> list[RenderableType]:
     )  # fmt: skip
     by_family: dict[str, list[float]] = {}
     for r in fit.before:
-        by_family.setdefault(r.family, []).append(abs(r.error))
+        if r.error is not None:
+            by_family.setdefault(r.family, []).append(abs(r.error))
     before = Text("before the fit, median |error|: " + ", ".join(
         f"{family} {100 * statistics.median(errors):.1f} %"
         for family, errors in sorted(by_family.items())))  # fmt: skip
