@@ -78,12 +78,15 @@ def test_one_gpu_run_is_one_node_of_the_bundled_device() -> None:
 
 
 def test_h100_peaks_within_targets(h100_rows: list[ValidationRow]) -> None:
-    """Allocated within 8 %, reserved within 10 % of what torch measured; every run ran and
-    is predicted to fit."""
+    """Allocated within 8 %, reserved within 10 % of what torch measured (the issue's
+    targets; the count of each stack's kept tensors puts them within 0.5 % and 1.5 %: AMP's
+    16 bytes of states a parameter, every layer's kept bytes, and the loss's backward on top,
+    with full recomputation too, the loss running before any layer is rebuilt); every run
+    ran and is predicted to fit."""
     assert len(h100_rows) == 5
     for r in h100_rows:
-        assert r.memory_error is not None and abs(r.memory_error) <= 0.08, r.id
-        assert r.reserved_error is not None and abs(r.reserved_error) <= 0.10, r.id
+        assert r.memory_error is not None and abs(r.memory_error) <= 0.005, r.id
+        assert r.reserved_error is not None and abs(r.reserved_error) <= 0.015, r.id
         assert r.predicted_fits and not r.measured_oom and not r.fit_missed, r.id
         # Reserved is the allocated peak and the allocator's slack; the device's peak adds the
         # CUDA context on top.

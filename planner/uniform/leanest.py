@@ -74,8 +74,9 @@ def infeasible_message(
     margin = options.margin_bytes(device.memory_gib) / GIB
     pins = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
     head = (f"{searched} fits {model.name} on {cluster.num_devices} x {device.name} "
-            f"({device.memory_gib:g} GiB, {margin:.1f} GiB kept free) at global batch {training.global_batch_size}, sequence "
-            f"{training.seq_length}{f' with {pins}' if pins else ''}; the leanest ({leanest}) "
+            f"({device.memory_gib:g} GiB, {margin:.1f} GiB kept free) at global batch "
+            f"{training.global_batch_size}, sequence {training.seq_length}"
+            f"{f' with {pins}' if pins else ''}; the leanest ({leanest}) "
             f"needs {least_gib:.1f} GiB per device")  # fmt: skip
     return "; ".join([head, *_ways_out(model, cluster, training, options, least_gib)])
 
