@@ -17,15 +17,18 @@ GB = 1e9
 Precision = Literal["bf16", "fp16", "fp32"]
 """Mixed-precision compute type."""
 
-Stack = Literal["megatron-te", "hf-eager", "hf-compiled"]
+Stack = Literal["megatron-te", "hf-eager", "hf-compiled", "composer-fsdp"]
 """The software that runs a layer, beyond its kernels: what it keeps for the backward and how it
 computes the loss. ``megatron-te``: Megatron-Core with Transformer Engine (fused norms, SwiGLU
 and attention; a compute-precision residual stream; vocab-parallel cross entropy), the accounting
 of Korthikanti et al. (MLSys'23). ``hf-eager``: a Hugging Face ``transformers`` model in eager
 PyTorch under ``torch.autocast`` with fp32 weights (an fp32 residual stream and norms, a
 compute-precision copy of a linear's input and weight per projection, the loss on fp32 logits).
-``hf-compiled``: the same with each decoder layer under ``torch.compile``."""
-STACKS: tuple[Stack, ...] = ("megatron-te", "hf-eager", "hf-compiled")
+``hf-compiled``: the same with each decoder layer under ``torch.compile``.
+``composer-fsdp``: MosaicML's MPT (MosaicGPT) under Composer with PyTorch FSDP as its 2023
+throughput benchmark ran it: a bf16 residual stream (Korthikanti's accounting), fp32 sharded
+weights gathered in bf16 (FSDP ``MixedPrecision`` PURE), flash-attn's fused cross entropy."""
+STACKS: tuple[Stack, ...] = ("megatron-te", "hf-eager", "hf-compiled", "composer-fsdp")
 
 Recompute = Literal["none", "selective", "full"]
 """Activation recomputation: none; selective (Megatron-LM's attention core,

@@ -130,3 +130,21 @@ def test_autocast_keeps_fp32_states_without_a_master_copy(h100: ClusterSpec) -> 
     assert [x / states[0] for x in states] == [1.0, 1.0, 2.0]
     megatron = (te.weights_gib, te.gradients_gib, te.optimizer_gib)
     assert [x / megatron[0] for x in megatron] == [1.0, 2.0, 6.0]
+
+
+def test_composer_fsdp_gathers_as_fsdp1_and_keeps_the_fused_losss_logits(
+    h100: ClusterSpec,
+) -> None:
+    """MosaicML's Composer with FSDP1 (BACKWARD_POST, PURE bf16 reductions): a unit's
+    gradient, its padded copy and the next unit prefetched, 3 x 2 = 6 bytes a parameter of the
+    largest layer; flash-attn's fused cross entropy keeps the bf16 logits (2 bytes each) and
+    writes a new bf16 gradient (2 more), where Megatron keeps fp32 softmax (4) and casts 2."""
+    layer = 12_847_104  # the small model's decoder layer, as above
+    config = ParallelConfig(dp=8, zero=3, mbs=1, global_batch=8, seq_len=1024)
+    composer = estimate(_small_model(), h100, config.model_copy(update={"stack": "composer-fsdp"}))
+    assert composer.memory.gathered_parameters_gib * GIB == pytest.approx(6 * layer, rel=1e-9)
+    assert composer.memory.loss_workspace_gib * GIB == pytest.approx(2 * 1024 * 1000, rel=1e-9)
+    megatron = estimate(_small_model(), h100, config)
+    logits = 1024 * 1000
+    assert (megatron.memory.activations_gib - composer.memory.activations_gib) * GIB == \
+        pytest.approx(2 * logits, rel=1e-9)  # fmt: skip

@@ -79,15 +79,10 @@ def test_beats_megatrons_published_gpt3_configuration(
     assert gpt3_plan.solver.ilp_count > 0 and gpt3_plan.solver.cache_hits > 0
 
 
-def test_agrees_with_estimate_on_a_megatron_plan() -> None:
+def test_agrees_with_estimate_on_a_megatron_plan(small_plan: Plan) -> None:
     """When the plan is one ``planner estimate`` can express, both price it the same way to
     within the difference of their sharding models (the ILP prices layout conversions, the
-    estimate Megatron's fixed collectives): 2 %. (Llama 3 8B on one node with ZeRO-3 pinned:
-    unpinned, the search returns a slower two-stage plan, a miss of its bounds noted in
-    docs/search.md.)"""
-    small_plan = solve_per_operator(planner.load_model(MODELS / "llama3-8b.json"),
-                                    load_cluster(CLUSTERS / "dgx-h100-80gb.json", 1),
-                                    SolveOptions(pins=Pins(zero=3)))  # fmt: skip
+    estimate Megatron's fixed collectives): 2 %."""
     p = small_plan.uniform
     assert p is not None
     config = ParallelConfig(

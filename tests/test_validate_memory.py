@@ -56,11 +56,15 @@ def test_h100_records_name_their_stack() -> None:
 
 
 def test_other_frameworks_keep_their_family_and_stack() -> None:
-    for framework, family in [("Megatron-LM", "megatron"), ("PyTorch FSDP", "fsdp"),
-                              ("MosaicML Composer + PyTorch FSDP", "fsdp"),
-                              ("Megatron-DeepSpeed", "deepspeed"), ("torchtitan", "fsdp")]:
+    """Each framework keeps its family; MosaicML's Composer runs its own stack (FSDP1 and
+    flash-attn's fused loss), the others Megatron-Core's accounting."""
+    for framework, family, stack in [
+        ("Megatron-LM", "megatron", "megatron-te"), ("PyTorch FSDP", "fsdp", "megatron-te"),
+        ("MosaicML Composer + PyTorch FSDP", "fsdp", "composer-fsdp"),
+        ("Megatron-DeepSpeed", "deepspeed", "megatron-te"), ("torchtitan", "fsdp", "megatron-te"),
+    ]:  # fmt: skip
         software = software_of({"software": {"framework": framework}})
-        assert (software.family, software.stack) == (family, "megatron-te"), framework
+        assert (software.family, software.stack) == (family, stack), framework
     assert software_of({}).stack == "megatron-te"  # a Megatron-LM record of its era
     assert stack_of("PyTorch eager with torch.compile (Hugging Face transformers)") == \
         "hf-compiled"
@@ -110,7 +114,11 @@ RUNS_FILES = sorted(p.name for p in VALIDATION.glob("*.json") if p.name != "para
 # Found while adding this test, not tuned away: 35 of MPT's 68 FSDP runs on A100 40 GB (ZeRO-3,
 # microbatches llm-foundry tuned to fill the device) are predicted 38-43 GiB with the reserve,
 # over the 38 GiB a 40 GB device leaves with the 5 % margin (allocated 35-38 GiB).
-KNOWN_OVER = {"fsdp_runs.json": "35 MPT FSDP runs on A100 40 GB are predicted not to fit"}
+KNOWN_OVER = {"fsdp_runs.json": "8 MPT FSDP runs on A100 40 GB, their microbatches tuned to "
+              "fill the device, are predicted at 38.3-39.3 GiB: under its 40 GiB, over the 5 % "
+              "margin"}
+"""Runs files whose runs that ran are not all predicted to fit, and why (strict: the test
+fails once they are, so that this is taken out)."""
 
 
 @pytest.mark.parametrize("name", [

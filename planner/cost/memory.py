@@ -188,7 +188,12 @@ def states_precision(precision: Precision, stack: Stack) -> Precision:
     """The precision whose Adam states (:data:`ADAM_STATE`) a run of compute ``precision`` on
     ``stack`` keeps. Under ``torch.autocast`` (the ``hf-*`` stacks) the weights themselves are
     fp32 and there is no master copy: fp32's 16 bytes per parameter, with autocast's 16-bit
-    weight copies among the activations (:mod:`planner.graph.lower`).
+    weight copies among the activations (:mod:`planner.graph.lower`). FSDP's mixed precision
+    (``composer-fsdp``) keeps the sharded weights fp32 too (``torch/distributed/fsdp``:
+    ``_local_shard`` fp32, gathered into ``_full_param_padded`` in ``param_dtype``), but
+    gathers and reduces in 16 bits, which fp32's states would price as 4-byte traffic: it
+    keeps the compute precision's 18 bytes, 2 a parameter (over the data-parallel ranks)
+    more than it holds.
 
     >>> states_precision("bf16", "megatron-te"), states_precision("bf16", "hf-eager")
     ('bf16', 'fp32')
@@ -196,25 +201,31 @@ def states_precision(precision: Precision, stack: Stack) -> Precision:
     return "fp32" if stack in ("hf-eager", "hf-compiled") else precision
 
 
-def gathered_bytes_per_param(precision: Precision, zero: int) -> float:
+def gathered_bytes_per_param(precision: Precision, stack: Stack) -> float:
     """Bytes per parameter of the largest layer that ZeRO-3 holds unsharded at its peak, the
-    layer's backward (0 below ZeRO-3), as PyTorch's FSDP2 runs it
-    (``torch/distributed/fsdp/_fully_shard/``): the layer's gathered parameters and the next
-    one's, prefetched one group ahead (``FSDPParamGroup._backward_prefetch``); the forward's
-    gathered layer is still held too until the next group's all-gather is waited on
-    (``FSDPCommContext.all_gather_state``), so three layers' in the compute precision; and the
-    layer's unsharded gradients copied into a reduce-scatter input in the reduce dtype,
-    the previous layer's still held until this one's post-backward
-    (``_fsdp_collectives.foreach_reduce``, ``reduce_scatter_state``): two in the gradients'
-    precision. Megatron-FSDP's and DeepSpeed's own prefetch rules are not modelled apart.
+    layer's backward, for a run of compute ``precision`` on ``stack``.
 
-    >>> gathered_bytes_per_param("bf16", zero=3), gathered_bytes_per_param("bf16", zero=2)
-    (14.0, 0.0)
+    PyTorch's FSDP2 (``torch/distributed/fsdp/_fully_shard/``; the default): the layer's
+    gathered parameters and the next one's, prefetched one group ahead
+    (``FSDPParamGroup._backward_prefetch``); the forward's gathered layer is still held too
+    until the next group's all-gather is waited on (``FSDPCommContext.all_gather_state``), so
+    three layers' in the compute precision; and the layer's unsharded gradients copied into a
+    reduce-scatter input in the reduce dtype (the gradients' precision), the previous layer's
+    still held until this one's post-backward (``_fsdp_collectives.foreach_reduce``,
+    ``reduce_scatter_state``): two. FSDP1 as Composer ran it (``composer-fsdp``:
+    ``BACKWARD_POST`` prefetch, ``limit_all_gathers``, PURE bf16 reductions): the unit's
+    gradient, its padded copy for the reduce-scatter and the next unit prefetched, three in
+    the compute precision. Megatron-FSDP's and DeepSpeed's own prefetch rules are not
+    modelled apart.
+
+    >>> gathered_bytes_per_param("bf16", "megatron-te"), gathered_bytes_per_param("bf16",
+    ...                                                                          "composer-fsdp")
+    (14.0, 6.0)
     """
-    if zero < 3:
-        return 0.0
-    state = ADAM_STATE[precision]
-    return 3.0 * state.weights + 2.0 * state.gradients
+    weights = 4.0 if precision == "fp32" else 2.0
+    if stack == "composer-fsdp":
+        return 3.0 * weights
+    return 3.0 * weights + 2.0 * ADAM_STATE[precision].gradients
 
 
 def adam_traffic_bytes(precision: Precision) -> float:

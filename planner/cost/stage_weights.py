@@ -155,10 +155,12 @@ class StageStatics:
 
 def stage_statics(
     cluster: ClusterSpec, precision: Precision, stages: Sequence[StageCost], *,
-    tied: TiedCopy | None = None, offload: Offload = "none",
+    tied: TiedCopy | None = None, offload: Offload = "none", gathered_bytes_per_param: float = 0.0,
 ) -> StageStatics:  # fmt: skip
     """:class:`StageStatics` of ``stages`` (the pipeline's first stage first and its last
-    stage last, each stage of a run of equal ones once), the last stage holding ``tied``."""
+    stage last, each stage of a run of equal ones once), the last stage holding ``tied``;
+    ``gathered_bytes_per_param`` what ZeRO-3 holds unsharded of a layer's parameter
+    (:func:`planner.cost.memory.gathered_bytes_per_param`), where the stages run ZeRO-3."""
     stages = with_tied_copy(stages, tied)
     syncs, accumulating = [], []
     for s in stages:
@@ -178,5 +180,5 @@ def stage_statics(
         host_bytes=host_state_bytes(precision, params=params, offload=offload),
         accumulating_host_bytes=host_state_bytes(precision, params=params, offload=offload,
                                                  accumulating=True),
-        gathered_bytes_per_param=cost.gathered_bytes_per_param(precision, stages[0].zero),
+        gathered_bytes_per_param=gathered_bytes_per_param if stages[0].zero >= 3 else 0.0,
     )  # fmt: skip

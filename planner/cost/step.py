@@ -38,6 +38,9 @@ class PipelineKnobs:
     """The pipeline schedule (interleaved when ``vpp > 1``)."""
     vpp: int = 1
     """Model chunks (virtual stages) per stage."""
+    gathered_bytes_per_param: float = 0.0
+    """What ZeRO-3 holds unsharded of a layer's parameter at its peak
+    (:func:`planner.cost.memory.gathered_bytes_per_param`; ZeRO-3 stages only)."""
     communicator_bytes: Real = 0.0
     """NCCL's buffers for the communicators a device connects
     (:attr:`planner.cost.memory.Communicators.bytes`)."""
@@ -292,7 +295,8 @@ def compose_step(
     pp = len(stages)
     spans = equal_runs([id(s) for s in stages])
     statics = stage_statics(cluster, knobs.states_precision, [stages[first] for first, _ in spans],
-                            tied=tied, offload=knobs.offload)  # fmt: skip
+                            tied=tied, offload=knobs.offload,
+                            gathered_bytes_per_param=knobs.gathered_bytes_per_param)  # fmt: skip
     accumulating = knobs.num_microbatches > 1
     runs = [StageRun(time=stages[first].time, sync=statics.sync(j, accumulating=accumulating),
                      state_bytes=statics.state_bytes[j], first=first, count=count,

@@ -103,15 +103,19 @@ def software_of(record: dict[str, Any]) -> Software:
 
 
 def stack_of(framework: str) -> Stack:
-    """The stack a framework's name says runs its layers: Hugging Face transformers or PyTorch
-    eager is ``hf-eager``, ``hf-compiled`` with ``torch.compile`` named; anything else
-    Megatron-Core's ``megatron-te`` (Megatron-LM, DeepSpeed's Megatron fork, and the FSDP runs
-    of MosaicML's own fused layers, as before stacks were told apart).
+    """The stack a framework's name says runs its layers: MosaicML's Composer is
+    ``composer-fsdp``; Hugging Face transformers or PyTorch eager is ``hf-eager``,
+    ``hf-compiled`` with ``torch.compile`` named; anything else Megatron-Core's
+    ``megatron-te`` (Megatron-LM, DeepSpeed's Megatron fork).
 
     >>> stack_of("PyTorch eager (Hugging Face transformers)"), stack_of("PyTorch FSDP")
     ('hf-eager', 'megatron-te')
+    >>> stack_of("MosaicML Composer + PyTorch FSDP (llm-foundry scripts/train/benchmarking)")
+    'composer-fsdp'
     """
     name = framework.lower()
+    if "composer" in name:
+        return "composer-fsdp"
     if not any(word in name for word in HF_WORDS):
         return "megatron-te"
     return "hf-compiled" if "torch.compile" in name else "hf-eager"

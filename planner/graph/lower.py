@@ -44,7 +44,13 @@ LOSS_BYTES = 4.0  # the cross-entropy keeps fp32 softmax over the vocabulary
 FP32_BYTES = 4.0
 AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
 """Stacks that run under ``torch.autocast`` with fp32 weights and an fp32 residual stream."""
-LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "hf-eager": 8.0, "hf-compiled": 8.0}
+LOSS_KEPT: dict[Stack, float] = {"megatron-te": 4.0, "hf-eager": 4.0, "hf-compiled": 4.0,
+                                  "composer-fsdp": 2.0}
+"""Bytes per token and vocabulary entry the loss keeps for its backward: fp32 softmax (or
+log-probabilities); flash-attn's fused cross entropy (``flash_attn/losses/cross_entropy.py``,
+as MosaicGPT builds it) keeps the 16-bit logits themselves and an fp32 log-sum-exp a token."""
+LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "hf-eager": 8.0, "hf-compiled": 8.0,
+                                    "composer-fsdp": 2.0}
 """Bytes per token and vocabulary entry the loss's backward holds beyond the fp32 softmax it
 keeps. Hugging Face's loss (``transformers/loss/loss_utils.py``) runs ``cross_entropy`` on
 logits upcast to fp32: its backward holds the dense fp32 gradient of the log-probabilities
@@ -53,7 +59,8 @@ at once, 8 bytes, with the kept log-probabilities 12 (measured 12.26 GiB at 8,19
 128,256 vocabulary on an H100, with the head's weight copy and input:
 ``../shared/validation/h100/layers.jsonl``). Megatron-Core's vocab-parallel cross entropy
 (``megatron/core/tensor_parallel/cross_entropy.py``) turns the kept fp32 softmax into the
-gradient in place; the gradient cast back to the logits' 16-bit type is the 2 bytes."""
+gradient in place; the gradient cast back to the logits' 16-bit type is the 2 bytes. The
+fused cross entropy without ``inplace_backward`` writes a new 16-bit gradient: 2 bytes."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -382,7 +389,7 @@ def _head(b: _Builder, x_name: str) -> str:
                        output=loss_in, saved=(loss_in,))  # fmt: skip
     out = Tensor((("batch", b.batch), ("seq", b.seq)), LOSS_BYTES)
     return b.add("loss", "loss", (logits,), inputs=(loss_in,), output=out,
-                 saved=(Tensor(loss_in.dims, LOSS_BYTES),),
+                 saved=(Tensor(loss_in.dims, LOSS_KEPT[b.stack]),),
                  working=(Tensor(loss_in.dims, LOSS_WORKING[b.stack]),))  # fmt: skip
 
 

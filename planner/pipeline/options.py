@@ -23,7 +23,7 @@ from planner.ilp.layer import LayerSolution
 from planner.sharding.assignment import LayerParts
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.weights import weight_states, weight_syncs
-from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES, Precision
+from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES, Precision, Stack
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +67,8 @@ class SyncContext:
     """Microbatches of the step, over which the once-per-step sync is shared."""
     precision: Precision
     """Compute precision (the gradients' bytes on the wire)."""
+    stack: Stack = "megatron-te"
+    """The software that runs the layers (what ZeRO-3 holds unsharded)."""
     overlap_grad_reduce: bool = False
     """Whether the gradient reduction overlaps the backward."""
     overlap_param_gather: bool = False
@@ -99,8 +101,8 @@ def layer_options(
             syncs[zero] += group_syncs[zero]
     # ZeRO-3's gathered layers (:func:`planner.cost.memory.gathered_bytes_per_param`).
     layer_params = sum(n for n, _ in parts.weights)
-    gathered = [layer_params * cost.gathered_bytes_per_param(ctx.precision, zero)
-                for zero in ZERO_STAGES]  # fmt: skip
+    per_param = cost.gathered_bytes_per_param(ctx.precision, ctx.stack)
+    gathered = [layer_params * per_param if zero >= 3 else 0.0 for zero in ZERO_STAGES]
     options = []
     for zero in ZERO_STAGES:
         for mode in modes:

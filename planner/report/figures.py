@@ -26,8 +26,13 @@ MEMORY_PARTS = (
     ("gradients_gib", "gradients", "#55a868"),
     ("optimizer_gib", "optimizer states", "#c44e52"),
     ("activations_gib", "activations", "#dd8452"),
-    ("other_gib", "reserved", "#8c8c8c"),
+    ("working_gib", "recomputed layer", "#e5ae38"),
+    ("loss_workspace_gib", "loss workspace", "#8172b3"),
+    ("gathered_parameters_gib", "ZeRO-3 gathered", "#64b5cd"),
+    ("other_gib", "reserve", "#8c8c8c"),
 )
+"""The memory breakdown's parts (:class:`~planner.plan.schema.MemoryBreakdown`'s fields), in
+order, as the stacked bars draw them."""
 TIME_PARTS = (
     ("compute_s", "compute", "#4c72b0"),
     ("tensor_parallel_comm_s", "tensor parallel", "#dd8452"),

@@ -291,6 +291,7 @@ def _priced(ctx: SearchContext, kind: str, c: Candidate, *, whole: bool) -> list
     key it is kept under."""
     sync = SyncContext(mesh=LogicalMesh(c.mesh), replicas=c.replicas,
                        num_microbatches=c.num_microbatches, precision=ctx.training.precision,
+                       stack=ctx.training.stack,
                        overlap_grad_reduce=ctx.options.overlap_grad_reduce,
                        overlap_param_gather=ctx.options.overlap_param_gather)  # fmt: skip
     pins = ctx.options.pins

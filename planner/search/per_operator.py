@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from planner.pipeline.assemble import (
     plan_stages,
     predicted,
 )
-from planner.pipeline.options import stage_table
+from planner.pipeline.options import LayerOption, stage_table
 from planner.pipeline.split import least_peak, split_layers
 from planner.placement.ranks import ORDERS, PipelinePlacement
 from planner.plan.inputs import cluster_ref, model_ref
@@ -100,7 +101,7 @@ def evaluate(
     """Shard each layer kind on ``c``'s mesh, split the layers into stages, and price the
     result under each rank order; None when nothing fits, or when the layers' fastest
     options already make the step reach ``bound_s`` (:func:`options_bound_s`)."""
-    p, n = c.num_stages, len(kinds)
+    p = c.num_stages
     in_flight = [cost.in_flight_microbatches("1f1b", stage=i, pp=p, vpp=c.vpp,
                                              num_microbatches=c.num_microbatches)
                  for i in range(p)]  # fmt: skip
@@ -125,8 +126,33 @@ def evaluate(
         c, kinds, options, send_s=send, in_flight=min(in_flight), memory_bytes=stage_bytes
     ) >= bound_s:  # fmt: skip
         return None
+    # The stage table prices memory per layer option; the composed step adds what only whole
+    # stages have (the tied copy, the largest transient of all): a split it composes over the
+    # device is tried again on a budget less the overshoot.
+    for _ in range(RETRIES):
+        best, over = _split_and_compose(ctx, c, kinds, options, in_flight=in_flight, send_s=send,
+                                        stage_bytes=stage_bytes, comms=comms)  # fmt: skip
+        if best is not None or over is None:
+            return best
+        stage_bytes -= over / (1 + device.allocator_fragmentation)
+    return None
+
+
+RETRIES = 3
+"""Splits a candidate tries when the composed step of the stage table's split overshoots."""
+
+
+def _split_and_compose(
+    ctx: SearchContext, c: Candidate, kinds: list[str], options: dict[str, list[LayerOption]], *,
+    in_flight: list[Any], send_s: float, stage_bytes: float, comms: float,
+) -> tuple[Found | None, float | None]:  # fmt: skip
+    """The stage table's fastest split of ``c`` within ``stage_bytes`` a device, composed under
+    each rank order: the fastest that fits, and when none does by how much the leanest
+    composed step overshoots the usable memory (None: the table has no split at all)."""
+    p, n, device = c.num_stages, len(kinds), ctx.cluster.device
+    usable = ctx.options.usable_bytes(device)
     table = stage_table(
-        kinds, options, in_flight=in_flight, fixed_latency_s=[send] * p,
+        kinds, options, in_flight=in_flight, fixed_latency_s=[send_s] * p,
         allowed=_whole_chunks(n, p, c.vpp) if c.vpp > 1 else None, memory_bytes=stage_bytes,
     )  # fmt: skip
     try:
@@ -136,7 +162,7 @@ def evaluate(
         if least is not None:
             _note_least(ctx, c, least[0] + cost.reserve_bytes(device, allocated=least[0],
                                                               communicators=comms))
-        return None
+        return None, None
     stages = tuple(
         FoundStage(first=a + 1, last=b, choice=table.choices[int(table.choice[i, a, b])])
         for i, (a, b) in enumerate(zip(split.bounds, split.bounds[1:], strict=False))
@@ -144,22 +170,27 @@ def evaluate(
     knobs = PipelineKnobs(
         num_microbatches=c.num_microbatches, schedule="1f1b", vpp=c.vpp,
         states_precision=cost.states_precision(ctx.training.precision, ctx.training.stack),
+        gathered_bytes_per_param=cost.gathered_bytes_per_param(ctx.training.precision,
+                                                               ctx.training.stack),
         overlap_grad_reduce=ctx.options.overlap_grad_reduce,
         overlap_param_gather=ctx.options.overlap_param_gather, communicator_bytes=comms,
     )  # fmt: skip
     best: Found | None = None
+    over = float("inf")
     for order in ORDERS:
-        placement = PipelinePlacement(mesh=mesh, num_stages=p, replicas=c.replicas, order=order)
+        placement = PipelinePlacement(mesh=LogicalMesh(c.mesh), num_stages=p,
+                                      replicas=c.replicas, order=order)  # fmt: skip
         send = candidate_send_s(ctx, c, placement.pipeline_distance)
         step = compose(stages, kinds, model=ctx.model, cluster=ctx.cluster, knobs=knobs,
                        placement=placement, pipeline_comm_s=send)  # fmt: skip
         if step.peak_memory_bytes.total > usable:
             _note_least(ctx, c, step.peak_memory_bytes.total)
+            over = min(over, step.peak_memory_bytes.total - usable)
             continue
         if best is None or step.step_s < best.step.step_s:
             best = Found(candidate=c, stages=stages, placement=placement, step=step,
                          objective_s=split.step_s, bounds_tried=split.bounds_tried)
-    return best
+    return best, over
 
 
 def _bounded_out(

@@ -130,6 +130,8 @@ def estimate(
     knobs = PipelineKnobs(
         num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
         states_precision=cost.states_precision(training.precision, training.stack),
+        gathered_bytes_per_param=cost.gathered_bytes_per_param(training.precision,
+                                                               training.stack),
         overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
         communicator_bytes=communicators(stage, tied=model.tie_word_embeddings

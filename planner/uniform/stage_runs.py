@@ -63,8 +63,9 @@ def static_costs(
                         weights=stage_weights(stage_params(kinds, params_by_kind), stage))
               for _, _, kinds, _ in split]  # fmt: skip
     tied = None if v_shape else tied_copy(model, stage)
+    gathered = cost.gathered_bytes_per_param(training.precision, training.stack)
     return stage_statics(cluster, cost.states_precision(training.precision, training.stack), stages,
-                         tied=tied, offload=offload)  # fmt: skip
+                         tied=tied, offload=offload, gathered_bytes_per_param=gathered)  # fmt: skip
 
 
 def run_costs(
