@@ -101,6 +101,8 @@ class Problem:
     """``--seq-len``, tokens per sequence."""
     precision: str | None
     """``--precision``."""
+    stack: str | None
+    """``--stack``: the software that runs each layer."""
     pins: Pins
     """The knobs pinned on the command line."""
     framework: str
@@ -128,7 +130,8 @@ class Problem:
         """The inputs and the search's options."""
         options = SolveOptions(
             global_batch_size=self.global_batch, seq_length=self.seq_len,
-            precision=self.precision, backend=self.backend,  # type: ignore[arg-type]
+            precision=self.precision, stack=self.stack,  # type: ignore[arg-type]
+            backend=self.backend,  # type: ignore[arg-type]
             time_limit_s=self.time_limit, ilp_time_limit_s=self.ilp_time_limit,
             framework=frameworks.check_framework(self.framework),
             memory_margin_gib=self.memory_margin, max_mesh_nodes=self.max_mesh_nodes,
@@ -138,7 +141,8 @@ class Problem:
 
 
 with_problem = with_parameters(
-    [*knob_parameters(("global_batch", "seq_len", "precision", *PIN_KNOBS), pinned=PIN_KNOBS),
+    [*knob_parameters(("global_batch", "seq_len", "precision", "stack", *PIN_KNOBS),
+                      pinned=PIN_KNOBS),
      *SEARCH_OPTIONS], into="problem", build=lambda values: Problem.of(parsed(values)),
 )  # fmt: skip
 """Give ``solve`` or ``compare`` the options of a :class:`Problem`, declared once."""

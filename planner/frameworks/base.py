@@ -20,6 +20,7 @@ from typing import Literal
 
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
+from planner.vocabulary import Stack
 
 Framework = Literal["megatron", "mindspeed", "deepspeed", "colossalai", "torchtitan"]
 FRAMEWORKS: tuple[Framework, ...] = ("megatron", "mindspeed", "deepspeed", "colossalai",
@@ -79,14 +80,34 @@ class Profile:
     """Whether it launches the zero-bubble schedules (ZB-H1, ZB-V): the uniform search tries
     them only for such a target (its rules still refuse the ones it cannot run)."""
 
+    stacks: tuple[Stack, ...] = ("megatron-te",)
+    """The stacks it runs a layer on (:data:`~planner.vocabulary.Stack`), as the planner
+    prices them: every target today runs Megatron-Core's fused layers, or is priced as if it
+    did (torchtitan's own model code has no shared measurement)."""
+
     def refusals(self, resolved: ResolvedConfig, model: ModelSpec) -> tuple[str, ...]:
-        """Every reason the framework cannot launch ``resolved`` (empty: it can)."""
+        """Every reason the framework cannot launch ``resolved`` (empty: it can): a stack it
+        does not run, then its rules.
+
+        >>> from planner.frameworks import profile
+        >>> from planner.plan.config import ParallelConfig, resolve
+        >>> import planner
+        >>> model = planner.load_model("instances/models/llama3-8b.json")
+        >>> cluster = planner.load_cluster("instances/clusters/dgx-h100-80gb.json", nodes=1)
+        >>> profile("megatron").refusals(resolve(model, cluster, ParallelConfig(
+        ...     dp=8, stack="hf-eager")), model)
+        ('stack hf-eager: Megatron-LM runs megatron-te',)
+        """
+        stack = resolved.training.stack
+        wrong = () if stack in self.stacks else (
+            f"stack {stack}: {self.title} runs {', '.join(self.stacks)}",)  # fmt: skip
         reasons = (rule.check(resolved, model) for rule in self.rules)
-        return tuple(r for r in reasons if r is not None)
+        return wrong + tuple(r for r in reasons if r is not None)
 
     def launches(self, resolved: ResolvedConfig, model: ModelSpec) -> bool:
-        """Whether no rule refuses ``resolved``."""
-        return all(rule.check(resolved, model) is None for rule in self.rules)
+        """Whether it runs ``resolved``'s stack and no rule refuses ``resolved``."""
+        return resolved.training.stack in self.stacks and all(
+            rule.check(resolved, model) is None for rule in self.rules)  # fmt: skip
 
 
 def data_parallel_sync(resolved: ResolvedConfig) -> bool:

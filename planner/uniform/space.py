@@ -158,11 +158,12 @@ def branches(
 
 
 def run_config(training: TrainingSpec, options: SolveOptions, **degrees: object) -> ParallelConfig:
-    """A configuration of the run's batch, sequence, precision and switches, with ``degrees``
-    (``tp``, ``pp``, ``recompute``, ...) on top."""
+    """A configuration of the run's batch, sequence, precision, stack and switches, with
+    ``degrees`` (``tp``, ``pp``, ``recompute``, ...) on top."""
     return ParallelConfig(
         global_batch=training.global_batch_size, seq_len=training.seq_length,
-        precision=training.precision, flash_attention=options.flash_attention,
+        precision=training.precision, stack=training.stack,
+        flash_attention=options.flash_attention,
         overlap_grad_reduce=options.overlap_grad_reduce,
         overlap_param_gather=options.overlap_param_gather, **degrees,  # type: ignore[arg-type]
     )  # fmt: skip
