@@ -154,7 +154,8 @@ def test_estimate_out_says_when_its_framework_cannot_launch_it(tmp_path: Path) -
     model, cluster = "instances/models/llama3-70b.json", "instances/clusters/dgx-h100-80gb.json"
     plan = tmp_path / "plan.json"
     done = _run("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
-                "--zero", "1", "--no-sp", "--framework", "torchtitan", "--out", plan)  # fmt: skip
+                "--zero", "1", "--no-sp", "--recompute", "full", "--framework",
+                "torchtitan", "--out", plan)  # fmt: skip
     assert done.returncode == 0 and plan.exists(), done.stderr
     assert "note:" in done.stderr and "torchtitan, which cannot launch it" in done.stderr
     assert "without sp" in done.stderr

@@ -253,7 +253,7 @@ def test_infeasible_message_names_the_ways_out(gpt3: ModelSpec, one_node: Cluste
     assert "\n" not in line
     assert line.startswith("no plan fits gpt3-175b on 8 x A100-SXM4-80GB (80 GiB, 4.0 GiB kept")
     assert "the leanest (some plan) needs 397.6 GiB per device" in line
-    assert "add nodes: on 8 nodes (64 devices) tp 8, pp 1" in line
+    assert "add nodes: on 8 nodes (64 devices) tp 8, pp 8" in line
     leanest = leanest_uniform(gpt3, one_node, training=training, options=OPTIONS)
     assert leanest is not None
     offload = estimate(gpt3, one_node, leanest[1])

@@ -178,7 +178,7 @@ def explain(
     >>> why.step[0].name, round(why.step[0].share, 2)  # the step's largest part
     ('compute_s', 0.87)
     >>> why.memory.parts[0].name, round(why.memory.free_gib, 1)  # the peak's largest part
-    ('activations_gib', 16.7)
+    ('activations_gib', 13.4)
 
     Half the tensor parallelism would be a second faster but does not fit; twice as much fits
     but is slower:
