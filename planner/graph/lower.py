@@ -24,8 +24,12 @@ What each operator keeps for backward depends on the stack that runs it
   normed input is recomputed (which of the two norm outputs is kept is not identifiable from
   the bytes: one is).
 
-The loss keeps fp32 softmax (or log-softmax) over the vocabulary; its backward's transient
-tensors are the op's ``working``.
+The loss keeps fp32 softmax (or log-probabilities, or the fused loss's 16-bit logits) over the
+vocabulary; its backward's transient tensors are the op's ``working``.
+
+Over 400 lines: one builder for every part of a layer (norms, projections, attention, MLP,
+experts, embedding, head), each saying what it keeps under every stack, so that a stack's
+rules read in one place.
 """
 
 from __future__ import annotations

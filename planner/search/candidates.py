@@ -142,3 +142,15 @@ def describe(c: Candidate) -> str:
     sequences = f"{c.mesh_micro_batch_size} sequence" + "s" * (c.mesh_micro_batch_size > 1)
     text = f"PP{c.num_stages} of {c.mesh[0]}x{c.mesh[1]} meshes, {replicas}, microbatch of "
     return text + sequences + (f", v={c.vpp}" if c.vpp > 1 else "")
+
+
+def candidate_communicators(model: ModelSpec, c: Candidate) -> cost.Communicators:
+    """The NCCL communicators a device of candidate ``c`` connects: one per mesh axis and
+    one over the replicas (an axis of a mixture-of-experts model counted as an all-to-all,
+    which its experts may run), the pipeline's neighbours and the tied embeddings' group."""
+    moe = model.moe is not None
+    axes = tuple(n for n in c.mesh if n > 1)
+    tied = model.tie_word_embeddings and c.num_stages > 1
+    return cost.Communicators(groups=(*(() if moe else axes), c.replicas),
+                              all_to_all=axes if moe else (),
+                              pairs=int(c.num_stages > 1) + int(tied))  # fmt: skip

@@ -47,6 +47,7 @@ from planner.plan.schema import (
 from planner.search.bounds import layers_bound_s, may_fit, options_bound_s
 from planner.search.candidates import (
     Candidate,
+    candidate_communicators,
     candidates,
     describe,
     model_flops_per_sequence,
@@ -83,18 +84,6 @@ class Found:
     """Bounds on the slowest stage the dynamic program tried."""
 
 
-def candidate_communicators(ctx: SearchContext, c: Candidate) -> cost.Communicators:
-    """The NCCL communicators a device of candidate ``c`` connects: one per mesh axis and
-    one over the replicas (an axis of a mixture-of-experts model counted as an all-to-all,
-    which its experts may run), the pipeline's neighbours and the tied embeddings' group."""
-    moe = ctx.model.moe is not None
-    axes = tuple(n for n in c.mesh if n > 1)
-    tied = ctx.model.tie_word_embeddings and c.num_stages > 1
-    return cost.Communicators(groups=(*(() if moe else axes), c.replicas),
-                              all_to_all=axes if moe else (),
-                              pairs=int(c.num_stages > 1) + int(tied))  # fmt: skip
-
-
 def evaluate(
     ctx: SearchContext, c: Candidate, kinds: list[str], *, bound_s: float = float("inf")
 ) -> Found | None:
@@ -111,7 +100,7 @@ def evaluate(
     held = (*dict.fromkeys(kinds), "embedding", "head")
     device = ctx.cluster.device
     usable = ctx.options.usable_bytes(device)
-    comms = candidate_communicators(ctx, c).bytes
+    comms = candidate_communicators(ctx.model, c).bytes
     stage_bytes = cost.allocatable_bytes(device, usable, communicators=comms)
     if bound_s < float("inf") and _bounded_out(ctx, c, kinds, held, send_s=send,
                                                in_flight=min(in_flight),
