@@ -23,13 +23,12 @@ from typing import Any
 
 from planner.cost.layer import LayerParts
 from planner.errors import InputError
+from planner.graph.lower import FP32_BYTES
 from planner.plan.divisibility import Degrees
 from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import read_text
 from planner.vocabulary import GIB, Stack
-
-FP32_BYTES = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

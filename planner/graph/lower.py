@@ -44,7 +44,7 @@ from planner.vocabulary import Precision, Stack
 
 ACTIVATION_BYTES: dict[Precision, float] = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 MASK_BYTES = 1.0  # dropout masks are stored as bytes
-LOSS_BYTES = 4.0  # the cross-entropy keeps fp32 softmax over the vocabulary
+LOSS_BYTES = 4.0  # fp32: the router's softmax over the experts, the loss per token
 FP32_BYTES = 4.0
 AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
 """Stacks that run under ``torch.autocast`` with fp32 weights and an fp32 residual stream."""
