@@ -116,7 +116,7 @@ class LayerCost:
     """Transient peak on top (a fully recomputed layer's activations)."""
     loss_bytes: float = 0.0
     """The loss's transient peak on top: the gradients over the vocabulary its backward holds
-    (:data:`planner.graph.lower.LOSS_WORKING`), on the stage that holds the head."""
+    (:data:`planner.graph.stacks.LOSS_WORKING`), on the stage that holds the head."""
     recompute_flops: float = 0.0
     """Extra forward FLOPs of recomputation (whole model replica, not per device)."""
     layer_params: float = 0.0

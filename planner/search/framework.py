@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner import cost
 from planner.errors import TimeLimitError
 from planner.options import DEFAULT_OPTIONS, Progress, ProgressFn, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
@@ -93,7 +94,8 @@ class _Search:
         c = batch.columns
         peak = c["peak_memory_gib"]
         # The optimizer states leave with the allocator's slack on them.
-        offloaded = peak - (1 + cluster.device.allocator_fragmentation) * c["memory.optimizer_gib"]
+        optimizer = c["memory.optimizer_gib"] * GIB
+        offloaded = peak - (optimizer + cost.allocator_slack_bytes(cluster.device, optimizer)) / GIB
         lighter = (c["divides"] & (peak * GIB > self.usable_bytes)
                    & (offloaded * GIB <= self.usable_bytes))
         kept = tuple(configs[i] for i in np.flatnonzero(lighter))

@@ -123,7 +123,8 @@ def evaluate(
                                         stage_bytes=stage_bytes, comms=comms)  # fmt: skip
         if best is not None or over is None:
             return best
-        stage_bytes -= over / (1 + device.allocator_fragmentation)
+        usable -= over
+        stage_bytes = cost.allocatable_bytes(device, usable, communicators=comms)
     return None
 
 

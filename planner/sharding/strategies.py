@@ -18,7 +18,7 @@ their experts' ranks, ``experts:batch`` tokens split along the batch (expert par
 data-parallel ranks, as Megatron-Core lays it out); ``batch`` and ``seq`` keep each rank's
 tokens on the rank (split by ``capacity``).
 
-One concern at about 440 lines: every operator kind's strategies and the prices each carries
+One concern at about 450 lines: every operator kind's strategies and the prices each carries
 (compute, its own collectives, the weight-gradient sync, hidden and exposed parts); the
 layouts they imply live in :mod:`planner.sharding.layout`, the resharding between them in
 :mod:`planner.sharding.assignment`.

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from planner import cost
 from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
@@ -163,8 +164,9 @@ def _shorter_sequence(
     configuration; else the longest of the run's halved up to :data:`SEQUENCE_HALVINGS`
     times."""
     # What scales with the sequence, and the allocator's slack on it, off each peak.
-    slack = 1 + cluster.device.allocator_fragmentation
-    fixed_gib = min(r.peak_memory_gib - slack * r.sequence_gib for r in priced)
+    fixed_gib = min(r.peak_memory_gib - r.sequence_gib
+                    - cost.allocator_slack_bytes(cluster.device, r.sequence_gib * GIB) / GIB
+                    for r in priced)  # fmt: skip
     if not fits_gib(cluster, fixed_gib):
         return (f"a shorter sequence would not help: weights, gradients, optimizer states and "
                 f"reserved memory alone need {fixed_gib:.1f} GiB per device in every uniform "

@@ -1,0 +1,55 @@
+"""What each stack (:data:`~planner.vocabulary.Stack`) keeps for the backward, for the
+lowering (:mod:`planner.graph.lower`) to apply operator by operator:
+
+- ``megatron-te`` follows Korthikanti et al., "Reducing Activation Recomputation in Large
+  Transformer Models" (MLSys'23), Sec. 4.1: for a GPT layer ``sbh(34 + 5as/h)`` bytes at 16-bit
+  precision with dropout.
+- ``hf-eager`` counts what autograd saves in Hugging Face's Llama code
+  (``transformers/models/llama/modeling_llama.py``) under ``torch.autocast`` with fp32 weights:
+  the residual stream is fp32 (the embedding runs outside autocast, and a bf16 block output
+  added to it promotes); ``LlamaRMSNorm`` keeps its fp32 input and its fp32 normalized output
+  (before the weight); autocast casts a linear's fp32 input per call (q, k and v each keep a
+  bf16 copy of the norm's output; gate and up each another) and caches one bf16 copy of each
+  weight, which the linear keeps; SiLU keeps the gate, and the product keeps SiLU's output and
+  up. Rotary embedding keeps nothing new (its multiplicands are the constant cos and sin).
+  On one H100 this count is the measured bytes of a Llama-3.2-1B and a Llama-3.1-8B layer
+  (TP 1-8 shards) within 0.2 % (``tests/test_memory_stacks.py``).
+- ``hf-compiled``: the same layer under ``torch.compile``. What Inductor's partitioner keeps is
+  inferred from the same measurements, not counted from its source: the fp32 residual into
+  each norm, one bf16 copy of the attention's normed input, q, k, v and the attention output,
+  the gate, up and their product (SiLU recomputed), and the bf16 weight copies; the MLP's
+  normed input is recomputed (which of the two norm outputs is kept is not identifiable from
+  the bytes: one is).
+- ``composer-fsdp``: MosaicML's MPT under Composer (mosaicml/examples v0.0.4): Megatron's
+  accounting for the layers (a bf16 residual stream), flash-attn's fused cross entropy.
+
+The loss keeps fp32 softmax (or log-probabilities, or the fused loss's 16-bit logits) over the
+vocabulary; its backward's transient tensors are the op's ``working``.
+"""
+
+from __future__ import annotations
+
+from planner.vocabulary import Stack
+
+FP32_BYTES = 4.0
+"""Bytes of an fp32 element."""
+AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
+"""Stacks that run under ``torch.autocast`` with fp32 weights and an fp32 residual stream."""
+LOSS_KEPT: dict[Stack, float] = {"megatron-te": 4.0, "hf-eager": 4.0, "hf-compiled": 4.0,
+                                  "composer-fsdp": 2.0}
+"""Bytes per token and vocabulary entry the loss keeps for its backward: fp32 softmax (or
+log-probabilities); flash-attn's fused cross entropy (``flash_attn/losses/cross_entropy.py``,
+as MosaicGPT builds it) keeps the 16-bit logits themselves and an fp32 log-sum-exp a token."""
+LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "hf-eager": 8.0, "hf-compiled": 8.0,
+                                    "composer-fsdp": 2.0}
+"""Bytes per token and vocabulary entry the loss's backward holds beyond the fp32 softmax it
+keeps. Hugging Face's loss (``transformers/loss/loss_utils.py``) runs ``cross_entropy`` on
+logits upcast to fp32: its backward holds the dense fp32 gradient of the log-probabilities
+(``nll_loss_backward``) and the fp32 gradient of the logits (``_log_softmax_backward_data``)
+at once, 8 bytes, with the kept log-probabilities 12 (measured 12.26 GiB at 8,192 tokens and a
+128,256 vocabulary on an H100, with the head's weight copy and input:
+``../shared/validation/h100/layers.jsonl``). Megatron-Core's vocab-parallel cross entropy
+(``megatron/core/tensor_parallel/cross_entropy.py``) turns the kept fp32 softmax into the
+gradient in place; the gradient cast back to the logits' 16-bit type is the 2 bytes. The
+fused cross entropy without ``inplace_backward`` writes a new 16-bit gradient: 2 bytes."""
+
