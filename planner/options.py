@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner import cost
+from planner.frameworks import default_stack
 from planner.ilp.backends import Backend
 from planner.plan.config import check_sequence
 from planner.spec import DeviceSpec, ModelSpec, TrainingSpec
@@ -77,9 +78,9 @@ class SolveOptions:
 
     The memory a plan leaves free on an 80 GiB device, by default and when given:
 
-    >>> SolveOptions().margin_bytes(80.0) / 2**30, options.memory_margin_gib
+    >>> SolveOptions().margin_bytes(80.0, "megatron-te") / 2**30, options.memory_margin_gib
     (4.0, None)
-    >>> SolveOptions(memory_margin_gib=8).margin_bytes(80.0) / 2**30
+    >>> SolveOptions(memory_margin_gib=8).margin_bytes(80.0, "hf-eager") / 2**30
     8.0
     """
 
@@ -125,17 +126,18 @@ class SolveOptions:
     pins: Pins = NO_PINS
     """Knobs the user fixed."""
     memory_margin_gib: float | None = None
-    """Device memory plans leave free; None: :data:`planner.cost.DEFAULT_MEMORY_MARGIN` of
-    the device."""
+    """Device memory plans leave free; None: the stack's share of the device
+    (:data:`planner.cost.MEMORY_MARGIN`: the memory model's measured error on it)."""
 
-    def margin_bytes(self, device_memory_gib: float) -> float:
-        """The memory a plan leaves free on a device of ``device_memory_gib``."""
-        return cost.memory_margin_bytes(device_memory_gib, self.memory_margin_gib)
+    def margin_bytes(self, device_memory_gib: float, stack: Stack) -> float:
+        """The memory a plan run by ``stack`` leaves free on a device of
+        ``device_memory_gib``."""
+        return cost.memory_margin_bytes(device_memory_gib, self.memory_margin_gib, stack)
 
-    def usable_bytes(self, device: DeviceSpec) -> float:
-        """What a plan may fill on ``device``: its memory less this margin
+    def usable_bytes(self, device: DeviceSpec, stack: Stack) -> float:
+        """What a plan run by ``stack`` may fill on ``device``: its memory less this margin
         (:func:`planner.cost.usable_bytes`)."""
-        return cost.usable_bytes(device, self.memory_margin_gib)
+        return cost.usable_bytes(device, self.memory_margin_gib, stack)
 
 
 DEFAULT_OPTIONS = SolveOptions()
@@ -166,10 +168,12 @@ ProgressFn = Callable[[Progress], None]
 
 def training_of(model: ModelSpec, options: SolveOptions) -> TrainingSpec:
     """The run's sequence length, global batch, precision and stack: the options, else the
-    model's training block (:func:`~planner.spec.reading.fill_training`); a sequence longer
-    than a model with learned positions has positions for is refused."""
+    model's training block (:func:`~planner.spec.reading.fill_training`), the stack else the
+    framework's (:func:`~planner.frameworks.default_stack`); a sequence longer than a model
+    with learned positions has positions for is refused."""
+    stack = default_stack(options.framework, model, options.stack)
     training = fill_training(model, seq_length=options.seq_length,
                              global_batch_size=options.global_batch_size,
-                             precision=options.precision, stack=options.stack)  # fmt: skip
+                             precision=options.precision, stack=stack)  # fmt: skip
     check_sequence(model, training.seq_length)
     return training

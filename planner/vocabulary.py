@@ -17,7 +17,7 @@ GB = 1e9
 Precision = Literal["bf16", "fp16", "fp32"]
 """Mixed-precision compute type."""
 
-Stack = Literal["megatron-te", "hf-eager", "hf-compiled", "composer-fsdp"]
+Stack = Literal["megatron-te", "hf-eager", "hf-compiled", "composer-fsdp", "megatron-deepspeed"]
 """The software that runs a layer, beyond its kernels: what it keeps for the backward and how it
 computes the loss. ``megatron-te``: Megatron-Core with Transformer Engine (fused norms, SwiGLU
 and attention; a compute-precision residual stream; vocab-parallel cross entropy), the accounting
@@ -27,8 +27,16 @@ compute-precision copy of a linear's input and weight per projection, the loss o
 ``hf-compiled``: the same with each decoder layer under ``torch.compile``.
 ``composer-fsdp``: MosaicML's MPT (MosaicGPT) under Composer with PyTorch FSDP as its 2023
 throughput benchmark ran it: a bf16 residual stream (Korthikanti's accounting), fp32 sharded
-weights gathered in bf16 (FSDP ``MixedPrecision`` PURE), flash-attn's fused cross entropy."""
-STACKS: tuple[Stack, ...] = ("megatron-te", "hf-eager", "hf-compiled", "composer-fsdp")
+weights gathered in bf16 (FSDP ``MixedPrecision`` PURE), flash-attn's fused cross entropy.
+``megatron-deepspeed``: Megatron-DeepSpeed, Megatron's layers (Korthikanti's accounting) under
+DeepSpeed's engine and optimizers (bf16's ``BF16_Optimizer``, fp16's ZeRO optimizer) and its
+pipeline engine."""
+STACKS: tuple[Stack, ...] = ("megatron-te", "hf-eager", "hf-compiled", "composer-fsdp",
+                             "megatron-deepspeed")
+
+StatesPrecision = Literal["bf16", "fp16", "fp32", "bf16-deepspeed", "fp16-deepspeed"]
+"""How a run keeps its weights' states: a compute precision as Megatron-LM keeps them, or
+DeepSpeed's optimizers' layout of that precision (:func:`planner.cost.memory.states_precision`)."""
 
 Recompute = Literal["none", "selective", "full"]
 """Activation recomputation: none; selective (Megatron-LM's attention core,

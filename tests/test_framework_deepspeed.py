@@ -20,7 +20,13 @@ from planner.frameworks import deepspeed as ds
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 from planner.vocabulary import OFFLOADS
-from tests.framework_cases import configure, forced, load, verdict
+from tests import framework_cases
+from tests.framework_cases import forced, load, verdict
+
+
+def configure(model: ModelSpec, devices: int, **knobs: Any) -> ResolvedConfig:
+    """``knobs`` resolved on ``devices`` H100s on DeepSpeed's own stack (its optimizers)."""
+    return framework_cases.configure(model, devices, **({"stack": "megatron-deepspeed"} | knobs))
 
 
 def refusal(name: str, resolved: ResolvedConfig, model: ModelSpec) -> str | None:

@@ -8,6 +8,7 @@ import pytest
 
 from planner import solve
 from planner.baselines.grid import grid_space
+from planner.cost import MEMORY_MARGIN
 from planner.errors import ConfigError, InfeasibleError, InputError
 from planner.frameworks import FRAMEWORKS, launch, profile
 from planner.options import Pins, SolveOptions
@@ -46,7 +47,9 @@ def test_a_solved_plan_launches_as_priced(framework: str, llama: ModelSpec,
     again = estimate(llama, two_nodes, plan.configuration)
     assert again.step_time_s == pytest.approx(plan.predicted.step_time_s, rel=1e-6)
     assert again.peak_memory_gib == pytest.approx(plan.predicted.peak_memory_gib, rel=1e-6)
-    assert plan.memory_margin_gib == pytest.approx(0.05 * two_nodes.device.memory_gib)
+    # The margin is the framework's stack's (DeepSpeed's optimizers': 23 %; the others 5 %).
+    share = MEMORY_MARGIN[profile(framework).stacks[0]]
+    assert plan.memory_margin_gib == pytest.approx(share * two_nodes.device.memory_gib)
     assert plan.predicted.peak_memory_gib <= two_nodes.device.memory_gib - plan.memory_margin_gib
 
 

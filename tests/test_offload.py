@@ -92,7 +92,7 @@ def test_the_search_equals_brute_force_over_every_offloaded_variant() -> None:
     every = space + [v for v in variants if v is not None]
     assert len(every) > len(space)
     batch = estimate_batch(model, cluster, every)
-    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    usable = options.usable_bytes(cluster.device, "megatron-te")
     assert cluster.host is not None
     fits = (batch.columns["divides"] & (batch.columns["peak_memory_gib"] * GIB <= usable)
             & (batch.columns["host_memory_gib"] * GIB <= cluster.host.memory_bytes))
@@ -167,7 +167,7 @@ def test_deepspeed_search_equals_brute_force_over_zero_offload_variants() -> Non
     # Those that divide are offloaded as DeepSpeed runs it (the rest are kept for the pricing
     # to refuse: launched_variant).
     assert {v.offload for v, d in zip(offloaded, divides, strict=True) if d} == {"zero-offload"}
-    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    usable = options.usable_bytes(cluster.device, "megatron-deepspeed")
     assert cluster.host is not None
     fits = (batch.columns["divides"] & (batch.columns["peak_memory_gib"] * GIB <= usable)
             & (batch.columns["host_memory_gib"] * GIB <= cluster.host.memory_bytes))

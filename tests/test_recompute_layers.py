@@ -81,7 +81,7 @@ def brute_force(model: planner.ModelSpec, cluster: planner.ClusterSpec,
             if launched_variant(probe, model, cluster=cluster, options=options) == probe:
                 configs.append(probe)
     batch = estimate_batch(model, cluster, configs)
-    usable = cluster.device.memory_bytes - options.margin_bytes(cluster.device.memory_gib)
+    usable = options.usable_bytes(cluster.device, "megatron-te")
     fits = batch.columns["divides"] & (batch.columns["peak_memory_gib"] * GIB <= usable)
     step = batch.columns["step_time_s"]
     best = min(np.flatnonzero(fits), key=lambda i: (step[i], config_key(configs[i])))

@@ -285,7 +285,7 @@ def test_a_shorter_sequence_when_activations_decide() -> None:
     line = infeasible_message(model, cluster, training, options, searched="x", least_gib=134.5,
                               leanest="y")  # fmt: skip
     assert "a shorter sequence: at 262144 (--seq-len 262144)" in line
-    usable = cluster.device.memory_gib - options.margin_bytes(cluster.device.memory_gib) / 2**30
+    usable = options.usable_bytes(cluster.device, "megatron-te") / 2**30
     for seq, fits in ((1 << 19, False), (1 << 18, True)):
         found = leanest_uniform(model, cluster,
                                 training=training.model_copy(update={"seq_length": seq}),

@@ -26,7 +26,6 @@ from planner.cli.app import (
     render,
 )
 from planner.cli.knobs import with_knobs
-from planner.cost import memory_margin_bytes
 from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.info import model_info
 from planner.diagnose.network_fit import fit_network
@@ -41,8 +40,7 @@ from planner.spec.reading import json_schema
 from planner.uniform.defaults import SEARCH_SWITCHES, framework_defaults
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
-from planner.uniform.remedies import config_infeasible_message
-from planner.vocabulary import GIB
+from planner.uniform.remedies import config_infeasible_message, plan_margin_gib
 
 CONFIG_KNOBS = tuple(ParallelConfig.model_fields)
 """Every knob of a uniform configuration, as ``planner estimate`` offers them."""
@@ -91,7 +89,7 @@ def estimate_cmd(
     if out is not None:
         # Written even when it does not fit: it records what was priced (and `simulate` can
         # still draw it); the exit code says it does not fit.
-        margin = memory_margin_bytes(cluster_spec.device.memory_gib, memory_margin) / GIB
+        margin = plan_margin_gib(model_spec, cluster_spec, config, memory_margin)
         plan = uniform_plan(model_spec, cluster_spec, config, framework=framework or "megatron",
                             memory_margin_gib=margin)  # fmt: skip
         write_atomic(out, plan.to_json(), inputs=(model, cluster))

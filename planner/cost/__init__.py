@@ -58,7 +58,9 @@ from planner.cost.data_parallel import (
     optimizer_step_s,
 )
 from planner.cost.memory import (
+    ADAM_LAYOUT,
     DEFAULT_MEMORY_MARGIN,
+    MEMORY_MARGIN,
     Communicators,
     MemoryParts,
     StateBytes,
@@ -86,11 +88,13 @@ from planner.cost.pipeline import (
 )
 
 __all__ = [
+    "ADAM_LAYOUT",
     "CAUSAL_FRACTION",
     "DEFAULT_MEMORY_MARGIN",
     "ELEMENTWISE_BACKWARD_FACTOR",
     "FLASH_BACKWARD_FACTOR",
     "MATMUL_BACKWARD_FACTOR",
+    "MEMORY_MARGIN",
     "NO_SYNC",
     "CommGroup",
     "Communicators",

@@ -10,7 +10,7 @@ from planner.cost.compute import compute_time_s
 from planner.cost.elementwise import Real, minimum, where
 from planner.cost.memory import ADAM_STATE, adam_traffic_bytes, gradient_bytes_on_wire
 from planner.spec import ClusterSpec, DeviceSpec
-from planner.vocabulary import CollectiveKind, Precision
+from planner.vocabulary import CollectiveKind, StatesPrecision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,7 +122,7 @@ def data_parallel_sync(
     group: CommGroup | None,
     *,
     params: float,
-    precision: Precision,
+    precision: StatesPrecision,
     zero: int,
 ) -> DataParallelSync:
     """The gradient reduction and weight gathers of ``params`` parameters replicated on
@@ -157,7 +157,7 @@ def data_parallel_sync(
                             gather_per_microbatch_s=2 * t("all_gather", weights))
 
 
-def optimizer_step_s(device: DeviceSpec, precision: Precision, *, params: float) -> float:
+def optimizer_step_s(device: DeviceSpec, precision: StatesPrecision, *, params: float) -> float:
     """Adam's update of ``params`` local parameters: memory-bound (reads and writes the
     optimizer state, reads the gradients, writes the compute-precision weights)."""
     traffic = adam_traffic_bytes(precision)

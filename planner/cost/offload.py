@@ -37,7 +37,7 @@ from __future__ import annotations
 from planner.cost.data_parallel import NO_SYNC, DataParallelSync, optimizer_step_s
 from planner.cost.memory import ADAM_STATE, adam_traffic_bytes
 from planner.spec import ClusterSpec
-from planner.vocabulary import Offload, Precision
+from planner.vocabulary import Offload, StatesPrecision
 
 FP32_BYTES = 4
 """Bytes of an fp32 number: ZeRO-Offload's master weights, Adam moments and host gradients."""
@@ -51,7 +51,7 @@ def _cpu_pass_s(cluster: ClusterSpec, *, params: float, bytes_per_param: float) 
     return params * bytes_per_param / host_bandwidth
 
 
-def offloaded_optimizer_step_s(cluster: ClusterSpec, precision: Precision, *,
+def offloaded_optimizer_step_s(cluster: ClusterSpec, precision: StatesPrecision, *,
                                params: float) -> float:  # fmt: skip
     """Seconds of the optimizer step of one device's ``params`` parameters offloaded: the
     slowest of the gradients' copy to the host, the CPU's Adam and the weights' copy back (a
@@ -67,7 +67,7 @@ def offloaded_optimizer_step_s(cluster: ClusterSpec, precision: Precision, *,
     return max(to_host_s, cpu_adam_s, to_device_s)
 
 
-def zero_offload_cpu_bytes(precision: Precision) -> float:
+def zero_offload_cpu_bytes(precision: StatesPrecision) -> float:
     """Host memory bytes per parameter ZeRO-Offload's ``step`` moves on the CPU: Adam's
     (:func:`~planner.cost.memory.adam_traffic_bytes`), the in-place unscaling of the fp32
     gradients before it (read and write), and the master weights read again for their
@@ -75,7 +75,8 @@ def zero_offload_cpu_bytes(precision: Precision) -> float:
     return adam_traffic_bytes(precision) + 2 * FP32_BYTES + FP32_BYTES
 
 
-def zero_offload_step_s(cluster: ClusterSpec, precision: Precision, *, params: float) -> float:
+def zero_offload_step_s(cluster: ClusterSpec, precision: StatesPrecision, *,
+                        params: float) -> float:  # fmt: skip
     """Seconds of ZeRO-Offload's ``step`` for one device's ``params`` parameters: the CPU's
     passes (:func:`zero_offload_cpu_bytes`), then the compute-precision weights copied back to
     the device, one after the other (the gradients came down during the backward:
@@ -88,8 +89,9 @@ def zero_offload_step_s(cluster: ClusterSpec, precision: Precision, *, params: f
     return cpu_s + params * ADAM_STATE[precision].weights / host.link_bytes_s
 
 
-def gradient_copy_sync(cluster: ClusterSpec, precision: Precision, *, params: float, zero: int,
-                       offload: Offload, accumulating: bool) -> DataParallelSync:  # fmt: skip
+def gradient_copy_sync(cluster: ClusterSpec, precision: StatesPrecision, *, params: float,
+                       zero: int, offload: Offload, accumulating: bool,
+                       ) -> DataParallelSync:  # fmt: skip
     """ZeRO-Offload's copies of one device's ``params`` gradients between device and host,
     which ride with the gradient reduction (hidden behind the backward as it is, exposed after
     it without ``overlap_grad_reduce``); nothing for the other offloads.
@@ -118,7 +120,7 @@ def gradient_copy_sync(cluster: ClusterSpec, precision: Precision, *, params: fl
                             gather_per_microbatch_s=0.0)  # fmt: skip
 
 
-def optimizer_time_s(cluster: ClusterSpec, precision: Precision, *, params: float,
+def optimizer_time_s(cluster: ClusterSpec, precision: StatesPrecision, *, params: float,
                      offload: Offload) -> float:  # fmt: skip
     """Seconds of the optimizer step of one device's ``params`` parameters: on the device
     (:func:`~planner.cost.data_parallel.optimizer_step_s`) or offloaded
@@ -131,7 +133,7 @@ def optimizer_time_s(cluster: ClusterSpec, precision: Precision, *, params: floa
     return optimizer_step_s(cluster.device, precision, params=params)
 
 
-def host_state_bytes(precision: Precision, *, params: float, offload: Offload,
+def host_state_bytes(precision: StatesPrecision, *, params: float, offload: Offload,
                      accumulating: bool = False) -> float:  # fmt: skip
     """Host bytes one device's offloaded optimizer takes: the optimizer states with their fp32
     master weights, and the copy of the gradients the CPU steps on (0 without offload).

@@ -12,7 +12,7 @@ from planner import cost
 from planner.cost.layer import LayerCost
 from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
 from planner.spec import ClusterSpec
-from planner.vocabulary import Offload, Precision
+from planner.vocabulary import Offload, StatesPrecision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +60,7 @@ class TiedCopy:
 
 
 def stage_sync(
-    weights: Sequence[Weights], zero: int, cluster: ClusterSpec, precision: Precision
+    weights: Sequence[Weights], zero: int, cluster: ClusterSpec, precision: StatesPrecision
 ) -> cost.DataParallelSync:
     """Gradient reduction and ZeRO gathers of a stage's weights (:func:`cost.data_parallel_sync`
     per gradient bucket)."""
@@ -76,10 +76,14 @@ def stage_sync(
 
 
 def stage_state_bytes(
-    weights: Sequence[Weights], zero: int, precision: Precision, offload: Offload = "none"
+    weights: Sequence[Weights], zero: int, precision: StatesPrecision, offload: Offload = "none"
 ) -> tuple[float, float, float]:
     """One device's bytes of weights, gradients and optimizer states of a stage's weights (no
-    optimizer states when they are offloaded to the host)."""
+    optimizer states when they are offloaded to the host). DeepSpeed runs ZeRO-Offload on its
+    ZeRO optimizer, not ``BF16_Optimizer``: its states are priced as before that one's layout
+    (:data:`~planner.cost.memory.HELD_STATE`)."""
+    if offload == "zero-offload":
+        precision = cost.ADAM_LAYOUT[precision]
     held = [0.0, 0.0, 0.0]
     for w in weights:
         per_param = cost.state_bytes_per_param(precision, zero=zero, shards=w.shards)
@@ -113,7 +117,7 @@ def with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[S
     return stages
 
 
-def tied_sync_s(cluster: ClusterSpec, tied: TiedCopy | None, precision: Precision) -> float:
+def tied_sync_s(cluster: ClusterSpec, tied: TiedCopy | None, precision: StatesPrecision) -> float:
     """The all-reduce of the tied embedding copies' gradients (0 without copies)."""
     if tied is None:
         return 0.0
@@ -154,7 +158,7 @@ class StageStatics:
 
 
 def stage_statics(
-    cluster: ClusterSpec, precision: Precision, stages: Sequence[StageCost], *,
+    cluster: ClusterSpec, precision: StatesPrecision, stages: Sequence[StageCost], *,
     tied: TiedCopy | None = None, offload: Offload = "none", gathered_bytes_per_param: float = 0.0,
 ) -> StageStatics:  # fmt: skip
     """:class:`StageStatics` of ``stages`` (the pipeline's first stage first and its last

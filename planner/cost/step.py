@@ -22,8 +22,8 @@ from planner.spec import ClusterSpec
 from planner.vocabulary import (
     Offload,
     PipelineSchedule,
-    Precision,
     ScheduleName,
+    StatesPrecision,
     schedule_name,
 )
 
@@ -44,7 +44,7 @@ class PipelineKnobs:
     communicator_bytes: Real = 0.0
     """NCCL's buffers for the communicators a device connects
     (:attr:`planner.cost.memory.Communicators.bytes`)."""
-    states_precision: Precision = "bf16"
+    states_precision: StatesPrecision = "bf16"
     """The precision of the weights' states (:func:`planner.cost.memory.states_precision`):
     their bytes, the gradient sync's and the optimizer step's."""
     overlap_grad_reduce: bool = False

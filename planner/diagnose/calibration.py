@@ -18,149 +18,20 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from planner.cost.memory import allocator_slack_bytes
-from planner.cost.uncertainty import parallelism_kind
-from planner.diagnose.fit import KNOBS, Fit, fit_knobs, sized_for, with_values, without_fits
+from planner.diagnose.fit import KNOBS, Fit, fit_knobs, with_values, without_fits
 from planner.diagnose.runs import DEVICES, CalibrationRun, LoadedRuns, load_runs_noting
+from planner.diagnose.validation_rows import ValidationRow, validation_rows
 from planner.errors import InputError, PlannerError
-from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ValidationBand
 from planner.spec.reading import load_cluster, read_json
-from planner.uniform.estimate import estimate
-from planner.vocabulary import GIB, ZERO_BUBBLE
 
 # Which bundled cluster file ran each device's records.
 BUNDLED_CLUSTERS = {key: device.cluster_file for key, device in DEVICES.items()}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ValidationRow:
-    """A published run against its estimate."""
-
-    id: str
-    """The record's id."""
-    device: str
-    """The device key (:attr:`planner.diagnose.runs.CalibrationRun.device`)."""
-    family: str
-    """The framework family that ran it."""
-    parallelism: str
-    """Its kind of parallelism (:func:`planner.cost.uncertainty.parallelism_kind`)."""
-    num_devices: int
-    """Devices (GPUs) of the run."""
-    config: str
-    """The configuration as a user would say it (:func:`describe`)."""
-    measured_s: float | None
-    """The measured step time (None: the run ran out of memory before one was measured)."""
-    predicted_s: float
-    """The estimated step time."""
-    basis: str
-    """How the measured step time was obtained from the record."""
-    peak_memory_gib: float
-    """The estimated peak memory per device, its reserve included (what fitting compares
-    with the device's memory)."""
-    predicted_fits: bool
-    """Whether the estimate fits the device's memory with the default margin."""
-    predicted_peak_memory_gib: float
-    """The estimated peak allocated to tensors (``torch.cuda.max_memory_allocated``): the
-    peak less its reserve."""
-    predicted_reserved_memory_gib: float
-    """The estimated peak the caching allocator reserves (``max_memory_reserved``): the
-    allocated peak and the allocator's slack."""
-    measured_peak_memory_gib: float | None = None
-    """The measured allocated peak, where the record has it."""
-    measured_reserved_memory_gib: float | None = None
-    """The measured reserved peak, where the record has it."""
-    measured_oom: bool = False
-    """Whether the run ran out of memory (a published run that does not say ran)."""
-
-    @property
-    def error(self) -> float | None:
-        """``predicted / measured - 1`` of the step time; None without a measured one."""
-        return None if self.measured_s is None else self.predicted_s / self.measured_s - 1
-
-    @property
-    def memory_error(self) -> float | None:
-        """``predicted / measured - 1`` of the allocated peak; None where not measured."""
-        measured = self.measured_peak_memory_gib
-        return None if measured is None else self.predicted_peak_memory_gib / measured - 1
-
-    @property
-    def reserved_error(self) -> float | None:
-        """``predicted / measured - 1`` of the reserved peak; None where not measured."""
-        measured = self.measured_reserved_memory_gib
-        return None if measured is None else self.predicted_reserved_memory_gib / measured - 1
-
-    @property
-    def fit_missed(self) -> bool:
-        """The fit verdict is wrong: a run that ran predicted not to fit, or one that ran out
-        of memory predicted to fit."""
-        return self.predicted_fits == self.measured_oom
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form, with the errors and the verdict."""
-        return asdict(self) | {"error": self.error, "memory_error": self.memory_error,
-                               "reserved_error": self.reserved_error,
-                               "fit_missed": self.fit_missed}  # fmt: skip
-
-
-def describe(config: ParallelConfig) -> str:
-    """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``; an
-    uneven pipeline says the end stages that differ (``PP12 (first 5, last 5 layers)``)."""
-    ends = [f"{end} {n}" for end, n in (("first", config.first_stage_layers),
-                                        ("last", config.last_stage_layers)) if n is not None]
-    pp = f"PP{config.pp}" + (f" ({', '.join(ends)} layers)" if ends else "")
-    parts = [f"TP{config.tp}", pp, f"DP{config.dp}"]
-    parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
-                                              ("vpp", config.vpp)) if v > 1]  # fmt: skip
-    parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)
-    parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
-    parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
-    n = config.recompute_layers or 0
-    parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
-    parts += [f"ZeRO-{config.zero}"] * (config.zero > 0)
-    offloads = {"none": [], "optimizer": ["optimizer-offload"], "zero-offload": ["zero-offload"]}
-    return " ".join(parts + offloads[config.offload])
-
-
-def kind_of(config: ParallelConfig) -> str:
-    """The run's kind of parallelism, as the error bands group runs."""
-    return parallelism_kind(tensor_parallel=config.tp, pipeline_parallel=config.pp,
-                            context_parallel=config.cp, expert_parallel=config.ep,
-                            zero=config.zero)  # fmt: skip
-
-
-def validation_rows(
-    runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec]
-) -> list[ValidationRow]:
-    """Estimate every run on the cluster of its device (:func:`~planner.diagnose.fit.sized_for`
-    its devices)."""
-    rows = []
-    for run in runs:
-        try:
-            cluster = sized_for(run, clusters[run.device])
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-        est = estimate(run.model, cluster, run.config)
-        allocated = est.memory.allocated_gib
-        rows.append(ValidationRow(
-            id=run.id, device=run.device, family=run.family, parallelism=kind_of(run.config),
-            num_devices=run.num_devices, config=describe(run.config),
-            measured_s=run.measured_step_time_s, predicted_s=est.step_time_s, basis=run.basis,
-            peak_memory_gib=est.peak_memory_gib, predicted_fits=est.fits,
-            predicted_peak_memory_gib=allocated,
-            predicted_reserved_memory_gib=allocated + allocator_slack_bytes(
-                cluster.device, allocated * GIB) / GIB,
-            measured_peak_memory_gib=run.measured_peak_memory_gib,
-            measured_reserved_memory_gib=run.measured_reserved_memory_gib,
-            measured_oom=run.measured_oom,
-        ))  # fmt: skip
-    return rows
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

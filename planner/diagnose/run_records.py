@@ -50,8 +50,11 @@ FAMILIES = (("deepspeed", "deepspeed"), ("megatron", "megatron"), ("fsdp", "fsdp
 # Words of a framework's name that say its layers run as Hugging Face transformers code in
 # eager PyTorch (the hf-* stacks); anything else runs Megatron-Core's fused layers.
 HF_WORDS = ("hugging face", "transformers", "pytorch eager")
-# The measured memory fields a record may state, each a positive number of GiB.
-MEMORY_FIELDS = ("peak_memory_allocated_gib", "peak_memory_reserved_gib")
+# The measured memory fields a record may state, each a positive number of GiB: torch's peaks,
+# and the device memory in use as nvidia-smi shows it (BLOOM's chronicles' "Mem" column,
+# ``memory_gb``: nvidia-smi prints MiB and the record does not say how it was converted, so it
+# is read as GiB, the larger of the two readings).
+MEMORY_FIELDS = ("peak_memory_allocated_gib", "peak_memory_reserved_gib", "memory_gb")
 # FSDP's sharding strategies as ZeRO stages (torch/distributed/fsdp/api.py, ShardingStrategy).
 FSDP_SHARDING = {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0}
 
@@ -105,17 +108,21 @@ def software_of(record: dict[str, Any]) -> Software:
 def stack_of(framework: str) -> Stack:
     """The stack a framework's name says runs its layers: MosaicML's Composer is
     ``composer-fsdp``; Hugging Face transformers or PyTorch eager is ``hf-eager``,
-    ``hf-compiled`` with ``torch.compile`` named; anything else Megatron-Core's
-    ``megatron-te`` (Megatron-LM, DeepSpeed's Megatron fork).
+    ``hf-compiled`` with ``torch.compile`` named; Megatron-DeepSpeed (DeepSpeed's engine under
+    Megatron's layers) ``megatron-deepspeed``; anything else Megatron-Core's ``megatron-te``.
 
     >>> stack_of("PyTorch eager (Hugging Face transformers)"), stack_of("PyTorch FSDP")
     ('hf-eager', 'megatron-te')
+    >>> stack_of("Megatron-DeepSpeed (bigscience fork) with DeepSpeed's pipeline engine")
+    'megatron-deepspeed'
     >>> stack_of("MosaicML Composer + PyTorch FSDP (llm-foundry scripts/train/benchmarking)")
     'composer-fsdp'
     """
     name = framework.lower()
     if "composer" in name:
         return "composer-fsdp"
+    if "deepspeed" in name and "megatron" in name:
+        return "megatron-deepspeed"
     if not any(word in name for word in HF_WORDS):
         return "megatron-te"
     return "hf-compiled" if "torch.compile" in name else "hf-eager"
@@ -280,17 +287,21 @@ class MeasuredMemory:
     """The peak the allocator handed to tensors (``torch.cuda.max_memory_allocated``)."""
     peak_reserved_gib: float | None
     """The peak the caching allocator reserved (``torch.cuda.max_memory_reserved``)."""
+    device_gib: float | None = None
+    """The device memory in use as ``nvidia-smi`` showed it at some moment of the run (the
+    CUDA context, NCCL's buffers and the allocator's cache with the tensors): a snapshot, at
+    most the peak."""
     oom: bool
     """Whether the run ran out of memory (a record that does not say ran, as every published
     run with a step time did)."""
 
 
 def measured_memory(record: dict[str, Any]) -> MeasuredMemory:
-    """The record's ``measured.peak_memory_allocated_gib``, ``peak_memory_reserved_gib`` (each
-    a positive number where given) and ``oom`` (true or false where given).
+    """The record's ``measured.peak_memory_allocated_gib``, ``peak_memory_reserved_gib``,
+    ``memory_gb`` (each a positive number where given) and ``oom`` (true or false where given).
 
     >>> measured_memory({"measured": {"oom": True}})
-    MeasuredMemory(peak_allocated_gib=None, peak_reserved_gib=None, oom=True)
+    MeasuredMemory(peak_allocated_gib=None, peak_reserved_gib=None, device_gib=None, oom=True)
     """
     measured = record["measured"]
     if not isinstance(measured, dict):
@@ -306,7 +317,8 @@ def measured_memory(record: dict[str, Any]) -> MeasuredMemory:
     oom = measured.get("oom", False)
     if not isinstance(oom, bool):
         raise InputError(f"measured.oom must be true or false, got {short_repr(oom)}")
-    return MeasuredMemory(peak_allocated_gib=peaks[0], peak_reserved_gib=peaks[1], oom=oom)
+    return MeasuredMemory(peak_allocated_gib=peaks[0], peak_reserved_gib=peaks[1],
+                          device_gib=peaks[2], oom=oom)
 
 
 def _number(section: dict[str, Any], key: str) -> float:

@@ -60,6 +60,8 @@ class CalibrationRun:
     (:class:`~planner.diagnose.run_records.MeasuredMemory`)."""
     measured_reserved_memory_gib: float | None = None
     """The peak the caching allocator reserved, where the record measured it."""
+    measured_device_memory_gib: float | None = None
+    """The device memory in use as nvidia-smi showed it, where the record gives it."""
     measured_oom: bool = False
     """Whether the run ran out of memory (a record that does not say ran)."""
 
@@ -156,6 +158,7 @@ def run_from_record(
         basis=basis,
         measured_peak_memory_gib=memory.peak_allocated_gib,
         measured_reserved_memory_gib=memory.peak_reserved_gib,
+        measured_device_memory_gib=memory.device_gib,
         measured_oom=memory.oom,
     )
 

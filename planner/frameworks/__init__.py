@@ -21,6 +21,7 @@ from planner.frameworks.base import (
 from planner.plan.config import ResolvedConfig, resolve
 from planner.plan.schema import Plan
 from planner.spec import ClusterSpec, ModelSpec
+from planner.vocabulary import Stack
 
 PROFILES: dict[str, Profile] = {
     p.name: p
@@ -43,6 +44,23 @@ def check_framework(name: str, *, option: str = "--framework", allow_any: bool =
 def profile(name: str) -> Profile:
     """The profile of framework ``name`` (an InputError listing the known ones otherwise)."""
     return PROFILES[check_framework(name, option="framework", allow_any=False)]
+
+
+def default_stack(framework: str, model: ModelSpec, stack: Stack | None = None) -> Stack | None:
+    """The stack ``framework`` runs ``model``'s layers on: ``stack`` when given, else the
+    model's training block's when the framework runs it, else the framework's own (its
+    profile's first); None for ``any``, whose stack is the model's.
+
+    >>> import planner
+    >>> model = planner.load_model("instances/models/llama3-8b.json")
+    >>> default_stack("deepspeed", model), default_stack("megatron", model)
+    ('megatron-deepspeed', 'megatron-te')
+    """
+    if stack is not None or framework == "any":
+        return stack
+    stacks = profile(framework).stacks
+    block = model.training.stack if model.training is not None else None
+    return block if block in stacks else stacks[0]
 
 
 Paths = tuple[str, str]
@@ -99,6 +117,7 @@ __all__ = [
     "Profile",
     "Rule",
     "check_framework",
+    "default_stack",
     "launch",
     "plan_configuration",
     "profile",

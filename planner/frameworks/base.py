@@ -82,8 +82,10 @@ class Profile:
 
     stacks: tuple[Stack, ...] = ("megatron-te",)
     """The stacks it runs a layer on (:data:`~planner.vocabulary.Stack`), as the planner
-    prices them: every target today runs Megatron-Core's fused layers, or is priced as if it
-    did (torchtitan's own model code has no shared measurement)."""
+    prices them, the one it runs unless told first (:func:`planner.frameworks.default_stack`):
+    Megatron-DeepSpeed's layers under DeepSpeed's engine and optimizers for DeepSpeed; every
+    other target runs Megatron-Core's fused layers, or is priced as if it did (torchtitan's own
+    model code has no shared measurement)."""
 
     def refusals(self, resolved: ResolvedConfig, model: ModelSpec) -> tuple[str, ...]:
         """Every reason the framework cannot launch ``resolved`` (empty: it can): a stack it

@@ -341,5 +341,6 @@ RULES: tuple[Rule, ...] = (
 
 __all__ = ["DS_CONFIG_FILE", "DS_CONFIG_MARK", "PROFILE", "RULES", "launch"]
 
-PROFILE = Profile(name="deepspeed", title="DeepSpeed", rules=RULES, launch=launch)
+PROFILE = Profile(name="deepspeed", title="DeepSpeed", rules=RULES, launch=launch,
+                  stacks=("megatron-deepspeed",))
 """DeepSpeed (Megatron-DeepSpeed) as a framework target."""

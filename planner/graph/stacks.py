@@ -22,6 +22,11 @@ lowering (:mod:`planner.graph.lower`) to apply operator by operator:
   the bytes: one is).
 - ``composer-fsdp``: MosaicML's MPT under Composer (mosaicml/examples v0.0.4): Megatron's
   accounting for the layers (a bf16 residual stream), flash-attn's fused cross entropy.
+- ``megatron-deepspeed``: Megatron's layers, so Korthikanti's accounting; what differs is
+  DeepSpeed's optimizers' states (:data:`planner.cost.memory.HELD_STATE`). Its pipeline
+  engine keeps each checkpointed block's whole input per in-flight microbatch (DeepSpeed's
+  ``activation_checkpointing/checkpointing.py`` without ``partition_activations``), as
+  Megatron does without sequence parallelism.
 
 The loss keeps fp32 softmax (or log-probabilities, or the fused loss's 16-bit logits) over the
 vocabulary; its backward's transient tensors are the op's ``working``.
@@ -36,12 +41,12 @@ FP32_BYTES = 4.0
 AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
 """Stacks that run under ``torch.autocast`` with fp32 weights and an fp32 residual stream."""
 LOSS_KEPT: dict[Stack, float] = {"megatron-te": 4.0, "hf-eager": 4.0, "hf-compiled": 4.0,
-                                  "composer-fsdp": 2.0}
+                                  "composer-fsdp": 2.0, "megatron-deepspeed": 4.0}
 """Bytes per token and vocabulary entry the loss keeps for its backward: fp32 softmax (or
 log-probabilities); flash-attn's fused cross entropy (``flash_attn/losses/cross_entropy.py``,
 as MosaicGPT builds it) keeps the 16-bit logits themselves and an fp32 log-sum-exp a token."""
 LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "hf-eager": 8.0, "hf-compiled": 8.0,
-                                    "composer-fsdp": 2.0}
+                                    "composer-fsdp": 2.0, "megatron-deepspeed": 2.0}
 """Bytes per token and vocabulary entry the loss's backward holds beyond the fp32 softmax it
 keeps. Hugging Face's loss (``transformers/loss/loss_utils.py``) runs ``cross_entropy`` on
 logits upcast to fp32: its backward holds the dense fp32 gradient of the log-probabilities
@@ -51,5 +56,8 @@ at once, 8 bytes, with the kept log-probabilities 12 (measured 12.26 GiB at 8,19
 ``../shared/validation/h100/layers.jsonl``). Megatron-Core's vocab-parallel cross entropy
 (``megatron/core/tensor_parallel/cross_entropy.py``) turns the kept fp32 softmax into the
 gradient in place; the gradient cast back to the logits' 16-bit type is the 2 bytes. The
-fused cross entropy without ``inplace_backward`` writes a new 16-bit gradient: 2 bytes."""
+fused cross entropy without ``inplace_backward`` writes a new 16-bit gradient: 2 bytes.
+Megatron-DeepSpeed's (``megatron/mpu/cross_entropy.py`` at bigscience-workshop/Megatron-DeepSpeed
+b9883f44) works as Megatron-Core's, on the fp32 logits its pipeline's last stage hands it
+(``float16_to_fp32``)."""
 

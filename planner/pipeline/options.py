@@ -66,9 +66,10 @@ class SyncContext:
     num_microbatches: int
     """Microbatches of the step, over which the once-per-step sync is shared."""
     precision: Precision
-    """Compute precision (the gradients' bytes on the wire)."""
+    """Compute precision (with the stack, the states and the gradients' bytes on the wire)."""
     stack: Stack = "megatron-te"
-    """The software that runs the layers (what ZeRO-3 holds unsharded)."""
+    """The software that runs the layers (how it keeps the states; what ZeRO-3 holds
+    unsharded)."""
     overlap_grad_reduce: bool = False
     """Whether the gradient reduction overlaps the backward."""
     overlap_param_gather: bool = False
@@ -92,10 +93,13 @@ def layer_options(
     base = parts.time_s
     states = [0.0] * len(ZERO_STAGES)
     syncs = [cost.NO_SYNC] * len(ZERO_STAGES)
+    # The states as the stack keeps them (and their traffic: one switch, as the uniform
+    # search prices them), as the layer's own strategies priced them.
+    held = cost.states_precision(ctx.precision, ctx.stack)
     for axes, params in parts.weight_groups():
         group = ctx.mesh.replica_group(axes, ctx.replicas)
-        group_states = weight_states(group, params=params, precision=ctx.precision)
-        group_syncs = weight_syncs(cluster, group, params=params, precision=ctx.precision)
+        group_states = weight_states(group, params=params, precision=held)
+        group_syncs = weight_syncs(cluster, group, params=params, precision=held)
         for zero in ZERO_STAGES:
             states[zero] += group_states[zero]
             syncs[zero] += group_syncs[zero]

@@ -10,8 +10,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from planner.diagnose.calibration import describe
 from planner.diagnose.compare import MethodResult, yardstick
+from planner.diagnose.validation_rows import describe
 from planner.ilp import LayerSolution
 from planner.plan.config import ParallelConfig
 from planner.plan.schema import Plan, PlanStage, Predicted

@@ -40,7 +40,7 @@ def validation_tables(
         one.add_column(name, justify="right", no_wrap=True)
         times.add_column(name.replace(" ", "\n"), justify="right", no_wrap=True)
     for r in rows:
-        memory = f"{r.peak_memory_gib:.1f}" + ("" if r.predicted_fits else " !")
+        memory = f"{r.peak_memory_gib:.1f}" + _fit_mark(r)
         numbers = ("OOM" if r.measured_s is None else f"{r.measured_s:.2f}",
                    f"{r.predicted_s:.2f}", _percent(r.error, red_over=0.15), memory)
         one.add_row(r.id, str(r.num_devices), r.config, *numbers)
@@ -78,12 +78,17 @@ def memory_table(rows: Sequence[ValidationRow]) -> list[RenderableType]:
                 _percent(r.memory_error, red_over=0.08))
         held = (f"{r.predicted_reserved_memory_gib:.2f}", _gib(r.measured_reserved_memory_gib),
                 _percent(r.reserved_error, red_over=0.10))
-        verdict = ("yes" if r.predicted_fits else "no",
+        verdict = ("yes" if r.predicted_fits else "no" if r.predicted_over else "margin",
                    Text("OOM" if r.measured_oom else "yes", style="red" if r.fit_missed else ""))
         one.add_row(r.id, *used, *held, *verdict)
         allocated.add_row(r.id, *used, *verdict)
         reserved.add_row(r.id, *held)
     return [FirstThatFits(keep_whole(one), Group(keep_whole(allocated), keep_whole(reserved)))]
+
+
+def _fit_mark(row: ValidationRow) -> str:
+    """`` !`` after a peak over the device's memory, `` ~`` after one within its margin."""
+    return " !" if row.predicted_over else "" if row.predicted_fits else " ~"
 
 
 def _measures_memory(row: ValidationRow) -> bool:
@@ -118,9 +123,11 @@ def skipped_lines(skipped: Sequence[str]) -> list[RenderableType]:
 
 def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
     """One line per framework family and device, then all: median and max |error| of the
-    step time, and the runs predicted not to fit that ran (each a memory error: a published
-    run that does not say otherwise ran); where runs ran out of memory, how many were
-    predicted to fit; where runs measured their peak memory, its median and max |error|."""
+    step time; of the runs that ran (a published run that does not say otherwise ran), those
+    predicted over the device's memory (each a memory error) and those within the margin
+    (the model's own uncertainty: no error, but the search would not choose them); where runs
+    ran out of memory, how many were predicted to fit beside the margin; where runs measured
+    their peak memory, its median and max |error|."""
     groups: dict[str, list[ValidationRow]] = {}
     for r in rows:
         groups.setdefault(f"{r.family} on {r.device}", []).append(r)
@@ -131,11 +138,14 @@ def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
         errors = [abs(r.error) for r in mine if r.error is not None]
         timed = (f"median |error| {100 * statistics.median(errors):.1f} %, "
                  f"max {100 * max(errors):.1f} %" if errors else "no step time measured")
-        over = sum(not r.predicted_fits and not r.measured_oom for r in mine)
+        ran = [r for r in mine if not r.measured_oom]
+        over = sum(r.predicted_over for r in ran)
+        tight = sum(not r.predicted_fits and not r.predicted_over for r in ran)
         oom = [r for r in mine if r.measured_oom]
         missed = sum(r.predicted_fits for r in oom)
         line = (f"{name}: {len(mine)} runs, {timed}"
-                + (f"; {over} predicted not to fit (!)" if over else "")
+                + (f"; {over} predicted over the device's memory (!)" if over else "")
+                + (f"; {tight} within the margin (~)" if tight else "")
                 + (f"; {len(oom)} ran out of memory, {missed} of them predicted to fit"
                    if oom else ""))  # fmt: skip
         lines.append(Text(line))
@@ -144,18 +154,22 @@ def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
 
 
 def _memory_summary(name: str, rows: Sequence[ValidationRow]) -> list[RenderableType]:
-    """The median and max |error| of the runs' allocated and reserved peaks, where measured:
-    a line broken only between its clauses."""
+    """The median and max |error| of the runs' allocated and reserved peaks and device memory
+    in use, where measured, the largest saying whether it over- or under-predicts: a line
+    broken only between its clauses."""
     parts = []
     for what, errors in (("allocated", [r.memory_error for r in rows]),
-                         ("reserved", [r.reserved_error for r in rows])):  # fmt: skip
-        measured = [abs(e) for e in errors if e is not None]
+                         ("reserved", [r.reserved_error for r in rows]),
+                         ("in use (nvidia-smi)", [r.device_memory_error for r in rows])):
+        measured = [e for e in errors if e is not None]
         if measured:
-            parts.append(f"{what} median {100 * statistics.median(measured):.1f} %, "
-                         f"max {100 * max(measured):.1f} %")  # fmt: skip
+            worst = max(measured, key=abs)
+            parts.append(f"{what} median {100 * statistics.median(map(abs, measured)):.1f} "
+                         f"%, max {100 * abs(worst):.1f} % ({'over' if worst > 0 else 'under'})")
     if not parts:
         return []
-    runs = sum(r.memory_error is not None or r.reserved_error is not None for r in rows)
+    runs = sum(r.memory_error is not None or r.reserved_error is not None
+               or r.device_memory_error is not None for r in rows)  # fmt: skip
     clauses = [f"{name} memory, |error| of {runs} runs:", *[f"{p};" for p in parts[:-1]],
                parts[-1]]  # fmt: skip
     return [Clauses(clauses, sep=" ", tail="")]

@@ -155,7 +155,7 @@ def enumerate_plan(
     training = training_of(model, options)
     work = branch_space(model, cluster, training=training, options=options)
     total = sum(len(group) for _, groups in work for group in groups)
-    usable = options.usable_bytes(cluster.device)
+    usable = options.usable_bytes(cluster.device, training.stack)
     search = _Search(usable_bytes=usable)
     done = 0
     cut = False
@@ -191,7 +191,8 @@ def enumerate_plan(
                             first_refusal=search.first_refusal)
     plan = uniform_plan(model, cluster, search.best[2], method=method,
                         framework=options.framework,
-                        memory_margin_gib=options.margin_bytes(cluster.device.memory_gib) / GIB)
+                        memory_margin_gib=options.margin_bytes(cluster.device.memory_gib,
+                                                                 training.stack) / GIB)
     summary = SolverSummary(time_s=time.perf_counter() - started,
                             status="time_limit" if cut else "optimal",
                             objective=plan.predicted.step_time_s,

@@ -99,7 +99,7 @@ def evaluate(
     send = candidate_send_s(ctx, c, near.pipeline_distance)
     held = (*dict.fromkeys(kinds), "embedding", "head")
     device = ctx.cluster.device
-    usable = ctx.options.usable_bytes(device)
+    usable = ctx.options.usable_bytes(device, ctx.training.stack)
     comms = candidate_communicators(ctx.model, c).bytes
     stage_bytes = cost.allocatable_bytes(device, usable, communicators=comms)
     if bound_s < float("inf") and _bounded_out(ctx, c, kinds, held, send_s=send,
@@ -140,7 +140,7 @@ def _split_and_compose(
     each rank order: the fastest that fits, and when none does by how much the leanest
     composed step overshoots the usable memory (None: the table has no split at all)."""
     p, n, device = c.num_stages, len(kinds), ctx.cluster.device
-    usable = ctx.options.usable_bytes(device)
+    usable = ctx.options.usable_bytes(device, ctx.training.stack)
     table = stage_table(
         kinds, options, in_flight=in_flight, fixed_latency_s=[send_s] * p,
         allowed=_whole_chunks(n, p, c.vpp) if c.vpp > 1 else None, memory_bytes=stage_bytes,
@@ -355,7 +355,8 @@ def _plan(
     return Plan(
         method="ilp",
         framework="any",
-        memory_margin_gib=ctx.options.margin_bytes(ctx.cluster.device.memory_gib) / GIB,
+        memory_margin_gib=ctx.options.margin_bytes(ctx.cluster.device.memory_gib,
+                                                   training.stack) / GIB,
         model=model_ref(ctx.model),
         cluster=cluster_ref(ctx.cluster),
         precision=training.precision,

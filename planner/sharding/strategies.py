@@ -34,7 +34,7 @@ from planner.graph.ops import Op, Tensor
 from planner.sharding.layout import Layout, LogicalMesh, canonical, degrees, tensor_degrees
 from planner.sharding.weights import weight_costs
 from planner.spec import ClusterSpec
-from planner.vocabulary import Precision
+from planner.vocabulary import Precision, StatesPrecision
 
 Assignment = tuple[str | None, ...]
 """Per mesh axis, the dim it splits (None: the axis repeats the op's work)."""
@@ -51,7 +51,7 @@ class StrategyContext:
     precision: Precision
     """Compute precision: the device's peak FLOP/s, and (unless ``states_precision`` says
     otherwise) the bytes of the weights' states and gradient sync."""
-    states_precision: Precision | None = None
+    states_precision: StatesPrecision | None = None
     """The precision of the weights' states when not the compute precision's
     (:func:`planner.cost.memory.states_precision`)."""
     flash_attention: bool = True

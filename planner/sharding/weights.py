@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from planner import cost
 from planner.spec import ClusterSpec
-from planner.vocabulary import ZERO_STAGES, Precision
+from planner.vocabulary import ZERO_STAGES, StatesPrecision
 
 
 def weight_syncs(
-    cluster: ClusterSpec, group: cost.CommGroup | None, *, params: float, precision: Precision
+    cluster: ClusterSpec, group: cost.CommGroup | None, *, params: float, precision: StatesPrecision
 ) -> tuple[cost.DataParallelSync, ...]:
     """The data-parallel traffic under ZeRO 0..3 of ``params`` parameters replicated on
     ``group``."""
@@ -21,7 +21,7 @@ def weight_syncs(
 
 
 def weight_states(
-    group: cost.CommGroup | None, *, params: float, precision: Precision
+    group: cost.CommGroup | None, *, params: float, precision: StatesPrecision
 ) -> tuple[float, ...]:
     """State bytes per device under ZeRO 0..3 of ``params`` parameters replicated on
     ``group`` (their states sharded over it)."""
@@ -37,7 +37,7 @@ def weight_costs(
     group: cost.CommGroup | None,
     *,
     params: float,
-    precision: Precision,
+    precision: StatesPrecision,
     num_microbatches: int,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """State bytes per device (:func:`weight_states`) and gradient sync seconds per

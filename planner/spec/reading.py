@@ -83,8 +83,23 @@ pass --seq-len
         ) if value is None}  # fmt: skip
         raise InputError(f"{model.name}: no {' and no '.join(missing)} (the model has no "
                          f"training block): pass {' and '.join(missing.values())}")  # fmt: skip
-    stack = (block.stack if block is not None else "megatron-te") if stack is None else stack
-    return training_run(seq_length, global_batch_size, precision or "bf16", stack)
+    return training_run(seq_length, global_batch_size, precision or "bf16",
+                        stack_for(model, stack))
+
+
+def stack_for(model: ModelSpec, stack: Stack | None = None) -> Stack:
+    """The stack that runs ``model``'s layers: ``stack``, else its training block's, else
+    Megatron-LM with Transformer Engine.
+
+    >>> from planner.spec import ModelSpec
+    >>> tiny = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
+    ...                  vocab_size=128, max_position_embeddings=256)
+    >>> stack_for(tiny), stack_for(tiny, "hf-eager")
+    ('megatron-te', 'hf-eager')
+    """
+    if stack is not None:
+        return stack
+    return "megatron-te" if model.training is None else model.training.stack
 
 
 def read_text(path: Path) -> str:

@@ -190,7 +190,7 @@ def _write(b: Rows, s: Steps, out: dict[str, np.ndarray], memory_margin_gib: flo
     out["bubble_fraction"][rows] = s.bubble_fraction
     for name, part in zip(_MEMORY, peak, strict=True):
         out[name][rows] = part / GIB
-    out["fits"][rows] = (cost.fits(peak.total, cluster.device, memory_margin_gib)
+    out["fits"][rows] = (cost.fits(peak.total, cluster.device, memory_margin_gib, training.stack)
                          & host_fits(cluster, s.host_bytes))  # fmt: skip
     out["host_memory_gib"][rows] = s.host_bytes / GIB
     out["num_microbatches"][rows] = b.x.num_microbatches

@@ -17,7 +17,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from planner.errors import ConfigError
-from planner.frameworks import profile
+from planner.frameworks import default_stack, profile
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
 
@@ -62,7 +62,7 @@ def framework_defaults(
     (:data:`SEARCH_SWITCHES`), each one not ``given`` (by field name) set as the search sets
     it; a switch given stays as given. When ``framework`` launches no setting of the overlap
     flags left to it (it cannot launch the configuration for another reason), they stay as
-    in ``config``.
+    in ``config``. A stack not given is the framework's (:func:`default_stack`).
 
     >>> from planner.spec.reading import load_model, load_cluster
     >>> from pathlib import Path
@@ -82,6 +82,8 @@ def framework_defaults(
     """
     if "sp" not in given:
         config = config.model_copy(update={"sp": sequence_parallel(config.tp)})
+    # The framework's own stack where none is given (DeepSpeed's optimizers for DeepSpeed).
+    config = config.model_copy(update={"stack": default_stack(framework, model, config.stack)})
 
     def choices(name: str) -> tuple[bool, ...]:
         return (getattr(config, name),) if name in given else (True, False)

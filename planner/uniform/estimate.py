@@ -188,7 +188,8 @@ def _estimate(
                             expert_parallel=c.ep, zero=c.zero)  # fmt: skip
     return Estimate(
         **dict(headline(step, rates, device=cluster.device, kind=kind)),
-        fits=cost.fits(step.peak_memory_bytes.total, cluster.device, memory_margin_gib)
+        fits=cost.fits(step.peak_memory_bytes.total, cluster.device, memory_margin_gib,
+                       resolved.training.stack)
         and host_fits(cluster, host_bytes),
         host_memory_gib=host_bytes / GIB,
         memory=MemoryBreakdown.from_bytes(step.peak_memory_bytes),

@@ -141,7 +141,7 @@ def _pins_in_the_way(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
 ) -> list[str]:
     """Each pin without which a configuration would fit, with the leanest that then fits."""
-    usable = options.usable_bytes(cluster.device)
+    usable = options.usable_bytes(cluster.device, training.stack)
     out = []
     for name, value in options.pins.given().items():
         freed = replace(options, pins=replace(options.pins, **{name: None}))

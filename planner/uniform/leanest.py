@@ -47,7 +47,7 @@ def nodes_to_fit(
     for factor in node_factors(cluster, max_factor):
         bigger = cluster.with_nodes(cluster.num_nodes * factor)
         found = leanest_uniform(model, bigger, training=training, options=options)
-        if found is not None and fits_gib(bigger, found[0]):
+        if found is not None and fits_gib(bigger, found[0], _margin_gib(bigger, training, options)):
             return bigger.num_nodes, found[0], found[1]
     return None
 
@@ -72,7 +72,7 @@ def infeasible_message(
     (:func:`nodes_to_fit`), optimizer offload, a shorter sequence.
     """
     device = cluster.device
-    margin = options.margin_bytes(device.memory_gib) / GIB
+    margin = options.margin_bytes(device.memory_gib, training.stack) / GIB
     pins = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
     head = (f"{searched} fits {model.name} on {cluster.num_devices} x {device.name} "
             f"({device.memory_gib:g} GiB, {margin:.1f} GiB kept free) at global batch "
@@ -114,7 +114,8 @@ def _ways_out(
     on = "" if abs(lean.peak_memory_gib - least_gib) < 0.05 else (
         f" on the leanest uniform configuration ({describe(lean.config)}, "
         f"{lean.peak_memory_gib:.1f} GiB)")  # fmt: skip
-    enough = "enough" if fits_gib(cluster, left_gib) else "not enough"
+    enough = ("enough" if fits_gib(cluster, left_gib, _margin_gib(cluster, training, options))
+              else "not enough")
     # Priced where the cluster has host figures, as the framework runs it (planner.cost.offload)
     who = "DeepSpeed ZeRO-Offload" if cluster.host is None else (
         f"{_WHO[_offloaded(model, cluster, lean.config, options).offload]}, as priced")
@@ -148,6 +149,11 @@ def _offloaded(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
     return config.model_copy(update={"offload": offload})
 
 
+def _margin_gib(cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions) -> float:
+    """The margin the search leaves free on ``cluster``'s devices for ``training``'s stack."""
+    return options.margin_bytes(cluster.device.memory_gib, training.stack) / GIB
+
+
 _WHO: dict[str, str] = {"optimizer": "Megatron-LM's", "zero-offload": "DeepSpeed's ZeRO-Offload"}
 """Whose offload each offloaded value is priced as."""
 
@@ -167,7 +173,8 @@ def _shorter_sequence(
     fixed_gib = min(r.peak_memory_gib - r.sequence_gib
                     - cost.allocator_slack_bytes(cluster.device, r.sequence_gib * GIB) / GIB
                     for r in priced)  # fmt: skip
-    if not fits_gib(cluster, fixed_gib):
+    margin = _margin_gib(cluster, training, options)
+    if not fits_gib(cluster, fixed_gib, margin):
         return (f"a shorter sequence would not help: weights, gradients, optimizer states and "
                 f"reserved memory alone need {fixed_gib:.1f} GiB per device in every uniform "
                 f"configuration on these devices")  # fmt: skip
@@ -178,7 +185,7 @@ def _shorter_sequence(
         seq //= 2
         shorter = training.model_copy(update={"seq_length": seq})
         found = leanest_uniform(model, cluster, training=shorter, options=options)
-        if found is not None and fits_gib(cluster, found[0]):
+        if found is not None and fits_gib(cluster, found[0], margin):
             return (f"a shorter sequence: at {seq} (--seq-len {seq}) {describe(found[1])} "
                     f"needs {found[0]:.1f} GiB")  # fmt: skip
     return f"a shorter sequence: not even {seq} fits"

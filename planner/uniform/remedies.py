@@ -25,6 +25,7 @@ from planner import cost
 from planner.errors import ConfigError
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec, physics
+from planner.spec.reading import stack_for
 from planner.uniform import space
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.groups import tp_degrees, within_scale_up
@@ -116,7 +117,7 @@ def config_remedies(
     figures). Raises
     :class:`~planner.errors.ConfigError` when ``config`` does not divide.
     """
-    margin = memory_margin_gib
+    margin = plan_margin_gib(model, cluster, config, memory_margin_gib)
     base = estimate(model, cluster, config, memory_margin_gib=margin)
     if base.fits:
         return []
@@ -139,6 +140,7 @@ def offload_remedy(
     :func:`estimate` where the cluster has host figures, its step and what the host copies and
     the CPU's Adam take; else ZeRO-Offload's switch with the GiB it saves, unpriced."""
     optimizer_gib = base.memory.optimizer_gib
+    memory_margin_gib = plan_margin_gib(model, cluster, config, memory_margin_gib)
     if cluster.host is None:
         offloaded_gib = base.peak_memory_gib - optimizer_gib
         return Remedy(
@@ -165,16 +167,15 @@ def config_infeasible_message(
     """One line for ``planner estimate`` when ``config`` does not fit beside
     ``memory_margin_gib`` (default: estimate's): the memory it needs, what a device may use,
     and :func:`config_remedies`, those that fit first."""
-    margin = memory_margin_gib
+    margin = plan_margin_gib(model, cluster, config, memory_margin_gib)
     result = estimate(model, cluster, config, memory_margin_gib=margin)
     if result.fits:
         raise ValueError(f"{describe(config)} fits: nothing to remedy")
     device = cluster.device
-    margin_gib = cost.memory_margin_bytes(device.memory_gib, margin) / GIB
     line = (f"{describe(config)} needs {result.peak_memory_gib:.1f} GiB per device "
             f"({result.memory.other_gib:.1f} GiB of reserve included), more than the "
-            f"{device.memory_gib - margin_gib:.2f} GiB a device may use ({device.name}'s "
-            f"{device.memory_gib:g} GiB less a {margin_gib:.2f} GiB margin)")  # fmt: skip
+            f"{device.memory_gib - margin:.2f} GiB a device may use ({device.name}'s "
+            f"{device.memory_gib:g} GiB less a {margin:.2f} GiB margin)")  # fmt: skip
     if fits_gib(cluster, result.peak_memory_gib, margin) and cluster.host is not None:
         # The devices hold their part: the node's host memory is what is short.
         line = (f"{describe(config)}: its devices offload {result.host_memory_gib:.1f} GiB per "
@@ -328,9 +329,17 @@ def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
         return None
 
 
-def fits_gib(cluster: ClusterSpec, gib: float, memory_margin_gib: float | None = None) -> bool:
+def plan_margin_gib(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+                    memory_margin_gib: float | None = None) -> float:
+    """The margin ``config`` leaves free on ``cluster``'s devices: ``memory_margin_gib``, else
+    the share its stack's memory model was measured to miss by (:data:`cost.MEMORY_MARGIN`)."""
+    stack = stack_for(model, config.stack)
+    return cost.memory_margin_bytes(cluster.device.memory_gib, memory_margin_gib, stack) / GIB
+
+
+def fits_gib(cluster: ClusterSpec, gib: float, memory_margin_gib: float) -> bool:
     """:func:`estimate`'s test: a peak (reserved memory included) that leaves the margin
-    (default: estimate's) free on the device."""
+    (:func:`plan_margin_gib`) free on the device."""
     return bool(cost.fits(gib * GIB, cluster.device, memory_margin_gib))
 
 

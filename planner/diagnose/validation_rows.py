@@ -1,0 +1,160 @@
+"""A published run against its estimate: the row ``planner validate`` prints for it, and the
+function that prices runs into rows (:func:`validation_rows`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from planner.cost.memory import allocator_slack_bytes
+from planner.cost.uncertainty import parallelism_kind
+from planner.diagnose.fit import sized_for
+from planner.diagnose.runs import CalibrationRun
+from planner.errors import InputError
+from planner.plan.config import ParallelConfig
+from planner.spec import ClusterSpec
+from planner.uniform.estimate import estimate
+from planner.vocabulary import GIB, ZERO_BUBBLE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidationRow:
+    """A published run against its estimate."""
+
+    id: str
+    """The record's id."""
+    device: str
+    """The device key (:attr:`planner.diagnose.runs.CalibrationRun.device`)."""
+    family: str
+    """The framework family that ran it."""
+    parallelism: str
+    """Its kind of parallelism (:func:`planner.cost.uncertainty.parallelism_kind`)."""
+    num_devices: int
+    """Devices (GPUs) of the run."""
+    config: str
+    """The configuration as a user would say it (:func:`describe`)."""
+    measured_s: float | None
+    """The measured step time (None: the run ran out of memory before one was measured)."""
+    predicted_s: float
+    """The estimated step time."""
+    basis: str
+    """How the measured step time was obtained from the record."""
+    peak_memory_gib: float
+    """The estimated peak memory per device, its reserve included (what fitting compares
+    with the device's memory)."""
+    predicted_fits: bool
+    """Whether the estimate fits the device's memory with its stack's margin
+    (:data:`~planner.cost.MEMORY_MARGIN`): what the search would accept."""
+    predicted_over: bool = False
+    """Whether the estimate is over the device's memory, margin aside: the prediction that
+    the run cannot run. Between the two, the run is predicted to fit within the margin."""
+    predicted_peak_memory_gib: float
+    """The estimated peak allocated to tensors (``torch.cuda.max_memory_allocated``): the
+    peak less its reserve."""
+    predicted_reserved_memory_gib: float
+    """The estimated peak the caching allocator reserves (``max_memory_reserved``): the
+    allocated peak and the allocator's slack."""
+    measured_peak_memory_gib: float | None = None
+    """The measured allocated peak, where the record has it."""
+    measured_reserved_memory_gib: float | None = None
+    """The measured reserved peak, where the record has it."""
+    measured_device_memory_gib: float | None = None
+    """The device memory in use as nvidia-smi showed it, where the record has it: compared with
+    :attr:`peak_memory_gib`, which counts what nvidia-smi sees (context, NCCL, the cache)."""
+    measured_oom: bool = False
+    """Whether the run ran out of memory (a published run that does not say ran)."""
+
+    @property
+    def error(self) -> float | None:
+        """``predicted / measured - 1`` of the step time; None without a measured one."""
+        return None if self.measured_s is None else self.predicted_s / self.measured_s - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        """``predicted / measured - 1`` of the allocated peak; None where not measured."""
+        measured = self.measured_peak_memory_gib
+        return None if measured is None else self.predicted_peak_memory_gib / measured - 1
+
+    @property
+    def reserved_error(self) -> float | None:
+        """``predicted / measured - 1`` of the reserved peak; None where not measured."""
+        measured = self.measured_reserved_memory_gib
+        return None if measured is None else self.predicted_reserved_memory_gib / measured - 1
+
+    @property
+    def device_memory_error(self) -> float | None:
+        """``predicted / measured - 1`` of the device memory in use (the whole peak against
+        nvidia-smi's snapshot, which is at most the peak); None where not measured."""
+        measured = self.measured_device_memory_gib
+        return None if measured is None else self.peak_memory_gib / measured - 1
+
+    @property
+    def fit_missed(self) -> bool:
+        """The fit verdict is wrong: a run that ran predicted over the device's memory, or one
+        that ran out of memory predicted to fit beside its margin. A prediction within the
+        margin misses neither way: the margin is the memory model's own uncertainty."""
+        return self.predicted_fits if self.measured_oom else self.predicted_over
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, with the errors and the verdict."""
+        return asdict(self) | {"error": self.error, "memory_error": self.memory_error,
+                               "reserved_error": self.reserved_error,
+                               "device_memory_error": self.device_memory_error,
+                               "fit_missed": self.fit_missed}  # fmt: skip
+
+
+def describe(config: ParallelConfig) -> str:
+    """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``; an
+    uneven pipeline says the end stages that differ (``PP12 (first 5, last 5 layers)``)."""
+    ends = [f"{end} {n}" for end, n in (("first", config.first_stage_layers),
+                                        ("last", config.last_stage_layers)) if n is not None]
+    pp = f"PP{config.pp}" + (f" ({', '.join(ends)} layers)" if ends else "")
+    parts = [f"TP{config.tp}", pp, f"DP{config.dp}"]
+    parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
+                                              ("vpp", config.vpp)) if v > 1]  # fmt: skip
+    parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)
+    parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
+    parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
+    n = config.recompute_layers or 0
+    parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
+    parts += [f"ZeRO-{config.zero}"] * (config.zero > 0)
+    offloads = {"none": [], "optimizer": ["optimizer-offload"], "zero-offload": ["zero-offload"]}
+    return " ".join(parts + offloads[config.offload])
+
+
+def kind_of(config: ParallelConfig) -> str:
+    """The run's kind of parallelism, as the error bands group runs."""
+    return parallelism_kind(tensor_parallel=config.tp, pipeline_parallel=config.pp,
+                            context_parallel=config.cp, expert_parallel=config.ep,
+                            zero=config.zero)  # fmt: skip
+
+
+def validation_rows(
+    runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec]
+) -> list[ValidationRow]:
+    """Estimate every run on the cluster of its device (:func:`~planner.diagnose.fit.sized_for`
+    its devices)."""
+    rows = []
+    for run in runs:
+        try:
+            cluster = sized_for(run, clusters[run.device])
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        est = estimate(run.model, cluster, run.config)
+        allocated = est.memory.allocated_gib
+        rows.append(ValidationRow(
+            id=run.id, device=run.device, family=run.family, parallelism=kind_of(run.config),
+            num_devices=run.num_devices, config=describe(run.config),
+            measured_s=run.measured_step_time_s, predicted_s=est.step_time_s, basis=run.basis,
+            peak_memory_gib=est.peak_memory_gib, predicted_fits=est.fits,
+            predicted_over=est.peak_memory_gib > cluster.device.memory_gib,
+            predicted_peak_memory_gib=allocated,
+            predicted_reserved_memory_gib=allocated + allocator_slack_bytes(
+                cluster.device, allocated * GIB) / GIB,
+            measured_peak_memory_gib=run.measured_peak_memory_gib,
+            measured_reserved_memory_gib=run.measured_reserved_memory_gib,
+            measured_device_memory_gib=run.measured_device_memory_gib,
+            measured_oom=run.measured_oom,
+        ))  # fmt: skip
+    return rows
