@@ -62,6 +62,29 @@ def fused_attention_fraction(
     return attention_fraction(curve, keys_per_query=keys_per_query, head_dim=head_dim)
 
 
+def grouped_gemm_fraction(
+    device: DeviceSpec, *, flops: float, tokens_per_expert: float, reduction: float
+) -> float:
+    """Achieved fraction of peak for a rank's routed experts as one grouped GEMM of ``flops``
+    in all, each expert of ``tokens_per_expert`` rows over a ``reduction`` dim: the device's
+    grouped-GEMM curve, else its GEMM curve for the whole call's FLOPs (one kernel).
+
+    >>> from planner.spec import DeviceSpec, DeviceEfficiency, GroupedGemmEfficiency
+    >>> curve = GroupedGemmEfficiency(max_fraction=0.8, half_saturation_tokens=128,
+    ...                               half_saturation_k=256)
+    >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
+    ...                  peak_tflops={"bf16": 300}, efficiency=DeviceEfficiency(grouped_gemm=curve))
+    >>> round(grouped_gemm_fraction(gpu, flops=1e12, tokens_per_expert=128, reduction=768), 6)
+    0.3
+    """
+    curve = device.efficiency.grouped_gemm
+    if curve is None:
+        return gemm_fraction(device.efficiency.gemm, flops)
+    t, k = tokens_per_expert, reduction
+    return (curve.max_fraction * t / (t + curve.half_saturation_tokens)
+            * k / (k + curve.half_saturation_k))  # fmt: skip
+
+
 def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float) -> float:
     """No sharding runs ``flops`` faster than the GEMM curve's ceiling allows (its fraction of
     peak only approaches ``max_fraction`` as GEMMs grow): a bound, not a price."""
@@ -131,11 +154,15 @@ def op_time(
     compute_degree: int,
     gemm_calls: int = 1,
     flash_attention: bool = True,
+    grouped_experts: bool = False,
 ) -> OpTime:
     """Forward and backward compute seconds of ``op`` under a sharding.
 
     Strategies that divide the FLOPs by the same degree cost the same, whichever dims they
-    split: the GEMM efficiency depends only on the FLOPs per call.
+    split: the GEMM efficiency depends only on the FLOPs per call. The routed experts' GEMMs
+    are ``gemm_calls`` GEMMs in turn, one per local expert, unless ``grouped_experts``: one
+    grouped kernel over them (:func:`grouped_gemm_fraction`), whose efficiency depends on each
+    expert's tokens.
     """
     moved = sum(sharded_bytes(t, activation_degrees) for t in (*op.inputs, op.output))
     if op.weight is not None:
@@ -145,6 +172,12 @@ def op_time(
         # Unfused: the scores are written, then read by softmax, dropout and the matmul.
         moved += 3 * sum(sharded_bytes(t, activation_degrees) for t in op.score_tensors)
     fraction = None
+    if op.kind == "expert_linear" and grouped_experts:
+        tokens = -(-op.inputs[0].size("capacity") // activation_degrees.get("capacity", 1))
+        name, size = op.weight.dims[-2] if op.weight is not None else ("", 1)
+        fraction = grouped_gemm_fraction(device, flops=executed.forward, tokens_per_expert=tokens,
+                                         reduction=-(-size // weight_degrees.get(name, 1)))
+        gemm_calls = 1
     if op.kind == "attention" and flash_attention:
         # A ring step (context parallelism) attends to one block of keys per kernel call.
         span = op.key_span or op.inputs[1].size("seq")

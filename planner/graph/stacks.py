@@ -34,7 +34,25 @@ vocabulary; its backward's transient tensors are the op's ``working``.
 
 from __future__ import annotations
 
-from planner.vocabulary import Stack
+from planner.vocabulary import Precision, Stack
+
+GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te",)
+"""Stacks that run a rank's routed experts as one grouped GEMM in bf16: Megatron-Core's
+``TEGroupedMLP`` under ``--moe-grouped-gemm`` (the Megatron and MindSpeed exports set it for
+bf16: ``planner/frameworks/_megatron_flags.py``), torchtitan's ``torch._grouped_mm``. The
+others loop over the experts, one GEMM each: Megatron-DeepSpeed's ``deepspeed/moe/experts.py``
+(``Experts.forward``), Hugging Face's Mixtral and Qwen-MoE blocks."""
+
+
+def grouped_experts(stack: Stack, precision: Precision) -> bool:
+    """Whether ``stack`` runs a rank's experts as one grouped GEMM at ``precision`` (Megatron-Core
+    asserts bf16 for it: ``megatron/training/arguments.py`` at core_v0.12.1).
+
+    >>> grouped_experts("megatron-te", "bf16"), grouped_experts("megatron-deepspeed", "bf16")
+    (True, False)
+    """
+    return stack in GROUPED_EXPERT_STACKS and precision == "bf16"
+
 
 FP32_BYTES = 4.0
 """Bytes of an fp32 element."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from planner import cost
 from planner.graph import lowered
 from planner.graph.ops import TRANSFORMER_KINDS
+from planner.graph.stacks import grouped_experts
 from planner.ilp.formulation import EdgeCosts, LayerProblem, NodeCosts
 from planner.ilp.prune import prune_dominated
 from planner.sharding.assignment import (
@@ -127,7 +128,8 @@ def layer_graph_of(
                           states_precision=cost.states_precision(query.precision, query.stack),
                           flash_attention=query.flash_attention,
                           num_microbatches=query.num_microbatches, replicas=query.replicas,
-                          tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
+                          tp_comm_overlap=query.tp_comm_overlap,
+                          grouped_experts=grouped_experts(query.stack, query.precision))
     return layer_graph(graph, ops, LogicalMesh(query.mesh), ctx, strategies=strategies,
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 

@@ -65,6 +65,9 @@ class StrategyContext:
     """Tensor-parallel resharding next to a matmul hides behind it (Megatron-Core's
     ``--tp-comm-overlap``: Transformer Engine's userbuffers overlap the all-gather before a
     column-parallel GEMM and the reduce-scatter after a row-parallel one)."""
+    grouped_experts: bool = False
+    """A rank's routed experts run as one grouped GEMM, not one GEMM per expert in turn
+    (:func:`planner.graph.stacks.grouped_experts`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -385,7 +388,8 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
     calls = max(1, op.gemm_calls // split.get("experts", 1))
     times = cost.op_time(op, ctx.cluster.device, ctx.precision, activation_degrees=activation,
                          weight_degrees=weight, compute_degree=work, gemm_calls=calls,
-                         flash_attention=ctx.flash_attention)  # fmt: skip
+                         flash_attention=ctx.flash_attention,
+                         grouped_experts=ctx.grouped_experts)  # fmt: skip
     params, copies = weight_copies(op, pair, mesh)
     states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
                                 params=params, precision=ctx.states_precision or ctx.precision,

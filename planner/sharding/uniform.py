@@ -29,6 +29,7 @@ from planner import cost
 from planner.errors import ConfigError
 from planner.graph import lowered
 from planner.graph.ops import TENSOR_PARALLEL_DIMS, TRANSFORMER_KINDS, Op
+from planner.graph.stacks import grouped_experts
 from planner.plan.divisibility import Degrees
 from planner.sharding.assignment import (
     LayerGraph,
@@ -222,7 +223,8 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
     ctx = StrategyContext(cluster=cluster, precision=query.precision,
                           states_precision=cost.states_precision(query.precision, query.stack),
                           flash_attention=query.flash_attention,
-                          tp_comm_overlap=query.tp_comm_overlap)  # fmt: skip
+                          tp_comm_overlap=query.tp_comm_overlap,
+                          grouped_experts=grouped_experts(query.stack, query.precision))
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 

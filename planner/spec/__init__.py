@@ -19,6 +19,7 @@ from planner.spec.cluster import (
     DeviceEfficiency,
     DeviceSpec,
     GemmEfficiency,
+    GroupedGemmEfficiency,
     HostSpec,
     LinkEfficiency,
     NetworkLevel,
@@ -36,7 +37,7 @@ from planner.spec.model import (
 
 __all__ = [
     "Activation", "AttentionEfficiency", "ClusterSpec", "DeviceEfficiency", "DeviceSpec",
-    "Float", "GemmEfficiency", "HostSpec", "Int", "LinkEfficiency", "MLASpec", "MoESpec",
-    "ModelSpec", "Name", "NetworkLevel", "Normalization", "PositionEmbedding", "RopeScaling",
-    "TrainingSpec", "ValidationBand",
+    "Float", "GemmEfficiency", "GroupedGemmEfficiency", "HostSpec", "Int", "LinkEfficiency",
+    "MLASpec", "MoESpec", "ModelSpec", "Name", "NetworkLevel", "Normalization",
+    "PositionEmbedding", "RopeScaling", "TrainingSpec", "ValidationBand",
 ]  # fmt: skip

@@ -59,6 +59,27 @@ class AttentionEfficiency(_Frozen):
     source: str | None = Field(default=None, description="How these values were obtained.")
 
 
+class GroupedGemmEfficiency(_Frozen):
+    """Achieved fraction of peak FLOP/s for a rank's routed experts run as one grouped GEMM
+    (Megatron-Core's ``TEGroupedMLP`` under ``--moe-grouped-gemm``; ``torch._grouped_mm`` in
+    torchtitan).
+
+    ``fraction(t, k) = max_fraction * t / (t + half_saturation_tokens) * k / (k +
+    half_saturation_k)`` for experts of ``t`` tokens each and a reduction dim of ``k``: each
+    expert's GEMM is its own rows of tiles, part empty when it has few tokens, and a short
+    reduction loads each tile's operands for little work. Absent, the grouped kernel runs at
+    the GEMM curve's efficiency for all the local experts' FLOPs at once.
+    """
+
+    max_fraction: Float = Field(gt=0, le=1, description="The limit for many tokens and a long "
+                                "reduction.")
+    half_saturation_tokens: Float = Field(ge=0, le=lim.MAX_SEQ_LENGTH, description="Tokens "
+                                          "per expert at which half the limit is reached.")
+    half_saturation_k: Float = Field(ge=0, le=lim.MAX_SEQ_LENGTH, description="Reduction dim "
+                                     "at which half the limit is reached.")
+    source: str | None = Field(default=None, description="How these values were obtained.")
+
+
 class ValidationBand(_Frozen):
     """How far predictions missed the published runs of one kind on this device: what the
     error band printed beside a step time rests on."""
@@ -83,6 +104,7 @@ class DeviceEfficiency(_Frozen):
 
     gemm: GemmEfficiency = GemmEfficiency()
     attention: AttentionEfficiency | None = None
+    grouped_gemm: GroupedGemmEfficiency | None = None
     overlap_contention: Float = Field(
         default=0.0, ge=0, le=1, description="Fraction of the time of data-parallel "
         "communication hidden behind compute that the compute still loses (NCCL's kernels "
