@@ -38,6 +38,13 @@ StatesPrecision = Literal["bf16", "fp16", "fp32", "bf16-deepspeed", "fp16-deepsp
 """How a run keeps its weights' states: a compute precision as Megatron-LM keeps them, or
 DeepSpeed's optimizers' layout of that precision (:func:`planner.cost.memory.states_precision`)."""
 
+AttentionKernel = Literal["flash-attention-2", "flash-attention-3", "cudnn", "triton",
+                          "torch-sdpa", "ascend-fa"]
+"""The fused attention kernel a device's attention curve was measured on: Dao's
+FlashAttention-2 and -3, cuDNN's fused attention, a Triton kernel (flash-attn's 2023 Triton
+port, which MPT's runs used), PyTorch's ``scaled_dot_product_attention`` (whichever of those it
+dispatches to, with its own per-call overhead), Ascend's FlashAttention operator."""
+
 Recompute = Literal["none", "selective", "full"]
 """Activation recomputation: none; selective (Megatron-LM's attention core,
 ``--recompute-activations``); full (each layer's whole forward, ``--recompute-granularity

@@ -85,6 +85,37 @@ def grouped_gemm_fraction(
             * k / (k + curve.half_saturation_k))  # fmt: skip
 
 
+def fused_attention_s(
+    device: DeviceSpec, precision: Precision, *, flops: float, bytes_moved: float, calls: int,
+    keys_per_query: float, head_dim: float, backward: bool,
+) -> float:  # fmt: skip
+    """Seconds of one pass of a fused attention kernel: the roofline at the device's attention
+    curve (:func:`fused_attention_fraction`; the backward at its ``backward_fraction`` of the
+    forward's rate) with the curve's fixed cost per call of that pass on top; on the GEMM curve
+    by its FLOPs when the device has no attention curve.
+
+    >>> from planner.spec import AttentionEfficiency, DeviceEfficiency, DeviceSpec
+    >>> curve = AttentionEfficiency(max_fraction=0.5, half_saturation_tokens=0,
+    ...                             half_saturation_head_dim=0, backward_fraction=0.8,
+    ...                             forward_call_us=20, backward_call_us=100)
+    >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
+    ...                  peak_tflops={"bf16": 1000}, efficiency=DeviceEfficiency(attention=curve))
+    >>> kernel = dict(flops=1e12, bytes_moved=0, calls=1, keys_per_query=4096, head_dim=128)
+    >>> round(fused_attention_s(gpu, "bf16", **kernel, backward=False) * 1e3, 3)  # 2 ms + 20 us
+    2.02
+    >>> round(fused_attention_s(gpu, "bf16", **kernel, backward=True) * 1e3, 3)  # 2.5 ms + 100 us
+    2.6
+    """
+    curve = device.efficiency.attention
+    fraction = fused_attention_fraction(device, keys_per_query=keys_per_query, head_dim=head_dim)
+    fixed_s = 0.0
+    if curve is not None and fraction is not None:
+        fraction *= curve.backward_fraction if backward else 1.0
+        fixed_s = (curve.backward_call_us if backward else curve.forward_call_us) * 1e-6
+    return compute_time_s(device, precision, flops=flops, bytes_moved=bytes_moved, calls=calls,
+                          fraction=fraction) + fixed_s
+
+
 def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float) -> float:
     """No sharding runs ``flops`` faster than the GEMM curve's ceiling allows (its fraction of
     peak only approaches ``max_fraction`` as GEMMs grow): a bound, not a price."""
@@ -182,7 +213,11 @@ def op_time(
         # A ring step (context parallelism) attends to one block of keys per kernel call.
         span = op.key_span or op.inputs[1].size("seq")
         keys = span / activation_degrees.get("seq", 1) * CAUSAL_FRACTION
-        fraction = fused_attention_fraction(device, keys_per_query=keys, head_dim=op.head_dim)
+        passes = [fused_attention_s(device, precision, flops=flops, bytes_moved=factor * moved,
+                                    calls=factor * gemm_calls, keys_per_query=keys,
+                                    head_dim=op.head_dim, backward=factor == 2)
+                  for flops, factor in ((executed.forward, 1), (executed.backward, 2))]
+        return OpTime(forward_s=passes[0], backward_s=passes[1])
     forward = compute_time_s(device, precision, flops=executed.forward, bytes_moved=moved,
                              calls=gemm_calls, fraction=fraction)  # fmt: skip
     backward = compute_time_s(

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cost import compute_time_s, fused_attention_fraction, optimizer_step_s
+from planner.cost import CAUSAL_FRACTION, compute_time_s, fused_attention_s, optimizer_step_s
 from planner.diagnose.bench_cases import BenchCase, BenchKind
 from planner.diagnose.bench_torch import Timings
 from planner.errors import InputError
 from planner.spec import AttentionEfficiency, DeviceEfficiency, DeviceSpec, GemmEfficiency
 from planner.spec import limits as lim
 from planner.spec.reading import load_cluster, read_json
-from planner.vocabulary import Precision
+from planner.vocabulary import AttentionKernel, Precision
 
 OUTLIER_SCALE = 0.05
 """Log residuals beyond about 5 % weigh less than their square (soft-L1, as ``planner
@@ -98,12 +98,13 @@ def predicted_s(case: BenchCase, device: DeviceSpec, precision: Precision) -> fl
     stands for (:func:`planner.cost.op_time`'s roofline; Adam as the optimizer step)."""
     if case.kind == "optimizer":
         return optimizer_step_s(device, precision, params=case.shape[0])
-    fraction = None
     if case.kind == "attention":
-        fraction = fused_attention_fraction(device, keys_per_query=case.keys_per_query,
-                                            head_dim=case.head_dim)  # fmt: skip
+        return fused_attention_s(device, precision, flops=case.flops,
+                                 bytes_moved=case.bytes_moved, calls=case.calls,
+                                 keys_per_query=case.keys_per_query, head_dim=case.head_dim,
+                                 backward=case.kernel == "attention_backward")  # fmt: skip
     return compute_time_s(device, precision, flops=case.flops, bytes_moved=case.bytes_moved,
-                          calls=case.calls, fraction=fraction)  # fmt: skip
+                          calls=case.calls)  # fmt: skip
 
 
 def _with(device: DeviceSpec, **changes: object) -> DeviceSpec:
@@ -160,8 +161,11 @@ def fit_bench(
     fitted = _fit_gemms(cluster_path, device, fitted, *of("gemm"), precision)
     attention, t_attention = of("attention")
     if attention:
+        # What the runner calls (bench_torch.py): PyTorch's SDPA on CUDA, Ascend's FA on NPU.
+        kernel: AttentionKernel = "ascend-fa" if timings.backend == "npu" else "torch-sdpa"
         fitted = _with(fitted, attention=_fit_attention(str(cluster_path), attention,
-                                                        t_attention, fitted, precision, notes))
+                                                        t_attention, fitted, precision, notes,
+                                                        kernel))  # fmt: skip
     else:
         notes.append("no attention kernel ran: the attention curve is kept as it was")
         fitted = _with(fitted, attention=device.efficiency.attention)
@@ -246,45 +250,100 @@ def _replaced_notes(device: DeviceSpec) -> list[str]:
 
 
 def _fit_attention(cluster: str, cases: Sequence[BenchCase], measured: np.ndarray,
-                   device: DeviceSpec, precision: Precision, notes: list[str]
-                   ) -> AttentionEfficiency:
+                   device: DeviceSpec, precision: Precision, notes: list[str],
+                   kernel: AttentionKernel | None = None) -> AttentionEfficiency:
     """The attention curve, each half-saturation term fitted only when the kernels vary what
-    it describes (else kept from the file, or 0)."""
+    it describes (else kept from the file, or 0); the backward's rate and each pass's fixed
+    cost per call when both passes ran."""
     old = device.efficiency.attention
+    both = {c.kernel for c in cases} == {"attention_forward", "attention_backward"}
     free = {"tokens": len({c.keys_per_query for c in cases}) > 1,
-            "head_dim": len({c.head_dim for c in cases}) > 1}
+            "head_dim": len({c.head_dim for c in cases}) > 1,
+            "backward": both, "forward_us": both, "backward_us": both}
     kept = {"tokens": old.half_saturation_tokens if old else 0.0,
-            "head_dim": old.half_saturation_head_dim if old else 0.0}
-    for term, varies in free.items():
-        if not varies:
+            "head_dim": old.half_saturation_head_dim if old else 0.0,
+            "backward": old.backward_fraction if old else 1.0,
+            "forward_us": old.forward_call_us if old else 0.0,
+            "backward_us": old.backward_call_us if old else 0.0}
+    for term in ("tokens", "head_dim"):
+        if not free[term]:
             notes.append(f"the attention kernels ran at one {term.replace('_', ' ')}: its "
                          f"half-saturation term is kept at {kept[term]:g}")
-    names = ["max"] + [t for t in ("tokens", "head_dim") if free[t]]
+    names = ["max"] + [t for t in kept if free[t]]
     peak = device.peak_flops_per_s(precision)
     fastest = max(c.flops / s for c, s in zip(cases, measured, strict=True)) / peak
     _check_peak(cluster, device, "attention", fastest, f"{fastest * peak / 1e12:.1f} TFLOP/s",
                 f"{precision} peak {peak / 1e12:g} TFLOP/s")
 
     def curve(x: np.ndarray) -> AttentionEfficiency:
-        values = dict(zip(names, x, strict=True))
+        values = kept | dict(zip(names, x, strict=True))
         return AttentionEfficiency(
-            max_fraction=values["max"],
-            half_saturation_tokens=values.get("tokens", kept["tokens"]),
-            half_saturation_head_dim=values.get("head_dim", kept["head_dim"]))
+            max_fraction=values["max"], half_saturation_tokens=values["tokens"],
+            half_saturation_head_dim=values["head_dim"], backward_fraction=values["backward"],
+            forward_call_us=values["forward_us"], backward_call_us=values["backward_us"],
+            kernel=kernel)  # fmt: skip
 
-    upper = {"max": 1.0, "tokens": lim.MAX_SEQ_LENGTH, "head_dim": lim.MAX_HEAD_DIM}
+    upper = {"max": 1.0, "tokens": lim.MAX_SEQ_LENGTH, "head_dim": lim.MAX_HEAD_DIM,
+             "backward": 2.0, "forward_us": lim.MAX_LATENCY_US,
+             "backward_us": lim.MAX_LATENCY_US}  # fmt: skip
     # From the fastest kernel's fraction, not the file's: a start far below the data leaves
     # every kernel on the roofline's memory side, where the curve has no gradient.
     start = {"max": fastest, "tokens": max(kept["tokens"], 64.0),
-             "head_dim": max(kept["head_dim"], 16.0)}
+             "head_dim": max(kept["head_dim"], 16.0), "backward": kept["backward"],
+             "forward_us": max(kept["forward_us"], 10.0),
+             "backward_us": max(kept["backward_us"], 10.0)}  # fmt: skip
     x = _fit(cases, measured, precision, lambda x: _with(device, attention=curve(x)),
              [start[n] for n in names],
-             ([1e-6 if n == "max" else 0.0 for n in names], [upper[n] for n in names]))
+             ([1e-6 if n in ("max", "backward") else 0.0 for n in names],
+              [upper[n] for n in names]))  # fmt: skip
     fitted = curve(x)
-    return AttentionEfficiency(
-        max_fraction=round(fitted.max_fraction, 4),
-        half_saturation_tokens=round(fitted.half_saturation_tokens, 1),
-        half_saturation_head_dim=round(fitted.half_saturation_head_dim, 2))
+    return fitted.model_copy(update={
+        "max_fraction": round(fitted.max_fraction, 4),
+        "half_saturation_tokens": round(fitted.half_saturation_tokens, 1),
+        "half_saturation_head_dim": round(fitted.half_saturation_head_dim, 2),
+        "backward_fraction": round(fitted.backward_fraction, 4),
+        "forward_call_us": round(fitted.forward_call_us, 1),
+        "backward_call_us": round(fitted.backward_call_us, 1)})
+
+
+def saved_attention_cases(path: str | Path) -> tuple[list[BenchCase], np.ndarray, Precision]:
+    """The attention kernels of a saved ``planner bench --json`` output as the cases that timed
+    them (:func:`~planner.diagnose.bench_cases.attention_cases`), their measured seconds, and
+    the precision they ran in."""
+    saved = read_json(Path(path))
+    cases, seconds = [], []
+    for row in saved["rows"]:
+        if row["kind"] != "attention":
+            continue
+        _, _, seq, head_dim = row["shape"]
+        backward = row["label"].endswith("bwd")
+        cases.append(BenchCase(
+            kind="attention", kernel="attention_backward" if backward else "attention_forward",
+            label=row["label"], shape=tuple(row["shape"]), flops=float(row["flops"]),
+            bytes_moved=float(row["bytes_moved"]), keys_per_query=CAUSAL_FRACTION * seq,
+            head_dim=float(head_dim), calls=2 if backward else 1))  # fmt: skip
+        seconds.append(float(row["measured_s"]))
+    return cases, np.array(seconds), saved["timings"]["precision"]
+
+
+def fit_saved_attention(paths: Sequence[str | Path], device: DeviceSpec, *,
+                        kernel: AttentionKernel = "torch-sdpa") -> AttentionEfficiency:
+    """``device``'s attention curve fitted to the attention kernels of saved ``planner bench
+    --json`` outputs at ``paths`` together (each run's shapes, one fit), as ``planner bench``
+    fits its own."""
+    cases: list[BenchCase] = []
+    seconds: list[np.ndarray] = []
+    precisions = set()
+    for path in paths:
+        mine, measured, precision = saved_attention_cases(path)
+        cases += mine
+        seconds.append(measured)
+        precisions.add(precision)
+    if len(precisions) != 1:
+        raise InputError(f"the saved benches ran in {', '.join(sorted(precisions))}: expected "
+                         f"one precision to fit one curve")  # fmt: skip
+    return _fit_attention(device.name, cases, np.concatenate(seconds), device,
+                          precisions.pop(), [], kernel)
 
 
 def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:

@@ -18,7 +18,7 @@ from planner.errors import InputError
 from planner.spec import limits as lim
 from planner.spec.fields import Float, Int, Name
 from planner.spec.fields import Frozen as _Frozen
-from planner.vocabulary import GB, GIB, ParallelismKind, Precision
+from planner.vocabulary import GB, GIB, AttentionKernel, ParallelismKind, Precision
 
 
 class GemmEfficiency(_Frozen):
@@ -55,6 +55,22 @@ class AttentionEfficiency(_Frozen):
         default=0.0, ge=0, le=lim.MAX_HEAD_DIM, description="Head dim at which half the limit "
         "is reached: the softmax's work per score is fixed while the matmuls' grows with the "
         "head dim, so small heads run further from peak (0: no such effect)."
+    )
+    backward_fraction: Float = Field(
+        default=1.0, gt=0, le=2, description="The backward's rate as a share of the "
+        "forward's: it recomputes the scores and writes three gradients (1: the same rate)."
+    )
+    forward_call_us: Float = Field(
+        default=0.0, ge=0, le=lim.MAX_LATENCY_US, description="Fixed cost of a forward call "
+        "beyond the kernel launch: what dominates at short sequences."
+    )
+    backward_call_us: Float = Field(
+        default=0.0, ge=0, le=lim.MAX_LATENCY_US, description="Fixed cost of a backward call "
+        "beyond its launches (its pre- and post-processing kernels)."
+    )
+    kernel: AttentionKernel | None = Field(
+        default=None, description="The kernel the curve was measured on "
+        "(planner.vocabulary.AttentionKernel): a property of the software, not the chip."
     )
     source: str | None = Field(default=None, description="How these values were obtained.")
 
