@@ -59,7 +59,6 @@ from planner.cost.data_parallel import (
     optimizer_step_s,
 )
 from planner.cost.memory import (
-    ADAM_LAYOUT,
     DEFAULT_MEMORY_MARGIN,
     MEMORY_MARGIN,
     Communicators,
@@ -89,7 +88,6 @@ from planner.cost.pipeline import (
 )
 
 __all__ = [
-    "ADAM_LAYOUT",
     "CAUSAL_FRACTION",
     "DEFAULT_MEMORY_MARGIN",
     "ELEMENTWISE_BACKWARD_FACTOR",

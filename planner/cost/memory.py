@@ -225,11 +225,6 @@ ADAM_STATE: dict[StatesPrecision, StateBytes] = {
 ADAM_STATE["bf16-deepspeed"] = ADAM_STATE["bf16"]
 ADAM_STATE["fp16-deepspeed"] = ADAM_STATE["fp16"]
 
-ADAM_LAYOUT: dict[StatesPrecision, StatesPrecision] = {
-    "bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "bf16-deepspeed": "bf16",
-    "fp16-deepspeed": "fp16"}
-"""Each way of keeping states as Megatron-LM's layout of the same compute precision."""
-
 HELD_STATE: dict[StatesPrecision, StateBytes] = ADAM_STATE | {
     "bf16-deepspeed": StateBytes(weights=2, gradients=6, optimizer=12),
     "fp16-deepspeed": StateBytes(weights=2, gradients=2, optimizer=12),
@@ -306,9 +301,13 @@ def adam_traffic_bytes(precision: StatesPrecision) -> float:
     return 2 * state.optimizer + state.gradients + state.weights
 
 
-def state_bytes_per_param(precision: StatesPrecision, *, zero: int, shards: int) -> StateBytes:
+def state_bytes_per_param(
+    precision: StatesPrecision, *, zero: int, shards: int, held: bool = True
+) -> StateBytes:
     """Adam state per parameter a device holds (:data:`HELD_STATE`) with ZeRO stage ``zero``
-    over ``shards`` data-parallel ranks.
+    over ``shards`` data-parallel ranks; with ``held`` false, Megatron-LM's layout of the same
+    precision (:data:`ADAM_STATE`: DeepSpeed runs ZeRO-Offload on its ZeRO optimizer, not
+    ``BF16_Optimizer``).
 
     Stage 1 (Megatron's distributed optimizer) shards the optimizer state, stage 2 also the
     gradients, stage 3 also the weights.
@@ -318,7 +317,7 @@ def state_bytes_per_param(precision: StatesPrecision, *, zero: int, shards: int)
     >>> state_bytes_per_param("bf16-deepspeed", zero=1, shards=8).total  # BF16_Optimizer
     9.5
     """
-    full = HELD_STATE[precision]
+    full = (HELD_STATE if held else ADAM_STATE)[precision]
     return StateBytes(
         weights=full.weights / (shards if zero >= 3 else 1),
         gradients=full.gradients / (shards if zero >= 2 else 1),

@@ -80,13 +80,12 @@ def stage_state_bytes(
 ) -> tuple[float, float, float]:
     """One device's bytes of weights, gradients and optimizer states of a stage's weights (no
     optimizer states when they are offloaded to the host). DeepSpeed runs ZeRO-Offload on its
-    ZeRO optimizer, not ``BF16_Optimizer``: its states are priced as before that one's layout
-    (:data:`~planner.cost.memory.HELD_STATE`)."""
-    if offload == "zero-offload":
-        precision = cost.ADAM_LAYOUT[precision]
+    ZeRO optimizer, not ``BF16_Optimizer``: those states are Megatron-LM's layout
+    (:func:`~planner.cost.memory.state_bytes_per_param` with ``held`` false)."""
     held = [0.0, 0.0, 0.0]
     for w in weights:
-        per_param = cost.state_bytes_per_param(precision, zero=zero, shards=w.shards)
+        per_param = cost.state_bytes_per_param(precision, zero=zero, shards=w.shards,
+                                               held=offload != "zero-offload")
         held[0] += w.params * per_param.weights
         held[1] += w.params * per_param.gradients
         if offload == "none":

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from planner import cost
 from planner.cost.memory import allocator_slack_bytes
 from planner.cost.uncertainty import parallelism_kind
 from planner.diagnose.fit import sized_for
@@ -148,7 +149,8 @@ def validation_rows(
             num_devices=run.num_devices, config=describe(run.config),
             measured_s=run.measured_step_time_s, predicted_s=est.step_time_s, basis=run.basis,
             peak_memory_gib=est.peak_memory_gib, predicted_fits=est.fits,
-            predicted_over=est.peak_memory_gib > cluster.device.memory_gib,
+            predicted_over=not cost.fits(est.peak_memory_gib * GIB, cluster.device,
+                                         margin_gib=0.0),
             predicted_peak_memory_gib=allocated,
             predicted_reserved_memory_gib=allocated + allocator_slack_bytes(
                 cluster.device, allocated * GIB) / GIB,
