@@ -230,6 +230,10 @@ def test_write_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     path.write_text(fit.updated_json)
     written, before = load_cluster(path), load_cluster(H100)
     assert written.device.efficiency.gemm.max_fraction == fit.after.gemm.max_fraction
+    # The whole attention curve, its fixed costs and backward rate too, not only its shape.
+    curve, fitted = written.device.efficiency.attention, fit.after.attention
+    assert curve is not None and fitted is not None
+    assert curve.model_copy(update={"source": None}) == fitted.model_copy(update={"source": None})
     assert written.device.efficiency.validation == ()
     assert "planner bench" in (written.device.efficiency.gemm.source or "")
     assert "2026-11-24" in fit.source and "llama3-8b" in fit.source

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.graph import lowered
-from planner.graph.ops import Op, Tensor
+from planner.graph.ops import Op, Tensor, Unfused
 from planner.spec import AttentionEfficiency, DeviceSpec, GemmEfficiency, ModelSpec, TrainingSpec
 from planner.vocabulary import Precision
 
@@ -195,6 +195,66 @@ def op_time(
     grouped kernel over them (:func:`grouped_gemm_fraction`), whose efficiency depends on each
     expert's tokens.
     """
+    own = _own_kernels_time(op, device, precision, activation_degrees=activation_degrees,
+                            weight_degrees=weight_degrees, compute_degree=compute_degree,
+                            gemm_calls=gemm_calls, flash_attention=flash_attention,
+                            grouped_experts=grouped_experts)  # fmt: skip
+    if op.unfused is None:
+        return own
+    forward, backward, weight = unfused_time_s(
+        op.unfused, device, activation_degrees=activation_degrees,
+        # A tied head still casts the shared weight (it owns no parameters of its own).
+        local_params=(sharded_bytes(op.weight, weight_degrees) / op.weight.element_bytes
+                      if op.weight is not None else 0.0))  # fmt: skip
+    if op.kind in UNFUSED_IS_THE_OP:
+        return OpTime(forward_s=forward, backward_s=backward)
+    return OpTime(forward_s=own.forward_s + forward, backward_s=own.backward_s + backward,
+                  weight_s=own.weight_s + weight)  # fmt: skip
+
+
+UNFUSED_IS_THE_OP = frozenset({"norm", "residual", "elementwise", "loss"})
+"""Op kinds whose stack's separate kernels (:class:`~planner.graph.ops.Unfused`) replace the
+one fused kernel they are otherwise priced as; beside the others (GEMMs, the attention core)
+they run in addition."""
+
+
+def unfused_time_s(
+    work: Unfused, device: DeviceSpec, *, activation_degrees: Mapping[str, int],
+    local_params: float,
+) -> tuple[float, float, float]:  # fmt: skip
+    """Seconds of a stack's separate memory-bound kernels for one op: forward, backward, and
+    of the backward the weight gradient's part (its cast and accumulation), each at the
+    device's memory-bound rate with a launch per kernel.
+
+    >>> from planner.spec import DeviceSpec
+    >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=1000,
+    ...                  peak_tflops={"bf16": 300})
+    >>> work = Unfused(forward=(Tensor((("seq", 10**9),), 2.0),), forward_kernels=2,
+    ...                weight_backward_bytes=18.0, backward_kernels=1)
+    >>> [round(t * 1e3, 3) for t in unfused_time_s(work, gpu, activation_degrees={},
+    ...                                             local_params=1e8)]
+    [2.0, 1.8, 1.8]
+    """
+    rate = device.memory_bandwidth_bytes_s * device.efficiency.memory_bound_fraction
+    launch_s = device.efficiency.kernel_launch_us * 1e-6
+
+    def traffic(tensors: tuple[Tensor, ...]) -> float:
+        return sum(sharded_bytes(t, activation_degrees) for t in tensors)
+
+    weight_s = local_params * work.weight_backward_bytes / rate
+    forward = ((traffic(work.forward) + local_params * work.weight_forward_bytes) / rate
+               + work.forward_kernels * launch_s)  # fmt: skip
+    backward = traffic(work.backward) / rate + weight_s + work.backward_kernels * launch_s
+    return forward, backward, weight_s
+
+
+def _own_kernels_time(
+    op: Op, device: DeviceSpec, precision: Precision, *, activation_degrees: Mapping[str, int],
+    weight_degrees: Mapping[str, int], compute_degree: int, gemm_calls: int,
+    flash_attention: bool, grouped_experts: bool,
+) -> OpTime:  # fmt: skip
+    """``op``'s own kernel (or kernels) as :func:`op_time` prices them, the stack's separate
+    ones apart."""
     moved = sum(sharded_bytes(t, activation_degrees) for t in (*op.inputs, op.output))
     if op.weight is not None:
         moved += sharded_bytes(op.weight, weight_degrees)

@@ -346,6 +346,20 @@ def fit_saved_attention(paths: Sequence[str | Path], device: DeviceSpec, *,
                           precisions.pop(), [], kernel)
 
 
+def with_saved_kernels(device: DeviceSpec, path: str | Path) -> DeviceSpec:
+    """``device`` with the GEMM curve, memory-bound fraction and launch cost that a saved
+    ``planner bench --json`` output at ``path`` fitted to its own kernels (its ``after``
+    block; the attention curve and the rest kept): the device as its kernels alone price it.
+    """
+    saved = read_json(Path(path))
+    fitted = DeviceEfficiency.model_validate(saved["after"])
+    source = (f"fitted by `planner bench` to its own kernels ({Path(path).name}, "
+              f"{saved['timings']['device_name']})")
+    return _with(device, gemm=fitted.gemm.model_copy(update={"source": source}),
+                 memory_bound_fraction=fitted.memory_bound_fraction,
+                 kernel_launch_us=fitted.kernel_launch_us)  # fmt: skip
+
+
 def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
     """The cluster file's JSON with the device's fitted fields replaced, each with
     ``source``; ``overlap_contention`` and every other key kept where it was, the validation
@@ -357,10 +371,9 @@ def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
                      "source": source}  # fmt: skip
     if efficiency.attention is not None:
         curve = efficiency.attention
-        block["attention"] = {"max_fraction": curve.max_fraction,
-                              "half_saturation_tokens": curve.half_saturation_tokens,
-                              "half_saturation_head_dim": curve.half_saturation_head_dim,
-                              "source": curve.source or source}  # fmt: skip
+        # Every field of the curve (the fixed costs, the backward's rate and the kernel too).
+        block["attention"] = curve.model_dump(mode="json", exclude_none=True) | {
+            "source": curve.source or source}
     block["memory_bound_fraction"] = efficiency.memory_bound_fraction
     block["kernel_launch_us"] = efficiency.kernel_launch_us
     block["source"] = f"memory_bound_fraction, kernel_launch_us: {source}"

@@ -66,8 +66,11 @@ def read_layer_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _parts(model: ModelSpec, cluster: ClusterSpec, record: Mapping[str, Any], kind: str,
-           stack: Stack, tp: int) -> LayerParts:  # fmt: skip
+def layer_parts(model: ModelSpec, cluster: ClusterSpec, record: Mapping[str, Any], kind: str,
+                stack: Stack, tp: int) -> LayerParts:  # fmt: skip
+    """One layer of ``kind`` priced as a record measured it: one device, ``tp`` the tensor
+    parallel shard it ran (no sequence parallelism), the record's microbatch and sequence, in
+    bf16 on ``stack``."""
     query = UniformQuery(kind=kind, layout=uniform_layout(Degrees(tp=tp)),
                          micro_batch_size=record["mbs"], seq_length=record["seq"],
                          precision="bf16", stack=stack)  # fmt: skip
@@ -88,14 +91,14 @@ def layer_memory_checks(
         stack: Stack = "hf-compiled" if r["compiled"] else "hf-eager"
         shard = f" tp{tp}" if r["kind"] == "tp_shard_layer" else ""
         name = f"{r['model']}{shard} {r['seq']}x{r['mbs']} {stack}"
-        layer = _parts(model, cluster, r, "dense", stack, tp)
+        layer = layer_parts(model, cluster, r, "dense", stack, tp)
         fp32_input = FP32_BYTES * r["tokens"] * model.hidden_size
         checks.append(LayerMemoryCheck(name=f"layer {name}", stack=stack,
                                        predicted_gib=(layer.kept_bytes[0] - fp32_input) / GIB,
                                        measured_gib=r["activations_gib"]))  # fmt: skip
         if r["kind"] != "layer" or r["compiled"]:
             continue  # the same head as the eager whole layer's record
-        head = _parts(model, cluster, r, "head", "hf-eager", 1)
+        head = layer_parts(model, cluster, r, "head", "hf-eager", 1)
         kept = head.kept_bytes[0] - 2 * fp32_input  # the final norm's two fp32 tensors
         checks.append(LayerMemoryCheck(name=f"head kept {name}", stack="hf-eager",
                                        predicted_gib=kept / GIB,

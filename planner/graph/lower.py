@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from planner.graph import unfused
 from planner.graph.ops import Op, OpKind, Tensor
 from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES, LOSS_KEPT, LOSS_WORKING
 from planner.spec import ModelSpec, TrainingSpec
@@ -101,6 +102,7 @@ class _Builder:
         return self.add(
             op, "norm", (source,), inputs=(x,), output=x, saved=saved,
             extra_params=per_channel * (width[1] if width else self.model.hidden_size),
+            unfused=unfused.norm(self.stack, x),
         )  # fmt: skip
 
     def linear(
@@ -128,6 +130,7 @@ class _Builder:
             flops=2.0 * x.numel * out[1],
             saved=(*self._input_copies(x, norm_reads, save_input, compiled_recomputes),
                    *self.weight_copy(weight)),
+            unfused=unfused.linear(self.stack, x, weight, norm_reads if self.autocast else 0),
         )  # fmt: skip
 
     def _input_copies(
@@ -149,7 +152,8 @@ class _Builder:
         """Residual add after a block, with its dropout mask when dropout is on."""
         h = self.hidden()
         saved = (self.mask(h),) if self.model.hidden_dropout > 0 else ()
-        return self.add(op, "residual", sources, inputs=(h,) * len(sources), output=h, saved=saved)
+        return self.add(op, "residual", sources, inputs=(h,) * len(sources), output=h, saved=saved,
+                        unfused=unfused.residual(self.stack, h))  # fmt: skip
 
 
 def _attention_core(
@@ -175,10 +179,13 @@ def _attention_core(
     window = m.sliding_window if _is_local(m, b.layer) else None
     keys = s if window is None else window.key_span(s)
     flops = 2.0 * b.batch * s * keys * heads * (q_dim + v_dim)
+    # HF's rotary embedding runs beside the core (MLA's, on a slice of q and k, is not counted).
+    rotary = m.position_embedding == "rope" and m.mla is None
     return b.add(
         "attention", "attention", (source, *sources), inputs=(q, k, v), output=out,
         flops=flops, saved=(q, k, v), score_tensors=tuple(score_tensors),
         key_span=0.0 if window is None else keys,
+        unfused=unfused.rotary(b.stack, q, k) if rotary else None,
     )  # fmt: skip
 
 
@@ -244,7 +251,8 @@ def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp") -> str:
     # Eager SwiGLU/GeGLU: the product keeps the activation's output beside up.
     kept_out = (act_out,) if b.stack == "hf-eager" and m.gated_mlp else ()
     act = b.add(f"{prefix}_act", "elementwise", (up,), inputs=(act_in,), output=act_out,
-                saved=(act_in, *kept_out))  # fmt: skip
+                saved=(act_in, *kept_out),
+                unfused=unfused.activation(b.stack, act_out, gated=m.gated_mlp))  # fmt: skip
     return b.linear(f"{prefix}_down", act, act_out, ("hidden", m.hidden_size), bias=m.bias)
 
 
@@ -285,6 +293,7 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
             flops=2.0 * experts * capacity * in_dim[1] * out_dim[1],
             saved=(x, *b.weight_copy(weight)),
             gemm_calls=experts, active_fraction=moe.top_k / experts,
+            unfused=unfused.linear(b.stack, x, weight, 0),
         )  # fmt: skip
 
     up = expert_linear("expert_up", dispatch, hidden_routed, routed(glu * f),
@@ -351,7 +360,8 @@ def _head(b: _Builder, x_name: str) -> str:
     out = Tensor((("batch", b.batch), ("seq", b.seq)), LOSS_BYTES)
     return b.add("loss", "loss", (logits,), inputs=(loss_in,), output=out,
                  saved=(Tensor(loss_in.dims, LOSS_KEPT[b.stack]),),
-                 working=(Tensor(loss_in.dims, LOSS_WORKING[b.stack]),))  # fmt: skip
+                 working=(Tensor(loss_in.dims, LOSS_WORKING[b.stack]),),
+                 unfused=unfused.loss(b.stack, loss_in))  # fmt: skip
 
 
 def _replace(op: Op, **changes: object) -> Op:

@@ -66,6 +66,40 @@ class Tensor:
         return 1
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unfused:
+    """The memory-bound kernels a stack runs for an op as separate launches
+    (:mod:`planner.graph.unfused` counts them from each stack's source): for a norm, a residual
+    add or an activation they are the op; beside a GEMM or the attention core, the casts and
+    the rotary embedding around it. Traffic is in tensors whose ``element_bytes`` are the bytes
+    read and written per element, so that a sharding divides it as it divides the tensor."""
+
+    forward: tuple[Tensor, ...] = ()
+    """The forward's traffic."""
+    backward: tuple[Tensor, ...] = ()
+    """The backward's traffic."""
+    forward_kernels: int = 0
+    """Kernels the forward launches."""
+    backward_kernels: int = 0
+    """Kernels the backward launches."""
+    weight_forward_bytes: float = 0.0
+    """Bytes read and written per local parameter in the forward (autocast's cast of an fp32
+    weight to the compute precision)."""
+    weight_backward_bytes: float = 0.0
+    """Bytes per local parameter in the backward (the weight gradient cast to fp32 and added
+    into ``.grad``)."""
+
+    def plus(self, other: Unfused) -> Unfused:
+        """Both sets of kernels."""
+        return Unfused(
+            forward=self.forward + other.forward, backward=self.backward + other.backward,
+            forward_kernels=self.forward_kernels + other.forward_kernels,
+            backward_kernels=self.backward_kernels + other.backward_kernels,
+            weight_forward_bytes=self.weight_forward_bytes + other.weight_forward_bytes,
+            weight_backward_bytes=self.weight_backward_bytes + other.weight_backward_bytes,
+        )  # fmt: skip
+
+
 TRANSFORMER_KINDS = ("dense", "local", "moe")
 """The decoder layers' kinds (:func:`planner.graph.lower.decoder_layer_kind`): what recomputes,
 shards by heads and holds a transformer block, unlike the embedding and the head."""
@@ -121,6 +155,10 @@ class Op:
     """The attention core's keys per query in the full-square convention of ``flops`` (the ``s``
     of ``s x s``, which a causal kernel halves), bounded by a sliding window
     (:meth:`planner.spec.attention.SlidingWindowSpec.key_span`); 0: the whole sequence."""
+    unfused: Unfused | None = None
+    """The separate memory-bound kernels the stack runs for the op (:class:`Unfused`); None:
+    one fused kernel reading its inputs and writing its output once (a GEMM or the attention
+    core alone)."""
     units: tuple[tuple[str, int], ...] = ()
     """Indivisible units of a dim when it is not its size: the ``heads`` dims hold
     ``heads x head_dim`` features but split only by whole (key/value) heads."""

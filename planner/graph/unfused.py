@@ -1,0 +1,205 @@
+"""What each stack (:data:`~planner.vocabulary.Stack`) runs beyond its GEMMs and its fused
+attention: the memory-bound kernels, each launched on its own, counted per element of the
+tensor they walk (bytes read plus written, forward and backward) from the stack's source.
+
+``hf-eager`` is a Hugging Face Llama layer (``transformers/models/llama/modeling_llama.py``) in
+eager PyTorch under ``torch.autocast`` with fp32 weights, its backward as autograd runs it
+(``tools/autograd/derivatives.yaml``, ``torch/csrc/autograd/FunctionsManual.cpp``). Three
+things make it costly: the residual stream and the norms are fp32 (the embedding runs outside
+autocast, and a block's bf16 output added to it promotes); every op is its own kernel; and
+autograd casts each gradient back to its input's dtype (``validate_outputs`` in
+``torch/csrc/autograd/engine.cpp``) and sums the gradients of a tensor read twice. Per element:
+
+- ``LlamaRMSNorm`` on fp32: ``pow`` (8 B), ``mean`` (4), ``add`` and ``rsqrt`` on one value a
+  token, the normalising ``mul`` (8), the weight's ``mul`` (8): 28 B in 6 kernels. Backward:
+  each ``mul``'s two gradients (a product, and a product then a sum over tokens or hidden: 8 +
+  16 B, three kernels, twice), ``rsqrt``'s on one value a token (three small kernels),
+  ``mean``'s expanded division (4), ``pow``'s ``grad * 2 * x.pow(1)`` (``pow_backward``: three
+  kernels, 28 B), and the sum of the two paths into the input (12): 92 B in 14 kernels.
+- A projection reading the fp32 norm output: autocast's cast to bf16 per projection (6 B a
+  kernel); backward, the cast's gradient back to fp32 (6) and, for each reader past the
+  first, its sum into the norm output's gradient (12).
+- An fp32 weight: autocast's bf16 copy each forward (6 B a parameter, one kernel); backward,
+  the bf16 weight gradient cast to fp32 (6) and added into ``.grad`` (12; an accumulating
+  microbatch's, and a step's first when ``.grad`` was not set to None).
+- ``apply_rotary_pos_emb`` on q and on k, with the fp32 ``cos``/``sin`` the rotary embedding
+  computes from the fp32 residual stream (so ``q * cos`` promotes): ``q * cos`` (6 B),
+  ``-x2`` on half (2), ``cat`` (4), ``rotate_half(q) * sin`` (6), the fp32 ``add`` (12), then
+  ``scaled_dot_product_attention``'s autocast cast to bf16 (6): 36 B in 6 kernels. Backward:
+  the cast's gradient (6), each ``mul``'s gradient in fp32 and its cast to bf16 (14, twice),
+  ``neg`` (2), the two slices' ``zeros`` and copies (8), the three gradients of q summed in
+  bf16 (12): 56 B in 12 kernels.
+- The residual add, fp32 plus bf16 into fp32 (10 B). Backward: the gradient cast to bf16 for
+  the block (6) and the residual stream's two gradients summed where it branches (12).
+- SwiGLU, ``act_fn(gate) * up`` on bf16, per output element: ``silu`` (4) and ``mul`` (6).
+  Backward: the product's two gradients (12) and ``silu_backward`` (6) in 3 kernels.
+- The loss (``transformers/loss/loss_utils.py``: ``cross_entropy`` on ``logits.float()``), per
+  logit: the upcast (6 B), ``log_softmax`` reading its fp32 input for the row's maximum, again
+  for the sum of exponentials and a third time to write (16; ``aten/src/ATen/native/cuda/
+  SoftMax.cu``), ``nll_loss`` on one value a token: 22 B in 3 kernels. Backward:
+  ``nll_loss_backward``'s zero-filled fp32 gradient (4, with its scatter), ``log_softmax``'s
+  backward reading the gradient twice (its row sum, then the product) and the output once and
+  writing (16), the cast back to bf16 (6): 26 B in 4 kernels.
+
+``hf-compiled`` is the same layer under ``torch.compile``: Inductor fuses each chain of
+pointwise ops into one kernel (and a norm with its casts), so a chain reads its inputs and
+writes its outputs once. Which chains it forms is inferred, not read from generated code (its
+kept bytes, :mod:`planner.graph.stacks`, are what the shared measurements pin): the norm reads
+fp32 and writes bf16 (6 B; its backward a row pass and a weight-column pass over the fp32 input
+and the bf16 gradient, writing the fp32 gradient, 16 B); the rotary embedding with its cast (4
+B each way); the residual add (10; its gradient's cast 6); SwiGLU (6; backward, one kernel
+reading the gradient, gate and up and writing both gradients, SiLU recomputed: 10). The weight
+casts are autocast's, as eager's. The decoder layer is compiled; the head runs eager.
+
+The other stacks run Transformer Engine's or Megatron's fused kernels: each memory-bound op one
+kernel over its inputs and output (the op's own tensors; no :class:`~planner.graph.ops.Unfused`).
+
+Measured against one H100's layers (``../shared/validation/h100/layers.jsonl``) in
+``benchmarks/layer_times.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.graph.ops import Tensor, Unfused
+from planner.vocabulary import Stack
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kernels:
+    """Bytes read and written per element, and kernels launched, by pass."""
+
+    forward_bytes: float
+    """The forward's bytes per element."""
+    backward_bytes: float
+    """The backward's bytes per element."""
+    forward_kernels: int
+    """Kernels the forward launches."""
+    backward_kernels: int
+    """Kernels the backward launches."""
+
+    def over(self, tensor: Tensor) -> Unfused:
+        """These kernels walking ``tensor``."""
+        return Unfused(forward=(Tensor(tensor.dims, self.forward_bytes),),
+                       backward=(Tensor(tensor.dims, self.backward_bytes),),
+                       forward_kernels=self.forward_kernels,
+                       backward_kernels=self.backward_kernels)  # fmt: skip
+
+
+UNFUSED: dict[Stack, dict[str, Kernels]] = {
+    "hf-eager": {
+        "norm": Kernels(forward_bytes=28.0, backward_bytes=92.0,
+                        forward_kernels=6, backward_kernels=14),
+        "input_cast": Kernels(forward_bytes=6.0, backward_bytes=6.0,
+                              forward_kernels=1, backward_kernels=1),
+        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=12.0,
+                                forward_kernels=0, backward_kernels=1),
+        "rotary": Kernels(forward_bytes=36.0, backward_bytes=56.0,
+                          forward_kernels=6, backward_kernels=12),
+        "residual": Kernels(forward_bytes=10.0, backward_bytes=18.0,
+                            forward_kernels=1, backward_kernels=2),
+        "glu": Kernels(forward_bytes=10.0, backward_bytes=18.0,
+                       forward_kernels=2, backward_kernels=3),
+        "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
+                              forward_kernels=1, backward_kernels=1),
+        "loss": Kernels(forward_bytes=22.0, backward_bytes=26.0,
+                        forward_kernels=3, backward_kernels=4),
+    },
+    "hf-compiled": {
+        "norm": Kernels(forward_bytes=6.0, backward_bytes=16.0,
+                        forward_kernels=1, backward_kernels=2),
+        "input_cast": Kernels(forward_bytes=0.0, backward_bytes=0.0,
+                              forward_kernels=0, backward_kernels=0),
+        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=2.0,
+                                forward_kernels=0, backward_kernels=0),
+        "rotary": Kernels(forward_bytes=4.0, backward_bytes=4.0,
+                          forward_kernels=1, backward_kernels=1),
+        "residual": Kernels(forward_bytes=10.0, backward_bytes=6.0,
+                            forward_kernels=1, backward_kernels=1),
+        "glu": Kernels(forward_bytes=6.0, backward_bytes=10.0,
+                       forward_kernels=1, backward_kernels=1),
+        "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
+                              forward_kernels=1, backward_kernels=1),
+    },
+}
+"""Each stack's kernels per element of the tensor they walk (see the module's docstring for
+the count): a norm's input, a projection's input per reader, the gradient summed per reader
+past the first, q and k through the rotary embedding, the residual stream, an activation's
+output."""
+
+_AUTOCAST_WEIGHT = Kernels(forward_bytes=6.0, backward_bytes=18.0, forward_kernels=1,
+                           backward_kernels=2)
+WEIGHT_CAST: dict[Stack, Kernels] = {"hf-eager": _AUTOCAST_WEIGHT, "hf-compiled": _AUTOCAST_WEIGHT}
+"""Autocast's per-parameter traffic for an fp32 weight: the bf16 copy, and the gradient cast
+and accumulated into ``.grad``."""
+
+
+def _kernels(stack: Stack, part: str) -> Kernels | None:
+    return UNFUSED.get(stack, {}).get(part)
+
+
+def norm(stack: Stack, x: Tensor) -> Unfused | None:
+    """A norm over ``x``'s last dim as ``stack`` runs it; None: one fused kernel.
+
+    >>> x = Tensor((("seq", 1024), ("hidden", 64)), 2.0)
+    >>> work = norm("hf-eager", x)
+    >>> work.forward[0].bytes / x.numel, work.forward_kernels, norm("megatron-te", x)
+    (28.0, 6, None)
+    """
+    kernels = _kernels(stack, "norm")
+    return kernels.over(x) if kernels else None
+
+
+def linear(stack: Stack, x: Tensor, weight: Tensor, readers: int) -> Unfused | None:
+    """What ``stack`` runs beside a projection of input ``x`` and ``weight``: where ``readers``
+    separate projections read an fp32 input, a cast each and their gradients summed; the
+    weight's cast; None when it runs nothing."""
+    weight_cast = WEIGHT_CAST.get(stack)
+    if weight_cast is None:
+        return None
+    work = Unfused(weight_forward_bytes=weight_cast.forward_bytes,
+                   weight_backward_bytes=weight_cast.backward_bytes,
+                   forward_kernels=weight_cast.forward_kernels,
+                   backward_kernels=weight_cast.backward_kernels)  # fmt: skip
+    cast, gradient_sum = _kernels(stack, "input_cast"), _kernels(stack, "gradient_sum")
+    if readers and cast and gradient_sum:
+        work = work.plus(_times(cast.over(x), readers))
+        work = work.plus(_times(gradient_sum.over(x), readers - 1))
+    return work
+
+
+def rotary(stack: Stack, q: Tensor, k: Tensor) -> Unfused | None:
+    """The rotary embedding on ``q`` and ``k`` as ``stack`` runs it beside the attention
+    core; None: fused into the core's input (Transformer Engine's ``apply_rope_fusion``)."""
+    kernels = _kernels(stack, "rotary")
+    return kernels.over(q).plus(kernels.over(k)) if kernels else None
+
+
+def residual(stack: Stack, x: Tensor) -> Unfused | None:
+    """A residual add on ``x`` as ``stack`` runs it; None: one fused kernel."""
+    kernels = _kernels(stack, "residual")
+    return kernels.over(x) if kernels else None
+
+
+def activation(stack: Stack, out: Tensor, *, gated: bool) -> Unfused | None:
+    """An MLP's activation writing ``out`` (SwiGLU/GeGLU when ``gated``) as ``stack`` runs
+    it; None: one fused kernel."""
+    kernels = _kernels(stack, "glu" if gated else "activation")
+    return kernels.over(out) if kernels else None
+
+
+def loss(stack: Stack, logits: Tensor) -> Unfused | None:
+    """The cross entropy over ``logits`` as ``stack`` runs it; None: one fused kernel
+    (Megatron's vocab-parallel loss, flash-attn's fused cross entropy)."""
+    kernels = _kernels(stack, "loss")
+    return kernels.over(logits) if kernels else None
+
+
+def _times(work: Unfused, n: int) -> Unfused:
+    """``work`` run ``n`` times (none for ``n <= 0``)."""
+    scaled = tuple(Tensor(t.dims, t.element_bytes * max(n, 0)) for t in work.forward)
+    scaled_back = tuple(Tensor(t.dims, t.element_bytes * max(n, 0)) for t in work.backward)
+    return Unfused(forward=scaled, backward=scaled_back,
+                   forward_kernels=work.forward_kernels * max(n, 0),
+                   backward_kernels=work.backward_kernels * max(n, 0))  # fmt: skip
