@@ -560,3 +560,19 @@ def test_zero_offload_launch() -> None:
     flags, config = read(ds.launch(plain, model).text)
     assert "--cpu-optimizer" not in flags
     assert "offload_optimizer" not in config["zero_optimization"]
+
+
+def test_bf16_gradients_are_reduced_in_bf16() -> None:
+    """DeepSpeed all-reduces a bf16 run's fp32-accumulated gradients in bf16
+    (``communication_data_type``'s default, ``deepspeed/runtime/engine.py``): half the bytes of
+    Megatron's fp32 main grads, so the same all-reduce's bandwidth term halves."""
+    from planner.cost import CommGroup, collective_time_s, data_parallel_sync
+    from planner.spec.reading import load_cluster
+
+    cluster = load_cluster(framework_cases.CLUSTERS / "dgx-a100-80gb.json", nodes=4)
+    group = CommGroup(size=4, stride=8)
+    syncs = {p: data_parallel_sync(cluster, group, params=1e9, precision=p, zero=0)
+             for p in ("bf16", "bf16-deepspeed")}  # fmt: skip
+    assert syncs["bf16"].reduce_once_s == collective_time_s(cluster, "all_reduce", 4e9, group)
+    assert syncs["bf16-deepspeed"].reduce_once_s == collective_time_s(cluster, "all_reduce",
+                                                                      2e9, group)

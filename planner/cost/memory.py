@@ -325,10 +325,22 @@ def state_bytes_per_param(
     )
 
 
+GRADIENT_WIRE_BYTES: dict[StatesPrecision, float] = {"bf16-deepspeed": 2.0}
+"""Where the gradient reduction's element is not the kept gradient's: DeepSpeed reduces in its
+``communication_data_type``, which defaults to the training precision (bf16 for a bf16 run:
+``DeepSpeedEngine.communication_data_type`` in ``deepspeed/runtime/engine.py``), casting its
+fp32 accumulated gradients to bf16 for the all-reduce and back (``allreduce_bucket``)."""
+
+
 def gradient_bytes_on_wire(precision: StatesPrecision) -> float:
-    """Bytes per parameter the data-parallel gradient reduction moves (fp32 main grads for
-    bf16, as Megatron reduces them; fp16 grads for fp16)."""
-    return ADAM_STATE[precision].gradients
+    """Bytes per parameter the data-parallel gradient reduction moves: fp32 main grads for
+    bf16, as Megatron reduces them; fp16 grads for fp16; bf16 for DeepSpeed's bf16
+    (:data:`GRADIENT_WIRE_BYTES`).
+
+    >>> gradient_bytes_on_wire("bf16"), gradient_bytes_on_wire("bf16-deepspeed")
+    (4, 2.0)
+    """
+    return GRADIENT_WIRE_BYTES.get(precision, ADAM_STATE[precision].gradients)
 
 
 def saved_activation_bytes(

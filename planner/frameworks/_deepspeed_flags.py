@@ -138,7 +138,9 @@ def ds_config(resolved: ResolvedConfig) -> dict[str, object]:
     }
     if t.precision == "bf16":
         # fp32 gradient accumulation, as the planner prices bf16 training (Megatron's main
-        # grads); a rule keeps bf16 to ZeRO >= 1, where DeepSpeed accepts it.
+        # grads); a rule keeps bf16 to ZeRO >= 1, where DeepSpeed accepts it. The reduction
+        # runs in bf16, communication_data_type's default for a bf16 run
+        # (deepspeed/runtime/engine.py), as the planner prices it (2 bytes a parameter).
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     config["zero_optimization"] = zero_block(resolved)
     if c.pp > 1:
