@@ -17,7 +17,7 @@ from planner.cost.offload import (
     zero_offload_step_s,
 )
 from planner.errors import InputError
-from planner.options import SolveOptions
+from planner.options import Pins, SolveOptions
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import estimate_batch
@@ -127,12 +127,16 @@ def deepspeed_by_hand(cluster: ClusterSpec, params: float) -> tuple[float, float
 
 def test_deepspeed_fits_only_with_zero_offload() -> None:
     """The done-when case for DeepSpeed: Llama 3 70B on 2 DGX H100 nodes is planned with
-    ZeRO-Offload; without it the configuration does not fit; its step is the on-device step
+    ZeRO-Offload (ZeRO-2 without a pipeline, the search's choice); pinned to ZeRO-1, with a
+    pipeline, without it the configuration does not fit and its step is the on-device step
     with the optimizer's time swapped for ZeRO-Offload's step and the gradients' copies
     exposed after the pipeline (its engine reduces after the schedule), by hand."""
     model, cluster = planner.load_model(LLAMA_70B), h100_nodes()
     options = SolveOptions(framework="deepspeed", global_batch_size=BATCH)
-    plan = planner.solve(model, cluster, options)
+    chosen = planner.solve(model, cluster, options).configuration
+    assert chosen is not None and chosen.offload == "zero-offload"
+    pinned = SolveOptions(framework="deepspeed", global_batch_size=BATCH, pins=Pins(zero=1))
+    plan = planner.solve(model, cluster, pinned)
     config = plan.configuration
     assert config is not None and config.offload == "zero-offload"
     assert config.zero == 1 and config.pp > 1 and not config.overlap_grad_reduce

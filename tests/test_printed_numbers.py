@@ -205,9 +205,11 @@ def _render(renderables: list) -> str:
 def test_estimate_for_a_framework_prices_what_solve_prices() -> None:
     """The issue's case, Llama-3 70B on 256 H100 (TP1 PP1 DP256, mbs 2, full recompute,
     ZeRO-3): solve for torchtitan overlaps FSDP2's gathers and reduce-scatters (15.13 s on
-    the Hugging Face config) and estimate with the same degrees priced none (17.95 s). With
-    ``--framework torchtitan`` estimate sets the overlaps as solve does, to the same step,
-    and says so; without it, the switches stay as given (off)."""
+    the Hugging Face config when the issue was filed) and estimate with the same degrees
+    priced none (17.95 s; 15.33 s against 16.86 s on the bundled model since collectives are
+    NCCL's channelled rings). With ``--framework torchtitan`` estimate sets the overlaps as
+    solve does, to the same step, and says so; without it, the switches stay as given
+    (off)."""
     model = "instances/models/llama3-70b.json"
     degrees = ("--nodes", "32", "--seq-len", "8192", "--global-batch", "512", "--mbs", "2",
                "--recompute", "full", "--zero", "3")  # fmt: skip
@@ -222,7 +224,7 @@ def test_estimate_for_a_framework_prices_what_solve_prices() -> None:
     assert framed.code == 0, framed.stderr
     step = json.loads(framed.stdout)["step_time_s"]
     assert step == pytest.approx(plan.predicted.step_time_s, rel=1e-9)
-    assert plain["step_time_s"] > 1.1 * step
+    assert plain["step_time_s"] > 1.05 * step
     assert ("torchtitan's switches as solve sets them: --overlap-grad-reduce "
             "--overlap-param-gather") in " ".join(framed.stderr.split())
 

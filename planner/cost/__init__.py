@@ -4,8 +4,8 @@
   plus a launch cost per kernel, with the calibrated fractions of the cluster file.
 - Communication: alpha-beta per collective with ring bus-bandwidth factors (all-reduce
   ``2(n-1)/n``, all-gather and reduce-scatter ``(n-1)/n``); a group that spans several network
-  levels is priced both flat (at its slowest level) and hierarchically (level by level on ever
-  smaller pieces, as NCCL does across nodes), whichever is cheaper.
+  levels is one ring as NCCL channels it, its levels moving their shares at once over as many
+  links as the group has ranks in a node (:func:`collective_time_s`).
 - Memory: mixed-precision Adam state per parameter as Megatron-LM's distributed optimizer
   documentation tabulates it, divided by the ZeRO stage; activations per Korthikanti et al.
 - Pipeline: step time ``m * max(t) + (sum(t) - max(t)) / v`` for ``m`` microbatches and ``v``

@@ -1,5 +1,6 @@
-"""Communication time: alpha-beta per collective with ring bus-bandwidth factors, flat or
-hierarchical over the network levels a group spans; point-to-point sends; overlap."""
+"""Communication time: alpha-beta per collective with ring bus-bandwidth factors, one ring
+through the group's ranks as NCCL channels it across the network levels the group spans;
+all-to-all split by level; point-to-point sends; overlap."""
 
 from __future__ import annotations
 
@@ -43,15 +44,6 @@ def members_per_level(cluster: ClusterSpec, group: CommGroup) -> tuple[int, ...]
     return tuple(counts)
 
 
-def _ring_s(kind: CollectiveKind, nbytes: float, n: int, level: NetworkLevel) -> float:
-    """One ring collective among ``n`` ranks on ``level``; latency as NCCL's tree (log n)."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    rounds = 2 if kind == "all_reduce" else 1
-    bandwidth_term = rounds * (n - 1) / n * nbytes / level.bandwidth_bytes_s
-    return bandwidth_term + rounds * math.ceil(math.log2(n)) * level.latency_s
-
-
 def collective_time_s(
     cluster: ClusterSpec, kind: CollectiveKind, nbytes: float, group: CommGroup
 ) -> float:
@@ -73,12 +65,32 @@ def collective_time_s(
             slowest = max(slowest, (count - previous) / n * nbytes / level.bandwidth_bytes_s)
             previous = count
         return slowest + levels[outer].latency_s * math.ceil(math.log2(n))
-    flat = _ring_s(kind, nbytes, n, levels[outer])
-    hierarchical, previous = 0.0, 1
-    for count, level in zip(counts[: outer + 1], levels, strict=False):
-        hierarchical += _ring_s(kind, nbytes / previous, count // previous, level)
-        previous = count
-    return min(flat, hierarchical)
+    return _channelled_ring_s(kind, nbytes, counts[: outer + 1], levels)
+
+
+def _channelled_ring_s(
+    kind: CollectiveKind, nbytes: float, counts: tuple[int, ...], levels: tuple[NetworkLevel, ...]
+) -> float:  # fmt: skip
+    """One ring through the group's ``counts[-1]`` ranks as NCCL runs it across network
+    levels: the buffer split over channels, each a ring that leaves a node through a
+    different member's network device (``src/graph/search.cc``: one NIC per channel, spread
+    over the node's NICs), so every level moves its share at once and the slowest bounds the
+    whole. The innermost level carries the ring's bytes over each rank's own link; every outer
+    level over the ``counts[0]`` links of the group's ranks in the innermost domain (a node,
+    or an NVLink domain) where a channel crosses: a ring crosses a leaf or spine boundary at
+    one such domain per channel, not at every rank of the leaf. On 2 DGX H100 nodes (16
+    ranks, one 400 Gb/s NIC a GPU) that is eight NICs at once, 368 GB/s of bus bandwidth,
+    NVLink's 369 just above: NVIDIA's maintainers expect 46-48 GB/s per NIC there
+    (NVIDIA/nccl-tests#290). With one rank a node it is the flat ring on the outer level."""
+    n = counts[-1]
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    links = (1, *(counts[0],) * (len(counts) - 1))
+    slowest = min(level.bandwidth_bytes_s * links[i]
+                  for i, level in enumerate(levels[: len(counts)]))  # fmt: skip
+    rounds = 2 if kind == "all_reduce" else 1
+    latency = rounds * math.ceil(math.log2(n)) * levels[len(counts) - 1].latency_s
+    return rounds * (n - 1) / n * nbytes / slowest + latency
 
 
 def p2p_time_s(cluster: ClusterSpec, nbytes: float, distance: int, *, ranks: int = 2) -> float:

@@ -185,14 +185,14 @@ def explain(
 
     >>> for n in why.sensitivities[:2]:
     ...     print(n.change, round(n.delta_s, 2), n.fits)
-    tp 4 -> 2 (dp 32 -> 64) -1.0 False
-    tp 4 -> 8 (dp 32 -> 16) 2.6 True
+    tp 4 -> 2 (dp 32 -> 64) -1.14 False
+    tp 4 -> 8 (dp 32 -> 16) 2.65 True
 
     A configuration of one's own, priced beside the plan:
 
     >>> mine = explain(plan, model, cluster, why_not={"pp": 16}).why_not
     >>> mine.change, round(mine.delta_s, 2), mine.feasible
-    ('pp=16', 0.46, True)
+    ('pp=16', 0.5, True)
     """
     p = plan.predicted
     steps = sorted(StepTime.model_fields, key=lambda k: -getattr(p.time, k))

@@ -161,6 +161,34 @@ def _solve(cluster: ClusterSpec, index: int, runs: Sequence[NcclRun], measured: 
     return x, lat
 
 
+BOUND_ELSEWHERE = ("; another level bounds these runs (NCCL's rings cross every NIC of a node "
+                   "at once): the fraction is the lowest that reproduces them")
+"""Said in the source when the fitted level does not bound the runs' time."""
+
+
+def _slowest_that_fits(cluster: ClusterSpec, index: int, runs: Sequence[NcclRun], x: float,
+                       lat: float) -> tuple[float, bool]:
+    """``x`` (1 / fraction) unchanged when level ``index`` bounds the runs' time there; else,
+    as when a 2-node all-reduce is bound by NVLink while the rings cross all eight NICs at
+    once, where any slower level below that bound prices the same, the largest ``x`` (the
+    slowest level) whose times stay within 0.1 % of the fit's: what the runs show at least,
+    and True."""
+    fitted = _times(cluster, index, runs, x, lat)
+
+    def same(candidate: float) -> bool:
+        return bool(np.all(_times(cluster, index, runs, candidate, lat) <= fitted * 1.001))
+
+    if not same(x * 1.01):
+        return x, False
+    low, high = x, x * 1.01
+    while same(high) and high < 1e6 * x:
+        low, high = high, high * 2
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if same(middle) else (low, middle)
+    return low, True
+
+
 def read_test_output(path: str | Path, *, ranks: int | None = None, nodes: int | None = None
                      ) -> NcclRun:
     """One collective test's output, nccl-tests' or hccl_test's, told apart by hccl_test's
@@ -214,6 +242,7 @@ def fit_network(
     fitted = lat >= 0 and bool(np.max(smallest / measured) >= LATENCY_SHARE)
     if not fitted:
         x, lat = _solve(cluster, level, runs, measured, start, with_latency=False)
+    x, bound_elsewhere = _slowest_that_fits(cluster, level, runs, x, lat)
     fraction, lat = round(1 / x, 4), round(lat, 2)
     if fraction > 1:
         raise InputError(f"{cluster_path}: the runs are {fraction:.2f} times faster than level "
@@ -223,7 +252,8 @@ def fit_network(
     tools = tuple(dict.fromkeys(run.tool for run in runs))
     source = (f"fitted by `planner calibrate-network` to {' and '.join(tools)} {names} (out "
               f"of place, {len(measured)} sizes, least squares on relative time"
-              f"{'' if fitted else '; latency kept: messages too large to see it'})")
+              f"{'' if fitted else '; latency kept: messages too large to see it'}"
+              f"{BOUND_ELSEWHERE if bound_elsewhere else ''})")
     before = _times(cluster, level, runs, start[0], start[1])
     after = _times(cluster, level, runs, 1 / fraction, lat)
     rows, i = [], 0

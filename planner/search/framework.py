@@ -63,8 +63,8 @@ class _Search:
     priced: int = 0
     """Configurations priced (refusals not counted)."""
     offloadable: tuple[ParallelConfig, ...] = ()
-    """Configurations that fit only without their optimizer states: their offloaded variants
-    are priced if nothing fits without offload."""
+    """Configurations that might fit without their optimizer states and gradients: their
+    offloaded variants are priced if nothing fits without offload."""
 
     @property
     def best_step_s(self) -> float | None:
@@ -93,9 +93,12 @@ class _Search:
             return found
         c = batch.columns
         peak = c["peak_memory_gib"]
-        # The optimizer states leave with the allocator's slack on them.
-        optimizer = c["memory.optimizer_gib"] * GIB
-        offloaded = peak - (optimizer + cost.allocator_slack_bytes(cluster.device, optimizer)) / GIB
+        # At most the optimizer states and the gradients leave, with the allocator's slack on
+        # them: Megatron's offload moves the first, DeepSpeed's ZeRO-Offload both (its states
+        # then kept in Megatron's layout: the held bf16 gradients of BF16_Optimizer go too).
+        # A bound, so that no variant that would fit is dropped; the variants are priced.
+        freed = (c["memory.optimizer_gib"] + c["memory.gradients_gib"]) * GIB
+        offloaded = peak - (freed + cost.allocator_slack_bytes(cluster.device, freed)) / GIB
         lighter = (c["divides"] & (peak * GIB > self.usable_bytes)
                    & (offloaded * GIB <= self.usable_bytes))
         kept = tuple(configs[i] for i in np.flatnonzero(lighter))

@@ -284,8 +284,8 @@ def offload_variants(
     where :func:`offloads` says the search may not offload).
 
     The caller passes the configurations that do not fit on the device but whose peak without
-    their optimizer states does (an offload frees exactly those): one that fits needs
-    no offload, since an offloaded step is its configuration's step with the optimizer's time
+    their optimizer states and gradients does (an offload frees at most those): one that fits
+    needs no offload, since an offloaded step is its configuration's step with the optimizer's time
     swapped for the host copies and the CPU's Adam, never faster where the host link and the
     host memory are slower than the device's memory (every bundled cluster with host figures:
     ``tests/test_offload.py``). The search prices them only when nothing fits without
