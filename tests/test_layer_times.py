@@ -5,7 +5,6 @@ the kernel curves ``planner bench`` fitted on one H100 and held to what that H10
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,21 +17,12 @@ from planner.diagnose.layer_times import LayerTimeCheck, layer_time_checks
 from planner.diagnose.runs import load_runs
 from planner.graph import lowered, unfused
 from planner.graph.ops import Tensor
-from planner.spec import ClusterSpec, DeviceSpec, ModelSpec, TrainingSpec
+from planner.spec import ClusterSpec, DeviceSpec, TrainingSpec
 from planner.spec.reading import load_cluster
 from planner.vocabulary import STACKS
+from tests.h100_layers import H100, LLAMA_1B, SHAPES
 
-H100 = Path(__file__).parents[2] / "shared" / "validation" / "h100"
 INSTANCES = Path(__file__).parents[1] / "instances"
-RUNS = json.loads((H100 / "runs_one_gpu.json").read_text())
-LLAMA_1B = ModelSpec.model_validate(RUNS[0]["model"]["spec"])
-SHAPES = {
-    "llama3.2-1b": LLAMA_1B,
-    "llama3.1-8b": LLAMA_1B.model_copy(update={
-        "name": "llama3.1-8b", "num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
-        "tie_word_embeddings": False}),
-}  # fmt: skip
-"""The two shapes ``real_layer.py`` builds (its ``SHAPES``), as model specs."""
 
 
 def _kernel_priced(path: Path) -> ClusterSpec:

@@ -8,7 +8,6 @@ anyway: the planner's layer bytes less its fp32 input are held to it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -25,18 +24,9 @@ from planner.spec.reading import load_cluster
 from planner.uniform.estimate import estimate
 from planner.uniform.stages import communicators, uniform_stage
 from planner.vocabulary import GIB
+from tests.h100_layers import H100, SHAPES
 
-H100 = Path(__file__).parents[2] / "shared" / "validation" / "h100"
 INSTANCES = Path(__file__).parents[1] / "instances"
-RUNS = json.loads((H100 / "runs_one_gpu.json").read_text())
-LLAMA_1B = ModelSpec.model_validate(RUNS[0]["model"]["spec"])
-SHAPES = {
-    "llama3.2-1b": LLAMA_1B,
-    "llama3.1-8b": LLAMA_1B.model_copy(update={
-        "name": "llama3.1-8b", "num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
-        "tie_word_embeddings": False}),
-}  # fmt: skip
-"""The two shapes ``real_layer.py`` builds (its ``SHAPES``), as model specs."""
 
 
 @pytest.fixture(scope="module")
