@@ -23,22 +23,14 @@ from pathlib import Path
 
 from planner.diagnose.bench_fit import with_saved_kernels
 from planner.diagnose.calibration import priced_rows
-from planner.diagnose.layer_memory import read_layer_records
+from planner.diagnose.layer_memory import measured_layer_models, read_layer_records
 from planner.diagnose.layer_times import layer_time_checks
 from planner.diagnose.runs import load_runs
-from planner.spec import ClusterSpec, ModelSpec
-from planner.spec.reading import load_cluster, load_model
+from planner.spec import ClusterSpec
+from planner.spec.reading import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT.parent / "shared" / "validation" / "h100"
-
-
-def _models() -> dict[str, ModelSpec]:
-    """The shapes ``real_layer.py`` builds: Llama-3.2-1B (the one-GPU runs' model) and
-    Llama-3.1-8B (the bundled Llama 3 8B: the same layer)."""
-    runs = load_runs(H100 / "runs_one_gpu.json")
-    return {"llama3.2-1b": runs[0].model,
-            "llama3.1-8b": load_model(ROOT / "instances" / "models" / "llama3-8b.json")}
 
 
 def _devices() -> dict[str, ClusterSpec]:
@@ -51,7 +43,8 @@ def main() -> None:
     """Print every layer and head check, the medians by stack and part, and the steps."""
     devices = _devices()
     records = read_layer_records(H100 / "layers.jsonl")
-    checks = {key: layer_time_checks(records, _models(), cluster)
+    models = measured_layer_models(H100 / "runs_one_gpu.json")
+    checks = {key: layer_time_checks(records, models, cluster)
               for key, cluster in devices.items()}  # fmt: skip
     print("predicted vs measured ms (error): on the kernel curves, on the bundled file")
     print(f"{'what':38s} {'part':7s} {'measured':>8s} {'kernels':>16s} {'bundled':>16s}")

@@ -28,10 +28,12 @@ from pathlib import Path
 
 from planner.cost import MEMORY_MARGIN
 from planner.diagnose.calibration import validate
-from planner.diagnose.layer_memory import layer_memory_checks, read_layer_records
-from planner.diagnose.runs import load_runs
-from planner.spec import ModelSpec
-from planner.spec.reading import load_cluster, load_model
+from planner.diagnose.layer_memory import (
+    layer_memory_checks,
+    measured_layer_models,
+    read_layer_records,
+)
+from planner.spec.reading import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATION = ROOT.parent / "shared" / "validation"
@@ -39,18 +41,11 @@ H100 = VALIDATION / "h100"
 CLUSTERS = ROOT / "instances" / "clusters"
 
 
-def _layer_models() -> dict[str, ModelSpec]:
-    """The shapes ``real_layer.py`` builds: Llama-3.2-1B (the one-GPU runs' model) and
-    Llama-3.1-8B (the bundled Llama 3 8B: the same layer)."""
-    runs = load_runs(H100 / "runs_one_gpu.json")
-    return {"llama3.2-1b": runs[0].model,
-            "llama3.1-8b": load_model(ROOT / "instances" / "models" / "llama3-8b.json")}
-
-
 def main() -> None:
     """Print the three tables."""
     cluster = load_cluster(ROOT / "instances" / "clusters" / "dgx-h100-80gb.json", nodes=1)
-    checks = layer_memory_checks(read_layer_records(H100 / "layers.jsonl"), _layer_models(),
+    checks = layer_memory_checks(read_layer_records(H100 / "layers.jsonl"),
+                                 measured_layer_models(H100 / "runs_one_gpu.json"),
                                  cluster)  # fmt: skip
     print("1. layers and the loss, one H100 (GiB)")
     print(f"{'measurement':52s} {'predicted':>9s} {'measured':>9s} {'error':>7s}")

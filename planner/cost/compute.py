@@ -195,22 +195,26 @@ def op_time(
     grouped kernel over them (:func:`grouped_gemm_fraction`), whose efficiency depends on each
     expert's tokens.
     """
+    def stack_kernels() -> tuple[float, float, float]:
+        assert op.unfused is not None
+        # A tied head still casts the shared weight (it owns no parameters of its own).
+        params = (sharded_bytes(op.weight, weight_degrees) / op.weight.element_bytes
+                  if op.weight is not None else 0.0)  # fmt: skip
+        return unfused_time_s(op.unfused, device, activation_degrees=activation_degrees,
+                              local_params=params)  # fmt: skip
+
+    if op.unfused is not None and op.kind in UNFUSED_IS_THE_OP:
+        forward, backward, _ = stack_kernels()
+        return OpTime(forward_s=forward, backward_s=backward)
     own = _own_kernels_time(op, device, precision, activation_degrees=activation_degrees,
                             weight_degrees=weight_degrees, compute_degree=compute_degree,
                             gemm_calls=gemm_calls, flash_attention=flash_attention,
                             grouped_experts=grouped_experts)  # fmt: skip
     if op.unfused is None:
         return own
-    forward, backward, weight = unfused_time_s(
-        op.unfused, device, activation_degrees=activation_degrees,
-        # A tied head still casts the shared weight (it owns no parameters of its own).
-        local_params=(sharded_bytes(op.weight, weight_degrees) / op.weight.element_bytes
-                      if op.weight is not None else 0.0))  # fmt: skip
-    if op.kind in UNFUSED_IS_THE_OP:
-        return OpTime(forward_s=forward, backward_s=backward)
+    forward, backward, weight = stack_kernels()
     return OpTime(forward_s=own.forward_s + forward, backward_s=own.backward_s + backward,
                   weight_s=own.weight_s + weight)  # fmt: skip
-
 
 UNFUSED_IS_THE_OP = frozenset({"norm", "residual", "elementwise", "loss"})
 """Op kinds whose stack's separate kernels (:class:`~planner.graph.ops.Unfused`) replace the

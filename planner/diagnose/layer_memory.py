@@ -27,7 +27,7 @@ from planner.graph.stacks import FP32_BYTES
 from planner.plan.divisibility import Degrees
 from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec
-from planner.spec.reading import read_text
+from planner.spec.reading import read_json, read_text
 from planner.vocabulary import GIB, Stack
 
 
@@ -64,6 +64,17 @@ def read_layer_records(path: Path) -> list[dict[str, Any]]:
         if "error" not in record:
             records.append(record)
     return records
+
+
+def measured_layer_models(runs_one_gpu: Path) -> dict[str, ModelSpec]:
+    """The two shapes ``real_layer.py`` builds (its ``SHAPES``), as model specs by the records'
+    ``model`` names: Llama-3.2-1B as the one-GPU runs file at ``runs_one_gpu`` gives it
+    (``model.spec`` of its first run), and Llama-3.1-8B, the same layer at hidden 4,096 and
+    FFN 14,336 with its own (untied) head."""
+    spec = ModelSpec.model_validate(read_json(runs_one_gpu)[0]["model"]["spec"])
+    wide = spec.model_copy(update={"name": "llama3.1-8b", "num_layers": 32, "hidden_size": 4096,
+                                   "ffn_hidden_size": 14336, "tie_word_embeddings": False})
+    return {"llama3.2-1b": spec, "llama3.1-8b": wide}
 
 
 def layer_parts(model: ModelSpec, cluster: ClusterSpec, record: Mapping[str, Any], kind: str,

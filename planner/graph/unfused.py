@@ -79,6 +79,13 @@ class Kernels:
     backward_kernels: int
     """Kernels the backward launches."""
 
+    def times(self, n: int) -> Kernels:
+        """These kernels run ``n`` times (none for ``n <= 0``)."""
+        n = max(n, 0)
+        return Kernels(forward_bytes=n * self.forward_bytes, backward_bytes=n * self.backward_bytes,
+                       forward_kernels=n * self.forward_kernels,
+                       backward_kernels=n * self.backward_kernels)  # fmt: skip
+
     def over(self, tensor: Tensor) -> Unfused:
         """These kernels walking ``tensor``."""
         return Unfused(forward=(Tensor(tensor.dims, self.forward_bytes),),
@@ -164,8 +171,8 @@ def linear(stack: Stack, x: Tensor, weight: Tensor, readers: int) -> Unfused | N
                    backward_kernels=weight_cast.backward_kernels)  # fmt: skip
     cast, gradient_sum = _kernels(stack, "input_cast"), _kernels(stack, "gradient_sum")
     if readers and cast and gradient_sum:
-        work = work.plus(_times(cast.over(x), readers))
-        work = work.plus(_times(gradient_sum.over(x), readers - 1))
+        work = work.plus(cast.times(readers).over(x))
+        work = work.plus(gradient_sum.times(readers - 1).over(x))
     return work
 
 
@@ -195,11 +202,3 @@ def loss(stack: Stack, logits: Tensor) -> Unfused | None:
     kernels = _kernels(stack, "loss")
     return kernels.over(logits) if kernels else None
 
-
-def _times(work: Unfused, n: int) -> Unfused:
-    """``work`` run ``n`` times (none for ``n <= 0``)."""
-    scaled = tuple(Tensor(t.dims, t.element_bytes * max(n, 0)) for t in work.forward)
-    scaled_back = tuple(Tensor(t.dims, t.element_bytes * max(n, 0)) for t in work.backward)
-    return Unfused(forward=scaled, backward=scaled_back,
-                   forward_kernels=work.forward_kernels * max(n, 0),
-                   backward_kernels=work.backward_kernels * max(n, 0))  # fmt: skip
