@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.diagnose.calibration import calibrate, validate
+from planner.diagnose.calibration import at_site, calibrate, validate
 from planner.diagnose.run_records import config_from_record
 from planner.diagnose.runs import load_runs_noting
 from planner.errors import PlannerError
@@ -138,7 +138,9 @@ def test_bloom_record_is_priced_with_deepspeeds_split() -> None:
     rows = {row.id: row for row in result.rows}
     row = rows["bloom176b_production_384gpu"]
     [run] = [r for r in load_runs_noting(DEEPSPEED_RUNS).runs if r.id == row.id]
-    cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json").with_nodes(384 // 8)
+    # BLOOM ran on Jean Zay: the A100 file's device on that machine's Omni-Path network.
+    cluster = at_site(load_cluster(CLUSTERS / "dgx-a100-80gb.json"), CLUSTERS,
+                      "Jean Zay").with_nodes(384 // 8)  # fmt: skip
     assert row.predicted_s == estimate(run.model, cluster, run.config).step_time_s
     assert row.family == "deepspeed" and "PP12 (first 5, last 5 layers)" in row.config
     # Every record is priced, the three that ran out of memory for their memory alone: each

@@ -127,11 +127,14 @@ def pipeline_send_s(
     stages: int = 2,
     slices: int = 1,
     gather: CommGroup | None = None,
+    transfers: int = 2,
 ) -> float:
     """One stage's pipeline traffic per microbatch: the hidden state it passes on (``nbytes``,
     :func:`hidden_state_bytes` as the stage holds it) sent forward and its gradient sent back,
     once per model chunk it holds, between ``stages`` stages ``distance`` ranks apart
     (:func:`p2p_time_s`: the pipeline runs at its slowest send); nothing without a pipeline.
+    ``transfers`` is how many transfers of that size hold the stage's stream a microbatch
+    (:func:`planner.graph.stacks.pipeline_transfers`: 2, or 4 on DeepSpeed's engine).
 
     Each device sends ``1/slices`` of it. With ``gather``, the receivers all-gather the slices
     back over that group (Megatron's scatter-gather over tensor-parallel ranks, Narayanan et
@@ -139,9 +142,9 @@ def pipeline_send_s(
     or sequence-parallel shards)."""
     if stages <= 1:
         return 0.0
-    send = 2 * chunks * p2p_time_s(cluster, nbytes / slices, distance, ranks=stages)
+    send = transfers * chunks * p2p_time_s(cluster, nbytes / slices, distance, ranks=stages)
     if gather is not None:
-        send += 2 * chunks * collective_time_s(cluster, "all_gather", nbytes, gather)
+        send += transfers * chunks * collective_time_s(cluster, "all_gather", nbytes, gather)
     return send
 
 

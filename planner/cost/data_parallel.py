@@ -117,6 +117,16 @@ def exposed_sync(
     )  # fmt: skip
 
 
+WHOLE_GRADIENT_REDUCTION: tuple[StatesPrecision, ...] = ("bf16-deepspeed",)
+"""Where ZeRO-1 all-reduces every gradient whole instead of reduce-scattering it: DeepSpeed's
+``BF16_Optimizer`` has no ``reduce_gradients``, so ``DeepSpeedEngine.allreduce_gradients``
+(and the pipeline engine's ``_bf16_reduce_grads``) all-reduce the buffered gradients
+(``buffered_allreduce_fallback``: ``deepspeed/runtime/engine.py`` lines 2048-2062,
+``deepspeed/runtime/pipe/engine.py`` lines 293-304 at microsoft/DeepSpeed 38327e0); after
+its step each rank all-gathers its updated partition (``update_lp_params``:
+``all_gather_dp_groups``, ``deepspeed/runtime/bf16_optimizer.py`` lines 423-436)."""
+
+
 def data_parallel_sync(
     cluster: ClusterSpec,
     group: CommGroup | None,
@@ -129,7 +139,8 @@ def data_parallel_sync(
     ``group`` (None: not replicated, nothing to move).
 
     ZeRO 0: all-reduce the gradients once; 1 (Megatron's distributed optimizer): reduce-scatter
-    them, then all-gather the updated compute-precision weights; 2: reduce-scatter every
+    them (all-reduce them: :data:`WHOLE_GRADIENT_REDUCTION`), then all-gather the updated
+    compute-precision weights; 2: reduce-scatter every
     microbatch (the gradients are sharded); 3: also all-gather the weights for every
     microbatch's forward and backward (Rajbhandari et al., 2020).
     """
@@ -145,7 +156,9 @@ def data_parallel_sync(
         return DataParallelSync(reduce_once_s=t("all_reduce", grads), gather_once_s=0.0,
                                 reduce_per_microbatch_s=0.0, gather_per_microbatch_s=0.0)
     if zero == 1:
-        return DataParallelSync(reduce_once_s=t("reduce_scatter", grads),
+        whole = precision in WHOLE_GRADIENT_REDUCTION
+        return DataParallelSync(reduce_once_s=t("all_reduce" if whole else "reduce_scatter",
+                                                grads),
                                 gather_once_s=t("all_gather", weights),
                                 reduce_per_microbatch_s=0.0, gather_per_microbatch_s=0.0)
     if zero == 2:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.diagnose.fit import KNOBS, Fit, fit_knobs, with_values, without_fits
-from planner.diagnose.runs import DEVICES, CalibrationRun, LoadedRuns, load_runs_noting
+from planner.diagnose.runs import DEVICES, SITES, CalibrationRun, LoadedRuns, load_runs_noting
 from planner.diagnose.validation_rows import ValidationRow, validation_rows
 from planner.errors import InputError, PlannerError
 from planner.spec import ClusterSpec, ValidationBand
@@ -62,8 +62,17 @@ def priced_rows(runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSp
 
 
 def bundled_clusters(clusters_dir: str | Path) -> dict[str, ClusterSpec]:
-    """The cluster of every device of the published runs, from ``clusters_dir``."""
+    """The cluster of every device of the published runs, from ``clusters_dir`` (a site's,
+    :func:`at_site`, is added where its runs are priced)."""
     return {key: load_cluster(Path(clusters_dir) / f) for key, f in BUNDLED_CLUSTERS.items()}
+
+
+def at_site(cluster: ClusterSpec, clusters_dir: str | Path, site: str) -> ClusterSpec:
+    """``cluster``'s device on ``site``'s nodes and network (its file in ``clusters_dir`` /
+    ``sites``, :data:`~planner.diagnose.runs.SITES`): the device, with its fitted efficiencies,
+    stays the bundled file's, so a calibration of the chip prices the site's runs too."""
+    overlay = read_json(Path(clusters_dir) / "sites" / SITES[site].file)
+    return ClusterSpec.model_validate(cluster.model_dump() | overlay)
 
 
 def cluster_files(
@@ -76,10 +85,15 @@ def cluster_files(
     return {key: Path(clusters_dir) / f for key, f in BUNDLED_CLUSTERS.items()}
 
 
-def _loaded(paths: Mapping[str, Path]) -> dict[str, ClusterSpec]:
-    """The clusters of ``paths``, each file read once (every run shares a user's file)."""
+def _loaded(
+    paths: Mapping[str, Path], runs: Sequence[CalibrationRun], clusters_dir: str | Path
+) -> dict[str, ClusterSpec]:
+    """The clusters of ``paths``, each file read once (every run shares a user's file), and
+    each site's of ``runs`` (:func:`at_site`)."""
     specs = {path: load_cluster(path) for path in set(paths.values())}
-    return {key: specs[path] for key, path in paths.items()}
+    clusters = {key: specs[path] for key, path in paths.items()}
+    return clusters | {r.cluster_key: at_site(clusters[r.device], clusters_dir, r.site)
+                       for r in runs if r.site is not None}  # fmt: skip
 
 
 def _runs_of(runs_paths: Sequence[str | Path], cluster: str | Path | None) -> LoadedRuns:
@@ -107,7 +121,8 @@ def validate(
     or priced is left out and listed in ``skipped`` with why (:func:`load_runs_noting`,
     :func:`priced_rows`)."""
     loaded = _runs_of(runs_paths, cluster)
-    clusters = _loaded(cluster_files(loaded.runs, clusters_dir, cluster))
+    clusters = _loaded(cluster_files(loaded.runs, clusters_dir, cluster), loaded.runs,
+                       clusters_dir)
     priced = priced_rows(loaded.runs, clusters)
     return Validation(rows=priced.rows, skipped=loaded.skipped + priced.skipped)
 
@@ -205,7 +220,7 @@ def calibrate(
     else:
         mine = loaded.runs
         command = f"--cluster {Path(cluster).name}"
-    files = _loaded(paths)
+    files = _loaded(paths, mine, clusters_dir)
     # A run that ran out of memory has no step time to fit; one the planner cannot price is
     # left out of the fit and listed, as validate lists it.
     untimed = [f"{r.id}: ran out of memory, no step time to fit" for r in mine

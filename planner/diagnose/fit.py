@@ -101,6 +101,13 @@ def current_values(cluster: ClusterSpec, names: Sequence[str]) -> dict[str, floa
     return values
 
 
+def cluster_of(run: CalibrationRun, clusters: Mapping[str, ClusterSpec]) -> ClusterSpec:
+    """The cluster of ``clusters`` that ``run`` is priced on: its site's
+    (:attr:`~planner.diagnose.runs.CalibrationRun.cluster_key`) where given, else its
+    device's (a mapping of devices alone prices every run on its device's cluster)."""
+    return clusters.get(run.cluster_key) or clusters[run.device]
+
+
 def sized_for(run: CalibrationRun, cluster: ClusterSpec) -> ClusterSpec:
     """``cluster`` resized to the run's devices in whole nodes of the cluster's own size; a
     run on fewer devices than a node that divide it (the one-GPU H100 runs on the bundled
@@ -124,7 +131,7 @@ def log_errors(runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpe
     for r in runs:
         if r.measured_step_time_s is None:
             raise ValueError(f"run {r.id} has no measured step time to fit")
-        predicted = estimate(r.model, sized_for(r, clusters[r.device]), r.config).step_time_s
+        predicted = estimate(r.model, sized_for(r, cluster_of(r, clusters)), r.config).step_time_s
         errors.append(math.log(predicted / r.measured_step_time_s))
     return np.array(errors)
 

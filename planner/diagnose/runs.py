@@ -64,6 +64,14 @@ class CalibrationRun:
     """The device memory in use as nvidia-smi showed it, where the record gives it."""
     measured_oom: bool = False
     """Whether the run ran out of memory (a record that does not say ran)."""
+    site: str | None = None
+    """The machine of :data:`SITES` the record names, whose network it is priced on; None:
+    its device's bundled cluster (or the user's cluster file)."""
+
+    @property
+    def cluster_key(self) -> str:
+        """The key of the cluster it is priced on: its device's, or ``device@site``."""
+        return self.device if self.site is None else f"{self.device}@{self.site}"
 
     @property
     def chip(self) -> str:
@@ -89,6 +97,44 @@ DEVICES = {
     "A100": Device(chip="A100", cluster_file="dgx-a100-80gb.json"),
     "H100": Device(chip="H100", cluster_file="dgx-h100-80gb.json"),
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Site:
+    """A machine whose runs are priced on its own nodes and network."""
+
+    device: str
+    """The key of :data:`DEVICES` of its accelerators."""
+    file: str
+    """Its file in ``instances/clusters/sites``: nodes, network and notes, laid over the
+    device's bundled cluster."""
+
+
+SITES = {"Jean Zay": Site(device="A100", file="jean-zay.json")}
+"""Machines whose published runs are priced on their own network (a file of
+``instances/clusters/sites``: its nodes, network and notes over the device's bundled cluster),
+found by name in a record's ``cluster`` block: BLOOM's runs on IDRIS's Jean Zay
+(``../shared/validation/deepspeed_runs.json``) crossed nodes over Omni-Path, not DGX A100's
+InfiniBand."""
+
+
+def site_of(record: dict[str, Any]) -> str | None:
+    """The site of :data:`SITES` a record's ``cluster`` block names, or None.
+
+    >>> site_of({"cluster": {"inter_node": "Omni-Path (4 OPA links per node) (Jean Zay)"}})
+    'Jean Zay'
+    >>> site_of({"cluster": {"gpu": "A100-SXM4-80GB"}}) is None
+    True
+    """
+    words = " ".join(str(v) for v in record.get("cluster", {}).values()).lower()
+    return next((site for site in SITES if site.lower() in words), None)
+
+
+def site_run(record: dict[str, Any], device: str) -> str | None:
+    """The site a record of ``device`` is priced at: the one it names whose accelerators are
+    that device (Jean Zay's V100 partition is not its A100 one), else None."""
+    site = site_of(record)
+    return site if site is not None and SITES[site].device == device else None
 
 
 def device_of(gpu: str) -> str:
@@ -147,12 +193,13 @@ def run_from_record(
         raise TypeError(f"cluster.num_gpus must be an integer, got {short_repr(num_gpus)}")
     if not 0 < num_gpus <= MAX_DEVICES:
         raise ValueError(f"cluster.num_gpus {num_gpus} is not in 1..{MAX_DEVICES}")
+    device = (device_key if any_device else device_of)(str(record["cluster"]["gpu"]))
     return CalibrationRun(
         id=str(record["id"]),
         model=model_from_record(record),
         config=config_from_record(record),
         num_devices=num_gpus,
-        device=(device_key if any_device else device_of)(str(record["cluster"]["gpu"])),
+        device=device,
         family=software_of(record).family,
         measured_step_time_s=seconds,
         basis=basis,
@@ -160,6 +207,8 @@ def run_from_record(
         measured_reserved_memory_gib=memory.peak_reserved_gib,
         measured_device_memory_gib=memory.device_gib,
         measured_oom=memory.oom,
+        # On the user's own cluster file every run is priced on that file's network.
+        site=None if any_device else site_run(record, device),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from planner import cost
 from planner.cost.memory import allocator_slack_bytes
 from planner.cost.uncertainty import parallelism_kind
-from planner.diagnose.fit import sized_for
+from planner.diagnose.fit import cluster_of, sized_for
 from planner.diagnose.runs import CalibrationRun
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
@@ -139,7 +139,7 @@ def validation_rows(
     rows = []
     for run in runs:
         try:
-            cluster = sized_for(run, clusters[run.device])
+            cluster = sized_for(run, cluster_of(run, clusters))
         except ValueError as exc:
             raise InputError(str(exc)) from None
         est = estimate(run.model, cluster, run.config)

@@ -54,6 +54,33 @@ def grouped_experts(stack: Stack, precision: Precision) -> bool:
     return stack in GROUPED_EXPERT_STACKS and precision == "bf16"
 
 
+SERIAL_PIPELINE_STACKS: tuple[Stack, ...] = ("megatron-deepspeed",)
+"""Stacks whose pipeline engine moves each activation and gradient in its own blocking
+transfer. DeepSpeed's ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``, lines 197-243
+at microsoft/DeepSpeed 38327e0) gives a stage with two neighbours four transfers a
+microbatch, each a separate instruction: receive the activation, send the output, receive
+the output's gradient, send the input's gradient; each is ``p2p.send``/``p2p.recv``
+(``deepspeed/runtime/pipe/p2p.py``: ``dist.send``/``dist.recv``, ``async_op`` refused), so the
+stage's stream waits out each one. Megatron's 1F1B pairs a send with the opposite receive in
+one batched call (``send_forward_recv_backward``): two transfers' time a microbatch. Both
+send a 1/TP slice and all-gather it (DeepSpeed's ``pipe_partitioned`` and
+``grad_partitioned``, on by default: ``deepspeed/runtime/config.py``)."""
+
+
+def pipeline_transfers(stack: Stack, stages: int) -> int:
+    """Transfers a microbatch (per model chunk) that hold the busiest stage's stream: its
+    activation forward and its gradient back (2), or, on a serial engine
+    (:data:`SERIAL_PIPELINE_STACKS`), each of the four of a stage with two neighbours
+    separately; a two-stage pipeline has no such stage.
+
+    >>> pipeline_transfers("megatron-te", 8), pipeline_transfers("megatron-deepspeed", 8)
+    (2, 4)
+    >>> pipeline_transfers("megatron-deepspeed", 2)
+    2
+    """
+    return 4 if stack in SERIAL_PIPELINE_STACKS and stages > 2 else 2
+
+
 FP32_BYTES = 4.0
 """Bytes of an fp32 element."""
 AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")

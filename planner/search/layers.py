@@ -11,6 +11,7 @@ import numpy as np
 
 from planner import cost
 from planner.graph.lower import decoder_layer_kind
+from planner.graph.stacks import pipeline_transfers
 from planner.ilp.bound import least_time_ns
 from planner.ilp.formulation import LayerProblem
 from planner.ilp.layer import Frontier, IlpOptions, LayerSolution, solve_frontier
@@ -330,13 +331,16 @@ def _pareto(options: list[LayerOption]) -> list[LayerOption]:
 def candidate_send_s(ctx: SearchContext, c: Candidate, distance: int) -> float:
     """Per microbatch, one stage's sends (:func:`planner.cost.pipeline_send_s`): the activation
     forward and its gradient back, each device of the mesh sending its share (Megatron's
-    scatter/gather), once per chunk."""
+    scatter/gather), once per chunk; on DeepSpeed's engine one blocking transfer at a time
+    (:func:`~planner.graph.stacks.pipeline_transfers`)."""
     hidden = cost.hidden_state_bytes(
         micro_batch_size=c.mesh_micro_batch_size, seq_length=ctx.training.seq_length,
         hidden_size=ctx.model.hidden_size, precision=ctx.training.precision,
     )  # fmt: skip
     return cost.pipeline_send_s(ctx.cluster, hidden, distance, chunks=c.vpp,
-                                stages=c.num_stages, slices=c.mesh[0] * c.mesh[1])  # fmt: skip
+                                stages=c.num_stages, slices=c.mesh[0] * c.mesh[1],
+                                transfers=pipeline_transfers(ctx.training.stack,
+                                                             c.num_stages))  # fmt: skip
 
 
 def decoder_kinds(model: ModelSpec) -> list[str]:

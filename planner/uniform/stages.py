@@ -19,6 +19,7 @@ from planner.cost.layer import LayerCost
 from planner.cost.stage_weights import TiedCopy, Weights
 from planner.graph import LayerIndex, lowered
 from planner.graph.ops import TRANSFORMER_KINDS
+from planner.graph.stacks import pipeline_transfers
 from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ResolvedConfig
 from planner.plan.divisibility import Degrees, degrees_of
@@ -223,14 +224,17 @@ def pipeline_sends_s(
     """Per-microbatch pipeline send time of one stage (forward activation + backward grad),
     times ``vpp`` chunk boundaries (:func:`planner.cost.pipeline_send_s`). Each context-parallel
     rank holds ``1/cp`` of the tokens; Megatron sends a 1/t slice of them and all-gathers it
-    over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is."""
+    over NVLink (Narayanan et al., Sec. 4.1), or the SP shard as it is; DeepSpeed's engine
+    (:func:`~planner.graph.stacks.pipeline_transfers`) the same slices, one blocking transfer
+    at a time."""
     d = stage.degrees
     hidden = cost.hidden_state_bytes(micro_batch_size=mbs, seq_length=training.seq_length,
                                      hidden_size=model.hidden_size,
                                      precision=training.precision) / d.cp  # fmt: skip
     gather = stage.tensor_group if d.tp > 1 and not d.sp else None
     return cost.pipeline_send_s(cluster, hidden, stage.pipeline_distance, chunks=vpp,
-                                stages=d.pp, slices=d.tp, gather=gather)  # fmt: skip
+                                stages=d.pp, slices=d.tp, gather=gather,
+                                transfers=pipeline_transfers(training.stack, d.pp))  # fmt: skip
 
 
 def stage_time(
