@@ -108,16 +108,19 @@ def test_grid_is_the_brute_force_minimum_with_uneven_stages(
     llama405b: ModelSpec, h100_32: ClusterSpec
 ) -> None:
     """Llama 3.1 405B (126 layers) on 256 H100: the pipeline degrees 4 to 64 do not divide the
-    layers, so half the space (744 of 1,512) has uneven first and last stages; the pruned grid
-    still returns the brute-force minimum, and it is Meta's TP8 PP16 with 7 + 8 x 14 + 7
-    layers."""
+    layers, so half the space has uneven first and last stages; the pruned grid still returns
+    the brute-force minimum, TP8 PP32 with 3 + 4 x 30 + 3 layers interleaved 4 ways (the
+    embedding and the loss each a layer's slot, Megatron-Core's
+    ``--account-for-embedding-in-pipeline-split``, as Meta's PP16 split of 7 + 8 x 14 + 7
+    is on 16 stages)."""
     plan = grid_plan(llama405b, h100_32, SMALL_405B_RUN)
     best = _brute_force(llama405b, h100_32, SMALL_405B_RUN)
     margin = SMALL_405B_RUN.margin_bytes(h100_32.device.memory_gib, "megatron-te") / GIB
     expected = uniform_plan(llama405b, h100_32, best, method="grid", memory_margin_gib=margin)
     assert plan.model_copy(update={"solver": expected.solver}) == expected
-    assert [s.num_layers for s in plan.stages] == [7, *[8] * 14, 7]
+    assert [s.num_layers for s in plan.stages] == [3, *[4] * 30, 3]
     assert plan.uniform is not None and plan.uniform.tp == 8
+    assert plan.schedule.virtual_stages == 4
 
 
 def test_stage_splits_known_answers() -> None:

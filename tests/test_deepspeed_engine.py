@@ -15,6 +15,7 @@ from planner.diagnose.calibration import at_site, validate
 from planner.diagnose.runs import load_runs, run_from_record, site_run
 from planner.graph.stacks import pipeline_transfers
 from planner.plan.config import ParallelConfig
+from planner.spec.physics import cluster_warnings
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.estimate import estimate
 from tests.conftest import REPO, SHARED, shared
@@ -77,6 +78,7 @@ def test_site_keeps_the_device_and_replaces_the_network() -> None:
     site = at_site(a100, CLUSTERS, "Jean Zay")
     assert site.device == a100.device
     assert site.num_nodes == 52
+    assert cluster_warnings(site, source="jean-zay") == ()
     outer = site.network[-1]
     assert outer.bandwidth_gb_s * 8 == pytest.approx(4 * 100 / 8)  # 4 x 100 Gb/s a node
     # one HFI carried 5.07 GB/s each way of its 12.5 (the fraction in the file)

@@ -65,13 +65,19 @@ def test_the_heuristic_that_divides_nothing_shows_the_arithmetic() -> None:
 
 
 def test_megatrons_interleaving_names_the_stages_that_do_not_divide() -> None:
-    """Llama 3.1 405B's 126 layers as 7 + 8 x 14 + 7 on 16 stages: 7 is not divisible by 2
-    (the profile's rule, read on a resolution as it is given)."""
+    """Llama 3.1 405B's 126 layers as 7 + 8 x 14 + 7 on 16 stages interleave: the embedding
+    and the loss each take a layer's slot (Meta's layout); as 5 + 8 x 14 + 9 they do not, and
+    the profile's rule, read on a resolution as it is given, names the stages."""
     llama = load_model("instances/models/llama3.1-405b.json")
-    config = ParallelConfig(tp=8, pp=16, vpp=2, first_stage_layers=7, last_stage_layers=7)
-    resolved = ResolvedConfig(config=config, training=TrainingSpec(seq_length=8192,
+
+    def resolved(first: int, last: int) -> ResolvedConfig:
+        config = ParallelConfig(tp=8, pp=16, vpp=2, first_stage_layers=first,
+                                last_stage_layers=last)  # fmt: skip
+        return ResolvedConfig(config=config, training=TrainingSpec(seq_length=8192,
                               global_batch_size=16), dp=1, num_microbatches=16,
-                              num_devices=128, stage_layers=(7, *[8] * 14, 7))  # fmt: skip
-    assert interleaving_chunks(resolved, llama) == (
-        "interleaved 1F1B splits every stage into vpp(2) equal chunks: stages of 7 layers are "
-        "not divisible by vpp(2)")  # fmt: skip
+                              num_devices=128, stage_layers=(first, *[8] * 14, last))  # fmt: skip
+
+    assert interleaving_chunks(resolved(7, 7), llama) is None
+    assert interleaving_chunks(resolved(5, 9), llama) == (
+        "interleaved 1F1B splits every stage into vpp(2) equal chunks, the embedding's and "
+        "the loss's slots a layer short: stages of 5 and 9 layers do not cut so")  # fmt: skip

@@ -765,8 +765,13 @@ def pin_vpp_chunks(p: Profile) -> None:
     uneven = configure(model, 16, tp=2, pp=4, sp=True, first_stage_layers=5,
                        last_stage_layers=5)  # fmt: skip
     refused(p, "vpp-chunks", forced(uneven, vpp=2), model,
-            r"vpp\(2\) equal chunks: stages of 5 and 7 layers are not divisible by vpp\(2\)")
+            r"vpp\(2\) equal chunks, the embedding's and the loss's slots a layer short: "
+            r"stages of 5 and 7 layers do not cut so")
     accepted(p, "vpp-chunks", uneven, model)
+    # 4 + 5 x 3 + 5: five slots a stage, the embedding's one of the first stage's
+    slotted = configure(model, 40, tp=8, pp=5, sp=True, first_stage_layers=4,
+                        last_stage_layers=5)  # fmt: skip
+    accepted(p, "vpp-chunks", forced(slotted, vpp=5), model)
 
 
 def pin_expert_parallel(p: Profile) -> None:
@@ -920,7 +925,7 @@ def test_rule_vpp_microbatches() -> None:
 
 def test_rule_vpp_chunks() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:2306-2368;
-    megatron/core/transformer/transformer_block.py:175-178"""
+    megatron/core/transformer/transformer_block.py:175-178, 191-201"""
     pin_vpp_chunks(P)
 
 

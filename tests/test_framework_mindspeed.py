@@ -194,7 +194,7 @@ def test_rule_vpp_microbatches() -> None:
 def test_rule_vpp_chunks() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
     megatron/core/transformer/transformer_config.py:790-841;
-    megatron/core/transformer/transformer_block.py:136-139"""
+    megatron/core/transformer/transformer_block.py:136-139, 152-158"""
     tm.pin_vpp_chunks(P)
 
 

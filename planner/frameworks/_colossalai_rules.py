@@ -111,9 +111,10 @@ def zero_bubble(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 def interleaved_uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """num_layers_per_stage takes one count per rank but is read per model chunk: with
-    interleaving only the default even split runs."""
+    interleaving only the default even split runs, equal chunks (not the embedding's and the
+    loss's slots short, as Megatron-Core cuts them)."""
     c, layers = resolved.config, resolved.stage_layers
-    if c.vpp == 1 or len(set(layers)) <= 1:
+    if c.vpp == 1 or (len(set(layers)) <= 1 and all(n % c.vpp == 0 for n in layers)):
         return None
     return (f"interleaving (vpp={c.vpp}) with stages of {list(layers)} layers: Colossal-AI "
             f"splits interleaved pipelines evenly only (num_layers_per_stage must have pp "

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from planner.frameworks._megatron_vocab import padded_vocab
 from planner.plan.config import ResolvedConfig
+from planner.plan.divisibility import slots_taken
 from planner.spec import ModelSpec, MoESpec
 
 Flag = tuple[str, str | int | float | None]
@@ -75,11 +76,20 @@ def split_flags(resolved: ResolvedConfig) -> list[Flag]:
     stage flags are written as the configuration gives them (Megatron-Core splits the remaining
     layers evenly over the other stages, as the planner does), except the last one of two
     stages, which the first fixes: core_v0.12.1 divides by the number of middle stages, zero.
+    An interleaved split whose end stages are a layer short of their chunks' slots is said
+    with ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split`` instead (Megatron asserts them exclusive of the
+    first/last stage flags: ``megatron/core/transformer/transformer_block.py``
+    ``get_num_layers_to_build``, at d98e8a64ddf3 and core_v0.12.1).
     """
     c = resolved.config
     flags: list[Flag] = []
     if c.vpp > 1:
         flags.append(("--num-virtual-stages-per-pipeline-rank", c.vpp))
+    embedding, loss = slots_taken(resolved.stage_layers, c.vpp) if c.vpp > 1 else (False, False)
+    if embedding or loss:
+        return (flags + [("--account-for-embedding-in-pipeline-split", None)] * embedding
+                + [("--account-for-loss-in-pipeline-split", None)] * loss)  # fmt: skip
     if c.first_stage_layers is not None:
         flags.append(("--decoder-first-pipeline-num-layers", c.first_stage_layers))
     if c.last_stage_layers is not None and not (c.pp == 2 and c.first_stage_layers is not None):

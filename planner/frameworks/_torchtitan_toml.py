@@ -9,6 +9,7 @@ flavor; the keys are torchtitan v0.2.2's (pytorch/torchtitan@73a0e69
 from __future__ import annotations
 
 from planner.plan.config import ResolvedConfig
+from planner.plan.divisibility import chunk_sizes
 from planner.spec import ModelSpec
 
 Table = dict[str, object]
@@ -70,15 +71,22 @@ def pipeline_table(resolved: ResolvedConfig) -> Table:
 def model_parts(layers: tuple[int, ...], vpp: int, *, v_shape: bool = False) -> list[list[str]]:
     """torchtitan's module names for each (virtual) stage, in model order. A looped schedule
     runs part ``k`` on pipeline rank ``k % pp``, so each rank's layers are cut into ``vpp``
-    equal chunks that take turns with the other ranks'; a V schedule (``v_shape``, two parts
+    chunks (:func:`~planner.plan.divisibility.chunk_sizes`) that take turns with the other
+    ranks'; a V schedule (``v_shape``, two parts
     per rank) runs part ``k`` on rank ``k`` and part ``2 pp - 1 - k`` on rank ``k`` too.
 
     >>> model_parts((2, 1), 1)
     [['tok_embeddings', 'layers.0', 'layers.1'], ['layers.2', 'norm', 'output']]
+    >>> parts = model_parts((3, 3), 2)  # the embedding and the loss take a layer's slot each
+    >>> [sum(name.startswith("layers.") for name in part) for part in parts]
+    [1, 2, 2, 1]
     """
     pp = len(layers)
-    rank = [min(k, 2 * pp - 1 - k) if v_shape else k % pp for k in range(pp * vpp)]
-    sizes = [layers[r] // vpp for r in rank]
+    if v_shape:
+        sizes = [layers[min(k, 2 * pp - 1 - k)] // vpp for k in range(pp * vpp)]
+    else:  # a looped schedule's chunks as Megatron-Core cuts them, the ends' slots short
+        chunks = chunk_sizes(layers, vpp)
+        sizes = [chunks[k % pp][k // pp] for k in range(pp * vpp)]
     parts, first = [], 0
     for size in sizes:
         parts.append([f"layers.{i}" for i in range(first, first + size)])

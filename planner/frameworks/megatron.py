@@ -22,6 +22,7 @@ from planner.frameworks import _megatron_flags as mf
 from planner.frameworks._megatron_vocab import padded_vocab, vocab_divisor
 from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
 from planner.plan.config import ResolvedConfig
+from planner.plan.divisibility import cuts_into
 from planner.spec import ModelSpec
 from planner.vocabulary import DEFAULT_RANK_ORDER
 
@@ -143,13 +144,16 @@ def interleaving_microbatches(resolved: ResolvedConfig, model: ModelSpec) -> str
 
 
 def interleaving_chunks(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Every stage's layers split into vpp equal model chunks."""
+    """Every stage's layers split into vpp equal model chunks, or every stage's slots with
+    the embedding's and the loss's a layer short (``--account-for-embedding-in-pipeline-split``
+    and ``--account-for-loss-in-pipeline-split``: ``get_num_layers_to_build``)."""
     vpp = resolved.config.vpp
-    uneven = sorted({n for n in resolved.stage_layers if n % vpp})
-    if not uneven:
+    if cuts_into(resolved.stage_layers, vpp):
         return None
-    return (f"interleaved 1F1B splits every stage into vpp({vpp}) equal chunks: stages of "
-            f"{' and '.join(map(str, uneven))} layers are not divisible by vpp({vpp})")
+    uneven = sorted({n for n in resolved.stage_layers if n % vpp})
+    return (f"interleaved 1F1B splits every stage into vpp({vpp}) equal chunks, the "
+            f"embedding's and the loss's slots a layer short: stages of "
+            f"{' and '.join(map(str, uneven))} layers do not cut so")
 
 
 def expert_parallel_experts(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -300,7 +304,7 @@ RULES: tuple[Rule, ...] = (
                 f"megatron/core/model_parallel_config.py:567-568"),
     Rule(name="vpp-chunks", check=interleaving_chunks,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:2306-2368; "
-                f"megatron/core/transformer/transformer_block.py:175-178"),
+                f"megatron/core/transformer/transformer_block.py:175-178, 191-201"),
     Rule(name="expert-parallel", check=expert_parallel_experts, source=f"{_ARGS}:1654-1658"),
     Rule(name="moe-tp-without-sp", check=moe_tensor_parallel_without_sp,
          source=f"{REPO} megatron/core/transformer/moe/moe_layer.py:636-640"),

@@ -105,7 +105,7 @@ RULES: tuple[Rule, ...] = (
                 f"megatron/core/model_parallel_config.py:389-390"),
     Rule(name="vpp-chunks", check=megatron.interleaving_chunks,
          source=f"{CORE} megatron/core/transformer/transformer_config.py:790-841; "
-                f"megatron/core/transformer/transformer_block.py:136-139"),
+                f"megatron/core/transformer/transformer_block.py:136-139, 152-158"),
     Rule(name="expert-parallel", check=megatron.expert_parallel_experts,
          source=f"{_ARGS}:849-853"),
     Rule(name="moe-tp-without-sp", check=megatron.moe_tensor_parallel_without_sp,

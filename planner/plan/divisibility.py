@@ -203,6 +203,99 @@ def _even_split(s: Shape, d: Degrees) -> Real:
     )
 
 
+def slotted_ends(x: Derived, d: Degrees) -> tuple[Real, Real]:
+    """Whether the embedding and the loss each take a layer's slot of an interleaved split
+    (Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``, ``megatron/core/transformer/transformer_block.py``
+    ``get_num_layers_to_build``): every stage then holds the same slots, a multiple of ``vpp``,
+    and the first stage's first chunk one decoder layer fewer (the embedding's slot), the last
+    stage's last chunk one fewer (the loss's). Neither where the split's chunks are equal,
+    or on a V schedule (its first rank holds both ends); arrays over a batch.
+
+    >>> d = Degrees(pp=16, vpp=8, first=7, last=7)  # Llama 3.1 405B as Meta ran it
+    >>> x = derive(Shape(num_devices=2048, num_layers=126, global_batch=1), d)
+    >>> [bool(end) for end in slotted_ends(x, d)]
+    [True, True]
+    """
+    top = np.maximum(np.maximum(x.first_layers, x.last_layers),
+                     np.where(d.pp > 2, x.middle_layers, 0))  # fmt: skip
+    # Two stages both a slot short (no middle stage holds the full count) have one slot more.
+    both = (d.pp == 2) & (x.first_layers == x.last_layers) & (top % np.maximum(d.vpp, 1) != 0)
+    slots = top + both
+    embedding, loss = slots - x.first_layers, slots - x.last_layers
+    holds = ((d.vpp > 1) & (d.zb_v == False) & (slots % np.maximum(d.vpp, 1) == 0)  # noqa: E712
+             & ((d.pp <= 2) | (x.middle_layers == slots))
+             & ((embedding == 1) | (loss == 1)) & (embedding <= 1) & (loss <= 1))  # fmt: skip
+    return holds & (embedding == 1), holds & (loss == 1)
+
+
+def chunk_sizes(layers: tuple[int, ...], vpp: int) -> tuple[tuple[int, ...], ...]:
+    """Each stage's decoder layers (``layers``, first to last) cut into its ``vpp`` model
+    chunks as Megatron-Core builds them: equal, or a stage of one layer fewer than a multiple
+    of ``vpp`` short in the embedding's slot (the first stage's first chunk) or the loss's
+    (the last stage's last chunk) (:func:`slotted_ends`).
+
+    >>> chunk_sizes((7, 8, 8, 7), 4)
+    ((1, 2, 2, 2), (2, 2, 2, 2), (2, 2, 2, 2), (2, 2, 2, 1))
+    >>> chunk_sizes((6, 6), 3), chunk_sizes((7, 7), 8)[0]
+    (((2, 2, 2), (2, 2, 2)), (0, 1, 1, 1, 1, 1, 1, 1))
+    """
+    if all(n % vpp == 0 for n in layers):
+        return tuple((n // vpp,) * vpp for n in layers)
+    embedding, loss = slots_taken(layers, vpp)
+    if not (embedding or loss) or any(n != layers[1] for n in layers[1:-1]):
+        raise ValueError(f"stages of {list(layers)} layers do not cut into {vpp} chunks")
+    size = (layers[0] + embedding) // vpp
+    cut = [[size] * vpp for _ in layers]
+    cut[0][0] -= embedding
+    cut[-1][-1] -= loss
+    return tuple(tuple(chunks) for chunks in cut)
+
+
+def slots_taken(layers: tuple[int, ...], vpp: int) -> tuple[bool, bool]:
+    """:func:`slotted_ends` of stages of ``layers`` decoder layers, first to last: whether
+    the embedding and the loss take a layer's slot (what Megatron-LM's launch says with
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``).
+
+    >>> slots_taken((7, 8, 8, 7), 4), slots_taken((8, 8, 8, 7), 8), slots_taken((8, 8), 4)
+    ((True, True), (False, True), (False, False))
+    >>> slots_taken((9, 8, 8, 8), 3)  # the middle stages hold fewer than the first's slots
+    (False, False)
+    """
+    pp = len(layers)
+    x = Derived(dp=0, num_microbatches=0, first_layers=layers[0], last_layers=layers[-1],
+                middle_layers=layers[1] if pp > 2 else layers[0], pp=pp)  # fmt: skip
+    embedding, loss = slotted_ends(x, Degrees(pp=pp, vpp=vpp))
+    return bool(embedding), bool(loss)
+
+
+def cuts_into(layers: tuple[int, ...], vpp: int) -> bool:
+    """Whether stages of ``layers`` decoder layers cut into ``vpp`` chunks each
+    (:func:`chunk_sizes`).
+
+    >>> cuts_into((7, 8, 8, 7), 8), cuts_into((7, 8, 8, 7), 3), cuts_into((3, 8, 8, 8), 4)
+    (True, False, False)
+    """
+    try:
+        chunk_sizes(layers, vpp)
+    except ValueError:
+        return False
+    return True
+
+
+def _slotted(d: Degrees, x: Derived) -> Real:
+    embedding, loss = slotted_ends(x, d)
+    return embedding | loss
+
+
+def _chunked(d: Degrees, x: Derived) -> Real:
+    """Every stage's decoder layers cut into ``vpp`` chunks as Megatron-Core cuts them: equal
+    chunks, or the embedding's and the loss's slots short (:func:`slotted_ends`)."""
+    equal = ((x.first_layers % d.vpp == 0) & (x.last_layers % d.vpp == 0)
+             & ((d.pp <= 2) | (x.middle_layers % d.vpp == 0)))  # fmt: skip
+    return equal | _slotted(d, x)
+
+
 def _split(d: Degrees) -> Real:
     return (d.first > 0) | (d.last > 0)
 
@@ -246,7 +339,8 @@ RULES: tuple[Rule, ...] = (
          f"tp({d.tp})"),
     # Checked before the split, to name the virtual stages along with the pipeline's.
     Rule(name="layers",
-         holds=lambda m, q, s, d, x: _split(d) | (s.num_layers % (d.pp * d.vpp) == 0),
+         holds=lambda m, q, s, d, x: _split(d) | (s.num_layers % (d.pp * d.vpp) == 0)
+         | ((s.num_layers % d.pp == 0) & _slotted(d, x)),
          message=lambda m, q, s, d, x: f"num_layers({s.num_layers}) is not divisible by "
          f"pp({d.pp}) x vpp({d.vpp}) = {d.pp * d.vpp}"),
     Rule(name="split_pp",
@@ -258,10 +352,10 @@ RULES: tuple[Rule, ...] = (
          f"stage layers ({_given(d)}) does not split evenly over the other {_middle(d)} "
          f"stages"),
     Rule(name="chunks",
-         holds=lambda m, q, s, d, x: (x.first_layers % d.vpp == 0)
-         & (x.last_layers % d.vpp == 0) & ((d.pp <= 2) | (x.middle_layers % d.vpp == 0)),
+         holds=lambda m, q, s, d, x: _chunked(d, x),
          message=lambda m, q, s, d, x: f"with vpp({d.vpp}) every stage's layers must divide "
-         f"into equal chunks; stages hold {_held(x)}"),
+         f"into equal chunks, or every stage's slots with the embedding and the loss taking "
+         f"one each; stages hold {_held(x)}"),
     Rule(name="vpp_pp",
          holds=lambda m, q, s, d, x: (d.vpp == 1) | (d.pp > 1),
          message=lambda m, q, s, d, x: f"vpp({d.vpp}) > 1 needs pp > 1"),

@@ -18,7 +18,9 @@ Each family is named at the start of its messages:
   is ``(dp x cp) % ep == 0``, ``dp`` counting every data-parallel rank (the pipeline's
   replicas times the stage's own ``dp``). The interleaved schedule (``virtual_stages > 1``,
   and only then) needs a pipeline, every stage's layers in ``virtual_stages`` equal chunks
-  (Megatron-Core's rule, uneven first and last stages included) and the microbatches a
+  (Megatron-Core's rule, uneven first and last stages included), or on a looped schedule
+  with the embedding's and the loss's slots a layer short
+  (:func:`~planner.plan.divisibility.cuts_into`), and the microbatches a
   multiple of the stages (``forward_backward_pipelining_with_interleaving`` in
   ``megatron/core/pipeline_parallel/schedules.py``).
 - ``batch``: on every stage, ``global batch = micro batch x microbatches x data-parallel
@@ -40,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from planner.errors import InvalidPlanError
+from planner.plan.divisibility import cuts_into
 from planner.plan.schema import Plan
 from planner.spec import ModelSpec
 
@@ -206,10 +209,11 @@ def _degrees(plan: Plan) -> Iterator[str]:
     if plan.schedule.name == "interleaved" and plan.num_microbatches % stages:
         yield (f"degrees: interleaved schedule: {plan.num_microbatches} microbatches are not "
                f"a multiple of the {stages} stages")  # fmt: skip
-    for stage in plan.stages:
-        if stage.num_layers % v:
-            yield (f"degrees: stage {stage.index}: {stage.num_layers} layers do not split into "
-                   f"virtual_stages({v}) equal chunks")  # fmt: skip
+    layers = tuple(stage.num_layers for stage in plan.stages)
+    equal = all(n % v == 0 for n in layers)
+    if not (equal or (plan.schedule.name != "zb-v" and cuts_into(layers, v))):
+        yield (f"degrees: stages of {list(layers)} layers do not cut into virtual_stages({v}) "
+               f"chunks: equal, or the embedding's and the loss's slots a layer short")
 
 
 def _batch(plan: Plan) -> Iterator[str]:

@@ -18,6 +18,7 @@ import numpy as np
 from planner.errors import ConfigError
 from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig, resolve
+from planner.plan.divisibility import chunk_sizes
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import estimate_batch
 from planner.uniform.space import launched_variant
@@ -30,7 +31,7 @@ def chunk_layers(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig)
         resolved = resolve(model, cluster, config)
     except ConfigError:
         return 0
-    return max(resolved.stage_layers) // config.vpp
+    return max(max(chunks) for chunks in chunk_sizes(resolved.stage_layers, config.vpp))
 
 
 def fewest_recomputed(

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 from planner.cost.layer import LayerCost, partly_recomputed
 from planner.graph import lowered
+from planner.plan.divisibility import chunk_sizes
 from planner.spec import ModelSpec, TrainingSpec
 
 Chunk = tuple[tuple[str, int, int], ...]
@@ -35,9 +36,9 @@ def stage_chunks(
     model: ModelSpec, training: TrainingSpec, layers: tuple[int, ...], *, vpp: int,
     recompute_layers: int,
 ) -> tuple[tuple[Chunk, ...], ...]:  # fmt: skip
-    """Each stage's chunks (``layers[i]`` decoder layers per stage, ``vpp`` equal chunks
-    each), with how many layers of each kind recompute when each chunk's first
-    ``recompute_layers`` do.
+    """Each stage's chunks (``layers[i]`` decoder layers per stage, cut into ``vpp`` chunks
+    as Megatron-Core cuts them: :func:`~planner.plan.divisibility.chunk_sizes`), with how
+    many layers of each kind recompute when each chunk's first ``recompute_layers`` do.
 
     >>> import planner
     >>> model = planner.load_model("instances/models/gpt3-175b.json")
@@ -48,19 +49,18 @@ def stage_chunks(
     index = lowered(model, training, 1)[1]
     kind_of = {layer: kind for kind, of in index.layers_by_kind.items() for layer in of}
     stages = []
-    first = 1
-    for count in layers:
-        size = count // vpp
+    start = 1
+    for sizes in chunk_sizes(layers, vpp):
         chunks = []
-        for start in range(first, first + count, size):
+        for size in sizes:
             tally: dict[str, list[int]] = {}
             for position, layer in enumerate(range(start, start + size)):
                 held = tally.setdefault(kind_of[layer], [0, 0])
                 held[0] += 1
                 held[1] += position < recompute_layers
             chunks.append(tuple(sorted((k, n, r) for k, (n, r) in tally.items())))
+            start += size
         stages.append(tuple(chunks))
-        first += count
     return tuple(stages)
 
 

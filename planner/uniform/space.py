@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig, stage_layers
+from planner.plan.divisibility import cuts_into
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.defaults import launched_overlaps, sequence_parallel
 from planner.uniform.groups import context_groups, cp_algorithms
@@ -103,21 +104,23 @@ def pipeline_degrees(model: ModelSpec, devices: int) -> list[int]:
 
 def virtual_stages(model: ModelSpec, *, pp: int, split: StageEnds) -> list[int]:
     """Virtual stages per pipeline rank (``vpp``) on ``pp`` stages split as ``split``: 1, and
-    with a pipeline every count of chunks that divides every stage's layers (Megatron-Core's
-    rule, uneven stages included).
+    with a pipeline every count of chunks every stage's layers cut into (Megatron-Core's
+    rule, uneven stages included, and the embedding and the loss each taking a layer's slot:
+    :func:`~planner.plan.divisibility.cuts_into`).
 
     >>> from pathlib import Path
     >>> from planner.spec.reading import load_model
     >>> root = Path(__file__).resolve().parents[2] / "instances"
     >>> llama = load_model(root / "models/llama3.1-405b.json")  # 126 layers
+    >>> # two stages of 63: 64 slots each with the embedding and the loss (2, 4, ... 64)
     >>> virtual_stages(llama, pp=2, split=(None, None)), virtual_stages(llama, pp=16, split=(7, 7))
-    ([1, 3, 7, 9, 21, 63], [1])
+    ([1, 2, 3, 4, 7, 8, 9, 16, 21, 32, 63, 64], [1, 2, 4, 8])
     """
     if pp == 1:
         return [1]
     first, last = split
-    layers = set(stage_layers(model.num_layers, pp=pp, first=first, last=last))
-    return [1, *(v for v in range(2, min(layers) + 1) if all(n % v == 0 for n in layers))]
+    layers = stage_layers(model.num_layers, pp=pp, first=first, last=last)
+    return [1, *(v for v in range(2, max(layers) + 2) if cuts_into(layers, v))]
 
 
 def expert_degrees(model: ModelSpec, *, dp: int, cp: int) -> list[int]:
