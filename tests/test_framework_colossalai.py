@@ -490,3 +490,16 @@ def test_optimizer_offload() -> None:
     resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
     assert "cpu_offload" in (refusal("optimizer-offload", resolved, model) or "")
     assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None
+
+
+def test_moe_capacity() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/modeling/mixtral.py:123-158;
+    colossalai/shardformer/modeling/deepseek_v3.py:86-100
+
+    The expert-parallel blocks send every routed token: a capacity factor is refused."""
+    model = load("mixtral-8x7b")
+    resolved = configure(model, 64, pp=4, ep=8, zero=1)
+    assert refusal("moe-capacity", resolved, model) is None
+    capped = model.model_copy(update={"moe": model.moe.model_copy(
+        update={"capacity_factor": 2.0})})  # fmt: skip
+    assert "dropless" in (refusal("moe-capacity", resolved, capped) or "")

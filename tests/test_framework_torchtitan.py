@@ -468,3 +468,16 @@ def test_optimizer_offload() -> None:
     resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="optimizer")
     assert "CPUOffloadPolicy" in (refusal("optimizer-offload", resolved, model) or "")
     assert refusal("optimizer-offload", configure(model, 16, tp=8, pp=2, zero=1), model) is None
+
+
+def test_moe_capacity() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/moe/moe.py:22-41
+
+    torchtitan routes every token (no capacity factor in MoEArgs): a model with one is
+    refused, the same model without one launched."""
+    model = load("Qwen3-30B-A3B")
+    resolved = configure(model, 64, ep=8, zero=3, global_batch=256, seq_len=4096)
+    assert refusal("moe-capacity", resolved, model) is None
+    capped = model.model_copy(update={"moe": model.moe.model_copy(
+        update={"capacity_factor": 1.25})})  # fmt: skip
+    assert "dropless" in (refusal("moe-capacity", resolved, capped) or "")

@@ -52,6 +52,7 @@ def _moe(experts: int, top_k: int, width: int, **rest: Any) -> dict[str, Any]:
         "router_topk_scaling_factor": None,
         "router_num_groups": None,
         "router_group_topk": None,
+        "capacity_factor": None,  # Hugging Face's MoE configs are dropless
         "router_aux_loss_coeff": None,
     }
     return {**base, **rest}

@@ -170,6 +170,15 @@ def ring_attention_unfused(resolved: ResolvedConfig, model: ModelSpec) -> str | 
     return f"cp({c.cp}) without flash attention: Colossal-AI's ring attention is flash attention"
 
 
+def moe_capacity(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The expert-parallel MoE blocks send every routed token, however many an expert gets
+    (``all_to_all_uneven`` of per-expert counts): no capacity to pad or drop to."""
+    if model.moe is None or model.moe.capacity_factor is None:
+        return None
+    return (f"moe capacity_factor {model.moe.capacity_factor:g}: Colossal-AI's expert-parallel "
+            f"MoE blocks are dropless (no capacity factor)")
+
+
 def moe_zero_2(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """MoeHybridParallelPlugin turns ZeRO-2 into ZeRO-1."""
     if model.moe is None or resolved.config.zero != 2:
@@ -285,6 +294,9 @@ def optimizer_offload(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 RULES: tuple[Rule, ...] = (
     Rule(name="architecture", check=architecture,
          source=f"{REPO} colossalai/shardformer/policies/auto_policy.py:59-229"),
+    Rule(name="moe-capacity", check=moe_capacity,
+         source=f"{REPO} colossalai/shardformer/modeling/mixtral.py:123-158; "
+                f"colossalai/shardformer/modeling/deepseek_v3.py:86-100"),
     Rule(name="deepseek-v3-tensor-parallel", check=deepseek_v3_tensor_parallel,
          source=f"{REPO} colossalai/shardformer/policies/deepseek_v3.py:18-22"),
     Rule(name="deepseek-v3-recompute", check=deepseek_v3_recompute,

@@ -89,13 +89,15 @@ def model_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
 
 def moe_flags(model: ModelSpec) -> list[mf.Flag]:
     """DeepSpeed's MoE layer: experts every ``--expert-interval`` layers (default 2, so always
-    said), top-k routing at capacity factor 1 (the tokens-per-expert the planner prices), and
-    the optimizer's separate expert parameter group that ZeRO needs."""
+    said), top-k routing at the model's capacity factor, 1 without one (DeepSpeed always
+    drops and pads to a capacity: the balanced share the planner prices then), and the
+    optimizer's separate expert parameter group that ZeRO needs."""
     moe = model.moe
     if moe is None:
         return []
     return [("--num-experts", moe.num_experts), ("--topk", moe.top_k),
-            ("--expert-interval", moe.layer_freq), ("--moe-train-capacity-factor", 1.0),
+            ("--expert-interval", moe.layer_freq),
+            ("--moe-train-capacity-factor", moe.capacity_factor or 1.0),
             ("--create-moe-param-group", None)]  # fmt: skip
 
 
@@ -198,8 +200,11 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
 
 def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
     """What the user adds, and what the text does that is worth knowing."""
-    moe = ("the MoE layers drop tokens over each expert's capacity (capacity factor 1, "
-           "balanced routing as the planner prices it)",)
+    factor = model.moe.capacity_factor if model.moe is not None else None
+    priced = ("balanced routing as the planner prices it" if factor is None
+              else "each expert padded to it as the planner prices it")  # fmt: skip
+    moe = (f"the MoE layers drop tokens over each expert's capacity (capacity factor "
+           f"{factor or 1.0:g}, {priced})",)
     return (
         f"for {MDS} pretrain_gpt.py run by the deepspeed launcher with {DS}; save the JSON "
         f"after '{DS_CONFIG_MARK}' as {DS_CONFIG_FILE}",

@@ -298,7 +298,9 @@ def mla_flags(model: ModelSpec) -> list[Flag]:
 def moe_flags(model: ModelSpec) -> list[Flag]:
     """Routed and shared experts, which layers have them, and the router.
 
-    Tokens are dispatched with all-to-all, as the planner prices expert parallelism. Two router
+    Tokens are dispatched with all-to-all, as the planner prices expert parallelism; with a
+    capacity factor each expert is padded to its capacity (``--moe-pad-expert-input-to-capacity``,
+    ``megatron/core/transformer/transformer_config.py:917-923``). Two router
     settings follow from what Megatron-Core accepts: the expert bias of aux-loss-free balancing
     needs sigmoid scores (DeepSeek-V3's), and top-1 routing needs the softmax before the top-k.
     """
@@ -310,6 +312,9 @@ def moe_flags(model: ModelSpec) -> list[Flag]:
                          ("--moe-token-dispatcher-type", "alltoall")]  # fmt: skip
     if moe.shared_experts:
         flags.append(("--moe-shared-expert-intermediate-size", moe.shared_ffn))
+    if moe.capacity_factor is not None:  # padded to it, as the planner prices every expert
+        flags += [("--moe-expert-capacity-factor", moe.capacity_factor),
+                  ("--moe-pad-expert-input-to-capacity", None)]  # fmt: skip
     pattern = moe_layer_pattern(model)
     if pattern is not None:
         flags.append(("--moe-layer-freq", pattern))

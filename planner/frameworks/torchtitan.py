@@ -76,6 +76,15 @@ def fp16(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return "precision fp16: torchtitan trains in bfloat16 or float32 only"
 
 
+def moe_capacity(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """torchtitan's MoE routes every token to its top-k experts: no capacity to pad or drop
+    to (``MoEArgs`` has no capacity factor)."""
+    if model.moe is None or model.moe.capacity_factor is None:
+        return None
+    return (f"moe capacity_factor {model.moe.capacity_factor:g}: torchtitan's MoE is dropless "
+            f"(no capacity factor); drop it from the model to price torchtitan's routing")
+
+
 def mixed_precision_without_fsdp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """bf16 with fp32 master weights is FSDP2's MixedPrecisionPolicy; without FSDP2 torchtitan
     autocasts fp32 weights (DDP, one device) or trains TP/PP in fp32."""
@@ -275,6 +284,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{REPO} torchtitan/models/deepseek_v3/infra/parallelize.py:67-73; "
                 f"torchtitan/models/deepseek_v3/model/args.py:101-109"),
     Rule(name="fp16", check=fp16, source=f"{REPO} torchtitan/config/job_config.py:282"),
+    Rule(name="moe-capacity", check=moe_capacity,
+         source=f"{REPO} torchtitan/models/moe/moe.py:22-41"),
     Rule(name="mixed-precision-without-fsdp", check=mixed_precision_without_fsdp,
          source=f"{REPO} torchtitan/distributed/utils.py:243-263"),
     Rule(name="context-parallel", check=context_parallel,

@@ -11,6 +11,7 @@ embedding, head), one concern, the graph of one microbatch's forward.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -18,7 +19,7 @@ import networkx as nx
 from planner.graph import unfused
 from planner.graph.ops import Op, OpKind, Tensor
 from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES, LOSS_KEPT, LOSS_WORKING
-from planner.spec import ModelSpec, TrainingSpec
+from planner.spec import ModelSpec, MoESpec, TrainingSpec
 from planner.vocabulary import Precision, Stack
 
 ACTIVATION_BYTES: dict[Precision, float] = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
@@ -256,6 +257,23 @@ def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp") -> str:
     return b.linear(f"{prefix}_down", act, act_out, ("hidden", m.hidden_size), bias=m.bias)
 
 
+def expert_capacity(tokens: int, moe: MoESpec) -> int:
+    """Tokens each routed expert computes of ``tokens`` routed ``top_k`` ways: its balanced
+    share (dropless routing, assumed balanced), or with a capacity factor that share times
+    the factor, rounded up (Megatron-Core's ``get_capacity``,
+    ``megatron/core/transformer/moe/moe_utils.py``; padded to it, so every expert computes it).
+
+    >>> from planner.spec import MoESpec
+    >>> moe = MoESpec(num_experts=8, top_k=2, ffn_hidden_size=64)
+    >>> expert_capacity(4096, moe), expert_capacity(4096, moe.model_copy(update={
+    ...     "capacity_factor": 1.25}))
+    (1024, 1280)
+    """
+    if moe.capacity_factor is None:
+        return max(1, tokens * moe.top_k // moe.num_experts)
+    return max(1, math.ceil(tokens * moe.top_k / moe.num_experts * moe.capacity_factor))
+
+
 def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
     """Router, token dispatch, routed experts, combine (+ shared experts); returns outputs."""
     m, moe = b.model, b.model.moe
@@ -270,8 +288,7 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
         saved=(Tensor(logits.dims, LOSS_BYTES), *b.weight_copy(router_weight)),
         bias_params=experts if moe.router_expert_bias else 0,
     )  # fmt: skip
-    # Balanced routing: each expert receives tokens * top_k / experts tokens.
-    capacity = max(1, tokens * moe.top_k // experts)
+    capacity = expert_capacity(tokens, moe)
 
     def routed(width: int) -> Tensor:
         return Tensor(
@@ -394,7 +411,7 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
     producer to consumer. Layer 0 holds the embedding, layers 1..L the decoder layers and
     layer L + 1 the final norm, LM head and loss.
 
-    >>> from planner.spec import ModelSpec, TrainingSpec
+    >>> from planner.spec import ModelSpec, MoESpec, TrainingSpec
     >>> m = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
     ...               vocab_size=1000, max_position_embeddings=128)
     >>> g = lower(m, TrainingSpec(seq_length=128, global_batch_size=8))

@@ -76,6 +76,14 @@ class MoESpec(Frozen):
         description="Groups each token's experts are drawn from (HF topk_group; Megatron's "
         "--moe-router-group-topk).",
     )
+    capacity_factor: Float | None = Field(
+        default=None, gt=0, le=lim.MAX_CAPACITY_FACTOR,
+        description="Each expert computes this times its balanced share of the tokens, the "
+        "rest dropped and the shortfall padded (Megatron's --moe-expert-capacity-factor with "
+        "--moe-pad-expert-input-to-capacity; Megatron-DeepSpeed's --moe-train-capacity-factor); "
+        "null: dropless, routing assumed balanced (each expert its share, tokens x top_k / "
+        "num_experts).",
+    )
     router_aux_loss_coeff: Float | None = Field(
         default=None, ge=0, le=1,
         description="Weight of the load-balancing loss (HF router_aux_loss_coef; Megatron's "

@@ -91,6 +91,10 @@ MAX_ROPE_FACTOR = 1_024.0
 MAX_ROUTER_SCALING = 1_000.0
 """A factor on the routing weights: 400x DeepSeek-V3's 2.5 (DeepSeek-V2's 16)."""
 
+MAX_CAPACITY_FACTOR = 64.0
+"""An expert's capacity over its balanced share of tokens: up to every token of 64 experts'
+shares on one expert (Switch Transformer trained at 1.0-2.0)."""
+
 MAX_DEVICES = 1_048_576
 """Devices in a cluster (nodes x devices per node, and any network domain): 2^20, ~5x the
 200,000 GPUs of the largest cluster announced (xAI Colossus)."""
