@@ -503,3 +503,12 @@ def test_moe_capacity() -> None:
     capped = model.model_copy(update={"moe": model.moe.model_copy(
         update={"capacity_factor": 2.0})})  # fmt: skip
     assert "dropless" in (refusal("moe-capacity", resolved, capped) or "")
+
+
+def test_moe_comm_overlap() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/modeling/mixtral.py:123-200
+
+    The expert-parallel block dispatches, computes and combines in line."""
+    model = load("mixtral-8x7b")
+    resolved = configure(model, 64, pp=4, ep=8, zero=1, overlap_moe_expert_parallel_comm=True)
+    assert "in line" in (refusal("moe-comm-overlap", resolved, model) or "")

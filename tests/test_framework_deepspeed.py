@@ -576,3 +576,14 @@ def test_bf16_gradients_are_reduced_in_bf16() -> None:
     assert syncs["bf16"].reduce_once_s == collective_time_s(cluster, "all_reduce", 4e9, group)
     assert syncs["bf16-deepspeed"].reduce_once_s == collective_time_s(cluster, "all_reduce",
                                                                       2e9, group)
+
+
+def test_moe_comm_overlap() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/moe/sharded_moe.py (MOELayer.forward)
+
+    The MoE layer's two all-to-alls run in line with its experts: nothing to overlap them
+    with another microbatch's compute."""
+    model = load("mixtral-8x7b")
+    resolved = configure(model, 64, pp=4, ep=4, zero=1, overlap_moe_expert_parallel_comm=True)
+    assert "in line" in (refusal("moe-comm-overlap", resolved, model) or "")
+    assert refusal("moe-comm-overlap", configure(model, 64, pp=4, ep=4, zero=1), model) is None

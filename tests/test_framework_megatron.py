@@ -759,6 +759,19 @@ def pin_vpp_microbatches(p: Profile) -> None:
     accepted(p, "vpp-microbatches", interleaved, model)
 
 
+def pin_moe_comm_overlap(p: Profile) -> None:
+    """What rule ``moe-comm-overlap`` refuses (and lets through): combined 1F1B needs
+    interleaving with a pipeline, and not TE's TP overlap (full recomputation is the
+    configuration's own rule)."""
+    model = load("mixtral-8x7b")
+    plain = configure(model, 64, pp=4, vpp=2, ep=8, zero=1, mbs=1,
+                      overlap_moe_expert_parallel_comm=True)  # fmt: skip
+    accepted(p, "moe-comm-overlap", plain, model)
+    refused(p, "moe-comm-overlap", forced(plain, vpp=1), model, r"needs interleaving")
+    refused(p, "moe-comm-overlap", forced(plain, tp=2, sp=True, tp_comm_overlap=True), model,
+            r"CUDA_DEVICE_MAX_CONNECTIONS 32 and 1")
+
+
 def pin_vpp_chunks(p: Profile) -> None:
     """What rule ``vpp-chunks`` refuses (and lets through)."""
     model = load("gpt-1.7b")
@@ -921,6 +934,12 @@ def test_rule_vpp_microbatches() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/pipeline_parallel/schedules.py:1172-1180;
     megatron/core/model_parallel_config.py:567-568"""
     pin_vpp_microbatches(P)
+
+
+def test_rule_moe_comm_overlap() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:3002-3037;
+    megatron/training/arguments.py:1466-1474"""
+    pin_moe_comm_overlap(P)
 
 
 def test_rule_vpp_chunks() -> None:

@@ -191,6 +191,17 @@ def test_rule_vpp_microbatches() -> None:
     tm.pin_vpp_microbatches(P)
 
 
+def test_rule_moe_comm_overlap() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/transformer/moe/moe_layer.py:129-149
+
+    core_v0.12.1's MoE layer dispatches, computes and combines in line: no combined 1F1B."""
+    model = load("mixtral-8x7b")
+    resolved = configure(model, 64, pp=4, vpp=2, ep=8, zero=1,
+                         overlap_moe_expert_parallel_comm=True)  # fmt: skip
+    refused(P, "moe-comm-overlap", resolved, model, r"run in line")
+
+
 def test_rule_vpp_chunks() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
     megatron/core/transformer/transformer_config.py:790-841;

@@ -481,3 +481,13 @@ def test_moe_capacity() -> None:
     capped = model.model_copy(update={"moe": model.moe.model_copy(
         update={"capacity_factor": 1.25})})  # fmt: skip
     assert "dropless" in (refusal("moe-capacity", resolved, capped) or "")
+
+
+def test_moe_comm_overlap() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/moe/moe.py:473-530
+
+    The MoE forward routes, runs the experts and combines in line: no combined 1F1B."""
+    model = load("Qwen3-30B-A3B")
+    resolved = configure(model, 64, ep=8, zero=3, global_batch=256, seq_len=4096,
+                         overlap_moe_expert_parallel_comm=True)  # fmt: skip
+    assert "in line" in (refusal("moe-comm-overlap", resolved, model) or "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from planner.cost.elementwise import maximum
+from planner.cost.elementwise import Real, maximum, minimum
 from planner.vocabulary import RECOMPUTE_MODES
 
 
@@ -109,7 +109,8 @@ class LayerCost:
     """Ring attention's K/V exchange hidden behind each ring step's compute, not in
     ``cp_comm_s``; with its rerun under full recomputation."""
     ep_hidden_s: float = 0.0
-    """The experts' all-to-all hidden behind compute, not in ``ep_comm_s`` (none today)."""
+    """The experts' all-to-all hidden behind another microbatch's compute
+    (:meth:`with_moe_overlap`), not in ``ep_comm_s``."""
     activation_bytes: float = 0.0
     """Kept per in-flight microbatch."""
     working_bytes: float = 0.0
@@ -157,6 +158,27 @@ class LayerCost:
     def with_pipeline_comm(self, seconds: float) -> LayerCost:
         """The same with ``seconds`` of pipeline sends added."""
         return replace(self, pipeline_comm_s=self.pipeline_comm_s + seconds)
+
+    def with_moe_overlap(self, paired: Real, contention: float = 0.0) -> LayerCost:
+        """The experts' all-to-alls as Megatron-Core's combined 1F1B runs them
+        (``--overlap-moe-expert-parallel-comm``: ``megatron/core/pipeline_parallel/
+        combined_1f1b.py``): one microbatch's forward beside another's backward, layer by
+        layer, the forward's dispatch and combine hidden by the backward's compute and the
+        backward's by the forward's. Half the all-to-all time is each direction's. Of the
+        microbatches, ``paired`` (a fraction; 0: no overlap) run so
+        (:func:`~planner.cost.pipeline.paired_fraction`); the rest stay exposed. What hides
+        still slows the compute beside it by ``contention`` of its time.
+
+        >>> t = LayerCost(forward_s=1.0, backward_s=2.0, ep_comm_s=3.0)
+        >>> overlapped = t.with_moe_overlap(0.75)
+        >>> overlapped.ep_comm_s, overlapped.ep_hidden_s  # 1.5 + 1.0 hidden of each pair
+        (1.125, 1.875)
+        """
+        half = self.ep_comm_s / 2
+        hidden = paired * (minimum(half, self.backward_s + self.recompute_s)
+                           + minimum(half, self.forward_s))  # fmt: skip
+        return replace(self, ep_comm_s=self.ep_comm_s - hidden * (1 - contention),
+                       ep_hidden_s=self.ep_hidden_s + hidden)  # fmt: skip
 
 
 def layer_cost(parts: LayerParts, recompute: str, *, count: int = 1) -> LayerCost:

@@ -139,6 +139,26 @@ def bubble_fraction(*, pp: int, vpp: int, num_microbatches: int) -> float:
     return (pp - 1) / (vpp * num_microbatches + pp - 1)
 
 
+def paired_fraction(
+    schedule: ScheduleName, *, pp: Real, vpp: Real, num_microbatches: Real
+) -> Real:
+    """Of the first stage's ``m v`` chunk forwards, the share Megatron-Core's combined 1F1B
+    runs beside another microbatch's backward: all but its warm-up forwards
+    (:func:`warmup_forwards`), and without a pipeline all but the first (``combined_1f1b.py``:
+    "the forward step for the first microbatch is executed alone"). The first stage has the
+    most warm-up, so the share holds for every stage at least.
+
+    >>> paired_fraction("1f1b", pp=1, vpp=1, num_microbatches=8)
+    0.875
+    >>> paired_fraction("interleaved", pp=4, vpp=2, num_microbatches=8)  # 10 of 16 warm up
+    0.375
+    """
+    chunks = num_microbatches * vpp
+    warmup = warmup_forwards(schedule, stage=0, pp=pp, vpp=vpp,
+                             num_microbatches=num_microbatches)  # fmt: skip
+    return (chunks - maximum(warmup, 1)) / chunks
+
+
 def warmup_forwards(
     schedule: ScheduleName, *, stage: Real, pp: Real, vpp: Real, num_microbatches: Real
 ) -> Real:

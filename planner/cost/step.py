@@ -11,10 +11,10 @@ earlier stages' remaining backward work.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner import cost
-from planner.cost.elementwise import Real, first_argmax, maximum, pick, where
+from planner.cost.elementwise import Real, first_argmax, maximum, minimum, pick, where
 from planner.cost.layer import LayerCost
 from planner.cost.stage_weights import StageCost, TiedCopy, stage_statics
 from planner.plan.schema import StageTime, StepTime
@@ -51,6 +51,9 @@ class PipelineKnobs:
     """Whether the gradient reduction overlaps the backward."""
     overlap_param_gather: bool = False
     """Whether the weights' all-gathers (ZeRO >= 1) overlap the compute."""
+    overlap_moe_comm: Real = False
+    """Whether the experts' all-to-alls overlap another microbatch's compute (Megatron-Core's
+    combined 1F1B; :meth:`~planner.cost.layer.LayerCost.with_moe_overlap`)."""
     offload: Offload = "none"
     """What lives in host memory (:mod:`planner.cost.offload`)."""
 
@@ -147,6 +150,19 @@ class StepTotals:
 
 
 
+def moe_overlapped(
+    time: LayerCost, cluster: ClusterSpec, knobs: PipelineKnobs, *, schedule: ScheduleName,
+    num_stages: Real,
+) -> LayerCost:  # fmt: skip
+    """``time`` with the experts' all-to-alls overlapped where ``knobs`` ask for it
+    (:meth:`~planner.cost.layer.LayerCost.with_moe_overlap`, on the pipeline's paired share
+    of microbatches: :func:`~planner.cost.pipeline.paired_fraction`)."""
+    paired = cost.paired_fraction(schedule, pp=num_stages, vpp=knobs.vpp,
+                                  num_microbatches=knobs.num_microbatches)  # fmt: skip
+    return time.with_moe_overlap(where(knobs.overlap_moe_comm, paired, 0.0),
+                                 cluster.device.efficiency.overlap_contention)  # fmt: skip
+
+
 def run_memory_bytes(
     run: StageRun, stage: Real, cluster: ClusterSpec, knobs: PipelineKnobs,
     schedule: ScheduleName, num_stages: Real,
@@ -154,6 +170,9 @@ def run_memory_bytes(
     """The memory of stage ``stage`` of ``run``, by part."""
     in_flight = cost.in_flight_microbatches(schedule, stage=stage, pp=num_stages, vpp=knobs.vpp,
                                             num_microbatches=knobs.num_microbatches)  # fmt: skip
+    # Combined 1F1B runs the next forward before the backward it pairs with frees its chunk.
+    in_flight = minimum(in_flight + where(knobs.overlap_moe_comm, 1 / knobs.vpp, 0.0),
+                        knobs.num_microbatches)  # fmt: skip
     working, loss = run.time.working_bytes, run.time.loss_bytes
     parts = cost.MemoryParts(
         *run.state_bytes,
@@ -181,6 +200,8 @@ def step_totals(
     share ``schedule`` and the runs' places.
     """
     m = knobs.num_microbatches
+    runs = [replace(r, time=moe_overlapped(r.time, cluster, knobs, schedule=schedule,
+                                           num_stages=num_stages)) for r in runs]  # fmt: skip
     exposed = tuple(
         cost.exposed_sync(
             r.sync, forward_s=r.time.forward_s, backward_s=r.time.backward_s,
@@ -294,6 +315,10 @@ def compose_step(
     """
     pp = len(stages)
     spans = equal_runs([id(s) for s in stages])
+    schedule = schedule_name(knobs.schedule, knobs.vpp)
+    overlapped = {id(s): replace(s, time=moe_overlapped(s.time, cluster, knobs, schedule=schedule,
+                                                        num_stages=pp)) for s in stages}
+    shown = [overlapped[id(s)] for s in stages]  # what each stage's breakdown shows
     statics = stage_statics(cluster, knobs.states_precision, [stages[first] for first, _ in spans],
                             tied=tied, offload=knobs.offload,
                             gathered_bytes_per_param=knobs.gathered_bytes_per_param)  # fmt: skip
@@ -304,7 +329,6 @@ def compose_step(
                      gathered_bytes=stages[first].time.layer_params
                      * statics.gathered_bytes_per_param)
             for j, (first, count) in enumerate(spans)]  # fmt: skip
-    schedule = schedule_name(knobs.schedule, knobs.vpp)
     totals = step_totals(cluster, knobs, runs, schedule=schedule, num_stages=pp,
                          optimizer_s=statics.optimizer_s)  # fmt: skip
     per_stage = [(r, e) for r, e in zip(runs, totals.exposed, strict=True)
@@ -325,12 +349,12 @@ def compose_step(
         ),
         stage_time_s=tuple(
             (s.time.compute_s, _communication_s(s.time, y), s.time.pipeline_comm_s)
-            for s, y in zip(stages, syncs, strict=True)
+            for s, y in zip(shown, syncs, strict=True)
         ),
-        stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(stages, syncs, strict=True)),
+        stage_phase_s=tuple(_phases(s.time, y) for s, y in zip(shown, syncs, strict=True)),
         stage_sync_tail_s=tuple(y.tail_s for y in syncs),
-        stage_weight_s=tuple(_weight_s(s.time, y) for s, y in zip(stages, syncs, strict=True)),
-        stage_comm_s=tuple(_comm_parts(s.time, y) for s, y in zip(stages, syncs, strict=True)),
+        stage_weight_s=tuple(_weight_s(s.time, y) for s, y in zip(shown, syncs, strict=True)),
+        stage_comm_s=tuple(_comm_parts(s.time, y) for s, y in zip(shown, syncs, strict=True)),
         host_bytes=statics.accumulating_host_bytes if accumulating else statics.host_bytes,
     )
 

@@ -52,7 +52,8 @@ _MEGATRON_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
 _MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 _TITAN_LINE = re.compile(r"\bstep:\s*(\d+)\s.*\btps:\s*([0-9,]+)")
 _ARG_LINE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
-_OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+_OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+             "overlap_moe_expert_parallel_comm")
 """Megatron's overlap arguments, the ParallelConfig fields of the same names."""
 
 # Megatron argument names (arguments.py) to the configuration fields they set.

@@ -132,6 +132,8 @@ KNOBS: tuple[Knob, ...] = (
     # no option
     Knob(name="tp_comm_overlap", values=_fixed(False, True), applies=lambda c, m: c.tp > 1,
          searched=False),
+    Knob(name="overlap_moe_expert_parallel_comm", values=_fixed(False, True),
+         applies=lambda c, m: c.ep > 1),
 )
 """The knobs :func:`notches` turns, in the order a report lists them."""
 

@@ -132,8 +132,9 @@ def recompute_flags(resolved: ResolvedConfig) -> list[Flag]:
 
 
 def overlap_flags(resolved: ResolvedConfig) -> list[Flag]:
-    """Overlap of the data-parallel gradient reduction, the parameter all-gather and the
-    tensor-parallel collectives (nothing to overlap at tp 1)."""
+    """Overlap of the data-parallel gradient reduction, the parameter all-gather, the
+    tensor-parallel collectives (nothing to overlap at tp 1) and the experts' all-to-alls
+    (combined 1F1B)."""
     c = resolved.config
     flags: list[Flag] = []
     if c.overlap_grad_reduce:
@@ -142,6 +143,8 @@ def overlap_flags(resolved: ResolvedConfig) -> list[Flag]:
         flags.append(("--overlap-param-gather", None))
     if c.tp_comm_overlap and c.tp > 1:
         flags.append(("--tp-comm-overlap", None))
+    if c.overlap_moe_expert_parallel_comm:
+        flags.append(("--overlap-moe-expert-parallel-comm", None))
     return flags
 
 
@@ -159,8 +162,12 @@ def offload_flags(resolved: ResolvedConfig) -> list[Flag]:
 def device_connections(resolved: ResolvedConfig) -> dict[str, str]:
     """``CUDA_DEVICE_MAX_CONNECTIONS=1``, which ``validate_args`` asserts with tensor or context
     parallelism before Blackwell (and harmless after), except under Megatron-FSDP (ZeRO-2/3),
-    which asserts the opposite."""
+    which asserts the opposite, and with the experts' all-to-alls overlapped, which want more
+    connections to run beside the compute: 32, as ``validate_args`` advises
+    (``megatron/training/arguments.py:1466-1474`` at d98e8a64ddf3)."""
     c = resolved.config
+    if c.overlap_moe_expert_parallel_comm:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}
     if (c.tp > 1 or c.cp > 1) and c.zero < 2:
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {}

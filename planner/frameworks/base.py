@@ -79,6 +79,9 @@ class Profile:
     zero_bubble: bool = False
     """Whether it launches the zero-bubble schedules (ZB-H1, ZB-V): the uniform search tries
     them only for such a target (its rules still refuse the ones it cannot run)."""
+    moe_comm_overlap: bool = False
+    """Whether it overlaps the experts' all-to-alls with another microbatch's compute
+    (Megatron-Core's combined 1F1B): the uniform search tries that only for such a target."""
 
     stacks: tuple[Stack, ...] = ("megatron-te",)
     """The stacks it runs a layer on (:data:`~planner.vocabulary.Stack`), as the planner
@@ -157,6 +160,15 @@ def unsupported_layers(model: ModelSpec, *, framework: str,
     if not missing:
         return None
     return f"{model.name} has {missing[0]}, which {framework} does not build"
+
+
+def moe_comm_in_line(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """A framework that runs each microbatch's expert all-to-alls in line with its own
+    compute (no combined 1F1B) cannot overlap them with another microbatch's."""
+    if not resolved.config.overlap_moe_expert_parallel_comm:
+        return None
+    return ("overlap_moe_expert_parallel_comm: the experts' all-to-alls run in line with the "
+            "microbatch's own compute here (Megatron-Core's combined 1F1B overlaps them)")
 
 
 def sequence_split_over_tp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:

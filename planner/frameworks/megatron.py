@@ -143,6 +143,26 @@ def interleaving_microbatches(resolved: ResolvedConfig, model: ModelSpec) -> str
             f"num_microbatches({m}) is not a multiple of {c.pp}")
 
 
+def moe_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Combined 1F1B's conditions (``--overlap-moe-expert-parallel-comm``) beyond a 1F1B
+    schedule without full recomputation (the configuration's own rule): interleaving with a
+    pipeline, 16-bit compute; and not with Transformer Engine's
+    tensor-parallel overlap, which needs ``CUDA_DEVICE_MAX_CONNECTIONS=1`` where the
+    all-to-alls want more to run beside the compute."""
+    c = resolved.config
+    if not c.overlap_moe_expert_parallel_comm:
+        return None
+    if c.pp > 1 and c.vpp == 1:
+        return (f"overlap_moe_expert_parallel_comm with pp({c.pp}) needs interleaving "
+                f"(vpp > 1)")
+    if resolved.training.precision == "fp32":
+        return "overlap_moe_expert_parallel_comm needs bf16 or fp16"
+    if c.tp_comm_overlap and c.tp > 1:
+        return ("overlap_moe_expert_parallel_comm with tp_comm_overlap: the two want "
+                "CUDA_DEVICE_MAX_CONNECTIONS 32 and 1")
+    return None
+
+
 def interleaving_chunks(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Every stage's layers split into vpp equal model chunks, or every stage's slots with
     the embedding's and the loss's a layer short (``--account-for-embedding-in-pipeline-split``
@@ -302,6 +322,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="vpp-microbatches", check=interleaving_microbatches,
          source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:1172-1180; "
                 f"megatron/core/model_parallel_config.py:567-568"),
+    Rule(name="moe-comm-overlap", check=moe_comm_overlap,
+         source=f"{REPO} megatron/core/transformer/transformer_config.py:3002-3037; "
+                f"megatron/training/arguments.py:1466-1474"),
     Rule(name="vpp-chunks", check=interleaving_chunks,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:2306-2368; "
                 f"megatron/core/transformer/transformer_block.py:175-178, 191-201"),
@@ -410,5 +433,6 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
     )
 
 
-PROFILE = Profile(name="megatron", title="Megatron-LM", rules=RULES, launch=launch)
+PROFILE = Profile(name="megatron", title="Megatron-LM", rules=RULES, launch=launch,
+                  moe_comm_overlap=True)
 """Megatron-LM as a framework target."""

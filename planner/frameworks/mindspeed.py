@@ -18,7 +18,7 @@ from __future__ import annotations
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks import megatron
 from planner.frameworks._megatron_vocab import vocab_divisor
-from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
+from planner.frameworks.base import Launch, Profile, Rule, moe_comm_in_line, unsupported_layers
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -103,6 +103,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="vpp-microbatches", check=megatron.interleaving_microbatches,
          source=f"{CORE} megatron/core/pipeline_parallel/schedules.py:789-795; "
                 f"megatron/core/model_parallel_config.py:389-390"),
+    Rule(name="moe-comm-overlap", check=moe_comm_in_line,
+         source=f"{CORE} megatron/core/transformer/moe/moe_layer.py:129-149"),
     Rule(name="vpp-chunks", check=megatron.interleaving_chunks,
          source=f"{CORE} megatron/core/transformer/transformer_config.py:790-841; "
                 f"megatron/core/transformer/transformer_block.py:136-139, 152-158"),

@@ -35,7 +35,7 @@ from planner.frameworks._torchtitan_toml import (
     render,
     training_table,
 )
-from planner.frameworks.base import Launch, Profile, Rule, ranks_in_order
+from planner.frameworks.base import Launch, Profile, Rule, moe_comm_in_line, ranks_in_order
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -284,6 +284,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{REPO} torchtitan/models/deepseek_v3/infra/parallelize.py:67-73; "
                 f"torchtitan/models/deepseek_v3/model/args.py:101-109"),
     Rule(name="fp16", check=fp16, source=f"{REPO} torchtitan/config/job_config.py:282"),
+    Rule(name="moe-comm-overlap", check=moe_comm_in_line,
+         source=f"{REPO} torchtitan/models/moe/moe.py:473-530"),
     Rule(name="moe-capacity", check=moe_capacity,
          source=f"{REPO} torchtitan/models/moe/moe.py:22-41"),
     Rule(name="mixed-precision-without-fsdp", check=mixed_precision_without_fsdp,

@@ -116,6 +116,10 @@ class ParallelConfig(BaseModel):
     tp_comm_overlap: bool = Field(
         default=False, description="Overlap tensor-parallel collectives with the adjacent GEMMs."
     )
+    overlap_moe_expert_parallel_comm: bool = Field(
+        default=False, description="Overlap the experts' all-to-alls of one microbatch with "
+        "another's compute (Megatron-Core's combined 1F1B).",
+    )  # fmt: skip
     rank_order: str = Field(
         default=DEFAULT_RANK_ORDER,
         description="How ranks are numbered, fastest first (Megatron's process-group order).",

@@ -59,6 +59,10 @@ class Degrees:
     """Sequence parallelism asked for."""
     tp_comm_overlap: Real = False
     """Tensor-parallel communication overlap asked for."""
+    moe_comm_overlap: Real = False
+    """The experts' all-to-all overlapped with another microbatch's compute, asked for."""
+    full_recompute: Real = False
+    """Full recomputation of (some) layers."""
     gpipe: Real = False
     """The GPipe schedule (else 1F1B)."""
     zb_h1: Real = False
@@ -97,7 +101,8 @@ def degrees_of(knobs: Mapping[str, Any]) -> Degrees:
 
     >>> degrees_of({"tp": 8, "pp": 4, "cp": 1, "dp": None, "ep": 1, "vpp": 1, "mbs": 1,
     ...             "first_stage_layers": None, "last_stage_layers": None, "sp": True,
-    ...             "cp_algo": "ring", "tp_comm_overlap": False, "schedule": "1f1b"}).dp
+    ...             "cp_algo": "ring", "tp_comm_overlap": False, "schedule": "1f1b",
+    ...             "overlap_moe_expert_parallel_comm": False, "recompute": "none"}).dp
     0
     """
 
@@ -114,7 +119,10 @@ def degrees_of(knobs: Mapping[str, Any]) -> Degrees:
                    ep=knobs["ep"], vpp=knobs["vpp"], first=given("first_stage_layers"),
                    last=given("last_stage_layers"), mbs=knobs["mbs"],
                    ulysses=knobs["cp_algo"] == "ulysses", sp=switch("sp"),
-                   tp_comm_overlap=switch("tp_comm_overlap"), gpipe=schedule == "gpipe",
+                   tp_comm_overlap=switch("tp_comm_overlap"),
+                   moe_comm_overlap=switch("overlap_moe_expert_parallel_comm"),
+                   full_recompute=knobs["recompute"] == "full",
+                   gpipe=schedule == "gpipe",
                    zb_h1=schedule == "zb-h1", zb_v=schedule == "zb-v")  # fmt: skip
 
 
@@ -418,6 +426,19 @@ RULES: tuple[Rule, ...] = (
          holds=lambda m, q, s, d, x: (m.moe is None) | ((x.dp * d.cp) % d.ep == 0),
          message=lambda m, q, s, d, x: f"ep({d.ep}) must divide dp({x.dp}) x cp({d.cp}) = "
          f"{x.dp * d.cp}"),
+    Rule(name="moe_comm_overlap",
+         holds=lambda m, q, s, d, x: (d.moe_comm_overlap == False) | (d.ep > 1),  # noqa: E712
+         message=lambda m, q, s, d, x: "overlap_moe_expert_parallel_comm needs expert "
+         f"parallelism: ep({d.ep}) has no all-to-all to overlap"),
+    # Combined 1F1B, the one implementation (Megatron-Core's transformer_config.py:3002-3037),
+    # pairs a 1F1B schedule's forwards and backwards, with no full recomputation.
+    Rule(name="moe_comm_overlap_schedule",
+         holds=lambda m, q, s, d, x: (d.moe_comm_overlap == False)  # noqa: E712
+         | ((d.gpipe == False) & (d.zb_h1 == False) & (d.zb_v == False)  # noqa: E712
+            & (d.full_recompute == False)),  # noqa: E712
+         message=lambda m, q, s, d, x: "overlap_moe_expert_parallel_comm pairs a 1F1B "
+         "schedule's forwards and backwards (combined 1F1B): not with GPipe, a zero-bubble "
+         "schedule or full recomputation"),
 )  # fmt: skip
 """Every rule, in the order :func:`~planner.plan.config.resolve` checks them."""
 RULE = {rule.name: rule for rule in RULES}

@@ -64,6 +64,7 @@ class RunFlags(_Frozen):
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
+    overlap_moe_expert_parallel_comm: bool = False
 
 
 class StageParallel(_Frozen):
@@ -388,6 +389,8 @@ class Plan(_Frozen):
             extras += some([q.recompute == mode for q in stages], label)
         for stage, name in ((1, "distributed optimizer"), (2, "ZeRO-2"), (3, "ZeRO-3")):
             extras += some([q.zero == stage for q in stages], name)
+        if self.flags.overlap_moe_expert_parallel_comm:
+            extras.append("experts' all-to-alls overlapped")
         if self.configuration is not None and self.configuration.offload != "none":
             how = " (ZeRO-Offload)" if self.configuration.offload == "zero-offload" else ""
             extras.append(f"optimizer offloaded to the host{how}")

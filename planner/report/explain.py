@@ -140,7 +140,9 @@ def _neighbour_table(heading: str, rows: list[tuple[str, Neighbour]],
     tables = []
     for whole in (True, False):
         table = light_table(heading, collapse_padding=True)
-        table.add_column("change", no_wrap=whole, min_width=None if whole else 20)
+        # fold, not cut: a long option (overlap-moe-expert-parallel-comm) stays whole
+        table.add_column("change", no_wrap=whole, min_width=None if whole else 20,
+                         overflow="fold")
         for name in ("step s", "vs plan", "free GiB"):
             table.add_column(name, justify="right", no_wrap=True)
         table.add_column("verdict", no_wrap=whole, overflow="fold")

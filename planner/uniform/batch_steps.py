@@ -55,7 +55,8 @@ from planner.uniform.stages import (
 )
 from planner.vocabulary import RECOMPUTE_MODES, schedule_name
 
-_SWITCHES = ("flash_attention", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+_SWITCHES = ("flash_attention", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+             "overlap_moe_expert_parallel_comm")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -289,6 +290,7 @@ def _steps(
             states_precision=cost.states_precision(b.training.precision, b.training.stack),
             overlap_grad_reduce=b.switch("overlap_grad_reduce")[rows],  # type: ignore[arg-type]
             overlap_param_gather=b.switch("overlap_param_gather")[rows],  # type: ignore[arg-type]
+            overlap_moe_comm=b.switch("overlap_moe_expert_parallel_comm")[rows],
             communicator_bytes=communicator_bytes[rows],
         )  # fmt: skip
         optimizer = np.array([s.optimizer_s for s in static])[static_of[rows]]

@@ -134,6 +134,7 @@ def estimate(
                                                                training.stack),
         overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
+        overlap_moe_comm=c.overlap_moe_expert_parallel_comm,
         communicator_bytes=communicators(stage, tied=model.tie_word_embeddings
                                          and c.schedule != "zb-v").bytes,
     )  # fmt: skip

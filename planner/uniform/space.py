@@ -175,21 +175,27 @@ def run_config(training: TrainingSpec, options: SolveOptions, **degrees: object)
 def branch_groups(
     branch: Branch, model: ModelSpec, *, training: TrainingSpec, options: SolveOptions
 ) -> list[list[ParallelConfig]]:
-    """The branch's configurations, one list per ``(vpp, recompute, zero)`` with the
-    microbatch ascending, among the pinned knobs (sequence parallelism whenever TP > 1 unless
-    pinned)."""
+    """The branch's configurations, one list per ``(vpp, recompute, zero, overlap of the
+    experts' all-to-alls)`` with the microbatch ascending, among the pinned knobs (sequence
+    parallelism whenever TP > 1 unless pinned)."""
     b, pins = branch, options.pins
     vpps = virtual_stages(model, pp=b.pp, split=b.split) if options.interleaved else [1]
     sp = sequence_parallel(b.tp) if pins.sp is None else pins.sp
     first, last = b.split
+    # The experts' all-to-alls overlapped or not: overlap costs a microbatch in flight, so
+    # both are tried where there are all-to-alls and the target overlaps them.
+    a2a = options.framework == ANY or profile(options.framework).moe_comm_overlap
+    overlaps = (False, True) if b.ep > 1 and a2a else (False,)
     groups = [
         [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, cp_algo=b.cp_algo, ep=b.ep,
                     vpp=v, sp=sp, schedule=schedule,
                     first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
-                    zero=z) for m in micro_batch_sizes(options)]
+                    zero=z, overlap_moe_expert_parallel_comm=a2a)
+         for m in micro_batch_sizes(options)]
         for schedule, v in schedules(vpps, pp=b.pp, options=options)
-        for r in RECOMPUTE_MODES for z in zero_stages(b.pp)
+        for r in RECOMPUTE_MODES for z in zero_stages(b.pp) for a2a in overlaps
         if pins.admits(vpp=v, recompute=r, zero=z)
+        and not (a2a and (r == "full" or schedule != "1f1b"))  # combined 1F1B's own rule
     ]  # fmt: skip
     return [group for group in groups if group]
 
