@@ -10,8 +10,8 @@ import pytest
 
 import planner
 from planner.frameworks import profile
+from planner.plan.chunks import chunk_sizes, cuts_into, slots_taken
 from planner.plan.config import ParallelConfig, resolve, stage_layers
-from planner.plan.divisibility import chunk_sizes, cuts_into, slots_taken
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.batch import estimate_batch
 from planner.uniform.columns import config_columns

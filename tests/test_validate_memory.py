@@ -207,4 +207,4 @@ def test_json_and_table_carry_memory() -> None:
     assert all(len(line) <= 80 for line in done.stdout.splitlines())
     text = " ".join(done.stdout.split())
     assert "h100_llama3.2-1b_s8192_mb1x4_compiled" in text
-    assert "pytorch on H100 memory, |error| of 5 runs: allocated median" in text
+    assert "pytorch on H100 (dgx-h100-80gb) memory, |error| of 5 runs: allocated median" in text

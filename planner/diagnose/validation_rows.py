@@ -65,6 +65,9 @@ class ValidationRow:
     :attr:`peak_memory_gib`, which counts what nvidia-smi sees (context, NCCL, the cache)."""
     measured_oom: bool = False
     """Whether the run ran out of memory (a published run that does not say ran)."""
+    cluster: str = ""
+    """The cluster file it was priced on (its ``name``): its device's, a site's
+    (:data:`planner.diagnose.runs.SITES`) or the user's."""
 
     @property
     def error(self) -> float | None:
@@ -120,6 +123,7 @@ def describe(config: ParallelConfig) -> str:
     n = config.recompute_layers or 0
     parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
     parts += [f"ZeRO-{config.zero}"] * (config.zero > 0)
+    parts += ["EP-all-to-all-overlap"] * config.overlap_moe_expert_parallel_comm
     offloads = {"none": [], "optimizer": ["optimizer-offload"], "zero-offload": ["zero-offload"]}
     return " ".join(parts + offloads[config.offload])
 
@@ -157,6 +161,6 @@ def validation_rows(
             measured_peak_memory_gib=run.measured_peak_memory_gib,
             measured_reserved_memory_gib=run.measured_reserved_memory_gib,
             measured_device_memory_gib=run.measured_device_memory_gib,
-            measured_oom=run.measured_oom,
+            measured_oom=run.measured_oom, cluster=cluster.name,
         ))  # fmt: skip
     return rows

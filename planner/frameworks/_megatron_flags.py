@@ -18,8 +18,8 @@ import shlex
 from collections.abc import Sequence
 
 from planner.frameworks._megatron_vocab import padded_vocab
+from planner.plan.chunks import slots_taken
 from planner.plan.config import ResolvedConfig
-from planner.plan.divisibility import slots_taken
 from planner.spec import ModelSpec, MoESpec
 
 Flag = tuple[str, str | int | float | None]

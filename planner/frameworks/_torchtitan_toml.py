@@ -8,8 +8,8 @@ flavor; the keys are torchtitan v0.2.2's (pytorch/torchtitan@73a0e69
 
 from __future__ import annotations
 
+from planner.plan.chunks import chunk_sizes
 from planner.plan.config import ResolvedConfig
-from planner.plan.divisibility import chunk_sizes
 from planner.spec import ModelSpec
 
 Table = dict[str, object]
@@ -71,7 +71,7 @@ def pipeline_table(resolved: ResolvedConfig) -> Table:
 def model_parts(layers: tuple[int, ...], vpp: int, *, v_shape: bool = False) -> list[list[str]]:
     """torchtitan's module names for each (virtual) stage, in model order. A looped schedule
     runs part ``k`` on pipeline rank ``k % pp``, so each rank's layers are cut into ``vpp``
-    chunks (:func:`~planner.plan.divisibility.chunk_sizes`) that take turns with the other
+    chunks (:func:`~planner.plan.chunks.chunk_sizes`) that take turns with the other
     ranks'; a V schedule (``v_shape``, two parts
     per rank) runs part ``k`` on rank ``k`` and part ``2 pp - 1 - k`` on rank ``k`` too.
 

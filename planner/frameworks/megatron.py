@@ -21,8 +21,8 @@ from __future__ import annotations
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks._megatron_vocab import padded_vocab, vocab_divisor
 from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
+from planner.plan.chunks import cuts_into
 from planner.plan.config import ResolvedConfig
-from planner.plan.divisibility import cuts_into
 from planner.spec import ModelSpec
 from planner.vocabulary import DEFAULT_RANK_ORDER
 

@@ -24,6 +24,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from planner.plan.chunks import slotted_ends
 from planner.spec import ModelSpec
 
 Real: TypeAlias = Any
@@ -211,97 +212,33 @@ def _even_split(s: Shape, d: Degrees) -> Real:
     )
 
 
-def slotted_ends(x: Derived, d: Degrees) -> tuple[Real, Real]:
-    """Whether the embedding and the loss each take a layer's slot of an interleaved split
-    (Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and
-    ``--account-for-loss-in-pipeline-split``, ``megatron/core/transformer/transformer_block.py``
-    ``get_num_layers_to_build``): every stage then holds the same slots, a multiple of ``vpp``,
-    and the first stage's first chunk one decoder layer fewer (the embedding's slot), the last
-    stage's last chunk one fewer (the loss's). Neither where the split's chunks are equal,
-    or on a V schedule (its first rank holds both ends); arrays over a batch.
-
-    >>> d = Degrees(pp=16, vpp=8, first=7, last=7)  # Llama 3.1 405B as Meta ran it
-    >>> x = derive(Shape(num_devices=2048, num_layers=126, global_batch=1), d)
-    >>> [bool(end) for end in slotted_ends(x, d)]
-    [True, True]
-    """
-    top = np.maximum(np.maximum(x.first_layers, x.last_layers),
-                     np.where(d.pp > 2, x.middle_layers, 0))  # fmt: skip
-    # Two stages both a slot short (no middle stage holds the full count) have one slot more.
-    both = (d.pp == 2) & (x.first_layers == x.last_layers) & (top % np.maximum(d.vpp, 1) != 0)
-    slots = top + both
-    embedding, loss = slots - x.first_layers, slots - x.last_layers
-    holds = ((d.vpp > 1) & (d.zb_v == False) & (slots % np.maximum(d.vpp, 1) == 0)  # noqa: E712
-             & ((d.pp <= 2) | (x.middle_layers == slots))
-             & ((embedding == 1) | (loss == 1)) & (embedding <= 1) & (loss <= 1))  # fmt: skip
-    return holds & (embedding == 1), holds & (loss == 1)
-
-
-def chunk_sizes(layers: tuple[int, ...], vpp: int) -> tuple[tuple[int, ...], ...]:
-    """Each stage's decoder layers (``layers``, first to last) cut into its ``vpp`` model
-    chunks as Megatron-Core builds them: equal, or a stage of one layer fewer than a multiple
-    of ``vpp`` short in the embedding's slot (the first stage's first chunk) or the loss's
-    (the last stage's last chunk) (:func:`slotted_ends`).
-
-    >>> chunk_sizes((7, 8, 8, 7), 4)
-    ((1, 2, 2, 2), (2, 2, 2, 2), (2, 2, 2, 2), (2, 2, 2, 1))
-    >>> chunk_sizes((6, 6), 3), chunk_sizes((7, 7), 8)[0]
-    (((2, 2, 2), (2, 2, 2)), (0, 1, 1, 1, 1, 1, 1, 1))
-    """
-    if all(n % vpp == 0 for n in layers):
-        return tuple((n // vpp,) * vpp for n in layers)
-    embedding, loss = slots_taken(layers, vpp)
-    if not (embedding or loss) or any(n != layers[1] for n in layers[1:-1]):
-        raise ValueError(f"stages of {list(layers)} layers do not cut into {vpp} chunks")
-    size = (layers[0] + embedding) // vpp
-    cut = [[size] * vpp for _ in layers]
-    cut[0][0] -= embedding
-    cut[-1][-1] -= loss
-    return tuple(tuple(chunks) for chunks in cut)
-
-
-def slots_taken(layers: tuple[int, ...], vpp: int) -> tuple[bool, bool]:
-    """:func:`slotted_ends` of stages of ``layers`` decoder layers, first to last: whether
-    the embedding and the loss take a layer's slot (what Megatron-LM's launch says with
-    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``).
-
-    >>> slots_taken((7, 8, 8, 7), 4), slots_taken((8, 8, 8, 7), 8), slots_taken((8, 8), 4)
-    ((True, True), (False, True), (False, False))
-    >>> slots_taken((9, 8, 8, 8), 3)  # the middle stages hold fewer than the first's slots
-    (False, False)
-    """
-    pp = len(layers)
-    x = Derived(dp=0, num_microbatches=0, first_layers=layers[0], last_layers=layers[-1],
-                middle_layers=layers[1] if pp > 2 else layers[0], pp=pp)  # fmt: skip
-    embedding, loss = slotted_ends(x, Degrees(pp=pp, vpp=vpp))
-    return bool(embedding), bool(loss)
-
-
-def cuts_into(layers: tuple[int, ...], vpp: int) -> bool:
-    """Whether stages of ``layers`` decoder layers cut into ``vpp`` chunks each
-    (:func:`chunk_sizes`).
-
-    >>> cuts_into((7, 8, 8, 7), 8), cuts_into((7, 8, 8, 7), 3), cuts_into((3, 8, 8, 8), 4)
-    (True, False, False)
-    """
-    try:
-        chunk_sizes(layers, vpp)
-    except ValueError:
-        return False
-    return True
-
-
 def _slotted(d: Degrees, x: Derived) -> Real:
-    embedding, loss = slotted_ends(x, d)
+    embedding, loss = slotted_ends(first=x.first_layers, middle=x.middle_layers,
+                                   last=x.last_layers, pp=d.pp, vpp=d.vpp, v_shape=d.zb_v)
     return embedding | loss
 
 
 def _chunked(d: Degrees, x: Derived) -> Real:
     """Every stage's decoder layers cut into ``vpp`` chunks as Megatron-Core cuts them: equal
-    chunks, or the embedding's and the loss's slots short (:func:`slotted_ends`)."""
+    chunks, or the embedding's and the loss's slots short
+    (:func:`~planner.plan.chunks.slotted_ends`)."""
     equal = ((x.first_layers % d.vpp == 0) & (x.last_layers % d.vpp == 0)
              & ((d.pp <= 2) | (x.middle_layers % d.vpp == 0)))  # fmt: skip
     return equal | _slotted(d, x)
+
+
+def combined_1f1b(d: Degrees) -> Real:
+    """Where the experts' all-to-alls may overlap another microbatch's compute: combined 1F1B,
+    the one implementation (Megatron-Core's ``transformer_config.py:3002-3037``), pairs a
+    1F1B schedule's forwards and backwards, with no full recomputation. The search asks it
+    before it builds a configuration, the rules after.
+
+    >>> bool(combined_1f1b(Degrees(moe_comm_overlap=True, zb_h1=True)))
+    False
+    """
+    return (d.moe_comm_overlap == False) | (  # noqa: E712
+        (d.gpipe == False) & (d.zb_h1 == False) & (d.zb_v == False)  # noqa: E712
+        & (d.full_recompute == False))  # noqa: E712
 
 
 def _split(d: Degrees) -> Real:
@@ -430,12 +367,8 @@ RULES: tuple[Rule, ...] = (
          holds=lambda m, q, s, d, x: (d.moe_comm_overlap == False) | (d.ep > 1),  # noqa: E712
          message=lambda m, q, s, d, x: "overlap_moe_expert_parallel_comm needs expert "
          f"parallelism: ep({d.ep}) has no all-to-all to overlap"),
-    # Combined 1F1B, the one implementation (Megatron-Core's transformer_config.py:3002-3037),
-    # pairs a 1F1B schedule's forwards and backwards, with no full recomputation.
     Rule(name="moe_comm_overlap_schedule",
-         holds=lambda m, q, s, d, x: (d.moe_comm_overlap == False)  # noqa: E712
-         | ((d.gpipe == False) & (d.zb_h1 == False) & (d.zb_v == False)  # noqa: E712
-            & (d.full_recompute == False)),  # noqa: E712
+         holds=lambda m, q, s, d, x: combined_1f1b(d),
          message=lambda m, q, s, d, x: "overlap_moe_expert_parallel_comm pairs a 1F1B "
          "schedule's forwards and backwards (combined 1F1B): not with GPipe, a zero-bubble "
          "schedule or full recomputation"),

@@ -20,7 +20,7 @@ Each family is named at the start of its messages:
   and only then) needs a pipeline, every stage's layers in ``virtual_stages`` equal chunks
   (Megatron-Core's rule, uneven first and last stages included), or on a looped schedule
   with the embedding's and the loss's slots a layer short
-  (:func:`~planner.plan.divisibility.cuts_into`), and the microbatches a
+  (:func:`~planner.plan.chunks.cuts_into`), and the microbatches a
   multiple of the stages (``forward_backward_pipelining_with_interleaving`` in
   ``megatron/core/pipeline_parallel/schedules.py``).
 - ``batch``: on every stage, ``global batch = micro batch x microbatches x data-parallel
@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from planner.errors import InvalidPlanError
-from planner.plan.divisibility import cuts_into
+from planner.plan.chunks import cuts_into
 from planner.plan.schema import Plan
 from planner.spec import ModelSpec
 

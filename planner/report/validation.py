@@ -130,7 +130,7 @@ def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
     their peak memory, its median and max |error|."""
     groups: dict[str, list[ValidationRow]] = {}
     for r in rows:
-        groups.setdefault(f"{r.family} on {r.device}", []).append(r)
+        groups.setdefault(f"{r.family} on {r.device} ({r.cluster})", []).append(r)
     if len(groups) > 1:
         groups["all"] = list(rows)
     lines: list[RenderableType] = []

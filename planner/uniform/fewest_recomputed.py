@@ -17,8 +17,8 @@ import numpy as np
 
 from planner.errors import ConfigError
 from planner.options import SolveOptions
+from planner.plan.chunks import chunk_sizes
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.divisibility import chunk_sizes
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import estimate_batch
 from planner.uniform.space import launched_variant

@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from planner.cost.layer import LayerCost, partly_recomputed
 from planner.graph import lowered
-from planner.plan.divisibility import chunk_sizes
+from planner.plan.chunks import chunk_sizes
 from planner.spec import ModelSpec, TrainingSpec
 
 Chunk = tuple[tuple[str, int, int], ...]
@@ -37,7 +37,7 @@ def stage_chunks(
     recompute_layers: int,
 ) -> tuple[tuple[Chunk, ...], ...]:  # fmt: skip
     """Each stage's chunks (``layers[i]`` decoder layers per stage, cut into ``vpp`` chunks
-    as Megatron-Core cuts them: :func:`~planner.plan.divisibility.chunk_sizes`), with how
+    as Megatron-Core cuts them: :func:`~planner.plan.chunks.chunk_sizes`), with how
     many layers of each kind recompute when each chunk's first ``recompute_layers`` do.
 
     >>> import planner

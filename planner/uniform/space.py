@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
+from planner.plan.chunks import cuts_into
 from planner.plan.config import ParallelConfig, stage_layers
-from planner.plan.divisibility import cuts_into
+from planner.plan.divisibility import Degrees, combined_1f1b
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.defaults import launched_overlaps, sequence_parallel
 from planner.uniform.groups import context_groups, cp_algorithms
@@ -106,7 +107,7 @@ def virtual_stages(model: ModelSpec, *, pp: int, split: StageEnds) -> list[int]:
     """Virtual stages per pipeline rank (``vpp``) on ``pp`` stages split as ``split``: 1, and
     with a pipeline every count of chunks every stage's layers cut into (Megatron-Core's
     rule, uneven stages included, and the embedding and the loss each taking a layer's slot:
-    :func:`~planner.plan.divisibility.cuts_into`).
+    :func:`~planner.plan.chunks.cuts_into`).
 
     >>> from pathlib import Path
     >>> from planner.spec.reading import load_model
@@ -195,7 +196,9 @@ def branch_groups(
         for schedule, v in schedules(vpps, pp=b.pp, options=options)
         for r in RECOMPUTE_MODES for z in zero_stages(b.pp) for a2a in overlaps
         if pins.admits(vpp=v, recompute=r, zero=z)
-        and not (a2a and (r == "full" or schedule != "1f1b"))  # combined 1F1B's own rule
+        and combined_1f1b(Degrees(moe_comm_overlap=a2a, full_recompute=r == "full",
+                                  gpipe=schedule == "gpipe", zb_h1=schedule == "zb-h1",
+                                  zb_v=schedule == "zb-v"))
     ]  # fmt: skip
     return [group for group in groups if group]
 
