@@ -44,6 +44,9 @@ class Pins:
     """ring or ulysses."""
     ep: int | None = None
     """Expert-parallel degree."""
+    etp: int | None = None
+    """Expert tensor-parallel degree (tp, or 1: the experts folded over the tensor-parallel
+    ranks)."""
     vpp: int | None = None
     """Virtual stages per pipeline rank (1: no interleaving)."""
     mbs: int | None = None

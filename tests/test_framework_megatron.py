@@ -251,7 +251,8 @@ def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
             experts=moe.num_experts, top_k=moe.top_k, expert_ffn=moe.ffn_hidden_size,
             shared_ffn=moe.shared_ffn,
             moe_layers=[int(model.is_moe_layer(i)) for i in range(model.num_layers)],
-            expert_bias=moe.router_expert_bias, expert_tp=c.tp, dispatcher="alltoall",
+            expert_bias=moe.router_expert_bias, expert_tp=resolved.etp or c.tp,
+            dispatcher="alltoall",
             router=(moe.score_function,
                     moe.score_function == "softmax" and (moe.top_k == 1
                                                          or not moe.router_topk_normalized),
@@ -809,8 +810,10 @@ def pin_moe_bias_with_tp(p: Profile) -> None:
     mixtral = load("mixtral-8x7b")
     biased = mixtral.model_copy(update={"bias": True})
     refused(p, "moe-bias-with-tp", configure(biased, 16, tp=2, sp=True), biased,
-            r"expert tensor parallelism 1, here tp\(2\)")
+            r"expert tensor parallelism 1, here etp\(2\)")
     accepted(p, "moe-bias-with-tp", configure(biased, 16, ep=2), biased)
+    # Folded over the tensor-parallel ranks, the experts are not tensor-parallel.
+    accepted(p, "moe-bias-with-tp", configure(biased, 16, tp=2, sp=True, ep=2, etp=1), biased)
 
 
 def pin_bias_without_qkv_bias(p: Profile) -> None:

@@ -242,6 +242,10 @@ def test_mixtral_megatron_log_carries_its_experts(tmp_path: Path) -> None:
     assert (record["parallel"]["tp"], record["parallel"]["pp"], record["parallel"]["ep"],
             record["parallel"]["dp"], record["parallel"]["recompute"]) == (2, 4, 8, 8,
                                                                            "selective")
+    # The run folded its experts over the tensor-parallel ranks (expert_tensor_parallel_size
+    # 1 in its arguments), and is priced so.
+    assert record["parallel"]["etp"] == 1
+    assert load_runs(out, any_device=True)[0].config.etp == 1
     predicted, measured = _predicted(out, "mixtral-8x7b-megatron")
     assert measured == _steady_ms(MIXTRAL_LOG) / 1000  # the slow step 17 does not move it
     assert 0 < predicted < measured * 2

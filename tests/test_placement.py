@@ -15,7 +15,7 @@ from planner.placement.ranks import (
     megatron_order,
 )
 from planner.plan.config import resolve
-from planner.plan.divisibility import Degrees
+from planner.plan.degrees import Degrees
 from planner.uniform.plan import megatron_ranks
 from planner.uniform.stages import UniformStage, uniform_stage
 from tests.conftest import MODELS

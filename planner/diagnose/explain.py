@@ -377,7 +377,7 @@ def _why_not(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Paralle
     divide), against the plan's step."""
     result: Estimate = estimate(model, cluster, config, memory_margin_gib=plan.memory_margin_gib)
     usable = usable_gib(cluster, plan.memory_margin_gib)
-    text = ", ".join(f"{k.replace('_', '-')}={word(v)}" for k, v in given.items())
+    text = ", ".join(f"{k.replace('_', '-')}={word(v, k)}" for k, v in given.items())
     return Neighbour(
         knob="why-not", direction="given", change=text, config=config, refusal=None,
         step_time_s=result.step_time_s, delta_s=result.step_time_s - reference,

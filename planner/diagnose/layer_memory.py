@@ -24,7 +24,7 @@ from typing import Any
 from planner.cost.layer import LayerParts
 from planner.errors import InputError
 from planner.graph.stacks import FP32_BYTES
-from planner.plan.divisibility import Degrees
+from planner.plan.degrees import Degrees
 from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import read_json, read_text

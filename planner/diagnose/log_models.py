@@ -243,6 +243,7 @@ def titan_config_fields(lines: list[str], logged: TitanModel | None) -> dict[str
     if mesh:
         fields |= {"tp": mesh.get("tp", 1), "pp": mesh.get("pp", 1), "cp": mesh.get("cp", 1),
                    "ep": mesh.get("ep", 1),
+                   "etp": mesh.get("etp") if mesh.get("ep", 1) > 1 else None,
                    "dp": mesh.get("dp_replicate", 1) * mesh.get("dp_shard", 1)}  # fmt: skip
         fields["zero"] = 3 if mesh.get("dp_shard", 1) > 1 else 0
     if logged is not None and isinstance(logged.args.get("max_seq_len"), int):

@@ -60,7 +60,8 @@ _OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
 _MEGATRON_INTS = {
     "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
     "data_parallel_size": "dp", "context_parallel_size": "cp",
-    "expert_model_parallel_size": "ep", "virtual_pipeline_model_parallel_size": "vpp",
+    "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
+    "virtual_pipeline_model_parallel_size": "vpp",
     "micro_batch_size": "mbs", "global_batch_size": "global_batch", "seq_length": "seq_len",
 }  # fmt: skip
 
@@ -238,6 +239,7 @@ def run_record(
         "cluster": {"gpu": cluster.device.name, "num_gpus": resolved.num_devices},
         "parallel": {"tp": config.tp, "pp": config.pp, "dp": resolved.dp, "cp": config.cp,
                      "ep": config.ep, "vpp": config.vpp, "sp": resolved.sp,
+                     **({"etp": 1} if resolved.etp == 1 else {}),
                      "microbatch": config.mbs, "global_batch": batch,
                      "recompute": config.recompute, "zero": config.zero,
                      # The overlaps the log states; without them the reader assumes the

@@ -111,6 +111,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="cp", values=_device_divisors, reach=3),
     Knob(name="cp_algo", values=_fixed("ring", "ulysses"), applies=lambda c, m: c.cp > 1),
     Knob(name="ep", values=_experts, reach=3, applies=lambda c, m: m.moe is not None),
+    Knob(name="etp", values=_fixed(None, 1), applies=lambda c, m: m.moe is not None and c.tp > 1),
     Knob(name="mbs", values=_doublings, reach=3),
     Knob(name="recompute", values=_fixed(*RECOMPUTE_MODES)),
     Knob(name="recompute_layers", values=_recomputed_layers,
@@ -207,7 +208,7 @@ def with_changes(
     try:
         return ParallelConfig(**values)
     except ValidationError as exc:  # only changes given together can still disagree
-        given = ", ".join(f"{k.replace('_', '-')}={word(v)}" for k, v in changes.items())
+        given = ", ".join(f"{k.replace('_', '-')}={word(v, k)}" for k, v in changes.items())
         reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise InputError(f"{given}: {reason}") from None
 
@@ -290,7 +291,8 @@ def describe_change(
     """
     names = [k.name for k in KNOBS if getattr(before, k.name) != getattr(after, k.name)]
     lead = [n for n in names if n == knob] or names
-    moved = [f"{n.replace('_', '-')} {word(getattr(before, n))} -> {word(getattr(after, n))}"
+    moved = [f"{n.replace('_', '-')} {word(getattr(before, n), n)} -> "
+             f"{word(getattr(after, n), n)}"
              for n in lead]  # fmt: skip
     also = [_moved_with(n, before, after) for n in names if n not in lead]
     if dp[1] and dp[1] != dp[0]:
@@ -308,16 +310,21 @@ def _moved_with(name: str, before: ParallelConfig, after: ParallelConfig) -> str
     """A knob that moved with another, as :func:`describe_change` names it: its new value, or
     that it was dropped (a count of recomputed layers without full recomputation)."""
     if name == "recompute_layers" and after.recompute != "full":
-        return f"recompute-layers {word(getattr(before, name))} dropped"
-    return f"{name.replace('_', '-')} {word(getattr(after, name))}"
+        return f"recompute-layers {word(getattr(before, name), name)} dropped"
+    return f"{name.replace('_', '-')} {word(getattr(after, name), name)}"
 
 
-def word(value: Any) -> str:
-    """A knob's value as a user says it: switches on and off.
+UNSET = {"recompute_layers": "all", "etp": "tp"}
+"""What a knob left to its default of None means, as a user says it."""
 
-    >>> word(True), word("selective")
-    ('on', 'selective')
+
+def word(value: Any, name: str = "") -> str:
+    """Knob ``name``'s value as a user says it: switches on and off, a default by what it
+    means.
+
+    >>> word(True), word("selective"), word(None, "etp")
+    ('on', 'selective', 'tp')
     """
-    if value is None:  # recompute_layers: every layer
-        return "all"
+    if value is None:
+        return UNSET.get(name, "default")
     return ("on" if value else "off") if isinstance(value, bool) else str(value)

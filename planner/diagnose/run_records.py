@@ -192,6 +192,7 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         dp=p["dp"],
         cp=p.get("cp") or 1,
         ep=p.get("ep") or 1,
+        etp=p.get("etp"),
         vpp=p.get("vpp") or 1,
         sp=p["sp"] if p.get("sp") is not None else modern,
         mbs=p.get("microbatch") or 1,

@@ -60,9 +60,10 @@ def parallel_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[Flag]:
             # default): megatron/training/arguments.py, --cp-comm-type.
             flags.append(("--cp-comm-type", "a2a"))
     if model.moe is not None:
-        # Expert tensor parallelism is the dense layers' (the planner's semantics), said
-        # explicitly rather than left to Megatron's default.
-        flags += [("--expert-model-parallel-size", c.ep), ("--expert-tensor-parallel-size", c.tp)]
+        # Expert tensor parallelism is the dense layers' unless folded, said explicitly
+        # rather than left to Megatron's default.
+        flags += [("--expert-model-parallel-size", c.ep),
+                  ("--expert-tensor-parallel-size", resolved.etp or c.tp)]  # fmt: skip
     if resolved.sp:  # Megatron switches sequence parallelism off itself at tp 1
         flags.append(("--sequence-parallel", None))
     return flags

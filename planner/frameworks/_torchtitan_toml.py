@@ -40,15 +40,17 @@ def data_parallel_table(resolved: ResolvedConfig) -> Table:
 
 def model_parallel_table(resolved: ResolvedConfig, model: ModelSpec) -> Table:
     """Tensor (always with sequence-sharded norms and the vocab-parallel loss), context and
-    expert parallelism; experts are tensor-parallel like the rest (etp = tp, one of the two
-    values torchtitan takes)."""
+    expert parallelism; experts are tensor-parallel like the rest (etp = tp) or folded over
+    the tensor-parallel ranks (etp = 1), the two values torchtitan takes
+    (``torchtitan/distributed/parallel_dims.py``)."""
     c = resolved.config
     table: Table = {"tensor_parallel_degree": c.tp, "disable_loss_parallel": False,
                     "enable_async_tensor_parallel": False,
                     "context_parallel_degree": c.cp}  # fmt: skip
     if model.moe is not None:
         table |= {"expert_parallel_degree": c.ep,
-                  "expert_tensor_parallel_degree": c.tp if c.ep > 1 else 1}  # fmt: skip
+                  "expert_tensor_parallel_degree": (resolved.etp or c.tp) if c.ep > 1
+                  else 1}  # fmt: skip
     return table
 
 

@@ -82,6 +82,10 @@ class Profile:
     moe_comm_overlap: bool = False
     """Whether it overlaps the experts' all-to-alls with another microbatch's compute
     (Megatron-Core's combined 1F1B): the uniform search tries that only for such a target."""
+    folds_experts: bool = False
+    """Whether it folds the routed experts over the tensor-parallel ranks (expert tensor
+    parallelism 1 under tensor parallelism): the uniform search tries that only for such a
+    target."""
 
     stacks: tuple[Stack, ...] = ("megatron-te",)
     """The stacks it runs a layer on (:data:`~planner.vocabulary.Stack`), as the planner

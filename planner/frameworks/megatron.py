@@ -198,12 +198,12 @@ def moe_tensor_parallel_without_sp(resolved: ResolvedConfig, model: ModelSpec) -
 
 
 def moe_bias_with_tensor_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Biased experts only without expert tensor parallelism (which is tp here)."""
-    tp = resolved.config.tp
-    if model.moe is None or not model.bias or tp == 1:
+    """Biased experts only without expert tensor parallelism (tp, unless folded)."""
+    etp = resolved.etp or resolved.config.tp
+    if model.moe is None or not model.bias or etp == 1:
         return None
     return (f"{model.name} has experts with linear biases: Megatron-Core supports them only "
-            f"with expert tensor parallelism 1, here tp({tp})")
+            f"with expert tensor parallelism 1, here etp({etp}) (etp 1 folds them)")
 
 
 def linear_bias_without_qkv_bias(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -434,5 +434,5 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="megatron", title="Megatron-LM", rules=RULES, launch=launch,
-                  moe_comm_overlap=True)
+                  moe_comm_overlap=True, folds_experts=True)
 """Megatron-LM as a framework target."""

@@ -250,5 +250,6 @@ def mla_yarn_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...
             f"sequence fits, or the rotary frequencies differ from the model's",)
 
 
-PROFILE = Profile(name="mindspeed", title="MindSpeed", rules=RULES, launch=launch)
+PROFILE = Profile(name="mindspeed", title="MindSpeed", rules=RULES, launch=launch,
+                  folds_experts=True)
 """MindSpeed as a framework target."""

@@ -369,5 +369,5 @@ def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="torchtitan", title="torchtitan", rules=RULES, launch=launch,
-                  zero_bubble=True)
+                  zero_bubble=True, folds_experts=True)
 """torchtitan as a framework target."""

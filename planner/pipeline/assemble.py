@@ -123,22 +123,27 @@ def compose(
 def launchable(solution: LayerSolution, mesh: tuple[int, int]) -> bool:
     """Whether a framework can launch the layer's sharding: every mesh axis has a role in
     attention (heads, sequence or batch), so the degrees a user sets multiply to the mesh,
-    and the experts are split over data- and context-parallel ways only (Megatron-Core's
-    ``ep`` dividing ``dp x cp`` with expert tensor parallelism equal to TP). The ILP may leave
-    an axis replicated (devices doing the same work, or only the MLP split along it) or split
-    the experts along a tensor-parallel axis, which no framework's ``world = tp x cp x dp x
-    pp`` with that expert rule can express."""
-    degrees = {k: int(v) for k, v in summarise(solution, mesh).items()}
+    and the experts are split over data- and context-parallel ways (Megatron-Core's ``ep``
+    dividing ``dp x cp`` with expert tensor parallelism equal to TP), or over every
+    tensor-parallel way too (folded: ``etp`` 1, ``ep`` a multiple of ``tp``). The ILP may
+    leave an axis replicated (devices doing the same work, or only the MLP split along it)
+    or split the experts along some tensor-parallel axes only, which no framework's ``world
+    = tp x cp x dp x pp`` with those expert rules can express."""
+    summary = summarise(solution, mesh)
+    degrees = {k: int(v) for k, v in summary.items()}
     whole = degrees["tp"] * degrees["cp"] * degrees["dp"] == mesh[0] * mesh[1]
-    return whole and (degrees["dp"] * degrees["cp"]) % degrees["ep"] == 0
+    tensor_experts = degrees["tensor_experts"]
+    if tensor_experts not in (1, degrees["tp"]):
+        return False
+    return whole and (degrees["dp"] * degrees["cp"] * tensor_experts) % degrees["ep"] == 0
 
 
 def summarise(solution: LayerSolution, mesh: tuple[int, int]) -> dict[str, int | bool]:
     """A transformer layer's sharding in the degrees a user sets: tensor parallel = the mesh
     axes splitting attention heads, context = splitting its sequence, data = its batch,
-    expert = the experts; sequence parallel when the norms split the sequence along a
-    tensor-parallel axis."""
-    degrees = {"tp": 1, "cp": 1, "dp": 1, "ep": 1}
+    expert = the experts (``tensor_experts`` of them along tensor-parallel axes); sequence
+    parallel when the norms split the sequence along a tensor-parallel axis."""
+    degrees = {"tp": 1, "cp": 1, "dp": 1, "ep": 1, "tensor_experts": 1}
     sp = False
     by_op = {c.op.split(".", 1)[-1]: c for c in solution.choices}
     attention = next((c for name, c in by_op.items() if name == "attention"), None)
@@ -155,8 +160,16 @@ def summarise(solution: LayerSolution, mesh: tuple[int, int]) -> dict[str, int |
             sp = any(dims[axis] == "seq" for axis in tp_axes)
         if name == "dispatch":
             for axis, dim in enumerate(dims):
-                degrees["ep"] *= mesh[axis] if dim in ("experts", EXPERTS_BY_BATCH) else 1
+                split = mesh[axis] if dim in ("experts", EXPERTS_BY_BATCH) else 1
+                degrees["ep"] *= split
+                degrees["tensor_experts"] *= split if axis in tp_axes else 1
     return {**degrees, "sp": sp}
+
+
+def folded_etp(summary: dict[str, int | bool]) -> int | None:
+    """1 where the experts split along every tensor-parallel axis (folded), else None."""
+    tp = int(summary["tp"])
+    return 1 if tp > 1 and summary["tensor_experts"] == tp else None
 
 
 def plan_stages(
@@ -188,6 +201,7 @@ def plan_stages(
             mesh=mesh, ranks=placement.stage_ranks(i),
             parallel=StageParallel(tp=int(summary["tp"]), dp=int(summary["dp"]),
                                    cp=int(summary["cp"]), ep=int(summary["ep"]),
+                                   etp=folded_etp(summary),
                                    sp=bool(summary["sp"]), zero=s.choice.zero,
                                    recompute=s.choice.recompute),  # type: ignore[arg-type]
             op_shardings=dict(sorted(shardings.items())),

@@ -33,7 +33,7 @@ from typing import Literal
 
 from planner import cost
 from planner.errors import ConfigError
-from planner.plan.divisibility import Degrees
+from planner.plan.degrees import Degrees
 from planner.sharding.layout import LogicalMesh
 from planner.vocabulary import DEFAULT_RANK_ORDER
 
@@ -100,7 +100,7 @@ class RankOrder:
 
 def megatron_order(order: str, d: Degrees) -> RankOrder:
     """The ranks of a configuration of degrees ``d`` (its data-parallel ranks as placed:
-    :meth:`~planner.plan.divisibility.Degrees.placed`) numbered in ``order``, a spelling like
+    :meth:`~planner.plan.degrees.Degrees.placed`) numbered in ``order``, a spelling like
     Megatron-LM's ``tp-cp-ep-dp-pp`` (the fastest first); ``cp-ep-dp`` must stay one block
     (context, expert and data parallel ranks share the gradient groups), ``tp`` and ``pp``
     may go anywhere around it. Expert parallelism takes no ranks of its own (``ep = 1``

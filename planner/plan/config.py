@@ -13,7 +13,8 @@ from typing import Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import ConfigError
-from planner.plan.divisibility import RULE, Degrees, Rule, Shape, broken, degrees_of, derive
+from planner.plan.degrees import Degrees, Shape, degrees_of, derive
+from planner.plan.divisibility import RULE, Rule, broken
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
 from planner.spec.reading import fill_training
@@ -57,6 +58,12 @@ class ParallelConfig(BaseModel):
         "around the attention core, DeepSpeed-Ulysses).",
     )  # fmt: skip
     ep: Int = Field(default=1, gt=0, le=lim.MAX_DEVICES, description="Expert-parallel degree.")
+    etp: Int | None = Field(
+        default=None, gt=0, le=lim.MAX_DEVICES, description="Expert tensor-parallel degree: "
+        "the tensor-parallel ways of the routed experts; default tp (Megatron's). 1 under "
+        "tp > 1 folds the tensor-parallel ranks into the experts' groups (MoE parallel "
+        "folding, --expert-tensor-parallel-size 1).",
+    )  # fmt: skip
     vpp: Int = Field(default=1, gt=0, le=lim.MAX_LAYERS, description="Virtual pipeline stages "
                      "per device (interleaved 1F1B when > 1).")  # fmt: skip
     first_stage_layers: Int | None = Field(
@@ -155,6 +162,13 @@ class ResolvedConfig:
     def sp(self) -> bool:
         """Sequence parallelism in effect (only meaningful with TP > 1)."""
         return self.config.sp and self.config.tp > 1
+
+    @property
+    def etp(self) -> int | None:
+        """The expert tensor-parallel degree where it is not tp: 1 when the experts are
+        folded over the tensor-parallel ranks, else None."""
+        c = self.config
+        return 1 if c.etp == 1 and c.tp > 1 else None
 
 
 def _need(ok: bool, message: str) -> None:

@@ -2,194 +2,38 @@
 each written once and evaluated on one configuration (:func:`planner.plan.config.resolve`,
 which raises the first broken rule's message) or on arrays over many
 (:func:`planner.uniform.batch.estimate_batch`, which keeps a mask and the first broken rule's
-index per configuration).
+index per configuration), over the degrees of :mod:`planner.plan.degrees`.
 
 A rule's test uses ``&``, ``|`` and comparisons only, so Python ints and numpy arrays both
 pass through it; its message is formatted for one configuration.
 
->>> d = derive(Shape(num_devices=1024, num_layers=96, global_batch=1536), Degrees(tp=8, pp=16))
->>> int(d.dp), int(d.num_microbatches), d.stage_layers[:3]
-(8, 192, (6, 6, 6))
->>> d = derive(Shape(num_devices=1024, num_layers=96, global_batch=1536),
-...            Degrees(tp=np.array([8, 4]), pp=np.array([16, 8])))
->>> d.dp, d.num_microbatches
-(array([ 8, 32]), array([192,  48]))
+>>> from pathlib import Path
+>>> from planner.spec.reading import load_model
+>>> model = load_model(Path(__file__).resolve().parents[2] / "instances/models/gpt3-175b.json")
+>>> shape = Shape(num_devices=1024, num_layers=96, global_batch=1536)
+>>> [rule.name for rule in broken(model, 2048, shape, Degrees(tp=8, pp=5))][:3]
+['devices', 'dp', 'layers']
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, fields
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
 from planner.plan.chunks import slotted_ends
+from planner.plan.degrees import (
+    Degrees,
+    Derived,
+    Real,
+    Shape,
+    combined_1f1b,
+    derive,
+    expert_ways,
+    folded,
+)
 from planner.spec import ModelSpec
-
-Real: TypeAlias = Any
-"""An int or bool, or a numpy array of them over configurations."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Degrees:
-    """A configuration's integers and switches: Python values for one configuration, numpy
-    arrays (one element per configuration) for a batch."""
-
-    tp: Real = 1
-    """Tensor-parallel degree."""
-    pp: Real = 1
-    """Pipeline-parallel degree."""
-    cp: Real = 1
-    """Context-parallel degree."""
-    dp: Real = 0
-    """Data-parallel degree as given; 0: the devices left over."""
-    ep: Real = 1
-    """Expert-parallel degree."""
-    vpp: Real = 1
-    """Virtual pipeline stages per device."""
-    first: Real = 0
-    """Decoder layers on the first stage when given; 0: an equal split."""
-    last: Real = 0
-    """Decoder layers on the last stage when given; 0: an equal split."""
-    mbs: Real = 1
-    """Microbatch size."""
-    ulysses: Real = False
-    """Context parallelism by all-to-alls (else ring attention)."""
-    sp: Real = False
-    """Sequence parallelism asked for."""
-    tp_comm_overlap: Real = False
-    """Tensor-parallel communication overlap asked for."""
-    moe_comm_overlap: Real = False
-    """The experts' all-to-all overlapped with another microbatch's compute, asked for."""
-    full_recompute: Real = False
-    """Full recomputation of (some) layers."""
-    gpipe: Real = False
-    """The GPipe schedule (else 1F1B)."""
-    zb_h1: Real = False
-    """The ZB-H1 zero-bubble schedule."""
-    zb_v: Real = False
-    """The ZB-V zero-bubble schedule."""
-
-    def placed(self, dp: Real) -> Degrees:
-        """The degrees that shape a stage's mesh and number its ranks, with ``dp``
-        data-parallel ranks (the rest at their defaults): sequence parallelism only where
-        tensor parallelism is, Ulysses only where context parallelism is. Configurations
-        that share them share their stages' meshes and groups
-        (:func:`planner.uniform.stages.placed_stage`).
-
-        >>> d = Degrees(tp=1, cp=2, sp=True, ulysses=True, mbs=4).placed(dp=8)
-        >>> d.dp, d.sp, d.ulysses, d.mbs
-        (8, False, True, 1)
-        """
-        return Degrees(tp=self.tp, pp=self.pp, cp=self.cp, dp=dp, ep=self.ep,
-                       sp=self.sp & (self.tp > 1), ulysses=self.ulysses & (self.cp > 1))
-
-    def at(self, row: int) -> Degrees:
-        """Configuration ``row``'s degrees, as Python values, from a batch's columns."""
-        names = [f.name for f in fields(self)]
-        return Degrees(**{n: c[row].item() for n, c in zip(names, self.columns(), strict=True)})
-
-    def columns(self) -> tuple[np.ndarray, ...]:
-        """Every field as a column of one length, for numbering distinct degrees."""
-        return tuple(np.broadcast_arrays(*(getattr(self, f.name) for f in fields(self))))
-
-
-def degrees_of(knobs: Mapping[str, Any]) -> Degrees:
-    """The integers and switches the rules read, from a configuration's knobs by
-    :class:`~planner.plan.config.ParallelConfig` field name: Python values for one (None for
-    a default), or columns for a batch (0 for a default).
-
-    >>> degrees_of({"tp": 8, "pp": 4, "cp": 1, "dp": None, "ep": 1, "vpp": 1, "mbs": 1,
-    ...             "first_stage_layers": None, "last_stage_layers": None, "sp": True,
-    ...             "cp_algo": "ring", "tp_comm_overlap": False, "schedule": "1f1b",
-    ...             "overlap_moe_expert_parallel_comm": False, "recompute": "none"}).dp
-    0
-    """
-
-    def given(name: str) -> Real:
-        value = knobs[name]
-        return 0 if value is None else value
-
-    def switch(name: str) -> Real:
-        value = knobs[name]
-        return value.astype(bool) if isinstance(value, np.ndarray) else bool(value)
-
-    schedule = knobs["schedule"]
-    return Degrees(tp=knobs["tp"], pp=knobs["pp"], cp=knobs["cp"], dp=given("dp"),
-                   ep=knobs["ep"], vpp=knobs["vpp"], first=given("first_stage_layers"),
-                   last=given("last_stage_layers"), mbs=knobs["mbs"],
-                   ulysses=knobs["cp_algo"] == "ulysses", sp=switch("sp"),
-                   tp_comm_overlap=switch("tp_comm_overlap"),
-                   moe_comm_overlap=switch("overlap_moe_expert_parallel_comm"),
-                   full_recompute=knobs["recompute"] == "full",
-                   gpipe=schedule == "gpipe",
-                   zb_h1=schedule == "zb-h1", zb_v=schedule == "zb-v")  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Shape:
-    """What the configurations divide: the cluster's devices, the model's layers and the run's
-    global batch (sequences)."""
-
-    num_devices: int
-    """Devices of the cluster."""
-    num_layers: int
-    """Decoder layers of the model."""
-    global_batch: int
-    """Sequences per step."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Derived:
-    """What follows from a configuration's degrees (meaningful where the rules hold)."""
-
-    dp: Real
-    """Data-parallel degree: as given, else the devices left over."""
-    num_microbatches: Real
-    """Microbatches per step: the global batch over ``dp x mbs``."""
-    first_layers: Real
-    """Decoder layers on the first stage."""
-    middle_layers: Real
-    """Decoder layers on each stage between the first and the last."""
-    last_layers: Real
-    """Decoder layers on the last stage."""
-    pp: Real
-    """Pipeline stages."""
-
-    @property
-    def stage_layers(self) -> tuple[int, ...]:
-        """Decoder layers on each stage, first to last (one configuration only)."""
-        return self.stage_layers_of(None)
-
-    def stage_layers_of(self, row: int | None) -> tuple[int, ...]:
-        """Decoder layers on each stage of configuration ``row`` of a batch (None: of the one
-        configuration)."""
-
-        def at(values: Real) -> int:
-            return int(values if row is None else np.asarray(values)[row])
-
-        if at(self.pp) == 1:
-            return (at(self.first_layers),)
-        middle = (at(self.middle_layers),) * (at(self.pp) - 2)
-        return (at(self.first_layers), *middle, at(self.last_layers))
-
-
-def derive(shape: Shape, d: Degrees) -> Derived:
-    """The data-parallel degree, the microbatches and the layer split of ``d``."""
-    model_parallel = d.tp * d.pp * d.cp
-    dp = np.where(d.dp > 0, d.dp, shape.num_devices // model_parallel)
-    middle_stages = d.pp - (d.first > 0) - (d.last > 0)
-    rest = shape.num_layers - d.first - d.last
-    each = rest // np.maximum(middle_stages, 1)
-    return Derived(
-        dp=dp,
-        num_microbatches=shape.global_batch // np.maximum(dp * d.mbs, 1),
-        first_layers=np.where(d.first > 0, d.first, each),
-        middle_layers=each,
-        last_layers=np.where(d.last > 0, d.last, each),
-        pp=d.pp,
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,20 +69,6 @@ def _chunked(d: Degrees, x: Derived) -> Real:
     equal = ((x.first_layers % d.vpp == 0) & (x.last_layers % d.vpp == 0)
              & ((d.pp <= 2) | (x.middle_layers % d.vpp == 0)))  # fmt: skip
     return equal | _slotted(d, x)
-
-
-def combined_1f1b(d: Degrees) -> Real:
-    """Where the experts' all-to-alls may overlap another microbatch's compute: combined 1F1B,
-    the one implementation (Megatron-Core's ``transformer_config.py:3002-3037``), pairs a
-    1F1B schedule's forwards and backwards, with no full recomputation. The search asks it
-    before it builds a configuration, the rules after.
-
-    >>> bool(combined_1f1b(Degrees(moe_comm_overlap=True, zb_h1=True)))
-    False
-    """
-    return (d.moe_comm_overlap == False) | (  # noqa: E712
-        (d.gpipe == False) & (d.zb_h1 == False) & (d.zb_v == False)  # noqa: E712
-        & (d.full_recompute == False))  # noqa: E712
 
 
 def _split(d: Degrees) -> Real:
@@ -353,16 +183,33 @@ RULES: tuple[Rule, ...] = (
          f"cp: num_attention_heads({m.num_attention_heads}) and num_query_groups"
          f"({m.query_groups}) must divide by tp({d.tp}) x cp({d.cp}) = {d.tp * d.cp}"),
     Rule(name="no_experts",
-         holds=lambda m, q, s, d, x: (m.moe is not None) | (d.ep == 1),
-         message=lambda m, q, s, d, x: f"ep({d.ep}) > 1 but {m.name} has no experts"),
+         holds=lambda m, q, s, d, x: (m.moe is not None)
+         | ((d.ep == 1) & (folded(d) == False)),  # noqa: E712
+         message=lambda m, q, s, d, x: f"{f'ep({d.ep}) > 1' if d.ep > 1 else 'etp(1)'} but "
+         f"{m.name} has no experts"),
+    Rule(name="etp",
+         holds=lambda m, q, s, d, x: (d.etp == 0) | (d.etp == d.tp) | (d.etp == 1),
+         message=lambda m, q, s, d, x: f"etp({d.etp}) must be tp({d.tp}) or 1: the planner "
+         f"splits the experts like the rest of the layer or folds them over the "
+         f"tensor-parallel ranks"),
+    Rule(name="folded_ep",
+         holds=lambda m, q, s, d, x: (folded(d) == False) | (d.ep % d.tp == 0),  # noqa: E712
+         message=lambda m, q, s, d, x: f"etp(1) folds the tensor-parallel ranks into the "
+         f"experts' groups, which take them first: ep({d.ep}) must be a multiple of "
+         f"tp({d.tp})"),
+    Rule(name="folded_sp",
+         holds=lambda m, q, s, d, x: (folded(d) == False) | d.sp,  # noqa: E712
+         message=lambda m, q, s, d, x: "etp(1) sends each tensor-parallel rank's sequence "
+         "shard to its experts: it needs sequence parallelism (sp)"),
     Rule(name="experts",
          holds=lambda m, q, s, d, x: (m.moe is None) | (_experts(m) % d.ep == 0),
          message=lambda m, q, s, d, x: f"num_experts({_experts(m)}) is not divisible by "
          f"ep({d.ep})"),
     Rule(name="expert_ranks",
-         holds=lambda m, q, s, d, x: (m.moe is None) | ((x.dp * d.cp) % d.ep == 0),
-         message=lambda m, q, s, d, x: f"ep({d.ep}) must divide dp({x.dp}) x cp({d.cp}) = "
-         f"{x.dp * d.cp}"),
+         holds=lambda m, q, s, d, x: (m.moe is None) | (expert_ways(d, x) % d.ep == 0),
+         message=lambda m, q, s, d, x: f"ep({d.ep}) must divide "
+         f"{f'tp({d.tp}) x ' if folded(d) else ''}dp({x.dp}) x cp({d.cp}) = "
+         f"{expert_ways(d, x)}"),
     Rule(name="moe_comm_overlap",
          holds=lambda m, q, s, d, x: (d.moe_comm_overlap == False) | (d.ep > 1),  # noqa: E712
          message=lambda m, q, s, d, x: "overlap_moe_expert_parallel_comm needs expert "

@@ -16,12 +16,14 @@ Each family is named at the start of its messages:
   raises unless ``world_size % (expert_tensor_parallel x ep x pp) == 0``, and with the expert
   tensor parallelism equal to ``tp`` (its default) and ``world_size = tp x cp x dp x pp`` that
   is ``(dp x cp) % ep == 0``, ``dp`` counting every data-parallel rank (the pipeline's
-  replicas times the stage's own ``dp``). The interleaved schedule (``virtual_stages > 1``,
-  and only then) needs a pipeline, every stage's layers in ``virtual_stages`` equal chunks
-  (Megatron-Core's rule, uneven first and last stages included), or on a looped schedule
-  with the embedding's and the loss's slots a layer short
-  (:func:`~planner.plan.chunks.cuts_into`), and the microbatches a
-  multiple of the stages (``forward_backward_pipelining_with_interleaving`` in
+  replicas times the stage's own ``dp``); with the experts folded over the tensor-parallel
+  ranks (``etp`` 1) it is ``(tp x dp x cp) % ep == 0``, and the planner asks ``ep`` to be a
+  multiple of ``tp`` (the folded groups take whole tensor-parallel groups). The interleaved
+  schedule (``virtual_stages > 1``, and only then) needs a pipeline, every stage's layers
+  in ``virtual_stages`` equal chunks (Megatron-Core's rule, uneven first and last stages
+  included), or on a looped schedule with the embedding's and the loss's slots a layer
+  short (:func:`~planner.plan.chunks.cuts_into`), and the microbatches a multiple of the
+  stages (``forward_backward_pipelining_with_interleaving`` in
   ``megatron/core/pipeline_parallel/schedules.py``).
 - ``batch``: on every stage, ``global batch = micro batch x microbatches x data-parallel
   ranks`` (the micro batch is per data-parallel rank); a per-operator plan may split the
@@ -191,10 +193,13 @@ def _degrees(plan: Plan) -> Iterator[str]:
         if p.tp * p.cp * p.dp != stage.num_devices:
             yield (f"degrees: stage {stage.index}: tp({p.tp}) x cp({p.cp}) x dp({p.dp}) = "
                    f"{p.tp * p.cp * p.dp}, not its {stage.num_devices} devices")  # fmt: skip
-        ways = replicas * p.dp * p.cp
-        if ways % p.ep:
-            yield (f"degrees: stage {stage.index}: ep({p.ep}) does not divide data-parallel "
-                   f"ranks({replicas * p.dp}) x cp({p.cp}) = {ways}")  # fmt: skip
+        folded = p.etp == 1 and p.tp > 1
+        ways = replicas * p.dp * p.cp * (p.tp if folded else 1)
+        if ways % p.ep or (folded and p.ep % p.tp):
+            tensor = f"tp({p.tp}) x " if folded else ""
+            yield (f"degrees: stage {stage.index}: ep({p.ep}) does not divide {tensor}"
+                   f"data-parallel ranks({replicas * p.dp}) x cp({p.cp}) = {ways}"
+                   f"{' as a multiple of tp' if folded else ''}")  # fmt: skip
     v, stages = plan.schedule.virtual_stages, len(plan.stages)
     if plan.schedule.name == "zb-v":
         if v != 2:
@@ -258,14 +263,18 @@ def _configuration(plan: Plan) -> Iterator[str]:
     if len(layers) > 1 and any(n is not None and n != got
                                for n, got in zip(ends, (layers[0], layers[-1]), strict=True)):
         yield f"configuration: stages hold {list(layers)} layers, not first/last {list(ends)}"
+    etp = 1 if c.etp == 1 and c.tp > 1 else None
     knobs = {"tp": c.tp, "cp": c.cp, "ep": c.ep, "sp": c.sp and c.tp > 1, "zero": c.zero,
              "recompute": c.recompute}  # fmt: skip
     for stage in plan.stages:
         p = stage.parallel
         got = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "sp": p.sp, "zero": p.zero,
                "recompute": p.recompute}  # fmt: skip
-        if got != knobs:
-            yield f"configuration: stage {stage.index} runs {got}, not {knobs}"
+        want = knobs
+        if p.etp != etp:  # said only where the experts are folded on either side
+            want, got = knobs | {"etp": etp}, got | {"etp": p.etp}
+        if got != want:
+            yield f"configuration: stage {stage.index} runs {got}, not {want}"
     run = {"micro_batch_size": c.mbs, "global_batch_size": c.global_batch,
            "seq_length": c.seq_len, "precision": c.precision,
            "virtual_stages": c.vpp}  # fmt: skip

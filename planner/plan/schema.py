@@ -75,6 +75,9 @@ class StageParallel(_Frozen):
     dp: int = Field(ge=1, description="Data-parallel ways inside the stage's mesh.")
     cp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
+    etp: int | None = Field(default=None, ge=1, description="Expert tensor-parallel degree "
+                            "where it is not tp: 1, the experts folded over the "
+                            "tensor-parallel ranks.")  # fmt: skip
     sp: bool = False
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage (0: none).")
     recompute: Recompute = "none"
@@ -373,7 +376,8 @@ class Plan(_Frozen):
         parts = [f"TP{values('tp')}", f"PP{len(self.stages)}", f"DP{dp}"]
         ulysses = self.configuration is not None and self.configuration.cp_algo == "ulysses"
         parts += [f"CP{values('cp')}" + " (Ulysses)" * ulysses] * any(q.cp > 1 for q in stages)
-        parts += [f"EP{values('ep')}"] * any(q.ep > 1 for q in stages)
+        folded = any(q.etp == 1 for q in stages)
+        parts += [f"EP{values('ep')}" + " (ETP1)" * folded] * any(q.ep > 1 for q in stages)
         text = " x ".join(parts) + f", mbs {self.micro_batch_size}"
         schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B",
                     "zb-h1": "ZB-H1", "zb-v": "ZB-V"}  # fmt: skip

@@ -18,7 +18,7 @@ from planner.ilp.layer import Frontier, IlpOptions, LayerSolution, solve_frontie
 from planner.ilp.problem import NS, LayerQuery, layer_graph_of, layer_problem
 from planner.ilp.seeds import uniform_solutions
 from planner.options import SolveOptions
-from planner.pipeline.assemble import launchable, summarise
+from planner.pipeline.assemble import folded_etp, launchable, summarise
 from planner.pipeline.options import (
     TRANSFORMER_KINDS,
     LayerOption,
@@ -303,7 +303,8 @@ def _priced(ctx: SearchContext, kind: str, c: Candidate, *, whole: bool) -> list
         if kind in TRANSFORMER_KINDS:
             summary = summarise(solution, c.mesh)
             if not pins.admits(tp=summary["tp"], cp=summary["cp"], ep=summary["ep"],
-                               sp=summary["sp"]):  # fmt: skip
+                               sp=summary["sp"],
+                               etp=folded_etp(summary) or summary["tp"]):  # fmt: skip
                 continue
         options += layer_options(solution, ctx.cluster, sync)
     if c.num_stages > 1:

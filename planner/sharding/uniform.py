@@ -4,7 +4,8 @@ A stage of a uniform configuration is a logical mesh of three axes, numbered as 
 numbers its ranks (tensor fastest, then context, then data: ``tp-cp-ep-dp``):
 
 - ``data``: the data-parallel ranks expert parallelism needs inside the stage (experts are
-  split over data x context ranks, with expert tensor parallelism equal to TP); 1 without EP;
+  split over data x context ranks, with expert tensor parallelism equal to TP, or over the
+  tensor x context x data ranks when folded, ``etp`` 1); 1 without EP;
 - ``context``: the context-parallel ranks (or, when expert parallelism is narrower than
   context parallelism, the expert-parallel part of them, the rest going to the first axis);
 - ``tensor``: the tensor-parallel ranks.
@@ -15,8 +16,9 @@ input dim, the attention core its heads, the embedding, output layer and loss th
 operators on the residual stream (norms, residual adds, replicated projections, the router)
 split the sequence on the tensor axis under sequence parallelism and repeat the work without
 it; every token operator splits the sequence on the context axes and the batch on the data
-axis; routed experts are split on the expert axes. The layer is then priced by the same
-functions as the ILP's choices (:func:`planner.sharding.assignment.layer_parts`).
+axis; routed experts are split on the expert axes (folded, the tensor axis among them: the
+routed tokens leave their sequence shard for their experts' ranks). The layer is then
+priced by the same functions as the ILP's choices (:func:`planner.sharding.assignment.layer_parts`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from planner.errors import ConfigError
 from planner.graph import lowered
 from planner.graph.ops import TENSOR_PARALLEL_DIMS, TRANSFORMER_KINDS, Op
 from planner.graph.stacks import grouped_experts
-from planner.plan.divisibility import Degrees
+from planner.plan.degrees import Degrees, folded
 from planner.sharding.assignment import (
     LayerGraph,
     LayerParts,
@@ -98,33 +100,49 @@ def uniform_layout(d: Degrees) -> UniformLayout:
 
     Megatron-Core takes the expert-parallel ranks from the context x data ranks, context
     first; so EP covers all of CP and ``ep / cp`` data-parallel ranks, or a part of CP.
+    Folded (``etp`` 1), it takes the tensor-parallel ranks before them, and the rest of EP,
+    ``ep / tp``, as above.
 
     >>> uniform_layout(Degrees(tp=2, ep=8, sp=True)).shape
     (8, 1, 2)
     >>> uniform_layout(Degrees(cp=4, ep=2)).shape
     (2, 2, 1)
+    >>> folded_layout = uniform_layout(Degrees(tp=2, ep=8, etp=1, sp=True))
+    >>> folded_layout.shape, folded_layout.expert_axes
+    ((4, 1, 2), (0, 1, 2))
     """
     tp, cp, ep = d.tp, d.cp, d.ep
     sp = bool(d.sp) and tp > 1
     ulysses = bool(d.ulysses) and cp > 1
+    fold = bool(folded(d))
+    if fold and not (sp and ep % tp == 0):
+        raise ConfigError(f"etp(1) folds whole tensor-parallel groups into the experts' "
+                          f"groups under sequence parallelism: ep({ep}) over tp({tp})"
+                          f"{'' if sp else ' without sp'}")  # fmt: skip
+    tensor = (TENSOR,) if fold else ()
+    ep //= tp if fold else 1
     if ep == 1:
-        return UniformLayout(shape=(1, cp, tp), sequence_axes=(CONTEXT,), expert_axes=(),
+        return UniformLayout(shape=(1, cp, tp), sequence_axes=(CONTEXT,), expert_axes=tensor,
                              sequence_parallel=sp, ulysses=ulysses)  # fmt: skip
     if ep % cp == 0:
         return UniformLayout(shape=(ep // cp, cp, tp), sequence_axes=(CONTEXT,),
-                             expert_axes=(DATA, CONTEXT), sequence_parallel=sp,
+                             expert_axes=(DATA, CONTEXT, *tensor), sequence_parallel=sp,
                              ulysses=ulysses)  # fmt: skip
     if cp % ep == 0:
         return UniformLayout(shape=(cp // ep, ep, tp), sequence_axes=(DATA, CONTEXT),
-                             expert_axes=(CONTEXT,), sequence_parallel=sp,
+                             expert_axes=(CONTEXT, *tensor), sequence_parallel=sp,
                              ulysses=ulysses)  # fmt: skip
     raise ConfigError(f"ep({ep}) and cp({cp}): one must divide the other (Megatron-Core takes "
                       f"the expert-parallel ranks from the context-parallel ranks first)")
 
 
 def _tensor_dim(op: Op, layout: UniformLayout) -> str | None:
-    """What the tensor axis splits for ``op`` (Shoeybi et al. 2019; Korthikanti et al. 2023)."""
+    """What the tensor axis splits for ``op`` (Shoeybi et al. 2019; Korthikanti et al. 2023);
+    folded, the routed experts' operators split the experts on it, the routing operators
+    sending each rank's sequence shard to its experts' ranks."""
     residual = "seq" if layout.sequence_parallel else None
+    if layout.tensor_axis in layout.expert_axes and _routed(op):
+        return "experts"
     if op.kind in ("linear", "expert_linear"):
         assert op.weight is not None  # every linear has a weight
         into, out = (canonical(op.weight.dims[-2][0]), canonical(op.weight.dims[-1][0]))
@@ -141,6 +159,13 @@ def _tensor_dim(op: Op, layout: UniformLayout) -> str | None:
     }.get(op.kind, residual)
 
 
+def _routed(op: Op) -> bool:
+    """The routing operators and those on the routed tokens (the experts' linears and
+    activations)."""
+    return op.kind in ("dispatch", "combine", "expert_linear") or (
+        op.kind == "elementwise" and "experts" in op.output.dim_names)
+
+
 def _token_dim(op: Op, *, axis: int, layout: UniformLayout) -> str:
     """What a data or context axis splits for ``op``."""
     tokens = "seq" if axis in layout.sequence_axes else "batch"
@@ -151,8 +176,7 @@ def _token_dim(op: Op, *, axis: int, layout: UniformLayout) -> str:
         if not experts:
             return tokens
         return "experts" if tokens == "seq" else EXPERTS_BY_BATCH
-    if op.kind == "expert_linear" or (op.kind == "elementwise" and "experts" in
-                                      op.output.dim_names):  # fmt: skip
+    if _routed(op):
         return "experts" if experts else "capacity"
     return tokens
 

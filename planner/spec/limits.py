@@ -198,6 +198,7 @@ REASONS: dict[str, str] = {
     "dp": _DEGREE,
     "cp": _DEGREE,
     "ep": _DEGREE,
+    "etp": _DEGREE,
     "pp": "a stage holds at least one of at most 256 layers",
     "vpp": "a virtual stage holds at least one of at most 256 layers",
 }

@@ -29,15 +29,8 @@ from planner.cost.step import PipelineKnobs, step_totals
 from planner.errors import ConfigError
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.placement.ranks import megatron_order
-from planner.plan.divisibility import (
-    RULES,
-    Degrees,
-    Derived,
-    Shape,
-    degrees_of,
-    derive,
-    first_broken,
-)
+from planner.plan.degrees import Degrees, Derived, Shape, degrees_of, derive
+from planner.plan.divisibility import RULES, first_broken
 from planner.plan.schema import StepTime
 from planner.sharding.uniform import UniformQuery, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
@@ -132,7 +125,7 @@ def dividing(
 
 def placed(b: Rows) -> tuple[list[UniformStage], np.ndarray]:
     """The stages' meshes and groups, once per placed degrees and rank order
-    (:meth:`~planner.plan.divisibility.Degrees.placed`): each distinct one, and each row's."""
+    (:meth:`~planner.plan.degrees.Degrees.placed`): each distinct one, and each row's."""
     degrees = degrees_of(b.c).placed(dp=b.x.dp.astype(np.int64))
     first, of = factorize(*degrees.columns(), b.c["rank_order"])
     stages = [placed_stage(degrees.at(r), rank_order=b.orders[b.c["rank_order"][r]])

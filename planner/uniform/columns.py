@@ -20,7 +20,7 @@ from planner.plan.config import ParallelConfig
 
 DEFAULTS = {name: f.default for name, f in ParallelConfig.model_fields.items()}
 """Every configuration field and its default."""
-OPTIONAL = ("dp", "first_stage_layers", "last_stage_layers", "global_batch", "seq_len",
+OPTIONAL = ("dp", "etp", "first_stage_layers", "last_stage_layers", "global_batch", "seq_len",
             "recompute_layers")  # fmt: skip
 """Integer fields whose None (the default) a column writes as 0."""
 def python_value(value: Any) -> Any:

@@ -20,6 +20,7 @@ from planner.uniform.space import (
     branch_groups,
     branch_leanest,
     branches,
+    folds_experts,
     run_config,
     zero_stages,
 )
@@ -123,7 +124,8 @@ def _refusal(
     target = profile(options.framework)
     common: set[str] | None = None
     first: tuple[str, ...] = ()
-    for branch in branches(model, cluster, training=training, pins=options.pins):
+    for branch in branches(model, cluster, training=training, pins=options.pins,
+                           fold=folds_experts(options)):
         for group in branch_groups(branch, model, training=training, options=options):
             for config in group:
                 try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from planner.placement.ranks import megatron_order
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.divisibility import Degrees
+from planner.plan.degrees import Degrees
 from planner.plan.inputs import cluster_ref, model_ref
 from planner.plan.invariants import check_plan
 from planner.plan.schema import (
@@ -66,7 +66,7 @@ def uniform_plan(
     bounds = [0]
     for count in resolved.stage_layers:
         bounds.append(bounds[-1] + count)
-    parallel = StageParallel(tp=c.tp, dp=1, cp=c.cp, ep=c.ep, sp=resolved.sp,
+    parallel = StageParallel(tp=c.tp, dp=1, cp=c.cp, ep=c.ep, etp=resolved.etp, sp=resolved.sp,
                              zero=c.zero, recompute=c.recompute)  # fmt: skip
     stages = tuple(
         PlanStage(

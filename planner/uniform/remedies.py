@@ -35,8 +35,8 @@ MAX_NODE_FACTOR = 64
 """More nodes are tried up to this multiple of the cluster's (x2, x4, ...)."""
 OFFLOAD = 'DeepSpeed "offload_optimizer": {"device": "cpu"}'
 """ZeRO-Offload's switch, in the ``zero_optimization`` block of a DeepSpeed config."""
-_FLAGS = ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers", "last_stage_layers", "sp", "mbs",
-          "recompute", "recompute_layers", "zero")  # fmt: skip
+_FLAGS = ("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers", "sp",
+          "mbs", "recompute", "recompute_layers", "zero")  # fmt: skip
 _ZERO_NOTES = {
     1: "Megatron's --use-distributed-optimizer",
     3: "DeepSpeed ZeRO-3 or FSDP; DeepSpeed runs it only without a pipeline",
@@ -77,8 +77,8 @@ def describe(config: ParallelConfig) -> str:
         recompute += f" ({c.recompute_layers} per chunk)"
     offload = ", optimizer offloaded" if c.offload == "optimizer" else ""
     return (
-        f"tp {c.tp}, {pp}, cp {c.cp}, ep {c.ep}, mbs {c.mbs}, {recompute} recompute, ZeRO-{c.zero}"
-        f"{offload}"
+        f"tp {c.tp}, {pp}, cp {c.cp}, ep {c.ep}{' (etp 1)' * (c.etp == 1 and c.tp > 1)}, "
+        f"mbs {c.mbs}, {recompute} recompute, ZeRO-{c.zero}{offload}"
     )
 
 

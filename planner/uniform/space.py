@@ -36,7 +36,7 @@ from planner.frameworks import ANY, profile
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
 from planner.plan.chunks import cuts_into
 from planner.plan.config import ParallelConfig, stage_layers
-from planner.plan.divisibility import Degrees, combined_1f1b
+from planner.plan.degrees import Degrees, combined_1f1b
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.defaults import launched_overlaps, sequence_parallel
 from planner.uniform.groups import context_groups, cp_algorithms
@@ -91,6 +91,8 @@ class Branch:
     """Context-parallel degree."""
     ep: int
     """Expert-parallel degree."""
+    etp: int | None = None
+    """1: the experts folded over the tensor-parallel ranks; None: split like the layer."""
     split: StageEnds = (None, None)
     """Decoder layers of the first and last stage (None: all stages equal)."""
     cp_algo: ContextParallelism = "ring"
@@ -124,11 +126,17 @@ def virtual_stages(model: ModelSpec, *, pp: int, split: StageEnds) -> list[int]:
     return [1, *(v for v in range(2, max(layers) + 2) if cuts_into(layers, v))]
 
 
-def expert_degrees(model: ModelSpec, *, dp: int, cp: int) -> list[int]:
+def expert_degrees(model: ModelSpec, *, dp: int, cp: int, tp: int = 1) -> list[int]:
     """Expert-parallel degrees, ascending: the divisors of the experts that divide the
-    data- and context-parallel ranks the experts are spread over (1 for a dense model)."""
+    data- and context-parallel ranks the experts are spread over (1 for a dense model); with
+    the experts folded over ``tp`` tensor-parallel ranks, the multiples of ``tp`` that divide
+    ``tp x dp x cp`` and whose part beyond ``tp`` divides or is divided by ``cp``
+    (:func:`~planner.sharding.uniform.uniform_layout`)."""
     experts = model.moe.num_experts if model.moe else 1
-    return [e for e in divisors(experts) if (dp * cp) % e == 0]
+    if tp == 1:
+        return [e for e in divisors(experts) if (dp * cp) % e == 0]
+    return [e for e in divisors(experts) if e % tp == 0 and (dp * cp) % (e // tp) == 0
+            and (cp % (e // tp) == 0 or (e // tp) % cp == 0)]  # fmt: skip
 
 
 def zero_stages(pp: int) -> tuple[int, ...]:
@@ -144,21 +152,32 @@ def micro_batch_sizes(options: SolveOptions) -> list[int]:
 
 
 def branches(
-    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, pins: Pins = NO_PINS
-) -> list[Branch]:
+    model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, pins: Pins = NO_PINS,
+    fold: bool = False,
+) -> list[Branch]:  # fmt: skip
     """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
-    layer split and context-parallel algorithm, among the pinned degrees."""
+    layer split and context-parallel algorithm, among the pinned degrees; with ``fold``,
+    the experts folded over the tensor-parallel ranks too (``etp`` 1, under sequence
+    parallelism)."""
     n = cluster.num_devices
     out = []
     for tp, cp in context_groups(model, cluster, training=training, pins=pins):
+        folds = (None, 1) if fold and tp > 1 and model.moe and pins.sp is not False else (None,)
         for pp in (p for p in pipeline_degrees(model, n // (tp * cp)) if pins.admits(pp=p)):
             dp = n // (tp * pp * cp)
-            out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, split=split, cp_algo=algo)
+            out += [Branch(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, split=split, cp_algo=algo)
                     for split in stage_splits(model.num_layers, pp)
-                    for ep in expert_degrees(model, dp=dp, cp=cp)
+                    for etp in folds
+                    for ep in expert_degrees(model, dp=dp, cp=cp, tp=tp if etp else 1)
                     for algo in cp_algorithms(cp)
-                    if pins.admits(ep=ep, cp_algo=algo)]  # fmt: skip
+                    if pins.admits(ep=ep, etp=etp or tp, cp_algo=algo)]  # fmt: skip
     return out
+
+
+def folds_experts(options: SolveOptions) -> bool:
+    """Whether the search tries the experts folded over the tensor-parallel ranks: for a
+    target that launches it (and ``any``)."""
+    return options.framework == ANY or profile(options.framework).folds_experts
 
 
 def run_config(training: TrainingSpec, options: SolveOptions, **degrees: object) -> ParallelConfig:
@@ -189,7 +208,7 @@ def branch_groups(
     overlaps = (False, True) if b.ep > 1 and a2a else (False,)
     groups = [
         [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, cp_algo=b.cp_algo, ep=b.ep,
-                    vpp=v, sp=sp, schedule=schedule,
+                    etp=b.etp, vpp=v, sp=sp or b.etp == 1, schedule=schedule,
                     first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
                     zero=z, overlap_moe_expert_parallel_comm=a2a)
          for m in micro_batch_sizes(options)]
@@ -232,7 +251,8 @@ def branch_space(
     launches: the grid prices the leanest first to drop the branch,
     :func:`planner.uniform.leanest.leanest_uniform` prices only the leanest."""
     space = []
-    for branch in branches(model, cluster, training=training, pins=options.pins):
+    for branch in branches(model, cluster, training=training, pins=options.pins,
+                           fold=folds_experts(options)):
         groups = branch_groups(branch, model, training=training, options=options)
         launched = ([launched_variant(c, model, cluster=cluster, options=options) for c in group]
                     for group in groups)
@@ -252,7 +272,8 @@ def branch_leanest(
     is priced, not assumed). What needs only the leanest (:mod:`planner.uniform.remedies`)
     asks here."""
     out = []
-    for branch in branches(model, cluster, training=training, pins=options.pins):
+    for branch in branches(model, cluster, training=training, pins=options.pins,
+                           fold=folds_experts(options)):
         groups = branch_groups(branch, model, training=training, options=options)
         leanest: dict[int, ParallelConfig] = {}
         for config in sorted((c for group in groups for c in group), key=_leanness):

@@ -22,7 +22,7 @@ from planner.graph.ops import TRANSFORMER_KINDS
 from planner.graph.stacks import pipeline_transfers
 from planner.placement.ranks import RankOrder, megatron_order
 from planner.plan.config import ResolvedConfig
-from planner.plan.divisibility import Degrees, degrees_of
+from planner.plan.degrees import Degrees, degrees_of
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.uniform import (
     CONTEXT,
@@ -76,7 +76,7 @@ class UniformStage:
     :mod:`planner.sharding.uniform`) with their rank strides, and its data-parallel copies."""
 
     degrees: Degrees
-    """The degrees that placed it (:meth:`~planner.plan.divisibility.Degrees.placed`)."""
+    """The degrees that placed it (:meth:`~planner.plan.degrees.Degrees.placed`)."""
     layout: UniformLayout
     """The stage's sharding: its mesh's axes and what each splits."""
     mesh: LogicalMesh
@@ -121,7 +121,7 @@ def uniform_stage(resolved: ResolvedConfig) -> UniformStage:
 @lru_cache(maxsize=4096)
 def placed_stage(d: Degrees, *, rank_order: str) -> UniformStage:
     """The mesh and groups of the stages of a uniform configuration of degrees ``d`` (as
-    :meth:`~planner.plan.divisibility.Degrees.placed` keeps them), its ranks numbered in
+    :meth:`~planner.plan.degrees.Degrees.placed` keeps them), its ranks numbered in
     ``rank_order`` (:func:`planner.placement.ranks.megatron_order`)."""
     layout = uniform_layout(d)
     ranks = megatron_order(rank_order, d)
@@ -200,7 +200,7 @@ def communicators(stage: UniformStage, *, tied: bool) -> cost.Communicators:
     data-parallel groups (the experts' own), the pipeline's neighbours and, with ``tied``
     word embeddings on a pipeline, the embedding group.
 
-    >>> from planner.plan.divisibility import Degrees
+    >>> from planner.plan.degrees import Degrees
     >>> stage = placed_stage(Degrees(tp=8, pp=4, dp=16), rank_order="tp-cp-ep-dp-pp")
     >>> communicators(stage, tied=False)
     Communicators(groups=(8, 1, 16), all_to_all=(), pairs=1)
