@@ -55,6 +55,9 @@ class Pins:
     """ZeRO stage."""
     recompute: Recompute | None = None
     """none, selective or full."""
+    recompute_modules: str | None = None
+    """What selective recomputation reruns (Megatron-Core's ``--recompute-modules``,
+    comma-separated)."""
     sp: bool | None = None
     """Sequence parallelism (with TP)."""
 

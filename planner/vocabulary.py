@@ -52,6 +52,20 @@ full``)."""
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 """From least to most recomputation (the index is the mode's position in per-mode tuples)."""
 
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj"]
+"""What selective recomputation reruns, as Megatron-Core's ``--recompute-modules`` names it
+(``megatron/core/transformer/transformer_config.py``): the attention core, checkpointed (its
+inputs kept, the ``s x s`` tensors dropped); and, discarding their outputs for the backward
+to rebuild, the experts' activation function, the norms that are modules of their own (MLA's
+input norm, an MoE layer's pre-MLP norm) and MLA's up projections. Megatron-Core's ``mlp``,
+``moe`` and ``shared_experts`` (whole submodules checkpointed, their collectives rerun) are not
+priced."""
+RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn", "moe_act", "layernorm",
+                                                   "mla_up_proj")  # fmt: skip
+"""The priced recompute modules, in Megatron-Core's order."""
+DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
+"""What selective recomputation reruns unless told (Megatron-Core's default)."""
+
 PipelineSchedule = Literal["1f1b", "gpipe", "zb-h1", "zb-v"]
 """The schedule as a configuration gives it; with virtual stages (``vpp > 1``) 1F1B runs
 interleaved. The zero-bubble schedules (Qi et al., ICLR'24) split each backward into its input

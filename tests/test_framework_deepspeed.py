@@ -345,6 +345,19 @@ def test_selective_with_flash() -> None:
     assert "unfused path" in (refusal("selective-with-flash", resolved, model) or "")
 
 
+def test_recompute_modules() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:606-629
+
+    Its selective granularity checkpoints the core attention and nothing else."""
+    model = load("gpt3-175b")
+    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, recompute="selective",
+                         recompute_modules="layernorm", flash_attention=False)
+    assert "attention core only" in (refusal("recompute-modules", resolved, model) or "")
+    plain = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, recompute="selective",
+                      flash_attention=False)
+    assert refusal("recompute-modules", plain, model) is None
+
+
 def test_tp_comm_overlap() -> None:
     """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:396-399"""
     model = load("gpt3-175b")

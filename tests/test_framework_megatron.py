@@ -52,6 +52,10 @@ def configure(model: ModelSpec, devices: int, **knobs: Any) -> ResolvedConfig:
 # --- reading the launch text back ---------------------------------------------------------------
 
 
+LIST_FLAGS = ("--recompute-modules",)
+"""Flags argparse reads as a list of words (``nargs="*"``)."""
+
+
 def read_flags(text: str) -> dict[str, str | None]:
     """Flag -> value (None for a switch), after checking the one-flag-per-line layout."""
     lines = text.rstrip("\n").split("\n")
@@ -64,6 +68,8 @@ def read_flags(text: str) -> dict[str, str | None]:
             assert word not in flags, f"{word} given twice"
             flags[word] = None
             last = word
+        elif last in LIST_FLAGS and flags[last] is not None:
+            flags[last] = f"{flags[last]} {word}"
         else:
             assert flags[last] is None, f"{last} has two values"
             flags[last] = word
@@ -136,6 +142,8 @@ def recompute(f: dict[str, str | None]) -> str:
             return f"full, first {f.get('--recompute-num-layers')} per chunk"
         uniform = f.get("--recompute-method") == "uniform" and f.get("--recompute-num-layers")
         return "full" if uniform == "1" else "full (other)"
+    if granularity == "selective" and f.get("--recompute-modules"):
+        return f"selective ({f['--recompute-modules']})"
     return granularity or "none"
 
 
@@ -238,6 +246,8 @@ def recompute_priced(c: ParallelConfig) -> str:
     """A configuration's recomputation as :func:`recompute` names Megatron's flags."""
     if c.recompute_layers is not None:
         return f"full, first {c.recompute_layers} per chunk"
+    if c.recompute_modules is not None:
+        return f"selective ({c.recompute_modules.replace(',', ' ')})"
     return c.recompute
 
 
@@ -306,6 +316,10 @@ CONFIGURATIONS: dict[str, list[dict[str, Any]]] = {
     "ZeRO-3": [dict(tp=tp, sp=True, zero=3, overlap_grad_reduce=True,
                     overlap_param_gather=True) for tp in (2, 1)],
     "EP": [dict(tp=2, pp=pp, ep=ep, sp=True, zero=1) for pp in (2, 1) for ep in (8, 4, 2)],
+    "EP folded, recompute modules": [
+        *(dict(tp=2, pp=pp, ep=ep, etp=1, sp=True, zero=1, recompute="selective",
+               recompute_modules="moe_act,layernorm") for pp in (2, 1) for ep in (8, 4, 2)),
+        dict(tp=2, sp=True, zero=1, recompute="selective", recompute_modules="layernorm")],
 }  # fmt: skip
 """Candidates per configuration, on 16 H100s; the first a model resolves and the profile
 launches is checked (uneven splits have their own test)."""
@@ -805,6 +819,22 @@ def pin_moe_tp_without_sp(p: Profile) -> None:
     accepted(p, "moe-tp-without-sp", configure(model, 16, ep=2), model)
 
 
+def pin_recompute_modules(p: Profile) -> None:
+    """What rule ``recompute-modules`` refuses (and lets through)."""
+    mixtral, gpt = load("mixtral-8x7b"), load("gpt-1.7b")
+    refused(p, "recompute-modules", configure(mixtral, 16, ep=8, recompute="selective",
+                                              recompute_modules="moe_act", precision="fp16"),
+            mixtral, r"moe_act needs --moe-grouped-gemm.* in fp16")  # fmt: skip
+    refused(p, "recompute-modules", configure(gpt, 16, recompute="selective",
+                                              recompute_modules="moe_act"),
+            gpt, r"has no experts")  # fmt: skip
+    refused(p, "recompute-modules", configure(mixtral, 16, ep=8, recompute="selective",
+                                              recompute_modules="mla_up_proj"),
+            mixtral, r"mla_up_proj needs latent attention")  # fmt: skip
+    accepted(p, "recompute-modules", configure(mixtral, 16, ep=8, recompute="selective",
+                                               recompute_modules="moe_act,layernorm"), mixtral)
+
+
 def pin_moe_bias_with_tp(p: Profile) -> None:
     """What rule ``moe-bias-with-tp`` refuses (and lets through)."""
     mixtral = load("mixtral-8x7b")
@@ -943,6 +973,11 @@ def test_rule_moe_comm_overlap() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:3002-3037;
     megatron/training/arguments.py:1466-1474"""
     pin_moe_comm_overlap(P)
+
+
+def test_rule_recompute_modules() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:1964-1973"""
+    pin_recompute_modules(P)
 
 
 def test_rule_vpp_chunks() -> None:

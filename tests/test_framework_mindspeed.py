@@ -202,6 +202,12 @@ def test_rule_moe_comm_overlap() -> None:
     refused(P, "moe-comm-overlap", resolved, model, r"run in line")
 
 
+def test_rule_recompute_modules() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/transformer/transformer_config.py:735-745"""
+    tm.pin_recompute_modules(P)
+
+
 def test_rule_vpp_chunks() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
     megatron/core/transformer/transformer_config.py:790-841;

@@ -143,8 +143,10 @@ def test_remedies_lie_in_the_uniform_space(name: str, cluster_file: str, nodes: 
     too_big = []
     # 1F1B only: the sample stays the one the flags below were chosen for (any's space also
     # holds the zero-bubble schedules, every framework's), and its chunks equal (the slotted
-    # interleavings, searched since, would move the sample)
+    # interleavings, searched since, would move the sample), and neither folded experts nor
+    # recompute modules (searched since too)
     one_f_one_b = [c for c in grid_space(model, cluster, options) if c.schedule == "1f1b"
+                   and c.etp is None and c.recompute_modules is None
                    and all(n % c.vpp == 0 for n in stage_layers(
                        model.num_layers, pp=c.pp, first=c.first_stage_layers,
                        last=c.last_stage_layers))]  # fmt: skip

@@ -3,7 +3,7 @@ each ZeRO stage, saved activations and the microbatches a schedule keeps in flig
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -13,6 +13,7 @@ from planner.cost.pipeline import warmup_forwards
 from planner.graph.ops import Op, Tensor
 from planner.spec import DeviceSpec
 from planner.vocabulary import (
+    DEFAULT_RECOMPUTE_MODULES,
     PipelineSchedule,
     Precision,
     Recompute,
@@ -349,12 +350,18 @@ def saved_activation_bytes(
     *,
     recompute: Recompute,
     flash_attention: bool,
+    modules: Collection[str] = DEFAULT_RECOMPUTE_MODULES,
 ) -> float:
     """Bytes ``op`` keeps for backward on one device, each kept tensor split as ``degrees``
-    says (before full recompute, which the caller handles at layer level). Selective
-    recompute and flash attention drop the ``s x s`` tensors (Korthikanti et al., Sec. 5)."""
-    kept = sum(sharded_bytes(t, degrees(t)) for t in op.saved)
-    if recompute == "none" and not flash_attention:
+    says (before full recompute, which the caller handles at layer level). Flash attention,
+    and selective recompute of the attention core, drop the ``s x s`` tensors (Korthikanti et
+    al., Sec. 5); selective recompute of an output-discarding module among ``modules``
+    (:attr:`~planner.graph.ops.Op.discarded_by`) drops the inputs the op would keep."""
+    selected = recompute == "selective"
+    discarded = selected and not set(op.discarded_by).isdisjoint(modules)
+    kept = sum(sharded_bytes(t, degrees(t)) for t in op.saved
+               if not (discarded and t in op.inputs))  # fmt: skip
+    if not flash_attention and not (selected and "core_attn" in modules):
         kept += sum(sharded_bytes(t, degrees(t)) for t in op.score_tensors)
     return kept
 

@@ -168,6 +168,9 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         fields["sp"] = arguments["sequence_parallel"] == "True"
     if arguments.get("recompute_granularity", "None") != "None":
         fields["recompute"] = arguments["recompute_granularity"]
+    if fields.get("recompute") == "selective" and "recompute_modules" in arguments:
+        # a list as Python prints it: ['moe_act', 'layernorm']
+        fields["recompute_modules"] = arguments["recompute_modules"].strip("[]").replace("'", "")
     if arguments.get("use_distributed_optimizer") == "True":
         fields["zero"] = 1
     for name in _OVERLAPS:
@@ -242,6 +245,8 @@ def run_record(
                      **({"etp": 1} if resolved.etp == 1 else {}),
                      "microbatch": config.mbs, "global_batch": batch,
                      "recompute": config.recompute, "zero": config.zero,
+                     **({"recompute_modules": config.recompute_modules}
+                        if config.recompute_modules is not None else {}),
                      # The overlaps the log states; without them the reader assumes the
                      # framework's era's (planner.diagnose.run_records.config_from_record).
                      **{name: getattr(config, name) for name in _OVERLAPS

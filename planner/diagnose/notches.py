@@ -31,7 +31,8 @@ from pydantic import ValidationError
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.spec import ModelSpec
-from planner.uniform.space import divisors, stage_splits
+from planner.spec.reading import fill_training
+from planner.uniform.space import divisors, lean_recompute_modules, stage_splits
 from planner.vocabulary import RECOMPUTE_MODES
 
 Values = Callable[[ParallelConfig, ModelSpec, int], tuple[Any, ...]]
@@ -47,6 +48,18 @@ def _always(config: ParallelConfig, model: ModelSpec) -> bool:
 def _fixed(*values: Any) -> Values:
     """A ladder of fixed rungs."""
     return lambda config, model, devices: values
+
+
+def _recompute_modules(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[Any, ...]:
+    """Selective recomputation's default modules, and every output-discarding one that
+    applies (:func:`~planner.uniform.space.lean_recompute_modules`)."""
+    # only the precision and the stack matter: a length and a batch are filled in for
+    # configurations that leave them to a model without a training block
+    training = fill_training(model, seq_length=config.seq_len or 1,
+                             global_batch_size=config.global_batch or 1,
+                             precision=config.precision, stack=config.stack)  # fmt: skip
+    lean = lean_recompute_modules(model, training)
+    return (None,) if lean is None else (None, lean)
 
 
 def _device_divisors(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[int, ...]:
@@ -111,9 +124,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="cp", values=_device_divisors, reach=3),
     Knob(name="cp_algo", values=_fixed("ring", "ulysses"), applies=lambda c, m: c.cp > 1),
     Knob(name="ep", values=_experts, reach=3, applies=lambda c, m: m.moe is not None),
-    Knob(name="etp", values=_fixed(None, 1), applies=lambda c, m: m.moe is not None and c.tp > 1),
+    Knob(name="etp", values=lambda c, m, n: (None, 1) if c.tp > 1 else (None,),
+         applies=lambda c, m: m.moe is not None and c.tp > 1),
     Knob(name="mbs", values=_doublings, reach=3),
     Knob(name="recompute", values=_fixed(*RECOMPUTE_MODES)),
+    Knob(name="recompute_modules", values=_recompute_modules,
+         applies=lambda c, m: c.recompute == "selective"),
     Knob(name="recompute_layers", values=_recomputed_layers,
          applies=lambda c, m: c.recompute == "full"),
     # Megatron's pipelined optimizer offload or DeepSpeed's ZeRO-Offload: the one the plan's
@@ -198,6 +214,12 @@ def with_changes(
     if "recompute" in changes and "recompute_layers" not in changes \
             and values["recompute"] != "full":
         values["recompute_layers"] = None
+    # so are the modules of selective recomputation
+    if "recompute" in changes and "recompute_modules" not in changes \
+            and values["recompute"] != "selective":
+        values["recompute_modules"] = None
+    if changes.get("recompute_modules") is not None and "recompute" not in changes:
+        values["recompute"] = "selective"
     if changes.get("recompute_layers") is not None and "recompute" not in changes:
         values["recompute"] = "full"
     ends = ("first_stage_layers", "last_stage_layers")
@@ -314,7 +336,7 @@ def _moved_with(name: str, before: ParallelConfig, after: ParallelConfig) -> str
     return f"{name.replace('_', '-')} {word(getattr(after, name), name)}"
 
 
-UNSET = {"recompute_layers": "all", "etp": "tp"}
+UNSET = {"recompute_layers": "all", "etp": "tp", "recompute_modules": "core_attn"}
 """What a knob left to its default of None means, as a user says it."""
 
 

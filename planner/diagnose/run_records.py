@@ -199,6 +199,7 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         global_batch=p["global_batch"],
         seq_len=record["model"]["seq_len"],
         recompute="full" if recompute.startswith("full") else recompute,
+        recompute_modules=p.get("recompute_modules"),
         zero=1 if isinstance(zero, str) and "distributed optimizer" in zero else int(zero),
         precision="fp16" if precision.startswith("fp16") else "bf16",
         stack=software.stack,

@@ -121,6 +121,7 @@ def describe(config: ParallelConfig) -> str:
     parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)
     parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
     parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")
+    parts += [f"({config.recompute_modules})"] * (config.recompute_modules is not None)
     n = config.recompute_layers or 0
     parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
     parts += [f"ZeRO-{config.zero}"] * (config.zero > 0)

@@ -22,8 +22,9 @@ from planner.plan.chunks import slots_taken
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec, MoESpec
 
-Flag = tuple[str, str | int | float | None]
-"""A flag and its value (None for a switch)."""
+Flag = tuple[str, str | int | float | tuple[str, ...] | None]
+"""A flag and its value (None for a switch, a tuple for a list argparse reads word by
+word)."""
 
 _NORMALIZATION = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 _POSITIONS = {"learned": "learned_absolute", "rope": "rope"}
@@ -34,12 +35,18 @@ def render(flags: Sequence[Flag]) -> str:
     """A shell fragment: one flag per line, continued with a backslash, values quoted for the
     shell (a MoE layer pattern such as ``[0]*3+[1]*58`` would otherwise be globbed).
 
-    >>> print(render([("--bf16", None), ("--moe-layer-freq", "[0]*1+[1]*3")]), end="")
+    >>> print(render([("--bf16", None), ("--moe-layer-freq", "[0]*1+[1]*3"),
+    ...               ("--recompute-modules", ("moe_act", "layernorm"))]), end="")
     --bf16 \\
-    --moe-layer-freq '[0]*1+[1]*3'
+    --moe-layer-freq '[0]*1+[1]*3' \\
+    --recompute-modules moe_act layernorm
     """
-    lines = [name if value is None else f"{name} {shlex.quote(str(value))}"
-             for name, value in flags]  # fmt: skip
+
+    def words(value: object) -> str:
+        values = value if isinstance(value, tuple) else (value,)
+        return " ".join(shlex.quote(str(v)) for v in values)
+
+    lines = [name if value is None else f"{name} {words(value)}" for name, value in flags]
     return " \\\n".join(lines) + "\n"
 
 
@@ -116,11 +123,15 @@ def precision_flags(resolved: ResolvedConfig) -> list[Flag]:
 
 def recompute_flags(resolved: ResolvedConfig) -> list[Flag]:
     """Activation recomputation: selective is core attention only (Megatron's default
-    ``--recompute-modules``); full keeps each layer's input and recomputes the whole layer
-    (uniform, one layer per unit), or with ``recompute_layers`` only each model chunk's first
-    ones (block: ``megatron/core/recompute.py:167-178``, every chunk being a
-    ``TransformerBlock`` of its own layers, ``transformer_block.py:334``)."""
+    ``--recompute-modules``) unless the configuration names its modules; full keeps each
+    layer's input and recomputes the whole layer (uniform, one layer per unit), or with
+    ``recompute_layers`` only each model chunk's first ones (block:
+    ``megatron/core/recompute.py:167-178``, every chunk being a ``TransformerBlock`` of its own
+    layers, ``transformer_block.py:334``)."""
     recompute = resolved.config.recompute
+    if recompute == "selective" and resolved.config.recompute_modules is not None:
+        return [("--recompute-granularity", "selective"),
+                ("--recompute-modules", resolved.recompute_modules)]  # fmt: skip
     if recompute == "selective":
         return [("--recompute-granularity", "selective")]
     if recompute == "full" and resolved.config.recompute_layers is not None:

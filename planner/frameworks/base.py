@@ -82,6 +82,9 @@ class Profile:
     moe_comm_overlap: bool = False
     """Whether it overlaps the experts' all-to-alls with another microbatch's compute
     (Megatron-Core's combined 1F1B): the uniform search tries that only for such a target."""
+    recompute_modules: bool = False
+    """Whether it takes Megatron-Core's ``--recompute-modules``: the uniform search tries
+    the output-discarding modules under selective recomputation only for such a target."""
     folds_experts: bool = False
     """Whether it folds the routed experts over the tensor-parallel ranks (expert tensor
     parallelism 1 under tensor parallelism): the uniform search tries that only for such a
@@ -173,6 +176,16 @@ def moe_comm_in_line(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
         return None
     return ("overlap_moe_expert_parallel_comm: the experts' all-to-alls run in line with the "
             "microbatch's own compute here (Megatron-Core's combined 1F1B overlaps them)")
+
+
+def recompute_modules_unnamed(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """A framework whose selective recomputation is not Megatron-Core's modules cannot be told
+    which modules to rerun."""
+    modules = resolved.config.recompute_modules
+    if modules is None:
+        return None
+    return (f"recompute_modules({modules}): Megatron-Core's --recompute-modules; here "
+            f"selective recomputation reruns the attention core only")
 
 
 def sequence_split_over_tp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:

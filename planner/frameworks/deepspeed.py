@@ -33,6 +33,7 @@ from planner.frameworks.base import (
     data_parallel_sync,
     moe_comm_in_line,
     ranks_in_order,
+    recompute_modules_unnamed,
     sequence_split_over_tp,
     unsupported_layers,
 )
@@ -305,6 +306,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="context-parallel", check=context_parallel,
          source=f"{_ARGS}:974; {_TRANSFORMER}:614-621"),
     Rule(name="selective-with-flash", check=selective_with_flash,
+         source=f"{_TRANSFORMER}:606-629"),
+    Rule(name="recompute-modules", check=recompute_modules_unnamed,
          source=f"{_TRANSFORMER}:606-629"),
     Rule(name="tp-comm-overlap", check=tp_comm_overlap, source=f"{_ARGS}:396-399"),
     Rule(name="grad-overlap-with-pipeline", check=grad_overlap_with_pipeline,

@@ -163,6 +163,22 @@ def moe_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return None
 
 
+def recompute_modules(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Megatron-Core's checks on ``--recompute-modules``: ``moe_act`` only with grouped GEMM
+    (which the launch turns on for experts in bf16: :func:`~planner.frameworks._megatron_flags.
+    grouped_gemm_flags`), ``mla_up_proj`` only with latent attention."""
+    if resolved.config.recompute_modules is None:
+        return None
+    modules = resolved.recompute_modules
+    if "moe_act" in modules and not mf.grouped_gemm_flags(resolved, model):
+        return ("recompute module moe_act needs --moe-grouped-gemm, which runs experts in bf16 "
+                f"only: {model.name} in {resolved.training.precision}"
+                f"{'' if model.moe else ' has no experts'}")
+    if "mla_up_proj" in modules and model.mla is None:
+        return f"recompute module mla_up_proj needs latent attention, which {model.name} lacks"
+    return None
+
+
 def interleaving_chunks(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Every stage's layers split into vpp equal model chunks, or every stage's slots with
     the embedding's and the loss's a layer short (``--account-for-embedding-in-pipeline-split``
@@ -325,6 +341,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="moe-comm-overlap", check=moe_comm_overlap,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:3002-3037; "
                 f"megatron/training/arguments.py:1466-1474"),
+    Rule(name="recompute-modules", check=recompute_modules,
+         source=f"{REPO} megatron/core/transformer/transformer_config.py:1964-1973"),
     Rule(name="vpp-chunks", check=interleaving_chunks,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:2306-2368; "
                 f"megatron/core/transformer/transformer_block.py:175-178, 191-201"),
@@ -434,5 +452,5 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="megatron", title="Megatron-LM", rules=RULES, launch=launch,
-                  moe_comm_overlap=True, folds_experts=True)
+                  moe_comm_overlap=True, folds_experts=True, recompute_modules=True)
 """Megatron-LM as a framework target."""

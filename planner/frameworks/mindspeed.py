@@ -105,6 +105,8 @@ RULES: tuple[Rule, ...] = (
                 f"megatron/core/model_parallel_config.py:389-390"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
          source=f"{CORE} megatron/core/transformer/moe/moe_layer.py:129-149"),
+    Rule(name="recompute-modules", check=megatron.recompute_modules,
+         source=f"{CORE} megatron/core/transformer/transformer_config.py:735-745"),
     Rule(name="vpp-chunks", check=megatron.interleaving_chunks,
          source=f"{CORE} megatron/core/transformer/transformer_config.py:790-841; "
                 f"megatron/core/transformer/transformer_block.py:136-139, 152-158"),
@@ -251,5 +253,5 @@ def mla_yarn_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...
 
 
 PROFILE = Profile(name="mindspeed", title="MindSpeed", rules=RULES, launch=launch,
-                  folds_experts=True)
+                  folds_experts=True, recompute_modules=True)
 """MindSpeed as a framework target."""

@@ -91,7 +91,8 @@ class _Builder:
         self.ops.append((node, sources))
         return node.name
 
-    def norm(self, op: str, source: str, width: tuple[str, int] | None = None) -> str:
+    def norm(self, op: str, source: str, width: tuple[str, int] | None = None,
+             **tags: tuple[str, ...]) -> str:
         """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input (under
         autocast the fp32 residual it reads, and in eager mode its fp32 normalized output
         too: ``LlamaRMSNorm`` upcasts)."""
@@ -103,7 +104,7 @@ class _Builder:
         return self.add(
             op, "norm", (source,), inputs=(x,), output=x, saved=saved,
             extra_params=per_channel * (width[1] if width else self.model.hidden_size),
-            unfused=unfused.norm(self.stack, x),
+            unfused=unfused.norm(self.stack, x), **tags,
         )  # fmt: skip
 
     def linear(
@@ -117,6 +118,7 @@ class _Builder:
         save_input: bool = True,
         norm_reads: int = 0,
         compiled_recomputes: bool = False,
+        **tags: tuple[str, ...],
     ) -> str:
         """``y = x W (+ b)`` contracting the last dim of ``x`` into ``out``; ``norm_reads``:
         the separate projections this one stands for that read a norm's output (under eager
@@ -132,6 +134,7 @@ class _Builder:
             saved=(*self._input_copies(x, norm_reads, save_input, compiled_recomputes),
                    *self.weight_copy(weight)),
             unfused=unfused.linear(self.stack, x, weight, norm_reads if self.autocast else 0),
+            **tags,
         )  # fmt: skip
 
     def _input_copies(
@@ -185,7 +188,8 @@ def _attention_core(
     return b.add(
         "attention", "attention", (source, *sources), inputs=(q, k, v), output=out,
         flops=flops, saved=(q, k, v), score_tensors=tuple(score_tensors),
-        key_span=0.0 if window is None else keys,
+        key_span=0.0 if window is None else keys, recomputed_by=("core_attn",),
+        discarded_by=("mla_up_proj",) if m.mla is not None else (),
         unfused=unfused.rotary(b.stack, q, k) if rotary else None,
     )  # fmt: skip
 
@@ -217,23 +221,25 @@ def _latent_attention(b: _Builder, x_name: str) -> str:
     qk_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     x = b.hidden()
     if mla.q_lora_rank is None:
-        q = b.linear("q_proj", x_name, x, ("heads", heads * qk_dim), bias=False, norm_reads=1)
+        q = b.linear("q_proj", x_name, x, ("heads", heads * qk_dim), bias=False, norm_reads=1,
+                     discarded_by=("layernorm",), recomputed_by=("mla_up_proj",))  # fmt: skip
     else:
         q_low = b.linear("q_down_proj", x_name, x, ("q_lora", mla.q_lora_rank), bias=False,
-                         norm_reads=1)  # fmt: skip
+                         norm_reads=1, discarded_by=("layernorm",))  # fmt: skip
         q_low = b.norm("q_norm", q_low, ("q_lora", mla.q_lora_rank))
         q = b.linear(
             "q_up_proj", q_low, b.act(("q_lora", mla.q_lora_rank)),
-            ("heads", heads * qk_dim), bias=False, norm_reads=1,
+            ("heads", heads * qk_dim), bias=False, norm_reads=1, recomputed_by=("mla_up_proj",),
         )  # fmt: skip
     kv_low = b.linear(
         "kv_down_proj", x_name, x, ("kv_lora", mla.kv_lora_rank + mla.qk_rope_head_dim),
-        bias=False, norm_reads=1,
+        bias=False, norm_reads=1, discarded_by=("layernorm",),
     )  # fmt: skip
     kv_low = b.norm("kv_norm", kv_low, ("kv_lora", mla.kv_lora_rank))
     kv = b.linear(
         "kv_up_proj", kv_low, b.act(("kv_lora", mla.kv_lora_rank)),
         ("heads", heads * (mla.qk_nope_head_dim + mla.v_head_dim)), bias=False, norm_reads=1,
+        recomputed_by=("mla_up_proj",),
     )  # fmt: skip
     core = _attention_core(b, q, qk_dim, mla.v_head_dim, heads, kv)
     return b.linear(
@@ -242,12 +248,15 @@ def _latent_attention(b: _Builder, x_name: str) -> str:
     )  # fmt: skip
 
 
-def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp") -> str:
-    """Up projection (gate and up fused for SwiGLU/GeGLU), activation, down projection."""
+def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp",
+         discarded_by: tuple[str, ...] = ()) -> str:  # fmt: skip
+    """Up projection (gate and up fused for SwiGLU/GeGLU), activation, down projection;
+    ``discarded_by``: the recompute modules that discard the up projection's input."""
     m = b.model
     glu = 2 if m.gated_mlp else 1
     up = b.linear(f"{prefix}_up", x_name, b.hidden(), ("ffn", glu * width), bias=m.bias,
-                  norm_reads=glu, compiled_recomputes=True)  # fmt: skip
+                  norm_reads=glu, compiled_recomputes=True,
+                  discarded_by=discarded_by)  # fmt: skip
     act_in, act_out = b.act(("ffn", glu * width)), b.act(("ffn", width))
     # Eager SwiGLU/GeGLU: the product keeps the activation's output beside up.
     kept_out = (act_out,) if b.stack == "hf-eager" and m.gated_mlp else ()
@@ -282,11 +291,14 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
     tokens = b.batch * b.seq
     logits = b.act(("experts", experts))
     router_weight = Tensor((("hidden", h), ("experts", experts)), b.act_bytes)
+    # The gating GEMM keeps its input (the pre-MLP norm's output) for its weight gradient;
+    # Megatron-Core's MoE layer spec keeps that norm a module of its own (TENorm), whose
+    # output the layernorm recompute module discards.
     router = b.add(
         "router", "router", (x_name,), inputs=(b.hidden(),), output=logits,
         weight=router_weight, flops=2.0 * tokens * h * experts,
-        saved=(Tensor(logits.dims, LOSS_BYTES), *b.weight_copy(router_weight)),
-        bias_params=experts if moe.router_expert_bias else 0,
+        saved=(b.hidden(), Tensor(logits.dims, LOSS_BYTES), *b.weight_copy(router_weight)),
+        bias_params=experts if moe.router_expert_bias else 0, discarded_by=("layernorm",),
     )  # fmt: skip
     capacity = expert_capacity(tokens, moe)
 
@@ -303,37 +315,45 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
     f = moe.ffn_hidden_size
 
     def expert_linear(op: str, src: str, x: Tensor, out: Tensor, in_dim: tuple[str, int],
-                      out_dim: tuple[str, int]) -> str:
+                      out_dim: tuple[str, int], discarded_by: tuple[str, ...] = ()) -> str:
         weight = Tensor((("experts", experts), in_dim, out_dim), b.act_bytes)
         return b.add(
             op, "expert_linear", (src,), inputs=(x,), output=out, weight=weight,
             flops=2.0 * experts * capacity * in_dim[1] * out_dim[1],
             saved=(x, *b.weight_copy(weight)),
             gemm_calls=experts, active_fraction=moe.top_k / experts,
-            unfused=unfused.linear(b.stack, x, weight, 0),
+            unfused=unfused.linear(b.stack, x, weight, 0), discarded_by=discarded_by,
         )  # fmt: skip
 
     up = expert_linear("expert_up", dispatch, hidden_routed, routed(glu * f),
                        ("hidden", h), ("ffn", glu * f))  # fmt: skip
     act = b.add("expert_act", "elementwise", (up,), inputs=(routed(glu * f),),
-                output=routed(f), saved=(routed(glu * f),))  # fmt: skip
-    down = expert_linear("expert_down", act, routed(f), hidden_routed, ("ffn", f), ("hidden", h))
+                output=routed(f), saved=(routed(glu * f),),
+                recomputed_by=("moe_act",))  # fmt: skip
+    down = expert_linear("expert_down", act, routed(f), hidden_routed, ("ffn", f), ("hidden", h),
+                         discarded_by=("moe_act",))  # fmt: skip
     combine = b.add("combine", "combine", (down, router), inputs=(hidden_routed,),
                     output=b.hidden())  # fmt: skip
     if moe.shared_ffn:
-        return combine, _mlp(b, x_name, moe.shared_ffn, prefix="shared")
+        return combine, _mlp(b, x_name, moe.shared_ffn, prefix="shared",
+                             discarded_by=("layernorm",))  # fmt: skip
     return (combine,)
 
 
 def _decoder_layer(b: _Builder, x_name: str) -> str:
     """One pre-norm decoder layer; returns the name of its output op."""
     m = b.model
-    normed = b.norm("input_norm", x_name)
+    # Megatron-Core's Transformer Engine specs fuse a norm into the linear that reads it
+    # (TELayerNormColumnParallelLinear) except MLA's input norm and an MoE layer's pre-MLP
+    # norm, the ones its layernorm recompute module reruns (gpt_layer_specs.py).
+    separate = ("layernorm",)
+    normed = b.norm("input_norm", x_name, recomputed_by=separate if m.mla else ())
     attn = _latent_attention(b, normed) if m.mla else _standard_attention(b, normed)
     if m.post_norms:  # Gemma 2/3: the block's output is normed before the residual add
         attn = b.norm("attn_out_norm", attn)
     mid = b.residual("attn_residual", attn, x_name)
-    normed = b.norm("post_attention_norm", mid)
+    normed = b.norm("post_attention_norm", mid,
+                    recomputed_by=separate if b.layer_kind == "moe" else ())  # fmt: skip
     if b.layer_kind == "moe":
         return b.residual("mlp_residual", *_moe(b, normed), mid)
     mlp = _mlp(b, normed, m.ffn)

@@ -162,6 +162,13 @@ class Op:
     units: tuple[tuple[str, int], ...] = ()
     """Indivisible units of a dim when it is not its size: the ``heads`` dims hold
     ``heads x head_dim`` features but split only by whole (key/value) heads."""
+    recomputed_by: tuple[str, ...] = ()
+    """The recompute modules (Megatron-Core's ``--recompute-modules``,
+    :data:`planner.vocabulary.RECOMPUTE_MODULES`) whose selective recomputation runs this op's
+    forward again."""
+    discarded_by: tuple[str, ...] = ()
+    """The output-discarding recompute modules whose output this op reads: under any of them
+    the op keeps none of its inputs (that module's rerun rebuilds them for the backward)."""
 
     def local_params(self, weight_degrees: Mapping[str, int]) -> float:
         """Parameters one device holds when weight dim ``d`` is split ``weight_degrees[d]``

@@ -105,7 +105,7 @@ def _node_costs(node: Node, query: LayerQuery, first: bool) -> NodeCosts:
         strategies=tuple(x.name for x in s),
         time_ns=tuple(round(NS * x.time_s) for x in s),
         forward_ns=tuple(round(NS * (x.forward_s + x.forward_comm_s)) for x in s),
-        attention_ns=tuple(round(NS * x.attention_forward_s) for x in s),
+        attention_ns=tuple(round(NS * x.selective_forward_s) for x in s),
         activation_kib=activation,
         state_kib=tuple(tuple(kib(x.state_bytes[z]) for x in s) for z in range(4)),
         sync_ns=tuple(tuple(round(NS * x.sync_s[z]) for x in s) for z in range(4)),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.errors import ConfigError
 from planner.plan.degrees import Degrees, Shape, degrees_of, derive
@@ -20,11 +20,14 @@ from planner.spec import limits as lim
 from planner.spec.reading import fill_training
 from planner.vocabulary import (
     DEFAULT_RANK_ORDER,
+    DEFAULT_RECOMPUTE_MODULES,
+    RECOMPUTE_MODULES,
     ContextParallelism,
     Offload,
     PipelineSchedule,
     Precision,
     Recompute,
+    RecomputeModule,
     Stack,
 )
 
@@ -94,6 +97,11 @@ class ParallelConfig(BaseModel):
         "keep their activations (Megatron's --recompute-method block --recompute-num-layers); "
         "default: every layer.",
     )  # fmt: skip
+    recompute_modules: str | None = Field(
+        default=None, description="With selective recomputation, what it reruns, as "
+        "Megatron-Core's --recompute-modules names them, comma-separated: core_attn, moe_act, "
+        "layernorm, mla_up_proj; default: core_attn.",
+    )  # fmt: skip
     zero: Literal[0, 1, 2, 3] = Field(
         default=0, description="0: replicated optimizer; 1: optimizer states sharded over "
         "data parallel (Megatron's distributed optimizer); 2: + gradients; 3: + weights.",
@@ -132,6 +140,33 @@ class ParallelConfig(BaseModel):
         description="How ranks are numbered, fastest first (Megatron's process-group order).",
     )
 
+    @field_validator("recompute_modules")
+    @classmethod
+    def _canonical_modules(cls, text: str | None) -> str | None:
+        """The modules in Megatron-Core's order, once each; the default as None."""
+        if text is None:
+            return None
+        modules = recompute_modules_of(text)
+        return None if modules == DEFAULT_RECOMPUTE_MODULES else ",".join(modules)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _etp_when_not_tp(cls, data: object) -> object:
+        """An expert tensor parallelism equal to tp is the default: said as None, so the same
+        configuration is spelled once."""
+        if isinstance(data, dict) and data.get("etp") is not None \
+                and data.get("etp") == data.get("tp", 1):
+            data = {**data, "etp": None}
+        return data
+
+    @model_validator(mode="after")
+    def _modules_are_selective(self) -> ParallelConfig:
+        """Recompute modules say what selective recomputation reruns."""
+        if self.recompute_modules is not None and self.recompute != "selective":
+            raise ValueError(f"recompute_modules({self.recompute_modules}) needs recompute "
+                             f"'selective', not {self.recompute!r}")  # fmt: skip
+        return self
+
     @model_validator(mode="after")
     def _partial_recompute_is_full(self) -> ParallelConfig:
         """A count of recomputed layers means full recomputation of those layers."""
@@ -139,6 +174,26 @@ class ParallelConfig(BaseModel):
             raise ValueError(f"recompute_layers({self.recompute_layers}) needs recompute "
                              f"'full', not {self.recompute!r}")  # fmt: skip
         return self
+
+
+def recompute_modules_of(text: str | None) -> tuple[RecomputeModule, ...]:
+    """The recompute modules ``text`` names (commas or spaces between them), in Megatron-Core's
+    order, once each; None: the default. Raises :class:`ValueError` naming an unknown one.
+
+    >>> recompute_modules_of("layernorm moe_act"), recompute_modules_of(None)
+    (('moe_act', 'layernorm'), ('core_attn',))
+    """
+    if text is None:
+        return DEFAULT_RECOMPUTE_MODULES
+    names = set(text.replace(",", " ").split())
+    unknown = sorted(names - set(RECOMPUTE_MODULES))
+    if unknown:
+        raise ValueError(f"recompute module {unknown[0]!r}: the planner prices "
+                         f"{', '.join(RECOMPUTE_MODULES)} (Megatron-Core's mlp, moe and "
+                         f"shared_experts checkpoint whole submodules and are not priced)")
+    if not names:
+        raise ValueError("recompute_modules names no module")
+    return tuple(m for m in RECOMPUTE_MODULES if m in names)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,6 +217,11 @@ class ResolvedConfig:
     def sp(self) -> bool:
         """Sequence parallelism in effect (only meaningful with TP > 1)."""
         return self.config.sp and self.config.tp > 1
+
+    @property
+    def recompute_modules(self) -> tuple[RecomputeModule, ...]:
+        """What selective recomputation reruns (meaningful under ``recompute`` selective)."""
+        return recompute_modules_of(self.config.recompute_modules)
 
     @property
     def etp(self) -> int | None:

@@ -386,8 +386,11 @@ class Plan(_Frozen):
             text += f" (v={self.schedule.virtual_stages})"
         extras = some([q.sp for q in stages], "sequence parallel")
         some_layers = self.configuration is not None and self.configuration.recompute_layers
+        modules = self.configuration is not None and self.configuration.recompute_modules
         for mode in ("selective", "full"):
             label = f"{mode} recompute"
+            if mode == "selective" and modules:
+                label += f" ({modules.replace(',', ', ')})"
             if mode == "full" and some_layers:
                 label += f" of {some_layers} layer{'s' * (some_layers > 1)} per chunk"
             extras += some([q.recompute == mode for q in stages], label)

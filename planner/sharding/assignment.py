@@ -21,7 +21,7 @@ from planner import cost
 from planner.cost.layer import LayerParts
 from planner.graph.ops import Op, Tensor
 from planner.sharding.layout import Layout, LogicalMesh, canonical, reshard, transfer_time_s
-from planner.sharding.strategies import Strategy, StrategyContext, follow
+from planner.sharding.strategies import Strategy, StrategyContext, follow, reruns
 
 StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]
 """The strategies a node's leading op may take (all of them, or one assigned)."""
@@ -81,6 +81,7 @@ def _merge(a: Strategy, b: Strategy) -> Strategy:
         forward_comm_s=a.forward_comm_s + b.forward_comm_s,
         hidden_comm_s=a.hidden_comm_s + b.hidden_comm_s,
         hidden_forward_comm_s=a.hidden_forward_comm_s + b.hidden_forward_comm_s,
+        selective_forward_s=a.selective_forward_s + b.selective_forward_s,
         weights=a.weights + b.weights,
         state_bytes=tuple(x + y for x, y in zip(a.state_bytes, b.state_bytes, strict=True)),
         sync_s=tuple(x + y for x, y in zip(a.sync_s, b.sync_s, strict=True)),
@@ -244,7 +245,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         rerun[_own_comm_axis(node, s)] += s.forward_comm_s
         hidden[_own_comm_axis(node, s)] += s.hidden_comm_s
         hidden_rerun[_own_comm_axis(node, s)] += s.hidden_forward_comm_s
-        attention += s.attention_forward_s
+        attention += s.selective_forward_s
         kept += s.kept_bytes
         selective += s.kept_selective_bytes
         loss = max(loss, s.working_bytes)  # only the loss has a backward workspace today
@@ -255,7 +256,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
                     for op in node.ops]  # fmt: skip
         flops += sum(e.forward for e in executed)
         attention_flops += sum(e.forward for op, e in zip(node.ops, executed, strict=True)
-                               if op.kind == "attention")  # fmt: skip
+                               if reruns(op, layer.context.recompute_modules))  # fmt: skip
     reshard = reshard_forward = 0.0
     for edge in layer.edges:
         total, fwd = edge_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])

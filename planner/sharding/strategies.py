@@ -34,7 +34,7 @@ from planner.graph.ops import Op, Tensor
 from planner.sharding.layout import Layout, LogicalMesh, canonical, degrees, tensor_degrees
 from planner.sharding.weights import weight_costs
 from planner.spec import ClusterSpec
-from planner.vocabulary import Precision, StatesPrecision
+from planner.vocabulary import DEFAULT_RECOMPUTE_MODULES, Precision, StatesPrecision
 
 Assignment = tuple[str | None, ...]
 """Per mesh axis, the dim it splits (None: the axis repeats the op's work)."""
@@ -68,6 +68,8 @@ class StrategyContext:
     grouped_experts: bool = False
     """A rank's routed experts run as one grouped GEMM, not one GEMM per expert in turn
     (:func:`planner.graph.stacks.grouped_experts`)."""
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
+    """What selective recomputation reruns (:data:`planner.vocabulary.RECOMPUTE_MODULES`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,8 +100,9 @@ class Strategy:
     expert all-to-all), as far as they are not hidden behind its compute."""
     forward_comm_s: float
     """The forward's part of ``comm_s``: what full recomputation runs again."""
-    attention_forward_s: float
-    """What selective recomputation reruns."""
+    selective_forward_s: float
+    """What selective recomputation reruns of the op: its forward, when one of the context's
+    recompute modules reruns it."""
     weights: tuple[tuple[float, tuple[int, ...]], ...]
     """Local parameters and the mesh axes holding copies of them (their gradients summed),
     per weight (followers folded into the op add theirs)."""
@@ -401,7 +404,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
     )  # fmt: skip
     selective = cost.saved_activation_bytes(
         op, lambda t: _kept_degrees(op, t, pair, mesh), recompute="selective",
-        flash_attention=ctx.flash_attention,
+        flash_attention=ctx.flash_attention, modules=ctx.recompute_modules,
     )  # fmt: skip
     working = sum(cost.sharded_bytes(t, _kept_degrees(op, t, pair, mesh)) for t in op.working)
     first = op.saved[0] if op.saved else None
@@ -420,7 +423,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         forward_comm_s=comm[1],
         hidden_comm_s=comm[2],
         hidden_forward_comm_s=comm[3],
-        attention_forward_s=times.forward_s if op.kind == "attention" else 0.0,
+        selective_forward_s=times.forward_s if reruns(op, ctx.recompute_modules) else 0.0,
         weights=((params, copies),) if params else (),
         state_bytes=states,  # type: ignore[arg-type]
         sync_s=sync,  # type: ignore[arg-type]
@@ -430,6 +433,11 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip
+
+
+def reruns(op: Op, modules: tuple[str, ...]) -> bool:
+    """Whether selective recomputation of ``modules`` runs ``op``'s forward again."""
+    return not set(op.recomputed_by).isdisjoint(modules)
 
 
 def _kept_degrees(op: Op, tensor: Tensor, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:

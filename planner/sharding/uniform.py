@@ -51,7 +51,7 @@ from planner.sharding.strategies import (
     price_strategy,
 )
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.vocabulary import Precision, Stack
+from planner.vocabulary import DEFAULT_RECOMPUTE_MODULES, Precision, Stack
 
 DATA, CONTEXT, TENSOR = 0, 1, 2
 """The axes of a uniform stage's mesh."""
@@ -234,6 +234,8 @@ class UniformQuery:
     ``--tp-comm-overlap``)."""
     strides: tuple[int, int, int] | None = None
     """Ranks between neighbours along each axis, when not Megatron's default order."""
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
+    """What selective recomputation reruns (:data:`planner.vocabulary.RECOMPUTE_MODULES`)."""
 
 
 def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -> LayerGraph:
@@ -248,7 +250,8 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
                           states_precision=cost.states_precision(query.precision, query.stack),
                           flash_attention=query.flash_attention,
                           tp_comm_overlap=query.tp_comm_overlap,
-                          grouped_experts=grouped_experts(query.stack, query.precision))
+                          grouped_experts=grouped_experts(query.stack, query.precision),
+                          recompute_modules=query.recompute_modules)
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 

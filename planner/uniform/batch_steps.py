@@ -29,6 +29,7 @@ from planner.cost.step import PipelineKnobs, step_totals
 from planner.errors import ConfigError
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.placement.ranks import megatron_order
+from planner.plan.config import recompute_modules_of
 from planner.plan.degrees import Degrees, Derived, Shape, degrees_of, derive
 from planner.plan.divisibility import RULES, first_broken
 from planner.plan.schema import StepTime
@@ -172,7 +173,8 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
     meshes: dict[tuple[object, ...], int] = {}
     mesh_of = np.array([meshes.setdefault((s.layout, s.mesh.strides), len(meshes))
                         for s in stages])[stage_of]  # fmt: skip
-    first, of = factorize(mesh_of, c["mbs"], flash, overlap)
+    module_texts, module_of = codes(c["recompute_modules"])
+    first, of = factorize(mesh_of, c["mbs"], flash, overlap, module_of)
     by_kind = {k: np.zeros((len(first), len(RECOMPUTE_MODES), len(LAYER_FIELDS)))
                for k in kinds}  # fmt: skip
     weights: dict[int, dict[str, WeightGroups]] = {}
@@ -184,6 +186,8 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
                                  seq_length=training.seq_length, precision=training.precision,
                                  stack=training.stack,
                                  flash_attention=bool(flash[r]), tp_comm_overlap=bool(overlap[r]),
+                                 recompute_modules=recompute_modules_of(
+                                     module_texts[module_of[r]]),
                                  strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
             try:
                 costs, groups = _kind_costs(b.model, cluster_json, query)

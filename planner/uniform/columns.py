@@ -73,17 +73,22 @@ def normalized(
 
 
 def _check_partial_recompute(columns: dict[str, np.ndarray]) -> None:
-    """Refuse a count of recomputed layers beside a mode other than full, as
-    :class:`ParallelConfig` does."""
-    wrong = (columns["recompute_layers"].astype(np.int64) > 0) & (columns["recompute"] != "full")
-    if wrong.any():
-        i = int(np.argmax(wrong))
-        raise InputError(f"estimate_batch: row {i}: recompute_layers"
-                         f"({columns['recompute_layers'][i]}) needs recompute 'full', not "
-                         f"{python_value(columns['recompute'][i])!r}")  # fmt: skip
+    """Refuse a count of recomputed layers beside a mode other than full, and recompute
+    modules beside a mode other than selective, as :class:`ParallelConfig` does."""
+    for name, mode, given in (
+        ("recompute_layers", "full", columns["recompute_layers"].astype(np.int64) > 0),
+        ("recompute_modules", "selective", columns["recompute_modules"] != None),  # noqa: E711
+    ):  # fmt: skip
+        wrong = given & (columns["recompute"] != mode)
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise InputError(f"estimate_batch: row {i}: {name}({columns[name][i]}) needs "
+                             f"recompute {mode!r}, not "
+                             f"{python_value(columns['recompute'][i])!r}")  # fmt: skip
 
 
-_BESIDE = {"recompute_layers": {"recompute": "full"}}
+_BESIDE = {"recompute_layers": {"recompute": "full"},
+           "recompute_modules": {"recompute": "selective"}}
 """What a field's value is checked beside when alone (the pair is checked on its own)."""
 
 

@@ -36,7 +36,7 @@ MAX_NODE_FACTOR = 64
 OFFLOAD = 'DeepSpeed "offload_optimizer": {"device": "cpu"}'
 """ZeRO-Offload's switch, in the ``zero_optimization`` block of a DeepSpeed config."""
 _FLAGS = ("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers", "sp",
-          "mbs", "recompute", "recompute_layers", "zero")  # fmt: skip
+          "mbs", "recompute", "recompute_modules", "recompute_layers", "zero")  # fmt: skip
 _ZERO_NOTES = {
     1: "Megatron's --use-distributed-optimizer",
     3: "DeepSpeed ZeRO-3 or FSDP; DeepSpeed runs it only without a pipeline",
@@ -73,6 +73,8 @@ def describe(config: ParallelConfig) -> str:
     if c.vpp > 1:
         pp += f", vpp {c.vpp}"
     recompute = "no" if c.recompute == "none" else c.recompute
+    if c.recompute_modules is not None:
+        recompute += f" ({c.recompute_modules})"
     if c.recompute_layers is not None:
         recompute += f" ({c.recompute_layers} per chunk)"
     offload = ", optimizer offloaded" if c.offload == "optimizer" else ""
@@ -317,7 +319,11 @@ def _flags(
 
 
 def _with(config: ParallelConfig, **update: object) -> ParallelConfig:
-    return config.model_copy(update=update)
+    """``config`` with ``update``: selective recomputation's modules dropped when it stops
+    being selective, validated (so a folding the new degrees make moot reads as none)."""
+    if update.get("recompute", "selective") != "selective":
+        update.setdefault("recompute_modules", None)
+    return ParallelConfig(**{**config.model_dump(), **update})
 
 
 def _price(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,

@@ -149,6 +149,7 @@ def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> U
                         seq_length=training.seq_length, precision=training.precision,
                         stack=training.stack, flash_attention=c.flash_attention,
                         tp_comm_overlap=c.tp_comm_overlap,
+                        recompute_modules=resolved.recompute_modules,
                         strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
 
 
