@@ -31,7 +31,7 @@ SEQ = 1024
 def _configs(model: ModelSpec) -> list[dict[str, object]]:
     """A few uniform layer shardings the model divides: wide TP with SP, narrow TP without
     SP with ring context parallelism, with SP and Ulysses context parallelism, and for
-    mixtures of experts EP over data and context ranks."""
+    mixtures of experts EP over data and context ranks, and folded over the tensor ranks."""
     heads = model.num_attention_heads
     groups = heads if model.mla else model.query_groups
     tps = [t for t in (8, 4, 2) if heads % t == 0 and groups % t == 0 and model.ffn % t == 0]
@@ -40,6 +40,8 @@ def _configs(model: ModelSpec) -> list[dict[str, object]]:
     if model.moe is not None:
         ep = 8 if model.moe.num_experts % 8 == 0 else model.moe.num_experts
         out += [dict(tp=tps[-1], ep=ep, sp=True), dict(tp=1, cp=2, ep=ep), dict(tp=1, cp=4, ep=2)]
+        if ep % tps[-1] == 0:  # folded over the tensor-parallel ranks
+            out += [dict(tp=tps[-1], ep=ep, etp=1, sp=True)]
     return out
 
 
