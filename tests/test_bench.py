@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from planner.cost import executed_flops
-from planner.diagnose.bench_cases import BenchCase, bench_cases
-from planner.diagnose.bench_fit import fit_bench, predicted_s
-from planner.diagnose.bench_torch import Timings
+from planner.diagnose.bench_cases import GROUPED_TOKENS, BenchCase, bench_cases
+from planner.diagnose.bench_fit import _fit_grouped, fit_bench, predicted_s
+from planner.diagnose.bench_torch import Timings, run_cases
+from planner.diagnose.expert_gemms import FIT_MIN_TOKENS, fit_grouped_gemm, read_expert_gemms
 from planner.errors import InputError
 from planner.graph import lowered
 from planner.spec import (
@@ -25,11 +26,12 @@ from planner.spec import (
     DeviceEfficiency,
     DeviceSpec,
     GemmEfficiency,
+    GroupedGemmEfficiency,
     ModelSpec,
     TrainingSpec,
 )
 from planner.spec.reading import load_cluster, load_model
-from tests.conftest import REPO
+from tests.conftest import REPO, shared
 
 DATA = REPO / "tests" / "data" / "bench"
 CPU_NODE = DATA / "cpu-node.json"
@@ -323,3 +325,76 @@ def test_without_pytorch_bench_says_how_to_get_it() -> None:
     assert done.returncode == 2 and done.stdout == ""
     assert "planner bench needs PyTorch" in done.stderr and "planner[bench]" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------- grouped GEMMs
+
+KNOWN_GROUPED = GroupedGemmEfficiency(max_fraction=0.66, half_saturation_tokens=180.0,
+                                      half_saturation_k=900.0)
+MIXTRAL = REPO / "instances" / "models" / "mixtral-8x7b.json"
+
+
+def test_grouped_cases_are_the_experts_projections_in_bf16_only() -> None:
+    """Mixtral's first MoE layer: up (hidden to 2 x FFN, gated) and down (FFN to hidden), 8
+    local experts, six token counts each; none in fp32 (no grouped kernel there) and none for
+    a dense model."""
+    model = load_model(MIXTRAL)
+    grouped = [c for c in _cases(model) if c.kind == "grouped_gemm"]
+    assert {c.shape for c in grouped} == {
+        (8, t, k, n) for t in GROUPED_TOKENS
+        for k, n in ((4096, 2 * 14336), (14336, 4096))}  # fmt: skip
+    assert all(c.flops == 2.0 * c.shape[0] * c.shape[1] * c.shape[2] * c.shape[3]
+               for c in grouped)  # fmt: skip
+    assert not [c for c in _cases(model, precision="fp32") if c.kind == "grouped_gemm"]
+    assert not [c for c in _cases(load_model(LLAMA_8B)) if c.kind == "grouped_gemm"]
+
+
+def test_fit_gives_back_the_grouped_curve_that_made_the_times() -> None:
+    """Mixtral's kernels priced with a known block and grouped-GEMM curve fit back to that
+    curve, and the curve is written into the file."""
+    h100 = load_cluster(H100).device
+    device = h100.model_copy(update={"efficiency": KNOWN.model_copy(
+        update={"grouped_gemm": KNOWN_GROUPED})})  # fmt: skip
+    cases = _cases(load_model(MIXTRAL))
+    fit = fit_bench(H100, cases, _timed_by(device, cases), model_name="mixtral-8x7b",
+                    seq_length=2048)  # fmt: skip
+    got = fit.after.grouped_gemm
+    assert got is not None
+    assert got.max_fraction == pytest.approx(0.66, abs=2e-3)
+    assert got.half_saturation_tokens == pytest.approx(180.0, rel=1e-2)
+    assert got.half_saturation_k == pytest.approx(900.0, rel=1e-2)
+    assert fit.median_error("grouped_gemm", fitted=True) < 1e-3
+    assert "grouped expert GEMMs" in (got.source or "")
+    written = json.loads(fit.updated_json)["device"]["efficiency"]["grouped_gemm"]
+    assert written["max_fraction"] == got.max_fraction
+
+
+def test_the_shared_h100_expert_gemms_fit_through_the_bench() -> None:
+    """The shared H100 grouped-GEMM times (``expert_gemms.jsonl``) read as the bench's cases:
+    the bench's fit is the curve the expert GEMMs' own fit finds, and prices all but one of
+    those of 128 tokens per expert and more within 15 % (issue 28's target; the README says
+    23 of 24)."""
+    measured = shared(REPO.parent / "shared" / "validation" / "h100" / "expert_gemms.jsonl")
+    gemms = [g for g in read_expert_gemms(measured) if g.tokens_per_expert >= FIT_MIN_TOKENS]
+    device = load_cluster(H100).device
+    cases = [BenchCase(kind="grouped_gemm", kernel="grouped_matmul", label=g.label,
+                       shape=(g.experts, g.tokens_per_expert, g.k, g.n), flops=g.flops,
+                       bytes_moved=0.0) for g in gemms]  # fmt: skip
+    notes: list[str] = []
+    fitted = _fit_grouped(device, cases, np.array([g.grouped_s for g in gemms]), "cuda",
+                          "test", notes)  # fmt: skip
+    errors = [abs(predicted_s(c, fitted, "bf16") / g.grouped_s - 1)
+              for c, g in zip(cases, gemms, strict=True)]  # fmt: skip
+    assert sum(e > 0.15 for e in errors) <= 1 and float(np.median(errors)) < 0.10, errors
+    direct = fit_grouped_gemm(gemms, device, source="test")
+    assert fitted.efficiency.grouped_gemm == direct.model_copy(
+        update={"source": "grouped_gemm: test"})
+
+
+@needs_torch
+def test_grouped_gemms_run_on_the_cpu_as_batched_gemms() -> None:
+    """Without CUDA the grouped case runs as one ``torch.bmm`` of its shapes, and says so."""
+    case = BenchCase(kind="grouped_gemm", kernel="grouped_matmul", label="up 4x128",
+                     shape=(4, 128, 64, 96), flops=2.0 * 4 * 128 * 64 * 96, bytes_moved=0.0)
+    timed = run_cases([case], precision="bf16", device="cpu", repeats=2, min_time_s=0.002)
+    assert timed.seconds[0] is not None and timed.seconds[0] > 0

@@ -8,6 +8,11 @@ are about the same work:
   and each microbatch, in its three orientations (the forward ``X W^T``, the input gradient
   ``dY W`` and the weight gradient ``dY^T X``, in Megatron-LM's operand layouts: the cost
   model prices all three by their FLOPs per call);
+- for a mixture of experts, a rank's local experts as one grouped GEMM (what Megatron-Core's
+  ``--moe-grouped-gemm`` and torchtitan run), the first MoE layer's up and down projections
+  with tokens per expert from a hundred to a few thousand (the experts' share of a
+  microbatch's tokens at the expert-parallel degrees plans run): the grouped-GEMM curve's
+  tokens and reduction terms need both to vary;
 - fused causal attention, forward and backward, at the model's sequence length and shorter
   ones, with the model's head dim and the common 64 and 128 (the curve's head-dim term needs
   more than one);
@@ -30,11 +35,18 @@ from planner.cost import CAUSAL_FRACTION, ELEMENTWISE_BACKWARD_FACTOR, FLASH_BAC
 from planner.graph import lowered
 from planner.graph.lower import ACTIVATION_BYTES
 from planner.graph.ops import TENSOR_PARALLEL_DIMS, Op
+from planner.graph.stacks import grouped_experts
 from planner.spec import ModelSpec, TrainingSpec
 
-BenchKind = Literal["gemm", "attention", "memory", "elementwise", "optimizer"]
-Kernel = Literal["matmul", "attention_forward", "attention_backward", "add", "layer_norm",
-                 "rms_norm", "gelu", "silu", "adam"]  # fmt: skip
+BenchKind = Literal["gemm", "grouped_gemm", "attention", "memory", "elementwise", "optimizer"]
+Kernel = Literal["matmul", "grouped_matmul", "attention_forward", "attention_backward", "add",
+                 "layer_norm", "rms_norm", "gelu", "silu", "adam"]  # fmt: skip
+
+GROUPED_TOKENS = (128, 256, 512, 1024, 2048, 4096)
+"""Tokens per expert of the grouped GEMMs timed: the range ``../shared/validation/h100/
+expert_gemms.jsonl`` measured above the curve's fit floor, and plans run in."""
+LOCAL_EXPERTS = 8
+"""Local experts in a grouped GEMM timed (fewer when the model has fewer)."""
 
 ATTENTION_HEAD_DIMS = (64, 128)
 """Head dims timed besides the model's own: the attention curve's head-dim term is fitted
@@ -127,6 +139,29 @@ def gemm_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Seq
     return list(cases.values())
 
 
+def grouped_gemm_cases(model: ModelSpec, training: TrainingSpec) -> list[BenchCase]:
+    """The first MoE layer's expert projections as one grouped GEMM over
+    :data:`LOCAL_EXPERTS` local experts of each of :data:`GROUPED_TOKENS` tokens; none for a
+    dense model or a precision the grouped kernels do not run in (bf16 only:
+    :func:`planner.graph.stacks.grouped_experts`). ``shape`` is (experts, tokens per expert,
+    k, n)."""
+    if model.moe is None or not grouped_experts("megatron-te", training.precision):
+        return []
+    experts = min(LOCAL_EXPERTS, model.moe.num_experts)
+    cases = []
+    for op in _first_of_each_kind(model, training, 1):
+        if op.kind != "expert_linear" or op.weight is None:
+            continue
+        k, n = (size for _, size in op.weight.dims[-2:])
+        name = op.name.rsplit(".", 1)[-1]
+        for tokens in GROUPED_TOKENS:
+            cases.append(BenchCase(
+                kind="grouped_gemm", kernel="grouped_matmul",
+                label=f"{name} {experts}x{tokens}", shape=(experts, tokens, k, n),
+                flops=2.0 * experts * tokens * k * n, bytes_moved=0.0))  # fmt: skip
+    return cases
+
+
 def attention_cases(model: ModelSpec, training: TrainingSpec) -> list[BenchCase]:
     """Fused causal attention, forward and backward, at the model's sequence length and its
     halvings down to :data:`SHORTEST_ATTENTION_SEQ`, with the model's head dim and
@@ -212,6 +247,7 @@ def bench_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Se
     """
     return [*gemm_cases(model, training, tensor_parallel=tensor_parallel,
                         micro_batches=micro_batches),
+            *grouped_gemm_cases(model, training),
             *attention_cases(model, training),
             *memory_cases(model, training, micro_batches=micro_batches),
             optimizer_case(model, training)]  # fmt: skip

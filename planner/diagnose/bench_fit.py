@@ -29,6 +29,7 @@ import numpy as np
 from planner.cost import CAUSAL_FRACTION, compute_time_s, fused_attention_s, optimizer_step_s
 from planner.diagnose.bench_cases import BenchCase, BenchKind
 from planner.diagnose.bench_torch import Timings
+from planner.diagnose.expert_gemms import ExpertGemm, fit_grouped_gemm, priced_s
 from planner.errors import InputError
 from planner.spec import AttentionEfficiency, DeviceEfficiency, DeviceSpec, GemmEfficiency
 from planner.spec import limits as lim
@@ -98,6 +99,8 @@ def predicted_s(case: BenchCase, device: DeviceSpec, precision: Precision) -> fl
     stands for (:func:`planner.cost.op_time`'s roofline; Adam as the optimizer step)."""
     if case.kind == "optimizer":
         return optimizer_step_s(device, precision, params=case.shape[0])
+    if case.kind == "grouped_gemm":
+        return priced_s(_expert_gemm(case, 0.0), device)
     if case.kind == "attention":
         return fused_attention_s(device, precision, flops=case.flops,
                                  bytes_moved=case.bytes_moved, calls=case.calls,
@@ -105,6 +108,13 @@ def predicted_s(case: BenchCase, device: DeviceSpec, precision: Precision) -> fl
                                  backward=case.kernel == "attention_backward")  # fmt: skip
     return compute_time_s(device, precision, flops=case.flops, bytes_moved=case.bytes_moved,
                           calls=case.calls)  # fmt: skip
+
+
+def _expert_gemm(case: BenchCase, seconds: float) -> ExpertGemm:
+    """A grouped-GEMM case as the expert GEMMs' fit reads one, timed at ``seconds``."""
+    experts, tokens, k, n = case.shape
+    return ExpertGemm(label=case.label, experts=experts, tokens_per_expert=tokens, k=k, n=n,
+                      grouped_s=seconds, bmm_s=seconds)  # fmt: skip
 
 
 def _with(device: DeviceSpec, **changes: object) -> DeviceSpec:
@@ -170,12 +180,15 @@ def fit_bench(
         notes.append("no attention kernel ran: the attention curve is kept as it was")
         fitted = _with(fitted, attention=device.efficiency.attention)
     notes += _replaced_notes(device)
-    counts = {k: sum(c.kind == k for c, _ in ran) for k in ("gemm", "attention", "memory")}
+    counts = {k: sum(c.kind == k for c, _ in ran)
+              for k in ("gemm", "grouped_gemm", "attention", "memory")}  # fmt: skip
     source = (f"measured by `planner bench` on {timings.device_name} ({timings.backend}, torch "
               f"{timings.torch_version}) in {precision}, {date or datetime.date.today()}, with "
               f"{model_name}'s shapes at sequence {seq_length}: {counts['gemm']} GEMMs, "
+              f"{counts['grouped_gemm']} grouped expert GEMMs, "
               f"{counts['attention']} attention kernels, {counts['memory']} memory-bound "
               f"kernels; least squares on log time through the cost model's roofline")
+    fitted = _fit_grouped(fitted, *of("grouped_gemm"), timings.backend, source, notes)
     rows = tuple(BenchRow(label=c.label, kind=c.kind, shape=c.shape, flops=c.flops,
                           bytes_moved=c.bytes_moved, measured_s=s,
                           before_s=predicted_s(c, device, precision),
@@ -232,6 +245,23 @@ def _fit_gemms(
         (fastest / peak, 1.0), ((1e-6, 0.0), (1.0, lim.MAX_HALF_SATURATION_GFLOP)))
     return _with(fitted, gemm=GemmEfficiency(max_fraction=round(float(gmax), 4),
                                              half_saturation_gflop=round(float(ghalf), 3)))
+
+
+def _fit_grouped(fitted: DeviceSpec, cases: list[BenchCase], measured: np.ndarray,
+                 backend: str, source: str, notes: list[str]) -> DeviceSpec:
+    """``fitted`` with its grouped-GEMM curve fitted to the grouped expert GEMMs' times
+    (:func:`~planner.diagnose.expert_gemms.fit_grouped_gemm`, through the launch cost and
+    roofline just fitted), or kept, with a note, when none ran."""
+    if not cases:
+        notes.append("no grouped expert GEMM ran (a dense model, or not bf16): the "
+                     "grouped-GEMM curve is kept as it was")
+        return fitted
+    if backend != "cuda":
+        notes.append(f"the grouped expert GEMMs ran as one torch.bmm each on {backend} "
+                     f"(torch._grouped_mm is CUDA's): the curve is the batched GEMM's")
+    gemms = [_expert_gemm(c, float(t)) for c, t in zip(cases, measured, strict=True)]
+    curve = fit_grouped_gemm(gemms, fitted, source=f"grouped_gemm: {source}")
+    return _with(fitted, grouped_gemm=curve)
 
 
 def _replaced_notes(device: DeviceSpec) -> list[str]:
@@ -374,6 +404,9 @@ def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
         # Every field of the curve (the fixed costs, the backward's rate and the kernel too).
         block["attention"] = curve.model_dump(mode="json", exclude_none=True) | {
             "source": curve.source or source}
+    if efficiency.grouped_gemm is not None:
+        block["grouped_gemm"] = efficiency.grouped_gemm.model_dump(mode="json",
+                                                                   exclude_none=True)
     block["memory_bound_fraction"] = efficiency.memory_bound_fraction
     block["kernel_launch_us"] = efficiency.kernel_launch_us
     block["source"] = f"memory_bound_fraction, kernel_launch_us: {source}"

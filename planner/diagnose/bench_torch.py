@@ -9,7 +9,9 @@ descheduled launch thread) only ever slows a batch down, and a training job has 
 itself. Back-to-back calls are what a training step runs, so the smallest kernels'
 times are their launch cost, as the cost model's ``kernel_launch_us`` means it.
 
-Attention is the fused kernel each platform trains with: PyTorch's
+A rank's routed experts run as ``torch._grouped_mm`` on CUDA (torchtitan's kernel), elsewhere
+as one ``torch.bmm`` of the same shapes. Attention is the fused kernel each platform trains
+with: PyTorch's
 ``scaled_dot_product_attention`` (FlashAttention-2 or cuDNN on CUDA in bf16/fp16), and on
 Ascend ``torch_npu.npu_fusion_attention`` with a causal mask given as MindSpeed gives it:
 ``sparse_mode=2`` and a 2048 x 2048 upper-triangular mask
@@ -147,6 +149,8 @@ class _Kernels:
             b = self.randn(n, k).t() if case.transposed == "b" else self.randn(k, n)
             out = self.randn(m, n)
             return lambda: torch.matmul(a, b, out=out)
+        if case.kernel == "grouped_matmul":
+            return self._grouped(case)
         if case.kernel in ("attention_forward", "attention_backward"):
             return self._attention(case)
         if case.kernel == "adam":
@@ -170,6 +174,21 @@ class _Kernels:
         if case.kernel == "silu":
             return lambda: f.silu(x)
         raise AssertionError(f"no kernel {case.kernel}")
+
+    def _grouped(self, case: BenchCase) -> Callable[[], object]:
+        """A rank's experts as one grouped GEMM: ``torch._grouped_mm`` on CUDA (torchtitan's
+        kernel, what the shared H100 measurements time), else one batched GEMM of the same
+        shapes (``torch.bmm``: every expert the same tokens)."""
+        torch = self.torch
+        experts, tokens, k, n = case.shape
+        weights = self.randn(experts, n, k).transpose(-2, -1)  # stored as nn.Linear stores it
+        grouped = getattr(torch, "_grouped_mm", None)
+        if self.backend == "cuda" and grouped is not None:
+            x = self.randn(experts * tokens, k)
+            ends = torch.arange(1, experts + 1, device=self.device, dtype=torch.int32) * tokens
+            return lambda: grouped(x, weights, offs=ends)
+        x = self.randn(experts, tokens, k)
+        return lambda: torch.bmm(x, weights)
 
     def _attention(self, case: BenchCase) -> Callable[[], object]:
         torch = self.torch

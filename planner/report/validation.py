@@ -224,8 +224,9 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
-BENCH_PARTS = (("gemm", "GEMMs"), ("attention", "attention"), ("memory", "adds"),
-               ("elementwise", "norm, act."), ("optimizer", "Adam step"))  # fmt: skip
+BENCH_PARTS = (("gemm", "GEMMs"), ("grouped_gemm", "grouped GEMMs"), ("attention", "attention"),
+               ("memory", "adds"), ("elementwise", "norm, act."),
+               ("optimizer", "Adam step"))  # fmt: skip
 """The bench's kinds of kernel in the order fitted, as its summary names them."""
 
 
@@ -253,6 +254,12 @@ def bench_tables(fit: BenchFit) -> list[RenderableType]:
               ("memory_bound_fraction", before.memory_bound_fraction,
                after.memory_bound_fraction),
               ("kernel_launch_us", before.kernel_launch_us, after.kernel_launch_us)]
+    if after.grouped_gemm is not None:
+        old_grouped = before.grouped_gemm
+        for field in ("max_fraction", "half_saturation_tokens", "half_saturation_k"):
+            values.append((f"grouped_gemm.{field}",
+                           getattr(old_grouped, field) if old_grouped else None,
+                           getattr(after.grouped_gemm, field)))  # fmt: skip
     if after.attention is not None:
         old = before.attention
         for field in ("max_fraction", "half_saturation_tokens", "half_saturation_head_dim"):
