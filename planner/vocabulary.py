@@ -52,17 +52,19 @@ full``)."""
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 """From least to most recomputation (the index is the mode's position in per-mode tuples)."""
 
-RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj"]
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                          "shared_experts"]
 """What selective recomputation reruns, as Megatron-Core's ``--recompute-modules`` names it
-(``megatron/core/transformer/transformer_config.py``): the attention core, checkpointed (its
-inputs kept, the ``s x s`` tensors dropped); and, discarding their outputs for the backward
-to rebuild, the experts' activation function, the norms that are modules of their own (MLA's
-input norm, an MoE layer's pre-MLP norm) and MLA's up projections. Megatron-Core's ``mlp``,
-``moe`` and ``shared_experts`` (whole submodules checkpointed, their collectives rerun) are not
-priced."""
+(``megatron/core/transformer/transformer_config.py``): checkpointed, their inputs kept and
+their forward (collectives included) rerun, the attention core (its ``s x s`` tensors
+dropped), a dense layer's MLP, an MoE layer's whole MoE block and its shared experts; and,
+discarding their outputs for the backward to rebuild, the experts' activation function, the
+norms that are modules of their own (MLA's input norm, an MoE layer's pre-MLP norm) and MLA's
+up projections."""
 RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn", "moe_act", "layernorm",
-                                                   "mla_up_proj")  # fmt: skip
-"""The priced recompute modules, in Megatron-Core's order."""
+                                                   "mla_up_proj", "mlp", "moe",
+                                                   "shared_experts")  # fmt: skip
+"""The recompute modules, in Megatron-Core's order."""
 DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
 """What selective recomputation reruns unless told (Megatron-Core's default)."""
 

@@ -204,8 +204,14 @@ def test_rule_moe_comm_overlap() -> None:
 
 def test_rule_recompute_modules() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
-    megatron/core/transformer/transformer_config.py:735-745"""
+    megatron/core/transformer/transformer_config.py:726-745
+
+    Megatron-Core's checks, and its allowed modules, which have no shared_experts yet."""
     tm.pin_recompute_modules(P)
+    model = load("mixtral-8x7b")
+    refused(P, "recompute-modules", configure(model, 16, ep=8, recompute="selective",
+                                              recompute_modules="moe,shared_experts"),
+            model, r"shared_experts: .*core_v0.12.1\) has core_attn")  # fmt: skip
 
 
 def test_rule_vpp_chunks() -> None:

@@ -94,11 +94,11 @@ def test_a_plan_priced_with_modules_keeps_less_and_the_batch_agrees() -> None:
     assert agree(batch, configs, model, cluster) == 6
 
 
-def test_modules_need_selective_recomputation_and_a_priced_module() -> None:
+def test_modules_need_selective_recomputation_and_a_known_module() -> None:
     with pytest.raises(ValidationError, match=r"needs recompute 'selective', not 'full'"):
         ParallelConfig(recompute="full", recompute_modules="moe_act")
-    with pytest.raises(ValidationError, match=r"module 'moe': the planner prices core_attn"):
-        ParallelConfig(recompute="selective", recompute_modules="moe_act moe")
+    with pytest.raises(ValidationError, match=r"module 'mhc': expected some of core_attn"):
+        ParallelConfig(recompute="selective", recompute_modules="moe_act mhc")
     # Megatron-Core's order, once each; the default spelled out is the default.
     assert ParallelConfig(recompute="selective",
                           recompute_modules="layernorm moe_act,layernorm").recompute_modules \
@@ -130,3 +130,53 @@ def test_solve_tries_them_for_megatron_and_launches_them() -> None:
     resolved = resolve(model, cluster, plan.configuration)
     text = planner.frameworks.profile("megatron").launch(resolved, model).text
     assert "--recompute-modules moe_act layernorm " in text
+
+
+def test_mlp_checkpoints_a_dense_layers_mlp_and_reruns_its_collectives() -> None:
+    """Llama 3 8B, TP2 with SP: the MLP keeps nothing of its own (its input, the residual
+    stream, is the checkpoint's and the norm's), so a token drops its up projection's input
+    (h) and the gated activation's input and output (3 x FFN); it reruns the MLP's forward and
+    its all-gather and reduce-scatter, half of what full recomputation reruns (attention's
+    pair is the other half, of the same size)."""
+    model = planner.load_model(REPO / "instances" / "models" / "llama3-8b.json")
+    default = _parts(model, ("core_attn",), kind="dense", tp=2)
+    mlp = _parts(model, ("mlp",), kind="dense", tp=2)
+    dropped = SEQ * (model.hidden_size + 3 * model.ffn) * 2 / 2  # split by TP (SP for h)
+    assert default.kept_bytes[1] - mlp.kept_bytes[1] == pytest.approx(dropped, rel=1e-12)
+    assert default.selective_rerun_comm_s == (0.0, 0.0, 0.0)
+    assert mlp.selective_rerun_comm_s[0] == pytest.approx(0.5 * mlp.rerun_comm_s[0], rel=1e-12)
+    assert 0 < mlp.rerun_s[1] < mlp.rerun_s[2]
+
+
+def test_moe_checkpoints_the_moe_block_and_reruns_its_all_to_alls() -> None:
+    """Mixtral: the MoE block keeps its input alone (the pre-MLP norm's output the router
+    kept), so what the block kept beyond it goes; its rerun includes the forward's all-to-alls,
+    as full recomputation's does."""
+    model = planner.load_model(MIXTRAL)
+    query = dict(kind="moe", micro_batch_size=1, seq_length=SEQ, precision="bf16")
+    layout = uniform_layout(Degrees(ep=8))
+    cluster = planner.load_cluster(H100, 1)
+    default, moe = (uniform_parts(model, cluster, UniformQuery(
+        layout=layout, recompute_modules=m, **query)) for m in (("core_attn",), ("moe",)))  # type: ignore[arg-type]  # fmt: skip
+    assert moe.selective_rerun_comm_s[2] == pytest.approx(moe.rerun_comm_s[2], rel=1e-12)
+    assert moe.selective_rerun_comm_s[2] > 0
+    assert default.selective_rerun_comm_s[2] == 0
+    # Beyond the router's input the block kept the routed tokens at each expert projection,
+    # the activation's input and the logits: all gone.
+    moe_spec = model.moe
+    assert moe_spec is not None
+    routed = SEQ * moe_spec.top_k  # per GPU: its share of the experts' tokens (EP8 of 8 ranks)
+    block = routed * (model.hidden_size + 2 * moe_spec.ffn_hidden_size
+                      + moe_spec.ffn_hidden_size) * 2 + SEQ * moe_spec.num_experts * 4
+    assert default.kept_bytes[1] - moe.kept_bytes[1] == pytest.approx(block, rel=1e-12)
+
+
+def test_shared_experts_keep_their_input_alone() -> None:
+    """DeepSeek-V3's shared expert: checkpointed, it keeps its input (the norm's output) and
+    drops the gated activation's input and output (3 x its FFN a token)."""
+    model = planner.load_model(DEEPSEEK)
+    moe = model.moe
+    assert moe is not None and moe.shared_ffn
+    default, shared = _parts(model, ("core_attn",)), _parts(model, ("shared_experts",))
+    assert default.kept_bytes[1] - shared.kept_bytes[1] == pytest.approx(
+        SEQ * 3 * moe.shared_ffn * 2, rel=1e-12)  # fmt: skip

@@ -48,6 +48,16 @@ class LayerParts:
     parallel, as ``tp_comm_s``, ``cp_comm_s``, ``ep_comm_s``): not on the critical path."""
     rerun_hidden_comm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """The forward's part of ``hidden_comm_s``: hidden again in a fully recomputed forward."""
+    selective_rerun_comm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Collectives rerun under selective recomputation (tensor, context, expert parallel): the
+    forward's own collectives and resharding of the checkpointed modules (Megatron-Core's
+    ``mlp``, ``moe``, ``shared_experts``)."""
+
+    def rerun_comm(self, recompute: str) -> tuple[float, float, float]:
+        """The collectives ``recompute`` runs again, exposed (tensor, context, expert)."""
+        if recompute == "full":
+            return self.rerun_comm_s
+        return self.selective_rerun_comm_s if recompute == "selective" else (0.0, 0.0, 0.0)
 
     @property
     def time_s(self) -> float:
@@ -56,10 +66,8 @@ class LayerParts:
         return self.forward_s + self.backward_s + self.tp_comm_s + self.cp_comm_s + self.ep_comm_s
 
     def rerun_total_s(self, recompute: str) -> float:
-        """Everything ``recompute`` runs again: compute, and under full recomputation the
-        forward's collectives."""
-        extra = sum(self.rerun_comm_s) if recompute == "full" else 0.0
-        return self.rerun_s[self.mode(recompute)] + extra
+        """Everything ``recompute`` runs again: compute, and the collectives it reruns."""
+        return self.rerun_s[self.mode(recompute)] + sum(self.rerun_comm(recompute))
 
     def mode(self, recompute: str) -> int:
         """Index of a recomputation mode in the per-mode tuples."""
@@ -185,7 +193,7 @@ def layer_cost(parts: LayerParts, recompute: str, *, count: int = 1) -> LayerCos
     """``count`` layers of one priced sharding (:class:`~planner.sharding.assignment.LayerParts`)
     under ``recompute``, as the step composer sees them."""
     k = parts.mode(recompute)
-    rerun = parts.rerun_comm_s if recompute == "full" else (0.0, 0.0, 0.0)
+    rerun = parts.rerun_comm(recompute)
     hidden = parts.hidden_comm_s
     hidden_rerun = parts.rerun_hidden_comm_s if recompute == "full" else (0.0, 0.0, 0.0)
     one = LayerCost(

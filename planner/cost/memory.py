@@ -356,14 +356,30 @@ def saved_activation_bytes(
     says (before full recompute, which the caller handles at layer level). Flash attention,
     and selective recompute of the attention core, drop the ``s x s`` tensors (Korthikanti et
     al., Sec. 5); selective recompute of an output-discarding module among ``modules``
-    (:attr:`~planner.graph.ops.Op.discarded_by`) drops the inputs the op would keep."""
+    (:attr:`~planner.graph.ops.Op.discarded_by`) drops the inputs the op would keep; of a
+    checkpointed module it runs inside (:attr:`~planner.graph.ops.Op.checkpointed_by`),
+    everything but the module's input."""
     selected = recompute == "selective"
-    discarded = selected and not set(op.discarded_by).isdisjoint(modules)
+    checkpointed = selected and not set(op.checkpointed_by).isdisjoint(modules)
+    inputs = keeps_inputs(op, recompute=recompute, modules=modules)
     kept = sum(sharded_bytes(t, degrees(t)) for t in op.saved
-               if not (discarded and t in op.inputs))  # fmt: skip
+               if (inputs if t in op.inputs else not checkpointed))  # fmt: skip
     if not flash_attention and not (selected and "core_attn" in modules):
         kept += sum(sharded_bytes(t, degrees(t)) for t in op.score_tensors)
     return kept
+
+
+def keeps_inputs(op: Op, *, recompute: Recompute,
+                 modules: Collection[str] = DEFAULT_RECOMPUTE_MODULES) -> bool:
+    """Whether ``op`` keeps the inputs it saves (before full recompute): not under selective
+    recomputation of a module that discards them or of one it runs inside, unless they are
+    that module's own input."""
+    if recompute != "selective":
+        return True
+    discarded = not set(op.discarded_by).isdisjoint(modules)
+    checkpointed = not set(op.checkpointed_by).isdisjoint(modules)
+    module_input = not set(op.checkpoint_input_of).isdisjoint(modules)
+    return (module_input or not checkpointed) and not discarded
 
 
 # --------------------------------------------------------------------------- pipeline

@@ -44,6 +44,15 @@ def moe_bias(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
             f"(core_v0.12.1) builds no biased experts")
 
 
+def recompute_modules(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """core_v0.12.1's recompute modules are Megatron-Core's but ``shared_experts``, with its
+    checks (:func:`planner.frameworks.megatron.recompute_modules`)."""
+    if "shared_experts" in resolved.recompute_modules and resolved.config.recompute_modules:
+        return ("recompute module shared_experts: the Megatron-Core MindSpeed runs on "
+                "(core_v0.12.1) has core_attn, moe_act, layernorm, mla_up_proj, mlp and moe")
+    return megatron.recompute_modules(resolved, model)
+
+
 def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Megatron's TP overlap is Transformer Engine's userbuffers, which Ascend does not have."""
     c = resolved.config
@@ -105,8 +114,8 @@ RULES: tuple[Rule, ...] = (
                 f"megatron/core/model_parallel_config.py:389-390"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
          source=f"{CORE} megatron/core/transformer/moe/moe_layer.py:129-149"),
-    Rule(name="recompute-modules", check=megatron.recompute_modules,
-         source=f"{CORE} megatron/core/transformer/transformer_config.py:735-745"),
+    Rule(name="recompute-modules", check=recompute_modules,
+         source=f"{CORE} megatron/core/transformer/transformer_config.py:726-745"),
     Rule(name="vpp-chunks", check=megatron.interleaving_chunks,
          source=f"{CORE} megatron/core/transformer/transformer_config.py:790-841; "
                 f"megatron/core/transformer/transformer_block.py:136-139, 152-158"),

@@ -248,22 +248,25 @@ def _latent_attention(b: _Builder, x_name: str) -> str:
     )  # fmt: skip
 
 
-def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp",
-         discarded_by: tuple[str, ...] = ()) -> str:  # fmt: skip
-    """Up projection (gate and up fused for SwiGLU/GeGLU), activation, down projection;
-    ``discarded_by``: the recompute modules that discard the up projection's input."""
+def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp", *,
+         discarded_by: tuple[str, ...] = (), checkpointed_by: tuple[str, ...] = ("mlp",),
+         input_of: tuple[str, ...] = ()) -> str:  # fmt: skip
+    """Up projection (gate and up fused for SwiGLU/GeGLU), activation, down projection, inside
+    the checkpointed recompute modules ``checkpointed_by``; ``discarded_by``: the modules that
+    discard the up projection's input, ``input_of``: those whose kept input it is."""
     m = b.model
     glu = 2 if m.gated_mlp else 1
     up = b.linear(f"{prefix}_up", x_name, b.hidden(), ("ffn", glu * width), bias=m.bias,
-                  norm_reads=glu, compiled_recomputes=True,
-                  discarded_by=discarded_by)  # fmt: skip
+                  norm_reads=glu, compiled_recomputes=True, discarded_by=discarded_by,
+                  checkpointed_by=checkpointed_by, checkpoint_input_of=input_of)  # fmt: skip
     act_in, act_out = b.act(("ffn", glu * width)), b.act(("ffn", width))
     # Eager SwiGLU/GeGLU: the product keeps the activation's output beside up.
     kept_out = (act_out,) if b.stack == "hf-eager" and m.gated_mlp else ()
     act = b.add(f"{prefix}_act", "elementwise", (up,), inputs=(act_in,), output=act_out,
-                saved=(act_in, *kept_out),
+                saved=(act_in, *kept_out), checkpointed_by=checkpointed_by,
                 unfused=unfused.activation(b.stack, act_out, gated=m.gated_mlp))  # fmt: skip
-    return b.linear(f"{prefix}_down", act, act_out, ("hidden", m.hidden_size), bias=m.bias)
+    return b.linear(f"{prefix}_down", act, act_out, ("hidden", m.hidden_size), bias=m.bias,
+                    checkpointed_by=checkpointed_by)  # fmt: skip
 
 
 def expert_capacity(tokens: int, moe: MoESpec) -> int:
@@ -283,6 +286,11 @@ def expert_capacity(tokens: int, moe: MoESpec) -> int:
     return max(1, math.ceil(tokens * moe.top_k / moe.num_experts * moe.capacity_factor))
 
 
+MOE = ("moe",)
+"""The checkpointed recompute module an MoE block's ops run inside (Megatron-Core's
+``moe``: the router, the dispatch, the experts, the combine and the shared experts)."""
+
+
 def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
     """Router, token dispatch, routed experts, combine (+ shared experts); returns outputs."""
     m, moe = b.model, b.model.moe
@@ -299,6 +307,7 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
         weight=router_weight, flops=2.0 * tokens * h * experts,
         saved=(b.hidden(), Tensor(logits.dims, LOSS_BYTES), *b.weight_copy(router_weight)),
         bias_params=experts if moe.router_expert_bias else 0, discarded_by=("layernorm",),
+        checkpointed_by=MOE, checkpoint_input_of=MOE,
     )  # fmt: skip
     capacity = expert_capacity(tokens, moe)
 
@@ -311,7 +320,7 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
         (("experts", experts), ("capacity", capacity), ("hidden", h)), b.act_bytes
     )
     dispatch = b.add("dispatch", "dispatch", (x_name, router), inputs=(b.hidden(),),
-                     output=hidden_routed)  # fmt: skip
+                     output=hidden_routed, checkpointed_by=MOE)  # fmt: skip
     f = moe.ffn_hidden_size
 
     def expert_linear(op: str, src: str, x: Tensor, out: Tensor, in_dim: tuple[str, int],
@@ -323,20 +332,23 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
             saved=(x, *b.weight_copy(weight)),
             gemm_calls=experts, active_fraction=moe.top_k / experts,
             unfused=unfused.linear(b.stack, x, weight, 0), discarded_by=discarded_by,
+            checkpointed_by=MOE,
         )  # fmt: skip
 
     up = expert_linear("expert_up", dispatch, hidden_routed, routed(glu * f),
                        ("hidden", h), ("ffn", glu * f))  # fmt: skip
     act = b.add("expert_act", "elementwise", (up,), inputs=(routed(glu * f),),
                 output=routed(f), saved=(routed(glu * f),),
-                recomputed_by=("moe_act",))  # fmt: skip
+                recomputed_by=("moe_act",), checkpointed_by=MOE)  # fmt: skip
     down = expert_linear("expert_down", act, routed(f), hidden_routed, ("ffn", f), ("hidden", h),
                          discarded_by=("moe_act",))  # fmt: skip
     combine = b.add("combine", "combine", (down, router), inputs=(hidden_routed,),
-                    output=b.hidden())  # fmt: skip
+                    output=b.hidden(), checkpointed_by=MOE)  # fmt: skip
     if moe.shared_ffn:
         return combine, _mlp(b, x_name, moe.shared_ffn, prefix="shared",
-                             discarded_by=("layernorm",))  # fmt: skip
+                             discarded_by=("layernorm",),
+                             checkpointed_by=(*MOE, "shared_experts"),
+                             input_of=("shared_experts",))  # fmt: skip
     return (combine,)
 
 

@@ -169,6 +169,12 @@ class Op:
     discarded_by: tuple[str, ...] = ()
     """The output-discarding recompute modules whose output this op reads: under any of them
     the op keeps none of its inputs (that module's rerun rebuilds them for the backward)."""
+    checkpointed_by: tuple[str, ...] = ()
+    """The checkpointed recompute modules this op runs inside: under any of them the op keeps
+    nothing for its backward (but :attr:`checkpoint_input_of`'s), and its forward, its
+    collectives and the resharding around it run again."""
+    checkpoint_input_of: tuple[str, ...] = ()
+    """The checkpointed modules whose input is this op's input: kept under them, once."""
 
     def local_params(self, weight_degrees: Mapping[str, int]) -> float:
         """Parameters one device holds when weight dim ``d`` is split ``weight_degrees[d]``

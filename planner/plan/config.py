@@ -100,7 +100,7 @@ class ParallelConfig(BaseModel):
     recompute_modules: str | None = Field(
         default=None, description="With selective recomputation, what it reruns, as "
         "Megatron-Core's --recompute-modules names them, comma-separated: core_attn, moe_act, "
-        "layernorm, mla_up_proj; default: core_attn.",
+        "layernorm, mla_up_proj, mlp, moe, shared_experts; default: core_attn.",
     )  # fmt: skip
     zero: Literal[0, 1, 2, 3] = Field(
         default=0, description="0: replicated optimizer; 1: optimizer states sharded over "
@@ -188,9 +188,8 @@ def recompute_modules_of(text: str | None) -> tuple[RecomputeModule, ...]:
     names = set(text.replace(",", " ").split())
     unknown = sorted(names - set(RECOMPUTE_MODULES))
     if unknown:
-        raise ValueError(f"recompute module {unknown[0]!r}: the planner prices "
-                         f"{', '.join(RECOMPUTE_MODULES)} (Megatron-Core's mlp, moe and "
-                         f"shared_experts checkpoint whole submodules and are not priced)")
+        raise ValueError(f"recompute module {unknown[0]!r}: expected some of "
+                         f"{', '.join(RECOMPUTE_MODULES)}")
     if not names:
         raise ValueError("recompute_modules names no module")
     return tuple(m for m in RECOMPUTE_MODULES if m in names)

@@ -21,7 +21,7 @@ from planner import cost
 from planner.cost.layer import LayerParts
 from planner.graph.ops import Op, Tensor
 from planner.sharding.layout import Layout, LogicalMesh, canonical, reshard, transfer_time_s
-from planner.sharding.strategies import Strategy, StrategyContext, follow, reruns
+from planner.sharding.strategies import Strategy, StrategyContext, checkpointed, follow, reruns
 
 StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]
 """The strategies a node's leading op may take (all of them, or one assigned)."""
@@ -215,6 +215,11 @@ def _edge_transfers(
     return forward, backward, raw_forward, raw_backward
 
 
+def _checkpointed(node: Node, modules: tuple[str, ...]) -> bool:
+    """Whether the node's ops run inside a checkpointed recompute module among ``modules``."""
+    return any(checkpointed(op, modules) for op in node.ops)
+
+
 def _own_comm_axis(node: Node, strategy: Strategy) -> str:
     """Which category an op's own collectives belong to."""
     kind = node.ops[0].kind
@@ -233,6 +238,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
     rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     hidden = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     hidden_rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
+    modules = layer.context.recompute_modules
+    selective_rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     forward = backward = weight = attention = kept = selective = layer_input = loss = 0.0
     flops = attention_flops = 0.0
     weights: list[tuple[float, tuple[int, ...]]] = []
@@ -245,6 +252,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         rerun[_own_comm_axis(node, s)] += s.forward_comm_s
         hidden[_own_comm_axis(node, s)] += s.hidden_comm_s
         hidden_rerun[_own_comm_axis(node, s)] += s.hidden_forward_comm_s
+        if _checkpointed(node, modules):
+            selective_rerun[_own_comm_axis(node, s)] += s.forward_comm_s
         attention += s.selective_forward_s
         kept += s.kept_bytes
         selective += s.kept_selective_bytes
@@ -262,6 +271,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         total, fwd = edge_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
         reshard += total
         reshard_forward += fwd
+        if any(_checkpointed(layer.nodes[v], modules) for v in edge):
+            selective_rerun["tp"] += fwd
         total, fwd = edge_hidden_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
         hidden["tp"] += total
         hidden_rerun["tp"] += fwd
@@ -276,6 +287,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         rerun_comm_s=(rerun["tp"] + reshard_forward, rerun["cp"], rerun["ep"]),
         hidden_comm_s=(hidden["tp"], hidden["cp"], hidden["ep"]),
         rerun_hidden_comm_s=(hidden_rerun["tp"], hidden_rerun["cp"], hidden_rerun["ep"]),
+        selective_rerun_comm_s=(selective_rerun["tp"], selective_rerun["cp"],
+                                selective_rerun["ep"]),
         kept_bytes=(kept, selective, layer_input),
         working_bytes=(0.0, 0.0, kept),
         loss_bytes=loss,

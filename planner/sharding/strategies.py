@@ -364,12 +364,15 @@ def kept_sharded(op: Op, strategy: Strategy, mesh: LogicalMesh,
         regather = gather
         if ctx.tp_comm_overlap:  # the backward's all-gather overlaps its GEMMs too
             regather = cost.exposed_s(gather, strategy.backward_s)
+        # selective recomputation may keep no input to slice (a module discards it)
+        kept_selective = cost.keeps_inputs(op, recompute="selective",
+                                           modules=ctx.recompute_modules)  # fmt: skip
         out.append(replace(
             strategy, name=f"{strategy.name}+kept-seq@{axis}",
             comm_s=strategy.comm_s + regather,
             hidden_comm_s=strategy.hidden_comm_s + gather - regather,
             kept_bytes=strategy.kept_bytes - saved,
-            kept_selective_bytes=strategy.kept_selective_bytes - saved,
+            kept_selective_bytes=strategy.kept_selective_bytes - saved * kept_selective,
         ))  # fmt: skip
     return out
 
@@ -437,7 +440,13 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
 
 def reruns(op: Op, modules: tuple[str, ...]) -> bool:
     """Whether selective recomputation of ``modules`` runs ``op``'s forward again."""
-    return not set(op.recomputed_by).isdisjoint(modules)
+    return not set(op.recomputed_by).isdisjoint(modules) or checkpointed(op, modules)
+
+
+def checkpointed(op: Op, modules: tuple[str, ...]) -> bool:
+    """Whether ``op`` runs inside a checkpointed module among ``modules``: its collectives
+    and the resharding around it run again too."""
+    return not set(op.checkpointed_by).isdisjoint(modules)
 
 
 def _kept_degrees(op: Op, tensor: Tensor, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:
