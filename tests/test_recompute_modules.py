@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 import planner
-from planner.diagnose.notches import with_changes
+from planner.diagnose.notches import describe_change, with_changes
 from planner.plan.config import ParallelConfig, resolve
 from planner.plan.degrees import Degrees
 from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
@@ -112,7 +112,10 @@ def test_turning_recomputation_drops_the_modules() -> None:
     class of a count of recomputed layers beside another mode)."""
     model = planner.load_model(MIXTRAL)
     lean = ParallelConfig(recompute="selective", recompute_modules="moe_act")
-    assert with_changes(lean, {"recompute": "full"}, model).recompute_modules is None
+    full = with_changes(lean, {"recompute": "full"}, model)
+    assert full.recompute_modules is None
+    assert describe_change(lean, full, dp=(8, 8), microbatches=(4, 4), knob="recompute") == (
+        "recompute selective -> full (recompute-modules moe_act dropped)")  # fmt: skip
     assert with_changes(ParallelConfig(), {"recompute_modules": "moe_act"},
                         model).recompute == "selective"  # fmt: skip
 

@@ -32,7 +32,8 @@ from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.spec import ModelSpec
 from planner.spec.reading import fill_training
-from planner.uniform.space import divisors, lean_recompute_modules, stage_splits
+from planner.uniform.recomputations import lean_recompute_modules
+from planner.uniform.space import divisors, stage_splits
 from planner.vocabulary import RECOMPUTE_MODES
 
 Values = Callable[[ParallelConfig, ModelSpec, int], tuple[Any, ...]]
@@ -52,7 +53,7 @@ def _fixed(*values: Any) -> Values:
 
 def _recompute_modules(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[Any, ...]:
     """Selective recomputation's default modules, and every output-discarding one that
-    applies (:func:`~planner.uniform.space.lean_recompute_modules`)."""
+    applies (:func:`~planner.uniform.recomputations.lean_recompute_modules`)."""
     # only the precision and the stack matter: a length and a batch are filled in for
     # configurations that leave them to a model without a training block
     training = fill_training(model, seq_length=config.seq_len or 1,
@@ -330,9 +331,11 @@ def describe_change(
 
 def _moved_with(name: str, before: ParallelConfig, after: ParallelConfig) -> str:
     """A knob that moved with another, as :func:`describe_change` names it: its new value, or
-    that it was dropped (a count of recomputed layers without full recomputation)."""
-    if name == "recompute_layers" and after.recompute != "full":
-        return f"recompute-layers {word(getattr(before, name), name)} dropped"
+    that it was dropped (a count of recomputed layers without full recomputation, modules
+    without selective recomputation)."""
+    owner = {"recompute_layers": "full", "recompute_modules": "selective"}
+    if name in owner and after.recompute != owner[name]:
+        return f"{name.replace('_', '-')} {word(getattr(before, name), name)} dropped"
     return f"{name.replace('_', '-')} {word(getattr(after, name), name)}"
 
 

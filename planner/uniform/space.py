@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.frameworks import ANY, profile
-from planner.graph.stacks import grouped_experts
 from planner.options import DEFAULT_OPTIONS, NO_PINS, Pins, SolveOptions, training_of
 from planner.plan.chunks import cuts_into
 from planner.plan.config import ParallelConfig, stage_layers
@@ -41,13 +40,8 @@ from planner.plan.degrees import Degrees, combined_1f1b
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.defaults import launched_overlaps, sequence_parallel
 from planner.uniform.groups import context_groups, cp_algorithms
-from planner.vocabulary import (
-    OFFLOADS,
-    RECOMPUTE_MODES,
-    ContextParallelism,
-    PipelineSchedule,
-    Recompute,
-)
+from planner.uniform.recomputations import recomputations
+from planner.vocabulary import OFFLOADS, RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
 
 StageEnds = tuple[int | None, int | None]
 """Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
@@ -228,47 +222,6 @@ def branch_groups(
                                   zb_v=schedule == "zb-v"))
     ]  # fmt: skip
     return [group for group in groups if group]
-
-
-def recomputations(
-    model: ModelSpec, *, training: TrainingSpec, options: SolveOptions
-) -> list[tuple[Recompute, str | None]]:
-    """The recomputation modes tried, with the modules selective recomputation reruns: the
-    default (the attention core) and, for a target that takes ``--recompute-modules``, every
-    output-discarding module that applies (the experts' activation where the experts run
-    as a grouped GEMM, the norms that are modules of their own, MLA's up projections: what
-    Megatron-Core's MoE recipes rerun); a pinned set alone.
-
-    >>> from pathlib import Path
-    >>> from planner.options import SolveOptions, training_of
-    >>> from planner.spec.reading import load_model
-    >>> root = Path(__file__).resolve().parents[2] / "instances"
-    >>> model = load_model(root / "models/deepseek-v3.json")
-    >>> options = SolveOptions(framework="megatron")
-    >>> recomputations(model, training=training_of(model, options), options=options)[1:3]
-    [('selective', None), ('selective', 'moe_act,layernorm,mla_up_proj')]
-    """
-    pinned = options.pins.recompute_modules
-    if pinned is not None:
-        return [("selective", pinned)]
-    lean = lean_recompute_modules(model, training)
-    named = options.framework == ANY or profile(options.framework).recompute_modules
-    out: list[tuple[Recompute, str | None]] = [(r, None) for r in RECOMPUTE_MODES]
-    if named and lean:
-        out.insert(2, ("selective", lean))
-    return out
-
-
-def lean_recompute_modules(model: ModelSpec, training: TrainingSpec) -> str | None:
-    """Every output-discarding recompute module that applies to ``model`` run as
-    ``training`` runs it, comma-separated (None: none applies): the experts' activation where
-    they run as a grouped GEMM, the norms that are modules of their own (an MoE layer's
-    pre-MLP norm, MLA's input norm), MLA's up projections."""
-    lean = [m for m, applies in (
-        ("moe_act", model.moe is not None and grouped_experts(training.stack, training.precision)),
-        ("layernorm", model.moe is not None or model.mla is not None),
-        ("mla_up_proj", model.mla is not None)) if applies]  # fmt: skip
-    return ",".join(lean) or None
 
 
 def schedules(
