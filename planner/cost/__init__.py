@@ -21,6 +21,7 @@ the :class:`~planner.spec.ClusterSpec`.
 
 from __future__ import annotations
 
+from planner.cost.activations import in_flight_microbatches, keeps_inputs, saved_activation_bytes
 from planner.cost.communication import (
     CommGroup,
     collective_time_s,
@@ -69,11 +70,8 @@ from planner.cost.memory import (
     fits,
     gathered_bytes_per_param,
     gradient_bytes_on_wire,
-    in_flight_microbatches,
-    keeps_inputs,
     memory_margin_bytes,
     reserve_bytes,
-    saved_activation_bytes,
     state_bytes_per_param,
     states_precision,
     usable_bytes,

@@ -1,27 +1,15 @@
-"""Memory: the margin a plan leaves free, mixed-precision Adam states per parameter under
-each ZeRO stage, saved activations and the microbatches a schedule keeps in flight."""
+"""Memory: the margin a plan leaves free, the reserve beside what is allocated, and
+mixed-precision Adam states per parameter under each ZeRO stage (what activations take is
+:mod:`planner.cost.activations`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from planner.cost.compute import sharded_bytes
-from planner.cost.elementwise import Real, minimum
-from planner.cost.pipeline import warmup_forwards
-from planner.graph.ops import Op, Tensor
+from planner.cost.elementwise import Real
 from planner.spec import DeviceSpec
-from planner.vocabulary import (
-    DEFAULT_RECOMPUTE_MODULES,
-    PipelineSchedule,
-    Precision,
-    Recompute,
-    ScheduleName,
-    Stack,
-    StatesPrecision,
-    schedule_name,
-)
+from planner.vocabulary import Precision, Stack, StatesPrecision
 
 DEFAULT_MEMORY_MARGIN = 0.05
 """Share of a device's memory a plan leaves free, beyond its priced peak and reserve
@@ -342,89 +330,3 @@ def gradient_bytes_on_wire(precision: StatesPrecision) -> float:
     (4, 2.0)
     """
     return GRADIENT_WIRE_BYTES.get(precision, ADAM_STATE[precision].gradients)
-
-
-def saved_activation_bytes(
-    op: Op,
-    degrees: Callable[[Tensor], Mapping[str, int]],
-    *,
-    recompute: Recompute,
-    flash_attention: bool,
-    modules: Collection[str] = DEFAULT_RECOMPUTE_MODULES,
-) -> float:
-    """Bytes ``op`` keeps for backward on one device, each kept tensor split as ``degrees``
-    says (before full recompute, which the caller handles at layer level). Flash attention,
-    and selective recompute of the attention core, drop the ``s x s`` tensors (Korthikanti et
-    al., Sec. 5); selective recompute of an output-discarding module among ``modules``
-    (:attr:`~planner.graph.ops.Op.discarded_by`) drops the inputs the op would keep; of a
-    checkpointed module it runs inside (:attr:`~planner.graph.ops.Op.checkpointed_by`),
-    everything but the module's input."""
-    selected = recompute == "selective"
-    checkpointed = selected and not set(op.checkpointed_by).isdisjoint(modules)
-    inputs = keeps_inputs(op, recompute=recompute, modules=modules)
-    kept = sum(sharded_bytes(t, degrees(t)) for t in op.saved
-               if (inputs if t in op.inputs else not checkpointed))  # fmt: skip
-    if not flash_attention and not (selected and "core_attn" in modules):
-        kept += sum(sharded_bytes(t, degrees(t)) for t in op.score_tensors)
-    return kept
-
-
-def keeps_inputs(op: Op, *, recompute: Recompute,
-                 modules: Collection[str] = DEFAULT_RECOMPUTE_MODULES) -> bool:
-    """Whether ``op`` keeps the inputs it saves (before full recompute): not under selective
-    recomputation of a module that discards them or of one it runs inside, unless they are
-    that module's own input."""
-    if recompute != "selective":
-        return True
-    discarded = not set(op.discarded_by).isdisjoint(modules)
-    checkpointed = not set(op.checkpointed_by).isdisjoint(modules)
-    module_input = not set(op.checkpoint_input_of).isdisjoint(modules)
-    return (module_input or not checkpointed) and not discarded
-
-
-# --------------------------------------------------------------------------- pipeline
-
-
-def in_flight_microbatches(
-    schedule: PipelineSchedule | ScheduleName, *, stage: Real, pp: Real, vpp: Real,
-    num_microbatches: Real,
-) -> Real:
-    """Microbatches' worth of one stage's activations held at the peak, for ``stage`` (0-based):
-    its warm-up forwards (:func:`~planner.cost.pipeline.warmup_forwards`) and the forward that
-    starts its steady state, capped at everything there is, in model chunks of ``1/v`` each.
-
-    1F1B: stage ``i`` of ``p`` holds ``p - i``. Interleaved 1F1B (Megatron's warm-up of
-    ``2(p - i - 1) + (v - 1) p`` chunks plus one) holds ``1 + (p - 1)/(p v)`` times the
-    first stage's 1F1B amount on stage 0 (Korthikanti et al., Sec. 4.2.3). GPipe holds all;
-    the zero-bubble schedules see :func:`_zero_bubble_in_flight`. ``schedule`` may name the
-    interleaved schedule itself (then ``vpp`` may be an array). Never more on a later stage
-    than on an earlier one (the step composer takes a run of equal stages' peak at its first;
-    ZB-V: with ``m >= 2p - 1``, which the configuration requires).
-
-    >>> [in_flight_microbatches("1f1b", stage=i, pp=4, vpp=2, num_microbatches=8)
-    ...  for i in range(4)]
-    [5.5, 4.5, 3.5, 2.5]
-    """
-    m = num_microbatches
-    if schedule == "gpipe":
-        return m * 1.0
-    if schedule in ("zb-h1", "zb-v"):
-        return _zero_bubble_in_flight(schedule, stage=stage, pp=pp, num_microbatches=m)
-    name = schedule if schedule == "interleaved" else schedule_name(schedule, vpp)
-    warmup = warmup_forwards(name, stage=stage, pp=pp, vpp=vpp, num_microbatches=m)
-    return minimum(warmup + 1, m * vpp) / vpp
-
-
-def _zero_bubble_in_flight(
-    schedule: PipelineSchedule | ScheduleName, *, stage: Real, pp: Real, num_microbatches: Real
-) -> Real:
-    """A zero-bubble stage keeps a chunk's activations until its weight gradient (W needs the
-    layer inputs and the output gradients). ZB-H1 holds ``min(p, m)`` on every stage (stage
-    ``i`` delays ``i`` weight gradients on top of 1F1B's ``p - i``), which is what 1F1B holds
-    on its first stage, as Qi et al. (ICLR'24, Sec. 3.1) design it. ZB-V (PyTorch's order)
-    holds ``min(p, m, (m + 1 + i) / 2)``: ``p`` everywhere once ``m >= 2p - 1``, where the
-    planner runs it. Held to the simulator in ``tests/test_zero_bubble.py``."""
-    m = num_microbatches
-    if schedule == "zb-h1":
-        return minimum(pp, m) * 1.0
-    return minimum(minimum(pp, m) * 1.0, (m + 1 + stage) / 2)

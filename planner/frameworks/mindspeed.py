@@ -47,7 +47,7 @@ def moe_bias(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 def recompute_modules(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """core_v0.12.1's recompute modules are Megatron-Core's but ``shared_experts``, with its
     checks (:func:`planner.frameworks.megatron.recompute_modules`)."""
-    if "shared_experts" in resolved.recompute_modules and resolved.config.recompute_modules:
+    if "shared_experts" in resolved.recompute_modules:
         return ("recompute module shared_experts: the Megatron-Core MindSpeed runs on "
                 "(core_v0.12.1) has core_attn, moe_act, layernorm, mla_up_proj, mlp and moe")
     return megatron.recompute_modules(resolved, model)

@@ -8,7 +8,7 @@ only describes what each operator computes, reads, writes and keeps for its back
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -175,6 +175,22 @@ class Op:
     collectives and the resharding around it run again."""
     checkpoint_input_of: tuple[str, ...] = ()
     """The checkpointed modules whose input is this op's input: kept under them, once."""
+
+    @property
+    def routed(self) -> bool:
+        """Whether the op routes tokens to experts or computes on routed tokens (the
+        dispatch and combine, the experts' linears and activations)."""
+        return self.kind in ("dispatch", "combine", "expert_linear") or (
+            self.kind == "elementwise" and "experts" in self.output.dim_names)
+
+    def checkpointed(self, modules: Collection[str]) -> bool:
+        """Whether the op runs inside a checkpointed recompute module among ``modules``: its
+        forward, its collectives and the resharding around it run again."""
+        return not set(self.checkpointed_by).isdisjoint(modules)
+
+    def reruns(self, modules: Collection[str]) -> bool:
+        """Whether selective recomputation of ``modules`` runs the op's forward again."""
+        return not set(self.recomputed_by).isdisjoint(modules) or self.checkpointed(modules)
 
     def local_params(self, weight_degrees: Mapping[str, int]) -> float:
         """Parameters one device holds when weight dim ``d`` is split ``weight_degrees[d]``

@@ -21,7 +21,7 @@ from planner import cost
 from planner.cost.layer import LayerParts
 from planner.graph.ops import Op, Tensor
 from planner.sharding.layout import Layout, LogicalMesh, canonical, reshard, transfer_time_s
-from planner.sharding.strategies import Strategy, StrategyContext, checkpointed, follow, reruns
+from planner.sharding.strategies import Strategy, StrategyContext, follow
 
 StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]
 """The strategies a node's leading op may take (all of them, or one assigned)."""
@@ -217,7 +217,7 @@ def _edge_transfers(
 
 def _checkpointed(node: Node, modules: tuple[str, ...]) -> bool:
     """Whether the node's ops run inside a checkpointed recompute module among ``modules``."""
-    return any(checkpointed(op, modules) for op in node.ops)
+    return any(op.checkpointed(modules) for op in node.ops)
 
 
 def _own_comm_axis(node: Node, strategy: Strategy) -> str:
@@ -240,8 +240,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
     hidden_rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     modules = layer.context.recompute_modules
     selective_rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-    forward = backward = weight = attention = kept = selective = layer_input = loss = 0.0
-    flops = attention_flops = 0.0
+    forward = backward = weight = rerun_selective = kept = selective = layer_input = loss = 0.0
+    flops = selective_flops = 0.0
     weights: list[tuple[float, tuple[int, ...]]] = []
     for v, (node, i) in enumerate(zip(layer.nodes, chosen, strict=True)):
         s = node.strategies[i]
@@ -254,7 +254,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         hidden_rerun[_own_comm_axis(node, s)] += s.hidden_forward_comm_s
         if _checkpointed(node, modules):
             selective_rerun[_own_comm_axis(node, s)] += s.forward_comm_s
-        attention += s.selective_forward_s
+        rerun_selective += s.selective_forward_s
         kept += s.kept_bytes
         selective += s.kept_selective_bytes
         loss = max(loss, s.working_bytes)  # only the loss has a backward workspace today
@@ -264,8 +264,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         executed = [cost.executed_flops(op, flash_attention=layer.context.flash_attention)
                     for op in node.ops]  # fmt: skip
         flops += sum(e.forward for e in executed)
-        attention_flops += sum(e.forward for op, e in zip(node.ops, executed, strict=True)
-                               if reruns(op, layer.context.recompute_modules))  # fmt: skip
+        selective_flops += sum(e.forward for op, e in zip(node.ops, executed, strict=True)
+                               if op.reruns(modules))  # fmt: skip
     reshard = reshard_forward = 0.0
     for edge in layer.edges:
         total, fwd = edge_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
@@ -283,7 +283,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         tp_comm_s=comm["tp"] + reshard,
         cp_comm_s=comm["cp"],
         ep_comm_s=comm["ep"],
-        rerun_s=(0.0, attention, forward),
+        rerun_s=(0.0, rerun_selective, forward),
         rerun_comm_s=(rerun["tp"] + reshard_forward, rerun["cp"], rerun["ep"]),
         hidden_comm_s=(hidden["tp"], hidden["cp"], hidden["ep"]),
         rerun_hidden_comm_s=(hidden_rerun["tp"], hidden_rerun["cp"], hidden_rerun["ep"]),
@@ -292,6 +292,6 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         kept_bytes=(kept, selective, layer_input),
         working_bytes=(0.0, 0.0, kept),
         loss_bytes=loss,
-        rerun_flops=(0.0, attention_flops, flops),
+        rerun_flops=(0.0, selective_flops, flops),
         weights=tuple(weights),
     )

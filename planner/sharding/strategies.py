@@ -426,7 +426,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         forward_comm_s=comm[1],
         hidden_comm_s=comm[2],
         hidden_forward_comm_s=comm[3],
-        selective_forward_s=times.forward_s if reruns(op, ctx.recompute_modules) else 0.0,
+        selective_forward_s=times.forward_s if op.reruns(ctx.recompute_modules) else 0.0,
         weights=((params, copies),) if params else (),
         state_bytes=states,  # type: ignore[arg-type]
         sync_s=sync,  # type: ignore[arg-type]
@@ -436,17 +436,6 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip
-
-
-def reruns(op: Op, modules: tuple[str, ...]) -> bool:
-    """Whether selective recomputation of ``modules`` runs ``op``'s forward again."""
-    return not set(op.recomputed_by).isdisjoint(modules) or checkpointed(op, modules)
-
-
-def checkpointed(op: Op, modules: tuple[str, ...]) -> bool:
-    """Whether ``op`` runs inside a checkpointed module among ``modules``: its collectives
-    and the resharding around it run again too."""
-    return not set(op.checkpointed_by).isdisjoint(modules)
 
 
 def _kept_degrees(op: Op, tensor: Tensor, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:

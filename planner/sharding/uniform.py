@@ -141,7 +141,7 @@ def _tensor_dim(op: Op, layout: UniformLayout) -> str | None:
     folded, the routed experts' operators split the experts on it, the routing operators
     sending each rank's sequence shard to its experts' ranks."""
     residual = "seq" if layout.sequence_parallel else None
-    if layout.tensor_axis in layout.expert_axes and _routed(op):
+    if layout.tensor_axis in layout.expert_axes and op.routed:
         return "experts"
     if op.kind in ("linear", "expert_linear"):
         assert op.weight is not None  # every linear has a weight
@@ -159,13 +159,6 @@ def _tensor_dim(op: Op, layout: UniformLayout) -> str | None:
     }.get(op.kind, residual)
 
 
-def _routed(op: Op) -> bool:
-    """The routing operators and those on the routed tokens (the experts' linears and
-    activations)."""
-    return op.kind in ("dispatch", "combine", "expert_linear") or (
-        op.kind == "elementwise" and "experts" in op.output.dim_names)
-
-
 def _token_dim(op: Op, *, axis: int, layout: UniformLayout) -> str:
     """What a data or context axis splits for ``op``."""
     tokens = "seq" if axis in layout.sequence_axes else "batch"
@@ -176,7 +169,7 @@ def _token_dim(op: Op, *, axis: int, layout: UniformLayout) -> str:
         if not experts:
             return tokens
         return "experts" if tokens == "seq" else EXPERTS_BY_BATCH
-    if _routed(op):
+    if op.routed:
         return "experts" if experts else "capacity"
     return tokens
 
