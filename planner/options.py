@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner import cost
+from planner.cost.risk import QUANTILE
+from planner.cost.uncertainty import memory_band
 from planner.frameworks import default_stack
 from planner.ilp.backends import Backend
 from planner.plan.config import check_sequence
 from planner.spec import DeviceSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import fill_training
-from planner.vocabulary import ContextParallelism, Precision, Recompute, Stack
+from planner.vocabulary import ContextParallelism, Objective, Precision, Recompute, Stack
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,9 +86,12 @@ class SolveOptions:
 
     The memory a plan leaves free on an 80 GiB device, by default and when given:
 
-    >>> SolveOptions().margin_bytes(80.0, "megatron-te") / 2**30, options.memory_margin_gib
+    >>> from planner.spec import DeviceSpec
+    >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
+    ...                  peak_tflops={"bf16": 300})
+    >>> SolveOptions().margin_bytes(gpu, "megatron-te") / 2**30, options.memory_margin_gib
     (4.0, None)
-    >>> SolveOptions(memory_margin_gib=8).margin_bytes(80.0, "hf-eager") / 2**30
+    >>> SolveOptions(memory_margin_gib=8).margin_bytes(gpu, "hf-eager") / 2**30
     8.0
     """
 
@@ -134,16 +139,28 @@ class SolveOptions:
     memory_margin_gib: float | None = None
     """Device memory plans leave free; None: the stack's share of the device
     (:data:`planner.cost.MEMORY_MARGIN`: the memory model's measured error on it)."""
+    objective: Objective = "expected"
+    """What plans are ranked by: the predicted step (``expected``), or its error band's slow
+    end at the 80th or 95th percentile (``p80``, ``p95``; :mod:`planner.cost.risk`), so that
+    a plan the validated runs vouch for wins over a slightly faster one they do not."""
 
-    def margin_bytes(self, device_memory_gib: float, stack: Stack) -> float:
-        """The memory a plan run by ``stack`` leaves free on a device of
-        ``device_memory_gib``."""
-        return cost.memory_margin_bytes(device_memory_gib, self.memory_margin_gib, stack)
+    def margin_bytes(self, device: DeviceSpec, stack: Stack) -> float:
+        """The memory a plan run by ``stack`` leaves free on ``device``: the margin given, or
+        the stack's (:func:`planner.cost.memory_margin_bytes`); ranked at a quantile
+        (:attr:`objective`), at least the memory band at that quantile
+        (:func:`planner.cost.uncertainty.memory_band`), so that the headroom covers what the
+        memory model was seen to miss by."""
+        margin = cost.memory_margin_bytes(device.memory_gib, self.memory_margin_gib, stack)
+        quantile = QUANTILE[self.objective]
+        if quantile is None or self.memory_margin_gib is not None:
+            return margin
+        band = memory_band(device, stack).at(quantile)
+        return margin if band is None else max(margin, band * device.memory_bytes)
 
     def usable_bytes(self, device: DeviceSpec, stack: Stack) -> float:
-        """What a plan run by ``stack`` may fill on ``device``: its memory less this margin
-        (:func:`planner.cost.usable_bytes`)."""
-        return cost.usable_bytes(device, self.memory_margin_gib, stack)
+        """What a plan run by ``stack`` may fill on ``device``: its memory less
+        :meth:`margin_bytes`."""
+        return device.memory_bytes - self.margin_bytes(device, stack)
 
 
 DEFAULT_OPTIONS = SolveOptions()

@@ -34,6 +34,18 @@ pipeline engine."""
 STACKS: tuple[Stack, ...] = ("megatron-te", "hf-eager", "hf-compiled", "composer-fsdp",
                              "megatron-deepspeed")
 
+Mechanism = Literal["tensor", "pipeline", "context", "expert", "zero-3", "offload"]
+"""A way of splitting a run that the cost model prices with its own terms, as the error bands
+tell predictions apart (:mod:`planner.cost.uncertainty`): tensor, pipeline, context and expert
+parallelism, ZeRO-3/FSDP's gathered parameters, and offloaded optimizer states."""
+MECHANISMS: tuple[Mechanism, ...] = ("tensor", "pipeline", "context", "expert", "zero-3",
+                                     "offload")
+
+Objective = Literal["expected", "p80", "p95"]
+"""What the search ranks plans by (:mod:`planner.cost.risk`): the predicted step time, or the
+slow end of its error band at the 80th or 95th percentile."""
+OBJECTIVES: tuple[Objective, ...] = ("expected", "p80", "p95")
+
 StatesPrecision = Literal["bf16", "fp16", "fp32", "bf16-deepspeed", "fp16-deepspeed"]
 """How a run keeps its weights' states: a compute precision as Megatron-LM keeps them, or
 DeepSpeed's optimizers' layout of that precision (:func:`planner.cost.memory.states_precision`)."""

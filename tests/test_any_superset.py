@@ -130,7 +130,7 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
                         parameters=parameter_count(lowered(model, training, 1)[0]).total)
     unsolved = replace(ctx, state=SearchState())  # bounds taken before any layer ILP
     device = cluster.device
-    stage_bytes = (device.memory_bytes - options.margin_bytes(device.memory_gib, "megatron-te")
+    stage_bytes = (device.memory_bytes - options.margin_bytes(device, "megatron-te")
                    - device.reserved_memory_gib * GIB)  # fmt: skip
     checked = 0
     for c in candidates(model, cluster, training, options):

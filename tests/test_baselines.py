@@ -83,7 +83,7 @@ def _brute_force(model: ModelSpec, cluster: ClusterSpec, options: SolveOptions) 
             continue
         key = (result.step_time_s, config_key(config), config)
         fits = result.peak_memory_gib * GIB <= cluster.device.memory_bytes - options.margin_bytes(
-            cluster.device.memory_gib, "megatron-te")  # fmt: skip
+            cluster.device, "megatron-te")  # fmt: skip
         if fits and (best is None or key[:2] < best[:2]):
             best = key
     assert best is not None
@@ -97,7 +97,7 @@ def test_grid_is_the_brute_force_minimum(
     (ties to the simplest configuration), priced as ``uniform_plan`` prices it."""
     plan = plans["llama3-8b", "grid"]
     best = _brute_force(llama, h100_node, SolveOptions())
-    margin = SolveOptions().margin_bytes(h100_node.device.memory_gib, "megatron-te") / GIB
+    margin = SolveOptions().margin_bytes(h100_node.device, "megatron-te") / GIB
     expected = uniform_plan(llama, h100_node, best, method="grid", memory_margin_gib=margin)
     assert plan.model_copy(update={"solver": expected.solver}) == expected
     assert plan.solver.status == "optimal"
@@ -115,7 +115,7 @@ def test_grid_is_the_brute_force_minimum_with_uneven_stages(
     is on 16 stages)."""
     plan = grid_plan(llama405b, h100_32, SMALL_405B_RUN)
     best = _brute_force(llama405b, h100_32, SMALL_405B_RUN)
-    margin = SMALL_405B_RUN.margin_bytes(h100_32.device.memory_gib, "megatron-te") / GIB
+    margin = SMALL_405B_RUN.margin_bytes(h100_32.device, "megatron-te") / GIB
     expected = uniform_plan(llama405b, h100_32, best, method="grid", memory_margin_gib=margin)
     assert plan.model_copy(update={"solver": expected.solver}) == expected
     assert [s.num_layers for s in plan.stages] == [3, *[4] * 30, 3]

@@ -222,7 +222,7 @@ def test_kernels_that_did_not_run_are_left_out() -> None:
 
 def test_write_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     """The written file reads back with the fitted block and its source; every other key is
-    where it was; the validation bands, residuals of the replaced block, are dropped."""
+    where it was; the validated runs, whose errors were the replaced block's, are dropped."""
     h100 = load_cluster(H100).device
     device = h100.model_copy(update={"efficiency": KNOWN})
     cases = _cases(load_model(LLAMA_8B))
@@ -236,11 +236,12 @@ def test_write_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     curve, fitted = written.device.efficiency.attention, fit.after.attention
     assert curve is not None and fitted is not None
     assert curve.model_copy(update={"source": None}) == fitted.model_copy(update={"source": None})
-    assert written.device.efficiency.validation == ()
+    assert load_cluster(H100).device.efficiency.evidence  # the bundled file keeps its runs
+    assert written.device.efficiency.validation == written.device.efficiency.evidence == ()
     assert "planner bench" in (written.device.efficiency.gemm.source or "")
     assert "2026-11-24" in fit.source and "llama3-8b" in fit.source
     assert written.network == before.network and written.host == before.host
-    assert any("validation bands" in note for note in fit.notes)
+    assert any("validated runs the error bands rest on" in note for note in fit.notes)
     assert list(json.loads(fit.updated_json)) == list(json.loads(H100.read_text()))
 
 

@@ -180,14 +180,16 @@ def test_compare_table_and_picture_measure_against_the_same_row(
 
 
 def test_each_band_line_names_its_rows() -> None:
-    """Two rows on different bands (model-parallel, data-parallel): each line under the
-    table names its row; one band for every row stays one unnamed line."""
+    """Two rows on different bands (TP2, ZeRO-3 on the H100's runs): each line under the
+    table names its row and what it extrapolates."""
     done = planner(80, "compare", "instances/models/llama3-8b.json", H100, "--nodes", "1",
                    "--global-batch", "64", "--methods", "heuristic,grid")  # fmt: skip
     assert done.code == 0, done.stderr
     text = " ".join(done.stdout.split())
-    assert "band (heuristic): 80 % of 8 model-parallel runs" in text
-    assert "band (grid): widest over 8 runs" in text
+    assert "band (heuristic): the 5 nearest of 14 validated runs" in text
+    assert "band (grid): the 5 nearest of 14 validated runs" in text
+    grid = text[text.index("band (grid)"):]
+    assert "extrapolates: no validated run with zero-3 on H100-SXM5-80GB" in grid
 
 
 def _render(renderables: list) -> str:

@@ -90,7 +90,7 @@ def heuristic_plan(
                           f"ilp, which searches what it launches")  # fmt: skip
     if chosen is None:
         raise _failure(model, cluster, training, options, leanest, first=todo[:1])
-    margin = options.margin_bytes(cluster.device.memory_gib, training.stack) / GIB
+    margin = options.margin_bytes(cluster.device, training.stack) / GIB
     plan = uniform_plan(model, cluster, chosen, method="heuristic", framework=options.framework,
                         memory_margin_gib=margin)  # fmt: skip
     summary = SolverSummary(time_s=time.perf_counter() - started, status="feasible",

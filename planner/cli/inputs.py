@@ -240,14 +240,22 @@ def validate_cmd(
     clusters: ClustersOpt = Path("instances/clusters"),
     cluster: OwnClusterOpt = None,
     as_json: JsonOpt = False,
+    write: Annotated[bool, typer.Option(
+        help="Keep the runs priced, with their errors, in the cluster files of their chip "
+        "(with --cluster: in that file): what the error bands rest on.")] = False,
 ) -> None:
     """Predicted against measured step time for every published run; a record that cannot
     be priced is listed with why (exit 2 only when none can)."""
-    result = validate(runs, clusters, cluster=cluster)
+    if write and cluster is not None:
+        check_target(cluster, option="--write")
+    result = validate(runs, clusters, cluster=cluster, write=write)
     if as_json:
-        print_json({"runs": [row.to_dict() for row in result.rows], "skipped": result.skipped})
+        print_json({"runs": [row.to_dict() for row in result.rows], "skipped": result.skipped,
+                    "written": list(result.written)})
     else:
         render(report.validation_tables(result.rows, result.skipped))
+        if write:
+            render([f"evidence written to {', '.join(result.written) or 'no file'}"])
     if not result.rows:
         raise InputError(f"no record of {', '.join(str(r) for r in runs)} could be priced "
                          f"({len(result.skipped)} left out, each with why above)")  # fmt: skip

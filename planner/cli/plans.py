@@ -28,6 +28,7 @@ from planner.cli.app import (
 )
 from planner.cli.knobs import knob_parameters, parsed, with_parameters
 from planner.cli.progress import search_bars
+from planner.cost.risk import parse_objective
 from planner.diagnose.compare import METHODS, Method, compare, compare_frameworks
 from planner.diagnose.compare import to_json as compare_json
 from planner.errors import InputError
@@ -70,6 +71,12 @@ MeshNodesOpt = Annotated[
     typer.Option("--max-mesh-nodes", min=1, help="Nodes one stage's mesh may span (any: "
                  "default 1, 2 for mixtures of experts)."),
 ]
+ObjectiveOpt = Annotated[
+    str,
+    typer.Option(help="Rank plans by their predicted step (expected) or by the slow end of its "
+                 "error band at the 80th or 95th percentile (p80, p95): a plan the validated "
+                 "runs vouch for over a faster one they do not."),
+]
 PIN_KNOBS = tuple(f.name for f in fields(Pins))
 """The knobs a search may be given fixed (``--tp 8``), as ``planner estimate`` spells them."""
 
@@ -86,6 +93,7 @@ SEARCH_OPTIONS = (
     _option("backend", BackendOpt, DEFAULT_OPTIONS.backend),
     _option("time_limit", TimeLimitOpt, SEARCH_TIME_LIMIT_S),
     _option("ilp_time_limit", IlpTimeLimitOpt, DEFAULT_OPTIONS.ilp_time_limit_s),
+    _option("objective", ObjectiveOpt, DEFAULT_OPTIONS.objective),
 )
 """How ``solve`` and ``compare`` search, beside the run's settings and the pins."""
 
@@ -117,6 +125,8 @@ class Problem:
     """``--time-limit``, seconds for the whole search."""
     ilp_time_limit: float
     """``--ilp-time-limit``, seconds per layer ILP."""
+    objective: str
+    """``--objective``: what plans are ranked by."""
 
     @classmethod
     def of(cls, values: dict[str, Any]) -> Problem:
@@ -135,7 +145,7 @@ class Problem:
             time_limit_s=self.time_limit, ilp_time_limit_s=self.ilp_time_limit,
             framework=frameworks.check_framework(self.framework),
             memory_margin_gib=self.memory_margin, max_mesh_nodes=self.max_mesh_nodes,
-            pins=self.pins,
+            pins=self.pins, objective=parse_objective(self.objective),
         )  # fmt: skip
         return (*load_inputs(model, cluster, nodes=nodes), options)
 

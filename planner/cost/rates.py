@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.step import StepCost
-from planner.cost.uncertainty import error_band
+from planner.cost.uncertainty import error_band, memory_band, regime_of
 from planner.plan.schema import Predicted
-from planner.spec import ClusterSpec, DeviceSpec, TrainingSpec
-from planner.vocabulary import GIB, ParallelismKind
+from planner.spec import ClusterSpec, TrainingSpec
+from planner.vocabulary import GIB, Mechanism
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,6 +24,8 @@ class Throughput:
     """Model FLOPs plus recomputation per second and device, in TFLOP/s."""
     mfu: float
     """Model FLOPs utilisation: model FLOP/s over the device's peak."""
+    forward_gflop_per_token: float
+    """Model GFLOPs of one token's forward: the model's size as the error bands measure it."""
 
 
 def throughput(
@@ -50,16 +52,20 @@ def throughput(
         model_tflops_per_gpu=model / per_device_s / 1e12,
         hardware_tflops_per_gpu=hardware / per_device_s / 1e12,
         mfu=model / per_device_s / cluster.device.peak_flops_per_s(training.precision),
+        forward_gflop_per_token=forward_flops_per_sequence / training.seq_length / 1e9,
     )
 
 
 def headline(
-    step: StepCost, rates: Throughput, *, device: DeviceSpec, kind: ParallelismKind
+    step: StepCost, rates: Throughput, *, cluster: ClusterSpec, training: TrainingSpec,
+    moe: bool, used: tuple[Mechanism, ...],
 ) -> Predicted:
-    """A priced step's headline numbers as a plan records them, with the error band of
-    ``device``'s validated runs of the configuration's ``kind`` of parallelism
-    (:mod:`planner.cost.uncertainty`): every planner (the search's assembly, ``estimate``)
-    reports these through this one function."""
+    """A priced step's headline numbers as a plan records them, with the error band of its
+    regime (the mechanisms ``used``, :func:`~planner.cost.uncertainty.regime_of`) on the
+    cluster's device (:mod:`planner.cost.uncertainty`): every planner (the search's assembly,
+    ``estimate``) reports these through this one function."""
+    regime = regime_of(training, cluster, used=used, moe=moe,
+                       gflop_per_token=rates.forward_gflop_per_token)  # fmt: skip
     return Predicted(
         step_time_s=step.step_s,
         time=step.time,
@@ -69,6 +75,6 @@ def headline(
         mfu=rates.mfu,
         peak_memory_gib=step.peak_memory_bytes.total / GIB,
         bubble_fraction=step.bubble_fraction,
-        error_band=error_band(device, kind),
+        error_band=error_band(cluster.device, regime, mfu=rates.mfu),
+        memory_band=memory_band(cluster.device, training.stack),
     )
-

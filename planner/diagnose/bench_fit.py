@@ -272,10 +272,10 @@ def _replaced_notes(device: DeviceSpec) -> list[str]:
                      "calibrate`), which lose time outside the kernels (launch gaps, unfused "
                      "ops, communication beside compute): steps priced with the kernels' "
                      "curve usually come out faster than those runs measured")
-    if device.efficiency.validation:
-        notes.append("the validation bands (residuals of `planner calibrate` with the old "
-                     "block) are dropped on --write: `planner validate RUNS --cluster FILE` "
-                     "with runs on this device measures the new block's error")
+    if device.efficiency.validation or device.efficiency.evidence:
+        notes.append("the validated runs the error bands rest on (their errors with the old "
+                     "block) are dropped on --write: `planner validate RUNS --cluster FILE "
+                     "--write` with runs on this device measures the new block's error")
     return notes
 
 
@@ -392,8 +392,8 @@ def with_saved_kernels(device: DeviceSpec, path: str | Path) -> DeviceSpec:
 
 def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
     """The cluster file's JSON with the device's fitted fields replaced, each with
-    ``source``; ``overlap_contention`` and every other key kept where it was, the validation
-    bands dropped."""
+    ``source``; ``overlap_contention`` and every other key kept where it was, the validated
+    runs (and the bands by kind of older files) dropped: their errors were the old block's."""
     data = read_json(path)
     block = data["device"].get("efficiency") or {}
     block["gemm"] = {"max_fraction": efficiency.gemm.max_fraction,
@@ -411,5 +411,6 @@ def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
     block["kernel_launch_us"] = efficiency.kernel_launch_us
     block["source"] = f"memory_bound_fraction, kernel_launch_us: {source}"
     block.pop("validation", None)
+    block.pop("evidence", None)
     data["device"]["efficiency"] = block
     return json.dumps(data, indent=2) + "\n"

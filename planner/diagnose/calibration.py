@@ -15,19 +15,20 @@ key to that one cluster instead of the bundled mapping.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from planner.diagnose.evidence import validated_runs, write_evidence
 from planner.diagnose.fit import KNOBS, Fit, fit_knobs, with_values, without_fits
 from planner.diagnose.runs import DEVICES, SITES, CalibrationRun, LoadedRuns, load_runs_noting
 from planner.diagnose.validation_rows import ValidationRow, validation_rows
 from planner.errors import InputError, PlannerError
-from planner.spec import ClusterSpec, ValidationBand
+from planner.spec import ClusterSpec, ValidatedRun, ValidationBand
 from planner.spec.reading import load_cluster, read_json
 
 # Which bundled cluster file ran each device's records.
@@ -110,21 +111,39 @@ class Validation:
     """One per run priced (none when no record could be)."""
     skipped: list[str]
     """Records left out, each with why."""
+    written: tuple[str, ...] = ()
+    """The cluster files whose evidence was written (none without ``write``)."""
 
 
 def validate(
     runs_paths: Sequence[str | Path], clusters_dir: str | Path, *,
-    cluster: str | Path | None = None,
+    cluster: str | Path | None = None, write: bool = False,
 ) -> Validation:
     """Every run of ``runs_paths`` against the bundled cluster of its device, or with
     ``cluster`` against that cluster file (sized to each run). A record that cannot be read
     or priced is left out and listed in ``skipped`` with why (:func:`load_runs_noting`,
-    :func:`priced_rows`)."""
+    :func:`priced_rows`). With ``write``, the runs priced become the evidence of every bundled
+    cluster file of their chip (with ``cluster``: of that file), the efficiencies unchanged:
+    what the error bands rest on (:mod:`planner.cost.uncertainty`)."""
     loaded = _runs_of(runs_paths, cluster)
-    clusters = _loaded(cluster_files(loaded.runs, clusters_dir, cluster), loaded.runs,
-                       clusters_dir)
+    paths = cluster_files(loaded.runs, clusters_dir, cluster)
+    clusters = _loaded(paths, loaded.runs, clusters_dir)
     priced = priced_rows(loaded.runs, clusters)
-    return Validation(rows=priced.rows, skipped=loaded.skipped + priced.skipped)
+    written: list[str] = []
+    if write:
+        for path in dict.fromkeys(paths.values()):
+            mine = [r for r in priced.rows if cluster is not None
+                    or DEVICES[r.device].chip == _chip_of(path, paths)]  # fmt: skip
+            if mine:
+                write_evidence(path, validated_runs(mine))
+                written.append(str(path))
+    return Validation(rows=priced.rows, skipped=loaded.skipped + priced.skipped,
+                      written=tuple(written))  # fmt: skip
+
+
+def _chip_of(path: Path, paths: Mapping[str, Path]) -> str:
+    """The chip of a bundled cluster file (of :func:`cluster_files`)."""
+    return next(DEVICES[key].chip for key, p in paths.items() if p == path)
 
 
 # Fewer runs of a kind than this make no band of their own: a prediction of that kind takes
@@ -247,36 +266,34 @@ def calibrate(
     written: list[str] = []
     if write:
         for path in dict.fromkeys(paths.values()):  # in order, each file once
-            _write_fit(path, fit, bands, chip=name, families=families, command=command)
+            _write_fit(path, fit, validated_runs(after), chip=name, families=families,
+                       command=command)  # fmt: skip
             written.append(str(path))
     return Calibration(chip=name, fit=fit, fitted_on=families, before=before, after=after,
                        bands=bands, written=tuple(written), skipped=skipped)  # fmt: skip
 
 
 def _write_fit(
-    path: Path, fit: Fit, bands: Sequence[ValidationBand], *, chip: str,
+    path: Path, fit: Fit, runs: Sequence[ValidatedRun], *, chip: str,
     families: Sequence[str], command: str,
 ) -> None:
-    """Write the fitted knobs and the bands into the cluster file at ``path``, keeping the
-    rest of the file as it is; ``command`` is the option that chose the runs
+    """Write the fitted knobs and the validated runs into the cluster file at ``path``,
+    keeping the rest of the file as it is; ``command`` is the option that chose the runs
     (``--gpu A100``, ``--cluster mine.json``), named in the ``source``."""
-    data = read_json(path)
-    eff = data["device"].setdefault("efficiency", {})
     source = (f"fitted by `planner calibrate {command} --write` on {fit.runs} {chip} runs "
               f"({', '.join(families)}): robust least squares on log step time, RMS log error "
               f"{fit.rms_log_error:.3f}")  # fmt: skip
-    # A knob the runs could not determine is cleared, as it was during the fit.
-    eff.pop("attention", None)
-    eff["overlap_contention"] = 0.0
-    for block in ("gemm", "attention"):
-        fields = {KNOBS[n].field: v for n, v in fit.values.items() if KNOBS[n].block == block}
-        if fields:
-            eff[block] = (eff.get(block) or {}) | fields | {"source": source}
-    for name, value in fit.values.items():
-        if not KNOBS[name].block:
-            eff[KNOBS[name].field] = value
-    eff["validation"] = [b.model_dump() for b in bands]
-    try:
-        path.write_text(json.dumps(data, indent=2) + "\n")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+    def edit(eff: dict[str, Any]) -> None:
+        # A knob the runs could not determine is cleared, as it was during the fit.
+        eff.pop("attention", None)
+        eff["overlap_contention"] = 0.0
+        for block in ("gemm", "attention"):
+            fields = {KNOBS[n].field: v for n, v in fit.values.items() if KNOBS[n].block == block}
+            if fields:
+                eff[block] = (eff.get(block) or {}) | fields | {"source": source}
+        for name, value in fit.values.items():
+            if not KNOBS[name].block:
+                eff[KNOBS[name].field] = value
+
+    write_evidence(path, runs, edit)

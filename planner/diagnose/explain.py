@@ -8,14 +8,16 @@ the plan's framework or not), what the same plan gains from other hardware (twic
 bandwidth outside the scale-up domain, twice the memory, a scale-up domain twice as wide), and
 a user's own configuration priced beside the plan.
 
-The memory and the step come from the plan itself, so they are there for every plan; the rest
+The memory, the step and what its price extrapolates come from the plan itself, so they are
+there for every plan; the rest
 prices the plan's uniform configuration (:attr:`Plan.configuration`) and needs its model and
 cluster: a per-operator plan (``--framework any``) has none, and only a configuration the user
 gives in full is priced for it.
 
-One concern at about 410 lines: the explanation's records and the one function that fills
+One concern at about 440 lines: the explanation's records and the one function that fills
 them, with its runnable example; the neighbours are :mod:`planner.diagnose.notches`', the
-other hardware :mod:`planner.diagnose.whatif`'s.
+other hardware :mod:`planner.diagnose.whatif`'s, what the price extrapolates the plan's error
+band's (:mod:`planner.cost.uncertainty`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from planner import cost
+from planner.cost.uncertainty import TERMS
 from planner.diagnose.notches import describe_change, notches, with_changes, word
 from planner.diagnose.whatif import hardware_changes
 from planner.errors import InputError
@@ -129,6 +132,16 @@ class WhatIf(_Frozen):
     its own hardware)."""
 
 
+class Extrapolated(_Frozen):
+    """Something the plan's prediction has no validated run for, and the parts of its step
+    that price it (:data:`planner.cost.uncertainty.TERMS`)."""
+
+    text: str
+    """In words, as the band says it."""
+    parts: tuple[Part, ...]
+    """The step's parts it prices, each with its seconds and share of the step."""
+
+
 class Explanation(_Frozen):
     """Why a plan is what it is: :func:`explain`'s answer."""
 
@@ -150,6 +163,9 @@ class Explanation(_Frozen):
     """The user's own configuration, priced beside the plan."""
     limits: tuple[str, ...] = ()
     """What this explanation could not do for this plan, and why."""
+    extrapolated: tuple[Extrapolated, ...] = ()
+    """What the step's price rests on beyond the validated runs (its error band's
+    :attr:`~planner.plan.schema.ErrorBand.extrapolated`)."""
 
 
 def explain(
@@ -199,7 +215,7 @@ def explain(
     base = dict(
         summary=plan.summary(), framework=plan.framework, step_time_s=p.step_time_s,
         step=tuple(_part(k, getattr(p.time, k), p.step_time_s) for k in steps),
-        memory=memory_binding(plan),
+        memory=memory_binding(plan), extrapolated=extrapolated(plan),
     )  # fmt: skip
     if model is None or cluster is None:
         if why_not is not None:
@@ -259,6 +275,15 @@ def _sensitivities(
         i = (launched or divides or [picks[0]])[0]
         sensitivities.append(priced(i, knob=name, direction=direction, base=reference))
     return reference, groups, rows, tuple(sensitivities)
+
+
+def extrapolated(plan: Plan) -> tuple[Extrapolated, ...]:
+    """What the plan's step rests on beyond its validated runs, with the parts it prices."""
+    p = plan.predicted
+    gaps = () if p.error_band is None else p.error_band.extrapolated
+    return tuple(Extrapolated(text=gap.text, parts=tuple(
+        _part(name, getattr(p.time, name), p.step_time_s) for name in TERMS[gap.feature]
+        if getattr(p.time, name) > 0)) for gap in gaps)  # fmt: skip
 
 
 def memory_binding(plan: Plan) -> MemoryBinding:

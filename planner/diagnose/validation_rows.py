@@ -9,12 +9,13 @@ from typing import Any
 
 from planner import cost
 from planner.cost.memory import allocator_slack_bytes
-from planner.cost.uncertainty import parallelism_kind
+from planner.cost.uncertainty import mechanisms, parallelism_kind, regime_of
 from planner.diagnose.fit import cluster_of, sized_for
 from planner.diagnose.runs import CalibrationRun
 from planner.errors import InputError
-from planner.plan.config import ParallelConfig
-from planner.spec import ClusterSpec
+from planner.graph import forward_flops
+from planner.plan.config import ParallelConfig, resolve
+from planner.spec import ClusterSpec, Regime
 from planner.uniform.estimate import estimate
 from planner.vocabulary import GIB, ZERO_BUBBLE
 
@@ -68,6 +69,12 @@ class ValidationRow:
     cluster: str = ""
     """The cluster file it was priced on (its ``name``): its device's, a site's
     (:data:`planner.diagnose.runs.SITES`) or the user's."""
+    regime: Regime
+    """Where it sits in the features the error bands measure distance in
+    (:func:`planner.cost.uncertainty.regime_of`)."""
+    mfu: float
+    """Its model FLOPs utilisation: the predicted one at the measured step time (the
+    predicted where none was measured)."""
 
     @property
     def error(self) -> float | None:
@@ -102,7 +109,8 @@ class ValidationRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form, with the errors and the verdict."""
-        return asdict(self) | {"error": self.error, "memory_error": self.memory_error,
+        return asdict(self) | {"regime": self.regime.model_dump(mode="json"),
+                               "error": self.error, "memory_error": self.memory_error,
                                "reserved_error": self.reserved_error,
                                "device_memory_error": self.device_memory_error,
                                "fit_missed": self.fit_missed}  # fmt: skip
@@ -150,6 +158,13 @@ def validation_rows(
             raise InputError(str(exc)) from None
         est = estimate(run.model, cluster, run.config)
         allocated = est.memory.allocated_gib
+        config = run.config
+        training = resolve(run.model, cluster, config).training
+        regime = regime_of(training, cluster, moe=run.model.moe is not None, used=mechanisms(
+            tensor_parallel=config.tp, pipeline_parallel=config.pp, context_parallel=config.cp,
+            expert_parallel=config.ep, zero=config.zero, offload=config.offload,
+        ), gflop_per_token=forward_flops(run.model, training, 1) / training.seq_length / 1e9)
+        measured = run.measured_step_time_s
         rows.append(ValidationRow(
             id=run.id, device=run.device, family=run.family, parallelism=kind_of(run.config),
             num_devices=run.num_devices, config=describe(run.config),
@@ -163,6 +178,7 @@ def validation_rows(
             measured_peak_memory_gib=run.measured_peak_memory_gib,
             measured_reserved_memory_gib=run.measured_reserved_memory_gib,
             measured_device_memory_gib=run.measured_device_memory_gib,
-            measured_oom=run.measured_oom, cluster=cluster.name,
+            measured_oom=run.measured_oom, cluster=cluster.name, regime=regime,
+            mfu=est.mfu * (1.0 if measured is None else est.step_time_s / measured),
         ))  # fmt: skip
     return rows

@@ -20,7 +20,7 @@ from planner.cost.step import (
     StepCost,
     compose_step,
 )
-from planner.cost.uncertainty import stages_kind
+from planner.cost.uncertainty import stage_mechanisms
 from planner.ilp.layer import LayerSolution
 from planner.pipeline.options import LayerOption, StageChoice
 from planner.placement.ranks import PipelinePlacement
@@ -222,10 +222,12 @@ def predicted(
     executed_flops_per_sequence: float,
     micro_batch_size: int,
     parallel: Sequence[StageParallel],
+    moe: bool,
 ) -> Predicted:
     """The plan's headline numbers; ``micro_batch_size`` is the pipeline's (the recomputed
     FLOPs of the stages' options are per pipeline microbatch); ``parallel`` is the stages'
-    sharding in degrees (:func:`plan_stages`), whose kind picks the error band."""
+    sharding in degrees (:func:`plan_stages`), whose mechanisms place the error band; ``moe``:
+    whether the model routes experts."""
     rerun = 0.0
     for s in stages:
         for kind in kinds[s.first - 1 : s.last]:
@@ -235,4 +237,5 @@ def predicted(
                        forward_flops_per_sequence=forward_flops_per_sequence,
                        executed_flops_per_sequence=executed_flops_per_sequence,
                        recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
-    return headline(step, rates, device=cluster.device, kind=stages_kind(parallel))
+    return headline(step, rates, cluster=cluster, training=training, moe=moe,
+                    used=stage_mechanisms(parallel))

@@ -10,14 +10,20 @@ The hashes that name a plan's inputs, and the check of an input against a plan, 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.plan.bands import ErrorBand, MemoryBand
 from planner.plan.config import ParallelConfig
-from planner.vocabulary import GIB, ParallelismKind, Precision, Recompute, ScheduleName
+from planner.vocabulary import (
+    GIB,
+    Objective,
+    Precision,
+    Recompute,
+    ScheduleName,
+)
 
 SCHEMA_VERSION = 6
 READABLE_VERSIONS = (2, 3, 4, 5, 6)
@@ -241,31 +247,6 @@ class StepTime(_Frozen):
     optimizer_s: float
 
 
-class ErrorBand(_Frozen):
-    """How far the cost model missed the published runs closest to a prediction (the same
-    kind of parallelism on the same device), and how many runs that rests on: the step time
-    printed ``16.9 s +/- 6 %``. Computed by :func:`planner.cost.uncertainty.error_band`."""
-
-    fraction: float | None = Field(ge=0)
-    """80th percentile of the |relative error| of those runs; None when the device has no
-    validated runs (its step times carry no measured error: uncalibrated)."""
-    runs: int = Field(ge=0)
-    """How many published runs the band rests on (0: uncalibrated)."""
-    parallelism: ParallelismKind
-    """The prediction's kind of parallelism, whose runs the band is taken from."""
-    closest: str
-    """What the band rests on, in words: which runs, and how many were within it; or, for a
-    device without runs, that its numbers are uncalibrated."""
-
-    @property
-    def text(self) -> str:
-        """``+/- 6 %`` (whole percent, rounded up), or ``uncalibrated``."""
-        if self.fraction is None:
-            return "uncalibrated"
-        # 1e-9: a band stored as 0.06 is 6 %, not 7 % by a float's last digit
-        return f"+/- {max(1, math.ceil(100 * self.fraction - 1e-9))} %"
-
-
 class Predicted(_Frozen):
     """What the cost model predicts for one step."""
 
@@ -284,6 +265,8 @@ class Predicted(_Frozen):
     """The step time's error band. None only in a plan read from a file written before bands
     (schema 2-4): unknown, which is not the same as uncalibrated (the device may have runs),
     and printed as not recorded."""
+    memory_band: MemoryBand | None = None
+    """The peak memory's band; None in a plan written before memory bands."""
 
 
 class SolverSummary(_Frozen):
@@ -296,6 +279,10 @@ class SolverSummary(_Frozen):
     stopped at its limit; ``gap`` says how much a plan not searched could still save),
     ``priced`` (a configuration given)."""
     objective: float | None = None
+    """The step time the plan was ranked by (seconds): the prediction, or its band's slow end
+    at :attr:`ranked_by`."""
+    ranked_by: Objective = "expected"
+    """What plans were ranked by (:mod:`planner.cost.risk`)."""
     gap: float | None = None
     ilp_count: int = 0
     cache_hits: int = 0

@@ -4,9 +4,9 @@ these, so a device without validated runs says so wherever its numbers appear.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from planner.plan.schema import ErrorBand
+from planner.plan.bands import ErrorBand, MemoryBand
 
 NOT_RECORDED = "band not recorded"
 """What a plan written before error bands (schema 2-4) shows for its band: unknown."""
@@ -45,8 +45,9 @@ def band_cell(band: ErrorBand | None) -> str:
 
 def band_line(band: ErrorBand | None, *, rows: Sequence[str] = ()) -> str:
     """What the band rests on, in one line: ``band: 80 % of 9 model-parallel runs on ... were
-    within it``; for a device without validated runs, ``uncalibrated:`` and why. ``rows``
-    names the rows of a table it belongs to, where rows rest on different bands.
+    within it``, and what the prediction extrapolates; for a device without validated runs,
+    ``uncalibrated:`` and why. ``rows`` names the rows of a table it belongs to, where rows
+    rest on different bands.
 
     >>> band_line(ErrorBand(fraction=0.1, runs=8, parallelism="model-parallel",
     ...                     closest="80 % of 8 runs were within it"), rows=["any", "megatron"])
@@ -57,4 +58,41 @@ def band_line(band: ErrorBand | None, *, rows: Sequence[str] = ()) -> str:
         return f"{NOT_RECORDED}{which}: the plan file predates error bands"
     if band.fraction is None:
         return f"uncalibrated{which}: {band.closest}"
-    return f"band{which}: {band.closest}"
+    extrapolated = "; ".join(e.text for e in band.extrapolated)
+    return f"band{which}: {band.closest}" + (f"; extrapolates: {extrapolated}"
+                                             if extrapolated else "")  # fmt: skip
+
+
+def not_significant(steps: Mapping[str, tuple[float, ErrorBand | None]]) -> str | None:
+    """A line naming the rows whose predicted step lies inside the fastest row's band, whose
+    order against it the cost model cannot vouch for; None when there are none (or the
+    fastest has no band).
+
+    >>> band = ErrorBand(fraction=0.05, runs=5, parallelism="model-parallel", closest="")
+    >>> print(not_significant({"ilp": (10.0, band), "grid": (10.3, band), "x": (12.0, band)}))
+    grid (10.300 s) is inside the band of ilp (10.000 s +/- 5 %): their order is not significant
+    """
+    name, (fastest, band) = min(steps.items(), key=lambda item: item[1][0])
+    if band is None or band.fraction is None:
+        return None
+    inside = [f"{other} ({s:.3f} s)" for other, (s, _) in steps.items()
+              if other != name and s <= fastest * (1 + band.fraction)]  # fmt: skip
+    if not inside:
+        return None
+    verb = "is" if len(inside) == 1 else "are"
+    return (f"{', '.join(inside)} {verb} inside the band of {name} "
+            f"({with_band(fastest, band)}): their order is not significant")
+
+
+def memory_line(band: MemoryBand | None) -> str | None:
+    """What the peak memory's band rests on, in one line; None for a plan written before
+    memory bands.
+
+    >>> memory_line(MemoryBand(fraction=0.002, runs=4, closest="80 % of 4 peaks were within it"))
+    'peak memory +/- 1 %: 80 % of 4 peaks were within it'
+    """
+    if band is None:
+        return None
+    if band.fraction is None:
+        return f"peak memory unmeasured: {band.closest}; the margin is the stack's"
+    return f"peak memory {band.text}: {band.closest}"

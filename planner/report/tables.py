@@ -13,9 +13,10 @@ from rich.text import Text
 from planner.diagnose.compare import MethodResult, yardstick
 from planner.diagnose.validation_rows import describe
 from planner.ilp import LayerSolution
+from planner.plan.bands import MemoryBand
 from planner.plan.config import ParallelConfig
 from planner.plan.schema import Plan, PlanStage, Predicted
-from planner.report.bands import band_cell, band_line, with_band
+from planner.report.bands import band_cell, band_line, memory_line, not_significant, with_band
 from planner.report.width import Clauses, FirstThatFits, keep_whole, title
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
@@ -56,6 +57,12 @@ def mfu_text(mfu: float) -> str:
     return f"MFU {100 * mfu:.1f} %{why}"
 
 
+def _memory(band: MemoryBand | None) -> list[Text]:
+    """The memory band's line, where the plan has one."""
+    line = memory_line(band)
+    return [] if line is None else [Text(line)]
+
+
 def estimate_tables(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, result: Estimate
 ) -> list[RenderableType]:
@@ -67,6 +74,7 @@ def estimate_tables(
         Clauses([what, f"{result.num_microbatches} microbatches"]),
         _rates(_step(result), result, f"bubble {100 * result.bubble_fraction:.1f} %"),
         Text(band_line(result.error_band)),
+        *_memory(result.memory_band),
     )  # fmt: skip
     times = Table(title=title("time per step (critical stage)"), title_justify="left")
     times.add_column("part", no_wrap=True)
@@ -179,6 +187,7 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
         _rates(_step(p), p, f"peak memory {p.peak_memory_gib:.1f} GiB",
                f"bubble {100 * p.bubble_fraction:.1f} %"),
         Text(band_line(p.error_band)),
+        *_memory(p.memory_band),
     )  # fmt: skip
     s = plan.solver
     solver = [f"solver: {plan.method} for {plan.framework}", f"{s.time_s:.2f} s", s.status]
@@ -309,8 +318,9 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
     """One row per method: its plan in one line, the predicted step with its error band
     (``+/-``) and rates, peak memory, the time it took to find, and its step relative to the
     comparison's :func:`~planner.diagnose.compare.yardstick` (``x any`` or ``x best``, as the
-    picture's); under them what each band rests on. When that is too wide for the console, the
-    numbers in one table and the plans in another."""
+    picture's); under them what each band rests on, and which rows lie inside the fastest's
+    band (:func:`~planner.report.bands.not_significant`). When that is too wide for the
+    console, the numbers in one table and the plans in another."""
     against = yardstick(results)
     plan = next(r.plan for r in results if r.plan is not None)
     label = results[0].label
@@ -344,8 +354,12 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
         one.add_row(r.method, summary, *cells)
         numbers.add_row(r.method, *cells)
         plans.add_row(r.method, summary)
+    steps = {r.method: (r.plan.predicted.step_time_s, r.plan.predicted.error_band)
+             for r in results if r.plan is not None}  # fmt: skip
+    order = not_significant(steps)
     return [head, FirstThatFits(keep_whole(one), Group(keep_whole(numbers), keep_whole(plans))),
-            *(Text(line) for line in _band_lines(results))]
+            *(Text(line) for line in _band_lines(results)),
+            *([Text(order)] if order is not None else [])]
 
 
 def _band_lines(results: Sequence[MethodResult]) -> list[str]:

@@ -1,6 +1,8 @@
 """The fastest uniform configuration a framework launches, by enumeration.
 
-The answer is the least predicted step time among the configurations that divide and fit, ties
+The answer is the least predicted step time (or, with ``options.objective``, the least step time
+at that quantile of its error band: :mod:`planner.cost.risk`) among the configurations that
+divide and fit, ties
 broken by the smallest ``(tp, pp, first, last, cp, ep, vpp, mbs, recompute, zero,
 recompute_layers)``. Every configuration of the space is priced, and beside each that fits
 with full recomputation the fewest layers per chunk recomputed that still fit
@@ -29,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner import cost
+from planner.cost.risk import objective_column, objective_s
 from planner.errors import TimeLimitError
 from planner.options import DEFAULT_OPTIONS, Progress, ProgressFn, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
@@ -41,7 +44,7 @@ from planner.uniform.fewest_recomputed import fewest_recomputed
 from planner.uniform.plan import uniform_plan
 from planner.uniform.space import branch_space, config_key, offload_variants, offloads
 from planner.uniform.stages import host_fits
-from planner.vocabulary import GIB
+from planner.vocabulary import GIB, Objective
 
 CHUNK = 4096
 """Configurations priced per batch: whole branches up to about this many."""
@@ -54,8 +57,11 @@ class _Search:
 
     usable_bytes: float
     """What a plan may use of a device (its memory less the margin)."""
+    objective: Objective = "expected"
+    """What configurations are ranked by (:mod:`planner.cost.risk`)."""
     best: tuple[float, tuple[int, ...], ParallelConfig] | None = None
-    """The step time, tie-break key and configuration of the fastest that fits."""
+    """The :attr:`objective`'s step time, tie-break key and configuration of the best that
+    fits."""
     leanest: tuple[float, ParallelConfig] | None = None
     """The peak memory (GiB) and configuration of the leanest that did not fit."""
     first_refusal: str | None = None
@@ -68,7 +74,7 @@ class _Search:
 
     @property
     def best_step_s(self) -> float | None:
-        """The best step so far (None before one fits)."""
+        """The best step so far, as :attr:`objective` counts it (None before one fits)."""
         return None if self.best is None else self.best[0]
 
     def price(self, model: ModelSpec, cluster: ClusterSpec, configs: list[ParallelConfig],
@@ -84,7 +90,7 @@ class _Search:
             return found
         if found.best is not None:
             fewer = fewest_recomputed(model, cluster, configs, self.fits(batch),
-                                      steps=batch.columns["step_time_s"],
+                                      steps=objective_column(batch.columns, self.objective),
                                       best_s=found.best[0], usable_bytes=self.usable_bytes,
                                       options=options)  # fmt: skip
             if fewer:
@@ -114,10 +120,11 @@ class _Search:
 
     def tally(self, batch: BatchEstimate, configs: list[ParallelConfig]) -> _Search:
         """The tally with ``batch`` (of ``configs``) priced: the fastest that fits (ties to
-        the smallest :func:`config_key`), the leanest that does not (ties to the first)."""
+        the smallest :func:`config_key`), the fastest as :attr:`objective` counts, the leanest
+        that does not (ties to the first)."""
         divides = batch.columns["divides"]
         peak = batch.columns["peak_memory_gib"]
-        step = batch.columns["step_time_s"]
+        step = objective_column(batch.columns, self.objective)
         fits = self.fits(batch)
         big = divides & ~fits
         found = replace(self, priced=self.priced + int(divides.sum()))
@@ -159,7 +166,7 @@ def enumerate_plan(
     work = branch_space(model, cluster, training=training, options=options)
     total = sum(len(group) for _, groups in work for group in groups)
     usable = options.usable_bytes(cluster.device, training.stack)
-    search = _Search(usable_bytes=usable)
+    search = _Search(usable_bytes=usable, objective=options.objective)
     done = 0
     cut = False
     for chunk, named in _chunks(work):
@@ -194,12 +201,13 @@ def enumerate_plan(
                             first_refusal=search.first_refusal)
     plan = uniform_plan(model, cluster, search.best[2], method=method,
                         framework=options.framework,
-                        memory_margin_gib=options.margin_bytes(cluster.device.memory_gib,
+                        memory_margin_gib=options.margin_bytes(cluster.device,
                                                                  training.stack) / GIB)
     summary = SolverSummary(time_s=time.perf_counter() - started,
                             status="time_limit" if cut else "optimal",
-                            objective=plan.predicted.step_time_s,
-                            configurations=search.priced)  # fmt: skip
+                            objective=objective_s(plan.predicted.step_time_s,
+                                                  plan.predicted.error_band, options.objective),
+                            ranked_by=options.objective, configurations=search.priced)  # fmt: skip
     return check_plan(plan.model_copy(update={"solver": summary}), model)
 
 

@@ -355,7 +355,7 @@ def _plan(
     return Plan(
         method="ilp",
         framework="any",
-        memory_margin_gib=ctx.options.margin_bytes(ctx.cluster.device.memory_gib,
+        memory_margin_gib=ctx.options.margin_bytes(ctx.cluster.device,
                                                    training.stack) / GIB,
         model=model_ref(ctx.model),
         cluster=cluster_ref(ctx.cluster),
@@ -385,6 +385,7 @@ def _plan(
                 ctx.model, training, 1, flash_attention=ctx.options.flash_attention),
             micro_batch_size=c.mesh_micro_batch_size,
             parallel=[s.parallel for s in stages],
+            moe=ctx.model.moe is not None,
         ),
         solver=SolverSummary(
             time_s=wall_s,

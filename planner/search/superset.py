@@ -14,6 +14,10 @@ every framework's plan. It is searched in two steps:
    :func:`planner.search.per_operator.search`) bounded by the incumbent's step: candidates
    whose lower bound reaches it are not searched, which is most of them, and only a plan
    strictly faster replaces the incumbent.
+
+With ``options.objective`` a quantile, the two are compared at the slow ends of their bands
+(:mod:`planner.cost.risk`); inside the per-operator search, whose dynamic program compares
+stages, not plans, candidates are still ranked by their predicted step.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from planner.cost.risk import objective_s
 from planner.errors import ConfigError, InfeasibleError, TimeLimitError
 from planner.frameworks import ANY
 from planner.options import ProgressFn, SolveOptions
@@ -53,15 +58,18 @@ def solve_any(
     left_s = None
     if options.time_limit_s is not None:
         left_s = max(0.0, options.time_limit_s - (time.perf_counter() - started))
-    incumbent_s = None if incumbent is None else incumbent.predicted.step_time_s
+    # Ranked by a band's slow end, the incumbent still bounds the search: no plan's band has a
+    # negative width, so a plan whose step is no faster than the incumbent's objective loses.
+    incumbent_s = None if incumbent is None else _objective_s(incumbent, options)
     found = per_operator.search(model, cluster, replace(union, time_limit_s=left_s),
                         incumbent_s=incumbent_s, progress=progress)  # fmt: skip
-    best = found.plan if found.plan is not None else incumbent
-    assert best is not None  # without an incumbent the search raises rather than miss
+    best = min((p for p in (found.plan, incumbent) if p is not None),
+               key=lambda p: _objective_s(p, options))  # fmt: skip
     priced = 0 if incumbent is None else incumbent.solver.configurations
     solver = best.solver.model_copy(update={
         "time_s": time.perf_counter() - started,
         "configurations": priced + found.searched,
+        "objective": _objective_s(best, options), "ranked_by": options.objective,
     })  # fmt: skip
     if incumbent is not None and incumbent.solver.status == "time_limit":
         # The union was cut: it has no bound on what it did not price.
@@ -70,3 +78,8 @@ def solve_any(
         gap = max(0.0, 1 - found.cut_bound_s / best.predicted.step_time_s)
         solver = solver.model_copy(update={"status": "time_limit", "gap": gap})
     return best.model_copy(update={"solver": solver})
+
+
+def _objective_s(plan: Plan, options: SolveOptions) -> float:
+    """The step ``options.objective`` ranks ``plan`` by (:func:`planner.cost.risk.objective_s`)."""
+    return objective_s(plan.predicted.step_time_s, plan.predicted.error_band, options.objective)

@@ -10,6 +10,7 @@ dynamic program) bounded by the union's best (:func:`planner.search.superset.sol
 
 from __future__ import annotations
 
+from planner.cost.risk import parse_objective
 from planner.frameworks import ANY, check_framework
 from planner.options import DEFAULT_OPTIONS, ProgressFn, SolveOptions
 from planner.plan.schema import Plan
@@ -47,6 +48,7 @@ def solve(
     >>> pinned.summary(), round(pinned.predicted.step_time_s, 2)
     ('TP2 x PP1 x DP4, mbs 8, 1F1B, sequence parallel, distributed optimizer', 9.03)
     """
+    parse_objective(options.objective)
     if check_framework(options.framework) == ANY:
         return solve_any(model, cluster, options, progress=progress)
     return enumerate_plan(model, cluster, options, progress=progress)

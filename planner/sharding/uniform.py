@@ -254,7 +254,7 @@ def uniform_parts(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
 
     Remembered per input: searches price the same layer under many pipeline, batch,
     recomputation and ZeRO settings, which do not change it."""
-    return _parts(model, cluster.model_dump_json(), query)
+    return _parts(model, cluster.priced_json(), query)
 
 
 @lru_cache(maxsize=4096)

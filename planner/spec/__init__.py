@@ -25,6 +25,7 @@ from planner.spec.cluster import (
     NetworkLevel,
     ValidationBand,
 )
+from planner.spec.evidence import Regime, ValidatedRun
 from planner.spec.fields import Float, Int, Name
 from planner.spec.layers import MLASpec, MoESpec, RopeScaling
 from planner.spec.model import (
@@ -39,5 +40,6 @@ __all__ = [
     "Activation", "AttentionEfficiency", "ClusterSpec", "DeviceEfficiency", "DeviceSpec",
     "Float", "GemmEfficiency", "GroupedGemmEfficiency", "HostSpec", "Int", "LinkEfficiency",
     "MLASpec", "MoESpec", "ModelSpec", "Name", "NetworkLevel", "Normalization",
-    "PositionEmbedding", "RopeScaling", "TrainingSpec", "ValidationBand",
+    "PositionEmbedding", "Regime", "RopeScaling", "TrainingSpec", "ValidatedRun",
+    "ValidationBand",
 ]  # fmt: skip

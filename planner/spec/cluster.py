@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 
 from planner.errors import InputError
 from planner.spec import limits as lim
+from planner.spec.evidence import ValidatedRun
 from planner.spec.fields import Float, Int, Name
 from planner.spec.fields import Frozen as _Frozen
 from planner.vocabulary import GB, GIB, AttentionKernel, ParallelismKind, Precision
@@ -127,8 +128,13 @@ class DeviceEfficiency(_Frozen):
         "share the SMs and HBM with it)."
     )
     validation: tuple[ValidationBand, ...] = Field(
-        default=(), description="Residuals of `planner calibrate` by kind of run; empty for a "
-        "device no published run validates."
+        default=(), description="Residuals by kind of run, as `planner calibrate` wrote them "
+        "before it kept each run (`evidence`): the band of a file without evidence."
+    )
+    evidence: tuple[ValidatedRun, ...] = Field(
+        default=(), description="Every validated run on this device, its regime and its error "
+        "(`planner validate --write`, `planner calibrate --write`): what error bands rest on; "
+        "empty for a device no run validates."
     )
     memory_bound_fraction: Float = Field(
         default=1.0, gt=0, le=1, description="Achieved fraction of HBM bandwidth."
@@ -320,6 +326,12 @@ class ClusterSpec(_Frozen):
                              f"field 'host' (memory_gib, link_bandwidth_gb_s, "
                              f"memory_bandwidth_gb_s) is missing")  # fmt: skip
         return self.host
+
+    def priced_json(self) -> str:
+        """The cluster as JSON without what the cost model never reads (the validated runs
+        and bands its error bands rest on): the key of what is computed from it once."""
+        return self.model_dump_json(exclude={"device": {"efficiency": {"evidence",
+                                                                       "validation"}}})
 
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
         """The same cluster type at another size (``--nodes``)."""

@@ -33,7 +33,14 @@ import numpy as np
 
 from planner import cost
 from planner.cost.rates import throughput
-from planner.cost.uncertainty import error_band, parallelism_kind
+from planner.cost.uncertainty import (
+    error_band,
+    highest_mfu,
+    mechanisms,
+    memory_band,
+    mfu_above,
+    regime_of,
+)
 from planner.errors import ConfigError
 from planner.graph import forward_flops
 from planner.plan.config import ParallelConfig
@@ -58,9 +65,12 @@ _MEMORY = tuple(f"memory.{name}" for name in MemoryBreakdown.model_fields)
 _TIME = tuple(f"time.{name}" for name in StepTime.model_fields)
 _FLOATS = ("step_time_s", *_TIME, "tokens_per_s", "model_tflops_per_gpu",
            "hardware_tflops_per_gpu", "mfu", "peak_memory_gib", "bubble_fraction",
-           "error_band.fraction", *_MEMORY, "host_memory_gib")  # fmt: skip
-_INTS = ("error_band.runs", "num_microbatches", "dp", "num_devices")
-_TEXTS = ("error_band.parallelism", "error_band.closest")
+           "error_band.fraction", "error_band.fraction_p95", "memory_band.fraction",
+           "memory_band.fraction_p95", *_MEMORY,
+           "host_memory_gib")  # fmt: skip
+_INTS = ("error_band.runs", "memory_band.runs", "num_microbatches", "dp", "num_devices")
+_TEXTS = ("error_band.parallelism", "error_band.closest", "error_band.extrapolated",
+          "memory_band.closest")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,22 +206,47 @@ def _write(b: Rows, s: Steps, out: dict[str, np.ndarray], memory_margin_gib: flo
     out["num_microbatches"][rows] = b.x.num_microbatches
     out["dp"][rows] = b.x.dp.astype(np.int64)
     out["num_devices"][rows] = cluster.num_devices
-    _write_bands(b, out)
+    _write_bands(b, out, rates.forward_gflop_per_token, rates.mfu)
 
 
-def _write_bands(b: Rows, out: dict[str, np.ndarray]) -> None:
-    """Each priced row's error band, once per kind of parallelism."""
+def _write_bands(b: Rows, out: dict[str, np.ndarray], gflop_per_token: np.ndarray,
+                 mfu: np.ndarray) -> None:  # fmt: skip
+    """Each priced row's error band, once per set of mechanisms (the rest of a row's regime is
+    the batch's), with each row's MFU checked against the highest validated."""
     c, rows = b.c, b.rows
+    offloaded = np.array([o != "none" for o in c["offload"]], dtype=bool)
     k_first, k_of = factorize(c["tp"] > 1, c["pp"] > 1, c["cp"] > 1, c["ep"] > 1,
-                               c["zero"] == 3)  # fmt: skip
-    bands = [error_band(b.cluster.device, parallelism_kind(
-        tensor_parallel=int(c["tp"][r]), pipeline_parallel=int(c["pp"][r]),
-        context_parallel=int(c["cp"][r]), expert_parallel=int(c["ep"][r]),
-        zero=int(c["zero"][r]))) for r in k_first]  # fmt: skip
-    out["error_band.fraction"][rows] = np.array(
-        [np.nan if band.fraction is None else band.fraction for band in bands])[k_of]
+                               c["zero"] == 3, offloaded)  # fmt: skip
+    bands = [error_band(b.cluster.device, regime_of(
+        b.training, b.cluster, moe=b.model.moe is not None,
+        gflop_per_token=float(np.atleast_1d(gflop_per_token)[r]),
+        used=mechanisms(tensor_parallel=int(c["tp"][r]), pipeline_parallel=int(c["pp"][r]),
+                        context_parallel=int(c["cp"][r]), expert_parallel=int(c["ep"][r]),
+                        zero=int(c["zero"][r]),
+                        offload="optimizer" if offloaded[r] else "none"),
+    )) for r in k_first]  # fmt: skip
+    for name in ("fraction", "fraction_p95"):
+        out[f"error_band.{name}"][rows] = np.array(
+            [np.nan if getattr(band, name) is None else getattr(band, name)
+             for band in bands])[k_of]  # fmt: skip
     out["error_band.runs"][rows] = np.array([band.runs for band in bands])[k_of]
     out["error_band.parallelism"][rows] = np.array([band.parallelism for band in bands],
                                                    dtype=object)[k_of]  # fmt: skip
     out["error_band.closest"][rows] = np.array([band.closest for band in bands],
                                                dtype=object)[k_of]  # fmt: skip
+    gaps = np.empty(len(bands), dtype=object)
+    for k, band in enumerate(bands):  # one by one: numpy would read equal lists as 2-D
+        gaps[k] = [e.model_dump() for e in band.extrapolated]
+    extrapolated = gaps[k_of]
+    mfus = np.broadcast_to(mfu, rows.shape)
+    device, stack = b.cluster.device, b.training.stack
+    for i in np.flatnonzero(mfus > highest_mfu(device, stack)):
+        above = mfu_above(device, stack, float(mfus[i]))
+        extrapolated[i] = extrapolated[i] + [above.model_dump()] if above else extrapolated[i]
+    out["error_band.extrapolated"][rows] = extrapolated
+    memory = memory_band(device, stack)
+    for name in ("fraction", "fraction_p95"):
+        value = getattr(memory, name)
+        out[f"memory_band.{name}"][rows] = np.nan if value is None else value
+    out["memory_band.runs"][rows] = memory.runs
+    out["memory_band.closest"][rows] = memory.closest

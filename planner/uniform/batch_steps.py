@@ -166,7 +166,7 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
     """Each distinct layer's costs under every recomputation mode, on ``stages[stage_of]``."""
     c, training = b.c, b.training
     kinds = tuple(layer_index(b.model, training, 1).layers_by_kind)
-    cluster_json = b.cluster.model_dump_json()
+    cluster_json = b.cluster.priced_json()
     flash, overlap = b.switch("flash_attention"), b.switch("tp_comm_overlap")
     # (The layout and the mesh's strides, not the degrees: the same layer sits on many
     # pipelines.)

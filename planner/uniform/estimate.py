@@ -20,7 +20,7 @@ from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.rates import Throughput, headline, throughput
 from planner.cost.stage_weights import StageCost
 from planner.cost.step import PipelineKnobs, StepCost, compose_step
-from planner.cost.uncertainty import parallelism_kind
+from planner.cost.uncertainty import mechanisms
 from planner.graph import forward_flops
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
@@ -150,7 +150,7 @@ def estimate(
             model, training, c.mbs, flash_attention=c.flash_attention) / c.mbs,
         recompute_flops_per_sequence=flops / sequences,
     )  # fmt: skip
-    return _estimate(cluster, resolved, step, rates, memory_margin_gib)
+    return _estimate(cluster, resolved, step, rates, memory_margin_gib, moe=model.moe is not None)
 
 
 def _stages(
@@ -180,15 +180,16 @@ def _stages(
 
 def _estimate(
     cluster: ClusterSpec, resolved: ResolvedConfig, step: StepCost, rates: Throughput,
-    memory_margin_gib: float | None,
+    memory_margin_gib: float | None, *, moe: bool,
 ) -> Estimate:  # fmt: skip
     """The priced configuration's record."""
     c = resolved.config
     host_bytes = cluster.devices_per_node * step.host_bytes
-    kind = parallelism_kind(tensor_parallel=c.tp, pipeline_parallel=c.pp, context_parallel=c.cp,
-                            expert_parallel=c.ep, zero=c.zero)  # fmt: skip
+    used = mechanisms(tensor_parallel=c.tp, pipeline_parallel=c.pp, context_parallel=c.cp,
+                      expert_parallel=c.ep, zero=c.zero, offload=c.offload)  # fmt: skip
     return Estimate(
-        **dict(headline(step, rates, device=cluster.device, kind=kind)),
+        **dict(headline(step, rates, cluster=cluster, training=resolved.training,
+                        moe=moe, used=used)),
         fits=cost.fits(step.peak_memory_bytes.total, cluster.device, memory_margin_gib,
                        resolved.training.stack)
         and host_fits(cluster, host_bytes),

@@ -72,7 +72,7 @@ def infeasible_message(
     (:func:`nodes_to_fit`), optimizer offload, a shorter sequence.
     """
     device = cluster.device
-    margin = options.margin_bytes(device.memory_gib, training.stack) / GIB
+    margin = options.margin_bytes(device, training.stack) / GIB
     pins = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
     head = (f"{searched} fits {model.name} on {cluster.num_devices} x {device.name} "
             f"({device.memory_gib:g} GiB, {margin:.1f} GiB kept free) at global batch "
@@ -151,7 +151,7 @@ def _offloaded(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
 
 def _margin_gib(cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions) -> float:
     """The margin the search leaves free on ``cluster``'s devices for ``training``'s stack."""
-    return options.margin_bytes(cluster.device.memory_gib, training.stack) / GIB
+    return options.margin_bytes(cluster.device, training.stack) / GIB
 
 
 _WHO: dict[str, str] = {"optimizer": "Megatron-LM's", "zero-offload": "DeepSpeed's ZeRO-Offload"}

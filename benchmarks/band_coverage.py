@@ -1,0 +1,108 @@
+"""Do the error bands hold what they claim? Leave-one-family-out coverage of the p80 and p95
+bands on the shared runs.
+
+For each chip and each framework family of its runs, the family's runs are banded from the
+other families' runs alone (:func:`planner.diagnose.coverage.held_out`), and the table counts
+how many fall inside. ``--refit`` also refits the chip's efficiencies without the family
+(``planner calibrate --exclude-family``), so that its errors are out of family too: the honest
+test of fit and band together (a few minutes a chip on 2 cores). Prints the widening per unit
+of distance the folds call for (:func:`~planner.diagnose.coverage.fit_widening`, the value
+:data:`planner.cost.uncertainty.WIDENING` holds), the coverage at the bundled widening, and
+the coverage with each family's widening fitted without it (nested), and the coverage of bands
+near the evidence: each run left out alone, its family's other runs kept. Run from the
+repository root:
+
+    python benchmarks/band_coverage.py ../shared/validation/calibration_runs.json \\
+        ../shared/validation/fsdp_runs.json ../shared/validation/deepspeed_runs.json \\
+        ../shared/validation/h100/runs_one_gpu.json [--refit]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from planner.cost.uncertainty import WIDENING
+from planner.diagnose.calibration import calibrate, validate
+from planner.diagnose.coverage import (
+    Coverage,
+    HeldOut,
+    coverage,
+    fit_widening,
+    held_out,
+    held_out_runs,
+    nested_coverage,
+)
+from planner.diagnose.evidence import validated_runs
+from planner.diagnose.runs import DEVICES
+
+CLUSTERS = "instances/clusters"
+
+
+def _held(paths: list[str], refit: bool) -> list[HeldOut]:
+    """Every run banded with its family left out, its error from the bundled calibration or,
+    with ``refit``, from a fit without its family."""
+    rows = validate(paths, CLUSTERS).rows
+    out: list[HeldOut] = []
+    for chip in sorted({DEVICES[r.device].chip for r in rows}):
+        mine = validated_runs([r for r in rows if DEVICES[r.device].chip == chip])
+        families = sorted({r.family for r in mine})
+        if not refit or len(families) == 1:
+            out += held_out(chip, mine)
+            continue
+        for family in families:
+            fit = calibrate(paths, CLUSTERS, chip=chip, exclude_families=[family])
+            out += held_out(chip, validated_runs(fit.after), [family])
+    return out
+
+
+def _files(paths: list[str]) -> dict[str, str]:
+    """Each run's shared file."""
+    return {row.id: Path(p).name for p in paths for row in validate([p], CLUSTERS).rows}
+
+
+def _table(title: str, rows: list[Coverage], held: list[HeldOut], files: dict[str, str]) -> None:
+    print(f"\n{title}")
+    print(f"{'chip':5s} {'family':9s} {'file':22s} {'runs':>4s} {'p80 in':>7s} {'p95 in':>7s} "
+          f"{'median p80 band':>16s}")  # fmt: skip
+    for c in rows:
+        file = next(files[h.id] for h in held if (h.chip, h.family) == (c.chip, c.family))
+        print(f"{c.chip:5s} {c.family:9s} {file:22s} {c.runs:4d} {100 * c.inside[0.8]:6.0f}% "
+              f"{100 * c.inside[0.95]:6.0f}% {100 * c.median_band:15.1f}%")  # fmt: skip
+    runs = sum(c.runs for c in rows)
+    pooled = {q: sum(c.inside[q] * c.runs for c in rows) / runs for q in (0.8, 0.95)}
+    folds = {q: statistics.fmean(c.inside[q] for c in rows) for q in (0.8, 0.95)}
+    print(f"{'all':5s} {'runs':9s} {'':22s} {runs:4d} {100 * pooled[0.8]:6.0f}% "
+          f"{100 * pooled[0.95]:6.0f}%")  # fmt: skip
+    print(f"{'all':5s} {'families':9s} {'(mean of folds)':22s} {len(rows):4d} "
+          f"{100 * folds[0.8]:6.0f}% {100 * folds[0.95]:6.0f}%")  # fmt: skip
+
+
+def main(argv: list[str]) -> None:
+    """Print the fitted widening and the coverage tables."""
+    refit = "--refit" in argv
+    paths = [a for a in argv if a != "--refit"]
+    start = time.perf_counter()
+    held = _held(paths, refit)
+    files = _files(paths)
+    fitted = {q: fit_widening(held, q) for q in WIDENING}
+    print(f"errors {'out of family (refit)' if refit else 'from the bundled calibration'}; "
+          f"widening per unit of distance fitted on all folds: "
+          + ", ".join(f"p{round(100 * q)} {v:g}" for q, v in fitted.items())
+          + "; bundled: " + ", ".join(f"p{round(100 * q)} {v:g}" for q, v in WIDENING.items()))
+    _table("coverage at the bundled widening", coverage(held), held, files)
+    _table("coverage, each family's widening fitted without it (nested)",
+           nested_coverage(held), held, files)  # fmt: skip
+    rows = validate(paths, CLUSTERS).rows
+    near = [h for chip in sorted({DEVICES[r.device].chip for r in rows})
+            for h in held_out_runs(chip, validated_runs(
+                [r for r in rows if DEVICES[r.device].chip == chip]))]  # fmt: skip
+    _table("coverage, each run left out alone (its family's other runs kept; bundled fit)",
+           coverage(near), near, files)  # fmt: skip
+    print(f"\n{time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
