@@ -189,7 +189,7 @@ def test_each_band_line_names_its_rows() -> None:
     assert "band (heuristic): the 5 nearest of 14 validated runs" in text
     assert "band (grid): the 5 nearest of 14 validated runs" in text
     grid = text[text.index("band (grid)"):]
-    assert "extrapolates: no validated run with zero-3 on H100-SXM5-80GB" in grid
+    assert "extrapolates: no validated run with ZeRO-3 on H100-SXM5-80GB" in grid
 
 
 def _render(renderables: list) -> str:

@@ -3,10 +3,10 @@ the distance to them.
 
 A device's cluster file keeps every run that validated it (``device.efficiency.evidence``,
 :class:`~planner.spec.ValidatedRun`): the regime it ran in (stack, mechanisms, sequence length,
-devices, network, model size, experts, precision) and how far the cost model missed it. A prediction's
-band is the spread of the errors of its :data:`NEAREST` nearest runs (:func:`distance`), plus
-:data:`WIDENING` times their mean distance: near the evidence the band is what the evidence
-shows, far from it the band grows by a rule fitted on held-out families
+devices, network, model size, experts, precision) and how far the cost model missed it. A
+prediction's band is the spread of the errors of its :data:`NEAREST` nearest runs
+(:func:`distance`), plus :data:`WIDENING` times their mean distance: near the evidence the band
+is what the evidence shows, far from it the band grows by a rule fitted on held-out families
 (``benchmarks/band_coverage.py``). The band names what it extrapolates (:func:`gaps`). A
 device with no evidence says so instead of borrowing a number it has not earned; a file
 written before runs were kept falls back to its bands by kind of parallelism.
@@ -22,7 +22,7 @@ written before runs were kept falls back to its bands by kind of parallelism.
 '+/- 3 %'
 >>> far = near.model_copy(update={"mechanisms": ("tensor", "zero-3"), "seq_length": 32768})
 >>> [e.text for e in error_band(gpu, far).extrapolated]
-['no validated run with zero-3 on x', '32,768 tokens a sequence (validated 4,096)']
+['no validated run with ZeRO-3 on x', '32,768 tokens a sequence (validated 4,096)']
 >>> error_band(gpu, far).fraction > error_band(gpu, near).fraction
 True
 """
@@ -180,6 +180,13 @@ def _precision_class(regime: Regime) -> str:
     return "fp32" if regime.precision == "fp32" else "16-bit"
 
 
+MECHANISM_WORDS: dict[Mechanism, str] = {
+    "tensor": "tensor parallelism", "pipeline": "pipeline parallelism",
+    "context": "context parallelism", "expert": "expert parallelism", "zero-3": "ZeRO-3",
+    "offload": "optimizer offload",
+}
+"""Each mechanism as a sentence names it."""
+
 TERMS: dict[str, tuple[str, ...]] = {
     "stack": ("compute_s",), "moe": ("compute_s", "expert_parallel_comm_s"),
     "precision": ("compute_s",), "seq_length": ("compute_s", "context_parallel_comm_s"),
@@ -200,7 +207,8 @@ def gaps(prediction: Regime, evidence: Sequence[ValidatedRun], device: str,
     out = []
     if all(r.stack != prediction.stack for r in evidence):
         out.append(("stack", f"no validated run on the {prediction.stack} stack on {device}"))
-    out += [(m, f"no validated run with {m} on {device}") for m in prediction.mechanisms
+    out += [(m, f"no validated run with {MECHANISM_WORDS[m]} on {device}")
+            for m in prediction.mechanisms
             if all(m not in r.mechanisms for r in evidence)]  # fmt: skip
     if prediction.moe and not any(r.moe for r in evidence):
         out.append(("moe", f"no validated mixture of experts on {device}"))

@@ -33,7 +33,7 @@ class Extrapolation(_Frozen):
     ``precision``, ``seq_length``, ``num_devices``, ``mfu``
     (:data:`planner.cost.uncertainty.TERMS` says which parts of the step each prices)."""
     text: str
-    """In words: ``no validated run with zero-3 on H100-SXM5-80GB``."""
+    """In words: ``no validated run with ZeRO-3 on H100-SXM5-80GB``."""
 
 
 class ErrorBand(_Frozen):

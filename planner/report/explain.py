@@ -219,7 +219,7 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
 
 def extrapolation_lines(e: Explanation) -> list[str]:
     """What the step's price rests on beyond the validated runs, each with the parts of the
-    step it prices: ``extrapolated: no validated run with zero-3 on ... (data parallel comm
+    step it prices: ``extrapolated: no validated run with ZeRO-3 on ... (data parallel comm
     exposed 1.20 s, 8 % of the step)``."""
     lines = []
     for gap in e.extrapolated:
