@@ -25,6 +25,7 @@ from planner.cost.uncertainty import (
     PER_DOUBLING,
     PRECISION_DISTANCE,
     STACK_DISTANCE,
+    TERMS,
     WIDENING,
     distance,
     error_band,
@@ -487,3 +488,32 @@ def test_simulate_and_export_print_the_plans_band(tmp_path: Path) -> None:
     assert f"predicted {step} per step" in exported.stderr
     assert "note: band: the 5 nearest of 14 validated runs on H100-SXM5-80GB" in exported.stderr
     assert math.isfinite(band.fraction or math.nan)
+
+
+def test_explain_names_the_parts_of_the_step_that_rest_on_extrapolation() -> None:
+    """The ZeRO-3 plan for Llama 3 8B on one H100 node: each extrapolation of its band, with
+    the parts of the step it prices (those above zero: ZeRO-3's gathers hide behind compute);
+    the text says so, at 80 columns."""
+    from planner.diagnose.explain import explain
+    from planner.report.explain import extrapolation_lines
+
+    model, cluster = lib.load_model(LLAMA), lib.load_cluster(H100, nodes=1)
+    plan = lib.solve(model, cluster)
+    band = plan.predicted.error_band
+    assert band is not None and plan.configuration is not None
+    assert plan.configuration.zero == 3
+    why = explain(plan)
+    assert [e.text for e in why.extrapolated] == [e.text for e in band.extrapolated]
+    time = plan.predicted.time
+    for gap, gap_band in zip(why.extrapolated, band.extrapolated, strict=True):
+        expected = [name for name in TERMS[gap_band.feature] if getattr(time, name) > 0]
+        assert [p.name for p in gap.parts] == expected
+        for part in gap.parts:
+            assert part.value == getattr(time, part.name)
+            assert part.share == pytest.approx(part.value / plan.predicted.step_time_s)
+    zero3 = next(g for g, b in zip(why.extrapolated, band.extrapolated, strict=True)
+                 if b.feature == "zero-3")  # fmt: skip
+    assert zero3.parts == ()  # the gathers are hidden: no part of the step left
+    lines = extrapolation_lines(why)
+    assert lines[0] == ("extrapolated: no validated run with ZeRO-3 on H100-SXM5-80GB (priced "
+                        "as hidden behind compute)")  # fmt: skip

@@ -225,8 +225,10 @@ def extrapolation_lines(e: Explanation) -> list[str]:
     for gap in e.extrapolated:
         parts = ", ".join(f"{_label(p.name)} {p.value:.2f} s, {100 * p.share:.0f} %"
                           for p in gap.parts)  # fmt: skip
-        lines.append(f"extrapolated: {gap.text}" + (f" (prices {parts} of the step)"
-                                                    if parts else ""))  # fmt: skip
+        # No part left: what it prices is hidden behind compute, and that overlap is the
+        # unvalidated assumption.
+        lines.append(f"extrapolated: {gap.text}" + (f" (prices {parts} of the step)" if parts
+                                                    else " (priced as hidden behind compute)"))
     return lines
 
 
