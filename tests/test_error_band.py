@@ -29,6 +29,7 @@ from planner.cost.uncertainty import (
     WIDENING,
     distance,
     error_band,
+    memory_band,
     nearest,
     stage_mechanisms,
 )
@@ -517,3 +518,39 @@ def test_explain_names_the_parts_of_the_step_that_rest_on_extrapolation() -> Non
     lines = extrapolation_lines(why)
     assert lines[0] == ("extrapolated: no validated run with ZeRO-3 on H100-SXM5-80GB (priced "
                         "as hidden behind compute)")  # fmt: skip
+
+
+def test_the_memory_band_is_the_stacks_measured_peaks() -> None:
+    """The 80th and 95th percentiles of |memory error| of the device's runs of the stack, the
+    runs without a measured peak left out; unmeasured where the stack has none."""
+    errors = (0.01, -0.02, 0.05, None, -0.10)
+    runs = [r.model_copy(update={"memory_error": m}) for r, m in zip(_runs(), errors,
+                                                                     strict=False)]  # fmt: skip
+    device = _device(runs)
+    band = memory_band(device, "megatron-te")
+    measured = np.abs([m for m in errors if m is not None])
+    assert band.runs == 4
+    assert band.fraction == pytest.approx(np.percentile(measured, 80), abs=1e-4)
+    assert band.fraction_p95 == pytest.approx(np.percentile(measured, 95), abs=1e-4)
+    assert band.closest == "80 % of 4 peaks measured with megatron-te on X were within it"
+    eager = memory_band(device, "hf-eager")
+    assert (eager.fraction, eager.runs, eager.text) == (None, 0, "unmeasured")
+
+
+def test_ranked_at_a_quantile_the_margin_covers_the_memory_band() -> None:
+    """A stack whose measured peaks missed by more than its margin: ranked by p80 or p95 a plan
+    leaves that quantile of the band free; by the prediction, or with a margin given, the
+    margin alone."""
+    errors = (0.08, -0.10, 0.12, -0.09, 0.11)
+    runs = [r.model_copy(update={"stack": "hf-eager", "memory_error": m})
+            for r, m in zip(_runs(), errors, strict=False)]  # fmt: skip
+    device = _device(runs)
+    stack_margin = 0.02 * device.memory_bytes  # hf-eager's
+    assert SolveOptions().margin_bytes(device, "hf-eager") == pytest.approx(stack_margin)
+    for objective, quantile in (("p80", 80), ("p95", 95)):
+        band = float(np.percentile(np.abs(errors), quantile))
+        margin = SolveOptions(objective=objective).margin_bytes(device, "hf-eager")
+        assert margin == pytest.approx(round(band, 4) * device.memory_bytes)
+        assert margin > stack_margin
+    given = SolveOptions(objective="p95", memory_margin_gib=1.0).margin_bytes(device, "hf-eager")
+    assert given == 2**30

@@ -22,12 +22,15 @@ plans 2 % apart, the one the evidence vouches for wins over a faster one it does
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 import numpy as np
 
 from planner.errors import InputError
 from planner.plan.bands import ErrorBand
 from planner.vocabulary import OBJECTIVES, Objective
+
+T = TypeVar("T", float, np.ndarray)
 
 QUANTILE: dict[Objective, float | None] = {"expected": None, "p80": 0.8, "p95": 0.95}
 """The band quantile each objective reads (None: the prediction itself)."""
@@ -56,7 +59,7 @@ def objective_s(step_s: float, band: ErrorBand | None, objective: Objective) -> 
     runs ranks by the prediction)."""
     quantile = QUANTILE[objective]
     fraction = None if quantile is None or band is None else band.at(quantile)
-    return step_s if fraction is None else step_s * (1 + fraction)
+    return step_s if fraction is None else _slow_end(step_s, fraction)
 
 
 def objective_column(columns: Mapping[str, np.ndarray], objective: Objective) -> np.ndarray:
@@ -66,5 +69,11 @@ def objective_column(columns: Mapping[str, np.ndarray], objective: Objective) ->
     quantile = QUANTILE[objective]
     if quantile is None:
         return step
-    name = "error_band.fraction" if quantile == 0.8 else "error_band.fraction_p95"
-    return step * (1 + np.nan_to_num(columns[name], nan=0.0))
+    column = {0.8: "error_band.fraction", 0.95: "error_band.fraction_p95"}[quantile]
+    return _slow_end(step, np.nan_to_num(columns[column], nan=0.0))
+
+
+def _slow_end(step_s: T, fraction: T) -> T:
+    """The slow end of a band of half-width ``fraction`` around ``step_s`` (floats or
+    arrays)."""
+    return step_s * (1 + fraction)  # type: ignore[operator, return-value]
