@@ -300,10 +300,12 @@ def test_the_command_prints_what_it_did(tmp_path: Path, monkeypatch: pytest.Monk
     best, other = sorted(rows, key=lambda r: r["step_time_s"])
     lines = stdout.splitlines()
     assert lines[0] == f"wrote {out}: 2 points, 2 with a plan, 0 without, 0 already done"
-    assert lines[1].split() == ["point", "num_nodes", "step", "s", "MFU", "%", "GiB", "days"]
+    assert lines[1].split() == ["point", "num_nodes", "step", "s", "+/-", "MFU", "%", "GiB",
+                                "days"]  # fmt: skip
     numbers = [line.split() for line in lines[2:] if not line.startswith(" " * 7)]
     assert numbers == [[str(r["point"]), str(r["cluster.num_nodes"]),
-                        f"{r['step_time_s']:.3f}", f"{100 * r['mfu']:.1f}",
+                        f"{r['step_time_s']:.3f}", *r["error_band"].removeprefix("+/- ").split(),
+                        f"{100 * r['mfu']:.1f}",
                         f"{r['peak_memory_gib']:.1f}", f"{r['time_to_train_s'] / 86400:,.0f}"]
                        for r in (best, other)]  # fmt: skip
     plans = " ".join(line.strip() for line in lines[2:] if line.startswith(" " * 7))

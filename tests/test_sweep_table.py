@@ -51,8 +51,8 @@ def test_every_point_is_a_row_best_first_then_those_without_a_plan(seed: int) ->
     unsolved = [int(e[0]) for e in shown if e[3] == "-"]
     assert unsolved == [r.index for r in rows if r.step_time_s is None]
     assert shown[-len(unsolved):] == [e for e in shown if e[3] == "-"]  # after the solved ones
-    assert lines[0].split() == ["point", "num_nodes", "framework", "step", "s", "MFU", "%",
-                                "GiB", "days", "cost"]  # fmt: skip
+    assert lines[0].split() == ["point", "num_nodes", "framework", "step", "s", "+/-", "MFU",
+                                "%", "GiB", "days", "cost"]  # fmt: skip
     assert all(len(line) <= 80 for line in lines)
     assert not any(line.startswith("...") for line in lines)
 
@@ -74,11 +74,11 @@ def test_a_point_reads_its_numbers_and_plan() -> None:
                               ["cluster.num_nodes", "cluster.network.1.bandwidth_gb_s"],
                               width=80, out="r.parquet")  # fmt: skip
     assert lines == [
-        "point  num_nodes  bandwidth_gb_s  step s  MFU %   GiB  days        cost",
-        "    3         32              50  25.460   50.0  60.0   255  31,432,076",
+        "point  num_nodes  bandwidth_gb_s  step s   +/-  MFU %   GiB  days        cost",
+        "    3         32              50  25.460  10 %   50.0  60.0   255  31,432,076",
         "       TP1 x PP1 x DP128 x CP2, mbs 1, 1F1B,",
         "       full recompute of 20 layers per chunk, ZeRO-3",
-        "    4         16              25       -      -     -     -           -",
+        "    4         16              25       -     -      -     -     -           -",
         "       no plan: nothing fits",
     ]
 
@@ -86,7 +86,7 @@ def test_a_point_reads_its_numbers_and_plan() -> None:
 def test_axes_too_many_for_columns_go_under_the_numbers() -> None:
     axes = [f"cluster.level{k}.bandwidth_gb_s" for k in range(6)]
     lines = sweep_table_lines([row(0, tuple(range(6)), 2.0)], axes, width=60, out="r.parquet")
-    assert lines[0].split() == ["point", "step", "s", "MFU", "%", "GiB", "days", "cost"]
+    assert lines[0].split() == ["point", "step", "s", "+/-", "MFU", "%", "GiB", "days", "cost"]
     under = " ".join(line.strip() for line in lines[2:])
     assert under.startswith("level0.bandwidth_gb_s=0, level1.bandwidth_gb_s=1,")
     assert all(len(line) <= 60 for line in lines)

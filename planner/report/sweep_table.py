@@ -50,9 +50,10 @@ def ranked(rows: Sequence[SweepRow]) -> list[SweepRow]:
 def _numbers(row: SweepRow, *, days: bool, cost: bool) -> list[str]:
     """The row's numbers as the table prints them ("-" where it has none)."""
     if row.step_time_s is None:
-        return ["-"] * (3 + days + cost)
-    cells = [f"{row.step_time_s:.3f}", f"{100 * (row.mfu or 0.0):.1f}",
-             f"{row.peak_memory_gib or 0.0:.1f}"]  # fmt: skip
+        return ["-"] * (4 + days + cost)
+    band = row.error_band or ""
+    cells = [f"{row.step_time_s:.3f}", band.removeprefix("+/- ") if band.startswith("+/- ")
+             else "-", f"{100 * (row.mfu or 0.0):.1f}", f"{row.peak_memory_gib or 0.0:.1f}"]
     if days:
         days_s = row.time_to_train_s
         cells.append("-" if days_s is None else f"{days_s / 86400:,.0f}")
@@ -89,12 +90,12 @@ def sweep_table_lines(
 ) -> list[str]:  # fmt: skip
     """Every point of the sweep, best first (:func:`ranked`), at most ``max_rows`` of them
     and a line counting the rest in ``out``: per point a line of its index, axis values,
-    step (s), MFU (%), peak memory (GiB), days to train and cost (when the sweep has tokens
-    and a price), and under it its plan or ``no plan:`` and the first clause of why (the
-    whole reason is in the table's ``error`` column)."""
+    step (s), its error band (``-`` uncalibrated), MFU (%), peak memory (GiB), days to train
+    and cost (when the sweep has tokens and a price), and under it its plan or ``no plan:``
+    and the first clause of why (the whole reason is in the table's ``error`` column)."""
     days = any(r.time_to_train_s is not None for r in rows)
     cost = any(r.cost is not None for r in rows)
-    numbers_head = ["step s", "MFU %", "GiB", *(["days"] * days), *(["cost"] * cost)]
+    numbers_head = ["step s", "+/-", "MFU %", "GiB", *(["days"] * days), *(["cost"] * cost)]
     shown = ranked(rows)[:max_rows]
     values = [[_value(v) for v in r.values] for r in shown]
     body = [[str(r.index), *v, *_numbers(r, days=days, cost=cost)]
