@@ -236,7 +236,8 @@ def test_a_plans_mechanisms_come_from_its_stages() -> None:
 
 def test_bundled_evidence_is_the_validation_of_the_shared_runs() -> None:
     """The runs each bundled cluster file keeps are what `planner validate --write` on the
-    shared runs gives now: a cost-model change that moves the errors must re-run it."""
+    shared runs gives now: a cost-model change that moves the errors must re-run it. The
+    H100 on another fabric keeps the H100's runs."""
     if not all(p.exists() for p in SHARED_RUNS):
         pytest.skip("the shared runs are not beside the repository")
     rows = validate(SHARED_RUNS, CLUSTERS).rows
@@ -248,6 +249,8 @@ def test_bundled_evidence_is_the_validation_of_the_shared_runs() -> None:
             assert have.model_copy(update={"error": 0.0, "mfu": 0.0}) == want.model_copy(
                 update={"error": 0.0, "mfu": 0.0}), have.id
             assert have.error == pytest.approx(want.error, abs=0.002), have.id
+    three_level = load_cluster(CLUSTERS / "h100-3level-oversubscribed.json").device
+    assert three_level.efficiency == load_cluster(H100).device.efficiency
 
 
 def test_validate_write_keeps_the_runs_in_the_users_file_only(tmp_path: Path) -> None:

@@ -131,9 +131,8 @@ def validate(
     priced = priced_rows(loaded.runs, clusters)
     written: list[str] = []
     if write:
-        for path in dict.fromkeys(paths.values()):
-            mine = [r for r in priced.rows if cluster is not None
-                    or DEVICES[r.device].chip == _chip_of(path, paths)]  # fmt: skip
+        for path, chip in written_files(paths, clusters_dir, cluster).items():
+            mine = [r for r in priced.rows if chip is None or DEVICES[r.device].chip == chip]
             if mine:
                 write_evidence(path, validated_runs(mine))
                 written.append(str(path))
@@ -141,9 +140,22 @@ def validate(
                       written=tuple(written))  # fmt: skip
 
 
-def _chip_of(path: Path, paths: Mapping[str, Path]) -> str:
-    """The chip of a bundled cluster file (of :func:`cluster_files`)."""
-    return next(DEVICES[key].chip for key, p in paths.items() if p == path)
+def written_files(
+    paths: Mapping[str, Path], clusters_dir: str | Path, cluster: str | Path | None
+) -> dict[Path, str | None]:
+    """The cluster files a ``--write`` writes, each with its chip: with ``cluster``, that file
+    (chip None: every run is its); else the bundled file of each device of ``paths``
+    (:func:`cluster_files`) and every other file in ``clusters_dir`` of the same device (a
+    design on another network, ``h100-3level-oversubscribed.json``), whose device block is
+    that file's."""
+    if cluster is not None:
+        return {Path(cluster): None}
+    out: dict[Path, str | None] = {path: DEVICES[key].chip for key, path in paths.items()}
+    names = {load_cluster(path).device.name: chip for path, chip in out.items()}
+    for path in sorted(Path(clusters_dir).glob("*.json")):
+        if path not in out and (name := read_json(path)["device"].get("name")) in names:
+            out[path] = names[name]
+    return out
 
 
 # Fewer runs of a kind than this make no band of their own: a prediction of that kind takes
@@ -265,7 +277,7 @@ def calibrate(
     families = tuple(sorted({r.family for r in fitted_on}))
     written: list[str] = []
     if write:
-        for path in dict.fromkeys(paths.values()):  # in order, each file once
+        for path in written_files(paths, clusters_dir, cluster):
             _write_fit(path, fit, validated_runs(after), chip=name, families=families,
                        command=command)  # fmt: skip
             written.append(str(path))
