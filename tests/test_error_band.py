@@ -557,3 +557,29 @@ def test_ranked_at_a_quantile_the_margin_covers_the_memory_band() -> None:
         assert margin > stack_margin
     given = SolveOptions(objective="p95", memory_margin_gib=1.0).margin_bytes(device, "hf-eager")
     assert given == 2**30
+
+
+def test_a_plan_stays_its_clusters_when_the_cluster_keeps_other_runs() -> None:
+    """A plan names its cluster by a hash of what prices: keeping other validated runs (or an
+    older file's bands by kind) leaves the plan its cluster's; a changed efficiency does not.
+    A plan hashed on the whole file, as plans were before, still names it."""
+    from planner.plan.inputs import _sha256, check_inputs
+    from planner.uniform.plan import uniform_plan
+
+    model, cluster = lib.load_model(LLAMA), lib.load_cluster(H100, nodes=1)
+    plan = uniform_plan(model, cluster, lib.ParallelConfig(tp=2, global_batch=32, seq_len=2048),
+                        method="grid")
+    efficiency = cluster.device.efficiency
+    fewer = efficiency.model_copy(update={"evidence": efficiency.evidence[:3], "validation": ()})
+    kept = cluster.model_copy(update={"device": cluster.device.model_copy(
+        update={"efficiency": fewer})})  # fmt: skip
+    check_inputs(plan, model, kept)
+    refitted = efficiency.model_copy(update={"gemm": efficiency.gemm.model_copy(
+        update={"max_fraction": 0.5})})  # fmt: skip
+    moved = cluster.model_copy(update={"device": cluster.device.model_copy(
+        update={"efficiency": refitted})})  # fmt: skip
+    with pytest.raises(InputError, match="is not the cluster the plan was made for"):
+        check_inputs(plan, model, moved)
+    older = plan.model_copy(update={"cluster": plan.cluster.model_copy(
+        update={"sha256": _sha256(cluster.model_dump(mode="json"))})})  # fmt: skip
+    check_inputs(older, model, cluster)

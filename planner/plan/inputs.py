@@ -16,8 +16,18 @@ from planner.spec import ClusterSpec, ModelSpec
 
 
 def input_hash(spec: ModelSpec | ClusterSpec) -> str:
-    """SHA-256 of an input's canonical JSON (so a plan names exactly what it was made for)."""
+    """SHA-256 of an input's canonical JSON (so a plan names exactly what it was made for); a
+    cluster's without what no price reads (:meth:`ClusterSpec.priced_dump`), so that keeping
+    another validated run (``planner validate --write``) leaves its plans its own."""
+    if isinstance(spec, ClusterSpec):
+        return _sha256(spec.priced_dump())
     return _sha256(spec.model_dump(mode="json"))
+
+
+def cluster_hashes(cluster: ClusterSpec) -> frozenset[str]:
+    """The hashes a plan may name ``cluster`` by: :func:`input_hash`'s, and the whole canonical
+    JSON's that plans hashed before the error bands' runs were left out of it."""
+    return frozenset({input_hash(cluster), _sha256(cluster.model_dump(mode="json"))})
 
 
 def _sha256(dumped: dict[str, object]) -> str:
@@ -62,7 +72,7 @@ def check_inputs(
         raise InputError(f"{model_label or 'the model ' + model.name} is not the model the plan "
                          f"was made for ({plan.model.name}, sha256 {plan.model.sha256[:12]})")
     resized = cluster.model_copy(update={"num_nodes": plan.cluster.num_nodes})
-    if input_hash(resized) != plan.cluster.sha256:
+    if plan.cluster.sha256 not in cluster_hashes(resized):
         raise InputError(f"{cluster_label or 'the cluster ' + cluster.name} is not the cluster "
                          f"the plan was made for ({plan.cluster.name}, sha256 "
                          f"{plan.cluster.sha256[:12]})")  # fmt: skip

@@ -18,6 +18,7 @@ from planner.diagnose.explain import Explanation, Neighbour, Part, differences
 from planner.diagnose.notches import KNOBS
 from planner.frameworks import ANY, profile
 from planner.plan.schema import Plan
+from planner.report.bands import with_band
 from planner.report.tables import light_table, plan_summary
 from planner.report.width import FirstThatFits, keep_whole
 
@@ -192,7 +193,8 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
     head = Group(
         plan_summary(plan, style="bold"),
         Text(f"{plan.model.name} on {devices} x {plan.cluster.device} for {_who(plan)}: "
-             f"step {e.step_time_s:.3f} s, peak {plan.predicted.peak_memory_gib:.1f} GiB"),
+             f"step {with_band(e.step_time_s, plan.predicted.error_band)}, "
+             f"peak {plan.predicted.peak_memory_gib:.1f} GiB"),
     )  # fmt: skip
     # the changes indented, their wrapped lines too
     out: list[RenderableType] = [head, *(Padding(Text(line.removeprefix("  ")), (0, 0, 0, 2))

@@ -10,7 +10,7 @@ to the known accelerators by :mod:`planner.spec.physics`.
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
@@ -328,10 +328,14 @@ class ClusterSpec(_Frozen):
         return self.host
 
     def priced_json(self) -> str:
-        """The cluster as JSON without what the cost model never reads (the validated runs
-        and bands its error bands rest on): the key of what is computed from it once."""
-        return self.model_dump_json(exclude={"device": {"efficiency": {"evidence",
-                                                                       "validation"}}})
+        """The cluster as JSON without what the cost model never reads
+        (:data:`UNPRICED`): the key of what is computed from it once."""
+        return self.model_dump_json(exclude=UNPRICED)
+
+    def priced_dump(self) -> dict[str, Any]:
+        """:meth:`priced_json`'s content as JSON types: what a plan's hash of its cluster
+        covers (:func:`planner.plan.inputs.input_hash`)."""
+        return self.model_dump(mode="json", exclude=UNPRICED)
 
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
         """The same cluster type at another size (``--nodes``)."""
@@ -341,6 +345,12 @@ class ClusterSpec(_Frozen):
         if too_many:
             raise InputError(f"--nodes {num_nodes}: {too_many}")
         return self.model_copy(update={"num_nodes": num_nodes})
+
+
+UNPRICED: dict[str, Any] = {"device": {"efficiency": {"evidence", "validation"}}}
+"""What no price reads: the validated runs and bands a device's error bands rest on. Keeping
+another run (``planner validate --write``) changes neither a layer's price nor which cluster a
+plan was made for."""
 
 
 def _too_many_devices(num_nodes: int, devices_per_node: int) -> str | None:
