@@ -24,8 +24,9 @@ class Throughput:
     """Model FLOPs plus recomputation per second and device, in TFLOP/s."""
     mfu: float
     """Model FLOPs utilisation: model FLOP/s over the device's peak."""
-    forward_gflop_per_token: float
-    """Model GFLOPs of one token's forward: the model's size as the error bands measure it."""
+    forward_flops_per_sequence: float
+    """Model FLOPs of one sequence's forward: the model's size as the error bands measure it
+    (:func:`~planner.cost.uncertainty.regime_of`)."""
 
 
 def throughput(
@@ -52,7 +53,7 @@ def throughput(
         model_tflops_per_gpu=model / per_device_s / 1e12,
         hardware_tflops_per_gpu=hardware / per_device_s / 1e12,
         mfu=model / per_device_s / cluster.device.peak_flops_per_s(training.precision),
-        forward_gflop_per_token=forward_flops_per_sequence / training.seq_length / 1e9,
+        forward_flops_per_sequence=forward_flops_per_sequence,
     )
 
 
@@ -65,7 +66,7 @@ def headline(
     cluster's device (:mod:`planner.cost.uncertainty`): every planner (the search's assembly,
     ``estimate``) reports these through this one function."""
     regime = regime_of(training, cluster, used=used, moe=moe,
-                       gflop_per_token=rates.forward_gflop_per_token)  # fmt: skip
+                       forward_flops_per_sequence=rates.forward_flops_per_sequence)  # fmt: skip
     return Predicted(
         step_time_s=step.step_s,
         time=step.time,

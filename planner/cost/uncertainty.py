@@ -37,6 +37,7 @@ from typing import TypeVar
 import numpy as np
 
 from planner.plan.bands import ErrorBand, Extrapolation, MemoryBand
+from planner.plan.config import ParallelConfig
 from planner.plan.schema import StageParallel
 from planner.spec import (
     ClusterSpec,
@@ -101,12 +102,20 @@ def mechanisms(
     return tuple(m for m in MECHANISMS if used[m])
 
 
+def config_mechanisms(config: ParallelConfig) -> tuple[Mechanism, ...]:
+    """The mechanisms of a uniform configuration (:func:`mechanisms`)."""
+    return mechanisms(tensor_parallel=config.tp, pipeline_parallel=config.pp,
+                      context_parallel=config.cp, expert_parallel=config.ep, zero=config.zero,
+                      offload=config.offload)  # fmt: skip
+
+
 def regime_of(
     training: TrainingSpec, cluster: ClusterSpec, *, used: tuple[Mechanism, ...], moe: bool,
-    gflop_per_token: float,
+    forward_flops_per_sequence: float,
 ) -> Regime:
     """The regime of a prediction for ``training`` on ``cluster`` with the mechanisms
-    ``used``, for a model of ``gflop_per_token`` (routing experts when ``moe``)."""
+    ``used``, for a model of ``forward_flops_per_sequence`` (routing experts when ``moe``)."""
+    gflop_per_token = forward_flops_per_sequence / training.seq_length / 1e9
     spanned = next((level for level in cluster.network
                     if level.domain_devices >= cluster.num_devices), cluster.network[-1])
     return Regime(stack=training.stack, mechanisms=used, seq_length=training.seq_length,

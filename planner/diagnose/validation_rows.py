@@ -9,7 +9,7 @@ from typing import Any
 
 from planner import cost
 from planner.cost.memory import allocator_slack_bytes
-from planner.cost.uncertainty import mechanisms, parallelism_kind, regime_of
+from planner.cost.uncertainty import config_mechanisms, parallelism_kind, regime_of
 from planner.diagnose.fit import cluster_of, sized_for
 from planner.diagnose.runs import CalibrationRun
 from planner.errors import InputError
@@ -158,12 +158,10 @@ def validation_rows(
             raise InputError(str(exc)) from None
         est = estimate(run.model, cluster, run.config)
         allocated = est.memory.allocated_gib
-        config = run.config
-        training = resolve(run.model, cluster, config).training
-        regime = regime_of(training, cluster, moe=run.model.moe is not None, used=mechanisms(
-            tensor_parallel=config.tp, pipeline_parallel=config.pp, context_parallel=config.cp,
-            expert_parallel=config.ep, zero=config.zero, offload=config.offload,
-        ), gflop_per_token=forward_flops(run.model, training, 1) / training.seq_length / 1e9)
+        training = resolve(run.model, cluster, run.config).training
+        regime = regime_of(training, cluster, moe=run.model.moe is not None,
+                           used=config_mechanisms(run.config),
+                           forward_flops_per_sequence=forward_flops(run.model, training, 1))
         measured = run.measured_step_time_s
         rows.append(ValidationRow(
             id=run.id, device=run.device, family=run.family, parallelism=kind_of(run.config),

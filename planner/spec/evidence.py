@@ -16,7 +16,8 @@ from planner.vocabulary import Mechanism, Precision, Stack
 class Regime(_Frozen):
     """Where a prediction or a run sits in the features that drive the cost model's error: the
     software stack, the mechanisms it splits the run with, the sequence length, the devices,
-    the model's size and whether it routes experts, the compute precision."""
+    the network they span, the model's size and whether it routes experts, the compute
+    precision."""
 
     stack: Stack
     """The software that runs each layer (:data:`~planner.vocabulary.Stack`)."""

@@ -206,10 +206,10 @@ def _write(b: Rows, s: Steps, out: dict[str, np.ndarray], memory_margin_gib: flo
     out["num_microbatches"][rows] = b.x.num_microbatches
     out["dp"][rows] = b.x.dp.astype(np.int64)
     out["num_devices"][rows] = cluster.num_devices
-    _write_bands(b, out, rates.forward_gflop_per_token, rates.mfu)
+    _write_bands(b, out, rates.forward_flops_per_sequence, rates.mfu)
 
 
-def _write_bands(b: Rows, out: dict[str, np.ndarray], gflop_per_token: np.ndarray,
+def _write_bands(b: Rows, out: dict[str, np.ndarray], forward_flops: np.ndarray,
                  mfu: np.ndarray) -> None:  # fmt: skip
     """Each priced row's error band, once per set of mechanisms (the rest of a row's regime is
     the batch's), with each row's MFU checked against the highest validated."""
@@ -219,7 +219,7 @@ def _write_bands(b: Rows, out: dict[str, np.ndarray], gflop_per_token: np.ndarra
                                c["zero"] == 3, offloaded)  # fmt: skip
     bands = [error_band(b.cluster.device, regime_of(
         b.training, b.cluster, moe=b.model.moe is not None,
-        gflop_per_token=float(np.atleast_1d(gflop_per_token)[r]),
+        forward_flops_per_sequence=float(np.atleast_1d(forward_flops)[r]),
         used=mechanisms(tensor_parallel=int(c["tp"][r]), pipeline_parallel=int(c["pp"][r]),
                         context_parallel=int(c["cp"][r]), expert_parallel=int(c["ep"][r]),
                         zero=int(c["zero"][r]),

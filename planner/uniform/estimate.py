@@ -20,7 +20,7 @@ from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.rates import Throughput, headline, throughput
 from planner.cost.stage_weights import StageCost
 from planner.cost.step import PipelineKnobs, StepCost, compose_step
-from planner.cost.uncertainty import mechanisms
+from planner.cost.uncertainty import config_mechanisms
 from planner.graph import forward_flops
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
@@ -185,8 +185,7 @@ def _estimate(
     """The priced configuration's record."""
     c = resolved.config
     host_bytes = cluster.devices_per_node * step.host_bytes
-    used = mechanisms(tensor_parallel=c.tp, pipeline_parallel=c.pp, context_parallel=c.cp,
-                      expert_parallel=c.ep, zero=c.zero, offload=c.offload)  # fmt: skip
+    used = config_mechanisms(c)
     return Estimate(
         **dict(headline(step, rates, cluster=cluster, training=resolved.training,
                         moe=moe, used=used)),
