@@ -1,12 +1,15 @@
-"""planner bench end to end on this machine's CPU: time the kernels, fit the block, price a
-training step of the tiny Llama with it, then run that step in PyTorch and compare.
+"""planner bench and planner profile end to end on this machine's CPU: time the kernels, fit
+the block, profile the layers, price a training step of the tiny Llama with each, then run
+that step in PyTorch and compare.
 
     python benchmarks/bench_cpu_step.py [--steps 5]
 
 The model is ``tests/data/bench/tiny-llama.json`` (2 layers, hidden 256, GQA 4/2 heads,
 SwiGLU 704, RMSNorm, vocab 1024, fp32, sequence 256), trained as ``planner estimate`` prices
-it on one device: microbatch 1, 8 microbatches accumulated, then AdamW. Printed: the fitted
-block, the predicted step, the measured median step and their ratio. Needs PyTorch.
+it on one device: microbatch 1, 8 microbatches accumulated, then AdamW, built from the layers
+``planner profile`` runs. Printed: the fitted block, the step predicted from the kernels
+(``planner bench``) and from the layers (``planner profile`` at microbatches 1 and 2, AdamW
+over a layer), the measured median and fastest steps, and their ratios. Needs PyTorch.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from planner.diagnose.bench_cases import bench_cases
 from planner.diagnose.bench_fit import fit_bench
 from planner.diagnose.bench_torch import run_cases
+from planner.diagnose.faithful_layers import DecoderLayer, Embedding, Head
+from planner.diagnose.profile_torch import profile_cases, run_profile
 from planner.plan.config import ParallelConfig
+from planner.sharding.profiled import with_profile
+from planner.spec.profile import LayerProfile, layer_shape
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.estimate import estimate
 
@@ -33,59 +39,30 @@ MODEL = ROOT / "tests" / "data" / "bench" / "tiny-llama.json"
 CLUSTER = ROOT / "tests" / "data" / "bench" / "cpu-node.json"
 
 
-class Block(nn.Module):
-    """One decoder layer as the planner lowers it: RMSNorm, fused QKV with GQA, causal SDPA,
-    output projection, residual; RMSNorm, fused gate-and-up, SiLU x up, down, residual."""
-
-    def __init__(self, hidden: int, heads: int, kv_heads: int, ffn: int) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
-        self.norm1, self.norm2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
-        self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim, bias=False)
-        self.out = nn.Linear(hidden, hidden, bias=False)
-        self.up = nn.Linear(hidden, 2 * ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim,
-             self.kv_heads * self.head_dim], dim=-1)  # fmt: skip
-        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + self.out(attended.transpose(1, 2).reshape(b, s, -1))
-        gate, up = self.up(self.norm2(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
-
-
-def measured_step_s(steps: int) -> float:
-    """Median seconds of a training step of the tiny Llama on the CPU."""
+def measured_step_s(steps: int) -> tuple[float, float]:
+    """Median and fastest seconds of a training step of the tiny Llama on the CPU, built
+    from the layers ``planner profile`` runs (:mod:`planner.diagnose.faithful_layers`)."""
     m = load_model(MODEL)
     assert m.training is not None
-    layers = [Block(m.hidden_size, m.num_attention_heads, m.query_groups, m.ffn)
-              for _ in range(m.num_layers)]  # fmt: skip
-    model = nn.Sequential(nn.Embedding(m.vocab_size, m.hidden_size), *layers,
-                          nn.RMSNorm(m.hidden_size), nn.Linear(m.hidden_size, m.vocab_size,
-                                                               bias=False))  # fmt: skip
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    embedding, head = Embedding(m), Head(m)
+    layers = nn.Sequential(*(DecoderLayer(m) for _ in range(m.num_layers)))
+    params = [*embedding.parameters(), *layers.parameters(), *head.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
     seq, microbatches = m.training.seq_length, m.training.global_batch_size
     tokens = torch.randint(0, m.vocab_size, (microbatches, 1, seq + 1))
     times = []
     for _ in range(steps + 2):
         start = time.perf_counter()
         for i in range(microbatches):
-            logits = model(tokens[i, :, :-1])
-            F.cross_entropy(logits.view(-1, m.vocab_size), tokens[i, :, 1:].reshape(-1)).backward()
+            head(layers(embedding(tokens[i, :, :-1])), tokens[i, :, 1:]).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
         times.append(time.perf_counter() - start)
-    return statistics.median(times[2:])
+    return statistics.median(times[2:]), min(times[2:])
 
 
 def main() -> None:
-    """Bench, fit, price, run, compare."""
+    """Bench, fit, price; profile, price; run; compare."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
@@ -99,14 +76,29 @@ def main() -> None:
         fitted = Path(folder) / "cpu.json"
         fitted.write_text(fit.updated_json)
         cluster = load_cluster(fitted)
-    predicted = estimate(model, cluster, ParallelConfig(mbs=1)).step_time_s
-    measured = measured_step_s(args.steps)
+    config = ParallelConfig(mbs=1)
+    kernels = estimate(model, cluster, config).step_time_s
+    layers, _ = profile_cases(model, seq_length=model.training.seq_length,
+                              tensor_parallel=(1,), micro_batches=(1, 2))  # fmt: skip
+    run = run_profile(model, layers, torch=torch, backend="cpu", precision="fp32",
+                      stack="hf-eager")  # fmt: skip
+    profile = LayerProfile(device=cluster.device.name, device_reported=run.device_name,
+                           model=model.name, shape=layer_shape(model), stack="hf-eager",
+                           precision="fp32", layer_code="faithful", measured=run.measured)
+    eager = model.model_copy(update={"training": model.training.model_copy(
+        update={"stack": "hf-eager"})})  # fmt: skip
+    profiled = estimate(eager, with_profile(cluster, eager, profile), config).step_time_s
+    measured, fastest = measured_step_s(args.steps)
     after = fit.after
     print(f"device: {timings.device_name} (torch {timings.torch_version})")
     print(f"fitted: gemm {after.gemm.max_fraction:g} / {after.gemm.half_saturation_gflop:g} "
           f"GFLOP, memory {after.memory_bound_fraction:g}, launch {after.kernel_launch_us:g} us")
-    print(f"step: predicted {predicted:.4f} s, measured {measured:.4f} s "
-          f"(median of {args.steps}), predicted / measured {predicted / measured:.3f}")
+    print(f"measured step: {measured:.4f} s (median of {args.steps}; fastest {fastest:.4f} s: "
+          f"the profile and the bench time the fastest of their batches)")
+    print(f"predicted from the kernels (planner bench): {kernels:.4f} s, "
+          f"predicted / measured {kernels / measured:.3f}")
+    print(f"predicted from the layers (planner profile): {profiled:.4f} s, "
+          f"predicted / measured {profiled / measured:.3f} (/ fastest {profiled / fastest:.3f})")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the only text compared loosely. The examples that read ../shared skip without it
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -326,3 +327,24 @@ def test_calibrate_network_is_the_readme_fit() -> None:
     at 80 columns."""
     args, shown = _shell_command(_block_starting("$ planner calibrate-network").splitlines())
     _shown(shown, _printed(_run(*args, columns=80)))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="planner bench and profile need PyTorch (the test extra has it)")
+def test_the_readme_workflow_runs_on_the_cpu(tmp_path: Path) -> None:
+    """The README's workflow on this machine's CPU, as written (in a folder of its own, the
+    repository's tests/ beside it): bench, profile, then a solve that says it priced the
+    layers from the profile."""
+    block = _block_after("**2b. Profile the layers**")
+    (tmp_path / "tests").symlink_to(REPO / "tests")
+    bin_dir = Path(sys.executable).parent
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True,
+        text=True, timeout=600, check=False,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "COLUMNS": "80",
+             "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "tiny.profile.json").exists()
+    said = " ".join(done.stdout.split())
+    assert "profile: embedding: measured" in said and "optimizer: measured" in said
+    assert "dense: measured (tp1" in said

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from planner.cli import bench, explain, inputs, plans, runs, sweeps
+from planner.cli import bench, explain, inputs, plans, profile, runs, sweeps
 from planner.cli.app import app, stderr_console
 from planner.cli.messages import format_message
 from planner.errors import PlannerError
 
-COMMANDS = (inputs, plans, sweeps, explain, runs, bench)
+COMMANDS = (inputs, plans, sweeps, explain, runs, bench, profile)
 """The modules whose import registers the commands on :data:`app`."""
 
 

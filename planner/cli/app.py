@@ -17,10 +17,13 @@ from rich.console import Console, RenderableType
 from planner.cli.messages import format_message
 from planner.errors import ConfigError, InputError
 from planner.plan import files
+from planner.sharding.profiled import with_profile
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec import limits as lim
 from planner.spec.messages import short_repr
 from planner.spec.physics import cluster_warnings
+from planner.spec.reading import read_profile
+from planner.vocabulary import Stack
 
 app = typer.Typer(
     add_completion=False,
@@ -80,16 +83,37 @@ def warning(message: str) -> None:
     print(format_message("warning:", message, width=stderr_console().width), file=sys.stderr)
 
 
+ProfileOpt = Annotated[Path | None, typer.Option(
+    "--profile", help="A layer profile of this model on the cluster's device (planner "
+    "profile): its layers' measured compute and kept bytes price the plan.")]
+
+
 def load_inputs(
-    model: Path, cluster: Path, *, nodes: int | None, names: tuple[str, str] = ("MODEL", "CLUSTER")
+    model: Path, cluster: Path, *, nodes: int | None, names: tuple[str, str] = ("MODEL", "CLUSTER"),
+    profile: Path | None = None,
 ) -> tuple[ModelSpec, ClusterSpec]:
     """The model and the cluster (:func:`planner.plan.files.load_inputs`), with a warning on
     stderr for each figure of the cluster that is possible but unlikely
-    (:func:`planner.spec.physics.cluster_warnings`)."""
+    (:func:`planner.spec.physics.cluster_warnings`); with ``profile``, the layer profile set
+    beside the cluster (:func:`planner.sharding.profiled.with_profile`)."""
     model_spec, cluster_spec = files.load_inputs(model, cluster, nodes=nodes, names=names)
     for message in cluster_warnings(cluster_spec, source=str(cluster)):
         warning(message)
+    if profile is not None:
+        try:
+            cluster_spec = with_profile(cluster_spec, model_spec, read_profile(profile))
+        except InputError as exc:
+            raise InputError(f"--profile {profile}: {exc}") from None
     return model_spec, cluster_spec
+
+
+def check_profile_stack(cluster: ClusterSpec, stack: Stack) -> None:
+    """Refuse a layer profile measured on another stack than the one priced."""
+    profile = cluster.device.efficiency.profile
+    if profile is not None and profile.stack != stack:
+        raise InputError(f"--profile: the layers were measured on {profile.stack}; this run is "
+                         f"priced on {stack}, whose layers run other code: price with --stack "
+                         f"{profile.stack}, or drop --profile")  # fmt: skip
 
 
 OPTION_LIMITS: dict[str, tuple[int | float, str]] = {

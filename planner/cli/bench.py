@@ -35,23 +35,28 @@ MAX_BATCH_MS = 60_000.0
 """A timed batch longer than a minute would make the bench run for hours."""
 
 
+SeqLenOpt = Annotated[int | None, typer.Option(
+    help="Tokens per sample; default: the model's training block.")]
+PrecisionOpt = Annotated[Precision | None, typer.Option(
+    help="Compute type; default: the model's training block, else bf16.")]
+DeviceOpt = Annotated[DeviceChoice, typer.Option(
+    help="Where to run: an Ascend NPU, else a CUDA GPU, else the CPU (auto), or the one named.")]
+"""The options ``bench`` and ``profile`` share: what they run, and where."""
+
+
 @app.command("bench")
 def bench_cmd(
     cluster: ClusterArg,
     model: Annotated[Path, typer.Option(
         help="model.json or a Hugging Face config.json whose layer shapes are timed.")],
-    seq_len: Annotated[int | None, typer.Option(
-        help="Tokens per sample; default: the model's training block.")] = None,
-    precision: Annotated[Precision | None, typer.Option(
-        help="Compute type; default: the model's training block, else bf16.")] = None,
+    seq_len: SeqLenOpt = None,
+    precision: PrecisionOpt = None,
     tp: Annotated[list[int] | None, typer.Option(
         help="Tensor-parallel degrees whose GEMM shards are timed (repeat the option); "
         "default: 1, 2, 4, ... up to a node's devices.")] = None,
     micro_batch: Annotated[list[int] | None, typer.Option(
         help="Microbatch sizes timed (repeat the option); default: 1 and 2.")] = None,
-    device: Annotated[DeviceChoice, typer.Option(
-        help="Where to run: an Ascend NPU, else a CUDA GPU, else the CPU (auto), or the one "
-        "named.")] = "auto",
+    device: DeviceOpt = "auto",
     repeats: Annotated[int, typer.Option(
         help="Timed batches per kernel; the fastest counts.")] = 5,
     min_time_ms: Annotated[float, typer.Option(

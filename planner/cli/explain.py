@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from planner.cli.app import JsonOpt, app, load_inputs, print_json, render
+from planner.cli.app import JsonOpt, ProfileOpt, app, load_inputs, print_json, render
 from planner.diagnose.explain import explain
 from planner.diagnose.notches import parse_changes
 from planner.errors import InputError
@@ -27,6 +27,7 @@ def explain_cmd(
         typer.Option("--why-not", help="Your own configuration, e.g. tp=8,pp=16,mbs=2 (the "
                      "rest from the plan), priced beside the plan."),
     ] = None,
+    layer_profile: ProfileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Why this plan: what binds, each knob one notch either way, the plan on other hardware,
@@ -34,11 +35,13 @@ def explain_cmd(
     changes = None if why_not is None else parse_changes(why_not)
     if (model is None) != (cluster is None):
         raise InputError("give both --model and --cluster (the plan's), or neither")
+    if layer_profile is not None and model is None:
+        raise InputError("--profile prices changes to the plan: give --model and --cluster too")
     plan = plan_from_json(read_text(plan_file), source=str(plan_file))
     specs = (None, None)
     if model is not None and cluster is not None:
         specs = load_inputs(model, cluster, nodes=plan.cluster.num_nodes,
-                            names=("--model", "--cluster"))  # fmt: skip
+                            names=("--model", "--cluster"), profile=layer_profile)  # fmt: skip
         check_inputs(plan, *specs, model_label=str(model), cluster_label=str(cluster))
     result = explain(plan, *specs, why_not=changes)
     if as_json:

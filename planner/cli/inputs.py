@@ -17,8 +17,10 @@ from planner.cli.app import (
     JsonOpt,
     ModelArg,
     NodesOpt,
+    ProfileOpt,
     app,
     check_options,
+    check_profile_stack,
     load_inputs,
     note,
     option_error,
@@ -67,6 +69,7 @@ def estimate_cmd(
     out: Annotated[
         Path | None, typer.Option(help="Also write the configuration as a plan (JSON).")
     ] = None,
+    layer_profile: ProfileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Price one uniform (Megatron-style) configuration: time, memory, throughput."""
@@ -74,7 +77,7 @@ def estimate_cmd(
     if framework is not None:
         check_framework(framework, allow_any=False)
     given = {name: knobs[name] for name in SEARCH_SWITCHES if knobs[name] is not None}
-    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
+    model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes, profile=layer_profile)
     try:
         config = ParallelConfig(**{name: value for name, value in knobs.items()
                                    if name not in SEARCH_SWITCHES or value is not None})
@@ -85,6 +88,8 @@ def estimate_cmd(
                                     framework=framework, given=given)  # fmt: skip
     if out is not None:
         check_target(out, inputs=(model, cluster))
+    if layer_profile is not None:
+        check_profile_stack(cluster_spec, resolve(model_spec, cluster_spec, config).training.stack)
     result = estimate(model_spec, cluster_spec, config, memory_margin_gib=memory_margin)
     if out is not None:
         # Written even when it does not fit: it records what was priced (and `simulate` can

@@ -18,7 +18,9 @@ from planner.cli.app import (
     JsonOpt,
     ModelArg,
     NodesOpt,
+    ProfileOpt,
     app,
+    check_profile_stack,
     console,
     load_inputs,
     note,
@@ -34,7 +36,7 @@ from planner.diagnose.compare import to_json as compare_json
 from planner.errors import InputError
 from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
-from planner.options import DEFAULT_OPTIONS, SEARCH_TIME_LIMIT_S, Pins, SolveOptions
+from planner.options import DEFAULT_OPTIONS, SEARCH_TIME_LIMIT_S, Pins, SolveOptions, training_of
 from planner.plan.files import plan_from_json
 from planner.plan.inputs import check_inputs
 from planner.plan.schema import Plan
@@ -135,9 +137,12 @@ class Problem:
         return cls(pins=pins, **values)
 
     def load(
-        self, model: Path, cluster: Path, nodes: int | None
-    ) -> tuple[ModelSpec, ClusterSpec, SolveOptions]:
-        """The inputs and the search's options."""
+        self, model: Path, cluster: Path, nodes: int | None, profile: Path | None = None, *,
+        one_stack: bool = True,
+    ) -> tuple[ModelSpec, ClusterSpec, SolveOptions]:  # fmt: skip
+        """The inputs (the cluster with ``profile``'s layers when given, refused when
+        ``one_stack`` is priced and they were measured on another) and the search's
+        options."""
         options = SolveOptions(
             global_batch_size=self.global_batch, seq_length=self.seq_len,
             precision=self.precision, stack=self.stack,  # type: ignore[arg-type]
@@ -147,7 +152,10 @@ class Problem:
             memory_margin_gib=self.memory_margin, max_mesh_nodes=self.max_mesh_nodes,
             pins=self.pins, objective=parse_objective(self.objective),
         )  # fmt: skip
-        return (*load_inputs(model, cluster, nodes=nodes), options)
+        model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes, profile=profile)
+        if profile is not None and one_stack:
+            check_profile_stack(cluster_spec, training_of(model_spec, options).stack)
+        return model_spec, cluster_spec, options
 
 
 with_problem = with_parameters(
@@ -174,6 +182,7 @@ def solve_cmd(
         ),
     ] = "ilp",
     out: Annotated[Path | None, typer.Option(help="Also write the plan (JSON).")] = None,
+    layer_profile: ProfileOpt = None,
     export_fmt: Annotated[
         Framework | None,
         typer.Option("--export", help="Also print the plan's launch configuration for this "
@@ -190,7 +199,7 @@ def solve_cmd(
         raise InputError("--export and --json do not mix (stdout holds one plan JSON); write "
                          "the plan with --out and run `planner export` on it")  # fmt: skip
     assert problem is not None  # given by with_problem
-    model_spec, cluster_spec, options = problem.load(model, cluster, nodes)
+    model_spec, cluster_spec, options = problem.load(model, cluster, nodes, layer_profile)
     if out is not None:
         check_target(out, inputs=(model, cluster))
     if report_dir is not None:
@@ -236,11 +245,13 @@ def compare_cmd(
     plot: Annotated[
         Path | None, typer.Option(help="Also draw the methods as a bar chart (.png or .svg).")
     ] = None,
+    layer_profile: ProfileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan the same problem with several methods (or frameworks) and show them side by side."""
     assert problem is not None  # given by with_problem
-    model_spec, cluster_spec, options = problem.load(model, cluster, nodes)
+    model_spec, cluster_spec, options = problem.load(model, cluster, nodes, layer_profile,
+                                                     one_stack=frameworks_opt is None)
     if plot is not None:
         from planner.report import figures, pictures
 

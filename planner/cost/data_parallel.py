@@ -9,6 +9,7 @@ from planner.cost.communication import CommGroup, collective_time_s, exposed_s
 from planner.cost.compute import compute_time_s
 from planner.cost.elementwise import Real, minimum, where
 from planner.cost.memory import ADAM_STATE, adam_traffic_bytes, gradient_bytes_on_wire
+from planner.cost.profiled import optimizer_scale
 from planner.spec import ClusterSpec, DeviceSpec
 from planner.vocabulary import CollectiveKind, StatesPrecision
 
@@ -172,6 +173,8 @@ def data_parallel_sync(
 
 def optimizer_step_s(device: DeviceSpec, precision: StatesPrecision, *, params: float) -> float:
     """Adam's update of ``params`` local parameters: memory-bound (reads and writes the
-    optimizer state, reads the gradients, writes the compute-precision weights)."""
+    optimizer state, reads the gradients, writes the compute-precision weights); a layer
+    profile's measured step scales it (:func:`~planner.cost.profiled.optimizer_scale`)."""
     traffic = adam_traffic_bytes(precision)
-    return compute_time_s(device, precision, flops=0.0, bytes_moved=params * traffic)
+    seconds = compute_time_s(device, precision, flops=0.0, bytes_moved=params * traffic)
+    return seconds * optimizer_scale(device.efficiency.profile)

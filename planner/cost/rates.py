@@ -59,12 +59,13 @@ def throughput(
 
 def headline(
     step: StepCost, rates: Throughput, *, cluster: ClusterSpec, training: TrainingSpec,
-    moe: bool, used: tuple[Mechanism, ...],
+    moe: bool, used: tuple[Mechanism, ...], profiled: tuple[str, ...] = (),
 ) -> Predicted:
     """A priced step's headline numbers as a plan records them, with the error band of its
     regime (the mechanisms ``used``, :func:`~planner.cost.uncertainty.regime_of`) on the
     cluster's device (:mod:`planner.cost.uncertainty`): every planner (the search's assembly,
-    ``estimate``) reports these through this one function."""
+    ``estimate``) reports these through this one function; ``profiled``: what a layer profile
+measured of it (:func:`~planner.cost.profiled.profile_coverage`)."""
     regime = regime_of(training, cluster, used=used, moe=moe,
                        forward_flops_per_sequence=rates.forward_flops_per_sequence)  # fmt: skip
     return Predicted(
@@ -78,4 +79,5 @@ def headline(
         bubble_fraction=step.bubble_fraction,
         error_band=error_band(cluster.device, regime, mfu=rates.mfu),
         memory_band=memory_band(cluster.device, training.stack),
+        profiled=profiled,
     )

@@ -62,11 +62,12 @@ class Timings:
     """Why each case that did not run did not (its label and the error)."""
 
 
-def _torch() -> Any:
+def import_torch(command: str = "planner bench") -> Any:
+    """PyTorch, or one line saying that ``command`` needs it and which extra installs it."""
     try:
         import torch
     except ImportError:
-        raise InputError("planner bench needs PyTorch; expected it installed: pip install "
+        raise InputError(f"{command} needs PyTorch; expected it installed: pip install "
                          "'planner[bench]' (and torch_npu on Ascend)") from None  # fmt: skip
     return torch
 
@@ -80,7 +81,7 @@ def _npu(torch: Any) -> Any | None:
     return torch_npu if torch.npu.is_available() else None
 
 
-def _backend(torch: Any, choice: DeviceChoice) -> Backend:
+def backend_of(torch: Any, choice: DeviceChoice) -> Backend:
     """The device to run on: the one asked for, which must be there, or with ``auto`` an NPU,
     else a CUDA GPU, else the CPU."""
     if choice in ("auto", "npu") and _npu(torch) is not None:
@@ -99,7 +100,7 @@ def _backend(torch: Any, choice: DeviceChoice) -> Backend:
 def choose_backend(device: DeviceChoice) -> Backend:
     """Where :func:`run_cases` will run for ``device``: the one named, which must be there, or
     with ``auto`` an NPU, else a CUDA GPU, else the CPU."""
-    return _backend(_torch(), device)
+    return backend_of(import_torch(), device)
 
 
 def _cpu_name() -> str:
@@ -113,7 +114,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _describe(torch: Any, backend: Backend) -> tuple[str, str]:
+def describe_device(torch: Any, backend: Backend) -> tuple[str, str]:
     """The device's name and the software's versions."""
     if backend == "cuda":
         return torch.cuda.get_device_name(), f"{torch.__version__}, CUDA {torch.version.cuda}"
@@ -235,8 +236,14 @@ class _Kernels:
         return step
 
 
-def _seconds(run: Callable[[], object], sync: Callable[[], None], *, repeats: int,
-             min_time_s: float) -> float:
+def synchronizer(torch: Any, backend: Backend) -> Callable[[], None]:
+    """What waits for ``backend``'s queued work to finish."""
+    return {"cuda": torch.cuda.synchronize, "npu": lambda: torch.npu.synchronize(),
+            "cpu": lambda: None}[backend]  # fmt: skip
+
+
+def fastest_seconds(run: Callable[[], object], sync: Callable[[], None], *, repeats: int,
+                    min_time_s: float) -> float:
     """Per-call seconds of the fastest of ``repeats`` batches, each long enough to time."""
     for _ in range(2):
         run()
@@ -267,21 +274,19 @@ def run_cases(
 ) -> Timings:
     """Time every case on ``device``; a case the device has no memory (or no kernel) for is
     skipped with its error, the rest still run. ``on_case(i, case)`` is told before each."""
-    torch = _torch()
-    backend = _backend(torch, device)
-    name, version = _describe(torch, backend)
+    torch = import_torch()
+    backend = backend_of(torch, device)
+    name, version = describe_device(torch, backend)
     kernels = _Kernels(torch, backend, precision)
-    sync: Callable[[], None] = {"cuda": torch.cuda.synchronize,
-                                "npu": lambda: torch.npu.synchronize(),
-                                "cpu": lambda: None}[backend]  # fmt: skip
+    sync = synchronizer(torch, backend)
     seconds: list[float | None] = []
     skipped: list[str] = []
     for i, case in enumerate(cases):
         if on_case is not None:
             on_case(i, case)
         try:
-            seconds.append(_seconds(kernels.build(case), sync, repeats=repeats,
-                                    min_time_s=min_time_s))  # fmt: skip
+            seconds.append(fastest_seconds(kernels.build(case), sync, repeats=repeats,
+                                           min_time_s=min_time_s))  # fmt: skip
         except (RuntimeError, NotImplementedError) as exc:  # out of memory, no kernel
             seconds.append(None)
             skipped.append(f"{case.label}: {str(exc).splitlines()[0][:120]}")

@@ -129,7 +129,8 @@ def layer_graph_of(
                           flash_attention=query.flash_attention,
                           num_microbatches=query.num_microbatches, replicas=query.replicas,
                           tp_comm_overlap=query.tp_comm_overlap,
-                          grouped_experts=grouped_experts(query.stack, query.precision))
+                          grouped_experts=grouped_experts(query.stack, query.precision),
+                          stack=query.stack)
     return layer_graph(graph, ops, LogicalMesh(query.mesh), ctx, strategies=strategies,
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 

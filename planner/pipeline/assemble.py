@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
+from planner.cost.profiled import profile_coverage
 from planner.cost.rates import headline, throughput
 from planner.cost.stage_weights import (
     StageCost,
@@ -237,5 +238,13 @@ def predicted(
                        forward_flops_per_sequence=forward_flops_per_sequence,
                        executed_flops_per_sequence=executed_flops_per_sequence,
                        recompute_flops_per_sequence=rerun / micro_batch_size)  # fmt: skip
+    profiled: list[str] = []
+    for p in parallel:  # each stage's shard; a line once however many stages share it
+        lines = profile_coverage(
+            cluster.device.efficiency.profile, kinds=("embedding", *dict.fromkeys(kinds), "head"),
+            stack=training.stack, precision=training.precision, tensor_parallel=p.tp,
+            micro_batch_size=max(1, micro_batch_size // max(1, p.dp)),
+            seq_length=training.seq_length // max(1, p.cp))  # fmt: skip
+        profiled += [line for line in lines if line not in profiled]
     return headline(step, rates, cluster=cluster, training=training, moe=moe,
-                    used=stage_mechanisms(parallel))
+                    used=stage_mechanisms(parallel), profiled=tuple(profiled))

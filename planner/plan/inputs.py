@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from planner.errors import InputError
 from planner.plan.schema import ClusterRef, InputRef, Plan
@@ -20,14 +21,24 @@ def input_hash(spec: ModelSpec | ClusterSpec) -> str:
     cluster's without what no price reads (:meth:`ClusterSpec.priced_dump`), so that keeping
     another validated run (``planner validate --write``) leaves its plans its own."""
     if isinstance(spec, ClusterSpec):
-        return _sha256(spec.priced_dump())
+        # A layer profile set beside the cluster (--profile) is not the cluster file's: the
+        # plan's predicted.profiled says what it measured.
+        return _sha256(_without_profile(spec.priced_dump()))
     return _sha256(spec.model_dump(mode="json"))
 
 
 def cluster_hashes(cluster: ClusterSpec) -> frozenset[str]:
     """The hashes a plan may name ``cluster`` by: :func:`input_hash`'s, and the whole canonical
     JSON's that plans hashed before the error bands' runs were left out of it."""
-    return frozenset({input_hash(cluster), _sha256(cluster.model_dump(mode="json"))})
+    whole = _without_profile(cluster.model_dump(mode="json"))
+    return frozenset({input_hash(cluster), _sha256(whole)})
+
+
+def _without_profile(dumped: dict[str, Any]) -> dict[str, Any]:
+    """A cluster's dump without the layer profile set beside it (``--profile``): not the
+    cluster file's, and not there when older plans hashed their clusters."""
+    dumped["device"]["efficiency"].pop("profile", None)
+    return dumped
 
 
 def _sha256(dumped: dict[str, object]) -> str:

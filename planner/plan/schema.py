@@ -267,6 +267,9 @@ class Predicted(_Frozen):
     and printed as not recorded."""
     memory_band: MemoryBand | None = None
     """The peak memory's band; None in a plan written before memory bands."""
+    profiled: tuple[str, ...] = ()
+    """What a layer profile (``--profile``) measured of the price: a line per layer kind,
+    measured at which shard or priced by the model and why; empty without a profile."""
 
 
 class SolverSummary(_Frozen):

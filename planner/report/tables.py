@@ -63,6 +63,11 @@ def _memory(band: MemoryBand | None) -> list[Text]:
     return [] if line is None else [Text(line)]
 
 
+def _profiled(p: Predicted) -> list[Text]:
+    """What a layer profile measured of the price, where one was given."""
+    return [Text(f"profile: {'; '.join(p.profiled)}")] if p.profiled else []
+
+
 def estimate_tables(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, result: Estimate
 ) -> list[RenderableType]:
@@ -75,6 +80,7 @@ def estimate_tables(
         _rates(_step(result), result, f"bubble {100 * result.bubble_fraction:.1f} %"),
         Text(band_line(result.error_band)),
         *_memory(result.memory_band),
+        *_profiled(result),
     )  # fmt: skip
     times = Table(title=title("time per step (critical stage)"), title_justify="left")
     times.add_column("part", no_wrap=True)
@@ -188,6 +194,7 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
                f"bubble {100 * p.bubble_fraction:.1f} %"),
         Text(band_line(p.error_band)),
         *_memory(p.memory_band),
+        *_profiled(p),
     )  # fmt: skip
     s = plan.solver
     solver = [f"solver: {plan.method} for {plan.framework}", f"{s.time_s:.2f} s", s.status]

@@ -30,11 +30,12 @@ import itertools
 from dataclasses import dataclass, replace
 
 from planner import cost
+from planner.cost.profiled import op_scale
 from planner.graph.ops import Op, Tensor
 from planner.sharding.layout import Layout, LogicalMesh, canonical, degrees, tensor_degrees
 from planner.sharding.weights import weight_costs
 from planner.spec import ClusterSpec
-from planner.vocabulary import DEFAULT_RECOMPUTE_MODULES, Precision, StatesPrecision
+from planner.vocabulary import DEFAULT_RECOMPUTE_MODULES, Precision, Stack, StatesPrecision
 
 Assignment = tuple[str | None, ...]
 """Per mesh axis, the dim it splits (None: the axis repeats the op's work)."""
@@ -70,6 +71,9 @@ class StrategyContext:
     (:func:`planner.graph.stacks.grouped_experts`)."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """What selective recomputation reruns (:data:`planner.vocabulary.RECOMPUTE_MODULES`)."""
+    stack: Stack | None = None
+    """The software that runs the layer: a layer profile's measurements of it, where the
+    device has them (:mod:`planner.cost.profiled`), price its ops."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -396,6 +400,11 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
                          weight_degrees=weight, compute_degree=work, gemm_calls=calls,
                          flash_attention=ctx.flash_attention,
                          grouped_experts=ctx.grouped_experts)  # fmt: skip
+    scale = op_scale(ctx.cluster.device.efficiency.profile, op, split, stack=ctx.stack,
+                     precision=ctx.precision)  # fmt: skip
+    times = cost.OpTime(forward_s=times.forward_s * scale.forward,
+                        backward_s=times.backward_s * scale.backward,
+                        weight_s=times.weight_s * scale.backward)  # fmt: skip
     params, copies = weight_copies(op, pair, mesh)
     states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
                                 params=params, precision=ctx.states_precision or ctx.precision,
@@ -430,8 +439,8 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         weights=((params, copies),) if params else (),
         state_bytes=states,  # type: ignore[arg-type]
         sync_s=sync,  # type: ignore[arg-type]
-        kept_bytes=kept,
-        kept_selective_bytes=selective,
+        kept_bytes=kept * scale.kept,
+        kept_selective_bytes=selective * scale.kept,
         working_bytes=working,
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,

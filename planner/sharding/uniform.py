@@ -244,6 +244,7 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
                           flash_attention=query.flash_attention,
                           tp_comm_overlap=query.tp_comm_overlap,
                           grouped_experts=grouped_experts(query.stack, query.precision),
+                          stack=query.stack,
                           recompute_modules=query.recompute_modules)
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip

@@ -19,6 +19,7 @@ from planner.spec import limits as lim
 from planner.spec.evidence import ValidatedRun
 from planner.spec.fields import Float, Int, Name
 from planner.spec.fields import Frozen as _Frozen
+from planner.spec.profile import ProfileFactors
 from planner.vocabulary import GB, GIB, AttentionKernel, ParallelismKind, Precision
 
 
@@ -135,6 +136,11 @@ class DeviceEfficiency(_Frozen):
         default=(), description="Every validated run on this device, its regime and its error "
         "(`planner validate --write`, `planner calibrate --write`): what error bands rest on; "
         "empty for a device no run validates."
+    )
+    profile: ProfileFactors | None = Field(
+        default=None, description="Real layers measured on this device (`planner profile`, "
+        "set beside the cluster by `--profile`): each as its measured over its priced forward, "
+        "backward and kept bytes, by layer kind, shard and microbatch, for one model and stack."
     )
     memory_bound_fraction: Float = Field(
         default=1.0, gt=0, le=1, description="Achieved fraction of HBM bandwidth."

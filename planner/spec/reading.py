@@ -19,6 +19,7 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
 from planner.spec import limits as lim
 from planner.spec.hf import model_from_hf_config
 from planner.spec.messages import describe_validation_error
+from planner.spec.profile import PROFILE_SCHEMA, LayerProfile
 from planner.vocabulary import Precision, Stack
 
 OPTION_NAMES = {"seq_length": "--seq-len", "global_batch_size": "--global-batch",
@@ -207,3 +208,21 @@ def load_cluster(path: str | Path, nodes: int | None = None) -> ClusterSpec:
 def json_schema(kind: Literal["model", "cluster"]) -> dict[str, Any]:
     """The JSON Schema of our ``model.json`` or ``cluster.json``."""
     return (ModelSpec if kind == "model" else ClusterSpec).model_json_schema()
+
+
+def read_profile(path: Path) -> LayerProfile:
+    """The profile in the JSON file at ``path``; one line naming the field or the version
+    when it is not one this version reads."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a layer profile (a JSON object is expected)")
+    version = data.get("schema_version")
+    if version != PROFILE_SCHEMA:
+        raise InputError(f"{path}: profile schema version {version}; this planner reads "
+                         f"version {PROFILE_SCHEMA} (run `planner profile` again)")  # fmt: skip
+    try:
+        return LayerProfile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise InputError(f"{path}: {where}: {err['msg']}") from None

@@ -7,6 +7,7 @@ A sweep file is TOML::
     cluster = "../clusters/dgx-h100-80gb.json"
     tokens = 1.5e13                          # optional: time (and cost) to train on them
     price_per_device_hour = 2.0              # optional: the cost column
+    profile = "llama3-70b.profile.json"      # optional: planner profile's layers
 
     [training]                               # optional: as the model's training block
     global_batch_size = 1024
@@ -18,7 +19,8 @@ A sweep file is TOML::
     "cluster.num_nodes" = [16, 32]
     "cluster.network.1.bandwidth_gb_s" = [25, 50]
 
-Paths to files are relative to the sweep file's folder.
+Paths to files are relative to the sweep file's folder. A layer profile prices one model's
+layers on one device: with one, no axis may change the model or the device.
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.plan.files import load_inputs
+from planner.sharding.profiled import with_profile
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.messages import short_repr
-from planner.spec.reading import read_text
+from planner.spec.reading import read_profile, read_text
 
 PRICE = "price_per_device_hour"
 """The sweep-only field, top level or as the axis ``cluster.price_per_device_hour``: what a
 device costs per hour, for the cost column."""
 
-_KEYS = frozenset({"model", "cluster", "tokens", PRICE, "training", "search", "axes"})
+_KEYS = frozenset({"model", "cluster", "tokens", PRICE, "training", "search", "axes",
+                   "profile"})
 """The top-level keys a sweep file may have."""
 
 Value = int | float | str | bool
@@ -111,12 +115,32 @@ def read_sweep(path: Path) -> SweepFile:
     folder = path.parent
     model, cluster = load_inputs(folder / data["model"], folder / data["cluster"], nodes=None,
                                  names=("model", "cluster"))  # fmt: skip
+    axes = _axes(_table(data, "axes", path), path)
+    if "profile" in data:
+        cluster = _profiled(cluster, model, data["profile"], folder, axes, path)
     return SweepFile(
         source=str(path), model=model, cluster=cluster,
         training=_table(data, "training", path), search=_table(data, "search", path),
         tokens=_positive(data, "tokens", path), price_per_device_hour=_positive(data, PRICE, path),
-        axes=_axes(_table(data, "axes", path), path),
+        axes=axes,
     )  # fmt: skip
+
+
+def _profiled(cluster: ClusterSpec, model: ModelSpec, profile: Any, folder: Path,
+              axes: dict[str, tuple[Value, ...]], path: Path) -> ClusterSpec:  # fmt: skip
+    """``cluster`` with the layer profile at ``profile`` (:func:`with_profile`); refused when
+    an axis changes what it measured, the model or the device."""
+    if not isinstance(profile, str):
+        raise InputError(f"{path}: profile must be the path of a layer profile, got "
+                         f"{short_repr(profile)}")  # fmt: skip
+    changed = [a for a in axes if a.startswith(("model.", "cluster.device."))]
+    if changed:
+        raise InputError(f"{path}: axis {changed[0]} changes the model or the device, which the "
+                         f"profile measured one of: sweep it without the profile")  # fmt: skip
+    try:
+        return with_profile(cluster, model, read_profile(folder / profile))
+    except InputError as exc:
+        raise InputError(f"{path}: profile {profile}: {exc}") from None
 
 
 def _table(data: dict[str, Any], key: str, path: Path) -> dict[str, Any]:

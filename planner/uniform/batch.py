@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from planner import cost
+from planner.cost.profiled import profile_coverage
 from planner.cost.rates import throughput
 from planner.cost.uncertainty import (
     error_band,
@@ -58,7 +59,7 @@ from planner.uniform.columns import (
     python_value,
 )
 from planner.uniform.estimate import estimate
-from planner.uniform.stages import host_fits
+from planner.uniform.stages import host_fits, layer_index
 from planner.vocabulary import GIB
 
 _MEMORY = tuple(f"memory.{name}" for name in MemoryBreakdown.model_fields)
@@ -70,7 +71,7 @@ _FLOATS = ("step_time_s", *_TIME, "tokens_per_s", "model_tflops_per_gpu",
            "host_memory_gib")  # fmt: skip
 _INTS = ("error_band.runs", "memory_band.runs", "num_microbatches", "dp", "num_devices")
 _TEXTS = ("error_band.parallelism", "error_band.closest", "error_band.extrapolated",
-          "memory_band.closest")
+          "memory_band.closest", "profiled")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +208,22 @@ def _write(b: Rows, s: Steps, out: dict[str, np.ndarray], memory_margin_gib: flo
     out["dp"][rows] = b.x.dp.astype(np.int64)
     out["num_devices"][rows] = cluster.num_devices
     _write_bands(b, out, rates.forward_flops_per_sequence, rates.mfu)
+    _write_profiled(b, out)
+
+
+def _write_profiled(b: Rows, out: dict[str, np.ndarray]) -> None:
+    """Each priced row's lines of what a layer profile measured, once per shard."""
+    c, rows = b.c, b.rows
+    kinds = tuple(layer_index(b.model, b.training, 1).layers_by_kind)
+    first, of = factorize(c["tp"], c["mbs"], c["cp"])
+    lines = np.empty(len(first), dtype=object)
+    for k, r in enumerate(first):  # one by one: numpy would read equal lists as 2-D
+        lines[k] = list(profile_coverage(
+            b.cluster.device.efficiency.profile, kinds=kinds, stack=b.training.stack,
+            precision=b.training.precision, tensor_parallel=int(c["tp"][r]),
+            micro_batch_size=int(c["mbs"][r]),
+            seq_length=b.training.seq_length // int(c["cp"][r])))  # fmt: skip
+    out["profiled"][rows] = lines[of]
 
 
 def _write_bands(b: Rows, out: dict[str, np.ndarray], forward_flops: np.ndarray,

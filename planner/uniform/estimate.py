@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
+from planner.cost.profiled import profile_coverage
 from planner.cost.rates import Throughput, headline, throughput
 from planner.cost.stage_weights import StageCost
 from planner.cost.step import PipelineKnobs, StepCost, compose_step
@@ -150,7 +151,12 @@ def estimate(
             model, training, c.mbs, flash_attention=c.flash_attention) / c.mbs,
         recompute_flops_per_sequence=flops / sequences,
     )  # fmt: skip
-    return _estimate(cluster, resolved, step, rates, memory_margin_gib, moe=model.moe is not None)
+    profiled = profile_coverage(
+        cluster.device.efficiency.profile, kinds=tuple(index.layers_by_kind),
+        stack=training.stack, precision=training.precision, tensor_parallel=c.tp,
+        micro_batch_size=c.mbs, seq_length=training.seq_length // c.cp)  # fmt: skip
+    return _estimate(cluster, resolved, step, rates, memory_margin_gib,
+                     moe=model.moe is not None, profiled=profiled)  # fmt: skip
 
 
 def _stages(
@@ -180,7 +186,7 @@ def _stages(
 
 def _estimate(
     cluster: ClusterSpec, resolved: ResolvedConfig, step: StepCost, rates: Throughput,
-    memory_margin_gib: float | None, *, moe: bool,
+    memory_margin_gib: float | None, *, moe: bool, profiled: tuple[str, ...] = (),
 ) -> Estimate:  # fmt: skip
     """The priced configuration's record."""
     c = resolved.config
@@ -188,7 +194,7 @@ def _estimate(
     used = config_mechanisms(c)
     return Estimate(
         **dict(headline(step, rates, cluster=cluster, training=resolved.training,
-                        moe=moe, used=used)),
+                        moe=moe, used=used, profiled=profiled)),
         fits=cost.fits(step.peak_memory_bytes.total, cluster.device, memory_margin_gib,
                        resolved.training.stack)
         and host_fits(cluster, host_bytes),

@@ -1,0 +1,126 @@
+"""``planner profile``: run a model's real layers on this machine's accelerator and write a
+layer profile that ``--profile`` prices plans with."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+from planner.cli.app import (
+    ClusterArg,
+    JsonOpt,
+    app,
+    check_options,
+    load_inputs,
+    note,
+    print_json,
+    render,
+)
+from planner.cli.app import stderr_console as progress_console
+from planner.cli.bench import DeviceOpt, PrecisionOpt, SeqLenOpt
+from planner.diagnose.bench_torch import backend_of, import_torch
+from planner.diagnose.profile_torch import (
+    ProfileCase,
+    profile_cases,
+    run_profile,
+)
+from planner.errors import InputError
+from planner.report.output import check_target, write_atomic
+from planner.report.profile import profile_tables
+from planner.sharding.profiled import with_profile
+from planner.spec.profile import LayerProfile, layer_shape
+from planner.spec.reading import fill_training
+from planner.vocabulary import Stack
+
+STACK_NAMES: dict[str, Stack] = {"eager": "hf-eager", "compile": "hf-compiled",
+                                 "hf-eager": "hf-eager", "hf-compiled": "hf-compiled"}  # fmt: skip
+"""``--stack``'s words: PyTorch eager, or each layer compiled."""
+
+
+@app.command("profile")
+def profile_cmd(
+    cluster: ClusterArg,
+    model: Annotated[Path, typer.Option(
+        help="model.json or a Hugging Face config.json whose layers are run.")],
+    stack: Annotated[Literal["eager", "compile", "hf-eager", "hf-compiled"], typer.Option(
+        help="How the layers run: eager (PyTorch eager, AMP: the hf-eager stack) or compile "
+        "(torch.compile of each layer: hf-compiled).")] = "eager",
+    seq_len: SeqLenOpt = None,
+    precision: PrecisionOpt = None,
+    tp: Annotated[list[int] | None, typer.Option(
+        help="Tensor-parallel shards run (repeat the option); default: 1, 2, 4, ... up to a "
+        "node's devices, those that divide the heads.")] = None,
+    mbs: Annotated[list[int] | None, typer.Option(
+        help="Microbatch sizes run (repeat the option); default: 1, 2 and 4.")] = None,
+    device: DeviceOpt = "auto",
+    repeats: Annotated[int, typer.Option(help="Timed batches per pass; the fastest counts.")] = 5,
+    out: Annotated[Path | None, typer.Option(
+        help="The profile to write; default: profile-<model>-<stack>.json here.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the model's decoder layer, embedding and head with its loss on this machine's
+    accelerator (needs PyTorch: the package's bench extra) at each shard and microbatch a
+    search prices, and write their seconds and kept bytes as a layer profile."""
+    check_options({"--seq-len": seq_len})
+    if not 1 <= repeats <= 1000:
+        raise InputError(f"--repeats {repeats}: expected 1 to 1000 timed batches")
+    model_spec, spec = load_inputs(model, cluster, nodes=None, names=("--model", "CLUSTER"))
+    training = fill_training(model_spec, seq_length=seq_len, precision=precision,
+                             global_batch_size=1)  # fmt: skip
+    spec.device.peak_flops_per_s(training.precision)  # refuses a precision with no peak
+    degrees = tp or [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= spec.devices_per_node]
+    batches = mbs or [1, 2, 4]
+    if min(degrees) < 1 or min(batches) < 1:
+        raise InputError("--tp and --mbs: expected positive integers")
+    path = out or Path(f"profile-{_slug(model_spec.name)}-{STACK_NAMES[stack]}.json")
+    check_target(path, inputs=(model, cluster), option="--out")
+    cases, skipped = profile_cases(model_spec, seq_length=training.seq_length,
+                                   tensor_parallel=degrees, micro_batches=batches)  # fmt: skip
+    torch = import_torch("planner profile")
+    backend = backend_of(torch, device)
+    if device == "auto" and backend == "cpu":
+        note(f"no GPU or NPU is visible: running {len(cases)} layers on the CPU, which "
+             f"profiles the CPU, not {spec.device.name} (--device cpu says it is meant)")
+    with Progress(TextColumn("running {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=progress_console(), transient=True,
+                  disable=not progress_console().is_terminal) as bar:  # fmt: skip
+        task = bar.add_task("", total=len(cases))
+
+        def advance(i: int, case: ProfileCase) -> None:
+            bar.update(task, completed=i, description=case.label)
+
+        run = run_profile(model_spec, cases, torch=torch, backend=backend,
+                          precision=training.precision, stack=STACK_NAMES[stack],
+                          repeats=repeats, on_case=advance)  # fmt: skip
+    profile = LayerProfile(
+        device=spec.device.name, device_reported=run.device_name, model=model_spec.name,
+        shape=layer_shape(model_spec), stack=STACK_NAMES[stack], precision=training.precision,
+        layer_code="planner faithful PyTorch layer (planner.diagnose.faithful_layers)",
+        software=f"PyTorch {run.software}", measured=run.measured, optimizer=run.optimizer,
+        skipped=(*skipped, *run.skipped),
+        source=f"planner profile --device {backend}, {repeats} timed batches per pass")  # fmt: skip
+    if not profile.measured:
+        raise InputError("no layer ran: " + "; ".join(s.reason for s in profile.skipped[:3]))
+    write_atomic(path, profile.model_dump_json(indent=2) + "\n", option="--out")
+    factors = with_profile(spec, model_spec, profile).device.efficiency.profile
+    if as_json:
+        print_json(profile.model_dump(mode="json"))
+        return
+    render([*profile_tables(profile, factors), f"written to {path}; price plans with "
+            f"--profile {path}"])
+
+
+def _slug(name: str) -> str:
+    """A model's name as a file name's part."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
+

@@ -1,0 +1,250 @@
+"""``planner profile``'s measurements: the shapes a search needs (:func:`profile_cases`) and
+their layers run on one device with PyTorch (:func:`run_profile`), which it imports only when
+asked to run.
+
+Each case builds the planner's faithful layer of its kind and shard
+(:mod:`planner.diagnose.faithful_layers`) on the device, with fp32 weights under autocast for
+a 16-bit precision (PyTorch AMP, what the ``hf-eager`` and ``hf-compiled`` stacks run) or in
+fp32, compiled with ``torch.compile`` on ``hf-compiled``. Its forward is timed with autograd
+recording (what training runs), its backward as forward with backward less the forward, each
+the fastest of several batches of calls (:func:`~planner.diagnose.bench_torch.fastest_seconds`).
+The bytes it keeps are counted as autograd saves them (``torch.autograd.graph.
+saved_tensors_hooks``: every distinct storage a forward saves for the backward, the
+parameters' own not counted), so they do not depend on the device's allocator. A case that
+does not fit the device's memory is skipped and listed. Last, AdamW's step over one decoder
+layer's parameters, as the stack keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from planner.diagnose.bench_torch import (
+    Backend,
+    describe_device,
+    fastest_seconds,
+    synchronizer,
+)
+from planner.errors import InputError
+from planner.spec import ModelSpec
+from planner.spec.profile import LayerMeasurement, OptimizerMeasurement, SkippedShape
+from planner.vocabulary import Precision, Stack
+
+PROFILED_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
+"""The stacks the faithful layer runs as: PyTorch eager, and each layer compiled."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileCase:
+    """One layer kind at one shard and microbatch."""
+
+    kind: str
+    """``embedding``, ``dense`` or ``head``."""
+    tensor_parallel: int
+    """The tensor-parallel shard: heads, KV heads, FFN and vocabulary divided by it."""
+    micro_batch_size: int
+    """Sequences in the microbatch."""
+    seq_length: int
+    """Tokens per sequence."""
+
+    @property
+    def label(self) -> str:
+        """``dense tp2 1x4096``."""
+        return f"{self.kind} tp{self.tensor_parallel} {self.micro_batch_size}x{self.seq_length}"
+
+
+def profile_cases(
+    model: ModelSpec, *, seq_length: int, tensor_parallel: Sequence[int],
+    micro_batches: Sequence[int],
+) -> tuple[list[ProfileCase], list[SkippedShape]]:  # fmt: skip
+    """Every layer kind of ``model`` at each tensor-parallel degree that divides its heads, KV
+    heads, FFN and vocabulary, and each microbatch; the kinds and degrees the faithful layer
+    cannot run, listed with why.
+
+    >>> from planner.spec.reading import load_model
+    >>> cases, skipped = profile_cases(load_model("tests/data/bench/tiny-llama.json"),
+    ...                                seq_length=256, tensor_parallel=(1, 2, 4),
+    ...                                micro_batches=(1,))
+    >>> [c.label for c in cases][:3]
+    ['embedding tp1 1x256', 'dense tp1 1x256', 'head tp1 1x256']
+    >>> skipped[0].reason
+    'tp 4 does not divide 2 KV heads'
+    """
+    kinds = ["embedding", "dense", "head"]
+    skipped: list[SkippedShape] = []
+    if model.moe is not None or model.mla is not None:
+        what = "MoE" if model.moe is not None else "MLA"
+        kinds.remove("dense")
+        skipped += [SkippedShape(kind="moe" if model.moe is not None else "dense",
+                                 tensor_parallel=t, micro_batch_size=m, seq_length=seq_length,
+                                 reason=f"no faithful {what} layer yet: priced by the model")
+                    for t in tensor_parallel for m in micro_batches]  # fmt: skip
+    cases = []
+    for t in tensor_parallel:
+        why = _indivisible(model, t)
+        for m in micro_batches:
+            if why is not None:
+                skipped.append(SkippedShape(kind="dense", tensor_parallel=t, micro_batch_size=m,
+                                            seq_length=seq_length, reason=why))  # fmt: skip
+                continue
+            cases += [ProfileCase(kind=k, tensor_parallel=t, micro_batch_size=m,
+                                  seq_length=seq_length) for k in kinds]  # fmt: skip
+    return cases, skipped
+
+
+def _indivisible(model: ModelSpec, tp: int) -> str | None:
+    groups = model.num_query_groups or model.num_attention_heads
+    ffn = model.ffn_hidden_size or 4 * model.hidden_size
+    for size, what in ((model.num_attention_heads, "heads"), (groups, "KV heads"),
+                       (ffn, "FFN"), (model.vocab_size, "vocabulary entries")):
+        if size % tp:
+            return f"tp {tp} does not divide {size} {what}"
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileRun:
+    """What one run of the profile measured."""
+
+    measured: tuple[LayerMeasurement, ...]
+    """The cases that ran."""
+    skipped: tuple[SkippedShape, ...]
+    """The cases that did not (out of memory, no kernel), with the error."""
+    optimizer: OptimizerMeasurement | None
+    """AdamW's step over one decoder layer's parameters (None: it did not run)."""
+    device_name: str
+    """The device as its driver names it, or the CPU's model."""
+    software: str
+    """PyTorch's version (and CUDA's or the CPU threads)."""
+
+
+class _Runner:
+    """Builds, times and counts one case on one device."""
+
+    def __init__(self, torch: Any, backend: Backend, precision: Precision, stack: Stack,
+                 model: ModelSpec, repeats: int, min_time_s: float) -> None:  # fmt: skip
+        from planner.diagnose import faithful_layers
+
+        self.torch, self.layers, self.model = torch, faithful_layers, model
+        self.device = torch.device(backend)
+        self.sync = synchronizer(torch, backend)
+        self.autocast = precision != "fp32"
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.compiled = stack == "hf-compiled"
+        self.backend, self.repeats, self.min_time_s = backend, repeats, min_time_s
+
+    def _amp(self) -> Any:
+        if not self.autocast:
+            return nullcontext()
+        return self.torch.autocast(device_type=self.backend, dtype=self.dtype)
+
+    def _pass(self, case: ProfileCase) -> tuple[Any, Callable[[], Any]]:
+        """The case's module and a forward returning what its backward starts from."""
+        torch, m = self.torch, self.model
+        tokens = (case.micro_batch_size, case.seq_length)
+        if case.kind == "embedding":
+            module = self.layers.Embedding(m, case.tensor_parallel).to(self.device)
+            ids = torch.randint(0, module.vocab, tokens, device=self.device)
+            return module, lambda: module(ids)
+        x = torch.randn(*tokens, m.hidden_size, device=self.device, requires_grad=True)
+        if case.kind == "head":
+            module = self.layers.Head(m, case.tensor_parallel).to(self.device)
+            labels = torch.randint(0, module.vocab, tokens, device=self.device)
+            run = torch.compile(module) if self.compiled else module
+            return module, lambda: run(x, labels)
+        module = self.layers.DecoderLayer(m, case.tensor_parallel).to(self.device)
+        run = torch.compile(module) if self.compiled else module
+        return module, lambda: run(x)
+
+    def measure(self, case: ProfileCase) -> LayerMeasurement:
+        """Forward and backward seconds and kept bytes of ``case``."""
+        module, forward = self._pass(case)
+
+        def step() -> None:
+            with self._amp():
+                out = forward()
+            out.float().sum().backward()
+
+        def forward_only() -> None:
+            with self._amp():
+                forward()
+
+        time = {"repeats": self.repeats, "min_time_s": self.min_time_s}
+        both = fastest_seconds(step, self.sync, **time)
+        alone = fastest_seconds(forward_only, self.sync, **time)
+        module.zero_grad(set_to_none=True)
+        return LayerMeasurement(
+            kind=case.kind, tensor_parallel=case.tensor_parallel,
+            micro_batch_size=case.micro_batch_size, seq_length=case.seq_length,
+            forward_s=alone, backward_s=max(both - alone, 1e-3 * both),
+            kept_bytes=self._kept_bytes(module, forward))  # fmt: skip
+
+    def optimizer(self) -> OptimizerMeasurement:
+        """AdamW's step over a whole decoder layer's parameters, as the stack keeps them
+        (fp32 under AMP and in fp32: fused where the device has the kernel)."""
+        torch = self.torch
+        layer = self.layers.DecoderLayer(self.model).to(self.device)
+        params = list(layer.parameters())
+        for p in params:
+            p.grad = torch.randn_like(p)
+        try:
+            optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
+            optimizer.step()
+        except (RuntimeError, TypeError):  # no fused kernel on this device
+            optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        seconds = fastest_seconds(optimizer.step, self.sync, repeats=self.repeats,
+                                  min_time_s=self.min_time_s)  # fmt: skip
+        return OptimizerMeasurement(parameters=sum(p.numel() for p in params), step_s=seconds)
+
+    def _kept_bytes(self, module: Any, forward: Callable[[], Any]) -> float:
+        """Bytes of the distinct storages one forward saves for its backward, parameters'
+        storages apart."""
+        params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t: Any) -> Any:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                seen[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with self.torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), self._amp():
+            out = forward()
+        del out
+        return float(sum(seen.values()))
+
+
+def run_profile(
+    model: ModelSpec, cases: Sequence[ProfileCase], *, torch: Any, backend: Backend,
+    precision: Precision, stack: Stack, repeats: int = 5, min_time_s: float = 0.05,
+    on_case: Callable[[int, ProfileCase], None] | None = None,
+) -> ProfileRun:  # fmt: skip
+    """Measure every case on ``backend`` with ``torch``; a case the device has no memory for
+    is skipped with its error, the rest still run. ``on_case(i, case)`` is told before each."""
+    if stack not in PROFILED_STACKS:
+        raise InputError(f"--stack {stack}: the faithful layer runs as "
+                         f"{' or '.join(PROFILED_STACKS)}")  # fmt: skip
+    runner = _Runner(torch, backend, precision, stack, model, repeats, min_time_s)
+    measured, skipped = [], []
+    for i, case in enumerate(cases):
+        if on_case is not None:
+            on_case(i, case)
+        try:
+            measured.append(runner.measure(case))
+        except (RuntimeError, NotImplementedError) as exc:  # out of memory, no kernel
+            skipped.append(SkippedShape(kind=case.kind, tensor_parallel=case.tensor_parallel,
+                                        micro_batch_size=case.micro_batch_size,
+                                        seq_length=case.seq_length,
+                                        reason=str(exc).splitlines()[0][:120]))  # fmt: skip
+            if backend == "cuda":
+                torch.cuda.empty_cache()
+    try:
+        optimizer = runner.optimizer() if model.moe is None and model.mla is None else None
+    except (RuntimeError, NotImplementedError):  # out of memory
+        optimizer = None
+    name, software = describe_device(torch, backend)
+    return ProfileRun(measured=tuple(measured), skipped=tuple(skipped), optimizer=optimizer,
+                      device_name=name, software=software)  # fmt: skip
