@@ -1,6 +1,6 @@
 """What a layer profile changes in an operator's price: the factor, measured over priced, of
 the layer it belongs to at the shard and microbatch it runs, read from the device's
-``efficiency.layers`` (:class:`~planner.spec.profile.LayerFactor`, set by
+``efficiency.profile`` (:class:`~planner.spec.profile.ProfileFactors`, set by
 :func:`planner.sharding.profiled.with_profile`).
 
 An operator takes its layer's factor at its own shard: the tensor-parallel ways its heads, FFN

@@ -1,6 +1,6 @@
 """A layer profile: the real layers of one model measured on one device by ``planner profile``
 (:class:`LayerProfile`, the file), and what pricing reads of it once it is set beside a cluster
-(:class:`LayerFactor`, kept in ``device.efficiency.layers``).
+(:class:`ProfileFactors`, kept in ``device.efficiency.profile``).
 
 A profile holds what the device did, not what the planner thinks of it: for each layer kind,
 tensor-parallel shard and microbatch, the forward and backward seconds and the bytes the
