@@ -62,15 +62,20 @@ def profile_cmd(
         "node's devices, those that divide the heads.")] = None,
     mbs: Annotated[list[int] | None, typer.Option(
         help="Microbatch sizes run (repeat the option); default: 1, 2 and 4.")] = None,
+    ep: Annotated[list[int] | None, typer.Option(
+        help="Expert-parallel shards an MoE model's routed experts run at (repeat the "
+        "option); default: 1, 2, 4, ... up to a node's devices, those that divide the "
+        "experts.")] = None,
     device: DeviceOpt = "auto",
     repeats: Annotated[int, typer.Option(help="Timed batches per pass; the fastest counts.")] = 5,
     out: Annotated[Path | None, typer.Option(
         help="The profile to write; default: profile-<model>-<stack>.json here.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the model's decoder layer, embedding and head with its loss on this machine's
-    accelerator (needs PyTorch: the package's bench extra) at each shard and microbatch a
-    search prices, and write their seconds and kept bytes as a layer profile."""
+    """Run the model's decoder layers (an MoE layer and its routed experts apart), embedding
+    and head with its loss on this machine's accelerator (needs PyTorch: the package's bench
+    extra) at each shard and microbatch a search prices, and write their seconds and kept
+    bytes as a layer profile."""
     check_options({"--seq-len": seq_len})
     if not 1 <= repeats <= 1000:
         raise InputError(f"--repeats {repeats}: expected 1 to 1000 timed batches")
@@ -80,12 +85,16 @@ def profile_cmd(
     spec.device.peak_flops_per_s(training.precision)  # refuses a precision with no peak
     degrees = tp or [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= spec.devices_per_node]
     batches = mbs or [1, 2, 4]
-    if min(degrees) < 1 or min(batches) < 1:
-        raise InputError("--tp and --mbs: expected positive integers")
+    experts = model_spec.moe.num_experts if model_spec.moe is not None else 1
+    expert_degrees = ep or [d for d in (1, 2, 4, 8, 16, 32, 64)
+                            if d <= spec.devices_per_node and experts % d == 0]  # fmt: skip
+    if min(degrees) < 1 or min(batches) < 1 or min(expert_degrees) < 1:
+        raise InputError("--tp, --mbs and --ep: expected positive integers")
     path = out or Path(f"profile-{_slug(model_spec.name)}-{STACK_NAMES[stack]}.json")
     check_target(path, inputs=(model, cluster), option="--out")
     cases, skipped = profile_cases(model_spec, seq_length=training.seq_length,
-                                   tensor_parallel=degrees, micro_batches=batches)  # fmt: skip
+                                   tensor_parallel=degrees, micro_batches=batches,
+                                   expert_parallel=expert_degrees)  # fmt: skip
     torch = import_torch("planner profile")
     backend = backend_of(torch, device)
     if device == "auto" and backend == "cpu":

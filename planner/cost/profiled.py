@@ -7,11 +7,15 @@ An operator takes its layer's factor at its own shard: the tensor-parallel ways 
 or vocabulary are split, and the tokens it runs (its batch and sequence after every split). A
 shape between measured microbatches takes the factor interpolated in log tokens, and up to
 :data:`REACH` times past them the nearest one's; a sequence length between two measured ones,
-interpolated in log sequence between them. Further out the operator keeps the cost model's
-price, and :func:`profile_coverage` says so.
+interpolated in log sequence between them, and up to :data:`REACH` times past them the
+nearest one's. Further out the operator keeps the cost model's price, and
+:func:`profile_coverage` says so.
 
-Operators of routed experts (their tokens are the router's, not a sequence's) keep the model's
-price: no faithful MoE layer is profiled yet.
+An MoE layer's routed experts (:func:`profiled_kind` ``experts``: the operators that compute
+on routed tokens, not a sequence's) take the factor of the ``experts`` measurement at their
+expert-parallel and expert tensor-parallel shard, read along the rows the rank's experts
+compute (:func:`routed_rows`) at any sequence length: the rest of the layer takes the ``moe``
+measurement's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from planner.graph.lower import expert_capacity
 from planner.graph.ops import TENSOR_PARALLEL_DIMS, Op
+from planner.spec.layers import MoESpec
 from planner.spec.profile import LayerFactor, ProfileFactors
 from planner.vocabulary import Precision, Stack
 
@@ -56,14 +62,44 @@ class Shard:
     tensor_parallel: int
     """The ways its tensor-parallel dims are split."""
     micro_batch_size: int
-    """Its sequences, after data parallelism."""
+    """Its sequences, after data parallelism (for ``experts``: the rows they compute)."""
     seq_length: int
-    """Its tokens per sequence, after any sequence split."""
+    """Its tokens per sequence, after any sequence split (for ``experts``: 1)."""
+    expert_parallel: int = 1
+    """For ``experts``: the ways the routed experts are split."""
 
     @property
     def tokens(self) -> int:
         """Tokens it runs."""
         return self.micro_batch_size * self.seq_length
+
+
+def profiled_kind(op: Op) -> str:
+    """What a profile measured ``op`` as: ``experts`` for an operator computing on routed
+    tokens (an expert's linears and activation; the dispatch and combine are the ``moe``
+    layer's), else its layer kind.
+
+    >>> from planner.graph.ops import Op, Tensor
+    >>> rows = Tensor((("experts", 8), ("capacity", 64), ("ffn", 32)), 2.0)
+    >>> profiled_kind(Op(name="l1.expert_act", kind="elementwise", layer=1, layer_kind="moe",
+    ...                  inputs=(rows,), output=rows))
+    'experts'
+    """
+    routed_compute = op.routed and op.kind not in ("dispatch", "combine")
+    return "experts" if routed_compute else op.layer_kind
+
+
+def routed_rows(moe: MoESpec, *, tokens: int, expert_parallel: int) -> int:
+    """The rows one rank's experts compute when each of ``expert_parallel`` ranks routes
+    ``tokens``: its ``num_experts / expert_parallel`` experts' capacity each, as the cost
+    model lowers them (:func:`planner.graph.lower.expert_capacity`).
+
+    >>> routed_rows(MoESpec(num_experts=8, top_k=2, ffn_hidden_size=64), tokens=4096,
+    ...             expert_parallel=4)
+    8192
+    """
+    local = moe.num_experts // expert_parallel
+    return local * expert_capacity(tokens * expert_parallel, moe)
 
 
 def _log_mix(a: float, b: float, at: float, lo: float, hi: float) -> float:
@@ -84,10 +120,12 @@ def _scale(f: LayerFactor) -> Scale:
 
 
 REACH = 4
-"""How far past the measured microbatches (a factor in tokens) the nearest one's factor is
-held: a search prices microbatches a few times larger than those profiled, and the model's
-own price there would be off by the whole factor the profile corrects; beyond this reach the
-layer's shape has changed too much to carry it."""
+"""How far past the measured microbatches (a factor in tokens), or past the measured sequence
+lengths, the nearest one's factor is held: a search prices microbatches a few times larger
+than those profiled and sequences split by context or sequence parallelism, and the model's
+own price there would be off by the whole factor the profile corrects (a search then prefers
+the shapes nobody measured); beyond this reach the layer's shape has changed too much to
+carry it."""
 
 
 def _along_tokens(points: Sequence[LayerFactor], tokens: int) -> tuple[Scale, str] | None:
@@ -108,19 +146,28 @@ def _along_tokens(points: Sequence[LayerFactor], tokens: int) -> tuple[Scale, st
 
 def read_scale(profile: ProfileFactors | None, shard: Shard) -> tuple[Scale, str] | None:
     """:func:`measured_scale` with how it was read (``measured``, ``interpolated``, ``held
-    from 2x4096``, ``between sequences 2048 and 8192``)."""
+    from 2x4096``, ``between sequences 2048 and 8192``, ``held from sequence 8192``)."""
     if profile is None or (profile.stack, profile.precision) != (shard.stack, shard.precision):
         return None
     by_seq: dict[int, list[LayerFactor]] = {}
     for f in profile.layers:
-        if (f.kind, f.tensor_parallel) == (shard.kind, shard.tensor_parallel):
+        if (f.kind, f.tensor_parallel, f.expert_parallel) == (
+                shard.kind, shard.tensor_parallel, shard.expert_parallel):  # fmt: skip
             by_seq.setdefault(f.seq_length, []).append(f)
+    if shard.kind == "experts":  # rows are rows whatever sequences they came from
+        return _along_tokens([f for fs in by_seq.values() for f in fs], shard.tokens)
     if shard.seq_length in by_seq:
         return _along_tokens(by_seq[shard.seq_length], shard.tokens)
     below = [s for s in by_seq if s < shard.seq_length]
     above = [s for s in by_seq if s > shard.seq_length]
-    if not below or not above:
+    if not by_seq:
         return None
+    if not below or not above:  # past every measured length: the nearest's, within reach
+        nearest = max(below) if below else min(above)
+        if max(nearest, shard.seq_length) > REACH * min(nearest, shard.seq_length):
+            return None
+        found = _along_tokens(by_seq[nearest], shard.tokens)
+        return None if found is None else (found[0], f"held from sequence {nearest}")
     lo, hi = max(below), min(above)
     a, b = _along_tokens(by_seq[lo], shard.tokens), _along_tokens(by_seq[hi], shard.tokens)
     if a is None or b is None:
@@ -131,7 +178,8 @@ def read_scale(profile: ProfileFactors | None, shard: Shard) -> tuple[Scale, str
 def measured_scale(profile: ProfileFactors | None, shard: Shard) -> Scale | None:
     """The factors of ``shard`` in ``profile``: measured at its sequence length and
     interpolated in tokens (held up to :data:`REACH` past them), else interpolated between
-    the two nearest measured sequence lengths around it; None outside what was measured.
+    the two nearest measured sequence lengths around it, or held from the nearest up to
+    :data:`REACH` past them; None further out.
 
     >>> f = ProfileFactors(model="m", stack="hf-eager", precision="bf16", layers=[
     ...     LayerFactor(kind="dense", tensor_parallel=1, micro_batch_size=m, seq_length=s,
@@ -145,6 +193,10 @@ def measured_scale(profile: ProfileFactors | None, shard: Shard) -> Scale | None
     ...              micro_batch_size=2, seq_length=4096)
     >>> round(measured_scale(f, at4k).forward, 3)  # 1.4 at 2,048 and 1.6 at 8,192
     1.5
+    >>> at512 = Shard(kind="dense", stack="hf-eager", precision="bf16", tensor_parallel=1,
+    ...               micro_batch_size=4, seq_length=512)  # a context-parallel shard
+    >>> read_scale(f, at512)[1], round(measured_scale(f, at512).forward, 3)
+    ('held from sequence 2048', 1.2)
     >>> measured_scale(f, Shard(kind="dense", stack="hf-eager", precision="bf16",
     ...                         tensor_parallel=2, micro_batch_size=1, seq_length=2048)) is None
     True
@@ -177,9 +229,15 @@ def op_scale(
     if profile is None or stack is None:
         return Scale.one()
     sizes = {name: size for t in (*op.inputs, op.output) for name, size in t.dims}
-    if "batch" not in sizes or "seq" not in sizes:
-        return Scale.one()  # routed experts' tokens: no shard of a measured layer
     tensor_parallel = max((split.get(d, 1) for d in TENSOR_PARALLEL_DIMS), default=1)
+    if profiled_kind(op) == "experts":
+        ep = split.get("experts", 1)
+        rows = sizes["experts"] // ep * -(-sizes["capacity"] // split.get("capacity", 1))
+        return measured_scale(profile, Shard(
+            kind="experts", stack=stack, precision=precision, tensor_parallel=tensor_parallel,
+            expert_parallel=ep, micro_batch_size=rows, seq_length=1)) or Scale.one()  # fmt: skip
+    if "batch" not in sizes or "seq" not in sizes:
+        return Scale.one()
     shard = Shard(kind=op.layer_kind, stack=stack, precision=precision,
                   tensor_parallel=tensor_parallel,
                   micro_batch_size=max(1, sizes["batch"] // split.get("batch", 1)),
@@ -190,9 +248,13 @@ def op_scale(
 def profile_coverage(
     profile: ProfileFactors | None, *, kinds: Sequence[str], stack: Stack,
     precision: Precision, tensor_parallel: int, micro_batch_size: int, seq_length: int,
+    moe: MoESpec | None = None, expert_parallel: int = 1,
+    expert_tensor_parallel: int | None = None,
 ) -> tuple[str, ...]:  # fmt: skip
     """One line per layer kind of a configuration: measured by the profile (at which shard),
-    or priced by the model and why; empty without a profile.
+    or priced by the model and why; empty without a profile. An MoE layer's routed experts
+    (given ``moe``) have their own line, at ``expert_parallel`` and
+    ``expert_tensor_parallel`` (default: ``tensor_parallel``).
 
     >>> f = ProfileFactors(model="m", stack="hf-eager", precision="bf16", layers=[
     ...     LayerFactor(kind="dense", tensor_parallel=1, micro_batch_size=1, seq_length=2048,
@@ -206,25 +268,44 @@ def profile_coverage(
     if (profile.stack, profile.precision) != (stack, precision):
         return (f"none: profiled on {profile.stack} in {profile.precision}, priced on {stack} "
                 f"in {precision}",)  # fmt: skip
-    lines = []
+    shards = []
     for kind in kinds:
-        shard = Shard(kind=kind, stack=stack, precision=precision,
-                      tensor_parallel=tensor_parallel, micro_batch_size=micro_batch_size,
-                      seq_length=seq_length)  # fmt: skip
-        at = f"tp{tensor_parallel} {micro_batch_size}x{seq_length}"
-        found = read_scale(profile, shard)
-        if found is not None:
-            how = found[1]
-            lines.append(f"{kind}: measured ({at})" if how == "measured"
-                         else f"{kind}: measured ({at}, {how})")  # fmt: skip
-            continue
-        shapes = sorted({f"tp{f.tensor_parallel} {f.micro_batch_size}x{f.seq_length}"
-                         for f in profile.layers if f.kind == kind})  # fmt: skip
-        why = f"{at} outside the profiled {', '.join(shapes)}" if shapes else "not profiled"
-        lines.append(f"{kind}: priced by the model ({why})")
+        shards.append(Shard(kind=kind, stack=stack, precision=precision,
+                            tensor_parallel=tensor_parallel, micro_batch_size=micro_batch_size,
+                            seq_length=seq_length))  # fmt: skip
+        if kind == "moe" and moe is not None:  # its routed experts, at their own shard
+            rows = routed_rows(moe, tokens=micro_batch_size * seq_length,
+                               expert_parallel=expert_parallel)  # fmt: skip
+            shards.append(Shard(kind="experts", stack=stack, precision=precision,
+                                tensor_parallel=expert_tensor_parallel or tensor_parallel,
+                                expert_parallel=expert_parallel, micro_batch_size=rows,
+                                seq_length=1))  # fmt: skip
+    lines = [_coverage_line(profile, shard) for shard in shards]
     if profile.optimizer is not None:
         lines.append("optimizer: measured")
     return tuple(lines)
+
+
+def _coverage_line(profile: ProfileFactors, shard: Shard) -> str:
+    """``dense: measured (tp1 1x2048)`` or ``head: priced by the model (why)``."""
+    kind = shard.kind
+    experts = kind == "experts"
+    ep = f" ep{shard.expert_parallel}" if experts else ""
+    size = f"{shard.micro_batch_size} rows" if experts else (
+        f"{shard.micro_batch_size}x{shard.seq_length}")  # fmt: skip
+    at = f"tp{shard.tensor_parallel}{ep} {size}"
+    found = read_scale(profile, shard)
+    if found is not None:
+        how = found[1]
+        return f"{kind}: measured ({at})" if how == "measured" else (
+            f"{kind}: measured ({at}, {how})")  # fmt: skip
+    measured = sorted((f.tensor_parallel, f.expert_parallel, f.seq_length, f.tokens)
+                      for f in profile.layers if f.kind == kind)  # fmt: skip
+    shapes = dict.fromkeys(f"tp{tp} ep{ep} {tokens} rows" if experts
+                           else f"tp{tp} {tokens // seq}x{seq}"
+                           for tp, ep, seq, tokens in measured)  # fmt: skip
+    why = f"{at} outside the profiled {', '.join(shapes)}" if shapes else "not profiled"
+    return f"{kind}: priced by the model ({why})"
 
 
 def optimizer_scale(profile: ProfileFactors | None) -> float:

@@ -17,6 +17,7 @@ layer's parameters, as the stack keeps them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -29,8 +30,15 @@ from planner.diagnose.bench_torch import (
     synchronizer,
 )
 from planner.errors import InputError
+from planner.graph.lower import expert_capacity
 from planner.spec import ModelSpec
-from planner.spec.profile import LayerMeasurement, OptimizerMeasurement, SkippedShape
+from planner.spec.layers import MoESpec
+from planner.spec.profile import (
+    LayerMeasurement,
+    OptimizerMeasurement,
+    SkippedShape,
+    shard_label,
+)
 from planner.vocabulary import Precision, Stack
 
 PROFILED_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
@@ -42,26 +50,33 @@ class ProfileCase:
     """One layer kind at one shard and microbatch."""
 
     kind: str
-    """``embedding``, ``dense`` or ``head``."""
+    """``embedding``, ``dense``, ``moe`` (an MoE layer around its routed experts),
+    ``experts`` (one rank's routed experts) or ``head``."""
     tensor_parallel: int
-    """The tensor-parallel shard: heads, KV heads, FFN and vocabulary divided by it."""
+    """The tensor-parallel shard: heads, KV heads, FFN and vocabulary divided by it (for
+    ``experts``, each expert's FFN: the expert tensor-parallel shard)."""
     micro_batch_size: int
-    """Sequences in the microbatch."""
+    """Sequences in the microbatch (of each rank, for ``experts``)."""
     seq_length: int
     """Tokens per sequence."""
+    expert_parallel: int = 1
+    """For ``experts``: the routed experts divided by it, their tokens those of as many
+    ranks' microbatches."""
 
     @property
     def label(self) -> str:
-        """``dense tp2 1x4096``."""
-        return f"{self.kind} tp{self.tensor_parallel} {self.micro_batch_size}x{self.seq_length}"
+        """``dense tp2 1x4096``, ``experts tp1 ep4 2x4096``."""
+        return shard_label(self.kind, self.tensor_parallel, self.expert_parallel,
+                           self.micro_batch_size, self.seq_length)  # fmt: skip
 
 
 def profile_cases(
     model: ModelSpec, *, seq_length: int, tensor_parallel: Sequence[int],
-    micro_batches: Sequence[int],
+    micro_batches: Sequence[int], expert_parallel: Sequence[int] = (1,),
 ) -> tuple[list[ProfileCase], list[SkippedShape]]:  # fmt: skip
     """Every layer kind of ``model`` at each tensor-parallel degree that divides its heads, KV
-    heads, FFN and vocabulary, and each microbatch; the kinds and degrees the faithful layer
+    heads, FFN and vocabulary, and each microbatch; an MoE model's routed experts at each
+    expert-parallel degree that divides them too; the kinds and degrees the faithful layers
     cannot run, listed with why.
 
     >>> from planner.spec.reading import load_model
@@ -72,16 +87,14 @@ def profile_cases(
     ['embedding tp1 1x256', 'dense tp1 1x256', 'head tp1 1x256']
     >>> skipped[0].reason
     'tp 4 does not divide 2 KV heads'
+    >>> moe, _ = profile_cases(load_model("tests/data/bench/tiny-moe.json"), seq_length=256,
+    ...                        tensor_parallel=(1,), micro_batches=(1,), expert_parallel=(1, 4))
+    >>> [c.label for c in moe]
+    ['embedding tp1 1x256', 'dense tp1 1x256', 'moe tp1 1x256', 'head tp1 1x256', \
+'experts tp1 ep1 1x256', 'experts tp1 ep4 1x256']
     """
-    kinds = ["embedding", "dense", "head"]
+    kinds = ["embedding", *_decoder_kinds(model), "head"]
     skipped: list[SkippedShape] = []
-    if model.moe is not None or model.mla is not None:
-        what = "MoE" if model.moe is not None else "MLA"
-        kinds.remove("dense")
-        skipped += [SkippedShape(kind="moe" if model.moe is not None else "dense",
-                                 tensor_parallel=t, micro_batch_size=m, seq_length=seq_length,
-                                 reason=f"no faithful {what} layer yet: priced by the model")
-                    for t in tensor_parallel for m in micro_batches]  # fmt: skip
     cases = []
     for t in tensor_parallel:
         why = _indivisible(model, t)
@@ -92,7 +105,24 @@ def profile_cases(
                 continue
             cases += [ProfileCase(kind=k, tensor_parallel=t, micro_batch_size=m,
                                   seq_length=seq_length) for k in kinds]  # fmt: skip
+    if model.moe is not None:
+        for e, t, m in itertools.product(expert_parallel, tensor_parallel, micro_batches):
+            shard = dict(kind="experts", tensor_parallel=t, expert_parallel=e,
+                         micro_batch_size=m, seq_length=seq_length)  # fmt: skip
+            # the planner runs experts at the layer's TP or folded at 1: a TP the layer
+            # cannot take is no expert shard either
+            why = _indivisible(model, t) or _experts_indivisible(model.moe, t, e)
+            if why is None:
+                cases.append(ProfileCase(**shard))  # type: ignore[arg-type]
+            else:
+                skipped.append(SkippedShape(**shard, reason=why))  # type: ignore[arg-type]
     return cases, skipped
+
+
+def _decoder_kinds(model: ModelSpec) -> list[str]:
+    """The decoder layer kinds ``model`` has, dense before MoE."""
+    moe = [model.is_moe_layer(i) for i in range(model.num_layers)]
+    return [k for k, present in (("dense", not all(moe)), ("moe", any(moe))) if present]
 
 
 def _indivisible(model: ModelSpec, tp: int) -> str | None:
@@ -102,6 +132,14 @@ def _indivisible(model: ModelSpec, tp: int) -> str | None:
                        (ffn, "FFN"), (model.vocab_size, "vocabulary entries")):
         if size % tp:
             return f"tp {tp} does not divide {size} {what}"
+    return None
+
+
+def _experts_indivisible(moe: MoESpec, tp: int, ep: int) -> str | None:
+    if moe.num_experts % ep:
+        return f"ep {ep} does not divide {moe.num_experts} experts"
+    if moe.ffn_hidden_size % tp:
+        return f"tp {tp} does not divide the experts' FFN of {moe.ffn_hidden_size}"
     return None
 
 
@@ -155,7 +193,17 @@ class _Runner:
             labels = torch.randint(0, module.vocab, tokens, device=self.device)
             run = torch.compile(module) if self.compiled else module
             return module, lambda: run(x, labels)
-        module = self.layers.DecoderLayer(m, case.tensor_parallel).to(self.device)
+        if case.kind == "experts":
+            assert m.moe is not None  # only an MoE model's cases have experts
+            local = m.moe.num_experts // case.expert_parallel
+            rows = expert_capacity(case.micro_batch_size * case.seq_length * case.expert_parallel,
+                                   m.moe)  # fmt: skip
+            module = self.layers.RoutedExperts(m, local, case.tensor_parallel).to(self.device)
+            x = torch.randn(local, rows, m.hidden_size, device=self.device, requires_grad=True)
+        elif case.kind == "moe":
+            module = self.layers.MoELayer(m, case.tensor_parallel).to(self.device)
+        else:
+            module = self.layers.DecoderLayer(m, case.tensor_parallel).to(self.device)
         run = torch.compile(module) if self.compiled else module
         return module, lambda: run(x)
 
@@ -178,7 +226,8 @@ class _Runner:
         module.zero_grad(set_to_none=True)
         return LayerMeasurement(
             kind=case.kind, tensor_parallel=case.tensor_parallel,
-            micro_batch_size=case.micro_batch_size, seq_length=case.seq_length,
+            expert_parallel=case.expert_parallel, micro_batch_size=case.micro_batch_size,
+            seq_length=case.seq_length,
             forward_s=alone, backward_s=max(both - alone, 1e-3 * both),
             kept_bytes=self._kept_bytes(module, forward))  # fmt: skip
 
@@ -236,13 +285,14 @@ def run_profile(
             measured.append(runner.measure(case))
         except (RuntimeError, NotImplementedError) as exc:  # out of memory, no kernel
             skipped.append(SkippedShape(kind=case.kind, tensor_parallel=case.tensor_parallel,
+                                        expert_parallel=case.expert_parallel,
                                         micro_batch_size=case.micro_batch_size,
                                         seq_length=case.seq_length,
                                         reason=str(exc).splitlines()[0][:120]))  # fmt: skip
             if backend == "cuda":
                 torch.cuda.empty_cache()
     try:
-        optimizer = runner.optimizer() if model.moe is None and model.mla is None else None
+        optimizer = runner.optimizer()
     except (RuntimeError, NotImplementedError):  # out of memory
         optimizer = None
     name, software = describe_device(torch, backend)

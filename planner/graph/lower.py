@@ -59,8 +59,9 @@ class _Builder:
 
     @property
     def autocast(self) -> bool:
-        """The layer runs under ``torch.autocast`` with fp32 weights (:data:`AUTOCAST_STACKS`)."""
-        return self.stack in AUTOCAST_STACKS
+        """The layer runs under ``torch.autocast`` with fp32 weights (:data:`AUTOCAST_STACKS`)
+        at a 16-bit precision; in fp32 nothing is cast, so no copies are kept."""
+        return self.stack in AUTOCAST_STACKS and self.act_bytes < FP32_BYTES
 
     def fp32(self, tensor: Tensor) -> Tensor:
         """``tensor`` held in fp32."""
@@ -93,13 +94,13 @@ class _Builder:
 
     def norm(self, op: str, source: str, width: tuple[str, int] | None = None,
              **tags: tuple[str, ...]) -> str:
-        """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input (under
-        autocast the fp32 residual it reads, and in eager mode its fp32 normalized output
-        too: ``LlamaRMSNorm`` upcasts)."""
+        """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input (on the
+        Hugging Face stacks the fp32 residual it reads, and in eager mode its fp32 normalized
+        output too: ``LlamaRMSNorm`` upcasts, and keeps it for its weight's gradient)."""
         x = self.act(width) if width else self.hidden()
         per_channel = 2 if self.model.normalization == "layernorm" else 1
         saved: tuple[Tensor, ...] = (x,)
-        if self.autocast:
+        if self.stack in AUTOCAST_STACKS:  # the residual stream is fp32, autocast or not
             saved = (self.fp32(x),) * (2 if self.stack == "hf-eager" else 1)
         return self.add(
             op, "norm", (source,), inputs=(x,), output=x, saved=saved,

@@ -28,7 +28,7 @@ from planner.placement.ranks import PipelinePlacement
 from planner.plan.schema import MemoryBreakdown, PlanStage, Predicted, StageParallel
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.strategies import EXPERTS_BY_BATCH
-from planner.spec import ModelSpec, TrainingSpec
+from planner.spec import ModelSpec, MoESpec, TrainingSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,12 +223,12 @@ def predicted(
     executed_flops_per_sequence: float,
     micro_batch_size: int,
     parallel: Sequence[StageParallel],
-    moe: bool,
+    moe: MoESpec | None,
 ) -> Predicted:
     """The plan's headline numbers; ``micro_batch_size`` is the pipeline's (the recomputed
     FLOPs of the stages' options are per pipeline microbatch); ``parallel`` is the stages'
     sharding in degrees (:func:`plan_stages`), whose mechanisms place the error band; ``moe``:
-    whether the model routes experts."""
+    the model's routed experts, if any."""
     rerun = 0.0
     for s in stages:
         for kind in kinds[s.first - 1 : s.last]:
@@ -244,7 +244,8 @@ def predicted(
             cluster.device.efficiency.profile, kinds=("embedding", *dict.fromkeys(kinds), "head"),
             stack=training.stack, precision=training.precision, tensor_parallel=p.tp,
             micro_batch_size=max(1, micro_batch_size // max(1, p.dp)),
-            seq_length=training.seq_length // max(1, p.cp))  # fmt: skip
+            seq_length=training.seq_length // max(1, p.cp), moe=moe,
+            expert_parallel=p.ep, expert_tensor_parallel=p.etp)  # fmt: skip
         profiled += [line for line in lines if line not in profiled]
-    return headline(step, rates, cluster=cluster, training=training, moe=moe,
+    return headline(step, rates, cluster=cluster, training=training, moe=moe is not None,
                     used=stage_mechanisms(parallel), profiled=tuple(profiled))

@@ -13,7 +13,9 @@ MIB = GIB / 1024
 
 
 def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if value >= 100 else f"{value:.2f}"  # an unbenched device's: narrow
 
 
 def profile_tables(profile: LayerProfile, factors: ProfileFactors | None) -> list[RenderableType]:
@@ -22,10 +24,11 @@ def profile_tables(profile: LayerProfile, factors: ProfileFactors | None) -> lis
                         f"({profile.stack}, {profile.precision})")  # fmt: skip
     for name in ("layer", "fwd ms", "bwd ms", "kept MiB", "x fwd", "x bwd", "x kept"):
         table.add_column(name, justify="left" if name == "layer" else "right")
-    by_shape = {(f.kind, f.tensor_parallel, f.micro_batch_size, f.seq_length): f
-                for f in (factors.layers if factors else ())}  # fmt: skip
+    by_shape = {(f.kind, f.tensor_parallel, f.expert_parallel, f.micro_batch_size,
+                 f.seq_length): f for f in (factors.layers if factors else ())}  # fmt: skip
     for m in profile.measured:
-        f = by_shape.get((m.kind, m.tensor_parallel, m.micro_batch_size, m.seq_length))
+        f = by_shape.get((m.kind, m.tensor_parallel, m.expert_parallel, m.micro_batch_size,
+                          m.seq_length))  # fmt: skip
         forward = "-" if m.forward_s is None else f"{m.forward_s * 1e3:.3f}"
         backward = "-" if m.backward_s is None else f"{m.backward_s * 1e3:.3f}"
         kept = "-" if m.kept_bytes is None else f"{m.kept_bytes / MIB:.1f}"
@@ -39,6 +42,5 @@ def profile_tables(profile: LayerProfile, factors: ProfileFactors | None) -> lis
             f", x {factors.optimizer:.2f}")
         out.append(f"optimizer: AdamW over {profile.optimizer.parameters:,} parameters (a "
                    f"layer's) in {profile.optimizer.step_s * 1e3:.3f} ms{ratio}")
-    out += [f"not measured: {s.kind} tp{s.tensor_parallel} {s.micro_batch_size}x"
-            f"{s.seq_length}: {s.reason}" for s in profile.skipped]
+    out += [f"not measured: {s.label()}: {s.reason}" for s in profile.skipped]
     return out

@@ -385,7 +385,7 @@ def _plan(
                 ctx.model, training, 1, flash_attention=ctx.options.flash_attention),
             micro_batch_size=c.mesh_micro_batch_size,
             parallel=[s.parallel for s in stages],
-            moe=ctx.model.moe is not None,
+            moe=ctx.model.moe,
         ),
         solver=SolverSummary(
             time_s=wall_s,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner import cost
-from planner.cost.profiled import Shard, measured_scale
+from planner.cost.profiled import Shard, measured_scale, profiled_kind, routed_rows
 from planner.errors import InputError
 from planner.graph.ops import TENSOR_PARALLEL_DIMS
 from planner.plan.degrees import Degrees
@@ -57,13 +57,18 @@ class _Priced:
 
 def _priced(model: ModelSpec, cluster: ClusterSpec, profile: LayerProfile,
             m: LayerMeasurement) -> _Priced:  # fmt: skip
-    """``m``'s shard priced by the cost model alone: forward, backward and kept bytes."""
-    query = UniformQuery(kind=m.kind, layout=uniform_layout(Degrees(tp=m.tensor_parallel)),
+    """``m``'s shard priced by the cost model alone: forward, backward and kept bytes of the
+    operators it measured (an MoE layer's routed experts apart from the rest of it)."""
+    experts = m.kind == "experts"
+    degrees = Degrees(tp=m.tensor_parallel, ep=m.expert_parallel)
+    query = UniformQuery(kind="moe" if experts else m.kind, layout=uniform_layout(degrees),
                          micro_batch_size=m.micro_batch_size, seq_length=m.seq_length,
                          precision=profile.precision, stack=profile.stack)  # fmt: skip
     layer = uniform_layer(model, cluster, query)
     split, residual = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
     for node in layer.nodes:
+        if (profiled_kind(node.ops[0]) == "experts") != experts:  # folded ops share it
+            continue
         s = node.strategies[0]
         ways = 1
         for axis, dim in enumerate(s.assignment):
@@ -88,7 +93,7 @@ def _factor(measured: float, priced: _Priced, k: int, whole: float | None) -> fl
 def _kind_in(model: ModelSpec, kind: str) -> bool:
     if kind in ("embedding", "head"):
         return True
-    if kind == "moe":
+    if kind in ("moe", "experts"):
         return model.moe is not None
     return kind in ("dense", "local")
 
@@ -128,7 +133,7 @@ def _layer_factor(model: ModelSpec, bare: ClusterSpec, profile: LayerProfile,
     against the unsplit shard's factor at its microbatch among ``before``."""
     priced = _priced(model, bare, profile, m)
     whole = None
-    if m.tensor_parallel > 1:
+    if m.tensor_parallel > 1 and m.kind != "experts":  # the experts run no residual stream
         whole = measured_scale(before, Shard(
             kind=m.kind, stack=profile.stack, precision=profile.precision, tensor_parallel=1,
             micro_batch_size=m.micro_batch_size, seq_length=m.seq_length))  # fmt: skip
@@ -142,9 +147,14 @@ def _layer_factor(model: ModelSpec, bare: ClusterSpec, profile: LayerProfile,
         assert m.forward_backward_s is not None
         forward = backward = _factor(m.forward_backward_s, priced.summed(), 0,
                                      None if whole is None else whole.forward)  # fmt: skip
+    rows = None
+    if m.kind == "experts":  # read along the rows the rank's experts compute, as op_scale does
+        assert model.moe is not None  # _kind_in
+        rows = routed_rows(model.moe, tokens=m.tokens, expert_parallel=m.expert_parallel)
     return LayerFactor(kind=m.kind, tensor_parallel=m.tensor_parallel,
-                       micro_batch_size=m.micro_batch_size, seq_length=m.seq_length,
-                       forward=forward, backward=backward, kept=kept)  # fmt: skip
+                       expert_parallel=m.expert_parallel, micro_batch_size=m.micro_batch_size,
+                       seq_length=m.seq_length, routed_rows=rows, forward=forward,
+                       backward=backward, kept=kept)  # fmt: skip
 
 
 def _with_factors(cluster: ClusterSpec, profile: ProfileFactors | None) -> ClusterSpec:

@@ -25,8 +25,12 @@ from planner.vocabulary import Precision, Stack
 PROFILE_SCHEMA = 1
 """The profile format this version writes and reads."""
 
-PROFILED_KINDS = ("embedding", "dense", "moe", "head")
-"""The layer kinds a profile may measure (:attr:`planner.graph.ops.Op.layer_kind`)."""
+PROFILED_KINDS = ("embedding", "dense", "moe", "experts", "head")
+"""The layer kinds a profile may measure (:attr:`planner.graph.ops.Op.layer_kind`). An MoE
+layer is measured in two parts: ``moe``, the layer without its routed experts' computation
+(attention, router, the tokens' permutation and combine, shared experts), and ``experts``, a
+rank's routed experts on the tokens routed to them (the operators with an ``experts`` dim
+that compute: :attr:`planner.graph.ops.Op.routed`, dispatch and combine apart)."""
 
 NOT_SHAPE = frozenset({"name", "num_layers", "max_position_embeddings", "tie_word_embeddings",
                        "rotary_base", "rope_scaling", "norm_epsilon", "training"})  # fmt: skip
@@ -37,9 +41,14 @@ that differs only in these (more layers, another name, a longer position table).
 class LayerMeasurement(_Frozen):
     """One layer kind at one shard shape and microbatch, measured."""
 
-    kind: str = Field(description="The layer kind: embedding, dense, moe or head.")
+    kind: str = Field(description="The layer kind: embedding, dense, moe, experts or head.")
     tensor_parallel: Int = Field(default=1, gt=0, description="The tensor-parallel shard "
-                                 "measured: heads, KV heads, FFN and vocabulary divided by it.")
+                                 "measured: heads, KV heads, FFN and vocabulary divided by it "
+                                 "(for experts, each expert's FFN: the expert tensor-parallel "
+                                 "shard).")
+    expert_parallel: Int = Field(default=1, gt=0, description="For experts: the experts "
+                                 "divided by it, each receiving the tokens of that many ranks' "
+                                 "microbatches.")
     micro_batch_size: Int = Field(gt=0, description="Sequences in the microbatch.")
     seq_length: Int = Field(gt=0, description="Tokens per sequence.")
     forward_s: Float | None = Field(default=None, gt=0, description="Forward seconds.")
@@ -66,8 +75,9 @@ class LayerMeasurement(_Frozen):
         return self.micro_batch_size * self.seq_length
 
     def label(self) -> str:
-        """``dense tp2 2x4096``."""
-        return f"{self.kind} tp{self.tensor_parallel} {self.micro_batch_size}x{self.seq_length}"
+        """``dense tp2 2x4096``, ``experts tp1 ep4 1x4096``."""
+        return shard_label(self.kind, self.tensor_parallel, self.expert_parallel,
+                           self.micro_batch_size, self.seq_length)
 
 
 class SkippedShape(_Frozen):
@@ -75,9 +85,15 @@ class SkippedShape(_Frozen):
 
     kind: str = Field(description="The layer kind.")
     tensor_parallel: Int = Field(default=1, description="The shard.")
+    expert_parallel: Int = Field(default=1, description="For experts: the expert shard.")
     micro_batch_size: Int = Field(description="Sequences in the microbatch.")
     seq_length: Int = Field(description="Tokens per sequence.")
     reason: str = Field(description="Why it was not measured.")
+
+    def label(self) -> str:
+        """``dense tp8 4x8192``."""
+        return shard_label(self.kind, self.tensor_parallel, self.expert_parallel,
+                           self.micro_batch_size, self.seq_length)  # fmt: skip
 
 
 class OptimizerMeasurement(_Frozen):
@@ -116,8 +132,12 @@ class LayerFactor(_Frozen):
 
     kind: str = Field(description="The layer kind measured.")
     tensor_parallel: Int = Field(gt=0, description="The shard measured.")
+    expert_parallel: Int = Field(default=1, gt=0, description="For experts: the expert shard.")
     micro_batch_size: Int = Field(gt=0, description="Sequences in the microbatch.")
     seq_length: Int = Field(gt=0, description="Tokens per sequence.")
+    routed_rows: Int | None = Field(default=None, gt=0, description="For experts: the rows "
+                                    "the rank's experts computed, what pricing reads them "
+                                    "along (None for the other kinds: their tokens).")
     forward: Float = Field(gt=0, description="Measured forward seconds over priced.")
     backward: Float = Field(gt=0, description="Measured backward seconds over priced.")
     kept: Float | None = Field(default=None, gt=0, description="Measured kept bytes over "
@@ -125,8 +145,8 @@ class LayerFactor(_Frozen):
 
     @property
     def tokens(self) -> int:
-        """Tokens in the microbatch."""
-        return self.micro_batch_size * self.seq_length
+        """Tokens in the microbatch (for experts: the rows their rank computed)."""
+        return self.routed_rows or self.micro_batch_size * self.seq_length
 
 
 class ProfileFactors(_Frozen):
@@ -139,6 +159,17 @@ class ProfileFactors(_Frozen):
     layers: tuple[LayerFactor, ...] = Field(description="Each layer measurement's factors.")
     optimizer: Float | None = Field(default=None, gt=0, description="The optimizer step's "
                                     "measured over priced seconds (None: not measured).")
+
+
+def shard_label(kind: str, tensor_parallel: int, expert_parallel: int, micro_batch_size: int,
+                seq_length: int) -> str:  # fmt: skip
+    """How a shape is named in tables and messages.
+
+    >>> shard_label("experts", 2, 4, 1, 4096), shard_label("dense", 1, 1, 2, 2048)
+    ('experts tp2 ep4 1x4096', 'dense tp1 2x2048')
+    """
+    ep = f" ep{expert_parallel}" if expert_parallel > 1 or kind == "experts" else ""
+    return f"{kind} tp{tensor_parallel}{ep} {micro_batch_size}x{seq_length}"
 
 
 def layer_shape(model: ModelSpec) -> dict[str, Any]:

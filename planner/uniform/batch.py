@@ -215,14 +215,16 @@ def _write_profiled(b: Rows, out: dict[str, np.ndarray]) -> None:
     """Each priced row's lines of what a layer profile measured, once per shard."""
     c, rows = b.c, b.rows
     kinds = tuple(layer_index(b.model, b.training, 1).layers_by_kind)
-    first, of = factorize(c["tp"], c["mbs"], c["cp"])
+    first, of = factorize(c["tp"], c["mbs"], c["cp"], c["ep"], c["etp"])
     lines = np.empty(len(first), dtype=object)
     for k, r in enumerate(first):  # one by one: numpy would read equal lists as 2-D
         lines[k] = list(profile_coverage(
             b.cluster.device.efficiency.profile, kinds=kinds, stack=b.training.stack,
             precision=b.training.precision, tensor_parallel=int(c["tp"][r]),
             micro_batch_size=int(c["mbs"][r]),
-            seq_length=b.training.seq_length // int(c["cp"][r])))  # fmt: skip
+            seq_length=b.training.seq_length // int(c["cp"][r]), moe=b.model.moe,
+            expert_parallel=int(c["ep"][r]),
+            expert_tensor_parallel=int(c["etp"][r]) or None))  # fmt: skip
     out["profiled"][rows] = lines[of]
 
 

@@ -154,7 +154,8 @@ def estimate(
     profiled = profile_coverage(
         cluster.device.efficiency.profile, kinds=tuple(index.layers_by_kind),
         stack=training.stack, precision=training.precision, tensor_parallel=c.tp,
-        micro_batch_size=c.mbs, seq_length=training.seq_length // c.cp)  # fmt: skip
+        micro_batch_size=c.mbs, seq_length=training.seq_length // c.cp, moe=model.moe,
+        expert_parallel=c.ep, expert_tensor_parallel=c.etp)  # fmt: skip
     return _estimate(cluster, resolved, step, rates, memory_margin_gib,
                      moe=model.moe is not None, profiled=profiled)  # fmt: skip
 
