@@ -2,12 +2,16 @@
 the block, profile the layers, price a training step of the tiny Llama with each, then run
 that step in PyTorch and compare.
 
-    python benchmarks/bench_cpu_step.py [--steps 5]
+    python benchmarks/bench_cpu_step.py [--steps 5] [--model tests/data/bench/tiny-moe.json]
 
 The model is ``tests/data/bench/tiny-llama.json`` (2 layers, hidden 256, GQA 4/2 heads,
-SwiGLU 704, RMSNorm, vocab 1024, fp32, sequence 256), trained as ``planner estimate`` prices
-it on one device: microbatch 1, 8 microbatches accumulated, then AdamW, built from the layers
-``planner profile`` runs. Printed: the fitted block, the step predicted from the kernels
+SwiGLU 704, RMSNorm, vocab 1024, fp32, sequence 256), or with ``--model`` another tiny one
+(``tiny-moe.json``: a dense and an MoE layer of 8 experts, top-2, one shared; ``tiny-mla.json``
+the same with latent attention), whose MoE layer then runs whole, each expert on the rows its
+router gave it, where the profile measured the layer around its experts and the experts on
+balanced rows apart. It is trained as ``planner estimate`` prices it on one device:
+microbatch 1, 8 microbatches accumulated, then AdamW, built from the layers ``planner
+profile`` runs. Printed: the fitted block, the step predicted from the kernels
 (``planner bench``) and from the layers (``planner profile`` at microbatches 1 and 2, AdamW
 over a layer), the measured median and fastest steps, and their ratios. Needs PyTorch.
 """
@@ -26,10 +30,17 @@ from torch import nn
 from planner.diagnose.bench_cases import bench_cases
 from planner.diagnose.bench_fit import fit_bench
 from planner.diagnose.bench_torch import run_cases
-from planner.diagnose.faithful_layers import DecoderLayer, Embedding, Head
+from planner.diagnose.faithful_layers import (
+    DecoderLayer,
+    Embedding,
+    Head,
+    MoELayer,
+    RoutedExperts,
+)
 from planner.diagnose.profile_torch import profile_cases, run_profile
 from planner.plan.config import ParallelConfig
 from planner.sharding.profiled import with_profile
+from planner.spec import ModelSpec
 from planner.spec.profile import LayerProfile, layer_shape
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.estimate import estimate
@@ -39,13 +50,19 @@ MODEL = ROOT / "tests" / "data" / "bench" / "tiny-llama.json"
 CLUSTER = ROOT / "tests" / "data" / "bench" / "cpu-node.json"
 
 
-def measured_step_s(steps: int) -> tuple[float, float]:
-    """Median and fastest seconds of a training step of the tiny Llama on the CPU, built
-    from the layers ``planner profile`` runs (:mod:`planner.diagnose.faithful_layers`)."""
-    m = load_model(MODEL)
+def _layer(m: ModelSpec, index: int) -> nn.Module:
+    if m.moe is None or not m.is_moe_layer(index):
+        return DecoderLayer(m)
+    return MoELayer(m, experts=RoutedExperts(m, m.moe.num_experts))
+
+
+def measured_step_s(model: Path, steps: int) -> tuple[float, float]:
+    """Median and fastest seconds of a training step of ``model`` on the CPU, built from the
+    layers ``planner profile`` runs (:mod:`planner.diagnose.faithful_layers`)."""
+    m = load_model(model)
     assert m.training is not None
     embedding, head = Embedding(m), Head(m)
-    layers = nn.Sequential(*(DecoderLayer(m) for _ in range(m.num_layers)))
+    layers = nn.Sequential(*(_layer(m, i) for i in range(m.num_layers)))
     params = [*embedding.parameters(), *layers.parameters(), *head.parameters()]
     optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
     seq, microbatches = m.training.seq_length, m.training.global_batch_size
@@ -65,8 +82,9 @@ def main() -> None:
     """Bench, fit, price; profile, price; run; compare."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--model", type=Path, default=MODEL)
     args = parser.parse_args()
-    model = load_model(MODEL)
+    model = load_model(args.model)
     assert model.training is not None
     cases = bench_cases(model, model.training, tensor_parallel=(1,), micro_batches=(1,))
     timings = run_cases(cases, precision="fp32", device="cpu")
@@ -88,7 +106,7 @@ def main() -> None:
     eager = model.model_copy(update={"training": model.training.model_copy(
         update={"stack": "hf-eager"})})  # fmt: skip
     profiled = estimate(eager, with_profile(cluster, eager, profile), config).step_time_s
-    measured, fastest = measured_step_s(args.steps)
+    measured, fastest = measured_step_s(args.model, args.steps)
     after = fit.after
     print(f"device: {timings.device_name} (torch {timings.torch_version})")
     print(f"fitted: gemm {after.gemm.max_fraction:g} / {after.gemm.half_saturation_gflop:g} "

@@ -178,9 +178,9 @@ class DecoderLayer(nn.Module):
 
 class RoutedExperts(nn.Module):
     """One rank's routed experts, ``local_experts`` of them, each's FFN divided by
-    ``tensor_parallel``, run as one batched GEMM per projection over rows already permuted
-    into equal groups: balanced routing, what the cost model assumes (each expert computes its
-    capacity, :func:`planner.graph.lower.expert_capacity`)."""
+    ``tensor_parallel``, one GEMM pair each, as the Hugging Face stacks run them (Mixtral's
+    and Qwen-MoE's eager experts loop; a grouped-GEMM stack is not what this profiles:
+    :data:`planner.graph.stacks.GROUPED_EXPERT_STACKS`)."""
 
     def __init__(self, model: ModelSpec, local_experts: int, tensor_parallel: int = 1) -> None:
         super().__init__()
@@ -192,9 +192,19 @@ class RoutedExperts(nn.Module):
         self.up = nn.Parameter(torch.randn(local_experts, h, up) * h**-0.5)
         self.down = nn.Parameter(torch.randn(local_experts, width, h) * width**-0.5)
 
+    def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        return _activate(rows @ self.up[e], gated=self.gated) @ self.down[e]
+
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        """``[local_experts, rows, hidden]`` in, the same out."""
-        return torch.bmm(_activate(torch.bmm(rows, self.up), gated=self.gated), self.down)
+        """``[local_experts, rows, hidden]`` in, the same out: balanced routing, each expert
+        computing its capacity (what the cost model assumes,
+        :func:`planner.graph.lower.expert_capacity`)."""
+        return torch.stack([self._expert(e, group) for e, group in enumerate(rows)])
+
+    def routed(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """``[rows, hidden]`` in expert order, ``counts[e]`` of them expert ``e``'s (as routing
+        left them, unbalanced), the same out."""
+        return torch.cat([self._expert(e, group) for e, group in enumerate(rows.split(counts))])
 
 
 class MoELayer(nn.Module):
@@ -202,15 +212,18 @@ class MoELayer(nn.Module):
     router (softmax or sigmoid scores, top-k, normalised when the model says so), the tokens
     permuted into expert order and, after the experts, un-permuted and summed by their
     routing weights (Megatron-Core's ``moe_utils.permute``/``unpermute``), plus the shared
-    experts (group-limited routing and the choice bias where the model has them). The
-    permuted rows pass through where the routed experts would run: their own work
-    is measured apart, on balanced rows (:class:`RoutedExperts`), as the cost model prices it
-    apart (the operators with an ``experts`` dim)."""
+    experts (group-limited routing and the choice bias where the model has them). Without
+    ``experts`` (what the profile runs) the permuted rows pass through where the routed experts
+    would run: their own work is measured apart, on balanced rows (:class:`RoutedExperts`), as
+    the cost model prices it apart (the operators with an ``experts`` dim); with them, the
+    whole layer runs, each expert on the rows routing gave it."""
 
-    def __init__(self, model: ModelSpec, tensor_parallel: int = 1) -> None:
+    def __init__(self, model: ModelSpec, tensor_parallel: int = 1,
+                 experts: RoutedExperts | None = None) -> None:  # fmt: skip
         super().__init__()
         moe = model.moe
         assert moe is not None  # the caller dispatches on it
+        self.experts = experts
         self.attention = _attention(model, tensor_parallel)
         self.norm = _norm(model)
         self.router = nn.Linear(model.hidden_size, moe.num_experts, bias=False)
@@ -251,7 +264,10 @@ class MoELayer(nn.Module):
         weights = weights * self.scaling
         order = chosen.flatten().argsort(stable=True)
         token = order // self.top_k
-        rows = flat[token]  # where the experts would run: in expert order
+        rows = flat[token]  # in expert order
+        if self.experts is not None:
+            counts = chosen.flatten().bincount(minlength=self.router.out_features).tolist()
+            rows = self.experts.routed(rows, counts)
         routed = rows * weights.flatten()[order].unsqueeze(-1).to(rows.dtype)
         out = torch.zeros_like(flat, dtype=routed.dtype).index_add_(0, token, routed)
         if self.shared is not None:
