@@ -15,6 +15,8 @@ repository root:
     python benchmarks/band_coverage.py ../shared/validation/calibration_runs.json \\
         ../shared/validation/fsdp_runs.json ../shared/validation/deepspeed_runs.json \\
         ../shared/validation/h100/runs_one_gpu.json [--refit]
+
+Without files, those four.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from planner.diagnose.evidence import validated_runs
 from planner.diagnose.runs import DEVICES
 
 CLUSTERS = "instances/clusters"
+SHARED_RUNS = [f"../shared/validation/{name}" for name in (
+    "calibration_runs.json", "fsdp_runs.json", "deepspeed_runs.json",
+    "h100/runs_one_gpu.json")]  # fmt: skip
+"""The shared validation files, what the README's coverage table is printed from."""
 
 
 def _held(paths: list[str], refit: bool) -> list[HeldOut]:
@@ -83,7 +89,7 @@ def _table(title: str, rows: list[Coverage], held: list[HeldOut], files: dict[st
 def main(argv: list[str]) -> None:
     """Print the fitted widening and the coverage tables."""
     refit = "--refit" in argv
-    paths = [a for a in argv if a != "--refit"]
+    paths = [a for a in argv if a != "--refit"] or SHARED_RUNS
     start = time.perf_counter()
     held = _held(paths, refit)
     files = _files(paths)

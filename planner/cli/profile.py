@@ -3,9 +3,10 @@ layer profile that ``--profile`` prices plans with."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.progress import (
@@ -30,6 +31,7 @@ from planner.cli.app import stderr_console as progress_console
 from planner.cli.bench import DeviceOpt, PrecisionOpt, SeqLenOpt
 from planner.diagnose.bench_torch import backend_of, import_torch
 from planner.diagnose.profile_torch import (
+    LayerCode,
     ProfileCase,
     profile_cases,
     run_profile,
@@ -38,6 +40,7 @@ from planner.errors import InputError
 from planner.report.output import check_target, write_atomic
 from planner.report.profile import profile_tables
 from planner.sharding.profiled import with_profile
+from planner.spec import ModelSpec
 from planner.spec.profile import LayerProfile, layer_shape
 from planner.spec.reading import fill_training
 from planner.vocabulary import Stack
@@ -62,6 +65,9 @@ def profile_cmd(
         "node's devices, those that divide the heads.")] = None,
     mbs: Annotated[list[int] | None, typer.Option(
         help="Microbatch sizes run (repeat the option); default: 1, 2 and 4.")] = None,
+    framework: Annotated[str | None, typer.Option(
+        help="Whose layer code runs: transformers (Hugging Face's own layers, built from the "
+        "config.json given as --model); default: the planner's faithful layer.")] = None,
     ep: Annotated[list[int] | None, typer.Option(
         help="Expert-parallel shards an MoE model's routed experts run at (repeat the "
         "option); default: 1, 2, 4, ... up to a node's devices, those that divide the "
@@ -80,6 +86,7 @@ def profile_cmd(
     if not 1 <= repeats <= 1000:
         raise InputError(f"--repeats {repeats}: expected 1 to 1000 timed batches")
     model_spec, spec = load_inputs(model, cluster, nodes=None, names=("--model", "CLUSTER"))
+    hf_config = _layer_source(framework, model)
     training = fill_training(model_spec, seq_length=seq_len, precision=precision,
                              global_batch_size=1)  # fmt: skip
     spec.device.peak_flops_per_s(training.precision)  # refuses a precision with no peak
@@ -96,6 +103,7 @@ def profile_cmd(
                                    tensor_parallel=degrees, micro_batches=batches,
                                    expert_parallel=expert_degrees)  # fmt: skip
     torch = import_torch("planner profile")
+    code = None if hf_config is None else transformers_code(model_spec, hf_config)
     backend = backend_of(torch, device)
     if device == "auto" and backend == "cpu":
         note(f"no GPU or NPU is visible: running {len(cases)} layers on the CPU, which "
@@ -110,13 +118,13 @@ def profile_cmd(
 
         run = run_profile(model_spec, cases, torch=torch, backend=backend,
                           precision=training.precision, stack=STACK_NAMES[stack],
-                          repeats=repeats, on_case=advance)  # fmt: skip
+                          repeats=repeats, on_case=advance, code=code)  # fmt: skip
     profile = LayerProfile(
         device=spec.device.name, device_reported=run.device_name, model=model_spec.name,
         shape=layer_shape(model_spec), stack=STACK_NAMES[stack], precision=training.precision,
-        layer_code="planner faithful PyTorch layer (planner.diagnose.faithful_layers)",
-        software=f"PyTorch {run.software}", measured=run.measured, optimizer=run.optimizer,
-        skipped=(*skipped, *run.skipped),
+        layer_code=FAITHFUL if code is None else code.name,
+        software=f"PyTorch {run.software}" + ("" if code is None else f", {code.name}"),
+        measured=run.measured, optimizer=run.optimizer, skipped=(*skipped, *run.skipped),
         source=f"planner profile --device {backend}, {repeats} timed batches per pass")  # fmt: skip
     if not profile.measured:
         raise InputError("no layer ran: " + "; ".join(s.reason for s in profile.skipped[:3]))
@@ -127,6 +135,42 @@ def profile_cmd(
         return
     render([*profile_tables(profile, factors), f"written to {path}; price plans with "
             f"--profile {path}"])
+
+
+FAITHFUL = "planner faithful PyTorch layer (planner.diagnose.faithful_layers)"
+"""The ``layer_code`` of a profile of the planner's own layers."""
+
+FRAMEWORK_CODE = {"transformers": "transformers"}
+"""``--framework``'s words and the package whose layers each runs."""
+
+
+def _layer_source(framework: str | None, model: Path) -> dict[str, Any] | None:
+    """The Hugging Face config ``--framework transformers`` builds its layers from; None for
+    the faithful layer; one line for a framework whose layers are not run."""
+    if framework is None:
+        return None
+    if framework not in FRAMEWORK_CODE:
+        raise InputError(
+            f"--framework {framework}: the layers profiled are transformers' or, without "
+            "--framework, the planner's faithful layer (as --stack names); Megatron-Core's and "
+            "torchtitan's own layers are not run yet")  # fmt: skip
+    data = json.loads(model.read_text())
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise InputError(f"--framework {framework}: transformers builds its layers from the "
+                         f"model's Hugging Face config.json; {model} is not one (no model_type)")
+    return data
+
+
+def transformers_code(model: ModelSpec, config: dict[str, Any]) -> LayerCode:
+    """``transformers``' layers of ``model``, or one line naming the package to install and
+    that the faithful layer runs without ``--framework``."""
+    try:
+        from planner.diagnose.hf_layers import TransformersCode
+    except ImportError:
+        raise InputError("--framework transformers needs the transformers package (5.0 or "
+                         "newer): pip install 'planner[transformers]'; without --framework the "
+                         "planner's faithful layer runs as --stack names") from None
+    return TransformersCode(model, config)
 
 
 def _slug(name: str) -> str:

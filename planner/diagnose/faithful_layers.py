@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from planner.graph.lower import expert_capacity
 from planner.spec import ModelSpec
 
 
@@ -303,3 +304,38 @@ class Embedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``[batch, seq]`` token ids in, ``[batch, seq, hidden]`` out."""
         return self.table(tokens)
+
+
+class FaithfulCode:
+    """The layers ``planner profile`` runs by default, each built at a shard: what
+    :class:`planner.diagnose.profile_torch.LayerCode` asks of a framework's layer code."""
+
+    name = "planner faithful PyTorch layer (planner.diagnose.faithful_layers)"
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.model = model
+
+    def embedding(self, tensor_parallel: int) -> Embedding:
+        """The embedding over ``vocab / tensor_parallel`` entries."""
+        return Embedding(self.model, tensor_parallel)
+
+    def layer(self, kind: str, tensor_parallel: int) -> nn.Module:
+        """A ``dense`` or ``moe`` decoder layer (the MoE one around its experts)."""
+        if kind == "moe":
+            return MoELayer(self.model, tensor_parallel)
+        return DecoderLayer(self.model, tensor_parallel)
+
+    def experts(self, tensor_parallel: int, expert_parallel: int,
+                tokens: int) -> tuple[nn.Module, tuple[int, ...]]:  # fmt: skip
+        """One rank's routed experts when each of ``expert_parallel`` ranks routes ``tokens``,
+        and the shape of their input: the rows each expert computes, balanced."""
+        moe = self.model.moe
+        assert moe is not None  # only an MoE model's cases have experts
+        local = moe.num_experts // expert_parallel
+        rows = expert_capacity(tokens * expert_parallel, moe)
+        return (RoutedExperts(self.model, local, tensor_parallel),
+                (local, rows, self.model.hidden_size))  # fmt: skip
+
+    def head(self, tensor_parallel: int) -> Head:
+        """The final norm, output layer and loss over ``vocab / tensor_parallel`` entries."""
+        return Head(self.model, tensor_parallel)

@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from planner.diagnose.bench_torch import (
     Backend,
@@ -30,7 +30,6 @@ from planner.diagnose.bench_torch import (
     synchronizer,
 )
 from planner.errors import InputError
-from planner.graph.lower import expert_capacity
 from planner.spec import ModelSpec
 from planner.spec.layers import MoESpec
 from planner.spec.profile import (
@@ -159,14 +158,35 @@ class ProfileRun:
     """PyTorch's version (and CUDA's or the CPU threads)."""
 
 
+class LayerCode(Protocol):
+    """Whose layers a profile runs, each built at one shard (PyTorch modules):
+    :class:`planner.diagnose.faithful_layers.FaithfulCode` or
+    :class:`planner.diagnose.hf_layers.TransformersCode`."""
+
+    name: str
+    """What the profile records as its ``layer_code``."""
+
+    def embedding(self, tensor_parallel: int) -> Any:
+        """The embedding (token ids in)."""
+
+    def layer(self, kind: str, tensor_parallel: int) -> Any:
+        """A ``dense`` or ``moe`` decoder layer (``[batch, seq, hidden]`` in and out)."""
+
+    def experts(self, tensor_parallel: int, expert_parallel: int,
+                tokens: int) -> tuple[Any, tuple[int, ...]]:  # fmt: skip
+        """A rank's routed experts and the shape of their input."""
+
+    def head(self, tensor_parallel: int) -> Any:
+        """The final norm, output layer and loss (hidden states and labels in; ``.vocab``)."""
+
+
 class _Runner:
     """Builds, times and counts one case on one device."""
 
     def __init__(self, torch: Any, backend: Backend, precision: Precision, stack: Stack,
-                 model: ModelSpec, repeats: int, min_time_s: float) -> None:  # fmt: skip
-        from planner.diagnose import faithful_layers
-
-        self.torch, self.layers, self.model = torch, faithful_layers, model
+                 code: LayerCode, model: ModelSpec, repeats: int,
+                 min_time_s: float) -> None:  # fmt: skip
+        self.torch, self.code, self.model = torch, code, model
         self.device = torch.device(backend)
         self.sync = synchronizer(torch, backend)
         self.autocast = precision != "fp32"
@@ -181,29 +201,26 @@ class _Runner:
 
     def _pass(self, case: ProfileCase) -> tuple[Any, Callable[[], Any]]:
         """The case's module and a forward returning what its backward starts from."""
-        torch, m = self.torch, self.model
+        torch, m, code, tp = self.torch, self.model, self.code, case.tensor_parallel
         tokens = (case.micro_batch_size, case.seq_length)
         if case.kind == "embedding":
-            module = self.layers.Embedding(m, case.tensor_parallel).to(self.device)
+            module = code.embedding(tp).to(self.device)
             ids = torch.randint(0, module.vocab, tokens, device=self.device)
             return module, lambda: module(ids)
-        x = torch.randn(*tokens, m.hidden_size, device=self.device, requires_grad=True)
+        shape: tuple[int, ...] = (*tokens, m.hidden_size)
         if case.kind == "head":
-            module = self.layers.Head(m, case.tensor_parallel).to(self.device)
+            module = code.head(tp).to(self.device)
             labels = torch.randint(0, module.vocab, tokens, device=self.device)
+            x = torch.randn(*shape, device=self.device, requires_grad=True)
             run = torch.compile(module) if self.compiled else module
             return module, lambda: run(x, labels)
         if case.kind == "experts":
-            assert m.moe is not None  # only an MoE model's cases have experts
-            local = m.moe.num_experts // case.expert_parallel
-            rows = expert_capacity(case.micro_batch_size * case.seq_length * case.expert_parallel,
-                                   m.moe)  # fmt: skip
-            module = self.layers.RoutedExperts(m, local, case.tensor_parallel).to(self.device)
-            x = torch.randn(local, rows, m.hidden_size, device=self.device, requires_grad=True)
-        elif case.kind == "moe":
-            module = self.layers.MoELayer(m, case.tensor_parallel).to(self.device)
+            module, shape = code.experts(tp, case.expert_parallel,
+                                         case.micro_batch_size * case.seq_length)  # fmt: skip
         else:
-            module = self.layers.DecoderLayer(m, case.tensor_parallel).to(self.device)
+            module = code.layer(case.kind, tp)
+        module = module.to(self.device)
+        x = torch.randn(*shape, device=self.device, requires_grad=True)
         run = torch.compile(module) if self.compiled else module
         return module, lambda: run(x)
 
@@ -232,11 +249,15 @@ class _Runner:
             kept_bytes=self._kept_bytes(module, forward))  # fmt: skip
 
     def optimizer(self) -> OptimizerMeasurement:
-        """AdamW's step over a whole decoder layer's parameters, as the stack keeps them
-        (fp32 under AMP and in fp32: fused where the device has the kernel)."""
+        """AdamW's step over a whole decoder layer's parameters (an MoE layer's with its
+        routed experts), as the stack keeps them (fp32 under AMP and in fp32: fused where the
+        device has the kernel)."""
         torch = self.torch
-        layer = self.layers.DecoderLayer(self.model).to(self.device)
-        params = list(layer.parameters())
+        kind = _decoder_kinds(self.model)[0]
+        modules = [self.code.layer(kind, 1)]
+        if kind == "moe":
+            modules.append(self.code.experts(1, 1, 1)[0])
+        params = [p for module in modules for p in module.to(self.device).parameters()]
         for p in params:
             p.grad = torch.randn_like(p)
         try:
@@ -269,14 +290,19 @@ class _Runner:
 def run_profile(
     model: ModelSpec, cases: Sequence[ProfileCase], *, torch: Any, backend: Backend,
     precision: Precision, stack: Stack, repeats: int = 5, min_time_s: float = 0.05,
-    on_case: Callable[[int, ProfileCase], None] | None = None,
+    on_case: Callable[[int, ProfileCase], None] | None = None, code: LayerCode | None = None,
 ) -> ProfileRun:  # fmt: skip
-    """Measure every case on ``backend`` with ``torch``; a case the device has no memory for
-    is skipped with its error, the rest still run. ``on_case(i, case)`` is told before each."""
+    """Measure every case on ``backend`` with ``torch``, built by ``code`` (default: the
+    planner's faithful layers); a case the device has no memory for is skipped with its
+    error, the rest still run. ``on_case(i, case)`` is told before each."""
     if stack not in PROFILED_STACKS:
-        raise InputError(f"--stack {stack}: the faithful layer runs as "
+        raise InputError(f"--stack {stack}: the layers run as "
                          f"{' or '.join(PROFILED_STACKS)}")  # fmt: skip
-    runner = _Runner(torch, backend, precision, stack, model, repeats, min_time_s)
+    if code is None:
+        from planner.diagnose.faithful_layers import FaithfulCode
+
+        code = FaithfulCode(model)
+    runner = _Runner(torch, backend, precision, stack, code, model, repeats, min_time_s)
     measured, skipped = [], []
     for i, case in enumerate(cases):
         if on_case is not None:

@@ -98,6 +98,18 @@ def model_from_hf_config(data: Mapping[str, Any], *, source: str) -> ModelSpec:
         raise InputError(describe_validation_error(source, exc, keys=keys)) from None
 
 
+def hf_key(model_type: str, field: str) -> str:
+    """The ``config.json`` key a :class:`ModelSpec` field (dotted for a sub-block) is read
+    from in ``model_type``'s files.
+
+    >>> hf_key("mixtral", "moe.num_experts"), hf_key("llama", "num_query_groups")
+    ('num_local_experts', 'num_key_value_heads')
+    >>> hf_key("llama", "num_attention_heads")
+    'num_attention_heads'
+    """
+    return (_KEYS | _FAMILY_KEYS.get(model_type, {})).get(field, field.rsplit(".", 1)[-1])
+
+
 def _model_name(cfg: HFConfig) -> str:
     name = cfg.get_str("_name_or_path", "")
     if name:
