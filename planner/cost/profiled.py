@@ -301,9 +301,9 @@ def _coverage_line(profile: ProfileFactors, shard: Shard) -> str:
             f"{kind}: measured ({at}, {how})")  # fmt: skip
     measured = sorted((f.tensor_parallel, f.expert_parallel, f.seq_length, f.tokens)
                       for f in profile.layers if f.kind == kind)  # fmt: skip
-    shapes = dict.fromkeys(f"tp{tp} ep{ep} {tokens} rows" if experts
-                           else f"tp{tp} {tokens // seq}x{seq}"
-                           for tp, ep, seq, tokens in measured)  # fmt: skip
+    shapes = dict.fromkeys(f"tp{t} ep{e} {tokens} rows" if experts
+                           else f"tp{t} {tokens // seq}x{seq}"
+                           for t, e, seq, tokens in measured)  # fmt: skip
     why = f"{at} outside the profiled {', '.join(shapes)}" if shapes else "not profiled"
     return f"{kind}: priced by the model ({why})"
 

@@ -2,17 +2,18 @@
 their layers run on one device with PyTorch (:func:`run_profile`), which it imports only when
 asked to run.
 
-Each case builds the planner's faithful layer of its kind and shard
-(:mod:`planner.diagnose.faithful_layers`) on the device, with fp32 weights under autocast for
-a 16-bit precision (PyTorch AMP, what the ``hf-eager`` and ``hf-compiled`` stacks run) or in
-fp32, compiled with ``torch.compile`` on ``hf-compiled``. Its forward is timed with autograd
-recording (what training runs), its backward as forward with backward less the forward, each
-the fastest of several batches of calls (:func:`~planner.diagnose.bench_torch.fastest_seconds`).
-The bytes it keeps are counted as autograd saves them (``torch.autograd.graph.
-saved_tensors_hooks``: every distinct storage a forward saves for the backward, the
-parameters' own not counted), so they do not depend on the device's allocator. A case that
-does not fit the device's memory is skipped and listed. Last, AdamW's step over one decoder
-layer's parameters, as the stack keeps them.
+Each case builds its kind's layer at its shard on the device, from the planner's faithful
+layers (:mod:`planner.diagnose.faithful_layers`) or Hugging Face's
+(:mod:`planner.diagnose.hf_layers`): a :class:`LayerCode`. It runs with fp32 weights under
+autocast for a 16-bit precision (PyTorch AMP, what the ``hf-eager`` and ``hf-compiled``
+stacks run) or in fp32, compiled with ``torch.compile`` on ``hf-compiled``. Its forward is
+timed with autograd recording (what training runs), its backward as forward with backward
+less the forward, each the fastest of several batches of calls
+(:func:`~planner.diagnose.bench_torch.fastest_seconds`). The bytes it keeps are counted as
+autograd saves them (``torch.autograd.graph.saved_tensors_hooks``: every distinct storage a
+forward saves for the backward, the parameters' own not counted), so they do not depend on
+the device's allocator. A case that does not fit the device's memory is skipped and listed.
+Last, AdamW's step over one decoder layer's parameters, as the stack keeps them.
 """
 
 from __future__ import annotations
