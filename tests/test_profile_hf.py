@@ -6,7 +6,6 @@ refused in one line."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from planner.sharding.profiled import with_profile
 from planner.spec.reading import load_cluster, load_model, read_profile
 from tests.conftest import REPO
-from tests.test_profile import CPU_NODE, DATA, TINY, _planner
+from tests.test_profile import CPU_NODE, DATA, TINY, _planner, microbatch_s, priced_from
 
 needs_transformers = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
@@ -34,18 +33,7 @@ def _profiled(tmp_path: Path, model: Path, *extra: str) -> tuple[Path, dict]:
                     *extra, "--out", out)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert all(len(line) <= 80 for line in done.stdout.splitlines())
-    priced = _planner("estimate", model, CPU_NODE, "--stack", "hf-eager", "--profile", out,
-                      "--global-batch", "8", *SHAPE, "--json")  # fmt: skip
-    assert priced.returncode == 0, priced.stderr
-    return out, json.loads(priced.stdout)
-
-
-def _microbatch_s(out: Path, layers: dict[str, int]) -> float:
-    """One microbatch's seconds from the profile: each kind's forward and backward, times
-    its count in the model."""
-    profile = read_profile(out)
-    return sum(layers.get(m.kind, 1) * (m.forward_s + m.backward_s) for m in profile.measured
-               if m.forward_s is not None and m.backward_s is not None)  # fmt: skip
+    return out, priced_from(model, out, "--global-batch", "8", *SHAPE)
 
 
 @needs_transformers
@@ -61,7 +49,7 @@ def test_hugging_face_llama_layers_price_the_step_as_measured(tmp_path: Path) ->
     assert [m.label() for m in profile.measured] == [
         "embedding tp1 1x256", "dense tp1 1x256", "head tp1 1x256"]
     assert result["time"]["compute_s"] == pytest.approx(
-        8 * _microbatch_s(out, {"dense": 2}), rel=1e-6)
+        8 * microbatch_s(out, {"dense": 2}), rel=1e-6)
     profiled = with_profile(load_cluster(CPU_NODE), load_model(TINY_LLAMA_HF), profile)
     factors = profiled.device.efficiency.profile
     assert factors is not None
@@ -81,7 +69,7 @@ def test_hugging_face_mixtral_layers_are_measured_around_and_in_their_experts(
         "embedding tp1 1x256", "moe tp1 1x256", "head tp1 1x256", "experts tp1 ep1 1x256",
         "experts tp1 ep2 1x256"]
     parts = {"moe": 2, "experts": 2}
-    ep1 = _microbatch_s(out, parts) - next(
+    ep1 = microbatch_s(out, parts) - next(
         m.forward_s + m.backward_s for m in read_profile(out).measured  # type: ignore[operator]
         if m.label() == "experts tp1 ep2 1x256") * 2
     assert result["time"]["compute_s"] == pytest.approx(8 * ep1, rel=1e-6)

@@ -5,7 +5,6 @@ prices its step from its measurements."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,15 @@ from planner.spec.profile import LayerMeasurement, LayerProfile, layer_shape
 from planner.spec.reading import load_cluster, load_model, read_profile
 from planner.uniform.estimate import estimate
 from tests.conftest import REPO
-from tests.test_profile import CPU_NODE, DATA, DGX_H100, _planner, needs_torch
+from tests.test_profile import (
+    CPU_NODE,
+    DATA,
+    DGX_H100,
+    _planner,
+    microbatch_s,
+    needs_torch,
+    priced_from,
+)
 
 MIXTRAL = REPO / "instances" / "models" / "mixtral-8x7b.json"
 TINY_MOE = DATA / "tiny-moe.json"
@@ -140,14 +147,9 @@ def test_a_tiny_moe_model_profiled_on_the_cpu_prices_its_step(tmp_path: Path,
     ffn = load_model(model).moe.ffn_hidden_size  # type: ignore[union-attr]
     assert experts.kept_bytes is not None
     assert experts.kept_bytes >= 4 * 512 * (256 + 2 * ffn + ffn)
-    priced = _planner("estimate", model, CPU_NODE, "--stack", "hf-eager", "--profile", out,
-                      "--json")  # fmt: skip
-    assert priced.returncode == 0, priced.stderr
-    result = json.loads(priced.stdout)
-    seconds = {m.kind: m.forward_s + m.backward_s for m in profile.measured
-               if m.forward_s is not None and m.backward_s is not None}  # fmt: skip
-    microbatch = sum(seconds.values())  # one layer of each kind, the experts in the MoE one
-    assert result["time"]["compute_s"] == pytest.approx(8 * microbatch, rel=1e-6)
+    result = priced_from(model, out)
+    # one layer of each kind, the experts in the MoE one
+    assert result["time"]["compute_s"] == pytest.approx(8 * microbatch_s(out, {}), rel=1e-6)
     assert "experts: measured (tp1 ep1 512 rows)" in result["profiled"]
 
 
