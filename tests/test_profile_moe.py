@@ -15,8 +15,10 @@ from planner.plan.config import ParallelConfig
 from planner.plan.degrees import Degrees
 from planner.sharding.profiled import with_profile
 from planner.sharding.uniform import UniformQuery, uniform_layer, uniform_layout
+from planner.spec import TrainingSpec
 from planner.spec.profile import LayerMeasurement, LayerProfile, layer_shape
 from planner.spec.reading import load_cluster, load_model, read_profile
+from planner.uniform.batch import estimate_batch
 from planner.uniform.estimate import estimate
 from tests.conftest import REPO
 from tests.test_profile import (
@@ -181,3 +183,21 @@ def test_an_mla_layer_split_by_tensor_parallelism_prices_as_measured() -> None:
     for m in measured:
         assert priced(profiled, m.tensor_parallel) == pytest.approx(
             (m.forward_s, m.backward_s, m.kept_bytes), rel=1e-9), m.label()
+
+
+def test_the_batch_prices_an_moe_profile_as_estimate_does() -> None:
+    """``estimate_batch`` reads the experts' factors as ``estimate`` does, at every EP and
+    folded or not: the steps and the lines of what was measured agree."""
+    model = load_model(MIXTRAL)
+    cluster = with_profile(load_cluster(DGX_H100, nodes=2), model, _mixtral_profile())
+    model = model.model_copy(update={"training": TrainingSpec(
+        seq_length=SEQ, global_batch_size=64, stack="hf-eager", precision="bf16")})
+    configs = [ParallelConfig(tp=t, ep=e, etp=f, pp=p, sp=t > 1)
+               for t, e, f, p in ((1, 1, None, 4), (1, 2, None, 4), (2, 2, None, 2),
+                                  (2, 4, 1, 2), (1, 4, None, 2))]  # fmt: skip
+    batch = estimate_batch(model, cluster, configs)
+    for i, config in enumerate(configs):
+        one = estimate(model, cluster, config)
+        assert batch.columns["step_time_s"][i] == pytest.approx(one.step_time_s, rel=1e-9)
+        assert list(batch.columns["profiled"][i]) == list(one.profiled), config
+    assert "experts: measured (tp1 ep2 8192 rows)" in estimate(model, cluster, configs[1]).profiled
