@@ -260,3 +260,21 @@ def test_a_sweep_prices_its_points_with_its_profile(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"axis model.hidden_size changes the model or the "
                        "device"):  # fmt: skip
         read_sweep(_sweep_file(tmp_path, '"model.hidden_size" = [4096, 8192]'))
+
+
+@needs_torch
+def test_shorter_sequences_measure_the_shards_of_a_long_one(tmp_path: Path) -> None:
+    """``--seq-len`` repeated profiles each length; a plan at the shorter one (a context- or
+    sequence-parallel shard's length) reads its own measurement, one 4 times shorter than
+    any measured the nearest's, and one further out the model's price."""
+    out = tmp_path / "two.json"
+    done = _planner("profile", CPU_NODE, "--model", TINY, "--device", "cpu", "--mbs", "1",
+                    "--seq-len", "256", "--seq-len", "64", "--repeats", "1", "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert {m.seq_length for m in read_profile(out).measured} == {256, 64}
+    at = {length: priced_from(TINY, out, "--seq-len", str(length))["profiled"]
+          for length in (64, 16, 8)}  # fmt: skip
+    assert "dense: measured (tp1 1x64)" in at[64]
+    assert "dense: measured (tp1 1x16, held from sequence 64)" in at[16]
+    assert ("dense: priced by the model (tp1 1x8 outside the profiled tp1 1x64, tp1 1x256)"
+            in at[8])

@@ -28,7 +28,7 @@ from planner.cli.app import (
     render,
 )
 from planner.cli.app import stderr_console as progress_console
-from planner.cli.bench import DeviceOpt, PrecisionOpt, SeqLenOpt
+from planner.cli.bench import DeviceOpt, PrecisionOpt
 from planner.diagnose.bench_torch import backend_of, import_torch
 from planner.diagnose.profile_torch import (
     LayerCode,
@@ -58,7 +58,10 @@ def profile_cmd(
     stack: Annotated[Literal["eager", "compile", "hf-eager", "hf-compiled"], typer.Option(
         help="How the layers run: eager (PyTorch eager, AMP: the hf-eager stack) or compile "
         "(torch.compile of each layer: hf-compiled).")] = "eager",
-    seq_len: SeqLenOpt = None,
+    seq_len: Annotated[list[int] | None, typer.Option(
+        help="Tokens per sequence (repeat the option: shorter ones measure the context- and "
+        "sequence-parallel shards of a long one); default: the model's training block.")
+    ] = None,
     precision: PrecisionOpt = None,
     tp: Annotated[list[int] | None, typer.Option(
         help="Tensor-parallel shards run (repeat the option); default: 1, 2, 4, ... up to a "
@@ -82,26 +85,32 @@ def profile_cmd(
     and head with its loss on this machine's accelerator (needs PyTorch: the package's bench
     extra) at each shard and microbatch a search prices, and write their seconds and kept
     bytes as a layer profile."""
-    check_options({"--seq-len": seq_len})
+    for length in seq_len or ():
+        check_options({"--seq-len": length})
     if not 1 <= repeats <= 1000:
         raise InputError(f"--repeats {repeats}: expected 1 to 1000 timed batches")
     model_spec, spec = load_inputs(model, cluster, nodes=None, names=("--model", "CLUSTER"))
     hf_config = _layer_source(framework, model)
-    training = fill_training(model_spec, seq_length=seq_len, precision=precision,
-                             global_batch_size=1)  # fmt: skip
+    training = fill_training(model_spec, seq_length=seq_len[0] if seq_len else None,
+                             precision=precision, global_batch_size=1)  # fmt: skip
+    lengths = sorted(set(seq_len or [training.seq_length]), reverse=True)
     spec.device.peak_flops_per_s(training.precision)  # refuses a precision with no peak
     degrees = tp or [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= spec.devices_per_node]
     batches = mbs or [1, 2, 4]
     experts = model_spec.moe.num_experts if model_spec.moe is not None else 1
     expert_degrees = ep or [d for d in (1, 2, 4, 8, 16, 32, 64)
                             if d <= spec.devices_per_node and experts % d == 0]  # fmt: skip
-    if min(degrees) < 1 or min(batches) < 1 or min(expert_degrees) < 1:
-        raise InputError("--tp, --mbs and --ep: expected positive integers")
+    if min(degrees) < 1 or min(batches) < 1 or min(expert_degrees) < 1 or min(lengths) < 1:
+        raise InputError("--tp, --mbs, --ep and --seq-len: expected positive integers")
     path = out or Path(f"profile-{_slug(model_spec.name)}-{STACK_NAMES[stack]}.json")
     check_target(path, inputs=(model, cluster), option="--out")
-    cases, skipped = profile_cases(model_spec, seq_length=training.seq_length,
-                                   tensor_parallel=degrees, micro_batches=batches,
+    cases, skipped = [], []
+    for length in lengths:
+        more, left = profile_cases(model_spec, seq_length=length, tensor_parallel=degrees,
+                                   micro_batches=batches,
                                    expert_parallel=expert_degrees)  # fmt: skip
+        cases += more
+        skipped += left
     torch = import_torch("planner profile")
     code = None if hf_config is None else transformers_code(model_spec, hf_config)
     backend = backend_of(torch, device)
