@@ -266,7 +266,8 @@ def test_a_sweep_prices_its_points_with_its_profile(tmp_path: Path) -> None:
 def test_shorter_sequences_measure_the_shards_of_a_long_one(tmp_path: Path) -> None:
     """``--seq-len`` repeated profiles each length; a plan at the shorter one (a context- or
     sequence-parallel shard's length) reads its own measurement, one 4 times shorter than
-    any measured the nearest's, and one further out the model's price."""
+    any measured holds the nearest's, and one further out carries it as extrapolated (never
+    the model's own price, which a search would prefer for being unmeasured)."""
     out = tmp_path / "two.json"
     done = _planner("profile", CPU_NODE, "--model", TINY, "--device", "cpu", "--mbs", "1",
                     "--seq-len", "256", "--seq-len", "64", "--repeats", "1", "--out", out)
@@ -275,6 +276,28 @@ def test_shorter_sequences_measure_the_shards_of_a_long_one(tmp_path: Path) -> N
     at = {length: priced_from(TINY, out, "--seq-len", str(length))["profiled"]
           for length in (64, 16, 8)}  # fmt: skip
     assert "dense: measured (tp1 1x64)" in at[64]
-    assert "dense: measured (tp1 1x16, held from sequence 64)" in at[16]
-    assert ("dense: priced by the model (tp1 1x8 outside the profiled tp1 1x64, tp1 1x256)"
-            in at[8])
+    assert "dense: from the profile (tp1 1x16, held from sequence 64)" in at[16]
+    assert "dense: from the profile (tp1 1x8, extrapolated from sequence 64)" in at[8]
+
+
+@needs_torch
+def test_explain_says_what_the_profile_measured_and_asks_for_it(tmp_path: Path) -> None:
+    """A plan solved with a profile: explain prints what the profile measured of its price,
+    and without ``--profile`` says the changes would be priced another way."""
+    out, plan = tmp_path / "tiny.json", tmp_path / "plan.json"
+    done = _planner("profile", CPU_NODE, "--model", TINY, "--device", "cpu", "--mbs", "1",
+                    "--repeats", "1", "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    solved = _planner("solve", TINY, CPU_NODE, "--framework", "any", "--stack", "hf-eager",
+                      "--profile", out, "--out", plan)  # fmt: skip
+    assert solved.returncode == 0, solved.stderr
+    with_it = _planner("explain", plan, "--model", TINY, "--cluster", CPU_NODE, "--profile", out)
+    assert with_it.returncode == 0, with_it.stderr
+    text = " ".join(with_it.stdout.split())
+    assert "profile: embedding: " in text and "optimizer: measured" in text
+    assert "dense: measured (tp1 " in text or "dense: from the profile (tp1 " in text
+    assert "give explain its --profile" not in with_it.stderr
+    without = _planner("explain", plan, "--model", TINY, "--cluster", CPU_NODE)
+    assert without.returncode == 0, without.stderr
+    assert "give explain its --profile to price the changes the same way" in " ".join(
+        without.stderr.split())

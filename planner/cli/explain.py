@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from planner.cli.app import JsonOpt, ProfileOpt, app, load_inputs, print_json, render
+from planner.cli.app import JsonOpt, ProfileOpt, app, load_inputs, note, print_json, render
 from planner.diagnose.explain import explain
 from planner.diagnose.notches import parse_changes
 from planner.errors import InputError
@@ -43,6 +43,9 @@ def explain_cmd(
         specs = load_inputs(model, cluster, nodes=plan.cluster.num_nodes,
                             names=("--model", "--cluster"), profile=layer_profile)  # fmt: skip
         check_inputs(plan, *specs, model_label=str(model), cluster_label=str(cluster))
+    if plan.predicted.profiled and model is not None and layer_profile is None:
+        note("the plan was priced with a layer profile: give explain its --profile to price "
+             "the changes the same way")
     result = explain(plan, *specs, why_not=changes)
     if as_json:
         print_json(explain_json(result))

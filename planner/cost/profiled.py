@@ -5,11 +5,11 @@ the layer it belongs to at the shard and microbatch it runs, read from the devic
 
 An operator takes its layer's factor at its own shard: the tensor-parallel ways its heads, FFN
 or vocabulary are split, and the tokens it runs (its batch and sequence after every split). A
-shape between measured microbatches takes the factor interpolated in log tokens, and up to
-:data:`REACH` times past them the nearest one's; a sequence length between two measured ones,
-interpolated in log sequence between them, and up to :data:`REACH` times past them the
-nearest one's. Further out the operator keeps the cost model's price, and
-:func:`profile_coverage` says so.
+shape between measured microbatches takes the factor interpolated in log tokens, past them
+the nearest one's; a sequence length between two measured ones, interpolated in log sequence
+between them, past them the nearest one's. :func:`profile_coverage` says which, and past
+:data:`REACH` times the measured range that the factor is extrapolated. A layer kind, tensor-
+or expert-parallel shard the profile did not measure keeps the cost model's price.
 
 An MoE layer's routed experts (:func:`profiled_kind` ``experts``: the operators that compute
 on routed tokens, not a sequence's) take the factor of the ``experts`` measurement at their
@@ -121,22 +121,25 @@ def _scale(f: LayerFactor) -> Scale:
 
 REACH = 4
 """How far past the measured microbatches (a factor in tokens), or past the measured sequence
-lengths, the nearest one's factor is held: a search prices microbatches a few times larger
-than those profiled and sequences split by context or sequence parallelism, and the model's
-own price there would be off by the whole factor the profile corrects (a search then prefers
-the shapes nobody measured); beyond this reach the layer's shape has changed too much to
-carry it."""
+lengths, the nearest one's factor is said to be held; further out it is still carried, and
+said to be extrapolated. It is never dropped for the model's own price: where the profile
+says the layers run slower than the model prices them, a shape priced by the model alone
+would look cheaper than every measured one, and a search would choose it for that (it did:
+an 8-sequence microbatch, on a profile of one)."""
 
 
 def _along_tokens(points: Sequence[LayerFactor], tokens: int) -> tuple[Scale, str] | None:
-    """The factor at ``tokens`` among one sequence length's measurements, the nearest one's
-    within :data:`REACH` of them, None further out; with how it was read."""
+    """The factor at ``tokens`` among one sequence length's measurements: interpolated
+    between them, else the nearest one's (held within :data:`REACH` of it, extrapolated
+    beyond); with how it was read. None without measurements."""
     ordered = sorted(points, key=lambda f: f.tokens)
-    if not ordered or not ordered[0].tokens / REACH <= tokens <= ordered[-1].tokens * REACH:
+    if not ordered:
         return None
     nearest = ordered[0] if tokens < ordered[0].tokens else ordered[-1]
     if not ordered[0].tokens <= tokens <= ordered[-1].tokens:
-        return _scale(nearest), f"held from {nearest.micro_batch_size}x{nearest.seq_length}"
+        held = ordered[0].tokens / REACH <= tokens <= ordered[-1].tokens * REACH
+        return _scale(nearest), (f"{'held' if held else 'extrapolated'} from "
+                                 f"{nearest.micro_batch_size}x{nearest.seq_length}")
     for lo, hi in pairwise(ordered):
         if lo.tokens <= tokens <= hi.tokens:
             how = "measured" if tokens in (lo.tokens, hi.tokens) else "interpolated"
@@ -162,12 +165,12 @@ def read_scale(profile: ProfileFactors | None, shard: Shard) -> tuple[Scale, str
     above = [s for s in by_seq if s > shard.seq_length]
     if not by_seq:
         return None
-    if not below or not above:  # past every measured length: the nearest's, within reach
+    if not below or not above:  # past every measured length: the nearest's
         nearest = max(below) if below else min(above)
-        if max(nearest, shard.seq_length) > REACH * min(nearest, shard.seq_length):
-            return None
+        held = max(nearest, shard.seq_length) <= REACH * min(nearest, shard.seq_length)
         found = _along_tokens(by_seq[nearest], shard.tokens)
-        return None if found is None else (found[0], f"held from sequence {nearest}")
+        return None if found is None else (
+            found[0], f"{'held' if held else 'extrapolated'} from sequence {nearest}")
     lo, hi = max(below), min(above)
     a, b = _along_tokens(by_seq[lo], shard.tokens), _along_tokens(by_seq[hi], shard.tokens)
     if a is None or b is None:
@@ -177,9 +180,9 @@ def read_scale(profile: ProfileFactors | None, shard: Shard) -> tuple[Scale, str
 
 def measured_scale(profile: ProfileFactors | None, shard: Shard) -> Scale | None:
     """The factors of ``shard`` in ``profile``: measured at its sequence length and
-    interpolated in tokens (held up to :data:`REACH` past them), else interpolated between
-    the two nearest measured sequence lengths around it, or held from the nearest up to
-    :data:`REACH` past them; None further out.
+    interpolated in tokens (the nearest's past them), else interpolated between the two
+    nearest measured sequence lengths around it, or the nearest length's; None where its
+    kind and shard were not measured.
 
     >>> f = ProfileFactors(model="m", stack="hf-eager", precision="bf16", layers=[
     ...     LayerFactor(kind="dense", tensor_parallel=1, micro_batch_size=m, seq_length=s,
@@ -298,7 +301,7 @@ def _coverage_line(profile: ProfileFactors, shard: Shard) -> str:
     if found is not None:
         how = found[1]
         return f"{kind}: measured ({at})" if how == "measured" else (
-            f"{kind}: measured ({at}, {how})")  # fmt: skip
+            f"{kind}: from the profile ({at}, {how})")  # fmt: skip
     measured = sorted((f.tensor_parallel, f.expert_parallel, f.seq_length, f.tokens)
                       for f in profile.layers if f.kind == kind)  # fmt: skip
     shapes = dict.fromkeys(f"tp{t} ep{e} {tokens} rows" if experts

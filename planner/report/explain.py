@@ -202,6 +202,8 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
                                          for line in why_this_plan(e, plan))]
     out += [Text(line) for line in binding_lines(e)]
     out += [Text(line) for line in extrapolation_lines(e)]
+    if plan.predicted.profiled:  # what of the price a layer profile measured
+        out.append(Text(f"profile: {'; '.join(plan.predicted.profiled)}"))
     if e.sensitivities:
         out += _neighbour_table("one notch each way (free: GiB beside the margin; < 0: over)",
                                 [(n.change, n) for n in e.sensitivities], plan)
