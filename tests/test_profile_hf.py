@@ -92,8 +92,11 @@ def test_layers_it_cannot_run_are_refused_in_one_line(args: tuple[str, ...], say
     assert len(done.stderr.strip().splitlines()) <= 3  # one message, wrapped at 80 columns
 
 
-def test_without_transformers_it_names_the_package_and_the_faithful_layer() -> None:
-    script = ("import sys\nsys.modules['transformers'] = None\nfrom planner.cli import main\n"
+@pytest.mark.parametrize("missing", ["transformers", "torch"])
+def test_without_transformers_it_names_the_package_and_the_faithful_layer(missing: str) -> None:
+    """Without transformers, or without PyTorch, the one line names the extra that installs
+    both."""
+    script = (f"import sys\nsys.modules['{missing}'] = None\nfrom planner.cli import main\n"
               "main()\n")  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-c", script, "profile", str(CPU_NODE), "--model", str(TINY_LLAMA_HF),
@@ -102,5 +105,9 @@ def test_without_transformers_it_names_the_package_and_the_faithful_layer() -> N
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
     message = " ".join(done.stderr.split())
-    assert "needs the transformers package" in message and "planner[transformers]" in message
-    assert "without --framework the planner's faithful layer runs" in message
+    assert "planner[transformers]" in message
+    if missing == "transformers":
+        assert "needs the transformers package" in message
+        assert "without --framework the planner's faithful layer runs" in message
+    else:
+        assert "--framework transformers needs PyTorch" in message

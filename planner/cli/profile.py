@@ -111,7 +111,8 @@ def profile_cmd(
                                    expert_parallel=expert_degrees)  # fmt: skip
         cases += more
         skipped += left
-    torch = import_torch("planner profile")
+    torch = import_torch("planner profile" + (" --framework transformers" if hf_config else ""),
+                         extra="bench" if hf_config is None else "transformers")
     code = None if hf_config is None else transformers_code(model_spec, hf_config)
     backend = backend_of(torch, device)
     if device == "auto" and backend == "cpu":

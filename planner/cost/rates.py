@@ -65,7 +65,7 @@ def headline(
     regime (the mechanisms ``used``, :func:`~planner.cost.uncertainty.regime_of`) on the
     cluster's device (:mod:`planner.cost.uncertainty`): every planner (the search's assembly,
     ``estimate``) reports these through this one function; ``profiled``: what a layer profile
-measured of it (:func:`~planner.cost.profiled.profile_coverage`)."""
+    measured of it (:func:`~planner.cost.profiled.profile_coverage`)."""
     regime = regime_of(training, cluster, used=used, moe=moe,
                        forward_flops_per_sequence=rates.forward_flops_per_sequence)  # fmt: skip
     return Predicted(

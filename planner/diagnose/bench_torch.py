@@ -62,13 +62,13 @@ class Timings:
     """Why each case that did not run did not (its label and the error)."""
 
 
-def import_torch(command: str = "planner bench") -> Any:
+def import_torch(command: str = "planner bench", extra: str = "bench") -> Any:
     """PyTorch, or one line saying that ``command`` needs it and which extra installs it."""
     try:
         import torch
     except ImportError:
         raise InputError(f"{command} needs PyTorch; expected it installed: pip install "
-                         "'planner[bench]' (and torch_npu on Ascend)") from None  # fmt: skip
+                         f"'planner[{extra}]' (and torch_npu on Ascend)") from None  # fmt: skip
     return torch
 
 
