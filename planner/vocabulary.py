@@ -143,3 +143,12 @@ def configured_schedule(name: ScheduleName) -> PipelineSchedule:
     ['1f1b', 'gpipe', 'zb-v']
     """
     return "1f1b" if name == "interleaved" else name
+
+
+def microbatches(count: int) -> str:
+    """``count`` microbatches in words that agree with the count.
+
+    >>> microbatches(1), microbatches(16)
+    ('1 microbatch', '16 microbatches')
+    """
+    return f"{count} microbatch" if count == 1 else f"{count} microbatches"

@@ -70,6 +70,15 @@ def test_the_header_prints_the_breakdowns_bubble() -> None:
     assert row is not None and row.group(1) == f"{100 * share:.1f}"
 
 
+def test_one_microbatch_is_said_in_the_singular() -> None:
+    """A plan's header counts its microbatches in words that agree with the count: a global
+    batch of one sequence is "1 microbatch of 1", not "1 microbatches of 1"."""
+    done = planner(80, "solve", "instances/models/llama3-8b.json", H100, "--nodes", "1",
+                   "--global-batch", "1", "--framework", "megatron")
+    assert done.code == 0, done.stderr
+    assert "1 microbatch of 1" in done.stdout and "1 microbatches" not in done.stdout
+
+
 def test_every_pricer_reports_the_same_bubble(gpt3: ModelSpec, h100_128: ClusterSpec) -> None:
     """The estimate, its plan, the batch pricer (sweep's) and the simulator report the one
     share of the step (:func:`cost.bubble_share`); the simulator's within its 1 % of the
