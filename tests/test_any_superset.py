@@ -99,7 +99,8 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
     name: str, devices: int, run: dict[str, Any]
 ) -> None:
     """The bounds that drop a candidate before its stage table are at most the step of the
-    plan the candidate yields, and the memory bound lets it through, on every candidate of
+    plan the candidate yields (the walk's partial bounds at most the whole one), and the
+    memory bound lets it through, on every candidate of
     Llama 3 8B at 8K tokens on 8 H100 (where memory binds) and of Mixtral 8x7B on 2 nodes
     (2x8 meshes, experts across nodes): the one from its layers' fastest options with the
     busiest stage's memory counted, the one from a bound on each layer's time before any
@@ -147,6 +148,14 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
         bound = bounds.options_bound_s(c, kinds, held, send_s=send, in_flight=in_flight,
                                        memory_bytes=stage_bytes)  # fmt: skip
         assert bound <= found.step.step_s, c
+        # The walk kind by kind (per_operator._walked): with the kinds not walked yet at
+        # their floor, every partial bound is at most the whole one, so a candidate it stops
+        # is one the whole walk would have stopped.
+        floors = {k: kind_least_s(ctx, k, c.mesh, c.mesh_micro_batch_size) for k in held}
+        for walked in range(len(held)):
+            some = dict(list(held.items())[:walked])
+            assert bounds.options_bound_s(c, kinds, some, send_s=send, in_flight=in_flight,
+                                          memory_bytes=stage_bytes, floor_s=floors) <= bound, c
         for resharding in (False, True):
             least = {k: kind_least_s(unsolved, k, c.mesh, c.mesh_micro_batch_size,
                                      resharding=resharding) for k in held}  # fmt: skip

@@ -22,15 +22,19 @@ sync."""
 def options_bound_s(
     c: Candidate, kinds: list[str], options: dict[str, list[LayerOption]], *, send_s: float,
     in_flight: float | None = None, memory_bytes: float = float("inf"),
+    floor_s: Mapping[str, float] | None = None,
 ) -> float:  # fmt: skip
     """:func:`layers_bound_s` from ``c``'s layer options: every layer at its fastest option
     whatever its memory, and with ``in_flight`` (the fewest microbatches a stage holds) and
     ``memory_bytes`` (what a stage may use), for each decoder layer kind the fastest option
     whose states and kept activations fit the ``ceil(n / p)`` layers some stage holds (they
-    all take one sharding)."""
-    fastest = {kind: min(o.latency_s for o in kept) for kind, kept in options.items()}
+    all take one sharding). A kind without options yet (its frontier not walked) takes its
+    ``floor_s``, a bound below every option it will have
+    (:func:`planner.search.layers.kind_least_s`), and no bound on what fits."""
+    fastest = {**(floor_s or {}),
+               **{kind: min(o.latency_s for o in kept) for kind, kept in options.items()}}
     fitting: dict[str, float] = {}
-    for kind in dict.fromkeys(kinds) if in_flight is not None else ():
+    for kind in dict.fromkeys(k for k in kinds if k in options) if in_flight is not None else ():
         most = -(-kinds.count(kind) // c.num_stages)
         fitting[kind] = min((o.latency_s for o in options[kind]
                              if held_bytes(most, o.state_bytes, o.kept_bytes, in_flight)

@@ -106,14 +106,9 @@ def evaluate(
                                                in_flight=min(in_flight),
                                                stage_bytes=stage_bytes, bound_s=bound_s):
         return None
-    options = {kind: kind_options(ctx, kind, c) for kind in held}
-    if not all(options.values()):
-        return None
-    # Without an incumbent, a candidate that cannot fit goes on to the stage table, which
-    # notes the least memory it needs (what the error says when nothing fits).
-    if bound_s < float("inf") and options_bound_s(
-        c, kinds, options, send_s=send, in_flight=min(in_flight), memory_bytes=stage_bytes
-    ) >= bound_s:  # fmt: skip
+    options = _walked(ctx, c, kinds, held, send_s=send, in_flight=min(in_flight),
+                      stage_bytes=stage_bytes, bound_s=bound_s)  # fmt: skip
+    if options is None:
         return None
     # The stage table prices memory per layer option; the composed step adds what only whole
     # stages have (the tied copy, the largest transient of all): a split it composes over the
@@ -181,6 +176,37 @@ def _split_and_compose(
             best = Found(candidate=c, stages=stages, placement=placement, step=step,
                          objective_s=split.step_s, bounds_tried=split.bounds_tried)
     return best, over
+
+
+def _walked(
+    ctx: SearchContext, c: Candidate, kinds: list[str], held: tuple[str, ...], *,
+    send_s: float, in_flight: float, stage_bytes: float, bound_s: float,
+) -> dict[str, list[LayerOption]] | None:  # fmt: skip
+    """Each held kind's options along its whole frontier (:func:`kind_options`), or None when
+    a kind has none or, under an incumbent, when what fits a stage puts the step at
+    ``bound_s`` or past it (:func:`options_bound_s`). Under an incumbent the decoder kinds
+    are walked most layers first, and the bound is checked after each with the kinds not
+    walked yet at their floor (:func:`kind_least_s`, below any option they will have): the
+    bound only grows as kinds are walked, so a candidate it stops early is one the whole
+    walk would have stopped, and the other kinds' ILPs are not solved (DeepSeek-V3's dense
+    layers, once its MoE layers no longer fit at the incumbent's pace). Without an incumbent,
+    a candidate that cannot fit goes on to the stage table, which notes the least memory it
+    needs (what the error says when nothing fits)."""
+    bounded = bound_s < float("inf")
+    floors = ({kind: kind_least_s(ctx, kind, c.mesh, c.mesh_micro_batch_size) for kind in held}
+              if bounded else {})  # fmt: skip
+    decoders = sorted(dict.fromkeys(kinds), key=kinds.count, reverse=True)
+    options: dict[str, list[LayerOption]] = {}
+    for kind in (*(k for k in held if k not in decoders), *decoders):
+        options[kind] = kind_options(ctx, kind, c)
+        if not options[kind]:
+            return None
+        if bounded and kind in decoders and options_bound_s(
+            c, kinds, options, send_s=send_s, in_flight=in_flight, memory_bytes=stage_bytes,
+            floor_s=floors,
+        ) >= bound_s:  # fmt: skip
+            return None
+    return options
 
 
 def _bounded_out(
