@@ -186,8 +186,11 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
                                  seq_length=training.seq_length, precision=training.precision,
                                  stack=training.stack,
                                  flash_attention=bool(flash[r]), tp_comm_overlap=bool(overlap[r]),
+                                 # Only a transformer layer is priced under selective
+                                 # recomputation (_kind_costs), so the others share one.
                                  recompute_modules=recompute_modules_of(
-                                     module_texts[module_of[r]]),
+                                     module_texts[module_of[r]]
+                                     if kind in TRANSFORMER_KINDS else None),
                                  strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
             try:
                 costs, groups = _kind_costs(b.model, cluster_json, query)

@@ -207,12 +207,15 @@ def branch_groups(
     # both are tried where there are all-to-alls and the target overlaps them.
     a2a = options.framework == ANY or profile(options.framework).moe_comm_overlap
     overlaps = (False, True) if b.ep > 1 and a2a else (False,)
+    sizes = micro_batch_sizes(options)
+    ParallelConfig(mbs=sizes[-1])  # the field's bounds, which the copies below skip
     groups = [
-        [run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp, cp_algo=b.cp_algo, ep=b.ep,
-                    etp=b.etp, vpp=v, sp=sp or b.etp == 1, schedule=schedule,
-                    first_stage_layers=first, last_stage_layers=last, mbs=m, recompute=r,
-                    recompute_modules=modules, zero=z, overlap_moe_expert_parallel_comm=a2a)
-         for m in micro_batch_sizes(options)]
+        _by_microbatch(run_config(training, options, tp=b.tp, pp=b.pp, cp=b.cp,
+                                  cp_algo=b.cp_algo, ep=b.ep, etp=b.etp, vpp=v,
+                                  sp=sp or b.etp == 1, schedule=schedule,
+                                  first_stage_layers=first, last_stage_layers=last,
+                                  mbs=sizes[0], recompute=r, recompute_modules=modules,
+                                  zero=z, overlap_moe_expert_parallel_comm=a2a), sizes)
         for schedule, v in schedules(vpps, pp=b.pp, options=options)
         for r, modules in recomputations(model, training=training, options=options)
         for z in zero_stages(b.pp) for a2a in overlaps
@@ -222,6 +225,13 @@ def branch_groups(
                                   zb_v=schedule == "zb-v"))
     ]  # fmt: skip
     return [group for group in groups if group]
+
+
+def _by_microbatch(config: ParallelConfig, sizes: list[int]) -> list[ParallelConfig]:
+    """``config`` (built at ``sizes[0]``) at each microbatch size of ``sizes``: validated
+    once, since no rule of a configuration's own reads its microbatch (a search builds some
+    60,000 of them; the largest size is checked against the field's bounds apart)."""
+    return [config, *(config.model_copy(update={"mbs": m}) for m in sizes[1:])]
 
 
 def schedules(
