@@ -145,10 +145,13 @@ def configured_schedule(name: ScheduleName) -> PipelineSchedule:
     return "1f1b" if name == "interleaved" else name
 
 
-def microbatches(count: int) -> str:
-    """``count`` microbatches in words that agree with the count.
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` of ``noun`` in words that agree with the count (``plural``: the noun's
+    plural, when adding "s" does not make it).
 
-    >>> microbatches(1), microbatches(16)
+    >>> counted(1, "microbatch", "microbatches"), counted(16, "microbatch", "microbatches")
     ('1 microbatch', '16 microbatches')
+    >>> counted(1, "stage"), counted(4, "stage")
+    ('1 stage', '4 stages')
     """
-    return f"{count} microbatch" if count == 1 else f"{count} microbatches"
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"

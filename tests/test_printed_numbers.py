@@ -79,6 +79,16 @@ def test_one_microbatch_is_said_in_the_singular() -> None:
     assert "1 microbatch of 1" in done.stdout and "1 microbatches" not in done.stdout
 
 
+def test_gantt_summary_counts_in_agreeing_words(gpt3: ModelSpec, h100_128: ClusterSpec) -> None:
+    """The Gantt chart's title of a one-stage, one-microbatch plan: "1 stage, 1 microbatch"
+    (it read "1 stages" beside the header's fixed "1 microbatch")."""
+    from planner.report.gantt import _summary
+
+    config = ParallelConfig(tp=8, pp=1, dp=128, global_batch=128, mbs=1)
+    sim = simulate_plan(uniform_plan(gpt3, h100_128, config))
+    assert _summary(sim, "s", 1.0).startswith("1 stage, 1 microbatch: ")
+
+
 def test_every_pricer_reports_the_same_bubble(gpt3: ModelSpec, h100_128: ClusterSpec) -> None:
     """The estimate, its plan, the batch pricer (sweep's) and the simulator report the one
     share of the step (:func:`cost.bubble_share`); the simulator's within its 1 % of the

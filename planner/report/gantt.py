@@ -32,7 +32,7 @@ from planner.report.comm_lanes import (
 )
 from planner.report.pictures import save
 from planner.simulate.events import Phase, Simulation
-from planner.vocabulary import microbatches
+from planner.vocabulary import counted
 
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PHASE_COLORS: dict[Phase, str] = {
@@ -244,7 +244,8 @@ def _summary(sim: Simulation, unit: str, scale: float) -> str:
     """The pipeline's shape and what the simulation adds up to, in one line."""
     chunks = f", {sim.virtual_stages} chunks per stage" if sim.virtual_stages > 1 else ""
     return (
-        f"{sim.num_stages} stages, {microbatches(sim.num_microbatches)}{chunks}: "
+        f"{counted(sim.num_stages, 'stage')}, "
+        f"{counted(sim.num_microbatches, 'microbatch', 'microbatches')}{chunks}: "
         f"step {sim.step_s * scale:.4g} {unit}, forward-backward {sim.pipeline_s * scale:.4g} "
         f"{unit}, bubble {100 * sim.bubble_fraction:.1f} %"
     )

@@ -20,7 +20,7 @@ from planner.report.bands import band_cell, band_line, memory_line, not_signific
 from planner.report.width import Clauses, FirstThatFits, keep_whole, title
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
-from planner.vocabulary import microbatches
+from planner.vocabulary import counted
 
 
 def _pct(part: float, whole: float) -> str:
@@ -77,7 +77,7 @@ def estimate_tables(
     what = Text.assemble((f"{model.name} on {result.num_devices} x {cluster.device.name}: ",
                           "bold"), describe(config))  # fmt: skip
     head = Group(
-        Clauses([what, microbatches(result.num_microbatches)]),
+        Clauses([what, counted(result.num_microbatches, "microbatch", "microbatches")]),
         _rates(_step(result), result, f"bubble {100 * result.bubble_fraction:.1f} %"),
         Text(band_line(result.error_band)),
         *_memory(result.memory_band),
@@ -190,7 +190,8 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
         plan_summary(plan, style="bold"),
         Clauses([f"{plan.model.name} on {devices} x {plan.cluster.device}",
                  f"global batch {plan.global_batch_size} x {plan.seq_length} tokens",
-                 f"{microbatches(plan.num_microbatches)} of {plan.micro_batch_size}"]),
+                 f"{counted(plan.num_microbatches, 'microbatch', 'microbatches')} of "
+                 f"{plan.micro_batch_size}"]),
         _rates(_step(p), p, f"peak memory {p.peak_memory_gib:.1f} GiB",
                f"bubble {100 * p.bubble_fraction:.1f} %"),
         Text(band_line(p.error_band)),
