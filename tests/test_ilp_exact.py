@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from planner.ilp import EdgeCosts, LayerProblem, NodeCosts, build_layer_milp, solve_milp
 from planner.ilp.bound import least_time_ns, time_only
-from planner.ilp.formulation import evaluate_ns, least_memory_kib, memory_kib
+from planner.ilp.formulation import edge_classes, evaluate_ns, least_memory_kib, memory_kib
 from planner.ilp.modes import mode_floors, solve_by_mode
 from planner.ilp.prune import prune_dominated
 from planner.vocabulary import RECOMPUTE_MODES
@@ -90,6 +90,36 @@ def test_every_backend_matches_brute_force(problem: LayerProblem) -> None:
                             backend=backend, time_limit_s=30)  # fmt: skip
         assert round(memory.report.objective) == least, backend
     assert min(least_memory_kib(problem).values()) == least  # what skips infeasible solves
+
+
+def _with_equal_rows_and_columns(problem: LayerProblem) -> LayerProblem:
+    """``problem`` with each edge's last row a copy of its first and its last column a copy of
+    its first (in both matrices): strategies that share an edge class."""
+
+    def repeated(matrix: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        rows = [*matrix[:-1], matrix[0]]
+        return tuple((*row[:-1], row[0]) for row in rows)
+
+    edges = tuple(replace(e, cost_ns=repeated(e.cost_ns), forward_ns=repeated(e.forward_ns))
+                  for e in problem.edges)  # fmt: skip
+    return replace(problem, edges=edges)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_edge_classes_keep_the_optimum(problem: LayerProblem) -> None:
+    """Strategies with equal rows (columns) of an edge share its variables (one class fewer
+    on each side where there are two or more), and the optimum is still brute force's."""
+    shared = _with_equal_rows_and_columns(problem)
+    for edge in shared.edges:
+        rows, cols = edge_classes(edge)
+        assert len(set(rows)) <= max(1, len(rows) - 1) and len(set(cols)) <= max(1, len(cols) - 1)
+    best, _ = brute_force(shared)
+    result = solve_milp(build_layer_milp(shared), backend="ortools", time_limit_s=30)
+    if best is None:
+        assert result.report.status == "infeasible"
+    else:
+        assert round(result.report.objective) == best
 
 
 @settings(max_examples=40, deadline=None)

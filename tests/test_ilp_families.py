@@ -42,7 +42,8 @@ def test_strategy_variables_are_one_hot() -> None:
 
 
 def test_edge_constraints_tie_both_ends() -> None:
-    """rows x cols edge binaries, one row-sum and one column-sum equality per strategy."""
+    """rows x cols edge binaries, one row-sum and one column-sum equality per strategy (each
+    its own class here: no two rows or columns are equal)."""
     milp = Milp(name="t")
     problem = _problem()
     add_strategy_variables(milp, problem)

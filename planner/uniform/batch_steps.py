@@ -157,8 +157,8 @@ def _kind_costs(
     ``cluster_json``; remembered per input (a few hundred bytes each)."""
     parts = uniform_parts(model, ClusterSpec.model_validate_json(cluster_json), query)
     transformer = query.kind in TRANSFORMER_KINDS
-    rows = np.array([[getattr(layer_cost(parts, mode if transformer else "none"), f)
-                      for f in LAYER_FIELDS] for mode in RECOMPUTE_MODES])  # fmt: skip
+    costs = [layer_cost(parts, mode if transformer else "none") for mode in RECOMPUTE_MODES]
+    rows = np.array([[getattr(c, f) for f in LAYER_FIELDS] for c in costs])
     return rows, parts.weight_groups()
 
 
