@@ -105,13 +105,14 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
     (2x8 meshes, experts across nodes): the one from its layers' fastest options with the
     busiest stage's memory counted, the one from a bound on each layer's time before any
     layer ILP (each node's fastest strategy, then the LP relaxation with resharding), and
-    the least memory its busiest stage could hold."""
+    the least memory its busiest stage could hold, and what each stage could hold at what
+    pace."""
     from planner import cost
     from planner.graph import lowered, parameter_count
     from planner.options import training_of
     from planner.placement.ranks import PipelinePlacement
     from planner.search import bounds, per_operator
-    from planner.search.candidates import candidates
+    from planner.search.candidates import candidate_communicators, candidates
     from planner.search.layers import (
         SearchContext,
         SearchState,
@@ -148,7 +149,7 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
         bound = bounds.options_bound_s(c, kinds, held, send_s=send, in_flight=in_flight,
                                        memory_bytes=stage_bytes)  # fmt: skip
         assert bound <= found.step.step_s, c
-        # The walk kind by kind (per_operator._walked): with the kinds not walked yet at
+        # The walk kind by kind (bounds.walk_options): with the kinds not walked yet at
         # their floor, every partial bound is at most the whole one, so a candidate it stops
         # is one the whole walk would have stopped.
         floors = {k: kind_least_s(ctx, k, c.mesh, c.mesh_micro_batch_size) for k in held}
@@ -162,5 +163,67 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
             assert all(least[k] <= min(o.latency_s for o in held[k]) for k in held), c
             assert bounds.layers_bound_s(c, kinds, least, send_s=send) <= bound, c
         assert bounds.may_fit(ctx, c, kinds, in_flight, stage_bytes), c
+        # What each stage can hold (bounds.split_reaches, before any layer ILP): no split
+        # it rules out is faster than the candidate's plan.
+        comms = candidate_communicators(model, c).bytes
+        usable = options.usable_bytes(device, training.stack)
+        floors = {k: kind_least_s(unsolved, k, c.mesh, c.mesh_micro_batch_size) for k in held}
+        every = [cost.in_flight_microbatches("1f1b", stage=i, pp=c.num_stages, vpp=c.vpp,
+                                             num_microbatches=c.num_microbatches)
+                 for i in range(c.num_stages)]  # fmt: skip
+        assert not bounds.stages_reach(
+            unsolved, c, kinds, floors, in_flight=every, send_s=send,
+            stage_bytes=cost.allocatable_bytes(device, usable, communicators=comms),
+            bound_s=found.step.step_s * (1 + 1e-9)), c  # fmt: skip
         checked += 1
     assert checked > 10
+
+
+def test_what_a_stage_can_hold_drops_a_candidate_the_layer_bounds_keep() -> None:
+    """DeepSeek-V3 on its bundled 1,024 H100, PP16 of 2x8 meshes with 16-sequence
+    microbatches: every layer at its least time bounds the step at under 75 % of the plan the
+    candidate yields, but its first stages hold up to 16 microbatches, which forces their MoE
+    layers to recompute; counting what each stage can hold at what pace
+    (``bounds.stages_reach``, no layer ILP) puts the step past 75 % of the plan, and
+    never past the plan."""
+    from planner import cost
+    from planner.graph import lowered, parameter_count
+    from planner.options import training_of
+    from planner.placement.ranks import PipelinePlacement
+    from planner.search import bounds, per_operator
+    from planner.search.candidates import candidate_communicators, candidates
+    from planner.search.layers import (
+        SearchContext,
+        SearchState,
+        candidate_send_s,
+        decoder_kinds,
+        kind_least_s,
+    )
+    from planner.sharding.layout import LogicalMesh
+
+    model, cluster = load("deepseek-v3"), nodes(1024)
+    options = SolveOptions(framework="any")
+    training, kinds = training_of(model, options), decoder_kinds(model)
+    ctx = SearchContext(model=model, cluster=cluster, training=training, options=options,
+                        state=SearchState(),
+                        parameters=parameter_count(lowered(model, training, 1)[0]).total)
+    c = next(c for c in candidates(model, cluster, training, options)
+             if (c.num_stages, c.mesh, c.mesh_micro_batch_size, c.vpp) == (16, (2, 8), 16, 1))
+    near = PipelinePlacement(mesh=LogicalMesh(c.mesh), num_stages=16, replicas=c.replicas,
+                             order="stages-inner")  # fmt: skip
+    send = candidate_send_s(ctx, c, near.pipeline_distance)
+    usable = options.usable_bytes(cluster.device, training.stack)
+    stage_bytes = cost.allocatable_bytes(cluster.device, usable,
+                                         communicators=candidate_communicators(model, c).bytes)
+    in_flight = [cost.in_flight_microbatches("1f1b", stage=i, pp=16, vpp=1,
+                                             num_microbatches=c.num_microbatches)
+                 for i in range(16)]  # fmt: skip
+    floors = {k: kind_least_s(ctx, k, c.mesh, c.mesh_micro_batch_size)
+              for k in (*dict.fromkeys(kinds), "embedding", "head")}  # fmt: skip
+    reach = {"in_flight": in_flight, "send_s": send, "stage_bytes": stage_bytes}
+    found = per_operator.evaluate(ctx, c, kinds)
+    assert found is not None
+    three_quarters = 0.75 * found.step.step_s
+    assert bounds.layers_bound_s(c, kinds, floors, send_s=send) < three_quarters
+    assert bounds.stages_reach(ctx, c, kinds, floors, bound_s=three_quarters, **reach)
+    assert not bounds.stages_reach(ctx, c, kinds, floors, bound_s=found.step.step_s, **reach)

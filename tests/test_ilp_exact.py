@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -171,3 +172,30 @@ def _mode_optima(problem: LayerProblem) -> dict[str, int]:
     return {mode: min(evaluate_ns(problem, chosen, mode, stage)
                       for chosen in itertools.product(*ranges) for stage in problem.zero_stages)
             for mode in problem.recompute_modes}  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda n: st.tuples(
+    st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=4), min_size=n, max_size=n),
+    st.lists(st.lists(st.integers(0, 100), min_size=4, max_size=4), min_size=n, max_size=n),
+    st.integers(0, 400))))
+def test_fitting_time_bound_is_below_every_choice_that_fits(
+    case: tuple[list[list[int]], list[list[int]], int],
+) -> None:
+    """The Lagrangian bound the search drops candidates with (a stage's layers must fit) is
+    at most the time of every choice of one strategy a node whose memory fits the budget,
+    and infinite exactly when none fits."""
+    from planner.ilp.bound import fitting_time_bound
+
+    rows, memory, budget = case
+    width = max(len(r) for r in rows)
+    times = np.array([r + [np.inf] * (width - len(r)) for r in rows], dtype=float)
+    held = np.array([m[:width] for m in memory], dtype=float)
+    fitting = [sum(times[v, i] for v, i in enumerate(chosen))
+               for chosen in itertools.product(*(range(len(r)) for r in rows))
+               if sum(held[v, i] for v, i in enumerate(chosen)) <= budget]  # fmt: skip
+    bound = fitting_time_bound(times, held, float(budget))
+    if not fitting:
+        assert bound == float("inf")
+    else:
+        assert bound <= min(fitting) + 1e-9

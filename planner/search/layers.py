@@ -6,6 +6,7 @@ candidate's pipeline (microbatches, replicas, ZeRO, recomputation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,14 @@ class SearchState:
     )
     """A lower bound on the memory of a run of layers by (layer kind, mesh, mesh microbatch,
     layers, microbatches in flight, pipelined) (:func:`kind_least_bytes`)."""
+    fitting_columns: dict[tuple[str, tuple[int, int], int, bool], Any] = field(
+        default_factory=dict
+    )
+    """Each layer's strategies as columns by (layer kind, mesh, mesh microbatch, pipelined)
+    (:func:`planner.search.fitting.kind_columns`)."""
+    fitting_s: dict[tuple[Any, ...], float] = field(default_factory=dict)
+    """A lower bound on a layer's time when a run of them fits a stage, by its row
+    (:func:`planner.search.fitting.fits_under`)."""
     reuses: int = 0
     """Frontier lookups answered without solving."""
     priced: dict[tuple[str, tuple[int, int], int, int, int, bool, bool], list[LayerOption]] = (
@@ -139,11 +148,14 @@ def _graph(ctx: SearchContext, key: tuple[str, tuple[int, int], int]) -> LayerGr
     return graph
 
 
-def _built(
+def built_problem(
     ctx: SearchContext, key: tuple[str, tuple[int, int], int]
 ) -> tuple[LayerProblem, LayerGraph]:
-    """The layer problem of ``key``, built once and kept until its frontier's walk ends."""
+    """The layer problem of ``key``, built once and kept until its frontier's walk ends (once
+    it has ended, built again for the asker and not kept)."""
     built = ctx.state.problems.get(key)
+    if built is None and whole_frontier(ctx, *key):
+        return layer_problem(ctx.model, ctx.cluster, _query(ctx, *key))
     if built is None:
         layer = _graph(ctx, key)
         built = layer_problem(ctx.model, ctx.cluster, _query(ctx, *key), layer=layer)
@@ -169,7 +181,7 @@ def kind_least_s(
         solved = kind_solutions(ctx, *key, whole=False)
         least = (min((s.parts.time_s for s in solved if s.parts), default=float("inf")), True)
     elif resharding:
-        least = (least_time_ns(_built(ctx, key)[0]) / NS, True)
+        least = (least_time_ns(built_problem(ctx, key)[0]) / NS, True)
     elif key in ctx.state.problems:
         least = (least_time_ns(ctx.state.problems[key][0]) / NS, True)
     else:
@@ -246,7 +258,7 @@ def kind_solutions(
         ctx.state.reuses += 1
     else:
         query = _query(ctx, kind, mesh, b)
-        built = _built(ctx, key)
+        built = built_problem(ctx, key)
         frontier = solve_frontier(
             ctx.model, ctx.cluster, query, steps=steps, shrink=LADDER_SHRINK, start=known,
             options=IlpOptions(backend=ctx.options.backend,
@@ -260,6 +272,26 @@ def kind_solutions(
         if key not in ctx.state.seeds:
             ctx.state.seeds[key] = tuple(uniform_solutions(ctx.model, ctx.cluster, query))
     return [*ctx.state.frontiers[key].solutions, *ctx.state.seeds[key]]
+
+
+def kind_solved(ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int) -> bool:
+    """Whether the layer's fastest sharding on ``mesh`` is solved already (its frontier's
+    first point)."""
+    return (kind, mesh, b) in ctx.state.frontiers
+
+
+def walk_size(ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int) -> int:
+    """The strategy and edge variables of the layer program whose frontier on ``mesh`` is
+    still to be walked (0 once walked, or before its program is built): what its budgeted
+    solves cost grows with."""
+    if whole_frontier(ctx, kind, mesh, b):
+        return 0
+    built = ctx.state.problems.get((kind, mesh, b))
+    if built is None:
+        return 0
+    problem = built[0]
+    return (sum(len(n.strategies) for n in problem.nodes)
+            + sum(len(e.cost_ns) * len(e.cost_ns[0]) for e in problem.edges))  # fmt: skip
 
 
 def whole_frontier(ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int) -> bool:

@@ -44,7 +44,7 @@ from planner.plan.schema import (
     ScheduleSpec,
     SolverSummary,
 )
-from planner.search.bounds import layers_bound_s, may_fit, options_bound_s
+from planner.search.bounds import bounded_out, walk_options
 from planner.search.candidates import (
     Candidate,
     candidate_communicators,
@@ -57,8 +57,6 @@ from planner.search.layers import (
     SearchState,
     candidate_send_s,
     decoder_kinds,
-    kind_least_s,
-    kind_options,
 )
 from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec
@@ -102,11 +100,11 @@ def evaluate(
     usable = ctx.options.usable_bytes(device, ctx.training.stack)
     comms = candidate_communicators(ctx.model, c).bytes
     stage_bytes = cost.allocatable_bytes(device, usable, communicators=comms)
-    if bound_s < float("inf") and _bounded_out(ctx, c, kinds, held, send_s=send,
-                                               in_flight=min(in_flight),
+    if bound_s < float("inf") and bounded_out(ctx, c, kinds, held, send_s=send,
+                                               in_flight=in_flight,
                                                stage_bytes=stage_bytes, bound_s=bound_s):
         return None
-    options = _walked(ctx, c, kinds, held, send_s=send, in_flight=min(in_flight),
+    options = walk_options(ctx, c, kinds, held, send_s=send, in_flight=min(in_flight),
                       stage_bytes=stage_bytes, bound_s=bound_s)  # fmt: skip
     if options is None:
         return None
@@ -176,57 +174,6 @@ def _split_and_compose(
             best = Found(candidate=c, stages=stages, placement=placement, step=step,
                          objective_s=split.step_s, bounds_tried=split.bounds_tried)
     return best, over
-
-
-def _walked(
-    ctx: SearchContext, c: Candidate, kinds: list[str], held: tuple[str, ...], *,
-    send_s: float, in_flight: float, stage_bytes: float, bound_s: float,
-) -> dict[str, list[LayerOption]] | None:  # fmt: skip
-    """Each held kind's options along its whole frontier (:func:`kind_options`), or None when
-    a kind has none or, under an incumbent, when what fits a stage puts the step at
-    ``bound_s`` or past it (:func:`options_bound_s`). Under an incumbent the decoder kinds
-    are walked most layers first, and the bound is checked after each with the kinds not
-    walked yet at their floor (:func:`kind_least_s`, below any option they will have): the
-    bound only grows as kinds are walked, so a candidate it stops early is one the whole
-    walk would have stopped, and the other kinds' ILPs are not solved (DeepSeek-V3's dense
-    layers, once its MoE layers no longer fit at the incumbent's pace). Without an incumbent,
-    a candidate that cannot fit goes on to the stage table, which notes the least memory it
-    needs (what the error says when nothing fits)."""
-    bounded = bound_s < float("inf")
-    floors = ({kind: kind_least_s(ctx, kind, c.mesh, c.mesh_micro_batch_size) for kind in held}
-              if bounded else {})  # fmt: skip
-    decoders = sorted(dict.fromkeys(kinds), key=kinds.count, reverse=True)
-    options: dict[str, list[LayerOption]] = {}
-    for kind in (*(k for k in held if k not in decoders), *decoders):
-        options[kind] = kind_options(ctx, kind, c)
-        if not options[kind]:
-            return None
-        if bounded and kind in decoders and options_bound_s(
-            c, kinds, options, send_s=send_s, in_flight=in_flight, memory_bytes=stage_bytes,
-            floor_s=floors,
-        ) >= bound_s:  # fmt: skip
-            return None
-    return options
-
-
-def _bounded_out(
-    ctx: SearchContext, c: Candidate, kinds: list[str], held: tuple[str, ...], *,
-    send_s: float, in_flight: float, stage_bytes: float, bound_s: float,
-) -> bool:  # fmt: skip
-    """Whether ``c`` cannot beat ``bound_s``, by bounds cheaper than its stage table: its
-    states alone not fitting (the message that nothing fits needs no note of it: there is a
-    plan), a bound on each layer's time (an LP, no ILP: most candidates stop here), then each
-    layer's fastest sharding (one ILP, where most of the others stop)."""
-    if not may_fit(ctx, c, kinds, in_flight, stage_bytes):
-        return True
-    for resharding in (False, True):
-        least = {kind: kind_least_s(ctx, kind, c.mesh, c.mesh_micro_batch_size,
-                                    resharding=resharding) for kind in held}  # fmt: skip
-        if layers_bound_s(c, kinds, least, send_s=send_s) >= bound_s:
-            return True
-    fastest = {kind: kind_options(ctx, kind, c, whole=False) for kind in held}
-    return all(fastest.values()) and options_bound_s(c, kinds, fastest,
-                                                     send_s=send_s) >= bound_s  # fmt: skip
 
 
 def _note_least(ctx: SearchContext, c: Candidate, need_bytes: float) -> None:
