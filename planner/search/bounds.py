@@ -79,11 +79,10 @@ def split_reaches(
 
     Not taken where every decoder kind's frontier still to be walked is a small program
     (:data:`WORTH_A_SPLIT`): its walk is cheaper, and its options bound the candidate
-    exactly (:func:`options_bound_s`). It drops the candidates
-    whose busiest stages need a lean, recomputing sharding where every layer's fastest is far
-    from it: on DeepSeek-V3 on 1,024 H100, the PP16 candidates on 2x8 meshes whose fastest
-    layers bound them at 33.8-35.5 s against the incumbent's 36.2 s, and whose plans take
-    48.1-48.3 s."""
+    exactly (:func:`options_bound_s`). It drops the candidates whose busiest stages need a
+    lean, recomputing sharding where every layer's fastest is far from it: on DeepSeek-V3 on
+    1,024 H100, the PP16 candidates on 2x8 meshes whose fastest layers bound them at
+    33.8-35.5 s against the incumbent's 36.2 s, and whose plans take 48.1-48.3 s."""
     if all(walk_size(ctx, k, c.mesh, c.mesh_micro_batch_size) < WORTH_A_SPLIT
            for k in dict.fromkeys(kinds)):  # fmt: skip
         return False  # the walks cost less than this bound would: the options decide
