@@ -47,6 +47,16 @@ class NodeCosts:
     """Gradient sync per microbatch per ZeRO stage ``k`` and strategy."""
 
 
+def rerun_ns(node: NodeCosts, mode: str) -> tuple[int, ...]:
+    """What recomputation ``mode`` reruns of each of ``node``'s strategies: the forward under
+    full recomputation, the attention core under selective, nothing otherwise."""
+    if mode == "full":
+        return node.forward_ns
+    if mode == "selective":
+        return node.attention_ns
+    return (0,) * len(node.strategies)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EdgeCosts:
     """Resharding between a producer's strategies (rows) and a consumer's (columns)."""
@@ -215,8 +225,7 @@ def add_recompute_constraints(milp: Milp, problem: LayerProblem) -> dict[str, in
     for (v, i, mode), var in y.items():
         node = problem.nodes[v]
         memory[var] = node.activation_kib[str(mode)][i]
-        rerun = {"full": node.forward_ns[i], "selective": node.attention_ns[i]}.get(str(mode), 0)
-        milp.minimise({var: rerun})
+        milp.minimise({var: rerun_ns(node, str(mode))[i]})
     if "full" in modes:
         _add_rerun_resharding(milp, problem, y)
     return memory
@@ -232,8 +241,7 @@ def _fixed_recompute(milp: Milp, problem: LayerProblem) -> dict[str, int]:
     for v, node in enumerate(problem.nodes):
         for i in range(len(node.strategies)):
             memory[_s(v, i)] = node.activation_kib[mode][i]
-            rerun = {"full": node.forward_ns[i], "selective": node.attention_ns[i]}.get(mode, 0)
-            milp.minimise({_s(v, i): rerun})
+            milp.minimise({_s(v, i): rerun_ns(node, mode)[i]})
     if mode == "full":
         for k, edge in enumerate(problem.edges):
             rows, cols = (_members(c) for c in edge_classes(edge))
@@ -293,7 +301,7 @@ def evaluate_ns(problem: LayerProblem, chosen: Sequence[int], recompute: str, ze
         if recompute == "full":
             total += edge.forward_ns[i][j]
     for node, i in zip(problem.nodes, chosen, strict=True):
-        total += {"full": node.forward_ns[i], "selective": node.attention_ns[i]}.get(recompute, 0)
+        total += rerun_ns(node, recompute)[i]
     return total
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from planner.ilp.backends import MilpSolution, SolverReport, relaxation_bound
-from planner.ilp.formulation import LayerProblem, build_layer_milp, least_memory_kib
+from planner.ilp.formulation import LayerProblem, build_layer_milp, least_memory_kib, rerun_ns
 from planner.ilp.milp import Milp
 
 
@@ -34,8 +34,7 @@ def mode_floors(problem: LayerProblem, *, fastest_ns: float | None = None) -> di
             value = relaxation_bound(build_layer_milp(alone))
             floors[mode] = float("-inf") if value is None else value * (1 - 1e-9)
             continue
-        rerun = sum(min({"full": n.forward_ns, "selective": n.attention_ns}.get(
-            mode, (0,) * len(n.strategies))) for n in problem.nodes)  # fmt: skip
+        rerun = sum(min(rerun_ns(n, mode)) for n in problem.nodes)
         if mode == "full":
             rerun += sum(min(min(row) for row in e.forward_ns) for e in problem.edges)
         floors[mode] = (fastest_ns + rerun) * (1 - 1e-9)

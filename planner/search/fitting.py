@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.ilp.bound import fitting_time_bounds
+from planner.ilp.formulation import rerun_ns
 from planner.ilp.problem import KIB, NS
 from planner.search.candidates import Candidate
-from planner.search.layers import SearchContext, built_problem
+from planner.search.layers import SearchContext, built_problem, memory_columns
 from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES
 
 
@@ -67,18 +68,16 @@ def kind_columns(ctx: SearchContext, kind: str, c: Candidate) -> KindColumns:
         v, k = index[edge.dst], len(edge.cost_ns[0])
         into[v, :k] += np.min(edge.cost_ns, axis=0)
         rerun_into[v, :k] += np.min(edge.forward_ns, axis=0)
-    for v, (costs, node) in enumerate(zip(problem.nodes, layer.nodes, strict=True)):
-        x, k = node.strategies, len(node.strategies)
-        states[v, :k] = [min(s.state_bytes[z] for z in stages) for s in x]
+    for v, (costs, (state, held, remade)) in enumerate(
+            zip(problem.nodes, memory_columns(layer.nodes), strict=True)):
+        k = len(costs.strategies)
+        states[v, :k] = state[stages].min(axis=0)
         for mode in problem.recompute_modes:
-            rerun = {"full": costs.forward_ns, "selective": costs.attention_ns}.get(mode, (0,) * k)
-            times[mode][v, :k] = np.add(costs.time_ns, rerun) + into[v, :k] + (
+            m = RECOMPUTE_MODES.index(mode)
+            times[mode][v, :k] = np.add(costs.time_ns, rerun_ns(costs, mode)) + into[v, :k] + (
                 rerun_into[v, :k] if mode == "full" else 0)
-            kept[mode][v, :k] = [s.kept_bytes if mode == "none" else s.kept_selective_bytes
-                                 if mode == "selective" else s.input_bytes * (v == 0)
-                                 for s in x]  # fmt: skip
-            if mode == "full":
-                rebuilt[mode][v, :k] = [s.kept_bytes for s in x]
+            kept[mode][v, :k] = held[m]
+            rebuilt[mode][v, :k] = remade[m]
     columns = KindColumns(times_ns=times, states=states, kept=kept, rebuilt=rebuilt)
     ctx.state.fitting_columns[key] = columns
     return columns

@@ -5,6 +5,7 @@ candidate's pipeline (microbatches, replicas, ZeRO, recomputation)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from planner.pipeline.options import (
     layer_options,
 )
 from planner.search.candidates import Candidate
-from planner.sharding.assignment import LayerGraph
+from planner.sharding.assignment import LayerGraph, Node
 from planner.sharding.layout import LogicalMesh
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES
@@ -221,23 +222,30 @@ def kind_least_bytes(
 def _memory_columns(
     ctx: SearchContext, key: tuple[str, tuple[int, int], int]
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per node of ``key``'s layer, per strategy (columns): the weight states per ZeRO stage
-    (rows), the kept activations per recomputation mode (full recomputation keeps the
-    layer's input), and what full recomputation rebuilds; built once from the layer graph."""
+    """:func:`memory_columns` of ``key``'s layer, built once from its layer graph (its
+    problem's when built, whose dominated strategies are pruned)."""
     if key not in ctx.state.memory_columns:
         built = ctx.state.problems.get(key)
         nodes = built[1].nodes if built is not None else _graph(ctx, key).nodes
-        columns = []
-        for v, node in enumerate(nodes):
-            x = node.strategies
-            columns.append((
-                np.array([[s.state_bytes[z] for s in x] for z in ZERO_STAGES]),
-                np.array([[s.kept_bytes for s in x], [s.kept_selective_bytes for s in x],
-                          [s.input_bytes * (v == 0) for s in x]]),
-                np.array([[0.0] * len(x), [0.0] * len(x), [s.kept_bytes for s in x]]),
-            ))  # fmt: skip
-        ctx.state.memory_columns[key] = columns
+        ctx.state.memory_columns[key] = memory_columns(nodes)
     return ctx.state.memory_columns[key]
+
+
+def memory_columns(nodes: Sequence[Node]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per node, per strategy (columns): the weight states per ZeRO stage (rows), the kept
+    activations per recomputation mode (rows as :data:`RECOMPUTE_MODES`; full recomputation
+    keeps the layer's input), and what each mode rebuilds (full recomputation: the layer's
+    activations, once)."""
+    columns = []
+    for v, node in enumerate(nodes):
+        x = node.strategies
+        columns.append((
+            np.array([[s.state_bytes[z] for s in x] for z in ZERO_STAGES]),
+            np.array([[s.kept_bytes for s in x], [s.kept_selective_bytes for s in x],
+                      [s.input_bytes * (v == 0) for s in x]]),
+            np.array([[0.0] * len(x), [0.0] * len(x), [s.kept_bytes for s in x]]),
+        ))  # fmt: skip
+    return columns
 
 
 def kind_solutions(

@@ -101,11 +101,11 @@ def evaluate(
     comms = candidate_communicators(ctx.model, c).bytes
     stage_bytes = cost.allocatable_bytes(device, usable, communicators=comms)
     if bound_s < float("inf") and bounded_out(ctx, c, kinds, held, send_s=send,
-                                               in_flight=in_flight,
-                                               stage_bytes=stage_bytes, bound_s=bound_s):
+                                              in_flight=in_flight, stage_bytes=stage_bytes,
+                                              bound_s=bound_s):  # fmt: skip
         return None
     options = walk_options(ctx, c, kinds, held, send_s=send, in_flight=min(in_flight),
-                      stage_bytes=stage_bytes, bound_s=bound_s)  # fmt: skip
+                           stage_bytes=stage_bytes, bound_s=bound_s)  # fmt: skip
     if options is None:
         return None
     # The stage table prices memory per layer option; the composed step adds what only whole
