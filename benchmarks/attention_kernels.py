@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.diagnose.bench_fit import predicted_s, saved_attention_cases
+from planner.diagnose.bench_fit import predicted_s
+from planner.diagnose.bench_saved import saved_attention_cases
 from planner.spec.reading import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]

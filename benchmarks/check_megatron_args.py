@@ -83,6 +83,9 @@ TEMPLATES: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
         dict(tp=tp, dp=16 // tp, sp=True, zero=3, **_OVERLAP) for tp in (2, 1))),
     ("ZeRO-2, fp32, unfused", (dict(tp=2, dp=8, sp=True, zero=2, precision="fp32",
                                    flash_attention=False, overlap_grad_reduce=True),)),
+    ("FP8 (TE hybrid, delayed)", tuple(
+        dict(tp=tp, dp=16 // tp, sp=tp > 1, zero=1, stack="megatron-te-fp8", **_OVERLAP)
+        for tp in (2, 1))),
     ("experts: EP", tuple(
         dict(tp=2, pp=pp, dp=dp, ep=ep, sp=True, zero=1, **_OVERLAP)
         for pp in (2, 1) for dp, ep in ((8, 8), (4, 4), (4, 2)))),
@@ -169,6 +172,7 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
     """What Megatron must read back: the priced configuration and the model's shape."""
     from planner.frameworks._megatron_flags import max_positions
     from planner.frameworks._megatron_vocab import padded_vocab
+    from planner.vocabulary import FP8_STACKS
 
     c, t = resolved.config, resolved.training
     moe, mla = model.moe, model.mla
@@ -180,6 +184,7 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
         zero=c.zero, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather,
         tp_comm_overlap=c.tp_comm_overlap and c.tp > 1, precision=t.precision,
+        fp8="hybrid/delayed" if t.stack in FP8_STACKS else None,
         attention="fused" if c.flash_attention else "unfused",
         layers=model.num_layers, hidden=model.hidden_size, ffn=model.ffn,
         heads=model.num_attention_heads, groups=None if mla else model.query_groups,
@@ -272,11 +277,17 @@ def check_all(cases: list[dict[str, Any]], *, device_arch: int) -> list[dict[str
 
 
 def pretend_gpu_node(device_arch: int) -> None:
-    """Answer the two questions Megatron asks of the GPU node rather than of the arguments: the
-    device's architecture (``validate_args``) and whether Transformer Engine's fused RoPE kernel
-    is installed (``TransformerConfig`` refuses the default ``apply_rope_fusion`` otherwise)."""
+    """Answer the questions Megatron asks of the GPU node rather than of the arguments: the
+    device's architecture (``validate_args``), whether Transformer Engine's fused RoPE kernel
+    is installed (``TransformerConfig`` refuses the default ``apply_rope_fusion`` otherwise),
+    and whether the installed Transformer Engine is recent enough for a feature (MoE in FP8
+    needs 1.7; the node is taken to run the one Megatron-LM's container ships, where the CPU
+    worker has none)."""
     import megatron.core.models.common.embeddings.rope_utils as rope_utils
+    import megatron.core.transformer.transformer_config as transformer_config
     import megatron.training.arguments as arguments
+
+    transformer_config.is_te_min_version = lambda *_, **__: True
 
     arguments.get_device_arch_version = lambda: device_arch
     # --moe-grouped-gemm asks torch for the device's capability (arguments.py:1378-1380)
@@ -371,6 +382,8 @@ def read_back(args: Any, *, flavor: str) -> dict[str, Any]:
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather, tp_comm_overlap=args.tp_comm_overlap,
         precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+        fp8=f"{args.fp8}/{getattr(args, 'fp8_recipe', None)}" if getattr(args, "fp8", None)
+        else None,
         attention=config.attention_backend.name if flash is None else
         ("fused" if flash else "unfused"),
         layers=config.num_layers, hidden=config.hidden_size, ffn=config.ffn_hidden_size,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from planner.diagnose.bench_fit import with_saved_kernels
+from planner.diagnose.bench_saved import with_saved_kernels
 from planner.diagnose.calibration import priced_rows
 from planner.diagnose.layer_memory import measured_layer_models, read_layer_records
 from planner.diagnose.layer_times import layer_time_checks

@@ -17,13 +17,18 @@ GB = 1e9
 Precision = Literal["bf16", "fp16", "fp32"]
 """Mixed-precision compute type."""
 
-Stack = Literal["megatron-te", "hf-eager", "hf-compiled", "composer-fsdp", "megatron-deepspeed"]
+Stack = Literal["megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled", "composer-fsdp",
+                "megatron-deepspeed"]
 """The software that runs a layer, beyond its kernels: what it keeps for the backward and how it
 computes the loss. ``megatron-te``: Megatron-Core with Transformer Engine (fused norms, SwiGLU
 and attention; a compute-precision residual stream; vocab-parallel cross entropy), the accounting
-of Korthikanti et al. (MLSys'23). ``hf-eager``: a Hugging Face ``transformers`` model in eager
-PyTorch under ``torch.autocast`` with fp32 weights (an fp32 residual stream and norms, a
-compute-precision copy of a linear's input and weight per projection, the loss on fp32 logits).
+of Korthikanti et al. (MLSys'23). ``megatron-te-fp8``: the same with Transformer Engine's
+linear layers in FP8 (``--fp8-format hybrid``: E4M3 weights and activations, E5M2 gradients;
+Megatron's default ``--fp8-recipe delayed``), the rest of the layer, the embedding and the
+head in the compute precision (:mod:`planner.graph.fp8`). ``hf-eager``: a Hugging Face
+``transformers`` model in eager PyTorch under ``torch.autocast`` with fp32 weights (an fp32
+residual stream and norms, a compute-precision copy of a linear's input and weight per
+projection, the loss on fp32 logits).
 ``hf-compiled``: the same with each decoder layer under ``torch.compile``.
 ``composer-fsdp``: MosaicML's MPT (MosaicGPT) under Composer with PyTorch FSDP as its 2023
 throughput benchmark ran it: a bf16 residual stream (Korthikanti's accounting), fp32 sharded
@@ -31,8 +36,10 @@ weights gathered in bf16 (FSDP ``MixedPrecision`` PURE), flash-attn's fused cros
 ``megatron-deepspeed``: Megatron-DeepSpeed, Megatron's layers (Korthikanti's accounting) under
 DeepSpeed's engine and optimizers (bf16's ``BF16_Optimizer``, fp16's ZeRO optimizer) and its
 pipeline engine."""
-STACKS: tuple[Stack, ...] = ("megatron-te", "hf-eager", "hf-compiled", "composer-fsdp",
-                             "megatron-deepspeed")
+STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled",
+                             "composer-fsdp", "megatron-deepspeed")
+FP8_STACKS: tuple[Stack, ...] = ("megatron-te-fp8",)
+"""Stacks whose decoder layers' linear layers run in FP8 (:mod:`planner.graph.fp8`)."""
 
 Mechanism = Literal["tensor", "pipeline", "context", "expert", "zero-3", "offload"]
 """A way of splitting a run that the cost model prices with its own terms, as the error bands
@@ -46,9 +53,11 @@ Objective = Literal["expected", "p80", "p95"]
 slow end of its error band at the 80th or 95th percentile."""
 OBJECTIVES: tuple[Objective, ...] = ("expected", "p80", "p95")
 
-StatesPrecision = Literal["bf16", "fp16", "fp32", "bf16-deepspeed", "fp16-deepspeed"]
-"""How a run keeps its weights' states: a compute precision as Megatron-LM keeps them, or
-DeepSpeed's optimizers' layout of that precision (:func:`planner.cost.memory.states_precision`)."""
+StatesPrecision = Literal["bf16", "fp16", "fp32", "bf16-deepspeed", "fp16-deepspeed", "bf16-fp8",
+                          "fp16-fp8"]
+"""How a run keeps its weights' states: a compute precision as Megatron-LM keeps them,
+with Transformer Engine's FP8 weight copies beside them (``-fp8``), or DeepSpeed's optimizers'
+layout of that precision (:func:`planner.cost.memory.states_precision`)."""
 
 AttentionKernel = Literal["flash-attention-2", "flash-attention-3", "cudnn", "triton",
                           "torch-sdpa", "ascend-fa"]

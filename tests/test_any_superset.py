@@ -93,15 +93,17 @@ def test_any_space_contains_every_framework_space(name: str, devices: int,
 
 @pytest.mark.parametrize(("name", "devices", "run"), [
     ("llama3-8b", 8, {"seq_length": 8192, "global_batch_size": 64}),
+    ("llama3-8b", 8, {"seq_length": 8192, "global_batch_size": 64, "stack": "megatron-te-fp8"}),
     ("mixtral-8x7b", 16, {"seq_length": 2048, "global_batch_size": 32}),
-])  # fmt: skip
+], ids=["llama3-8b", "llama3-8b-fp8", "mixtral-8x7b"])  # fmt: skip
 def test_candidate_bound_is_below_every_plan_it_would_cut(
     name: str, devices: int, run: dict[str, Any]
 ) -> None:
     """The bounds that drop a candidate before its stage table are at most the step of the
     plan the candidate yields (the walk's partial bounds at most the whole one), and the
     memory bound lets it through, on every candidate of
-    Llama 3 8B at 8K tokens on 8 H100 (where memory binds) and of Mixtral 8x7B on 2 nodes
+    Llama 3 8B at 8K tokens on 8 H100 (where memory binds; in bf16 and in FP8) and of
+    Mixtral 8x7B on 2 nodes
     (2x8 meshes, experts across nodes): the one from its layers' fastest options with the
     busiest stage's memory counted, the one from a bound on each layer's time before any
     layer ILP (each node's fastest strategy, then the LP relaxation with resharding), and
@@ -139,6 +141,8 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
         found = per_operator.evaluate(ctx, c, kinds)
         if found is None:
             continue
+        # The compute ceiling the candidates are ordered and cut by (FP8 GEMMs included).
+        assert c.lower_bound_s <= found.step.step_s, c
         held = {k: kind_options(ctx, k, c) for k in (*dict.fromkeys(kinds), "embedding", "head")}
         near = PipelinePlacement(mesh=LogicalMesh(c.mesh), num_stages=c.num_stages,
                                  replicas=c.replicas, order="stages-inner")  # fmt: skip

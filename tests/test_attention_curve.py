@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.diagnose.bench_fit import fit_saved_attention, predicted_s, saved_attention_cases
+from planner.diagnose.bench_fit import predicted_s
+from planner.diagnose.bench_saved import fit_saved_attention, saved_attention_cases
 from planner.errors import InputError
 from planner.spec.reading import load_cluster
 from tests.conftest import CLUSTERS, SHARED, shared

@@ -833,6 +833,13 @@ def pin_recompute_modules(p: Profile) -> None:
             mixtral, r"mla_up_proj needs latent attention")  # fmt: skip
     accepted(p, "recompute-modules", configure(mixtral, 16, ep=8, recompute="selective",
                                                recompute_modules="moe_act,layernorm"), mixtral)
+    if "megatron-te-fp8" in p.stacks:  # MindSpeed runs no FP8 stack
+        refused(p, "recompute-modules", configure(
+            mixtral, 16, ep=8, recompute="selective", recompute_modules="moe_act,layernorm",
+            stack="megatron-te-fp8"), mixtral, r"layernorm and moe_act in FP8.*delayed")
+        accepted(p, "recompute-modules", configure(
+            mixtral, 16, ep=8, recompute="selective", recompute_modules="core_attn",
+            stack="megatron-te-fp8"), mixtral)  # fmt: skip
 
 
 def pin_moe_bias_with_tp(p: Profile) -> None:
@@ -976,7 +983,8 @@ def test_rule_moe_comm_overlap() -> None:
 
 
 def test_rule_recompute_modules() -> None:
-    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:1964-1973"""
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:1964-1973,
+    1999-2005"""
     pin_recompute_modules(P)
 
 

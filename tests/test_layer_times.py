@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from planner.cost import op_time
-from planner.diagnose.bench_fit import with_saved_kernels
+from planner.diagnose.bench_saved import with_saved_kernels
 from planner.diagnose.calibration import priced_rows
 from planner.diagnose.layer_memory import read_layer_records
 from planner.diagnose.layer_times import LayerTimeCheck, layer_time_checks
@@ -19,7 +19,7 @@ from planner.graph import lowered, unfused
 from planner.graph.ops import Tensor
 from planner.spec import ClusterSpec, DeviceSpec, TrainingSpec
 from planner.spec.reading import load_cluster
-from planner.vocabulary import STACKS
+from planner.vocabulary import FP8_STACKS, STACKS
 from tests.h100_layers import H100, LLAMA_1B, SHAPES
 
 INSTANCES = Path(__file__).parents[1] / "instances"
@@ -68,7 +68,8 @@ def test_one_gpu_steps_on_the_kernel_curves() -> None:
 
 def test_only_the_pytorch_stacks_run_separate_kernels() -> None:
     """Transformer Engine's (and Megatron's, and Composer's) layers are one kernel per op: no
-    op of theirs carries separate kernels, so their prices do not move."""
+    op of theirs carries separate kernels, so their prices do not move; in FP8 only the
+    linear layers do (their quantizations: ``tests/test_fp8.py``)."""
     training = {s: TrainingSpec(seq_length=2048, global_batch_size=1, stack=s) for s in STACKS}
     for stack in STACKS:
         ops = [op for layer in lowered(LLAMA_1B, training[stack], 1)[1].ops_by_layer.values()
@@ -76,6 +77,8 @@ def test_only_the_pytorch_stacks_run_separate_kernels() -> None:
         carrying = {op.kind for op in ops if op.unfused is not None}
         if stack in ("hf-eager", "hf-compiled"):
             assert {"norm", "linear", "attention", "residual", "elementwise"} <= carrying
+        elif stack in FP8_STACKS:
+            assert carrying == {"linear"}
         else:
             assert carrying == set()
 

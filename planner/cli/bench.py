@@ -61,6 +61,10 @@ def bench_cmd(
         help="Timed batches per kernel; the fastest counts.")] = 5,
     min_time_ms: Annotated[float, typer.Option(
         help="Length of each timed batch, in ms.")] = 20.0,
+    fp8: Annotated[bool, typer.Option(
+        help="Time each decoder GEMM's forward on FP8 operands too (torch._scaled_mm: a GPU "
+        "with FP8 tensor cores) and fit the device's FP8 speedup, which the megatron-te-fp8 "
+        "stack needs.")] = False,
     write: Annotated[bool, typer.Option(
         help="Write the fitted efficiency block into the cluster file.")] = False,
     as_json: JsonOpt = False,
@@ -83,7 +87,8 @@ def bench_cmd(
     batches = micro_batch or [1, 2]
     if min(degrees) < 1 or min(batches) < 1:
         raise InputError("--tp and --micro-batch: expected positive integers")
-    cases = bench_cases(model_spec, training, tensor_parallel=degrees, micro_batches=batches)
+    cases = bench_cases(model_spec, training, tensor_parallel=degrees, micro_batches=batches,
+                        fp8=fp8)  # fmt: skip
     backend = choose_backend(device)
     if device == "auto" and backend == "cpu":
         note(f"no GPU or NPU is visible: timing {len(cases)} kernels on the CPU, which fits "

@@ -21,7 +21,12 @@ the :class:`~planner.spec.ClusterSpec`.
 
 from __future__ import annotations
 
-from planner.cost.activations import in_flight_microbatches, keeps_inputs, saved_activation_bytes
+from planner.cost.activations import (
+    in_flight_microbatches,
+    keeps_inputs,
+    kept_fraction,
+    saved_activation_bytes,
+)
 from planner.cost.communication import (
     CommGroup,
     collective_time_s,
@@ -127,6 +132,7 @@ __all__ = [
     "hidden_state_bytes",
     "in_flight_microbatches",
     "keeps_inputs",
+    "kept_fraction",
     "members_per_level",
     "memory_margin_bytes",
     "op_time",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Mapping
 from planner.cost.compute import sharded_bytes
 from planner.cost.elementwise import Real, minimum
 from planner.cost.pipeline import warmup_forwards
+from planner.graph.fp8 import kept_bytes_ratio
 from planner.graph.ops import Op, Tensor
 from planner.vocabulary import (
     DEFAULT_RECOMPUTE_MODULES,
@@ -29,18 +30,27 @@ def saved_activation_bytes(
     """Bytes ``op`` keeps for backward on one device, each kept tensor split as ``degrees``
     says (before full recompute, which the caller handles at layer level). Flash attention,
     and selective recompute of the attention core, drop the ``s x s`` tensors (Korthikanti et
-    al., Sec. 5); selective recompute of an output-discarding module among ``modules``
+    al., Sec. 5); an FP8 linear keeps its input in FP8 (:func:`kept_fraction`); selective
+    recompute of an output-discarding module among ``modules``
     (:attr:`~planner.graph.ops.Op.discarded_by`) drops the inputs the op would keep; of a
     checkpointed module it runs inside (:attr:`~planner.graph.ops.Op.checkpointed_by`),
     everything but the module's input."""
     selected = recompute == "selective"
     checkpointed = selected and op.checkpointed(modules)
     inputs = keeps_inputs(op, recompute=recompute, modules=modules)
-    kept = sum(sharded_bytes(t, degrees(t)) for t in op.saved
+    kept = sum(sharded_bytes(t, degrees(t)) * kept_fraction(op, t) for t in op.saved
                if (inputs if t in op.inputs else not checkpointed))  # fmt: skip
     if not flash_attention and not (selected and "core_attn" in modules):
         kept += sum(sharded_bytes(t, degrees(t)) for t in op.score_tensors)
     return kept
+
+
+def kept_fraction(op: Op, tensor: Tensor) -> float:
+    """What ``op`` keeps of a tensor it saves: all of it, but an FP8 linear's input, which it
+    keeps in FP8 (:func:`planner.graph.fp8.kept_bytes_ratio`)."""
+    if op.fp8 and tensor in op.inputs:
+        return kept_bytes_ratio(tensor.element_bytes)
+    return 1.0
 
 
 def keeps_inputs(op: Op, *, recompute: Recompute,

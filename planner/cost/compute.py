@@ -10,7 +10,7 @@ from functools import lru_cache
 from planner.graph import lowered
 from planner.graph.ops import Op, Tensor, Unfused
 from planner.spec import AttentionEfficiency, DeviceSpec, GemmEfficiency, ModelSpec, TrainingSpec
-from planner.vocabulary import Precision
+from planner.vocabulary import FP8_STACKS, Precision, Stack
 
 # Causal attention with a fused kernel computes only the lower triangle of the scores.
 CAUSAL_FRACTION = 0.5
@@ -116,10 +116,15 @@ def fused_attention_s(
                           fraction=fraction) + fixed_s
 
 
-def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float) -> float:
+def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float,
+                          stack: Stack = "megatron-te") -> float:  # fmt: skip
     """No sharding runs ``flops`` faster than the GEMM curve's ceiling allows (its fraction of
-    peak only approaches ``max_fraction`` as GEMMs grow): a bound, not a price."""
-    return flops / (device.peak_flops_per_s(precision) * device.efficiency.gemm.max_fraction)
+    peak only approaches ``max_fraction`` as GEMMs grow), on an FP8 stack that ceiling times
+    the device's FP8 speedup (where it speeds up): a bound, not a price."""
+    fp8 = device.efficiency.fp8
+    speedup = max(1.0, fp8.gemm_speedup) if stack in FP8_STACKS and fp8 is not None else 1.0
+    ceiling = device.efficiency.gemm.max_fraction * speedup
+    return flops / (device.peak_flops_per_s(precision) * ceiling)
 
 
 def compute_time_s(
@@ -130,9 +135,11 @@ def compute_time_s(
     bytes_moved: float,
     calls: int = 1,
     fraction: float | None = None,
+    speedup: float = 1.0,
 ) -> float:
     """Roofline time of ``calls`` kernels doing ``flops`` and moving ``bytes_moved`` in all,
-    at the GEMM curve's fraction of peak for their size unless ``fraction`` is given.
+    at the GEMM curve's fraction of peak for their size unless ``fraction`` is given, the math
+    ``speedup`` times faster (FP8 operands: :func:`fp8_speedup`).
 
     >>> from planner.spec import DeviceSpec
     >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
@@ -148,8 +155,28 @@ def compute_time_s(
     if flops > 0:
         if fraction is None:
             fraction = gemm_fraction(eff.gemm, flops / calls)
-        math_s = flops / (device.peak_flops_per_s(precision) * fraction)
+        math_s = flops / (device.peak_flops_per_s(precision) * fraction * speedup)
     return max(math_s, memory_s) + calls * eff.kernel_launch_us * 1e-6
+
+
+def fp8_speedup(device: DeviceSpec, op: Op) -> float:
+    """How many times faster ``op``'s GEMMs run than in 16 bits: the device's FP8 GEMM speedup
+    for an FP8 linear (:mod:`planner.graph.fp8`), else 1. An FP8 stack is refused on a device
+    without one (:func:`planner.spec.reading.check_device`).
+
+    >>> from planner.spec import DeviceEfficiency, DeviceSpec, Fp8Efficiency
+    >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
+    ...                  peak_tflops={"bf16": 300},
+    ...                  efficiency=DeviceEfficiency(fp8=Fp8Efficiency(gemm_speedup=1.8)))
+    >>> op = Op(name="fc", kind="linear", layer=1, layer_kind="dense",
+    ...         inputs=(Tensor((("seq", 8),), 2.0),), output=Tensor((("ffn", 8),), 2.0), fp8=True)
+    >>> fp8_speedup(gpu, op)
+    1.8
+    """
+    curve = device.efficiency.fp8
+    if not op.fp8 or curve is None:
+        return 1.0
+    return curve.gemm_speedup
 
 
 def sharded_bytes(tensor: Tensor, degrees: Mapping[str, int]) -> float:
@@ -282,11 +309,13 @@ def _own_kernels_time(
                                     head_dim=op.head_dim, backward=factor == 2)
                   for flops, factor in ((executed.forward, 1), (executed.backward, 2))]
         return OpTime(forward_s=passes[0], backward_s=passes[1])
+    speedup = fp8_speedup(device, op)
     forward = compute_time_s(device, precision, flops=executed.forward, bytes_moved=moved,
-                             calls=gemm_calls, fraction=fraction)  # fmt: skip
+                             calls=gemm_calls, fraction=fraction, speedup=speedup)  # fmt: skip
     backward = compute_time_s(
         device, precision, flops=executed.backward,
         bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved, calls=2 * gemm_calls, fraction=fraction,
+        speedup=speedup,
     )  # fmt: skip
     weight = 0.0
     if op.is_gemm and op.weight is not None:
@@ -294,7 +323,7 @@ def _own_kernels_time(
         weight = min(backward, compute_time_s(
             device, precision, flops=executed.backward - executed.forward,
             bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved / 2, calls=gemm_calls,
-            fraction=fraction))  # fmt: skip
+            fraction=fraction, speedup=speedup))  # fmt: skip
     return OpTime(forward_s=forward, backward_s=backward, weight_s=weight)
 
 

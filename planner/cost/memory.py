@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from planner.cost.elementwise import Real
+from planner.graph.fp8 import FP8_BYTES
 from planner.spec import DeviceSpec
-from planner.vocabulary import Precision, Stack, StatesPrecision
+from planner.vocabulary import FP8_STACKS, Precision, Stack, StatesPrecision
 
 DEFAULT_MEMORY_MARGIN = 0.05
 """Share of a device's memory a plan leaves free, beyond its priced peak and reserve
@@ -17,6 +18,7 @@ DEFAULT_MEMORY_MARGIN = 0.05
 the memory model was measured to make (see docs/memory.md)."""
 
 MEMORY_MARGIN: dict[Stack, float] = {"megatron-te": DEFAULT_MEMORY_MARGIN,
+                                     "megatron-te-fp8": DEFAULT_MEMORY_MARGIN,
                                      "hf-eager": 0.02, "hf-compiled": 0.02,
                                      "composer-fsdp": DEFAULT_MEMORY_MARGIN,
                                      "megatron-deepspeed": 0.23}
@@ -211,12 +213,18 @@ ADAM_STATE: dict[StatesPrecision, StateBytes] = {
     "fp16": StateBytes(weights=2, gradients=2, optimizer=16),
     "fp32": StateBytes(weights=4, gradients=4, optimizer=8),
 }
-ADAM_STATE["bf16-deepspeed"] = ADAM_STATE["bf16"]
-ADAM_STATE["fp16-deepspeed"] = ADAM_STATE["fp16"]
+FP8_WEIGHT_COPIES = 2 * FP8_BYTES
+"""Bytes a parameter of Transformer Engine's FP8 copies of a weight, row-wise and column-wise."""
+
+for _precision in ("bf16", "fp16"):
+    ADAM_STATE[f"{_precision}-deepspeed"] = ADAM_STATE[_precision]  # type: ignore[index]
+    ADAM_STATE[f"{_precision}-fp8"] = ADAM_STATE[_precision]  # type: ignore[index]
 
 HELD_STATE: dict[StatesPrecision, StateBytes] = ADAM_STATE | {
     "bf16-deepspeed": StateBytes(weights=2, gradients=6, optimizer=12),
     "fp16-deepspeed": StateBytes(weights=2, gradients=2, optimizer=12),
+    "bf16-fp8": StateBytes(weights=2 + FP8_WEIGHT_COPIES, gradients=4, optimizer=12),
+    "fp16-fp8": StateBytes(weights=2 + FP8_WEIGHT_COPIES, gradients=2, optimizer=16),
 }
 """What a device holds per parameter through the backward, by how the run keeps its states:
 Megatron-LM's layout (:data:`ADAM_STATE`), or DeepSpeed's optimizers (read at
@@ -230,7 +238,9 @@ master partition and Adam's moments (12) sharded. The ZeRO optimizer for fp16
 (``zero/stage_1_and_2.py``): fp16 weights and gradients, 2 + 2, the fp32 master partition and
 moments (12) sharded; its fp32 gradient partition is made at the step, once the activations
 are freed. Transients after the backward (BF16_Optimizer's bf16 copy of the fp32 gradients for
-the all-reduce, the ZeRO step's fp32 and fp64 copies of a gradient piece) are not priced."""
+the all-reduce, the ZeRO step's fp32 and fp64 copies of a gradient piece) are not priced.
+Transformer Engine's FP8 linears (``-fp8``) hold an FP8 copy of each weight row-wise and
+column-wise beside it (:mod:`planner.graph.fp8`), counted with the weights."""
 
 
 def states_precision(precision: Precision, stack: Stack) -> StatesPrecision:
@@ -242,17 +252,20 @@ def states_precision(precision: Precision, stack: Stack) -> StatesPrecision:
     ``_local_shard`` fp32, gathered into ``_full_param_padded`` in ``param_dtype``), but
     gathers and reduces in 16 bits, which fp32's states would price as 4-byte traffic: it
     keeps the compute precision's 18 bytes, 2 a parameter (over the data-parallel ranks)
-    more than it holds. Megatron-DeepSpeed's are DeepSpeed's optimizers' (:data:`HELD_STATE`).
+    more than it holds. Megatron-DeepSpeed's are DeepSpeed's optimizers' (:data:`HELD_STATE`);
+    the FP8 stacks' hold the FP8 weight copies too.
 
     >>> states_precision("bf16", "megatron-te"), states_precision("bf16", "hf-eager")
     ('bf16', 'fp32')
-    >>> states_precision("bf16", "megatron-deepspeed")
-    'bf16-deepspeed'
+    >>> states_precision("bf16", "megatron-deepspeed"), states_precision("bf16", "megatron-te-fp8")
+    ('bf16-deepspeed', 'bf16-fp8')
     """
     if stack in ("hf-eager", "hf-compiled"):
         return "fp32"
     if stack == "megatron-deepspeed" and precision != "fp32":
         return "bf16-deepspeed" if precision == "bf16" else "fp16-deepspeed"
+    if stack in FP8_STACKS and precision != "fp32":
+        return "bf16-fp8" if precision == "bf16" else "fp16-fp8"
     return precision
 
 

@@ -13,6 +13,8 @@ are about the same work:
   with tokens per expert from a hundred to a few thousand (the experts' share of a
   microbatch's tokens at the expert-parallel degrees plans run): the grouped-GEMM curve's
   tokens and reduction terms need both to vary;
+- with ``--fp8``, each decoder GEMM's forward again on FP8 operands (``torch._scaled_mm``):
+  the device's FP8 speedup over its 16-bit GEMMs (:mod:`planner.diagnose.fp8_gemms`);
 - fused causal attention, forward and backward, at the model's sequence length and shorter
   ones, with the model's head dim and the common 64 and 128 (the curve's head-dim term needs
   more than one);
@@ -28,7 +30,7 @@ Nothing here needs PyTorch; :mod:`planner.diagnose.bench_torch` runs the cases.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.cost import CAUSAL_FRACTION, ELEMENTWISE_BACKWARD_FACTOR, FLASH_BACKWARD_FACTOR
@@ -38,9 +40,11 @@ from planner.graph.ops import TENSOR_PARALLEL_DIMS, Op
 from planner.graph.stacks import grouped_experts
 from planner.spec import ModelSpec, TrainingSpec
 
-BenchKind = Literal["gemm", "grouped_gemm", "attention", "memory", "elementwise", "optimizer"]
-Kernel = Literal["matmul", "grouped_matmul", "attention_forward", "attention_backward", "add",
-                 "layer_norm", "rms_norm", "gelu", "silu", "adam"]  # fmt: skip
+BenchKind = Literal["gemm", "grouped_gemm", "fp8_gemm", "attention", "memory", "elementwise",
+                    "optimizer"]
+Kernel = Literal["matmul", "grouped_matmul", "scaled_matmul", "attention_forward",
+                 "attention_backward", "add", "layer_norm", "rms_norm", "gelu", "silu",
+                 "adam"]  # fmt: skip
 
 GROUPED_TOKENS = (128, 256, 512, 1024, 2048, 4096)
 """Tokens per expert of the grouped GEMMs timed: the range ``../shared/validation/h100/
@@ -139,6 +143,18 @@ def gemm_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Seq
     return list(cases.values())
 
 
+def fp8_gemm_cases(gemms: Sequence[BenchCase]) -> list[BenchCase]:
+    """Each decoder layer's forward GEMM of ``gemms`` again on FP8 operands (E4M3, per-tensor
+    scales: ``torch._scaled_mm``, the kernel ``../shared/validation/h100/gemms_fp8_vs_bf16.jsonl``
+    times, whose second operand is stored transposed as the forward's weight is), reading
+    half the bytes: the device's FP8 speedup is what prices them as they ran
+    (``planner.diagnose.bench_fit``). The head stays 16-bit in FP8 runs."""
+    return [replace(c, kind="fp8_gemm", kernel="scaled_matmul", label=f"{c.label} fp8",
+                    bytes_moved=c.bytes_moved / 2)
+            for c in gemms
+            if c.kind == "gemm" and c.transposed == "b" and c.label.startswith("layer")]
+
+
 def grouped_gemm_cases(model: ModelSpec, training: TrainingSpec) -> list[BenchCase]:
     """The first MoE layer's expert projections as one grouped GEMM over
     :data:`LOCAL_EXPERTS` local experts of each of :data:`GROUPED_TOKENS` tokens; none for a
@@ -232,8 +248,9 @@ def optimizer_case(model: ModelSpec, training: TrainingSpec) -> BenchCase:
 
 
 def bench_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Sequence[int],
-                micro_batches: Sequence[int]) -> list[BenchCase]:
-    """Every case of ``model`` at ``training``'s sequence length and precision.
+                micro_batches: Sequence[int], fp8: bool = False) -> list[BenchCase]:
+    """Every case of ``model`` at ``training``'s sequence length and precision (and, with
+    ``fp8``, the FP8 twins of its forward GEMMs: :func:`fp8_gemm_cases`).
 
     >>> from planner.spec import ModelSpec, TrainingSpec
     >>> model = ModelSpec(name="tiny", num_layers=2, hidden_size=256, num_attention_heads=4,
@@ -245,8 +262,9 @@ def bench_cases(model: ModelSpec, training: TrainingSpec, *, tensor_parallel: Se
     >>> next(c.shape for c in cases if c.label == "layer1.mlp_up tp2 mb1 fwd")
     (256, 256, 512)
     """
-    return [*gemm_cases(model, training, tensor_parallel=tensor_parallel,
-                        micro_batches=micro_batches),
+    gemms = gemm_cases(model, training, tensor_parallel=tensor_parallel,
+                       micro_batches=micro_batches)
+    return [*gemms, *(fp8_gemm_cases(gemms) if fp8 else ()),
             *grouped_gemm_cases(model, training),
             *attention_cases(model, training),
             *memory_cases(model, training, micro_batches=micro_batches),

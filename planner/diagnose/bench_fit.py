@@ -26,12 +26,18 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cost import CAUSAL_FRACTION, compute_time_s, fused_attention_s, optimizer_step_s
+from planner.cost import compute_time_s, fused_attention_s, optimizer_step_s
 from planner.diagnose.bench_cases import BenchCase, BenchKind
 from planner.diagnose.bench_torch import Timings
 from planner.diagnose.expert_gemms import ExpertGemm, fit_grouped_gemm, priced_s
 from planner.errors import InputError
-from planner.spec import AttentionEfficiency, DeviceEfficiency, DeviceSpec, GemmEfficiency
+from planner.spec import (
+    AttentionEfficiency,
+    DeviceEfficiency,
+    DeviceSpec,
+    Fp8Efficiency,
+    GemmEfficiency,
+)
 from planner.spec import limits as lim
 from planner.spec.reading import load_cluster, read_json
 from planner.vocabulary import AttentionKernel, Precision
@@ -106,8 +112,10 @@ def predicted_s(case: BenchCase, device: DeviceSpec, precision: Precision) -> fl
                                  bytes_moved=case.bytes_moved, calls=case.calls,
                                  keys_per_query=case.keys_per_query, head_dim=case.head_dim,
                                  backward=case.kernel == "attention_backward")  # fmt: skip
+    fp8 = device.efficiency.fp8
+    speedup = fp8.gemm_speedup if case.kind == "fp8_gemm" and fp8 is not None else 1.0
     return compute_time_s(device, precision, flops=case.flops, bytes_moved=case.bytes_moved,
-                          calls=case.calls)  # fmt: skip
+                          calls=case.calls, speedup=speedup)  # fmt: skip
 
 
 def _expert_gemm(case: BenchCase, seconds: float) -> ExpertGemm:
@@ -117,7 +125,8 @@ def _expert_gemm(case: BenchCase, seconds: float) -> ExpertGemm:
                       grouped_s=seconds, bmm_s=seconds)  # fmt: skip
 
 
-def _with(device: DeviceSpec, **changes: object) -> DeviceSpec:
+def with_efficiency(device: DeviceSpec, **changes: object) -> DeviceSpec:
+    """``device`` with the fields ``changes`` names of its efficiency block replaced."""
     efficiency = device.efficiency.model_copy(update=changes)
     return device.model_copy(update={"efficiency": efficiency})
 
@@ -173,12 +182,12 @@ def fit_bench(
     if attention:
         # What the runner calls (bench_torch.py): PyTorch's SDPA on CUDA, Ascend's FA on NPU.
         kernel: AttentionKernel = "ascend-fa" if timings.backend == "npu" else "torch-sdpa"
-        fitted = _with(fitted, attention=_fit_attention(str(cluster_path), attention,
+        fitted = with_efficiency(fitted, attention=fit_attention(str(cluster_path), attention,
                                                         t_attention, fitted, precision, notes,
                                                         kernel))  # fmt: skip
     else:
         notes.append("no attention kernel ran: the attention curve is kept as it was")
-        fitted = _with(fitted, attention=device.efficiency.attention)
+        fitted = with_efficiency(fitted, attention=device.efficiency.attention)
     notes += _replaced_notes(device)
     counts = {k: sum(c.kind == k for c, _ in ran)
               for k in ("gemm", "grouped_gemm", "attention", "memory")}  # fmt: skip
@@ -189,6 +198,8 @@ def fit_bench(
               f"{counts['attention']} attention kernels, {counts['memory']} memory-bound "
               f"kernels; least squares on log time through the cost model's roofline")
     fitted = _fit_grouped(fitted, *of("grouped_gemm"), timings.backend, source, notes)
+    fitted = _fit_fp8(fitted, *of("fp8_gemm"), precision, source, notes,
+                      asked=any(c.kind == "fp8_gemm" for c in cases))  # fmt: skip
     rows = tuple(BenchRow(label=c.label, kind=c.kind, shape=c.shape, flops=c.flops,
                           bytes_moved=c.bytes_moved, measured_s=s,
                           before_s=predicted_s(c, device, precision),
@@ -210,7 +221,8 @@ def _fit_memory_bound(
                          f"their times to fit the memory-bound fraction and launch cost")
     fraction, launch = _fit(
         memory, t_memory, precision,
-        lambda x: _with(device, memory_bound_fraction=min(x[0], 1.0), kernel_launch_us=x[1]),
+        lambda x: with_efficiency(device, memory_bound_fraction=min(x[0], 1.0),
+                                  kernel_launch_us=x[1]),
         (device.efficiency.memory_bound_fraction, device.efficiency.kernel_launch_us or 1.0),
         ((1e-4, 0.0), (1.0, lim.MAX_LATENCY_US)))
     # The fit stops at the data sheet's bandwidth; the largest add says whether the data wanted
@@ -221,7 +233,7 @@ def _fit_memory_bound(
     _check_peak(str(cluster_path), device, "memory-bound kernels", best,
                 f"{best * device.memory_bandwidth_gb_s:.0f} GB/s",
                 f"memory_bandwidth_gb_s {device.memory_bandwidth_gb_s:g}")
-    return _with(device, memory_bound_fraction=round(float(fraction), 4),
+    return with_efficiency(device, memory_bound_fraction=round(float(fraction), 4),
                  kernel_launch_us=round(float(launch), 2))
 
 
@@ -240,10 +252,10 @@ def _fit_gemms(
                 f"{fastest / 1e12:.1f} TFLOP/s", f"{precision} peak {peak / 1e12:g} TFLOP/s")
     gmax, ghalf = _fit(
         gemms, t_gemm, precision,
-        lambda x: _with(fitted, gemm=GemmEfficiency(max_fraction=x[0],
+        lambda x: with_efficiency(fitted, gemm=GemmEfficiency(max_fraction=x[0],
                                                     half_saturation_gflop=x[1])),
         (fastest / peak, 1.0), ((1e-6, 0.0), (1.0, lim.MAX_HALF_SATURATION_GFLOP)))
-    return _with(fitted, gemm=GemmEfficiency(max_fraction=round(float(gmax), 4),
+    return with_efficiency(fitted, gemm=GemmEfficiency(max_fraction=round(float(gmax), 4),
                                              half_saturation_gflop=round(float(ghalf), 3)))
 
 
@@ -261,7 +273,24 @@ def _fit_grouped(fitted: DeviceSpec, cases: list[BenchCase], measured: np.ndarra
                      f"(torch._grouped_mm is CUDA's): the curve is the batched GEMM's")
     gemms = [_expert_gemm(c, float(t)) for c, t in zip(cases, measured, strict=True)]
     curve = fit_grouped_gemm(gemms, fitted, source=f"grouped_gemm: {source}")
-    return _with(fitted, grouped_gemm=curve)
+    return with_efficiency(fitted, grouped_gemm=curve)
+
+
+def _fit_fp8(fitted: DeviceSpec, cases: list[BenchCase], measured: np.ndarray,
+             precision: Precision, source: str, notes: list[str], *, asked: bool) -> DeviceSpec:
+    """``fitted`` with the FP8 speedup that prices the FP8 twins of the forward GEMMs
+    (:func:`~planner.diagnose.bench_cases.fp8_gemm_cases`) as they ran, through the launch
+    cost and roofline just fitted; kept when none ran (with a note if they were asked for)."""
+    if not cases:
+        if asked:
+            notes.append("no FP8 GEMM ran (see below): the FP8 speedup is kept as it was")
+        return fitted
+    (speedup,) = _fit(cases, measured, precision, lambda x: with_efficiency(
+        fitted, fp8=Fp8Efficiency(gemm_speedup=float(x[0]))), start=[1.5],
+        bounds=([0.01], [lim.MAX_FP8_SPEEDUP]))  # fmt: skip
+    return with_efficiency(fitted, fp8=Fp8Efficiency(gemm_speedup=round(float(speedup), 3), source=(
+        f"fp8: {len(cases)} forward GEMMs on FP8 operands (torch._scaled_mm, E4M3, per-tensor "
+        f"scales) beside their 16-bit twins, {source}")))  # fmt: skip
 
 
 def _replaced_notes(device: DeviceSpec) -> list[str]:
@@ -279,7 +308,7 @@ def _replaced_notes(device: DeviceSpec) -> list[str]:
     return notes
 
 
-def _fit_attention(cluster: str, cases: Sequence[BenchCase], measured: np.ndarray,
+def fit_attention(cluster: str, cases: Sequence[BenchCase], measured: np.ndarray,
                    device: DeviceSpec, precision: Precision, notes: list[str],
                    kernel: AttentionKernel | None = None) -> AttentionEfficiency:
     """The attention curve, each half-saturation term fitted only when the kernels vary what
@@ -322,7 +351,7 @@ def _fit_attention(cluster: str, cases: Sequence[BenchCase], measured: np.ndarra
              "head_dim": max(kept["head_dim"], 16.0), "backward": kept["backward"],
              "forward_us": max(kept["forward_us"], 10.0),
              "backward_us": max(kept["backward_us"], 10.0)}  # fmt: skip
-    x = _fit(cases, measured, precision, lambda x: _with(device, attention=curve(x)),
+    x = _fit(cases, measured, precision, lambda x: with_efficiency(device, attention=curve(x)),
              [start[n] for n in names],
              ([1e-6 if n in ("max", "backward") else 0.0 for n in names],
               [upper[n] for n in names]))  # fmt: skip
@@ -334,60 +363,6 @@ def _fit_attention(cluster: str, cases: Sequence[BenchCase], measured: np.ndarra
         "backward_fraction": round(fitted.backward_fraction, 4),
         "forward_call_us": round(fitted.forward_call_us, 1),
         "backward_call_us": round(fitted.backward_call_us, 1)})
-
-
-def saved_attention_cases(path: str | Path) -> tuple[list[BenchCase], np.ndarray, Precision]:
-    """The attention kernels of a saved ``planner bench --json`` output as the cases that timed
-    them (:func:`~planner.diagnose.bench_cases.attention_cases`), their measured seconds, and
-    the precision they ran in."""
-    saved = read_json(Path(path))
-    cases, seconds = [], []
-    for row in saved["rows"]:
-        if row["kind"] != "attention":
-            continue
-        _, _, seq, head_dim = row["shape"]
-        backward = row["label"].endswith("bwd")
-        cases.append(BenchCase(
-            kind="attention", kernel="attention_backward" if backward else "attention_forward",
-            label=row["label"], shape=tuple(row["shape"]), flops=float(row["flops"]),
-            bytes_moved=float(row["bytes_moved"]), keys_per_query=CAUSAL_FRACTION * seq,
-            head_dim=float(head_dim), calls=2 if backward else 1))  # fmt: skip
-        seconds.append(float(row["measured_s"]))
-    return cases, np.array(seconds), saved["timings"]["precision"]
-
-
-def fit_saved_attention(paths: Sequence[str | Path], device: DeviceSpec, *,
-                        kernel: AttentionKernel = "torch-sdpa") -> AttentionEfficiency:
-    """``device``'s attention curve fitted to the attention kernels of saved ``planner bench
-    --json`` outputs at ``paths`` together (each run's shapes, one fit), as ``planner bench``
-    fits its own."""
-    cases: list[BenchCase] = []
-    seconds: list[np.ndarray] = []
-    precisions = set()
-    for path in paths:
-        mine, measured, precision = saved_attention_cases(path)
-        cases += mine
-        seconds.append(measured)
-        precisions.add(precision)
-    if len(precisions) != 1:
-        raise InputError(f"the saved benches ran in {', '.join(sorted(precisions))}: expected "
-                         f"one precision to fit one curve")  # fmt: skip
-    return _fit_attention(device.name, cases, np.concatenate(seconds), device,
-                          precisions.pop(), [], kernel)
-
-
-def with_saved_kernels(device: DeviceSpec, path: str | Path) -> DeviceSpec:
-    """``device`` with the GEMM curve, memory-bound fraction and launch cost that a saved
-    ``planner bench --json`` output at ``path`` fitted to its own kernels (its ``after``
-    block; the attention curve and the rest kept): the device as its kernels alone price it.
-    """
-    saved = read_json(Path(path))
-    fitted = DeviceEfficiency.model_validate(saved["after"])
-    source = (f"fitted by `planner bench` to its own kernels ({Path(path).name}, "
-              f"{saved['timings']['device_name']})")
-    return _with(device, gemm=fitted.gemm.model_copy(update={"source": source}),
-                 memory_bound_fraction=fitted.memory_bound_fraction,
-                 kernel_launch_us=fitted.kernel_launch_us)  # fmt: skip
 
 
 def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
@@ -404,9 +379,9 @@ def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
         # Every field of the curve (the fixed costs, the backward's rate and the kernel too).
         block["attention"] = curve.model_dump(mode="json", exclude_none=True) | {
             "source": curve.source or source}
-    if efficiency.grouped_gemm is not None:
-        block["grouped_gemm"] = efficiency.grouped_gemm.model_dump(mode="json",
-                                                                   exclude_none=True)
+    for curve in ("grouped_gemm", "fp8"):
+        if getattr(efficiency, curve) is not None:
+            block[curve] = getattr(efficiency, curve).model_dump(mode="json", exclude_none=True)
     block["memory_bound_fraction"] = efficiency.memory_bound_fraction
     block["kernel_launch_us"] = efficiency.kernel_launch_us
     block["source"] = f"memory_bound_fraction, kernel_launch_us: {source}"

@@ -150,6 +150,8 @@ class _Kernels:
             b = self.randn(n, k).t() if case.transposed == "b" else self.randn(k, n)
             out = self.randn(m, n)
             return lambda: torch.matmul(a, b, out=out)
+        if case.kernel == "scaled_matmul":
+            return self._scaled(case)
         if case.kernel == "grouped_matmul":
             return self._grouped(case)
         if case.kernel in ("attention_forward", "attention_backward"):
@@ -175,6 +177,20 @@ class _Kernels:
         if case.kernel == "silu":
             return lambda: f.silu(x)
         raise AssertionError(f"no kernel {case.kernel}")
+
+    def _scaled(self, case: BenchCase) -> Callable[[], object]:
+        """An FP8 GEMM as Transformer Engine's forward runs it: E4M3 operands with per-tensor
+        scales, the second stored transposed, the output in the compute precision
+        (``torch._scaled_mm``; a device without FP8 GEMMs raises, and the case is skipped)."""
+        torch = self.torch
+        e4m3 = getattr(torch, "float8_e4m3fn", None)
+        scaled = getattr(torch, "_scaled_mm", None)
+        if e4m3 is None or scaled is None:
+            raise NotImplementedError(f"torch {torch.__version__} has no FP8 GEMM")
+        m, k, n = case.shape
+        a, b = self.randn(m, k).to(e4m3), self.randn(n, k).to(e4m3).t()
+        one = torch.tensor(1.0, device=self.device)
+        return lambda: scaled(a, b, scale_a=one, scale_b=one, out_dtype=self.dtype)
 
     def _grouped(self, case: BenchCase) -> Callable[[], object]:
         """A rank's experts as one grouped GEMM: ``torch._grouped_mm`` on CUDA (torchtitan's

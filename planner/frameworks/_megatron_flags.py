@@ -21,6 +21,7 @@ from planner.frameworks._megatron_vocab import padded_vocab
 from planner.plan.chunks import slots_taken
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec, MoESpec
+from planner.vocabulary import FP8_STACKS
 
 Flag = tuple[str, str | int | float | tuple[str, ...] | None]
 """A flag and its value (None for a switch, a tuple for a list argparse reads word by
@@ -119,6 +120,16 @@ def precision_flags(resolved: ResolvedConfig) -> list[Flag]:
     return {"bf16": [("--bf16", None)], "fp16": [("--fp16", None)]}.get(
         resolved.training.precision, []
     )
+
+
+def fp8_flags(resolved: ResolvedConfig) -> list[Flag]:
+    """Transformer Engine's FP8 linears on an FP8 stack (:mod:`planner.graph.fp8`):
+    ``--fp8-format hybrid`` (E4M3 forward, E5M2 gradients) and the delayed-scaling recipe the
+    planner prices, Megatron-Core's default written out so a later default cannot change it
+    (``fp8``, ``fp8_recipe`` in ``megatron/core/transformer/transformer_config.py``)."""
+    if resolved.training.stack not in FP8_STACKS:
+        return []
+    return [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
 
 
 def recompute_flags(resolved: ResolvedConfig) -> list[Flag]:

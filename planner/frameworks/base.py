@@ -108,7 +108,7 @@ class Profile:
         >>> cluster = planner.load_cluster("instances/clusters/dgx-h100-80gb.json", nodes=1)
         >>> profile("megatron").refusals(resolve(model, cluster, ParallelConfig(
         ...     dp=8, stack="hf-eager")), model)
-        ('stack hf-eager: Megatron-LM runs megatron-te',)
+        ('stack hf-eager: Megatron-LM runs megatron-te, megatron-te-fp8',)
         """
         stack = resolved.training.stack
         wrong = () if stack in self.stacks else (

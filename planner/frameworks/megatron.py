@@ -24,7 +24,7 @@ from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
 from planner.plan.chunks import cuts_into
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from planner.vocabulary import DEFAULT_RANK_ORDER
+from planner.vocabulary import DEFAULT_RANK_ORDER, FP8_STACKS
 
 REPO = "NVIDIA/Megatron-LM@d98e8a64ddf3"
 """The Megatron-LM source the rules and flags were checked against."""
@@ -166,10 +166,15 @@ def moe_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 def recompute_modules(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Megatron-Core's checks on ``--recompute-modules``: ``moe_act`` only with grouped GEMM
     (which the launch turns on for experts in bf16: :func:`~planner.frameworks._megatron_flags.
-    grouped_gemm_flags`), ``mla_up_proj`` only with latent attention."""
+    grouped_gemm_flags`), ``mla_up_proj`` only with latent attention, neither ``moe_act`` nor
+    ``layernorm`` in FP8 with delayed scaling (the recipe the FP8 stack launches)."""
     if resolved.config.recompute_modules is None:
         return None
     modules = resolved.recompute_modules
+    discarded = sorted({"moe_act", "layernorm"} & set(modules))
+    if discarded and resolved.training.stack in FP8_STACKS:
+        return (f"recompute module{'s' * (len(discarded) > 1)} {' and '.join(discarded)} in "
+                "FP8: Megatron-Core refuses them with delayed scaling (--fp8-recipe delayed)")
     if "moe_act" in modules and not mf.grouped_gemm_flags(resolved, model):
         return ("recompute module moe_act needs --moe-grouped-gemm, which runs experts in bf16 "
                 f"only: {model.name} in {resolved.training.precision}"
@@ -342,7 +347,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{REPO} megatron/core/transformer/transformer_config.py:3002-3037; "
                 f"megatron/training/arguments.py:1466-1474"),
     Rule(name="recompute-modules", check=recompute_modules,
-         source=f"{REPO} megatron/core/transformer/transformer_config.py:1964-1973"),
+         source=f"{REPO} megatron/core/transformer/transformer_config.py:1964-1973, "
+                f"1999-2005"),
     Rule(name="vpp-chunks", check=interleaving_chunks,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:2306-2368; "
                 f"megatron/core/transformer/transformer_block.py:175-178, 191-201"),
@@ -394,6 +400,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *mf.grouped_gemm_flags(resolved, model),
         *vocab_flags(model, resolved),
         *mf.precision_flags(resolved),
+        *mf.fp8_flags(resolved),
         *mf.recompute_flags(resolved),
         *optimizer_flags(resolved),
         *mf.offload_flags(resolved),
@@ -452,5 +459,6 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="megatron", title="Megatron-LM", rules=RULES, launch=launch,
-                  moe_comm_overlap=True, folds_experts=True, recompute_modules=True)
+                  moe_comm_overlap=True, folds_experts=True, recompute_modules=True,
+                  stacks=("megatron-te", "megatron-te-fp8"))
 """Megatron-LM as a framework target."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from planner.graph import unfused
-from planner.graph.ops import Op, OpKind, Tensor
+from planner.graph.fp8 import quantization, runs_fp8
+from planner.graph.ops import Op, OpKind, Tensor, Unfused
 from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES, LOSS_KEPT, LOSS_WORKING
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
 from planner.vocabulary import Precision, Stack
@@ -128,15 +129,29 @@ class _Builder:
         in_dim = x.dims[-1]
         y = Tensor((*x.dims[:-1], out), self.act_bytes)
         weight = Tensor((in_dim, out), self.act_bytes)
+        # Megatron-Core fuses a norm into the linear reading it, but for the norms its
+        # layernorm recompute module reruns (see _decoder_layer).
+        fused = norm_reads > 0 and "layernorm" not in tags.get("discarded_by", ())
+        work, fp8 = self.linear_kernels(x, y, weight, norm_reads if self.autocast else 0,
+                                        quantized_by_norm=fused)  # fmt: skip
         return self.add(
             op, "linear", (source,), inputs=(x,), output=y, weight=weight,
             bias_params=out[1] if bias else 0,
             flops=2.0 * x.numel * out[1],
             saved=(*self._input_copies(x, norm_reads, save_input, compiled_recomputes),
                    *self.weight_copy(weight)),
-            unfused=unfused.linear(self.stack, x, weight, norm_reads if self.autocast else 0),
-            **tags,
+            unfused=work, fp8=fp8, **tags,
         )  # fmt: skip
+
+    def linear_kernels(self, x: Tensor, y: Tensor, weight: Tensor, readers: int, *,
+                       quantized_by_norm: bool) -> tuple[Unfused | None, bool]:  # fmt: skip
+        """A linear's separate kernels on this stack (:func:`unfused.linear`), with an FP8
+        linear's quantizations (:func:`quantization`), and whether it runs in FP8."""
+        work = unfused.linear(self.stack, x, weight, readers)
+        if not runs_fp8(self.stack, self.layer_kind):
+            return work, False
+        q = quantization(x, y, quantized_by_norm=quantized_by_norm)
+        return (q if work is None else work.plus(q)), True
 
     def _input_copies(
         self, x: Tensor, norm_reads: int, save_input: bool, compiled_recomputes: bool
@@ -327,13 +342,13 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
     def expert_linear(op: str, src: str, x: Tensor, out: Tensor, in_dim: tuple[str, int],
                       out_dim: tuple[str, int], discarded_by: tuple[str, ...] = ()) -> str:
         weight = Tensor((("experts", experts), in_dim, out_dim), b.act_bytes)
+        work, fp8 = b.linear_kernels(x, out, weight, 0, quantized_by_norm=False)
         return b.add(
             op, "expert_linear", (src,), inputs=(x,), output=out, weight=weight,
             flops=2.0 * experts * capacity * in_dim[1] * out_dim[1],
             saved=(x, *b.weight_copy(weight)),
             gemm_calls=experts, active_fraction=moe.top_k / experts,
-            unfused=unfused.linear(b.stack, x, weight, 0), discarded_by=discarded_by,
-            checkpointed_by=MOE,
+            unfused=work, fp8=fp8, discarded_by=discarded_by, checkpointed_by=MOE,
         )  # fmt: skip
 
     up = expert_linear("expert_up", dispatch, hidden_routed, routed(glu * f),

@@ -159,6 +159,8 @@ class Op:
     """The separate memory-bound kernels the stack runs for the op (:class:`Unfused`); None:
     one fused kernel reading its inputs and writing its output once (a GEMM or the attention
     core alone)."""
+    fp8: bool = False
+    """Its GEMMs run in FP8, and it keeps its input in FP8 (:mod:`planner.graph.fp8`)."""
     units: tuple[tuple[str, int], ...] = ()
     """Indivisible units of a dim when it is not its size: the ``heads`` dims hold
     ``heads x head_dim`` features but split only by whole (key/value) heads."""

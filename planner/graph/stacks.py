@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from planner.vocabulary import Precision, Stack
 
-GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te",)
+GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8")
 """Stacks that run a rank's routed experts as one grouped GEMM in bf16: Megatron-Core's
 ``TEGroupedMLP`` under ``--moe-grouped-gemm`` (the Megatron and MindSpeed exports set it for
 bf16: ``planner/frameworks/_megatron_flags.py``), torchtitan's ``torch._grouped_mm``. The
@@ -85,12 +85,14 @@ FP32_BYTES = 4.0
 """Bytes of an fp32 element."""
 AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
 """Stacks that run under ``torch.autocast`` with fp32 weights and an fp32 residual stream."""
-LOSS_KEPT: dict[Stack, float] = {"megatron-te": 4.0, "hf-eager": 4.0, "hf-compiled": 4.0,
-                                  "composer-fsdp": 2.0, "megatron-deepspeed": 4.0}
+LOSS_KEPT: dict[Stack, float] = {"megatron-te": 4.0, "megatron-te-fp8": 4.0, "hf-eager": 4.0,
+                                  "hf-compiled": 4.0, "composer-fsdp": 2.0,
+                                  "megatron-deepspeed": 4.0}
 """Bytes per token and vocabulary entry the loss keeps for its backward: fp32 softmax (or
 log-probabilities); flash-attn's fused cross entropy (``flash_attn/losses/cross_entropy.py``,
 as MosaicGPT builds it) keeps the 16-bit logits themselves and an fp32 log-sum-exp a token."""
-LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "hf-eager": 8.0, "hf-compiled": 8.0,
+LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "megatron-te-fp8": 2.0, "hf-eager": 8.0,
+                                    "hf-compiled": 8.0,
                                     "composer-fsdp": 2.0, "megatron-deepspeed": 2.0}
 """Bytes per token and vocabulary entry the loss's backward holds beyond the fp32 softmax it
 keeps. Hugging Face's loss (``transformers/loss/loss_utils.py``) runs ``cross_entropy`` on

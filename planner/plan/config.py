@@ -17,7 +17,7 @@ from planner.plan.degrees import Degrees, Shape, degrees_of, derive
 from planner.plan.divisibility import RULE, Rule, broken
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
-from planner.spec.reading import fill_training
+from planner.spec.reading import check_device, fill_training
 from planner.vocabulary import (
     DEFAULT_RANK_ORDER,
     DEFAULT_RECOMPUTE_MODULES,
@@ -243,6 +243,7 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
     training = fill_training(model, seq_length=config.seq_len,
                              global_batch_size=config.global_batch,
                              precision=config.precision, stack=config.stack)  # fmt: skip
+    check_device(training.stack, cluster.device)
     shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
                   global_batch=training.global_batch_size)  # fmt: skip
     d = degrees_of(dict(config))

@@ -224,8 +224,8 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
-BENCH_PARTS = (("gemm", "GEMMs"), ("grouped_gemm", "grouped GEMMs"), ("attention", "attention"),
-               ("memory", "adds"), ("elementwise", "norm, act."),
+BENCH_PARTS = (("gemm", "GEMMs"), ("grouped_gemm", "grouped GEMMs"), ("fp8_gemm", "FP8 GEMMs"),
+               ("attention", "attention"), ("memory", "adds"), ("elementwise", "norm, act."),
                ("optimizer", "Adam step"))  # fmt: skip
 """The bench's kinds of kernel in the order fitted, as its summary names them."""
 
@@ -260,6 +260,9 @@ def bench_tables(fit: BenchFit) -> list[RenderableType]:
             values.append((f"grouped_gemm.{field}",
                            getattr(old_grouped, field) if old_grouped else None,
                            getattr(after.grouped_gemm, field)))  # fmt: skip
+    if after.fp8 is not None:
+        values.append(("fp8.gemm_speedup", before.fp8.gemm_speedup if before.fp8 else None,
+                       after.fp8.gemm_speedup))  # fmt: skip
     if after.attention is not None:
         old = before.attention
         for field in ("max_fraction", "half_saturation_tokens", "half_saturation_head_dim"):

@@ -83,7 +83,8 @@ def candidates(
                     continue
                 m = gbs // (replicas * b)
                 per_microbatch = cost.compute_lower_bound_s(
-                    cluster.device, training.precision, flops=flops * b / devices
+                    cluster.device, training.precision, flops=flops * b / devices,
+                    stack=training.stack,
                 )
                 for schedule, v in _schedules(layers, stages, m, options.interleaved):
                     if not options.pins.admits(vpp=v):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from planner.cost.risk import parse_objective
 from planner.frameworks import ANY, check_framework
-from planner.options import DEFAULT_OPTIONS, ProgressFn, SolveOptions
+from planner.options import DEFAULT_OPTIONS, ProgressFn, SolveOptions, training_of
 from planner.plan.schema import Plan
 from planner.search.framework import enumerate_plan
 from planner.search.superset import solve_any
 from planner.spec import ClusterSpec, ModelSpec
+from planner.spec.reading import check_device
 
 
 def solve(
@@ -49,6 +50,8 @@ def solve(
     ('TP2 x PP1 x DP4, mbs 8, 1F1B, sequence parallel, distributed optimizer', 9.03)
     """
     parse_objective(options.objective)
-    if check_framework(options.framework) == ANY:
+    framework = check_framework(options.framework)
+    check_device(training_of(model, options).stack, cluster.device)
+    if framework == ANY:
         return solve_any(model, cluster, options, progress=progress)
     return enumerate_plan(model, cluster, options, progress=progress)

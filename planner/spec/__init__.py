@@ -18,6 +18,7 @@ from planner.spec.cluster import (
     ClusterSpec,
     DeviceEfficiency,
     DeviceSpec,
+    Fp8Efficiency,
     GemmEfficiency,
     GroupedGemmEfficiency,
     HostSpec,
@@ -38,7 +39,8 @@ from planner.spec.model import (
 
 __all__ = [
     "Activation", "AttentionEfficiency", "ClusterSpec", "DeviceEfficiency", "DeviceSpec",
-    "Float", "GemmEfficiency", "GroupedGemmEfficiency", "HostSpec", "Int", "LinkEfficiency",
+    "Float", "Fp8Efficiency", "GemmEfficiency", "GroupedGemmEfficiency", "HostSpec", "Int",
+    "LinkEfficiency",
     "MLASpec", "MoESpec", "ModelSpec", "Name", "NetworkLevel", "Normalization",
     "PositionEmbedding", "Regime", "RopeScaling", "TrainingSpec", "ValidatedRun",
     "ValidationBand",

@@ -98,6 +98,16 @@ class GroupedGemmEfficiency(_Frozen):
     source: str | None = Field(default=None, description="How these values were obtained.")
 
 
+class Fp8Efficiency(_Frozen):
+    """How much faster the device runs a GEMM on FP8 operands than on 16-bit ones (Transformer
+    Engine's FP8 linears, the ``megatron-te-fp8`` stack: :mod:`planner.graph.fp8`). Absent,
+    the device is not priced in FP8."""
+
+    gemm_speedup: Float = Field(gt=0, le=lim.MAX_FP8_SPEEDUP, description="The 16-bit GEMM's "
+                                "time over the FP8 GEMM's, for the same shapes.")  # fmt: skip
+    source: str | None = Field(default=None, description="How this value was obtained.")
+
+
 class ValidationBand(_Frozen):
     """How far predictions missed the published runs of one kind on this device: what the
     error band printed beside a step time rests on."""
@@ -123,6 +133,7 @@ class DeviceEfficiency(_Frozen):
     gemm: GemmEfficiency = GemmEfficiency()
     attention: AttentionEfficiency | None = None
     grouped_gemm: GroupedGemmEfficiency | None = None
+    fp8: Fp8Efficiency | None = None
     overlap_contention: Float = Field(
         default=0.0, ge=0, le=1, description="Fraction of the time of data-parallel "
         "communication hidden behind compute that the compute still loses (NCCL's kernels "

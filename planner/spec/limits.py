@@ -125,6 +125,10 @@ room for a study without admitting a typo of a thousand."""
 MAX_HALF_SATURATION_GFLOP = 1e6
 """GEMM size at half the achievable FLOP/s: fitted values are tens of GFLOP (A100: 43)."""
 
+MAX_FP8_SPEEDUP = 16.0
+"""FP8 over 16-bit GEMM speed: data sheets double the peak (H100: 1,979 against 989 TFLOP/s
+dense), measured kernels run 1.5-2x."""
+
 MAX_TIME_LIMIT_S = 1e6
 """A solver time limit, seconds (11.6 days): OR-Tools takes it as whole milliseconds in a 64-bit
 integer, and overflows (a crash, not an error) long before infinity."""

@@ -15,12 +15,12 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from planner.errors import InputError
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
+from planner.spec import ClusterSpec, DeviceSpec, ModelSpec, TrainingSpec, physics
 from planner.spec import limits as lim
 from planner.spec.hf import model_from_hf_config
 from planner.spec.messages import describe_validation_error
 from planner.spec.profile import PROFILE_SCHEMA, LayerProfile
-from planner.vocabulary import Precision, Stack
+from planner.vocabulary import FP8_STACKS, Precision, Stack
 
 OPTION_NAMES = {"seq_length": "--seq-len", "global_batch_size": "--global-batch",
                 "precision": "--precision", "stack": "--stack"}  # fmt: skip
@@ -226,3 +226,23 @@ def read_profile(path: Path) -> LayerProfile:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         raise InputError(f"{path}: {where}: {err['msg']}") from None
+
+
+def check_device(stack: Stack, device: DeviceSpec) -> None:
+    """Refuse an FP8 stack on a device with no measured FP8 GEMM speedup
+    (``efficiency.fp8``), in one line saying what to do.
+
+    >>> from planner.spec import DeviceSpec
+    >>> check_device("megatron-te-fp8", DeviceSpec(name="A100", memory_gib=80,
+    ...              memory_bandwidth_gb_s=2039, peak_tflops={"bf16": 312}))
+    Traceback (most recent call last):
+    ...
+    planner.errors.InputError: stack megatron-te-fp8: device A100 has no FP8 GEMM speedup \
+(device.efficiency.fp8 in the cluster file); price it on megatron-te, or measure it on the \
+device: planner bench CLUSTER --model MODEL --fp8 --write
+    """
+    if stack in FP8_STACKS and device.efficiency.fp8 is None:
+        raise InputError(f"stack {stack}: device {device.name} has no FP8 GEMM speedup "
+                         "(device.efficiency.fp8 in the cluster file); price it on megatron-te, "
+                         "or measure it on the device: planner bench CLUSTER --model MODEL "
+                         "--fp8 --write")  # fmt: skip
