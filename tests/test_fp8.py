@@ -188,3 +188,19 @@ def test_bench_times_fp8_twins_and_fits_their_speedup() -> None:
     kept = fit_bench(H100, plain, _timed_by(known, plain), model_name="llama3-8b",
                      seq_length=2048)  # fmt: skip
     assert kept.after.fp8 == device.efficiency.fp8
+
+
+def test_the_plan_records_and_says_fp8() -> None:
+    """A plan priced on the FP8 stack records it (read back from its JSON) and says so in its
+    summary; a 16-bit plan does neither."""
+    from planner.plan.schema import Plan
+
+    model = load_model(MODELS / "llama3-8b.json")
+    h100 = load_cluster(CLUSTERS / "dgx-h100-80gb.json", nodes=1)
+    fp8 = solve(model, h100, SolveOptions(framework="megatron", stack="megatron-te-fp8"))
+    again = Plan.model_validate_json(fp8.to_json())
+    assert (again.stack, again.configuration.stack) == ("megatron-te-fp8", "megatron-te-fp8")
+    assert again.summary().endswith(", FP8 linears")
+    bf16 = solve(model, h100, SolveOptions(framework="megatron"))
+    assert bf16.stack == "megatron-te" and "FP8" not in bf16.summary()
+    assert fp8.predicted.step_time_s < bf16.predicted.step_time_s

@@ -18,11 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.plan.bands import ErrorBand, MemoryBand
 from planner.plan.config import ParallelConfig
 from planner.vocabulary import (
+    FP8_STACKS,
     GIB,
     Objective,
     Precision,
     Recompute,
     ScheduleName,
+    Stack,
 )
 
 SCHEMA_VERSION = 6
@@ -326,6 +328,9 @@ class Plan(_Frozen):
     model: InputRef
     cluster: ClusterRef
     precision: Precision
+    stack: Stack = Field(default="megatron-te", description="The software that runs each layer "
+                         "(planner.vocabulary.Stack): megatron-te-fp8 for Transformer Engine's "
+                         "FP8 linears.")  # fmt: skip
     global_batch_size: int = Field(ge=1)
     seq_length: int = Field(ge=1)
     micro_batch_size: int = Field(ge=1)
@@ -391,6 +396,8 @@ class Plan(_Frozen):
         if self.configuration is not None and self.configuration.offload != "none":
             how = " (ZeRO-Offload)" if self.configuration.offload == "zero-offload" else ""
             extras.append(f"optimizer offloaded to the host{how}")
+        if self.stack in FP8_STACKS:
+            extras.append("FP8 linears")
         return ", ".join([text, *extras])
 
     def to_json(self) -> str:

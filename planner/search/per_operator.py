@@ -333,6 +333,7 @@ def _plan(
         model=model_ref(ctx.model),
         cluster=cluster_ref(ctx.cluster),
         precision=training.precision,
+        stack=training.stack,
         global_batch_size=training.global_batch_size,
         seq_length=training.seq_length,
         # Per data-parallel rank, as frameworks count it: the pipeline's microbatch is split

@@ -86,6 +86,7 @@ def uniform_plan(
     complete = c.model_copy(update={
         "dp": resolved.dp, "global_batch": resolved.training.global_batch_size,
         "seq_len": resolved.training.seq_length, "precision": resolved.training.precision,
+        "stack": resolved.training.stack,
     })  # fmt: skip
     plan = Plan(
         method=method,
@@ -95,6 +96,7 @@ def uniform_plan(
         model=model_ref(model),
         cluster=cluster_ref(cluster),
         precision=resolved.training.precision,
+        stack=resolved.training.stack,
         global_batch_size=resolved.training.global_batch_size,
         seq_length=resolved.training.seq_length,
         micro_batch_size=c.mbs,
