@@ -29,14 +29,16 @@ SEQ = 1024
 
 
 def _configs(model: ModelSpec) -> list[dict[str, object]]:
-    """A few uniform layer shardings the model divides: wide TP with SP, narrow TP without
-    SP with ring context parallelism, with SP and Ulysses context parallelism, and for
+    """A few uniform layer shardings the model divides: wide TP with SP (in 16 bits and in
+    FP8), narrow TP without SP with ring context parallelism, with SP and Ulysses context
+    parallelism, and for
     mixtures of experts EP over data and context ranks, and folded over the tensor ranks."""
     heads = model.num_attention_heads
     groups = heads if model.mla else model.query_groups
     tps = [t for t in (8, 4, 2) if heads % t == 0 and groups % t == 0 and model.ffn % t == 0]
     out: list[dict[str, object]] = [dict(tp=tps[0], sp=True), dict(tp=tps[-1], cp=2, sp=False),
-                                    dict(tp=tps[-1], cp=2, cp_algo="ulysses", sp=True)]
+                                    dict(tp=tps[-1], cp=2, cp_algo="ulysses", sp=True),
+                                    dict(tp=tps[0], sp=True, stack="megatron-te-fp8")]
     if model.moe is not None:
         ep = 8 if model.moe.num_experts % 8 == 0 else model.moe.num_experts
         out += [dict(tp=tps[-1], ep=ep, sp=True), dict(tp=1, cp=2, ep=ep), dict(tp=1, cp=4, ep=2)]
@@ -84,6 +86,7 @@ def test_estimate_prices_megatron_as_the_ilp_does(name: str, k: int, cluster: Cl
         ilp_query = LayerQuery(kind=kind, mesh=stage.layout.shape,
                                mesh_micro_batch_size=2 * stage.layout.data_ways, seq_length=SEQ,
                                precision=resolved.training.precision,
+                               stack=resolved.training.stack,
                                tp_comm_overlap=config.tp_comm_overlap)  # fmt: skip
         ilp = layer_graph_of(model, cluster, ilp_query)
         chosen = [[s.name for s in n.strategies].index(name)

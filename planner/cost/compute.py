@@ -139,7 +139,10 @@ def compute_time_s(
 ) -> float:
     """Roofline time of ``calls`` kernels doing ``flops`` and moving ``bytes_moved`` in all,
     at the GEMM curve's fraction of peak for their size unless ``fraction`` is given, the math
-    ``speedup`` times faster (FP8 operands: :func:`fp8_speedup`).
+    ``speedup`` times faster (FP8 operands: :func:`fp8_speedup`). On the GEMM curve a call
+    takes ``(f + half) / (peak x max)``: its half-saturation is a fixed cost a call (on a
+    curve fitted to whole runs, time the stack loses beside the kernel), which FP8 does not
+    speed up, so ``(f / speedup + half) / (peak x max)``.
 
     >>> from planner.spec import DeviceSpec
     >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
@@ -154,7 +157,7 @@ def compute_time_s(
     math_s = 0.0
     if flops > 0:
         if fraction is None:
-            fraction = gemm_fraction(eff.gemm, flops / calls)
+            fraction = gemm_fraction(eff.gemm, flops / calls / speedup)
         math_s = flops / (device.peak_flops_per_s(precision) * fraction * speedup)
     return max(math_s, memory_s) + calls * eff.kernel_launch_us * 1e-6
 

@@ -31,9 +31,10 @@ What an FP8 linear changes, read at NVIDIA/TransformerEngine d0067d0
   parameter, the embedding's, the head's and the router's included (an over-count of 2 bytes
   a parameter of theirs).
 
-Not priced: delayed scaling's amax history and scale updates (a few numbers a tensor), the
-weights' quantization (4 bytes a parameter once a step), and the sequence-parallel all-gather
-of an FP8 input (priced at 16 bits, the slower).
+Under sequence parallelism the input is all-gathered in FP8, and in the backward the output's
+gradient (``base.py`` ``grad_output_preprocess``): :func:`planner.sharding.assignment.
+fp8_gathers`. Not priced: delayed scaling's amax history and scale updates (a few numbers a
+tensor) and the weights' quantization (4 bytes a parameter once a step).
 """
 
 from __future__ import annotations

@@ -19,8 +19,16 @@ import networkx as nx
 
 from planner import cost
 from planner.cost.layer import LayerParts
+from planner.graph.fp8 import kept_bytes_ratio
 from planner.graph.ops import Op, Tensor
-from planner.sharding.layout import Layout, LogicalMesh, canonical, reshard, transfer_time_s
+from planner.sharding.layout import (
+    Layout,
+    LogicalMesh,
+    Transfer,
+    canonical,
+    reshard,
+    transfer_time_s,
+)
 from planner.sharding.strategies import Strategy, StrategyContext, follow
 
 StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]
@@ -173,7 +181,7 @@ def edge_seconds_matrix(
     """:func:`edge_seconds` of every strategy pair on ``edge`` (row: the producer's strategy,
     column: the consumer's). Many pairs convert between the same two layouts, so each
     conversion is priced once."""
-    seconds: dict[tuple[Layout, Layout], float] = {}
+    seconds: dict[tuple[Layout, Layout, bool], float] = {}
     return [[_total_and_forward(_edge_transfers(layer, edge, src=i, dst=j, seconds=seconds))
              for j in range(len(layer.nodes[edge[1]].strategies))]
             for i in range(len(layer.nodes[edge[0]].strategies))]  # fmt: skip
@@ -186,10 +194,10 @@ def _total_and_forward(transfers: tuple[float, float, float, float]) -> tuple[fl
 
 def _edge_transfers(
     layer: LayerGraph, edge: tuple[int, int], *, src: int, dst: int,
-    seconds: dict[tuple[Layout, Layout], float] | None = None,
+    seconds: dict[tuple[Layout, Layout, bool], float] | None = None,
 ) -> tuple[float, float, float, float]:  # fmt: skip
     """The resharding on ``edge``: (forward, backward) seconds exposed, then the same two
-    as transferred (:func:`edge_seconds`). ``seconds`` keeps each (from, to) layout
+    as transferred (:func:`edge_seconds`). ``seconds`` keeps each (from, to, in FP8) layout
     conversion's seconds on this edge, for callers pricing many pairs of it."""
     producer, consumer = layer.nodes[edge[0]], layer.nodes[edge[1]]
     at = input_index(consumer.ops[0], producer.output)
@@ -199,20 +207,35 @@ def _edge_transfers(
     mesh, ctx = layer.mesh, layer.context
     known = {} if seconds is None else seconds
 
-    def converted_s(a: Layout, b: Layout) -> float:
-        if (a, b) not in known:
-            known[(a, b)] = transfer_time_s(reshard(a, b, producer.output, mesh), ctx.cluster,
-                                            mesh)  # fmt: skip
-        return known[(a, b)]
+    def converted_s(a: Layout, b: Layout, fp8: bool) -> float:
+        if (a, b, fp8) not in known:
+            transfers = reshard(a, b, producer.output, mesh)
+            if fp8:
+                transfers = fp8_gathers(transfers, producer.output.element_bytes)
+            known[(a, b, fp8)] = transfer_time_s(transfers, ctx.cluster, mesh)
+        return known[(a, b, fp8)]
 
-    raw_forward = converted_s(p.output, c.inputs[at])
-    raw_backward = converted_s(c.input_grads[at], p.output_grad)
+    # Transformer Engine gathers an FP8 linear's input in FP8, and in the backward the
+    # gradient of its output (planner.graph.fp8).
+    raw_forward = converted_s(p.output, c.inputs[at], consumer.ops[0].fp8)
+    raw_backward = converted_s(c.input_grads[at], p.output_grad, producer.ops[-1].fp8)
     forward, backward = raw_forward, raw_backward
     if ctx.tp_comm_overlap:
         matmuls = [s for s, n in ((p, producer), (c, consumer)) if n.ops[0].kind == "linear"]
         forward = cost.exposed_s(raw_forward, sum(s.forward_s for s in matmuls))
         backward = cost.exposed_s(raw_backward, sum(s.backward_s for s in matmuls))
     return forward, backward, raw_forward, raw_backward
+
+
+def fp8_gathers(transfers: tuple[Transfer, ...], element_bytes: float) -> tuple[Transfer, ...]:
+    """``transfers`` of a tensor of ``element_bytes`` an element with their all-gathers in FP8,
+    as Transformer Engine runs an FP8 linear's under sequence parallelism
+    (``gather_along_first_dim`` with the quantizer: ``transformer_engine/pytorch/module/
+    linear.py`` for the input, ``base.py`` ``grad_output_preprocess`` for the output's
+    gradient); reductions stay in the compute precision."""
+    ratio = kept_bytes_ratio(element_bytes)
+    return tuple(replace(t, nbytes=t.nbytes * ratio) if t.kind == "all_gather" else t
+                 for t in transfers)  # fmt: skip
 
 
 def _checkpointed(node: Node, modules: tuple[str, ...]) -> bool:

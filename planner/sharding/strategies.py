@@ -362,8 +362,9 @@ def kept_sharded(op: Op, strategy: Strategy, mesh: LogicalMesh,
         held_split = tensor_degrees(x, other, mesh)
         if not op.splittable("seq", seq, held_split.get("seq", 1) * mesh.size(axis)):
             continue
-        held = cost.sharded_bytes(x, held_split)
-        saved = held * (1 - 1 / mesh.size(axis)) * cost.kept_fraction(op, x)
+        # An FP8 linear keeps (and gathers again) its input in FP8.
+        held = cost.sharded_bytes(x, held_split) * cost.kept_fraction(op, x)
+        saved = held * (1 - 1 / mesh.size(axis))
         gather = cost.collective_time_s(ctx.cluster, "all_gather", held, mesh.group(axis))
         regather = gather
         if ctx.tp_comm_overlap:  # the backward's all-gather overlaps its GEMMs too
