@@ -182,9 +182,9 @@ def fit_bench(
     if attention:
         # What the runner calls (bench_torch.py): PyTorch's SDPA on CUDA, Ascend's FA on NPU.
         kernel: AttentionKernel = "ascend-fa" if timings.backend == "npu" else "torch-sdpa"
-        fitted = with_efficiency(fitted, attention=fit_attention(str(cluster_path), attention,
-                                                        t_attention, fitted, precision, notes,
-                                                        kernel))  # fmt: skip
+        curve = fit_attention(str(cluster_path), attention, t_attention, fitted, precision,
+                              notes, kernel)
+        fitted = with_efficiency(fitted, attention=curve)
     else:
         notes.append("no attention kernel ran: the attention curve is kept as it was")
         fitted = with_efficiency(fitted, attention=device.efficiency.attention)
@@ -234,7 +234,7 @@ def _fit_memory_bound(
                 f"{best * device.memory_bandwidth_gb_s:.0f} GB/s",
                 f"memory_bandwidth_gb_s {device.memory_bandwidth_gb_s:g}")
     return with_efficiency(device, memory_bound_fraction=round(float(fraction), 4),
-                 kernel_launch_us=round(float(launch), 2))
+                           kernel_launch_us=round(float(launch), 2))
 
 
 def _fit_gemms(
@@ -253,10 +253,10 @@ def _fit_gemms(
     gmax, ghalf = _fit(
         gemms, t_gemm, precision,
         lambda x: with_efficiency(fitted, gemm=GemmEfficiency(max_fraction=x[0],
-                                                    half_saturation_gflop=x[1])),
+                                                              half_saturation_gflop=x[1])),
         (fastest / peak, 1.0), ((1e-6, 0.0), (1.0, lim.MAX_HALF_SATURATION_GFLOP)))
-    return with_efficiency(fitted, gemm=GemmEfficiency(max_fraction=round(float(gmax), 4),
-                                             half_saturation_gflop=round(float(ghalf), 3)))
+    return with_efficiency(fitted, gemm=GemmEfficiency(
+        max_fraction=round(float(gmax), 4), half_saturation_gflop=round(float(ghalf), 3)))
 
 
 def _fit_grouped(fitted: DeviceSpec, cases: list[BenchCase], measured: np.ndarray,
@@ -288,9 +288,10 @@ def _fit_fp8(fitted: DeviceSpec, cases: list[BenchCase], measured: np.ndarray,
     (speedup,) = _fit(cases, measured, precision, lambda x: with_efficiency(
         fitted, fp8=Fp8Efficiency(gemm_speedup=float(x[0]))), start=[1.5],
         bounds=([0.01], [lim.MAX_FP8_SPEEDUP]))  # fmt: skip
-    return with_efficiency(fitted, fp8=Fp8Efficiency(gemm_speedup=round(float(speedup), 3), source=(
-        f"fp8: {len(cases)} forward GEMMs on FP8 operands (torch._scaled_mm, E4M3, per-tensor "
-        f"scales) beside their 16-bit twins, {source}")))  # fmt: skip
+    return with_efficiency(fitted, fp8=Fp8Efficiency(
+        gemm_speedup=round(float(speedup), 3),
+        source=f"fp8: {len(cases)} forward GEMMs on FP8 operands (torch._scaled_mm, E4M3, "
+               f"per-tensor scales) beside their 16-bit twins, {source}"))  # fmt: skip
 
 
 def _replaced_notes(device: DeviceSpec) -> list[str]:

@@ -55,7 +55,7 @@ def fit_saved_attention(paths: Sequence[str | Path], device: DeviceSpec, *,
         raise InputError(f"the saved benches ran in {', '.join(sorted(precisions))}: expected "
                          f"one precision to fit one curve")  # fmt: skip
     return fit_attention(device.name, cases, np.concatenate(seconds), device,
-                          precisions.pop(), [], kernel)
+                         precisions.pop(), [], kernel)
 
 
 def with_saved_kernels(device: DeviceSpec, path: str | Path) -> DeviceSpec:
@@ -68,5 +68,5 @@ def with_saved_kernels(device: DeviceSpec, path: str | Path) -> DeviceSpec:
     source = (f"fitted by `planner bench` to its own kernels ({Path(path).name}, "
               f"{saved['timings']['device_name']})")
     return with_efficiency(device, gemm=fitted.gemm.model_copy(update={"source": source}),
-                 memory_bound_fraction=fitted.memory_bound_fraction,
-                 kernel_launch_us=fitted.kernel_launch_us)  # fmt: skip
+                           memory_bound_fraction=fitted.memory_bound_fraction,
+                           kernel_launch_us=fitted.kernel_launch_us)  # fmt: skip

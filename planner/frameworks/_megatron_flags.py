@@ -126,7 +126,8 @@ def fp8_flags(resolved: ResolvedConfig) -> list[Flag]:
     """Transformer Engine's FP8 linears on an FP8 stack (:mod:`planner.graph.fp8`):
     ``--fp8-format hybrid`` (E4M3 forward, E5M2 gradients) and the delayed-scaling recipe the
     planner prices, Megatron-Core's default written out so a later default cannot change it
-    (``fp8``, ``fp8_recipe`` in ``megatron/core/transformer/transformer_config.py``)."""
+    (``fp8``, ``fp8_recipe``: ``megatron/core/transformer/transformer_config.py:587-600`` at
+    d98e8a6)."""
     if resolved.training.stack not in FP8_STACKS:
         return []
     return [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
