@@ -342,3 +342,30 @@ def test_torchtitan_log_without_a_model_is_its_flavor(tmp_path: Path) -> None:
         exclude={"name", "training"})  # the HF config's Llama 3.1 8B, but for its name
     done = _from_log(LLAMA_LOG, "--cluster", H100, "--nodes", 1)
     assert done.returncode == 2 and "pass --model" in " ".join(done.stderr.split())
+
+
+def test_an_fp8_megatron_log_is_priced_in_fp8(tmp_path: Path) -> None:
+    """A Megatron-LM run with ``--fp8-format hybrid`` (delayed scaling, Megatron-Core's
+    default recipe) is recorded on the ``megatron-te-fp8`` stack and validated as estimate
+    prices it in FP8; another recipe is refused in one line, the planner pricing delayed
+    scaling only."""
+    config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
+    text = LLAMA_LOG.read_text()
+    fp8_line = next(line for line in text.splitlines() if line.strip().startswith("fp8 ."))
+    log = tmp_path / "fp8.log"
+    log.write_text(text.replace(fp8_line, fp8_line.replace("None", "hybrid")))
+    record, out = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1)
+    assert record["software"]["stack"] == "megatron-te-fp8"
+    run = load_runs(out, any_device=True)[0]
+    assert run.config.stack == "megatron-te-fp8"
+    spec = ModelSpec.model_validate(record["model"]["spec"])
+    predicted, _ = _predicted(out, "fp8")
+    cluster = load_cluster(H100).with_nodes(1)
+    assert predicted == pytest.approx(estimate(spec, cluster, run.config).step_time_s, rel=1e-12)
+    assert predicted < estimate(spec, cluster, run.config.model_copy(
+        update={"stack": "megatron-te"})).step_time_s  # fmt: skip
+    tensorwise = fp8_line.replace("fp8 ", "fp8_recipe ").replace("None", "tensorwise")
+    log.write_text(text.replace(fp8_line, f"{fp8_line.replace('None', 'hybrid')}\n{tensorwise}"))
+    done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1,
+                     "--out", tmp_path / "refused.json")  # fmt: skip
+    assert done.returncode == 2 and "fp8_recipe tensorwise" in done.stderr

@@ -34,6 +34,7 @@ from planner.diagnose.log_models import (
     titan_config_fields,
     titan_model,
 )
+from planner.diagnose.run_records import stack_of
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
@@ -180,6 +181,14 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         fields["precision"] = "bf16"
     elif arguments.get("fp16") == "True":
         fields["precision"] = "fp16"
+    if arguments.get("fp8", "None") != "None":
+        # --fp8-format; Megatron-Core's recipe defaults to delayed scaling
+        # (megatron/core/transformer/transformer_config.py:594-600 at d98e8a6).
+        recipe = arguments.get("fp8_recipe", "delayed")
+        if recipe.removeprefix("Fp8Recipe.") != "delayed":
+            raise InputError(f"arguments: fp8_recipe {recipe}: the planner prices Transformer "
+                             "Engine's delayed scaling (the megatron-te-fp8 stack) only")
+        fields["stack"] = "megatron-te-fp8"
     if "use_flash_attn" in arguments or "attention_backend" in arguments:
         # Megatron-Core picks Transformer Engine's flash or fused kernel unless told
         # otherwise (--attention-backend auto, transformer_config.py:151; enums.py:51-58);
@@ -232,7 +241,10 @@ def run_record(
         "source": f"{source} ({log.steps} steps after warm-up; {basis})",
         "source_kind": "user log",
         "software": {"framework": framework, "fused_attention": config.flash_attention,
-                     "dropout": model.hidden_dropout},
+                     "dropout": model.hidden_dropout,
+                     # The framework's name says the stack but for FP8 (run_records.stack_of).
+                     **({"stack": resolved.training.stack}
+                        if resolved.training.stack != stack_of(framework) else {})},
         # The sizes for readers of the published runs' layout; "spec" is the model that ran,
         # whatever its architecture (planner.diagnose.run_records.model_from_record reads it).
         "model": {"name": model.name, "layers": model.num_layers, "hidden": model.hidden_size,

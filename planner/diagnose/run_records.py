@@ -32,13 +32,13 @@ from planner.frameworks._deepspeed_partition import (
 from planner.plan.config import ParallelConfig
 from planner.spec import ModelSpec
 from planner.spec.messages import short_repr
-from planner.vocabulary import Stack
+from planner.vocabulary import STACKS, Stack
 
 # The software fields a record may state; anything else is refused rather than ignored, so a
 # field this reader does not understand cannot silently fall back to a default.
 SOFTWARE_FIELDS = frozenset({
     "framework", "fused_attention", "dropout", "data_parallel", "activation_checkpointing",
-    "pipeline_or_tensor_parallel",
+    "pipeline_or_tensor_parallel", "stack",
 })  # fmt: skip
 # Framework families, by a word their name contains, the first that matches: a family is what
 # the error bands and the out-of-family validation group runs by. Megatron-DeepSpeed runs
@@ -66,8 +66,9 @@ class Software:
     family: str
     """``megatron``, ``fsdp``, ``deepspeed`` or ``pytorch``."""
     stack: Stack = "megatron-te"
-    """The software that runs each layer (:data:`~planner.vocabulary.Stack`):
-    :func:`stack_of` the framework's name."""
+    """The software that runs each layer (:data:`~planner.vocabulary.Stack`): the block's
+    ``stack`` (a Megatron-LM run in FP8, ``megatron-te-fp8``), else :func:`stack_of` the
+    framework's name."""
     fused_attention: bool
     """Whether attention ran as one fused kernel (FlashAttention or cuDNN's)."""
     dropout: float
@@ -101,7 +102,10 @@ def software_of(record: dict[str, Any]) -> Software:
         raise InputError(f"software.fused_attention must be true or false, got {fused!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
         raise InputError(f"software.dropout must be a probability, got {short_repr(dropout)}")
-    return Software(family=family, stack=stack_of(framework), fused_attention=fused,
+    stack = block.get("stack", stack_of(framework))
+    if stack not in STACKS:
+        raise InputError(f"software.stack {short_repr(stack)} is not one of {', '.join(STACKS)}")
+    return Software(family=family, stack=stack, fused_attention=fused,
                     dropout=float(dropout), megatron_core_2024=modern)  # fmt: skip
 
 
