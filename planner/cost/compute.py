@@ -10,7 +10,7 @@ from functools import lru_cache
 from planner.graph import lowered
 from planner.graph.ops import Op, Tensor, Unfused
 from planner.spec import AttentionEfficiency, DeviceSpec, GemmEfficiency, ModelSpec, TrainingSpec
-from planner.vocabulary import FP8_STACKS, Precision, Stack
+from planner.vocabulary import Precision
 
 # Causal attention with a fused kernel computes only the lower triangle of the scores.
 CAUSAL_FRACTION = 0.5
@@ -116,15 +116,11 @@ def fused_attention_s(
                           fraction=fraction) + fixed_s
 
 
-def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float,
-                          stack: Stack = "megatron-te") -> float:  # fmt: skip
+def compute_lower_bound_s(device: DeviceSpec, precision: Precision, *, flops: float) -> float:
     """No sharding runs ``flops`` faster than the GEMM curve's ceiling allows (its fraction of
-    peak only approaches ``max_fraction`` as GEMMs grow), on an FP8 stack that ceiling times
-    the device's FP8 speedup (where it speeds up): a bound, not a price."""
-    fp8 = device.efficiency.fp8
-    speedup = max(1.0, fp8.gemm_speedup) if stack in FP8_STACKS and fp8 is not None else 1.0
-    ceiling = device.efficiency.gemm.max_fraction * speedup
-    return flops / (device.peak_flops_per_s(precision) * ceiling)
+    peak only approaches ``max_fraction`` as GEMMs grow): a bound, not a price (FP8 GEMMs'
+    FLOPs counted as :func:`executed_training_flops` counts them with ``fp8_speedup``)."""
+    return flops / (device.peak_flops_per_s(precision) * device.efficiency.gemm.max_fraction)
 
 
 def compute_time_s(
@@ -368,15 +364,18 @@ def executed_flops(op: Op, *, flash_attention: bool, devices: int = 1) -> Execut
 
 @lru_cache(maxsize=256)
 def executed_training_flops(
-    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, *, flash_attention: bool
-) -> float:
+    model: ModelSpec, training: TrainingSpec, micro_batch_size: int, *, flash_attention: bool,
+    fp8_speedup: float = 1.0,
+) -> float:  # fmt: skip
     """FLOPs the GPUs run for one microbatch's forward and backward through the whole model
     (:func:`executed_flops` of every op), recomputation aside; remembered (every estimate
-    asks, and the walk over the graph is most of a small estimate's time)."""
+    asks, and the walk over the graph is most of a small estimate's time). With
+    ``fp8_speedup`` an FP8 op's FLOPs count over it: what 16-bit GEMMs would do in the time
+    (for a compute bound)."""
     index = lowered(model, training, micro_batch_size)[1]
     total = 0.0
     for ops in index.ops_by_layer.values():
         for op in ops:
             executed = executed_flops(op, flash_attention=flash_attention)
-            total += executed.forward + executed.backward
+            total += (executed.forward + executed.backward) / (fp8_speedup if op.fp8 else 1.0)
     return total

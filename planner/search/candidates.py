@@ -58,8 +58,10 @@ def candidates(
     per_node = cluster.devices_per_node
     layers = model.num_layers
     gbs = training.global_batch_size
-    flops = cost.executed_training_flops(model, training, 1,
-                                         flash_attention=options.flash_attention)  # fmt: skip
+    fp8 = cluster.device.efficiency.fp8  # FP8 GEMMs run up to its speedup faster
+    flops = cost.executed_training_flops(
+        model, training, 1, flash_attention=options.flash_attention,
+        fp8_speedup=1.0 if fp8 is None else max(1.0, fp8.gemm_speedup))  # fmt: skip
     wide_domain = cluster.scale_up_devices > per_node  # nodes joined by NVLink (NVL72)
     max_nodes = options.max_mesh_nodes or (2 if model.moe or wide_domain else 1)
     out = []
@@ -83,8 +85,7 @@ def candidates(
                     continue
                 m = gbs // (replicas * b)
                 per_microbatch = cost.compute_lower_bound_s(
-                    cluster.device, training.precision, flops=flops * b / devices,
-                    stack=training.stack,
+                    cluster.device, training.precision, flops=flops * b / devices
                 )
                 for schedule, v in _schedules(layers, stages, m, options.interleaved):
                     if not options.pins.admits(vpp=v):
