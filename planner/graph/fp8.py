@@ -1,6 +1,6 @@
 """Transformer Engine's FP8 linear layers as Megatron-Core runs them: the ``megatron-te-fp8``
 stack (``--fp8-format hybrid``, Megatron's default ``--fp8-recipe delayed``:
-``megatron/core/transformer/transformer_config.py``).
+``megatron/core/transformer/transformer_config.py:587-600`` at NVIDIA/Megatron-LM d98e8a6).
 
 Which operators: the decoder layers' projections, which Megatron-Core builds from Transformer
 Engine's modules (``megatron/core/extensions/transformer_engine.py``: the layer-norm-fused and
@@ -19,17 +19,19 @@ What an FP8 linear changes, read at NVIDIA/TransformerEngine d0067d0
 - The forward quantizes its input: one kernel reading the 16-bit input and writing it in FP8
   row-wise and column-wise (the transposed copy the weight gradient reads), 2 + 1 + 1 bytes an
   element. A linear fused with the norm before it (``LayerNormLinear``) gets its input from
-  the norm kernel already quantized (``with_quantized_norm``), at no extra traffic.
+  the norm kernel already quantized (``with_quantized_norm``, ``layernorm_linear.py:244-263``),
+  at no extra traffic.
 - The backward quantizes the output's gradient the same way: 4 bytes an element, one kernel.
 - The backward keeps the input in FP8, 1 byte an element where 16-bit training keeps 2: the
-  column-wise copy alone (``linear.py`` discards the row-wise data it does not need), or under
-  sequence parallelism the row-wise shard it gathers again (FP8 column-wise data cannot be
-  all-gathered).
+  column-wise copy alone (``linear.py:599-616`` discards the row-wise data it does not need),
+  or under sequence parallelism the row-wise shard it gathers again (FP8 column-wise data
+  cannot be all-gathered).
 - Each weight has an FP8 copy row-wise and column-wise, 2 bytes a parameter, made at a step's
   first microbatch and kept through it (Megatron-Core passes ``is_first_microbatch`` to TE's
-  modules): counted with the weights' states (:data:`planner.cost.memory.HELD_STATE`), on every
-  parameter, the embedding's, the head's and the router's included (an over-count of 2 bytes
-  a parameter of theirs).
+  modules: ``megatron/core/extensions/transformer_engine.py:1338-1345``): counted with the
+  weights' states (:data:`planner.cost.memory.HELD_STATE`), on every parameter, the
+  embedding's, the head's and the router's included (an over-count of 2 bytes a parameter of
+  theirs).
 
 Under sequence parallelism the input is all-gathered in FP8, and in the backward the output's
 gradient (``base.py`` ``grad_output_preprocess``): :func:`planner.sharding.assignment.
