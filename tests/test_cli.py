@@ -504,3 +504,14 @@ def test_calibrate_network_writes_only_the_level(tmp_path: Path) -> None:
     level = json.loads(cluster.read_text())["network"][0]
     assert level["efficiency"]["bandwidth_fraction"] == 0.3856
     assert "all_reduce_perf_sample.txt" in level["efficiency"]["source"]
+
+
+@pytest.mark.parametrize("command", ["estimate", "solve"])
+def test_fp8_on_a_device_without_a_measured_speedup_is_one_line(command: str) -> None:
+    """The FP8 stack on an A100 (no FP8 GEMMs measured, ``efficiency.fp8`` absent): one error
+    naming the field and the bench that measures it, from ``estimate`` and ``solve`` alike."""
+    done = _run(command, "instances/models/llama3-8b.json",
+                "instances/clusters/dgx-a100-80gb.json", "--nodes", "1",
+                "--stack", "megatron-te-fp8")  # fmt: skip
+    _assert_one_line_error(done, "stack megatron-te-fp8: device A100-SXM4-80GB has no FP8 GEMM",
+                           "device.efficiency.fp8", "planner bench CLUSTER --model MODEL --fp8")
