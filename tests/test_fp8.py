@@ -221,3 +221,18 @@ def test_the_plan_records_and_says_fp8() -> None:
     bf16 = solve(model, h100, SolveOptions(framework="megatron"))
     assert bf16.stack == "megatron-te" and "FP8" not in bf16.summary()
     assert fp8.predicted.step_time_s < bf16.predicted.step_time_s
+
+
+def test_an_fp8_speedup_past_what_hardware_has_is_refused(tmp_path) -> None:
+    """A speedup of 5 is past twice the FP8-over-16-bit peak ratio of every data sheet: one
+    line naming the field, its value and the range (past 16 the schema's own bound says
+    so)."""
+    import json
+
+    data = json.loads((CLUSTERS / "dgx-h100-80gb.json").read_text())
+    data["device"]["efficiency"]["fp8"]["gemm_speedup"] = 5
+    path = tmp_path / "slipped.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"device.efficiency.fp8.gemm_speedup: 5 is outside "
+                                         r"the range 0.05 to 4 \(FP8's dense peak"):
+        load_cluster(path)

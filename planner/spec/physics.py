@@ -70,6 +70,11 @@ RANGES: dict[str, Range] = {
         low=0, high=1_000, unit="us",
         why="a CUDA launch takes 3.0-3.3 us, meta-pytorch/tritonbench#1017; 3,000 is "
         "nanoseconds written as microseconds"),
+    "device.efficiency.fp8.gemm_speedup": Range(
+        low=0.05, high=4, unit="",
+        why="FP8's dense peak is twice the 16-bit one on the H100, H200, B200 and MI300X data "
+        "sheets, and one H100's FP8 GEMMs ran 1.48-1.99x its bf16 ones "
+        "(../shared/validation/h100/gemms_fp8_vs_bf16.jsonl); a CPU runs them slower"),
     "scale-up bandwidth_gb_s": Range(
         low=0.1, high=4_000, unit="GB/s",
         why="per device and direction, 4.4x NVLink 5's 900 GB/s, NVIDIA GB200 NVL72 data "
@@ -108,6 +113,9 @@ def _ranged(cluster: ClusterSpec) -> Iterator[tuple[str, float, Range]]:
         yield f"device.peak_tflops.{precision}", tflops, RANGES["device.peak_tflops"]
     launch = "device.efficiency.kernel_launch_us"
     yield launch, device.efficiency.kernel_launch_us, RANGES[launch]
+    if device.efficiency.fp8 is not None:
+        speedup = "device.efficiency.fp8.gemm_speedup"
+        yield speedup, device.efficiency.fp8.gemm_speedup, RANGES[speedup]
     for i, level in enumerate(cluster.network):
         # A level past the largest node the planner accepts (1.8x NVL576) is no one NVLink or
         # HCCS domain: its devices reach one another through NICs, whichever level it is.
@@ -137,7 +145,8 @@ sheet; the 1,979 or 4,500 printed for H100 or B200 are with sparsity or FP8)
     """
     for path, value, allowed in _ranged(cluster):
         if not allowed.low <= value <= allowed.high:
-            raise InputError(f"{source}: {path}: {value:.10g} {allowed.unit} is outside the range "
+            shown = f"{value:.10g} {allowed.unit}".rstrip()
+            raise InputError(f"{source}: {path}: {shown} is outside the range "
                              f"{allowed.describe()} ({allowed.why})")  # fmt: skip
     device = cluster.device
     if device.reserved_memory_gib >= device.memory_gib:
