@@ -357,3 +357,16 @@ def test_a_cloudmatrix_supernode_loads(tmp_path: Path) -> None:
     cluster = load_cluster(_written(tmp_path, data))
     assert cluster.scale_up_devices == 384
     assert cluster_warnings(cluster, source="c.json") == ()
+
+
+def test_an_unknown_kernel_names_the_known_ones(tmp_path: Path) -> None:
+    """Issue 28's bad input: a kernel curve the planner does not know (``flash3`` in the
+    efficiency block, close to no field) is one line listing the block's known fields, the
+    kernel curves among them."""
+    data = _json(H100)
+    data["device"]["efficiency"]["flash3"] = {"max_fraction": 0.7}
+    path = _written(tmp_path, data)
+    with pytest.raises(InputError, match=re.escape(
+            f"{path}: device.efficiency.flash3: unknown field (known: gemm, attention, "
+            "grouped_gemm, fp8, ")):  # fmt: skip
+        load_cluster(path)

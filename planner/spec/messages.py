@@ -62,11 +62,29 @@ def known_fields(spec: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]
     return list(model.model_fields) if model is not None else []
 
 
+LISTED_FIELDS = 12
+"""An object with at most this many fields lists them after an unknown one that is close to
+none (a cluster file's efficiency block: its kernels and figures); a larger one would not fit
+the line."""
+
+
 def _unknown_field(err: Any, spec: type[BaseModel] | None) -> str:
-    """``unknown field``, with the known field nearest its spelling when one is close."""
+    """``unknown field``, with the known field nearest its spelling when one is close, else the
+    known ones of a small object.
+
+    >>> from planner.spec import ClusterSpec
+    >>> err = {"loc": ("device", "efficiency", "flash3")}
+    >>> _unknown_field(err, ClusterSpec)  # doctest: +ELLIPSIS
+    'unknown field (known: gemm, attention, grouped_gemm, fp8, ...)'
+    """
     name, parent = str(err["loc"][-1]), tuple(err["loc"][:-1])
-    close = difflib.get_close_matches(name, known_fields(spec, parent), n=1) if spec else []
-    return "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
+    known = known_fields(spec, parent) if spec else []
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"unknown field (did you mean {close[0]!r}?)"
+    if 0 < len(known) <= LISTED_FIELDS:
+        return f"unknown field (known: {', '.join(known)})"
+    return "unknown field"
 
 
 def describe_validation_error(
