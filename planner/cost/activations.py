@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection, Mapping
 from planner.cost.compute import sharded_bytes
 from planner.cost.elementwise import Real, minimum
 from planner.cost.pipeline import warmup_forwards
-from planner.graph.fp8 import kept_bytes_ratio
+from planner.graph.fp8 import fp8_copy_ratio
 from planner.graph.ops import Op, Tensor
 from planner.vocabulary import (
     DEFAULT_RECOMPUTE_MODULES,
@@ -47,9 +47,9 @@ def saved_activation_bytes(
 
 def kept_fraction(op: Op, tensor: Tensor) -> float:
     """What ``op`` keeps of a tensor it saves: all of it, but an FP8 linear's input, which it
-    keeps in FP8 (:func:`planner.graph.fp8.kept_bytes_ratio`)."""
+    keeps in FP8 (:func:`planner.graph.fp8.fp8_copy_ratio`)."""
     if op.fp8 and tensor in op.inputs:
-        return kept_bytes_ratio(tensor.element_bytes)
+        return fp8_copy_ratio(tensor.element_bytes)
     return 1.0
 
 

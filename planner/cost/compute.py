@@ -158,6 +158,13 @@ def compute_time_s(
     return max(math_s, memory_s) + calls * eff.kernel_launch_us * 1e-6
 
 
+def device_fp8_speedup(device: DeviceSpec) -> float:
+    """How many times faster ``device`` runs a GEMM on FP8 operands than on 16-bit ones
+    (``efficiency.fp8``); 1 where it was not measured."""
+    curve = device.efficiency.fp8
+    return 1.0 if curve is None else curve.gemm_speedup
+
+
 def fp8_speedup(device: DeviceSpec, op: Op) -> float:
     """How many times faster ``op``'s GEMMs run than in 16 bits: the device's FP8 GEMM speedup
     for an FP8 linear (:mod:`planner.graph.fp8`), else 1. An FP8 stack is refused on a device
@@ -172,10 +179,7 @@ def fp8_speedup(device: DeviceSpec, op: Op) -> float:
     >>> fp8_speedup(gpu, op)
     1.8
     """
-    curve = device.efficiency.fp8
-    if not op.fp8 or curve is None:
-        return 1.0
-    return curve.gemm_speedup
+    return device_fp8_speedup(device) if op.fp8 else 1.0
 
 
 def sharded_bytes(tensor: Tensor, degrees: Mapping[str, int]) -> float:

@@ -26,7 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cost import compute_time_s, fused_attention_s, optimizer_step_s
+from planner.cost import (
+    compute_time_s,
+    device_fp8_speedup,
+    fused_attention_s,
+    optimizer_step_s,
+)
 from planner.diagnose.bench_cases import BenchCase, BenchKind
 from planner.diagnose.bench_torch import Timings
 from planner.diagnose.expert_gemms import ExpertGemm, fit_grouped_gemm, priced_s
@@ -112,8 +117,7 @@ def predicted_s(case: BenchCase, device: DeviceSpec, precision: Precision) -> fl
                                  bytes_moved=case.bytes_moved, calls=case.calls,
                                  keys_per_query=case.keys_per_query, head_dim=case.head_dim,
                                  backward=case.kernel == "attention_backward")  # fmt: skip
-    fp8 = device.efficiency.fp8
-    speedup = fp8.gemm_speedup if case.kind == "fp8_gemm" and fp8 is not None else 1.0
+    speedup = device_fp8_speedup(device) if case.kind == "fp8_gemm" else 1.0
     return compute_time_s(device, precision, flops=case.flops, bytes_moved=case.bytes_moved,
                           calls=case.calls, speedup=speedup)  # fmt: skip
 

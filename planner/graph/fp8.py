@@ -77,12 +77,11 @@ def quantization(x: Tensor, y: Tensor, *, quantized_by_norm: bool) -> Unfused:
                    forward_kernels=len(forward), backward_kernels=1)  # fmt: skip
 
 
-def kept_bytes_ratio(element_bytes: float) -> float:
-    """What an FP8 linear keeps of an input it would keep in ``element_bytes`` an element:
-    its FP8 copy.
+def fp8_copy_ratio(element_bytes: float) -> float:
+    """An FP8 copy's bytes over those of the tensor of ``element_bytes`` an element it copies:
+    what an FP8 linear keeps of its input, and what an FP8 all-gather moves.
 
-    >>> kept_bytes_ratio(2.0)
+    >>> fp8_copy_ratio(2.0)
     0.5
     """
     return FP8_BYTES / element_bytes
-

@@ -58,10 +58,9 @@ def candidates(
     per_node = cluster.devices_per_node
     layers = model.num_layers
     gbs = training.global_batch_size
-    fp8 = cluster.device.efficiency.fp8  # FP8 GEMMs run up to its speedup faster
-    flops = cost.executed_training_flops(
+    flops = cost.executed_training_flops(  # FP8 GEMMs run up to the device's speedup faster
         model, training, 1, flash_attention=options.flash_attention,
-        fp8_speedup=1.0 if fp8 is None else max(1.0, fp8.gemm_speedup))  # fmt: skip
+        fp8_speedup=max(1.0, cost.device_fp8_speedup(cluster.device)))  # fmt: skip
     wide_domain = cluster.scale_up_devices > per_node  # nodes joined by NVLink (NVL72)
     max_nodes = options.max_mesh_nodes or (2 if model.moe or wide_domain else 1)
     out = []

@@ -19,7 +19,7 @@ import networkx as nx
 
 from planner import cost
 from planner.cost.layer import LayerParts
-from planner.graph.fp8 import kept_bytes_ratio
+from planner.graph.fp8 import fp8_copy_ratio
 from planner.graph.ops import Op, Tensor
 from planner.sharding.layout import (
     Layout,
@@ -233,7 +233,7 @@ def fp8_gathers(transfers: tuple[Transfer, ...], element_bytes: float) -> tuple[
     (``gather_along_first_dim`` with the quantizer: ``transformer_engine/pytorch/module/
     linear.py`` for the input, ``base.py`` ``grad_output_preprocess`` for the output's
     gradient); reductions stay in the compute precision."""
-    ratio = kept_bytes_ratio(element_bytes)
+    ratio = fp8_copy_ratio(element_bytes)
     return tuple(replace(t, nbytes=t.nbytes * ratio) if t.kind == "all_gather" else t
                  for t in transfers)  # fmt: skip
 
