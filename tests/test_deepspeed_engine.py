@@ -11,6 +11,7 @@ import pytest
 
 from planner import cost
 from planner.cost.communication import CommGroup, collective_time_s
+from planner.cost.stage_weights import TiedCopy, tied_sync_s
 from planner.diagnose.calibration import at_site, validate
 from planner.diagnose.runs import load_runs, run_from_record, site_run
 from planner.graph.stacks import pipeline_transfers
@@ -57,6 +58,21 @@ def test_bf16_optimizer_all_reduces_whole_gradients() -> None:
     assert deepspeed.gather_once_s == megatron.gather_once_s
 
 
+def test_tied_copies_all_reduce_the_kept_gradients() -> None:
+    """The pipeline engine all-reduces the tied embedding's ``_hp_grad`` under BF16_Optimizer:
+    fp32, where the data-parallel reduction casts to bf16; Megatron all-reduces ``main_grad``
+    (fp32 in bf16, fp16 in fp16)."""
+    cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 2)
+    pair = CommGroup(size=2, stride=8)
+    tied = TiedCopy(params=1e9, data_parallel=None, sync_group=pair)
+    fp32 = collective_time_s(cluster, "all_reduce", 4e9, pair)
+    assert tied_sync_s(cluster, tied, "bf16-deepspeed") == fp32
+    assert tied_sync_s(cluster, tied, "bf16") == fp32
+    assert tied_sync_s(cluster, tied, "fp16") == collective_time_s(cluster, "all_reduce", 2e9,
+                                                                   pair)  # fmt: skip
+    assert cost.gradient_bytes_on_wire("bf16-deepspeed") == 2.0
+
+
 def test_a_site_is_read_only_for_its_own_device() -> None:
     """A record naming Jean Zay is priced there only on that site's A100s; on a user's own
     cluster file every run is priced on that file."""
@@ -85,14 +101,50 @@ def test_site_keeps_the_device_and_replaces_the_network() -> None:
     assert outer.bandwidth_bytes_s * 8 / 4 == pytest.approx(5.07e9, rel=1e-3)
 
 
+def _step(stack: str, precision: str, zero: int, global_batch: int):
+    """GPT-3 175B over 8 A100 (TP8, no pipeline) on ``stack``: the estimate and its device."""
+    model = load_model(REPO / "instances" / "models" / "gpt3-175b.json")
+    model = model.model_copy(update={"num_layers": 8})
+    cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 1)
+    config = ParallelConfig(tp=8, pp=1, dp=1, mbs=1, global_batch=global_batch,
+                            recompute="full", zero=zero, stack=stack,
+                            precision=precision)  # fmt: skip
+    return estimate(model, cluster, config), cluster.device
+
+
+@pytest.mark.parametrize(("precision", "zero", "per_param", "first"),
+                         [("bf16", 1, 18.0, True), ("fp16", 1, 6.0, False),
+                          ("bf16", 2, 4.0, True)])  # fmt: skip
+def test_deepspeed_optimizer_accumulates_each_gradient(precision: str, zero: int,
+                                                       per_param: float, first: bool) -> None:
+    """DeepSpeed's BF16_Optimizer adds every microbatch's bf16 gradients into its fp32 buffer
+    (a cast and an add: 18 B a parameter, the first microbatch's too); in fp16 autograd adds
+    into the fp16 gradients from the second microbatch on (6 B); at ZeRO-2 each gradient is
+    copied into the reduction bucket (4 B). Megatron-LM accumulates inside the
+    weight-gradient GEMM: the compute apart is exactly that."""
+    for microbatches in (1, 4):
+        deepspeed, device = _step("megatron-deepspeed", precision, zero, microbatches)
+        megatron, _ = _step("megatron-te", precision, zero, microbatches)
+        params = deepspeed.memory.weights_gib * 2**30 / 2  # 16-bit weights, one stage
+        rate = device.memory_bandwidth_bytes_s * device.efficiency.memory_bound_fraction
+        each = params * per_param / rate + device.efficiency.kernel_launch_us * 1e-6
+        paying = microbatches if first else microbatches - 1
+        extra = deepspeed.time.compute_s - megatron.time.compute_s
+        assert extra == pytest.approx(paying * each, rel=1e-9)
+
+
 def test_bloom_runs_within_their_stated_error() -> None:
-    """BLOOM's 27 timed runs: median |error| 12.5 % (22.3 % on DGX A100's network without
-    DeepSpeed's engine), every one predicted fast: what DeepSpeed costs beyond its transfers
-    and reductions per pipeline slot (MT-NLG against Megatron's PTD-P) is not modelled, and
-    the data-parallel rings of the most data-parallel runs (DP 24: 24 % fast) get less than
-    the measured HFI rate. A change that moves these is a change of the model to explain."""
+    """BLOOM's 27 timed runs: median |error| 8.7 % (12.5 % before DeepSpeed's optimizers'
+    gradient accumulation was priced, 22.3 % on DGX A100's network without DeepSpeed's engine),
+    every one but the two TP2 PP24 runs (within 1 %) predicted fast: the data-parallel rings of
+    the most data-parallel runs (DP 24: 22 % fast) get less than the measured HFI rate, and
+    TP8 with small microbatches misses most. A change that moves these is a change of the
+    model to explain."""
     rows = [r for r in validate([shared(DEEPSPEED_RUNS)], CLUSTERS).rows if r.error is not None]
-    errors = [r.error for r in rows]
+    errors = {r.id: r.error for r in rows}
     assert len(errors) == 27
-    assert statistics.median(abs(e) for e in errors) == pytest.approx(0.125, abs=0.01)
-    assert max(errors) < 0
+    assert statistics.median(abs(e) for e in errors.values()) == pytest.approx(0.087, abs=0.005)
+    slow = {run for run, e in errors.items() if e > 0}
+    assert slow == {"bloom_prequel_0225_181B_r21_dp8tp2pp24mb1gbs2048",
+                    "bloom_prequel_0225_181B_r22_dp8tp2pp24mb2gbs2048"}
+    assert max(errors.values()) < 0.015

@@ -61,8 +61,10 @@ from planner.cost.data_parallel import (
     NO_SYNC,
     DataParallelSync,
     ExposedSync,
+    GradientAccumulation,
     data_parallel_sync,
     exposed_sync,
+    gradient_accumulation,
     optimizer_step_s,
 )
 from planner.cost.memory import (
@@ -106,6 +108,7 @@ __all__ = [
     "DataParallelSync",
     "ExecutedFlops",
     "ExposedSync",
+    "GradientAccumulation",
     "MemoryParts",
     "OpTime",
     "PipelineTime",
@@ -130,6 +133,7 @@ __all__ = [
     "fused_attention_s",
     "gathered_bytes_per_param",
     "gemm_fraction",
+    "gradient_accumulation",
     "gradient_bytes_on_wire",
     "hidden_state_bytes",
     "in_flight_microbatches",

@@ -1,5 +1,6 @@
 """The data-parallel step: gradient reduction and parameter gathering, what of them
-overlaps the backward and forward, and the optimizer step."""
+overlaps the backward and forward, the optimizer step, and the optimizers' gradient
+accumulation between microbatches."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from planner.cost.elementwise import Real, minimum, where
 from planner.cost.memory import ADAM_STATE, adam_traffic_bytes, gradient_bytes_on_wire
 from planner.cost.profiled import optimizer_scale
 from planner.spec import ClusterSpec, DeviceSpec
-from planner.vocabulary import CollectiveKind, StatesPrecision
+from planner.vocabulary import CollectiveKind, Offload, StatesPrecision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,3 +179,83 @@ def optimizer_step_s(device: DeviceSpec, precision: StatesPrecision, *, params: 
     traffic = adam_traffic_bytes(precision)
     seconds = compute_time_s(device, precision, flops=0.0, bytes_moved=params * traffic)
     return seconds * optimizer_scale(device.efficiency.profile)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradientAccumulation:
+    """What an optimizer runs on each local gradient after a microbatch's backward, on the
+    device's stream: memory-bound kernels over the whole (unsharded) gradient."""
+
+    bytes_per_param: float
+    """Bytes read and written per local parameter, each microbatch that pays it."""
+    first_microbatch: bool
+    """Whether a step's first microbatch pays it too (False: autograd stores the first
+    gradient and adds the later ones into it)."""
+
+    def seconds(self, device: DeviceSpec, *, params: float) -> float:
+        """One accumulation of ``params`` local gradients at the device's memory-bound rate
+        (0 when there is nothing to run)."""
+        if self.bytes_per_param == 0:
+            return 0.0
+        return compute_time_s(device, "bf16", flops=0.0,
+                              bytes_moved=params * self.bytes_per_param)  # fmt: skip
+
+    def share(self, num_microbatches: Real) -> Real:
+        """The share of a step's ``num_microbatches`` microbatches that pay it.
+
+        >>> BF16_OPTIMIZER.share(4), AUTOGRAD_16BIT.share(4)
+        (1.0, 0.75)
+        """
+        return 1.0 if self.first_microbatch else 1.0 - 1.0 / num_microbatches
+
+
+NO_ACCUMULATION = GradientAccumulation(bytes_per_param=0.0, first_microbatch=True)
+"""Accumulation inside the weight-gradient GEMM (Megatron-LM's ``gradient_accumulation_fusion``
+into ``main_grad``): nothing apart. The copies FSDP and Megatron-FSDP make of the gradients
+for their reduce-scatters are not priced."""
+ZERO_BUCKET = GradientAccumulation(bytes_per_param=4.0, first_microbatch=True)
+"""DeepSpeed's ZeRO-2 and ZeRO-3: each microbatch's backward hook copies every 16-bit gradient
+into the reduction bucket (``contiguous_gradients``, on by default), reading 2 bytes and writing
+2, before the bucket's reduce-scatter; what accumulates after is the rank's partition
+(``reduce_independent_p_g_buckets_and_remove_grads`` in ``deepspeed/runtime/zero/
+stage_1_and_2.py``, ``__add_grad_to_ipg_bucket`` in ``zero/stage3.py``, microsoft/DeepSpeed
+38327e0)."""
+BF16_OPTIMIZER = GradientAccumulation(bytes_per_param=18.0, first_microbatch=True)
+"""DeepSpeed's ``BF16_Optimizer``: the backward writes fresh bf16 gradients (``clear_lp_grads``
+sets them to None first) and ``update_hp_grads`` adds each into its fp32 buffer,
+``hp_grad.add_(lp.grad.to(fp32))``: a cast reading 2 bytes and writing 4, an add reading 8 and
+writing 4, after every microbatch's backward, the first's included (the buffer is zeroed at
+the step); in the pipeline engine's ``_exec_backward_pass`` and the engine's ``backward``
+alike (``deepspeed/runtime/pipe/engine.py``, ``deepspeed/runtime/bf16_optimizer.py`` at
+microsoft/DeepSpeed 77b649d, BLOOM's, and 38327e0)."""
+AUTOGRAD_16BIT = GradientAccumulation(bytes_per_param=6.0, first_microbatch=False)
+"""DeepSpeed's other optimizers at ZeRO 0-1 (``FP16_Optimizer``, the ZeRO-1 optimizer, which
+hooks no backward): autograd adds each microbatch's 16-bit gradient into ``.grad`` in place,
+reading 4 bytes and writing 2, from the second microbatch on."""
+
+
+def gradient_accumulation(
+    precision: StatesPrecision, *, zero: int, offload: Offload = "none"
+) -> GradientAccumulation:
+    """How a run keeping its states as ``precision`` accumulates gradients over microbatches.
+    DeepSpeed builds ``BF16_Optimizer`` for bf16 at ZeRO 0-1 without ZeRO-Offload
+    (``DeepSpeedEngine._do_optimizer_sanity_check``, ``deepspeed/runtime/engine.py``), its ZeRO
+    optimizer otherwise, which at ZeRO 2-3 reduces each microbatch's gradients through its
+    buckets (the reduce-scatter priced with the sync).
+
+    >>> gradient_accumulation("bf16-deepspeed", zero=1).bytes_per_param
+    18.0
+    >>> gradient_accumulation("bf16-deepspeed", zero=1, offload="zero-offload").bytes_per_param
+    6.0
+    >>> gradient_accumulation("bf16-deepspeed", zero=3).bytes_per_param
+    4.0
+    >>> gradient_accumulation("bf16", zero=1) == NO_ACCUMULATION
+    True
+    """
+    if precision not in ("bf16-deepspeed", "fp16-deepspeed"):
+        return NO_ACCUMULATION
+    if zero >= 2:
+        return ZERO_BUCKET
+    if precision == "bf16-deepspeed" and offload != "zero-offload":
+        return BF16_OPTIMIZER
+    return AUTOGRAD_16BIT

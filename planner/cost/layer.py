@@ -163,6 +163,12 @@ class LayerCost:
                      for name in _TRANSIENT}  # fmt: skip
         return LayerCost(**values, **transient)
 
+    def with_weight_work(self, seconds: Real) -> LayerCost:
+        """The same with ``seconds`` more of weight-gradient work in the backward (an
+        optimizer's gradient accumulation after it)."""
+        return replace(self, backward_s=self.backward_s + seconds,
+                       weight_s=self.weight_s + seconds)  # fmt: skip
+
     def with_pipeline_comm(self, seconds: float) -> LayerCost:
         """The same with ``seconds`` of pipeline sends added."""
         return replace(self, pipeline_comm_s=self.pipeline_comm_s + seconds)

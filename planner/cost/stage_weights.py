@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner import cost
+from planner.cost.elementwise import Real
 from planner.cost.layer import LayerCost
+from planner.cost.memory import ADAM_STATE
 from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
 from planner.spec import ClusterSpec
 from planner.vocabulary import Offload, StatesPrecision
@@ -117,10 +119,14 @@ def with_tied_copy(stages: Sequence[StageCost], tied: TiedCopy | None) -> list[S
 
 
 def tied_sync_s(cluster: ClusterSpec, tied: TiedCopy | None, precision: StatesPrecision) -> float:
-    """The all-reduce of the tied embedding copies' gradients (0 without copies)."""
+    """The all-reduce of the tied embedding copies' gradients (0 without copies): the kept
+    gradients themselves, not cast to a communication type (Megatron's ``main_grad``;
+    DeepSpeed's pipeline engine all-reduces ``weight._hp_grad``, fp32 under
+    ``BF16_Optimizer``: ``deepspeed/runtime/pipe/engine.py`` ``_exec_reduce_tied_grads`` at
+    microsoft/DeepSpeed 77b649d and 38327e0)."""
     if tied is None:
         return 0.0
-    nbytes = tied.params * cost.gradient_bytes_on_wire(precision)
+    nbytes = tied.params * ADAM_STATE[precision].gradients
     return cost.collective_time_s(cluster, "all_reduce", nbytes, tied.sync_group)
 
 
@@ -150,10 +156,22 @@ class StageStatics:
     gathered_bytes_per_param: float = 0.0
     """Bytes per parameter of a stage's largest layer that ZeRO-3 holds unsharded at its
     peak (:func:`planner.cost.memory.gathered_bytes_per_param`; 0 below ZeRO-3)."""
+    accumulation_s: tuple[float, ...] = ()
+    """Each stage's gradient accumulation, one microbatch's
+    (:func:`~planner.cost.data_parallel.gradient_accumulation`; empty: none)."""
+    accumulations: tuple[cost.GradientAccumulation, ...] = ()
+    """Each stage's kind of accumulation: on which microbatches it runs."""
 
     def sync(self, i: int, *, accumulating: bool) -> cost.DataParallelSync:
         """Stage ``i``'s data-parallel traffic, with several microbatches a step or one."""
         return (self.accumulating_syncs if accumulating else self.syncs)[i]
+
+    def accumulation(self, i: int, num_microbatches: Real) -> Real:
+        """Stage ``i``'s gradient accumulation per microbatch, averaged over a step of
+        ``num_microbatches``."""
+        if not self.accumulation_s:
+            return 0.0
+        return self.accumulation_s[i] * self.accumulations[i].share(num_microbatches)
 
 
 def stage_statics(
@@ -173,6 +191,8 @@ def stage_statics(
             out.append(sync + gradient_copy_sync(cluster, precision, params=params, zero=s.zero,
                                                  offload=offload, accumulating=several))
     params = max(optimizer_params(s.weights, s.zero) for s in stages)
+    accumulations = [cost.gradient_accumulation(precision, zero=s.zero, offload=offload)
+                     for s in stages]  # fmt: skip
     return StageStatics(
         syncs=tuple(syncs),
         accumulating_syncs=tuple(accumulating),
@@ -184,4 +204,7 @@ def stage_statics(
         accumulating_host_bytes=host_state_bytes(precision, params=params, offload=offload,
                                                  accumulating=True),
         gathered_bytes_per_param=gathered_bytes_per_param if stages[0].zero >= 3 else 0.0,
+        accumulation_s=tuple(a.seconds(cluster.device, params=sum(w.params for w in s.weights))
+                             for a, s in zip(accumulations, stages, strict=True)),
+        accumulations=tuple(accumulations),
     )  # fmt: skip

@@ -316,12 +316,17 @@ def compose_step(
     pp = len(stages)
     spans = equal_runs([id(s) for s in stages])
     schedule = schedule_name(knobs.schedule, knobs.vpp)
-    overlapped = {id(s): replace(s, time=moe_overlapped(s.time, cluster, knobs, schedule=schedule,
-                                                        num_stages=pp)) for s in stages}
-    shown = [overlapped[id(s)] for s in stages]  # what each stage's breakdown shows
     statics = stage_statics(cluster, knobs.states_precision, [stages[first] for first, _ in spans],
                             tied=tied, offload=knobs.offload,
                             gathered_bytes_per_param=knobs.gathered_bytes_per_param)  # fmt: skip
+    # The optimizer's gradient accumulation is weight-gradient work in each backward.
+    accumulated = [replace(stages[first], time=stages[first].time.with_weight_work(
+                       statics.accumulation(j, knobs.num_microbatches)))
+                   for j, (first, _) in enumerate(spans)]  # fmt: skip
+    stages = [accumulated[j] for j, (_, count) in enumerate(spans) for _ in range(count)]
+    overlapped = {id(s): replace(s, time=moe_overlapped(s.time, cluster, knobs, schedule=schedule,
+                                                        num_stages=pp)) for s in stages}
+    shown = [overlapped[id(s)] for s in stages]  # what each stage's breakdown shows
     accumulating = knobs.num_microbatches > 1
     runs = [StageRun(time=stages[first].time, sync=statics.sync(j, accumulating=accumulating),
                      state_bytes=statics.state_bytes[j], first=first, count=count,

@@ -75,7 +75,7 @@ of the step is communication), the bandwidth of the slowest link crossed (a netw
 collectives are checked only by runs on it) and the model's FLOPs a token (the GEMMs'
 shapes)."""
 
-WIDENING = {0.8: 0.0322, 0.95: 0.0509}
+WIDENING = {0.8: 0.032, 0.95: 0.0535}
 """How much a band widens per unit of mean distance to its nearest runs, at each quantile:
 fitted by ``benchmarks/band_coverage.py --refit`` on the four shared runs files so that,
 leaving each framework family out of its chip's runs (the efficiencies refitted without it),

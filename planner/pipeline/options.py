@@ -83,8 +83,10 @@ def layer_options(
     ZeRO stage.
 
     Time adds the gradient sync per microbatch that the overlap flags leave exposed beside
-    this layer's compute (the once-per-step part shared among the microbatches); memory is the
-    weight states, the kept activations per in-flight microbatch and the transient peak.
+    this layer's compute (the once-per-step part shared among the microbatches) and the
+    optimizer's gradient accumulation (:func:`~planner.cost.data_parallel.gradient_accumulation`);
+    memory is the weight states, the kept activations per in-flight microbatch and the
+    transient peak.
     """
     parts = solution.parts
     if parts is None:
@@ -107,6 +109,10 @@ def layer_options(
     layer_params = sum(n for n, _ in parts.weights)
     per_param = cost.gathered_bytes_per_param(ctx.precision, ctx.stack)
     gathered = [layer_params * per_param if zero >= 3 else 0.0 for zero in ZERO_STAGES]
+    # The optimizer's gradient accumulation after each backward (DeepSpeed's).
+    accumulations = [cost.gradient_accumulation(held, zero=zero) for zero in ZERO_STAGES]
+    accumulation_s = [a.seconds(cluster.device, params=layer_params)
+                      * a.share(ctx.num_microbatches) for a in accumulations]  # fmt: skip
     options = []
     for zero in ZERO_STAGES:
         for mode in modes:
@@ -119,7 +125,8 @@ def layer_options(
             sync = exposed.per_microbatch_s + exposed.once_s / ctx.num_microbatches
             options.append(LayerOption(
                 kind=solution.kind, solution=solution, recompute=mode, zero=zero,
-                latency_s=base + parts.rerun_total_s(mode) + sync, state_bytes=states[zero],
+                latency_s=base + parts.rerun_total_s(mode) + sync + accumulation_s[zero],
+                state_bytes=states[zero],
                 kept_bytes=parts.kept_bytes[k],
                 working_bytes=max(parts.working_bytes[k], parts.loss_bytes) + gathered[zero],
             ))  # fmt: skip

@@ -93,8 +93,11 @@ def run_costs(
         held = np.array([static[u].state_bytes[j] for u in used])[local]
         tied = np.array([static[u].tied_s for u in used])[local]
         gathered = np.array([static[u].gathered_bytes_per_param for u in used])[local]
+        by_static = np.array([np.broadcast_to(static[u].accumulation(j, microbatches),
+                                              microbatches.shape) for u in used])  # fmt: skip
+        accumulation = by_static[local, np.arange(len(local))]
         runs.append(StageRun(
-            time=time.with_pipeline_comm(sends),
+            time=time.with_pipeline_comm(sends).with_weight_work(accumulation),
             sync=cost.DataParallelSync(**{f.name: sync[:, i] for i, f in
                                           enumerate(fields(cost.DataParallelSync))}),
             state_bytes=(held[:, 0], held[:, 1], held[:, 2]),
