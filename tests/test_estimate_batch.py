@@ -71,6 +71,8 @@ def random_config(rng: random.Random, model: ModelSpec, cluster: ClusterSpec) ->
         seq_len=rng.choice([None, None, 4096]), precision=rng.choice([None, None, "fp16"]),
         offload=rng.choice(["optimizer", "zero-offload"])
         if cluster.host is not None and rng.random() < 0.3 else "none",
+        # DeepSpeed's optimizers keep and accumulate their gradients their own way.
+        stack="megatron-deepspeed" if rng.random() < 0.2 else None,
     )  # fmt: skip
 
 

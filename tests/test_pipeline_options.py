@@ -104,12 +104,13 @@ def test_memory_forces_recomputation() -> None:
         assert table.latency[0, 0, 2] == latency
 
 
-def test_repricing_a_solved_layer_gives_the_ilps_numbers(a100: ClusterSpec) -> None:
+@pytest.mark.parametrize("stack", ["megatron-te", "megatron-deepspeed"])
+def test_repricing_a_solved_layer_gives_the_ilps_numbers(a100: ClusterSpec, stack: str) -> None:
     """A solved layer taken apart (``LayerSolution.parts``) and priced again for the same
     replicas, microbatches, recomputation and ZeRO stage gives back the ILP's objective and
     memory: time to 0.1 % (the re-pricing buckets each group's gradients into one collective,
     the ILP pays one per weight, so it saves a few latencies), memory to the ILP's KiB
-    rounding."""
+    rounding; on DeepSpeed's stack with its optimizers' gradient accumulation in both."""
     from planner.ilp import LayerQuery, solve_layer
     from planner.pipeline.options import SyncContext, layer_options
     from planner.sharding.layout import LogicalMesh
@@ -118,10 +119,10 @@ def test_repricing_a_solved_layer_gives_the_ilps_numbers(a100: ClusterSpec) -> N
     for mesh, budget in (((1, 8), None), ((2, 4), 8.0), ((1, 4), 4.0)):
         query = LayerQuery(kind="dense", mesh=mesh, mesh_micro_batch_size=2, seq_length=2048,
                            memory_budget_gib=budget, in_flight=4, num_microbatches=16,
-                           replicas=4)  # fmt: skip
+                           replicas=4, stack=stack)  # fmt: skip
         solution = solve_layer(gpt3, a100, query)
         sync = SyncContext(mesh=LogicalMesh(mesh), replicas=4, num_microbatches=16,
-                           precision="bf16")  # fmt: skip
+                           precision="bf16", stack=stack)  # fmt: skip
         options = layer_options(solution, a100, sync)
         same = next(o for o in options
                     if (o.recompute, o.zero) == (solution.recompute, solution.zero))  # fmt: skip

@@ -389,7 +389,10 @@ class Plan(_Frozen):
             if mode == "full" and some_layers:
                 label += f" of {some_layers} layer{'s' * (some_layers > 1)} per chunk"
             extras += some([q.recompute == mode for q in stages], label)
-        for stage, name in ((1, "distributed optimizer"), (2, "ZeRO-2"), (3, "ZeRO-3")):
+        # ZeRO-1 is Megatron's distributed optimizer; DeepSpeed and Colossal-AI name the stage.
+        sharded = "ZeRO-1" if self.framework in ("deepspeed", "colossalai") else \
+            "distributed optimizer"
+        for stage, name in ((1, sharded), (2, "ZeRO-2"), (3, "ZeRO-3")):
             extras += some([q.zero == stage for q in stages], name)
         if self.flags.overlap_moe_expert_parallel_comm:
             extras.append("experts' all-to-alls overlapped")

@@ -40,10 +40,17 @@ def weight_costs(
     precision: StatesPrecision,
     num_microbatches: int,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """State bytes per device (:func:`weight_states`) and gradient sync seconds per
-    microbatch (:func:`weight_syncs`, the once-per-step part shared) under ZeRO 0..3."""
+    """State bytes per device (:func:`weight_states`) and the seconds per microbatch the
+    gradients cost beside the op's own compute under ZeRO 0..3: their sync
+    (:func:`weight_syncs`, the once-per-step part shared) and the optimizer's accumulation
+    (:func:`~planner.cost.data_parallel.gradient_accumulation`)."""
     if params == 0:
         return (0.0,) * 4, (0.0,) * 4
     syncs = weight_syncs(cluster, group, params=params, precision=precision)
     states = weight_states(group, params=params, precision=precision)
-    return states, tuple(s.per_microbatch_s(num_microbatches) for s in syncs)
+    accumulations = [cost.gradient_accumulation(precision, zero=z) for z in ZERO_STAGES]
+    return states, tuple(
+        s.per_microbatch_s(num_microbatches)
+        + a.seconds(cluster.device, params=params) * a.share(num_microbatches)
+        for s, a in zip(syncs, accumulations, strict=True)
+    )
