@@ -187,66 +187,85 @@ class GradientAccumulation:
     device's stream: memory-bound kernels over the whole (unsharded) gradient."""
 
     bytes_per_param: float
-    """Bytes read and written per local parameter, each microbatch that pays it."""
-    first_microbatch: bool
-    """Whether a step's first microbatch pays it too (False: autograd stores the first
-    gradient and adds the later ones into it)."""
+    """Bytes read and written per local parameter after each microbatch but a step's first."""
+    first_bytes_per_param: float
+    """The same after a step's first microbatch (autograd stores the first gradient where the
+    later ones are added in)."""
 
-    def seconds(self, device: DeviceSpec, *, params: float) -> float:
-        """One accumulation of ``params`` local gradients at the device's memory-bound rate
-        (0 when there is nothing to run)."""
-        if self.bytes_per_param == 0:
-            return 0.0
-        return compute_time_s(device, "bf16", flops=0.0,
-                              bytes_moved=params * self.bytes_per_param)  # fmt: skip
+    def seconds(self, device: DeviceSpec, *, params: float, num_microbatches: Real) -> Real:
+        """Seconds a microbatch over ``params`` local gradients, averaged over a step of
+        ``num_microbatches``, at the device's memory-bound rate (a launch each pass).
 
-    def share(self, num_microbatches: Real) -> Real:
-        """The share of a step's ``num_microbatches`` microbatches that pay it.
-
-        >>> BF16_OPTIMIZER.share(4), AUTOGRAD_16BIT.share(4)
-        (1.0, 0.75)
+        >>> from planner.spec import DeviceSpec
+        >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=1000,
+        ...                  peak_tflops={"bf16": 300})
+        >>> gpu = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(
+        ...     update={"memory_bound_fraction": 1.0, "kernel_launch_us": 0.0})})
+        >>> BF16_OPTIMIZER.seconds(gpu, params=1e9, num_microbatches=4)  # 18 GB each pass
+        0.018
+        >>> # 6 GB after the first microbatch, 18 after each of the 3 others: 60 over 4
+        >>> round(ZERO_FP32_GRADIENTS.seconds(gpu, params=1e9, num_microbatches=4), 6)
+        0.015
         """
-        return 1.0 if self.first_microbatch else 1.0 - 1.0 / num_microbatches
+        if not (self.bytes_per_param or self.first_bytes_per_param):
+            return 0.0  # the common case, in the layer ILP's inner loop
+        first = _pass_s(device, params * self.first_bytes_per_param)
+        later = _pass_s(device, params * self.bytes_per_param)
+        return (first + (num_microbatches - 1) * later) / num_microbatches
 
 
-NO_ACCUMULATION = GradientAccumulation(bytes_per_param=0.0, first_microbatch=True)
+def _pass_s(device: DeviceSpec, nbytes: float) -> float:
+    """One memory-bound pass moving ``nbytes`` (none: nothing to run)."""
+    return compute_time_s(device, "bf16", flops=0.0, bytes_moved=nbytes) if nbytes else 0.0
+
+
+NO_ACCUMULATION = GradientAccumulation(bytes_per_param=0.0, first_bytes_per_param=0.0)
 """Accumulation inside the weight-gradient GEMM (Megatron-LM's ``gradient_accumulation_fusion``
 into ``main_grad``): nothing apart. The copies FSDP and Megatron-FSDP make of the gradients
 for their reduce-scatters are not priced."""
-ZERO_BUCKET = GradientAccumulation(bytes_per_param=4.0, first_microbatch=True)
-"""DeepSpeed's ZeRO-2 and ZeRO-3: each microbatch's backward hook copies every 16-bit gradient
-into the reduction bucket (``contiguous_gradients``, on by default), reading 2 bytes and writing
-2, before the bucket's reduce-scatter; what accumulates after is the rank's partition
-(``reduce_independent_p_g_buckets_and_remove_grads`` in ``deepspeed/runtime/zero/
-stage_1_and_2.py``, ``__add_grad_to_ipg_bucket`` in ``zero/stage3.py``, microsoft/DeepSpeed
-38327e0)."""
-BF16_OPTIMIZER = GradientAccumulation(bytes_per_param=18.0, first_microbatch=True)
+BF16_OPTIMIZER = GradientAccumulation(bytes_per_param=18.0, first_bytes_per_param=18.0)
 """DeepSpeed's ``BF16_Optimizer``: the backward writes fresh bf16 gradients (``clear_lp_grads``
 sets them to None first) and ``update_hp_grads`` adds each into its fp32 buffer,
 ``hp_grad.add_(lp.grad.to(fp32))``: a cast reading 2 bytes and writing 4, an add reading 8 and
 writing 4, after every microbatch's backward, the first's included (the buffer is zeroed at
-the step); in the pipeline engine's ``_exec_backward_pass`` and the engine's ``backward``
-alike (``deepspeed/runtime/pipe/engine.py``, ``deepspeed/runtime/bf16_optimizer.py`` at
-microsoft/DeepSpeed 77b649d, BLOOM's, and 38327e0)."""
-AUTOGRAD_16BIT = GradientAccumulation(bytes_per_param=6.0, first_microbatch=False)
-"""DeepSpeed's other optimizers at ZeRO 0-1 (``FP16_Optimizer``, the ZeRO-1 optimizer, which
-hooks no backward): autograd adds each microbatch's 16-bit gradient into ``.grad`` in place,
-reading 4 bytes and writing 2, from the second microbatch on."""
+the step); in the pipeline engine's ``_exec_backward_pass`` and the engine's backward alike
+(``deepspeed/runtime/pipe/engine.py``, ``deepspeed/runtime/bf16_optimizer.py`` at
+microsoft/DeepSpeed 77b649d, BLOOM's, and deepspeedai/DeepSpeed edaa722)."""
+ZERO_FP32_GRADIENTS = GradientAccumulation(bytes_per_param=18.0, first_bytes_per_param=6.0)
+"""DeepSpeed's ZeRO-1 optimizer accumulating 16-bit gradients in fp32 (``grad_accum_dtype``
+fp32, which the planner's DeepSpeed export sets for bf16): after each backward
+``fill_grad_accum_attribute`` casts every gradient to fp32 (2 bytes read, 4 written), the
+first into ``param.grad_accum``, the later ones added into it (8 read, 4 written more)
+(``deepspeed/runtime/zero/stage_1_and_2.py`` at deepspeedai/DeepSpeed edaa722, called from
+the engine's ``_backward_epilogue``)."""
+AUTOGRAD_16BIT = GradientAccumulation(bytes_per_param=6.0, first_bytes_per_param=0.0)
+"""DeepSpeed's fp16 optimizers at ZeRO 0-1 (``FP16_Optimizer``, the ZeRO-1 optimizer with
+fp16 accumulation, which hooks no backward): autograd adds each microbatch's gradient into
+``.grad`` in place, reading 4 bytes and writing 2, from the second microbatch on."""
+ZERO_BUCKET = GradientAccumulation(bytes_per_param=4.0, first_bytes_per_param=4.0)
+"""DeepSpeed's ZeRO-2 and ZeRO-3: each microbatch's backward hook copies every 16-bit gradient
+into the reduction bucket (``contiguous_gradients``, on by default), reading 2 bytes and writing
+2, before the bucket's reduce-scatter; what accumulates after is the rank's partition
+(``reduce_independent_p_g_buckets_and_remove_grads`` in ``deepspeed/runtime/zero/
+stage_1_and_2.py``, ``__add_grad_to_ipg_bucket`` in ``zero/stage3.py``, deepspeedai/DeepSpeed
+edaa722)."""
 
 
 def gradient_accumulation(
     precision: StatesPrecision, *, zero: int, offload: Offload = "none"
 ) -> GradientAccumulation:
     """How a run keeping its states as ``precision`` accumulates gradients over microbatches.
-    DeepSpeed builds ``BF16_Optimizer`` for bf16 at ZeRO 0-1 without ZeRO-Offload
-    (``DeepSpeedEngine._do_optimizer_sanity_check``, ``deepspeed/runtime/engine.py``), its ZeRO
-    optimizer otherwise, which at ZeRO 2-3 reduces each microbatch's gradients through its
-    buckets (the reduce-scatter priced with the sync).
+    DeepSpeed builds ``BF16_Optimizer`` for bf16 with fp32 accumulation at ZeRO 0-1 without
+    ZeRO-Offload (``DeepSpeedEngine._do_optimizer_sanity_check``, ``deepspeed/runtime/
+    engine.py``), its ZeRO optimizer otherwise, which at ZeRO 2-3 reduces each microbatch's
+    gradients through its buckets (the reduce-scatter priced with the sync).
 
-    >>> gradient_accumulation("bf16-deepspeed", zero=1).bytes_per_param
-    18.0
+    >>> gradient_accumulation("bf16-deepspeed", zero=1) == BF16_OPTIMIZER
+    True
     >>> gradient_accumulation("bf16-deepspeed", zero=1, offload="zero-offload").bytes_per_param
-    6.0
+    18.0
+    >>> gradient_accumulation("fp16-deepspeed", zero=1).first_bytes_per_param
+    0.0
     >>> gradient_accumulation("bf16-deepspeed", zero=3).bytes_per_param
     4.0
     >>> gradient_accumulation("bf16", zero=1) == NO_ACCUMULATION
@@ -256,6 +275,6 @@ def gradient_accumulation(
         return NO_ACCUMULATION
     if zero >= 2:
         return ZERO_BUCKET
-    if precision == "bf16-deepspeed" and offload != "zero-offload":
-        return BF16_OPTIMIZER
-    return AUTOGRAD_16BIT
+    if precision == "fp16-deepspeed":
+        return AUTOGRAD_16BIT
+    return ZERO_FP32_GRADIENTS if offload == "zero-offload" else BF16_OPTIMIZER

@@ -13,7 +13,7 @@ from planner.cost.elementwise import Real
 from planner.cost.layer import LayerCost
 from planner.cost.memory import ADAM_STATE
 from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
-from planner.spec import ClusterSpec
+from planner.spec import ClusterSpec, DeviceSpec
 from planner.vocabulary import Offload, StatesPrecision
 
 
@@ -156,11 +156,13 @@ class StageStatics:
     gathered_bytes_per_param: float = 0.0
     """Bytes per parameter of a stage's largest layer that ZeRO-3 holds unsharded at its
     peak (:func:`planner.cost.memory.gathered_bytes_per_param`; 0 below ZeRO-3)."""
-    accumulation_s: tuple[float, ...] = ()
-    """Each stage's gradient accumulation, one microbatch's
-    (:func:`~planner.cost.data_parallel.gradient_accumulation`; empty: none)."""
     accumulations: tuple[cost.GradientAccumulation, ...] = ()
-    """Each stage's kind of accumulation: on which microbatches it runs."""
+    """Each stage's gradient accumulation between microbatches
+    (:func:`~planner.cost.data_parallel.gradient_accumulation`; empty: none)."""
+    local_params: tuple[float, ...] = ()
+    """Each stage's local parameters, whose gradients it accumulates."""
+    device: DeviceSpec | None = None
+    """The device that runs the accumulation."""
 
     def sync(self, i: int, *, accumulating: bool) -> cost.DataParallelSync:
         """Stage ``i``'s data-parallel traffic, with several microbatches a step or one."""
@@ -169,9 +171,10 @@ class StageStatics:
     def accumulation(self, i: int, num_microbatches: Real) -> Real:
         """Stage ``i``'s gradient accumulation per microbatch, averaged over a step of
         ``num_microbatches``."""
-        if not self.accumulation_s:
+        if not self.accumulations or self.device is None:
             return 0.0
-        return self.accumulation_s[i] * self.accumulations[i].share(num_microbatches)
+        return self.accumulations[i].seconds(self.device, params=self.local_params[i],
+                                             num_microbatches=num_microbatches)  # fmt: skip
 
 
 def stage_statics(
@@ -191,8 +194,6 @@ def stage_statics(
             out.append(sync + gradient_copy_sync(cluster, precision, params=params, zero=s.zero,
                                                  offload=offload, accumulating=several))
     params = max(optimizer_params(s.weights, s.zero) for s in stages)
-    accumulations = [cost.gradient_accumulation(precision, zero=s.zero, offload=offload)
-                     for s in stages]  # fmt: skip
     return StageStatics(
         syncs=tuple(syncs),
         accumulating_syncs=tuple(accumulating),
@@ -204,7 +205,8 @@ def stage_statics(
         accumulating_host_bytes=host_state_bytes(precision, params=params, offload=offload,
                                                  accumulating=True),
         gathered_bytes_per_param=gathered_bytes_per_param if stages[0].zero >= 3 else 0.0,
-        accumulation_s=tuple(a.seconds(cluster.device, params=sum(w.params for w in s.weights))
-                             for a, s in zip(accumulations, stages, strict=True)),
-        accumulations=tuple(accumulations),
+        accumulations=tuple(cost.gradient_accumulation(precision, zero=s.zero, offload=offload)
+                            for s in stages),
+        local_params=tuple(sum(w.params for w in s.weights) for s in stages),
+        device=cluster.device,
     )  # fmt: skip

@@ -110,9 +110,9 @@ def layer_options(
     per_param = cost.gathered_bytes_per_param(ctx.precision, ctx.stack)
     gathered = [layer_params * per_param if zero >= 3 else 0.0 for zero in ZERO_STAGES]
     # The optimizer's gradient accumulation after each backward (DeepSpeed's).
-    accumulations = [cost.gradient_accumulation(held, zero=zero) for zero in ZERO_STAGES]
-    accumulation_s = [a.seconds(cluster.device, params=layer_params)
-                      * a.share(ctx.num_microbatches) for a in accumulations]  # fmt: skip
+    accumulation_s = [cost.gradient_accumulation(held, zero=zero).seconds(
+        cluster.device, params=layer_params, num_microbatches=ctx.num_microbatches)
+        for zero in ZERO_STAGES]  # fmt: skip
     options = []
     for zero in ZERO_STAGES:
         for mode in modes:

@@ -48,9 +48,9 @@ def weight_costs(
         return (0.0,) * 4, (0.0,) * 4
     syncs = weight_syncs(cluster, group, params=params, precision=precision)
     states = weight_states(group, params=params, precision=precision)
-    accumulations = [cost.gradient_accumulation(precision, zero=z) for z in ZERO_STAGES]
     return states, tuple(
         s.per_microbatch_s(num_microbatches)
-        + a.seconds(cluster.device, params=params) * a.share(num_microbatches)
-        for s, a in zip(syncs, accumulations, strict=True)
-    )
+        + cost.gradient_accumulation(precision, zero=z).seconds(
+            cluster.device, params=params, num_microbatches=num_microbatches)
+        for z, s in zip(ZERO_STAGES, syncs, strict=True)
+    )  # fmt: skip
