@@ -533,6 +533,27 @@ def test_zero_offload_stage() -> None:
         assert ds.PROFILE.launches(resolved, model)
 
 
+def test_zero_offload_pipeline() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/engine.py:862-880;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2970-2987, 3004-3031;
+    deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/stage_1_and_2.py:356-364, 861-879,
+    2518-2521
+
+    bf16 ZeRO-1 under ZeRO-Offload fills its fp32 gradients in the engine's backward
+    epilogue, which the pipeline engine skips but on its last stage: refused with a pipeline;
+    without one, at ZeRO-2, or in fp16 (no separate fp32 accumulation) it launches."""
+    model = load("llama3-70b")
+    resolved = configure(model, 16, tp=8, pp=2, zero=1, offload="zero-offload")
+    said = refusal("zero-offload-pipeline", resolved, model) or ""
+    assert "all stages but the last" in said and "pp(2)" in said
+    for kept in (configure(model, 16, tp=8, pp=1, zero=1, offload="zero-offload"),
+                 configure(model, 16, tp=8, pp=1, zero=2, offload="zero-offload"),
+                 configure(model, 16, tp=8, pp=2, zero=1, offload="zero-offload",
+                           precision="fp16"),
+                 configure(model, 16, tp=8, pp=2, zero=1)):  # fmt: skip
+        assert refusal("zero-offload-pipeline", kept, model) is None
+
+
 def test_zero_offload_copies_ride_with_the_pipeline_reduction() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2390-2393;
     deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/schedule.py:238-241

@@ -287,6 +287,22 @@ def zero_offload_stage(resolved: ResolvedConfig, model: ModelSpec) -> str | None
             "(parameters possibly offloaded too), which is not priced; ZeRO-1/2's is")
 
 
+def zero_offload_pipeline(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """bf16 ZeRO-1 under ZeRO-Offload accumulates its gradients in fp32 (the export's
+    ``grad_accum_dtype``) only in the engine's backward epilogue (``fill_grad_accum_attribute``),
+    which the pipeline engine skips on every stage but the last (it runs their backward with
+    ``_running_engine_backward`` set, so the post-backward hook does nothing): those stages'
+    gradients are never filled in, and the ZeRO-1 reduction passes them by."""
+    c = resolved.config
+    if (c.offload != "zero-offload" or c.zero != 1 or c.pp == 1
+            or resolved.training.precision != "bf16"):  # fmt: skip
+        return None
+    return (f"offload zero-offload with zero(1), pp({c.pp}) and bf16: DeepSpeed's ZeRO-1 "
+            f"optimizer accumulates the gradients in fp32 only in the engine's backward "
+            f"epilogue, which its pipeline engine skips on all stages but the last, whose "
+            f"gradients would then not be reduced: use zero 2 without a pipeline, or pp 1")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(name="partial-recompute", check=partial_recompute,
          source=f"{MDS} megatron/model/gpt_model.py:446-451; "
@@ -341,6 +357,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="zero-offload-stage", check=zero_offload_stage,
          source=f"{_ENGINE}:1986-1997, 2382-2415; "
                 f"{DS} deepspeed/runtime/zero/stage3.py:2628-2644"),
+    Rule(name="zero-offload-pipeline", check=zero_offload_pipeline,
+         source=f"{_PIPE}:862-880; {_ENGINE}:2970-2987, 3004-3031; "
+                f"{DS} deepspeed/runtime/zero/stage_1_and_2.py:356-364, 861-879, 2518-2521"),
 )  # fmt: skip
 """Everything DeepSpeed refuses, or cannot run as the planner prices it."""
 
