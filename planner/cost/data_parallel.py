@@ -215,7 +215,8 @@ class GradientAccumulation:
 
 
 def _pass_s(device: DeviceSpec, nbytes: float) -> float:
-    """One memory-bound pass moving ``nbytes`` (none: nothing to run)."""
+    """One memory-bound pass moving ``nbytes`` (none: nothing to run); with no FLOPs the
+    precision names no peak that matters."""
     return compute_time_s(device, "bf16", flops=0.0, bytes_moved=nbytes) if nbytes else 0.0
 
 
