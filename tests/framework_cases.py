@@ -22,6 +22,12 @@ def load(name: str) -> ModelSpec:
     return planner.load_model(path if path.exists() else shared(HF / f"{name}.config.json"))
 
 
+def without_mtp(name: str) -> ModelSpec:
+    """:func:`load` without the model's multi-token-prediction modules, as a framework that
+    builds none trains it (a Hugging Face config's ``num_nextn_predict_layers`` set to 0)."""
+    return load(name).model_copy(update={"mtp_layers": 0})
+
+
 def nodes(devices: int) -> ClusterSpec:
     """DGX H100 nodes for ``devices`` GPUs."""
     return planner.load_cluster(H100, nodes=devices // 8)

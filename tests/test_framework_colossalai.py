@@ -19,7 +19,7 @@ import planner
 from planner.frameworks import colossalai as cai
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from tests.framework_cases import configure, forced, load, verdict
+from tests.framework_cases import configure, forced, load, verdict, without_mtp
 
 
 def refusal(name: str, resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -225,10 +225,13 @@ def test_every_launchable_configuration_reads_back_exactly() -> None:
 
 def test_architecture() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/policies/auto_policy.py:59-229"""
-    dense_mla = load("deepseek-v3").model_copy(update={"moe": None})
+    dense_mla = without_mtp("deepseek-v3").model_copy(update={"moe": None})
     for model in (load("Qwen3-30B-A3B"), dense_mla):
         resolved = configure(model, 8, global_batch=8, seq_len=4096)
         assert "no Shardformer policy" in (refusal("architecture", resolved, model) or ""), model
+    predicting = load("DeepSeek-V3")
+    assert "multi-token-prediction" in (refusal("architecture", configure(predicting, 8,
+                                        global_batch=8, seq_len=4096), predicting) or "")
     assert [cai.family(load(n)) for n in ("gpt3-175b", "llama3-8b", "Qwen2.5-72B",
                                           "mixtral-8x7b", "deepseek-v3", "DeepSeek-V3")] == [
         "gpt2", "llama", "qwen2", "mixtral", "deepseek_v3", "deepseek_v3"]  # fmt: skip
@@ -236,7 +239,7 @@ def test_architecture() -> None:
 
 def test_deepseek_v3_tensor_parallel() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/policies/deepseek_v3.py:18-22"""
-    model = load("DeepSeek-V3")
+    model = without_mtp("DeepSeek-V3")
     resolved = configure(model, 512, tp=2, ep=8, zero=1, global_batch=1024, seq_len=4096)
     assert "refuses tensor" in (refusal("deepseek-v3-tensor-parallel", resolved, model) or "")
     llama = load("llama3-8b")
@@ -246,7 +249,7 @@ def test_deepseek_v3_tensor_parallel() -> None:
 
 def test_deepseek_v3_recompute() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/modeling/deepseek_v3.py:245-254"""
-    model = load("DeepSeek-V3")
+    model = without_mtp("DeepSeek-V3")
     resolved = configure(model, 512, pp=4, ep=8, zero=1, first_stage_layers=13,
                          last_stage_layers=16, recompute="full", global_batch=1024,
                          seq_len=4096)  # fmt: skip
@@ -257,7 +260,7 @@ def test_deepseek_v3_expert_and_pipeline_parallel() -> None:
     """DeepSeek-V3 from its Hugging Face config, PP4 x EP8 ZeRO-1: the MoE plugin over the
     checkpoint's own modeling (flash_attention_2 or eager), the config's RoPE (YaRN x40),
     norm epsilon and routing (sigmoid, x2.5, top 4 of 8 groups, aux-loss-free) in HF_CONFIG."""
-    model = load("DeepSeek-V3")
+    model = without_mtp("DeepSeek-V3")
     resolved = configure(model, 512, pp=4, ep=8, zero=1, first_stage_layers=13,
                          last_stage_layers=16, global_batch=1024, seq_len=4096)  # fmt: skip
     plugin, kwargs, settings = launched(resolved, model)

@@ -196,6 +196,7 @@ def shape(f: dict[str, str | None], flavor: str) -> dict[str, Any]:
             str(f["--normalization"])],
         swiglu="--swiglu" in f, tied="--untie-embeddings-and-output-weights" not in f,
         bias=bias, qkv_bias=bias or "--add-qkv-bias" in f, qk_layernorm="--qk-layernorm" in f,
+        mtp_layers=int(f.get("--mtp-num-layers") or 0),
         hidden_dropout=float(str(f["--hidden-dropout"])),
         attention_dropout=float(str(f["--attention-dropout"])),
         mla=[f.get(n) and int(str(f[n])) for n in ("--q-lora-rank", "--kv-lora-rank",
@@ -297,6 +298,7 @@ def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
         positions=model.position_embedding, normalization=model.normalization,
         swiglu=model.activation == "swiglu", tied=model.tie_word_embeddings, bias=model.bias,
         qkv_bias=model.has_qkv_bias, qk_layernorm=model.qk_layernorm,
+        mtp_layers=model.mtp_layers,
         hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
         mla=[mla.q_lora_rank, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim,
              mla.v_head_dim] if mla else None,
@@ -874,6 +876,8 @@ def pin_layer_architecture(p: Profile, *, window: bool) -> None:
         refused(p, "layer-architecture", configure(phi, 16), phi, "has sliding-window attention")
     qwen3 = load("Qwen3-8B")
     accepted(p, "layer-architecture", configure(qwen3, 16), qwen3)
+    predicting = qwen3.model_copy(update={"mtp_layers": 2})  # --mtp-num-layers on both
+    accepted(p, "layer-architecture", configure(predicting, 16), predicting)
 
 
 def pin_rank_order(p: Profile) -> None:
@@ -1018,7 +1022,8 @@ def test_rule_layer_architecture() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_layer.py:278-288;
     NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:2384-2393;
     NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:2450-2453;
-    megatron/core/transformer/transformer_config.py:248-255"""
+    megatron/core/transformer/transformer_config.py:248-255;
+    megatron/core/transformer/multi_token_prediction.py:864-884"""
     pin_layer_architecture(P, window=True)
 
 

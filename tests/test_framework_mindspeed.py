@@ -255,8 +255,26 @@ def test_rule_ulysses_context_parallel() -> None:
 def test_rule_layer_architecture() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
     megatron/core/transformer/transformer_layer.py:205-213;
-    NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:1299"""
+    NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:1299;
+    NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:1311"""
     tm.pin_layer_architecture(P, window=False)
+
+
+def test_rule_multi_token_prediction() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py:961-967:
+    core_v0.12.1 asserts multi-token prediction without context parallelism, on rotary or no
+    position embeddings (Megatron-LM's later ``validate_args`` takes both)."""
+    qwen3 = load("Qwen3-8B").model_copy(update={"mtp_layers": 1})
+    refused(P, "multi-token-prediction", configure(qwen3, 16, cp=2), qwen3,
+            r"mtp_layers 1 with cp\(2\).*without context parallelism")
+    accepted(P, "multi-token-prediction", configure(qwen3, 16), qwen3)
+    gpt = load("gpt-1.7b").model_copy(update={"mtp_layers": 1})
+    refused(P, "multi-token-prediction", configure(gpt, 16), gpt,
+            "learned position embeddings: .* takes rope or none")
+    plain = load("Qwen3-8B")
+    accepted(P, "multi-token-prediction", configure(plain, 16, cp=2), plain)
+    assert not any("multi-token" in r for r in megatron.PROFILE.refusals(
+        configure(qwen3, 16, cp=2), qwen3))  # Megatron-LM at d98e8a64ddf3 takes it
 
 
 def test_rule_rank_order() -> None:

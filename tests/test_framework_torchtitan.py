@@ -19,7 +19,7 @@ from planner.frameworks import torchtitan as tt
 from planner.frameworks._torchtitan_toml import model_parts
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from tests.framework_cases import configure, forced, load, verdict
+from tests.framework_cases import configure, forced, load, verdict, without_mtp
 
 
 def refusal(name: str, resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -220,21 +220,30 @@ def test_every_launchable_configuration_reads_back_exactly() -> None:
 
 def test_model_flavor() -> None:
     """pytorch/torchtitan@73a0e69 torchtitan/models/llama3/__init__.py:29-99;
-    torchtitan/models/qwen3/__init__.py:30-190; torchtitan/models/deepseek_v3/__init__.py:29-157"""
-    shallower = load("deepseek-v3").model_copy(update={"num_layers": 60})
+    torchtitan/models/qwen3/__init__.py:30-190; torchtitan/models/deepseek_v3/__init__.py:29-157;
+    torchtitan/models/deepseek_v3/model/args.py (no multi-token prediction)
+
+    DeepSeek-V3 as its Hugging Face config trains it, with a multi-token-prediction module, is
+    refused saying how to train it without."""
+    predicting = load("DeepSeek-V3")
+    refused = refusal("model-flavor", configure(predicting, 8, global_batch=8, seq_len=2048),
+                      predicting) or ""  # fmt: skip
+    assert "multi-token-prediction modules (set mtp_layers" in refused
+    assert refused.endswith("which torchtitan v0.2.2 does not build")
+    shallower = without_mtp("deepseek-v3").model_copy(update={"num_layers": 60})
     for model in (load("mixtral-8x7b"), load("gpt3-175b"), shallower):
         resolved = configure(model, 8, global_batch=8, seq_len=2048)
         assert "registered models" in (refusal("model-flavor", resolved, model) or ""), model
     assert tt.flavor(load("Meta-Llama-3.1-70B")) is tt.flavor(load("llama3-70b")) is not None
-    deepseek = tt.flavor(load("DeepSeek-V3"))
-    assert deepseek is tt.flavor(load("deepseek-v3")) is not None
+    deepseek = tt.flavor(without_mtp("DeepSeek-V3"))
+    assert deepseek is tt.flavor(without_mtp("deepseek-v3")) is not None
     assert (deepseek.name, deepseek.flavor, deepseek.pipeline) == ("deepseek_v3", "671B", True)
 
 
 def test_flex_attention_context_parallel() -> None:
     """pytorch/torchtitan@73a0e69 torchtitan/models/deepseek_v3/infra/parallelize.py:67-73;
     torchtitan/models/deepseek_v3/model/args.py:101-109"""
-    model = load("DeepSeek-V3")
+    model = without_mtp("DeepSeek-V3")
     resolved = configure(model, 1024, cp=2, ep=8, zero=3, global_batch=1024, seq_len=4096)
     assert "supports SDPA only" in (refusal("flex-attention-context-parallel", resolved, model)
                                     or "")  # fmt: skip
@@ -248,7 +257,7 @@ def test_deepseek_v3_launches_its_671b_flavor() -> None:
     flavor with torchtitan's pipelining (``deepseek_v3/__init__.py:165``) and its TP and
     EP/ETP (``infra/parallelize.py:75-134``), read back as priced; the notes say what the
     flavor builds otherwise than the config (norm epsilon 1e-5 against 1e-6)."""
-    model = load("DeepSeek-V3")
+    model = without_mtp("DeepSeek-V3")
     for knobs in (dict(pp=4, ep=8, zero=1, overlap_param_gather=True, first_stage_layers=13,
                        last_stage_layers=16),
                   dict(tp=2, sp=True, ep=8, zero=3, overlap_grad_reduce=True,

@@ -71,6 +71,7 @@ MODEL_LIMITS = [
     ("deepseek-v3", "moe.shared_experts", lim.MAX_EXPERTS),
     ("deepseek-v3", "mla.kv_lora_rank", lim.MAX_HIDDEN_SIZE),
     ("deepseek-v3", "mla.qk_rope_head_dim", lim.MAX_HEAD_DIM),
+    ("deepseek-v3", "mtp_layers", lim.MAX_MTP_LAYERS),
 ]
 
 

@@ -98,8 +98,9 @@ def test_narayanan_eq2_plus_final_norm(name: str) -> None:
 )
 def test_hf_configs_match_published_totals(path: Path, total: float, active: float) -> None:
     """Counts from Hugging Face configs as they are, to the published precision (DeepSeek's
-    "37B activated" is 37.55B counting the input embedding, hence 2 %)."""
-    model = load_model(shared(path))
+    "37B activated" is 37.55B counting the input embedding, hence 2 %), without the
+    multi-token-prediction module the published totals leave out."""
+    model = load_model(shared(path)).model_copy(update={"mtp_layers": 0})
     got_total, got_active = _count(model)
     assert got_total == pytest.approx(total, rel=0.0005)
     assert got_active == pytest.approx(active, rel=0.02 if "DeepSeek" in str(path) else 0.0005)
@@ -108,5 +109,26 @@ def test_hf_configs_match_published_totals(path: Path, total: float, active: flo
 def test_deepseek_exact_count_without_mtp() -> None:
     """DeepSeek-V3 without its multi-token-prediction module, router biases included:
     embedding + 3 dense + 58 MoE layers (MLA attention) + head."""
-    total, _ = _count(load_model(shared(HF / "DeepSeek-V3.config.json")))
+    model = load_model(shared(HF / "DeepSeek-V3.config.json"))
+    assert model.mtp_layers == 1  # num_nextn_predict_layers
+    total, _ = _count(model.model_copy(update={"mtp_layers": 0}))
     assert total == 671_026_419_200
+
+
+def test_deepseek_mtp_module_is_a_layer_and_a_projection() -> None:
+    """The multi-token-prediction module adds one MoE layer (the last decoder layer's kind,
+    Megatron-Core's get_gpt_mtp_block_spec), eh_proj's 2h x h and three RMSNorms of h (enorm,
+    hnorm, its final norm); its embedding and output layer are the main model's: 11.6B, which
+    with the two 0.93B copies Hugging Face's checkpoint stores is DeepSeek's "14B" MTP weights
+    to within their rounding (685B on Hugging Face, 671B without)."""
+    model = load_model(shared(HF / "DeepSeek-V3.config.json"))
+    h = model.hidden_size
+    without, _ = _count(model.model_copy(update={"mtp_layers": 0}))
+    fewer, _ = _count(model.model_copy(update={"mtp_layers": 0,
+                                                "num_layers": model.num_layers - 1}))
+    layer = without - fewer
+    total, _ = _count(model)
+    assert total - without == layer + 2 * h * h + 3 * h
+    assert total - without == pytest.approx(11.61e9, rel=0.001)
+    copies = 2 * model.vocab_size * h
+    assert (total + copies) / 1e9 == pytest.approx(685, abs=1)

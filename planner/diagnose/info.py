@@ -30,6 +30,10 @@ def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any
     seq = training.seq_length
     graph = lower(model, training, micro_batch_size=1)
     params = parameter_count(graph)
+    # The multi-token-prediction modules apart: published totals (DeepSeek-V3's 671B) leave
+    # them out.
+    main_params = params.total if model.mtp_layers == 0 else parameter_count(lower(
+        model.model_copy(update={"mtp_layers": 0}), training, micro_batch_size=1)).total
     index = index_layers(graph)
     forward = sum(graph.nodes[n]["op"].flops for n in graph) / seq
     attention = "mla" if model.mla else ("gqa" if model.query_groups < model.num_attention_heads
@@ -51,9 +55,11 @@ def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any
             "tie_word_embeddings": model.tie_word_embeddings,
             "moe": model.moe.model_dump() if model.moe else None,
             "mla": model.mla.model_dump() if model.mla else None,
+            "mtp_layers": model.mtp_layers,
         },
         "params_total": params.total,
         "params_active": params.active,
+        "params_mtp": params.total - main_params,
         "seq_length": seq,
         "seq_length_from": source,
         "forward_flops_per_token": forward,
@@ -61,3 +67,4 @@ def model_info(model: ModelSpec, *, seq_len: int | None = None) -> dict[str, Any
         "layer_kinds": {kind: len(layers) for kind, layers in index.layers_by_kind.items()},
         "graph": {"operators": graph.number_of_nodes(), "edges": graph.number_of_edges()},
     }
+

@@ -58,6 +58,7 @@ def megatron_printed(model: ModelSpec) -> dict[str, str]:
         "untie_embeddings_and_output_weights": not m.tie_word_embeddings,
         "add_bias_linear": m.bias, "add_qkv_bias": m.has_qkv_bias,
         "qk_layernorm": m.qk_layernorm, "multi_latent_attention": m.mla is not None,
+        "mtp_num_layers": m.mtp_layers or None,
     }  # fmt: skip
     if m.mla is None:
         printed |= {"kv_channels": m.head_dim,
@@ -212,8 +213,9 @@ def titan_parameter_count(model: ModelSpec) -> int:
     """The parameter count torchtitan prints for ``model``: every ``nn.Parameter`` less the
     embedding when it is tied to the output (torchtitan/models/utils.py:406, 428-429 and
     494-495); a router's expert bias is a buffer, not a parameter
-    (torchtitan/models/moe/moe.py:459-465)."""
-    total = parameter_count(lower(model, TrainingSpec(seq_length=1, global_batch_size=1))).total
+    (torchtitan/models/moe/moe.py:459-465); v0.2.2 builds no multi-token prediction."""
+    built = model.model_copy(update={"mtp_layers": 0})
+    total = parameter_count(lower(built, TrainingSpec(seq_length=1, global_batch_size=1))).total
     if model.tie_word_embeddings:
         total -= model.vocab_size * model.hidden_size
     if model.moe is not None and model.moe.router_expert_bias:

@@ -227,6 +227,8 @@ def model_flags(model: ModelSpec, *, seq_length: int) -> list[Flag]:
     flags += window_flags(model)
     flags += [("--hidden-dropout", model.hidden_dropout),
               ("--attention-dropout", model.attention_dropout)]  # fmt: skip
+    # The MTP loss's weight stays Megatron's default (0.1), which prices nothing.
+    flags += [("--mtp-num-layers", model.mtp_layers)] * (model.mtp_layers > 0)
     return flags + mla_flags(model) + moe_flags(model)
 
 

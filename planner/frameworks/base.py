@@ -145,9 +145,15 @@ def ranks_in_order(resolved: ResolvedConfig, order: tuple[str, ...]) -> bool:
     return given == [a for a in order if sizes.get(a, 1) > 1]
 
 
+MULTI_TOKEN_PREDICTION = ("multi-token-prediction modules (set mtp_layers, a Hugging Face "
+                          "config's num_nextn_predict_layers, to 0 to train without them)")
+"""How a refusal names a model's multi-token-prediction modules (DeepSeek-V3's)."""
+
+
 def layer_features(model: ModelSpec) -> tuple[str, ...]:
-    """What the model's decoder layers have beyond a GPT's or a Llama's (Gemma 2/3, Phi-3), in
-    the words a refusal names them: each framework launches some of them, or none."""
+    """What the model's layers have beyond a GPT's or a Llama's (Gemma 2/3, Phi-3; DeepSeek-V3's
+    multi-token prediction), in the words a refusal names them: each framework launches some
+    of them, or none."""
     present = (
         (model.post_norms, "post-norms (a norm on each block's output, Gemma's)"),
         (model.activation == "geglu", "a GeGLU MLP (GeLU on the gate)"),
@@ -155,6 +161,7 @@ def layer_features(model: ModelSpec) -> tuple[str, ...]:
         (model.final_logit_softcapping is not None, "final logit soft-capping"),
         (model.scale_embeddings, "embeddings scaled by sqrt(hidden_size)"),
         (model.sliding_window is not None, "sliding-window attention"),
+        (model.mtp_layers > 0, MULTI_TOKEN_PREDICTION),
     )
     return tuple(name for on, name in present if on)
 

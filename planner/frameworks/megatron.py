@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks._megatron_vocab import padded_vocab, vocab_divisor
-from planner.frameworks.base import Launch, Profile, Rule, unsupported_layers
+from planner.frameworks.base import (
+    MULTI_TOKEN_PREDICTION,
+    Launch,
+    Profile,
+    Rule,
+    unsupported_layers,
+)
 from planner.plan.chunks import cuts_into
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
@@ -238,9 +244,11 @@ def linear_bias_without_qkv_bias(resolved: ResolvedConfig, model: ModelSpec) -> 
 def layer_architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """A TransformerLayer has input and pre-MLP norms only (no post-norms), the activations
     are GeLU, --swiglu and --quick-geglu (not GeLU-tanh's GeGLU), attention has no soft-cap;
-    sliding windows are --window-size with --window-attn-skip-freq."""
-    return unsupported_layers(model, framework="Megatron-LM",
-                              supported=frozenset({"sliding-window attention"}))
+    sliding windows are --window-size with --window-attn-skip-freq; multi-token prediction is
+    --mtp-num-layers."""
+    return unsupported_layers(model, framework="Megatron-LM", supported=frozenset(
+        {"sliding-window attention", MULTI_TOKEN_PREDICTION}))
+
 
 
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -362,7 +370,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="layer-architecture", check=layer_architecture,
          source=f"{REPO} megatron/core/transformer/transformer_layer.py:278-288; "
                 f"{_ARGS}:2384-2393; {_ARGS}:2450-2453; "
-                f"megatron/core/transformer/transformer_config.py:248-255"),
+                f"megatron/core/transformer/transformer_config.py:248-255; "
+                f"megatron/core/transformer/multi_token_prediction.py:864-884"),
     Rule(name="rank-order", check=rank_order,
          source=f"{REPO} megatron/training/initialize.py:395"),
     Rule(name="fused-attention-precision", check=fused_attention_precision,

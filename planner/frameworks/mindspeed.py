@@ -18,7 +18,14 @@ from __future__ import annotations
 from planner.frameworks import _megatron_flags as mf
 from planner.frameworks import megatron
 from planner.frameworks._megatron_vocab import vocab_divisor
-from planner.frameworks.base import Launch, Profile, Rule, moe_comm_in_line, unsupported_layers
+from planner.frameworks.base import (
+    MULTI_TOKEN_PREDICTION,
+    Launch,
+    Profile,
+    Rule,
+    moe_comm_in_line,
+    unsupported_layers,
+)
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -32,8 +39,26 @@ _CP_FEATURE = f"{REPO} mindspeed/features_manager/context_parallel/context_paral
 
 def layer_architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """core_v0.12.1's TransformerLayer has no post-norms and its arguments have no sliding
-    window, no soft-cap and no GeGLU but --swiglu."""
-    return unsupported_layers(model, framework=f"MindSpeed on {CORE}")
+    window, no soft-cap and no GeGLU but --swiglu; multi-token prediction is
+    --mtp-num-layers."""
+    return unsupported_layers(model, framework=f"MindSpeed on {CORE}",
+                              supported=frozenset({MULTI_TOKEN_PREDICTION}))
+
+
+def multi_token_prediction(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """core_v0.12.1's multi-token prediction runs without context parallelism and with rotary
+    position embeddings (or none): its ``validate_args`` asserts both (Megatron-LM after it
+    takes both)."""
+    if model.mtp_layers == 0:
+        return None
+    cp = resolved.config.cp
+    if cp > 1:
+        return (f"mtp_layers {model.mtp_layers} with cp({cp}): {CORE}'s multi-token "
+                f"prediction runs without context parallelism")
+    if model.position_embedding != "rope":
+        return (f"mtp_layers {model.mtp_layers} with {model.position_embedding} position "
+                f"embeddings: {CORE}'s multi-token prediction takes rope or none")
+    return None
 
 
 def moe_bias(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -132,7 +157,9 @@ RULES: tuple[Rule, ...] = (
                 f"context_parallel_feature.py:106"),
     Rule(name="layer-architecture", check=layer_architecture,
          source=f"{CORE} megatron/core/transformer/transformer_layer.py:205-213; "
-                f"{_ARGS}:1299"),
+                f"{_ARGS}:1299; {_ARGS}:1311"),
+    Rule(name="multi-token-prediction", check=multi_token_prediction,
+         source=f"{_ARGS}:961-967"),
     Rule(name="rank-order", check=megatron.rank_order,
          source=f"{CORE} megatron/training/initialize.py:354"),
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,

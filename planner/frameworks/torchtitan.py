@@ -35,7 +35,14 @@ from planner.frameworks._torchtitan_toml import (
     render,
     training_table,
 )
-from planner.frameworks.base import Launch, Profile, Rule, moe_comm_in_line, ranks_in_order
+from planner.frameworks.base import (
+    Launch,
+    Profile,
+    Rule,
+    moe_comm_in_line,
+    ranks_in_order,
+    unsupported_layers,
+)
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -54,9 +61,12 @@ def _fsdp(resolved: ResolvedConfig) -> bool:
 
 
 def model_flavor(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """torchtitan's TOML picks a registered model; it cannot describe a new one."""
+    """torchtitan's TOML picks a registered model; it cannot describe a new one (nor
+    multi-token prediction, which v0.2.2's DeepSeek-V3 does not build)."""
     if flavor(model) is not None:
         return None
+    if model.mtp_layers and flavor(model.model_copy(update={"mtp_layers": 0})) is not None:
+        return unsupported_layers(model, framework=f"torchtitan {VERSION}")
     known = ", ".join(f"{f.name} {f.flavor}" for f in FLAVORS)
     return f"{model.name} is none of torchtitan {VERSION}'s registered models ({known})"
 
@@ -276,7 +286,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="model-flavor", check=model_flavor,
          source=f"{REPO} torchtitan/models/llama3/__init__.py:29-99; "
                 f"torchtitan/models/qwen3/__init__.py:30-190; "
-                f"torchtitan/models/deepseek_v3/__init__.py:29-157"),
+                f"torchtitan/models/deepseek_v3/__init__.py:29-157; "
+                f"torchtitan/models/deepseek_v3/model/args.py (no multi-token prediction)"),
     Rule(name="pipeline-model", check=pipeline_model,
          source=f"{REPO} torchtitan/models/qwen3/__init__.py:199; "
                 f"torchtitan/models/deepseek_v3/__init__.py:165"),

@@ -52,16 +52,25 @@ class LayerIndex:
         return self.ops_by_layer[self.layers_by_kind[kind][0]]
 
 
+def _module(op: Op) -> int:
+    """``d`` for an op of the head's ``d``-th multi-token-prediction module (``mtp<d>.*``), 0
+    for any other."""
+    first = op.name.partition(".")[0]
+    return int(first[3:]) if first.startswith("mtp") and first[3:].isdigit() else 0
+
+
 def index_layers(graph: nx.DiGraph) -> LayerIndex:
-    """Group ``graph``'s ops by layer (in topological order) and layers by kind."""
+    """Group ``graph``'s ops by layer (in topological order, a head's multi-token-prediction
+    modules after its own loss) and layers by kind, in the layers' order."""
     ops: dict[int, list[Op]] = {}
-    kinds: dict[str, list[int]] = {}
     for name in nx.topological_sort(graph):
         op: Op = graph.nodes[name]["op"]
-        if op.layer not in ops:
-            ops[op.layer] = []
-            kinds.setdefault(op.layer_kind, []).append(op.layer)
-        ops[op.layer].append(op)
+        ops.setdefault(op.layer, []).append(op)
+    for layer_ops in ops.values():
+        layer_ops.sort(key=_module)  # stable: each module's ops stay in topological order
+    kinds: dict[str, list[int]] = {}
+    for layer in sorted(ops):
+        kinds.setdefault(ops[layer][0].layer_kind, []).append(layer)
     return LayerIndex(
         ops_by_layer={layer: tuple(v) for layer, v in ops.items()},
         layers_by_kind={kind: tuple(v) for kind, v in kinds.items()},

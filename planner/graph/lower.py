@@ -3,181 +3,36 @@
 One node per operator, tagged with its layer and layer kind; edges carry the tensor that flows.
 What each operator keeps for backward depends on the stack that runs it
 (:mod:`planner.graph.stacks` says what each stack keeps, and from which source); the builders
-below apply it operator by operator.
+below apply it operator by operator, through :class:`~planner.graph.builder.LayerBuilder`.
 
-Over 400 lines: one builder per part of a layer (norms, projections, attention, MLP, experts,
-embedding, head), one concern, the graph of one microbatch's forward.
+Over 400 lines: one builder per part of a layer (attention, MLP, experts, embedding, head, the
+multi-token-prediction modules), one concern, the graph of one microbatch's forward.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import networkx as nx
 
 from planner.graph import unfused
-from planner.graph.fp8 import quantization, runs_fp8
-from planner.graph.ops import Op, OpKind, Tensor, Unfused
-from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES, LOSS_KEPT, LOSS_WORKING
+from planner.graph.builder import (
+    ACTIVATION_BYTES,
+    LOSS_BYTES,
+    LayerBuilder,
+    decoder_layer_kind,
+    is_local,
+)
+from planner.graph.ops import Op, Tensor
+from planner.graph.stacks import LOSS_KEPT, LOSS_WORKING
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
-from planner.vocabulary import Precision, Stack
 
-ACTIVATION_BYTES: dict[Precision, float] = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
-MASK_BYTES = 1.0  # dropout masks are stored as bytes
-LOSS_BYTES = 4.0  # fp32: the router's softmax over the experts, the loss per token
-
-@dataclass(slots=True, kw_only=True)
-class _Builder:
-    """Collects the ops of one layer and the edges into them."""
-
-    model: ModelSpec
-    """The model being lowered."""
-    batch: int
-    """Sequences per microbatch: the size of every activation's ``batch`` dim."""
-    seq: int
-    """Tokens per sequence: the size of every activation's ``seq`` dim."""
-    act_bytes: float
-    """Bytes per activation and weight element at the training precision
-    (:data:`ACTIVATION_BYTES`)."""
-    layer: int
-    """Index of the layer being built (0 embedding, 1..L decoder layers, L + 1 head)."""
-    layer_kind: str
-    """Its kind: ``embedding``, ``dense``, ``local``, ``moe`` or ``head``."""
-    stack: Stack = "megatron-te"
-    """The software that runs the layer: what each op keeps for the backward."""
-    ops: list[tuple[Op, tuple[str, ...]]] = field(default_factory=list)
-    """The ops added so far, in order, each with the names of the ops feeding it (the graph's edges
-    into it)."""
-
-    def act(self, *dims: tuple[str, int]) -> Tensor:
-        """An activation of shape (batch, seq, *dims)."""
-        return Tensor((("batch", self.batch), ("seq", self.seq), *dims), self.act_bytes)
-
-    def hidden(self) -> Tensor:
-        """The residual stream, (batch, seq, hidden)."""
-        return self.act(("hidden", self.model.hidden_size))
-
-    @property
-    def autocast(self) -> bool:
-        """The layer runs under ``torch.autocast`` with fp32 weights (:data:`AUTOCAST_STACKS`)
-        at a 16-bit precision; in fp32 nothing is cast, so no copies are kept."""
-        return self.stack in AUTOCAST_STACKS and self.act_bytes < FP32_BYTES
-
-    def fp32(self, tensor: Tensor) -> Tensor:
-        """``tensor`` held in fp32."""
-        return Tensor(tensor.dims, FP32_BYTES)
-
-    def mask(self, tensor: Tensor) -> Tensor:
-        """A dropout mask for ``tensor``."""
-        return Tensor(tensor.dims, MASK_BYTES)
-
-    def name(self, op: str) -> str:
-        """The graph-wide name of ``op`` in this layer."""
-        if self.layer_kind in ("embedding", "head"):
-            return op
-        return f"layer{self.layer}.{op}"
-
-    def add(self, op: str, kind: OpKind, sources: tuple[str, ...], **fields: object) -> str:
-        """Add op ``op`` fed by the ops named ``sources``; returns its graph name."""
-        # Heads split by whole key/value groups (every query group keeps its K/V head).
-        groups = self.model.num_attention_heads if self.model.mla else self.model.query_groups
-        node = Op(
-            name=self.name(op),
-            kind=kind,
-            layer=self.layer,
-            layer_kind=self.layer_kind,
-            units=(("heads", groups), ("kv_heads", groups)),
-            **fields,  # type: ignore[arg-type]
-        )
-        self.ops.append((node, sources))
-        return node.name
-
-    def norm(self, op: str, source: str, width: tuple[str, int] | None = None,
-             **tags: tuple[str, ...]) -> str:
-        """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input (on the
-        Hugging Face stacks the fp32 residual it reads, and in eager mode its fp32 normalized
-        output too: ``LlamaRMSNorm`` upcasts, and keeps it for its weight's gradient)."""
-        x = self.act(width) if width else self.hidden()
-        per_channel = 2 if self.model.normalization == "layernorm" else 1
-        saved: tuple[Tensor, ...] = (x,)
-        if self.stack in AUTOCAST_STACKS:  # the residual stream is fp32, autocast or not
-            saved = (self.fp32(x),) * (2 if self.stack == "hf-eager" else 1)
-        return self.add(
-            op, "norm", (source,), inputs=(x,), output=x, saved=saved,
-            extra_params=per_channel * (width[1] if width else self.model.hidden_size),
-            unfused=unfused.norm(self.stack, x), **tags,
-        )  # fmt: skip
-
-    def linear(
-        self,
-        op: str,
-        source: str,
-        x: Tensor,
-        out: tuple[str, int],
-        *,
-        bias: bool,
-        save_input: bool = True,
-        norm_reads: int = 0,
-        compiled_recomputes: bool = False,
-        **tags: tuple[str, ...],
-    ) -> str:
-        """``y = x W (+ b)`` contracting the last dim of ``x`` into ``out``; ``norm_reads``:
-        the separate projections this one stands for that read a norm's output (under eager
-        autocast each keeps its own 16-bit copy of it; compiled, one copy, none where
-        ``compiled_recomputes``)."""
-        in_dim = x.dims[-1]
-        y = Tensor((*x.dims[:-1], out), self.act_bytes)
-        weight = Tensor((in_dim, out), self.act_bytes)
-        # Megatron-Core fuses a norm into the linear reading it, but for the norms its
-        # layernorm recompute module reruns (see _decoder_layer).
-        fused = norm_reads > 0 and "layernorm" not in tags.get("discarded_by", ())
-        work, fp8 = self.linear_kernels(x, y, weight, norm_reads if self.autocast else 0,
-                                        quantized_by_norm=fused)  # fmt: skip
-        return self.add(
-            op, "linear", (source,), inputs=(x,), output=y, weight=weight,
-            bias_params=out[1] if bias else 0,
-            flops=2.0 * x.numel * out[1],
-            saved=(*self._input_copies(x, norm_reads, save_input, compiled_recomputes),
-                   *self.weight_copy(weight)),
-            unfused=work, fp8=fp8, **tags,
-        )  # fmt: skip
-
-    def linear_kernels(self, x: Tensor, y: Tensor, weight: Tensor, readers: int, *,
-                       quantized_by_norm: bool) -> tuple[Unfused | None, bool]:  # fmt: skip
-        """A linear's separate kernels on this stack (:func:`unfused.linear`), with an FP8
-        linear's quantizations (:func:`quantization`), and whether it runs in FP8."""
-        work = unfused.linear(self.stack, x, weight, readers)
-        if not runs_fp8(self.stack, self.layer_kind):
-            return work, False
-        q = quantization(x, y, quantized_by_norm=quantized_by_norm)
-        return (q if work is None else work.plus(q)), True
-
-    def _input_copies(
-        self, x: Tensor, norm_reads: int, save_input: bool, compiled_recomputes: bool
-    ) -> tuple[Tensor, ...]:
-        if not save_input:
-            return ()
-        if not self.autocast or norm_reads == 0:
-            return (x,)
-        if self.stack == "hf-eager":
-            return (x,) * norm_reads
-        return () if compiled_recomputes else (x,)
-
-    def weight_copy(self, weight: Tensor) -> tuple[Tensor, ...]:
-        """Autocast's cached 16-bit copy of an fp32 weight, which the linear keeps."""
-        return (weight,) if self.autocast else ()
-
-    def residual(self, op: str, *sources: str) -> str:
-        """Residual add after a block, with its dropout mask when dropout is on."""
-        h = self.hidden()
-        saved = (self.mask(h),) if self.model.hidden_dropout > 0 else ()
-        return self.add(op, "residual", sources, inputs=(h,) * len(sources), output=h, saved=saved,
-                        unfused=unfused.residual(self.stack, h))  # fmt: skip
+__all__ = ["ACTIVATION_BYTES", "decoder_layer_kind", "expert_capacity", "lower"]
 
 
 def _attention_core(
-    b: _Builder, source: str, q_dim: int, v_dim: int, kv_heads: int, *sources: str
+    b: LayerBuilder, source: str, q_dim: int, v_dim: int, kv_heads: int, *sources: str
 ) -> str:
     """Scores, softmax, dropout and the weighted sum, for ``heads`` queries of ``q_dim``.
 
@@ -196,7 +51,7 @@ def _attention_core(
     out = b.act(("heads", heads * v_dim))
     # A local layer scores each query against its window only (an unfused kernel still
     # materialises the masked s x s scores, so score_tensors keep their size).
-    window = m.sliding_window if _is_local(m, b.layer) else None
+    window = m.sliding_window if is_local(m, b.block) else None
     keys = s if window is None else window.key_span(s)
     flops = 2.0 * b.batch * s * keys * heads * (q_dim + v_dim)
     # HF's rotary embedding runs beside the core (MLA's, on a slice of q and k, is not counted).
@@ -210,7 +65,7 @@ def _attention_core(
     )  # fmt: skip
 
 
-def _standard_attention(b: _Builder, x_name: str) -> str:
+def _standard_attention(b: LayerBuilder, x_name: str) -> str:
     """Fused QKV projection, attention core, output projection (GPT, Llama, GQA)."""
     m = b.model
     d, heads, groups = m.head_dim, m.num_attention_heads, m.query_groups
@@ -229,7 +84,7 @@ def _standard_attention(b: _Builder, x_name: str) -> str:
     )
 
 
-def _latent_attention(b: _Builder, x_name: str) -> str:
+def _latent_attention(b: LayerBuilder, x_name: str) -> str:
     """DeepSeek's MLA: low-rank query and key/value projections, then a standard core."""
     m, mla = b.model, b.model.mla
     assert mla is not None  # the caller dispatches on it
@@ -264,7 +119,7 @@ def _latent_attention(b: _Builder, x_name: str) -> str:
     )  # fmt: skip
 
 
-def _mlp(b: _Builder, x_name: str, width: int, prefix: str = "mlp", *,
+def _mlp(b: LayerBuilder, x_name: str, width: int, prefix: str = "mlp", *,
          discarded_by: tuple[str, ...] = (), checkpointed_by: tuple[str, ...] = ("mlp",),
          input_of: tuple[str, ...] = ()) -> str:  # fmt: skip
     """Up projection (gate and up fused for SwiGLU/GeGLU), activation, down projection, inside
@@ -307,7 +162,7 @@ MOE = ("moe",)
 ``moe``: the router, the dispatch, the experts, the combine and the shared experts)."""
 
 
-def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
+def _moe(b: LayerBuilder, x_name: str) -> tuple[str, ...]:
     """Router, token dispatch, routed experts, combine (+ shared experts); returns outputs."""
     m, moe = b.model, b.model.moe
     assert moe is not None  # the caller dispatches on it
@@ -368,7 +223,7 @@ def _moe(b: _Builder, x_name: str) -> tuple[str, ...]:
     return (combine,)
 
 
-def _decoder_layer(b: _Builder, x_name: str) -> str:
+def _decoder_layer(b: LayerBuilder, x_name: str) -> str:
     """One pre-norm decoder layer; returns the name of its output op."""
     m = b.model
     # Megatron-Core's Transformer Engine specs fuse a norm into the linear that reads it
@@ -381,8 +236,8 @@ def _decoder_layer(b: _Builder, x_name: str) -> str:
         attn = b.norm("attn_out_norm", attn)
     mid = b.residual("attn_residual", attn, x_name)
     normed = b.norm("post_attention_norm", mid,
-                    recomputed_by=separate if b.layer_kind == "moe" else ())  # fmt: skip
-    if b.layer_kind == "moe":
+                    recomputed_by=separate if b.block_kind == "moe" else ())  # fmt: skip
+    if b.block_kind == "moe":
         return b.residual("mlp_residual", *_moe(b, normed), mid)
     mlp = _mlp(b, normed, m.ffn)
     if m.post_norms:
@@ -390,7 +245,7 @@ def _decoder_layer(b: _Builder, x_name: str) -> str:
     return b.residual("mlp_residual", mlp, mid)
 
 
-def _embedding(b: _Builder) -> str:
+def _embedding(b: LayerBuilder) -> str:
     m = b.model
     h = b.hidden()
     learned = m.position_embedding == "learned"
@@ -409,14 +264,17 @@ def _embedding(b: _Builder) -> str:
                  saved=(b.mask(h),))  # fmt: skip
 
 
-def _head(b: _Builder, x_name: str) -> str:
+def _head(b: LayerBuilder, x_name: str, *, tied_to: str | None = None) -> str:
+    """The final norm, the output layer and the loss; ``tied_to``: the op whose weight the
+    output layer shares (the embedding's where the model ties them)."""
     m = b.model
     normed = b.norm("final_norm", x_name)
     logits = b.linear("lm_head", normed, b.hidden(), ("vocab", m.vocab_size), bias=False,
                       norm_reads=1)  # fmt: skip
-    if m.tie_word_embeddings:
+    tied_to = tied_to or ("embedding" if m.tie_word_embeddings else None)
+    if tied_to is not None:
         op, inputs = b.ops[-1]
-        b.ops[-1] = (_replace(op, tied_to="embedding"), inputs)
+        b.ops[-1] = (_replace(op, tied_to=tied_to), inputs)
     loss_in = b.act(("vocab", m.vocab_size))
     if m.final_logit_softcapping is not None:
         # Gemma 2's c tanh(logits / c): its backward needs the tanh, a logits-sized tensor.
@@ -429,27 +287,38 @@ def _head(b: _Builder, x_name: str) -> str:
                  unfused=unfused.loss(b.stack, loss_in))  # fmt: skip
 
 
+def _multi_token_prediction(b: LayerBuilder, head: LayerBuilder, x_name: str) -> str:
+    """One multi-token-prediction module, in the head (Megatron-Core's
+    ``MultiTokenPredictionLayer`` and ``MultiTokenPredictionBlock.forward``,
+    ``megatron/core/transformer/multi_token_prediction.py`` at core_v0.12.1): the shared
+    embedding of the next tokens and the hidden states ``x_name``, each normed, concatenated and
+    projected back to the hidden size (``eh_proj``), the last decoder layer's block
+    (``get_gpt_mtp_block_spec`` takes the block's last layer spec), then a norm, the shared
+    output layer and a loss; ``b`` adds the block (under FP8 as the decoder's, inside the
+    module's ``fp8_autocast``), ``head`` the norm, output layer and loss. The module is not
+    checkpointed: no recompute granularity reruns it at core_v0.12.1, so it is priced as the
+    head is, keeping everything. Returns the block's output, the next module's input."""
+    m = b.model
+    h = b.hidden()
+    ids = Tensor((("batch", b.batch), ("seq", b.seq)), 4.0)
+    embedded = b.add("embedding", "embedding", (), inputs=(ids,), output=h,
+                     weight=Tensor((("vocab", m.vocab_size), ("hidden", m.hidden_size)),
+                                   b.act_bytes), tied_to="embedding")  # fmt: skip
+    normed_embedding = b.norm("enorm", embedded)
+    normed_hidden = b.norm("hnorm", x_name)
+    # The concatenation is read whole by the projection; as MLP's up and down projections,
+    # its 2h features split over the tensor-parallel ranks, the projection reduces.
+    pair = b.act(("ffn", 2 * m.hidden_size))
+    joined = b.add("concat", "elementwise", (normed_embedding, normed_hidden),
+                   inputs=(h, h), output=pair)  # fmt: skip
+    projected = b.linear("eh_proj", joined, pair, ("hidden", m.hidden_size), bias=False)
+    out = _decoder_layer(b, projected)
+    _head(head, out, tied_to="lm_head")
+    return out
+
+
 def _replace(op: Op, **changes: object) -> Op:
-    from dataclasses import replace
-
     return replace(op, **changes)  # type: ignore[arg-type]
-
-
-def _is_local(model: ModelSpec, layer: int) -> bool:
-    """Whether decoder layer ``layer`` (1-based) attends to a sliding window only."""
-    return model.sliding_window is not None and model.sliding_window.is_local(layer - 1)
-
-
-def decoder_layer_kind(model: ModelSpec, layer: int) -> str:
-    """The kind of decoder layer ``layer`` (1-based): ``dense``, ``moe``, or ``local`` for a
-    sliding-window layer of a model that also has global ones (Gemma 2/3; a model whose layers
-    are all local has one kind, ``dense``)."""
-    if model.is_moe_layer(layer - 1):
-        return "moe"
-    window = model.sliding_window
-    if window is not None and window.global_every and _is_local(model, layer):
-        return "local"
-    return "dense"
 
 
 def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1) -> nx.DiGraph:
@@ -457,7 +326,8 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
 
     Nodes are op names with the :class:`~planner.graph.ops.Op` under ``"op"``; edges go from
     producer to consumer. Layer 0 holds the embedding, layers 1..L the decoder layers and
-    layer L + 1 the final norm, LM head and loss.
+    layer L + 1 the final norm, LM head and loss, and the model's multi-token-prediction
+    modules (``mtp1.*``, ...), which Megatron-Core builds on the last pipeline stage.
 
     >>> from planner.spec import ModelSpec, MoESpec, TrainingSpec
     >>> m = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
@@ -470,8 +340,8 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
     graph = nx.DiGraph(model=model.name, seq_length=training.seq_length,
                        micro_batch_size=micro_batch_size, num_layers=model.num_layers)
 
-    def builder(layer: int, kind: str) -> _Builder:
-        return _Builder(model=model, batch=micro_batch_size, seq=training.seq_length,
+    def builder(layer: int, kind: str) -> LayerBuilder:
+        return LayerBuilder(model=model, batch=micro_batch_size, seq=training.seq_length,
                         act_bytes=act_bytes, layer=layer, layer_kind=kind, stack=training.stack)
 
     first = builder(0, "embedding")
@@ -486,6 +356,12 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
         last.stack = "hf-eager"
     _head(last, x)
     builders.append(last)
+    for depth in range(1, model.mtp_layers + 1):
+        prefix = f"mtp{depth}"
+        block = replace(last, ops=[], copies_layer=model.num_layers, prefix=prefix)
+        head = replace(last, ops=[], prefix=f"{prefix}.head")
+        x = _multi_token_prediction(block, head, x)
+        builders += [block, head]
     for b in builders:
         for op, sources in b.ops:
             graph.add_node(op.name, op=op)

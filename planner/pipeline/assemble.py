@@ -80,9 +80,10 @@ def stage_cost(
 
 def tied_copy(model: ModelSpec, stages: Sequence[FoundStage],
               placement: PipelinePlacement) -> TiedCopy | None:  # fmt: skip
-    """The last stage's copy of tied word embeddings, sharded as the first stage's embedding."""
+    """The last stage's copy of the word embeddings (tied, or read by the multi-token-prediction
+    modules), sharded as the first stage's embedding."""
     embedding = stages[0].choice.options.get("embedding")
-    if not model.tie_word_embeddings or len(stages) == 1 or embedding is None:
+    if not model.embedding_on_last_stage or len(stages) == 1 or embedding is None:
         return None
     groups = embedding.parts.weight_groups()
     if not groups:

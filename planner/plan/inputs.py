@@ -56,21 +56,33 @@ LATER_MOE_FIELDS = frozenset({"router_score_function", "router_topk_normalized",
                               "router_topk_scaling_factor", "router_num_groups",
                               "router_group_topk", "router_aux_loss_coeff"})  # fmt: skip
 """MoESpec fields added likewise (the router's settings, unpriced)."""
+MTP_FIELDS = frozenset({"mtp_layers"})
+"""ModelSpec fields added after those (issue 28, multi-token prediction), priced: a plan made
+before them names the model only while they are at their defaults."""
 
 
 def model_hashes(model: ModelSpec) -> frozenset[str]:
     """The hashes a plan may name ``model`` by: its canonical JSON's, and, while the priced
-    fields added since are at their defaults, the JSON older plans hashed (without the
-    fields of :data:`UNPRICED_LATER_FIELDS`, :data:`PRICED_LATER_FIELDS` and
-    :data:`LATER_MOE_FIELDS`)."""
+    fields added since are at their defaults, the JSON older plans hashed: without
+    :data:`MTP_FIELDS` (plans made since issue 25), and without those and the fields of
+    :data:`UNPRICED_LATER_FIELDS`, :data:`PRICED_LATER_FIELDS` and :data:`LATER_MOE_FIELDS`
+    (plans of schema 5 before it)."""
     current = input_hash(model)
     fields = type(model).model_fields
-    if any(getattr(model, name) != fields[name].default for name in PRICED_LATER_FIELDS):
+
+    def at_defaults(names: frozenset[str]) -> bool:
+        return all(getattr(model, name) == fields[name].default for name in names)
+
+    if not at_defaults(MTP_FIELDS):
         return frozenset({current})
-    data = model.model_dump(mode="json", exclude=set(UNPRICED_LATER_FIELDS | PRICED_LATER_FIELDS))
+    since_issue_25 = _sha256(model.model_dump(mode="json", exclude=set(MTP_FIELDS)))
+    if not at_defaults(PRICED_LATER_FIELDS):
+        return frozenset({current, since_issue_25})
+    data = model.model_dump(mode="json", exclude=set(UNPRICED_LATER_FIELDS | PRICED_LATER_FIELDS
+                                                     | MTP_FIELDS))
     if data.get("moe") is not None:
         data["moe"] = {k: v for k, v in data["moe"].items() if k not in LATER_MOE_FIELDS}
-    return frozenset({current, _sha256(data)})
+    return frozenset({current, since_issue_25, _sha256(data)})
 
 
 def check_inputs(

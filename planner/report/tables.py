@@ -122,6 +122,8 @@ def info_tables(info: dict[str, Any]) -> list[RenderableType]:
             table.add_row(key, str(value))
     table.add_row("params_total", f"{info['params_total']:,}")
     table.add_row("params_active", f"{info['params_active']:,}")
+    if info["params_mtp"]:
+        table.add_row("params_mtp", f"{info['params_mtp']:,}")
     seq = info["seq_length"]
     table.add_row("seq_length", f"{seq} ({info['seq_length_from']})")
     # FLOPs per token grow with the sequence (the attention scores): say at which they are.

@@ -151,7 +151,7 @@ def candidate_communicators(model: ModelSpec, c: Candidate) -> cost.Communicator
     which its experts may run), the pipeline's neighbours and the tied embeddings' group."""
     moe = model.moe is not None
     axes = tuple(n for n in c.mesh if n > 1)
-    tied = model.tie_word_embeddings and c.num_stages > 1
+    tied = model.embedding_on_last_stage and c.num_stages > 1
     return cost.Communicators(groups=(*(() if moe else axes), c.replicas),
                               all_to_all=axes if moe else (),
                               pairs=int(c.num_stages > 1) + int(tied))  # fmt: skip

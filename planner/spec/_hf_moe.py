@@ -67,8 +67,8 @@ def _qwen3_moe(cfg: HFConfig) -> dict[str, Any]:
 
 
 def _deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
-    # The multi-token-prediction module (num_nextn_predict_layers) is left out on purpose: it is
-    # an extra training-time layer, and the published 671B total excludes it.
+    # num_nextn_predict_layers: the multi-token-prediction modules the checkpoint was trained
+    # with (transformers' DeepseekV3 builds none; Megatron-Core trains them: mtp_layers).
     reject_attention_bias(cfg)
     gated_activation(cfg)
     num_layers = cfg.need_int("num_hidden_layers")
@@ -96,6 +96,7 @@ def _deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
             "v_head_dim": cfg.need_int("v_head_dim"),
         },
         "moe": _deepseek_moe(cfg, num_layers),
+        "mtp_layers": cfg.get_int("num_nextn_predict_layers", 0) or 0,
     }
 
 

@@ -50,6 +50,9 @@ from __future__ import annotations
 MAX_LAYERS = 256
 """Decoder layers: 2x GPT-1T's 128; the search's cost grows with the cube of the layers."""
 
+MAX_MTP_LAYERS = 8
+"""Multi-token-prediction depths: DeepSeek-V3 trains 1."""
+
 MAX_HIDDEN_SIZE = 131_072
 """Model width (also bounds MLA ranks): ~5x GPT-1T's 25,600."""
 
@@ -203,6 +206,7 @@ REASONS: dict[str, str] = {
     "cp": _DEGREE,
     "ep": _DEGREE,
     "etp": _DEGREE,
+    "mtp_layers": "8x the one DeepSeek-V3 trains",
     "pp": "a stage holds at least one of at most 256 layers",
     "vpp": "a virtual stage holds at least one of at most 256 layers",
 }

@@ -113,6 +113,12 @@ class ModelSpec(_Frozen):
     )
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    mtp_layers: Int = Field(
+        default=0, ge=0, le=lim.MAX_MTP_LAYERS,
+        description="Multi-token-prediction modules trained beside the model (DeepSeek-V3: 1; "
+        "HF num_nextn_predict_layers, Megatron's --mtp-num-layers), each the last decoder "
+        "layer's kind, on the last pipeline stage; not in the model's published total.",
+    )  # fmt: skip
     training: TrainingSpec | None = None
 
     @model_validator(mode="after")
@@ -161,6 +167,15 @@ class ModelSpec(_Frozen):
     def has_qkv_bias(self) -> bool:
         """Whether the QKV projection has a bias."""
         return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def embedding_on_last_stage(self) -> bool:
+        """Whether a pipeline's last stage keeps a copy of the word embeddings, its gradient
+        summed with the first stage's: tied to the output layer, or read by the
+        multi-token-prediction modules there (Megatron-Core's ``GPTModel`` builds the
+        embedding where ``mtp_process`` and ``finalize_model_grads.py``'s
+        ``_allreduce_word_embedding_grads`` sums it, at core_v0.12.1)."""
+        return self.tie_word_embeddings or self.mtp_layers > 0
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` (0-based) has routed experts."""

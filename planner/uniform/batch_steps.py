@@ -248,7 +248,7 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
                                        mbs=int(c["mbs"][r]), vpp=int(c["vpp"][r]))
                       for r in sends_first])  # fmt: skip
     comm_first, comm_of = factorize(stage_of, v_shape)
-    comms = np.array([communicators(stages[stage_of[r]], tied=model.tie_word_embeddings
+    comms = np.array([communicators(stages[stage_of[r]], tied=model.embedding_on_last_stage
                                     and not v_shape[r]).bytes for r in comm_first])  # fmt: skip
     steps = _steps(b, splits, split_of, t, static, static_of, sends[sends_of], comms[comm_of])
     index = layer_index(model, training, 1)

@@ -136,7 +136,7 @@ def estimate(
         overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
         overlap_moe_comm=c.overlap_moe_expert_parallel_comm,
-        communicator_bytes=communicators(stage, tied=model.tie_word_embeddings
+        communicator_bytes=communicators(stage, tied=model.embedding_on_last_stage
                                          and c.schedule != "zb-v").bytes,
     )  # fmt: skip
     tied = None if c.schedule == "zb-v" else tied_copy(model, stage)

@@ -185,9 +185,11 @@ def stage_weights(
 
 
 def tied_copy(model: ModelSpec, stage: UniformStage) -> TiedCopy | None:
-    """The last stage's copy of tied word embeddings, split over tensor-parallel ranks (none
-    under ZB-V, whose first stage holds the embedding and the head: callers skip it)."""
-    if not model.tie_word_embeddings or stage.degrees.pp == 1:
+    """The last stage's copy of the word embeddings, tied to the output layer or read by the
+    multi-token-prediction modules (:attr:`~planner.spec.ModelSpec.embedding_on_last_stage`),
+    split over tensor-parallel ranks (none under ZB-V, whose first stage holds the embedding
+    and the head: callers skip it)."""
+    if not model.embedding_on_last_stage or stage.degrees.pp == 1:
         return None
     return TiedCopy(params=model.vocab_size * model.hidden_size / stage.degrees.tp,
                     data_parallel=stage.group((DATA, CONTEXT)),
