@@ -185,6 +185,12 @@ def layers_bound_s(
     options' on Llama 3 8B at 8K tokens on 16 H100)."""
     total_s = _layers_s(c, kinds, least_s, send_s=send_s)
     slowest_s = total_s / c.num_stages
+    if c.num_stages > 1:
+        # Every stage holds a layer (planner.pipeline.split): the last one, the head and at
+        # least the fastest decoder layer too, which binds where the head is heavy (a
+        # multi-token-prediction module is a decoder layer and an output layer more).
+        fastest_s = min(least_s[kind] for kind in kinds)
+        slowest_s = max(slowest_s, least_s["head"] + fastest_s + send_s)
     for kind, least in (fitting_s or {}).items():
         if least == float("inf"):
             return least
