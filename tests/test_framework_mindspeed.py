@@ -270,7 +270,7 @@ def test_rule_multi_token_prediction() -> None:
     accepted(P, "multi-token-prediction", configure(qwen3, 16), qwen3)
     gpt = load("gpt-1.7b").model_copy(update={"mtp_layers": 1})
     refused(P, "multi-token-prediction", configure(gpt, 16), gpt,
-            "learned position embeddings: .* takes rope or none")
+            "learned position embeddings: .* with rope or none")
     plain = load("Qwen3-8B")
     accepted(P, "multi-token-prediction", configure(plain, 16, cp=2), plain)
     assert not any("multi-token" in r for r in megatron.PROFILE.refusals(

@@ -53,11 +53,13 @@ def multi_token_prediction(resolved: ResolvedConfig, model: ModelSpec) -> str | 
         return None
     cp = resolved.config.cp
     if cp > 1:
-        return (f"mtp_layers {model.mtp_layers} with cp({cp}): {CORE}'s multi-token "
-                f"prediction runs without context parallelism")
+        return (f"mtp_layers {model.mtp_layers} with cp({cp}): the Megatron-LM under "
+                f"MindSpeed (core_v0.12.1) runs multi-token prediction without context "
+                f"parallelism")
     if model.position_embedding != "rope":
         return (f"mtp_layers {model.mtp_layers} with {model.position_embedding} position "
-                f"embeddings: {CORE}'s multi-token prediction takes rope or none")
+                f"embeddings: the Megatron-LM under MindSpeed (core_v0.12.1) runs "
+                f"multi-token prediction with rope or none")
     return None
 
 
