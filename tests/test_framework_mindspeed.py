@@ -334,3 +334,19 @@ def test_rule_zero_offload() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
     megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py:150-175"""
     tm.pin_zero_offload(P)
+
+
+def test_rule_module_slots() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py (no
+    --pipeline-model-parallel-layout): an interleaved split whose loss's end also takes the
+    multi-token-prediction module's slot (DeepSeek-V3's recipe) is refused; the same split
+    with the loss's slot alone (the module beside it) is launched."""
+    model = load("deepseek-v3")
+    knobs = dict(tp=2, pp=8, ep=32, etp=1, sp=True, zero=1, recompute="full",
+                 global_batch=8192, seq_len=4096)  # fmt: skip
+    slotted = configure(model, 1024, vpp=4, first_stage_layers=7, last_stage_layers=6, **knobs)
+    refused(P, "module-slots", slotted, model, r"--pipeline-model-parallel-layout")
+    deeper = model.model_copy(update={"num_layers": 62})  # 7 + 8 x 6 + 7: the loss's slot
+    beside = configure(deeper, 1024, vpp=4, first_stage_layers=7, last_stage_layers=7,
+                       **knobs)  # fmt: skip
+    accepted(P, "module-slots", beside, deeper)

@@ -6,11 +6,13 @@ cannot run them, and exported."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import planner
 from planner.frameworks import profile
-from planner.plan.chunks import chunk_sizes, cuts_into, slots_taken
+from planner.plan.chunks import chunk_sizes, cuts_into, layout, slots_taken
 from planner.plan.config import ParallelConfig, resolve, stage_layers
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.batch import estimate_batch
@@ -18,6 +20,7 @@ from planner.uniform.columns import config_columns
 from planner.uniform.space import stage_splits, virtual_stages
 from tests.conftest import REPO
 from tests.test_estimate_batch import agree
+from tests.test_framework_megatron import read_flags
 
 LLAMA_405B = REPO / "instances" / "models" / "llama3.1-405b.json"
 H100 = REPO / "instances" / "clusters" / "dgx-h100-80gb.json"
@@ -132,3 +135,100 @@ def test_cuts_are_megatrons_by_brute_force(layers: int) -> None:
                 assert cuts_into(stages, vpp) == (built is not None), (stages, vpp)
                 if built is not None:
                     assert [list(c) for c in chunk_sizes(stages, vpp)] == built
+
+
+DEEPSEEK_V3 = REPO / "instances" / "models" / "deepseek-v3.json"
+
+
+def megatron_parse_layout(text: str, pp: int) -> list[list[str]]:
+    """Megatron-LM's ``PipelineParallelLayerLayout.parse_str_to_list`` and its 2-D view
+    (``megatron/core/transformer/pipeline_parallel_layer_layout.py`` at d98e8a64ddf3),
+    restated: commas dropped, ``(x)*n`` then ``c*n`` unrolled, chunks split on ``|``, chunk
+    ``k`` on pipeline rank ``k % pp`` as its virtual stage ``k // pp``."""
+    text = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), text)
+    chunks = text.split("|")
+    assert len(chunks) % pp == 0
+    return [[chunks[v * pp + rank] for v in range(len(chunks) // pp)] for rank in range(pp)]
+
+
+def test_deepseek_v3_recipes_layout_is_written_as_the_recipe_writes_it() -> None:
+    """NVIDIA's DeepSeek-V3 H100 recipe (yanring/Megatron-MoE-ModelZoo
+    ``best_practice/deepseek-v3/run_deepseek_v3_h100.sh`` at e865051: PP8 VPP4 TP2 EP64 on
+    1,024 H100, ``--pipeline-model-parallel-layout "Et|(tt|)*30mL"``) is 7 + 8 x 6 + 6 layers
+    with the loss's end a slot short for the MTP module too: Megatron-LM's launch writes the
+    recipe's string, which Megatron parses back into the planner's chunks, the module in the
+    last rank's last chunk with the loss; MindSpeed (core_v0.12.1, no layout argument) refuses
+    it."""
+    model = load_model(DEEPSEEK_V3)
+    stages = (7, 8, 8, 8, 8, 8, 8, 6)
+    assert slots_taken(stages, 4, model.mtp_layers) == (True, 2)
+    assert not cuts_into(stages, 4)  # without the module's slot, no cut
+    config = ParallelConfig(tp=2, pp=8, vpp=4, ep=64, etp=1, sp=True, zero=1,
+                            first_stage_layers=7, last_stage_layers=6, recompute="selective",
+                            recompute_modules="mla_up_proj,mlp", global_batch=8192,
+                            seq_len=4096)  # fmt: skip
+    resolved = resolve(model, load_cluster(H100, 128), config)
+    assert resolved.stage_layers == stages
+    flags = read_flags(profile("megatron").launch(resolved, model).text)
+    assert flags["--pipeline-model-parallel-layout"] == "Et|(tt|)*30mL"
+    assert flags["--mtp-num-layers"] == "1"
+    assert not {"--num-virtual-stages-per-pipeline-rank", "--account-for-loss-in-pipeline-split",
+                "--decoder-first-pipeline-num-layers"} & set(flags)
+    parsed = megatron_parse_layout(flags["--pipeline-model-parallel-layout"], 8)
+    cut = chunk_sizes(stages, 4, model.mtp_layers)
+    assert [[chunk.count("t") for chunk in rank] for rank in parsed] == [list(c) for c in cut]
+    assert parsed[0][0].startswith("E") and parsed[-1][-1].endswith("mL")
+    assert profile("megatron").refusals(resolved, model) == ()
+    assert any("--pipeline-model-parallel-layout" in r
+               for r in profile("mindspeed").refusals(resolved, model))
+
+
+def assert_megatron_parses(stages: tuple[int, ...], vpp: int, mtp: int) -> None:
+    """The layout of the cut parses, by Megatron's rules restated, into the same decoder
+    layers a chunk, every layer and module once, the modules with the loss in the last
+    rank's last chunk (``PipelineParallelLayerLayout.validate_layer_layout``)."""
+    pp = len(stages)
+    parsed = megatron_parse_layout(layout(stages, vpp, mtp), pp)
+    cut = chunk_sizes(stages, vpp, mtp)
+    assert [[c.count("t") for c in rank] for rank in parsed] == [list(c) for c in cut]
+    flat = "".join(parsed[r][v] for v in range(vpp) for r in range(pp))
+    assert flat.count("t") == sum(stages) and flat.count("m") == mtp
+    assert flat[0] == "E" and flat.endswith("m" * mtp + "L")
+    assert all("m" not in chunk for rank in parsed for chunk in rank[:-1])
+
+
+@pytest.mark.parametrize("layers", [60, 61])
+def test_module_slots_cut_as_megatrons_layout_builds_them(layers: int) -> None:
+    """For every split the search tries of DeepSeek-V3 (with 60 and 61 layers) on 2-16
+    stages and every chunk count: a cut with the module's slot beside the loss's is written as
+    a layout Megatron parses back into the planner's chunks."""
+    model = load_model(DEEPSEEK_V3).model_copy(update={"num_layers": layers})
+    written = 0
+    for pp in range(2, 17):
+        for first, last in stage_splits(model.num_layers, pp):
+            stages = stage_layers(model.num_layers, pp=pp, first=first, last=last)
+            for vpp in virtual_stages(model, pp=pp, split=(first, last)):
+                if vpp > 1 and slots_taken(stages, vpp, model.mtp_layers)[1] > 1:
+                    assert_megatron_parses(stages, vpp, model.mtp_layers)
+                    written += 1
+    assert written > 0
+
+
+def test_two_modules_take_two_slots() -> None:
+    """Two modules: the loss's end three slots short, in a chunk of three or more slots."""
+    assert slots_taken((5, 6, 6, 3), 2, mtp=2) == (True, 3)
+    assert_megatron_parses((5, 6, 6, 3), 2, 2)
+    assert not cuts_into((5, 6, 6, 3), 3, mtp=2)  # chunks of two slots cannot hold three
+
+
+def test_module_slots_are_priced_alike_by_estimate_and_the_batch() -> None:
+    """The recipe's split with its module's slot: the batch pricer agrees with estimate."""
+    model = load_model(DEEPSEEK_V3)
+    cluster = load_cluster(H100, 256)
+    configs = [ParallelConfig(tp=4, pp=8, vpp=v, ep=32, etp=1, sp=True, zero=1,
+                              first_stage_layers=7, last_stage_layers=6, recompute="full")
+               for v in (2, 4)]  # fmt: skip
+    batch = estimate_batch(model, cluster, config_columns(configs))
+    assert agree(batch, configs, model, cluster) == 2

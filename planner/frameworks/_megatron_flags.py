@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Sequence
 
 from planner.frameworks._megatron_vocab import padded_vocab
-from planner.plan.chunks import slots_taken
+from planner.plan.chunks import layout, slots_taken
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec, MoESpec
 from planner.vocabulary import FP8_STACKS
@@ -77,7 +77,7 @@ def parallel_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[Flag]:
     return flags
 
 
-def split_flags(resolved: ResolvedConfig) -> list[Flag]:
+def split_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[Flag]:
     """Interleaving and the uneven first/last stage.
 
     ``--num-virtual-stages-per-pipeline-rank`` says the interleaving for even and uneven splits
@@ -89,13 +89,20 @@ def split_flags(resolved: ResolvedConfig) -> list[Flag]:
     with ``--account-for-embedding-in-pipeline-split`` and
     ``--account-for-loss-in-pipeline-split`` instead (Megatron asserts them exclusive of the
     first/last stage flags: ``megatron/core/transformer/transformer_block.py``
-    ``get_num_layers_to_build``, at d98e8a64ddf3 and core_v0.12.1).
+    ``get_num_layers_to_build``, at d98e8a64ddf3 and core_v0.12.1). One whose loss's end is
+    short by a slot for each multi-token-prediction module too is said with
+    ``--pipeline-model-parallel-layout`` (:func:`~planner.plan.chunks.layout`), which
+    Megatron-LM asserts exclusive of the virtual stages' count (``arguments.py:928-939`` at
+    d98e8a64ddf3).
     """
     c = resolved.config
+    mtp = model.mtp_layers
+    embedding, loss = slots_taken(resolved.stage_layers, c.vpp, mtp) if c.vpp > 1 else (False, 0)
+    if loss > 1:
+        return [("--pipeline-model-parallel-layout", layout(resolved.stage_layers, c.vpp, mtp))]
     flags: list[Flag] = []
     if c.vpp > 1:
         flags.append(("--num-virtual-stages-per-pipeline-rank", c.vpp))
-    embedding, loss = slots_taken(resolved.stage_layers, c.vpp) if c.vpp > 1 else (False, False)
     if embedding or loss:
         return (flags + [("--account-for-embedding-in-pipeline-split", None)] * embedding
                 + [("--account-for-loss-in-pipeline-split", None)] * loss)  # fmt: skip

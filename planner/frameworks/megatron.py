@@ -195,7 +195,7 @@ def interleaving_chunks(resolved: ResolvedConfig, model: ModelSpec) -> str | Non
     the embedding's and the loss's a layer short (``--account-for-embedding-in-pipeline-split``
     and ``--account-for-loss-in-pipeline-split``: ``get_num_layers_to_build``)."""
     vpp = resolved.config.vpp
-    if cuts_into(resolved.stage_layers, vpp):
+    if cuts_into(resolved.stage_layers, vpp, model.mtp_layers):
         return None
     uneven = sorted({n for n in resolved.stage_layers if n % vpp})
     return (f"interleaved 1F1B splits every stage into vpp({vpp}) equal chunks, the "
@@ -403,7 +403,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
     """
     flags = [
         *mf.parallel_flags(resolved, model),
-        *mf.split_flags(resolved),
+        *mf.split_flags(resolved, model),
         *mf.batch_flags(resolved),
         *mf.model_flags(model, seq_length=resolved.training.seq_length),
         *mf.grouped_gemm_flags(resolved, model),

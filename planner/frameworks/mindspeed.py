@@ -26,6 +26,7 @@ from planner.frameworks.base import (
     moe_comm_in_line,
     unsupported_layers,
 )
+from planner.plan.chunks import slots_taken
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -43,6 +44,19 @@ def layer_architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None
     --mtp-num-layers."""
     return unsupported_layers(model, framework=f"MindSpeed on {CORE}",
                               supported=frozenset({MULTI_TOKEN_PREDICTION}))
+
+
+def module_slots(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """An interleaved split whose loss's end takes a slot for each multi-token-prediction
+    module is said only with ``--pipeline-model-parallel-layout``, which core_v0.12.1's
+    arguments do not have."""
+    c = resolved.config
+    if c.vpp == 1 or slots_taken(resolved.stage_layers, c.vpp, model.mtp_layers)[1] < 2:
+        return None
+    return (f"stages of {list(resolved.stage_layers)} layers in vpp({c.vpp}) chunks, the "
+            f"multi-token-prediction module in a slot of its own: only Megatron-LM's "
+            f"--pipeline-model-parallel-layout says that, which the Megatron-LM under "
+            f"MindSpeed (core_v0.12.1) does not have")
 
 
 def multi_token_prediction(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -162,6 +176,8 @@ RULES: tuple[Rule, ...] = (
                 f"{_ARGS}:1299; {_ARGS}:1311"),
     Rule(name="multi-token-prediction", check=multi_token_prediction,
          source=f"{_ARGS}:961-967"),
+    Rule(name="module-slots", check=module_slots,
+         source=f"{_ARGS} (no --pipeline-model-parallel-layout)"),
     Rule(name="rank-order", check=megatron.rank_order,
          source=f"{CORE} megatron/training/initialize.py:354"),
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,
@@ -189,7 +205,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
     flags = [
         *mf.parallel_flags(resolved, model),
         *context_parallel_flags(resolved),
-        *mf.split_flags(resolved),
+        *mf.split_flags(resolved, model),
         *mf.batch_flags(resolved),
         *mf.model_flags(model, seq_length=resolved.training.seq_length),
         *mf.grouped_gemm_flags(resolved, model),

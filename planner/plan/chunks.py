@@ -2,9 +2,12 @@
 Megatron-Core builds them (``megatron/core/transformer/transformer_block.py``
 ``get_num_layers_to_build``): equal chunks, or every stage the same slots with the embedding
 and the loss each taking a layer's (``--account-for-embedding-in-pipeline-split``,
-``--account-for-loss-in-pipeline-split``). The divisibility rules
-(:mod:`planner.plan.divisibility`), the search's chunk counts, the recomputed chunks, the
-invariants and the launchers all read the cut from here.
+``--account-for-loss-in-pipeline-split``), or, for a model with multi-token-prediction
+modules, the loss's end taking a slot for the loss and one for each module, which only a
+``--pipeline-model-parallel-layout`` says (DeepSeek-V3's recipe: ``Et|(tt|)*30mL``;
+``megatron/core/transformer/pipeline_parallel_layer_layout.py`` at d98e8a64ddf3). The
+divisibility rules (:mod:`planner.plan.divisibility`), the search's chunk counts, the
+recomputed chunks, the invariants and the launchers all read the cut from here.
 """
 
 from __future__ import annotations
@@ -18,59 +21,74 @@ Real = Any
 
 
 def slotted_ends(
-    *, first: Real, middle: Real, last: Real, pp: Real, vpp: Real, v_shape: Real = False
+    *, first: Real, middle: Real, last: Real, pp: Real, vpp: Real, v_shape: Real = False,
+    mtp: Real = 0,
 ) -> tuple[Real, Real]:
-    """Whether the embedding and the loss each take a layer's slot of an interleaved split
-    of ``first``, ``middle`` (each stage between) and ``last`` decoder layers: every stage
-    then holds the same slots, a multiple of ``vpp``, and the first stage's first chunk one
-    decoder layer fewer (the embedding's slot), the last stage's last chunk one fewer (the
-    loss's). Neither where the chunks are equal, or on a V schedule (``v_shape``: its first
-    rank holds both ends); arrays over a batch.
+    """The slots the embedding and the loss take of an interleaved split of ``first``,
+    ``middle`` (each stage between) and ``last`` decoder layers: every stage then holds the
+    same slots, a multiple of ``vpp``, and the first stage's first chunk one decoder layer
+    fewer (the embedding's slot), the last stage's last chunk one fewer (the loss's) or, with
+    ``mtp`` multi-token-prediction modules, ``1 + mtp`` fewer (the loss's and the modules'
+    own, in that chunk). Neither where the chunks are equal, or on a V schedule (``v_shape``:
+    its first rank holds both ends); arrays over a batch: the embedding's slot as a bool, the
+    loss's end's as a count (0, 1 or ``1 + mtp``).
 
-    >>> [bool(end) for end in slotted_ends(first=7, middle=8, last=7, pp=16, vpp=8)]
-    [True, True]
+    >>> [int(end) for end in slotted_ends(first=7, middle=8, last=7, pp=16, vpp=8)]
+    [1, 1]
+    >>> [int(end) for end in slotted_ends(first=7, middle=8, last=6, pp=8, vpp=4, mtp=1)]
+    [1, 2]
     """
     top = np.maximum(np.maximum(first, last), np.where(pp > 2, middle, 0))
     # Two stages both a slot short (no middle stage holds the full count) have one slot more.
     both = (pp == 2) & (first == last) & (top % np.maximum(vpp, 1) != 0)
     slots = top + both
     embedding, loss = slots - first, slots - last
+    loss_slots = (loss == 1) | ((mtp > 0) & (loss == 1 + mtp))
+    # The loss's chunk (slots / vpp of them) holds the loss's and the modules' slots.
     holds = ((vpp > 1) & (v_shape == False) & (slots % np.maximum(vpp, 1) == 0)  # noqa: E712
              & ((pp <= 2) | (middle == slots))
-             & ((embedding == 1) | (loss == 1)) & (embedding <= 1) & (loss <= 1))  # fmt: skip
-    return holds & (embedding == 1), holds & (loss == 1)
+             & ((embedding == 1) | loss_slots) & (embedding <= 1)
+             & (loss_slots | (loss == 0)) & (slots // np.maximum(vpp, 1) >= loss))  # fmt: skip
+    return holds & (embedding == 1), np.where(holds & loss_slots, loss, 0)
 
 
-def slots_taken(layers: tuple[int, ...], vpp: int) -> tuple[bool, bool]:
+def slots_taken(layers: tuple[int, ...], vpp: int, mtp: int = 0) -> tuple[bool, int]:
     """:func:`slotted_ends` of stages of ``layers`` decoder layers, first to last: whether
-    the embedding and the loss take a layer's slot (what Megatron-LM's launch says with
-    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``).
+    the embedding takes a layer's slot, and how many the loss's end takes: 1 for the loss
+    (what Megatron-LM's launch says with ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``), ``1 + mtp`` for the loss and ``mtp``
+    multi-token-prediction modules (which only a layout says).
 
     >>> slots_taken((7, 8, 8, 7), 4), slots_taken((8, 8, 8, 7), 8), slots_taken((8, 8), 4)
-    ((True, True), (False, True), (False, False))
+    ((True, 1), (False, 1), (False, 0))
     >>> slots_taken((9, 8, 8, 8), 3)  # the middle stages hold fewer than the first's slots
-    (False, False)
+    (False, 0)
+    >>> slots_taken((7, 8, 8, 6), 4, mtp=1), slots_taken((7, 8, 8, 6), 4)
+    ((True, 2), (False, 0))
     """
     pp = len(layers)
     embedding, loss = slotted_ends(first=layers[0], middle=layers[1] if pp > 2 else layers[0],
-                                   last=layers[-1], pp=pp, vpp=vpp)  # fmt: skip
-    return bool(embedding), bool(loss)
+                                   last=layers[-1], pp=pp, vpp=vpp, mtp=mtp)  # fmt: skip
+    return bool(embedding), int(loss)
 
 
-def chunk_sizes(layers: tuple[int, ...], vpp: int) -> tuple[tuple[int, ...], ...]:
+def chunk_sizes(layers: tuple[int, ...], vpp: int, mtp: int = 0) -> tuple[tuple[int, ...], ...]:
     """Each stage's decoder layers (``layers``, first to last) cut into its ``vpp`` model
-    chunks: equal, or a stage of one layer fewer than a multiple of ``vpp`` short in the
-    embedding's slot (the first stage's first chunk) or the loss's (the last stage's last
-    chunk) (:func:`slots_taken`); ValueError for a split Megatron-Core does not cut so.
+    chunks: equal, or a stage of fewer than a multiple of ``vpp`` short in the embedding's
+    slot (the first stage's first chunk) or the loss's end's (the last stage's last chunk:
+    one, or ``1 + mtp`` with ``mtp`` multi-token-prediction modules) (:func:`slots_taken`);
+    ValueError for a split Megatron-Core does not cut so.
 
     >>> chunk_sizes((7, 8, 8, 7), 4)
     ((1, 2, 2, 2), (2, 2, 2, 2), (2, 2, 2, 2), (2, 2, 2, 1))
     >>> chunk_sizes((6, 6), 3), chunk_sizes((7, 7), 8)[0]
     (((2, 2, 2), (2, 2, 2)), (0, 1, 1, 1, 1, 1, 1, 1))
+    >>> chunk_sizes((3, 4, 4, 2), 2, mtp=1)  # DeepSeek's Et|tt|tt|tt|tt|tt|tt|mL, shortened
+    ((1, 2), (2, 2), (2, 2), (2, 0))
     """
     if all(n % vpp == 0 for n in layers):
         return tuple((n // vpp,) * vpp for n in layers)
-    embedding, loss = slots_taken(layers, vpp)
+    embedding, loss = slots_taken(layers, vpp, mtp)
     if not (embedding or loss) or any(n != layers[1] for n in layers[1:-1]):
         raise ValueError(f"stages of {list(layers)} layers do not cut into {vpp} chunks")
     size = (layers[0] + embedding) // vpp
@@ -80,15 +98,49 @@ def chunk_sizes(layers: tuple[int, ...], vpp: int) -> tuple[tuple[int, ...], ...
     return tuple(tuple(chunks) for chunks in cut)
 
 
-def cuts_into(layers: tuple[int, ...], vpp: int) -> bool:
+def cuts_into(layers: tuple[int, ...], vpp: int, mtp: int = 0) -> bool:
     """Whether stages of ``layers`` decoder layers cut into ``vpp`` chunks each
-    (:func:`chunk_sizes`).
+    (:func:`chunk_sizes`; ``mtp``: the model's multi-token-prediction modules).
 
     >>> cuts_into((7, 8, 8, 7), 8), cuts_into((7, 8, 8, 7), 3), cuts_into((3, 8, 8, 8), 4)
     (True, False, False)
+    >>> cuts_into((3, 4, 4, 2), 2), cuts_into((3, 4, 4, 2), 2, mtp=1)
+    (False, True)
     """
     try:
-        chunk_sizes(layers, vpp)
+        chunk_sizes(layers, vpp, mtp)
     except ValueError:
         return False
     return True
+
+
+def layout(layers: tuple[int, ...], vpp: int, mtp: int) -> str:
+    """The split as Megatron-LM's ``--pipeline-model-parallel-layout`` says it: its chunks in
+    the order the layout lists them (the first virtual stage of every pipeline rank, then the
+    second, ...), ``E`` the embedding, ``t`` a decoder layer, ``m`` a multi-token-prediction
+    module, ``L`` the loss, with ``(chunk|)*n`` for runs
+    (``PipelineParallelLayerLayout.parse_str_to_list``).
+
+    >>> layout((3, 4, 4, 2), 2, 1)  # four stages interleaved two ways
+    'Et|(tt|)*6mL'
+    >>> layout((7, 8, 8, 8, 8, 8, 8, 6), 4, 1)  # DeepSeek-V3's H100 recipe, PP8 VPP4
+    'Et|(tt|)*30mL'
+    """
+    cut = chunk_sizes(layers, vpp, mtp)
+    chunks = ["t" * cut[stage][virtual] for virtual in range(vpp) for stage in range(len(cut))]
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] += "m" * mtp + "L"
+    groups: list[tuple[str, int]] = []
+    for chunk in chunks:
+        if groups and groups[-1][0] == chunk:
+            groups[-1] = (chunk, groups[-1][1] + 1)
+        else:
+            groups.append((chunk, 1))
+    text = ""
+    for i, (chunk, run) in enumerate(groups):
+        last = i == len(groups) - 1
+        if run > 1 and not last:
+            text += f"({chunk}|)*{run}"
+        else:
+            text += "|".join([chunk] * run) + ("" if last else "|")
+    return text

@@ -56,19 +56,20 @@ def _even_split(s: Shape, d: Degrees) -> Real:
     )
 
 
-def _slotted(d: Degrees, x: Derived) -> Real:
+def _slotted(m: ModelSpec, d: Degrees, x: Derived) -> Real:
     embedding, loss = slotted_ends(first=x.first_layers, middle=x.middle_layers,
-                                   last=x.last_layers, pp=d.pp, vpp=d.vpp, v_shape=d.zb_v)
-    return embedding | loss
+                                   last=x.last_layers, pp=d.pp, vpp=d.vpp, v_shape=d.zb_v,
+                                   mtp=m.mtp_layers)  # fmt: skip
+    return embedding | (loss > 0)
 
 
-def _chunked(d: Degrees, x: Derived) -> Real:
+def _chunked(m: ModelSpec, d: Degrees, x: Derived) -> Real:
     """Every stage's decoder layers cut into ``vpp`` chunks as Megatron-Core cuts them: equal
-    chunks, or the embedding's and the loss's slots short
-    (:func:`~planner.plan.chunks.slotted_ends`)."""
+    chunks, or the embedding's and the loss's (and multi-token-prediction modules') slots
+    short (:func:`~planner.plan.chunks.slotted_ends`)."""
     equal = ((x.first_layers % d.vpp == 0) & (x.last_layers % d.vpp == 0)
              & ((d.pp <= 2) | (x.middle_layers % d.vpp == 0)))  # fmt: skip
-    return equal | _slotted(d, x)
+    return equal | _slotted(m, d, x)
 
 
 def _split(d: Degrees) -> Real:
@@ -81,6 +82,10 @@ def _given(d: Degrees) -> int:
 
 def _middle(d: Degrees) -> int:
     return int(d.pp) - int(d.first > 0) - int(d.last > 0)
+
+
+def _modules_too(m: ModelSpec) -> str:
+    return " (and the loss's end one more a multi-token-prediction module)" * (m.mtp_layers > 0)
 
 
 def _held(x: Derived) -> str:
@@ -115,7 +120,7 @@ RULES: tuple[Rule, ...] = (
     # Checked before the split, to name the virtual stages along with the pipeline's.
     Rule(name="layers",
          holds=lambda m, q, s, d, x: _split(d) | (s.num_layers % (d.pp * d.vpp) == 0)
-         | ((s.num_layers % d.pp == 0) & _slotted(d, x)),
+         | ((s.num_layers % d.pp == 0) & _slotted(m, d, x)),
          message=lambda m, q, s, d, x: f"num_layers({s.num_layers}) is not divisible by "
          f"pp({d.pp}) x vpp({d.vpp}) = {d.pp * d.vpp}"),
     Rule(name="split_pp",
@@ -127,10 +132,10 @@ RULES: tuple[Rule, ...] = (
          f"stage layers ({_given(d)}) does not split evenly over the other {_middle(d)} "
          f"stages"),
     Rule(name="chunks",
-         holds=lambda m, q, s, d, x: _chunked(d, x),
+         holds=lambda m, q, s, d, x: _chunked(m, d, x),
          message=lambda m, q, s, d, x: f"with vpp({d.vpp}) every stage's layers must divide "
          f"into equal chunks, or every stage's slots with the embedding and the loss taking "
-         f"one each; stages hold {_held(x)}"),
+         f"one each{_modules_too(m)}; stages hold {_held(x)}"),
     Rule(name="vpp_pp",
          holds=lambda m, q, s, d, x: (d.vpp == 1) | (d.pp > 1),
          message=lambda m, q, s, d, x: f"vpp({d.vpp}) > 1 needs pp > 1"),

@@ -47,6 +47,7 @@ from planner.errors import InvalidPlanError
 from planner.plan.chunks import cuts_into
 from planner.plan.schema import Plan
 from planner.spec import ModelSpec
+from planner.spec.limits import MAX_MTP_LAYERS
 
 MEMORY_RTOL = 1e-9
 """Relative slack on the memory capacity: float rounding in GiB conversions, nothing more."""
@@ -83,7 +84,7 @@ def plan_violations(
         _layers(plan, model),
         _ranks(plan),
         _devices(plan),
-        _degrees(plan),
+        _degrees(plan, model),
         _batch(plan),
         _configuration(plan),
         _memory(plan) if memory else iter(()),
@@ -185,7 +186,7 @@ def _devices(plan: Plan) -> Iterator[str]:
                f"{used}, more than the cluster's {cluster_devices}")  # fmt: skip
 
 
-def _degrees(plan: Plan) -> Iterator[str]:
+def _degrees(plan: Plan, model: ModelSpec | None) -> Iterator[str]:
     """Megatron's degree arithmetic per stage, and the interleaved schedule's rules."""
     replicas = plan.data_parallel_replicas
     for stage in plan.stages:
@@ -216,7 +217,10 @@ def _degrees(plan: Plan) -> Iterator[str]:
                f"a multiple of the {stages} stages")  # fmt: skip
     layers = tuple(stage.num_layers for stage in plan.stages)
     equal = all(n % v == 0 for n in layers)
-    if not (equal or (plan.schedule.name != "zb-v" and cuts_into(layers, v))):
+    # Without the model, its multi-token-prediction modules may take slots beside the loss.
+    modules = range(MAX_MTP_LAYERS + 1) if model is None else (model.mtp_layers,)
+    if not (equal or (plan.schedule.name != "zb-v"
+                      and any(cuts_into(layers, v, mtp) for mtp in modules))):  # fmt: skip
         yield (f"degrees: stages of {list(layers)} layers do not cut into virtual_stages({v}) "
                f"chunks: equal, or the embedding's and the loss's slots a layer short")
 

@@ -31,7 +31,8 @@ def chunk_layers(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig)
         resolved = resolve(model, cluster, config)
     except ConfigError:
         return 0
-    return max(max(chunks) for chunks in chunk_sizes(resolved.stage_layers, config.vpp))
+    cut = chunk_sizes(resolved.stage_layers, config.vpp, model.mtp_layers)
+    return max(max(chunks) for chunks in cut)
 
 
 def fewest_recomputed(

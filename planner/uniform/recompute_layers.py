@@ -50,7 +50,7 @@ def stage_chunks(
     kind_of = {layer: kind for kind, of in index.layers_by_kind.items() for layer in of}
     stages = []
     start = 1
-    for sizes in chunk_sizes(layers, vpp):
+    for sizes in chunk_sizes(layers, vpp, model.mtp_layers):
         chunks = []
         for size in sizes:
             tally: dict[str, list[int]] = {}

@@ -124,7 +124,8 @@ def virtual_stages(model: ModelSpec, *, pp: int, split: StageEnds) -> list[int]:
         return [1]
     first, last = split
     layers = stage_layers(model.num_layers, pp=pp, first=first, last=last)
-    return [1, *(v for v in range(2, max(layers) + 2) if cuts_into(layers, v))]
+    return [1, *(v for v in range(2, max(layers) + 2 + model.mtp_layers)
+                 if cuts_into(layers, v, model.mtp_layers))]
 
 
 def expert_degrees(model: ModelSpec, *, dp: int, cp: int, tp: int = 1) -> list[int]:
