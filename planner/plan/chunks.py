@@ -12,6 +12,7 @@ recomputed chunks, the invariants and the launchers all read the cut from here.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,22 @@ def slotted_ends(
     >>> [int(end) for end in slotted_ends(first=7, middle=8, last=6, pp=8, vpp=4, mtp=1)]
     [1, 2]
     """
+    ends = (first, middle, last, pp, vpp, v_shape, mtp)
+    if all(np.ndim(end) == 0 for end in ends):  # one configuration: resolve asks it often
+        return _scalar_slots(*(int(end) for end in ends))
+    return _slots(first, middle, last, pp, vpp, v_shape, mtp)
+
+
+@lru_cache(maxsize=4096)
+def _scalar_slots(first: int, middle: int, last: int, pp: int, vpp: int, v_shape: int,
+                  mtp: int) -> tuple[bool, int]:  # fmt: skip
+    embedding, loss = _slots(first, middle, last, pp, vpp, bool(v_shape), mtp)
+    return bool(embedding), int(loss)
+
+
+def _slots(first: Real, middle: Real, last: Real, pp: Real, vpp: Real, v_shape: Real,
+           mtp: Real) -> tuple[Real, Real]:  # fmt: skip
+    """:func:`slotted_ends`' formula, over arrays or scalars."""
     top = np.maximum(np.maximum(first, last), np.where(pp > 2, middle, 0))
     # Two stages both a slot short (no middle stage holds the full count) have one slot more.
     both = (pp == 2) & (first == last) & (top % np.maximum(vpp, 1) != 0)
