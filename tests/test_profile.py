@@ -301,3 +301,17 @@ def test_explain_says_what_the_profile_measured_and_asks_for_it(tmp_path: Path) 
     assert without.returncode == 0, without.stderr
     assert "give explain its --profile to price the changes the same way" in " ".join(
         without.stderr.split())
+
+
+def test_a_model_with_multi_token_prediction_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The faithful head is the output layer and its loss alone; a model that trains
+    multi-token-prediction modules is refused before anything runs, saying what to do."""
+    model = tmp_path / "tiny-mtp.json"
+    model.write_text(json.dumps(json.loads(TINY.read_text()) | {"mtp_layers": 1}))
+    done = _planner("profile", CPU_NODE, "--model", model, "--device", "cpu",
+                    "--out", tmp_path / "p.json")  # fmt: skip
+    assert done.returncode != 0
+    text = " ".join(done.stderr.split())  # one message, wrapped at the terminal's width
+    assert text.startswith("error: tiny-llama trains 1 multi-token-prediction module(s), which "
+                           "planner profile does not run: price it without --profile")
+    assert not (tmp_path / "p.json").exists()

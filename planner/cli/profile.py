@@ -90,6 +90,13 @@ def profile_cmd(
     if not 1 <= repeats <= 1000:
         raise InputError(f"--repeats {repeats}: expected 1 to 1000 timed batches")
     model_spec, spec = load_inputs(model, cluster, nodes=None, names=("--model", "CLUSTER"))
+    if model_spec.mtp_layers:
+        # Its faithful head is the output layer and the loss: a factor over a head priced
+        # with the modules would scale their work by what it never ran.
+        raise InputError(f"{model_spec.name} trains {model_spec.mtp_layers} "
+                         f"multi-token-prediction module(s), which planner profile does not "
+                         f"run: price it without --profile, or profile it with mtp_layers 0 "
+                         f"and price that model")  # fmt: skip
     hf_config = _layer_source(framework, model)
     training = fill_training(model_spec, seq_length=seq_len[0] if seq_len else None,
                              precision=precision, global_batch_size=1)  # fmt: skip
