@@ -5,8 +5,8 @@ What each operator keeps for backward depends on the stack that runs it
 (:mod:`planner.graph.stacks` says what each stack keeps, and from which source); the builders
 below apply it operator by operator, through :class:`~planner.graph.builder.LayerBuilder`.
 
-Over 400 lines: one builder per part of a layer (attention, MLP, experts, embedding, head, the
-multi-token-prediction modules), one concern, the graph of one microbatch's forward.
+One builder per part of a layer (attention, MLP, experts, embedding, head, the
+multi-token-prediction modules), one concern: the graph of one microbatch's forward.
 """
 
 from __future__ import annotations
