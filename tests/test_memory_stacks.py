@@ -98,7 +98,7 @@ def test_the_reserve_is_context_nccl_and_fragmentation_by_hand(h100: ClusterSpec
     model = _small_model()
     resolved = resolve(model, cluster, ParallelConfig(tp=8, pp=2, mbs=1, global_batch=8,
                                                       seq_len=1024))  # fmt: skip
-    comms = communicators(uniform_stage(resolved), tied=False)
+    comms = communicators(uniform_stage(resolved))
     assert comms == cost.Communicators(groups=(8, 1, 2), pairs=1)
     assert comms.bytes == pytest.approx(688e6 + 544e6 + 544e6)
     e = estimate(model, cluster, resolved.config)
@@ -106,6 +106,23 @@ def test_the_reserve_is_context_nccl_and_fragmentation_by_hand(h100: ClusterSpec
     allocated = first.total_gib - first.other_gib
     assert first.other_gib * GIB == pytest.approx(
         0.5 * GIB + comms.bytes + 0.08 * allocated * GIB, rel=1e-9)
+
+
+def test_only_the_end_stages_connect_the_embedding_group(h100: ClusterSpec) -> None:
+    """Tied word embeddings on PP 4: the first and last stages sum the copy's gradients in a
+    two-rank communicator (544 MB of NCCL's buffers, Megatron-LM's ``_EMBEDDING_GROUP``); the
+    first stage holds that much more reserve than untied, the middle stages exactly what
+    they hold untied (NCCL connects a communicator on first use)."""
+    cluster = h100.model_copy(update={"num_nodes": 2})
+    config = ParallelConfig(tp=4, pp=4, mbs=1, global_batch=8, seq_len=1024)
+    untied = estimate(_small_model(), cluster, config).stages
+    tied = estimate(_small_model().model_copy(update={"tie_word_embeddings": True}), cluster,
+                    config).stages  # fmt: skip
+    assert [s.memory for s in tied[1:-1]] == [s.memory for s in untied[1:-1]]
+    first = (tied[0].memory.other_gib - untied[0].memory.other_gib) * GIB
+    assert first == pytest.approx(544e6, rel=1e-9)
+    assert tied[0].memory.total_gib - tied[0].memory.other_gib == pytest.approx(
+        untied[0].memory.total_gib - untied[0].memory.other_gib, rel=1e-12)
 
 
 def test_autocast_keeps_fp32_states_without_a_master_copy(h100: ClusterSpec) -> None:

@@ -42,8 +42,12 @@ class PipelineKnobs:
     """What ZeRO-3 holds unsharded of a layer's parameter at its peak
     (:func:`planner.cost.memory.gathered_bytes_per_param`; ZeRO-3 stages only)."""
     communicator_bytes: Real = 0.0
-    """NCCL's buffers for the communicators a device connects
+    """NCCL's buffers for the communicators every device connects
     (:attr:`planner.cost.memory.Communicators.bytes`)."""
+    end_communicator_bytes: Real = 0.0
+    """NCCL's buffers for those only the first and last stages connect: the embedding group
+    of a copy of the word embeddings on the last stage
+    (:func:`planner.uniform.stages.embedding_group_bytes`)."""
     states_precision: StatesPrecision = "bf16"
     """The precision of the weights' states (:func:`planner.cost.memory.states_precision`):
     their bytes, the gradient sync's and the optimizer step's."""
@@ -181,8 +185,10 @@ def run_memory_bytes(
         loss_workspace=where(working > loss, 0.0, loss),
         gathered_parameters=run.gathered_bytes,
     )
+    end = (stage == 0) | (stage == num_stages - 1)
+    communicators = knobs.communicator_bytes + where(end, knobs.end_communicator_bytes, 0.0)
     reserve = cost.reserve_bytes(cluster.device, allocated=parts.total,
-                                 communicators=knobs.communicator_bytes)  # fmt: skip
+                                 communicators=communicators)  # fmt: skip
     return parts._replace(other=reserve)
 
 

@@ -42,6 +42,7 @@ from planner.uniform.stages import (
     UniformStage,
     WeightGroups,
     communicators,
+    embedding_group_bytes,
     layer_index,
     pipeline_sends_s,
     placed_stage,
@@ -247,10 +248,12 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
     sends = np.array([pipeline_sends_s(model, b.cluster, training, stages[stage_of[r]],
                                        mbs=int(c["mbs"][r]), vpp=int(c["vpp"][r]))
                       for r in sends_first])  # fmt: skip
-    comm_first, comm_of = factorize(stage_of, v_shape)
-    comms = np.array([communicators(stages[stage_of[r]], tied=model.embedding_on_last_stage
-                                    and not v_shape[r]).bytes for r in comm_first])  # fmt: skip
-    steps = _steps(b, splits, split_of, t, static, static_of, sends[sends_of], comms[comm_of])
+    comm_first, comm_of = factorize(stage_of)
+    comms = np.array([communicators(stages[stage_of[r]]).bytes for r in comm_first])
+    ends = np.broadcast_to(embedding_group_bytes(model, c["pp"], v_shape=v_shape),
+                           v_shape.shape)  # fmt: skip
+    steps = _steps(b, splits, split_of, t, static, static_of, sends[sends_of], comms[comm_of],
+                   ends)  # fmt: skip
     index = layer_index(model, training, 1)
     counts = [{} if chunk is None else recomputed_counts(chunk) for chunk in chunks]
     flops = recompute_flops(
@@ -268,6 +271,7 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
 def _steps(
     b: Rows, splits: list, split_of: np.ndarray, t: LayerTable, static: list,
     static_of: np.ndarray, sends: np.ndarray, communicator_bytes: np.ndarray,
+    end_communicator_bytes: np.ndarray,
 ) -> dict[str, np.ndarray | dict[str, np.ndarray]]:  # fmt: skip
     """The step, its parts, bubble and peak memory of each row, over the groups of rows that
     share a layer split and a schedule (:func:`~planner.cost.step.step_totals` on arrays)."""
@@ -292,6 +296,7 @@ def _steps(
             overlap_param_gather=b.switch("overlap_param_gather")[rows],  # type: ignore[arg-type]
             overlap_moe_comm=b.switch("overlap_moe_expert_parallel_comm")[rows],
             communicator_bytes=communicator_bytes[rows],
+            end_communicator_bytes=end_communicator_bytes[rows],
         )  # fmt: skip
         optimizer = np.array([s.optimizer_s for s in static])[static_of[rows]]
         totals = step_totals(b.cluster, knobs, runs, schedule=schedule,

@@ -33,6 +33,7 @@ from planner.uniform.recompute_layers import Chunk, recomputed_counts, stage_chu
 from planner.uniform.stages import (
     UniformStage,
     communicators,
+    embedding_group_bytes,
     host_fits,
     layer_index,
     pipeline_sends_s,
@@ -136,8 +137,9 @@ def estimate(
         overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
         overlap_moe_comm=c.overlap_moe_expert_parallel_comm,
-        communicator_bytes=communicators(stage, tied=model.embedding_on_last_stage
-                                         and c.schedule != "zb-v").bytes,
+        communicator_bytes=communicators(stage).bytes,
+        end_communicator_bytes=embedding_group_bytes(model, c.pp,
+                                                     v_shape=c.schedule == "zb-v"),
     )  # fmt: skip
     tied = None if c.schedule == "zb-v" else tied_copy(model, stage)
     step = compose_step(cluster, knobs, stages, tied=tied)

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from planner import cost
-from planner.cost.elementwise import Real
+from planner.cost.elementwise import Real, where
 from planner.cost.layer import LayerCost
 from planner.cost.stage_weights import TiedCopy, Weights
 from planner.graph import LayerIndex, lowered
@@ -196,16 +196,17 @@ def tied_copy(model: ModelSpec, stage: UniformStage) -> TiedCopy | None:
                     sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 
-def communicators(stage: UniformStage, *, tied: bool) -> cost.Communicators:
-    """The NCCL communicators a device of ``stage`` connects (NCCL connects a communicator's
-    buffers on first use, ``NCCL_RUNTIME_CONNECT``, so only those the step runs): its tensor-
-    and context-parallel groups (Ulysses' and the experts' as all-to-alls), the gradients'
-    data-parallel groups (the experts' own), the pipeline's neighbours and, with ``tied``
-    word embeddings on a pipeline, the embedding group.
+def communicators(stage: UniformStage) -> cost.Communicators:
+    """The NCCL communicators every device of ``stage`` connects (NCCL connects a
+    communicator's buffers on first use, ``NCCL_RUNTIME_CONNECT``, so only those the step
+    runs): its tensor- and context-parallel groups (Ulysses' and the experts' as
+    all-to-alls), the gradients' data-parallel groups (the experts' own) and the pipeline's
+    neighbours; the embedding group only the end stages connect
+    (:func:`embedding_group_bytes`).
 
     >>> from planner.plan.degrees import Degrees
     >>> stage = placed_stage(Degrees(tp=8, pp=4, dp=16), rank_order="tp-cp-ep-dp-pp")
-    >>> communicators(stage, tied=False)
+    >>> communicators(stage)
     Communicators(groups=(8, 1, 16), all_to_all=(), pairs=1)
     """
     d, layout = stage.degrees, stage.layout
@@ -216,8 +217,25 @@ def communicators(stage: UniformStage, *, tied: bool) -> cost.Communicators:
     if d.ep > 1:
         experts = stage.group(tuple(a for a in (DATA, CONTEXT) if a not in layout.expert_axes))
         groups.append(experts.size if experts else 1)
-    pairs = int(d.pp > 1) + int(tied and d.pp > 1)
-    return cost.Communicators(groups=tuple(groups), all_to_all=all_to_all, pairs=pairs)
+    return cost.Communicators(groups=tuple(groups), all_to_all=all_to_all, pairs=int(d.pp > 1))
+
+
+def embedding_group_bytes(model: ModelSpec, pp: Real, *, v_shape: Real = False) -> Real:
+    """NCCL's buffers for the embedding group, which sums the last stage's copy of the word
+    embeddings with the first stage's (:func:`tied_copy`): a two-rank communicator that only
+    a pipeline's first and last stages connect (Megatron-LM's ``_EMBEDDING_GROUP``, the
+    pipeline's first and last ranks: ``megatron/core/parallel_state.py``); none under ZB-V,
+    whose first stage holds both ends. ``pp`` and ``v_shape`` may be arrays.
+
+    >>> from planner.spec.reading import load_model
+    >>> gpt3 = load_model("instances/models/gpt3-175b.json")  # tied
+    >>> [round(float(b) / 1e6) for b in (embedding_group_bytes(gpt3, 8),
+    ...                                   embedding_group_bytes(gpt3, 1))]
+    [544, 0]
+    """
+    if not model.embedding_on_last_stage:
+        return 0.0
+    return where((pp > 1) & (v_shape == False), cost.Communicators(pairs=1).bytes, 0.0)  # noqa: E712
 
 
 def pipeline_sends_s(
