@@ -89,6 +89,9 @@ TEMPLATES: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
     ("experts: EP", tuple(
         dict(tp=2, pp=pp, dp=dp, ep=ep, sp=True, zero=1, **_OVERLAP)
         for pp in (2, 1) for dp, ep in ((8, 8), (4, 4), (4, 2)))),
+    ("experts: EP on DeepEP", tuple(
+        dict(tp=2, pp=pp, dp=dp, ep=ep, sp=True, zero=1, moe_dispatcher="deepep", **_OVERLAP)
+        for pp in (2, 1) for dp, ep in ((8, 8), (4, 4), (4, 2)))),
 )  # fmt: skip
 """Each case's candidates, tried in order: the first the model resolves and Megatron-LM's
 profile accepts is checked."""
@@ -196,6 +199,7 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
         bias=model.bias, qkv_bias=model.has_qkv_bias, qk_layernorm=model.qk_layernorm,
         hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
         experts=moe and moe.num_experts, topk=moe and moe.top_k,
+        dispatcher=moe and ("flex/deepep" if c.moe_dispatcher == "deepep" else "alltoall"),
         moe_ffn=moe and moe.ffn_hidden_size, shared_ffn=moe and (moe.shared_ffn or None),
         moe_layers=moe and [int(model.is_moe_layer(i)) for i in range(model.num_layers)],
         expert_bias=bool(moe and moe.router_expert_bias),
@@ -485,12 +489,17 @@ def moe_read_back(config: Any) -> dict[str, Any]:
     """The experts Megatron builds, layer by layer."""
     experts = config.num_moe_experts
     if experts is None:
-        return dict(experts=None, topk=None, moe_ffn=None, shared_ffn=None, moe_layers=None)
+        return dict(experts=None, topk=None, moe_ffn=None, shared_ffn=None, moe_layers=None,
+                    dispatcher=None)
+    dispatcher = config.moe_token_dispatcher_type
+    if dispatcher == "flex":
+        dispatcher += f"/{config.moe_flex_dispatcher_backend}"
     freq = config.moe_layer_freq
     layers = freq if isinstance(freq, list) else [int(i % freq == 0)
                                                   for i in range(config.num_layers)]  # fmt: skip
     return dict(experts=experts, topk=config.moe_router_topk, moe_ffn=config.moe_ffn_hidden_size,
-                shared_ffn=config.moe_shared_expert_intermediate_size, moe_layers=layers)
+                shared_ffn=config.moe_shared_expert_intermediate_size, moe_layers=layers,
+                dispatcher=dispatcher)
 
 
 # --- entry point --------------------------------------------------------------------------------

@@ -21,7 +21,14 @@ from planner.ilp.backends import Backend
 from planner.plan.config import check_sequence
 from planner.spec import DeviceSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import fill_training
-from planner.vocabulary import ContextParallelism, Objective, Precision, Recompute, Stack
+from planner.vocabulary import (
+    ContextParallelism,
+    MoeDispatcher,
+    Objective,
+    Precision,
+    Recompute,
+    Stack,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +69,11 @@ class Pins:
     comma-separated)."""
     sp: bool | None = None
     """Sequence parallelism (with TP)."""
+    moe_dispatcher: MoeDispatcher | None = None
+    """How configurations with expert parallelism exchange the experts' tokens (alltoall or
+    deepep: the cluster has DeepEP installed); those without exchange none. Not a choice
+    the search makes: DeepEP is software a cluster may not have. None: alltoall. The
+    per-operator search (``any``) prices NCCL's all-to-all whatever the pin."""
 
     def given(self) -> dict[str, object]:
         """The pinned knobs and their values."""

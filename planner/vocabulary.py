@@ -41,12 +41,13 @@ STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "hf-eager", "hf-c
 FP8_STACKS: tuple[Stack, ...] = ("megatron-te-fp8",)
 """Stacks whose decoder layers' linear layers run in FP8 (:mod:`planner.graph.fp8`)."""
 
-Mechanism = Literal["tensor", "pipeline", "context", "expert", "zero-3", "offload"]
+Mechanism = Literal["tensor", "pipeline", "context", "expert", "zero-3", "offload", "deepep"]
 """A way of splitting a run that the cost model prices with its own terms, as the error bands
 tell predictions apart (:mod:`planner.cost.uncertainty`): tensor, pipeline, context and expert
-parallelism, ZeRO-3/FSDP's gathered parameters, and offloaded optimizer states."""
+parallelism, ZeRO-3/FSDP's gathered parameters, offloaded optimizer states, and the experts'
+tokens exchanged by DeepEP."""
 MECHANISMS: tuple[Mechanism, ...] = ("tensor", "pipeline", "context", "expert", "zero-3",
-                                     "offload")
+                                     "offload", "deepep")
 
 Objective = Literal["expected", "p80", "p95"]
 """What the search ranks plans by (:mod:`planner.cost.risk`): the predicted step time, or the
@@ -116,6 +117,13 @@ CPU), either copied down and back after the backward in a pipeline with the CPU'
 (``optimizer``, Megatron-LM's ``--optimizer-cpu-offload``) or with the gradients copied down as
 the backward reduces them (``zero-offload``, DeepSpeed's ZeRO-Offload)."""
 OFFLOADS: tuple[Offload, ...] = ("none", "optimizer", "zero-offload")
+
+MoeDispatcher = Literal["alltoall", "deepep"]
+"""How the experts' tokens are exchanged: NCCL's all-to-all (Megatron-Core's ``alltoall``
+dispatcher: a copy per chosen expert) or DeepSeek's DeepEP (the ``flex`` dispatcher's
+``deepep`` backend: a copy per node over the network, forwarded over NVLink;
+:mod:`planner.cost.deepep`)."""
+MOE_DISPATCHERS: tuple[MoeDispatcher, ...] = ("alltoall", "deepep")
 
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 """A collective over a group of ranks."""

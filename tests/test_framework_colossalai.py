@@ -515,3 +515,13 @@ def test_moe_comm_overlap() -> None:
     model = load("mixtral-8x7b")
     resolved = configure(model, 64, pp=4, ep=8, zero=1, overlap_moe_expert_parallel_comm=True)
     assert "in line" in (refusal("moe-comm-overlap", resolved, model) or "")
+
+
+def test_deepep() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/modeling/mixtral.py:123-200
+
+    Colossal-AI's expert-parallel block exchanges tokens with its own all-to-alls."""
+    model = load("mixtral-8x7b")
+    deepep = configure(model, 64, pp=4, ep=8, zero=1, moe_dispatcher="deepep")
+    assert "exchanged with all-to-alls here" in (refusal("deepep", deepep, model) or "")
+    assert refusal("deepep", configure(model, 64, pp=4, ep=8, zero=1), model) is None

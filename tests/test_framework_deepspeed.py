@@ -621,3 +621,13 @@ def test_moe_comm_overlap() -> None:
     resolved = configure(model, 64, pp=4, ep=4, zero=1, overlap_moe_expert_parallel_comm=True)
     assert "in line" in (refusal("moe-comm-overlap", resolved, model) or "")
     assert refusal("moe-comm-overlap", configure(model, 64, pp=4, ep=4, zero=1), model) is None
+
+
+def test_deepep() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/moe/sharded_moe.py (_AllToAll)
+
+    DeepSpeed's MoE layer exchanges tokens with its own all-to-all: DeepEP is refused."""
+    model = load("mixtral-8x7b")
+    deepep = configure(model, 64, pp=4, ep=4, zero=1, moe_dispatcher="deepep")
+    assert "Megatron-LM and torchtitan" in (refusal("deepep", deepep, model) or "")
+    assert refusal("deepep", configure(model, 64, pp=4, ep=4, zero=1), model) is None

@@ -789,6 +789,18 @@ def pin_moe_comm_overlap(p: Profile) -> None:
             r"CUDA_DEVICE_MAX_CONNECTIONS 32 and 1")
 
 
+def pin_deepep_capacity(p: Profile) -> None:
+    """What rule ``deepep-capacity`` refuses (and lets through): DeepEP's dispatcher pads no
+    expert to a capacity."""
+    model = load("mixtral-8x7b")
+    deepep = configure(model, 64, ep=8, zero=1, moe_dispatcher="deepep")
+    accepted(p, "deepep-capacity", deepep, model)
+    capped = model.model_copy(update={"moe": model.moe.model_copy(
+        update={"capacity_factor": 1.25})})  # fmt: skip
+    refused(p, "deepep-capacity", deepep, capped, r"does not pad experts to capacity")
+    accepted(p, "deepep-capacity", configure(model, 64, ep=8, zero=1), capped)
+
+
 def pin_vpp_chunks(p: Profile) -> None:
     """What rule ``vpp-chunks`` refuses (and lets through)."""
     model = load("gpt-1.7b")
@@ -984,6 +996,11 @@ def test_rule_moe_comm_overlap() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:3002-3037;
     megatron/training/arguments.py:1466-1474"""
     pin_moe_comm_overlap(P)
+
+
+def test_rule_deepep_capacity() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:1754-1761"""
+    pin_deepep_capacity(P)
 
 
 def test_rule_recompute_modules() -> None:

@@ -350,3 +350,15 @@ def test_rule_module_slots() -> None:
     beside = configure(deeper, 1024, vpp=4, first_stage_layers=7, last_stage_layers=7,
                        **knobs)  # fmt: skip
     accepted(P, "module-slots", beside, deeper)
+
+
+def test_rule_deepep() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/transformer/moe/fused_a2a.py; deepseek-ai/DeepEP README.md (SM80 and SM90
+    GPUs: no Ascend kernels)
+
+    MindSpeed trains on Ascend NPUs, for which DeepEP has no kernels."""
+    model = load("mixtral-8x7b")
+    deepep = configure(model, 64, ep=8, zero=1, moe_dispatcher="deepep")
+    refused(P, "deepep", deepep, model, r"exchanged with all-to-alls here")
+    accepted(P, "deepep", configure(model, 64, ep=8, zero=1), model)

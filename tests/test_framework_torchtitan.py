@@ -500,3 +500,30 @@ def test_moe_comm_overlap() -> None:
     resolved = configure(model, 64, ep=8, zero=3, global_batch=256, seq_len=4096,
                          overlap_moe_expert_parallel_comm=True)  # fmt: skip
     assert "in line" in (refusal("moe-comm-overlap", resolved, model) or "")
+
+
+def test_deepep() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/deepseek_v3/infra/parallelize.py:99-121;
+    torchtitan/models/qwen3/infra/parallelize.py:108-118
+
+    DeepSeek-V3's parallelization reads ``expert_parallel_comm_backend = "deepep"`` and
+    refuses it with the experts tensor-parallel; Qwen3's never reads it (its experts would
+    exchange tokens with all-to-alls while the plan priced DeepEP)."""
+    v3 = without_mtp("deepseek-v3")
+    folded = configure(v3, 256, tp=2, ep=64, etp=1, sp=True, zero=3, global_batch=256,
+                       seq_len=4096, overlap_grad_reduce=True, overlap_param_gather=True,
+                       moe_dispatcher="deepep")  # fmt: skip
+    assert refusal("deepep", folded, v3) is None
+    table = launched(folded, v3)["parallelism"]
+    assert table["expert_parallel_comm_backend"] == "deepep"
+    assert table["expert_tensor_parallel_degree"] == 1
+    split = forced(folded, etp=None, ep=32)
+    assert "use etp 1" in (refusal("deepep", split, v3) or "")
+    qwen = load("Qwen3-30B-A3B")
+    fsdp = dict(zero=3, global_batch=256, seq_len=4096, overlap_grad_reduce=True,
+                overlap_param_gather=True)
+    resolved = configure(qwen, 64, ep=8, moe_dispatcher="deepep", **fsdp)
+    assert "qwen3 models exchange the experts' tokens with all-to-alls" in (
+        refusal("deepep", resolved, qwen) or "")
+    standard = configure(qwen, 64, ep=8, **fsdp)
+    assert "expert_parallel_comm_backend" not in launched(standard, qwen)["parallelism"]

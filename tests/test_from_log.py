@@ -251,6 +251,29 @@ def test_mixtral_megatron_log_carries_its_experts(tmp_path: Path) -> None:
     assert 0 < predicted < measured * 2
 
 
+def test_megatron_log_with_deepep(tmp_path: Path) -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:891-900
+
+    The same run dispatching with DeepEP (``--moe-token-dispatcher-type flex``, backend
+    deepep) is recorded and priced with it; another flex backend is refused in one line."""
+    config = shared(HF / "Mixtral-8x7B-v0.1.config.json")
+    text = MIXTRAL_LOG.read_text()
+    flex = "  moe_token_dispatcher_type ....................... flex\n"
+    deepep = tmp_path / "deepep.log"
+    deepep.write_text(text.replace(
+        "  moe_token_dispatcher_type ....................... alltoall\n",
+        flex + "  moe_flex_dispatcher_backend ..................... deepep\n"))
+    record, out = _record_of(tmp_path, deepep, "--model", config, "--cluster", H100,
+                             "--nodes", 8)
+    assert record["parallel"]["moe_dispatcher"] == "deepep"
+    assert load_runs(out, any_device=True)[0].config.moe_dispatcher == "deepep"
+    hybrid = tmp_path / "hybridep.log"
+    hybrid.write_text(deepep.read_text().replace("backend ..................... deepep",
+                                                 "backend ..................... hybridep"))
+    done = _from_log(hybrid, "--model", config, "--cluster", H100, "--nodes", 8)
+    assert done.returncode != 0 and "prices DeepEP only" in done.stderr
+
+
 def test_megatron_log_refuses_a_model_of_another_architecture(tmp_path: Path) -> None:
     model = load_model(shared(HF / "Meta-Llama-3-8B-Instruct.config.json"))
     for change, said in (({"activation": "gelu"}, "swiglu True"),

@@ -137,7 +137,10 @@ def heuristic_candidates(
             knobs = {"tp": tp, "pp": pp, "ep": ep, "sp": sequence_parallel(tp), "mbs": mbs,
                      "first_stage_layers": first, "last_stage_layers": last,
                      "recompute": recompute, "zero": DISTRIBUTED_OPTIMIZER}  # fmt: skip
-            config = run_config(training, options, **(knobs | pinned))
+            merged = knobs | pinned
+            if merged["ep"] == 1:  # nothing to exchange: the dispatcher pin is moot
+                merged.pop("moe_dispatcher", None)
+            config = run_config(training, options, **merged)
             if config not in seen:
                 seen.add(config)
                 yield config

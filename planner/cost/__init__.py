@@ -67,6 +67,14 @@ from planner.cost.data_parallel import (
     gradient_accumulation,
     optimizer_step_s,
 )
+from planner.cost.deepep import (
+    DEEPEP_GROUP_SIZES,
+    Routing,
+    deepep_buffer_bytes,
+    deepep_group_refusal,
+    deepep_time_s,
+    domains_hit,
+)
 from planner.cost.memory import (
     DEFAULT_MEMORY_MARGIN,
     MEMORY_MARGIN,
@@ -97,6 +105,7 @@ from planner.cost.pipeline import (
 
 __all__ = [
     "CAUSAL_FRACTION",
+    "DEEPEP_GROUP_SIZES",
     "DEFAULT_MEMORY_MARGIN",
     "ELEMENTWISE_BACKWARD_FACTOR",
     "FLASH_BACKWARD_FACTOR",
@@ -112,6 +121,7 @@ __all__ = [
     "MemoryParts",
     "OpTime",
     "PipelineTime",
+    "Routing",
     "StateBytes",
     "allocatable_bytes",
     "allocator_slack_bytes",
@@ -122,7 +132,11 @@ __all__ = [
     "compute_lower_bound_s",
     "compute_time_s",
     "data_parallel_sync",
+    "deepep_buffer_bytes",
+    "deepep_group_refusal",
+    "deepep_time_s",
     "device_fp8_speedup",
+    "domains_hit",
     "executed_flops",
     "executed_training_flops",
     "exposed_s",

@@ -108,6 +108,9 @@ class Communicators:
     """Sizes of the all-to-all groups (expert parallelism, Ulysses)."""
     pairs: int = 0
     """Point-to-point neighbours' communicators (pipeline stages, tied embeddings)."""
+    deepep_bytes: float = 0.0
+    """DeepEP's own buffers, where it exchanges the experts' tokens in place of an all-to-all
+    (:func:`planner.cost.deepep.deepep_buffer_bytes`)."""
 
     @property
     def bytes(self) -> float:
@@ -119,7 +122,8 @@ class Communicators:
         """
         groups = sum(NCCL_PAIR_BYTES if n == 2 else NCCL_GROUP_BYTES for n in self.groups if n > 1)
         peers = sum(n - 1 for n in self.all_to_all if n > 1)
-        return groups + peers * NCCL_ALL_TO_ALL_PEER_BYTES + self.pairs * NCCL_PAIR_BYTES
+        return (groups + peers * NCCL_ALL_TO_ALL_PEER_BYTES + self.pairs * NCCL_PAIR_BYTES
+                + self.deepep_bytes)
 
 
 def reserve_bytes(device: DeviceSpec, *, allocated: Real, communicators: Real) -> Real:

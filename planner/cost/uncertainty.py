@@ -89,7 +89,7 @@ reads."""
 
 def mechanisms(
     *, tensor_parallel: int, pipeline_parallel: int, context_parallel: int = 1,
-    expert_parallel: int = 1, zero: int = 0, offload: Offload = "none",
+    expert_parallel: int = 1, zero: int = 0, offload: Offload = "none", deepep: bool = False,
 ) -> tuple[Mechanism, ...]:  # fmt: skip
     """The mechanisms a configuration uses, in :data:`~planner.vocabulary.MECHANISMS` order.
 
@@ -98,7 +98,8 @@ def mechanisms(
     """
     used = {"tensor": tensor_parallel > 1, "pipeline": pipeline_parallel > 1,
             "context": context_parallel > 1, "expert": expert_parallel > 1,
-            "zero-3": zero == 3, "offload": offload != "none"}  # fmt: skip
+            "zero-3": zero == 3, "offload": offload != "none",
+            "deepep": deepep and expert_parallel > 1}  # fmt: skip
     return tuple(m for m in MECHANISMS if used[m])
 
 
@@ -106,7 +107,8 @@ def config_mechanisms(config: ParallelConfig) -> tuple[Mechanism, ...]:
     """The mechanisms of a uniform configuration (:func:`mechanisms`)."""
     return mechanisms(tensor_parallel=config.tp, pipeline_parallel=config.pp,
                       context_parallel=config.cp, expert_parallel=config.ep, zero=config.zero,
-                      offload=config.offload)  # fmt: skip
+                      offload=config.offload,
+                      deepep=config.moe_dispatcher == "deepep")  # fmt: skip
 
 
 def regime_of(
@@ -192,7 +194,7 @@ def _precision_class(regime: Regime) -> str:
 MECHANISM_WORDS: dict[Mechanism, str] = {
     "tensor": "tensor parallelism", "pipeline": "pipeline parallelism",
     "context": "context parallelism", "expert": "expert parallelism", "zero-3": "ZeRO-3",
-    "offload": "optimizer offload",
+    "offload": "optimizer offload", "deepep": "DeepEP",
 }
 """Each mechanism as a sentence names it."""
 
@@ -204,6 +206,7 @@ TERMS: dict[str, tuple[str, ...]] = {
     "pipeline": ("pipeline_comm_s", "pipeline_bubble_s"),
     "context": ("context_parallel_comm_s",), "expert": ("expert_parallel_comm_s",),
     "zero-3": ("data_parallel_comm_exposed_s",), "offload": ("optimizer_s",),
+    "deepep": ("expert_parallel_comm_s",),
 }
 """The parts of a step (:class:`~planner.plan.schema.StepTime`) each extrapolated feature
 prices: what ``explain`` says rests on extrapolation."""

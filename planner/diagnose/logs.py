@@ -153,6 +153,21 @@ def read_log(text: str, *, where: str, skip: int = DEFAULT_SKIP) -> LogRun:
                   titan_fields=titan_config_fields(lines, built))  # fmt: skip
 
 
+def _flex_backend(arguments: dict[str, str]) -> str | None:
+    """The backend of a Megatron log's flex dispatcher (``moe_flex_dispatcher_backend``, or
+    the older ``moe_enable_deepep``), None for another dispatcher; only DeepEP's is priced
+    (:mod:`planner.cost.deepep`), the rest refused. NCCL's all-to-all prices the others, as it
+    did before the dispatcher was a field."""
+    if arguments.get("moe_token_dispatcher_type") != "flex":
+        return None
+    backend = arguments.get("moe_flex_dispatcher_backend", "deepep" if arguments.get(
+        "moe_enable_deepep") == "True" else "None")  # fmt: skip
+    if backend != "deepep":
+        raise InputError(f"arguments: moe_token_dispatcher_type flex ({backend}): of the flex "
+                         "dispatcher's backends the planner prices DeepEP only")
+    return backend
+
+
 def config_fields(log: LogRun) -> dict[str, Any]:
     """The configuration fields a log states (names of :class:`ParallelConfig`): a Megatron
     log's arguments dump and iteration lines, a torchtitan log's mesh and model args; what it
@@ -177,6 +192,8 @@ def config_fields(log: LogRun) -> dict[str, Any]:
     for name in _OVERLAPS:
         if arguments.get(name) in ("True", "False"):
             fields[name] = arguments[name] == "True"
+    if _flex_backend(arguments) == "deepep":
+        fields["moe_dispatcher"] = "deepep"
     if arguments.get("bf16") == "True":
         fields["precision"] = "bf16"
     elif arguments.get("fp16") == "True":
@@ -259,6 +276,8 @@ def run_record(
                      "recompute": config.recompute, "zero": config.zero,
                      **({"recompute_modules": config.recompute_modules}
                         if config.recompute_modules is not None else {}),
+                     **({"moe_dispatcher": "deepep"}
+                        if config.moe_dispatcher == "deepep" else {}),
                      # The overlaps the log states; without them the reader assumes the
                      # framework's era's (planner.diagnose.run_records.config_from_record).
                      **{name: getattr(config, name) for name in _OVERLAPS

@@ -152,6 +152,9 @@ KNOBS: tuple[Knob, ...] = (
          searched=False),
     Knob(name="overlap_moe_expert_parallel_comm", values=_fixed(False, True),
          applies=lambda c, m: c.ep > 1),
+    # a pin, not a choice of the search: DeepEP is software the cluster may not have
+    Knob(name="moe_dispatcher", values=_fixed("alltoall", "deepep"),
+         applies=lambda c, m: c.ep > 1, searched=False),
 )
 """The knobs :func:`notches` turns, in the order a report lists them."""
 

@@ -214,6 +214,7 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         overlap_param_gather=p.get("overlap_param_gather", modern or fsdp),
         tp_comm_overlap=p.get("tp_comm_overlap", modern),
         overlap_moe_expert_parallel_comm=p.get("overlap_moe_expert_parallel_comm", False),
+        moe_dispatcher=p.get("moe_dispatcher", "alltoall"),
     )
 
 

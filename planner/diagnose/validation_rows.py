@@ -126,6 +126,7 @@ def describe(config: ParallelConfig) -> str:
     parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
                                               ("vpp", config.vpp)) if v > 1]  # fmt: skip
     parts += ["ETP1"] * (config.etp == 1 and config.tp > 1)
+    parts += ["DeepEP"] * (config.moe_dispatcher == "deepep")
     parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)
     parts += ["SP"] * config.sp + [f"mbs{config.mbs}"]
     parts += [f"{config.recompute}-recompute"] * (config.recompute != "none")

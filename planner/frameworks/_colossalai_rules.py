@@ -11,6 +11,7 @@ from planner.frameworks._colossalai_models import HF_CLASSES, REPO, Family, fami
 from planner.frameworks.base import (
     Rule,
     data_parallel_sync,
+    deepep_not_run,
     moe_comm_in_line,
     ranks_in_order,
     sequence_split_over_tp,
@@ -296,6 +297,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="architecture", check=architecture,
          source=f"{REPO} colossalai/shardformer/policies/auto_policy.py:59-229"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
+         source=f"{REPO} colossalai/shardformer/modeling/mixtral.py:123-200"),
+    Rule(name="deepep", check=deepep_not_run,
          source=f"{REPO} colossalai/shardformer/modeling/mixtral.py:123-200"),
     Rule(name="moe-capacity", check=moe_capacity,
          source=f"{REPO} colossalai/shardformer/modeling/mixtral.py:123-158; "

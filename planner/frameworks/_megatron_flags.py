@@ -21,7 +21,7 @@ from planner.frameworks._megatron_vocab import padded_vocab
 from planner.plan.chunks import layout, slots_taken
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec, MoESpec
-from planner.vocabulary import FP8_STACKS
+from planner.vocabulary import FP8_STACKS, MoeDispatcher
 
 Flag = tuple[str, str | int | float | tuple[str, ...] | None]
 """A flag and its value (None for a switch, a tuple for a list argparse reads word by
@@ -207,8 +207,11 @@ def device_connections(resolved: ResolvedConfig) -> dict[str, str]:
 # --- the model ----------------------------------------------------------------------------------
 
 
-def model_flags(model: ModelSpec, *, seq_length: int) -> list[Flag]:
-    """The model's architecture, as ``pretrain_gpt.py`` builds it (vocabulary aside)."""
+def model_flags(
+    model: ModelSpec, *, seq_length: int, dispatcher: MoeDispatcher = "alltoall"
+) -> list[Flag]:
+    """The model's architecture, as ``pretrain_gpt.py`` builds it (vocabulary aside), its
+    experts' tokens exchanged by ``dispatcher`` (:func:`moe_flags`)."""
     flags: list[Flag] = [
         ("--num-layers", model.num_layers),
         ("--hidden-size", model.hidden_size),
@@ -236,7 +239,7 @@ def model_flags(model: ModelSpec, *, seq_length: int) -> list[Flag]:
               ("--attention-dropout", model.attention_dropout)]  # fmt: skip
     # The MTP loss's weight stays Megatron's default (0.1), which prices nothing.
     flags += [("--mtp-num-layers", model.mtp_layers)] * (model.mtp_layers > 0)
-    return flags + mla_flags(model) + moe_flags(model)
+    return flags + mla_flags(model) + moe_flags(model, dispatcher)
 
 
 def window_flags(model: ModelSpec) -> list[Flag]:
@@ -335,10 +338,19 @@ def mla_flags(model: ModelSpec) -> list[Flag]:
             ("--v-head-dim", mla.v_head_dim)]  # fmt: skip
 
 
-def moe_flags(model: ModelSpec) -> list[Flag]:
+_DISPATCHER_FLAGS: dict[MoeDispatcher, list[Flag]] = {
+    "alltoall": [("--moe-token-dispatcher-type", "alltoall")],
+    "deepep": [("--moe-token-dispatcher-type", "flex"),
+               ("--moe-flex-dispatcher-backend", "deepep")],
+}
+
+
+def moe_flags(model: ModelSpec, dispatcher: MoeDispatcher = "alltoall") -> list[Flag]:
     """Routed and shared experts, which layers have them, and the router.
 
-    Tokens are dispatched with all-to-all, as the planner prices expert parallelism; with a
+    Tokens are dispatched with all-to-all, as the planner prices expert parallelism, or by
+    DeepEP (``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep``,
+    ``megatron/core/transformer/transformer_config.py:891-900``); with a
     capacity factor each expert is padded to its capacity (``--moe-pad-expert-input-to-capacity``,
     ``megatron/core/transformer/transformer_config.py:917-923``). Two router
     settings follow from what Megatron-Core accepts: the expert bias of aux-loss-free balancing
@@ -349,7 +361,7 @@ def moe_flags(model: ModelSpec) -> list[Flag]:
         return []
     flags: list[Flag] = [("--num-experts", moe.num_experts), ("--moe-router-topk", moe.top_k),
                          ("--moe-ffn-hidden-size", moe.ffn_hidden_size),
-                         ("--moe-token-dispatcher-type", "alltoall")]  # fmt: skip
+                         *_DISPATCHER_FLAGS[dispatcher]]  # fmt: skip
     if moe.shared_experts:
         flags.append(("--moe-shared-expert-intermediate-size", moe.shared_ffn))
     if moe.capacity_factor is not None:  # padded to it, as the planner prices every expert

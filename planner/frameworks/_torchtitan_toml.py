@@ -51,6 +51,8 @@ def model_parallel_table(resolved: ResolvedConfig, model: ModelSpec) -> Table:
         table |= {"expert_parallel_degree": c.ep,
                   "expert_tensor_parallel_degree": (resolved.etp or c.tp) if c.ep > 1
                   else 1}  # fmt: skip
+    if c.moe_dispatcher == "deepep":  # torchtitan/config/job_config.py:474-483
+        table["expert_parallel_comm_backend"] = "deepep"
     return table
 
 

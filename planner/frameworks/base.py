@@ -185,6 +185,15 @@ def moe_comm_in_line(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
             "microbatch's own compute here (Megatron-Core's combined 1F1B overlaps them)")
 
 
+def deepep_not_run(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """A framework whose experts exchange their tokens only with its own all-to-all does not
+    run DeepEP (Megatron-Core's flex dispatcher and torchtitan's DeepSeek-V3 do)."""
+    if resolved.config.moe_dispatcher != "deepep":
+        return None
+    return ("moe_dispatcher deepep: the experts' tokens are exchanged with all-to-alls here "
+            "(Megatron-LM and torchtitan's DeepSeek-V3 run DeepEP)")
+
+
 def recompute_modules_unnamed(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """A framework whose selective recomputation is not Megatron-Core's modules cannot be told
     which modules to rerun."""

@@ -169,6 +169,17 @@ def moe_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return None
 
 
+def deepep_with_capacity(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """DeepEP's dispatcher does not pad the experts to a capacity, which the launch writes
+    for a model with a capacity factor (``--moe-pad-expert-input-to-capacity``)."""
+    if resolved.config.moe_dispatcher != "deepep" or model.moe is None:
+        return None
+    if model.moe.capacity_factor is None:
+        return None
+    return (f"moe_dispatcher deepep with capacity_factor({model.moe.capacity_factor}): "
+            f"Megatron-Core's flex dispatcher on DeepEP does not pad experts to capacity")
+
+
 def recompute_modules(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Megatron-Core's checks on ``--recompute-modules``: ``moe_act`` only with grouped GEMM
     (which the launch turns on for experts in bf16: :func:`~planner.frameworks._megatron_flags.
@@ -354,6 +365,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="moe-comm-overlap", check=moe_comm_overlap,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:3002-3037; "
                 f"megatron/training/arguments.py:1466-1474"),
+    Rule(name="deepep-capacity", check=deepep_with_capacity,
+         source=f"{REPO} megatron/core/transformer/transformer_config.py:1754-1761"),
     Rule(name="recompute-modules", check=recompute_modules,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:1964-1973, "
                 f"1999-2005"),
@@ -405,7 +418,8 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *mf.parallel_flags(resolved, model),
         *mf.split_flags(resolved, model),
         *mf.batch_flags(resolved),
-        *mf.model_flags(model, seq_length=resolved.training.seq_length),
+        *mf.model_flags(model, seq_length=resolved.training.seq_length,
+                        dispatcher=resolved.config.moe_dispatcher),
         *mf.grouped_gemm_flags(resolved, model),
         *vocab_flags(model, resolved),
         *mf.precision_flags(resolved),

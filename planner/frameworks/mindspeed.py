@@ -23,6 +23,7 @@ from planner.frameworks.base import (
     Launch,
     Profile,
     Rule,
+    deepep_not_run,
     moe_comm_in_line,
     unsupported_layers,
 )
@@ -155,6 +156,9 @@ RULES: tuple[Rule, ...] = (
                 f"megatron/core/model_parallel_config.py:389-390"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
          source=f"{CORE} megatron/core/transformer/moe/moe_layer.py:129-149"),
+    Rule(name="deepep", check=deepep_not_run,
+         source=f"{CORE} megatron/core/transformer/moe/fused_a2a.py; deepseek-ai/DeepEP "
+                f"README.md (SM80 and SM90 GPUs: no Ascend kernels)"),
     Rule(name="recompute-modules", check=recompute_modules,
          source=f"{CORE} megatron/core/transformer/transformer_config.py:726-745"),
     Rule(name="vpp-chunks", check=megatron.interleaving_chunks,

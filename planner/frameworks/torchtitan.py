@@ -95,6 +95,21 @@ def moe_capacity(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
             f"(no capacity factor); drop it from the model to price torchtitan's routing")
 
 
+def deepep_dispatch(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``expert_parallel_comm_backend = "deepep"`` is read by DeepSeek-V3's (and Llama 4's)
+    parallelization only, and refused there with the experts tensor-parallel (etp > 1)."""
+    c = resolved.config
+    if c.moe_dispatcher != "deepep":
+        return None
+    found = flavor(model)
+    if found is not None and found.name != "deepseek_v3":
+        return (f"moe_dispatcher deepep: torchtitan {VERSION}'s {found.name} models exchange "
+                f"the experts' tokens with all-to-alls whatever the backend says")
+    if c.tp > 1 and resolved.etp is None:
+        return f"moe_dispatcher deepep with the experts tensor-parallel (etp {c.tp}): use etp 1"
+    return None
+
+
 def mixed_precision_without_fsdp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """bf16 with fp32 master weights is FSDP2's MixedPrecisionPolicy; without FSDP2 torchtitan
     autocasts fp32 weights (DDP, one device) or trains TP/PP in fp32."""
@@ -299,6 +314,9 @@ RULES: tuple[Rule, ...] = (
          source=f"{REPO} torchtitan/models/moe/moe.py:473-530"),
     Rule(name="moe-capacity", check=moe_capacity,
          source=f"{REPO} torchtitan/models/moe/moe.py:22-41"),
+    Rule(name="deepep", check=deepep_dispatch,
+         source=f"{REPO} torchtitan/models/deepseek_v3/infra/parallelize.py:99-121; "
+                f"torchtitan/models/qwen3/infra/parallelize.py:108-118"),
     Rule(name="mixed-precision-without-fsdp", check=mixed_precision_without_fsdp,
          source=f"{REPO} torchtitan/distributed/utils.py:243-263"),
     Rule(name="context-parallel", check=context_parallel,

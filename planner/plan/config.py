@@ -23,6 +23,7 @@ from planner.vocabulary import (
     DEFAULT_RECOMPUTE_MODULES,
     RECOMPUTE_MODULES,
     ContextParallelism,
+    MoeDispatcher,
     Offload,
     PipelineSchedule,
     Precision,
@@ -134,6 +135,12 @@ class ParallelConfig(BaseModel):
     overlap_moe_expert_parallel_comm: bool = Field(
         default=False, description="Overlap the experts' all-to-alls of one microbatch with "
         "another's compute (Megatron-Core's combined 1F1B).",
+    )  # fmt: skip
+    moe_dispatcher: MoeDispatcher = Field(
+        default="alltoall", description="How the experts' tokens are exchanged: alltoall "
+        "(NCCL's all-to-all, a copy per chosen expert) or deepep (DeepSeek's DeepEP under "
+        "Megatron-Core's flex dispatcher: a copy per node over the network, forwarded over "
+        "NVLink; the cluster must have DeepEP installed).",
     )  # fmt: skip
     rank_order: str = Field(
         default=DEFAULT_RANK_ORDER,

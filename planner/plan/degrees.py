@@ -56,6 +56,8 @@ class Degrees:
     """Tensor-parallel communication overlap asked for."""
     moe_comm_overlap: Real = False
     """The experts' all-to-all overlapped with another microbatch's compute, asked for."""
+    deepep: Real = False
+    """The experts' tokens exchanged by DeepEP (else NCCL's all-to-all)."""
     full_recompute: Real = False
     """Full recomputation of (some) layers."""
     gpipe: Real = False
@@ -99,7 +101,8 @@ def degrees_of(knobs: Mapping[str, Any]) -> Degrees:
     ...             "mbs": 1,
     ...             "first_stage_layers": None, "last_stage_layers": None, "sp": True,
     ...             "cp_algo": "ring", "tp_comm_overlap": False, "schedule": "1f1b",
-    ...             "overlap_moe_expert_parallel_comm": False, "recompute": "none"}).dp
+    ...             "overlap_moe_expert_parallel_comm": False, "recompute": "none",
+    ...             "moe_dispatcher": "alltoall"}).dp
     0
     """
 
@@ -119,6 +122,7 @@ def degrees_of(knobs: Mapping[str, Any]) -> Degrees:
                    ulysses=knobs["cp_algo"] == "ulysses", sp=switch("sp"),
                    tp_comm_overlap=switch("tp_comm_overlap"),
                    moe_comm_overlap=switch("overlap_moe_expert_parallel_comm"),
+                   deepep=knobs["moe_dispatcher"] == "deepep",
                    full_recompute=knobs["recompute"] == "full",
                    gpipe=schedule == "gpipe",
                    zb_h1=schedule == "zb-h1", zb_v=schedule == "zb-v")  # fmt: skip

@@ -219,6 +219,12 @@ RULES: tuple[Rule, ...] = (
          holds=lambda m, q, s, d, x: (d.moe_comm_overlap == False) | (d.ep > 1),  # noqa: E712
          message=lambda m, q, s, d, x: "overlap_moe_expert_parallel_comm needs expert "
          f"parallelism: ep({d.ep}) has no all-to-all to overlap"),
+    Rule(name="deepep",
+         holds=lambda m, q, s, d, x: (d.deepep == False) | ((m.moe is not None)  # noqa: E712
+                                                            & (d.ep > 1)),
+         message=lambda m, q, s, d, x: "moe_dispatcher deepep exchanges the experts' tokens "
+         f"over expert-parallel ranks: ep({d.ep}){'' if m.moe else ' of a dense model'} has "
+         "none to exchange"),
     Rule(name="moe_comm_overlap_schedule",
          holds=lambda m, q, s, d, x: combined_1f1b(d),
          message=lambda m, q, s, d, x: "overlap_moe_expert_parallel_comm pairs a 1F1B "

@@ -372,7 +372,9 @@ class Plan(_Frozen):
         ulysses = self.configuration is not None and self.configuration.cp_algo == "ulysses"
         parts += [f"CP{values('cp')}" + " (Ulysses)" * ulysses] * any(q.cp > 1 for q in stages)
         folded = any(q.etp == 1 for q in stages)
-        parts += [f"EP{values('ep')}" + " (ETP1)" * folded] * any(q.ep > 1 for q in stages)
+        deepep = self.configuration is not None and self.configuration.moe_dispatcher == "deepep"
+        parts += [f"EP{values('ep')}" + " (ETP1)" * folded + " (DeepEP)" * deepep] * any(
+            q.ep > 1 for q in stages)
         text = " x ".join(parts) + f", mbs {self.micro_batch_size}"
         schedule = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B",
                     "zb-h1": "ZB-H1", "zb-v": "ZB-V"}  # fmt: skip

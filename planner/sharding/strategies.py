@@ -74,6 +74,9 @@ class StrategyContext:
     stack: Stack | None = None
     """The software that runs the layer: a layer profile's measurements of it, where the
     device has them (:mod:`planner.cost.profiled`), price its ops."""
+    deepep: cost.Routing | None = None
+    """The routing whose tokens DeepEP exchanges (:func:`planner.cost.deepep_time_s`); None:
+    NCCL's all-to-all."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -271,7 +274,8 @@ def _own_collectives(
     - The vocab-parallel cross-entropy: three all-reduces of one fp32 value per token (the
       logits' max, the target logit, the sum of exponentials; Megatron-Core's
       ``megatron/core/tensor_parallel/cross_entropy.py``), none in backward.
-    - The experts' all-to-all, forward and backward.
+    - The experts' all-to-all, forward and backward, or DeepEP's dispatch and combine where
+      it runs them (``ctx.deepep``).
 
     Returns (forward and backward, forward) seconds exposed, then the same two hidden.
     """
@@ -299,7 +303,10 @@ def _own_collectives(
         # One rank's send buffer: its share of the routed tokens (balanced routing).
         per_rank = cost.sharded_bytes(routed, tensor_degrees(routed, routed_layout, mesh))
         group = mesh.axes_group(axes)
-        forward = cost.collective_time_s(ctx.cluster, "all_to_all", per_rank, group)
+        if ctx.deepep is None:
+            forward = cost.collective_time_s(ctx.cluster, "all_to_all", per_rank, group)
+        else:
+            forward = cost.deepep_time_s(ctx.cluster, per_rank, group, ctx.deepep)
         total = 2 * forward
     return total, forward, *hidden
 

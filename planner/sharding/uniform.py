@@ -229,6 +229,8 @@ class UniformQuery:
     """Ranks between neighbours along each axis, when not Megatron's default order."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """What selective recomputation reruns (:data:`planner.vocabulary.RECOMPUTE_MODULES`)."""
+    deepep: bool = False
+    """DeepEP exchanges the experts' tokens (else NCCL's all-to-all)."""
 
 
 def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -> LayerGraph:
@@ -245,7 +247,8 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
                           tp_comm_overlap=query.tp_comm_overlap,
                           grouped_experts=grouped_experts(query.stack, query.precision),
                           stack=query.stack,
-                          recompute_modules=query.recompute_modules)
+                          recompute_modules=query.recompute_modules,
+                          deepep=cost.Routing.of(model) if query.deepep else None)
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 

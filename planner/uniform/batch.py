@@ -234,15 +234,17 @@ def _write_bands(b: Rows, out: dict[str, np.ndarray], forward_flops: np.ndarray,
     the batch's), with each row's MFU checked against the highest validated."""
     c, rows = b.c, b.rows
     offloaded = np.array([o != "none" for o in c["offload"]], dtype=bool)
+    deepep = c["moe_dispatcher"] == "deepep"
     k_first, k_of = factorize(c["tp"] > 1, c["pp"] > 1, c["cp"] > 1, c["ep"] > 1,
-                               c["zero"] == 3, offloaded)  # fmt: skip
+                               c["zero"] == 3, offloaded, deepep)  # fmt: skip
     bands = [error_band(b.cluster.device, regime_of(
         b.training, b.cluster, moe=b.model.moe is not None,
         forward_flops_per_sequence=float(np.atleast_1d(forward_flops)[r]),
         used=mechanisms(tensor_parallel=int(c["tp"][r]), pipeline_parallel=int(c["pp"][r]),
                         context_parallel=int(c["cp"][r]), expert_parallel=int(c["ep"][r]),
                         zero=int(c["zero"][r]),
-                        offload="optimizer" if offloaded[r] else "none"),
+                        offload="optimizer" if offloaded[r] else "none",
+                        deepep=bool(deepep[r])),
     )) for r in k_first]  # fmt: skip
     for name in ("fraction", "fraction_p95"):
         out[f"error_band.{name}"][rows] = np.array(

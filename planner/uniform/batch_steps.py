@@ -42,6 +42,8 @@ from planner.uniform.stages import (
     UniformStage,
     WeightGroups,
     communicators,
+    deepep_bytes,
+    deepep_refusal,
     embedding_group_bytes,
     layer_index,
     pipeline_sends_s,
@@ -175,13 +177,17 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
     mesh_of = np.array([meshes.setdefault((s.layout, s.mesh.strides), len(meshes))
                         for s in stages])[stage_of]  # fmt: skip
     module_texts, module_of = codes(c["recompute_modules"])
-    first, of = factorize(mesh_of, c["mbs"], flash, overlap, module_of)
+    deepep = c["moe_dispatcher"] == "deepep"
+    first, of = factorize(mesh_of, c["mbs"], flash, overlap, module_of, deepep)
     by_kind = {k: np.zeros((len(first), len(RECOMPUTE_MODES), len(LAYER_FIELDS)))
                for k in kinds}  # fmt: skip
     weights: dict[int, dict[str, WeightGroups]] = {}
     unsplit = np.zeros(len(first), dtype=bool)
     for u, r in enumerate(first):
         stage = stages[stage_of[r]]
+        if deepep[r] and deepep_refusal(b.cluster, stage):
+            unsplit[u] = True
+            continue
         for kind in kinds:
             query = UniformQuery(kind=kind, layout=stage.layout, micro_batch_size=int(c["mbs"][r]),
                                  seq_length=training.seq_length, precision=training.precision,
@@ -192,6 +198,7 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
                                  recompute_modules=recompute_modules_of(
                                      module_texts[module_of[r]]
                                      if kind in TRANSFORMER_KINDS else None),
+                                 deepep=bool(deepep[r]),
                                  strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
             try:
                 costs, groups = _kind_costs(b.model, cluster_json, query)
@@ -248,8 +255,11 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
     sends = np.array([pipeline_sends_s(model, b.cluster, training, stages[stage_of[r]],
                                        mbs=int(c["mbs"][r]), vpp=int(c["vpp"][r]))
                       for r in sends_first])  # fmt: skip
-    comm_first, comm_of = factorize(stage_of)
-    comms = np.array([communicators(stages[stage_of[r]]).bytes for r in comm_first])
+    deepep = c["moe_dispatcher"] == "deepep"
+    comm_first, comm_of = factorize(stage_of, deepep)
+    comms = np.array([communicators(stages[stage_of[r]], deepep_bytes=deepep_bytes(
+        model, training, stages[stage_of[r]]) if deepep[r] else 0.0).bytes
+        for r in comm_first])  # fmt: skip
     ends = np.broadcast_to(embedding_group_bytes(model, c["pp"], v_shape=v_shape),
                            v_shape.shape)  # fmt: skip
     steps = _steps(b, splits, split_of, t, static, static_of, sends[sends_of], comms[comm_of],

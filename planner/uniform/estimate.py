@@ -22,6 +22,7 @@ from planner.cost.rates import Throughput, headline, throughput
 from planner.cost.stage_weights import StageCost
 from planner.cost.step import PipelineKnobs, StepCost, compose_step
 from planner.cost.uncertainty import config_mechanisms
+from planner.errors import ConfigError
 from planner.graph import forward_flops
 from planner.graph.ops import TRANSFORMER_KINDS
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
@@ -33,6 +34,8 @@ from planner.uniform.recompute_layers import Chunk, recomputed_counts, stage_chu
 from planner.uniform.stages import (
     UniformStage,
     communicators,
+    deepep_bytes,
+    deepep_refusal,
     embedding_group_bytes,
     host_fits,
     layer_index,
@@ -122,6 +125,9 @@ def estimate(
     resolved = resolve(model, cluster, config)
     c, training = resolved.config, resolved.training
     stage = uniform_stage(resolved)
+    refusal = deepep_refusal(cluster, stage) if c.moe_dispatcher == "deepep" else None
+    if refusal:
+        raise ConfigError(refusal)
     index = layer_index(model, training, c.mbs)
     parts = {kind: uniform_parts(model, cluster, uniform_query(resolved, stage, kind))
              for kind in index.layers_by_kind}  # fmt: skip
@@ -137,7 +143,9 @@ def estimate(
         overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
         overlap_moe_comm=c.overlap_moe_expert_parallel_comm,
-        communicator_bytes=communicators(stage).bytes,
+        communicator_bytes=communicators(
+            stage, deepep_bytes=deepep_bytes(model, training, stage)
+            if c.moe_dispatcher == "deepep" else 0.0).bytes,
         end_communicator_bytes=embedding_group_bytes(model, c.pp,
                                                      v_shape=c.schedule == "zb-v"),
     )  # fmt: skip

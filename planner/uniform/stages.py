@@ -150,6 +150,7 @@ def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> U
                         stack=training.stack, flash_attention=c.flash_attention,
                         tp_comm_overlap=c.tp_comm_overlap,
                         recompute_modules=resolved.recompute_modules,
+                        deepep=c.moe_dispatcher == "deepep",
                         strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
 
 
@@ -196,28 +197,70 @@ def tied_copy(model: ModelSpec, stage: UniformStage) -> TiedCopy | None:
                     sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 
-def communicators(stage: UniformStage) -> cost.Communicators:
+def communicators(stage: UniformStage, *, deepep_bytes: float = 0.0) -> cost.Communicators:
     """The NCCL communicators every device of ``stage`` connects (NCCL connects a
     communicator's buffers on first use, ``NCCL_RUNTIME_CONNECT``, so only those the step
     runs): its tensor- and context-parallel groups (Ulysses' and the experts' as
     all-to-alls), the gradients' data-parallel groups (the experts' own) and the pipeline's
     neighbours; the embedding group only the end stages connect
-    (:func:`embedding_group_bytes`).
+    (:func:`embedding_group_bytes`). Where DeepEP exchanges the experts' tokens
+    (``deepep_bytes``: its buffers, :func:`deepep_bytes`), their group runs no all-to-all:
+    DeepEP's ``Buffer`` only gathers its peers' handles over it (deepseek-ai/DeepEP
+    ``deep_ep/buffers/legacy.py``), a collective group's buffers.
 
     >>> from planner.plan.degrees import Degrees
     >>> stage = placed_stage(Degrees(tp=8, pp=4, dp=16), rank_order="tp-cp-ep-dp-pp")
     >>> communicators(stage)
-    Communicators(groups=(8, 1, 16), all_to_all=(), pairs=1)
+    Communicators(groups=(8, 1, 16), all_to_all=(), pairs=1, deepep_bytes=0.0)
     """
     d, layout = stage.degrees, stage.layout
     sequence = (d.cp,) if not d.ulysses else ()
-    all_to_all = tuple(n for n, on in ((d.ep, d.ep > 1), (d.cp, bool(d.ulysses))) if on)
+    experts_all_to_all = d.ep > 1 and not deepep_bytes
+    all_to_all = tuple(n for n, on in ((d.ep, experts_all_to_all), (d.cp, bool(d.ulysses)))
+                       if on)  # fmt: skip
     dense = stage.group((DATA, CONTEXT))
     groups = [d.tp, *sequence, dense.size if dense else 1]
     if d.ep > 1:
         experts = stage.group(tuple(a for a in (DATA, CONTEXT) if a not in layout.expert_axes))
         groups.append(experts.size if experts else 1)
-    return cost.Communicators(groups=tuple(groups), all_to_all=all_to_all, pairs=int(d.pp > 1))
+    if deepep_bytes:
+        groups.append(deepep_ranks(stage))
+    return cost.Communicators(groups=tuple(groups), all_to_all=all_to_all, pairs=int(d.pp > 1),
+                              deepep_bytes=deepep_bytes)  # fmt: skip
+
+
+def deepep_ranks(stage: UniformStage) -> int:
+    """The ranks DeepEP exchanges the experts' tokens over: Megatron-Core's expert tensor x
+    expert-parallel group (``MoEFlexTokenDispatcher``'s ``tp_ep_group``,
+    ``megatron/core/transformer/moe/token_dispatcher.py``), the expert-parallel ranks when
+    the experts are folded over the tensor-parallel ones."""
+    d = stage.degrees
+    return int(d.ep * (d.etp or d.tp))
+
+
+def deepep_refusal(cluster: ClusterSpec, stage: UniformStage) -> str | None:
+    """Why DeepEP cannot run ``stage``'s expert-parallel group (:func:`deepep_ranks`, ranks
+    in Megatron's order: its tensor and expert axes together) on ``cluster``, or None
+    (:func:`cost.deepep_group_refusal`)."""
+    tensor = (TENSOR,) if stage.degrees.tp > 1 else ()
+    group = stage.mesh.axes_group(tuple(sorted({*tensor, *stage.layout.expert_axes})))
+    ranks = deepep_ranks(stage)
+    if group.size != ranks:  # experts not folded over tp: Megatron's tp x ep group
+        group = cost.CommGroup(size=ranks, stride=group.stride)
+    return cost.deepep_group_refusal(ranks, cost.members_per_level(cluster, group)[0])
+
+
+def deepep_bytes(model: ModelSpec, training: TrainingSpec, stage: UniformStage) -> float:
+    """DeepEP's buffers on every device of ``stage`` (:func:`cost.deepep_buffer_bytes`), for
+    hidden states of the compute precision, at least 2 bytes an element (Megatron-Core's
+    ``get_hidden_bytes``, ``megatron/core/transformer/moe/fused_a2a.py``); none without
+    experts spread over ranks."""
+    ranks = deepep_ranks(stage)
+    if model.moe is None or ranks <= 1:
+        return 0.0
+    element = max(int(cost.hidden_state_bytes(micro_batch_size=1, seq_length=1, hidden_size=1,
+                                              precision=training.precision)), 2)  # fmt: skip
+    return float(cost.deepep_buffer_bytes(ranks, model.hidden_size * element))
 
 
 def embedding_group_bytes(model: ModelSpec, pp: Real, *, v_shape: Real = False) -> Real:
