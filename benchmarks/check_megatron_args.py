@@ -79,6 +79,9 @@ TEMPLATES: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
     ("CP all-to-all (Ulysses)", tuple(
         dict(tp=tp, cp=2, cp_algo="ulysses", dp=16 // (2 * tp), sp=True, zero=1, **_OVERLAP)
         for tp in (4, 2, 1))),
+    ("ZeRO-1, Adam moments in bf16", tuple(
+        dict(tp=tp, dp=16 // tp, sp=tp > 1, zero=1, optimizer_moments="bf16", **_OVERLAP)
+        for tp in (2, 1))),
     ("ZeRO-3 (Megatron-FSDP)", tuple(
         dict(tp=tp, dp=16 // tp, sp=True, zero=3, **_OVERLAP) for tp in (2, 1))),
     ("ZeRO-2, fp32, unfused", (dict(tp=2, dp=8, sp=True, zero=2, precision="fp32",
@@ -184,7 +187,7 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
         cp_comm=("a2a" if c.cp_algo == "ulysses" else "p2p") if c.cp > 1 else None,
         stage_layers=list(resolved.stage_layers), mbs=c.mbs, gbs=t.global_batch_size,
         seq=t.seq_length, microbatches=resolved.num_microbatches, recompute=recompute_priced(c),
-        zero=c.zero, overlap_grad_reduce=c.overlap_grad_reduce,
+        zero=c.zero, moments=c.optimizer_moments, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather,
         tp_comm_overlap=c.tp_comm_overlap and c.tp > 1, precision=t.precision,
         fp8="hybrid/delayed" if t.stack in FP8_STACKS else None,
@@ -383,6 +386,9 @@ def read_back(args: Any, *, flavor: str) -> dict[str, Any]:
         gbs=args.global_batch_size, seq=args.seq_length,
         microbatches=args.global_batch_size // (args.micro_batch_size * args.data_parallel_size),
         recompute=recompute_name(args), zero=zero_stage(args),
+        moments="bf16" if args.use_precision_aware_optimizer and {
+            str(args.exp_avg_dtype), str(args.exp_avg_sq_dtype)} == {"torch.bfloat16"}
+        else "fp32",
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather, tp_comm_overlap=args.tp_comm_overlap,
         precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",

@@ -25,6 +25,7 @@ from planner.vocabulary import (
     ContextParallelism,
     MoeDispatcher,
     Objective,
+    OptimizerMoments,
     Precision,
     Recompute,
     Stack,
@@ -74,6 +75,11 @@ class Pins:
     deepep: the cluster has DeepEP installed); those without exchange none. Not a choice
     the search makes: DeepEP is software a cluster may not have. None: alltoall. The
     per-operator search (``any``) prices NCCL's all-to-all whatever the pin."""
+    optimizer_moments: OptimizerMoments | None = None
+    """Adam's moments in bf16 (Megatron-LM's precision-aware optimizer) or fp32: a numerical
+    choice the search keeps as given, on every configuration it prices (those with ZeRO 1:
+    Megatron-LM runs the precision-aware optimizer inside its distributed optimizer). None:
+    fp32. The per-operator search (``any``) prices fp32 moments whatever the pin."""
 
     def given(self) -> dict[str, object]:
         """The pinned knobs and their values."""

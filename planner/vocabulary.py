@@ -55,10 +55,17 @@ slow end of its error band at the 80th or 95th percentile."""
 OBJECTIVES: tuple[Objective, ...] = ("expected", "p80", "p95")
 
 StatesPrecision = Literal["bf16", "fp16", "fp32", "bf16-deepspeed", "fp16-deepspeed", "bf16-fp8",
-                          "fp16-fp8"]
+                          "fp16-fp8", "bf16-m16", "bf16-fp8-m16"]
 """How a run keeps its weights' states: a compute precision as Megatron-LM keeps them,
 with Transformer Engine's FP8 weight copies beside them (``-fp8``), or DeepSpeed's optimizers'
-layout of that precision (:func:`planner.cost.memory.states_precision`)."""
+layout of that precision; ``-m16``: Megatron-LM's precision-aware optimizer with Adam's
+moments in bf16 (:func:`planner.cost.memory.states_precision`)."""
+
+OptimizerMoments = Literal["fp32", "bf16"]
+"""The precision of Adam's moments: fp32, or bf16 as Megatron-LM's precision-aware optimizer
+keeps them (``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``),
+Transformer Engine's FusedAdam then keeping the fp32 master weights as the 16 bits a bf16
+weight lacks (:data:`planner.cost.memory.ADAM_STATE`)."""
 
 AttentionKernel = Literal["flash-attention-2", "flash-attention-3", "cudnn", "triton",
                           "torch-sdpa", "ascend-fa"]

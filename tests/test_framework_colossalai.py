@@ -525,3 +525,13 @@ def test_deepep() -> None:
     deepep = configure(model, 64, pp=4, ep=8, zero=1, moe_dispatcher="deepep")
     assert "exchanged with all-to-alls here" in (refusal("deepep", deepep, model) or "")
     assert refusal("deepep", configure(model, 64, pp=4, ep=8, zero=1), model) is None
+
+
+def test_bf16_moments() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/nn/optimizer/hybrid_adam.py (fp32 moments)
+
+    The launch's HybridAdam keeps fp32 moments."""
+    model = load("gpt-1.7b")
+    bf16 = configure(model, 16, zero=1, optimizer_moments="bf16")
+    assert "keeps Adam's moments in fp32" in (refusal("bf16-moments", bf16, model) or "")
+    assert refusal("bf16-moments", configure(model, 16, zero=1), model) is None

@@ -631,3 +631,14 @@ def test_deepep() -> None:
     deepep = configure(model, 64, pp=4, ep=4, zero=1, moe_dispatcher="deepep")
     assert "Megatron-LM and torchtitan" in (refusal("deepep", deepep, model) or "")
     assert refusal("deepep", configure(model, 64, pp=4, ep=4, zero=1), model) is None
+
+
+def test_bf16_moments() -> None:
+    """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/bf16_optimizer.py (its optimizer over
+    fp32 partitions)
+
+    DeepSpeed's BF16_Optimizer steps its inner optimizer on fp32 partitions: fp32 moments."""
+    model = load("gpt-1.7b")
+    bf16 = configure(model, 16, zero=1, optimizer_moments="bf16")
+    assert "precision-aware optimizer" in (refusal("bf16-moments", bf16, model) or "")
+    assert refusal("bf16-moments", configure(model, 16, zero=1), model) is None

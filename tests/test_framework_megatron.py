@@ -789,6 +789,21 @@ def pin_moe_comm_overlap(p: Profile) -> None:
             r"CUDA_DEVICE_MAX_CONNECTIONS 32 and 1")
 
 
+def pin_bf16_moments(p: Profile) -> None:
+    """What rule ``bf16-moments`` refuses (and lets through): the precision-aware optimizer
+    inside the distributed optimizer, without offload."""
+    model = load("gpt-1.7b")
+    accepted(p, "bf16-moments", configure(model, 16, zero=1, optimizer_moments="bf16"), model)
+    refused(p, "bf16-moments", configure(model, 16, optimizer_moments="bf16"), model,
+            r"needs the distributed optimizer")
+    refused(p, "bf16-moments", configure(model, 16, zero=3, optimizer_moments="bf16",
+                                         overlap_grad_reduce=True, overlap_param_gather=True),
+            model, r"Megatron-FSDP keeps its own main parameters")  # fmt: skip
+    refused(p, "bf16-moments", configure(model, 16, zero=1, offload="optimizer",
+                                         optimizer_moments="bf16"), model, r"offloaded")
+    accepted(p, "bf16-moments", configure(model, 16), model)
+
+
 def pin_deepep_capacity(p: Profile) -> None:
     """What rule ``deepep-capacity`` refuses (and lets through): DeepEP's dispatcher pads no
     expert to a capacity."""
@@ -996,6 +1011,12 @@ def test_rule_moe_comm_overlap() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/transformer/transformer_config.py:3002-3037;
     megatron/training/arguments.py:1466-1474"""
     pin_moe_comm_overlap(P)
+
+
+def test_rule_bf16_moments() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/optimizer/__init__.py:1054-1060;
+    megatron/core/optimizer/distrib_optimizer.py:1007-1013"""
+    pin_bf16_moments(P)
 
 
 def test_rule_deepep_capacity() -> None:

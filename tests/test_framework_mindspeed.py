@@ -362,3 +362,15 @@ def test_rule_deepep() -> None:
     deepep = configure(model, 64, ep=8, zero=1, moe_dispatcher="deepep")
     refused(P, "deepep", deepep, model, r"exchanged with all-to-alls here")
     accepted(P, "deepep", configure(model, 64, ep=8, zero=1), model)
+
+
+def test_rule_bf16_moments() -> None:
+    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
+    megatron/core/optimizer/optimizer_config.py:165-199 (Transformer Engine's FusedAdam, which
+    has no Ascend build)
+
+    core_v0.12.1's precision-aware optimizer needs Transformer Engine's FusedAdam."""
+    model = load("gpt-1.7b")
+    refused(P, "bf16-moments", configure(model, 16, zero=1, optimizer_moments="bf16"), model,
+            r"keeps Adam's moments in fp32")
+    accepted(P, "bf16-moments", configure(model, 16, zero=1), model)

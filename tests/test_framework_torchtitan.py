@@ -527,3 +527,13 @@ def test_deepep() -> None:
         refusal("deepep", resolved, qwen) or "")
     standard = configure(qwen, 64, ep=8, **fsdp)
     assert "expert_parallel_comm_backend" not in launched(standard, qwen)["parallelism"]
+
+
+def test_bf16_moments() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/components/optimizer.py (torch.optim.AdamW, its
+    moments in the fp32 parameters' dtype)"""
+    model = load("llama3-8b")
+    fsdp = dict(zero=3, overlap_grad_reduce=True, overlap_param_gather=True)
+    bf16 = configure(model, 16, optimizer_moments="bf16", **fsdp)
+    assert "keeps Adam's moments in fp32" in (refusal("bf16-moments", bf16, model) or "")
+    assert refusal("bf16-moments", configure(model, 16, **fsdp), model) is None

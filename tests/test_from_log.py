@@ -274,6 +274,30 @@ def test_megatron_log_with_deepep(tmp_path: Path) -> None:
     assert done.returncode != 0 and "prices DeepEP only" in done.stderr
 
 
+def test_megatron_log_with_bf16_moments(tmp_path: Path) -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:1082-1085
+
+    A run with the precision-aware optimizer and both moments in bf16 (its dump prints the
+    dtypes as torch names) is recorded with them; one moment in bf16 is refused."""
+    config = shared(HF / "Mixtral-8x7B-v0.1.config.json")
+    text = MIXTRAL_LOG.read_text()
+    line = "  use_distributed_optimizer ....................... True\n"
+    assert line in text
+    moments = line + "".join(f"  {name} {'.' * (48 - len(name))} {value}\n" for name, value in (
+        ("use_precision_aware_optimizer", "True"), ("exp_avg_dtype", "torch.bfloat16"),
+        ("exp_avg_sq_dtype", "torch.bfloat16")))  # fmt: skip
+    log = tmp_path / "moments.log"
+    log.write_text(text.replace(line, moments))
+    record, out = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 8)
+    assert record["parallel"]["optimizer_moments"] == "bf16"
+    assert load_runs(out, any_device=True)[0].config.optimizer_moments == "bf16"
+    mixed = tmp_path / "mixed.log"
+    dots = "exp_avg_sq_dtype " + "." * 32
+    mixed.write_text(log.read_text().replace(f"{dots} torch.bfloat16", f"{dots} torch.float32"))
+    done = _from_log(mixed, "--model", config, "--cluster", H100, "--nodes", 8)
+    assert done.returncode != 0 and "fp32 or both in bf16" in done.stderr
+
+
 def test_megatron_log_refuses_a_model_of_another_architecture(tmp_path: Path) -> None:
     model = load_model(shared(HF / "Meta-Llama-3-8B-Instruct.config.json"))
     for change, said in (({"activation": "gelu"}, "swiglu True"),

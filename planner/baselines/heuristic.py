@@ -140,6 +140,8 @@ def heuristic_candidates(
             merged = knobs | pinned
             if merged["ep"] == 1:  # nothing to exchange: the dispatcher pin is moot
                 merged.pop("moe_dispatcher", None)
+            if merged["zero"] != DISTRIBUTED_OPTIMIZER:  # kept in the distributed optimizer
+                merged.pop("optimizer_moments", None)
             config = run_config(training, options, **merged)
             if config not in seen:
                 seen.add(config)

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from planner.cost.elementwise import Real
+from planner.errors import ConfigError
 from planner.graph.fp8 import FP8_BYTES
 from planner.spec import DeviceSpec
-from planner.vocabulary import FP8_STACKS, Precision, Stack, StatesPrecision
+from planner.vocabulary import FP8_STACKS, OptimizerMoments, Precision, Stack, StatesPrecision
 
 DEFAULT_MEMORY_MARGIN = 0.05
 """Share of a device's memory a plan leaves free, beyond its priced peak and reserve
@@ -223,12 +224,21 @@ FP8_WEIGHT_COPIES = 2 * FP8_BYTES
 for _precision in ("bf16", "fp16"):
     ADAM_STATE[f"{_precision}-deepspeed"] = ADAM_STATE[_precision]  # type: ignore[index]
     ADAM_STATE[f"{_precision}-fp8"] = ADAM_STATE[_precision]  # type: ignore[index]
+# Megatron-LM's precision-aware optimizer with bf16 moments (``-m16``): Transformer Engine's
+# FusedAdam keeps the moments in bf16 and, for bf16 weights and fp32 master weights, only the
+# master's 16 low bits (``store_param_remainders``, which Megatron turns on from TE 2.1:
+# megatron/core/optimizer/__init__.py:564-589, distrib_optimizer.py:1007-1013 at d98e8a6;
+# TransformerEngine transformer_engine/pytorch/optimizers/fused_adam.py): 2 + 2 + 2 bytes of
+# optimizer state, the fp32 main gradients unchanged (``--main-grads-dtype fp32``).
+ADAM_STATE["bf16-m16"] = StateBytes(weights=2, gradients=4, optimizer=6)
+ADAM_STATE["bf16-fp8-m16"] = ADAM_STATE["bf16-m16"]
 
 HELD_STATE: dict[StatesPrecision, StateBytes] = ADAM_STATE | {
     "bf16-deepspeed": StateBytes(weights=2, gradients=6, optimizer=12),
     "fp16-deepspeed": StateBytes(weights=2, gradients=2, optimizer=12),
     "bf16-fp8": StateBytes(weights=2 + FP8_WEIGHT_COPIES, gradients=4, optimizer=12),
     "fp16-fp8": StateBytes(weights=2 + FP8_WEIGHT_COPIES, gradients=2, optimizer=16),
+    "bf16-fp8-m16": StateBytes(weights=2 + FP8_WEIGHT_COPIES, gradients=4, optimizer=6),
 }
 """What a device holds per parameter through the backward, by how the run keeps its states:
 Megatron-LM's layout (:data:`ADAM_STATE`), or DeepSpeed's optimizers (read at
@@ -247,23 +257,41 @@ Transformer Engine's FP8 linears (``-fp8``) hold an FP8 copy of each weight row-
 column-wise beside it (:mod:`planner.graph.fp8`), counted with the weights."""
 
 
-def states_precision(precision: Precision, stack: Stack) -> StatesPrecision:
+def states_precision(
+    precision: Precision, stack: Stack, moments: OptimizerMoments = "fp32"
+) -> StatesPrecision:
     """The precision whose Adam states (:data:`ADAM_STATE`) a run of compute ``precision`` on
-    ``stack`` keeps. Under ``torch.autocast`` (the ``hf-*`` stacks) the weights themselves are
-    fp32 and there is no master copy: fp32's 16 bytes per parameter, with autocast's 16-bit
-    weight copies among the activations (:mod:`planner.graph.lower`). FSDP's mixed precision
-    (``composer-fsdp``) keeps the sharded weights fp32 too (``torch/distributed/fsdp``:
-    ``_local_shard`` fp32, gathered into ``_full_param_padded`` in ``param_dtype``), but
-    gathers and reduces in 16 bits, which fp32's states would price as 4-byte traffic: it
-    keeps the compute precision's 18 bytes, 2 a parameter (over the data-parallel ranks)
-    more than it holds. Megatron-DeepSpeed's are DeepSpeed's optimizers' (:data:`HELD_STATE`);
-    the FP8 stacks' hold the FP8 weight copies too.
+    ``stack`` keeps, with Adam's moments in ``moments`` (bf16: Megatron-LM's precision-aware
+    optimizer, for bf16 compute on its stacks only; raises
+    :class:`~planner.errors.ConfigError` for another). Under ``torch.autocast`` (the ``hf-*``
+    stacks) the weights themselves are fp32 and there is no master copy: fp32's 16 bytes per
+    parameter, with autocast's 16-bit weight copies among the activations
+    (:mod:`planner.graph.lower`). FSDP's mixed precision (``composer-fsdp``) keeps the
+    sharded weights fp32 too (``torch/distributed/fsdp``: ``_local_shard`` fp32, gathered into
+    ``_full_param_padded`` in ``param_dtype``), but gathers and reduces in 16 bits, which
+    fp32's states would price as 4-byte traffic: it keeps the compute precision's 18 bytes, 2
+    a parameter (over the data-parallel ranks) more than it holds. Megatron-DeepSpeed's are
+    DeepSpeed's optimizers' (:data:`HELD_STATE`); the FP8 stacks' hold the FP8 weight copies
+    too.
 
     >>> states_precision("bf16", "megatron-te"), states_precision("bf16", "hf-eager")
     ('bf16', 'fp32')
     >>> states_precision("bf16", "megatron-deepspeed"), states_precision("bf16", "megatron-te-fp8")
     ('bf16-deepspeed', 'bf16-fp8')
+    >>> states_precision("bf16", "megatron-te-fp8", "bf16")
+    'bf16-fp8-m16'
     """
+    held = _states_precision(precision, stack)
+    if moments == "fp32":
+        return held
+    if held not in ("bf16", "bf16-fp8"):
+        raise ConfigError(f"optimizer_moments bf16 is Megatron-LM's precision-aware optimizer "
+                          f"under bf16 on megatron-te or megatron-te-fp8, not {precision} on "
+                          f"{stack}")  # fmt: skip
+    return "bf16-m16" if held == "bf16" else "bf16-fp8-m16"
+
+
+def _states_precision(precision: Precision, stack: Stack) -> StatesPrecision:
     if stack in ("hf-eager", "hf-compiled"):
         return "fp32"
     if stack == "megatron-deepspeed" and precision != "fp32":

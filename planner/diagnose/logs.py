@@ -168,6 +168,21 @@ def _flex_backend(arguments: dict[str, str]) -> str | None:
     return backend
 
 
+def _moments(arguments: dict[str, str]) -> str | None:
+    """Adam's moments as a Megatron log's precision-aware optimizer keeps them (bf16 both, or
+    None for fp32); another mix is refused: only bf16 moments are priced."""
+    if arguments.get("use_precision_aware_optimizer") != "True":
+        return None
+    dtypes = {arguments.get(name, "torch.float32").removeprefix("torch.")
+              for name in ("exp_avg_dtype", "exp_avg_sq_dtype")}  # fmt: skip
+    if dtypes == {"float32"}:
+        return None
+    if dtypes == {"bfloat16"}:
+        return "bf16"
+    raise InputError(f"arguments: exp_avg_dtype / exp_avg_sq_dtype {sorted(dtypes)}: the "
+                     "planner prices Adam's moments in fp32 or both in bf16")
+
+
 def config_fields(log: LogRun) -> dict[str, Any]:
     """The configuration fields a log states (names of :class:`ParallelConfig`): a Megatron
     log's arguments dump and iteration lines, a torchtitan log's mesh and model args; what it
@@ -194,6 +209,9 @@ def config_fields(log: LogRun) -> dict[str, Any]:
             fields[name] = arguments[name] == "True"
     if _flex_backend(arguments) == "deepep":
         fields["moe_dispatcher"] = "deepep"
+    moments = _moments(arguments)
+    if moments is not None:
+        fields["optimizer_moments"] = moments
     if arguments.get("bf16") == "True":
         fields["precision"] = "bf16"
     elif arguments.get("fp16") == "True":
@@ -278,6 +296,8 @@ def run_record(
                         if config.recompute_modules is not None else {}),
                      **({"moe_dispatcher": "deepep"}
                         if config.moe_dispatcher == "deepep" else {}),
+                     **({"optimizer_moments": "bf16"}
+                        if config.optimizer_moments == "bf16" else {}),
                      # The overlaps the log states; without them the reader assumes the
                      # framework's era's (planner.diagnose.run_records.config_from_record).
                      **{name: getattr(config, name) for name in _OVERLAPS

@@ -160,8 +160,9 @@ KNOBS: tuple[Knob, ...] = (
 
 DEVICE_DEGREES = ("tp", "pp", "cp")
 """The degrees that take devices: when one moves, data parallelism takes what is left."""
-PROBLEM = ("global_batch", "seq_len", "precision")
-"""Fields that define the training run, not how it is parallelised: never changed here."""
+PROBLEM = ("global_batch", "seq_len", "precision", "optimizer_moments")
+"""Fields that define the training run, not how it is parallelised (its numerics, Adam's
+moments among them): never changed here."""
 
 
 def notches(

@@ -215,6 +215,7 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         tp_comm_overlap=p.get("tp_comm_overlap", modern),
         overlap_moe_expert_parallel_comm=p.get("overlap_moe_expert_parallel_comm", False),
         moe_dispatcher=p.get("moe_dispatcher", "alltoall"),
+        optimizer_moments=p.get("optimizer_moments", "fp32"),
     )
 
 

@@ -134,6 +134,7 @@ def describe(config: ParallelConfig) -> str:
     n = config.recompute_layers or 0
     parts += [f"({n} layer{'s' * (n > 1)} per chunk)"] * (n > 0)
     parts += [f"ZeRO-{config.zero}"] * (config.zero > 0)
+    parts += ["bf16-moments"] * (config.optimizer_moments == "bf16")
     parts += ["EP-all-to-all-overlap"] * config.overlap_moe_expert_parallel_comm
     offloads = {"none": [], "optimizer": ["optimizer-offload"], "zero-offload": ["zero-offload"]}
     return " ".join(parts + offloads[config.offload])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from planner.frameworks._colossalai_models import HF_CLASSES, REPO, Family, family
 from planner.frameworks.base import (
     Rule,
+    bf16_moments_not_written,
     data_parallel_sync,
     deepep_not_run,
     moe_comm_in_line,
@@ -298,6 +299,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{REPO} colossalai/shardformer/policies/auto_policy.py:59-229"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
          source=f"{REPO} colossalai/shardformer/modeling/mixtral.py:123-200"),
+    Rule(name="bf16-moments", check=bf16_moments_not_written,
+         source=f"{REPO} colossalai/nn/optimizer/hybrid_adam.py (fp32 moments)"),
     Rule(name="deepep", check=deepep_not_run,
          source=f"{REPO} colossalai/shardformer/modeling/mixtral.py:123-200"),
     Rule(name="moe-capacity", check=moe_capacity,

@@ -194,6 +194,15 @@ def deepep_not_run(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
             "(Megatron-LM and torchtitan's DeepSeek-V3 run DeepEP)")
 
 
+def bf16_moments_not_written(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Adam's moments in bf16 are Megatron-LM's precision-aware optimizer; a framework whose
+    launch does not write it keeps them fp32."""
+    if resolved.config.optimizer_moments != "bf16":
+        return None
+    return ("optimizer_moments bf16: Megatron-LM's precision-aware optimizer; this launch "
+            "keeps Adam's moments in fp32")
+
+
 def recompute_modules_unnamed(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """A framework whose selective recomputation is not Megatron-Core's modules cannot be told
     which modules to rerun."""

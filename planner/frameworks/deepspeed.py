@@ -30,6 +30,7 @@ from planner.frameworks._deepspeed_partition import (
 from planner.frameworks.base import (
     Profile,
     Rule,
+    bf16_moments_not_written,
     data_parallel_sync,
     deepep_not_run,
     moe_comm_in_line,
@@ -344,6 +345,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="moe-with-zero-3", check=moe_with_zero3, source=f"{_ENGINE}:1889-1891"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
          source=f"{DS} deepspeed/moe/sharded_moe.py (MOELayer.forward)"),
+    Rule(name="bf16-moments", check=bf16_moments_not_written,
+         source=f"{DS} deepspeed/runtime/bf16_optimizer.py (its optimizer over fp32 partitions)"),
     Rule(name="deepep", check=deepep_not_run,
          source=f"{DS} deepspeed/moe/sharded_moe.py (_AllToAll)"),
     Rule(name="moe-with-tp", check=moe_tensor_parallel,

@@ -169,6 +169,24 @@ def moe_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return None
 
 
+def bf16_moments(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """The precision-aware optimizer runs inside the distributed optimizer only, and is priced
+    there alone: not under Megatron-FSDP (its own main-parameter dtypes) nor with the
+    optimizer offloaded (HybridDeviceOptimizer's host states)."""
+    c = resolved.config
+    if c.optimizer_moments != "bf16":
+        return None
+    if c.zero == 0:
+        return "optimizer_moments bf16 needs the distributed optimizer (zero 1)"
+    if c.zero >= 2:
+        return (f"optimizer_moments bf16 with zero {c.zero}: Megatron-FSDP keeps its own main "
+                f"parameters; the precision-aware optimizer is priced for zero 1")
+    if c.offload != "none":
+        return "optimizer_moments bf16 with the optimizer offloaded: its host states in bf16 " \
+               "are not priced"
+    return None
+
+
 def deepep_with_capacity(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """DeepEP's dispatcher does not pad the experts to a capacity, which the launch writes
     for a model with a capacity factor (``--moe-pad-expert-input-to-capacity``)."""
@@ -365,6 +383,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="moe-comm-overlap", check=moe_comm_overlap,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:3002-3037; "
                 f"megatron/training/arguments.py:1466-1474"),
+    Rule(name="bf16-moments", check=bf16_moments,
+         source=f"{REPO} megatron/core/optimizer/__init__.py:1054-1060; "
+                f"megatron/core/optimizer/distrib_optimizer.py:1007-1013"),
     Rule(name="deepep-capacity", check=deepep_with_capacity,
          source=f"{REPO} megatron/core/transformer/transformer_config.py:1754-1761"),
     Rule(name="recompute-modules", check=recompute_modules,
@@ -449,7 +470,10 @@ def optimizer_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
     if zero == 0:
         return []
     if zero == 1:
-        return [("--use-distributed-optimizer", None)]
+        moments: list[mf.Flag] = [("--use-precision-aware-optimizer", None),
+                                  ("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
+        return [("--use-distributed-optimizer", None),
+                *(moments if resolved.config.optimizer_moments == "bf16" else [])]
     return [("--use-megatron-fsdp", None),
             ("--data-parallel-sharding-strategy", mf.fsdp_sharding_strategy(zero)),
             ("--use-distributed-optimizer", None), ("--ckpt-format", "fsdp_dtensor")]  # fmt: skip

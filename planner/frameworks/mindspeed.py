@@ -23,6 +23,7 @@ from planner.frameworks.base import (
     Launch,
     Profile,
     Rule,
+    bf16_moments_not_written,
     deepep_not_run,
     moe_comm_in_line,
     unsupported_layers,
@@ -156,6 +157,9 @@ RULES: tuple[Rule, ...] = (
                 f"megatron/core/model_parallel_config.py:389-390"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
          source=f"{CORE} megatron/core/transformer/moe/moe_layer.py:129-149"),
+    Rule(name="bf16-moments", check=bf16_moments_not_written,
+         source=f"{CORE} megatron/core/optimizer/optimizer_config.py:165-199 (Transformer Engine's "
+                f"FusedAdam, which has no Ascend build)"),
     Rule(name="deepep", check=deepep_not_run,
          source=f"{CORE} megatron/core/transformer/moe/fused_a2a.py; deepseek-ai/DeepEP "
                 f"README.md (SM80 and SM90 GPUs: no Ascend kernels)"),

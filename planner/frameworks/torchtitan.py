@@ -39,6 +39,7 @@ from planner.frameworks.base import (
     Launch,
     Profile,
     Rule,
+    bf16_moments_not_written,
     moe_comm_in_line,
     ranks_in_order,
     unsupported_layers,
@@ -314,6 +315,9 @@ RULES: tuple[Rule, ...] = (
          source=f"{REPO} torchtitan/models/moe/moe.py:473-530"),
     Rule(name="moe-capacity", check=moe_capacity,
          source=f"{REPO} torchtitan/models/moe/moe.py:22-41"),
+    Rule(name="bf16-moments", check=bf16_moments_not_written,
+         source=f"{REPO} torchtitan/components/optimizer.py (torch.optim.AdamW, its moments "
+                f"in the fp32 parameters' dtype)"),
     Rule(name="deepep", check=deepep_dispatch,
          source=f"{REPO} torchtitan/models/deepseek_v3/infra/parallelize.py:99-121; "
                 f"torchtitan/models/qwen3/infra/parallelize.py:108-118"),

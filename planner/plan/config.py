@@ -25,6 +25,7 @@ from planner.vocabulary import (
     ContextParallelism,
     MoeDispatcher,
     Offload,
+    OptimizerMoments,
     PipelineSchedule,
     Precision,
     Recompute,
@@ -135,6 +136,12 @@ class ParallelConfig(BaseModel):
     overlap_moe_expert_parallel_comm: bool = Field(
         default=False, description="Overlap the experts' all-to-alls of one microbatch with "
         "another's compute (Megatron-Core's combined 1F1B).",
+    )  # fmt: skip
+    optimizer_moments: OptimizerMoments = Field(
+        default="fp32", description="Adam's moments: fp32, or bf16 (Megatron-LM's "
+        "precision-aware optimizer, --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, which also "
+        "keeps the fp32 master weights as the 16 bits a bf16 weight lacks: 6 bytes of "
+        "optimizer state a parameter instead of 12).",
     )  # fmt: skip
     moe_dispatcher: MoeDispatcher = Field(
         default="alltoall", description="How the experts' tokens are exchanged: alltoall "

@@ -396,6 +396,8 @@ class Plan(_Frozen):
             "distributed optimizer"
         for stage, name in ((1, sharded), (2, "ZeRO-2"), (3, "ZeRO-3")):
             extras += some([q.zero == stage for q in stages], name)
+        if self.configuration is not None and self.configuration.optimizer_moments == "bf16":
+            extras.append("Adam moments in bf16")
         if self.flags.overlap_moe_expert_parallel_comm:
             extras.append("experts' all-to-alls overlapped")
         if self.configuration is not None and self.configuration.offload != "none":

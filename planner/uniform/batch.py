@@ -150,8 +150,15 @@ def estimate_batch(
             precision=python_value(cols["precision"][row]),
             stack=python_value(cols["stack"][row]),
         )  # fmt: skip
-        group = cols if len(first) == 1 else {k: v[rows] for k, v in cols.items()}
-        _price(model, cluster, training, group, rows, out, refused, memory_margin_gib)
+        try:
+            cost.states_precision(training.precision, training.stack, "bf16")
+        except ConfigError:  # bf16 moments are Megatron-LM's, on its stacks: refused there
+            unkept = cols["optimizer_moments"][rows] == "bf16"
+            refused[rows[unkept]] = len(RULES)
+            rows = rows[~unkept]
+        if len(rows):
+            group = cols if len(rows) == n else {k: v[rows] for k, v in cols.items()}
+            _price(model, cluster, training, group, rows, out, refused, memory_margin_gib)
     out["divides"] = refused < 0
     return BatchEstimate(columns=out, refused_by=refused, configs=cols, model=model,
                          cluster=cluster)  # fmt: skip

@@ -245,11 +245,13 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
                          head_first=bool(v_shape[r])) for s, r in enumerate(s_first)]  # fmt: skip
     # Per stage run: data-parallel traffic, state bytes; per configuration the optimizer.
     offloads, offload_of = codes(c["offload"])
-    z_first, static_of = factorize(stage_of, split_of, c["zero"], offload_of)
+    moments = c["optimizer_moments"] == "bf16"
+    z_first, static_of = factorize(stage_of, split_of, c["zero"], offload_of, moments)
     static = [static_costs(model, b.cluster, training, stages[stage_of[r]],
                            t.weights[int(t.layer_of[r])], splits[split_of[r]],
                            zero=int(c["zero"][r]), v_shape=bool(v_shape[r]),
-                           offload=offloads[offload_of[r]])
+                           offload=offloads[offload_of[r]],
+                           moments="bf16" if moments[r] else "fp32")
               for r in z_first]  # fmt: skip
     sends_first, sends_of = factorize(stage_of, c["mbs"], c["vpp"])
     sends = np.array([pipeline_sends_s(model, b.cluster, training, stages[stage_of[r]],

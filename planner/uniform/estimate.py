@@ -124,6 +124,7 @@ def estimate(
     """
     resolved = resolve(model, cluster, config)
     c, training = resolved.config, resolved.training
+    held = cost.states_precision(training.precision, training.stack, c.optimizer_moments)
     stage = uniform_stage(resolved)
     refusal = deepep_refusal(cluster, stage) if c.moe_dispatcher == "deepep" else None
     if refusal:
@@ -137,7 +138,7 @@ def estimate(
     stages = _stages(model, cluster, resolved, stage, parts, costs, chunks)
     knobs = PipelineKnobs(
         num_microbatches=resolved.num_microbatches, schedule=c.schedule, vpp=c.vpp,
-        states_precision=cost.states_precision(training.precision, training.stack),
+        states_precision=held,
         gathered_bytes_per_param=cost.gathered_bytes_per_param(training.precision,
                                                                training.stack),
         overlap_grad_reduce=c.overlap_grad_reduce,

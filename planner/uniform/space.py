@@ -209,6 +209,7 @@ def branch_groups(
     a2a = options.framework == ANY or profile(options.framework).moe_comm_overlap
     overlaps = (False, True) if b.ep > 1 and a2a else (False,)
     dispatcher = (pins.moe_dispatcher or "alltoall") if b.ep > 1 else "alltoall"
+    moments = pins.optimizer_moments or "fp32"
     sizes = micro_batch_sizes(options)
     ParallelConfig(mbs=sizes[-1])  # the field's bounds, which the copies below skip
     groups = [
@@ -218,7 +219,8 @@ def branch_groups(
                                   first_stage_layers=first, last_stage_layers=last,
                                   mbs=sizes[0], recompute=r, recompute_modules=modules,
                                   zero=z, overlap_moe_expert_parallel_comm=a2a,
-                                  moe_dispatcher=dispatcher), sizes)
+                                  moe_dispatcher=dispatcher,
+                                  optimizer_moments=moments if z == 1 else "fp32"), sizes)
         for schedule, v in schedules(vpps, pp=b.pp, options=options)
         for r, modules in recomputations(model, training=training, options=options)
         for z in zero_stages(b.pp) for a2a in overlaps

@@ -30,7 +30,7 @@ from planner.uniform.stages import (
     stage_weights,
     tied_copy,
 )
-from planner.vocabulary import RECOMPUTE_MODES, Offload
+from planner.vocabulary import RECOMPUTE_MODES, Offload, OptimizerMoments
 
 LAYER_FIELDS = tuple(f.name for f in fields(LayerCost))
 """The per-microbatch costs of a layer, in the order a batch's layer table keeps them."""
@@ -56,6 +56,7 @@ def static_costs(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: Any,
     params_by_kind: dict[str, WeightGroups], split: SplitRuns, *,
     zero: int, v_shape: bool = False, offload: Offload = "none",
+    moments: OptimizerMoments = "fp32",
 ) -> StageStatics:  # fmt: skip
     """A split's runs' weights on ``stage``'s mesh, as :func:`estimate` gathers them (no tied
     copy under a V schedule: its first stage holds the embedding and the head)."""
@@ -64,7 +65,8 @@ def static_costs(
               for _, _, kinds, _ in split]  # fmt: skip
     tied = None if v_shape else tied_copy(model, stage)
     gathered = cost.gathered_bytes_per_param(training.precision, training.stack)
-    return stage_statics(cluster, cost.states_precision(training.precision, training.stack), stages,
+    held = cost.states_precision(training.precision, training.stack, moments)
+    return stage_statics(cluster, held, stages,
                          tied=tied, offload=offload, gathered_bytes_per_param=gathered)  # fmt: skip
 
 

@@ -1,0 +1,116 @@
+"""Adam's moments in bf16 (Megatron-LM's precision-aware optimizer, ``optimizer_moments``):
+the states it keeps, a plan priced and exported with it, and where it is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+import planner
+from planner import cost
+from planner.cost.memory import adam_traffic_bytes
+from planner.errors import ConfigError
+from planner.frameworks import megatron
+from planner.plan.config import ParallelConfig, resolve
+from tests.framework_cases import load
+
+RECIPE = dict(tp=2, pp=8, vpp=4, ep=64, etp=1, sp=True, zero=1, first_stage_layers=7,
+              last_stage_layers=6, recompute="selective", recompute_modules="mla_up_proj,mlp",
+              overlap_moe_expert_parallel_comm=True, global_batch=8192, seq_len=4096,
+              overlap_grad_reduce=True, overlap_param_gather=True, moe_dispatcher="deepep",
+              stack="megatron-te-fp8")  # fmt: skip
+"""NVIDIA's DeepSeek-V3 H100 recipe (yanring/Megatron-MoE-ModelZoo at e865051), which keeps
+Adam's moments in bf16 (``sbatch_benchmarking.sh``: ``--use-precision-aware-optimizer
+--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``), priced in delayed-scaling FP8."""
+
+
+def _h100(nodes: int) -> planner.ClusterSpec:
+    return planner.load_cluster("instances/clusters/dgx-h100-80gb.json", nodes=nodes)
+
+
+def test_state_bytes() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/core/optimizer/distrib_optimizer.py:1007-1013;
+    TransformerEngine transformer_engine/pytorch/optimizers/fused_adam.py (store_param_remainders)
+
+    The moments in bf16 (2 + 2) and the fp32 master as its 16 low bits (2): 6 bytes of
+    optimizer state a parameter, sharded by the distributed optimizer, beside the bf16 weight
+    and the fp32 main gradient; FP8's weight copies as without it. Adam's update moves 12
+    bytes fewer a parameter."""
+    held = cost.state_bytes_per_param("bf16-m16", zero=1, shards=8)
+    assert (held.weights, held.gradients, held.optimizer) == (2, 4, 6 / 8)
+    fp8 = cost.state_bytes_per_param("bf16-fp8-m16", zero=1, shards=8)
+    assert (fp8.weights, fp8.optimizer) == (4, 6 / 8)
+    assert adam_traffic_bytes("bf16") - adam_traffic_bytes("bf16-m16") == 12
+    assert cost.states_precision("bf16", "megatron-te", "bf16") == "bf16-m16"
+    with pytest.raises(ConfigError, match="not fp16 on megatron-te"):
+        cost.states_precision("fp16", "megatron-te", "bf16")
+    with pytest.raises(ConfigError, match="not bf16 on megatron-deepspeed"):
+        cost.states_precision("bf16", "megatron-deepspeed", "bf16")
+
+
+def test_recipe_fits_with_bf16_moments() -> None:
+    """The recipe with its moments in bf16: the optimizer's part of the peak halves (6 of 12
+    bytes), nothing else of it moves, and the plan fits; ``estimate_batch`` agrees."""
+    model, cluster = load("deepseek-v3"), _h100(128)
+    fp32 = planner.estimate(model, cluster, ParallelConfig(**RECIPE))
+    bf16 = planner.estimate(model, cluster, ParallelConfig(**RECIPE, optimizer_moments="bf16"))
+    assert bf16.memory.optimizer_gib == pytest.approx(fp32.memory.optimizer_gib / 2)
+    assert (bf16.memory.weights_gib, bf16.memory.gradients_gib, bf16.memory.activations_gib) == \
+        (fp32.memory.weights_gib, fp32.memory.gradients_gib, fp32.memory.activations_gib)
+    assert not fp32.fits and bf16.fits
+    assert bf16.step_time_s < fp32.step_time_s  # a lighter Adam step
+    batch = planner.estimate_batch(model, cluster, [
+        ParallelConfig(**RECIPE, optimizer_moments="bf16"), ParallelConfig(**RECIPE)])
+    assert batch.columns["peak_memory_gib"].tolist() == pytest.approx(
+        [bf16.peak_memory_gib, fp32.peak_memory_gib])
+    assert batch.columns["step_time_s"].tolist() == pytest.approx(
+        [bf16.step_time_s, fp32.step_time_s])
+
+
+def test_exported_as_the_precision_aware_optimizer() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3 megatron/training/arguments.py:3667-3680
+
+    Megatron-LM's launch turns the precision-aware optimizer on with both moments in bf16,
+    inside the distributed optimizer."""
+    model = load("deepseek-v3")
+    resolved = resolve(model, _h100(128), ParallelConfig(**RECIPE, optimizer_moments="bf16"))
+    assert megatron.PROFILE.refusals(resolved, model) == ()
+    text = megatron.PROFILE.launch(resolved, model).text
+    for flag in ("--use-distributed-optimizer", "--use-precision-aware-optimizer",
+                 "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16"):
+        assert flag in text
+
+
+def test_refused_where_it_is_not_priced() -> None:
+    """Another stack's optimizer (one line from estimate and a refusal in the batch), and
+    Megatron-LM without the distributed optimizer, under Megatron-FSDP or with the optimizer
+    offloaded."""
+    llama, cluster = load("llama3-8b"), _h100(1)
+    eager = ParallelConfig(dp=8, global_batch=64, stack="hf-eager", optimizer_moments="bf16")
+    with pytest.raises(ConfigError, match="precision-aware optimizer under bf16"):
+        planner.estimate(llama, cluster, eager)
+    batch = planner.estimate_batch(llama, cluster, [eager, ParallelConfig(
+        dp=8, global_batch=64, stack="hf-eager")])  # fmt: skip
+    assert batch.columns["divides"].tolist() == [False, True]
+    assert "precision-aware" in (batch.refusal(0) or "")
+    for zero, offload, said in ((0, "none", "needs the distributed optimizer"),
+                                (3, "none", "Megatron-FSDP keeps its own"),
+                                (1, "optimizer", "offloaded")):  # fmt: skip
+        resolved = resolve(llama, cluster, ParallelConfig(
+            dp=8, global_batch=64, zero=zero, offload=offload, optimizer_moments="bf16",
+            overlap_grad_reduce=zero == 3, overlap_param_gather=zero == 3))  # fmt: skip
+        assert any(said in r for r in megatron.PROFILE.refusals(resolved, llama)), zero
+
+
+def test_solve_keeps_the_pin() -> None:
+    """``--optimizer-moments bf16`` is kept on every configuration with the distributed
+    optimizer, and never makes the plan slower than the search finds without it (it only
+    frees memory and lightens the Adam step)."""
+    model, cluster = load("llama3-8b"), _h100(1)
+    options = dict(framework="megatron", global_batch_size=64)
+    free = planner.solve(model, cluster, planner.SolveOptions(**options))
+    pinned = planner.solve(model, cluster, planner.SolveOptions(
+        **options, pins=planner.Pins(optimizer_moments="bf16")))  # fmt: skip
+    assert pinned.configuration is not None
+    assert pinned.configuration.optimizer_moments == (
+        "bf16" if pinned.configuration.zero == 1 else "fp32")
+    assert pinned.predicted.step_time_s <= free.predicted.step_time_s * (1 + 1e-9)
