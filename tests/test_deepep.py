@@ -137,7 +137,10 @@ def test_recipe_priced_with_deepep() -> None:
     model, cluster = load("deepseek-v3"), _h100(128)
     nccl = planner.estimate(model, cluster, ParallelConfig(**RECIPE))
     deepep = planner.estimate(model, cluster, ParallelConfig(**RECIPE, moe_dispatcher="deepep"))
-    assert deepep.time.expert_parallel_comm_s < nccl.time.expert_parallel_comm_s / 2
+    in_line = RECIPE | {"overlap_moe_expert_parallel_comm": False}
+    exposed = [planner.estimate(model, cluster, ParallelConfig(**in_line, moe_dispatcher=d))
+               .time.expert_parallel_comm_s for d in ("alltoall", "deepep")]  # fmt: skip
+    assert exposed[1] < 0.55 * exposed[0]  # half the network bytes, the same latency
     saved = 63 * NCCL_ALL_TO_ALL_PEER_BYTES - NCCL_GROUP_BYTES - cost.deepep_buffer_bytes(
         64, 7168 * 2)
     compute_same = deepep.memory.activations_gib == nccl.memory.activations_gib
@@ -147,6 +150,23 @@ def test_recipe_priced_with_deepep() -> None:
                                                                    moe_dispatcher="deepep")])
     assert batch.columns["step_time_s"][0] == pytest.approx(deepep.step_time_s)
     assert batch.columns["peak_memory_gib"][0] == pytest.approx(deepep.peak_memory_gib)
+
+
+def test_deepep_sms_slow_the_overlapped_compute() -> None:
+    """Overlapped, DeepEP's 20 SMs of the H100's 132 slow the compute its exchange hides
+    behind by 20/112 of the hidden time: the exposed exchange grows by that, and not at all
+    where the cluster file does not say how many SMs the device has (or without overlap)."""
+    model, cluster = load("deepseek-v3"), _h100(128)
+    unknown = cluster.model_copy(update={"device": cluster.device.model_copy(
+        update={"compute_units": None})})  # fmt: skip
+    assert cost.deepep_contention(cluster.device) == pytest.approx(20 / 112)
+    assert cost.deepep_contention(unknown.device) == 0.0
+    config = ParallelConfig(**RECIPE, moe_dispatcher="deepep")
+    slowed, free = (planner.estimate(model, c, config) for c in (cluster, unknown))
+    assert slowed.time.expert_parallel_comm_s > free.time.expert_parallel_comm_s + 0.5
+    in_line = config.model_copy(update={"overlap_moe_expert_parallel_comm": False})
+    assert planner.estimate(model, cluster, in_line).step_time_s == pytest.approx(
+        planner.estimate(model, unknown, in_line).step_time_s)
 
 
 def test_recipe_exported_with_deepep() -> None:

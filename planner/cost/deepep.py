@@ -9,9 +9,11 @@ there that holds one (deepseek-ai/DeepEP ``docs/legacy.md``: "forwarding data fr
 domain to RDMA domain"; ``csrc/kernels/legacy/internode.cu``): a token routed to eight experts
 on four nodes crosses the network four times, not seven. Its buffers are its own (an NVLink
 buffer and an RDMA one, sized by :func:`deepep_buffer_bytes`), not NCCL's per-peer all-to-all
-buffers. What is not priced: the 20 SMs its kernels hold while an overlapped all-to-all runs
-beside another microbatch's compute, NVSHMEM's own allocations beside the RDMA buffer, and
-FP8 dispatch (Megatron hands DeepEP the hidden states in the compute precision).
+buffers. Its kernels hold 20 SMs while they run, which slows the compute an overlapped
+exchange hides behind (:func:`deepep_contention`). What is not priced: the host
+synchronisation of each dispatch (the CPU waits for the receive counts), NVSHMEM's own
+allocations beside the RDMA buffer, and FP8 dispatch (Megatron hands DeepEP the hidden states
+in the compute precision).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from planner.cost.communication import CommGroup, members_per_level
-from planner.spec import ClusterSpec, ModelSpec
+from planner.spec import ClusterSpec, DeviceSpec, ModelSpec
 
 DEEPEP_NVL_PEERS = 8
 """GPUs DeepEP connects over NVLink inside a node; a group of more ranks takes 8 from each
@@ -171,6 +173,24 @@ def domains_hit(routing: Routing, domains: int) -> float:
         return domains * chosen / g * (1 - missed)
     per_domain = e // domains
     return domains * (1 - math.comb(e - per_domain, k) / math.comb(e, k))
+
+
+def deepep_contention(device: DeviceSpec, num_sms: int = DEEPEP_NUM_SMS) -> float:
+    """How much longer the compute beside an overlapped DeepEP exchange runs, as a share of the
+    exchange's hidden time: its kernels hold ``num_sms`` of the device's streaming
+    multiprocessors while they run, so the compute has ``units - num_sms`` of them; 0 where the
+    cluster file does not say how many the device has (``device.compute_units``).
+
+    >>> from planner.spec import DeviceSpec
+    >>> h100 = DeviceSpec(name="H100", memory_gib=80, peak_tflops={"bf16": 989},
+    ...                   memory_bandwidth_gb_s=3350, compute_units=132)
+    >>> round(deepep_contention(h100), 3)
+    0.179
+    """
+    units = device.compute_units
+    if units is None or units <= num_sms:
+        return 0.0
+    return num_sms / (units - num_sms)
 
 
 def deepep_time_s(

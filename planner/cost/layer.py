@@ -173,7 +173,7 @@ class LayerCost:
         """The same with ``seconds`` of pipeline sends added."""
         return replace(self, pipeline_comm_s=self.pipeline_comm_s + seconds)
 
-    def with_moe_overlap(self, paired: Real, contention: float = 0.0) -> LayerCost:
+    def with_moe_overlap(self, paired: Real, contention: Real = 0.0) -> LayerCost:
         """The experts' all-to-alls as Megatron-Core's combined 1F1B runs them
         (``--overlap-moe-expert-parallel-comm``: ``megatron/core/pipeline_parallel/
         combined_1f1b.py``): one microbatch's forward beside another's backward, layer by

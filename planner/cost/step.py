@@ -58,6 +58,9 @@ class PipelineKnobs:
     overlap_moe_comm: Real = False
     """Whether the experts' all-to-alls overlap another microbatch's compute (Megatron-Core's
     combined 1F1B; :meth:`~planner.cost.layer.LayerCost.with_moe_overlap`)."""
+    deepep: Real = False
+    """Whether DeepEP exchanges the experts' tokens: its SMs slow the compute an overlapped
+    exchange hides behind (:func:`planner.cost.deepep_contention`)."""
     offload: Offload = "none"
     """What lives in host memory (:mod:`planner.cost.offload`)."""
 
@@ -163,8 +166,9 @@ def moe_overlapped(
     of microbatches: :func:`~planner.cost.pipeline.paired_fraction`)."""
     paired = cost.paired_fraction(schedule, pp=num_stages, vpp=knobs.vpp,
                                   num_microbatches=knobs.num_microbatches)  # fmt: skip
-    return time.with_moe_overlap(where(knobs.overlap_moe_comm, paired, 0.0),
-                                 cluster.device.efficiency.overlap_contention)  # fmt: skip
+    contention = cluster.device.efficiency.overlap_contention + where(
+        knobs.deepep, cost.deepep_contention(cluster.device), 0.0)
+    return time.with_moe_overlap(where(knobs.overlap_moe_comm, paired, 0.0), contention)
 
 
 def run_memory_bytes(

@@ -28,10 +28,21 @@ def input_hash(spec: ModelSpec | ClusterSpec) -> str:
 
 
 def cluster_hashes(cluster: ClusterSpec) -> frozenset[str]:
-    """The hashes a plan may name ``cluster`` by: :func:`input_hash`'s, and the whole canonical
-    JSON's that plans hashed before the error bands' runs were left out of it."""
+    """The hashes a plan may name ``cluster`` by: :func:`input_hash`'s, the whole canonical
+    JSON's that plans hashed before the error bands' runs were left out of it, and both
+    without :data:`LATER_DEVICE_FIELDS`, whatever their values."""
     whole = _without_profile(cluster.model_dump(mode="json"))
-    return frozenset({input_hash(cluster), _sha256(whole)})
+    priced = _without_profile(cluster.priced_dump())
+    older = [{**dump, "device": {k: v for k, v in dump["device"].items()
+                                 if k not in LATER_DEVICE_FIELDS}}
+             for dump in (priced, whole)]  # fmt: skip
+    return frozenset({input_hash(cluster), _sha256(whole), *map(_sha256, older)})
+
+
+LATER_DEVICE_FIELDS = frozenset({"compute_units"})
+"""DeviceSpec fields added after plans were first written (issue 28, DeepEP's SMs): a plan made
+before them names its cluster whatever their values, since no plan then priced DeepEP, the
+only thing that reads them."""
 
 
 def _without_profile(dumped: dict[str, Any]) -> dict[str, Any]:

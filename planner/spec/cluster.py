@@ -194,6 +194,12 @@ class DeviceSpec(_Frozen):
         "share of that peak (default 0.08, measured on one H100; lower with "
         "expandable_segments).",
     )  # fmt: skip
+    compute_units: Int | None = Field(
+        default=None, gt=0, le=lim.MAX_COMPUTE_UNITS,
+        description="Streaming multiprocessors (or compute units) that run kernels side by "
+        "side: what a communication kernel that holds some of them leaves the compute beside "
+        "it (DeepEP's 20). None: not known, and not priced.",
+    )  # fmt: skip
     efficiency: DeviceEfficiency = DeviceEfficiency()
 
     @property

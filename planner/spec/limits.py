@@ -112,6 +112,9 @@ MAX_DEVICE_MEMORY_GIB = 16_384.0
 MAX_HOST_MEMORY_GIB = 1_048_576.0
 """Host memory of one node: 1 PiB, ~35x the 30 TB of CPU memory of an 8-socket server."""
 
+MAX_COMPUTE_UNITS = 16_384
+"""Streaming multiprocessors or compute units of one device: ~110x the 148 of a B200."""
+
 MAX_PEAK_TFLOPS = 1e6
 """Dense peak of one device, TFLOP/s (1 EFLOP/s): ~220x a B200's 4,500 dense FP8."""
 
@@ -195,6 +198,7 @@ REASONS: dict[str, str] = {
     "memory_gib": _MEMORY,
     "reserved_memory_gib": _MEMORY,
     "peak_tflops": "1 EFLOP/s, ~220x a B200",
+    "compute_units": "~110x the 148 SMs of a B200",
     "memory_bandwidth_gb_s": _BANDWIDTH,
     "bandwidth_gb_s": _BANDWIDTH,
     "latency_us": "one second",

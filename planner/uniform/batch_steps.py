@@ -307,6 +307,7 @@ def _steps(
             overlap_grad_reduce=b.switch("overlap_grad_reduce")[rows],  # type: ignore[arg-type]
             overlap_param_gather=b.switch("overlap_param_gather")[rows],  # type: ignore[arg-type]
             overlap_moe_comm=b.switch("overlap_moe_expert_parallel_comm")[rows],
+            deepep=(c["moe_dispatcher"] == "deepep")[rows],
             communicator_bytes=communicator_bytes[rows],
             end_communicator_bytes=end_communicator_bytes[rows],
         )  # fmt: skip

@@ -144,6 +144,7 @@ def estimate(
         overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
         overlap_moe_comm=c.overlap_moe_expert_parallel_comm,
+        deepep=c.moe_dispatcher == "deepep",
         communicator_bytes=communicators(
             stage, deepep_bytes=deepep_bytes(model, training, stage)
             if c.moe_dispatcher == "deepep" else 0.0).bytes,
