@@ -6,8 +6,9 @@ NCCL's all-to-all (:func:`planner.cost.collective_time_s`) sends a token once pe
 expert. DeepEP's high-throughput kernels send it once per node that holds one of its experts,
 over the network to the same-index GPU of that node, which forwards it over NVLink to each GPU
 there that holds one (deepseek-ai/DeepEP ``docs/legacy.md``: "forwarding data from NVLink
-domain to RDMA domain"; ``csrc/kernels/legacy/internode.cu``): a token routed to eight experts
-on four nodes crosses the network four times, not seven. Its buffers are its own (an NVLink
+domain to RDMA domain"; ``csrc/kernels/legacy/internode.cu``): a DeepSeek-V3 token, whose
+eight experts lie on four of eight nodes, crosses the network 3.5 times on average where the
+all-to-all sends the 7 of its copies bound for other nodes. Its buffers are its own (an NVLink
 buffer and an RDMA one, sized by :func:`deepep_buffer_bytes`), not NCCL's per-peer all-to-all
 buffers. Its kernels hold 20 SMs while they run, which slows the compute an overlapped
 exchange hides behind (:func:`deepep_contention`). What is not priced: the host
