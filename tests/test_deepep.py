@@ -12,7 +12,7 @@ import pytest
 import planner
 from planner import cost
 from planner.cost.memory import NCCL_ALL_TO_ALL_PEER_BYTES, NCCL_GROUP_BYTES
-from planner.errors import ConfigError
+from planner.errors import ConfigError, InputError
 from planner.frameworks import megatron
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec
@@ -204,16 +204,19 @@ def test_deepep_refusals() -> None:
 
 
 def test_solve_pinned_to_deepep() -> None:
-    """``--moe-dispatcher deepep`` makes every plan with expert parallelism exchange its
-    tokens with DeepEP, and no faster plan than the search finds without it is missed: the
-    pinned plan is at least as fast (DeepEP never moves more bytes here)."""
+    """``--moe-dispatcher deepep``: Mixtral on four nodes plans EP8 on DeepEP, at least as
+    fast as the search finds without it (DeepEP never moves more bytes here); a model
+    without experts is refused before searching, not planned without the pin."""
     model, cluster = load("mixtral-8x7b"), _h100(4)
     options = dict(framework="megatron", global_batch_size=256, seq_length=4096)
     free = planner.solve(model, cluster, planner.SolveOptions(**options))
     pinned = planner.solve(model, cluster, planner.SolveOptions(
         **options, pins=planner.Pins(moe_dispatcher="deepep")))  # fmt: skip
-    assert pinned.configuration.moe_dispatcher == ("deepep" if pinned.configuration.ep > 1
-                                                   else "alltoall")  # fmt: skip
+    assert pinned.configuration is not None
+    assert (pinned.configuration.ep, pinned.configuration.moe_dispatcher) == (8, "deepep")
+    assert "EP8 (DeepEP)" in pinned.summary()
     assert pinned.predicted.step_time_s <= free.predicted.step_time_s * (1 + 1e-9)
-    if pinned.configuration.ep > 1:
-        assert "(DeepEP)" in pinned.summary()
+    with pytest.raises(InputError, match="has no experts"):
+        planner.solve(load("llama3-8b"), cluster, planner.SolveOptions(
+            framework="megatron", global_batch_size=256,
+            pins=planner.Pins(moe_dispatcher="deepep")))  # fmt: skip

@@ -102,15 +102,23 @@ def test_refused_where_it_is_not_priced() -> None:
 
 
 def test_solve_keeps_the_pin() -> None:
-    """``--optimizer-moments bf16`` is kept on every configuration with the distributed
-    optimizer, and never makes the plan slower than the search finds without it (it only
-    frees memory and lightens the Adam step)."""
-    model, cluster = load("llama3-8b"), _h100(1)
-    options = dict(framework="megatron", global_batch_size=64)
+    """``--optimizer-moments bf16`` is kept on the distributed optimizer's configurations:
+    GPT 1.7B in bf16 on one A100 node plans the distributed optimizer either way, the pinned
+    plan with bf16 moments, no slower (only a lighter Adam step) and in less memory. In the
+    model's own fp16 no configuration can keep the pin: refused before searching, not a plan
+    that goes without it."""
+    model = load("gpt-1.7b")
+    cluster = planner.load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=1)
+    options = dict(framework="megatron", precision="bf16")
     free = planner.solve(model, cluster, planner.SolveOptions(**options))
     pinned = planner.solve(model, cluster, planner.SolveOptions(
         **options, pins=planner.Pins(optimizer_moments="bf16")))  # fmt: skip
-    assert pinned.configuration is not None
-    assert pinned.configuration.optimizer_moments == (
-        "bf16" if pinned.configuration.zero == 1 else "fp32")
-    assert pinned.predicted.step_time_s <= free.predicted.step_time_s * (1 + 1e-9)
+    assert pinned.configuration is not None and free.configuration is not None
+    assert (free.configuration.zero, free.configuration.optimizer_moments) == (1, "fp32")
+    assert (pinned.configuration.zero, pinned.configuration.optimizer_moments) == (1, "bf16")
+    assert pinned.summary().endswith("Adam moments in bf16")
+    assert pinned.predicted.step_time_s <= free.predicted.step_time_s
+    assert pinned.predicted.peak_memory_gib < free.predicted.peak_memory_gib
+    with pytest.raises(ConfigError, match="not fp16 on megatron-te"):
+        planner.solve(model, cluster, planner.SolveOptions(
+            framework="megatron", pins=planner.Pins(optimizer_moments="bf16")))

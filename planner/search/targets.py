@@ -10,13 +10,15 @@ dynamic program) bounded by the union's best (:func:`planner.search.superset.sol
 
 from __future__ import annotations
 
+from planner import cost
 from planner.cost.risk import parse_objective
+from planner.errors import InputError
 from planner.frameworks import ANY, check_framework
 from planner.options import DEFAULT_OPTIONS, ProgressFn, SolveOptions, training_of
 from planner.plan.schema import Plan
 from planner.search.framework import enumerate_plan
 from planner.search.superset import solve_any
-from planner.spec import ClusterSpec, ModelSpec
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import check_device
 
 
@@ -51,7 +53,21 @@ def solve(
     """
     parse_objective(options.objective)
     framework = check_framework(options.framework)
-    check_device(training_of(model, options).stack, cluster.device)
+    training = training_of(model, options)
+    check_device(training.stack, cluster.device)
+    _check_pins(model, training, options)
     if framework == ANY:
         return solve_any(model, cluster, options, progress=progress)
     return enumerate_plan(model, cluster, options, progress=progress)
+
+
+def _check_pins(model: ModelSpec, training: TrainingSpec, options: SolveOptions) -> None:
+    """Refuse, in one line before searching, a pin no configuration of the run can keep
+    (rather than a plan that silently goes without it): bf16 moments where the run's
+    precision and stack have no precision-aware optimizer, DeepEP for a model without
+    experts."""
+    pins = options.pins
+    if pins.optimizer_moments == "bf16":
+        cost.states_precision(training.precision, training.stack, "bf16")
+    if pins.moe_dispatcher == "deepep" and model.moe is None:
+        raise InputError(f"--moe-dispatcher deepep: {model.name} has no experts to exchange")

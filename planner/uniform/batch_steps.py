@@ -41,8 +41,7 @@ from planner.uniform.stage_runs import LAYER_FIELDS, run_costs, stage_runs, stat
 from planner.uniform.stages import (
     UniformStage,
     WeightGroups,
-    communicators,
-    deepep_bytes,
+    communicator_bytes,
     deepep_refusal,
     embedding_group_bytes,
     layer_index,
@@ -93,6 +92,11 @@ class Rows:
         """The recomputation mode, as an index into :data:`RECOMPUTE_MODES`."""
         modes, mode_of = codes(self.c["recompute"])
         return np.array([RECOMPUTE_MODES.index(mode) for mode in modes])[mode_of]
+
+    @property
+    def deepep(self) -> np.ndarray:
+        """Where DeepEP exchanges the experts' tokens (else NCCL's all-to-all)."""
+        return self.c["moe_dispatcher"] == "deepep"
 
     def switch(self, name: str) -> np.ndarray:
         """One of the boolean switches (:data:`_SWITCHES`)."""
@@ -177,7 +181,7 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
     mesh_of = np.array([meshes.setdefault((s.layout, s.mesh.strides), len(meshes))
                         for s in stages])[stage_of]  # fmt: skip
     module_texts, module_of = codes(c["recompute_modules"])
-    deepep = c["moe_dispatcher"] == "deepep"
+    deepep = b.deepep
     first, of = factorize(mesh_of, c["mbs"], flash, overlap, module_of, deepep)
     by_kind = {k: np.zeros((len(first), len(RECOMPUTE_MODES), len(LAYER_FIELDS)))
                for k in kinds}  # fmt: skip
@@ -257,11 +261,10 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
     sends = np.array([pipeline_sends_s(model, b.cluster, training, stages[stage_of[r]],
                                        mbs=int(c["mbs"][r]), vpp=int(c["vpp"][r]))
                       for r in sends_first])  # fmt: skip
-    deepep = c["moe_dispatcher"] == "deepep"
+    deepep = b.deepep
     comm_first, comm_of = factorize(stage_of, deepep)
-    comms = np.array([communicators(stages[stage_of[r]], deepep_bytes=deepep_bytes(
-        model, training, stages[stage_of[r]]) if deepep[r] else 0.0).bytes
-        for r in comm_first])  # fmt: skip
+    comms = np.array([communicator_bytes(model, training, stages[stage_of[r]],
+                                         deepep=bool(deepep[r])) for r in comm_first])
     ends = np.broadcast_to(embedding_group_bytes(model, c["pp"], v_shape=v_shape),
                            v_shape.shape)  # fmt: skip
     steps = _steps(b, splits, split_of, t, static, static_of, sends[sends_of], comms[comm_of],
@@ -307,7 +310,7 @@ def _steps(
             overlap_grad_reduce=b.switch("overlap_grad_reduce")[rows],  # type: ignore[arg-type]
             overlap_param_gather=b.switch("overlap_param_gather")[rows],  # type: ignore[arg-type]
             overlap_moe_comm=b.switch("overlap_moe_expert_parallel_comm")[rows],
-            deepep=(c["moe_dispatcher"] == "deepep")[rows],
+            deepep=b.deepep[rows],
             communicator_bytes=communicator_bytes[rows],
             end_communicator_bytes=end_communicator_bytes[rows],
         )  # fmt: skip

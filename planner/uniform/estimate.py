@@ -33,8 +33,7 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.recompute_layers import Chunk, recomputed_counts, stage_chunks
 from planner.uniform.stages import (
     UniformStage,
-    communicators,
-    deepep_bytes,
+    communicator_bytes,
     deepep_refusal,
     embedding_group_bytes,
     host_fits,
@@ -125,8 +124,9 @@ def estimate(
     resolved = resolve(model, cluster, config)
     c, training = resolved.config, resolved.training
     held = cost.states_precision(training.precision, training.stack, c.optimizer_moments)
+    deepep = c.moe_dispatcher == "deepep"
     stage = uniform_stage(resolved)
-    refusal = deepep_refusal(cluster, stage) if c.moe_dispatcher == "deepep" else None
+    refusal = deepep_refusal(cluster, stage) if deepep else None
     if refusal:
         raise ConfigError(refusal)
     index = layer_index(model, training, c.mbs)
@@ -144,10 +144,8 @@ def estimate(
         overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
         overlap_moe_comm=c.overlap_moe_expert_parallel_comm,
-        deepep=c.moe_dispatcher == "deepep",
-        communicator_bytes=communicators(
-            stage, deepep_bytes=deepep_bytes(model, training, stage)
-            if c.moe_dispatcher == "deepep" else 0.0).bytes,
+        deepep=deepep,
+        communicator_bytes=communicator_bytes(model, training, stage, deepep=deepep),
         end_communicator_bytes=embedding_group_bytes(model, c.pp,
                                                      v_shape=c.schedule == "zb-v"),
     )  # fmt: skip

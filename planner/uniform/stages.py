@@ -263,6 +263,16 @@ def deepep_bytes(model: ModelSpec, training: TrainingSpec, stage: UniformStage) 
     return float(cost.deepep_buffer_bytes(ranks, model.hidden_size * element))
 
 
+def communicator_bytes(
+    model: ModelSpec, training: TrainingSpec, stage: UniformStage, *, deepep: bool
+) -> float:
+    """What every device of ``stage`` holds for its communicators (:func:`communicators`),
+    with DeepEP's buffers where it exchanges the experts' tokens (:func:`deepep_bytes`):
+    what :func:`~planner.uniform.estimate.estimate` and the batch both charge."""
+    buffers = deepep_bytes(model, training, stage) if deepep else 0.0
+    return communicators(stage, deepep_bytes=buffers).bytes
+
+
 def embedding_group_bytes(model: ModelSpec, pp: Real, *, v_shape: Real = False) -> Real:
     """NCCL's buffers for the embedding group, which sums the last stage's copy of the word
     embeddings with the first stage's (:func:`tied_copy`): a two-rank communicator that only
