@@ -74,12 +74,14 @@ class Pins:
     """How configurations with expert parallelism exchange the experts' tokens (alltoall or
     deepep: the cluster has DeepEP installed); those without exchange none. Not a choice
     the search makes: DeepEP is software a cluster may not have. None: alltoall. The
-    per-operator search (``any``) prices NCCL's all-to-all whatever the pin."""
+    per-operator search (``any``) prices DeepEP too, and spreads the experts over no group
+    of ranks DeepEP refuses."""
     optimizer_moments: OptimizerMoments | None = None
     """Adam's moments in bf16 (Megatron-LM's precision-aware optimizer) or fp32: a numerical
     choice the search keeps as given, on every configuration it prices (those with ZeRO 1:
     Megatron-LM runs the precision-aware optimizer inside its distributed optimizer). None:
-    fp32. The per-operator search (``any``) prices fp32 moments whatever the pin."""
+    fp32. Pinned bf16, the per-operator search (``any``) gives every layer ZeRO 1 and bf16
+    moments."""
 
     def given(self) -> dict[str, object]:
         """The pinned knobs and their values."""

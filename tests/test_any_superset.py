@@ -169,7 +169,7 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
         assert bounds.may_fit(ctx, c, kinds, in_flight, stage_bytes), c
         # What each stage can hold (bounds.split_reaches, before any layer ILP): no split
         # it rules out is faster than the candidate's plan.
-        comms = candidate_communicators(model, c).bytes
+        comms = candidate_communicators(model, cluster, c).bytes
         usable = options.usable_bytes(device, training.stack)
         floors = {k: kind_least_s(unsolved, k, c.mesh, c.mesh_micro_batch_size) for k in held}
         every = [cost.in_flight_microbatches("1f1b", stage=i, pp=c.num_stages, vpp=c.vpp,
@@ -217,8 +217,8 @@ def test_what_a_stage_can_hold_drops_a_candidate_the_layer_bounds_keep() -> None
                              order="stages-inner")  # fmt: skip
     send = candidate_send_s(ctx, c, near.pipeline_distance)
     usable = options.usable_bytes(cluster.device, training.stack)
-    stage_bytes = cost.allocatable_bytes(cluster.device, usable,
-                                         communicators=candidate_communicators(model, c).bytes)
+    comms = candidate_communicators(model, cluster, c).bytes
+    stage_bytes = cost.allocatable_bytes(cluster.device, usable, communicators=comms)
     in_flight = [cost.in_flight_microbatches("1f1b", stage=i, pp=16, vpp=1,
                                              num_microbatches=c.num_microbatches)
                  for i in range(16)]  # fmt: skip

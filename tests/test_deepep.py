@@ -11,7 +11,7 @@ import pytest
 
 import planner
 from planner import cost
-from planner.cost.memory import NCCL_ALL_TO_ALL_PEER_BYTES, NCCL_GROUP_BYTES
+from planner.cost.memory import NCCL_ALL_TO_ALL_PEER_BYTES, NCCL_GROUP_BYTES, NCCL_PAIR_BYTES
 from planner.errors import ConfigError, InputError
 from planner.frameworks import megatron
 from planner.plan.config import ParallelConfig, resolve
@@ -220,3 +220,50 @@ def test_solve_pinned_to_deepep() -> None:
         planner.solve(load("llama3-8b"), cluster, planner.SolveOptions(
             framework="megatron", global_batch_size=256,
             pins=planner.Pins(moe_dispatcher="deepep")))  # fmt: skip
+
+
+def test_per_operator_search_keeps_the_dispatcher() -> None:
+    """The per-operator search (``any``'s second step) prices DeepEP where pinned: Mixtral on
+    four nodes finds the plan it finds without the pin (EP8 inside a node, where DeepEP moves
+    what the all-to-all moves), marked DeepEP, in the memory of DeepEP's buffers instead of
+    the all-to-all's peers; never experts spread one rank a node, which DeepEP
+    refuses."""
+    from planner.search.per_operator import solve_per_operator
+
+    model, cluster = load("mixtral-8x7b"), _h100(4)
+    free = solve_per_operator(model, cluster, planner.SolveOptions())
+    pinned = solve_per_operator(model, cluster, planner.SolveOptions(
+        pins=planner.Pins(moe_dispatcher="deepep")))  # fmt: skip
+    assert [s.parallel for s in pinned.stages] == [s.parallel for s in free.stages]
+    assert max(s.parallel.ep for s in pinned.stages) == 8
+    assert (free.flags.moe_dispatcher, pinned.flags.moe_dispatcher) == ("alltoall", "deepep")
+    assert "(DeepEP)" in pinned.summary()
+    assert pinned.predicted.error_band is not None
+    assert "deepep" in {e.feature for e in pinned.predicted.error_band.extrapolated}
+    # Stages of 2x8 meshes: the all-to-all's 1 + 7 peers become a pair and a group of 8, and
+    # DeepEP's buffers are charged for the widest group it could run before the layer ILP
+    # chose (16 ranks: 8 a node).
+    assert pinned.stages[0].mesh == (2, 8)
+    saved = (8 * NCCL_ALL_TO_ALL_PEER_BYTES - NCCL_PAIR_BYTES - NCCL_GROUP_BYTES
+             - cost.deepep_buffer_bytes(16, model.hidden_size * 2))
+    gained = free.predicted.peak_memory_gib - pinned.predicted.peak_memory_gib
+    assert gained * 2**30 == pytest.approx(saved, rel=1e-6)
+
+
+def test_deepep_layouts_in_the_layer_graph() -> None:
+    """Under DeepEP no operator of Mixtral's MoE layer on two nodes spreads the experts over
+    the node axis alone (one rank a node); inside a node it may, as without DeepEP."""
+    from planner.ilp.problem import LayerQuery, layer_graph_of
+
+    model, cluster = load("mixtral-8x7b"), _h100(2)
+
+    def expert_axes(dispatcher: str) -> set[tuple[int, ...]]:
+        query = LayerQuery(kind="moe", mesh=(2, 8), mesh_micro_batch_size=16,
+                           seq_length=4096, moe_dispatcher=dispatcher)  # fmt: skip
+        graph = layer_graph_of(model, cluster, query)
+        return {tuple(a for a, d in enumerate(s.assignment) if d and d.startswith("experts"))
+                for node in graph.nodes for s in node.strategies}  # fmt: skip
+
+    free, pinned = expert_axes("alltoall"), expert_axes("deepep")
+    assert (0,) in free and (0,) not in pinned
+    assert (1,) in pinned  # eight experts: no more than eight ranks hold them

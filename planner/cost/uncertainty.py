@@ -126,9 +126,12 @@ def regime_of(
                   precision=training.precision)  # fmt: skip
 
 
-def stage_mechanisms(stages: Sequence[StageParallel]) -> tuple[Mechanism, ...]:
+def stage_mechanisms(
+    stages: Sequence[StageParallel], *, deepep: bool = False
+) -> tuple[Mechanism, ...]:
     """The mechanisms of a plan's stages (the search's, which may differ from stage to stage):
-    any mechanism a stage uses; pipeline when there is more than one stage.
+    any mechanism a stage uses; pipeline when there is more than one stage; DeepEP where it
+    exchanges the experts' tokens (``deepep``) and some stage spreads them.
 
     >>> stage_mechanisms([StageParallel(tp=1, dp=8, zero=3)] * 2)
     ('pipeline', 'zero-3')
@@ -136,7 +139,7 @@ def stage_mechanisms(stages: Sequence[StageParallel]) -> tuple[Mechanism, ...]:
     return mechanisms(
         tensor_parallel=max(s.tp for s in stages), pipeline_parallel=len(stages),
         context_parallel=max(s.cp for s in stages), expert_parallel=max(s.ep for s in stages),
-        zero=max(s.zero for s in stages),
+        zero=max(s.zero for s in stages), deepep=deepep,
     )  # fmt: skip
 
 

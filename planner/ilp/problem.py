@@ -25,7 +25,14 @@ from planner.sharding.layout import LogicalMesh
 from planner.sharding.strategies import StrategyContext, op_strategies
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import training_run
-from planner.vocabulary import GIB, RECOMPUTE_MODES, Precision, Stack
+from planner.vocabulary import (
+    GIB,
+    RECOMPUTE_MODES,
+    MoeDispatcher,
+    OptimizerMoments,
+    Precision,
+    Stack,
+)
 
 NS = 1e9
 KIB = 1024
@@ -67,6 +74,12 @@ class LayerQuery:
     """Data-parallel copies of the pipeline the layer's stage is part of."""
     tp_comm_overlap: bool = False
     """Resharding next to a matmul hides behind it (Megatron-Core's ``--tp-comm-overlap``)."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """How the experts' tokens are exchanged: NCCL's all-to-all, or DeepEP's dispatch and
+    combine (then no op spreads the experts over ranks DeepEP refuses)."""
+    optimizer_moments: OptimizerMoments = "fp32"
+    """Adam's moments as the optimizer keeps them (bf16: Megatron-LM's precision-aware
+    optimizer, which shards them: ``zero`` should be ``(1,)``)."""
 
 # --------------------------------------------------------------------------- data
 
@@ -124,8 +137,11 @@ def layer_graph_of(
     training = training_run(query.seq_length, 1, query.precision, query.stack)
     graph, index = lowered(model, training, query.mesh_micro_batch_size)
     ops = index.ops_by_layer[index.layers_by_kind[query.kind][0]]
+    deepep = query.moe_dispatcher == "deepep" and model.moe is not None
     ctx = StrategyContext(cluster=cluster, precision=query.precision,
-                          states_precision=cost.states_precision(query.precision, query.stack),
+                          states_precision=cost.states_precision(query.precision, query.stack,
+                                                                 query.optimizer_moments),
+                          deepep=cost.Routing.of(model) if deepep else None,
                           flash_attention=query.flash_attention,
                           num_microbatches=query.num_microbatches, replicas=query.replicas,
                           tp_comm_overlap=query.tp_comm_overlap,

@@ -225,11 +225,12 @@ def predicted(
     micro_batch_size: int,
     parallel: Sequence[StageParallel],
     moe: MoESpec | None,
+    deepep: bool = False,
 ) -> Predicted:
     """The plan's headline numbers; ``micro_batch_size`` is the pipeline's (the recomputed
     FLOPs of the stages' options are per pipeline microbatch); ``parallel`` is the stages'
     sharding in degrees (:func:`plan_stages`), whose mechanisms place the error band; ``moe``:
-    the model's routed experts, if any."""
+    the model's routed experts, if any; ``deepep``: DeepEP exchanges their tokens."""
     rerun = 0.0
     for s in stages:
         for kind in kinds[s.first - 1 : s.last]:
@@ -249,4 +250,4 @@ def predicted(
             expert_parallel=p.ep, expert_tensor_parallel=p.etp)  # fmt: skip
         profiled += [line for line in lines if line not in profiled]
     return headline(step, rates, cluster=cluster, training=training, moe=moe is not None,
-                    used=stage_mechanisms(parallel), profiled=tuple(profiled))
+                    used=stage_mechanisms(parallel, deepep=deepep), profiled=tuple(profiled))

@@ -23,7 +23,7 @@ from planner.ilp.layer import LayerSolution
 from planner.sharding.assignment import LayerParts
 from planner.sharding.layout import LogicalMesh
 from planner.sharding.weights import weight_states, weight_syncs
-from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES, Precision, Stack
+from planner.vocabulary import RECOMPUTE_MODES, ZERO_STAGES, OptimizerMoments, Precision, Stack
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +70,8 @@ class SyncContext:
     stack: Stack = "megatron-te"
     """The software that runs the layers (how it keeps the states; what ZeRO-3 holds
     unsharded)."""
+    optimizer_moments: OptimizerMoments = "fp32"
+    """Adam's moments as the optimizer keeps them (:func:`planner.cost.memory.states_precision`)."""
     overlap_grad_reduce: bool = False
     """Whether the gradient reduction overlaps the backward."""
     overlap_param_gather: bool = False
@@ -97,7 +99,7 @@ def layer_options(
     syncs = [cost.NO_SYNC] * len(ZERO_STAGES)
     # The states as the stack keeps them (and their traffic: one switch, as the uniform
     # search prices them), as the layer's own strategies priced them.
-    held = cost.states_precision(ctx.precision, ctx.stack)
+    held = cost.states_precision(ctx.precision, ctx.stack, ctx.optimizer_moments)
     for axes, params in parts.weight_groups():
         group = ctx.mesh.replica_group(axes, ctx.replicas)
         group_states = weight_states(group, params=params, precision=held)

@@ -20,7 +20,9 @@ from planner.plan.config import ParallelConfig
 from planner.vocabulary import (
     FP8_STACKS,
     GIB,
+    MoeDispatcher,
     Objective,
+    OptimizerMoments,
     Precision,
     Recompute,
     ScheduleName,
@@ -73,6 +75,12 @@ class RunFlags(_Frozen):
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     overlap_moe_expert_parallel_comm: bool = False
+    moe_dispatcher: MoeDispatcher = Field(
+        default="alltoall", description="How the experts' tokens are exchanged where the "
+        "experts are spread over ranks: NCCL's all-to-all, or DeepEP's dispatch and combine.")
+    optimizer_moments: OptimizerMoments = Field(
+        default="fp32", description="Adam's moments as the optimizer keeps them (bf16: "
+        "Megatron-LM's precision-aware optimizer).")
 
 
 class StageParallel(_Frozen):
@@ -372,7 +380,7 @@ class Plan(_Frozen):
         ulysses = self.configuration is not None and self.configuration.cp_algo == "ulysses"
         parts += [f"CP{values('cp')}" + " (Ulysses)" * ulysses] * any(q.cp > 1 for q in stages)
         folded = any(q.etp == 1 for q in stages)
-        deepep = self.configuration is not None and self.configuration.moe_dispatcher == "deepep"
+        deepep = self.flags.moe_dispatcher == "deepep"
         parts += [f"EP{values('ep')}" + " (ETP1)" * folded + " (DeepEP)" * deepep] * any(
             q.ep > 1 for q in stages)
         text = " x ".join(parts) + f", mbs {self.micro_batch_size}"
@@ -396,7 +404,7 @@ class Plan(_Frozen):
             "distributed optimizer"
         for stage, name in ((1, sharded), (2, "ZeRO-2"), (3, "ZeRO-3")):
             extras += some([q.zero == stage for q in stages], name)
-        if self.configuration is not None and self.configuration.optimizer_moments == "bf16":
+        if self.flags.optimizer_moments == "bf16":
             extras.append("Adam moments in bf16")
         if self.flags.overlap_moe_expert_parallel_comm:
             extras.append("experts' all-to-alls overlapped")

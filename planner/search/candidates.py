@@ -11,6 +11,8 @@ limit cuts it short.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,9 +20,12 @@ from planner import cost
 from planner.graph import forward_flops
 from planner.options import SolveOptions
 from planner.pipeline.submeshes import submesh_shapes
+from planner.sharding.layout import LogicalMesh
+from planner.sharding.strategies import deepep_refused
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.space import divisors
-from planner.vocabulary import PipelineSchedule
+from planner.uniform.stages import deepep_group_bytes
+from planner.vocabulary import PipelineSchedule, Precision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,13 +150,42 @@ def describe(c: Candidate) -> str:
     return text + sequences + (f", v={c.vpp}" if c.vpp > 1 else "")
 
 
-def candidate_communicators(model: ModelSpec, c: Candidate) -> cost.Communicators:
+def candidate_communicators(
+    model: ModelSpec, cluster: ClusterSpec, c: Candidate, *, deepep: bool = False,
+    precision: Precision = "bf16",
+) -> cost.Communicators:  # fmt: skip
     """The NCCL communicators a device of candidate ``c`` connects: one per mesh axis and
     one over the replicas (an axis of a mixture-of-experts model counted as an all-to-all,
-    which its experts may run), the pipeline's neighbours and the tied embeddings' group."""
+    which its experts may run), the pipeline's neighbours and the tied embeddings' group.
+    Where DeepEP exchanges the experts' tokens (``deepep``), the axes are collective groups
+    and DeepEP's buffers those of the largest group of axes it could exchange over
+    (:func:`~planner.uniform.stages.deepep_group_bytes`; the layer ILP has not chosen yet)."""
     moe = model.moe is not None
     axes = tuple(n for n in c.mesh if n > 1)
     tied = model.embedding_on_last_stage and c.num_stages > 1
+    pairs = int(c.num_stages > 1) + int(tied)
+    if moe and deepep:
+        buffers = max((deepep_group_bytes(model, precision, n)
+                       for n in deepep_groups(cluster, c.mesh)), default=0.0)  # fmt: skip
+        return cost.Communicators(groups=(*axes, c.replicas), pairs=pairs, deepep_bytes=buffers)
     return cost.Communicators(groups=(*(() if moe else axes), c.replicas),
-                              all_to_all=axes if moe else (),
-                              pairs=int(c.num_stages > 1) + int(tied))  # fmt: skip
+                              all_to_all=axes if moe else (), pairs=pairs)  # fmt: skip
+
+
+def deepep_groups(cluster: ClusterSpec, mesh: tuple[int, ...]) -> list[int]:
+    """The sizes of the groups of ``mesh``'s axes DeepEP can exchange tokens over
+    (:func:`planner.sharding.strategies.deepep_refused`).
+
+    >>> from planner.spec.reading import load_cluster
+    >>> deepep_groups(load_cluster("instances/clusters/dgx-h100-80gb.json"), (2, 8))
+    [8, 16]
+    """
+    logical = LogicalMesh(mesh)
+    sizes = []
+    for axes in itertools.chain.from_iterable(
+            itertools.combinations(range(len(mesh)), k) for k in range(1, len(mesh) + 1)):
+        pair = tuple("experts" if a in axes else None for a in range(len(mesh)))
+        size = math.prod(mesh[a] for a in axes)
+        if size > 1 and not deepep_refused(pair, logical, cluster):
+            sizes.append(size)
+    return sorted(set(sizes))

@@ -19,7 +19,7 @@ from planner.ilp.formulation import LayerProblem
 from planner.ilp.layer import Frontier, IlpOptions, LayerSolution, solve_frontier
 from planner.ilp.problem import NS, LayerQuery, layer_graph_of, layer_problem
 from planner.ilp.seeds import uniform_solutions
-from planner.options import SolveOptions
+from planner.options import Pins, SolveOptions
 from planner.pipeline.assemble import folded_etp, launchable, summarise
 from planner.pipeline.options import (
     TRANSFORMER_KINDS,
@@ -134,9 +134,26 @@ def _query(ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int) -> Laye
         kind=kind, mesh=mesh, mesh_micro_batch_size=b, seq_length=ctx.training.seq_length,
         precision=ctx.training.precision, stack=ctx.training.stack,
         num_microbatches=REFERENCE_MICROBATCHES,
-        flash_attention=ctx.options.flash_attention, zero=(0, 1),
+        flash_attention=ctx.options.flash_attention,
+        zero=(1,) if moments_sharded(ctx.options.pins) else (0, 1),
         replicas=ctx.cluster.num_devices // (mesh[0] * mesh[1]),
+        moe_dispatcher=ctx.options.pins.moe_dispatcher or "alltoall",
+        optimizer_moments=ctx.options.pins.optimizer_moments or "fp32",
     )  # fmt: skip
+
+
+def moments_sharded(pins: Pins) -> bool:
+    """Whether the pins keep Adam's moments in bf16, which leaves the per-operator search's
+    layers ZeRO 1 alone: Megatron-LM's precision-aware optimizer runs only under its
+    distributed optimizer (``megatron/core/optimizer/__init__.py``:
+    ``use_precision_aware_optimizer`` asserts ``use_distributed_optimizer``). The uniform
+    space keeps its other ZeRO stages with fp32 moments (:mod:`planner.uniform.space`); their
+    best is the incumbent the per-operator search must beat.
+
+    >>> moments_sharded(Pins()), moments_sharded(Pins(optimizer_moments="bf16"))
+    (False, True)
+    """
+    return pins.optimizer_moments == "bf16"
 
 
 def _graph(ctx: SearchContext, key: tuple[str, tuple[int, int], int]) -> LayerGraph:
@@ -333,6 +350,7 @@ def _priced(ctx: SearchContext, kind: str, c: Candidate, *, whole: bool) -> list
     sync = SyncContext(mesh=LogicalMesh(c.mesh), replicas=c.replicas,
                        num_microbatches=c.num_microbatches, precision=ctx.training.precision,
                        stack=ctx.training.stack,
+                       optimizer_moments=ctx.options.pins.optimizer_moments or "fp32",
                        overlap_grad_reduce=ctx.options.overlap_grad_reduce,
                        overlap_param_gather=ctx.options.overlap_param_gather)  # fmt: skip
     pins = ctx.options.pins
@@ -349,6 +367,8 @@ def _priced(ctx: SearchContext, kind: str, c: Candidate, *, whole: bool) -> list
         options += layer_options(solution, ctx.cluster, sync)
     if c.num_stages > 1:
         options = [o for o in options if o.zero <= 1]
+    if moments_sharded(pins):
+        options = [o for o in options if o.zero == 1]
     options = [o for o in options if pins.admits(zero=o.zero) and (
         kind not in TRANSFORMER_KINDS or pins.admits(recompute=o.recompute))]  # fmt: skip
     return _pareto(options)

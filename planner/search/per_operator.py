@@ -98,7 +98,8 @@ def evaluate(
     held = (*dict.fromkeys(kinds), "embedding", "head")
     device = ctx.cluster.device
     usable = ctx.options.usable_bytes(device, ctx.training.stack)
-    comms = candidate_communicators(ctx.model, c).bytes
+    comms = candidate_communicators(ctx.model, ctx.cluster, c, deepep=_deepep(ctx),
+                                    precision=ctx.training.precision).bytes
     stage_bytes = cost.allocatable_bytes(device, usable, communicators=comms)
     if bound_s < float("inf") and bounded_out(ctx, c, kinds, held, send_s=send,
                                               in_flight=in_flight, stage_bytes=stage_bytes,
@@ -152,7 +153,9 @@ def _split_and_compose(
     )  # fmt: skip
     knobs = PipelineKnobs(
         num_microbatches=c.num_microbatches, schedule="1f1b", vpp=c.vpp,
-        states_precision=cost.states_precision(ctx.training.precision, ctx.training.stack),
+        states_precision=cost.states_precision(ctx.training.precision, ctx.training.stack,
+                                               ctx.options.pins.optimizer_moments or "fp32"),
+        deepep=_deepep(ctx),
         gathered_bytes_per_param=cost.gathered_bytes_per_param(ctx.training.precision,
                                                                ctx.training.stack),
         overlap_grad_reduce=ctx.options.overlap_grad_reduce,
@@ -174,6 +177,11 @@ def _split_and_compose(
             best = Found(candidate=c, stages=stages, placement=placement, step=step,
                          objective_s=split.step_s, bounds_tried=split.bounds_tried)
     return best, over
+
+
+def _deepep(ctx: SearchContext) -> bool:
+    """Whether DeepEP exchanges the experts' tokens (pinned, for a model with experts)."""
+    return ctx.options.pins.moe_dispatcher == "deepep" and ctx.model.moe is not None
 
 
 def _note_least(ctx: SearchContext, c: Candidate, need_bytes: float) -> None:
@@ -322,6 +330,7 @@ def _plan(
 ) -> Plan:
     c, training = best.candidate, ctx.training
     stages = plan_stages(best.stages, kinds, placement=best.placement, step=best.step)
+    deepep = _deepep(ctx) and any(s.parallel.ep > 1 for s in stages)
     solutions = ctx.state.solutions
     statuses = {s.report.status for s in solutions}
     gaps = [s.report.gap for s in solutions if s.report.gap is not None]
@@ -346,6 +355,8 @@ def _plan(
             flash_attention=ctx.options.flash_attention,
             overlap_grad_reduce=ctx.options.overlap_grad_reduce,
             overlap_param_gather=ctx.options.overlap_param_gather,
+            moe_dispatcher="deepep" if deepep else "alltoall",
+            optimizer_moments=ctx.options.pins.optimizer_moments or "fp32",
         ),
         stages=stages,
         predicted=predicted(
@@ -360,6 +371,7 @@ def _plan(
             micro_batch_size=c.mesh_micro_batch_size,
             parallel=[s.parallel for s in stages],
             moe=ctx.model.moe,
+            deepep=deepep,
         ),
         solver=SolverSummary(
             time_s=wall_s,

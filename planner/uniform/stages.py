@@ -34,6 +34,7 @@ from planner.sharding.uniform import (
 )
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.recompute_layers import Chunk, chunks_cost
+from planner.vocabulary import Precision
 
 StageKinds = tuple[tuple[str, int], ...]
 """A stage's layer kinds and how many layers of each (sorted by kind)."""
@@ -251,15 +252,20 @@ def deepep_refusal(cluster: ClusterSpec, stage: UniformStage) -> str | None:
 
 
 def deepep_bytes(model: ModelSpec, training: TrainingSpec, stage: UniformStage) -> float:
-    """DeepEP's buffers on every device of ``stage`` (:func:`cost.deepep_buffer_bytes`), for
-    hidden states of the compute precision, at least 2 bytes an element (Megatron-Core's
-    ``get_hidden_bytes``, ``megatron/core/transformer/moe/fused_a2a.py``); none without
-    experts spread over ranks."""
-    ranks = deepep_ranks(stage)
+    """DeepEP's buffers on every device of ``stage`` (:func:`deepep_group_bytes` of its
+    :func:`deepep_ranks`)."""
+    return deepep_group_bytes(model, training.precision, deepep_ranks(stage))
+
+
+def deepep_group_bytes(model: ModelSpec, precision: Precision, ranks: int) -> float:
+    """DeepEP's buffers on every device of an expert-parallel group of ``ranks``
+    (:func:`cost.deepep_buffer_bytes`), for hidden states of the compute ``precision``, at
+    least 2 bytes an element (Megatron-Core's ``get_hidden_bytes``,
+    ``megatron/core/transformer/moe/fused_a2a.py``); none without experts spread over ranks."""
     if model.moe is None or ranks <= 1:
         return 0.0
     element = max(int(cost.hidden_state_bytes(micro_batch_size=1, seq_length=1, hidden_size=1,
-                                              precision=training.precision)), 2)  # fmt: skip
+                                              precision=precision)), 2)  # fmt: skip
     return float(cost.deepep_buffer_bytes(ranks, model.hidden_size * element))
 
 
