@@ -108,7 +108,8 @@ def plan_values(plan: Plan) -> list[str]:
     values = [*plan.summary().split(", "), f"step {plan.predicted.step_time_s:.3f} s"]
     for stage in plan.stages:
         q = stage.parallel
-        values += [f"{q.tp}/{q.dp}/{q.cp}/{q.ep}", f"{stage.memory.total_gib:.1f}"]
+        dp = q.dp * plan.data_parallel_replicas  # the stage's data-parallel ways over replicas
+        values += [f"{q.tp}/{dp}/{q.cp}/{q.ep}", f"{stage.memory.total_gib:.1f}"]
     return values
 
 

@@ -236,7 +236,7 @@ def _stage_tables(plan: Plan) -> RenderableType:
         for col, justify in (("stage", "right"), ("layers", "right"), *columns):
             table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         # each table folds the runs of stages that are alike in its own columns
-        for first, last, cells in _stage_runs(plan.stages, part):
+        for first, last, cells in _stage_runs(plan.stages, part, plan.data_parallel_replicas):
             stage = str(first.index) if first is last else f"{first.index}-{last.index}"
             layers = f"{first.layers[0]}-{last.layers[1]}"
             if first is not last:
@@ -296,23 +296,26 @@ def _groups(plan: Plan) -> Clauses:
     return Clauses([f"groups: {parts[0]}", *parts[1:]], sep="; ")
 
 
-def _stage_cells(stage: PlanStage) -> tuple[str, ...]:
-    """A stage's row, without its index and layers."""
+def _stage_cells(stage: PlanStage, replicas: int = 1) -> tuple[str, ...]:
+    """A stage's row, without its index and layers: its devices over all ``replicas`` of the
+    pipeline (as a stage of Megatron-LM holds TP x CP x DP of them), its mesh's shape times
+    the replicas, and its data-parallel degree over them too (the plan's summary's DP)."""
     q, t = stage.parallel, stage.time
-    return (f"{stage.num_devices} ({stage.mesh[0]}x{stage.mesh[1]})",
-            f"{q.tp}/{q.dp}/{q.cp}/{q.ep}", "on" if q.sp else "-", str(q.zero),
+    mesh = f"{stage.mesh[0]}x{stage.mesh[1]}"
+    return (f"{stage.num_devices * replicas} ({f'{replicas} x ' * (replicas > 1)}{mesh})",
+            f"{q.tp}/{q.dp * replicas}/{q.cp}/{q.ep}", "on" if q.sp else "-", str(q.zero),
             q.recompute, f"{1e3 * t.compute_s:.1f}", f"{1e3 * t.communication_s:.1f}",
             f"{1e3 * t.pipeline_s:.1f}", f"{stage.memory.total_gib:.1f}")  # fmt: skip
 
 
 def _stage_runs(
-    stages: Sequence[PlanStage], columns: slice = slice(None)
+    stages: Sequence[PlanStage], columns: slice = slice(None), replicas: int = 1
 ) -> list[tuple[PlanStage, PlanStage, tuple[str, ...]]]:
     """Consecutive stages that print alike in ``columns`` of :func:`_stage_cells` and hold as
     many layers, as (first, last, row)."""
     runs: list[tuple[PlanStage, PlanStage, tuple[str, ...]]] = []
     for stage in stages:
-        cells = _stage_cells(stage)[columns]
+        cells = _stage_cells(stage, replicas)[columns]
         if runs and runs[-1][2] == cells and runs[-1][0].num_layers == stage.num_layers:
             runs[-1] = (runs[-1][0], stage, cells)
         else:
