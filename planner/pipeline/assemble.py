@@ -27,7 +27,7 @@ from planner.pipeline.options import LayerOption, StageChoice
 from planner.placement.ranks import PipelinePlacement
 from planner.plan.schema import MemoryBreakdown, PlanStage, Predicted, StageParallel
 from planner.sharding.layout import LogicalMesh
-from planner.sharding.strategies import EXPERTS_BY_BATCH
+from planner.sharding.splits import EXPERTS_BY_BATCH
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
 
 

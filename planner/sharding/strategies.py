@@ -12,35 +12,38 @@ Weights are replicated along axes that split a dim the weight lacks; their gradi
 summed over those axes (all-reduce, or reduce-scatter and all-gather under ZeRO), and ZeRO
 shards their optimizer state, gradients and weights along the same axes.
 
-MoE routing ops name their routed side and, when it differs from the default, the dim the
-tokens are split by on their other side: ``experts`` sends tokens split along the sequence to
-their experts' ranks, ``experts:batch`` tokens split along the batch (expert parallelism over
-data-parallel ranks, as Megatron-Core lays it out); ``batch`` and ``seq`` keep each rank's
-tokens on the rank (split by ``capacity``).
-
-One concern at about 450 lines: every operator kind's strategies and the prices each carries
-(compute, its own collectives, the weight-gradient sync, hidden and exposed parts); the
-layouts they imply live in :mod:`planner.sharding.layout`, the resharding between them in
+Every operator kind's strategies and the prices each carries (compute, its own collectives,
+the weight-gradient sync, hidden and exposed parts); which splits an op admits and the layouts
+they imply live in :mod:`planner.sharding.splits` (MoE routing ops' sides too), layouts in
+:mod:`planner.sharding.layout`, the resharding between them in
 :mod:`planner.sharding.assignment`.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 from planner import cost
 from planner.cost.profiled import op_scale
-from planner.graph.ops import Op, Tensor
-from planner.sharding.layout import Layout, LogicalMesh, canonical, degrees, tensor_degrees
+from planner.graph.ops import Op
+from planner.sharding.layout import Layout, LogicalMesh, canonical, tensor_degrees
+from planner.sharding.splits import (
+    EXPERTS_BY_BATCH,
+    Assignment,
+    as_layout,
+    assignments,
+    axes_of,
+    grad_layout,
+    is_routing,
+    kept_degrees,
+    layout_of,
+    routing_sides,
+    split_degrees,
+    without,
+)
 from planner.sharding.weights import weight_costs
 from planner.spec import ClusterSpec
 from planner.vocabulary import DEFAULT_RECOMPUTE_MODULES, Precision, Stack, StatesPrecision
-
-Assignment = tuple[str | None, ...]
-"""Per mesh axis, the dim it splits (None: the axis repeats the op's work)."""
-EXPERTS_BY_BATCH = "experts:batch"
-"""A routing op's split that sends tokens split by batch to their experts' ranks."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,122 +146,6 @@ class Strategy:
         return self.forward_s + self.backward_s + self.comm_s
 
 
-def _parallel_dims(op: Op) -> tuple[str, ...]:
-    """The dims a strategy may split, in canonical names."""
-    tokens = ("batch", "seq")
-    if op.kind in ("linear", "expert_linear"):
-        assert op.weight is not None  # every linear has a weight
-        lead = ("experts", "capacity") if op.kind == "expert_linear" else tokens
-        return (*lead, canonical(op.weight.dims[-2][0]), canonical(op.weight.dims[-1][0]))
-    extra = {
-        "attention": ("heads",),
-        "residual": ("hidden",),
-        "elementwise": (canonical(op.output.dims[-1][0]),),
-        "embedding": ("vocab", "hidden"),
-        "loss": ("vocab",),
-        "dispatch": ("experts", EXPERTS_BY_BATCH),
-        "combine": ("experts", EXPERTS_BY_BATCH),
-    }.get(op.kind, ())
-    if op.kind == "elementwise" and op.output.dim_names & {"experts"}:
-        return ("experts", "capacity", *extra)
-    return (*tokens, *extra)
-
-
-def _dim_size(op: Op, dim: str) -> int | None:
-    for t in (*op.inputs, op.output, *((op.weight,) if op.weight else ())):
-        for name, size in t.dims:
-            if canonical(name) == dim:
-                return size
-    return None
-
-
-def _is_routing(op: Op) -> bool:
-    return op.kind in ("dispatch", "combine")
-
-
-def _routing_sides(pair: Assignment) -> tuple[Layout, Layout]:
-    """A routing op's token-side and routed-side layouts: a token split by ``batch`` or
-    ``seq`` stays on its rank (the routed tokens split by ``capacity``); ``experts`` sends
-    tokens split along the sequence to their experts' ranks, ``experts:batch`` tokens split
-    along the batch."""
-    token: list[str] = []
-    routed: list[str] = []
-    for dim in pair:
-        if dim is None:
-            token.append("R")
-            routed.append("R")
-        elif dim in ("experts", EXPERTS_BY_BATCH):
-            token.append("batch" if dim == EXPERTS_BY_BATCH else "seq")
-            routed.append("experts")
-        else:
-            token.append(dim)
-            routed.append("capacity")
-    return tuple(token), tuple(routed)
-
-
-def _split(op: Op, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:
-    """How many ways each dim the op computes on is split (a routing op's tokens on both of
-    its sides)."""
-    if _is_routing(op):
-        token, routed = _routing_sides(pair)
-        return degrees(token, mesh) | degrees(routed, mesh)
-    return degrees(_as_layout(pair), mesh)
-
-
-def divides(op: Op, pair: Assignment, mesh: LogicalMesh) -> bool:
-    """Whether every dim ``pair`` splits is one of the op's and splits evenly."""
-    for dim, degree in _split(op, pair, mesh).items():
-        size = _dim_size(op, dim)
-        # The vocabulary is padded to a multiple of the split, as Megatron pads it.
-        if size is None or not (dim == "vocab" or op.splittable(dim, size, degree)):
-            return False
-    return True
-
-
-def _assignments(op: Op, mesh: LogicalMesh) -> list[Assignment]:
-    """Every assignment of the mesh axes to the op's dims that divides evenly (an axis of one
-    device is always unassigned, so equivalent strategies appear once)."""
-    choices = (None, *_parallel_dims(op))
-    axes = range(mesh.ndim)
-    pairs = itertools.product(*(choices if mesh.size(a) > 1 else (None,) for a in axes))
-    return [pair for pair in pairs if divides(op, pair, mesh)]
-
-
-def _layout(op: Op, tensor: Tensor, pair: Assignment, role: str) -> Layout:
-    """The layout of one of ``op``'s tensors under an axis assignment (see module docstring)."""
-    if _is_routing(op):
-        token, routed = _routing_sides(pair)
-        tokens_side = "input" if op.kind == "dispatch" else "output"
-        return token if role == tokens_side else routed
-    names = {canonical(n) for n, _ in tensor.dims}
-    placements = []
-    for dim in pair:
-        if dim is None:
-            placements.append("R")
-        elif dim in names:
-            placements.append(dim)
-        elif role == "output" and op.kind != "loss":
-            placements.append("P")
-        else:
-            placements.append("R")
-    return tuple(placements)
-
-
-def _grad_layout(layout: Layout, pair: Assignment) -> Layout:
-    """An input broadcast along an axis that splits the work gets a partial gradient."""
-    return tuple("P" if p == "R" and d is not None else p for p, d in zip(layout, pair,
-                                                                          strict=True))
-
-
-def _axes_of(pair: Assignment, *dims: str) -> tuple[int, ...]:
-    return tuple(a for a, d in enumerate(pair) if d in dims)
-
-
-def _without(pair: Assignment, axes: tuple[int, ...]) -> Layout:
-    """The layout of the other axes' splits, with ``axes`` replicated."""
-    return tuple("R" if a in axes else (d or "R") for a, d in enumerate(pair))
-
-
 def _own_collectives(
     op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyContext, times: cost.OpTime
 ) -> tuple[float, float, float, float]:
@@ -282,24 +169,24 @@ def _own_collectives(
     total = forward = 0.0
     hidden = (0.0, 0.0)
     if op.kind == "attention" and "seq" in pair:
-        axes = _axes_of(pair, "seq")
+        axes = axes_of(pair, "seq")
         group = mesh.axes_group(axes)
-        kv = sum(cost.sharded_bytes(t, tensor_degrees(t, _without(pair, axes), mesh))
+        kv = sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
                  for t in op.inputs[1:])  # fmt: skip
         total, forward = cost.ring_attention_exposed_s(
             ctx.cluster, kv, group, forward_s=times.forward_s, backward_s=times.backward_s)
         hidden = cost.ring_attention_hidden_s(
             ctx.cluster, kv, group, forward_s=times.forward_s, backward_s=times.backward_s)
     elif op.kind == "loss" and "vocab" in pair:
-        axes = _axes_of(pair, "vocab")
-        per_token = cost.sharded_bytes(op.output, tensor_degrees(op.output, _without(pair, axes),
+        axes = axes_of(pair, "vocab")
+        per_token = cost.sharded_bytes(op.output, tensor_degrees(op.output, without(pair, axes),
                                                                  mesh))  # fmt: skip
         group = mesh.axes_group(axes)
         total = forward = 3 * cost.collective_time_s(ctx.cluster, "all_reduce", per_token, group)
-    elif _is_routing(op) and any(d in ("experts", EXPERTS_BY_BATCH) for d in pair):
-        axes = _axes_of(pair, "experts", EXPERTS_BY_BATCH)
+    elif is_routing(op) and any(d in ("experts", EXPERTS_BY_BATCH) for d in pair):
+        axes = axes_of(pair, "experts", EXPERTS_BY_BATCH)
         routed = op.output if op.kind == "dispatch" else op.inputs[0]
-        _, routed_layout = _routing_sides(pair)
+        _, routed_layout = routing_sides(pair)
         # One rank's send buffer: its share of the routed tokens (balanced routing).
         per_rank = cost.sharded_bytes(routed, tensor_degrees(routed, routed_layout, mesh))
         group = mesh.axes_group(axes)
@@ -317,7 +204,7 @@ def weight_copies(op: Op, pair: Assignment, mesh: LogicalMesh) -> tuple[float, t
     if op.params == 0 or op.tied_to is not None:
         return 0.0, ()
     weight_dims = {canonical(n) for n, _ in op.weight.dims} if op.weight else set()
-    split = _split(op, pair, mesh)
+    split = split_degrees(op, pair, mesh)
     params = op.local_params({n: split.get(canonical(n), 1) for n, _ in
                               (op.weight.dims if op.weight else ())})  # fmt: skip
     return params, tuple(a for a, d in enumerate(pair) if d is not None and d not in weight_dims)
@@ -342,7 +229,7 @@ def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strat
     ['R,R', 'R,seq', 'R,hidden', 'R,ffn', 'R,ffn+kept-seq@1']
     """
     strategies = []
-    for pair in _assignments(op, mesh):
+    for pair in assignments(op, mesh):
         if ctx.deepep is not None and deepep_refused(pair, mesh, ctx.cluster):
             continue
         strategy = price_strategy(op, pair, mesh, ctx)
@@ -363,7 +250,7 @@ def deepep_refused(pair: Assignment, mesh: LogicalMesh, cluster: ClusterSpec) ->
     ...  for p in (("experts", None), (None, "experts"), ("experts", "experts"))]
     [True, False, False]
     """
-    axes = _axes_of(pair, "experts", EXPERTS_BY_BATCH)
+    axes = axes_of(pair, "experts", EXPERTS_BY_BATCH)
     if not axes:
         return False
     group = mesh.axes_group(axes)
@@ -389,7 +276,7 @@ def kept_sharded(op: Op, strategy: Strategy, mesh: LogicalMesh,
     for axis, dim in enumerate(pair):
         if dim not in weight_dims or strategy.inputs[0][axis] != "R" or seq is None:
             continue
-        other = _without(pair, (axis,))
+        other = without(pair, (axis,))
         held_split = tensor_degrees(x, other, mesh)
         if not op.splittable("seq", seq, held_split.get("seq", 1) * mesh.size(axis)):
             continue
@@ -417,9 +304,9 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
     """``op`` run on ``mesh`` with its dims split as ``pair`` says, priced: the one function
     every sharding of an operator is priced by (the ILP's choices and uniform
     configurations alike)."""
-    inputs = tuple(_layout(op, t, pair, "input") for t in op.inputs)
-    output = _layout(op, op.output, pair, "output")
-    split = _split(op, pair, mesh)
+    inputs = tuple(layout_of(op, t, pair, "input") for t in op.inputs)
+    output = layout_of(op, op.output, pair, "output")
+    split = split_degrees(op, pair, mesh)
     activation = {n: split[canonical(n)] for t in (*op.inputs, op.output) for n, _ in t.dims
                   if canonical(n) in split}  # fmt: skip
     weight = {n: split[canonical(n)] for n, _ in op.weight.dims
@@ -441,23 +328,23 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
     states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
                                 params=params, precision=ctx.states_precision or ctx.precision,
                                 num_microbatches=ctx.num_microbatches)  # fmt: skip
-    layout = _as_layout(pair)
+    layout = as_layout(pair)
     kept = cost.saved_activation_bytes(
-        op, lambda t: _kept_degrees(op, t, pair, mesh), recompute="none",
+        op, lambda t: kept_degrees(op, t, pair, mesh), recompute="none",
         flash_attention=ctx.flash_attention,
     )  # fmt: skip
     selective = cost.saved_activation_bytes(
-        op, lambda t: _kept_degrees(op, t, pair, mesh), recompute="selective",
+        op, lambda t: kept_degrees(op, t, pair, mesh), recompute="selective",
         flash_attention=ctx.flash_attention, modules=ctx.recompute_modules,
     )  # fmt: skip
-    working = sum(cost.sharded_bytes(t, _kept_degrees(op, t, pair, mesh)) for t in op.working)
+    working = sum(cost.sharded_bytes(t, kept_degrees(op, t, pair, mesh)) for t in op.working)
     first = op.saved[0] if op.saved else None
     comm = _own_collectives(op, pair, mesh, ctx, times)
     return Strategy(
         name=",".join(d or "R" for d in pair),
         assignment=pair,
         inputs=inputs,
-        input_grads=tuple(_grad_layout(layout, pair) for layout in inputs),
+        input_grads=tuple(grad_layout(layout, pair) for layout in inputs),
         output=output,
         output_grad=tuple("R" if p == "P" else p for p in output),
         forward_s=times.forward_s,
@@ -477,20 +364,6 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip
-
-
-def _kept_degrees(op: Op, tensor: Tensor, pair: Assignment, mesh: LogicalMesh) -> dict[str, int]:
-    """How a kept tensor is split: as the op computes on it (a routing op's tensors by their
-    own side's layout)."""
-    if _is_routing(op):
-        token, routed = _routing_sides(pair)
-        side = routed if "experts" in tensor.dim_names else token
-        return tensor_degrees(tensor, side, mesh)
-    return tensor_degrees(tensor, _as_layout(pair), mesh)
-
-
-def _as_layout(pair: Assignment) -> Layout:
-    return tuple(d or "R" for d in pair)
 
 
 def follow(op: Op, layout: Layout, mesh: LogicalMesh, ctx: StrategyContext) -> Strategy | None:

@@ -41,15 +41,8 @@ from planner.sharding.assignment import (
     layer_parts,
 )
 from planner.sharding.layout import LogicalMesh, canonical
-from planner.sharding.strategies import (
-    EXPERTS_BY_BATCH,
-    Assignment,
-    Strategy,
-    StrategyContext,
-    divides,
-    kept_sharded,
-    price_strategy,
-)
+from planner.sharding.splits import EXPERTS_BY_BATCH, Assignment, divides
+from planner.sharding.strategies import Strategy, StrategyContext, kept_sharded, price_strategy
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.vocabulary import DEFAULT_RECOMPUTE_MODULES, Precision, Stack
 
