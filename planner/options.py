@@ -88,6 +88,21 @@ class Pins:
         return {name: getattr(self, name) for name in self.__slots__
                 if getattr(self, name) is not None}  # fmt: skip
 
+    def flags(self) -> dict[str, str]:
+        """Each pinned knob as the command line spells it (``planner estimate``'s options).
+
+        >>> Pins(tp=8, sp=False, moe_dispatcher="deepep").flags()
+        {'tp': '--tp 8', 'sp': '--no-sp', 'moe_dispatcher': '--moe-dispatcher deepep'}
+        """
+        out = {}
+        for name, value in self.given().items():
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                out[name] = flag if value else f"--no-{flag[2:]}"
+            else:
+                out[name] = f"{flag} {value}"
+        return out
+
     def admits(self, **knobs: object) -> bool:
         """Whether every pinned knob among ``knobs`` has its pinned value."""
         return all(getattr(self, k) is None or getattr(self, k) == v for k, v in knobs.items())

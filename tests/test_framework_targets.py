@@ -101,6 +101,20 @@ def test_a_pin_that_does_not_divide_says_so_as_estimate_does(
         solve(llama, load_cluster(H100, 5), SolveOptions(global_batch_size=40, pins=Pins(tp=5)))
 
 
+def test_a_dispatcher_pin_leaves_the_framework_s_reason() -> None:
+    """DeepEP pinned applies where the experts are spread (EP > 1), so alone it refuses
+    nothing: torchtitan refusing Mixtral says why (not a registered model), not that the
+    pin's default EP of 1 has nothing to exchange; the pins are spelled as the command
+    line spells them."""
+    model = load_model(MODELS / "mixtral-8x7b.json")
+    with pytest.raises(ConfigError) as error:
+        solve(model, load_cluster(H100, 4), SolveOptions(
+            framework="torchtitan", pins=Pins(moe_dispatcher="deepep", sp=False)))  # fmt: skip
+    message = str(error.value)
+    assert "with --no-sp, --moe-dispatcher deepep" in message, message
+    assert "registered models" in message and "none to exchange" not in message
+
+
 def test_unknown_framework_lists_the_known_ones(llama: ModelSpec,
                                                 two_nodes: ClusterSpec) -> None:  # fmt: skip
     with pytest.raises(InputError, match="choose from megatron, mindspeed, deepspeed, "

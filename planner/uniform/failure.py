@@ -40,7 +40,7 @@ def nothing_found(
     degree that does not divide), or the least memory a configuration needs and what would
     make one fit, with each pin that prevents it; ``leanest`` is the leanest configuration
     priced (None: none divided) and ``first_refusal`` why the first did not divide."""
-    pinned = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
+    pinned = ", ".join(options.pins.flags().values())
     if leanest is None:
         where = (f"{model.name} on {cluster.num_devices} x {cluster.device.name} at global "
                  f"batch {training.global_batch_size}, sequence {training.seq_length}")  # fmt: skip
@@ -104,9 +104,16 @@ def _pinned_refusal(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, options: SolveOptions
 ) -> str | None:
     """Why the pinned knobs alone do not divide, in ``planner estimate``'s words (None when
-    they do)."""
+    they do). A dispatcher or bf16 moments pinned apply only where the space applies them
+    (:func:`~planner.uniform.space.branch_groups`: expert parallelism, ZeRO 1), so alone they
+    refuse nothing."""
+    pinned = options.pins.given()
+    if (pinned.get("ep") or 1) == 1:
+        pinned.pop("moe_dispatcher", None)
+    if pinned.get("zero") != 1:
+        pinned.pop("optimizer_moments", None)
     try:
-        resolve(model, cluster, run_config(training, options, **options.pins.given()))
+        resolve(model, cluster, run_config(training, options, **pinned))
     except ConfigError as exc:
         return str(exc)
     return None
@@ -145,7 +152,7 @@ def _pins_in_the_way(
     """Each pin without which a configuration would fit, with the leanest that then fits."""
     usable = options.usable_bytes(cluster.device, training.stack)
     out = []
-    for name, value in options.pins.given().items():
+    for name, flag in options.pins.flags().items():
         freed = replace(options, pins=replace(options.pins, **{name: None}))
         for leanest in branch_leanest(model, cluster, training=training, options=freed):
             try:
@@ -153,7 +160,7 @@ def _pins_in_the_way(
             except ConfigError:
                 continue
             if result.peak_memory_gib * GIB <= usable:
-                out.append(f"the pin --{name} {value} prevents a fit: without it "
+                out.append(f"the pin {flag} prevents a fit: without it "
                            f"{describe(leanest)} needs {result.peak_memory_gib:.1f} GiB")
                 break
     return out

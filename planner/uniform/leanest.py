@@ -73,7 +73,7 @@ def infeasible_message(
     """
     device = cluster.device
     margin = options.margin_bytes(device, training.stack) / GIB
-    pins = ", ".join(f"--{k} {v}" for k, v in options.pins.given().items())
+    pins = ", ".join(options.pins.flags().values())
     head = (f"{searched} fits {model.name} on {cluster.num_devices} x {device.name} "
             f"({device.memory_gib:g} GiB, {margin:.1f} GiB kept free) at global batch "
             f"{training.global_batch_size}, sequence {training.seq_length}"
