@@ -97,6 +97,15 @@ def _loaded(
                        for r in runs if r.site is not None}  # fmt: skip
 
 
+def run_clusters(
+    runs: Sequence[CalibrationRun], clusters_dir: str | Path
+) -> dict[str, ClusterSpec]:
+    """The bundled cluster every run of ``runs`` is priced on, by
+    :attr:`~planner.diagnose.runs.CalibrationRun.cluster_key` (its site's where it names one),
+    as :func:`validate` prices them."""
+    return _loaded(cluster_files(runs, clusters_dir, None), runs, clusters_dir)
+
+
 def _runs_of(runs_paths: Sequence[str | Path], cluster: str | Path | None) -> LoadedRuns:
     """The runs of the files: on the user's ``cluster`` any GPU name is read, otherwise only
     the bundled devices (with the error naming the record and ``--cluster``)."""
