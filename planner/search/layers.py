@@ -145,8 +145,8 @@ def _query(ctx: SearchContext, kind: str, mesh: tuple[int, int], b: int) -> Laye
 def moments_sharded(pins: Pins) -> bool:
     """Whether the pins keep Adam's moments in bf16, which leaves the per-operator search's
     layers ZeRO 1 alone: Megatron-LM's precision-aware optimizer runs only under its
-    distributed optimizer (``megatron/core/optimizer/__init__.py``:
-    ``use_precision_aware_optimizer`` asserts ``use_distributed_optimizer``). The uniform
+    distributed optimizer (``megatron/core/optimizer/__init__.py`` at d98e8a6, line 1057: a
+    ``ValueError`` without ``use_distributed_optimizer``). The uniform
     space keeps its other ZeRO stages with fp32 moments (:mod:`planner.uniform.space`); their
     best is the incumbent the per-operator search must beat.
 
