@@ -35,3 +35,24 @@ def test_layer_bad_options() -> None:
     assert bad_mesh.returncode == 2 and "--mesh must look like 2x4" in bad_mesh.stderr
     bad_kind = _run("layer", GPT3, A100, "--kind", "moe")
     assert bad_kind.returncode == 2 and "has no 'moe' layer" in bad_kind.stderr
+
+
+def test_layer_with_deepep() -> None:
+    """--moe-dispatcher deepep: Mixtral's MoE layer on two nodes (2x8) takes no strategy that
+    spreads the experts one rank a node (DeepEP's groups beyond a node take 8 from each),
+    and the program has fewer variables for it; a model without experts is refused in one
+    line."""
+    mixtral = "instances/models/mixtral-8x7b.json"
+    h100 = "instances/clusters/dgx-h100-80gb.json"
+    args = ("layer", mixtral, h100, "--nodes", "2", "--kind", "moe", "--mesh", "2x8", "--mbs",
+            "16", "--json")  # fmt: skip
+    free, pinned = (json.loads(_run(*args, *extra).stdout)
+                    for extra in ((), ("--moe-dispatcher", "deepep")))  # fmt: skip
+    for solution in (free, pinned):
+        assert solution["report"]["status"] == "optimal"
+    assert pinned["report"]["num_variables"] < free["report"]["num_variables"]
+    for choice in pinned["choices"]:
+        axis0 = choice["strategy"].split(",")[0]
+        assert not axis0.startswith("experts"), choice
+    dense = _run("layer", GPT3, A100, "--moe-dispatcher", "deepep")
+    assert dense.returncode == 2 and "has no experts to exchange" in _error_text(dense.stderr)

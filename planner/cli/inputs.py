@@ -193,6 +193,9 @@ def layer_cmd(
     in_flight: Annotated[int, typer.Option(help="Microbatches held at the peak.")] = 1,
     microbatches: Annotated[int, typer.Option(help="Microbatches per step.")] = 1,
     flash_attention: Annotated[bool, typer.Option(help="Fused attention kernel.")] = True,
+    moe_dispatcher: Annotated[Literal["alltoall", "deepep"], typer.Option(
+        help="How the experts' tokens are exchanged: NCCL's all-to-all, or DeepEP (no "
+        "sharding then spreads the experts over ranks DeepEP refuses).")] = "alltoall",
     backend: Annotated[
         Literal["ortools", "pulp", "cpsat"], typer.Option(help="ILP solver.")
     ] = "ortools",
@@ -207,7 +210,8 @@ def layer_cmd(
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
     query = layer_query(model_spec, kind=kind, mesh=mesh, mbs=mbs, seq_len=seq_len,
                         precision=precision, budget_gib=budget_gib, in_flight=in_flight,
-                        microbatches=microbatches, flash_attention=flash_attention)  # fmt: skip
+                        microbatches=microbatches, flash_attention=flash_attention,
+                        moe_dispatcher=moe_dispatcher)  # fmt: skip
     if dump_model is not None:
         problem, _ = layer_problem(model_spec, cluster_spec, query)
         text = build_layer_milp(problem).to_lp()

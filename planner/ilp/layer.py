@@ -39,7 +39,7 @@ from planner.sharding.assignment import (
 from planner.sharding.layout import Layout, Transfer, reshard
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import fill_training
-from planner.vocabulary import GIB, Precision
+from planner.vocabulary import GIB, MoeDispatcher, Precision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,9 +156,11 @@ def layer_query(
     in_flight: int = 1,
     microbatches: int = 1,
     flash_attention: bool = True,
+    moe_dispatcher: MoeDispatcher = "alltoall",
 ) -> LayerQuery:
     """A checked :class:`LayerQuery` from user-facing options (``mesh`` as ``"2x4"``);
-    sequence length and precision default to the model's training block."""
+    sequence length and precision default to the model's training block; DeepEP
+    (``moe_dispatcher``) only for a model with experts."""
     if isinstance(mesh, str):
         parts = mesh.lower().split("x")
         # ASCII digits only, and few: str.isdigit accepts '²' and 5,000-digit strings, which
@@ -176,6 +178,8 @@ def layer_query(
                         ("--microbatches", microbatches)):  # fmt: skip
         if value is not None and value <= 0:
             raise InputError(f"{name} must be positive, got {value}")
+    if moe_dispatcher == "deepep" and model.moe is None:
+        raise InputError(f"--moe-dispatcher deepep: {model.name} has no experts to exchange")
     if budget_gib is not None and budget_gib <= 0:
         raise InputError(f"--budget-gib must be positive, got {budget_gib}")
     # A layer query prices one microbatch: the global batch plays no part, and one sequence
@@ -185,7 +189,7 @@ def layer_query(
         kind=kind, mesh=mesh, mesh_micro_batch_size=mbs, seq_length=training.seq_length,
         precision=training.precision,
         memory_budget_gib=budget_gib, in_flight=in_flight, num_microbatches=microbatches,
-        flash_attention=flash_attention,
+        flash_attention=flash_attention, moe_dispatcher=moe_dispatcher,
     )  # fmt: skip
 
 
