@@ -267,3 +267,24 @@ def test_deepep_layouts_in_the_layer_graph() -> None:
     free, pinned = expert_axes("alltoall"), expert_axes("deepep")
     assert (0,) in free and (0,) not in pinned
     assert (1,) in pinned  # eight experts: no more than eight ranks hold them
+
+
+def test_a_plan_written_before_its_flags_said_deepep_reads_as_one() -> None:
+    """A schema 6 plan whose flags predate ``moe_dispatcher`` and ``optimizer_moments`` (its
+    configuration had them) reads with them: its summary still says DeepEP and bf16
+    moments."""
+    import json
+
+    from planner.plan.files import plan_from_json
+    from planner.uniform.plan import uniform_plan
+
+    model, cluster = load("mixtral-8x7b"), _h100(4)
+    plan = uniform_plan(model, cluster, ParallelConfig(
+        tp=1, ep=8, zero=1, global_batch=256, seq_len=4096, moe_dispatcher="deepep",
+        optimizer_moments="bf16"))  # fmt: skip
+    data = json.loads(plan.to_json())
+    for key in ("moe_dispatcher", "optimizer_moments"):
+        del data["flags"][key]
+    read = plan_from_json(json.dumps(data))
+    assert (read.flags.moe_dispatcher, read.flags.optimizer_moments) == ("deepep", "bf16")
+    assert "EP8 (DeepEP)" in read.summary() and "Adam moments in bf16" in read.summary()

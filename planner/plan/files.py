@@ -101,7 +101,7 @@ def plan_from_json(text: str, *, source: str = "<plan>") -> Plan:
                          f"supported; this planner reads "
                          f"{', '.join(map(str, READABLE_VERSIONS[:-1]))} and "
                          f"{READABLE_VERSIONS[-1]}")  # fmt: skip
-    data = {**_upgraded(data), "schema_version": SCHEMA_VERSION}
+    data = _flags_of_configuration({**_upgraded(data), "schema_version": SCHEMA_VERSION})
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
@@ -137,6 +137,18 @@ def _check_limits(plan: Plan, source: str) -> None:
         message = lim.check_at_most(name, value, limit, why=why)
         if message is not None:
             raise InputError(f"{source}: {message}")
+
+
+def _flags_of_configuration(data: dict) -> dict:
+    """A plan whose flags predate ``moe_dispatcher`` and ``optimizer_moments`` (schema 6
+    files written before the per-operator search kept them) takes them from its
+    configuration, which had them: a DeepEP plan still reads as one."""
+    flags, config = data.get("flags"), data.get("configuration")
+    if not isinstance(flags, dict) or not isinstance(config, dict):
+        return data
+    missing = {k: config[k] for k in ("moe_dispatcher", "optimizer_moments")
+               if k not in flags and k in config}  # fmt: skip
+    return {**data, "flags": {**flags, **missing}} if missing else data
 
 
 def _suffixed(part: object, unit: str) -> object:
