@@ -161,3 +161,20 @@ def test_bad_frameworks_and_pins_are_one_line(args: tuple[str, ...], needle: str
     """An unknown framework lists the known ones; a pin under which nothing divides or fits
     names the pin."""
     _assert_one_line_error(_run("solve", LLAMA, H100, *ONE_NODE, *args), needle)
+
+
+def test_a_pin_the_plan_has_no_room_for_is_noted() -> None:
+    """bf16 moments pinned where the fastest plan that fits runs ZeRO-2 (Mixtral on four
+    nodes): the plan keeps fp32 moments, and a note on stderr says so and how to keep them;
+    pinned with ZeRO 1 as well, the plan has them and nothing is noted."""
+    mixtral = "instances/models/mixtral-8x7b.json"
+    args = ("solve", mixtral, H100, "--nodes", "4", "--optimizer-moments", "bf16")
+    free = _run(*args)
+    assert free.returncode == 0, free.stderr
+    assert "ZeRO-2" in free.stdout.splitlines()[0]
+    assert "note: --optimizer-moments bf16: the plan's optimizer is ZeRO-2" in free.stderr
+    assert "--zero 1 to keep them in bf16" in " ".join(free.stderr.split())
+    kept = _run(*args, "--zero", "1")
+    assert kept.returncode == 0, kept.stderr
+    assert "Adam moments in bf16" in " ".join(kept.stdout.split())
+    assert "note: --optimizer-moments" not in kept.stderr

@@ -42,6 +42,7 @@ from planner.plan.inputs import check_inputs
 from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
 from planner.report.output import check_folder, check_target, write_atomic
+from planner.search.targets import pins_left_unused
 from planner.simulate.events import simulate_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import read_text
@@ -219,6 +220,8 @@ def solve_cmd(
         print(plan.to_json(), end="")
         return
     render(report.plan_tables(plan))
+    for line in pins_left_unused(plan, options.pins):
+        note(line)
     if export_fmt is not None:
         result = frameworks.launch(plan, export_fmt, model=model_spec, cluster=cluster_spec,
                                    paths=(str(model), str(cluster)))  # fmt: skip

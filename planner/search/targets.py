@@ -14,7 +14,7 @@ from planner import cost
 from planner.cost.risk import parse_objective
 from planner.errors import InputError
 from planner.frameworks import ANY, check_framework
-from planner.options import DEFAULT_OPTIONS, ProgressFn, SolveOptions, training_of
+from planner.options import DEFAULT_OPTIONS, Pins, ProgressFn, SolveOptions, training_of
 from planner.plan.schema import Plan
 from planner.search.framework import enumerate_plan
 from planner.search.superset import solve_any
@@ -71,3 +71,33 @@ def _check_pins(model: ModelSpec, training: TrainingSpec, options: SolveOptions)
         cost.states_precision(training.precision, training.stack, "bf16")
     if pins.moe_dispatcher == "deepep" and model.moe is None:
         raise InputError(f"--moe-dispatcher deepep: {model.name} has no experts to exchange")
+
+
+def pins_left_unused(plan: Plan, pins: Pins) -> list[str]:
+    """The pins that apply only where a configuration has room for them, said where ``plan``
+    has none: DeepEP on a plan that spreads no experts over ranks, bf16 moments on one whose
+    optimizer is not ZeRO 1 (Megatron-LM's precision-aware optimizer runs only inside its
+    distributed optimizer), each with how to have it. The search keeps such a pin wherever it
+    applies; this says when the fastest plan that fits is not such a place.
+
+    >>> from planner.uniform.plan import uniform_plan
+    >>> from planner.plan.config import ParallelConfig
+    >>> from planner.spec.reading import load_cluster, load_model
+    >>> plan = uniform_plan(load_model("instances/models/mixtral-8x7b.json"),
+    ...                     load_cluster("instances/clusters/dgx-h100-80gb.json", nodes=1),
+    ...                     ParallelConfig(tp=8, zero=2, global_batch=64))
+    >>> for line in pins_left_unused(plan, Pins(moe_dispatcher="deepep",
+    ...                                         optimizer_moments="bf16")):
+    ...     print(line.split(":")[0], "|", line.split("(")[1])
+    --moe-dispatcher deepep | pin --ep to spread them)
+    --optimizer-moments bf16 | pin --zero 1 to keep them in bf16)
+    """
+    out = []
+    if pins.moe_dispatcher == "deepep" and plan.flags.moe_dispatcher != "deepep":
+        out.append("--moe-dispatcher deepep: the plan spreads no experts over ranks, so DeepEP "
+                   "exchanges none (pin --ep to spread them)")
+    if pins.optimizer_moments == "bf16" and plan.flags.optimizer_moments != "bf16":
+        zero = max(s.parallel.zero for s in plan.stages)
+        out.append(f"--optimizer-moments bf16: the plan's optimizer is ZeRO-{zero}, so Adam's "
+                   f"moments stay fp32 (pin --zero 1 to keep them in bf16)")
+    return out
