@@ -181,11 +181,7 @@ def deepep_groups(cluster: ClusterSpec, mesh: tuple[int, ...]) -> list[int]:
     [8, 16]
     """
     logical = LogicalMesh(mesh)
-    sizes = []
-    for axes in itertools.chain.from_iterable(
-            itertools.combinations(range(len(mesh)), k) for k in range(1, len(mesh) + 1)):
-        pair = tuple("experts" if a in axes else None for a in range(len(mesh)))
-        size = math.prod(mesh[a] for a in axes)
-        if size > 1 and not deepep_refused(pair, logical, cluster):
-            sizes.append(size)
-    return sorted(set(sizes))
+    every = itertools.chain.from_iterable(itertools.combinations(range(len(mesh)), k)
+                                          for k in range(1, len(mesh) + 1))  # fmt: skip
+    return sorted({math.prod(mesh[a] for a in axes) for axes in every
+                   if not deepep_refused(axes, logical, cluster)} - {1})  # fmt: skip

@@ -230,7 +230,8 @@ def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strat
     """
     strategies = []
     for pair in assignments(op, mesh):
-        if ctx.deepep is not None and deepep_refused(pair, mesh, ctx.cluster):
+        experts = axes_of(pair, "experts", EXPERTS_BY_BATCH)
+        if ctx.deepep is not None and deepep_refused(experts, mesh, ctx.cluster):
             continue
         strategy = price_strategy(op, pair, mesh, ctx)
         strategies.append(strategy)
@@ -238,21 +239,17 @@ def op_strategies(op: Op, mesh: LogicalMesh, ctx: StrategyContext) -> list[Strat
     return strategies
 
 
-def deepep_refused(pair: Assignment, mesh: LogicalMesh, cluster: ClusterSpec) -> bool:
-    """Whether ``pair`` spreads the experts over ranks DeepEP cannot exchange tokens among
-    (:func:`cost.deepep_group_refusal`: a group size it has no configuration for, or a group
-    beyond one node without 8 ranks in each): under DeepEP no op may take that layout, so no
-    resharding can bring it about either.
+def deepep_refused(axes: tuple[int, ...], mesh: LogicalMesh, cluster: ClusterSpec) -> bool:
+    """Whether experts spread over ``mesh``'s ``axes`` sit on ranks DeepEP cannot exchange
+    tokens among (:func:`cost.deepep_group_refusal`: a group size it has no configuration
+    for, or a group beyond one node without 8 ranks in each): under DeepEP no op may take
+    such a layout, so no resharding can bring it about either.
 
     >>> from planner.spec.reading import load_cluster
     >>> h100 = load_cluster("instances/clusters/dgx-h100-80gb.json")
-    >>> [deepep_refused(p, LogicalMesh((2, 8)), h100)
-    ...  for p in (("experts", None), (None, "experts"), ("experts", "experts"))]
+    >>> [deepep_refused(axes, LogicalMesh((2, 8)), h100) for axes in ((0,), (1,), (0, 1))]
     [True, False, False]
     """
-    axes = axes_of(pair, "experts", EXPERTS_BY_BATCH)
-    if not axes:
-        return False
     group = mesh.axes_group(axes)
     if group.size <= 1:
         return False
