@@ -5,12 +5,13 @@ For each chip and each framework family of its runs, the family's runs are bande
 other families' runs alone (:func:`planner.diagnose.coverage.held_out`), and the table counts
 how many fall inside. ``--refit`` also refits the chip's efficiencies without the family
 (``planner calibrate --exclude-family``), so that its errors are out of family too: the honest
-test of fit and band together (a few minutes a chip on 2 cores). Prints the widening per unit
-of distance the folds call for (:func:`~planner.diagnose.coverage.fit_widening`, the value
-:data:`planner.cost.uncertainty.WIDENING` holds), the coverage at the bundled widening, and
-the coverage with each family's widening fitted without it (nested), and the coverage of bands
-near the evidence: each run left out alone, its family's other runs kept. Run from the
-repository root:
+test of fit and band together (a few minutes a chip on 2 cores). Prints the allowance for
+exposed communication and the widening per unit of distance the folds call for
+(:func:`~planner.diagnose.coverage.fit_bands`, the values
+:data:`planner.cost.uncertainty.COMMUNICATION` and :data:`~planner.cost.uncertainty.WIDENING`
+hold), the coverage at the bundled values, the coverage with each family's allowance and
+widening fitted without it (nested), and the coverage of bands near the evidence: each run
+left out alone, its family's other runs kept. Run from the repository root:
 
     python benchmarks/band_coverage.py ../shared/validation/calibration_runs.json \\
         ../shared/validation/fsdp_runs.json ../shared/validation/deepspeed_runs.json \\
@@ -26,13 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-from planner.cost.uncertainty import WIDENING
+from planner.cost.uncertainty import COMMUNICATION, WIDENING
 from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.coverage import (
     Coverage,
     HeldOut,
     coverage,
-    fit_widening,
+    fit_bands,
     held_out,
     held_out_runs,
     nested_coverage,
@@ -93,13 +94,17 @@ def main(argv: list[str]) -> None:
     start = time.perf_counter()
     held = _held(paths, refit)
     files = _files(paths)
-    fitted = {q: fit_widening(held, q) for q in WIDENING}
+    communication, widening = fit_bands(held)
+
+    def both(c: dict[float, float], w: dict[float, float]) -> str:
+        return ", ".join(f"p{round(100 * q)} {c[q]:g} and {w[q]:g}" for q in w)
+
     print(f"errors {'out of family (refit)' if refit else 'from the bundled calibration'}; "
-          f"widening per unit of distance fitted on all folds: "
-          + ", ".join(f"p{round(100 * q)} {v:g}" for q, v in fitted.items())
-          + "; bundled: " + ", ".join(f"p{round(100 * q)} {v:g}" for q, v in WIDENING.items()))
+          "allowance for exposed communication and widening per unit of distance fitted on "
+          f"all folds: {both(communication, widening)}; bundled: "
+          f"{both(COMMUNICATION, WIDENING)}")
     _table("coverage at the bundled widening", coverage(held), held, files)
-    _table("coverage, each family's widening fitted without it (nested)",
+    _table("coverage, each family's allowance and widening fitted without it (nested)",
            nested_coverage(held), held, files)  # fmt: skip
     rows = validate(paths, CLUSTERS).rows
     near = [h for chip in sorted({DEVICES[r.device].chip for r in rows})

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 import planner as lib
+from planner.cost.regimes import communication_share, stage_mechanisms
 from planner.cost.uncertainty import (
+    COMMUNICATION,
     EXTRA_MECHANISM,
     MISSING_MECHANISM,
     MOE_DISTANCE,
@@ -31,7 +33,6 @@ from planner.cost.uncertainty import (
     error_band,
     memory_band,
     nearest,
-    stage_mechanisms,
 )
 from planner.diagnose.calibration import validate
 from planner.diagnose.evidence import validated_runs
@@ -164,6 +165,46 @@ def test_away_from_the_evidence_the_band_widens_by_the_fitted_rule() -> None:
                                  f"distance {d:.1f}")  # fmt: skip
 
 
+def test_a_steps_exposed_communication_widens_its_band_and_the_runs_set_theirs_apart() -> None:
+    """Runs that missed by 4-12 % with a quarter to a half of their step exposed: their spread
+    is taken with each one's allowance (:data:`COMMUNICATION` times its share) set apart, and
+    a step's own exposed share widens its band by the allowance; never below the runs'
+    spread."""
+    errors, shares = (0.04, -0.06, 0.08, -0.10, 0.12), (0.25, 0.3, 0.35, 0.4, 0.5)
+    runs = [ValidatedRun(**HERE.model_dump(), id=f"run{i}", family="megatron", error=e, mfu=0.4,
+                         communication_share=s)
+            for i, (e, s) in enumerate(zip(errors, shares, strict=True))]  # fmt: skip
+    device = _device(runs)
+    far = HERE.model_copy(update={"seq_length": 16384})  # distance 1 from every run
+    spread = np.percentile(np.abs(errors), 80)
+    for q, got in ((0.8, "fraction"), (0.95, "fraction_p95")):
+        c = COMMUNICATION[q]
+        allowed = [max(0.0, abs(e) - c * s) for e, s in zip(errors, shares, strict=True)]
+        apart = np.percentile(allowed, 100 * q)
+        for share in (0.0, 0.2, 0.6):
+            band = error_band(device, far, communication_share=share)
+            expected = max(np.percentile(np.abs(errors), 100 * q),
+                           apart + WIDENING[q] * 1.0 + c * share)
+            assert getattr(band, got) == pytest.approx(expected, abs=1e-4), (q, share)
+    assert error_band(device, HERE).fraction == pytest.approx(spread, abs=1e-4)
+    wide = error_band(device, far, communication_share=0.6)
+    assert wide.closest.endswith(
+        f"widened {100 * WIDENING[0.8]:.0f} % for their distance 1.0 and "
+        f"{100 * COMMUNICATION[0.8] * 0.6:.0f} % for the step's 60 % in exposed "
+        "communication")  # fmt: skip
+
+
+def test_the_exposed_share_is_the_communication_parts_of_the_step() -> None:
+    """Tensor-, context-, expert-, pipeline-parallel communication and the data-parallel
+    traffic left exposed, over every part of the step; the same element-wise on arrays."""
+    parts = {"compute_s": 6.0, "tensor_parallel_comm_s": 1.0, "context_parallel_comm_s": 0.5,
+             "expert_parallel_comm_s": 0.25, "pipeline_comm_s": 0.25, "pipeline_bubble_s": 1.0,
+             "data_parallel_comm_exposed_s": 0.5, "optimizer_s": 0.5}  # fmt: skip
+    assert communication_share(parts) == 0.25
+    arrays = {k: np.array([v, 2 * v if k == "compute_s" else v, 0.0]) for k, v in parts.items()}
+    assert communication_share(arrays).tolist() == [0.25, 0.156, 0.0]
+
+
 @pytest.mark.parametrize("cluster", ["dgx-a100-80gb.json", "dgx-h100-80gb.json"])
 def test_no_band_is_narrower_than_its_nearest_runs(cluster: str) -> None:
     """On the bundled evidence, over random regimes: the p80 band is at least the 80th
@@ -181,7 +222,8 @@ def test_no_band_is_narrower_than_its_nearest_runs(cluster: str) -> None:
             seq_length=int(2 ** rng.integers(9, 18)), num_devices=int(2 ** rng.integers(0, 15)),
             network_gb_s=float(rng.uniform(2, 400)), gflop_per_token=float(rng.uniform(0.2, 3000)),
             moe=bool(rng.random() < 0.3))  # fmt: skip
-        band = error_band(device, regime)
+        share = float(rng.uniform(0, 0.5))
+        band = error_band(device, regime, communication_share=share)
         near = nearest(regime, evidence)
         assert band.fraction is not None and band.fraction_p95 is not None
         assert band.fraction >= near.spread[0.8] - 1e-4
@@ -245,10 +287,12 @@ def test_bundled_evidence_is_the_validation_of_the_shared_runs() -> None:
         kept = load_cluster(CLUSTERS / device.cluster_file).device.efficiency.evidence
         expected = validated_runs([r for r in rows if DEVICES[r.device].chip == device.chip])
         assert [r.id for r in kept] == [r.id for r in expected], key
+        measured = {"error": 0.0, "mfu": 0.0, "communication_share": 0.0}
         for have, want in zip(kept, expected, strict=True):
-            assert have.model_copy(update={"error": 0.0, "mfu": 0.0}) == want.model_copy(
-                update={"error": 0.0, "mfu": 0.0}), have.id
+            assert have.model_copy(update=measured) == want.model_copy(update=measured), have.id
             assert have.error == pytest.approx(want.error, abs=0.002), have.id
+            assert have.communication_share == pytest.approx(want.communication_share,
+                                                             abs=0.002), have.id
     three_level = load_cluster(CLUSTERS / "h100-3level-oversubscribed.json").device
     assert three_level.efficiency == load_cluster(H100).device.efficiency
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost.regimes import communication_share, regime_of
 from planner.cost.step import StepCost
-from planner.cost.uncertainty import error_band, memory_band, regime_of
+from planner.cost.uncertainty import error_band, memory_band
 from planner.plan.schema import Predicted
 from planner.spec import ClusterSpec, TrainingSpec
 from planner.vocabulary import GIB, Mechanism
@@ -26,7 +27,7 @@ class Throughput:
     """Model FLOPs utilisation: model FLOP/s over the device's peak."""
     forward_flops_per_sequence: float
     """Model FLOPs of one sequence's forward: the model's size as the error bands measure it
-    (:func:`~planner.cost.uncertainty.regime_of`)."""
+    (:func:`~planner.cost.regimes.regime_of`)."""
 
 
 def throughput(
@@ -62,7 +63,7 @@ def headline(
     moe: bool, used: tuple[Mechanism, ...], profiled: tuple[str, ...] = (),
 ) -> Predicted:
     """A priced step's headline numbers as a plan records them, with the error band of its
-    regime (the mechanisms ``used``, :func:`~planner.cost.uncertainty.regime_of`) on the
+    regime (the mechanisms ``used``, :func:`~planner.cost.regimes.regime_of`) on the
     cluster's device (:mod:`planner.cost.uncertainty`): every planner (the search's assembly,
     ``estimate``) reports these through this one function; ``profiled``: what a layer profile
     measured of it (:func:`~planner.cost.profiled.profile_coverage`)."""
@@ -77,7 +78,8 @@ def headline(
         mfu=rates.mfu,
         peak_memory_gib=step.peak_memory_bytes.total / GIB,
         bubble_fraction=step.bubble_fraction,
-        error_band=error_band(cluster.device, regime, mfu=rates.mfu),
+        error_band=error_band(cluster.device, regime, mfu=rates.mfu,
+                              communication_share=communication_share(step.time.model_dump())),
         memory_band=memory_band(cluster.device, training.stack),
         profiled=profiled,
     )

@@ -20,13 +20,14 @@ True
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.uncertainty import WIDENING, Nearest, nearest
+from planner.cost.uncertainty import COMMUNICATION, WIDENING, Nearest, nearest
 from planner.spec import ValidatedRun
 
 
@@ -42,12 +43,21 @@ class HeldOut:
     """Its framework family, the one left out."""
     error: float
     """Its error, ``predicted / measured - 1``."""
+    communication_share: float
+    """The share of its predicted step that is exposed communication."""
     nearest: Nearest
     """The runs of the other families nearest it."""
 
-    def inside(self, quantile: float, widening: Mapping[float, float] = WIDENING) -> bool:
+    def half_width(self, quantile: float, widening: Mapping[float, float] = WIDENING,
+                   communication: Mapping[float, float] = COMMUNICATION) -> float:  # fmt: skip
+        """Its band's half-width at ``quantile`` (:meth:`Nearest.half_width`)."""
+        return self.nearest.half_width(quantile, self.communication_share, widening=widening,
+                                       communication=communication)  # fmt: skip
+
+    def inside(self, quantile: float, widening: Mapping[float, float] = WIDENING,
+               communication: Mapping[float, float] = COMMUNICATION) -> bool:  # fmt: skip
         """Whether its error is inside its band at ``quantile``."""
-        return abs(self.error) <= self.nearest.half_width(quantile, widening)
+        return abs(self.error) <= self.half_width(quantile, widening, communication)
 
 
 def held_out(chip: str, runs: Sequence[ValidatedRun], families: Sequence[str] | None = None,
@@ -59,6 +69,7 @@ def held_out(chip: str, runs: Sequence[ValidatedRun], families: Sequence[str] | 
         others = [r for r in runs if r.family != family]
         if others:
             out += [HeldOut(id=r.id, chip=chip, family=family, error=r.error,
+                            communication_share=r.communication_share,
                             nearest=nearest(r, others))
                     for r in runs if r.family == family]  # fmt: skip
     return out
@@ -69,6 +80,7 @@ def held_out_runs(chip: str, runs: Sequence[ValidatedRun]) -> list[HeldOut]:
     included: the bands of predictions near the evidence, as a user pricing a configuration
     of a validated family gets them."""
     return [HeldOut(id=r.id, chip=chip, family=r.family, error=r.error,
+                    communication_share=r.communication_share,
                     nearest=nearest(r, [o for o in runs if o.id != r.id]))
             for r in runs if len(runs) > 1]  # fmt: skip
 
@@ -81,19 +93,79 @@ def _folds(held: Sequence[HeldOut]) -> dict[tuple[str, str], list[HeldOut]]:
     return folds
 
 
-def fit_widening(held: Sequence[HeldOut], quantile: float) -> float:
+def fit_widening(held: Sequence[HeldOut], quantile: float,
+                 communication: Mapping[float, float] = COMMUNICATION) -> float:  # fmt: skip
     """The least widening per unit of distance at which the folds' mean coverage at
-    ``quantile`` reaches it: each (chip, family) counts once, however many runs it has (one
-    software stack's 78 runs are one piece of evidence about another stack, not 78)."""
+    ``quantile`` reaches it, the bands widened by ``communication`` for each step's exposed
+    communication: each (chip, family) counts once, however many runs it has (one software
+    stack's 78 runs are one piece of evidence about another stack, not 78)."""
     folds = list(_folds(held).values())
-    needed = [np.array([max(0.0, (abs(h.error) - h.nearest.spread[quantile])
-                            / max(h.nearest.mean_distance, 1e-9)) for h in fold])
-              for fold in folds]  # fmt: skip
-    candidates = np.unique(np.concatenate([[0.0], *needed]))
+    c = communication[quantile]
+
+    def needed(h: HeldOut) -> float:
+        """The least widening that puts ``h`` inside its band."""
+        near, error = h.nearest, abs(h.error)
+        if error <= near.spread[quantile]:
+            return 0.0
+        short = error - near.set_apart(quantile, c) - c * h.communication_share
+        return max(0.0, short / max(near.mean_distance, 1e-9))
+
+    needs = [np.array([needed(h) for h in fold]) for fold in folds]
+    candidates = np.unique(np.concatenate([[0.0], *needs]))
     for slope in candidates:
-        if statistics.fmean(float((n <= slope).mean()) for n in needed) >= quantile:
-            return round(float(slope), 4)
-    return round(float(candidates[-1]), 4)
+        if statistics.fmean(float((n <= slope).mean()) for n in needs) >= quantile:
+            return _up(float(slope))
+    return _up(float(candidates[-1]))
+
+
+def _up(slope: float) -> float:
+    """``slope`` rounded up to 4 decimals: rounded down, a fitted slope could leave out the
+    run it was fitted to take in."""
+    return math.ceil(slope * 1e4 - 1e-9) / 1e4
+
+
+COMMUNICATION_GRID = tuple(round(0.05 * i, 2) for i in range(21))
+"""The allowances for exposed communication :func:`fit_bands` tries: 0 to 1 in steps of 5 %."""
+
+
+def fit_bands(held: Sequence[HeldOut]) -> tuple[dict[float, float], dict[float, float]]:
+    """The allowance for exposed communication and the widening per unit of distance at each
+    quantile of :data:`~planner.cost.uncertainty.WIDENING` (the two things a band fits). The
+    widening is :func:`fit_widening`'s without an allowance: how misses grow away from the
+    evidence. The allowance is then the one of :data:`COMMUNICATION_GRID` whose folds'
+    coverage spreads least about the quantile (the sum of squared differences; ties: the
+    smaller) with their mean still at or above it, and not below the lower quantile's. Fitted
+    the other way round, a larger allowance would buy a smaller widening, and a family left
+    out with little communication and far from the others would lose its band to it.
+
+    >>> from planner.spec import ValidatedRun
+    >>> def run(family, error, share, stack):
+    ...     return ValidatedRun(id=f"{family}{error}", family=family, stack=stack,
+    ...                         seq_length=2048, num_devices=8, network_gb_s=231.0,
+    ...                         gflop_per_token=3.0, error=error, mfu=0.4,
+    ...                         communication_share=share)
+    >>> quiet = [run("a", e, 0.0, "megatron-te") for e in (0.01, 0.02, 0.01, 0.0, 0.02)]
+    >>> loud = [run("b", e, s, "hf-eager") for e, s in ((0.2, 0.4), (0.1, 0.2), (0.01, 0.0),
+    ...                                                  (0.15, 0.3), (0.3, 0.6))]
+    >>> communication, widening = fit_bands(held_out("X", quiet + loud))
+    >>> communication[0.8] > 0
+    True
+    """
+    folds = list(_folds(held).values())
+    communication: dict[float, float] = {}
+    widening: dict[float, float] = {}
+    for q in sorted(WIDENING):
+        w = widening[q] = fit_widening(held, q, {q: 0.0})
+        floor = max(communication.values(), default=0.0)
+        best: tuple[float, float] | None = None
+        for c in (c for c in COMMUNICATION_GRID if c >= floor):
+            inside = [float(np.mean([h.inside(q, {q: w}, {q: c}) for h in fold]))
+                      for fold in folds]  # fmt: skip
+            spread = sum((x - q) ** 2 for x in inside)
+            if statistics.fmean(inside) >= q and (best is None or spread < best[0] - 1e-12):
+                best = (spread, c)
+        communication[q] = floor if best is None else best[1]
+    return communication, widening
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,26 +185,29 @@ class Coverage:
 
 
 def coverage(held: Sequence[HeldOut], widening: Mapping[float, float] = WIDENING,
-             ) -> list[Coverage]:  # fmt: skip
+             communication: Mapping[float, float] = COMMUNICATION) -> list[Coverage]:  # fmt: skip
     """Per (chip, family), the fraction of its held-out runs inside their bands at each
     quantile of ``widening``."""
     return [
         Coverage(chip=chip, family=family, runs=len(fold),
-                 inside={q: float(np.mean([h.inside(q, widening) for h in fold]))
+                 inside={q: float(np.mean([h.inside(q, widening, communication)
+                                           for h in fold]))
                          for q in widening},
-                 median_band=statistics.median(h.nearest.half_width(0.8, widening)
+                 median_band=statistics.median(h.half_width(0.8, widening, communication)
                                                for h in fold))
         for (chip, family), fold in sorted(_folds(held).items())
     ]  # fmt: skip
 
 
 def nested_coverage(held: Sequence[HeldOut]) -> list[Coverage]:
-    """:func:`coverage` with each fold's widening fitted without it (:func:`fit_widening` on
-    the other folds): the coverage a family the bands have never seen, fit included, gets."""
+    """:func:`coverage` with each fold's allowance and widening fitted without it
+    (:func:`fit_bands` on the other folds): the coverage a family the bands have never seen,
+    fit included, gets."""
     folds = _folds(held)
     out = []
     for key in sorted(folds):
         rest = [h for k, fold in folds.items() if k != key for h in fold]
-        widening = {q: fit_widening(rest, q) for q in WIDENING} if rest else dict(WIDENING)
-        out += coverage(folds[key], widening)
+        communication, widening = (fit_bands(rest) if rest
+                                   else (dict(COMMUNICATION), dict(WIDENING)))  # fmt: skip
+        out += coverage(folds[key], widening, communication)
     return out

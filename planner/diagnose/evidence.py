@@ -25,6 +25,7 @@ def validated_runs(rows: Sequence[ValidationRow]) -> tuple[ValidatedRun, ...]:
                          "network_gb_s": round(row.regime.network_gb_s, 2)},
                      id=row.id, family=row.family,
                      error=round(row.error, 4), mfu=round(row.mfu, 4),
+                     communication_share=row.communication_share,
                      memory_error=_memory_error(row))
         for row in rows if row.error is not None
     )  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 
 from planner import cost
 from planner.cost.memory import allocator_slack_bytes
-from planner.cost.uncertainty import config_mechanisms, parallelism_kind, regime_of
+from planner.cost.regimes import communication_share, config_mechanisms, parallelism_kind, regime_of
 from planner.diagnose.fit import cluster_of, sized_for
 from planner.diagnose.runs import CalibrationRun
 from planner.errors import InputError
@@ -31,7 +31,7 @@ class ValidationRow:
     family: str
     """The framework family that ran it."""
     parallelism: str
-    """Its kind of parallelism (:func:`planner.cost.uncertainty.parallelism_kind`)."""
+    """Its kind of parallelism (:func:`planner.cost.regimes.parallelism_kind`)."""
     num_devices: int
     """Devices (GPUs) of the run."""
     config: str
@@ -71,10 +71,13 @@ class ValidationRow:
     (:data:`planner.diagnose.runs.SITES`) or the user's."""
     regime: Regime
     """Where it sits in the features the error bands measure distance in
-    (:func:`planner.cost.uncertainty.regime_of`)."""
+    (:func:`planner.cost.regimes.regime_of`)."""
     mfu: float
     """Its model FLOPs utilisation: the predicted one at the measured step time (the
     predicted where none was measured)."""
+    communication_share: float = 0.0
+    """The share of its predicted step that is exposed communication
+    (:func:`planner.cost.regimes.communication_share`)."""
 
     @property
     def error(self) -> float | None:
@@ -180,5 +183,6 @@ def validation_rows(
             measured_device_memory_gib=run.measured_device_memory_gib,
             measured_oom=run.measured_oom, cluster=cluster.name, regime=regime,
             mfu=est.mfu * (1.0 if measured is None else est.step_time_s / measured),
+            communication_share=communication_share(est.time.model_dump()),
         ))  # fmt: skip
     return rows

@@ -11,6 +11,7 @@ from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.profiled import profile_coverage
 from planner.cost.rates import headline, throughput
+from planner.cost.regimes import stage_mechanisms
 from planner.cost.stage_weights import (
     StageCost,
     TiedCopy,
@@ -21,7 +22,6 @@ from planner.cost.step import (
     StepCost,
     compose_step,
 )
-from planner.cost.uncertainty import stage_mechanisms
 from planner.ilp.layer import LayerSolution
 from planner.pipeline.options import LayerOption, StageChoice
 from planner.placement.ranks import PipelinePlacement

@@ -53,3 +53,7 @@ class ValidatedRun(Regime):
     peak, or else the whole peak against nvidia-smi's memory in use."""
     mfu: Float = Field(ge=0)
     """Its measured model FLOPs utilisation."""
+    communication_share: Float = Field(default=0.0, ge=0, le=1)
+    """The share of its predicted step that was communication left exposed
+    (:func:`planner.cost.regimes.communication_share`): how much of its error the price of
+    that communication may explain."""

@@ -34,14 +34,8 @@ import numpy as np
 from planner import cost
 from planner.cost.profiled import profile_coverage
 from planner.cost.rates import throughput
-from planner.cost.uncertainty import (
-    error_band,
-    highest_mfu,
-    mechanisms,
-    memory_band,
-    mfu_above,
-    regime_of,
-)
+from planner.cost.regimes import communication_share, mechanisms, regime_of
+from planner.cost.uncertainty import error_band, highest_mfu, memory_band, mfu_above
 from planner.errors import ConfigError
 from planner.graph import forward_flops
 from planner.plan.config import ParallelConfig
@@ -214,7 +208,8 @@ def _write(b: Rows, s: Steps, out: dict[str, np.ndarray], memory_margin_gib: flo
     out["num_microbatches"][rows] = b.x.num_microbatches
     out["dp"][rows] = b.x.dp.astype(np.int64)
     out["num_devices"][rows] = cluster.num_devices
-    _write_bands(b, out, rates.forward_flops_per_sequence, rates.mfu)
+    _write_bands(b, out, rates.forward_flops_per_sequence, rates.mfu,
+                 communication_share(s.parts_s))
     _write_profiled(b, out)
 
 
@@ -236,14 +231,17 @@ def _write_profiled(b: Rows, out: dict[str, np.ndarray]) -> None:
 
 
 def _write_bands(b: Rows, out: dict[str, np.ndarray], forward_flops: np.ndarray,
-                 mfu: np.ndarray) -> None:  # fmt: skip
-    """Each priced row's error band, once per set of mechanisms (the rest of a row's regime is
-    the batch's), with each row's MFU checked against the highest validated."""
+                 mfu: np.ndarray, share: np.ndarray) -> None:  # fmt: skip
+    """Each priced row's error band, once per set of mechanisms and exposed communication's
+    ``share`` of the step (the rest of a row's regime is the batch's), with each row's MFU
+    checked against the highest validated."""
     c, rows = b.c, b.rows
     offloaded = np.array([o != "none" for o in c["offload"]], dtype=bool)
     deepep = c["moe_dispatcher"] == "deepep"
+    share = np.broadcast_to(share, rows.shape)
     k_first, k_of = factorize(c["tp"] > 1, c["pp"] > 1, c["cp"] > 1, c["ep"] > 1,
-                               c["zero"] == 3, offloaded, deepep)  # fmt: skip
+                               c["zero"] == 3, offloaded, deepep,
+                               np.rint(1000 * share))  # fmt: skip
     bands = [error_band(b.cluster.device, regime_of(
         b.training, b.cluster, moe=b.model.moe is not None,
         forward_flops_per_sequence=float(np.atleast_1d(forward_flops)[r]),
@@ -252,7 +250,7 @@ def _write_bands(b: Rows, out: dict[str, np.ndarray], forward_flops: np.ndarray,
                         zero=int(c["zero"][r]),
                         offload="optimizer" if offloaded[r] else "none",
                         deepep=bool(deepep[r])),
-    )) for r in k_first]  # fmt: skip
+    ), communication_share=float(share[r])) for r in k_first]  # fmt: skip
     for name in ("fraction", "fraction_p95"):
         out[f"error_band.{name}"][rows] = np.array(
             [np.nan if getattr(band, name) is None else getattr(band, name)

@@ -19,9 +19,9 @@ from planner import cost
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.profiled import profile_coverage
 from planner.cost.rates import Throughput, headline, throughput
+from planner.cost.regimes import config_mechanisms
 from planner.cost.stage_weights import StageCost
 from planner.cost.step import PipelineKnobs, StepCost, compose_step
-from planner.cost.uncertainty import config_mechanisms
 from planner.errors import ConfigError
 from planner.graph import forward_flops
 from planner.graph.ops import TRANSFORMER_KINDS
