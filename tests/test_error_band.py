@@ -567,6 +567,25 @@ def test_explain_names_the_parts_of_the_step_that_rest_on_extrapolation() -> Non
                         "as hidden behind compute)")  # fmt: skip
 
 
+def test_explain_says_what_the_band_rests_on_before_what_it_extrapolates(tmp_path: Path) -> None:
+    """`planner explain` prints the band's basis (its nearest runs, their spread net of their
+    exposed communication, the widening for distance and for this step's exposed
+    communication) once, before the extrapolated lines, at 80 columns."""
+    out = tmp_path / "plan.json"
+    assert planner(200, "solve", LLAMA, H100, *SMALL, *TP2, "--out", out).code == 0
+    plan = plan_from_json(out.read_text())
+    band = plan.predicted.error_band
+    assert band is not None and band.fraction is not None
+    done = planner(80, "explain", out)
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, 80)
+    text = " ".join(done.stdout.split())
+    basis = f"band: {band.closest}"
+    assert text.count(basis) == 1, (basis, text)
+    assert text.count("band:") == 1
+    assert text.index(basis) < text.find("extrapolated:") or "extrapolated:" not in text
+
+
 def test_the_memory_band_is_the_stacks_measured_peaks() -> None:
     """The 80th and 95th percentiles of |memory error| of the device's runs of the stack, the
     runs without a measured peak left out; unmeasured where the stack has none."""

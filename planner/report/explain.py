@@ -18,7 +18,7 @@ from planner.diagnose.explain import Explanation, Neighbour, Part, differences
 from planner.diagnose.notches import KNOBS
 from planner.frameworks import ANY, profile
 from planner.plan.schema import Plan
-from planner.report.bands import with_band
+from planner.report.bands import band_line, with_band
 from planner.report.tables import light_table, plan_summary
 from planner.report.width import FirstThatFits, keep_whole
 
@@ -201,6 +201,9 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
                                          if line.startswith("  ") else Text(line)
                                          for line in why_this_plan(e, plan))]
     out += [Text(line) for line in binding_lines(e)]
+    band = plan.predicted.error_band
+    if band is not None:  # what it rests on; what it extrapolates, part by part, follows
+        out.append(Text(band_line(band.model_copy(update={"extrapolated": ()}))))
     out += [Text(line) for line in extrapolation_lines(e)]
     if plan.predicted.profiled:  # what of the price a layer profile measured
         out.append(Text(f"profile: {'; '.join(plan.predicted.profiled)}"))
