@@ -1,12 +1,14 @@
 """How sure a prediction is: a band built from the validated runs nearest to it, widened with
-the distance to them.
+the distance to them and with the communication its step leaves exposed.
 
 A device's cluster file keeps every run that validated it (``device.efficiency.evidence``,
 :class:`~planner.spec.ValidatedRun`): the regime it ran in (stack, mechanisms, sequence length,
-devices, network, model size, experts, precision) and how far the cost model missed it. A
-prediction's band is the spread of the errors of its :data:`NEAREST` nearest runs
-(:func:`distance`), plus :data:`WIDENING` times their mean distance: near the evidence the band
-is what the evidence shows, far from it the band grows by a rule fitted on held-out families
+devices, network, model size, experts, precision), how far the cost model missed it and the
+share of its step priced as exposed communication. A prediction's band is the spread of the
+errors of its :data:`NEAREST` nearest runs (:func:`distance`), each net of its allowance for
+exposed communication, plus :data:`WIDENING` times their mean distance and
+:data:`COMMUNICATION` times the prediction's own exposed share: near the evidence the band is
+what the evidence shows, far from it the band grows by a rule fitted on held-out families
 (``benchmarks/band_coverage.py``). The band names what it extrapolates (:func:`gaps`). A
 device with no evidence says so instead of borrowing a number it has not earned; a file
 written before runs were kept falls back to its bands by kind of parallelism.

@@ -1,8 +1,9 @@
 """Whether the error bands hold what they claim: leave one framework family out of a chip's
 validated runs, band each of its runs from the rest (:func:`planner.cost.uncertainty.nearest`),
 and count how many fall inside. The widening of the bands with distance
-(:data:`~planner.cost.uncertainty.WIDENING`) is fitted here (:func:`fit_widening`) and checked
-here (:func:`coverage`), by ``benchmarks/band_coverage.py``.
+(:data:`~planner.cost.uncertainty.WIDENING`) and their allowance for exposed communication
+(:data:`~planner.cost.uncertainty.COMMUNICATION`) are fitted here (:func:`fit_bands`) and
+checked here (:func:`coverage`), by ``benchmarks/band_coverage.py``.
 
 >>> from planner.spec import ValidatedRun
 >>> def run(family, error, stack="megatron-te"):
