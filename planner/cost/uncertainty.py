@@ -181,9 +181,8 @@ class Nearest:
         """Their |error| at ``quantile`` once each run's allowance for its exposed
         communication (``communication`` times its share of its step) is taken off, at
         least 0."""
-        return float(np.percentile([max(0.0, abs(r.error) - communication
-                                        * r.communication_share) for r in self.runs],
-                                   100 * quantile))  # fmt: skip
+        return _percentile([max(0.0, abs(r.error) - communication * r.communication_share)
+                            for r in self.runs], quantile)  # fmt: skip
 
     def half_width(
         self, quantile: float, share: float = 0.0, *,
@@ -199,14 +198,29 @@ class Nearest:
         return max(self.spread[quantile], widened)
 
 
+def _percentile(values: Sequence[float], quantile: float) -> float:
+    """``numpy.percentile(values, 100 * quantile)`` (linear interpolation) of a few values, in
+    plain Python: a search builds a band for every exposed share it prices.
+
+    >>> _percentile([0.04, 0.01, 0.03, 0.02, 0.05], 0.8) == float(np.percentile(
+    ...     [0.04, 0.01, 0.03, 0.02, 0.05], 80))
+    True
+    """
+    ordered = sorted(values)
+    at = quantile * (len(ordered) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
 def nearest(prediction: Regime, evidence: Sequence[ValidatedRun]) -> Nearest:
     """The :data:`NEAREST` runs of ``evidence`` nearest ``prediction`` (ties: the first
     kept), their spread and mean distance."""
     d = np.array([distance(prediction, r) for r in evidence])
     order = np.lexsort((np.arange(len(d)), d))[:NEAREST]
-    errors = np.array([abs(evidence[i].error) for i in order])
+    errors = [abs(evidence[i].error) for i in order]
     return Nearest(runs=tuple(evidence[i] for i in order),
-                   spread={q: float(np.percentile(errors, 100 * q)) for q in QUANTILES},
+                   spread={q: _percentile(errors, q) for q in QUANTILES},
                    mean_distance=float(d[order].mean()))  # fmt: skip
 
 
@@ -275,7 +289,9 @@ def _band(device: DeviceSpec, prediction: Regime, share: float) -> ErrorBand:
     return ErrorBand(fraction=round(widened, 4),
                      fraction_p95=round(near.half_width(0.95, share), 4),
                      runs=len(near.runs), parallelism=kind_of(prediction.mechanisms),
-                     closest=closest, extrapolated=gaps(prediction, evidence, device.name))
+                     closest=closest, extrapolated=_memo(
+                         evidence, ("gaps", device.name, prediction),
+                         lambda: gaps(prediction, evidence, device.name)))
 
 
 def highest_mfu(device: DeviceSpec, stack: Stack) -> float:
