@@ -10,8 +10,10 @@ exposed communication and the widening per unit of distance the folds call for
 (:func:`~planner.diagnose.coverage.fit_bands`, the values
 :data:`planner.cost.uncertainty.COMMUNICATION` and :data:`~planner.cost.uncertainty.WIDENING`
 hold), the coverage at the bundled values, the coverage with each family's allowance and
-widening fitted without it (nested), and the coverage of bands near the evidence: each run
-left out alone, its family's other runs kept. Run from the repository root:
+widening fitted without it (nested), the coverage of bands near the evidence (each run
+left out alone, its family's other runs kept), and how each family's misses follow the share
+of its step priced as exposed communication, what the allowance rests on. Run from the
+repository root:
 
     python benchmarks/band_coverage.py ../shared/validation/calibration_runs.json \\
         ../shared/validation/fsdp_runs.json ../shared/validation/deepspeed_runs.json \\
@@ -26,6 +28,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from planner.cost.uncertainty import COMMUNICATION, WIDENING
 from planner.diagnose.calibration import calibrate, validate
@@ -112,7 +116,42 @@ def main(argv: list[str]) -> None:
                 [r for r in rows if DEVICES[r.device].chip == chip]))]  # fmt: skip
     _table("coverage, each run left out alone (its family's other runs kept; bundled fit)",
            coverage(near), near, files)  # fmt: skip
+    _exposed(held)
     print(f"\n{time.perf_counter() - start:.0f} s")
+
+
+def _exposed(held: list[HeldOut]) -> None:
+    """What the allowance rests on: per family, how its runs' misses follow the share of
+    their step priced as exposed communication (the runs split at the family's median share;
+    Spearman's rank correlation of share and |error|)."""
+    print("\nmisses against exposed communication (the errors above)")
+    print(f"{'chip':5s} {'family':9s} {'runs':>4s} {'exposed':>11s} {'median |error|':>21s} "
+          f"{'rank corr':>9s}")  # fmt: skip
+    print(f"{'':5s} {'':9s} {'':4s} {'':11s} {'lower half':>10s} {'upper':>10s}")
+    folds: dict[tuple[str, str], list[HeldOut]] = {}
+    for h in held:
+        folds.setdefault((h.chip, h.family), []).append(h)
+    for (chip, family), fold in sorted(folds.items()):
+        share = np.array([h.communication_share for h in fold])
+        error = np.abs([h.error for h in fold])
+        low = share <= np.median(share)
+        span = f"{100 * share.min():.0f}-{100 * share.max():.0f} %"
+        upper = f"{100 * np.median(error[~low]):9.1f}%" if (~low).any() else f"{'-':>10s}"
+        corr = (f"{np.corrcoef(_ranks(share), _ranks(error))[0, 1]:+9.2f}"
+                if share.std() > 0 else f"{'-':>9s}")  # fmt: skip
+        print(f"{chip:5s} {family:9s} {len(fold):4d} {span:>11s} "
+              f"{100 * np.median(error[low]):9.1f}% {upper} {corr}")  # fmt: skip
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Each value's rank, ties given their mean rank."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    for v in np.unique(values):
+        tied = values == v
+        ranks[tied] = ranks[tied].mean()
+    return ranks
 
 
 if __name__ == "__main__":

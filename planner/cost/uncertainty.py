@@ -85,13 +85,13 @@ COMMUNICATION = {0.8: 0.25, 0.95: 0.25}
 """How far the price of the communication a step leaves exposed may be off, as a fraction of
 that price, at each quantile: a band widens by it times the step's exposed share
 (:func:`~planner.cost.regimes.communication_share`). Exposed communication is the least
-checked price of a step (an overlap assumed, a network's achieved rate), and the validated runs
-are missed more as more of their step is exposed: the H100's two Megatron runs with most of
-their step exposed (14 % and 25 %) are its two largest misses (+9 %, +29 %), BLOOM's runs over
-Omni-Path (11-25 % exposed) are missed by up to 28 %, the one-GPU runs (none exposed) by
-5-9 %. A run's own exposed share times this is set apart from its error before the nearest
-runs' spread is taken (:meth:`Nearest.set_apart`), so a run that missed its communication
-does not widen the band of a step without any. Fitted with :data:`WIDENING` by
+checked price of a step (an overlap assumed, a network's achieved rate); of the three families
+whose exposed share varies, two are missed more as it grows (``benchmarks/band_coverage.py
+--refit``, its last table: rank correlation +0.70 on BLOOM's runs, +0.45 on the A100's Megatron
+runs, -0.23 on the H100's, whose two most exposed runs are nonetheless its two widest misses
+in the bundled fit). A run's own exposed share times this is set apart from its error before
+the nearest runs' spread is taken (:meth:`Nearest.set_apart`), so a run that missed its
+communication does not widen the band of a step without any. Fitted with :data:`WIDENING` by
 ``benchmarks/band_coverage.py --refit`` (:func:`planner.diagnose.coverage.fit_bands`): the
 value at which the left-out families' coverage lies closest to the quantile."""
 
