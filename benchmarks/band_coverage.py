@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import spearmanr
 
 from planner.cost.uncertainty import COMMUNICATION, WIDENING
 from planner.diagnose.calibration import calibrate, validate
@@ -137,21 +138,11 @@ def _exposed(held: list[HeldOut]) -> None:
         low = share <= np.median(share)
         span = f"{100 * share.min():.0f}-{100 * share.max():.0f} %"
         upper = f"{100 * np.median(error[~low]):9.1f}%" if (~low).any() else f"{'-':>10s}"
-        corr = (f"{np.corrcoef(_ranks(share), _ranks(error))[0, 1]:+9.2f}"
+        corr = (f"{spearmanr(share, error).statistic:+9.2f}"
                 if share.std() > 0 else f"{'-':>9s}")  # fmt: skip
         print(f"{chip:5s} {family:9s} {len(fold):4d} {span:>11s} "
               f"{100 * np.median(error[low]):9.1f}% {upper} {corr}")  # fmt: skip
 
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    """Each value's rank, ties given their mean rank."""
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values))
-    for v in np.unique(values):
-        tied = values == v
-        ranks[tied] = ranks[tied].mean()
-    return ranks
 
 
 if __name__ == "__main__":

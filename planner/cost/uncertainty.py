@@ -176,13 +176,18 @@ class Nearest:
     """Their |error| at each of :data:`QUANTILES`."""
     mean_distance: float
     """Their mean :func:`distance` from the prediction."""
+    apart: dict[float, float]
+    """:meth:`set_apart` at each of :data:`QUANTILES` with :data:`COMMUNICATION`'s allowance,
+    taken once: a search builds a band for every exposed share it prices, and these do not
+    depend on it."""
 
     def set_apart(self, quantile: float, communication: float) -> float:
         """Their |error| at ``quantile`` once each run's allowance for its exposed
         communication (``communication`` times its share of its step) is taken off, at
         least 0."""
-        return _percentile([max(0.0, abs(r.error) - communication * r.communication_share)
-                            for r in self.runs], quantile)  # fmt: skip
+        if communication == COMMUNICATION[quantile]:
+            return self.apart[quantile]
+        return _set_apart(self.runs, quantile, communication)
 
     def half_width(
         self, quantile: float, share: float = 0.0, *,
@@ -198,19 +203,10 @@ class Nearest:
         return max(self.spread[quantile], widened)
 
 
-def _percentile(values: Sequence[float], quantile: float) -> float:
-    """``numpy.percentile(values, 100 * quantile)`` (linear interpolation) of a few values, in
-    plain Python: a search builds a band for every exposed share it prices.
-
-    >>> _percentile([0.04, 0.01, 0.03, 0.02, 0.05], 0.8) == float(np.percentile(
-    ...     [0.04, 0.01, 0.03, 0.02, 0.05], 80))
-    True
-    """
-    ordered = sorted(values)
-    at = quantile * (len(ordered) - 1)
-    low = math.floor(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+def _set_apart(runs: Sequence[ValidatedRun], quantile: float, communication: float) -> float:
+    """:meth:`Nearest.set_apart`, computed."""
+    return float(np.percentile([max(0.0, abs(r.error) - communication * r.communication_share)
+                                for r in runs], 100 * quantile))  # fmt: skip
 
 
 def nearest(prediction: Regime, evidence: Sequence[ValidatedRun]) -> Nearest:
@@ -218,10 +214,12 @@ def nearest(prediction: Regime, evidence: Sequence[ValidatedRun]) -> Nearest:
     kept), their spread and mean distance."""
     d = np.array([distance(prediction, r) for r in evidence])
     order = np.lexsort((np.arange(len(d)), d))[:NEAREST]
-    errors = [abs(evidence[i].error) for i in order]
-    return Nearest(runs=tuple(evidence[i] for i in order),
-                   spread={q: _percentile(errors, q) for q in QUANTILES},
-                   mean_distance=float(d[order].mean()))  # fmt: skip
+    runs = tuple(evidence[i] for i in order)
+    errors = np.array([abs(r.error) for r in runs])
+    return Nearest(runs=runs,
+                   spread={q: float(np.percentile(errors, 100 * q)) for q in QUANTILES},
+                   mean_distance=float(d[order].mean()),
+                   apart={q: _set_apart(runs, q, COMMUNICATION[q]) for q in QUANTILES})  # fmt: skip
 
 
 _MEMO: dict[tuple[object, ...], tuple[Sequence[ValidatedRun], object]] = {}
