@@ -18,7 +18,7 @@ Precision = Literal["bf16", "fp16", "fp32"]
 """Mixed-precision compute type."""
 
 Stack = Literal["megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled", "composer-fsdp",
-                "megatron-deepspeed"]
+                "megatron-deepspeed", "torchtitan-eager"]
 """The software that runs a layer, beyond its kernels: what it keeps for the backward and how it
 computes the loss. ``megatron-te``: Megatron-Core with Transformer Engine (fused norms, SwiGLU
 and attention; a compute-precision residual stream; vocab-parallel cross entropy), the accounting
@@ -35,9 +35,14 @@ throughput benchmark ran it: a bf16 residual stream (Korthikanti's accounting), 
 weights gathered in bf16 (FSDP ``MixedPrecision`` PURE), flash-attn's fused cross entropy.
 ``megatron-deepspeed``: Megatron-DeepSpeed, Megatron's layers (Korthikanti's accounting) under
 DeepSpeed's engine and optimizers (bf16's ``BF16_Optimizer``, fp16's ZeRO optimizer) and its
-pipeline engine."""
+pipeline engine.
+``torchtitan-eager``: torchtitan's own model code (``torchtitan/models/llama3/model/model.py``
+at v0.2.2) run eager in the compute precision, its weights gathered by FSDP2 in bf16 (no
+autocast): a bf16 residual stream, ``nn.RMSNorm`` (one fused kernel on CUDA), separate
+projections, the rotary embedding as complex products in fp32, SwiGLU unfused, the loss on
+fp32 logits."""
 STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled",
-                             "composer-fsdp", "megatron-deepspeed")
+                             "composer-fsdp", "megatron-deepspeed", "torchtitan-eager")
 FP8_STACKS: tuple[Stack, ...] = ("megatron-te-fp8",)
 """Stacks whose decoder layers' linear layers run in FP8 (:mod:`planner.graph.fp8`)."""
 

@@ -19,7 +19,13 @@ from planner.frameworks import torchtitan as tt
 from planner.frameworks._torchtitan_toml import model_parts
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from tests.framework_cases import configure, forced, load, verdict, without_mtp
+from tests import framework_cases
+from tests.framework_cases import forced, load, verdict, without_mtp
+
+
+def configure(model: ModelSpec, devices: int, **knobs: Any) -> ResolvedConfig:
+    """``knobs`` resolved on ``devices`` H100s, on torchtitan's own stack unless they say."""
+    return framework_cases.configure(model, devices, **{"stack": "torchtitan-eager", **knobs})
 
 
 def refusal(name: str, resolved: ResolvedConfig, model: ModelSpec) -> str | None:

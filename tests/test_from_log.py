@@ -350,6 +350,26 @@ def test_torchtitan_log_states_mesh_sequence_and_model(tmp_path: Path) -> None:
     assert "torchtitan built llama3 8B with dim=4096" in " ".join(done.stderr.split())
 
 
+def test_torchtitan_log_runs_its_eager_stack_unless_it_compiled(tmp_path: Path) -> None:
+    """A torchtitan log prices its eager block (the framework's name says so: no stack
+    written); one that says it compiled each block (``Compiling each TransformerBlock with
+    torch.compile``, torchtitan/models/llama3/infra/parallelize.py:269) is priced as
+    Megatron-Core's fused layers, which the record says."""
+    config = shared(HF / "Meta-Llama-3.1-8B.config.json")
+    args = ("--model", config, "--cluster", H100, "--nodes", 1, "--mbs", 1, "--global-batch", 8)
+    eager, out = _record_of(tmp_path, TITAN_LOG, *args)
+    assert "stack" not in eager["software"]
+    assert load_runs(out)[0].config.stack == "torchtitan-eager"
+    compiled = tmp_path / "compiled.log"
+    lines = TITAN_LOG.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "Applied full activation" in line)
+    lines.insert(at + 1, "[rank0]:[titan] 2026-03-02 15:02:10,200 - root - INFO - Compiling "
+                         "each TransformerBlock with torch.compile\n")
+    compiled.write_text("".join(lines))
+    record, _ = _record_of(tmp_path, compiled, *args)
+    assert record["software"]["stack"] == "megatron-te"
+
+
 def test_torchtitan_selective_checkpointing_needs_a_recompute_option(tmp_path: Path) -> None:
     log = tmp_path / "sac.log"
     log.write_text(TITAN_LOG.read_text().replace("Applied full activation",

@@ -57,13 +57,13 @@ def test_h100_records_name_their_stack() -> None:
 
 def test_other_frameworks_keep_their_family_and_stack() -> None:
     """Each framework keeps its family; MosaicML's Composer runs its own stack (FSDP1 and
-    flash-attn's fused loss), Megatron-DeepSpeed DeepSpeed's optimizers, the others
-    Megatron-Core's accounting."""
+    flash-attn's fused loss), Megatron-DeepSpeed DeepSpeed's optimizers, torchtitan its own
+    eager block, the others Megatron-Core's accounting."""
     for framework, family, stack in [
         ("Megatron-LM", "megatron", "megatron-te"), ("PyTorch FSDP", "fsdp", "megatron-te"),
         ("MosaicML Composer + PyTorch FSDP", "fsdp", "composer-fsdp"),
         ("Megatron-DeepSpeed", "deepspeed", "megatron-deepspeed"),
-        ("torchtitan", "fsdp", "megatron-te"),
+        ("torchtitan", "fsdp", "torchtitan-eager"),
     ]:  # fmt: skip
         software = software_of({"software": {"framework": framework}})
         assert (software.family, software.stack) == (family, stack), framework

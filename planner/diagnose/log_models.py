@@ -18,7 +18,8 @@ names, so that a run record carries the model that ran (``model.spec``) and noth
   dp_replicate=.., dp_shard=.., cp=.., tp=.., ep=.., etp=..``
   (torchtitan/distributed/parallel_dims.py:131-135), and ``Applied {mode} activation
   checkpointing to the model`` (torchtitan/distributed/activation_checkpoint.py:249; no line
-  when the mode is ``none``).
+  when the mode is ``none``), and ``Compiling each TransformerBlock with torch.compile``
+  (torchtitan/models/llama3/infra/parallelize.py:269; no line when ``compile`` is off).
 
 >>> titan_mesh(["Building device mesh with parallelism: pp=1, dp_replicate=2, dp_shard=4, "
 ...             "cp=1, tp=2, ep=1, etp=1"])
@@ -42,6 +43,7 @@ _TITAN_BUILD = re.compile(r"Building (\S+) (\S+?)\s*with (\{.*)$")
 _TITAN_SIZE = re.compile(r"Model (\S+) (\S+) size: ([0-9,]+) total parameters")
 _TITAN_MESH = re.compile(r"Building device mesh with parallelism: (.*)$")
 _TITAN_AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
+_TITAN_COMPILE = "Compiling each TransformerBlock with torch.compile"
 
 
 def megatron_printed(model: ModelSpec) -> dict[str, str]:
@@ -236,12 +238,17 @@ def titan_config_fields(lines: list[str], logged: TitanModel | None) -> dict[str
     args' ``max_seq_len``, which torchtitan sets to ``training.seq_len``
     (``update_from_config``, torchtitan/models/llama3/model/args.py:49-55), and full or no
     recomputation (torchtitan's selective checkpointing is none of the planner's modes:
-    :func:`titan_checkpointing` says so, and the caller asks)."""
+    :func:`titan_checkpointing` says so, and the caller asks), and the stack: its eager block,
+    or compiled, priced as Megatron-Core's fused layers
+    (:func:`planner.diagnose.run_records.stack_of`)."""
     mesh = titan_mesh(lines)
     fields: dict[str, Any] = {}
-    # No checkpointing line says "none" only in a log that has its start-up lines.
-    if (mesh or logged is not None) and (mode := titan_checkpointing(lines)) != "selective":
-        fields["recompute"] = mode
+    # No checkpointing or compile line says "none" only in a log that has its start-up lines.
+    if mesh or logged is not None:
+        compiled = any(_TITAN_COMPILE in line for line in lines)
+        fields["stack"] = "megatron-te" if compiled else "torchtitan-eager"
+        if (mode := titan_checkpointing(lines)) != "selective":
+            fields["recompute"] = mode
     if mesh:
         fields |= {"tp": mesh.get("tp", 1), "pp": mesh.get("pp", 1), "cp": mesh.get("cp", 1),
                    "ep": mesh.get("ep", 1),

@@ -93,9 +93,10 @@ class Profile:
     stacks: tuple[Stack, ...] = ("megatron-te",)
     """The stacks it runs a layer on (:data:`~planner.vocabulary.Stack`), as the planner
     prices them, the one it runs unless told first (:func:`planner.frameworks.default_stack`):
-    Megatron-DeepSpeed's layers under DeepSpeed's engine and optimizers for DeepSpeed; every
-    other target runs Megatron-Core's fused layers, or is priced as if it did (torchtitan's own
-    model code has no shared measurement)."""
+    Megatron-DeepSpeed's layers under DeepSpeed's engine and optimizers for DeepSpeed;
+    torchtitan's own model code run eager for torchtitan (the ``compile`` its export leaves
+    off); Megatron-Core's fused layers for the Megatron family, and Colossal-AI priced as if it
+    ran them (its shardformer's fused kernels are options no stack counts)."""
 
     def refusals(self, resolved: ResolvedConfig, model: ModelSpec) -> tuple[str, ...]:
         """Every reason the framework cannot launch ``resolved`` (empty: it can): a stack it

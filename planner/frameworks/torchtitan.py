@@ -380,7 +380,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         "parallelism": {**data_parallel_table(resolved), **model_parallel_table(resolved, model),
                         **pipeline_table(resolved)},
         "activation_checkpoint": {"mode": resolved.config.recompute},
-        "compile": {"enable": False},  # the planner prices eager kernels
+        "compile": {"enable": False},  # the torchtitan-eager stack the plan was priced on
     }  # fmt: skip
     header = f"# torchtitan {VERSION} ({REPO}): {model.name}\n"
     return Launch(text=header + render(tables), notes=notes(found, model))
@@ -402,5 +402,5 @@ def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="torchtitan", title="torchtitan", rules=RULES, launch=launch,
-                  zero_bubble=True, folds_experts=True)
+                  zero_bubble=True, folds_experts=True, stacks=("torchtitan-eager",))
 """torchtitan as a framework target."""

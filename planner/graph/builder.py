@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from planner.graph import unfused
 from planner.graph.fp8 import quantization, runs_fp8
 from planner.graph.ops import Op, OpKind, Tensor, Unfused
-from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES
+from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES, SEPARATE_PROJECTION_STACKS
 from planner.spec import ModelSpec
 from planner.vocabulary import Precision, Stack
 
@@ -143,7 +143,8 @@ class LayerBuilder:
         # Megatron-Core fuses a norm into the linear reading it, but for the norms its
         # layernorm recompute module reruns (see _decoder_layer).
         fused = norm_reads > 0 and "layernorm" not in tags.get("discarded_by", ())
-        work, fp8 = self.linear_kernels(x, y, weight, norm_reads if self.autocast else 0,
+        separate = self.autocast or self.stack in SEPARATE_PROJECTION_STACKS
+        work, fp8 = self.linear_kernels(x, y, weight, norm_reads if separate else 0,
                                         quantized_by_norm=fused)  # fmt: skip
         return self.add(
             op, "linear", (source,), inputs=(x,), output=y, weight=weight,

@@ -25,7 +25,7 @@ from planner.graph.builder import (
     is_local,
 )
 from planner.graph.ops import Op, Tensor
-from planner.graph.stacks import LOSS_KEPT, LOSS_WORKING
+from planner.graph.stacks import EAGER_GLU_STACKS, LOSS_KEPT, LOSS_WORKING
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
 
 __all__ = ["ACTIVATION_BYTES", "decoder_layer_kind", "expert_capacity", "lower"]
@@ -132,7 +132,7 @@ def _mlp(b: LayerBuilder, x_name: str, width: int, prefix: str = "mlp", *,
                   checkpointed_by=checkpointed_by, checkpoint_input_of=input_of)  # fmt: skip
     act_in, act_out = b.act(("ffn", glu * width)), b.act(("ffn", width))
     # Eager SwiGLU/GeGLU: the product keeps the activation's output beside up.
-    kept_out = (act_out,) if b.stack == "hf-eager" and m.gated_mlp else ()
+    kept_out = (act_out,) if b.stack in EAGER_GLU_STACKS and m.gated_mlp else ()
     act = b.add(f"{prefix}_act", "elementwise", (up,), inputs=(act_in,), output=act_out,
                 saved=(act_in, *kept_out), checkpointed_by=checkpointed_by,
                 unfused=unfused.activation(b.stack, act_out, gated=m.gated_mlp))  # fmt: skip

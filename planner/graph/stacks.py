@@ -27,6 +27,17 @@ lowering (:mod:`planner.graph.lower`) to apply operator by operator:
   engine keeps each checkpointed block's whole input per in-flight microbatch (DeepSpeed's
   ``activation_checkpointing/checkpointing.py`` without ``partition_activations``), as
   Megatron does without sequence parallelism.
+- ``torchtitan-eager``: torchtitan's model code (``torchtitan/models/llama3/model/model.py`` at
+  v0.2.2) in bf16 weights and activations (FSDP2's ``param_dtype``), eager. ``nn.RMSNorm`` on
+  a bf16 input with a bf16 weight is PyTorch's fused kernel on CUDA (``rms_norm_symint`` in
+  ``aten/src/ATen/native/layer_norm.cpp`` calls ``_fused_rms_norm`` since PyTorch 2.9), which
+  keeps its bf16 input and a value a token; the projections keep the norm's bf16 output once
+  (``wq``, ``wk`` and ``wv`` read one tensor); the rotary embedding's complex product keeps only
+  the constant frequencies; SDPA keeps q, k, v and its output (which ``wo`` reads); SwiGLU's
+  product keeps SiLU's output beside up, as Hugging Face's eager layer does. Megatron's
+  accounting plus that SiLU output, so a layer keeps ``8h + 4q + 4kv + 8f`` bytes a token
+  (hidden, query, key/value and FFN widths). ``benchmarks/torchtitan_layer.py`` counts what
+  torchtitan's own block saves.
 
 The loss keeps fp32 softmax (or log-probabilities, or the fused loss's 16-bit logits) over the
 vocabulary; its backward's transient tensors are the op's ``working``.
@@ -36,7 +47,7 @@ from __future__ import annotations
 
 from planner.vocabulary import Precision, Stack
 
-GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8")
+GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "torchtitan-eager")
 """Stacks that run a rank's routed experts as one grouped GEMM in bf16: Megatron-Core's
 ``TEGroupedMLP`` under ``--moe-grouped-gemm`` (the Megatron and MindSpeed exports set it for
 bf16: ``planner/frameworks/_megatron_flags.py``), torchtitan's ``torch._grouped_mm``. The
@@ -85,14 +96,20 @@ FP32_BYTES = 4.0
 """Bytes of an fp32 element."""
 AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
 """Stacks that run under ``torch.autocast`` with fp32 weights and an fp32 residual stream."""
+SEPARATE_PROJECTION_STACKS: tuple[Stack, ...] = ("torchtitan-eager",)
+"""Stacks outside autocast whose projections of one norm's output are separate modules (q, k
+and v; gate and up), each reader past the first adding its gradient into the norm's."""
+EAGER_GLU_STACKS: tuple[Stack, ...] = ("hf-eager", "torchtitan-eager")
+"""Stacks whose gated MLP runs ``silu(gate) * up`` as two eager ops, so the product keeps
+SiLU's output beside up for its backward."""
 LOSS_KEPT: dict[Stack, float] = {"megatron-te": 4.0, "megatron-te-fp8": 4.0, "hf-eager": 4.0,
                                   "hf-compiled": 4.0, "composer-fsdp": 2.0,
-                                  "megatron-deepspeed": 4.0}
+                                  "megatron-deepspeed": 4.0, "torchtitan-eager": 4.0}
 """Bytes per token and vocabulary entry the loss keeps for its backward: fp32 softmax (or
 log-probabilities); flash-attn's fused cross entropy (``flash_attn/losses/cross_entropy.py``,
 as MosaicGPT builds it) keeps the 16-bit logits themselves and an fp32 log-sum-exp a token."""
 LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "megatron-te-fp8": 2.0, "hf-eager": 8.0,
-                                    "hf-compiled": 8.0,
+                                    "hf-compiled": 8.0, "torchtitan-eager": 8.0,
                                     "composer-fsdp": 2.0, "megatron-deepspeed": 2.0}
 """Bytes per token and vocabulary entry the loss's backward holds beyond the fp32 softmax it
 keeps. Hugging Face's loss (``transformers/loss/loss_utils.py``) runs ``cross_entropy`` on
@@ -100,11 +117,12 @@ logits upcast to fp32: its backward holds the dense fp32 gradient of the log-pro
 (``nll_loss_backward``) and the fp32 gradient of the logits (``_log_softmax_backward_data``)
 at once, 8 bytes, with the kept log-probabilities 12 (measured 12.26 GiB at 8,192 tokens and a
 128,256 vocabulary on an H100, with the head's weight copy and input:
-``../shared/validation/h100/layers.jsonl``). Megatron-Core's vocab-parallel cross entropy
-(``megatron/core/tensor_parallel/cross_entropy.py``) turns the kept fp32 softmax into the
-gradient in place; the gradient cast back to the logits' 16-bit type is the 2 bytes. The
-fused cross entropy without ``inplace_backward`` writes a new 16-bit gradient: 2 bytes.
-Megatron-DeepSpeed's (``megatron/mpu/cross_entropy.py`` at bigscience-workshop/Megatron-DeepSpeed
-b9883f44) works as Megatron-Core's, on the fp32 logits its pipeline's last stage hands it
-(``float16_to_fp32``)."""
+``../shared/validation/h100/layers.jsonl``); torchtitan's ``cross_entropy_loss``
+(``torchtitan/components/loss.py``) is the same ``cross_entropy`` on ``pred.float()``.
+Megatron-Core's vocab-parallel cross entropy (``megatron/core/tensor_parallel/cross_entropy.py``)
+turns the kept fp32 softmax into the gradient in place; the gradient cast back to the logits'
+16-bit type is the 2 bytes. The fused cross entropy without ``inplace_backward`` writes a new
+16-bit gradient: 2 bytes. Megatron-DeepSpeed's (``megatron/mpu/cross_entropy.py`` at
+bigscience-workshop/Megatron-DeepSpeed b9883f44) works as Megatron-Core's, on the fp32 logits its
+pipeline's last stage hands it (``float16_to_fp32``)."""
 

@@ -51,6 +51,24 @@ B each way); the residual add (10; its gradient's cast 6); SwiGLU (6; backward, 
 reading the gradient, gate and up and writing both gradients, SiLU recomputed: 10). The weight
 casts are autocast's, as eager's. The decoder layer is compiled; the head runs eager.
 
+``torchtitan-eager`` is torchtitan's block (``torchtitan/models/llama3/model/model.py`` at v0.2.2)
+eager, in bf16 throughout (FSDP2 gathers the weights in bf16: no autocast, no weight casts).
+``nn.RMSNorm`` is one fused kernel each way on CUDA (PyTorch's ``_fused_rms_norm``), as on the
+fused stacks. Beyond it, per element:
+
+- The norm's output read by separate projections (``wq``, ``wk``, ``wv``; ``w1``, ``w3``):
+  backward, each reader past the first adds its gradient in bf16 (6 B).
+- ``apply_rotary_emb`` on q and on k: ``xq.float()`` (6 B), the complex product with the
+  frequencies in fp32 (8), ``type_as`` back to bf16 (6): 20 B in 3 kernels. Backward: the
+  gradient to fp32, its product with the conjugate frequencies, back to bf16: 20 B in 3.
+- The residual add in bf16 (6 B). Backward: the residual stream's two gradients summed where
+  it branches (6).
+- SwiGLU, ``F.silu(w1(x)) * w3(x)``: as ``hf-eager``'s, all bf16.
+- The loss (``torchtitan/components/loss.py``: ``cross_entropy`` on ``pred.float()``): as
+  ``hf-eager``'s.
+
+``benchmarks/torchtitan_layer.py`` lists the kernels torchtitan's own block dispatches.
+
 The other stacks run Transformer Engine's or Megatron's fused kernels: each memory-bound op one
 kernel over its inputs and output (the op's own tensors; no :class:`~planner.graph.ops.Unfused`).
 
@@ -129,6 +147,20 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
         "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
                               forward_kernels=1, backward_kernels=1),
     },
+    "torchtitan-eager": {
+        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=6.0,
+                                forward_kernels=0, backward_kernels=1),
+        "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
+                          forward_kernels=3, backward_kernels=3),
+        "residual": Kernels(forward_bytes=6.0, backward_bytes=6.0,
+                            forward_kernels=1, backward_kernels=1),
+        "glu": Kernels(forward_bytes=10.0, backward_bytes=18.0,
+                       forward_kernels=2, backward_kernels=3),
+        "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
+                              forward_kernels=1, backward_kernels=1),
+        "loss": Kernels(forward_bytes=22.0, backward_bytes=26.0,
+                        forward_kernels=3, backward_kernels=4),
+    },
 }
 """Each stack's kernels per element of the tensor they walk (see the module's docstring for
 the count): a norm's input, a projection's input per reader, the gradient summed per reader
@@ -159,20 +191,27 @@ def norm(stack: Stack, x: Tensor) -> Unfused | None:
 
 
 def linear(stack: Stack, x: Tensor, weight: Tensor, readers: int) -> Unfused | None:
-    """What ``stack`` runs beside a projection of input ``x`` and ``weight``: where ``readers``
-    separate projections read an fp32 input, a cast each and their gradients summed; the
-    weight's cast; None when it runs nothing."""
+    """What ``stack`` runs beside a projection of input ``x`` and ``weight``: the weight's
+    cast (autocast's), and where ``readers`` separate projections read one input, a cast each
+    (an fp32 input under autocast) and their gradients summed; None when it runs nothing.
+
+    >>> x = Tensor((("seq", 1024), ("hidden", 64)), 2.0)
+    >>> w = Tensor((("hidden", 64), ("heads", 64)), 2.0)
+    >>> qkv = linear("torchtitan-eager", x, w, 3)
+    >>> qkv.backward[0].bytes / x.numel, qkv.weight_backward_bytes, linear("megatron-te", x, w, 3)
+    (12.0, 0.0, None)
+    """
     weight_cast = WEIGHT_CAST.get(stack)
-    if weight_cast is None:
-        return None
-    work = Unfused(weight_forward_bytes=weight_cast.forward_bytes,
-                   weight_backward_bytes=weight_cast.backward_bytes,
-                   forward_kernels=weight_cast.forward_kernels,
-                   backward_kernels=weight_cast.backward_kernels)  # fmt: skip
-    cast, gradient_sum = _kernels(stack, "input_cast"), _kernels(stack, "gradient_sum")
-    if readers and cast and gradient_sum:
-        work = work.plus(cast.times(readers).over(x))
-        work = work.plus(gradient_sum.times(readers - 1).over(x))
+    work = None if weight_cast is None else Unfused(
+        weight_forward_bytes=weight_cast.forward_bytes,
+        weight_backward_bytes=weight_cast.backward_bytes,
+        forward_kernels=weight_cast.forward_kernels,
+        backward_kernels=weight_cast.backward_kernels)  # fmt: skip
+    separate = [kernels.times(n).over(x) for part, n in (("input_cast", readers),
+                                                          ("gradient_sum", readers - 1))
+                if n > 0 and (kernels := _kernels(stack, part)) is not None]  # fmt: skip
+    for part in separate:
+        work = part if work is None else work.plus(part)
     return work
 
 
