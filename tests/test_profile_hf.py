@@ -78,9 +78,9 @@ def test_hugging_face_mixtral_layers_are_measured_around_and_in_their_experts(
 
 @pytest.mark.parametrize(("args", "says"), [
     (("--framework", "megatron", "--model", TINY_LLAMA_HF),
-     "--framework megatron: the layers profiled are transformers' or, without "
-     "--framework, the planner's faithful layer (as --stack names); Megatron-Core's and "
-     "torchtitan's own layers are not run yet"),
+     "--framework megatron: the layers profiled are transformers' or torchtitan's or, "
+     "without --framework, the planner's faithful layer (as --stack names); Megatron-Core's "
+     "own layers are not run yet"),
     (("--framework", "transformers", "--model", TINY),
      "transformers builds its layers from the model's Hugging Face config.json;"),
 ])

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 import planner
-from planner.frameworks import default_stack
+from planner.frameworks import default_stack, profile
 from planner.graph.lower import lower
+from planner.plan.config import resolve
 from planner.spec import ModelSpec, TrainingSpec
 from tests.conftest import REPO
 
@@ -82,3 +83,14 @@ def test_torchtitan_plans_run_its_eager_stack_and_say_it_is_extrapolated() -> No
     assert stack == ["no validated run on the torchtitan-eager stack on H100-SXM5-80GB"]
     fused_band = steps["megatron-te"].error_band
     assert fused_band is not None and band.fraction > fused_band.fraction
+
+
+def test_torchtitan_refuses_a_stack_it_does_not_run() -> None:
+    """A configuration on Megatron-Core's stack is none torchtitan launches: its refusal names
+    the stack it runs (``planner/frameworks/base.py``, ``Profile.refusals``)."""
+    model = planner.load_model(REPO / "instances/models/llama3-8b.json")
+    cluster = planner.load_cluster(REPO / "instances/clusters/dgx-h100-80gb.json", nodes=1)
+    config = planner.ParallelConfig(dp=8, zero=3, stack="megatron-te")
+    resolved = resolve(model, cluster, config)
+    assert "stack megatron-te: torchtitan runs torchtitan-eager" in profile(
+        "torchtitan").refusals(resolved, model)

@@ -70,7 +70,8 @@ def profile_cmd(
         help="Microbatch sizes run (repeat the option); default: 1, 2 and 4.")] = None,
     framework: Annotated[str | None, typer.Option(
         help="Whose layer code runs: transformers (Hugging Face's own layers, built from the "
-        "config.json given as --model); default: the planner's faithful layer.")] = None,
+        "config.json given as --model) or torchtitan (its Llama 3 block, eager: the "
+        "torchtitan-eager stack); default: the planner's faithful layer.")] = None,
     ep: Annotated[list[int] | None, typer.Option(
         help="Expert-parallel shards an MoE model's routed experts run at (repeat the "
         "option); default: 1, 2, 4, ... up to a node's devices, those that divide the "
@@ -98,6 +99,7 @@ def profile_cmd(
                          f"run: price it without --profile, or profile it with mtp_layers 0 "
                          f"and price that model")  # fmt: skip
     hf_config = _layer_source(framework, model)
+    profiled = _profiled_stack(framework, stack)
     training = fill_training(model_spec, seq_length=seq_len[0] if seq_len else None,
                              precision=precision, global_batch_size=1)  # fmt: skip
     lengths = sorted(set(seq_len or [training.seq_length]), reverse=True)
@@ -109,7 +111,7 @@ def profile_cmd(
                             if d <= spec.devices_per_node and experts % d == 0]  # fmt: skip
     if min(degrees) < 1 or min(batches) < 1 or min(expert_degrees) < 1 or min(lengths) < 1:
         raise InputError("--tp, --mbs, --ep and --seq-len: expected positive integers")
-    path = out or Path(f"profile-{_slug(model_spec.name)}-{STACK_NAMES[stack]}.json")
+    path = out or Path(f"profile-{_slug(model_spec.name)}-{profiled}.json")
     check_target(path, inputs=(model, cluster), option="--out")
     cases, skipped = [], []
     for length in lengths:
@@ -118,9 +120,10 @@ def profile_cmd(
                                    expert_parallel=expert_degrees)  # fmt: skip
         cases += more
         skipped += left
-    torch = import_torch("planner profile" + (" --framework transformers" if hf_config else ""),
-                         extra="bench" if hf_config is None else "transformers")
-    code = None if hf_config is None else transformers_code(model_spec, hf_config)
+    torch = import_torch("planner profile" + (f" --framework {framework}" if framework else ""),
+                         extra=FRAMEWORK_CODE.get(framework or "", "bench"))  # fmt: skip
+    code = (transformers_code(model_spec, hf_config) if hf_config is not None
+            else torchtitan_code(model_spec) if framework == "torchtitan" else None)  # fmt: skip
     backend = backend_of(torch, device)
     if device == "auto" and backend == "cpu":
         note(f"no GPU or NPU is visible: running {len(cases)} layers on the CPU, which "
@@ -134,11 +137,11 @@ def profile_cmd(
             bar.update(task, completed=i, description=case.label)
 
         run = run_profile(model_spec, cases, torch=torch, backend=backend,
-                          precision=training.precision, stack=STACK_NAMES[stack],
+                          precision=training.precision, stack=profiled,
                           repeats=repeats, on_case=advance, code=code)  # fmt: skip
     profile = LayerProfile(
         device=spec.device.name, device_reported=run.device_name, model=model_spec.name,
-        shape=layer_shape(model_spec), stack=STACK_NAMES[stack], precision=training.precision,
+        shape=layer_shape(model_spec), stack=profiled, precision=training.precision,
         layer_code=FAITHFUL if code is None else code.name,
         software=f"PyTorch {run.software}" + ("" if code is None else f", {code.name}"),
         measured=run.measured, optimizer=run.optimizer, skipped=(*skipped, *run.skipped),
@@ -157,20 +160,34 @@ def profile_cmd(
 FAITHFUL = "planner faithful PyTorch layer (planner.diagnose.faithful_layers)"
 """The ``layer_code`` of a profile of the planner's own layers."""
 
-FRAMEWORK_CODE = {"transformers": "transformers"}
-"""``--framework``'s words and the package whose layers each runs."""
+FRAMEWORK_CODE = {"transformers": "transformers", "torchtitan": "torchtitan"}
+"""``--framework``'s words and the package extra whose layers each runs."""
+
+
+def _profiled_stack(framework: str | None, stack: str) -> Stack:
+    """The stack the layers run as: ``--stack``'s, or torchtitan's eager block (one line for
+    ``--stack compile`` with it, which the planner prices as Megatron-Core's fused layers)."""
+    if framework != "torchtitan":
+        return STACK_NAMES[stack]
+    if STACK_NAMES[stack] != "hf-eager":
+        raise InputError(f"--stack {stack} --framework torchtitan: torchtitan's block runs eager "
+                         f"here (--stack eager, the torchtitan-eager stack); compiled torchtitan "
+                         f"is priced as Megatron-Core's fused layers (megatron-te)")  # fmt: skip
+    return "torchtitan-eager"
 
 
 def _layer_source(framework: str | None, model: Path) -> dict[str, Any] | None:
     """The Hugging Face config ``--framework transformers`` builds its layers from; None for
-    the faithful layer; one line for a framework whose layers are not run."""
+    torchtitan's and the faithful layer; one line for a framework whose layers are not run."""
     if framework is None:
         return None
     if framework not in FRAMEWORK_CODE:
         raise InputError(
-            f"--framework {framework}: the layers profiled are transformers' or, without "
-            "--framework, the planner's faithful layer (as --stack names); Megatron-Core's and "
-            "torchtitan's own layers are not run yet")  # fmt: skip
+            f"--framework {framework}: the layers profiled are transformers' or torchtitan's "
+            "or, without --framework, the planner's faithful layer (as --stack names); "
+            "Megatron-Core's own layers are not run yet")  # fmt: skip
+    if framework == "torchtitan":
+        return None
     data = json.loads(model.read_text())
     if not isinstance(data, dict) or "model_type" not in data:
         raise InputError(f"--framework {framework}: transformers builds its layers from the "
@@ -188,6 +205,19 @@ def transformers_code(model: ModelSpec, config: dict[str, Any]) -> LayerCode:
                          "newer): pip install 'planner[transformers]'; without --framework the "
                          "planner's faithful layer runs as --stack names") from None
     return TransformersCode(model, config)
+
+
+def torchtitan_code(model: ModelSpec) -> LayerCode:
+    """torchtitan's layers of ``model``, or one line naming the package to install (torchtitan
+    imports triton, which a CPU machine installs beside it) and that the faithful layer runs
+    without ``--framework``."""
+    try:
+        from planner.diagnose.titan_layers import TorchtitanCode
+    except ImportError:
+        raise InputError("--framework torchtitan needs torchtitan 0.2.2 (with triton, which it "
+                         "imports): pip install 'planner[torchtitan]'; without --framework the "
+                         "planner's faithful layer runs as --stack names") from None
+    return TorchtitanCode(model)
 
 
 def _slug(name: str) -> str:

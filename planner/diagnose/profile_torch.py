@@ -3,17 +3,18 @@ their layers run on one device with PyTorch (:func:`run_profile`), which it impo
 asked to run.
 
 Each case builds its kind's layer at its shard on the device, from the planner's faithful
-layers (:mod:`planner.diagnose.faithful_layers`) or Hugging Face's
-(:mod:`planner.diagnose.hf_layers`): a :class:`LayerCode`. It runs with fp32 weights under
-autocast for a 16-bit precision (PyTorch AMP, what the ``hf-eager`` and ``hf-compiled``
-stacks run) or in fp32, compiled with ``torch.compile`` on ``hf-compiled``. Its forward is
-timed with autograd recording (what training runs), its backward as forward with backward
-less the forward, each the fastest of several batches of calls
-(:func:`~planner.diagnose.bench_torch.fastest_seconds`). The bytes it keeps are counted as
-autograd saves them (``torch.autograd.graph.saved_tensors_hooks``: every distinct storage a
-forward saves for the backward, the parameters' own not counted), so they do not depend on
-the device's allocator. A case that does not fit the device's memory is skipped and listed.
-Last, AdamW's step over one decoder layer's parameters, as the stack keeps them.
+layers (:mod:`planner.diagnose.faithful_layers`), Hugging Face's
+(:mod:`planner.diagnose.hf_layers`) or torchtitan's (:mod:`planner.diagnose.titan_layers`): a
+:class:`LayerCode`. It runs with fp32 weights under autocast for a 16-bit precision (PyTorch
+AMP, what the ``hf-eager`` and ``hf-compiled`` stacks run), in the 16-bit precision itself on
+``torchtitan-eager`` (FSDP2's gathered weights), or in fp32, compiled with ``torch.compile``
+on ``hf-compiled``. Its forward is timed with autograd recording (what training runs), its
+backward as forward with backward less the forward, each the fastest of several batches of
+calls (:func:`~planner.diagnose.bench_torch.fastest_seconds`). The bytes it keeps are counted
+as autograd saves them (``torch.autograd.graph.saved_tensors_hooks``: every distinct storage a
+forward saves for the backward, the parameters' and buffers' own not counted), so they do not
+depend on the device's allocator. A case that does not fit the device's memory is skipped and
+listed. Last, AdamW's step over one decoder layer's parameters, as the stack keeps them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from planner.diagnose.bench_torch import (
     synchronizer,
 )
 from planner.errors import InputError
+from planner.graph.stacks import AUTOCAST_STACKS
 from planner.spec import ModelSpec
 from planner.spec.layers import MoESpec
 from planner.spec.profile import (
@@ -41,8 +43,9 @@ from planner.spec.profile import (
 )
 from planner.vocabulary import Precision, Stack
 
-PROFILED_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
-"""The stacks the faithful layer runs as: PyTorch eager, and each layer compiled."""
+PROFILED_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled", "torchtitan-eager")
+"""The stacks layers run as: PyTorch eager under autocast and each layer compiled (the faithful
+layer's and Hugging Face's), torchtitan's block eager in the compute precision."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,8 +164,9 @@ class ProfileRun:
 
 class LayerCode(Protocol):
     """Whose layers a profile runs, each built at one shard (PyTorch modules):
-    :class:`planner.diagnose.faithful_layers.FaithfulCode` or
-    :class:`planner.diagnose.hf_layers.TransformersCode`."""
+    :class:`planner.diagnose.faithful_layers.FaithfulCode`,
+    :class:`planner.diagnose.hf_layers.TransformersCode` or
+    :class:`planner.diagnose.titan_layers.TorchtitanCode`."""
 
     name: str
     """What the profile records as its ``layer_code``."""
@@ -190,8 +194,10 @@ class _Runner:
         self.torch, self.code, self.model = torch, code, model
         self.device = torch.device(backend)
         self.sync = synchronizer(torch, backend)
-        self.autocast = precision != "fp32"
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        # Under autocast the weights stay fp32; torchtitan's FSDP2 gathers them in bf16.
+        self.autocast = precision != "fp32" and stack in AUTOCAST_STACKS
+        self.weights = self.dtype if precision != "fp32" and not self.autocast else None
         self.compiled = stack == "hf-compiled"
         self.backend, self.repeats, self.min_time_s = backend, repeats, min_time_s
 
@@ -200,19 +206,30 @@ class _Runner:
             return nullcontext()
         return self.torch.autocast(device_type=self.backend, dtype=self.dtype)
 
+    def _placed(self, module: Any) -> Any:
+        """``module`` on the device, in the compute precision where the stack holds its
+        weights in it."""
+        return module.to(self.device, dtype=self.weights)
+
+    def _input(self, *shape: int) -> Any:
+        """Random hidden states of ``shape``: fp32 under autocast (the residual stream the
+        autocast stacks run), else the weights' precision."""
+        return self.torch.randn(*shape, device=self.device, dtype=self.weights,
+                                requires_grad=True)  # fmt: skip
+
     def _pass(self, case: ProfileCase) -> tuple[Any, Callable[[], Any]]:
         """The case's module and a forward returning what its backward starts from."""
         torch, m, code, tp = self.torch, self.model, self.code, case.tensor_parallel
         tokens = (case.micro_batch_size, case.seq_length)
         if case.kind == "embedding":
-            module = code.embedding(tp).to(self.device)
+            module = self._placed(code.embedding(tp))
             ids = torch.randint(0, module.vocab, tokens, device=self.device)
             return module, lambda: module(ids)
         shape: tuple[int, ...] = (*tokens, m.hidden_size)
         if case.kind == "head":
-            module = code.head(tp).to(self.device)
+            module = self._placed(code.head(tp))
             labels = torch.randint(0, module.vocab, tokens, device=self.device)
-            x = torch.randn(*shape, device=self.device, requires_grad=True)
+            x = self._input(*shape)
             run = torch.compile(module) if self.compiled else module
             return module, lambda: run(x, labels)
         if case.kind == "experts":
@@ -220,8 +237,8 @@ class _Runner:
                                          case.micro_batch_size * case.seq_length)  # fmt: skip
         else:
             module = code.layer(case.kind, tp)
-        module = module.to(self.device)
-        x = torch.randn(*shape, device=self.device, requires_grad=True)
+        module = self._placed(module)
+        x = self._input(*shape)
         run = torch.compile(module) if self.compiled else module
         return module, lambda: run(x)
 
@@ -251,8 +268,9 @@ class _Runner:
 
     def optimizer(self) -> OptimizerMeasurement:
         """AdamW's step over a whole decoder layer's parameters (an MoE layer's with its
-        routed experts), as the stack keeps them (fp32 under AMP and in fp32: fused where the
-        device has the kernel)."""
+        routed experts), as the stack keeps them (fp32 under AMP, in fp32, and under FSDP2's
+        mixed precision, whose sharded weights are fp32: fused where the device has the
+        kernel)."""
         torch = self.torch
         kind = _decoder_kinds(self.model)[0]
         modules = [self.code.layer(kind, 1)]
@@ -271,9 +289,10 @@ class _Runner:
         return OptimizerMeasurement(parameters=sum(p.numel() for p in params), step_s=seconds)
 
     def _kept_bytes(self, module: Any, forward: Callable[[], Any]) -> float:
-        """Bytes of the distinct storages one forward saves for its backward, parameters'
-        storages apart."""
-        params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        """Bytes of the distinct storages one forward saves for its backward, parameters' and
+        buffers' (constants such as rotary frequencies) apart."""
+        params = {p.untyped_storage().data_ptr()
+                  for p in (*module.parameters(), *module.buffers())}  # fmt: skip
         seen: dict[int, int] = {}
 
         def pack(t: Any) -> Any:

@@ -1,0 +1,109 @@
+"""``planner profile --framework torchtitan``: torchtitan's own Llama 3 block (v0.2.2), built at
+each shard, profiled on the CPU and priced on the ``torchtitan-eager`` stack as it measured;
+what it keeps is the stack's count but for the norms, which a CPU runs composite; a model
+that is not Llama-shaped, a compiled stack and a missing package are refused in one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.sharding.profiled import with_profile
+from planner.spec.reading import load_cluster, load_model, read_profile
+from tests.conftest import REPO
+from tests.test_profile import CPU_NODE, TINY, _planner, microbatch_s
+
+needs_torchtitan = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchtitan") is None,
+    reason="--framework torchtitan needs PyTorch and torchtitan (the test extra has both)")
+SHAPE = ("--precision", "fp32", "--seq-len", "256", "--tp", "1", "--device", "cpu")
+
+
+def _profile(tmp_path: Path, *extra: str) -> Path:
+    out = tmp_path / "titan.json"
+    done = _planner("profile", CPU_NODE, "--model", TINY, "--framework", "torchtitan", *SHAPE,
+                    "--repeats", "1", *extra, "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert all(len(line) <= 80 for line in done.stdout.splitlines())
+    return out
+
+
+@needs_torchtitan
+def test_torchtitans_block_prices_a_torchtitan_eager_step_as_measured(tmp_path: Path) -> None:
+    """The tiny Llama's layers run as torchtitan builds them: the profile names torchtitan
+    and the torchtitan-eager stack, a solve on that stack prices the step's compute as the
+    embedding, two blocks and the head measured, and a plan on another stack is refused."""
+    out = _profile(tmp_path, "--mbs", "1")
+    profile = read_profile(out)
+    assert profile.stack == "torchtitan-eager"
+    assert profile.layer_code.startswith("torchtitan v0.2.2")
+    assert [m.label() for m in profile.measured] == [
+        "embedding tp1 1x256", "dense tp1 1x256", "head tp1 1x256"]
+    priced = _planner("estimate", TINY, CPU_NODE, "--stack", "torchtitan-eager", "--profile",
+                      out, "--json")  # fmt: skip
+    assert priced.returncode == 0, priced.stderr
+    result = json.loads(priced.stdout)
+    assert result["time"]["compute_s"] == pytest.approx(8 * microbatch_s(out, {"dense": 2}),
+                                                        rel=1e-6)  # fmt: skip
+    assert "dense: measured (tp1 1x256)" in result["profiled"]
+    refused = _planner("estimate", TINY, CPU_NODE, "--stack", "hf-eager", "--profile", out)
+    assert refused.returncode == 2
+    assert "measured on torchtitan-eager; this run is priced on hf-eager" in " ".join(
+        refused.stderr.split())
+
+
+@needs_torchtitan
+def test_the_block_keeps_the_stacks_count_but_for_the_cpus_composite_norms(
+    tmp_path: Path,
+) -> None:
+    """What torchtitan's block saves, over the torchtitan-eager count, at TP 1 and 2: exactly
+    what the CPU's composite RMSNorm keeps beyond CUDA's fused kernel (its fp32 normalized
+    output, 4 bytes an element, and a value a token, twice a layer) and SDPA's log-sum-exp
+    (4 bytes a head and token)."""
+    out = _profile(tmp_path, "--mbs", "1", "--tp", "2")
+    model = load_model(TINY)
+    factors = with_profile(load_cluster(CPU_NODE), model, read_profile(out)).device
+    assert factors.efficiency.profile is not None
+    for m in read_profile(out).measured:
+        if m.kind != "dense":
+            continue
+        tokens, tp = m.micro_batch_size * m.seq_length, m.tensor_parallel
+        h, heads, groups, ffn = (model.hidden_size, model.num_attention_heads // tp,
+                                 model.query_groups // tp, model.ffn // tp)  # fmt: skip
+        d = model.head_dim
+        counted = 4 * (8 * h + 4 * heads * d + 4 * groups * d + 8 * ffn) / 2  # fp32: 4 B
+        norms, lse = 2 * (4 * h + 4), 4 * heads
+        assert m.kept_bytes == tokens * (counted + norms + lse), m.label()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--model", REPO / "instances/models/gpt3-175b.json"),
+     "--framework torchtitan runs torchtitan's Llama 3 block; gpt3-175b has layernorm, not "
+     "RMSNorm: without --framework the planner's faithful layer runs"),
+    (("--model", TINY, "--stack", "compile"),
+     "--stack compile --framework torchtitan: torchtitan's block runs eager here"),
+])
+@needs_torchtitan
+def test_what_torchtitans_block_cannot_run_is_refused(args: tuple[str, ...], says: str) -> None:
+    done = _planner("profile", CPU_NODE, "--framework", "torchtitan", *args, *SHAPE, "--out",
+                    "/tmp/never-written.json")  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert says in " ".join(done.stderr.split())
+    assert not Path("/tmp/never-written.json").exists()
+
+
+def test_without_torchtitan_it_names_the_extra_and_the_faithful_layer() -> None:
+    script = ("import sys\nsys.modules['torchtitan'] = None\nfrom planner.cli import main\n"
+              "main()\n")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, "profile", str(CPU_NODE), "--model", str(TINY),
+         "--framework", "torchtitan", *SHAPE, "--out", "/tmp/never-written.json"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    message = " ".join(done.stderr.split())
+    assert "planner[torchtitan]" in message and "faithful layer" in message
