@@ -18,7 +18,7 @@ Precision = Literal["bf16", "fp16", "fp32"]
 """Mixed-precision compute type."""
 
 Stack = Literal["megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled", "composer-fsdp",
-                "megatron-deepspeed", "torchtitan-eager"]
+                "megatron-deepspeed", "torchtitan-eager", "colossalai-hf"]
 """The software that runs a layer, beyond its kernels: what it keeps for the backward and how it
 computes the loss. ``megatron-te``: Megatron-Core with Transformer Engine (fused norms, SwiGLU
 and attention; a compute-precision residual stream; vocab-parallel cross entropy), the accounting
@@ -40,9 +40,14 @@ pipeline engine.
 at v0.2.2) run eager in the compute precision, its weights gathered by FSDP2 in bf16 (no
 autocast): a bf16 residual stream, ``nn.RMSNorm`` (one fused kernel on CUDA), separate
 projections, the rotary embedding as complex products in fp32, SwiGLU unfused, the loss on
-fp32 logits."""
+fp32 logits. ``colossalai-hf``: a Hugging Face ``transformers`` model as Colossal-AI's
+``HybridParallelPlugin`` runs it, cast whole to the compute precision (fp32 master weights in
+its optimizer, no autocast): a 16-bit residual stream, Hugging Face's own RMSNorm (upcast to
+fp32 inside), separate projections, the rotary embedding's halves rotated in the compute
+precision, SwiGLU unfused, the loss on fp32 logits."""
 STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled",
-                             "composer-fsdp", "megatron-deepspeed", "torchtitan-eager")
+                             "composer-fsdp", "megatron-deepspeed", "torchtitan-eager",
+                             "colossalai-hf")
 FP8_STACKS: tuple[Stack, ...] = ("megatron-te-fp8",)
 """Stacks whose decoder layers' linear layers run in FP8 (:mod:`planner.graph.fp8`)."""
 

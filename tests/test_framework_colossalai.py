@@ -19,7 +19,13 @@ import planner
 from planner.frameworks import colossalai as cai
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from tests.framework_cases import configure, forced, load, verdict, without_mtp
+from tests import framework_cases
+from tests.framework_cases import forced, load, verdict, without_mtp
+
+
+def configure(model: ModelSpec, devices: int, **knobs: Any) -> ResolvedConfig:
+    """``knobs`` resolved on ``devices`` H100s, on Colossal-AI's stack unless they say."""
+    return framework_cases.configure(model, devices, **{"stack": "colossalai-hf", **knobs})
 
 
 def refusal(name: str, resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -155,13 +161,16 @@ def test_mixtral_moe_plugin() -> None:
 
 
 def test_gpt3_uneven_split_as_gpt2() -> None:
-    """GPT-3 175B as GPT2LMHeadModel, TP8 PP16 with a 5-layer first and 7-layer last stage."""
+    """GPT-3 175B as GPT2LMHeadModel, TP8 PP16 with a 5-layer first and 7-layer last stage;
+    its GeLU PyTorch's erf GeLU, as the model and the stack's count have it (``GPT2Config``
+    defaults to ``gelu_new``, the tanh approximation written out in Python)."""
     model = load("gpt3-175b")
     resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, first_stage_layers=5,
                          last_stage_layers=7)  # fmt: skip
     _, kwargs, settings = launched(resolved, model)
     assert kwargs["num_layers_per_stage"] == [5, *[6] * 14, 7]
     assert settings["HF_MODEL_CLASS"] == "GPT2LMHeadModel"
+    assert settings["HF_CONFIG"] == {"layer_norm_epsilon": 1e-05, "activation_function": "gelu"}
     assert kwargs["make_vocab_size_divisible_by"] == 128  # 51200 = 50 x 128 x 8
     assert read_back(kwargs, settings, 1024) == expected(resolved)
 

@@ -78,9 +78,9 @@ def test_hugging_face_mixtral_layers_are_measured_around_and_in_their_experts(
 
 @pytest.mark.parametrize(("args", "says"), [
     (("--framework", "megatron", "--model", TINY_LLAMA_HF),
-     "--framework megatron: the layers profiled are transformers' or torchtitan's or, "
-     "without --framework, the planner's faithful layer (as --stack names); Megatron-Core's "
-     "own layers are not run yet"),
+     "--framework megatron: the layers profiled are transformers', colossalai's or "
+     "torchtitan's or, without --framework, the planner's faithful layer (as --stack names); "
+     "Megatron-Core's own layers are not run yet"),
     (("--framework", "transformers", "--model", TINY),
      "transformers builds its layers from the model's Hugging Face config.json;"),
 ])
@@ -111,3 +111,30 @@ def test_without_transformers_it_names_the_package_and_the_faithful_layer(missin
         assert "without --framework the planner's faithful layer runs" in message
     else:
         assert "--framework transformers needs PyTorch" in message
+
+
+@needs_transformers
+def test_colossalai_profiles_hugging_faces_layers_cast_to_its_precision(tmp_path: Path) -> None:
+    """``--framework colossalai`` runs Hugging Face's layers as Colossal-AI casts them (no
+    autocast): a profile of the ``colossalai-hf`` stack, whose layer at TP 1 and 2 keeps
+    exactly that stack's count plus SDPA's log-sum-exp, the norms' value a token (the norm
+    runs as written on any device) and the rotary cosines and sines, which the profiled layer
+    computes for itself (a model, once for all its layers)."""
+    out = tmp_path / "colossalai.json"
+    done = _planner("profile", CPU_NODE, "--model", TINY_LLAMA_HF, "--framework", "colossalai",
+                    "--device", "cpu", "--tp", "1", "--tp", "2", "--mbs", "1", "--repeats", "1",
+                    *SHAPE, "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    profile = read_profile(out)
+    assert profile.stack == "colossalai-hf" and profile.layer_code.startswith("transformers 5.")
+    model = load_model(TINY_LLAMA_HF)
+    layers = [m for m in profile.measured if m.kind == "dense"]
+    assert [m.tensor_parallel for m in layers] == [1, 2]
+    for m in layers:
+        tp, tokens, d = m.tensor_parallel, m.micro_batch_size * m.seq_length, model.head_dim
+        q, kv = model.num_attention_heads // tp * d, model.query_groups // tp * d
+        # fp32, 4 bytes an element: each norm's input and normalized output and the output its
+        # projections read, q, k, v and the attention's output, gate, up, SiLU's output, product
+        counted = 4 * (6 * model.hidden_size + 2 * q + 2 * kv + 4 * model.ffn // tp)
+        extra = 4 * model.num_attention_heads // tp + 2 * 4 + 2 * 4 * d  # lse, rstd, cos, sin
+        assert m.kept_bytes == tokens * (counted + extra), m.label()

@@ -86,7 +86,8 @@ def test_the_block_keeps_the_stacks_count_but_for_the_cpus_composite_norms(
      "--framework torchtitan runs torchtitan's Llama 3 block; gpt3-175b has layernorm, not "
      "RMSNorm: without --framework the planner's faithful layer runs"),
     (("--model", TINY, "--stack", "compile"),
-     "--stack compile --framework torchtitan: torchtitan's block runs eager here"),
+     "--stack compile --framework torchtitan: its layers run eager here (--stack eager, the "
+     "torchtitan-eager stack); compiled torchtitan is priced as Megatron-Core's fused layers"),
 ])
 @needs_torchtitan
 def test_what_torchtitans_block_cannot_run_is_refused(args: tuple[str, ...], says: str) -> None:

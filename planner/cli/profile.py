@@ -70,8 +70,9 @@ def profile_cmd(
         help="Microbatch sizes run (repeat the option); default: 1, 2 and 4.")] = None,
     framework: Annotated[str | None, typer.Option(
         help="Whose layer code runs: transformers (Hugging Face's own layers, built from the "
-        "config.json given as --model) or torchtitan (its Llama 3 block, eager: the "
-        "torchtitan-eager stack); default: the planner's faithful layer.")] = None,
+        "config.json given as --model), colossalai (the same cast to the compute precision, "
+        "as Colossal-AI runs them: the colossalai-hf stack) or torchtitan (its Llama 3 block, "
+        "eager: the torchtitan-eager stack); default: the planner's faithful layer.")] = None,
     ep: Annotated[list[int] | None, typer.Option(
         help="Expert-parallel shards an MoE model's routed experts run at (repeat the "
         "option); default: 1, 2, 4, ... up to a node's devices, those that divide the "
@@ -122,7 +123,7 @@ def profile_cmd(
         skipped += left
     torch = import_torch("planner profile" + (f" --framework {framework}" if framework else ""),
                          extra=FRAMEWORK_CODE.get(framework or "", "bench"))  # fmt: skip
-    code = (transformers_code(model_spec, hf_config) if hf_config is not None
+    code = (transformers_code(model_spec, hf_config, framework or "") if hf_config is not None
             else torchtitan_code(model_spec) if framework == "torchtitan" else None)  # fmt: skip
     backend = backend_of(torch, device)
     if device == "auto" and backend == "cpu":
@@ -160,32 +161,40 @@ def profile_cmd(
 FAITHFUL = "planner faithful PyTorch layer (planner.diagnose.faithful_layers)"
 """The ``layer_code`` of a profile of the planner's own layers."""
 
-FRAMEWORK_CODE = {"transformers": "transformers", "torchtitan": "torchtitan"}
-"""``--framework``'s words and the package extra whose layers each runs."""
+FRAMEWORK_CODE = {"transformers": "transformers", "torchtitan": "torchtitan",
+                  "colossalai": "transformers"}  # fmt: skip
+"""``--framework``'s words and the package extra whose layers each runs (Colossal-AI runs
+Hugging Face's)."""
+FRAMEWORK_STACKS: dict[str, Stack] = {"torchtitan": "torchtitan-eager",
+                                      "colossalai": "colossalai-hf"}  # fmt: skip
+"""The stack a framework's own layers run as, eager in the compute precision."""
 
 
 def _profiled_stack(framework: str | None, stack: str) -> Stack:
-    """The stack the layers run as: ``--stack``'s, or torchtitan's eager block (one line for
-    ``--stack compile`` with it, which the planner prices as Megatron-Core's fused layers)."""
-    if framework != "torchtitan":
+    """The stack the layers run as: ``--stack``'s, or the framework's own
+    (:data:`FRAMEWORK_STACKS`; one line for ``--stack compile`` with it)."""
+    if framework not in FRAMEWORK_STACKS:
         return STACK_NAMES[stack]
+    own = FRAMEWORK_STACKS[framework]
     if STACK_NAMES[stack] != "hf-eager":
-        raise InputError(f"--stack {stack} --framework torchtitan: torchtitan's block runs eager "
-                         f"here (--stack eager, the torchtitan-eager stack); compiled torchtitan "
-                         f"is priced as Megatron-Core's fused layers (megatron-te)")  # fmt: skip
-    return "torchtitan-eager"
+        compiled = ("; compiled torchtitan is priced as Megatron-Core's fused layers "
+                    "(megatron-te)") if framework == "torchtitan" else ""  # fmt: skip
+        raise InputError(f"--stack {stack} --framework {framework}: its layers run eager here "
+                         f"(--stack eager, the {own} stack){compiled}")  # fmt: skip
+    return own
 
 
 def _layer_source(framework: str | None, model: Path) -> dict[str, Any] | None:
-    """The Hugging Face config ``--framework transformers`` builds its layers from; None for
-    torchtitan's and the faithful layer; one line for a framework whose layers are not run."""
+    """The Hugging Face config ``--framework transformers`` (or ``colossalai``, which runs
+    Hugging Face's layers) builds its layers from; None for torchtitan's and the faithful
+    layer; one line for a framework whose layers are not run."""
     if framework is None:
         return None
     if framework not in FRAMEWORK_CODE:
         raise InputError(
-            f"--framework {framework}: the layers profiled are transformers' or torchtitan's "
-            "or, without --framework, the planner's faithful layer (as --stack names); "
-            "Megatron-Core's own layers are not run yet")  # fmt: skip
+            f"--framework {framework}: the layers profiled are transformers', colossalai's or "
+            "torchtitan's or, without --framework, the planner's faithful layer (as --stack "
+            "names); Megatron-Core's own layers are not run yet")  # fmt: skip
     if framework == "torchtitan":
         return None
     data = json.loads(model.read_text())
@@ -195,13 +204,14 @@ def _layer_source(framework: str | None, model: Path) -> dict[str, Any] | None:
     return data
 
 
-def transformers_code(model: ModelSpec, config: dict[str, Any]) -> LayerCode:
+def transformers_code(model: ModelSpec, config: dict[str, Any],
+                      framework: str = "transformers") -> LayerCode:  # fmt: skip
     """``transformers``' layers of ``model``, or one line naming the package to install and
     that the faithful layer runs without ``--framework``."""
     try:
         from planner.diagnose.hf_layers import TransformersCode
     except ImportError:
-        raise InputError("--framework transformers needs the transformers package (5.0 or "
+        raise InputError(f"--framework {framework} needs the transformers package (5.0 or "
                          "newer): pip install 'planner[transformers]'; without --framework the "
                          "planner's faithful layer runs as --stack names") from None
     return TransformersCode(model, config)

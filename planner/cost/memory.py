@@ -23,7 +23,8 @@ MEMORY_MARGIN: dict[Stack, float] = {"megatron-te": DEFAULT_MEMORY_MARGIN,
                                      "hf-eager": 0.02, "hf-compiled": 0.02,
                                      "composer-fsdp": DEFAULT_MEMORY_MARGIN,
                                      "megatron-deepspeed": 0.23,
-                                     "torchtitan-eager": DEFAULT_MEMORY_MARGIN}
+                                     "torchtitan-eager": DEFAULT_MEMORY_MARGIN,
+                                     "colossalai-hf": DEFAULT_MEMORY_MARGIN}
 """Share of a device's memory a plan leaves free unless told otherwise, by the stack that runs
 it: the memory model's own measured error on that stack where a device measured its peak.
 

@@ -293,11 +293,13 @@ def _band(device: DeviceSpec, prediction: Regime, share: float) -> ErrorBand:
 
 
 def highest_mfu(device: DeviceSpec, stack: Stack) -> float:
-    """The highest MFU any validated run of ``stack`` reached on ``device`` (infinity without
-    one: nothing to be above)."""
+    """The highest MFU any validated run of ``stack`` reached on ``device``; for a stack no run
+    ran, the highest any stack reached there (a stack never checked is no licence to go above
+    what every checked one reached); infinity without runs: nothing to be above."""
     evidence = device.efficiency.evidence
     return _memo(evidence, ("mfu", stack), lambda: max(
-        (r.mfu for r in evidence if r.stack == stack), default=math.inf))
+        (r.mfu for r in evidence if r.stack == stack),
+        default=max((r.mfu for r in evidence), default=math.inf)))
 
 
 def memory_band(device: DeviceSpec, stack: Stack) -> MemoryBand:
@@ -328,8 +330,11 @@ def mfu_above(device: DeviceSpec, stack: Stack, mfu: float) -> Extrapolation | N
     best = highest_mfu(device, stack)
     if mfu <= best:
         return None
+    evidence = device.efficiency.evidence
+    ran = _memo(evidence, ("ran", stack), lambda: any(r.stack == stack for r in evidence))
     return Extrapolation(feature="mfu", text=f"MFU {_percent(mfu)} above the highest "
-                         f"validated on {device.name} with {stack} ({_percent(best)})")
+                         f"validated on {device.name} with {stack if ran else 'any stack'} "
+                         f"({_percent(best)})")
 
 
 def _percent(fraction: float) -> str:

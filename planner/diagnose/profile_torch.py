@@ -43,9 +43,11 @@ from planner.spec.profile import (
 )
 from planner.vocabulary import Precision, Stack
 
-PROFILED_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled", "torchtitan-eager")
+PROFILED_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled", "torchtitan-eager",
+                                      "colossalai-hf")  # fmt: skip
 """The stacks layers run as: PyTorch eager under autocast and each layer compiled (the faithful
-layer's and Hugging Face's), torchtitan's block eager in the compute precision."""
+layer's and Hugging Face's), torchtitan's block and Hugging Face's layers eager in the compute
+precision."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,9 +209,14 @@ class _Runner:
         return self.torch.autocast(device_type=self.backend, dtype=self.dtype)
 
     def _placed(self, module: Any) -> Any:
-        """``module`` on the device, in the compute precision where the stack holds its
-        weights in it."""
-        return module.to(self.device, dtype=self.weights)
+        """``module`` on the device, its parameters in the compute precision where the stack
+        holds its weights in it (FSDP2 casts the parameters alone: torchtitan's complex
+        rotary frequencies stay complex)."""
+        module = module.to(self.device)
+        if self.weights is not None:
+            for p in module.parameters():
+                p.data = p.data.to(self.weights)
+        return module
 
     def _input(self, *shape: int) -> Any:
         """Random hidden states of ``shape``: fp32 under autocast (the residual stream the

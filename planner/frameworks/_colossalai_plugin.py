@@ -52,8 +52,9 @@ def overlap_kwargs(resolved: ResolvedConfig, *, moe: bool) -> Kwargs:
 
 
 def hf_config_keys(model: ModelSpec, *, deepseek: bool) -> Kwargs:
-    """The model's RoPE, norm and routing in the Hugging Face config's keys: Shardformer keeps
-    the modeling's RoPE, norms and router, so the config the model is built from carries them."""
+    """The model's RoPE, norm, activation and routing in the Hugging Face config's keys:
+    Shardformer keeps the modeling's RoPE, norms, activation and router, so the config the model
+    is built from carries them."""
     keys: Kwargs = {}
     if model.position_embedding == "rope":
         scaling = model.rope_scaling
@@ -63,6 +64,10 @@ def hf_config_keys(model: ModelSpec, *, deepseek: bool) -> Kwargs:
                      **scaling.model_dump(exclude={"rope_type"}, exclude_none=True)}}
     else:
         keys["layer_norm_epsilon"] = model.norm_epsilon
+    if model.activation == "gelu":
+        # GPT2Config defaults to the tanh approximation written out (gelu_new); the model's is
+        # PyTorch's one-kernel erf GeLU, as the colossalai-hf stack prices it.
+        keys["activation_function"] = "gelu"
     moe = model.moe
     if deepseek and moe is not None:  # DeepSeek-V3's own modeling reads these
         keys |= {"scoring_func": moe.score_function, "norm_topk_prob": moe.router_topk_normalized,

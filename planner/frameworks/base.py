@@ -95,8 +95,9 @@ class Profile:
     prices them, the one it runs unless told first (:func:`planner.frameworks.default_stack`):
     Megatron-DeepSpeed's layers under DeepSpeed's engine and optimizers for DeepSpeed;
     torchtitan's own model code run eager for torchtitan (the ``compile`` its export leaves
-    off); Megatron-Core's fused layers for the Megatron family, and Colossal-AI priced as if it
-    ran them (its shardformer's fused kernels are options no stack counts)."""
+    off); Hugging Face's layers cast to the compute precision for Colossal-AI (its
+    shardformer's fused norms are an option its export leaves off); Megatron-Core's fused
+    layers for the Megatron family."""
 
     def refusals(self, resolved: ResolvedConfig, model: ModelSpec) -> tuple[str, ...]:
         """Every reason the framework cannot launch ``resolved`` (empty: it can): a stack it

@@ -93,5 +93,6 @@ def notes(model: ModelSpec) -> tuple[str, ...]:
     )
 
 
-PROFILE = Profile(name="colossalai", title="Colossal-AI", rules=RULES, launch=launch)
+PROFILE = Profile(name="colossalai", title="Colossal-AI", rules=RULES, launch=launch,
+                  stacks=("colossalai-hf",))
 """Colossal-AI as a framework target."""

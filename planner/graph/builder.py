@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 from planner.graph import unfused
 from planner.graph.fp8 import quantization, runs_fp8
 from planner.graph.ops import Op, OpKind, Tensor, Unfused
-from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES, SEPARATE_PROJECTION_STACKS
+from planner.graph.stacks import (
+    AUTOCAST_STACKS,
+    FP32_BYTES,
+    SEPARATE_PROJECTION_STACKS,
+    UPCAST_NORM_STACKS,
+)
 from planner.spec import ModelSpec
 from planner.vocabulary import Precision, Stack
 
@@ -108,16 +113,21 @@ class LayerBuilder:
              **tags: tuple[str, ...]) -> str:
         """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input (on the
         Hugging Face stacks the fp32 residual it reads, and in eager mode its fp32 normalized
-        output too: ``LlamaRMSNorm`` upcasts, and keeps it for its weight's gradient)."""
+        output too: ``LlamaRMSNorm`` upcasts, and keeps it for its weight's gradient; on a
+        16-bit input outside autocast, the upcast copy and the normalized output cast back)."""
         x = self.act(width) if width else self.hidden()
         per_channel = 2 if self.model.normalization == "layernorm" else 1
         saved: tuple[Tensor, ...] = (x,)
+        # Hugging Face writes its RMSNorm out; its LayerNorm is PyTorch's fused one.
+        hand_written = self.stack not in UPCAST_NORM_STACKS or self.model.normalization == "rmsnorm"
         if self.stack in AUTOCAST_STACKS:  # the residual stream is fp32, autocast or not
             saved = (self.fp32(x),) * (2 if self.stack == "hf-eager" else 1)
+        elif self.stack in UPCAST_NORM_STACKS and hand_written:
+            saved = (self.fp32(x), x)
         return self.add(
             op, "norm", (source,), inputs=(x,), output=x, saved=saved,
             extra_params=per_channel * (width[1] if width else self.model.hidden_size),
-            unfused=unfused.norm(self.stack, x), **tags,
+            unfused=unfused.norm(self.stack, x) if hand_written else None, **tags,
         )  # fmt: skip
 
     def linear(

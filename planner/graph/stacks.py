@@ -36,8 +36,17 @@ lowering (:mod:`planner.graph.lower`) to apply operator by operator:
   the constant frequencies; SDPA keeps q, k, v and its output (which ``wo`` reads); SwiGLU's
   product keeps SiLU's output beside up, as Hugging Face's eager layer does. Megatron's
   accounting plus that SiLU output, so a layer keeps ``8h + 4q + 4kv + 8f`` bytes a token
-  (hidden, query, key/value and FFN widths). ``benchmarks/torchtitan_layer.py`` counts what
+  (hidden, query, key/value and FFN widths). ``benchmarks/eager_layer_bytes.py`` counts what
   torchtitan's own block saves.
+- ``colossalai-hf``: Hugging Face's Llama code (``transformers/models/llama/modeling_llama.py``)
+  cast whole to the compute precision, as Colossal-AI's ``HybridParallelModule`` casts it
+  (``colossalai/booster/plugin/hybrid_parallel_plugin.py``, lines 97-105 at
+  hpcaitech/ColossalAI@4f9953b; its Llama policy keeps Hugging Face's RMSNorm unless
+  ``enable_fused_normalization``, ``colossalai/shardformer/policies/llama.py`` lines 46-49, and
+  rotates q and k with Hugging Face's ``apply_rotary_pos_emb``). As ``torchtitan-eager`` but
+  for the norms: ``LlamaRMSNorm`` upcasts its 16-bit input to fp32 and keeps that copy and its
+  normalized output cast back (``weight * x.to(input_dtype)`` keeps the latter), 6 bytes an
+  element where a fused norm keeps its 2-byte input: ``16h + 4q + 4kv + 8f`` bytes a token.
 
 The loss keeps fp32 softmax (or log-probabilities, or the fused loss's 16-bit logits) over the
 vocabulary; its backward's transient tensors are the op's ``working``.
@@ -96,20 +105,25 @@ FP32_BYTES = 4.0
 """Bytes of an fp32 element."""
 AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
 """Stacks that run under ``torch.autocast`` with fp32 weights and an fp32 residual stream."""
-SEPARATE_PROJECTION_STACKS: tuple[Stack, ...] = ("torchtitan-eager",)
+SEPARATE_PROJECTION_STACKS: tuple[Stack, ...] = ("torchtitan-eager", "colossalai-hf")
 """Stacks outside autocast whose projections of one norm's output are separate modules (q, k
 and v; gate and up), each reader past the first adding its gradient into the norm's."""
-EAGER_GLU_STACKS: tuple[Stack, ...] = ("hf-eager", "torchtitan-eager")
+EAGER_GLU_STACKS: tuple[Stack, ...] = ("hf-eager", "torchtitan-eager", "colossalai-hf")
 """Stacks whose gated MLP runs ``silu(gate) * up`` as two eager ops, so the product keeps
 SiLU's output beside up for its backward."""
+UPCAST_NORM_STACKS: tuple[Stack, ...] = ("colossalai-hf",)
+"""Stacks outside autocast whose RMSNorm is Hugging Face's hand-written one on a 16-bit input:
+it keeps the input's fp32 copy and the normalized output cast back."""
 LOSS_KEPT: dict[Stack, float] = {"megatron-te": 4.0, "megatron-te-fp8": 4.0, "hf-eager": 4.0,
                                   "hf-compiled": 4.0, "composer-fsdp": 2.0,
-                                  "megatron-deepspeed": 4.0, "torchtitan-eager": 4.0}
+                                  "megatron-deepspeed": 4.0, "torchtitan-eager": 4.0,
+                                  "colossalai-hf": 4.0}
 """Bytes per token and vocabulary entry the loss keeps for its backward: fp32 softmax (or
 log-probabilities); flash-attn's fused cross entropy (``flash_attn/losses/cross_entropy.py``,
 as MosaicGPT builds it) keeps the 16-bit logits themselves and an fp32 log-sum-exp a token."""
 LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "megatron-te-fp8": 2.0, "hf-eager": 8.0,
                                     "hf-compiled": 8.0, "torchtitan-eager": 8.0,
+                                    "colossalai-hf": 8.0,
                                     "composer-fsdp": 2.0, "megatron-deepspeed": 2.0}
 """Bytes per token and vocabulary entry the loss's backward holds beyond the fp32 softmax it
 keeps. Hugging Face's loss (``transformers/loss/loss_utils.py``) runs ``cross_entropy`` on

@@ -67,7 +67,21 @@ fused stacks. Beyond it, per element:
 - The loss (``torchtitan/components/loss.py``: ``cross_entropy`` on ``pred.float()``): as
   ``hf-eager``'s.
 
-``benchmarks/torchtitan_layer.py`` lists the kernels torchtitan's own block dispatches.
+``colossalai-hf`` is Hugging Face's Llama layer cast whole to bf16 (Colossal-AI's
+``HybridParallelModule``): as ``torchtitan-eager`` but for two things. ``LlamaRMSNorm`` runs as
+written on a bf16 input: the upcast to fp32 (6 B), ``pow`` (8), ``mean`` (4), ``add`` and
+``rsqrt`` on a value a token, the normalizing ``mul`` (8), the cast back (6), the weight's
+``mul`` in bf16 (4): 36 B in 8 kernels; backward, the weight's two gradients (4 and 6, and a
+sum over tokens, 2), the cast to fp32 (6), the normalizing ``mul``'s two (12 and 8, a sum 4),
+``rsqrt``'s and ``mean``'s on a value a token, ``div`` (8), ``pow``'s (8 and 12), the two
+paths' sum (12) and the cast back (6): 96 B in 16 kernels. ``apply_rotary_pos_emb`` rotates
+the halves in bf16 with bf16 ``cos``/``sin``: ``q * cos`` (4), ``-x2`` on half (2), ``cat``
+(4), ``* sin`` (4), ``add`` (6): 20 B in 5 kernels; backward, the two products' gradients (4
+each), ``neg`` (2), each half's ``slice_backward`` into a zeroed whole (3 each), the sums
+(6 each) and the gradient's copy back into the projection's layout (4): 32 B in 8.
+
+``benchmarks/eager_layer_bytes.py`` lists the kernels torchtitan's own block and Hugging Face's
+layer in bf16 dispatch.
 
 The other stacks run Transformer Engine's or Megatron's fused kernels: each memory-bound op one
 kernel over its inputs and output (the op's own tensors; no :class:`~planner.graph.ops.Unfused`).
@@ -152,6 +166,22 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
                                 forward_kernels=0, backward_kernels=1),
         "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
                           forward_kernels=3, backward_kernels=3),
+        "residual": Kernels(forward_bytes=6.0, backward_bytes=6.0,
+                            forward_kernels=1, backward_kernels=1),
+        "glu": Kernels(forward_bytes=10.0, backward_bytes=18.0,
+                       forward_kernels=2, backward_kernels=3),
+        "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
+                              forward_kernels=1, backward_kernels=1),
+        "loss": Kernels(forward_bytes=22.0, backward_bytes=26.0,
+                        forward_kernels=3, backward_kernels=4),
+    },
+    "colossalai-hf": {
+        "norm": Kernels(forward_bytes=36.0, backward_bytes=96.0,
+                        forward_kernels=8, backward_kernels=16),
+        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=6.0,
+                                forward_kernels=0, backward_kernels=1),
+        "rotary": Kernels(forward_bytes=20.0, backward_bytes=32.0,
+                          forward_kernels=5, backward_kernels=8),
         "residual": Kernels(forward_bytes=6.0, backward_bytes=6.0,
                             forward_kernels=1, backward_kernels=1),
         "glu": Kernels(forward_bytes=10.0, backward_bytes=18.0,

@@ -1,8 +1,9 @@
-"""The ``torchtitan-eager`` stack: what torchtitan's own block keeps and moves, counted from its
-source (``torchtitan/models/llama3/model/model.py`` at v0.2.2) and checked against the block
-itself by ``benchmarks/torchtitan_layer.py`` (Llama 3 8B's block on 512 tokens: kept bytes
-within 0.1 %, forward kernels' bytes exact, backward's within 0.4 %); torchtitan's plans and
-logs priced on it, and their bands saying it is extrapolated."""
+"""The eager stacks of torchtitan and Colossal-AI: what torchtitan's own block
+(``torchtitan-eager``) and Hugging Face's layer cast to bf16 (``colossalai-hf``) keep and move,
+counted from their source and checked against those layers themselves by
+``benchmarks/eager_layer_bytes.py`` (Llama 3 8B on 512 tokens: kept bytes within 0.1 %, the
+separate kernels' bytes within 0.4 %); the frameworks' plans priced on them, and their bands
+saying the stack is extrapolated."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ LLAMA3_8B = ModelSpec(name="torchtitan llama3 8B", num_layers=1, hidden_size=409
 H, Q, KV, F = 4096, 4096, 1024, 14336
 
 
-def _layer(stack: str, seq: int = 512) -> list:
+def _layer(stack: str, seq: int = 512, model: ModelSpec = LLAMA3_8B) -> list:
     training = TrainingSpec(seq_length=seq, global_batch_size=1, precision="bf16", stack=stack)
-    graph = lower(LLAMA3_8B, training)
+    graph = lower(model, training)
     return [graph.nodes[n]["op"] for n in graph if graph.nodes[n]["op"].layer == 1]
 
 
@@ -38,7 +39,7 @@ def test_the_block_keeps_megatrons_bytes_and_silus_output() -> None:
     keeps it) and the product; the rotary embedding's complex product keeps only the constant
     frequencies. Outside the norms (which run composite in fp32 on the CPU), torchtitan's
     block keeps 151,680 bytes a token where this count says 151,552: the rest is SDPA's
-    log-sum-exp (``benchmarks/torchtitan_layer.py``)."""
+    log-sum-exp (``benchmarks/eager_layer_bytes.py``)."""
     ops = _layer("torchtitan-eager")
     kept = sum(t.bytes for op in ops for t in op.saved) / 512
     assert kept == 8 * H + 4 * Q + 4 * KV + 8 * F == 167_936
@@ -94,3 +95,52 @@ def test_torchtitan_refuses_a_stack_it_does_not_run() -> None:
     resolved = resolve(model, cluster, config)
     assert "stack megatron-te: torchtitan runs torchtitan-eager" in profile(
         "torchtitan").refusals(resolved, model)
+
+
+def test_hugging_faces_layer_in_bf16_keeps_its_norms_upcast_copies() -> None:
+    """Colossal-AI casts Hugging Face's layer to bf16: as torchtitan's block but for
+    ``LlamaRMSNorm``, which keeps the fp32 copy of its input and its normalized output cast
+    back (6 bytes an element, not 2): ``16h + 4q + 4kv + 8f`` bytes a token, 200,704 for
+    Llama 3 8B, where Hugging Face's layer keeps 200,840 (SDPA's log-sum-exp and the norms'
+    value a token the rest). A LayerNorm model's norm is PyTorch's fused one."""
+    ops = _layer("colossalai-hf")
+    kept = sum(t.bytes for op in ops for t in op.saved) / 512
+    assert kept == 16 * H + 4 * Q + 4 * KV + 8 * F == 200_704
+    gpt = LLAMA3_8B.model_copy(update={"normalization": "layernorm"})
+    norms = [op for op in _layer("colossalai-hf", model=gpt) if op.kind == "norm"]
+    assert all(op.unfused is None and len(op.saved) == 1 for op in norms)
+
+
+def test_hugging_faces_layer_in_bf16_moves_what_it_dispatches() -> None:
+    """Its separate kernels, as Hugging Face's ``LlamaDecoderLayer`` in bf16 dispatches them:
+    the two norms 36 bytes an element forward and 96 backward (294,912 and 786,432 a token,
+    measured 294,952 and 786,528), the rest 294,912 and 544,768 (measured the same): the
+    rotary embedding's halves rotated in bf16 (20 and 32 bytes a q or k element), the
+    residual adds, SwiGLU and the projections' gradient sums as torchtitan's."""
+    ops = _layer("colossalai-hf")
+    norms = [op for op in ops if op.kind == "norm"]
+    rest = [op for op in ops if op.kind != "norm"]
+    assert _per_token(norms, "forward") == 2 * 36 * H == 294_912
+    assert _per_token(norms, "backward") == 2 * 96 * H == 786_432
+    assert _per_token(rest, "forward") == 294_912
+    assert _per_token(rest, "backward") == 3 * 6 * H + 32 * (Q + KV) + 2 * 6 * H + 18 * F
+    assert _per_token(rest, "backward") == 544_768
+
+
+def test_colossalai_plans_run_hugging_faces_layers_in_bf16() -> None:
+    """Colossal-AI's plans are priced on Hugging Face's layers cast to bf16, slower than
+    torchtitan's block (the norms run unfused) and faster than the same layers under
+    autocast (no fp32 residual stream, no casts); the band says the stack is extrapolated."""
+    model = planner.load_model(REPO / "instances/models/llama3-8b.json")
+    assert default_stack("colossalai", model) == "colossalai-hf"
+    cluster = planner.load_cluster(REPO / "instances/clusters/dgx-h100-80gb.json", nodes=1)
+    steps = {}
+    for stack in ("torchtitan-eager", "colossalai-hf", "hf-eager"):
+        config = planner.ParallelConfig(tp=1, pp=1, dp=8, zero=3, mbs=2, global_batch=16,
+                                        recompute="selective", stack=stack)  # fmt: skip
+        steps[stack] = planner.estimate(model, cluster, config)
+    times = [steps[s].step_time_s for s in ("torchtitan-eager", "colossalai-hf", "hf-eager")]
+    assert times == sorted(times)
+    band = steps["colossalai-hf"].error_band
+    assert band is not None
+    assert [e.feature for e in band.extrapolated if e.feature == "stack"] == ["stack"]
