@@ -16,7 +16,7 @@ import pytest
 from planner.sharding.profiled import with_profile
 from planner.spec.reading import load_cluster, load_model, read_profile
 from tests.conftest import REPO
-from tests.test_profile import CPU_NODE, TINY, _planner, microbatch_s
+from tests.test_profile import CPU_NODE, TINY, _planner
 
 needs_torchtitan = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchtitan") is None,
@@ -24,32 +24,37 @@ needs_torchtitan = pytest.mark.skipif(
 SHAPE = ("--precision", "fp32", "--seq-len", "256", "--tp", "1", "--device", "cpu")
 
 
-def _profile(tmp_path: Path, *extra: str) -> Path:
-    out = tmp_path / "titan.json"
+@pytest.fixture(scope="module")
+def titan_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama profiled with torchtitan's block at TP 1 and 2, microbatch 1."""
+    out = tmp_path_factory.mktemp("titan") / "titan.json"
     done = _planner("profile", CPU_NODE, "--model", TINY, "--framework", "torchtitan", *SHAPE,
-                    "--repeats", "1", *extra, "--out", out)  # fmt: skip
+                    "--tp", "2", "--mbs", "1", "--repeats", "1", "--out", out)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert all(len(line) <= 80 for line in done.stdout.splitlines())
     return out
 
 
 @needs_torchtitan
-def test_torchtitans_block_prices_a_torchtitan_eager_step_as_measured(tmp_path: Path) -> None:
+def test_torchtitans_block_prices_a_torchtitan_eager_step_as_measured(titan_profile: Path) -> None:
     """The tiny Llama's layers run as torchtitan builds them: the profile names torchtitan
     and the torchtitan-eager stack, a solve on that stack prices the step's compute as the
     embedding, two blocks and the head measured, and a plan on another stack is refused."""
-    out = _profile(tmp_path, "--mbs", "1")
+    out = titan_profile
     profile = read_profile(out)
     assert profile.stack == "torchtitan-eager"
     assert profile.layer_code.startswith("torchtitan v0.2.2")
-    assert [m.label() for m in profile.measured] == [
-        "embedding tp1 1x256", "dense tp1 1x256", "head tp1 1x256"]
+    assert sorted(m.label() for m in profile.measured) == [
+        "dense tp1 1x256", "dense tp2 1x256", "embedding tp1 1x256", "embedding tp2 1x256",
+        "head tp1 1x256", "head tp2 1x256"]
     priced = _planner("estimate", TINY, CPU_NODE, "--stack", "torchtitan-eager", "--profile",
                       out, "--json")  # fmt: skip
     assert priced.returncode == 0, priced.stderr
     result = json.loads(priced.stdout)
-    assert result["time"]["compute_s"] == pytest.approx(8 * microbatch_s(out, {"dense": 2}),
-                                                        rel=1e-6)  # fmt: skip
+    passes = {m.kind: m.forward_s + m.backward_s for m in profile.measured  # type: ignore[operator]
+              if m.tensor_parallel == 1}  # fmt: skip
+    microbatch = passes["embedding"] + 2 * passes["dense"] + passes["head"]
+    assert result["time"]["compute_s"] == pytest.approx(8 * microbatch, rel=1e-6)
     assert "dense: measured (tp1 1x256)" in result["profiled"]
     refused = _planner("estimate", TINY, CPU_NODE, "--stack", "hf-eager", "--profile", out)
     assert refused.returncode == 2
@@ -59,13 +64,13 @@ def test_torchtitans_block_prices_a_torchtitan_eager_step_as_measured(tmp_path: 
 
 @needs_torchtitan
 def test_the_block_keeps_the_stacks_count_but_for_the_cpus_composite_norms(
-    tmp_path: Path,
+    titan_profile: Path,
 ) -> None:
     """What torchtitan's block saves, over the torchtitan-eager count, at TP 1 and 2: exactly
     what the CPU's composite RMSNorm keeps beyond CUDA's fused kernel (its fp32 normalized
     output, 4 bytes an element, and a value a token, twice a layer) and SDPA's log-sum-exp
     (4 bytes a head and token)."""
-    out = _profile(tmp_path, "--mbs", "1", "--tp", "2")
+    out = titan_profile
     model = load_model(TINY)
     factors = with_profile(load_cluster(CPU_NODE), model, read_profile(out)).device
     assert factors.efficiency.profile is not None
