@@ -29,6 +29,19 @@ def _layer(stack: str, seq: int = 512, model: ModelSpec = LLAMA3_8B) -> list:
     return [graph.nodes[n]["op"] for n in graph if graph.nodes[n]["op"].layer == 1]
 
 
+LLAMA3_8B_FILE = planner.load_model(REPO / "instances/models/llama3-8b.json")
+
+
+def _fsdp_steps(*stacks: str) -> dict[str, planner.Estimate]:
+    """Llama 3 8B on 8 H100s, FSDP (ZeRO-3), microbatch 2, selective recompute, on each
+    stack."""
+    cluster = planner.load_cluster(REPO / "instances/clusters/dgx-h100-80gb.json", nodes=1)
+    configs = {stack: planner.ParallelConfig(tp=1, pp=1, dp=8, zero=3, mbs=2, global_batch=16,
+                                             recompute="selective", stack=stack)
+               for stack in stacks}  # fmt: skip
+    return {s: planner.estimate(LLAMA3_8B_FILE, cluster, c) for s, c in configs.items()}
+
+
 def _per_token(ops: list, part: str, seq: int = 512) -> float:
     return sum(t.bytes for op in ops if op.unfused for t in getattr(op.unfused, part)) / seq
 
@@ -67,14 +80,8 @@ def test_torchtitan_plans_run_its_eager_stack_and_say_it_is_extrapolated() -> No
     """torchtitan's plans are priced on its own stack (its export leaves ``compile`` off), a
     little slower than Megatron-Core's fused layers and faster than Hugging Face's eager
     layers under autocast; no validated run ran that stack, and the band says so."""
-    model = planner.load_model(REPO / "instances/models/llama3-8b.json")
-    assert default_stack("torchtitan", model) == "torchtitan-eager"
-    cluster = planner.load_cluster(REPO / "instances/clusters/dgx-h100-80gb.json", nodes=1)
-    steps = {}
-    for stack in ("megatron-te", "torchtitan-eager", "hf-eager"):
-        config = planner.ParallelConfig(tp=1, pp=1, dp=8, zero=3, mbs=2, global_batch=16,
-                                        recompute="selective", stack=stack)  # fmt: skip
-        steps[stack] = planner.estimate(model, cluster, config)
+    assert default_stack("torchtitan", LLAMA3_8B_FILE) == "torchtitan-eager"
+    steps = _fsdp_steps("megatron-te", "torchtitan-eager", "hf-eager")
     eager, fused = steps["torchtitan-eager"].step_time_s, steps["megatron-te"].step_time_s
     assert fused < eager < steps["hf-eager"].step_time_s
     assert eager / fused - 1 == pytest.approx(0.07, abs=0.03)
@@ -131,14 +138,8 @@ def test_colossalai_plans_run_hugging_faces_layers_in_bf16() -> None:
     """Colossal-AI's plans are priced on Hugging Face's layers cast to bf16, slower than
     torchtitan's block (the norms run unfused) and faster than the same layers under
     autocast (no fp32 residual stream, no casts); the band says the stack is extrapolated."""
-    model = planner.load_model(REPO / "instances/models/llama3-8b.json")
-    assert default_stack("colossalai", model) == "colossalai-hf"
-    cluster = planner.load_cluster(REPO / "instances/clusters/dgx-h100-80gb.json", nodes=1)
-    steps = {}
-    for stack in ("torchtitan-eager", "colossalai-hf", "hf-eager"):
-        config = planner.ParallelConfig(tp=1, pp=1, dp=8, zero=3, mbs=2, global_batch=16,
-                                        recompute="selective", stack=stack)  # fmt: skip
-        steps[stack] = planner.estimate(model, cluster, config)
+    assert default_stack("colossalai", LLAMA3_8B_FILE) == "colossalai-hf"
+    steps = _fsdp_steps("torchtitan-eager", "colossalai-hf", "hf-eager")
     times = [steps[s].step_time_s for s in ("torchtitan-eager", "colossalai-hf", "hf-eager")]
     assert times == sorted(times)
     band = steps["colossalai-hf"].error_band

@@ -126,6 +126,26 @@ class Kernels:
                        backward_kernels=self.backward_kernels)  # fmt: skip
 
 
+_EAGER_GLU = Kernels(forward_bytes=10.0, backward_bytes=18.0, forward_kernels=2,
+                     backward_kernels=3)
+"""``act(gate) * up`` in eager 16-bit ops, per output element."""
+_EAGER_ACTIVATION = Kernels(forward_bytes=4.0, backward_bytes=6.0, forward_kernels=1,
+                            backward_kernels=1)
+"""An activation alone, one 16-bit kernel each way."""
+_FP32_LOSS = Kernels(forward_bytes=22.0, backward_bytes=26.0, forward_kernels=3,
+                     backward_kernels=4)
+"""``cross_entropy`` on logits upcast to fp32, per logit."""
+_EAGER_16BIT = {
+    "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=6.0,
+                            forward_kernels=0, backward_kernels=1),
+    "residual": Kernels(forward_bytes=6.0, backward_bytes=6.0,
+                        forward_kernels=1, backward_kernels=1),
+    "glu": _EAGER_GLU, "activation": _EAGER_ACTIVATION, "loss": _FP32_LOSS,
+}  # fmt: skip
+"""What an eager layer in 16 bits outside autocast runs apart (torchtitan's, and Hugging
+Face's cast to bf16): the separate projections' gradient sums, residual adds, activations and
+the fp32 loss."""
+
 UNFUSED: dict[Stack, dict[str, Kernels]] = {
     "hf-eager": {
         "norm": Kernels(forward_bytes=28.0, backward_bytes=92.0,
@@ -138,12 +158,7 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
                           forward_kernels=6, backward_kernels=12),
         "residual": Kernels(forward_bytes=10.0, backward_bytes=18.0,
                             forward_kernels=1, backward_kernels=2),
-        "glu": Kernels(forward_bytes=10.0, backward_bytes=18.0,
-                       forward_kernels=2, backward_kernels=3),
-        "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
-                              forward_kernels=1, backward_kernels=1),
-        "loss": Kernels(forward_bytes=22.0, backward_bytes=26.0,
-                        forward_kernels=3, backward_kernels=4),
+        "glu": _EAGER_GLU, "activation": _EAGER_ACTIVATION, "loss": _FP32_LOSS,
     },
     "hf-compiled": {
         "norm": Kernels(forward_bytes=6.0, backward_bytes=16.0,
@@ -158,38 +173,17 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
                             forward_kernels=1, backward_kernels=1),
         "glu": Kernels(forward_bytes=6.0, backward_bytes=10.0,
                        forward_kernels=1, backward_kernels=1),
-        "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
-                              forward_kernels=1, backward_kernels=1),
+        "activation": _EAGER_ACTIVATION,
     },
-    "torchtitan-eager": {
-        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=6.0,
-                                forward_kernels=0, backward_kernels=1),
+    "torchtitan-eager": _EAGER_16BIT | {
         "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
                           forward_kernels=3, backward_kernels=3),
-        "residual": Kernels(forward_bytes=6.0, backward_bytes=6.0,
-                            forward_kernels=1, backward_kernels=1),
-        "glu": Kernels(forward_bytes=10.0, backward_bytes=18.0,
-                       forward_kernels=2, backward_kernels=3),
-        "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
-                              forward_kernels=1, backward_kernels=1),
-        "loss": Kernels(forward_bytes=22.0, backward_bytes=26.0,
-                        forward_kernels=3, backward_kernels=4),
     },
-    "colossalai-hf": {
+    "colossalai-hf": _EAGER_16BIT | {
         "norm": Kernels(forward_bytes=36.0, backward_bytes=96.0,
                         forward_kernels=8, backward_kernels=16),
-        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=6.0,
-                                forward_kernels=0, backward_kernels=1),
         "rotary": Kernels(forward_bytes=20.0, backward_bytes=32.0,
                           forward_kernels=5, backward_kernels=8),
-        "residual": Kernels(forward_bytes=6.0, backward_bytes=6.0,
-                            forward_kernels=1, backward_kernels=1),
-        "glu": Kernels(forward_bytes=10.0, backward_bytes=18.0,
-                       forward_kernels=2, backward_kernels=3),
-        "activation": Kernels(forward_bytes=4.0, backward_bytes=6.0,
-                              forward_kernels=1, backward_kernels=1),
-        "loss": Kernels(forward_bytes=22.0, backward_bytes=26.0,
-                        forward_kernels=3, backward_kernels=4),
     },
 }
 """Each stack's kernels per element of the tensor they walk (see the module's docstring for
