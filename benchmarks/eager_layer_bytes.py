@@ -22,7 +22,9 @@ What is counted:
   rotary embedding's cosines and sines (computed once for all layers) apart;
 - moved: the bytes read and written by every op that is not a matmul, attention or a view,
   forward and backward (``TorchDispatchMode``), an input broadcast against the output (a
-  norm's weight, the rotary frequencies) not counted.
+  norm's weight, the rotary frequencies) not counted;
+- kernels: those ops, one launch each, against the stack's kernel counts (what a launch-bound
+  layer is priced on).
 
 Each is split into the two norms and the rest. torchtitan's ``nn.RMSNorm`` is PyTorch's fused
 kernel on CUDA (it keeps its bf16 input and a value a token, and the planner prices it as the
@@ -106,6 +108,8 @@ def _moved_bytes(torch: Any, tagged: _Tagged, totals: dict[str, float]) -> Any:
             ins = [t for t in _tensors(args, torch) if not _broadcast(t, shape)]
             moved = sum(t.numel() * t.element_size() for t in (*ins, *outs))
             totals[tagged.part] = totals.get(tagged.part, 0.0) + moved
+            kernels = f"{tagged.part} kernels"
+            totals[kernels] = totals.get(kernels, 0.0) + 1
             return out
 
     return Moved()
@@ -200,6 +204,9 @@ def priced(model: ModelSpec, seq_length: int, stack: Stack) -> dict[str, dict[st
         for passed in ("forward", "backward"):
             moved = sum(t.bytes for t in getattr(op.unfused, passed)) if op.unfused else 0.0
             totals[passed][part] = totals[passed].get(part, 0.0) + moved
+            launched = getattr(op.unfused, f"{passed}_kernels") if op.unfused else 0
+            kernels = f"{part} kernels"
+            totals[passed][kernels] = totals[passed].get(kernels, 0.0) + launched
     return totals
 
 
@@ -228,6 +235,14 @@ def main() -> None:
             got, want = measured[what].get(part, 0.0), count[what].get(part, 0.0)
             shown = "(fused)" if fused and part == "norm" else f"{want / got - 1:+7.1%}"
             print(f"{label:33s} {got / tokens:10,.0f} {want / tokens:9,.0f} {shown:>7s}")
+    print(f"kernels a layer {'':17s} {'measured':>10s} {'planner':>9s}")
+    for what in ("forward", "backward"):
+        for part in ("norm", "rest"):
+            where = "norms" if part == "norm" else "the rest"
+            got = measured[what].get(f"{part} kernels", 0.0)
+            want = count[what].get(f"{part} kernels", 0.0)
+            shown = "(fused)" if fused and part == "norm" else ""
+            print(f"{what + ', ' + where:33s} {got:10.0f} {want:9.0f} {shown:>7s}")
     if fused:
         print("(torchtitan's norms: composite fp32 on the CPU; the planner counts CUDA's fused\n"
               " kernel, which keeps its bf16 input and a value a token)")
