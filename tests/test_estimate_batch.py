@@ -71,8 +71,10 @@ def random_config(rng: random.Random, model: ModelSpec, cluster: ClusterSpec) ->
         seq_len=rng.choice([None, None, 4096]), precision=rng.choice([None, None, "fp16"]),
         offload=rng.choice(["optimizer", "zero-offload"])
         if cluster.host is not None and rng.random() < 0.3 else "none",
-        # DeepSpeed's optimizers keep and accumulate their gradients their own way.
-        stack="megatron-deepspeed" if rng.random() < 0.2 else None,
+        # DeepSpeed's optimizers keep and accumulate their gradients their own way; the eager
+        # stacks run kernels and keep tensors of their own.
+        stack=rng.choice(["megatron-deepspeed", "megatron-deepspeed", "torchtitan-eager",
+                          "colossalai-hf"]) if rng.random() < 0.3 else None,
     )  # fmt: skip
 
 
