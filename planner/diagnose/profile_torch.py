@@ -6,12 +6,13 @@ Each case builds its kind's layer at its shard on the device, from the planner's
 layers (:mod:`planner.diagnose.faithful_layers`), Hugging Face's
 (:mod:`planner.diagnose.hf_layers`) or torchtitan's (:mod:`planner.diagnose.titan_layers`): a
 :class:`LayerCode`. It runs with fp32 weights under autocast for a 16-bit precision (PyTorch
-AMP, what the ``hf-eager`` and ``hf-compiled`` stacks run), in the 16-bit precision itself on
-``torchtitan-eager`` (FSDP2's gathered weights), or in fp32, compiled with ``torch.compile``
-on ``hf-compiled``. Its forward is timed with autograd recording (what training runs), its
-backward as forward with backward less the forward, each the fastest of several batches of
-calls (:func:`~planner.diagnose.bench_torch.fastest_seconds`). The bytes it keeps are counted
-as autograd saves them (``torch.autograd.graph.saved_tensors_hooks``: every distinct storage a
+AMP, what the ``hf-eager`` and ``hf-compiled`` stacks run), with its parameters in the 16-bit
+precision itself on ``torchtitan-eager`` and ``colossalai-hf`` (FSDP2's gathered weights,
+Colossal-AI's cast model), or in fp32, compiled with ``torch.compile`` on ``hf-compiled``. Its
+forward is timed with autograd recording (what training runs), its backward as forward with
+backward less the forward, each the fastest of several batches of calls
+(:func:`~planner.diagnose.bench_torch.fastest_seconds`). The bytes it keeps are counted as
+autograd saves them (``torch.autograd.graph.saved_tensors_hooks``: every distinct storage a
 forward saves for the backward, the parameters' and buffers' own not counted), so they do not
 depend on the device's allocator. A case that does not fit the device's memory is skipped and
 listed. Last, AdamW's step over one decoder layer's parameters, as the stack keeps them.
@@ -197,7 +198,8 @@ class _Runner:
         self.device = torch.device(backend)
         self.sync = synchronizer(torch, backend)
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        # Under autocast the weights stay fp32; torchtitan's FSDP2 gathers them in bf16.
+        # Under autocast the weights stay fp32; torchtitan's FSDP2 gathers them in the compute
+        # precision and Colossal-AI casts its model to it.
         self.autocast = precision != "fp32" and stack in AUTOCAST_STACKS
         self.weights = self.dtype if precision != "fp32" and not self.autocast else None
         self.compiled = stack == "hf-compiled"

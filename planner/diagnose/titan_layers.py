@@ -8,8 +8,8 @@ ones torchtitan's tensor parallelism leaves a rank (``wq``, ``wk``, ``wv`` and `
 column-wise, ``wo`` and ``w2`` row-wise: heads, KV heads and FFN divided, the head dimension
 kept; the block reshapes by ``-1`` heads, so it runs a local shard as built), called with the
 rotary embedding's frequencies (a buffer: constant, not counted as kept) and no mask (causal
-SDPA). The runner casts it to the compute precision with no autocast, as FSDP2 gathers bf16
-weights. The embedding is ``nn.Embedding``, the head torchtitan's final ``nn.RMSNorm``, output
+SDPA). The runner casts its parameters to the compute precision with no autocast, as FSDP2
+gathers bf16 weights. The embedding is ``nn.Embedding``, the head torchtitan's final ``nn.RMSNorm``, output
 layer and ``cross_entropy_loss`` (``torchtitan/components/loss.py``: fp32 logits, summed).
 
 Dense Llama-shaped models only (RMSNorm, SwiGLU, RoPE, no biases, the head dimension

@@ -119,15 +119,15 @@ class LayerBuilder:
         per_channel = 2 if self.model.normalization == "layernorm" else 1
         saved: tuple[Tensor, ...] = (x,)
         # Hugging Face writes its RMSNorm out; its LayerNorm is PyTorch's fused one.
-        hand_written = self.stack not in UPCAST_NORM_STACKS or self.model.normalization == "rmsnorm"
+        fused = self.stack in UPCAST_NORM_STACKS and self.model.normalization != "rmsnorm"
         if self.stack in AUTOCAST_STACKS:  # the residual stream is fp32, autocast or not
             saved = (self.fp32(x),) * (2 if self.stack == "hf-eager" else 1)
-        elif self.stack in UPCAST_NORM_STACKS and hand_written:
+        elif self.stack in UPCAST_NORM_STACKS and not fused:
             saved = (self.fp32(x), x)
         return self.add(
             op, "norm", (source,), inputs=(x,), output=x, saved=saved,
             extra_params=per_channel * (width[1] if width else self.model.hidden_size),
-            unfused=unfused.norm(self.stack, x) if hand_written else None, **tags,
+            unfused=None if fused else unfused.norm(self.stack, x), **tags,
         )  # fmt: skip
 
     def linear(
