@@ -9,8 +9,9 @@ column-wise, ``wo`` and ``w2`` row-wise: heads, KV heads and FFN divided, the he
 kept; the block reshapes by ``-1`` heads, so it runs a local shard as built), called with the
 rotary embedding's frequencies (a buffer: constant, not counted as kept) and no mask (causal
 SDPA). The runner casts its parameters to the compute precision with no autocast, as FSDP2
-gathers bf16 weights. The embedding is ``nn.Embedding``, the head torchtitan's final ``nn.RMSNorm``, output
-layer and ``cross_entropy_loss`` (``torchtitan/components/loss.py``: fp32 logits, summed).
+gathers bf16 weights. The embedding is ``nn.Embedding``, the head torchtitan's final
+``nn.RMSNorm``, output layer and ``cross_entropy_loss`` (``torchtitan/components/loss.py``: fp32
+logits, summed).
 
 Dense Llama-shaped models only (RMSNorm, SwiGLU, RoPE, no biases, the head dimension
 ``hidden / heads``): torchtitan's MoE and MLA blocks are other classes, not run here.
