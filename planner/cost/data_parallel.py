@@ -12,7 +12,7 @@ from planner.cost.elementwise import Real, minimum, where
 from planner.cost.memory import ADAM_STATE, adam_traffic_bytes, gradient_bytes_on_wire
 from planner.cost.profiled import optimizer_scale
 from planner.spec import ClusterSpec, DeviceSpec
-from planner.vocabulary import CollectiveKind, Offload, StatesPrecision
+from planner.vocabulary import CollectiveKind, Offload, Stack, StatesPrecision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,8 +183,10 @@ def optimizer_step_s(device: DeviceSpec, precision: StatesPrecision, *, params: 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GradientAccumulation:
-    """What an optimizer runs on each local gradient after a microbatch's backward, on the
-    device's stream: memory-bound kernels over the whole (unsharded) gradient."""
+    """What runs over each local (unsharded) parameter a microbatch beside the layers, on the
+    device's stream: an optimizer's accumulation of the gradients after the backward, or
+    FSDP2's copies of the gathered weights and the gradients (:func:`fsdp2_copies`):
+    memory-bound kernels."""
 
     bytes_per_param: float
     """Bytes read and written per local parameter after each microbatch but a step's first."""
@@ -222,8 +224,8 @@ def _pass_s(device: DeviceSpec, nbytes: float) -> float:
 
 NO_ACCUMULATION = GradientAccumulation(bytes_per_param=0.0, first_bytes_per_param=0.0)
 """Accumulation inside the weight-gradient GEMM (Megatron-LM's ``gradient_accumulation_fusion``
-into ``main_grad``): nothing apart. The copies FSDP and Megatron-FSDP make of the gradients
-for their reduce-scatters are not priced."""
+into ``main_grad``): nothing apart. The copies FSDP1 and Megatron-FSDP make of the gradients
+for their reduce-scatters are not priced (FSDP2's are: :func:`fsdp2_copies`)."""
 BF16_OPTIMIZER = GradientAccumulation(bytes_per_param=18.0, first_bytes_per_param=18.0)
 """DeepSpeed's ``BF16_Optimizer``: the backward writes fresh bf16 gradients (``clear_lp_grads``
 sets them to None first) and ``update_hp_grads`` adds each into its fp32 buffer,
@@ -252,14 +254,47 @@ stage_1_and_2.py``, ``__add_grad_to_ipg_bucket`` in ``zero/stage3.py``, deepspee
 edaa722)."""
 
 
+FSDP2_STACKS: tuple[Stack, ...] = ("torchtitan-eager",)
+"""Stacks whose sharded data parallelism is PyTorch's FSDP2 (``fully_shard``), which copies each
+gathered parameter out of its all-gather buffer and each gradient into its reduce-scatter
+buffer on the device's stream (:func:`fsdp2_copies`)."""
+
+
+def fsdp2_copies(precision: StatesPrecision, zero: int) -> GradientAccumulation:
+    """FSDP2's copies on the compute stream, per local (unsharded) parameter, under
+    ``precision``'s parameters at ZeRO stage ``zero`` as torchtitan maps them
+    (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``): after each all-gather,
+    ``split_with_sizes_copy`` out of the gathered buffer (2 ``p`` bytes, ``p`` a parameter's:
+    read and write); before each reduce-scatter, ``_chunk_cat`` of the gradients into the
+    fp32 ``reduce_dtype`` buffer (``p + 4``), on the current stream since PyTorch 2.6
+    (``foreach_reduce``). ZeRO-3 (``reshard_after_forward``) gathers twice a microbatch, ZeRO-2
+    once, each reducing once; ZeRO-1 (under pipelining, which torchtitan runs with
+    ``reshard_after_forward`` off and gradient sync and resharding held to the step's last
+    microbatch) once a step.
+
+    >>> fsdp2_copies("bf16", 3).bytes_per_param, fsdp2_copies("bf16", 2).bytes_per_param
+    (14.0, 10.0)
+    >>> fsdp2_copies("bf16", 1).first_bytes_per_param, fsdp2_copies("bf16", 1).bytes_per_param
+    (10.0, 0.0)
+    """
+    p = 4.0 if precision == "fp32" else 2.0
+    gathers = {3: 2, 2: 1, 1: 1}.get(zero, 0)
+    per_step = gathers * 2 * p + (p + 4) if gathers else 0.0
+    if zero == 1:
+        return GradientAccumulation(bytes_per_param=0.0, first_bytes_per_param=per_step)
+    return GradientAccumulation(bytes_per_param=per_step, first_bytes_per_param=per_step)
+
+
 def gradient_accumulation(
-    precision: StatesPrecision, *, zero: int, offload: Offload = "none"
+    precision: StatesPrecision, *, zero: int, offload: Offload = "none",
+    stack: Stack | None = None,
 ) -> GradientAccumulation:
     """How a run keeping its states as ``precision`` accumulates gradients over microbatches.
     DeepSpeed builds ``BF16_Optimizer`` for bf16 with fp32 accumulation at ZeRO 0-1 without
     ZeRO-Offload (``DeepSpeedEngine._do_optimizer_sanity_check``, ``deepspeed/runtime/
     engine.py``), its ZeRO optimizer otherwise, which at ZeRO 2-3 reduces each microbatch's
-    gradients through its buckets (the reduce-scatter priced with the sync).
+    gradients through its buckets (the reduce-scatter priced with the sync). On an FSDP2 stack
+    (:data:`FSDP2_STACKS`), sharded data parallelism's copies (:func:`fsdp2_copies`).
 
     >>> gradient_accumulation("bf16-deepspeed", zero=1) == BF16_OPTIMIZER
     True
@@ -272,6 +307,8 @@ def gradient_accumulation(
     >>> gradient_accumulation("bf16", zero=1) == NO_ACCUMULATION
     True
     """
+    if stack in FSDP2_STACKS and zero >= 1:
+        return fsdp2_copies(precision, zero)
     if precision not in ("bf16-deepspeed", "fp16-deepspeed"):
         return NO_ACCUMULATION
     if zero >= 2:

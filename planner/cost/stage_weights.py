@@ -14,7 +14,7 @@ from planner.cost.layer import LayerCost
 from planner.cost.memory import ADAM_STATE
 from planner.cost.offload import gradient_copy_sync, host_state_bytes, optimizer_time_s
 from planner.spec import ClusterSpec, DeviceSpec
-from planner.vocabulary import Offload, StatesPrecision
+from planner.vocabulary import Offload, Stack, StatesPrecision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +180,7 @@ class StageStatics:
 def stage_statics(
     cluster: ClusterSpec, precision: StatesPrecision, stages: Sequence[StageCost], *,
     tied: TiedCopy | None = None, offload: Offload = "none", gathered_bytes_per_param: float = 0.0,
+    stack: Stack | None = None,
 ) -> StageStatics:  # fmt: skip
     """:class:`StageStatics` of ``stages`` (the pipeline's first stage first and its last
     stage last, each stage of a run of equal ones once), the last stage holding ``tied``;
@@ -205,7 +206,8 @@ def stage_statics(
         accumulating_host_bytes=host_state_bytes(precision, params=params, offload=offload,
                                                  accumulating=True),
         gathered_bytes_per_param=gathered_bytes_per_param if stages[0].zero >= 3 else 0.0,
-        accumulations=tuple(cost.gradient_accumulation(precision, zero=s.zero, offload=offload)
+        accumulations=tuple(cost.gradient_accumulation(precision, zero=s.zero, offload=offload,
+                                                       stack=stack)
                             for s in stages),
         local_params=tuple(sum(w.params for w in s.weights) for s in stages),
         device=cluster.device,

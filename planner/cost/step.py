@@ -23,6 +23,7 @@ from planner.vocabulary import (
     Offload,
     PipelineSchedule,
     ScheduleName,
+    Stack,
     StatesPrecision,
     schedule_name,
 )
@@ -63,7 +64,9 @@ class PipelineKnobs:
     exchange hides behind (:func:`planner.cost.deepep_contention`)."""
     offload: Offload = "none"
     """What lives in host memory (:mod:`planner.cost.offload`)."""
-
+    stack: Stack | None = None
+    """The stack that runs the layers: FSDP2's copies on its stacks
+    (:func:`planner.cost.data_parallel.gradient_accumulation`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -328,7 +331,8 @@ def compose_step(
     schedule = schedule_name(knobs.schedule, knobs.vpp)
     statics = stage_statics(cluster, knobs.states_precision, [stages[first] for first, _ in spans],
                             tied=tied, offload=knobs.offload,
-                            gathered_bytes_per_param=knobs.gathered_bytes_per_param)  # fmt: skip
+                            gathered_bytes_per_param=knobs.gathered_bytes_per_param,
+                            stack=knobs.stack)  # fmt: skip
     # The optimizer's gradient accumulation is weight-gradient work in each backward.
     accumulated = [replace(stages[first], time=stages[first].time.with_weight_work(
                        statics.accumulation(j, knobs.num_microbatches)))

@@ -112,7 +112,7 @@ def layer_options(
     per_param = cost.gathered_bytes_per_param(ctx.precision, ctx.stack)
     gathered = [layer_params * per_param if zero >= 3 else 0.0 for zero in ZERO_STAGES]
     # The optimizer's gradient accumulation after each backward (DeepSpeed's).
-    accumulation_s = [cost.gradient_accumulation(held, zero=zero).seconds(
+    accumulation_s = [cost.gradient_accumulation(held, zero=zero, stack=ctx.stack).seconds(
         cluster.device, params=layer_params, num_microbatches=ctx.num_microbatches)
         for zero in ZERO_STAGES]  # fmt: skip
     options = []

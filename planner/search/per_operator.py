@@ -158,7 +158,7 @@ def _split_and_compose(
         deepep=_deepep(ctx),
         gathered_bytes_per_param=cost.gathered_bytes_per_param(ctx.training.precision,
                                                                ctx.training.stack),
-        overlap_grad_reduce=ctx.options.overlap_grad_reduce,
+        stack=ctx.training.stack, overlap_grad_reduce=ctx.options.overlap_grad_reduce,
         overlap_param_gather=ctx.options.overlap_param_gather, communicator_bytes=comms,
     )  # fmt: skip
     best: Found | None = None

@@ -324,7 +324,8 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
     params, copies = weight_copies(op, pair, mesh)
     states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
                                 params=params, precision=ctx.states_precision or ctx.precision,
-                                num_microbatches=ctx.num_microbatches)  # fmt: skip
+                                num_microbatches=ctx.num_microbatches,
+                                stack=ctx.stack)  # fmt: skip
     layout = as_layout(pair)
     kept = cost.saved_activation_bytes(
         op, lambda t: kept_degrees(op, t, pair, mesh), recompute="none",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from planner import cost
 from planner.spec import ClusterSpec
-from planner.vocabulary import ZERO_STAGES, StatesPrecision
+from planner.vocabulary import ZERO_STAGES, Stack, StatesPrecision
 
 
 def weight_syncs(
@@ -39,18 +39,19 @@ def weight_costs(
     params: float,
     precision: StatesPrecision,
     num_microbatches: int,
+    stack: Stack | None = None,
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """State bytes per device (:func:`weight_states`) and the seconds per microbatch the
     gradients cost beside the op's own compute under ZeRO 0..3: their sync
-    (:func:`weight_syncs`, the once-per-step part shared) and the optimizer's accumulation
-    (:func:`~planner.cost.data_parallel.gradient_accumulation`)."""
+    (:func:`weight_syncs`, the once-per-step part shared) and the optimizer's accumulation or
+    ``stack``'s FSDP2 copies (:func:`~planner.cost.data_parallel.gradient_accumulation`)."""
     if params == 0:
         return (0.0,) * 4, (0.0,) * 4
     syncs = weight_syncs(cluster, group, params=params, precision=precision)
     states = weight_states(group, params=params, precision=precision)
     return states, tuple(
         s.per_microbatch_s(num_microbatches)
-        + cost.gradient_accumulation(precision, zero=z).seconds(
+        + cost.gradient_accumulation(precision, zero=z, stack=stack).seconds(
             cluster.device, params=params, num_microbatches=num_microbatches)
         for z, s in zip(ZERO_STAGES, syncs, strict=True)
     )  # fmt: skip

@@ -307,6 +307,7 @@ def _steps(
             vpp=c["vpp"][rows] if schedule in ("interleaved", "zb-v")  # type: ignore[arg-type]
             else 1,
             states_precision=cost.states_precision(b.training.precision, b.training.stack),
+            stack=b.training.stack,
             overlap_grad_reduce=b.switch("overlap_grad_reduce")[rows],  # type: ignore[arg-type]
             overlap_param_gather=b.switch("overlap_param_gather")[rows],  # type: ignore[arg-type]
             overlap_moe_comm=b.switch("overlap_moe_expert_parallel_comm")[rows],

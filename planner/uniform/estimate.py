@@ -141,7 +141,7 @@ def estimate(
         states_precision=held,
         gathered_bytes_per_param=cost.gathered_bytes_per_param(training.precision,
                                                                training.stack),
-        overlap_grad_reduce=c.overlap_grad_reduce,
+        stack=training.stack, overlap_grad_reduce=c.overlap_grad_reduce,
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
         overlap_moe_comm=c.overlap_moe_expert_parallel_comm,
         deepep=deepep,

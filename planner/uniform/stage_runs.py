@@ -66,8 +66,8 @@ def static_costs(
     tied = None if v_shape else tied_copy(model, stage)
     gathered = cost.gathered_bytes_per_param(training.precision, training.stack)
     held = cost.states_precision(training.precision, training.stack, moments)
-    return stage_statics(cluster, held, stages,
-                         tied=tied, offload=offload, gathered_bytes_per_param=gathered)  # fmt: skip
+    return stage_statics(cluster, held, stages, tied=tied, offload=offload,
+                         gathered_bytes_per_param=gathered, stack=training.stack)  # fmt: skip
 
 
 def run_costs(
