@@ -145,16 +145,22 @@ def _layer(code: str, model: ModelSpec, seq_length: int, torch: Any) -> tuple[An
             p.data = p.data.to(torch.bfloat16)
         block = rotated.block
         return rotated, (block.attention_norm, block.ffn_norm), ()
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = LlamaConfig(hidden_size=model.hidden_size, intermediate_size=model.ffn,
-                         num_attention_heads=model.num_attention_heads,
-                         num_key_value_heads=model.query_groups, num_hidden_layers=1,
-                         max_position_embeddings=seq_length, rms_norm_eps=model.norm_epsilon,
-                         rope_theta=model.rotary_base)  # fmt: skip
+    # Qwen3's layer is Llama's with per-head RMSNorms on q and k
+    config = AutoConfig.for_model(
+        "qwen3" if model.qk_layernorm else "llama", hidden_size=model.hidden_size,
+        intermediate_size=model.ffn, num_attention_heads=model.num_attention_heads,
+        num_key_value_heads=model.query_groups, head_dim=model.head_dim, num_hidden_layers=1,
+        max_position_embeddings=seq_length, rms_norm_eps=model.norm_epsilon,
+        rope_theta=model.rotary_base, vocab_size=16)  # fmt: skip
     config._attn_implementation = "sdpa"
+    with torch.device("meta"):  # the classes only
+        built = AutoModelForCausalLM.from_config(config).model
+    LlamaDecoderLayer, LlamaRotaryEmbedding = type(built.layers[0]), type(built.rotary_emb)
     layer = LlamaDecoderLayer(config, 0).to(torch.bfloat16)
+    attention = layer.self_attn
+    qk_norms = (attention.q_norm, attention.k_norm) if model.qk_layernorm else ()
     positions = torch.arange(seq_length).unsqueeze(0)
     probe = torch.zeros(1, seq_length, model.hidden_size, dtype=torch.bfloat16)
     cos, sin = LlamaRotaryEmbedding(config)(probe, positions)
@@ -164,7 +170,7 @@ def _layer(code: str, model: ModelSpec, seq_length: int, torch: Any) -> tuple[An
         return out[0] if isinstance(out, tuple) else out
 
     layer.call = call
-    return layer, (layer.input_layernorm, layer.post_attention_layernorm), (cos, sin)
+    return layer, (layer.input_layernorm, layer.post_attention_layernorm, *qk_norms), (cos, sin)
 
 
 def measure(code: str, model: ModelSpec, seq_length: int) -> dict[str, dict[str, float]]:

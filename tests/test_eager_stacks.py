@@ -171,3 +171,20 @@ def test_fsdp2_copies_every_parameter_as_torchtitan_shards_it(
     assert copies.bytes_per_param == copies.first_bytes_per_param == 14.0
     expected = copies.seconds(cluster.device, params=params.total, num_microbatches=1)
     assert with_copies - without == pytest.approx(expected, rel=1e-6)
+
+
+def test_qwen3s_per_head_norms_are_the_stacks_norms() -> None:
+    """Qwen3's q and k RMSNorms (per head, over its dimension) are the stack's norms over q's
+    and k's elements: Hugging Face's written out under Colossal-AI (6 bytes kept, 36 and 96
+    moved an element; ``benchmarks/eager_layer_bytes.py --code transformers --model
+    ../shared/reference/hf/Qwen3-8B.config.json``: the norms' bytes within 0.2 %), one fused
+    kernel keeping the bf16 input on Megatron-Core's and torchtitan's stacks, with their
+    weights one per head dimension."""
+    qwen = LLAMA3_8B.model_copy(update={"qk_layernorm": True, "ffn_hidden_size": 12288})
+    for stack, kept, forward, backward in (("colossalai-hf", 6, 36, 96), ("megatron-te", 2, 0, 0),
+                                           ("torchtitan-eager", 2, 0, 0)):  # fmt: skip
+        (norm,) = [op for op in _layer(stack, model=qwen) if op.name.endswith("qk_norm")]
+        assert sum(t.bytes for t in norm.saved) / 512 == kept * (Q + KV), stack
+        assert _per_token([norm], "forward") == forward * (Q + KV), stack
+        assert _per_token([norm], "backward") == backward * (Q + KV), stack
+        assert norm.extra_params == 2 * 128

@@ -109,12 +109,13 @@ class LayerBuilder:
         self.ops.append((node, sources))
         return node.name
 
-    def norm(self, op: str, source: str, width: tuple[str, int] | None = None,
-             **tags: tuple[str, ...]) -> str:
+    def norm(self, op: str, source: str, width: tuple[str, int] | None = None, *,
+             params: int | None = None, **tags: tuple[str, ...]) -> str:
         """A LayerNorm/RMSNorm over ``width`` (default hidden) that keeps its input (on the
         Hugging Face stacks the fp32 residual it reads, and in eager mode its fp32 normalized
         output too: ``LlamaRMSNorm`` upcasts, and keeps it for its weight's gradient; on a
-        16-bit input outside autocast, the upcast copy and the normalized output cast back)."""
+        16-bit input outside autocast, the upcast copy and the normalized output cast back);
+        ``params``: its weights' count where it is not one per channel (a per-head norm's)."""
         x = self.act(width) if width else self.hidden()
         per_channel = 2 if self.model.normalization == "layernorm" else 1
         saved: tuple[Tensor, ...] = (x,)
@@ -126,7 +127,8 @@ class LayerBuilder:
             saved = (self.fp32(x), x)
         return self.add(
             op, "norm", (source,), inputs=(x,), output=x, saved=saved,
-            extra_params=per_channel * (width[1] if width else self.model.hidden_size),
+            extra_params=params if params is not None
+            else per_channel * (width[1] if width else self.model.hidden_size),
             unfused=None if fused else unfused.norm(self.stack, x), **tags,
         )  # fmt: skip
 

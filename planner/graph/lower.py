@@ -72,12 +72,9 @@ def _standard_attention(b: LayerBuilder, x_name: str) -> str:
     x = b.hidden()
     qkv = b.linear("qkv_proj", x_name, x, ("heads", (heads + 2 * groups) * d),
                    bias=m.has_qkv_bias, norm_reads=3)  # fmt: skip
-    if m.qk_layernorm:
-        qk = b.act(("heads", (heads + groups) * d))
-        qkv = b.add(
-            "qk_norm", "norm", (qkv,), inputs=(qk,), output=qk, saved=(qk,),
-            extra_params=2 * d * (2 if m.normalization == "layernorm" else 1),
-        )  # fmt: skip
+    if m.qk_layernorm:  # per head over its dim, on q and k: the stack's norm over their elements
+        qkv = b.norm("qk_norm", qkv, ("heads", (heads + groups) * d),
+                     params=2 * d * (2 if m.normalization == "layernorm" else 1))  # fmt: skip
     core = _attention_core(b, qkv, d, d, groups)
     return b.linear(
         "out_proj", core, b.act(("heads", heads * d)), ("hidden", m.hidden_size), bias=m.bias
