@@ -265,12 +265,12 @@ def fsdp2_copies(precision: StatesPrecision, zero: int) -> GradientAccumulation:
     ``precision``'s parameters at ZeRO stage ``zero`` as torchtitan maps them
     (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``): after each all-gather,
     ``split_with_sizes_copy`` out of the gathered buffer (2 ``p`` bytes, ``p`` a parameter's:
-    read and write); before each reduce-scatter, ``_chunk_cat`` of the gradients into the
-    fp32 ``reduce_dtype`` buffer (``p + 4``), on the current stream since PyTorch 2.6
-    (``foreach_reduce``). ZeRO-3 (``reshard_after_forward``) gathers twice a microbatch, ZeRO-2
-    once, each reducing once; ZeRO-1 (under pipelining, which torchtitan runs with
-    ``reshard_after_forward`` off and gradient sync and resharding held to the step's last
-    microbatch) once a step.
+    read and write); before each reduce-scatter, ``_chunk_cat`` of the gradients into the fp32
+    ``reduce_dtype`` buffer (``p + 4``), on the current stream in current PyTorch
+    (``foreach_reduce``; the 2024 releases ran it on the reduce-scatter stream). ZeRO-3
+    (``reshard_after_forward``) gathers twice a microbatch, ZeRO-2 once, each reducing once;
+    ZeRO-1 (under pipelining, which torchtitan runs with ``reshard_after_forward`` off and
+    gradient sync and resharding held to the step's last microbatch) once a step.
 
     >>> fsdp2_copies("bf16", 3).bytes_per_param, fsdp2_copies("bf16", 2).bytes_per_param
     (14.0, 10.0)
