@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from planner.errors import InputError
 from planner.sharding.profiled import with_profile
 from planner.spec.reading import load_cluster, load_model, read_profile
 from tests.conftest import REPO
@@ -86,20 +87,21 @@ def test_the_block_keeps_the_stacks_count_but_for_the_cpus_composite_norms(
         assert m.kept_bytes == tokens * (counted + norms + lse), m.label()
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (("--model", REPO / "instances/models/gpt3-175b.json"),
-     "--framework torchtitan runs torchtitan's Llama 3 block; gpt3-175b has layernorm, not "
-     "RMSNorm: without --framework the planner's faithful layer runs"),
-    (("--model", TINY, "--stack", "compile"),
-     "--stack compile --framework torchtitan: its layers run eager here (--stack eager, the "
-     "torchtitan-eager stack); compiled torchtitan is priced as Megatron-Core's fused layers"),
-])
 @needs_torchtitan
-def test_what_torchtitans_block_cannot_run_is_refused(args: tuple[str, ...], says: str) -> None:
-    done = _planner("profile", CPU_NODE, "--framework", "torchtitan", *args, *SHAPE, "--out",
-                    "/tmp/never-written.json")  # fmt: skip
+def test_what_torchtitans_block_cannot_run_is_refused() -> None:
+    """A model that is not Llama-shaped is refused naming what differs; ``--stack compile``
+    before any layer runs, naming the stack it would be priced on."""
+    from planner.diagnose.titan_layers import TorchtitanCode
+
+    with pytest.raises(InputError, match="gpt3-175b has layernorm, not RMSNorm: without "
+                       "--framework the planner's faithful layer runs"):  # fmt: skip
+        TorchtitanCode(load_model(REPO / "instances/models/gpt3-175b.json"))
+    done = _planner("profile", CPU_NODE, "--framework", "torchtitan", "--model", TINY,
+                    "--stack", "compile", *SHAPE, "--out", "/tmp/never-written.json")
     assert done.returncode == 2 and done.stdout == ""
-    assert says in " ".join(done.stderr.split())
+    assert ("--stack compile --framework torchtitan: its layers run eager here (--stack eager, "
+            "the torchtitan-eager stack); compiled torchtitan is priced as Megatron-Core's "
+            "fused layers") in " ".join(done.stderr.split())
     assert not Path("/tmp/never-written.json").exists()
 
 
