@@ -92,18 +92,24 @@ RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
 """From least to most recomputation (the index is the mode's position in per-mode tuples)."""
 
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
-                          "shared_experts"]
+                          "shared_experts", "op"]
 """What selective recomputation reruns, as Megatron-Core's ``--recompute-modules`` names it
 (``megatron/core/transformer/transformer_config.py``): checkpointed, their inputs kept and
 their forward (collectives included) rerun, the attention core (its ``s x s`` tensors
 dropped), a dense layer's MLP, an MoE layer's whole MoE block and its shared experts; and,
 discarding their outputs for the backward to rebuild, the experts' activation function, the
 norms that are modules of their own (MLA's input norm, an MoE layer's pre-MLP norm) and MLA's
-up projections."""
+up projections. One is not Megatron-Core's: ``op``, torchtitan's per-operator selective
+checkpointing (``selective_ac_option = "op"``), which checkpoints each dense block and saves the
+outputs of attention, of every other matmul and of the reduce-scatters (:data:`OP_SAC`)."""
 RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn", "moe_act", "layernorm",
                                                    "mla_up_proj", "mlp", "moe",
-                                                   "shared_experts")  # fmt: skip
-"""The recompute modules, in Megatron-Core's order."""
+                                                   "shared_experts", "op")  # fmt: skip
+"""The recompute modules, in Megatron-Core's order, torchtitan's per-operator policy last."""
+OP_SAC: RecomputeModule = "op"
+"""torchtitan's per-operator selective activation checkpointing, as a recompute module: the
+block's forward reruns in the backward but for the operators whose outputs the policy saves
+(``torchtitan/distributed/activation_checkpoint.py``, ``_apply_op_sac``)."""
 DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
 """What selective recomputation reruns unless told (Megatron-Core's default)."""
 

@@ -347,11 +347,22 @@ def test_seq_len_divisor() -> None:
 
 
 def test_selective_recompute() -> None:
-    """pytorch/torchtitan@73a0e69 torchtitan/distributed/activation_checkpoint.py:27-49;
-    torchtitan/distributed/activation_checkpoint.py:98-122"""
+    """pytorch/torchtitan@73a0e69 torchtitan/distributed/activation_checkpoint.py:174-190;
+    torchtitan/distributed/activation_checkpoint.py:98-122;
+    torchtitan/models/llama3/infra/parallelize.py:36-51"""
     model = load("llama3-8b")
     resolved = configure(model, 64, tp=8, sp=True, zero=3, recompute="selective")
     assert "every other matmul" in (refusal("selective-recompute", resolved, model) or "")
+    # the per-operator policy is launched, on dense blocks only
+    op = configure(model, 64, tp=8, sp=True, zero=3, recompute="selective", recompute_modules="op",
+                   overlap_grad_reduce=True, overlap_param_gather=True)  # fmt: skip
+    assert refusal("selective-recompute", op, model) is None
+    assert launched(op, model)["activation_checkpoint"] == {"mode": "selective",
+                                                            "selective_ac_option": "op"}
+    moe = load("Qwen3-30B-A3B")
+    resolved = configure(moe, 64, tp=2, ep=8, sp=True, zero=3, recompute="selective",
+                         recompute_modules="op", global_batch=256, seq_len=4096)  # fmt: skip
+    assert "dense blocks only" in (refusal("selective-recompute", resolved, moe) or "")
 
 
 def test_unfused_attention() -> None:

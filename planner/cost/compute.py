@@ -203,6 +203,10 @@ class OpTime:
     """Of ``backward_s``, the weight gradient (a GEMM with a weight: one of its backward's two
     GEMMs, of the forward's FLOPs and half the backward's bytes; 0 for the attention core and
     elementwise ops, which have no weight)."""
+    stack_forward_s: float = 0.0
+    """Of ``forward_s``, the stack's separate memory-bound kernels (:class:`Unfused`): what
+    reruns of an op whose own kernel's output a checkpoint saved (the rotary embedding
+    beside the attention core)."""
 
 
 def op_time(
@@ -235,7 +239,7 @@ def op_time(
 
     if op.unfused is not None and op.kind in UNFUSED_IS_THE_OP:
         forward, backward, _ = stack_kernels()
-        return OpTime(forward_s=forward, backward_s=backward)
+        return OpTime(forward_s=forward, backward_s=backward, stack_forward_s=forward)
     own = _own_kernels_time(op, device, precision, activation_degrees=activation_degrees,
                             weight_degrees=weight_degrees, compute_degree=compute_degree,
                             gemm_calls=gemm_calls, flash_attention=flash_attention,
@@ -244,7 +248,7 @@ def op_time(
         return own
     forward, backward, weight = stack_kernels()
     return OpTime(forward_s=own.forward_s + forward, backward_s=own.backward_s + backward,
-                  weight_s=own.weight_s + weight)  # fmt: skip
+                  weight_s=own.weight_s + weight, stack_forward_s=forward)  # fmt: skip
 
 UNFUSED_IS_THE_OP = frozenset({"norm", "residual", "elementwise", "loss"})
 """Op kinds whose stack's separate kernels (:class:`~planner.graph.ops.Unfused`) replace the

@@ -10,7 +10,7 @@ from planner.frameworks.base import MULTI_TOKEN_PREDICTION, unsupported_layers
 from planner.plan.chunks import cuts_into
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from planner.vocabulary import DEFAULT_RANK_ORDER, FP8_STACKS
+from planner.vocabulary import DEFAULT_RANK_ORDER, FP8_STACKS, OP_SAC, RECOMPUTE_MODULES
 
 
 def gpipe_schedule(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -176,6 +176,9 @@ def recompute_modules(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     if resolved.config.recompute_modules is None:
         return None
     modules = resolved.recompute_modules
+    if OP_SAC in modules:
+        return ("recompute module op: torchtitan's per-operator policy; Megatron-Core's "
+                f"--recompute-modules are {', '.join(m for m in RECOMPUTE_MODULES if m != OP_SAC)}")
     discarded = sorted({"moe_act", "layernorm"} & set(modules))
     if discarded and resolved.training.stack in FP8_STACKS:
         return (f"recompute module{'s' * (len(discarded) > 1)} {' and '.join(discarded)} in "

@@ -20,7 +20,7 @@ from typing import Literal
 
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from planner.vocabulary import Stack
+from planner.vocabulary import OP_SAC, Stack
 
 Framework = Literal["megatron", "mindspeed", "deepspeed", "colossalai", "torchtitan"]
 FRAMEWORKS: tuple[Framework, ...] = ("megatron", "mindspeed", "deepspeed", "colossalai",
@@ -85,6 +85,10 @@ class Profile:
     recompute_modules: bool = False
     """Whether it takes Megatron-Core's ``--recompute-modules``: the uniform search tries
     the output-discarding modules under selective recomputation only for such a target."""
+    selective_modules: str | None = None
+    """What its selective recomputation reruns when that is not Megatron-Core's default (the
+    attention core): torchtitan's per-operator policy (``op``), which the uniform search
+    tries in the default's place."""
     folds_experts: bool = False
     """Whether it folds the routed experts over the tensor-parallel ranks (expert tensor
     parallelism 1 under tensor parallelism): the uniform search tries that only for such a
@@ -211,8 +215,10 @@ def recompute_modules_unnamed(resolved: ResolvedConfig, model: ModelSpec) -> str
     modules = resolved.config.recompute_modules
     if modules is None:
         return None
-    return (f"recompute_modules({modules}): Megatron-Core's --recompute-modules; here "
-            f"selective recomputation reruns the attention core only")
+    named = "torchtitan's per-operator policy" if modules == OP_SAC \
+        else "Megatron-Core's --recompute-modules"
+    return (f"recompute_modules({modules}): {named}; here selective recomputation reruns the "
+            f"attention core only")
 
 
 def sequence_split_over_tp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:

@@ -46,6 +46,7 @@ from planner.frameworks.base import (
 )
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
+from planner.vocabulary import OP_SAC
 
 TORCH = "pytorch/pytorch@cf30153"
 """PyTorch v2.13.0, for FSDP2, pipelining and context parallelism."""
@@ -158,12 +159,18 @@ def sequence_divisor(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def selective_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Selective AC is per operator (or every n-th layer), not Megatron's."""
+    """Selective AC is per operator (``selective_ac_option = "op"``: the recompute module
+    ``op``), priced on dense blocks; not Megatron's attention core."""
     if resolved.config.recompute != "selective":
         return None
-    return ("selective recompute: torchtitan's selective checkpointing saves attention and "
-            "every other matmul and recomputes the rest (or checkpoints every n-th layer), not "
-            "Megatron's core-attention recomputation")
+    if resolved.recompute_modules != (OP_SAC,):
+        return ("selective recompute: torchtitan's selective checkpointing saves attention and "
+                "every other matmul and recomputes the rest (recompute_modules op), not "
+                f"{' and '.join(resolved.recompute_modules)}")
+    if model.moe is not None or model.mla is not None:
+        return (f"recompute_modules(op): the per-operator policy is priced on dense blocks "
+                f"only, and {model.name} has {'experts' if model.moe else 'latent attention'}")
+    return None
 
 
 def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -332,8 +339,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="seq-len-divisor", check=sequence_divisor,
          source=f"{_PARALLELIZE}:69-74; {REPO} torchtitan/distributed/parallel_dims.py:365-372"),
     Rule(name="selective-recompute", check=selective_recompute,
-         source=f"{REPO} torchtitan/distributed/activation_checkpoint.py:27-49; "
-                f"torchtitan/distributed/activation_checkpoint.py:98-122"),
+         source=f"{REPO} torchtitan/distributed/activation_checkpoint.py:174-190; "
+                f"torchtitan/distributed/activation_checkpoint.py:98-122; "
+                f"torchtitan/models/llama3/infra/parallelize.py:36-51"),
     Rule(name="partial-recompute", check=partial_recompute,
          source=f"{REPO} torchtitan/distributed/activation_checkpoint.py:24-40"),
     Rule(name="unfused-attention", check=unfused_attention,
@@ -379,11 +387,20 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         "training": training_table(resolved),
         "parallelism": {**data_parallel_table(resolved), **model_parallel_table(resolved, model),
                         **pipeline_table(resolved)},
-        "activation_checkpoint": {"mode": resolved.config.recompute},
+        "activation_checkpoint": activation_checkpoint_table(resolved),
         "compile": {"enable": False},  # the torchtitan-eager stack the plan was priced on
     }  # fmt: skip
     header = f"# torchtitan {VERSION} ({REPO}): {model.name}\n"
     return Launch(text=header + render(tables), notes=notes(found, model))
+
+
+def activation_checkpoint_table(resolved: ResolvedConfig) -> dict[str, str]:
+    """``[activation_checkpoint]``: none, full, or selective with the per-operator policy
+    (``selective_ac_option = "op"``), the only selective mode the rules let through."""
+    mode = resolved.config.recompute
+    if mode == "selective":
+        return {"mode": mode, "selective_ac_option": OP_SAC}
+    return {"mode": mode}
 
 
 def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:
@@ -402,5 +419,6 @@ def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="torchtitan", title="torchtitan", rules=RULES, launch=launch,
-                  zero_bubble=True, folds_experts=True, stacks=("torchtitan-eager",))
+                  zero_bubble=True, folds_experts=True, stacks=("torchtitan-eager",),
+                  selective_modules=OP_SAC)
 """torchtitan as a framework target."""

@@ -12,6 +12,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from planner.vocabulary import OP_SAC
+
 OpKind = Literal[
     "embedding",  # token (+ position) lookup
     "norm",  # LayerNorm / RMSNorm
@@ -177,6 +179,11 @@ class Op:
     collectives and the resharding around it run again."""
     checkpoint_input_of: tuple[str, ...] = ()
     """The checkpointed modules whose input is this op's input: kept under them, once."""
+    saves_output: float = 0.0
+    """Under torchtitan's per-operator policy (:data:`~planner.vocabulary.OP_SAC`), the share
+    of the op's output the policy saves, which is also the share of its own kernels' forward
+    not run again (the fused qkv projection: ``wq``'s and ``wv``'s of its three matmuls);
+    0: all of it recomputed."""
 
     @property
     def routed(self) -> bool:
@@ -193,6 +200,12 @@ class Op:
     def reruns(self, modules: Collection[str]) -> bool:
         """Whether selective recomputation of ``modules`` runs the op's forward again."""
         return not set(self.recomputed_by).isdisjoint(modules) or self.checkpointed(modules)
+
+    def output_saved(self, modules: Collection[str]) -> float:
+        """The share of the op's output that selective recomputation of ``modules`` keeps, and
+        of its own kernels' forward that it does not rerun: :attr:`saves_output` under
+        torchtitan's per-operator policy, else 0."""
+        return self.saves_output if OP_SAC in modules and self.checkpointed(modules) else 0.0
 
     def local_params(self, weight_degrees: Mapping[str, int]) -> float:
         """Parameters one device holds when weight dim ``d`` is split ``weight_degrees[d]``

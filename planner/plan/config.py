@@ -21,6 +21,7 @@ from planner.spec.reading import check_device, fill_training
 from planner.vocabulary import (
     DEFAULT_RANK_ORDER,
     DEFAULT_RECOMPUTE_MODULES,
+    OP_SAC,
     RECOMPUTE_MODULES,
     ContextParallelism,
     MoeDispatcher,
@@ -102,7 +103,8 @@ class ParallelConfig(BaseModel):
     recompute_modules: str | None = Field(
         default=None, description="With selective recomputation, what it reruns, as "
         "Megatron-Core's --recompute-modules names them, comma-separated: core_attn, moe_act, "
-        "layernorm, mla_up_proj, mlp, moe, shared_experts; default: core_attn.",
+        "layernorm, mla_up_proj, mlp, moe, shared_experts; or op alone, torchtitan's "
+        "per-operator policy (selective_ac_option = \"op\"); default: core_attn.",
     )  # fmt: skip
     zero: Literal[0, 1, 2, 3] = Field(
         default=0, description="0: replicated optimizer; 1: optimizer states sharded over "
@@ -206,6 +208,9 @@ def recompute_modules_of(text: str | None) -> tuple[RecomputeModule, ...]:
                          f"{', '.join(RECOMPUTE_MODULES)}")
     if not names:
         raise ValueError("recompute_modules names no module")
+    if OP_SAC in names and len(names) > 1:
+        raise ValueError(f"recompute module {OP_SAC!r} (torchtitan's per-operator policy) "
+                         f"checkpoints the whole block: name it alone")
     return tuple(m for m in RECOMPUTE_MODULES if m in names)
 
 

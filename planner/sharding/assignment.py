@@ -27,9 +27,11 @@ from planner.sharding.layout import (
     Transfer,
     canonical,
     reshard,
+    tensor_degrees,
     transfer_time_s,
 )
 from planner.sharding.strategies import Strategy, StrategyContext, follow
+from planner.vocabulary import OP_SAC
 
 StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]
 """The strategies a node's leading op may take (all of them, or one assigned)."""
@@ -238,6 +240,21 @@ def fp8_gathers(transfers: tuple[Transfer, ...], element_bytes: float) -> tuple[
                  for t in transfers)  # fmt: skip
 
 
+def saved_reduction_bytes(layer: LayerGraph, edge: tuple[int, int], *, src: int,
+                          dst: int) -> float:
+    """The bytes torchtitan's per-operator policy saves of the reduce-scatter on ``edge`` (a
+    partial sum scattered along another dim, ``reduce_scatter_tensor`` in its save list), one
+    device's share: then neither rerun nor rebuilt for the backward; 0 on any other edge."""
+    producer, consumer = layer.nodes[edge[0]], layer.nodes[edge[1]]
+    at = input_index(consumer.ops[0], producer.output)
+    if at is None:
+        return 0.0
+    out, into = producer.strategies[src].output, consumer.strategies[dst].inputs[at]
+    if not any(a == "P" and b not in ("R", "P") for a, b in zip(out, into, strict=True)):
+        return 0.0
+    return cost.sharded_bytes(producer.output, tensor_degrees(producer.output, into, layer.mesh))
+
+
 def _checkpointed(node: Node, modules: tuple[str, ...]) -> bool:
     """Whether the node's ops run inside a checkpointed recompute module among ``modules``."""
     return any(op.checkpointed(modules) for op in node.ops)
@@ -287,14 +304,19 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         executed = [cost.executed_flops(op, flash_attention=layer.context.flash_attention)
                     for op in node.ops]  # fmt: skip
         flops += sum(e.forward for e in executed)
-        selective_flops += sum(e.forward for op, e in zip(node.ops, executed, strict=True)
+        selective_flops += sum(e.forward * (1 - op.output_saved(modules))
+                               for op, e in zip(node.ops, executed, strict=True)
                                if op.reruns(modules))  # fmt: skip
     reshard = reshard_forward = 0.0
     for edge in layer.edges:
         total, fwd = edge_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
         reshard += total
         reshard_forward += fwd
-        if any(_checkpointed(layer.nodes[v], modules) for v in edge):
+        inside = [_checkpointed(layer.nodes[v], modules) for v in edge]
+        saved = saved_reduction_bytes(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]]) \
+            if OP_SAC in modules and all(inside) else 0.0  # fmt: skip
+        selective += saved
+        if any(inside) and not saved:
             selective_rerun["tp"] += fwd
         total, fwd = edge_hidden_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
         hidden["tp"] += total
@@ -313,7 +335,8 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         selective_rerun_comm_s=(selective_rerun["tp"], selective_rerun["cp"],
                                 selective_rerun["ep"]),
         kept_bytes=(kept, selective, layer_input),
-        working_bytes=(0.0, 0.0, kept),
+        # the per-operator policy's rerun rebuilds the block's other activations at once
+        working_bytes=(0.0, max(0.0, kept - selective) if OP_SAC in modules else 0.0, kept),
         loss_bytes=loss,
         rerun_flops=(0.0, selective_flops, flops),
         weights=tuple(weights),

@@ -320,7 +320,8 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
                      precision=ctx.precision)  # fmt: skip
     times = cost.OpTime(forward_s=times.forward_s * scale.forward,
                         backward_s=times.backward_s * scale.backward,
-                        weight_s=times.weight_s * scale.backward)  # fmt: skip
+                        weight_s=times.weight_s * scale.backward,
+                        stack_forward_s=times.stack_forward_s * scale.forward)  # fmt: skip
     params, copies = weight_copies(op, pair, mesh)
     states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
                                 params=params, precision=ctx.states_precision or ctx.precision,
@@ -352,7 +353,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         forward_comm_s=comm[1],
         hidden_comm_s=comm[2],
         hidden_forward_comm_s=comm[3],
-        selective_forward_s=times.forward_s if op.reruns(ctx.recompute_modules) else 0.0,
+        selective_forward_s=_selective_rerun_s(op, times, ctx.recompute_modules),
         weights=((params, copies),) if params else (),
         state_bytes=states,  # type: ignore[arg-type]
         sync_s=sync,  # type: ignore[arg-type]
@@ -362,6 +363,15 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip
+
+
+def _selective_rerun_s(op: Op, times: cost.OpTime, modules: tuple[str, ...]) -> float:
+    """The forward seconds selective recomputation of ``modules`` runs again: all of it, but
+    the share of its own kernel whose output torchtitan's per-operator policy saved."""
+    if not op.reruns(modules):
+        return 0.0
+    own = times.forward_s - times.stack_forward_s
+    return times.forward_s - own * op.output_saved(modules)
 
 
 def follow(op: Op, layout: Layout, mesh: LogicalMesh, ctx: StrategyContext) -> Strategy | None:

@@ -1,7 +1,8 @@
 """The recomputations the uniform search tries: no, selective and full recomputation, and
 selective recomputation both as Megatron-Core's default (the attention core) and as every
 output-discarding recompute module that applies, for a target that takes
-``--recompute-modules``."""
+``--recompute-modules``; for a target with a selective recomputation of its own (torchtitan's
+per-operator policy), that one in the default's place."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ def recomputations(
     if pinned is not None:
         return [("selective", pinned)]
     lean = lean_recompute_modules(model, training)
-    named = options.framework == ANY or profile(options.framework).recompute_modules
-    out: list[tuple[Recompute, str | None]] = [(r, None) for r in RECOMPUTE_MODES]
+    target = None if options.framework == ANY else profile(options.framework)
+    named = target is None or target.recompute_modules
+    own = target.selective_modules if target is not None else None
+    out: list[tuple[Recompute, str | None]] = [(r, own if r == "selective" else None)
+                                               for r in RECOMPUTE_MODES]  # fmt: skip
     if named and lean:
         out.insert(2, ("selective", lean))
     return out

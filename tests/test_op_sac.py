@@ -1,0 +1,136 @@
+"""torchtitan's per-operator selective checkpointing (``selective_ac_option = "op"``, the
+recompute module ``op``): what a dense block keeps and reruns under it, counted from
+torchtitan's policy and checked against torchtitan's own block; the rules that launch it and
+refuse it; the search choosing it where torchtitan's own Llama 3 8B config does."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+
+import pytest
+
+import planner
+from planner.frameworks import launch, profile
+from planner.plan.config import ParallelConfig, resolve
+from planner.plan.degrees import Degrees
+from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
+from planner.uniform.batch import estimate_batch
+from tests.conftest import REPO
+from tests.test_eager_stacks import LLAMA3_8B
+from tests.test_estimate_batch import agree
+
+H, Q, KV, F = 4096, 4096, 1024, 14336
+MODEL = planner.load_model(REPO / "instances/models/llama3-8b.json")
+H100 = REPO / "instances/clusters/dgx-h100-80gb.json"
+needs_torchtitan = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchtitan") is None,
+    reason="torchtitan's block needs PyTorch and torchtitan (the test extra has both)")
+
+
+def _parts(tp: int, modules: tuple[str, ...] = ("op",), seq: int = 1024):
+    query = UniformQuery(kind="dense", layout=uniform_layout(Degrees(tp=tp, sp=tp > 1)),
+                         micro_batch_size=1, seq_length=seq, precision="bf16",
+                         stack="torchtitan-eager", recompute_modules=modules)  # fmt: skip
+    return uniform_parts(MODEL, planner.load_cluster(H100, nodes=1), query)
+
+
+def test_a_token_keeps_the_input_and_the_saved_outputs() -> None:
+    """Unsharded, a token keeps the block's input, ``wq``'s and ``wv``'s outputs, attention's,
+    ``w1``'s and ``w2``'s (the odd matmuls): ``8h + 2kv + 2f`` bytes, 63,488 for Llama 3 8B,
+    where the block keeps 167,936 without checkpointing and 8,192 fully checkpointed."""
+    parts = _parts(1)
+    assert parts.kept_bytes[1] / 1024 == 2 * H + 2 * Q + 2 * KV + 2 * Q + 2 * F + 2 * H == 63_488
+    assert (parts.kept_bytes[0] / 1024, parts.kept_bytes[2] / 1024) == (167_936, 8_192)
+    # the rerun rebuilds the rest of one block at a time
+    assert parts.working_bytes[1] == parts.kept_bytes[0] - parts.kept_bytes[1]
+
+
+def test_tensor_parallel_keeps_the_partial_sum_and_the_reduce_scatters() -> None:
+    """Under TP with sequence parallelism, the saved matmuls keep their shards but ``w2``'s
+    output, a partial sum of the whole sequence; the two reduce-scatters' outputs are saved
+    (``reduce_scatter_tensor`` is in the save list), so they are neither rebuilt nor rerun,
+    while the all-gathers before ``wq`` and ``w1`` are."""
+    for tp in (2, 4):
+        parts = _parts(tp)
+        split = (2 * H + 2 * Q + 2 * KV + 2 * Q + 2 * F) / tp
+        assert parts.kept_bytes[1] / 1024 == split + 2 * H + 2 * (2 * H / tp)
+        # two all-gathers of the four collectives a forward runs: half of full's rerun
+        assert parts.selective_rerun_comm_s[0] == pytest.approx(parts.rerun_comm_s[0] / 2)
+
+
+def test_the_rerun_skips_the_saved_matmuls_and_attention() -> None:
+    """The backward reruns ``wk``, ``wo`` and ``w3`` (159.4 MFLOP a token of the 436.2 the
+    projections run) and every memory-bound kernel, not attention."""
+    parts = _parts(1)
+    tokens = 1024
+    assert parts.rerun_flops[1] / tokens == 2 * H * (KV + H + F) == 159_383_552
+    assert parts.rerun_flops[2] / tokens > 436_207_616  # attention's too
+    none, selective, full = (_parts(1, m).rerun_s[k] for m, k in (((), 0), (("op",), 1),
+                                                                   ((), 2)))  # fmt: skip
+    assert none == 0 < selective < full / 2
+
+
+@needs_torchtitan
+def test_torchtitans_block_keeps_and_reruns_what_the_planner_counts() -> None:
+    """torchtitan's own block under its own policy on the CPU (``planner.diagnose.titan_sac``):
+    the matmul FLOPs it reruns exactly, the bytes it keeps but SDPA's log-sum-exp (4 bytes a
+    head a token), which no stack counts. ``python benchmarks/op_sac.py`` prints Llama 3 8B:
+    63,616 bytes a token kept, 63,488 counted."""
+    from planner.diagnose.titan_sac import measure_op_sac, priced_op_sac
+
+    small = LLAMA3_8B.model_copy(update={"hidden_size": 512, "num_attention_heads": 8,
+                                         "num_query_groups": 2, "ffn_hidden_size": 1536})
+    seq = 128
+    measured, priced = measure_op_sac(small, seq), priced_op_sac(small, seq)
+    assert measured.forward_matmul_flops == priced.forward_matmul_flops
+    assert measured.rerun_matmul_flops == priced.rerun_matmul_flops
+    assert measured.kept_bytes - priced.kept_bytes == 4 * small.num_attention_heads * seq
+
+
+def _torchtitan_plan() -> tuple[planner.Plan, planner.ClusterSpec]:
+    cluster = planner.load_cluster(H100, nodes=1)
+    options = planner.SolveOptions(framework="torchtitan", global_batch_size=64)
+    return planner.solve(MODEL, cluster, options), cluster
+
+
+def test_only_torchtitan_launches_it() -> None:
+    """Megatron-Core has no module ``op``; ``op`` stands alone; torchtitan launches it as
+    ``selective_ac_option = "op"`` and runs no other selective recomputation."""
+    plan, cluster = _torchtitan_plan()
+    assert plan.configuration is not None
+    on_te = plan.configuration.model_copy(update={"stack": "megatron-te"})
+    (refusal,) = profile("megatron").refusals(resolve(MODEL, cluster, on_te), MODEL)
+    assert refusal.startswith("recompute module op: torchtitan's per-operator policy; "
+                              "Megatron-Core's --recompute-modules are core_attn, moe_act,")
+    with pytest.raises(ValueError, match="name it alone"):
+        ParallelConfig(recompute="selective", recompute_modules="op,core_attn")
+    text = launch(plan, "torchtitan", model=MODEL, cluster=cluster).text
+    assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "selective",
+                                                            "selective_ac_option": "op"}
+
+
+def test_the_search_takes_torchtitans_own_llama3_8b_config() -> None:
+    """torchtitan's ``llama3_8b.toml`` (v0.2.2) trains on 8 GPUs with FSDP, a local batch of
+    1 and per-operator checkpointing; for 8 H100s and 64 sequences the search picks the same:
+    no recomputation does not fit (83.8 GiB), full recomputation is 15 % slower."""
+    plan, cluster = _torchtitan_plan()
+    c = plan.configuration
+    assert c is not None
+    assert (c.tp, c.pp, c.zero, c.mbs, c.recompute, c.recompute_modules) == (
+        1, 1, 3, 1, "selective", "op")
+    steps = {r: planner.estimate(MODEL, cluster, c.model_copy(update={
+        "recompute": r, "recompute_modules": None})) for r in ("none", "full")}  # fmt: skip
+    assert not steps["none"].fits and steps["none"].peak_memory_gib > 80
+    assert steps["full"].step_time_s / plan.predicted.step_time_s == pytest.approx(1.154, abs=0.01)
+
+
+def test_batch_agrees_with_estimate() -> None:
+    """``estimate_batch`` prices the policy as ``estimate`` does, over TP, PP, CP and ZeRO."""
+    cluster = planner.load_cluster(H100, nodes=2)
+    configs = [ParallelConfig(tp=tp, pp=pp, cp=cp, sp=tp > 1, zero=zero, mbs=mbs,
+                              recompute="selective", recompute_modules="op", global_batch=64)
+               for tp, pp, cp, zero, mbs in ((1, 1, 1, 3, 1), (2, 1, 1, 1, 2), (4, 2, 1, 1, 1),
+                                             (2, 1, 2, 2, 1), (8, 2, 1, 0, 1))]  # fmt: skip
+    batch = estimate_batch(MODEL, cluster, configs)
+    assert agree(batch, configs, MODEL, cluster) == len(configs)
