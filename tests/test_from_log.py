@@ -377,10 +377,13 @@ def test_torchtitan_selective_checkpointing_needs_a_recompute_option(tmp_path: P
     config = shared(HF / "Meta-Llama-3.1-8B.config.json")
     done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1,
                      "--global-batch", 8)
-    assert done.returncode == 2 and "pass --recompute" in " ".join(done.stderr.split())
+    assert done.returncode == 2 and ("pass --recompute selective --recompute-modules op for "
+                                     "its per-operator policy") in " ".join(done.stderr.split())
     record, _ = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1,
-                           "--global-batch", 8, "--recompute", "selective")
+                           "--global-batch", 8, "--recompute", "selective",
+                           "--recompute-modules", "op")  # fmt: skip
     assert record["parallel"]["recompute"] == "selective"
+    assert record["parallel"]["recompute_modules"] == "op"
     with pytest.raises(InputError, match="parameters"):
         check_titan_model(TitanModel(name="llama3", flavor="8B", args={},
                                      total_parameters=8_030_261_249),

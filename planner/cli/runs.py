@@ -41,18 +41,23 @@ def from_log_cmd(
     global_batch: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
     recompute: Annotated[
-        Literal["none", "selective", "full"] | None, typer.Option(help="Recomputation.")
+        Literal["none", "selective", "full"] | None,
+        typer.Option(metavar="<mode>", help="Recomputation: none, selective or full."),
     ] = None,
+    recompute_modules: Annotated[str | None, typer.Option(
+        help="What selective recomputation reran (op: torchtitan's per-operator policy).")] = None,
     zero: Annotated[
         int | None, typer.Option(help="ZeRO stage (1 = distributed optimizer).")
     ] = None,
     precision: Annotated[
-        Literal["bf16", "fp16", "fp32"] | None, typer.Option(help="Compute precision.")
+        Literal["bf16", "fp16", "fp32"] | None,
+        typer.Option(metavar="<name>", help="Compute precision: bf16, fp16 or fp32."),
     ] = None,
     flash_attention: Annotated[
         bool | None, typer.Option("--flash/--no-flash", help="Fused attention kernel.")
     ] = None,
-    skip: Annotated[int, typer.Option(min=0, help="Warm-up steps left out.")] = DEFAULT_SKIP,
+    skip: Annotated[int, typer.Option(min=0, metavar="<int>",
+                                      help="Warm-up steps left out.")] = DEFAULT_SKIP,
     run_id: Annotated[str | None, typer.Option("--id", help="The record's id.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the records here (JSON).")] = None,
 ) -> None:
@@ -77,13 +82,15 @@ def from_log_cmd(
     model_spec = model_of_run(measured, model_spec, where=where)
     given: dict[str, Any] = dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, sp=sp, mbs=mbs,
                                  global_batch=global_batch, seq_len=seq_len, recompute=recompute,
-                                 zero=zero, precision=precision,
-                                 flash_attention=flash_attention)  # fmt: skip
+                                 recompute_modules=recompute_modules, zero=zero,
+                                 precision=precision, flash_attention=flash_attention)  # fmt: skip
     fields = {k: v for k, v in given.items() if v is not None}
     if measured.titan_checkpointing == "selective" and recompute is None:
-        raise InputError(f"{where}: torchtitan ran selective activation checkpointing (it keeps "
-                         f"attention and every other matmul), which is none of the planner's "
-                         f"modes; pass --recompute to say which to price it as")  # fmt: skip
+        raise InputError(f"{where}: torchtitan ran selective activation checkpointing, per "
+                         f"operator or every n-th layer, which its log does not say; pass "
+                         f"--recompute selective --recompute-modules op for its per-operator "
+                         f"policy (selective_ac_option = \"op\"), else --recompute to say how "
+                         f"to price it")  # fmt: skip
     for name, value in config_fields(measured).items():
         if fields.get(name, value) != value:
             option = "--" + name.replace("_", "-")

@@ -363,7 +363,6 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
     modules (``mtp1.*``, ...), which Megatron-Core builds on the last pipeline stage.
 
     >>> from planner.spec import ModelSpec, MoESpec, TrainingSpec
-from planner.vocabulary import OP_SAC
     >>> m = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4,
     ...               vocab_size=1000, max_position_embeddings=128)
     >>> g = lower(m, TrainingSpec(seq_length=128, global_batch_size=8))

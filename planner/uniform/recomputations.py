@@ -2,7 +2,8 @@
 selective recomputation both as Megatron-Core's default (the attention core) and as every
 output-discarding recompute module that applies, for a target that takes
 ``--recompute-modules``; for a target with a selective recomputation of its own (torchtitan's
-per-operator policy), that one in the default's place."""
+per-operator policy, priced on dense blocks), that one in the default's place, and for
+``any``, whose space is the targets' union, beside it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from planner.frameworks import ANY, profile
 from planner.graph.stacks import grouped_experts
 from planner.options import SolveOptions
 from planner.spec import ModelSpec, TrainingSpec
-from planner.vocabulary import RECOMPUTE_MODES, Recompute
+from planner.vocabulary import OP_SAC, RECOMPUTE_MODES, Recompute
 
 
 def recomputations(
@@ -37,9 +38,14 @@ def recomputations(
     lean = lean_recompute_modules(model, training)
     target = None if options.framework == ANY else profile(options.framework)
     named = target is None or target.recompute_modules
-    own = target.selective_modules if target is not None else None
-    out: list[tuple[Recompute, str | None]] = [(r, own if r == "selective" else None)
-                                               for r in RECOMPUTE_MODES]  # fmt: skip
+    # torchtitan's per-operator policy is priced on dense blocks; any's union has it too
+    dense = model.moe is None and model.mla is None
+    own = target.selective_modules if target is not None else OP_SAC if dense else None
+    out: list[tuple[Recompute, str | None]] = [(r, None) for r in RECOMPUTE_MODES]
+    if own is not None and dense:
+        out.insert(2, ("selective", own))
+        if target is not None:  # in place of Megatron's default
+            out.pop(1)
     if named and lean:
         out.insert(2, ("selective", lean))
     return out
