@@ -65,7 +65,14 @@ def read_back(toml: dict[str, Any], world: int) -> dict[str, Any]:
     zero = {None: 0, "always": 3, "never": 1 if pp > 1 else 2}[reshard]
     return {"tp": tp, "pp": pp, "dp": dp, "ep": par.get("expert_parallel_degree", 1),
             "mbs": mbs, "microbatches": microbatches, "vpp": vpp, "split": split, "zero": zero,
-            "recompute": toml["activation_checkpoint"]["mode"]}  # fmt: skip
+            "recompute": recompute_of(toml["activation_checkpoint"])}  # fmt: skip
+
+
+def recompute_of(table: dict[str, str]) -> str:
+    """The planner's recomputation of an ``[activation_checkpoint]`` table: selective every
+    n-th block is full recomputation of some layers."""
+    every_nth = table["mode"] == "selective" and table.get("selective_ac_option", "").isdigit()
+    return "full" if every_nth else table["mode"]
 
 
 def expected(resolved: ResolvedConfig) -> dict[str, Any]:
@@ -476,14 +483,28 @@ def test_every_rule_is_tested_with_its_source() -> None:
 
 
 def test_partial_recompute() -> None:
-    """pytorch/torchtitan@73a0e69 torchtitan/distributed/activation_checkpoint.py:24-40
+    """pytorch/torchtitan@73a0e69 torchtitan/distributed/activation_checkpoint.py:24-49
 
-    Layer-wise selective AC checkpoints every n-th block by a running count, not each
-    chunk's first n layers."""
+    Layer-wise selective AC checkpoints every n-th block a rank builds by a running count:
+    some layers recomputed where an n recomputes as many in every model chunk, launched as
+    that n."""
     model = load("llama3-8b")
-    resolved = configure(model, 64, tp=8, pp=2, sp=True, zero=3, recompute="full",
-                         recompute_layers=2)  # fmt: skip
-    assert "every n-th" in (refusal("partial-recompute", resolved, model) or "")
+    resolved = configure(model, 64, tp=8, pp=2, sp=True, zero=1, recompute="full",
+                         recompute_layers=2, overlap_param_gather=True)  # fmt: skip
+    assert refusal("partial-recompute", resolved, model) is None  # the 6th and 12th of 16
+    assert launched(resolved, model)["activation_checkpoint"] == {
+        "mode": "selective", "selective_ac_option": "6"}
+    # 32 blocks: every 2nd is 16 and every 3rd 10, never 12
+    twelve = configure(model, 64, tp=8, sp=True, zero=3, recompute="full", recompute_layers=12)
+    assert "no n recomputes 12 in every model chunk" in (
+        refusal("partial-recompute", twelve, model) or "")
+    # interleaved, the count runs on across a rank's chunks of 8: every 4th is 2 in each,
+    # and no n gives 3 in each
+    chunks = dict(tp=8, pp=2, vpp=2, sp=True, zero=1, recompute="full", overlap_param_gather=True)
+    assert refusal("partial-recompute", configure(model, 64, recompute_layers=2, **chunks),
+                   model) is None  # fmt: skip
+    assert refusal("partial-recompute", configure(model, 64, recompute_layers=3, **chunks),
+                   model) is not None  # fmt: skip
     assert refusal("partial-recompute", forced(resolved, recompute_layers=None), model) is None
 
 

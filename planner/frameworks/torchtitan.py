@@ -20,6 +20,12 @@ The rules cite pytorch/torchtitan at v0.2.2 (73a0e69) and pytorch/pytorch at v2.
 from __future__ import annotations
 
 from planner.errors import ConfigError
+from planner.frameworks._torchtitan_checkpointing import (
+    CHECKPOINTING,
+    activation_checkpoint_table,
+    partial_recompute,
+    selective_recompute,
+)
 from planner.frameworks._torchtitan_flavors import (
     FLAVORS,
     REPO,
@@ -156,30 +162,6 @@ def sequence_divisor(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     if seq % divisor == 0:
         return None
     return f"seq_len({seq}) is not divisible by tp({c.tp}) x 2 x cp({c.cp}) = {divisor}"
-
-
-def selective_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Selective AC is per operator (``selective_ac_option = "op"``: the recompute module
-    ``op``), priced on dense blocks; not Megatron's attention core."""
-    if resolved.config.recompute != "selective":
-        return None
-    if resolved.recompute_modules != (OP_SAC,):
-        return ("selective recompute: torchtitan's selective checkpointing saves attention and "
-                "every other matmul and recomputes the rest (recompute_modules op), not "
-                f"{' and '.join(resolved.recompute_modules)}")
-    if model.moe is not None or model.mla is not None:
-        return (f"recompute_modules(op): the per-operator policy is priced on dense blocks "
-                f"only, and {model.name} has {'experts' if model.moe else 'latent attention'}")
-    return None
-
-
-def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Layer-wise selective AC checkpoints every n-th block, not a stage's first n."""
-    n = resolved.config.recompute_layers
-    if n is None:
-        return None
-    return (f"recompute_layers({n}): torchtitan checkpoints every n-th transformer block it "
-            f"wraps (selective_ac_option = n), not the first {n} of each model chunk")
 
 
 def unfused_attention(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -339,11 +321,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="seq-len-divisor", check=sequence_divisor,
          source=f"{_PARALLELIZE}:69-74; {REPO} torchtitan/distributed/parallel_dims.py:365-372"),
     Rule(name="selective-recompute", check=selective_recompute,
-         source=f"{REPO} torchtitan/distributed/activation_checkpoint.py:174-190; "
-                f"torchtitan/distributed/activation_checkpoint.py:98-122; "
+         source=f"{CHECKPOINTING}:174-190; torchtitan/distributed/activation_checkpoint.py:98-122; "
                 f"torchtitan/models/llama3/infra/parallelize.py:36-51"),
-    Rule(name="partial-recompute", check=partial_recompute,
-         source=f"{REPO} torchtitan/distributed/activation_checkpoint.py:24-40"),
+    Rule(name="partial-recompute", check=partial_recompute, source=f"{CHECKPOINTING}:24-49"),
     Rule(name="unfused-attention", check=unfused_attention,
          source=f"{REPO} torchtitan/models/attention.py:168-190"),
     Rule(name="tp-comm-overlap", check=tp_comm_overlap,
@@ -387,20 +367,11 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         "training": training_table(resolved),
         "parallelism": {**data_parallel_table(resolved), **model_parallel_table(resolved, model),
                         **pipeline_table(resolved)},
-        "activation_checkpoint": activation_checkpoint_table(resolved),
+        "activation_checkpoint": activation_checkpoint_table(resolved, model),
         "compile": {"enable": False},  # the torchtitan-eager stack the plan was priced on
     }  # fmt: skip
     header = f"# torchtitan {VERSION} ({REPO}): {model.name}\n"
     return Launch(text=header + render(tables), notes=notes(found, model))
-
-
-def activation_checkpoint_table(resolved: ResolvedConfig) -> dict[str, str]:
-    """``[activation_checkpoint]``: none, full, or selective with the per-operator policy
-    (``selective_ac_option = "op"``), the only selective mode the rules let through."""
-    mode = resolved.config.recompute
-    if mode == "selective":
-        return {"mode": mode, "selective_ac_option": OP_SAC}
-    return {"mode": mode}
 
 
 def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:

@@ -40,8 +40,8 @@ def fewest_recomputed(
     steps: np.ndarray, best_s: float, usable_bytes: float, options: SolveOptions,
 ) -> list[ParallelConfig]:  # fmt: skip
     """For each of ``configs`` that fits (``fits``) with every layer fully recomputed, the
-    same with the fewest layers per chunk recomputed that fits in ``usable_bytes``, where
-    fewer than all do and ``options.framework`` launches it; none when the recomputation is
+    same with the fewest layers per chunk recomputed that fits in ``usable_bytes`` and that
+    ``options.framework`` launches, where fewer than all do; none when the recomputation is
     pinned.
 
     A configuration whose twin without recomputation is among ``configs`` (its step in
@@ -75,5 +75,14 @@ def fewest_recomputed(
         fit = batch.columns["divides"] & (peak <= usable_bytes)
         high[open_] = np.where(fit, middle, high[open_])
         low[open_] = np.where(fit, low[open_], middle + 1)
-    return [base.model_copy(update={"recompute_layers": int(n)})
-            for base, n, most in zip(bases, high, highs, strict=True) if n < most]  # fmt: skip
+    fewest = []
+    for base, n, most in zip(bases, high, highs, strict=True):
+        # the fewest that fits, or more where the target recomputes only some counts
+        # (torchtitan's every n-th block): more recomputed layers fit as well
+        for count in range(int(n), most):
+            probe = base.model_copy(update={"recompute_layers": count})
+            if count == 1 or launched_variant(probe, model, cluster=cluster,
+                                              options=options) == probe:  # fmt: skip
+                fewest.append(probe)
+                break
+    return fewest
