@@ -108,6 +108,11 @@ def test_only_torchtitan_launches_it() -> None:
                               "Megatron-Core's --recompute-modules are core_attn, moe_act,")
     with pytest.raises(ValueError, match="name it alone"):
         ParallelConfig(recompute="selective", recompute_modules="op,core_attn")
+    # explain's notches leave the policy or drop it, never to a Megatron module
+    changes = [s.change for s in planner.explain(plan, MODEL, cluster).sensitivities
+               if s.knob.startswith("recompute")]  # fmt: skip
+    assert changes == ["recompute selective -> none (recompute-modules op dropped)",
+                       "recompute selective -> full (recompute-modules op dropped)"]
     text = launch(plan, "torchtitan", model=MODEL, cluster=cluster).text
     assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "selective",
                                                             "selective_ac_option": "op"}
@@ -117,8 +122,9 @@ def test_the_search_chooses_among_torchtitans_checkpointing() -> None:
     """torchtitan's ``llama3_8b.toml`` (v0.2.2) trains on 8 GPUs with FSDP, a local batch of
     1 and per-operator checkpointing: with that policy pinned, the search picks the same.
     Left free, it checkpoints every 4th block (8 of 32, ``selective_ac_option = "4"``), 4 %
-    faster at 73.3 GiB; nothing recomputed needs 83.8 GiB, every block recomputed is 15 %
-    slower than the per-operator policy."""
+    faster at 73.3 GiB: 7 blocks would fit too, but no n checkpoints 7 of 32. Nothing
+    recomputed needs 83.8 GiB; every block recomputed is 15 % slower than the per-operator
+    policy."""
     pinned, cluster = _torchtitan_plan(recompute_modules="op")
     c = pinned.configuration
     assert c is not None
@@ -135,6 +141,10 @@ def test_the_search_chooses_among_torchtitans_checkpointing() -> None:
     assert (f.tp, f.zero, f.mbs, f.recompute, f.recompute_layers) == (1, 3, 1, "full", 8)
     assert free.predicted.step_time_s / pinned.predicted.step_time_s == pytest.approx(0.960,
                                                                                      abs=0.005)
+    seven = f.model_copy(update={"recompute_layers": 7})
+    assert planner.estimate(MODEL, cluster, seven).fits
+    assert "no n recomputes 7" in " ".join(profile("torchtitan").refusals(
+        resolve(MODEL, cluster, seven), MODEL))  # fmt: skip
     toml = tomllib.loads(launch(free, "torchtitan", model=MODEL, cluster=cluster).text)
     assert toml["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "4"}
 

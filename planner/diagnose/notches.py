@@ -34,7 +34,7 @@ from planner.spec import ModelSpec
 from planner.spec.reading import fill_training
 from planner.uniform.recomputations import lean_recompute_modules
 from planner.uniform.space import divisors, stage_splits
-from planner.vocabulary import RECOMPUTE_MODES
+from planner.vocabulary import OP_SAC, RECOMPUTE_MODES
 
 Values = Callable[[ParallelConfig, ModelSpec, int], tuple[Any, ...]]
 """The values a knob may take for a configuration, a model and a device count, in order."""
@@ -53,7 +53,10 @@ def _fixed(*values: Any) -> Values:
 
 def _recompute_modules(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[Any, ...]:
     """Selective recomputation's default modules, and every output-discarding one that
-    applies (:func:`~planner.uniform.recomputations.lean_recompute_modules`)."""
+    applies (:func:`~planner.uniform.recomputations.lean_recompute_modules`); torchtitan's
+    per-operator policy alone, which no Megatron module is a notch from."""
+    if config.recompute_modules == OP_SAC:
+        return (OP_SAC,)
     # only the precision and the stack matter: a length and a batch are filled in for
     # configurations that leave them to a model without a training block
     training = fill_training(model, seq_length=config.seq_len or 1,
