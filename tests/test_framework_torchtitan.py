@@ -506,6 +506,11 @@ def test_partial_recompute() -> None:
     assert refusal("partial-recompute", configure(model, 64, recompute_layers=3, **chunks),
                    model) is not None  # fmt: skip
     assert refusal("partial-recompute", forced(resolved, recompute_layers=None), model) is None
+    # DeepSeek-V3's 3 dense blocks first: every n-th block is not each chunk's first kinds
+    mixed = without_mtp("deepseek-v3")
+    two = configure(mixed, 2048, ep=32, zero=3, recompute="full", recompute_layers=2,
+                    overlap_param_gather=True, overlap_grad_reduce=True, global_batch=4096)
+    assert "blocks of several kinds" in (refusal("partial-recompute", two, mixed) or "")
 
 
 def test_optimizer_offload() -> None:

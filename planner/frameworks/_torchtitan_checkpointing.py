@@ -85,10 +85,13 @@ def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     k = resolved.config.recompute_layers
     if k is None or layer_frequency(resolved, model) is not None:
         return None
-    return (f"recompute_layers({k}): torchtitan checkpoints every n-th transformer block a "
-            f"rank builds (selective_ac_option = n), and no n recomputes {k} in every model "
-            f"chunk of {list(resolved.stage_layers)} layers per stage, vpp {resolved.config.vpp}"
-            f"{'' if _one_kind(model) else f', nor the same kinds of {model.name} blocks'}")
+    every_nth = (f"recompute_layers({k}): torchtitan checkpoints every n-th transformer block "
+                 f"a rank builds (selective_ac_option = n)")
+    if not _one_kind(model):
+        return (f"{every_nth}, which among {model.name}'s blocks of several kinds reaches "
+                f"others than each chunk's first {k}, as priced")
+    return (f"{every_nth}, and no n recomputes {k} in every model chunk of "
+            f"{list(resolved.stage_layers)} layers per stage, vpp {resolved.config.vpp}")
 
 
 def _one_kind(model: ModelSpec) -> bool:
