@@ -7,10 +7,13 @@ Needs PyTorch and torchtitan 0.2.2 (``pip install -e '.[torchtitan]'``). Run fro
 repository root (half a minute on two cores):
 
     python benchmarks/op_sac.py [--model instances/models/llama3-8b.json] [--seq-len 256]
+        [--tp 2 4]
 
 The block runs once on this machine's CPU (``planner.diagnose.titan_sac``: the CPU's fused
-attention op is saved as CUDA's is). The step rows price torchtitan's own ``llama3_8b.toml``
-layout (FSDP over 8 H100s, a local batch of 1, 8,192 tokens) on the ``torchtitan-eager`` stack.
+attention op is saved as CUDA's is), and at each ``--tp`` on as many CPU processes over gloo,
+sharded by torchtitan's own tensor-parallel plan. The step rows price torchtitan's own
+``llama3_8b.toml`` layout (FSDP over 8 H100s, a local batch of 1, 8,192 tokens) on the
+``torchtitan-eager`` stack.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=Path("instances/models/llama3-8b.json"))
     parser.add_argument("--seq-len", type=int, default=256, help="tokens (256)")
+    parser.add_argument("--tp", type=int, nargs="*", default=[2, 4],
+                        help="tensor-parallel degrees run on as many CPU processes (2 4)")
     options = parser.parse_args()
     model = load_model(options.model)
     tokens = options.seq_len
@@ -38,18 +43,22 @@ def main() -> None:
         measured = measure_op_sac(model, tokens)
     except ImportError as exc:
         sys.exit(f"needs PyTorch and torchtitan (pip install -e '.[torchtitan]'): {exc}")
-    priced = priced_op_sac(model, tokens)
+    cluster = planner.load_cluster(H100, nodes=1)
+    priced = priced_op_sac(model, cluster, tokens)
     print(f"{model.name}: torchtitan's block under selective_ac_option = \"op\", {tokens} "
           f"tokens")
-    print(f"{'a token':28s} {'torchtitan':>12s} {'planner':>12s} {'error':>7s}")
-    for label, got, want in (
-        ("kept, bytes", measured.kept_bytes, priced.kept_bytes),
-        ("matmul FLOPs, forward", measured.forward_matmul_flops, priced.forward_matmul_flops),
-        ("matmul FLOPs, rerun", measured.rerun_matmul_flops, priced.rerun_matmul_flops),
-    ):  # fmt: skip
+    print(f"{'a token (one rank)':28s} {'torchtitan':>12s} {'planner':>12s} {'error':>7s}")
+    rows = [("kept, bytes", measured.kept_bytes, priced.kept_bytes),
+            ("matmul FLOPs, forward", measured.forward_matmul_flops,
+             priced.forward_matmul_flops),
+            ("matmul FLOPs, rerun", measured.rerun_matmul_flops, priced.rerun_matmul_flops)]
+    for tp in options.tp:
+        shard = measure_op_sac(model, tokens, tp)
+        rows.append((f"kept at TP {tp}, bytes", shard.kept_bytes,
+                     priced_op_sac(model, cluster, tokens, tp).kept_bytes))
+    for label, got, want in rows:
         print(f"{label:28s} {got / tokens:12,.0f} {want / tokens:12,.0f} "
               f"{want / got - 1:+7.1%}")
-    cluster = planner.load_cluster(H100, nodes=1)
     print(f"\n{model.name} on 8 H100s, FSDP (ZeRO-3), local batch 1, global batch 64:")
     print(f"{'recomputation':24s} {'step s':>8s} {'peak GiB':>9s}  fits")
     for recompute, modules in (("none", None), ("selective", "op"), ("full", None)):

@@ -76,17 +76,21 @@ def test_the_rerun_skips_the_saved_matmuls_and_attention() -> None:
 def test_torchtitans_block_keeps_and_reruns_what_the_planner_counts() -> None:
     """torchtitan's own block under its own policy on the CPU (``planner.diagnose.titan_sac``):
     the matmul FLOPs it reruns exactly, the bytes it keeps but SDPA's log-sum-exp (4 bytes a
-    head a token), which no stack counts. ``python benchmarks/op_sac.py`` prints Llama 3 8B:
-    63,616 bytes a token kept, 63,488 counted."""
+    head a token), which no stack counts; at TP 2, on two gloo processes with torchtitan's
+    own TP plan, one rank's bytes likewise, the partial sum and the reduce-scatters' outputs
+    included. ``python benchmarks/op_sac.py`` prints Llama 3 8B: 63,616 bytes a token kept,
+    63,488 counted."""
     from planner.diagnose.titan_sac import measure_op_sac, priced_op_sac
 
     small = LLAMA3_8B.model_copy(update={"hidden_size": 512, "num_attention_heads": 8,
                                          "num_query_groups": 2, "ffn_hidden_size": 1536})
-    seq = 128
-    measured, priced = measure_op_sac(small, seq), priced_op_sac(small, seq)
+    cluster, seq = planner.load_cluster(H100, nodes=1), 128
+    measured, priced = measure_op_sac(small, seq), priced_op_sac(small, cluster, seq)
     assert measured.forward_matmul_flops == priced.forward_matmul_flops
     assert measured.rerun_matmul_flops == priced.rerun_matmul_flops
     assert measured.kept_bytes - priced.kept_bytes == 4 * small.num_attention_heads * seq
+    shard, counted = measure_op_sac(small, seq, 2), priced_op_sac(small, cluster, seq, 2)
+    assert shard.kept_bytes - counted.kept_bytes == 4 * small.num_attention_heads // 2 * seq
 
 
 def _torchtitan_plan(**pins: str) -> tuple[planner.Plan, planner.ClusterSpec]:

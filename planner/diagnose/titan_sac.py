@@ -4,23 +4,31 @@ the policy keeps and what it reruns, against what the planner prices for the rec
 
 torchtitan's ``TransformerBlock`` (v0.2.2) in bf16, wrapped by torchtitan's own
 ``_apply_op_sac`` with the Llama 3 save list, runs one forward and backward on this machine's
-CPU. Two things differ from a GPU, and are set as a GPU runs them: the CPU's fused attention is
-another ``aten`` op (``_scaled_dot_product_flash_attention_for_cpu``), added to the save list
-beside CUDA's flash kernel; the norms run composite in fp32 on a CPU, which the policy
-recomputes either way, so they keep nothing here.
+CPU; under tensor parallelism, on that many CPU processes over gloo, the block sharded by
+torchtitan's own ``apply_tp`` (DTensor, sequence parallel). Two things differ from a GPU, and
+are set as a GPU runs them: the CPU's fused attention is another ``aten`` op
+(``_scaled_dot_product_flash_attention_for_cpu``), added to the save list beside CUDA's flash
+kernel; the norms run composite in fp32 on a CPU, which the policy recomputes either way, so
+they keep nothing here.
 
 Needs PyTorch and torchtitan 0.2.2 (``pip install -e '.[torchtitan]'``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import json
+import socket
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from planner.cost.activations import saved_activation_bytes
 from planner.cost.compute import executed_flops
 from planner.graph.lower import lower
-from planner.spec import ModelSpec, TrainingSpec
+from planner.plan.degrees import Degrees
+from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.vocabulary import OP_SAC
 
 
@@ -30,23 +38,56 @@ class OpSacCount:
 
     kept_bytes: float
     """What the block keeps for its backward: its input and the outputs the policy saves."""
-    forward_matmul_flops: float
-    """The forward's matmul FLOPs (the projections, not attention)."""
-    rerun_matmul_flops: float
+    forward_matmul_flops: float | None = None
+    """The forward's matmul FLOPs (the projections, not attention); None: not counted."""
+    rerun_matmul_flops: float | None = None
     """Of them, the ones the backward runs again."""
 
 
-def measure_op_sac(model: ModelSpec, seq_length: int) -> OpSacCount:
-    """torchtitan's block of ``model`` on ``seq_length`` tokens under its per-operator policy:
-    the bytes its checkpoint keeps (the block's input and the policy's cache, each storage
-    once) and the matmul FLOPs of its forward and of the backward's rerun (the backward's
-    matmuls less twice the forward's)."""
+def measure_op_sac(model: ModelSpec, seq_length: int, tensor_parallel: int = 1) -> OpSacCount:
+    """torchtitan's block of ``model`` on ``seq_length`` tokens under its per-operator policy,
+    one rank's share at ``tensor_parallel``: the bytes its checkpoint keeps (the block's
+    input and the policy's cache, each storage once) and the matmul FLOPs of its forward and
+    of the backward's rerun (the backward's matmuls less twice the forward's)."""
+    if tensor_parallel == 1:
+        return _measure(model, seq_length, rank=0, world=1)
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as where:
+        out = Path(where) / "count.json"
+        mp.spawn(_rank, args=(tensor_parallel, model, seq_length, _free_port(), out),
+                 nprocs=tensor_parallel)  # fmt: skip
+        return OpSacCount(**json.loads(out.read_text()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, world: int, model: ModelSpec, seq_length: int, port: int,
+          out: Path) -> None:  # fmt: skip
+    """One tensor-parallel rank: rank 0 writes its count to ``out``."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        count = _measure(model, seq_length, rank=rank, world=world)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        out.write_text(json.dumps(asdict(count)))
+
+
+def _measure(model: ModelSpec, seq_length: int, *, rank: int, world: int) -> OpSacCount:
     import torch
     from torch.utils import checkpoint
     from torch.utils.flop_counter import FlopCounterMode
     from torchtitan.config.job_config import ActivationCheckpoint
     from torchtitan.distributed import activation_checkpoint
-    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_tp
 
     from planner.diagnose.titan_layers import TorchtitanCode
 
@@ -54,6 +95,22 @@ def measure_op_sac(model: ModelSpec, seq_length: int) -> OpSacCount:
     rotated = TorchtitanCode(model).layer("dense", 1)
     for p in rotated.parameters():  # FSDP2 casts the parameters, not the frequencies
         p.data = p.data.to(torch.bfloat16)
+    x = torch.randn(1, seq_length, model.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    block, local = rotated.block, x
+    if world > 1:  # the block as torchtitan's model holds it, sharded by its own plan
+        from torch import nn
+        from torch.distributed.device_mesh import init_device_mesh
+
+        holder, h = nn.Module(), model.hidden_size  # the model's other modules, unused
+        holder.layers = nn.ModuleDict({"0": block})
+        holder.tok_embeddings, holder.norm = nn.Embedding(world, h), nn.RMSNorm(h)
+        holder.output = nn.Linear(h, world, bias=False)
+        apply_tp(holder, init_device_mesh("cpu", (world,)), loss_parallel=False,
+                 enable_float8_tensorwise_tp=False)  # fmt: skip
+        block = holder.layers["0"]
+        # the block's input is the embedding's local sequence shard, as torchtitan's is
+        local = x.detach()[:, rank * seq_length // world:(rank + 1) * seq_length // world].clone()
+        x = local.requires_grad_(True)
     caches: list[Any] = []
     create = checkpoint.create_selective_checkpoint_contexts
 
@@ -64,23 +121,28 @@ def measure_op_sac(model: ModelSpec, seq_length: int) -> OpSacCount:
 
     saved = {*_op_sac_save_list, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
     config = ActivationCheckpoint(mode="selective", selective_ac_option="op")
-    x = torch.randn(1, seq_length, model.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     # _apply_op_sac imports the function when it wraps the block
     checkpoint.create_selective_checkpoint_contexts = capturing
     try:
-        rotated.block = activation_checkpoint._apply_op_sac(rotated.block, config,
-                                                            op_sac_save_list=saved)  # fmt: skip
-        with FlopCounterMode(display=False) as forward:
-            out = rotated(x)
-        kept = _storage_bytes(torch, [x, *caches])
-        with FlopCounterMode(display=False) as backward:
-            out.backward(torch.ones_like(out))
+        block = activation_checkpoint._apply_op_sac(block, config, op_sac_save_list=saved)
+        freqs = rotated.freqs[:seq_length]
+        # FlopCounterMode's module tracking upsets the TP plan's input hooks: one rank's
+        # FLOPs are counted unsharded only
+        def counting() -> Any:
+            return FlopCounterMode(display=False) if world == 1 else contextlib.nullcontext()
+
+        with counting() as forward:
+            out = block(x, freqs, None)
+        kept = _storage_bytes(torch, [local, *caches])
+        with counting() as backward:
+            out.sum().backward()
     finally:
         checkpoint.create_selective_checkpoint_contexts = create
-    mm = torch.ops.aten.mm
+    if world > 1:
+        return OpSacCount(kept_bytes=kept)
 
     def matmuls(counter: Any) -> float:
-        return float(counter.get_flop_counts()["Global"].get(mm, 0))
+        return float(counter.get_flop_counts()["Global"].get(torch.ops.aten.mm, 0))
 
     return OpSacCount(kept_bytes=kept, forward_matmul_flops=matmuls(forward),
                       rerun_matmul_flops=matmuls(backward) - 2 * matmuls(forward))  # fmt: skip
@@ -93,7 +155,10 @@ def _storage_bytes(torch: Any, values: list[Any]) -> float:
     stack = list(values)
     while stack:
         v = stack.pop()
-        v = getattr(v, "val", v)
+        v = getattr(v, "val", v)  # the policy cache's version wrapper
+        v = getattr(v, "_local_tensor", v)  # a DTensor's shard
+        if type(v).__name__ == "AsyncCollectiveTensor":  # a functional collective's output
+            v = v.elem
         if isinstance(v, dict):
             stack.extend(v.values())
         elif isinstance(v, (tuple, list)):
@@ -104,17 +169,25 @@ def _storage_bytes(torch: Any, values: list[Any]) -> float:
     return float(sum(seen.values()))
 
 
-def priced_op_sac(model: ModelSpec, seq_length: int) -> OpSacCount:
+def priced_op_sac(model: ModelSpec, cluster: ClusterSpec, seq_length: int,
+                  tensor_parallel: int = 1) -> OpSacCount:  # fmt: skip
     """The planner's decoder layer of ``model`` on ``seq_length`` tokens under the recompute
-    module ``op``, unsharded: the bytes it keeps and the matmul FLOPs it reruns."""
+    module ``op`` on ``cluster``'s devices, one rank's share at ``tensor_parallel`` (with
+    sequence parallelism, as torchtitan runs it): the bytes it keeps and, unsharded, the
+    matmul FLOPs of its forward and of its rerun."""
+    modules = (OP_SAC,)
+    query = UniformQuery(kind="dense", layout=uniform_layout(Degrees(
+        tp=tensor_parallel, sp=tensor_parallel > 1)), micro_batch_size=1,
+        seq_length=seq_length, precision="bf16", stack="torchtitan-eager",
+        recompute_modules=modules)  # fmt: skip
+    kept = uniform_parts(model, cluster, query).kept_bytes[1]
+    if tensor_parallel > 1:
+        return OpSacCount(kept_bytes=kept)
     training = TrainingSpec(seq_length=seq_length, global_batch_size=1, precision="bf16",
                             stack="torchtitan-eager")  # fmt: skip
     graph = lower(model.model_copy(update={"num_layers": 1}), training)
-    ops = [graph.nodes[n]["op"] for n in graph if graph.nodes[n]["op"].layer == 1]
-    modules = (OP_SAC,)
-    kept = sum(saved_activation_bytes(op, lambda t: {}, recompute="selective",
-                                      flash_attention=True, modules=modules) for op in ops)
-    linear = [op for op in ops if op.kind == "linear"]
+    linear = [graph.nodes[n]["op"] for n in graph if graph.nodes[n]["op"].layer == 1
+              and graph.nodes[n]["op"].kind == "linear"]  # fmt: skip
     flops = [executed_flops(op, flash_attention=True).forward for op in linear]
     rerun = sum(f * (1 - op.output_saved(modules)) for op, f in zip(linear, flops, strict=True))
     return OpSacCount(kept_bytes=kept, forward_matmul_flops=sum(flops), rerun_matmul_flops=rerun)
