@@ -47,8 +47,10 @@ class OpSacCount:
 def measure_op_sac(model: ModelSpec, seq_length: int, tensor_parallel: int = 1) -> OpSacCount:
     """torchtitan's block of ``model`` on ``seq_length`` tokens under its per-operator policy,
     one rank's share at ``tensor_parallel``: the bytes its checkpoint keeps (the block's
-    input and the policy's cache, each storage once) and the matmul FLOPs of its forward and
-    of the backward's rerun (the backward's matmuls less twice the forward's)."""
+    input and the policy's cache, each storage once) and, unsharded only, the matmul FLOPs of
+    its forward and of the backward's rerun (the backward's matmuls less twice the forward's).
+    A tensor-parallel block runs on that many CPU processes over gloo, sharded by
+    torchtitan's own plan (``apply_tp``); rank 0's bytes are returned."""
     if tensor_parallel == 1:
         return _measure(model, seq_length, rank=0, world=1)
     import torch.multiprocessing as mp
@@ -82,6 +84,7 @@ def _rank(rank: int, world: int, model: ModelSpec, seq_length: int, port: int,
 
 
 def _measure(model: ModelSpec, seq_length: int, *, rank: int, world: int) -> OpSacCount:
+    """:func:`measure_op_sac` on one rank of ``world`` (a process group already up)."""
     import torch
     from torch.utils import checkpoint
     from torch.utils.flop_counter import FlopCounterMode
