@@ -1,6 +1,6 @@
 """`estimate_batch` against `estimate` on N random configurations of EACH bundled model and
-cluster (the test, ``tests/test_estimate_batch.py``, draws 10,000 over all the pairs, about
-75 each, to stay inside CI's budget). Every ``--json`` key is compared to 1e-9 relative, the
+cluster (the test, ``tests/test_estimate_batch.py``, draws 6,000 over all the pairs, about
+45 each, to stay inside CI's budget). Every ``--json`` key is compared to 1e-9 relative, the
 same ``fits``, the same refusals. Prints one row per model with how many configurations were
 drawn, priced and refused, and the largest relative difference seen. Run from the repository
 root (about 0.5 ms a configuration):

@@ -24,7 +24,7 @@ from planner.uniform.columns import config_columns
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = sorted((ROOT / "instances" / "models").glob("*.json"))
 CLUSTERS = sorted((ROOT / "instances" / "clusters").glob("*.json"))
-SAMPLES = 10_000
+SAMPLES = 6_000
 """Random configurations in all, spread over every bundled model and cluster."""
 ORDERS = ("tp-cp-ep-dp-pp", "tp-pp-cp-ep-dp", "cp-ep-dp-tp-pp", "pp-tp-cp-ep-dp")
 
@@ -116,7 +116,7 @@ def _pairs() -> list[tuple[Path, Path]]:
 
 
 def test_batch_agrees_with_estimate_on_random_configurations():
-    """10,000 configurations over every bundled model x cluster (each pair about 75): every
+    """6,000 configurations over every bundled model x cluster (each pair about 45): every
     key equal, and most of them priced (not only refusals compared)."""
     rng = random.Random(14)
     pairs = _pairs()

@@ -27,7 +27,7 @@ LONG = 131072
 
 
 def _sampled(model_name: str, cluster_name: str, seq: int) -> list[ParallelConfig]:
-    """Every 50th configuration of the grid's space at ``seq``, or 2,000 evenly spread where
+    """Every 50th configuration of the grid's space at ``seq``, or 1,000 evenly spread where
     that is fewer (DeepSeek-V3's space at 128K tokens holds 212,600); none where the model's
     positions stop short of it."""
     model = load_model(MODELS / model_name)
@@ -37,7 +37,7 @@ def _sampled(model_name: str, cluster_name: str, seq: int) -> list[ParallelConfi
         space = grid_space(model, cluster, options)
     except ConfigError:  # learned positions stop at their table (GPT-3's 2,048)
         return []
-    return space[::max(50, len(space) // 2000)]
+    return space[::max(50, len(space) // 1000)]
 
 
 @pytest.mark.parametrize("cluster_name", sorted(p.name for p in CLUSTERS.glob("*.json")))
