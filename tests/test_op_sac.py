@@ -17,6 +17,7 @@ from planner.plan.config import ParallelConfig, resolve
 from planner.plan.degrees import Degrees
 from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
 from planner.uniform.batch import estimate_batch
+from planner.uniform.remedies import config_remedies
 from tests.conftest import REPO
 from tests.test_eager_stacks import LLAMA3_8B
 from tests.test_estimate_batch import agree
@@ -162,3 +163,17 @@ def test_batch_agrees_with_estimate() -> None:
                                              (2, 1, 2, 2, 1), (8, 2, 1, 0, 1))]  # fmt: skip
     batch = estimate_batch(MODEL, cluster, configs)
     assert agree(batch, configs, MODEL, cluster) == len(configs)
+
+
+def test_remedies_offer_torchtitans_own_selective_recomputation() -> None:
+    """A torchtitan configuration that does not fit is told of torchtitan's per-operator
+    policy (56.3 GiB), the mildest recomputation that fits; without the framework, of full
+    recomputation, since Megatron's attention core keeps as much under flash attention."""
+    cluster = planner.load_cluster(H100, nodes=1)
+    config = ParallelConfig(tp=1, zero=3, mbs=1, global_batch=64, stack="torchtitan-eager",
+                            overlap_grad_reduce=True, overlap_param_gather=True)  # fmt: skip
+    changes = {fw: [r.change for r in config_remedies(MODEL, cluster, config, framework=fw)
+                    if r.fits and r.change.startswith("--recompute")]
+               for fw in ("torchtitan", None)}  # fmt: skip
+    assert changes == {"torchtitan": ["--recompute selective --recompute-modules op"],
+                       None: ["--recompute full"]}

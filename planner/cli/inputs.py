@@ -107,7 +107,8 @@ def estimate_cmd(
                          out=out)  # fmt: skip
     if not result.fits:
         raise InfeasibleError(config_infeasible_message(model_spec, cluster_spec, config,
-                                                        memory_margin_gib=memory_margin))
+                                                        memory_margin_gib=memory_margin,
+                                                        framework=framework))  # fmt: skip
 
 
 def _framework_notes(

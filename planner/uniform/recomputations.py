@@ -36,19 +36,31 @@ def recomputations(
     if pinned is not None:
         return [("selective", pinned)]
     lean = lean_recompute_modules(model, training)
-    target = None if options.framework == ANY else profile(options.framework)
-    named = target is None or target.recompute_modules
-    # torchtitan's per-operator policy is priced on dense blocks; any's union has it too
-    dense = model.moe is None and model.mla is None
-    own = target.selective_modules if target is not None else OP_SAC if dense else None
+    named = options.framework == ANY or profile(options.framework).recompute_modules
     out: list[tuple[Recompute, str | None]] = [(r, None) for r in RECOMPUTE_MODES]
-    if own is not None and dense:
+    own = own_selective_modules(model, options.framework)
+    if own is not None:
         out.insert(2, ("selective", own))
-        if target is not None:  # in place of Megatron's default
+        if options.framework != ANY:  # in place of Megatron's default
             out.pop(1)
     if named and lean:
         out.insert(2, ("selective", lean))
     return out
+
+
+def own_selective_modules(model: ModelSpec, framework: str) -> str | None:
+    """What ``framework``'s selective recomputation of ``model`` reruns where that is not
+    Megatron-Core's default: torchtitan's per-operator policy, priced on dense blocks (for
+    ``any``, whose space is the targets' union, the same); None otherwise.
+
+    >>> from planner.spec.reading import load_model
+    >>> llama = load_model("instances/models/llama3-8b.json")
+    >>> [own_selective_modules(llama, f) for f in ("torchtitan", "any", "megatron")]
+    ['op', 'op', None]
+    """
+    if model.moe is not None or model.mla is not None:
+        return None
+    return OP_SAC if framework == ANY else profile(framework).selective_modules
 
 
 def lean_recompute_modules(model: ModelSpec, training: TrainingSpec) -> str | None:

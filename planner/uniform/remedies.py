@@ -29,6 +29,7 @@ from planner.spec.reading import stack_for
 from planner.uniform import space
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.groups import tp_degrees, within_scale_up
+from planner.uniform.recomputations import own_selective_modules
 from planner.vocabulary import GIB, RECOMPUTE_MODES
 
 MAX_NODE_FACTOR = 64
@@ -105,10 +106,11 @@ at their leanest (DeepSpeed runs no ZeRO-2/3 with a pipeline)'
 
 def config_remedies(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
-    memory_margin_gib: float | None = None,
+    memory_margin_gib: float | None = None, framework: str | None = None,
 ) -> list[Remedy]:  # fmt: skip
     """What would make ``config`` fit beside ``memory_margin_gib`` (default: estimate's), each
-    priced as a whole configuration; none if it fits.
+    priced as a whole configuration; none if it fits. Selective recomputation is
+    ``framework``'s own where it has one (torchtitan's per-operator policy).
 
     One remedy per knob, the mildest setting that fits else the leanest: ``--mbs 1`` (the same
     global batch in more microbatches), selective then full recomputation, ZeRO-1 then ZeRO-3
@@ -123,7 +125,7 @@ def config_remedies(
     base = estimate(model, cluster, config, memory_margin_gib=margin)
     if base.fits:
         return []
-    remedies = [remedy for options in _knobs(model, cluster, config)
+    remedies = [remedy for options in _knobs(model, cluster, config, framework)
                 if (remedy := _mildest(model, cluster, config, options, margin)) is not None]
     if not any(r.fits for r in remedies):
         combined = _mildest(model, cluster, config, _combined(model, cluster, config), margin)
@@ -164,7 +166,7 @@ def offload_remedy(
 
 def config_infeasible_message(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
-    memory_margin_gib: float | None = None,
+    memory_margin_gib: float | None = None, framework: str | None = None,
 ) -> str:  # fmt: skip
     """One line for ``planner estimate`` when ``config`` does not fit beside
     ``memory_margin_gib`` (default: estimate's): the memory it needs, what a device may use,
@@ -182,7 +184,8 @@ def config_infeasible_message(
         # The devices hold their part: the node's host memory is what is short.
         line = (f"{describe(config)}: its devices offload {result.host_memory_gib:.1f} GiB per "
                 f"node to host memory, more than a node's {cluster.host.memory_gib:g} GiB")
-    remedies = config_remedies(model, cluster, config, memory_margin_gib=margin)
+    remedies = config_remedies(model, cluster, config, memory_margin_gib=margin,
+                               framework=framework)  # fmt: skip
     for fits, heading in ((True, "would fit"), (False, "would not fit")):
         listed = [f"{r.change} ({r.memory_gib:.1f} GiB{'; ' + r.note if r.note else ''})"
                   for r in remedies if r.fits == fits]  # fmt: skip
@@ -190,15 +193,21 @@ def config_infeasible_message(
     return line
 
 
-def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[list[Option]]:
+def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+           framework: str | None = None) -> list[list[Option]]:  # fmt: skip
     """Per knob, its settings leaner than ``config``'s, mildest first, each drawn from the
-    uniform space (:mod:`planner.uniform.space`)."""
+    uniform space (:mod:`planner.uniform.space`); selective recomputation as ``framework``
+    runs it."""
     c = config
     knobs: list[list[Option]] = []
     if c.mbs > 1:
         knobs.append([(_with(c, mbs=1), cluster, "the same global batch in more microbatches")])
     if recomputes := RECOMPUTE_MODES[RECOMPUTE_MODES.index(c.recompute) + 1 :]:
-        knobs.append([(_with(c, recompute=r), cluster, None) for r in recomputes])
+        # the target's own selective recomputation (torchtitan's per-operator policy)
+        own = own_selective_modules(model, framework) if framework is not None else None
+        modules = {"selective": {"recompute_modules": own}} if own is not None else {}
+        knobs.append([(_with(c, recompute=r, **modules.get(r, {})), cluster, None)
+                      for r in recomputes])  # fmt: skip
     if c.recompute_layers is not None:  # every layer of each chunk
         knobs.append([(_with(c, recompute_layers=None), cluster, None)])
     # the stages a user is told of (_ZERO_NOTES): the distributed optimizer, then ZeRO-3
