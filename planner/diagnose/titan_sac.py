@@ -183,14 +183,16 @@ def priced_op_sac(model: ModelSpec, cluster: ClusterSpec, seq_length: int,
         tp=tensor_parallel, sp=tensor_parallel > 1)), micro_batch_size=1,
         seq_length=seq_length, precision="bf16", stack="torchtitan-eager",
         recompute_modules=modules)  # fmt: skip
-    kept = uniform_parts(model, cluster, query).kept_bytes[1]
+    parts = uniform_parts(model, cluster, query)
     if tensor_parallel > 1:
-        return OpSacCount(kept_bytes=kept)
+        return OpSacCount(kept_bytes=parts.kept_bytes[1])
+    # the forward's matmuls alone (the layer's forward FLOPs count attention's too)
     training = TrainingSpec(seq_length=seq_length, global_batch_size=1, precision="bf16",
                             stack="torchtitan-eager")  # fmt: skip
     graph = lower(model.model_copy(update={"num_layers": 1}), training)
-    linear = [graph.nodes[n]["op"] for n in graph if graph.nodes[n]["op"].layer == 1
-              and graph.nodes[n]["op"].kind == "linear"]  # fmt: skip
-    flops = [executed_flops(op, flash_attention=True).forward for op in linear]
-    rerun = sum(f * (1 - op.output_saved(modules)) for op, f in zip(linear, flops, strict=True))
-    return OpSacCount(kept_bytes=kept, forward_matmul_flops=sum(flops), rerun_matmul_flops=rerun)
+    matmuls = sum(executed_flops(op, flash_attention=True).forward
+                  for op in (graph.nodes[n]["op"] for n in graph)
+                  if op.layer == 1 and op.kind == "linear")  # fmt: skip
+    # attention is saved, so what the layer reruns is matmuls alone
+    return OpSacCount(kept_bytes=parts.kept_bytes[1], forward_matmul_flops=matmuls,
+                      rerun_matmul_flops=parts.rerun_flops[1])
