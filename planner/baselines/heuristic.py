@@ -38,11 +38,11 @@ from planner.plan.config import ParallelConfig, resolve
 from planner.plan.invariants import check_plan
 from planner.plan.schema import Plan, SolverSummary
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.describe import describe_leanest
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.groups import tp_degrees
 from planner.uniform.leanest import infeasible_message
 from planner.uniform.plan import uniform_plan
-from planner.uniform.remedies import describe_leanest
 from planner.uniform.space import (
     expert_degrees,
     launched_variant,

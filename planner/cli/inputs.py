@@ -108,7 +108,8 @@ def estimate_cmd(
     if not result.fits:
         raise InfeasibleError(config_infeasible_message(model_spec, cluster_spec, config,
                                                         memory_margin_gib=memory_margin,
-                                                        framework=framework))  # fmt: skip
+                                                        framework=framework,
+                                                        given=given))  # fmt: skip
 
 
 def _framework_notes(

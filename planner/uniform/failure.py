@@ -12,10 +12,10 @@ from planner.frameworks import ANY, profile
 from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
+from planner.uniform.describe import describe, describe_leanest
 from planner.uniform.estimate import estimate
 from planner.uniform.groups import context_groups
 from planner.uniform.leanest import infeasible_message
-from planner.uniform.remedies import describe, describe_leanest
 from planner.uniform.space import (
     branch_groups,
     branch_leanest,

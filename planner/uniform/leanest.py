@@ -14,8 +14,9 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
 from planner.uniform import space
 from planner.uniform.batch import estimate_batch
+from planner.uniform.describe import describe
 from planner.uniform.estimate import estimate
-from planner.uniform.remedies import MAX_NODE_FACTOR, describe, fits_gib, node_factors
+from planner.uniform.remedies import MAX_NODE_FACTOR, fits_gib, node_factors
 from planner.vocabulary import GIB
 
 SEQUENCE_HALVINGS = 3

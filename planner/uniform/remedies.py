@@ -2,7 +2,10 @@
 
 - One configuration (``planner estimate``): :func:`config_remedies` prices each single change a
   Megatron-LM or DeepSpeed user would try (for each knob the mildest setting that fits, else
-  its leanest), and all of them at once when none fits alone.
+  its leanest), and all of them at once when none fits alone. Told the framework that will
+  launch it, only changes that framework launches, with the switches its search sets
+  (:func:`~planner.uniform.defaults.framework_defaults`): torchtitan keeps FSDP under a
+  pipeline, where DeepSpeed drops to ZeRO-1, and is never offered an offload it does not run.
 - A search that found nothing (``planner solve``):
   :func:`planner.uniform.leanest.infeasible_message` says by how much the least memory any
   plan needs is over the device, and what would fit: the uniform space when the search was
@@ -19,6 +22,7 @@ else its time cannot be.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from planner import cost
@@ -27,7 +31,9 @@ from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec, physics
 from planner.spec.reading import stack_for
 from planner.uniform import space
+from planner.uniform.describe import describe, leanest_zero
 from planner.uniform.estimate import Estimate, estimate
+from planner.uniform.framework_changes import FrameworkChanges, Option
 from planner.uniform.groups import tp_degrees, within_scale_up
 from planner.uniform.recomputations import own_selective_modules
 from planner.vocabulary import GIB, RECOMPUTE_MODES
@@ -38,13 +44,6 @@ OFFLOAD = 'DeepSpeed "offload_optimizer": {"device": "cpu"}'
 """ZeRO-Offload's switch, in the ``zero_optimization`` block of a DeepSpeed config."""
 _FLAGS = ("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers", "sp",
           "mbs", "recompute", "recompute_modules", "recompute_layers", "zero")  # fmt: skip
-_ZERO_NOTES = {
-    1: "Megatron's --use-distributed-optimizer",
-    3: "DeepSpeed ZeRO-3 or FSDP; DeepSpeed runs it only without a pipeline",
-}
-
-Option = tuple[ParallelConfig, ClusterSpec, str | None]
-"""A changed configuration, the cluster it runs on, and what else the change means."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,56 +60,13 @@ class Remedy:
     """What else the change means or costs."""
 
 
-def describe(config: ParallelConfig) -> str:
-    """A configuration as the errors name it.
-
-    >>> describe(ParallelConfig(tp=8, pp=4, first_stage_layers=31, last_stage_layers=31))
-    'tp 8, pp 4 with 31 and 31 layers at the ends, cp 1, ep 1, mbs 1, no recompute, ZeRO-0'
-    """
-    c = config
-    pp = f"pp {c.pp}"
-    if c.first_stage_layers is not None or c.last_stage_layers is not None:
-        pp += f" with {c.first_stage_layers} and {c.last_stage_layers} layers at the ends"
-    if c.vpp > 1:
-        pp += f", vpp {c.vpp}"
-    recompute = "no" if c.recompute == "none" else c.recompute
-    if c.recompute_modules is not None:
-        recompute += f" ({c.recompute_modules})"
-    if c.recompute_layers is not None:
-        recompute += f" ({c.recompute_layers} per chunk)"
-    offload = ", optimizer offloaded" if c.offload == "optimizer" else ""
-    return (
-        f"tp {c.tp}, {pp}, cp {c.cp}, ep {c.ep}{' (etp 1)' * (c.etp == 1 and c.tp > 1)}, "
-        f"mbs {c.mbs}, {recompute} recompute, ZeRO-{c.zero}{offload}"
-    )
-
-
-def describe_leanest(config: ParallelConfig) -> str:
-    """:func:`describe`, and which memory knobs are already at their leanest: a microbatch of
-    1, full recomputation, ZeRO-3 (ZeRO-1 with a pipeline, as in the grid's space).
-
-    >>> describe_leanest(ParallelConfig(tp=8, pp=8, recompute="full", zero=1))
-    'tp 8, pp 8, cp 1, ep 1, mbs 1, full recompute, ZeRO-1: microbatch, recomputation and ZeRO \
-at their leanest (DeepSpeed runs no ZeRO-2/3 with a pipeline)'
-    """
-    c = config
-    zero = c.zero >= _leanest_zero(c.pp)
-    lean = [name for name, at in (("microbatch", c.mbs == 1), ("recomputation",
-            c.recompute == "full"), ("ZeRO", zero)) if at]  # fmt: skip
-    if not lean:
-        return describe(c)
-    names = lean[0] if len(lean) == 1 else f"{', '.join(lean[:-1])} and {lean[-1]}"
-    text = f"{describe(c)}: {names} at {'its' if len(lean) == 1 else 'their'} leanest"
-    return text + (" (DeepSpeed runs no ZeRO-2/3 with a pipeline)" if zero and c.zero < 3 else "")
-
-
 def config_remedies(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
     memory_margin_gib: float | None = None, framework: str | None = None,
+    given: Collection[str] = (),
 ) -> list[Remedy]:  # fmt: skip
     """What would make ``config`` fit beside ``memory_margin_gib`` (default: estimate's), each
-    priced as a whole configuration; none if it fits. Selective recomputation is
-    ``framework``'s own where it has one (torchtitan's per-operator policy).
+    priced as a whole configuration; none if it fits.
 
     One remedy per knob, the mildest setting that fits else the leanest: ``--mbs 1`` (the same
     global batch in more microbatches), selective then full recomputation, ZeRO-1 then ZeRO-3
@@ -118,21 +74,30 @@ def config_remedies(
     parallelism), more pipeline stages (ZeRO-1 at most), more nodes (only with ZeRO >= 1: more
     data-parallel ranks share the sharded states); then, when none of these fits, all of them
     at once; last, optimizer offload (:func:`offload_remedy`, priced where the cluster has host
-    figures). Raises
+    figures).
+
+    For a ``framework``, only what it launches, each change with the switches its search sets
+    where they are not ``given`` (field names; :func:`framework_defaults`): its own selective
+    recomputation (torchtitan's per-operator policy), a deeper pipeline with the highest ZeRO
+    stage it runs there, its own offload or none. Raises
     :class:`~planner.errors.ConfigError` when ``config`` does not divide.
     """
     margin = plan_margin_gib(model, cluster, config, memory_margin_gib)
     base = estimate(model, cluster, config, memory_margin_gib=margin)
     if base.fits:
         return []
-    remedies = [remedy for options in _knobs(model, cluster, config, framework)
+    launch = FrameworkChanges(model=model, framework=framework, given=tuple(given))
+    remedies = [remedy for options in _knobs(model, cluster, config, launch)
                 if (remedy := _mildest(model, cluster, config, options, margin)) is not None]
     if not any(r.fits for r in remedies):
-        combined = _mildest(model, cluster, config, _combined(model, cluster, config), margin)
+        combined = _mildest(model, cluster, config, _combined(model, cluster, config, launch),
+                            margin)  # fmt: skip
         if combined is not None:
             remedies.append(combined)
     if config.offload == "none":
-        remedies.append(offload_remedy(model, cluster, config, base, memory_margin_gib=margin))
+        offload = (offload_remedy(model, cluster, config, base, memory_margin_gib=margin)
+                   if framework is None else _own_offload(launch, cluster, config, base, margin))
+        remedies += [offload] if offload is not None else []
     return remedies
 
 
@@ -155,22 +120,50 @@ def offload_remedy(
         )  # fmt: skip
     off = estimate(model, cluster, config.model_copy(update={"offload": "optimizer"}),
                    memory_margin_gib=memory_margin_gib)  # fmt: skip
-    host = f"{off.host_memory_gib:.0f} of {cluster.host.memory_gib:g} GiB of host memory"
     zero = "" if config.zero >= 1 else "; Megatron-LM offloads only with --zero 1"
-    return Remedy(
-        change="--offload optimizer", memory_gib=off.peak_memory_gib, fits=off.fits,
-        note=f"step {off.step_time_s:.2f} s instead of {base.step_time_s:.2f}: the host "
-        f"copies and CPU Adam take {off.time.optimizer_s:.2f} s; {host} per node{zero}",
-    )  # fmt: skip
+    return Remedy(change="--offload optimizer", memory_gib=off.peak_memory_gib, fits=off.fits,
+                  note=_offload_note(cluster, base, off) + zero)  # fmt: skip
+
+
+def _offload_note(cluster: ClusterSpec, base: Estimate, off: Estimate) -> str:
+    """What an offload priced ``off`` (``base`` without it) costs: its step and host memory."""
+    assert cluster.host is not None
+    host = f"{off.host_memory_gib:.0f} of {cluster.host.memory_gib:g} GiB of host memory"
+    return (f"step {off.step_time_s:.2f} s instead of {base.step_time_s:.2f}: the host copies "
+            f"and CPU Adam take {off.time.optimizer_s:.2f} s; {host} per node")
+
+
+def _own_offload(launch: FrameworkChanges, cluster: ClusterSpec, config: ParallelConfig,
+                 base: Estimate, margin_gib: float) -> Remedy | None:  # fmt: skip
+    """``launch``'s framework's own optimizer offload of ``config`` (priced ``base``):
+    Megatron-LM's or DeepSpeed's ZeRO-Offload, the first it launches; None when it launches
+    neither."""
+    for offload in ("optimizer", "zero-offload"):
+        option = launch((_with(config, offload=offload), cluster, None))
+        if option is None:
+            continue
+        if cluster.host is None:
+            left_gib = base.peak_memory_gib - base.memory.optimizer_gib
+            return Remedy(change=f"--offload {offload}", memory_gib=left_gib,
+                          fits=fits_gib(cluster, left_gib, margin_gib),
+                          note=f"{base.memory.optimizer_gib:.1f} GiB of optimizer states "
+                          "and the Adam step on the CPU; not priced without the cluster's "
+                          "host figures")  # fmt: skip
+        off = estimate(launch.model, cluster, option[0], memory_margin_gib=margin_gib)
+        return Remedy(change=f"--offload {offload}", memory_gib=off.peak_memory_gib,
+                      fits=off.fits, note=_offload_note(cluster, base, off))  # fmt: skip
+    return None
 
 
 def config_infeasible_message(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
     memory_margin_gib: float | None = None, framework: str | None = None,
+    given: Collection[str] = (),
 ) -> str:  # fmt: skip
     """One line for ``planner estimate`` when ``config`` does not fit beside
     ``memory_margin_gib`` (default: estimate's): the memory it needs, what a device may use,
-    and :func:`config_remedies`, those that fit first."""
+    and :func:`config_remedies` (for ``framework``, with the switches ``given``), those that
+    fit first."""
     margin = plan_margin_gib(model, cluster, config, memory_margin_gib)
     result = estimate(model, cluster, config, memory_margin_gib=margin)
     if result.fits:
@@ -185,7 +178,7 @@ def config_infeasible_message(
         line = (f"{describe(config)}: its devices offload {result.host_memory_gib:.1f} GiB per "
                 f"node to host memory, more than a node's {cluster.host.memory_gib:g} GiB")
     remedies = config_remedies(model, cluster, config, memory_margin_gib=margin,
-                               framework=framework)  # fmt: skip
+                               framework=framework, given=given)  # fmt: skip
     for fits, heading in ((True, "would fit"), (False, "would not fit")):
         listed = [f"{r.change} ({r.memory_gib:.1f} GiB{'; ' + r.note if r.note else ''})"
                   for r in remedies if r.fits == fits]  # fmt: skip
@@ -194,47 +187,60 @@ def config_infeasible_message(
 
 
 def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
-           framework: str | None = None) -> list[list[Option]]:  # fmt: skip
+           launch: FrameworkChanges) -> list[list[Option]]:  # fmt: skip
     """Per knob, its settings leaner than ``config``'s, mildest first, each drawn from the
-    uniform space (:mod:`planner.uniform.space`); selective recomputation as ``framework``
-    runs it."""
+    uniform space (:mod:`planner.uniform.space`) and as ``launch``'s framework launches it."""
     c = config
     knobs: list[list[Option]] = []
     if c.mbs > 1:
         knobs.append([(_with(c, mbs=1), cluster, "the same global batch in more microbatches")])
     if recomputes := RECOMPUTE_MODES[RECOMPUTE_MODES.index(c.recompute) + 1 :]:
         # the target's own selective recomputation (torchtitan's per-operator policy)
-        own = own_selective_modules(model, framework) if framework is not None else None
+        own = (own_selective_modules(model, launch.framework)
+               if launch.framework is not None else None)  # fmt: skip
         modules = {"selective": {"recompute_modules": own}} if own is not None else {}
         knobs.append([(_with(c, recompute=r, **modules.get(r, {})), cluster, None)
                       for r in recomputes])  # fmt: skip
     if c.recompute_layers is not None:  # every layer of each chunk
         knobs.append([(_with(c, recompute_layers=None), cluster, None)])
-    # the stages a user is told of (_ZERO_NOTES): the distributed optimizer, then ZeRO-3
-    if zeros := [z for z in space.zero_stages(c.pp) if z > c.zero and z in _ZERO_NOTES]:
-        knobs.append([(_with(c, zero=z), cluster, _ZERO_NOTES[z]) for z in zeros])
-    sp_note = None if c.sp else "with sequence parallelism, as Megatron runs TP"
+    if zeros := launch.zero_stages(c):
+        knobs.append([(_with(c, zero=z), cluster, launch.zero_note(z)) for z in zeros])
+    sp_note = None if c.sp else f"with sequence parallelism, as {launch.title} runs TP"
     if tps := _wider_tps(model, cluster, c):
         knobs.append([(_with(c, tp=t, sp=space.sequence_parallel(t), dp=None), cluster, sp_note)
                       for t in tps])  # fmt: skip
     if pps := _deeper_pps(model, cluster, c):
-        deeper = []
-        for p in pps:
-            zero = min(c.zero, _leanest_zero(p))
-            note = None if zero == c.zero else f"DeepSpeed runs no ZeRO-{c.zero} with a pipeline"
-            deeper.append((_pipelined(model, c, p, zero=zero), cluster, note))
-        knobs.append(deeper)
+        knobs.append([option for p in pps
+                      if (option := _deeper(model, cluster, c, p, launch)) is not None])
     if c.zero >= 1:
         knobs.append([(_with(c, dp=None), cluster.with_nodes(cluster.num_nodes * f),
                        "more data-parallel ranks share the ZeRO-sharded states")
                       for f in node_factors(cluster)])  # fmt: skip
-    return knobs
+    return [[launched for option in options if (launched := launch(option)) is not None]
+            for options in knobs]  # fmt: skip
 
 
-def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> list[Option]:
+def _deeper(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig, pp: int,
+            launch: FrameworkChanges) -> Option | None:  # fmt: skip
+    """``c`` on ``pp`` stages with the highest ZeRO stage up to its own that ``launch``'s
+    framework runs there (DeepSpeed's rule without one: ZeRO-1 at most); None if none."""
+    if launch.framework is None:
+        zero = min(c.zero, leanest_zero(pp))
+        note = None if zero == c.zero else f"DeepSpeed runs no ZeRO-{c.zero} with a pipeline"
+        return (_pipelined(model, c, pp, zero=zero), cluster, note)
+    # the framework's own reason to drop the stage (torchtitan's FSDP2 is ZeRO-1 under one)
+    why = launch.refusal((_pipelined(model, c, pp, zero=c.zero), cluster, None))
+    for zero in range(c.zero, -1, -1):
+        if (option := launch((_pipelined(model, c, pp, zero=zero), cluster, why))) is not None:
+            return option
+    return None
+
+
+def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+              launch: FrameworkChanges) -> list[Option]:  # fmt: skip
     """Every knob of :func:`_knobs` at its leanest at once, the pipeline as shallow and the
     nodes as few as will do (the leanest ZeRO stage each depth launches, and never less than
-    ``config``'s at its own depth)."""
+    ``config``'s at its own depth), as ``launch``'s framework launches it."""
     c = config
     tp = max([c.tp, *_wider_tps(model, cluster, c)])
     lean = _with(c, mbs=1, recompute="full", tp=tp, sp=c.sp or space.sequence_parallel(tp),
@@ -243,10 +249,14 @@ def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) ->
     for factor in (1, *node_factors(cluster)):
         where = cluster.with_nodes(cluster.num_nodes * factor)
         for pp in (c.pp, *_deeper_pps(model, cluster, lean)):
-            zero = _leanest_zero(pp)
-            zero = max(c.zero, zero) if pp == c.pp else zero
-            options.append((_pipelined(model, lean, pp, zero=zero), where,
-                            "every knob at its leanest, on the fewest nodes"))  # fmt: skip
+            zeros = (leanest_zero(pp),) if launch.framework is None else (3, 2, 1, 0)
+            for zero in zeros:
+                zero = max(c.zero, zero) if pp == c.pp else zero
+                option = launch((_pipelined(model, lean, pp, zero=zero), where,
+                                 "every knob at its leanest, on the fewest nodes"))  # fmt: skip
+                if option is not None:
+                    options.append(option)
+                    break
     return options
 
 
@@ -260,11 +270,6 @@ def _deeper_pps(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig) -> li
     """Pipeline degrees above ``c``'s that divide the devices left by TP and CP."""
     return [p for p in space.pipeline_degrees(model, cluster.num_devices // (c.tp * c.cp))
             if p > c.pp]  # fmt: skip
-
-
-def _leanest_zero(pp: int) -> int:
-    """The highest ZeRO stage launched with ``pp`` pipeline stages."""
-    return max(space.zero_stages(pp))
 
 
 def _pipelined(model: ModelSpec, c: ParallelConfig, pp: int, *, zero: int) -> ParallelConfig:
