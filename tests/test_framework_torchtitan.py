@@ -360,16 +360,29 @@ def test_selective_recompute() -> None:
     model = load("llama3-8b")
     resolved = configure(model, 64, tp=8, sp=True, zero=3, recompute="selective")
     assert "every other matmul" in (refusal("selective-recompute", resolved, model) or "")
-    # the per-operator policy is launched, on dense blocks only
+    # the per-operator policy is launched
     op = configure(model, 64, tp=8, sp=True, zero=3, recompute="selective", recompute_modules="op",
                    overlap_grad_reduce=True, overlap_param_gather=True)  # fmt: skip
     assert refusal("selective-recompute", op, model) is None
     assert launched(op, model)["activation_checkpoint"] == {"mode": "selective",
                                                             "selective_ac_option": "op"}
+    # on MoE blocks too (pytorch/torchtitan@73a0e69 torchtitan/models/qwen3/infra/
+    # parallelize.py:39-55, torchtitan/config/job_config.py:661), without TP only
     moe = load("Qwen3-30B-A3B")
     resolved = configure(moe, 64, tp=2, ep=8, sp=True, zero=3, recompute="selective",
                          recompute_modules="op", global_batch=256, seq_len=4096)  # fmt: skip
-    assert "dense blocks only" in (refusal("selective-recompute", resolved, moe) or "")
+    assert "priced without tensor parallelism only" in (
+        refusal("selective-recompute", resolved, moe) or "")
+    resolved = configure(moe, 64, tp=1, ep=8, zero=3, recompute="selective",
+                         recompute_modules="op", global_batch=256, seq_len=4096,
+                         overlap_grad_reduce=True, overlap_param_gather=True)  # fmt: skip
+    assert refusal("selective-recompute", resolved, moe) is None
+    assert launched(resolved, moe)["activation_checkpoint"] == {"mode": "selective",
+                                                                "selective_ac_option": "op"}
+    mla = load("deepseek-v3")
+    resolved = configure(mla, 64, tp=1, ep=8, zero=3, recompute="selective",
+                         recompute_modules="op", global_batch=256, seq_len=4096)  # fmt: skip
+    assert "latent attention" in (refusal("selective-recompute", resolved, mla) or "")
 
 
 def test_unfused_attention() -> None:

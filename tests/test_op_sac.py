@@ -1,5 +1,5 @@
 """torchtitan's selective checkpointing: per operator (``selective_ac_option = "op"``, the
-recompute module ``op``), what a dense block keeps and reruns under it, counted from
+recompute module ``op``), what a dense or MoE block keeps and reruns under it, counted from
 torchtitan's policy and checked against torchtitan's own block; and every n-th block
 (``selective_ac_option = n``), the planner's full recomputation of some layers; the rules
 that launch them and refuse them; the search choosing among them."""
@@ -18,7 +18,7 @@ from planner.plan.degrees import Degrees
 from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
 from planner.uniform.batch import estimate_batch
 from planner.uniform.remedies import config_remedies
-from tests.conftest import REPO
+from tests.conftest import REPO, SHARED
 from tests.test_eager_stacks import LLAMA3_8B
 from tests.test_estimate_batch import agree
 
@@ -94,6 +94,34 @@ def test_torchtitans_block_keeps_and_reruns_what_the_planner_counts() -> None:
     assert shard.kept_bytes - counted.kept_bytes == 4 * small.num_attention_heads // 2 * seq
 
 
+@needs_torchtitan
+def test_torchtitans_moe_block_keeps_and_reruns_what_the_planner_counts() -> None:
+    """torchtitan's Qwen3 block with experts (a shared one too) under its own policy on the
+    CPU: it keeps the attention half's saved outputs and the shared expert's odd matmuls,
+    nothing of the routed experts, the router or the combine; its ``mm`` FLOPs (the router's
+    gate forced to recompute, out of the count) exactly; the bytes but the log-sum-exp.
+    ``python benchmarks/op_sac.py --model ../shared/reference/hf/Qwen3-30B-A3B.config.json``:
+    21,632 bytes a token kept, 21,504 counted."""
+    from planner.diagnose.titan_sac import measure_op_sac, priced_op_sac
+
+    moe = planner.ModelSpec.model_validate(dict(
+        name="small-moe", num_layers=1, hidden_size=512, num_attention_heads=8,
+        num_query_groups=2, ffn_hidden_size=1024, vocab_size=1024,
+        max_position_embeddings=256, activation="swiglu", normalization="rmsnorm",
+        position_embedding="rope", tie_word_embeddings=False, bias=False, qk_layernorm=True,
+        moe=dict(num_experts=8, top_k=2, ffn_hidden_size=256, shared_experts=1)))  # fmt: skip
+    cluster, seq = planner.load_cluster(H100, nodes=1), 128
+    measured, priced = measure_op_sac(moe, seq), priced_op_sac(moe, cluster, seq)
+    h, q, kv, shared = 512, 512, 128, 256
+    # the input, wq's, wv's, attention's, the shared expert's w1 and w2 (its 5th and 7th mm)
+    assert priced.kept_bytes / seq == 2 * (h + q + kv + q + shared + h) == 4_864
+    assert measured.kept_bytes - priced.kept_bytes == 4 * moe.num_attention_heads * seq
+    assert measured.forward_matmul_flops == priced.forward_matmul_flops
+    # wk, wo, the router's gate and the shared expert's w3
+    assert measured.rerun_matmul_flops == priced.rerun_matmul_flops == seq * 2 * h * (
+        kv + h + 8 + shared)
+
+
 def _torchtitan_plan(**pins: str) -> tuple[planner.Plan, planner.ClusterSpec]:
     """Llama 3 8B for torchtitan on 8 H100s, 64 sequences of 8,192 tokens."""
     cluster = planner.load_cluster(H100, nodes=1)
@@ -155,7 +183,8 @@ def test_the_search_chooses_among_torchtitans_checkpointing() -> None:
 
 
 def test_batch_agrees_with_estimate() -> None:
-    """``estimate_batch`` prices the policy as ``estimate`` does, over TP, PP, CP and ZeRO."""
+    """``estimate_batch`` prices the policy as ``estimate`` does, over TP, PP, CP, EP and
+    ZeRO; on an MoE model the experts' all-to-alls run again."""
     cluster = planner.load_cluster(H100, nodes=2)
     configs = [ParallelConfig(tp=tp, pp=pp, cp=cp, sp=tp > 1, zero=zero, mbs=mbs,
                               recompute="selective", recompute_modules="op", global_batch=64)
@@ -163,6 +192,16 @@ def test_batch_agrees_with_estimate() -> None:
                                              (2, 1, 2, 2, 1), (8, 2, 1, 0, 1))]  # fmt: skip
     batch = estimate_batch(MODEL, cluster, configs)
     assert agree(batch, configs, MODEL, cluster) == len(configs)
+    # and on MoE blocks, the experts in place and over EP (their all-to-alls rerun)
+    moe = planner.load_model(SHARED / "reference/hf/Qwen3-30B-A3B.config.json")
+    configs = [ParallelConfig(pp=pp, ep=ep, zero=zero, recompute="selective",
+                              recompute_modules="op", global_batch=64, seq_len=4096)
+               for pp, ep, zero in ((1, 1, 3), (1, 8, 3), (2, 4, 1), (1, 16, 0))]  # fmt: skip
+    batch = estimate_batch(moe, cluster, configs)
+    assert agree(batch, configs, moe, cluster) == len(configs)
+    none, op = (planner.estimate(moe, cluster, configs[1].model_copy(update=update))
+                for update in ({"recompute": "none", "recompute_modules": None}, {}))
+    assert op.time.expert_parallel_comm_s > none.time.expert_parallel_comm_s
 
 
 def test_remedies_offer_torchtitans_own_selective_recomputation() -> None:

@@ -5,7 +5,9 @@ the policy keeps and what it reruns, against what the planner prices for the rec
 torchtitan's ``TransformerBlock`` (v0.2.2) in bf16, wrapped by torchtitan's own
 ``_apply_op_sac`` with the Llama 3 save list, runs one forward and backward on this machine's
 CPU; under tensor parallelism, on that many CPU processes over gloo, the block sharded by
-torchtitan's own ``apply_tp`` (DTensor, sequence parallel). Two things differ from a GPU, and
+torchtitan's own ``apply_tp`` (DTensor, sequence parallel). A model with experts runs
+torchtitan's Qwen3 block with its MoE layer (grouped experts, no expert parallelism) and
+Qwen3's save list, without tensor parallelism. Two things differ from a GPU, and
 are set as a GPU runs them: the CPU's fused attention is another ``aten`` op
 (``_scaled_dot_product_flash_attention_for_cpu``), added to the save list beside CUDA's flash
 kernel; the norms run composite in fp32 on a CPU, which the policy recomputes either way, so
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.cost.compute import executed_flops
+from planner.errors import InputError
 from planner.graph.lower import lower
 from planner.plan.degrees import Degrees
 from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
@@ -34,12 +37,13 @@ from planner.vocabulary import OP_SAC
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpSacCount:
-    """One dense block under the per-operator policy, for one sequence."""
+    """One block under the per-operator policy, for one sequence."""
 
     kept_bytes: float
     """What the block keeps for its backward: its input and the outputs the policy saves."""
     forward_matmul_flops: float | None = None
-    """The forward's matmul FLOPs (the projections, not attention); None: not counted."""
+    """The forward's ``mm`` FLOPs (the projections and a router's gate, not attention nor
+    the routed experts' grouped GEMMs); None: not counted."""
     rerun_matmul_flops: float | None = None
     """Of them, the ones the backward runs again."""
 
@@ -95,7 +99,12 @@ def _measure(model: ModelSpec, seq_length: int, *, rank: int, world: int) -> OpS
     from planner.diagnose.titan_layers import TorchtitanCode
 
     torch.manual_seed(0)
-    rotated = TorchtitanCode(model).layer("dense", 1)
+    if model.moe is not None:
+        if world > 1:
+            raise InputError("torchtitan's MoE block is measured without tensor parallelism")
+        rotated, saved_ops = _qwen3_moe_block(model, seq_length)
+    else:
+        rotated, saved_ops = TorchtitanCode(model).layer("dense", 1), _op_sac_save_list
     for p in rotated.parameters():  # FSDP2 casts the parameters, not the frequencies
         p.data = p.data.to(torch.bfloat16)
     x = torch.randn(1, seq_length, model.hidden_size, dtype=torch.bfloat16, requires_grad=True)
@@ -122,12 +131,14 @@ def _measure(model: ModelSpec, seq_length: int, *, rank: int, world: int) -> OpS
         caches.append(caching.storage)
         return caching, cached
 
-    saved = {*_op_sac_save_list, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    saved = {*saved_ops, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
     config = ActivationCheckpoint(mode="selective", selective_ac_option="op")
     # _apply_op_sac imports the function when it wraps the block
     checkpoint.create_selective_checkpoint_contexts = capturing
     try:
-        block = activation_checkpoint._apply_op_sac(block, config, op_sac_save_list=saved)
+        # as the model's block: its router's gate found by its name (the forced recompute)
+        block = activation_checkpoint._apply_op_sac(block, config, base_fqn="layers.0",
+                                                    op_sac_save_list=saved)  # fmt: skip
         freqs = rotated.freqs[:seq_length]
         # FlopCounterMode's module tracking upsets the TP plan's input hooks: one rank's
         # FLOPs are counted unsharded only
@@ -149,6 +160,57 @@ def _measure(model: ModelSpec, seq_length: int, *, rank: int, world: int) -> OpS
 
     return OpSacCount(kept_bytes=kept, forward_matmul_flops=matmuls(forward),
                       rerun_matmul_flops=matmuls(backward) - 2 * matmuls(forward))  # fmt: skip
+
+
+def _qwen3_moe_block(model: ModelSpec, seq_length: int) -> tuple[Any, set[Any]]:
+    """torchtitan's Qwen3 block with experts (``torchtitan/models/qwen3/model/model.py``) of
+    ``model``'s widths, as the dense runner's (``.block``, ``.freqs``), and Qwen3's save
+    list. Two of its index kernels have no CPU path, and are set as a GPU runs them: the
+    router's ``histc`` of the expert indices (integers; CUDA's kernel takes them, the CPU's
+    only floats) and the padding of each expert's rows (a Triton kernel, whose CPU fallback
+    torchtitan ships)."""
+    import functools
+
+    import torch
+    import torchtitan.models.moe.utils as moe_utils
+    from torchtitan.models.moe import MoEArgs
+    from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
+    from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+    from torchtitan.models.qwen3.model.model import TransformerBlock, precompute_rope_cache
+
+    assert model.moe is not None
+    if not getattr(torch.histc, "integers", False):
+        histc = torch.histc
+
+        def integer_histc(x: Any, *args: Any, **kwargs: Any) -> Any:
+            if x.is_floating_point():
+                return histc(x, *args, **kwargs)
+            return histc(x.float(), *args, **kwargs).to(x.dtype)
+
+        integer_histc.integers = True  # type: ignore[attr-defined]
+        torch.histc = integer_histc
+        moe_utils.generate_permute_indices = functools.partial(
+            moe_utils.generate_permute_indices, use_cpu=True)
+    moe = model.moe
+    args = Qwen3ModelArgs(
+        dim=model.hidden_size, n_heads=model.num_attention_heads,
+        n_kv_heads=model.query_groups, head_dim=model.head_dim, hidden_dim=model.ffn,
+        norm_eps=model.norm_epsilon, rope_theta=model.rotary_base,
+        qk_norm=model.qk_layernorm, max_seq_len=seq_length, moe_enabled=True,
+        moe_inter_dim=moe.ffn_hidden_size,
+        moe_args=MoEArgs(num_experts=moe.num_experts, num_shared_experts=moe.shared_experts,
+                         top_k=moe.top_k, score_func=moe.score_function,
+                         route_norm=moe.router_topk_normalized,
+                         score_before_experts=False),
+    )  # fmt: skip
+    block = TransformerBlock(0, args)
+    with torch.no_grad():
+        block.init_weights(buffer_device=torch.device("cpu"))
+    holder = torch.nn.Module()
+    holder.block = block
+    holder.register_buffer("freqs", precompute_rope_cache(model.head_dim, seq_length,
+                                                          model.rotary_base), persistent=False)
+    return holder, _op_sac_save_list
 
 
 def _storage_bytes(torch: Any, values: list[Any]) -> float:
@@ -174,25 +236,30 @@ def _storage_bytes(torch: Any, values: list[Any]) -> float:
 
 def priced_op_sac(model: ModelSpec, cluster: ClusterSpec, seq_length: int,
                   tensor_parallel: int = 1) -> OpSacCount:  # fmt: skip
-    """The planner's decoder layer of ``model`` on ``seq_length`` tokens under the recompute
-    module ``op`` on ``cluster``'s devices, one rank's share at ``tensor_parallel`` (with
-    sequence parallelism, as torchtitan runs it): the bytes it keeps and, unsharded, the
-    matmul FLOPs of its forward and of its rerun."""
+    """The planner's decoder layer of ``model`` (its MoE layer where it has experts) on
+    ``seq_length`` tokens under the recompute module ``op`` on ``cluster``'s devices, one
+    rank's share at ``tensor_parallel`` (with sequence parallelism, as torchtitan runs it):
+    the bytes it keeps and, unsharded, the ``mm`` FLOPs of its forward and of its rerun (the
+    projections and the router's gate; the routed experts' grouped GEMMs apart, which a
+    FLOP counter does not count)."""
     modules = (OP_SAC,)
-    query = UniformQuery(kind="dense", layout=uniform_layout(Degrees(
+    kind = "moe" if model.moe is not None else "dense"
+    query = UniformQuery(kind=kind, layout=uniform_layout(Degrees(
         tp=tensor_parallel, sp=tensor_parallel > 1)), micro_batch_size=1,
         seq_length=seq_length, precision="bf16", stack="torchtitan-eager",
         recompute_modules=modules)  # fmt: skip
     parts = uniform_parts(model, cluster, query)
     if tensor_parallel > 1:
         return OpSacCount(kept_bytes=parts.kept_bytes[1])
-    # the forward's matmuls alone (the layer's forward FLOPs count attention's too)
     training = TrainingSpec(seq_length=seq_length, global_batch_size=1, precision="bf16",
                             stack="torchtitan-eager")  # fmt: skip
-    graph = lower(model.model_copy(update={"num_layers": 1}), training)
+    layer = model.moe.first_dense_layers + 1 if model.moe is not None else 1
+    graph = lower(model.model_copy(update={"num_layers": layer}), training)
+    ops = [op for op in (graph.nodes[n]["op"] for n in graph) if op.layer == layer]
     matmuls = sum(executed_flops(op, flash_attention=True).forward
-                  for op in (graph.nodes[n]["op"] for n in graph)
-                  if op.layer == 1 and op.kind == "linear")  # fmt: skip
-    # attention is saved, so what the layer reruns is matmuls alone
+                  for op in ops if op.kind in ("linear", "router"))  # fmt: skip
+    # attention is saved, so what the layer reruns is matmuls alone: the mms and the experts'
+    grouped = sum(executed_flops(op, flash_attention=True).forward
+                  for op in ops if op.kind == "expert_linear")  # fmt: skip
     return OpSacCount(kept_bytes=parts.kept_bytes[1], forward_matmul_flops=matmuls,
-                      rerun_matmul_flops=parts.rerun_flops[1])
+                      rerun_matmul_flops=parts.rerun_flops[1] - grouped)

@@ -66,16 +66,20 @@ def layer_frequency(resolved: ResolvedConfig, model: ModelSpec) -> int | None:
 
 def selective_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Selective AC is per operator (``selective_ac_option = "op"``: the recompute module
-    ``op``), priced on dense blocks; not Megatron's attention core."""
+    ``op``), priced on dense blocks and on MoE blocks without tensor parallelism (whose
+    reduce-scatter around the experts was not checked); not Megatron's attention core."""
     if resolved.config.recompute != "selective":
         return None
     if resolved.recompute_modules != (OP_SAC,):
         return ("selective recompute: torchtitan's selective checkpointing saves attention and "
                 "every other matmul and recomputes the rest (recompute_modules op), not "
                 f"{' and '.join(resolved.recompute_modules)}")
-    if model.moe is not None or model.mla is not None:
-        return (f"recompute_modules(op): the per-operator policy is priced on dense blocks "
-                f"only, and {model.name} has {'experts' if model.moe else 'latent attention'}")
+    if model.mla is not None:
+        return (f"recompute_modules(op): the per-operator policy is priced on dense and MoE "
+                f"blocks only, and {model.name} has latent attention")
+    if model.moe is not None and resolved.config.tp > 1:
+        return (f"recompute_modules(op) with tp({resolved.config.tp}): the per-operator policy "
+                f"on MoE blocks is priced without tensor parallelism only")
     return None
 
 

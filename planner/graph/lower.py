@@ -237,11 +237,12 @@ def _decoder_layer(b: LayerBuilder, x_name: str) -> str:
     normed = b.norm("post_attention_norm", mid,
                     recomputed_by=separate if b.block_kind == "moe" else ())  # fmt: skip
     if b.block_kind == "moe":
-        return b.residual("mlp_residual", *_moe(b, normed), mid)
-    mlp = _mlp(b, normed, m.ffn)
-    if m.post_norms:
-        mlp = b.norm("mlp_out_norm", mlp)
-    out = b.residual("mlp_residual", mlp, mid)
+        out = b.residual("mlp_residual", *_moe(b, normed), mid)
+    else:
+        mlp = _mlp(b, normed, m.ffn)
+        if m.post_norms:
+            mlp = b.norm("mlp_out_norm", mlp)
+        out = b.residual("mlp_residual", mlp, mid)
     if m.mla is None:
         per_operator_checkpoint(b, first)
     return out

@@ -2,7 +2,7 @@
 selective recomputation both as Megatron-Core's default (the attention core) and as every
 output-discarding recompute module that applies, for a target that takes
 ``--recompute-modules``; for a target with a selective recomputation of its own (torchtitan's
-per-operator policy, priced on dense blocks), that one in the default's place, and for
+per-operator policy, priced on dense and MoE blocks), that one in the default's place, and for
 ``any``, whose space is the targets' union, beside it."""
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ def recomputations(
 
 def own_selective_modules(model: ModelSpec, framework: str) -> str | None:
     """What ``framework``'s selective recomputation of ``model`` reruns where that is not
-    Megatron-Core's default: torchtitan's per-operator policy, priced on dense blocks (for
-    ``any``, whose space is the targets' union, the same); None otherwise.
+    Megatron-Core's default: torchtitan's per-operator policy, priced on dense and MoE blocks
+    (for ``any``, whose space is the targets' union, the same); None otherwise.
 
     >>> from planner.spec.reading import load_model
     >>> llama = load_model("instances/models/llama3-8b.json")
     >>> [own_selective_modules(llama, f) for f in ("torchtitan", "any", "megatron")]
     ['op', 'op', None]
     """
-    if model.moe is not None or model.mla is not None:
+    if model.mla is not None:
         return None
     return OP_SAC if framework == ANY else profile(framework).selective_modules
 
