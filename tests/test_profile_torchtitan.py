@@ -1,5 +1,6 @@
-"""``planner profile --framework torchtitan``: torchtitan's own Llama 3 block (v0.2.2), built at
-each shard, profiled on the CPU and priced on the ``torchtitan-eager`` stack as it measured;
+"""``planner profile --framework torchtitan``: torchtitan's own Llama 3 block (v0.2.2), and its
+Qwen3 block with experts, built at each shard, profiled on the CPU and priced on the
+``torchtitan-eager`` stack as it measured;
 what it keeps is the stack's count but for the norms, which a CPU runs composite; a model
 that is not Llama-shaped, a compiled stack and a missing package are refused in one line."""
 
@@ -82,6 +83,32 @@ def test_the_block_keeps_the_stacks_count_but_for_the_cpus_composite_norms(
         counted = 4 * (8 * h + 4 * heads * d + 4 * groups * d + 8 * ffn) / 2  # fp32: 4 B
         norms, lse = 2 * (4 * h + 4), 4 * heads
         assert m.kept_bytes == tokens * (counted + norms + lse), m.label()
+
+
+@needs_torchtitan
+def test_torchtitans_moe_block_and_grouped_experts_price_the_step(tmp_path: Path) -> None:
+    """The tiny MoE model (q/k norms, a shared expert, its first layer dense) runs torchtitan's
+    Qwen3 blocks: the MoE block around its routed experts, and the experts apart as
+    torchtitan's ``GroupedExperts`` on the rows each computes; a step on the torchtitan-eager
+    stack prices each part as measured, its routed experts at the rows a microbatch routes."""
+    out = tmp_path / "moe.json"
+    model = REPO / "tests/data/bench/tiny-moe.json"
+    done = _planner("profile", CPU_NODE, "--model", model, "--framework", "torchtitan", *SHAPE,
+                    "--mbs", "1", "--repeats", "1", "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    profile = read_profile(out)
+    assert profile.layer_code == "torchtitan v0.2.2 (TransformerBlock, qwen3)"
+    assert sorted(m.label() for m in profile.measured) == [
+        "dense tp1 1x256", "embedding tp1 1x256", "experts tp1 ep1 1x256", "head tp1 1x256",
+        "moe tp1 1x256"]
+    priced = _planner("estimate", model, CPU_NODE, "--stack", "torchtitan-eager", "--profile",
+                      out, "--json")  # fmt: skip
+    assert priced.returncode == 0, priced.stderr
+    result = json.loads(priced.stdout)
+    passes = {m.kind: m.forward_s + m.backward_s for m in profile.measured}  # type: ignore[operator]
+    microbatch = sum(passes.values())  # one layer of each kind
+    assert result["time"]["compute_s"] == pytest.approx(8 * microbatch, rel=1e-6)
+    assert "experts: measured (tp1 ep1 512 rows)" in result["profiled"]
 
 
 @needs_torchtitan

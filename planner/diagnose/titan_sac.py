@@ -96,15 +96,30 @@ def _measure(model: ModelSpec, seq_length: int, *, rank: int, world: int) -> OpS
     from torchtitan.distributed import activation_checkpoint
     from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_tp
 
-    from planner.diagnose.titan_layers import TorchtitanCode
+    from planner.diagnose.titan_layers import (
+        Qwen3Block,
+        Rotated,
+        TorchtitanCode,
+        precompute_rope_cache,
+        qwen3_args,
+    )
 
     torch.manual_seed(0)
+    code = TorchtitanCode(model)
     if model.moe is not None:
         if world > 1:
             raise InputError("torchtitan's MoE block is measured without tensor parallelism")
-        rotated, saved_ops = _qwen3_moe_block(model, seq_length)
+        from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list as qwen3_saved
+
+        # the block whole, its routed experts in it, as the model builds it
+        block = Qwen3Block(0, qwen3_args(model, moe=True))
+        with torch.no_grad():
+            block.init_weights(buffer_device=torch.device("cpu"))
+        rotated = Rotated(block, precompute_rope_cache(model.head_dim, seq_length,
+                                                        model.rotary_base))  # fmt: skip
+        saved_ops = qwen3_saved
     else:
-        rotated, saved_ops = TorchtitanCode(model).layer("dense", 1), _op_sac_save_list
+        rotated, saved_ops = code.layer("dense", 1), _op_sac_save_list
     for p in rotated.parameters():  # FSDP2 casts the parameters, not the frequencies
         p.data = p.data.to(torch.bfloat16)
     x = torch.randn(1, seq_length, model.hidden_size, dtype=torch.bfloat16, requires_grad=True)
@@ -160,57 +175,6 @@ def _measure(model: ModelSpec, seq_length: int, *, rank: int, world: int) -> OpS
 
     return OpSacCount(kept_bytes=kept, forward_matmul_flops=matmuls(forward),
                       rerun_matmul_flops=matmuls(backward) - 2 * matmuls(forward))  # fmt: skip
-
-
-def _qwen3_moe_block(model: ModelSpec, seq_length: int) -> tuple[Any, set[Any]]:
-    """torchtitan's Qwen3 block with experts (``torchtitan/models/qwen3/model/model.py``) of
-    ``model``'s widths, as the dense runner's (``.block``, ``.freqs``), and Qwen3's save
-    list. Two of its index kernels have no CPU path, and are set as a GPU runs them: the
-    router's ``histc`` of the expert indices (integers; CUDA's kernel takes them, the CPU's
-    only floats) and the padding of each expert's rows (a Triton kernel, whose CPU fallback
-    torchtitan ships)."""
-    import functools
-
-    import torch
-    import torchtitan.models.moe.utils as moe_utils
-    from torchtitan.models.moe import MoEArgs
-    from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
-    from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
-    from torchtitan.models.qwen3.model.model import TransformerBlock, precompute_rope_cache
-
-    assert model.moe is not None
-    if not getattr(torch.histc, "integers", False):
-        histc = torch.histc
-
-        def integer_histc(x: Any, *args: Any, **kwargs: Any) -> Any:
-            if x.is_floating_point():
-                return histc(x, *args, **kwargs)
-            return histc(x.float(), *args, **kwargs).to(x.dtype)
-
-        integer_histc.integers = True  # type: ignore[attr-defined]
-        torch.histc = integer_histc
-        moe_utils.generate_permute_indices = functools.partial(
-            moe_utils.generate_permute_indices, use_cpu=True)
-    moe = model.moe
-    args = Qwen3ModelArgs(
-        dim=model.hidden_size, n_heads=model.num_attention_heads,
-        n_kv_heads=model.query_groups, head_dim=model.head_dim, hidden_dim=model.ffn,
-        norm_eps=model.norm_epsilon, rope_theta=model.rotary_base,
-        qk_norm=model.qk_layernorm, max_seq_len=seq_length, moe_enabled=True,
-        moe_inter_dim=moe.ffn_hidden_size,
-        moe_args=MoEArgs(num_experts=moe.num_experts, num_shared_experts=moe.shared_experts,
-                         top_k=moe.top_k, score_func=moe.score_function,
-                         route_norm=moe.router_topk_normalized,
-                         score_before_experts=False),
-    )  # fmt: skip
-    block = TransformerBlock(0, args)
-    with torch.no_grad():
-        block.init_weights(buffer_device=torch.device("cpu"))
-    holder = torch.nn.Module()
-    holder.block = block
-    holder.register_buffer("freqs", precompute_rope_cache(model.head_dim, seq_length,
-                                                          model.rotary_base), persistent=False)
-    return holder, _op_sac_save_list
 
 
 def _storage_bytes(torch: Any, values: list[Any]) -> float:
