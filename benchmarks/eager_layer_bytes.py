@@ -135,16 +135,19 @@ def _kept(torch: Any, module: Any, constants: tuple[Any, ...], tagged: _Tagged,
 
 
 def _layer(code: str, model: ModelSpec, seq_length: int, torch: Any) -> tuple[Any, Any, tuple]:
-    """The framework's layer in bf16, a call of it on hidden states, its two norms and the
-    constants it is called with."""
+    """The framework's layer in bf16, a call of it on hidden states, its norms (and q/k norms)
+    and the constants it is called with."""
     if code == "torchtitan":
         from planner.diagnose.titan_layers import TorchtitanCode
 
         rotated = TorchtitanCode(model).layer("dense", 1)
         for p in rotated.parameters():  # FSDP2 casts the parameters, not the frequencies
             p.data = p.data.to(torch.bfloat16)
-        block = rotated.block
-        return rotated, (block.attention_norm, block.ffn_norm), ()
+        block, attention = rotated.block, rotated.block.attention
+        # Qwen3's block (q/k norms) norms q and k per head as well
+        qk = tuple(n for n in (getattr(attention, "q_norm", None),
+                               getattr(attention, "k_norm", None)) if n is not None)  # fmt: skip
+        return rotated, (block.attention_norm, block.ffn_norm, *qk), ()
     from transformers import AutoConfig, AutoModelForCausalLM
 
     # Qwen3's layer is Llama's with per-head RMSNorms on q and k
