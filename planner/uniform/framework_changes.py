@@ -49,7 +49,10 @@ class FrameworkChanges:
     """
 
     model: ModelSpec
+    """The model the changed configurations train."""
     framework: str | None
+    """The framework that launches them (``--framework``); None: Megatron-LM's flags, with
+    DeepSpeed's rule of ZeRO-1 at most under a pipeline."""
     given: tuple[str, ...] = ()
     """The switches the user gave (field names): kept as given, the others set as the
     framework's search sets them."""
