@@ -109,3 +109,13 @@ def test_a_switch_given_stays_given() -> None:
     assert "--pp 16 (146.2 GiB)" in line
     line = config_infeasible_message(LLAMA3_70B, cluster, config, framework="megatron")
     assert "--pp 16 --sp (124.6 GiB)" in line
+
+
+def test_a_model_the_framework_does_not_build_is_told_so() -> None:
+    """GPT-3 175B is none of torchtitan's models: no change makes it one, and the line says
+    that no change tried is one torchtitan launches rather than listing Megatron's."""
+    gpt3 = load_model(REPO / "instances/models/gpt3-175b.json")
+    cluster = load_cluster(REPO / "instances/clusters/dgx-a100-80gb.json", 1)
+    assert config_remedies(gpt3, cluster, ParallelConfig(tp=8), framework="torchtitan") == []
+    line = config_infeasible_message(gpt3, cluster, ParallelConfig(tp=8), framework="torchtitan")
+    assert line.endswith("GiB margin); torchtitan launches none of the changes tried")

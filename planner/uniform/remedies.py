@@ -183,6 +183,9 @@ def config_infeasible_message(
         listed = [f"{r.change} ({r.memory_gib:.1f} GiB{'; ' + r.note if r.note else ''})"
                   for r in remedies if r.fits == fits]  # fmt: skip
         line += f"; {heading}: {', '.join(listed)}" if listed else ""
+    if not remedies and framework is not None:
+        line += (f"; {FrameworkChanges(model=model, framework=framework).title} launches none "
+                 f"of the changes tried")
     return line
 
 
