@@ -176,7 +176,7 @@ def recompute_priced(c: Any) -> str:
 
 def expected(resolved: Any, model: Any) -> dict[str, Any]:
     """What Megatron must read back: the priced configuration and the model's shape."""
-    from planner.frameworks._megatron_flags import max_positions
+    from planner.frameworks._megatron_model_flags import max_positions
     from planner.frameworks._megatron_vocab import padded_vocab
     from planner.vocabulary import FP8_STACKS
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import planner
-from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import _megatron_model_flags as mmf
 from planner.frameworks import megatron, mindspeed
 from planner.frameworks.base import Profile
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
@@ -502,16 +502,16 @@ def test_rope_notes_say_what_megatron_fixes() -> None:
     (``rotary_pos_embedding.py:92-98``); another scaling type has no flag here."""
     model = load("Meta-Llama-3.1-8B")
     assert model.rope_scaling is not None
-    assert mf.rope_notes(model) == ()
+    assert mmf.rope_notes(model) == ()
     other = model.model_copy(update={"rope_scaling": model.rope_scaling.model_copy(
         update={"high_freq_factor": 2.0})})
-    assert mf.rope_notes(other) == (
+    assert mmf.rope_notes(other) == (
         "rope_scaling llama3: high_freq_factor 2.0 (Megatron fixes 4.0)",)
     dynamic = model.model_copy(update={"rope_scaling": RopeScaling(rope_type="dynamic",
                                                                    factor=2.0)})
-    (note,) = mf.rope_notes(dynamic)
+    (note,) = mmf.rope_notes(dynamic)
     assert "'dynamic' (factor 2.0) has no Megatron flag" in note
-    assert "--use-rope-scaling" not in dict(mf.rope_flags(dynamic))
+    assert "--use-rope-scaling" not in dict(mmf.rope_flags(dynamic))
 
 
 def test_llama3_70b_grouped_query_and_ring_attention(h100: ClusterSpec) -> None:

@@ -26,7 +26,7 @@ from planner.frameworks import (
     mindspeed,
     torchtitan,
 )
-from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import _megatron_model_flags as mmf
 from planner.graph import index_layers, lower, parameter_count
 from planner.ilp.problem import LayerQuery, layer_graph_of
 from planner.plan.config import ParallelConfig, resolve
@@ -213,12 +213,12 @@ def test_megatron_window_flags() -> None:
     """A causal window of w keys is TE's (w - 1, 0); Gemma 3's 5:1 is --window-attn-skip-freq 6
     (megatron/core/transformer/utils.py:531-545: layer_number % 6 != 0 is local)."""
     phi = _load("Phi-3-mini-4k-instruct")
-    assert mf.window_flags(phi) == [("--window-size", "2046,0")]
+    assert mmf.window_flags(phi) == [("--window-size", "2046,0")]
     gemma3_like = phi.model_copy(update={"sliding_window": SlidingWindowSpec(window=1024,
                                                                              global_every=6)})
-    assert mf.window_flags(gemma3_like) == [("--window-size", "1023,0"),
+    assert mmf.window_flags(gemma3_like) == [("--window-size", "1023,0"),
                                             ("--window-attn-skip-freq", 6)]
-    assert mf.window_flags(load_model(shared(HF / "Qwen3-8B.config.json"))) == []
+    assert mmf.window_flags(load_model(shared(HF / "Qwen3-8B.config.json"))) == []
 
 
 def test_plans_made_before_the_new_fields_name_the_same_model() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import _megatron_model_flags as mmf
 from planner.frameworks._deepspeed_partition import partition_comment
 from planner.frameworks._megatron_vocab import padded_vocab, vocab_divisor
 from planner.frameworks.base import Launch
@@ -68,7 +69,7 @@ def model_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
         ("--num-attention-heads", model.num_attention_heads),
         ("--num-key-value-heads", model.query_groups),
         ("--kv-channels", model.head_dim),
-        ("--max-position-embeddings", mf.max_positions(model, resolved.training.seq_length)),
+        ("--max-position-embeddings", mmf.max_positions(model, resolved.training.seq_length)),
         ("--make-vocab-size-divisible-by", vocab_divisor(model.vocab_size, resolved.config.tp)),
         ("--normalization", model.normalization),
         ("--layernorm-epsilon", model.norm_epsilon),

@@ -5,7 +5,7 @@ Megatron-Core version it runs on (:mod:`planner.frameworks.mindspeed`)."""
 
 from __future__ import annotations
 
-from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import _megatron_model_flags as mmf
 from planner.frameworks.base import MULTI_TOKEN_PREDICTION, unsupported_layers
 from planner.plan.chunks import cuts_into
 from planner.plan.config import ResolvedConfig
@@ -183,7 +183,7 @@ def recompute_modules(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     if discarded and resolved.training.stack in FP8_STACKS:
         return (f"recompute module{'s' * (len(discarded) > 1)} {' and '.join(discarded)} in "
                 "FP8: Megatron-Core refuses them with delayed scaling (--fp8-recipe delayed)")
-    if "moe_act" in modules and not mf.grouped_gemm_flags(resolved, model):
+    if "moe_act" in modules and not mmf.grouped_gemm_flags(resolved, model):
         return ("recompute module moe_act needs --moe-grouped-gemm, which runs experts in bf16 "
                 f"only: {model.name} in {resolved.training.precision}"
                 f"{'' if model.moe else ' has no experts'}")

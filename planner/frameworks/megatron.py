@@ -18,6 +18,7 @@ it runs on (:mod:`planner.frameworks.mindspeed`). This module pairs each with it
 from __future__ import annotations
 
 from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import _megatron_model_flags as mmf
 from planner.frameworks._megatron_checks import (
     bf16_moments,
     context_parallel_sequence,
@@ -153,9 +154,9 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *mf.parallel_flags(resolved, model),
         *mf.split_flags(resolved, model),
         *mf.batch_flags(resolved),
-        *mf.model_flags(model, seq_length=resolved.training.seq_length,
+        *mmf.model_flags(model, seq_length=resolved.training.seq_length,
                         dispatcher=resolved.config.moe_dispatcher),
-        *mf.grouped_gemm_flags(resolved, model),
+        *mmf.grouped_gemm_flags(resolved, model),
         *vocab_flags(model, resolved),
         *mf.precision_flags(resolved),
         *mf.fp8_flags(resolved),
@@ -214,7 +215,7 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         "checkpoint paths",
         "leave NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN unset: Megatron sets them "
         "from --attention-backend and refuses other values",
-        *mf.vocab_notes(model, resolved),
+        *mmf.vocab_notes(model, resolved),
         *(fsdp if resolved.config.zero >= 2 else ()),
     )
 

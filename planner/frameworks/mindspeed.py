@@ -16,6 +16,7 @@ ZeRO-2/3 are core_v0.12.1's Megatron-FSDP (then called custom FSDP), which MindS
 from __future__ import annotations
 
 from planner.frameworks import _megatron_flags as mf
+from planner.frameworks import _megatron_model_flags as mmf
 from planner.frameworks import megatron
 from planner.frameworks._megatron_vocab import vocab_divisor
 from planner.frameworks.base import (
@@ -215,8 +216,8 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *context_parallel_flags(resolved),
         *mf.split_flags(resolved, model),
         *mf.batch_flags(resolved),
-        *mf.model_flags(model, seq_length=resolved.training.seq_length),
-        *mf.grouped_gemm_flags(resolved, model),
+        *mmf.model_flags(model, seq_length=resolved.training.seq_length),
+        *mmf.grouped_gemm_flags(resolved, model),
         *rope_flags(model),
         *vocab_flags(model, resolved),
         *mf.precision_flags(resolved),
@@ -292,7 +293,7 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         f"{model.vocab_size}",
         "add the run's length, learning-rate schedule, optimizer hyper-parameters and "
         "checkpoint paths",
-        *mf.vocab_notes(model, resolved),
+        *mmf.vocab_notes(model, resolved),
         *mla_yarn_notes(model, resolved),
         *(fsdp if resolved.config.zero >= 2 else ()),
     )
@@ -305,7 +306,7 @@ def mla_yarn_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...
     scaling = model.rope_scaling
     if model.mla is None or scaling is None or scaling.rope_type != "yarn":
         return ()
-    positions = mf.max_positions(model, resolved.training.seq_length)
+    positions = mmf.max_positions(model, resolved.training.seq_length)
     original = scaling.original_max_position_embeddings
     if original is None or original == positions:
         return ()
