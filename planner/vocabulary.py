@@ -100,7 +100,7 @@ dropped), a dense layer's MLP, an MoE layer's whole MoE block and its shared exp
 discarding their outputs for the backward to rebuild, the experts' activation function, the
 norms that are modules of their own (MLA's input norm, an MoE layer's pre-MLP norm) and MLA's
 up projections. One is not Megatron-Core's: ``op``, torchtitan's per-operator selective
-checkpointing (``selective_ac_option = "op"``), which checkpoints each dense block and saves the
+checkpointing (``selective_ac_option = "op"``), which checkpoints each block and saves the
 outputs of attention, of every other matmul and of the reduce-scatters (:data:`OP_SAC`)."""
 RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn", "moe_act", "layernorm",
                                                    "mla_up_proj", "mlp", "moe",

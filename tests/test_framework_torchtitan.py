@@ -356,7 +356,8 @@ def test_seq_len_divisor() -> None:
 def test_selective_recompute() -> None:
     """pytorch/torchtitan@73a0e69 torchtitan/distributed/activation_checkpoint.py:174-190;
     torchtitan/distributed/activation_checkpoint.py:98-122;
-    torchtitan/models/llama3/infra/parallelize.py:36-51"""
+    torchtitan/models/llama3/infra/parallelize.py:36-51;
+    torchtitan/models/qwen3/infra/parallelize.py:39-55; torchtitan/config/job_config.py:661"""
     model = load("llama3-8b")
     resolved = configure(model, 64, tp=8, sp=True, zero=3, recompute="selective")
     assert "every other matmul" in (refusal("selective-recompute", resolved, model) or "")

@@ -322,7 +322,9 @@ RULES: tuple[Rule, ...] = (
          source=f"{_PARALLELIZE}:69-74; {REPO} torchtitan/distributed/parallel_dims.py:365-372"),
     Rule(name="selective-recompute", check=selective_recompute,
          source=f"{CHECKPOINTING}:174-190; torchtitan/distributed/activation_checkpoint.py:98-122; "
-                f"torchtitan/models/llama3/infra/parallelize.py:36-51"),
+                f"torchtitan/models/llama3/infra/parallelize.py:36-51; "
+                f"torchtitan/models/qwen3/infra/parallelize.py:39-55; "
+                f"torchtitan/config/job_config.py:661"),
     Rule(name="partial-recompute", check=partial_recompute, source=f"{CHECKPOINTING}:24-49"),
     Rule(name="unfused-attention", check=unfused_attention,
          source=f"{REPO} torchtitan/models/attention.py:168-190"),

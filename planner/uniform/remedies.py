@@ -108,29 +108,14 @@ def offload_remedy(
     """Optimizer offload for ``config`` (priced ``base``): ``--offload optimizer`` priced by
     :func:`estimate` where the cluster has host figures, its step and what the host copies and
     the CPU's Adam take; else ZeRO-Offload's switch with the GiB it saves, unpriced."""
-    optimizer_gib = base.memory.optimizer_gib
-    memory_margin_gib = plan_margin_gib(model, cluster, config, memory_margin_gib)
+    margin_gib = plan_margin_gib(model, cluster, config, memory_margin_gib)
     if cluster.host is None:
-        offloaded_gib = base.peak_memory_gib - optimizer_gib
-        return Remedy(
-            change=OFFLOAD, memory_gib=offloaded_gib,
-            fits=fits_gib(cluster, offloaded_gib, memory_margin_gib),
-            note=f"ZeRO-Offload (ZeRO >= 1): {optimizer_gib:.1f} GiB of optimizer states and "
-            "the Adam step on the CPU; its time is not priced",
-        )  # fmt: skip
-    off = estimate(model, cluster, config.model_copy(update={"offload": "optimizer"}),
-                   memory_margin_gib=memory_margin_gib)  # fmt: skip
+        return _offloaded(model, cluster, base, margin_gib, change=OFFLOAD,
+                          who="ZeRO-Offload (ZeRO >= 1): ")  # fmt: skip
     zero = "" if config.zero >= 1 else "; Megatron-LM offloads only with --zero 1"
-    return Remedy(change="--offload optimizer", memory_gib=off.peak_memory_gib, fits=off.fits,
-                  note=_offload_note(cluster, base, off) + zero)  # fmt: skip
-
-
-def _offload_note(cluster: ClusterSpec, base: Estimate, off: Estimate) -> str:
-    """What an offload priced ``off`` (``base`` without it) costs: its step and host memory."""
-    assert cluster.host is not None
-    host = f"{off.host_memory_gib:.0f} of {cluster.host.memory_gib:g} GiB of host memory"
-    return (f"step {off.step_time_s:.2f} s instead of {base.step_time_s:.2f}: the host copies "
-            f"and CPU Adam take {off.time.optimizer_s:.2f} s; {host} per node")
+    return _offloaded(model, cluster, base, margin_gib, change="--offload optimizer",
+                      offloaded=config.model_copy(update={"offload": "optimizer"}),
+                      suffix=zero)  # fmt: skip
 
 
 def _own_offload(launch: FrameworkChanges, cluster: ClusterSpec, config: ParallelConfig,
@@ -140,19 +125,32 @@ def _own_offload(launch: FrameworkChanges, cluster: ClusterSpec, config: Paralle
     neither."""
     for offload in ("optimizer", "zero-offload"):
         option = launch((_with(config, offload=offload), cluster, None))
-        if option is None:
-            continue
-        if cluster.host is None:
-            left_gib = base.peak_memory_gib - base.memory.optimizer_gib
-            return Remedy(change=f"--offload {offload}", memory_gib=left_gib,
-                          fits=fits_gib(cluster, left_gib, margin_gib),
-                          note=f"{base.memory.optimizer_gib:.1f} GiB of optimizer states "
-                          "and the Adam step on the CPU; not priced without the cluster's "
-                          "host figures")  # fmt: skip
-        off = estimate(launch.model, cluster, option[0], memory_margin_gib=margin_gib)
-        return Remedy(change=f"--offload {offload}", memory_gib=off.peak_memory_gib,
-                      fits=off.fits, note=_offload_note(cluster, base, off))  # fmt: skip
+        if option is not None:
+            return _offloaded(launch.model, cluster, base, margin_gib,
+                              change=f"--offload {offload}", offloaded=option[0])  # fmt: skip
     return None
+
+
+def _offloaded(
+    model: ModelSpec, cluster: ClusterSpec, base: Estimate, margin_gib: float, *, change: str,
+    offloaded: ParallelConfig | None = None, who: str = "", suffix: str = "",
+) -> Remedy:  # fmt: skip
+    """The remedy ``change``: ``offloaded`` priced by :func:`estimate` with its step and host
+    memory where the cluster has host figures, else ``base``'s peak less its optimizer
+    states, unpriced."""
+    if cluster.host is None or offloaded is None:
+        optimizer_gib = base.memory.optimizer_gib
+        left_gib = base.peak_memory_gib - optimizer_gib
+        return Remedy(change=change, memory_gib=left_gib,
+                      fits=fits_gib(cluster, left_gib, margin_gib),
+                      note=f"{who}{optimizer_gib:.1f} GiB of optimizer states and the Adam step "
+                      "on the CPU; its time is not priced")  # fmt: skip
+    off = estimate(model, cluster, offloaded, memory_margin_gib=margin_gib)
+    host = f"{off.host_memory_gib:.0f} of {cluster.host.memory_gib:g} GiB of host memory"
+    return Remedy(change=change, memory_gib=off.peak_memory_gib, fits=off.fits,
+                  note=f"step {off.step_time_s:.2f} s instead of {base.step_time_s:.2f}: the "
+                  f"host copies and CPU Adam take {off.time.optimizer_s:.2f} s; {host} per "
+                  f"node{suffix}")  # fmt: skip
 
 
 def config_infeasible_message(
