@@ -56,7 +56,7 @@ def test_any_is_never_slower_than_a_framework(name: str, devices: int,
 
 def test_the_per_operator_search_still_wins_where_it_can() -> None:
     """GPT-3 175B on 1,024 A100: the layer ILPs and the stage DP find a plan faster than any
-    uniform configuration (docs/compare.md: 17.630 s against Megatron-LM's 17.995 s), so the
+    uniform configuration (docs/compare.md: 17.630 s against Megatron-LM's 17.994 s), so the
     incumbent is replaced and the plan is the ILP's, its search counted beside the union's."""
     model = load("gpt3-175b")
     cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 128)

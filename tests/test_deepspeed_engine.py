@@ -15,6 +15,7 @@ from planner.cost.stage_weights import TiedCopy, tied_sync_s
 from planner.diagnose.calibration import at_site, validate
 from planner.diagnose.runs import load_runs, run_from_record, site_run
 from planner.graph.stacks import pipeline_transfers
+from planner.graph.unfused import embedding_gradient_bytes
 from planner.plan.config import ParallelConfig
 from planner.spec.physics import cluster_warnings
 from planner.spec.reading import load_cluster, load_model
@@ -121,7 +122,9 @@ def test_deepspeed_optimizer_accumulates_each_gradient(precision: str, zero: int
     (a cast and an add: 18 B a parameter, the first microbatch's too); in fp16 autograd adds
     into the fp16 gradients from the second microbatch on (6 B); at ZeRO-2 each gradient is
     copied into the reduction bucket (4 B). Megatron-LM accumulates inside the
-    weight-gradient GEMM: the compute apart is exactly that, a launch a pass."""
+    weight-gradient GEMM but for the embedding, whose gradient its hook adds into
+    ``main_grad`` each microbatch (10 B a parameter of the local table, one kernel): the
+    compute apart is exactly that, a launch a pass."""
     for microbatches in (1, 4):
         deepspeed, device = _step("megatron-deepspeed", precision, zero, microbatches)
         megatron, _ = _step("megatron-te", precision, zero, microbatches)
@@ -129,7 +132,12 @@ def test_deepspeed_optimizer_accumulates_each_gradient(precision: str, zero: int
         rate = device.memory_bandwidth_bytes_s * device.efficiency.memory_bound_fraction
         launch = device.efficiency.kernel_launch_us * 1e-6
         passes = [first] + [later] * (microbatches - 1)
-        by_hand = sum(params * b / rate + launch for b in passes if b)
+        table = 51200 / 8 * 12288  # GPT-3's vocabulary over TP8, a row of its hidden size
+        hook = (embedding_gradient_bytes("megatron-te", 2.0)
+                - embedding_gradient_bytes("megatron-deepspeed", 2.0))  # fmt: skip
+        assert hook == 10.0
+        by_hand = (sum(params * b / rate + launch for b in passes if b)
+                   - microbatches * (table * hook / rate + launch))  # fmt: skip
         extra = deepspeed.time.compute_s - megatron.time.compute_s
         assert extra == pytest.approx(by_hand, rel=1e-9)
 

@@ -417,7 +417,7 @@ def _tiny() -> ModelSpec:
 
 
 @pytest.mark.parametrize(("pins", "used"), [
-    (Pins(pp=2), ("pipeline",)),
+    (Pins(pp=2, cp=1), ("pipeline",)),
     (Pins(pp=1, tp=1, cp=1, zero=3), ("zero-3",)),
 ])  # fmt: skip
 def test_per_operator_plans_take_the_band_of_their_stages(pins: Pins, used: tuple) -> None:

@@ -70,12 +70,15 @@ def test_only_the_pytorch_stacks_run_separate_kernels() -> None:
     """Transformer Engine's (and Megatron's, and Composer's) layers are one kernel per op: no
     op of theirs carries separate kernels, so their prices do not move; in FP8 only the
     linear layers do (their quantizations: ``tests/test_fp8.py``); torchtitan's eager block
-    runs all but its norms apart (``nn.RMSNorm`` is one fused kernel on CUDA)."""
+    runs all but its norms apart (``nn.RMSNorm`` is one fused kernel on CUDA). Every stack's
+    embedding writes its whole table's gradient apart (PyTorch's dense backward of a lookup)."""
     training = {s: TrainingSpec(seq_length=2048, global_batch_size=1, stack=s) for s in STACKS}
     for stack in STACKS:
         ops = [op for layer in lowered(LLAMA_1B, training[stack], 1)[1].ops_by_layer.values()
                for op in layer]  # fmt: skip
         carrying = {op.kind for op in ops if op.unfused is not None}
+        assert "embedding" in carrying, stack
+        carrying.discard("embedding")
         if stack in ("hf-eager", "hf-compiled"):
             assert {"norm", "linear", "attention", "residual", "elementwise"} <= carrying
         elif stack in FP8_STACKS:
@@ -141,3 +144,41 @@ def test_kernels_counted_over_a_tensor_scale_with_it() -> None:
         (3 * 6 + 2 * 12) * x.numel)  # fmt: skip
     assert sum(t.bytes for t in one.backward) == pytest.approx(6 * x.numel)
     assert unfused.linear("megatron-te", x, x, 3) is None
+
+
+def _embedding_times(stack: str, tensor_parallel: int) -> tuple[float, float, float]:
+    """Llama-3.2-1B's embedding over 4,096 tokens, its vocabulary split ``tensor_parallel``
+    ways: forward, backward and the backward's weight-gradient part, on the round device."""
+    training = TrainingSpec(seq_length=4096, global_batch_size=1, stack=stack)  # type: ignore[arg-type]
+    op = next(op for op in lowered(LLAMA_1B, training, 1)[1].ops_by_layer[0]
+              if op.kind == "embedding")  # fmt: skip
+    time = op_time(op, GPU, "bf16", activation_degrees={},
+                   weight_degrees={"vocab": tensor_parallel},
+                   compute_degree=tensor_parallel)  # fmt: skip
+    return time.forward_s, time.backward_s, time.weight_s
+
+
+@pytest.mark.parametrize(("stack", "per_parameter"), [
+    ("hf-eager", 16.0),  # fp32 gradient zero-filled (4), summed into the weight's (12)
+    ("hf-compiled", 16.0),  # the embedding runs eager outside the compiled layers
+    ("megatron-te", 12.0),  # bf16 zero-filled (2), added into fp32 main_grad by the hook (10)
+    ("torchtitan-eager", 2.0),  # zero-filled; FSDP2's copies are priced over every weight
+    ("megatron-deepspeed", 2.0),  # zero-filled; BF16_Optimizer's accumulation likewise
+])  # fmt: skip
+def test_the_embeddings_backward_writes_its_whole_tables_gradient(stack: str,
+                                                                   per_parameter: float) -> None:
+    """A lookup reads and writes only its tokens' rows (and reads their ids), whatever the
+    vocabulary; its backward scatters those rows back (twice the forward's bytes) into a dense
+    gradient of the whole local table, which it zero-fills and the stack then sums into the
+    weight's gradient: bytes a parameter of the local table (vocab / TP), by hand on a round
+    device (no launch cost, the full bandwidth)."""
+    tokens, hidden = 4096, LLAMA_1B.hidden_size
+    lookup = tokens * 4 + 2 * tokens * hidden * 2  # int32 ids; bf16 rows read and written
+    for tensor_parallel in (1, 8):
+        forward, backward, weight = _embedding_times(stack, tensor_parallel)
+        table = LLAMA_1B.vocab_size / tensor_parallel * hidden
+        assert forward == pytest.approx(lookup / 1e12)
+        assert weight == pytest.approx(per_parameter * table / 1e12)
+        assert backward == pytest.approx(2 * lookup / 1e12 + weight)
+    gradient_bytes = 4.0 if stack.startswith("hf") else 2.0  # autocast's tables are fp32
+    assert unfused.embedding_gradient_bytes(stack, gradient_bytes) == per_parameter

@@ -137,3 +137,26 @@ def test_per_operator_search_keeps_the_moments() -> None:
     assert {s.parallel.zero for s in plan.stages} == {1}
     assert plan.flags.optimizer_moments == "bf16"
     assert "Adam moments in bf16" in plan.summary()
+
+
+def test_fused_adamw_reads_the_fp32_weights_it_updates() -> None:
+    """pytorch/pytorch aten/src/ATen/native/cuda/fused_adamw_impl.cu (four tensor lists:
+    params, grads, exp_avgs, exp_avg_sqs, stored but the grads)
+
+    Under autocast (the ``hf-*`` stacks) the fp32 weights are the master copy: AdamW reads and
+    writes them and both moments and reads the gradient, 28 bytes a parameter; Megatron-LM's
+    bf16 run reads and writes its fp32 master and moments, reads the fp32 main gradient and
+    writes the bf16 weight, 30. Priced at the device's memory-bound rate, the one-GPU H100
+    step's optimizer is its parameters' 28 bytes."""
+    assert cost.states_precision("bf16", "hf-eager") == "fp32"
+    assert (adam_traffic_bytes("fp32"), adam_traffic_bytes("bf16")) == (28, 30)
+    model = planner.load_model("instances/models/llama3-8b.json")
+    cluster = _h100(1)
+    config = planner.ParallelConfig(tp=1, pp=1, dp=8, mbs=1, global_batch=8, seq_len=2048,
+                                    recompute="full", stack="hf-eager")  # fmt: skip
+    step = planner.estimate(model, cluster, config)
+    params = step.memory.weights_gib * 2**30 / 4  # fp32 weights, nothing sharded
+    device = cluster.device
+    rate = device.memory_bandwidth_bytes_s * device.efficiency.memory_bound_fraction
+    expected = params * 28 / rate + device.efficiency.kernel_launch_us * 1e-6
+    assert step.time.optimizer_s == pytest.approx(expected, rel=1e-9)

@@ -294,7 +294,11 @@ def _own_kernels_time(
     """``op``'s own kernel (or kernels) as :func:`op_time` prices them, the stack's separate
     ones apart."""
     moved = sum(sharded_bytes(t, activation_degrees) for t in (*op.inputs, op.output))
-    if op.weight is not None:
+    if op.kind == "embedding":
+        # A lookup reads the rows it writes; what walks the whole table is its gradient
+        # (the op's :func:`planner.graph.unfused.embedding`).
+        moved += sharded_bytes(op.output, activation_degrees)
+    elif op.weight is not None:
         moved += sharded_bytes(op.weight, weight_degrees)
     executed = executed_flops(op, flash_attention=flash_attention, devices=compute_degree)
     if op.kind == "attention" and not flash_attention:

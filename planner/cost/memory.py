@@ -332,9 +332,17 @@ def gathered_bytes_per_param(precision: Precision, stack: Stack) -> float:
 
 def adam_traffic_bytes(precision: StatesPrecision) -> float:
     """Bytes Adam's update moves per parameter, wherever it runs: it reads and writes the
-    optimizer state, reads the gradient and writes the compute-precision weight."""
+    optimizer state, reads the gradient and writes the compute-precision weight; in fp32 the
+    weight is the master copy, which the update also reads (PyTorch's ``_fused_adamw_`` loads
+    the parameters, gradients and both moments and stores all but the gradients,
+    ``aten/src/ATen/native/cuda/fused_adamw_impl.cu``).
+
+    >>> adam_traffic_bytes("bf16"), adam_traffic_bytes("fp32")  # 24 + 4 + 2; 16 + 4 + 8
+    (30, 28)
+    """
     state = ADAM_STATE[precision]
-    return 2 * state.optimizer + state.gradients + state.weights
+    master_read = state.weights if precision == "fp32" else 0
+    return 2 * state.optimizer + state.gradients + state.weights + master_read
 
 
 def state_bytes_per_param(

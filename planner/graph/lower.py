@@ -26,7 +26,7 @@ from planner.graph.builder import (
 )
 from planner.graph.op_sac import per_operator_checkpoint
 from planner.graph.ops import Op, Tensor
-from planner.graph.stacks import EAGER_GLU_STACKS, LOSS_KEPT, LOSS_WORKING
+from planner.graph.stacks import EAGER_GLU_STACKS, FP32_BYTES, LOSS_KEPT, LOSS_WORKING
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
 
 __all__ = ["ACTIVATION_BYTES", "decoder_layer_kind", "expert_capacity", "lower"]
@@ -258,6 +258,8 @@ def _embedding(b: LayerBuilder) -> str:
         "embedding", "embedding", (), inputs=(ids,), output=h,
         weight=Tensor((("vocab", m.vocab_size), ("hidden", m.hidden_size)), b.act_bytes),
         extra_params=positions,
+        unfused=unfused.embedding(b.stack, gradient_bytes=FP32_BYTES if b.autocast
+                                  else b.act_bytes),
     )  # fmt: skip
     if m.hidden_dropout == 0:
         return embedded

@@ -95,6 +95,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.graph.ops import Tensor, Unfused
+from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES
 from planner.vocabulary import Stack
 
 
@@ -265,3 +266,64 @@ def loss(stack: Stack, logits: Tensor) -> Unfused | None:
     kernels = _kernels(stack, "loss")
     return kernels.over(logits) if kernels else None
 
+
+MAIN_GRAD_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8")
+"""Stacks whose data parallelism keeps an fp32 ``main_grad`` beside each 16-bit weight
+(Megatron-Core's ``DistributedDataParallel``): a linear's weight-gradient GEMM accumulates into
+it (``gradient_accumulation_fusion``), anything else's gradient is added by the parameter's
+hook. A compiled torchtitan run, priced on ``megatron-te`` (its logs are read so), is given
+the hook too, which FSDP2 does not run."""
+
+
+def embedding_gradient_bytes(stack: Stack, gradient_bytes: float) -> float:
+    """Bytes per parameter of the local table that the embedding's backward moves beyond the
+    rows its tokens touch, on ``stack`` whose embedding gradient has ``gradient_bytes`` an
+    element. However few tokens a microbatch holds, PyTorch's backward of a lookup returns a
+    dense gradient of the whole table, zero-filled before the rows are added into it
+    (``embedding_backward_cuda_kernel``: ``at::zeros({num_weights, ...})`` in
+    ``aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu``; the CPU's
+    ``embedding_dense_backward_cpu`` in ``aten/src/ATen/native/Embedding.cpp`` alike). That
+    gradient is then summed into the weight's:
+
+    - under autocast (:data:`~planner.graph.stacks.AUTOCAST_STACKS`) the table is fp32 and the
+      lookup runs outside autocast, so its gradient is fp32, and it is added in fp32, reading
+      two tables and writing one: into ``.grad`` by ``AccumulateGrad`` after a step's first
+      microbatch, or, with the head's weight tied to it, into the head's gradient by autograd's
+      input buffer every microbatch (``torch/csrc/autograd/input_buffer.cpp``); as
+      :data:`WEIGHT_CAST` counts a linear's accumulation every microbatch, so is this;
+    - on :data:`MAIN_GRAD_STACKS`, Megatron-Core's backward hook adds the 16-bit gradient into
+      the fp32 ``main_grad`` (``param.main_grad.add_(param.grad.data)``,
+      ``megatron/core/distributed/distributed_data_parallel.py``): the gradient read, the
+      main gradient read and written;
+    - elsewhere the stack accumulates the embedding's gradient as it does every weight's,
+      priced over all parameters (:func:`~planner.cost.data_parallel.gradient_accumulation`),
+      or not at all: only the zero-fill is the embedding's own.
+
+    Not priced: Megatron-Core ties the head to the embedding on one stage by handing autograd
+    a zeroed dummy gradient for the head's weight (``zero_out_wgrad``,
+    ``megatron/core/models/common/language_module/language_module.py``), which autograd sums
+    with the lookup's (16-bit: about 8 bytes a parameter more).
+
+    >>> embedding_gradient_bytes("hf-eager", 4.0), embedding_gradient_bytes("megatron-te", 2.0)
+    (16.0, 12.0)
+    >>> embedding_gradient_bytes("torchtitan-eager", 2.0)
+    2.0
+    """
+    if stack in AUTOCAST_STACKS:
+        return gradient_bytes + 3 * gradient_bytes
+    if stack in MAIN_GRAD_STACKS:
+        return gradient_bytes + (gradient_bytes + 2 * FP32_BYTES)
+    return gradient_bytes
+
+
+def embedding(stack: Stack, *, gradient_bytes: float) -> Unfused:
+    """What ``stack`` runs over the embedding's whole local table in the backward
+    (:func:`embedding_gradient_bytes`): the zero-fill, and the sum into the weight's gradient
+    where the stack runs one for it.
+
+    >>> work = embedding("hf-compiled", gradient_bytes=4.0)
+    >>> work.weight_backward_bytes, work.backward_kernels, work.forward_kernels
+    (16.0, 2, 0)
+    """
+    moved = embedding_gradient_bytes(stack, gradient_bytes)
+    return Unfused(weight_backward_bytes=moved, backward_kernels=2 if moved > gradient_bytes else 1)
