@@ -122,3 +122,17 @@ def test_plans_made_before_multi_token_prediction_name_the_model_without_it() ->
     before = hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()
     assert before in model_hashes(without)
     assert before not in model_hashes(_deepseek())
+
+
+def test_a_modules_lookup_writes_the_tables_gradient_as_the_embedding_does() -> None:
+    """The module embeds the next tokens with the shared table (a copy on the last stage): its
+    lookup's backward writes a dense gradient of the whole table as the first stage's does,
+    and the stack sums it into the weight's the same way (Megatron-Core's hook: 12 bytes a
+    parameter; ``planner.graph.unfused.embedding_gradient_bytes``)."""
+    ops = index_layers(lower(_deepseek(), TRAINING)).ops_by_layer
+    lookups = [op for layer in ops.values() for op in layer if op.kind == "embedding"]
+    assert [op.name for op in lookups] == ["embedding", "mtp1.embedding"]
+    first, module = lookups
+    assert module.tied_to == "embedding" and module.weight == first.weight
+    assert module.unfused == first.unfused
+    assert first.unfused is not None and first.unfused.weight_backward_bytes == 12.0

@@ -248,19 +248,27 @@ def _decoder_layer(b: LayerBuilder, x_name: str) -> str:
     return out
 
 
+def _lookup(b: LayerBuilder, *, tied_to: str | None = None, extra_params: int = 0) -> str:
+    """The token embedding's lookup of the microbatch's ids, with the dense gradient of the
+    whole table its backward writes (:func:`planner.graph.unfused.embedding`; fp32 under
+    autocast, whose table is fp32)."""
+    m = b.model
+    ids = Tensor((("batch", b.batch), ("seq", b.seq)), 4.0)
+    gradient_bytes = FP32_BYTES if b.autocast else b.act_bytes
+    return b.add(
+        "embedding", "embedding", (), inputs=(ids,), output=b.hidden(),
+        weight=Tensor((("vocab", m.vocab_size), ("hidden", m.hidden_size)), b.act_bytes),
+        extra_params=extra_params, tied_to=tied_to,
+        unfused=unfused.embedding(b.stack, gradient_bytes=gradient_bytes),
+    )  # fmt: skip
+
+
 def _embedding(b: LayerBuilder) -> str:
     m = b.model
     h = b.hidden()
     learned = m.position_embedding == "learned"
     positions = m.max_position_embeddings * m.hidden_size if learned else 0
-    ids = Tensor((("batch", b.batch), ("seq", b.seq)), 4.0)
-    embedded = b.add(
-        "embedding", "embedding", (), inputs=(ids,), output=h,
-        weight=Tensor((("vocab", m.vocab_size), ("hidden", m.hidden_size)), b.act_bytes),
-        extra_params=positions,
-        unfused=unfused.embedding(b.stack, gradient_bytes=FP32_BYTES if b.autocast
-                                  else b.act_bytes),
-    )  # fmt: skip
+    embedded = _lookup(b, extra_params=positions)
     if m.hidden_dropout == 0:
         return embedded
     # The dropout runs on the residual stream after the vocab-parallel lookup's reduction
@@ -305,10 +313,7 @@ def _multi_token_prediction(b: LayerBuilder, head: LayerBuilder, x_name: str) ->
     head is, keeping everything. Returns the block's output, the next module's input."""
     m = b.model
     h = b.hidden()
-    ids = Tensor((("batch", b.batch), ("seq", b.seq)), 4.0)
-    embedded = b.add("embedding", "embedding", (), inputs=(ids,), output=h,
-                     weight=Tensor((("vocab", m.vocab_size), ("hidden", m.hidden_size)),
-                                   b.act_bytes), tied_to="embedding")  # fmt: skip
+    embedded = _lookup(b, tied_to="embedding")
     normed_embedding = b.norm("enorm", embedded)
     normed_hidden = b.norm("hnorm", x_name)
     # The concatenation is read whole by the projection; as MLP's up and down projections,
