@@ -251,8 +251,8 @@ def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
         where = cluster.with_nodes(cluster.num_nodes * factor)
         for pp in (c.pp, *_deeper_pps(model, cluster, lean)):
             zeros = (leanest_zero(pp),) if launch.framework is None else (3, 2, 1, 0)
-            for zero in zeros:
-                zero = max(c.zero, zero) if pp == c.pp else zero
+            # at the configuration's own depth never below its stage (each stage tried once)
+            for zero in dict.fromkeys(max(c.zero, z) if pp == c.pp else z for z in zeros):
                 option = launch((_pipelined(model, lean, pp, zero=zero), where,
                                  "every knob at its leanest, on the fewest nodes"))  # fmt: skip
                 if option is not None:
