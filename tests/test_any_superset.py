@@ -184,11 +184,11 @@ def test_candidate_bound_is_below_every_plan_it_would_cut(
 
 
 def test_what_a_stage_can_hold_drops_a_candidate_the_layer_bounds_keep() -> None:
-    """DeepSeek-V3 on its bundled 1,024 H100, PP16 of 2x8 meshes with 16-sequence
-    microbatches: every layer at its least time bounds the step at under 75 % of the plan the
-    candidate yields, but its first stages hold up to 16 microbatches, which forces their MoE
-    layers to recompute; counting what each stage can hold at what pace
-    (``bounds.stages_reach``, no layer ILP) puts the step past 75 % of the plan, and
+    """DeepSeek-V3 on its bundled 1,024 H100, PP16 of 1x8 meshes with 8-sequence
+    microbatches: every layer at its least time bounds the step at under 85 % of the plan the
+    candidate yields (81 %), but its first stages hold up to 16 microbatches, which forces
+    their MoE layers to recompute; counting what each stage can hold at what pace
+    (``bounds.stages_reach``, no layer ILP) puts the step past 85 % of the plan (90 %), and
     never past the plan."""
     from planner import cost
     from planner.graph import lowered, parameter_count
@@ -212,7 +212,7 @@ def test_what_a_stage_can_hold_drops_a_candidate_the_layer_bounds_keep() -> None
                         state=SearchState(),
                         parameters=parameter_count(lowered(model, training, 1)[0]).total)
     c = next(c for c in candidates(model, cluster, training, options)
-             if (c.num_stages, c.mesh, c.mesh_micro_batch_size, c.vpp) == (16, (2, 8), 16, 1))
+             if (c.num_stages, c.mesh, c.mesh_micro_batch_size, c.vpp) == (16, (1, 8), 8, 1))
     near = PipelinePlacement(mesh=LogicalMesh(c.mesh), num_stages=16, replicas=c.replicas,
                              order="stages-inner")  # fmt: skip
     send = candidate_send_s(ctx, c, near.pipeline_distance)
@@ -227,7 +227,7 @@ def test_what_a_stage_can_hold_drops_a_candidate_the_layer_bounds_keep() -> None
     reach = {"in_flight": in_flight, "send_s": send, "stage_bytes": stage_bytes}
     found = per_operator.evaluate(ctx, c, kinds)
     assert found is not None
-    three_quarters = 0.75 * found.step.step_s
-    assert bounds.layers_bound_s(c, kinds, floors, send_s=send) < three_quarters
-    assert bounds.stages_reach(ctx, c, kinds, floors, bound_s=three_quarters, **reach)
+    most = 0.85 * found.step.step_s
+    assert bounds.layers_bound_s(c, kinds, floors, send_s=send) < most
+    assert bounds.stages_reach(ctx, c, kinds, floors, bound_s=most, **reach)
     assert not bounds.stages_reach(ctx, c, kinds, floors, bound_s=found.step.step_s, **reach)

@@ -143,17 +143,18 @@ def test_deepspeed_optimizer_accumulates_each_gradient(precision: str, zero: int
 
 
 def test_bloom_runs_within_their_stated_error() -> None:
-    """BLOOM's 27 timed runs: median |error| 8.7 % (12.5 % before DeepSpeed's optimizers'
-    gradient accumulation was priced, 22.3 % on DGX A100's network without DeepSpeed's engine),
-    every one but the two TP2 PP24 runs (within 1 %) predicted fast: the data-parallel rings of
+    """BLOOM's 27 timed runs: median |error| 7.8 % (8.7 % before Megatron's loss was priced op
+    by op, 12.5 % before DeepSpeed's optimizers' gradient accumulation was, 22.3 % on DGX
+    A100's network without DeepSpeed's engine), every one but the two TP2 PP24 runs (within
+    3 %) predicted fast: the data-parallel rings of
     the most data-parallel runs (DP 24: 22 % fast) get less than the measured HFI rate, and
     TP8 with small microbatches misses most. A change that moves these is a change of the
     model to explain."""
     rows = [r for r in validate([shared(DEEPSPEED_RUNS)], CLUSTERS).rows if r.error is not None]
     errors = {r.id: r.error for r in rows}
     assert len(errors) == 27
-    assert statistics.median(abs(e) for e in errors.values()) == pytest.approx(0.087, abs=0.005)
+    assert statistics.median(abs(e) for e in errors.values()) == pytest.approx(0.078, abs=0.005)
     slow = {run for run, e in errors.items() if e > 0}
     assert slow == {"bloom_prequel_0225_181B_r21_dp8tp2pp24mb1gbs2048",
                     "bloom_prequel_0225_181B_r22_dp8tp2pp24mb2gbs2048"}
-    assert max(errors.values()) < 0.015
+    assert max(errors.values()) < 0.03

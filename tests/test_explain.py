@@ -317,9 +317,9 @@ def test_why_this_plan_lists_every_faster_notch_with_what_rules_it_out(
     assert lines[0] == f"why this plan: {len(faster)} one-notch changes would make the step faster:"
     assert [line.split(":")[0].strip() for line in lines[1:]] == [n.change for n in faster]
     assert lines[1:] == [
-        "  tp 4 -> 2 (dp 32 -> 64): 1.136 s faster, does not fit (43.9 GiB over)",
+        "  tp 4 -> 2 (dp 32 -> 64): 1.138 s faster, does not fit (43.9 GiB over)",
         "  tp-comm-overlap off -> on: 1.011 s faster, feasible; solve does not turn this knob",
-        "  mbs 1 -> 2 (24 microbatches): 0.492 s faster, does not fit (10.3 GiB over)",
+        "  mbs 1 -> 2 (24 microbatches): 0.493 s faster, does not fit (10.3 GiB over)",
     ]
     for n in explained.sensitivities:
         assert verdict(n, plan).startswith("over") == (n.refusal is None and not n.fits)

@@ -111,8 +111,10 @@ def test_megatron_log_prices_as_the_published_run(tmp_path: Path) -> None:
 
 def test_torchtitan_log_prices_as_the_published_run(tmp_path: Path) -> None:
     """A compiled torchtitan log of MPT-13B's FSDP run prices as the run's record does: both
-    stacks run fused layers, and they differ only in the embedding's gradient, which the
-    log's stack (priced as Megatron-Core's) adds into ``main_grad`` (0.02 % of the step)."""
+    stacks run fused layers, and they differ only in what the log's stack (priced as
+    Megatron-Core's) runs beside them: the embedding's gradient added into ``main_grad``
+    (0.02 % of the step) and Megatron's eager vocab-parallel loss where Composer runs
+    flash-attn's fused one (0.37 %)."""
     record = _record(FSDP_RUNS, TITAN_ID)
     log = tmp_path / "mpt13b.log"
     log.write_text(_titan_log(record))
@@ -127,7 +129,7 @@ def test_torchtitan_log_prices_as_the_published_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     predicted, measured = _predicted(out, "mpt13b")
     published, published_measured = _predicted(FSDP_RUNS, TITAN_ID)
-    assert predicted == pytest.approx(published, rel=5e-4)
+    assert predicted == pytest.approx(published, rel=5e-3)
     assert predicted > published
     tokens = p["global_batch"] * record["model"]["seq_len"]
     assert measured == pytest.approx(tokens / (round(31900 / 16) * 16), rel=1e-12)

@@ -68,8 +68,8 @@ def test_one_gpu_steps_on_the_kernel_curves() -> None:
 
 def test_only_the_pytorch_stacks_run_separate_kernels() -> None:
     """Transformer Engine's (and Megatron's, and Composer's) layers are one kernel per op: no
-    op of theirs carries separate kernels, so their prices do not move; in FP8 only the
-    linear layers do (their quantizations: ``tests/test_fp8.py``); torchtitan's eager block
+    op of theirs carries separate kernels but Megatron's eager vocab-parallel loss; in FP8
+    the linear layers do too (their quantizations: ``tests/test_fp8.py``); torchtitan's eager block
     runs all but its norms apart (``nn.RMSNorm`` is one fused kernel on CUDA). Every stack's
     embedding writes its whole table's gradient apart (PyTorch's dense backward of a lookup)."""
     training = {s: TrainingSpec(seq_length=2048, global_batch_size=1, stack=s) for s in STACKS}
@@ -82,11 +82,13 @@ def test_only_the_pytorch_stacks_run_separate_kernels() -> None:
         if stack in ("hf-eager", "hf-compiled"):
             assert {"norm", "linear", "attention", "residual", "elementwise"} <= carrying
         elif stack in FP8_STACKS:
-            assert carrying == {"linear"}
+            assert carrying == {"linear", "loss"}
         elif stack == "torchtitan-eager":
             assert carrying == {"linear", "attention", "residual", "elementwise", "loss"}
         elif stack == "colossalai-hf":  # Hugging Face's norm written out, too
             assert carrying == {"norm", "linear", "attention", "residual", "elementwise", "loss"}
+        elif stack in ("megatron-te", "megatron-deepspeed"):  # the vocab-parallel loss
+            assert carrying == {"loss"}
         else:
             assert carrying == set()
 
@@ -182,3 +184,30 @@ def test_the_embeddings_backward_writes_its_whole_tables_gradient(stack: str,
         assert backward == pytest.approx(2 * lookup / 1e12 + weight)
     gradient_bytes = 4.0 if stack.startswith("hf") else 2.0  # autocast's tables are fp32
     assert unfused.embedding_gradient_bytes(stack, gradient_bytes) == per_parameter
+
+
+def _loss_times(stack: str, tensor_parallel: int) -> tuple[float, float]:
+    """Llama-3.2-1B's loss over 4,096 tokens, its vocabulary split ``tensor_parallel`` ways:
+    forward and backward seconds on the round device."""
+    training = TrainingSpec(seq_length=4096, global_batch_size=1, stack=stack)  # type: ignore[arg-type]
+    op = next(op for op in lowered(LLAMA_1B, training, 1)[1].ops_by_layer[LLAMA_1B.num_layers + 1]
+              if op.kind == "loss")  # fmt: skip
+    split = {"vocab": tensor_parallel}
+    time = op_time(op, GPU, "bf16", activation_degrees=split, weight_degrees=split,
+                   compute_degree=tensor_parallel)  # fmt: skip
+    return time.forward_s, time.backward_s
+
+
+@pytest.mark.parametrize("stack", ["megatron-te", "megatron-te-fp8", "megatron-deepspeed"])
+def test_megatrons_loss_walks_its_fp32_logits_six_times(stack: str) -> None:
+    """Megatron's vocab-parallel cross entropy is eager: the upcast, the maximum, its
+    subtraction, ``exp``, the sum and the division into the kept softmax (38 bytes a logit of
+    the rank's slice); backward, the product with the loss's gradient and the cast back (14).
+    By hand on the round device: 4,096 tokens of a 128,256 vocabulary over 1 and 8 ranks."""
+    for tensor_parallel in (1, 8):
+        logits = 4096 * LLAMA_1B.vocab_size / tensor_parallel
+        forward, backward = _loss_times(stack, tensor_parallel)
+        assert forward == pytest.approx(38 * logits / 1e12)
+        assert backward == pytest.approx(14 * logits / 1e12)
+    fused, _ = _loss_times("composer-fsdp", 1)  # flash-attn's one kernel: logits in, a loss out
+    assert fused < 38 * 4096 * LLAMA_1B.vocab_size / 1e12 / 10

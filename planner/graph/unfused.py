@@ -84,7 +84,22 @@ each), ``neg`` (2), each half's ``slice_backward`` into a zeroed whole (3 each),
 layer in bf16 dispatch.
 
 The other stacks run Transformer Engine's or Megatron's fused kernels: each memory-bound op one
-kernel over its inputs and output (the op's own tensors; no :class:`~planner.graph.ops.Unfused`).
+kernel over its inputs and output (the op's own tensors; no :class:`~planner.graph.ops.Unfused`),
+but for Megatron's loss. Megatron-Core's vocab-parallel cross entropy
+(``megatron/core/tensor_parallel/cross_entropy.py``, what ``compute_language_model_loss`` in
+``megatron/core/models/common/language_module/language_module.py`` runs unless
+``--cross-entropy-loss-fusion``, off by default in ``model_parallel_config.py``, and never set
+by the planner's export) is eager PyTorch on the rank's slice of the logits, per logit: the
+``.float()`` upcast (6 B), ``max`` over the vocabulary (4), the in-place subtraction of the
+maximum (8), ``exp`` in place (8), its ``sum`` (4) and the in-place division into the softmax
+it keeps (8): 38 B; with the target's masks, gathers and the per-token log, 20 kernels.
+Backward: the in-place product with the loss's gradient (8) and autograd's cast of the fp32
+gradient back to the logits' type (6): 14 B in 8 kernels. Megatron-LM 2021 and BigScience's
+Megatron-DeepSpeed run the same ops (``megatron/mpu/cross_entropy.py``) on the logits upcast
+before the call (``output.contiguous().float()`` in ``GPTModelPipe``'s loss,
+``megatron/model/gpt_model.py`` at bigscience-workshop/Megatron-DeepSpeed b9883f44), so
+``megatron-deepspeed`` counts them too. Composer's flash-attn cross entropy is one fused
+kernel.
 
 Measured against one H100's layers (``../shared/validation/h100/layers.jsonl``) in
 ``benchmarks/layer_times.py``.
@@ -136,6 +151,9 @@ _EAGER_ACTIVATION = Kernels(forward_bytes=4.0, backward_bytes=6.0, forward_kerne
 _FP32_LOSS = Kernels(forward_bytes=22.0, backward_bytes=26.0, forward_kernels=3,
                      backward_kernels=4)
 """``cross_entropy`` on logits upcast to fp32, per logit."""
+_MEGATRON_LOSS = Kernels(forward_bytes=38.0, backward_bytes=14.0, forward_kernels=20,
+                         backward_kernels=8)
+"""Megatron's vocab-parallel cross entropy on the rank's logits upcast to fp32, per logit."""
 _EAGER_16BIT = {
     "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=6.0,
                             forward_kernels=0, backward_kernels=1),
@@ -176,6 +194,9 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
                        forward_kernels=1, backward_kernels=1),
         "activation": _EAGER_ACTIVATION,
     },
+    "megatron-te": {"loss": _MEGATRON_LOSS},
+    "megatron-te-fp8": {"loss": _MEGATRON_LOSS},
+    "megatron-deepspeed": {"loss": _MEGATRON_LOSS},
     "torchtitan-eager": _EAGER_16BIT | {
         "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
                           forward_kernels=3, backward_kernels=3),
@@ -262,7 +283,14 @@ def activation(stack: Stack, out: Tensor, *, gated: bool) -> Unfused | None:
 
 def loss(stack: Stack, logits: Tensor) -> Unfused | None:
     """The cross entropy over ``logits`` as ``stack`` runs it; None: one fused kernel
-    (Megatron's vocab-parallel loss, flash-attn's fused cross entropy)."""
+    (flash-attn's fused cross entropy).
+
+    >>> logits = Tensor((("seq", 4096), ("vocab", 32000)), 2.0)
+    >>> [loss(s, logits).forward[0].bytes / logits.numel for s in ("megatron-te", "hf-eager")]
+    [38.0, 22.0]
+    >>> loss("composer-fsdp", logits) is None
+    True
+    """
     kernels = _kernels(stack, "loss")
     return kernels.over(logits) if kernels else None
 
