@@ -15,7 +15,7 @@ margin left free) and its peak memory per device in GiB:
 
 >>> e = planner.estimate(model, cluster, planner.ParallelConfig(tp=8, pp=16))
 >>> round(e.step_time_s, 2), e.fits, round(e.peak_memory_gib, 1), e.dp
-(22.66, True, 61.3, 8)
+(22.75, True, 61.3, 8)
 
 Search every configuration Megatron-LM launches for the fastest that fits:
 

@@ -202,7 +202,7 @@ def explain(
     >>> for n in why.sensitivities[:2]:
     ...     print(n.change, round(n.delta_s, 2), n.fits)
     tp 4 -> 2 (dp 32 -> 64) -1.14 False
-    tp 4 -> 8 (dp 32 -> 16) 2.65 True
+    tp 4 -> 8 (dp 32 -> 16) 2.66 True
 
     A configuration of one's own, priced beside the plan:
 

@@ -43,7 +43,7 @@ def solve(
     >>> plan.summary()
     'TP1 x PP1 x DP8, mbs 8, 1F1B, distributed optimizer'
     >>> round(plan.predicted.step_time_s, 2), round(plan.predicted.mfu, 3), plan.solver.status
-    (7.91, 0.597, 'optimal')
+    (8.11, 0.583, 'optimal')
 
     With tensor parallelism pinned at 2, the fastest plan left is slower:
 

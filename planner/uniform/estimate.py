@@ -105,7 +105,7 @@ def estimate(
     >>> cluster = planner.load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=128)
     >>> e = estimate(model, cluster, planner.ParallelConfig(tp=8, pp=16))
     >>> round(e.step_time_s, 2), e.fits, round(e.peak_memory_gib, 1)
-    (22.66, True, 61.3)
+    (22.75, True, 61.3)
     >>> e.dp, e.num_microbatches, round(e.mfu, 3), round(e.bubble_fraction, 3)
     (8, 192, 0.468, 0.068)
 
