@@ -87,16 +87,16 @@ that price, at each quantile: a band widens by it times the step's exposed share
 (:func:`~planner.cost.regimes.communication_share`). Exposed communication is the least
 checked price of a step (an overlap assumed, a network's achieved rate); of the three families
 whose exposed share varies, two are missed more as it grows (``benchmarks/band_coverage.py
---refit``, its last table: rank correlation +0.70 on BLOOM's runs, +0.45 on the A100's Megatron
+--refit``, its last table: rank correlation +0.70 on BLOOM's runs, +0.44 on the A100's Megatron
 runs, -0.17 on the H100's, whose two most exposed runs are nonetheless its two widest misses
 in the bundled fit). A run's own exposed share times this is set apart from its error before
 the nearest runs' spread is taken (:meth:`Nearest.set_apart`), so a run that missed its
 communication does not widen the band of a step without any. Fitted with :data:`WIDENING` by
 ``benchmarks/band_coverage.py --refit`` (:func:`planner.diagnose.coverage.fit_bands`): the
-value at which the left-out families' coverage lies closest to the quantile. Kept from the
-fit before the embedding's gradient was priced, when one H100 run more lay inside its band:
-the refit now picks 0.05 and 0.2, which would leave BLOOM's runs 70 % inside their p80 bands
-instead of 78 % (the README's "How sure")."""
+value at which the left-out families' coverage lies closest to the quantile. Kept from an
+earlier fit: the refit with Megatron's loss priced op by op picks 0.2 and 0.3 (widening 0.0307
+and 0.0463), near these; the one before it, with one H100 run fewer inside its band, had
+picked 0.05 and 0.2 (the README's "How sure")."""
 
 QUANTILES = tuple(WIDENING)
 """The quantiles a band is given at: the printed one (0.8) and the one ``--objective p95``
