@@ -23,7 +23,7 @@ Search every configuration Megatron-LM launches for the fastest that fits:
 >>> plan.summary()
 'TP4 x PP8 x DP32, mbs 1, interleaved 1F1B (v=6), sequence parallel, distributed optimizer'
 >>> round(plan.predicted.step_time_s, 2), round(plan.predicted.peak_memory_gib, 1)
-(17.99, 62.6)
+(18.03, 62.6)
 
 :func:`explain` says why that plan and not its neighbours; :func:`estimate_batch` prices many
 configurations at once.

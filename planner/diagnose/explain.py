@@ -208,7 +208,7 @@ def explain(
 
     >>> mine = explain(plan, model, cluster, why_not={"pp": 16}).why_not
     >>> mine.change, round(mine.delta_s, 2), mine.feasible
-    ('pp=16', 0.5, True)
+    ('pp=16', 0.54, True)
     """
     p = plan.predicted
     steps = sorted(StepTime.model_fields, key=lambda k: -getattr(p.time, k))

@@ -49,7 +49,7 @@ def solve(
 
     >>> pinned = solve(model, cluster, SolveOptions(pins=planner.Pins(tp=2)))
     >>> pinned.summary(), round(pinned.predicted.step_time_s, 2)
-    ('TP2 x PP1 x DP4, mbs 8, 1F1B, sequence parallel, distributed optimizer', 9.04)
+    ('TP2 x PP1 x DP4, mbs 8, 1F1B, sequence parallel, distributed optimizer', 9.23)
     """
     parse_objective(options.objective)
     framework = check_framework(options.framework)

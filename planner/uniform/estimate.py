@@ -107,7 +107,7 @@ def estimate(
     >>> round(e.step_time_s, 2), e.fits, round(e.peak_memory_gib, 1)
     (22.75, True, 61.3)
     >>> e.dp, e.num_microbatches, round(e.mfu, 3), round(e.bubble_fraction, 3)
-    (8, 192, 0.468, 0.068)
+    (8, 192, 0.466, 0.068)
 
     Its 61.3 GiB with 25 GiB kept free is more than the device's 80 GiB:
 
