@@ -21,11 +21,11 @@ Stack = Literal["megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled", "co
                 "megatron-deepspeed", "torchtitan-eager", "colossalai-hf"]
 """The software that runs a layer, beyond its kernels: what it keeps for the backward and how it
 computes the loss. ``megatron-te``: Megatron-Core with Transformer Engine (fused norms, SwiGLU
-and attention; a compute-precision residual stream; vocab-parallel cross entropy, eager over
-fp32 logits), the accounting of Korthikanti et al. (MLSys'23). ``megatron-te-fp8``: the same
-with Transformer Engine's linear layers in FP8 (``--fp8-format hybrid``: E4M3 weights and
-activations, E5M2 gradients; Megatron's default ``--fp8-recipe delayed``), the rest of the
-layer, the embedding and the head in the compute precision (:mod:`planner.graph.fp8`). ``hf-eager``: a Hugging Face
+and attention; a compute-precision residual stream; eager vocab-parallel loss), the accounting
+of Korthikanti et al. (MLSys'23). ``megatron-te-fp8``: the same with Transformer Engine's
+linear layers in FP8 (``--fp8-format hybrid``: E4M3 weights and activations, E5M2 gradients;
+Megatron's default ``--fp8-recipe delayed``), the rest of the layer, the embedding and the
+head in the compute precision (:mod:`planner.graph.fp8`). ``hf-eager``: a Hugging Face
 ``transformers`` model in eager PyTorch under ``torch.autocast`` with fp32 weights (an fp32
 residual stream and norms, a compute-precision copy of a linear's input and weight per
 projection, the loss on fp32 logits).
