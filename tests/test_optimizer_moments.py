@@ -140,14 +140,13 @@ def test_per_operator_search_keeps_the_moments() -> None:
 
 
 def test_fused_adamw_reads_the_fp32_weights_it_updates() -> None:
-    """pytorch/pytorch aten/src/ATen/native/cuda/fused_adamw_impl.cu (four tensor lists:
-    params, grads, exp_avgs, exp_avg_sqs, stored but the grads)
-
-    Under autocast (the ``hf-*`` stacks) the fp32 weights are the master copy: AdamW reads and
-    writes them and both moments and reads the gradient, 28 bytes a parameter; Megatron-LM's
-    bf16 run reads and writes its fp32 master and moments, reads the fp32 main gradient and
-    writes the bf16 weight, 30. Priced at the device's memory-bound rate, the one-GPU H100
-    step's optimizer is its parameters' 28 bytes."""
+    """Under autocast (the ``hf-*`` stacks) the fp32 weights are the master copy: AdamW reads
+    and writes them and both moments and reads the gradient, 28 bytes a parameter
+    (``_fused_adamw_``'s four tensor lists, params, grads, exp_avgs and exp_avg_sqs, all stored
+    but the grads: pytorch/pytorch ``aten/src/ATen/native/cuda/fused_adamw_impl.cu``);
+    Megatron-LM's bf16 run reads and writes its fp32 master and moments, reads the fp32 main
+    gradient and writes the bf16 weight, 30. Priced at the device's memory-bound rate, the
+    one-GPU H100 step's optimizer is its parameters' 28 bytes."""
     assert cost.states_precision("bf16", "hf-eager") == "fp32"
     assert (adam_traffic_bytes("fp32"), adam_traffic_bytes("bf16")) == (28, 30)
     model = planner.load_model("instances/models/llama3-8b.json")
