@@ -17,7 +17,8 @@ GB = 1e9
 Precision = Literal["bf16", "fp16", "fp32"]
 """Mixed-precision compute type."""
 
-Stack = Literal["megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled", "composer-fsdp",
+Stack = Literal["megatron-te", "megatron-te-fp8", "megatron-te-fused-loss",
+                "megatron-te-fp8-fused-loss", "hf-eager", "hf-compiled", "composer-fsdp",
                 "megatron-deepspeed", "torchtitan-eager", "colossalai-hf"]
 """The software that runs a layer, beyond its kernels: what it keeps for the backward and how it
 computes the loss. ``megatron-te``: Megatron-Core with Transformer Engine (fused norms, SwiGLU
@@ -25,7 +26,9 @@ and attention; a compute-precision residual stream; eager vocab-parallel loss), 
 of Korthikanti et al. (MLSys'23). ``megatron-te-fp8``: the same with Transformer Engine's
 linear layers in FP8 (``--fp8-format hybrid``: E4M3 weights and activations, E5M2 gradients;
 Megatron's default ``--fp8-recipe delayed``), the rest of the layer, the embedding and the
-head in the compute precision (:mod:`planner.graph.fp8`). ``hf-eager``: a Hugging Face
+head in the compute precision (:mod:`planner.graph.fp8`). ``megatron-te-fused-loss`` and
+``megatron-te-fp8-fused-loss``: the same two with ``--cross-entropy-loss-fusion``, Megatron-Core's
+native fused vocab-parallel loss (:data:`FUSED_LOSS_STACKS`). ``hf-eager``: a Hugging Face
 ``transformers`` model in eager PyTorch under ``torch.autocast`` with fp32 weights (an fp32
 residual stream and norms, a compute-precision copy of a linear's input and weight per
 projection, the loss on fp32 logits).
@@ -45,10 +48,29 @@ fp32 logits. ``colossalai-hf``: a Hugging Face ``transformers`` model as Colossa
 its optimizer, no autocast): a 16-bit residual stream, Hugging Face's own RMSNorm (upcast to
 fp32 inside), separate projections, the rotary embedding's halves rotated in the compute
 precision, SwiGLU unfused, the loss on fp32 logits."""
-STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "hf-eager", "hf-compiled",
+STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "megatron-te-fused-loss",
+                             "megatron-te-fp8-fused-loss", "hf-eager", "hf-compiled",
                              "composer-fsdp", "megatron-deepspeed", "torchtitan-eager",
                              "colossalai-hf")
-FP8_STACKS: tuple[Stack, ...] = ("megatron-te-fp8",)
+FUSED_LOSS_STACKS: dict[Stack, Stack] = {"megatron-te-fused-loss": "megatron-te",
+                                         "megatron-te-fp8-fused-loss": "megatron-te-fp8"}
+"""Megatron-LM's stacks with ``--cross-entropy-loss-fusion``, each to the stack it runs
+otherwise: the same layers, the same bytes kept, only the loss's kernels differ
+(:data:`planner.graph.unfused.UNFUSED`)."""
+
+
+def evidence_stack(stack: Stack) -> Stack:
+    """The stack whose validated runs speak for ``stack`` in its error bands: a fused-loss
+    stack's eager one (they differ in the loss's memory-bound kernels alone, a part of a step
+    no run measured apart), else ``stack`` itself.
+
+    >>> evidence_stack("megatron-te-fp8-fused-loss"), evidence_stack("hf-eager")
+    ('megatron-te-fp8', 'hf-eager')
+    """
+    return FUSED_LOSS_STACKS.get(stack, stack)
+
+
+FP8_STACKS: tuple[Stack, ...] = ("megatron-te-fp8", "megatron-te-fp8-fused-loss")
 """Stacks whose decoder layers' linear layers run in FP8 (:mod:`planner.graph.fp8`)."""
 
 Mechanism = Literal["tensor", "pipeline", "context", "expert", "zero-3", "offload", "deepep"]

@@ -424,26 +424,60 @@ def test_torchtitan_log_without_a_model_is_its_flavor(tmp_path: Path) -> None:
 
 def test_an_fp8_megatron_log_is_priced_in_fp8(tmp_path: Path) -> None:
     """A Megatron-LM run with ``--fp8-format hybrid`` (delayed scaling, Megatron-Core's
-    default recipe) is recorded on the ``megatron-te-fp8`` stack and validated as estimate
-    prices it in FP8; another recipe is refused in one line, the planner pricing delayed
-    scaling only."""
+    default recipe) is recorded on an FP8 stack (this log's loss fused:
+    ``megatron-te-fp8-fused-loss``) and validated as estimate prices it in FP8; another recipe
+    is refused in one line, the planner pricing delayed scaling only."""
     config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
     text = LLAMA_LOG.read_text()
     fp8_line = next(line for line in text.splitlines() if line.strip().startswith("fp8 ."))
     log = tmp_path / "fp8.log"
     log.write_text(text.replace(fp8_line, fp8_line.replace("None", "hybrid")))
     record, out = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1)
-    assert record["software"]["stack"] == "megatron-te-fp8"
+    assert record["software"]["stack"] == "megatron-te-fp8-fused-loss"
     run = load_runs(out, any_device=True)[0]
-    assert run.config.stack == "megatron-te-fp8"
+    assert run.config.stack == "megatron-te-fp8-fused-loss"
     spec = ModelSpec.model_validate(record["model"]["spec"])
     predicted, _ = _predicted(out, "fp8")
     cluster = load_cluster(H100).with_nodes(1)
     assert predicted == pytest.approx(estimate(spec, cluster, run.config).step_time_s, rel=1e-12)
     assert predicted < estimate(spec, cluster, run.config.model_copy(
-        update={"stack": "megatron-te"})).step_time_s  # fmt: skip
+        update={"stack": "megatron-te-fused-loss"})).step_time_s  # fmt: skip
     tensorwise = fp8_line.replace("fp8 ", "fp8_recipe ").replace("None", "tensorwise")
     log.write_text(text.replace(fp8_line, f"{fp8_line.replace('None', 'hybrid')}\n{tensorwise}"))
     done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1,
                      "--out", tmp_path / "refused.json")  # fmt: skip
     assert done.returncode == 2 and "fp8_recipe tensorwise" in done.stderr
+
+
+def test_a_megatron_log_with_the_fused_loss_is_priced_with_it(tmp_path: Path) -> None:
+    """``cross_entropy_loss_fusion True`` in Megatron's arguments (this log's, with the native
+    implementation by default) puts the run on ``megatron-te-fused-loss``, priced faster than
+    the eager loss with the same memory; ``False`` leaves it on ``megatron-te``, and Transformer
+    Engine's implementation, which the planner does not price, is refused in one line."""
+    config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
+    text = LLAMA_LOG.read_text()
+    fused_line = next(line for line in text.splitlines()
+                      if line.strip().startswith("cross_entropy_loss_fusion ."))  # fmt: skip
+    eager_text = text.replace(fused_line, fused_line.replace("True", "False"))
+    runs = {}
+    for name, log_text in (("fused", text), ("eager", eager_text)):
+        log = tmp_path / f"{name}.log"
+        log.write_text(log_text)
+        record, out = _record_of(tmp_path, log, "--model", config, "--cluster", H100,
+                                 "--nodes", 1)  # fmt: skip
+        runs[name] = load_runs(out, any_device=True)[0]
+        assert record["software"].get("stack", "megatron-te") == runs[name].config.stack
+    assert [runs[n].config.stack for n in runs] == ["megatron-te-fused-loss", "megatron-te"]
+    spec = ModelSpec.model_validate(record["model"]["spec"])
+    cluster = load_cluster(H100).with_nodes(1)
+    fused, eager = (estimate(spec, cluster, runs[n].config) for n in ("fused", "eager"))
+    assert fused.step_time_s < eager.step_time_s
+    assert fused.memory == eager.memory
+    impl = fused_line.replace("cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+                              1).replace("True", "te")  # fmt: skip
+    log = tmp_path / "te.log"
+    log.write_text(text.replace(fused_line, f"{fused_line}\n{impl}"))
+    done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1,
+                     "--out", tmp_path / "refused.json")  # fmt: skip
+    assert done.returncode == 2 and "cross_entropy_fusion_impl te" in done.stderr
+    assert done.stderr.count("error:") == 1

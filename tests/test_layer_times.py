@@ -19,7 +19,7 @@ from planner.graph import lowered, unfused
 from planner.graph.ops import Tensor
 from planner.spec import ClusterSpec, DeviceSpec, TrainingSpec
 from planner.spec.reading import load_cluster
-from planner.vocabulary import FP8_STACKS, STACKS
+from planner.vocabulary import FP8_STACKS, FUSED_LOSS_STACKS, STACKS
 from tests.h100_layers import H100, LLAMA_1B, SHAPES
 
 INSTANCES = Path(__file__).parents[1] / "instances"
@@ -87,7 +87,7 @@ def test_only_the_pytorch_stacks_run_separate_kernels() -> None:
             assert carrying == {"linear", "attention", "residual", "elementwise", "loss"}
         elif stack == "colossalai-hf":  # Hugging Face's norm written out, too
             assert carrying == {"norm", "linear", "attention", "residual", "elementwise", "loss"}
-        elif stack in ("megatron-te", "megatron-deepspeed"):  # the vocab-parallel loss
+        elif stack in ("megatron-te", "megatron-deepspeed", *FUSED_LOSS_STACKS):  # the loss
             assert carrying == {"loss"}
         else:
             assert carrying == set()
@@ -211,3 +211,18 @@ def test_megatrons_loss_walks_its_fp32_logits_six_times(stack: str) -> None:
         assert backward == pytest.approx(14 * logits / 1e12)
     fused, _ = _loss_times("composer-fsdp", 1)  # flash-attn's one kernel: logits in, a loss out
     assert fused < 38 * 4096 * LLAMA_1B.vocab_size / 1e12 / 10
+
+
+@pytest.mark.parametrize("stack", list(FUSED_LOSS_STACKS))
+def test_megatrons_fused_loss_walks_its_logits_in_three_passes(stack: str) -> None:
+    """Under ``--cross-entropy-loss-fusion`` the same steps run as three compiled functions:
+    the upcast with the maximum (6 bytes a logit), the subtraction, ``exp`` and sum in place
+    (8), the division in place (8); backward, one pass reading the softmax, writing it back and
+    the 16-bit gradient (10): 32 of the eager loss's 52 bytes, by hand on the round device."""
+    for tensor_parallel in (1, 8):
+        logits = 4096 * LLAMA_1B.vocab_size / tensor_parallel
+        forward, backward = _loss_times(stack, tensor_parallel)
+        assert forward == pytest.approx(22 * logits / 1e12)
+        assert backward == pytest.approx(10 * logits / 1e12)
+        eager = _loss_times(FUSED_LOSS_STACKS[stack], tensor_parallel)
+        assert sum(eager) - (forward + backward) == pytest.approx(20 * logits / 1e12)

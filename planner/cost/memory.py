@@ -24,7 +24,9 @@ MEMORY_MARGIN: dict[Stack, float] = {"megatron-te": DEFAULT_MEMORY_MARGIN,
                                      "composer-fsdp": DEFAULT_MEMORY_MARGIN,
                                      "megatron-deepspeed": 0.23,
                                      "torchtitan-eager": DEFAULT_MEMORY_MARGIN,
-                                     "colossalai-hf": DEFAULT_MEMORY_MARGIN}
+                                     "colossalai-hf": DEFAULT_MEMORY_MARGIN,
+                                     "megatron-te-fused-loss": DEFAULT_MEMORY_MARGIN,
+                                     "megatron-te-fp8-fused-loss": DEFAULT_MEMORY_MARGIN}
 """Share of a device's memory a plan leaves free unless told otherwise, by the stack that runs
 it: the memory model's own measured error on that stack where a device measured its peak.
 

@@ -13,7 +13,14 @@ import numpy as np
 from planner.plan.config import ParallelConfig
 from planner.plan.schema import StageParallel
 from planner.spec import ClusterSpec, Regime, TrainingSpec
-from planner.vocabulary import GB, MECHANISMS, Mechanism, Offload, ParallelismKind
+from planner.vocabulary import (
+    GB,
+    MECHANISMS,
+    Mechanism,
+    Offload,
+    ParallelismKind,
+    evidence_stack,
+)
 
 COMMUNICATION_PARTS = ("tensor_parallel_comm_s", "context_parallel_comm_s",
                        "expert_parallel_comm_s", "pipeline_comm_s",
@@ -70,10 +77,10 @@ def regime_of(
     gflop_per_token = forward_flops_per_sequence / training.seq_length / 1e9
     spanned = next((level for level in cluster.network
                     if level.domain_devices >= cluster.num_devices), cluster.network[-1])
-    return Regime(stack=training.stack, mechanisms=used, seq_length=training.seq_length,
-                  num_devices=cluster.num_devices, network_gb_s=spanned.bandwidth_bytes_s / GB,
-                  gflop_per_token=gflop_per_token, moe=moe,
-                  precision=training.precision)  # fmt: skip
+    return Regime(stack=evidence_stack(training.stack), mechanisms=used,
+                  seq_length=training.seq_length, num_devices=cluster.num_devices,
+                  network_gb_s=spanned.bandwidth_bytes_s / GB, gflop_per_token=gflop_per_token,
+                  moe=moe, precision=training.precision)  # fmt: skip
 
 
 def stage_mechanisms(

@@ -46,7 +46,7 @@ from planner.spec import (
     Regime,
     ValidatedRun,
 )
-from planner.vocabulary import Mechanism, ParallelismKind, Stack
+from planner.vocabulary import Mechanism, ParallelismKind, Stack, evidence_stack
 
 T = TypeVar("T")
 
@@ -300,6 +300,7 @@ def highest_mfu(device: DeviceSpec, stack: Stack) -> float:
     ran, the highest any stack reached there (a stack never checked is no licence to go above
     what every checked one reached); infinity without runs: nothing to be above."""
     evidence = device.efficiency.evidence
+    stack = evidence_stack(stack)
     return _memo(evidence, ("mfu", stack), lambda: max(
         (r.mfu for r in evidence if r.stack == stack),
         default=max((r.mfu for r in evidence), default=math.inf)))
@@ -310,7 +311,9 @@ def memory_band(device: DeviceSpec, stack: Stack) -> MemoryBand:
     percentiles of |error| of the peaks its validated runs of that stack measured (allocated,
     or nvidia-smi's memory in use where that is what a run gave). Memory errors come from
     what a stack keeps, not from the mechanisms (:mod:`planner.cost.activations`), so the
-    band is the stack's, not the nearest runs'."""
+    band is the stack's (:func:`~planner.vocabulary.evidence_stack`'s), not the nearest
+    runs'."""
+    stack = evidence_stack(stack)
     return _memo(device.efficiency.evidence, ("memory", device.name, stack),
                  lambda: _memory_band(device, stack))  # fmt: skip
 
@@ -330,6 +333,7 @@ def _memory_band(device: DeviceSpec, stack: Stack) -> MemoryBand:
 
 def mfu_above(device: DeviceSpec, stack: Stack, mfu: float) -> Extrapolation | None:
     """The extrapolation of an ``mfu`` above :func:`highest_mfu`; None within it."""
+    stack = evidence_stack(stack)
     best = highest_mfu(device, stack)
     if mfu <= best:
         return None

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from planner.plan.chunks import layout, slots_taken
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from planner.vocabulary import FP8_STACKS
+from planner.vocabulary import FP8_STACKS, FUSED_LOSS_STACKS
 
 Flag = tuple[str, str | int | float | tuple[str, ...] | None]
 """A flag and its value (None for a switch, a tuple for a list argparse reads word by
@@ -135,6 +135,17 @@ def fp8_flags(resolved: ResolvedConfig) -> list[Flag]:
     if resolved.training.stack not in FP8_STACKS:
         return []
     return [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
+
+
+def loss_flags(resolved: ResolvedConfig) -> list[Flag]:
+    """Megatron-Core's native fused cross entropy on a ``-fused-loss`` stack
+    (:data:`~planner.vocabulary.FUSED_LOSS_STACKS`): ``--cross-entropy-loss-fusion``, a field of
+    ``ModelParallelConfig`` (``megatron/core/model_parallel_config.py`` at d98e8a6; an argument
+    of its own at core_v0.12.1, ``megatron/training/arguments.py:1697``) whose
+    ``--cross-entropy-fusion-impl`` defaults to ``native``, the implementation priced
+    (``te`` is refused: ``megatron/training/arguments.py:1697-1702`` at d98e8a6)."""
+    return [("--cross-entropy-loss-fusion", None)] if (
+        resolved.training.stack in FUSED_LOSS_STACKS) else []
 
 
 def recompute_flags(resolved: ResolvedConfig) -> list[Flag]:

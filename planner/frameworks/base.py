@@ -113,8 +113,9 @@ class Profile:
         >>> model = planner.load_model("instances/models/llama3-8b.json")
         >>> cluster = planner.load_cluster("instances/clusters/dgx-h100-80gb.json", nodes=1)
         >>> profile("megatron").refusals(resolve(model, cluster, ParallelConfig(
-        ...     dp=8, stack="hf-eager")), model)
-        ('stack hf-eager: Megatron-LM runs megatron-te, megatron-te-fp8',)
+        ...     dp=8, stack="hf-eager")), model)  # doctest: +NORMALIZE_WHITESPACE
+        ('stack hf-eager: Megatron-LM runs megatron-te, megatron-te-fp8,
+          megatron-te-fused-loss, megatron-te-fp8-fused-loss',)
         """
         stack = resolved.training.stack
         wrong = () if stack in self.stacks else (

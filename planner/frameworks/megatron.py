@@ -54,6 +54,7 @@ from planner.frameworks._megatron_vocab import padded_vocab, vocab_divisor
 from planner.frameworks.base import Launch, Profile, Rule
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
+from planner.vocabulary import FUSED_LOSS_STACKS
 
 REPO = "NVIDIA/Megatron-LM@d98e8a64ddf3"
 """The Megatron-LM source the rules and flags were checked against."""
@@ -160,6 +161,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         *vocab_flags(model, resolved),
         *mf.precision_flags(resolved),
         *mf.fp8_flags(resolved),
+        *mf.loss_flags(resolved),
         *mf.recompute_flags(resolved),
         *optimizer_flags(resolved),
         *mf.offload_flags(resolved),
@@ -222,5 +224,5 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
 
 PROFILE = Profile(name="megatron", title="Megatron-LM", rules=RULES, launch=launch,
                   moe_comm_overlap=True, folds_experts=True, recompute_modules=True,
-                  stacks=("megatron-te", "megatron-te-fp8"))
+                  stacks=("megatron-te", "megatron-te-fp8", *FUSED_LOSS_STACKS))
 """Megatron-LM as a framework target."""

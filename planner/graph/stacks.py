@@ -54,9 +54,10 @@ vocabulary; its backward's transient tensors are the op's ``working``.
 
 from __future__ import annotations
 
-from planner.vocabulary import Precision, Stack
+from planner.vocabulary import FUSED_LOSS_STACKS, Precision, Stack
 
-GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "torchtitan-eager")
+GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", *FUSED_LOSS_STACKS,
+                                            "torchtitan-eager")
 """Stacks that run a rank's routed experts as one grouped GEMM in bf16: Megatron-Core's
 ``TEGroupedMLP`` under ``--moe-grouped-gemm`` (the Megatron and MindSpeed exports set it for
 bf16: ``planner/frameworks/_megatron_flags.py``), torchtitan's ``torch._grouped_mm``. The
@@ -140,3 +141,9 @@ turns the kept fp32 softmax into the gradient in place; the gradient cast back t
 bigscience-workshop/Megatron-DeepSpeed b9883f44) works as Megatron-Core's, on the fp32 logits its
 pipeline's last stage hands it (``float16_to_fp32``)."""
 
+# Megatron's fused loss keeps the eager one's fp32 softmax (``ctx.save_for_backward(exp_logits,
+# ...)``) and returns the same 16-bit gradient (``grad_input.to(torch.bfloat16)``):
+# megatron/core/fusions/fused_cross_entropy.py.
+for _fused, _eager in FUSED_LOSS_STACKS.items():
+    LOSS_KEPT[_fused] = LOSS_KEPT[_eager]
+    LOSS_WORKING[_fused] = LOSS_WORKING[_eager]

@@ -98,8 +98,16 @@ gradient back to the logits' type (6): 14 B in 8 kernels. Megatron-LM 2021 and B
 Megatron-DeepSpeed run the same ops (``megatron/mpu/cross_entropy.py``) on the logits upcast
 before the call (``output.contiguous().float()`` in ``GPTModelPipe``'s loss,
 ``megatron/model/gpt_model.py`` at bigscience-workshop/Megatron-DeepSpeed b9883f44), so
-``megatron-deepspeed`` counts them too. Composer's flash-attn cross entropy is one fused
-kernel.
+``megatron-deepspeed`` counts them too. With ``--cross-entropy-loss-fusion`` (the
+``-fused-loss`` stacks, :data:`~planner.vocabulary.FUSED_LOSS_STACKS`) Megatron-Core runs the
+same steps as three functions under ``torch.compile`` (``jit_fuser``, ``megatron/core/jit.py``)
+with the all-reduces between them (``megatron/core/fusions/fused_cross_entropy.py``, its
+native implementation; ``--cross-entropy-fusion-impl te`` is refused by
+``megatron/training/arguments.py`` at d98e8a64ddf3), per logit: the upcast with the maximum
+(6 B), the subtraction, ``exp`` and sum written back in place (8), the division in place (8):
+22 B; backward, one kernel reads the kept softmax, writes its in-place update back (the
+compiled function mutates its input) and the 16-bit gradient (10 B): by our count of what
+Inductor fuses, not measured. Composer's flash-attn cross entropy is one fused kernel.
 
 Measured against one H100's layers (``../shared/validation/h100/layers.jsonl``) in
 ``benchmarks/layer_times.py``.
@@ -111,7 +119,7 @@ from dataclasses import dataclass
 
 from planner.graph.ops import Tensor, Unfused
 from planner.graph.stacks import AUTOCAST_STACKS, FP32_BYTES
-from planner.vocabulary import Stack
+from planner.vocabulary import FUSED_LOSS_STACKS, Stack
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +162,10 @@ _FP32_LOSS = Kernels(forward_bytes=22.0, backward_bytes=26.0, forward_kernels=3,
 _MEGATRON_LOSS = Kernels(forward_bytes=38.0, backward_bytes=14.0, forward_kernels=20,
                          backward_kernels=8)
 """Megatron's vocab-parallel cross entropy on the rank's logits upcast to fp32, per logit."""
+_MEGATRON_FUSED_LOSS = Kernels(forward_bytes=22.0, backward_bytes=10.0, forward_kernels=6,
+                               backward_kernels=3)
+"""The same under ``--cross-entropy-loss-fusion``: three compiled functions forward (with the
+masks, the target's gather and the per-token loss), one backward with its scatter."""
 _EAGER_16BIT = {
     "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=6.0,
                             forward_kernels=0, backward_kernels=1),
@@ -196,6 +208,7 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
     },
     "megatron-te": {"loss": _MEGATRON_LOSS},
     "megatron-te-fp8": {"loss": _MEGATRON_LOSS},
+    **{fused: {"loss": _MEGATRON_FUSED_LOSS} for fused in FUSED_LOSS_STACKS},
     "megatron-deepspeed": {"loss": _MEGATRON_LOSS},
     "torchtitan-eager": _EAGER_16BIT | {
         "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
@@ -286,8 +299,9 @@ def loss(stack: Stack, logits: Tensor) -> Unfused | None:
     (flash-attn's fused cross entropy).
 
     >>> logits = Tensor((("seq", 4096), ("vocab", 32000)), 2.0)
-    >>> [loss(s, logits).forward[0].bytes / logits.numel for s in ("megatron-te", "hf-eager")]
-    [38.0, 22.0]
+    >>> stacks = ("megatron-te", "megatron-te-fused-loss", "hf-eager")
+    >>> [loss(s, logits).forward[0].bytes / logits.numel for s in stacks]
+    [38.0, 22.0, 22.0]
     >>> loss("composer-fsdp", logits) is None
     True
     """
@@ -295,7 +309,7 @@ def loss(stack: Stack, logits: Tensor) -> Unfused | None:
     return kernels.over(logits) if kernels else None
 
 
-MAIN_GRAD_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8")
+MAIN_GRAD_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", *FUSED_LOSS_STACKS)
 """Stacks whose data parallelism keeps an fp32 ``main_grad`` beside each 16-bit weight
 (Megatron-Core's ``DistributedDataParallel``): a linear's weight-gradient GEMM accumulates into
 it (``gradient_accumulation_fusion``), anything else's gradient is added by the parameter's
