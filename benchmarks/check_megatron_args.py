@@ -89,6 +89,9 @@ TEMPLATES: tuple[tuple[str, tuple[dict[str, Any], ...]], ...] = (
     ("FP8 (TE hybrid, delayed)", tuple(
         dict(tp=tp, dp=16 // tp, sp=tp > 1, zero=1, stack="megatron-te-fp8", **_OVERLAP)
         for tp in (2, 1))),
+    ("loss fused (native)", tuple(
+        dict(tp=tp, dp=16 // tp, sp=tp > 1, zero=1, stack=stack, **_OVERLAP)
+        for tp in (2, 1) for stack in ("megatron-te-fused-loss", "megatron-te-fp8-fused-loss"))),
     ("experts: EP", tuple(
         dict(tp=2, pp=pp, dp=dp, ep=ep, sp=True, zero=1, **_OVERLAP)
         for pp in (2, 1) for dp, ep in ((8, 8), (4, 4), (4, 2)))),
@@ -178,7 +181,7 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
     """What Megatron must read back: the priced configuration and the model's shape."""
     from planner.frameworks._megatron_model_flags import max_positions
     from planner.frameworks._megatron_vocab import padded_vocab
-    from planner.vocabulary import FP8_STACKS
+    from planner.vocabulary import FP8_STACKS, FUSED_LOSS_STACKS
 
     c, t = resolved.config, resolved.training
     moe, mla = model.moe, model.mla
@@ -191,6 +194,7 @@ def expected(resolved: Any, model: Any) -> dict[str, Any]:
         overlap_param_gather=c.overlap_param_gather,
         tp_comm_overlap=c.tp_comm_overlap and c.tp > 1, precision=t.precision,
         fp8="hybrid/delayed" if t.stack in FP8_STACKS else None,
+        loss="fused/native" if t.stack in FUSED_LOSS_STACKS else "eager",
         attention="fused" if c.flash_attention else "unfused",
         layers=model.num_layers, hidden=model.hidden_size, ffn=model.ffn,
         heads=model.num_attention_heads, groups=None if mla else model.query_groups,
@@ -394,6 +398,8 @@ def read_back(args: Any, *, flavor: str) -> dict[str, Any]:
         precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
         fp8=f"{args.fp8}/{getattr(args, 'fp8_recipe', None)}" if getattr(args, "fp8", None)
         else None,
+        loss=f"fused/{config.cross_entropy_fusion_impl}" if config.cross_entropy_loss_fusion
+        else "eager",
         attention=config.attention_backend.name if flash is None else
         ("fused" if flash else "unfused"),
         layers=config.num_layers, hidden=config.hidden_size, ffn=config.ffn_hidden_size,

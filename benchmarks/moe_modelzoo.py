@@ -7,7 +7,11 @@ These runs are not evidence of any cluster file and were not fitted: the table s
 the cost model is from measured MoE steps on H100, which no validated run covers. The
 readme's "norm, act" recomputation is ``--recompute-modules layernorm moe_act``; "FSDP On" is
 Megatron-FSDP over the data-parallel ranks (ZeRO-3 here); its uneven interleaved splits are
-the embedding's and the loss's slots (``--account-for-*-in-pipeline-split``).
+the embedding's and the loss's slots (``--account-for-*-in-pipeline-split``). The recipe's
+model config fuses the loss (``--cross-entropy-loss-fusion`` in
+``model_configs/benchmarking/Qwen3-235B-A22B.yaml``) with Transformer Engine's kernel, which
+Megatron-LM now refuses and the planner does not price: the runs are priced with Megatron's
+native fused loss (``megatron-te-fused-loss``), the nearest stack priced.
 
 Run from the repository root (about half a minute):
 
@@ -26,7 +30,7 @@ from planner.uniform.estimate import estimate
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT.parent / "shared" / "reference" / "hf" / "Qwen3-235B-A22B.config.json"
 RUN = dict(seq_len=4096, global_batch=2048, etp=1, sp=True, overlap_grad_reduce=True,
-           overlap_param_gather=True)  # fmt: skip
+           overlap_param_gather=True, stack="megatron-te-fused-loss")  # fmt: skip
 NORM_ACT = dict(recompute="selective", recompute_modules="moe_act,layernorm")
 PP8 = dict(pp=8, vpp=4, first_stage_layers=11, last_stage_layers=11)
 ROWS: tuple[tuple[str, str, dict[str, Any], float], ...] = (
