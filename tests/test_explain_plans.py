@@ -12,7 +12,7 @@ import pytest
 
 from planner import estimate
 from planner.diagnose.explain import explain
-from planner.diagnose.notches import KNOBS, notches, with_changes
+from planner.diagnose.notches import KNOBS, notches, said, with_changes
 from planner.errors import InputError
 from planner.options import SolveOptions
 from planner.plan.config import ParallelConfig
@@ -121,7 +121,7 @@ def test_explain_answers_for_every_solved_plan(path: str, nodes: int,
     for n in e.sensitivities:
         moved = getattr(n.config, n.knob)
         assert n.config == with_changes(config, {n.knob: moved}, model)
-        assert n.change.startswith(n.knob.replace("_", "-"))
+        assert n.change.startswith(said(n.knob))
         if config.recompute_layers is not None and n.knob == "recompute":
             assert "recompute-layers" in n.change and "dropped" in n.change
         if n.refusal is None:

@@ -34,7 +34,7 @@ from planner.spec import ModelSpec
 from planner.spec.reading import fill_training
 from planner.uniform.recomputations import lean_recompute_modules
 from planner.uniform.space import divisors, stage_splits
-from planner.vocabulary import OP_SAC, RECOMPUTE_MODES
+from planner.vocabulary import FUSED_LOSS_STACKS, OP_SAC, RECOMPUTE_MODES
 
 Values = Callable[[ParallelConfig, ModelSpec, int], tuple[Any, ...]]
 """The values a knob may take for a configuration, a model and a device count, in order."""
@@ -102,6 +102,17 @@ def _doublings(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[
     return (*down, *(config.mbs << k for k in range(4)))
 
 
+_LOSS_LADDER = {stack: (eager, stack) for stack, eager in FUSED_LOSS_STACKS.items()} | {
+    eager: (eager, stack) for stack, eager in FUSED_LOSS_STACKS.items()}
+"""A Megatron stack to its loss's two rungs: eager, then fused."""
+
+
+def _loss_fusion(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[Any, ...]:
+    """Megatron's loss eager, then fused (:data:`~planner.vocabulary.FUSED_LOSS_STACKS`), in
+    the configuration's precision of the linears."""
+    return _LOSS_LADDER[config.stack] if config.stack is not None else ()
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Knob:
     """One field of :class:`ParallelConfig` a user turns, and how it moves one notch."""
@@ -158,6 +169,10 @@ KNOBS: tuple[Knob, ...] = (
     # a pin, not a choice of the search: DeepEP is software the cluster may not have
     Knob(name="moe_dispatcher", values=_fixed("alltoall", "deepep"),
          applies=lambda c, m: c.ep > 1, searched=False),
+    # Megatron's loss eager or fused (--cross-entropy-loss-fusion): the stack a plan was asked
+    # for, which the search keeps
+    Knob(name="stack", values=_loss_fusion, applies=lambda c, m: c.stack in _LOSS_LADDER,
+         searched=False),
 )
 """The knobs :func:`notches` turns, in the order a report lists them."""
 
@@ -321,9 +336,8 @@ def describe_change(
     """
     names = [k.name for k in KNOBS if getattr(before, k.name) != getattr(after, k.name)]
     lead = [n for n in names if n == knob] or names
-    moved = [f"{n.replace('_', '-')} {word(getattr(before, n), n)} -> "
-             f"{word(getattr(after, n), n)}"
-             for n in lead]  # fmt: skip
+    moved = [f"{said(n)} {_state(getattr(before, n), n)} -> {_state(getattr(after, n), n)}"
+             for n in lead]
     also = [_moved_with(n, before, after) for n in names if n not in lead]
     if dp[1] and dp[1] != dp[0]:
         also.append(f"dp {dp[0]} -> {dp[1]}")
@@ -342,8 +356,29 @@ def _moved_with(name: str, before: ParallelConfig, after: ParallelConfig) -> str
     without selective recomputation)."""
     owner = {"recompute_layers": "full", "recompute_modules": "selective"}
     if name in owner and after.recompute != owner[name]:
-        return f"{name.replace('_', '-')} {word(getattr(before, name), name)} dropped"
-    return f"{name.replace('_', '-')} {word(getattr(after, name), name)}"
+        return f"{said(name)} {_state(getattr(before, name), name)} dropped"
+    return f"{said(name)} {_state(getattr(after, name), name)}"
+
+
+SAID = {"stack": "cross-entropy-loss-fusion"}
+"""Knobs a notch names by the flag a user turns, where that is not the field's name: the
+stack's notch is Megatron's ``--cross-entropy-loss-fusion``, on or off."""
+
+
+def said(name: str) -> str:
+    """Knob ``name`` as a changed notch names it (:data:`SAID`, else the option's spelling).
+
+    >>> said("overlap_grad_reduce"), said("stack")
+    ('overlap-grad-reduce', 'cross-entropy-loss-fusion')
+    """
+    return SAID.get(name, name.replace("_", "-"))
+
+
+def _state(value: Any, name: str) -> str:
+    """A knob's value as a changed notch says it: the stack's notch as its loss fusion."""
+    if name == "stack" and value is not None:
+        return word(value in FUSED_LOSS_STACKS)
+    return word(value, name)
 
 
 UNSET = {"recompute_layers": "all", "etp": "tp", "recompute_modules": "core_attn"}

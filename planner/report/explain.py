@@ -15,7 +15,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from planner.diagnose.explain import Explanation, Neighbour, Part, differences
-from planner.diagnose.notches import KNOBS
+from planner.diagnose.notches import KNOBS, said
 from planner.frameworks import ANY, profile
 from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
@@ -81,7 +81,7 @@ def _ruled_out(n: Neighbour, plan: Plan) -> str:
     if clauses:
         return " and ".join(clauses)
     if _unsearched(n, plan):
-        names = " and ".join(k.replace("_", "-") for k in _unsearched(n, plan))
+        names = " and ".join(said(k) for k in _unsearched(n, plan))
         return f"feasible; solve does not turn {'this knob' if n.knob in _SEARCHED else names}"
     if plan.solver.status == "priced":
         return "feasible (the plan was priced as given, not searched)"
