@@ -10,8 +10,9 @@ import pytest
 
 from planner import cost, estimate
 from planner.diagnose.explain import Explanation, explain, memory_binding
-from planner.diagnose.notches import KNOBS, notches, parse_changes, with_changes
+from planner.diagnose.notches import KNOBS, notches, with_changes
 from planner.diagnose.whatif import hardware_changes, wider_scale_up
+from planner.diagnose.why_not import parse_changes
 from planner.errors import ConfigError, InputError
 from planner.frameworks import profile
 from planner.plan.config import ParallelConfig, resolve
@@ -175,6 +176,8 @@ def test_why_not_that_does_not_divide_is_estimates_message(plan, gpt3, a100) -> 
     ("foo=1", "no knob 'foo'"),
     ("seq-len=4096", "seq-len is the training run"),
     ("sp=maybe", "a switch takes on or off"),
+    ("cross-entropy-loss-fusion=2", "a switch takes on or off"),
+    ("stack=megatron-te-fused", "stack=megatron-te-fused: input should be"),
     ("recompute=some", "recompute=some: input should be"),
     ("tp=2,tp=4", "tp is given twice"),
     (" , ", "no knob=value given"),
@@ -182,6 +185,27 @@ def test_why_not_that_does_not_divide_is_estimates_message(plan, gpt3, a100) -> 
 def test_why_not_that_does_not_parse(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
         parse_changes(text)
+
+
+def test_why_not_reads_what_the_notches_say(gpt3: ModelSpec) -> None:
+    """A notch's own words read back: ``cross-entropy-loss-fusion=on`` is the stack's fused
+    loss in the configuration's precision of the linears (and ``off`` the eager one), refused
+    off Megatron's stacks; a stack, recomputed modules or layers given alone read as their
+    types and imply their recomputation."""
+    fp8 = ParallelConfig(stack="megatron-te-fp8")
+    fused = with_changes(fp8, parse_changes("cross-entropy-loss-fusion=on"), gpt3)
+    assert fused.stack == "megatron-te-fp8-fused-loss"
+    assert with_changes(fused, {"cross_entropy_loss_fusion": False}, gpt3).stack == fp8.stack
+    assert with_changes(ParallelConfig(), {"cross_entropy_loss_fusion": True}, gpt3).stack == (
+        "megatron-te-fused-loss")  # Megatron's default stack where none is given
+    assert parse_changes("stack=megatron-te-fused-loss") == {"stack": "megatron-te-fused-loss"}
+    assert with_changes(ParallelConfig(), parse_changes("recompute-modules=core_attn"),
+                        gpt3).recompute == "selective"  # fmt: skip
+    assert with_changes(ParallelConfig(), parse_changes("recompute-layers=4"),
+                        gpt3).recompute == "full"  # fmt: skip
+    deepspeed = ParallelConfig(stack="megatron-deepspeed")
+    with pytest.raises(InputError, match=r"Megatron-LM's stacks only .* runs megatron-deepspeed"):
+        with_changes(deepspeed, {"cross_entropy_loss_fusion": True}, gpt3)
 
 
 def test_pp_changes_take_megatrons_uneven_split(gpt3: ModelSpec) -> None:

@@ -9,7 +9,7 @@ import typer
 
 from planner.cli.app import JsonOpt, ProfileOpt, app, load_inputs, note, print_json, render
 from planner.diagnose.explain import explain
-from planner.diagnose.notches import parse_changes
+from planner.diagnose.why_not import parse_changes
 from planner.errors import InputError
 from planner.plan.files import plan_from_json
 from planner.plan.inputs import check_inputs

@@ -174,7 +174,7 @@ def explain(
 ) -> Explanation:  # fmt: skip
     """Why ``plan``: what binds, each knob one notch either way, the plan on other hardware and
     ``why_not`` (configuration fields to change from the plan's, as
-    :func:`~planner.diagnose.notches.parse_changes` reads them) priced beside it.
+    :func:`~planner.diagnose.why_not.parse_changes` reads them) priced beside it.
 
     Without ``model`` and ``cluster`` only what the plan records (memory, step) is explained.
     Raises :class:`InputError` when they are not the plan's, or ``why_not`` is given without

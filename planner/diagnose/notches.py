@@ -228,6 +228,7 @@ def with_changes(
     >>> with_changes(ParallelConfig(), {"recompute_layers": 4}, llama).recompute
     'full'
     """
+    changes = _stack_of_loss_fusion(config, changes)
     values = config.model_dump() | dict(changes)
     if "dp" not in changes and any(k in changes for k in DEVICE_DEGREES):
         values["dp"] = None
@@ -258,61 +259,25 @@ def with_changes(
         raise InputError(f"{given}: {reason}") from None
 
 
-def parse_changes(text: str, *, option: str = "--why-not") -> dict[str, Any]:
-    """``"tp=8,pp=16,recompute=full"`` as configuration fields and their values (names as
-    ``planner estimate``'s options, ``-`` or ``_``; switches ``on``/``off``, ``true``/``false``
-    or ``1``/``0``); an InputError naming the pair that does not read.
+LOSS_FUSION = "cross_entropy_loss_fusion"
+"""Megatron's ``--cross-entropy-loss-fusion``, a switch ``--why-not`` takes for the stack's
+notch (:data:`SAID`)."""
 
-    >>> parse_changes("tp=8, pp=16,sp=on,overlap-grad-reduce=false")
-    {'tp': 8, 'pp': 16, 'sp': True, 'overlap_grad_reduce': False}
-    """
-    fields = ParallelConfig.model_fields
-    changes: dict[str, Any] = {}
-    for pair in (p.strip() for p in text.split(",")):
-        if not pair:
-            continue
-        key, sep, raw = (s.strip() for s in pair.partition("="))
-        name = key.replace("-", "_")
-        if not sep or not raw:
-            raise InputError(f"{option}: {pair!r} is not knob=value (e.g. tp=8,pp=16,mbs=2)")
-        if name in PROBLEM:
-            raise InputError(f"{option}: {key} is the training run, not a knob; the comparison "
-                             "keeps the plan's")  # fmt: skip
-        if name not in fields:
-            knobs = ", ".join(k.replace("_", "-") for k in fields if k not in PROBLEM)
-            raise InputError(f"{option}: no knob {key!r}; knobs: {knobs}")
-        if name in changes:
-            raise InputError(f"{option}: {key} is given twice")
-        changes[name] = _value(name, raw, option=option)
-    if not changes:
-        raise InputError(f"{option}: no knob=value given (e.g. tp=8,pp=16,mbs=2)")
+
+def _stack_of_loss_fusion(config: ParallelConfig, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` with :data:`LOSS_FUSION` turned into the stack it means: the configuration's
+    (or the stack given, else Megatron's default) with the loss fused or eager."""
+    changes = dict(changes)
+    if LOSS_FUSION not in changes:
+        return changes
+    fused = changes.pop(LOSS_FUSION)
+    stack = changes.get("stack", config.stack) or "megatron-te"
+    if stack not in _LOSS_LADDER:
+        raise InputError(f"cross-entropy-loss-fusion: Megatron-LM's stacks only "
+                         f"({', '.join(FUSED_LOSS_STACKS.values())}); the configuration runs "
+                         f"{stack}")  # fmt: skip
+    changes["stack"] = _LOSS_LADDER[stack][int(fused)]
     return changes
-
-
-_SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
-
-
-def _value(name: str, raw: str, *, option: str) -> Any:
-    """``raw`` as the type of field ``name`` (the field's own validation decides the rest)."""
-    default = ParallelConfig.model_fields[name].default
-    if isinstance(default, bool):
-        if raw.lower() not in _SWITCH:
-            raise InputError(f"{option}: {name.replace('_', '-')}={raw}: a switch takes on or "
-                             "off")  # fmt: skip
-        return _SWITCH[raw.lower()]
-    value: Any = raw
-    if default is None or isinstance(default, int):
-        try:
-            value = int(raw)
-        except ValueError:
-            raise InputError(f"{option}: {name.replace('_', '-')}={raw}: not an integer") from None
-    try:
-        ParallelConfig.model_validate({name: value})
-    except ValidationError as exc:
-        reason = exc.errors()[0]["msg"]
-        raise InputError(f"{option}: {name.replace('_', '-')}={raw}: {reason[0].lower()}"
-                         f"{reason[1:]}") from None
-    return value
 
 
 def describe_change(
