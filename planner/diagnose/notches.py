@@ -108,8 +108,8 @@ _LOSS_LADDER = {stack: (eager, stack) for stack, eager in FUSED_LOSS_STACKS.item
 
 
 def _loss_fusion(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[Any, ...]:
-    """Megatron's loss eager, then fused (:data:`~planner.vocabulary.FUSED_LOSS_STACKS`), in
-    the configuration's precision of the linears."""
+    """Megatron's loss eager, then fused (:data:`~planner.vocabulary.FUSED_LOSS_STACKS`), the
+    linears in FP8 where the configuration's are."""
     return _LOSS_LADDER[config.stack] if config.stack is not None else ()
 
 
@@ -217,8 +217,9 @@ def with_changes(
     the devices when a degree that takes devices changes; the first and last stage's layers
     reset when ``pp`` changes, to Megatron's uneven split when the layers do not divide
     evenly; ZeRO-0 overlaps no parameter gather (there is none); a count of recomputed layers
-    dropped when recomputation stops being full, and full recomputation when a count is given.
-    Raises :class:`InputError` when the changes given contradict each other.
+    dropped when recomputation stops being full, and full recomputation when a count is given;
+    :data:`LOSS_FUSION` on or off, the stack with Megatron's loss fused or eager. Raises
+    :class:`InputError` when the changes given contradict each other.
 
     >>> from planner.spec.reading import load_model
     >>> llama = load_model("instances/models/llama3-70b.json")
