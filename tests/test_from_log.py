@@ -452,8 +452,9 @@ def test_an_fp8_megatron_log_is_priced_in_fp8(tmp_path: Path) -> None:
 def test_a_megatron_log_with_the_fused_loss_is_priced_with_it(tmp_path: Path) -> None:
     """``cross_entropy_loss_fusion True`` in Megatron's arguments (this log's, with the native
     implementation by default) puts the run on ``megatron-te-fused-loss``, priced faster than
-    the eager loss with the same memory; ``False`` leaves it on ``megatron-te``, and Transformer
-    Engine's implementation, which the planner does not price, is refused in one line."""
+    the eager loss with the same memory; ``False`` leaves it on ``megatron-te``; Transformer
+    Engine's implementation, which the planner does not price, is priced as the native one
+    and says so, and an implementation Megatron-Core does not have is refused."""
     config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
     text = LLAMA_LOG.read_text()
     fused_line = next(line for line in text.splitlines()
@@ -473,11 +474,14 @@ def test_a_megatron_log_with_the_fused_loss_is_priced_with_it(tmp_path: Path) ->
     fused, eager = (estimate(spec, cluster, runs[n].config) for n in ("fused", "eager"))
     assert fused.step_time_s < eager.step_time_s
     assert fused.memory == eager.memory
-    impl = fused_line.replace("cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
-                              1).replace("True", "te")  # fmt: skip
-    log = tmp_path / "te.log"
-    log.write_text(text.replace(fused_line, f"{fused_line}\n{impl}"))
-    done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1,
-                     "--out", tmp_path / "refused.json")  # fmt: skip
-    assert done.returncode == 2 and "cross_entropy_fusion_impl te" in done.stderr
-    assert done.stderr.count("error:") == 1
+    impl = fused_line.replace("cross_entropy_loss_fusion", "cross_entropy_fusion_impl", 1)
+    for value, out in (("te", tmp_path / "te.json"), ("triton", tmp_path / "refused.json")):
+        log = tmp_path / f"{value}.log"
+        log.write_text(text.replace(fused_line, f"{fused_line}\n{impl.replace('True', value)}"))
+        done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1, "--out", out)
+        if value == "te":
+            assert done.returncode == 0, done.stderr
+            assert "Transformer Engine's fused cross entropy" in done.stderr
+            assert load_runs(out, any_device=True)[0].config.stack == "megatron-te-fused-loss"
+        else:
+            assert done.returncode == 2 and "cross_entropy_fusion_impl triton" in done.stderr

@@ -12,7 +12,14 @@ from pydantic import ValidationError
 
 from planner.cli.app import NodesOpt, app, load_inputs, note, option_error
 from planner.diagnose.log_models import titan_flavor_model
-from planner.diagnose.logs import DEFAULT_SKIP, config_fields, model_of_run, read_log, run_record
+from planner.diagnose.logs import (
+    DEFAULT_SKIP,
+    config_fields,
+    model_of_run,
+    priced_nearby,
+    read_log,
+    run_record,
+)
 from planner.diagnose.runs import bundled_device
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
@@ -103,6 +110,8 @@ def from_log_cmd(
         raise option_error(exc) from None
     record = run_record(measured, model_spec, cluster_spec, config,
                         run_id=run_id or log.stem, source=f"training log {log.name}")
+    for sentence in priced_nearby(measured):
+        note(sentence)
     if bundled_device(cluster_spec.device.name) is None:
         # Without --cluster, validate prices a run on its device's bundled cluster file.
         note(f"{cluster_spec.device.name} is not a bundled device: price this record with "

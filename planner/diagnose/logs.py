@@ -229,9 +229,9 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         fields["stack"] = "megatron-te-fp8"
     if arguments.get("cross_entropy_loss_fusion") == "True":
         impl = arguments.get("cross_entropy_fusion_impl", "native")
-        if impl != "native":
-            raise InputError(f"arguments: cross_entropy_fusion_impl {impl}: the planner prices "
-                             "Megatron-Core's native fused loss (the -fused-loss stacks) only")
+        if impl not in ("native", "te"):
+            raise InputError(f"arguments: cross_entropy_fusion_impl {impl}: Megatron-Core has "
+                             "native and te")  # fmt: skip
         fields["stack"] = _FUSED_LOSS[fields.get("stack", "megatron-te")]
     if "use_flash_attn" in arguments or "attention_backend" in arguments:
         # Megatron-Core picks Transformer Engine's flash or fused kernel unless told
@@ -242,6 +242,19 @@ def config_fields(log: LogRun) -> dict[str, Any]:
                                      or backend not in ("AttnBackend.unfused",
                                                         "AttnBackend.local"))  # fmt: skip
     return fields
+
+
+def priced_nearby(log: LogRun) -> tuple[str, ...]:
+    """What the log ran that its record prices as the nearest thing the planner has, a
+    sentence each: Transformer Engine's fused loss (``cross_entropy_fusion_impl te``, which
+    Megatron-LM refuses since NVIDIA/Megatron-LM#5115) as Megatron-Core's native one."""
+    arguments = log.arguments
+    if (arguments.get("cross_entropy_loss_fusion") == "True"
+            and arguments.get("cross_entropy_fusion_impl") == "te"):
+        return ("the log's loss ran Transformer Engine's fused cross entropy "
+                "(cross_entropy_fusion_impl te), which the planner does not price: the record "
+                "prices Megatron-Core's native fused loss in its place",)
+    return ()
 
 
 def model_of_run(log: LogRun, model: ModelSpec, *, where: str) -> ModelSpec:
@@ -286,7 +299,8 @@ def run_record(
         "source_kind": "user log",
         "software": {"framework": framework, "fused_attention": config.flash_attention,
                      "dropout": model.hidden_dropout,
-                     # The framework's name says the stack but for FP8 (run_records.stack_of).
+                     # The framework's name says the stack but for FP8 and a fused loss
+                     # (run_records.stack_of).
                      **({"stack": resolved.training.stack}
                         if resolved.training.stack != stack_of(framework) else {})},
         # The sizes for readers of the published runs' layout; "spec" is the model that ran,
