@@ -1183,3 +1183,23 @@ def test_rule_zero_offload() -> None:
     """NVIDIA/Megatron-LM@d98e8a64ddf3
     megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py:150-175"""
     pin_zero_offload(P)
+
+
+def test_the_fused_loss_is_launched_and_said() -> None:
+    """On a ``-fused-loss`` stack the launch adds ``--cross-entropy-loss-fusion`` alone (its
+    implementation left to Megatron-Core's default, ``native``, the one priced) and the plan
+    says "fused loss"; MindSpeed, which keeps the eager loss, refuses the stack in one line
+    naming the stack it runs."""
+    model = load("llama3-8b")
+    eager, fused = (configure(model, 8, tp=2, stack=stack)
+                    for stack in ("megatron-te", "megatron-te-fused-loss"))  # fmt: skip
+    with_eager, with_fused = (read_flags(megatron.launch(r, model).text) for r in (eager, fused))
+    assert set(with_fused) - set(with_eager) == {"--cross-entropy-loss-fusion"}
+    assert with_fused["--cross-entropy-loss-fusion"] is None
+    assert set(with_eager) - set(with_fused) == set()
+    assert mindspeed.PROFILE.refusals(fused, model)[0] == (
+        "stack megatron-te-fused-loss: MindSpeed runs megatron-te")
+    plan = planner.solve(model, nodes(8), planner.SolveOptions(
+        framework="megatron", stack="megatron-te-fused-loss", seq_length=4096,
+        global_batch_size=32))  # fmt: skip
+    assert plan.summary().endswith(", fused loss")

@@ -19,6 +19,7 @@ from planner.plan.bands import ErrorBand, MemoryBand
 from planner.plan.config import ParallelConfig
 from planner.vocabulary import (
     FP8_STACKS,
+    FUSED_LOSS_STACKS,
     GIB,
     MoeDispatcher,
     Objective,
@@ -413,6 +414,8 @@ class Plan(_Frozen):
             extras.append(f"optimizer offloaded to the host{how}")
         if self.stack in FP8_STACKS:
             extras.append("FP8 linears")
+        if self.stack in FUSED_LOSS_STACKS:
+            extras.append("fused loss")
         return ", ".join([text, *extras])
 
     def to_json(self) -> str:

@@ -20,7 +20,7 @@ from planner.report.bands import band_cell, band_line, memory_line, not_signific
 from planner.report.width import Clauses, FirstThatFits, keep_whole, title
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
-from planner.vocabulary import FP8_STACKS, FUSED_LOSS_STACKS, counted
+from planner.vocabulary import FP8_STACKS, counted
 
 
 def _pct(part: float, whole: float) -> str:
@@ -341,8 +341,7 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     head = Clauses([f"{plan.model.name} on {devices} x {plan.cluster.device}",
                     f"global batch {plan.global_batch_size} x {plan.seq_length} tokens",
-                    plan.precision + " with FP8 linears" * (plan.stack in FP8_STACKS)
-                    + " and Megatron's fused loss" * (plan.stack in FUSED_LOSS_STACKS)],
+                    plan.precision + " with FP8 linears" * (plan.stack in FP8_STACKS)],
                    style="bold")  # fmt: skip
     # padding collapsed: at 120 columns a plan takes two lines
     one = light_table(f"{label}s compared (same cost model)", collapse_padding=True)
