@@ -84,30 +84,31 @@ each), ``neg`` (2), each half's ``slice_backward`` into a zeroed whole (3 each),
 layer in bf16 dispatch.
 
 The other stacks run Transformer Engine's or Megatron's fused kernels: each memory-bound op one
-kernel over its inputs and output (the op's own tensors; no :class:`~planner.graph.ops.Unfused`),
-but for Megatron's loss. Megatron-Core's vocab-parallel cross entropy
-(``megatron/core/tensor_parallel/cross_entropy.py``, what ``compute_language_model_loss`` in
+kernel over its inputs and output (the op's own tensors; no
+:class:`~planner.graph.ops.Unfused`), but for Megatron's loss. Megatron-Core's vocab-parallel
+cross entropy (``megatron/core/tensor_parallel/cross_entropy.py``, what
+``compute_language_model_loss`` in
 ``megatron/core/models/common/language_module/language_module.py`` runs unless
-``--cross-entropy-loss-fusion``, off by default in ``model_parallel_config.py``, and never set
-by the planner's export) is eager PyTorch on the rank's slice of the logits, per logit: the
-``.float()`` upcast (6 B), ``max`` over the vocabulary (4), the in-place subtraction of the
-maximum (8), ``exp`` in place (8), its ``sum`` (4) and the in-place division into the softmax
-it keeps (8): 38 B; with the target's masks, gathers and the per-token log, 20 kernels.
-Backward: the in-place product with the loss's gradient (8) and autograd's cast of the fp32
-gradient back to the logits' type (6): 14 B in 8 kernels. Megatron-LM 2021 and BigScience's
-Megatron-DeepSpeed run the same ops (``megatron/mpu/cross_entropy.py``) on the logits upcast
-before the call (``output.contiguous().float()`` in ``GPTModelPipe``'s loss,
+``--cross-entropy-loss-fusion``, off by default in ``model_parallel_config.py``, which the
+planner's export sets on the ``-fused-loss`` stacks only) is eager PyTorch on the rank's slice
+of the logits, per logit: the ``.float()`` upcast (6 B), ``max`` over the vocabulary (4), the
+in-place subtraction of the maximum (8), ``exp`` in place (8), its ``sum`` (4) and the in-place
+division into the softmax it keeps (8): 38 B; with the target's masks, gathers and the per-token
+log, 20 kernels. Backward: the in-place product with the loss's gradient (8) and autograd's cast
+of the fp32 gradient back to the logits' type (6): 14 B in 8 kernels. Megatron-LM 2021 and
+BigScience's Megatron-DeepSpeed run the same ops (``megatron/mpu/cross_entropy.py``) on the
+logits upcast before the call (``output.contiguous().float()`` in ``GPTModelPipe``'s loss,
 ``megatron/model/gpt_model.py`` at bigscience-workshop/Megatron-DeepSpeed b9883f44), so
 ``megatron-deepspeed`` counts them too. With ``--cross-entropy-loss-fusion`` (the
 ``-fused-loss`` stacks, :data:`~planner.vocabulary.FUSED_LOSS_STACKS`) Megatron-Core runs the
 same steps as three functions under ``torch.compile`` (``jit_fuser``, ``megatron/core/jit.py``)
-with the all-reduces between them (``megatron/core/fusions/fused_cross_entropy.py``, its
-native implementation; ``--cross-entropy-fusion-impl te`` is refused by
-``megatron/training/arguments.py`` at d98e8a64ddf3), per logit: the upcast with the maximum
-(6 B), the subtraction, ``exp`` and sum written back in place (8), the division in place (8):
-22 B; backward, one kernel reads the kept softmax, writes its in-place update back (the
-compiled function mutates its input) and the 16-bit gradient (10 B): by our count of what
-Inductor fuses, not measured. Composer's flash-attn cross entropy is one fused kernel.
+with the all-reduces between them (``megatron/core/fusions/fused_cross_entropy.py``, its native
+implementation; ``--cross-entropy-fusion-impl te`` is refused by
+``megatron/training/arguments.py`` at d98e8a64ddf3), per logit: the upcast with the maximum (6
+B), the subtraction, ``exp`` and sum written back in place (8), the division in place (8): 22 B;
+backward, one kernel reads the kept softmax, writes its in-place update back (the compiled
+function mutates its input) and the 16-bit gradient (10 B): by our count of what Inductor fuses,
+not measured. Composer's flash-attn cross entropy is one fused kernel.
 
 Measured against one H100's layers (``../shared/validation/h100/layers.jsonl``) in
 ``benchmarks/layer_times.py``.
