@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import planner
+from planner.diagnose.validation_rows import describe
 from planner.frameworks import _megatron_model_flags as mmf
 from planner.frameworks import megatron, mindspeed
 from planner.frameworks.base import Profile
@@ -1189,7 +1190,7 @@ def test_the_fused_loss_is_launched_and_said() -> None:
     """On a ``-fused-loss`` stack the launch adds ``--cross-entropy-loss-fusion`` alone (its
     implementation left to Megatron-Core's default, ``native``, the one priced) and the plan
     says "fused loss"; MindSpeed, which keeps the eager loss, refuses the stack in one line
-    naming the stack it runs."""
+    naming the stack it runs; estimate's line says it as well."""
     model = load("llama3-8b")
     eager, fused = (configure(model, 8, tp=2, stack=stack)
                     for stack in ("megatron-te", "megatron-te-fused-loss"))  # fmt: skip
@@ -1203,3 +1204,5 @@ def test_the_fused_loss_is_launched_and_said() -> None:
         framework="megatron", stack="megatron-te-fused-loss", seq_length=4096,
         global_batch_size=32))  # fmt: skip
     assert plan.summary().endswith(", fused loss")
+    assert describe(fused.config).endswith(" fused-loss")  # estimate's and validate's line
+    assert "fused" not in describe(eager.config)
