@@ -452,7 +452,8 @@ def test_an_fp8_megatron_log_is_priced_in_fp8(tmp_path: Path) -> None:
 def test_a_megatron_log_with_the_fused_loss_is_priced_with_it(tmp_path: Path) -> None:
     """``cross_entropy_loss_fusion True`` in Megatron's arguments (this log's, with the native
     implementation by default) puts the run on ``megatron-te-fused-loss``, priced faster than
-    the eager loss with the same memory; ``False`` leaves it on ``megatron-te``; Transformer
+    the eager loss (the same softmax kept, a clone of it held in the backward); ``False`` leaves
+    it on ``megatron-te``; Transformer
     Engine's implementation, which the planner does not price, is priced as the native one
     and says so, and an implementation Megatron-Core does not have is refused."""
     config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
@@ -473,7 +474,9 @@ def test_a_megatron_log_with_the_fused_loss_is_priced_with_it(tmp_path: Path) ->
     cluster = load_cluster(H100).with_nodes(1)
     fused, eager = (estimate(spec, cluster, runs[n].config) for n in ("fused", "eager"))
     assert fused.step_time_s < eager.step_time_s
-    assert fused.memory == eager.memory
+    # the same kept softmax; the compiled backward's clone of it beside
+    assert fused.memory.activations_gib == eager.memory.activations_gib
+    assert fused.memory.loss_workspace_gib >= eager.memory.loss_workspace_gib
     impl = fused_line.replace("cross_entropy_loss_fusion", "cross_entropy_fusion_impl", 1)
     for value, out in (("te", tmp_path / "te.json"), ("triton", tmp_path / "refused.json")):
         log = tmp_path / f"{value}.log"

@@ -142,8 +142,9 @@ bigscience-workshop/Megatron-DeepSpeed b9883f44) works as Megatron-Core's, on th
 pipeline's last stage hands it (``float16_to_fp32``)."""
 
 # Megatron's fused loss keeps the eager one's fp32 softmax (``ctx.save_for_backward(exp_logits,
-# ...)``) and returns the same 16-bit gradient (``grad_input.to(torch.bfloat16)``):
-# megatron/core/fusions/fused_cross_entropy.py.
+# ...)``) and returns the same 16-bit gradient (``grad_input.to(torch.bfloat16)``:
+# megatron/core/fusions/fused_cross_entropy.py); its compiled backward also holds an fp32 clone
+# of the softmax, Inductor's functional form of the in-place update (planner.graph.unfused).
 for _fused, _eager in FUSED_LOSS_STACKS.items():
     LOSS_KEPT[_fused] = LOSS_KEPT[_eager]
-    LOSS_WORKING[_fused] = LOSS_WORKING[_eager]
+    LOSS_WORKING[_fused] = LOSS_WORKING[_eager] + FP32_BYTES

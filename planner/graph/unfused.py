@@ -105,10 +105,15 @@ same steps as three functions under ``torch.compile`` (``jit_fuser``, ``megatron
 with the all-reduces between them (``megatron/core/fusions/fused_cross_entropy.py``, its native
 implementation; ``--cross-entropy-fusion-impl te`` is refused by
 ``megatron/training/arguments.py`` at d98e8a64ddf3), per logit: the upcast with the maximum (6
-B), the subtraction, ``exp`` and sum written back in place (8), the division in place (8): 22 B;
-backward, one kernel reads the kept softmax, writes its in-place update back (the compiled
-function mutates its input) and the 16-bit gradient (10 B): by our count of what Inductor fuses,
-not measured. Composer's flash-attn cross entropy is one fused kernel.
+B), the subtraction, ``exp`` and sum written back in place (8), the division in place (8): 22 B.
+Its backward is one compiled function that updates the kept softmax in place
+(``calculate_gradients``), which Inductor turns functional: it clones the softmax (8 B),
+scatters the target's correction into the clone, then multiplies by the loss's gradient, writing
+the 16-bit gradient and the clone back into the softmax (10 B): 18 B, the clone, 4 B a logit,
+held through it. Counted from the code Inductor generates for these functions
+(``TORCH_LOGS=output_code``, torch 2.13 on the CPU, whose loops walk the same buffers; the
+upcast and the maximum took two passes there, 10 B, where a GPU's reduction kernel stores the
+upcast as it reduces, 6 B), not timed. Composer's flash-attn cross entropy is one fused kernel.
 
 Measured against one H100's layers (``../shared/validation/h100/layers.jsonl``) in
 ``benchmarks/layer_times.py``.
@@ -163,10 +168,11 @@ _FP32_LOSS = Kernels(forward_bytes=22.0, backward_bytes=26.0, forward_kernels=3,
 _MEGATRON_LOSS = Kernels(forward_bytes=38.0, backward_bytes=14.0, forward_kernels=20,
                          backward_kernels=8)
 """Megatron's vocab-parallel cross entropy on the rank's logits upcast to fp32, per logit."""
-_MEGATRON_FUSED_LOSS = Kernels(forward_bytes=22.0, backward_bytes=10.0, forward_kernels=6,
+_MEGATRON_FUSED_LOSS = Kernels(forward_bytes=22.0, backward_bytes=18.0, forward_kernels=6,
                                backward_kernels=3)
 """The same under ``--cross-entropy-loss-fusion``: three compiled functions forward (with the
-masks, the target's gather and the per-token loss), one backward with its scatter."""
+masks, the target's gather and the per-token loss); backward, the softmax cloned, the scatter,
+and the product cast to 16 bits with the clone written back."""
 _EAGER_16BIT = {
     "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=6.0,
                             forward_kernels=0, backward_kernels=1),
