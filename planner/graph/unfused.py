@@ -111,9 +111,10 @@ Its backward is one compiled function that updates the kept softmax in place
 scatters the target's correction into the clone, then multiplies by the loss's gradient, writing
 the 16-bit gradient and the clone back into the softmax (10 B): 18 B, the clone, 4 B a logit,
 held through it. Counted from the code Inductor generates for these functions
-(``TORCH_LOGS=output_code``, torch 2.13 on the CPU, whose loops walk the same buffers; the
-upcast and the maximum took two passes there, 10 B, where a GPU's reduction kernel stores the
-upcast as it reduces, 6 B), not timed. Composer's flash-attn cross entropy is one fused kernel.
+(``benchmarks/fused_loss_code.py``, torch 2.13 on the CPU, whose loops walk the same buffers;
+the upcast and the maximum took two passes there, 10 B, where a GPU's reduction kernel stores
+the upcast as it reduces, 6 B), not timed. Composer's flash-attn cross entropy is one fused
+kernel.
 
 Measured against one H100's layers (``../shared/validation/h100/layers.jsonl``) in
 ``benchmarks/layer_times.py``.
