@@ -59,6 +59,21 @@ otherwise: the same layers, the same bytes kept, only the loss's kernels differ
 (:data:`planner.graph.unfused.UNFUSED`)."""
 
 
+def with_loss_fusion(stack: Stack | None, fused: bool) -> Stack | None:
+    """``stack`` with Megatron's loss fused (``--cross-entropy-loss-fusion``) or eager, its
+    linears as they were (:data:`FUSED_LOSS_STACKS`); None for a stack that is not Megatron's.
+
+    >>> with_loss_fusion("megatron-te-fp8", True), with_loss_fusion("megatron-te-fused-loss", False)
+    ('megatron-te-fp8-fused-loss', 'megatron-te')
+    >>> with_loss_fusion("megatron-deepspeed", True) is None
+    True
+    """
+    eager = FUSED_LOSS_STACKS.get(stack, stack) if stack is not None else None
+    if eager not in FUSED_LOSS_STACKS.values():
+        return None
+    return next(f for f, e in FUSED_LOSS_STACKS.items() if e == eager) if fused else eager
+
+
 def evidence_stack(stack: Stack) -> Stack:
     """The stack whose validated runs speak for ``stack`` in its error bands: a fused-loss
     stack's eager one (they differ in the loss's memory-bound kernels alone, a part of a step

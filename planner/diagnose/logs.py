@@ -38,7 +38,7 @@ from planner.diagnose.run_records import stack_of
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
-from planner.vocabulary import FUSED_LOSS_STACKS
+from planner.vocabulary import with_loss_fusion
 
 LogFormat = Literal["megatron", "torchtitan"]
 # Warm-up iterations left out by default: the first iterations build the CUDA graphs, allocate
@@ -57,8 +57,6 @@ _ARG_LINE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
 _OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
              "overlap_moe_expert_parallel_comm")
 """Megatron's overlap arguments, the ParallelConfig fields of the same names."""
-_FUSED_LOSS = {eager: fused for fused, eager in FUSED_LOSS_STACKS.items()}
-"""A Megatron stack to the same under ``--cross-entropy-loss-fusion``."""
 
 # Megatron argument names (arguments.py) to the configuration fields they set.
 _MEGATRON_INTS = {
@@ -232,7 +230,7 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         if impl not in ("native", "te"):
             raise InputError(f"arguments: cross_entropy_fusion_impl {impl}: Megatron-Core has "
                              "native and te")  # fmt: skip
-        fields["stack"] = _FUSED_LOSS[fields.get("stack", "megatron-te")]
+        fields["stack"] = with_loss_fusion(fields.get("stack", "megatron-te"), True)
     if "use_flash_attn" in arguments or "attention_backend" in arguments:
         # Megatron-Core picks Transformer Engine's flash or fused kernel unless told
         # otherwise (--attention-backend auto, transformer_config.py:151; enums.py:51-58);

@@ -34,7 +34,7 @@ from planner.spec import ModelSpec
 from planner.spec.reading import fill_training
 from planner.uniform.recomputations import lean_recompute_modules
 from planner.uniform.space import divisors, stage_splits
-from planner.vocabulary import FUSED_LOSS_STACKS, OP_SAC, RECOMPUTE_MODES
+from planner.vocabulary import FUSED_LOSS_STACKS, OP_SAC, RECOMPUTE_MODES, with_loss_fusion
 
 Values = Callable[[ParallelConfig, ModelSpec, int], tuple[Any, ...]]
 """The values a knob may take for a configuration, a model and a device count, in order."""
@@ -102,15 +102,10 @@ def _doublings(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[
     return (*down, *(config.mbs << k for k in range(4)))
 
 
-_LOSS_LADDER = {stack: (eager, stack) for stack, eager in FUSED_LOSS_STACKS.items()} | {
-    eager: (eager, stack) for stack, eager in FUSED_LOSS_STACKS.items()}
-"""A Megatron stack to its loss's two rungs: eager, then fused."""
-
-
 def _loss_fusion(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[Any, ...]:
-    """Megatron's loss eager, then fused (:data:`~planner.vocabulary.FUSED_LOSS_STACKS`), the
+    """Megatron's loss eager, then fused (:func:`~planner.vocabulary.with_loss_fusion`), the
     linears in FP8 where the configuration's are."""
-    return _LOSS_LADDER[config.stack] if config.stack is not None else ()
+    return tuple(with_loss_fusion(config.stack, fused) for fused in (False, True))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,8 +166,8 @@ KNOBS: tuple[Knob, ...] = (
          applies=lambda c, m: c.ep > 1, searched=False),
     # Megatron's loss eager or fused (--cross-entropy-loss-fusion): the stack a plan was asked
     # for, which the search keeps
-    Knob(name="stack", values=_loss_fusion, applies=lambda c, m: c.stack in _LOSS_LADDER,
-         searched=False),
+    Knob(name="stack", values=_loss_fusion,
+         applies=lambda c, m: with_loss_fusion(c.stack, True) is not None, searched=False),
 )
 """The knobs :func:`notches` turns, in the order a report lists them."""
 
@@ -273,11 +268,11 @@ def _stack_of_loss_fusion(config: ParallelConfig, changes: Mapping[str, Any]) ->
         return changes
     fused = changes.pop(LOSS_FUSION)
     stack = changes.get("stack", config.stack) or "megatron-te"
-    if stack not in _LOSS_LADDER:
+    changes["stack"] = with_loss_fusion(stack, fused)
+    if changes["stack"] is None:
         raise InputError(f"cross-entropy-loss-fusion: Megatron-LM's stacks only "
                          f"({', '.join(FUSED_LOSS_STACKS.values())}); the configuration runs "
                          f"{stack}")  # fmt: skip
-    changes["stack"] = _LOSS_LADDER[stack][int(fused)]
     return changes
 
 
