@@ -19,7 +19,7 @@ Precision = Literal["bf16", "fp16", "fp32"]
 
 Stack = Literal["megatron-te", "megatron-te-fp8", "megatron-te-fused-loss",
                 "megatron-te-fp8-fused-loss", "hf-eager", "hf-compiled", "composer-fsdp",
-                "megatron-deepspeed", "torchtitan-eager", "colossalai-hf"]
+                "megatron-deepspeed", "torchtitan-eager", "torchtitan-compiled", "colossalai-hf"]
 """The software that runs a layer, beyond its kernels: what it keeps for the backward and how it
 computes the loss. ``megatron-te``: Megatron-Core with Transformer Engine (fused norms, SwiGLU
 and attention; a compute-precision residual stream; eager vocab-parallel loss), the accounting
@@ -43,15 +43,18 @@ pipeline engine.
 at v0.2.2) run eager in the compute precision, its weights gathered by FSDP2 in bf16 (no
 autocast): a bf16 residual stream, ``nn.RMSNorm`` (one fused kernel on CUDA), separate
 projections, the rotary embedding as complex products in fp32, SwiGLU unfused, the loss on
-fp32 logits. ``colossalai-hf``: a Hugging Face ``transformers`` model as Colossal-AI's
-``HybridParallelPlugin`` runs it, cast whole to the compute precision (fp32 master weights in
-its optimizer, no autocast): a 16-bit residual stream, Hugging Face's own RMSNorm (upcast to
-fp32 inside), separate projections, the rotary embedding's halves rotated in the compute
-precision, SwiGLU unfused, the loss on fp32 logits."""
+fp32 logits. ``torchtitan-compiled``: the same blocks each under ``torch.compile``
+(torchtitan's ``[compile] enable`` with ``components = ["model"]``): Inductor's fused chains,
+SiLU recomputed in the backward, the loss eager. ``colossalai-hf``: a Hugging Face
+``transformers`` model as Colossal-AI's ``HybridParallelPlugin`` runs it, cast whole to the
+compute precision (fp32 master weights in its optimizer, no autocast): a 16-bit residual
+stream, Hugging Face's own RMSNorm (upcast to fp32 inside), separate projections, the rotary
+embedding's halves rotated in the compute precision, SwiGLU unfused, the loss on fp32
+logits."""
 STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", "megatron-te-fused-loss",
                              "megatron-te-fp8-fused-loss", "hf-eager", "hf-compiled",
                              "composer-fsdp", "megatron-deepspeed", "torchtitan-eager",
-                             "colossalai-hf")
+                             "torchtitan-compiled", "colossalai-hf")
 FUSED_LOSS_STACKS: dict[Stack, Stack] = {"megatron-te-fused-loss": "megatron-te",
                                          "megatron-te-fp8-fused-loss": "megatron-te-fp8"}
 """Megatron-LM's stacks with ``--cross-entropy-loss-fusion``, each to the stack it runs
@@ -59,19 +62,59 @@ otherwise: the same layers, the same bytes kept, only the loss's kernels differ
 (:data:`planner.graph.unfused.UNFUSED`)."""
 
 
-def with_loss_fusion(stack: Stack | None, fused: bool) -> Stack | None:
-    """``stack`` with Megatron's loss fused (``--cross-entropy-loss-fusion``) or eager, its
-    linears as they were (:data:`FUSED_LOSS_STACKS`); None for a stack that is not Megatron's.
+COMPILED_STACKS: dict[Stack, Stack] = {"hf-compiled": "hf-eager",
+                                       "torchtitan-compiled": "torchtitan-eager"}
+"""Stacks that run their decoder layers under ``torch.compile``, each to the eager stack it
+runs otherwise (and its embedding and head run on)."""
 
-    >>> with_loss_fusion("megatron-te-fp8", True), with_loss_fusion("megatron-te-fused-loss", False)
-    ('megatron-te-fp8-fused-loss', 'megatron-te')
-    >>> with_loss_fusion("megatron-deepspeed", True) is None
+STACK_SWITCHES: dict[str, dict[Stack, Stack]] = {"cross-entropy-loss-fusion": FUSED_LOSS_STACKS,
+                                                 "compile": COMPILED_STACKS}
+"""A switch a user turns that changes the stack, as the framework names it (Megatron-LM's
+``--cross-entropy-loss-fusion``, torchtitan's ``[compile] enable``): each stack with it on, to
+the stack with it off."""
+
+
+def stack_switch(stack: Stack | None) -> str | None:
+    """The switch (:data:`STACK_SWITCHES`) that turns ``stack`` into another, or None.
+
+    >>> stack_switch("megatron-te-fp8"), stack_switch("torchtitan-compiled")
+    ('cross-entropy-loss-fusion', 'compile')
+    >>> stack_switch("megatron-deepspeed") is None
     True
     """
-    eager = FUSED_LOSS_STACKS.get(stack, stack) if stack is not None else None
-    if eager not in FUSED_LOSS_STACKS.values():
+    for name, stacks in STACK_SWITCHES.items():
+        if stack in stacks or stack in stacks.values():
+            return name
+    return None
+
+
+def with_switch(stack: Stack | None, switch: str, on: bool) -> Stack | None:
+    """``stack`` with ``switch`` on or off, all else as it was; None where the switch does not
+    apply to ``stack``.
+
+    >>> with_switch("megatron-te-fp8", "cross-entropy-loss-fusion", True)
+    'megatron-te-fp8-fused-loss'
+    >>> with_switch("megatron-te-fused-loss", "cross-entropy-loss-fusion", False)
+    'megatron-te'
+    >>> with_switch("torchtitan-eager", "compile", True)
+    'torchtitan-compiled'
+    >>> with_switch("megatron-te", "compile", True) is None
+    True
+    """
+    stacks = STACK_SWITCHES[switch]
+    off = stacks.get(stack, stack) if stack is not None else None
+    if off not in stacks.values():
         return None
-    return next(f for f, e in FUSED_LOSS_STACKS.items() if e == eager) if fused else eager
+    return next(s for s, o in stacks.items() if o == off) if on else off
+
+
+def switched_on(stack: Stack) -> bool:
+    """Whether ``stack`` is its switch's on side (fused loss, compiled).
+
+    >>> switched_on("megatron-te-fused-loss"), switched_on("torchtitan-eager")
+    (True, False)
+    """
+    return any(stack in stacks for stacks in STACK_SWITCHES.values())
 
 
 def evidence_stack(stack: Stack) -> Stack:

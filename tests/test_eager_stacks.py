@@ -101,7 +101,7 @@ def test_torchtitan_refuses_a_stack_it_does_not_run() -> None:
     cluster = planner.load_cluster(REPO / "instances/clusters/dgx-h100-80gb.json", nodes=1)
     config = planner.ParallelConfig(dp=8, zero=3, stack="megatron-te")
     resolved = resolve(model, cluster, config)
-    assert "stack megatron-te: torchtitan runs torchtitan-eager" in profile(
+    assert "stack megatron-te: torchtitan runs torchtitan-eager, torchtitan-compiled" in profile(
         "torchtitan").refusals(resolved, model)
 
 

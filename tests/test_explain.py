@@ -190,8 +190,9 @@ def test_why_not_that_does_not_parse(text: str, message: str) -> None:
 def test_why_not_reads_what_the_notches_say(gpt3: ModelSpec) -> None:
     """A notch's own words read back: ``cross-entropy-loss-fusion=on`` is the stack's fused
     loss in the configuration's precision of the linears (and ``off`` the eager one), refused
-    off Megatron's stacks; a stack, recomputed modules or layers given alone read as their
-    types and imply their recomputation."""
+    off Megatron's stacks, as ``compile=on`` is off torchtitan's and Hugging Face's; a stack,
+    recomputed modules or layers given alone read as their types and imply their
+    recomputation."""
     fp8 = ParallelConfig(stack="megatron-te-fp8")
     fused = with_changes(fp8, parse_changes("cross-entropy-loss-fusion=on"), gpt3)
     assert fused.stack == "megatron-te-fp8-fused-loss"
@@ -204,8 +205,16 @@ def test_why_not_reads_what_the_notches_say(gpt3: ModelSpec) -> None:
     assert with_changes(ParallelConfig(), parse_changes("recompute-layers=4"),
                         gpt3).recompute == "full"  # fmt: skip
     deepspeed = ParallelConfig(stack="megatron-deepspeed")
-    with pytest.raises(InputError, match=r"Megatron-LM's stacks only .* runs megatron-deepspeed"):
+    with pytest.raises(InputError, match=r"turns megatron-te, megatron-te-fp8 \(or their "
+                       r"switched stacks\) only; the configuration runs megatron-deepspeed"):
         with_changes(deepspeed, {"cross_entropy_loss_fusion": True}, gpt3)
+    # torchtitan's [compile] enable, the same way: its blocks compiled, or eager again
+    titan = ParallelConfig(stack="torchtitan-eager")
+    compiled = with_changes(titan, parse_changes("compile=on"), gpt3)
+    assert compiled.stack == "torchtitan-compiled"
+    assert with_changes(compiled, parse_changes("compile=off"), gpt3).stack == "torchtitan-eager"
+    with pytest.raises(InputError, match="compile: turns hf-eager, torchtitan-eager"):
+        with_changes(fp8, {"compile": True}, gpt3)
 
 
 def test_pp_changes_take_megatrons_uneven_split(gpt3: ModelSpec) -> None:

@@ -549,6 +549,26 @@ def test_moe_capacity() -> None:
     assert "dropless" in (refusal("moe-capacity", resolved, capped) or "")
 
 
+def test_compiled_moe() -> None:
+    """pytorch/torchtitan@73a0e69 torchtitan/models/llama4/infra/parallelize.py:593-656
+
+    Compiled, an MoE block is compiled submodule by submodule, its routed experts left eager:
+    the torchtitan-compiled stack, counted on whole dense blocks, refuses it; a dense model
+    compiles, and the launch says so with the loss left eager, as priced."""
+    model = load("Qwen3-30B-A3B")
+    knobs = dict(ep=8, zero=3, global_batch=256, seq_len=4096)
+    assert "compiles an MoE block submodule by submodule" in (refusal(
+        "compiled-moe", configure(model, 64, stack="torchtitan-compiled", **knobs),
+        model) or "")  # fmt: skip
+    assert refusal("compiled-moe", configure(model, 64, **knobs), model) is None
+    dense = load("llama3-8b")
+    fsdp = dict(zero=3, overlap_grad_reduce=True, overlap_param_gather=True)
+    compiled = configure(dense, 8, stack="torchtitan-compiled", **fsdp)
+    assert refusal("compiled-moe", compiled, dense) is None
+    assert launched(compiled, dense)["compile"] == {"enable": True, "components": ["model"]}
+    assert launched(configure(dense, 8, **fsdp), dense)["compile"] == {"enable": False}
+
+
 def test_moe_comm_overlap() -> None:
     """pytorch/torchtitan@73a0e69 torchtitan/models/moe/moe.py:473-530
 

@@ -359,8 +359,8 @@ def test_torchtitan_log_states_mesh_sequence_and_model(tmp_path: Path) -> None:
 def test_torchtitan_log_runs_its_eager_stack_unless_it_compiled(tmp_path: Path) -> None:
     """A torchtitan log prices its eager block (the framework's name says so: no stack
     written); one that says it compiled each block (``Compiling each TransformerBlock with
-    torch.compile``, torchtitan/models/llama3/infra/parallelize.py:269) is priced as
-    Megatron-Core's fused layers, which the record says."""
+    torch.compile``, torchtitan/models/llama3/infra/parallelize.py:269) runs the compiled
+    block, which the record says."""
     config = shared(HF / "Meta-Llama-3.1-8B.config.json")
     args = ("--model", config, "--cluster", H100, "--nodes", 1, "--mbs", 1, "--global-batch", 8)
     eager, out = _record_of(tmp_path, TITAN_LOG, *args)
@@ -373,7 +373,7 @@ def test_torchtitan_log_runs_its_eager_stack_unless_it_compiled(tmp_path: Path) 
                          "each TransformerBlock with torch.compile\n")
     compiled.write_text("".join(lines))
     record, _ = _record_of(tmp_path, compiled, *args)
-    assert record["software"]["stack"] == "megatron-te"
+    assert record["software"]["stack"] == "torchtitan-compiled"
 
 
 def test_torchtitan_selective_checkpointing_needs_a_recompute_option(tmp_path: Path) -> None:

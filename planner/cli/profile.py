@@ -177,8 +177,8 @@ def _profiled_stack(framework: str | None, stack: str) -> Stack:
         return STACK_NAMES[stack]
     own = FRAMEWORK_STACKS[framework]
     if STACK_NAMES[stack] != "hf-eager":
-        compiled = ("; compiled torchtitan is priced as Megatron-Core's fused layers "
-                    "(megatron-te)") if framework == "torchtitan" else ""  # fmt: skip
+        compiled = ("; compiled torchtitan is priced on its count (torchtitan-compiled), "
+                    "not measured") if framework == "torchtitan" else ""  # fmt: skip
         raise InputError(f"--stack {stack} --framework {framework}: its layers run eager here "
                          f"(--stack eager, the {own} stack){compiled}")  # fmt: skip
     return own

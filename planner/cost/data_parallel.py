@@ -254,7 +254,7 @@ stage_1_and_2.py``, ``__add_grad_to_ipg_bucket`` in ``zero/stage3.py``, deepspee
 edaa722)."""
 
 
-FSDP2_STACKS: tuple[Stack, ...] = ("torchtitan-eager",)
+FSDP2_STACKS: tuple[Stack, ...] = ("torchtitan-eager", "torchtitan-compiled")
 """Stacks whose sharded data parallelism is PyTorch's FSDP2 (``fully_shard``), which copies each
 gathered parameter out of its all-gather buffer and each gradient into its reduce-scatter
 buffer on the device's stream (:func:`fsdp2_copies`)."""

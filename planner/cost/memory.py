@@ -24,6 +24,7 @@ MEMORY_MARGIN: dict[Stack, float] = {"megatron-te": DEFAULT_MEMORY_MARGIN,
                                      "composer-fsdp": DEFAULT_MEMORY_MARGIN,
                                      "megatron-deepspeed": 0.23,
                                      "torchtitan-eager": DEFAULT_MEMORY_MARGIN,
+                                     "torchtitan-compiled": DEFAULT_MEMORY_MARGIN,
                                      "colossalai-hf": DEFAULT_MEMORY_MARGIN,
                                      "megatron-te-fused-loss": DEFAULT_MEMORY_MARGIN,
                                      "megatron-te-fp8-fused-loss": DEFAULT_MEMORY_MARGIN}

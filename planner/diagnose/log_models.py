@@ -238,15 +238,15 @@ def titan_config_fields(lines: list[str], logged: TitanModel | None) -> dict[str
     args' ``max_seq_len``, which torchtitan sets to ``training.seq_len``
     (``update_from_config``, torchtitan/models/llama3/model/args.py:49-55), and full or no
     recomputation (torchtitan's selective checkpointing is none of the planner's modes:
-    :func:`titan_checkpointing` says so, and the caller asks), and the stack: its eager block,
-    or compiled, priced as Megatron-Core's fused layers
-    (:func:`planner.diagnose.run_records.stack_of`)."""
+    :func:`titan_checkpointing` says so, and the caller asks), and the stack: its eager block
+    (``torchtitan-eager``), or ``torchtitan-compiled`` where the log says each block was
+    compiled."""
     mesh = titan_mesh(lines)
     fields: dict[str, Any] = {}
     # No checkpointing or compile line says "none" only in a log that has its start-up lines.
     if mesh or logged is not None:
         compiled = any(_TITAN_COMPILE in line for line in lines)
-        fields["stack"] = "megatron-te" if compiled else "torchtitan-eager"
+        fields["stack"] = "torchtitan-compiled" if compiled else "torchtitan-eager"
         if (mode := titan_checkpointing(lines)) != "selective":
             fields["recompute"] = mode
     if mesh:

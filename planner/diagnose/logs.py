@@ -38,7 +38,7 @@ from planner.diagnose.run_records import stack_of
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
-from planner.vocabulary import with_loss_fusion
+from planner.vocabulary import with_switch
 
 LogFormat = Literal["megatron", "torchtitan"]
 # Warm-up iterations left out by default: the first iterations build the CUDA graphs, allocate
@@ -230,7 +230,8 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         if impl not in ("native", "te"):
             raise InputError(f"arguments: cross_entropy_fusion_impl {impl}: Megatron-Core has "
                              "native and te")  # fmt: skip
-        fields["stack"] = with_loss_fusion(fields.get("stack", "megatron-te"), True)
+        fields["stack"] = with_switch(fields.get("stack", "megatron-te"),
+                                      "cross-entropy-loss-fusion", True)
     if "use_flash_attn" in arguments or "attention_backend" in arguments:
         # Megatron-Core picks Transformer Engine's flash or fused kernel unless told
         # otherwise (--attention-backend auto, transformer_config.py:151; enums.py:51-58);

@@ -34,7 +34,15 @@ from planner.spec import ModelSpec
 from planner.spec.reading import fill_training
 from planner.uniform.recomputations import lean_recompute_modules
 from planner.uniform.space import divisors, stage_splits
-from planner.vocabulary import FUSED_LOSS_STACKS, OP_SAC, RECOMPUTE_MODES, with_loss_fusion
+from planner.vocabulary import (
+    OP_SAC,
+    RECOMPUTE_MODES,
+    STACK_SWITCHES,
+    Stack,
+    stack_switch,
+    switched_on,
+    with_switch,
+)
 
 Values = Callable[[ParallelConfig, ModelSpec, int], tuple[Any, ...]]
 """The values a knob may take for a configuration, a model and a device count, in order."""
@@ -102,10 +110,12 @@ def _doublings(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[
     return (*down, *(config.mbs << k for k in range(4)))
 
 
-def _loss_fusion(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[Any, ...]:
-    """Megatron's loss eager, then fused (:func:`~planner.vocabulary.with_loss_fusion`), the
-    linears in FP8 where the configuration's are."""
-    return tuple(with_loss_fusion(config.stack, fused) for fused in (False, True))
+def _switched(config: ParallelConfig, model: ModelSpec, devices: int) -> tuple[Any, ...]:
+    """The configuration's stack with its switch off, then on
+    (:data:`~planner.vocabulary.STACK_SWITCHES`: Megatron's loss eager then fused, the linears
+    in FP8 where the configuration's are; torchtitan's blocks eager then compiled)."""
+    switch = stack_switch(config.stack)
+    return tuple(with_switch(config.stack, switch, on) for on in (False, True)) if switch else ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -164,10 +174,10 @@ KNOBS: tuple[Knob, ...] = (
     # a pin, not a choice of the search: DeepEP is software the cluster may not have
     Knob(name="moe_dispatcher", values=_fixed("alltoall", "deepep"),
          applies=lambda c, m: c.ep > 1, searched=False),
-    # Megatron's loss eager or fused (--cross-entropy-loss-fusion): the stack a plan was asked
-    # for, which the search keeps
-    Knob(name="stack", values=_loss_fusion,
-         applies=lambda c, m: with_loss_fusion(c.stack, True) is not None, searched=False),
+    # Megatron's loss eager or fused (--cross-entropy-loss-fusion), torchtitan's blocks eager or
+    # compiled: the stack a plan was asked for, which the search keeps
+    Knob(name="stack", values=_switched, applies=lambda c, m: stack_switch(c.stack) is not None,
+         searched=False),
 )
 """The knobs :func:`notches` turns, in the order a report lists them."""
 
@@ -224,7 +234,7 @@ def with_changes(
     >>> with_changes(ParallelConfig(), {"recompute_layers": 4}, llama).recompute
     'full'
     """
-    changes = _stack_of_loss_fusion(config, changes)
+    changes = _stack_of_switches(config, changes)
     values = config.model_dump() | dict(changes)
     if "dp" not in changes and any(k in changes for k in DEVICE_DEGREES):
         values["dp"] = None
@@ -255,24 +265,25 @@ def with_changes(
         raise InputError(f"{given}: {reason}") from None
 
 
-LOSS_FUSION = "cross_entropy_loss_fusion"
-"""Megatron's ``--cross-entropy-loss-fusion``, a switch ``--why-not`` takes for the stack's
-notch (:data:`SAID`)."""
+SWITCHES = {name.replace("-", "_"): name for name in STACK_SWITCHES}
+"""The switches ``--why-not`` takes for the stack's notch (``cross_entropy_loss_fusion``,
+``compile``), by their field-like names."""
 
 
-def _stack_of_loss_fusion(config: ParallelConfig, changes: Mapping[str, Any]) -> dict[str, Any]:
-    """``changes`` with :data:`LOSS_FUSION` turned into the stack it means: the configuration's
-    (or the stack given, else Megatron's default) with the loss fused or eager."""
+def _stack_of_switches(config: ParallelConfig, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` with each switch (:data:`SWITCHES`) turned into the stack it means: the
+    configuration's (or the stack given, else Megatron's default) with it on or off."""
     changes = dict(changes)
-    if LOSS_FUSION not in changes:
-        return changes
-    fused = changes.pop(LOSS_FUSION)
-    stack = changes.get("stack", config.stack) or "megatron-te"
-    changes["stack"] = with_loss_fusion(stack, fused)
-    if changes["stack"] is None:
-        raise InputError(f"cross-entropy-loss-fusion: Megatron-LM's stacks only "
-                         f"({', '.join(FUSED_LOSS_STACKS.values())}); the configuration runs "
-                         f"{stack}")  # fmt: skip
+    for key, switch in SWITCHES.items():
+        if key not in changes:
+            continue
+        on = changes.pop(key)
+        stack = changes.get("stack", config.stack) or "megatron-te"
+        changes["stack"] = with_switch(stack, switch, on)
+        if changes["stack"] is None:
+            runs = ", ".join(STACK_SWITCHES[switch].values())
+            raise InputError(f"{switch}: turns {runs} (or their switched stacks) only; the "
+                             f"configuration runs {stack}")  # fmt: skip
     return changes
 
 
@@ -297,8 +308,8 @@ def describe_change(
     """
     names = [k.name for k in KNOBS if getattr(before, k.name) != getattr(after, k.name)]
     lead = [n for n in names if n == knob] or names
-    moved = [f"{said(n)} {_state(getattr(before, n), n)} -> {_state(getattr(after, n), n)}"
-             for n in lead]
+    moved = [f"{said(n, before.stack)} {_state(getattr(before, n), n)} -> "
+             f"{_state(getattr(after, n), n)}" for n in lead]
     also = [_moved_with(n, before, after) for n in names if n not in lead]
     if dp[1] and dp[1] != dp[0]:
         also.append(f"dp {dp[0]} -> {dp[1]}")
@@ -321,24 +332,22 @@ def _moved_with(name: str, before: ParallelConfig, after: ParallelConfig) -> str
     return f"{said(name)} {_state(getattr(after, name), name)}"
 
 
-SAID = {"stack": "cross-entropy-loss-fusion"}
-"""Knobs a notch names by the flag a user turns, where that is not the field's name: the
-stack's notch is Megatron's ``--cross-entropy-loss-fusion``, on or off."""
+def said(name: str, stack: Stack | None = None) -> str:
+    """Knob ``name`` as a changed notch names it: the option's spelling, or for the stack the
+    switch that turns ``stack`` (:func:`~planner.vocabulary.stack_switch`).
 
-
-def said(name: str) -> str:
-    """Knob ``name`` as a changed notch names it (:data:`SAID`, else the option's spelling).
-
-    >>> said("overlap_grad_reduce"), said("stack")
-    ('overlap-grad-reduce', 'cross-entropy-loss-fusion')
+    >>> said("overlap_grad_reduce"), said("stack", "megatron-te"), said("stack", "torchtitan-eager")
+    ('overlap-grad-reduce', 'cross-entropy-loss-fusion', 'compile')
     """
-    return SAID.get(name, name.replace("_", "-"))
+    if name == "stack":
+        return stack_switch(stack) or "stack"
+    return name.replace("_", "-")
 
 
 def _state(value: Any, name: str) -> str:
-    """A knob's value as a changed notch says it: the stack's notch as its loss fusion."""
+    """A knob's value as a changed notch says it: the stack's notch as its switch, on or off."""
     if name == "stack" and value is not None:
-        return word(value in FUSED_LOSS_STACKS)
+        return word(switched_on(value))
     return word(value, name)
 
 

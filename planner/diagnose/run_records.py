@@ -113,9 +113,8 @@ def stack_of(framework: str) -> Stack:
     """The stack a framework's name says runs its layers: MosaicML's Composer is
     ``composer-fsdp``; Hugging Face transformers or PyTorch eager is ``hf-eager``,
     ``hf-compiled`` with ``torch.compile`` named; Megatron-DeepSpeed (DeepSpeed's engine under
-    Megatron's layers) ``megatron-deepspeed``; torchtitan ``torchtitan-eager`` (compiled, each
-    chain of its elementwise ops one kernel, it is priced as Megatron-Core's fused layers:
-    no stack counts Inductor's fusions of torchtitan's block); anything else Megatron-Core's
+    Megatron's layers) ``megatron-deepspeed``; torchtitan ``torchtitan-eager``,
+    ``torchtitan-compiled`` with ``compile`` named; anything else Megatron-Core's
     ``megatron-te``.
 
     >>> stack_of("PyTorch eager (Hugging Face transformers)"), stack_of("PyTorch FSDP")
@@ -125,7 +124,7 @@ def stack_of(framework: str) -> Stack:
     >>> stack_of("MosaicML Composer + PyTorch FSDP (llm-foundry scripts/train/benchmarking)")
     'composer-fsdp'
     >>> stack_of("torchtitan"), stack_of("torchtitan with torch.compile")
-    ('torchtitan-eager', 'megatron-te')
+    ('torchtitan-eager', 'torchtitan-compiled')
     """
     name = framework.lower()
     if "composer" in name:
@@ -133,7 +132,7 @@ def stack_of(framework: str) -> Stack:
     if "deepspeed" in name and "megatron" in name:
         return "megatron-deepspeed"
     if "torchtitan" in name:
-        return "megatron-te" if "compile" in name else "torchtitan-eager"
+        return "torchtitan-compiled" if "compile" in name else "torchtitan-eager"
     if not any(word in name for word in HF_WORDS):
         return "megatron-te"
     return "hf-compiled" if "torch.compile" in name else "hf-eager"

@@ -17,7 +17,7 @@ from planner.graph import forward_flops
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, Regime
 from planner.uniform.estimate import estimate
-from planner.vocabulary import FP8_STACKS, FUSED_LOSS_STACKS, GIB, ZERO_BUBBLE
+from planner.vocabulary import COMPILED_STACKS, FP8_STACKS, FUSED_LOSS_STACKS, GIB, ZERO_BUBBLE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +141,7 @@ def describe(config: ParallelConfig) -> str:
     parts += ["EP-all-to-all-overlap"] * config.overlap_moe_expert_parallel_comm
     parts += ["FP8"] * (config.stack in FP8_STACKS)
     parts += ["fused-loss"] * (config.stack in FUSED_LOSS_STACKS)
+    parts += ["compiled"] * (config.stack in COMPILED_STACKS)
     offloads = {"none": [], "optimizer": ["optimizer-offload"], "zero-offload": ["zero-offload"]}
     return " ".join(parts + offloads[config.offload])
 

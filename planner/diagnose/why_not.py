@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
-from planner.diagnose.notches import LOSS_FUSION, PROBLEM
+from planner.diagnose.notches import PROBLEM, SWITCHES
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 
@@ -22,6 +22,8 @@ def parse_changes(text: str, *, option: str = "--why-not") -> dict[str, Any]:
     {'tp': 8, 'pp': 16, 'sp': True, 'overlap_grad_reduce': False}
     >>> parse_changes("cross-entropy-loss-fusion=on,recompute-modules=moe_act")
     {'cross_entropy_loss_fusion': True, 'recompute_modules': 'moe_act'}
+    >>> parse_changes("compile=off")
+    {'compile': False}
     """
     fields = ParallelConfig.model_fields
     changes: dict[str, Any] = {}
@@ -37,13 +39,13 @@ def parse_changes(text: str, *, option: str = "--why-not") -> dict[str, Any]:
                              "keeps the plan's")  # fmt: skip
         if name in changes:
             raise InputError(f"{option}: {key} is given twice")
-        if name == LOSS_FUSION:  # a switch that stands for a stack (SAID)
+        if name in SWITCHES:  # a switch that stands for a stack
             if raw.lower() not in _SWITCH:
                 raise InputError(f"{option}: {key}={raw}: a switch takes on or off")
             changes[name] = _SWITCH[raw.lower()]
             continue
         if name not in fields:
-            knobs = ", ".join(k.replace("_", "-") for k in (*fields, LOSS_FUSION)
+            knobs = ", ".join(k.replace("_", "-") for k in (*fields, *SWITCHES)
                               if k not in PROBLEM)  # fmt: skip
             raise InputError(f"{option}: no knob {key!r}; knobs: {knobs}")
         changes[name] = _value(name, raw, option=option)

@@ -35,6 +35,7 @@ from planner.frameworks._torchtitan_flavors import (
     flavor_differences,
 )
 from planner.frameworks._torchtitan_toml import (
+    Table,
     data_parallel_table,
     model_parallel_table,
     pipeline_table,
@@ -101,6 +102,17 @@ def moe_capacity(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
         return None
     return (f"moe capacity_factor {model.moe.capacity_factor:g}: torchtitan's MoE is dropless "
             f"(no capacity factor); drop it from the model to price torchtitan's routing")
+
+
+def compiled_moe(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """An MoE block under ``compile`` is compiled submodule by submodule, its routed experts
+    eager: a split the ``torchtitan-compiled`` stack, counted on whole dense blocks, does not
+    price."""
+    if resolved.training.stack != "torchtitan-compiled" or model.moe is None:
+        return None
+    return ("stack torchtitan-compiled with an MoE model: torchtitan compiles an MoE block "
+            "submodule by submodule with its routed experts eager, which the planner does not "
+            "count; use torchtitan-eager")
 
 
 def deepep_dispatch(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -302,6 +314,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="fp16", check=fp16, source=f"{REPO} torchtitan/config/job_config.py:282"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
          source=f"{REPO} torchtitan/models/moe/moe.py:473-530"),
+    Rule(name="compiled-moe", check=compiled_moe,
+         source=f"{REPO} torchtitan/models/llama4/infra/parallelize.py:593-656"),
     Rule(name="moe-capacity", check=moe_capacity,
          source=f"{REPO} torchtitan/models/moe/moe.py:22-41"),
     Rule(name="bf16-moments", check=bf16_moments_not_written,
@@ -370,10 +384,20 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
         "parallelism": {**data_parallel_table(resolved), **model_parallel_table(resolved, model),
                         **pipeline_table(resolved)},
         "activation_checkpoint": activation_checkpoint_table(resolved, model),
-        "compile": {"enable": False},  # the torchtitan-eager stack the plan was priced on
+        "compile": compile_table(resolved),
     }  # fmt: skip
     header = f"# torchtitan {VERSION} ({REPO}): {model.name}\n"
     return Launch(text=header + render(tables), notes=notes(found, model))
+
+
+def compile_table(resolved: ResolvedConfig) -> Table:
+    """``[compile]`` as the plan's stack runs: on ``torchtitan-compiled`` each block compiled
+    (``apply_compile``, ``torchtitan/models/llama3/infra/parallelize.py:256-269``) and the loss
+    left eager, as priced (``components`` defaults to the model and the loss:
+    ``torchtitan/config/job_config.py:721-727``); off on ``torchtitan-eager``."""
+    if resolved.training.stack != "torchtitan-compiled":
+        return {"enable": False}
+    return {"enable": True, "components": ["model"]}
 
 
 def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:
@@ -392,6 +416,7 @@ def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="torchtitan", title="torchtitan", rules=RULES, launch=launch,
-                  zero_bubble=True, folds_experts=True, stacks=("torchtitan-eager",),
+                  zero_bubble=True, folds_experts=True,
+                  stacks=("torchtitan-eager", "torchtitan-compiled"),
                   selective_modules=OP_SAC)
 """torchtitan as a framework target."""

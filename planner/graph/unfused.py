@@ -67,6 +67,16 @@ fused stacks. Beyond it, per element:
 - The loss (``torchtitan/components/loss.py``: ``cross_entropy`` on ``pred.float()``): as
   ``hf-eager``'s.
 
+``torchtitan-compiled`` is the same block under ``torch.compile`` (its head eager): as
+``hf-compiled``, each chain of pointwise ops one kernel, inferred, not read from generated code.
+The separate projections' input gradients are summed inside the norm's backward (2 B for each
+reader past the first, no kernel of its own); the residual add writes the stream once (6 B; its
+backward's sum where the stream branches is read inside the norm's backward, 2 B); SwiGLU as
+``hf-compiled``'s (6 B; backward 10, SiLU recomputed). The rotary embedding stays as eager's:
+Inductor generates no code for complex operators (``torch/_inductor/lowering.py`` falls back to
+ATen for them), so the fp32 complex product and the casts around it run as three kernels each
+way (a Qwen3 block's real-valued rotation, which Inductor would fuse, is priced the same).
+
 ``colossalai-hf`` is Hugging Face's Llama layer cast whole to bf16 (Colossal-AI's
 ``HybridParallelModule``): as ``torchtitan-eager`` but for two things. ``LlamaRMSNorm`` runs as
 written on a bf16 input: the upcast to fp32 (6 B), ``pow`` (8), ``mean`` (4), ``add`` and
@@ -222,6 +232,17 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
         "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
                           forward_kernels=3, backward_kernels=3),
     },
+    "torchtitan-compiled": {
+        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=2.0,
+                                forward_kernels=0, backward_kernels=0),
+        "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
+                          forward_kernels=3, backward_kernels=3),
+        "residual": Kernels(forward_bytes=6.0, backward_bytes=2.0,
+                            forward_kernels=1, backward_kernels=0),
+        "glu": Kernels(forward_bytes=6.0, backward_bytes=10.0,
+                       forward_kernels=1, backward_kernels=1),
+        "activation": _EAGER_ACTIVATION,
+    },
     "colossalai-hf": _EAGER_16BIT | {
         "norm": Kernels(forward_bytes=36.0, backward_bytes=96.0,
                         forward_kernels=8, backward_kernels=16),
@@ -321,8 +342,7 @@ MAIN_GRAD_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", *FUSED_
 """Stacks whose data parallelism keeps an fp32 ``main_grad`` beside each 16-bit weight
 (Megatron-Core's ``DistributedDataParallel``): a linear's weight-gradient GEMM accumulates into
 it (``gradient_accumulation_fusion``), anything else's gradient is added by the parameter's
-hook. A compiled torchtitan run, priced on ``megatron-te`` (its logs are read so), is given
-the hook too, which FSDP2 does not run."""
+hook."""
 
 
 def embedding_gradient_bytes(stack: Stack, gradient_bytes: float) -> float:

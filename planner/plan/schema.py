@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.plan.bands import ErrorBand, MemoryBand
 from planner.plan.config import ParallelConfig
 from planner.vocabulary import (
+    COMPILED_STACKS,
     FP8_STACKS,
     FUSED_LOSS_STACKS,
     GIB,
@@ -416,6 +417,8 @@ class Plan(_Frozen):
             extras.append("FP8 linears")
         if self.stack in FUSED_LOSS_STACKS:
             extras.append("fused loss")
+        if self.stack in COMPILED_STACKS:
+            extras.append("compiled blocks")
         return ", ".join([text, *extras])
 
     def to_json(self) -> str:

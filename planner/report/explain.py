@@ -80,10 +80,10 @@ def _ruled_out(n: Neighbour, plan: Plan) -> str:
         clauses.append(f"{_who(plan)} does not launch it")
     if clauses:
         return " and ".join(clauses)
-    if _unsearched(n, plan) == ["stack"]:  # the loss's notch: solve plans on the stack given
+    if _unsearched(n, plan) == ["stack"]:  # a stack's switch: solve plans on the stack given
         return f"feasible; solve keeps the stack it is given (--stack {n.config.stack})"
     if _unsearched(n, plan):
-        names = " and ".join(said(k) for k in _unsearched(n, plan))
+        names = " and ".join(said(k, n.config.stack) for k in _unsearched(n, plan))
         return f"feasible; solve does not turn {'this knob' if n.knob in _SEARCHED else names}"
     if plan.solver.status == "priced":
         return "feasible (the plan was priced as given, not searched)"
