@@ -121,7 +121,7 @@ def test_explain_answers_for_every_solved_plan(path: str, nodes: int,
     for n in e.sensitivities:
         moved = getattr(n.config, n.knob)
         assert n.config == with_changes(config, {n.knob: moved}, model)
-        assert n.change.startswith(said(n.knob))
+        assert n.change.startswith(said(n.knob, n.config.stack))
         if config.recompute_layers is not None and n.knob == "recompute":
             assert "recompute-layers" in n.change and "dropped" in n.change
         if n.refusal is None:
