@@ -43,9 +43,9 @@ pipeline engine.
 at v0.2.2) run eager in the compute precision, its weights gathered by FSDP2 in bf16 (no
 autocast): a bf16 residual stream, ``nn.RMSNorm`` (one fused kernel on CUDA), separate
 projections, the rotary embedding as complex products in fp32, SwiGLU unfused, the loss on
-fp32 logits. ``torchtitan-compiled``: the same blocks each under ``torch.compile``
-(torchtitan's ``[compile] enable`` with ``components = ["model"]``): Inductor's fused chains,
-SiLU recomputed in the backward, the loss eager. ``colossalai-hf``: a Hugging Face
+fp32 logits. ``torchtitan-compiled``: the same blocks each under ``torch.compile``, and the
+loss (torchtitan's ``[compile] enable``, its default ``components``): Inductor's fused chains,
+SiLU recomputed in the backward, the loss keeping the bf16 logits. ``colossalai-hf``: a Hugging Face
 ``transformers`` model as Colossal-AI's ``HybridParallelPlugin`` runs it, cast whole to the
 compute precision (fp32 master weights in its optimizer, no autocast): a 16-bit residual
 stream, Hugging Face's own RMSNorm (upcast to fp32 inside), separate projections, the rotary

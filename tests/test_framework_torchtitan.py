@@ -554,7 +554,7 @@ def test_compiled_moe() -> None:
 
     Compiled, an MoE block is compiled submodule by submodule, its routed experts left eager:
     the torchtitan-compiled stack, counted on whole dense blocks, refuses it; a dense model
-    compiles, and the launch says so with the loss left eager, as priced."""
+    compiles, its blocks and its loss, as priced."""
     model = load("Qwen3-30B-A3B")
     knobs = dict(ep=8, zero=3, global_batch=256, seq_len=4096)
     assert "compiles an MoE block submodule by submodule" in (refusal(
@@ -565,7 +565,8 @@ def test_compiled_moe() -> None:
     fsdp = dict(zero=3, overlap_grad_reduce=True, overlap_param_gather=True)
     compiled = configure(dense, 8, stack="torchtitan-compiled", **fsdp)
     assert refusal("compiled-moe", compiled, dense) is None
-    assert launched(compiled, dense)["compile"] == {"enable": True, "components": ["model"]}
+    assert launched(compiled, dense)["compile"] == {"enable": True,
+                                                    "components": ["model", "loss"]}
     assert launched(configure(dense, 8, **fsdp), dense)["compile"] == {"enable": False}
 
 

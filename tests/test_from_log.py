@@ -360,7 +360,8 @@ def test_torchtitan_log_runs_its_eager_stack_unless_it_compiled(tmp_path: Path) 
     """A torchtitan log prices its eager block (the framework's name says so: no stack
     written); one that says it compiled each block (``Compiling each TransformerBlock with
     torch.compile``, torchtitan/models/llama3/infra/parallelize.py:269) runs the compiled
-    block, which the record says."""
+    block, which the record says; without the loss's line (torchtitan/components/loss.py:34)
+    the command says its loss is priced compiled all the same."""
     config = shared(HF / "Meta-Llama-3.1-8B.config.json")
     args = ("--model", config, "--cluster", H100, "--nodes", 1, "--mbs", 1, "--global-batch", 8)
     eager, out = _record_of(tmp_path, TITAN_LOG, *args)
@@ -372,6 +373,14 @@ def test_torchtitan_log_runs_its_eager_stack_unless_it_compiled(tmp_path: Path) 
     lines.insert(at + 1, "[rank0]:[titan] 2026-03-02 15:02:10,200 - root - INFO - Compiling "
                          "each TransformerBlock with torch.compile\n")
     compiled.write_text("".join(lines))
+    blocks_alone = _from_log(compiled, *args, "--out", tmp_path / "blocks.json")
+    assert "the log compiled its blocks alone, which no stack prices: the record prices both " \
+           "compiled" in " ".join(blocks_alone.stderr.split())
+    lines.insert(at + 2, "[rank0]:[titan] 2026-03-02 15:02:10,300 - root - INFO - Compiling "
+                         "the loss function with torch.compile\n")
+    compiled.write_text("".join(lines))
+    done = _from_log(compiled, *args, "--out", tmp_path / "both.json")
+    assert done.returncode == 0 and "compiled its" not in done.stderr
     record, _ = _record_of(tmp_path, compiled, *args)
     assert record["software"]["stack"] == "torchtitan-compiled"
 

@@ -44,6 +44,7 @@ _TITAN_SIZE = re.compile(r"Model (\S+) (\S+) size: ([0-9,]+) total parameters")
 _TITAN_MESH = re.compile(r"Building device mesh with parallelism: (.*)$")
 _TITAN_AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
 _TITAN_COMPILE = "Compiling each TransformerBlock with torch.compile"
+_TITAN_COMPILE_LOSS = "Compiling the loss function with torch.compile"
 
 
 def megatron_printed(model: ModelSpec) -> dict[str, str]:
@@ -226,6 +227,17 @@ def titan_parameter_count(model: ModelSpec) -> int:
     return total
 
 
+def titan_compiled(lines: list[str]) -> tuple[str, ...]:
+    """What a torchtitan log says it compiled: ``model`` (each block), ``loss``, both or
+    neither (``torchtitan/components/loss.py:33-35`` logs the loss's).
+
+    >>> titan_compiled(["... Compiling the loss function with torch.compile"])
+    ('loss',)
+    """
+    said = {"model": _TITAN_COMPILE, "loss": _TITAN_COMPILE_LOSS}
+    return tuple(part for part, text in said.items() if any(text in line for line in lines))
+
+
 def titan_checkpointing(lines: list[str]) -> str:
     """torchtitan's activation checkpointing mode: ``full``, ``selective`` or ``none``."""
     modes = [m.group(1) for line in lines if (m := _TITAN_AC.search(_clean(line)))]
@@ -245,7 +257,7 @@ def titan_config_fields(lines: list[str], logged: TitanModel | None) -> dict[str
     fields: dict[str, Any] = {}
     # No checkpointing or compile line says "none" only in a log that has its start-up lines.
     if mesh or logged is not None:
-        compiled = any(_TITAN_COMPILE in line for line in lines)
+        compiled = "model" in titan_compiled(lines)
         fields["stack"] = "torchtitan-compiled" if compiled else "torchtitan-eager"
         if (mode := titan_checkpointing(lines)) != "selective":
             fields["recompute"] = mode

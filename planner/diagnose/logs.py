@@ -31,6 +31,7 @@ from planner.diagnose.log_models import (
     check_titan_model,
     megatron_dropout,
     titan_checkpointing,
+    titan_compiled,
     titan_config_fields,
     titan_model,
 )
@@ -91,6 +92,9 @@ class LogRun:
     titan_fields: dict[str, Any] | None = None
     """The configuration torchtitan's lines state
     (:func:`~planner.diagnose.log_models.titan_config_fields`)."""
+    titan_compiled: tuple[str, ...] = ()
+    """What torchtitan compiled, ``model`` and ``loss``
+    (:func:`~planner.diagnose.log_models.titan_compiled`)."""
 
 
 def megatron_step_times_s(lines: list[str]) -> list[float]:
@@ -151,7 +155,8 @@ def read_log(text: str, *, where: str, skip: int = DEFAULT_SKIP) -> LogRun:
                   tokens_per_s_per_gpu=statistics.median(kept), arguments={},
                   global_batch=None, titan_model=built,
                   titan_checkpointing=titan_checkpointing(lines),
-                  titan_fields=titan_config_fields(lines, built))  # fmt: skip
+                  titan_fields=titan_config_fields(lines, built),
+                  titan_compiled=titan_compiled(lines))  # fmt: skip
 
 
 def _flex_backend(arguments: dict[str, str]) -> str | None:
@@ -246,7 +251,14 @@ def config_fields(log: LogRun) -> dict[str, Any]:
 def priced_nearby(log: LogRun) -> tuple[str, ...]:
     """What the log ran that its record prices as the nearest thing the planner has, a
     sentence each: Transformer Engine's fused loss (``cross_entropy_fusion_impl te``, which
-    Megatron-LM refuses since NVIDIA/Megatron-LM#5115) as Megatron-Core's native one."""
+    Megatron-LM refuses since NVIDIA/Megatron-LM#5115) as Megatron-Core's native one;
+    torchtitan's blocks compiled without its loss (or its loss without its blocks) as both
+    compiled (or neither), the ``torchtitan-compiled`` stack (or ``torchtitan-eager``)."""
+    if log.format == "torchtitan" and len(log.titan_compiled) == 1:
+        done, priced = log.titan_compiled[0], ("both" if "model" in log.titan_compiled
+                                               else "neither")  # fmt: skip
+        return (f"the log compiled its {'blocks' if done == 'model' else 'loss'} alone, which "
+                f"no stack prices: the record prices {priced} compiled",)
     arguments = log.arguments
     if (arguments.get("cross_entropy_loss_fusion") == "True"
             and arguments.get("cross_entropy_fusion_impl") == "te"):

@@ -391,13 +391,13 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
 
 
 def compile_table(resolved: ResolvedConfig) -> Table:
-    """``[compile]`` as the plan's stack runs: on ``torchtitan-compiled`` each block compiled
+    """``[compile]`` as the plan's stack runs: on ``torchtitan-compiled`` each block
     (``apply_compile``, ``torchtitan/models/llama3/infra/parallelize.py:256-269``) and the loss
-    left eager, as priced (``components`` defaults to the model and the loss:
-    ``torchtitan/config/job_config.py:721-727``); off on ``torchtitan-eager``."""
+    (``torchtitan/components/loss.py:33-35``) compiled, the default ``components``
+    (``torchtitan/config/job_config.py:721-727``) written out; off on ``torchtitan-eager``."""
     if resolved.training.stack != "torchtitan-compiled":
         return {"enable": False}
-    return {"enable": True, "components": ["model"]}
+    return {"enable": True, "components": ["model", "loss"]}
 
 
 def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:

@@ -26,9 +26,14 @@ from planner.graph.builder import (
 )
 from planner.graph.op_sac import per_operator_checkpoint
 from planner.graph.ops import Op, Tensor
-from planner.graph.stacks import EAGER_GLU_STACKS, FP32_BYTES, LOSS_KEPT, LOSS_WORKING
+from planner.graph.stacks import (
+    EAGER_GLU_STACKS,
+    EAGER_HEAD_STACKS,
+    FP32_BYTES,
+    LOSS_KEPT,
+    LOSS_WORKING,
+)
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
-from planner.vocabulary import COMPILED_STACKS
 
 __all__ = ["ACTIVATION_BYTES", "decoder_layer_kind", "expert_capacity", "lower"]
 
@@ -363,8 +368,7 @@ def lower(model: ModelSpec, training: TrainingSpec, *, micro_batch_size: int = 1
         x = _decoder_layer(b, x)
         builders.append(b)
     last = builder(model.num_layers + 1, "head")
-    # torch.compile wraps the decoder layers only
-    last.stack = COMPILED_STACKS.get(training.stack, training.stack)
+    last.stack = EAGER_HEAD_STACKS.get(training.stack, training.stack)
     _head(last, x)
     builders.append(last)
     for depth in range(1, model.mtp_layers + 1):

@@ -40,11 +40,12 @@ lowering (:mod:`planner.graph.lower`) to apply operator by operator:
   torchtitan's own block saves.
 - ``torchtitan-compiled``: torchtitan's blocks each under ``torch.compile``
   (``apply_compile`` in ``torchtitan/models/llama3/infra/parallelize.py`` at v0.2.2:
-  ``fullgraph=True`` per ``TransformerBlock``; the final norm, the output layer and, exported
-  with ``components = ["model"]``, the loss stay eager). Counted from what Inductor's
-  partitioner keeps (``benchmarks/compiled_layer_kept.py``: the compiled block's saved tensors,
-  read off its backward node on the CPU): everything ``torchtitan-eager`` keeps but SiLU's
-  output, which the backward recomputes from the kept gate; plus a value a token per norm
+  ``fullgraph=True`` per ``TransformerBlock``) and its loss too (``components`` defaults to
+  ``["model", "loss"]``, ``torchtitan/components/loss.py:33-35``: :data:`LOSS_KEPT`); the
+  final norm and the output layer stay eager, as on ``torchtitan-eager``. Counted from what
+  Inductor's partitioner keeps (``benchmarks/compiled_layer_kept.py``: the compiled block's
+  saved tensors, read off its backward node on the CPU): everything ``torchtitan-eager`` keeps
+  but SiLU's output, which the backward recomputes from the kept gate; plus a value a token per norm
   (its reciprocal RMS). ``8h + 4q + 4kv + 6f`` bytes a token for a Llama block; Llama 3 8B's
   and Qwen3 8B's blocks, and the TP2 shard, within 0.6 % (the log-sum-exp, the reciprocal RMS
   and Qwen3's rotary tables' slices, a few hundred bytes a token, are not counted). The same
@@ -116,6 +117,13 @@ def pipeline_transfers(stack: Stack, stages: int) -> int:
     return 4 if stack in SERIAL_PIPELINE_STACKS and stages > 2 else 2
 
 
+EAGER_HEAD_STACKS: dict[Stack, Stack] = {"hf-compiled": "hf-eager"}
+"""Stacks whose head (the final norm, the output layer and the loss) runs as another stack:
+Hugging Face's compiled layers with the head eager, as the H100's compiled step ran them
+(``torch.compile`` of each decoder layer). torchtitan's compiled head differs from its eager one
+in the loss alone, which its stack prices compiled."""
+
+
 FP32_BYTES = 4.0
 """Bytes of an fp32 element."""
 AUTOCAST_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled")
@@ -133,13 +141,17 @@ it keeps the input's fp32 copy and the normalized output cast back."""
 LOSS_KEPT: dict[Stack, float] = {"megatron-te": 4.0, "megatron-te-fp8": 4.0, "hf-eager": 4.0,
                                   "hf-compiled": 4.0, "composer-fsdp": 2.0,
                                   "megatron-deepspeed": 4.0, "torchtitan-eager": 4.0,
-                                  "torchtitan-compiled": 4.0, "colossalai-hf": 4.0}
+                                  "torchtitan-compiled": 2.0, "colossalai-hf": 4.0}
 """Bytes per token and vocabulary entry the loss keeps for its backward: fp32 softmax (or
 log-probabilities); flash-attn's fused cross entropy (``flash_attn/losses/cross_entropy.py``,
-as MosaicGPT builds it) keeps the 16-bit logits themselves and an fp32 log-sum-exp a token."""
+as MosaicGPT builds it) keeps the 16-bit logits themselves and an fp32 log-sum-exp a token, and
+so does torchtitan's ``cross_entropy_loss`` under ``torch.compile`` (``compile.components``
+holds ``"loss"``, its default): Inductor's partitioner saves the bf16 logits, the row's maximum
+and log-sum-exp, and recomputes the fp32 log-probabilities in the backward
+(``benchmarks/fused_loss_code.py --code torchtitan``)."""
 LOSS_WORKING: dict[Stack, float] = {"megatron-te": 2.0, "megatron-te-fp8": 2.0, "hf-eager": 8.0,
                                     "hf-compiled": 8.0, "torchtitan-eager": 8.0,
-                                    "torchtitan-compiled": 8.0, "colossalai-hf": 8.0,
+                                    "torchtitan-compiled": 2.0, "colossalai-hf": 8.0,
                                     "composer-fsdp": 2.0, "megatron-deepspeed": 2.0}
 """Bytes per token and vocabulary entry the loss's backward holds beyond the fp32 softmax it
 keeps. Hugging Face's loss (``transformers/loss/loss_utils.py``) runs ``cross_entropy`` on
@@ -152,9 +164,11 @@ at once, 8 bytes, with the kept log-probabilities 12 (measured 12.26 GiB at 8,19
 Megatron-Core's vocab-parallel cross entropy (``megatron/core/tensor_parallel/cross_entropy.py``)
 turns the kept fp32 softmax into the gradient in place; the gradient cast back to the logits'
 16-bit type is the 2 bytes. The fused cross entropy without ``inplace_backward`` writes a new
-16-bit gradient: 2 bytes. Megatron-DeepSpeed's (``megatron/mpu/cross_entropy.py`` at
-bigscience-workshop/Megatron-DeepSpeed b9883f44) works as Megatron-Core's, on the fp32 logits its
-pipeline's last stage hands it (``float16_to_fp32``)."""
+16-bit gradient: 2 bytes; so does torchtitan's compiled loss, whose backward is one kernel from
+the kept logits to their bf16 gradient (its only buffer over the logits in Inductor's code).
+Megatron-DeepSpeed's (``megatron/mpu/cross_entropy.py`` at bigscience-workshop/Megatron-DeepSpeed
+b9883f44) works as Megatron-Core's, on the fp32 logits its pipeline's last stage hands it
+(``float16_to_fp32``)."""
 
 # Megatron's fused loss keeps the eager one's fp32 softmax (``ctx.save_for_backward(exp_logits,
 # ...)``) and returns the same 16-bit gradient (``grad_input.to(torch.bfloat16)``:

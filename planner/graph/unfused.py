@@ -76,6 +76,13 @@ backward's sum where the stream branches is read inside the norm's backward, 2 B
 Inductor generates no code for complex operators (``torch/_inductor/lowering.py`` falls back to
 ATen for them), so the fp32 complex product and the casts around it run as three kernels each
 way (a Qwen3 block's real-valued rotation, which Inductor would fuse, is priced the same).
+The loss is compiled too (``compile.components`` holds ``"loss"`` by default), per logit: one
+pass over the bf16 logits for the row's maximum and sum of exponentials (2 B: Inductor's online
+softmax on a GPU, ``prepare_softmax_online`` in ``torch/_inductor/fx_passes/post_grad.py``;
+two passes, 4 B, on the CPU, which has no such kernel) and a kernel a token for the target's
+term; backward, the logits read and their bf16 gradient written (4 B), and a kernel a token.
+Counted from the code Inductor generates (``benchmarks/fused_loss_code.py --code
+torchtitan``).
 
 ``colossalai-hf`` is Hugging Face's Llama layer cast whole to bf16 (Colossal-AI's
 ``HybridParallelModule``): as ``torchtitan-eager`` but for two things. ``LlamaRMSNorm`` runs as
@@ -242,6 +249,8 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
         "glu": Kernels(forward_bytes=6.0, backward_bytes=10.0,
                        forward_kernels=1, backward_kernels=1),
         "activation": _EAGER_ACTIVATION,
+        "loss": Kernels(forward_bytes=2.0, backward_bytes=4.0,
+                        forward_kernels=2, backward_kernels=2),
     },
     "colossalai-hf": _EAGER_16BIT | {
         "norm": Kernels(forward_bytes=36.0, backward_bytes=96.0,

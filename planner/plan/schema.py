@@ -418,7 +418,7 @@ class Plan(_Frozen):
         if self.stack in FUSED_LOSS_STACKS:
             extras.append("fused loss")
         if self.stack in COMPILED_STACKS:
-            extras.append("compiled blocks")
+            extras.append("torch.compile")
         return ", ".join([text, *extras])
 
     def to_json(self) -> str:
