@@ -202,6 +202,17 @@ _EAGER_16BIT = {
 Face's cast to bf16): the separate projections' gradient sums, residual adds, activations and
 the fp32 loss."""
 
+_COMPILED_GRADIENT_SUM = Kernels(forward_bytes=0.0, backward_bytes=2.0, forward_kernels=0,
+                                 backward_kernels=0)
+"""A separate projection's input gradient read into the norm's backward kernel, compiled."""
+_COMPILED_GLU = Kernels(forward_bytes=6.0, backward_bytes=10.0, forward_kernels=1,
+                        backward_kernels=1)
+"""``act(gate) * up`` as one compiled kernel each way, SiLU recomputed in the backward."""
+_COMPLEX_ROTARY = Kernels(forward_bytes=20.0, backward_bytes=20.0, forward_kernels=3,
+                          backward_kernels=3)
+"""torchtitan's rotary embedding, q or k to fp32, the complex product, back to bf16, per
+element: eager, and compiled (Inductor falls back to ATen for complex operators)."""
+
 UNFUSED: dict[Stack, dict[str, Kernels]] = {
     "hf-eager": {
         "norm": Kernels(forward_bytes=28.0, backward_bytes=92.0,
@@ -221,34 +232,23 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
                         forward_kernels=1, backward_kernels=2),
         "input_cast": Kernels(forward_bytes=0.0, backward_bytes=0.0,
                               forward_kernels=0, backward_kernels=0),
-        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=2.0,
-                                forward_kernels=0, backward_kernels=0),
+        "gradient_sum": _COMPILED_GRADIENT_SUM,
         "rotary": Kernels(forward_bytes=4.0, backward_bytes=4.0,
                           forward_kernels=1, backward_kernels=1),
         "residual": Kernels(forward_bytes=10.0, backward_bytes=6.0,
                             forward_kernels=1, backward_kernels=1),
-        "glu": Kernels(forward_bytes=6.0, backward_bytes=10.0,
-                       forward_kernels=1, backward_kernels=1),
-        "activation": _EAGER_ACTIVATION,
+        "glu": _COMPILED_GLU, "activation": _EAGER_ACTIVATION,
     },
     "megatron-te": {"loss": _MEGATRON_LOSS},
     "megatron-te-fp8": {"loss": _MEGATRON_LOSS},
     **{fused: {"loss": _MEGATRON_FUSED_LOSS} for fused in FUSED_LOSS_STACKS},
     "megatron-deepspeed": {"loss": _MEGATRON_LOSS},
-    "torchtitan-eager": _EAGER_16BIT | {
-        "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
-                          forward_kernels=3, backward_kernels=3),
-    },
+    "torchtitan-eager": _EAGER_16BIT | {"rotary": _COMPLEX_ROTARY},
     "torchtitan-compiled": {
-        "gradient_sum": Kernels(forward_bytes=0.0, backward_bytes=2.0,
-                                forward_kernels=0, backward_kernels=0),
-        "rotary": Kernels(forward_bytes=20.0, backward_bytes=20.0,
-                          forward_kernels=3, backward_kernels=3),
+        "gradient_sum": _COMPILED_GRADIENT_SUM, "rotary": _COMPLEX_ROTARY,
         "residual": Kernels(forward_bytes=6.0, backward_bytes=2.0,
                             forward_kernels=1, backward_kernels=0),
-        "glu": Kernels(forward_bytes=6.0, backward_bytes=10.0,
-                       forward_kernels=1, backward_kernels=1),
-        "activation": _EAGER_ACTIVATION,
+        "glu": _COMPILED_GLU, "activation": _EAGER_ACTIVATION,
         "loss": Kernels(forward_bytes=2.0, backward_bytes=4.0,
                         forward_kernels=2, backward_kernels=2),
     },
