@@ -2,7 +2,9 @@
 function Inductor builds, against the compiled stacks' count:
 
 - ``--code torchtitan``: torchtitan's ``TransformerBlock`` (v0.2.2) in bf16, compiled as
-  ``apply_compile`` compiles it (``fullgraph=True``): the ``torchtitan-compiled`` stack;
+  ``apply_compile`` compiles it (``fullgraph=True``): the ``torchtitan-compiled`` stack; with
+  ``--op-sac``, under its per-operator selective checkpointing first, as torchtitan applies
+  it before compiling (``_apply_op_sac``): the recompute module ``op`` on that stack;
 - ``--code transformers``: Hugging Face's ``LlamaDecoderLayer`` under bf16 autocast with fp32
   weights, compiled, as ``../shared/validation/h100/scripts/real_layer.py`` ran it on the H100:
   the ``hf-compiled`` stack, and the bytes that script measured on the GPU
@@ -21,7 +23,7 @@ Run from the repository root (Llama 3 8B's block on 1,024 tokens: half a minute 
 Hugging Face's Llama 3.2 1B layer on 8,192, a minute):
 
     python benchmarks/compiled_layer_kept.py [--code torchtitan|transformers] [--model M]
-        [--seq-len S] [--tp 1]
+        [--seq-len S] [--tp 1] [--op-sac]
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ def _saved(out: Any, skip: set[int], torch: Any) -> dict[int, int]:
     return seen
 
 
-def measure(code: str, model: ModelSpec, seq_length: int, tensor_parallel: int) -> float:
-    """Bytes a token the compiled layer of ``model`` keeps on ``seq_length`` tokens."""
+def measure(code: str, model: ModelSpec, seq_length: int, tensor_parallel: int,
+            op_sac: bool = False) -> float:  # fmt: skip
+    """Bytes a token the compiled layer of ``model`` keeps on ``seq_length`` tokens (under
+    torchtitan's per-operator checkpointing where ``op_sac``)."""
     import torch
 
     torch.manual_seed(0)
@@ -74,6 +78,16 @@ def measure(code: str, model: ModelSpec, seq_length: int, tensor_parallel: int) 
         rotated = TorchtitanCode(model).layer("dense", tensor_parallel)
         for p in rotated.parameters():  # FSDP2 gathers bf16 weights; the frequencies stay
             p.data = p.data.to(torch.bfloat16)
+        if op_sac:
+            from torchtitan.config.job_config import ActivationCheckpoint
+            from torchtitan.distributed.activation_checkpoint import _apply_op_sac
+            from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+            # the CPU's flash attention stands for CUDA's in the save list
+            cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+            rotated.block = _apply_op_sac(
+                rotated.block, ActivationCheckpoint(mode="selective", selective_ac_option="op"),
+                base_fqn="layers.0", op_sac_save_list={*_op_sac_save_list, cpu_flash})
         rotated.block = torch.compile(rotated.block, fullgraph=True)
         x = torch.randn(1, seq_length, model.hidden_size, dtype=torch.bfloat16,
                         requires_grad=True)  # fmt: skip
@@ -114,11 +128,21 @@ def measure(code: str, model: ModelSpec, seq_length: int, tensor_parallel: int) 
     return sum(_saved(out, skip, torch).values()) / seq_length
 
 
-def priced(model: ModelSpec, seq_length: int, stack: Stack, tensor_parallel: int) -> float:
+def priced(model: ModelSpec, seq_length: int, stack: Stack, tensor_parallel: int,
+           op_sac: bool = False) -> float:  # fmt: skip
     """Bytes a token the planner's decoder layer on ``stack`` keeps, at one rank's share of
-    ``tensor_parallel`` (heads and FFN divided, the residual stream whole, as the shard runs)."""
+    ``tensor_parallel`` (heads and FFN divided, the residual stream whole, as the shard runs);
+    under the recompute module ``op`` where ``op_sac``."""
     from planner.graph.lower import lower
     from planner.spec import TrainingSpec
+
+    if op_sac:
+        from planner.diagnose.titan_sac import priced_op_sac
+        from planner.spec.reading import load_cluster
+
+        cluster = load_cluster(Path("instances/clusters/dgx-h100-80gb.json"), nodes=1)
+        return priced_op_sac(model, cluster, seq_length, tensor_parallel,
+                             stack=stack).kept_bytes / seq_length  # fmt: skip
 
     shard = model.model_copy(update={
         "num_layers": 1, "num_attention_heads": model.num_attention_heads // tensor_parallel,
@@ -157,6 +181,8 @@ def main() -> None:
                         "transformers: the H100's Llama 3.2 1B layer")
     parser.add_argument("--seq-len", type=int, help="tokens (1,024; the H100's 8,192)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel shard (torchtitan)")
+    parser.add_argument("--op-sac", action="store_true",
+                        help="under torchtitan's per-operator checkpointing (TP 1)")
     options = parser.parse_args()
     hugging_face = options.code == "transformers"
     if options.model is not None:
@@ -167,13 +193,17 @@ def main() -> None:
         model = load_model(Path("instances/models/llama3-8b.json"))
     tokens = options.seq_len or (8192 if hugging_face else 1024)
     tp = 1 if hugging_face else options.tp
+    op_sac = options.op_sac and not hugging_face
+    if op_sac and tp > 1:
+        sys.exit("--op-sac: TP 1 only (the sharded block runs on CPU processes in op_sac.py)")
     try:
-        kept = measure(options.code, model, tokens, tp)
+        kept = measure(options.code, model, tokens, tp, op_sac)
     except ImportError as exc:
         sys.exit(f"needs PyTorch and {options.code} (pip install -e '.[{options.code}]'): {exc}")
     stack = STACKS[options.code]
-    count = priced(model, tokens, stack, tp)
-    print(f"{model.name}, TP{tp} shard, {tokens} tokens, compiled, against {stack}")
+    count = priced(model, tokens, stack, tp, op_sac)
+    how = ", per-operator checkpointing" if op_sac else ""
+    print(f"{model.name}, TP{tp} shard, {tokens} tokens, compiled{how}, against {stack}")
     print(f"{'bytes kept a token':32s} {'compiled':>10s} {'planner':>9s} {'error':>7s}")
     print(f"{'Inductor on this CPU':32s} {kept:10,.0f} {count:9,.0f} {count / kept - 1:+7.2%}")
     measured = on_the_h100(model, tokens) if hugging_face else None

@@ -14,11 +14,12 @@ from planner.spec.reading import load_model
 from tests.conftest import HF, REPO, shared
 from tests.test_eager_stacks import KV, LLAMA3_8B, F, H, Q, _layer, _per_token
 
-INDUCTOR_KEPT = {("llama3-8b", 1): 139_400, ("llama3-8b", 2): 86_088, ("Qwen3-8B", 1): 138_024}
+INDUCTOR_KEPT = {("llama3-8b", 1): 139_400, ("llama3-8b", 2): 86_088, ("Qwen3-8B", 1): 138_024,
+                 ("llama3-8b", "op"): 55_424}
 """Bytes a token the compiled block keeps, read off Inductor's compiled function on the CPU
 (``python benchmarks/compiled_layer_kept.py [--tp 2 | --model
-../shared/reference/hf/Qwen3-8B.config.json]``): the planner's count plus SDPA's log-sum-exp,
-the norms' reciprocal RMS and, for Qwen3, its rotary tables' slices."""
+../shared/reference/hf/Qwen3-8B.config.json | --op-sac]``): the planner's count plus SDPA's
+log-sum-exp, the norms' reciprocal RMS and, for Qwen3, its rotary tables' slices."""
 
 
 def _kept(model: ModelSpec, stack: str, tensor_parallel: int = 1, seq: int = 1024) -> float:
@@ -115,11 +116,30 @@ def test_compiled_plans_are_faster_leaner_and_say_the_stack_is_unvalidated() -> 
         steps[stack] = planner.estimate(model, cluster, config)
     eager, compiled = steps["torchtitan-eager"], steps["torchtitan-compiled"]
     assert eager.step_time_s / compiled.step_time_s - 1 == pytest.approx(0.052, abs=0.01)
-    # the compiled loss keeps and holds 4 bytes a logit where eager's does 12, and the caching
-    # allocator's slack (8 % of the allocated peak) goes with them
-    saved = eager.memory.total_gib - compiled.memory.total_gib
-    assert saved == pytest.approx(8 * 2 * 8192 * model.vocab_size / 2**30 * 1.08, rel=0.01)
+    # the compiled loss keeps and holds 4 bytes a logit where eager's does 12, each compiled
+    # block's checkpoint 2h bytes a token less (w2's output), and the caching allocator's
+    # slack (8 % of the allocated peak) goes with them
+    tokens = 2 * 8192
+    saved = (8 * tokens * model.vocab_size + 2 * H * tokens * model.num_layers) * 1.08 / 2**30
+    assert eager.memory.total_gib - compiled.memory.total_gib == pytest.approx(saved, rel=0.01)
     band = compiled.error_band
     assert band is not None
     assert [e.text for e in band.extrapolated if e.feature == "stack"] == [
         "no validated run on the torchtitan-compiled stack on H100-SXM5-80GB"]
+
+
+def test_per_operator_checkpointing_compiled_keeps_only_what_the_backward_reads() -> None:
+    """torchtitan checkpoints before it compiles: its policy marks the outputs it may save and
+    Inductor's partitioner saves those the backward reads, all but ``w2``'s (only the residual
+    add takes it): 2h bytes a token less than the eager cache keeps, and no more FLOPs rerun;
+    55,296 counted where Inductor's checkpointed block keeps 55,424 (the log-sum-exp)."""
+    from planner.diagnose.titan_sac import priced_op_sac
+
+    model = load_model(REPO / "instances/models/llama3-8b.json")
+    cluster = planner.load_cluster(REPO / "instances/clusters/dgx-h100-80gb.json", nodes=1)
+    eager = priced_op_sac(model, cluster, 512)
+    compiled = priced_op_sac(model, cluster, 512, stack="torchtitan-compiled")
+    assert (eager.kept_bytes - compiled.kept_bytes) / 512 == 2 * H
+    assert compiled.rerun_matmul_flops == eager.rerun_matmul_flops
+    assert compiled.kept_bytes / 512 / INDUCTOR_KEPT["llama3-8b", "op"] - 1 == pytest.approx(
+        -0.0023, abs=0.0005)

@@ -35,14 +35,14 @@ def saved_activation_bytes(
     (:attr:`~planner.graph.ops.Op.discarded_by`) drops the inputs the op would keep; of a
     checkpointed module it runs inside (:attr:`~planner.graph.ops.Op.checkpointed_by`),
     everything but the module's input, and the share of its output that torchtitan's
-    per-operator policy saves (:meth:`~planner.graph.ops.Op.output_saved`)."""
+    per-operator policy saves and the backward reads (:meth:`~planner.graph.ops.Op.output_kept`)."""
     selected = recompute == "selective"
     checkpointed = selected and op.checkpointed(modules)
     inputs = keeps_inputs(op, recompute=recompute, modules=modules)
     kept = sum(sharded_bytes(t, degrees(t)) * kept_fraction(op, t) for t in op.saved
                if (inputs if t in op.inputs else not checkpointed))  # fmt: skip
     if checkpointed:
-        kept += sharded_bytes(op.output, degrees(op.output)) * op.output_saved(modules)
+        kept += sharded_bytes(op.output, degrees(op.output)) * op.output_kept(modules)
     if not flash_attention and not (selected and "core_attn" in modules):
         kept += sum(sharded_bytes(t, degrees(t)) for t in op.score_tensors)
     return kept

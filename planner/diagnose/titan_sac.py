@@ -32,7 +32,7 @@ from planner.graph.lower import lower
 from planner.plan.degrees import Degrees
 from planner.sharding.uniform import UniformQuery, uniform_layout, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.vocabulary import OP_SAC
+from planner.vocabulary import OP_SAC, Stack
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,24 +199,25 @@ def _storage_bytes(torch: Any, values: list[Any]) -> float:
 
 
 def priced_op_sac(model: ModelSpec, cluster: ClusterSpec, seq_length: int,
-                  tensor_parallel: int = 1) -> OpSacCount:  # fmt: skip
+                  tensor_parallel: int = 1, *,
+                  stack: Stack = "torchtitan-eager") -> OpSacCount:  # fmt: skip
     """The planner's decoder layer of ``model`` (its MoE layer where it has experts) on
     ``seq_length`` tokens under the recompute module ``op`` on ``cluster``'s devices, one
     rank's share at ``tensor_parallel`` (with sequence parallelism, as torchtitan runs it):
     the bytes it keeps and, unsharded, the ``mm`` FLOPs of its forward and of its rerun (the
     projections and the router's gate; the routed experts' grouped GEMMs apart, which a
-    FLOP counter does not count)."""
+    FLOP counter does not count). ``stack``: ``torchtitan-compiled`` for the block compiled."""
     modules = (OP_SAC,)
     kind = "moe" if model.moe is not None else "dense"
     query = UniformQuery(kind=kind, layout=uniform_layout(Degrees(
         tp=tensor_parallel, sp=tensor_parallel > 1)), micro_batch_size=1,
-        seq_length=seq_length, precision="bf16", stack="torchtitan-eager",
+        seq_length=seq_length, precision="bf16", stack=stack,
         recompute_modules=modules)  # fmt: skip
     parts = uniform_parts(model, cluster, query)
     if tensor_parallel > 1:
         return OpSacCount(kept_bytes=parts.kept_bytes[1])
     training = TrainingSpec(seq_length=seq_length, global_batch_size=1, precision="bf16",
-                            stack="torchtitan-eager")  # fmt: skip
+                            stack=stack)  # fmt: skip
     layer = model.moe.first_dense_layers + 1 if model.moe is not None else 1
     graph = lower(model.model_copy(update={"num_layers": layer}), training)
     ops = [op for op in (graph.nodes[n]["op"] for n in graph) if op.layer == layer]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.graph.builder import LayerBuilder
-from planner.vocabulary import OP_SAC
+from planner.vocabulary import COMPILED_STACKS, OP_SAC
 
 
 def per_operator_checkpoint(b: LayerBuilder, first: int) -> None:
@@ -29,7 +29,13 @@ def per_operator_checkpoint(b: LayerBuilder, first: int) -> None:
     their dispatch ``all_to_all_single``, neither in Qwen3's save list
     (``torchtitan/models/qwen3/infra/parallelize.py:39-55``), so they and the combine run
     again; the shared experts run after the routed ones (``torchtitan/models/moe/moe.py:
-    521-523``), their ``w1``, ``w3``, ``w2`` the block's fifth to seventh ``mm``."""
+    521-523``), their ``w1``, ``w3``, ``w2`` the block's fifth to seventh ``mm``.
+
+    Compiled (:data:`~planner.vocabulary.COMPILED_STACKS`), the policy marks what may be saved
+    and Inductor's partitioner saves only what the backward reads: not ``w2``'s output, which
+    only the residual add after it takes, and which the backward does not run again either
+    (:attr:`~planner.graph.ops.Op.output_unread`; ``benchmarks/compiled_layer_kept.py
+    --op-sac``: the compiled block keeps 2h bytes a token less than the eager one's cache)."""
     m = b.model
     glu = 2 if m.gated_mlp else 1
     heads, groups, d = m.num_attention_heads, m.query_groups, m.head_dim
@@ -38,6 +44,8 @@ def per_operator_checkpoint(b: LayerBuilder, first: int) -> None:
     matmuls = {"qkv_proj": (heads * d, groups * d, groups * d), "out_proj": (m.hidden_size,),
                "mlp_up": (m.ffn,) * glu, "mlp_down": (m.hidden_size,),
                "shared_up": (shared,) * glu, "shared_down": (m.hidden_size,)}  # fmt: skip
+    # compiled, what the backward never reads is not saved: the down projections' outputs
+    unread = ("mlp_down", "shared_down") if b.stack in COMPILED_STACKS else ()
     count = 0
     for i in range(first, len(b.ops)):
         op, sources = b.ops[i]
@@ -51,4 +59,5 @@ def per_operator_checkpoint(b: LayerBuilder, first: int) -> None:
         b.ops[i] = (replace(op, checkpointed_by=(*op.checkpointed_by, OP_SAC),
                              checkpoint_input_of=(*op.checkpoint_input_of, OP_SAC)
                              if i == first else op.checkpoint_input_of,
-                             saves_output=saved), sources)  # fmt: skip
+                             saves_output=saved, output_unread=local in unread),
+                     sources)  # fmt: skip

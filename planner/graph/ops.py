@@ -184,6 +184,10 @@ class Op:
     of the op's output the policy saves, which is also the share of its own kernels' forward
     not run again (the fused qkv projection: ``wq``'s and ``wv``'s of its three matmuls);
     0: all of it recomputed."""
+    output_unread: bool = False
+    """Under the per-operator policy compiled, the backward reads none of the op's output
+    (``w2``'s, which only a residual add takes): Inductor's partitioner keeps none of it, and
+    none of it runs again."""
 
     @property
     def routed(self) -> bool:
@@ -206,6 +210,12 @@ class Op:
         of its own kernels' forward that it does not rerun: :attr:`saves_output` under
         torchtitan's per-operator policy, else 0."""
         return self.saves_output if OP_SAC in modules and self.checkpointed(modules) else 0.0
+
+    def output_kept(self, modules: Collection[str]) -> float:
+        """The share of the op's output that selective recomputation of ``modules`` keeps:
+        :meth:`output_saved`'s, but none where the backward never reads it
+        (:attr:`output_unread`)."""
+        return 0.0 if self.output_unread else self.output_saved(modules)
 
     def local_params(self, weight_degrees: Mapping[str, int]) -> float:
         """Parameters one device holds when weight dim ``d`` is split ``weight_degrees[d]``
