@@ -328,8 +328,8 @@ def _moved_with(name: str, before: ParallelConfig, after: ParallelConfig) -> str
     without selective recomputation)."""
     owner = {"recompute_layers": "full", "recompute_modules": "selective"}
     if name in owner and after.recompute != owner[name]:
-        return f"{said(name)} {_state(getattr(before, name), name)} dropped"
-    return f"{said(name)} {_state(getattr(after, name), name)}"
+        return f"{said(name, after.stack)} {_state(getattr(before, name), name)} dropped"
+    return f"{said(name, after.stack)} {_state(getattr(after, name), name)}"
 
 
 def said(name: str, stack: Stack | None = None) -> str:

@@ -45,10 +45,10 @@ lowering (:mod:`planner.graph.lower`) to apply operator by operator:
   final norm and the output layer stay eager, as on ``torchtitan-eager``. Counted from what
   Inductor's partitioner keeps (``benchmarks/compiled_layer_kept.py``: the compiled block's
   saved tensors, read off its backward node on the CPU): everything ``torchtitan-eager`` keeps
-  but SiLU's output, which the backward recomputes from the kept gate; plus a value a token per norm
-  (its reciprocal RMS). ``8h + 4q + 4kv + 6f`` bytes a token for a Llama block; Llama 3 8B's
-  and Qwen3 8B's blocks, and the TP2 shard, within 0.6 % (the log-sum-exp, the reciprocal RMS
-  and Qwen3's rotary tables' slices, a few hundred bytes a token, are not counted). The same
+  but SiLU's output, which the backward recomputes from the kept gate: ``8h + 4q + 4kv + 6f``
+  bytes a token for a Llama block; Llama 3 8B's and Qwen3 8B's blocks, and the TP2 shard,
+  within 0.6 % (the log-sum-exp, the norms' reciprocal RMS and Qwen3's rotary tables' slices,
+  a few hundred bytes a token, are not counted). The same
   reading of Hugging Face's compiled layer gives the bytes measured on the H100 to the byte
   (0.6612 GiB for Llama 3.2 1B at 8,192 tokens), so the partitioner's choice on the CPU is the
   GPU's. MoE blocks are compiled per submodule with the routed experts eager

@@ -67,7 +67,8 @@ fused stacks. Beyond it, per element:
 - The loss (``torchtitan/components/loss.py``: ``cross_entropy`` on ``pred.float()``): as
   ``hf-eager``'s.
 
-``torchtitan-compiled`` is the same block under ``torch.compile`` (its head eager): as
+``torchtitan-compiled`` is the same block under ``torch.compile`` (its final norm and output
+layer eager, its loss compiled): as
 ``hf-compiled``, each chain of pointwise ops one kernel, inferred, not read from generated code.
 The separate projections' input gradients are summed inside the norm's backward (2 B for each
 reader past the first, no kernel of its own); the residual add writes the stream once (6 B; its
