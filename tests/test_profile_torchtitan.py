@@ -16,7 +16,7 @@ import pytest
 
 from planner.errors import InputError
 from planner.spec.reading import load_model, read_profile
-from tests.conftest import REPO
+from tests.conftest import HF, REPO, shared
 from tests.test_profile import CPU_NODE, TINY, _planner
 
 needs_torchtitan = pytest.mark.skipif(
@@ -86,6 +86,29 @@ def test_the_block_keeps_the_stacks_count_but_for_the_cpus_composite_norms(
 
 
 @needs_torchtitan
+def test_the_compiled_block_keeps_the_compiled_stacks_count(tmp_path: Path) -> None:
+    """``--stack compile`` runs torchtitan's block under ``torch.compile`` (and its head, whose
+    loss torchtitan compiles): what Inductor's partitioner saves is the torchtitan-compiled
+    count, ``8h + 4q + 4kv + 6f`` in fp32 here, plus a value a token per norm and SDPA's
+    log-sum-exp; the profile names the stack an estimate on it then takes."""
+    out = tmp_path / "compiled.json"
+    done = _planner("profile", CPU_NODE, "--model", TINY, "--framework", "torchtitan", *SHAPE,
+                    "--stack", "compile", "--mbs", "1", "--repeats", "1", "--out", out)
+    assert done.returncode == 0, done.stderr
+    profile = read_profile(out)
+    assert profile.stack == "torchtitan-compiled"
+    model = load_model(TINY)
+    h, heads, groups, ffn, d = (model.hidden_size, model.num_attention_heads,
+                                model.query_groups, model.ffn, model.head_dim)  # fmt: skip
+    dense = next(m for m in profile.measured if m.kind == "dense")
+    counted = 4 * (8 * h + 4 * heads * d + 4 * groups * d + 6 * ffn) / 2  # fp32: 4 B
+    assert dense.kept_bytes == 256 * (counted + 2 * 4 + 4 * heads)
+    priced = _planner("estimate", TINY, CPU_NODE, "--stack", "torchtitan-compiled",
+                      "--profile", out)  # fmt: skip
+    assert priced.returncode == 0, priced.stderr
+
+
+@needs_torchtitan
 def test_torchtitans_moe_block_and_grouped_experts_price_the_step(tmp_path: Path) -> None:
     """The tiny MoE model (q/k norms, a shared expert, its first layer dense) runs torchtitan's
     Qwen3 blocks: the MoE block around its routed experts, and the experts apart as
@@ -114,18 +137,27 @@ def test_torchtitans_moe_block_and_grouped_experts_price_the_step(tmp_path: Path
 @needs_torchtitan
 def test_what_torchtitans_block_cannot_run_is_refused() -> None:
     """A model that is not Llama-shaped is refused naming what differs; ``--stack compile``
-    before any layer runs, naming the stack it would be priced on."""
+    runs torchtitan's blocks compiled (``torchtitan-compiled``), but for a model with experts,
+    whose blocks torchtitan compiles submodule by submodule, refused before any layer runs;
+    Colossal-AI's layers run eager only."""
+    from planner.cli.profile import _profiled_stack
     from planner.diagnose.titan_layers import TorchtitanCode
 
     with pytest.raises(InputError, match="gpt3-175b has layernorm, not RMSNorm: without "
                        "--framework the planner's faithful layer runs"):  # fmt: skip
         TorchtitanCode(load_model(REPO / "instances/models/gpt3-175b.json"))
-    done = _planner("profile", CPU_NODE, "--framework", "torchtitan", "--model", TINY,
+    tiny = load_model(TINY)
+    assert _profiled_stack("torchtitan", "compile", tiny) == "torchtitan-compiled"
+    assert _profiled_stack("torchtitan", "eager", tiny) == "torchtitan-eager"
+    with pytest.raises(InputError, match="its layers run eager here"):
+        _profiled_stack("colossalai", "compile", tiny)
+    experts = shared(HF / "Qwen3-30B-A3B.config.json")
+    done = _planner("profile", CPU_NODE, "--framework", "torchtitan", "--model", experts,
                     "--stack", "compile", *SHAPE, "--out", "/tmp/never-written.json")
     assert done.returncode == 2 and done.stdout == ""
-    assert ("--stack compile --framework torchtitan: its layers run eager here (--stack eager, "
-            "the torchtitan-eager stack); compiled torchtitan is priced on its count "
-            "(torchtitan-compiled), not measured") in " ".join(done.stderr.split())
+    assert ("--stack compile --framework torchtitan: Qwen3-30B-A3B has experts, whose blocks "
+            "torchtitan compiles submodule by submodule, which the torchtitan-compiled stack "
+            "does not price; profile it eager") in " ".join(done.stderr.split())
     assert not Path("/tmp/never-written.json").exists()
 
 

@@ -43,7 +43,7 @@ from planner.sharding.profiled import with_profile
 from planner.spec import ModelSpec
 from planner.spec.profile import LayerProfile, layer_shape
 from planner.spec.reading import fill_training
-from planner.vocabulary import Stack
+from planner.vocabulary import Stack, with_switch
 
 STACK_NAMES: dict[str, Stack] = {"eager": "hf-eager", "compile": "hf-compiled",
                                  "hf-eager": "hf-eager", "hf-compiled": "hf-compiled"}  # fmt: skip
@@ -72,7 +72,8 @@ def profile_cmd(
         help="Whose layer code runs: transformers (Hugging Face's own layers, built from the "
         "config.json given as --model), colossalai (the same cast to the compute precision, "
         "as Colossal-AI runs them: the colossalai-hf stack) or torchtitan (its Llama 3 block, "
-        "eager: the torchtitan-eager stack); default: the planner's faithful layer.")] = None,
+        "eager: the torchtitan-eager stack; with --stack compile, torchtitan-compiled); "
+        "default: the planner's faithful layer.")] = None,
     ep: Annotated[list[int] | None, typer.Option(
         help="Expert-parallel shards an MoE model's routed experts run at (repeat the "
         "option); default: 1, 2, 4, ... up to a node's devices, those that divide the "
@@ -100,7 +101,7 @@ def profile_cmd(
                          f"run: price it without --profile, or profile it with mtp_layers 0 "
                          f"and price that model")  # fmt: skip
     hf_config = _layer_source(framework, model)
-    profiled = _profiled_stack(framework, stack)
+    profiled = _profiled_stack(framework, stack, model_spec)
     training = fill_training(model_spec, seq_length=seq_len[0] if seq_len else None,
                              precision=precision, global_batch_size=1)  # fmt: skip
     lengths = sorted(set(seq_len or [training.seq_length]), reverse=True)
@@ -170,18 +171,25 @@ FRAMEWORK_STACKS: dict[str, Stack] = {"torchtitan": "torchtitan-eager",
 """The stack a framework's own layers run as, eager in the compute precision."""
 
 
-def _profiled_stack(framework: str | None, stack: str) -> Stack:
+def _profiled_stack(framework: str | None, stack: str, model: ModelSpec) -> Stack:
     """The stack the layers run as: ``--stack``'s, or the framework's own
-    (:data:`FRAMEWORK_STACKS`; one line for ``--stack compile`` with it)."""
+    (:data:`FRAMEWORK_STACKS`), compiled for torchtitan's with ``--stack compile``
+    (``torchtitan-compiled``: its dense blocks only, as that stack prices them); one line
+    otherwise."""
     if framework not in FRAMEWORK_STACKS:
         return STACK_NAMES[stack]
     own = FRAMEWORK_STACKS[framework]
-    if STACK_NAMES[stack] != "hf-eager":
-        compiled = ("; compiled torchtitan is priced on its count (torchtitan-compiled), "
-                    "not measured") if framework == "torchtitan" else ""  # fmt: skip
+    if STACK_NAMES[stack] == "hf-eager":
+        return own
+    compiled = with_switch(own, "compile", True)
+    if compiled is None:
         raise InputError(f"--stack {stack} --framework {framework}: its layers run eager here "
-                         f"(--stack eager, the {own} stack){compiled}")  # fmt: skip
-    return own
+                         f"(--stack eager, the {own} stack)")  # fmt: skip
+    if model.moe is not None:
+        raise InputError(f"--stack {stack} --framework {framework}: {model.name} has experts, "
+                         f"whose blocks torchtitan compiles submodule by submodule, which the "
+                         f"{compiled} stack does not price; profile it eager")  # fmt: skip
+    return compiled
 
 
 def _layer_source(framework: str | None, model: Path) -> dict[str, Any] | None:

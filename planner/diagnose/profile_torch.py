@@ -42,12 +42,13 @@ from planner.spec.profile import (
     SkippedShape,
     shard_label,
 )
-from planner.vocabulary import Precision, Stack
+from planner.vocabulary import COMPILED_STACKS, Precision, Stack
 
 PROFILED_STACKS: tuple[Stack, ...] = ("hf-eager", "hf-compiled", "torchtitan-eager",
-                                      "colossalai-hf")  # fmt: skip
+                                      "torchtitan-compiled", "colossalai-hf")  # fmt: skip
 """The stacks layers run as: PyTorch eager under autocast and each layer compiled (the faithful
-layer's and Hugging Face's), torchtitan's block and Hugging Face's layers eager in the compute
+layer's and Hugging Face's), torchtitan's block eager and compiled (its head, whose loss
+torchtitan compiles, compiled whole) and Hugging Face's layers eager in the compute
 precision."""
 
 
@@ -202,7 +203,7 @@ class _Runner:
         # precision and Colossal-AI casts its model to it.
         self.autocast = precision != "fp32" and stack in AUTOCAST_STACKS
         self.weights = self.dtype if precision != "fp32" and not self.autocast else None
-        self.compiled = stack == "hf-compiled"
+        self.compiled = stack in COMPILED_STACKS
         self.backend, self.repeats, self.min_time_s = backend, repeats, min_time_s
 
     def _amp(self) -> Any:

@@ -26,13 +26,7 @@ from planner.graph.builder import (
 )
 from planner.graph.op_sac import per_operator_checkpoint
 from planner.graph.ops import Op, Tensor
-from planner.graph.stacks import (
-    EAGER_GLU_STACKS,
-    EAGER_HEAD_STACKS,
-    FP32_BYTES,
-    LOSS_KEPT,
-    LOSS_WORKING,
-)
+from planner.graph.stacks import EAGER_GLU_STACKS, EAGER_HEAD_STACKS, FP32_BYTES, loss_bytes
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
 
 __all__ = ["ACTIVATION_BYTES", "decoder_layer_kind", "expert_capacity", "lower"]
@@ -300,9 +294,9 @@ def _head(b: LayerBuilder, x_name: str, *, tied_to: str | None = None) -> str:
         logits = b.add("logit_softcap", "elementwise", (logits,), inputs=(loss_in,),
                        output=loss_in, saved=(loss_in,))  # fmt: skip
     out = Tensor((("batch", b.batch), ("seq", b.seq)), LOSS_BYTES)
+    kept, working = loss_bytes(b.stack, loss_in.element_bytes)
     return b.add("loss", "loss", (logits,), inputs=(loss_in,), output=out,
-                 saved=(Tensor(loss_in.dims, LOSS_KEPT[b.stack]),),
-                 working=(Tensor(loss_in.dims, LOSS_WORKING[b.stack]),),
+                 saved=(Tensor(loss_in.dims, kept),), working=(Tensor(loss_in.dims, working),),
                  unfused=unfused.loss(b.stack, loss_in))  # fmt: skip
 
 

@@ -170,6 +170,23 @@ Megatron-DeepSpeed's (``megatron/mpu/cross_entropy.py`` at bigscience-workshop/M
 b9883f44) works as Megatron-Core's, on the fp32 logits its pipeline's last stage hands it
 (``float16_to_fp32``)."""
 
+LOGIT_KEEPING_STACKS: tuple[Stack, ...] = ("composer-fsdp", "torchtitan-compiled")
+"""Stacks whose loss keeps the logits themselves and writes their gradient in their own type:
+:data:`LOSS_KEPT`'s and :data:`LOSS_WORKING`'s 2 bytes are a 16-bit logit's, 4 in fp32."""
+
+
+def loss_bytes(stack: Stack, logit_bytes: float) -> tuple[float, float]:
+    """Bytes per token and vocabulary entry the loss on ``stack`` keeps for its backward, and
+    holds beyond them through it, for logits of ``logit_bytes`` an element.
+
+    >>> loss_bytes("torchtitan-compiled", 4.0), loss_bytes("torchtitan-eager", 4.0)
+    ((4.0, 4.0), (4.0, 8.0))
+    """
+    if stack in LOGIT_KEEPING_STACKS:
+        return logit_bytes, logit_bytes
+    return LOSS_KEPT[stack], LOSS_WORKING[stack]
+
+
 # Megatron's fused loss keeps the eager one's fp32 softmax (``ctx.save_for_backward(exp_logits,
 # ...)``) and returns the same 16-bit gradient (``grad_input.to(torch.bfloat16)``:
 # megatron/core/fusions/fused_cross_entropy.py); its compiled backward also holds an fp32 clone
