@@ -188,3 +188,30 @@ def test_qwen3s_per_head_norms_are_the_stacks_norms() -> None:
         assert _per_token([norm], "forward") == forward * (Q + KV), stack
         assert _per_token([norm], "backward") == backward * (Q + KV), stack
         assert norm.extra_params == 2 * 128
+
+
+def test_qwen3s_block_rotates_halves_by_real_tables() -> None:
+    """torchtitan builds its Qwen3 block for a model with q/k norms, which rotates q's and k's
+    halves by real cos/sin tables (``x * cos + rotate_half(x) * sin`` in bf16, before the
+    transpose): 20 bytes an element forward in 5 kernels, 28 backward in 7, where Llama 3's
+    complex products move 20 and 20 in 3 and 3; ``benchmarks/eager_layer_bytes.py --model
+    ../shared/reference/hf/Qwen3-8B.config.json`` dispatches 487,424 bytes a token in the
+    block's backward beside its norms, as counted, and 22 kernels. Compiled, one fused kernel
+    each way (4 bytes); Hugging Face's stacks rotate halves on either model."""
+    qwen = LLAMA3_8B.model_copy(update={"qk_layernorm": True, "ffn_hidden_size": 12288})
+
+    def rotation(stack: str, model: ModelSpec) -> tuple[float, float, int, int]:
+        (core,) = [op for op in _layer(stack, model=model) if op.kind == "attention"]
+        work = core.unfused
+        assert work is not None
+        elements = (Q + KV) * 512
+        return (sum(t.bytes for t in work.forward) / elements,
+                sum(t.bytes for t in work.backward) / elements,
+                work.forward_kernels // 2, work.backward_kernels // 2)  # fmt: skip
+
+    assert rotation("torchtitan-eager", qwen) == (20, 28, 5, 7)
+    assert rotation("torchtitan-eager", LLAMA3_8B) == (20, 20, 3, 3)
+    assert rotation("torchtitan-compiled", qwen) == (4, 4, 1, 1)
+    assert rotation("colossalai-hf", qwen) == rotation("colossalai-hf", LLAMA3_8B)
+    ops = _layer("torchtitan-eager", model=qwen)
+    assert _per_token([op for op in ops if op.kind != "norm"], "backward") == 487_424

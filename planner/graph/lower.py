@@ -26,7 +26,13 @@ from planner.graph.builder import (
 )
 from planner.graph.op_sac import per_operator_checkpoint
 from planner.graph.ops import Op, Tensor
-from planner.graph.stacks import EAGER_GLU_STACKS, EAGER_HEAD_STACKS, FP32_BYTES, loss_bytes
+from planner.graph.stacks import (
+    EAGER_GLU_STACKS,
+    EAGER_HEAD_STACKS,
+    FP32_BYTES,
+    loss_bytes,
+    rotates_halves,
+)
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
 
 __all__ = ["ACTIVATION_BYTES", "decoder_layer_kind", "expert_capacity", "lower"]
@@ -62,7 +68,7 @@ def _attention_core(
         flops=flops, saved=(q, k, v), score_tensors=tuple(score_tensors),
         key_span=0.0 if window is None else keys, recomputed_by=("core_attn",),
         discarded_by=("mla_up_proj",) if m.mla is not None else (),
-        unfused=unfused.rotary(b.stack, q, k) if rotary else None,
+        unfused=unfused.rotary(b.stack, q, k, halves=rotates_halves(m)) if rotary else None,
     )  # fmt: skip
 
 

@@ -69,6 +69,7 @@ vocabulary; its backward's transient tensors are the op's ``working``.
 
 from __future__ import annotations
 
+from planner.spec import ModelSpec
 from planner.vocabulary import FUSED_LOSS_STACKS, Precision, Stack
 
 GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", *FUSED_LOSS_STACKS,
@@ -122,6 +123,19 @@ EAGER_HEAD_STACKS: dict[Stack, Stack] = {"hf-compiled": "hf-eager"}
 Hugging Face's compiled layers with the head eager, as the H100's compiled step ran them
 (``torch.compile`` of each decoder layer). torchtitan's compiled head differs from its eager one
 in the loss alone, which its stack prices compiled."""
+
+
+def rotates_halves(model: ModelSpec) -> bool:
+    """Whether torchtitan's code for ``model`` rotates q's and k's halves by real tables (its
+    Qwen3 block, which it builds for q/k norms or experts: ``planner.diagnose.titan_layers``),
+    not by complex products (its Llama 3 block); the stacks that rotate halves anyway (Hugging
+    Face's) ignore it.
+
+    >>> from planner.spec.reading import load_model
+    >>> rotates_halves(load_model("instances/models/llama3-8b.json"))
+    False
+    """
+    return model.qk_layernorm or model.moe is not None
 
 
 FP32_BYTES = 4.0

@@ -60,7 +60,10 @@ fused stacks. Beyond it, per element:
   backward, each reader past the first adds its gradient in bf16 (6 B).
 - ``apply_rotary_emb`` on q and on k: ``xq.float()`` (6 B), the complex product with the
   frequencies in fp32 (8), ``type_as`` back to bf16 (6): 20 B in 3 kernels. Backward: the
-  gradient to fp32, its product with the conjugate frequencies, back to bf16: 20 B in 3.
+  gradient to fp32, its product with the conjugate frequencies, back to bf16: 20 B in 3. The
+  Qwen3 block (``torchtitan/models/qwen3/model/model.py``, which torchtitan builds for q/k
+  norms or experts) rotates halves by real tables in bf16 instead, as Hugging Face does but
+  before the transpose: 20 B in 5 kernels, backward 28 in 7.
 - The residual add in bf16 (6 B). Backward: the residual stream's two gradients summed where
   it branches (6).
 - SwiGLU, ``F.silu(w1(x)) * w3(x)``: as ``hf-eager``'s, all bf16.
@@ -76,7 +79,7 @@ backward's sum where the stream branches is read inside the norm's backward, 2 B
 ``hf-compiled``'s (6 B; backward 10, SiLU recomputed). The rotary embedding stays as eager's:
 Inductor generates no code for complex operators (``torch/_inductor/lowering.py`` falls back to
 ATen for them), so the fp32 complex product and the casts around it run as three kernels each
-way (a Qwen3 block's real-valued rotation, which Inductor would fuse, is priced the same).
+way; a Qwen3 block's rotation by real tables is one fused kernel each way (4 B).
 The loss is compiled too (``compile.components`` holds ``"loss"`` by default), per logit: one
 pass over the bf16 logits for the row's maximum and sum of exponentials (2 B: Inductor's online
 softmax on a GPU, ``prepare_softmax_online`` in ``torch/_inductor/fx_passes/post_grad.py``;
@@ -211,8 +214,19 @@ _COMPILED_GLU = Kernels(forward_bytes=6.0, backward_bytes=10.0, forward_kernels=
 """``act(gate) * up`` as one compiled kernel each way, SiLU recomputed in the backward."""
 _COMPLEX_ROTARY = Kernels(forward_bytes=20.0, backward_bytes=20.0, forward_kernels=3,
                           backward_kernels=3)
-"""torchtitan's rotary embedding, q or k to fp32, the complex product, back to bf16, per
-element: eager, and compiled (Inductor falls back to ATen for complex operators)."""
+"""torchtitan's Llama 3 rotary embedding, q or k to fp32, the complex product, back to bf16,
+per element: eager, and compiled (Inductor falls back to ATen for complex operators)."""
+_HALVES_ROTARY = Kernels(forward_bytes=20.0, backward_bytes=28.0, forward_kernels=5,
+                         backward_kernels=7)
+"""torchtitan's Qwen3 rotary embedding, eager (``apply_rotary_emb`` in
+``torchtitan/models/qwen3/model/model.py``: ``x * cos + rotate_half(x) * sin`` in bf16 with the
+tables cast to bf16, on ``[batch, seq, heads, head_dim]`` before the transpose), per element:
+``colossalai-hf``'s count of Hugging Face's same rotation without its backward's copy back into
+the transposed layout (4 B, one kernel)."""
+_FUSED_ROTARY = Kernels(forward_bytes=4.0, backward_bytes=4.0, forward_kernels=1,
+                        backward_kernels=1)
+"""A rotation by real tables compiled: one kernel each way reading the tensor (or its
+gradient) and writing it, the tables broadcast."""
 
 UNFUSED: dict[Stack, dict[str, Kernels]] = {
     "hf-eager": {
@@ -233,9 +247,7 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
                         forward_kernels=1, backward_kernels=2),
         "input_cast": Kernels(forward_bytes=0.0, backward_bytes=0.0,
                               forward_kernels=0, backward_kernels=0),
-        "gradient_sum": _COMPILED_GRADIENT_SUM,
-        "rotary": Kernels(forward_bytes=4.0, backward_bytes=4.0,
-                          forward_kernels=1, backward_kernels=1),
+        "gradient_sum": _COMPILED_GRADIENT_SUM, "rotary": _FUSED_ROTARY,
         "residual": Kernels(forward_bytes=10.0, backward_bytes=6.0,
                             forward_kernels=1, backward_kernels=1),
         "glu": _COMPILED_GLU, "activation": _EAGER_ACTIVATION,
@@ -244,9 +256,10 @@ UNFUSED: dict[Stack, dict[str, Kernels]] = {
     "megatron-te-fp8": {"loss": _MEGATRON_LOSS},
     **{fused: {"loss": _MEGATRON_FUSED_LOSS} for fused in FUSED_LOSS_STACKS},
     "megatron-deepspeed": {"loss": _MEGATRON_LOSS},
-    "torchtitan-eager": _EAGER_16BIT | {"rotary": _COMPLEX_ROTARY},
+    "torchtitan-eager": _EAGER_16BIT | {"rotary": _COMPLEX_ROTARY, "rotary_halves": _HALVES_ROTARY},
     "torchtitan-compiled": {
         "gradient_sum": _COMPILED_GRADIENT_SUM, "rotary": _COMPLEX_ROTARY,
+        "rotary_halves": _FUSED_ROTARY,
         "residual": Kernels(forward_bytes=6.0, backward_bytes=2.0,
                             forward_kernels=1, backward_kernels=0),
         "glu": _COMPILED_GLU, "activation": _EAGER_ACTIVATION,
@@ -313,10 +326,17 @@ def linear(stack: Stack, x: Tensor, weight: Tensor, readers: int) -> Unfused | N
     return work
 
 
-def rotary(stack: Stack, q: Tensor, k: Tensor) -> Unfused | None:
+def rotary(stack: Stack, q: Tensor, k: Tensor, *, halves: bool = False) -> Unfused | None:
     """The rotary embedding on ``q`` and ``k`` as ``stack`` runs it beside the attention
-    core; None: fused into the core's input (Transformer Engine's ``apply_rope_fusion``)."""
-    kernels = _kernels(stack, "rotary")
+    core (``halves``: rotating their halves by real tables, where the stack's code for the
+    model does, torchtitan's Qwen3 block); None: fused into the core's input (Transformer
+    Engine's ``apply_rope_fusion``).
+
+    >>> q = Tensor((("seq", 1024), ("heads", 64)), 2.0)
+    >>> [rotary("torchtitan-eager", q, q, halves=h).backward[0].bytes / q.numel for h in (0, 1)]
+    [20.0, 28.0]
+    """
+    kernels = (halves and _kernels(stack, "rotary_halves")) or _kernels(stack, "rotary")
     return kernels.over(q).plus(kernels.over(k)) if kernels else None
 
 
