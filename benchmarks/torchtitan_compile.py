@@ -51,7 +51,6 @@ def price(stack: str, nodes: int, as_run: bool) -> tuple[float, float]:
             "loss": loss}  # fmt: skip
         for table in (stacks.LOSS_KEPT, stacks.LOSS_WORKING):
             table["torchtitan-compiled"] = table["torchtitan-eager"]
-        stacks.LOGIT_KEEPING_STACKS = ("composer-fsdp",)
     model = planner.load_model(MODEL)
     cluster = planner.load_cluster(CLUSTER, nodes=nodes)
     config = planner.ParallelConfig(dp=8 * nodes, zero=3, mbs=2, global_batch=16 * nodes,

@@ -100,6 +100,16 @@ def model_parts(layers: tuple[int, ...], vpp: int, *, v_shape: bool = False) -> 
     return parts
 
 
+def compile_table(resolved: ResolvedConfig) -> Table:
+    """``[compile]`` as the plan's stack runs: on ``torchtitan-compiled`` each block
+    (``apply_compile``, ``torchtitan/models/llama3/infra/parallelize.py:256-269``) and the loss
+    (``torchtitan/components/loss.py:33-35``) compiled, the default ``components``
+    (``torchtitan/config/job_config.py:721-727``) written out; off on ``torchtitan-eager``."""
+    if resolved.training.stack != "torchtitan-compiled":
+        return {"enable": False}
+    return {"enable": True, "components": ["model", "loss"]}
+
+
 def render(tables: dict[str, Table]) -> str:
     """TOML: one table after another, a list of lists one inner list per line."""
     lines: list[str] = []

@@ -35,7 +35,7 @@ from planner.frameworks._torchtitan_flavors import (
     flavor_differences,
 )
 from planner.frameworks._torchtitan_toml import (
-    Table,
+    compile_table,
     data_parallel_table,
     model_parallel_table,
     pipeline_table,
@@ -388,16 +388,6 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
     }  # fmt: skip
     header = f"# torchtitan {VERSION} ({REPO}): {model.name}\n"
     return Launch(text=header + render(tables), notes=notes(found, model))
-
-
-def compile_table(resolved: ResolvedConfig) -> Table:
-    """``[compile]`` as the plan's stack runs: on ``torchtitan-compiled`` each block
-    (``apply_compile``, ``torchtitan/models/llama3/infra/parallelize.py:256-269``) and the loss
-    (``torchtitan/components/loss.py:33-35``) compiled, the default ``components``
-    (``torchtitan/config/job_config.py:721-727``) written out; off on ``torchtitan-eager``."""
-    if resolved.training.stack != "torchtitan-compiled":
-        return {"enable": False}
-    return {"enable": True, "components": ["model", "loss"]}
 
 
 def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:

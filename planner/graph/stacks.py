@@ -196,9 +196,8 @@ def loss_bytes(stack: Stack, logit_bytes: float) -> tuple[float, float]:
     >>> loss_bytes("torchtitan-compiled", 4.0), loss_bytes("torchtitan-eager", 4.0)
     ((4.0, 4.0), (4.0, 8.0))
     """
-    if stack in LOGIT_KEEPING_STACKS:
-        return logit_bytes, logit_bytes
-    return LOSS_KEPT[stack], LOSS_WORKING[stack]
+    scale = logit_bytes / 2.0 if stack in LOGIT_KEEPING_STACKS else 1.0
+    return LOSS_KEPT[stack] * scale, LOSS_WORKING[stack] * scale
 
 
 # Megatron's fused loss keeps the eager one's fp32 softmax (``ctx.save_for_backward(exp_logits,
