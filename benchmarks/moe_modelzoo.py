@@ -13,7 +13,16 @@ model config fuses the loss (``--cross-entropy-loss-fusion`` in
 Megatron-LM now refuses and the planner does not price: the runs are priced with Megatron's
 native fused loss (``megatron-te-fused-loss``), the nearest stack priced.
 
-Run from the repository root (about half a minute):
+The readme's "Long Context" table runs the same model dropless and with
+``--moe-router-force-load-balancing`` (TP4 PP8 VPP4 EP8, CP 1-8 at 16K-128K tokens, DeepEP,
+``--recompute-modules layernorm moe``, global batch 256), in TFLOP/s per GPU by Megatron's
+count. The balanced runs are priced as they ran; the dropless runs' extra time is what the
+busiest expert-parallel rank costs (:mod:`planner.cost.expert_load`): each row's spread of
+tokens per expert (``expert_load_cv``) is the one the model needs to price that row's
+dropless step from its balanced one, and the median of the four prices them all, then the
+4K runs above (dropless, their routers' spread not stated) as a check.
+
+Run from the repository root (about a minute):
 
     python benchmarks/moe_modelzoo.py
 """
@@ -24,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.plan.config import ParallelConfig
+from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.estimate import estimate
 
@@ -48,9 +58,80 @@ ROWS: tuple[tuple[str, str, dict[str, Any], float], ...] = (
 )  # fmt: skip
 
 
+LONG_CONTEXT: tuple[tuple[int, int, float, float], ...] = (
+    # (tokens a sequence, context parallel, TFLOP/s per GPU forced balanced, dropless)
+    (16384, 1, 295, 237), (32768, 2, 335, 277), (65536, 4, 368, 320), (131072, 8, 389, 357),
+)
+LONG = dict(tp=4, ep=8, zero=1, **PP8, recompute="selective",
+            recompute_modules="layernorm,moe", moe_dispatcher="deepep")  # fmt: skip
+GPUS = 256
+
+
+def megatron_flops(model: ModelSpec, seq: int, batch: int) -> float:
+    """One step's FLOPs as Megatron-LM counts them for its TFLOP/s (``megatron/training/
+    training.py``, ``num_floating_point_operations``, before its THD form): 12 x the
+    layers' GEMM shapes per token (forward and backward, Narayanan et al.'s Appendix), the
+    routed experts at top_k times their width, half the attention's score matrix, the
+    output layer; no router, norms or recomputation. The readme's own steps and TFLOP/s
+    agree with it to 0.5 % (4.85 PFLOP a GPU at 4K: 19.7 s at 245 TFLOP/s)."""
+    moe = model.moe
+    assert moe is not None  # Qwen3-235B-A22B
+    h, heads = model.hidden_size, model.num_attention_heads
+    q_ratio = model.head_dim * heads / h
+    mlp = moe.ffn_hidden_size * moe.top_k * (1.5 if model.gated_mlp else 1.0)
+    attention = h * (1 + model.query_groups / heads + seq / h / 2) * q_ratio
+    per_token = 12 * model.num_layers * h * (mlp + attention) + 6 * h * model.vocab_size
+    return batch * seq * per_token
+
+
+def priced(model: ModelSpec, cluster: ClusterSpec, seq: int, cp: int, cv: float) -> float:
+    """A long-context run's step, its experts' loads spread by ``cv``."""
+    assert model.moe is not None
+    spread = model.model_copy(update={"moe": model.moe.model_copy(
+        update={"expert_load_cv": cv})})  # fmt: skip
+    config = ParallelConfig(**{**RUN, "seq_len": seq, "global_batch": 256}, cp=cp,
+                            **LONG)  # type: ignore[arg-type]
+    return estimate(spread, cluster, config).step_time_s
+
+
+def implied_cv(model: ModelSpec, cluster: ClusterSpec, seq: int, cp: int, ratio: float) -> float:
+    """The spread whose price of the dropless step is ``ratio`` times the balanced one's
+    (bisection: the price grows with the spread)."""
+    balanced, low, high = priced(model, cluster, seq, cp, 0.0), 0.0, 4.0
+    for _ in range(24):
+        mid = (low + high) / 2
+        low, high = (mid, high) if priced(model, cluster, seq, cp, mid) < balanced * ratio \
+            else (low, mid)
+    return (low + high) / 2
+
+
+def long_context(model: ModelSpec, cluster: ClusterSpec) -> float:
+    """Print the long-context table; return the median spread its rows imply."""
+    print("\n| tokens | CP | balanced s | predicted s | error | dropless s | dropless / "
+          "balanced | cv it implies |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    cvs = []
+    for seq, cp, forced, dropless in LONG_CONTEXT:
+        flops = megatron_flops(model, seq, 256) / GPUS
+        balanced_s, dropless_s = flops / (forced * 1e12), flops / (dropless * 1e12)
+        predicted = priced(model, cluster, seq, cp, 0.0)
+        cvs.append(implied_cv(model, cluster, seq, cp, dropless_s / balanced_s))
+        print(f"| {seq:,} | {cp} | {balanced_s:.1f} | {predicted:.1f} | "
+              f"{predicted / balanced_s - 1:+.1%} | {dropless_s:.1f} | "
+              f"{dropless_s / balanced_s:.3f} | {cvs[-1]:.2f} |")
+    cv = sorted(cvs)[len(cvs) // 2 - 1: len(cvs) // 2 + 1]
+    median = sum(cv) / len(cv)
+    print(f"\nmedian cv {median:.2f}; each row's dropless / balanced step priced with it:")
+    for seq, cp, forced, dropless in LONG_CONTEXT:
+        ratio = priced(model, cluster, seq, cp, median) / priced(model, cluster, seq, cp, 0.0)
+        print(f"  {seq:>7,} tokens: {ratio:.3f}, measured {forced / dropless:.3f}")
+    return median
+
+
 def main() -> None:
     """Print one row per published run: measured, predicted as it ran, and with the other
-    dispatcher, with the errors."""
+    dispatcher, with the errors; then the long-context table and the 4K runs at its
+    spread."""
     model = load_model(MODEL)
     cluster = load_cluster(ROOT / "instances" / "clusters" / "dgx-h100-80gb.json", nodes=32)
     print("| run (readme) | dispatcher | measured s | predicted s | error | other dispatcher s "
@@ -66,6 +147,16 @@ def main() -> None:
               f"{ran.step_time_s / measured - 1:+.0%} | {swapped.step_time_s:.2f} | "
               f"{swapped.step_time_s / measured - 1:+.0%} | "
               f"{'' if band is None else f'+/- {band:.0%}'} |")
+    cv = long_context(model, cluster)
+    print(f"\nthe 4K runs (dropless) with cv {cv:.2f}:")
+    assert model.moe is not None
+    spread = model.model_copy(update={"moe": model.moe.model_copy(
+        update={"expert_load_cv": cv})})  # fmt: skip
+    for label, dispatcher, knobs, measured in ROWS:
+        step = estimate(spread, cluster, ParallelConfig(**RUN, **knobs,
+                                                        moe_dispatcher=dispatcher)).step_time_s
+        print(f"  {label:30s} measured {measured:5.1f} s, predicted {step:6.2f} s "
+              f"({step / measured - 1:+.0%})")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ from planner.cost.deepep import (
     deepep_time_s,
     domains_hit,
 )
+from planner.cost.expert_load import busiest_rank_load
 from planner.cost.memory import (
     DEFAULT_MEMORY_MARGIN,
     MEMORY_MARGIN,
@@ -129,6 +130,7 @@ __all__ = [
     "attention_fraction",
     "bubble_fraction",
     "bubble_share",
+    "busiest_rank_load",
     "collective_time_s",
     "compute_lower_bound_s",
     "compute_time_s",

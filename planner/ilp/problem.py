@@ -146,7 +146,8 @@ def layer_graph_of(
                           num_microbatches=query.num_microbatches, replicas=query.replicas,
                           tp_comm_overlap=query.tp_comm_overlap,
                           grouped_experts=grouped_experts(query.stack, query.precision),
-                          stack=query.stack)
+                          stack=query.stack,
+                          expert_load_cv=model.moe.expert_load_cv if model.moe else 0.0)
     return layer_graph(graph, ops, LogicalMesh(query.mesh), ctx, strategies=strategies,
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 

@@ -33,6 +33,7 @@ from planner.sharding.splits import (
     as_layout,
     assignments,
     axes_of,
+    dim_size,
     grad_layout,
     is_routing,
     kept_degrees,
@@ -80,6 +81,10 @@ class StrategyContext:
     deepep: cost.Routing | None = None
     """The routing whose tokens DeepEP exchanges (:func:`planner.cost.deepep_time_s`); None:
     NCCL's all-to-all."""
+    expert_load_cv: float = 0.0
+    """Dropless routing's spread of tokens per expert (:attr:`planner.spec.MoESpec.
+    expert_load_cv`): the routed experts and their exchange run at the busiest
+    expert-parallel rank's load."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -318,10 +323,11 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
                          grouped_experts=ctx.grouped_experts)  # fmt: skip
     scale = op_scale(ctx.cluster.device.efficiency.profile, op, split, stack=ctx.stack,
                      precision=ctx.precision)  # fmt: skip
-    times = cost.OpTime(forward_s=times.forward_s * scale.forward,
-                        backward_s=times.backward_s * scale.backward,
-                        weight_s=times.weight_s * scale.backward,
-                        stack_forward_s=times.stack_forward_s * scale.forward)  # fmt: skip
+    load = _routed_load(op, split, ctx)
+    times = cost.OpTime(forward_s=times.forward_s * scale.forward * load,
+                        backward_s=times.backward_s * scale.backward * load,
+                        weight_s=times.weight_s * scale.backward * load,
+                        stack_forward_s=times.stack_forward_s * scale.forward * load)  # fmt: skip
     params, copies = weight_copies(op, pair, mesh)
     states, sync = weight_costs(ctx.cluster, mesh.replica_group(copies, ctx.replicas),
                                 params=params, precision=ctx.states_precision or ctx.precision,
@@ -338,7 +344,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
     )  # fmt: skip
     working = sum(cost.sharded_bytes(t, kept_degrees(op, t, pair, mesh)) for t in op.working)
     first = op.saved[0] if op.saved else None
-    comm = _own_collectives(op, pair, mesh, ctx, times)
+    comm = tuple(load * c for c in _own_collectives(op, pair, mesh, ctx, times))
     return Strategy(
         name=",".join(d or "R" for d in pair),
         assignment=pair,
@@ -363,6 +369,18 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip
+
+
+def _routed_load(op: Op, split: dict[str, int], ctx: StrategyContext) -> float:
+    """The busiest expert-parallel rank's routed tokens over its share, for an op on the
+    routed tokens (:func:`planner.cost.busiest_rank_load`): its compute and its exchange
+    wait for that rank. What each rank keeps is priced at its share: a rank is the busiest in
+    some layers, not in all, and its stage's layers average out."""
+    if ctx.expert_load_cv <= 0 or not op.routed:
+        return 1.0
+    experts = dim_size(op, "experts") or 1
+    return cost.busiest_rank_load(experts=experts, expert_parallel=split.get("experts", 1),
+                                  cv=ctx.expert_load_cv)
 
 
 def _selective_rerun_s(op: Op, times: cost.OpTime, modules: tuple[str, ...]) -> float:

@@ -241,7 +241,8 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
                           grouped_experts=grouped_experts(query.stack, query.precision),
                           stack=query.stack,
                           recompute_modules=query.recompute_modules,
-                          deepep=cost.Routing.of(model) if query.deepep else None)
+                          deepep=cost.Routing.of(model) if query.deepep else None,
+                          expert_load_cv=model.moe.expert_load_cv if model.moe else 0.0)
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 

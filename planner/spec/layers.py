@@ -84,6 +84,14 @@ class MoESpec(Frozen):
         "null: dropless, routing assumed balanced (each expert its share, tokens x top_k / "
         "num_experts).",
     )
+    expert_load_cv: Float = Field(
+        default=0.0, ge=0, le=lim.MAX_EXPERT_LOAD_CV,
+        description="Dropless routing's spread of one layer's tokens per expert, standard "
+        "deviation over mean: the busiest expert-parallel rank then computes and exchanges "
+        "more than its share, and every rank waits for it (planner.cost.expert_load). 0: "
+        "balanced, as Megatron's --moe-router-force-load-balancing routes; NVIDIA's dropless "
+        "Qwen3-235B runs at EP8 price at 1.65 (docs/benchmarks.md).",
+    )
     router_aux_loss_coeff: Float | None = Field(
         default=None, ge=0, le=1,
         description="Weight of the load-balancing loss (HF router_aux_loss_coef; Megatron's "
@@ -94,6 +102,10 @@ class MoESpec(Frozen):
     def _check(self) -> MoESpec:
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) > num_experts ({self.num_experts})")
+        if self.expert_load_cv > 0 and self.capacity_factor is not None:
+            raise ValueError(f"expert_load_cv ({self.expert_load_cv:g}) is dropless routing's "
+                             f"spread; with capacity_factor ({self.capacity_factor:g}) every "
+                             f"expert is padded to its capacity: set one of them")
         groups, chosen = self.router_num_groups, self.router_group_topk
         if (groups is None) != (chosen is None):
             raise ValueError(f"router_num_groups ({groups}) and router_group_topk ({chosen}) "

@@ -98,6 +98,10 @@ MAX_CAPACITY_FACTOR = 64.0
 """An expert's capacity over its balanced share of tokens: up to every token of 64 experts'
 shares on one expert (Switch Transformer trained at 1.0-2.0)."""
 
+MAX_EXPERT_LOAD_CV = 8.0
+"""The spread of a layer's tokens per expert, standard deviation over mean: 8 is a router
+sending nearly everything to one of 64 experts (an untrained router early in training)."""
+
 MAX_DEVICES = 1_048_576
 """Devices in a cluster (nodes x devices per node, and any network domain): 2^20, ~5x the
 200,000 GPUs of the largest cluster announced (xAI Colossus)."""

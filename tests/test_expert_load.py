@@ -1,0 +1,95 @@
+"""Dropless routing's imbalance (``moe.expert_load_cv``): the busiest expert-parallel rank's
+load, from the order statistics of the experts' loads, and the price of a layer that waits
+for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.cost.expert_load import busiest_rank_load, expected_max_normal
+from planner.errors import PlannerError
+from planner.plan.config import ParallelConfig
+from planner.spec import ModelSpec
+from planner.spec.reading import load_cluster, load_model
+from planner.uniform.estimate import estimate
+from tests.conftest import REPO
+
+MIXTRAL = REPO / "instances" / "models" / "mixtral-8x7b.json"
+H100 = REPO / "instances" / "clusters" / "dgx-h100-80gb.json"
+
+
+def spread(model: ModelSpec, cv: float) -> ModelSpec:
+    """``model`` with its experts' loads spread by ``cv``."""
+    assert model.moe is not None
+    return model.model_copy(update={"moe": model.moe.model_copy(update={"expert_load_cv": cv})})
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64, 128, 256])
+def test_blom_is_near_the_expected_maximum(n: int) -> None:
+    """Blom's approximation against the mean of the largest of ``n`` normals drawn."""
+    draws = np.random.default_rng(n).standard_normal((20_000, n)).max(axis=1).mean()
+    assert expected_max_normal(n) == pytest.approx(draws, abs=0.03)
+
+
+@pytest.mark.parametrize(("experts", "ep", "cv"),
+                         [(128, 8, 0.5), (128, 32, 0.5), (128, 8, 1.5), (8, 8, 0.3),
+                          (256, 64, 0.8)])  # fmt: skip
+def test_the_busiest_rank_against_routing_drawn(experts: int, ep: int, cv: float) -> None:
+    """Layers routed at random (each expert's load spread by ``cv`` around a total routing
+    fixes), the busiest rank's sum of its experts' loads over the mean rank's: the formula
+    within 2 %."""
+    rng = np.random.default_rng(experts * ep)
+    z = rng.standard_normal((20_000, experts))
+    # Centred so the layer's total is fixed, scaled so each expert's spread is still cv.
+    loads = 1 + cv * (z - z.mean(axis=1, keepdims=True)) * np.sqrt(experts / (experts - 1))
+    ranks = loads.reshape(-1, ep, experts // ep).sum(axis=2)
+    drawn = (ranks.max(axis=1) / ranks.mean(axis=1)).mean()
+    assert busiest_rank_load(experts=experts, expert_parallel=ep, cv=cv) == pytest.approx(
+        drawn, rel=0.02)
+
+
+def test_balanced_or_one_rank_waits_for_no_one() -> None:
+    """No spread, or every expert on one rank (its load is the layer's fixed total): the
+    mean; more ranks or more spread: more."""
+    assert busiest_rank_load(experts=128, expert_parallel=8, cv=0.0) == 1.0
+    assert busiest_rank_load(experts=128, expert_parallel=1, cv=2.0) == 1.0
+    loads = [busiest_rank_load(experts=128, expert_parallel=ep, cv=0.5)
+             for ep in (2, 4, 8, 16, 32, 64, 128)]  # fmt: skip
+    assert loads == sorted(loads) and loads[0] > 1
+    assert busiest_rank_load(experts=128, expert_parallel=8, cv=1.0) > loads[2]
+
+
+def test_the_layer_waits_for_the_busiest_rank() -> None:
+    """Mixtral 8x7B on one H100 node, EP8 (one expert a rank): the experts' exchange takes
+    the busiest rank's load times as long, the experts' compute grows, the memory each rank
+    keeps does not (its share, averaged over the stage's layers); without expert
+    parallelism nothing moves."""
+    model = load_model(MIXTRAL)
+    cluster = load_cluster(H100, nodes=1)
+    config = ParallelConfig(tp=1, pp=1, ep=8, dp=8, mbs=1, zero=1, recompute="full",
+                            global_batch=64, seq_len=4096)  # fmt: skip
+    balanced, spread_out = (estimate(m, cluster, config) for m in (model, spread(model, 0.5)))
+    load = busiest_rank_load(experts=8, expert_parallel=8, cv=0.5)
+    assert load == pytest.approx(1 + 0.5 * expected_max_normal(8) * (8 / 7) ** 0.5)
+    assert spread_out.time.expert_parallel_comm_s == pytest.approx(
+        balanced.time.expert_parallel_comm_s * load, rel=1e-9)
+    assert balanced.time.compute_s < spread_out.time.compute_s < balanced.time.compute_s * load
+    assert spread_out.peak_memory_gib == balanced.peak_memory_gib
+    no_ep = config.model_copy(update={"ep": 1})
+    assert estimate(spread(model, 0.5), cluster, no_ep).step_time_s == estimate(
+        model, cluster, no_ep).step_time_s
+
+
+def test_a_spread_beside_a_capacity_factor_is_refused(tmp_path: Path) -> None:
+    """With a capacity factor every expert is padded to its capacity: a spread of dropless
+    routing beside it is refused, naming both."""
+    spec = json.loads(MIXTRAL.read_text())
+    spec["moe"] |= {"capacity_factor": 1.25, "expert_load_cv": 0.5}
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(PlannerError, match="expert_load_cv .*capacity_factor"):
+        load_model(path)
