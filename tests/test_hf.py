@@ -53,6 +53,7 @@ def _moe(experts: int, top_k: int, width: int, **rest: Any) -> dict[str, Any]:
         "router_num_groups": None,
         "router_group_topk": None,
         "capacity_factor": None,  # Hugging Face's MoE configs are dropless
+        "expert_load_cv": 0.0,  # and say nothing of the router's spread: taken as balanced
         "router_aux_loss_coeff": None,
     }
     return {**base, **rest}
