@@ -11,11 +11,15 @@ import numpy as np
 import pytest
 
 from planner.cost.expert_load import busiest_rank_load, expected_max_normal
+from planner.diagnose.explain import explain
+from planner.diagnose.routing import MEASURED_SPREAD, routing_what_if
 from planner.errors import PlannerError
 from planner.plan.config import ParallelConfig
+from planner.report.explain import routing_lines
 from planner.spec import ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.estimate import estimate
+from planner.uniform.plan import uniform_plan
 from tests.conftest import REPO
 
 MIXTRAL = REPO / "instances" / "models" / "mixtral-8x7b.json"
@@ -118,3 +122,36 @@ def test_one_spread_prices_nvidias_dropless_runs_from_their_balanced_ones() -> N
             stack="megatron-te-fused-loss")  # fmt: skip
         steps = [estimate(m, cluster, config).step_time_s for m in (model, spread(model, 1.65))]
         assert steps[1] / steps[0] == pytest.approx(balanced / dropless, rel=0.01)
+
+
+def test_explain_sets_the_measured_spread_beside_a_balanced_plan() -> None:
+    """``explain`` on Mixtral's EP2 plan priced balanced: the same configuration at the spread
+    NVIDIA's dropless runs showed, its step ``estimate``'s there and the busiest rank's load
+    the formula's; priced spread, the same against balanced; nothing where routing cannot
+    slow the plan (one rank holding every expert, experts padded to a capacity)."""
+    model, cluster = load_model(MIXTRAL), load_cluster(H100, nodes=8)
+    config = ParallelConfig(tp=1, pp=1, ep=2, zero=3, mbs=2, recompute="full",
+                            global_batch=256, seq_len=4096)  # fmt: skip
+    priced = uniform_plan(model, cluster, config)
+    what_if = routing_what_if(priced, model, cluster)
+    assert what_if is not None and what_if.spread == 0
+    assert what_if.other_spread == MEASURED_SPREAD
+    at = estimate(spread(model, MEASURED_SPREAD), cluster, config).step_time_s
+    assert what_if.step_time_s == at
+    assert what_if.delta_s == pytest.approx(at - priced.predicted.step_time_s, abs=1e-9)
+    assert what_if.other_busiest_load == busiest_rank_load(experts=8, expert_parallel=2,
+                                                           cv=MEASURED_SPREAD)  # fmt: skip
+    line = routing_lines(explain(priced, model, cluster))
+    assert line and line[0].startswith("routing: priced balanced")
+
+    spread_out = spread(model, 0.5)
+    back = routing_what_if(uniform_plan(spread_out, cluster, config), spread_out, cluster)
+    assert back is not None and back.other_spread == 0 and back.delta_s < 0
+    assert back.step_time_s == estimate(model, cluster, config).step_time_s
+
+    one_rank = config.model_copy(update={"ep": 1})
+    assert routing_what_if(uniform_plan(model, cluster, one_rank), model, cluster) is None
+    assert model.moe is not None
+    padded = model.model_copy(update={"moe": model.moe.model_copy(
+        update={"capacity_factor": 1.0})})  # fmt: skip
+    assert routing_what_if(uniform_plan(padded, cluster, config), padded, cluster) is None

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from planner import cost
 from planner.cost.uncertainty import TERMS
 from planner.diagnose.notches import describe_change, notches, with_changes, word
+from planner.diagnose.routing import RoutingWhatIf, routing_what_if
 from planner.diagnose.whatif import hardware_changes
 from planner.errors import InputError
 from planner.frameworks import ANY, profile
@@ -166,6 +167,9 @@ class Explanation(_Frozen):
     extrapolated: tuple[Extrapolated, ...] = ()
     """What the step's price rests on beyond the validated runs (its error band's
     :attr:`~planner.plan.schema.ErrorBand.extrapolated`)."""
+    routing: RoutingWhatIf | None = None
+    """A dropless mixture of experts' plan with its experts' loads spread otherwise
+    (:mod:`planner.diagnose.routing`)."""
 
 
 def explain(
@@ -242,6 +246,7 @@ def explain(
                   "changes are against the former",)  # fmt: skip
     return Explanation(
         **base, sensitivities=sensitivities, hardware=hardware, limits=limits,
+        routing=routing_what_if(plan, model, cluster),
         why_not=None if mine is None else _why_not(plan, model, cluster, mine, why_not or {},
                                                     reference=reference.step_time_s),
     )  # fmt: skip

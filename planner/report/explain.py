@@ -207,6 +207,7 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
     if band is not None:  # what it rests on; what it extrapolates, part by part, follows
         out.append(Text(band_line(band.model_copy(update={"extrapolated": ()}))))
     out += [Text(line) for line in extrapolation_lines(e)]
+    out += [Text(line) for line in routing_lines(e)]
     if plan.predicted.profiled:  # what of the price a layer profile measured
         out.append(Text(f"profile: {'; '.join(plan.predicted.profiled)}"))
     if e.sensitivities:
@@ -239,6 +240,23 @@ def extrapolation_lines(e: Explanation) -> list[str]:
         lines.append(f"extrapolated: {gap.text}" + (f" (prices {parts} of the step)" if parts
                                                     else " (priced as hidden behind compute)"))
     return lines
+
+
+def routing_lines(e: Explanation) -> list[str]:
+    """A dropless mixture of experts' plan at the other spread of its experts' loads:
+    ``routing: priced balanced (moe.expert_load_cv 0); at 1.65, ...``."""
+    r = e.routing
+    if r is None:
+        return []
+    ranks = f"the busiest of {r.expert_parallel} expert-parallel ranks routes"
+    if r.spread == 0:
+        return [f"routing: priced balanced (moe.expert_load_cv 0); at {r.other_spread:g}, the "
+                f"spread NVIDIA's dropless Qwen3-235B runs showed, {ranks} "
+                f"{r.other_busiest_load:.2f}x its share and the step takes {r.step_time_s:.3f} "
+                f"s ({r.delta_s:+.3f} s)"]
+    return [f"routing: the experts' loads spread {r.spread:g} (moe.expert_load_cv): {ranks} "
+            f"{r.busiest_load:.2f}x its share; balanced, the step would take "
+            f"{r.step_time_s:.3f} s ({r.delta_s:+.3f} s)"]
 
 
 def explain_json(e: Explanation) -> dict[str, Any]:
