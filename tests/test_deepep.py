@@ -224,16 +224,16 @@ def test_solve_pinned_to_deepep() -> None:
 
 def test_per_operator_search_keeps_the_dispatcher() -> None:
     """The per-operator search (``any``'s second step) prices DeepEP where pinned: Mixtral on
-    four nodes finds the plan it finds without the pin (EP8 inside a node, where DeepEP moves
-    what the all-to-all moves), marked DeepEP, in the memory of DeepEP's buffers instead of
-    the all-to-all's peers; never experts spread one rank a node, which DeepEP
-    refuses."""
+    four nodes with EP8 (unpinned, the search ties it with the experts kept whole) finds the
+    plan it finds on the all-to-all (EP8 inside a node, where DeepEP moves what the
+    all-to-all moves), marked DeepEP, in the memory of DeepEP's buffers instead of the
+    all-to-all's peers; never experts spread one rank a node, which DeepEP refuses."""
     from planner.search.per_operator import solve_per_operator
 
     model, cluster = load("mixtral-8x7b"), _h100(4)
-    free = solve_per_operator(model, cluster, planner.SolveOptions())
+    free = solve_per_operator(model, cluster, planner.SolveOptions(pins=planner.Pins(ep=8)))
     pinned = solve_per_operator(model, cluster, planner.SolveOptions(
-        pins=planner.Pins(moe_dispatcher="deepep")))  # fmt: skip
+        pins=planner.Pins(ep=8, moe_dispatcher="deepep")))  # fmt: skip
     assert [s.parallel for s in pinned.stages] == [s.parallel for s in free.stages]
     assert max(s.parallel.ep for s in pinned.stages) == 8
     assert (free.flags.moe_dispatcher, pinned.flags.moe_dispatcher) == ("alltoall", "deepep")

@@ -42,19 +42,21 @@ def test_the_bundled_curve_is_the_fit_of_the_measurements(h100: DeviceSpec) -> N
     assert fitted.max_fraction == pytest.approx(bundled.max_fraction, abs=2e-4)
     assert fitted.half_saturation_tokens == pytest.approx(bundled.half_saturation_tokens, abs=0.2)
     assert fitted.half_saturation_k == pytest.approx(bundled.half_saturation_k, abs=0.2)
+    assert fitted.call_us == pytest.approx(bundled.call_us, abs=0.02)
 
 
 def test_grouped_experts_priced_near_the_kernel(h100: DeviceSpec) -> None:
     """At 128+ tokens per expert the grouped price is within 15 % of the measured kernel on 23
-    of the 24 shapes, 7 % at the median; the 24th, Qwen3-235B's down projection (a reduction of
-    1,536) at 128 tokens, is priced 23 % fast. One GEMM per expert in turn, the price every
-    expert GEMM had before, is 0.3-13 times too slow over the same shapes."""
+    of the 24 shapes, 3.5 % at the median; the 24th, Qwen3-235B's up projection at 512 tokens,
+    is priced 16 % slow (the kernel runs it as fast as at 1,024, which no smooth curve
+    follows). One GEMM per expert in turn, the price every expert GEMM had before, is 0.3-13
+    times too slow over the same shapes."""
     gemms = [g for g in read_expert_gemms(shared(EXPERT_GEMMS))
              if g.tokens_per_expert >= FIT_MIN_TOKENS]  # fmt: skip
     assert len(gemms) == 24
     errors = [priced_s(g, h100) / g.grouped_s - 1 for g in gemms]
-    assert statistics.median(abs(e) for e in errors) <= 0.07
-    assert max(abs(e) for e in errors) <= 0.24, max(errors, key=abs)
+    assert statistics.median(abs(e) for e in errors) <= 0.04
+    assert max(abs(e) for e in errors) <= 0.17, max(errors, key=abs)
     assert sum(abs(e) <= 0.15 for e in errors) >= 23
     sequential = [priced_s(g, h100, grouped=False) / g.grouped_s - 1 for g in gemms]
     assert min(sequential) > 0.25 and max(sequential) > 10

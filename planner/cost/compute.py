@@ -304,13 +304,15 @@ def _own_kernels_time(
     if op.kind == "attention" and not flash_attention:
         # Unfused: the scores are written, then read by softmax, dropout and the matmul.
         moved += 3 * sum(sharded_bytes(t, activation_degrees) for t in op.score_tensors)
-    fraction = None
+    fraction, call_s = None, 0.0
     if op.kind == "expert_linear" and grouped_experts:
         tokens = -(-op.inputs[0].size("capacity") // activation_degrees.get("capacity", 1))
         name, size = op.weight.dims[-2] if op.weight is not None else ("", 1)
         fraction = grouped_gemm_fraction(device, flops=executed.forward, tokens_per_expert=tokens,
                                          reduction=-(-size // weight_degrees.get(name, 1)))
         gemm_calls = 1
+        curve = device.efficiency.grouped_gemm
+        call_s = curve.call_us * 1e-6 if curve is not None else 0.0
     if op.kind == "attention" and flash_attention:
         # A ring step (context parallelism) attends to one block of keys per kernel call.
         span = op.key_span or op.inputs[1].size("seq")
@@ -321,20 +323,22 @@ def _own_kernels_time(
                   for flops, factor in ((executed.forward, 1), (executed.backward, 2))]
         return OpTime(forward_s=passes[0], backward_s=passes[1])
     speedup = fp8_speedup(device, op)
+    # A grouped kernel's fixed cost per call: the forward's one, the backward's two (the
+    # input's and the weight's gradients).
     forward = compute_time_s(device, precision, flops=executed.forward, bytes_moved=moved,
-                             calls=gemm_calls, fraction=fraction, speedup=speedup)  # fmt: skip
+                             calls=gemm_calls, fraction=fraction, speedup=speedup) + call_s
     backward = compute_time_s(
         device, precision, flops=executed.backward,
         bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved, calls=2 * gemm_calls, fraction=fraction,
         speedup=speedup,
-    )  # fmt: skip
+    ) + 2 * call_s  # fmt: skip
     weight = 0.0
     if op.is_gemm and op.weight is not None:
         # dW = X^T dY: one GEMM of the forward's size, priced by the same roofline.
         weight = min(backward, compute_time_s(
             device, precision, flops=executed.backward - executed.forward,
             bytes_moved=ELEMENTWISE_BACKWARD_FACTOR * moved / 2, calls=gemm_calls,
-            fraction=fraction, speedup=speedup))  # fmt: skip
+            fraction=fraction, speedup=speedup) + call_s)  # fmt: skip
     return OpTime(forward_s=forward, backward_s=backward, weight_s=weight)
 
 

@@ -106,28 +106,32 @@ def fit_grouped_gemm(
 ) -> GroupedGemmEfficiency:  # fmt: skip
     """``device``'s grouped-GEMM curve fitted to the grouped kernel's times of ``gemms`` of at
     least ``min_tokens`` tokens per expert: least squares of log(priced / measured) through
-    :func:`priced_s` (the launch cost and the roofline's memory term included)."""
+    :func:`priced_s` (the launch cost and the roofline's memory term included), the curve's
+    three parameters and its fixed cost per call."""
     from scipy.optimize import least_squares  # scipy loads only when a fit runs
 
     used = [g for g in gemms if g.tokens_per_expert >= min_tokens]
-    if len(used) < 3:
+    if len(used) < 4:
         raise InputError(f"{len(used)} expert GEMMs of {min_tokens}+ tokens per expert: "
-                         f"expected at least 3 to fit the three parameters of the curve")
+                         f"expected at least 4 to fit the four parameters of the curve")
     measured = np.log([g.grouped_s for g in used])
 
     def curve(x: np.ndarray) -> GroupedGemmEfficiency:
-        return GroupedGemmEfficiency(max_fraction=float(x[0]), half_saturation_tokens=float(x[1]),
-                                     half_saturation_k=float(x[2]))  # fmt: skip
+        return GroupedGemmEfficiency(
+            max_fraction=float(x[0]), half_saturation_tokens=float(x[1]),
+            half_saturation_k=float(x[2]), call_us=float(x[3]))  # fmt: skip
 
     def residuals(x: np.ndarray) -> np.ndarray:
         fitted = _with_curve(device, curve(x))
         return np.log([priced_s(g, fitted) for g in used]) - measured
 
-    x = least_squares(residuals, np.array([0.8, 100.0, 300.0]),
-                      bounds=([1e-3, 0.0, 0.0], [1.0, 1e5, 1e5]), x_scale=[0.1, 100.0, 100.0]).x
+    x = least_squares(residuals, np.array([0.8, 100.0, 300.0, 5.0]),
+                      bounds=([1e-3, 0.0, 0.0, 0.0], [1.0, 1e5, 1e5, 1e3]),
+                      x_scale=[0.1, 100.0, 100.0, 5.0]).x  # fmt: skip
     return GroupedGemmEfficiency(max_fraction=round(float(x[0]), 4),
                                  half_saturation_tokens=round(float(x[1]), 1),
-                                 half_saturation_k=round(float(x[2]), 1), source=source)
+                                 half_saturation_k=round(float(x[2]), 1),
+                                 call_us=round(float(x[3]), 2), source=source)  # fmt: skip
 
 
 def _with_curve(device: DeviceSpec, curve: GroupedGemmEfficiency) -> DeviceSpec:

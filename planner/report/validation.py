@@ -256,7 +256,7 @@ def bench_tables(fit: BenchFit) -> list[RenderableType]:
               ("kernel_launch_us", before.kernel_launch_us, after.kernel_launch_us)]
     if after.grouped_gemm is not None:
         old_grouped = before.grouped_gemm
-        for field in ("max_fraction", "half_saturation_tokens", "half_saturation_k"):
+        for field in ("max_fraction", "half_saturation_tokens", "half_saturation_k", "call_us"):
             values.append((f"grouped_gemm.{field}",
                            getattr(old_grouped, field) if old_grouped else None,
                            getattr(after.grouped_gemm, field)))  # fmt: skip

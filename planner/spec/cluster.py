@@ -85,8 +85,10 @@ class GroupedGemmEfficiency(_Frozen):
     ``fraction(t, k) = max_fraction * t / (t + half_saturation_tokens) * k / (k +
     half_saturation_k)`` for experts of ``t`` tokens each and a reduction dim of ``k``: each
     expert's GEMM is its own rows of tiles, part empty when it has few tokens, and a short
-    reduction loads each tile's operands for little work. Absent, the grouped kernel runs at
-    the GEMM curve's efficiency for all the local experts' FLOPs at once.
+    reduction loads each tile's operands for little work; each call costs ``call_us`` on top
+    (the group's offsets and tile schedule set up before its tiles run), which is what
+    dominates at a few tokens per expert. Absent, the grouped kernel runs at the GEMM curve's
+    efficiency for all the local experts' FLOPs at once.
     """
 
     max_fraction: Float = Field(gt=0, le=1, description="The limit for many tokens and a long "
@@ -95,6 +97,8 @@ class GroupedGemmEfficiency(_Frozen):
                                           "per expert at which half the limit is reached.")
     half_saturation_k: Float = Field(ge=0, le=lim.MAX_SEQ_LENGTH, description="Reduction dim "
                                      "at which half the limit is reached.")
+    call_us: Float = Field(default=0.0, ge=0, le=lim.MAX_LATENCY_US, description="Fixed cost "
+                           "of a grouped call beyond the kernel launch.")
     source: str | None = Field(default=None, description="How these values were obtained.")
 
 
