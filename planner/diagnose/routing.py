@@ -19,7 +19,7 @@ from planner.uniform.estimate import estimate
 MEASURED_SPREAD = 1.65
 """The spread of tokens per expert that prices NVIDIA's four dropless long-context
 Qwen3-235B runs on 256 H100 (TP4 PP8 VPP4 EP8) from the same runs force-balanced, each within
-0.5 % (``benchmarks/moe_modelzoo.py``: the rows imply 1.58-1.68)."""
+0.5 % (``benchmarks/moe_modelzoo.py``: the rows imply 1.59-1.68)."""
 
 
 class RoutingWhatIf(BaseModel):
