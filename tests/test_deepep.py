@@ -224,16 +224,16 @@ def test_solve_pinned_to_deepep() -> None:
 
 def test_per_operator_search_keeps_the_dispatcher() -> None:
     """The per-operator search (``any``'s second step) prices DeepEP where pinned: Mixtral on
-    four nodes with EP8 (unpinned, the search ties it with the experts kept whole) finds the
-    plan it finds on the all-to-all (EP8 inside a node, where DeepEP moves what the
-    all-to-all moves), marked DeepEP, in the memory of DeepEP's buffers instead of the
-    all-to-all's peers; never experts spread one rank a node, which DeepEP refuses."""
+    four nodes finds the plan it finds without the pin (EP8 inside a node, where DeepEP moves
+    what the all-to-all moves), marked DeepEP, in the memory of DeepEP's buffers instead of
+    the all-to-all's peers; never experts spread one rank a node, which DeepEP
+    refuses."""
     from planner.search.per_operator import solve_per_operator
 
     model, cluster = load("mixtral-8x7b"), _h100(4)
-    free = solve_per_operator(model, cluster, planner.SolveOptions(pins=planner.Pins(ep=8)))
+    free = solve_per_operator(model, cluster, planner.SolveOptions())
     pinned = solve_per_operator(model, cluster, planner.SolveOptions(
-        pins=planner.Pins(ep=8, moe_dispatcher="deepep")))  # fmt: skip
+        pins=planner.Pins(moe_dispatcher="deepep")))  # fmt: skip
     assert [s.parallel for s in pinned.stages] == [s.parallel for s in free.stages]
     assert max(s.parallel.ep for s in pinned.stages) == 8
     assert (free.flags.moe_dispatcher, pinned.flags.moe_dispatcher) == ("alltoall", "deepep")
@@ -248,6 +248,32 @@ def test_per_operator_search_keeps_the_dispatcher() -> None:
              - cost.deepep_buffer_bytes(16, model.hidden_size * 2))
     gained = free.predicted.peak_memory_gib - pinned.predicted.peak_memory_gib
     assert gained * 2**30 == pytest.approx(saved, rel=1e-6)
+
+
+def test_experts_spread_after_the_dispatch_are_expert_parallel() -> None:
+    """A per-operator sharding may keep the tokens on their ranks through the dispatch and
+    reshard them to the experts' ranks after it (the same exchange, priced as a resharding:
+    for Mixtral on 4 nodes it ties with the dispatch's own all-to-all): the experts are spread
+    all the same, and the stage says so (EP8, folded where the experts split the tensor
+    axis), not DP alone, which would launch every expert on every rank."""
+    from types import SimpleNamespace
+
+    from planner.ilp.layer import OpChoice
+    from planner.pipeline.assemble import folded_etp, summarise
+
+    def stage(attention: str, dispatch: str, experts: str) -> dict[str, int | bool]:
+        choices = tuple(OpChoice(op=f"layer1.{name}", strategy=strategy,
+                                 output=tuple(strategy.split(",")), followers=())
+                        for name, strategy in (("attention", attention), ("dispatch", dispatch),
+                                               ("expert_up", experts)))  # fmt: skip
+        return summarise(SimpleNamespace(choices=choices), (2, 8))  # type: ignore[arg-type]
+
+    resharded = stage("batch,batch", "batch,batch", "capacity,experts")
+    routed = stage("batch,batch", "batch,experts:batch", "capacity,experts")
+    assert resharded == routed
+    assert (resharded["dp"], resharded["ep"]) == (16, 8)
+    folded = stage("batch,heads", "batch,batch", "capacity,experts")
+    assert (folded["tp"], folded["ep"], folded_etp(folded)) == (8, 8, 1)
 
 
 def test_deepep_layouts_in_the_layer_graph() -> None:

@@ -27,7 +27,6 @@ from planner.pipeline.options import LayerOption, StageChoice
 from planner.placement.ranks import PipelinePlacement
 from planner.plan.schema import MemoryBreakdown, PlanStage, Predicted, StageParallel
 from planner.sharding.layout import LogicalMesh
-from planner.sharding.splits import EXPERTS_BY_BATCH
 from planner.spec import ModelSpec, MoESpec, TrainingSpec
 
 
@@ -160,9 +159,12 @@ def summarise(solution: LayerSolution, mesh: tuple[int, int]) -> dict[str, int |
         dims = choice.strategy.split(",")
         if name == "input_norm":
             sp = any(dims[axis] == "seq" for axis in tp_axes)
-        if name == "dispatch":
+        # The experts' own split, not the dispatch's: the ILP may keep the tokens on their
+        # ranks through the dispatch and reshard them to the experts' ranks after it, the
+        # same exchange priced as a resharding; the experts are spread either way.
+        if name == "expert_up":
             for axis, dim in enumerate(dims):
-                split = mesh[axis] if dim in ("experts", EXPERTS_BY_BATCH) else 1
+                split = mesh[axis] if dim == "experts" else 1
                 degrees["ep"] *= split
                 degrees["tensor_experts"] *= split if axis in tp_axes else 1
     return {**degrees, "sp": sp}
