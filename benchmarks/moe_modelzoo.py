@@ -29,6 +29,7 @@ Run from the repository root (about a minute):
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,7 @@ def long_context(model: ModelSpec, cluster: ClusterSpec) -> float:
         print(f"| {seq:,} | {cp} | {balanced_s:.1f} | {predicted:.1f} | "
               f"{predicted / balanced_s - 1:+.1%} | {dropless_s:.1f} | "
               f"{dropless_s / balanced_s:.3f} | {cvs[-1]:.2f} |")
-    cv = sorted(cvs)[len(cvs) // 2 - 1: len(cvs) // 2 + 1]
-    median = sum(cv) / len(cv)
+    median = statistics.median(cvs)
     print(f"\nmedian cv {median:.2f}; each row's dropless / balanced step priced with it:")
     for seq, cp, forced, dropless in LONG_CONTEXT:
         ratio = priced(model, cluster, seq, cp, median) / priced(model, cluster, seq, cp, 0.0)
