@@ -22,6 +22,16 @@ tokens per expert (``expert_load_cv``) is the one the model needs to price that 
 dropless step from its balanced one, and the median of the four prices them all, then the
 4K runs above (dropless, their routers' spread not stated) as a check.
 
+``best_practice/mixtral/run_mixtral_8x22B.sh`` states Mixtral 8x22B's throughput on 128
+H100 (``runtime_configs/benchmarking/runtime.conf``: TP2 PP8 VPP7 EP8, 4,096 tokens, global
+batch 256, NCCL's all-to-all; ``--tp-comm-overlap`` for bf16, from ``sbatch_benchmarking.sh``,
+and the native fused loss of ``model_configs/benchmarking/Mixtral-8x22B.yaml``) dropless,
+force-balanced, with its experts padded to a capacity of 1.0, and force-balanced in FP8 with
+blockwise scaling. The runs load Mixtral's released weights (``--finetune``, ``PRETRAIN=0``):
+a trained router. They are priced as they ran (FP8 as the delayed scaling the planner prices,
+which is not what ran), and the dropless run's spread is read from its ratio to the
+force-balanced one as above.
+
 Run from the repository root (about a minute):
 
     python benchmarks/moe_modelzoo.py
@@ -67,6 +77,21 @@ LONG = dict(tp=4, ep=8, zero=1, **PP8, recompute="selective",
             recompute_modules="layernorm,moe", moe_dispatcher="deepep")  # fmt: skip
 GPUS = 256
 
+MIXTRAL = ROOT.parent / "shared" / "reference" / "hf" / "Mixtral-8x22B-v0.1.config.json"
+MIXTRAL_GPUS = 128
+MIXTRAL_RUN = dict(seq_len=4096, global_batch=256, tp=2, pp=8, vpp=7, ep=8, etp=1, sp=True,
+                   zero=1, overlap_grad_reduce=True, overlap_param_gather=True,
+                   moe_dispatcher="alltoall")  # fmt: skip
+BF16 = dict(stack="megatron-te-fused-loss", tp_comm_overlap=True)
+MIXTRAL_ROWS: tuple[tuple[str, str, dict[str, Any], float], ...] = (
+    # (what the script says, routing, the rest of its configuration, TFLOP/s per GPU)
+    ("dropless", "dropless", BF16, 445),
+    ("forced balancing", "balanced", BF16, 465),
+    ("token drop, capacity 1.0, padded", "capacity", BF16, 470),
+    ("FP8 blockwise, forced balancing", "balanced",
+     dict(stack="megatron-te-fp8-fused-loss", optimizer_moments="bf16"), 560),
+)  # fmt: skip
+
 
 def megatron_flops(model: ModelSpec, seq: int, batch: int) -> float:
     """One step's FLOPs as Megatron-LM counts them for its TFLOP/s (``megatron/training/
@@ -76,7 +101,7 @@ def megatron_flops(model: ModelSpec, seq: int, batch: int) -> float:
     output layer; no router, norms or recomputation. The readme's own steps and TFLOP/s
     agree with it to 0.5 % (4.85 PFLOP a GPU at 4K: 19.7 s at 245 TFLOP/s)."""
     moe = model.moe
-    assert moe is not None  # Qwen3-235B-A22B
+    assert moe is not None  # a mixture of experts
     h, heads = model.hidden_size, model.num_attention_heads
     q_ratio = model.head_dim * heads / h
     mlp = moe.ffn_hidden_size * moe.top_k * (1.5 if model.gated_mlp else 1.0)
@@ -85,23 +110,32 @@ def megatron_flops(model: ModelSpec, seq: int, batch: int) -> float:
     return batch * seq * per_token
 
 
-def priced(model: ModelSpec, cluster: ClusterSpec, seq: int, cp: int, cv: float) -> float:
-    """A long-context run's step, its experts' loads spread by ``cv``."""
+def with_spread(model: ModelSpec, cv: float) -> ModelSpec:
+    """``model`` with its experts' loads spread by ``cv`` (dropless routing)."""
     assert model.moe is not None
-    spread = model.model_copy(update={"moe": model.moe.model_copy(
+    return model.model_copy(update={"moe": model.moe.model_copy(
         update={"expert_load_cv": cv})})  # fmt: skip
-    config = ParallelConfig(**{**RUN, "seq_len": seq, "global_batch": 256}, cp=cp,
-                            **LONG)  # type: ignore[arg-type]
-    return estimate(spread, cluster, config).step_time_s
 
 
-def implied_cv(model: ModelSpec, cluster: ClusterSpec, seq: int, cp: int, ratio: float) -> float:
+def long_config(seq: int, cp: int) -> ParallelConfig:
+    """A long-context run's configuration."""
+    return ParallelConfig(**{**RUN, "seq_len": seq, "global_batch": 256}, cp=cp,
+                          **LONG)  # type: ignore[arg-type]
+
+
+def priced(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, cv: float) -> float:
+    """``config``'s step, the experts' loads spread by ``cv``."""
+    return estimate(with_spread(model, cv), cluster, config).step_time_s
+
+
+def implied_cv(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
+               ratio: float) -> float:  # fmt: skip
     """The spread whose price of the dropless step is ``ratio`` times the balanced one's
     (bisection: the price grows with the spread)."""
-    balanced, low, high = priced(model, cluster, seq, cp, 0.0), 0.0, 4.0
+    balanced, low, high = priced(model, cluster, config, 0.0), 0.0, 4.0
     for _ in range(24):
         mid = (low + high) / 2
-        low, high = (mid, high) if priced(model, cluster, seq, cp, mid) < balanced * ratio \
+        low, high = (mid, high) if priced(model, cluster, config, mid) < balanced * ratio \
             else (low, mid)
     return (low + high) / 2
 
@@ -115,17 +149,54 @@ def long_context(model: ModelSpec, cluster: ClusterSpec) -> float:
     for seq, cp, forced, dropless in LONG_CONTEXT:
         flops = megatron_flops(model, seq, 256) / GPUS
         balanced_s, dropless_s = flops / (forced * 1e12), flops / (dropless * 1e12)
-        predicted = priced(model, cluster, seq, cp, 0.0)
-        cvs.append(implied_cv(model, cluster, seq, cp, dropless_s / balanced_s))
+        predicted = priced(model, cluster, long_config(seq, cp), 0.0)
+        cvs.append(implied_cv(model, cluster, long_config(seq, cp), dropless_s / balanced_s))
         print(f"| {seq:,} | {cp} | {balanced_s:.1f} | {predicted:.1f} | "
               f"{predicted / balanced_s - 1:+.1%} | {dropless_s:.1f} | "
               f"{dropless_s / balanced_s:.3f} | {cvs[-1]:.2f} |")
     median = statistics.median(cvs)
     print(f"\nmedian cv {median:.2f}; each row's dropless / balanced step priced with it:")
     for seq, cp, forced, dropless in LONG_CONTEXT:
-        ratio = priced(model, cluster, seq, cp, median) / priced(model, cluster, seq, cp, 0.0)
+        config = long_config(seq, cp)
+        ratio = priced(model, cluster, config, median) / priced(model, cluster, config, 0.0)
         print(f"  {seq:>7,} tokens: {ratio:.3f}, measured {forced / dropless:.3f}")
     return median
+
+
+def mixtral_rows(model: ModelSpec, cluster: ClusterSpec) -> list[tuple[str, float, float]]:
+    """Mixtral 8x22B's four runs: (what ran, measured step, predicted step), the dropless one
+    priced balanced (its spread is :func:`mixtral_spread`'s)."""
+    assert model.moe is not None
+    rows = []
+    for label, routing, knobs, tflops in MIXTRAL_ROWS:
+        priced_as = model if routing != "capacity" else model.model_copy(update={
+            "moe": model.moe.model_copy(update={"capacity_factor": 1.0})})  # fmt: skip
+        config = ParallelConfig(**MIXTRAL_RUN, **knobs)  # type: ignore[arg-type]
+        measured = megatron_flops(model, 4096, 256) / MIXTRAL_GPUS / (tflops * 1e12)
+        rows.append((label, measured, estimate(priced_as, cluster, config).step_time_s))
+    return rows
+
+
+def mixtral_spread(model: ModelSpec, cluster: ClusterSpec) -> float:
+    """The spread that prices Mixtral 8x22B's dropless run from its force-balanced one."""
+    ratio = MIXTRAL_ROWS[1][3] / MIXTRAL_ROWS[0][3]
+    return implied_cv(model, cluster, ParallelConfig(**MIXTRAL_RUN, **BF16), ratio)
+
+
+def mixtral(spread: float) -> None:
+    """Print Mixtral 8x22B's runs, the spread its dropless run implies and its price at the
+    long-context runs' ``spread``."""
+    model = load_model(MIXTRAL)
+    cluster = load_cluster(ROOT / "instances" / "clusters" / "dgx-h100-80gb.json", nodes=16)
+    print("\n| Mixtral 8x22B, 128 H100 | measured s | predicted s | error |")
+    print("|---|---:|---:|---:|")
+    for label, measured, predicted in mixtral_rows(model, cluster):
+        print(f"| {label} | {measured:.3f} | {predicted:.3f} | {predicted / measured - 1:+.1%} |")
+    config = ParallelConfig(**MIXTRAL_RUN, **BF16)
+    balanced = priced(model, cluster, config, 0.0)
+    dropless = MIXTRAL_ROWS[1][3] / MIXTRAL_ROWS[0][3]
+    print(f"\ndropless / forced measured {dropless:.3f}: cv {mixtral_spread(model, cluster):.3f}; "
+          f"at cv {spread:.2f} it would be {priced(model, cluster, config, spread) / balanced:.3f}")
 
 
 def main() -> None:
@@ -149,14 +220,13 @@ def main() -> None:
               f"{'' if band is None else f'+/- {band:.0%}'} |")
     cv = long_context(model, cluster)
     print(f"\nthe 4K runs (dropless) with cv {cv:.2f}:")
-    assert model.moe is not None
-    spread = model.model_copy(update={"moe": model.moe.model_copy(
-        update={"expert_load_cv": cv})})  # fmt: skip
+    spread = with_spread(model, cv)
     for label, dispatcher, knobs, measured in ROWS:
         step = estimate(spread, cluster, ParallelConfig(**RUN, **knobs,
                                                         moe_dispatcher=dispatcher)).step_time_s
         print(f"  {label:30s} measured {measured:5.1f} s, predicted {step:6.2f} s "
               f"({step / measured - 1:+.0%})")
+    mixtral(cv)
 
 
 if __name__ == "__main__":
