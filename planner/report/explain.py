@@ -243,20 +243,21 @@ def extrapolation_lines(e: Explanation) -> list[str]:
 
 
 def routing_lines(e: Explanation) -> list[str]:
-    """A dropless mixture of experts' plan at the other spread of its experts' loads:
-    ``routing: priced balanced (moe.expert_load_cv 0); at 1.65, ...``."""
+    """A dropless mixture of experts' plan at the other spreads of its experts' loads:
+    ``routing: priced balanced (moe.expert_load_cv 0); at 0.045 (Mixtral 8x22B), ...``."""
     r = e.routing
     if r is None:
         return []
     ranks = f"the busiest of {r.expert_parallel} expert-parallel ranks routes"
     if r.spread == 0:
-        return [f"routing: priced balanced (moe.expert_load_cv 0); at {r.other_spread:g}, the "
-                f"spread NVIDIA's dropless Qwen3-235B runs showed, {ranks} "
-                f"{r.other_busiest_load:.2f}x its share and the step takes {r.step_time_s:.3f} "
-                f"s ({r.delta_s:+.3f} s)"]
+        at = "; ".join(f"at {o.spread:g} ({o.runs}) {o.busiest_load:.2f}x its share, "
+                       f"{o.step_time_s:.3f} s ({o.delta_s:+.3f} s)" for o in r.others)
+        return [f"routing: priced balanced (moe.expert_load_cv 0); at the spreads NVIDIA's "
+                f"dropless runs showed, {ranks}: {at}"]
+    balanced = r.others[0]
     return [f"routing: the experts' loads spread {r.spread:g} (moe.expert_load_cv): {ranks} "
             f"{r.busiest_load:.2f}x its share; balanced, the step would take "
-            f"{r.step_time_s:.3f} s ({r.delta_s:+.3f} s)"]
+            f"{balanced.step_time_s:.3f} s ({balanced.delta_s:+.3f} s)"]
 
 
 def explain_json(e: Explanation) -> dict[str, Any]:

@@ -89,8 +89,9 @@ class MoESpec(Frozen):
         description="Dropless routing's spread of one layer's tokens per expert, standard "
         "deviation over mean: the busiest expert-parallel rank then computes and exchanges "
         "more than its share, and every rank waits for it (planner.cost.expert_load). 0: "
-        "balanced, as Megatron's --moe-router-force-load-balancing routes; NVIDIA's dropless "
-        "Qwen3-235B runs at EP8 price at 1.65 (docs/benchmarks.md).",
+        "balanced, as Megatron's --moe-router-force-load-balancing routes. NVIDIA's dropless "
+        "runs at EP8 price at 0.045 (Mixtral 8x22B, its trained router) and 1.65 (Qwen3-235B "
+        "at 16K-128K tokens): the router's, not a constant (docs/benchmarks.md).",
     )
     router_aux_loss_coeff: Float | None = Field(
         default=None, ge=0, le=1,
