@@ -32,6 +32,12 @@ a trained router. They are priced as they ran (FP8 as the delayed scaling the pl
 which is not what ran), and the dropless run's spread is read from its ratio to the
 force-balanced one as above.
 
+The readme's GB200 table has one bf16 run, Qwen3-235B on 256 GB200 (TP1 PP8 EP8, 4,096
+tokens, global batch 8,192, force-balanced, HybridEP, CUDA graphs over attention and the
+router): 750 TFLOP/s a GPU. ``gb200-nvl72.json`` is uncalibrated (its GEMMs at the data
+sheet's peak); the run is priced on it with NCCL's all-to-all and with DeepEP (HybridEP is
+not priced), to say how far that file is from a measured step.
+
 Run from the repository root (about a minute):
 
     python benchmarks/moe_modelzoo.py
@@ -199,6 +205,23 @@ def mixtral(spread: float) -> None:
           f"at cv {spread:.2f} it would be {priced(model, cluster, config, spread) / balanced:.3f}")
 
 
+def gb200() -> None:
+    """Print Qwen3-235B's bf16 run on 256 GB200 priced on the uncalibrated GB200 file."""
+    model = load_model(MODEL)
+    cluster = load_cluster(ROOT / "instances" / "clusters" / "gb200-nvl72.json", nodes=64)
+    measured = megatron_flops(model, 4096, 8192) / GPUS / 750e12
+    print(f"\nQwen3-235B on 256 GB200, bf16, TP1 PP8 EP8: measured {measured:.2f} s")
+    for dispatcher in ("alltoall", "deepep"):
+        config = ParallelConfig(**{**RUN, "global_batch": 8192}, tp=1, ep=8, zero=1,
+                                pp=8, first_stage_layers=11, last_stage_layers=11,
+                                moe_dispatcher=dispatcher)  # type: ignore[arg-type]
+        result = estimate(model, cluster, config)
+        time = result.time
+        print(f"  {dispatcher:8s} predicted {result.step_time_s:.2f} s "
+              f"({result.step_time_s / measured - 1:+.0%}), compute {time.compute_s:.2f} s, "
+              f"expert-parallel {time.expert_parallel_comm_s:.2f} s")
+
+
 def main() -> None:
     """Print one row per published run: measured, predicted as it ran, and with the other
     dispatcher, with the errors; then the long-context table and the 4K runs at its
@@ -227,6 +250,7 @@ def main() -> None:
         print(f"  {label:30s} measured {measured:5.1f} s, predicted {step:6.2f} s "
               f"({step / measured - 1:+.0%})")
     mixtral(cv)
+    gb200()
 
 
 if __name__ == "__main__":

@@ -369,6 +369,6 @@ def _band_by_kind(device: DeviceSpec, kind: ParallelismKind) -> ErrorBand:
     gemm = device.efficiency.gemm
     roofline = (gemm.max_fraction, gemm.half_saturation_gflop) == (
         GemmEfficiency().max_fraction, GemmEfficiency().half_saturation_gflop)
-    closest = (f"no published runs on {name}; the data sheet's roofline" if roofline
+    closest = (f"no validated runs on {name}; the data sheet's roofline" if roofline
                else f"no validated runs on {name}, accuracy not measured")  # fmt: skip
     return ErrorBand(fraction=None, runs=0, parallelism=kind, closest=closest)
