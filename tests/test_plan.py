@@ -50,6 +50,21 @@ def test_summary_reads_like_a_user_would_say_it(plan: Plan) -> None:
                               "selective recompute, distributed optimizer")  # fmt: skip
 
 
+@pytest.mark.parametrize(("pp", "vpp", "said"), [
+    (1, 1, "full recompute of 3 of 96 layers"),
+    (16, 1, "full recompute of 3 layers per stage"),
+    (16, 2, "full recompute of 3 layers per chunk"),
+])
+def test_summary_counts_recomputed_layers_as_megatron_does(
+        a100: planner.ClusterSpec, pp: int, vpp: int, said: str) -> None:  # fmt: skip
+    """``--recompute-num-layers`` counts per model chunk: per stage without interleaving, and
+    of all the layers without a pipeline, where "per chunk" would say nothing."""
+    model = planner.load_model(MODELS / "gpt3-175b.json")
+    config = planner.ParallelConfig(tp=8, pp=pp, vpp=vpp, sp=True, recompute="full",
+                                    recompute_layers=3, zero=1)  # fmt: skip
+    assert f", {said}," in uniform_plan(model, a100, config).summary()
+
+
 def test_plan_agrees_with_estimate(plan: Plan, a100: planner.ClusterSpec) -> None:
     """The uniform plan carries estimate's numbers; 16 stages of 6 layers cover all 96."""
     model = planner.load_model(MODELS / "gpt3-175b.json")

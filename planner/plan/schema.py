@@ -399,7 +399,12 @@ class Plan(_Frozen):
             if mode == "selective" and modules:
                 label += f" ({modules.replace(',', ', ')})"
             if mode == "full" and some_layers:
-                label += f" of {some_layers} layer{'s' * (some_layers > 1)} per chunk"
+                # Megatron's --recompute-num-layers counts per model chunk (per stage when
+                # the stages are not interleaved; of all of them without a pipeline).
+                unit = "chunk" if self.schedule.virtual_stages > 1 else "stage"
+                label += (f" of {some_layers} of {self.num_layers} layers"
+                          if len(self.stages) == 1 else
+                          f" of {some_layers} layer{'s' * (some_layers > 1)} per {unit}")
             extras += some([q.recompute == mode for q in stages], label)
         # ZeRO-1 is Megatron's distributed optimizer; DeepSpeed and Colossal-AI name the stage.
         sharded = "ZeRO-1" if self.framework in ("deepspeed", "colossalai") else \
