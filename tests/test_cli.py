@@ -26,6 +26,7 @@ from tests.conftest import HF, REPO, SHARED, needs_shared, shared
 GPT3 = "instances/models/gpt3-175b.json"
 MIXTRAL = "instances/models/mixtral-8x7b.json"
 A100 = "instances/clusters/dgx-a100-80gb.json"
+H100 = "instances/clusters/dgx-h100-80gb.json"
 # Files of ../shared as a user types them from the repository root.
 LLAMA_405B_HF = "../shared/reference/hf/Meta-Llama-3.1-405B.config.json"
 CALIBRATION_RUNS = "../shared/validation/calibration_runs.json"
@@ -188,6 +189,27 @@ def test_info_counts_published_parameters(model: str, total: int, active: int) -
     printed = _json_of("info", model, "--json")
     assert printed["params_total"] == total
     assert printed["params_active"] == active
+
+
+def test_info_writes_the_model_it_read_as_a_model_json(tmp_path: Path) -> None:
+    """``info --write-model`` turns a Hugging Face config into the model.json the planner read
+    of it (which loads back to the same model), so a key the config has no field for can be
+    set: Mixtral 8x22B's router spread, which ``estimate`` then prices (it slows the
+    expert-parallel step). It never writes over the model it reads."""
+    config = shared(HF / "Mixtral-8x22B-v0.1.config.json")
+    out = tmp_path / "mixtral.json"
+    done = _run("info", config, "--write-model", out)
+    assert done.returncode == 0, done.stderr
+    assert planner.load_model(out) == planner.load_model(config)
+    written = json.loads(out.read_text())
+    written["moe"]["expert_load_cv"] = 0.5
+    spread = tmp_path / "spread.json"
+    spread.write_text(json.dumps(written))
+    run = ("--nodes", "16", "--seq-len", "4096", "--global-batch", "256", "--tp", "2",
+           "--pp", "8", "--ep", "8", "--etp", "1", "--sp", "--zero", "1", "--json")  # fmt: skip
+    steps = [_json_of("estimate", str(m), H100, *run)["step_time_s"] for m in (out, spread)]
+    assert steps[1] > steps[0]
+    _assert_one_line_error(_run("info", out, "--write-model", out), "--write-model")
 
 
 def _refs(node: Any) -> list[str]:

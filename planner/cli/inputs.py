@@ -3,6 +3,7 @@ validate, calibrate, calibrate-network."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
@@ -159,11 +160,20 @@ def info_cmd(
     seq_len: Annotated[int | None, typer.Option(
         help="Sequence length the FLOPs are counted at (default: the model's training length, "
         "else its max_position_embeddings).")] = None,
+    write_model: Annotated[Path | None, typer.Option(
+        "--write-model", help="Also write the model as the planner read it, a model.json to "
+        "edit: for what a Hugging Face config has no key for (moe.expert_load_cv, "
+        "moe.capacity_factor, the training run).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """What the planner understood of a model: shape, parameters, FLOPs, operator graph."""
     check_options({"--seq-len": seq_len})
-    info = model_info(load_model_file(model), seq_len=seq_len)
+    spec = load_model_file(model)
+    info = model_info(spec, seq_len=seq_len)
+    if write_model is not None:
+        write_atomic(write_model, json.dumps(spec.model_dump(mode="json"), indent=2) + "\n",
+                     inputs=(model,), option="--write-model")
+        note(f"wrote {write_model}: {spec.name} as a model.json")
     if as_json:
         print_json(info)
     else:
