@@ -99,6 +99,22 @@ MIXTRAL_ROWS: tuple[tuple[str, str, dict[str, Any], float], ...] = (
 )  # fmt: skip
 
 
+def per_layer(model: ModelSpec, cluster: ClusterSpec) -> None:
+    """Print each 4K run's step per layer and microbatch on one rank, measured and priced,
+    beside the routed experts each rank holds: what a cost per layer that does not shrink with
+    the layer's work, or grows with its experts, would show."""
+    assert model.moe is not None
+    print("\n| run (readme) | local experts | measured ms | predicted ms | gap ms |")
+    print("|---|---:|---:|---:|---:|")
+    for label, dispatcher, knobs, measured in ROWS:
+        config = ParallelConfig(**RUN, **knobs, moe_dispatcher=dispatcher)  # type: ignore[arg-type]
+        result = estimate(model, cluster, config)
+        slots = result.num_microbatches * model.num_layers / config.pp * 1e-3
+        step = result.step_time_s
+        print(f"| {label} | {model.moe.num_experts // config.ep} | {measured / slots:.2f} | "
+              f"{step / slots:.2f} | {(measured - step) / slots:+.2f} |")
+
+
 def megatron_flops(model: ModelSpec, seq: int, batch: int) -> float:
     """One step's FLOPs as Megatron-LM counts them for its TFLOP/s (``megatron/training/
     training.py``, ``num_floating_point_operations``, before its THD form): 12 x the
@@ -241,6 +257,7 @@ def main() -> None:
               f"{ran.step_time_s / measured - 1:+.0%} | {swapped.step_time_s:.2f} | "
               f"{swapped.step_time_s / measured - 1:+.0%} | "
               f"{'' if band is None else f'+/- {band:.0%}'} |")
+    per_layer(model, cluster)
     cv = long_context(model, cluster)
     print(f"\nthe 4K runs (dropless) with cv {cv:.2f}:")
     spread = with_spread(model, cv)

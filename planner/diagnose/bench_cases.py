@@ -8,8 +8,8 @@ are about the same work:
   and each microbatch, in its three orientations (the forward ``X W^T``, the input gradient
   ``dY W`` and the weight gradient ``dY^T X``, in Megatron-LM's operand layouts: the cost
   model prices all three by their FLOPs per call);
-- for a mixture of experts, a rank's local experts as one grouped GEMM (what Megatron-Core's
-  ``--moe-grouped-gemm`` and torchtitan run), the first MoE layer's up and down projections
+- for a mixture of experts, a rank's local experts as one grouped GEMM (torchtitan's
+  ``torch._grouped_mm``, which prices Megatron-Core's ``--moe-grouped-gemm`` too), the first MoE layer's up and down projections
   with tokens per expert from a hundred to a few thousand (the experts' share of a
   microbatch's tokens at the expert-parallel degrees plans run): the grouped-GEMM curve's
   tokens and reduction terms need both to vary;

@@ -215,8 +215,9 @@ def grouped_gemm_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[Flag]
     """A rank's local experts as one grouped GEMM (``TEGroupedMLP``), what MoE runs use,
     rather than one GEMM per expert in turn (``SequentialMLP``, the default). bf16 only:
     core_v0.12.1 asserts it (``megatron/training/arguments.py:712-713``). The cost model
-    prices it so: one grouped kernel per expert projection on the device's grouped-GEMM curve
-    (:func:`planner.graph.stacks.grouped_experts`, :func:`planner.cost.compute.op_time`)."""
+    prices it as one grouped kernel per expert projection on the device's grouped-GEMM curve
+    (:func:`planner.graph.stacks.grouped_experts`, :func:`planner.cost.compute.op_time`);
+    Transformer Engine launches one cuBLAS GEMM per expert over several streams instead."""
     if model.moe is None or resolved.training.precision != "bf16":
         return []
     return [("--moe-grouped-gemm", None)]

@@ -74,11 +74,15 @@ from planner.vocabulary import FUSED_LOSS_STACKS, Precision, Stack
 
 GROUPED_EXPERT_STACKS: tuple[Stack, ...] = ("megatron-te", "megatron-te-fp8", *FUSED_LOSS_STACKS,
                                             "torchtitan-eager")
-"""Stacks that run a rank's routed experts as one grouped GEMM in bf16: Megatron-Core's
-``TEGroupedMLP`` under ``--moe-grouped-gemm`` (the Megatron and MindSpeed exports set it for
-bf16: ``planner/frameworks/_megatron_flags.py``), torchtitan's ``torch._grouped_mm``. The
-others loop over the experts, one GEMM each: Megatron-DeepSpeed's ``deepspeed/moe/experts.py``
-(``Experts.forward``), Hugging Face's Mixtral and Qwen-MoE blocks."""
+"""Stacks that run a rank's routed experts as one grouped GEMM call in bf16, priced as one
+grouped kernel: torchtitan's ``torch._grouped_mm``, and Megatron-Core's ``TEGroupedMLP`` under
+``--moe-grouped-gemm`` (the Megatron and MindSpeed exports set it for bf16:
+``planner/frameworks/_megatron_flags.py``), whose Transformer Engine call launches one cuBLAS
+GEMM per expert over up to four streams on Hopper (``multi_stream_cublas_gemm``,
+``transformer_engine/common/gemm/cublaslt_gemm.cu``), which is not measured (docs/limits.md).
+The others loop over the experts, one GEMM each in turn: Megatron-DeepSpeed's
+``deepspeed/moe/experts.py`` (``Experts.forward``), Hugging Face's Mixtral and Qwen-MoE
+blocks."""
 
 
 def grouped_experts(stack: Stack, precision: Precision) -> bool:

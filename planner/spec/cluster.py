@@ -79,8 +79,9 @@ class AttentionEfficiency(_Frozen):
 
 class GroupedGemmEfficiency(_Frozen):
     """Achieved fraction of peak FLOP/s for a rank's routed experts run as one grouped GEMM
-    (Megatron-Core's ``TEGroupedMLP`` under ``--moe-grouped-gemm``; ``torch._grouped_mm`` in
-    torchtitan).
+    (``torch._grouped_mm`` in torchtitan; Megatron-Core's ``TEGroupedMLP`` under
+    ``--moe-grouped-gemm`` is priced on it too, though Transformer Engine runs it as one
+    cuBLAS GEMM per expert over several streams).
 
     ``fraction(t, k) = max_fraction * t / (t + half_saturation_tokens) * k / (k +
     half_saturation_k)`` for experts of ``t`` tokens each and a reduction dim of ``k``: each
