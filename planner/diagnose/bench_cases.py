@@ -9,10 +9,10 @@ are about the same work:
   ``dY W`` and the weight gradient ``dY^T X``, in Megatron-LM's operand layouts: the cost
   model prices all three by their FLOPs per call);
 - for a mixture of experts, a rank's local experts as one grouped GEMM (torchtitan's
-  ``torch._grouped_mm``, which prices Megatron-Core's ``--moe-grouped-gemm`` too), the first MoE layer's up and down projections
-  with tokens per expert from a hundred to a few thousand (the experts' share of a
-  microbatch's tokens at the expert-parallel degrees plans run): the grouped-GEMM curve's
-  tokens and reduction terms need both to vary;
+  ``torch._grouped_mm``, which prices Megatron-Core's ``--moe-grouped-gemm`` too), the first
+  MoE layer's up and down projections with tokens per expert from a hundred to a few
+  thousand (the experts' share of a microbatch's tokens at the expert-parallel degrees plans
+  run): the grouped-GEMM curve's tokens and reduction terms need both to vary;
 - with ``--fp8``, each decoder GEMM's forward again on FP8 operands (``torch._scaled_mm``):
   the device's FP8 speedup over its 16-bit GEMMs (:mod:`planner.diagnose.fp8_gemms`);
 - fused causal attention, forward and backward, at the model's sequence length and shorter
