@@ -79,7 +79,8 @@ grouped kernel: torchtitan's ``torch._grouped_mm``, and Megatron-Core's ``TEGrou
 ``--moe-grouped-gemm`` (the Megatron and MindSpeed exports set it for bf16:
 ``planner/frameworks/_megatron_flags.py``), whose Transformer Engine call launches one cuBLAS
 GEMM per expert over up to four streams on Hopper (``multi_stream_cublas_gemm``,
-``transformer_engine/common/gemm/cublaslt_gemm.cu``), which is not measured (docs/limits.md).
+``transformer_engine/common/gemm/cublaslt_gemm.cu`` at NVIDIA/TransformerEngine@d0067d0),
+which is not measured (docs/limits.md).
 The others loop over the experts, one GEMM each in turn: Megatron-DeepSpeed's
 ``deepspeed/moe/experts.py`` (``Experts.forward``), Hugging Face's Mixtral and Qwen-MoE
 blocks."""
