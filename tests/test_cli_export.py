@@ -66,6 +66,24 @@ def test_export_megatron_flags(plan_file: Path, tmp_path: Path) -> None:
             f"{plan.predicted.peak_memory_gib:.1f} GiB peak per device of 80 GiB") in done.stderr
 
 
+def test_export_defaults_to_the_framework_the_plan_was_made_for(
+    plan_file: Path, any_plan: Path
+) -> None:
+    """Without ``--format``, a plan estimated (or solved) for Megatron-LM exports as Megatron-LM
+    launches it, the same text as with ``--format megatron``; a plan made for ``any`` names
+    no framework, so the user is asked for one."""
+    inputs = ("--model", GPT3, "--cluster", A100)
+    default = _run("export", plan_file, *inputs)
+    named = _run("export", plan_file, "--format", "megatron", *inputs)
+    assert default.returncode == named.returncode == 0, default.stderr
+    assert default.stdout == named.stdout and "--pipeline-model-parallel-size 16" in default.stdout
+    done = _run("export", any_plan, "--model", LLAMA, "--cluster", H100)
+    assert done.returncode == 2
+    assert _error_text(done.stderr) == (
+        "error: the plan was made for 'any', not for one framework: pass --format, one of "
+        "megatron, mindspeed, deepspeed, colossalai, torchtitan")
+
+
 def test_export_of_a_per_operator_plan_is_refused(any_plan: Path) -> None:
     """A plan solved for ``any`` has no framework's launch: exit 2, one line, with the command
     that solves for the framework asked."""

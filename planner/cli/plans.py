@@ -343,22 +343,35 @@ def _prediction(plan: Plan) -> str:
             f"{plan.memory_margin_gib:.1f} GiB)")  # fmt: skip
 
 
+def _made_for(plan: Plan) -> str:
+    """The framework ``plan`` was solved (or estimated) for, which ``export`` writes when no
+    ``--format`` is given; a plan made for ``any`` names none, so the user must."""
+    if plan.framework in FRAMEWORKS:
+        return plan.framework
+    raise InputError(f"the plan was made for {plan.framework!r}, not for one framework: pass "
+                     f"--format, one of {', '.join(FRAMEWORKS)}")  # fmt: skip
+
+
 @app.command("export")
 def export_cmd(
     plan_file: Annotated[Path, typer.Argument(help="plan.json")],
-    fmt: Annotated[str, typer.Option("--format", help=f"One of {', '.join(FRAMEWORKS)}.")],
     model: Annotated[Path, typer.Option(help="The plan's model (its flags are part of the "
                                         "launch).")],
     cluster: Annotated[Path, typer.Option(help="The plan's cluster.")],
+    fmt: Annotated[str | None, typer.Option(
+        "--format", help=f"One of {', '.join(FRAMEWORKS)}; by default the framework the plan "
+        "was made for.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write to this file.")] = None,
 ) -> None:
     """The plan as a framework's launch configuration, exactly as it was priced.
 
     A plan the framework cannot launch is refused with the command that solves for it."""
-    target = frameworks.check_framework(fmt, option="--format", allow_any=False)
+    if fmt is not None:
+        frameworks.check_framework(fmt, option="--format", allow_any=False)
     if out is not None:
         check_target(out, inputs=(plan_file, model, cluster))
     plan = plan_from_json(read_text(plan_file), source=str(plan_file))
+    target = fmt if fmt is not None else _made_for(plan)
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=plan.cluster.num_nodes,
                                            names=("--model", "--cluster"))  # fmt: skip
     check_inputs(plan, model_spec, cluster_spec, model_label=str(model),
