@@ -9,12 +9,14 @@ import pytest
 
 from planner import cost
 from planner.options import SolveOptions
+from planner.plan.config import ParallelConfig
 from planner.plan.invariants import check_plan
 from planner.report.tables import group_spans
 from planner.search.targets import solve
 from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.groups import tp_degrees, within_scale_up
+from planner.uniform.plan import uniform_plan
 from tests.conftest import CLUSTERS, MODELS
 
 NVL72 = CLUSTERS / "gb200-nvl72.json"
@@ -73,3 +75,26 @@ def test_llama_405b_plans_keep_tensor_and_context_groups_in_one_domain(path, nod
             assert spans[name][2] == 1, (name, spans[name])
     expected = 72 if path == NVL72 else None
     assert plan.cluster.scale_up_devices == expected
+
+
+@pytest.mark.parametrize(("degrees", "ranks"), [
+    # folded: the 8 expert ranks are 4 tensor groups of 2, consecutive: ranks 0-7
+    (dict(tp=2, sp=True, ep=8, etp=1), (0, 1, 2, 3, 4, 5, 6, 7)),
+    # not folded: one rank of each tensor group, 2 apart: 0, 2, ..., 14 (two nodes)
+    (dict(tp=2, sp=True, ep=8), (0, 2, 4, 6, 8, 10, 12, 14)),
+    # context ranks first, then data: 4 apart, 0, 4, 8, 12
+    (dict(tp=4, sp=True, cp=2, ep=4), (0, 4, 8, 12)),
+])
+def test_expert_groups_are_megatrons(degrees: dict, ranks: tuple[int, ...]) -> None:
+    """A uniform plan's expert-parallel group is the one Megatron-Core's expert RankGenerator
+    builds (etp apart from the first rank, in the tensor-context-data order), and the plan's
+    summary says how many nodes it spans."""
+    model = load_model(MODELS / "mixtral-8x7b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 4)
+    config = ParallelConfig(global_batch=256, seq_len=4096, **degrees)
+    plan = uniform_plan(model, cluster, config, framework="megatron")
+    per_node = plan.cluster.devices_per_node
+    assert group_spans(plan)["EP"] == (len(ranks), len({r // per_node for r in ranks}),
+                                       len({r // per_node for r in ranks}))  # fmt: skip
+    flat = [rank for replica in plan.stages[0].ranks for rank in replica]
+    assert flat[:16] == list(range(16))  # the stage's ranks in Megatron's dense order

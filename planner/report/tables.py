@@ -262,7 +262,8 @@ def _time_table(plan: Plan) -> Table:
 def group_spans(plan: Plan) -> dict[str, tuple[int, int, int]]:
     """Per group of the first stage, its ranks and how many nodes and scale-up domains they
     span: the mesh's axes (``TP``, ``CP`` for a uniform plan; ``axis 0``, ``axis 1``
-    otherwise), the data-parallel replicas and the pipeline's stages."""
+    otherwise), the data-parallel replicas, a uniform plan's expert-parallel ranks and the
+    pipeline's stages."""
     per_node = plan.cluster.devices_per_node
     per_domain = plan.cluster.scale_up_devices or per_node
     stage = plan.stages[0]
@@ -278,6 +279,14 @@ def group_spans(plan: Plan) -> dict[str, tuple[int, int, int]]:
     if len(first) > inner:
         out["CP" if uniform else "axis 0"] = span(first[::inner])
     out["DP"] = span([replica[0] for replica in stage.ranks])
+    if (config := plan.configuration) is not None and config.ep > 1:
+        # Megatron-Core's expert RankGenerator (megatron/core/parallel_state.py, at
+        # NVIDIA/Megatron-LM@d98e8a64dd: tp=etp, cp=1, order tp-cp-ep-dp-pp) spaces an
+        # expert-parallel group's ranks etp apart from the stage's first, in the dense order
+        # (tensor fastest, then context, then data): consecutive ranks when folded (etp 1).
+        flat = [rank for replica in stage.ranks for rank in replica]
+        folded = config.etp == 1
+        out["EP"] = span(flat[::1 if folded else inner][:config.ep])
     out["PP"] = span([s.ranks[0][0] for s in plan.stages])
     return {name: v for name, v in out.items() if v[0] > 1}
 
