@@ -203,9 +203,11 @@ ZERO_BUBBLE: tuple[PipelineSchedule, ...] = ("zb-h1", "zb-v")
 ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"]
 """The schedule as it runs (what a plan records and the simulator replays)."""
 
-ContextParallelism = Literal["ring", "ulysses"]
+ContextParallelism = Literal["ring", "ulysses", "allgather"]
 """How context parallelism exchanges attention's inputs: ring attention (K/V passed around the
-ring, Megatron-Core/Transformer Engine ``p2p``) or Ulysses (all-to-all to head shards)."""
+ring, Megatron-Core/Transformer Engine ``p2p``), Ulysses (all-to-all to head shards), or
+PyTorch's context parallelism as torchtitan trains with it (K/V all-gathered once, their
+gradients passed around the ring)."""
 
 ZeroStage = Literal[0, 1, 2, 3]
 """ZeRO stage (a level of sharding of optimizer states, gradients and weights, not a pipeline

@@ -452,6 +452,15 @@ def test_ulysses_context_parallel() -> None:
     assert "all_to_all mode" in (refusal("ulysses-context-parallel", ulysses, model) or "")
 
 
+def test_pytorch_context_parallel() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:48"""
+    model = load("llama3-8b")
+    ring = configure(model, 64, cp=2, zero=1, seq_len=8192)
+    assert refusal("pytorch-context-parallel", ring, model) is None
+    gathered = forced(ring, cp_algo="allgather")
+    assert "cp_algo allgather" in (refusal("pytorch-context-parallel", gathered, model) or "")
+
+
 def test_rank_order() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1110-1117"""
     model = load("llama3-70b")

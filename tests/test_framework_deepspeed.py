@@ -307,6 +307,9 @@ def test_context_parallel() -> None:
     model = load("llama3-70b")
     resolved = configure(model, 256, tp=8, pp=4, cp=2, sp=True, zero=1)
     assert "Ulysses" in (refusal("context-parallel", resolved, model) or "")
+    gathered = forced(resolved, cp_algo="allgather")
+    assert "cp(2) as keys and values all-gathered" in (
+        refusal("context-parallel", gathered, model) or "")
     ulysses = forced(resolved, cp_algo="ulysses")
     assert refusal("context-parallel", ulysses, model) is None
 

@@ -923,6 +923,16 @@ def pin_ulysses_context_parallel(p: Profile) -> None:
     accepted(p, "ulysses-context-parallel", configure(model, 16, cp=2), model)
 
 
+def pin_pytorch_context_parallel(p: Profile) -> None:
+    """What rule ``pytorch-context-parallel`` refuses (and lets through): K/V all-gathered as
+    PyTorch's context parallelism runs them, which the Megatron family does not run."""
+    model = load("gpt-1.7b")
+    refused(p, "pytorch-context-parallel", configure(model, 16, cp=2, cp_algo="allgather"),
+            model, r"cp\(2\) with keys and values all-gathered \(cp_algo allgather")
+    accepted(p, "pytorch-context-parallel", configure(model, 16, cp=2), model)
+    accepted(p, "pytorch-context-parallel", configure(model, 16, cp_algo="allgather"), model)
+
+
 def pin_fused_attention_precision(p: Profile) -> None:
     """What rule ``fused-attention-precision`` refuses (and lets through)."""
     model = load("gpt-1.7b")
@@ -1064,6 +1074,14 @@ def test_rule_layer_architecture() -> None:
     megatron/core/transformer/transformer_config.py:248-255;
     megatron/core/transformer/multi_token_prediction.py:864-884"""
     pin_layer_architecture(P, window=True)
+
+
+def test_rule_pytorch_context_parallel() -> None:
+    """NVIDIA/Megatron-LM@d98e8a64ddf3
+    megatron/core/extensions/transformer_engine.py:2063-2143: Megatron's context
+    parallelism is Transformer Engine's (``cp_comm_type``), whose ``all_gather`` is not
+    PyTorch's."""
+    pin_pytorch_context_parallel(P)
 
 
 def test_rule_window_with_ring_cp() -> None:

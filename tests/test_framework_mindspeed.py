@@ -252,6 +252,12 @@ def test_rule_ulysses_context_parallel() -> None:
     tm.pin_ulysses_context_parallel(P)
 
 
+def test_rule_pytorch_context_parallel() -> None:
+    """Ascend/MindSpeed@028de58ca629
+    mindspeed/features_manager/context_parallel/context_parallel_feature.py:106"""
+    tm.pin_pytorch_context_parallel(P)
+
+
 def test_rule_layer_architecture() -> None:
     """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)
     megatron/core/transformer/transformer_layer.py:205-213;

@@ -335,7 +335,11 @@ def test_context_parallel() -> None:
     torch/distributed/tensor/experimental/_context_parallel/_attention.py:77"""
     model = load("llama3-8b")
     resolved = configure(model, 64, tp=8, cp=2, sp=True, zero=3, seq_len=32768)
-    assert "all-gathers keys and values" in (refusal("context-parallel", resolved, model) or "")
+    assert ("cp(2) as ring attention: torchtitan v0.2.2's training context parallelism "
+            "all-gathers keys and values") in (refusal("context-parallel", resolved, model) or "")
+    assert "as Ulysses all-to-alls" in (
+        refusal("context-parallel", forced(resolved, cp_algo="ulysses"), model) or "")
+    assert refusal("context-parallel", forced(resolved, cp_algo="allgather"), model) is None
 
 
 def test_tp_without_sp() -> None:

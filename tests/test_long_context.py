@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from planner import estimate
+from planner.frameworks import launch
 from planner.options import Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
 from planner.search.targets import solve
@@ -87,3 +88,47 @@ def test_cp_leaves_the_node_only_for_long_sequences(llama, seq_len: int, widest:
     for b in found:
         inside = within_scale_up(cluster, tp=b.tp, cp=b.cp)
         assert inside or (b.tp * b.cp % 8 == 0 and seq_len >= b.cp * LONG_SEQUENCE), b
+
+
+def _priced(model, cluster, **knobs):  # type: ignore[no-untyped-def]
+    return {algo: estimate(model, cluster, ParallelConfig(cp_algo=algo, **knobs))
+            for algo in ("ring", "allgather")}  # fmt: skip
+
+
+@pytest.mark.parametrize(("cp", "tp", "pp"), [(2, 1, 2), (8, 1, 2), (4, 2, 2), (16, 1, 1)])
+def test_all_gathered_keys_and_values_cost_what_pytorch_holds_and_waits_for(
+    cp: int, tp: int, pp: int
+) -> None:
+    """PyTorch's context parallelism (``cp_algo`` allgather, torchtitan's) waits out more of
+    its exchange than the ring (one all-gather behind the first attention step, fp32 K/V
+    gradients around the ring), and holds the whole sequence's K and V of its tensor-parallel
+    heads while its attention runs: on a first stage, which has no loss, exactly those bytes
+    (2 x 131,072 tokens x 8 x 128 / tp x 2 bytes) more, with the allocator's share."""
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster(H100, 4)
+    priced = _priced(model, cluster, tp=tp, sp=tp > 1, cp=cp, pp=pp, zero=1, global_batch=32,
+                     seq_len=131072, stack="torchtitan-eager")  # fmt: skip
+    ring, gathered = priced["ring"], priced["allgather"]
+    assert gathered.time.context_parallel_comm_s > ring.time.context_parallel_comm_s
+    assert gathered.step_time_s > ring.step_time_s
+    kv = 2 * 131072 * 8 * 128 // tp * 2
+    if pp > 1:
+        extra = (gathered.peak_memory_gib - ring.peak_memory_gib) * 2**30
+        assert extra == pytest.approx(kv * (1 + cluster.device.allocator_fragmentation))
+
+
+def test_torchtitan_plans_context_parallelism_as_pytorch_runs_it() -> None:
+    """torchtitan at 128K tokens (Llama 3 8B, 32 H100): the search now tries torchtitan's
+    own context parallelism, and it beats the best plan without any (TP4, every layer
+    recomputed); the export writes the degree."""
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster(H100, 4)
+    options = SolveOptions(framework="torchtitan", seq_length=131072, global_batch_size=32)
+    plan = solve(model, cluster, options)
+    config = plan.configuration
+    assert config is not None and config.cp > 1 and config.cp_algo == "allgather"
+    without = solve(model, cluster, SolveOptions(framework="torchtitan", seq_length=131072,
+                                                 global_batch_size=32, pins=Pins(cp=1)))
+    assert plan.predicted.step_time_s < 0.8 * without.predicted.step_time_s
+    toml = launch(plan, "torchtitan", model=model, cluster=cluster).text
+    assert f"context_parallel_degree = {config.cp}\n" in toml

@@ -29,6 +29,8 @@ from planner.cost.activations import (
 )
 from planner.cost.communication import (
     CommGroup,
+    allgather_attention_exposed_s,
+    allgather_attention_hidden_s,
     collective_time_s,
     exposed_s,
     hidden_state_bytes,
@@ -125,6 +127,8 @@ __all__ = [
     "PipelineTime",
     "Routing",
     "StateBytes",
+    "allgather_attention_exposed_s",
+    "allgather_attention_hidden_s",
     "allocatable_bytes",
     "allocator_slack_bytes",
     "attention_fraction",

@@ -203,6 +203,67 @@ def ring_attention_hidden_s(
     return 3 * transfer_s - total, transfer_s - forward
 
 
+def allgather_attention_exposed_s(
+    cluster: ClusterSpec, kv_bytes: float, group: CommGroup, *, forward_s: float,
+    backward_s: float, grad_bytes_per_element: float = 4.0, kv_bytes_per_element: float = 2.0,
+) -> tuple[float, float]:
+    """(forward and backward, forward) seconds of PyTorch's context parallelism left on the
+    critical path: K/V all-gathered once, their gradients passed around the ring.
+
+    As ``_templated_ring_attention`` and its backward run it with the all-gather rotater
+    (``torch/distributed/tensor/experimental/_context_parallel/_attention.py``, PyTorch
+    v2.13.0; torchtitan's training never sets another): the forward issues one all-gather of
+    the rank's K/V block before the first of ``n`` attention steps and waits for it before the
+    second, so the all-gather hides behind one step (``1/n`` of the attention with
+    load-balanced causal chunks). The backward all-gathers K/V again the same way and sends
+    the accumulated K/V gradients to the next rank after each of its ``n`` steps, in fp32
+    (``convert_to_f32``), each send waited for at the next step's start and the last one after
+    the loop. ``kv_bytes`` is the whole sequence's K and V as one rank of ``group`` would hold
+    them unsharded, as for :func:`ring_attention_exposed_s`.
+
+    >>> from planner.spec import ClusterSpec
+    >>> c = ClusterSpec.model_validate({"name": "c", "num_nodes": 1, "devices_per_node": 4,
+    ...     "device": {"name": "g", "memory_gib": 80, "memory_bandwidth_gb_s": 2000,
+    ...                "peak_tflops": {"bf16": 300}},
+    ...     "network": [{"name": "l", "domain_devices": 4, "bandwidth_gb_s": 1,
+    ...                  "latency_us": 0}]})
+    >>> # The all-gather takes 3 s: 1.5 beyond the forward's first step, 2 beyond the
+    >>> # backward's; an fp32 gradient block 2 s: 1 beyond each of the 3 next steps, 2 after
+    >>> # the last. The ring would leave 3 s exposed.
+    >>> allgather_attention_exposed_s(c, 4e9, CommGroup(size=4), forward_s=6.0,
+    ...                               backward_s=4.0)
+    (8.5, 1.5)
+    >>> ring_attention_exposed_s(c, 4e9, CommGroup(size=4), forward_s=6.0, backward_s=4.0)
+    (3.0, 0.0)
+    """
+    n = group.size
+    if n <= 1 or kv_bytes <= 0:
+        return 0.0, 0.0
+    gather_s = collective_time_s(cluster, "all_gather", kv_bytes, group)
+    block_s = gather_s / (n - 1) * grad_bytes_per_element / kv_bytes_per_element
+    forward = exposed_s(gather_s, forward_s / n)
+    backward = (exposed_s(gather_s, backward_s / n)
+                + (n - 1) * exposed_s(block_s, backward_s / n) + block_s)  # fmt: skip
+    return forward + backward, forward
+
+
+def allgather_attention_hidden_s(
+    cluster: ClusterSpec, kv_bytes: float, group: CommGroup, *, forward_s: float,
+    backward_s: float,
+) -> tuple[float, float]:
+    """(forward and backward, forward) seconds of PyTorch's context parallelism hidden behind
+    the attention steps: what it moves (two all-gathers of K/V, ``n`` fp32 gradient blocks)
+    less what :func:`allgather_attention_exposed_s` leaves exposed."""
+    n = group.size
+    if n <= 1 or kv_bytes <= 0:
+        return 0.0, 0.0
+    gather_s = collective_time_s(cluster, "all_gather", kv_bytes, group)
+    moved = 2 * gather_s + n * 2 * gather_s / (n - 1)
+    total, forward = allgather_attention_exposed_s(cluster, kv_bytes, group,
+                                                   forward_s=forward_s, backward_s=backward_s)
+    return moved - total, gather_s - forward
+
+
 def exposed_s(comm_s: Real, hidden_behind_s: Real) -> Real:
     """Communication left on the critical path when it overlaps ``hidden_behind_s`` of work."""
     return maximum(0.0, comm_s - hidden_behind_s)

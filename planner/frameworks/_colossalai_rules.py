@@ -17,6 +17,7 @@ from planner.frameworks.base import (
     ranks_in_order,
     sequence_split_over_tp,
     unsupported_layers,
+    without_pytorch_context_parallel,
 )
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
@@ -353,6 +354,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{REPO} colossalai/shardformer/layer/_operation.py:1191-1202"),
     Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
          source=f"{_PLUGIN}:48, 1077"),
+    Rule(name="pytorch-context-parallel", check=without_pytorch_context_parallel("Colossal-AI"),
+         source=f"{_PLUGIN}:48"),
     Rule(name="rank-order", check=rank_order, source=f"{_PLUGIN}:1110-1117"),
     Rule(name="optimizer-offload", check=optimizer_offload, source=f"{_PLUGIN}:1093, 1247"),
 )  # fmt: skip

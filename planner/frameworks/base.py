@@ -20,7 +20,7 @@ from typing import Literal
 
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
-from planner.vocabulary import OP_SAC, Stack
+from planner.vocabulary import OP_SAC, ContextParallelism, Stack
 
 Framework = Literal["megatron", "mindspeed", "deepspeed", "colossalai", "torchtitan"]
 FRAMEWORKS: tuple[Framework, ...] = ("megatron", "mindspeed", "deepspeed", "colossalai",
@@ -48,6 +48,20 @@ class Rule:
     check: Check
     """The reason the configuration cannot be launched (said as the framework's user would
     read it, with the numbers), or None when it can."""
+
+
+def without_pytorch_context_parallel(title: str) -> Check:
+    """The check of a framework ``title`` whose context parallelism is not PyTorch's
+    (``cp_algo`` allgather: K/V all-gathered, as torchtitan trains)."""
+
+    def check(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+        c = resolved.config
+        if c.cp == 1 or c.cp_algo != "allgather":
+            return None
+        return (f"cp({c.cp}) with keys and values all-gathered (cp_algo allgather, PyTorch's "
+                f"context parallelism, torchtitan's): {title} does not run it")
+
+    return check
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,6 +107,9 @@ class Profile:
     """Whether it folds the routed experts over the tensor-parallel ranks (expert tensor
     parallelism 1 under tensor parallelism): the uniform search tries that only for such a
     target."""
+    context_parallelism: tuple[ContextParallelism, ...] = ("ring", "ulysses")
+    """How its context parallelism may attend (its rules refuse the ones it cannot launch):
+    the uniform search tries only these."""
 
     stacks: tuple[Stack, ...] = ("megatron-te",)
     """The stacks it runs a layer on (:data:`~planner.vocabulary.Stack`), as the planner

@@ -97,11 +97,12 @@ def uneven_split(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """DeepSpeed's sequence parallelism is Ulysses, not ring attention."""
+    """DeepSpeed's sequence parallelism is Ulysses, not ring attention nor PyTorch's."""
     c = resolved.config
     if c.cp == 1 or c.cp_algo == "ulysses":
         return None
-    return (f"cp({c.cp}) as ring attention: DeepSpeed's context parallelism "
+    how = "ring attention" if c.cp_algo == "ring" else "keys and values all-gathered"
+    return (f"cp({c.cp}) as {how}: DeepSpeed's context parallelism "
             f"(--ds-sequence-parallel-size) is Ulysses all-to-all attention (cp_algo ulysses)")
 
 

@@ -51,7 +51,7 @@ from planner.frameworks._megatron_checks import (
     zero_offload,
 )
 from planner.frameworks._megatron_vocab import padded_vocab, vocab_divisor
-from planner.frameworks.base import Launch, Profile, Rule
+from planner.frameworks.base import Launch, Profile, Rule, without_pytorch_context_parallel
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 from planner.vocabulary import FUSED_LOSS_STACKS
@@ -68,6 +68,12 @@ _TE_ATTENTION = f"{TE} transformer_engine/pytorch/attention/dot_product_attentio
 
 
 RULES: tuple[Rule, ...] = (
+    # Megatron's --cp-comm-type all_gather is Transformer Engine's own all-gather
+    # (AttnFuncWithCPAndKVAllGather, transformer_engine/pytorch/attention/
+    # dot_product_attention/context_parallel.py), not PyTorch's, and is not priced.
+    Rule(name="pytorch-context-parallel",
+         check=without_pytorch_context_parallel("Megatron-LM"),
+         source=f"{REPO} megatron/core/extensions/transformer_engine.py:2063-2143"),
     Rule(name="gpipe", check=gpipe_schedule,
          source=f"{REPO} megatron/core/pipeline_parallel/schedules.py:161-168"),
     Rule(name="zero-bubble", check=zero_bubble_schedule,

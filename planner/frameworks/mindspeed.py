@@ -28,6 +28,7 @@ from planner.frameworks.base import (
     deepep_not_run,
     moe_comm_in_line,
     unsupported_layers,
+    without_pytorch_context_parallel,
 )
 from planner.plan.chunks import slots_taken
 from planner.plan.config import ResolvedConfig
@@ -178,6 +179,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="bias-without-qkv-bias", check=megatron.linear_bias_without_qkv_bias,
          source=f"{_ARGS}:787-789"),
     Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
+         source=f"{REPO} mindspeed/features_manager/context_parallel/"
+                f"context_parallel_feature.py:106"),
+    Rule(name="pytorch-context-parallel", check=without_pytorch_context_parallel("MindSpeed"),
          source=f"{REPO} mindspeed/features_manager/context_parallel/"
                 f"context_parallel_feature.py:106"),
     Rule(name="layer-architecture", check=layer_architecture,

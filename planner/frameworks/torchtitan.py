@@ -141,12 +141,14 @@ def mixed_precision_without_fsdp(resolved: ResolvedConfig, model: ModelSpec) -> 
 
 
 def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Training never sets the rotate method: PyTorch's default all-gathers K/V."""
-    cp = resolved.config.cp
-    if cp == 1:
+    """Training never sets the rotate method: PyTorch's default all-gathers K/V (``cp_algo``
+    allgather, :func:`planner.cost.allgather_attention_exposed_s`)."""
+    c = resolved.config
+    if c.cp == 1 or c.cp_algo == "allgather":
         return None
-    return (f"cp({cp}): torchtitan {VERSION}'s training context parallelism all-gathers keys "
-            f"and values (PyTorch's default rotate method), not the ring the planner prices")
+    how = "ring attention" if c.cp_algo == "ring" else "Ulysses all-to-alls"
+    return (f"cp({c.cp}) as {how}: torchtitan {VERSION}'s training context parallelism "
+            f"all-gathers keys and values (PyTorch's default rotate method; cp_algo allgather)")
 
 
 def flex_attention_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -406,7 +408,7 @@ def notes(found: Flavor, model: ModelSpec) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="torchtitan", title="torchtitan", rules=RULES, launch=launch,
-                  zero_bubble=True, folds_experts=True,
+                  zero_bubble=True, folds_experts=True, context_parallelism=("allgather",),
                   stacks=("torchtitan-eager", "torchtitan-compiled"),
                   selective_modules=OP_SAC)
 """torchtitan as a framework target."""

@@ -60,8 +60,9 @@ class ParallelConfig(BaseModel):
     cp: Int = Field(default=1, gt=0, le=lim.MAX_DEVICES, description="Context-parallel degree.")
     cp_algo: ContextParallelism = Field(
         default="ring", description="How context parallelism attends: ring (K/V passed around "
-        "the ring, Megatron-Core's p2p) or ulysses (all-to-alls from sequence to head shards "
-        "around the attention core, DeepSpeed-Ulysses).",
+        "the ring, Megatron-Core's p2p), ulysses (all-to-alls from sequence to head shards "
+        "around the attention core, DeepSpeed-Ulysses) or allgather (K/V all-gathered, their "
+        "gradients passed around the ring: PyTorch's context parallelism, torchtitan's).",
     )  # fmt: skip
     ep: Int = Field(default=1, gt=0, le=lim.MAX_DEVICES, description="Expert-parallel degree.")
     etp: Int | None = Field(

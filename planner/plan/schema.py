@@ -379,8 +379,9 @@ class Plan(_Frozen):
         p = stages[0]
         dp = self.data_parallel_replicas * p.dp
         parts = [f"TP{values('tp')}", f"PP{len(self.stages)}", f"DP{dp}"]
-        ulysses = self.configuration is not None and self.configuration.cp_algo == "ulysses"
-        parts += [f"CP{values('cp')}" + " (Ulysses)" * ulysses] * any(q.cp > 1 for q in stages)
+        algo = self.configuration.cp_algo if self.configuration is not None else "ring"
+        how = {"ring": "", "ulysses": " (Ulysses)", "allgather": " (K/V all-gathered)"}[algo]
+        parts += [f"CP{values('cp')}{how}"] * any(q.cp > 1 for q in stages)
         folded = any(q.etp == 1 for q in stages)
         deepep = self.flags.moe_dispatcher == "deepep"
         parts += [f"EP{values('ep')}" + " (ETP1)" * folded + " (DeepEP)" * deepep] * any(

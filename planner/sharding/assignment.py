@@ -98,6 +98,7 @@ def _merge(a: Strategy, b: Strategy) -> Strategy:
         kept_bytes=a.kept_bytes + b.kept_bytes,
         kept_selective_bytes=a.kept_selective_bytes + b.kept_selective_bytes,
         working_bytes=max(a.working_bytes, b.working_bytes),
+        gathered_bytes=max(a.gathered_bytes, b.gathered_bytes),
     )  # type: ignore[arg-type]
 
 
@@ -281,7 +282,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
     modules = layer.context.recompute_modules
     selective_rerun = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
     forward = backward = weight = rerun_selective = kept = selective = layer_input = loss = 0.0
-    flops = selective_flops = 0.0
+    flops = selective_flops = gathered = 0.0
     weights: list[tuple[float, tuple[int, ...]]] = []
     for v, (node, i) in enumerate(zip(layer.nodes, chosen, strict=True)):
         s = node.strategies[i]
@@ -298,6 +299,7 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         kept += s.kept_bytes
         selective += s.kept_selective_bytes
         loss = max(loss, s.working_bytes)  # only the loss has a backward workspace today
+        gathered = max(gathered, s.gathered_bytes)
         if v == 0:
             layer_input = s.input_bytes
         weights += s.weights
@@ -335,8 +337,11 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         selective_rerun_comm_s=(selective_rerun["tp"], selective_rerun["cp"],
                                 selective_rerun["ep"]),
         kept_bytes=(kept, selective, layer_input),
-        # the per-operator policy's rerun rebuilds the block's other activations at once
-        working_bytes=(0.0, max(0.0, kept - selective) if OP_SAC in modules else 0.0, kept),
+        # the per-operator policy's rerun rebuilds the block's other activations at once;
+        # gathered inputs (all-gathered K/V) are held on top while their op runs
+        working_bytes=(gathered,
+                       gathered + (max(0.0, kept - selective) if OP_SAC in modules else 0.0),
+                       gathered + kept),
         loss_bytes=loss,
         rerun_flops=(0.0, selective_flops, flops),
         weights=tuple(weights),

@@ -85,6 +85,9 @@ class StrategyContext:
     """Dropless routing's spread of tokens per expert (:attr:`planner.spec.MoESpec.
     expert_load_cv`): the routed experts and their exchange run at the busiest
     expert-parallel rank's load."""
+    kv_allgather: bool = False
+    """Context parallelism all-gathers K/V (PyTorch's, torchtitan's) instead of passing them
+    around a ring (:func:`planner.cost.allgather_attention_exposed_s`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,6 +147,10 @@ class Strategy:
     ``comm_s``, not on the critical path."""
     hidden_forward_comm_s: float = 0.0
     """The forward's part of ``hidden_comm_s``."""
+    gathered_bytes: float = 0.0
+    """Inputs all-gathered for the op's compute and held while it runs, forward and backward
+    (the whole sequence's K/V under PyTorch's context parallelism): a transient on top of
+    what the layer keeps."""
 
     @property
     def time_s(self) -> float:
@@ -156,7 +163,9 @@ def _own_collectives(
 ) -> tuple[float, float, float, float]:
     """Collectives inside the op, each over the group of all the axes that split its dim.
 
-    - Ring attention (context parallelism): each rank passes its K/V block around the ring
+    - Ring attention (context parallelism; PyTorch's all-gathers K/V instead where
+      ``ctx.kv_allgather``: :func:`cost.allgather_attention_exposed_s`): each rank passes its
+      K/V block around the ring
       while it computes on the block it holds, an all-gather's traffic in forward; backward
       passes K/V around again with their gradients, a reduce-scatter's on top (Transformer
       Engine's ``AttnFuncWithCPAndKVP2P``, ``transformer_engine/pytorch/attention/
@@ -178,10 +187,13 @@ def _own_collectives(
         group = mesh.axes_group(axes)
         kv = sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
                  for t in op.inputs[1:])  # fmt: skip
-        total, forward = cost.ring_attention_exposed_s(
-            ctx.cluster, kv, group, forward_s=times.forward_s, backward_s=times.backward_s)
-        hidden = cost.ring_attention_hidden_s(
-            ctx.cluster, kv, group, forward_s=times.forward_s, backward_s=times.backward_s)
+        exposed, hides = ((cost.allgather_attention_exposed_s, cost.allgather_attention_hidden_s)
+                          if ctx.kv_allgather else
+                          (cost.ring_attention_exposed_s, cost.ring_attention_hidden_s))
+        total, forward = exposed(ctx.cluster, kv, group, forward_s=times.forward_s,
+                                 backward_s=times.backward_s)  # fmt: skip
+        hidden = hides(ctx.cluster, kv, group, forward_s=times.forward_s,
+                       backward_s=times.backward_s)  # fmt: skip
     elif op.kind == "loss" and "vocab" in pair:
         axes = axes_of(pair, "vocab")
         per_token = cost.sharded_bytes(op.output, tensor_degrees(op.output, without(pair, axes),
@@ -366,9 +378,22 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         kept_bytes=kept * scale.kept,
         kept_selective_bytes=selective * scale.kept,
         working_bytes=working,
+        gathered_bytes=_gathered_kv_bytes(op, pair, mesh, ctx),
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip
+
+
+def _gathered_kv_bytes(op: Op, pair: Assignment, mesh: LogicalMesh,
+                       ctx: StrategyContext) -> float:  # fmt: skip
+    """The whole sequence's K/V an attention core all-gathers under PyTorch's context
+    parallelism (its all-gather rotater's buffer, held from the first attention step to the
+    last, again in backward); none for a ring, which holds a block or two."""
+    if not ctx.kv_allgather or op.kind != "attention" or "seq" not in pair:
+        return 0.0
+    axes = axes_of(pair, "seq")
+    return sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
+               for t in op.inputs[1:])  # fmt: skip
 
 
 def _routed_load(op: Op, split: dict[str, int], ctx: StrategyContext) -> float:

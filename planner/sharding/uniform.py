@@ -224,6 +224,9 @@ class UniformQuery:
     """What selective recomputation reruns (:data:`planner.vocabulary.RECOMPUTE_MODULES`)."""
     deepep: bool = False
     """DeepEP exchanges the experts' tokens (else NCCL's all-to-all)."""
+    kv_allgather: bool = False
+    """Context parallelism all-gathers K/V, as PyTorch's does (``cp_algo`` allgather), where
+    the layout's sequence axes split the attention's sequence."""
 
 
 def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -> LayerGraph:
@@ -242,7 +245,8 @@ def uniform_layer(model: ModelSpec, cluster: ClusterSpec, query: UniformQuery) -
                           stack=query.stack,
                           recompute_modules=query.recompute_modules,
                           deepep=cost.Routing.of(model) if query.deepep else None,
-                          expert_load_cv=model.moe.expert_load_cv if model.moe else 0.0)
+                          expert_load_cv=model.moe.expert_load_cv if model.moe else 0.0,
+                          kv_allgather=query.kv_allgather)
     return layer_graph(graph, ops, mesh, ctx, strategies=_assigned(layout),
                        transformer=query.kind in TRANSFORMER_KINDS)  # fmt: skip
 

@@ -182,7 +182,8 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
                         for s in stages])[stage_of]  # fmt: skip
     module_texts, module_of = codes(c["recompute_modules"])
     deepep = b.deepep
-    first, of = factorize(mesh_of, c["mbs"], flash, overlap, module_of, deepep)
+    allgather = (c["cp_algo"] == "allgather") & (c["cp"] > 1)
+    first, of = factorize(mesh_of, c["mbs"], flash, overlap, module_of, deepep, allgather)
     by_kind = {k: np.zeros((len(first), len(RECOMPUTE_MODES), len(LAYER_FIELDS)))
                for k in kinds}  # fmt: skip
     weights: dict[int, dict[str, WeightGroups]] = {}
@@ -202,7 +203,7 @@ def layer_table(b: Rows, stages: list[UniformStage], stage_of: np.ndarray) -> La
                                  recompute_modules=recompute_modules_of(
                                      module_texts[module_of[r]]
                                      if kind in TRANSFORMER_KINDS else None),
-                                 deepep=bool(deepep[r]),
+                                 deepep=bool(deepep[r]), kv_allgather=bool(allgather[r]),
                                  strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
             try:
                 costs, groups = _kind_costs(b.model, cluster_json, query)

@@ -20,6 +20,7 @@ from planner.uniform.space import (
     branch_groups,
     branch_leanest,
     branches,
+    context_algorithms,
     folds_experts,
     run_config,
     zero_stages,
@@ -132,7 +133,8 @@ def _refusal(
     common: set[str] | None = None
     first: tuple[str, ...] = ()
     for branch in branches(model, cluster, training=training, pins=options.pins,
-                           fold=folds_experts(options)):
+                           fold=folds_experts(options),
+                           attending=context_algorithms(options)):
         for group in branch_groups(branch, model, training=training, options=options):
             for config in group:
                 try:

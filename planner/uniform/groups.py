@@ -89,10 +89,16 @@ def cp_degrees(training: TrainingSpec) -> tuple[int, ...]:
     return tuple(sorted({*CP_DEGREES, *longest}))
 
 
-def cp_algorithms(cp: int) -> tuple[ContextParallelism, ...]:
-    """How context parallelism of degree ``cp`` attends: ring attention and Ulysses
-    all-to-alls when there is any, else ring (the default, which then sends nothing)."""
-    return ("ring", "ulysses") if cp > 1 else ("ring",)
+def cp_algorithms(
+    cp: int, algorithms: tuple[ContextParallelism, ...] = ("ring", "ulysses")
+) -> tuple[ContextParallelism, ...]:
+    """How context parallelism of degree ``cp`` attends: ``algorithms`` (what the target
+    launches) when there is any, else ring (the default, which then sends nothing).
+
+    >>> cp_algorithms(4), cp_algorithms(4, ("allgather",)), cp_algorithms(1, ("allgather",))
+    (('ring', 'ulysses'), ('allgather',), ('ring',))
+    """
+    return algorithms if cp > 1 else ("ring",)
 
 
 def context_groups(

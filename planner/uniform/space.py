@@ -155,12 +155,12 @@ def micro_batch_sizes(options: SolveOptions) -> list[int]:
 
 def branches(
     model: ModelSpec, cluster: ClusterSpec, *, training: TrainingSpec, pins: Pins = NO_PINS,
-    fold: bool = False,
+    fold: bool = False, attending: tuple[ContextParallelism, ...] = ("ring", "ulysses"),
 ) -> list[Branch]:  # fmt: skip
     """Every ``(tp, pp, cp, ep)`` whose model-parallel group divides the devices, once per
-    layer split and context-parallel algorithm, among the pinned degrees; with ``fold``,
-    the experts folded over the tensor-parallel ranks too (``etp`` 1, under sequence
-    parallelism)."""
+    layer split and context-parallel algorithm of ``attending``, among the pinned degrees;
+    with ``fold``, the experts folded over the tensor-parallel ranks too (``etp`` 1, under
+    sequence parallelism)."""
     n = cluster.num_devices
     out = []
     for tp, cp in context_groups(model, cluster, training=training, pins=pins):
@@ -171,9 +171,16 @@ def branches(
                     for split in stage_splits(model.num_layers, pp)
                     for etp in folds
                     for ep in expert_degrees(model, dp=dp, cp=cp, tp=tp if etp else 1)
-                    for algo in cp_algorithms(cp)
+                    for algo in cp_algorithms(cp, attending)
                     if pins.admits(ep=ep, etp=etp or tp, cp_algo=algo)]  # fmt: skip
     return out
+
+
+def context_algorithms(options: SolveOptions) -> tuple[ContextParallelism, ...]:
+    """How the target's context parallelism may attend (``any``: every framework's way)."""
+    if options.framework == ANY:
+        return ("ring", "ulysses", "allgather")
+    return profile(options.framework).context_parallelism
 
 
 def folds_experts(options: SolveOptions) -> bool:
@@ -269,7 +276,8 @@ def branch_space(
     :func:`planner.uniform.leanest.leanest_uniform` prices only the leanest."""
     space = []
     for branch in branches(model, cluster, training=training, pins=options.pins,
-                           fold=folds_experts(options)):
+                           fold=folds_experts(options),
+                           attending=context_algorithms(options)):
         groups = branch_groups(branch, model, training=training, options=options)
         launched = ([launched_variant(c, model, cluster=cluster, options=options) for c in group]
                     for group in groups)
@@ -290,7 +298,8 @@ def branch_leanest(
     asks here."""
     out = []
     for branch in branches(model, cluster, training=training, pins=options.pins,
-                           fold=folds_experts(options)):
+                           fold=folds_experts(options),
+                           attending=context_algorithms(options)):
         groups = branch_groups(branch, model, training=training, options=options)
         leanest: dict[int, ParallelConfig] = {}
         for config in sorted((c for group in groups for c in group), key=_leanness):
@@ -377,7 +386,8 @@ def config_key(config: ParallelConfig) -> tuple[int, ...]:
     """The tie-break order: simpler configurations first (equal stages before uneven)."""
     c = config
     return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp,
-            int(c.cp_algo == "ulysses"), c.ep, c.vpp, c.mbs, RECOMPUTE_MODES.index(c.recompute),
+            ("ring", "ulysses", "allgather").index(c.cp_algo), c.ep, c.vpp, c.mbs,
+            RECOMPUTE_MODES.index(c.recompute),
             c.zero, ("1f1b", "gpipe", "zb-h1", "zb-v").index(c.schedule),
             c.recompute_layers or 0, int(c.offload != "none"))  # fmt: skip
 

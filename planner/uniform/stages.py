@@ -152,6 +152,7 @@ def uniform_query(resolved: ResolvedConfig, stage: UniformStage, kind: str) -> U
                         tp_comm_overlap=c.tp_comm_overlap,
                         recompute_modules=resolved.recompute_modules,
                         deepep=c.moe_dispatcher == "deepep",
+                        kv_allgather=c.cp > 1 and c.cp_algo == "allgather",
                         strides=stage.mesh.strides)  # type: ignore[arg-type]  # fmt: skip
 
 
