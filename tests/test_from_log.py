@@ -356,6 +356,20 @@ def test_torchtitan_log_states_mesh_sequence_and_model(tmp_path: Path) -> None:
     assert "torchtitan built llama3 8B with dim=4096" in " ".join(done.stderr.split())
 
 
+def test_torchtitan_log_with_context_parallelism_runs_pytorchs(tmp_path: Path) -> None:
+    """A torchtitan log whose mesh has cp=2 ran PyTorch's context parallelism, K/V
+    all-gathered (torchtitan's training never sets another rotate method): the record says
+    ``cp_algo`` allgather and the run is priced so."""
+    config = shared(HF / "Meta-Llama-3.1-8B.config.json")
+    log = tmp_path / "cp.log"
+    log.write_text(TITAN_LOG.read_text().replace("dp_shard=8, cp=1", "dp_shard=4, cp=2"))
+    record, out = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1,
+                             "--mbs", 1, "--global-batch", 8)  # fmt: skip
+    assert (record["parallel"]["cp"], record["parallel"]["cp_algo"]) == (2, "allgather")
+    run = load_runs(out)[0]
+    assert (run.config.cp, run.config.cp_algo, run.config.dp) == (2, "allgather", 4)
+
+
 def test_torchtitan_log_runs_its_eager_stack_unless_it_compiled(tmp_path: Path) -> None:
     """A torchtitan log prices its eager block (the framework's name says so: no stack
     written); one that says it compiled each block (``Compiling each TransformerBlock with

@@ -252,7 +252,7 @@ def titan_config_fields(lines: list[str], logged: TitanModel | None) -> dict[str
     recomputation (torchtitan's selective checkpointing is none of the planner's modes:
     :func:`titan_checkpointing` says so, and the caller asks), and the stack: its eager block
     (``torchtitan-eager``), or ``torchtitan-compiled`` where the log says each block was
-    compiled."""
+    compiled; its context parallelism PyTorch's (``cp_algo`` allgather)."""
     mesh = titan_mesh(lines)
     fields: dict[str, Any] = {}
     # No checkpointing or compile line says "none" only in a log that has its start-up lines.
@@ -267,6 +267,8 @@ def titan_config_fields(lines: list[str], logged: TitanModel | None) -> dict[str
                    "etp": mesh.get("etp") if mesh.get("ep", 1) > 1 else None,
                    "dp": mesh.get("dp_replicate", 1) * mesh.get("dp_shard", 1)}  # fmt: skip
         fields["zero"] = 3 if mesh.get("dp_shard", 1) > 1 else 0
+        if mesh.get("cp", 1) > 1:  # its training's context parallelism all-gathers K/V
+            fields["cp_algo"] = "allgather"
     if logged is not None and isinstance(logged.args.get("max_seq_len"), int):
         fields["seq_len"] = logged.args["max_seq_len"]
     return fields

@@ -322,6 +322,8 @@ def run_record(
                   "seq_len": seq, "spec": model.model_dump(mode="json", exclude={"training"})},
         "cluster": {"gpu": cluster.device.name, "num_gpus": resolved.num_devices},
         "parallel": {"tp": config.tp, "pp": config.pp, "dp": resolved.dp, "cp": config.cp,
+                     **({"cp_algo": config.cp_algo}
+                        if config.cp > 1 and config.cp_algo != "ring" else {}),
                      "ep": config.ep, "vpp": config.vpp, "sp": resolved.sp,
                      **({"etp": 1} if resolved.etp == 1 else {}),
                      "microbatch": config.mbs, "global_batch": batch,

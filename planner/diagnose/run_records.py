@@ -201,6 +201,7 @@ def config_from_record(record: dict[str, Any]) -> ParallelConfig:
         last_stage_layers=last,
         dp=p["dp"],
         cp=p.get("cp") or 1,
+        cp_algo=p.get("cp_algo", "ring"),
         ep=p.get("ep") or 1,
         etp=p.get("etp"),
         vpp=p.get("vpp") or 1,
