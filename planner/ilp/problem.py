@@ -21,8 +21,9 @@ from planner.sharding.assignment import (
     edge_seconds_matrix,
     layer_graph,
 )
+from planner.sharding.context import StrategyContext
 from planner.sharding.layout import LogicalMesh
-from planner.sharding.strategies import StrategyContext, op_strategies
+from planner.sharding.strategies import op_strategies
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import training_run
 from planner.vocabulary import (

@@ -21,6 +21,7 @@ from planner import cost
 from planner.cost.layer import LayerParts
 from planner.graph.fp8 import fp8_copy_ratio
 from planner.graph.ops import Op, Tensor
+from planner.sharding.context import StrategyContext
 from planner.sharding.layout import (
     Layout,
     LogicalMesh,
@@ -30,7 +31,7 @@ from planner.sharding.layout import (
     tensor_degrees,
     transfer_time_s,
 )
-from planner.sharding.strategies import Strategy, StrategyContext, follow
+from planner.sharding.strategies import Strategy, follow
 from planner.vocabulary import OP_SAC
 
 StrategiesFn = Callable[[Op, LogicalMesh, StrategyContext], list[Strategy]]

@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 from planner import cost
 from planner.cost.profiled import op_scale
 from planner.graph.ops import Op
+from planner.sharding.collectives import gathered_kv_bytes, own_collectives
+from planner.sharding.context import StrategyContext
 from planner.sharding.layout import Layout, LogicalMesh, canonical, tensor_degrees
 from planner.sharding.splits import (
     EXPERTS_BY_BATCH,
@@ -35,59 +37,13 @@ from planner.sharding.splits import (
     axes_of,
     dim_size,
     grad_layout,
-    is_routing,
     kept_degrees,
     layout_of,
-    routing_sides,
     split_degrees,
     without,
 )
 from planner.sharding.weights import weight_costs
 from planner.spec import ClusterSpec
-from planner.vocabulary import DEFAULT_RECOMPUTE_MODULES, Precision, Stack, StatesPrecision
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StrategyContext:
-    """What pricing a strategy needs besides the op and the mesh."""
-
-    cluster: ClusterSpec
-    """The device and network that price compute and collectives."""
-    precision: Precision
-    """Compute precision: the device's peak FLOP/s, and (unless ``states_precision`` says
-    otherwise) the bytes of the weights' states and gradient sync."""
-    states_precision: StatesPrecision | None = None
-    """The precision of the weights' states when not the compute precision's
-    (:func:`planner.cost.memory.states_precision`)."""
-    flash_attention: bool = True
-    """The attention core runs fused: causal FLOPs halved, backward 2.5 times the forward,
-    no ``s x s`` tensors kept."""
-    num_microbatches: int = 1
-    """Microbatches per step: once-per-step gradient sync is shared among them."""
-    replicas: int = 1
-    """Data-parallel copies of the whole pipeline: every weight is replicated over them too."""
-    tp_comm_overlap: bool = False
-    """Tensor-parallel resharding next to a matmul hides behind it (Megatron-Core's
-    ``--tp-comm-overlap``: Transformer Engine's userbuffers overlap the all-gather before a
-    column-parallel GEMM and the reduce-scatter after a row-parallel one)."""
-    grouped_experts: bool = False
-    """A rank's routed experts run as one grouped GEMM, not one GEMM per expert in turn
-    (:func:`planner.graph.stacks.grouped_experts`)."""
-    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
-    """What selective recomputation reruns (:data:`planner.vocabulary.RECOMPUTE_MODULES`)."""
-    stack: Stack | None = None
-    """The software that runs the layer: a layer profile's measurements of it, where the
-    device has them (:mod:`planner.cost.profiled`), price its ops."""
-    deepep: cost.Routing | None = None
-    """The routing whose tokens DeepEP exchanges (:func:`planner.cost.deepep_time_s`); None:
-    NCCL's all-to-all."""
-    expert_load_cv: float = 0.0
-    """Dropless routing's spread of tokens per expert (:attr:`planner.spec.MoESpec.
-    expert_load_cv`): the routed experts and their exchange run at the busiest
-    expert-parallel rank's load."""
-    kv_allgather: bool = False
-    """Context parallelism all-gathers K/V (PyTorch's, torchtitan's) instead of passing them
-    around a ring (:func:`planner.cost.allgather_attention_exposed_s`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,63 +112,6 @@ class Strategy:
     def time_s(self) -> float:
         """Compute and own communication, forward and backward."""
         return self.forward_s + self.backward_s + self.comm_s
-
-
-def _own_collectives(
-    op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyContext, times: cost.OpTime
-) -> tuple[float, float, float, float]:
-    """Collectives inside the op, each over the group of all the axes that split its dim.
-
-    - Ring attention (context parallelism; PyTorch's all-gathers K/V instead where
-      ``ctx.kv_allgather``: :func:`cost.allgather_attention_exposed_s`): each rank passes its
-      K/V block around the ring
-      while it computes on the block it holds, an all-gather's traffic in forward; backward
-      passes K/V around again with their gradients, a reduce-scatter's on top (Transformer
-      Engine's ``AttnFuncWithCPAndKVP2P``, ``transformer_engine/pytorch/attention/
-      dot_product_attention/context_parallel.py``, which Megatron-Core's context parallelism
-      calls), priced per ring step (:func:`cost.ring_attention_exposed_s`): each step's
-      transfer hides behind that step's attention compute only.
-    - The vocab-parallel cross-entropy: three all-reduces of one fp32 value per token (the
-      logits' max, the target logit, the sum of exponentials; Megatron-Core's
-      ``megatron/core/tensor_parallel/cross_entropy.py``), none in backward.
-    - The experts' all-to-all, forward and backward, or DeepEP's dispatch and combine where
-      it runs them (``ctx.deepep``).
-
-    Returns (forward and backward, forward) seconds exposed, then the same two hidden.
-    """
-    total = forward = 0.0
-    hidden = (0.0, 0.0)
-    if op.kind == "attention" and "seq" in pair:
-        axes = axes_of(pair, "seq")
-        group = mesh.axes_group(axes)
-        kv = sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
-                 for t in op.inputs[1:])  # fmt: skip
-        exposed, hides = ((cost.allgather_attention_exposed_s, cost.allgather_attention_hidden_s)
-                          if ctx.kv_allgather else
-                          (cost.ring_attention_exposed_s, cost.ring_attention_hidden_s))
-        total, forward = exposed(ctx.cluster, kv, group, forward_s=times.forward_s,
-                                 backward_s=times.backward_s)  # fmt: skip
-        hidden = hides(ctx.cluster, kv, group, forward_s=times.forward_s,
-                       backward_s=times.backward_s)  # fmt: skip
-    elif op.kind == "loss" and "vocab" in pair:
-        axes = axes_of(pair, "vocab")
-        per_token = cost.sharded_bytes(op.output, tensor_degrees(op.output, without(pair, axes),
-                                                                 mesh))  # fmt: skip
-        group = mesh.axes_group(axes)
-        total = forward = 3 * cost.collective_time_s(ctx.cluster, "all_reduce", per_token, group)
-    elif is_routing(op) and any(d in ("experts", EXPERTS_BY_BATCH) for d in pair):
-        axes = axes_of(pair, "experts", EXPERTS_BY_BATCH)
-        routed = op.output if op.kind == "dispatch" else op.inputs[0]
-        _, routed_layout = routing_sides(pair)
-        # One rank's send buffer: its share of the routed tokens (balanced routing).
-        per_rank = cost.sharded_bytes(routed, tensor_degrees(routed, routed_layout, mesh))
-        group = mesh.axes_group(axes)
-        if ctx.deepep is None:
-            forward = cost.collective_time_s(ctx.cluster, "all_to_all", per_rank, group)
-        else:
-            forward = cost.deepep_time_s(ctx.cluster, per_rank, group, ctx.deepep)
-        total = 2 * forward
-    return total, forward, *hidden
 
 
 def weight_copies(op: Op, pair: Assignment, mesh: LogicalMesh) -> tuple[float, tuple[int, ...]]:
@@ -356,7 +255,7 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
     )  # fmt: skip
     working = sum(cost.sharded_bytes(t, kept_degrees(op, t, pair, mesh)) for t in op.working)
     first = op.saved[0] if op.saved else None
-    comm = tuple(load * c for c in _own_collectives(op, pair, mesh, ctx, times))
+    comm = tuple(load * c for c in own_collectives(op, pair, mesh, ctx, times))
     return Strategy(
         name=",".join(d or "R" for d in pair),
         assignment=pair,
@@ -378,22 +277,10 @@ def price_strategy(op: Op, pair: Assignment, mesh: LogicalMesh, ctx: StrategyCon
         kept_bytes=kept * scale.kept,
         kept_selective_bytes=selective * scale.kept,
         working_bytes=working,
-        gathered_bytes=_gathered_kv_bytes(op, pair, mesh, ctx),
+        gathered_bytes=gathered_kv_bytes(op, pair, mesh, ctx),
         input_bytes=cost.sharded_bytes(first, tensor_degrees(first, layout, mesh))
         if first is not None else 0.0,
     )  # fmt: skip
-
-
-def _gathered_kv_bytes(op: Op, pair: Assignment, mesh: LogicalMesh,
-                       ctx: StrategyContext) -> float:  # fmt: skip
-    """The whole sequence's K/V an attention core all-gathers under PyTorch's context
-    parallelism (its all-gather rotater's buffer, held from the first attention step to the
-    last, again in backward); none for a ring, which holds a block or two."""
-    if not ctx.kv_allgather or op.kind != "attention" or "seq" not in pair:
-        return 0.0
-    axes = axes_of(pair, "seq")
-    return sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
-               for t in op.inputs[1:])  # fmt: skip
 
 
 def _routed_load(op: Op, split: dict[str, int], ctx: StrategyContext) -> float:

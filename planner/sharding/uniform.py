@@ -40,9 +40,10 @@ from planner.sharding.assignment import (
     layer_graph,
     layer_parts,
 )
+from planner.sharding.context import StrategyContext
 from planner.sharding.layout import LogicalMesh, canonical
 from planner.sharding.splits import EXPERTS_BY_BATCH, Assignment, divides
-from planner.sharding.strategies import Strategy, StrategyContext, kept_sharded, price_strategy
+from planner.sharding.strategies import Strategy, kept_sharded, price_strategy
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.vocabulary import DEFAULT_RECOMPUTE_MODULES, Precision, Stack
 
