@@ -163,7 +163,7 @@ def test_compare_frameworks(width: int) -> None:
                    ",".join(FRAMEWORKS))  # fmt: skip
     assert done.code == 0, done.stderr
     assert_fits(done.stdout, width)
-    assert_whole(done.stdout, *FRAMEWORKS, "TP1 x PP2 x DP2 x CP2", "selective recompute (op)",
+    assert_whole(done.stdout, *FRAMEWORKS, "TP1 x PP2 x DP2 x CP2", "CP2 (K/V all-gathered)",
                  "interleaved 1F1B (v=2)", "distributed optimizer",
                  "no plan: DeepSpeed launches no configuration")
     printed = json.loads(planner(200, "compare", LLAMA, H100, *INTERLEAVED, "--frameworks",

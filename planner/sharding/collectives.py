@@ -77,12 +77,16 @@ def own_collectives(
 
 
 def gathered_kv_bytes(op: Op, pair: Assignment, mesh: LogicalMesh,
-                       ctx: StrategyContext) -> float:  # fmt: skip
-    """The whole sequence's K/V an attention core all-gathers under PyTorch's context
-    parallelism (its all-gather rotater's buffer, held from the first attention step to the
-    last, again in backward); none for a ring, which holds a block or two."""
+                      ctx: StrategyContext) -> float:  # fmt: skip
+    """What an attention core holds beyond its kept tensors under PyTorch's context
+    parallelism: the whole sequence's K/V its all-gather rotater gathers (held from the first
+    attention step to the last, forward and backward), and in backward the K/V gradient
+    block it receives beside the one it sends, each in fp32 (twice a bf16 block of ``1/n``
+    of the sequence). A ring holds a block or two, which is not counted. The fp32
+    accumulators of the rank's own gradients are not counted either."""
     if not ctx.kv_allgather or op.kind != "attention" or "seq" not in pair:
         return 0.0
     axes = axes_of(pair, "seq")
-    return sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
-               for t in op.inputs[1:])  # fmt: skip
+    kv = sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
+             for t in op.inputs[1:])  # fmt: skip
+    return kv * (1 + 2 * 2 / mesh.axes_group(axes).size)
