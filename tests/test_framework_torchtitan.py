@@ -330,7 +330,8 @@ def test_mixed_precision_without_fsdp() -> None:
 
 
 def test_context_parallel() -> None:
-    """pytorch/torchtitan@73a0e69 torchtitan/components/validate.py:213 (the only caller of
+    """pytorch/torchtitan@73a0e69 torchtitan/distributed/context_parallel.py:53-68 (SDPA through
+    PyTorch's _ContextParallel); torchtitan/components/validate.py:213 (the only caller of
     set_rotate_method); pytorch/pytorch@cf30153
     torch/distributed/tensor/experimental/_context_parallel/_attention.py:77"""
     model = load("llama3-8b")

@@ -329,8 +329,9 @@ RULES: tuple[Rule, ...] = (
     Rule(name="mixed-precision-without-fsdp", check=mixed_precision_without_fsdp,
          source=f"{REPO} torchtitan/distributed/utils.py:243-263"),
     Rule(name="context-parallel", check=context_parallel,
-         source=f"{REPO} torchtitan/components/validate.py:213 (the only caller of "
-                f"set_rotate_method); {TORCH} "
+         source=f"{REPO} torchtitan/distributed/context_parallel.py:53-68 (SDPA through "
+                f"PyTorch's _ContextParallel); torchtitan/components/validate.py:213 (the only "
+                f"caller of set_rotate_method); {TORCH} "
                 f"torch/distributed/tensor/experimental/_context_parallel/_attention.py:77"),
     Rule(name="tp-without-sp", check=tensor_parallel_without_sp,
          source=f"{_PARALLELIZE}:173-241"),
