@@ -208,6 +208,8 @@ ContextParallelism = Literal["ring", "ulysses", "allgather"]
 ring, Megatron-Core/Transformer Engine ``p2p``), Ulysses (all-to-all to head shards), or
 PyTorch's context parallelism as torchtitan trains with it (K/V all-gathered once, their
 gradients passed around the ring)."""
+CONTEXT_PARALLELISMS: tuple[ContextParallelism, ...] = ("ring", "ulysses", "allgather")
+"""Every way context parallelism attends, the simplest first (the search's tie-break)."""
 
 ZeroStage = Literal[0, 1, 2, 3]
 """ZeRO stage (a level of sharding of optimizer states, gradients and weights, not a pipeline

@@ -35,6 +35,7 @@ from planner.spec.reading import fill_training
 from planner.uniform.recomputations import lean_recompute_modules
 from planner.uniform.space import divisors, stage_splits
 from planner.vocabulary import (
+    CONTEXT_PARALLELISMS,
     OP_SAC,
     RECOMPUTE_MODES,
     STACK_SWITCHES,
@@ -142,8 +143,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="pp", values=_stages, reach=3),
     Knob(name="vpp", values=_chunks, reach=4, applies=lambda c, m: c.pp > 1),
     Knob(name="cp", values=_device_divisors, reach=3),
-    Knob(name="cp_algo", values=_fixed("ring", "ulysses", "allgather"),
-         applies=lambda c, m: c.cp > 1),
+    Knob(name="cp_algo", values=_fixed(*CONTEXT_PARALLELISMS), applies=lambda c, m: c.cp > 1),
     Knob(name="ep", values=_experts, reach=3, applies=lambda c, m: m.moe is not None),
     Knob(name="etp", values=lambda c, m, n: (None, 1) if c.tp > 1 else (None,),
          applies=lambda c, m: m.moe is not None and c.tp > 1),

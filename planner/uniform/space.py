@@ -41,7 +41,13 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.defaults import launched_overlaps, sequence_parallel
 from planner.uniform.groups import context_groups, cp_algorithms
 from planner.uniform.recomputations import recomputations
-from planner.vocabulary import OFFLOADS, RECOMPUTE_MODES, ContextParallelism, PipelineSchedule
+from planner.vocabulary import (
+    CONTEXT_PARALLELISMS,
+    OFFLOADS,
+    RECOMPUTE_MODES,
+    ContextParallelism,
+    PipelineSchedule,
+)
 
 StageEnds = tuple[int | None, int | None]
 """Decoder layers of the first and last pipeline stage; ``(None, None)``: all stages equal."""
@@ -179,7 +185,7 @@ def branches(
 def context_algorithms(options: SolveOptions) -> tuple[ContextParallelism, ...]:
     """How the target's context parallelism may attend (``any``: every framework's way)."""
     if options.framework == ANY:
-        return ("ring", "ulysses", "allgather")
+        return CONTEXT_PARALLELISMS
     return profile(options.framework).context_parallelism
 
 
@@ -386,7 +392,7 @@ def config_key(config: ParallelConfig) -> tuple[int, ...]:
     """The tie-break order: simpler configurations first (equal stages before uneven)."""
     c = config
     return (c.tp, c.pp, c.first_stage_layers or 0, c.last_stage_layers or 0, c.cp,
-            ("ring", "ulysses", "allgather").index(c.cp_algo), c.ep, c.vpp, c.mbs,
+            CONTEXT_PARALLELISMS.index(c.cp_algo), c.ep, c.vpp, c.mbs,
             RECOMPUTE_MODES.index(c.recompute),
             c.zero, ("1f1b", "gpipe", "zb-h1", "zb-v").index(c.schedule),
             c.recompute_layers or 0, int(c.offload != "none"))  # fmt: skip
