@@ -111,7 +111,8 @@ class MemoryBreakdown(_Frozen):
     activations_gib: float
     """Activations kept for the backward of the microbatches in flight."""
     working_gib: float = 0.0
-    """The transient of the layer running at the peak (a fully recomputed layer rebuilt)."""
+    """The transient of the layer running at the peak (a fully recomputed layer rebuilt, the
+    K/V PyTorch's context parallelism all-gathers)."""
     loss_workspace_gib: float = 0.0
     """The loss's backward workspace, when it is the peak's transient."""
     gathered_parameters_gib: float = 0.0

@@ -26,7 +26,7 @@ MEMORY_PARTS = (
     ("gradients_gib", "gradients", "#55a868"),
     ("optimizer_gib", "optimizer states", "#c44e52"),
     ("activations_gib", "activations", "#dd8452"),
-    ("working_gib", "recomputed layer", "#e5ae38"),
+    ("working_gib", "layer transient", "#e5ae38"),
     ("loss_workspace_gib", "loss workspace", "#8172b3"),
     ("gathered_parameters_gib", "ZeRO-3 gathered", "#64b5cd"),
     ("other_gib", "reserve", "#8c8c8c"),
