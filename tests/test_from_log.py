@@ -304,6 +304,30 @@ def test_megatron_log_with_bf16_moments(tmp_path: Path) -> None:
     assert done.returncode != 0 and "fp32 or both in bf16" in done.stderr
 
 
+def test_megatron_log_with_context_parallelism_says_how_it_attended(tmp_path: Path) -> None:
+    """A Megatron dump with ``context_parallel_size 2`` runs ``--cp-comm-type`` as printed
+    (megatron/training/arguments.py:3221, a list): ``['a2a']`` is Ulysses, the record says
+    so and the run is priced so; Transformer Engine's ``all_gather``, which the planner does
+    not price, is refused in one line."""
+    config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
+    text = LLAMA_LOG.read_text().replace(
+        "  context_parallel_size ........................... 1",
+        "  context_parallel_size ........................... 2").replace(
+        "  data_parallel_size .............................. 4",
+        "  data_parallel_size .............................. 2\n"
+        "  cp_comm_type .................................... ['a2a']")
+    log = tmp_path / "cp.log"
+    log.write_text(text)
+    record, out = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1)
+    assert (record["parallel"]["cp"], record["parallel"]["cp_algo"]) == (2, "ulysses")
+    assert load_runs(out, any_device=True)[0].config.cp_algo == "ulysses"
+    log.write_text(text.replace("['a2a']", "['all_gather']"))
+    done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1)
+    assert done.returncode == 2
+    assert "cp_comm_type ['all_gather']: the planner prices Megatron's context parallelism " \
+           "as one of p2p, a2a" in " ".join(done.stderr.split())
+
+
 def test_megatron_log_refuses_a_model_of_another_architecture(tmp_path: Path) -> None:
     model = load_model(shared(HF / "Meta-Llama-3-8B-Instruct.config.json"))
     for change, said in (({"activation": "gelu"}, "swiglu True"),

@@ -189,6 +189,23 @@ def _moments(arguments: dict[str, str]) -> str | None:
                      "planner prices Adam's moments in fp32 or both in bf16")
 
 
+_CP_COMM_TYPES = {"p2p": "ring", "a2a": "ulysses"}
+"""Megatron-LM's ``--cp-comm-type`` values the planner prices, as ``cp_algo``
+(megatron/training/arguments.py:3221 at NVIDIA/Megatron-LM@d98e8a64dd; Transformer Engine's
+``all_gather`` and ``a2a+p2p`` are not priced)."""
+
+
+def _cp_algo(printed: str) -> str:
+    """``cp_algo`` for a dump's ``cp_comm_type``: one value for every layer (a list as
+    Python prints it, ``['p2p']``, or a string), which the planner prices."""
+    kinds = {k.strip(" '\"") for k in printed.strip("[]").split(",") if k.strip(" '\"")}
+    if len(kinds) != 1 or (kind := kinds.pop()) not in _CP_COMM_TYPES:
+        raise InputError(f"arguments: cp_comm_type {printed}: the planner prices Megatron's "
+                         f"context parallelism as one of {', '.join(_CP_COMM_TYPES)} on every "
+                         f"layer (ring attention, Ulysses all-to-alls)")  # fmt: skip
+    return _CP_COMM_TYPES[kind]
+
+
 def config_fields(log: LogRun) -> dict[str, Any]:
     """The configuration fields a log states (names of :class:`ParallelConfig`): a Megatron
     log's arguments dump and iteration lines, a torchtitan log's mesh and model args; what it
@@ -210,6 +227,8 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         fields["recompute_modules"] = arguments["recompute_modules"].strip("[]").replace("'", "")
     if arguments.get("use_distributed_optimizer") == "True":
         fields["zero"] = 1
+    if "cp_comm_type" in arguments and fields.get("cp", 1) > 1:
+        fields["cp_algo"] = _cp_algo(arguments["cp_comm_type"])
     for name in _OVERLAPS:
         if arguments.get(name) in ("True", "False"):
             fields[name] = arguments[name] == "True"
