@@ -252,6 +252,27 @@ def test_estimate_for_a_framework_prices_what_solve_prices() -> None:
             "--overlap-param-gather") in " ".join(framed.stderr.split())
 
 
+def test_estimate_for_torchtitan_attends_as_torchtitan_does() -> None:
+    """``estimate --framework torchtitan --cp 16`` prices torchtitan's own context parallelism
+    (K/V all-gathered, the plan solve finds for Llama 3 8B at 128K tokens on 32 H100), says
+    so in its note and header, and writes the plan it priced; ``--cp-algo ring`` given stays
+    ring (and the note says torchtitan cannot launch it)."""
+    model = "instances/models/llama3-8b.json"
+    degrees = ("--nodes", "4", "--seq-len", "131072", "--global-batch", "32", "--cp", "16",
+               "--zero", "3", "--framework", "torchtitan")  # fmt: skip
+    options = SolveOptions(framework="torchtitan", global_batch_size=32, seq_length=131072)
+    plan = solve(load_model(model), load_cluster(H100, 4), options)
+    assert plan.configuration is not None and plan.configuration.cp == 16
+    framed = planner(100, "estimate", model, H100, *degrees)
+    assert framed.code == 0, framed.stderr
+    assert "TP1 PP1 DP2 CP16-allgather mbs1 ZeRO-3" in framed.stdout
+    assert "--cp-algo allgather (give one to override it)" in " ".join(framed.stderr.split())
+    step = json.loads(planner(100, "estimate", model, H100, *degrees, "--json").stdout)
+    assert step["step_time_s"] == pytest.approx(plan.predicted.step_time_s, rel=1e-9)
+    ring = planner(100, "estimate", model, H100, *degrees, "--cp-algo", "ring")
+    assert "cp(16) as ring attention" in " ".join(ring.stderr.split())
+
+
 def test_framework_defaults_keep_what_is_given(gpt3: ModelSpec, h100_128: ClusterSpec) -> None:
     """A switch given stays as given; the rest as the framework's search sets them:
     DeepSpeed's pipeline engine reduces gradients after the last microbatch and its ZeRO-1

@@ -40,7 +40,7 @@ from planner.plan.files import load_model_file
 from planner.report.output import check_target, write_atomic
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import json_schema
-from planner.uniform.defaults import SEARCH_SWITCHES, framework_defaults
+from planner.uniform.defaults import FRAMEWORK_DEFAULTS, SEARCH_SWITCHES, framework_defaults
 from planner.uniform.estimate import estimate
 from planner.uniform.plan import uniform_plan
 from planner.uniform.remedies import config_infeasible_message, plan_margin_gib
@@ -50,8 +50,9 @@ CONFIG_KNOBS = tuple(ParallelConfig.model_fields)
 
 
 @app.command("estimate")
-@with_knobs(CONFIG_KNOBS, unset=dict.fromkeys(
-    SEARCH_SWITCHES, "off; with --framework, as solve sets it"))  # fmt: skip
+@with_knobs(CONFIG_KNOBS, unset={
+    **dict.fromkeys(SEARCH_SWITCHES, "off; with --framework, as solve sets it"),
+    "cp_algo": "ring; with --framework, as that framework attends (torchtitan: allgather)"})
 def estimate_cmd(
     model: ModelArg,
     cluster: ClusterArg,
@@ -77,11 +78,11 @@ def estimate_cmd(
     assert knobs is not None  # given by with_knobs
     if framework is not None:
         check_framework(framework, allow_any=False)
-    given = {name: knobs[name] for name in SEARCH_SWITCHES if knobs[name] is not None}
+    given = {name: knobs[name] for name in FRAMEWORK_DEFAULTS if knobs[name] is not None}
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes, profile=layer_profile)
     try:
         config = ParallelConfig(**{name: value for name, value in knobs.items()
-                                   if name not in SEARCH_SWITCHES or value is not None})
+                                   if name not in FRAMEWORK_DEFAULTS or value is not None})
     except ValidationError as exc:
         raise option_error(exc) from None
     if framework is not None:
@@ -146,6 +147,8 @@ def defaults_note(
             and (name == "sp" or launched)]  # fmt: skip
     flags = [f"--{'' if getattr(config, name) else 'no-'}{name.replace('_', '-')}"
              for name in left]  # fmt: skip
+    if "cp_algo" not in given and config.cp > 1 and config.cp_algo != "ring":
+        flags.append(f"--cp-algo {config.cp_algo}")  # how the framework attends
     unset = "" if launched or set(SEARCH_SWITCHES[1:]) <= set(given) else (
         "launches no setting of the overlaps here: those not given stay off")
     if not flags:

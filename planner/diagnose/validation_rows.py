@@ -121,13 +121,15 @@ class ValidationRow:
 
 def describe(config: ParallelConfig) -> str:
     """A configuration as a user would say it: ``TP8 PP16 DP8 mbs1 full-recompute``; an
-    uneven pipeline says the end stages that differ (``PP12 (first 5, last 5 layers)``)."""
+    uneven pipeline says the end stages that differ (``PP12 (first 5, last 5 layers)``),
+    context parallelism how it attends unless by the ring (``CP16-allgather``)."""
     ends = [f"{end} {n}" for end, n in (("first", config.first_stage_layers),
                                         ("last", config.last_stage_layers)) if n is not None]
     pp = f"PP{config.pp}" + (f" ({', '.join(ends)} layers)" if ends else "")
     parts = [f"TP{config.tp}", pp, f"DP{config.dp}"]
-    parts += [f"{k.upper()}{v}" for k, v in (("cp", config.cp), ("ep", config.ep),
-                                              ("vpp", config.vpp)) if v > 1]  # fmt: skip
+    attends = {"ring": "", "ulysses": "-Ulysses", "allgather": "-allgather"}[config.cp_algo]
+    parts += [f"CP{config.cp}{attends}"] * (config.cp > 1)
+    parts += [f"{k.upper()}{v}" for k, v in (("ep", config.ep), ("vpp", config.vpp)) if v > 1]
     parts += ["ETP1"] * (config.etp == 1 and config.tp > 1)
     parts += ["DeepEP"] * (config.moe_dispatcher == "deepep")
     parts += [config.schedule.upper()] * (config.schedule in ZERO_BUBBLE)

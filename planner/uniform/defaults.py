@@ -23,6 +23,9 @@ from planner.spec import ClusterSpec, ModelSpec
 
 SEARCH_SWITCHES = ("sp", "overlap_grad_reduce", "overlap_param_gather")
 """The configuration's fields a framework search sets rather than searches."""
+FRAMEWORK_DEFAULTS = (*SEARCH_SWITCHES, "cp_algo")
+"""The fields :func:`framework_defaults` fills where not given: the search's switches, and
+how context parallelism attends where the framework does not run the default ring."""
 
 
 def sequence_parallel(tp: int) -> bool:
@@ -60,7 +63,9 @@ def framework_defaults(
 ) -> ParallelConfig:  # fmt: skip
     """``config`` with the switches the search for ``framework`` sets
     (:data:`SEARCH_SWITCHES`), each one not ``given`` (by field name) set as the search sets
-    it; a switch given stays as given. When ``framework`` launches no setting of the overlap
+    it; a switch given stays as given. Context parallelism left to the default ring where the
+    framework attends otherwise (torchtitan: K/V all-gathered) attends as it does, unless
+    ``cp_algo`` is given. When ``framework`` launches no setting of the overlap
     flags left to it (it cannot launch the configuration for another reason), they stay as
     in ``config``. A stack not given is the framework's (:func:`default_stack`).
 
@@ -79,9 +84,15 @@ def framework_defaults(
     ...                        framework="megatron", given=("sp", "overlap_param_gather"))
     >>> c.sp, c.overlap_grad_reduce, c.overlap_param_gather
     (False, True, False)
+    >>> framework_defaults(ParallelConfig(cp=2, zero=3), model, cluster=cluster,
+    ...                    framework="torchtitan").cp_algo
+    'allgather'
     """
     if "sp" not in given:
         config = config.model_copy(update={"sp": sequence_parallel(config.tp)})
+    attends = profile(framework).context_parallelism
+    if "cp_algo" not in given and config.cp > 1 and config.cp_algo not in attends:
+        config = config.model_copy(update={"cp_algo": attends[0]})
     # The framework's own stack where none is given (DeepSpeed's optimizers for DeepSpeed).
     config = config.model_copy(update={"stack": default_stack(framework, model, config.stack)})
 
