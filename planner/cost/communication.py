@@ -176,6 +176,17 @@ def ring_attention_exposed_s(
     (4.5, 1.5)
     >>> ring_attention_hidden_s(c, 4e9, CommGroup(size=4), forward_s=2.0, backward_s=4.0)
     (4.5, 1.5)
+
+    PyTorch's all-gathering variant (:func:`allgather_attention_exposed_s`) on the same
+    cluster, where the ring leaves 3 s exposed: its all-gather takes 3 s, 1.5 beyond the
+    forward's first step and 2 beyond the backward's; an fp32 gradient block 2 s, 1 beyond
+    each of the 3 next steps and 2 after the last.
+
+    >>> ring_attention_exposed_s(c, 4e9, CommGroup(size=4), forward_s=6.0, backward_s=4.0)
+    (3.0, 0.0)
+    >>> allgather_attention_exposed_s(c, 4e9, CommGroup(size=4), forward_s=6.0,
+    ...                               backward_s=4.0)
+    (8.5, 1.5)
     """
     n = group.size
     if n <= 1 or kv_bytes <= 0:
@@ -217,24 +228,11 @@ def allgather_attention_exposed_s(
     second, so the all-gather hides behind one step (``1/n`` of the attention with
     load-balanced causal chunks). The backward all-gathers K/V again the same way and sends
     the accumulated K/V gradients to the next rank after each of its ``n`` steps, in fp32
-    (``convert_to_f32``), each send waited for at the next step's start and the last one after
-    the loop. ``kv_bytes`` is the whole sequence's K and V as one rank of ``group`` would hold
+    (``convert_to_f32``), each send waited for after the next step's compute and the last one
+    after the loop. ``kv_bytes`` is the whole sequence's K and V as one rank of ``group`` would hold
     them unsharded, as for :func:`ring_attention_exposed_s`.
 
-    >>> from planner.spec import ClusterSpec
-    >>> c = ClusterSpec.model_validate({"name": "c", "num_nodes": 1, "devices_per_node": 4,
-    ...     "device": {"name": "g", "memory_gib": 80, "memory_bandwidth_gb_s": 2000,
-    ...                "peak_tflops": {"bf16": 300}},
-    ...     "network": [{"name": "l", "domain_devices": 4, "bandwidth_gb_s": 1,
-    ...                  "latency_us": 0}]})
-    >>> # The all-gather takes 3 s: 1.5 beyond the forward's first step, 2 beyond the
-    >>> # backward's; an fp32 gradient block 2 s: 1 beyond each of the 3 next steps, 2 after
-    >>> # the last. The ring would leave 3 s exposed.
-    >>> allgather_attention_exposed_s(c, 4e9, CommGroup(size=4), forward_s=6.0,
-    ...                               backward_s=4.0)
-    (8.5, 1.5)
-    >>> ring_attention_exposed_s(c, 4e9, CommGroup(size=4), forward_s=6.0, backward_s=4.0)
-    (3.0, 0.0)
+    Its example is :func:`ring_attention_exposed_s`'s, beside the ring's.
     """
     n = group.size
     if n <= 1 or kv_bytes <= 0:

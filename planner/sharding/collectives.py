@@ -44,10 +44,8 @@ def own_collectives(
     total = forward = 0.0
     hidden = (0.0, 0.0)
     if op.kind == "attention" and "seq" in pair:
-        axes = axes_of(pair, "seq")
-        group = mesh.axes_group(axes)
-        kv = sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
-                 for t in op.inputs[1:])  # fmt: skip
+        group = mesh.axes_group(axes_of(pair, "seq"))
+        kv = _whole_sequence_kv_bytes(op, pair, mesh)
         exposed, hides = ((cost.allgather_attention_exposed_s, cost.allgather_attention_hidden_s)
                           if ctx.kv_allgather else
                           (cost.ring_attention_exposed_s, cost.ring_attention_hidden_s))
@@ -86,7 +84,13 @@ def gathered_kv_bytes(op: Op, pair: Assignment, mesh: LogicalMesh,
     accumulators of the rank's own gradients are not counted either."""
     if not ctx.kv_allgather or op.kind != "attention" or "seq" not in pair:
         return 0.0
+    cp = mesh.axes_group(axes_of(pair, "seq")).size
+    return _whole_sequence_kv_bytes(op, pair, mesh) * (1 + 2 * 2 / cp)
+
+
+def _whole_sequence_kv_bytes(op: Op, pair: Assignment, mesh: LogicalMesh) -> float:
+    """An attention core's K and V over the whole sequence, as one rank of the axes that split
+    the sequence would hold them unsharded (its other splits, heads among them, kept)."""
     axes = axes_of(pair, "seq")
-    kv = sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
-             for t in op.inputs[1:])  # fmt: skip
-    return kv * (1 + 2 * 2 / mesh.axes_group(axes).size)
+    return sum(cost.sharded_bytes(t, tensor_degrees(t, without(pair, axes), mesh))
+               for t in op.inputs[1:])  # fmt: skip
