@@ -359,3 +359,30 @@ def test_why_this_plan_lists_every_faster_notch_with_what_rules_it_out(
     ]
     for n in explained.sensitivities:
         assert verdict(n, plan).startswith("over") == (n.refusal is None and not n.fits)
+
+
+@pytest.mark.parametrize(("framework", "stack", "attends"), [
+    ("torchtitan", "torchtitan-eager", "allgather"), ("megatron", "megatron-te", "ring")])
+def test_the_notch_into_context_parallelism_attends_as_the_framework_does(
+    framework: str, stack: str, attends: str
+) -> None:
+    """torchtitan all-gathers K/V (PyTorch's context parallelism): its plan's ``cp 1 -> 2`` and
+    ``--why-not cp=2`` are priced that way and launchable, not as ParallelConfig's default
+    ring, which torchtitan refuses; ``cp_algo`` given is kept (and refused); Megatron's stay
+    the ring."""
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 1)
+    config = ParallelConfig(dp=8, zero=3, overlap_grad_reduce=True, overlap_param_gather=True,
+                            recompute="full", stack=stack, global_batch=64, seq_len=8192)
+    plan = uniform_plan(model, cluster, config, framework=framework)
+    why = explain(plan, model, cluster, why_not={"cp": 2})
+    up = next(n for n in why.sensitivities if n.knob == "cp" and n.direction == "up")
+    for n in (up, why.why_not):
+        assert n is not None and n.config.cp == 2 and n.config.cp_algo == attends
+        assert n.framework_refusals == ()
+        assert n.step_time_s == pytest.approx(estimate(model, cluster, n.config).step_time_s)
+    assert up.change == ("cp 1 -> 2 (cp-algo allgather, dp 8 -> 4)" if attends == "allgather"
+                         else "cp 1 -> 2 (dp 8 -> 4)")  # fmt: skip
+    ring = explain(plan, model, cluster, why_not={"cp": 2, "cp_algo": "ring"}).why_not
+    assert ring is not None and ring.config.cp_algo == "ring"
+    assert bool(ring.framework_refusals) == (framework == "torchtitan")

@@ -40,6 +40,7 @@ from planner.plan.inputs import check_inputs
 from planner.plan.schema import MemoryBreakdown, Plan, StepTime
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
+from planner.uniform.defaults import attending
 from planner.uniform.estimate import Estimate, estimate
 from planner.vocabulary import GIB
 
@@ -264,7 +265,9 @@ def _sensitivities(
     framework launches, else the nearest that divides, else the nearest (DeepSpeed's notch of
     offload is its own ZeRO-Offload, not Megatron's)."""
     host = cluster.host is not None
-    groups = [(knob.name, direction, options)
+    # a notch attends as the plan's framework does, but the notch of how it attends
+    groups = [(knob.name, direction,
+               [_attending(plan, c, keep=knob.name == "cp_algo") for c in options])
               for knob, down, up in notches(config, model, cluster.num_devices, host=host)
               for direction, options in (("down", down), ("up", up)) if options]  # fmt: skip
     rows = [config, *(c for _, _, options in groups for c in options)]
@@ -308,11 +311,19 @@ def why_not_config(plan: Plan, model: ModelSpec, changes: Mapping[str, Any]) -> 
     """The plan's configuration with the user's ``changes`` (devices kept, as
     :func:`~planner.diagnose.notches.with_changes` keeps them); for a per-operator plan,
     ``estimate``'s defaults on the plan's training run."""
-    if plan.configuration is not None:
-        return with_changes(plan.configuration, changes, model)
-    run = ParallelConfig(global_batch=plan.global_batch_size, seq_len=plan.seq_length,
-                         precision=plan.precision)  # fmt: skip
-    return with_changes(run, changes, model)
+    run = plan.configuration or ParallelConfig(
+        global_batch=plan.global_batch_size, seq_len=plan.seq_length, precision=plan.precision)
+    return _attending(plan, with_changes(run, changes, model), keep="cp_algo" in changes)
+
+
+def _attending(plan: Plan, config: ParallelConfig, *, keep: bool) -> ParallelConfig:
+    """``config`` with its context parallelism attending as the plan's framework attends
+    (:func:`~planner.uniform.defaults.attending`: torchtitan's notch from ``cp 1`` all-gathers
+    K/V), unless ``keep`` (the change is how it attends: the ``cp_algo`` notch, or the user
+    gave it)."""
+    if plan.framework == ANY or keep:
+        return config
+    return attending(config, plan.framework)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

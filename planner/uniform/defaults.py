@@ -57,6 +57,23 @@ def launched_overlaps(
     return None
 
 
+def attending(config: ParallelConfig, framework: str) -> ParallelConfig:
+    """``config`` with its context parallelism attending as ``framework`` attends where it
+    does not run the configuration's way (torchtitan's ring left at ParallelConfig's default
+    becomes PyTorch's all-gather); unchanged without context parallelism or where the
+    framework runs it.
+
+    >>> attending(ParallelConfig(cp=2), "torchtitan").cp_algo
+    'allgather'
+    >>> attending(ParallelConfig(cp=2, cp_algo="ulysses"), "megatron").cp_algo
+    'ulysses'
+    """
+    attends = profile(framework).context_parallelism
+    if config.cp > 1 and config.cp_algo not in attends:
+        return config.model_copy(update={"cp_algo": attends[0]})
+    return config
+
+
 def framework_defaults(
     config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, framework: str,
     given: Collection[str] = (),
@@ -90,9 +107,8 @@ def framework_defaults(
     """
     if "sp" not in given:
         config = config.model_copy(update={"sp": sequence_parallel(config.tp)})
-    attends = profile(framework).context_parallelism
-    if "cp_algo" not in given and config.cp > 1 and config.cp_algo not in attends:
-        config = config.model_copy(update={"cp_algo": attends[0]})
+    if "cp_algo" not in given:
+        config = attending(config, framework)
     # The framework's own stack where none is given (DeepSpeed's optimizers for DeepSpeed).
     config = config.model_copy(update={"stack": default_stack(framework, model, config.stack)})
 
