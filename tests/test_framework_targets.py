@@ -12,10 +12,12 @@ from planner.cost import MEMORY_MARGIN
 from planner.errors import ConfigError, InfeasibleError, InputError
 from planner.frameworks import FRAMEWORKS, launch, profile
 from planner.options import Pins, SolveOptions
-from planner.plan.config import resolve
+from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
+from planner.uniform.defaults import framework_defaults
 from planner.uniform.estimate import estimate
+from planner.vocabulary import CONTEXT_PARALLELISMS
 from tests.conftest import CLUSTERS, MODELS
 
 H100 = CLUSTERS / "dgx-h100-80gb.json"
@@ -69,6 +71,28 @@ def test_the_space_holds_only_what_the_framework_launches(
         except ConfigError:
             continue
         assert target.refusals(resolved, llama) == (), config
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_profile_attends_exactly_as_its_rules_launch(
+    framework: str, llama: ModelSpec, two_nodes: ClusterSpec
+) -> None:
+    """``Profile.context_parallelism`` (what the search tries, what ``estimate --framework``
+    and ``explain`` attend by default) is exactly the ways of context parallelism the
+    framework's rules launch: CP2 of Llama 3 8B on 16 H100, each way, with the switches the
+    framework sets, is refused for how it attends iff that way is not in the profile."""
+    target = profile(framework)
+    zero = 3 if framework == "torchtitan" else 1  # FSDP2 never keeps gradients whole
+
+    def refusals(algo: str) -> tuple[str, ...]:
+        config = framework_defaults(
+            ParallelConfig(cp=2, cp_algo=algo, zero=zero, global_batch=128, seq_len=8192),
+            llama, cluster=two_nodes, framework=framework, given=("cp_algo",))
+        return target.refusals(resolve(llama, two_nodes, config), llama)
+
+    assert target.context_parallelism
+    for algo in CONTEXT_PARALLELISMS:
+        assert (algo in target.context_parallelism) == (refusals(algo) == ()), algo
 
 
 def test_pins_hold(llama: ModelSpec, two_nodes: ClusterSpec) -> None:

@@ -52,7 +52,8 @@ CONFIG_KNOBS = tuple(ParallelConfig.model_fields)
 @app.command("estimate")
 @with_knobs(CONFIG_KNOBS, unset={
     **dict.fromkeys(SEARCH_SWITCHES, "off; with --framework, as solve sets it"),
-    "cp_algo": "ring; with --framework, as that framework attends (torchtitan: allgather)"})
+    "cp_algo": "ring; with --framework, as that framework attends (torchtitan: allgather; "
+               "DeepSpeed: ulysses)"})
 def estimate_cmd(
     model: ModelArg,
     cluster: ClusterArg,

@@ -108,8 +108,10 @@ class Profile:
     parallelism 1 under tensor parallelism): the uniform search tries that only for such a
     target."""
     context_parallelism: tuple[ContextParallelism, ...] = ("ring", "ulysses")
-    """How its context parallelism may attend (its rules refuse the ones it cannot launch):
-    the uniform search tries only these."""
+    """How its context parallelism attends, the way it runs unless told first: exactly the
+    ones its rules launch (a test ties the two). The uniform search tries only these, and
+    ``estimate --framework`` and ``explain`` attend the first where a configuration leaves
+    ``cp_algo`` to the default ring."""
 
     stacks: tuple[Stack, ...] = ("megatron-te",)
     """The stacks it runs a layer on (:data:`~planner.vocabulary.Stack`), as the planner

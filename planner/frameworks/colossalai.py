@@ -94,5 +94,5 @@ def notes(model: ModelSpec) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="colossalai", title="Colossal-AI", rules=RULES, launch=launch,
-                  stacks=("colossalai-hf",))
+                  stacks=("colossalai-hf",), context_parallelism=("ring",))
 """Colossal-AI as a framework target."""

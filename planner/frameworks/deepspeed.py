@@ -374,5 +374,5 @@ RULES: tuple[Rule, ...] = (
 __all__ = ["DS_CONFIG_FILE", "DS_CONFIG_MARK", "PROFILE", "RULES", "launch"]
 
 PROFILE = Profile(name="deepspeed", title="DeepSpeed", rules=RULES, launch=launch,
-                  stacks=("megatron-deepspeed",))
+                  stacks=("megatron-deepspeed",), context_parallelism=("ulysses",))
 """DeepSpeed (Megatron-DeepSpeed) as a framework target."""

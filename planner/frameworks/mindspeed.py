@@ -320,5 +320,5 @@ def mla_yarn_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...
 
 
 PROFILE = Profile(name="mindspeed", title="MindSpeed", rules=RULES, launch=launch,
-                  folds_experts=True, recompute_modules=True)
+                  folds_experts=True, recompute_modules=True, context_parallelism=("ring",))
 """MindSpeed as a framework target."""
