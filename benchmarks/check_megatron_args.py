@@ -26,8 +26,8 @@ the device is ``--device-arch`` (9, Hopper: the architecture before Blackwell, w
 the same way against a Megatron-LM ``core_v0.12.1`` checkout, the version MindSpeed runs on,
 with the MindSpeed flags it uses (``--context-parallel-algo``, ``--use-cp-send-recv-overlap``,
 ``--use-fused-rotary-pos-emb``) registered as MindSpeed registers them and its fused-RoPE
-feature's bypass of Megatron's RoPE fusion check; MindSpeed's other checks need ``torch_npu``
-and are not run.
+feature's bypass of Megatron's RoPE fusion check, and its Ulysses feature's checks
+(:func:`mindspeed_validate`); MindSpeed's other checks need ``torch_npu`` and are not run.
 """
 
 from __future__ import annotations
@@ -331,14 +331,30 @@ def mindspeed_rope(enabled: bool) -> Iterator[None]:
 
 def mindspeed_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The MindSpeed flags the launch text uses, as MindSpeed's features register them
-    (``context_parallel_feature.py:21-30``, ``fused_rope.py:14-21``)."""
+    (``context_parallel_feature.py:21-30``, the choice ``ulysses_context_parallel.py:15-19``
+    adds, ``fused_rope.py:14-21``)."""
     group = parser.add_argument_group(title="mindspeed")
     group.add_argument("--context-parallel-algo", default="megatron_cp_algo",
                        choices=["megatron_cp_algo", "hybrid_cp_algo", "hybrid_adaptive_cp_algo",
-                                "kvallgather_cp_algo"])  # fmt: skip
+                                "kvallgather_cp_algo", "ulysses_cp_algo"])  # fmt: skip
     group.add_argument("--use-cp-send-recv-overlap", action="store_true")
     group.add_argument("--use-fused-rotary-pos-emb", action="store_true")
     return parser
+
+
+def mindspeed_validate(args: Any) -> Any:
+    """The checks of MindSpeed's Ulysses feature on top of Megatron's
+    (``ulysses_context_parallel.py:24-34``): the sequence over ``cp``, the heads over
+    ``cp x tp``, fused attention switched on."""
+    if args.context_parallel_size > 1 and args.context_parallel_algo == "ulysses_cp_algo":
+        if args.seq_length % args.context_parallel_size != 0:
+            raise AssertionError("sequence length must be divisible by context_parallel_size")
+        ways = args.context_parallel_size * args.tensor_model_parallel_size
+        if args.num_attention_heads < ways or args.num_attention_heads % ways != 0:
+            raise AssertionError("num_attention_heads must be divisible by "
+                                 "context_parallel_size * tensor_model_parallel_size")
+        args.use_flash_attn = True
+    return args
 
 
 def check_one(case: dict[str, Any]) -> dict[str, Any]:
@@ -353,6 +369,8 @@ def check_one(case: dict[str, Any]) -> dict[str, Any]:
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
             args = validate_args(parse_args(extra))
+            if case["flavor"] == "mindspeed":
+                args = mindspeed_validate(args)
             return {"read": read_back(args, flavor=case["flavor"])}
     except SystemExit:  # argparse refused a flag: its message is the last "error:" line
         lines = [line for line in captured.getvalue().splitlines() if "error:" in line]
@@ -362,9 +380,13 @@ def check_one(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def cp_comm_type(args: Any) -> str | None:
-    """The context-parallel communication Megatron runs every layer with (None without CP)."""
+    """The context-parallel communication Megatron runs every layer with (None without CP);
+    under MindSpeed, its ``--context-parallel-algo`` in Megatron's words."""
     if args.context_parallel_size == 1:
         return None
+    algo = getattr(args, "context_parallel_algo", None)
+    if algo is not None:
+        return {"megatron_cp_algo": "p2p", "ulysses_cp_algo": "a2a"}.get(algo, algo)
     kinds = getattr(args, "cp_comm_type", None) or ["p2p"]
     kinds = [kinds] if isinstance(kinds, str) else kinds
     return kinds[0] if len(set(kinds)) == 1 else "mixed"
@@ -465,7 +487,9 @@ def stage_layer_counts(config: Any, args: Any) -> list[int]:
     if "pp_rank" in inspect.signature(get_num_layers_to_build).parameters:
         return [sum(get_num_layers_to_build(config, vp_stage=v if vpp else None, pp_rank=rank)
                     for v in range(vpp or 1)) for rank in range(pp)]  # fmt: skip
-    # core_v0.12.1 reads the rank from parallel_state; every chunk holds the same count.
+    # core_v0.12.1 reads the ranks from parallel_state; the first (last) chunk of the first
+    # (last) rank builds one layer less where the embedding (loss) takes a layer's slot
+    # (transformer_block.py:152-158), so every chunk is counted.
     from megatron.core import parallel_state
 
     parallel_state.set_pipeline_model_parallel_world_size(pp)
@@ -473,7 +497,11 @@ def stage_layer_counts(config: Any, args: Any) -> list[int]:
     counts = []
     for rank in range(pp):
         parallel_state.set_pipeline_model_parallel_rank(rank)
-        counts.append(get_num_layers_to_build(config) * (vpp or 1))
+        layers = 0
+        for chunk in range(vpp or 1):
+            parallel_state.set_virtual_pipeline_model_parallel_rank(chunk if vpp else None)
+            layers += get_num_layers_to_build(config)
+        counts.append(layers)
     return counts
 
 

@@ -124,7 +124,8 @@ def read_back(text: str, *, world: int, flavor: str = "megatron") -> dict[str, A
     layers = num("--num-layers")
     assert layers
     return dict(
-        tp=tp, pp=pp, cp=cp, ep=num("--expert-model-parallel-size", 1), dp=dp,
+        tp=tp, pp=pp, cp=cp, cp_algo=attends(f, flavor) if cp > 1 else None,
+        ep=num("--expert-model-parallel-size", 1), dp=dp,
         vpp=num("--num-virtual-stages-per-pipeline-rank", 1), sp="--sequence-parallel" in f,
         stage_layers=stage_layers(f, layers, pp), mbs=mbs, gbs=gbs, seq=num("--seq-length"),
         microbatches=gbs // (mbs * dp), recompute=recompute(f), zero=zero(f, flavor),
@@ -133,6 +134,15 @@ def read_back(text: str, *, world: int, flavor: str = "megatron") -> dict[str, A
         tp_comm_overlap="--tp-comm-overlap" in f, precision=precision(f),
         flash_attention=flash(f, flavor), **shape(f, flavor),
     )  # fmt: skip
+
+
+def attends(f: dict[str, str | None], flavor: str) -> str:
+    """How context parallelism attends: Megatron's ``--cp-comm-type`` (p2p by default),
+    MindSpeed's ``--context-parallel-algo`` (which the launch always spells out)."""
+    if flavor == "megatron":
+        return {"p2p": "ring", "a2a": "ulysses"}[str(f.get("--cp-comm-type") or "p2p")]
+    return {"megatron_cp_algo": "ring", "ulysses_cp_algo": "ulysses"}[
+        str(f["--context-parallel-algo"])]
 
 
 def recompute(f: dict[str, str | None]) -> str:
@@ -283,7 +293,8 @@ def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
     if model.position_embedding == "rope":
         rope_fields = dict(rotary_base=round(model.rotary_base), rope_scaling=rope_scaling)
     return dict(
-        tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep, dp=resolved.dp, vpp=c.vpp, sp=resolved.sp,
+        tp=c.tp, pp=c.pp, cp=c.cp, cp_algo=c.cp_algo if c.cp > 1 else None, ep=c.ep,
+        dp=resolved.dp, vpp=c.vpp, sp=resolved.sp,
         stage_layers=list(resolved.stage_layers), mbs=c.mbs, gbs=t.global_batch_size,
         seq=t.seq_length, microbatches=resolved.num_microbatches, recompute=recompute_priced(c),
         zero=c.zero, overlap_grad_reduce=c.overlap_grad_reduce,
@@ -316,6 +327,7 @@ CONFIGURATIONS: dict[str, list[dict[str, Any]]] = {
     "PP interleaved full": [dict(tp=2, pp=pp, vpp=vpp, sp=True, zero=1, recompute="full")
                             for pp in (4, 2) for vpp in (3, 2)],
     "CP ring": [dict(tp=tp, cp=2, sp=True) for tp in (4, 2)],
+    "CP Ulysses": [dict(tp=tp, cp=2, cp_algo="ulysses", sp=True) for tp in (4, 2)],
     "ZeRO-3": [dict(tp=tp, sp=True, zero=3, overlap_grad_reduce=True,
                     overlap_param_gather=True) for tp in (2, 1)],
     "EP": [dict(tp=2, pp=pp, ep=ep, sp=True, zero=1) for pp in (2, 1) for ep in (8, 4, 2)],
@@ -913,14 +925,6 @@ def pin_rank_order(p: Profile) -> None:
     model = load("gpt-1.7b")
     refused(p, "rank-order", configure(model, 16, tp=2, rank_order="cp-ep-dp-tp-pp"), model,
             "rank_order 'cp-ep-dp-tp-pp'.*tp-cp-ep-dp-pp")
-
-
-def pin_ulysses_context_parallel(p: Profile) -> None:
-    """What rule ``ulysses-context-parallel`` refuses (and lets through): MindSpeed's."""
-    model = load("gpt-1.7b")
-    refused(p, "ulysses-context-parallel", configure(model, 16, cp=2, cp_algo="ulysses"), model,
-            r"cp\(2\) as Ulysses all-to-alls")
-    accepted(p, "ulysses-context-parallel", configure(model, 16, cp=2), model)
 
 
 def pin_pytorch_context_parallel(p: Profile) -> None:

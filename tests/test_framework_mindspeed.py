@@ -68,6 +68,20 @@ def test_flags_that_differ_from_megatron() -> None:
     assert mindspeed.launch(resolved, model).environment == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
+def test_ulysses_is_ulysses_cp_algo() -> None:
+    """Llama-3 8B, TP2 CP2 with Ulysses all-to-alls: ``--context-parallel-algo
+    ulysses_cp_algo``, which MindSpeed's Ulysses feature adds to the choices
+    (``ulysses_context_parallel.py:15-19``), without the ring's send/receive overlap."""
+    model = load("llama3-8b")
+    resolved = configure(model, 16, tp=2, cp=2, cp_algo="ulysses", sp=True, zero=1)
+    flags = read_flags(mindspeed.launch(resolved, model).text)
+    assert flags["--context-parallel-algo"] == "ulysses_cp_algo"
+    assert "--use-cp-send-recv-overlap" not in flags and "--use-flash-attn" in flags
+    assert "--cp-comm-type" not in flags  # Transformer Engine's, which local layers never run
+    assert read_back(mindspeed.launch(resolved, model).text, world=16,
+                     flavor="mindspeed") == priced(resolved, model)
+
+
 def test_zero3_is_custom_fsdp() -> None:
     """ZeRO-3 on core_v0.12.1: --use-custom-fsdp with optim_grads_params, the distributed
     optimizer, gradient accumulation fusion off; no CUDA_DEVICE_MAX_CONNECTIONS=1."""
@@ -246,12 +260,6 @@ def test_rule_bias_without_qkv_bias() -> None:
     tm.pin_bias_without_qkv_bias(P)
 
 
-def test_rule_ulysses_context_parallel() -> None:
-    """Ascend/MindSpeed@028de58ca629
-    mindspeed/features_manager/context_parallel/context_parallel_feature.py:106"""
-    tm.pin_ulysses_context_parallel(P)
-
-
 def test_rule_pytorch_context_parallel() -> None:
     """Ascend/MindSpeed@028de58ca629
     mindspeed/features_manager/context_parallel/context_parallel_feature.py:106"""
@@ -291,11 +299,16 @@ def test_rule_rank_order() -> None:
 def test_rule_unfused_attention_with_cp() -> None:
     """Ascend/MindSpeed@028de58ca629
     mindspeed/features_manager/context_parallel/context_parallel_feature.py:51;
+    Ascend/MindSpeed@028de58ca629
+    mindspeed/features_manager/context_parallel/ulysses_context_parallel.py:34;
     Ascend/MindSpeed@028de58ca629 docs/zh/features/ring-attention-context-parallel.md:43"""
     model = load("llama3-8b")
     refused(P, "unfused-attention-with-cp",
             configure(model, 16, tp=2, cp=2, sp=True, flash_attention=False), model,
             r"cp=2\): MindSpeed's ring attention switches fused attention on")  # fmt: skip
+    refused(P, "unfused-attention-with-cp",
+            configure(model, 16, tp=2, cp=2, cp_algo="ulysses", sp=True, flash_attention=False),
+            model, r"MindSpeed's Ulysses context parallelism switches fused attention on")
     accepted(P, "unfused-attention-with-cp", configure(model, 16, flash_attention=False), model)
 
 

@@ -40,6 +40,8 @@ CORE = "NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1)"
 """The Megatron-LM MindSpeed runs on."""
 _ARGS = f"{CORE} megatron/training/arguments.py"
 _CP_FEATURE = f"{REPO} mindspeed/features_manager/context_parallel/context_parallel_feature.py"
+_ULYSSES_FEATURE = (f"{REPO} mindspeed/features_manager/context_parallel/"
+                    f"ulysses_context_parallel.py")
 
 
 def layer_architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -109,22 +111,14 @@ def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def unfused_attention_with_cp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """MindSpeed's ring attention always runs the NPU's fused attention."""
-    cp = resolved.config.cp
-    if resolved.config.flash_attention or cp == 1:
-        return None
-    return (f"context parallelism (cp={cp}): MindSpeed's ring attention switches fused attention "
-            f"on, and the configuration has flash_attention off")
-
-
-def ulysses_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """MindSpeed's all-to-all context parallelism is ``--context-parallel-algo
-    ulysses_cp_algo``, which this launcher does not write (it writes ring attention)."""
+    """MindSpeed's context parallelism, ring or Ulysses, always runs the NPU's fused
+    attention."""
     c = resolved.config
-    if c.cp == 1 or c.cp_algo != "ulysses":
+    if c.flash_attention or c.cp == 1:
         return None
-    return (f"cp({c.cp}) as Ulysses all-to-alls: MindSpeed's ulysses_cp_algo is not written "
-            f"by the planner's MindSpeed launch yet; megatron_cp_algo (ring) is")
+    how = "Ulysses context parallelism" if c.cp_algo == "ulysses" else "ring attention"
+    return (f"context parallelism (cp={c.cp}): MindSpeed's {how} switches fused attention "
+            f"on, and the configuration has flash_attention off")
 
 
 RULES: tuple[Rule, ...] = (
@@ -178,9 +172,6 @@ RULES: tuple[Rule, ...] = (
          source=f"{CORE} megatron/core/transformer/transformer_config.py:945-946"),
     Rule(name="bias-without-qkv-bias", check=megatron.linear_bias_without_qkv_bias,
          source=f"{_ARGS}:787-789"),
-    Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
-         source=f"{REPO} mindspeed/features_manager/context_parallel/"
-                f"context_parallel_feature.py:106"),
     Rule(name="pytorch-context-parallel", check=without_pytorch_context_parallel("MindSpeed"),
          source=f"{REPO} mindspeed/features_manager/context_parallel/"
                 f"context_parallel_feature.py:106"),
@@ -194,7 +185,7 @@ RULES: tuple[Rule, ...] = (
     Rule(name="rank-order", check=megatron.rank_order,
          source=f"{CORE} megatron/training/initialize.py:354"),
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,
-         source=f"{_CP_FEATURE}:51; "
+         source=f"{_CP_FEATURE}:51; {_ULYSSES_FEATURE}:34; "
                 f"{REPO} docs/zh/features/ring-attention-context-parallel.md:43"),
     # Only the distributed optimizer builds its shards for the precision-aware optimizer.
     Rule(name="optimizer-offload-zero-0",
@@ -215,8 +206,11 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
 
     Only called on configurations no rule of :data:`RULES` refuses.
     """
+    # How context parallelism attends is MindSpeed's --context-parallel-algo; Megatron's
+    # --cp-comm-type selects Transformer Engine's attention, which --transformer-impl local
+    # does not run.
     flags = [
-        *mf.parallel_flags(resolved, model),
+        *(f for f in mf.parallel_flags(resolved, model) if f[0] != "--cp-comm-type"),
         *context_parallel_flags(resolved),
         *mf.split_flags(resolved, model),
         *mf.batch_flags(resolved),
@@ -236,11 +230,16 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
 
 
 def context_parallel_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
-    """Ring attention as Megatron's (``megatron_cp_algo``, whose default changed between
-    releases, so always spelled out), its send and receive overlapped with the block compute
-    as the planner prices it."""
-    if resolved.config.cp == 1:
+    """How context parallelism attends, always spelled out (the default changed between
+    releases): Ulysses all-to-alls as ``ulysses_cp_algo`` (``ulysses_context_parallel.py``
+    adds the choice and checks the heads over ``tp x cp``, which the pricing checks too), or
+    ring attention as Megatron's (``megatron_cp_algo``), its send and receive overlapped with
+    the block compute as the planner prices it."""
+    c = resolved.config
+    if c.cp == 1:
         return []
+    if c.cp_algo == "ulysses":
+        return [("--context-parallel-algo", "ulysses_cp_algo")]
     return [("--context-parallel-algo", "megatron_cp_algo"), ("--use-cp-send-recv-overlap", None)]
 
 
@@ -320,5 +319,5 @@ def mla_yarn_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...
 
 
 PROFILE = Profile(name="mindspeed", title="MindSpeed", rules=RULES, launch=launch,
-                  folds_experts=True, recompute_modules=True, context_parallelism=("ring",))
+                  folds_experts=True, recompute_modules=True)
 """MindSpeed as a framework target."""
