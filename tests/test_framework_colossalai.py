@@ -73,13 +73,15 @@ def launched(resolved: ResolvedConfig, model: ModelSpec) -> tuple[str, dict[str,
 def read_back(kwargs: dict[str, Any], settings: dict[str, Any], world: int) -> dict[str, Any]:
     """The configuration the plugin and settings describe, in the planner's terms."""
     tp, pp = kwargs["tp_size"], kwargs["pp_size"]
-    ring = kwargs.get("sequence_parallelism_mode") == "ring_attn"
-    cp = kwargs["sp_size"] if ring else 1
+    attends = {"ring_attn": "ring", "all_to_all": "ulysses"}.get(
+        kwargs.get("sequence_parallelism_mode", ""))
+    cp = kwargs["sp_size"] if attends else 1
     dp = world // (tp * pp * cp)
     microbatches = kwargs.get("num_microbatches", settings["ACCUMULATION_STEPS"])
     mbs = kwargs.get("microbatch_size", settings["BATCH_SIZE_PER_RANK"])
     split = kwargs.get("num_layers_per_stage")
-    return {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": kwargs.get("ep_size", 1),
+    return {"tp": tp, "pp": pp, "cp": cp, "cp_algo": attends, "dp": dp,
+            "ep": kwargs.get("ep_size", 1),
             "sp": kwargs.get("sequence_parallelism_mode") in ("split_gather", "ring"),
             "zero": kwargs["zero_stage"], "mbs": mbs, "global": mbs * microbatches * dp,
             "vpp": kwargs.get("num_model_chunks", 1), "split": split,
@@ -90,7 +92,8 @@ def expected(resolved: ResolvedConfig) -> dict[str, Any]:
     """What :func:`read_back` must find."""
     c = resolved.config
     split = list(resolved.stage_layers) if c.pp > 1 and c.vpp == 1 else None
-    return {"tp": c.tp, "pp": c.pp, "cp": c.cp, "dp": resolved.dp, "ep": c.ep, "sp": resolved.sp,
+    return {"tp": c.tp, "pp": c.pp, "cp": c.cp, "cp_algo": c.cp_algo if c.cp > 1 else None,
+            "dp": resolved.dp, "ep": c.ep, "sp": resolved.sp,
             "zero": c.zero, "mbs": c.mbs, "global": resolved.training.global_batch_size,
             "vpp": c.vpp, "split": split, "recompute": c.recompute}  # fmt: skip
 
@@ -140,6 +143,23 @@ def test_llama3_8b_ring_attention() -> None:
     assert (settings["BATCH_SIZE_PER_RANK"], settings["ACCUMULATION_STEPS"]) == (1, 8)
     assert settings["NO_SYNC_BEFORE_LAST"] is True
     assert read_back(kwargs, settings, 64) == expected(resolved)
+
+
+def test_qwen3_8b_ulysses() -> None:
+    """Qwen3 8B at 32k tokens, TP2 CP4 as Ulysses all-to-alls: the all_to_all mode over sp_size
+    4 (the policy divides its 32 query and 8 KV heads by sp_size, then tp); the mode numbers
+    sp_size fastest, then tp, so a rank order of cp before tp launches and Megatron's default
+    does not."""
+    model = load("Qwen3-8B")
+    knobs: dict[str, Any] = dict(tp=2, cp=4, cp_algo="ulysses", zero=1, seq_len=32768,
+                                 global_batch=64)
+    resolved = configure(model, 64, rank_order="cp-tp-ep-dp-pp", **knobs)
+    _, kwargs, settings = launched(resolved, model)
+    assert (kwargs["sp_size"], kwargs["sequence_parallelism_mode"]) == (4, "all_to_all")
+    assert read_back(kwargs, settings, 64) == expected(resolved)
+    default = configure(model, 64, **knobs)
+    assert "numbers ranks cp, then tp, dp, pp" in (refusal("rank-order", default, model) or "")
+    assert refusal("rank-order", configure(model, 64, **{**knobs, "tp": 1}), model) is None
 
 
 def test_mixtral_moe_plugin() -> None:
@@ -210,14 +230,18 @@ def test_every_launchable_configuration_reads_back_exactly() -> None:
     """Over a grid of knobs on four models, every configuration no rule refuses launches as
     itself: degrees, split, batch arithmetic, ZeRO and recomputation."""
     cases = (("llama3-8b", 64), ("mixtral-8x7b", 64), ("gpt-1.7b", 16), ("gpt3-175b", 1024))
-    grid = itertools.product((1, 2, 8), (1, 2, 4), (1, 2), (0, 1, 2), ("none", "full"),
-                             (False, True), (1, 2))  # fmt: skip
+    grid = itertools.product((1, 2, 8), (1, 2, 4), (1, 2), ("ring", "ulysses"), (0, 1, 2),
+                             ("none", "full"), (False, True), (1, 2))  # fmt: skip
     count = 0
-    for (name, world), (tp, pp, cp, zero, recompute, sp, vpp) in itertools.product(cases, grid):
+    for (name, world), (tp, pp, cp, algo, zero, recompute, sp, vpp) in itertools.product(
+            cases, grid):
         model = load(name)
         try:
-            resolved = configure(model, world, tp=tp, pp=pp, cp=cp, ep=4 if model.moe else 1,
-                                 zero=zero, sp=sp, recompute=recompute, vpp=vpp,
+            resolved = configure(model, world, tp=tp, pp=pp, cp=cp, cp_algo=algo,
+                                 ep=4 if model.moe else 1, zero=zero, sp=sp,
+                                 recompute=recompute, vpp=vpp,
+                                 rank_order="cp-tp-ep-dp-pp" if algo == "ulysses" else
+                                 "tp-cp-ep-dp-pp",
                                  overlap_grad_reduce=zero == 0 and pp == 1)  # fmt: skip
         except planner.PlannerError:
             continue
@@ -347,12 +371,18 @@ def test_selective_recompute() -> None:
 
 def test_ring_attention_model() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/modeling/llama.py:555;
-    colossalai/shardformer/modeling/gpt2.py:864"""
+    colossalai/shardformer/modeling/gpt2.py:864; colossalai/shardformer/modeling/llama.py:522-525;
+    colossalai/shardformer/policies/gpt2.py:56"""
     model = load("Qwen2.5-72B")
     resolved = configure(model, 64, tp=8, cp=2, zero=1, global_batch=64, seq_len=8192)
     assert "Qwen2ForCausalLM" in (refusal("ring-attention-model", resolved, model) or "")
+    ulysses = configure(model, 64, cp=8, cp_algo="ulysses", zero=1, global_batch=64,
+                        seq_len=8192)
+    assert refusal("ring-attention-model", ulysses, model) is None  # Qwen2 runs all_to_all
     gpt = load("gpt-1.7b")
     assert refusal("ring-attention-model", configure(gpt, 8, cp=2, zero=1), gpt) is None
+    gpt_ulysses = configure(gpt, 8, cp=2, cp_algo="ulysses", zero=1)
+    assert "GPT2LMHeadModel" in (refusal("ring-attention-model", gpt_ulysses, gpt) or "")
 
 
 def test_ring_attention_with_sp() -> None:
@@ -367,6 +397,8 @@ def test_ring_attention_unfused() -> None:
     model = load("llama3-8b")
     resolved = configure(model, 64, tp=4, cp=2, zero=1, flash_attention=False)
     assert "flash attention" in (refusal("ring-attention-unfused", resolved, model) or "")
+    ulysses = forced(resolved, cp_algo="ulysses")  # all_to_all leaves flash attention as given
+    assert refusal("ring-attention-unfused", ulysses, model) is None
 
 
 def test_moe_zero_2() -> None:
@@ -381,10 +413,13 @@ def test_moe_zero_2() -> None:
 
 def test_moe_ring_attention() -> None:
     """hpcaitech/ColossalAI@4f9953b
-    colossalai/booster/plugin/moe_hybrid_parallel_plugin.py:240-262"""
+    colossalai/booster/plugin/moe_hybrid_parallel_plugin.py:240-262, 283"""
     model = load("mixtral-8x7b")
     resolved = configure(model, 64, tp=2, cp=2, ep=4, zero=1)
     assert "no ring_attn" in (refusal("moe-ring-attention", resolved, model) or "")
+    ulysses = forced(resolved, cp_algo="ulysses")
+    assert "all_to_all mode is not written" in (refusal("moe-ring-attention", ulysses, model)
+                                                or "")
 
 
 def test_moe_sequence_parallel() -> None:
@@ -443,15 +478,6 @@ def test_sequence_parallel_split() -> None:
     assert "seq_len(4100)" in (refusal("sp-sequence-split", resolved, model) or "")
 
 
-def test_ulysses_context_parallel() -> None:
-    """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:48, 1077"""
-    model = load("llama3-8b")
-    ring = configure(model, 64, cp=2, zero=1, seq_len=8192)
-    assert refusal("ulysses-context-parallel", ring, model) is None
-    ulysses = forced(ring, cp_algo="ulysses")
-    assert "all_to_all mode" in (refusal("ulysses-context-parallel", ulysses, model) or "")
-
-
 def test_pytorch_context_parallel() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:48"""
     model = load("llama3-8b")
@@ -466,6 +492,9 @@ def test_rank_order() -> None:
     model = load("llama3-70b")
     resolved = configure(model, 64, tp=8, pp=4, sp=True, zero=1, rank_order="tp-pp-cp-ep-dp")
     assert "tp, then cp, dp, pp" in (refusal("rank-order", resolved, model) or "")
+    ulysses = configure(model, 64, tp=4, cp=2, cp_algo="ulysses", zero=1, global_batch=64,
+                        seq_len=8192, rank_order="cp-tp-ep-dp-pp")
+    assert refusal("rank-order", ulysses, model) is None
 
 
 def test_every_rule_is_tested_with_its_source() -> None:

@@ -17,12 +17,14 @@ Kwargs = dict[str, object]
 
 
 def sequence_kwargs(resolved: ResolvedConfig) -> Kwargs:
-    """Ring attention over ``sp_size`` ranks for cp; split_gather (ring, with TP overlap) for
-    sp; nothing otherwise (plain tensor parallelism)."""
+    """Ring attention (or, for Ulysses, the all-to-all mode) over ``sp_size`` ranks for cp;
+    split_gather (ring, with TP overlap) for sp; nothing otherwise (plain tensor
+    parallelism)."""
     c = resolved.config
     if c.cp > 1:
+        mode = "all_to_all" if c.cp_algo == "ulysses" else "ring_attn"
         return {"sp_size": c.cp, "enable_sequence_parallelism": True,
-                "sequence_parallelism_mode": "ring_attn"}  # fmt: skip
+                "sequence_parallelism_mode": mode}  # fmt: skip
     if resolved.sp:
         mode = "ring" if c.tp_comm_overlap else "split_gather"
         return {"enable_sequence_parallelism": True, "sequence_parallelism_mode": mode}

@@ -27,6 +27,9 @@ _MOE_PLUGIN = f"{REPO} colossalai/booster/plugin/moe_hybrid_parallel_plugin.py"
 
 _RING_ATTENTION: frozenset[Family] = frozenset({"llama", "gpt2"})
 """Architectures whose attention forward calls ``RingAttention.attention``."""
+_ALL_TO_ALL: frozenset[Family] = frozenset({"llama", "qwen2", "qwen3"})
+"""Dense architectures whose attention forward runs the ``all_to_all`` mode (GPT-2's policy
+asserts it away; Mixtral's runs under ``MoeHybridParallelPlugin``)."""
 _EVERY_LAYER_CHECKPOINTED: frozenset[Family] = frozenset({"gpt2", "mixtral"})
 """Architectures whose forward checkpoints every layer, ignoring ``num_ckpt_layers_per_stage``."""
 _SPLIT_GATHER_RING: frozenset[Family] = frozenset({"llama", "qwen2", "qwen3"})
@@ -149,27 +152,35 @@ def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def ring_attention_model(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Ring attention runs in the Llama and GPT-2 attention forwards only."""
-    cp, fam = resolved.config.cp, family(model)
-    if cp == 1 or fam is None or fam in _RING_ATTENTION:
+    """Ring attention runs in the Llama and GPT-2 attention forwards only; the all-to-all
+    mode (Ulysses) in Llama's, Qwen2's and Qwen3's."""
+    c, fam = resolved.config, family(model)
+    if c.cp == 1 or fam is None or model.moe is not None:
         return None
-    return (f"cp({cp}): Colossal-AI's ring attention (ring_attn) runs in the Llama and GPT-2 "
-            f"attention only, not in {HF_CLASSES[fam]}'s")
+    if c.cp_algo == "ulysses" and fam not in _ALL_TO_ALL:
+        return (f"cp({c.cp}) as Ulysses all-to-alls: Colossal-AI's all_to_all mode runs in the "
+                f"Llama, Qwen2 and Qwen3 attention only, not in {HF_CLASSES[fam]}'s")
+    if c.cp_algo == "ring" and fam not in _RING_ATTENTION:
+        return (f"cp({c.cp}): Colossal-AI's ring attention (ring_attn) runs in the Llama and "
+                f"GPT-2 attention only, not in {HF_CLASSES[fam]}'s")
+    return None
 
 
 def ring_attention_with_sp(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """One sequence-parallel mode at a time: ring_attn or split_gather, not both."""
+    """One sequence-parallel mode at a time: ring_attn or all_to_all for cp, or split_gather
+    for sp, not both."""
     c = resolved.config
     if c.cp == 1 or not resolved.sp:
         return None
-    return (f"cp({c.cp}) with sp: the plugin runs one sequence_parallelism_mode, ring_attn for "
+    mode = "all_to_all" if c.cp_algo == "ulysses" else "ring_attn"
+    return (f"cp({c.cp}) with sp: the plugin runs one sequence_parallelism_mode, {mode} for "
             f"cp or split_gather for sp, not both")  # fmt: skip
 
 
 def ring_attention_unfused(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """ring_attn switches flash attention on."""
+    """ring_attn switches flash attention on (all_to_all leaves it as given)."""
     c = resolved.config
-    if c.cp == 1 or c.flash_attention:
+    if c.cp == 1 or c.cp_algo != "ring" or c.flash_attention:
         return None
     return f"cp({c.cp}) without flash attention: Colossal-AI's ring attention is flash attention"
 
@@ -201,11 +212,15 @@ def moe_grad_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def moe_ring_attention(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """MoeHybridParallelPlugin has no ring_attn mode."""
-    cp = resolved.config.cp
-    if model.moe is None or cp == 1:
+    """MoeHybridParallelPlugin has no ring_attn mode; its all_to_all mode numbers ranks ep,
+    tp, sp around its own data-parallel groups, which this launcher does not write."""
+    c = resolved.config
+    if model.moe is None or c.cp == 1:
         return None
-    return f"cp({cp}) with experts: MoeHybridParallelPlugin has no ring_attn mode"
+    if c.cp_algo == "ulysses":
+        return (f"cp({c.cp}) as Ulysses all-to-alls with experts: MoeHybridParallelPlugin's "
+                f"all_to_all mode is not written by the planner's Colossal-AI launch yet")
+    return f"cp({c.cp}) with experts: MoeHybridParallelPlugin has no ring_attn mode"
 
 
 def moe_sequence_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -268,21 +283,14 @@ def ddp_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """``dp_outside=False`` numbers ranks tp fastest, then cp (sp_size), dp, pp."""
+    """``dp_outside=False`` numbers ranks tp fastest, then cp (sp_size), dp, pp; under the
+    all_to_all mode sp_size fastest, then tp."""
     c = resolved.config
-    if ranks_in_order(resolved, ("tp", "cp", "dp", "pp")):
+    order = ("cp", "tp", "dp", "pp") if c.cp_algo == "ulysses" else ("tp", "cp", "dp", "pp")
+    if ranks_in_order(resolved, order):
         return None
-    return f"rank_order {c.rank_order!r}: Colossal-AI numbers ranks tp, then cp, dp, pp"
-
-
-def ulysses_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Colossal-AI's all-to-all sequence parallelism (``sequence_parallelism_mode=
-    "all_to_all"``) is not written by this launcher, which writes ring attention."""
-    c = resolved.config
-    if c.cp == 1 or c.cp_algo != "ulysses":
-        return None
-    return (f"cp({c.cp}) as Ulysses all-to-alls: Colossal-AI's all_to_all mode is not written "
-            f"by the planner's Colossal-AI launch yet; ring_attn is")
+    return (f"rank_order {c.rank_order!r}: Colossal-AI numbers ranks {order[0]}, then "
+            f"{', '.join(order[1:])}")
 
 
 
@@ -330,14 +338,17 @@ RULES: tuple[Rule, ...] = (
                 f"colossalai/shardformer/modeling/mixtral.py:364"),
     Rule(name="ring-attention-model", check=ring_attention_model,
          source=f"{REPO} colossalai/shardformer/modeling/llama.py:555; "
-                f"colossalai/shardformer/modeling/gpt2.py:864"),
+                f"colossalai/shardformer/modeling/gpt2.py:864; "
+                f"colossalai/shardformer/modeling/llama.py:522-525; "
+                f"colossalai/shardformer/policies/gpt2.py:56"),
     Rule(name="ring-attention-with-sp", check=ring_attention_with_sp,
          source=f"{_PLUGIN}:1059-1087"),
     Rule(name="ring-attention-unfused", check=ring_attention_unfused,
          source=f"{_PLUGIN}:1080-1081"),
     Rule(name="moe-zero-2", check=moe_zero_2, source=f"{_MOE_PLUGIN}:227-233"),
     Rule(name="moe-grad-overlap", check=moe_grad_overlap, source=f"{_MOE_PLUGIN}:227-233"),
-    Rule(name="moe-ring-attention", check=moe_ring_attention, source=f"{_MOE_PLUGIN}:240-262"),
+    Rule(name="moe-ring-attention", check=moe_ring_attention,
+         source=f"{_MOE_PLUGIN}:240-262, 283"),
     Rule(name="moe-sequence-parallel", check=moe_sequence_parallel,
          source=f"{REPO} colossalai/shardformer/policies/mixtral.py:70-74; "
                 f"colossalai/shardformer/policies/mixtral.py:121-150"),
@@ -352,8 +363,6 @@ RULES: tuple[Rule, ...] = (
     Rule(name="ddp-overlap", check=ddp_overlap, source=f"{_PLUGIN}:1311-1313"),
     Rule(name="sp-sequence-split", check=sequence_split_over_tp,
          source=f"{REPO} colossalai/shardformer/layer/_operation.py:1191-1202"),
-    Rule(name="ulysses-context-parallel", check=ulysses_context_parallel,
-         source=f"{_PLUGIN}:48, 1077"),
     Rule(name="pytorch-context-parallel", check=without_pytorch_context_parallel("Colossal-AI"),
          source=f"{_PLUGIN}:48"),
     Rule(name="rank-order", check=rank_order, source=f"{_PLUGIN}:1110-1117"),

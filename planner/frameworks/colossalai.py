@@ -6,7 +6,8 @@ with experts, Mixtral) and constructs the plugin: ``HybridParallelPlugin`` for d
 ``MoeHybridParallelPlugin`` for models with experts (the only one whose experts are
 tensor-parallel, as the planner prices them). ``split_gather`` sequence parallelism is the
 planner's sp (``ring``, its decomposed-GEMM variant, is sp with tp_comm_overlap);
-``ring_attn`` over ``sp_size`` ranks is the planner's cp.
+``ring_attn`` over ``sp_size`` ranks is the planner's cp as a ring, ``all_to_all`` its cp as
+Ulysses all-to-alls.
 
 The rules (:mod:`planner.frameworks._colossalai_rules`) cite hpcaitech/ColossalAI at 4f9953b
 (main, v0.5.1 + 149 commits); which class builds a model is
@@ -94,5 +95,5 @@ def notes(model: ModelSpec) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="colossalai", title="Colossal-AI", rules=RULES, launch=launch,
-                  stacks=("colossalai-hf",), context_parallelism=("ring",))
+                  stacks=("colossalai-hf",))
 """Colossal-AI as a framework target."""
