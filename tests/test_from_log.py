@@ -328,6 +328,30 @@ def test_megatron_log_with_context_parallelism_says_how_it_attended(tmp_path: Pa
            "as one of p2p, a2a" in " ".join(done.stderr.split())
 
 
+def test_mindspeed_log_attends_as_its_context_parallel_algo(tmp_path: Path) -> None:
+    """MindSpeed's dump prints Megatron's arguments and its own: ``context_parallel_algo``
+    decides how its context parallelism attends (``ulysses_cp_algo`` beside Megatron's default
+    ``['p2p']`` is Ulysses); an algorithm the planner does not price is refused in one
+    line."""
+    config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
+    text = LLAMA_LOG.read_text().replace(
+        "  context_parallel_size ........................... 1",
+        "  context_parallel_size ........................... 2\n"
+        "  context_parallel_algo ........................... ulysses_cp_algo").replace(
+        "  data_parallel_size .............................. 4",
+        "  data_parallel_size .............................. 2\n"
+        "  cp_comm_type .................................... ['p2p']")
+    log = tmp_path / "mindspeed.log"
+    log.write_text(text)
+    record, _ = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1)
+    assert (record["parallel"]["cp"], record["parallel"]["cp_algo"]) == (2, "ulysses")
+    log.write_text(text.replace("ulysses_cp_algo", "hybrid_cp_algo"))
+    done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1)
+    assert done.returncode == 2
+    assert "context_parallel_algo hybrid_cp_algo: the planner prices MindSpeed's context " \
+           "parallelism as megatron_cp_algo or ulysses_cp_algo" in " ".join(done.stderr.split())
+
+
 def test_megatron_log_refuses_a_model_of_another_architecture(tmp_path: Path) -> None:
     model = load_model(shared(HF / "Meta-Llama-3-8B-Instruct.config.json"))
     for change, said in (({"activation": "gelu"}, "swiglu True"),

@@ -206,6 +206,28 @@ def _cp_algo(printed: str) -> str:
     return _CP_COMM_TYPES[kind]
 
 
+_CP_ALGOS = {"megatron_cp_algo": "ring", "ulysses_cp_algo": "ulysses"}
+"""MindSpeed's ``--context-parallel-algo`` values the planner prices, as ``cp_algo``
+(Ascend/MindSpeed@028de58ca629 ``mindspeed/features_manager/context_parallel/
+context_parallel_feature.py:21-23`` and ``ulysses_context_parallel.py:15-19``; its hybrid,
+adaptive and K/V all-gather algorithms are not priced)."""
+
+
+def _attends(arguments: dict[str, str]) -> str:
+    """``cp_algo`` for a dump with context parallelism: MindSpeed's
+    ``context_parallel_algo`` where the dump has one (MindSpeed selects its attention by it
+    and passes Megatron's ``cp_comm_type`` through unread), else Megatron's
+    ``cp_comm_type`` (p2p when absent)."""
+    algo = arguments.get("context_parallel_algo")
+    if algo is None:
+        return _cp_algo(arguments.get("cp_comm_type", "['p2p']"))
+    if algo not in _CP_ALGOS:
+        raise InputError(f"arguments: context_parallel_algo {algo}: the planner prices "
+                         f"MindSpeed's context parallelism as {' or '.join(_CP_ALGOS)} (ring "
+                         f"attention, Ulysses all-to-alls)")  # fmt: skip
+    return _CP_ALGOS[algo]
+
+
 def config_fields(log: LogRun) -> dict[str, Any]:
     """The configuration fields a log states (names of :class:`ParallelConfig`): a Megatron
     log's arguments dump and iteration lines, a torchtitan log's mesh and model args; what it
@@ -227,8 +249,8 @@ def config_fields(log: LogRun) -> dict[str, Any]:
         fields["recompute_modules"] = arguments["recompute_modules"].strip("[]").replace("'", "")
     if arguments.get("use_distributed_optimizer") == "True":
         fields["zero"] = 1
-    if "cp_comm_type" in arguments and fields.get("cp", 1) > 1:
-        fields["cp_algo"] = _cp_algo(arguments["cp_comm_type"])
+    if fields.get("cp", 1) > 1 and ({"cp_comm_type", "context_parallel_algo"} & set(arguments)):
+        fields["cp_algo"] = _attends(arguments)
     for name in _OVERLAPS:
         if arguments.get(name) in ("True", "False"):
             fields[name] = arguments[name] == "True"
