@@ -11,11 +11,13 @@ from planner import estimate
 from planner.frameworks import launch
 from planner.options import Pins, SolveOptions, training_of
 from planner.plan.config import ParallelConfig
+from planner.plan.schema import Plan
 from planner.search.targets import solve
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.groups import LONG_SEQUENCE, within_scale_up
 from planner.uniform.leanest import leanest_uniform, nodes_to_fit
 from planner.uniform.space import branches
+from tests.conftest import HF, shared
 
 LLAMA8B = "../shared/reference/hf/Meta-Llama-3.1-8B.config.json"
 H100 = "instances/clusters/dgx-h100-80gb.json"
@@ -134,3 +136,23 @@ def test_torchtitan_plans_context_parallelism_as_pytorch_runs_it() -> None:
     assert plan.predicted.step_time_s < 0.8 * without.predicted.step_time_s
     toml = launch(plan, "torchtitan", model=model, cluster=cluster).text
     assert f"context_parallel_degree = {config.cp}\n" in toml
+
+
+def test_colossalai_plans_ulysses_all_to_all() -> None:
+    """Colossal-AI at 64K tokens (Qwen3 8B, 16 H100): its all_to_all mode is searched, and
+    its plan takes it over the best with the ring or without context parallelism; the export
+    writes the mode over ``sp_size``."""
+    model = load_model(shared(HF / "Qwen3-8B.config.json"))
+    cluster = load_cluster(H100, 2)
+
+    def plan(**pins: object) -> Plan:
+        return solve(model, cluster, SolveOptions(framework="colossalai", seq_length=65536,
+                                                  global_batch_size=32, pins=Pins(**pins)))
+
+    best = plan()
+    config = best.configuration
+    assert config is not None and config.cp > 1 and config.cp_algo == "ulysses"
+    for other in (plan(cp_algo="ring"), plan(cp=1)):
+        assert best.predicted.step_time_s < other.predicted.step_time_s
+    text = launch(best, "colossalai", model=model, cluster=cluster).text
+    assert f"sp_size={config.cp}," in text and "sequence_parallelism_mode='all_to_all'" in text
