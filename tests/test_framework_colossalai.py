@@ -369,20 +369,20 @@ def test_selective_recompute() -> None:
     assert "whole decoder layers" in (refusal("selective-recompute", resolved, model) or "")
 
 
-def test_ring_attention_model() -> None:
+def test_context_parallel_model() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/shardformer/modeling/llama.py:555;
     colossalai/shardformer/modeling/gpt2.py:864; colossalai/shardformer/modeling/llama.py:522-525;
     colossalai/shardformer/policies/gpt2.py:56"""
     model = load("Qwen2.5-72B")
     resolved = configure(model, 64, tp=8, cp=2, zero=1, global_batch=64, seq_len=8192)
-    assert "Qwen2ForCausalLM" in (refusal("ring-attention-model", resolved, model) or "")
+    assert "Qwen2ForCausalLM" in (refusal("context-parallel-model", resolved, model) or "")
     ulysses = configure(model, 64, cp=8, cp_algo="ulysses", zero=1, global_batch=64,
                         seq_len=8192)
-    assert refusal("ring-attention-model", ulysses, model) is None  # Qwen2 runs all_to_all
+    assert refusal("context-parallel-model", ulysses, model) is None  # Qwen2 runs all_to_all
     gpt = load("gpt-1.7b")
-    assert refusal("ring-attention-model", configure(gpt, 8, cp=2, zero=1), gpt) is None
+    assert refusal("context-parallel-model", configure(gpt, 8, cp=2, zero=1), gpt) is None
     gpt_ulysses = configure(gpt, 8, cp=2, cp_algo="ulysses", zero=1)
-    assert "GPT2LMHeadModel" in (refusal("ring-attention-model", gpt_ulysses, gpt) or "")
+    assert "GPT2LMHeadModel" in (refusal("context-parallel-model", gpt_ulysses, gpt) or "")
 
 
 def test_ring_attention_with_sp() -> None:

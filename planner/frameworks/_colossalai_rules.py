@@ -151,7 +151,7 @@ def partial_recompute(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     return None
 
 
-def ring_attention_model(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+def context_parallel_model(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """Ring attention runs in the Llama and GPT-2 attention forwards only; the all-to-all
     mode (Ulysses) in Llama's, Qwen2's and Qwen3's."""
     c, fam = resolved.config, family(model)
@@ -336,7 +336,7 @@ RULES: tuple[Rule, ...] = (
                 f"colossalai/shardformer/shard/grad_ckpt_config.py:67-78; "
                 f"colossalai/shardformer/modeling/gpt2.py:267; "
                 f"colossalai/shardformer/modeling/mixtral.py:364"),
-    Rule(name="ring-attention-model", check=ring_attention_model,
+    Rule(name="context-parallel-model", check=context_parallel_model,
          source=f"{REPO} colossalai/shardformer/modeling/llama.py:555; "
                 f"colossalai/shardformer/modeling/gpt2.py:864; "
                 f"colossalai/shardformer/modeling/llama.py:522-525; "
