@@ -304,18 +304,22 @@ def test_megatron_log_with_bf16_moments(tmp_path: Path) -> None:
     assert done.returncode != 0 and "fp32 or both in bf16" in done.stderr
 
 
+def _with_cp2(*arguments: str) -> str:
+    """The Llama log's dump at CP2 (DP 4 to 2), with ``arguments`` lines added to it."""
+    return LLAMA_LOG.read_text().replace(
+        "  context_parallel_size ........................... 1",
+        "  context_parallel_size ........................... 2").replace(
+        "  data_parallel_size .............................. 4",
+        "\n".join(("  data_parallel_size .............................. 2", *arguments)))
+
+
 def test_megatron_log_with_context_parallelism_says_how_it_attended(tmp_path: Path) -> None:
     """A Megatron dump with ``context_parallel_size 2`` runs ``--cp-comm-type`` as printed
     (megatron/training/arguments.py:3221, a list): ``['a2a']`` is Ulysses, the record says
     so and the run is priced so; Transformer Engine's ``all_gather``, which the planner does
     not price, is refused in one line."""
     config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
-    text = LLAMA_LOG.read_text().replace(
-        "  context_parallel_size ........................... 1",
-        "  context_parallel_size ........................... 2").replace(
-        "  data_parallel_size .............................. 4",
-        "  data_parallel_size .............................. 2\n"
-        "  cp_comm_type .................................... ['a2a']")
+    text = _with_cp2("  cp_comm_type .................................... ['a2a']")
     log = tmp_path / "cp.log"
     log.write_text(text)
     record, out = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1)
@@ -334,13 +338,8 @@ def test_mindspeed_log_attends_as_its_context_parallel_algo(tmp_path: Path) -> N
     ``['p2p']`` is Ulysses); an algorithm the planner does not price is refused in one
     line."""
     config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
-    text = LLAMA_LOG.read_text().replace(
-        "  context_parallel_size ........................... 1",
-        "  context_parallel_size ........................... 2\n"
-        "  context_parallel_algo ........................... ulysses_cp_algo").replace(
-        "  data_parallel_size .............................. 4",
-        "  data_parallel_size .............................. 2\n"
-        "  cp_comm_type .................................... ['p2p']")
+    text = _with_cp2("  context_parallel_algo ........................... ulysses_cp_algo",
+                     "  cp_comm_type .................................... ['p2p']")
     log = tmp_path / "mindspeed.log"
     log.write_text(text)
     record, _ = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1)
