@@ -284,13 +284,17 @@ def ddp_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """``dp_outside=False`` numbers ranks tp fastest, then cp (sp_size), dp, pp; under the
-    all_to_all mode sp_size fastest, then tp."""
+    all_to_all mode sp_size fastest, then tp, which splits the context-, expert- and
+    data-parallel block the planner's rank orders keep whole
+    (:func:`planner.placement.ranks.megatron_order`): Ulysses only without tp."""
     c = resolved.config
-    order = ("cp", "tp", "dp", "pp") if c.cp_algo == "ulysses" else ("tp", "cp", "dp", "pp")
-    if ranks_in_order(resolved, order):
+    if c.cp > 1 and c.cp_algo == "ulysses" and c.tp > 1:
+        return (f"cp({c.cp}) as Ulysses all-to-alls with tp({c.tp}): Colossal-AI's all_to_all "
+                f"mode numbers its sp_size ranks fastest, then tp, an order the planner does "
+                f"not price (it keeps the context-, expert- and data-parallel ranks together)")
+    if ranks_in_order(resolved, ("tp", "cp", "dp", "pp")):
         return None
-    return (f"rank_order {c.rank_order!r}: Colossal-AI numbers ranks {order[0]}, then "
-            f"{', '.join(order[1:])}")
+    return f"rank_order {c.rank_order!r}: Colossal-AI numbers ranks tp, then cp, dp, pp"
 
 
 
