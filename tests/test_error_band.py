@@ -19,6 +19,7 @@ import pytest
 import planner as lib
 from planner.cost.regimes import communication_share, stage_mechanisms
 from planner.cost.uncertainty import (
+    BY_KIND_ONLY,
     COMMUNICATION,
     EXTRA_MECHANISM,
     MISSING_MECHANISM,
@@ -250,7 +251,8 @@ def test_an_mfu_above_the_highest_validated_is_flagged() -> None:
 
 def test_a_file_with_bands_by_kind_only_keeps_them() -> None:
     """A cluster file an older `planner calibrate` wrote: the band of the prediction's kind;
-    another kind takes the widest, saying so; no runs at all is uncalibrated."""
+    another kind takes the widest, saying so; either says it cannot tell what the prediction
+    extrapolates; no runs at all is uncalibrated."""
     bands = [{"parallelism": "model-parallel", "runs": 9, "p80_abs_error": 0.0523,
               "median_error": -0.01, "families": ["megatron"]},
              {"parallelism": "sharded-data-parallel", "runs": 11, "p80_abs_error": 0.071,
@@ -259,10 +261,11 @@ def test_a_file_with_bands_by_kind_only_keeps_them() -> None:
                         peak_tflops={"bf16": 300}, efficiency={"validation": bands})
     band = error_band(device, HERE)
     assert (band.fraction, band.runs, band.fraction_p95) == (0.0523, 9, None)
-    assert band.closest == "80 % of 9 model-parallel runs on X were within it"
+    assert band.closest == f"80 % of 9 model-parallel runs on X were within it{BY_KIND_ONLY}"
     plain = error_band(device, HERE.model_copy(update={"mechanisms": ()}))
     assert (plain.fraction, plain.runs) == (0.071, 20)
-    assert plain.closest == "widest over 20 runs on X (none data-parallel)"
+    assert plain.closest == f"widest over 20 runs on X (none data-parallel){BY_KIND_ONLY}"
+    assert "what this prediction extrapolates is unknown" in BY_KIND_ONLY
     bare = error_band(device.model_copy(update={"efficiency": DeviceEfficiency()}), HERE)
     assert (bare.fraction, bare.runs) == (None, 0)
 

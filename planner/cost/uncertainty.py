@@ -348,6 +348,13 @@ def _percent(fraction: float) -> str:
     return f"{100 * fraction:.0f} %"
 
 
+BY_KIND_ONLY = ("; the file keeps bands by kind only, not what their runs ran (stacks, "
+                "models, lengths), so what this prediction extrapolates is unknown: "
+                "`planner validate RUNS --write` records it")
+"""What a band from an older file's table by kind adds to what it rests on: it cannot say
+what it extrapolates (:func:`gaps` needs the runs' regimes)."""
+
+
 def _band_by_kind(device: DeviceSpec, kind: ParallelismKind) -> ErrorBand:
     """A file without evidence: the band of ``device``'s runs of ``kind`` as an older
     ``planner calibrate`` wrote them; without any, the widest of its bands over all its runs;
@@ -359,13 +366,14 @@ def _band_by_kind(device: DeviceSpec, kind: ParallelismKind) -> ErrorBand:
         if band.parallelism == kind:
             return ErrorBand(fraction=band.p80_abs_error, runs=band.runs, parallelism=kind,
                              closest=f"80 % of {band.runs} {kind} runs on {name} were "
-                             "within it")  # fmt: skip
+                             f"within it{BY_KIND_ONLY}")  # fmt: skip
     if bands:
         runs = sum(b.runs for b in bands)
         # Each band holds 80 % of its runs, so the widest holds at least 80 % of them all.
         return ErrorBand(fraction=max(b.p80_abs_error for b in bands), runs=runs,
                          parallelism=kind,
-                         closest=f"widest over {runs} runs on {name} (none {kind})")  # fmt: skip
+                         closest=f"widest over {runs} runs on {name} (none "
+                         f"{kind}){BY_KIND_ONLY}")  # fmt: skip
     gemm = device.efficiency.gemm
     roofline = (gemm.max_fraction, gemm.half_saturation_gflop) == (
         GemmEfficiency().max_fraction, GemmEfficiency().half_saturation_gflop)
