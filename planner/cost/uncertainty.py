@@ -350,7 +350,7 @@ def _percent(fraction: float) -> str:
 
 BY_KIND_ONLY = ("; the file keeps bands by kind only, not what their runs ran (stacks, "
                 "models, lengths), so what this prediction extrapolates is unknown: "
-                "`planner validate RUNS --write` records it")
+                "`planner validate RUNS --cluster FILE --write` records it")
 """What a band from an older file's table by kind adds to what it rests on: it cannot say
 what it extrapolates (:func:`gaps` needs the runs' regimes)."""
 
