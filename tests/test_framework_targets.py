@@ -125,6 +125,25 @@ def test_a_pin_that_does_not_divide_says_so_as_estimate_does(
         solve(llama, load_cluster(H100, 5), SolveOptions(global_batch_size=40, pins=Pins(tp=5)))
 
 
+@pytest.mark.parametrize(("framework", "algo", "reason"), [
+    ("deepspeed", "ring", "DeepSpeed's context parallelism (--ds-sequence-parallel-size) is "
+                          "Ulysses"),
+    ("torchtitan", "ring", "context parallelism all-gathers keys and values"),
+    ("megatron", "allgather", "Megatron-LM does not run it")])
+def test_a_context_parallel_pin_the_framework_does_not_run_says_why(
+    framework: str, algo: str, reason: str, llama: ModelSpec
+) -> None:
+    """``--cp-algo`` pinned to a way the framework does not attend: the error is the
+    framework's own reason, not that nothing divides (the pin stays in the space for its
+    rules to refuse)."""
+    options = SolveOptions(global_batch_size=64, seq_length=8192, framework=framework,
+                           pins=Pins(cp=2, cp_algo=algo))  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        solve(llama, load_cluster(H100, 1), options)
+    assert reason in " ".join(str(error.value).split())
+    assert "divides" not in str(error.value)
+
+
 def test_a_dispatcher_pin_leaves_the_framework_s_reason() -> None:
     """DeepEP pinned applies where the experts are spread (EP > 1), so alone it refuses
     nothing: torchtitan refusing Mixtral says why (not a registered model), not that the

@@ -183,10 +183,13 @@ def branches(
 
 
 def context_algorithms(options: SolveOptions) -> tuple[ContextParallelism, ...]:
-    """How the target's context parallelism may attend (``any``: every framework's way)."""
+    """How the target's context parallelism may attend (``any``: every framework's way), and
+    a pinned way the target does not run, which stays in the space for the target's rules to
+    say why it cannot launch it (else the search would only find nothing divides)."""
     if options.framework == ANY:
         return CONTEXT_PARALLELISMS
-    return profile(options.framework).context_parallelism
+    own, pinned = profile(options.framework).context_parallelism, options.pins.cp_algo
+    return own if pinned is None or pinned in own else (*own, pinned)
 
 
 def folds_experts(options: SolveOptions) -> bool:
