@@ -29,7 +29,8 @@ Search every configuration Megatron-LM launches for the fastest that fits:
 configurations at once.
 """
 
-from planner.diagnose.explain import Explanation, explain
+from planner.diagnose.explain import explain
+from planner.diagnose.explanation import Explanation
 from planner.errors import ConfigError, InfeasibleError, InputError, PlannerError, SolverError
 from planner.options import Pins, Progress, SolveOptions
 from planner.plan.config import ParallelConfig

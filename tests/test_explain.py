@@ -9,7 +9,8 @@ import json
 import pytest
 
 from planner import cost, estimate
-from planner.diagnose.explain import Explanation, explain, memory_binding
+from planner.diagnose.explain import explain, memory_binding
+from planner.diagnose.explanation import Explanation
 from planner.diagnose.notches import KNOBS, notches, with_changes
 from planner.diagnose.whatif import hardware_changes, wider_scale_up
 from planner.diagnose.why_not import parse_changes

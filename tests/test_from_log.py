@@ -313,42 +313,36 @@ def _with_cp2(*arguments: str) -> str:
         "\n".join(("  data_parallel_size .............................. 2", *arguments)))
 
 
-def test_megatron_log_with_context_parallelism_says_how_it_attended(tmp_path: Path) -> None:
-    """A Megatron dump with ``context_parallel_size 2`` runs ``--cp-comm-type`` as printed
-    (megatron/training/arguments.py:3221, a list): ``['a2a']`` is Ulysses, the record says
-    so and the run is priced so; Transformer Engine's ``all_gather``, which the planner does
-    not price, is refused in one line."""
+@pytest.mark.parametrize(("arguments", "refused", "message"), [
+    # Megatron-LM's --cp-comm-type as printed (megatron/training/arguments.py:3221, a list):
+    # ['a2a'] is Ulysses; Transformer Engine's all_gather is not priced
+    (("  cp_comm_type .................................... ['a2a']",),
+     ("['a2a']", "['all_gather']"),
+     "cp_comm_type ['all_gather']: the planner prices Megatron's context parallelism as one "
+     "of p2p, a2a"),
+    # MindSpeed's own context_parallel_algo decides, beside Megatron's unread default ['p2p']
+    (("  context_parallel_algo ........................... ulysses_cp_algo",
+      "  cp_comm_type .................................... ['p2p']"),
+     ("ulysses_cp_algo", "hybrid_cp_algo"),
+     "context_parallel_algo hybrid_cp_algo: the planner prices MindSpeed's context "
+     "parallelism as megatron_cp_algo or ulysses_cp_algo"),
+], ids=["megatron", "mindspeed"])
+def test_a_log_with_context_parallelism_says_how_it_attended(
+    tmp_path: Path, arguments: tuple[str, ...], refused: tuple[str, str], message: str
+) -> None:
+    """A dump with ``context_parallel_size 2`` that ran Ulysses: the record says so and the
+    run is priced so; a way the planner does not price is refused in one line."""
     config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
-    text = _with_cp2("  cp_comm_type .................................... ['a2a']")
+    text = _with_cp2(*arguments)
     log = tmp_path / "cp.log"
     log.write_text(text)
     record, out = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1)
     assert (record["parallel"]["cp"], record["parallel"]["cp_algo"]) == (2, "ulysses")
     assert load_runs(out, any_device=True)[0].config.cp_algo == "ulysses"
-    log.write_text(text.replace("['a2a']", "['all_gather']"))
+    log.write_text(text.replace(*refused))
     done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1)
     assert done.returncode == 2
-    assert "cp_comm_type ['all_gather']: the planner prices Megatron's context parallelism " \
-           "as one of p2p, a2a" in " ".join(done.stderr.split())
-
-
-def test_mindspeed_log_attends_as_its_context_parallel_algo(tmp_path: Path) -> None:
-    """MindSpeed's dump prints Megatron's arguments and its own: ``context_parallel_algo``
-    decides how its context parallelism attends (``ulysses_cp_algo`` beside Megatron's default
-    ``['p2p']`` is Ulysses); an algorithm the planner does not price is refused in one
-    line."""
-    config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
-    text = _with_cp2("  context_parallel_algo ........................... ulysses_cp_algo",
-                     "  cp_comm_type .................................... ['p2p']")
-    log = tmp_path / "mindspeed.log"
-    log.write_text(text)
-    record, _ = _record_of(tmp_path, log, "--model", config, "--cluster", H100, "--nodes", 1)
-    assert (record["parallel"]["cp"], record["parallel"]["cp_algo"]) == (2, "ulysses")
-    log.write_text(text.replace("ulysses_cp_algo", "hybrid_cp_algo"))
-    done = _from_log(log, "--model", config, "--cluster", H100, "--nodes", 1)
-    assert done.returncode == 2
-    assert "context_parallel_algo hybrid_cp_algo: the planner prices MindSpeed's context " \
-           "parallelism as megatron_cp_algo or ulysses_cp_algo" in " ".join(done.stderr.split())
+    assert message in " ".join(done.stderr.split())
 
 
 def test_megatron_log_refuses_a_model_of_another_architecture(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from planner.cost.activations import (
     saved_activation_bytes,
 )
 from planner.cost.communication import (
+    GRADIENT_WIDENING,
     CommGroup,
     allgather_attention_exposed_s,
     allgather_attention_hidden_s,
@@ -113,6 +114,7 @@ __all__ = [
     "DEFAULT_MEMORY_MARGIN",
     "ELEMENTWISE_BACKWARD_FACTOR",
     "FLASH_BACKWARD_FACTOR",
+    "GRADIENT_WIDENING",
     "MATMUL_BACKWARD_FACTOR",
     "MEMORY_MARGIN",
     "NO_SYNC",

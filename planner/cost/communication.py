@@ -214,9 +214,22 @@ def ring_attention_hidden_s(
     return 3 * transfer_s - total, transfer_s - forward
 
 
+GRADIENT_WIDENING = 2.0
+"""PyTorch's context parallelism passes the K/V gradients in fp32 (``convert_to_f32``): a
+gradient block is twice the bytes of the bf16 K/V block it belongs to."""
+
+
+def _allgather_transfers(cluster: ClusterSpec, kv_bytes: float,
+                         group: CommGroup) -> tuple[float, float]:  # fmt: skip
+    """The all-gather of the whole sequence's K/V, and one rank's fp32 gradient block sent to
+    the next rank: seconds each."""
+    gather_s = collective_time_s(cluster, "all_gather", kv_bytes, group)
+    return gather_s, gather_s / (group.size - 1) * GRADIENT_WIDENING
+
+
 def allgather_attention_exposed_s(
     cluster: ClusterSpec, kv_bytes: float, group: CommGroup, *, forward_s: float,
-    backward_s: float, grad_bytes_per_element: float = 4.0, kv_bytes_per_element: float = 2.0,
+    backward_s: float,
 ) -> tuple[float, float]:
     """(forward and backward, forward) seconds of PyTorch's context parallelism left on the
     critical path: K/V all-gathered once, their gradients passed around the ring.
@@ -237,8 +250,7 @@ def allgather_attention_exposed_s(
     n = group.size
     if n <= 1 or kv_bytes <= 0:
         return 0.0, 0.0
-    gather_s = collective_time_s(cluster, "all_gather", kv_bytes, group)
-    block_s = gather_s / (n - 1) * grad_bytes_per_element / kv_bytes_per_element
+    gather_s, block_s = _allgather_transfers(cluster, kv_bytes, group)
     forward = exposed_s(gather_s, forward_s / n)
     backward = (exposed_s(gather_s, backward_s / n)
                 + (n - 1) * exposed_s(block_s, backward_s / n) + block_s)  # fmt: skip
@@ -255,8 +267,8 @@ def allgather_attention_hidden_s(
     n = group.size
     if n <= 1 or kv_bytes <= 0:
         return 0.0, 0.0
-    gather_s = collective_time_s(cluster, "all_gather", kv_bytes, group)
-    moved = 2 * gather_s + n * 2 * gather_s / (n - 1)
+    gather_s, block_s = _allgather_transfers(cluster, kv_bytes, group)
+    moved = 2 * gather_s + n * block_s
     total, forward = allgather_attention_exposed_s(cluster, kv_bytes, group,
                                                    forward_s=forward_s, backward_s=backward_s)
     return moved - total, gather_s - forward

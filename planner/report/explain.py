@@ -14,7 +14,8 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from planner.diagnose.explain import Explanation, Neighbour, Part, differences
+from planner.diagnose.explain import differences
+from planner.diagnose.explanation import Explanation, Neighbour, Part
 from planner.diagnose.notches import KNOBS, said
 from planner.frameworks import ANY, profile
 from planner.plan.schema import Plan

@@ -85,7 +85,8 @@ def gathered_kv_bytes(op: Op, pair: Assignment, mesh: LogicalMesh,
     if not ctx.kv_allgather or op.kind != "attention" or "seq" not in pair:
         return 0.0
     cp = mesh.axes_group(axes_of(pair, "seq")).size
-    return _whole_sequence_kv_bytes(op, pair, mesh) * (1 + 2 * 2 / cp)
+    # the gathered sequence, and two fp32 gradient blocks of 1/cp of it in flight
+    return _whole_sequence_kv_bytes(op, pair, mesh) * (1 + 2 * cost.GRADIENT_WIDENING / cp)
 
 
 def _whole_sequence_kv_bytes(op: Op, pair: Assignment, mesh: LogicalMesh) -> float:
