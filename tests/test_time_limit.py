@@ -27,8 +27,9 @@ def cut() -> tuple[Plan, list[Progress], float]:
     machine now (about 2 s unloaded: a fixed limit would not cut a faster search), or twice
     the time its first candidate took if that is more (on a loaded machine the first candidate
     alone may take a quarter; capped at three quarters, so that the search is still cut), what
-    the progress callback saw, and the limit."""
-    seen: list[Progress] = []
+    the progress callback saw, and the limit. The machine is shared: where its load changed
+    between the two searches, so that the limit passed before any candidate fitted or not at
+    all, the limit is moved and the search run again (a few times at most)."""
     model = planner.load_model(GPT_1T)
     cluster = load_cluster(CLUSTERS / "dgx-a100-80gb.json", 384)
     start = time.perf_counter()
@@ -41,9 +42,18 @@ def cut() -> tuple[Plan, list[Progress], float]:
     whole = solve_per_operator(model, cluster, SolveOptions(), progress=note)
     whole_s = whole.solver.time_s
     limit = min(max(whole_s / 4, 2 * first_done[0]), 0.75 * whole_s)
-    plan = solve_per_operator(model, cluster, SolveOptions(time_limit_s=limit),
-                              progress=seen.append)  # fmt: skip
-    return plan, seen, limit
+    for _ in range(6):
+        seen: list[Progress] = []
+        try:
+            plan = solve_per_operator(model, cluster, SolveOptions(time_limit_s=limit),
+                                      progress=seen.append)  # fmt: skip
+        except TimeLimitError:  # slower now: nothing had fitted by the limit
+            limit *= 1.5
+            continue
+        if plan.solver.status == "time_limit":
+            return plan, seen, limit
+        limit /= 2  # faster now: the whole search ran inside the limit
+    pytest.fail(f"no limit near {limit:.3g} s cut the search with a plan found")
 
 
 def test_cut_search_returns_its_best_plan_marked_with_its_gap(
