@@ -15,7 +15,7 @@ import pytest
 import planner
 from planner.cost import in_flight_microbatches
 from planner.errors import ConfigError, InputError
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, resolve, resolve_each
 from planner.plan.divisibility import RULES
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
@@ -130,6 +130,29 @@ def test_batch_agrees_with_estimate_on_random_configurations():
         total += len(configs)
     assert total >= 0.99 * SAMPLES
     assert priced >= 0.3 * total, (priced, total)
+
+
+def test_resolving_at_once_is_resolving_each():
+    """What the searches' spaces resolve at once (:func:`resolve_each`) is what ``resolve``
+    gives each configuration, refusals included, over 2,000 random configurations of every
+    bundled model and cluster (mixed sequences, batches, precisions and stacks in one call)."""
+    rng = random.Random(7)
+    pairs = _pairs()
+    resolved = refused = 0
+    for model_path, cluster_path in pairs:
+        model = planner.load_model(model_path)
+        cluster = planner.load_cluster(cluster_path)
+        configs = [random_config(rng, model, cluster) for _ in range(2_000 // len(pairs))]
+        for config, at_once in zip(configs, resolve_each(model, cluster, configs), strict=True):
+            try:
+                one = resolve(model, cluster, config)
+            except ConfigError:
+                assert at_once is None, config
+                refused += 1
+                continue
+            assert at_once == one, config
+            resolved += 1
+    assert resolved > 500 and refused > 500, (resolved, refused)
 
 
 def test_columns_are_estimate_keys():

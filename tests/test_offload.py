@@ -21,8 +21,9 @@ from planner.options import Pins, SolveOptions
 from planner.plan.config import ParallelConfig
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import estimate_batch
+from planner.uniform.launched import launched_variant, offloaded_variant
 from planner.uniform.remedies import OFFLOAD, config_infeasible_message, config_remedies
-from planner.uniform.space import grid_space, launched_variant, offloaded_variant
+from planner.uniform.space import grid_space
 from planner.vocabulary import GIB
 from tests.conftest import CLUSTERS, MODELS
 from tests.test_cli_width import planner as run_planner

@@ -41,11 +41,11 @@ from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.describe import describe_leanest
 from planner.uniform.estimate import Estimate, estimate
 from planner.uniform.groups import tp_degrees
+from planner.uniform.launched import launched_variant
 from planner.uniform.leanest import infeasible_message
 from planner.uniform.plan import uniform_plan
 from planner.uniform.space import (
     expert_degrees,
-    launched_variant,
     pipeline_degrees,
     run_config,
     sequence_parallel,

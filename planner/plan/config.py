@@ -7,14 +7,17 @@ what it splits, with messages that show the arithmetic.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.errors import ConfigError
 from planner.plan.degrees import Degrees, Shape, degrees_of, derive
-from planner.plan.divisibility import RULE, Rule, broken
+from planner.plan.divisibility import RULE, Rule, broken, first_broken
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
 from planner.spec.reading import check_device, fill_training
@@ -274,6 +277,51 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
         config=config, training=training, dp=int(x.dp), num_microbatches=int(x.num_microbatches),
         num_devices=cluster.num_devices, stage_layers=x.stage_layers,
     )  # fmt: skip
+
+
+_KNOBS = ("tp", "pp", "cp", "dp", "ep", "etp", "vpp", "mbs", "first_stage_layers",
+          "last_stage_layers", "sp", "cp_algo", "tp_comm_overlap",
+          "overlap_moe_expert_parallel_comm", "moe_dispatcher", "recompute", "schedule")
+"""The fields :func:`~planner.plan.degrees.degrees_of` reads."""
+
+
+def resolve_each(
+    model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelConfig]
+) -> list[ResolvedConfig | None]:
+    """:func:`resolve` of every configuration, None for one it refuses with a
+    :class:`ConfigError`: the rules run once over columns of the configurations of each run
+    (sequence, batch, precision and stack), as the batch estimator runs them, where a
+    search's space would run them one configuration at a time (some 100 us each).
+
+    >>> import planner
+    >>> model = planner.load_model("instances/models/llama3-8b.json")
+    >>> cluster = planner.load_cluster("instances/clusters/dgx-h100-80gb.json", nodes=1)
+    >>> each = resolve_each(model, cluster, [ParallelConfig(tp=2, pp=2), ParallelConfig(tp=3)])
+    >>> each[0] == resolve(model, cluster, ParallelConfig(tp=2, pp=2)), each[1]
+    (True, None)
+    """
+    runs: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for i, c in enumerate(configs):
+        runs[c.seq_len, c.global_batch, c.precision, c.stack].append(i)
+    out: list[ResolvedConfig | None] = [None] * len(configs)
+    for (seq_len, global_batch, precision, stack), rows in runs.items():
+        training = fill_training(model, seq_length=seq_len, global_batch_size=global_batch,
+                                 precision=precision, stack=stack)  # type: ignore[arg-type]
+        check_device(training.stack, cluster.device)
+        shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
+                      global_batch=training.global_batch_size)  # fmt: skip
+        d = degrees_of({k: np.array([0 if (v := getattr(configs[i], k)) is None else v
+                                     for i in rows]) for k in _KNOBS})  # fmt: skip
+        x = derive(shape, d)
+        keeps = first_broken(model, training.seq_length, shape, d, x) < 0
+        for j, i in enumerate(rows):
+            if keeps[j]:
+                out[i] = ResolvedConfig(
+                    config=configs[i], training=training, dp=int(x.dp[j]),
+                    num_microbatches=int(x.num_microbatches[j]),
+                    num_devices=cluster.num_devices, stage_layers=x.stage_layers_of(j),
+                )  # fmt: skip
+    return out
 
 
 def check_sequence(model: ModelSpec, seq_length: int) -> None:

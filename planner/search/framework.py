@@ -11,7 +11,7 @@ cost model of :func:`~planner.uniform.estimate.estimate`, over arrays), a few th
 time: whole branches (degrees ``(tp, pp, cp, ep)`` and one layer split), so that a time limit
 stops between them. When none fits, the optimizer-offloaded variants of those that fit only
 without their optimizer states are priced, where the framework launches them and the cluster
-has host figures (:func:`~planner.uniform.space.offload_variants`): offload is chosen only
+has host figures (:func:`~planner.uniform.launched.offload_variants`): offload is chosen only
 where it is the only way to fit.
 
 The plan's ``solver.configurations`` counts the configurations priced: those the batch
@@ -41,8 +41,9 @@ from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
 from planner.uniform.failure import nothing_found
 from planner.uniform.fewest_recomputed import fewest_recomputed
+from planner.uniform.launched import offload_variants, offloads
 from planner.uniform.plan import uniform_plan
-from planner.uniform.space import branch_space, config_key, offload_variants, offloads
+from planner.uniform.space import branch_space, config_key
 from planner.uniform.stages import host_fits
 from planner.vocabulary import GIB, Objective
 
@@ -83,7 +84,7 @@ class _Search:
         fitting full recomputation's fewest recomputed layers that fit
         (:func:`~planner.uniform.fewest_recomputed.fewest_recomputed`), and the configurations
         that fit only without their optimizer states kept, whose offloaded variants are priced
-        should nothing fit (:func:`~planner.uniform.space.offload_variants`)."""
+        should nothing fit (:func:`~planner.uniform.launched.offload_variants`)."""
         batch = estimate_batch(model, cluster, configs)
         found = self.tally(batch, configs)
         if options is None:

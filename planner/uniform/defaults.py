@@ -1,5 +1,5 @@
 """The switches a framework search sets on every configuration it prices, in one place:
-``solve --framework F`` (:func:`planner.uniform.space.launched_variant`) and
+``solve --framework F`` (:func:`planner.uniform.launched.launched_variant`) and
 ``estimate --framework F`` (:func:`framework_defaults`) draw them from here, so the same
 degrees price the same.
 
@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from planner.errors import ConfigError
 from planner.frameworks import default_stack, profile
-from planner.plan.config import ParallelConfig, resolve
+from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
 
 SEARCH_SWITCHES = ("sp", "overlap_grad_reduce", "overlap_param_gather")
@@ -46,7 +46,15 @@ def launched_overlaps(
         resolved = resolve(model, cluster, config)
     except ConfigError:
         return config
-    target = profile(framework)
+    return overlaps_launched(resolved, model, framework=framework, grads=grads, gathers=gathers)
+
+
+def overlaps_launched(
+    resolved: ResolvedConfig, model: ModelSpec, *, framework: str,
+    grads: Sequence[bool] = (True, False), gathers: Sequence[bool] = (True, False),
+) -> ParallelConfig | None:  # fmt: skip
+    """:func:`launched_overlaps` of a configuration already resolved."""
+    target, config = profile(framework), resolved.config
     for grad in grads:
         for gather in gathers:
             variant = config.model_copy(update={"overlap_grad_reduce": grad,

@@ -21,7 +21,7 @@ from planner.plan.chunks import chunk_sizes
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import estimate_batch
-from planner.uniform.space import launched_variant
+from planner.uniform.launched import launched_variant
 from planner.vocabulary import GIB
 
 

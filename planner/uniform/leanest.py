@@ -16,6 +16,7 @@ from planner.uniform import space
 from planner.uniform.batch import estimate_batch
 from planner.uniform.describe import describe
 from planner.uniform.estimate import estimate
+from planner.uniform.launched import launched_variant, offloaded_variant
 from planner.uniform.remedies import MAX_NODE_FACTOR, fits_gib, node_factors
 from planner.vocabulary import GIB
 
@@ -135,7 +136,7 @@ def _offload_time(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
         return "the planner does not price its time"
     offloaded = _offloaded(model, cluster, config, options)
     off = estimate(model, cluster, offloaded)
-    launched = space.launched_variant(offloaded, model, cluster=cluster, options=options)
+    launched = launched_variant(offloaded, model, cluster=cluster, options=options)
     refused = "" if launched is not None else f" ({options.framework} does not launch it)"
     return (f"its step takes {off.step_time_s:.2f} s, {off.time.optimizer_s:.2f} s of them the "
             f"host copies and CPU Adam{refused}")
@@ -145,7 +146,7 @@ def _offloaded(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
                options: SolveOptions) -> ParallelConfig:  # fmt: skip
     """``config`` offloaded as the target launches it, else as Megatron-LM runs it (its
     overlaps as they are: the launch is checked apart)."""
-    launched = space.offloaded_variant(config, model, cluster=cluster, options=options)
+    launched = offloaded_variant(config, model, cluster=cluster, options=options)
     offload = "optimizer" if launched is None else launched.offload
     return config.model_copy(update={"offload": offload})
 

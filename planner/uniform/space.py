@@ -29,7 +29,6 @@ The space is what a Megatron-LM user can launch with flags:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.frameworks import ANY, profile
@@ -38,12 +37,12 @@ from planner.plan.chunks import cuts_into
 from planner.plan.config import ParallelConfig, stage_layers
 from planner.plan.degrees import Degrees, combined_1f1b
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.uniform.defaults import launched_overlaps, sequence_parallel
+from planner.uniform.defaults import sequence_parallel
 from planner.uniform.groups import context_groups, cp_algorithms
+from planner.uniform.launched import launched_variant, launched_variants
 from planner.uniform.recomputations import recomputations
 from planner.vocabulary import (
     CONTEXT_PARALLELISMS,
-    OFFLOADS,
     RECOMPUTE_MODES,
     ContextParallelism,
     PipelineSchedule,
@@ -288,8 +287,12 @@ def branch_space(
                            fold=folds_experts(options),
                            attending=context_algorithms(options)):
         groups = branch_groups(branch, model, training=training, options=options)
-        launched = ([launched_variant(c, model, cluster=cluster, options=options) for c in group]
-                    for group in groups)
+        every = launched_variants([c for group in groups for c in group], model,
+                                  cluster=cluster, options=options)  # fmt: skip
+        launched, start = [], 0
+        for group in groups:
+            launched.append(every[start:start + len(group)])
+            start += len(group)
         groups = [kept for group in launched if (kept := [c for c in group if c is not None])]
         if groups:
             space.append((min((group[0] for group in groups), key=_leanness), groups))
@@ -319,65 +322,6 @@ def branch_leanest(
                 leanest[config.zero] = launched
         out += [leanest[zero] for zero in sorted(leanest, reverse=True)]
     return out
-
-
-def launched_variant(
-    config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, options: SolveOptions
-) -> ParallelConfig | None:
-    """``config`` as the target framework launches it, or None when it cannot: the most
-    overlapped setting of the two overlap flags the framework launches, among those the
-    options allow (:func:`planner.uniform.defaults.launched_overlaps`, whose rule
-    ``estimate --framework`` applies too). One that does not even divide is kept as it is,
-    for the pricing to refuse with its reason."""
-    if options.framework == ANY:
-        return config
-    return launched_overlaps(
-        config, model, cluster=cluster, framework=options.framework,
-        grads=(True, False) if options.overlap_grad_reduce else (False,),
-        gathers=(True, False) if options.overlap_param_gather else (False,),
-    )  # fmt: skip
-
-
-def offloads(cluster: ClusterSpec, options: SolveOptions) -> bool:
-    """Whether the search may offload at all: the cluster has host figures (a framework's
-    rules say which offloads it launches; ``any`` tries every one)."""
-    return cluster.host is not None
-
-
-def offload_variants(
-    model: ModelSpec, cluster: ClusterSpec, configs: Sequence[ParallelConfig], *,
-    options: SolveOptions,
-) -> list[ParallelConfig]:  # fmt: skip
-    """The optimizer-offloaded variants of ``configs`` that the framework launches (none
-    where :func:`offloads` says the search may not offload).
-
-    The caller passes the configurations that do not fit on the device but whose peak without
-    their optimizer states and gradients does (an offload frees at most those): one that fits
-    needs no offload, since an offloaded step is its configuration's step with the optimizer's time
-    swapped for the host copies and the CPU's Adam, never faster where the host link and the
-    host memory are slower than the device's memory (every bundled cluster with host figures:
-    ``tests/test_offload.py``). The search prices them only when nothing fits without
-    (:func:`~planner.search.framework.enumerate_plan`)."""
-    if not offloads(cluster, options):
-        return []
-    if options.framework == ANY:  # every framework's offload, the fastest then chosen
-        return [c.model_copy(update={"offload": o}) for c in configs for o in OFFLOADS[1:]]
-    variants = (offloaded_variant(c, model, cluster=cluster, options=options) for c in configs)
-    return [v for v in variants if v is not None]
-
-
-def offloaded_variant(
-    config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, options: SolveOptions
-) -> ParallelConfig | None:
-    """``config`` with its optimizer offloaded as the target framework runs it (Megatron-LM's
-    pipelined step, or DeepSpeed's ZeRO-Offload: the first it launches,
-    :func:`launched_variant`), or None when it launches neither."""
-    for offload in OFFLOADS[1:]:  # every offloaded value (the first, none, is not)
-        variant = launched_variant(config.model_copy(update={"offload": offload}), model,
-                                   cluster=cluster, options=options)  # fmt: skip
-        if variant is not None:
-            return variant
-    return None
 
 
 def grid_space(
