@@ -339,13 +339,15 @@ def mfu_above(device: DeviceSpec, stack: Stack, mfu: float) -> Extrapolation | N
         return None
     evidence = device.efficiency.evidence
     ran = _memo(evidence, ("ran", stack), lambda: any(r.stack == stack for r in evidence))
-    return Extrapolation(feature="mfu", text=f"MFU {_percent(mfu)} above the highest "
+    # One decimal where whole percents would print the two alike ("51 % above ... (51 %)").
+    digits = 0 if _percent(mfu) != _percent(best) else 1
+    return Extrapolation(feature="mfu", text=f"MFU {_percent(mfu, digits)} above the highest "
                          f"validated on {device.name} with {stack if ran else 'any stack'} "
-                         f"({_percent(best)})")
+                         f"({_percent(best, digits)})")
 
 
-def _percent(fraction: float) -> str:
-    return f"{100 * fraction:.0f} %"
+def _percent(fraction: float, digits: int = 0) -> str:
+    return f"{100 * fraction:.{digits}f} %"
 
 
 BY_KIND_ONLY = ("; the file keeps bands by kind only, not what their runs ran (stacks, "
