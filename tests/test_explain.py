@@ -86,7 +86,9 @@ def test_a_notch_keeps_the_devices_and_moves_one_knob(
     explained: Explanation, gpt3: ModelSpec, a100: ClusterSpec
 ) -> None:
     """tp 4 -> 2 doubles dp (the devices kept); every change moves its own knob alone, but
-    ZeRO-0, which also stops overlapping a parameter gather it no longer has."""
+    ZeRO-0, which also stops overlapping a parameter gather it no longer has, and the
+    gradients' overlap off, which Megatron-LM launches only with the gathers' off too
+    (``param_gather_without_grad_overlap``)."""
     by_change = {n.change: n for n in explained.sensitivities}
     assert "tp 4 -> 2 (dp 32 -> 64)" in by_change
     assert "tp 4 -> 8 (dp 32 -> 16)" in by_change
@@ -95,7 +97,8 @@ def test_a_notch_keeps_the_devices_and_moves_one_knob(
     plan = PLAN.model_copy(update={"stack": "megatron-te"})  # the default, filled in
     for n in explained.sensitivities:
         moved = {k.name for k in KNOBS if getattr(n.config, k.name) != getattr(plan, k.name)}
-        coupled = {"overlap_param_gather"} if n.knob == "zero" and n.config.zero == 0 else set()
+        coupled = {"overlap_param_gather"} if (n.knob, n.config.zero) == ("zero", 0) or (
+            n.knob, n.config.overlap_grad_reduce) == ("overlap_grad_reduce", False) else set()
         assert moved == {n.knob} | coupled, n.change
         if n.refusal is None:
             r = resolve(gpt3, a100, n.config)
@@ -387,3 +390,26 @@ def test_the_notch_into_context_parallelism_attends_as_the_framework_does(
     ring = explain(plan, model, cluster, why_not={"cp": 2, "cp_algo": "ring"}).why_not
     assert ring is not None and ring.config.cp_algo == "ring"
     assert bool(ring.framework_refusals) == (framework == "torchtitan")
+
+
+def test_a_notch_sets_the_overlaps_as_the_framework_launches_them() -> None:
+    """DeepSpeed gathers ZeRO-1's and ZeRO-2's updated weights inside its optimizer step, so
+    a ZeRO-3 plan's ``zero 3 -> 2`` and ``--why-not zero=1`` turn ``overlap_param_gather`` off
+    as DeepSpeed's search would, and are priced as launched (they read "refused" while the
+    plan's flag stayed on beside them); flags the user gives are kept, and refused."""
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 2)
+    config = ParallelConfig(tp=2, mbs=2, sp=True, zero=3, overlap_grad_reduce=True,
+                            overlap_param_gather=True, stack="megatron-deepspeed",
+                            global_batch=128, seq_len=8192)  # fmt: skip
+    plan = uniform_plan(model, cluster, config, framework="deepspeed")
+    why = explain(plan, model, cluster, why_not={"zero": 1})
+    down = next(n for n in why.sensitivities if n.knob == "zero" and n.direction == "down")
+    assert down.change == "zero 3 -> 2 (overlap-param-gather off)"
+    for n in (down, why.why_not):
+        assert n is not None and not n.config.overlap_param_gather
+        assert n.framework_refusals == ()
+        assert n.step_time_s == pytest.approx(estimate(model, cluster, n.config).step_time_s)
+    kept = explain(plan, model, cluster, why_not={"zero": 1, "overlap_param_gather": True})
+    assert kept.why_not is not None and kept.why_not.config.overlap_param_gather
+    assert any("overlap_param_gather" in r for r in kept.why_not.framework_refusals)

@@ -14,8 +14,9 @@ from planner import estimate
 from planner.diagnose.explain import explain
 from planner.diagnose.notches import KNOBS, notches, said, with_changes
 from planner.errors import InputError
+from planner.frameworks import profile
 from planner.options import SolveOptions
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, resolve
 from planner.search.targets import solve
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.plan import uniform_plan
@@ -102,12 +103,17 @@ SOLVED = [
 ]
 
 
+OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather")
+"""The switches a framework's search sets, which a notch sets as it would."""
+
+
 @pytest.mark.parametrize(("path", "nodes", "run"), SOLVED,
                          ids=[f"{p.rsplit('/', 1)[-1]}@{n}" for p, n, _ in SOLVED])  # fmt: skip
 def test_explain_answers_for_every_solved_plan(path: str, nodes: int,
                                                run: tuple[int, int] | None) -> None:  # fmt: skip
     """Each knob's notch either way is the plan's configuration with that knob moved (and what
-    depends on it, named in the change), priced by estimate where it divides; ``--why-not
+    depends on it, named in the change), the overlap flags moved with it only where the
+    plan's framework refuses them beside it, priced by estimate where it divides; ``--why-not
     recompute=none`` is estimate's price of the plan without recomputation."""
     model, cluster = load_model(path), load_cluster(H100, nodes)
     seq, batch = run or (None, None)
@@ -119,8 +125,11 @@ def test_explain_answers_for_every_solved_plan(path: str, nodes: int,
                 for way, options in (("down", down), ("up", up)) if options]  # fmt: skip
     assert [(n.knob, n.direction) for n in e.sensitivities] == expected
     for n in e.sensitivities:
-        moved = getattr(n.config, n.knob)
-        assert n.config == with_changes(config, {n.knob: moved}, model)
+        changed = with_changes(config, {n.knob: getattr(n.config, n.knob)}, model)
+        flags = {f: getattr(changed, f) for f in OVERLAPS if f != n.knob}
+        assert n.config.model_copy(update=flags) == changed
+        if n.config != changed:  # Megatron-LM refused the plan's overlaps beside the change
+            assert profile(plan.framework).refusals(resolve(model, cluster, changed), model)
         assert n.change.startswith(said(n.knob, n.config.stack))
         if config.recompute_layers is not None and n.knob == "recompute":
             assert "recompute-layers" in n.change and "dropped" in n.change

@@ -22,7 +22,7 @@ band's (:mod:`planner.cost.uncertainty`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +39,14 @@ from planner.diagnose.explanation import (
 from planner.diagnose.notches import describe_change, notches, with_changes, word
 from planner.diagnose.routing import routing_what_if
 from planner.diagnose.whatif import hardware_changes
-from planner.errors import InputError
+from planner.errors import ConfigError, InputError
 from planner.frameworks import ANY, profile
 from planner.plan.config import ParallelConfig, resolve
 from planner.plan.inputs import check_inputs
 from planner.plan.schema import MemoryBreakdown, Plan, StepTime
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
-from planner.uniform.defaults import attending
+from planner.uniform.defaults import attending, launched_overlaps
 from planner.uniform.estimate import Estimate, estimate
 from planner.vocabulary import GIB
 
@@ -108,7 +108,7 @@ def explain(
             "the knob sensitivities, the hardware what-ifs and --why-not price the plan: give "
             "its model and cluster (--model, --cluster)",))  # fmt: skip
     check_inputs(plan, model, cluster)
-    mine = None if why_not is None else why_not_config(plan, model, why_not)
+    mine = None if why_not is None else why_not_config(plan, model, cluster, why_not)
     if plan.configuration is None:
         limits = (f"the plan is per-operator ({plan.framework}): it has no uniform "
                   "configuration to turn one notch or to price on other hardware",)  # fmt: skip
@@ -143,9 +143,9 @@ def _sensitivities(
     framework launches, else the nearest that divides, else the nearest (DeepSpeed's notch of
     offload is its own ZeRO-Offload, not Megatron's)."""
     host = cluster.host is not None
-    # a notch attends as the plan's framework does, but the notch of how it attends
+    # a notch is launched as the plan's framework would, but for the knob it turns
     groups = [(knob.name, direction,
-               [_attending(plan, c, keep=knob.name == "cp_algo") for c in options])
+               [_launched(plan, model, cluster, c, given=(knob.name,)) for c in options])
               for knob, down, up in notches(config, model, cluster.num_devices, host=host)
               for direction, options in (("down", down), ("up", up)) if options]  # fmt: skip
     rows = [config, *(c for _, _, options in groups for c in options)]
@@ -185,23 +185,45 @@ def memory_binding(plan: Plan) -> MemoryBinding:
     )  # fmt: skip
 
 
-def why_not_config(plan: Plan, model: ModelSpec, changes: Mapping[str, Any]) -> ParallelConfig:
+def why_not_config(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec, changes: Mapping[str, Any]
+) -> ParallelConfig:
     """The plan's configuration with the user's ``changes`` (devices kept, as
-    :func:`~planner.diagnose.notches.with_changes` keeps them); for a per-operator plan,
-    ``estimate``'s defaults on the plan's training run."""
+    :func:`~planner.diagnose.notches.with_changes` keeps them), launched as the plan's
+    framework would launch it but for what they set (:func:`_launched`); for a per-operator
+    plan, ``estimate``'s defaults on the plan's training run."""
     run = plan.configuration or ParallelConfig(
         global_batch=plan.global_batch_size, seq_len=plan.seq_length, precision=plan.precision)
-    return _attending(plan, with_changes(run, changes, model), keep="cp_algo" in changes)
+    return _launched(plan, model, cluster, with_changes(run, changes, model), given=changes)
 
 
-def _attending(plan: Plan, config: ParallelConfig, *, keep: bool) -> ParallelConfig:
-    """``config`` with its context parallelism attending as the plan's framework attends
-    (:func:`~planner.uniform.defaults.attending`: torchtitan's notch from ``cp 1`` all-gathers
-    K/V), unless ``keep`` (the change is how it attends: the ``cp_algo`` notch, or the user
-    gave it)."""
-    if plan.framework == ANY or keep:
+def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *,
+              given: Collection[str]) -> ParallelConfig:  # fmt: skip
+    """``config`` as the plan's framework would launch it, as its search sets what it does not
+    search, but for the fields ``given`` (the knob a notch turns, what the user set): context
+    parallelism attending its way (:func:`~planner.uniform.defaults.attending`: torchtitan's
+    notch from ``cp 1`` all-gathers K/V), and where the framework refuses the plan's overlap
+    flags beside the change, the most overlapped it launches
+    (:func:`~planner.uniform.defaults.launched_overlaps`: DeepSpeed's ZeRO-1 and ZeRO-2
+    gather the updated weights inside the optimizer step, so a ZeRO-3 plan's notch to
+    ZeRO-2 turns ``overlap_param_gather`` off). Unchanged for a per-operator plan."""
+    if plan.framework == ANY:
         return config
-    return attending(config, plan.framework)
+    if "cp_algo" not in given:
+        config = attending(config, plan.framework)
+    try:
+        if not _refusals(plan, model, cluster, config):
+            return config
+    except ConfigError:  # does not divide: priced as it is, to say why
+        return config
+
+    def choices(name: str) -> tuple[bool, ...]:
+        return (getattr(config, name),) if name in given else (True, False)
+
+    launched = launched_overlaps(config, model, cluster=cluster, framework=plan.framework,
+                                 grads=choices("overlap_grad_reduce"),
+                                 gathers=choices("overlap_param_gather"))  # fmt: skip
+    return config if launched is None else launched
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
