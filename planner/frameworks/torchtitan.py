@@ -186,12 +186,14 @@ def unfused_attention(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def tp_comm_overlap(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Async TP exists only under torch.compile, whose fusions the planner does not price."""
+    """Async TP (``enable_async_tensor_parallel``) runs only compiled, its all-gathers and
+    reduce-scatters fused with the matmuls into micro-pipelined ops, which are not priced."""
     c = resolved.config
     if not c.tp_comm_overlap or c.tp == 1:
         return None
-    return (f"tp_comm_overlap with tp({c.tp}): torchtitan's async TP needs torch.compile, whose "
-            f"kernel fusions the planner does not price")
+    return (f"tp_comm_overlap with tp({c.tp}): torchtitan's async TP runs only compiled, its "
+            "collectives fused with the matmuls into micro-pipelined ops, which the planner "
+            "does not price")
 
 
 def ddp_with_model_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
