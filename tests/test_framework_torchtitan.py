@@ -402,7 +402,7 @@ def test_tp_comm_overlap() -> None:
     """pytorch/torchtitan@73a0e69 torchtitan/distributed/tensor_parallel.py:16-23"""
     model = load("llama3-8b")
     resolved = configure(model, 64, tp=8, sp=True, zero=3, tp_comm_overlap=True)
-    assert "torch.compile" in (refusal("tp-comm-overlap", resolved, model) or "")
+    assert "runs only compiled" in (refusal("tp-comm-overlap", resolved, model) or "")
 
 
 def test_ddp_with_model_parallel() -> None:
