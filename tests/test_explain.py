@@ -413,3 +413,22 @@ def test_a_notch_sets_the_overlaps_as_the_framework_launches_them() -> None:
     kept = explain(plan, model, cluster, why_not={"zero": 1, "overlap_param_gather": True})
     assert kept.why_not is not None and kept.why_not.config.overlap_param_gather
     assert any("overlap_param_gather" in r for r in kept.why_not.framework_refusals)
+
+
+def test_a_notch_into_tensor_parallelism_runs_sequence_parallel_as_the_search_would() -> None:
+    """Megatron-Core trains MoE layers with TP only under SP: a TP1 plan's ``tp 1 -> 2`` and
+    ``--why-not tp=2`` turn SP on, as the search sets it (they read "refused" with the plan's
+    SP off beside them); ``sp`` given stays as given, and is refused."""
+    model = load_model("instances/models/mixtral-8x7b.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 2)
+    config = ParallelConfig(ep=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True,
+                            recompute="full", global_batch=64, seq_len=4096)  # fmt: skip
+    plan = uniform_plan(model, cluster, config, framework="megatron")
+    why = explain(plan, model, cluster, why_not={"tp": 2})
+    up = next(n for n in why.sensitivities if n.knob == "tp" and n.direction == "up")
+    assert up.change == "tp 1 -> 2 (sp on, dp 16 -> 8)"
+    for n in (up, why.why_not):
+        assert n is not None and n.config.sp and n.framework_refusals == ()
+    kept = explain(plan, model, cluster, why_not={"tp": 2, "sp": False}).why_not
+    assert kept is not None and not kept.config.sp
+    assert any("sequence parallelism" in r for r in kept.framework_refusals)

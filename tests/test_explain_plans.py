@@ -103,8 +103,9 @@ SOLVED = [
 ]
 
 
-OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather")
-"""The switches a framework's search sets, which a notch sets as it would."""
+SWITCHES = ("sp", "overlap_grad_reduce", "overlap_param_gather")
+"""The switches a framework's search sets, which a notch sets as it would where the plan's
+settings are refused beside the change."""
 
 
 @pytest.mark.parametrize(("path", "nodes", "run"), SOLVED,
@@ -112,9 +113,10 @@ OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather")
 def test_explain_answers_for_every_solved_plan(path: str, nodes: int,
                                                run: tuple[int, int] | None) -> None:  # fmt: skip
     """Each knob's notch either way is the plan's configuration with that knob moved (and what
-    depends on it, named in the change), the overlap flags moved with it only where the
-    plan's framework refuses them beside it, priced by estimate where it divides; ``--why-not
-    recompute=none`` is estimate's price of the plan without recomputation."""
+    depends on it, named in the change), sequence parallelism and the overlap flags moved
+    with it only where the plan's framework refuses them beside it, priced by estimate where
+    it divides; ``--why-not recompute=none`` is estimate's price of the plan without
+    recomputation."""
     model, cluster = load_model(path), load_cluster(H100, nodes)
     seq, batch = run or (None, None)
     plan = solve(model, cluster, SolveOptions(seq_length=seq, global_batch_size=batch))
@@ -126,7 +128,7 @@ def test_explain_answers_for_every_solved_plan(path: str, nodes: int,
     assert [(n.knob, n.direction) for n in e.sensitivities] == expected
     for n in e.sensitivities:
         changed = with_changes(config, {n.knob: getattr(n.config, n.knob)}, model)
-        flags = {f: getattr(changed, f) for f in OVERLAPS if f != n.knob}
+        flags = {f: getattr(changed, f) for f in SWITCHES if f != n.knob}
         assert n.config.model_copy(update=flags) == changed
         if n.config != changed:  # Megatron-LM refused the plan's overlaps beside the change
             assert profile(plan.framework).refusals(resolve(model, cluster, changed), model)

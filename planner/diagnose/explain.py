@@ -46,7 +46,7 @@ from planner.plan.inputs import check_inputs
 from planner.plan.schema import MemoryBreakdown, Plan, StepTime
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
-from planner.uniform.defaults import attending, launched_overlaps
+from planner.uniform.defaults import attending, launched_overlaps, sequence_parallel
 from planner.uniform.estimate import Estimate, estimate
 from planner.vocabulary import GIB
 
@@ -202,11 +202,14 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
     """``config`` as the plan's framework would launch it, as its search sets what it does not
     search, but for the fields ``given`` (the knob a notch turns, what the user set): context
     parallelism attending its way (:func:`~planner.uniform.defaults.attending`: torchtitan's
-    notch from ``cp 1`` all-gathers K/V), and where the framework refuses the plan's overlap
-    flags beside the change, the most overlapped it launches
+    notch from ``cp 1`` all-gathers K/V), and where the framework refuses the configuration
+    beside the change, the most overlapped flags it launches
     (:func:`~planner.uniform.defaults.launched_overlaps`: DeepSpeed's ZeRO-1 and ZeRO-2
     gather the updated weights inside the optimizer step, so a ZeRO-3 plan's notch to
-    ZeRO-2 turns ``overlap_param_gather`` off). Unchanged for a per-operator plan."""
+    ZeRO-2 turns ``overlap_param_gather`` off), with sequence parallelism as it was, then
+    as the search sets it (Megatron-Core's MoE layers take TP only with SP, so a TP1 plan's
+    ``tp 1 -> 2`` turns it on). Unchanged for a per-operator plan, and where nothing of that
+    launches (the framework's reasons are then the configuration's own)."""
     if plan.framework == ANY:
         return config
     if "cp_algo" not in given:
@@ -220,10 +223,16 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
     def choices(name: str) -> tuple[bool, ...]:
         return (getattr(config, name),) if name in given else (True, False)
 
-    launched = launched_overlaps(config, model, cluster=cluster, framework=plan.framework,
-                                 grads=choices("overlap_grad_reduce"),
-                                 gathers=choices("overlap_param_gather"))  # fmt: skip
-    return config if launched is None else launched
+    sps = [config.sp] if "sp" in given else list(dict.fromkeys(
+        (config.sp, sequence_parallel(config.tp))))  # fmt: skip
+    for sp in sps:
+        launched = launched_overlaps(config.model_copy(update={"sp": sp}), model,
+                                     cluster=cluster, framework=plan.framework,
+                                     grads=choices("overlap_grad_reduce"),
+                                     gathers=choices("overlap_param_gather"))  # fmt: skip
+        if launched is not None:
+            return launched
+    return config
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
