@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -111,20 +112,24 @@ def agree(batch: BatchEstimate, configs: list[ParallelConfig], model, cluster) -
     return priced
 
 
-def _pairs() -> list[tuple[Path, Path]]:
-    return [(m, c) for m in MODELS for c in CLUSTERS]
+def random_batches(
+    seed: int, total: int
+) -> Iterator[tuple[ModelSpec, ClusterSpec, list[ParallelConfig]]]:
+    """About ``total`` random configurations, as many for every bundled model x cluster."""
+    rng = random.Random(seed)
+    pairs = [(m, c) for m in MODELS for c in CLUSTERS]
+    for model_path, cluster_path in pairs:
+        model = planner.load_model(model_path)
+        cluster = planner.load_cluster(cluster_path)
+        yield model, cluster, [random_config(rng, model, cluster)
+                               for _ in range(total // len(pairs))]  # fmt: skip
 
 
 def test_batch_agrees_with_estimate_on_random_configurations():
     """6,000 configurations over every bundled model x cluster (each pair about 45): every
     key equal, and most of them priced (not only refusals compared)."""
-    rng = random.Random(14)
-    pairs = _pairs()
     priced = total = 0
-    for model_path, cluster_path in pairs:
-        model = planner.load_model(model_path)
-        cluster = planner.load_cluster(cluster_path)
-        configs = [random_config(rng, model, cluster) for _ in range(SAMPLES // len(pairs))]
+    for model, cluster, configs in random_batches(14, SAMPLES):
         batch = estimate_batch(model, cluster, configs)
         priced += agree(batch, configs, model, cluster)
         total += len(configs)
@@ -136,13 +141,8 @@ def test_resolving_at_once_is_resolving_each():
     """What the searches' spaces resolve at once (:func:`resolve_each`) is what ``resolve``
     gives each configuration, refusals included, over 2,000 random configurations of every
     bundled model and cluster (mixed sequences, batches, precisions and stacks in one call)."""
-    rng = random.Random(7)
-    pairs = _pairs()
     resolved = refused = 0
-    for model_path, cluster_path in pairs:
-        model = planner.load_model(model_path)
-        cluster = planner.load_cluster(cluster_path)
-        configs = [random_config(rng, model, cluster) for _ in range(2_000 // len(pairs))]
+    for model, cluster, configs in random_batches(7, 2_000):
         for config, at_once in zip(configs, resolve_each(model, cluster, configs), strict=True):
             try:
                 one = resolve(model, cluster, config)
