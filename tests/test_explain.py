@@ -432,3 +432,18 @@ def test_a_notch_into_tensor_parallelism_runs_sequence_parallel_as_the_search_wo
     kept = explain(plan, model, cluster, why_not={"tp": 2, "sp": False}).why_not
     assert kept is not None and not kept.config.sp
     assert any("sequence parallelism" in r for r in kept.framework_refusals)
+
+
+def test_a_change_no_switch_launches_gives_the_changes_own_reasons() -> None:
+    """torchtitan runs ZeRO-3 under no pipeline: ``--why-not tp=2,pp=2`` on its TP1 ZeRO-3
+    plan is refused for that alone, its SP set as torchtitan runs it (always with TP), not
+    also for TP without SP."""
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 2)
+    config = ParallelConfig(zero=3, overlap_grad_reduce=True, overlap_param_gather=True,
+                            stack="torchtitan-eager", global_batch=128, seq_len=8192)
+    plan = uniform_plan(model, cluster, config, framework="torchtitan")
+    mine = explain(plan, model, cluster, why_not={"tp": 2, "pp": 2}).why_not
+    assert mine is not None and mine.config.sp
+    assert len(mine.framework_refusals) == 1
+    assert mine.framework_refusals[0].startswith("ZeRO-3 with pp(2)")

@@ -22,6 +22,7 @@ band's (:mod:`planner.cost.uncertainty`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -208,8 +209,10 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
     gather the updated weights inside the optimizer step, so a ZeRO-3 plan's notch to
     ZeRO-2 turns ``overlap_param_gather`` off), with sequence parallelism as it was, then
     as the search sets it (Megatron-Core's MoE layers take TP only with SP, so a TP1 plan's
-    ``tp 1 -> 2`` turns it on). Unchanged for a per-operator plan, and where nothing of that
-    launches (the framework's reasons are then the configuration's own)."""
+    ``tp 1 -> 2`` turns it on). Unchanged for a per-operator plan; where nothing of that
+    launches, the setting of sequence parallelism the framework refuses for the fewest
+    reasons, so that they are the change's own (torchtitan's ZeRO-3 ``--why-not pp=2,tp=2``
+    is refused for ZeRO-3 under a pipeline, not also for TP without SP)."""
     if plan.framework == ANY:
         return config
     if "cp_algo" not in given:
@@ -223,16 +226,24 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
     def choices(name: str) -> tuple[bool, ...]:
         return (getattr(config, name),) if name in given else (True, False)
 
+    def reasons(variant: ParallelConfig) -> float:
+        try:
+            return len(_refusals(plan, model, cluster, variant))
+        except ConfigError:  # SP's split does not divide: not a way to launch it
+            return math.inf
+
     sps = [config.sp] if "sp" in given else list(dict.fromkeys(
         (config.sp, sequence_parallel(config.tp))))  # fmt: skip
-    for sp in sps:
-        launched = launched_overlaps(config.model_copy(update={"sp": sp}), model,
-                                     cluster=cluster, framework=plan.framework,
+    variants = [config.model_copy(update={"sp": sp}) for sp in sps]
+    for variant in variants:
+        if reasons(variant) == math.inf:
+            continue
+        launched = launched_overlaps(variant, model, cluster=cluster, framework=plan.framework,
                                      grads=choices("overlap_grad_reduce"),
                                      gathers=choices("overlap_param_gather"))  # fmt: skip
         if launched is not None:
             return launched
-    return config
+    return min(variants, key=reasons)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
