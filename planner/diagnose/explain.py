@@ -47,7 +47,12 @@ from planner.plan.inputs import check_inputs
 from planner.plan.schema import MemoryBreakdown, Plan, StepTime
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
-from planner.uniform.defaults import attending, launched_overlaps, sequence_parallel
+from planner.uniform.defaults import (
+    attending,
+    launched_overlaps,
+    overlap_choices,
+    sequence_parallel,
+)
 from planner.uniform.estimate import Estimate, estimate
 from planner.vocabulary import GIB
 
@@ -223,9 +228,6 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
     except ConfigError:  # does not divide: priced as it is, to say why
         return config
 
-    def choices(name: str) -> tuple[bool, ...]:
-        return (getattr(config, name),) if name in given else (True, False)
-
     def reasons(variant: ParallelConfig) -> float:
         try:
             return len(_refusals(plan, model, cluster, variant))
@@ -239,8 +241,7 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
         if reasons(variant) == math.inf:
             continue
         launched = launched_overlaps(variant, model, cluster=cluster, framework=plan.framework,
-                                     grads=choices("overlap_grad_reduce"),
-                                     gathers=choices("overlap_param_gather"))  # fmt: skip
+                                     **overlap_choices(config, given))  # fmt: skip
         if launched is not None:
             return launched
     return min(variants, key=reasons)

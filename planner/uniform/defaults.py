@@ -119,11 +119,19 @@ def framework_defaults(
         config = attending(config, framework)
     # The framework's own stack where none is given (DeepSpeed's optimizers for DeepSpeed).
     config = config.model_copy(update={"stack": default_stack(framework, model, config.stack)})
+    launched = launched_overlaps(config, model, cluster=cluster, framework=framework,
+                                 **overlap_choices(config, given))  # fmt: skip
+    return launched if launched is not None else config
 
+
+def overlap_choices(config: ParallelConfig, given: Collection[str]) -> dict[str, tuple[bool, ...]]:
+    """The settings :func:`launched_overlaps` may try of each overlap flag: the
+    configuration's where the flag is ``given``, else both, most overlapped first.
+
+    >>> overlap_choices(ParallelConfig(), given=("overlap_param_gather",))
+    {'grads': (True, False), 'gathers': (False,)}
+    """
     def choices(name: str) -> tuple[bool, ...]:
         return (getattr(config, name),) if name in given else (True, False)
 
-    launched = launched_overlaps(config, model, cluster=cluster, framework=framework,
-                                 grads=choices("overlap_grad_reduce"),
-                                 gathers=choices("overlap_param_gather"))  # fmt: skip
-    return launched if launched is not None else config
+    return {"grads": choices("overlap_grad_reduce"), "gathers": choices("overlap_param_gather")}
