@@ -4,18 +4,20 @@ holds only what the framework launches; pins hold, and a pin that prevents a fit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner import solve
 from planner.baselines.grid import grid_space
 from planner.cost import MEMORY_MARGIN
 from planner.errors import ConfigError, InfeasibleError, InputError
-from planner.frameworks import FRAMEWORKS, launch, profile
+from planner.frameworks import FRAMEWORKS, default_stack, launch, profile
 from planner.options import Pins, SolveOptions
-from planner.plan.config import ParallelConfig, resolve
+from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
-from planner.uniform.defaults import framework_defaults
+from planner.uniform.defaults import framework_defaults, overlaps_launched
 from planner.uniform.estimate import estimate
 from planner.vocabulary import CONTEXT_PARALLELISMS
 from tests.conftest import CLUSTERS, MODELS
@@ -171,3 +173,73 @@ def test_a_framework_that_launches_nothing_says_why(two_nodes: ClusterSpec) -> N
                                           r".*none of torchtitan v0\.2\.2's registered models"):
         solve(load_model(MODELS / "gpt3-175b.json"), load_cluster(H100, 128),
               SolveOptions(framework="torchtitan"))
+
+
+OVERLAP_SETTINGS = ((True, True), (True, False), (False, True), (False, False))
+"""``(overlap_grad_reduce, overlap_param_gather)``, most overlapped first, as the search tries
+them."""
+
+
+def _with_flags(resolved: ResolvedConfig, grad: bool, gather: bool) -> ResolvedConfig:
+    return replace(resolved, config=resolved.config.model_copy(
+        update={"overlap_grad_reduce": grad, "overlap_param_gather": gather}))
+
+
+@pytest.fixture(scope="module")
+def spread_configurations(two_nodes: ClusterSpec) -> list[tuple[ModelSpec, ResolvedConfig]]:
+    """Some 1,200 configurations that divide, spread over the per-operator search's space (every
+    framework's, ZeRO 0-3, pipelines, interleaving, context and expert parallelism) for Llama 3
+    8B and Mixtral 8x7B at 8,192 tokens on 16 H100."""
+    out = []
+    for name in ("llama3-8b", "mixtral-8x7b"):
+        model = load_model(MODELS / f"{name}.json")
+        space = grid_space(model, two_nodes, SolveOptions(framework="any", **LLAMA_RUN_KNOBS))
+        for config in space[::max(1, len(space) // 600)]:
+            try:
+                out.append((model, resolve(model, two_nodes, config)))
+            except ConfigError:
+                continue
+    return out
+
+
+LLAMA_RUN_KNOBS = {"global_batch_size": 128, "seq_length": 8192}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_only_the_rules_marked_so_read_the_overlap_flags(
+    framework: str, spread_configurations: list[tuple[ModelSpec, ResolvedConfig]]
+) -> None:
+    """The search asks a framework's rules that are not marked ``reads_overlaps`` once a
+    configuration, not once a setting of the overlap flags: on every configuration of the
+    spread, on the framework's own stack, each such rule says the same under all four
+    settings; and each marked rule's verdict does move with them on some configuration (the
+    spread reaches what the flags decide, so an unmarked rule that read them would show)."""
+    target = profile(framework)
+    moved = {rule.name: False for rule in target.rules}
+    for model, resolved in spread_configurations:
+        stack = default_stack(framework, model)
+        on_stack = replace(resolved, config=resolved.config.model_copy(update={"stack": stack}),
+                           training=resolved.training.model_copy(update={"stack": stack}))
+        variants = [_with_flags(on_stack, *flags) for flags in OVERLAP_SETTINGS]
+        for rule in target.rules:
+            verdicts = {rule.check(variant, model) for variant in variants}
+            moved[rule.name] |= len(verdicts) > 1
+    assert {name for name, did in moved.items() if did} == {
+        rule.name for rule in target.rules if rule.reads_overlaps}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_launched_overlaps_are_the_first_setting_every_rule_launches(
+    framework: str, spread_configurations: list[tuple[ModelSpec, ResolvedConfig]]
+) -> None:
+    """``overlaps_launched`` (the other rules once, the marked ones a setting) returns what
+    asking every rule of each setting in turn returns, on the framework's own stack."""
+    target = profile(framework)
+    for model, resolved in spread_configurations:
+        stack = default_stack(framework, model)
+        on_stack = replace(resolved, config=resolved.config.model_copy(update={"stack": stack}),
+                           training=resolved.training.model_copy(update={"stack": stack}))
+        every_rule = next((variant.config for flags in OVERLAP_SETTINGS
+                           if target.launches(variant := _with_flags(on_stack, *flags), model)),
+                          None)  # fmt: skip
+        assert overlaps_launched(on_stack, model, framework=framework) == every_rule

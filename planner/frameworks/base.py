@@ -48,6 +48,12 @@ class Rule:
     check: Check
     """The reason the configuration cannot be launched (said as the framework's user would
     read it, with the numbers), or None when it can."""
+    reads_overlaps: bool = False
+    """Whether ``check`` reads the overlap flags (``overlap_grad_reduce``,
+    ``overlap_param_gather``), which the search sets rather than searches: it asks the other
+    rules once a configuration and these once a setting of the flags
+    (:func:`planner.uniform.defaults.overlaps_launched`; a test checks that no other rule's
+    verdict moves with them)."""
 
 
 def without_pytorch_context_parallel(title: str) -> Check:
@@ -142,10 +148,16 @@ class Profile:
         reasons = (rule.check(resolved, model) for rule in self.rules)
         return wrong + tuple(r for r in reasons if r is not None)
 
-    def launches(self, resolved: ResolvedConfig, model: ModelSpec) -> bool:
-        """Whether it runs ``resolved``'s stack and no rule refuses ``resolved``."""
-        return resolved.training.stack in self.stacks and all(
-            rule.check(resolved, model) is None for rule in self.rules)  # fmt: skip
+    def launches(
+        self, resolved: ResolvedConfig, model: ModelSpec, *, overlap_rules: bool | None = None
+    ) -> bool:
+        """Whether it runs ``resolved``'s stack and no rule refuses ``resolved``; with
+        ``overlap_rules`` True, whether no rule that reads the overlap flags refuses it, and
+        with False, whether it runs the stack and none of the other rules refuses it."""
+        if overlap_rules is not True and resolved.training.stack not in self.stacks:
+            return False
+        return all(rule.check(resolved, model) is None for rule in self.rules
+                   if overlap_rules is None or rule.reads_overlaps == overlap_rules)
 
 
 def data_parallel_sync(resolved: ResolvedConfig) -> bool:

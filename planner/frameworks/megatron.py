@@ -82,15 +82,17 @@ RULES: tuple[Rule, ...] = (
     Rule(name="zero-2-3-with-pipeline", check=sharded_gradients_with_pipeline,
          source=f"{REPO} docs/user-guide/parallelism-guide.md:78; "
                 f"megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:627-638"),
-    Rule(name="zero-2-3-grad-overlap", check=sharded_gradients_without_overlap,
+    Rule(name="zero-2-3-grad-overlap", reads_overlaps=True, check=sharded_gradients_without_overlap,
          source=f"{REPO} megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:"
                 f"331-333"),
-    Rule(name="zero-3-param-overlap", check=sharded_params_without_overlap,
+    Rule(name="zero-3-param-overlap", reads_overlaps=True, check=sharded_params_without_overlap,
          source=f"{REPO} megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:"
                 f"328-330"),
-    Rule(name="param-gather-without-sharding", check=param_gather_without_sharding,
+    Rule(name="param-gather-without-sharding", reads_overlaps=True,
+         check=param_gather_without_sharding,
          source=f"{_ARGS}:1024-1027"),
-    Rule(name="param-gather-without-grad-overlap", check=param_gather_without_grad_overlap,
+    Rule(name="param-gather-without-grad-overlap", reads_overlaps=True,
+         check=param_gather_without_grad_overlap,
          source=f"{_ARGS}:1028-1029"),
     Rule(name="tp-comm-overlap-without-sp", check=tp_overlap_without_sp,
          source=f"{_ARGS}:1441-1442"),

@@ -129,15 +129,18 @@ RULES: tuple[Rule, ...] = (
     Rule(name="zero-2-3-with-pipeline", check=megatron.sharded_gradients_with_pipeline,
          source=f"{CORE} docs/source/api-guide/custom_fsdp.md:19; "
                 f"{REPO} docs/zh/features/custom_fsdp.md:38"),
-    Rule(name="zero-2-3-grad-overlap", check=megatron.sharded_gradients_without_overlap,
+    Rule(name="zero-2-3-grad-overlap", reads_overlaps=True,
+         check=megatron.sharded_gradients_without_overlap,
          source=f"{CORE} megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py:"
                 f"146-147"),
-    Rule(name="zero-3-param-overlap", check=megatron.sharded_params_without_overlap,
+    Rule(name="zero-3-param-overlap", reads_overlaps=True,
+         check=megatron.sharded_params_without_overlap,
          source=f"{CORE} megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py:"
                 f"144-145"),
-    Rule(name="param-gather-without-sharding", check=megatron.param_gather_without_sharding,
+    Rule(name="param-gather-without-sharding", reads_overlaps=True,
+         check=megatron.param_gather_without_sharding,
          source=f"{_ARGS}:502-504"),
-    Rule(name="param-gather-without-grad-overlap",
+    Rule(name="param-gather-without-grad-overlap", reads_overlaps=True,
          check=megatron.param_gather_without_grad_overlap, source=f"{_ARGS}:505-506"),
     Rule(name="tp-comm-overlap", check=tp_comm_overlap,
          source=f"{CORE} megatron/training/initialize.py:236-243; "

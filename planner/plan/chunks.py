@@ -89,6 +89,7 @@ def slots_taken(layers: tuple[int, ...], vpp: int, mtp: int = 0) -> tuple[bool, 
     return bool(embedding), int(loss)
 
 
+@lru_cache(maxsize=4096)
 def chunk_sizes(layers: tuple[int, ...], vpp: int, mtp: int = 0) -> tuple[tuple[int, ...], ...]:
     """Each stage's decoder layers (``layers``, first to last) cut into its ``vpp`` model
     chunks: equal, or a stage of fewer than a multiple of ``vpp`` short in the embedding's
@@ -115,6 +116,7 @@ def chunk_sizes(layers: tuple[int, ...], vpp: int, mtp: int = 0) -> tuple[tuple[
     return tuple(tuple(chunks) for chunks in cut)
 
 
+@lru_cache(maxsize=4096)
 def cuts_into(layers: tuple[int, ...], vpp: int, mtp: int = 0) -> bool:
     """Whether stages of ``layers`` decoder layers cut into ``vpp`` chunks each
     (:func:`chunk_sizes`; ``mtp``: the model's multi-token-prediction modules).

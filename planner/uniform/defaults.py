@@ -55,12 +55,16 @@ def overlaps_launched(
 ) -> ParallelConfig | None:  # fmt: skip
     """:func:`launched_overlaps` of a configuration already resolved."""
     target, config = profile(framework), resolved.config
+    # Most rules do not read the flags: asked once, not once a setting (in a framework's
+    # search most configurations are refused, and the rules were half its time).
+    if not target.launches(resolved, model, overlap_rules=False):
+        return None
     for grad in grads:
         for gather in gathers:
             variant = config.model_copy(update={"overlap_grad_reduce": grad,
                                                 "overlap_param_gather": gather})  # fmt: skip
             # The flags change no divisibility: the resolution holds for every variant.
-            if target.launches(replace(resolved, config=variant), model):
+            if target.launches(replace(resolved, config=variant), model, overlap_rules=True):
                 return variant
     return None
 
