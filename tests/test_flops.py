@@ -15,31 +15,53 @@ import pytest
 
 import planner
 from planner.errors import ConfigError
-from planner.options import SolveOptions
+from planner.options import SolveOptions, training_of
 from planner.plan.config import ParallelConfig
 from planner.search.per_operator import solve_per_operator
 from planner.spec.reading import load_cluster, load_model
-from planner.uniform.space import grid_space
+from planner.uniform.space import (
+    branch_groups,
+    branches,
+    context_algorithms,
+    folds_experts,
+    grid_space,
+)
 from tests.conftest import CLUSTERS, MODELS
 
 LONG = 131072
 """128K tokens: attention dominates a layer's FLOPs."""
 
 
+SAMPLE = 250
+"""Configurations priced a model, cluster and sequence length, at most."""
+
+
 def _sampled(model_name: str, cluster_name: str, seq: int) -> list[ParallelConfig]:
-    """Every 50th configuration of the grid's space at ``seq``, or 250 evenly spread where
-    that is fewer (on 64 H100 at 128K tokens DeepSeek-V3's space holds 301,952 and
-    Mixtral's 240,160, at 4K 33,752 and 25,936: nearly every configuration of theirs prices
-    a layer of its own, and 1,000 made the two models 193 of this test's 247 s); none where
-    the model's positions stop short of it."""
+    """Up to :data:`SAMPLE` configurations of the per-operator search's space at ``seq``,
+    spread over its branches (its ``(tp, pp, cp, ep)`` and layer splits) and, within each
+    branch taken, over its configurations; none where the model's positions stop short of
+    ``seq``. Only the branches taken are built: on 64 H100 at 128K tokens DeepSeek-V3's space
+    holds 301,952 configurations in 2,407 branches and Mixtral's 240,160 in 820, and building
+    them all was half of this test's time (nearly every configuration of theirs prices a layer
+    of its own, so the sample is kept small too)."""
     model = load_model(MODELS / model_name)
     cluster = load_cluster(CLUSTERS / cluster_name, 8)
     options = SolveOptions(seq_length=seq, global_batch_size=64, framework="any")
     try:
-        space = grid_space(model, cluster, options)
+        training = training_of(model, options)
     except ConfigError:  # learned positions stop at their table (GPT-3's 2,048)
         return []
-    return space[::max(50, len(space) // 250)]
+    every = branches(model, cluster, training=training, pins=options.pins,
+                     fold=folds_experts(options), attending=context_algorithms(options))
+    taken = every[::max(1, len(every) // SAMPLE)]
+    each = max(1, SAMPLE // len(taken))
+    out = []
+    for i, branch in enumerate(taken):
+        configs = [c for group in branch_groups(branch, model, training=training,
+                                                options=options) for c in group]  # fmt: skip
+        stride = max(1, len(configs) // each)
+        out += configs[i % stride::stride][:each]
+    return out
 
 
 SAME_AT_8_NODES = {"h100-3level-oversubscribed.json": "dgx-h100-80gb.json"}
@@ -111,3 +133,21 @@ def test_the_files_left_out_price_8_nodes_as_their_twins() -> None:
         steps = [planner.estimate(model, load_cluster(CLUSTERS / n, 8), config).step_time_s
                  for n in (name, twin)]
         assert steps[0] == steps[1]
+
+
+def test_the_sample_is_drawn_from_the_search_space() -> None:
+    """What ``_sampled`` assumes: the per-operator search's space is its branches' groups, as
+    they are (no framework's rules drop or change any), so a sample of them is a sample of
+    it (Mixtral 8x7B at 4K tokens on 64 H100: 25,936 configurations)."""
+    model = load_model(MODELS / "mixtral-8x7b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", 8)
+    options = SolveOptions(seq_length=4096, global_batch_size=64, framework="any")
+    training = training_of(model, options)
+    groups = [c for branch in branches(model, cluster, training=training, pins=options.pins,
+                                       fold=folds_experts(options),
+                                       attending=context_algorithms(options))
+              for group in branch_groups(branch, model, training=training, options=options)
+              for c in group]  # fmt: skip
+    assert groups == grid_space(model, cluster, options)
+    sample = _sampled("mixtral-8x7b.json", "dgx-h100-80gb.json", 4096)
+    assert 0 < len(sample) <= SAMPLE and set(sample) <= set(groups)
