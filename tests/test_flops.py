@@ -33,7 +33,7 @@ LONG = 131072
 
 
 SAMPLE = 250
-"""Configurations priced a model, cluster and sequence length, at most."""
+"""The most configurations priced for a model, cluster and sequence length."""
 
 
 def _sampled(model_name: str, cluster_name: str, seq: int) -> list[ParallelConfig]:
@@ -53,7 +53,8 @@ def _sampled(model_name: str, cluster_name: str, seq: int) -> list[ParallelConfi
         return []
     every = branches(model, cluster, training=training, pins=options.pins,
                      fold=folds_experts(options), attending=context_algorithms(options))
-    taken = every[::max(1, len(every) // SAMPLE)]
+    count = min(len(every), SAMPLE)
+    taken = [every[i * len(every) // count] for i in range(count)]
     each = max(1, SAMPLE // len(taken))
     out = []
     for i, branch in enumerate(taken):
@@ -151,3 +152,8 @@ def test_the_sample_is_drawn_from_the_search_space() -> None:
     assert groups == grid_space(model, cluster, options)
     sample = _sampled("mixtral-8x7b.json", "dgx-h100-80gb.json", 4096)
     assert 0 < len(sample) <= SAMPLE and set(sample) <= set(groups)
+    assert len({(c.tp, c.pp, c.cp, c.cp_algo, c.ep, c.etp, c.first_stage_layers)
+                for c in sample}) == len(branches(model, cluster, training=training,
+                                                  pins=options.pins,
+                                                  fold=folds_experts(options),
+                                                  attending=context_algorithms(options)))

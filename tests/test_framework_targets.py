@@ -185,6 +185,12 @@ def _with_flags(resolved: ResolvedConfig, grad: bool, gather: bool) -> ResolvedC
         update={"overlap_grad_reduce": grad, "overlap_param_gather": gather}))
 
 
+def _on_its_stack(resolved: ResolvedConfig, model: ModelSpec, framework: str) -> ResolvedConfig:
+    stack = default_stack(framework, model)
+    return replace(resolved, config=resolved.config.model_copy(update={"stack": stack}),
+                   training=resolved.training.model_copy(update={"stack": stack}))
+
+
 @pytest.fixture(scope="module")
 def spread_configurations(two_nodes: ClusterSpec) -> list[tuple[ModelSpec, ResolvedConfig]]:
     """Some 1,200 configurations that divide, spread over the per-operator search's space (every
@@ -193,16 +199,13 @@ def spread_configurations(two_nodes: ClusterSpec) -> list[tuple[ModelSpec, Resol
     out = []
     for name in ("llama3-8b", "mixtral-8x7b"):
         model = load_model(MODELS / f"{name}.json")
-        space = grid_space(model, two_nodes, SolveOptions(framework="any", **LLAMA_RUN_KNOBS))
+        space = grid_space(model, two_nodes, replace(LLAMA_RUN, framework="any"))
         for config in space[::max(1, len(space) // 600)]:
             try:
                 out.append((model, resolve(model, two_nodes, config)))
             except ConfigError:
                 continue
     return out
-
-
-LLAMA_RUN_KNOBS = {"global_batch_size": 128, "seq_length": 8192}
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -217,9 +220,7 @@ def test_only_the_rules_marked_so_read_the_overlap_flags(
     target = profile(framework)
     moved = {rule.name: False for rule in target.rules}
     for model, resolved in spread_configurations:
-        stack = default_stack(framework, model)
-        on_stack = replace(resolved, config=resolved.config.model_copy(update={"stack": stack}),
-                           training=resolved.training.model_copy(update={"stack": stack}))
+        on_stack = _on_its_stack(resolved, model, framework)
         variants = [_with_flags(on_stack, *flags) for flags in OVERLAP_SETTINGS]
         for rule in target.rules:
             verdicts = {rule.check(variant, model) for variant in variants}
@@ -236,9 +237,7 @@ def test_the_launched_overlaps_are_the_first_setting_every_rule_launches(
     asking every rule of each setting in turn returns, on the framework's own stack."""
     target = profile(framework)
     for model, resolved in spread_configurations:
-        stack = default_stack(framework, model)
-        on_stack = replace(resolved, config=resolved.config.model_copy(update={"stack": stack}),
-                           training=resolved.training.model_copy(update={"stack": stack}))
+        on_stack = _on_its_stack(resolved, model, framework)
         every_rule = next((variant.config for flags in OVERLAP_SETTINGS
                            if target.launches(variant := _with_flags(on_stack, *flags), model)),
                           None)  # fmt: skip
