@@ -258,17 +258,24 @@ def _need(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _run(model: ModelSpec, cluster: ClusterSpec, seq_len: int | None, global_batch: int | None,
+         precision: Precision | None, stack: Stack | None) -> tuple[TrainingSpec, Shape]:
+    """A configuration's run (its fields, else the model's training block) on a device that
+    runs its stack, and the shape its degrees divide."""
+    training = fill_training(model, seq_length=seq_len, global_batch_size=global_batch,
+                             precision=precision, stack=stack)
+    check_device(training.stack, cluster.device)
+    return training, Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
+                           global_batch=training.global_batch_size)
+
+
 def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> ResolvedConfig:
     """Fill defaults and check divisibility (:data:`planner.plan.divisibility.RULES`, in
     order); raises :class:`ConfigError` naming the first rule broken, with its arithmetic
     (:class:`~planner.errors.InputError` when neither the configuration nor the model's
     training block gives the sequence length or the global batch)."""
-    training = fill_training(model, seq_length=config.seq_len,
-                             global_batch_size=config.global_batch,
-                             precision=config.precision, stack=config.stack)  # fmt: skip
-    check_device(training.stack, cluster.device)
-    shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
-                  global_batch=training.global_batch_size)  # fmt: skip
+    training, shape = _run(model, cluster, config.seq_len, config.global_batch,
+                           config.precision, config.stack)  # fmt: skip
     d = degrees_of(dict(config))
     x = derive(shape, d)
     for rule in broken(model, training.seq_length, shape, d):
@@ -300,16 +307,13 @@ def resolve_each(
     >>> each[0] == resolve(model, cluster, ParallelConfig(tp=2, pp=2)), each[1]
     (True, None)
     """
-    runs: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    runs: dict[tuple[int | None, int | None, Precision | None, Stack | None], list[int]] = (
+        defaultdict(list))
     for i, c in enumerate(configs):
         runs[c.seq_len, c.global_batch, c.precision, c.stack].append(i)
     out: list[ResolvedConfig | None] = [None] * len(configs)
     for (seq_len, global_batch, precision, stack), rows in runs.items():
-        training = fill_training(model, seq_length=seq_len, global_batch_size=global_batch,
-                                 precision=precision, stack=stack)  # type: ignore[arg-type]
-        check_device(training.stack, cluster.device)
-        shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
-                      global_batch=training.global_batch_size)  # fmt: skip
+        training, shape = _run(model, cluster, seq_len, global_batch, precision, stack)
         d = degrees_of({k: np.array([0 if (v := getattr(configs[i], k)) is None else v
                                      for i in rows]) for k in _KNOBS})  # fmt: skip
         x = derive(shape, d)
