@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -31,6 +30,7 @@ from planner.spec import (
     TrainingSpec,
 )
 from planner.spec.reading import load_cluster, load_model
+from tests.cli_process import cli
 from tests.conftest import REPO, shared
 
 DATA = REPO / "tests" / "data" / "bench"
@@ -255,10 +255,7 @@ def _bench(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """``planner bench ARGS`` on one CPU thread: with two, a kernel waits at its threads'
     barrier whenever the other core is busy (seen here: every attention kernel at 8 or 40 ms
     while other tests ran), and the times would say more about the machine than the fit."""
-    return subprocess.run(
-        [sys.executable, "-c", "from planner.cli import main; main()", "bench", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "COLUMNS": "80", "OMP_NUM_THREADS": "1"})  # fmt: skip
+    return cli("bench", *args, columns=80, env={"OMP_NUM_THREADS": "1"}, timeout=300)
 
 
 @needs_torch

@@ -1,4 +1,5 @@
-"""The ``planner`` command line as a user sees it: real subprocesses, run from the repository root.
+"""The ``planner`` command line as a user sees it: a process a command, run from the repository
+root (``tests.cli_process``).
 
 What the commands print (the ``--json`` objects and their agreement with the library), and how
 they fail: every bad input gives exit code 2, exactly one ``error:`` message on stderr (wrapped
@@ -9,7 +10,6 @@ option) and the problem, nothing on stdout, and never a traceback.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +21,7 @@ from typing import Any, Literal
 import pytest
 
 import planner
+from tests.cli_process import cli
 from tests.conftest import HF, REPO, SHARED, needs_shared, shared
 
 GPT3 = "instances/models/gpt3-175b.json"
@@ -61,24 +62,10 @@ TIME_KEYS = {
 }
 
 
-def _run(*args: str | Path, columns: int = 200) -> subprocess.CompletedProcess[str]:
-    """``planner ARGS`` in a fresh interpreter from the repository root (a terminal
-    ``columns`` wide: by default wide enough that tables do not wrap)."""
-    return subprocess.run(
-        [sys.executable, "-c", "from planner.cli import main; main()", *map(str, args)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": str(columns)},
-        check=False,
-    )
-
-
 @cache
 def _json_of(*args: str) -> Any:
     """The parsed stdout of a command that must succeed (cached: each run costs ~0.5 s)."""
-    done = _run(*args)
+    done = cli(*args)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -137,7 +124,7 @@ def test_estimate_json_is_the_library_estimate() -> None:
 def test_estimate_table_shows_the_step_time_and_the_fit() -> None:
     """Without ``--json`` the tables carry the step time (to the millisecond) and whether the
     configuration fits in memory."""
-    done = _run("estimate", GPT3, A100, "--tp", "8", "--pp", "16")
+    done = cli("estimate", GPT3, A100, "--tp", "8", "--pp", "16")
     assert done.returncode == 0, done.stderr
     step = _json_of("estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--json")["step_time_s"]
     assert f"{step:.3f}" in done.stdout
@@ -198,7 +185,7 @@ def test_info_writes_the_model_it_read_as_a_model_json(tmp_path: Path) -> None:
     expert-parallel step). It never writes over the model it reads."""
     config = shared(HF / "Mixtral-8x22B-v0.1.config.json")
     out = tmp_path / "mixtral.json"
-    done = _run("info", config, "--write-model", out)
+    done = cli("info", config, "--write-model", out)
     assert done.returncode == 0, done.stderr
     assert planner.load_model(out) == planner.load_model(config)
     written = json.loads(out.read_text())
@@ -209,7 +196,7 @@ def test_info_writes_the_model_it_read_as_a_model_json(tmp_path: Path) -> None:
            "--pp", "8", "--ep", "8", "--etp", "1", "--sp", "--zero", "1", "--json")  # fmt: skip
     steps = [_json_of("estimate", str(m), H100, *run)["step_time_s"] for m in (out, spread)]
     assert steps[1] > steps[0]
-    _assert_one_line_error(_run("info", out, "--write-model", out), "--write-model")
+    _assert_one_line_error(cli("info", out, "--write-model", out), "--write-model")
 
 
 def _refs(node: Any) -> list[str]:
@@ -250,7 +237,7 @@ def test_schema_describes_the_bundled_files(kind: str, key: str, instances: str)
 
 
 @_needs(CALIBRATION_RUNS)
-def test_validate_lists_every_published_run() -> None:
+def test_validate_lists_every_publishedplanner() -> None:
     """``validate --json`` gives one row per published run (20) with the measured and predicted
     step times and the relative error predicted / measured - 1."""
     result = _json_of("validate", CALIBRATION_RUNS, "--json")
@@ -320,14 +307,14 @@ def test_bad_file_is_one_line_naming_the_file(bad: BadFile, tmp_path: Path) -> N
     path = tmp_path / f"{bad.name}.json"
     path.write_text(bad.content())
     model, cluster = (path, A100) if bad.role == "model" else (GPT3, path)
-    _assert_one_line_error(_run("estimate", model, cluster), str(path), *bad.needles)
+    _assert_one_line_error(cli("estimate", model, cluster), str(path), *bad.needles)
 
 
 def test_missing_file_is_one_line_naming_the_file(tmp_path: Path) -> None:
     """A file that does not exist: exit 2 and one line naming it, for ``estimate`` and ``info``."""
     missing = tmp_path / "nowhere.json"
-    _assert_one_line_error(_run("estimate", missing, A100), str(missing))
-    _assert_one_line_error(_run("info", missing), str(missing))
+    _assert_one_line_error(cli("estimate", missing, A100), str(missing))
+    _assert_one_line_error(cli("info", missing), str(missing))
 
 
 @pytest.mark.parametrize(
@@ -353,7 +340,7 @@ def test_configuration_that_does_not_divide_is_one_line(
 ) -> None:
     """A configuration that does not divide, or an out-of-range option: exit 2 and one line
     showing the arithmetic that failed (or naming the option)."""
-    _assert_one_line_error(_run("estimate", GPT3, A100, *options), *needles)
+    _assert_one_line_error(cli("estimate", GPT3, A100, *options), *needles)
 
 
 # ------------------------------------------------------------------ usage and option errors
@@ -372,7 +359,7 @@ def test_configuration_that_does_not_divide_is_one_line(
 def test_usage_error_exits_2_without_traceback(args: list[str], needle: str) -> None:
     """A command line that does not parse is a usage error: exit 2, the offending option or
     value on stderr, no traceback (click's usage message may take more than one line)."""
-    done = _run(*args)
+    done = cli(*args)
     assert "Traceback" not in done.stderr
     assert done.returncode == 2
     assert needle in done.stderr
@@ -384,19 +371,19 @@ def test_validate_bad_runs_file_is_one_line(content: str | None, tmp_path: Path)
     path = tmp_path / "runs.json"
     if content is not None:
         path.write_text(content)
-    _assert_one_line_error(_run("validate", path, "--json"), str(path))
+    _assert_one_line_error(cli("validate", path, "--json"), str(path))
 
 
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_info_rejects_a_non_positive_seq_len(value: str) -> None:
     """``info --seq-len`` must be positive, like ``estimate --seq-len``."""
-    _assert_one_line_error(_run("info", GPT3, "--seq-len", value), "--seq-len")
+    _assert_one_line_error(cli("info", GPT3, "--seq-len", value), "--seq-len")
 
 
 @pytest.mark.parametrize("option", ["--seq-len", "--global-batch"])
 def test_option_error_names_the_option_as_typed(option: str) -> None:
     """An out-of-range option is named as the user spells it on the command line."""
-    _assert_one_line_error(_run("estimate", GPT3, A100, option, "0"), option)
+    _assert_one_line_error(cli("estimate", GPT3, A100, option, "0"), option)
 
 
 # ------------------------------------------------------------ malformed input, every command
@@ -488,7 +475,7 @@ def test_malformed_input_is_one_line_for_every_command(case: Malformed, tmp_path
         content = case.content()
         bad.write_bytes(content if isinstance(content, bytes) else content.encode())
     args = [arg.replace("{bad}", str(bad)) for arg in case.args]
-    _assert_one_line_error(_run(*args), *case.needles)
+    _assert_one_line_error(cli(*args), *case.needles)
 
 
 # --------------------------------------------------------------------------- calibrate-network
@@ -500,12 +487,12 @@ def test_calibrate_network_is_also_two_words() -> None:
     """``planner calibrate network`` (the issue's spelling) runs calibrate-network, --debug
     before it or not; ``calibrate`` with a runs file named otherwise is calibrate."""
     args = (NCCL / "h100-pcie-nvlink-pair.json", NCCL / "all_reduce_perf_sample.txt")
-    hyphen = _run("calibrate-network", *args)
+    hyphen = cli("calibrate-network", *args)
     assert hyphen.returncode == 0, hyphen.stderr
     for spelled in (("calibrate", "network"), ("--debug", "calibrate", "network")):
-        two = _run(*spelled, *args)
+        two = cli(*spelled, *args)
         assert (two.returncode, two.stdout) == (0, hyphen.stdout), two.stderr
-    _assert_one_line_error(_run("calibrate", "networks", "--gpu", "A100"), "networks")
+    _assert_one_line_error(cli("calibrate", "networks", "--gpu", "A100"), "networks")
 
 
 def test_calibrate_network_writes_only_the_level(tmp_path: Path) -> None:
@@ -516,12 +503,12 @@ def test_calibrate_network_writes_only_the_level(tmp_path: Path) -> None:
     wrong.write_text((NCCL / "all_reduce_perf_sample.txt").read_text().replace(
         "  0   9291.5", "  2   9291.5"))
     before = cluster.read_text()
-    _assert_one_line_error(_run("calibrate-network", cluster, wrong, "--write"),
+    _assert_one_line_error(cli("calibrate-network", cluster, wrong, "--write"),
                            str(wrong), "#wrong 2")
-    _assert_one_line_error(_run("calibrate-network", cluster, NCCL / "all_reduce_perf_sample.txt",
+    _assert_one_line_error(cli("calibrate-network", cluster, NCCL / "all_reduce_perf_sample.txt",
                                 "--level", "1", "--write"), "levels 0 to 0")
     assert cluster.read_text() == before
-    done = _run("calibrate-network", cluster, NCCL / "all_reduce_perf_sample.txt", "--write")
+    done = cli("calibrate-network", cluster, NCCL / "all_reduce_perf_sample.txt", "--write")
     assert done.returncode == 0, done.stderr
     level = json.loads(cluster.read_text())["network"][0]
     assert level["efficiency"]["bandwidth_fraction"] == 0.3856
@@ -532,7 +519,7 @@ def test_calibrate_network_writes_only_the_level(tmp_path: Path) -> None:
 def test_fp8_on_a_device_without_a_measured_speedup_is_one_line(command: str) -> None:
     """The FP8 stack on an A100 (no FP8 GEMMs measured, ``efficiency.fp8`` absent): one error
     naming the field and the bench that measures it, from ``estimate`` and ``solve`` alike."""
-    done = _run(command, "instances/models/llama3-8b.json",
+    done = cli(command, "instances/models/llama3-8b.json",
                 "instances/clusters/dgx-a100-80gb.json", "--nodes", "1",
                 "--stack", "megatron-te-fp8")  # fmt: skip
     _assert_one_line_error(done, "stack megatron-te-fp8: device A100-SXM4-80GB has no FP8 GEMM",

@@ -14,7 +14,8 @@ from planner.errors import InputError
 from planner.plan.files import plan_from_json
 from planner.report.bands import with_band
 from planner.report.output import write_atomic
-from tests.test_cli import A100, GPT3, _error_text, _run
+from tests.cli_process import cli
+from tests.test_cli import A100, GPT3, _error_text
 
 LLAMA = "instances/models/llama3-8b.json"
 H100 = "instances/clusters/dgx-h100-80gb.json"
@@ -23,7 +24,7 @@ H100 = "instances/clusters/dgx-h100-80gb.json"
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("plan") / "plan.json"
-    done = _run("estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--sp", "--recompute",
+    done = cli("estimate", GPT3, A100, "--tp", "8", "--pp", "16", "--sp", "--recompute",
                 "selective", "--zero", "1", "--out", path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return path
@@ -33,7 +34,7 @@ def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def any_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A per-operator plan (``--framework any``) of Llama 3 8B on one node."""
     path = tmp_path_factory.mktemp("any") / "plan.json"
-    done = _run("solve", LLAMA, H100, "--nodes", "1", "--framework", "any", "--out", path)
+    done = cli("solve", LLAMA, H100, "--nodes", "1", "--framework", "any", "--out", path)
     assert done.returncode == 0, done.stderr
     return path
 
@@ -51,7 +52,7 @@ def test_export_megatron_flags(plan_file: Path, tmp_path: Path) -> None:
     """To a file: the flags parse back to the plan's degrees and the model's shape; stderr
     says the prediction against the device's memory."""
     out = tmp_path / "megatron.sh"
-    done = _run("export", plan_file, "--format", "megatron", "--model", GPT3, "--cluster", A100,
+    done = cli("export", plan_file, "--format", "megatron", "--model", GPT3, "--cluster", A100,
                 "--out", out)  # fmt: skip
     assert done.returncode == 0, done.stderr
     words = shlex.split(out.read_text().replace("\\\n", " "))
@@ -73,11 +74,11 @@ def test_export_defaults_to_the_framework_the_plan_was_made_for(
     launches it, the same text as with ``--format megatron``; a plan made for ``any`` names
     no framework, so the user is asked for one."""
     inputs = ("--model", GPT3, "--cluster", A100)
-    default = _run("export", plan_file, *inputs)
-    named = _run("export", plan_file, "--format", "megatron", *inputs)
+    default = cli("export", plan_file, *inputs)
+    named = cli("export", plan_file, "--format", "megatron", *inputs)
     assert default.returncode == named.returncode == 0, default.stderr
     assert default.stdout == named.stdout and "--pipeline-model-parallel-size 16" in default.stdout
-    done = _run("export", any_plan, "--model", LLAMA, "--cluster", H100)
+    done = cli("export", any_plan, "--model", LLAMA, "--cluster", H100)
     assert done.returncode == 2
     assert _error_text(done.stderr) == (
         "error: the plan was made for 'any', not for one framework: pass --format, one of "
@@ -87,7 +88,7 @@ def test_export_defaults_to_the_framework_the_plan_was_made_for(
 def test_export_of_a_per_operator_plan_is_refused(any_plan: Path) -> None:
     """A plan solved for ``any`` has no framework's launch: exit 2, one line, with the command
     that solves for the framework asked."""
-    done = _run("export", any_plan, "--format", "torchtitan", "--model", LLAMA, "--cluster", H100)
+    done = cli("export", any_plan, "--format", "torchtitan", "--model", LLAMA, "--cluster", H100)
     assert done.returncode == 2
     text = _error_text(done.stderr)
     assert "per-operator shardings, which no framework launches" in text
@@ -98,7 +99,7 @@ def test_export_of_a_per_operator_plan_is_refused(any_plan: Path) -> None:
 def test_export_to_a_framework_that_refuses_names_why(plan_file: Path) -> None:
     """Megatron's selective recomputation is not Colossal-AI's: refused, with the reason and
     the command that solves for Colossal-AI."""
-    done = _run("export", plan_file, "--format", "colossalai", "--model", GPT3, "--cluster",
+    done = cli("export", plan_file, "--format", "colossalai", "--model", GPT3, "--cluster",
                 A100)  # fmt: skip
     assert done.returncode == 2, done.stdout
     text = _error_text(done.stderr)
@@ -119,7 +120,7 @@ def test_export_errors_are_one_line(plan_file: Path, tmp_path: Path) -> None:
         ((plan_file, "--format", "megatron", "--model", LLAMA, "--cluster", A100),
          "is not the model the plan was made for"),
     ):
-        done = _run("export", *args)
+        done = cli("export", *args)
         assert done.returncode == 2 and needle in _error_text(done.stderr), done.stderr
 
 
@@ -144,10 +145,10 @@ def test_solve_then_export_round_trip(framework: str, tmp_path: Path) -> None:
     """``solve --framework F --out`` then ``export --format F``: exit 0, the launch text on
     stdout, the prediction on stderr, nothing changed."""
     plan_path = tmp_path / "plan.json"
-    done = _run("solve", LLAMA, H100, "--nodes", "2", "--global-batch", "128", "--seq-len",
+    done = cli("solve", LLAMA, H100, "--nodes", "2", "--global-batch", "128", "--seq-len",
                 "8192", "--framework", framework, "--out", plan_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    exported = _run("export", plan_path, "--format", framework, "--model", LLAMA, "--cluster",
+    exported = cli("export", plan_path, "--format", framework, "--model", LLAMA, "--cluster",
                     H100)  # fmt: skip
     assert exported.returncode == 0, exported.stderr
     plan = plan_from_json(plan_path.read_text())
@@ -171,16 +172,16 @@ def test_estimate_out_says_when_its_framework_cannot_launch_it(tmp_path: Path) -
     the switches ``--framework`` set."""
     model, cluster = "instances/models/llama3-70b.json", "instances/clusters/dgx-h100-80gb.json"
     plan = tmp_path / "plan.json"
-    done = _run("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
+    done = cli("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
                 "--zero", "1", "--no-sp", "--recompute", "full", "--framework",
                 "torchtitan", "--out", plan)  # fmt: skip
     assert done.returncode == 0 and plan.exists(), done.stderr
     assert "note:" in done.stderr and "torchtitan, which cannot launch it" in done.stderr
     assert "without sp" in done.stderr
-    refused = _run("export", plan, "--format", "torchtitan", "--model", model,
+    refused = cli("export", plan, "--format", "torchtitan", "--model", model,
                    "--cluster", cluster)  # fmt: skip
     assert refused.returncode == 2 and "without sp" in refused.stderr
-    fine = _run("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
+    fine = cli("estimate", model, cluster, "--nodes", "16", "--tp", "8", "--pp", "8",
                 "--zero", "1", "--sp", "--framework", "megatron", "--out", tmp_path / "m.json")
     assert fine.returncode == 0 and "cannot launch" not in fine.stderr, fine.stderr
     assert fine.stderr.startswith("note: Megatron-LM's switches as solve sets them: "

@@ -15,7 +15,8 @@ from planner.options import SolveOptions
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan
 from planner.spec.reading import load_cluster, load_model
-from tests.test_cli import A100, GPT3, REPO, _assert_one_line_error, _run
+from tests.cli_process import cli
+from tests.test_cli import A100, GPT3, REPO, _assert_one_line_error
 
 LLAMA = "instances/models/llama3-8b.json"
 H100 = "instances/clusters/dgx-h100-80gb.json"
@@ -25,7 +26,7 @@ ONE_NODE = ("--nodes", "1")
 @pytest.fixture(scope="module")
 def human() -> subprocess.CompletedProcess[str]:
     """The default output, with the Megatron export under it."""
-    done = _run("solve", LLAMA, H100, *ONE_NODE, "--export", "megatron")
+    done = cli("solve", LLAMA, H100, *ONE_NODE, "--export", "megatron")
     assert done.returncode == 0, done.stderr
     return done
 
@@ -34,7 +35,7 @@ def human() -> subprocess.CompletedProcess[str]:
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, Path]:
     """``--json --out``: the printed plan and the file."""
     out = tmp_path_factory.mktemp("solve") / "plan.json"
-    done = _run("solve", LLAMA, H100, *ONE_NODE, "--json", "--out", out)
+    done = cli("solve", LLAMA, H100, *ONE_NODE, "--json", "--out", out)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # no progress bar with --json
     return plan_from_json(done.stdout), out
@@ -90,7 +91,7 @@ def test_export_megatron_follows_the_tables(
 @pytest.mark.parametrize("method", ["grid", "heuristic"])
 def test_baseline_methods(method: str) -> None:
     """``--method grid|heuristic`` gives a plan made by that method."""
-    done = _run("solve", LLAMA, H100, *ONE_NODE, "--method", method, "--json")
+    done = cli("solve", LLAMA, H100, *ONE_NODE, "--method", method, "--json")
     assert done.returncode == 0, done.stderr
     plan = plan_from_json(done.stdout)
     assert plan.method == method
@@ -99,7 +100,7 @@ def test_baseline_methods(method: str) -> None:
 
 def test_infeasible_is_one_line() -> None:
     """GPT-3 175B on one node: exit 2, one line naming the model and the way out."""
-    done = _run("solve", GPT3, A100, *ONE_NODE, "--global-batch", "1536", "--seq-len", "2048")
+    done = cli("solve", GPT3, A100, *ONE_NODE, "--global-batch", "1536", "--seq-len", "2048")
     _assert_one_line_error(done, "gpt3-175b", "add nodes")
 
 
@@ -115,12 +116,12 @@ def test_infeasible_is_one_line() -> None:
 def test_bad_options_are_one_line(args: tuple[str, ...], needle: str) -> None:
     """Unknown choices are usage errors; ``--json`` with ``--export`` is refused before any
     search."""
-    _assert_one_line_error(_run("solve", LLAMA, H100, *ONE_NODE, *args), needle)
+    _assert_one_line_error(cli("solve", LLAMA, H100, *ONE_NODE, *args), needle)
 
 
 def test_framework_any_is_the_ilp_search() -> None:
     """``--framework any`` runs the per-operator search (layer ILPs and the stage DP)."""
-    done = _run("solve", LLAMA, H100, *ONE_NODE, "--framework", "any", "--json")
+    done = cli("solve", LLAMA, H100, *ONE_NODE, "--framework", "any", "--json")
     assert done.returncode == 0, done.stderr
     plan = plan_from_json(done.stdout)
     assert (plan.method, plan.framework, plan.configuration) == ("ilp", "any", None)
@@ -129,7 +130,7 @@ def test_framework_any_is_the_ilp_search() -> None:
 
 def test_pins_and_margin_are_the_librarys(tmp_path: Path) -> None:
     """Pinned degrees come back as pinned; the margin is kept free, as the library does."""
-    done = _run("solve", LLAMA, H100, *ONE_NODE, "--tp", "2", "--mbs", "2", "--zero", "1",
+    done = cli("solve", LLAMA, H100, *ONE_NODE, "--tp", "2", "--mbs", "2", "--zero", "1",
                 "--memory-margin", "10", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     plan = plan_from_json(done.stdout)
@@ -160,7 +161,7 @@ def plan_pins(**pins: int) -> object:
 def test_bad_frameworks_and_pins_are_one_line(args: tuple[str, ...], needle: str) -> None:
     """An unknown framework lists the known ones; a pin under which nothing divides or fits
     names the pin."""
-    _assert_one_line_error(_run("solve", LLAMA, H100, *ONE_NODE, *args), needle)
+    _assert_one_line_error(cli("solve", LLAMA, H100, *ONE_NODE, *args), needle)
 
 
 def test_a_pin_the_plan_has_no_room_for_is_noted() -> None:
@@ -169,12 +170,12 @@ def test_a_pin_the_plan_has_no_room_for_is_noted() -> None:
     pinned with ZeRO 1 as well, the plan has them and nothing is noted."""
     mixtral = "instances/models/mixtral-8x7b.json"
     args = ("solve", mixtral, H100, "--nodes", "4", "--optimizer-moments", "bf16")
-    free = _run(*args)
+    free = cli(*args)
     assert free.returncode == 0, free.stderr
     assert "ZeRO-2" in free.stdout.splitlines()[0]
     assert "note: --optimizer-moments bf16: the plan's optimizer is ZeRO-2" in free.stderr
     assert "--zero 1 to keep them in bf16" in " ".join(free.stderr.split())
-    kept = _run(*args, "--zero", "1")
+    kept = cli(*args, "--zero", "1")
     assert kept.returncode == 0, kept.stderr
     assert "Adam moments in bf16" in " ".join(kept.stdout.split())
     assert "note: --optimizer-moments" not in kept.stderr

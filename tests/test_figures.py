@@ -13,7 +13,8 @@ import pytest
 from planner.plan.files import plan_from_json
 from planner.plan.schema import Plan
 from planner.report.figures import MEMORY_PARTS, memory_figure, time_figure
-from tests.test_cli import A100, GPT3, _assert_one_line_error, _run
+from tests.cli_process import cli
+from tests.test_cli import A100, GPT3, _assert_one_line_error
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -24,7 +25,7 @@ def solved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, Path, Path]:
     interleaved pipeline of 8 stages, found in about a second)."""
     root = tmp_path_factory.mktemp("pictures")
     out, report = root / "plan.json", root / "report"
-    done = _run("solve", GPT3, A100, "--out", out, "--report", report, "--method", "grid")
+    done = cli("solve", GPT3, A100, "--out", out, "--report", report, "--method", "grid")
     assert done.returncode == 0, done.stderr
     return plan_from_json(out.read_text()), out, report
 
@@ -68,7 +69,7 @@ def test_simulate_agrees_with_the_plan(solved: tuple[Plan, Path, Path], tmp_path
     peak in-flight activations exactly the closed form's; ``--gantt`` writes the chart."""
     plan, out, _ = solved
     gantt = tmp_path / "gantt.svg"
-    done = _run("simulate", out, "--json", "--gantt", gantt)
+    done = cli("simulate", out, "--json", "--gantt", gantt)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["predicted_step_s"] == plan.predicted.step_time_s
@@ -85,10 +86,10 @@ def test_pictures_are_refused_where_they_cannot_go(solved: tuple[Plan, Path, Pat
     _, out, _ = solved
     before = out.read_bytes()
     bad: list[tuple[subprocess.CompletedProcess[str], str]] = [
-        (_run("simulate", out, "--gantt", out.with_suffix(".pdf")), "use one of .png, .svg"),
-        (_run("simulate", out, "--gantt", out.parent / "nowhere" / "g.png"), "does not exist"),
-        (_run("simulate", out, "--gantt", out), "is one of the inputs"),
-        (_run("simulate", out, "--gantt", out.parent), "is a directory"),
+        (cli("simulate", out, "--gantt", out.with_suffix(".pdf")), "use one of .png, .svg"),
+        (cli("simulate", out, "--gantt", out.parent / "nowhere" / "g.png"), "does not exist"),
+        (cli("simulate", out, "--gantt", out), "is one of the inputs"),
+        (cli("simulate", out, "--gantt", out.parent), "is a directory"),
     ]
     for done, needle in bad:
         _assert_one_line_error(done, needle)
@@ -100,10 +101,10 @@ def test_simulate_a_gpipe_plan(tmp_path: Path) -> None:
     form: every stage holds all microbatches."""
     out = tmp_path / "gpipe.json"
     llama, h100 = "instances/models/llama3-8b.json", "instances/clusters/dgx-h100-80gb.json"
-    done = _run("estimate", llama, h100, "--nodes", "1", "--tp", "2", "--pp", "4",
+    done = cli("estimate", llama, h100, "--nodes", "1", "--tp", "2", "--pp", "4",
                 "--schedule", "gpipe", "--recompute", "full", "--global-batch", "16",
                 "--out", out)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    data = json.loads(_run("simulate", out, "--json").stdout)
+    data = json.loads(cli("simulate", out, "--json").stdout)
     assert [r["closed_form_in_flight"] for r in data["stages"]] == [16] * 4
     assert [r["peak_in_flight"] for r in data["stages"]] == [16] * 4

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from planner.graph import ParameterCount, lower, parameter_count
 from planner.spec import ModelSpec, TrainingSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.estimate import estimate
+from tests.cli_process import cli
 from tests.conftest import CALIBRATION_RUNS, CLUSTERS, FSDP_RUNS, HF, REPO, shared
 
 MEGATRON_ID = "megatron_readme2021_gpt3_175b_1024gpu"
@@ -80,9 +80,7 @@ def _titan_log(record: dict[str, Any]) -> str:
 
 
 def _from_log(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from planner.cli import main; main()", "runs", "from-log",
-         *map(str, args)], cwd=REPO, capture_output=True, text=True, check=False)
+    return cli("runs", "from-log", *args, columns=None)
 
 
 def _predicted(runs: Path, run_id: str) -> tuple[float, float]:

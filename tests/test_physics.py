@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from planner.errors import InputError
 from planner.spec.devices import FAR, KNOWN_DEVICES, namesakes
 from planner.spec.physics import RANGES, cluster_warnings
 from planner.spec.reading import load_cluster, load_model
+from tests.cli_process import cli
 from tests.conftest import CLUSTERS, MODELS, SHARED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,27 +278,19 @@ def test_a_misspelt_model_key_is_named_too(tmp_path: Path) -> None:
         load_model(path)
 
 
-def _planner(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from planner.cli import main; main()", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
-
-
 def test_the_cli_refuses_a_slip_and_prints_warnings(tmp_path: Path) -> None:
     """``planner estimate``: a slip is one ``error:`` line and exit 2 with nothing on stdout;
     a warning goes to stderr and the estimate is still printed (exit 0)."""
     model = MODELS / "llama3-8b.json"
     args = ("--tp", "8", "--seq-len", "4096", "--global-batch", "64", "--nodes", "1")
     slipped = _written(tmp_path, _with(_json(H100), "device.peak_tflops.bf16", 9890))
-    done = _planner("estimate", model, slipped, *args)
+    done = cli("estimate", model, slipped, *args)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith(f"error: {slipped}: device.peak_tflops.bf16: 9890 TFLOP/s")
     _, *rest = done.stderr.splitlines()  # one message, wrapped at words
     assert all(line.startswith("  ") for line in rest) and "error:" not in "".join(rest)
     halved = _written(tmp_path, _with(_json(H100), "device.memory_gib", 40.0), "h.json")
-    done = _planner("estimate", model, halved, *args)
+    done = cli("estimate", model, halved, *args)
     assert done.returncode == 0 and "step" in done.stdout.lower(), done.stderr
     assert done.stderr.startswith(f"warning: {halved}: device.memory_gib 40 GiB is 2.0x below")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from planner.spec.reading import load_cluster, load_model, read_profile
 from planner.sweep import read_sweep, sweep_points
 from planner.uniform.batch import estimate_batch
 from planner.uniform.estimate import estimate
+from tests.cli_process import cli
 from tests.conftest import REPO
 from tests.h100_layers import H100, SHAPES
 
@@ -147,10 +147,7 @@ def test_a_measurement_gives_both_passes_or_their_sum() -> None:
 
 def _planner(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """``planner ARGS`` on one CPU thread (see tests/test_bench.py's ``_bench``)."""
-    return subprocess.run(
-        [sys.executable, "-c", "from planner.cli import main; main()", *map(str, args)],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "COLUMNS": "80", "OMP_NUM_THREADS": "1"})  # fmt: skip
+    return cli(*args, columns=80, env={"OMP_NUM_THREADS": "1"}, timeout=300)
 
 
 def priced_from(model: Path, profile: Path, *extra: str) -> dict:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_process import cli
 from tests.conftest import CALIBRATION_RUNS, FSDP_RUNS, HF, REPO, needs_shared
-from tests.test_cli import _run
 
 PAGES = {path.relative_to(REPO).as_posix(): path.read_text()
          for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}  # fmt: skip
@@ -127,7 +127,7 @@ def quickstart() -> tuple[subprocess.CompletedProcess[str], str, str]:
     columns = int(_inline(r"The first searches for.*?\(`COLUMNS=(\d+)`").group(1))
     stdout = _block_after("The first searches for")
     stderr = _block_after("and on stderr what the launch needs")
-    return _run(*args, columns=columns), stdout, stderr
+    return cli(*args, columns=columns), stdout, stderr
 
 
 def test_quickstart_solve_prints_the_readme_plan(
@@ -169,10 +169,10 @@ def test_explain_is_the_readme_explanation(tmp_path: Path) -> None:
     found = _inline(r"\(`planner (solve [^`]*--out plan\.json)`\), at `COLUMNS=(\d+)`")
     plan = tmp_path / "plan.json"
     solve = [str(plan) if a == "plan.json" else a for a in found.group(1).split()]
-    assert _run(*solve).returncode == 0
+    assert cli(*solve).returncode == 0
     args, shown = _shell_command(_block_starting("$ planner explain").splitlines())
     args = [str(plan) if a == "plan.json" else a for a in args]
-    _shown(shown, _printed(_run(*args, columns=int(found.group(2)))))
+    _shown(shown, _printed(cli(*args, columns=int(found.group(2)))))
 
 
 # --------------------------------------------------------------------------- estimate
@@ -183,7 +183,7 @@ def test_estimate_json_is_the_readme_object() -> None:
     last digit (the page leaves out the per-stage list)."""
     args, rest = _shell_command(_block_after("`--json` prints one object").splitlines())
     shown = json.loads("\n".join(rest))
-    printed = json.loads("\n".join(_printed(_run(*args))))
+    printed = json.loads("\n".join(_printed(cli(*args))))
     assert "stages" in printed and "stages" not in shown
     assert {key: value for key, value in printed.items() if key != "stages"} == shown
 
@@ -192,7 +192,7 @@ def test_estimate_tables_are_the_readme_tables() -> None:
     """GPT-3 175B as Megatron-LM trained it: the summary, the step's parts and the memory."""
     found = _inline(r"`planner (estimate [^`]*)` prints")
     shown = _block_after(found.group(0))
-    _shown(shown.splitlines(), _printed(_run(*found.group(1).split(), columns=WIDE)))
+    _shown(shown.splitlines(), _printed(cli(*found.group(1).split(), columns=WIDE)))
 
 
 def test_zero_bubble_estimate_is_the_readme_block() -> None:
@@ -201,7 +201,7 @@ def test_zero_bubble_estimate_is_the_readme_block() -> None:
                             "instances/clusters/dgx-h100-80gb.json --nodes 8 \\\n"
                             "    --tp 8 --pp 4 --vpp 2")  # fmt: skip
     args, shown = _shell_command(block.splitlines())
-    _shown(shown, _printed(_run(*args, columns=WIDE)))
+    _shown(shown, _printed(cli(*args, columns=WIDE)))
 
 
 # --------------------------------------------------------------------------- compare, layer, info
@@ -212,7 +212,7 @@ def test_compare_frameworks_is_the_readme_table() -> None:
     and ratio (the solve seconds are the run's)."""
     found = _inline(r"`COLUMNS=(\d+) planner (compare [^`]*)`:")
     shown = _block_after(found.group(0))
-    done = _run(*found.group(2).split(), columns=int(found.group(1)))
+    done = cli(*found.group(2).split(), columns=int(found.group(1)))
     _shown(shown.splitlines(), _printed(done), masks=(r" (\d+\.\d\d) +(?:\d\.\d{3}|-)$",))
 
 
@@ -220,7 +220,7 @@ def test_layer_is_the_readme_layer() -> None:
     """The layer ILP's GPT-3 layer on a 1x8 mesh: time, memory, model size, every operator's
     split and every resharding."""
     args, shown = _shell_command(_block_starting("$ planner layer").splitlines())
-    done = _run(*args, columns=WIDE)
+    done = cli(*args, columns=WIDE)
     _shown(shown, _printed(done), masks=(r"^solver .*, (\d+\.\d+) s,",))
 
 
@@ -232,7 +232,7 @@ def test_info_is_the_readme_counts() -> None:
     args = shlex.split(block[0].removeprefix("$ planner ").split("   (abridged)")[0])
     shown = dict(re.findall(r'"(\w+)": (\{[^}]*\}|\d+)', "\n".join(block[1:])))
     assert len(shown) == 4, shown
-    printed = json.loads(_run(*args).stdout)
+    printed = json.loads(cli(*args).stdout)
     assert {key: printed[key] for key in shown} == {k: json.loads(v) for k, v in shown.items()}
 
 
@@ -241,11 +241,11 @@ def test_from_log_is_the_readme_record(tmp_path: Path) -> None:
     block = _block_starting("$ planner runs from-log").splitlines()
     args, rest = _shell_command(block)
     out = tmp_path / "mine.json"
-    done = _run(*[str(out) if arg == "mine.json" else arg for arg in args])
+    done = cli(*[str(out) if arg == "mine.json" else arg for arg in args])
     assert done.returncode == 0, done.stderr
     validate, shown = _shell_command(rest)
     assert validate == ["validate", "mine.json"]
-    _shown(shown, _printed(_run("validate", out, columns=80)))
+    _shown(shown, _printed(cli("validate", out, columns=80)))
 
 
 @needs_shared(REPO.parent / "shared" / "validation" / "h100" / "runs_one_gpu.json")
@@ -253,14 +253,14 @@ def test_validate_memory_is_the_docs_table() -> None:
     """docs/validate.md's one-GPU H100 runs at 80 columns: times, peaks and the verdict."""
     block = _block_starting("$ planner validate ../shared/validation/h100/").splitlines()
     args, shown = _shell_command(block)
-    _shown(shown, _printed(_run(*args, columns=80)))
+    _shown(shown, _printed(cli(*args, columns=80)))
 
 
 @needs_shared(CALIBRATION_RUNS)
 def test_validate_is_the_readme_table() -> None:
     """Predicted against measured: every published run's row, and the median and max."""
     found = _inline(r"#+ Predicted against measured \(`planner ([^`]*)`\)")
-    rows = json.loads("\n".join(_printed(_run(*found.group(1).split(), "--json"))))["runs"]
+    rows = json.loads("\n".join(_printed(cli(*found.group(1).split(), "--json"))))["runs"]
     table = found.string[found.end() :].split("\n\n")[1].splitlines()[2:]
     printed = [f"| {r['id']} | {r['num_devices']} | {r['config']} | {r['measured_s']:.2f} "
                f"| {r['predicted_s']:.2f} | {100 * r['error']:+.1f} % |" for r in rows]  # fmt: skip
@@ -275,7 +275,7 @@ def test_validate_is_the_readme_table() -> None:
 def test_mpt_errors_are_the_readme_errors() -> None:
     """The MPT section's median and max |error| are what validating fsdp_runs.json gives."""
     found = _inline(r"#+ MPT's FSDP runs \(`planner ([^`]*)`\)")
-    rows = json.loads("\n".join(_printed(_run(*found.group(1).split(), "--json"))))["runs"]
+    rows = json.loads("\n".join(_printed(cli(*found.group(1).split(), "--json"))))["runs"]
     errors = [abs(r["error"]) for r in rows]
     median, most = 100 * statistics.median(errors), 100 * max(errors)
     assert f"median |error| {median:.1f} %, max {most:.1f} %" in " ".join(found.string.split())
@@ -288,11 +288,7 @@ def test_sweep_is_the_readme_sweep(tmp_path: Path) -> None:
     shown = _block_after(found.group(0)).rstrip("\n").split("\n")
     args = found.group(2).split()
     args[1] = str(REPO / args[1])
-    done = subprocess.run(
-        [sys.executable, "-c", "from planner.cli import main; main()", *args], cwd=tmp_path,
-        capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "COLUMNS": found.group(1)},
-    )  # fmt: skip
+    done = cli(*args, cwd=tmp_path, columns=int(found.group(1)), timeout=300)
     _shown(shown, _printed(done))
     assert (tmp_path / args[3]).exists()
 
@@ -326,7 +322,7 @@ def test_calibrate_network_is_the_readme_fit() -> None:
     """The nccl-tests sample's fit of the NVLink bridge, as docs/calibrate-network.md shows it
     at 80 columns."""
     args, shown = _shell_command(_block_starting("$ planner calibrate-network").splitlines())
-    _shown(shown, _printed(_run(*args, columns=80)))
+    _shown(shown, _printed(cli(*args, columns=80)))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None,

@@ -6,9 +6,7 @@ checked as input."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,16 +17,13 @@ from planner.diagnose.run_records import software_of, stack_of
 from planner.diagnose.runs import load_runs, load_runs_noting, run_from_record
 from planner.errors import InputError
 from planner.spec.reading import load_cluster
-from tests.conftest import CLUSTERS, REPO, SHARED, needs_shared, shared
+from tests.cli_process import cli
+from tests.conftest import CLUSTERS, SHARED, needs_shared, shared
+
+_validate_cli = partial(cli, columns=80, timeout=300)
 
 H100_RUNS = SHARED / "validation" / "h100" / "runs_one_gpu.json"
 VALIDATION = SHARED / "validation"
-
-
-def _planner(*args: object) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"COLUMNS": "80", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "planner.cli", *map(str, args)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +160,7 @@ def test_bad_memory_fields(tmp_path: Path, field: str, value: object, message: s
     path = tmp_path / "runs.json"
     path.write_text(json.dumps([record, _h100_record()]))
     assert load_runs_noting(path).skipped == [f"bad-memory: {message}"]
-    done = _planner("validate", path)
+    done = _validate_cli("validate", path)
     assert done.returncode == 0, done.stderr
     assert f"- bad-memory: {message}" in " ".join(done.stdout.split())
 
@@ -186,7 +181,7 @@ def test_oom_run_without_a_step_time_is_priced(tmp_path: Path) -> None:
     assert ran.error is not None and not ran.measured_oom
     fit = calibrate([path], CLUSTERS, chip="H100")
     assert fit.skipped == ["ran-out: ran out of memory, no step time to fit"]
-    done = _planner("validate", path)
+    done = _validate_cli("validate", path)
     assert done.returncode == 0, done.stderr
     assert "1 ran out of memory, 0 of them predicted to fit" in " ".join(done.stdout.split())
 
@@ -194,7 +189,7 @@ def test_oom_run_without_a_step_time_is_priced(tmp_path: Path) -> None:
 @needs_shared(H100_RUNS)
 def test_json_and_table_carry_memory() -> None:
     """``--json`` has the memory keys on every row; the table fits 80 columns."""
-    done = _planner("validate", H100_RUNS, "--json")
+    done = _validate_cli("validate", H100_RUNS, "--json")
     assert done.returncode == 0, done.stderr
     [row, *_] = json.loads(done.stdout)["runs"]
     for key in ("predicted_peak_memory_gib", "predicted_reserved_memory_gib",
@@ -202,7 +197,7 @@ def test_json_and_table_carry_memory() -> None:
                 "predicted_fits", "memory_error", "reserved_error", "fit_missed"):  # fmt: skip
         assert key in row, key
     assert row["measured_peak_memory_gib"] == 48.447 and row["measured_oom"] is False
-    done = _planner("validate", H100_RUNS)
+    done = _validate_cli("validate", H100_RUNS)
     assert done.returncode == 0, done.stderr
     assert all(len(line) <= 80 for line in done.stdout.splitlines())
     text = " ".join(done.stdout.split())

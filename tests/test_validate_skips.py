@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 import re
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,10 @@ from planner.frameworks._deepspeed_partition import (
 from planner.plan.config import ParallelConfig
 from planner.spec.reading import load_cluster
 from planner.uniform.estimate import estimate
+from tests.cli_process import cli
 from tests.conftest import REPO, SHARED, shared
+
+_validate_cli = partial(cli, columns=80, timeout=300)
 
 CLUSTERS = REPO / "instances" / "clusters"
 CALIBRATION_RUNS = SHARED / "validation" / "calibration_runs.json"
@@ -188,15 +189,9 @@ def _records(tmp_path: Path) -> Path:
     return path
 
 
-def _planner(*args: object) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"COLUMNS": "80", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "planner.cli", *map(str, args)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
-
-
 def test_validate_goes_on_and_lists_each_record(tmp_path: Path) -> None:
     path = _records(tmp_path)
-    done = _planner("validate", path)
+    done = _validate_cli("validate", path)
     assert done.returncode == 0, done.stderr
     assert all(len(line) <= 80 for line in done.stdout.splitlines())
     text = " ".join(done.stdout.split())
@@ -211,11 +206,11 @@ def test_nothing_priced_is_exit_2(tmp_path: Path) -> None:
     path = _records(tmp_path)
     records = json.loads(path.read_text())
     path.write_text(json.dumps([records[0], records[2]]))
-    done = _planner("validate", path)
+    done = _validate_cli("validate", path)
     assert done.returncode == 2
     assert "- bad-layers:" in done.stdout and "- odd-split:" in done.stdout
     assert "could be priced (2 left out, each with why above)" in " ".join(done.stderr.split())
-    done = _planner("calibrate", path, "--gpu", "A100")
+    done = _validate_cli("calibrate", path, "--gpu", "A100")
     assert done.returncode == 2
     message = " ".join(done.stderr.split())
     assert "2 records left out (`planner validate` lists each with why), the first: bad-layers" \
@@ -259,7 +254,7 @@ def test_a_file_that_is_not_runs_is_listed_beside_others(tmp_path: Path) -> None
         "cluster.json: expected a JSON list of run records, got a JSON dict",
         "gemms.jsonl: invalid JSON at line 2, column 1: Extra data"]
     assert len(loaded.runs) == 2  # the good record and odd-split, which pricing refuses
-    done = _planner("validate", good, cluster, lines)
+    done = _validate_cli("validate", good, cluster, lines)
     assert done.returncode == 0, done.stderr
     assert "- cluster.json: expected a JSON list of run records" in done.stdout
     with pytest.raises(PlannerError, match="expected a JSON list of run records"):
