@@ -13,8 +13,9 @@ from planner.errors import InfeasibleError, InputError
 from planner.options import Pins, SolveOptions
 from planner.plan.schema import Plan
 from planner.spec.reading import load_cluster, load_model
+from tests.cli_process import cli
 from tests.conftest import CLUSTERS, MODELS
-from tests.test_cli import _assert_one_line_error, _run
+from tests.test_cli import _assert_one_line_error
 
 DEEPSEEK_OPTIONS = SolveOptions(max_mesh_nodes=1, pins=Pins(pp=16, mbs=2))
 """DeepSeek-V3's whole search takes 100 s on two cores, nearly all of it in the layer ILPs of
@@ -76,7 +77,7 @@ def test_unknown_method_and_all_infeasible_are_errors() -> None:
 def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, object]], Path]:
     """``planner compare --json --plot`` on Llama 3 8B on one DGX H100."""
     plot = tmp_path_factory.mktemp("compare") / "methods.png"
-    done = _run("compare", LLAMA, H100, "--nodes", "1", "--global-batch", "64", "--json",
+    done = cli("compare", LLAMA, H100, "--nodes", "1", "--global-batch", "64", "--json",
                 "--plot", plot)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), plot
@@ -109,14 +110,14 @@ def test_plot_is_a_png(compared: tuple[list[dict[str, object]], Path]) -> None:
 def test_table_and_bad_method() -> None:
     """The human table has a row per method and a ratio column; an unknown method is one
     line and exit code 2."""
-    done = _run("compare", LLAMA, H100, "--nodes", "1", "--global-batch", "64",
+    done = cli("compare", LLAMA, H100, "--nodes", "1", "--global-batch", "64",
                 "--methods", "heuristic,grid")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "x best" in done.stdout
     rows = [line.split()[0] for line in done.stdout.splitlines()[4:] if line.strip()]
     assert rows[:2] == ["heuristic", "grid"]
     _assert_one_line_error(
-        _run("compare", LLAMA, H100, "--nodes", "1", "--methods", "ilp,simplex"),
+        cli("compare", LLAMA, H100, "--nodes", "1", "--methods", "ilp,simplex"),
         "--methods: simplex: choose from ilp, heuristic, grid",
     )
 

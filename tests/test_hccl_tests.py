@@ -16,7 +16,8 @@ from planner.errors import InputError
 from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster
 from planner.vocabulary import CollectiveKind
-from tests.test_cli import _assert_one_line_error, _run
+from tests.cli_process import cli
+from tests.test_cli import _assert_one_line_error
 
 ASCEND = Path(__file__).parents[1] / "instances" / "clusters" / "ascend-910b.json"
 NCCL_SAMPLE = Path(__file__).parent / "data" / "nccl" / "all_reduce_perf_sample.txt"
@@ -173,13 +174,13 @@ def test_calibrate_network_writes_an_hccl_fit(tmp_path: Path) -> None:
     results = tmp_path / "all_gather_test.log"
     good = _priced("all_gather", _cluster_with(0, 0.6, 3.0), CommGroup(size=8))
     results.write_text(good.replace("success", "failed", 1))
-    _assert_one_line_error(_run("calibrate-network", cluster, results, "--ranks", "8",
+    _assert_one_line_error(cli("calibrate-network", cluster, results, "--ranks", "8",
                                 "--write"), str(results), "check_result failed")
     results.write_text(good)
-    _assert_one_line_error(_run("calibrate-network", cluster, results, "--write"),
+    _assert_one_line_error(cli("calibrate-network", cluster, results, "--write"),
                            str(results), "expected --ranks N")
     assert cluster.read_text() == before
-    done = _run("calibrate-network", cluster, results, "--ranks", "8", "--write")
+    done = cli("calibrate-network", cluster, results, "--ranks", "8", "--write")
     assert done.returncode == 0, done.stderr
     assert "hccs: hccl_test against the cost model" in done.stdout
     level = json.loads(cluster.read_text())["network"][0]

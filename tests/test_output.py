@@ -12,7 +12,8 @@ import pytest
 
 from planner.errors import InputError
 from planner.report.output import check_folder, write_atomic
-from tests.test_cli import _assert_one_line_error, _run
+from tests.cli_process import cli
+from tests.test_cli import _assert_one_line_error
 
 
 def test_write_atomic_leaves_no_temporary_file_and_usual_permissions(tmp_path: Path) -> None:
@@ -71,7 +72,7 @@ def test_solve_refuses_a_bad_target_before_searching(option: str, target: str, n
     search, and the input is untouched."""
     before = Path(DEEPSEEK).read_bytes()
     started = time.perf_counter()
-    done = _run("solve", DEEPSEEK, H100, option, target, "--json")
+    done = cli("solve", DEEPSEEK, H100, option, target, "--json")
     _assert_one_line_error(done, option, needle)
     assert time.perf_counter() - started < 30.0
     assert Path(DEEPSEEK).read_bytes() == before

@@ -18,8 +18,9 @@ from planner.diagnose.fit import sized_for, with_values, without_fits
 from planner.diagnose.runs import load_runs
 from planner.spec.reading import load_cluster
 from planner.uniform.estimate import estimate
+from tests.cli_process import cli
 from tests.conftest import CALIBRATION_RUNS, CLUSTERS, MODELS, REPO, shared
-from tests.test_cli import _assert_one_line_error, _error_text, _run
+from tests.test_cli import _assert_one_line_error, _error_text
 
 ASCEND = CLUSTERS / "ascend-910b.json"
 # Written by hand in Megatron-LM's format (tests/data/gpt3-175b-megatron.log's layout): GPT
@@ -42,7 +43,7 @@ def _digest(*paths: Path) -> dict[Path, str]:
 
 def _from_log_910b(out: Path) -> str:
     """``runs from-log`` of the 910B log into ``out``; its stderr."""
-    done = _run("runs", "from-log", LOG_910B, "--model", MODELS / "gpt-1.7b.json", "--cluster",
+    done = cli("runs", "from-log", LOG_910B, "--model", MODELS / "gpt-1.7b.json", "--cluster",
                 ASCEND, "--nodes", 2, "--out", out)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stderr
@@ -59,10 +60,10 @@ def test_910b_log_is_priced_as_estimate_prices_it(tmp_path: Path) -> None:
     assert record["parallel"] | {"vpp": None} == {
         "tp": 2, "pp": 2, "dp": 4, "cp": 1, "ep": 1, "vpp": None, "sp": True, "microbatch": 2,
         "global_batch": 512, "recompute": "none", "zero": 1}
-    done = _run("validate", out, "--cluster", ASCEND, "--json")
+    done = cli("validate", out, "--cluster", ASCEND, "--json")
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(done.stdout)["runs"]
-    estimated = json.loads(_run("estimate", MODELS / "gpt-1.7b.json", ASCEND, *CONFIG_910B,
+    estimated = json.loads(cli("estimate", MODELS / "gpt-1.7b.json", ASCEND, *CONFIG_910B,
                                 "--json").stdout)  # fmt: skip
     assert row["device"] == "Ascend-910B" and row["measured_s"] == MEASURED_910B_S
     assert row["predicted_s"] == pytest.approx(estimated["step_time_s"], rel=1e-12)
@@ -108,7 +109,7 @@ def test_calibrate_cluster_recovers_the_gemm_curve_into_that_file_only(tmp_path:
     runs = tmp_path / "runs.json"
     _synthetic_runs(runs, mine)
     bundled = _digest(*sorted(CLUSTERS.glob("*.json")))
-    done = _run("calibrate", runs, "--cluster", mine, "--write")
+    done = cli("calibrate", runs, "--cluster", mine, "--write")
     assert done.returncode == 0, done.stderr
     assert _digest(*bundled) == bundled
     before, after = json.loads(ASCEND.read_text()), json.loads(mine.read_text())
@@ -145,14 +146,14 @@ def test_one_run_fits_the_ceiling_only(tmp_path: Path) -> None:
 def test_validate_without_cluster_names_the_record_and_the_option(tmp_path: Path) -> None:
     out = tmp_path / "mine.json"
     _from_log_910b(out)
-    done = _run("validate", out)
+    done = cli("validate", out)
     # The record is listed with why; nothing else could be priced, so exit 2.
     listed = " ".join(done.stdout.split())
     assert ("- gpt-1.7b-910b-megatron: cluster.gpu 'Ascend-910B' is none of the bundled "
             "devices (A100-40GB, A100, H100); pass --cluster FILE") in listed, done.stdout
     assert done.returncode == 2
     assert f"no record of {out} could be priced (1 left out" in _error_text(done.stderr)
-    _assert_one_line_error(_run("calibrate", out, "--gpu", "A100"),
+    _assert_one_line_error(cli("calibrate", out, "--gpu", "A100"),
                            "1 record left out: gpt-1.7b-910b-megatron", "pass --cluster FILE")
 
 
@@ -171,7 +172,7 @@ def test_calibrate_cluster_errors_are_one_line_and_write_nothing(
     _synthetic_runs(runs, mine)
     files = _digest(mine, runs, *sorted(CLUSTERS.glob("*.json")))
     args = [str(mine) if o == "{cluster}" else o for o in options]
-    done = _run("calibrate", runs, *args)
+    done = cli("calibrate", runs, *args)
     needle = "--exclude-family" if "--exclude-family" in options else "exactly one of --gpu"
     _assert_one_line_error(done, needle)
     assert _digest(*files) == files

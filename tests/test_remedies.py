@@ -24,7 +24,8 @@ from planner.uniform.remedies import (
 )
 from planner.uniform.space import branch_leanest, branch_space
 from planner.vocabulary import RECOMPUTE_MODES
-from tests.test_cli import A100, GPT3, _assert_one_line_error, _run
+from tests.cli_process import cli
+from tests.test_cli import A100, GPT3, _assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
 OPTIONS = SolveOptions()
@@ -303,7 +304,7 @@ def test_a_shorter_sequence_when_activations_decide() -> None:
 def test_solve_says_what_would_fit(method: str) -> None:
     """``planner solve`` on GPT-3 175B and one node: exit 2, one line with the least memory
     per device and the node count that fits."""
-    done = _run("solve", GPT3, A100, "--nodes", "1", "--method", method)
+    done = cli("solve", GPT3, A100, "--nodes", "1", "--method", method)
     _assert_one_line_error(done, "gpt3-175b", "needs 397.6 GiB per device", "on 8 nodes",
                            "optimizer offload to the CPU")  # fmt: skip
 

@@ -15,8 +15,9 @@ from planner.plan.invariants import plan_violations
 from planner.plan.schema import Plan
 from planner.search.per_operator import candidates, solve_per_operator
 from planner.spec.reading import load_cluster
+from tests.cli_process import cli
 from tests.conftest import CLUSTERS, MODELS
-from tests.test_cli import _assert_one_line_error, _run
+from tests.test_cli import _assert_one_line_error
 
 GPT_1T = MODELS / "gpt-1t.json"
 
@@ -108,6 +109,6 @@ def test_no_plan_before_the_limit_is_a_time_limit_error() -> None:
 
 def test_cli_time_limit_zero_is_one_line() -> None:
     """From the command line it is one line and exit code 2."""
-    done = _run("solve", "instances/models/gpt3-175b.json", "instances/clusters/dgx-a100-80gb.json",
+    done = cli("solve", "instances/models/gpt3-175b.json", "instances/clusters/dgx-a100-80gb.json",
                 "--time-limit", "0", "--json")  # fmt: skip
     _assert_one_line_error(done, "time limit", "--time-limit")
