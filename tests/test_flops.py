@@ -32,12 +32,13 @@ LONG = 131072
 """128K tokens: attention dominates a layer's FLOPs."""
 
 
-SAMPLE = 250
-"""The most configurations priced for a model, cluster and sequence length."""
+SAMPLES = {LONG: 100, 4096: 50, 2048: 50, 1024: 50}
+"""The most configurations priced for a model and cluster at each sequence length: more at
+128K, where attention's executed FLOPs part most from the model's."""
 
 
-def _sampled(model_name: str, cluster_name: str, seq: int) -> list[ParallelConfig]:
-    """Up to :data:`SAMPLE` configurations of the per-operator search's space at ``seq``,
+def _sampled(model_name: str, cluster_name: str, seq: int, count: int) -> list[ParallelConfig]:
+    """Up to ``count`` configurations of the per-operator search's space at ``seq``,
     spread over its branches (its ``(tp, pp, cp, ep)`` and layer splits) and, within each
     branch taken, over its configurations; none where the model's positions stop short of
     ``seq``. Only the branches taken are built: on 64 H100 at 128K tokens DeepSeek-V3's space
@@ -53,9 +54,9 @@ def _sampled(model_name: str, cluster_name: str, seq: int) -> list[ParallelConfi
         return []
     every = branches(model, cluster, training=training, pins=options.pins,
                      fold=folds_experts(options), attending=context_algorithms(options))
-    count = min(len(every), SAMPLE)
-    taken = [every[i * len(every) // count] for i in range(count)]
-    each = max(1, SAMPLE // len(taken))
+    taking = min(len(every), count)
+    taken = [every[i * len(every) // taking] for i in range(taking)]
+    each = max(1, count // taking)
     out = []
     for i, branch in enumerate(taken):
         configs = [c for group in branch_groups(branch, model, training=training,
@@ -83,8 +84,8 @@ def test_hardware_flops_never_exceed_the_peak(model_name: str, cluster_name: str
     model = load_model(MODELS / model_name)
     cluster = load_cluster(CLUSTERS / cluster_name, 8)
     peak = cluster.device.peak_tflops["bf16"]
-    configs = [c for seq in (LONG, 4096, 2048, 1024)
-               for c in _sampled(model_name, cluster_name, seq)]  # fmt: skip
+    configs = [c for seq, count in SAMPLES.items()
+               for c in _sampled(model_name, cluster_name, seq, count)]  # fmt: skip
     batch = planner.estimate_batch(model, cluster, configs)
     divides = batch.columns["divides"]
     assert divides.any(), "no configuration of the space divides"
@@ -150,8 +151,8 @@ def test_the_sample_is_drawn_from_the_search_space() -> None:
               for group in branch_groups(branch, model, training=training, options=options)
               for c in group]  # fmt: skip
     assert groups == grid_space(model, cluster, options)
-    sample = _sampled("mixtral-8x7b.json", "dgx-h100-80gb.json", 4096)
-    assert 0 < len(sample) <= SAMPLE and set(sample) <= set(groups)
+    sample = _sampled("mixtral-8x7b.json", "dgx-h100-80gb.json", 4096, 250)
+    assert 0 < len(sample) <= 250 and set(sample) <= set(groups)
     assert len({(c.tp, c.pp, c.cp, c.cp_algo, c.ep, c.etp, c.first_stage_layers)
                 for c in sample}) == len(branches(model, cluster, training=training,
                                                   pins=options.pins,
