@@ -5,7 +5,8 @@ Each command runs in a child forked from a server that imported :mod:`planner.cl
 (multiprocessing's forkserver, one per test worker): the child has its own working
 directory, environment, standard output and error (file descriptors 1 and 2, written to
 files) and exit code, as ``python -m planner.cli ARGS`` has, and an exception it does not
-catch prints its traceback there and exits 1. Starting an interpreter and importing the CLI
+catch prints its traceback there and exits 1 (``tests/test_cli_process.py`` holds it to a
+fresh interpreter). Starting an interpreter and importing the CLI
 took ~1 s a command (numpy, networkx, pydantic and the library's models), more than most
 commands themselves; the suite runs some 300 of them.
 
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -73,4 +75,8 @@ def _command(argv: list[str], cwd: str, environ: dict[str, str], out: str, err: 
         os.dup2(target, fd)
         os.close(target)
     sys.argv = ["planner", *argv]
-    main()
+    try:
+        main()
+    except Exception:  # as the interpreter ends on one: its traceback, exit code 1
+        traceback.print_exc()
+        sys.exit(1)
