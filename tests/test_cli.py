@@ -64,7 +64,7 @@ TIME_KEYS = {
 
 @cache
 def _json_of(*args: str) -> Any:
-    """The parsed stdout of a command that must succeed (cached: each run costs ~0.5 s)."""
+    """The parsed stdout of a command that must succeed (cached: several tests read one)."""
     done = cli(*args)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
