@@ -29,7 +29,8 @@ WAY_OUT = re.compile(
 the way, :mod:`planner.uniform.failure`) starts its clause."""
 HEADINGS = ("would fit", "would not fit")
 """The lists of :func:`planner.uniform.remedies.config_infeasible_message`."""
-UNIT = re.compile(r"(?<=\d) (?=(?:GiB|GB|MiB|ms|s|%|nodes|devices|tokens)\b)")
+# "%" apart: a word boundary after it needs a word character next, which a space is not.
+UNIT = re.compile(r"(?<=\d) (?=(?:GiB|GB|MiB|ms|s|nodes|devices|tokens)\b|%)")
 """The space between a number and its unit, which a line does not break at."""
 COMMAND = re.compile(r"^(?P<text>.*?): (?P<command>planner [a-z]+ \S.*)$")
 """A message that ends with the command that would do what it asks."""
@@ -52,6 +53,8 @@ def wrap(text: str, width: int, *, first: str = "", indent: str = INDENT) -> lis
 
     >>> wrap("leaving 126.9 GiB: not enough", 16, first="- ")
     ['- leaving', '  126.9 GiB: not', '  enough']
+    >>> wrap("within 80 % of it", 10)
+    ['within', '  80 % of', '  it']
     """
     glued = UNIT.sub("\N{NO-BREAK SPACE}", text)  # textwrap breaks at ASCII whitespace only
     lines = textwrap.wrap(glued, max(width, len(indent) + 1), initial_indent=first,
