@@ -6,7 +6,9 @@ whether it fits beside the memory margin.
 Cases (the issue's "done when" list): GPT-3 175B on 1,024 A100; Llama-3 70B on 64 H100 at
 8,192 tokens; Mixtral 8x7B on 64 H100; Llama-3.1 405B on 16,384 H100; Qwen3-235B-A22B on 256
 H100 (its Hugging Face config, sequence 4,096, global batch 1,024: the config has no training
-block); DeepSeek-V3 on 2,048 H100. Run from the repository root:
+block); DeepSeek-V3 on 2,048 H100. MindSpeed runs on Ascend only (it imports ``torch_npu``),
+so its rows are the same cases on as many Ascend 910B (``ascend-910b.json``, uncalibrated: the
+data sheet's roofline). Run from the repository root:
 
     python benchmarks/framework_targets.py                 # about 5 minutes on 2 cores
     python benchmarks/framework_targets.py --repeats 1 --only gpt3-175b
@@ -65,8 +67,9 @@ def main() -> None:
         if args.only and path.stem not in args.only:
             continue
         model = load_model(path)
-        cluster = load_cluster(ROOT / "instances" / "clusters" / f"{cluster_file}.json", nodes)
         for framework in args.framework or frameworks.FRAMEWORKS:
+            on = "ascend-910b" if framework == "mindspeed" else cluster_file
+            cluster = load_cluster(ROOT / "instances" / "clusters" / f"{on}.json", nodes)
             options = SolveOptions(framework=framework, **settings)
             walls, plan = [], None
             try:

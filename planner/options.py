@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from planner import cost
 from planner.cost.risk import QUANTILE
 from planner.cost.uncertainty import memory_band
+from planner.errors import InputError
 from planner.frameworks import default_stack
 from planner.ilp.backends import Backend
-from planner.plan.config import check_sequence
+from planner.plan.config import check_sequence, recompute_modules_of
 from planner.spec import DeviceSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import fill_training
 from planner.vocabulary import (
@@ -82,6 +83,20 @@ class Pins:
     Megatron-LM runs the precision-aware optimizer inside its distributed optimizer). None:
     fp32. Pinned bf16, the per-operator search (``any``) gives every layer ZeRO 1 and bf16
     moments."""
+
+    def __post_init__(self) -> None:
+        # A pin no configuration can keep is refused here, in the flag's words, before any
+        # search builds a configuration from it.
+        if self.recompute_modules is None:
+            return
+        flag = f"--recompute-modules {self.recompute_modules!r}"
+        try:
+            recompute_modules_of(self.recompute_modules)
+        except ValueError as exc:
+            raise InputError(f"{flag}: {exc}") from None
+        if self.recompute not in (None, "selective"):
+            raise InputError(f"{flag} says what selective recomputation reruns: it needs "
+                             f"--recompute selective, not {self.recompute}")  # fmt: skip
 
     def given(self) -> dict[str, object]:
         """The pinned knobs and their values."""
@@ -196,6 +211,22 @@ class SolveOptions:
         """What a plan run by ``stack`` may fill on ``device``: its memory less
         :meth:`margin_bytes`."""
         return device.memory_bytes - self.margin_bytes(device, stack)
+
+
+def check_memory_margin(margin_gib: float | None, device: DeviceSpec) -> None:
+    """Refuse a margin (``--memory-margin``) that leaves nothing of ``device`` to fill: no
+    plan could fit, and every way out a search would suggest would fail the same way.
+
+    >>> from planner.spec import DeviceSpec
+    >>> gpu = DeviceSpec(name="x", memory_gib=80, memory_bandwidth_gb_s=2000,
+    ...                  peak_tflops={"bf16": 300})
+    >>> check_memory_margin(200, gpu)
+    Traceback (most recent call last):
+    planner.errors.InputError: --memory-margin 200 GiB leaves nothing of x's 80 GiB to fill
+    """
+    if margin_gib is not None and margin_gib >= device.memory_gib:
+        raise InputError(f"--memory-margin {margin_gib:g} GiB leaves nothing of "
+                         f"{device.name}'s {device.memory_gib:g} GiB to fill")
 
 
 DEFAULT_OPTIONS = SolveOptions()

@@ -164,6 +164,10 @@ FlashAttention-2 and -3, cuDNN's fused attention, a Triton kernel (flash-attn's 
 port, which MPT's runs used), PyTorch's ``scaled_dot_product_attention`` (whichever of those it
 dispatches to, with its own per-call overhead), Ascend's FlashAttention operator."""
 
+Platform = Literal["cuda", "ascend"]
+"""The software an accelerator runs kernels through: NVIDIA's CUDA, or Huawei's CANN with
+``torch_npu`` on Ascend NPUs. A framework built on one runs on no other."""
+
 Recompute = Literal["none", "selective", "full"]
 """Activation recomputation: none; selective (Megatron-LM's attention core,
 ``--recompute-activations``); full (each layer's whole forward, ``--recompute-granularity

@@ -11,6 +11,7 @@ import pytest
 from planner import solve
 from planner.baselines.grid import grid_space
 from planner.cost import MEMORY_MARGIN
+from planner.diagnose.compare import compare_frameworks
 from planner.errors import ConfigError, InfeasibleError, InputError
 from planner.frameworks import FRAMEWORKS, default_stack, launch, profile
 from planner.options import Pins, SolveOptions
@@ -39,9 +40,12 @@ def two_nodes() -> ClusterSpec:
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_solved_plan_launches_as_priced(framework: str, llama: ModelSpec,
                                           two_nodes: ClusterSpec) -> None:  # fmt: skip
-    """Llama 3 8B at 8,192 tokens on 16 H100 for each framework: the plan is for it, its
-    profile refuses nothing of it, the launch is written, and the configuration the launch
-    carries prices to the plan's step and peak (to 1e-6) within the device less the margin."""
+    """Llama 3 8B at 8,192 tokens on 16 H100 (MindSpeed: 16 Ascend 910B) for each framework:
+    the plan is for it, its profile refuses nothing of it, the launch is written, and the
+    configuration the launch carries prices to the plan's step and peak (to 1e-6) within the
+    device less the margin."""
+    if framework == "mindspeed":
+        two_nodes = load_cluster(CLUSTERS / "ascend-910b.json", 2)
     options = SolveOptions(global_batch_size=128, seq_length=8192, framework=framework)
     plan = solve(llama, two_nodes, options)
     assert plan.framework == framework and plan.configuration is not None
@@ -242,3 +246,24 @@ def test_the_launched_overlaps_are_the_first_setting_every_rule_launches(
                            if target.launches(variant := _with_flags(on_stack, *flags), model)),
                           None)  # fmt: skip
         assert overlaps_launched(on_stack, model, framework=framework) == every_rule
+
+
+@pytest.mark.parametrize(("framework", "cluster"), [("mindspeed", "dgx-h100-80gb.json"),
+                                                    ("megatron", "ascend-910b.json")])
+def test_a_framework_is_refused_off_its_platform(framework: str, cluster: str,
+                                                 llama: ModelSpec) -> None:  # fmt: skip
+    """MindSpeed imports torch_npu (Ascend only), Megatron-LM's layers are Transformer
+    Engine's (CUDA only): each is refused before any search on the other's device, naming the
+    frameworks that run there; a device that does not say its platform is not refused, and
+    ``compare`` keeps the refusal as the framework's row."""
+    nodes = load_cluster(CLUSTERS / cluster, 2)
+    options = SolveOptions(global_batch_size=128, seq_length=8192, framework=framework)
+    with pytest.raises(InputError, match=r"runs on (ascend|cuda), not on .*: plan with "
+                                         r"--framework .*(deepspeed|mindspeed)"):
+        solve(llama, nodes, options)
+    unsaid = nodes.model_copy(update={"device": nodes.device.model_copy(
+        update={"platform": None})})  # fmt: skip
+    assert profile(framework).platform_refusal(unsaid.device) is None
+    rows = compare_frameworks(llama, nodes, options, ["deepspeed", framework])
+    assert rows[0].plan is not None and rows[1].plan is None
+    assert rows[1].error is not None and "runs on" in rows[1].error

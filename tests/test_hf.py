@@ -17,7 +17,7 @@ import pytest
 from planner.errors import InputError
 from planner.spec import ModelSpec
 from planner.spec.hf import model_from_hf_config
-from planner.spec.reading import load_model
+from planner.spec.reading import load_model, model_from_dict
 from tests.conftest import CALIBRATION_RUNS, HF, MODELS, shared
 
 LLAMA_SHAPE: dict[str, Any] = {
@@ -300,6 +300,36 @@ def test_head_dim_becomes_kv_channels() -> None:
     assert _translate(data).kv_channels == 128
 
 
+def test_mistral_window_covers_every_layer() -> None:
+    """Mistral 7B v0.1's sliding_window (4096) masks every layer (transformers'
+    MistralAttention), as Phi-3's does: carried, not dropped; null (later checkpoints) is no
+    window. A Mixtral config with one is refused by the spec in its own words (local and
+    global MoE layers would be one kind), never planned without it."""
+    windowed = _translate(_llama_config(model_type="mistral", sliding_window=4096))
+    assert windowed.sliding_window is not None and windowed.sliding_window.window == 4096
+    assert all(windowed.sliding_window.is_local(i) for i in range(windowed.num_layers))
+    assert _translate(_llama_config(model_type="mistral", sliding_window=None)).sliding_window \
+        is None
+    with pytest.raises(InputError, match=r"^test\.json: sliding_window with moe is not "):
+        _translate({**_reference("Mixtral-8x7B-v0.1"), "sliding_window": 4096})
+
+
+def test_a_check_names_the_keys_the_file_has() -> None:
+    """A check over the whole model speaks the config's keys (head_dim, not kv_channels),
+    without pydantic's "Value error," or a "(top level)" field."""
+    with pytest.raises(InputError, match=r"^test\.json: hidden_size \(4100\) is not divisible "
+                                         r"by num_attention_heads \(32\); set head_dim$"):
+        _translate(_llama_config(hidden_size=4100))
+
+
+def test_a_config_without_model_type_says_so() -> None:
+    """Hugging Face's keys without model_type are not read as a planner model.json (whose
+    error would be "architectures: unknown field")."""
+    with pytest.raises(InputError, match=r"^x\.json: a Hugging Face config\.json without "
+                                         r"model_type: add"):
+        model_from_dict(_without(_llama_config(), "model_type"), source="x.json")
+
+
 def test_qwen2_moe_shared_expert() -> None:
     # Shaped like Qwen1.5-MoE-A2.7B.
     data = {
@@ -458,8 +488,8 @@ def test_wrong_type_in_a_list() -> None:
 def test_heads_not_divisible_by_kv_heads() -> None:
     with pytest.raises(
         InputError,
-        match=r"^test\.json: \(top level\): Value error, num_attention_heads \(32\) is not "
-        r"divisible by num_query_groups \(5\)$",
+        match=r"^test\.json: num_attention_heads \(32\) is not "
+        r"divisible by num_key_value_heads \(5\)$",
     ):
         _translate(_llama_config(num_key_value_heads=5))
 

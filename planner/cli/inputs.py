@@ -33,9 +33,10 @@ from planner.diagnose.calibration import calibrate, validate
 from planner.diagnose.info import model_info
 from planner.diagnose.network_fit import fit_network
 from planner.errors import InfeasibleError, InputError
-from planner.frameworks import check_framework, profile
+from planner.frameworks import check_framework, check_platform, profile
 from planner.ilp import IlpOptions, build_layer_milp, layer_problem, layer_query, solve_layer
-from planner.plan.config import ParallelConfig, resolve
+from planner.options import check_memory_margin
+from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.plan.files import load_model_file
 from planner.report.output import check_target, write_atomic
 from planner.spec import ClusterSpec, ModelSpec
@@ -81,6 +82,9 @@ def estimate_cmd(
         check_framework(framework, allow_any=False)
     given = {name: knobs[name] for name in FRAMEWORK_DEFAULTS if knobs[name] is not None}
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes, profile=layer_profile)
+    check_memory_margin(memory_margin, cluster_spec.device)
+    if framework is not None:
+        check_platform(framework, cluster_spec.device)
     try:
         config = ParallelConfig(**{name: value for name, value in knobs.items()
                                    if name not in FRAMEWORK_DEFAULTS or value is not None})
@@ -91,8 +95,10 @@ def estimate_cmd(
                                     framework=framework, given=given)  # fmt: skip
     if out is not None:
         check_target(out, inputs=(model, cluster))
+    resolved = resolve(model_spec, cluster_spec, config)
+    _check_recompute_layers(resolved)
     if layer_profile is not None:
-        check_profile_stack(cluster_spec, resolve(model_spec, cluster_spec, config).training.stack)
+        check_profile_stack(cluster_spec, resolved.training.stack)
     result = estimate(model_spec, cluster_spec, config, memory_margin_gib=memory_margin)
     if out is not None:
         # Written even when it does not fit: it records what was priced (and `simulate` can
@@ -113,6 +119,19 @@ def estimate_cmd(
                                                         memory_margin_gib=memory_margin,
                                                         framework=framework,
                                                         given=given))  # fmt: skip
+
+
+def _check_recompute_layers(resolved: ResolvedConfig) -> None:
+    """Refuse ``--recompute-layers`` above a model chunk's decoder layers: it would print as
+    that many recomputed where the chunk recomputes all it has."""
+    c = resolved.config
+    if c.recompute_layers is None or not resolved.stage_layers:
+        return
+    chunk = max(-(-n // c.vpp) for n in resolved.stage_layers)
+    if c.recompute_layers > chunk:
+        raise InputError(f"--recompute-layers {c.recompute_layers}: a model chunk holds at most "
+                         f"{chunk} decoder layers (pp {c.pp}, vpp {c.vpp}); leave it out to "
+                         f"recompute them all")  # fmt: skip
 
 
 def _framework_notes(
@@ -199,7 +218,8 @@ def layer_cmd(
     nodes: NodesOpt = None,
     kind: Annotated[str, typer.Option(
         help="Layer kind: dense, local (sliding-window), moe, embedding or head.")] = "dense",
-    mesh: Annotated[str, typer.Option(help="Logical mesh d0xd1 (axis 1 inside a node).")] = "1x8",
+    mesh: Annotated[str, typer.Option(help="Logical mesh d0xd1 (axis 1 the consecutive "
+                                      "ranks, inside a node where it fits one).")] = "1x8",
     mbs: Annotated[int, typer.Option(help="Microbatch size.")] = 1,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length.")] = None,
     precision: Annotated[
@@ -228,6 +248,10 @@ def layer_cmd(
                         precision=precision, budget_gib=budget_gib, in_flight=in_flight,
                         microbatches=microbatches, flash_attention=flash_attention,
                         moe_dispatcher=moe_dispatcher)  # fmt: skip
+    devices = query.mesh[0] * query.mesh[1]
+    if devices > cluster_spec.num_devices:
+        raise InputError(f"--mesh {mesh} spans {devices:,} devices; the cluster has "
+                         f"{cluster_spec.num_devices:,} (--nodes sets how many nodes)")
     if dump_model is not None:
         problem, _ = layer_problem(model_spec, cluster_spec, query)
         text = build_layer_milp(problem).to_lp()

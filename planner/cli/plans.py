@@ -33,10 +33,17 @@ from planner.cli.progress import search_bars
 from planner.cost.risk import parse_objective
 from planner.diagnose.compare import METHODS, Method, compare, compare_frameworks
 from planner.diagnose.compare import to_json as compare_json
-from planner.errors import InputError
+from planner.errors import InfeasibleError, InputError
 from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
-from planner.options import DEFAULT_OPTIONS, SEARCH_TIME_LIMIT_S, Pins, SolveOptions, training_of
+from planner.options import (
+    DEFAULT_OPTIONS,
+    SEARCH_TIME_LIMIT_S,
+    Pins,
+    SolveOptions,
+    check_memory_margin,
+    training_of,
+)
 from planner.plan.files import plan_from_json
 from planner.plan.inputs import check_inputs
 from planner.plan.schema import Plan
@@ -154,6 +161,7 @@ class Problem:
             pins=self.pins, objective=parse_objective(self.objective),
         )  # fmt: skip
         model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes, profile=profile)
+        check_memory_margin(self.memory_margin, cluster_spec.device)
         if profile is not None and one_stack:
             check_profile_stack(cluster_spec, training_of(model_spec, options).stack)
         return model_spec, cluster_spec, options
@@ -343,6 +351,20 @@ def _prediction(plan: Plan) -> str:
             f"{plan.memory_margin_gib:.1f} GiB)")  # fmt: skip
 
 
+def _check_fits(plan: Plan, target: str, *, model: Path, cluster: Path) -> None:
+    """Refuse to export a plan whose peak does not fit beside its margin (``estimate --out``
+    writes one, to record what was priced): its launch would run out of memory."""
+    p, capacity = plan.predicted, plan.cluster.device_memory_gib
+    usable = capacity - plan.memory_margin_gib
+    if p.peak_memory_gib <= usable + 1e-6:  # the plan file's GiB are rounded
+        return
+    raise InfeasibleError(
+        f"the plan needs {p.peak_memory_gib:.1f} GiB a device where {usable:.1f} may be filled "
+        f"({capacity:g} GiB less its {plan.memory_margin_gib:.1f} GiB margin): its launch would "
+        f"run out of memory; solve for one that fits: planner solve {model} {cluster} "
+        f"--nodes {plan.cluster.num_nodes} --framework {target}")  # fmt: skip
+
+
 def _made_for(plan: Plan) -> str:
     """The framework ``plan`` was solved (or estimated) for, which ``export`` writes when no
     ``--format`` is given; a plan made for ``any`` names none, so the user must."""
@@ -376,6 +398,7 @@ def export_cmd(
                                            names=("--model", "--cluster"))  # fmt: skip
     check_inputs(plan, model_spec, cluster_spec, model_label=str(model),
                  cluster_label=str(cluster))
+    _check_fits(plan, target, model=model, cluster=cluster)
     result = frameworks.launch(plan, target, model=model_spec, cluster=cluster_spec,
                                paths=(str(model), str(cluster)))  # fmt: skip
     if out is None:

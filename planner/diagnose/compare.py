@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from planner.baselines import grid_plan, heuristic_plan
 from planner.errors import ConfigError, InfeasibleError, InputError
+from planner.frameworks import ANY, profile
 from planner.options import ProgressFn, SolveOptions
 from planner.plan.schema import Plan
 from planner.search.targets import solve
@@ -118,6 +119,11 @@ def compare_frameworks(
     for target in dict.fromkeys(targets):
         started = time.perf_counter()
         callback = progress(target) if progress is not None else None
+        refused = None if target == ANY else profile(target).platform_refusal(cluster.device)
+        if refused is not None:
+            results.append(MethodResult(method=target, plan=None, solve_time_s=0.0,
+                                        error=refused, label="framework"))  # fmt: skip
+            continue
         try:
             plan = solve(model, cluster, replace(options, framework=target), progress=callback)
         except (InfeasibleError, ConfigError) as exc:

@@ -20,7 +20,7 @@ from planner.frameworks.base import (
 )
 from planner.plan.config import ResolvedConfig, resolve
 from planner.plan.schema import Plan
-from planner.spec import ClusterSpec, ModelSpec
+from planner.spec import ClusterSpec, DeviceSpec, ModelSpec
 from planner.vocabulary import Stack
 
 PROFILES: dict[str, Profile] = {
@@ -44,6 +44,26 @@ def check_framework(name: str, *, option: str = "--framework", allow_any: bool =
 def profile(name: str) -> Profile:
     """The profile of framework ``name`` (an InputError listing the known ones otherwise)."""
     return PROFILES[check_framework(name, option="framework", allow_any=False)]
+
+
+def check_platform(framework: str, device: DeviceSpec) -> None:
+    """Refuse ``framework`` (one of :data:`FRAMEWORKS`) on a device whose platform it does not
+    run on (:meth:`Profile.platform_refusal`), naming those that do.
+
+    >>> from planner.spec import DeviceSpec
+    >>> gpu = DeviceSpec(name="H100", memory_gib=80, memory_bandwidth_gb_s=3350,
+    ...                  peak_tflops={"bf16": 989}, platform="cuda")
+    >>> check_platform("mindspeed", gpu)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    planner.errors.InputError: MindSpeed runs on ascend, not on H100's cuda (...): plan with \
+--framework megatron, deepspeed, colossalai or torchtitan
+    """
+    reason = profile(framework).platform_refusal(device)
+    if reason is None:
+        return
+    others = [p.name for p in PROFILES.values() if device.platform in p.platforms]
+    raise InputError(f"{reason}: plan with --framework {', '.join(others[:-1])}"
+                     f"{' or ' if len(others) > 1 else ''}{others[-1]}")
 
 
 def default_stack(framework: str, model: ModelSpec, stack: Stack | None = None) -> Stack | None:
@@ -98,6 +118,7 @@ def launch(
     command that solves the problem for it, when its profile refuses the configuration.
     """
     target = profile(framework)
+    check_platform(framework, cluster.device)
     resolved = plan_configuration(plan, model, cluster, framework=framework, paths=paths)
     reasons = target.refusals(resolved, model)
     if reasons:
@@ -117,6 +138,7 @@ __all__ = [
     "Profile",
     "Rule",
     "check_framework",
+    "check_platform",
     "default_stack",
     "launch",
     "plan_configuration",

@@ -100,7 +100,8 @@ _COMMENTS = {
     "ATTN_IMPLEMENTATION": "its attn_implementation",
     "GRADIENT_CHECKPOINTING": "call model.gradient_checkpointing_enable() before boost()",
     "BATCH_SIZE_PER_RANK": "samples per data-parallel rank per forward-backward",
-    "ACCUMULATION_STEPS": "forward-backwards per optimizer step (pp_size 1)",
+    "ACCUMULATION_STEPS": "forward-backwards per optimizer step (1 under a pipeline, whose "
+                          "schedule runs the microbatches)",
     "NO_SYNC_BEFORE_LAST": "run all but the last under booster.no_sync(model, optimizer)",
 }
 

@@ -48,9 +48,11 @@ def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
         return layers
     if family(model) is not None:
         return None
-    return (f"{model.name}: no Shardformer policy builds this architecture (GPT-2, Llama, Qwen2, "
-            f"Qwen3, Mixtral with experts on every layer and no shared experts, or DeepSeek-V3 "
-            f"with latent attention and experts)")
+    what = " (none for Qwen3-MoE)" * (model.moe is not None
+                                                           and model.qk_layernorm)
+    return (f"{model.name}: no Shardformer policy builds this architecture{what}; the policies "
+            f"are GPT-2's, Llama's, Qwen2's and Qwen3's (dense), Mixtral's (experts on every "
+            f"layer, no shared experts) and DeepSeek-V3's (latent attention and experts)")
 
 
 def deepseek_v3_tensor_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from planner.plan.config import ResolvedConfig
-from planner.spec import ModelSpec
-from planner.vocabulary import OP_SAC, ContextParallelism, Stack
+from planner.spec import DeviceSpec, ModelSpec
+from planner.vocabulary import OP_SAC, ContextParallelism, Platform, Stack
 
 Framework = Literal["megatron", "mindspeed", "deepspeed", "colossalai", "torchtitan"]
 FRAMEWORKS: tuple[Framework, ...] = ("megatron", "mindspeed", "deepspeed", "colossalai",
@@ -119,6 +119,13 @@ class Profile:
     ``estimate --framework`` and ``explain`` attend the first where a configuration leaves
     ``cp_algo`` to the default ring."""
 
+    platforms: tuple[Platform, ...] = ("cuda", "ascend")
+    """The accelerators' software it runs on (:data:`~planner.vocabulary.Platform`): a device
+    that says another is refused before any configuration is priced."""
+    platform_source: str = ""
+    """Where the framework (or what it is built on) establishes that, when it runs on one
+    only."""
+
     stacks: tuple[Stack, ...] = ("megatron-te",)
     """The stacks it runs a layer on (:data:`~planner.vocabulary.Stack`), as the planner
     prices them, the one it runs unless told first (:func:`planner.frameworks.default_stack`):
@@ -147,6 +154,22 @@ class Profile:
             f"stack {stack}: {self.title} runs {', '.join(self.stacks)}",)  # fmt: skip
         reasons = (rule.check(resolved, model) for rule in self.rules)
         return wrong + tuple(r for r in reasons if r is not None)
+
+    def platform_refusal(self, device: DeviceSpec) -> str | None:
+        """Why it cannot run on ``device`` at all (its platform is not one it runs on), or
+        None; a device that does not say its platform is not refused.
+
+        >>> from planner.frameworks import profile
+        >>> from planner.spec import DeviceSpec
+        >>> npu = DeviceSpec(name="Ascend-910B", memory_gib=64, memory_bandwidth_gb_s=1600,
+        ...                  peak_tflops={"bf16": 313}, platform="ascend")
+        >>> profile("megatron").platform_refusal(npu)  # doctest: +ELLIPSIS
+        "Megatron-LM runs on cuda, not on Ascend-910B's ascend (its layers are Transformer ...)"
+        """
+        if device.platform is None or device.platform in self.platforms:
+            return None
+        return (f"{self.title} runs on {', '.join(self.platforms)}, not on {device.name}'s "
+                f"{device.platform} ({self.platform_source})")  # fmt: skip
 
     def launches(
         self, resolved: ResolvedConfig, model: ModelSpec, *, overlap_rules: bool | None = None

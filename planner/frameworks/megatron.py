@@ -232,5 +232,9 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
 
 PROFILE = Profile(name="megatron", title="Megatron-LM", rules=RULES, launch=launch,
                   moe_comm_overlap=True, folds_experts=True, recompute_modules=True,
+                  platforms=("cuda",),
+                  platform_source="its layers are Transformer Engine's, NVIDIA/"
+                  "TransformerEngine@d0067d0 README.rst:37: NVIDIA GPUs; on Ascend, "
+                  "MindSpeed runs Megatron",
                   stacks=("megatron-te", "megatron-te-fp8", *FUSED_LOSS_STACKS))
 """Megatron-LM as a framework target."""

@@ -322,5 +322,7 @@ def mla_yarn_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...
 
 
 PROFILE = Profile(name="mindspeed", title="MindSpeed", rules=RULES, launch=launch,
-                  folds_experts=True, recompute_modules=True)
+                  folds_experts=True, recompute_modules=True, platforms=("ascend",),
+                  platform_source=f"{REPO} mindspeed/megatron_adaptor.py:11 imports "
+                  "torch_npu")
 """MindSpeed as a framework target."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from planner import cost
 from planner.cost.risk import parse_objective
 from planner.errors import InputError
-from planner.frameworks import ANY, check_framework
+from planner.frameworks import ANY, check_framework, check_platform
 from planner.options import DEFAULT_OPTIONS, Pins, ProgressFn, SolveOptions, training_of
 from planner.plan.schema import Plan
 from planner.search.framework import enumerate_plan
@@ -55,6 +55,8 @@ def solve(
     framework = check_framework(options.framework)
     training = training_of(model, options)
     check_device(training.stack, cluster.device)
+    if framework != ANY:
+        check_platform(framework, cluster.device)
     _check_pins(model, training, options)
     if framework == ANY:
         return solve_any(model, cluster, options, progress=progress)
@@ -69,6 +71,10 @@ def _check_pins(model: ModelSpec, training: TrainingSpec, options: SolveOptions)
     pins = options.pins
     if pins.optimizer_moments == "bf16":
         cost.states_precision(training.precision, training.stack, "bf16")
+        if pins.zero not in (None, 1):
+            raise InputError(f"--optimizer-moments bf16 with --zero {pins.zero}: Adam's moments "
+                             f"are bf16 only inside Megatron-LM's distributed optimizer "
+                             f"(ZeRO 1), which the pin leaves out")  # fmt: skip
     if pins.moe_dispatcher == "deepep" and model.moe is None:
         raise InputError(f"--moe-dispatcher deepep: {model.name} has no experts to exchange")
 

@@ -191,3 +191,10 @@ def reject_attention_bias(cfg: HFConfig) -> None:
             "attention_bias=true is not supported for this model_type: it adds biases to the "
             "QKV and output projections but not the MLP, which ModelSpec cannot express"
         )
+
+
+def with_window(cfg: HFConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with the config's ``sliding_window`` on every layer, where it sets one
+    (Mistral, Mixtral, Phi-3: their attention masks every layer by it)."""
+    window = cfg.get_int("sliding_window", None)
+    return fields if window is None else {**fields, "sliding_window": {"window": window}}

@@ -17,6 +17,7 @@ from planner.spec._hf_config import (
     reject_attention_bias,
     rope_and_norm,
     rope_decoder,
+    with_window,
 )
 from planner.spec.messages import short_repr
 
@@ -36,9 +37,10 @@ def _llama(cfg: HFConfig) -> dict[str, Any]:
 
 
 def _mistral(cfg: HFConfig) -> dict[str, Any]:
-    # Sliding-window attention (Mistral 7B v0.1) changes attention FLOPs at long sequences only
-    # and no parameter; it is not modelled.
-    return rope_decoder(cfg)
+    # Mistral 7B v0.1's window (4096) covers every layer, as transformers' MistralAttention
+    # masks it; later checkpoints set it to null.
+    return with_window(cfg, rope_decoder(cfg))
+
 
 
 def _qwen2(cfg: HFConfig) -> dict[str, Any]:
@@ -63,10 +65,7 @@ def _phi3(cfg: HFConfig) -> dict[str, Any]:
     reject_attention_bias(cfg)
     fields = rope_decoder(cfg, kv_heads_may_be_absent=True)
     fields["hidden_dropout"] = cfg.get_float("resid_pdrop", 0.0)
-    window = cfg.get_int("sliding_window", None)
-    if window is not None:
-        fields["sliding_window"] = {"window": window}
-    return fields
+    return with_window(cfg, fields)
 
 
 def _gemma(cfg: HFConfig, *, every: int, window: int | None, act_key: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from planner.spec._hf_config import (
     reject_attention_bias,
     rope_and_norm,
     rope_decoder,
+    with_window,
 )
 from planner.spec.messages import short_repr
 
@@ -30,7 +31,9 @@ def _mixtral(cfg: HFConfig) -> dict[str, Any]:
         "ffn_hidden_size": fields["ffn_hidden_size"],
         "router_aux_loss_coeff": cfg.get_float("router_aux_loss_coef", 0.001),
     }
-    return fields
+    # A window (Mixtral's first configs set 4096) is carried so that the spec refuses it
+    # beside experts in its own words rather than the window being dropped.
+    return with_window(cfg, fields)
 
 
 def _qwen2_moe(cfg: HFConfig) -> dict[str, Any]:

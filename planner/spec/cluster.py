@@ -20,7 +20,7 @@ from planner.spec.evidence import ValidatedRun
 from planner.spec.fields import Float, Int, Name
 from planner.spec.fields import Frozen as _Frozen
 from planner.spec.profile import ProfileFactors
-from planner.vocabulary import GB, GIB, AttentionKernel, ParallelismKind, Precision
+from planner.vocabulary import GB, GIB, AttentionKernel, ParallelismKind, Platform, Precision
 
 
 class GemmEfficiency(_Frozen):
@@ -184,6 +184,12 @@ class DeviceSpec(_Frozen):
     memory_bandwidth_gb_s: Float = Field(gt=0, le=lim.MAX_BANDWIDTH_GB_S)
     peak_tflops: dict[Precision, Annotated[Float, Field(gt=0, le=lim.MAX_PEAK_TFLOPS)]] = Field(
         description="Dense peak by compute type."
+    )
+    platform: Platform | None = Field(
+        default=None, description="The software its kernels run through: cuda (NVIDIA) or "
+        "ascend (CANN, torch_npu). A framework that runs on one only is refused on the "
+        "other (MindSpeed needs Ascend; Megatron-LM's Transformer Engine, CUDA). None: not "
+        "said, and not checked.",
     )
     reserved_memory_gib: Float = Field(
         default=0.0,
@@ -375,10 +381,12 @@ class ClusterSpec(_Frozen):
         return self.model_copy(update={"num_nodes": num_nodes})
 
 
-UNPRICED: dict[str, Any] = {"device": {"efficiency": {"evidence", "validation"}}}
-"""What no price reads: the validated runs and bands a device's error bands rest on. Keeping
-another run (``planner validate --write``) changes neither a layer's price nor which cluster a
-plan was made for."""
+UNPRICED: dict[str, Any] = {"device": {"efficiency": {"evidence", "validation"},
+                                        "platform": True}}
+"""What no price reads: the validated runs and bands a device's error bands rest on, and its
+platform (which frameworks launch on it: checked on its own). Keeping another run (``planner
+validate --write``), or saying the platform, changes neither a layer's price nor which
+cluster a plan was made for."""
 
 
 def _too_many_devices(num_nodes: int, devices_per_node: int) -> str | None:

@@ -7,6 +7,7 @@ files and validation records), so each says what was given and what is allowed t
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -123,7 +124,26 @@ def describe_validation_error(
         msg = f"must be printable text on one line, got {short_repr(given)}"
     elif kind == "int_from_float":
         msg = f"must be a whole number, got {short_repr(given)}"
+    elif kind == "value_error" and "error" in ctx:
+        msg = _in_file_keys(str(ctx["error"]), keys or {})  # without pydantic's "Value error, "
     elif kind not in _OWN_WORDS:
         msg = f"{msg}, got {short_repr(given)}"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{path}: {field}: {msg}{more}"
+    # A check over the whole object (a model validator) names no field.
+    where = f"{field}: " if err["loc"] else ""
+    return f"{path}: {where}{msg}{more}"
+
+
+def _in_file_keys(message: str, keys: Mapping[str, str]) -> str:
+    """A check's ``message`` with each top-level field it names spelt as the file's key
+    (``keys``), so that what it asks to change is what the file holds.
+
+    >>> _in_file_keys("heads (32) not divisible by num_query_groups (5); set kv_channels",
+    ...               {"num_query_groups": "num_key_value_heads", "kv_channels": "head_dim"})
+    'heads (32) not divisible by num_key_value_heads (5); set head_dim'
+    """
+    for field, key in keys.items():
+        # "name" is a word too common in messages to stand for the field
+        if "." not in field and field != "name":
+            message = re.sub(rf"\b{re.escape(field)}\b", key, message)
+    return message

@@ -147,6 +147,11 @@ def model_from_dict(data: Any, *, source: str = "<model>") -> ModelSpec:
         raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
     if "model_type" in data:
         return model_from_hf_config(data, source=source)
+    if "architectures" in data or "num_hidden_layers" in data:
+        # Hugging Face's keys without the one that says which family reads them.
+        raise InputError(f"{source}: a Hugging Face config.json without model_type: add the "
+                         f"model's \"model_type\" (\"llama\", \"qwen3\", ...), as its "
+                         f"published config.json has it")  # fmt: skip
     try:
         return ModelSpec.model_validate(data)
     except ValidationError as exc:

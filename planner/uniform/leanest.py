@@ -9,8 +9,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from planner import cost
+from planner.frameworks import FRAMEWORKS, profile
 from planner.options import SolveOptions
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
 from planner.uniform import space
 from planner.uniform.batch import estimate_batch
@@ -18,7 +19,7 @@ from planner.uniform.describe import describe
 from planner.uniform.estimate import estimate
 from planner.uniform.launched import launched_variant, offloaded_variant
 from planner.uniform.remedies import MAX_NODE_FACTOR, fits_gib, node_factors
-from planner.vocabulary import GIB
+from planner.vocabulary import GIB, OFFLOADS
 
 SEQUENCE_HALVINGS = 3
 """A shorter sequence is tried down to the run's halved this many times."""
@@ -137,9 +138,23 @@ def _offload_time(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
     offloaded = _offloaded(model, cluster, config, options)
     off = estimate(model, cluster, offloaded)
     launched = launched_variant(offloaded, model, cluster=cluster, options=options)
-    refused = "" if launched is not None else f" ({options.framework} does not launch it)"
+    refused = "" if launched is not None else f" ({_why_not(offloaded, model, cluster, options)})"
     return (f"its step takes {off.step_time_s:.2f} s, {off.time.optimizer_s:.2f} s of them the "
             f"host copies and CPU Adam{refused}")
+
+
+def _why_not(config: ParallelConfig, model: ModelSpec, cluster: ClusterSpec,
+             options: SolveOptions) -> str:  # fmt: skip
+    """Why the target offloads ``config``'s optimizer in none of the ways priced: its rule
+    that refuses its own way (not one that points to another: ``use offload ...``), which
+    says whether the framework cannot run it or the planner does not price how it does."""
+    if options.framework not in FRAMEWORKS:
+        return f"{options.framework} does not launch it"
+    target = profile(options.framework)
+    reasons = [r for offload in OFFLOADS[1:] for r in target.refusals(
+        resolve(model, cluster, config.model_copy(update={"offload": offload})), model)]
+    own = [r for r in reasons if "use offload" not in r] or reasons
+    return f"{target.title}: {own[0]}" if own else f"{target.title} does not launch it"
 
 
 def _offloaded(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,

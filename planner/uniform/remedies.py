@@ -92,7 +92,8 @@ def config_remedies(
     if not any(r.fits for r in remedies):
         combined = _mildest(model, cluster, config, _combined(model, cluster, config, launch),
                             margin)  # fmt: skip
-        if combined is not None:
+        # all knobs at once may come to one knob's change (more nodes alone): said once
+        if combined is not None and all(r.change != combined.change for r in remedies):
             remedies.append(combined)
     if config.offload == "none":
         offload = (offload_remedy(model, cluster, config, base, memory_margin_gib=margin)

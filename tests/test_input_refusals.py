@@ -1,0 +1,104 @@
+"""Inputs no plan can keep, refused in one line before anything is priced on them (exit 2, no
+traceback), and what the errors then say: found by trying the commands as a new user does
+(each of these printed a traceback, a plan, or a launch before)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.errors import InputError
+from planner.options import Pins
+from tests.cli_process import cli
+from tests.conftest import CLUSTERS, HF, MODELS, shared
+
+LLAMA = MODELS / "llama3-8b.json"
+H100 = CLUSTERS / "dgx-h100-80gb.json"
+
+
+def _refused(*args: str | Path) -> str:
+    """The one error of ``planner ARGS``, which must exit 2 without a traceback."""
+    done = cli(*args)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.startswith("error: ")
+    return " ".join(done.stderr.split())
+
+
+@pytest.mark.parametrize(("modules", "expected"), [
+    ("attn", "--recompute-modules 'attn': recompute module 'attn': expected some of core_attn"),
+    ("", "--recompute-modules '': recompute_modules names no module"),
+])  # fmt: skip
+def test_an_unknown_recompute_module_is_one_line(modules: str, expected: str) -> None:
+    """solve, compare (and a sweep's pins) build the pins before any configuration: an
+    unknown module is the flag's error, as estimate's is, not pydantic's traceback."""
+    for command in ("solve", "compare"):
+        assert expected in _refused(command, LLAMA, H100, "--nodes", "1",
+                                    "--recompute-modules", modules)  # fmt: skip
+    with pytest.raises(InputError, match="needs --recompute selective, not full"):
+        Pins(recompute_modules="op", recompute="full")
+
+
+def test_a_margin_as_large_as_the_device_is_refused() -> None:
+    """No plan fits beside it, and every way out would fail alike (--method grid suggested
+    itself)."""
+    for command in ("solve", "estimate"):
+        message = _refused(command, LLAMA, H100, "--nodes", "1", "--memory-margin", "200")
+        assert message == ("error: --memory-margin 200 GiB leaves nothing of H100-SXM5-80GB's "
+                           "79.65 GiB to fill")
+
+
+def test_a_layer_mesh_larger_than_the_cluster_is_refused() -> None:
+    message = _refused("layer", MODELS / "gpt3-175b.json", CLUSTERS / "dgx-a100-80gb.json",
+                       "--mesh", "1x100000")  # fmt: skip
+    assert "--mesh 1x100000 spans 100,000 devices; the cluster has 1,024" in message
+
+
+def test_more_recomputed_layers_than_a_chunk_holds_is_refused() -> None:
+    """It printed "full-recompute (99 layers per chunk)" for a 32-layer model."""
+    message = _refused("estimate", LLAMA, H100, "--nodes", "1", "--tp", "8", "--recompute",
+                       "full", "--recompute-layers", "99")  # fmt: skip
+    assert "a model chunk holds at most 32 decoder layers (pp 1, vpp 1)" in message
+
+
+def test_bf16_moments_with_a_zero_stage_that_drops_them_is_refused() -> None:
+    """Adam's moments are bf16 only inside Megatron-LM's distributed optimizer: with --zero 0
+    pinned no configuration keeps the pin (a plan came back with a note)."""
+    message = _refused("solve", LLAMA, H100, "--nodes", "1", "--zero", "0",
+                       "--optimizer-moments", "bf16")  # fmt: skip
+    assert "--optimizer-moments bf16 with --zero 0" in message
+
+
+def test_a_plan_that_does_not_fit_is_not_exported(tmp_path: Path) -> None:
+    """estimate --out writes a plan that does not fit (to record what was priced); export
+    refused nothing of it and printed a launch that runs out of memory."""
+    plan = tmp_path / "plan.json"
+    done = cli("estimate", LLAMA, H100, "--nodes", "1", "--tp", "1", "--mbs", "4",
+               "--framework", "megatron", "--out", plan)  # fmt: skip
+    assert done.returncode == 2 and plan.exists()
+    message = _refused("export", plan, "--model", LLAMA, "--cluster", H100)
+    assert "its launch would run out of memory; solve for one that fits:" in message
+    assert f"planner solve {LLAMA} {H100} --nodes 1 --framework megatron" in message
+
+
+def test_a_remedy_is_listed_once() -> None:
+    """Every knob at its leanest at once came to --nodes 512 alone, which the list had
+    already said."""
+    done = cli("estimate", shared(HF / "Meta-Llama-3.1-405B.config.json"), H100, "--nodes",
+               "16", "--tp", "8", "--pp", "2", "--mbs", "1", "--zero", "1", "--recompute",
+               "full", "--sp", "--seq-len", "8192", "--global-batch", "256", "--framework",
+               "deepspeed", timeout=300)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("- --nodes 512 ") == 1, done.stderr
+
+
+def test_an_offload_the_framework_does_not_take_says_why() -> None:
+    """DeepSpeed runs ZeRO-Offload beside ZeRO-3 too; what it refuses there is the planner's
+    pricing, which the way out now says (it said "deepspeed does not launch it")."""
+    done = cli("solve", shared(HF / "Meta-Llama-3.1-405B.config.json"), H100, "--nodes", "16",
+               "--framework", "deepspeed", "--seq-len", "8192", "--global-batch", "256",
+               timeout=300)  # fmt: skip
+    message = " ".join(done.stderr.split())
+    assert done.returncode == 2, message
+    assert "(DeepSpeed: offload zero-offload with ZeRO-3: " in message
+    assert "which is not priced" in message and "does not launch it" not in message
