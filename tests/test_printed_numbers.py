@@ -352,3 +352,20 @@ def test_help_keeps_every_bracketed_word(words: tuple[str, ...]) -> None:
     assert done.code == 0, done.stderr
     printed = " ".join(re.sub(r"[│╭╮╰╯─]", " ", done.stdout).split())
     assert [w for w in sorted(wanted) if w not in printed] == []
+
+
+@pytest.mark.parametrize("words", _commands(typer.main.get_command(app)),  # type: ignore[arg-type]
+                         ids=" ".join)
+def test_help_at_80_columns_cuts_nothing(words: tuple[str, ...]) -> None:
+    """Every option of a command is named whole in its ``--help`` at 80 columns, every line
+    fits, nothing ends in an ellipsis: Rich's option tables cut ``estimate``'s to
+    ``--first-stage-la…`` and squeezed their texts into 18 columns of cut words."""
+    command = _command(words)
+    done = planner(80, *words, "--help")
+    assert done.code == 0, done.stderr
+    assert_fits(done.stdout, 80)
+    assert "…" not in done.stdout
+    listed = done.stdout.partition("\nCommands:\n")[2]  # a group's commands, one line each
+    assert [line for line in listed.splitlines() if line.endswith("...")] == []
+    flags = [o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+    assert [f for f in flags if not re.search(rf"{re.escape(f)}(?![\w-])", done.stdout)] == []

@@ -29,6 +29,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help="Plan how to train a transformer in parallel on a GPU/NPU cluster.",
 )
 

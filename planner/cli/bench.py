@@ -44,7 +44,7 @@ DeviceOpt = Annotated[DeviceChoice, typer.Option(
 """The options ``bench`` and ``profile`` share: what they run, and where."""
 
 
-@app.command("bench")
+@app.command("bench", short_help="Time this machine's kernels; fit the device's efficiency.")
 def bench_cmd(
     cluster: ClusterArg,
     model: Annotated[Path, typer.Option(

@@ -17,7 +17,7 @@ from planner.report.explain import explain_json, explain_tables
 from planner.spec.reading import read_text
 
 
-@app.command("explain")
+@app.command("explain", short_help="Why this plan: what binds, each knob a notch either way.")
 def explain_cmd(
     plan_file: Annotated[Path, typer.Argument(help="plan.json")],
     model: Annotated[Path | None, typer.Option(help="The plan's model (to price changes).")] = None,

@@ -50,7 +50,7 @@ CONFIG_KNOBS = tuple(ParallelConfig.model_fields)
 """Every knob of a uniform configuration, as ``planner estimate`` offers them."""
 
 
-@app.command("estimate")
+@app.command("estimate", short_help="Price one uniform configuration: time and memory.")
 @with_knobs(CONFIG_KNOBS, unset={
     **dict.fromkeys(SEARCH_SWITCHES, "off; with --framework, as solve sets it"),
     "cp_algo": "ring; with --framework, as that framework attends (torchtitan: allgather; "
@@ -177,7 +177,7 @@ def defaults_note(
             f"it)" + f"; it {unset}" * bool(unset))
 
 
-@app.command("info")
+@app.command("info", short_help="What the planner read of a model: shape, FLOPs, graph.")
 def info_cmd(
     model: ModelArg,
     seq_len: Annotated[int | None, typer.Option(
@@ -203,7 +203,7 @@ def info_cmd(
         render(report.info_tables(info))
 
 
-@app.command("schema")
+@app.command("schema", short_help="The JSON Schema of model.json or cluster.json.")
 def schema_cmd(
     kind: Annotated[Literal["model", "cluster"], typer.Argument(help="model or cluster")],
 ) -> None:
@@ -211,7 +211,7 @@ def schema_cmd(
     print_json(json_schema(kind))
 
 
-@app.command("layer")
+@app.command("layer", short_help="The sharding ILP of one layer on a logical mesh.")
 def layer_cmd(
     model: ModelArg,
     cluster: ClusterArg,
@@ -283,7 +283,7 @@ OwnClusterOpt = Annotated[Path | None, typer.Option(
     "its record names.")]
 
 
-@app.command("validate")
+@app.command("validate", short_help="Predicted against measured steps of published runs.")
 def validate_cmd(
     runs: RunsArg,
     clusters: ClustersOpt = Path("instances/clusters"),
@@ -310,7 +310,7 @@ def validate_cmd(
                          f"({len(result.skipped)} left out, each with why above)")  # fmt: skip
 
 
-@app.command("calibrate")
+@app.command("calibrate", short_help="Fit a chip's efficiencies to runs.")
 def calibrate_cmd(
     runs: RunsArg,
     gpu: Annotated[str | None, typer.Option(
@@ -334,7 +334,7 @@ def calibrate_cmd(
     render(report.calibration_tables(fit))
 
 
-@app.command("calibrate-network")
+@app.command("calibrate-network", short_help="Fit a network level to nccl-tests output.")
 def calibrate_network_cmd(
     cluster: ClusterArg,
     results: Annotated[list[Path], typer.Argument(

@@ -60,6 +60,11 @@ TEXT_KNOBS: dict[str, Callable[[str], Any]] = {"offload": parse_offload}
 """Knobs typed as text on the command line, with what parses them."""
 
 
+LONGEST_CHOICES = 40
+"""Choices longer than this, joined, are listed in an option's help rather than its column:
+a terminal 80 wide keeps the option and its text on their lines."""
+
+
 def _base(annotation: Any) -> tuple[Any, bool]:
     """The field's type as typer takes it, and whether None is allowed: validators stripped
     (``Annotated``), integer choices as integers (their range bounds them)."""
@@ -111,9 +116,15 @@ def knob_parameter(name: str, *, pinned: bool = False, unset: str | None = None
         text, default, bounds = f"{text} Default: searched.", None, _bounds(field, base)
     elif unset is not None:
         text, default = f"{text} Default: {unset}.", None
+    choices = get_args(base) if get_origin(base) is Literal else ()
     if (pinned or unset is not None or optional) and default is None:
         base = base | None
-    option = typer.Option(*decls, help=text, **bounds)  # type: ignore[arg-type]
+    named: dict[str, str] = {}
+    if len("|".join(map(str, choices))) > LONGEST_CHOICES:
+        # the choices in the text, which wraps, rather than in the option's column
+        named["metavar"] = f"<{name}>"
+        text = f"{text} One of: {', '.join(map(str, choices))}."
+    option = typer.Option(*decls, help=text, **bounds, **named)  # type: ignore[arg-type]
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                              annotation=Annotated[base, option])  # fmt: skip
 

@@ -175,7 +175,7 @@ with_problem = with_parameters(
 """Give ``solve`` or ``compare`` the options of a :class:`Problem`, declared once."""
 
 
-@app.command("solve")
+@app.command("solve", short_help="The fastest parallel plan that fits.")
 @with_problem
 def solve_cmd(
     model: ModelArg,
@@ -238,7 +238,7 @@ def solve_cmd(
         _print_launch(plan, result)
 
 
-@app.command("compare")
+@app.command("compare", short_help="Methods or frameworks on one problem, side by side.")
 @with_problem
 def compare_cmd(
     model: ModelArg,
@@ -289,7 +289,7 @@ def compare_cmd(
         render(report.compare_tables(results))
 
 
-@app.command("simulate")
+@app.command("simulate", short_help="A plan's step op by op against its closed form.")
 def simulate_cmd(
     plan_file: Annotated[Path, typer.Argument(help="plan.json")],
     gantt: Annotated[
@@ -374,7 +374,7 @@ def _made_for(plan: Plan) -> str:
                      f"--format, one of {', '.join(FRAMEWORKS)}")  # fmt: skip
 
 
-@app.command("export")
+@app.command("export", short_help="A plan as a framework's launch configuration.")
 def export_cmd(
     plan_file: Annotated[Path, typer.Argument(help="plan.json")],
     model: Annotated[Path, typer.Option(help="The plan's model (its flags are part of the "

@@ -50,7 +50,7 @@ STACK_NAMES: dict[str, Stack] = {"eager": "hf-eager", "compile": "hf-compiled",
 """``--stack``'s words: PyTorch eager, or each layer compiled."""
 
 
-@app.command("profile")
+@app.command("profile", short_help="Time the model's real layers on this accelerator.")
 def profile_cmd(
     cluster: ClusterArg,
     model: Annotated[Path, typer.Option(

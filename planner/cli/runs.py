@@ -26,11 +26,12 @@ from planner.plan.config import ParallelConfig
 from planner.report.output import check_target, write_atomic
 from planner.spec.reading import load_cluster, read_text
 
-runs_app = typer.Typer(no_args_is_help=True, help="Run records for validate and calibrate.")
+runs_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                       help="Run records for validate and calibrate.")
 app.add_typer(runs_app, name="runs")
 
 
-@runs_app.command("from-log")
+@runs_app.command("from-log", short_help="A training log as a run record for validate.")
 def from_log_cmd(
     log: Annotated[Path, typer.Argument(help="Megatron-LM or torchtitan training log.")],
     cluster: Annotated[Path, typer.Option(help="cluster.json of the GPUs that ran it.")],

@@ -28,7 +28,7 @@ INTERRUPTED = 130
 """The exit code of a sweep stopped with Ctrl-C (128 + SIGINT, as shells report it)."""
 
 
-@app.command("sweep")
+@app.command("sweep", short_help="Solve every point of a sweep; one table of results.")
 def sweep_cmd(
     sweep_file: Annotated[Path, typer.Argument(help="The sweep (TOML): model, cluster, "
                                                "settings and \\[axes].")],

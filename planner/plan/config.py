@@ -122,8 +122,8 @@ class ParallelConfig(BaseModel):
     )  # fmt: skip
     precision: Precision | None = Field(default=None, description="Compute precision; "
                                         "default: the model's training block, else bf16.")
-    stack: Stack | None = Field(default=None, description="The software that runs each layer "
-                                "(planner.vocabulary.Stack); default: the framework's, else the "
+    stack: Stack | None = Field(default=None, description="The software that runs each layer; "
+                                "default: the framework's, else the "
                                 "model's training block's, else megatron-te.")
     schedule: PipelineSchedule = Field(default="1f1b", description="Pipeline schedule.")
     flash_attention: bool = Field(
