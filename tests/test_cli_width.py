@@ -548,3 +548,24 @@ def test_format_message_loses_no_word() -> None:
         text = format_message("error:", message, width=width)
         words = [w.rstrip(",;:") for w in unwrapped(text).split() if w not in ("-", "error:")]
         assert words == [w.rstrip(",;:") for w in message.split()]
+
+
+SPLIT_UNIT = re.compile(r"\d\n\s*(?:%|s\b|GiB\b|GB\b|ms\b)")
+"""A number at a line's end whose unit starts the next line."""
+
+
+@pytest.mark.parametrize("width", (60, 80))
+def test_prose_keeps_numbers_with_their_units(width: int, tmp_path: Path) -> None:
+    """The band, the memory band and explain's sentences wrap at words but never between a
+    number and its unit, and leave no space at a line's end (Rich's own wrapping printed
+    "widened 1⏎% for", "+0.309⏎s" and a trailing space on each wrapped line)."""
+    plan = tmp_path / "plan.json"
+    solved = planner(width, "solve", GPT3, A100, "--out", str(plan))
+    assert solved.code == 0, solved.stderr
+    explained = planner(width, "explain", str(plan), "--model", GPT3, "--cluster", A100,
+                        "--why-not", "tp=8,pp=16")  # fmt: skip
+    assert explained.code == 0, explained.stderr
+    for out in (solved.stdout, explained.stdout):
+        assert SPLIT_UNIT.search(out) is None, SPLIT_UNIT.search(out)
+        prose = [line for line in out.splitlines() if not line.startswith((" ", "─", "┏"))]
+        assert [line for line in prose if line.endswith(" ")] == []

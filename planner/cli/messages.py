@@ -16,11 +16,10 @@ relies on in the library's messages (:mod:`planner.uniform.remedies` and
 from __future__ import annotations
 
 import re
-import textwrap
 from dataclasses import dataclass, field
 
-INDENT = "  "
-"""How far continuation lines and lists are indented."""
+from planner.report.width import INDENT, wrap
+
 WAY_OUT = re.compile(
     r"a uniform configuration fits:|add nodes:|more nodes alone do not help|"
     r"optimizer offload to the CPU|a shorter sequence|the pin --\S+ \S+ prevents a fit:"
@@ -29,9 +28,6 @@ WAY_OUT = re.compile(
 the way, :mod:`planner.uniform.failure`) starts its clause."""
 HEADINGS = ("would fit", "would not fit")
 """The lists of :func:`planner.uniform.remedies.config_infeasible_message`."""
-# "%" apart: a word boundary after it needs a word character next, which a space is not.
-UNIT = re.compile(r"(?<=\d) (?=(?:GiB|GB|MiB|ms|s|nodes|devices|tokens)\b|%)")
-"""The space between a number and its unit, which a line does not break at."""
 COMMAND = re.compile(r"^(?P<text>.*?): (?P<command>planner [a-z]+ \S.*)$")
 """A message that ends with the command that would do what it asks."""
 
@@ -44,23 +40,6 @@ class _Section:
     """``would fit:`` and the like, or None for the ways out of a search."""
     items: list[str] = field(default_factory=list)
     """One entry per line, printed with a dash."""
-
-
-def wrap(text: str, width: int, *, first: str = "", indent: str = INDENT) -> list[str]:
-    """``text`` in lines of at most ``width`` cells, broken at spaces only, never between a
-    number and its unit (a word longer than the line keeps its own line whole): ``first``
-    before the first line, ``indent`` before the others.
-
-    >>> wrap("leaving 126.9 GiB: not enough", 16, first="- ")
-    ['- leaving', '  126.9 GiB: not', '  enough']
-    >>> wrap("within 80 % of it", 10)
-    ['within', '  80 % of', '  it']
-    """
-    glued = UNIT.sub("\N{NO-BREAK SPACE}", text)  # textwrap breaks at ASCII whitespace only
-    lines = textwrap.wrap(glued, max(width, len(indent) + 1), initial_indent=first,
-                          subsequent_indent=indent, break_long_words=False,
-                          break_on_hyphens=False) or [first.rstrip()]  # fmt: skip
-    return [line.replace("\N{NO-BREAK SPACE}", " ") for line in lines]
 
 
 def format_message(prefix: str, message: str, *, width: int) -> str:

@@ -11,8 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.padding import Padding
-from rich.text import Text
 
 from planner.diagnose.explain import differences
 from planner.diagnose.explanation import Explanation, Neighbour, Part
@@ -21,7 +19,7 @@ from planner.frameworks import ANY, profile
 from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
 from planner.report.tables import light_table, plan_summary
-from planner.report.width import FirstThatFits, keep_whole
+from planner.report.width import FirstThatFits, Prose, keep_whole
 
 _SEARCHED = {k.name: k.searched for k in KNOBS}
 
@@ -153,7 +151,7 @@ def _neighbour_table(heading: str, rows: list[tuple[str, Neighbour]],
         for row in cells:
             table.add_row(*row)
         tables.append(keep_whole(table))
-    return [FirstThatFits(*tables), *(Text(f"[{i}] {text}", style="dim")
+    return [FirstThatFits(*tables), *(Prose(f"[{i}] {text}", style="dim")
                                       for i, text in enumerate(notes, 1))]  # fmt: skip
 
 
@@ -195,22 +193,19 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     head = Group(
         plan_summary(plan, style="bold"),
-        Text(f"{plan.model.name} on {devices} x {plan.cluster.device} for {_who(plan)}: "
-             f"step {with_band(e.step_time_s, plan.predicted.error_band)}, "
-             f"peak {plan.predicted.peak_memory_gib:.1f} GiB"),
+        Prose(f"{plan.model.name} on {devices} x {plan.cluster.device} for {_who(plan)}: "
+              f"step {with_band(e.step_time_s, plan.predicted.error_band)}, "
+              f"peak {plan.predicted.peak_memory_gib:.1f} GiB"),
     )  # fmt: skip
-    # the changes indented, their wrapped lines too
-    out: list[RenderableType] = [head, *(Padding(Text(line.removeprefix("  ")), (0, 0, 0, 2))
-                                         if line.startswith("  ") else Text(line)
-                                         for line in why_this_plan(e, plan))]
-    out += [Text(line) for line in binding_lines(e)]
+    out: list[RenderableType] = [head, *map(_prose, why_this_plan(e, plan))]
+    out += [Prose(line) for line in binding_lines(e)]
     band = plan.predicted.error_band
     if band is not None:  # what it rests on; what it extrapolates, part by part, follows
-        out.append(Text(band_line(band.model_copy(update={"extrapolated": ()}))))
-    out += [Text(line) for line in extrapolation_lines(e)]
-    out += [Text(line) for line in routing_lines(e)]
+        out.append(Prose(band_line(band.model_copy(update={"extrapolated": ()}))))
+    out += [Prose(line) for line in extrapolation_lines(e)]
+    out += [Prose(line) for line in routing_lines(e)]
     if plan.predicted.profiled:  # what of the price a layer profile measured
-        out.append(Text(f"profile: {'; '.join(plan.predicted.profiled)}"))
+        out.append(Prose(f"profile: {'; '.join(plan.predicted.profiled)}"))
     if e.sensitivities:
         out += _neighbour_table("one notch each way (free: GiB beside the margin; < 0: over)",
                                 [(n.change, n) for n in e.sensitivities], plan)
@@ -222,10 +217,16 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
                 rows.append((f"  then {w.best.change}", w.best))
         out += _neighbour_table("the same plan on other hardware",
                                 rows, plan)
-    out += [Padding(Text(line.removeprefix("  ")), (0, 0, 0, 2)) if line.startswith("  ")
-            else Text(line) for line in why_not_lines(e, plan)]
-    out += [Text(f"note: {text}", style="dim") for text in e.limits if e.sensitivities]
+    out += map(_prose, why_not_lines(e, plan))
+    out += [Prose(f"note: {text}", style="dim") for text in e.limits if e.sensitivities]
     return out
+
+
+def _prose(line: str) -> Prose:
+    """A line of the explanation: one that starts indented (a change) keeps its indent on
+    every line it wraps to."""
+    indent = "  " if line.startswith("  ") else ""
+    return Prose(line.removeprefix(indent), indent=indent)
 
 
 def extrapolation_lines(e: Explanation) -> list[str]:

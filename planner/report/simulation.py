@@ -8,7 +8,7 @@ from rich.text import Text
 from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
 from planner.report.tables import light_table, plan_summary
-from planner.report.width import Clauses, keep_whole
+from planner.report.width import Clauses, Prose, keep_whole
 from planner.simulate.events import Simulation, closed_form_in_flight
 
 
@@ -49,7 +49,7 @@ def simulation_tables(plan: Plan, sim: Simulation) -> list[RenderableType]:
                  f"bubble simulated {100 * sim.bubble_fraction:.1f} %, predicted "
                  f"{100 * plan.predicted.bubble_fraction:.1f} %",
                  f"{len(sim.events):,} operations"], sep="; "),
-        Text(band_line(band)),
+        Prose(band_line(band)),
     )  # fmt: skip
     v = sim.virtual_stages
     table = light_table("stages")

@@ -17,7 +17,7 @@ from planner.plan.bands import MemoryBand
 from planner.plan.config import ParallelConfig
 from planner.plan.schema import Plan, PlanStage, Predicted
 from planner.report.bands import band_cell, band_line, memory_line, not_significant, with_band
-from planner.report.width import Clauses, FirstThatFits, keep_whole, title
+from planner.report.width import Clauses, FirstThatFits, Prose, keep_whole, title
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
 from planner.vocabulary import FP8_STACKS, counted
@@ -58,15 +58,15 @@ def mfu_text(mfu: float) -> str:
     return f"MFU {100 * mfu:.1f} %{why}"
 
 
-def _memory(band: MemoryBand | None) -> list[Text]:
+def _memory(band: MemoryBand | None) -> list[Prose]:
     """The memory band's line, where the plan has one."""
     line = memory_line(band)
-    return [] if line is None else [Text(line)]
+    return [] if line is None else [Prose(line)]
 
 
-def _profiled(p: Predicted) -> list[Text]:
+def _profiled(p: Predicted) -> list[Prose]:
     """What a layer profile measured of the price, where one was given."""
-    return [Text(f"profile: {'; '.join(p.profiled)}")] if p.profiled else []
+    return [Prose(f"profile: {'; '.join(p.profiled)}")] if p.profiled else []
 
 
 def estimate_tables(
@@ -79,7 +79,7 @@ def estimate_tables(
     head = Group(
         Clauses([what, counted(result.num_microbatches, "microbatch", "microbatches")]),
         _rates(_step(result), result, f"bubble {100 * result.bubble_fraction:.1f} %"),
-        Text(band_line(result.error_band)),
+        Prose(band_line(result.error_band)),
         *_memory(result.memory_band),
         *_profiled(result),
     )  # fmt: skip
@@ -196,7 +196,7 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
                  f"{plan.micro_batch_size}"]),
         _rates(_step(p), p, f"peak memory {p.peak_memory_gib:.1f} GiB",
                f"bubble {100 * p.bubble_fraction:.1f} %"),
-        Text(band_line(p.error_band)),
+        Prose(band_line(p.error_band)),
         *_memory(p.memory_band),
         *_profiled(p),
     )  # fmt: skip
@@ -382,8 +382,8 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
              for r in results if r.plan is not None}  # fmt: skip
     order = not_significant(steps)
     return [head, FirstThatFits(keep_whole(one), Group(keep_whole(numbers), keep_whole(plans))),
-            *(Text(line) for line in _band_lines(results)),
-            *([Text(order)] if order is not None else [])]
+            *(Prose(line) for line in _band_lines(results)),
+            *([Prose(order)] if order is not None else [])]
 
 
 def _band_lines(results: Sequence[MethodResult]) -> list[str]:

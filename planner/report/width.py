@@ -1,9 +1,12 @@
-"""Renderables that fit the console's width without cutting a value: text broken only between
-its clauses, a title that is never wrapped, tables whose unwrappable cells stay whole, and a
-choice of layouts (the first whose every cell fits the width)."""
+"""Renderables that fit the console's width without cutting a value: prose wrapped at words
+but never between a number and its unit, text broken only between its clauses, a title that
+is never wrapped, tables whose unwrappable cells stay whole, and a choice of layouts (the
+first whose every cell fits the width)."""
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Sequence
 
 from rich.cells import cell_len
@@ -14,6 +17,59 @@ from rich.text import Text, TextType
 
 UNBOUNDED = 1 << 16
 """A width no layout reaches, to measure a layout's own minimum."""
+INDENT = "  "
+"""How far continuation lines and lists are indented."""
+# "%" apart: a word boundary after it needs a word character next, which a space is not.
+UNIT = re.compile(r"(?<=\d) (?=(?:GiB|GB|MiB|ms|s|nodes|devices|tokens)\b|%)")
+"""The space between a number and its unit, which a line does not break at."""
+
+
+def wrap(text: str, width: int, *, first: str = "", indent: str = INDENT) -> list[str]:
+    """``text`` in lines of at most ``width`` cells, broken at spaces only, never between a
+    number and its unit (a word longer than the line keeps its own line whole): ``first``
+    before the first line, ``indent`` before the others.
+
+    >>> wrap("leaving 126.9 GiB: not enough", 16, first="- ")
+    ['- leaving', '  126.9 GiB: not', '  enough']
+    >>> wrap("within 80 % of it", 10)
+    ['within', '  80 % of', '  it']
+    """
+    glued = UNIT.sub("\N{NO-BREAK SPACE}", text)  # textwrap breaks at ASCII whitespace only
+    lines = textwrap.wrap(glued, max(width, len(indent) + 1), initial_indent=first,
+                          subsequent_indent=indent, break_long_words=False,
+                          break_on_hyphens=False) or [first.rstrip()]  # fmt: skip
+    return [line.replace("\N{NO-BREAK SPACE}", " ") for line in lines]
+
+
+class Prose:
+    """A sentence wrapped at words to the console's width (:func:`wrap`): never between a
+    number and its unit, no line ending in a space (Rich's own wrapping does both).
+
+    >>> from rich.console import Console
+    >>> console = Console(width=16)
+    >>> with console.capture() as out:
+    ...     console.print(Prose("a band widened 1 % for its distance"))
+    >>> print(out.get())
+    a band widened
+    1 % for its
+    distance
+    <BLANKLINE>
+    """
+
+    def __init__(self, text: str, *, style: str = "", indent: str = "") -> None:
+        self.text = text
+        self.style = style
+        self.indent = indent
+        """Before every line."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = wrap(self.text, options.max_width, first=self.indent, indent=self.indent)
+        yield Text("\n".join(lines), style=self.style, no_wrap=True, overflow="fold")
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        glued = UNIT.sub("\N{NO-BREAK SPACE}", self.text).split(" ")
+        least = max((cell_len(w) for w in glued), default=0)
+        return Measurement(least + len(self.indent), cell_len(self.text) + len(self.indent))
 
 
 class Clauses:
