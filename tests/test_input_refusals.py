@@ -102,3 +102,24 @@ def test_an_offload_the_framework_does_not_take_says_why() -> None:
     assert done.returncode == 2, message
     assert "(DeepSpeed: offload zero-offload with ZeRO-3: " in message
     assert "which is not priced" in message and "does not launch it" not in message
+
+
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """JSON keeps the last of a key given twice, silently: the model planned was not the one
+    the file seemed to say."""
+    model = tmp_path / "model.json"
+    text = LLAMA.read_text().replace('"num_layers": 32,', '"num_layers": 32, "num_layers": 40,')
+    assert text.count('"num_layers"') == 2
+    model.write_text(text)
+    assert _refused("info", model) == f"error: {model}: key 'num_layers' given twice in one object"
+
+
+def test_a_profile_that_is_not_one_says_so(tmp_path: Path) -> None:
+    """The path once (it was said twice), and a model file given as a profile named as not
+    one (it read "profile schema version None")."""
+    missing = tmp_path / "none.json"
+    assert _refused("estimate", LLAMA, H100, "--nodes", "1", "--profile", missing) == (
+        f"error: --profile {missing}: cannot read (No such file or directory)")
+    message = _refused("estimate", LLAMA, H100, "--nodes", "1", "--profile", LLAMA)
+    assert message == (f"error: --profile {LLAMA}: not a layer profile (no schema_version: "
+                       f"`planner profile` writes one)")

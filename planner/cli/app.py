@@ -104,7 +104,9 @@ def load_inputs(
         try:
             cluster_spec = with_profile(cluster_spec, model_spec, read_profile(profile))
         except InputError as exc:
-            raise InputError(f"--profile {profile}: {exc}") from None
+            # the reader's messages start with the path already
+            raise InputError(f"--profile {profile}: {str(exc).removeprefix(f'{profile}: ')}"
+                             ) from None  # fmt: skip
     return model_spec, cluster_spec
 
 

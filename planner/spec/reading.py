@@ -9,6 +9,7 @@ configs through the same messages.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -123,9 +124,15 @@ def read_text(path: Path) -> str:
 
 def parse_json(text: str, *, source: Path | str) -> Any:
     """Parse JSON text from ``source``; malformed text raises :class:`InputError` with the
-    line and column."""
+    line and column, and so does a key given twice in one object (JSON keeps the last
+    silently: a model file with ``num_layers`` twice would plan the second unsaid).
+
+    >>> parse_json('{"num_layers": 32, "num_layers": 40}', source="m.json")
+    Traceback (most recent call last):
+    planner.errors.InputError: m.json: key 'num_layers' given twice in one object
+    """
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=partial(_unique_keys, source))
     except json.JSONDecodeError as exc:
         raise InputError(
             f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
@@ -134,6 +141,19 @@ def parse_json(text: str, *, source: Path | str) -> Any:
         raise InputError(f"{source}: JSON nested too deeply to read") from None
     except ValueError as exc:  # an integer of more than 4,300 digits (Python's own limit)
         raise InputError(f"{source}: invalid JSON: {exc}") from None
+
+
+def _unique_keys(source: Path | str, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members, refused when one key is given twice."""
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise InputError(f"{source}: key {key!r} given twice in one object")
+        seen.add(key)
+    return out
 
 
 def read_json(path: Path) -> Any:
@@ -222,6 +242,9 @@ def read_profile(path: Path) -> LayerProfile:
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a layer profile (a JSON object is expected)")
     version = data.get("schema_version")
+    if version is None:
+        raise InputError(f"{path}: not a layer profile (no schema_version: `planner profile` "
+                         f"writes one)")  # fmt: skip
     if version != PROFILE_SCHEMA:
         raise InputError(f"{path}: profile schema version {version}; this planner reads "
                          f"version {PROFILE_SCHEMA} (run `planner profile` again)")  # fmt: skip
