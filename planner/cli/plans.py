@@ -29,11 +29,12 @@ from planner.cli.app import (
     stderr_console,
 )
 from planner.cli.knobs import knob_parameters, parsed, with_parameters
+from planner.cli.launches import check_fits, made_for, print_launch, print_notes
 from planner.cli.progress import search_bars
 from planner.cost.risk import parse_objective
 from planner.diagnose.compare import METHODS, Method, compare, compare_frameworks
 from planner.diagnose.compare import to_json as compare_json
-from planner.errors import InfeasibleError, InputError
+from planner.errors import InputError
 from planner.frameworks import FRAMEWORKS, TARGETS, Framework
 from planner.ilp.backends import Backend
 from planner.options import (
@@ -46,8 +47,6 @@ from planner.options import (
 )
 from planner.plan.files import plan_from_json
 from planner.plan.inputs import check_inputs
-from planner.plan.schema import Plan
-from planner.report.bands import band_line, with_band
 from planner.report.output import check_folder, check_target, write_atomic
 from planner.search.targets import pins_left_unused
 from planner.simulate.events import simulate_plan
@@ -235,7 +234,7 @@ def solve_cmd(
                                    paths=(str(model), str(cluster)))  # fmt: skip
         console().rule(f"{frameworks.profile(export_fmt).title} launch configuration",
                        align="left")  # fmt: skip
-        _print_launch(plan, result)
+        print_launch(plan, result)
 
 
 @app.command("compare", short_help="Methods or frameworks on one problem, side by side.")
@@ -323,57 +322,6 @@ def _wrote(paths: Sequence[Path]) -> None:
     print(f"wrote {names} in {', '.join(folders)}", file=sys.stderr)
 
 
-def _print_launch(plan: Plan, launch: frameworks.Launch) -> None:
-    """The launch text on stdout; its environment, notes and the plan's predicted step and
-    memory against the device on stderr."""
-    print(launch.text, end="" if launch.text.endswith("\n") else "\n")
-    _print_notes(plan, launch)
-
-
-def _print_notes(plan: Plan, launch: frameworks.Launch) -> None:
-    """What the launch needs beside its text, and the plan's prediction, on stderr."""
-    for name, value in launch.environment.items():
-        note(f"set {name}={value} in the launch environment")
-    for text in launch.notes:
-        note(text)
-    note(_prediction(plan))
-    note(band_line(plan.predicted.error_band))
-
-
-def _prediction(plan: Plan) -> str:
-    """The plan's predicted step with its error band and peak memory against the device's
-    capacity."""
-    p, capacity = plan.predicted, plan.cluster.device_memory_gib
-    free = capacity - p.peak_memory_gib
-    return (f"predicted {with_band(p.step_time_s, p.error_band)} per step, "
-            f"{p.peak_memory_gib:.1f} GiB peak "
-            f"per device of {capacity:g} GiB ({free:.1f} GiB free; margin "
-            f"{plan.memory_margin_gib:.1f} GiB)")  # fmt: skip
-
-
-def _check_fits(plan: Plan, target: str, *, model: Path, cluster: Path) -> None:
-    """Refuse to export a plan whose peak does not fit beside its margin (``estimate --out``
-    writes one, to record what was priced): its launch would run out of memory."""
-    p, capacity = plan.predicted, plan.cluster.device_memory_gib
-    usable = capacity - plan.memory_margin_gib
-    if p.peak_memory_gib <= usable + 1e-6:  # the plan file's GiB are rounded
-        return
-    raise InfeasibleError(
-        f"the plan needs {p.peak_memory_gib:.1f} GiB a device where {usable:.1f} may be filled "
-        f"({capacity:g} GiB less its {plan.memory_margin_gib:.1f} GiB margin): its launch would "
-        f"run out of memory; solve for one that fits: planner solve {model} {cluster} "
-        f"--nodes {plan.cluster.num_nodes} --framework {target}")  # fmt: skip
-
-
-def _made_for(plan: Plan) -> str:
-    """The framework ``plan`` was solved (or estimated) for, which ``export`` writes when no
-    ``--format`` is given; a plan made for ``any`` names none, so the user must."""
-    if plan.framework in FRAMEWORKS:
-        return plan.framework
-    raise InputError(f"the plan was made for {plan.framework!r}, not for one framework: pass "
-                     f"--format, one of {', '.join(FRAMEWORKS)}")  # fmt: skip
-
-
 @app.command("export", short_help="A plan as a framework's launch configuration.")
 def export_cmd(
     plan_file: Annotated[Path, typer.Argument(help="plan.json")],
@@ -393,18 +341,18 @@ def export_cmd(
     if out is not None:
         check_target(out, inputs=(plan_file, model, cluster))
     plan = plan_from_json(read_text(plan_file), source=str(plan_file))
-    target = fmt if fmt is not None else _made_for(plan)
+    target = fmt if fmt is not None else made_for(plan)
     model_spec, cluster_spec = load_inputs(model, cluster, nodes=plan.cluster.num_nodes,
                                            names=("--model", "--cluster"))  # fmt: skip
     check_inputs(plan, model_spec, cluster_spec, model_label=str(model),
                  cluster_label=str(cluster))
-    _check_fits(plan, target, model=model, cluster=cluster)
+    check_fits(plan, target, model=model, cluster=cluster)
     result = frameworks.launch(plan, target, model=model_spec, cluster=cluster_spec,
                                paths=(str(model), str(cluster)))  # fmt: skip
     if out is None:
-        _print_launch(plan, result)
+        print_launch(plan, result)
         return
     write_atomic(out, result.text, inputs=(plan_file, model, cluster))
-    _print_notes(plan, result)
+    print_notes(plan, result)
 
 
