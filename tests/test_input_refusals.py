@@ -123,3 +123,10 @@ def test_a_profile_that_is_not_one_says_so(tmp_path: Path) -> None:
     message = _refused("estimate", LLAMA, H100, "--nodes", "1", "--profile", LLAMA)
     assert message == (f"error: --profile {LLAMA}: not a layer profile (no schema_version: "
                        f"`planner profile` writes one)")
+
+
+def test_a_usage_error_is_one_sentence() -> None:
+    """click lays a choice's list out on lines of their own, tab-indented, which printed as
+    "Choose from:         model," with "cluster" on the next line."""
+    assert _refused("schema") == ("error: planner schema: Missing argument 'kind'. Choose from: "
+                                  "model, cluster")

@@ -37,7 +37,8 @@ def main() -> None:
             raise
         ctx = getattr(exc, "ctx", None)
         where = f"{ctx.command_path}: " if ctx is not None else ""
-        _fail(f"{where}{message()}")
+        # click lays some out on lines of their own ("Choose from:\n\tmodel,\n\tcluster")
+        _fail(f"{where}{' '.join(message().split())}")
 
 
 def _spelled_as_commands(args: list[str]) -> list[str]:
