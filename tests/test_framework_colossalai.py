@@ -254,6 +254,12 @@ def test_architecture() -> None:
     for model in (load("Qwen3-30B-A3B"), dense_mla):
         resolved = configure(model, 8, global_batch=8, seq_len=4096)
         assert "no Shardformer policy" in (refusal("architecture", resolved, model) or ""), model
+    # Qwen3 with experts is named: the list of policies read as if it qualified
+    qwen3_moe = load("Qwen3-30B-A3B")
+    assert "(none for Qwen3-MoE)" in (refusal("architecture", configure(
+        qwen3_moe, 8, global_batch=8, seq_len=4096), qwen3_moe) or "")
+    assert "Qwen3-MoE" not in (refusal("architecture", configure(
+        dense_mla, 8, global_batch=8, seq_len=4096), dense_mla) or "")
     predicting = load("DeepSeek-V3")
     assert "multi-token-prediction" in (refusal("architecture", configure(predicting, 8,
                                         global_batch=8, seq_len=4096), predicting) or "")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner import frameworks
+from planner import cost, frameworks
 from planner.cli.app import note
 from planner.errors import InfeasibleError, InputError
 from planner.frameworks import FRAMEWORKS
 from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
+from planner.spec import DeviceSpec
+from planner.vocabulary import GIB
 
 
 def print_launch(plan: Plan, launch: frameworks.Launch) -> None:
@@ -42,13 +44,15 @@ def _prediction(plan: Plan) -> str:
             f"{plan.memory_margin_gib:.1f} GiB)")  # fmt: skip
 
 
-def check_fits(plan: Plan, target: str, *, model: Path, cluster: Path) -> None:
-    """Refuse to export a plan whose peak does not fit beside its margin (``estimate --out``
-    writes one, to record what was priced): its launch would run out of memory."""
-    p, capacity = plan.predicted, plan.cluster.device_memory_gib
-    usable = capacity - plan.memory_margin_gib
-    if p.peak_memory_gib <= usable + 1e-6:  # the plan file's GiB are rounded
+def check_fits(plan: Plan, device: DeviceSpec, target: str, *, model: Path,
+               cluster: Path) -> None:  # fmt: skip
+    """Refuse to export a plan whose peak does not fit beside its margin on ``device`` (the
+    cost model's :func:`~planner.cost.fits`; ``estimate --out`` writes such a plan, to record
+    what was priced): its launch would run out of memory."""
+    p, capacity = plan.predicted, device.memory_gib
+    if cost.fits(p.peak_memory_gib * GIB, device, plan.memory_margin_gib):
         return
+    usable = capacity - plan.memory_margin_gib
     raise InfeasibleError(
         f"the plan needs {p.peak_memory_gib:.1f} GiB a device where {usable:.1f} may be filled "
         f"({capacity:g} GiB less its {plan.memory_margin_gib:.1f} GiB margin): its launch would "

@@ -346,7 +346,7 @@ def export_cmd(
                                            names=("--model", "--cluster"))  # fmt: skip
     check_inputs(plan, model_spec, cluster_spec, model_label=str(model),
                  cluster_label=str(cluster))
-    check_fits(plan, target, model=model, cluster=cluster)
+    check_fits(plan, cluster_spec.device, target, model=model, cluster=cluster)
     result = frameworks.launch(plan, target, model=model_spec, cluster=cluster_spec,
                                paths=(str(model), str(cluster)))  # fmt: skip
     if out is None:

@@ -48,8 +48,8 @@ def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
         return layers
     if family(model) is not None:
         return None
-    what = " (none for Qwen3-MoE)" * (model.moe is not None
-                                                           and model.qk_layernorm)
+    qwen3_moe = model.moe is not None and model.qk_layernorm
+    what = " (none for Qwen3-MoE)" if qwen3_moe else ""
     return (f"{model.name}: no Shardformer policy builds this architecture{what}; the policies "
             f"are GPT-2's, Llama's, Qwen2's and Qwen3's (dense), Mixtral's (experts on every "
             f"layer, no shared experts) and DeepSeek-V3's (latent attention and experts)")

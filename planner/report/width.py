@@ -34,11 +34,16 @@ def wrap(text: str, width: int, *, first: str = "", indent: str = INDENT) -> lis
     >>> wrap("within 80 % of it", 10)
     ['within', '  80 % of', '  it']
     """
-    glued = UNIT.sub("\N{NO-BREAK SPACE}", text)  # textwrap breaks at ASCII whitespace only
-    lines = textwrap.wrap(glued, max(width, len(indent) + 1), initial_indent=first,
+    lines = textwrap.wrap(_glued(text), max(width, len(indent) + 1), initial_indent=first,
                           subsequent_indent=indent, break_long_words=False,
                           break_on_hyphens=False) or [first.rstrip()]  # fmt: skip
     return [line.replace("\N{NO-BREAK SPACE}", " ") for line in lines]
+
+
+def _glued(text: str) -> str:
+    """``text`` with each number and its unit joined by a no-break space, which textwrap does
+    not break at (it breaks at ASCII whitespace only)."""
+    return UNIT.sub("\N{NO-BREAK SPACE}", text)
 
 
 class Prose:
@@ -67,8 +72,7 @@ class Prose:
         yield Text("\n".join(lines), style=self.style, no_wrap=True, overflow="fold")
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        glued = UNIT.sub("\N{NO-BREAK SPACE}", self.text).split(" ")
-        least = max((cell_len(w) for w in glued), default=0)
+        least = max((cell_len(w) for w in _glued(self.text).split(" ")), default=0)
         return Measurement(least + len(self.indent), cell_len(self.text) + len(self.indent))
 
 
