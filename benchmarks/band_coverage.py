@@ -11,8 +11,10 @@ exposed communication and the widening per unit of distance the folds call for
 :data:`planner.cost.uncertainty.COMMUNICATION` and :data:`~planner.cost.uncertainty.WIDENING`
 hold), the coverage at the bundled values, the coverage with each family's allowance and
 widening fitted without it (nested), the coverage of bands near the evidence (each run
-left out alone, its family's other runs kept), and how each family's misses follow the share
-of its step priced as exposed communication, what the allowance rests on. Run from the
+left out alone, its family's other runs kept), how each family's misses follow the share
+of its step priced as exposed communication, what the allowance rests on, and whether the runs
+that executed above every other family's highest rate are missed more (what would make a rate
+above the evidence widen a band). Run from the
 repository root:
 
     python benchmarks/band_coverage.py ../shared/validation/calibration_runs.json \\
@@ -118,6 +120,7 @@ def main(argv: list[str]) -> None:
     _table("coverage, each run left out alone (its family's other runs kept; bundled fit)",
            coverage(near), near, files)  # fmt: skip
     _exposed(held)
+    _above(held, {r.id: r.hfu for r in validated_runs(rows)})
     print(f"\n{time.perf_counter() - start:.0f} s")
 
 
@@ -143,6 +146,28 @@ def _exposed(held: list[HeldOut]) -> None:
         print(f"{chip:5s} {family:9s} {len(fold):4d} {span:>11s} "
               f"{100 * np.median(error[low]):9.1f}% {upper} {corr}")  # fmt: skip
 
+
+def _above(held: list[HeldOut], hfu: dict[str, float | None]) -> None:
+    """Whether a rate above the evidence is missed more, which would call for the flag of
+    :func:`planner.cost.uncertainty.utilization_above` to widen the band: per family, its runs
+    that executed above every other family's highest hardware FLOPs utilisation on the chip
+    (measured: the FLOPs over the measured step, whatever the fit) against the rest."""
+    print("\nruns above the other families' highest hardware FLOPs utilisation (errors above)")
+    print(f"{'chip':5s} {'family':9s} {'highest':>7s} {'':6s} {'runs':>4s} "
+          f"{'median |error|':>14s} {'inside p80':>10s}")  # fmt: skip
+    for chip, family in sorted({(h.chip, h.family) for h in held}):
+        rest = [hfu[h.id] or 0.0 for h in held if h.chip == chip and h.family != family]
+        if not rest:
+            continue
+        best = max(rest)
+        fold = [h for h in held if (h.chip, h.family) == (chip, family)]
+        for name, group in (("above", [h for h in fold if (hfu[h.id] or 0.0) > best]),
+                            ("within", [h for h in fold if (hfu[h.id] or 0.0) <= best])):
+            if group:
+                inside = sum(h.inside(0.8) for h in group)
+                print(f"{chip:5s} {family:9s} {100 * best:6.1f}% {name:6s} {len(group):4d} "
+                      f"{100 * statistics.median(abs(h.error) for h in group):13.1f}% "
+                      f"{inside:>4d} of {len(group):<3d}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ class Throughput:
     """Model FLOPs plus recomputation per second and device, in TFLOP/s."""
     mfu: float
     """Model FLOPs utilisation: model FLOP/s over the device's peak."""
+    hfu: float
+    """Hardware FLOPs utilisation: hardware FLOP/s over the device's peak, the rate the error
+    band holds against the validated runs' (:func:`~planner.cost.uncertainty.
+    utilization_above`)."""
     forward_flops_per_sequence: float
     """Model FLOPs of one sequence's forward: the model's size as the error bands measure it
     (:func:`~planner.cost.regimes.regime_of`)."""
@@ -49,11 +53,13 @@ def throughput(
     model = 3 * forward_flops_per_sequence * sequences
     hardware = (executed_flops_per_sequence + recompute_flops_per_sequence) * sequences
     per_device_s = step_s * cluster.num_devices
+    peak = cluster.device.peak_flops_per_s(training.precision)
     return Throughput(
         tokens_per_s=sequences * training.seq_length / step_s,
         model_tflops_per_gpu=model / per_device_s / 1e12,
         hardware_tflops_per_gpu=hardware / per_device_s / 1e12,
-        mfu=model / per_device_s / cluster.device.peak_flops_per_s(training.precision),
+        mfu=model / per_device_s / peak,
+        hfu=hardware / per_device_s / peak,
         forward_flops_per_sequence=forward_flops_per_sequence,
     )
 
@@ -78,7 +84,7 @@ def headline(
         mfu=rates.mfu,
         peak_memory_gib=step.peak_memory_bytes.total / GIB,
         bubble_fraction=step.bubble_fraction,
-        error_band=error_band(cluster.device, regime, mfu=rates.mfu,
+        error_band=error_band(cluster.device, regime, utilization=rates.hfu,
                               communication_share=communication_share(step.time.model_dump())),
         memory_band=memory_band(cluster.device, training.stack),
         profiled=profiled,

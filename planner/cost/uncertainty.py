@@ -136,11 +136,12 @@ TERMS: dict[str, tuple[str, ...]] = {
     "stack": ("compute_s",), "moe": ("compute_s", "expert_parallel_comm_s"),
     "precision": ("compute_s",), "seq_length": ("compute_s", "context_parallel_comm_s"),
     "num_devices": ("data_parallel_comm_exposed_s", "pipeline_comm_s"),
-    "mfu": ("compute_s",), "tensor": ("tensor_parallel_comm_s",),
+    "utilization": ("compute_s",), "tensor": ("tensor_parallel_comm_s",),
     "pipeline": ("pipeline_comm_s", "pipeline_bubble_s"),
     "context": ("context_parallel_comm_s",), "expert": ("expert_parallel_comm_s",),
     "zero-3": ("data_parallel_comm_exposed_s",), "offload": ("optimizer_s",),
     "deepep": ("expert_parallel_comm_s",),
+    "mfu": ("compute_s",),  # what plan files written before "utilization" name it
 }
 """The parts of a step (:class:`~planner.plan.schema.StepTime`) each extrapolated feature
 prices: what ``explain`` says rests on extrapolation."""
@@ -244,7 +245,7 @@ def _memo(evidence: Sequence[ValidatedRun], key: tuple[object, ...],
     return value
 
 
-def error_band(device: DeviceSpec, prediction: Regime, *, mfu: float | None = None,
+def error_band(device: DeviceSpec, prediction: Regime, *, utilization: float | None = None,
                communication_share: float = 0.0) -> ErrorBand:  # fmt: skip
     """The band of a prediction in regime ``prediction`` on ``device`` with
     ``communication_share`` of its step exposed communication
@@ -252,22 +253,24 @@ def error_band(device: DeviceSpec, prediction: Regime, *, mfu: float | None = No
     at each of :data:`QUANTILES`, the spread of the errors of its :data:`NEAREST` nearest
     validated runs (:func:`nearest`) with their own exposed communication set apart, widened
     by :data:`WIDENING` times their mean distance and by :data:`COMMUNICATION` times the
-    share (:meth:`Nearest.half_width`), never below their spread. ``mfu``, the predicted MFU,
-    is flagged when above the highest any run of the device's stack reached."""
+    share (:meth:`Nearest.half_width`), never below their spread. ``utilization``, the
+    predicted hardware FLOPs utilisation, is flagged when above the highest any run of the
+    device's stack reached (:func:`utilization_above`)."""
     evidence = device.efficiency.evidence
     if not evidence:
         return _band_by_kind(device, kind_of(prediction.mechanisms))
     share = round(communication_share, 3)
     band = _memo(evidence, ("band", device.name, prediction, share),
                  lambda: _band(device, prediction, share))  # fmt: skip
-    above = None if mfu is None else mfu_above(device, prediction.stack, mfu)
+    above = (None if utilization is None
+             else utilization_above(device, prediction.stack, utilization))
     if above is None:
         return band
     return band.model_copy(update={"extrapolated": (*band.extrapolated, above)})
 
 
 def _band(device: DeviceSpec, prediction: Regime, share: float) -> ErrorBand:
-    """:func:`error_band` without the MFU's check, on a device with evidence."""
+    """:func:`error_band` without the utilisation's check, on a device with evidence."""
     evidence = device.efficiency.evidence
     near = _memo(evidence, ("nearest", prediction), lambda: nearest(prediction, evidence))
     spread, widened = near.spread[0.8], near.half_width(0.8, share)
@@ -295,15 +298,22 @@ def _band(device: DeviceSpec, prediction: Regime, share: float) -> ErrorBand:
                          lambda: gaps(prediction, evidence, device.name)))
 
 
-def highest_mfu(device: DeviceSpec, stack: Stack) -> float:
-    """The highest MFU any validated run of ``stack`` reached on ``device``; for a stack no run
-    ran, the highest any stack reached there (a stack never checked is no licence to go above
-    what every checked one reached); infinity without runs: nothing to be above."""
+def run_utilization(run: ValidatedRun) -> float:
+    """The hardware FLOPs utilisation ``run`` reached; its MFU in a file written before runs
+    kept it."""
+    return run.mfu if run.hfu is None else run.hfu
+
+
+def highest_utilization(device: DeviceSpec, stack: Stack) -> float:
+    """The highest hardware FLOPs utilisation (:func:`run_utilization`) any validated run of
+    ``stack`` reached on ``device``; for a stack no run ran, the highest any stack reached
+    there (a stack never checked is no licence to go above what every checked one reached);
+    infinity without runs: nothing to be above."""
     evidence = device.efficiency.evidence
     stack = evidence_stack(stack)
-    return _memo(evidence, ("mfu", stack), lambda: max(
-        (r.mfu for r in evidence if r.stack == stack),
-        default=max((r.mfu for r in evidence), default=math.inf)))
+    return _memo(evidence, ("utilization", stack), lambda: max(
+        (run_utilization(r) for r in evidence if r.stack == stack),
+        default=max((run_utilization(r) for r in evidence), default=math.inf)))
 
 
 def memory_band(device: DeviceSpec, stack: Stack) -> MemoryBand:
@@ -331,19 +341,27 @@ def _memory_band(device: DeviceSpec, stack: Stack) -> MemoryBand:
         f"80 % of {peaks} measured with {stack} on {device.name} were within it"))
 
 
-def mfu_above(device: DeviceSpec, stack: Stack, mfu: float) -> Extrapolation | None:
-    """The extrapolation of an ``mfu`` above :func:`highest_mfu`; None within it."""
+def utilization_above(device: DeviceSpec, stack: Stack,
+                      utilization: float) -> Extrapolation | None:  # fmt: skip
+    """The extrapolation of a hardware FLOPs ``utilization`` above
+    :func:`highest_utilization`; None within it.
+
+    Hardware FLOPs, not the model's: what the device is asked to sustain is the work it
+    executes, recomputation included, and the runs that reach the highest rates recompute
+    (Megatron-LM's A100 runs of Narayanan et al. all ran full recomputation, a third more work
+    than their model FLOPs count), so a plan without recomputation is above their MFU at the
+    very rate they ran at."""
     stack = evidence_stack(stack)
-    best = highest_mfu(device, stack)
-    if mfu <= best:
+    best = highest_utilization(device, stack)
+    if utilization <= best:
         return None
     evidence = device.efficiency.evidence
     ran = _memo(evidence, ("ran", stack), lambda: any(r.stack == stack for r in evidence))
     # One decimal where whole percents would print the two alike ("51 % above ... (51 %)").
-    digits = 0 if _percent(mfu) != _percent(best) else 1
-    return Extrapolation(feature="mfu", text=f"MFU {_percent(mfu, digits)} above the highest "
-                         f"validated on {device.name} with {stack if ran else 'any stack'} "
-                         f"({_percent(best, digits)})")
+    digits = 0 if _percent(utilization) != _percent(best) else 1
+    return Extrapolation(feature="utilization", text=(
+        f"hardware FLOPs {_percent(utilization, digits)} of peak, above the highest validated "
+        f"on {device.name} with {stack if ran else 'any stack'} ({_percent(best, digits)})"))
 
 
 def _percent(fraction: float, digits: int = 0) -> str:

@@ -17,14 +17,16 @@ from planner.spec.reading import read_json
 
 
 def validated_runs(rows: Sequence[ValidationRow]) -> tuple[ValidatedRun, ...]:
-    """The runs of ``rows`` with a measured step time, each with its regime, error and MFU
-    (a run that ran out of memory has no step time to have missed)."""
+    """The runs of ``rows`` with a measured step time, each with its regime, error, MFU and
+    hardware FLOPs utilisation (a run that ran out of memory has no step time to have
+    missed)."""
     return tuple(
         ValidatedRun(**row.regime.model_dump() | {
                          "gflop_per_token": round(row.regime.gflop_per_token, 4),
                          "network_gb_s": round(row.regime.network_gb_s, 2)},
                      id=row.id, family=row.family,
                      error=round(row.error, 4), mfu=round(row.mfu, 4),
+                     hfu=round(row.hfu, 4),
                      communication_share=row.communication_share,
                      memory_error=_memory_error(row))
         for row in rows if row.error is not None

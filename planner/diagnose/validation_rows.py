@@ -75,6 +75,9 @@ class ValidationRow:
     mfu: float
     """Its model FLOPs utilisation: the predicted one at the measured step time (the
     predicted where none was measured)."""
+    hfu: float
+    """Its hardware FLOPs utilisation (:attr:`~planner.cost.rates.Throughput.hfu`), likewise
+    at the measured step time."""
     communication_share: float = 0.0
     """The share of its predicted step that is exposed communication
     (:func:`planner.cost.regimes.communication_share`)."""
@@ -173,6 +176,7 @@ def validation_rows(
                            used=config_mechanisms(run.config),
                            forward_flops_per_sequence=forward_flops(run.model, training, 1))
         measured = run.measured_step_time_s
+        at_measured = 1.0 if measured is None else est.step_time_s / measured
         rows.append(ValidationRow(
             id=run.id, device=run.device, family=run.family, parallelism=kind_of(run.config),
             num_devices=run.num_devices, config=describe(run.config),
@@ -187,7 +191,9 @@ def validation_rows(
             measured_reserved_memory_gib=run.measured_reserved_memory_gib,
             measured_device_memory_gib=run.measured_device_memory_gib,
             measured_oom=run.measured_oom, cluster=cluster.name, regime=regime,
-            mfu=est.mfu * (1.0 if measured is None else est.step_time_s / measured),
+            mfu=est.mfu * at_measured,
+            hfu=est.hardware_tflops_per_gpu * 1e12 / cluster.device.peak_flops_per_s(
+                training.precision) * at_measured,
             communication_share=communication_share(est.time.model_dump()),
         ))  # fmt: skip
     return rows

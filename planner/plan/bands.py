@@ -30,7 +30,8 @@ class Extrapolation(_Frozen):
 
     feature: str
     """What is outside the evidence: a mechanism (``zero-3``), or ``stack``, ``moe``,
-    ``precision``, ``seq_length``, ``num_devices``, ``mfu``
+    ``precision``, ``seq_length``, ``num_devices``, ``utilization`` (a hardware FLOPs
+    utilisation above the highest validated; ``mfu`` in plans written before it)
     (:data:`planner.cost.uncertainty.TERMS` says which parts of the step each prices)."""
     text: str
     """In words: ``no validated run with ZeRO-3 on H100-SXM5-80GB``."""
@@ -57,8 +58,8 @@ class ErrorBand(_Frozen):
     band widened for their distance; or, for a device without runs, that its numbers are
     uncalibrated."""
     extrapolated: tuple[Extrapolation, ...] = ()
-    """What the prediction has no validated run for, and an MFU above the highest
-    validated."""
+    """What the prediction has no validated run for, and a hardware FLOPs utilisation above
+    the highest validated."""
 
     def at(self, quantile: float) -> float | None:
         """The half-width at ``quantile`` (0.8 or 0.95); None where not known."""

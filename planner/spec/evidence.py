@@ -53,6 +53,11 @@ class ValidatedRun(Regime):
     peak, or else the whole peak against nvidia-smi's memory in use."""
     mfu: Float = Field(ge=0)
     """Its measured model FLOPs utilisation."""
+    hfu: Float | None = Field(default=None, ge=0)
+    """Its hardware FLOPs utilisation at the measured step time: the FLOPs its devices
+    executed (recomputation included, fused causal attention's half of the scores) over the
+    peak; what the error bands hold a prediction's rate against. None in a file written before
+    runs kept it."""
     communication_share: Float = Field(default=0.0, ge=0, le=1)
     """The share of its predicted step that was communication left exposed
     (:func:`planner.cost.regimes.communication_share`): how much of its error the price of

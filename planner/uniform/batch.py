@@ -35,7 +35,12 @@ from planner import cost
 from planner.cost.profiled import profile_coverage
 from planner.cost.rates import throughput
 from planner.cost.regimes import communication_share, mechanisms, regime_of
-from planner.cost.uncertainty import error_band, highest_mfu, memory_band, mfu_above
+from planner.cost.uncertainty import (
+    error_band,
+    highest_utilization,
+    memory_band,
+    utilization_above,
+)
 from planner.errors import ConfigError
 from planner.graph import forward_flops
 from planner.plan.config import ParallelConfig
@@ -208,7 +213,7 @@ def _write(b: Rows, s: Steps, out: dict[str, np.ndarray], memory_margin_gib: flo
     out["num_microbatches"][rows] = b.x.num_microbatches
     out["dp"][rows] = b.x.dp.astype(np.int64)
     out["num_devices"][rows] = cluster.num_devices
-    _write_bands(b, out, rates.forward_flops_per_sequence, rates.mfu,
+    _write_bands(b, out, rates.forward_flops_per_sequence, rates.hfu,
                  communication_share(s.parts_s))
     _write_profiled(b, out)
 
@@ -231,10 +236,10 @@ def _write_profiled(b: Rows, out: dict[str, np.ndarray]) -> None:
 
 
 def _write_bands(b: Rows, out: dict[str, np.ndarray], forward_flops: np.ndarray,
-                 mfu: np.ndarray, share: np.ndarray) -> None:  # fmt: skip
+                 hfu: np.ndarray, share: np.ndarray) -> None:  # fmt: skip
     """Each priced row's error band, once per set of mechanisms and exposed communication's
-    ``share`` of the step (the rest of a row's regime is the batch's), with each row's MFU
-    checked against the highest validated."""
+    ``share`` of the step (the rest of a row's regime is the batch's), with each row's
+    hardware FLOPs utilisation ``hfu`` checked against the highest validated."""
     c, rows = b.c, b.rows
     offloaded = np.array([o != "none" for o in c["offload"]], dtype=bool)
     deepep = c["moe_dispatcher"] == "deepep"
@@ -264,10 +269,10 @@ def _write_bands(b: Rows, out: dict[str, np.ndarray], forward_flops: np.ndarray,
     for k, band in enumerate(bands):  # one by one: numpy would read equal lists as 2-D
         gaps[k] = [e.model_dump() for e in band.extrapolated]
     extrapolated = gaps[k_of]
-    mfus = np.broadcast_to(mfu, rows.shape)
+    hfus = np.broadcast_to(hfu, rows.shape)
     device, stack = b.cluster.device, b.training.stack
-    for i in np.flatnonzero(mfus > highest_mfu(device, stack)):
-        above = mfu_above(device, stack, float(mfus[i]))
+    for i in np.flatnonzero(hfus > highest_utilization(device, stack)):
+        above = utilization_above(device, stack, float(hfus[i]))
         extrapolated[i] = extrapolated[i] + [above.model_dump()] if above else extrapolated[i]
     out["error_band.extrapolated"][rows] = extrapolated
     memory = memory_band(device, stack)
