@@ -83,18 +83,11 @@ def estimate_tables(
         *_memory(result.memory_band),
         *_profiled(result),
     )  # fmt: skip
-    times = Table(title=title("time per step (critical stage)"), title_justify="left")
-    times.add_column("part", no_wrap=True)
-    times.add_column("seconds", justify="right", no_wrap=True)
-    times.add_column("share", justify="right", no_wrap=True)
-    for name, seconds in result.time.model_dump().items():
-        times.add_row(name.removesuffix("_s").replace("_", " "), f"{seconds:.4f}",
-                      _pct(seconds, result.step_time_s))  # fmt: skip
-    memory = Table(title=title("memory per device (most loaded stage)"), title_justify="left")
+    memory = light_table("memory per device (most loaded stage)")
     memory.add_column("part", no_wrap=True)
     memory.add_column("GiB", justify="right", no_wrap=True)
     for name, gib in result.memory.model_dump().items():
-        memory.add_row(name.removesuffix("_gib"), f"{gib:.2f}")
+        memory.add_row(name.removesuffix("_gib").replace("_", " "), f"{gib:.2f}")
     capacity = cluster.device.memory_gib
     host = cluster.host
     over = host is not None and result.host_memory_gib > host.memory_gib
@@ -107,7 +100,7 @@ def estimate_tables(
         memory.add_row("host, per node",
                        Text(f"{result.host_memory_gib:.2f} / {host.memory_gib:g}"
                             + (" (DOES NOT FIT)" if over else ""), style="bold red" * over))
-    return [head, keep_whole(times), keep_whole(memory)]
+    return [head, keep_whole(_time_table(result)), keep_whole(memory)]
 
 
 def info_tables(info: dict[str, Any]) -> list[RenderableType]:
@@ -206,7 +199,7 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
         solver.append(f"gap {100 * s.gap:.2g} %")
     if s.ilp_count:
         solver += [f"{s.ilp_count} ILPs", f"{s.cache_hits} reuses"]
-    return [head, keep_whole(_time_table(plan)), _stage_tables(plan), _groups(plan),
+    return [head, keep_whole(_time_table(plan.predicted)), _stage_tables(plan), _groups(plan),
             Clauses(solver, style="dim")]  # fmt: skip
 
 
@@ -245,17 +238,17 @@ def _stage_tables(plan: Plan) -> RenderableType:
     return FirstThatFits(keep_whole(one), Group(keep_whole(layout), keep_whole(costs)))
 
 
-def _time_table(plan: Plan) -> Table:
-    """Where the step's seconds go on the critical stage (as ``planner estimate`` prints)."""
-    step = plan.predicted.step_time_s
+def _time_table(p: Estimate | Predicted) -> Table:
+    """Where the step's seconds go on the critical stage, the parts it has, to the step's own
+    three decimals: one table for a plan and an estimate."""
     table = light_table("time per step (critical stage)")
     table.add_column("part", no_wrap=True)
     table.add_column("seconds", justify="right", no_wrap=True)
     table.add_column("share", justify="right", no_wrap=True)
-    for name, seconds in plan.predicted.time.model_dump().items():
+    for name, seconds in p.time.model_dump().items():
         if seconds > 0:
             table.add_row(name.removesuffix("_s").replace("_", " "), f"{seconds:.3f}",
-                          _pct(seconds, step))  # fmt: skip
+                          _pct(seconds, p.step_time_s))  # fmt: skip
     return table
 
 
