@@ -83,16 +83,16 @@ def _assert_priced(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfi
 
 def test_one_node_remedies_are_direct_estimates(gpt3: ModelSpec, one_node: ClusterSpec) -> None:
     """GPT-3 175B with TP8 on one DGX A100 needs ~400 GiB: no single change fits (ZeRO-1 over
-    one data-parallel rank saves nothing, no device is left for a pipeline, ZeRO-0 gains
-    nothing from more nodes), so the combination comes, on the 8 nodes it needs; offload
-    leaves the weights and gradients, still too many."""
+    one data-parallel rank saves nothing, so it is not listed; no device is left for a
+    pipeline, ZeRO-0 gains nothing from more nodes), so the combination comes, on the 8 nodes
+    it needs; offload leaves the weights and gradients, still too many."""
     config = ParallelConfig(tp=8)
     remedies = config_remedies(gpt3, one_node, config)
     assert [r.change for r in remedies] == [
-        "--recompute full", "--zero 1", "--sp --recompute full --zero 3 --nodes 8", PRICED,
+        "--recompute full", "--sp --recompute full --zero 3 --nodes 8", PRICED,
     ]  # fmt: skip
-    assert [r.fits for r in remedies] == [False, False, True, False]
-    assert remedies[2].note == COMBINED
+    assert [r.fits for r in remedies] == [False, True, False]
+    assert remedies[1].note == COMBINED
     _assert_priced(gpt3, one_node, config, remedies)
 
 

@@ -79,7 +79,8 @@ def config_remedies(
     For a ``framework``, only what it launches, each change with the switches its search sets
     where they are not ``given`` (field names; :func:`framework_defaults`): its own selective
     recomputation (torchtitan's per-operator policy), a deeper pipeline with the highest ZeRO
-    stage it runs there, its own offload or none. Raises
+    stage it runs there, its own offload or none. A knob whose mildest setting neither fits nor
+    lowers the peak is left out. Raises
     :class:`~planner.errors.ConfigError` when ``config`` does not divide.
     """
     margin = plan_margin_gib(model, cluster, config, memory_margin_gib)
@@ -88,7 +89,10 @@ def config_remedies(
         return []
     launch = FrameworkChanges(model=model, framework=framework, given=tuple(given))
     remedies = [remedy for options in _knobs(model, cluster, config, launch)
-                if (remedy := _mildest(model, cluster, config, options, margin)) is not None]
+                if (remedy := _mildest(model, cluster, config, options, margin)) is not None
+                # a change that does not lower the peak is no remedy (ZeRO-3 over one rank
+                # shards nothing and adds its gather buffers)
+                and (remedy.fits or remedy.memory_gib < base.peak_memory_gib)]
     if not any(r.fits for r in remedies):
         combined = _mildest(model, cluster, config, _combined(model, cluster, config, launch),
                             margin)  # fmt: skip
