@@ -31,7 +31,15 @@ configurations at once.
 
 from planner.diagnose.explain import explain
 from planner.diagnose.explanation import Explanation
-from planner.errors import ConfigError, InfeasibleError, InputError, PlannerError, SolverError
+from planner.errors import (
+    ConfigError,
+    InfeasibleError,
+    InputError,
+    InvalidPlanError,
+    PlannerError,
+    SolverError,
+    TimeLimitError,
+)
 from planner.options import Pins, Progress, SolveOptions
 from planner.plan.config import ParallelConfig
 from planner.plan.schema import Plan
@@ -49,6 +57,7 @@ __all__ = [
     "Explanation",
     "InfeasibleError",
     "InputError",
+    "InvalidPlanError",
     "ModelSpec",
     "ParallelConfig",
     "Pins",
@@ -57,6 +66,7 @@ __all__ = [
     "Progress",
     "SolveOptions",
     "SolverError",
+    "TimeLimitError",
     "TrainingSpec",
     "estimate",
     "estimate_batch",

@@ -10,11 +10,13 @@ training block (:func:`training_of`, through :func:`planner.spec.reading.fill_tr
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import get_args
 
 from planner import cost
-from planner.cost.risk import QUANTILE
+from planner.cost.risk import QUANTILE, parse_objective
 from planner.cost.uncertainty import memory_band
 from planner.errors import InputError
 from planner.frameworks import default_stack
@@ -87,6 +89,19 @@ class Pins:
     def __post_init__(self) -> None:
         # A pin no configuration can keep is refused here, in the flag's words, before any
         # search builds a configuration from it.
+        for name in _DEGREES:
+            value = getattr(self, name)
+            if value is not None and not _is_count(value):
+                raise InputError(f"--{name} {value!r}: a degree is a whole number, at least 1")
+        if self.zero is not None and self.zero not in (0, 1, 2, 3):
+            raise InputError(f"--zero {self.zero!r}: ZeRO stages are 0, 1, 2, 3")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in get_args(choices):
+                raise InputError(f"--{name.replace('_', '-')} {value!r}: choose from "
+                                 f"{', '.join(get_args(choices))}")  # fmt: skip
+        if self.sp is not None and not isinstance(self.sp, bool):
+            raise InputError(f"--sp {self.sp!r}: True or False")
         if self.recompute_modules is None:
             return
         flag = f"--recompute-modules {self.recompute_modules!r}"
@@ -121,6 +136,18 @@ class Pins:
     def admits(self, **knobs: object) -> bool:
         """Whether every pinned knob among ``knobs`` has its pinned value."""
         return all(getattr(self, k) is None or getattr(self, k) == v for k, v in knobs.items())
+
+
+_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
+"""The pins that are counts of ranks or sequences."""
+_CHOICES = {"cp_algo": ContextParallelism, "recompute": Recompute,
+            "moe_dispatcher": MoeDispatcher, "optimizer_moments": OptimizerMoments}  # fmt: skip
+"""The pins that are one of a few words."""
+
+
+def _is_count(value: object) -> bool:
+    """A whole number at least 1 (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 NO_PINS = Pins()
@@ -193,6 +220,24 @@ class SolveOptions:
     """What plans are ranked by: the predicted step (``expected``), or its error band's slow
     end at the 80th or 95th percentile (``p80``, ``p95``; :mod:`planner.cost.risk`), so that
     a plan the validated runs vouch for wins over a slightly faster one they do not."""
+
+    def __post_init__(self) -> None:
+        # Checked here, in the fields' names, as the command line checks its flags: a library
+        # caller's or a sweep's bad value would otherwise fail after a whole search, or not
+        # (the run's length and batch are checked with the model's, by training_of).
+        if not self.micro_batch_sizes or not all(map(_is_count, self.micro_batch_sizes)):
+            raise InputError(f"micro_batch_sizes {self.micro_batch_sizes!r}: one or more whole "
+                             "numbers, each at least 1")  # fmt: skip
+        if self.memory_margin_gib is not None:
+            cost.memory_margin_bytes(1.0, self.memory_margin_gib)  # refuses a negative one
+        # 0 is a limit already passed: the search says so (TimeLimitError), as --time-limit 0
+        for name in ("time_limit_s", "ilp_time_limit_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, numbers.Real) and value >= 0):
+                raise InputError(f"{name} {value!r}: seconds, at least 0")
+        parse_objective(self.objective)
+        if not isinstance(self.pins, Pins):
+            raise InputError(f"pins {self.pins!r}: a Pins")
 
     def margin_bytes(self, device: DeviceSpec, stack: Stack) -> float:
         """The memory a plan run by ``stack`` leaves free on ``device``: the margin given, or

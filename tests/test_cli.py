@@ -515,6 +515,20 @@ def test_calibrate_network_writes_only_the_level(tmp_path: Path) -> None:
     assert "all_reduce_perf_sample.txt" in level["efficiency"]["source"]
 
 
+def test_calibrate_network_keeps_a_bundled_file_as_it_was_laid_out(tmp_path: Path) -> None:
+    """A bundled cluster file keeps its 14 validated runs a line each; --write expanded each
+    to a dozen lines (~200 lines of diff for one number). Only the level's two lines change."""
+    cluster = tmp_path / "dgx-h100-80gb.json"
+    original = (REPO / "instances/clusters/dgx-h100-80gb.json").read_text()
+    cluster.write_text(original)
+    done = cli("calibrate-network", cluster, NCCL / "all_reduce_perf_sample.txt", "--write")
+    assert done.returncode == 0, done.stderr
+    after = cluster.read_text().splitlines()
+    changed = [b for a, b in zip(original.splitlines(), after, strict=True) if a != b]
+    assert [line.split(":")[0].strip() for line in changed] == [
+        '"bandwidth_fraction"', '"source"']
+
+
 @pytest.mark.parametrize("command", ["estimate", "solve"])
 def test_fp8_on_a_device_without_a_measured_speedup_is_one_line(command: str) -> None:
     """The FP8 stack on an A100 (no FP8 GEMMs measured, ``efficiency.fp8`` absent): one error

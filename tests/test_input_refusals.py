@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+import planner as lib
 from planner.errors import InputError
-from planner.options import Pins
+from planner.frameworks import launch
+from planner.options import Pins, SolveOptions
 from tests.cli_process import cli
 from tests.conftest import CLUSTERS, HF, MODELS, shared
 
@@ -130,3 +132,52 @@ def test_a_usage_error_is_one_sentence() -> None:
     "Choose from:         model," with "cluster" on the next line."""
     assert _refused("schema") == ("error: planner schema: Missing argument 'kind'. Choose from: "
                                   "model, cluster")
+
+
+# --------------------------------------------------------------------------- the library
+
+
+def test_a_negative_margin_is_refused_by_the_library() -> None:
+    """``estimate(..., memory_margin_gib=-1000)`` said that 580 GiB fit on an 80 GiB H100, and
+    ``SolveOptions(memory_margin_gib=-5)`` failed only after its whole search, on the plan's
+    schema; the command line's ``min=0`` had kept both from its users."""
+    model, cluster = lib.load_model(LLAMA), lib.load_cluster(H100, nodes=1)
+    with pytest.raises(InputError, match=r"^memory margin -1000 GiB: a margin is at least 0"):
+        lib.estimate(model, cluster, lib.ParallelConfig(tp=8), memory_margin_gib=-1000)
+    with pytest.raises(InputError, match=r"^memory margin -1000 GiB"):
+        lib.estimate_batch(model, cluster, {"tp": [8]}, memory_margin_gib=-1000)
+    with pytest.raises(InputError, match=r"^memory margin -5 GiB"):
+        SolveOptions(memory_margin_gib=-5)
+    assert lib.estimate(model, cluster, lib.ParallelConfig(tp=8), memory_margin_gib=0).fits
+
+
+@pytest.mark.parametrize(("build", "expected"), [
+    (lambda: Pins(tp=0), "--tp 0: a degree is a whole number, at least 1"),
+    (lambda: Pins(tp="8"), "--tp '8': a degree is a whole number, at least 1"),
+    (lambda: Pins(recompute="sometimes"), "--recompute 'sometimes': choose from none, "
+                                          "selective, full"),
+    (lambda: Pins(zero=5), "--zero 5: ZeRO stages are 0, 1, 2, 3"),
+    (lambda: SolveOptions(micro_batch_sizes=()), "micro_batch_sizes (): one or more whole "
+                                                 "numbers, each at least 1"),
+    (lambda: SolveOptions(time_limit_s=-1), "time_limit_s -1: seconds, at least 0"),
+])  # fmt: skip
+def test_options_out_of_range_are_refused_when_built(build, expected: str) -> None:
+    """Each was taken until a search used it: a pydantic error naming ParallelConfig (not the
+    pin), a TypeError, an IndexError, or a time limit "(-1 s) passed after 0 of 2520
+    configurations"."""
+    with pytest.raises(InputError) as refused:
+        build()
+    assert str(refused.value) == expected
+
+
+def test_a_launch_of_another_models_plan_is_refused() -> None:
+    """``frameworks.launch`` wrote Llama 3 8B's launch for a plan priced for Llama 3 70B;
+    ``export`` checked the files, the library did not."""
+    cluster = lib.load_cluster(H100, nodes=2)
+    plan = lib.solve(lib.load_model(LLAMA), cluster)
+    with pytest.raises(InputError, match="the model llama3-70b is not the model the plan was "
+                                         "made for \\(llama3-8b"):
+        launch(plan, "megatron", model=lib.load_model(MODELS / "llama3-70b.json"),
+               cluster=cluster)  # fmt: skip
+    assert "--num-layers 32" in launch(plan, "megatron", model=lib.load_model(LLAMA),
+                                       cluster=cluster).text  # fmt: skip

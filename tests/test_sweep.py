@@ -213,6 +213,8 @@ def planner_cli(*args: str | Path) -> tuple[int, str, str]:
      "axis training.global_batch_size = 0: Input should be greater than 0"),
     ('"search.framework" = ["megatron", "megatorch"]\n', (),
      "axis search.framework = 'megatorch' is not a framework the planner knows"),
+    ('"search.memory_margin_gib" = [4, -5]\n', (),
+     "search: memory margin -5.0 GiB: a margin is at least 0 GiB"),
     (AXES, ("--max-points", "7"), "2 x 2 x 2 = 8 points is above --max-points 7"),
 ])  # fmt: skip
 def test_a_bad_sweep_is_one_line_before_any_search(
@@ -254,6 +256,27 @@ def test_ray_engine_without_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     text = " ".join(line.strip() for line in stderr.splitlines())
     assert text == ("error: --engine ray needs Ray, which is not installed: pip install "
                     "'planner[ray]'")
+
+
+def test_an_interrupted_sweep_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Ctrl-C keeps the journal and exits 130, as docs/sweep.md says; click, run without its
+    standalone mode, returned the code instead of exiting with it, and the sweep exited 0
+    (a script's ``planner sweep ... && analyse`` went on with half a table)."""
+    import planner.cli.sweeps
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(planner.cli.sweeps, "run_sweep", interrupted)
+    monkeypatch.setattr(sys, "argv", ["planner", "sweep", str(sweep_file(tmp_path)), "--out",
+                                      str(tmp_path / "r.parquet")])  # fmt: skip
+    from planner.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 130
+    assert "interrupted: the points done are kept in" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("cause", "hint"), [

@@ -20,6 +20,7 @@ from planner.errors import InputError
 from planner.report.sweep_figures import (
     COST_UNIT,
     MAX_LABELLED,
+    cell_text,
     check_heatmap_axes,
     heatmap_cells,
     pareto_figure,
@@ -255,11 +256,13 @@ def test_the_page_renders_in_chromium(swept: Swept) -> None:
     ys = list(dict.fromkeys(r.values[1] for r in rows))
     best = {(x, y): min((r.step_time_s for r in planned.values() if r.values[:2] == (x, y)),
                         default=None) for x in xs for y in ys}  # fmt: skip
+    # the last value on top, as the picture's y axis runs
     expected = [["", *map(short_repr, xs)]] + [
-        [short_repr(y), *("no plan" if best[x, y] is None else f"{best[x, y]:.3g}" for x in xs)]
-        for y in ys]  # fmt: skip
+        [short_repr(y), *("no plan" if best[x, y] is None else cell_text(best[x, y])
+                          for x in xs)]
+        for y in reversed(ys)]  # fmt: skip
     assert [[cell["text"] for cell in line] for line in shown["heatmap"]] == expected
-    assert {"no plan", f"{min(r.step_time_s for r in planned.values()):.3g}"} <= {
+    assert {"no plan", cell_text(min(r.step_time_s for r in planned.values()))} <= {
         cell["text"] for line in shown["heatmap"] for cell in line}  # fmt: skip
     window = [0, 0, *WINDOW]
     assert all(_inside(cell["box"], window) for line in shown["heatmap"] for cell in line)

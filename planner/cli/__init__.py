@@ -25,8 +25,10 @@ def main() -> None:
     args = sys.argv[1:]
     debug = "--debug" in args
     try:
-        app(_spelled_as_commands([a for a in args if a != "--debug"]), prog_name="planner",
-            standalone_mode=False)
+        # Without standalone mode click returns a command's typer.Exit code rather than
+        # exiting with it (click/core.py, Command.main): a sweep's Ctrl-C exited 0.
+        code = app(_spelled_as_commands([a for a in args if a != "--debug"]),
+                   prog_name="planner", standalone_mode=False)
     except PlannerError as exc:
         if debug:
             raise
@@ -39,6 +41,9 @@ def main() -> None:
         where = f"{ctx.command_path}: " if ctx is not None else ""
         # click lays some out on lines of their own ("Choose from:\n\tmodel,\n\tcluster")
         _fail(f"{where}{' '.join(message().split())}")
+    else:
+        if isinstance(code, int) and code:
+            sys.exit(code)
 
 
 def _spelled_as_commands(args: list[str]) -> list[str]:

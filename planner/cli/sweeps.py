@@ -23,6 +23,7 @@ from planner.sweep import (
     run_sweep,
     sweep_points,
 )
+from planner.vocabulary import counted
 
 INTERRUPTED = 130
 """The exit code of a sweep stopped with Ctrl-C (128 + SIGINT, as shells report it)."""
@@ -89,6 +90,6 @@ def summary_lines(result: SweepResult, *, width: int) -> list[str]:
     """What the sweep did, wrapped to ``width``; the table of its points, best first,
     follows it."""
     rows = len(result.rows)
-    head = (f"wrote {result.out}: {rows} points, {rows - result.failed} with a plan, "
+    head = (f"wrote {result.out}: {counted(rows, 'point')}, {rows - result.failed} with a plan, "
             f"{result.failed} without, {result.skipped} already done")  # fmt: skip
     return wrap(head, width)

@@ -4,11 +4,12 @@ mixed-precision Adam states per parameter under each ZeRO stage (what activation
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from planner.cost.elementwise import Real
-from planner.errors import ConfigError
+from planner.errors import ConfigError, InputError
 from planner.graph.fp8 import FP8_BYTES
 from planner.spec import DeviceSpec
 from planner.vocabulary import FP8_STACKS, OptimizerMoments, Precision, Stack, StatesPrecision
@@ -61,9 +62,18 @@ def memory_margin_bytes(
     (4.0, 1.5)
     >>> round(memory_margin_bytes(80, stack="hf-eager") / 2**30, 2)
     1.6
+
+    A negative margin would let a peak past the device's memory fit:
+
+    >>> memory_margin_bytes(80, -1000)
+    Traceback (most recent call last):
+    planner.errors.InputError: memory margin -1000 GiB: a margin is at least 0 GiB
     """
-    gib = MEMORY_MARGIN[stack] * memory_gib if margin_gib is None else margin_gib
-    return gib * 2**30
+    if margin_gib is None:
+        return MEMORY_MARGIN[stack] * memory_gib * 2**30
+    if not isinstance(margin_gib, numbers.Real) or not margin_gib >= 0:  # NaN and strings too
+        raise InputError(f"memory margin {margin_gib!r} GiB: a margin is at least 0 GiB")
+    return margin_gib * 2**30
 
 
 def usable_bytes(

@@ -53,15 +53,18 @@ def write_evidence(
     eff.pop("validation", None)
     eff["evidence"] = [run.model_dump(mode="json", exclude_defaults=True) for run in runs]
     try:
-        path.write_text(_dumps(data))
+        path.write_text(cluster_json(data))
     except OSError as exc:
         raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
-def _dumps(data: dict[str, object]) -> str:
-    """The file indented as before, each validated run on one line: a hundred runs stay a
-    hundred lines a reader can scan."""
-    eff = data["device"]["efficiency"]  # type: ignore[index]
+def cluster_json(data: dict[str, Any]) -> str:
+    """A cluster file's text as every command that writes one lays it out: indented, each
+    validated run on one line, so that a hundred runs stay a hundred lines a reader can scan
+    and a write that changes one value is a one-line diff."""
+    eff = data.get("device", {}).get("efficiency") or {}
+    if "evidence" not in eff:
+        return json.dumps(data, indent=2) + "\n"
     runs = eff.pop("evidence")
     eff["evidence"] = ["\0"] * len(runs)
     text = json.dumps(data, indent=2)

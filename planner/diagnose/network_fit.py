@@ -9,7 +9,6 @@ what it stores is exactly what the planner will price with.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.cost import CommGroup, collective_time_s
+from planner.diagnose.evidence import cluster_json
 from planner.diagnose.hccl_tests import is_hccl_tests_output, read_hccl_tests
 from planner.diagnose.nccl_tests import (
     NcclRun,
@@ -285,4 +285,4 @@ def _updated(path: Path, level: int, fraction: float, latency_us: float | None,
         entry["latency_us"] = latency_us
     entry["efficiency"] = (entry.get("efficiency") or {}) | {
         "bandwidth_fraction": fraction, "source": source}
-    return json.dumps(data, indent=2) + "\n"
+    return cluster_json(data)

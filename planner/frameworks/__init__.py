@@ -19,6 +19,7 @@ from planner.frameworks.base import (
     Rule,
 )
 from planner.plan.config import ResolvedConfig, resolve
+from planner.plan.inputs import check_inputs
 from planner.plan.schema import Plan
 from planner.spec import ClusterSpec, DeviceSpec, ModelSpec
 from planner.vocabulary import Stack
@@ -100,7 +101,12 @@ def plan_configuration(
     paths: Paths = PLACEHOLDERS,
 ) -> ResolvedConfig:  # fmt: skip
     """The uniform configuration ``plan`` is, resolved against its inputs; an InputError when
-    the plan has none (a per-operator plan, which no framework launches)."""
+    the plan has none (a per-operator plan, which no framework launches) or when ``model`` or
+    ``cluster`` is not what it was made for (a launch of another model's plan would run what
+    was never priced)."""
+    named = paths != PLACEHOLDERS
+    check_inputs(plan, model, cluster, model_label=paths[0] if named else None,
+                 cluster_label=paths[1] if named else None)  # fmt: skip
     if plan.configuration is None:
         raise InputError(f"the plan was solved for {plan.framework} with per-operator "
                          f"shardings, which no framework launches; solve for the framework: "

@@ -25,6 +25,7 @@ from planner.report.output import check_folder, write_atomic
 from planner.report.pictures import FORMATS, save
 from planner.spec.messages import short_repr
 from planner.sweep import SweepRow
+from planner.vocabulary import counted
 
 COST_UNIT = "price per device-hour x device-hours"
 """The cost's unit: the sweep's ``price_per_device_hour`` (in whatever currency it was given)
@@ -53,14 +54,31 @@ def pareto_front(rows: Sequence[SweepRow]) -> list[SweepRow]:
     ...                     error_band=None, time_to_train_s=None, cost=None, error=None)
     >>> [r.index for r in pareto_front([row(0, 8, 2.0), row(1, 16, 1.0), row(2, 16, 3.0)])]
     [0, 1]
+
+    Resources a millionth apart are the same (two designs whose costs differ by cents):
+    only the faster is on the front.
+
+    >>> [r.index for r in pareto_front([row(0, 16.0, 2.0), row(1, 16.000001, 1.0)])]
+    [1]
     """
     solved = sorted((r for r in rows if _time(r) is not None),
                     key=lambda r: (_resource(r), _time(r)))  # fmt: skip
     front: list[SweepRow] = []
     for row in solved:
-        if not front or (_time(row) or 0.0) < (_time(front[-1]) or 0.0):
+        time = _time(row) or 0.0
+        if front and math.isclose(_resource(row) or 0.0, _resource(front[-1]) or 0.0,
+                                  rel_tol=SAME_RESOURCE):  # fmt: skip
+            if time < (_time(front[-1]) or 0.0):
+                front[-1] = row
+        elif not front or time < (_time(front[-1]) or 0.0):
             front.append(row)
     return front
+
+
+SAME_RESOURCE = 1e-6
+"""Resources this close, relatively, are the same on the front: the bundled NIC sweep's two
+designs at 7,886,188.07 and 7,886,188.54 (twice the devices for half the time) cost the same,
+and the slower one drew a front of its own."""
 
 
 def _labels(rows: Sequence[SweepRow]) -> tuple[str, str]:
@@ -134,7 +152,8 @@ def pareto_figure(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str =
     ax.set_axisbelow(True)
     ax.legend(fontsize=8, frameon=False)
     ax.set_title(f"{title}: " * bool(title) + f"{_labels(rows)[1]} against {_labels(rows)[0]} "
-                 f"({len(front)} of {len(solved)} points on the front)", fontsize=9)  # fmt: skip
+                 f"({len(front)} of {counted(len(solved), 'point')} on the front)",
+                 fontsize=9)  # fmt: skip
     figure.tight_layout()
     return figure
 
@@ -177,7 +196,7 @@ def heatmap_figure(
         for j, v in enumerate(line):
             # viridis_r is light at the short end: dark text there, white on the dark end.
             light = v is None or hi == lo or (v - lo) / (hi - lo) < 0.5
-            ax.text(j, i, "no plan" if v is None else f"{v:.3g}", ha="center", va="center",
+            ax.text(j, i, "no plan" if v is None else cell_text(v), ha="center", va="center",
                     fontsize=8, color="black" if light else "white")  # fmt: skip
     ax.set_xticks(range(len(xs)), [short_repr(x) for x in xs])
     ax.set_yticks(range(len(ys)), [short_repr(y) for y in ys])
@@ -187,6 +206,18 @@ def heatmap_figure(
     ax.set_title(f"{title}: " * bool(title) + "step time", fontsize=9)
     figure.tight_layout()
     return figure
+
+
+def cell_text(seconds: float) -> str:
+    """A heatmap cell's step time: three figures, whole seconds from 100 on (``%.3g`` wrote
+    1,088 s as 1.09e+03).
+
+    >>> [cell_text(s) for s in (1088.4, 41.85, 4.591, 0.0123)]
+    ['1,088', '41.9', '4.59', '0.0123']
+    """
+    if seconds >= 100:
+        return f"{seconds:,.0f}"
+    return f"{seconds:.3g}"
 
 
 def point_text(row: SweepRow, axes: Sequence[str]) -> str:
@@ -243,12 +274,22 @@ def tick_text(value: float, step: float) -> str:
 
     >>> tick_text(8200000.0, 200000.0), tick_text(1070.0, 50.0), tick_text(2.5, 0.5)
     ('8.2M', '1,070', '2.5')
+
+    A step of 0.25M keeps its two decimals (7.75M read "7.8M" beside 8.0M, 8.2M):
+
+    >>> [tick_text(v, 250000.0) for v in (7750000.0, 8000000.0, 8250000.0)]
+    ['7.75M', '8.00M', '8.25M']
     """
     if abs(value) >= 1e6 or step >= 1e6:
-        digits = max(0, -math.floor(math.log10(step / 1e6) + 1e-9))
-        return f"{value / 1e6:,.{digits}f}M"
-    digits = max(0, -math.floor(math.log10(step) + 1e-9)) if step > 0 else 0
-    return f"{value:,.{digits}f}"
+        return f"{value / 1e6:,.{_decimals(step / 1e6)}f}M"
+    return f"{value:,.{_decimals(step)}f}"
+
+
+def _decimals(step: float) -> int:
+    """The fewest decimals that write ``step`` exactly (0.25: 2, 50: 0), at most 6."""
+    if step <= 0:
+        return 0
+    return next((d for d in range(7) if abs(round(step, d) - step) <= 1e-9 * step), 6)
 
 
 def axis_labels(rows: Sequence[SweepRow]) -> tuple[str, str]:
@@ -328,8 +369,9 @@ def _html_heatmap(rows: Sequence[SweepRow], axes: Sequence[str], x_axis: str,
             row = best.get((x, y))
             tip = html.escape(point_text(row, axes)) if row is not None else "no plan"
             cells.append(f'<td class="cell" title="{tip}">'
-                         f"{'no plan' if v is None else f'{v:.3g}'}</td>")  # fmt: skip
+                         f"{'no plan' if v is None else cell_text(v)}</td>")  # fmt: skip
         body.append(f"<tr><th>{html.escape(short_repr(y))}</th>{''.join(cells)}</tr>")
+    body.reverse()  # the last value on top, as the picture's y axis runs
     return (f'<table class="heatmap"><caption>step time (s), best over the other axes: '
             f"{html.escape(y_axis)} by {html.escape(x_axis)}</caption>"
             f"<tr><th></th>{head}</tr>{''.join(body)}</table>")  # fmt: skip
@@ -347,7 +389,7 @@ def sweep_page(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str,
         ".heatmap td,.heatmap th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
         ".heatmap{border-collapse:collapse;margin-top:2em}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        f"<p>{len(rows)} points; hover a point for its plan and inputs.</p>",
+        f"<p>{counted(len(rows), 'point')}; hover a point for its plan and inputs.</p>",
         _svg_scatter(rows, axes), heat, "</body></html>",
     ])  # fmt: skip
 

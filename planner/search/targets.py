@@ -32,9 +32,11 @@ def solve(
     """The fastest plan for ``options.framework`` that fits, with the knobs in
     ``options.pins`` fixed and ``options.memory_margin_gib`` left free on every device.
 
-    Raises :class:`~planner.errors.InputError` for an unknown framework,
-    :class:`~planner.errors.InfeasibleError` when nothing fits (naming what would) and
-    :class:`~planner.errors.TimeLimitError` when the time limit passes before any plan.
+    Raises :class:`~planner.errors.InputError` for an unknown framework or inputs it cannot
+    take, :class:`~planner.errors.ConfigError` when the framework launches no configuration of
+    the model (its rules refuse the architecture), :class:`~planner.errors.InfeasibleError`
+    when nothing fits (naming what would) and :class:`~planner.errors.TimeLimitError` when
+    the time limit passes before any plan.
 
     >>> import planner
     >>> model = planner.load_model("instances/models/gpt-1.7b.json")

@@ -313,3 +313,6 @@ def _options(
         return _OPTIONS.validate_python(search | training.model_dump())
     except ValidationError as exc:
         raise where.error("search", exc) from None
+    except InputError as exc:  # SolveOptions' and Pins' own checks, after the types'
+        point = ", ".join(f"{a}={short_repr(v)}" for a, v in at.items())
+        raise InputError(f"{sweep.source}: point {where.index} ({point}): search: {exc}") from None

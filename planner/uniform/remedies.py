@@ -79,8 +79,8 @@ def config_remedies(
     For a ``framework``, only what it launches, each change with the switches its search sets
     where they are not ``given`` (field names; :func:`framework_defaults`): its own selective
     recomputation (torchtitan's per-operator policy), a deeper pipeline with the highest ZeRO
-    stage it runs there, its own offload or none. A knob whose mildest setting neither fits nor
-    lowers the peak is left out. Raises
+    stage it runs there, its own offload or none. A dense model over one data- and
+    context-parallel rank is offered no higher ZeRO stage: it would shard nothing. Raises
     :class:`~planner.errors.ConfigError` when ``config`` does not divide.
     """
     margin = plan_margin_gib(model, cluster, config, memory_margin_gib)
@@ -89,10 +89,7 @@ def config_remedies(
         return []
     launch = FrameworkChanges(model=model, framework=framework, given=tuple(given))
     remedies = [remedy for options in _knobs(model, cluster, config, launch)
-                if (remedy := _mildest(model, cluster, config, options, margin)) is not None
-                # a change that does not lower the peak is no remedy (ZeRO-3 over one rank
-                # shards nothing and adds its gather buffers)
-                and (remedy.fits or remedy.memory_gib < base.peak_memory_gib)]
+                if (remedy := _mildest(model, cluster, config, options, margin)) is not None]
     if not any(r.fits for r in remedies):
         combined = _mildest(model, cluster, config, _combined(model, cluster, config, launch),
                             margin)  # fmt: skip
@@ -209,7 +206,11 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
                       for r in recomputes])  # fmt: skip
     if c.recompute_layers is not None:  # every layer of each chunk
         knobs.append([(_with(c, recompute_layers=None), cluster, None)])
-    if zeros := launch.zero_stages(c):
+    # ZeRO shards a dense model's states over its data- and context-parallel ranks; over one
+    # it saves nothing (ZeRO-3 adds its gather buffers). Experts folded over the TP ranks are
+    # sharded over more, so a mixture of experts keeps the knob.
+    shards = (c.dp or cluster.num_devices // (c.tp * c.pp * c.cp)) * c.cp
+    if (shards > 1 or model.moe is not None) and (zeros := launch.zero_stages(c)):
         knobs.append([(_with(c, zero=z), cluster, launch.zero_note(z)) for z in zeros])
     sp_note = None if c.sp else f"with sequence parallelism, as {launch.title} runs TP"
     if tps := _wider_tps(model, cluster, c):
