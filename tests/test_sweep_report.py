@@ -8,7 +8,7 @@ import itertools
 import random
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from planner.report.sweep_figures import (
     sweep_page,
     write_sweep_report,
 )
+from planner.report.sweep_table import ranked
 from planner.spec.messages import short_repr
 from planner.sweep import COLUMNS, SweepRow, read_sweep
 from tests.conftest import REPO
@@ -72,6 +73,18 @@ def test_pareto_front_is_what_nothing_beats(seed: int) -> None:
     by_value = {(r.devices, r.step_time_s) for r in solved if not beaten(r)}
     assert {(r.devices, r.step_time_s) for r in front} == by_value
     assert len(front) == len(by_value)  # one row per undominated (devices, step) pair
+
+
+def test_the_table_ranks_by_tokens_a_second() -> None:
+    """With the batch an axis, a 13 s step of 128 sequences ranked above a 24 s step of 512
+    (twice the tokens a second); ranked by tokens a second, the step time's order where the
+    tokens a step are the same; points without a plan last."""
+    small = _row(0, 1, 25, 13.0)  # 1e6 / 13 tokens a second
+    large = replace(_row(1, 1, 50, 23.9), tokens_per_s=4 * 1e6 / 23.9)  # 4x the tokens a step
+    none = _row(2, 2, 25, None)
+    assert [r.index for r in ranked([small, none, large])] == [1, 0, 2]
+    same = [_row(i, 1, 25, step) for i, step in enumerate((3.0, 1.0, 2.0))]
+    assert [r.index for r in ranked(same)] == [1, 2, 0]
 
 
 def test_heatmap_cell_is_the_best_over_the_other_axes() -> None:
