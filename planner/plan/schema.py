@@ -264,13 +264,23 @@ class Predicted(_Frozen):
     """What the cost model predicts for one step."""
 
     step_time_s: float
+    """Seconds per optimizer step."""
     time: StepTime
     """The step's seconds by part."""
     tokens_per_s: float
+    """Tokens trained per second, over the whole cluster."""
     model_tflops_per_gpu: float
+    """Model FLOPs (three times the forward's, no recomputation) per second and device, in
+    TFLOP/s."""
     hardware_tflops_per_gpu: float
+    """The FLOPs the devices execute (recomputation included) per second and device, in
+    TFLOP/s."""
     mfu: float
+    """Model FLOPs utilisation, a fraction between 0 and 1: model FLOP/s over the device's
+    peak at the run's precision."""
     peak_memory_gib: float
+    """The most loaded device's peak, in GiB, the reserve for what the allocator and the
+    runtime hold included."""
     bubble_fraction: float
     """The pipeline bubble's share of the step, ``time.pipeline_bubble_s / step_time_s``
     (:func:`planner.cost.bubble_share`), between 0 and 1."""
