@@ -146,8 +146,8 @@ def test_page_axes_have_ticks_spanning_the_points_and_titles_with_units(priced: 
 
 
 def test_pareto_png_labels_its_points_and_names_the_cost_unit() -> None:
-    """Every point labelled with its index and degrees while there are few, the front's only
-    past MAX_LABELLED; the cost axis in its unit."""
+    """Every point labelled with its index and degrees while there are few, past MAX_LABELLED
+    the front's so and the others by their index alone; the cost axis in its unit."""
     rows = [_row(i, n, b, 10.0 / n + b / 100, price=2.0, tokens=1e9)
             for i, (n, b) in enumerate((n, b) for n in (1, 2, 4) for b in (25, 50))]  # fmt: skip
     ax = pareto_figure(rows, AXES).axes[0]
@@ -157,9 +157,14 @@ def test_pareto_png_labels_its_points_and_names_the_cost_unit() -> None:
     many = [_row(i, 1 + i, 25, 100.0 / (1 + i) + i, price=2.0, tokens=1e9)
             for i in range(MAX_LABELLED + 5)]  # fmt: skip
     ax = pareto_figure(many, AXES).axes[0]
-    front = sorted(point_label(r, AXES) for r in pareto_front(many))
-    assert sorted(t.get_text() for t in ax.texts) == front
-    assert len(ax.texts) < len(many)
+    front = pareto_front(many)
+    others = [str(r.index) for r in many if r not in front]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(
+        [point_label(r, AXES) for r in front] + others)  # fmt: skip
+    assert len(ax.texts) == len(many) and len(front) < len(many)
+    tied = [_row(0, 1, 25, 5.0), _row(1, 1, 50, 5.0), _row(2, 2, 25, 9.0)]  # 0 and 1 alike
+    ax = pareto_figure(tied, AXES).axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == ["0, 1: plan 0 / plan 1", "2: plan 2"]
 
 
 def test_report_writes_every_picture(tmp_path: Path) -> None:

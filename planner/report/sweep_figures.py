@@ -118,10 +118,30 @@ def point_label(row: SweepRow, axes: Sequence[str]) -> str:
     return f"{row.index}: {degrees}" + "".join(f" ({f})" for f in framework)
 
 
+def _place_label(here: Sequence[SweepRow], axes: Sequence[str], *, full: bool) -> str:
+    """The label of the points at one place: their indices, and with ``full`` their plan
+    (:func:`point_label`) once when they share it.
+
+    >>> from planner.sweep import SweepRow
+    >>> def row(i, summary):
+    ...     return SweepRow(index=i, values=(), summary=summary, devices=8, step_time_s=1.0,
+    ...                     tokens_per_s=None, mfu=None, peak_memory_gib=None,
+    ...                     error_band=None, time_to_train_s=None, cost=None, error=None)
+    >>> tied = [row(11, "TP4 x PP1 x DP2048, mbs 1"), row(15, "TP4 x PP1 x DP2048, mbs 1")]
+    >>> _place_label(tied, [], full=True), _place_label(tied, [], full=False)
+    ('11, 15: TP4 x PP1 x DP2048', '11, 15')
+    """
+    indices = ", ".join(str(r.index) for r in here)
+    if not full:
+        return indices
+    plans = list(dict.fromkeys(point_label(r, axes).split(": ", 1)[1] for r in here))
+    return f"{indices}: {' / '.join(plans)}"
+
+
 def pareto_figure(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str = "") -> Figure:
     """Every point with a plan, and the front drawn through the ones nothing beats; each
     point labelled (:func:`point_label`) when there are at most :data:`MAX_LABELLED`, else the
-    front's."""
+    front's, and the others by their index alone; points at one place share one label."""
     figure = Figure(figsize=(8.0, 5.2))
     ax = figure.add_subplot()
     solved = [r for r in rows if _time(r) is not None]
@@ -130,16 +150,19 @@ def pareto_figure(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str =
                color="#9aa5b1", label="points", zorder=2)  # fmt: skip
     ax.plot([_resource(r) for r in front], [_time_value(r) for r in front], "-o", ms=5,
             color="#c44e52", label="Pareto front", zorder=3)  # fmt: skip
-    labelled = solved if len(solved) <= MAX_LABELLED else front
     on_front = {r.index for r in front}
     x_values = [_resource(r) or 0.0 for r in solved]
     middle = (min(x_values, default=0.0) + max(x_values, default=0.0)) / 2
-    for r in labelled:
-        x = _resource(r) or 0.0
+    places: dict[tuple[float, float], list[SweepRow]] = {}
+    for r in solved:  # tied designs (the same plan at another NIC) drew labels over each other
+        places.setdefault((_resource(r) or 0.0, _time_value(r)), []).append(r)
+    for (x, y), here in places.items():
+        front_here = any(r.index in on_front for r in here)
+        full = len(solved) <= MAX_LABELLED or front_here
         left = x > middle  # a label toward the middle, where it stays inside the axes
-        ax.annotate(point_label(r, axes), (x, _time_value(r)), xytext=(-5 if left else 5, 4),
+        ax.annotate(_place_label(here, axes, full=full), (x, y), xytext=(-5 if left else 5, 4),
                     textcoords="offset points", fontsize=7, ha="right" if left else "left",
-                    color="#7a2a2d" if r.index in on_front else "#555555")  # fmt: skip
+                    color="#7a2a2d" if front_here else "#555555")  # fmt: skip
     resource, time = axis_labels(rows)
     ax.set_xlabel(resource)
     ax.set_ylabel(time)
