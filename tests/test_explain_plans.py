@@ -83,6 +83,25 @@ def test_a_partial_recompute_plan_explains_its_recompute_notch() -> None:
     none = config.model_copy(update={"recompute": "none", "recompute_layers": None})
     assert e.why_not is not None and e.why_not.config == none
     assert e.why_not.step_time_s == estimate(model, cluster, none).step_time_s
+    # full named without a count is every layer's: the plan's 20 were kept, unsaid
+    full = explain(plan, model, cluster, why_not={"recompute": "full"}).why_not
+    assert full is not None and full.config.recompute_layers is None
+
+
+def test_a_refused_why_not_is_refused_for_its_own_reasons() -> None:
+    """DeepSpeed's ZeRO-3 plan (its overlaps on) asked why not PP2, ZeRO-1 and selective
+    recomputation: refused for selective recomputation under flash attention and for Ulysses
+    beside the pipeline, not also three times for the plan's overlaps, which DeepSpeed's
+    pipeline and ZeRO-1 do not run and which the user never set."""
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster(H100, 1)
+    plan = solve(model, cluster, SolveOptions(framework="deepspeed"))
+    assert plan.configuration is not None and plan.configuration.zero == 3
+    n = explain(plan, model, cluster,
+                why_not={"pp": 2, "zero": 1, "recompute": "selective"}).why_not
+    assert n is not None and len(n.framework_refusals) == 2
+    assert not any("overlap" in reason for reason in n.framework_refusals)
+    assert n.config.overlap_grad_reduce is False and n.config.overlap_param_gather is False
 
 
 # Instances whose default solve (Megatron-LM, H100) takes a few seconds each, and mostly

@@ -15,10 +15,11 @@ SUMMARY = ("TP1 x PP1 x DP128 x CP2, mbs 1, 1F1B, full recompute of 20 layers pe
 
 
 def row(index: int, values: tuple, step: float | None) -> SweepRow:
-    """A point with a plan of ``step`` seconds, or without one (``step`` None)."""
+    """A point with a plan of ``step`` seconds of a million tokens, or without one (``step``
+    None)."""
     solved = step is not None
     return SweepRow(index=index, values=values, summary=SUMMARY if solved else None,
-                    devices=8, step_time_s=step, tokens_per_s=1e5 if solved else None,
+                    devices=8, step_time_s=step, tokens_per_s=1e6 / step if solved else None,
                     mfu=0.5 if solved else None, peak_memory_gib=60.0 if solved else None,
                     error_band="+/- 10 %" if solved else None,
                     time_to_train_s=86400.0 * 10 * step if solved else None,

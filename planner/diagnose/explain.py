@@ -215,9 +215,12 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
     ZeRO-2 turns ``overlap_param_gather`` off), with sequence parallelism as it was, then
     as the search sets it (Megatron-Core's MoE layers take TP only with SP, so a TP1 plan's
     ``tp 1 -> 2`` turns it on). Unchanged for a per-operator plan; where nothing of that
-    launches, the setting of sequence parallelism the framework refuses for the fewest
-    reasons, so that they are the change's own (torchtitan's ZeRO-3 ``--why-not pp=2,tp=2``
-    is refused for ZeRO-3 under a pipeline, not also for TP without SP)."""
+    launches, the settings of sequence parallelism and of the overlap flags not given that
+    the framework refuses for the fewest reasons (the plan's own on a tie), so that they are
+    the change's own (torchtitan's ZeRO-3 ``--why-not pp=2,tp=2`` is refused for ZeRO-3
+    under a pipeline, not also for TP without SP; DeepSpeed's ZeRO-3 plan's ``--why-not
+    tp=8,pp=4,zero=1,recompute=selective`` for selective recomputation under flash attention,
+    not also for the plan's overlaps, which DeepSpeed's pipeline and ZeRO-1 do not run)."""
     if plan.framework == ANY:
         return config
     if "cp_algo" not in given:
@@ -244,7 +247,15 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
                                      **overlap_choices(config, given))  # fmt: skip
         if launched is not None:
             return launched
-    return min(variants, key=reasons)
+
+    def own_first(name: str) -> tuple[bool, ...]:  # the plan's setting wins a tie
+        own = bool(getattr(config, name))
+        return (own,) if name in given else (own, not own)
+
+    flagged = [v.model_copy(update={"overlap_grad_reduce": grad, "overlap_param_gather": gather})
+               for v in variants for grad in own_first("overlap_grad_reduce")
+               for gather in own_first("overlap_param_gather")]  # fmt: skip
+    return min(flagged, key=reasons)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

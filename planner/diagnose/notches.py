@@ -40,6 +40,7 @@ from planner.vocabulary import (
     RECOMPUTE_MODES,
     STACK_SWITCHES,
     Stack,
+    counted,
     stack_switch,
     switched_on,
     with_switch,
@@ -223,7 +224,8 @@ def with_changes(
     the devices when a degree that takes devices changes; the first and last stage's layers
     reset when ``pp`` changes, to Megatron's uneven split when the layers do not divide
     evenly; ZeRO-0 overlaps no parameter gather (there is none); a count of recomputed layers
-    dropped when recomputation stops being full, and full recomputation when a count is given;
+    dropped when recomputation is named without one (``full`` then recomputes every layer),
+    and full recomputation when a count is given;
     :data:`LOSS_FUSION` on or off, the stack with Megatron's loss fused or eager. Raises
     :class:`InputError` when the changes given contradict each other.
 
@@ -231,6 +233,8 @@ def with_changes(
     >>> llama = load_model("instances/models/llama3-70b.json")
     >>> partial = ParallelConfig(recompute="full", recompute_layers=20)
     >>> with_changes(partial, {"recompute": "selective"}, llama).recompute_layers is None
+    True
+    >>> with_changes(partial, {"recompute": "full"}, llama).recompute_layers is None
     True
     >>> with_changes(ParallelConfig(), {"recompute_layers": 4}, llama).recompute
     'full'
@@ -241,9 +245,10 @@ def with_changes(
         values["dp"] = None
     if changes.get("zero") == 0 and "overlap_param_gather" not in changes:
         values["overlap_param_gather"] = False  # replicated weights: no gather to overlap
-    # --recompute-num-layers is a count of fully recomputed layers (ParallelConfig's rule)
-    if "recompute" in changes and "recompute_layers" not in changes \
-            and values["recompute"] != "full":
+    # --recompute-num-layers is a count of fully recomputed layers (ParallelConfig's rule);
+    # recomputation named without a count is every layer's, even where the plan counted some
+    # (--why-not recompute=full on a plan recomputing 8 of 32 layers kept the 8, unsaid)
+    if "recompute" in changes and "recompute_layers" not in changes:
         values["recompute_layers"] = None
     # so are the modules of selective recomputation
     if "recompute" in changes and "recompute_modules" not in changes \
@@ -299,6 +304,9 @@ def describe_change(
     >>> describe_change(ParallelConfig(mbs=1), ParallelConfig(mbs=2), dp=(8, 8),
     ...                 microbatches=(16, 8))
     'mbs 1 -> 2 (8 microbatches)'
+    >>> describe_change(ParallelConfig(mbs=2), ParallelConfig(mbs=4), dp=(8, 8),
+    ...                 microbatches=(2, 1))
+    'mbs 2 -> 4 (1 microbatch)'
     >>> describe_change(ParallelConfig(zero=1, overlap_param_gather=True), ParallelConfig(),
     ...                 dp=(8, 8), microbatches=(16, 16), knob="zero")
     'zero 1 -> 0 (overlap-param-gather off)'
@@ -315,7 +323,7 @@ def describe_change(
     if dp[1] and dp[1] != dp[0]:
         also.append(f"dp {dp[0]} -> {dp[1]}")
     elif microbatches[1] and microbatches[1] != microbatches[0]:
-        also.append(f"{microbatches[1]} microbatches")
+        also.append(counted(microbatches[1], "microbatch", "microbatches"))
     ends = (after.first_stage_layers, after.last_stage_layers)
     if ends != (before.first_stage_layers, before.last_stage_layers):
         also.append("equal stages" if ends == (None, None) else

@@ -241,12 +241,16 @@ def _idle_notes(ax: Axes, sim: Simulation, rows: _Rows) -> None:
 
 
 def _summary(sim: Simulation, unit: str, scale: float) -> str:
-    """The pipeline's shape and what the simulation adds up to, in one line."""
+    """The pipeline's shape and what the simulation adds up to, in one line: the simulated
+    step, said so beside the priced one it differs from (the closed forms price every stage
+    as the slowest and charge sends both ways: 18.01 against 18.034 s on the quickstart's
+    plan, ``docs/simulate.md``)."""
     chunks = f", {sim.virtual_stages} chunks per stage" if sim.virtual_stages > 1 else ""
     return (
         f"{counted(sim.num_stages, 'stage')}, "
         f"{counted(sim.num_microbatches, 'microbatch', 'microbatches')}{chunks}: "
-        f"step {sim.step_s * scale:.4g} {unit}, forward-backward {sim.pipeline_s * scale:.4g} "
+        f"simulated step {sim.step_s * scale:.4g} {unit}, forward-backward "
+        f"{sim.pipeline_s * scale:.4g} "
         f"{unit}, bubble {100 * sim.bubble_fraction:.1f} %"
     )
 
