@@ -181,3 +181,24 @@ def test_a_launch_of_another_models_plan_is_refused() -> None:
                cluster=cluster)  # fmt: skip
     assert "--num-layers 32" in launch(plan, "megatron", model=lib.load_model(LLAMA),
                                        cluster=cluster).text  # fmt: skip
+
+
+def test_the_cpu_is_not_measured_under_a_gpus_name(tmp_path: Path) -> None:
+    """With no GPU visible, ``--device auto`` timed the CPU: ``bench --write`` put its GEMM
+    curve (0.15 % of peak) into the H100's file, and ``profile`` wrote a profile named H100
+    that ``--profile`` then priced with. Both are refused before any timing; a file of the
+    user's own machine (no platform) is measured as before."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: auto times it")
+    h100 = tmp_path / "h100.json"
+    h100.write_text(H100.read_text())
+    tiny = "tests/data/bench/tiny-llama.json"
+    message = _refused("bench", h100, "--model", tiny, "--micro-batch", "1", "--write")
+    assert message.startswith("error: --write: this run times the CPU, not H100-SXM5-80GB (a "
+                              "cuda device, none visible here)")
+    assert h100.read_text() == H100.read_text()
+    out = tmp_path / "p.json"
+    message = _refused("profile", H100, "--model", tiny, "--mbs", "1", "--tp", "1", "--out", out)
+    assert message.startswith("error: planner profile: this run times the CPU, not H100")
+    assert not out.exists()

@@ -23,7 +23,12 @@ from planner.cli.app import (
 from planner.cli.app import stderr_console as progress_console
 from planner.diagnose.bench_cases import BenchCase, bench_cases
 from planner.diagnose.bench_fit import fit_bench
-from planner.diagnose.bench_torch import DeviceChoice, choose_backend, run_cases
+from planner.diagnose.bench_torch import (
+    DeviceChoice,
+    check_measured,
+    choose_backend,
+    run_cases,
+)
 from planner.errors import InputError
 from planner.report.output import check_target, write_atomic
 from planner.spec.reading import fill_training
@@ -90,6 +95,8 @@ def bench_cmd(
     cases = bench_cases(model_spec, training, tensor_parallel=degrees, micro_batches=batches,
                         fp8=fp8)  # fmt: skip
     backend = choose_backend(device)
+    if write:  # before the timing: minutes of it, then refused
+        check_measured(spec.device, backend, what="--write")
     if device == "auto" and backend == "cpu":
         note(f"no GPU or NPU is visible: timing {len(cases)} kernels on the CPU, which fits "
              f"the CPU, not {spec.device.name} (--device cpu says it is meant)")

@@ -29,7 +29,7 @@ from planner.cli.app import (
 )
 from planner.cli.app import stderr_console as progress_console
 from planner.cli.bench import DeviceOpt, PrecisionOpt
-from planner.diagnose.bench_torch import backend_of, import_torch
+from planner.diagnose.bench_torch import backend_of, check_measured, import_torch
 from planner.diagnose.profile_torch import (
     LayerCode,
     ProfileCase,
@@ -127,6 +127,7 @@ def profile_cmd(
     code = (transformers_code(model_spec, hf_config, framework or "") if hf_config is not None
             else torchtitan_code(model_spec) if framework == "torchtitan" else None)  # fmt: skip
     backend = backend_of(torch, device)
+    check_measured(spec.device, backend, what="planner profile")  # the profile names the device
     if device == "auto" and backend == "cpu":
         note(f"no GPU or NPU is visible: running {len(cases)} layers on the CPU, which "
              f"profiles the CPU, not {spec.device.name} (--device cpu says it is meant)")

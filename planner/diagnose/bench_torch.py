@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from planner.diagnose.bench_cases import BenchCase
 from planner.errors import InputError
+from planner.spec import DeviceSpec
 from planner.vocabulary import Precision
 
 Backend = Literal["cuda", "npu", "cpu"]
@@ -101,6 +102,39 @@ def choose_backend(device: DeviceChoice) -> Backend:
     """Where :func:`run_cases` will run for ``device``: the one named, which must be there, or
     with ``auto`` an NPU, else a CUDA GPU, else the CPU."""
     return backend_of(import_torch(), device)
+
+
+PLATFORM_OF: dict[str, str | None] = {"cpu": None, "cuda": "cuda", "npu": "ascend"}
+"""The platform (``device.platform``) each backend measures; the CPU is none of them."""
+
+
+def check_measured(device: DeviceSpec, backend: Backend, *, what: str) -> None:
+    """Refuse to keep measurements of ``backend`` under the name of a ``device`` of another
+    platform: with no GPU visible, ``--device auto`` timed the CPU and ``--write`` put its
+    numbers into the H100's file (its GEMM curve at 0.15 % of peak), or a profile named the
+    H100 that ``--profile`` then priced with. A device without a platform (a file of the
+    user's own machine) is not checked.
+
+    >>> h100 = DeviceSpec(name="H100", memory_gib=80, memory_bandwidth_gb_s=3350,
+    ...                   peak_tflops={"bf16": 989}, platform="cuda")
+    >>> check_measured(h100, "cuda", what="--write")
+    >>> check_measured(h100, "cpu", what="--write")
+    Traceback (most recent call last):
+    planner.errors.InputError: --write: this run times the CPU, not H100 (a cuda device, none \
+visible here): its numbers would be kept under H100's name; run it where H100 is visible, or \
+give a cluster file of this machine's CPU
+    """
+    platform = device.platform
+    if platform is None or PLATFORM_OF[backend] == platform:
+        return
+    if backend == "cpu":
+        times = f"the CPU, not {device.name} (a {platform} device, none visible here)"
+        way = f"run it where {device.name} is visible, or give a cluster file of this machine's CPU"
+    else:
+        times = f"a {PLATFORM_OF[backend]} device, not {device.name} (a {platform} device)"
+        way = "give a cluster file of the device it times"
+    raise InputError(f"{what}: this run times {times}: its numbers would be kept under "
+                     f"{device.name}'s name; {way}")
 
 
 def _cpu_name() -> str:
