@@ -13,7 +13,7 @@ from planner.errors import InputError
 from planner.frameworks import launch
 from planner.options import Pins, SolveOptions
 from tests.cli_process import cli
-from tests.conftest import CLUSTERS, HF, MODELS, shared
+from tests.conftest import CLUSTERS, HF, MODELS, SHARED, shared
 
 LLAMA = MODELS / "llama3-8b.json"
 H100 = CLUSTERS / "dgx-h100-80gb.json"
@@ -202,3 +202,13 @@ def test_the_cpu_is_not_measured_under_a_gpus_name(tmp_path: Path) -> None:
     message = _refused("profile", H100, "--model", tiny, "--mbs", "1", "--tp", "1", "--out", out)
     assert message.startswith("error: planner profile: this run times the CPU, not H100")
     assert not out.exists()
+
+
+def test_validate_runs_from_any_folder(tmp_path: Path) -> None:
+    """``--clusters`` defaulted to ``instances/clusters`` relative to the working folder:
+    from anywhere but the repository's root, validate and calibrate failed on a file they
+    had not been given."""
+    runs = shared(SHARED / "validation" / "h100" / "runs_one_gpu.json")
+    done = cli("validate", runs, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "pytorch on H100 (dgx-h100-80gb)" in done.stdout

@@ -98,8 +98,8 @@ def bench_cmd(
     if write:  # before the timing: minutes of it, then refused
         check_measured(spec.device, backend, what="--write")
     if device == "auto" and backend == "cpu":
-        note(f"no GPU or NPU is visible: timing {len(cases)} kernels on the CPU, which fits "
-             f"the CPU, not {spec.device.name} (--device cpu says it is meant)")
+        note(f"no GPU or NPU is visible: timing {len(cases)} kernels on this machine's CPU "
+             f"as {spec.device.name}'s (--device cpu says that is meant)")
     with Progress(TextColumn("timing {task.description}"), BarColumn(), MofNCompleteColumn(),
                   console=progress_console(), transient=True,
                   disable=not progress_console().is_terminal) as bar:  # fmt: skip

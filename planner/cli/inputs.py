@@ -273,7 +273,12 @@ def layer_cmd(
         render(report.layer_tables(solution))
 
 
-ClustersOpt = Annotated[Path, typer.Option(help="Folder of the bundled clusters.")]
+BUNDLED_CLUSTERS = Path(__file__).resolve().parents[2] / "instances" / "clusters"
+"""The checkout's cluster files, wherever the command runs (a path relative to the working
+folder made validate and calibrate work from the repository's root only)."""
+ClustersOpt = Annotated[Path, typer.Option(
+    help="Folder of the bundled clusters.",
+    show_default="the checkout's instances/clusters")]
 RunsArg = Annotated[list[Path], typer.Argument(
     help="Runs files: calibration_runs.json, fsdp_runs.json, or your own of that layout.")]
 
@@ -286,7 +291,7 @@ OwnClusterOpt = Annotated[Path | None, typer.Option(
 @app.command("validate", short_help="Predicted against measured steps of published runs.")
 def validate_cmd(
     runs: RunsArg,
-    clusters: ClustersOpt = Path("instances/clusters"),
+    clusters: ClustersOpt = BUNDLED_CLUSTERS,
     cluster: OwnClusterOpt = None,
     as_json: JsonOpt = False,
     write: Annotated[bool, typer.Option(
@@ -315,7 +320,7 @@ def calibrate_cmd(
     runs: RunsArg,
     gpu: Annotated[str | None, typer.Option(
         help="Which chip's runs to fit: A100 or H100 (its bundled cluster files).")] = None,
-    clusters: ClustersOpt = Path("instances/clusters"),
+    clusters: ClustersOpt = BUNDLED_CLUSTERS,
     cluster: Annotated[Path | None, typer.Option(
         "--cluster", help="Fit this cluster file's device on every run of the files, instead "
         "of --gpu.")] = None,

@@ -129,8 +129,8 @@ def profile_cmd(
     backend = backend_of(torch, device)
     check_measured(spec.device, backend, what="planner profile")  # the profile names the device
     if device == "auto" and backend == "cpu":
-        note(f"no GPU or NPU is visible: running {len(cases)} layers on the CPU, which "
-             f"profiles the CPU, not {spec.device.name} (--device cpu says it is meant)")
+        note(f"no GPU or NPU is visible: running {len(cases)} layers on this machine's CPU "
+             f"as {spec.device.name}'s (--device cpu says that is meant)")
     with Progress(TextColumn("running {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=progress_console(), transient=True,
                   disable=not progress_console().is_terminal) as bar:  # fmt: skip

@@ -200,7 +200,8 @@ def fit_bench(
               f"{model_name}'s shapes at sequence {seq_length}: {counts['gemm']} GEMMs, "
               f"{counts['grouped_gemm']} grouped expert GEMMs, "
               f"{counts['attention']} attention kernels, {counts['memory']} memory-bound "
-              f"kernels; least squares on log time through the cost model's roofline")
+              f"kernels; robust (soft-L1) least squares on log time through the cost "
+              f"model's roofline")
     fitted = _fit_grouped(fitted, *of("grouped_gemm"), timings.backend, source, notes)
     fitted = _fit_fp8(fitted, *of("fp8_gemm"), precision, source, notes,
                       asked=any(c.kind == "fp8_gemm" for c in cases))  # fmt: skip

@@ -16,7 +16,8 @@ from planner.diagnose.bench_fit import BenchFit
 from planner.diagnose.calibration import Calibration, ValidationRow
 from planner.diagnose.network_fit import NetworkFit
 from planner.report.tables import light_table
-from planner.report.width import Clauses, FirstThatFits, keep_whole, title
+from planner.report.width import Clauses, FirstThatFits, Prose, keep_whole, title
+from planner.vocabulary import counted
 
 
 def validation_tables(
@@ -138,17 +139,19 @@ def error_summary(rows: Sequence[ValidationRow]) -> list[RenderableType]:
         errors = [abs(r.error) for r in mine if r.error is not None]
         timed = (f"median |error| {100 * statistics.median(errors):.1f} %, "
                  f"max {100 * max(errors):.1f} %" if errors else "no step time measured")
+        if errors and len(errors) < len(mine):  # the others ran out of memory, or gave none
+            timed += f" (of the {len(errors)} timed)"
         ran = [r for r in mine if not r.measured_oom]
         over = sum(r.predicted_over for r in ran)
         tight = sum(not r.predicted_fits and not r.predicted_over for r in ran)
         oom = [r for r in mine if r.measured_oom]
         missed = sum(r.predicted_fits for r in oom)
-        line = (f"{name}: {len(mine)} runs, {timed}"
+        line = (f"{name}: {counted(len(mine), 'run')}, {timed}"
                 + (f"; {over} predicted over the device's memory (!)" if over else "")
                 + (f"; {tight} within the margin (~)" if tight else "")
                 + (f"; {len(oom)} ran out of memory, {missed} of them predicted to fit"
                    if oom else ""))  # fmt: skip
-        lines.append(Text(line))
+        lines.append(Prose(line))  # wrapped never between a number and its unit
         lines += _memory_summary(name, mine)
     return lines
 
@@ -170,7 +173,7 @@ def _memory_summary(name: str, rows: Sequence[ValidationRow]) -> list[Renderable
         return []
     runs = sum(r.memory_error is not None or r.reserved_error is not None
                or r.device_memory_error is not None for r in rows)  # fmt: skip
-    clauses = [f"{name} memory, |error| of {runs} runs:", *[f"{p};" for p in parts[:-1]],
+    clauses = [f"{name} memory, |error| of {counted(runs, 'run')}:", *[f"{p};" for p in parts[:-1]],
                parts[-1]]  # fmt: skip
     return [Clauses(clauses, sep=" ", tail="")]
 
@@ -265,7 +268,10 @@ def bench_tables(fit: BenchFit) -> list[RenderableType]:
                        after.fp8.gemm_speedup))  # fmt: skip
     if after.attention is not None:
         old = before.attention
-        for field in ("max_fraction", "half_saturation_tokens", "half_saturation_head_dim"):
+        # every field --write writes (the backward's rate and the fixed costs a call were
+        # written unseen)
+        for field in ("max_fraction", "half_saturation_tokens", "half_saturation_head_dim",
+                      "backward_fraction", "forward_call_us", "backward_call_us"):
             values.append((f"attention.{field}", getattr(old, field) if old else None,
                            getattr(after.attention, field)))  # fmt: skip
     block = light_table("efficiency", collapse_padding=True)
