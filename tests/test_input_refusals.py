@@ -212,3 +212,12 @@ def test_validate_runs_from_any_folder(tmp_path: Path) -> None:
     done = cli("validate", runs, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "pytorch on H100 (dgx-h100-80gb)" in done.stdout
+
+
+def test_a_bench_degree_that_splits_nothing_is_refused_before_timing() -> None:
+    """``bench --tp 3`` on a model of 4 heads timed a dozen seconds of attention and
+    memory-bound kernels, then said that no GEMM ran."""
+    message = _refused("bench", "tests/data/bench/cpu-node.json", "--model",
+                       "tests/data/bench/tiny-llama.json", "--tp", "3")  # fmt: skip
+    assert message == ("error: --tp 3: splits none of tiny-llama's GEMMs (its heads, experts "
+                       "and widths); a degree that divides them, or 1")

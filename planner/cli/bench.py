@@ -94,6 +94,10 @@ def bench_cmd(
         raise InputError("--tp and --micro-batch: expected positive integers")
     cases = bench_cases(model_spec, training, tensor_parallel=degrees, micro_batches=batches,
                         fp8=fp8)  # fmt: skip
+    if not any(c.kind == "gemm" for c in cases):  # said after a dozen seconds of timing
+        raise InputError(f"--tp {' '.join(map(str, degrees))}: splits none of "
+                         f"{model_spec.name}'s GEMMs (its heads, experts and widths); a "
+                         "degree that divides them, or 1")  # fmt: skip
     backend = choose_backend(device)
     if write:  # before the timing: minutes of it, then refused
         check_measured(spec.device, backend, what="--write")
