@@ -233,6 +233,18 @@ def test_llama3_megatron_log_becomes_the_record_of_its_model(tmp_path: Path) -> 
             run.config.tp_comm_overlap) == (True, True, False)
 
 
+def test_a_log_sizes_its_cluster_without_nodes(tmp_path: Path) -> None:
+    """The log's ranks (TP2 x DP4) are the run's size: without --nodes the bundled 1,024-GPU
+    file was refused ("8 != 1024 devices", README's own step left --nodes out); the record
+    is the one --nodes 1 writes."""
+    config = shared(HF / "Meta-Llama-3-8B-Instruct.config.json")
+    record, _ = _record_of(tmp_path, LLAMA_LOG, "--model", config, "--cluster", H100)
+    (tmp_path / "given").mkdir()
+    given, _ = _record_of(tmp_path / "given", LLAMA_LOG, "--model", config, "--cluster", H100,
+                          "--nodes", 1)  # fmt: skip
+    assert record == given and record["cluster"]["num_gpus"] == 8
+
+
 def test_mixtral_megatron_log_carries_its_experts(tmp_path: Path) -> None:
     config = shared(HF / "Mixtral-8x7B-v0.1.config.json")
     record, out = _record_of(tmp_path, MIXTRAL_LOG, "--model", config, "--cluster", H100,

@@ -11,6 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from planner.cli.app import NodesOpt, app, load_inputs, note, option_error
+from planner.diagnose.fit import sized_to
 from planner.diagnose.log_models import titan_flavor_model
 from planner.diagnose.logs import (
     DEFAULT_SKIP,
@@ -109,6 +110,14 @@ def from_log_cmd(
         config = ParallelConfig(**fields)
     except ValidationError as exc:
         raise option_error(exc) from None
+    if nodes is None and config.dp is not None:
+        # The log's ranks are the run's size (a bundled file is 1,024 GPUs), as validate
+        # resizes a record's cluster to its GPUs; --nodes says otherwise.
+        world = config.tp * config.pp * config.cp * config.dp
+        try:
+            cluster_spec = sized_to(cluster_spec, world)
+        except ValueError as exc:
+            raise InputError(f"{where}: its {exc}; pass --nodes") from None
     record = run_record(measured, model_spec, cluster_spec, config,
                         run_id=run_id or log.stem, source=f"training log {log.name}")
     for sentence in priced_nearby(measured):

@@ -109,18 +109,27 @@ def cluster_of(run: CalibrationRun, clusters: Mapping[str, ClusterSpec]) -> Clus
 
 
 def sized_for(run: CalibrationRun, cluster: ClusterSpec) -> ClusterSpec:
-    """``cluster`` resized to the run's devices in whole nodes of the cluster's own size; a
-    run on fewer devices than a node that divide it (the one-GPU H100 runs on the bundled
-    8-GPU H100 file) on one node of that many of the same devices, in the same network
-    domains; ValueError for any other run on a part of a node."""
+    """``cluster`` resized to the run's devices (:func:`sized_to`); ValueError naming the run
+    for a run on a part of a node that does not divide it."""
+    try:
+        return sized_to(cluster, run.num_devices)
+    except ValueError as exc:
+        raise ValueError(f"run {run.id}: {exc}") from None
+
+
+def sized_to(cluster: ClusterSpec, devices: int) -> ClusterSpec:
+    """``cluster`` resized to ``devices`` in whole nodes of the cluster's own size; fewer
+    devices than a node that divide it (the one-GPU H100 runs on the bundled 8-GPU H100 file)
+    on one node of that many of the same devices, in the same network domains; ValueError for
+    any other part of a node."""
     per_node = cluster.devices_per_node
-    if run.num_devices < per_node and per_node % run.num_devices == 0:
+    if devices < per_node and per_node % devices == 0:
         return ClusterSpec.model_validate(cluster.model_dump() | {
-            "num_nodes": 1, "devices_per_node": run.num_devices})  # fmt: skip
-    if run.num_devices % per_node:
-        raise ValueError(f"run {run.id}: {run.num_devices} devices are not a whole number of "
-                         f"{cluster.name} nodes of {per_node}")  # fmt: skip
-    return cluster.with_nodes(run.num_devices // per_node)
+            "num_nodes": 1, "devices_per_node": devices})  # fmt: skip
+    if devices % per_node:
+        raise ValueError(f"{devices} devices are not a whole number of {cluster.name} nodes of "
+                         f"{per_node}")  # fmt: skip
+    return cluster.with_nodes(devices // per_node)
 
 
 def log_errors(runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec]) -> np.ndarray:
