@@ -16,7 +16,7 @@ from planner.diagnose.compare import MethodResult, yardstick
 from planner.plan.schema import Plan
 from planner.report.bands import band_text, with_band
 from planner.report.comm_lanes import stage_comm
-from planner.report.gantt import draw_gantt
+from planner.report.gantt import COMM_COLORS, PHASE_COLORS, draw_gantt
 from planner.report.output import check_folder
 from planner.report.pictures import FORMATS, save
 from planner.simulate.events import simulate_plan
@@ -34,16 +34,17 @@ MEMORY_PARTS = (
 """The memory breakdown's parts (:class:`~planner.plan.schema.MemoryBreakdown`'s fields), in
 order, as the stacked bars draw them."""
 TIME_PARTS = (
-    ("compute_s", "compute", "#4c72b0"),
-    ("tensor_parallel_comm_s", "tensor parallel", "#dd8452"),
-    ("context_parallel_comm_s", "context parallel", "#937860"),
-    ("expert_parallel_comm_s", "expert parallel", "#da8bc3"),
-    ("pipeline_comm_s", "pipeline sends", "#8172b3"),
+    ("compute_s", "compute", PHASE_COLORS["forward"]),
+    ("tensor_parallel_comm_s", "tensor parallel", COMM_COLORS["TP"]),
+    ("context_parallel_comm_s", "context parallel", COMM_COLORS["CP"]),
+    ("expert_parallel_comm_s", "expert parallel", COMM_COLORS["EP"]),
+    ("pipeline_comm_s", "pipeline sends", COMM_COLORS["PP"]),
     ("pipeline_bubble_s", "pipeline bubble", "#d9d9d9"),
-    ("data_parallel_comm_exposed_s", "data parallel (exposed)", "#55a868"),
-    ("optimizer_s", "optimizer step", "#c44e52"),
+    ("data_parallel_comm_exposed_s", "data parallel (exposed)", COMM_COLORS["DP"]),
+    ("optimizer_s", "optimizer step", PHASE_COLORS["optimizer"]),
 )
-"""Step-time parts in the order they are stacked, with their labels and colours."""
+"""Step-time parts in the order they are stacked, with their labels and the Gantt chart's
+colours for the same traffic (data parallel was green here and orange there)."""
 def _title(plan: Plan) -> str:
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     return f"{plan.model.name} on {devices:,} x {plan.cluster.device}: {plan.summary()}"
@@ -74,19 +75,23 @@ def memory_figure(plan: Plan) -> Figure:
     bottom = [0.0] * len(stages)
     for field, label, colour in MEMORY_PARTS:
         values = [getattr(s.memory, field) for s in stages]
+        if not any(values):  # no bar: nor a legend entry for it
+            continue
         ax.bar(x, values, bottom=bottom, color=colour, label=label, width=0.8)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     headroom = [max(0.0, capacity - b) for b in bottom]
     ax.bar(x, headroom, bottom=bottom, color="white", edgecolor="#bbbbbb", hatch="//",
            linewidth=0.5, width=0.8, label="headroom")  # fmt: skip
     ax.axhline(capacity, color="black", linewidth=1, linestyle="--")
+    # on a white ground: a stage filled to the margin drew its bar through the words
+    ground = {"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0}
     ax.text(x[-1] + 0.5, capacity, f" capacity {capacity:g} GiB", va="bottom", ha="right",
-            fontsize=8)  # fmt: skip
+            fontsize=8, bbox=ground)  # fmt: skip
     if plan.memory_margin_gib > 0:  # what the plan leaves free, under the capacity
         usable = capacity - plan.memory_margin_gib
         ax.axhline(usable, color="black", linewidth=0.8, linestyle=":")
         ax.text(x[-1] + 0.5, usable, f"margin {plan.memory_margin_gib:.1f} GiB ", va="top",
-                ha="right", fontsize=8)  # fmt: skip
+                ha="right", fontsize=8, bbox=ground)  # fmt: skip
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per device")
     ax.set_ylim(0, max(capacity, *bottom) * 1.12)
@@ -112,9 +117,9 @@ def time_figure(plan: Plan) -> Figure:
             continue
         share = seconds / step
         ax.barh([0], [seconds], left=left, color=colour, edgecolor="white", height=0.6,
-                label=f"{label}: {seconds:.3g} s ({100 * share:.1f} %)")  # fmt: skip
-        if share >= 0.06:
-            ax.text(left + seconds / 2, 0, f"{100 * share:.0f} %", ha="center", va="center",
+                label=f"{label}: {seconds:.3f} s ({100 * share:.1f} %)")  # fmt: skip
+        if share >= 0.06:  # the legend's share, not rounded to "100 %" beside its 99.6 %
+            ax.text(left + seconds / 2, 0, f"{100 * share:.1f} %", ha="center", va="center",
                     fontsize=9, color="white" if colour != "#d9d9d9" else "black")  # fmt: skip
         left += seconds
     ax.set_xlim(0, step)
