@@ -24,6 +24,9 @@ def parse_changes(text: str, *, option: str = "--why-not") -> dict[str, Any]:
     {'cross_entropy_loss_fusion': True, 'recompute_modules': 'moe_act'}
     >>> parse_changes("compile=off")
     {'compile': False}
+    >>> parse_changes("tp=8 pp=16")
+    Traceback (most recent call last):
+    planner.errors.InputError: --why-not: 'tp=8 pp=16': separate the knobs with commas (tp=8,pp=16)
     """
     fields = ParallelConfig.model_fields
     changes: dict[str, Any] = {}
@@ -34,6 +37,9 @@ def parse_changes(text: str, *, option: str = "--why-not") -> dict[str, Any]:
         name = key.replace("-", "_")
         if not sep or not raw:
             raise InputError(f"{option}: {pair!r} is not knob=value (e.g. tp=8,pp=16,mbs=2)")
+        if "=" in raw:  # "tp=8 pp=16" read "8 pp=16: not an integer"
+            raise InputError(f"{option}: {pair!r}: separate the knobs with commas "
+                             "(tp=8,pp=16)")
         if name in PROBLEM:
             raise InputError(f"{option}: {key} is the training run, not a knob; the comparison "
                              "keeps the plan's")  # fmt: skip

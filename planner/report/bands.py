@@ -71,11 +71,18 @@ def not_significant(steps: Mapping[str, tuple[float, ErrorBand | None]]) -> str 
     >>> band = ErrorBand(fraction=0.05, runs=5, parallelism="model-parallel", closest="")
     >>> print(not_significant({"ilp": (10.0, band), "grid": (10.3, band), "x": (12.0, band)}))
     grid (10.300 s) is inside the band of ilp (10.000 s +/- 5 %): their order is not significant
+
+    A row of the very same step (the same plan, found twice) says so:
+
+    >>> print(not_significant({"ilp": (10.0, band), "grid": (10.0, band)}))
+    grid (the same 10.000 s) is inside the band of ilp (10.000 s +/- 5 %): their order is not \
+significant
     """
     name, (fastest, band) = min(steps.items(), key=lambda item: item[1][0])
     if band is None or band.fraction is None:
         return None
-    inside = [f"{other} ({s:.3f} s)" for other, (s, _) in steps.items()
+    inside = [f"{other} ({'the same ' * (s == fastest)}{s:.3f} s)"
+              for other, (s, _) in steps.items()
               if other != name and s <= fastest * (1 + band.fraction)]  # fmt: skip
     if not inside:
         return None
