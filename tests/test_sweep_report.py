@@ -18,17 +18,19 @@ import pytest
 import planner.cli.sweeps as sweeps_cli
 from planner.errors import InputError
 from planner.report.sweep_figures import (
+    check_heatmap_axes,
+    pareto_figure,
+    sweep_page,
+    write_sweep_report,
+)
+from planner.report.sweep_reading import (
     COST_UNIT,
     MAX_LABELLED,
     cell_text,
-    check_heatmap_axes,
     heatmap_cells,
-    pareto_figure,
     pareto_front,
     point_label,
     point_text,
-    sweep_page,
-    write_sweep_report,
 )
 from planner.report.sweep_table import ranked
 from planner.spec.messages import short_repr

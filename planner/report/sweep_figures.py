@@ -6,8 +6,7 @@ The page draws its charts as inline SVG with a ``<title>`` on every point: a bro
 on hover, with no script and nothing fetched, so the page opens anywhere and thousands of
 points are read by pointing rather than by a legend.
 
-One concern at about 400 lines: the three pictures of one sweep table share its reading (the
-points, their labels and units) and the page embeds the other two.
+How the points are read (the front, labels, cells, ticks) is :mod:`planner.report.sweep_reading`.
 """
 
 from __future__ import annotations
@@ -23,119 +22,25 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from planner.errors import InputError
 from planner.report.output import check_folder, write_atomic
 from planner.report.pictures import FORMATS, save
+from planner.report.sweep_reading import (
+    MAX_LABELLED,
+    axis_labels,
+    cell_text,
+    front_labels,
+    heatmap_cells,
+    nice_ticks,
+    pareto_front,
+    place_label,
+    point_text,
+    resource_of,
+    tick_step,
+    tick_text,
+    time_of,
+    time_value,
+)
 from planner.spec.messages import short_repr
 from planner.sweep import SweepRow
 from planner.vocabulary import counted
-
-COST_UNIT = "price per device-hour x device-hours"
-"""The cost's unit: the sweep's ``price_per_device_hour`` (in whatever currency it was given)
-times devices times hours to train."""
-
-
-def _time(row: SweepRow) -> float | None:
-    """What the front trades against: time to train when the sweep has tokens, else the
-    step time."""
-    return row.time_to_train_s if row.time_to_train_s is not None else row.step_time_s
-
-
-def _resource(row: SweepRow) -> float | None:
-    """What the time is bought with: the cost when the sweep has a price, else devices."""
-    return row.cost if row.cost is not None else float(row.devices)
-
-
-def pareto_front(rows: Sequence[SweepRow]) -> list[SweepRow]:
-    """The rows no other row beats on both resource (cost, else devices) and time (to train,
-    else per step), cheapest first: each is the fastest for what it costs.
-
-    >>> from planner.sweep import SweepRow
-    >>> def row(i, devices, step):
-    ...     return SweepRow(index=i, values=(), summary="s", devices=devices,
-    ...                     step_time_s=step, tokens_per_s=None, mfu=None, peak_memory_gib=None,
-    ...                     error_band=None, time_to_train_s=None, cost=None, error=None)
-    >>> [r.index for r in pareto_front([row(0, 8, 2.0), row(1, 16, 1.0), row(2, 16, 3.0)])]
-    [0, 1]
-
-    Resources a millionth apart are the same (two designs whose costs differ by cents):
-    only the faster is on the front.
-
-    >>> [r.index for r in pareto_front([row(0, 16.0, 2.0), row(1, 16.000001, 1.0)])]
-    [1]
-    """
-    solved = sorted((r for r in rows if _time(r) is not None),
-                    key=lambda r: (_resource(r), _time(r)))  # fmt: skip
-    front: list[SweepRow] = []
-    for row in solved:
-        time = _time(row) or 0.0
-        if front and math.isclose(_resource(row) or 0.0, _resource(front[-1]) or 0.0,
-                                  rel_tol=SAME_RESOURCE):  # fmt: skip
-            if time < (_time(front[-1]) or 0.0):
-                front[-1] = row
-        elif not front or time < (_time(front[-1]) or 0.0):
-            front.append(row)
-    return front
-
-
-SAME_RESOURCE = 1e-6
-"""Resources this close, relatively, are the same on the front: the bundled NIC sweep's two
-designs at 7,886,188.07 and 7,886,188.54 (twice the devices for half the time) cost the same,
-and the slower one drew a front of its own."""
-
-
-def _labels(rows: Sequence[SweepRow]) -> tuple[str, str]:
-    """The axes' names of the front: (resource, time)."""
-    resource = "cost" if any(r.cost is not None for r in rows) else "devices"
-    time = ("days to train" if any(r.time_to_train_s is not None for r in rows)
-            else "seconds per step")  # fmt: skip
-    return resource, time
-
-
-def _time_value(row: SweepRow) -> float:
-    """Time in the front's unit: days to train, else seconds per step."""
-    if row.time_to_train_s is not None:
-        return row.time_to_train_s / 86400
-    return row.step_time_s or 0.0
-
-
-MAX_LABELLED = 12
-"""Up to this many points each carry a label; past it, only the front's do."""
-
-
-def point_label(row: SweepRow, axes: Sequence[str]) -> str:
-    """A point's label on the Pareto picture: its index, its parallel degrees (the plan's
-    first clause) and, when the sweep varies the framework, the framework.
-
-    >>> from planner.sweep import SweepRow
-    >>> r = SweepRow(index=3, values=("megatron",), summary="TP8 x PP1 x DP16, mbs 1, 1F1B",
-    ...              devices=128, step_time_s=2.5, tokens_per_s=1e6, mfu=0.4,
-    ...              peak_memory_gib=60.0, error_band=None, time_to_train_s=None, cost=None,
-    ...              error=None)
-    >>> point_label(r, ["search.framework"])
-    '3: TP8 x PP1 x DP16 (megatron)'
-    """
-    degrees = (row.summary or "").split(", ")[0]
-    framework = [str(v) for a, v in zip(axes, row.values, strict=True)
-                 if a.endswith("framework")]  # fmt: skip
-    return f"{row.index}: {degrees}" + "".join(f" ({f})" for f in framework)
-
-
-def _place_label(here: Sequence[SweepRow], axes: Sequence[str], *, full: bool) -> str:
-    """The label of the points at one place: their indices, and with ``full`` their plan
-    (:func:`point_label`) once when they share it.
-
-    >>> from planner.sweep import SweepRow
-    >>> def row(i, summary):
-    ...     return SweepRow(index=i, values=(), summary=summary, devices=8, step_time_s=1.0,
-    ...                     tokens_per_s=None, mfu=None, peak_memory_gib=None,
-    ...                     error_band=None, time_to_train_s=None, cost=None, error=None)
-    >>> tied = [row(11, "TP4 x PP1 x DP2048, mbs 1"), row(15, "TP4 x PP1 x DP2048, mbs 1")]
-    >>> _place_label(tied, [], full=True), _place_label(tied, [], full=False)
-    ('11, 15: TP4 x PP1 x DP2048', '11, 15')
-    """
-    indices = ", ".join(str(r.index) for r in here)
-    if not full:
-        return indices
-    plans = list(dict.fromkeys(point_label(r, axes).split(": ", 1)[1] for r in here))
-    return f"{indices}: {' / '.join(plans)}"
 
 
 def pareto_figure(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str = "") -> Figure:
@@ -144,64 +49,42 @@ def pareto_figure(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str =
     front's, and the others by their index alone; points at one place share one label."""
     figure = Figure(figsize=(8.0, 5.2))
     ax = figure.add_subplot()
-    solved = [r for r in rows if _time(r) is not None]
+    solved = [r for r in rows if time_of(r) is not None]
     front = pareto_front(rows)
-    ax.scatter([_resource(r) for r in solved], [_time_value(r) for r in solved], s=14,
+    ax.scatter([resource_of(r) for r in solved], [time_value(r) for r in solved], s=14,
                color="#9aa5b1", label="points", zorder=2)  # fmt: skip
-    ax.plot([_resource(r) for r in front], [_time_value(r) for r in front], "-o", ms=5,
+    ax.plot([resource_of(r) for r in front], [time_value(r) for r in front], "-o", ms=5,
             color="#c44e52", label="Pareto front", zorder=3)  # fmt: skip
     on_front = {r.index for r in front}
-    x_values = [_resource(r) or 0.0 for r in solved]
+    x_values = [resource_of(r) or 0.0 for r in solved]
     middle = (min(x_values, default=0.0) + max(x_values, default=0.0)) / 2
     places: dict[tuple[float, float], list[SweepRow]] = {}
     for r in solved:  # tied designs (the same plan at another NIC) drew labels over each other
-        places.setdefault((_resource(r) or 0.0, _time_value(r)), []).append(r)
+        places.setdefault((resource_of(r) or 0.0, time_value(r)), []).append(r)
     for (x, y), here in places.items():
         front_here = any(r.index in on_front for r in here)
         full = len(solved) <= MAX_LABELLED or front_here
         left = x > middle  # a label toward the middle, where it stays inside the axes
-        ax.annotate(_place_label(here, axes, full=full), (x, y), xytext=(-5 if left else 5, 4),
+        ax.annotate(place_label(here, axes, full=full), (x, y), xytext=(-5 if left else 5, 4),
                     textcoords="offset points", fontsize=7, ha="right" if left else "left",
                     color="#7a2a2d" if front_here else "#555555")  # fmt: skip
-    resource, time = axis_labels(rows)
-    ax.set_xlabel(resource)
-    ax.set_ylabel(time)
+    x_title, y_title = axis_labels(rows)
+    ax.set_xlabel(x_title)
+    ax.set_ylabel(y_title)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
     # round ticks in the step's digits (8.2M, 1,070), not a corner offset (1e8) to multiply by
     ax.xaxis.set_major_formatter(FuncFormatter(
-        lambda v, _: tick_text(v, _tick_step(ax.xaxis.get_majorticklocs()))))  # fmt: skip
+        lambda v, _: tick_text(v, tick_step(ax.xaxis.get_majorticklocs()))))  # fmt: skip
     ax.margins(x=0.12, y=0.1)  # room for the labels of the points at the edges
     ax.grid(color="#e4e4e4", linewidth=0.6)
     ax.set_axisbelow(True)
     ax.legend(fontsize=8, frameon=False)
-    ax.set_title(f"{title}: " * bool(title) + f"{_labels(rows)[1]} against {_labels(rows)[0]} "
+    resource, time = front_labels(rows)
+    ax.set_title(f"{title}: " * bool(title) + f"{time} against {resource} "
                  f"({len(front)} of {counted(len(solved), 'point')} on the front)",
                  fontsize=9)  # fmt: skip
     figure.tight_layout()
     return figure
-
-
-def _tick_step(ticks: Sequence[float]) -> float:
-    """The distance between two ticks (1 for a lone tick)."""
-    return float(ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
-
-
-def heatmap_cells(
-    rows: Sequence[SweepRow], axes: Sequence[str], x_axis: str, y_axis: str
-) -> tuple[list[object], list[object], list[list[float | None]]]:
-    """(x values, y values, grid): the shortest step time over the points at each pair of
-    the two axes' values (the other axes free); None where no such point has a plan."""
-    xi, yi = axes.index(x_axis), axes.index(y_axis)
-    xs = list(dict.fromkeys(r.values[xi] for r in rows))
-    ys = list(dict.fromkeys(r.values[yi] for r in rows))
-    grid: list[list[float | None]] = [[None] * len(xs) for _ in ys]
-    for r in rows:
-        if r.step_time_s is None:
-            continue
-        i, j = ys.index(r.values[yi]), xs.index(r.values[xi])
-        current = grid[i][j]
-        grid[i][j] = r.step_time_s if current is None else min(current, r.step_time_s)
-    return xs, ys, grid
 
 
 def heatmap_figure(
@@ -231,107 +114,16 @@ def heatmap_figure(
     return figure
 
 
-def cell_text(seconds: float) -> str:
-    """A heatmap cell's step time: three figures, whole seconds from 100 on (``%.3g`` wrote
-    1,088 s as 1.09e+03).
-
-    >>> [cell_text(s) for s in (1088.4, 41.85, 4.591, 0.0123)]
-    ['1,088', '41.9', '4.59', '0.0123']
-    """
-    if seconds >= 100:
-        return f"{seconds:,.0f}"
-    return f"{seconds:.3g}"
-
-
-def point_text(row: SweepRow, axes: Sequence[str]) -> str:
-    """What hovering a point shows: its inputs, its plan and its numbers, or why it has none.
-
-    >>> from planner.sweep import SweepRow
-    >>> r = SweepRow(index=3, values=(16,), summary="TP8 x PP1 x DP16", devices=128,
-    ...              step_time_s=2.5, tokens_per_s=1e6, mfu=0.4, peak_memory_gib=60.0,
-    ...              error_band="+/- 10 %", time_to_train_s=None, cost=None, error=None)
-    >>> print(point_text(r, ["cluster.num_nodes"]))
-    point 3: cluster.num_nodes=16
-    TP8 x PP1 x DP16
-    step 2.500 s +/- 10 %, MFU 40.0 %, 60.0 GiB, 128 devices
-    """
-    inputs = ", ".join(f"{a}={short_repr(v)}" for a, v in zip(axes, row.values, strict=True))
-    lines = [f"point {row.index}: {inputs}"]
-    if row.step_time_s is None:
-        return "\n".join([*lines, f"no plan: {row.error}"])
-    numbers = (f"step {row.step_time_s:.3f} s {row.error_band or ''}".rstrip()
-               + f", MFU {100 * (row.mfu or 0):.1f} %, {row.peak_memory_gib or 0:.1f} GiB, "
-               f"{row.devices} devices")  # fmt: skip
-    if row.time_to_train_s is not None:
-        numbers += f", {row.time_to_train_s / 86400:.1f} days to train"
-    if row.cost is not None:
-        numbers += f", cost {row.cost:,.0f}"
-    return "\n".join([*lines, row.summary or "", numbers])
-
-
-def nice_ticks(lo: float, hi: float, *, count: int = 6) -> list[float]:
-    """Round tick values (1, 2, 2.5, 5 x a power of ten apart) from at or below ``lo`` to at or
-    above ``hi``, about ``count`` of them (matplotlib's :class:`~matplotlib.ticker.
-    MaxNLocator`); a range of one value is widened by 10 % either side.
-
-    >>> nice_ticks(8.09e6, 9.0e6)
-    [8000000.0, 8200000.0, 8400000.0, 8600000.0, 8800000.0, 9000000.0]
-    >>> nice_ticks(128.0, 128.0)
-    [115.0, 120.0, 125.0, 130.0, 135.0, 140.0, 145.0]
-    """
-    if hi <= lo:
-        pad = abs(lo) * 0.1 or 1.0
-        lo, hi = lo - pad, hi + pad
-    ticks = MaxNLocator(nbins=count, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
-    inner = [float(t) for t in ticks]
-    while len(inner) > 2 and inner[1] <= lo:  # the locator may add a tick beyond either end
-        inner.pop(0)
-    while len(inner) > 2 and inner[-2] >= hi:
-        inner.pop()
-    return inner
-
-
-def tick_text(value: float, step: float) -> str:
-    """A tick's label: millions with an ``M`` (to the tick step's digits), else whole numbers
-    with separators, else as many decimals as the step needs.
-
-    >>> tick_text(8200000.0, 200000.0), tick_text(1070.0, 50.0), tick_text(2.5, 0.5)
-    ('8.2M', '1,070', '2.5')
-
-    A step of 0.25M keeps its two decimals (7.75M read "7.8M" beside 8.0M, 8.2M):
-
-    >>> [tick_text(v, 250000.0) for v in (7750000.0, 8000000.0, 8250000.0)]
-    ['7.75M', '8.00M', '8.25M']
-    """
-    if abs(value) >= 1e6 or step >= 1e6:
-        return f"{value / 1e6:,.{_decimals(step / 1e6)}f}M"
-    return f"{value:,.{_decimals(step)}f}"
-
-
-def _decimals(step: float) -> int:
-    """The fewest decimals that write ``step`` exactly (0.25: 2, 50: 0), at most 6."""
-    if step <= 0:
-        return 0
-    return next((d for d in range(7) if abs(round(step, d) - step) <= 1e-9 * step), 6)
-
-
-def axis_labels(rows: Sequence[SweepRow]) -> tuple[str, str]:
-    """The front's axis titles with their units: (resource, time)."""
-    resource, time = _labels(rows)
-    return (f"{resource} ({COST_UNIT})" if resource == "cost" else "devices",
-            "time to train (days)" if time == "days to train" else "step time (s)")
-
-
 def _svg_scatter(rows: Sequence[SweepRow], axes: Sequence[str]) -> str:
     """The front's chart as inline SVG: one circle per point with a hover title, both axes
     with ticks, tick labels and their titles with units."""
     width, height = 720, 440
     left, right, top, bottom = 90, 30, 30, 70  # room for the tick labels and axis titles
-    solved = [r for r in rows if _time(r) is not None]
+    solved = [r for r in rows if time_of(r) is not None]
     if not solved:
         return "<p>No point has a plan.</p>"
-    xs = [_resource(r) or 0.0 for r in solved]
-    ys = [_time_value(r) for r in solved]
+    xs = [resource_of(r) or 0.0 for r in solved]
+    ys = [time_value(r) for r in solved]
     x_ticks, y_ticks = nice_ticks(min(xs), max(xs)), nice_ticks(min(ys), max(ys))
 
     def at_x(v: float) -> float:
