@@ -19,7 +19,7 @@ from planner.diagnose.runs import load_runs
 from planner.spec.reading import load_cluster
 from planner.uniform.estimate import estimate
 from tests.cli_process import cli
-from tests.conftest import CALIBRATION_RUNS, CLUSTERS, MODELS, REPO, shared
+from tests.conftest import CALIBRATION_RUNS, CLUSTERS, MODELS, REPO, SHARED, shared
 from tests.test_cli import _assert_one_line_error, _error_text
 
 ASCEND = CLUSTERS / "ascend-910b.json"
@@ -187,3 +187,22 @@ def test_validate_on_a_bundled_file_is_the_bundled_pricing() -> None:
     same = [row for row in mine if row.id in bundled]
     assert len(same) == len(bundled) >= 3
     assert all(row == bundled[row.id] for row in same)
+
+
+def test_a_knob_left_on_its_bound_is_said(tmp_path: Path) -> None:
+    """The five one-GPU H100 steps fit the GEMM curve's half saturation and attention's half
+    saturation in tokens at their lower bounds (0.01 GFLOP, 1 token): the runs do not pin
+    them, and the fit printed them as values in silence. The fit names them, and calibrate
+    says so; a fit that leaves its knobs inside their bounds names none."""
+    runs = shared(SHARED / "validation" / "h100" / "runs_one_gpu.json")
+    one_gpu = shared(SHARED / "validation" / "h100" / "h100-sxm-1gpu.json")
+    mine = tmp_path / "h1.json"
+    mine.write_text(one_gpu.read_text())
+    fit = calibrate([runs], CLUSTERS, cluster=mine)
+    assert fit.fit.at_bounds == {"gemm.half_saturation_gflop": 0.01,
+                                 "attention.half_saturation_tokens": 1.0}  # fmt: skip
+    assert all(fit.fit.values[name] == bound for name, bound in fit.fit.at_bounds.items())
+    done = cli("calibrate", runs, "--cluster", mine)
+    assert done.returncode == 0, done.stderr
+    assert ("note: gemm.half_saturation_gflop is at its bound, 0.01: the runs do not pin it"
+            in " ".join(done.stdout.split()))

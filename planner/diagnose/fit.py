@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -155,6 +155,9 @@ class Fit:
     """Root mean square of the runs' log errors at the fitted values."""
     runs: int
     """Runs fitted on."""
+    at_bounds: dict[str, float] = field(default_factory=dict)
+    """The knobs the fit left on one of their bounds (scipy's active constraints, or equal to
+    one to four digits), with that bound: the runs did not pin them, the bound did."""
 
 
 def fit_knobs(
@@ -190,7 +193,16 @@ def fit_knobs(
                            diff_step=1e-3, xtol=1e-4, ftol=1e-6)  # fmt: skip
     values = {n: _rounded(v) for n, v in from_x(result.x).items()}
     final = residuals(to_x(values))
-    return Fit(values=values, rms_log_error=float(np.sqrt(np.mean(final**2))), runs=len(runs))
+    # on a bound: scipy's active constraint, or the bound itself to the file's four digits
+    at_bounds: dict[str, float] = {}
+    for n, side in zip(names, result.active_mask, strict=True):
+        low, high = KNOBS[n].bounds
+        if side < 0 or values[n] == _rounded(low):
+            at_bounds[n] = low
+        elif side > 0 or values[n] == _rounded(high):
+            at_bounds[n] = high
+    return Fit(values=values, rms_log_error=float(np.sqrt(np.mean(final**2))), runs=len(runs),
+               at_bounds=at_bounds)
 
 
 def _rounded(value: float) -> float:

@@ -197,7 +197,12 @@ def calibration_tables(fit: Calibration) -> list[RenderableType]:
     before = Text("before the fit, median |error|: " + ", ".join(
         f"{family} {100 * statistics.median(errors):.1f} %"
         for family, errors in sorted(by_family.items())))  # fmt: skip
-    return [head, before, *validation_tables(fit.after, fit.skipped)]
+    # a knob on its bound is the bound's value, not the runs': five one-GPU runs fitted two
+    # at their lower bounds in silence
+    bounded = [Prose(f"note: {name} is at its bound, {bound:g}: the runs do not pin it; "
+                     "runs that vary what it prices would")
+               for name, bound in fit.fit.at_bounds.items()]  # fmt: skip
+    return [head, before, *bounded, *validation_tables(fit.after, fit.skipped)]
 
 
 def network_fit_tables(fit: NetworkFit) -> list[RenderableType]:
