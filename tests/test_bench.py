@@ -171,6 +171,25 @@ def test_one_head_dim_keeps_the_head_dim_term() -> None:
     assert any("one head dim" in note for note in fit.notes)
 
 
+def test_an_attention_term_on_its_bound_is_said() -> None:
+    """Forward kernels timed three times slower than their backwards (a loaded machine's
+    timings) push the backward's rate to its ceiling, 2.0: the fit writes the ceiling, and says it is
+    the ceiling's, not the kernels'; the known block's own fit says nothing of the kind."""
+    h100 = load_cluster(H100).device
+    device = h100.model_copy(update={"efficiency": KNOWN})
+    cases = _cases(load_model(LLAMA_8B))
+    timed = _timed_by(device, cases)
+    clean = fit_bench(H100, cases, timed, model_name="llama3-8b", seq_length=2048)
+    assert not any("at its bound" in note for note in clean.notes)
+    seconds = [3 * s if c.kernel == "attention_forward" else s
+               for c, s in zip(cases, timed.seconds, strict=True)]  # fmt: skip
+    fit = fit_bench(H100, cases, replace(timed, seconds=tuple(seconds)), model_name="llama3-8b",
+                    seq_length=2048)  # fmt: skip
+    assert fit.after.attention is not None and fit.after.attention.backward_fraction == 2.0
+    assert ("attention.backward_fraction is at its bound, 2: the kernels do not pin it"
+            in fit.notes)
+
+
 def test_faster_than_the_peak_is_refused() -> None:
     """Kernels faster than the cluster file's device allows mean the wrong file: refused."""
     h100 = load_cluster(H100).device
