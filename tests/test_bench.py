@@ -173,8 +173,9 @@ def test_one_head_dim_keeps_the_head_dim_term() -> None:
 
 def test_an_attention_term_on_its_bound_is_said() -> None:
     """Forward kernels timed three times slower than their backwards (a loaded machine's
-    timings) push the backward's rate to its ceiling, 2.0: the fit writes the ceiling, and says it is
-    the ceiling's, not the kernels'; the known block's own fit says nothing of the kind."""
+    timings) push the backward's rate to its ceiling, 2.0: the fit writes the ceiling, and
+    says it is the ceiling's, not the kernels'; the known block's own fit says nothing of
+    the kind."""
     h100 = load_cluster(H100).device
     device = h100.model_copy(update={"efficiency": KNOWN})
     cases = _cases(load_model(LLAMA_8B))
