@@ -18,7 +18,6 @@ residuals it holds were of the block being replaced.
 from __future__ import annotations
 
 import datetime
-import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from planner.cost import (
 )
 from planner.diagnose.bench_cases import BenchCase, BenchKind
 from planner.diagnose.bench_torch import Timings
+from planner.diagnose.evidence import cluster_json
 from planner.diagnose.expert_gemms import ExpertGemm, fit_grouped_gemm, priced_s
 from planner.errors import InputError
 from planner.spec import (
@@ -401,4 +401,4 @@ def _updated(path: Path, efficiency: DeviceEfficiency, source: str) -> str:
     block.pop("validation", None)
     block.pop("evidence", None)
     data["device"]["efficiency"] = block
-    return json.dumps(data, indent=2) + "\n"
+    return cluster_json(data)

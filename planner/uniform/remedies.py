@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from planner import cost
 from planner.errors import ConfigError
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, physics
 from planner.spec.reading import stack_for
 from planner.uniform import space
@@ -209,7 +209,7 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
     # ZeRO shards a dense model's states over its data- and context-parallel ranks; over one
     # it saves nothing (ZeRO-3 adds its gather buffers). Experts folded over the TP ranks are
     # sharded over more, so a mixture of experts keeps the knob.
-    shards = (c.dp or cluster.num_devices // (c.tp * c.pp * c.cp)) * c.cp
+    shards = resolve(model, cluster, c).dp * c.cp  # the configuration was just priced
     if (shards > 1 or model.moe is not None) and (zeros := launch.zero_stages(c)):
         knobs.append([(_with(c, zero=z), cluster, launch.zero_note(z)) for z in zeros])
     sp_note = None if c.sp else f"with sequence parallelism, as {launch.title} runs TP"
