@@ -104,17 +104,6 @@ def moe_capacity(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
             f"(no capacity factor); drop it from the model to price torchtitan's routing")
 
 
-def compiled_moe(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """An MoE block under ``compile`` is compiled submodule by submodule, its routed experts
-    eager: a split the ``torchtitan-compiled`` stack, counted on whole dense blocks, does not
-    price."""
-    if resolved.training.stack != "torchtitan-compiled" or model.moe is None:
-        return None
-    return ("stack torchtitan-compiled with an MoE model: torchtitan compiles an MoE block "
-            "submodule by submodule with its routed experts eager, which the planner does not "
-            "count; use torchtitan-eager")
-
-
 def deepep_dispatch(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """``expert_parallel_comm_backend = "deepep"`` is read by DeepSeek-V3's (and Llama 4's)
     parallelization only, and refused there with the experts tensor-parallel (etp > 1)."""
@@ -318,8 +307,6 @@ RULES: tuple[Rule, ...] = (
     Rule(name="fp16", check=fp16, source=f"{REPO} torchtitan/config/job_config.py:282"),
     Rule(name="moe-comm-overlap", check=moe_comm_in_line,
          source=f"{REPO} torchtitan/models/moe/moe.py:473-530"),
-    Rule(name="compiled-moe", check=compiled_moe,
-         source=f"{REPO} torchtitan/models/llama4/infra/parallelize.py:593-656"),
     Rule(name="moe-capacity", check=moe_capacity,
          source=f"{REPO} torchtitan/models/moe/moe.py:22-41"),
     Rule(name="bf16-moments", check=bf16_moments_not_written,

@@ -20,7 +20,7 @@ from planner.plan.degrees import Degrees, Shape, degrees_of, derive
 from planner.plan.divisibility import RULE, Rule, broken, first_broken
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
-from planner.spec.reading import check_device, fill_training
+from planner.spec.reading import check_device, check_stack, fill_training
 from planner.vocabulary import (
     DEFAULT_RANK_ORDER,
     DEFAULT_RECOMPUTE_MODULES,
@@ -265,6 +265,7 @@ def _run(model: ModelSpec, cluster: ClusterSpec, seq_len: int | None, global_bat
     training = fill_training(model, seq_length=seq_len, global_batch_size=global_batch,
                              precision=precision, stack=stack)
     check_device(training.stack, cluster.device)
+    check_stack(training.stack, model)
     return training, Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
                            global_batch=training.global_batch_size)
 

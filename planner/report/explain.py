@@ -36,10 +36,11 @@ def _who(plan: Plan) -> str:
 
 
 def verdict(n: Neighbour, plan: Plan) -> str:
-    """``feasible``, ``over`` (the memory), ``refused`` (by the plan's framework) or ``does not
-    divide`` (the reasons are :func:`reasons`)."""
+    """``feasible``, ``over`` (the memory), ``refused`` (by the plan's framework) or ``not
+    priced`` (estimate refuses it: degrees that do not divide, or what the run cannot have,
+    such as a stack for the wrong model; the reasons are :func:`reasons`)."""
     if n.refusal is not None:
-        return "does not divide"
+        return "not priced"
     words = []
     if not n.fits and n.over_gib is not None:
         words.append("over")

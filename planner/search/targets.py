@@ -19,7 +19,7 @@ from planner.plan.schema import Plan
 from planner.search.framework import enumerate_plan
 from planner.search.superset import solve_any
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.spec.reading import check_device
+from planner.spec.reading import check_device, check_stack
 
 
 def solve(
@@ -57,6 +57,7 @@ def solve(
     framework = check_framework(options.framework)
     training = training_of(model, options)
     check_device(training.stack, cluster.device)
+    check_stack(training.stack, model)
     if framework != ANY:
         check_platform(framework, cluster.device)
     _check_pins(model, training, options)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from planner.errors import InputError
+from planner.errors import ConfigError, InputError
 from planner.spec import ClusterSpec, DeviceSpec, ModelSpec, TrainingSpec, physics
 from planner.spec import limits as lim
 from planner.spec.hf import model_from_hf_config
@@ -254,6 +254,31 @@ def read_profile(path: Path) -> LayerProfile:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         raise InputError(f"{path}: {where}: {err['msg']}") from None
+
+
+def check_stack(stack: Stack, model: ModelSpec) -> None:
+    """Refuse a stack the planner does not price for ``model``, in one line:
+    ``torchtitan-compiled`` counts its fused chains on whole dense blocks, while torchtitan
+    compiles a mixture of experts' block submodule by submodule, its routed experts left eager
+    (``apply_compile`` in ``torchtitan/models/llama4/infra/parallelize.py:593-656`` at
+    pytorch/torchtitan@73a0e69). A :class:`~planner.errors.ConfigError`: the stack is a field
+    of the configuration, so a batch refuses that row and prices the rest.
+
+    >>> from planner.spec import MoESpec
+    >>> model = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=64, num_attention_heads=4,
+    ...                   vocab_size=128, max_position_embeddings=256,
+    ...                   moe=MoESpec(num_experts=8, top_k=2, ffn_hidden_size=32))
+    >>> check_stack("torchtitan-compiled", model)
+    Traceback (most recent call last):
+    ...
+    planner.errors.ConfigError: stack torchtitan-compiled: torchtitan compiles tiny-moe's \
+blocks submodule by submodule, its routed experts eager, which the stack (counted on whole \
+dense blocks) does not price; use torchtitan-eager
+    """
+    if stack == "torchtitan-compiled" and model.moe is not None:
+        raise ConfigError(f"stack {stack}: torchtitan compiles {model.name}'s blocks submodule "
+                          f"by submodule, its routed experts eager, which the stack (counted "
+                          f"on whole dense blocks) does not price; use torchtitan-eager")
 
 
 def check_device(stack: Stack, device: DeviceSpec) -> None:

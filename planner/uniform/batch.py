@@ -47,7 +47,7 @@ from planner.plan.config import ParallelConfig
 from planner.plan.divisibility import RULES
 from planner.plan.schema import MemoryBreakdown, StepTime
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.spec.reading import fill_training
+from planner.spec.reading import check_stack, fill_training
 from planner.uniform.batch_steps import Rows, Steps, compose, dividing, layer_table, placed
 from planner.uniform.columns import (
     codes,
@@ -82,8 +82,9 @@ class BatchEstimate:
     """The priced numbers by key, with ``divides`` and ``fits`` (bool)."""
     refused_by: np.ndarray
     """Per configuration, the index in :data:`planner.plan.divisibility.RULES` of the first
-    rule it breaks (``len(RULES)``: a rank order Megatron cannot spell, or an operator the
-    mesh does not split evenly); -1 where it divides."""
+    rule it breaks (``len(RULES)``: a rank order Megatron cannot spell, an operator the
+    mesh does not split evenly, bf16 moments or a stack the run cannot have); -1 where it
+    divides."""
     configs: dict[str, np.ndarray]
     """The configurations as priced, a column per :class:`ParallelConfig` field (0 for a
     field left to its default of None)."""
@@ -149,6 +150,11 @@ def estimate_batch(
             precision=python_value(cols["precision"][row]),
             stack=python_value(cols["stack"][row]),
         )  # fmt: skip
+        try:
+            check_stack(training.stack, model)
+        except ConfigError:  # refused as estimate refuses it, with its message
+            refused[rows] = len(RULES)
+            continue
         try:
             cost.states_precision(training.precision, training.stack, "bf16")
         except ConfigError:  # bf16 moments are Megatron-LM's, on its stacks: refused there
