@@ -488,6 +488,27 @@ def test_zero_bubble_rounds() -> None:
     assert refusal("zero-bubble-rounds", ok, model) is None
 
 
+def test_compiled_zero_bubble() -> None:
+    """pytorch/pytorch@cf30153 torch/distributed/pipelining/schedules.py
+    (``_check_torch_compile_compatibility``); pytorch/torchtitan@73a0e69
+    torchtitan/models/llama3/infra/parallelize.py:256-266
+
+    torchtitan compiles each block before it builds the schedule, and PyTorch's zero-bubble
+    schedules raise on a compiled stage: ZB-H1 and ZB-V are refused compiled (the export
+    wrote ``InterleavedZeroBubble`` beside ``[compile] enable = true``), 1F1B is not."""
+    model = load("llama3-70b")
+    knobs = dict(tp=8, pp=4, sp=True, zero=1, overlap_param_gather=True,
+                 stack="torchtitan-compiled")  # fmt: skip
+    for schedule, vpp in (("zb-h1", 1), ("zb-v", 2)):
+        resolved = configure(model, 64, schedule=schedule, vpp=vpp, **knobs)
+        assert f"{schedule} with compile" in (
+            refusal("compiled-zero-bubble", resolved, model) or "")
+        eager = configure(model, 64, schedule=schedule, vpp=vpp,
+                          **(knobs | {"stack": "torchtitan-eager"}))  # fmt: skip
+        assert refusal("compiled-zero-bubble", eager, model) is None
+    assert refusal("compiled-zero-bubble", configure(model, 64, **knobs), model) is None
+
+
 def test_rank_order() -> None:
     """pytorch/torchtitan@73a0e69 torchtitan/distributed/parallel_dims.py:143-158"""
     model = load("llama3-70b")

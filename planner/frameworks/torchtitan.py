@@ -273,6 +273,22 @@ def zero_bubble_rounds(resolved: ResolvedConfig, model: ModelSpec) -> str | None
             f"multiple of its rounds max(1, {m} // {c.pp}) = {rounds}")
 
 
+def compiled_zero_bubble(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """PyTorch's zero-bubble schedules split each backward into its input and weight halves,
+    which they cannot do through a compiled module: ``ScheduleInterleavedZeroBubble`` and
+    ``ScheduleZBVZeroBubble`` raise on a stage holding one
+    (``_check_torch_compile_compatibility``), and torchtitan compiles every block before it
+    builds the schedule."""
+    c = resolved.config
+    if resolved.training.stack != "torchtitan-compiled" or c.pp == 1:
+        return None
+    if c.schedule not in ("zb-h1", "zb-v"):
+        return None
+    return (f"{c.schedule} with compile: PyTorch's zero-bubble schedules refuse a stage whose "
+            f"blocks torch.compile wrapped (they split the backward, which a compiled block "
+            f"cannot); use 1f1b, or torchtitan-eager")
+
+
 def rank_order(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     """torchtitan's mesh is pp, dp, cp, tp: tp fastest."""
     c = resolved.config
@@ -354,6 +370,11 @@ RULES: tuple[Rule, ...] = (
          source=f"{_STAGE}:1165-1191; {_PARALLELIZE}:324-327"),
     Rule(name="zero-bubble-rounds", check=zero_bubble_rounds,
          source=f"{TORCH} torch/distributed/pipelining/schedules.py:3046-3053"),
+    Rule(name="compiled-zero-bubble", check=compiled_zero_bubble,
+         source=f"{TORCH} torch/distributed/pipelining/schedules.py "
+                f"(ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble call "
+                f"_check_torch_compile_compatibility); {REPO} "
+                f"torchtitan/models/llama3/infra/parallelize.py:256-266 (apply_compile)"),
     Rule(name="rank-order", check=rank_order,
          source=f"{REPO} torchtitan/distributed/parallel_dims.py:143-158"),
     Rule(name="optimizer-offload", check=optimizer_offload,
