@@ -337,6 +337,20 @@ def test_gpipe() -> None:
     assert "GPipe" in (refusal("gpipe", resolved, model) or "")
 
 
+def test_one_f_one_b_microbatches() -> None:
+    """hpcaitech/ColossalAI@4f9953b colossalai/pipeline/schedule/one_f_one_b.py:93-95
+
+    Llama 3 70B at TP8 PP4 with a global batch of 2: two microbatches for four stages, which
+    the 1F1B schedule asserts against on its first step (the export wrote it); four run."""
+    model = load("llama3-70b")
+    short = configure(model, 32, tp=8, pp=4, sp=True, zero=1, global_batch=2)
+    assert short.num_microbatches == 2
+    assert "asserts at least as many microbatches as stages" in (
+        refusal("one-f-one-b-microbatches", short, model) or "")
+    enough = configure(model, 32, tp=8, pp=4, sp=True, zero=1, global_batch=4)
+    assert refusal("one-f-one-b-microbatches", enough, model) is None
+
+
 def test_zero_bubble() -> None:
     """hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1056-1058;
     hpcaitech/ColossalAI@4f9953b colossalai/booster/plugin/hybrid_parallel_plugin.py:1124;

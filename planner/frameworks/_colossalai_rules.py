@@ -21,6 +21,7 @@ from planner.frameworks.base import (
 )
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
+from planner.vocabulary import counted
 
 _PLUGIN = f"{REPO} colossalai/booster/plugin/hybrid_parallel_plugin.py"
 _MOE_PLUGIN = f"{REPO} colossalai/booster/plugin/moe_hybrid_parallel_plugin.py"
@@ -102,6 +103,17 @@ def gpipe(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     if c.pp == 1 or c.schedule != "gpipe":
         return None
     return f"GPipe with pp({c.pp}): Colossal-AI pipelines with 1f1b or interleaved 1F1B only"
+
+
+def one_f_one_b_microbatches(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """``OneForwardOneBackwardSchedule.load_batch`` asserts at least as many microbatches as
+    stages (the interleaved schedule asks for a multiple of them, as every plan's rule does)."""
+    c, m = resolved.config, resolved.num_microbatches
+    if c.pp == 1 or c.vpp > 1 or m >= c.pp:
+        return None
+    return (f"1f1b with pp({c.pp}) and {counted(m, 'microbatch', 'microbatches')}: "
+            f"Colossal-AI's 1F1B schedule asserts "
+            f"at least as many microbatches as stages")
 
 
 def zero_bubble(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -329,6 +341,8 @@ RULES: tuple[Rule, ...] = (
     Rule(name="zero-2-with-pipeline", check=zero_with_pipeline, source=f"{_PLUGIN}:1134-1136"),
     Rule(name="zero-precision", check=zero_precision, source=f"{_PLUGIN}:1361"),
     Rule(name="gpipe", check=gpipe, source=f"{_PLUGIN}:1124"),
+    Rule(name="one-f-one-b-microbatches", check=one_f_one_b_microbatches,
+         source=f"{REPO} colossalai/pipeline/schedule/one_f_one_b.py:93-95"),
     Rule(name="zero-bubble", check=zero_bubble,
          source=f"{_PLUGIN}:1056-1058; {_PLUGIN}:1124; {_PLUGIN}:1169-1175; "
                 f"{REPO} colossalai/pipeline/schedule/v_schedule.py:46-60"),
