@@ -70,9 +70,12 @@ def test_the_per_operator_search_still_wins_where_it_can() -> None:
 
 def _twin(config: ParallelConfig) -> ParallelConfig:
     """``config`` with both overlap flags on (what ``any`` prices; never slower, and the
-    same memory) on any stack (``any`` prices the model's; DeepSpeed its own optimizers')."""
+    same memory) and Megatron's sequence parallelism with its TP (what ``any`` prices, where
+    DeepSpeed and Colossal-AI's experts run TP without it; less memory for as much
+    communication) on any stack (``any`` prices the model's; DeepSpeed its own
+    optimizers')."""
     return config.model_copy(update={"overlap_grad_reduce": True, "overlap_param_gather": True,
-                                     "stack": None})
+                                     "sp": config.tp > 1, "stack": None})
 
 
 @pytest.mark.parametrize(("name", "devices", "run"), [
@@ -82,7 +85,8 @@ def _twin(config: ParallelConfig) -> ParallelConfig:
 def test_any_space_contains_every_framework_space(name: str, devices: int,
                                                   run: dict[str, Any]) -> None:  # fmt: skip
     """Every configuration a framework's search prices (torchtitan's zero-bubble schedules
-    included, which ``any`` lacked) is in ``any``'s space up to the overlap flags."""
+    included, which ``any`` lacked) is in ``any``'s space up to the overlap flags and
+    sequence parallelism."""
     model, cluster = load(name), nodes(devices)
     union = {_twin(c) for c in grid_space(model, cluster, SolveOptions(framework="any", **run))}
     for framework in FRAMEWORKS:

@@ -40,8 +40,12 @@ NVL72 = "instances/clusters/gb200-nvl72.json"
      r"--cp 16\)$"),
     (LLAMA8B, H100, 8, (8192, 8), Pins(mbs=16, tp=8, cp=8),
      r"^global_batch\(8\) is not divisible by dp\(1\) x mbs\(16\) = 16 \(pinned"),
+    # the pin's own rule before one the free degrees would mend (it said the batch of 2048
+    # did not divide 16,384 data-parallel ranks)
+    ("../shared/reference/hf/DeepSeek-V3.config.json", H100, 2048, (8192, 2048), Pins(ep=512),
+     r"^num_experts\(256\) is not divisible by ep\(512\) \(pinned: --ep 512\)$"),
 ], ids=["tp-outside-the-domain", "cp-straddling-racks", "zero3-with-pp", "devices",
-        "batch"])  # fmt: skip
+        "batch", "experts-before-batch"])  # fmt: skip
 def test_a_search_that_divides_nothing_says_what_does_not(
     model: str, cluster: str, nodes: int, run: tuple[int | None, int | None], pins: Pins,
     message: str,

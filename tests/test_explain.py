@@ -399,7 +399,7 @@ def test_a_notch_sets_the_overlaps_as_the_framework_launches_them() -> None:
     plan's flag stayed on beside them); flags the user gives are kept, and refused."""
     model = load_model("instances/models/llama3-8b.json")
     cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 2)
-    config = ParallelConfig(tp=2, mbs=2, sp=True, zero=3, overlap_grad_reduce=True,
+    config = ParallelConfig(tp=2, mbs=2, zero=3, overlap_grad_reduce=True,
                             overlap_param_gather=True, stack="megatron-deepspeed",
                             global_batch=128, seq_len=8192)  # fmt: skip
     plan = uniform_plan(model, cluster, config, framework="deepspeed")

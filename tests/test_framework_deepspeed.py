@@ -17,8 +17,9 @@ from typing import Any
 
 import planner
 from planner.frameworks import deepspeed as ds
-from planner.plan.config import ResolvedConfig
+from planner.plan.config import ParallelConfig, ResolvedConfig
 from planner.spec import ModelSpec
+from planner.uniform.defaults import framework_defaults
 from planner.vocabulary import OFFLOADS
 from tests import framework_cases
 from tests.framework_cases import forced, load, verdict
@@ -74,12 +75,12 @@ def degrees(flags: dict[str, str | None], world: int) -> dict[str, int]:
 
 
 def test_gpt3_on_1024_gpus() -> None:
-    """GPT-3 175B, TP8 PP16 DP8 with SP, ZeRO-1, full recompute: every degree and switch."""
+    """GPT-3 175B, TP8 PP16 DP8 (without SP), ZeRO-1, full recompute: every degree and switch."""
     model = load("gpt3-175b")
-    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, recompute="full")
+    resolved = configure(model, 1024, tp=8, pp=16, zero=1, recompute="full")
     flags, config = launched(resolved, model)
     assert degrees(flags, 1024) == {"tp": 8, "pp": 16, "dp": 8}
-    assert "--sequence-parallel" in flags and "--no-pipeline-parallel" not in flags
+    assert "--sequence-parallel" not in flags and "--no-pipeline-parallel" not in flags
     assert (flags["--micro-batch-size"], flags["--global-batch-size"]) == ("1", "1536")
     assert flags["--checkpoint-num-layers"] == "1" and "--checkpoint-activations" in flags
     assert "--recompute-granularity" not in flags and flags["--zero-stage"] == "1"
@@ -88,8 +89,8 @@ def test_gpt3_on_1024_gpus() -> None:
         "gradient_accumulation_steps": 192, "bf16": {"enabled": True},
         "fp16": {"enabled": False}, "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": {"stage": 1, "overlap_comm": False},
-        # Sequence-parallel shards go between stages as they are.
-        "pipeline": {"pipe_partitioned": False, "grad_partitioned": False},
+        # The engine's default: a 1/tp slice of each activation, all-gathered on arrival.
+        "pipeline": {"pipe_partitioned": True, "grad_partitioned": True},
     }  # fmt: skip
 
 
@@ -97,7 +98,7 @@ def test_gpt3_model_flags() -> None:
     """GPT-3's shape: learned positions, tied embeddings, biases, GELU and LayerNorm are
     Megatron-DeepSpeed's defaults; the dropouts (default 0.1) are always said."""
     model = load("gpt3-175b")
-    flags, _ = launched(configure(model, 1024, tp=8, pp=16, sp=True, zero=1), model)
+    flags, _ = launched(configure(model, 1024, tp=8, pp=16, zero=1), model)
     assert {k: flags[k] for k in ("--num-layers", "--hidden-size", "--ffn-hidden-size",
                                   "--num-attention-heads", "--num-key-value-heads",
                                   "--kv-channels", "--max-position-embeddings",
@@ -118,7 +119,7 @@ def test_gpt3_model_flags() -> None:
 def test_llama3_8b_zero3_without_pipeline() -> None:
     """Llama-3 8B, TP2 DP32 ZeRO-3 with both overlaps: the plain engine, prefetching."""
     model = load("llama3-8b")
-    resolved = configure(model, 64, tp=2, sp=True, zero=3, overlap_grad_reduce=True,
+    resolved = configure(model, 64, tp=2, zero=3, overlap_grad_reduce=True,
                          overlap_param_gather=True)  # fmt: skip
     flags, config = launched(resolved, model)
     assert degrees(flags, 64) == {"tp": 2, "pp": 1, "dp": 32}
@@ -130,13 +131,13 @@ def test_llama3_8b_zero3_without_pipeline() -> None:
                    "--use-flash-attn-v2", "--bf16"):  # fmt: skip
         assert switch in flags
     assert (flags["--normalization"], flags["--num-key-value-heads"]) == ("rmsnorm", "8")
-    assert ds.PROFILE.launch(resolved, model).environment == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert ds.PROFILE.launch(resolved, model).environment == {}
 
 
 def test_zero3_without_overlap_turns_prefetch_off() -> None:
     """ZeRO-3 with neither overlap: overlap_comm off and no prefetch bucket."""
     model = load("llama3-8b")
-    _, config = launched(configure(model, 64, tp=8, sp=True, zero=3), model)
+    _, config = launched(configure(model, 64, tp=8, zero=3), model)
     assert config["zero_optimization"] == {"stage": 3, "overlap_comm": False,
                                            "stage3_prefetch_bucket_size": 0}  # fmt: skip
 
@@ -181,7 +182,7 @@ def test_batch_arithmetic_on_every_split() -> None:
     model = load("llama3-70b")
     for knobs in ({"tp": 8, "pp": 4, "mbs": 2}, {"tp": 4, "pp": 8, "mbs": 1},
                   {"tp": 8, "pp": 8, "mbs": 4}):  # fmt: skip
-        resolved = configure(model, 256, sp=True, zero=1, **knobs)
+        resolved = configure(model, 256, zero=1, **knobs)
         flags, config = launched(resolved, model)
         dp = degrees(flags, 256)["dp"]
         assert dp == resolved.dp and config["train_batch_size"] == 1024 == (
@@ -243,7 +244,7 @@ def test_zero_with_pipeline() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/engine.py:76-77;
     deepspeedai/Megatron-DeepSpeed@4efb479 pretrain_gpt.py:51"""
     model = load("gpt3-175b")
-    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=2)
+    resolved = configure(model, 1024, tp=8, pp=16, zero=2)
     assert "ZeRO-2 with pp(16)" in (refusal("zero-2-3-with-pipeline", resolved, model) or "")
     assert refusal("zero-2-3-with-pipeline", forced(resolved, zero=1), model) is None
 
@@ -252,7 +253,7 @@ def test_bf16_without_zero() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:1994-1996;
     deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2011-2021"""
     model = load("llama3-8b")
-    resolved = configure(model, 64, tp=8, sp=True)
+    resolved = configure(model, 64, tp=8)
     assert "fp32 gradients" in (refusal("bf16-without-zero", resolved, model) or "")
     assert refusal("bf16-without-zero", configure(model, 64, tp=8, precision="fp32"),
                    model) is None  # fmt: skip
@@ -262,12 +263,12 @@ def test_pipeline_schedule() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/engine.py:389;
     deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/schedule.py:189-244"""
     model = load("gpt3-175b")
-    interleaved = configure(model, 1024, tp=8, pp=16, vpp=2, sp=True, zero=1)
+    interleaved = configure(model, 1024, tp=8, pp=16, vpp=2, zero=1)
     assert "interleaved 1F1B (vpp=2)" in (refusal("pipeline-schedule", interleaved, model) or "")
-    gpipe = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, schedule="gpipe")
+    gpipe = configure(model, 1024, tp=8, pp=16, zero=1, schedule="gpipe")
     assert "GPipe" in (refusal("pipeline-schedule", gpipe, model) or "")
     for schedule, vpp in (("zb-h1", 1), ("zb-v", 2)):
-        zb = configure(model, 1024, tp=8, pp=16, vpp=vpp, sp=True, zero=1, schedule=schedule)
+        zb = configure(model, 1024, tp=8, pp=16, vpp=vpp, zero=1, schedule=schedule)
         assert schedule.upper() in (refusal("pipeline-schedule", zb, model) or "")
 
 
@@ -276,7 +277,7 @@ def test_uneven_split() -> None:
     deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/module.py:322-341, 396-447;
     deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/utils.py:606-665"""
     model = load("gpt3-175b")
-    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, first_stage_layers=4,
+    resolved = configure(model, 1024, tp=8, pp=16, zero=1, first_stage_layers=4,
                          last_stage_layers=8)  # fmt: skip
     message = refusal("uneven-split", resolved, model) or ""
     assert "[4, 6, 6" in message
@@ -286,7 +287,7 @@ def test_uneven_split() -> None:
     assert "[6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6] ('type:transformer')" in message
     assert "embedding" not in message
     # 6 on the first stage is the even split written out: launched.
-    even = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, first_stage_layers=6)
+    even = configure(model, 1024, tp=8, pp=16, zero=1, first_stage_layers=6)
     assert refusal("uneven-split", even, model) is None
     # BLOOM's shape, 70 layers on 12 stages: 5 blocks on each end is what BLOOM's fork cut
     # (type:transformer|embedding); the pinned target cuts 6 x 10, 5, 5, so it is refused,
@@ -305,7 +306,7 @@ def test_context_parallel() -> None:
     """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:974;
     deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:614-621"""
     model = load("llama3-70b")
-    resolved = configure(model, 256, tp=8, pp=4, cp=2, sp=True, zero=1)
+    resolved = configure(model, 256, tp=8, pp=4, cp=2, zero=1)
     assert "Ulysses" in (refusal("context-parallel", resolved, model) or "")
     gathered = forced(resolved, cp_algo="allgather")
     assert "cp(2) as keys and values all-gathered" in (
@@ -317,7 +318,7 @@ def test_context_parallel() -> None:
 def test_ulysses_alone() -> None:
     """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/core/parallel_state.py:144-147"""
     model = load("llama3-70b")
-    with_tp = configure(model, 256, tp=2, pp=4, cp=2, cp_algo="ulysses", sp=True, zero=1)
+    with_tp = configure(model, 256, tp=2, pp=4, cp=2, cp_algo="ulysses", zero=1)
     assert "does not work with tensor or pipeline" in (refusal("ulysses-alone", with_tp, model)
                                                        or "")  # fmt: skip
     alone = configure(model, 256, cp=8, cp_algo="ulysses", zero=3)
@@ -344,7 +345,7 @@ def test_ulysses_launch_reads_back() -> None:
 def test_selective_with_flash() -> None:
     """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/model/transformer.py:606-629"""
     model = load("gpt3-175b")
-    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, recompute="selective")
+    resolved = configure(model, 1024, tp=8, pp=16, zero=1, recompute="selective")
     assert "unfused path" in (refusal("selective-with-flash", resolved, model) or "")
 
 
@@ -353,10 +354,10 @@ def test_recompute_modules() -> None:
 
     Its selective granularity checkpoints the core attention and nothing else."""
     model = load("gpt3-175b")
-    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, recompute="selective",
+    resolved = configure(model, 1024, tp=8, pp=16, zero=1, recompute="selective",
                          recompute_modules="layernorm", flash_attention=False)
     assert "attention core only" in (refusal("recompute-modules", resolved, model) or "")
-    plain = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, recompute="selective",
+    plain = configure(model, 1024, tp=8, pp=16, zero=1, recompute="selective",
                       flash_attention=False)
     assert refusal("recompute-modules", plain, model) is None
 
@@ -364,7 +365,7 @@ def test_recompute_modules() -> None:
 def test_tp_comm_overlap() -> None:
     """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:396-399"""
     model = load("gpt3-175b")
-    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, tp_comm_overlap=True)
+    resolved = configure(model, 1024, tp=8, pp=16, zero=1, sp=True, tp_comm_overlap=True)
     assert "tp(8)" in (refusal("tp-comm-overlap", resolved, model) or "")
 
 
@@ -389,9 +390,9 @@ def test_grad_overlap_bf16_optimizer() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:1994-1996;
     deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/engine.py:2905-2913"""
     model = load("llama3-8b")
-    resolved = configure(model, 64, tp=8, sp=True, zero=1, overlap_grad_reduce=True)
+    resolved = configure(model, 64, tp=8, zero=1, overlap_grad_reduce=True)
     assert "BF16_Optimizer" in (refusal("grad-overlap-bf16-optimizer", resolved, model) or "")
-    fp16 = configure(model, 64, tp=8, sp=True, zero=1, overlap_grad_reduce=True,
+    fp16 = configure(model, 64, tp=8, zero=1, overlap_grad_reduce=True,
                      precision="fp16")  # fmt: skip
     assert refusal("grad-overlap-bf16-optimizer", fp16, model) is None
 
@@ -400,7 +401,7 @@ def test_param_gather_after_step() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/stage_1_and_2.py:2393-2398;
     deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/bf16_optimizer.py:454-460"""
     model = load("llama3-8b")
-    resolved = configure(model, 64, tp=8, sp=True, zero=2, overlap_param_gather=True)
+    resolved = configure(model, 64, tp=8, zero=2, overlap_param_gather=True)
     assert "ZeRO-2" in (refusal("param-gather-after-step", resolved, model) or "")
 
 
@@ -408,7 +409,7 @@ def test_zero3_overlap() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/partitioned_param_coordinator.py:452;
     deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/zero/config.py:215"""
     model = load("llama3-8b")
-    resolved = configure(model, 64, tp=8, sp=True, zero=3, overlap_grad_reduce=True)
+    resolved = configure(model, 64, tp=8, zero=3, overlap_grad_reduce=True)
     assert "not overlap_param_gather" in (refusal("zero-3-overlap", resolved, model) or "")
 
 
@@ -422,7 +423,7 @@ def test_moe_with_zero3() -> None:
 def test_moe_with_tp() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/moe/sharded_moe.py:706-732"""
     model = load("mixtral-8x7b")
-    resolved = configure(model, 64, tp=2, pp=4, ep=4, sp=True, zero=1)
+    resolved = configure(model, 64, tp=2, pp=4, ep=4, zero=1)
     assert "duplicate tokens" in (refusal("moe-with-tp", resolved, model) or "")
 
 
@@ -450,7 +451,7 @@ def test_rope_base_and_norm_epsilon() -> None:
     ``megatron/arguments.py:635-637``) and rms_norm_eps 1e-05 as --layernorm-epsilon
     (``arguments.py:652``); its llama3 RoPE scaling has no flag, which a note says."""
     model = load("Meta-Llama-3.1-70B")
-    resolved = configure(model, 64, tp=8, sp=True, zero=1, global_batch=64, seq_len=8192)
+    resolved = configure(model, 64, tp=8, zero=1, global_batch=64, seq_len=8192)
     flags, _ = launched(resolved, model)
     assert flags["--rotary-position-embeddings-theta"] == "500000"
     assert flags["--layernorm-epsilon"] == "1e-05"
@@ -463,27 +464,44 @@ def test_architecture() -> None:
     deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:598-690;
     deepspeedai/Megatron-DeepSpeed@4efb479 megatron/arguments.py:937"""
     for name, why in (("deepseek-v3", "latent attention"), ("Qwen3-30B-A3B", "queries and keys"),
-                      ("Qwen2.5-72B", "QKV bias with")):  # fmt: skip
+                      ("Qwen2.5-72B", "QKV bias without the other")):  # fmt: skip
         model = load(name)
         resolved = configure(model, 8, global_batch=8, seq_len=4096)
         assert why in (refusal("architecture", resolved, model) or ""), name
 
 
-def test_sequence_parallel_split() -> None:
-    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/core/tensor_parallel/mappings.py:56-58"""
+def test_megatron_sequence_parallel() -> None:
+    """deepspeedai/Megatron-DeepSpeed@4efb479 megatron/training.py:731-732;
+    deepspeedai/Megatron-DeepSpeed@4efb479 megatron/optimizer/optimizer.py:257-277
+
+    Under ``--deepspeed`` the sequence-parallel norms' gradients are never all-reduced over
+    the tensor-parallel ranks (the export wrote ``--sequence-parallel`` with every TP plan):
+    refused, and the search plans TP without it, as ``estimate --framework deepspeed`` sets
+    it."""
     model = load("llama3-8b")
-    resolved = configure(model, 64, tp=8, sp=True, zero=1, seq_len=4100)
-    assert "seq_len(4100)" in (refusal("sp-sequence-split", resolved, model) or "")
+    resolved = configure(model, 64, tp=8, zero=1, sp=True)
+    assert "never all-reduces the sequence-parallel norms" in (
+        refusal("megatron-sequence-parallel", resolved, model) or "")
+    assert refusal("megatron-sequence-parallel", configure(model, 64, tp=8, zero=1),
+                   model) is None  # fmt: skip
+    cluster = framework_cases.nodes(16)
+    plan = planner.solve(model, cluster, planner.SolveOptions(
+        framework="deepspeed", global_batch_size=128, seq_length=8192,
+        pins=planner.Pins(tp=2)))  # fmt: skip
+    (stage,) = {s.parallel for s in plan.stages}
+    assert stage.tp == 2 and not stage.sp
+    assert not framework_defaults(ParallelConfig(tp=2, zero=1), model, cluster=cluster,
+                                  framework="deepspeed").sp  # fmt: skip
 
 
 def test_rank_order() -> None:
     """deepspeedai/DeepSpeed@edaa722 deepspeed/runtime/pipe/topology.py:244-248;
     deepspeedai/Megatron-DeepSpeed@4efb479 megatron/core/parallel_state.py:185-215"""
     model = load("gpt3-175b")
-    resolved = configure(model, 1024, tp=8, pp=16, sp=True, zero=1, rank_order="tp-pp-cp-ep-dp")
+    resolved = configure(model, 1024, tp=8, pp=16, zero=1, rank_order="tp-pp-cp-ep-dp")
     assert "tp, then cp, dp, pp" in (refusal("rank-order", resolved, model) or "")
     # With no data parallelism the two orders number ranks alike.
-    alike = configure(model, 128, tp=8, pp=16, sp=True, zero=1, rank_order="tp-pp-cp-ep-dp")
+    alike = configure(model, 128, tp=8, pp=16, zero=1, rank_order="tp-pp-cp-ep-dp")
     assert refusal("rank-order", alike, model) is None
 
 
@@ -575,7 +593,7 @@ def test_zero_offload_is_not_the_bf16_optimizer() -> None:
 
     bf16 ZeRO-1 with ZeRO-Offload is the ZeRO optimizer, which overlaps its reduction."""
     model = load("llama3-8b")
-    resolved = configure(model, 64, tp=8, sp=True, zero=1, overlap_grad_reduce=True,
+    resolved = configure(model, 64, tp=8, zero=1, overlap_grad_reduce=True,
                          offload="zero-offload")  # fmt: skip
     assert refusal("grad-overlap-bf16-optimizer", resolved, model) is None
 
@@ -585,7 +603,7 @@ def test_zero_offload_launch() -> None:
     megatron/optimizer/__init__.py:83-90) and ``offload_optimizer`` to pinned CPU memory in
     the ds_config's zero_optimization; neither without offload."""
     model = load("llama3-70b")
-    resolved = configure(model, 16, tp=8, sp=True, zero=2, offload="zero-offload",
+    resolved = configure(model, 16, tp=8, zero=2, offload="zero-offload",
                          overlap_grad_reduce=True)  # fmt: skip
     assert ds.PROFILE.launches(resolved, model)
     flags, config = read(ds.launch(resolved, model).text)
@@ -593,7 +611,7 @@ def test_zero_offload_launch() -> None:
     zero = config["zero_optimization"]
     assert zero == {"stage": 2, "overlap_comm": True,
                     "offload_optimizer": {"device": "cpu", "pin_memory": True}}
-    plain = configure(model, 16, tp=8, sp=True, zero=2, overlap_grad_reduce=True)
+    plain = configure(model, 16, tp=8, zero=2, overlap_grad_reduce=True)
     flags, config = read(ds.launch(plain, model).text)
     assert "--cpu-optimizer" not in flags
     assert "offload_optimizer" not in config["zero_optimization"]

@@ -355,20 +355,24 @@ def test_rule_zero_offload() -> None:
     tm.pin_zero_offload(P)
 
 
-def test_rule_module_slots() -> None:
-    """NVIDIA/Megatron-LM@a845aa7e12b3 (core_v0.12.1) megatron/training/arguments.py (no
-    --pipeline-model-parallel-layout): an interleaved split whose loss's end also takes the
-    multi-token-prediction module's slot (DeepSeek-V3's recipe) is refused; the same split
-    with the loss's slot alone (the module beside it) is launched."""
+def test_module_slots_launch_with_mindspeeds_layout() -> None:
+    """Ascend/MindSpeed@028de58ca629
+    mindspeed/features_manager/pipeline_parallel/pipeline_model_parallel_layout_feature.py;
+    mindspeed/core/pipeline_parallel/pipeline_model_parallel_layout/layout.py:94-140
+
+    An interleaved split whose loss's end also takes the multi-token-prediction module's slot
+    (DeepSeek-V3's recipe) launches with ``--pipeline-model-parallel-layout``, which MindSpeed
+    brings to core_v0.12.1 (it was refused as core_v0.12.1's arguments lack it), as
+    Megatron-LM writes it, without the virtual stages' count the layout implies."""
     model = load("deepseek-v3")
     knobs = dict(tp=2, pp=8, ep=32, etp=1, sp=True, zero=1, recompute="full",
                  global_batch=8192, seq_len=4096)  # fmt: skip
     slotted = configure(model, 1024, vpp=4, first_stage_layers=7, last_stage_layers=6, **knobs)
-    refused(P, "module-slots", slotted, model, r"--pipeline-model-parallel-layout")
-    deeper = model.model_copy(update={"num_layers": 62})  # 7 + 8 x 6 + 7: the loss's slot
-    beside = configure(deeper, 1024, vpp=4, first_stage_layers=7, last_stage_layers=7,
-                       **knobs)  # fmt: skip
-    accepted(P, "module-slots", beside, deeper)
+    assert P.refusals(slotted, model) == ()
+    flags = read_flags(P.launch(slotted, model).text)
+    assert flags["--pipeline-model-parallel-layout"] == "Et|(tt|)*30mL"
+    assert "--num-virtual-stages-per-pipeline-rank" not in flags
+    assert flags["--mtp-num-layers"] == "1"
 
 
 def test_rule_deepep() -> None:

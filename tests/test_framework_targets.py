@@ -135,7 +135,8 @@ def test_a_pin_that_does_not_divide_says_so_as_estimate_does(
     ("deepspeed", "ring", "DeepSpeed's context parallelism (--ds-sequence-parallel-size) is "
                           "Ulysses"),
     ("torchtitan", "ring", "context parallelism all-gathers keys and values"),
-    ("megatron", "allgather", "Megatron-LM does not run it")])
+    ("megatron", "allgather", "Megatron-LM's own K/V all-gather attention, where it has one, "
+                              "is not priced")])
 def test_a_context_parallel_pin_the_framework_does_not_run_says_why(
     framework: str, algo: str, reason: str, llama: ModelSpec
 ) -> None:

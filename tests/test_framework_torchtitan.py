@@ -490,7 +490,7 @@ def test_zero_bubble_rounds() -> None:
 
 def test_compiled_zero_bubble() -> None:
     """pytorch/pytorch@cf30153 torch/distributed/pipelining/schedules.py
-    (``_check_torch_compile_compatibility``); pytorch/torchtitan@73a0e69
+    (_check_torch_compile_compatibility); pytorch/torchtitan@73a0e69
     torchtitan/models/llama3/infra/parallelize.py:256-266
 
     torchtitan compiles each block before it builds the schedule, and PyTorch's zero-bubble

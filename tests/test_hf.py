@@ -300,6 +300,29 @@ def test_head_dim_becomes_kv_channels() -> None:
     assert _translate(data).kv_channels == 128
 
 
+def test_transformers_5_rope_parameters() -> None:
+    """transformers 5 writes RoPE's base and scaling as one ``rope_parameters`` object (one
+    per layer type where they differ, the full-attention one the model's): Llama 3.1 8B so
+    written reads as its transformers 4 file does (it read base 10000 and no scaling, and
+    exported that); beside a disagreeing ``rope_theta`` it is refused."""
+    old = _reference("Meta-Llama-3.1-8B")
+    params = {"rope_theta": old["rope_theta"], **old["rope_scaling"]}
+    new = _without(_without(old, "rope_theta"), "rope_scaling") | {"rope_parameters": params}
+    expected = _translate(old)
+    assert expected.rotary_base == 500000 and expected.rope_scaling is not None
+    for data in (new, new | {"rope_parameters": {"full_attention": params,
+                                                 "sliding_attention": {"rope_theta": 1e4}}},
+                 new | {"rope_theta": 500000}):  # fmt: skip
+        spec = _translate(data)
+        assert (spec.rotary_base, spec.rope_scaling) == (500000, expected.rope_scaling)
+    plain = _translate(new | {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    assert (plain.rotary_base, plain.rope_scaling) == (1e6, None)
+    with pytest.raises(InputError, match="rope_theta disagree with rope_parameters"):
+        _translate(new | {"rope_theta": 10000})
+    with pytest.raises(InputError, match="rope_parameters must be an object"):
+        _translate(new | {"rope_parameters": 5})
+
+
 def test_mistral_window_covers_every_layer() -> None:
     """Mistral 7B v0.1's sliding_window (4096) masks every layer (transformers'
     MistralAttention), as Phi-3's does: carried, not dropped; null (later checkpoints) is no
@@ -328,6 +351,24 @@ def test_a_config_without_model_type_says_so() -> None:
     with pytest.raises(InputError, match=r"^x\.json: a Hugging Face config\.json without "
                                          r"model_type: add"):
         model_from_dict(_without(_llama_config(), "model_type"), source="x.json")
+
+
+@pytest.mark.parametrize("stem", ["Qwen2.5-72B", "Qwen3-8B", "Qwen3-30B-A3B"])
+def test_qwen_window_from_max_window_layers(stem: str) -> None:
+    """transformers windows Qwen's layers from ``max_window_layers`` on under
+    ``use_sliding_window`` (``layer_types`` where given): refused for Qwen2 and Qwen3's MoE as
+    for Qwen3 (they read as unwindowed); a window no layer reaches is no window."""
+    data = _reference(stem)
+    layers = data["num_hidden_layers"]
+    windowed = data | {"use_sliding_window": True, "sliding_window": 4096,
+                       "max_window_layers": layers // 2}  # fmt: skip
+    with pytest.raises(InputError, match="use_sliding_window=true is not supported"):
+        _translate(windowed)
+    typed = data | {"layer_types": ["full_attention"] * (layers - 1) + ["sliding_attention"]}
+    with pytest.raises(InputError, match="use_sliding_window=true is not supported"):
+        _translate(typed)
+    unreached = _translate(windowed | {"max_window_layers": layers})
+    assert unreached == _translate(data)
 
 
 def test_qwen2_moe_shared_expert() -> None:

@@ -145,7 +145,8 @@ def test_layer_types_must_fit_the_pattern() -> None:
 def test_qwen3_sliding_window_refused() -> None:
     data = json.loads(shared(HF / "Qwen3-8B.config.json").read_text())
     with pytest.raises(InputError, match="use_sliding_window=true is not supported"):
-        model_from_hf_config({**data, "use_sliding_window": True}, source="q")
+        model_from_hf_config({**data, "use_sliding_window": True, "sliding_window": 4096,
+                              "max_window_layers": 18}, source="q")  # fmt: skip
 
 
 def test_key_span_against_pairs_counted() -> None:

@@ -88,7 +88,7 @@ def test_a_remedy_is_listed_once() -> None:
     already said."""
     done = cli("estimate", shared(HF / "Meta-Llama-3.1-405B.config.json"), H100, "--nodes",
                "16", "--tp", "8", "--pp", "2", "--mbs", "1", "--zero", "1", "--recompute",
-               "full", "--sp", "--seq-len", "8192", "--global-batch", "256", "--framework",
+               "full", "--seq-len", "8192", "--global-batch", "256", "--framework",
                "deepspeed", timeout=300)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.count("- --nodes 512 ") == 1, done.stderr

@@ -180,9 +180,9 @@ def test_deepseek_v3_recipes_layout_is_written_as_the_recipe_writes_it() -> None
     cut = chunk_sizes(stages, 4, model.mtp_layers)
     assert [[chunk.count("t") for chunk in rank] for rank in parsed] == [list(c) for c in cut]
     assert parsed[0][0].startswith("E") and parsed[-1][-1].endswith("mL")
+    # MindSpeed brings the layout to its core_v0.12.1 and launches it too
     assert profile("megatron").refusals(resolved, model) == ()
-    assert any("--pipeline-model-parallel-layout" in r
-               for r in profile("mindspeed").refusals(resolved, model))
+    assert profile("mindspeed").refusals(resolved, model) == ()
 
 
 def assert_megatron_parses(stages: tuple[int, ...], vpp: int, mtp: int) -> None:

@@ -276,14 +276,15 @@ def test_estimate_for_torchtitan_attends_as_torchtitan_does() -> None:
 def test_framework_defaults_keep_what_is_given(gpt3: ModelSpec, h100_128: ClusterSpec) -> None:
     """A switch given stays as given; the rest as the framework's search sets them:
     DeepSpeed's pipeline engine reduces gradients after the last microbatch and its ZeRO-1
-    gathers the weights after the step (no overlap); Megatron-LM overlaps both."""
+    gathers the weights after the step (no overlap), and its TP runs without Megatron's
+    sequence parallelism; Megatron-LM overlaps both, with SP."""
     config = ParallelConfig(tp=8, pp=16, zero=1)
     megatron = framework_defaults(config, gpt3, cluster=h100_128, framework="megatron")
     deepspeed = framework_defaults(config, gpt3, cluster=h100_128, framework="deepspeed")
     assert (megatron.sp, megatron.overlap_grad_reduce, megatron.overlap_param_gather) == (
         True, True, True)  # fmt: skip
     assert (deepspeed.sp, deepspeed.overlap_grad_reduce, deepspeed.overlap_param_gather) == (
-        True, False, False)  # fmt: skip
+        False, False, False)  # fmt: skip
     given = framework_defaults(config.model_copy(update={"sp": False}), gpt3,
                                cluster=h100_128, framework="megatron", given=("sp",))
     assert (given.sp, given.overlap_grad_reduce) == (False, True)

@@ -134,7 +134,8 @@ def heuristic_candidates(
             pp = rule_pp if options.pins.pp is None else options.pins.pp
             first, last = stage_splits(model.num_layers, pp)[0]
             ep = max(expert_degrees(model, dp=n // (tp * pp), cp=1))
-            knobs = {"tp": tp, "pp": pp, "ep": ep, "sp": sequence_parallel(tp), "mbs": mbs,
+            sp = sequence_parallel(tp, options.framework, model)
+            knobs = {"tp": tp, "pp": pp, "ep": ep, "sp": sp, "mbs": mbs,
                      "first_stage_layers": first, "last_stage_layers": last,
                      "recompute": recompute, "zero": DISTRIBUTED_OPTIMIZER}  # fmt: skip
             merged = knobs | pinned

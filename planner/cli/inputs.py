@@ -110,7 +110,7 @@ def estimate_cmd(
     if as_json:
         print_json(result.to_dict())
     else:
-        render(report.estimate_tables(model_spec, cluster_spec, config, result))
+        render(report.estimate_tables(model_spec, cluster_spec, config, result, memory_margin))
     if framework is not None or out is not None:
         _framework_notes(model_spec, cluster_spec, config, framework=framework, given=given,
                          out=out)  # fmt: skip

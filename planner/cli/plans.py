@@ -47,7 +47,9 @@ from planner.options import (
 )
 from planner.plan.files import plan_from_json
 from planner.plan.inputs import check_inputs
+from planner.plan.schema import Plan
 from planner.report.output import check_folder, check_target, write_atomic
+from planner.report.width import wrap
 from planner.search.targets import pins_left_unused
 from planner.simulate.events import simulate_plan
 from planner.spec import ClusterSpec, ModelSpec
@@ -229,12 +231,29 @@ def solve_cmd(
     render(report.plan_tables(plan))
     for line in pins_left_unused(plan, options.pins):
         note(line)
+    if plan.solver.status == "time_limit":
+        note(time_limit_note(plan))
     if export_fmt is not None:
         result = frameworks.launch(plan, export_fmt, model=model_spec, cluster=cluster_spec,
                                    paths=(str(model), str(cluster)))  # fmt: skip
         console().rule(f"{frameworks.profile(export_fmt).title} launch configuration",
                        align="left")  # fmt: skip
         print_launch(plan, result)
+
+
+def time_limit_note(plan: Plan) -> str:
+    """What a search stopped at ``--time-limit`` left unsaid in its table: that configurations
+    went unpriced, and how much they could still save where the search knows (its ``gap``).
+
+    >>> from types import SimpleNamespace
+    >>> time_limit_note(SimpleNamespace(solver=SimpleNamespace(time_s=20.6, gap=None)))[:58]
+    'the search stopped at its time limit after 20.6 s, before '
+    """
+    gap = plan.solver.gap
+    could = "" if gap is None else f" (up to {100 * gap:.1f} % faster)"
+    return (f"the search stopped at its time limit after {plan.solver.time_s:.1f} s, before "
+            f"pricing every configuration: this is the fastest found so far, and one not "
+            f"priced may be faster{could}; give --time-limit more seconds to search them all")
 
 
 @app.command("compare", short_help="Methods or frameworks on one problem, side by side.")
@@ -319,7 +338,8 @@ def _wrote(paths: Sequence[Path]) -> None:
     """Say on stderr which pictures were written."""
     folders = sorted({str(p.parent) for p in paths})
     names = ", ".join(p.name for p in paths)
-    print(f"wrote {names} in {', '.join(folders)}", file=sys.stderr)
+    text = f"{names} in {', '.join(folders)}"
+    print("\n".join(wrap(text, stderr_console().width, first="wrote ")), file=sys.stderr)
 
 
 @app.command("export", short_help="A plan as a framework's launch configuration.")

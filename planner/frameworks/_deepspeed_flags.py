@@ -35,15 +35,14 @@ DS_CONFIG_MARK = f"# {DS_CONFIG_FILE}"
 
 
 def parallel_flags(resolved: ResolvedConfig, model: ModelSpec) -> list[mf.Flag]:
-    """Tensor, pipeline (or ``--no-pipeline-parallel``), sequence and expert parallelism."""
+    """Tensor, pipeline (or ``--no-pipeline-parallel``), DeepSpeed's sequence (Ulysses) and expert
+    parallelism (Megatron's sequence parallelism is refused: ``megatron_sequence_parallel``)."""
     c = resolved.config
     flags: list[mf.Flag] = [("--tensor-model-parallel-size", c.tp),
                             ("--pipeline-model-parallel-size", c.pp)]  # fmt: skip
     if c.pp == 1:
         # Without it pp 1 is still a one-stage PipelineModule, whose engine refuses ZeRO-2/3.
         flags.append(("--no-pipeline-parallel", None))
-    if resolved.sp:
-        flags.append(("--sequence-parallel", None))
     if c.cp > 1:
         # Ulysses: the data-parallel size is then world / (tp x pp x cp), as the plan counts.
         flags.append(("--ds-sequence-parallel-size", c.cp))
@@ -147,10 +146,9 @@ def ds_config(resolved: ResolvedConfig) -> dict[str, object]:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     config["zero_optimization"] = zero_block(resolved)
     if c.pp > 1:
-        # The engine sends a 1/tp slice and all-gathers it (its default), as the planner prices
-        # tensor parallelism without sp; with sp each rank's sequence shard goes as it is (a
-        # slice of tensors that differ over the TP group could not be gathered back).
-        sliced = c.tp > 1 and not resolved.sp
+        # The engine sends a 1/tp slice of the activation the TP ranks share and all-gathers
+        # it (its default), as the planner prices tensor parallelism without sp.
+        sliced = c.tp > 1
         config["pipeline"] = {"pipe_partitioned": sliced, "grad_partitioned": sliced}
     return config
 
@@ -195,8 +193,7 @@ def launch(resolved: ResolvedConfig, model: ModelSpec) -> Launch:
     text = (f"# pretrain_gpt.py arguments ({MDS} with {DS}){partition_comment(resolved, model)}"
             f"\n{mf.render(flags)}\n"
             f"{DS_CONFIG_MARK}\n{json.dumps(ds_config(resolved), indent=2)}\n")  # fmt: skip
-    environment = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if resolved.sp else {}
-    return Launch(text=text, environment=environment, notes=notes(model, resolved))
+    return Launch(text=text, notes=notes(model, resolved))
 
 
 def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:

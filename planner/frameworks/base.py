@@ -58,14 +58,17 @@ class Rule:
 
 def without_pytorch_context_parallel(title: str) -> Check:
     """The check of a framework ``title`` whose context parallelism is not PyTorch's
-    (``cp_algo`` allgather: K/V all-gathered, as torchtitan trains)."""
+    (``cp_algo`` allgather: K/V all-gathered, as torchtitan trains). Megatron-LM's
+    ``--cp-comm-type all_gather`` and MindSpeed's ``kvallgather_cp_algo`` gather K/V too, in
+    their own attention (Transformer Engine's, MindSpeed's), which is not priced."""
 
     def check(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
         c = resolved.config
         if c.cp == 1 or c.cp_algo != "allgather":
             return None
-        return (f"cp({c.cp}) with keys and values all-gathered (cp_algo allgather, PyTorch's "
-                f"context parallelism, torchtitan's): {title} does not run it")
+        return (f"cp({c.cp}) with keys and values all-gathered (cp_algo allgather) is priced as "
+                f"PyTorch's context parallelism, torchtitan's: {title}'s own K/V all-gather "
+                f"attention, where it has one, is not priced")
 
     return check
 
@@ -109,6 +112,10 @@ class Profile:
     """What its selective recomputation reruns when that is not Megatron-Core's default (the
     attention core): torchtitan's per-operator policy (``op``), which the uniform search
     tries in the default's place."""
+    sequence_parallel: Callable[[ModelSpec], bool] = lambda model: True
+    """Whether it runs Megatron's sequence parallelism with tensor parallelism for ``model``:
+    the search turns it on with TP only where it does, and else searches TP without it (its
+    rules still refuse it)."""
     folds_experts: bool = False
     """Whether it folds the routed experts over the tensor-parallel ranks (expert tensor
     parallelism 1 under tensor parallelism): the uniform search tries that only for such a

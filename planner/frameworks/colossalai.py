@@ -95,5 +95,7 @@ def notes(model: ModelSpec) -> tuple[str, ...]:
 
 
 PROFILE = Profile(name="colossalai", title="Colossal-AI", rules=RULES, launch=launch,
-                  stacks=("colossalai-hf",))
+                  stacks=("colossalai-hf",),
+                  # Mixtral's policy runs no sequence parallelism: rules.moe_sequence_parallel
+                  sequence_parallel=lambda model: model.moe is None)
 """Colossal-AI as a framework target."""

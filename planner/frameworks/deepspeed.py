@@ -36,7 +36,6 @@ from planner.frameworks.base import (
     moe_comm_in_line,
     ranks_in_order,
     recompute_modules_unnamed,
-    sequence_split_over_tp,
     unsupported_layers,
 )
 from planner.plan.config import ResolvedConfig
@@ -104,6 +103,18 @@ def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     how = "ring attention" if c.cp_algo == "ring" else "keys and values all-gathered"
     return (f"cp({c.cp}) as {how}: DeepSpeed's context parallelism "
             f"(--ds-sequence-parallel-size) is Ulysses all-to-all attention (cp_algo ulysses)")
+
+
+def megatron_sequence_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
+    """Under ``--deepspeed`` Megatron-DeepSpeed skips ``reduce_model_grads``, the only caller of
+    ``allreduce_layernorm_grads``, and DeepSpeed's engines reduce over the data-parallel ranks
+    only: with Megatron's sequence parallelism each tensor-parallel rank's norms see their own
+    part of the sequence, and their weights drift apart without an error."""
+    if not resolved.sp:
+        return None
+    return (f"sp with tp({resolved.config.tp}): under DeepSpeed, Megatron-DeepSpeed never "
+            f"all-reduces the sequence-parallel norms' gradients over the tensor-parallel "
+            f"ranks, so their weights drift apart (tensor parallelism runs without it)")
 
 
 def ulysses_alone(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -248,8 +259,9 @@ def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     if model.qk_layernorm:
         return f"{model.name} normalizes queries and keys, which Megatron-DeepSpeed cannot"
     if model.has_qkv_bias != model.bias:
-        return (f"{model.name} has a QKV bias {'with' if model.has_qkv_bias else 'without'} "
-                f"the other linear biases: Megatron-DeepSpeed has one switch for all")
+        which = ("a QKV bias without the other linear biases" if model.has_qkv_bias else
+                 "linear biases but none on QKV")  # fmt: skip
+        return f"{model.name} has {which}: Megatron-DeepSpeed has one switch for all"
     # Its model arguments have no sliding window, soft-cap, post-norm or GeGLU.
     return unsupported_layers(model, framework="Megatron-DeepSpeed")
 
@@ -354,8 +366,9 @@ RULES: tuple[Rule, ...] = (
          source=f"{DS} deepspeed/moe/sharded_moe.py:706-732"),
     Rule(name="moe-layout", check=moe_layout,
          source=f"{_TRANSFORMER}:1650-1660; {_TRANSFORMER}:1069-1072"),
-    Rule(name="sp-sequence-split", check=sequence_split_over_tp,
-         source=f"{MDS} megatron/core/tensor_parallel/mappings.py:56-58"),
+    Rule(name="megatron-sequence-parallel", check=megatron_sequence_parallel,
+         source=f"{MDS} megatron/training.py:731-732; "
+                f"{MDS} megatron/optimizer/optimizer.py:257-277"),
     Rule(name="rank-order", check=rank_order,
          source=f"{DS} deepspeed/runtime/pipe/topology.py:244-248; "
                 f"{MDS} megatron/core/parallel_state.py:185-215"),
@@ -374,5 +387,6 @@ RULES: tuple[Rule, ...] = (
 __all__ = ["DS_CONFIG_FILE", "DS_CONFIG_MARK", "PROFILE", "RULES", "launch"]
 
 PROFILE = Profile(name="deepspeed", title="DeepSpeed", rules=RULES, launch=launch,
-                  stacks=("megatron-deepspeed",), context_parallelism=("ulysses",))
+                  stacks=("megatron-deepspeed",), context_parallelism=("ulysses",),
+                  sequence_parallel=lambda model: False)
 """DeepSpeed (Megatron-DeepSpeed) as a framework target."""

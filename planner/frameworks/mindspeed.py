@@ -7,7 +7,12 @@ that version states them (cited there), and adds its own. The split flags pass t
 ``--decoder-first/last-pipeline-num-layers`` and ``--num-virtual-stages-per-pipeline-rank`` are
 core_v0.12.1's (``megatron/training/arguments.py:428-465``), which MindSpeed's basic feature
 only reads (``mindspeed/features_manager/megatron_basic/megatron_basic.py:13-21``); MindSpeed-LLM's
-``--num-layer-list`` is not used, as it refuses interleaving.
+``--num-layer-list`` is not used, as it refuses interleaving. ``--pipeline-model-parallel-layout``
+is MindSpeed's own, Megatron's flag brought to core_v0.12.1 with the same grammar (its
+multi-token-prediction module in a rank's last chunk:
+``mindspeed/features_manager/pipeline_parallel/pipeline_model_parallel_layout_feature.py``,
+``mindspeed/core/pipeline_parallel/pipeline_model_parallel_layout/layout.py:94-140``), so
+DeepSeek-V3's recipe split launches here as under Megatron-LM.
 
 ZeRO-2/3 are core_v0.12.1's Megatron-FSDP (then called custom FSDP), which MindSpeed adapts
 (``docs/zh/features/custom_fsdp.md``) with gradient accumulation fusion off.
@@ -30,7 +35,6 @@ from planner.frameworks.base import (
     unsupported_layers,
     without_pytorch_context_parallel,
 )
-from planner.plan.chunks import slots_taken
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -50,19 +54,6 @@ def layer_architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None
     --mtp-num-layers."""
     return unsupported_layers(model, framework=f"MindSpeed on {CORE}",
                               supported=frozenset({MULTI_TOKEN_PREDICTION}))
-
-
-def module_slots(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """An interleaved split whose loss's end takes a slot for each multi-token-prediction
-    module is said only with ``--pipeline-model-parallel-layout``, which core_v0.12.1's
-    arguments do not have."""
-    c = resolved.config
-    if c.vpp == 1 or slots_taken(resolved.stage_layers, c.vpp, model.mtp_layers)[1] < 2:
-        return None
-    return (f"stages of {list(resolved.stage_layers)} layers in vpp({c.vpp}) chunks, the "
-            f"multi-token-prediction module in a slot of its own: only Megatron-LM's "
-            f"--pipeline-model-parallel-layout says that, which the Megatron-LM under "
-            f"MindSpeed (core_v0.12.1) does not have")
 
 
 def multi_token_prediction(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
@@ -183,8 +174,6 @@ RULES: tuple[Rule, ...] = (
                 f"{_ARGS}:1299; {_ARGS}:1311"),
     Rule(name="multi-token-prediction", check=multi_token_prediction,
          source=f"{_ARGS}:961-967"),
-    Rule(name="module-slots", check=module_slots,
-         source=f"{_ARGS} (no --pipeline-model-parallel-layout)"),
     Rule(name="rank-order", check=megatron.rank_order,
          source=f"{CORE} megatron/training/initialize.py:354"),
     Rule(name="unfused-attention-with-cp", check=unfused_attention_with_cp,

@@ -372,9 +372,8 @@ RULES: tuple[Rule, ...] = (
          source=f"{TORCH} torch/distributed/pipelining/schedules.py:3046-3053"),
     Rule(name="compiled-zero-bubble", check=compiled_zero_bubble,
          source=f"{TORCH} torch/distributed/pipelining/schedules.py "
-                f"(ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble call "
-                f"_check_torch_compile_compatibility); {REPO} "
-                f"torchtitan/models/llama3/infra/parallelize.py:256-266 (apply_compile)"),
+                f"(_check_torch_compile_compatibility); "
+                f"{REPO} torchtitan/models/llama3/infra/parallelize.py:256-266"),
     Rule(name="rank-order", check=rank_order,
          source=f"{REPO} torchtitan/distributed/parallel_dims.py:143-158"),
     Rule(name="optimizer-offload", check=optimizer_offload,

@@ -287,6 +287,19 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
     )  # fmt: skip
 
 
+def broken_rules(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
+) -> list[tuple[str, str]]:
+    """Every rule of :data:`planner.plan.divisibility.RULES` ``config`` breaks, as its name and
+    message, in order (:func:`resolve` raises the first's message); empty when it divides."""
+    training, shape = _run(model, cluster, config.seq_len, config.global_batch,
+                           config.precision, config.stack)  # fmt: skip
+    d = degrees_of(dict(config))
+    x = derive(shape, d)
+    return [(rule.name, rule.message(model, training.seq_length, shape, d, x))
+            for rule in broken(model, training.seq_length, shape, d)]  # fmt: skip
+
+
 _KNOBS = ("tp", "pp", "cp", "dp", "ep", "etp", "vpp", "mbs", "first_stage_layers",
           "last_stage_layers", "sp", "cp_algo", "tp_comm_overlap",
           "overlap_moe_expert_parallel_comm", "moe_dispatcher", "recompute", "schedule")

@@ -72,23 +72,29 @@ def not_significant(steps: Mapping[str, tuple[float, ErrorBand | None]]) -> str 
     >>> print(not_significant({"ilp": (10.0, band), "grid": (10.3, band), "x": (12.0, band)}))
     grid (10.300 s) is inside the band of ilp (10.000 s +/- 5 %): their order is not significant
 
-    A row of the very same step (the same plan, found twice) says so:
+    Rows of the very same step (the same plan, found twice) are said apart, having no order:
 
     >>> print(not_significant({"ilp": (10.0, band), "grid": (10.0, band)}))
-    grid (the same 10.000 s) is inside the band of ilp (10.000 s +/- 5 %): their order is not \
-significant
+    grid finds the same step as ilp (10.000 s)
+    >>> print(not_significant({"ilp": (10.0, band), "grid": (10.0, band), "x": (10.3, band)}))
+    grid finds the same step as ilp (10.000 s); x (10.300 s) is inside its band (+/- 5 %): \
+their order is not significant
     """
     name, (fastest, band) = min(steps.items(), key=lambda item: item[1][0])
+    same = [other for other, (s, _) in steps.items() if other != name and s == fastest]
+    said = ([f"{', '.join(same)} find{'s' * (len(same) == 1)} the same step as {name} "
+             f"({fastest:.3f} s)"] if same else [])  # fmt: skip
     if band is None or band.fraction is None:
-        return None
-    inside = [f"{other} ({'the same ' * (s == fastest)}{s:.3f} s)"
-              for other, (s, _) in steps.items()
-              if other != name and s <= fastest * (1 + band.fraction)]  # fmt: skip
-    if not inside:
-        return None
-    verb = "is" if len(inside) == 1 else "are"
-    return (f"{', '.join(inside)} {verb} inside the band of {name} "
-            f"({with_band(fastest, band)}): their order is not significant")
+        return "; ".join(said) or None
+    inside = [f"{other} ({s:.3f} s)" for other, (s, _) in steps.items()
+              if s != fastest and s <= fastest * (1 + band.fraction)]  # fmt: skip
+    if inside:
+        verb = "is" if len(inside) == 1 else "are"
+        whose = (f"its band ({band.text})" if same else
+                 f"the band of {name} ({with_band(fastest, band)})")  # fmt: skip
+        said.append(f"{', '.join(inside)} {verb} inside {whose}: their order is not "
+                    f"significant")  # fmt: skip
+    return "; ".join(said) or None
 
 
 def memory_line(band: MemoryBand | None) -> str | None:

@@ -10,17 +10,18 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from planner import cost
 from planner.diagnose.compare import MethodResult, yardstick
 from planner.diagnose.validation_rows import describe
 from planner.ilp import LayerSolution
 from planner.plan.bands import MemoryBand
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, resolve
 from planner.plan.schema import Plan, PlanStage, Predicted
 from planner.report.bands import band_cell, band_line, memory_line, not_significant, with_band
 from planner.report.width import Clauses, FirstThatFits, Prose, keep_whole, title
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
-from planner.vocabulary import FP8_STACKS, counted
+from planner.vocabulary import FP8_STACKS, GIB, counted
 
 
 def _pct(part: float, whole: float) -> str:
@@ -42,19 +43,24 @@ def _rates(step: Text, p: Estimate | Predicted, *more: str) -> Clauses:
     """The step and the rates, ``|`` between them, a line broken only between two."""
     return Clauses([step, f"{p.tokens_per_s:,.0f} tokens/s",
                     f"model {p.model_tflops_per_gpu:.1f} TFLOP/s/GPU (hardware "
-                    f"{p.hardware_tflops_per_gpu:.1f})", mfu_text(p.mfu), *more],
+                    f"{p.hardware_tflops_per_gpu:.1f})",
+                    mfu_text(p.mfu, p.model_tflops_per_gpu > 1.1 * p.hardware_tflops_per_gpu),
+                    *more],
                    sep=" | ", tail="")  # fmt: skip
 
 
-def mfu_text(mfu: float) -> str:
-    """``MFU 58.7 %``; past 100 % it says why: model FLOPs count every attention score
-    (:func:`planner.cost.throughput`, the convention MFU is published in), which a causal
-    kernel halves, so at long sequences they exceed what the device can execute.
+def mfu_text(mfu: float, above_executed: bool = False) -> str:
+    """``MFU 58.7 %``; past 100 %, or where the model FLOPs exceed those executed by more than
+    a tenth (``above_executed``: long sequences, whose attention scores dominate), it says why:
+    model
+    FLOPs count every attention score (:func:`planner.cost.throughput`, the convention MFU is
+    published in), which a causal kernel halves, as Megatron-LM's log counts them.
 
     >>> mfu_text(0.587), mfu_text(1.153)
     ('MFU 58.7 %', 'MFU 115.3 % (counting full attention; causal kernels run half)')
     """
-    why = " (counting full attention; causal kernels run half)" if mfu > 1 else ""
+    why = " (counting full attention; causal kernels run half)" if (
+        mfu > 1 or above_executed) else ""
     return f"MFU {100 * mfu:.1f} %{why}"
 
 
@@ -70,9 +76,12 @@ def _profiled(p: Predicted) -> list[Prose]:
 
 
 def estimate_tables(
-    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, result: Estimate
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, result: Estimate,
+    memory_margin_gib: float | None = None,
 ) -> list[RenderableType]:
-    """A headline and the time and memory breakdowns of one estimate."""
+    """A headline and the time and memory breakdowns of one estimate; the memory's total
+    against what a device may use, its memory less the margin it was priced with
+    (``memory_margin_gib``, else the stack's)."""
     config = config.model_copy(update={"dp": result.dp})
     what = Text.assemble((f"{model.name} on {result.num_devices} x {cluster.device.name}: ",
                           "bold"), describe(config))  # fmt: skip
@@ -88,13 +97,14 @@ def estimate_tables(
     memory.add_column("GiB", justify="right", no_wrap=True)
     for name, gib in result.memory.model_dump().items():
         memory.add_row(name.removesuffix("_gib").replace("_", " "), f"{gib:.2f}")
-    capacity = cluster.device.memory_gib
+    stack = resolve(model, cluster, config).training.stack
+    usable = cost.usable_bytes(cluster.device, memory_margin_gib, stack) / GIB
     host = cluster.host
     over = host is not None and result.host_memory_gib > host.memory_gib
     # When the host is short the device's own verdict is not known here (the margin is not)
     verdict = "" if over else " (fits)" if result.fits else " (DOES NOT FIT)"
     memory.add_row(Text("total", style="bold"),
-                   Text(f"{result.peak_memory_gib:.2f} / {capacity:g}{verdict}",
+                   Text(f"{result.peak_memory_gib:.2f} / {usable:.2f} usable{verdict}",
                         style="bold" if result.fits or over else "bold red"))  # fmt: skip
     if result.host_memory_gib > 0 and host is not None:  # only what was offloaded
         memory.add_row("host, per node",

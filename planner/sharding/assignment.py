@@ -257,6 +257,27 @@ def saved_reduction_bytes(layer: LayerGraph, edge: tuple[int, int], *, src: int,
     return cost.sharded_bytes(producer.output, tensor_degrees(producer.output, into, layer.mesh))
 
 
+def context_share(layer: LayerGraph, edge: tuple[int, int], *, src: int, dst: int) -> float:
+    """The share of the resharding on ``edge`` (:func:`edge_seconds`) that trades a sequence
+    shard for another dim's on an axis, Ulysses's all-to-alls around attention: context-parallel
+    communication, where the rest (gathers and reductions of the tensor-parallel splits) is
+    tensor-parallel. Weighed on the forward's conversion, whose backward is its mirror."""
+    producer, consumer = layer.nodes[edge[0]], layer.nodes[edge[1]]
+    at = input_index(consumer.ops[0], producer.output)
+    if at is None:
+        return 0.0
+    a, b = producer.strategies[src].output, consumer.strategies[dst].inputs[at]
+    traded = {i for i, (x, y) in enumerate(zip(a, b, strict=True))
+              if x != y and "seq" in (x, y) and not {x, y} & {"R", "P"}}  # fmt: skip
+    if not traded:
+        return 0.0
+    transfers = reshard(a, b, producer.output, layer.mesh)
+    whole = transfer_time_s(transfers, layer.context.cluster, layer.mesh)
+    context = transfer_time_s(tuple(t for t in transfers if t.axis in traded),
+                              layer.context.cluster, layer.mesh)  # fmt: skip
+    return context / whole if whole > 0 else 0.0
+
+
 def _checkpointed(node: Node, modules: tuple[str, ...]) -> bool:
     """Whether the node's ops run inside a checkpointed recompute module among ``modules``."""
     return any(op.checkpointed(modules) for op in node.ops)
@@ -310,17 +331,19 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         selective_flops += sum(e.forward * (1 - op.output_saved(modules))
                                for op, e in zip(node.ops, executed, strict=True)
                                if op.reruns(modules))  # fmt: skip
-    reshard = reshard_forward = 0.0
     for edge in layer.edges:
         total, fwd = edge_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
-        reshard += total
-        reshard_forward += fwd
+        share = context_share(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
+        for axis, part in (("tp", 1.0 - share), ("cp", share)):
+            comm[axis] += total * part
+            rerun[axis] += fwd * part
         inside = [_checkpointed(layer.nodes[v], modules) for v in edge]
         saved = saved_reduction_bytes(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]]) \
             if OP_SAC in modules and all(inside) else 0.0  # fmt: skip
         selective += saved
         if any(inside) and not saved:
-            selective_rerun["tp"] += fwd
+            selective_rerun["tp"] += fwd * (1.0 - share)
+            selective_rerun["cp"] += fwd * share
         total, fwd = edge_hidden_seconds(layer, edge, src=chosen[edge[0]], dst=chosen[edge[1]])
         hidden["tp"] += total
         hidden_rerun["tp"] += fwd
@@ -328,11 +351,11 @@ def layer_parts(layer: LayerGraph, chosen: Sequence[int]) -> LayerParts:
         forward_s=forward,
         backward_s=backward,
         weight_s=weight,
-        tp_comm_s=comm["tp"] + reshard,
+        tp_comm_s=comm["tp"],
         cp_comm_s=comm["cp"],
         ep_comm_s=comm["ep"],
         rerun_s=(0.0, rerun_selective, forward),
-        rerun_comm_s=(rerun["tp"] + reshard_forward, rerun["cp"], rerun["ep"]),
+        rerun_comm_s=(rerun["tp"], rerun["cp"], rerun["ep"]),
         hidden_comm_s=(hidden["tp"], hidden["cp"], hidden["ep"]),
         rerun_hidden_comm_s=(hidden_rerun["tp"], hidden_rerun["cp"], hidden_rerun["ep"]),
         selective_rerun_comm_s=(selective_rerun["tp"], selective_rerun["cp"],

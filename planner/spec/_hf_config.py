@@ -147,11 +147,46 @@ _ROPE_NORM_DEFAULTS = {"mixtral": (1e6, 1e-5), "phi3": (10000.0, 1e-5),
 
 
 def rope_and_norm(cfg: HFConfig) -> dict[str, Any]:
-    """RoPE's base and scaling and the norms' epsilon, at the family's transformers defaults."""
+    """RoPE's base and scaling and the norms' epsilon, at the family's transformers defaults:
+    from ``rope_theta`` and ``rope_scaling``, or from transformers 5's ``rope_parameters``
+    (:func:`_rope_parameters`), which holds both."""
     theta, eps = _ROPE_NORM_DEFAULTS.get(cfg.data["model_type"], (10000.0, 1e-6))
-    return {"rotary_base": cfg.get_float("rope_theta", theta),
-            "rope_scaling": _rope_scaling(cfg),
+    params = _rope_parameters(cfg)
+    if params is None:
+        base, scaling = cfg.get_float("rope_theta", theta), _rope_scaling(cfg)
+    else:
+        base, scaling = params.get_float("rope_theta", theta), _scaling(params)
+    return {"rotary_base": base, "rope_scaling": scaling,
             "norm_epsilon": cfg.get_float("rms_norm_eps", eps)}  # fmt: skip
+
+
+def _rope_parameters(cfg: HFConfig) -> HFConfig | None:
+    """transformers 5's ``rope_parameters``: the base (``rope_theta``) and the scaling keys in
+    one object, or one object per layer type where local and global layers differ (Gemma 3),
+    whose ``full_attention`` one is the model's; None when absent. Beside ``rope_theta`` or
+    ``rope_scaling`` (transformers 4's keys) it must agree with them, or it is refused."""
+    value = cfg.data.get("rope_parameters")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise cfg.fail(f"rope_parameters must be an object or null, got {short_repr(value)}")
+    where = f"{cfg.source}: rope_parameters"
+    if "full_attention" in value:
+        value, where = value["full_attention"], f"{where}.full_attention"
+        if not isinstance(value, Mapping):
+            raise cfg.fail(f"rope_parameters.full_attention must be an object, got "
+                           f"{short_repr(value)}")  # fmt: skip
+    params = HFConfig(value, where)
+    old = {"rope_theta": cfg.data.get("rope_theta"), "rope_scaling": cfg.data.get("rope_scaling")}
+    new = {"rope_theta": value.get("rope_theta"),
+           "rope_scaling": _scaling(params) if old["rope_scaling"] is not None else None}
+    if old["rope_scaling"] is not None:
+        old["rope_scaling"] = _rope_scaling(cfg)
+    differ = [key for key in old if old[key] is not None and old[key] != new[key]]
+    if differ:
+        raise cfg.fail(f"{' and '.join(differ)} disagree with rope_parameters (transformers "
+                       f"5's form of both): give one")  # fmt: skip
+    return params
 
 
 _ROPE_SCALING_KEYS = ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
@@ -167,7 +202,13 @@ def _rope_scaling(cfg: HFConfig) -> dict[str, Any] | None:
         return None
     if not isinstance(value, Mapping):
         raise cfg.fail(f"rope_scaling must be an object or null, got {short_repr(value)}")
-    scaling = HFConfig(value, f"{cfg.source}: rope_scaling")
+    return _scaling(HFConfig(value, f"{cfg.source}: rope_scaling"))
+
+
+def _scaling(scaling: HFConfig) -> dict[str, Any] | None:
+    """One object of RoPE's scaling keys (``rope_scaling``, or ``rope_parameters``) as
+    :class:`~planner.spec.RopeScaling` fields; None for the "default" type."""
+    value = scaling.data
     kind = scaling.get_str("rope_type", "") or scaling.get_str("type", "default")
     if kind == "default":
         return None
@@ -191,6 +232,24 @@ def reject_attention_bias(cfg: HFConfig) -> None:
             "attention_bias=true is not supported for this model_type: it adds biases to the "
             "QKV and output projections but not the MLP, which ModelSpec cannot express"
         )
+
+
+def reject_qwen_window(cfg: HFConfig) -> None:
+    """Refuse Qwen's sliding window where a layer has it: transformers windows the layers from
+    ``max_window_layers`` on (default 28) under ``use_sliding_window`` with a
+    ``sliding_window`` (``layer_types``, where the file gives it, says it per layer), which
+    ``sliding_window.global_every`` cannot express; without those keys no layer is windowed."""
+    types = cfg.data.get("layer_types")
+    if isinstance(types, list):
+        windowed = "sliding_attention" in types
+    else:
+        windowed = (cfg.get_bool("use_sliding_window", False)
+                    and cfg.get_int("sliding_window", None) is not None
+                    and cfg.get_int("max_window_layers", 28) < cfg.need_int("num_hidden_layers"))
+    if windowed:
+        raise cfg.fail("use_sliding_window=true is not supported: Qwen's window applies from "
+                       "layer max_window_layers on, which sliding_window.global_every cannot "
+                       "express; set use_sliding_window to false to plan without it")
 
 
 def with_window(cfg: HFConfig, fields: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from planner.spec._hf_config import (
     HFConfig,
     query_groups,
     reject_attention_bias,
+    reject_qwen_window,
     rope_and_norm,
     rope_decoder,
     with_window,
@@ -45,16 +46,14 @@ def _mistral(cfg: HFConfig) -> dict[str, Any]:
 
 def _qwen2(cfg: HFConfig) -> dict[str, Any]:
     # Qwen2 hard-codes biases on the q/k/v projections (not on o_proj or the MLP).
+    reject_qwen_window(cfg)
     return {**rope_decoder(cfg), "qkv_bias": True}
 
 
 def _qwen3(cfg: HFConfig) -> dict[str, Any]:
     # Qwen3's per-head RMSNorm on queries and keys; head_dim is its own key (128 at every size).
     reject_attention_bias(cfg)
-    if cfg.get_bool("use_sliding_window", False):
-        raise cfg.fail("use_sliding_window=true is not supported: Qwen's window applies from "
-                       "layer max_window_layers on, which sliding_window.global_every cannot "
-                       "express")  # fmt: skip
+    reject_qwen_window(cfg)
     return {**rope_decoder(cfg), "qk_layernorm": True}
 
 

@@ -15,6 +15,7 @@ from planner.spec._hf_config import (
     HFConfig,
     gated_activation,
     reject_attention_bias,
+    reject_qwen_window,
     rope_and_norm,
     rope_decoder,
     with_window,
@@ -38,6 +39,7 @@ def _mixtral(cfg: HFConfig) -> dict[str, Any]:
 
 def _qwen2_moe(cfg: HFConfig) -> dict[str, Any]:
     # Not modelled: the shared expert's sigmoid gate, a hidden_size x 1 weight per MoE layer.
+    reject_qwen_window(cfg)
     fields = {**rope_decoder(cfg), "qkv_bias": True}
     shared = cfg.need_int("shared_expert_intermediate_size")
     experts: dict[str, Any] = {
@@ -55,6 +57,7 @@ def _qwen2_moe(cfg: HFConfig) -> dict[str, Any]:
 
 def _qwen3_moe(cfg: HFConfig) -> dict[str, Any]:
     reject_attention_bias(cfg)
+    reject_qwen_window(cfg)
     fields = {**rope_decoder(cfg), "qk_layernorm": True}
     experts = {
         "num_experts": cfg.need_int("num_experts"),

@@ -134,8 +134,9 @@ class ModelSpec(_Frozen):
                 f"({heads}); set kv_channels"
             )
         if self.moe is not None and self.sliding_window is not None:
-            raise ValueError("sliding_window with moe is not supported: a local and a global "
-                             "MoE layer would be one layer kind")
+            raise ValueError("sliding_window with moe is not supported: the planner has no "
+                             "windowed MoE layer; leave the window out (null in a Hugging Face "
+                             "config) to plan the layers with full attention")
         if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
             raise ValueError(
                 f"moe.first_dense_layers ({self.moe.first_dense_layers}) > num_layers "

@@ -17,7 +17,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from planner.errors import ConfigError
-from planner.frameworks import default_stack, profile
+from planner.frameworks import ANY, default_stack, profile
 from planner.plan.config import ParallelConfig, ResolvedConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
 
@@ -28,10 +28,18 @@ FRAMEWORK_DEFAULTS = (*SEARCH_SWITCHES, "cp_algo")
 how context parallelism attends where the framework does not run the default ring."""
 
 
-def sequence_parallel(tp: int) -> bool:
-    """Megatron's sequence parallelism, on whenever tensor parallelism is: it shards the
-    activations TP leaves replicated, for no more communication."""
-    return tp > 1
+def sequence_parallel(tp: int, framework: str = ANY, model: ModelSpec | None = None) -> bool:
+    """Megatron's sequence parallelism, on whenever tensor parallelism is (it shards the
+    activations TP leaves replicated, for no more communication) where ``framework`` runs it
+    for ``model`` (:attr:`~planner.frameworks.base.Profile.sequence_parallel`: DeepSpeed never
+    does, Colossal-AI not with experts); ``any`` and a model not given: Megatron's rule.
+
+    >>> sequence_parallel(2), sequence_parallel(1)
+    (True, False)
+    """
+    if tp <= 1:
+        return False
+    return framework == ANY or model is None or profile(framework).sequence_parallel(model)
 
 
 def launched_overlaps(
@@ -108,7 +116,7 @@ def framework_defaults(
     ...                            framework=framework)
     ...     print(framework, c.sp, c.overlap_grad_reduce, c.overlap_param_gather)
     megatron True True True
-    deepspeed True False False
+    deepspeed False False False
     >>> c = framework_defaults(ParallelConfig(tp=2, pp=2, zero=1), model, cluster=cluster,
     ...                        framework="megatron", given=("sp", "overlap_param_gather"))
     >>> c.sp, c.overlap_grad_reduce, c.overlap_param_gather
@@ -118,7 +126,7 @@ def framework_defaults(
     'allgather'
     """
     if "sp" not in given:
-        config = config.model_copy(update={"sp": sequence_parallel(config.tp)})
+        config = config.model_copy(update={"sp": sequence_parallel(config.tp, framework, model)})
     if "cp_algo" not in given:
         config = attending(config, framework)
     # The framework's own stack where none is given (DeepSpeed's optimizers for DeepSpeed).

@@ -37,7 +37,7 @@ def describe_leanest(config: ParallelConfig) -> str:
 
     >>> describe_leanest(ParallelConfig(tp=8, pp=8, recompute="full", zero=1))
     'tp 8, pp 8, cp 1, ep 1, mbs 1, full recompute, ZeRO-1: microbatch, recomputation and ZeRO \
-at their leanest (DeepSpeed runs no ZeRO-2/3 with a pipeline)'
+at their leanest (no framework here runs ZeRO-2/3 with a pipeline)'
     """
     c = config
     zero = c.zero >= leanest_zero(c.pp)
@@ -47,7 +47,8 @@ at their leanest (DeepSpeed runs no ZeRO-2/3 with a pipeline)'
         return describe(c)
     names = lean[0] if len(lean) == 1 else f"{', '.join(lean[:-1])} and {lean[-1]}"
     text = f"{describe(c)}: {names} at {'its' if len(lean) == 1 else 'their'} leanest"
-    return text + (" (DeepSpeed runs no ZeRO-2/3 with a pipeline)" if zero and c.zero < 3 else "")
+    return text + (" (no framework here runs ZeRO-2/3 with a pipeline)" if zero and c.zero < 3
+                   else "")
 
 
 def leanest_zero(pp: int) -> int:

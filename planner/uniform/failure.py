@@ -10,7 +10,7 @@ from dataclasses import replace
 from planner.errors import ConfigError, InfeasibleError
 from planner.frameworks import ANY, profile
 from planner.options import SolveOptions
-from planner.plan.config import ParallelConfig, resolve
+from planner.plan.config import ParallelConfig, broken_rules, resolve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.uniform.describe import describe, describe_leanest
 from planner.uniform.estimate import estimate
@@ -113,11 +113,21 @@ def _pinned_refusal(
         pinned.pop("moe_dispatcher", None)
     if pinned.get("zero") != 1:
         pinned.pop("optimizer_moments", None)
+    config = run_config(training, options, **pinned)
     try:
-        resolve(model, cluster, run_config(training, options, **pinned))
+        resolve(model, cluster, config)
     except ConfigError as exc:
-        return str(exc)
+        own = [message for name, message in broken_rules(model, cluster, config)
+               if name not in _MENDED]  # fmt: skip
+        return own[0] if own else str(exc)
     return None
+
+
+_MENDED = frozenset({"batch", "interleaved_microbatches"})
+"""Rules a pinned configuration breaks only through the degrees left free at their
+defaults (data parallelism over every device left, a microbatch of one), which the search
+sets otherwise: a pin's own rule is told before them (``--ep 512`` of 256 experts was told
+that the batch does not divide 16,384 data-parallel ranks)."""
 
 
 def _refusal(

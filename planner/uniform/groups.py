@@ -17,6 +17,10 @@ LONG_SEQUENCE = 8192
 """Context parallelism is tried from this sequence length on. Below it the attention's
 activations are small next to the rest of a layer's, and NVIDIA's recipes keep CP at 1 (their
 first with CP 2 is Llama 3 8B at 8192)."""
+MIN_RANK_TOKENS = 1024
+"""The fewest tokens a context-parallel rank keeps at a degree the batch needs
+(:func:`batch_bound`): a floor that keeps the search finite, not a measured limit; the cost
+model prices each degree above it, its ring's exposed transfers among them."""
 CP_DEGREES = (1, 2, 4, 8)
 """Context-parallel degrees tried from :data:`LONG_SEQUENCE` on with ``tp * cp`` inside a
 scale-up domain (:func:`within_scale_up`); across domains the degree grows with the sequence
@@ -106,12 +110,44 @@ def context_groups(
 ) -> list[tuple[int, int]]:
     """Every ``(tp, cp)`` the search tries, among the pinned degrees: the group divides the
     devices and stays inside a scale-up domain (:func:`within_scale_up`) or spans whole ones
-    (:func:`across_scale_up`; at any sequence for a pinned ``cp``)."""
+    (:func:`across_scale_up`; at any sequence for a pinned ``cp``, and down to
+    :data:`MIN_RANK_TOKENS` a rank for the degrees the batch needs, :func:`batch_bound`)."""
     n, seq = cluster.num_devices, training.seq_length
-    cps = cp_degrees(training) if pins.cp is None else (pins.cp,)
-    rank_tokens = LONG_SEQUENCE if pins.cp is None else 0  # a pinned degree is the user's
-    return [(tp, cp) for tp in tp_degrees(model, cluster) if pins.admits(tp=tp)
-            for cp in cps if n % (tp * cp) == 0 and (
-                within_scale_up(cluster, tp=tp, cp=cp)
-                or across_scale_up(cluster, tp=tp, cp=cp, seq_length=seq,
-                                   rank_tokens=rank_tokens))]  # fmt: skip
+    pinned = pins.cp is not None
+    groups = []
+    for tp in tp_degrees(model, cluster):
+        if not pins.admits(tp=tp):
+            continue
+        bound = 1 if pinned else batch_bound(n, tp=tp, training=training)
+        cps = (pins.cp,) if pinned else tuple(sorted({*cp_degrees(training), *(
+            1 << k for k in range(bound.bit_length()) if seq >= (1 << k) * MIN_RANK_TOKENS)}))
+        for cp in cps:
+            # a pinned degree is the user's; one the batch needs may keep fewer tokens a rank
+            rank_tokens = 0 if pinned else MIN_RANK_TOKENS if cp <= bound else LONG_SEQUENCE
+            if n % (tp * cp) == 0 and (
+                    within_scale_up(cluster, tp=tp, cp=cp)
+                    or across_scale_up(cluster, tp=tp, cp=cp, seq_length=seq,
+                                       rank_tokens=rank_tokens)):
+                groups.append((tp, cp))
+    return groups
+
+
+def batch_bound(num_devices: int, *, tp: int, training: TrainingSpec) -> int:
+    """The context-parallel degree the batch needs on ``num_devices`` at ``tp``: the least
+    power of two that leaves no more data-parallel ranks than the global batch has sequences
+    without a pipeline (1 when the batch fills the devices, or when sequences are shorter than
+    :data:`LONG_SEQUENCE`, where context parallelism is not tried). Qwen3-235B at 128K tokens,
+    128 sequences on 16,384 H100 at TP4: 32 (the 8K-a-rank rule stopped at 16, leaving a
+    pipeline's bubble to take the rest).
+
+    >>> from planner.spec import TrainingSpec
+    >>> run = TrainingSpec(seq_length=131072, global_batch_size=128)
+    >>> batch_bound(16384, tp=4, training=run), batch_bound(1024, tp=4, training=run)
+    (32, 2)
+    """
+    if training.seq_length < LONG_SEQUENCE:
+        return 1
+    bound = 1
+    while num_devices // (tp * bound) > training.global_batch_size:
+        bound *= 2
+    return bound

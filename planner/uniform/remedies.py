@@ -233,7 +233,8 @@ def _deeper(model: ModelSpec, cluster: ClusterSpec, c: ParallelConfig, pp: int,
     framework runs there (DeepSpeed's rule without one: ZeRO-1 at most); None if none."""
     if launch.framework is None:
         zero = min(c.zero, leanest_zero(pp))
-        note = None if zero == c.zero else f"DeepSpeed runs no ZeRO-{c.zero} with a pipeline"
+        note = None if zero == c.zero else (f"no framework here runs ZeRO-{c.zero} with a "
+                                            f"pipeline")
         return (_pipelined(model, c, pp, zero=zero), cluster, note)
     # the framework's own reason to drop the stage (torchtitan's FSDP2 is ZeRO-1 under one)
     why = launch.refusal((_pipelined(model, c, pp, zero=c.zero), cluster, None))

@@ -22,8 +22,9 @@ The space is what a Megatron-LM user can launch with flags:
 - ``mbs``: ``options.micro_batch_sizes`` (:func:`micro_batch_sizes`); recomputation none,
   selective or full; ZeRO 0 or 1 (the distributed optimizer), 0 to 3 without a pipeline
   (:func:`zero_stages`);
-- sequence parallelism whenever ``tp > 1`` (:func:`sequence_parallel`); flash attention and
-  the overlap flags as the options say, the overlaps as the framework launches them
+- sequence parallelism whenever ``tp > 1`` where the framework runs it
+  (:func:`sequence_parallel`); flash attention and the overlap flags as the options say, the
+  overlaps as the framework launches them
   (:mod:`planner.uniform.defaults`); data parallelism takes the devices left over.
 """
 
@@ -148,7 +149,9 @@ def expert_degrees(model: ModelSpec, *, dp: int, cp: int, tp: int = 1) -> list[i
 
 def zero_stages(pp: int) -> tuple[int, ...]:
     """ZeRO stages with ``pp`` pipeline stages: 0 to 3 without a pipeline; with one, 0 and 1
-    (Megatron's distributed optimizer), as DeepSpeed's pipeline engine runs no ZeRO-2/3."""
+    (Megatron's distributed optimizer), as no framework here runs ZeRO-2/3 under a pipeline
+    (each one's rules refuse them: DeepSpeed's pipeline engine, Megatron-FSDP and Colossal-AI's
+    plugin refuse them, torchtitan's FSDP2 keeps the states whole until the last microbatch)."""
     return (0, 1, 2, 3) if pp == 1 else (0, 1)
 
 
@@ -214,10 +217,10 @@ def branch_groups(
 ) -> list[list[ParallelConfig]]:
     """The branch's configurations, one list per ``(vpp, recompute, zero, overlap of the
     experts' all-to-alls)`` with the microbatch ascending, among the pinned knobs (sequence
-    parallelism whenever TP > 1 unless pinned)."""
+    parallelism whenever TP > 1 and the framework runs it, unless pinned)."""
     b, pins = branch, options.pins
     vpps = virtual_stages(model, pp=b.pp, split=b.split) if options.interleaved else [1]
-    sp = sequence_parallel(b.tp) if pins.sp is None else pins.sp
+    sp = sequence_parallel(b.tp, options.framework, model) if pins.sp is None else pins.sp
     first, last = b.split
     # The experts' all-to-alls overlapped or not: overlap costs a microbatch in flight, so
     # both are tried where there are all-to-alls and the target overlaps them.
