@@ -95,6 +95,9 @@ def test_zero3_is_custom_fsdp() -> None:
             "--no-gradient-accumulation-fusion", "--use-megatron-fsdp", "--ckpt-format")] == [
         None, "optim_grads_params", None, None, "absent", "absent"]  # fmt: skip
     assert launch.environment == {}
+    # MindSpeed's own caution, said with the launch (Ascend/MindSpeed@028de58ca629
+    # docs/zh/features/custom_fsdp.md)
+    assert any("advises against combining it" in note for note in launch.notes)
 
 
 def test_unfused_attention_without_context_parallelism() -> None:

@@ -92,6 +92,37 @@ def test_cp_leaves_the_node_only_for_long_sequences(llama, seq_len: int, widest:
         assert inside or (b.tp * b.cp % 8 == 0 and seq_len >= b.cp * LONG_SEQUENCE), b
 
 
+def test_cp_grows_as_far_as_a_small_batch_needs(llama) -> None:  # type: ignore[no-untyped-def]
+    """One sequence of 16K tokens on 64 H100: TP8 leaves eight ranks the batch cannot
+    occupy, which CP8 (2K tokens a rank) takes where the 8K-a-rank rule stopped at CP2 and
+    left them to a pipeline of one microbatch: TP8 PP4 CP2, 0.201 s, 72 % of it bubble; now
+    TP8 CP8 without a pipeline, 0.115 s. A batch that fills the devices keeps the rule."""
+    cluster = load_cluster(H100, 8)
+    small = SolveOptions(global_batch_size=1, seq_length=16384)
+    groups = {(b.tp, b.cp) for b in branches(llama, cluster, training=training_of(llama, small))}
+    assert (8, 8) in groups and (8, 16) not in groups
+    plan = solve(llama, cluster, small)
+    assert plan.configuration is not None
+    assert (plan.configuration.tp, plan.configuration.pp, plan.configuration.cp) == (8, 1, 8)
+    assert plan.predicted.step_time_s == pytest.approx(0.1153, rel=1e-3)
+    full = SolveOptions(global_batch_size=64, seq_length=16384)
+    wide = {(b.tp, b.cp) for b in branches(llama, cluster, training=training_of(llama, full))}
+    assert max(cp for tp, cp in wide if tp * cp > 8) == 2
+
+
+def test_ulysses_all_to_alls_are_context_parallel_communication(llama) -> None:  # type: ignore[no-untyped-def]
+    """Ulysses trades each rank's sequence shard for a head shard around attention: those
+    all-to-alls are context-parallel communication (a TP1 plan printed them as tensor
+    parallel), the TP gathers and reductions beside them tensor-parallel; the step is
+    unchanged."""
+    cluster = load_cluster(H100, 1)
+    run = {"global_batch": 4, "seq_len": 32768, "cp_algo": "ulysses"}
+    alone = estimate(llama, cluster, ParallelConfig(cp=8, **run))
+    assert alone.time.tensor_parallel_comm_s == 0 and alone.time.context_parallel_comm_s > 0
+    both = estimate(llama, cluster, ParallelConfig(tp=2, cp=4, sp=True, **run))
+    assert both.time.tensor_parallel_comm_s > 0 and both.time.context_parallel_comm_s > 0
+
+
 def _priced(model, cluster, **knobs):  # type: ignore[no-untyped-def]
     return {algo: estimate(model, cluster, ParallelConfig(cp_algo=algo, **knobs))
             for algo in ("ring", "allgather")}  # fmt: skip

@@ -9,6 +9,7 @@ import time
 import pytest
 
 import planner
+from planner.cli.plans import time_limit_note
 from planner.errors import PlannerError, TimeLimitError
 from planner.options import Progress, SolveOptions, training_of
 from planner.plan.invariants import plan_violations
@@ -69,6 +70,11 @@ def test_cut_search_returns_its_best_plan_marked_with_its_gap(
     # The whole search stopped near its limit: the last layer ILP it started was cut to what
     # was left, so only pricing the plan can run over (generous slack: a shared machine).
     assert plan.solver.time_s < limit + 5.0
+    # what solve says under its table (it said nothing, exit 0, a plan 3.7x too slow)
+    said = time_limit_note(plan)
+    assert said.startswith(f"the search stopped at its time limit after "
+                           f"{plan.solver.time_s:.1f} s") and "--time-limit" in said
+    assert f"(up to {100 * plan.solver.gap:.1f} % faster)" in said
 
 
 def test_gap_is_against_the_first_candidate_not_searched(

@@ -278,7 +278,9 @@ def attention_flags(resolved: ResolvedConfig) -> list[mf.Flag]:
 
 def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
     """What the user adds, and what the flags do that is worth knowing."""
-    fsdp = ("unset CUDA_DEVICE_MAX_CONNECTIONS: Megatron-FSDP refuses 1",)
+    fsdp = ("unset CUDA_DEVICE_MAX_CONNECTIONS: Megatron-FSDP refuses 1",
+            "MindSpeed adapts Megatron-FSDP's basic function only and advises against combining "
+            f"it with its other features ({REPO} docs/zh/features/custom_fsdp.md)")
     return (
         f"for {REPO} on {CORE}: Megatron-LM's pretrain_gpt.py with "
         "'import mindspeed.megatron_adaptor' after 'import torch'",

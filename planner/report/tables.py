@@ -58,6 +58,8 @@ def mfu_text(mfu: float, above_executed: bool = False) -> str:
 
     >>> mfu_text(0.587), mfu_text(1.153)
     ('MFU 58.7 %', 'MFU 115.3 % (counting full attention; causal kernels run half)')
+    >>> mfu_text(0.823, above_executed=True)  # Qwen3-235B at 128K tokens: 814 model, 507 run
+    'MFU 82.3 % (counting full attention; causal kernels run half)'
     """
     why = " (counting full attention; causal kernels run half)" if (
         mfu > 1 or above_executed) else ""
