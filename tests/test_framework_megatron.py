@@ -220,14 +220,15 @@ def rope(f: dict[str, str | None]) -> dict[str, Any]:
     """RoPE's base and scaling as the flags set them (argparse reads the base as an int)."""
     if f["--position-embedding-type"] != "rope":
         assert "--rotary-base" not in f
-        return dict(rotary_base=None, rope_scaling=None)
+        return dict(rotary_base=None, rope_scaling=None, rotary_percent=None)
     scaling = None
     if "--use-rope-scaling" in f:
         scaling = ("llama3", float(str(f["--rope-scaling-factor"])))
     elif "--rotary-scaling-factor" in f:
         scaling = ("yarn", *(float(str(f[k])) for k in ("--rotary-scaling-factor", "--mscale",
                                                          "--mscale-all-dim")))
-    return dict(rotary_base=int(str(f["--rotary-base"])), rope_scaling=scaling)
+    return dict(rotary_base=int(str(f["--rotary-base"])), rope_scaling=scaling,
+                rotary_percent=float(str(f.get("--rotary-percent") or 1.0)))
 
 
 def experts(f: dict[str, str | None]) -> dict[str, Any]:
@@ -289,9 +290,10 @@ def priced(resolved: ResolvedConfig, model: ModelSpec) -> dict[str, Any]:
     elif scaling is not None and scaling.rope_type == "yarn" and mla is not None:
         rope_scaling = ("yarn", scaling.factor, scaling.mscale or 1.0,
                         scaling.mscale_all_dim or 0.0)
-    rope_fields = dict(rotary_base=None, rope_scaling=None)
+    rope_fields = dict(rotary_base=None, rope_scaling=None, rotary_percent=None)
     if model.position_embedding == "rope":
-        rope_fields = dict(rotary_base=round(model.rotary_base), rope_scaling=rope_scaling)
+        rope_fields = dict(rotary_base=round(model.rotary_base), rope_scaling=rope_scaling,
+                           rotary_percent=model.rotary_percent)
     return dict(
         tp=c.tp, pp=c.pp, cp=c.cp, cp_algo=c.cp_algo if c.cp > 1 else None, ep=c.ep,
         dp=resolved.dp, vpp=c.vpp, sp=resolved.sp,

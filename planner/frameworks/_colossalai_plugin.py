@@ -60,6 +60,8 @@ def hf_config_keys(model: ModelSpec, *, deepseek: bool) -> Kwargs:
     keys: Kwargs = {}
     if model.position_embedding == "rope":
         scaling = model.rope_scaling
+        if model.rotary_percent < 1:  # transformers' RoPE reads it off any config
+            keys["partial_rotary_factor"] = model.rotary_percent
         keys |= {"rope_theta": model.rotary_base, "rms_norm_eps": model.norm_epsilon,
                  "rope_scaling": None if scaling is None else {
                      ("type" if scaling.rope_type == "yarn" else "rope_type"): scaling.rope_type,

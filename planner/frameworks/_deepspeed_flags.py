@@ -79,6 +79,8 @@ def model_flags(model: ModelSpec, resolved: ResolvedConfig) -> list[mf.Flag]:
         # (megatron/model/language_model.py:437), which the launch's notes say.
         flags += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None),
                   ("--rotary-position-embeddings-theta", round(model.rotary_base))]
+        # a share of each head rotated (megatron/model/language_model.py:431-432)
+        flags += [("--rotary-percent", model.rotary_percent)] * (model.rotary_percent < 1)
     flags += [("--untie-embeddings-and-output-weights", None)] * (not model.tie_word_embeddings)
     flags += [("--disable-bias-linear", None)] * (not model.bias)
     # Both default to 0.1 in Megatron-DeepSpeed: always said.

@@ -69,7 +69,8 @@ def window_flags(model: ModelSpec) -> list[Flag]:
 
 
 def rope_flags(model: ModelSpec) -> list[Flag]:
-    """RoPE's base period and long-context scaling: Llama 3.1's (``--use-rope-scaling``, whose
+    """RoPE's base period, the share of a head it rotates (``--rotary-percent``) and
+    long-context scaling: Llama 3.1's (``--use-rope-scaling``, whose
     low and high frequency factors 1 and 4 and original context 8192 Megatron fixes,
     ``megatron/core/models/common/embeddings/rotary_pos_embedding.py:92-98``) and, under MLA
     (``MLATransformerConfig``'s default ``rope_type`` yarn), YaRN's factor and mscales. What
@@ -77,6 +78,7 @@ def rope_flags(model: ModelSpec) -> list[Flag]:
     if model.position_embedding != "rope":
         return []
     flags: list[Flag] = [("--rotary-base", round(model.rotary_base))]  # an int to argparse
+    flags += [("--rotary-percent", model.rotary_percent)] * (model.rotary_percent < 1)
     scaling = model.rope_scaling
     if scaling is not None and scaling.rope_type == "llama3":
         flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", scaling.factor)]

@@ -70,6 +70,9 @@ LATER_MOE_FIELDS = frozenset({"router_score_function", "router_topk_normalized",
 MTP_FIELDS = frozenset({"mtp_layers"})
 """ModelSpec fields added after those (issue 28, multi-token prediction), priced: a plan made
 before them names the model only while they are at their defaults."""
+ROPE_SHARE_FIELDS = frozenset({"rotary_percent"})
+"""ModelSpec fields added after those (the share of a head RoPE rotates) that change no price:
+a plan made before them hashed the model without them, whatever their values."""
 
 
 def model_hashes(model: ModelSpec) -> frozenset[str]:
@@ -77,23 +80,27 @@ def model_hashes(model: ModelSpec) -> frozenset[str]:
     fields added since are at their defaults, the JSON older plans hashed: without
     :data:`MTP_FIELDS` (plans made since issue 25), and without those and the fields of
     :data:`UNPRICED_LATER_FIELDS`, :data:`PRICED_LATER_FIELDS` and :data:`LATER_MOE_FIELDS`
-    (plans of schema 5 before it)."""
+    (plans of schema 5 before it); all of them without :data:`ROPE_SHARE_FIELDS`, whatever
+    their values (plans made before them)."""
     current = input_hash(model)
     fields = type(model).model_fields
 
     def at_defaults(names: frozenset[str]) -> bool:
         return all(getattr(model, name) == fields[name].default for name in names)
 
+    def dumped(without: frozenset[str]) -> dict[str, Any]:
+        return model.model_dump(mode="json", exclude=set(without | ROPE_SHARE_FIELDS))
+
+    before_share = _sha256(dumped(frozenset()))
     if not at_defaults(MTP_FIELDS):
-        return frozenset({current})
-    since_issue_25 = _sha256(model.model_dump(mode="json", exclude=set(MTP_FIELDS)))
+        return frozenset({current, before_share})
+    since_issue_25 = _sha256(dumped(MTP_FIELDS))
     if not at_defaults(PRICED_LATER_FIELDS):
-        return frozenset({current, since_issue_25})
-    data = model.model_dump(mode="json", exclude=set(UNPRICED_LATER_FIELDS | PRICED_LATER_FIELDS
-                                                     | MTP_FIELDS))
+        return frozenset({current, before_share, since_issue_25})
+    data = dumped(UNPRICED_LATER_FIELDS | PRICED_LATER_FIELDS | MTP_FIELDS)
     if data.get("moe") is not None:
         data["moe"] = {k: v for k, v in data["moe"].items() if k not in LATER_MOE_FIELDS}
-    return frozenset({current, since_issue_25, _sha256(data)})
+    return frozenset({current, before_share, since_issue_25, _sha256(data)})
 
 
 def check_inputs(

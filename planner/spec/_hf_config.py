@@ -156,7 +156,11 @@ def rope_and_norm(cfg: HFConfig) -> dict[str, Any]:
         base, scaling = cfg.get_float("rope_theta", theta), _rope_scaling(cfg)
     else:
         base, scaling = params.get_float("rope_theta", theta), _scaling(params)
+    # transformers rotates that share of each head's dims for every RoPE family it builds
+    # (_compute_default_rope_parameters reads it off the config): Phi-4-mini's 0.75
+    where = params if params is not None and "partial_rotary_factor" in params.data else cfg
     return {"rotary_base": base, "rope_scaling": scaling,
+            "rotary_percent": where.get_float("partial_rotary_factor", 1.0),
             "norm_epsilon": cfg.get_float("rms_norm_eps", eps)}  # fmt: skip
 
 

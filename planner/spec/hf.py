@@ -42,6 +42,7 @@ _KEYS = {
     "moe.shared_ffn_hidden_size": "shared_expert_intermediate_size",
     "sliding_window.window": "sliding_window",
     "rotary_base": "rope_theta",
+    "rotary_percent": "partial_rotary_factor",
     "norm_epsilon": "rms_norm_eps",
     "moe.router_topk_scaling_factor": "routed_scaling_factor",
     "moe.router_num_groups": "n_group",

@@ -103,6 +103,11 @@ class ModelSpec(_Frozen):
         default=10000.0, gt=0, le=lim.MAX_ROTARY_BASE,
         description="RoPE's base period (HF rope_theta; Megatron's --rotary-base).",
     )
+    rotary_percent: Float = Field(
+        default=1.0, gt=0, le=1,
+        description="The share of each head's dims RoPE rotates (HF partial_rotary_factor; "
+        "Megatron's --rotary-percent): Phi-4-mini's 0.75. Priced as a whole head's rotation.",
+    )
     rope_scaling: RopeScaling | None = Field(
         default=None, description="RoPE's long-context scaling (HF rope_scaling); null: none."
     )

@@ -33,7 +33,8 @@ rank's routed experts on the tokens routed to them (the operators with an ``expe
 that compute: :attr:`planner.graph.ops.Op.routed`, dispatch and combine apart)."""
 
 NOT_SHAPE = frozenset({"name", "num_layers", "max_position_embeddings", "tie_word_embeddings",
-                       "rotary_base", "rope_scaling", "norm_epsilon", "training"})  # fmt: skip
+                       "rotary_base", "rotary_percent", "rope_scaling", "norm_epsilon",
+                       "training"})  # fmt: skip
 """Model fields that leave one layer's work unchanged: a profile of one model prices another
 that differs only in these (more layers, another name, a longer position table)."""
 
