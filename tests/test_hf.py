@@ -321,6 +321,11 @@ def test_transformers_5_rope_parameters() -> None:
         _translate(new | {"rope_theta": 10000})
     with pytest.raises(InputError, match="rope_parameters must be an object"):
         _translate(new | {"rope_parameters": 5})
+    with pytest.raises(InputError, match="rope_type 'llama4' is none of transformers'"):
+        _translate(old | {"rope_scaling": {**old["rope_scaling"], "rope_type": "llama4"}})
+    gemma3 = {"model_type": "gemma3", "text_config": None}
+    with pytest.raises(InputError, match="keeps its decoder in text_config, an object; got"):
+        _translate(gemma3)
 
 
 def test_mistral_window_covers_every_layer() -> None:

@@ -193,6 +193,10 @@ def _rope_parameters(cfg: HFConfig) -> HFConfig | None:
     return params
 
 
+ROPE_TYPES = frozenset({"default", "linear", "dynamic", "yarn", "longrope", "llama3", "su"})
+"""The RoPE types transformers computes (``ROPE_INIT_FUNCTIONS`` in
+``transformers/modeling_rope_utils.py``; ``su``, Phi-3's first name for longrope): any other
+would be a typo the planner passed on to the exports."""
 _ROPE_SCALING_KEYS = ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
                       "beta_fast", "beta_slow", "mscale", "mscale_all_dim")  # fmt: skip
 
@@ -216,6 +220,9 @@ def _scaling(scaling: HFConfig) -> dict[str, Any] | None:
     kind = scaling.get_str("rope_type", "") or scaling.get_str("type", "default")
     if kind == "default":
         return None
+    if kind not in ROPE_TYPES:
+        raise scaling.fail(f"rope_type {kind!r} is none of transformers' "
+                           f"({', '.join(sorted(ROPE_TYPES))})")  # fmt: skip
     factor = scaling.get_float("factor", 0.0 if kind in ("llama3", "yarn") else 1.0)
     if factor <= 0:
         raise scaling.fail(f"factor must be a positive number for rope_type {kind!r}")

@@ -76,8 +76,11 @@ def model_from_hf_config(data: Mapping[str, Any], *, source: str) -> ModelSpec:
     if not isinstance(data, Mapping):
         raise InputError(f"{source}: expected a JSON object, got {type(data).__name__}")
     model_type = data.get("model_type")
-    if isinstance(model_type, str) and model_type in _NESTED and isinstance(
-            data.get("text_config"), Mapping):
+    if isinstance(model_type, str) and model_type in _NESTED:
+        if not isinstance(data.get("text_config"), Mapping):
+            raise InputError(f"{source}: model_type {model_type!r} keeps its decoder in "
+                             f"text_config, an object; got "
+                             f"{short_repr(data.get('text_config'))}")  # fmt: skip
         # A multimodal checkpoint (Gemma 3 4B-27B) keeps its decoder in text_config, which
         # transformers builds as the text model's own config class; its name is the outer one.
         text = {**data["text_config"], "model_type": _NESTED[model_type],
