@@ -111,7 +111,8 @@ NCCL_GROUP_BYTES = 688e6
 """The same for a communicator of more than two ranks (NVIDIA/nccl#964)."""
 NCCL_ALL_TO_ALL_PEER_BYTES = 3.3e9 / 7
 """An all-to-all connects every peer: 3.3 GB more for an 8-rank all-to-all on 8 H100
-(NVIDIA/nccl#1685), per peer."""
+(NVIDIA/nccl#1685), per peer. Charged for peers beyond the node too, where NCCL's network
+transport shares one pool among them (docs/limits.md): an overestimate there."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
