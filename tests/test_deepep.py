@@ -11,7 +11,12 @@ import pytest
 
 import planner
 from planner import cost
-from planner.cost.memory import NCCL_ALL_TO_ALL_PEER_BYTES, NCCL_GROUP_BYTES, NCCL_PAIR_BYTES
+from planner.cost.memory import (
+    NCCL_ALL_TO_ALL_PEER_BYTES,
+    NCCL_GROUP_BYTES,
+    NCCL_NET_P2P_POOL_BYTES,
+    NCCL_PAIR_BYTES,
+)
 from planner.errors import ConfigError, InputError
 from planner.frameworks import megatron
 from planner.plan.config import ParallelConfig, resolve
@@ -47,8 +52,10 @@ def test_buffer_as_deepep_sizes_it() -> None:
         rdma / 128) * 128
     assert cost.deepep_buffer_bytes(8, 7168 * 2) == math.ceil(
         (10 * 8 * (2 * 1 + 3) * 4 + 10 * 8 * 256 * token) / 128) * 128
-    # Against NCCL's all-to-all: 63 peers' buffers against 0.71 GB.
-    assert cost.deepep_buffer_bytes(64, 7168 * 2) < NCCL_ALL_TO_ALL_PEER_BYTES * 63 / 40
+    # Against NCCL's all-to-all on 8-GPU nodes: 7 peers' buffers and the network pool,
+    # 3.43 GB, against 0.71 GB.
+    assert cost.deepep_buffer_bytes(64, 7168 * 2) < (
+        7 * NCCL_ALL_TO_ALL_PEER_BYTES + NCCL_NET_P2P_POOL_BYTES) / 4.8
     with pytest.raises(ValueError, match="no configuration for 12"):
         cost.deepep_buffer_bytes(12, 1024)
 
@@ -132,8 +139,9 @@ def test_deepep_inside_a_node_moves_what_all_to_all_moves() -> None:
 
 def test_recipe_priced_with_deepep() -> None:
     """The recipe as it launches with DeepEP: the exchange priced faster, the reserve without
-    63 peers' all-to-all buffers but with DeepEP's and the experts' group as a collective
-    group; ``estimate_batch`` agrees with ``estimate``."""
+    the all-to-all's buffers (its 7 peers in a node, NCCL's shared network pool for the 56
+    beyond) but with DeepEP's and the experts' group as a collective group;
+    ``estimate_batch`` agrees with ``estimate``."""
     model, cluster = load("deepseek-v3"), _h100(128)
     nccl = planner.estimate(model, cluster, ParallelConfig(**RECIPE))
     deepep = planner.estimate(model, cluster, ParallelConfig(**RECIPE, moe_dispatcher="deepep"))
@@ -141,8 +149,8 @@ def test_recipe_priced_with_deepep() -> None:
     exposed = [planner.estimate(model, cluster, ParallelConfig(**in_line, moe_dispatcher=d))
                .time.expert_parallel_comm_s for d in ("alltoall", "deepep")]  # fmt: skip
     assert exposed[1] < 0.55 * exposed[0]  # half the network bytes, the same latency
-    saved = 63 * NCCL_ALL_TO_ALL_PEER_BYTES - NCCL_GROUP_BYTES - cost.deepep_buffer_bytes(
-        64, 7168 * 2)
+    saved = (7 * NCCL_ALL_TO_ALL_PEER_BYTES + NCCL_NET_P2P_POOL_BYTES - NCCL_GROUP_BYTES
+             - cost.deepep_buffer_bytes(64, 7168 * 2))
     compute_same = deepep.memory.activations_gib == nccl.memory.activations_gib
     assert compute_same
     assert (nccl.memory.other_gib - deepep.memory.other_gib) * 2**30 == pytest.approx(saved)
@@ -240,12 +248,13 @@ def test_per_operator_search_keeps_the_dispatcher() -> None:
     assert "(DeepEP)" in pinned.summary()
     assert pinned.predicted.error_band is not None
     assert "deepep" in {e.feature for e in pinned.predicted.error_band.extrapolated}
-    # Stages of 2x8 meshes: the all-to-all's 1 + 7 peers become a pair and a group of 8, and
-    # DeepEP's buffers are charged for the widest group it could run before the layer ILP
-    # chose (16 ranks: 8 a node).
+    # Stages of 2x8 meshes: the all-to-all's 7 peers in the node and its peer on the other
+    # (through NCCL's shared network pool) become a group of 8 and a pair, and DeepEP's
+    # buffers are charged for the widest group it could run before the layer ILP chose (16
+    # ranks: 8 a node).
     assert pinned.stages[0].mesh == (2, 8)
-    saved = (8 * NCCL_ALL_TO_ALL_PEER_BYTES - NCCL_PAIR_BYTES - NCCL_GROUP_BYTES
-             - cost.deepep_buffer_bytes(16, model.hidden_size * 2))
+    saved = (7 * NCCL_ALL_TO_ALL_PEER_BYTES + NCCL_NET_P2P_POOL_BYTES - NCCL_PAIR_BYTES
+             - NCCL_GROUP_BYTES - cost.deepep_buffer_bytes(16, model.hidden_size * 2))
     gained = free.predicted.peak_memory_gib - pinned.predicted.peak_memory_gib
     assert gained * 2**30 == pytest.approx(saved, rel=1e-6)
 

@@ -74,7 +74,8 @@ def deepep_buffer_bytes(ranks: int, hidden_bytes: int, *, num_sms: int = DEEPEP_
     inside one node.
 
     DeepSeek-V3's hidden states (7,168 in bf16) over 64 ranks: 378 MB over NVLink and 336 MB
-    for RDMA, where NCCL's all-to-all connects 63 peers at 0.47 GB each.
+    for RDMA, where NCCL's all-to-all on 8-GPU nodes connects 7 peers at 0.47 GB each and the
+    56 beyond through its shared network pool, 3.43 GB.
 
     >>> round(deepep_buffer_bytes(64, 7168 * 2) / 1e6)
     714

@@ -110,9 +110,15 @@ LL 512 KiB, LL128 ~4.7 MiB: ``src/include/comm.h``), so about the same on H100."
 NCCL_GROUP_BYTES = 688e6
 """The same for a communicator of more than two ranks (NVIDIA/nccl#964)."""
 NCCL_ALL_TO_ALL_PEER_BYTES = 3.3e9 / 7
-"""An all-to-all connects every peer: 3.3 GB more for an 8-rank all-to-all on 8 H100
-(NVIDIA/nccl#1685), per peer. Charged for peers beyond the node too, where NCCL's network
-transport shares one pool among them (docs/limits.md): an overestimate there."""
+"""An all-to-all connects every peer inside the scale-up domain: 3.3 GB more for an 8-rank
+all-to-all on 8 H100 (NVIDIA/nccl#1685; P2P/CUMEM, 32 channels a pair), per peer."""
+NCCL_NET_P2P_POOL_BYTES = 2 * 32 * 16 * 2**17
+"""What an all-to-all's peers beyond the scale-up domain take together: NCCL's network
+transport gives point-to-point connections one pool shared by every peer
+(``NCCL_NET_SHARED_BUFFERS``, on by default: ``sharedNetBuffersInit`` in
+``src/transport/net.cc`` of NVIDIA/nccl, ``nChannels x NCCL_SHARED_STEPS x p2pChunkSize``),
+not buffers per peer: 32 channels, 16 steps and ``NCCL_P2P_NET_CHUNKSIZE``'s 128 kB, each
+way. Read from the source, not measured."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,8 +127,9 @@ class Communicators:
 
     groups: tuple[int, ...] = ()
     """Sizes of the collective groups (tensor, context, data parallel, ...)."""
-    all_to_all: tuple[int, ...] = ()
-    """Sizes of the all-to-all groups (expert parallelism, Ulysses)."""
+    all_to_all: tuple[tuple[int, int], ...] = ()
+    """The all-to-all groups (expert parallelism, Ulysses): each one's ranks, and how many of
+    them share a scale-up domain with the device (itself included)."""
     pairs: int = 0
     """Point-to-point neighbours' communicators (pipeline stages, tied embeddings)."""
     deepep_bytes: float = 0.0
@@ -132,15 +139,20 @@ class Communicators:
     @property
     def bytes(self) -> float:
         """Their buffers (:data:`NCCL_GROUP_BYTES` and its neighbours), a group of one rank
-        none.
+        none; an all-to-all's peers in the scale-up domain each
+        :data:`NCCL_ALL_TO_ALL_PEER_BYTES`, those beyond it :data:`NCCL_NET_P2P_POOL_BYTES`
+        together.
 
-        >>> round(Communicators(groups=(8, 2, 1), all_to_all=(8,), pairs=1).bytes / 1e9, 2)
+        >>> round(Communicators(groups=(8, 2, 1), all_to_all=((8, 8),), pairs=1).bytes / 1e9, 2)
         5.08
+        >>> [round(Communicators(all_to_all=((64, n),)).bytes / 1e9, 2) for n in (64, 8)]
+        [29.7, 3.43]
         """
         groups = sum(NCCL_PAIR_BYTES if n == 2 else NCCL_GROUP_BYTES for n in self.groups if n > 1)
-        peers = sum(n - 1 for n in self.all_to_all if n > 1)
-        return (groups + peers * NCCL_ALL_TO_ALL_PEER_BYTES + self.pairs * NCCL_PAIR_BYTES
-                + self.deepep_bytes)
+        peers = sum(min(n, inside) - 1 for n, inside in self.all_to_all if n > 1)
+        pools = sum(n > inside for n, inside in self.all_to_all)
+        return (groups + peers * NCCL_ALL_TO_ALL_PEER_BYTES + pools * NCCL_NET_P2P_POOL_BYTES
+                + self.pairs * NCCL_PAIR_BYTES + self.deepep_bytes)
 
 
 def reserve_bytes(device: DeviceSpec, *, allocated: Real, communicators: Real) -> Real:

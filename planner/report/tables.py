@@ -44,14 +44,14 @@ def _rates(step: Text, p: Estimate | Predicted, *more: str) -> Clauses:
     return Clauses([step, f"{p.tokens_per_s:,.0f} tokens/s",
                     f"model {p.model_tflops_per_gpu:.1f} TFLOP/s/GPU (hardware "
                     f"{p.hardware_tflops_per_gpu:.1f})",
-                    mfu_text(p.mfu, p.model_tflops_per_gpu > 1.1 * p.hardware_tflops_per_gpu),
+                    mfu_text(p.mfu, p.model_tflops_per_gpu > 1.2 * p.hardware_tflops_per_gpu),
                     *more],
                    sep=" | ", tail="")  # fmt: skip
 
 
 def mfu_text(mfu: float, above_executed: bool = False) -> str:
     """``MFU 58.7 %``; past 100 %, or where the model FLOPs exceed those executed by more than
-    a tenth (``above_executed``: long sequences, whose attention scores dominate), it says why:
+    a fifth (``above_executed``: long sequences, whose attention scores dominate), it says why:
     model
     FLOPs count every attention score (:func:`planner.cost.throughput`, the convention MFU is
     published in), which a causal kernel halves, as Megatron-LM's log counts them.

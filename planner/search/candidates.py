@@ -168,8 +168,13 @@ def candidate_communicators(
         buffers = max((deepep_group_bytes(model, precision, n)
                        for n in deepep_groups(cluster, c.mesh)), default=0.0)  # fmt: skip
         return cost.Communicators(groups=(*axes, c.replicas), pairs=pairs, deepep_bytes=buffers)
+    # the mesh is (nodes, devices per node): a scale-up domain holds that many of each axis
+    domain = cluster.scale_up_devices
+    strides = (cluster.devices_per_node, 1)
+    spans = tuple((n, min(n, max(1, domain // stride)))
+                  for n, stride in zip(c.mesh, strides, strict=True) if n > 1)  # fmt: skip
     return cost.Communicators(groups=(*(() if moe else axes), c.replicas),
-                              all_to_all=axes if moe else (), pairs=pairs)  # fmt: skip
+                              all_to_all=spans if moe else (), pairs=pairs)  # fmt: skip
 
 
 def deepep_groups(cluster: ClusterSpec, mesh: tuple[int, ...]) -> list[int]:

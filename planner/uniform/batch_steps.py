@@ -264,7 +264,7 @@ def compose(b: Rows, stages: list[UniformStage], stage_of: np.ndarray, t: LayerT
                       for r in sends_first])  # fmt: skip
     deepep = b.deepep
     comm_first, comm_of = factorize(stage_of, deepep)
-    comms = np.array([communicator_bytes(model, training, stages[stage_of[r]],
+    comms = np.array([communicator_bytes(model, b.cluster, training, stages[stage_of[r]],
                                          deepep=bool(deepep[r])) for r in comm_first])
     ends = np.broadcast_to(embedding_group_bytes(model, c["pp"], v_shape=v_shape),
                            v_shape.shape)  # fmt: skip

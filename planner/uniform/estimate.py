@@ -145,7 +145,7 @@ def estimate(
         overlap_param_gather=c.overlap_param_gather, offload=c.offload,
         overlap_moe_comm=c.overlap_moe_expert_parallel_comm,
         deepep=deepep,
-        communicator_bytes=communicator_bytes(model, training, stage, deepep=deepep),
+        communicator_bytes=communicator_bytes(model, cluster, training, stage, deepep=deepep),
         end_communicator_bytes=embedding_group_bytes(model, c.pp,
                                                      v_shape=c.schedule == "zb-v"),
     )  # fmt: skip

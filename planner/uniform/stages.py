@@ -199,7 +199,9 @@ def tied_copy(model: ModelSpec, stage: UniformStage) -> TiedCopy | None:
                     sync_group=stage.rank_order.ends_group("pp"))  # fmt: skip
 
 
-def communicators(stage: UniformStage, *, deepep_bytes: float = 0.0) -> cost.Communicators:
+def communicators(
+    stage: UniformStage, *, domain: int, deepep_bytes: float = 0.0
+) -> cost.Communicators:  # fmt: skip
     """The NCCL communicators every device of ``stage`` connects (NCCL connects a
     communicator's buffers on first use, ``NCCL_RUNTIME_CONNECT``, so only those the step
     runs): its tensor- and context-parallel groups (Ulysses' and the experts' as
@@ -208,18 +210,23 @@ def communicators(stage: UniformStage, *, deepep_bytes: float = 0.0) -> cost.Com
     (:func:`embedding_group_bytes`). Where DeepEP exchanges the experts' tokens
     (``deepep_bytes``: its buffers, :func:`deepep_bytes`), their group runs no all-to-all:
     DeepEP's ``Buffer`` only gathers its peers' handles over it (deepseek-ai/DeepEP
-    ``deep_ep/buffers/legacy.py``), a collective group's buffers.
+    ``deep_ep/buffers/legacy.py``), a collective group's buffers. Each all-to-all counts its
+    ranks inside a scale-up domain of ``domain`` devices (:func:`in_domain`).
 
     >>> from planner.plan.degrees import Degrees
     >>> stage = placed_stage(Degrees(tp=8, pp=4, dp=16), rank_order="tp-cp-ep-dp-pp")
-    >>> communicators(stage)
+    >>> communicators(stage, domain=8)
     Communicators(groups=(8, 1, 16), all_to_all=(), pairs=1, deepep_bytes=0.0)
+    >>> experts = placed_stage(Degrees(tp=4, dp=64, ep=64, etp=1, sp=True),
+    ...                        rank_order="tp-cp-ep-dp-pp")
+    >>> communicators(experts, domain=8).all_to_all
+    ((64, 8),)
     """
     d, layout = stage.degrees, stage.layout
     sequence = (d.cp,) if not d.ulysses else ()
     experts_all_to_all = d.ep > 1 and not deepep_bytes
-    all_to_all = tuple(n for n, on in ((d.ep, experts_all_to_all), (d.cp, bool(d.ulysses)))
-                       if on)  # fmt: skip
+    all_to_all = tuple(in_domain(stage, axes, domain) for axes, on in (
+        (layout.expert_axes, experts_all_to_all), ((CONTEXT,), bool(d.ulysses))) if on)
     dense = stage.group((DATA, CONTEXT))
     groups = [d.tp, *sequence, dense.size if dense else 1]
     if d.ep > 1:
@@ -229,6 +236,18 @@ def communicators(stage: UniformStage, *, deepep_bytes: float = 0.0) -> cost.Com
         groups.append(deepep_ranks(stage))
     return cost.Communicators(groups=tuple(groups), all_to_all=all_to_all, pairs=int(d.pp > 1),
                               deepep_bytes=deepep_bytes)  # fmt: skip
+
+
+def in_domain(stage: UniformStage, axes: tuple[int, ...], domain: int) -> tuple[int, int]:
+    """The group along the mesh ``axes`` of ``stage``: its ranks, and how many of them share
+    a scale-up domain of ``domain`` devices (each axis' members within ``domain`` ranks of its
+    stride: Megatron's ranks fill a domain axis by axis)."""
+    ranks, inside = 1, 1
+    for axis in axes:
+        size, stride = stage.mesh.size(axis), stage.mesh.stride(axis)
+        ranks *= size
+        inside *= min(size, max(1, domain // stride))
+    return ranks, inside
 
 
 def deepep_ranks(stage: UniformStage) -> int:
@@ -271,13 +290,15 @@ def deepep_group_bytes(model: ModelSpec, precision: Precision, ranks: int) -> fl
 
 
 def communicator_bytes(
-    model: ModelSpec, training: TrainingSpec, stage: UniformStage, *, deepep: bool
-) -> float:
-    """What every device of ``stage`` holds for its communicators (:func:`communicators`),
-    with DeepEP's buffers where it exchanges the experts' tokens (:func:`deepep_bytes`):
-    what :func:`~planner.uniform.estimate.estimate` and the batch both charge."""
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, stage: UniformStage, *,
+    deepep: bool,
+) -> float:  # fmt: skip
+    """What every device of ``stage`` holds for its communicators (:func:`communicators`, on
+    ``cluster``'s scale-up domain), with DeepEP's buffers where it exchanges the experts'
+    tokens (:func:`deepep_bytes`): what :func:`~planner.uniform.estimate.estimate` and the
+    batch both charge."""
     buffers = deepep_bytes(model, training, stage) if deepep else 0.0
-    return communicators(stage, deepep_bytes=buffers).bytes
+    return communicators(stage, domain=cluster.scale_up_devices, deepep_bytes=buffers).bytes
 
 
 def embedding_group_bytes(model: ModelSpec, pp: Real, *, v_shape: Real = False) -> Real:
