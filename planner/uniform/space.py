@@ -8,7 +8,9 @@ The space is what a Megatron-LM user can launch with flags:
   in a scale-up domain (a node, or an NVL72 rack) that divide the attention heads, the KV
   groups and the FFN; context parallelism from 8,192 tokens on, 1, 2, 4, 8 with ``tp * cp``
   inside a domain, and any power of two that leaves each rank 8,192 tokens with ``tp * cp``
-  across whole domains; each as ring attention and as Ulysses all-to-alls;
+  across whole domains (1,024 where the batch needs it,
+  :func:`~planner.uniform.groups.batch_bound`); each as ring attention and as Ulysses
+  all-to-alls;
 - ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``
   (:func:`pipeline_degrees`), with the layers split by :func:`stage_splits`: equal stages when
   ``pp`` divides the layers, else Megatron's uneven first and last stage
