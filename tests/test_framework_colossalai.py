@@ -597,3 +597,15 @@ def test_bf16_moments() -> None:
     bf16 = configure(model, 16, zero=1, optimizer_moments="bf16")
     assert "keeps Adam's moments in fp32" in (refusal("bf16-moments", bf16, model) or "")
     assert refusal("bf16-moments", configure(model, 16, zero=1), model) is None
+
+
+def test_experts_with_tp_are_searched_without_sp() -> None:
+    """Colossal-AI's Mixtral policy runs no sequence parallelism, so its TP plans are searched
+    without it: ``--tp 2`` on 24 H100 plans TP2 EP4 (the search set SP with every TP and
+    said Colossal-AI launches no configuration)."""
+    model = load("Mixtral-8x7B-v0.1")
+    plan = planner.solve(model, framework_cases.nodes(24), planner.SolveOptions(
+        framework="colossalai", global_batch_size=96, seq_length=4096,
+        pins=planner.Pins(tp=2)))  # fmt: skip
+    (stage,) = {s.parallel for s in plan.stages}
+    assert (stage.tp, stage.sp, stage.ep) == (2, False, 4)
