@@ -119,3 +119,13 @@ def test_a_model_the_framework_does_not_build_is_told_so() -> None:
     assert config_remedies(gpt3, cluster, ParallelConfig(tp=8), framework="torchtitan") == []
     line = config_infeasible_message(gpt3, cluster, ParallelConfig(tp=8), framework="torchtitan")
     assert line.endswith("GiB margin); torchtitan launches none of the changes tried")
+
+
+def test_deepspeed_widens_tp_without_sequence_parallelism() -> None:
+    """DeepSpeed's TP runs without Megatron's sequence parallelism (its norms' gradients go
+    unsynchronised under ``--deepspeed``): its wider-TP remedy adds no ``--sp``, and says none
+    (it said "with sequence parallelism, as DeepSpeed runs TP"); Megatron-LM's does."""
+    deepspeed = _changes("deepspeed")
+    wider = [change for change in deepspeed if change.startswith("--tp ")]
+    assert wider and not any("--sp" in change or deepspeed[change] for change in wider)
+    assert _changes(None)["--tp 4 --sp"] == "with sequence parallelism, as Megatron runs TP"

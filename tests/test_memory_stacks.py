@@ -98,7 +98,7 @@ def test_the_reserve_is_context_nccl_and_fragmentation_by_hand(h100: ClusterSpec
     model = _small_model()
     resolved = resolve(model, cluster, ParallelConfig(tp=8, pp=2, mbs=1, global_batch=8,
                                                       seq_len=1024))  # fmt: skip
-    comms = communicators(uniform_stage(resolved), domain=8)
+    comms = communicators(uniform_stage(resolved), cluster=cluster)
     assert comms == cost.Communicators(groups=(8, 1, 2), pairs=1)
     assert comms.bytes == pytest.approx(688e6 + 544e6 + 544e6)
     e = estimate(model, cluster, resolved.config)

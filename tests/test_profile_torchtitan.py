@@ -155,9 +155,10 @@ def test_what_torchtitans_block_cannot_run_is_refused() -> None:
     done = _planner("profile", CPU_NODE, "--framework", "torchtitan", "--model", experts,
                     "--stack", "compile", *SHAPE, "--out", "/tmp/never-written.json")
     assert done.returncode == 2 and done.stdout == ""
-    assert ("--stack compile --framework torchtitan: Qwen3-30B-A3B has experts, whose blocks "
-            "torchtitan compiles submodule by submodule, which the torchtitan-compiled stack "
-            "does not price; profile it eager") in " ".join(done.stderr.split())
+    assert ("--stack compile --framework torchtitan: stack torchtitan-compiled: torchtitan "
+            "compiles Qwen3-30B-A3B's blocks submodule by submodule, its routed experts eager, "
+            "which the stack (counted on whole dense blocks) does not price; use "
+            "torchtitan-eager") in " ".join(done.stderr.split())
     assert not Path("/tmp/never-written.json").exists()
 
 

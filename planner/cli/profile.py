@@ -36,13 +36,13 @@ from planner.diagnose.profile_torch import (
     profile_cases,
     run_profile,
 )
-from planner.errors import InputError
+from planner.errors import ConfigError, InputError
 from planner.report.output import check_target, write_atomic
 from planner.report.profile import profile_tables
 from planner.sharding.profiled import with_profile
 from planner.spec import ModelSpec
 from planner.spec.profile import LayerProfile, layer_shape
-from planner.spec.reading import fill_training
+from planner.spec.reading import check_stack, fill_training
 from planner.vocabulary import Stack, with_switch
 
 STACK_NAMES: dict[str, Stack] = {"eager": "hf-eager", "compile": "hf-compiled",
@@ -186,10 +186,10 @@ def _profiled_stack(framework: str | None, stack: str, model: ModelSpec) -> Stac
     if compiled is None:
         raise InputError(f"--stack {stack} --framework {framework}: its layers run eager here "
                          f"(--stack eager, the {own} stack)")  # fmt: skip
-    if model.moe is not None:
-        raise InputError(f"--stack {stack} --framework {framework}: {model.name} has experts, "
-                         f"whose blocks torchtitan compiles submodule by submodule, which the "
-                         f"{compiled} stack does not price; profile it eager")  # fmt: skip
+    try:
+        check_stack(compiled, model)
+    except ConfigError as exc:  # one line, naming the options that asked for it
+        raise InputError(f"--stack {stack} --framework {framework}: {exc}") from None
     return compiled
 
 

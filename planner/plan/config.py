@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.errors import ConfigError
-from planner.plan.degrees import Degrees, Shape, degrees_of, derive
+from planner.plan.degrees import Degrees, Derived, Shape, degrees_of, derive
 from planner.plan.divisibility import RULE, Rule, broken, first_broken
 from planner.spec import ClusterSpec, Int, ModelSpec, TrainingSpec
 from planner.spec import limits as lim
@@ -275,10 +275,7 @@ def resolve(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig) -> R
     order); raises :class:`ConfigError` naming the first rule broken, with its arithmetic
     (:class:`~planner.errors.InputError` when neither the configuration nor the model's
     training block gives the sequence length or the global batch)."""
-    training, shape = _run(model, cluster, config.seq_len, config.global_batch,
-                           config.precision, config.stack)  # fmt: skip
-    d = degrees_of(dict(config))
-    x = derive(shape, d)
+    training, shape, d, x = _placed(model, cluster, config)
     for rule in broken(model, training.seq_length, shape, d):
         raise ConfigError(rule.message(model, training.seq_length, shape, d, x))
     return ResolvedConfig(
@@ -292,12 +289,20 @@ def broken_rules(
 ) -> list[tuple[str, str]]:
     """Every rule of :data:`planner.plan.divisibility.RULES` ``config`` breaks, as its name and
     message, in order (:func:`resolve` raises the first's message); empty when it divides."""
+    training, shape, d, x = _placed(model, cluster, config)
+    return [(rule.name, rule.message(model, training.seq_length, shape, d, x))
+            for rule in broken(model, training.seq_length, shape, d)]  # fmt: skip
+
+
+def _placed(
+    model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig
+) -> tuple[TrainingSpec, Shape, Degrees, Derived]:
+    """``config``'s run, the shape its degrees divide, its degrees and what follows from them
+    (data parallelism, microbatches, stage layers): what the rules are evaluated on."""
     training, shape = _run(model, cluster, config.seq_len, config.global_batch,
                            config.precision, config.stack)  # fmt: skip
     d = degrees_of(dict(config))
-    x = derive(shape, d)
-    return [(rule.name, rule.message(model, training.seq_length, shape, d, x))
-            for rule in broken(model, training.seq_length, shape, d)]  # fmt: skip
+    return training, shape, d, derive(shape, d)
 
 
 _KNOBS = ("tp", "pp", "cp", "dp", "ep", "etp", "vpp", "mbs", "first_stage_layers",

@@ -169,10 +169,9 @@ def candidate_communicators(
                        for n in deepep_groups(cluster, c.mesh)), default=0.0)  # fmt: skip
         return cost.Communicators(groups=(*axes, c.replicas), pairs=pairs, deepep_bytes=buffers)
     # the mesh is (nodes, devices per node): a scale-up domain holds that many of each axis
-    domain = cluster.scale_up_devices
     strides = (cluster.devices_per_node, 1)
-    spans = tuple((n, min(n, max(1, domain // stride)))
-                  for n, stride in zip(c.mesh, strides, strict=True) if n > 1)  # fmt: skip
+    spans = tuple((n, cost.members_per_level(cluster, cost.CommGroup(size=n, stride=s))[0])
+                  for n, s in zip(c.mesh, strides, strict=True) if n > 1)  # fmt: skip
     return cost.Communicators(groups=(*(() if moe else axes), c.replicas),
                               all_to_all=spans if moe else (), pairs=pairs)  # fmt: skip
 

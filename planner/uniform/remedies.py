@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from planner import cost
 from planner.errors import ConfigError
+from planner.frameworks import ANY
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec, physics
 from planner.spec.reading import stack_for
@@ -212,10 +213,10 @@ def _knobs(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
     shards = resolve(model, cluster, c).dp * c.cp  # the configuration was just priced
     if (shards > 1 or model.moe is not None) and (zeros := launch.zero_stages(c)):
         knobs.append([(_with(c, zero=z), cluster, launch.zero_note(z)) for z in zeros])
-    sp_note = None if c.sp else f"with sequence parallelism, as {launch.title} runs TP"
     if tps := _wider_tps(model, cluster, c):
-        knobs.append([(_with(c, tp=t, sp=space.sequence_parallel(t), dp=None), cluster, sp_note)
-                      for t in tps])  # fmt: skip
+        sp = space.sequence_parallel(max(tps), launch.framework or ANY, model)
+        sp_note = f"with sequence parallelism, as {launch.title} runs TP" if sp > c.sp else None
+        knobs.append([(_with(c, tp=t, sp=sp, dp=None), cluster, sp_note) for t in tps])
     if pps := _deeper_pps(model, cluster, c):
         knobs.append([option for p in pps
                       if (option := _deeper(model, cluster, c, p, launch)) is not None])
@@ -251,8 +252,8 @@ def _combined(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig,
     ``config``'s at its own depth), as ``launch``'s framework launches it."""
     c = config
     tp = max([c.tp, *_wider_tps(model, cluster, c)])
-    lean = _with(c, mbs=1, recompute="full", tp=tp, sp=c.sp or space.sequence_parallel(tp),
-                 dp=None)  # fmt: skip
+    lean = _with(c, mbs=1, recompute="full", tp=tp, dp=None,
+                 sp=c.sp or space.sequence_parallel(tp, launch.framework or ANY, model))
     options: list[Option] = []
     for factor in (1, *node_factors(cluster)):
         where = cluster.with_nodes(cluster.num_nodes * factor)

@@ -200,7 +200,7 @@ def tied_copy(model: ModelSpec, stage: UniformStage) -> TiedCopy | None:
 
 
 def communicators(
-    stage: UniformStage, *, domain: int, deepep_bytes: float = 0.0
+    stage: UniformStage, *, cluster: ClusterSpec, deepep_bytes: float = 0.0
 ) -> cost.Communicators:  # fmt: skip
     """The NCCL communicators every device of ``stage`` connects (NCCL connects a
     communicator's buffers on first use, ``NCCL_RUNTIME_CONNECT``, so only those the step
@@ -211,21 +211,23 @@ def communicators(
     (``deepep_bytes``: its buffers, :func:`deepep_bytes`), their group runs no all-to-all:
     DeepEP's ``Buffer`` only gathers its peers' handles over it (deepseek-ai/DeepEP
     ``deep_ep/buffers/legacy.py``), a collective group's buffers. Each all-to-all counts its
-    ranks inside a scale-up domain of ``domain`` devices (:func:`in_domain`).
+    ranks inside one of ``cluster``'s scale-up domains (:func:`in_domain`).
 
     >>> from planner.plan.degrees import Degrees
+    >>> from planner.spec.reading import load_cluster
+    >>> h100 = load_cluster("instances/clusters/dgx-h100-80gb.json", 32)
     >>> stage = placed_stage(Degrees(tp=8, pp=4, dp=16), rank_order="tp-cp-ep-dp-pp")
-    >>> communicators(stage, domain=8)
+    >>> communicators(stage, cluster=h100)
     Communicators(groups=(8, 1, 16), all_to_all=(), pairs=1, deepep_bytes=0.0)
     >>> experts = placed_stage(Degrees(tp=4, dp=64, ep=64, etp=1, sp=True),
     ...                        rank_order="tp-cp-ep-dp-pp")
-    >>> communicators(experts, domain=8).all_to_all
+    >>> communicators(experts, cluster=h100).all_to_all
     ((64, 8),)
     """
     d, layout = stage.degrees, stage.layout
     sequence = (d.cp,) if not d.ulysses else ()
     experts_all_to_all = d.ep > 1 and not deepep_bytes
-    all_to_all = tuple(in_domain(stage, axes, domain) for axes, on in (
+    all_to_all = tuple(in_domain(stage, axes, cluster) for axes, on in (
         (layout.expert_axes, experts_all_to_all), ((CONTEXT,), bool(d.ulysses))) if on)
     dense = stage.group((DATA, CONTEXT))
     groups = [d.tp, *sequence, dense.size if dense else 1]
@@ -238,15 +240,17 @@ def communicators(
                               deepep_bytes=deepep_bytes)  # fmt: skip
 
 
-def in_domain(stage: UniformStage, axes: tuple[int, ...], domain: int) -> tuple[int, int]:
+def in_domain(stage: UniformStage, axes: tuple[int, ...],
+              cluster: ClusterSpec) -> tuple[int, int]:  # fmt: skip
     """The group along the mesh ``axes`` of ``stage``: its ranks, and how many of them share
-    a scale-up domain of ``domain`` devices (each axis' members within ``domain`` ranks of its
-    stride: Megatron's ranks fill a domain axis by axis)."""
+    one of ``cluster``'s scale-up domains (each axis' members there,
+    :func:`~planner.cost.communication.members_per_level`: Megatron's ranks fill a domain
+    axis by axis)."""
     ranks, inside = 1, 1
     for axis in axes:
         size, stride = stage.mesh.size(axis), stage.mesh.stride(axis)
         ranks *= size
-        inside *= min(size, max(1, domain // stride))
+        inside *= cost.members_per_level(cluster, cost.CommGroup(size=size, stride=stride))[0]
     return ranks, inside
 
 
@@ -298,7 +302,7 @@ def communicator_bytes(
     tokens (:func:`deepep_bytes`): what :func:`~planner.uniform.estimate.estimate` and the
     batch both charge."""
     buffers = deepep_bytes(model, training, stage) if deepep else 0.0
-    return communicators(stage, domain=cluster.scale_up_devices, deepep_bytes=buffers).bytes
+    return communicators(stage, cluster=cluster, deepep_bytes=buffers).bytes
 
 
 def embedding_group_bytes(model: ModelSpec, pp: Real, *, v_shape: Real = False) -> Real:
