@@ -475,7 +475,8 @@ def test_unsupported_model_type(model_type: Any) -> None:
     data = _llama_config(model_type=model_type)
     with pytest.raises(
         InputError,
-        match=r"^test\.json: model_type .* is not supported; supported: deepseek_v3, gemma2, "
+        match=r"^test\.json: model_type .* is not supported; supported: deepseek_v2, deepseek_v3, "
+        r"gemma2, "
         r"gemma3, gemma3_text, gpt2, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, "
         r"qwen3_moe$",
     ):

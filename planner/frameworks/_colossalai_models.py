@@ -31,9 +31,13 @@ def family(model: ModelSpec) -> Family | None:
     modern = shape == ("swiglu", "rmsnorm", "rope") and not model.bias
     if model.mla is not None:
         # DeepSeek-V3's modeling: MLA, and experts with shared ones, a dense prefix and the
-        # aux-loss-free bias, on the Llama-shaped rest.
+        # aux-loss-free bias, on the Llama-shaped rest. Its gate (MoEGate.forward in the
+        # checkpoint's modeling_deepseek.py) raises NotImplementedError for any scoring but
+        # sigmoid and any top-k method but noaux_tc, so DeepSeek-V2's softmax routing is not it.
         plain = not (model.qk_layernorm or model.has_qkv_bias)
-        return "deepseek_v3" if modern and plain and model.moe is not None else None
+        moe = model.moe
+        v3_gate = moe is not None and moe.score_function == "sigmoid" and moe.router_expert_bias
+        return "deepseek_v3" if modern and plain and v3_gate else None
     if model.moe is not None:
         moe = model.moe
         plain = (moe.shared_experts, moe.first_dense_layers, moe.layer_freq) == (0, 0, 1)

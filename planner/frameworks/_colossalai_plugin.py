@@ -77,7 +77,7 @@ def hf_config_keys(model: ModelSpec, *, deepseek: bool) -> Kwargs:
         keys |= {"scoring_func": moe.score_function, "norm_topk_prob": moe.router_topk_normalized,
                  "routed_scaling_factor": moe.router_topk_scaling_factor or 1.0,
                  "n_group": moe.router_num_groups or 1, "topk_group": moe.router_group_topk or 1,
-                 "topk_method": "noaux_tc" if moe.router_expert_bias else "greedy"}
+                 "topk_method": "noaux_tc"}  # the only one its gate runs (see family)
     return keys
 
 

@@ -53,7 +53,8 @@ def architecture(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
     what = " (none for Qwen3-MoE)" if qwen3_moe else ""
     return (f"{model.name}: no Shardformer policy builds this architecture{what}; the policies "
             f"are GPT-2's, Llama's, Qwen2's and Qwen3's (dense), Mixtral's (experts on every "
-            f"layer, no shared experts) and DeepSeek-V3's (latent attention and experts)")
+            f"layer, no shared experts) and DeepSeek-V3's (latent attention and experts "
+            f"routed by sigmoid scores with the aux-loss-free bias)")
 
 
 def deepseek_v3_tensor_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:

@@ -61,22 +61,44 @@ def _qwen3(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int) -> Mo
                      rotary_base=1e6, norm_epsilon=1e-6)  # fmt: skip
 
 
-def _deepseek_v3_671b() -> ModelSpec:
-    """DeepSeek-V3 671B (``torchtitan/models/deepseek_v3/__init__.py:130-156``): MLA, 3 dense
-    layers then 256 routed experts (top 8 of 4 of 8 groups, sigmoid scores renormalized and
-    scaled by 2.5) and one shared expert of the routed width (``torchtitan/models/moe/
+def _deepseek(flavor: str, *, layers: int, hidden: int, heads: int, ffn: int, vocab: int,
+              q_lora_rank: int | None, moe: MoESpec, mscale: float = 1.0) -> ModelSpec:
+    """A DeepSeek flavor of ``torchtitan/models/deepseek_v3``: MLA of 128 + 64 query/key and 128
+    value dims over a 512 latent, a dense prefix then routed experts with shared ones of
+    ``num_shared_experts`` x the routed width in one MLP (``torchtitan/models/moe/
     moe.py:446``); YaRN at the defaults of ``model/args.py:79-85`` (base 10000, factor 40 over
-    4096 positions, betas 32 and 1, mscale 1) and norm epsilon 1e-5 (``args.py:62``)."""
+    4096 positions, betas 32 and 1) and norm epsilon 1e-5 (``args.py:62``). Every flavor keeps
+    MoEArgs' ``load_balance_coeff`` 1e-3 (``moe.py:38``): an aux-loss-free expert bias."""
     yarn = RopeScaling(rope_type="yarn", factor=40.0, original_max_position_embeddings=4096,
-                       beta_fast=32.0, beta_slow=1.0, mscale=1.0)
-    return ModelSpec(name="deepseek_v3 671B", num_layers=61, hidden_size=7168,
-                     num_attention_heads=128, ffn_hidden_size=18432, vocab_size=129280,
+                       beta_fast=32.0, beta_slow=1.0, mscale=mscale)
+    return ModelSpec(name=f"deepseek_v3 {flavor}", num_layers=layers, hidden_size=hidden,
+                     num_attention_heads=heads, ffn_hidden_size=ffn, vocab_size=vocab,
                      max_position_embeddings=163840, activation="swiglu",
                      normalization="rmsnorm", position_embedding="rope",
                      tie_word_embeddings=False, bias=False, rotary_base=10000.0,
                      rope_scaling=yarn, norm_epsilon=1e-5,
-                     mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                     mla=MLASpec(q_lora_rank=q_lora_rank, kv_lora_rank=512, qk_nope_head_dim=128,
                                  qk_rope_head_dim=64, v_head_dim=128),
+                     moe=moe)  # fmt: skip
+
+
+def _deepseek_v2_experts(*, experts: int, width: int, scale: float | None = None,
+                         groups: int | None = None, group_topk: int | None = None) -> MoESpec:
+    """The DeepSeek-V2-shaped flavors' experts: top 6 of softmax scores, not renormalized, two
+    shared experts, one dense layer first (``torchtitan/models/deepseek_v3/__init__.py:78-129``)."""
+    return MoESpec(num_experts=experts, top_k=6, ffn_hidden_size=width, shared_experts=2,
+                   shared_ffn_hidden_size=2 * width, first_dense_layers=1,
+                   router_expert_bias=True, router_score_function="softmax",
+                   router_topk_normalized=False, router_topk_scaling_factor=scale,
+                   router_num_groups=groups, router_group_topk=group_topk)  # fmt: skip
+
+
+def _deepseek_v3_671b() -> ModelSpec:
+    """DeepSeek-V3 671B (``torchtitan/models/deepseek_v3/__init__.py:130-156``): 3 dense layers
+    then 256 routed experts (top 8 of 4 of 8 groups, sigmoid scores renormalized and scaled by
+    2.5) and one shared expert of the routed width."""
+    return _deepseek("671B", layers=61, hidden=7168, heads=128, ffn=18432, vocab=129280,
+                     q_lora_rank=1536,
                      moe=MoESpec(num_experts=256, top_k=8, ffn_hidden_size=2048,
                                  shared_experts=1, shared_ffn_hidden_size=2048,
                                  first_dense_layers=3, router_expert_bias=True,
@@ -125,13 +147,25 @@ FLAVORS: tuple[Flavor, ...] = (
     Flavor(name="qwen3", flavor="235B-A22B", pipeline=False, source=f"{_QWEN3}:168-190",
            spec=_qwen3_moe("235B-A22B", layers=94, hidden=4096, heads=64, ffn=12288,
                            expert_ffn=1536, rope_theta=5e6)),
+    # DeepSeek-V2-Lite's and DeepSeek-V2's shapes, registered under deepseek_v3.
+    Flavor(name="deepseek_v3", flavor="16B", pipeline=True, flex_attention=True,
+           source=f"{_DEEPSEEK_V3}:78-102",
+           spec=_deepseek("16B", layers=27, hidden=2048, heads=16, ffn=10944, vocab=102400,
+                          q_lora_rank=None, mscale=0.70,
+                          moe=_deepseek_v2_experts(experts=64, width=1408))),
+    Flavor(name="deepseek_v3", flavor="236B", pipeline=True, flex_attention=True,
+           source=f"{_DEEPSEEK_V3}:103-129",
+           spec=_deepseek("236B", layers=60, hidden=5120, heads=128, ffn=12288, vocab=102400,
+                          q_lora_rank=1536,
+                          moe=_deepseek_v2_experts(experts=160, width=1536, scale=16.0,
+                                                   groups=8, group_topk=3))),
     Flavor(name="deepseek_v3", flavor="671B", pipeline=True, flex_attention=True,
            source=f"{_DEEPSEEK_V3}:130-156", spec=_deepseek_v3_671b()),
 )  # fmt: skip
-"""The registered models the planner's models can be (the debug and smaller DeepSeek flavors
-aside). DeepSeek-V3 671B attends block-causally with FlexAttention: the planner prices causal
-attention over the whole sequence, which that is when a sample is one document and bounds from
-above otherwise (the launch's notes say so)."""
+"""The registered models the planner's models can be (the debug flavors aside). The DeepSeek
+flavors attend block-causally with FlexAttention: the planner prices causal attention over the
+whole sequence, which that is when a sample is one document and bounds from above otherwise
+(the launch's notes say so)."""
 
 
 _UNPRICED = ("rotary_base", "rope_scaling", "norm_epsilon")
@@ -191,6 +225,8 @@ def _scaling(model: ModelSpec) -> str:
 def _router(moe: MoESpec) -> str:
     groups = (f", top {moe.router_group_topk} of {moe.router_num_groups} groups"
               if moe.router_num_groups else "")  # fmt: skip
-    scale = f", x{moe.router_topk_scaling_factor:g}" if moe.router_topk_scaling_factor else ""
+    factor = moe.router_topk_scaling_factor
+    scale = f", x{factor:g}" if factor not in (None, 1.0) else ""  # None scales by 1
     norm = "renormalized" if moe.router_topk_normalized else "not renormalized"
-    return f"{moe.score_function} {norm}{scale}{groups}"
+    bias = ", expert bias" if moe.router_expert_bias else ""
+    return f"{moe.score_function} {norm}{scale}{groups}{bias}"

@@ -141,7 +141,7 @@ def context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
 
 
 def flex_attention_context_parallel(resolved: ResolvedConfig, model: ModelSpec) -> str | None:
-    """Context parallelism runs SDPA only; DeepSeek-V3 671B attends with FlexAttention."""
+    """Context parallelism runs SDPA only; the DeepSeek flavors attend with FlexAttention."""
     found, cp = flavor(model), resolved.config.cp
     if cp == 1 or found is None or not found.flex_attention:
         return None

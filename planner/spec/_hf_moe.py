@@ -1,5 +1,5 @@
-"""The Hugging Face readers of the mixture-of-experts families: Mixtral, Qwen2-MoE, Qwen3-MoE and
-DeepSeek-V3 (with its multi-head latent attention). Each maps one ``model_type``'s
+"""The Hugging Face readers of the mixture-of-experts families: Mixtral, Qwen2-MoE, Qwen3-MoE,
+DeepSeek-V2 and DeepSeek-V3 (with their multi-head latent attention). Each maps one ``model_type``'s
 ``config.json`` onto :class:`~planner.spec.ModelSpec` fields, placing the sparse layers as
 ``transformers`` does where ModelSpec can say so.
 
@@ -75,6 +75,17 @@ def _qwen3_moe(cfg: HFConfig) -> dict[str, Any]:
 def _deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
     # num_nextn_predict_layers: the multi-token-prediction modules the checkpoint was trained
     # with (transformers' DeepseekV3 builds none; Megatron-Core trains them: mtp_layers).
+    fields = _deepseek(cfg, _deepseek_v3_router)
+    return fields | {"mtp_layers": cfg.get_int("num_nextn_predict_layers", 0) or 0}
+
+
+def _deepseek_v2(cfg: HFConfig) -> dict[str, Any]:
+    # DeepSeek-V2 (and V2-Lite) is V3's layer without the routing bias or the
+    # multi-token-prediction modules: the same MLA, shared experts and dense prefix.
+    return _deepseek(cfg, _deepseek_v2_router)
+
+
+def _deepseek(cfg: HFConfig, router: Callable[[HFConfig], dict[str, Any]]) -> dict[str, Any]:
     reject_attention_bias(cfg)
     gated_activation(cfg)
     num_layers = cfg.need_int("num_hidden_layers")
@@ -101,13 +112,13 @@ def _deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
             "qk_rope_head_dim": cfg.need_int("qk_rope_head_dim"),
             "v_head_dim": cfg.need_int("v_head_dim"),
         },
-        "moe": _deepseek_moe(cfg, num_layers),
-        "mtp_layers": cfg.get_int("num_nextn_predict_layers", 0) or 0,
+        "moe": _deepseek_moe(cfg, num_layers, router),
     }
 
 
-def _deepseek_moe(cfg: HFConfig, num_layers: int) -> dict[str, Any] | None:
-    # transformers makes layer i sparse when i >= first_k_dense_replace and
+def _deepseek_moe(cfg: HFConfig, num_layers: int,
+                  router: Callable[[HFConfig], dict[str, Any]]) -> dict[str, Any] | None:
+    # DeepSeek's modeling makes layer i sparse when i >= first_k_dense_replace and
     # i % moe_layer_freq == 0, so the first sparse layer is first_k rounded up to the frequency.
     routed = cfg.get_int("n_routed_experts", None)
     if routed is None:
@@ -122,9 +133,7 @@ def _deepseek_moe(cfg: HFConfig, num_layers: int) -> dict[str, Any] | None:
         "num_experts": routed,
         "top_k": cfg.need_int("num_experts_per_tok"),
         "ffn_hidden_size": expert_width,
-        # Aux-loss-free balancing learns a per-expert bias on the routing scores.
-        "router_expert_bias": cfg.get_str("topk_method", "") == "noaux_tc",
-        **_deepseek_router(cfg),
+        **router(cfg),
     }
     if shared:
         # DeepSeek fuses its shared experts into one MLP of n_shared_experts x the expert width.
@@ -132,10 +141,11 @@ def _deepseek_moe(cfg: HFConfig, num_layers: int) -> dict[str, Any] | None:
     return _moe_fields(layout, experts)
 
 
-def _deepseek_router(cfg: HFConfig) -> dict[str, Any]:
+def _deepseek_v3_router(cfg: HFConfig) -> dict[str, Any]:
     """Sigmoid (or softmax) scores, renormalized and scaled top-k weights, and group-limited
     routing, at transformers' DeepseekV3Config defaults (it hard-codes sigmoid scores; the
-    released config says scoring_func)."""
+    released config says scoring_func); aux-loss-free balancing (``noaux_tc``) learns a
+    per-expert bias on the routing scores."""
     score = cfg.get_str("scoring_func", "sigmoid")
     if score not in ("softmax", "sigmoid"):
         raise cfg.fail(f"scoring_func {short_repr(score)} is not supported; supported: "
@@ -143,8 +153,36 @@ def _deepseek_router(cfg: HFConfig) -> dict[str, Any]:
     groups, chosen = cfg.positive_int("n_group", 8), cfg.positive_int("topk_group", 4)
     grouped = {"router_num_groups": groups, "router_group_topk": chosen} if groups > 1 else {}
     return {"router_score_function": score,
+            "router_expert_bias": cfg.get_str("topk_method", "") == "noaux_tc",
             "router_topk_normalized": cfg.get_bool("norm_topk_prob", True),
             "router_topk_scaling_factor": cfg.get_float("routed_scaling_factor", 2.5),
+            **grouped}  # fmt: skip
+
+
+_V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
+
+
+def _deepseek_v2_router(cfg: HFConfig) -> dict[str, Any]:
+    """Softmax scores (DeepSeek-V2's gate knows no other), top-k weights scaled but not
+    renormalized, at DeepseekV2Config's defaults; ``group_limited_greedy`` draws the k experts
+    from the ``topk_group`` best of ``n_group`` groups (the device-limited routing of the V2
+    paper), ``greedy`` from all of them."""
+    score = cfg.get_str("scoring_func", "softmax")
+    if score != "softmax":
+        raise cfg.fail(f"scoring_func {short_repr(score)} is not supported; DeepSeek-V2's gate "
+                       "scores with softmax")  # fmt: skip
+    method = cfg.get_str("topk_method", "greedy")
+    if method not in _V2_TOPK_METHODS:
+        raise cfg.fail(f"topk_method {short_repr(method)} is not supported; supported: "
+                       f"{', '.join(_V2_TOPK_METHODS)}")  # fmt: skip
+    grouped: dict[str, int] = {}
+    if method == "group_limited_greedy":
+        groups, chosen = cfg.positive_int("n_group", 1), cfg.positive_int("topk_group", 1)
+        if groups > 1:
+            grouped = {"router_num_groups": groups, "router_group_topk": chosen}
+    return {"router_score_function": score,
+            "router_topk_normalized": cfg.get_bool("norm_topk_prob", False),
+            "router_topk_scaling_factor": cfg.get_float("routed_scaling_factor", 1.0),
             **grouped}  # fmt: skip
 
 
@@ -182,6 +220,7 @@ def _moe_fields(layout: tuple[int, int] | None, experts: dict[str, Any]) -> dict
 
 
 MOE_READERS: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
+    "deepseek_v2": _deepseek_v2,
     "deepseek_v3": _deepseek_v3,
     "mixtral": _mixtral,
     "qwen2_moe": _qwen2_moe,

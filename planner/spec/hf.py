@@ -53,8 +53,9 @@ _KEYS = {
 }  # fmt: skip
 _FAMILY_KEYS: dict[str, dict[str, str]] = {
     "mixtral": {"moe.num_experts": "num_local_experts", "moe.ffn_hidden_size": "intermediate_size"},
-    "deepseek_v3": {"moe.num_experts": "n_routed_experts", "moe.shared_experts": "n_shared_experts",
-                    "moe.shared_ffn_hidden_size": "n_shared_experts"},
+    **{family: {"moe.num_experts": "n_routed_experts", "moe.shared_experts": "n_shared_experts",
+                "moe.shared_ffn_hidden_size": "n_shared_experts"}
+       for family in ("deepseek_v2", "deepseek_v3")},
     "gpt2": {"num_layers": "n_layer", "hidden_size": "n_embd", "num_attention_heads": "n_head",
              "ffn_hidden_size": "n_inner", "max_position_embeddings": "n_positions",
              "hidden_dropout": "resid_pdrop", "attention_dropout": "attn_pdrop",
