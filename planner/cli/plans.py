@@ -228,7 +228,7 @@ def solve_cmd(
     if as_json:
         print(plan.to_json(), end="")
         return
-    render(report.plan_tables(plan))
+    render(report.plan_tables(plan, mtp_layers=model_spec.mtp_layers))
     for line in pins_left_unused(plan, options.pins):
         note(line)
     if plan.solver.status == "time_limit":

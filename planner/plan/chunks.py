@@ -163,3 +163,37 @@ def layout(layers: tuple[int, ...], vpp: int, mtp: int) -> str:
         else:
             text += "|".join([chunk] * run) + ("" if last else "|")
     return text
+
+
+def chunk_layers(layers: tuple[int, ...], vpp: int, *, v_shape: bool = False,
+                 mtp: int = 0) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Each stage's model chunks as the decoder layers they hold (first and last, from 1),
+    the empty ones left out: virtual stage ``c x pp + s`` is stage s's chunk c, as Megatron-Core
+    (``get_transformer_layer_offset``) and PyTorch's looped schedules place them, or, on a V
+    schedule (``v_shape``, two chunks), stage s holds virtual stages s and ``2 pp - 1 - s``
+    (PyTorch's ``ScheduleZBVZeroBubble``); the cut is :func:`chunk_sizes`' (ValueError where
+    there is none).
+
+    >>> chunk_layers((4, 4), 2)
+    (((1, 2), (5, 6)), ((3, 4), (7, 8)))
+    >>> chunk_layers((4, 4), 2, v_shape=True)
+    (((1, 2), (7, 8)), ((3, 4), (5, 6)))
+    >>> chunk_layers((7, 8, 8, 7), 4)[0]  # the embedding's slot: the first chunk a layer short
+    ((1, 1), (8, 9), (16, 17), (24, 25))
+    """
+    cut = chunk_sizes(layers, vpp, mtp)
+    pp = len(layers)
+    if v_shape:
+        order = [(s, 0) for s in range(pp)] + [(s, 1) for s in reversed(range(pp))]
+    else:
+        order = [(s, c) for c in range(vpp) for s in range(pp)]
+    held: list[list[tuple[int, int]]] = [[] for _ in layers]
+    start = 1
+    for stage, chunk in order:
+        size = cut[stage][chunk]
+        if size:
+            held[stage].append((start, start + size - 1))
+        start += size
+    for chunks in held:
+        chunks.sort()
+    return tuple(tuple(chunks) for chunks in held)

@@ -19,8 +19,8 @@ from planner.diagnose.notches import KNOBS, said
 from planner.frameworks import ANY, profile
 from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
-from planner.report.tables import light_table, plan_summary
-from planner.report.width import FirstThatFits, Prose, keep_whole
+from planner.report.tables import plan_summary
+from planner.report.width import FirstThatFits, Prose, keep_whole, light_table
 
 _SEARCHED = {k.name: k.searched for k in KNOBS}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 
-from planner.report.tables import light_table
+from planner.report.width import light_table
 from planner.spec.profile import LayerProfile, ProfileFactors
 from planner.vocabulary import GIB
 

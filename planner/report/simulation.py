@@ -7,8 +7,8 @@ from rich.text import Text
 
 from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
-from planner.report.tables import light_table, plan_summary
-from planner.report.width import Clauses, Prose, keep_whole
+from planner.report.tables import plan_summary
+from planner.report.width import Clauses, Prose, keep_whole, light_table
 from planner.simulate.events import Simulation, closed_form_in_flight
 
 

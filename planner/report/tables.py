@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -16,9 +15,10 @@ from planner.diagnose.validation_rows import describe
 from planner.ilp import LayerSolution
 from planner.plan.bands import MemoryBand
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.schema import Plan, PlanStage, Predicted
+from planner.plan.schema import Plan, Predicted
 from planner.report.bands import band_cell, band_line, memory_line, not_significant, with_band
-from planner.report.width import Clauses, FirstThatFits, Prose, keep_whole, title
+from planner.report.stage_tables import stage_tables
+from planner.report.width import Clauses, FirstThatFits, Prose, keep_whole, light_table, title
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.estimate import Estimate
 from planner.vocabulary import FP8_STACKS, GIB, counted
@@ -26,12 +26,6 @@ from planner.vocabulary import FP8_STACKS, GIB, counted
 
 def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:5.1f} %" if whole else "-"
-
-
-def light_table(heading: str, *, collapse_padding: bool = False) -> Table:
-    """A table in a light box (a rule under the header, no edges) under ``heading``."""
-    return Table(title=title(heading), title_justify="left", box=box.SIMPLE_HEAD,
-                 show_edge=False, collapse_padding=collapse_padding)  # fmt: skip
 
 
 def _step(p: Predicted) -> Text:
@@ -188,9 +182,11 @@ def _resharding(solution: LayerSolution) -> RenderableType:
     return FirstThatFits(keep_whole(wide), keep_whole(stacked))
 
 
-def plan_tables(plan: Plan) -> list[RenderableType]:
+def plan_tables(plan: Plan, *, mtp_layers: int = 0) -> list[RenderableType]:
     """A plan: its one-line summary and predictions, a row per stage (runs of identical
-    middle stages folded into one row), and how it was found."""
+    middle stages folded into one row; an interleaved stage's chunks of layers, which need the
+    model's ``mtp_layers`` where its multi-token-prediction modules take a chunk's slots), and
+    how it was found."""
     p = plan.predicted
     devices = plan.cluster.num_nodes * plan.cluster.devices_per_node
     head = Group(
@@ -211,7 +207,8 @@ def plan_tables(plan: Plan) -> list[RenderableType]:
         solver.append(f"gap {100 * s.gap:.2g} %")
     if s.ilp_count:
         solver += [f"{s.ilp_count} ILPs", f"{s.cache_hits} reuses"]
-    return [head, keep_whole(_time_table(plan.predicted)), _stage_tables(plan), _groups(plan),
+    return [head, keep_whole(_time_table(plan.predicted)), stage_tables(plan, mtp_layers),
+            _groups(plan),
             Clauses(solver, style="dim")]  # fmt: skip
 
 
@@ -219,35 +216,6 @@ def plan_summary(plan: Plan, *, style: str = "") -> Clauses:
     """:meth:`Plan.summary`, a line broken only between its clauses (``interleaved 1F1B
     (v=6)`` stays whole)."""
     return Clauses(plan.summary().split(", "), style=style)
-
-
-_STAGE_LAYOUT = (("devices", "right"), ("TP/DP/CP/EP", "right"), ("SP", "left"),
-                 ("ZeRO", "right"), ("recompute", "left"))  # fmt: skip
-_STAGE_COSTS = (("compute", "right"), ("comm", "right"), ("pipeline", "right"),
-                ("memory", "right"))  # fmt: skip
-
-
-def _stage_tables(plan: Plan) -> RenderableType:
-    """A row per run of stages: one table of eleven columns, or when it is too wide for the
-    console, two (the stages' devices and parallelism; their costs)."""
-    # a light box, padding collapsed: eleven columns fit a 100-column terminal
-    one = light_table("stages: ms per microbatch, GiB per device", collapse_padding=True)
-    layout = light_table("stages: devices and parallelism", collapse_padding=True)
-    costs = light_table("stages: ms per microbatch, GiB per device", collapse_padding=True)
-    split = len(_STAGE_LAYOUT)
-    for table, columns, part in ((one, _STAGE_LAYOUT + _STAGE_COSTS, slice(None)),
-                                 (layout, _STAGE_LAYOUT, slice(split)),
-                                 (costs, _STAGE_COSTS, slice(split, None))):  # fmt: skip
-        for col, justify in (("stage", "right"), ("layers", "right"), *columns):
-            table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        # each table folds the runs of stages that are alike in its own columns
-        for first, last, cells in _stage_runs(plan.stages, part, plan.data_parallel_replicas):
-            stage = str(first.index) if first is last else f"{first.index}-{last.index}"
-            layers = f"{first.layers[0]}-{last.layers[1]}"
-            if first is not last:
-                layers += f" ({first.num_layers} each)"
-            table.add_row(stage, layers, *cells)
-    return FirstThatFits(keep_whole(one), Group(keep_whole(layout), keep_whole(costs)))
 
 
 def _time_table(p: Estimate | Predicted) -> Table:
@@ -308,33 +276,6 @@ def _groups(plan: Plan) -> Clauses:
         parts.append(f"{name} {ranks} ranks {where}")
     parts = parts or ["one device"]
     return Clauses([f"groups: {parts[0]}", *parts[1:]], sep="; ")
-
-
-def _stage_cells(stage: PlanStage, replicas: int = 1) -> tuple[str, ...]:
-    """A stage's row, without its index and layers: its devices over all ``replicas`` of the
-    pipeline (as a stage of Megatron-LM holds TP x CP x DP of them), its mesh's shape times
-    the replicas, and its data-parallel degree over them too (the plan's summary's DP)."""
-    q, t = stage.parallel, stage.time
-    mesh = f"{stage.mesh[0]}x{stage.mesh[1]}"
-    return (f"{stage.num_devices * replicas} ({f'{replicas} x ' * (replicas > 1)}{mesh})",
-            f"{q.tp}/{q.dp * replicas}/{q.cp}/{q.ep}", "on" if q.sp else "-", str(q.zero),
-            q.recompute, f"{1e3 * t.compute_s:.1f}", f"{1e3 * t.communication_s:.1f}",
-            f"{1e3 * t.pipeline_s:.1f}", f"{stage.memory.total_gib:.1f}")  # fmt: skip
-
-
-def _stage_runs(
-    stages: Sequence[PlanStage], columns: slice = slice(None), replicas: int = 1
-) -> list[tuple[PlanStage, PlanStage, tuple[str, ...]]]:
-    """Consecutive stages that print alike in ``columns`` of :func:`_stage_cells` and hold as
-    many layers, as (first, last, row)."""
-    runs: list[tuple[PlanStage, PlanStage, tuple[str, ...]]] = []
-    for stage in stages:
-        cells = _stage_cells(stage, replicas)[columns]
-        if runs and runs[-1][2] == cells and runs[-1][0].num_layers == stage.num_layers:
-            runs[-1] = (runs[-1][0], stage, cells)
-        else:
-            runs.append((stage, stage, cells))
-    return runs
 
 
 _COMPARE_MIN_PLAN = 36

@@ -15,8 +15,7 @@ from rich.text import Text
 from planner.diagnose.bench_fit import BenchFit
 from planner.diagnose.calibration import Calibration, ValidationRow
 from planner.diagnose.network_fit import NetworkFit
-from planner.report.tables import light_table
-from planner.report.width import Clauses, FirstThatFits, Prose, keep_whole, title
+from planner.report.width import Clauses, FirstThatFits, Prose, keep_whole, light_table, title
 from planner.vocabulary import counted
 
 

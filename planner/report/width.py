@@ -9,6 +9,7 @@ import re
 import textwrap
 from collections.abc import Sequence
 
+from rich import box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -168,3 +169,9 @@ def _cell_width(cell: RenderableType) -> int:
     if isinstance(cell, Text):
         return max(cell_len(line) for line in cell.plain.split("\n"))
     return 0
+
+
+def light_table(heading: str, *, collapse_padding: bool = False) -> Table:
+    """A table in a light box (a rule under the header, no edges) under ``heading``."""
+    return Table(title=title(heading), title_justify="left", box=box.SIMPLE_HEAD,
+                 show_edge=False, collapse_padding=collapse_padding)  # fmt: skip
