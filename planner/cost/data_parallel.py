@@ -80,7 +80,10 @@ def exposed_sync(
     microbatch's backward (Megatron-Core starts a bucket's reduction as soon as the last
     backward produced it), and with ``overlap_param_gather`` the once-per-step gather behind
     the next forward. ZeRO-3 prefetches weights behind every forward and backward, and ZeRO-2/3
-    reduce-scatters hide behind each microbatch's backward.
+    reduce-scatters hide behind each microbatch's backward. Each overlap hides its own traffic
+    only: ``overlap_param_gather`` the gathers (behind the forward and backward they prefetch
+    for), ``overlap_grad_reduce`` the reduce-scatters (behind the backward); with both on, the
+    two share the one window of the microbatch's compute, on the same links.
 
     Communication that does hide still slows the compute it overlaps: NCCL's kernels take
     SMs and HBM bandwidth from the GEMMs running beside them. ``contention`` is the fraction of
@@ -100,20 +103,36 @@ def exposed_sync(
     ...                        overlap_param_gather=False, contention=0.25)
     >>> exposed.once_s, exposed.hidden_reduce_once_s, exposed.hidden_gather_once_s
     (2.5, 2.0, 0.0)
+
+    ZeRO-3's gathers (1.5 s a microbatch) and reduce-scatters (1.0 s): the gathers' overlap alone
+    leaves the reduce-scatters exposed, the reductions' alone the gathers.
+
+    >>> zero3 = DataParallelSync(reduce_once_s=0.0, gather_once_s=0.0,
+    ...                          reduce_per_microbatch_s=1.0, gather_per_microbatch_s=1.5)
+    >>> [exposed_sync(zero3, forward_s=1.0, backward_s=2.0, overlap_grad_reduce=grads,
+    ...               overlap_param_gather=gathers).per_microbatch_s
+    ...  for grads, gathers in ((False, False), (False, True), (True, False), (True, True))]
+    [2.5, 1.0, 1.5, 0.0]
     """
     grad_hide = where(overlap_grad_reduce, backward_s, 0.0)
     gather_hide = where(overlap_param_gather, forward_s, 0.0)
+    # Every microbatch: the gathers prefetch behind its forward and backward, the
+    # reduce-scatters follow its backward; what either overlap leaves off stays exposed.
     window = gather_hide + where(overlap_param_gather | overlap_grad_reduce, backward_s, 0.0)
+    # (summed in per_mb_comm's order: with both on, the same float)
+    hideable = (where(overlap_grad_reduce, sync.reduce_per_microbatch_s, 0.0)
+                + where(overlap_param_gather, sync.gather_per_microbatch_s, 0.0))  # fmt: skip
 
     def cost(comm_s: Real, hidden_behind_s: Real) -> Real:
         return exposed_s(comm_s, hidden_behind_s) + contention * minimum(comm_s, hidden_behind_s)
 
     per_mb_comm = sync.reduce_per_microbatch_s + sync.gather_per_microbatch_s
-    per_mb = cost(per_mb_comm, window)
+    hidden_per_mb = minimum(hideable, window)
+    per_mb = per_mb_comm - hidden_per_mb + contention * hidden_per_mb
     once = cost(sync.reduce_once_s, grad_hide) + cost(sync.gather_once_s, gather_hide)
     return ExposedSync(
         per_microbatch_s=per_mb, once_s=once,
-        hidden_per_microbatch_s=minimum(per_mb_comm, window),
+        hidden_per_microbatch_s=hidden_per_mb,
         hidden_reduce_once_s=minimum(sync.reduce_once_s, grad_hide),
         hidden_gather_once_s=minimum(sync.gather_once_s, gather_hide),
     )  # fmt: skip
