@@ -177,6 +177,24 @@ def test_columns_broadcast_and_default():
     assert config_columns([ParallelConfig(tp=8, pp=16, recompute="full")])["pp"].tolist() == [16]
 
 
+@pytest.mark.parametrize("columns", [
+    {"ep": [2, 4], "etp": None}, {"ep": [2, 2], "etp": [None, 1]},
+    {"tp": [2, 4], "dp": None, "seq_len": [None, None]},
+    {"recompute": "full", "recompute_layers": [None, 2], "global_batch": [None, 256]},
+])  # fmt: skip
+def test_none_in_a_column_is_the_fields_default(columns: dict) -> None:
+    """None, an optional field's default, given in a column (or as its one value) prices as
+    left out; it priced every row as not dividing, or raised a TypeError."""
+    model = planner.load_model(ROOT / "instances/models/mixtral-8x7b.json")
+    cluster = planner.load_cluster(ROOT / "instances/clusters/dgx-h100-80gb.json", nodes=16)
+    batch = estimate_batch(model, cluster, columns)
+    for i in range(2):
+        row = {k: (v[i] if isinstance(v, list) else v) for k, v in columns.items()}
+        want = planner.estimate(model, cluster, ParallelConfig(**row)).step_time_s
+        assert batch.columns["divides"][i]
+        assert batch.columns["step_time_s"][i] == pytest.approx(want, rel=1e-12)
+
+
 def test_refusal_codes_name_the_first_rule():
     model = planner.load_model(ROOT / "instances/models/gpt3-175b.json")
     cluster = planner.load_cluster(ROOT / "instances/clusters/dgx-a100-80gb.json", nodes=128)

@@ -190,19 +190,54 @@ def test_validate_on_a_bundled_file_is_the_bundled_pricing() -> None:
 
 
 def test_a_knob_left_on_its_bound_is_said(tmp_path: Path) -> None:
-    """The five one-GPU H100 steps fit the GEMM curve's half saturation and attention's half
-    saturation in tokens at their lower bounds (0.01 GFLOP, 1 token): the runs do not pin
-    them, and the fit printed them as values in silence. The fit names them, and calibrate
-    says so; a fit that leaves its knobs inside their bounds names none."""
+    """The five one-GPU H100 steps fit the GEMM curve's half saturation at its lower bound
+    (0.01 GFLOP): the runs do not pin it, and the fit printed it as a value in silence. The
+    fit names it, and calibrate says so; a fit that leaves its knobs inside their bounds names
+    none. (Five runs fit three knobs at most: the attention curve's two no longer come
+    with the GEMM curve's, :func:`~planner.diagnose.calibration.fittable_knobs`.)"""
     runs = shared(SHARED / "validation" / "h100" / "runs_one_gpu.json")
     one_gpu = shared(SHARED / "validation" / "h100" / "h100-sxm-1gpu.json")
     mine = tmp_path / "h1.json"
     mine.write_text(one_gpu.read_text())
     fit = calibrate([runs], CLUSTERS, cluster=mine)
-    assert fit.fit.at_bounds == {"gemm.half_saturation_gflop": 0.01,
-                                 "attention.half_saturation_tokens": 1.0}  # fmt: skip
+    assert set(fit.fit.values) == {"gemm.max_fraction", "gemm.half_saturation_gflop"}
+    assert fit.fit.at_bounds == {"gemm.half_saturation_gflop": 0.01}
     assert all(fit.fit.values[name] == bound for name, bound in fit.fit.at_bounds.items())
     done = cli("calibrate", runs, "--cluster", mine)
     assert done.returncode == 0, done.stderr
     assert ("note: gemm.half_saturation_gflop is at its bound, 0.01: the runs do not pin it"
             in " ".join(done.stdout.split()))
+
+
+def test_calibrate_keeps_a_kernel_fitted_attention_curve(tmp_path: Path) -> None:
+    """The bundled H100 file's attention curve was fitted on kernels (``planner bench``,
+    ``kernel`` torch-sdpa, its backward and per-call terms): a fit on whole runs neither moves
+    it nor drops it on ``--write`` (it wrote the runs' attention ceiling over it, 0.843 ->
+    0.154 on five site runs, and dropped the kernel's fields)."""
+    mine = tmp_path / "h100.json"
+    shutil.copy(CLUSTERS / "dgx-h100-80gb.json", mine)
+    attention = json.loads(mine.read_text())["device"]["efficiency"]["attention"]
+    assert attention["kernel"] == "torch-sdpa"
+    runs = shared(SHARED / "validation" / "h100" / "runs_one_gpu.json")
+    fit = calibrate([runs], CLUSTERS, cluster=mine, write=True)
+    assert not any(name.startswith("attention") for name in fit.fit.values)
+    assert json.loads(mine.read_text())["device"]["efficiency"]["attention"] == attention
+
+
+def test_cluster_fits_only_its_own_devices_runs_each_once(tmp_path: Path) -> None:
+    """The published runs beside a user's H100 file: the A100 runs are left out, each with
+    why (fitted in, they pulled the file's GEMM ceiling to 0.39), and a file given twice is
+    read once (its runs counted twice weighed twice)."""
+    mine = tmp_path / "site-h100.json"
+    shutil.copy(CLUSTERS / "dgx-h100-80gb.json", mine)
+    runs = shared(CALIBRATION_RUNS)
+    checked = validate([runs, runs], CLUSTERS, cluster=mine)
+    assert {row.device for row in checked.rows} == {"H100"}
+    ids = [row.id for row in checked.rows]
+    assert len(ids) == len(set(ids)) >= 3
+    assert any(line.endswith("ran on A100, not site-h100.json's H100-SXM5-80GB")
+               for line in checked.skipped)
+    assert sum("given twice, read once" in line for line in checked.skipped) == len(
+        load_runs(runs))
+    bundled = [r for r in validate([runs], CLUSTERS).rows if r.device == "H100"]
+    assert sorted(ids) == sorted(r.id for r in bundled)

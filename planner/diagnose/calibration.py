@@ -8,9 +8,10 @@ cluster file of that chip. Everything else in a cluster file (bandwidths, networ
 efficiencies, HBM efficiency) comes from data sheets and published micro-benchmarks and is
 not fitted.
 
-Given ``cluster`` (a user's own cluster file), both price every run of the files on that file
-instead, whatever GPU the records name: the same code, given a mapping from each run's device
-key to that one cluster instead of the bundled mapping.
+Given ``cluster`` (a user's own cluster file), both price every run of the files that ran on
+that file's device on that file instead (a run on another device is left out, with why): the
+same code, given a mapping from each run's device key to that one cluster instead of the
+bundled mapping.
 """
 
 from __future__ import annotations
@@ -24,8 +25,22 @@ from typing import Any
 import numpy as np
 
 from planner.diagnose.evidence import validated_runs, write_evidence
-from planner.diagnose.fit import KNOBS, Fit, fit_knobs, with_values, without_fits
-from planner.diagnose.runs import DEVICES, SITES, CalibrationRun, LoadedRuns, load_runs_noting
+from planner.diagnose.fit import (
+    KNOBS,
+    Fit,
+    fit_knobs,
+    kernel_attention,
+    with_values,
+    without_fits,
+)
+from planner.diagnose.runs import (
+    DEVICES,
+    SITES,
+    CalibrationRun,
+    LoadedRuns,
+    device_key,
+    load_runs_noting,
+)
 from planner.diagnose.validation_rows import ValidationRow, validation_rows
 from planner.errors import InputError, PlannerError
 from planner.spec import ClusterSpec, ValidatedRun, ValidationBand
@@ -107,9 +122,35 @@ def run_clusters(
 
 
 def _runs_of(runs_paths: Sequence[str | Path], cluster: str | Path | None) -> LoadedRuns:
-    """The runs of the files: on the user's ``cluster`` any GPU name is read, otherwise only
-    the bundled devices (with the error naming the record and ``--cluster``)."""
-    return load_runs_noting(*runs_paths, any_device=cluster is not None)
+    """The runs of the files, each once: on the user's ``cluster`` any GPU name is read, and a
+    run on another device than the file's is left out (the published A100 runs beside your
+    H100 runs would fit your H100 file to A100 steps); otherwise only the bundled devices
+    (with the error naming the record and ``--cluster``). A run id given twice (a file named
+    twice) is read once: counted twice, it would weigh twice in a fit."""
+    loaded = load_runs_noting(*runs_paths, any_device=cluster is not None)
+    runs: list[CalibrationRun] = []
+    skipped, seen = list(loaded.skipped), set()
+    mine = None if cluster is None else load_cluster(Path(cluster)).device.name
+    for run in loaded.runs:
+        if run.id in seen:
+            skipped.append(f"{run.id}: given twice, read once")
+        elif mine is not None and not _same_device(run.device, mine):
+            skipped.append(f"{run.id}: ran on {run.device}, not {Path(cluster or '').name}'s "
+                           f"{mine}")  # fmt: skip
+        else:
+            runs.append(run)
+        seen.add(run.id)
+    return LoadedRuns(runs=runs, skipped=skipped)
+
+
+def _same_device(run_device: str, cluster_device: str) -> bool:
+    """Whether a run's device key (:func:`~planner.diagnose.runs.device_key`) is the cluster
+    file's device: the same bundled chip, or the same name where the file's is not bundled
+    (a record ``planner runs from-log`` wrote names the cluster file's device)."""
+    ours = device_key(cluster_device)
+    if run_device in DEVICES and ours in DEVICES:
+        return DEVICES[run_device].chip == DEVICES[ours].chip
+    return run_device == ours
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,21 +233,34 @@ def error_bands(rows: Sequence[ValidationRow]) -> tuple[ValidationBand, ...]:
     return tuple(bands)
 
 
-def fittable_knobs(runs: Sequence[CalibrationRun]) -> tuple[str, ...]:
+def fittable_knobs(runs: Sequence[CalibrationRun], *,
+                   kernel_attention: bool = False) -> tuple[str, ...]:
     """The knobs the runs can tell apart: the GEMM curve's ceiling always, its half
     saturation from two runs on (one run's step fits any split between the two, so the
     file's half saturation is kept); the fused-attention curve when fused-attention runs span
-    several sequence lengths (and its head-dim term several head dims); the overlap
-    contention when some run overlaps its data-parallel traffic."""
-    names = ["gemm.max_fraction"] + ["gemm.half_saturation_gflop"] * (len(runs) >= 2)
+    several sequence lengths (and its head-dim term several head dims), unless the file's was
+    fitted on kernels (``kernel_attention``: kept); the overlap contention when some run
+    overlaps its data-parallel traffic. In that order, and no more than one for the first run
+    and one for every two more: a knob a run fits exactly leaves no residual to check it.
+
+    >>> from planner.diagnose.runs import load_runs
+    >>> runs = load_runs("../shared/validation/fsdp_runs.json")[:5]
+    >>> fittable_knobs(runs[:1]), len(fittable_knobs(runs)) <= 3
+    (('gemm.max_fraction',), True)
+    """
+    groups = [["gemm.max_fraction"], ["gemm.half_saturation_gflop"] * (len(runs) >= 2)]
     fused = [r for r in runs if r.config.flash_attention]
-    if len({r.config.seq_len for r in fused}) >= 2:
-        names += ["attention.max_fraction", "attention.half_saturation_tokens"]
+    if len({r.config.seq_len for r in fused}) >= 2 and not kernel_attention:
+        # the curve's ceiling and half saturation come together (a block needs both)
+        attention = ["attention.max_fraction", "attention.half_saturation_tokens"]
         head_dims = {r.model.hidden_size // r.model.num_attention_heads for r in fused}
-        if len(head_dims) >= 2:
-            names.append("attention.half_saturation_head_dim")
+        groups.append(attention + ["attention.half_saturation_head_dim"] * (len(head_dims) >= 2))
     if any(r.config.overlap_grad_reduce or r.config.overlap_param_gather for r in runs):
-        names.append("overlap_contention")
+        groups.append(["overlap_contention"])
+    names: list[str] = []
+    for group in groups:
+        if len(names) + len(group) <= 1 + (len(runs) - 1) // 2:
+            names += group
     return tuple(names)
 
 
@@ -280,7 +334,8 @@ def calibrate(
                          f"{left}")  # fmt: skip
     name = chip or next(iter(files.values())).device.name
     clusters = {k: without_fits(c) for k, c in files.items()}
-    fit = fit_knobs(fitted_on, clusters, fittable_knobs(fitted_on))
+    kernels = all(kernel_attention(c) for c in clusters.values())
+    fit = fit_knobs(fitted_on, clusters, fittable_knobs(fitted_on, kernel_attention=kernels))
     after = validation_rows(mine, {k: with_values(c, fit.values) for k, c in clusters.items()})
     bands = error_bands(after)
     families = tuple(sorted({r.family for r in fitted_on}))
@@ -306,8 +361,10 @@ def _write_fit(
               f"{fit.rms_log_error:.3f}")  # fmt: skip
 
     def edit(eff: dict[str, Any]) -> None:
-        # A knob the runs could not determine is cleared, as it was during the fit.
-        eff.pop("attention", None)
+        # A knob the runs could not determine is cleared, as it was during the fit; an
+        # attention curve fitted on kernels stays.
+        if not (eff.get("attention") or {}).get("kernel"):
+            eff.pop("attention", None)
         eff["overlap_contention"] = 0.0
         for block in ("gemm", "attention"):
             fields = {KNOBS[n].field: v for n, v in fit.values.items() if KNOBS[n].block == block}

@@ -75,11 +75,21 @@ def with_values(cluster: ClusterSpec, values: Mapping[str, float]) -> ClusterSpe
     return cluster.model_copy(update={"device": device})
 
 
+def kernel_attention(cluster: ClusterSpec) -> bool:
+    """Whether ``cluster``'s attention curve was fitted on the kernels (``planner bench``:
+    it names its kernel), which whole runs must not move: they cannot tell the attention's
+    time from the rest of a step's."""
+    attention = cluster.device.efficiency.attention
+    return attention is not None and attention.kernel is not None
+
+
 def without_fits(cluster: ClusterSpec) -> ClusterSpec:
-    """``cluster`` with every fitted block cleared: no attention curve (fused attention at the
-    GEMM curve), no overlap contention. A fit that cannot determine a knob from its runs must
-    not inherit it from an earlier fit on other runs."""
-    eff = cluster.device.efficiency.model_copy(update={"attention": None,
+    """``cluster`` with every block fitted on runs cleared: no attention curve (fused
+    attention at the GEMM curve) unless one fitted on kernels (:func:`kernel_attention`), no
+    overlap contention. A fit that cannot determine a knob from its runs must not inherit it
+    from an earlier fit on other runs."""
+    kept = cluster.device.efficiency.attention if kernel_attention(cluster) else None
+    eff = cluster.device.efficiency.model_copy(update={"attention": kept,
                                                        "overlap_contention": 0.0})
     return cluster.model_copy(update={"device": cluster.device.model_copy(
         update={"efficiency": eff})})  # fmt: skip

@@ -198,8 +198,8 @@ def calibration_tables(fit: Calibration) -> list[RenderableType]:
         for family, errors in sorted(by_family.items())))  # fmt: skip
     # a knob on its bound is the bound's value, not the runs': five one-GPU runs fitted two
     # at their lower bounds in silence
-    bounded = [Prose(f"note: {name} is at its bound, {bound:g}: the runs do not pin it; "
-                     "runs that vary what it prices would")
+    bounded = [Prose(f"note: {name} is at its bound, {bound:g}: the runs do not pin it "
+                     "(runs that vary what it prices would)")
                for name, bound in fit.fit.at_bounds.items()]  # fmt: skip
     return [head, before, *bounded, *validation_tables(fit.after, fit.skipped)]
 

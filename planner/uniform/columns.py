@@ -59,6 +59,9 @@ def normalized(
     for name, default in DEFAULTS.items():
         if name in given:
             column = given[name].ravel()
+            if name in OPTIONAL and column.dtype == object:
+                # None, the field's default, is the column's 0 (given, it priced nothing)
+                column = np.array([0 if v is None else v for v in column.tolist()])
             if column.size not in (1, length):
                 raise InputError(f"estimate_batch: column {name!r} has {column.size} values, "
                                  f"the longest {length}: give one value or {length}")  # fmt: skip
