@@ -216,6 +216,12 @@ def planner_cli(*args: str | Path) -> tuple[int, str, str]:
     ('"search.memory_margin_gib" = [4, -5]\n', (),
      "search: memory margin -5.0 GiB: a margin is at least 0 GiB"),
     (AXES, ("--max-points", "7"), "2 x 2 x 2 = 8 points is above --max-points 7"),
+    # a figure no hardware has, as a cluster file's is refused: 400 Gb/s written as GB/s
+    ('"cluster.network.1.bandwidth_gb_s" = [50, 400]\n', (),
+     "cluster.network.1.bandwidth_gb_s=400): cluster: network.1.bandwidth_gb_s: 400 GB/s is "
+     "outside the range 0.1 to 250 GB/s"),
+    ('"cluster.device.memory_gib" = [80, 800]\n', (),
+     "device.memory_gib: 800 GiB is outside the range 1 to 640 GiB"),
 ])  # fmt: skip
 def test_a_bad_sweep_is_one_line_before_any_search(
     axes: str, options: tuple[str, ...], message: str, tmp_path: Path, solves: Solves

@@ -282,8 +282,11 @@ def _cluster(sweep: SweepFile, at: dict[str, Value], where: _Where) -> ClusterSp
     except ValidationError as exc:
         raise where.error("cluster", exc) from None
     try:
+        # a figure no hardware has, as a cluster file's is refused (a 400 Gb/s NIC written as
+        # 400 GB/s is the sweep's usual slip), and more devices than the outer level holds
+        physics.check_cluster(cluster, source="cluster")
         physics.check_fabric(cluster, field="cluster.num_nodes")
-    except InputError as exc:  # more devices than the outermost level holds
+    except InputError as exc:
         point = ", ".join(f"{a}={short_repr(v)}" for a, v in at.items())
         raise InputError(f"{sweep.source}: point {where.index} ({point}): {exc}") from None
     return cluster
