@@ -447,3 +447,19 @@ def test_a_change_no_switch_launches_gives_the_changes_own_reasons() -> None:
     assert mine is not None and mine.config.sp
     assert len(mine.framework_refusals) == 1
     assert mine.framework_refusals[0].startswith("ZeRO-3 with pp(2)")
+
+
+def test_a_cluster_of_another_size_is_read_at_the_plans() -> None:
+    """The library's ``explain`` and ``launch`` given the plan's cluster at another node count
+    (the inputs' check ignores it, as the commands read a plan's file at its size): they price
+    the plan on its own devices, as ``planner explain`` does, where explain raised a TypeError
+    (its configuration did not divide the other count) and launch a misleading ConfigError."""
+    from planner.frameworks import launch
+
+    model = load_model("instances/models/gpt3-175b.json")
+    cluster = load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=128)
+    plan = uniform_plan(model, cluster, ParallelConfig(tp=8, pp=16, mbs=1))
+    other = load_cluster("instances/clusters/dgx-a100-80gb.json", nodes=64)
+    assert explain(plan, model, other) == explain(plan, model, cluster)
+    assert (launch(plan, "megatron", model=model, cluster=other).text
+            == launch(plan, "megatron", model=model, cluster=cluster).text)

@@ -663,3 +663,17 @@ def test_bf16_moments() -> None:
     bf16 = configure(model, 16, zero=1, optimizer_moments="bf16")
     assert "precision-aware optimizer" in (refusal("bf16-moments", bf16, model) or "")
     assert refusal("bf16-moments", configure(model, 16, zero=1), model) is None
+
+
+def test_rope_note_says_when_a_plan_trains_past_the_original_context() -> None:
+    """Megatron-DeepSpeed applies no RoPE scaling (``megatron/model/language_model.py:437``):
+    harmless within the 8,192 positions Llama 3.1's llama3 x8 stretches from, not at 131,072
+    tokens, where the note said "unaffected"."""
+    from planner.frameworks._deepspeed_flags import rope_notes
+
+    model = load("Meta-Llama-3.1-8B")
+    (within,) = rope_notes(model, 8192)
+    (beyond,) = rope_notes(model, 131072)
+    assert within.endswith("(training within the original context is unaffected)")
+    assert "trains 131072-token sequences, beyond the 8192 it stretches from" in beyond
+    assert "unaffected" not in beyond

@@ -43,7 +43,7 @@ from planner.diagnose.whatif import hardware_changes
 from planner.errors import ConfigError, InputError
 from planner.frameworks import ANY, profile
 from planner.plan.config import ParallelConfig, resolve
-from planner.plan.inputs import check_inputs
+from planner.plan.inputs import at_plan_size, check_inputs
 from planner.plan.schema import MemoryBreakdown, Plan, StepTime
 from planner.spec import ClusterSpec, ModelSpec
 from planner.uniform.batch import BatchEstimate, estimate_batch
@@ -114,6 +114,7 @@ def explain(
             "the knob sensitivities, the hardware what-ifs and --why-not price the plan: give "
             "its model and cluster (--model, --cluster)",))  # fmt: skip
     check_inputs(plan, model, cluster)
+    cluster = at_plan_size(plan, cluster)
     mine = None if why_not is None else why_not_config(plan, model, cluster, why_not)
     if plan.configuration is None:
         limits = (f"the plan is per-operator ({plan.framework}): it has no uniform "

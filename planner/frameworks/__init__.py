@@ -19,7 +19,7 @@ from planner.frameworks.base import (
     Rule,
 )
 from planner.plan.config import ResolvedConfig, resolve
-from planner.plan.inputs import check_inputs
+from planner.plan.inputs import at_plan_size, check_inputs
 from planner.plan.schema import Plan
 from planner.spec import ClusterSpec, DeviceSpec, ModelSpec
 from planner.vocabulary import Stack
@@ -111,7 +111,7 @@ def plan_configuration(
         raise InputError(f"the plan was solved for {plan.framework} with per-operator "
                          f"shardings, which no framework launches; solve for the framework: "
                          f"{solve_command(plan, framework, paths)}")  # fmt: skip
-    return resolve(model, cluster, plan.configuration)
+    return resolve(model, at_plan_size(plan, cluster), plan.configuration)
 
 
 def launch(
@@ -125,6 +125,7 @@ def launch(
     """
     target = profile(framework)
     check_platform(framework, cluster.device)
+    cluster = at_plan_size(plan, cluster)
     resolved = plan_configuration(plan, model, cluster, framework=framework, paths=paths)
     reasons = target.refusals(resolved, model)
     if reasons:

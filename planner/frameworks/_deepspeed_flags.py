@@ -215,16 +215,23 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
         "add the run's length, learning-rate schedule and optimizer hyper-parameters "
         "(--train-iters, --lr, ...) and checkpoint paths",
         *(moe if model.moe is not None else ()),
-        *rope_notes(model),
+        *rope_notes(model, resolved.training.seq_length),
     )
 
 
-def rope_notes(model: ModelSpec) -> tuple[str, ...]:
+def rope_notes(model: ModelSpec, seq_len: int) -> tuple[str, ...]:
     """Megatron-DeepSpeed's rotary embedding takes a base and nothing else
-    (``megatron/model/language_model.py:437``)."""
+    (``megatron/model/language_model.py:437``): within the context the scaling stretches
+    from, its positions are the model's; beyond it they are positions the scaling was there
+    to reach."""
     scaling = model.rope_scaling
     if model.position_embedding != "rope" or scaling is None:
         return ()
-    return (f"Megatron-DeepSpeed has no RoPE scaling: the model's {scaling.rope_type} x"
-            f"{scaling.factor:g} is not applied (training within the original context is "
-            f"unaffected)",)
+    head = (f"Megatron-DeepSpeed has no RoPE scaling: the model's {scaling.rope_type} x"
+            f"{scaling.factor:g} is not applied")  # fmt: skip
+    original = scaling.original_max_position_embeddings
+    if original is not None and seq_len > original:
+        return (f"{head}, and this plan trains {seq_len}-token sequences, beyond the "
+                f"{original} it stretches from: its positions there are not the model's "
+                f"(extend the context with the scaling in another framework)",)  # fmt: skip
+    return (f"{head} (training within the original context is unaffected)",)

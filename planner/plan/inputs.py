@@ -119,6 +119,14 @@ def check_inputs(
                          f"{plan.cluster.sha256[:12]})")  # fmt: skip
 
 
+def at_plan_size(plan: Plan, cluster: ClusterSpec) -> ClusterSpec:
+    """``cluster`` at the plan's number of nodes, as the commands read a plan's cluster file
+    (:func:`check_inputs` compares the rest): a library caller's cluster of another size
+    prices the plan on the devices it was made for, not a configuration that cannot divide."""
+    nodes = plan.cluster.num_nodes
+    return cluster if cluster.num_nodes == nodes else cluster.with_nodes(nodes)
+
+
 def model_ref(model: ModelSpec) -> InputRef:
     """The reference a plan keeps to its model."""
     return InputRef(name=model.name, sha256=input_hash(model))
