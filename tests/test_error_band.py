@@ -512,6 +512,32 @@ def test_objective_p80_trades_a_faster_unvalidated_plan_for_a_validated_one() ->
     assert p95.configuration is not None and p95.configuration.zero != 3
 
 
+def test_a_plan_ranked_at_its_bands_end_says_so(tmp_path: Path) -> None:
+    """solve under ``--objective p95`` says what the plan was ranked by under its band (it
+    printed the p80 band alone), and compare names each row's ranked step and questions the
+    order at the p95 band: a row inside it, there and not at p80, is named."""
+    from planner.report.bands import not_significant
+
+    out = tmp_path / "plan.json"
+    done = planner(80, "solve", LLAMA, H100, *SMALL, "--objective", "p95", "--out", out)
+    assert done.code == 0, done.stderr
+    plan = plan_from_json(out.read_text())
+    text = " ".join(done.stdout.split())
+    objective = plan.solver.objective
+    assert f"ranked by the step at its band's p95 end: {objective:.3f} s (+" in text
+    band = ErrorBand(fraction=0.05, fraction_p95=0.2, runs=5, parallelism="model-parallel",
+                     closest="")
+    steps = {"a": (10.0, band), "b": (11.0, band)}
+    assert not_significant(steps) is None
+    assert not_significant(steps, quantile=0.95) == (
+        "b (11.000 s) is inside the band of a (10.000 s +/- 20 % at p95): their order is not "
+        "significant")
+    compared = planner(200, "compare", LLAMA, H100, *SMALL, "--frameworks",
+                       "megatron,torchtitan", "--objective", "p95")
+    assert compared.code == 0, compared.stderr
+    assert "ranked by each plan's step at its band's p95 end: megatron " in compared.stdout
+
+
 def test_objective_for_any_ranks_both_searches_alike() -> None:
     """For ``any``, the union's plan and the per-operator search's are compared at the slow
     end of their bands: the plan returned is never worse there than the union's own."""

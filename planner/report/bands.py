@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from planner.plan.bands import ErrorBand, MemoryBand
+from planner.plan.bands import ErrorBand, MemoryBand, plus_minus
 
 NOT_RECORDED = "band not recorded"
 """What a plan written before error bands (schema 2-4) shows for its band: unknown."""
@@ -63,10 +63,25 @@ def band_line(band: ErrorBand | None, *, rows: Sequence[str] = ()) -> str:
                                              if extrapolated else "")  # fmt: skip
 
 
-def not_significant(steps: Mapping[str, tuple[float, ErrorBand | None]]) -> str | None:
-    """A line naming the rows whose predicted step lies inside the fastest row's band, whose
-    order against it the cost model cannot vouch for; None when there are none (or the
-    fastest has no band).
+def ranked_line(ranked_by: str, objective: float | None, step_s: float) -> str | None:
+    """What a plan ranked by its band's slow end was ranked by: ``ranked by the step at its
+    band's p95 end: 6.393 s (+35 %)``; None for the expected step.
+
+    >>> ranked_line("p95", 6.393, 4.72)
+    "ranked by the step at its band's p95 end: 6.393 s (+36 %)"
+    """
+    if ranked_by == "expected" or objective is None:
+        return None
+    # rounded up as the band's half-width is printed, the band it was ranked by
+    width = plus_minus(objective / step_s - 1).removeprefix("+/- ")
+    return f"ranked by the step at its band's {ranked_by} end: {objective:.3f} s (+{width})"
+
+
+def not_significant(steps: Mapping[str, tuple[float, ErrorBand | None]], *,
+                    quantile: float = 0.8) -> str | None:
+    """A line naming the rows whose predicted step lies inside the fastest row's band (at
+    ``quantile``: 0.95 where the plans were ranked by their p95 step), whose order against it
+    the cost model cannot vouch for; None when there are none (or the fastest has no band).
 
     >>> band = ErrorBand(fraction=0.05, runs=5, parallelism="model-parallel", closest="")
     >>> print(not_significant({"ilp": (10.0, band), "grid": (10.3, band), "x": (12.0, band)}))
@@ -84,14 +99,16 @@ their order is not significant
     same = [other for other, (s, _) in steps.items() if other != name and s == fastest]
     said = ([f"{', '.join(same)} find{'s' * (len(same) == 1)} the same step as {name} "
              f"({fastest:.3f} s)"] if same else [])  # fmt: skip
-    if band is None or band.fraction is None:
+    width = None if band is None else band.at(quantile)
+    if band is None or width is None:
         return "; ".join(said) or None
     inside = [f"{other} ({s:.3f} s)" for other, (s, _) in steps.items()
-              if s != fastest and s <= fastest * (1 + band.fraction)]  # fmt: skip
+              if s != fastest and s <= fastest * (1 + width)]  # fmt: skip
     if inside:
         verb = "is" if len(inside) == 1 else "are"
-        whose = (f"its band ({band.text})" if same else
-                 f"the band of {name} ({with_band(fastest, band)})")  # fmt: skip
+        text = band.text if quantile == 0.8 else f"{plus_minus(width)} at p95"
+        whose = (f"its band ({text})" if same else
+                 f"the band of {name} ({fastest:.3f} s {text})")  # fmt: skip
         said.append(f"{', '.join(inside)} {verb} inside {whose}: their order is not "
                     f"significant")  # fmt: skip
     return "; ".join(said) or None

@@ -10,13 +10,21 @@ from rich.table import Table
 from rich.text import Text
 
 from planner import cost
+from planner.cost.risk import QUANTILE
 from planner.diagnose.compare import MethodResult, yardstick
 from planner.diagnose.validation_rows import describe
 from planner.ilp import LayerSolution
 from planner.plan.bands import MemoryBand
 from planner.plan.config import ParallelConfig, resolve
 from planner.plan.schema import Plan, Predicted
-from planner.report.bands import band_cell, band_line, memory_line, not_significant, with_band
+from planner.report.bands import (
+    band_cell,
+    band_line,
+    memory_line,
+    not_significant,
+    ranked_line,
+    with_band,
+)
 from planner.report.stage_tables import stage_tables
 from planner.report.width import Clauses, FirstThatFits, Prose, keep_whole, light_table, title
 from planner.spec import ClusterSpec, ModelSpec
@@ -198,6 +206,8 @@ def plan_tables(plan: Plan, *, mtp_layers: int = 0) -> list[RenderableType]:
         _rates(_step(p), p, f"peak memory {p.peak_memory_gib:.1f} GiB",
                f"bubble {100 * p.bubble_fraction:.1f} %"),
         Prose(band_line(p.error_band)),
+        *(Prose(line) for line in [ranked_line(plan.solver.ranked_by, plan.solver.objective,
+                                               p.step_time_s)] if line),
         *_memory(p.memory_band),
         *_profiled(p),
     )  # fmt: skip
@@ -326,10 +336,16 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
         plans.add_row(r.method, summary)
     steps = {r.method: (r.plan.predicted.step_time_s, r.plan.predicted.error_band)
              for r in results if r.plan is not None}  # fmt: skip
-    order = not_significant(steps)
+    ranked_by = plan.solver.ranked_by
+    order = not_significant(steps, quantile=QUANTILE[ranked_by] or 0.8)
+    ranked = [f"{r.method} {r.plan.solver.objective:.3f} s" for r in results
+              if r.plan is not None and r.plan.solver.objective is not None]  # fmt: skip
+    lines = [*_band_lines(results),
+             *([f"ranked by each plan's step at its band's {ranked_by} end: "
+                + ", ".join(ranked)] if ranked_by != "expected" and ranked else []),
+             *([order] if order is not None else [])]  # fmt: skip
     return [head, FirstThatFits(keep_whole(one), Group(keep_whole(numbers), keep_whole(plans))),
-            *(Prose(line) for line in _band_lines(results)),
-            *([Prose(order)] if order is not None else [])]
+            *(Prose(line) for line in lines)]
 
 
 def _band_lines(results: Sequence[MethodResult]) -> list[str]:
