@@ -73,3 +73,25 @@ def test_without_experts_there_is_nothing_to_overlap() -> None:
     with pytest.raises(planner.ConfigError, match="needs expert parallelism"):
         resolve(model, cluster, ParallelConfig(overlap_moe_expert_parallel_comm=True,
                                                global_batch=256, seq_len=4096))
+
+
+def test_simulate_counts_the_overlaps_chunk_in_its_closed_form() -> None:
+    """With the experts' all-to-alls overlapped the memory holds one chunk more than the
+    schedule's warm-up (combined 1F1B): ``simulate``'s closed-form column is that count, one
+    chunk above the simulated schedule's (it showed the plain schedule's in both, confirming a
+    count the memory did not use), and the report says why they differ."""
+    from planner.report.simulation import simulation_tables
+    from planner.simulate.events import closed_form_in_flight, simulate_plan
+    from tests.test_stage_tables import _text
+
+    model = planner.load_model(MIXTRAL)
+    cluster = planner.load_cluster(H100, nodes=4)
+    config = dict(tp=1, pp=2, vpp=4, ep=8, mbs=1, recompute="selective")
+    plans = [uniform_plan(model, cluster, ParallelConfig(**config,
+                                                         overlap_moe_expert_parallel_comm=on))
+             for on in (False, True)]  # fmt: skip
+    plain, overlapped = (simulate_plan(p) for p in plans)
+    assert closed_form_in_flight(plans[0]) == list(plain.peak_in_flight)
+    assert closed_form_in_flight(plans[1]) == [x + 1 / 4 for x in overlapped.peak_in_flight]
+    text = " ".join(_text(simulation_tables(plans[1], overlapped), 100).split())
+    assert "the closed form, the memory's, holds one chunk more" in text

@@ -22,6 +22,7 @@ the :class:`~planner.spec.ClusterSpec`.
 from __future__ import annotations
 
 from planner.cost.activations import (
+    held_in_flight,
     in_flight_microbatches,
     keeps_inputs,
     kept_fraction,
@@ -159,6 +160,7 @@ __all__ = [
     "gemm_fraction",
     "gradient_accumulation",
     "gradient_bytes_on_wire",
+    "held_in_flight",
     "hidden_state_bytes",
     "in_flight_microbatches",
     "keeps_inputs",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 
 from planner.cost.compute import sharded_bytes
-from planner.cost.elementwise import Real, minimum
+from planner.cost.elementwise import Real, minimum, where
 from planner.cost.pipeline import warmup_forwards
 from planner.graph.fp8 import fp8_copy_ratio
 from planner.graph.ops import Op, Tensor
@@ -96,6 +96,19 @@ def in_flight_microbatches(
     name = schedule if schedule == "interleaved" else schedule_name(schedule, vpp)
     warmup = warmup_forwards(name, stage=stage, pp=pp, vpp=vpp, num_microbatches=m)
     return minimum(warmup + 1, m * vpp) / vpp
+
+
+def held_in_flight(in_flight: Real, *, vpp: Real, num_microbatches: Real,
+                   overlap_moe_comm: Real) -> Real:
+    """The ``in_flight`` microbatches' worth a stage's memory holds
+    (:func:`in_flight_microbatches`), with the experts' all-to-alls overlapped one chunk more:
+    Megatron-Core's combined 1F1B runs the next forward before the backward it pairs with frees
+    its chunk (``--overlap-moe-expert-parallel-comm``); capped at everything there is.
+
+    >>> held_in_flight(5.5, vpp=2, num_microbatches=8, overlap_moe_comm=True)
+    6.0
+    """
+    return minimum(in_flight + where(overlap_moe_comm, 1 / vpp, 0.0), num_microbatches)
 
 
 def _zero_bubble_in_flight(

@@ -14,7 +14,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from planner import cost
-from planner.cost.elementwise import Real, first_argmax, maximum, minimum, pick, where
+from planner.cost.elementwise import Real, first_argmax, maximum, pick, where
 from planner.cost.layer import LayerCost
 from planner.cost.stage_weights import StageCost, TiedCopy, stage_statics
 from planner.plan.schema import StageTime, StepTime
@@ -181,9 +181,9 @@ def run_memory_bytes(
     """The memory of stage ``stage`` of ``run``, by part."""
     in_flight = cost.in_flight_microbatches(schedule, stage=stage, pp=num_stages, vpp=knobs.vpp,
                                             num_microbatches=knobs.num_microbatches)  # fmt: skip
-    # Combined 1F1B runs the next forward before the backward it pairs with frees its chunk.
-    in_flight = minimum(in_flight + where(knobs.overlap_moe_comm, 1 / knobs.vpp, 0.0),
-                        knobs.num_microbatches)  # fmt: skip
+    in_flight = cost.held_in_flight(in_flight, vpp=knobs.vpp,
+                                    num_microbatches=knobs.num_microbatches,
+                                    overlap_moe_comm=knobs.overlap_moe_comm)  # fmt: skip
     working, loss = run.time.working_bytes, run.time.loss_bytes
     parts = cost.MemoryParts(
         *run.state_bytes,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
-from rich.text import Text
 
 from planner.plan.schema import Plan
 from planner.report.bands import band_line, with_band
@@ -59,7 +58,8 @@ def simulation_tables(plan: Plan, sim: Simulation) -> list[RenderableType]:
         held = (row["peak_in_flight"], row["closed_form_in_flight"])
         table.add_row(str(row["stage"]), f"{row['busy_s']:.3f}", f"{row['idle_s']:.3f}",
                       *(f"{chunks_in_flight(x, v)}" for x in held))  # fmt: skip
-    return [head, Text(in_flight_meaning(v)), keep_whole(table)]
+    overlap = plan.flags.overlap_moe_expert_parallel_comm
+    return [head, Prose(in_flight_meaning(v, overlap_moe_comm=overlap)), keep_whole(table)]
 
 
 def chunks_in_flight(microbatches: float, virtual_stages: int) -> int:
@@ -68,8 +68,13 @@ def chunks_in_flight(microbatches: float, virtual_stages: int) -> int:
     return round(microbatches * virtual_stages)
 
 
-def in_flight_meaning(virtual_stages: int) -> str:
-    """What the in-flight columns count."""
-    if virtual_stages == 1:
-        return "in flight: microbatches held at a stage's peak"
-    return f"in flight: model chunks held at a stage's peak, {virtual_stages} a microbatch"
+def in_flight_meaning(virtual_stages: int, *, overlap_moe_comm: bool = False) -> str:
+    """What the in-flight columns count, and why they differ by a chunk where the experts'
+    all-to-alls are overlapped."""
+    what = ("in flight: microbatches held at a stage's peak" if virtual_stages == 1 else
+            f"in flight: model chunks held at a stage's peak, {virtual_stages} a microbatch")
+    if overlap_moe_comm:
+        what += ("; the closed form, the memory's, holds one chunk more: with the experts' "
+                 "all-to-alls overlapped, combined 1F1B runs the next forward before the "
+                 "backward it pairs with frees its chunk, a schedule the simulator does not run")
+    return what

@@ -23,7 +23,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from planner.cost import bubble_share, in_flight_microbatches
+from planner.cost import bubble_share, held_in_flight, in_flight_microbatches
 from planner.errors import ConfigError, InputError
 from planner.pipeline.schedules import StageOps, stage_ops
 from planner.plan.schema import Plan
@@ -355,9 +355,14 @@ def simulate_plan(plan: Plan) -> Simulation:
 
 def closed_form_in_flight(plan: Plan) -> list[float]:
     """Per stage, the microbatches' worth of activations the cost model holds at the peak
-    (:func:`planner.cost.in_flight_microbatches`), beside :attr:`Simulation.peak_in_flight`."""
+    (:func:`planner.cost.in_flight_microbatches`, and with the experts' all-to-alls overlapped
+    the chunk more :func:`planner.cost.held_in_flight` counts, which the simulated schedule
+    does not run), beside :attr:`Simulation.peak_in_flight`."""
     schedule = configured_schedule(plan.schedule.name)
-    return [in_flight_microbatches(schedule, stage=s.index, pp=len(plan.stages),
-                                   vpp=plan.schedule.virtual_stages,
-                                   num_microbatches=plan.num_microbatches)
+    vpp, m = plan.schedule.virtual_stages, plan.num_microbatches
+    return [float(held_in_flight(in_flight_microbatches(schedule, stage=s.index,
+                                                        pp=len(plan.stages), vpp=vpp,
+                                                        num_microbatches=m),
+                                 vpp=vpp, num_microbatches=m,
+                                 overlap_moe_comm=plan.flags.overlap_moe_expert_parallel_comm))
             for s in plan.stages]  # fmt: skip
