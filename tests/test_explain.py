@@ -463,3 +463,16 @@ def test_a_cluster_of_another_size_is_read_at_the_plans() -> None:
     assert explain(plan, model, other) == explain(plan, model, cluster)
     assert (launch(plan, "megatron", model=model, cluster=other).text
             == launch(plan, "megatron", model=model, cluster=cluster).text)
+
+
+def test_a_new_pipeline_takes_the_split_that_cuts_into_its_chunks() -> None:
+    """``--why-not pp=8,vpp=4`` on DeepSeek-V3 (61 layers, one multi-token-prediction module):
+    the first uneven split, 6 + 8 x 6 + 7, does not cut into four chunks a stage and was
+    refused; the recipe's 7 + 8 x 6 + 6 (``Et|(tt|)*30mL``) does and is taken."""
+    from planner.diagnose.notches import with_changes
+
+    model = load_model("instances/models/deepseek-v3.json")
+    changed = with_changes(ParallelConfig(tp=4, pp=4, vpp=4, ep=64), {"pp": 8, "tp": 2}, model)
+    assert (changed.first_stage_layers, changed.last_stage_layers) == (7, 6)
+    plain = with_changes(ParallelConfig(), {"pp": 8}, model)  # no chunks: the first split
+    assert (plain.first_stage_layers, plain.last_stage_layers) == (6, 7)

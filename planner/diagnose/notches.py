@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import InputError
+from planner.plan.chunks import cuts_into
 from planner.plan.config import ParallelConfig
 from planner.spec import ModelSpec
 from planner.spec.reading import fill_training
@@ -262,13 +263,26 @@ def with_changes(
     if "pp" in changes and not any(k in changes for k in ends):
         pp = changes["pp"]
         splits = stage_splits(model.num_layers, pp) if 0 < pp <= model.num_layers else []
-        values.update(zip(ends, splits[0] if splits else (None, None), strict=True))
+        # the first split whose stages cut into the chunks (DeepSeek-V3's 61 layers on PP8
+        # VPP4: 7 + 8 x 6 + 6, the recipe's, not the first split's 6 + 8 x 6 + 7)
+        chunked = [s for s in splits if _cuts(model, pp, s, values.get("vpp") or 1)]
+        values.update(zip(ends, (chunked or splits or [(None, None)])[0], strict=True))
     try:
         return ParallelConfig(**values)
     except ValidationError as exc:  # only changes given together can still disagree
         given = ", ".join(f"{k.replace('_', '-')}={word(v, k)}" for k, v in changes.items())
         reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise InputError(f"{given}: {reason}") from None
+
+
+def _cuts(model: ModelSpec, pp: int, ends: tuple[int | None, int | None], vpp: int) -> bool:
+    """Whether ``pp`` stages with these end stages' layers (None: equal stages) cut into
+    ``vpp`` model chunks each (:func:`planner.plan.chunks.cuts_into`)."""
+    first, last = ends
+    if first is None or last is None:
+        return cuts_into((model.num_layers // pp,) * pp, vpp, model.mtp_layers)
+    middle = (model.num_layers - first - last) // (pp - 2) if pp > 2 else 0
+    return cuts_into((first, *(middle,) * (pp - 2), last), vpp, model.mtp_layers)
 
 
 SWITCHES = {name.replace("-", "_"): name for name in STACK_SWITCHES}
