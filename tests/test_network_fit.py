@@ -37,7 +37,8 @@ def _table(kind: CollectiveKind, ranks: int, times_s: list[float], *,
            hosts: tuple[str, ...] = ("node0",), wrong: int = 0) -> str:
     """An nccl-tests stdout of ``times_s`` per size of :data:`SIZES`: the nThread line
     (src/util.cu:625), one rank line per rank (src/util.cu:687), the header
-    (src/util.cu:756-760) and result lines (src/util.cu:457, 508)."""
+    (src/util.cu:756-760) and result lines (src/util.cu:457, 508), the redop ``sum`` for the
+    tests that reduce and ``none`` for the others (src/all_gather.cu:87, src/alltoall.cu:393)."""
     binary = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
               "reduce_scatter": "reduce_scatter_perf", "all_to_all": "alltoall_perf"}[kind]
     per_host = ranks // len(hosts)
@@ -53,7 +54,8 @@ def _table(kind: CollectiveKind, ranks: int, times_s: list[float], *,
         algbw = size / 1e9 / t
         body = (f"  {_float(t * 1e6, 7)}  {_float(algbw, 6)}  "
                 f"{_float(algbw * bus_factor(kind, ranks), 6)}  {wrong:6g}")
-        lines.append(f"{size:12d}  {size // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d}"
+        redop = "sum" if kind in ("all_reduce", "reduce_scatter") else "none"
+        lines.append(f"{size:12d}  {size // 4:12d}  {'float':>8s}  {redop:>6s}  {-1:6d}"
                      + body * 2)
     lines += ["# Out of bounds values : 0 OK", f"# Collective test concluded: {binary}"]
     return "\n".join(lines) + "\n"
@@ -191,3 +193,138 @@ def test_a_level_the_runs_do_not_cross_is_refused() -> None:
     with pytest.raises(InputError, match=r"all_reduce_perf_sample.txt: the runs do not cross "
                        r"level 1 \(infiniband\)"):
         fit_network(H100, [SAMPLE], level=1)
+
+
+def _unnamed(kind: CollectiveKind, ranks: int, times_s: list[float], **hosts: tuple[str, ...]
+             ) -> str:
+    """:func:`_table` without its '# Collective test starting' line: the file's name says
+    which test wrote it."""
+    return _table(kind, ranks, times_s, **hosts).split("\n", 1)[1]
+
+
+def _ring_times(kind: CollectiveKind, n: int = 8) -> list[float]:
+    """Ring times by hand on 8 ranks of one H100 node at 0.7 of NVLink's 450 GB/s, 4 us."""
+    rounds = 2 if kind == "all_reduce" else 1
+    return [rounds * ((n - 1) / n * s / (450e9 * 0.7) + math.log2(n) * 4e-6) for s in SIZES]
+
+
+@pytest.mark.parametrize(("table", "named", "said"), [
+    ("all_reduce", "all_gather_perf", "busbw/algbw 1.75 and redop sum say all_reduce_perf of 8 "
+                                      "ranks"),
+    ("all_gather", "all_reduce_perf", "busbw/algbw 0.875 and redop none say all_gather_perf, "
+                                      "alltoall_perf, gather_perf or scatter_perf of 8 ranks"),
+    ("reduce_scatter", "all_gather_perf", "redop sum say reduce_scatter_perf of 8 ranks"),
+    ("all_to_all", "reduce_scatter_perf", "redop none say all_gather_perf, alltoall_perf"),
+], ids=["all_reduce-as-all_gather", "all_gather-as-all_reduce", "reduce_scatter-as-all_gather",
+        "all_to_all-as-reduce_scatter"])  # fmt: skip
+def test_a_table_of_another_test_than_its_file_is_refused(
+        table: CollectiveKind, named: str, said: str, tmp_path: Path) -> None:
+    """nccl-tests prints busbw = algbw x the test's factor (2(n-1)/n all-reduce, (n-1)/n
+    all-gather, reduce-scatter, all-to-all: src/all_reduce.cu:63, all_gather.cu:42,
+    reduce_scatter.cu:41, alltoall.cu:52) and the redop (a reduction's name, or ``none`` for
+    all-gather and all-to-all: all_gather.cu:87, alltoall.cu:393): an all-reduce table saved
+    as all_gather_perf fitted half the true fraction (0.3667 for 0.7333), and an all-gather
+    table as all_reduce_perf was refused as faster than NVLink allows. Both are refused for
+    what they are, before any fit."""
+    results = tmp_path / f"{named}_8.txt"
+    results.write_text(_unnamed(table, 8, _ring_times(table)))
+    with pytest.raises(InputError, match=rf"{named}_8.txt: read as {named}, but its .*{said}"):
+        fit_network(H100, [results])
+
+
+@pytest.mark.parametrize("gpus_per_process", [1, 8])
+def test_an_mpi_run_without_rank_lines_counts_its_ranks_by_busbw(
+        gpus_per_process: int, tmp_path: Path) -> None:
+    """16 ranks launched by MPI, their '#  Rank' lines cut: '# nThread 1 nGpus G' counts one
+    process's ranks (nccl-tests' nranks is nProcs x nThreads x nGpus, src/common.cu:796), so
+    it was refused as 1 rank (G = 1) or read as 8 (G = 8); busbw/algbw 1.875 is all-reduce's
+    2(n-1)/n of 16, which fits the level between the nodes."""
+    times = [30e-6 + s * bus_factor("all_reduce", 16) / 300e9 for s in SIZES]
+    text = _table("all_reduce", 16, times, hosts=("node0", "node1"))
+    lines = [line.replace("nGpus 1", f"nGpus {gpus_per_process}") for line in text.splitlines()
+             if not line.startswith("#  Rank")]  # fmt: skip
+    results = tmp_path / "all_reduce_perf_mpi.txt"
+    results.write_text("\n".join(lines) + "\n")
+    run = read_nccl_tests(results)
+    assert (run.ranks, run.hosts) == (16, ())
+    assert fit_network(H100, [results]).level_name == "infiniband"
+
+
+def test_rank_lines_missing_where_busbw_cannot_count_the_ranks_are_named(tmp_path: Path) -> None:
+    """Times so long that algbw prints 0.00 to 0.01: busbw/algbw fits any rank count, so the
+    refusal says the rank lines are missing (it said 'expected at least 2 ranks, got 1')."""
+    text = _table("all_reduce", 16, [100.0] * len(SIZES), hosts=("node0", "node1"))
+    results = tmp_path / "all_reduce_perf.txt"
+    results.write_text("".join(line for line in text.splitlines(keepends=True)
+                               if not line.startswith("#  Rank")))  # fmt: skip
+    with pytest.raises(InputError, match=r"the '#  Rank \.\.\. device' lines are missing .* "
+                                         r"fits all_reduce_perf of 2 or more ranks"):
+        read_nccl_tests(results)
+
+
+def test_sizes_out_of_order_name_the_pair_and_two_runs_say_so(tmp_path: Path) -> None:
+    """Two sizes swapped: the refusal names the pair, not all the sizes over many lines; two
+    runs' output in one file (two '# nThread' lines) says it holds two."""
+    table = _table("all_reduce", 8, _ring_times("all_reduce"))
+    lines = table.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.startswith("           8 "))
+    lines[first + 1], lines[first + 2] = lines[first + 2], lines[first + 1]
+    swapped, twice = tmp_path / "all_reduce_perf.txt", tmp_path / "all_reduce_perf_2.txt"
+    swapped.write_text("".join(lines))
+    twice.write_text(table * 2)
+    with pytest.raises(InputError, match=r"all_reduce_perf.txt: size 64 follows size 512; "
+                                         r"expected sizes in increasing order, one table per "
+                                         r"file$"):
+        read_nccl_tests(swapped)
+    with pytest.raises(InputError, match=r"holds 2 runs \(2 '# nThread' lines\): size 8 follows "
+                                         r"size 1073741824; .* one table per file$"):
+        read_nccl_tests(twice)
+
+
+def _priced(kind: CollectiveKind, fraction: float) -> list[float]:
+    """Times of 16 ranks on two DGX H100 as the cost model prices them with InfiniBand at
+    ``fraction`` and 7 us."""
+    truth = load_cluster(H100)
+    outer = truth.network[1]
+    changed = outer.model_copy(update={
+        "latency_us": 7.0,
+        "efficiency": outer.efficiency.model_copy(update={"bandwidth_fraction": fraction})})
+    truth = truth.model_copy(update={"network": (truth.network[0], changed,
+                                                 *truth.network[2:])})
+    return [collective_time_s(truth, kind, s, CommGroup(size=16)) for s in SIZES]
+
+
+def test_collectives_that_disagree_say_each_error_and_warn(tmp_path: Path) -> None:
+    """All-reduce, all-gather and all-to-all across two nodes whose tables alone fit 0.76,
+    0.75 and 0.43: the level has one fraction (LinkEfficiency.bandwidth_fraction), so the
+    joint fit prices all-reduce slow and all-to-all fast, and said nothing. Each run's error
+    and fraction alone are said, and a warning names the spread; two that agree do not
+    warn."""
+    files = []
+    for kind, fraction in (("all_reduce", 0.76), ("all_gather", 0.75), ("all_to_all", 0.43)):
+        files.append(tmp_path / f"{kind}.txt")
+        files[-1].write_text(_table(kind, 16, _priced(kind, fraction),
+                                    hosts=("node0", "node1")))  # fmt: skip
+    fit = fit_network(H100, files)
+    alone = [run.bandwidth_fraction_alone for run in fit.runs]
+    assert alone == pytest.approx([0.76, 0.75, 0.43], abs=2e-4)
+    assert fit.runs[0].error > 0.1 and fit.runs[2].error < -0.3  # slow, fast
+    assert fit.notes[0].startswith("all_reduce x16 (all_reduce.txt): priced 1")
+    assert fit.notes[-1].startswith("warning: the tables alone fit bandwidth_fraction 0.43 "
+                                    "to 0.76")
+    assert "alone they fit 0.43 to 0.76" in fit.source
+    agree = fit_network(H100, files[:2])
+    assert len(agree.notes) == 2 and not any("warning" in note for note in agree.notes)
+
+
+def test_a_cross_node_all_to_all_too_fast_names_the_bandwidth_it_needs(tmp_path: Path) -> None:
+    """An all-to-all of 16 ranks on two nodes at 180 GB/s of bus bandwidth sends half of each
+    rank's buffer over its 50 GB/s NIC: 1.92 times what the NIC carries. The refusal said
+    'at least the measured bus bandwidth' (180, a ratio of 3.6); it needs 96."""
+    times = [30e-6 + s * bus_factor("all_to_all", 16) / 180e9 for s in SIZES]
+    results = tmp_path / "alltoall_perf.txt"
+    results.write_text(_table("all_to_all", 16, times, hosts=("node0", "node1")))
+    with pytest.raises(InputError, match=r"1\.92 times faster than level infiniband's "
+                                         r"bandwidth_gb_s 50 allows; expected a bandwidth_gb_s "
+                                         r"of at least 96,"):
+        fit_network(H100, [results])

@@ -366,4 +366,4 @@ def calibrate_network_cmd(
     if write:
         write_atomic(cluster, fit.updated_json, option="--write")
     where = f"written to {cluster}" if write else "not written: --write"
-    render([*report.network_fit_tables(fit), where])
+    render([*report.network_fit_tables(fit), *fit.notes, where])

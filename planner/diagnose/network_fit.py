@@ -32,6 +32,10 @@ from planner.vocabulary import CollectiveKind
 LATENCY_SHARE = 0.05
 """The latency is fitted only when, at the fit, it is at least this share of the smallest
 message's measured time: below it the sizes say nothing about it (large messages only)."""
+DISAGREEMENT = 0.10
+"""Runs whose fractions, each fitted alone, differ by more than this share are warned of: a
+level has one ``bandwidth_fraction`` for every collective, so their joint fit prices some of
+them off by about that much."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +63,24 @@ class NetworkFitRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkFitRun:
+    """One run (one file) against the joint fit, and what it fits alone."""
+
+    path: str
+    """The test output file."""
+    kind: CollectiveKind
+    """The collective."""
+    ranks: int
+    """Ranks of the run."""
+    error: float
+    """Fitted over measured time at the run's largest size, less 1: above 0, the fit prices
+    the collective slower than its table."""
+    bandwidth_fraction_alone: float | None
+    """The fraction this run alone fits, as :func:`fit_network` on its file alone would (None:
+    its time does not depend on the level)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NetworkFit:
     """The fit of one network level to collective test runs."""
 
@@ -82,6 +104,11 @@ class NetworkFit:
     """False when the messages were too large to see the latency, which is then kept."""
     rows: tuple[NetworkFitRow, ...]
     """Every size of every run."""
+    runs: tuple[NetworkFitRun, ...]
+    """Every run's error at the fit and its fraction alone, first file first."""
+    notes: tuple[str, ...]
+    """Lines said after the table: with several runs, each one's error and fraction alone,
+    and a warning when those fractions differ by more than :data:`DISAGREEMENT`."""
     source: str
     """What the level's ``efficiency.source`` says after a write."""
     updated_json: str
@@ -189,6 +216,20 @@ def _slowest_that_fits(cluster: ClusterSpec, index: int, runs: Sequence[NcclRun]
     return low, True
 
 
+def _fit(cluster: ClusterSpec, index: int, runs: Sequence[NcclRun], start: tuple[float, float]
+         ) -> tuple[float, float, bool, bool]:
+    """(1 / fraction, latency_us, whether the latency was fitted, whether another level
+    bounds the runs) fitted to ``runs`` from ``start``, (1 / fraction, latency_us)."""
+    measured = np.array([r.time_s for run in runs for r in run.rows])
+    x, lat = _solve(cluster, index, runs, measured, start, with_latency=True)
+    smallest = _times(cluster, index, runs, x, lat) - _times(cluster, index, runs, x, 0.0)
+    fitted = lat >= 0 and bool(np.max(smallest / measured) >= LATENCY_SHARE)
+    if not fitted:
+        x, lat = _solve(cluster, index, runs, measured, start, with_latency=False)
+    x, bound_elsewhere = _slowest_that_fits(cluster, index, runs, x, lat)
+    return x, lat, fitted, bound_elsewhere
+
+
 def read_test_output(path: str | Path, *, ranks: int | None = None, nodes: int | None = None
                      ) -> NcclRun:
     """One collective test's output, nccl-tests' or hccl_test's, told apart by hccl_test's
@@ -235,25 +276,21 @@ def fit_network(
         raise InputError(f"{cluster_path}: has network levels 0 to {len(cluster.network) - 1}; "
                          f"expected --level among them, got {level}")
     old = cluster.network[level]
-    measured = np.array([r.time_s for run in runs for r in run.rows])
     start = (1 / old.efficiency.bandwidth_fraction, old.latency_us)
-    x, lat = _solve(cluster, level, runs, measured, start, with_latency=True)
-    smallest = _times(cluster, level, runs, x, lat) - _times(cluster, level, runs, x, 0.0)
-    fitted = lat >= 0 and bool(np.max(smallest / measured) >= LATENCY_SHARE)
-    if not fitted:
-        x, lat = _solve(cluster, level, runs, measured, start, with_latency=False)
-    x, bound_elsewhere = _slowest_that_fits(cluster, level, runs, x, lat)
+    x, lat, fitted, bound_elsewhere = _fit(cluster, level, runs, start)
     fraction, lat = round(1 / x, 4), round(lat, 2)
     if fraction > 1:
+        # the level carries bandwidth_gb_s x fraction (NetworkLevel.bandwidth_bytes_s), so at
+        # fraction 1 the runs need bandwidth_gb_s x fraction: not their bus bandwidth, which
+        # counts other levels' bytes too (a 2-node all-to-all sends half its buffer by NIC)
         raise InputError(f"{cluster_path}: the runs are {fraction:.2f} times faster than level "
                          f"{old.name}'s bandwidth_gb_s {old.bandwidth_gb_s:g} allows; expected "
-                         f"a nominal bandwidth at least the measured bus bandwidth")
-    names = ", ".join(Path(run.path).name for run in runs)
-    tools = tuple(dict.fromkeys(run.tool for run in runs))
-    source = (f"fitted by `planner calibrate-network` to {' and '.join(tools)} {names} (out "
-              f"of place, {len(measured)} sizes, least squares on relative time"
-              f"{'' if fitted else '; latency kept: messages too large to see it'}"
-              f"{BOUND_ELSEWHERE if bound_elsewhere else ''})")
+                         f"a bandwidth_gb_s of at least {old.bandwidth_gb_s * fraction:.4g}, "
+                         f"what they need at bandwidth_fraction 1")
+    runs_fit = tuple(_run_fit(cluster, level, run, fit=(1 / fraction, lat),
+                              latency_us=old.latency_us)
+                     for run in runs)  # fmt: skip
+    source = _source(runs, runs_fit, fitted=fitted, bound_elsewhere=bound_elsewhere)
     before = _times(cluster, level, runs, start[0], start[1])
     after = _times(cluster, level, runs, 1 / fraction, lat)
     rows, i = [], 0
@@ -266,12 +303,72 @@ def fit_network(
                 busbw_gb_s=r.busbw_gb_s, busbw_after_gb_s=float(busbw)))  # fmt: skip
             i += 1
     return NetworkFit(
-        cluster=str(cluster_path), tools=tools, level=level, level_name=old.name,
+        cluster=str(cluster_path), tools=tuple(dict.fromkeys(run.tool for run in runs)),
+        level=level, level_name=old.name,
         bandwidth_fraction_before=old.efficiency.bandwidth_fraction,
         bandwidth_fraction=fraction, latency_us_before=old.latency_us, latency_us=lat,
-        latency_fitted=fitted, rows=tuple(rows), source=source,
+        latency_fitted=fitted, rows=tuple(rows), runs=runs_fit,
+        notes=_notes(runs_fit, level_name=old.name), source=source,
         updated_json=_updated(cluster_path, level, fraction, lat if fitted else None, source),
     )  # fmt: skip
+
+
+def _source(runs: Sequence[NcclRun], runs_fit: Sequence[NetworkFitRun], *, fitted: bool,
+            bound_elsewhere: bool) -> str:
+    """What the level's ``efficiency.source`` says: the files, how, and where the runs
+    disagree, their fractions alone."""
+    names = ", ".join(Path(run.path).name for run in runs)
+    tools = dict.fromkeys(run.tool for run in runs)
+    sizes = sum(len(run.rows) for run in runs)
+    alone = _disagreement(runs_fit)
+    return (f"fitted by `planner calibrate-network` to {' and '.join(tools)} {names} (out "
+            f"of place, {sizes} sizes, least squares on relative time"
+            f"{'' if fitted else '; latency kept: messages too large to see it'}"
+            f"{BOUND_ELSEWHERE if bound_elsewhere else ''}"
+            f"{f'; alone they fit {alone[0]:g} to {alone[1]:g}' if alone else ''})")
+
+
+def _disagreement(runs: Sequence[NetworkFitRun]) -> tuple[float, float] | None:
+    """The lowest and highest fraction the runs fit alone, where they differ by more than
+    :data:`DISAGREEMENT`."""
+    alone = [run.bandwidth_fraction_alone for run in runs
+             if run.bandwidth_fraction_alone is not None]  # fmt: skip
+    if alone and max(alone) > (1 + DISAGREEMENT) * min(alone):
+        return min(alone), max(alone)
+    return None
+
+
+def _run_fit(cluster: ClusterSpec, index: int, run: NcclRun, *, fit: tuple[float, float],
+             latency_us: float) -> NetworkFitRun:
+    """One run at the joint ``fit`` (1 / fraction, latency_us): its error at its largest size,
+    and the fraction it fits alone, as ``fit_network`` on its file would (from the joint
+    fraction, where the run's time is known to depend on the level, and the file's
+    ``latency_us``)."""
+    now = _times(cluster, index, [run], *fit)
+    alone = None
+    if np.any(_times(cluster, index, [run], 2 * fit[0], fit[1]) != now):
+        alone = round(1 / _fit(cluster, index, [run], (fit[0], latency_us))[0], 4)
+    return NetworkFitRun(path=run.path, kind=run.kind, ranks=run.ranks,
+                         error=float(now[-1] / run.rows[-1].time_s - 1),
+                         bandwidth_fraction_alone=alone)
+
+
+def _notes(runs: Sequence[NetworkFitRun], *, level_name: str) -> tuple[str, ...]:
+    """With several runs: what the joint fit prices each at against its table, what it fits
+    alone, and a warning when those fractions disagree."""
+    if len(runs) < 2:
+        return ()
+    lines = [f"{run.kind} x{run.ranks} ({Path(run.path).name}): priced "
+             f"{abs(100 * run.error):.1f} % {'slow' if run.error > 0 else 'fast'} at its largest "
+             f"size; " + (f"bandwidth_fraction alone {run.bandwidth_fraction_alone:g}"
+                          if run.bandwidth_fraction_alone is not None else
+                          f"level {level_name} does not time it")
+             for run in runs]  # fmt: skip
+    if alone := _disagreement(runs):
+        lines.append(f"warning: the tables alone fit bandwidth_fraction {alone[0]:g} to "
+                     f"{alone[1]:g}, but a level has one for all collectives: fit the one "
+                     f"your plans spend most time in alone")
+    return tuple(lines)
 
 
 def _updated(path: Path, level: int, fraction: float, latency_us: float | None,
