@@ -4,6 +4,7 @@ NVL72: 72 GPUs in trays of 4), more than two network levels, an oversubscribed s
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -32,6 +33,21 @@ def test_a_scale_up_domain_of_whole_nodes_is_accepted_and_a_partial_one_named() 
     with pytest.raises(ValueError, match=r"network\[0\] \(nvlink5\) is the scale-up domain and "
                                          r"must hold whole nodes: domain_devices 6 is not a "
                                          r"multiple of devices_per_node 4"):  # fmt: skip
+        ClusterSpec.model_validate(data)
+
+
+@pytest.mark.parametrize(("domain", "said"), [
+    (72, "network[1].domain_devices 32768 is not a whole multiple of network[0]'s 72 (set it to "
+         "a multiple such as 32760)"),
+    (32768, "network[1].domain_devices 32768 is not larger than network[0]'s 32768 (set it to a "
+            "multiple such as 65536)"),
+])  # fmt: skip
+def test_a_level_that_does_not_grow_names_the_outer_size_to_set(domain: int, said: str) -> None:
+    """A 72-GPU domain on DGX H100's 32,768-device fabric (a co-design sweep's slip): the
+    refusal names the outer level to change and a size that works; it named neither."""
+    data = json.loads((CLUSTERS / "dgx-h100-80gb.json").read_text())
+    data["network"][0]["domain_devices"] = domain
+    with pytest.raises(ValueError, match=re.escape(said)):
         ClusterSpec.model_validate(data)
 
 

@@ -334,10 +334,15 @@ class ClusterSpec(_Frozen):
                 f"whole nodes: domain_devices {domains[0]} is not a multiple of "
                 f"devices_per_node {self.devices_per_node}"
             )
-        for inner, outer in pairwise(domains):
+        for i, (inner, outer) in enumerate(pairwise(domains)):
             if outer <= inner or outer % inner:
+                # the usual slip: a wider scale-up domain beside the file's outer level
+                fit = outer // inner * inner if outer > inner else 2 * inner
+                what = "larger than" if outer <= inner else "a whole multiple of"
                 raise ValueError(
-                    f"network levels must grow outwards by whole multiples: {domains}"
+                    f"network levels must grow outwards by whole multiples: {domains}: "
+                    f"network[{i + 1}].domain_devices {outer} is not {what} "
+                    f"network[{i}]'s {inner} (set it to a multiple such as {fit})"
                 )
         return self
 
