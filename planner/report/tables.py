@@ -100,7 +100,8 @@ def estimate_tables(
     memory.add_column("part", no_wrap=True)
     memory.add_column("GiB", justify="right", no_wrap=True)
     for name, gib in result.memory.model_dump().items():
-        memory.add_row(name.removesuffix("_gib").replace("_", " "), f"{gib:.2f}")
+        memory.add_row(_PART_NAMES.get(name, name.removesuffix("_gib").replace("_", " ")),
+                       f"{gib:.2f}")  # fmt: skip
     stack = resolve(model, cluster, config).training.stack
     usable = cost.usable_bytes(cluster.device, memory_margin_gib, stack) / GIB
     host = cluster.host
@@ -115,6 +116,11 @@ def estimate_tables(
                        Text(f"{result.host_memory_gib:.2f} / {host.memory_gib:g}"
                             + (" (DOES NOT FIT)" if over else ""), style="bold red" * over))
     return [head, keep_whole(_time_table(result)), keep_whole(memory)]
+
+
+_PART_NAMES = {"other_gib": "other: CUDA, NCCL, cache"}
+"""What the memory table calls a part other than by its field: the reserve (the CUDA context,
+NCCL's buffers, which an all-to-all's peers grow, and the allocator's cache)."""
 
 
 def info_tables(info: dict[str, Any]) -> list[RenderableType]:
