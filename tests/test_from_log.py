@@ -4,6 +4,7 @@ record that ``validate`` prices exactly as it prices the published record."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 from pathlib import Path
@@ -12,14 +13,16 @@ from typing import Any
 import pytest
 
 from planner.diagnose.calibration import validate
+from planner.diagnose.log_lines import megatron_arguments, titan_steps
 from planner.diagnose.log_models import (
     TitanModel,
     check_megatron_model,
     check_titan_model,
     megatron_printed,
+    titan_batch_fields,
     titan_parameter_count,
 )
-from planner.diagnose.logs import megatron_arguments, read_log, titan_tps
+from planner.diagnose.logs import read_log
 from planner.diagnose.run_records import model_from_record
 from planner.diagnose.runs import load_runs
 from planner.errors import InputError
@@ -138,7 +141,7 @@ def test_parsers_read_the_printed_formats() -> None:
     """The median after the warm-up; ANSI colours and thousands commas read through."""
     lines = [f"{ANSI_RED}step: {i:2}  {ANSI_BLUE}tps: {t:,}  mfu: 1.00%{ANSI_RESET}"
              for i, t in enumerate((100, 5000, 1200, 1000, 1100), 1)]
-    assert titan_tps(lines) == [100, 5000, 1200, 1000, 1100]
+    assert [s.value for s in titan_steps(lines)] == [100, 5000, 1200, 1000, 1100]
     assert read_log("\n".join(lines), where="x", skip=2).tokens_per_s_per_gpu == 1100
     dump = ["-- arguments --", "  seq_length ....... 4096", "-- end of arguments --",
             "  num_layers ..... 9"]
@@ -396,7 +399,7 @@ def test_torchtitan_log_states_mesh_sequence_and_model(tmp_path: Path) -> None:
     assert record["parallel"] | {"vpp": None} == {
         "tp": 1, "pp": 1, "dp": 8, "cp": 1, "ep": 1, "vpp": None, "sp": False, "microbatch": 1,
         "global_batch": 8, "recompute": "full", "zero": 3}
-    tps = statistics.median(titan_tps(TITAN_LOG.read_text().splitlines())[3:])
+    tps = statistics.median(s.value for s in titan_steps(TITAN_LOG.read_text().splitlines())[3:])
     predicted, measured = _predicted(out, "llama3-8b-torchtitan")
     assert measured == pytest.approx(8 * 8192 / (tps * 8), rel=1e-12)
     assert predicted > 0
@@ -562,3 +565,232 @@ def test_a_megatron_log_with_the_fused_loss_is_priced_with_it(tmp_path: Path) ->
             assert load_runs(out, any_device=True)[0].config.stack == "megatron-te-fused-loss"
         else:
             assert done.returncode == 2 and "cross_entropy_fusion_impl triton" in done.stderr
+
+
+# --- What a log says and how it says it: the QA findings ---------------------------------------
+
+LLAMA_HF = HF / "Meta-Llama-3-8B-Instruct.config.json"
+TITAN_HF = HF / "Meta-Llama-3.1-8B.config.json"
+TITAN_ARGS = ("--cluster", H100, "--nodes", 1)
+TRAINER = ("[rank0]:[titan] 2026-03-02 15:02:11,200 - root - INFO - Trainer is initialized with "
+           "local batch size {local}, global batch size {batch}, gradient accumulation steps "
+           "{accumulate}, sequence length 8192, total steps 1000 (warmup 200)")
+
+
+def _llama(tmp_path: Path, text: str, *args: str | Path) -> tuple[dict[str, Any], Path]:
+    """The record of a Llama 3 8B Megatron log of ``text``, named as the data log is."""
+    folder = tmp_path / str(len(list(tmp_path.iterdir())))
+    folder.mkdir()
+    log = folder / LLAMA_LOG.name
+    log.write_text(text)
+    return _record_of(folder, log, "--model", shared(LLAMA_HF), "--cluster", H100, *args)
+
+
+def _titan(tmp_path: Path, text: str, *args: str | Path) -> tuple[dict[str, Any], Path]:
+    """The record of a torchtitan log of ``text``, named as the data log is."""
+    folder = tmp_path / str(len(list(tmp_path.iterdir())))
+    folder.mkdir()
+    log = folder / TITAN_LOG.name
+    log.write_text(text)
+    return _record_of(folder, log, "--model", shared(TITAN_HF), *TITAN_ARGS, *args)
+
+
+def _refused(tmp_path: Path, text: str, *args: str | Path) -> str:
+    """The one-line error of ``runs from-log`` on a log of ``text``, whitespace joined."""
+    log = tmp_path / "refused.log"
+    log.write_text(text)
+    done = _from_log(log, *args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == ""
+    return " ".join(done.stderr.split())
+
+
+def _with_trainer_line(text: str, **sizes: int) -> str:
+    """The torchtitan log with the trainer's batch line (torchtitan/train.py:354-362)."""
+    at = "[rank0]:[titan] 2026-03-02 15:02:11,310 - root - INFO - Training starts at step 1"
+    return text.replace(at, TRAINER.format(**sizes) + "\n" + at)
+
+
+def test_torchtitan_tensor_parallelism_is_sequence_parallel(tmp_path: Path) -> None:
+    """A3: torchtitan's TP shards the norms along the sequence (SequenceParallel): a mesh with
+    tp=2 records sp true, and --no-sp contradicts the log."""
+    text = TITAN_LOG.read_text().replace("dp_shard=8, cp=1, tp=1", "dp_shard=4, cp=1, tp=2")
+    record, out = _titan(tmp_path, text, "--mbs", 1, "--global-batch", 8)
+    assert (record["parallel"]["tp"], record["parallel"]["dp"], record["parallel"]["sp"]) == (
+        2, 4, True)
+    assert load_runs(out)[0].config.sp
+    refused = _refused(tmp_path, text, "--model", shared(TITAN_HF), *TITAN_ARGS,
+                       "--global-batch", 8, "--no-sp")  # fmt: skip
+    assert "the log says sp True; --sp False contradicts it" in refused
+
+
+def test_torchtitan_batch_sizes_come_from_the_log(tmp_path: Path) -> None:
+    """A4: ``Trainer is initialized with local batch size 2, global batch size 32, gradient
+    accumulation steps 2`` gives the microbatch (2, what a rank runs at once) and the global
+    batch without options; an option that contradicts it is refused."""
+    text = _with_trainer_line(TITAN_LOG.read_text(), local=2, batch=32, accumulate=2)
+    record, _ = _titan(tmp_path, text)
+    assert (record["parallel"]["microbatch"], record["parallel"]["global_batch"]) == (2, 32)
+    tps = statistics.median(s.value for s in titan_steps(text.splitlines())[3:])
+    assert record["measured"]["step_time_s"] == pytest.approx(32 * 8192 / (tps * 8), rel=1e-12)
+    for option, said in (("--global-batch", "global_batch 32"), ("--mbs", "mbs 2")):
+        refused = _refused(tmp_path, text, "--model", shared(TITAN_HF), *TITAN_ARGS, option, 16)
+        assert f"the log says {said}; {option} 16 contradicts it" in refused
+    # A pipeline splits the local batch into the microbatches its schedule line states.
+    lines = [TRAINER.format(local=8, batch=32, accumulate=1)]
+    assert titan_batch_fields(lines, pp=2) == {"global_batch": 32}
+    schedule = "Using pipeline schedule 1F1B with 4 microbatches and 2 stages."
+    assert titan_batch_fields([*lines, schedule], pp=2) == {"global_batch": 32, "mbs": 2}
+
+
+def test_prefixed_megatron_log_is_the_unprefixed_record(tmp_path: Path) -> None:
+    """A5: ``srun -l`` (``0: ``) and torchrun's ``--tee`` (``[rank0]:`` on the dump, the last
+    rank's ``[rank7]:`` on the iteration lines) prefix each line; the record is the same."""
+    text = LLAMA_LOG.read_text()
+    plain, _ = _llama(tmp_path, text)
+    srun = "".join(f"0: {line}" for line in text.splitlines(keepends=True))
+    assert _llama(tmp_path, srun)[0] == plain
+    torchrun = "".join(f"[rank{7 if 'iteration ' in line else 0}]:{line}"
+                       for line in text.splitlines(keepends=True))  # fmt: skip
+    assert _llama(tmp_path, torchrun)[0] == plain
+    assert megatron_arguments(srun.splitlines())["tensor_model_parallel_size"] == "2"
+
+
+def test_torchtitan_log_of_two_ranks_is_one_run(tmp_path: Path) -> None:
+    """torchtitan's ``LOG_RANK=0,1`` logs both ranks, their lines interleaved: each rank's
+    start-up lines once is one run, and the steps are read once (rank 0's)."""
+    text = TITAN_LOG.read_text()
+    plain, _ = _titan(tmp_path, text, "--mbs", 1, "--global-batch", 8)
+    both = "".join(line + line.replace("[rank0]:", "[rank1]:", 1)
+                   for line in text.splitlines(keepends=True))  # fmt: skip
+    assert _titan(tmp_path, both, "--mbs", 1, "--global-batch", 8)[0] == plain
+
+
+def test_a_log_of_two_runs_is_refused(tmp_path: Path) -> None:
+    """A6: two Megatron jobs, two torchtitan runs, or Megatron then torchtitan appended to one
+    file: refused in one line that names where each run starts and says to split the file."""
+    llama, titan = LLAMA_LOG.read_text(), TITAN_LOG.read_text()
+    llama_lines, titan_lines = len(llama.splitlines()), len(titan.splitlines())
+    args = ("--model", shared(LLAMA_HF), "--cluster", H100)
+    for text, starts in (
+        (llama + llama, f"a Megatron-LM run from line 3 (an arguments dump), a Megatron-LM run "
+                        f"from line {llama_lines + 3} (an arguments dump)"),
+        (titan + titan, f"a torchtitan run from line 1 (a 'Starting job' line), a torchtitan "
+                        f"run from line {titan_lines + 1} (a 'Starting job' line)"),
+        (llama + titan, f"a torchtitan run from line {llama_lines + 1}"),
+    ):  # fmt: skip
+        refused = _refused(tmp_path, text, *args)
+        assert "the log holds 2 runs" in refused and starts in refused
+        assert "split it into one log per run" in refused
+    # Without a second dump, a step that goes back starts a run of its own.
+    steps = [line for line in llama.splitlines() if "iteration " in line]
+    refused = _refused(tmp_path, "\n".join(steps + steps), *args)
+    assert f"a Megatron-LM run from line {len(steps) + 1} (step 1 after step 30)" in refused
+
+
+def test_a_cut_off_last_line_is_no_step(tmp_path: Path) -> None:
+    """A7: a last line cut off inside its field (``elapsed time per iteration (ms): 17``,
+    ``tps: 4,8``) is not read as a step: the record is the one without it."""
+    llama = LLAMA_LOG.read_text()
+    whole = llama.rsplit("\n", 2)[0] + "\n"  # the log without its last iteration line
+    cut = whole + llama.splitlines()[-1].split("(ms): ")[0] + "(ms): 17"
+    assert _llama(tmp_path, cut)[0] == _llama(tmp_path, whole)[0]
+    titan = TITAN_LOG.read_text()
+    cut = titan + titan.splitlines()[-1].replace("step: 30", "step: 31").split("tps: ")[0]
+    assert _titan(tmp_path, cut + "tps: 4,8", "--global-batch", 8)[0] == _titan(
+        tmp_path, titan, "--global-batch", 8)[0]
+    assert len(titan_steps((cut + "tps: 4,8").splitlines())) == 30
+
+
+def test_the_logs_gpu_must_be_the_clusters(tmp_path: Path) -> None:
+    """A9: torchtitan's ``CUDA capacity: NVIDIA H100 80GB HBM3 with 79.11GiB memory`` refuses
+    an A100 cluster (and an 80GB log a 40GB cluster), naming the log's device."""
+    args = ("--model", shared(TITAN_HF), "--nodes", 1, "--global-batch", 8)
+    refused = _refused(tmp_path, TITAN_LOG.read_text(), *args, "--cluster",
+                       CLUSTERS / "dgx-a100-80gb.json")
+    assert ("the log ran on NVIDIA H100 80GB HBM3 (torchtitan's 'capacity:' line), the cluster "
+            "file's device is A100-SXM4-80GB") in refused
+    a100 = TITAN_LOG.read_text().replace("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+    refused = _refused(tmp_path, a100, *args, "--cluster", CLUSTERS / "dgx-a100-40gb.json")
+    assert "the log ran on NVIDIA A100-SXM4-80GB" in refused
+    assert _titan(tmp_path, TITAN_LOG.read_text(), "--global-batch", 8)[0]["cluster"]["gpu"] == (
+        "H100-SXM5-80GB")
+
+
+def test_skipped_and_nan_lines_are_left_out_and_said(tmp_path: Path) -> None:
+    """B2: an fp16 run's skipped iterations ran no optimizer step, and a NaN loss is a broken
+    run: their lines are left out of the median, the record's note and the command say how
+    many and why; a log of nothing else after the warm-up is refused."""
+    text = LLAMA_LOG.read_text()
+    lines = text.splitlines(keepends=True)
+    iterations = [i for i, line in enumerate(lines) if "iteration " in line]
+    for i in iterations[10:14]:  # four fast skipped lines
+        ms = lines[i].split("(ms): ")[1].split(" ")[0]
+        lines[i] = lines[i].replace(f"(ms): {ms}", "(ms): 9000.0").replace(
+            "skipped iterations:   0", "skipped iterations:   1")
+    record, out = _llama(tmp_path, "".join(lines))
+    kept = [float(lines[i].split("(ms): ")[1].split(" ")[0]) for i in iterations[3:]]
+    assert record["measured"]["step_time_s"] == statistics.median(
+        ms for ms in kept if ms != 9000.0) / 1000
+    assert record["note"] == ("left out of the median: 4 step lines with skipped iterations "
+                              f"(from line {iterations[10] + 1}), which ran no optimizer step "
+                              f"(an inf or NaN gradient)")
+    assert "23 log lines of 23 iterations after the warm-up" in record["source"]
+    assert load_runs(out, any_device=True)[0].measured_step_time_s == record["measured"][
+        "step_time_s"]
+    done = _from_log(tmp_path / "0" / LLAMA_LOG.name, "--model", shared(LLAMA_HF),
+                     "--cluster", H100)  # fmt: skip
+    assert "note: left out of the median: 4 step lines" in done.stderr
+    # torchtitan's loss: nan (``{:8.5f}``) from step 20 on
+    titan = TITAN_LOG.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(titan) if "step: 20" in line)
+    nan = [re.sub(r"loss: +[0-9.]+", "loss:      nan", line) if i >= at else line
+           for i, line in enumerate(titan)]  # fmt: skip
+    record, _ = _titan(tmp_path, "".join(nan), "--global-batch", 8)
+    assert record["note"] == ("left out of the median: 11 step lines whose loss or gradient "
+                              f"norm is not a number (from line {at + 1}): the run diverged there")
+    every = [re.sub(r"loss: +[0-9.]+", "loss:      nan", line) for line in titan]
+    refused = _refused(tmp_path, "".join(every), "--model", shared(TITAN_HF), *TITAN_ARGS,
+                       "--global-batch", 8)
+    assert ("all 27 step lines after the 3 warm-up lines report skipped iterations or a loss "
+            "that is not a number") in refused
+
+
+def test_megatron_moe_without_grouped_gemm_is_refused(tmp_path: Path) -> None:
+    """B3: the planner prices a bf16 Megatron MoE run's experts as one grouped GEMM, and no
+    configuration field says otherwise: ``moe_grouped_gemm False`` is refused in one line."""
+    text = MIXTRAL_LOG.read_text()
+    grouped = "  moe_grouped_gemm ................................ True"
+    assert grouped in text
+    refused = _refused(tmp_path, text.replace(grouped, grouped.replace("True", "False")),
+                       "--model", shared(HF / "Mixtral-8x7B-v0.1.config.json"), "--cluster",
+                       H100)  # fmt: skip
+    assert ("moe_grouped_gemm False: the planner prices Megatron MoE runs in bf16 with "
+            "--moe-grouped-gemm only") in refused
+
+
+def test_nodes_that_do_not_hold_the_logs_ranks_say_so(tmp_path: Path) -> None:
+    """--nodes 4 on a log of 8 ranks names the log's ranks and the fix."""
+    refused = _refused(tmp_path, LLAMA_LOG.read_text(), "--model", shared(LLAMA_HF),
+                       "--cluster", H100, "--nodes", 4)  # fmt: skip
+    assert ("the log ran tp(2) x pp(1) x cp(1) x dp(4) = 8 ranks, --nodes 4 gives 32 devices "
+            "(4 x 8); --nodes must match the log's ranks, or leave it out") in refused
+
+
+def test_a_dense_dumps_expert_tensor_parallelism_is_ignored(tmp_path: Path) -> None:
+    """A dense run's dump prints Megatron's default expert_tensor_parallel_size 1 at TP2; it
+    says nothing of experts the model does not have, and the record is the one without it."""
+    text = LLAMA_LOG.read_text()
+    dense = text.replace("  data_parallel_size ....", "  expert_tensor_parallel_size ..........."
+                         "......... 1\n  data_parallel_size ....")  # fmt: skip
+    assert megatron_arguments(dense.splitlines())["expert_tensor_parallel_size"] == "1"
+    assert _llama(tmp_path, dense)[0] == _llama(tmp_path, text)[0]
+
+
+def test_the_record_counts_lines_and_their_iterations(tmp_path: Path) -> None:
+    """At log_interval 5 a line reports five iterations: the record says how many lines it
+    kept and how many iterations they report."""
+    every_fifth = "".join(line for line in LLAMA_LOG.read_text().splitlines(keepends=True)
+                          if "iteration " not in line
+                          or int(line.split("iteration")[1].split("/")[0]) % 5 == 0)
+    record, _ = _llama(tmp_path, every_fifth)
+    assert "3 log lines of 15 iterations after the warm-up" in record["source"]

@@ -12,10 +12,11 @@ from pydantic import ValidationError
 
 from planner.cli.app import NodesOpt, app, load_inputs, note, option_error
 from planner.diagnose.fit import sized_to
+from planner.diagnose.log_config import config_fields
 from planner.diagnose.log_models import titan_flavor_model
 from planner.diagnose.logs import (
     DEFAULT_SKIP,
-    config_fields,
+    check_device,
     model_of_run,
     priced_nearby,
     read_log,
@@ -25,6 +26,7 @@ from planner.diagnose.runs import bundled_device
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig
 from planner.report.output import check_target, write_atomic
+from planner.spec import ClusterSpec
 from planner.spec.reading import load_cluster, read_text
 
 runs_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -66,7 +68,7 @@ def from_log_cmd(
         bool | None, typer.Option("--flash/--no-flash", help="Fused attention kernel.")
     ] = None,
     skip: Annotated[int, typer.Option(min=0, metavar="<int>",
-                                      help="Warm-up steps left out.")] = DEFAULT_SKIP,
+                                      help="Warm-up step lines left out.")] = DEFAULT_SKIP,
     run_id: Annotated[str | None, typer.Option("--id", help="The record's id.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the records here (JSON).")] = None,
 ) -> None:
@@ -89,6 +91,7 @@ def from_log_cmd(
         model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes)
         measured = read_log(read_text(log), where=where, skip=skip)
     model_spec = model_of_run(measured, model_spec, where=where)
+    check_device(measured, cluster_spec.device.name, where=where)
     given: dict[str, Any] = dict(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, sp=sp, mbs=mbs,
                                  global_batch=global_batch, seq_len=seq_len, recompute=recompute,
                                  recompute_modules=recompute_modules, zero=zero,
@@ -110,17 +113,11 @@ def from_log_cmd(
         config = ParallelConfig(**fields)
     except ValidationError as exc:
         raise option_error(exc) from None
-    if nodes is None and config.dp is not None:
-        # The log's ranks are the run's size (a bundled file is 1,024 GPUs), as validate
-        # resizes a record's cluster to its GPUs; --nodes says otherwise.
-        world = config.tp * config.pp * config.cp * config.dp
-        try:
-            cluster_spec = sized_to(cluster_spec, world)
-        except ValueError as exc:
-            raise InputError(f"{where}: its {exc}; pass --nodes") from None
+    if config.dp is not None:
+        cluster_spec = _sized(cluster_spec, config, nodes=nodes, where=where)
     record = run_record(measured, model_spec, cluster_spec, config,
                         run_id=run_id or log.stem, source=f"training log {log.name}")
-    for sentence in priced_nearby(measured):
+    for sentence in (*measured.left_out, *priced_nearby(measured)):
         note(sentence)
     if bundled_device(cluster_spec.device.name) is None:
         # Without --cluster, validate prices a run on its device's bundled cluster file.
@@ -132,3 +129,24 @@ def from_log_cmd(
         print(text, end="")
     else:
         write_atomic(out, text, inputs=(log, model, cluster))
+
+
+def _sized(cluster: ClusterSpec, config: ParallelConfig, *, nodes: int | None,
+           where: str) -> ClusterSpec:
+    """The cluster of the run's ranks, TP x PP x CP x DP: ``cluster`` sized to them (a bundled
+    file is 1,024 GPUs), as validate resizes a record's cluster to its GPUs, or as ``--nodes``
+    sized it, which must hold as many."""
+    world = config.tp * config.pp * config.cp * config.dp
+    ranks = f"tp({config.tp}) x pp({config.pp}) x cp({config.cp}) x dp({config.dp}) = {world}"
+    if nodes is None:
+        try:
+            return sized_to(cluster, world)
+        except ValueError as exc:
+            raise InputError(f"{where}: the log ran {ranks} ranks, and {exc}; expected "
+                             f"the cluster file of the nodes that ran it") from None  # fmt: skip
+    if world != cluster.num_devices:
+        raise InputError(f"{where}: the log ran {ranks} ranks, --nodes {nodes} gives "
+                         f"{cluster.num_devices} devices ({nodes} x {cluster.devices_per_node}); "
+                         f"--nodes must match the log's ranks, or leave it out to size the "
+                         f"cluster to them")  # fmt: skip
+    return cluster

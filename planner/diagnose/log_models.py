@@ -33,16 +33,18 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from planner.diagnose.log_lines import clean, texts
 from planner.errors import InputError
 from planner.graph import lower, parameter_count
 from planner.spec import ModelSpec, TrainingSpec
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RANK = re.compile(r"^\[rank\d+\]:")  # torchrun --tee's prefix on every line
 _TITAN_BUILD = re.compile(r"Building (\S+) (\S+?)\s*with (\{.*)$")
 _TITAN_SIZE = re.compile(r"Model (\S+) (\S+) size: ([0-9,]+) total parameters")
 _TITAN_MESH = re.compile(r"Building device mesh with parallelism: (.*)$")
 _TITAN_AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
+_TITAN_BATCH = re.compile(r"Trainer is initialized with local batch size (\d+), global batch "
+                          r"size (\d+), gradient accumulation steps (\d+)")
+_TITAN_PP_SCHEDULE = re.compile(r"Using pipeline schedule \S+ with (\d+) microbatches")
 _TITAN_COMPILE = "Compiling each TransformerBlock with torch.compile"
 _TITAN_COMPILE_LOSS = "Compiling the loss function with torch.compile"
 
@@ -136,18 +138,16 @@ class TitanModel:
     """The parameter count it printed, if it did."""
 
 
-def _clean(line: str) -> str:
-    return _RANK.sub("", _ANSI.sub("", line)).rstrip()
-
-
 def titan_model(lines: list[str]) -> TitanModel | None:
-    """The ``Building ... with {...}`` block and the size line of a torchtitan log, or None."""
-    text = [_clean(line) for line in lines]
-    for i, line in enumerate(text):
+    """The ``Building ... with {...}`` block and the size line of a torchtitan log, or None;
+    the block's lines are those of the rank that printed its first (a log of several ranks may
+    interleave theirs)."""
+    cleaned = [(source, text.rstrip()) for source, text in map(clean, lines)]
+    for i, (source, line) in enumerate(cleaned):
         if not (m := _TITAN_BUILD.search(line)):
             continue
         block, depth = [], 0
-        for part in [m.group(3), *text[i + 1:]]:
+        for part in [m.group(3), *(t for s, t in cleaned[i + 1:] if s == source)]:
             block.append(part)
             depth += part.count("{") - part.count("}")
             if depth <= 0:
@@ -156,7 +156,7 @@ def titan_model(lines: list[str]) -> TitanModel | None:
             args = json.loads("\n".join(block))
         except json.JSONDecodeError:
             raise InputError(f"torchtitan's model args after {line[:60]!r} are not JSON") from None
-        size = next((int(s.group(3).replace(",", "")) for t in text
+        size = next((int(s.group(3).replace(",", "")) for _, t in cleaned
                      if (s := _TITAN_SIZE.search(t))), None)  # fmt: skip
         return TitanModel(name=m.group(1), flavor=m.group(2), args=args, total_parameters=size)
     return None
@@ -164,8 +164,8 @@ def titan_model(lines: list[str]) -> TitanModel | None:
 
 def titan_mesh(lines: list[str]) -> dict[str, int]:
     """The degrees of torchtitan's device-mesh line, name to degree (empty when absent)."""
-    for line in lines:
-        if m := _TITAN_MESH.search(_clean(line)):
+    for line in texts(lines):
+        if m := _TITAN_MESH.search(line):
             return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
     return {}
 
@@ -240,7 +240,7 @@ def titan_compiled(lines: list[str]) -> tuple[str, ...]:
 
 def titan_checkpointing(lines: list[str]) -> str:
     """torchtitan's activation checkpointing mode: ``full``, ``selective`` or ``none``."""
-    modes = [m.group(1) for line in lines if (m := _TITAN_AC.search(_clean(line)))]
+    modes = [m.group(1) for line in texts(lines) if (m := _TITAN_AC.search(line))]
     return modes[0] if modes else "none"
 
 
@@ -252,7 +252,11 @@ def titan_config_fields(lines: list[str], logged: TitanModel | None) -> dict[str
     recomputation (torchtitan's selective checkpointing is none of the planner's modes:
     :func:`titan_checkpointing` says so, and the caller asks), and the stack: its eager block
     (``torchtitan-eager``), or ``torchtitan-compiled`` where the log says each block was
-    compiled; its context parallelism PyTorch's (``cp_algo`` allgather)."""
+    compiled; its context parallelism PyTorch's (``cp_algo`` allgather); its tensor
+    parallelism with sequence parallelism, which torchtitan always applies to the norms
+    (``apply_tp``: ``SequenceParallel`` on every norm, torchtitan/models/llama3/infra/
+    parallelize.py:161-233 at 73a0e69); the batch
+    sizes (:func:`titan_batch_fields`)."""
     mesh = titan_mesh(lines)
     fields: dict[str, Any] = {}
     # No checkpointing or compile line says "none" only in a log that has its start-up lines.
@@ -267,8 +271,35 @@ def titan_config_fields(lines: list[str], logged: TitanModel | None) -> dict[str
                    "etp": mesh.get("etp") if mesh.get("ep", 1) > 1 else None,
                    "dp": mesh.get("dp_replicate", 1) * mesh.get("dp_shard", 1)}  # fmt: skip
         fields["zero"] = 3 if mesh.get("dp_shard", 1) > 1 else 0
+        fields["sp"] = fields["tp"] > 1
         if mesh.get("cp", 1) > 1:  # its training's context parallelism all-gathers K/V
             fields["cp_algo"] = "allgather"
     if logged is not None and isinstance(logged.args.get("max_seq_len"), int):
         fields["seq_len"] = logged.args["max_seq_len"]
+    return fields | titan_batch_fields(lines, pp=fields.get("pp", 1))
+
+
+def titan_batch_fields(lines: list[str], *, pp: int) -> dict[str, int]:
+    """The batch sizes a torchtitan log states: ``Trainer is initialized with local batch size
+    L, global batch size G, gradient accumulation steps A, ...`` (torchtitan/train.py:354-362 at
+    73a0e69), G = L x data-parallel degree x A (train.py:195-214), so L is what each rank runs
+    forward and backward at once: the microbatch, without pipeline parallelism. A pipeline
+    splits L into the microbatches ``Using pipeline schedule S with N microbatches and K
+    stages.`` says (torchtitan/distributed/pipeline_parallel.py:186-213): L / N each; without
+    that line the microbatch is not stated.
+
+    >>> titan_batch_fields(["Trainer is initialized with local batch size 2, global batch size "
+    ...                     "32, gradient accumulation steps 2, sequence length 8192"], pp=1)
+    {'global_batch': 32, 'mbs': 2}
+    """
+    said = next((m for line in texts(lines) if (m := _TITAN_BATCH.search(line))), None)
+    if said is None:
+        return {}
+    local = int(said.group(1))
+    fields = {"global_batch": int(said.group(2))}
+    if pp == 1:
+        fields["mbs"] = local
+    elif split := next((m for line in texts(lines) if (m := _TITAN_PP_SCHEDULE.search(line))),
+                       None):  # fmt: skip
+        fields["mbs"] = local // int(split.group(1))
     return fields

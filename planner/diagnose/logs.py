@@ -1,21 +1,19 @@
 """A user's training log as a run record of the validation runs' layout, so ``planner
 validate`` and ``planner calibrate`` read a user's own runs beside the published ones.
 
-Two log formats are read, each by the line its framework prints:
+The log's lines are read by :mod:`planner.diagnose.log_lines` (Megatron-LM's iteration lines
+and arguments dump, torchtitan's metrics lines, one run a log) and
+:mod:`planner.diagnose.log_models` (what the log says of its model and torchtitan's
+configuration); :mod:`planner.diagnose.log_config` reads its configuration. A Megatron line's
+elapsed time per iteration is the step time; torchtitan's ``tps`` is tokens per second per
+device (pytorch/torchtitan@73a0e69 torchtitan/components/metrics.py:421-424: the
+data-parallel rank's tokens over the time and the non-data-parallel size), so the step takes
+``global batch x sequence / (tps x devices)``.
 
-- Megatron-LM's iteration line, ``training_log`` in NVIDIA/Megatron-LM@d98e8a64ddf34856e74b
-  24714e3bedb2f5a39553 megatron/training/training.py:3568-3598 (`` iteration N/M | ... |
-  elapsed time per iteration (ms): X | ... | global batch size: B |``), and its arguments
-  dump, ``_print_args`` in megatron/training/arguments.py:1991-2001 of the same commit
-  (``  name ....... value`` lines between ``--- arguments ---`` and ``--- end of arguments ---``);
-- torchtitan's metrics line, pytorch/torchtitan@b5bcd76c66d0acb1a08b176d9639425bc55e0b2a
-  torchtitan/components/metrics.py:527-536 (``step: N  loss: ...  tps: T  ...``, ANSI colours
-  around each field, ``tps`` with thousands commas); ``tps`` is tokens per second per device
-  (metrics.py:480-483: the data-parallel rank's tokens over the time and the non-data-parallel
-  size), so the step takes ``global batch x sequence / (tps x devices)``.
-
->>> megatron_step_times_s([" [x] iteration 3/ 9 | elapsed time per iteration (ms): 1500.0 |"])
-[1.5]
+>>> log = read_log("\\n".join(f" iteration {i}/ 9 | elapsed time per iteration (ms): 1500.0 |"
+...                            for i in range(1, 6)), where="x")
+>>> log.step_time_s, log.steps, log.iterations
+(1.5, 2, 2)
 """
 
 from __future__ import annotations
@@ -25,6 +23,15 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from planner.diagnose.log_lines import (
+    StepLine,
+    check_one_run,
+    megatron_arguments,
+    megatron_steps,
+    one_source,
+    titan_device,
+    titan_steps,
+)
 from planner.diagnose.log_models import (
     TitanModel,
     check_megatron_model,
@@ -39,34 +46,19 @@ from planner.diagnose.run_records import stack_of
 from planner.errors import InputError
 from planner.plan.config import ParallelConfig, resolve
 from planner.spec import ClusterSpec, ModelSpec
-from planner.vocabulary import with_switch
+from planner.vocabulary import counted
 
 LogFormat = Literal["megatron", "torchtitan"]
-# Warm-up iterations left out by default: the first iterations build the CUDA graphs, allocate
-# the caching allocator's blocks and tune kernels (cuDNN, NCCL's channels), so they run slower
-# than the steady state the cost model prices; Megatron's own first log line also carries the
-# initialisation overhead (training.py:3559-3560). Three is enough to pass all of that in the
-# runs we read, and leaves most of a short benchmark's lines.
+# Warm-up lines left out by default: the first iterations build the CUDA graphs, allocate the
+# caching allocator's blocks and tune kernels (cuDNN, NCCL's channels), so they run slower than
+# the steady state the cost model prices; Megatron's own first log line also carries the
+# initialisation overhead (training.py:3559-3560). Three lines are enough to pass all of that
+# in the runs we read, and leave most of a short benchmark's lines.
 DEFAULT_SKIP = 3
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_MEGATRON_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
-_MEGATRON_MS = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
-_MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
-_TITAN_LINE = re.compile(r"\bstep:\s*(\d+)\s.*\btps:\s*([0-9,]+)")
-_ARG_LINE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
-_OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-             "overlap_moe_expert_parallel_comm")
+OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+            "overlap_moe_expert_parallel_comm")
 """Megatron's overlap arguments, the ParallelConfig fields of the same names."""
-
-# Megatron argument names (arguments.py) to the configuration fields they set.
-_MEGATRON_INTS = {
-    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
-    "data_parallel_size": "dp", "context_parallel_size": "cp",
-    "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
-    "virtual_pipeline_model_parallel_size": "vpp",
-    "micro_batch_size": "mbs", "global_batch_size": "global_batch", "seq_length": "seq_len",
-}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +68,10 @@ class LogRun:
     format: LogFormat
     """Which framework printed it."""
     steps: int
-    """Iteration (or step) lines kept after the warm-up."""
+    """Step lines (Megatron's iteration lines, torchtitan's metrics lines) in the median: log
+    lines, not iterations (at a log interval of n, a line reports n iterations)."""
+    iterations: int
+    """The iterations the kept lines report (their step numbers less the previous line's)."""
     step_time_s: float | None
     """Median step time of the kept Megatron lines; None for torchtitan."""
     tokens_per_s_per_gpu: float | None
@@ -84,7 +79,11 @@ class LogRun:
     arguments: dict[str, str]
     """Megatron's arguments dump, name to value as printed; empty when absent."""
     global_batch: int | None
-    """The global batch size the kept Megatron lines print, when they all print one."""
+    """The global batch size the Megatron lines print, when they all print one."""
+    left_out: tuple[str, ...] = ()
+    """Why step lines after the warm-up were left out of the median, a sentence each."""
+    device: str | None = None
+    """The device the log names (torchtitan's ``CUDA capacity`` line), None when it names none."""
     titan_model: TitanModel | None = None
     """The model torchtitan says it built (:func:`~planner.diagnose.log_models.titan_model`)."""
     titan_checkpointing: str | None = None
@@ -97,196 +96,100 @@ class LogRun:
     (:func:`~planner.diagnose.log_models.titan_compiled`)."""
 
 
-def megatron_step_times_s(lines: list[str]) -> list[float]:
-    """The step time of every Megatron iteration line, in order."""
-    times = []
-    for line in lines:
-        line = _ANSI.sub("", line)
-        if _MEGATRON_ITER.search(line) and (ms := _MEGATRON_MS.search(line)):
-            times.append(float(ms.group(1)) / 1000.0)
-    return times
-
-
-def titan_tps(lines: list[str]) -> list[float]:
-    """The ``tps`` of every torchtitan metrics line, in order."""
-    return [float(m.group(2).replace(",", "")) for line in lines
-            if (m := _TITAN_LINE.search(_ANSI.sub("", line)))]  # fmt: skip
-
-
-def megatron_arguments(lines: list[str]) -> dict[str, str]:
-    """Megatron's ``arguments`` dump (the first one), name to printed value."""
-    args: dict[str, str] = {}
-    inside = False
-    for line in lines:
-        text = _ANSI.sub("", line).strip()
-        if re.fullmatch(r"-+ arguments -+", text):
-            inside = True
-        elif inside and re.fullmatch(r"-+ end of arguments -+", text):
-            break
-        elif inside and (m := _ARG_LINE.match(text)):
-            args[m.group(1)] = m.group(2)
-    return args
-
-
 def read_log(text: str, *, where: str, skip: int = DEFAULT_SKIP) -> LogRun:
-    """The measured step time (Megatron) or tokens/s per GPU (torchtitan) of a log: the median
-    over its step lines after the first ``skip`` (a median, so a checkpoint save or an
-    evaluation that slows one step does not move it)."""
+    """The measured step time (Megatron) or tokens/s per GPU (torchtitan) of a log of one run:
+    the median over its step lines after the first ``skip`` (a median, so a checkpoint save or
+    an evaluation that slows one step does not move it), less those that skipped iterations or
+    lost the loss to NaN (:func:`kept_steps`)."""
     lines = text.splitlines()
-    times, tps = megatron_step_times_s(lines), titan_tps(lines)
-    found = times or tps
+    check_one_run(lines, where=where)
+    megatron = one_source(megatron_steps(lines))
+    found = megatron or one_source(titan_steps(lines))
     if not found:
         raise InputError(f"{where}: expected Megatron-LM iteration lines ('elapsed time per "
-                         f"iteration (ms): X') or torchtitan metrics lines ('step: N ... "
-                         f"tps: T'); found neither")  # fmt: skip
+                         f"iteration (ms): X |') or torchtitan metrics lines ('step: N ... "
+                         f"tps: T ... mfu: M%'); found neither")  # fmt: skip
     if len(found) <= skip:
         raise InputError(f"{where}: {len(found)} step lines, all within the {skip} warm-up "
-                         f"steps skipped (--skip); expected more")  # fmt: skip
-    kept = found[skip:]
-    if times:
+                         f"lines skipped (--skip); expected more")  # fmt: skip
+    kept, left_out = kept_steps(found, skip=skip, where=where)
+    median = statistics.median(s.value for s in kept)
+    # Each framework logs its first step alone (training.py:3539, metrics.py:393-394).
+    covered = {s.line: s.step - found[i - 1].step if i else 1 for i, s in enumerate(found)}
+    measured: dict[str, Any] = dict(steps=len(kept), left_out=left_out,
+                                    iterations=sum(covered[s.line] for s in kept))
+    if megatron:
         # A batch-size ramp prints several sizes; only one size states the run's batch.
-        batches = {int(m.group(1)) for line in lines if _MEGATRON_ITER.search(line)
-                   and (m := _MEGATRON_BATCH.search(line))}  # fmt: skip
-        return LogRun(format="megatron", steps=len(kept), step_time_s=statistics.median(kept),
-                      tokens_per_s_per_gpu=None, arguments=megatron_arguments(lines),
-                      global_batch=batches.pop() if len(batches) == 1 else None)  # fmt: skip
+        batches = {s.global_batch for s in found if s.global_batch is not None}
+        return LogRun(format="megatron", step_time_s=median, tokens_per_s_per_gpu=None,
+                      arguments=megatron_arguments(lines),
+                      global_batch=batches.pop() if len(batches) == 1 else None,
+                      **measured)  # fmt: skip
     built = titan_model(lines)
-    return LogRun(format="torchtitan", steps=len(kept), step_time_s=None,
-                  tokens_per_s_per_gpu=statistics.median(kept), arguments={},
-                  global_batch=None, titan_model=built,
-                  titan_checkpointing=titan_checkpointing(lines),
+    return LogRun(format="torchtitan", step_time_s=None, tokens_per_s_per_gpu=median,
+                  arguments={}, global_batch=None, device=titan_device(lines),
+                  titan_model=built, titan_checkpointing=titan_checkpointing(lines),
                   titan_fields=titan_config_fields(lines, built),
-                  titan_compiled=titan_compiled(lines))  # fmt: skip
+                  titan_compiled=titan_compiled(lines), **measured)  # fmt: skip
 
 
-def _flex_backend(arguments: dict[str, str]) -> str | None:
-    """The backend of a Megatron log's flex dispatcher (``moe_flex_dispatcher_backend``, or
-    the older ``moe_enable_deepep``), None for another dispatcher; only DeepEP's is priced
-    (:mod:`planner.cost.deepep`), the rest refused. NCCL's all-to-all prices the others, as it
-    did before the dispatcher was a field."""
-    if arguments.get("moe_token_dispatcher_type") != "flex":
-        return None
-    backend = arguments.get("moe_flex_dispatcher_backend", "deepep" if arguments.get(
-        "moe_enable_deepep") == "True" else "None")  # fmt: skip
-    if backend != "deepep":
-        raise InputError(f"arguments: moe_token_dispatcher_type flex ({backend}): of the flex "
-                         "dispatcher's backends the planner prices DeepEP only")
-    return backend
+def kept_steps(
+    found: list[StepLine], *, skip: int, where: str
+) -> tuple[list[StepLine], tuple[str, ...]]:
+    """The step lines after the first ``skip`` that trained, and why the others were left out,
+    a sentence each: a line whose interval skipped iterations (the optimizer found an inf or
+    NaN gradient and did not step, as fp16's loss scaler does while it backs off) runs faster
+    than a step; one whose loss or gradient norm is not a number is a diverged run's. A log
+    whose every line is left out is an error."""
+    after = found[skip:]
+    nan = [s for s in after if s.nan]
+    skipped = [s for s in after if s.skipped and not s.nan]
+    kept = [s for s in after if not (s.nan or s.skipped)]
+    if not kept:
+        raise InputError(f"{where}: all {len(after)} step lines after the {skip} warm-up lines "
+                         f"report skipped iterations or a loss that is not a number; expected "
+                         f"steps that trained")  # fmt: skip
+    left_out = []
+    if skipped:
+        left_out.append(f"left out of the median: {counted(len(skipped), 'step line')} with "
+                        f"skipped iterations (from line {skipped[0].line}), which ran no "
+                        f"optimizer step (an inf or NaN gradient)")  # fmt: skip
+    if nan:
+        left_out.append(f"left out of the median: {counted(len(nan), 'step line')} whose loss "
+                        f"or gradient norm is not a number (from line {nan[0].line}): the run "
+                        f"diverged there")  # fmt: skip
+    return kept, tuple(left_out)
 
 
-def _moments(arguments: dict[str, str]) -> str | None:
-    """Adam's moments as a Megatron log's precision-aware optimizer keeps them (bf16 both, or
-    None for fp32); another mix is refused: only bf16 moments are priced."""
-    if arguments.get("use_precision_aware_optimizer") != "True":
-        return None
-    dtypes = {arguments.get(name, "torch.float32").removeprefix("torch.")
-              for name in ("exp_avg_dtype", "exp_avg_sq_dtype")}  # fmt: skip
-    if dtypes == {"float32"}:
-        return None
-    if dtypes == {"bfloat16"}:
-        return "bf16"
-    raise InputError(f"arguments: exp_avg_dtype / exp_avg_sq_dtype {sorted(dtypes)}: the "
-                     "planner prices Adam's moments in fp32 or both in bf16")
+def check_device(log: LogRun, device: str, *, where: str) -> None:
+    """Refuse a cluster whose device (``device``, the cluster file's name) is not the one the
+    log names: another model or another memory size, each compared where both names state it
+    (:func:`same_device`)."""
+    if log.device is not None and not same_device(log.device, device):
+        raise InputError(f"{where}: the log ran on {log.device} (torchtitan's "
+                         f"'capacity:' line), the cluster file's device is {device}; expected the "
+                         f"cluster of the GPUs that ran it")  # fmt: skip
 
 
-_CP_COMM_TYPES = {"p2p": "ring", "a2a": "ulysses"}
-"""Megatron-LM's ``--cp-comm-type`` values the planner prices, as ``cp_algo``
-(megatron/training/arguments.py:3221 at NVIDIA/Megatron-LM@d98e8a64dd; Transformer Engine's
-``all_gather`` and ``a2a+p2p`` are not priced)."""
+_GPU_MODEL = re.compile(r"\b[A-Z]{1,2}\d{2,4}[A-Z]?\b")  # H100, A100, GB200, MI300X
+_GPU_MEMORY = re.compile(r"(\d+)\s*GB\b")
 
 
-def _cp_algo(printed: str) -> str:
-    """``cp_algo`` for a dump's ``cp_comm_type``: one value for every layer (a list as
-    Python prints it, ``['p2p']``, or a string), which the planner prices."""
-    kinds = {k.strip(" '\"") for k in printed.strip("[]").split(",") if k.strip(" '\"")}
-    if len(kinds) != 1 or (kind := kinds.pop()) not in _CP_COMM_TYPES:
-        raise InputError(f"arguments: cp_comm_type {printed}: the planner prices Megatron's "
-                         f"context parallelism as one of {', '.join(_CP_COMM_TYPES)} on every "
-                         f"layer (ring attention, Ulysses all-to-alls)")  # fmt: skip
-    return _CP_COMM_TYPES[kind]
+def same_device(logged: str, ours: str) -> bool:
+    """Whether two names of a device can be one device: a model in common (H100, A100, ...)
+    where both name one, and the same memory (80GB, 40GB) where both state it.
 
-
-_CP_ALGOS = {"megatron_cp_algo": "ring", "ulysses_cp_algo": "ulysses"}
-"""MindSpeed's ``--context-parallel-algo`` values the planner prices, as ``cp_algo``
-(Ascend/MindSpeed@028de58ca629 ``mindspeed/features_manager/context_parallel/
-context_parallel_feature.py:21-23`` and ``ulysses_context_parallel.py:15-19``; its hybrid,
-adaptive and K/V all-gather algorithms are not priced)."""
-
-
-def _attends(arguments: dict[str, str]) -> str:
-    """``cp_algo`` for a dump with context parallelism: MindSpeed's
-    ``context_parallel_algo`` where the dump has one (MindSpeed selects its attention by it
-    and passes Megatron's ``cp_comm_type`` through unread), else Megatron's
-    ``cp_comm_type`` (p2p when absent)."""
-    algo = arguments.get("context_parallel_algo")
-    if algo is None:
-        return _cp_algo(arguments.get("cp_comm_type", "['p2p']"))
-    if algo not in _CP_ALGOS:
-        raise InputError(f"arguments: context_parallel_algo {algo}: the planner prices "
-                         f"MindSpeed's context parallelism as {' or '.join(_CP_ALGOS)} (ring "
-                         f"attention, Ulysses all-to-alls)")  # fmt: skip
-    return _CP_ALGOS[algo]
-
-
-def config_fields(log: LogRun) -> dict[str, Any]:
-    """The configuration fields a log states (names of :class:`ParallelConfig`): a Megatron
-    log's arguments dump and iteration lines, a torchtitan log's mesh and model args; what it
-    does not state is absent."""
-    arguments = log.arguments
-    fields: dict[str, Any] = dict(log.titan_fields or {})
-    if log.global_batch is not None:
-        fields["global_batch"] = log.global_batch
-    for name, field in _MEGATRON_INTS.items():
-        value = arguments.get(name, "None")
-        if value != "None":
-            fields[field] = _int(name, value)
-    if "sequence_parallel" in arguments:
-        fields["sp"] = arguments["sequence_parallel"] == "True"
-    if arguments.get("recompute_granularity", "None") != "None":
-        fields["recompute"] = arguments["recompute_granularity"]
-    if fields.get("recompute") == "selective" and "recompute_modules" in arguments:
-        # a list as Python prints it: ['moe_act', 'layernorm']
-        fields["recompute_modules"] = arguments["recompute_modules"].strip("[]").replace("'", "")
-    if arguments.get("use_distributed_optimizer") == "True":
-        fields["zero"] = 1
-    if fields.get("cp", 1) > 1 and ({"cp_comm_type", "context_parallel_algo"} & set(arguments)):
-        fields["cp_algo"] = _attends(arguments)
-    for name in _OVERLAPS:
-        if arguments.get(name) in ("True", "False"):
-            fields[name] = arguments[name] == "True"
-    if _flex_backend(arguments) == "deepep":
-        fields["moe_dispatcher"] = "deepep"
-    moments = _moments(arguments)
-    if moments is not None:
-        fields["optimizer_moments"] = moments
-    if arguments.get("bf16") == "True":
-        fields["precision"] = "bf16"
-    elif arguments.get("fp16") == "True":
-        fields["precision"] = "fp16"
-    if arguments.get("fp8", "None") != "None":
-        # --fp8-format; Megatron-Core's recipe defaults to delayed scaling
-        # (megatron/core/transformer/transformer_config.py:594-600 at d98e8a6).
-        recipe = arguments.get("fp8_recipe", "delayed")
-        if recipe.removeprefix("Fp8Recipe.") != "delayed":
-            raise InputError(f"arguments: fp8_recipe {recipe}: the planner prices Transformer "
-                             "Engine's delayed scaling (the megatron-te-fp8 stack) only")
-        fields["stack"] = "megatron-te-fp8"
-    if arguments.get("cross_entropy_loss_fusion") == "True":
-        impl = arguments.get("cross_entropy_fusion_impl", "native")
-        if impl not in ("native", "te"):
-            raise InputError(f"arguments: cross_entropy_fusion_impl {impl}: Megatron-Core has "
-                             "native and te")  # fmt: skip
-        fields["stack"] = with_switch(fields.get("stack", "megatron-te"),
-                                      "cross-entropy-loss-fusion", True)
-    if "use_flash_attn" in arguments or "attention_backend" in arguments:
-        # Megatron-Core picks Transformer Engine's flash or fused kernel unless told
-        # otherwise (--attention-backend auto, transformer_config.py:151; enums.py:51-58);
-        # --use-flash-attn is the older switch, False in a dump of a run that chose neither.
-        backend = arguments.get("attention_backend", "AttnBackend.unfused")
-        fields["flash_attention"] = (arguments.get("use_flash_attn") == "True"
-                                     or backend not in ("AttnBackend.unfused",
-                                                        "AttnBackend.local"))  # fmt: skip
-    return fields
+    >>> same_device("NVIDIA H100 80GB HBM3", "H100-SXM5-80GB")
+    True
+    >>> same_device("NVIDIA A100-SXM4-80GB", "A100-SXM4-40GB")
+    False
+    >>> same_device("NVIDIA H100 80GB HBM3", "A100-SXM4-80GB")
+    False
+    """
+    names = [name.upper() for name in (logged, ours)]
+    models = [set(_GPU_MODEL.findall(name)) for name in names]
+    memory = [set(_GPU_MEMORY.findall(name)) for name in names]
+    return all(not (a and b) or bool(a & b) for a, b in (models, memory))
 
 
 def priced_nearby(log: LogRun) -> tuple[str, ...]:
@@ -319,14 +222,6 @@ def model_of_run(log: LogRun, model: ModelSpec, *, where: str) -> ModelSpec:
     return model.model_copy(update=megatron_dropout(log.arguments))
 
 
-def _int(name: str, value: str) -> int:
-    """A dumped argument as an integer, or an InputError naming it."""
-    try:
-        return int(value)
-    except ValueError:
-        raise InputError(f"arguments: {name} {value!r} is not an integer") from None
-
-
 def run_record(
     log: LogRun, model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, run_id: str,
     source: str,
@@ -347,8 +242,10 @@ def run_record(
     precision = resolved.training.precision
     return {
         "id": run_id,
-        "source": f"{source} ({log.steps} steps after warm-up; {basis})",
+        "source": f"{source} ({counted(log.steps, 'log line')} of "
+                  f"{counted(log.iterations, 'iteration')} after the warm-up; {basis})",
         "source_kind": "user log",
+        **({"note": "; ".join(log.left_out)} if log.left_out else {}),
         "software": {"framework": framework, "fused_attention": config.flash_attention,
                      "dropout": model.hidden_dropout,
                      # The framework's name says the stack but for FP8 and a fused loss
@@ -377,7 +274,7 @@ def run_record(
                         if config.optimizer_moments == "bf16" else {}),
                      # The overlaps the log states; without them the reader assumes the
                      # framework's era's (planner.diagnose.run_records.config_from_record).
-                     **{name: getattr(config, name) for name in _OVERLAPS
+                     **{name: getattr(config, name) for name in OVERLAPS
                         if name in log.arguments}},
         "precision": precision,
         "measured": {"step_time_s": step},
