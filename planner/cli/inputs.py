@@ -325,8 +325,8 @@ def calibrate_cmd(
         "--cluster", help="Fit this cluster file's device on every run of the files, instead "
         "of --gpu.")] = None,
     exclude_family: Annotated[list[str] | None, typer.Option(
-        help="Leave a framework family's runs out of the fit (megatron, fsdp) and predict "
-        "them: validation out of family.")] = None,
+        help="Leave a framework family's runs out of the fit (megatron, fsdp, deepspeed, "
+        "pytorch) and predict them: validation out of family.")] = None,
     write: Annotated[bool, typer.Option(
         help="Write the fit and the error bands into the chip's cluster files (with "
         "--cluster: into that file only).")] = False,

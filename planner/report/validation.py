@@ -27,9 +27,10 @@ def validation_tables(
     memory (:func:`memory_table`), then the error statistics per framework family: one table
     for the times, or two in a light box (what each run is; its times) when one is too wide
     for the console."""
-    one = Table(title=title("published runs: predicted vs measured step time"),
+    # published runs and a user's logs alike
+    one = Table(title=title("runs: predicted vs measured step time"),
                 title_justify="left")  # fmt: skip
-    what = light_table("published runs", collapse_padding=True)
+    what = light_table("runs", collapse_padding=True)
     times = light_table("predicted vs measured step time", collapse_padding=True)
     for table in (one, what, times):
         table.add_column("run", no_wrap=True)
@@ -212,8 +213,8 @@ def network_fit_tables(fit: NetworkFit) -> list[RenderableType]:
     for name in ("test", "size", "meas us", "before", "after", "busbw", "fit bw"):
         table.add_column(name, justify="left" if name == "test" else "right", no_wrap=True)
     for r in fit.rows:
-        table.add_row(f"{r.kind} x{r.ranks}", _size(r.size_bytes), f"{r.measured_s * 1e6:.5g}",
-                      f"{r.before_s * 1e6:.5g}", f"{r.after_s * 1e6:.5g}",
+        table.add_row(f"{r.kind} x{r.ranks}", _size(r.size_bytes), _us(r.measured_s),
+                      _us(r.before_s), _us(r.after_s),
                       f"{r.busbw_gb_s:.1f}", f"{r.busbw_after_gb_s:.1f}")  # fmt: skip
     latency = (f"latency {fit.latency_us_before:g} -> {fit.latency_us:g} us" if fit.latency_fitted
                else f"latency kept at {fit.latency_us:g} us (messages too large to see it)")
@@ -221,6 +222,17 @@ def network_fit_tables(fit: NetworkFit) -> list[RenderableType]:
                     f"bandwidth_fraction {fit.bandwidth_fraction_before:g} -> "
                     f"{fit.bandwidth_fraction:g}", latency])  # fmt: skip
     return [table, head, Text("times in us; bus bandwidth in GB/s as nccl-tests defines it")]
+
+
+def _us(seconds: float) -> str:
+    """Microseconds to five significant digits, never in exponent form (``100690``, not
+    ``1.0069e+05``).
+
+    >>> _us(0.10069), _us(1.2345e-5)
+    ('100690', '12.345')
+    """
+    us = seconds * 1e6
+    return f"{us:.0f}" if us >= 1e4 else f"{us:.5g}"
 
 
 def _size(nbytes: int) -> str:
