@@ -35,13 +35,14 @@ def print_notes(plan: Plan, launch: frameworks.Launch) -> None:
 
 def _prediction(plan: Plan) -> str:
     """The plan's predicted step with its error band and peak memory against the device's
-    capacity."""
+    capacity: what is left beside the peak, the margin within it (``explain`` says what is
+    free beyond the margin)."""
     p, capacity = plan.predicted, plan.cluster.device_memory_gib
     free = capacity - p.peak_memory_gib
     return (f"predicted {with_band(p.step_time_s, p.error_band)} per step, "
             f"{p.peak_memory_gib:.1f} GiB peak "
-            f"per device of {capacity:g} GiB ({free:.1f} GiB free; margin "
-            f"{plan.memory_margin_gib:.1f} GiB)")  # fmt: skip
+            f"per device of {capacity:g} GiB ({free:.1f} GiB left, "
+            f"{plan.memory_margin_gib:.1f} of it the margin)")  # fmt: skip
 
 
 def check_fits(plan: Plan, device: DeviceSpec, target: str, *, model: Path,
