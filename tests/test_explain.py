@@ -476,3 +476,19 @@ def test_a_new_pipeline_takes_the_split_that_cuts_into_its_chunks() -> None:
     assert (changed.first_stage_layers, changed.last_stage_layers) == (7, 6)
     plain = with_changes(ParallelConfig(), {"pp": 8}, model)  # no chunks: the first split
     assert (plain.first_stage_layers, plain.last_stage_layers) == (6, 7)
+
+
+def test_a_refused_faster_notch_names_the_rule() -> None:
+    """Mixtral with the experts' all-to-alls overlapped: turning on TP's overlap would be
+    faster, and Megatron-LM launches it, but not beside the all-to-alls' overlap; the line
+    names that (it said only "Megatron-LM does not launch it")."""
+    model = load_model("instances/models/mixtral-8x7b.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 4)
+    config = ParallelConfig(tp=2, sp=True, pp=2, vpp=4, ep=8, mbs=1, recompute="selective",
+                            overlap_moe_expert_parallel_comm=True, zero=1,
+                            overlap_grad_reduce=True, overlap_param_gather=True)  # fmt: skip
+    plan = uniform_plan(model, cluster, config)
+    (line,) = [x for x in why_this_plan(explain(plan, model, cluster), plan)
+               if x.startswith("  tp-comm-overlap off -> on")]
+    assert line.endswith("Megatron-LM does not launch it (overlap_moe_expert_parallel_comm "
+                         "with tp_comm_overlap)")

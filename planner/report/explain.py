@@ -78,7 +78,12 @@ def _ruled_out(n: Neighbour, plan: Plan) -> str:
     if not n.fits and n.over_gib is not None:
         clauses.append(f"does not fit ({n.over_gib:.1f} GiB over)")
     if n.framework_refusals:
-        clauses.append(f"{_who(plan)} does not launch it")
+        # what the first rule names (``overlap_moe_expert_parallel_comm with tp_comm_overlap``):
+        # the framework launches the knob, not beside what the rule says
+        first = n.framework_refusals[0].split(": ", 1)[0]
+        more = len(n.framework_refusals) - 1
+        clauses.append(f"{_who(plan)} does not launch it ({first}"
+                       f"{f' and {more} more' if more else ''})")
     if clauses:
         return " and ".join(clauses)
     if _unsearched(n, plan) == ["stack"]:  # a stack's switch: solve plans on the stack given
