@@ -45,7 +45,7 @@ from planner.plan.config import ParallelConfig
 from planner.plan.schema import Plan
 from planner.search.targets import solve
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
-from planner.spec.reading import load_cluster, load_model
+from planner.spec.reading import check_cluster, load_cluster, load_model
 from planner.uniform.batch import BatchEstimate, estimate_batch
 from planner.uniform.estimate import Estimate, estimate
 
@@ -68,6 +68,7 @@ __all__ = [
     "SolverError",
     "TimeLimitError",
     "TrainingSpec",
+    "check_cluster",
     "estimate",
     "estimate_batch",
     "explain",

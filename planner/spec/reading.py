@@ -230,6 +230,30 @@ def load_cluster(path: str | Path, nodes: int | None = None) -> ClusterSpec:
     return cluster
 
 
+def check_cluster(cluster: ClusterSpec, *, source: str = "cluster") -> tuple[str, ...]:
+    """The checks :func:`load_cluster` makes of a file, for a cluster built in code (a
+    :class:`ClusterSpec` validates each field alone): an :class:`InputError` for a figure no
+    hardware has (a 400 Gb/s NIC written as 400 GB/s) or more devices than the outermost
+    network level holds; the warnings, one line each, for what is only unlikely (an H100 of
+    192 GiB), as the commands print them.
+
+    >>> from planner import load_cluster
+    >>> h100 = load_cluster("instances/clusters/dgx-h100-80gb.json")
+    >>> check_cluster(h100)
+    ()
+    >>> data = h100.model_dump()
+    >>> data["device"]["memory_gib"] = 800
+    >>> try:
+    ...     check_cluster(ClusterSpec.model_validate(data), source="inventory")
+    ... except InputError as error:
+    ...     print(str(error)[:67])
+    inventory: device.memory_gib: 800 GiB is outside the range 1 to 640
+    """
+    physics.check_cluster(cluster, source=source)
+    physics.check_fabric(cluster, field=f"{source}: num_nodes")
+    return physics.cluster_warnings(cluster, source=source)
+
+
 def json_schema(kind: Literal["model", "cluster"]) -> dict[str, Any]:
     """The JSON Schema of our ``model.json`` or ``cluster.json``."""
     return (ModelSpec if kind == "model" else ClusterSpec).model_json_schema()
