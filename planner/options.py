@@ -19,12 +19,13 @@ from planner import cost
 from planner.cost.risk import QUANTILE, parse_objective
 from planner.cost.uncertainty import memory_band
 from planner.errors import InputError
-from planner.frameworks import default_stack
+from planner.frameworks import check_framework, default_stack
 from planner.ilp.backends import Backend
 from planner.plan.config import check_sequence, recompute_modules_of
 from planner.spec import DeviceSpec, ModelSpec, TrainingSpec
 from planner.spec.reading import fill_training
 from planner.vocabulary import (
+    STACKS,
     ContextParallelism,
     MoeDispatcher,
     Objective,
@@ -238,6 +239,16 @@ class SolveOptions:
         parse_objective(self.objective)
         if not isinstance(self.pins, Pins):
             raise InputError(f"pins {self.pins!r}: a Pins")
+        check_framework(self.framework, option="framework")
+        for name, choices in (("stack", STACKS), ("backend", get_args(Backend)),
+                              ("precision", get_args(Precision))):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and value not in choices:
+                raise InputError(f"{name} {value!r}: choose from {', '.join(choices)}")
+        for name in ("global_batch_size", "seq_length", "max_mesh_nodes"):
+            value = getattr(self, name)
+            if value is not None and not _is_count(value):
+                raise InputError(f"{name} {value!r}: a whole number, at least 1")
 
     def margin_bytes(self, device: DeviceSpec, stack: Stack) -> float:
         """The memory a plan run by ``stack`` leaves free on ``device``: the margin given, or

@@ -4,6 +4,7 @@ traceback), and what the errors then say: found by trying the commands as a new 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,18 @@ def test_a_bench_degree_that_splits_nothing_is_refused_before_timing() -> None:
                        "tests/data/bench/tiny-llama.json", "--tp", "3")  # fmt: skip
     assert message == ("error: --tp 3: splits none of tiny-llama's GEMMs (its heads, experts "
                        "and widths); a degree that divides them, or 1")
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    ({"framework": "megatorn"}, "framework 'megatorn' is not a framework the planner knows"),
+    ({"global_batch_size": -1}, "global_batch_size -1: a whole number, at least 1"),
+    ({"stack": "nope"}, "stack 'nope': choose from megatron-te,"),
+    ({"backend": "gurobi"}, "backend 'gurobi': choose from ortools, pulp, cpsat"),
+    ({"max_mesh_nodes": 0}, "max_mesh_nodes 0: a whole number, at least 1"),
+])  # fmt: skip
+def test_solve_options_are_checked_when_built(options: dict, said: str) -> None:
+    """A job spec an embedder validates before queueing it: each bad option is an InputError
+    when SolveOptions is built (the framework, batch and stack were refused only by solve,
+    after loading; an unknown backend only by a per-operator search; a mesh of 0 nodes never)."""
+    with pytest.raises(InputError, match=re.escape(said)):
+        SolveOptions(**options)
