@@ -38,7 +38,9 @@ def test_a_scale_up_domain_of_whole_nodes_is_accepted_and_a_partial_one_named() 
 
 @pytest.mark.parametrize(("domain", "said"), [
     (72, "network[1].domain_devices 32768 is not a whole multiple of network[0]'s 72 (set it to "
-         "a multiple such as 32760)"),
+         "a multiple such as 32832)"),
+    (96, "network[1].domain_devices 128 is not a whole multiple of network[0]'s 96 (set it to "
+         "a multiple such as 192)"),
     (32768, "network[1].domain_devices 32768 is not larger than network[0]'s 32768 (set it to a "
             "multiple such as 65536)"),
 ])  # fmt: skip
@@ -47,6 +49,9 @@ def test_a_level_that_does_not_grow_names_the_outer_size_to_set(domain: int, sai
     refusal names the outer level to change and a size that works; it named neither."""
     data = json.loads((CLUSTERS / "dgx-h100-80gb.json").read_text())
     data["network"][0]["domain_devices"] = domain
+    if domain == 96:  # a leaf level of 128 beside it: rounded down, 96 itself
+        data["network"][1]["domain_devices"] = 128
+        data["num_nodes"] = 12
     with pytest.raises(ValueError, match=re.escape(said)):
         ClusterSpec.model_validate(data)
 

@@ -667,13 +667,19 @@ def test_bf16_moments() -> None:
 
 def test_rope_note_says_when_a_plan_trains_past_the_original_context() -> None:
     """Megatron-DeepSpeed applies no RoPE scaling (``megatron/model/language_model.py:437``):
-    harmless within the 8,192 positions Llama 3.1's llama3 x8 stretches from, not at 131,072
-    tokens, where the note said "unaffected"."""
+    Llama 3.1's llama3 x8 rescales the frequencies at every position, so the note says the
+    checkpoint's positions are not what the launch computes (it said "training within the
+    original context is unaffected"), and past the 8,192 positions it stretches from, that
+    too; dynamic scaling is unaffected within them."""
     from planner.frameworks._deepspeed_flags import rope_notes
+    from planner.spec import RopeScaling
 
     model = load("Meta-Llama-3.1-8B")
     (within,) = rope_notes(model, 8192)
     (beyond,) = rope_notes(model, 131072)
-    assert within.endswith("(training within the original context is unaffected)")
-    assert "trains 131072-token sequences, beyond the 8192 it stretches from" in beyond
-    assert "unaffected" not in beyond
+    assert "its rotary frequencies are not the checkpoint's at any length" in within
+    assert "unaffected" not in within and "131072" not in within
+    assert "at 131072-token sequences, beyond the 8192 it stretches from" in beyond
+    dynamic = model.model_copy(update={"rope_scaling": RopeScaling(
+        rope_type="dynamic", factor=2.0, original_max_position_embeddings=8192)})
+    assert rope_notes(dynamic, 8192)[0].endswith("changes nothing within the original context)")

@@ -794,3 +794,15 @@ def test_the_record_counts_lines_and_their_iterations(tmp_path: Path) -> None:
                           or int(line.split("iteration")[1].split("/")[0]) % 5 == 0)
     record, _ = _llama(tmp_path, every_fifth)
     assert "3 log lines of 15 iterations after the warm-up" in record["source"]
+
+
+def test_ranks_printed_without_a_prefix_are_said_as_such() -> None:
+    """Two ranks of one torchtitan run printing every line without ``[rankN]:`` (plain
+    torchrun, no rank filter) read as many runs; the refusal says that each step is printed
+    twice, and how to keep one rank's lines (it told the user to split a file of one run)."""
+    text = (Path(__file__).parent / "data" / "llama3-8b-torchtitan.log").read_text()
+    plain = [re.sub(r"^\[rank\d+\]:", "", line) for line in text.splitlines()]
+    doubled = "\n".join(line for line in plain for _ in range(2))
+    with pytest.raises(InputError, match=r"each step printed 2 times, one run's ranks without "
+                                         r"a rank prefix: keep one rank's lines"):
+        read_log(doubled, where="two-ranks.log")

@@ -241,3 +241,25 @@ def test_cluster_fits_only_its_own_devices_runs_each_once(tmp_path: Path) -> Non
         load_runs(runs))
     bundled = [r for r in validate([runs], CLUSTERS).rows if r.device == "H100"]
     assert sorted(ids) == sorted(r.id for r in bundled)
+
+
+def test_no_more_knobs_than_the_runs_can_check() -> None:
+    """One knob for the first run and one for every two more, in their order, the attention
+    curve's three terms together (MPT's runs span two head dims): its FSDP runs (fused
+    attention at several lengths, overlapped) fit the GEMM ceiling alone from one or two runs,
+    its half saturation from three, the contention where the attention's three do not fit
+    yet (five runs), the attention curve from nine, and with a kernel-fitted curve the
+    contention instead."""
+    from planner.diagnose.calibration import fittable_knobs
+
+    runs = sorted(load_runs(shared(SHARED / "validation" / "fsdp_runs.json")),
+                  key=lambda r: (r.config.seq_len, r.id))  # fmt: skip
+    spread = [runs[0], runs[-1], *runs[1:-1]]  # two sequence lengths among the first two
+    gemm = ("gemm.max_fraction", "gemm.half_saturation_gflop")
+    attention = ("attention.max_fraction", "attention.half_saturation_tokens",
+                 "attention.half_saturation_head_dim")
+    assert fittable_knobs(spread[:1]) == fittable_knobs(spread[:2]) == gemm[:1]
+    assert fittable_knobs(spread[:3]) == gemm
+    assert fittable_knobs(spread[:5]) == (*gemm, "overlap_contention")
+    assert fittable_knobs(spread[:9]) == gemm + attention
+    assert fittable_knobs(spread[:9], kernel_curve=True) == (*gemm, "overlap_contention")

@@ -102,8 +102,11 @@ def held_in_flight(in_flight: Real, *, vpp: Real, num_microbatches: Real,
                    overlap_moe_comm: Real) -> Real:
     """The ``in_flight`` microbatches' worth a stage's memory holds
     (:func:`in_flight_microbatches`), with the experts' all-to-alls overlapped one chunk more:
-    Megatron-Core's combined 1F1B runs the next forward before the backward it pairs with frees
-    its chunk (``--overlap-moe-expert-parallel-comm``); capped at everything there is.
+    Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``) runs a microbatch's
+    forward together with another's backward, layer by layer ("Phases 1: 1st microbatch
+    backward + 2nd microbatch forward", ``megatron/core/pipeline_parallel/combined_1f1b.py:54-64``
+    at NVIDIA/Megatron-LM@d98e8a64dd), so the forward's chunk is built before the backward's
+    is freed; capped at everything there is.
 
     >>> held_in_flight(5.5, vpp=2, num_microbatches=8, overlap_moe_comm=True)
     6.0

@@ -125,32 +125,35 @@ def _runs_of(runs_paths: Sequence[str | Path], cluster: str | Path | None) -> Lo
     """The runs of the files, each once: on the user's ``cluster`` any GPU name is read, and a
     run on another device than the file's is left out (the published A100 runs beside your
     H100 runs would fit your H100 file to A100 steps); otherwise only the bundled devices
-    (with the error naming the record and ``--cluster``). A run id given twice (a file named
+    (with the error naming the record and ``--cluster``). A record given twice (a file named
     twice) is read once: counted twice, it would weigh twice in a fit."""
     loaded = load_runs_noting(*runs_paths, any_device=cluster is not None)
     runs: list[CalibrationRun] = []
-    skipped, seen = list(loaded.skipped), set()
+    skipped: list[str] = list(loaded.skipped)
+    seen: list[CalibrationRun] = []
     mine = None if cluster is None else load_cluster(Path(cluster)).device.name
     for run in loaded.runs:
-        if run.id in seen:
+        if run in seen:  # the same record (two logs both named train.log differ: both kept)
             skipped.append(f"{run.id}: given twice, read once")
         elif mine is not None and not _same_device(run.device, mine):
             skipped.append(f"{run.id}: ran on {run.device}, not {Path(cluster or '').name}'s "
                            f"{mine}")  # fmt: skip
         else:
             runs.append(run)
-        seen.add(run.id)
+        seen.append(run)
     return LoadedRuns(runs=runs, skipped=skipped)
 
 
 def _same_device(run_device: str, cluster_device: str) -> bool:
     """Whether a run's device key (:func:`~planner.diagnose.runs.device_key`) is the cluster
-    file's device: the same bundled chip, or the same name where the file's is not bundled
-    (a record ``planner runs from-log`` wrote names the cluster file's device)."""
-    ours = device_key(cluster_device)
-    if run_device in DEVICES and ours in DEVICES:
-        return DEVICES[run_device].chip == DEVICES[ours].chip
-    return run_device == ours
+    file's device: the same bundled device, its memory too (MPT's A100 40GB runs are not an
+    A100 80GB file's), or the same name where the file's is not bundled (a record ``planner
+    runs from-log`` wrote names the cluster file's device).
+
+    >>> _same_device("A100-40GB", "A100-SXM4-80GB"), _same_device("H100", "H100 80GB (site)")
+    (False, True)
+    """
+    return run_device == device_key(cluster_device)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -234,23 +237,18 @@ def error_bands(rows: Sequence[ValidationRow]) -> tuple[ValidationBand, ...]:
 
 
 def fittable_knobs(runs: Sequence[CalibrationRun], *,
-                   kernel_attention: bool = False) -> tuple[str, ...]:
+                   kernel_curve: bool = False) -> tuple[str, ...]:
     """The knobs the runs can tell apart: the GEMM curve's ceiling always, its half
-    saturation from two runs on (one run's step fits any split between the two, so the
-    file's half saturation is kept); the fused-attention curve when fused-attention runs span
-    several sequence lengths (and its head-dim term several head dims), unless the file's was
-    fitted on kernels (``kernel_attention``: kept); the overlap contention when some run
-    overlaps its data-parallel traffic. In that order, and no more than one for the first run
-    and one for every two more: a knob a run fits exactly leaves no residual to check it.
-
-    >>> from planner.diagnose.runs import load_runs
-    >>> runs = load_runs("../shared/validation/fsdp_runs.json")[:5]
-    >>> fittable_knobs(runs[:1]), len(fittable_knobs(runs)) <= 3
-    (('gemm.max_fraction',), True)
-    """
+    saturation beside it (one run's step fits any split between the two, so the file's half
+    saturation is kept); the fused-attention curve when fused-attention runs span several
+    sequence lengths (and its head-dim term several head dims), unless the file's was fitted
+    on kernels (``kernel_curve``: kept); the overlap contention when some run overlaps its
+    data-parallel traffic. In that order, and no more than one for the first run and one for
+    every two more (the half saturation from three runs on): a knob a run fits exactly leaves
+    no residual to check it (``tests/test_own_cluster.py`` holds the counts)."""
     groups = [["gemm.max_fraction"], ["gemm.half_saturation_gflop"] * (len(runs) >= 2)]
     fused = [r for r in runs if r.config.flash_attention]
-    if len({r.config.seq_len for r in fused}) >= 2 and not kernel_attention:
+    if len({r.config.seq_len for r in fused}) >= 2 and not kernel_curve:
         # the curve's ceiling and half saturation come together (a block needs both)
         attention = ["attention.max_fraction", "attention.half_saturation_tokens"]
         head_dims = {r.model.hidden_size // r.model.num_attention_heads for r in fused}
@@ -334,8 +332,10 @@ def calibrate(
                          f"{left}")  # fmt: skip
     name = chip or next(iter(files.values())).device.name
     clusters = {k: without_fits(c) for k, c in files.items()}
-    kernels = all(kernel_attention(c) for c in clusters.values())
-    fit = fit_knobs(fitted_on, clusters, fittable_knobs(fitted_on, kernel_attention=kernels))
+    # one file's kernel-fitted curve keeps the runs off every file's (a runs' ceiling written
+    # into a block that still names its kernel would say it was measured)
+    kernels = any(kernel_attention(c) for c in clusters.values())
+    fit = fit_knobs(fitted_on, clusters, fittable_knobs(fitted_on, kernel_curve=kernels))
     after = validation_rows(mine, {k: with_values(c, fit.values) for k, c in clusters.items()})
     bands = error_bands(after)
     families = tuple(sorted({r.family for r in fitted_on}))

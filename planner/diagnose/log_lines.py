@@ -36,6 +36,7 @@ refused.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from planner.errors import InputError
@@ -57,7 +58,9 @@ _ARG_LINE = re.compile(r"^\s*(\w+) \.+ (.*?)\s*$")
 _TITAN_STARTS = {"Starting job:": "a 'Starting job' line",
                  "Building device mesh with parallelism:": "a device-mesh line",
                  "Building ": "a 'Building ... with {' line"}  # fmt: skip
-_TITAN_BUILD = re.compile(r"Building \S+ \S+?\s*with \{")
+TITAN_BUILD = re.compile(r"Building (\S+) (\S+?)\s*with (\{.*)$")
+"""torchtitan's ``Building {name} {flavor}with {model args}`` (train.py:143-146 at 73a0e69):
+its name, flavor and the model args as JSON."""
 _TITAN_DEVICE = re.compile(r"\b[A-Z]+ capacity: (.+?) with [0-9.]+GiB memory")
 _FRAMEWORKS = {"megatron": "Megatron-LM", "torchtitan": "torchtitan"}
 
@@ -165,7 +168,7 @@ def _start_of_run(text: str) -> tuple[str, str] | None:
     if _DUMP_START.fullmatch(text.strip()):
         return "megatron", "an arguments dump"
     for start, said in _TITAN_STARTS.items():
-        if start in text and (start != "Building " or _TITAN_BUILD.search(text)):
+        if start in text and (start != "Building " or TITAN_BUILD.search(text)):
             return "torchtitan", said
     return None
 
@@ -202,5 +205,11 @@ def check_one_run(lines: list[str], *, where: str) -> None:
         if step is not None:
             last[source] = step.step
     if len(starts) > 1:
+        counts = Counter(s.step for s in steps.values()).values()
+        # every step printed as often: maybe one run's ranks, none of them prefixed
+        ranks = (f"; or, each step printed {min(counts)} times, one run's ranks without a "
+                 f"rank prefix: keep one rank's lines (torchrun --local-ranks-filter 0, as "
+                 f"torchtitan's run_train.sh does with LOG_RANK)"
+                 if len(set(counts)) == 1 and min(counts) > 1 else "")  # fmt: skip
         raise InputError(f"{where}: the log holds {len(starts)} runs, {', '.join(starts)}: "
-                         f"split it into one log per run and read each")  # fmt: skip
+                         f"split it into one log per run and read each{ranks}")  # fmt: skip

@@ -33,12 +33,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from planner.diagnose.log_lines import clean, texts
+from planner.diagnose.log_lines import TITAN_BUILD, clean, texts
 from planner.errors import InputError
 from planner.graph import lower, parameter_count
 from planner.spec import ModelSpec, TrainingSpec
 
-_TITAN_BUILD = re.compile(r"Building (\S+) (\S+?)\s*with (\{.*)$")
 _TITAN_SIZE = re.compile(r"Model (\S+) (\S+) size: ([0-9,]+) total parameters")
 _TITAN_MESH = re.compile(r"Building device mesh with parallelism: (.*)$")
 _TITAN_AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
@@ -144,7 +143,7 @@ def titan_model(lines: list[str]) -> TitanModel | None:
     interleave theirs)."""
     cleaned = [(source, text.rstrip()) for source, text in map(clean, lines)]
     for i, (source, line) in enumerate(cleaned):
-        if not (m := _TITAN_BUILD.search(line)):
+        if not (m := TITAN_BUILD.search(line)):
             continue
         block, depth = [], 0
         for part in [m.group(3), *(t for s, t in cleaned[i + 1:] if s == source)]:

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from planner.errors import InputError
 from planner.plan.chunks import cuts_into
-from planner.plan.config import ParallelConfig
+from planner.plan.config import ParallelConfig, stage_layers
 from planner.spec import ModelSpec
 from planner.spec.reading import fill_training
 from planner.uniform.recomputations import lean_recompute_modules
@@ -279,10 +279,8 @@ def _cuts(model: ModelSpec, pp: int, ends: tuple[int | None, int | None], vpp: i
     """Whether ``pp`` stages with these end stages' layers (None: equal stages) cut into
     ``vpp`` model chunks each (:func:`planner.plan.chunks.cuts_into`)."""
     first, last = ends
-    if first is None or last is None:
-        return cuts_into((model.num_layers // pp,) * pp, vpp, model.mtp_layers)
-    middle = (model.num_layers - first - last) // (pp - 2) if pp > 2 else 0
-    return cuts_into((first, *(middle,) * (pp - 2), last), vpp, model.mtp_layers)
+    layers = stage_layers(model.num_layers, pp=pp, first=first, last=last)
+    return cuts_into(layers, vpp, model.mtp_layers)
 
 
 SWITCHES = {name.replace("-", "_"): name for name in STACK_SWITCHES}

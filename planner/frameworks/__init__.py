@@ -125,7 +125,6 @@ def launch(
     """
     target = profile(framework)
     check_platform(framework, cluster.device)
-    cluster = at_plan_size(plan, cluster)
     resolved = plan_configuration(plan, model, cluster, framework=framework, paths=paths)
     reasons = target.refusals(resolved, model)
     if reasons:

@@ -31,9 +31,11 @@ def family(model: ModelSpec) -> Family | None:
     modern = shape == ("swiglu", "rmsnorm", "rope") and not model.bias
     if model.mla is not None:
         # DeepSeek-V3's modeling: MLA, and experts with shared ones, a dense prefix and the
-        # aux-loss-free bias, on the Llama-shaped rest. Its gate (MoEGate.forward in the
-        # checkpoint's modeling_deepseek.py) raises NotImplementedError for any scoring but
-        # sigmoid and any top-k method but noaux_tc, so DeepSeek-V2's softmax routing is not it.
+        # aux-loss-free bias, on the Llama-shaped rest. Its gate (MoEGate.forward of
+        # modeling_deepseek.py in deepseek-ai/DeepSeek-V3 on the Hugging Face Hub, the file
+        # auto_policy.py:170-176 loads with trust_remote_code) raises NotImplementedError for any
+        # scoring but sigmoid and any top-k method but noaux_tc: DeepSeek-V2's softmax routing
+        # is not it.
         plain = not (model.qk_layernorm or model.has_qkv_bias)
         moe = model.moe
         v3_gate = moe is not None and moe.score_function == "sigmoid" and moe.router_expert_bias

@@ -221,17 +221,21 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
 
 def rope_notes(model: ModelSpec, seq_len: int) -> tuple[str, ...]:
     """Megatron-DeepSpeed's rotary embedding takes a base and nothing else
-    (``megatron/model/language_model.py:437``): within the context the scaling stretches
-    from, its positions are the model's; beyond it they are positions the scaling was there
-    to reach."""
+    (``megatron/model/language_model.py:437``). A static scaling (linear, llama3, YaRN)
+    rescales the rotary frequencies at every position (transformers'
+    ``modeling_rope_utils``): the checkpoint's positions are not what this launch computes at
+    any length. Dynamic NTK scaling changes nothing within the context it stretches from."""
     scaling = model.rope_scaling
     if model.position_embedding != "rope" or scaling is None:
         return ()
     head = (f"Megatron-DeepSpeed has no RoPE scaling: the model's {scaling.rope_type} x"
             f"{scaling.factor:g} is not applied")  # fmt: skip
     original = scaling.original_max_position_embeddings
-    if original is not None and seq_len > original:
-        return (f"{head}, and this plan trains {seq_len}-token sequences, beyond the "
-                f"{original} it stretches from: its positions there are not the model's "
-                f"(extend the context with the scaling in another framework)",)  # fmt: skip
-    return (f"{head} (training within the original context is unaffected)",)
+    beyond = original is not None and seq_len > original
+    if scaling.rope_type == "dynamic" and not beyond:
+        return (f"{head} (dynamic scaling changes nothing within the original context)",)
+    length = (f"; at {seq_len}-token sequences, beyond the {original} it stretches from, the "
+              f"unscaled positions are ones the model never saw" if beyond else "")
+    return (f"{head}: its rotary frequencies are not the checkpoint's at any length, so a run "
+            f"that continues the checkpoint trains another model (one from scratch trains "
+            f"plain RoPE){length}",)

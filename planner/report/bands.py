@@ -65,7 +65,7 @@ def band_line(band: ErrorBand | None, *, rows: Sequence[str] = ()) -> str:
 
 def ranked_line(ranked_by: str, objective: float | None, step_s: float) -> str | None:
     """What a plan ranked by its band's slow end was ranked by: ``ranked by the step at its
-    band's p95 end: 6.393 s (+35 %)``; None for the expected step.
+    band's p95 end: 6.393 s (+36 %)``; None for the expected step.
 
     >>> ranked_line("p95", 6.393, 4.72)
     "ranked by the step at its band's p95 end: 6.393 s (+36 %)"
@@ -106,7 +106,7 @@ their order is not significant
               if s != fastest and s <= fastest * (1 + width)]  # fmt: skip
     if inside:
         verb = "is" if len(inside) == 1 else "are"
-        text = band.text if quantile == 0.8 else f"{plus_minus(width)} at p95"
+        text = band.text if quantile == 0.8 else f"{plus_minus(width)} at p{100 * quantile:.0f}"
         whose = (f"its band ({text})" if same else
                  f"the band of {name} ({fastest:.3f} s {text})")  # fmt: skip
         said.append(f"{', '.join(inside)} {verb} inside {whose}: their order is not "

@@ -80,10 +80,11 @@ def _ruled_out(n: Neighbour, plan: Plan) -> str:
     if n.framework_refusals:
         # what the first rule names (``overlap_moe_expert_parallel_comm with tp_comm_overlap``):
         # the framework launches the knob, not beside what the rule says
+        # (the rules' messages say what, then ": " and why; a long head is said in the table)
         first = n.framework_refusals[0].split(": ", 1)[0]
         more = len(n.framework_refusals) - 1
-        clauses.append(f"{_who(plan)} does not launch it ({first}"
-                       f"{f' and {more} more' if more else ''})")
+        named = f" ({first}{f' and {more} more' if more else ''})" if len(first) <= 80 else ""
+        clauses.append(f"{_who(plan)} does not launch it{named}")
     if clauses:
         return " and ".join(clauses)
     if _unsearched(n, plan) == ["stack"]:  # a stack's switch: solve plans on the stack given

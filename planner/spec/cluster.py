@@ -337,7 +337,7 @@ class ClusterSpec(_Frozen):
         for i, (inner, outer) in enumerate(pairwise(domains)):
             if outer <= inner or outer % inner:
                 # the usual slip: a wider scale-up domain beside the file's outer level
-                fit = outer // inner * inner if outer > inner else 2 * inner
+                fit = max(2, -(-outer // inner)) * inner  # rounded up: it must hold them
                 what = "larger than" if outer <= inner else "a whole multiple of"
                 raise ValueError(
                     f"network levels must grow outwards by whole multiples: {domains}: "

@@ -17,8 +17,9 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from planner.errors import InputError
 from planner.frameworks import check_framework
 from planner.options import SEARCH_TIME_LIMIT_S, SolveOptions
-from planner.spec import ClusterSpec, ModelSpec, TrainingSpec, physics
+from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
 from planner.spec.messages import describe_validation_error, short_repr
+from planner.spec.reading import check_cluster
 from planner.sweep.file import PRICE, SweepFile, Value
 
 TRAINING_FIELDS = tuple(TrainingSpec.model_fields)
@@ -284,8 +285,7 @@ def _cluster(sweep: SweepFile, at: dict[str, Value], where: _Where) -> ClusterSp
     try:
         # a figure no hardware has, as a cluster file's is refused (a 400 Gb/s NIC written as
         # 400 GB/s is the sweep's usual slip), and more devices than the outer level holds
-        physics.check_cluster(cluster, source="cluster")
-        physics.check_fabric(cluster, field="cluster.num_nodes")
+        check_cluster(cluster, source="cluster")
     except InputError as exc:
         point = ", ".join(f"{a}={short_repr(v)}" for a, v in at.items())
         raise InputError(f"{sweep.source}: point {where.index} ({point}): {exc}") from None
