@@ -8,7 +8,7 @@ flavor; the keys are torchtitan v0.2.2's (pytorch/torchtitan@73a0e69
 
 from __future__ import annotations
 
-from planner.plan.chunks import chunk_sizes
+from planner.plan.chunks import chunk_sizes, virtual_stages
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec
 
@@ -85,12 +85,9 @@ def model_parts(layers: tuple[int, ...], vpp: int, *, v_shape: bool = False) -> 
     >>> [sum(name.startswith("layers.") for name in part) for part in parts]
     [1, 2, 2, 1]
     """
-    pp = len(layers)
-    if v_shape:
-        sizes = [layers[min(k, 2 * pp - 1 - k)] // vpp for k in range(pp * vpp)]
-    else:  # a looped schedule's chunks as Megatron-Core cuts them, the ends' slots short
-        chunks = chunk_sizes(layers, vpp)
-        sizes = [chunks[k % pp][k // pp] for k in range(pp * vpp)]
+    # a looped schedule's chunks as Megatron-Core cuts them, the ends' slots short; a V's halves
+    chunks = ([(n // vpp,) * vpp for n in layers] if v_shape else chunk_sizes(layers, vpp))
+    sizes = [chunks[s][c] for s, c in virtual_stages(len(layers), vpp, v_shape=v_shape)]
     parts, first = [], 0
     for size in sizes:
         parts.append([f"layers.{i}" for i in range(first, first + size)])

@@ -165,14 +165,25 @@ def layout(layers: tuple[int, ...], vpp: int, mtp: int) -> str:
     return text
 
 
+def virtual_stages(pp: int, vpp: int, *, v_shape: bool = False) -> list[tuple[int, int]]:
+    """The model's virtual stages in order, each as (pipeline stage, its chunk): virtual stage
+    ``c x pp + s`` is stage s's chunk c (Megatron-Core's ``get_transformer_layer_offset``,
+    PyTorch's looped schedules), or on a V schedule (``v_shape``, two chunks) stage s holds
+    virtual stages s and ``2 pp - 1 - s`` (PyTorch's ``ScheduleZBVZeroBubble``).
+
+    >>> virtual_stages(2, 2), virtual_stages(2, 2, v_shape=True)
+    ([(0, 0), (1, 0), (0, 1), (1, 1)], [(0, 0), (1, 0), (1, 1), (0, 1)])
+    """
+    if v_shape:
+        return [(s, 0) for s in range(pp)] + [(s, 1) for s in reversed(range(pp))]
+    return [(s, c) for c in range(vpp) for s in range(pp)]
+
+
 def chunk_layers(layers: tuple[int, ...], vpp: int, *, v_shape: bool = False,
                  mtp: int = 0) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Each stage's model chunks as the decoder layers they hold (first and last, from 1),
-    the empty ones left out: virtual stage ``c x pp + s`` is stage s's chunk c, as Megatron-Core
-    (``get_transformer_layer_offset``) and PyTorch's looped schedules place them, or, on a V
-    schedule (``v_shape``, two chunks), stage s holds virtual stages s and ``2 pp - 1 - s``
-    (PyTorch's ``ScheduleZBVZeroBubble``); the cut is :func:`chunk_sizes`' (ValueError where
-    there is none).
+    the empty ones left out, placed in :func:`virtual_stages`' order; the cut is
+    :func:`chunk_sizes`' (ValueError where there is none).
 
     >>> chunk_layers((4, 4), 2)
     (((1, 2), (5, 6)), ((3, 4), (7, 8)))
@@ -182,14 +193,9 @@ def chunk_layers(layers: tuple[int, ...], vpp: int, *, v_shape: bool = False,
     ((1, 1), (8, 9), (16, 17), (24, 25))
     """
     cut = chunk_sizes(layers, vpp, mtp)
-    pp = len(layers)
-    if v_shape:
-        order = [(s, 0) for s in range(pp)] + [(s, 1) for s in reversed(range(pp))]
-    else:
-        order = [(s, c) for c in range(vpp) for s in range(pp)]
     held: list[list[tuple[int, int]]] = [[] for _ in layers]
     start = 1
-    for stage, chunk in order:
+    for stage, chunk in virtual_stages(len(layers), vpp, v_shape=v_shape):
         size = cut[stage][chunk]
         if size:
             held[stage].append((start, start + size - 1))
