@@ -70,9 +70,24 @@ def test_v2_routing_is_read_as_its_gate_runs() -> None:
     assert as_v3.moe is not None and as_v3.moe.router_topk_scaling_factor == 1.0
 
 
+def test_v2_weights_are_renormalized_or_scaled_and_balanced_by_its_loss() -> None:
+    """DeepSeek-V2's gate renormalizes the top-k weights with ``norm_topk_prob`` and scales
+    them otherwise, never both (the export kept the x16 beside the renormalization); a model
+    without the routing bias trains with its balancing loss, ``aux_loss_alpha`` (the export
+    left it at Megatron's 0)."""
+    normalized = model_from_hf_config(_config("DeepSeek-V2") | {"norm_topk_prob": True},
+                                      source="t.json").moe
+    assert normalized is not None
+    assert (normalized.router_topk_normalized, normalized.router_topk_scaling_factor) == (
+        True, 1.0)
+    moe = _model("DeepSeek-V2").moe
+    assert moe is not None and moe.router_aux_loss_coeff == 0.001
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"topk_method": "noaux_tc"}, r"topk_method 'noaux_tc' is not supported; supported: "
                                   r"greedy, group_limited_greedy$"),
+    ({"n_group": None}, r"topk_method 'group_limited_greedy' needs n_group and topk_group"),
     ({"scoring_func": "sigmoid"}, r"scoring_func 'sigmoid' is not supported; DeepSeek-V2's "
                                   r"gate scores with softmax$"),
 ])  # fmt: skip
@@ -86,7 +101,8 @@ def test_megatron_routes_v2_with_softmax_before_the_top_k() -> None:
     (``moe_utils.py:900-914``), with V2's groups and scale."""
     flags = dict(router_flags(_model("DeepSeek-V2").moe))  # type: ignore[arg-type]
     assert flags == {"--moe-router-pre-softmax": None, "--moe-router-topk-scaling-factor": 16.0,
-                     "--moe-router-num-groups": 8, "--moe-router-group-topk": 3}
+                     "--moe-router-num-groups": 8, "--moe-router-group-topk": 3,
+                     "--moe-aux-loss-coeff": 0.001}
 
 
 @pytest.mark.parametrize(("name", "flavor"), [("DeepSeek-V2-Lite", "16B"),

@@ -92,3 +92,16 @@ def test_modules_cut_needs_the_model() -> None:
     cut = chunk_layers((7, 8, 8, 8, 8, 8, 8, 6), 4, mtp=1)
     assert (cut[6][-1], cut[7][-1]) == ((60, 61), (46, 47))
     assert _rows(_text(plan_tables(plan), 120))["0"] == "1-7"
+
+
+def test_a_v_schedules_middle_stages_are_each_said() -> None:
+    """Llama 3 70B on ZB-V, PP4: stage 1 holds layers 11-20 and 61-70, stage 3 the V's turn;
+    the middle stages, alike in their costs, folded into one row of "(20 each)", which hid
+    the pairing."""
+    model = load_model(MODELS / "llama3-70b.json")
+    cluster = load_cluster(CLUSTERS / "dgx-h100-80gb.json", nodes=8)
+    plan = uniform_plan(model, cluster, ParallelConfig(tp=8, pp=4, vpp=2, schedule="zb-v",
+                                                       mbs=1, global_batch=128))  # fmt: skip
+    rows = _rows(_text(plan_tables(plan), 100))
+    assert rows == {"0": "1-10, 71-80", "1": "11-20, 61-70", "2": "21-30, 51-60",
+                    "3": "31-40, 41-50"}

@@ -219,7 +219,11 @@ def _text(value: float | str) -> str:
 
 def _scaling(model: ModelSpec) -> str:
     scaling = model.rope_scaling
-    return "none" if scaling is None else f"{scaling.rope_type} x{scaling.factor:g}"
+    if scaling is None:
+        return "none"
+    mscale = scaling.mscale
+    return (f"{scaling.rope_type} x{scaling.factor:g}"
+            + (f" mscale {mscale:g}" if mscale not in (None, 1.0) else ""))
 
 
 def _router(moe: MoESpec) -> str:

@@ -70,8 +70,8 @@ def ranked_line(ranked_by: str, objective: float | None, step_s: float) -> str |
     >>> ranked_line("p95", 6.393, 4.72)
     "ranked by the step at its band's p95 end: 6.393 s (+36 %)"
     """
-    if ranked_by == "expected" or objective is None:
-        return None
+    if ranked_by == "expected" or objective is None or objective <= step_s:
+        return None  # no band at that quantile (an uncalibrated device): the step itself
     # rounded up as the band's half-width is printed, the band it was ranked by
     width = plus_minus(objective / step_s - 1).removeprefix("+/- ")
     return f"ranked by the step at its band's {ranked_by} end: {objective:.3f} s (+{width})"

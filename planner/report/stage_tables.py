@@ -34,8 +34,15 @@ def stage_tables(plan: Plan, mtp_layers: int) -> RenderableType:
                                  (costs, _STAGE_COSTS, slice(split, None))):  # fmt: skip
         for col, justify in (("stage", "right"), ("layers", "right"), *columns):
             table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        # each table folds the runs of stages that are alike in its own columns
-        for first, last, cells in _stage_runs(plan.stages, part, plan.data_parallel_replicas):
+        # each table folds the runs of stages that are alike in its own columns; stages of
+        # chunks fold only as the whole pipeline (a V's middle stages hold other layers alike)
+        runs = _stage_runs(plan.stages, part, plan.data_parallel_replicas)
+        if held is not None:
+            whole = (0, len(plan.stages) - 1)
+            runs = [r for first, last, cells in runs for r in (
+                [(first, last, cells)] if (first.index, last.index) == whole else
+                [(s, s, cells) for s in plan.stages[first.index:last.index + 1]])]
+        for first, last, cells in runs:
             stage = str(first.index) if first is last else f"{first.index}-{last.index}"
             table.add_row(stage, _layers_cell(first, last, held, plan), *cells)
     return FirstThatFits(keep_whole(one), Group(keep_whole(layout), keep_whole(costs)))

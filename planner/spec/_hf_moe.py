@@ -163,10 +163,12 @@ _V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
 
 
 def _deepseek_v2_router(cfg: HFConfig) -> dict[str, Any]:
-    """Softmax scores (DeepSeek-V2's gate knows no other), top-k weights scaled but not
-    renormalized, at DeepseekV2Config's defaults; ``group_limited_greedy`` draws the k experts
-    from the ``topk_group`` best of ``n_group`` groups (the device-limited routing of the V2
-    paper), ``greedy`` from all of them."""
+    """Softmax scores (DeepSeek-V2's gate knows no other), top-k weights scaled by
+    ``routed_scaling_factor`` or, with ``norm_topk_prob``, renormalized and not scaled (its
+    MoEGate.forward: one or the other), at DeepseekV2Config's defaults; ``group_limited_greedy``
+    draws the k experts from the ``topk_group`` best of ``n_group`` groups (the device-limited
+    routing of the V2 paper), ``greedy`` from all of them; ``aux_loss_alpha`` its balancing
+    loss."""
     score = cfg.get_str("scoring_func", "softmax")
     if score != "softmax":
         raise cfg.fail(f"scoring_func {short_repr(score)} is not supported; DeepSeek-V2's gate "
@@ -177,12 +179,20 @@ def _deepseek_v2_router(cfg: HFConfig) -> dict[str, Any]:
                        f"{', '.join(_V2_TOPK_METHODS)}")  # fmt: skip
     grouped: dict[str, int] = {}
     if method == "group_limited_greedy":
+        if cfg.data.get("n_group") is None or cfg.data.get("topk_group") is None:
+            raise cfg.fail("topk_method 'group_limited_greedy' needs n_group and topk_group "
+                           "(DeepSeek-V2's gate groups the experts by them)")  # fmt: skip
         groups, chosen = cfg.positive_int("n_group", 1), cfg.positive_int("topk_group", 1)
         if groups > 1:
             grouped = {"router_num_groups": groups, "router_group_topk": chosen}
-    return {"router_score_function": score,
-            "router_topk_normalized": cfg.get_bool("norm_topk_prob", False),
-            "router_topk_scaling_factor": cfg.get_float("routed_scaling_factor", 1.0),
+    normalized = cfg.get_bool("norm_topk_prob", False) and cfg.need_int("num_experts_per_tok") > 1
+    # the gate scales the weights only where it does not renormalize them
+    scale = 1.0 if normalized else cfg.get_float("routed_scaling_factor", 1.0)
+    # aux_loss_alpha: its balancing loss (seq_aux: per sequence), which a model without the
+    # routing bias trains with; Megatron-Core's default aux_loss balances per microbatch
+    return {"router_score_function": score, "router_topk_normalized": normalized,
+            "router_topk_scaling_factor": scale,
+            "router_aux_loss_coeff": cfg.get_float("aux_loss_alpha", 0.001),
             **grouped}  # fmt: skip
 
 
