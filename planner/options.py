@@ -245,10 +245,9 @@ class SolveOptions:
             value = getattr(self, name)
             if value is not None and value not in choices:
                 raise InputError(f"{name} {value!r}: choose from {', '.join(choices)}")
-        for name in ("global_batch_size", "seq_length", "max_mesh_nodes"):
-            value = getattr(self, name)
-            if value is not None and not _is_count(value):
-                raise InputError(f"{name} {value!r}: a whole number, at least 1")
+        if self.max_mesh_nodes is not None and not _is_count(self.max_mesh_nodes):
+            raise InputError(f"max_mesh_nodes {self.max_mesh_nodes!r}: a whole number, at "
+                             "least 1")  # fmt: skip
 
     def margin_bytes(self, device: DeviceSpec, stack: Stack) -> float:
         """The memory a plan run by ``stack`` leaves free on ``device``: the margin given, or

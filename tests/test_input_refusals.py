@@ -226,14 +226,14 @@ def test_a_bench_degree_that_splits_nothing_is_refused_before_timing() -> None:
 
 @pytest.mark.parametrize(("options", "said"), [
     ({"framework": "megatorn"}, "framework 'megatorn' is not a framework the planner knows"),
-    ({"global_batch_size": -1}, "global_batch_size -1: a whole number, at least 1"),
     ({"stack": "nope"}, "stack 'nope': choose from megatron-te,"),
     ({"backend": "gurobi"}, "backend 'gurobi': choose from ortools, pulp, cpsat"),
     ({"max_mesh_nodes": 0}, "max_mesh_nodes 0: a whole number, at least 1"),
 ])  # fmt: skip
 def test_solve_options_are_checked_when_built(options: dict, said: str) -> None:
     """A job spec an embedder validates before queueing it: each bad option is an InputError
-    when SolveOptions is built (the framework, batch and stack were refused only by solve,
-    after loading; an unknown backend only by a per-operator search; a mesh of 0 nodes never)."""
+    when SolveOptions is built (the framework and stack were refused only by solve, after
+    loading; an unknown backend only by a per-operator search; a mesh of 0 nodes never). The
+    run's length and batch are checked with the model's block, by training_of."""
     with pytest.raises(InputError, match=re.escape(said)):
         SolveOptions(**options)

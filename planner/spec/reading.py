@@ -230,12 +230,14 @@ def load_cluster(path: str | Path, nodes: int | None = None) -> ClusterSpec:
     return cluster
 
 
-def check_cluster(cluster: ClusterSpec, *, source: str = "cluster") -> tuple[str, ...]:
+def check_cluster(cluster: ClusterSpec, *, source: str = "cluster",
+                  nodes_field: str | None = None) -> tuple[str, ...]:
     """The checks :func:`load_cluster` makes of a file, for a cluster built in code (a
     :class:`ClusterSpec` validates each field alone): an :class:`InputError` for a figure no
     hardware has (a 400 Gb/s NIC written as 400 GB/s) or more devices than the outermost
     network level holds; the warnings, one line each, for what is only unlikely (an H100 of
-    192 GiB), as the commands print them.
+    192 GiB), as the commands print them; ``nodes_field`` names the node count in the first
+    (a sweep's ``cluster.num_nodes``).
 
     >>> from planner import load_cluster
     >>> h100 = load_cluster("instances/clusters/dgx-h100-80gb.json")
@@ -250,7 +252,7 @@ def check_cluster(cluster: ClusterSpec, *, source: str = "cluster") -> tuple[str
     inventory: device.memory_gib: 800 GiB is outside the range 1 to 640
     """
     physics.check_cluster(cluster, source=source)
-    physics.check_fabric(cluster, field=f"{source}: num_nodes")
+    physics.check_fabric(cluster, field=nodes_field or f"{source}: num_nodes")
     return physics.cluster_warnings(cluster, source=source)
 
 

@@ -285,7 +285,7 @@ def _cluster(sweep: SweepFile, at: dict[str, Value], where: _Where) -> ClusterSp
     try:
         # a figure no hardware has, as a cluster file's is refused (a 400 Gb/s NIC written as
         # 400 GB/s is the sweep's usual slip), and more devices than the outer level holds
-        check_cluster(cluster, source="cluster")
+        check_cluster(cluster, source="cluster", nodes_field="cluster.num_nodes")
     except InputError as exc:
         point = ", ".join(f"{a}={short_repr(v)}" for a, v in at.items())
         raise InputError(f"{sweep.source}: point {where.index} ({point}): {exc}") from None
