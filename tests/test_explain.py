@@ -9,6 +9,7 @@ import json
 import pytest
 
 from planner import cost, estimate
+from planner.cost.memory import NCCL_ALL_TO_ALL_PEER_BYTES
 from planner.diagnose.explain import explain, memory_binding
 from planner.diagnose.explanation import Explanation
 from planner.diagnose.notches import KNOBS, notches, with_changes
@@ -18,7 +19,7 @@ from planner.errors import ConfigError, InputError
 from planner.frameworks import profile
 from planner.plan.config import ParallelConfig, resolve
 from planner.plan.inputs import check_inputs, model_hashes
-from planner.report.explain import explain_json, verdict, why_this_plan
+from planner.report.explain import explain_json, reasons, verdict, why_this_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
 from planner.uniform.plan import uniform_plan
@@ -492,3 +493,28 @@ def test_a_refused_faster_notch_names_the_rule() -> None:
                if x.startswith("  tp-comm-overlap off -> on")]
     assert line.endswith("Megatron-LM does not launch it (overlap_moe_expert_parallel_comm "
                          "with tp_comm_overlap)")
+
+
+def test_a_wider_domain_says_its_reserve_grew() -> None:
+    """DeepSeek-V3's plan on 16-GPU NVLink domains: more of its experts' all-to-all peers
+    share a domain, each with NCCL's buffers, and it no longer fits; the what-if row said
+    only "over". It now says the reserve grew, and by how much."""
+    model = load_model("instances/models/deepseek-v3.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 64)
+    config = ParallelConfig(tp=4, pp=4, vpp=4, ep=128, etp=1, sp=True, mbs=1,
+                            first_stage_layers=15, last_stage_layers=14, recompute="selective",
+                            recompute_modules="moe_act,layernorm,mla_up_proj", zero=1,
+                            overlap_grad_reduce=True, overlap_param_gather=True,
+                            overlap_moe_expert_parallel_comm=True, global_batch=2048)
+    plan = uniform_plan(model, cluster, config)
+    explained = explain(plan, model, cluster)
+    (wider,) = [w.priced for w in explained.hardware if w.change.startswith("nvlink domain")]
+    grown = [r for r in reasons(wider, plan) if r.startswith("its reserve")]
+    busiest = max(plan.stages, key=lambda s: s.memory.total_gib).memory
+    assert wider.memory is not None
+    assert grown == [f"its reserve (CUDA, NCCL's buffers, the allocator's cache) grows "
+                     f"{wider.memory.other_gib - busiest.other_gib:.1f} GiB: NCCL holds "
+                     f"buffers for each all-to-all peer inside a scale-up domain"]
+    # EP128 over 8-GPU domains: 7 peers inside; over 16-GPU ones, 15: 8 more of NCCL's buffers
+    peers = 8 * NCCL_ALL_TO_ALL_PEER_BYTES / GIB
+    assert wider.memory.other_gib - busiest.other_gib == pytest.approx(peers, abs=0.2)

@@ -50,10 +50,20 @@ def verdict(n: Neighbour, plan: Plan) -> str:
 
 
 def reasons(n: Neighbour, plan: Plan) -> list[str]:
-    """Why ``n`` does not divide, or why the framework refuses it, in their own words."""
+    """Why ``n`` does not divide, or why the framework refuses it, in their own words; for
+    the plan on other hardware, that its reserve grew (a wider scale-up domain puts more of
+    an all-to-all's peers inside it, each with NCCL's buffers)."""
     if n.refusal is not None:
         return [n.refusal]
-    return [f"{_who(plan)}: {reason}" for reason in n.framework_refusals]
+    said = [f"{_who(plan)}: {reason}" for reason in n.framework_refusals]
+    if n.knob == "plan" and n.memory is not None:
+        busiest = max(plan.stages, key=lambda s: s.memory.total_gib).memory
+        grown = n.memory.other_gib - busiest.other_gib
+        if grown >= 0.5:
+            said.append(f"its reserve (CUDA, NCCL's buffers, the allocator's cache) grows "
+                        f"{grown:.1f} GiB: NCCL holds buffers for each all-to-all peer inside "
+                        f"a scale-up domain")  # fmt: skip
+    return said
 
 
 def why_this_plan(e: Explanation, plan: Plan) -> list[str]:
