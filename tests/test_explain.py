@@ -518,3 +518,18 @@ def test_a_wider_domain_says_its_reserve_grew() -> None:
     # EP128 over 8-GPU domains: 7 peers inside; over 16-GPU ones, 15: 8 more of NCCL's buffers
     peers = 8 * NCCL_ALL_TO_ALL_PEER_BYTES / GIB
     assert wider.memory.other_gib - busiest.other_gib == pytest.approx(peers, abs=0.2)
+
+
+def test_a_refused_row_says_how_it_was_priced(
+    plan, explained: Explanation  # type: ignore[no-untyped-def]
+) -> None:
+    """GPT-3's ``zero 1 -> 2`` is refused and priced with the plan's overlaps, where
+    ``estimate --framework`` of the same knobs leaves them off and differs: a note under the
+    table says so (the two commands disagreed without a word)."""
+    from planner.report.explain import explain_tables
+    from tests.test_stage_tables import _text
+
+    assert any(n.framework_refusals for n in explained.sensitivities)
+    text = " ".join(_text(explain_tables(explained, plan), 100).split())
+    assert ("note: a refused change is priced with the plan's other settings, its overlap "
+            "flags included") in text

@@ -237,6 +237,12 @@ def explain_tables(e: Explanation, plan: Plan) -> list[RenderableType]:
     if e.sensitivities:
         out += _neighbour_table("one notch each way (free: GiB beside the margin; < 0: over)",
                                 [(n.change, n) for n in e.sensitivities], plan)
+        if any(n.framework_refusals for n in e.sensitivities):
+            # estimate --framework of the same knobs prices another configuration: the
+            # overlaps it is not given stay off there
+            out.append(Prose("note: a refused change is priced with the plan's other settings, "
+                             "its overlap flags included; `estimate --framework` turns off the "
+                             "overlaps it is not given", style="dim"))
     if e.hardware:
         rows = []
         for w in e.hardware:
