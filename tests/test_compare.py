@@ -132,3 +132,31 @@ def test_to_json_marks_a_method_without_plan() -> None:
                     MethodResult(method="grid", plan=None, solve_time_s=0.2, error="x")])
     assert rows[1]["step_time_s"] is None and rows[1]["error"] == "x"
     assert rows[0]["ratio_to_best"] == 1.0
+
+
+def test_a_per_operator_row_that_reads_as_a_frameworks_says_why_it_differs() -> None:
+    """``any``'s per-operator plan can print the very summary of a framework's uniform plan
+    and price otherwise (Mixtral on 32 H100: 4.586 s against Megatron-LM's 4.590 s, both
+    "TP1 x PP1 x DP32 x EP8, mbs 1, 1F1B, ZeRO-2"); a line says the difference is in its
+    operators' shardings, which the summary does not show."""
+    from planner.diagnose.compare import MethodResult
+    from planner.plan.config import ParallelConfig
+    from planner.report.tables import compare_tables
+    from planner.spec.reading import load_cluster, load_model
+    from planner.uniform.plan import uniform_plan
+    from tests.test_stage_tables import _text
+
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", nodes=1)
+    uniform = uniform_plan(model, cluster, ParallelConfig(tp=2, global_batch=64))
+    step = uniform.predicted.step_time_s
+    faster = uniform.predicted.model_copy(update={"step_time_s": 0.99 * step})
+    per_op = uniform.model_copy(update={"configuration": None, "framework": "any",
+                                        "predicted": faster})  # fmt: skip
+    assert per_op.summary() == uniform.summary()
+    rows = [MethodResult(method="any", plan=per_op, solve_time_s=1.0, label="framework"),
+            MethodResult(method="megatron", plan=uniform, solve_time_s=1.0, label="framework")]
+    text = " ".join(_text(compare_tables(rows), 120).split())
+    assert "any and megatron read alike but differ in any's per-operator shardings" in text
+    same = [rows[1], MethodResult(method="grid", plan=uniform, solve_time_s=1.0)]
+    assert "read alike" not in " ".join(_text(compare_tables(same), 120).split())

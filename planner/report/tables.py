@@ -350,7 +350,16 @@ def compare_tables(results: Sequence[MethodResult]) -> list[RenderableType]:
               if r.plan is not None and r.plan.solver.ranked_by == ranked_by
               and r.plan.solver.objective is not None
               and r.plan.solver.objective > r.plan.predicted.step_time_s]  # fmt: skip
-    lines = [*_band_lines(results),
+    # a per-operator plan can read as a framework's and price otherwise: its operators'
+    # shardings are not in the summary
+    alike = [f"{r.method} and {o.method} read alike but differ in "
+             f"{(r if r.plan.configuration is None else o).method}'s per-operator shardings"
+             for i, r in enumerate(results) for o in results[i + 1:]
+             if r.plan is not None and o.plan is not None
+             and r.plan.summary() == o.plan.summary()
+             and (r.plan.configuration is None) != (o.plan.configuration is None)
+             and r.plan.predicted.step_time_s != o.plan.predicted.step_time_s]  # fmt: skip
+    lines = [*alike, *_band_lines(results),
              *([f"ranked by the step at its band's {ranked_by} end: "
                 + ", ".join(ranked)] if ranked_by != "expected" and ranked else []),
              *([order] if order is not None else [])]  # fmt: skip
