@@ -122,8 +122,8 @@ RULES: tuple[Rule, ...] = (
          holds=lambda m, q, s, d, x: _split(d) | (s.num_layers % (d.pp * d.vpp) == 0)
          | ((s.num_layers % d.pp == 0) & _slotted(m, d, x)),
          message=lambda m, q, s, d, x: f"num_layers({s.num_layers}) is not divisible by "
-         f"pp({d.pp}) x vpp({d.vpp}) = {d.pp * d.vpp} (--first-stage-layers and "
-         f"--last-stage-layers give the end stages fewer)"),
+         f"pp({d.pp}) x vpp({d.vpp}) = {d.pp * d.vpp} (end stages of fewer layers may cut "
+         f"into chunks: estimate's --first-stage-layers and --last-stage-layers)"),
     Rule(name="split_pp",
          holds=lambda m, q, s, d, x: (d.first == 0) & (d.last == 0) | (d.pp > 1),
          message=lambda m, q, s, d, x: "first/last stage layers need pp > 1"),
