@@ -1,8 +1,9 @@
 """torchtitan's job TOML: the tables of one configuration and their text.
 
-Split from :mod:`planner.frameworks.torchtitan`, whose rules decide what torchtitan launches
-and whose :func:`~planner.frameworks.torchtitan.launch` composes these tables with the model's
-flavor; the keys are torchtitan v0.2.2's (pytorch/torchtitan@73a0e69
+Split from :mod:`planner.frameworks.torchtitan`, whose rules
+(:mod:`planner.frameworks._torchtitan_rules`) decide what it launches and whose
+:func:`~planner.frameworks.torchtitan.launch` composes these tables with the model's flavor;
+the keys are torchtitan v0.2.2's (pytorch/torchtitan@73a0e69
 ``torchtitan/config/job_config.py``).
 """
 
