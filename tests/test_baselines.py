@@ -126,15 +126,18 @@ def test_grid_is_the_brute_force_minimum_with_uneven_stages(
 def test_stage_splits_known_answers() -> None:
     """Megatron's equal ends where the remainder allows (Llama 3.1 405B on PP16 as Meta
     trained it), ends one apart either way round where it does not (DeepSeek-V3's 61 layers),
-    the middle one layer heavier as the alternative, and nothing when the ends would be
-    empty."""
+    the middle one layer heavier as the alternative (also where equal stages are possible, after
+    them: DeepSeek-V2's 60 layers on PP4 cut into two chunks only as 14 + 16 x 2 + 14), and
+    nothing when the ends would be empty."""
     assert stage_splits(126, 16) == [(7, 7)]
     assert stage_layers(126, pp=16, first=7, last=7) == (7, *[8] * 14, 7)
     assert stage_splits(61, 16) == [(2, 3), (3, 2)]
     assert stage_splits(126, 4) == [(31, 31), (30, 30)]
     assert stage_splits(61, 2) == [(30, 31), (31, 30)]
     assert stage_splits(126, 48) == [] and stage_splits(32, 33) == []
-    assert stage_splits(96, 8) == [(None, None)]
+    assert stage_splits(96, 8) == [(None, None), (9, 9)]
+    assert stage_splits(60, 4) == [(None, None), (14, 14)]
+    assert stage_splits(96, 16) == stage_splits(64, 2) == stage_splits(64, 1) == [(None, None)]
 
 
 @pytest.mark.parametrize("num_layers", range(2, 70))

@@ -97,8 +97,8 @@ LLAMA = MODELS / "llama3-70b.json"
     (GPT3, A100, 32, "megatron", Pins(tp=8, sp=False), None),
     (GPT3, A100, 32, "megatron", Pins(tp=8, pp=8, sp=False, zero=0, recompute="full"), None),
     (LLAMA, H100, 4, "torchtitan", Pins(tp=4, pp=4), None),
-    (LLAMA, H100, 4, "colossalai", Pins(tp=4, pp=4, zero=1), 16),
-    (LLAMA, H100, 4, "megatron", Pins(tp=4, pp=4, zero=1), 5),
+    (LLAMA, H100, 4, "colossalai", Pins(tp=4, pp=4, zero=1), 15),
+    (LLAMA, H100, 4, "megatron", Pins(tp=4, pp=4, zero=1), 1),
 ])  # fmt: skip
 def test_search_takes_fewest_recomputed_layers_as_brute_force(
     model_path: str, cluster_path: str, nodes: int, framework: str, pins: Pins,
@@ -109,9 +109,10 @@ def test_search_takes_fewest_recomputed_layers_as_brute_force(
     33 % more time; the search recomputes the fewest layers that fit (5 of 12: 74.6 GiB), as
     pricing every count finds, where the framework launches it (not under a pinned full
     recomputation, nor on torchtitan; with SP and ZeRO searched nothing needs it). Llama-3
-    70B on 32 H100s at TP4 PP4: 16 of 20 layers per stage on Colossal-AI (Hugging Face's
-    norms keep their input's fp32 copy); Megatron-LM adds
-    CP2 and recomputes 5; torchtitan recomputes all 20."""
+    70B on 32 H100s at TP4 PP4, its ends a layer lighter (19 + 21 x 2 + 19: the first stage
+    holds the most microbatches in flight): 15 layers per stage on Colossal-AI (Hugging
+    Face's norms keep their input's fp32 copy; 16 of 20 on equal stages); Megatron-LM adds
+    CP2 and recomputes 1 (5 on equal stages); torchtitan recomputes all."""
     model = planner.load_model(model_path)
     cluster = planner.load_cluster(cluster_path, nodes=nodes)
     options = SolveOptions(framework=framework, pins=pins)

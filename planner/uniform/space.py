@@ -56,22 +56,25 @@ StageEnds = tuple[int | None, int | None]
 
 
 def stage_splits(num_layers: int, pp: int) -> list[StageEnds]:
-    """The layer splits tried for ``pp`` stages: equal stages when ``pp`` divides the layers;
-    else Megatron's uneven first and last stage around ``pp - 2`` middle stages of ``m`` layers.
+    """The layer splits tried for ``pp`` stages: ``pp - 2`` middle stages of ``m`` layers and
+    the first and last stage sharing the rest (Megatron's uneven first and last stage), equal
+    stages first where ``pp`` divides the layers.
 
     ``m`` is ``ceil(num_layers / pp)``, the least the busiest stage can hold, or one more (the
     ends then lighten by ``pp - 2`` layers between them: room for the embedding and the head,
-    and an equal split when ``pp`` is odd and the least ``m`` leaves an odd remainder). The ends
-    share what the middle leaves, at least one layer each: equally when it is even (Llama 3.1
-    405B on PP16: 7 + 8 x 14 + 7), else one apart, either way round. At most four splits per
-    ``pp``; none when the middle leaves fewer than two layers (126 layers on PP48).
+    stages that cut into chunks the equal split does not (DeepSeek-V2's 60 layers on PP4
+    VPP2: 14 + 16 x 2 + 14), and an equal split when ``pp`` is odd and the least ``m`` leaves
+    an odd remainder). The ends share what the middle leaves, at least one layer each:
+    equally when it is even (Llama 3.1 405B on PP16: 7 + 8 x 14 + 7), else one apart, either
+    way round. At most four splits per ``pp``; none when the middle leaves fewer than two
+    layers (126 layers on PP48).
 
-    >>> stage_splits(126, 16), stage_splits(96, 16)
-    ([(7, 7)], [(None, None)])
+    >>> stage_splits(126, 16), stage_splits(96, 16), stage_splits(60, 4)
+    ([(7, 7)], [(None, None)], [(None, None), (14, 14)])
     >>> stage_splits(32, 3)
     [(10, 11), (11, 10), (10, 10)]
     """
-    if num_layers % pp == 0:
+    if pp == 1:
         return [(None, None)]
     if pp > num_layers:
         return []
@@ -82,8 +85,9 @@ def stage_splits(num_layers: int, pp: int) -> list[StageEnds]:
         if ends < 2:
             continue
         lighter = ends // 2
-        splits[lighter, ends - lighter] = None
-        splits[ends - lighter, lighter] = None
+        for split in ((lighter, ends - lighter), (ends - lighter, lighter)):
+            equal = num_layers % pp == 0 and split == (least, least)
+            splits[(None, None) if equal else split] = None
     return list(splits)
 
 
