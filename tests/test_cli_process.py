@@ -39,11 +39,23 @@ def test_a_command_prints_what_a_fresh_interpreter_prints(args: tuple[str, ...],
 
 
 def test_a_traceback_ends_as_a_fresh_interpreters(tmp_path: Path) -> None:
-    """``--debug`` on a missing file from another directory: exit code 1 and the traceback
-    (its frames apart) ending in the same exception."""
+    """``--debug`` on a missing file from another directory: the exit code it has without
+    (2: a script sees the same status) and the traceback (its frames apart) ending in the
+    same exception."""
     args = ("--debug", "info", "nowhere.json")
     forked, fresh = cli(*args, cwd=tmp_path), _fresh(*args, columns=200, cwd=tmp_path)
-    assert forked.returncode == fresh.returncode == 1 and forked.stdout == fresh.stdout == ""
+    assert forked.returncode == fresh.returncode == 2 and forked.stdout == fresh.stdout == ""
     assert forked.stderr.startswith("Traceback (most recent call last):")
     assert forked.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1]
     assert "nowhere.json" in forked.stderr.splitlines()[-1]
+
+
+def test_a_bare_group_prints_its_help_laid_out() -> None:
+    """``planner`` and ``planner runs`` without a command: the group's help, its lines as
+    click lays them out (not one ``error:`` paragraph), on stderr with exit code 2; a usage
+    error under ``--debug`` keeps its code."""
+    for args in ((), ("runs",)):
+        done = cli(*args)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.startswith("Usage: planner") and "\nCommands:\n" in done.stderr
+    assert cli("--debug", "solve", "--pp", "300", "m.json", "c.json").returncode == 2

@@ -572,3 +572,17 @@ def test_prose_keeps_numbers_with_their_units(width: int, tmp_path: Path) -> Non
         assert SPLIT_UNIT.search(out) is None, SPLIT_UNIT.search(out)
         prose = [line for line in out.splitlines() if not line.startswith((" ", "─", "┏"))]
         assert [line for line in prose if line.endswith(" ")] == []
+
+
+def test_help_states_each_default_once() -> None:
+    """A search's pin says the search chooses, not also the configuration's own default
+    (``--recompute-modules``: not "default: core_attn. Default: searched."); the memory
+    margin's default names every share :data:`~planner.cost.memory.MEMORY_MARGIN` holds."""
+    from planner.cli.app import MARGIN_DEFAULT
+    from planner.cost.memory import MEMORY_MARGIN
+
+    text = " ".join(planner(200, "solve", "--help").stdout.split())
+    assert "default: core_attn" not in text and text.count("Default: searched") > 5
+    for share in set(MEMORY_MARGIN.values()):
+        assert f"{100 * share:.0f} %" in MARGIN_DEFAULT
+    assert " ".join(MARGIN_DEFAULT.split()) in text

@@ -28,6 +28,7 @@ from planner.diagnose.calibration import (
 from planner.diagnose.run_records import config_from_record, software_of
 from planner.diagnose.runs import load_runs, load_runs_noting
 from planner.errors import InputError
+from tests.cli_process import cli
 from tests.conftest import CALIBRATION_RUNS, CLUSTERS, FSDP_RUNS, skip_module_without
 
 skip_module_without(FSDP_RUNS)
@@ -175,3 +176,20 @@ def test_calibrate_names_the_chips_it_has() -> None:
 
     with pytest.raises(InputError, match=r"no runs on 'B200' to fit \(runs are on: A100, H100\)"):
         calibrate([CALIBRATION_RUNS], CLUSTERS, chip="B200")
+
+
+def test_calibrate_refuses_a_family_it_does_not_know() -> None:
+    """A misspelt or capitalised family would leave nothing out and fit on the runs the user
+    meant to predict; one that leaves no run to fit says so, not that the chip has none."""
+    from planner.diagnose.calibration import calibrate
+
+    with pytest.raises(InputError, match=r"'Megatron': not a framework family; the families "
+                       r"are deepspeed, fsdp, megatron, pytorch"):
+        calibrate([CALIBRATION_RUNS], CLUSTERS, chip="A100", exclude_families=["Megatron"])
+    with pytest.raises(InputError, match=r"every run to fit is of an excluded family "
+                       r"\(megatron\)"):
+        calibrate([CALIBRATION_RUNS], CLUSTERS, chip="A100", exclude_families=["megatron"])
+    # the command line takes a comma list as --frameworks does, each family checked
+    done = cli("calibrate", CALIBRATION_RUNS, "--gpu", "A100", "--exclude-family",
+               "megatron,bogus")  # fmt: skip
+    assert done.returncode == 2 and "--exclude-family 'bogus'" in done.stderr

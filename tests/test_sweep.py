@@ -264,6 +264,15 @@ def test_ray_engine_without_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                     "'planner[ray]'")
 
 
+def test_results_named_as_another_format_are_refused(tmp_path: Path, solves: Solves) -> None:
+    """The table is Parquet: a ``.csv`` name would hold bytes no CSV reader takes, so it is
+    refused before any point is solved."""
+    code, _, stderr = planner_cli("sweep", sweep_file(tmp_path), "--out", tmp_path / "r.csv")
+    assert (code, solves.count) == (2, 0)
+    assert "the results table is Parquet; name it .parquet" in " ".join(stderr.split())
+    assert not (tmp_path / "r.csv").exists()
+
+
 def test_an_interrupted_sweep_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """Ctrl-C keeps the journal and exits 130, as docs/sweep.md says; click, run without its

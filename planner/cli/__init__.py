@@ -8,6 +8,7 @@ exit code 2.
 from __future__ import annotations
 
 import sys
+import traceback
 
 from planner.cli import bench, explain, inputs, plans, profile, runs, sweeps
 from planner.cli.app import app, stderr_console
@@ -21,7 +22,8 @@ COMMANDS = (inputs, plans, sweeps, explain, runs, bench, profile)
 def main() -> None:
     """Entry point. A PlannerError is one ``error:`` message and exit code 2; so is a command
     line that does not parse (click's usage errors, recognised by their interface because
-    typer may vendor its own click). ``--debug``, anywhere, shows the traceback instead."""
+    typer may vendor its own click); a group named without its command, the group's help and
+    exit code 2. ``--debug``, anywhere, shows the traceback instead, with the same code."""
     args = sys.argv[1:]
     debug = "--debug" in args
     try:
@@ -31,12 +33,17 @@ def main() -> None:
                    prog_name="planner", standalone_mode=False)
     except PlannerError as exc:
         if debug:
-            raise
+            _traceback_and_fail()
         _fail(str(exc))
     except Exception as exc:
         message = getattr(exc, "format_message", None)
-        if message is None or debug:
+        if message is None:
             raise
+        if debug:
+            _traceback_and_fail()
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help, laid out
+            print(message(), file=sys.stderr)
+            sys.exit(2)
         ctx = getattr(exc, "ctx", None)
         where = f"{ctx.command_path}: " if ctx is not None else ""
         # click lays some out on lines of their own ("Choose from:\n\tmodel,\n\tcluster")
@@ -53,6 +60,13 @@ def _spelled_as_commands(args: list[str]) -> list[str]:
     if args[:2] == ["calibrate", "network"]:
         return ["calibrate-network", *args[2:]]
     return args
+
+
+def _traceback_and_fail() -> None:
+    """``--debug``: the traceback of the error being handled, and the exit code the error
+    has without it (2), so that a script sees the same status either way."""
+    traceback.print_exc()
+    sys.exit(2)
 
 
 def _fail(message: str) -> None:

@@ -60,6 +60,9 @@ ModelArg = Annotated[Path, typer.Argument(help="model.json or a Hugging Face con
 ClusterArg = Annotated[Path, typer.Argument(help="cluster.json")]
 NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Override num_nodes.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+MARGIN_DEFAULT = ("default: the stack's margin, a share of the device's memory: 2 % for the "
+                  "hf-* stacks, 23 % for megatron-deepspeed, 5 % for the others")
+"""What ``--memory-margin`` is when not given (:data:`planner.cost.memory.MEMORY_MARGIN`)."""
 
 
 def print_json(data: Any) -> None:

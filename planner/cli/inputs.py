@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from planner import report
 from planner.cli.app import (
+    MARGIN_DEFAULT,
     ClusterArg,
     JsonOpt,
     ModelArg,
@@ -62,7 +63,7 @@ def estimate_cmd(
     knobs: dict[str, Any] | None = None,
     memory_margin: Annotated[
         float | None, typer.Option("--memory-margin", min=0.0, help="GiB of device memory a "
-                                   "configuration must leave free to fit (default 5 %).")
+                                   f"configuration must leave free to fit ({MARGIN_DEFAULT}).")
     ] = None,
     framework: Annotated[
         str | None, typer.Option(help="The framework that launches it: the switches solve "
@@ -326,7 +327,8 @@ def calibrate_cmd(
         "of --gpu.")] = None,
     exclude_family: Annotated[list[str] | None, typer.Option(
         help="Leave a framework family's runs out of the fit (megatron, fsdp, deepspeed, "
-        "pytorch) and predict them: validation out of family.")] = None,
+        "pytorch; repeated or comma-separated) and predict them: validation out of "
+        "family.")] = None,
     write: Annotated[bool, typer.Option(
         help="Write the fit and the error bands into the chip's cluster files (with "
         "--cluster: into that file only).")] = False,
@@ -334,8 +336,11 @@ def calibrate_cmd(
     """Fit a chip's efficiencies (or your cluster file's) to runs (a few minutes)."""
     if write and cluster is not None and gpu is None:
         check_target(cluster, option="--write")  # before the fit, not after its minutes
-    fit = calibrate(runs, clusters, chip=gpu, cluster=cluster,
-                    exclude_families=exclude_family or (), write=write)  # fmt: skip
+    # one option per family or a comma list, as --frameworks and --methods take them
+    excluded = tuple(f.strip() for given in exclude_family or () for f in given.split(",")
+                     if f.strip())  # fmt: skip
+    fit = calibrate(runs, clusters, chip=gpu, cluster=cluster, exclude_families=excluded,
+                    write=write)  # fmt: skip
     render(report.calibration_tables(fit))
 
 

@@ -113,7 +113,9 @@ def knob_parameter(name: str, *, pinned: bool = False, unset: str | None = None
     default = field.default
     bounds: dict[str, int] = {}
     if pinned:
-        text, default, bounds = f"{text} Default: searched.", None, _bounds(field, base)
+        # the field's own default is what a configuration takes; a search chooses instead
+        text = text.split("; default: ")[0].removesuffix(".")
+        text, default, bounds = f"{text}. Default: searched.", None, _bounds(field, base)
     elif unset is not None:
         text, default = f"{text} Default: {unset}.", None
     choices = get_args(base) if get_origin(base) is Literal else ()

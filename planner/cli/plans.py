@@ -14,6 +14,7 @@ import typer
 
 from planner import frameworks, report
 from planner.cli.app import (
+    MARGIN_DEFAULT,
     ClusterArg,
     JsonOpt,
     ModelArg,
@@ -75,7 +76,7 @@ FrameworkOpt = Annotated[
 MarginOpt = Annotated[
     float | None,
     typer.Option("--memory-margin", min=0.0, help="GiB of device memory plans leave free "
-                 "(default 5 % of the device)."),
+                 f"({MARGIN_DEFAULT})."),
 ]
 MeshNodesOpt = Annotated[
     int | None,

@@ -32,7 +32,7 @@ INTERRUPTED = 130
 @app.command("sweep", short_help="Solve every point of a sweep; one table of results.")
 def sweep_cmd(
     sweep_file: Annotated[Path, typer.Argument(help="The sweep (TOML): model, cluster, "
-                                               "settings and \\[axes].")],
+                                               "settings and [axes].")],
     out: Annotated[Path, typer.Option(help="The results table (Parquet); its journal beside "
                                       "it resumes an interrupted sweep.")],
     engine: Annotated[Engine, typer.Option(help="local: solve in this process; ray: one Ray "
@@ -55,6 +55,8 @@ def sweep_cmd(
     if heatmap is not None and report is None:
         raise InputError(f"--heatmap {heatmap}: only with --report")
     check_target(out, inputs=(sweep_file,))
+    if out.suffix.lower() not in (".parquet", ".pq"):  # a .csv holding Parquet misleads
+        raise InputError(f"--out {out}: the results table is Parquet; name it .parquet")
     if report is not None:
         check_folder(report, option="--report")  # before the sweep, not after hours of it
         # matplotlib loads only when pictures are asked (0.8 s off every other command)

@@ -33,6 +33,7 @@ from planner.diagnose.fit import (
     with_values,
     without_fits,
 )
+from planner.diagnose.run_records import FAMILIES
 from planner.diagnose.runs import (
     DEVICES,
     SITES,
@@ -303,6 +304,11 @@ def calibrate(
                          "files) and --cluster FILE (your own cluster file)")  # fmt: skip
     if write and exclude_families:
         raise InputError("--write with --exclude-family would store a fit that left runs out")
+    known = sorted({family for _, family in FAMILIES})
+    unknown = [f for f in exclude_families if f not in known]
+    if unknown:
+        raise InputError(f"--exclude-family {unknown[0]!r}: not a framework family; the "
+                         f"families are {', '.join(known)}")  # fmt: skip
     loaded = _runs_of(runs_paths, cluster)
     paths = cluster_files(loaded.runs, clusters_dir, cluster)
     if cluster is None:
@@ -321,6 +327,10 @@ def calibrate(
     mine, before = priced.runs, priced.rows
     skipped = loaded.skipped + untimed + priced.skipped
     fitted_on = [r for r in mine if r.family not in exclude_families]
+    if mine and not fitted_on:
+        left_out = ", ".join(sorted({r.family for r in mine}))
+        raise InputError(f"every run to fit is of an excluded family ({left_out}): leave one "
+                         f"family in to fit on")  # fmt: skip
     if not fitted_on:
         chips = sorted({r.chip for r in loaded.runs})
         what = repr(chip) if cluster is None else f"--cluster {cluster}"
