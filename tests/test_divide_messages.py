@@ -39,7 +39,8 @@ NVL72 = "instances/clusters/gb200-nvl72.json"
      r"^tp\(8\) x pp\(1\) x cp\(16\) = 128 does not divide the 64 devices \(pinned: --tp 8, "
      r"--cp 16\)$"),
     (LLAMA8B, H100, 8, (8192, 8), Pins(mbs=16, tp=8, cp=8),
-     r"^global_batch\(8\) is not divisible by dp\(1\) x mbs\(16\) = 16 \(pinned"),
+     r"^global_batch\(8\) is not divisible by dp\(1\) x mbs\(16\) = 16: a global batch of 16 "
+     r"would divide \(pinned"),
     # the pin's own rule before one the free degrees would mend (it said the batch of 2048
     # did not divide 16,384 data-parallel ranks)
     ("../shared/reference/hf/DeepSeek-V3.config.json", H100, 2048, (8192, 2048), Pins(ep=512),
@@ -64,8 +65,8 @@ def test_the_heuristic_that_divides_nothing_shows_the_arithmetic() -> None:
     error = _failure(model, cluster, training_of(model, options), options, None, first=[first])
     assert str(error) == (
         "the heuristic found no configuration of gpt3-175b that divides 128 devices at global "
-        "batch 7 (e.g. global_batch(7) is not divisible by dp(2) x mbs(1) = 2); try a global "
-        "batch divisible by more data-parallel sizes")  # fmt: skip
+        "batch 7 (e.g. global_batch(7) is not divisible by dp(2) x mbs(1) = 2: a global batch "
+        "of 6 or 8 would divide); try a global batch divisible by more data-parallel sizes")
 
 
 def test_megatrons_interleaving_names_the_stages_that_do_not_divide() -> None:

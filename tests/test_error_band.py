@@ -389,6 +389,20 @@ def test_estimate_on_an_uncalibrated_device_says_so(uncalibrated: Path) -> None:
         ascend.stdout)
 
 
+def test_an_uncalibrated_device_names_what_is_still_the_data_sheets(tmp_path: Path) -> None:
+    """A file with only a GEMM curve of its own (HBM, launches and attention not given) says
+    which of the device's figures it still prices at the data sheet's, or on the GEMM curve;
+    the bundled H100's, all fitted, adds nothing."""
+    data = json.loads(H100.read_text())
+    data["device"]["efficiency"] = {"gemm": {"max_fraction": 0.6, "half_saturation_gflop": 60}}
+    path = tmp_path / "gemm-only.json"
+    path.write_text(json.dumps(data))
+    closest = _estimate_json(path, *TP2)["error_band"]["closest"]
+    assert closest == ("no validated runs on H100-SXM5-80GB, accuracy not measured; HBM at its "
+                       "data sheet's bandwidth, kernels launched for free, attention on the "
+                       "GEMM curve")  # fmt: skip
+
+
 def test_the_roofline_gb200_file_prices_the_published_gb200_run_fast() -> None:
     """NVIDIA's one bf16 GB200 run (Megatron-MoE-ModelZoo ``best_practice/qwen3/readme.md``:
     Qwen3-235B on 256 GB200, TP1 PP8 EP8, 750 TFLOP/s a GPU, 25.87 s by Megatron's count) on

@@ -33,12 +33,13 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def _with(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
-    """``data`` with the field at ``dotted`` (``moe.num_experts``) set to ``value``."""
+    """``data`` with the field at ``dotted`` (``moe.num_experts``, ``network.1.latency_us``)
+    set to ``value``."""
     out = copy.deepcopy(data)
     *parents, last = dotted.split(".")
-    node = out
+    node: Any = out
     for key in parents:
-        node = node[key]
+        node = node[int(key)] if isinstance(node, list) else node[key]
     node[last] = value
     return out
 
@@ -230,6 +231,26 @@ def test_cluster_field_limits(field: str, limit: float) -> None:
         ClusterSpec.model_validate(data)
     message = describe_validation_error("c.json", caught.value)
     assert message.startswith(f"c.json: {field}: {limit * 2} is above the limit of {limit}")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [("device.memory_gib", 81920, "; GiB, not MiB: 80"),
+     ("device.efficiency.gemm.max_fraction", 70, "got 70; a fraction, not a percent: 0.7"),
+     ("network.1.efficiency.bandwidth_fraction", 92, "a fraction, not a percent: 0.92"),
+     ("device.platform", "rocm", "(a device of another vendor leaves it out: then no "
+      "framework is refused on it)")],
+)  # fmt: skip
+def test_a_value_in_another_unit_says_which(field: str, value: Any, needle: str) -> None:
+    """Memory written in MiB and a fraction written as a percent name the value meant; a
+    platform the planner does not know says how to write another vendor's device."""
+    from planner.spec import ClusterSpec
+    from planner.spec.messages import describe_validation_error
+
+    data = _with(_json(CLUSTERS / "dgx-h100-80gb.json"), field, value)
+    with pytest.raises(ValidationError) as caught:
+        ClusterSpec.model_validate(data)
+    assert describe_validation_error("c.json", caught.value).endswith(needle)
 
 
 # --------------------------------------------------------------------------- plans

@@ -397,6 +397,13 @@ def _band_by_kind(device: DeviceSpec, kind: ParallelismKind) -> ErrorBand:
     gemm = device.efficiency.gemm
     roofline = (gemm.max_fraction, gemm.half_saturation_gflop) == (
         GemmEfficiency().max_fraction, GemmEfficiency().half_saturation_gflop)
+    efficiency = device.efficiency
+    # a file with a fitted GEMM curve may still leave the rest at the data sheet's figures
+    unfitted = [what for what, at in (
+        ("HBM at its data sheet's bandwidth", efficiency.memory_bound_fraction == 1.0),
+        ("kernels launched for free", efficiency.kernel_launch_us == 0.0),
+        ("attention on the GEMM curve", efficiency.attention is None)) if at]
     closest = (f"no validated runs on {name}; the data sheet's roofline" if roofline
-               else f"no validated runs on {name}, accuracy not measured")  # fmt: skip
+               else f"no validated runs on {name}, accuracy not measured"
+               + (f"; {', '.join(unfitted)}" if unfitted else ""))  # fmt: skip
     return ErrorBand(fraction=None, runs=0, parallelism=kind, closest=closest)

@@ -63,6 +63,14 @@ def _slotted(m: ModelSpec, d: Degrees, x: Derived) -> Real:
     return embedding | (loss > 0)
 
 
+def _batches_that_divide(shape: Shape, per_step: int) -> str:
+    """The global batches nearest ``shape``'s that ``per_step`` sequences divide (the
+    multiples of it either side), as a remedy's words."""
+    below = shape.global_batch // per_step * per_step
+    nearest = [b for b in (below, below + per_step) if b > 0]
+    return f": a global batch of {' or '.join(map(str, nearest))} would divide"
+
+
 def _chunked(m: ModelSpec, d: Degrees, x: Derived) -> Real:
     """Every stage's decoder layers cut into ``vpp`` chunks as Megatron-Core cuts them: equal
     chunks, or the embedding's and the loss's (and multi-token-prediction modules') slots
@@ -146,7 +154,7 @@ RULES: tuple[Rule, ...] = (
     Rule(name="batch",
          holds=lambda m, q, s, d, x: s.global_batch % np.maximum(x.dp * d.mbs, 1) == 0,
          message=lambda m, q, s, d, x: f"global_batch({s.global_batch}) is not divisible by "
-         f"dp({x.dp}) x mbs({d.mbs}) = {x.dp * d.mbs}"),
+         f"dp({x.dp}) x mbs({d.mbs}) = {x.dp * d.mbs}{_batches_that_divide(s, x.dp * d.mbs)}"),
     Rule(name="interleaved_microbatches",
          holds=lambda m, q, s, d, x: (d.vpp == 1) | (d.zb_v == True)  # noqa: E712
          | (x.num_microbatches % d.pp == 0),

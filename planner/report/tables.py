@@ -79,6 +79,15 @@ def _profiled(p: Predicted) -> list[Prose]:
     return [Prose(f"profile: {'; '.join(p.profiled)}")] if p.profiled else []
 
 
+def _software(config: ParallelConfig, stack: str, precision: str) -> list[str]:
+    """What the configuration's summary leaves out and its price turns on: a stack other
+    than Megatron-Core's with Transformer Engine (whose FP8, fused-loss and compiled forms the
+    summary names), a precision other than bf16, attention without the fused kernel."""
+    return [*([f"stack {stack}"] * (not stack.startswith("megatron-te"))),
+            *([precision] * (precision != "bf16")),
+            *(["unfused attention"] * (not config.flash_attention))]
+
+
 def estimate_tables(
     model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, result: Estimate,
     memory_margin_gib: float | None = None,
@@ -89,8 +98,10 @@ def estimate_tables(
     config = config.model_copy(update={"dp": result.dp})
     what = Text.assemble((f"{model.name} on {result.num_devices} x {cluster.device.name}: ",
                           "bold"), describe(config))  # fmt: skip
+    training = resolve(model, cluster, config).training
     head = Group(
-        Clauses([what, counted(result.num_microbatches, "microbatch", "microbatches")]),
+        Clauses([what, *_software(config, training.stack, training.precision),
+                 counted(result.num_microbatches, "microbatch", "microbatches")]),
         _rates(_step(result), result, f"bubble {100 * result.bubble_fraction:.1f} %"),
         Prose(band_line(result.error_band)),
         *_memory(result.memory_band),
@@ -102,7 +113,7 @@ def estimate_tables(
     for name, gib in result.memory.model_dump().items():
         memory.add_row(_PART_NAMES.get(name, name.removesuffix("_gib").replace("_", " ")),
                        f"{gib:.2f}")  # fmt: skip
-    stack = resolve(model, cluster, config).training.stack
+    stack = training.stack
     usable = cost.usable_bytes(cluster.device, memory_margin_gib, stack) / GIB
     host = cluster.host
     over = host is not None and result.host_memory_gib > host.memory_gib

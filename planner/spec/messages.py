@@ -128,10 +128,33 @@ def describe_validation_error(
         msg = _in_file_keys(str(ctx["error"]), keys or {})  # without pydantic's "Value error, "
     elif kind not in _OWN_WORDS:
         msg = f"{msg}, got {short_repr(given)}"
+    msg += _unit_hint(str(err["loc"][-1]) if err["loc"] else "", kind, given, ctx)
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     # A check over the whole object (a model validator) names no field.
     where = f"{field}: " if err["loc"] else ""
     return f"{path}: {where}{msg}{more}"
+
+
+def _unit_hint(name: str, kind: str, given: object, ctx: Mapping[str, Any]) -> str:
+    """The unit a value over its field's limit was likely written in, where one explains it:
+    a percent for a fraction, MiB for GiB; a platform a device of another vendor leaves out.
+
+    >>> _unit_hint("max_fraction", "less_than_equal", 70, {"le": 1})
+    '; a fraction, not a percent: 0.7'
+    >>> _unit_hint("memory_gib", "less_than_equal", 196608, {"le": 16384})
+    '; GiB, not MiB: 192'
+    """
+    if kind == "literal_error" and name == "platform":
+        return " (a device of another vendor leaves it out: then no framework is refused on it)"
+    limit = ctx.get("le", ctx.get("lt"))
+    if kind not in ("less_than_equal", "less_than") or not isinstance(given, int | float) \
+            or isinstance(given, bool) or not isinstance(limit, int | float):
+        return ""
+    if name.endswith("fraction") and limit <= 1 < given <= 100:
+        return f"; a fraction, not a percent: {given / 100:g}"
+    if name.endswith("_gib") and given / 1024 <= limit:
+        return f"; GiB, not MiB: {given / 1024:g}"
+    return ""
 
 
 def _in_file_keys(message: str, keys: Mapping[str, str]) -> str:
