@@ -56,6 +56,22 @@ def test_a_level_that_does_not_grow_names_the_outer_size_to_set(domain: int, sai
         ClusterSpec.model_validate(data)
 
 
+def test_levels_listed_outermost_first_are_named_so() -> None:
+    """DGX H100's levels in reverse (the fabric first, the node's NVLink last): the refusal
+    says to reverse them, not to grow the node's level to a multiple of the fabric; a
+    scale-up domain wider than the fabric is still the slip named above."""
+    data = json.loads((CLUSTERS / "dgx-h100-80gb.json").read_text())
+    data["network"] = data["network"][::-1]
+    with pytest.raises(ValueError, match=re.escape(
+            "network levels go innermost first (the scale-up domain, then outwards): "
+            "domain_devices [32768, 8] list them outermost first; reverse the levels' order")):
+        ClusterSpec.model_validate(data)
+    data["network"] = data["network"][::-1]
+    data["network"][0]["domain_devices"] = 65536
+    with pytest.raises(ValueError, match=r"network\[1\].domain_devices 32768 is not larger"):
+        ClusterSpec.model_validate(data)
+
+
 def test_oversubscription_divides_what_crosses_the_level() -> None:
     """A 7:1 spine gives each device a seventh of its NIC when all send: an all-gather over two
     leaf domains moves its spine share seven times slower than on a non-blocking fabric."""

@@ -253,6 +253,35 @@ def test_a_value_in_another_unit_says_which(field: str, value: Any, needle: str)
     assert describe_validation_error("c.json", caught.value).endswith(needle)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [("network", [], "network: needs at least 1 item(s), got 0"),
+     ("network", {"name": "nvlink"}, "network: must be a list [...], got an object"),
+     ("device", [], "device: must be an object {...}, got a list"),
+     ("device.memory_gib", None, "device.memory_gib: Input should be a valid number, got null")],
+)  # fmt: skip
+def test_a_value_of_the_wrong_shape_is_said_in_jsons_words(field: str, value: Any,
+                                                           said: str) -> None:  # fmt: skip
+    """A list where an object goes, an object where a list goes, an empty list of levels, a
+    null: said as the file holds them, not as Python's types ("a valid dictionary or
+    instance of DeviceSpec", "got None")."""
+    from planner.spec import ClusterSpec
+    from planner.spec.messages import describe_validation_error
+
+    data = _with(_json(CLUSTERS / "dgx-h100-80gb.json"), field, value)
+    with pytest.raises(ValidationError) as caught:
+        ClusterSpec.model_validate(data)
+    assert describe_validation_error("c.json", caught.value) == f"c.json: {said}"
+
+
+@pytest.mark.parametrize("text", ["", " \n"])
+def test_an_empty_file_is_said_to_be_empty(text: str, tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=r"c.json: the file is empty \(no JSON in it\)$"):
+        load_cluster(path)
+
+
 # --------------------------------------------------------------------------- plans
 
 
@@ -291,7 +320,7 @@ def test_file_larger_than_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     [("[" * 100_000 + "]" * 100_000, "JSON nested too deeply to read"),
      ('{"num_layers": ' + "9" * 5000 + "}", "invalid JSON: Exceeds the limit (4300 digits)"),
      ('{\n "a": 1,\n "b": }', "invalid JSON at line 3, column 7"),
-     ("", "invalid JSON at line 1, column 1")],
+     ("", "the file is empty (no JSON in it)")],
     ids=["deep", "long-int", "syntax", "empty"],
 )  # fmt: skip
 def test_unreadable_json(text: str, needle: str, tmp_path: Path) -> None:

@@ -80,6 +80,7 @@ def test_every_bundled_device_is_known_with_its_figures(path: Path) -> None:
                                                                device.memory_bandwidth_gb_s)
     for precision, tflops in device.peak_tflops.items():
         assert tflops == known.peak_tflops[precision][0]
+    assert load_cluster(path).network[0].bandwidth_gb_s == known.scale_up_gb_s
 
 
 @pytest.mark.parametrize(
@@ -123,16 +124,18 @@ def test_every_range_leaves_room_over_the_bundled_figures() -> None:
             assert allowed.high >= 2 * largest[id(allowed)], name
 
 
-def _future(tmp_path: Path, name: str, **device: Any) -> Path:
+def _future(tmp_path: Path, name: str, scale_up_gb_s: float = 900, **device: Any) -> Path:
     data = _json(CLUSTERS / "gb200-nvl72.json")
     data["device"] |= {"name": name, **device}
+    data["network"][0]["bandwidth_gb_s"] = scale_up_gb_s
     return _written(tmp_path, data, f"{name}.json")
 
 
 @pytest.mark.parametrize(
     ("name", "device"),
     [("AMD Instinct MI300X", {"memory_gib": 192, "memory_bandwidth_gb_s": 5300,
-                              "peak_tflops": {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4}}),
+                              "peak_tflops": {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4},
+                              "scale_up_gb_s": 448}),
      ("B300", {"memory_gib": 288, "memory_bandwidth_gb_s": 8000,
                "peak_tflops": {"bf16": 2500, "fp16": 2500}}),
      ("MI400", {"memory_gib": 432, "memory_bandwidth_gb_s": 19_600,
@@ -150,9 +153,11 @@ def test_devices_of_the_next_generations_load(
 
 
 def test_an_nvl576_domain_on_a_100k_gpu_fabric_loads(tmp_path: Path) -> None:
-    """A 576-device NVLink domain at 1.8 TB/s per direction, 100,008 devices on a fabric of
-    131,328 (NICs of 800 Gb/s): within every range, and no warning."""
+    """A 576-device NVLink domain at 1.8 TB/s per direction (a part after the B200, whose
+    900 it would be warned against), 100,008 devices on a fabric of 131,328 (NICs of
+    800 Gb/s): within every range, and no warning."""
     data = _json(CLUSTERS / "gb200-nvl72.json")
+    data["device"]["name"] = "Rubin-Ultra"
     data["num_nodes"] = 100_008 // 4
     data["network"][0] |= {"domain_devices": 576, "bandwidth_gb_s": 1800}
     data["network"][1] |= {"domain_devices": 576 * 228, "bandwidth_gb_s": 100}
@@ -177,7 +182,24 @@ def test_an_h100_off_by_half_is_warned_about(field: str, value: float, needle: s
     path = _written(tmp_path, _with(_json(H100), field, value))
     warnings = cluster_warnings(load_cluster(path), source=str(path))
     assert warnings == (f"{path}: {needle}, the nearest known device of its name (NVIDIA H100 "
-                        "data sheet, H100 SXM; dgx-h100-80gb.json): another part, or a slip?",)
+                        "data sheet, H100 SXM (NVLink 900 GB/s, both ways); dgx-h100-80gb.json):"
+                        " another part, or a slip?",)  # fmt: skip
+
+
+def test_a_scale_up_level_of_both_directions_is_warned_about(tmp_path: Path) -> None:
+    """GB200's NVLink written as the data sheet's 1.8 TB/s (both directions summed) is twice
+    what a level holds, and the warning says so; the H100 level in Gb/s (8x) is a slip
+    too, without that hint."""
+    gb200 = _written(tmp_path, _with(_json(CLUSTERS / "gb200-nvl72.json"),
+                                     "network.0.bandwidth_gb_s", 1800))  # fmt: skip
+    (warning,) = cluster_warnings(load_cluster(gb200), source="c.json")
+    assert warning.startswith("c.json: network.0.bandwidth_gb_s (nvlink5) 1800 GB/s is 2.0x "
+                              "above the 900 of B200-GB200")  # fmt: skip
+    assert warning.endswith("A level holds one direction's; data sheets print both summed.")
+    h100 = _written(tmp_path, _with(_json(H100), "network.0.bandwidth_gb_s", 3600))
+    first = cluster_warnings(load_cluster(h100), source="c.json")[0]
+    assert "3600 GB/s is 8.0x above the 450 of H100-SXM5-80GB" in first
+    assert first.endswith("another part, or a slip?")
 
 
 def test_an_unqualified_h100_is_held_to_every_h100() -> None:

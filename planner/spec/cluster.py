@@ -227,8 +227,10 @@ class DeviceSpec(_Frozen):
         """Dense peak FLOP/s for ``precision``."""
         if precision not in self.peak_tflops:
             raise InputError(
-                f"device {self.name} has no peak_tflops for {precision!r}; "
-                f"it has {sorted(self.peak_tflops)}"
+                f"device {self.name} has no peak_tflops for {precision!r}; it has "
+                f"{', '.join(sorted(self.peak_tflops))}: add device.peak_tflops.{precision} to "
+                f"the cluster file, or train in {' or '.join(sorted(self.peak_tflops))} "
+                f"(--precision)"
             )
         return self.peak_tflops[precision] * 1e12
 
@@ -328,6 +330,13 @@ class ClusterSpec(_Frozen):
         if too_many:
             raise ValueError(too_many)
         domains = [level.domain_devices for level in self.network]
+        # outermost first: shrinking levels that end at a node's size (not a scale-up domain
+        # wider than the fabric beside it, a co-design sweep's slip, named below)
+        if len(domains) > 1 and domains == sorted(set(domains), reverse=True) \
+                and domains[-1] <= lim.MAX_DEVICES_PER_NODE:
+            raise ValueError(f"network levels go innermost first (the scale-up domain, then "
+                             f"outwards): domain_devices {domains} list them outermost first; "
+                             f"reverse the levels' order")  # fmt: skip
         if domains[0] % self.devices_per_node:
             raise ValueError(
                 f"network[0] ({self.network[0].name}) is the scale-up domain and must hold "

@@ -39,6 +39,10 @@ class KnownDevice:
     peak_tflops: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """Dense peak by precision; fp32 lists the non-tensor figure and the TF32 one (a run that
     enables TF32 may give either)."""
+    scale_up_gb_s: float | None = None
+    """Scale-up (NVLink, Infinity Fabric, HCCS) bandwidth per device and direction, GB/s:
+    what the innermost network level's ``bandwidth_gb_s`` holds; None where the part's
+    links vary (PCIe cards, with a bridge or without)."""
     source: str
     """The data sheet (and the bundled file) the figures come from."""
 
@@ -47,11 +51,15 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
     KnownDevice(name="A100-SXM4-40GB", chip="a100", variants=("sxm",), memory_gib=40.0,
                 memory_bandwidth_gb_s=1555,
                 peak_tflops={"bf16": (312,), "fp16": (312,), "fp32": (19.5, 156)},
-                source="NVIDIA A100 data sheet, SXM 40GB; dgx-a100-40gb.json"),
+                scale_up_gb_s=300,
+                source="NVIDIA A100 data sheet, SXM 40GB (NVLink 600 GB/s, both ways); "
+                "dgx-a100-40gb.json"),
     KnownDevice(name="A100-SXM4-80GB", chip="a100", variants=("sxm",), memory_gib=80.0,
                 memory_bandwidth_gb_s=2039,
                 peak_tflops={"bf16": (312,), "fp16": (312,), "fp32": (19.5, 156)},
-                source="NVIDIA A100 data sheet, SXM 80GB; dgx-a100-80gb.json"),
+                scale_up_gb_s=300,
+                source="NVIDIA A100 data sheet, SXM 80GB (NVLink 600 GB/s, both ways); "
+                "dgx-a100-80gb.json"),
     KnownDevice(name="A100-PCIe-80GB", chip="a100", variants=("pcie",), memory_gib=80.0,
                 memory_bandwidth_gb_s=1935,
                 peak_tflops={"bf16": (312,), "fp16": (312,), "fp32": (19.5, 156)},
@@ -63,7 +71,9 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
     KnownDevice(name="H100-SXM5-80GB", chip="h100", variants=("sxm",), memory_gib=79.65,
                 memory_bandwidth_gb_s=3350,
                 peak_tflops={"bf16": (989,), "fp16": (989,), "fp32": (67, 494.7)},
-                source="NVIDIA H100 data sheet, H100 SXM; dgx-h100-80gb.json"),
+                scale_up_gb_s=450,
+                source="NVIDIA H100 data sheet, H100 SXM (NVLink 900 GB/s, both ways); "
+                "dgx-h100-80gb.json"),
     KnownDevice(name="H100-PCIe-80GB", chip="h100", variants=("pcie",), memory_gib=80.0,
                 memory_bandwidth_gb_s=2000,
                 peak_tflops={"bf16": (756,), "fp16": (756,), "fp32": (51, 378)},
@@ -75,11 +85,15 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
     KnownDevice(name="H800-SXM5-80GB", chip="h800", memory_gib=79.65,
                 memory_bandwidth_gb_s=3350,
                 peak_tflops={"bf16": (989,), "fp16": (989,), "fp32": (67, 494.7)},
-                source="NVIDIA H800: the H100 SXM5's compute and memory, NVLink cut to 400 GB/s"),
+                scale_up_gb_s=200,
+                source="NVIDIA H800: the H100 SXM5's compute and memory, NVLink cut to 400 GB/s "
+                "(both ways)"),
     KnownDevice(name="H200-SXM-141GB", chip="h200", variants=("sxm",), memory_gib=140.4,
                 memory_bandwidth_gb_s=4800,
                 peak_tflops={"bf16": (989,), "fp16": (989,), "fp32": (67, 494.7)},
-                source="NVIDIA H200 data sheet, H200 SXM; dgx-h200.json"),
+                scale_up_gb_s=450,
+                source="NVIDIA H200 data sheet, H200 SXM (NVLink 900 GB/s, both ways); "
+                "dgx-h200.json"),
     KnownDevice(name="H200-NVL-141GB", chip="h200", variants=("nvl",), memory_gib=140.4,
                 memory_bandwidth_gb_s=4800,
                 peak_tflops={"bf16": (835,), "fp16": (835,), "fp32": (60, 417)},
@@ -87,21 +101,30 @@ KNOWN_DEVICES: tuple[KnownDevice, ...] = (
     KnownDevice(name="B200-GB200", chip="b200", variants=("gb200",), memory_gib=186.0,
                 memory_bandwidth_gb_s=8000,
                 peak_tflops={"bf16": (2500,), "fp16": (2500,), "fp32": (90,)},
-                source="NVIDIA GB200 NVL72 data sheet (per GPU); gb200-nvl72.json"),
+                scale_up_gb_s=900,
+                source="NVIDIA GB200 NVL72 data sheet (per GPU; NVLink 1.8 TB/s, both ways); "
+                "gb200-nvl72.json"),
     KnownDevice(name="B200-HGX", chip="b200", variants=("hgx", "sxm"), memory_gib=180.0,
                 memory_bandwidth_gb_s=8000,
                 peak_tflops={"bf16": (2250,), "fp16": (2250,), "fp32": (75,)},
+                scale_up_gb_s=900,
                 source="NVIDIA HGX B200 data sheet, 8 GPUs: 1.44 TB, 64 TB/s, 18 PFLOPS "
-                "BF16 with sparsity, 600 TFLOPS FP32"),
+                "BF16 with sparsity, 600 TFLOPS FP32, NVLink 1.8 TB/s a GPU (both ways)"),
     KnownDevice(name="MI300X", chip="mi300x", memory_gib=192.0, memory_bandwidth_gb_s=5300,
                 peak_tflops={"bf16": (1307.4,), "fp16": (1307.4,), "fp32": (163.4, 81.7)},
-                source="AMD Instinct MI300X data sheet (fp32: matrix, vector)"),
+                scale_up_gb_s=448,
+                source="AMD Instinct MI300X data sheet (fp32: matrix, vector; seven Infinity "
+                "Fabric links of 128 GB/s, both ways)"),
     KnownDevice(name="MI325X", chip="mi325x", memory_gib=256.0, memory_bandwidth_gb_s=6000,
                 peak_tflops={"bf16": (1307.4,), "fp16": (1307.4,), "fp32": (163.4, 81.7)},
-                source="AMD Instinct MI325X data sheet (fp32: matrix, vector)"),
+                scale_up_gb_s=448,
+                source="AMD Instinct MI325X data sheet (fp32: matrix, vector; seven Infinity "
+                "Fabric links of 128 GB/s, both ways)"),
     KnownDevice(name="Ascend-910B", chip="910b", memory_gib=64.0, memory_bandwidth_gb_s=1600,
                 peak_tflops={"bf16": (313, 376), "fp16": (313, 376)},
-                source="secondary reports (no Huawei data sheet found); ascend-910b.json"),
+                scale_up_gb_s=196,
+                source="secondary reports (no Huawei data sheet found); ascend-910b.json "
+                "(its HCCS level)"),
 )  # fmt: skip
 """Every accelerator whose name a cluster file's device is matched against."""
 

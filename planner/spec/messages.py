@@ -35,6 +35,28 @@ def _loc_part(part: int | str) -> str:
     return text if plain and text else short_repr(part)
 
 
+_SHAPES = {"dict_type": "an object {...}", "model_type": "an object {...}",
+           "model_attributes_type": "an object {...}", "tuple_type": "a list [...]",
+           "list_type": "a list [...]"}
+"""Pydantic's errors of a value of the wrong JSON shape, as the shape the field takes (its
+own words name Python's types: "a valid dictionary or instance of DeviceSpec")."""
+
+
+def _json_kind(value: Any) -> str:
+    """A value's JSON kind, as a file holds it (``null``, not ``None``).
+
+    >>> _json_kind(None), _json_kind([1]), _json_kind({"a": 1}), _json_kind("x")
+    ('null', 'a list', 'an object', "'x'")
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return short_repr(value)
+
+
 _OWN_WORDS = frozenset({"missing", "extra_forbidden", "value_error", "assertion_error"})
 """Errors whose message needs no quote of the input (it is absent, or the message has it)."""
 
@@ -124,10 +146,15 @@ def describe_validation_error(
         msg = f"must be printable text on one line, got {short_repr(given)}"
     elif kind == "int_from_float":
         msg = f"must be a whole number, got {short_repr(given)}"
+    elif kind in _SHAPES:
+        msg = f"must be {_SHAPES[kind]}, got {_json_kind(given)}"
+    elif kind == "too_short":
+        msg = (f"needs at least {ctx.get('min_length', 1)} item(s), got "
+               f"{ctx.get('actual_length', 0)}")  # fmt: skip
     elif kind == "value_error" and "error" in ctx:
         msg = _in_file_keys(str(ctx["error"]), keys or {})  # without pydantic's "Value error, "
     elif kind not in _OWN_WORDS:
-        msg = f"{msg}, got {short_repr(given)}"
+        msg = f"{msg}, got {'null' if given is None else short_repr(given)}"
     msg += _unit_hint(str(err["loc"][-1]) if err["loc"] else "", kind, given, ctx)
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     # A check over the whole object (a model validator) names no field.

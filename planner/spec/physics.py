@@ -192,8 +192,9 @@ than the 32768 of the outermost network level (network.1 infiniband, domain_devi
 
 def cluster_warnings(cluster: ClusterSpec, *, source: str) -> tuple[str, ...]:
     """What in ``cluster`` (read from ``source``) is possible but unlikely, one line each: a
-    device far from every known device of its name, a precision faster than a narrower one,
-    an inner network level slower than an outer one, a link faster than the device's memory.
+    device (or its scale-up bandwidth) far from every known device of its name, a precision
+    faster than a narrower one, an inner network level slower than an outer one, a link
+    faster than the device's memory.
 
     >>> from planner.spec.reading import load_cluster
     >>> h100 = load_cluster("instances/clusters/dgx-h100-80gb.json")
@@ -203,36 +204,43 @@ def cluster_warnings(cluster: ClusterSpec, *, source: str) -> tuple[str, ...]:
     ...     update={"memory_gib": 40.0})})
     >>> print(*cluster_warnings(half, source="h100.json"))
     h100.json: device.memory_gib 40 GiB is 2.0x below the 79.65 of H100-SXM5-80GB, the nearest \
-known device of its name (NVIDIA H100 data sheet, H100 SXM; dgx-h100-80gb.json): another part, \
-or a slip?
+known device of its name (NVIDIA H100 data sheet, H100 SXM (NVLink 900 GB/s, both ways); \
+dgx-h100-80gb.json): another part, or a slip?
     """
     found = [*_unlike_namesakes(cluster), *_precisions(cluster), *_network(cluster)]
     return tuple(f"{source}: {text}" for text in found)
 
 
 def _unlike_namesakes(cluster: ClusterSpec) -> Iterator[str]:
-    """A figure of the device far (:data:`~planner.spec.devices.FAR`) from every known device
-    of its name."""
+    """A figure of the device, or of its scale-up level, far
+    (:data:`~planner.spec.devices.FAR`) from every known device of its name."""
     device = cluster.device
     known = namesakes(device.name)
     if not known:
         return
     figures: list[tuple[str, float, str, list[tuple[float, KnownDevice]]]] = [
-        ("memory_gib", device.memory_gib, "GiB", [(d.memory_gib, d) for d in known]),
-        ("memory_bandwidth_gb_s", device.memory_bandwidth_gb_s, "GB/s",
+        ("device.memory_gib", device.memory_gib, "GiB", [(d.memory_gib, d) for d in known]),
+        ("device.memory_bandwidth_gb_s", device.memory_bandwidth_gb_s, "GB/s",
          [(d.memory_bandwidth_gb_s, d) for d in known]),
     ]  # fmt: skip
     for precision, tflops in device.peak_tflops.items():
-        figures.append((f"peak_tflops.{precision}", tflops, "TFLOP/s",
+        figures.append((f"device.peak_tflops.{precision}", tflops, "TFLOP/s",
                         [(v, d) for d in known for v in d.peak_tflops.get(precision, ())]))
+    inner = cluster.network[0]
+    if 1 < inner.domain_devices <= lim.MAX_DEVICES_PER_NODE:  # a scale-up level
+        figures.append((f"network.0.bandwidth_gb_s ({inner.name})", inner.bandwidth_gb_s, "GB/s",
+                        [(d.scale_up_gb_s, d) for d in known if d.scale_up_gb_s]))
     for path, given, unit, candidates in figures:
         near = nearest(given, candidates)
         if near is None or near.factor(given) <= FAR:
             continue
         side = "above" if given > near.value else "below"
-        yield (f"device.{path} {given:.10g} {unit} is {near.factor(given):.1f}x {side} the "
+        # data sheets print a link's bandwidth both ways summed; a level holds one direction's
+        both = " A level holds one direction's; data sheets print both summed." * (
+            path.startswith("network.") and 1.8 <= given / near.value <= 2.2)
+        yield (f"{path} {given:.10g} {unit} is {near.factor(given):.1f}x {side} the "
                f"{near.value:.10g} of {near.device.name}, the nearest known device of its name "
-               f"({near.device.source}): another part, or a slip?")
+               f"({near.device.source}): another part, or a slip?{both}")
 
 
 def _precisions(cluster: ClusterSpec) -> Iterator[str]:

@@ -131,6 +131,8 @@ def parse_json(text: str, *, source: Path | str) -> Any:
     Traceback (most recent call last):
     planner.errors.InputError: m.json: key 'num_layers' given twice in one object
     """
+    if not text.strip():
+        raise InputError(f"{source}: the file is empty (no JSON in it)")
     try:
         return json.loads(text, object_pairs_hook=partial(_unique_keys, source))
     except json.JSONDecodeError as exc:
