@@ -242,6 +242,20 @@ CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_a
 DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
 """Megatron-LM's process-group order, fastest-varying first (``--rank-order``'s default)."""
 
+
+def rank_order_problem(order: str) -> str | None:
+    """What is wrong with ``order`` as a rank order (Megatron-LM's spelling, ``tp-cp-ep-dp-pp``
+    fastest first: each degree once, ``cp-ep-dp`` one block, as the gradient groups need),
+    or None.
+
+    >>> rank_order_problem("pp-tp-cp-ep-dp"), rank_order_problem("tp-dp-cp-ep-pp")[:30]
+    (None, "rank order 'tp-dp-cp-ep-pp': u")
+    """
+    if sorted(order.split("-")) == ["cp", "dp", "ep", "pp", "tp"] and "cp-ep-dp" in order:
+        return None
+    return (f"rank order {order!r}: use tp, cp, ep, dp, pp once each, with cp-ep-dp together "
+            f"(default {DEFAULT_RANK_ORDER})")
+
 Parallelism = Literal["tp", "cp", "ep", "dp", "pp"]
 """A kind of parallelism, named by its degree's flag; not a mesh axis (an axis is a dimension
 of a stage's logical device mesh, which may carry several of these)."""

@@ -117,7 +117,9 @@ def test_estimate_json_is_the_library_estimate() -> None:
         planner.load_cluster(REPO / A100),
         planner.ParallelConfig(tp=8, pp=16),
     ).to_dict()
+    priced = printed.pop("configuration")  # the configuration priced, as resolved
     assert printed == expected
+    assert (priced["tp"], priced["pp"], priced["dp"]) == (8, 16, 8)
     assert printed["num_devices"] == 1024
 
 
@@ -142,6 +144,7 @@ def test_nodes_resizes_the_cluster() -> None:
         planner.load_cluster(REPO / A100, nodes=16),
         planner.ParallelConfig(tp=8, pp=16),
     ).to_dict()
+    assert printed.pop("configuration")["dp"] == 1
     assert printed == expected
 
 
@@ -538,3 +541,13 @@ def test_fp8_on_a_device_without_a_measured_speedup_is_one_line(command: str) ->
                 "--stack", "megatron-te-fp8")  # fmt: skip
     _assert_one_line_error(done, "stack megatron-te-fp8: device A100-SXM4-80GB has no FP8 GEMM",
                            "device.efficiency.fp8", "planner bench CLUSTER --model MODEL --fp8")
+
+
+def test_solve_json_keeps_its_notes_on_stderr() -> None:
+    """A pin the plan has no room for is said beside ``--json`` too, on stderr, with stdout
+    one plan JSON (the note was dropped under ``--json``)."""
+    done = cli("solve", MIXTRAL, H100, "--nodes", "1", "--tp", "8", "--ep", "1",
+               "--moe-dispatcher", "deepep", "--global-batch", "64", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["configuration"]["tp"] == 8
+    assert done.stderr.startswith("note: --moe-dispatcher deepep: the plan spreads no experts")

@@ -237,3 +237,28 @@ def test_solve_options_are_checked_when_built(options: dict, said: str) -> None:
     run's length and batch are checked with the model's block, by training_of."""
     with pytest.raises(InputError, match=re.escape(said)):
         SolveOptions(**options)
+
+
+def test_a_rank_order_is_checked_before_the_degrees_divide() -> None:
+    """``--rank-order bogus`` with degrees that divide nothing: the spelling's error, which
+    estimate gave only once the degrees divided (a batch error first), said as solve's pins
+    say theirs."""
+    message = _refused("estimate", MODELS / "gpt3-175b.json", CLUSTERS / "dgx-a100-80gb.json",
+                       "--rank-order", "bogus")  # fmt: skip
+    assert message == ("error: --rank-order 'bogus': rank order 'bogus': use tp, cp, ep, dp, pp "
+                       "once each, with cp-ep-dp together (default tp-cp-ep-dp-pp)")
+
+
+def test_compare_takes_frameworks_or_methods() -> None:
+    """--methods beside --frameworks was ignored without a word."""
+    message = _refused("compare", LLAMA, H100, "--nodes", "1", "--frameworks", "megatron",
+                       "--methods", "grid")  # fmt: skip
+    assert message == ("error: --frameworks compares each framework's best plan, --methods the "
+                       "methods on one target: give one of them")
+
+
+def test_version_is_the_packages() -> None:
+    from importlib.metadata import version
+
+    done = cli("--version")
+    assert (done.returncode, done.stdout) == (0, f"planner {version('planner')}\n")

@@ -180,12 +180,16 @@ def test_explain_is_the_readme_explanation(tmp_path: Path) -> None:
 
 def test_estimate_json_is_the_readme_object() -> None:
     """``estimate --json`` on Llama 3 70B: every key and number docs/estimate.md shows, to the
-    last digit (the page leaves out the per-stage list)."""
+    last digit (the page leaves out the per-stage list and the configuration, whose degrees
+    are the command's)."""
     args, rest = _shell_command(_block_after("`--json` prints one object").splitlines())
     shown = json.loads("\n".join(rest))
     printed = json.loads("\n".join(_printed(cli(*args))))
     assert "stages" in printed and "stages" not in shown
-    assert {key: value for key, value in printed.items() if key != "stages"} == shown
+    priced = printed["configuration"]
+    assert (priced["tp"], priced["pp"], priced["dp"], priced["zero"]) == (8, 4, 2, 1)
+    assert {key: value for key, value in printed.items()
+            if key not in ("stages", "configuration")} == shown  # fmt: skip
 
 
 def test_estimate_tables_are_the_readme_tables() -> None:

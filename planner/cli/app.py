@@ -34,11 +34,23 @@ app = typer.Typer(
 )
 
 
+def _print_version(asked: bool) -> None:
+    """``--version``: the installed package's version, then exit."""
+    if asked:
+        from importlib.metadata import version
+
+        print(f"planner {version('planner')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def options(
     debug: Annotated[bool, typer.Option(
         "--debug", help="On an error, show Python's traceback instead of the error: message "
         "(anywhere on the command line).")] = False,
+    show_version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print the planner's version and exit.")] = False,
 ) -> None:
     """Plan how to train a transformer in parallel on a GPU/NPU cluster."""
     # planner.cli.main takes --debug off the command line wherever it is; it is declared here
@@ -161,4 +173,7 @@ def option_error(exc: ValidationError) -> ConfigError:
     limit = err.get("ctx", {}).get("le")
     if err["type"] == "less_than_equal" and limit is not None:
         return ConfigError(lim.check_at_most(option, err["input"], limit) or err["msg"])
-    return ConfigError(f"{option} {short_repr(err['input'])}: {err['msg'].lower()}")
+    # a field's own check says it in its words (pydantic's "Value error, " prefix dropped)
+    said = err["msg"].removeprefix("Value error, ") if err["type"] == "value_error" else (
+        err["msg"].lower())
+    return ConfigError(f"{option} {short_repr(err['input'])}: {said}")

@@ -109,7 +109,9 @@ def estimate_cmd(
                             memory_margin_gib=margin)  # fmt: skip
         write_atomic(out, plan.to_json(), inputs=(model, cluster))
     if as_json:
-        print_json(result.to_dict())
+        # the configuration priced, every knob as resolved, for scripts to read back
+        priced = config.model_copy(update={"dp": result.dp}).model_dump(mode="json")
+        print_json(result.to_dict() | {"configuration": priced})
     else:
         render(report.estimate_tables(model_spec, cluster_spec, config, result, memory_margin))
     if framework is not None or out is not None:

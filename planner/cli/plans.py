@@ -62,7 +62,7 @@ TimeLimitOpt = Annotated[
     typer.Option(
         min=0.0,
         help="Seconds the whole search may take (per method); past it the best plan so far "
-        "is returned with status time_limit and its gap.",
+        "is returned with status time_limit (and its gap, where the search bounds it).",
     ),
 ]
 IlpTimeLimitOpt = Annotated[
@@ -228,8 +228,9 @@ def solve_cmd(
         _wrote(figures.write_report(plan, report_dir))
     if as_json:
         print(plan.to_json(), end="")
-        return
-    render(report.plan_tables(plan, mtp_layers=model_spec.mtp_layers))
+    else:
+        render(report.plan_tables(plan, mtp_layers=model_spec.mtp_layers))
+    # on stderr, so JSON's reader hears them too without parsing them
     for line in pins_left_unused(plan, options.pins):
         note(line)
     if plan.solver.status == "time_limit":
@@ -270,8 +271,9 @@ def compare_cmd(
                      f"(comma-separated, among {', '.join(TARGETS)}) instead of methods."),
     ] = None,
     methods: Annotated[
-        str, typer.Option(help=f"Comma-separated methods among {', '.join(METHODS)}.")
-    ] = "ilp,heuristic,grid",
+        str | None, typer.Option(help=f"Comma-separated methods among {', '.join(METHODS)} "
+                                 "(default: ilp,heuristic,grid).")
+    ] = None,
     plot: Annotated[
         Path | None, typer.Option(help="Also draw the methods as a bar chart (.png or .svg).")
     ] = None,
@@ -286,12 +288,15 @@ def compare_cmd(
         from planner.report import figures, pictures
 
         pictures.check_picture(plot, inputs=(model, cluster), option="--plot")
+    if frameworks_opt is not None and methods is not None:
+        raise InputError("--frameworks compares each framework's best plan, --methods the "
+                         "methods on one target: give one of them")  # fmt: skip
     if frameworks_opt is not None:
         names = [f.strip() for f in frameworks_opt.split(",") if f.strip()]
         targets = [frameworks.check_framework(f, option="--frameworks") for f in names]
         run = partial(compare_frameworks, model_spec, cluster_spec, options, targets)
     else:
-        names = [m.strip() for m in methods.split(",") if m.strip()]
+        names = [m.strip() for m in (methods or "ilp,heuristic,grid").split(",") if m.strip()]
         run = partial(compare, model_spec, cluster_spec, options, names)
     if as_json:
         results = run()

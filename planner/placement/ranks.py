@@ -35,7 +35,7 @@ from planner import cost
 from planner.errors import ConfigError
 from planner.plan.degrees import Degrees
 from planner.sharding.layout import LogicalMesh
-from planner.vocabulary import DEFAULT_RANK_ORDER
+from planner.vocabulary import rank_order_problem
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,12 +111,10 @@ def megatron_order(order: str, d: Degrees) -> RankOrder:
     >>> megatron_order("tp-cp-ep-dp-pp", Degrees(tp=2, dp=2, pp=2)).strides()
     {'tp': 1, 'cp': 2, 'ep': 2, 'dp': 2, 'pp': 4}
     """
+    problem = rank_order_problem(order)
+    if problem is not None:
+        raise ConfigError(problem)
     names = order.split("-")
-    if sorted(names) != ["cp", "dp", "ep", "pp", "tp"] or "cp-ep-dp" not in order:
-        raise ConfigError(
-            f"rank order {order!r}: use tp, cp, ep, dp, pp once each, with cp-ep-dp together "
-            f"(default {DEFAULT_RANK_ORDER})"
-        )
     sizes = {"tp": d.tp, "cp": d.cp, "ep": 1, "dp": d.dp, "pp": d.pp}
     return RankOrder(dims=tuple((name, sizes[name]) for name in names))
 

@@ -35,6 +35,7 @@ from planner.vocabulary import (
     Recompute,
     RecomputeModule,
     Stack,
+    rank_order_problem,
 )
 
 
@@ -159,6 +160,15 @@ class ParallelConfig(BaseModel):
         default=DEFAULT_RANK_ORDER,
         description="How ranks are numbered, fastest first (Megatron's process-group order).",
     )
+
+    @field_validator("rank_order")
+    @classmethod
+    def _known_rank_order(cls, order: str) -> str:
+        """A rank order Megatron-LM's spelling takes, checked before any degree divides."""
+        problem = rank_order_problem(order)
+        if problem is not None:
+            raise ValueError(problem)
+        return order
 
     @field_validator("recompute_modules")
     @classmethod

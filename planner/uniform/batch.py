@@ -82,9 +82,8 @@ class BatchEstimate:
     """The priced numbers by key, with ``divides`` and ``fits`` (bool)."""
     refused_by: np.ndarray
     """Per configuration, the index in :data:`planner.plan.divisibility.RULES` of the first
-    rule it breaks (``len(RULES)``: a rank order Megatron cannot spell, an operator the
-    mesh does not split evenly, bf16 moments or a stack the run cannot have); -1 where it
-    divides."""
+    rule it breaks (``len(RULES)``: an operator the mesh does not split evenly, bf16 moments
+    or a stack the run cannot have); -1 where it divides."""
     configs: dict[str, np.ndarray]
     """The configurations as priced, a column per :class:`ParallelConfig` field (0 for a
     field left to its default of None)."""

@@ -28,10 +28,9 @@ from planner.cost.memory import MemoryParts
 from planner.cost.step import PipelineKnobs, step_totals
 from planner.errors import ConfigError
 from planner.graph.ops import TRANSFORMER_KINDS
-from planner.placement.ranks import megatron_order
 from planner.plan.config import recompute_modules_of
-from planner.plan.degrees import Degrees, Derived, Shape, degrees_of, derive
-from planner.plan.divisibility import RULES, first_broken
+from planner.plan.degrees import Derived, Shape, degrees_of, derive
+from planner.plan.divisibility import first_broken
 from planner.plan.schema import StepTime
 from planner.sharding.uniform import UniformQuery, uniform_parts
 from planner.spec import ClusterSpec, ModelSpec, TrainingSpec
@@ -109,19 +108,14 @@ def dividing(
 ) -> Rows | None:  # fmt: skip
     """The configurations ``cols`` (at ``rows`` of the batch) that divide, with what follows
     from their degrees; each that does not gets the index of the first rule it breaks in
-    ``refused`` (``len(RULES)``: a rank order Megatron cannot spell). None when none
-    divides."""
+    ``refused``. None when none divides. (A rank order Megatron cannot spell is refused with
+    its column, as :class:`ParallelConfig` refuses it.)"""
     shape = Shape(num_devices=cluster.num_devices, num_layers=model.num_layers,
                   global_batch=training.global_batch_size)  # fmt: skip
     d = degrees_of(cols)
     derived = derive(shape, d)
     code = first_broken(model, training.seq_length, shape, d, derived)
     orders, order = codes(cols["rank_order"])
-    for i, spelling in enumerate(orders):
-        try:
-            megatron_order(spelling, Degrees())
-        except ConfigError:
-            code[(order == i) & (code < 0)] = len(RULES)
     refused[rows] = code
     ok = code < 0
     if not ok.any():

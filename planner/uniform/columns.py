@@ -114,7 +114,7 @@ def _check_values(name: str, column: np.ndarray) -> None:
         try:
             ParallelConfig.model_validate({name: value, **_BESIDE.get(name, {})})
         except ValidationError as exc:
-            reason = exc.errors()[0]["msg"]
+            reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise InputError(f"estimate_batch: column {name!r}: {value!r}: {reason}") from None
 
 
