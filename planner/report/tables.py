@@ -82,10 +82,15 @@ def _profiled(p: Predicted) -> list[Prose]:
 def _software(config: ParallelConfig, stack: str, precision: str) -> list[str]:
     """What the configuration's summary leaves out and its price turns on: a stack other
     than Megatron-Core's with Transformer Engine (whose FP8, fused-loss and compiled forms the
-    summary names), a precision other than bf16, attention without the fused kernel."""
+    summary names), a precision other than bf16, attention without the fused kernel, the
+    communication overlapped (each off by default, each worth seconds)."""
+    overlaps = [name for name, on in (("grad reduce", config.overlap_grad_reduce),
+                                      ("param gather", config.overlap_param_gather),
+                                      ("TP comm", config.tp_comm_overlap)) if on]
     return [*([f"stack {stack}"] * (not stack.startswith("megatron-te"))),
             *([precision] * (precision != "bf16")),
-            *(["unfused attention"] * (not config.flash_attention))]
+            *(["unfused attention"] * (not config.flash_attention)),
+            *([f"overlapped: {', '.join(overlaps)}"] * bool(overlaps))]
 
 
 def estimate_tables(
@@ -101,6 +106,7 @@ def estimate_tables(
     training = resolve(model, cluster, config).training
     head = Group(
         Clauses([what, *_software(config, training.stack, training.precision),
+                 f"global batch {training.global_batch_size} x {training.seq_length} tokens",
                  counted(result.num_microbatches, "microbatch", "microbatches")]),
         _rates(_step(result), result, f"bubble {100 * result.bubble_fraction:.1f} %"),
         Prose(band_line(result.error_band)),
