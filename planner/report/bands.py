@@ -77,6 +77,19 @@ def ranked_line(ranked_by: str, objective: float | None, step_s: float) -> str |
     return f"ranked by the step at its band's {ranked_by} end: {objective:.3f} s (+{width})"
 
 
+def inside(step_s: float, reference_s: float, band: ErrorBand | None, *,
+           quantile: float = 0.8) -> bool:
+    """Whether ``step_s`` lies within ``band`` (at ``quantile``) of ``reference_s``: the two
+    steps' order is then one the cost model cannot vouch for.
+
+    >>> band = ErrorBand(fraction=0.05, runs=5, parallelism="model-parallel", closest="")
+    >>> inside(10.3, 10.0, band), inside(9.6, 10.0, band), inside(10.6, 10.0, band)
+    (True, True, False)
+    """
+    width = None if band is None else band.at(quantile)
+    return width is not None and abs(step_s - reference_s) <= reference_s * width
+
+
 def not_significant(steps: Mapping[str, tuple[float, ErrorBand | None]], *,
                     quantile: float = 0.8) -> str | None:
     """A line naming the rows whose predicted step lies inside the fastest row's band (at
@@ -102,14 +115,14 @@ their order is not significant
     width = None if band is None else band.at(quantile)
     if band is None or width is None:
         return "; ".join(said) or None
-    inside = [f"{other} ({s:.3f} s)" for other, (s, _) in steps.items()
-              if s != fastest and s <= fastest * (1 + width)]  # fmt: skip
-    if inside:
-        verb = "is" if len(inside) == 1 else "are"
+    within = [f"{other} ({s:.3f} s)" for other, (s, _) in steps.items()
+              if s != fastest and inside(s, fastest, band, quantile=quantile)]  # fmt: skip
+    if within:
+        verb = "is" if len(within) == 1 else "are"
         text = band.text if quantile == 0.8 else f"{plus_minus(width)} at p{100 * quantile:.0f}"
         whose = (f"its band ({text})" if same else
                  f"the band of {name} ({fastest:.3f} s {text})")  # fmt: skip
-        said.append(f"{', '.join(inside)} {verb} inside {whose}: their order is not "
+        said.append(f"{', '.join(within)} {verb} inside {whose}: their order is not "
                     f"significant")  # fmt: skip
     return "; ".join(said) or None
 

@@ -18,7 +18,7 @@ from planner.diagnose.explanation import Explanation, Neighbour, Part
 from planner.diagnose.notches import KNOBS, said
 from planner.frameworks import ANY, profile
 from planner.plan.schema import Plan
-from planner.report.bands import band_line, with_band
+from planner.report.bands import band_line, inside, with_band
 from planner.report.tables import plan_summary
 from planner.report.width import FirstThatFits, Prose, keep_whole, light_table
 
@@ -78,7 +78,10 @@ def why_this_plan(e: Explanation, plan: Plan) -> list[str]:
     lines = [f"why this plan: {len(faster)} one-notch change{'s' * (len(faster) > 1)} would "
              "make the step faster:"]  # fmt: skip
     for n in faster:
-        lines.append(f"  {n.change}: {-(n.delta_s or 0.0):.3f} s faster, {_ruled_out(n, plan)}")
+        ruled = _ruled_out(n, plan)
+        # only a change that could be made needs its gain weighed against the band
+        weighed = _significance(n, plan) if ruled.startswith("feasible") else ""
+        lines.append(f"  {n.change}: {-(n.delta_s or 0.0):.3f} s faster{weighed}, {ruled}")
     return lines
 
 
@@ -173,6 +176,17 @@ def _neighbour_table(heading: str, rows: list[tuple[str, Neighbour]],
                                       for i, text in enumerate(notes, 1))]  # fmt: skip
 
 
+def _significance(n: Neighbour, plan: Plan) -> str:
+    """`` (inside the plan's band, +/- 24 %)`` where a change's step lies within the plan's
+    error band, so that the order of the two is not one the cost model can vouch for (as
+    ``compare`` says of its rows: :func:`planner.report.bands.not_significant`)."""
+    band = plan.predicted.error_band
+    if n.step_time_s is None or band is None or not inside(
+            n.step_time_s, plan.predicted.step_time_s, band):
+        return ""
+    return f" (inside the plan's band, {band.text})"
+
+
 def why_not_lines(e: Explanation, plan: Plan) -> list[str]:
     """The user's configuration against the plan: slower or faster by how much and where, and
     whether it fits."""
@@ -183,10 +197,11 @@ def why_not_lines(e: Explanation, plan: Plan) -> list[str]:
     head = f"why not {n.change} ({filled}): {n.step_time_s:.3f} s"
     time, memory = differences(n, plan)
     if n.delta_s > 0:
-        head += f", {n.delta_s:.3f} s ({100 * n.delta_s / e.step_time_s:.1f} %) slower"
+        head += (f", {n.delta_s:.3f} s ({100 * n.delta_s / e.step_time_s:.1f} %) slower"
+                 f"{_significance(n, plan)}")  # fmt: skip
     elif n.delta_s < 0:
-        head += (f", {-n.delta_s:.3f} s ({-100 * n.delta_s / e.step_time_s:.1f} %) faster: "
-                 f"{_ruled_out(n, plan)}")  # fmt: skip
+        head += (f", {-n.delta_s:.3f} s ({-100 * n.delta_s / e.step_time_s:.1f} %) faster"
+                 f"{_significance(n, plan)}: {_ruled_out(n, plan)}")  # fmt: skip
     else:
         head += ", the plan's step"
     lines = [head]
