@@ -112,3 +112,25 @@ def test_simulate_a_gpipe_plan(tmp_path: Path) -> None:
     data = json.loads(cli("simulate", out, "--json").stdout)
     assert [r["closed_form_in_flight"] for r in data["stages"]] == [16] * 4
     assert [r["peak_in_flight"] for r in data["stages"]] == [16] * 4
+
+
+def test_a_name_with_dollars_is_drawn_as_written(solved: tuple[Plan, Path, Path]) -> None:
+    """matplotlib reads ``$...$`` as maths: a model named so was drawn in italics, or, with
+    a command maths does not know, failed after the whole search. Every picture's text is
+    literal, and a sub-second step's time is drawn in milliseconds, as its Gantt chart."""
+    import io
+
+    plan, _, _ = solved
+    named = plan.model_copy(update={"model": plan.model.model_copy(
+        update={"name": "a $\\q$ b"})})  # fmt: skip
+    for figure in (memory_figure(named), time_figure(named)):
+        figure.savefig(io.BytesIO(), format="png")  # raised ParseFatalException: \q
+        title = figure.axes[0].title
+        assert "a $\\q$ b" in title.get_text() and not title.get_parse_math()
+    fast = plan.model_copy(update={"predicted": plan.predicted.model_copy(update={
+        "step_time_s": 0.005, "time": plan.predicted.time.model_copy(update={
+            k: v * 0.005 / plan.predicted.step_time_s
+            for k, v in plan.predicted.time.model_dump().items()})})})  # fmt: skip
+    ax = time_figure(fast).axes[0]
+    assert ax.get_xlabel() == "milliseconds per step"
+    assert sum(c.patches[0].get_width() for c in ax.containers) == pytest.approx(5.0)

@@ -309,6 +309,20 @@ def test_a_report_folder_that_is_a_file_is_refused_before_the_sweep(tmp_path: Pa
     assert not (tmp_path / "t.parquet").exists()
 
 
+@pytest.mark.parametrize("taken", ["pareto.png", "index.html"])
+def test_a_report_file_that_cannot_be_written_is_refused_before_the_sweep(
+    tmp_path: Path, taken: str
+) -> None:
+    """A folder named as one of the report's files: refused before any point is solved (it
+    was refused after the whole sweep), as a report folder that is a file is."""
+    sweep = REPO / "instances" / "sweeps" / "llama3-70b-h100-nics.toml"
+    (tmp_path / "report" / taken).mkdir(parents=True)
+    done = planner(80, "sweep", sweep, "--out", tmp_path / "t.parquet", "--report",
+                   tmp_path / "report")  # fmt: skip
+    assert done.code == 2 and f"{taken}: is a directory" in " ".join(done.stderr.split())
+    assert not (tmp_path / "t.parquet").exists()
+
+
 # --------------------------------------------------------------------------- --heatmap X,Y
 
 SMALL_AXES = ["cluster.num_nodes", "cluster.device.memory_gib", "cluster.price_per_device_hour"]

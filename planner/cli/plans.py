@@ -49,7 +49,7 @@ from planner.options import (
 from planner.plan.files import plan_from_json
 from planner.plan.inputs import check_inputs
 from planner.plan.schema import Plan
-from planner.report.output import check_folder, check_target, write_atomic
+from planner.report.output import PLAN_REPORT, check_folder, check_target, write_atomic
 from planner.report.width import wrap
 from planner.search.targets import pins_left_unused
 from planner.simulate.events import simulate_plan
@@ -214,7 +214,7 @@ def solve_cmd(
     if out is not None:
         check_target(out, inputs=(model, cluster))
     if report_dir is not None:
-        check_folder(report_dir, option="--report")
+        check_folder(report_dir, option="--report", files=PLAN_REPORT)
     if as_json:
         plan = METHODS[method](model_spec, cluster_spec, options)
     else:
@@ -330,9 +330,11 @@ def simulate_cmd(
     simulation = simulate_plan(plan)
     if gantt is not None:
         from planner.report.comm_lanes import stage_comm
+        from planner.report.figures import plan_title
         from planner.report.gantt import draw_gantt
 
-        draw_gantt(simulation, gantt, comm=stage_comm(plan))
+        # titled as solve --report's chart is: pasted alone, it says what plan it shows
+        draw_gantt(simulation, gantt, title=plan_title(plan), comm=stage_comm(plan))
         _wrote([gantt])
     if as_json:
         print_json(report.simulation_json(plan, simulation))

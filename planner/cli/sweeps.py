@@ -12,7 +12,7 @@ from planner.cli.app import app, console, stderr_console
 from planner.cli.messages import format_message, wrap
 from planner.cli.progress import search_bars
 from planner.errors import InputError
-from planner.report.output import check_folder, check_target
+from planner.report.output import SWEEP_REPORT, check_folder, check_target
 from planner.sweep import (
     MAX_POINTS,
     Engine,
@@ -58,7 +58,8 @@ def sweep_cmd(
     if out.suffix.lower() not in (".parquet", ".pq"):  # a .csv holding Parquet misleads
         raise InputError(f"--out {out}: the results table is Parquet; name it .parquet")
     if report is not None:
-        check_folder(report, option="--report")  # before the sweep, not after hours of it
+        # before the sweep, not after hours of it
+        check_folder(report, option="--report", files=SWEEP_REPORT)
         # matplotlib loads only when pictures are asked (0.8 s off every other command)
         from planner.report.sweep_figures import check_heatmap_axes, write_sweep_report
     sweep = read_sweep(sweep_file)

@@ -16,9 +16,9 @@ from planner.diagnose.compare import MethodResult, yardstick
 from planner.plan.schema import Plan
 from planner.report.bands import band_text, with_band
 from planner.report.comm_lanes import stage_comm
-from planner.report.gantt import COMM_COLORS, PHASE_COLORS, draw_gantt
-from planner.report.output import check_folder
-from planner.report.pictures import FORMATS, save
+from planner.report.gantt import COMM_COLORS, PHASE_COLORS, draw_gantt, time_unit
+from planner.report.output import PLAN_REPORT, check_folder
+from planner.report.pictures import FORMATS, literal_text, save
 from planner.simulate.events import simulate_plan
 
 MEMORY_PARTS = (
@@ -50,6 +50,12 @@ def _title(plan: Plan) -> str:
     return f"{plan.model.name} on {devices:,} x {plan.cluster.device}: {plan.summary()}"
 
 
+def plan_title(plan: Plan) -> str:
+    """The title every picture of ``plan`` carries: the model, the devices and the plan,
+    broken at commas to fit the figure."""
+    return _wrap(_title(plan))
+
+
 def _wrap(text: str, width: int = 110) -> str:
     """Break a long title at commas so it stays inside the figure."""
     lines, line = [], ""
@@ -63,6 +69,7 @@ def _wrap(text: str, width: int = 110) -> str:
     return "\n".join([*lines, line])
 
 
+@literal_text
 def memory_figure(plan: Plan) -> Figure:
     """A stacked bar per stage of one device's peak memory (weights, gradients, optimizer
     states, activations, the reserve) and its headroom to the device's capacity."""
@@ -99,10 +106,11 @@ def memory_figure(plan: Plan) -> Figure:
     ax.set_xticks(x[::step])
     ax.set_xlim(-0.6, len(stages) - 0.4)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=6, fontsize=8, frameon=False)
-    ax.set_title(_wrap(_title(plan)) + "\npeak memory per device", fontsize=9)
+    ax.set_title(plan_title(plan) + "\npeak memory per device", fontsize=9)
     return figure
 
 
+@literal_text
 def time_figure(plan: Plan) -> Figure:
     """One step's seconds on the critical stage as a stacked horizontal bar, each part
     labelled with its share."""
@@ -110,28 +118,31 @@ def time_figure(plan: Plan) -> Figure:
     step = plan.predicted.step_time_s
     figure = Figure(figsize=(10, 2.6))
     ax = figure.add_subplot()
+    unit, scale = time_unit(step)  # a sub-second step in ms, as its Gantt chart draws it
     left = 0.0
     for field, label, colour in TIME_PARTS:
         seconds = getattr(t, field)
         if seconds <= 0:
             continue
         share = seconds / step
-        ax.barh([0], [seconds], left=left, color=colour, edgecolor="white", height=0.6,
-                label=f"{label}: {seconds:.3f} s ({100 * share:.1f} %)")  # fmt: skip
+        ax.barh([0], [seconds * scale], left=left, color=colour, edgecolor="white", height=0.6,
+                label=f"{label}: {seconds * scale:.3f} {unit} ({100 * share:.1f} %)")
         if share >= 0.06:  # the legend's share, not rounded to "100 %" beside its 99.6 %
-            ax.text(left + seconds / 2, 0, f"{100 * share:.1f} %", ha="center", va="center",
-                    fontsize=9, color="white" if colour != "#d9d9d9" else "black")  # fmt: skip
-        left += seconds
-    ax.set_xlim(0, step)
+            ax.text(left + seconds * scale / 2, 0, f"{100 * share:.1f} %", ha="center",
+                    va="center", fontsize=9,
+                    color="white" if colour != "#d9d9d9" else "black")  # fmt: skip
+        left += seconds * scale
+    ax.set_xlim(0, step * scale)
     ax.set_ylim(-0.5, 0.5)
     ax.set_yticks([])
-    ax.set_xlabel("seconds per step")
+    ax.set_xlabel(f"{'seconds' if unit == 's' else 'milliseconds'} per step")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, fontsize=8, frameon=False)
-    ax.set_title(_wrap(_title(plan)) + f"\nstep {with_band(step, plan.predicted.error_band)}: "
+    ax.set_title(plan_title(plan) + f"\nstep {with_band(step, plan.predicted.error_band)}: "
                  "where the time goes on the critical stage", fontsize=9)  # fmt: skip
     return figure
 
 
+@literal_text
 def compare_figure(results: Sequence[MethodResult], title: str = "") -> Figure:
     """The methods' predicted step times as bars (shortest is best), each labelled with its
     step, MFU and solve time; a method without a plan is marked so."""
@@ -167,13 +178,13 @@ def write_report(plan: Plan, directory: str | Path) -> list[Path]:
     """Every picture of ``plan`` into ``directory`` (created if missing), as PNG and SVG:
     the simulated schedule's Gantt chart, the memory per stage and the step's time."""
     directory = Path(directory)
-    check_folder(directory, option="--report")
+    check_folder(directory, option="--report", files=PLAN_REPORT)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     simulation = simulate_plan(plan)
     for suffix in FORMATS:
         written.append(draw_gantt(simulation, directory / f"gantt{suffix}",
-                                  title=_wrap(_title(plan)), option="--report",
+                                  title=plan_title(plan), option="--report",
                                   comm=stage_comm(plan)))  # fmt: skip
         written.append(save(memory_figure(plan), directory / f"memory{suffix}",
                             option="--report"))

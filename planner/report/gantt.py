@@ -30,7 +30,7 @@ from planner.report.comm_lanes import (
     comm_segments,
     lane_kinds,
 )
-from planner.report.pictures import save
+from planner.report.pictures import literal_text, save
 from planner.simulate.events import Phase, Simulation
 from planner.vocabulary import counted
 
@@ -94,8 +94,8 @@ def _text_color(rgb: tuple[float, float, float]) -> str:
     return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.55 else "white"
 
 
-def _time_unit(step_s: float) -> tuple[str, float]:
-    """Seconds for long steps, milliseconds for short ones."""
+def time_unit(step_s: float) -> tuple[str, float]:
+    """Seconds for long steps, milliseconds for short ones: the unit and its seconds' scale."""
     return ("ms", 1e3) if step_s < 1.0 else ("s", 1.0)
 
 
@@ -281,6 +281,7 @@ def draw_gantt(
     return save(gantt_figure(sim, title=title, comm=comm), path, option=option)
 
 
+@literal_text
 def gantt_figure(sim: Simulation, *, title: str = "", comm: Sequence[StageComm] = ()) -> Figure:
     """``sim`` as a Gantt chart, with each stage's communication ``comm``
     (:func:`planner.report.comm_lanes.stage_comm`) in lanes under its compute.
@@ -296,7 +297,7 @@ def gantt_figure(sim: Simulation, *, title: str = "", comm: Sequence[StageComm] 
     p = sim.num_stages
     lanes: list[CommKind] = kinds if p * len(kinds) <= MAX_LANE_ROWS else kinds[:1]
     rows = _Rows.of(len(lanes))
-    unit, scale = _time_unit(sim.step_s)
+    unit, scale = time_unit(sim.step_s)
     fig = Figure(figsize=(WIDTH_IN, _figure_height_in(p, len(lanes))), layout="constrained")
     ax = fig.add_subplot()
     detailed = len(sim.events) <= MAX_DETAILED_BARS

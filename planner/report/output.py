@@ -10,6 +10,14 @@ from pathlib import Path
 
 from planner.errors import InputError
 
+FORMATS = (".png", ".svg")
+"""The picture formats, by their files' suffixes."""
+PLAN_REPORT = tuple(f"{name}{suffix}" for name in ("gantt", "memory", "time") for suffix in FORMATS)
+"""What ``solve --report`` writes into its folder."""
+SWEEP_REPORT = (*(f"{name}{suffix}" for name in ("pareto", "heatmap") for suffix in FORMATS),
+                "index.html")  # fmt: skip
+"""What ``sweep --report`` writes into its folder (the heatmap where there are two axes)."""
+
 
 def check_target(path: Path, *, inputs: Sequence[Path | None] = (), option: str = "--out") -> None:
     """Refuse ``path`` as an output file: a folder, one of ``inputs`` (a plan written over its
@@ -35,18 +43,25 @@ def _check_target(path: Path, inputs: Sequence[Path | None], option: str) -> Non
         raise InputError(f"{option} {path}: the file is not writable")
 
 
-def check_folder(path: Path, *, option: str) -> None:
-    """Refuse ``path`` as an output folder: an existing file, or a place it cannot be made."""
+def check_folder(path: Path, *, option: str, files: Sequence[str] = ()) -> None:
+    """Refuse ``path`` as an output folder: an existing file, a place it cannot be made, or
+    one where a file of ``files`` cannot be written (a folder of that name, a read-only
+    file), before the work that would fill it."""
     try:
         _check_folder(Path(path), option)
     except OSError as exc:
         raise InputError(f"{option} {path}: cannot write there ({exc.strerror or exc})") from None
+    if Path(path).is_dir():  # a folder to be made holds nothing in the way
+        for name in files:
+            check_target(Path(path) / name, option=option)
 
 
 def _check_folder(path: Path, option: str) -> None:
     folder = path.resolve()
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{option} {path}: is a file; give a folder")
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        raise InputError(f"{option} {path}: the folder is not writable")
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK):
         raise InputError(f"{option} {path}: cannot create it under {existing}")

@@ -3,17 +3,33 @@ is bad, written atomically (:mod:`planner.report.output`)."""
 
 from __future__ import annotations
 
+import functools
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
+import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from planner.errors import InputError
-from planner.report.output import check_target, write_atomic
+from planner.report.output import FORMATS, check_target, write_atomic
 
-FORMATS = (".png", ".svg")
+_Drawn = TypeVar("_Drawn", bound=Callable[..., Figure])
+
+
+def literal_text(draw: _Drawn) -> _Drawn:
+    """``draw`` (a function that builds a figure) with its text drawn as given: matplotlib
+    reads ``$...$`` as maths, so a model or sweep named ``nic $50 vs $100`` was set in
+    italics and one named ``a $\\q$ b`` failed to draw after the whole search."""
+
+    @functools.wraps(draw)
+    def drawn(*args: Any, **kwargs: Any) -> Figure:
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return drawn  # type: ignore[return-value]
 
 
 def save(figure: Figure, path: str | Path, *, option: str = "--out") -> Path:

@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from planner.errors import InputError
-from planner.report.output import check_folder, write_atomic
-from planner.report.pictures import FORMATS, save
+from planner.report.output import SWEEP_REPORT, check_folder, write_atomic
+from planner.report.pictures import FORMATS, literal_text, save
 from planner.report.sweep_reading import (
     MAX_LABELLED,
     axis_labels,
@@ -43,6 +43,7 @@ from planner.sweep import SweepRow
 from planner.vocabulary import counted
 
 
+@literal_text
 def pareto_figure(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str = "") -> Figure:
     """Every point with a plan, and the front drawn through the ones nothing beats; each
     point labelled (:func:`point_label`) when there are at most :data:`MAX_LABELLED`, else the
@@ -87,6 +88,7 @@ def pareto_figure(rows: Sequence[SweepRow], axes: Sequence[str], *, title: str =
     return figure
 
 
+@literal_text
 def heatmap_figure(
     rows: Sequence[SweepRow], axes: Sequence[str], x_axis: str, y_axis: str, *, title: str = ""
 ) -> Figure:
@@ -249,7 +251,7 @@ def write_sweep_report(
     directory = Path(directory)
     heat_axes = (default_heatmap_axes(axes) if heatmap_axes is None
                  else check_heatmap_axes(axes, heatmap_axes))  # fmt: skip
-    check_folder(directory, option="--report")
+    check_folder(directory, option="--report", files=SWEEP_REPORT)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for suffix in FORMATS:
