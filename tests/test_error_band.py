@@ -150,6 +150,22 @@ def test_at_the_evidence_the_band_is_its_spread() -> None:
     assert band.closest == "the 5 nearest of 6 validated runs on X (megatron), 80 % within 4 %"
 
 
+def test_a_run_of_the_very_regime_bounds_the_band_from_below() -> None:
+    """A user's own run of the configuration predicted missed by 29 %, the other nearest runs
+    (twice the sequence: distance 0.5) by 2-5 %: the band claims at least the 29 % and says
+    why (it claimed 13 % beside the run it could not cover). With every nearest run at
+    distance 0 the band is their spread, as before."""
+    own = _runs((-0.29,))
+    others = _runs((0.02, -0.03, 0.04, 0.05, -0.02), regime=HERE.model_copy(
+        update={"seq_length": 8192}))  # fmt: skip
+    band = error_band(_device([*others, *own]), HERE)
+    assert band.fraction == pytest.approx(0.29) and band.fraction_p95 == pytest.approx(0.29)
+    assert band.closest.endswith("; at least the 29 % the runs of this very regime missed by")
+    spread = error_band(_device(_runs()), HERE)
+    assert spread.fraction == pytest.approx(np.percentile(np.abs(ERRORS[:5]), 80), abs=1e-4)
+    assert "this very regime" not in spread.closest
+
+
 def test_away_from_the_evidence_the_band_widens_by_the_fitted_rule() -> None:
     """ZeRO-3 (a mechanism no run used) at 4x the sequence: distance 1 + 2 x 0.5 from every
     run, so each quantile widens by its :data:`WIDENING` times 2, and the band names both."""

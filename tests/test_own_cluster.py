@@ -127,6 +127,9 @@ def test_calibrate_cluster_recovers_the_gemm_curve_into_that_file_only(tmp_path:
     assert all(abs(run["error"]) <= 0.002 for run in eff["evidence"])
     assert "attention" not in eff and eff["overlap_contention"] == 0.0
     assert str(mine) in done.stdout.replace("\n", "")
+    # two runs a knob: the 0.2 % bands written are in sample, and the fit says so
+    assert ("note: 4 runs fitted 2 knobs: the fit leaves them almost no residual, so the error "
+            "bands it writes are in sample and narrow") in " ".join(done.stdout.split())
 
 
 def test_one_run_fits_the_ceiling_only(tmp_path: Path) -> None:
@@ -141,6 +144,7 @@ def test_one_run_fits_the_ceiling_only(tmp_path: Path) -> None:
     fit = calibrate([runs], CLUSTERS, cluster=cluster)
     assert set(fit.fit.values) == {"gemm.max_fraction"}
     assert abs(fit.after[0].error) < 1e-3
+    assert fit.fit.in_sample is not None and fit.fit.in_sample.startswith("1 run fitted 1 knob")
 
 
 def test_validate_without_cluster_names_the_record_and_the_option(tmp_path: Path) -> None:

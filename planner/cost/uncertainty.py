@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
@@ -184,6 +184,11 @@ class Nearest:
     """:meth:`set_apart` at each of :data:`QUANTILES` with :data:`COMMUNICATION`'s allowance,
     taken once: a search builds a band for every exposed share it prices, and these do not
     depend on it."""
+    nearest_spread: dict[float, float] | None = None
+    """At each of :data:`QUANTILES`, the spread of the runs of the prediction's very regime
+    (distance 0) alone, where some of the nearest are and some are not (often one run: the
+    user's own, of the configuration predicted): no band may claim less than the evidence
+    at it missed by. None: no run is at distance 0, or all are."""
 
     def set_apart(self, quantile: float, communication: float) -> float:
         """Their |error| at ``quantile`` once each run's allowance for its exposed
@@ -204,7 +209,8 @@ class Nearest:
         c = communication[quantile]
         widened = (self.set_apart(quantile, c) + widening[quantile] * self.mean_distance
                    + c * share)  # fmt: skip
-        return max(self.spread[quantile], widened)
+        closest = 0.0 if self.nearest_spread is None else self.nearest_spread[quantile]
+        return max(self.spread[quantile], widened, closest)
 
 
 def _set_apart(runs: Sequence[ValidatedRun], quantile: float, communication: float) -> float:
@@ -220,10 +226,14 @@ def nearest(prediction: Regime, evidence: Sequence[ValidatedRun]) -> Nearest:
     order = np.lexsort((np.arange(len(d)), d))[:NEAREST]
     runs = tuple(evidence[i] for i in order)
     errors = np.array([abs(r.error) for r in runs])
+    # at distance 0 only: a run a hair nearer than the rest is no better evidence than they
+    same = errors[d[order] == 0.0]
     return Nearest(runs=runs,
                    spread={q: float(np.percentile(errors, 100 * q)) for q in QUANTILES},
                    mean_distance=float(d[order].mean()),
-                   apart={q: _set_apart(runs, q, COMMUNICATION[q]) for q in QUANTILES})  # fmt: skip
+                   apart={q: _set_apart(runs, q, COMMUNICATION[q]) for q in QUANTILES},
+                   nearest_spread=None if same.size in (0, errors.size) else {
+                       q: float(np.percentile(same, 100 * q)) for q in QUANTILES})  # fmt: skip
 
 
 _MEMO: dict[tuple[object, ...], tuple[Sequence[ValidatedRun], object]] = {}
@@ -290,6 +300,11 @@ def _band(device: DeviceSpec, prediction: Regime, share: float) -> ErrorBand:
                            f"{_percent(share)} in exposed communication")
         if reasons:
             closest += ", widened " + " and ".join(reasons)
+    least = near.nearest_spread
+    if least is not None and least[0.8] > replace(near, nearest_spread=None).half_width(0.8,
+                                                                                       share):
+        closest += (f"; at least the {_percent(least[0.8])} the runs of this very regime "
+                    f"missed by")  # fmt: skip
     return ErrorBand(fraction=round(widened, 4),
                      fraction_p95=round(near.half_width(0.95, share), 4),
                      runs=len(near.runs), parallelism=kind_of(prediction.mechanisms),

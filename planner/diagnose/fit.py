@@ -169,6 +169,25 @@ class Fit:
     """The knobs the fit left on one of their bounds (scipy's active constraints, or equal to
     one to four digits), with that bound: the runs did not pin them, the bound did."""
 
+    @property
+    def in_sample(self) -> str | None:
+        """A warning where the runs barely outnumber the knobs (at most two a knob): the fit
+        then leaves them little residual, so the bands built from their errors are narrow in
+        sample, not a measure of what it predicts; None otherwise.
+
+        >>> Fit(values={"gemm.max_fraction": 0.6}, rms_log_error=0.0, runs=1).in_sample[:45]
+        '1 run fitted 1 knob: the fit leaves it almost'
+        """
+        knobs = len(self.values)
+        if self.runs > 2 * knobs:
+            return None
+        runs = f"{self.runs} run{'s' * (self.runs != 1)}"
+        return (f"{runs} fitted {knobs} knob{'s' * (knobs != 1)}: the fit leaves "
+                f"{'it' if self.runs == 1 else 'them'} almost no residual, so the error bands "
+                "it writes are in sample and narrow; fit with more runs (the chip's published "
+                "ones beside yours) and check it with `planner validate` on runs the fit did "
+                "not see")
+
 
 def fit_knobs(
     runs: Sequence[CalibrationRun], clusters: Mapping[str, ClusterSpec], names: Sequence[str]

@@ -184,7 +184,8 @@ def calibration_tables(fit: Calibration) -> list[RenderableType]:
     where = (f"written to {', '.join(fit.written)}" if fit.written
              else "not written: --write")  # fmt: skip
     head = Group(
-        Text(f"{fit.chip}: fitted on {fit.fit.runs} runs ({', '.join(fit.fitted_on)}), RMS log "
+        Text(f"{fit.chip}: fitted on {counted(fit.fit.runs, 'run', 'runs')} "
+             f"({', '.join(fit.fitted_on)}), RMS log "
              f"error {fit.fit.rms_log_error:.3f}; {where}", style="bold"),
         Clauses(values),
         Clauses([f"{b.parallelism}: +/- {100 * b.p80_abs_error:.1f} % over {b.runs} runs"
@@ -202,7 +203,8 @@ def calibration_tables(fit: Calibration) -> list[RenderableType]:
     bounded = [Prose(f"note: {name} is at its bound, {bound:g}: the runs do not pin it "
                      "(runs that vary what it prices would)")
                for name, bound in fit.fit.at_bounds.items()]  # fmt: skip
-    return [head, before, *bounded, *validation_tables(fit.after, fit.skipped)]
+    few = [Prose(f"note: {fit.fit.in_sample}")] if fit.fit.in_sample else []
+    return [head, before, *bounded, *few, *validation_tables(fit.after, fit.skipped)]
 
 
 def network_fit_tables(fit: NetworkFit) -> list[RenderableType]:
