@@ -410,6 +410,25 @@ def test_torchtitan_log_states_mesh_sequence_and_model(tmp_path: Path) -> None:
     assert "torchtitan built llama3 8B with dim=4096" in " ".join(done.stderr.split())
 
 
+def test_torchtitan_log_carries_the_memory_it_reserved(tmp_path: Path) -> None:
+    """torchtitan's ``memory`` field is the allocator's peak reserved since the last line:
+    the record measures the most of the kept lines (not the warm-up's, which compiles and
+    allocates once), and ``validate`` compares the predicted reserved peak with it."""
+    lines = TITAN_LOG.read_text().splitlines(keepends=True)
+    steps = [i for i, line in enumerate(lines) if "tps:" in line]
+    lines[steps[0]] = lines[steps[0]].replace("memory: 61.88GiB", "memory: 70.00GiB")
+    lines[steps[5]] = lines[steps[5]].replace("memory: 61.88GiB", "memory: 63.10GiB")
+    log = tmp_path / "titan.log"
+    log.write_text("".join(lines))
+    record, out = _record_of(tmp_path, log, "--cluster", H100, "--nodes", 1,
+                             "--global-batch", 8)  # fmt: skip
+    assert record["measured"]["peak_memory_reserved_gib"] == 63.1
+    done = cli("validate", out, "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["runs"]
+    assert row["measured_reserved_memory_gib"] == 63.1 and row["reserved_error"] is not None
+
+
 def test_torchtitan_log_with_context_parallelism_runs_pytorchs(tmp_path: Path) -> None:
     """A torchtitan log whose mesh has cp=2 ran PyTorch's context parallelism, K/V
     all-gathered (torchtitan's training never sets another rotate method): the record says

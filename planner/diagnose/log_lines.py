@@ -51,6 +51,7 @@ _MEGATRON_NANS = re.compile(r"\| number of nan iterations:\s*(\d+) \|")
 _MEGATRON_NOT_A_NUMBER = re.compile(r":\s*[-+]?(?:nan|inf)\s*\|", re.IGNORECASE)
 _TITAN_STEP = re.compile(r"(?<!validate )\bstep:\s*(\d+)\s(.*)\btps:\s*([0-9,]+)\s.*"
                          r"\bmfu:\s*(?:[0-9.]+%|N/A)")
+_TITAN_MEMORY = re.compile(r"\bmemory:\s*([0-9.]+)GiB")
 _TITAN_NOT_A_NUMBER = re.compile(r"\b(?:loss|grad_norm):\s*[-+]?(?:nan|inf)\b", re.IGNORECASE)
 _DUMP_START = re.compile(r"-+ arguments -+")
 _DUMP_END = re.compile(r"-+ end of arguments -+")
@@ -97,6 +98,10 @@ class StepLine:
     """Whether iterations of its interval were skipped (no optimizer step)."""
     nan: bool = False
     """Whether a loss or gradient norm of its interval was not a number."""
+    reserved_gib: float | None = None
+    """The most memory the caching allocator reserved over its interval, GiB (torchtitan's
+    ``memory`` field: ``max_reserved_gib``, its peak reset after each line, metrics.py:465
+    and 475 at 73a0e69); None where the line prints none (Megatron's)."""
 
 
 def megatron_steps(lines: list[str]) -> list[StepLine]:
@@ -124,9 +129,11 @@ def titan_steps(lines: list[str]) -> list[StepLine]:
     for number, line in enumerate(lines, 1):
         source, text = clean(line)
         if m := _TITAN_STEP.search(text):
+            memory = _TITAN_MEMORY.search(m.group(2))
             steps.append(StepLine(line=number, source=source, step=int(m.group(1)),
                                   value=float(m.group(3).replace(",", "")),
-                                  nan=bool(_TITAN_NOT_A_NUMBER.search(m.group(2)))))
+                                  nan=bool(_TITAN_NOT_A_NUMBER.search(m.group(2))),
+                                  reserved_gib=float(memory.group(1)) if memory else None))
     return steps
 
 

@@ -94,6 +94,9 @@ class LogRun:
     titan_compiled: tuple[str, ...] = ()
     """What torchtitan compiled, ``model`` and ``loss``
     (:func:`~planner.diagnose.log_models.titan_compiled`)."""
+    peak_memory_reserved_gib: float | None = None
+    """The most the allocator reserved over the kept step lines (torchtitan's ``memory``
+    field), GiB; None where the lines print none."""
 
 
 def read_log(text: str, *, where: str, skip: int = DEFAULT_SKIP) -> LogRun:
@@ -126,6 +129,9 @@ def read_log(text: str, *, where: str, skip: int = DEFAULT_SKIP) -> LogRun:
                       global_batch=batches.pop() if len(batches) == 1 else None,
                       **measured)  # fmt: skip
     built = titan_model(lines)
+    # the kept lines only: the warm-up's compilation and first allocations are no steady step
+    reserved = [s.reserved_gib for s in kept if s.reserved_gib is not None]
+    measured["peak_memory_reserved_gib"] = max(reserved) if reserved else None
     return LogRun(format="torchtitan", step_time_s=None, tokens_per_s_per_gpu=median,
                   arguments={}, global_batch=None, device=titan_device(lines),
                   titan_model=built, titan_checkpointing=titan_checkpointing(lines),
@@ -277,6 +283,8 @@ def run_record(
                      **{name: getattr(config, name) for name in OVERLAPS
                         if name in log.arguments}},
         "precision": precision,
-        "measured": {"step_time_s": step},
+        "measured": {"step_time_s": step,
+                     **({"peak_memory_reserved_gib": log.peak_memory_reserved_gib}
+                        if log.peak_memory_reserved_gib is not None else {})},
         "config_complete": True,
     }
