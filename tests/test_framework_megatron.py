@@ -604,14 +604,35 @@ def test_two_uneven_stages_say_the_first_only() -> None:
 
 def test_gpt2_vocabulary_padded_only_to_tp() -> None:
     """GPT-2's 50257 tokens: built unpadded at tp 1; at tp 2 padded to 50258, not to 50304 as
-    Megatron's default divisor of 128 would, and the notes say so."""
+    Megatron's default divisor of 128 would, and the notes say so (at tp 1 too: a checkpoint
+    trained at the default, as Megatron's GPT-2 examples train, holds 50304 rows)."""
     model = load("gpt2")
     alone = megatron.launch(configure(model, 16, zero=1), model)
     paired = megatron.launch(configure(model, 16, tp=2, sp=True), model)
     assert read_flags(alone.text)["--make-vocab-size-divisible-by"] == "1"
-    assert not any("pads" in note for note in alone.notes)
+    assert not any("is no multiple of tp" in note for note in alone.notes)
+    assert any("builds the 50257 rows priced" in n and "pads to 50304 at tp(1)" in n
+               for n in alone.notes)  # fmt: skip
     assert read_flags(paired.text)["--make-vocab-size-divisible-by"] == "1"
     assert any("50258 rows" in note for note in paired.notes)
+
+
+def test_a_divisor_below_the_default_says_what_a_default_checkpoint_holds() -> None:
+    """Llama 3's 128256 tokens at tp 8: divisor 32 builds them unpadded, where Megatron's
+    default 128 pads to 129024 rows, the shape a checkpoint trained at the default holds: the
+    note says so (resuming one failed on the embedding's shape); at tp 2 the default pads
+    nothing and nothing is said. Megatron-FSDP's checkpoint format and its warning against
+    TP with it are noted where they apply."""
+    model = load("llama3-8b")
+    eight = megatron.launch(configure(model, 16, tp=8, sp=True, zero=3), model)
+    two = megatron.launch(configure(model, 16, tp=2, sp=True, zero=1), model)
+    assert read_flags(eight.text)["--make-vocab-size-divisible-by"] == "32"
+    (said,) = [n for n in eight.notes if n.startswith("--make-vocab-size-divisible-by")]
+    assert "builds the 128256 rows priced" in said and "pads to 129024 at tp(8)" in said
+    assert not any(n.startswith("--make-vocab") for n in two.notes)
+    assert any(n.startswith("--ckpt-format fsdp_dtensor") for n in eight.notes)
+    assert any("TP or CP with Megatron-FSDP" in n for n in eight.notes)
+    assert not any("fsdp" in n.lower() for n in two.notes)
 
 
 def test_rope_model_trains_past_its_positions() -> None:

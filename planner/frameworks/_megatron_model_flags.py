@@ -12,7 +12,7 @@ Megatron-LM's own ``parse_args`` and ``validate_args``.
 from __future__ import annotations
 
 from planner.frameworks._megatron_flags import Flag
-from planner.frameworks._megatron_vocab import padded_vocab
+from planner.frameworks._megatron_vocab import MAX_VOCAB_DIVISOR, padded_vocab, vocab_divisor
 from planner.plan.config import ResolvedConfig
 from planner.spec import ModelSpec, MoESpec
 from planner.vocabulary import MoeDispatcher
@@ -257,6 +257,15 @@ def vocab_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
     if rows != model.vocab_size:
         notes.append(f"vocab_size({model.vocab_size}) is no multiple of tp({tp}): Megatron pads "
                      f"the embedding and output layer to {rows} rows")  # fmt: skip
+    # Megatron's default divisor pads past the vocabulary: a checkpoint trained at it holds
+    # more rows than this launch builds, and loads only with the default back
+    default = -(-model.vocab_size // (MAX_VOCAB_DIVISOR * tp)) * MAX_VOCAB_DIVISOR * tp
+    if vocab_divisor(model.vocab_size, tp) != MAX_VOCAB_DIVISOR and default != rows:
+        notes.append(f"--make-vocab-size-divisible-by {vocab_divisor(model.vocab_size, tp)} "
+                     f"builds the {rows} rows priced; Megatron's default ({MAX_VOCAB_DIVISOR}) "
+                     f"pads to {default} at tp({tp}): to resume a checkpoint trained at the "
+                     f"default, keep the default (its embedding and output layer "
+                     f"{default - rows} rows larger than priced)")  # fmt: skip
     if max_positions(model, seq) != model.max_position_embeddings:
         notes.append(f"--max-position-embeddings is the sequence length {seq} (the model's "
                      f"{model.max_position_embeddings} is shorter): with RoPE it sizes the "
