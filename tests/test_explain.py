@@ -395,6 +395,28 @@ def test_the_notch_into_context_parallelism_attends_as_the_framework_does(
     assert bool(ring.framework_refusals) == (framework == "torchtitan")
 
 
+@pytest.mark.parametrize(("framework", "stack", "modules"), [
+    ("torchtitan", "torchtitan-eager", "op"), ("megatron", "megatron-te", None)])
+def test_a_notch_to_selective_recomputation_reruns_what_the_framework_reruns(
+    framework: str, stack: str, modules: str | None
+) -> None:  # fmt: skip
+    """torchtitan's selective recomputation is its per-operator policy: its plan's ``recompute
+    full -> selective`` and ``--why-not recompute=selective`` price ``op`` and are launchable
+    (they priced the attention core's, which torchtitan refuses); Megatron's keep its
+    default modules."""
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 1)
+    config = ParallelConfig(dp=8, zero=3, overlap_grad_reduce=True, overlap_param_gather=True,
+                            recompute="full", stack=stack, global_batch=64, seq_len=8192)
+    plan = uniform_plan(model, cluster, config, framework=framework)
+    why = explain(plan, model, cluster, why_not={"recompute": "selective"})
+    down = next(n for n in why.sensitivities if n.knob == "recompute"
+                and n.config.recompute == "selective")  # fmt: skip
+    for n in (down, why.why_not):
+        assert n is not None and n.config.recompute_modules == modules
+        assert n.framework_refusals == ()
+
+
 def test_a_notch_sets_the_overlaps_as_the_framework_launches_them() -> None:
     """DeepSpeed gathers ZeRO-1's and ZeRO-2's updated weights inside its optimizer step, so
     a ZeRO-3 plan's ``zero 3 -> 2`` and ``--why-not zero=1`` turn ``overlap_param_gather`` off

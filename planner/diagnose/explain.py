@@ -226,6 +226,11 @@ def _launched(plan: Plan, model: ModelSpec, cluster: ClusterSpec, config: Parall
         return config
     if "cp_algo" not in given:
         config = attending(config, plan.framework)
+    own = profile(plan.framework).selective_modules
+    if own is not None and config.recompute == "selective" and config.recompute_modules is None \
+            and "recompute_modules" not in given:
+        # selective recomputation as the framework runs it (torchtitan's per-operator policy)
+        config = config.model_copy(update={"recompute_modules": own})
     try:
         if not _refusals(plan, model, cluster, config):
             return config
