@@ -359,7 +359,8 @@ def test_why_this_plan_lists_every_faster_notch_with_what_rules_it_out(
     assert [line.split(":")[0].strip() for line in lines[1:]] == [n.change for n in faster]
     assert lines[1:] == [
         "  tp 4 -> 2 (dp 32 -> 64): 1.138 s faster, does not fit (43.9 GiB over)",
-        "  tp-comm-overlap off -> on: 1.011 s faster, feasible; solve does not turn this knob",
+        "  tp-comm-overlap off -> on: 1.011 s faster, feasible; solve turns this knob only with "
+        "--tp-comm-overlap",
         "  mbs 1 -> 2 (24 microbatches): 0.493 s faster, does not fit (10.3 GiB over)",
         "  cross-entropy-loss-fusion off -> on: 0.012 s faster (inside the plan's band, "
         "+/- 4 %), feasible; solve keeps the stack it is given (--stack megatron-te-fused-loss)",

@@ -89,6 +89,14 @@ ObjectiveOpt = Annotated[
                  "error band at the 80th or 95th percentile (p80, p95): a plan the validated "
                  "runs vouch for over a faster one they do not."),
 ]
+TpCommOpt = Annotated[
+    bool,
+    typer.Option("--tp-comm-overlap/--no-tp-comm-overlap",
+                 help="Let the search overlap tensor-parallel collectives with their GEMMs "
+                 "where the framework launches it (Megatron-LM's --tp-comm-overlap, with "
+                 "sequence parallelism; it needs Transformer Engine's userbuffers). Default: "
+                 "off, as Megatron-LM's."),
+]
 PIN_KNOBS = tuple(f.name for f in fields(Pins))
 """The knobs a search may be given fixed (``--tp 8``), as ``planner estimate`` spells them."""
 
@@ -106,6 +114,7 @@ SEARCH_OPTIONS = (
     _option("time_limit", TimeLimitOpt, SEARCH_TIME_LIMIT_S),
     _option("ilp_time_limit", IlpTimeLimitOpt, DEFAULT_OPTIONS.ilp_time_limit_s),
     _option("objective", ObjectiveOpt, DEFAULT_OPTIONS.objective),
+    _option("tp_comm_overlap", TpCommOpt, DEFAULT_OPTIONS.tp_comm_overlap),
 )
 """How ``solve`` and ``compare`` search, beside the run's settings and the pins."""
 
@@ -139,6 +148,8 @@ class Problem:
     """``--ilp-time-limit``, seconds per layer ILP."""
     objective: str
     """``--objective``: what plans are ranked by."""
+    tp_comm_overlap: bool
+    """``--tp-comm-overlap``: whether the search may overlap TP traffic with its GEMMs."""
 
     @classmethod
     def of(cls, values: dict[str, Any]) -> Problem:
@@ -161,6 +172,7 @@ class Problem:
             framework=frameworks.check_framework(self.framework),
             memory_margin_gib=self.memory_margin, max_mesh_nodes=self.max_mesh_nodes,
             pins=self.pins, objective=parse_objective(self.objective),
+            tp_comm_overlap=self.tp_comm_overlap,
         )  # fmt: skip
         model_spec, cluster_spec = load_inputs(model, cluster, nodes=nodes, profile=profile)
         check_memory_margin(self.memory_margin, cluster_spec.device)

@@ -168,8 +168,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="overlap_grad_reduce", values=_fixed(False, True)),
     Knob(name="overlap_param_gather", values=_fixed(False, True),
          applies=lambda c, m: c.zero >= 1),
-    # solve keeps ParallelConfig's default (off): planner.uniform.space.run_config sets it from
-    # no option
+    # solve keeps ParallelConfig's default (off) unless SolveOptions.tp_comm_overlap lets it
+    # turn it (planner.uniform.launched)
     Knob(name="tp_comm_overlap", values=_fixed(False, True), applies=lambda c, m: c.tp > 1,
          searched=False),
     Knob(name="overlap_moe_expert_parallel_comm", values=_fixed(False, True),

@@ -425,6 +425,8 @@ class Plan(_Frozen):
             extras += some([q.zero == stage for q in stages], name)
         if self.flags.optimizer_moments == "bf16":
             extras.append("Adam moments in bf16")
+        if self.flags.tp_comm_overlap and any(q.tp > 1 for q in stages):
+            extras.append("TP communication overlapped")
         if self.flags.overlap_moe_expert_parallel_comm:
             extras.append("experts' all-to-alls overlapped")
         if self.configuration is not None and self.configuration.offload != "none":

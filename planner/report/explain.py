@@ -102,6 +102,8 @@ def _ruled_out(n: Neighbour, plan: Plan) -> str:
         return " and ".join(clauses)
     if _unsearched(n, plan) == ["stack"]:  # a stack's switch: solve plans on the stack given
         return f"feasible; solve keeps the stack it is given (--stack {n.config.stack})"
+    if _unsearched(n, plan) == ["tp_comm_overlap"]:  # a switch the search turns when let
+        return "feasible; solve turns this knob only with --tp-comm-overlap"
     if _unsearched(n, plan):
         names = " and ".join(said(k, n.config.stack) for k in _unsearched(n, plan))
         return f"feasible; solve does not turn {'this knob' if n.knob in _SEARCHED else names}"

@@ -45,21 +45,25 @@ def sequence_parallel(tp: int, framework: str = ANY, model: ModelSpec | None = N
 def launched_overlaps(
     config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, framework: str,
     grads: Sequence[bool] = (True, False), gathers: Sequence[bool] = (True, False),
+    tp_comms: Sequence[bool] = (False,),
 ) -> ParallelConfig | None:  # fmt: skip
-    """``config`` with the first setting of the overlap flags (``overlap_grad_reduce`` from
-    ``grads``, ``overlap_param_gather`` from ``gathers``, most overlapped first) that
-    ``framework`` launches; None when it launches none. One that does not even divide is kept
-    as it is, for the pricing to refuse with its reason."""
+    """``config`` with the first setting of the overlap flags (``tp_comm_overlap`` from
+    ``tp_comms``, ``overlap_grad_reduce`` from ``grads``, ``overlap_param_gather`` from
+    ``gathers``, most overlapped first) that ``framework`` launches; None when it launches
+    none. One that does not even divide is kept as it is, for the pricing to refuse with its
+    reason."""
     try:
         resolved = resolve(model, cluster, config)
     except ConfigError:
         return config
-    return overlaps_launched(resolved, model, framework=framework, grads=grads, gathers=gathers)
+    return overlaps_launched(resolved, model, framework=framework, grads=grads, gathers=gathers,
+                             tp_comms=tp_comms)  # fmt: skip
 
 
 def overlaps_launched(
     resolved: ResolvedConfig, model: ModelSpec, *, framework: str,
     grads: Sequence[bool] = (True, False), gathers: Sequence[bool] = (True, False),
+    tp_comms: Sequence[bool] = (False,),
 ) -> ParallelConfig | None:  # fmt: skip
     """:func:`launched_overlaps` of a configuration already resolved."""
     target, config = profile(framework), resolved.config
@@ -67,13 +71,22 @@ def overlaps_launched(
     # third to a half of a framework's search, two to four settings tried a configuration).
     if not target.launches(resolved, model, overlap_rules=False):
         return None
-    for grad in grads:
-        for gather in gathers:
-            variant = config.model_copy(update={"overlap_grad_reduce": grad,
-                                                "overlap_param_gather": gather})  # fmt: skip
-            # The flags change no divisibility: the resolution holds for every variant.
-            if target.launches(replace(resolved, config=variant), model, overlap_rules=True):
-                return variant
+    for tp_comm in tp_comms:
+        base = config.model_copy(update={"tp_comm_overlap": tp_comm})
+        if tp_comm != config.tp_comm_overlap:
+            if tp_comm and (config.tp == 1 or not resolved.sp):
+                continue  # nothing to overlap, or no SP for it (divisibility's own rule)
+            # rules of the first kind read it (Megatron-LM's only, with SP): asked again
+            if not target.launches(replace(resolved, config=base), model, overlap_rules=False):
+                continue
+        for grad in grads:
+            for gather in gathers:
+                variant = base.model_copy(update={"overlap_grad_reduce": grad,
+                                                  "overlap_param_gather": gather})  # fmt: skip
+                # The flags change no divisibility: the resolution holds for every variant.
+                if target.launches(replace(resolved, config=variant), model,
+                                   overlap_rules=True):  # fmt: skip
+                    return variant
     return None
 
 

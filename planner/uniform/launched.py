@@ -14,11 +14,12 @@ from planner.uniform.defaults import launched_overlaps, overlaps_launched
 from planner.vocabulary import OFFLOADS
 
 
-def _overlaps(options: SolveOptions) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
-    """The settings of ``overlap_grad_reduce`` and ``overlap_param_gather`` the options allow,
-    most overlapped first."""
-    return ((True, False) if options.overlap_grad_reduce else (False,),
-            (True, False) if options.overlap_param_gather else (False,))  # fmt: skip
+def _overlaps(options: SolveOptions) -> dict[str, tuple[bool, ...]]:
+    """The settings of ``overlap_grad_reduce``, ``overlap_param_gather`` and
+    ``tp_comm_overlap`` the options allow, most overlapped first."""
+    return {"grads": (True, False) if options.overlap_grad_reduce else (False,),
+            "gathers": (True, False) if options.overlap_param_gather else (False,),
+            "tp_comms": (True, False) if options.tp_comm_overlap else (False,)}  # fmt: skip
 
 
 def launched_variant(
@@ -31,9 +32,8 @@ def launched_variant(
     for the pricing to refuse with its reason."""
     if options.framework == ANY:
         return config
-    grads, gathers = _overlaps(options)
     return launched_overlaps(config, model, cluster=cluster, framework=options.framework,
-                             grads=grads, gathers=gathers)  # fmt: skip
+                             **_overlaps(options))  # fmt: skip
 
 
 def launched_variants(
@@ -44,10 +44,9 @@ def launched_variants(
     (:func:`~planner.plan.config.resolve_each`)."""
     if options.framework == ANY:
         return list(configs)
-    grads, gathers = _overlaps(options)
     return [config if resolved is None else
-            overlaps_launched(resolved, model, framework=options.framework, grads=grads,
-                              gathers=gathers)
+            overlaps_launched(resolved, model, framework=options.framework,
+                              **_overlaps(options))
             for config, resolved in zip(configs, resolve_each(model, cluster, configs),
                                         strict=True)]  # fmt: skip
 
