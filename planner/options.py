@@ -212,9 +212,10 @@ class SolveOptions:
     tp_comm_overlap: bool = False
     """Whether the tensor-parallel collectives may overlap their GEMMs where the framework
     launches it (Megatron-LM's ``--tp-comm-overlap``, Transformer Engine's userbuffers, with
-    sequence parallelism): off by default, as Megatron-LM's is, since it needs TE built with
-    userbuffers and a bootstrap backend a cluster may not have. A framework's search tries
-    each configuration with it, then without (``any``'s per-operator plans do not)."""
+    sequence parallelism; Colossal-AI's ``ring`` sequence parallelism for Llama and Qwen):
+    off by default, as Megatron-LM's is, since it needs TE built with userbuffers and a
+    bootstrap backend a cluster may not have. A framework's search tries each configuration
+    with it, then without (``any``'s per-operator plans do not)."""
     framework: str = "megatron"
     """The framework that will launch the plan (:data:`planner.frameworks.TARGETS`): the search
     produces only what its profile launches; ``any`` searches per-operator shardings."""

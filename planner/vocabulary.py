@@ -244,17 +244,17 @@ DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
 
 
 def rank_order_problem(order: str) -> str | None:
-    """What is wrong with ``order`` as a rank order (Megatron-LM's spelling, ``tp-cp-ep-dp-pp``
-    fastest first: each degree once, ``cp-ep-dp`` one block, as the gradient groups need),
-    or None.
+    """What a rank order must be where ``order`` is not one (Megatron-LM's spelling,
+    ``tp-cp-ep-dp-pp`` fastest first: each degree once, ``cp-ep-dp`` one block, as the
+    gradient groups need), or None; the caller names the order.
 
-    >>> rank_order_problem("pp-tp-cp-ep-dp"), rank_order_problem("tp-dp-cp-ep-pp")[:30]
-    (None, "rank order 'tp-dp-cp-ep-pp': u")
+    >>> rank_order_problem("pp-tp-cp-ep-dp"), rank_order_problem("tp-dp-cp-ep-pp")[:28]
+    (None, 'use tp, cp, ep, dp, pp once ')
     """
     if sorted(order.split("-")) == ["cp", "dp", "ep", "pp", "tp"] and "cp-ep-dp" in order:
         return None
-    return (f"rank order {order!r}: use tp, cp, ep, dp, pp once each, with cp-ep-dp together "
-            f"(default {DEFAULT_RANK_ORDER})")
+    return (f"use tp, cp, ep, dp, pp once each, with cp-ep-dp together (default "
+            f"{DEFAULT_RANK_ORDER})")
 
 Parallelism = Literal["tp", "cp", "ep", "dp", "pp"]
 """A kind of parallelism, named by its degree's flag; not a mesh axis (an axis is a dimension

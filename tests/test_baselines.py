@@ -147,8 +147,10 @@ def test_stage_splits_are_megatron_splits(num_layers: int) -> None:
     and is at most four per degree."""
     for pp in range(2, num_layers + 1):
         splits = stage_splits(num_layers, pp)
-        assert len(splits) <= 4
+        assert len(splits) <= 4 and len(set(splits)) == len(splits)
         least = -(-num_layers // pp)
+        if num_layers % pp == 0:  # equal stages first, said once (not also as their ends)
+            assert splits[0] == (None, None) and (least, least) not in splits
         for split in splits:
             layers = stage_layers(num_layers, pp=pp, first=split[0], last=split[1])
             assert len(layers) == pp and sum(layers) == num_layers and min(layers) >= 1

@@ -203,7 +203,7 @@ def test_refusal_codes_name_the_first_rule():
     assert names == [-1, "devices", "devices"]
     assert batch.refusal(0) is None
     # a rank order Megatron cannot spell is the column's error, as ParallelConfig's
-    with pytest.raises(InputError, match=r"column 'rank_order': 'x': rank order 'x': use tp"):
+    with pytest.raises(InputError, match=r"column 'rank_order': 'x': use tp, cp, ep"):
         estimate_batch(model, cluster, {"tp": 8, "pp": 16, "rank_order": ["tp-cp-ep-dp-pp", "x"]})
 
 

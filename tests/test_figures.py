@@ -100,6 +100,19 @@ def test_pictures_are_refused_where_they_cannot_go(solved: tuple[Plan, Path, Pat
     assert out.read_bytes() == before
 
 
+def test_a_report_folder_holding_a_folder_of_a_pictures_name_is_refused_first(
+    tmp_path: Path,
+) -> None:
+    """``solve --report`` into a folder where ``gantt.png`` is a folder: one line naming it,
+    before the search (the plan file is not written)."""
+    (tmp_path / "report" / "gantt.png").mkdir(parents=True)
+    out = tmp_path / "plan.json"
+    done = cli("solve", GPT3, A100, "--out", out, "--report", tmp_path / "report",
+               "--method", "grid")  # fmt: skip
+    _assert_one_line_error(done, "gantt.png is a folder; remove it or choose another folder")
+    assert not out.exists()
+
+
 def test_simulate_a_gpipe_plan(tmp_path: Path) -> None:
     """A GPipe plan (from ``estimate --schedule gpipe --out``) is set against GPipe's closed
     form: every stage holds all microbatches."""

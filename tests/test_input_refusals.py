@@ -245,8 +245,8 @@ def test_a_rank_order_is_checked_before_the_degrees_divide() -> None:
     say theirs."""
     message = _refused("estimate", MODELS / "gpt3-175b.json", CLUSTERS / "dgx-a100-80gb.json",
                        "--rank-order", "bogus")  # fmt: skip
-    assert message == ("error: --rank-order 'bogus': rank order 'bogus': use tp, cp, ep, dp, pp "
-                       "once each, with cp-ep-dp together (default tp-cp-ep-dp-pp)")
+    assert message == ("error: --rank-order 'bogus': use tp, cp, ep, dp, pp once each, with "
+                       "cp-ep-dp together (default tp-cp-ep-dp-pp)")
 
 
 def test_compare_takes_frameworks_or_methods() -> None:

@@ -188,6 +188,8 @@ def test_estimate_json_is_the_readme_object() -> None:
     assert "stages" in printed and "stages" not in shown
     priced = printed["configuration"]
     assert (priced["tp"], priced["pp"], priced["dp"], priced["zero"]) == (8, 4, 2, 1)
+    assert (priced["global_batch"], priced["seq_len"], priced["precision"],
+            priced["stack"]) == (128, 8192, "bf16", "megatron-te")  # fmt: skip
     assert {key: value for key, value in printed.items()
             if key not in ("stages", "configuration")} == shown  # fmt: skip
 

@@ -319,7 +319,8 @@ def test_a_report_file_that_cannot_be_written_is_refused_before_the_sweep(
     (tmp_path / "report" / taken).mkdir(parents=True)
     done = planner(80, "sweep", sweep, "--out", tmp_path / "t.parquet", "--report",
                    tmp_path / "report")  # fmt: skip
-    assert done.code == 2 and f"{taken}: is a directory" in " ".join(done.stderr.split())
+    assert done.code == 2 and f"{taken} is a folder; remove it or choose another folder" in (
+        " ".join(done.stderr.split()))
     assert not (tmp_path / "t.parquet").exists()
 
 

@@ -56,3 +56,39 @@ def test_a_framework_that_does_not_launch_it_plans_as_without(
     with_it, without = _solved(problem, framework, True), _solved(problem, framework, False)
     assert with_it.configuration == without.configuration
     assert with_it.predicted.step_time_s == without.predicted.step_time_s
+
+
+def test_a_configuration_given_with_it_keeps_it() -> None:
+    """``estimate --framework megatron --tp-comm-overlap`` (the framework's switches set
+    around what the user gave) keeps the overlap and prices as without ``--framework``: the
+    search's default of trying it off dropped it to a 21 % slower step."""
+    model = planner.load_model(REPO / "instances/models/llama3-8b.json")
+    cluster = planner.load_cluster(H100, nodes=1)
+    given = planner.ParallelConfig(tp=4, sp=True, tp_comm_overlap=True)
+    from planner.uniform.defaults import framework_defaults
+
+    launched = framework_defaults(given, model, cluster=cluster, framework="megatron",
+                                  given=("sp", "tp_comm_overlap"))  # fmt: skip
+    assert launched.tp_comm_overlap
+    bare = planner.estimate(model, cluster, given.model_copy(update={
+        "overlap_grad_reduce": launched.overlap_grad_reduce,
+        "overlap_param_gather": launched.overlap_param_gather}))  # fmt: skip
+    assert planner.estimate(model, cluster, launched).step_time_s == bare.step_time_s
+
+
+def test_colossalai_overlaps_in_its_ring_mode_when_let() -> None:
+    """Colossal-AI overlaps TP traffic in its ``ring`` sequence-parallel mode, which its
+    Llama policy runs: Llama 3 8B pinned to TP4 on one DGX H100 is faster with the option,
+    its plan's summary says so, and the launch is the ring mode."""
+    model = planner.load_model(REPO / "instances/models/llama3-8b.json")
+    cluster = planner.load_cluster(H100, nodes=1)
+    plans = [planner.solve(model, cluster, SolveOptions(
+        framework="colossalai", pins=planner.Pins(tp=4), tp_comm_overlap=overlap))
+        for overlap in (False, True)]  # fmt: skip
+    plain, overlapped = plans
+    assert overlapped.configuration is not None and overlapped.configuration.tp_comm_overlap
+    assert overlapped.predicted.step_time_s < plain.predicted.step_time_s
+    assert "TP communication overlapped" in overlapped.summary()
+    text = planner.frameworks.launch(overlapped, "colossalai", model=model,
+                                     cluster=cluster).text  # fmt: skip
+    assert "sequence_parallelism_mode='ring'" in text

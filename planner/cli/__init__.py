@@ -39,11 +39,11 @@ def main() -> None:
         message = getattr(exc, "format_message", None)
         if message is None:
             raise
-        if debug:
-            _traceback_and_fail()
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help, laid out
             print(message(), file=sys.stderr)
             sys.exit(2)
+        if debug:
+            _traceback_and_fail()
         ctx = getattr(exc, "ctx", None)
         where = f"{ctx.command_path}: " if ctx is not None else ""
         # click lays some out on lines of their own ("Choose from:\n\tmodel,\n\tcluster")

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console, RenderableType
 
 from planner.cli.messages import format_message
+from planner.cost import DEFAULT_MEMORY_MARGIN, MEMORY_MARGIN
 from planner.errors import ConfigError, InputError
 from planner.plan import files
 from planner.sharding.profiled import with_profile
@@ -72,8 +73,19 @@ ModelArg = Annotated[Path, typer.Argument(help="model.json or a Hugging Face con
 ClusterArg = Annotated[Path, typer.Argument(help="cluster.json")]
 NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Override num_nodes.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-MARGIN_DEFAULT = ("default: the stack's margin, a share of the device's memory: 2 % for the "
-                  "hf-* stacks, 23 % for megatron-deepspeed, 5 % for the others")
+def _margin_default() -> str:
+    """``--memory-margin``'s default in words, read off the stacks' margins."""
+    by_share: dict[float, list[str]] = {}
+    for stack, share in MEMORY_MARGIN.items():
+        if share != DEFAULT_MEMORY_MARGIN:
+            by_share.setdefault(share, []).append(stack)
+    own = ", ".join(f"{100 * share:g} % for {' and '.join(stacks)}"
+                    for share, stacks in sorted(by_share.items()))  # fmt: skip
+    return (f"default: the stack's margin, a share of the device's memory: {own}, "
+            f"{100 * DEFAULT_MEMORY_MARGIN:g} % for the others")
+
+
+MARGIN_DEFAULT = _margin_default()
 """What ``--memory-margin`` is when not given (:data:`planner.cost.memory.MEMORY_MARGIN`)."""
 
 

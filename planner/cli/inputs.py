@@ -109,8 +109,13 @@ def estimate_cmd(
                             memory_margin_gib=margin)  # fmt: skip
         write_atomic(out, plan.to_json(), inputs=(model, cluster))
     if as_json:
-        # the configuration priced, every knob as resolved, for scripts to read back
-        priced = config.model_copy(update={"dp": result.dp}).model_dump(mode="json")
+        # the configuration priced, the run's batch, sequence, precision and stack and the
+        # data-parallel degree filled in, for scripts to read back
+        training = resolved.training
+        priced = config.model_copy(update={
+            "dp": result.dp, "global_batch": training.global_batch_size,
+            "seq_len": training.seq_length, "precision": training.precision,
+            "stack": training.stack}).model_dump(mode="json")  # fmt: skip
         print_json(result.to_dict() | {"configuration": priced})
     else:
         render(report.estimate_tables(model_spec, cluster_spec, config, result, memory_margin))

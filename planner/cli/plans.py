@@ -93,10 +93,13 @@ TpCommOpt = Annotated[
     bool,
     typer.Option("--tp-comm-overlap/--no-tp-comm-overlap",
                  help="Let the search overlap tensor-parallel collectives with their GEMMs "
-                 "where the framework launches it (Megatron-LM's --tp-comm-overlap, with "
-                 "sequence parallelism; it needs Transformer Engine's userbuffers). Default: "
+                 "where the framework launches it (Megatron-LM's --tp-comm-overlap with "
+                 "sequence parallelism, which needs Transformer Engine's userbuffers; "
+                 "Colossal-AI's 'ring' sequence parallelism for Llama and Qwen). Default: "
                  "off, as Megatron-LM's."),
 ]
+DEFAULT_METHODS = "ilp,heuristic,grid"
+"""What ``compare`` compares when given neither ``--methods`` nor ``--frameworks``."""
 PIN_KNOBS = tuple(f.name for f in fields(Pins))
 """The knobs a search may be given fixed (``--tp 8``), as ``planner estimate`` spells them."""
 
@@ -284,7 +287,7 @@ def compare_cmd(
     ] = None,
     methods: Annotated[
         str | None, typer.Option(help=f"Comma-separated methods among {', '.join(METHODS)} "
-                                 "(default: ilp,heuristic,grid).")
+                                 f"(default: {DEFAULT_METHODS}).")
     ] = None,
     plot: Annotated[
         Path | None, typer.Option(help="Also draw the methods as a bar chart (.png or .svg).")
@@ -308,7 +311,7 @@ def compare_cmd(
         targets = [frameworks.check_framework(f, option="--frameworks") for f in names]
         run = partial(compare_frameworks, model_spec, cluster_spec, options, targets)
     else:
-        names = [m.strip() for m in (methods or "ilp,heuristic,grid").split(",") if m.strip()]
+        names = [m.strip() for m in (methods or DEFAULT_METHODS).split(",") if m.strip()]
         run = partial(compare, model_spec, cluster_spec, options, names)
     if as_json:
         results = run()

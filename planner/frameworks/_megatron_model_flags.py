@@ -259,7 +259,7 @@ def vocab_notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
                      f"the embedding and output layer to {rows} rows")  # fmt: skip
     # Megatron's default divisor pads past the vocabulary: a checkpoint trained at it holds
     # more rows than this launch builds, and loads only with the default back
-    default = -(-model.vocab_size // (MAX_VOCAB_DIVISOR * tp)) * MAX_VOCAB_DIVISOR * tp
+    default = padded_vocab(model.vocab_size, tp, divisor=MAX_VOCAB_DIVISOR)
     if vocab_divisor(model.vocab_size, tp) != MAX_VOCAB_DIVISOR and default != rows:
         notes.append(f"--make-vocab-size-divisible-by {vocab_divisor(model.vocab_size, tp)} "
                      f"builds the {rows} rows priced; Megatron's default ({MAX_VOCAB_DIVISOR}) "

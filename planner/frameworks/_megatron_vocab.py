@@ -24,11 +24,12 @@ def vocab_divisor(vocab_size: int, tp: int) -> int:
     return divisor
 
 
-def padded_vocab(vocab_size: int, tp: int) -> int:
-    """The rows of the embedding Megatron builds under :func:`vocab_divisor`.
+def padded_vocab(vocab_size: int, tp: int, divisor: int | None = None) -> int:
+    """The rows of the embedding Megatron builds under ``--make-vocab-size-divisible-by
+    divisor`` (default :func:`vocab_divisor`'s).
 
-    >>> padded_vocab(50257, 2)
-    50258
+    >>> padded_vocab(50257, 2), padded_vocab(50257, 2, divisor=MAX_VOCAB_DIVISOR)
+    (50258, 50432)
     """
-    multiple = vocab_divisor(vocab_size, tp) * tp
+    multiple = (vocab_divisor(vocab_size, tp) if divisor is None else divisor) * tp
     return -(-vocab_size // multiple) * multiple

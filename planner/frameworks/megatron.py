@@ -215,15 +215,15 @@ def notes(model: ModelSpec, resolved: ResolvedConfig) -> tuple[str, ...]:
     """What the user adds, and what the flags do that is worth knowing."""
     fsdp = ("leave CUDA_DEVICE_MAX_CONNECTIONS unset: Megatron-FSDP refuses 1",
             "--ckpt-format fsdp_dtensor: Megatron-FSDP saves and loads only that format "
-            "(megatron/training/arguments.py:1169-1170); a checkpoint saved under the "
-            "distributed optimizer (torch_dist) needs converting before it resumes here")
+            f"({REPO} megatron/training/arguments.py:1169-1170); a checkpoint saved under "
+            "the distributed optimizer (torch_dist) needs converting before it resumes here")
     c = resolved.config
     if c.tp > 1 or c.cp > 1:
-        # megatron/training/arguments.py:1453-1465 at d98e8a64: before Blackwell
+        # megatron/training/arguments.py:1453-1465: before Blackwell
         fsdp += ("Megatron-LM warns against TP or CP with Megatron-FSDP before Blackwell: "
-                 "sequence parallelism wants CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron-FSDP "
-                 "refuses; the tensor- and context-parallel traffic may then overlap less "
-                 "than priced (not measured)",)
+                 "their communication wants CUDA_DEVICE_MAX_CONNECTIONS=1 (to keep its kernels "
+                 "in order), which Megatron-FSDP refuses; the tensor- and context-parallel "
+                 "traffic may then overlap less than priced (not measured)",)
     return (
         f"for {REPO} pretrain_gpt.py",
         "add the data: --data-path PREFIX --split 99,1,0 (or --mock-data); for real text "

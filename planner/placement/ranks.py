@@ -113,7 +113,7 @@ def megatron_order(order: str, d: Degrees) -> RankOrder:
     """
     problem = rank_order_problem(order)
     if problem is not None:
-        raise ConfigError(problem)
+        raise ConfigError(f"rank order {order!r}: {problem}")
     names = order.split("-")
     sizes = {"tp": d.tp, "cp": d.cp, "ep": 1, "dp": d.dp, "pp": d.pp}
     return RankOrder(dims=tuple((name, sizes[name]) for name in names))

@@ -53,7 +53,11 @@ def check_folder(path: Path, *, option: str, files: Sequence[str] = ()) -> None:
         raise InputError(f"{option} {path}: cannot write there ({exc.strerror or exc})") from None
     if Path(path).is_dir():  # a folder to be made holds nothing in the way
         for name in files:
-            check_target(Path(path) / name, option=option)
+            target = Path(path) / name
+            if target.is_dir() or (target.exists() and not os.access(target, os.W_OK)):
+                what = "is a folder" if target.is_dir() else "is not writable"
+                raise InputError(f"{option} {path}: {target} {what}; remove it or choose "
+                                 f"another folder")  # fmt: skip
 
 
 def _check_folder(path: Path, option: str) -> None:

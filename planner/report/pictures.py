@@ -22,7 +22,9 @@ _Drawn = TypeVar("_Drawn", bound=Callable[..., Figure])
 def literal_text(draw: _Drawn) -> _Drawn:
     """``draw`` (a function that builds a figure) with its text drawn as given: matplotlib
     reads ``$...$`` as maths, so a model or sweep named ``nic $50 vs $100`` was set in
-    italics and one named ``a $\\q$ b`` failed to draw after the whole search."""
+    italics and one named ``a $\\q$ b`` failed to draw after the whole search. Text made
+    later, when the figure is drawn (a tick formatter's labels), is outside it: the
+    formatters here write numbers only."""
 
     @functools.wraps(draw)
     def drawn(*args: Any, **kwargs: Any) -> Figure:

@@ -170,6 +170,9 @@ def _unit_hint(name: str, kind: str, given: object, ctx: Mapping[str, Any]) -> s
     '; a fraction, not a percent: 0.7'
     >>> _unit_hint("memory_gib", "less_than_equal", 196608, {"le": 16384})
     '; GiB, not MiB: 192'
+    >>> _unit_hint("max_fraction", "less_than_equal", 1.05, {"le": 1}), _unit_hint(
+    ...     "memory_gib", "less_than_equal", 20000, {"le": 16384})
+    ('', '')
     """
     if kind == "literal_error" and name == "platform":
         return " (a device of another vendor leaves it out: then no framework is refused on it)"
@@ -177,9 +180,11 @@ def _unit_hint(name: str, kind: str, given: object, ctx: Mapping[str, Any]) -> s
     if kind not in ("less_than_equal", "less_than") or not isinstance(given, int | float) \
             or isinstance(given, bool) or not isinstance(limit, int | float):
         return ""
-    if name.endswith("fraction") and limit <= 1 < given <= 100:
+    # a percent reads as one from 5 on (1.05 is more likely 105 % than 1.05 %); MiB as
+    # whole GiB (a device's memory in MiB is a multiple of 1,024)
+    if name.endswith("fraction") and limit <= 1 and 5 <= given <= 100:
         return f"; a fraction, not a percent: {given / 100:g}"
-    if name.endswith("_gib") and given / 1024 <= limit:
+    if name.endswith("_gib") and given % 1024 == 0 and given / 1024 <= limit:
         return f"; GiB, not MiB: {given / 1024:g}"
     return ""
 

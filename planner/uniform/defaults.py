@@ -45,13 +45,13 @@ def sequence_parallel(tp: int, framework: str = ANY, model: ModelSpec | None = N
 def launched_overlaps(
     config: ParallelConfig, model: ModelSpec, *, cluster: ClusterSpec, framework: str,
     grads: Sequence[bool] = (True, False), gathers: Sequence[bool] = (True, False),
-    tp_comms: Sequence[bool] = (False,),
+    tp_comms: Sequence[bool] | None = None,
 ) -> ParallelConfig | None:  # fmt: skip
     """``config`` with the first setting of the overlap flags (``tp_comm_overlap`` from
-    ``tp_comms``, ``overlap_grad_reduce`` from ``grads``, ``overlap_param_gather`` from
-    ``gathers``, most overlapped first) that ``framework`` launches; None when it launches
-    none. One that does not even divide is kept as it is, for the pricing to refuse with its
-    reason."""
+    ``tp_comms``, None: as ``config`` has it; ``overlap_grad_reduce`` from ``grads``,
+    ``overlap_param_gather`` from ``gathers``, most overlapped first) that ``framework``
+    launches; None when it launches none. One that does not even divide is kept as it is,
+    for the pricing to refuse with its reason."""
     try:
         resolved = resolve(model, cluster, config)
     except ConfigError:
@@ -63,10 +63,12 @@ def launched_overlaps(
 def overlaps_launched(
     resolved: ResolvedConfig, model: ModelSpec, *, framework: str,
     grads: Sequence[bool] = (True, False), gathers: Sequence[bool] = (True, False),
-    tp_comms: Sequence[bool] = (False,),
+    tp_comms: Sequence[bool] | None = None,
 ) -> ParallelConfig | None:  # fmt: skip
     """:func:`launched_overlaps` of a configuration already resolved."""
     target, config = profile(framework), resolved.config
+    if tp_comms is None:  # kept as given (estimate --framework, explain's notches, remedies)
+        tp_comms = (config.tp_comm_overlap,)
     # Most rules do not read the flags: asked once, not once a setting (the rules were a
     # third to a half of a framework's search, two to four settings tried a configuration).
     if not target.launches(resolved, model, overlap_rules=False):

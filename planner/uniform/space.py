@@ -12,9 +12,10 @@ The space is what a Megatron-LM user can launch with flags:
   :func:`~planner.uniform.groups.batch_bound`); each as ring attention and as Ulysses
   all-to-alls;
 - ``pp``: any degree up to the decoder layers that divides the devices left by ``tp * cp``
-  (:func:`pipeline_degrees`), with the layers split by :func:`stage_splits`: equal stages when
-  ``pp`` divides the layers, else Megatron's uneven first and last stage
-  (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``);
+  (:func:`pipeline_degrees`), with the layers split by :func:`stage_splits`: equal stages
+  where ``pp`` divides the layers, and Megatron's uneven first and last stage around middle
+  stages of the fewest layers or one more (``--decoder-first-pipeline-num-layers``,
+  ``--decoder-last-pipeline-num-layers``);
 - ``vpp`` (interleaved 1F1B), when ``options.interleaved``: every count of chunks that divides
   every stage's layers (:func:`virtual_stages`; Megatron-Core's rule, uneven stages included);
 - the zero-bubble schedules for a target that launches them (:func:`schedules`): ZB-H1, and
