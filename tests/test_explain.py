@@ -19,6 +19,7 @@ from planner.errors import ConfigError, InputError
 from planner.frameworks import profile
 from planner.plan.config import ParallelConfig, resolve
 from planner.plan.inputs import check_inputs, model_hashes
+from planner.plan.schema import Plan
 from planner.report.explain import explain_json, reasons, verdict, why_this_plan
 from planner.spec import ClusterSpec, ModelSpec
 from planner.spec.reading import load_cluster, load_model
@@ -369,6 +370,16 @@ def test_why_this_plan_lists_every_faster_notch_with_what_rules_it_out(
         assert verdict(n, plan).startswith("over") == (n.refusal is None and not n.fits)
 
 
+def _llama_fsdp_plan(framework: str, stack: str) -> tuple[ModelSpec, ClusterSpec, Plan]:
+    """Llama 3 8B on one DGX H100 under ZeRO-3 with every layer recomputed, as ``framework``
+    launches it on ``stack``."""
+    model = load_model("instances/models/llama3-8b.json")
+    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 1)
+    config = ParallelConfig(dp=8, zero=3, overlap_grad_reduce=True, overlap_param_gather=True,
+                            recompute="full", stack=stack, global_batch=64, seq_len=8192)
+    return model, cluster, uniform_plan(model, cluster, config, framework=framework)
+
+
 @pytest.mark.parametrize(("framework", "stack", "attends"), [
     ("torchtitan", "torchtitan-eager", "allgather"), ("megatron", "megatron-te", "ring")])
 def test_the_notch_into_context_parallelism_attends_as_the_framework_does(
@@ -378,11 +389,7 @@ def test_the_notch_into_context_parallelism_attends_as_the_framework_does(
     ``--why-not cp=2`` are priced that way and launchable, not as ParallelConfig's default
     ring, which torchtitan refuses; ``cp_algo`` given is kept (and refused); Megatron's stay
     the ring."""
-    model = load_model("instances/models/llama3-8b.json")
-    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 1)
-    config = ParallelConfig(dp=8, zero=3, overlap_grad_reduce=True, overlap_param_gather=True,
-                            recompute="full", stack=stack, global_batch=64, seq_len=8192)
-    plan = uniform_plan(model, cluster, config, framework=framework)
+    model, cluster, plan = _llama_fsdp_plan(framework, stack)
     why = explain(plan, model, cluster, why_not={"cp": 2})
     up = next(n for n in why.sensitivities if n.knob == "cp" and n.direction == "up")
     for n in (up, why.why_not):
@@ -405,11 +412,7 @@ def test_a_notch_to_selective_recomputation_reruns_what_the_framework_reruns(
     full -> selective`` and ``--why-not recompute=selective`` price ``op`` and are launchable
     (they priced the attention core's, which torchtitan refuses); Megatron's keep its
     default modules."""
-    model = load_model("instances/models/llama3-8b.json")
-    cluster = load_cluster("instances/clusters/dgx-h100-80gb.json", 1)
-    config = ParallelConfig(dp=8, zero=3, overlap_grad_reduce=True, overlap_param_gather=True,
-                            recompute="full", stack=stack, global_batch=64, seq_len=8192)
-    plan = uniform_plan(model, cluster, config, framework=framework)
+    model, cluster, plan = _llama_fsdp_plan(framework, stack)
     why = explain(plan, model, cluster, why_not={"recompute": "selective"})
     down = next(n for n in why.sensitivities if n.knob == "recompute"
                 and n.config.recompute == "selective")  # fmt: skip
