@@ -1,6 +1,7 @@
 """``solve --tp-comm-overlap``: the search lets the tensor-parallel collectives overlap their
 GEMMs where the framework launches it (Megatron-LM, with sequence parallelism), and not where
-it does not (DeepSpeed, torchtitan's eager stack); off by default, as Megatron-LM's is."""
+it does not (DeepSpeed, torchtitan, whose async TP is not priced); off by default, as
+Megatron-LM's is."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def test_megatron_overlaps_tp_traffic_when_let(
 def test_a_framework_that_does_not_launch_it_plans_as_without(
     problem: tuple[planner.ModelSpec, planner.ClusterSpec], framework: str,
 ) -> None:  # fmt: skip
-    """Megatron-DeepSpeed has no TP overlap, torchtitan's async TP runs compiled only: the
-    option changes neither's plan (it did not refuse every TP plan either)."""
+    """Megatron-DeepSpeed has no TP overlap, and torchtitan's async TP (compiled
+    micro-pipelined ops) is not priced: the option changes neither's plan, nor does it
+    refuse their TP plans."""
     with_it, without = _solved(problem, framework, True), _solved(problem, framework, False)
     assert with_it.configuration == without.configuration
     assert with_it.predicted.step_time_s == without.predicted.step_time_s
