@@ -392,3 +392,21 @@ def test_a_bad_heatmap_is_one_line_before_any_work(
     assert unwrapped(done.stderr) == f"error: {message}", done.stderr
     assert all(line.startswith("  ") for line in done.stderr.splitlines()[1:]), done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.toml"]
+
+
+def test_text_values_are_shown_as_the_table_shows_them() -> None:
+    """A sweep over frameworks: the heatmap's ticks, the page's table and a point's hover say
+    ``megatron``, as the printed table does, not Python's ``'megatron'``."""
+    from planner.report.sweep_figures import heatmap_figure
+    from planner.report.sweep_reading import point_text
+
+    axes = ["cluster.num_nodes", "search.framework"]
+    from dataclasses import replace
+
+    rows = [replace(_row(i, nodes, 0, 1.0 + i), values=(nodes, name))
+            for i, (nodes, name) in enumerate(((4, "megatron"), (8, "torchtitan")))]
+    figure = heatmap_figure(rows, axes, *axes)
+    labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+    assert labels == ["megatron", "torchtitan"]
+    assert "search.framework=megatron" in point_text(rows[0], axes)
+    assert "<th>torchtitan</th>" in sweep_page(rows, axes, title="t", heatmap_axes=axes)

@@ -38,7 +38,7 @@ from planner.report.sweep_reading import (
     time_of,
     time_value,
 )
-from planner.spec.messages import short_repr
+from planner.report.sweep_table import value_text
 from planner.sweep import SweepRow
 from planner.vocabulary import counted
 
@@ -106,8 +106,8 @@ def heatmap_figure(
             light = v is None or hi == lo or (v - lo) / (hi - lo) < 0.5
             ax.text(j, i, "no plan" if v is None else cell_text(v), ha="center", va="center",
                     fontsize=8, color="black" if light else "white")  # fmt: skip
-    ax.set_xticks(range(len(xs)), [short_repr(x) for x in xs])
-    ax.set_yticks(range(len(ys)), [short_repr(y) for y in ys])
+    ax.set_xticks(range(len(xs)), [value_text(x) for x in xs])
+    ax.set_yticks(range(len(ys)), [value_text(y) for y in ys])
     ax.set_xlabel(x_axis)
     ax.set_ylabel(y_axis)
     figure.colorbar(image, ax=ax, label="seconds per step (best over other axes)")
@@ -178,7 +178,7 @@ def _html_heatmap(rows: Sequence[SweepRow], axes: Sequence[str], x_axis: str,
         if r.step_time_s is not None and grid[ys.index(r.values[yi])][xs.index(r.values[xi])] \
                 == r.step_time_s:
             best[(r.values[xi], r.values[yi])] = r
-    head = "".join(f"<th>{html.escape(short_repr(x))}</th>" for x in xs)
+    head = "".join(f"<th>{html.escape(value_text(x))}</th>" for x in xs)
     body = []
     for y, line in zip(ys, grid, strict=True):
         cells = []
@@ -187,7 +187,7 @@ def _html_heatmap(rows: Sequence[SweepRow], axes: Sequence[str], x_axis: str,
             tip = html.escape(point_text(row, axes)) if row is not None else "no plan"
             cells.append(f'<td class="cell" title="{tip}">'
                          f"{'no plan' if v is None else cell_text(v)}</td>")  # fmt: skip
-        body.append(f"<tr><th>{html.escape(short_repr(y))}</th>{''.join(cells)}</tr>")
+        body.append(f"<tr><th>{html.escape(value_text(y))}</th>{''.join(cells)}</tr>")
     body.reverse()  # the last value on top, as the picture's y axis runs
     return (f'<table class="heatmap"><caption>step time (s), best over the other axes: '
             f"{html.escape(y_axis)} by {html.escape(x_axis)}</caption>"

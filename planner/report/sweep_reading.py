@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from matplotlib.ticker import MaxNLocator
 
-from planner.spec.messages import short_repr
+from planner.report.sweep_table import value_text
 from planner.sweep import SweepRow
 
 COST_UNIT = "price per device-hour x device-hours"
@@ -173,7 +173,7 @@ def point_text(row: SweepRow, axes: Sequence[str]) -> str:
     TP8 x PP1 x DP16
     step 2.500 s +/- 10 %, MFU 40.0 %, 60.0 GiB, 128 devices
     """
-    inputs = ", ".join(f"{a}={short_repr(v)}" for a, v in zip(axes, row.values, strict=True))
+    inputs = ", ".join(f"{a}={value_text(v)}" for a, v in zip(axes, row.values, strict=True))
     lines = [f"point {row.index}: {inputs}"]
     if row.step_time_s is None:
         return "\n".join([*lines, f"no plan: {row.error}"])

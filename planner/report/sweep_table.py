@@ -70,8 +70,13 @@ def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
 
-def _value(value: object) -> str:
-    """An axis value as a cell: text as it is, anything else as its short ``repr``."""
+def value_text(value: object) -> str:
+    """An axis value as the table, the pictures and the page show it: text as it is,
+    anything else as its short ``repr``.
+
+    >>> value_text("megatron"), value_text(16), value_text(2.5)
+    ('megatron', '16', '2.5')
+    """
     return value if isinstance(value, str) and value.isprintable() else short_repr(value)
 
 
@@ -100,7 +105,7 @@ def sweep_table_lines(
     cost = any(r.cost is not None for r in rows)
     numbers_head = ["step s", "+/-", "MFU %", "GiB", *(["days"] * days), *(["cost"] * cost)]
     shown = ranked(rows)[:max_rows]
-    values = [[_value(v) for v in r.values] for r in shown]
+    values = [[value_text(v) for v in r.values] for r in shown]
     body = [[str(r.index), *v, *_numbers(r, days=days, cost=cost)]
             for r, v in zip(shown, values, strict=True)]  # fmt: skip
     names = axis_headers(axes)
